@@ -1,0 +1,66 @@
+// The collective algorithms. One file each; select.cpp chooses among them.
+//
+// Every function runs one collective (or one phase of one) inside a Session, on host buffers of `count`
+// elements of `type`. They throw ddl::Error on failure (see session.h). "src" may equal "dst" (in place).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "ddl/ddl.h"
+#include "env.h"
+#include "session.h"
+#include "topology.h"
+
+namespace ddl {
+
+// The ranks of one ring or tree, in order, and this rank's index among them.
+struct Group {
+  std::vector<int> ranks;
+  int me = 0;
+  int size() const { return static_cast<int>(ranks.size()); }
+};
+Group flatGroup(int nranks, int rank);
+
+// Element range [begin, begin + count) of block i when count elements are split into g blocks
+// as evenly as possible (the first count % g blocks get one more).
+size_t blockBegin(size_t count, int g, int i);
+size_t blockCount(size_t count, int g, int i);
+
+// What the algorithms need to know about the data.
+struct DataSpec {
+  ddlDataType_t type;
+  ddlRedOp_t op;
+  size_t elem;          // bytes per element
+  size_t segment_bytes; // pipeline segment size
+};
+
+// Ring phases over `count` elements split into g blocks (block b at blockBegin(count, g, b)).
+//
+// Steps t in [t_begin, t_end) of the 2(g-1)-step ring allreduce: at step t this member sends block
+// (me - t + shift) mod g to the next member and receives block (me - t - 1 + shift) mod g from the previous
+// one. Steps < g-1 reduce (reduce-scatter: the received partial is combined with src into dst); steps >= g-1
+// copy (allgather: received straight into dst). After the reduce-scatter steps member `me` holds the fully
+// reduced block (me + 1 + shift) mod g. avg_divisor > 0 divides that block by it when the last reduce-scatter
+// step finishes (ddlAvg), before the allgather sends it on.
+void ringSteps(Session& s, const Group& g, const DataSpec& d, const char* src, char* dst, size_t count,
+               int t_begin, int t_end, int shift, int avg_divisor);
+inline int ringOwnedBlock(const Group& g, int shift) { return ((g.me + 1 + shift) % g.size() + g.size()) % g.size(); }
+
+// Allreduce algorithms. All leave every rank with bit-identical results.
+void ringAllReduce(Session& s, const DataSpec& d, const void* src, void* dst, size_t count);
+void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const void* src, void* dst,
+                     size_t count);
+void rhdAllReduce(Session& s, const DataSpec& d, const void* src, void* dst, size_t count);
+
+void ringAllGather(Session& s, const DataSpec& d, const void* src, void* dst, size_t sendcount);
+void ringReduceScatter(Session& s, const DataSpec& d, const void* src, void* dst, size_t recvcount);
+void broadcast(Session& s, const DataSpec& d, const void* src, void* dst, size_t count, int root);
+void barrier(Session& s);
+
+// Chooses the allreduce algorithm for a message (never kAuto).
+Algo selectAllReduce(Algo forced, const Topology& topo, int nranks, size_t bytes);
+// The segment size to use: forced_bytes when set, else a default by message size.
+size_t selectSegmentBytes(size_t forced_bytes, size_t bytes);
+
+}  // namespace ddl

@@ -1,0 +1,270 @@
+// The C ABI of libddl (include/ddl/ddl.h). Every entry point converts exceptions into a ddlResult_t and keeps
+// the message for ddlGetLastError: no exception ever crosses into the caller.
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "comm.h"
+#include "ddl/ddl.h"
+#include "env.h"
+#include "error.h"
+
+struct ddlComm {
+  std::unique_ptr<ddl::Comm> impl;
+  std::mutex mu;
+  std::string last_error;
+};
+
+struct ddlRequest {
+  std::shared_ptr<ddl::AsyncOp> op;
+  ddlComm* comm;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+thread_local std::string t_returned;  // what ddlGetLastError handed out, valid until the next call
+
+void record(ddlComm* comm, const std::string& msg) {
+  t_last_error = msg;
+  if (comm) {
+    std::lock_guard<std::mutex> lk(comm->mu);
+    comm->last_error = msg;
+  }
+}
+
+template <class F>
+ddlResult_t guard(ddlComm* comm, const char* fn, F&& f) {
+  try {
+    f();
+    return ddlSuccess;
+  } catch (const ddl::Error& e) {
+    record(comm, std::string(fn) + ": " + e.what());
+    return e.code();
+  } catch (const std::bad_alloc&) {
+    record(comm, std::string(fn) + ": out of memory");
+    return ddlSystemError;
+  } catch (const std::exception& e) {
+    record(comm, std::string(fn) + ": internal error: " + e.what());
+    return ddlInternalError;
+  } catch (...) {
+    record(comm, std::string(fn) + ": internal error: unknown exception");
+    return ddlInternalError;
+  }
+}
+
+#define DDL_CHECK_COMM(fn, comm)                                  \
+  do {                                                            \
+    if (!(comm) || !(comm)->impl) {                               \
+      record(nullptr, std::string(fn) + ": comm is NULL or destroyed"); \
+      return ddlInvalidArgument;                                  \
+    }                                                             \
+  } while (0)
+
+ddlResult_t initRank(ddlComm_t* out, int nranks, int rank, const std::string& root, const ddlConfig_t* config,
+                     const char* fn) {
+  if (!out) {
+    record(nullptr, std::string(fn) + ": comm pointer is NULL");
+    return ddlInvalidArgument;
+  }
+  *out = nullptr;
+  return guard(nullptr, fn, [&] {
+    ddl::Options opts = ddl::resolveOptions(config, nranks);
+    auto c = std::make_unique<ddlComm>();
+    c->impl = ddl::Comm::create(nranks, rank, root, opts);
+    *out = c.release();
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+ddlResult_t ddlGetVersion(int* version) {
+  if (!version) return ddlInvalidArgument;
+  *version = DDL_VERSION_CODE;
+  return ddlSuccess;
+}
+
+const char* ddlGetErrorString(ddlResult_t result) {
+  switch (result) {
+    case ddlSuccess: return "no error";
+    case ddlInvalidArgument: return "invalid argument";
+    case ddlSystemError: return "system error";
+    case ddlRemoteError: return "remote error (a peer failed)";
+    case ddlTimeout: return "timeout";
+    case ddlInProgress: return "operation in progress";
+    case ddlInternalError: return "internal error";
+    case ddlCudaError: return "CUDA error";
+    case ddlAborted: return "communicator aborted";
+    default: return "unknown result code";
+  }
+}
+
+const char* ddlGetLastError(ddlComm_t comm) {
+  if (comm) {
+    std::lock_guard<std::mutex> lk(comm->mu);
+    t_returned = comm->last_error;
+  } else {
+    t_returned = t_last_error;
+  }
+  return t_returned.c_str();
+}
+
+ddlResult_t ddlCommInitRank(ddlComm_t* comm, int nranks, int rank, const char* rootAddr,
+                            const ddlConfig_t* config) {
+  if (!rootAddr) {
+    record(nullptr, "ddlCommInitRank: rootAddr is NULL (expected host:port of rank 0)");
+    return ddlInvalidArgument;
+  }
+  return initRank(comm, nranks, rank, rootAddr, config, "ddlCommInitRank");
+}
+
+ddlResult_t ddlCommInitFromEnv(ddlComm_t* comm, const ddlConfig_t* config) {
+  int nranks = 0, rank = 0;
+  std::string root;
+  ddlResult_t r = guard(nullptr, "ddlCommInitFromEnv", [&] {
+    std::string size_s = ddl::getEnv("DDL_WORLD_SIZE"), rank_s = ddl::getEnv("DDL_RANK");
+    root = ddl::getEnv("DDL_ROOT");
+    if (size_s.empty() || rank_s.empty() || root.empty()) {
+      ddl::fail(ddlInvalidArgument,
+                "DDL_WORLD_SIZE, DDL_RANK and DDL_ROOT must be set (launch ranks with ddlrun or ddl-agent)");
+    }
+    nranks = static_cast<int>(ddl::parseInt(size_s, "DDL_WORLD_SIZE", 1, 1 << 15));
+    rank = static_cast<int>(ddl::parseInt(rank_s, "DDL_RANK", 0, nranks - 1));
+  });
+  if (r != ddlSuccess) {
+    if (comm) *comm = nullptr;
+    return r;
+  }
+  return initRank(comm, nranks, rank, root, config, "ddlCommInitFromEnv");
+}
+
+ddlResult_t ddlCommDestroy(ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlCommDestroy", comm);
+  ddlResult_t r = guard(nullptr, "ddlCommDestroy", [&] { comm->impl->shutdown(); });
+  delete comm;
+  return r;
+}
+
+ddlResult_t ddlCommAbort(ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlCommAbort", comm);
+  return guard(comm, "ddlCommAbort", [&] { comm->impl->abort(); });
+}
+
+ddlResult_t ddlCommGetAsyncError(ddlComm_t comm, ddlResult_t* asyncError) {
+  DDL_CHECK_COMM("ddlCommGetAsyncError", comm);
+  if (!asyncError) return ddlInvalidArgument;
+  *asyncError = comm->impl->asyncError();
+  return ddlSuccess;
+}
+
+ddlResult_t ddlCommCount(ddlComm_t comm, int* count) {
+  DDL_CHECK_COMM("ddlCommCount", comm);
+  if (!count) return ddlInvalidArgument;
+  *count = comm->impl->size();
+  return ddlSuccess;
+}
+
+ddlResult_t ddlCommUserRank(ddlComm_t comm, int* rank) {
+  DDL_CHECK_COMM("ddlCommUserRank", comm);
+  if (!rank) return ddlInvalidArgument;
+  *rank = comm->impl->rank();
+  return ddlSuccess;
+}
+
+ddlResult_t ddlCommGetTopology(ddlComm_t comm, char* buf, size_t len) {
+  DDL_CHECK_COMM("ddlCommGetTopology", comm);
+  std::string t = comm->impl->options().topology.str();
+  if (!buf || len <= t.size()) {
+    record(comm, "ddlCommGetTopology: buffer too small for '" + t + "'");
+    return ddlInvalidArgument;
+  }
+  std::memcpy(buf, t.c_str(), t.size() + 1);
+  return ddlSuccess;
+}
+
+ddlResult_t ddlAllReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
+                         ddlRedOp_t op, ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlAllReduce", comm);
+  return guard(comm, "ddlAllReduce", [&] { comm->impl->allReduce(sendbuff, recvbuff, count, datatype, op); });
+}
+
+ddlResult_t ddlBroadcast(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype, int root,
+                         ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlBroadcast", comm);
+  return guard(comm, "ddlBroadcast", [&] { comm->impl->broadcast(sendbuff, recvbuff, count, datatype, root); });
+}
+
+ddlResult_t ddlAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ddlDataType_t datatype,
+                         ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlAllGather", comm);
+  return guard(comm, "ddlAllGather", [&] { comm->impl->allGather(sendbuff, recvbuff, sendcount, datatype); });
+}
+
+ddlResult_t ddlReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ddlDataType_t datatype,
+                             ddlRedOp_t op, ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlReduceScatter", comm);
+  return guard(comm, "ddlReduceScatter",
+               [&] { comm->impl->reduceScatter(sendbuff, recvbuff, recvcount, datatype, op); });
+}
+
+ddlResult_t ddlBarrier(ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlBarrier", comm);
+  return guard(comm, "ddlBarrier", [&] { comm->impl->barrier(); });
+}
+
+ddlResult_t ddlIallReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
+                          ddlRedOp_t op, ddlComm_t comm, ddlRequest_t* request) {
+  DDL_CHECK_COMM("ddlIallReduce", comm);
+  if (!request) {
+    record(comm, "ddlIallReduce: request pointer is NULL");
+    return ddlInvalidArgument;
+  }
+  *request = nullptr;
+  return guard(comm, "ddlIallReduce", [&] {
+    auto op_state = comm->impl->iallReduce(sendbuff, recvbuff, count, datatype, op);
+    *request = new ddlRequest{std::move(op_state), comm};
+  });
+}
+
+static ddlResult_t finish(ddlRequest_t request) {
+  ddlResult_t r = request->op->result;
+  if (r != ddlSuccess) record(request->comm, "ddlIallReduce: " + request->op->error);
+  delete request;
+  return r;
+}
+
+ddlResult_t ddlTest(ddlRequest_t request, int* done) {
+  if (!request || !done) {
+    record(nullptr, "ddlTest: request or done is NULL");
+    return ddlInvalidArgument;
+  }
+  if (!request->op->done.load(std::memory_order_acquire)) {
+    *done = 0;
+    return ddlInProgress;
+  }
+  *done = 1;
+  return finish(request);
+}
+
+ddlResult_t ddlWait(ddlRequest_t request) {
+  if (!request) {
+    record(nullptr, "ddlWait: request is NULL");
+    return ddlInvalidArgument;
+  }
+  // The executor finishes every operation within its timeout; poll gently until then.
+  int spins = 0;
+  while (!request->op->done.load(std::memory_order_acquire)) {
+    if (++spins < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  return finish(request);
+}
+
+}  // extern "C"

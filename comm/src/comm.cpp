@@ -1,0 +1,276 @@
+#include "comm.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "dtype.h"
+#include "error.h"
+#include "reduce.h"
+#include "ucx_transport.h"
+
+namespace ddl {
+
+std::unique_ptr<Comm> Comm::create(int nranks, int rank, const std::string& root, const Options& options) {
+  if (nranks < 1 || nranks > tag::kMaxRanks) {
+    fail(ddlInvalidArgument, "nranks must be in [1, " + std::to_string(tag::kMaxRanks) + "], got " +
+                                 std::to_string(nranks));
+  }
+  if (rank < 0 || rank >= nranks) {
+    fail(ddlInvalidArgument, "rank must be in [0, " + std::to_string(nranks - 1) + "], got " + std::to_string(rank));
+  }
+  std::string host;
+  int port = 0;
+  parseHostPort(root, &host, &port);
+  if (port == 0) fail(ddlInvalidArgument, "rendezvous address '" + root + "' needs a non-zero port");
+  Deadline deadline(options.timeout_ms);
+
+  std::unique_ptr<TcpStoreServer> server;
+  if (rank == 0) server = startTcpStoreServer(port);
+  std::unique_ptr<Store> store = connectTcpStore(rank == 0 ? "127.0.0.1" : host, port, deadline);
+
+  // Every rank must agree on the shape of the communicator, and each rank number must be taken once.
+  const std::string shape = "nranks=" + std::to_string(nranks) + " topology=" + options.topology.str() +
+                            " algo=" + algoName(options.algo) + " segment=" + std::to_string(options.segment_bytes);
+  if (store->add("joined/" + std::to_string(rank), 1) != 1) {
+    fail(ddlInvalidArgument, "two processes claim rank " + std::to_string(rank) + " of the communicator at " +
+                                 root + " (check DDL_RANK)");
+  }
+  if (rank == 0) {
+    store->set("shape", shape);
+  } else {
+    std::string root_shape = store->get("shape", deadline);
+    if (root_shape != shape) {
+      fail(ddlInvalidArgument, "rank 0 created the communicator with " + root_shape + " but rank " +
+                                   std::to_string(rank) + " has " + shape +
+                                   " (DDL_WORLD_SIZE, DDL_TOPOLOGY, DDL_ALGO and DDL_SEGMENT_BYTES must be the same "
+                                   "on every rank)");
+    }
+  }
+  auto transport = createUcxTransport(rank, nranks, *store, deadline);
+  auto comm = std::make_unique<Comm>(std::move(transport), options);
+  comm->store_server_ = std::move(server);
+  comm->store_ = std::move(store);
+  return comm;
+}
+
+Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
+    : options_(options), rank_(transport->rank()), size_(transport->size()) {
+  if (options_.topology.dims.empty()) options_.topology.dims = {size_};
+  DDL_ASSERT(options_.topology.size() == size_);
+  channel_ = std::make_unique<Channel>(std::move(transport), options_.timeout_ms);
+}
+
+Comm::~Comm() { shutdown(); }
+
+void Comm::shutdown() {
+  if (!channel_) return;
+  drainAsync();
+  {
+    std::lock_guard<std::mutex> lk(q_mu_);
+    stop_ = true;
+  }
+  q_cv_.notify_all();
+  if (executor_.joinable()) executor_.join();
+  if (broken_.load() == ddlSuccess && size_ > 1) {
+    // Peers may still be reading our last messages: meet them once more before the endpoints go.
+    try {
+      std::lock_guard<std::mutex> lk(op_mu_);
+      Session s(*channel_, CollKind::kBarrier, ddlUint8, ddlSum, 0, 0, 0, std::min(options_.timeout_ms, 10000));
+      ddl::barrier(s);
+    } catch (const Error&) {
+      // Best effort: a peer that left first is no reason to fail the teardown.
+    }
+  }
+  channel_.reset();
+  store_.reset();
+  store_server_.reset();
+}
+
+ddlResult_t Comm::asyncError() const { return broken_.load(); }
+
+void Comm::breakWith(ddlResult_t code, const std::string& why) {
+  std::lock_guard<std::mutex> lk(err_mu_);
+  if (broken_.load() != ddlSuccess) return;
+  broken_why_ = why;
+  broken_.store(code);
+}
+
+void Comm::abort() {
+  channel_->aborted.store(true);
+  breakWith(ddlAborted, "communicator aborted by ddlCommAbort");
+  // If no collective is running, tell the peers now; otherwise the running one does when it sees the flag.
+  std::unique_lock<std::mutex> lk(op_mu_, std::try_to_lock);
+  if (lk.owns_lock()) channel_->notifyPeers("communicator aborted by ddlCommAbort");
+}
+
+void Comm::run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant,
+               const std::function<void(Session&)>& body) {
+  std::lock_guard<std::mutex> lk(op_mu_);
+  if (ddlResult_t b = broken_.load(); b != ddlSuccess) {
+    std::lock_guard<std::mutex> elk(err_mu_);
+    fail(b, "the communicator is unusable after an earlier error: " + broken_why_ +
+                " (destroy it with ddlCommDestroy and create a new one)");
+  }
+  try {
+    Session s(*channel_, kind, type, op, count, root, variant);
+    body(s);
+  } catch (const Error& e) {
+    breakWith(e.code(), e.what());
+    channel_->notifyPeers(e.what());
+    throw;
+  }
+}
+
+void Comm::checkType(const char* what, ddlDataType_t type) const {
+  if (!validType(type)) {
+    fail(ddlInvalidArgument, std::string(what) + ": unknown data type " + std::to_string(static_cast<int>(type)) +
+                                 " (valid: ddlInt8 .. ddlFloat64, 0.." + std::to_string(ddlNumTypes - 1) + ")");
+  }
+}
+
+void Comm::checkOp(ddlRedOp_t op) const {
+  if (!validOp(op)) {
+    fail(ddlInvalidArgument, "unknown reduction op " + std::to_string(static_cast<int>(op)) +
+                                 " (valid: ddlSum, ddlProd, ddlMin, ddlMax, ddlAvg)");
+  }
+}
+
+void Comm::checkBuffers(const void* sendbuf, const void* recvbuf, size_t count) const {
+  if (count == 0) return;
+  if (!sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL");
+  if (!recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL");
+}
+
+DataSpec Comm::spec(ddlDataType_t type, ddlRedOp_t op, size_t bytes) const {
+  return DataSpec{type, op, typeSize(type), selectSegmentBytes(options_.segment_bytes, bytes)};
+}
+
+namespace {
+size_t checkedBytes(size_t count, size_t elem, size_t factor = 1) {
+  if (count > SIZE_MAX / elem / factor) fail(ddlInvalidArgument, "count " + std::to_string(count) + " is too large");
+  return count * elem * factor;
+}
+}  // namespace
+
+Algo Comm::allReduceAlgo(size_t bytes) const {
+  return selectAllReduce(options_.algo, options_.topology, size_, bytes);
+}
+
+void Comm::allReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
+  checkType("datatype", type);
+  checkOp(op);
+  checkBuffers(sendbuf, recvbuf, count);
+  checkedBytes(count, typeSize(type));
+  drainAsync();
+  allReduceNow(sendbuf, recvbuf, count, type, op);
+}
+
+void Comm::allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
+  if (count == 0) return;
+  const size_t bytes = count * typeSize(type);
+  const DataSpec d = spec(type, op, bytes);
+  const Algo algo = allReduceAlgo(bytes);
+  run(CollKind::kAllReduce, type, op, count, 0, static_cast<int>(algo), [&](Session& s) {
+    switch (algo) {
+      case Algo::kRhd: rhdAllReduce(s, d, sendbuf, recvbuf, count); break;
+      case Algo::kMdRing: mdringAllReduce(s, d, options_.topology, sendbuf, recvbuf, count); break;
+      default: ringAllReduce(s, d, sendbuf, recvbuf, count); break;
+    }
+  });
+}
+
+void Comm::broadcast(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, int root) {
+  checkType("datatype", type);
+  if (root < 0 || root >= size_) {
+    fail(ddlInvalidArgument, "root " + std::to_string(root) + " is not a rank of this communicator of " +
+                                 std::to_string(size_));
+  }
+  if (count && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL");
+  if (count && rank_ == root && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL on the root");
+  const size_t bytes = checkedBytes(count, typeSize(type));
+  drainAsync();
+  if (count == 0) return;
+  const DataSpec d = spec(type, ddlSum, bytes);
+  run(CollKind::kBroadcast, type, ddlSum, count, root, 0,
+      [&](Session& s) { ddl::broadcast(s, d, sendbuf, recvbuf, count, root); });
+}
+
+void Comm::allGather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type) {
+  checkType("datatype", type);
+  checkBuffers(sendbuf, recvbuf, sendcount);
+  const size_t bytes = checkedBytes(sendcount, typeSize(type), size_);
+  drainAsync();
+  if (sendcount == 0) return;
+  const DataSpec d = spec(type, ddlSum, bytes);
+  run(CollKind::kAllGather, type, ddlSum, sendcount, 0, 0,
+      [&](Session& s) { ringAllGather(s, d, sendbuf, recvbuf, sendcount); });
+}
+
+void Comm::reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type,
+                         ddlRedOp_t op) {
+  checkType("datatype", type);
+  checkOp(op);
+  checkBuffers(sendbuf, recvbuf, recvcount);
+  const size_t bytes = checkedBytes(recvcount, typeSize(type), size_);
+  drainAsync();
+  if (recvcount == 0) return;
+  const DataSpec d = spec(type, op, bytes);
+  run(CollKind::kReduceScatter, type, op, recvcount, 0, 0,
+      [&](Session& s) { ringReduceScatter(s, d, sendbuf, recvbuf, recvcount); });
+}
+
+void Comm::barrier() {
+  drainAsync();
+  run(CollKind::kBarrier, ddlUint8, ddlSum, 0, 0, 0, [&](Session& s) { ddl::barrier(s); });
+}
+
+std::shared_ptr<AsyncOp> Comm::iallReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
+                                          ddlRedOp_t op) {
+  checkType("datatype", type);
+  checkOp(op);
+  checkBuffers(sendbuf, recvbuf, count);
+  checkedBytes(count, typeSize(type));
+  auto result = std::make_shared<AsyncOp>();
+  {
+    std::lock_guard<std::mutex> lk(q_mu_);
+    if (!executor_.joinable()) executor_ = std::thread([this] { executorLoop(); });
+    ++in_flight_;
+    queue_.push_back([this, result, sendbuf, recvbuf, count, type, op] {
+      try {
+        allReduceNow(sendbuf, recvbuf, count, type, op);
+      } catch (const Error& e) {
+        result->result = e.code();
+        result->error = e.what();
+      } catch (const std::exception& e) {
+        result->result = ddlInternalError;
+        result->error = e.what();
+      }
+      result->done.store(true, std::memory_order_release);
+    });
+  }
+  q_cv_.notify_all();
+  return result;
+}
+
+void Comm::executorLoop() {
+  std::unique_lock<std::mutex> lk(q_mu_);
+  for (;;) {
+    q_cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ and nothing left
+    auto task = std::move(queue_.front());
+    queue_.pop_front();
+    lk.unlock();
+    task();
+    lk.lock();
+    --in_flight_;
+    q_cv_.notify_all();
+  }
+}
+
+void Comm::drainAsync() {
+  std::unique_lock<std::mutex> lk(q_mu_);
+  q_cv_.wait(lk, [&] { return in_flight_ == 0; });
+}
+
+}  // namespace ddl

@@ -1,0 +1,104 @@
+// Comm: one communicator, the object behind ddlComm_t.
+//
+// It validates arguments, picks the algorithm, runs each collective in a Session on its Channel, and keeps the
+// communicator's error state: the first failure that involved peers (a timeout, a dead or aborting peer, a
+// mismatch) breaks the communicator for good, is told to the peers, and is returned by every later call and by
+// asyncError(). Argument errors caught before any message is sent break nothing.
+//
+// Threads: collectives are called by one user thread at a time. Non-blocking collectives run on the
+// communicator's executor thread, in call order; a blocking call first waits for the queued ones, so the
+// order on the wire is always the order of calls. abort() and asyncError() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "algo/algo.h"
+#include "ddl/ddl.h"
+#include "env.h"
+#include "session.h"
+#include "store.h"
+#include "transport.h"
+
+namespace ddl {
+
+// A queued non-blocking collective.
+struct AsyncOp {
+  std::atomic<bool> done{false};
+  ddlResult_t result = ddlSuccess;
+  std::string error;
+};
+
+class Comm {
+ public:
+  // The real thing: bootstraps through the TCP store at root ("host:port"; rank 0 serves it) and connects
+  // every rank over UCX. Throws ddl::Error naming what failed (root unreachable, a rank missing, ...).
+  static std::unique_ptr<Comm> create(int nranks, int rank, const std::string& root, const Options& options);
+
+  // Over a transport built elsewhere (tests use LocalTransport).
+  Comm(std::unique_ptr<Transport> transport, const Options& options);
+  ~Comm();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Options& options() const { return options_; }
+
+  void allReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op);
+  void broadcast(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, int root);
+  void allGather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type);
+  void reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type, ddlRedOp_t op);
+  void barrier();
+  std::shared_ptr<AsyncOp> iallReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
+                                      ddlRedOp_t op);
+
+  // Any thread. Blocked and later calls fail with ddlAborted; peers are told.
+  void abort();
+  // Any thread: ddlSuccess or the error that broke the communicator.
+  ddlResult_t asyncError() const;
+
+  // Waits for queued operations, then (unless broken) a barrier bounded by min(timeout, 10 s) so that no peer
+  // is still reading our last messages, then tears the transport down. Errors are swallowed: best effort.
+  void shutdown();
+
+  // The algorithm auto selection would use for an allreduce of bytes (for tools and tests).
+  Algo allReduceAlgo(size_t bytes) const;
+
+ private:
+  void run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant,
+           const std::function<void(Session&)>& body);
+  void allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op);
+  void checkType(const char* what, ddlDataType_t type) const;
+  void checkOp(ddlRedOp_t op) const;
+  void checkBuffers(const void* sendbuf, const void* recvbuf, size_t count) const;
+  DataSpec spec(ddlDataType_t type, ddlRedOp_t op, size_t bytes) const;
+  void drainAsync();
+  void executorLoop();
+  void breakWith(ddlResult_t code, const std::string& why);
+
+  Options options_;
+  int rank_, size_;
+  std::unique_ptr<TcpStoreServer> store_server_;  // rank 0 only
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Channel> channel_;
+
+  std::mutex op_mu_;  // one collective at a time on the channel
+
+  mutable std::mutex err_mu_;
+  std::atomic<ddlResult_t> broken_{ddlSuccess};
+  std::string broken_why_;
+
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<std::function<void()>> queue_;
+  int in_flight_ = 0;  // queued + running async ops
+  bool stop_ = false;
+  std::thread executor_;
+};
+
+}  // namespace ddl

@@ -1,0 +1,61 @@
+// Sizes, names and parsing of ddl's data types and reduction ops.
+//
+// The canonical names (int8 ... float64, sum ... avg) are what libddl prints in messages and dumps; parsing
+// also takes the short names nccl-tests and its users type (half, fp16, bf16, float, double, int, ...), so a
+// benchmark command line written for NCCL works unchanged. Names are matched exactly (lower case).
+#include "dtype.h"
+
+#include <array>
+#include <utility>
+
+#include "error.h"
+
+namespace ddl {
+namespace {
+
+constexpr std::array<const char*, ddlNumTypes> kTypeNames = {
+    "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64",
+};
+constexpr std::array<size_t, ddlNumTypes> kTypeSizes = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
+constexpr std::array<const char*, ddlNumOps> kOpNames = {"sum", "prod", "min", "max", "avg"};
+
+// Extra spellings accepted by parseType on top of kTypeNames.
+constexpr std::pair<std::string_view, ddlDataType_t> kTypeAliases[] = {
+    {"char", ddlInt8},      {"int", ddlInt32},     {"uint", ddlUint32},   {"half", ddlFloat16},
+    {"fp16", ddlFloat16},   {"bf16", ddlBfloat16}, {"float", ddlFloat32}, {"fp32", ddlFloat32},
+    {"double", ddlFloat64}, {"fp64", ddlFloat64},
+};
+
+}  // namespace
+
+bool validType(ddlDataType_t t) { return static_cast<int>(t) >= 0 && static_cast<int>(t) < ddlNumTypes; }
+
+bool validOp(ddlRedOp_t op) { return static_cast<int>(op) >= 0 && static_cast<int>(op) < ddlNumOps; }
+
+size_t typeSize(ddlDataType_t t) {
+  DDL_ASSERT(validType(t));
+  return kTypeSizes[t];
+}
+
+const char* typeName(ddlDataType_t t) { return validType(t) ? kTypeNames[t] : "invalid"; }
+
+const char* opName(ddlRedOp_t op) { return validOp(op) ? kOpNames[op] : "invalid"; }
+
+std::optional<ddlDataType_t> parseType(std::string_view name) {
+  for (int t = 0; t < ddlNumTypes; ++t) {
+    if (name == kTypeNames[t]) return static_cast<ddlDataType_t>(t);
+  }
+  for (const auto& [alias, t] : kTypeAliases) {
+    if (name == alias) return t;
+  }
+  return std::nullopt;
+}
+
+std::optional<ddlRedOp_t> parseOp(std::string_view name) {
+  for (int op = 0; op < ddlNumOps; ++op) {
+    if (name == kOpNames[op]) return static_cast<ddlRedOp_t>(op);
+  }
+  return std::nullopt;
+}
+
+}  // namespace ddl

@@ -1,0 +1,23 @@
+// Data types and reduction ops: sizes, names, parsing.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "ddl/ddl.h"
+
+namespace ddl {
+
+bool validType(ddlDataType_t t);
+bool validOp(ddlRedOp_t op);
+size_t typeSize(ddlDataType_t t);  // bytes per element; requires validType
+const char* typeName(ddlDataType_t t);  // "float32", ...; "invalid" when out of range
+const char* opName(ddlRedOp_t op);      // "sum", ...; "invalid" when out of range
+// Accepts the names above and the nccl-tests short names (int8, uint8, int32, uint32, int64, uint64, half,
+// bfloat16, float, double, float16, bf16, fp16, fp32, fp64).
+std::optional<ddlDataType_t> parseType(std::string_view name);
+std::optional<ddlRedOp_t> parseOp(std::string_view name);
+
+}  // namespace ddl

@@ -1,0 +1,72 @@
+#include "env.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "error.h"
+
+namespace ddl {
+
+const char* algoName(Algo a) {
+  switch (a) {
+    case Algo::kAuto: return "auto";
+    case Algo::kRing: return "ring";
+    case Algo::kMdRing: return "mdring";
+    case Algo::kRhd: return "rhd";
+  }
+  return "invalid";
+}
+
+Algo parseAlgo(const std::string& name) {
+  for (Algo a : {Algo::kAuto, Algo::kRing, Algo::kMdRing, Algo::kRhd}) {
+    if (name == algoName(a)) return a;
+  }
+  fail(ddlInvalidArgument, "unknown algorithm '" + name + "': use auto, ring, mdring or rhd");
+}
+
+std::string getEnv(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+long long parseInt(const std::string& text, const char* what, long long lo, long long hi) {
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || errno || *end != '\0' || v < lo || v > hi) {
+    fail(ddlInvalidArgument, std::string(what) + " must be an integer in [" + std::to_string(lo) + ", " +
+                                 std::to_string(hi) + "], got '" + text + "'");
+  }
+  return v;
+}
+
+Options resolveOptions(const ddlConfig_t* config, int nranks) {
+  if (config && (config->size < sizeof(size_t) + sizeof(unsigned) || config->version == 0 ||
+                 config->version > DDL_CONFIG_VERSION)) {
+    fail(ddlInvalidArgument, "ddlConfig_t was not initialised with DDL_CONFIG_INITIALIZER (size " +
+                                 std::to_string(config->size) + ", version " + std::to_string(config->version) + ")");
+  }
+  Options o;
+  if (config && config->timeoutMs > 0) {
+    o.timeout_ms = config->timeoutMs;
+  } else if (auto v = getEnv("DDL_TIMEOUT_MS"); !v.empty()) {
+    o.timeout_ms = static_cast<int>(parseInt(v, "DDL_TIMEOUT_MS", 1, 24LL * 3600 * 1000));
+  } else {
+    o.timeout_ms = kDefaultTimeoutMs;
+  }
+
+  std::string topo = (config && config->topology) ? config->topology : getEnv("DDL_TOPOLOGY");
+  o.topology = parseTopology(topo, nranks);
+
+  std::string algo = (config && config->algorithm) ? config->algorithm : getEnv("DDL_ALGO");
+  o.algo = algo.empty() ? Algo::kAuto : parseAlgo(algo);
+
+  if (config && config->segmentBytes > 0) {
+    o.segment_bytes = config->segmentBytes;
+  } else if (auto v = getEnv("DDL_SEGMENT_BYTES"); !v.empty()) {
+    o.segment_bytes = static_cast<size_t>(parseInt(v, "DDL_SEGMENT_BYTES", 1, 1LL << 30));
+  }
+  return o;
+}
+
+}  // namespace ddl

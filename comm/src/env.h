@@ -1,0 +1,33 @@
+// Resolves a communicator's settings from ddlConfig_t, then the DDL_* environment, then built-in defaults.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "ddl/ddl.h"
+#include "topology.h"
+
+namespace ddl {
+
+enum class Algo { kAuto, kRing, kMdRing, kRhd };
+const char* algoName(Algo a);
+
+struct Options {
+  int timeout_ms = 300000;
+  Topology topology;
+  Algo algo = Algo::kAuto;
+  size_t segment_bytes = 0;  // 0: automatic
+};
+
+constexpr int kDefaultTimeoutMs = 300000;
+
+// Throws ddlInvalidArgument naming the bad field or variable and its value.
+Options resolveOptions(const ddlConfig_t* config, int nranks);
+Algo parseAlgo(const std::string& name);  // throws ddlInvalidArgument listing the valid names
+
+// Environment helpers: the value, or empty when unset.
+std::string getEnv(const char* name);
+// Parses a decimal integer in [lo, hi]; throws ddlInvalidArgument naming what and the text.
+long long parseInt(const std::string& text, const char* what, long long lo, long long hi);
+
+}  // namespace ddl

@@ -1,0 +1,289 @@
+#include "session.h"
+
+#include <cstring>
+
+#include "dtype.h"
+#include "error.h"
+
+namespace ddl {
+
+const char* collName(CollKind k) {
+  switch (k) {
+    case CollKind::kAllReduce: return "allreduce";
+    case CollKind::kBroadcast: return "broadcast";
+    case CollKind::kAllGather: return "allgather";
+    case CollKind::kReduceScatter: return "reducescatter";
+    case CollKind::kBarrier: return "barrier";
+  }
+  return "collective";
+}
+
+namespace {
+// How long cleanup paths (cancelling, telling peers) may progress before giving up.
+constexpr int64_t kCleanupMs = 500;
+}  // namespace
+
+Channel::Channel(std::unique_ptr<Transport> transport, int timeout_ms)
+    : transport_(std::move(transport)),
+      rank_(transport_->rank()),
+      size_(transport_->size()),
+      timeout_ms_(timeout_ms) {
+  postControlRecv();
+}
+
+Channel::~Channel() {
+  std::vector<Request*> pending;
+  if (!control_recv_.done) {
+    transport_->cancel(control_recv_);
+    pending.push_back(&control_recv_);
+  }
+  for (auto& r : control_sends_) pending.push_back(r.get());
+  for (auto& r : graveyard) pending.push_back(r.get());
+  Deadline d(kCleanupMs);
+  auto all_done = [&] {
+    for (Request* r : pending)
+      if (!r->done) return false;
+    return true;
+  };
+  while (!all_done() && !d.expired()) {
+    if (!transport_->progress()) transport_->idleWait(0);
+  }
+  // The transport goes first, while the requests it may still complete are alive.
+  transport_.reset();
+}
+
+void Channel::postControlRecv() {
+  control_recv_.done = false;
+  control_recv_.ok = true;
+  control_recv_.error.clear();
+  transport_->recv(control_recv_, -1, tag::kControl, tag::kControl, control_buf_, sizeof(control_buf_));
+}
+
+std::string Channel::peerName(int rank) const {
+  return "rank " + std::to_string(rank) + " (" + transport_->hostOf(rank) + ")";
+}
+
+const std::string& Channel::remoteError() {
+  if (control_recv_.done) {
+    if (control_recv_.ok && remote_error_.empty()) {
+      remote_error_.assign(control_buf_, std::min(control_recv_.length, sizeof(control_buf_)));
+      // Once broken, the channel stays broken: no need to keep listening.
+      return remote_error_;
+    }
+    if (remote_error_.empty()) postControlRecv();
+  }
+  return remote_error_;
+}
+
+void Channel::notifyPeers(const std::string& why) {
+  if (notified_) return;
+  notified_ = true;
+  control_msg_ = peerName(rank_) + " failed: " + why;
+  if (control_msg_.size() > sizeof(control_buf_)) control_msg_.resize(sizeof(control_buf_));
+  uint64_t t = tag::kControl | (static_cast<uint64_t>(rank_) << tag::kSrcShift);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || !transport_->peerError(p).empty()) continue;
+    control_sends_.push_back(std::make_unique<Request>());
+    transport_->send(*control_sends_.back(), p, t, control_msg_.data(), control_msg_.size());
+  }
+  Deadline d(kCleanupMs);
+  auto all_done = [&] {
+    for (auto& r : control_sends_)
+      if (!r->done) return false;
+    return true;
+  };
+  while (!all_done() && !d.expired()) {
+    if (!transport_->progress()) transport_->idleWait(0);
+  }
+}
+
+char* Channel::scratch(int slot, size_t bytes) {
+  DDL_ASSERT(slot == 0 || slot == 1);
+  std::vector<char>& v = scratch_[slot];
+  if (v.size() < bytes) {
+    v.clear();
+    v.shrink_to_fit();
+    v.resize(bytes);
+  }
+  return v.data();
+}
+
+namespace {
+uint64_t signature(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant) {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xFF;
+      h *= 1099511628211ULL;
+    }
+  };
+  mix(static_cast<uint64_t>(kind));
+  mix(static_cast<uint64_t>(type));
+  mix(static_cast<uint64_t>(op));
+  mix(count);
+  mix(static_cast<uint64_t>(root));
+  mix(static_cast<uint64_t>(variant));
+  return (h ^ (h >> 8) ^ (h >> 16) ^ (h >> 24) ^ (h >> 32) ^ (h >> 40) ^ (h >> 48) ^ (h >> 56)) & 0xFF;
+}
+}  // namespace
+
+Session::Session(Channel& ch, CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root,
+                 int variant, int timeout_ms)
+    : ch_(ch),
+      t_(ch.transport()),
+      kind_(kind),
+      type_(type),
+      op_(op),
+      count_(count),
+      root_(root),
+      seq_bits_(static_cast<uint64_t>(ch.nextSeq()) << tag::kSeqShift),
+      sig_bits_(signature(kind, type, op, count, root, variant) << tag::kSigShift),
+      src_bits_(static_cast<uint64_t>(ch.rank()) << tag::kSrcShift),
+      deadline_(timeout_ms < 0 ? ch.timeoutMs() : timeout_ms) {}
+
+Session::~Session() {
+  bool pending = false;
+  for (auto& r : reqs_) {
+    if (!r->done) {
+      t_.cancel(*r);
+      pending = true;
+    }
+  }
+  if (!pending) return;
+  Deadline d(kCleanupMs);
+  for (auto& r : reqs_) {
+    while (!r->done && !d.expired()) {
+      if (!t_.progress()) t_.idleWait(0);
+    }
+  }
+  for (auto& r : reqs_) {
+    if (!r->done) ch_.graveyard.push_back(std::move(r));
+  }
+}
+
+std::string Session::describe() const {
+  std::string s = std::string(collName(kind_)) + " #" + std::to_string(seq_bits_ >> tag::kSeqShift);
+  if (kind_ == CollKind::kBarrier) return s;
+  s += " (" + std::string(typeName(type_));
+  if (kind_ == CollKind::kAllReduce || kind_ == CollKind::kReduceScatter) s += " " + std::string(opName(op_));
+  if (kind_ == CollKind::kBroadcast) s += " root " + std::to_string(root_);
+  s += ", count " + std::to_string(count_) + ")";
+  return s;
+}
+
+uint32_t Session::phase() {
+  DDL_ASSERT(next_phase_ < tag::kMaxPhases);
+  return next_phase_++ << tag::kPhaseShift;
+}
+
+Request* Session::send(int peer, uint32_t unit, const void* buf, size_t bytes) {
+  DDL_ASSERT(peer != rank() && peer >= 0 && peer < size() && unit <= tag::kUnitMask);
+  reqs_.push_back(std::make_unique<Request>());
+  Request* r = reqs_.back().get();
+  r->posted_len = bytes;
+  t_.send(*r, peer, seq_bits_ | sig_bits_ | src_bits_ | unit, buf, bytes);
+  return r;
+}
+
+Request* Session::recv(int peer, uint32_t unit, void* buf, size_t bytes) {
+  DDL_ASSERT(peer != rank() && peer >= 0 && peer < size() && unit <= tag::kUnitMask);
+  reqs_.push_back(std::make_unique<Request>());
+  Request* r = reqs_.back().get();
+  r->posted_len = bytes;
+  uint64_t t = seq_bits_ | (static_cast<uint64_t>(peer) << tag::kSrcShift) | unit;
+  uint64_t mask = tag::kControl | tag::kSeqMask | tag::kSrcMask | tag::kUnitMask;
+  t_.recv(*r, peer, t, mask, buf, bytes);
+  return r;
+}
+
+void Session::failRequest(Request* r) {
+  std::string peer = ch_.peerName(r->peer);
+  if (r->is_recv && r->truncated) {
+    fail(ddlInvalidArgument, "collective mismatch: " + peer + " sent more data than this rank expects in " +
+                                 describe() + "; every rank must make the same calls in the same order with the same count, type, op and root");
+  }
+  std::string why = t_.peerError(r->peer);
+  if (why.empty()) why = r->error;
+  fail(ddlRemoteError, std::string(r->is_recv ? "receive from " : "send to ") + peer + " failed in " + describe() +
+                           ": " + why + " (the peer process may have died or lost its network)");
+}
+
+void Session::probeMismatch(int peer) {
+  // A message of this collective (same sequence number) from peer that matches none of our receives and
+  // carries another signature means peer is running a different collective or arguments: the units we wait
+  // for will never come.
+  uint64_t t = seq_bits_ | (static_cast<uint64_t>(peer) << tag::kSrcShift);
+  uint64_t found = 0;
+  if (t_.probe(t, tag::kControl | tag::kSeqMask | tag::kSrcMask, &found) && (found & tag::kSigMask) != sig_bits_) {
+    fail(ddlInvalidArgument, "collective mismatch: " + ch_.peerName(peer) +
+                                 " called a different collective, count, type, op, root or algorithm than this "
+                                 "rank's " + describe() + "; every rank must make the same calls in the same order");
+  }
+}
+
+void Session::check(Request* r) {
+  if (!r->ok) failRequest(r);
+  if (r->is_recv && ((r->sender_tag & tag::kSigMask) != sig_bits_ || r->length != r->posted_len)) {
+    fail(ddlInvalidArgument, "collective mismatch: " + ch_.peerName(r->peer) +
+                                 " called a different collective, count, type, op or root than this rank's " +
+                                 describe() + "; every rank must make the same calls in the same order");
+  }
+}
+
+bool Session::test(Request* r) {
+  if (!r->done) return false;
+  check(r);
+  return true;
+}
+
+void Session::progress() { progress(nullptr); }
+
+void Session::progress(Request* waiting_for) {
+  bool any = t_.progress();
+  if (ch_.aborted.load(std::memory_order_relaxed)) {
+    fail(ddlAborted, "communicator aborted by ddlCommAbort during " + describe());
+  }
+  const std::string& remote = ch_.remoteError();
+  if (!remote.empty()) fail(ddlRemoteError, remote + " (reported during " + describe() + " on this rank)");
+  if (any) {
+    idle_ = 0;
+    return;
+  }
+  ++idle_;
+  if ((idle_ & 63) == 0) {
+    // Idle for a while: look for failed peers and the deadline, then let other processes run.
+    Request* late = waiting_for;
+    if (!late) {
+      for (auto& r : reqs_)
+        if (!r->done) {
+          late = r.get();
+          break;
+        }
+    }
+    if (late && late->peer >= 0) {
+      probeMismatch(late->peer);
+      std::string why = t_.peerError(late->peer);
+      if (!why.empty()) {
+        fail(ddlRemoteError, ch_.peerName(late->peer) + " failed during " + describe() + ": " + why);
+      }
+    }
+    if (deadline_.expired()) {
+      std::string who = (late && late->peer >= 0) ? " waiting for " + ch_.peerName(late->peer) : "";
+      fail(ddlTimeout, describe() + " timed out after " + std::to_string(deadline_.timeoutMs()) + " ms" + who +
+                           ": a peer may be dead, stuck, or calling a different collective (set DDL_TIMEOUT_MS "
+                           "to wait longer)");
+    }
+  }
+  t_.idleWait(idle_ > 4096 ? 50 : 0);
+}
+
+void Session::wait(Request* r) {
+  while (!test(r)) progress(r);
+  idle_ = 0;
+}
+
+void Session::waitAll() {
+  for (auto& r : reqs_) wait(r.get());
+}
+
+}  // namespace ddl

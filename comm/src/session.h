@@ -1,0 +1,152 @@
+// Channel and Session: how collective algorithms talk, wait and fail.
+//
+// A Channel is a communicator's transport plus the state every wait consults: the abort flag, errors that
+// peers reported, the collective sequence number, the scratch buffer. A Session is one collective call: it
+// stamps every message with a tag that names the collective (sequence number), a signature of its arguments
+// (kind, type, op, count, root), the sender, and a unit (the step and segment within the algorithm), and it
+// waits for requests under a deadline.
+//
+// No hangs: every wait ends in completion, the deadline (ddlTimeout), ddlCommAbort (ddlAborted), a dead or
+// aborting peer (ddlRemoteError), or a message whose signature or length differs from what this rank expects
+// (ddlInvalidArgument: the ranks called different collectives). When a rank fails a collective it sends a
+// short control message to every peer, so the others stop at once instead of waiting for their deadline.
+//
+// Tag layout (64 bits): [63] control | [62:47] sequence | [46:39] signature | [38:24] sender | [23:0] unit.
+// Receives match sequence, sender and unit; the signature is checked after the message arrives.
+//
+// Threads: a Channel and its Sessions are used by one thread at a time (the communicator serialises its
+// callers); `aborted` may be set from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddl/ddl.h"
+#include "deadline.h"
+#include "transport.h"
+
+namespace ddl {
+
+namespace tag {
+constexpr uint64_t kControl = 1ULL << 63;
+constexpr int kSeqShift = 47, kSigShift = 39, kSrcShift = 24;
+constexpr uint64_t kSeqMask = 0xFFFFULL << kSeqShift;
+constexpr uint64_t kSigMask = 0xFFULL << kSigShift;
+constexpr uint64_t kSrcMask = 0x7FFFULL << kSrcShift;
+constexpr uint64_t kUnitMask = 0xFFFFFFULL;
+constexpr int kMaxRanks = 1 << 15;
+// A unit is [23:18] the phase of the algorithm, [17:0] the message within the phase. Phases are numbered the
+// same on every rank whatever its share of the data, so tags agree even where some ranks move nothing.
+constexpr int kPhaseShift = 18;
+constexpr uint32_t kMaxPhases = 1U << 6;
+constexpr uint32_t kMaxUnits = 1U << kPhaseShift;  // per phase
+}  // namespace tag
+
+enum class CollKind : uint8_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kBarrier };
+const char* collName(CollKind k);
+
+class Channel {
+ public:
+  Channel(std::unique_ptr<Transport> transport, int timeout_ms);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  Transport& transport() { return *transport_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int timeoutMs() const { return timeout_ms_; }
+  // "rank 3 (host-b)"
+  std::string peerName(int rank) const;
+
+  uint16_t nextSeq() { return seq_++; }
+
+  // Set by ddlCommAbort from any thread.
+  std::atomic<bool> aborted{false};
+
+  // Checks the control receive: when a peer has reported a failure, returns its message (sticky).
+  const std::string& remoteError();
+
+  // Best effort, bounded: tells every live peer that this rank failed, with why.
+  void notifyPeers(const std::string& why);
+
+  // Scratch buffer number slot (0: algorithm staging, 1: whole-message workspace) of at least bytes,
+  // reused between collectives.
+  char* scratch(int slot, size_t bytes);
+
+ private:
+  void postControlRecv();
+
+  std::unique_ptr<Transport> transport_;
+  int rank_, size_, timeout_ms_;
+  uint16_t seq_ = 0;
+  Request control_recv_;
+  char control_buf_[1024];
+  std::string remote_error_;
+  bool notified_ = false;
+  std::deque<std::unique_ptr<Request>> control_sends_;
+  std::string control_msg_;
+
+ public:
+  // Requests a failed Session could not cancel in time: kept alive until the Channel goes.
+  std::deque<std::unique_ptr<Request>> graveyard;
+
+ private:
+  std::vector<char> scratch_[2];
+};
+
+class Session {
+ public:
+  // Starts a collective: takes the next sequence number and the deadline now.
+  // timeout_ms < 0: the channel's timeout.
+  // variant: anything else that must agree across ranks (the algorithm). timeout_ms < 0: the channel's.
+  Session(Channel& ch, CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant = 0,
+          int timeout_ms = -1);
+  // Cancels what is still posted (after an error), so no transfer touches user memory after return.
+  ~Session();
+
+  Channel& channel() { return ch_; }
+  int rank() const { return ch_.rank(); }
+  int size() const { return ch_.size(); }
+
+  // Starts the next phase of the algorithm: returns the first of its tag::kMaxUnits unit numbers. Every rank
+  // must start the same phases in the same order, whether or not it has data to move in them.
+  uint32_t phase();
+
+  Request* send(int peer, uint32_t unit, const void* buf, size_t bytes);
+  Request* recv(int peer, uint32_t unit, void* buf, size_t bytes);
+
+  // True when r finished; throws when it failed or the message does not match this collective.
+  bool test(Request* r);
+  void wait(Request* r);
+  void waitAll();
+
+  // One round of progress plus the checks (abort, deadline, peer reports). Spins, then yields when idle.
+  void progress();
+
+ private:
+  void progress(Request* waiting_for);
+  void check(Request* r);
+  void probeMismatch(int peer);
+  [[noreturn]] void failRequest(Request* r);
+  std::string describe() const;
+
+  Channel& ch_;
+  Transport& t_;
+  CollKind kind_;
+  ddlDataType_t type_;
+  ddlRedOp_t op_;
+  size_t count_;
+  int root_;
+  uint64_t seq_bits_, sig_bits_, src_bits_;
+  uint32_t next_phase_ = 0;
+  Deadline deadline_;
+  std::deque<std::unique_ptr<Request>> reqs_;
+  int idle_ = 0;
+};
+
+}  // namespace ddl

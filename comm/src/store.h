@@ -1,0 +1,51 @@
+// Key-value store used to bootstrap a communicator: ranks publish their UCX worker address and host name,
+// and read everyone else's. Gloo's Store idea, NCCL's unique-id idea.
+//
+// Implementations: MemoryStore (one process, ranks as threads: tests) and TcpStore (a client connected to the
+// TcpStoreServer that rank 0 hosts at DDL_ROOT). All methods are thread-safe. Failures throw ddl::Error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "deadline.h"
+
+namespace ddl {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Sets key to value (overwrites).
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Returns the value of key, waiting until some rank sets it; throws ddlTimeout at the deadline.
+  virtual std::string get(const std::string& key, const Deadline& deadline) = 0;
+  // Atomically adds delta to the integer at key (missing = 0) and returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+};
+
+// In-process store for ranks-as-threads tests.
+std::shared_ptr<Store> makeMemoryStore();
+
+// Server side of the TCP store, run by rank 0 (a background thread serves every client).
+class TcpStoreServer {
+ public:
+  virtual ~TcpStoreServer() = default;
+  virtual int port() const = 0;  // the bound port (useful when asked for port 0)
+};
+// Listens on every IPv4 address at port (0 = any free port). Throws ddlSystemError when the port is taken,
+// with a message naming the port.
+std::unique_ptr<TcpStoreServer> startTcpStoreServer(int port);
+
+// Client side: connects to host:port, retrying refused connections until the deadline (rank 0 may start last).
+// Throws ddlTimeout naming "host:port" and the last socket error when the deadline passes, ddlInvalidArgument
+// for port 0 or a host name that does not resolve. The returned store's set() and add() wait for the server's
+// answer up to deadline.timeoutMs() (at least 1 s); once the server closes the connection every call throws
+// ddlRemoteError. Keys are limited to 64 KiB and values to 16 MiB (ddlInvalidArgument beyond).
+std::unique_ptr<Store> connectTcpStore(const std::string& host, int port, const Deadline& deadline);
+
+// Splits "host:port" or "[ipv6]:port" (port 0..65535; 0 only makes sense to a server); throws
+// ddlInvalidArgument with the offending text when malformed.
+void parseHostPort(const std::string& addr, std::string* host, int* port);
+
+}  // namespace ddl

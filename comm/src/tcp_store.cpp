@@ -1,0 +1,909 @@
+// TcpStore: the rendezvous store of a real job. Rank 0 runs a TcpStoreServer on the DDL_ROOT port; every rank
+// (rank 0 too) connects a TcpStore client to it, publishes its UCX worker address with set() and reads the
+// others' with get(), which the server answers only once the key exists. Plain POSIX sockets and poll():
+// libddl links nothing but UCX and the C/C++ runtime.
+//
+// Wire format (all integers in network byte order). Every request carries an id that its reply echoes, so one
+// connection can carry several requests at once and replies may come back out of order:
+//   request: u8 op, u32 id, u32 key_len, u32 value_len, key bytes, value bytes
+//     kSet    value = the new value                  reply: empty
+//     kGet    no value; the reply waits for the key  reply: the value
+//     kAdd    value = i64 delta                      reply: i64 new value (stored as a decimal string)
+//     kCancel no value; id = a GET the client gave up on (its deadline passed); no reply
+//   reply:   u8 status (kOk, kFailed), u32 id, u32 length, payload (kFailed: a message for the user)
+// Keys are at most kMaxKeyBytes and values kMaxValueBytes; the server checks the lengths in the header before
+// buffering a body, and drops a client that sends a malformed frame, so garbage on the port cannot make it
+// allocate without bound or disturb the other clients.
+//
+// Server threads: the constructor and destructor run on the caller's thread; everything else (accepting,
+// reading, answering, releasing waiting GETs) runs on one background thread in a poll() loop over the
+// listening socket, the clients and a self-pipe that the destructor writes to stop it. Methods named
+// ...FromLoop run only on that thread and own the store's state without locks.
+//
+// Client threads: any thread may call set/get/add at any time. A caller sends its whole frame under send_mu_,
+// then waits for its reply: one waiting caller at a time holds the reader role and polls the socket, hands
+// every reply it parses to its owner and wakes them; the others sleep on a condition variable until their
+// reply arrives, the connection breaks or their deadline passes. So a get() blocked on a missing key does not
+// stop another thread's set() on the same connection (a single mutex held across get() would deadlock that
+// case).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "error.h"
+#include "store.h"
+
+namespace ddl {
+namespace {
+
+constexpr uint8_t kSet = 1;
+constexpr uint8_t kGet = 2;
+constexpr uint8_t kAdd = 3;
+constexpr uint8_t kCancel = 4;
+
+constexpr uint8_t kOk = 0;
+constexpr uint8_t kFailed = 1;
+
+constexpr size_t kRequestHeaderBytes = 13;
+constexpr size_t kReplyHeaderBytes = 9;
+constexpr uint32_t kMaxKeyBytes = 64 * 1024;
+constexpr uint32_t kMaxValueBytes = 16 * 1024 * 1024;
+// Longest reply payload: a value, or a failure message (which quotes at most the key and a few words).
+constexpr uint32_t kMaxReplyBytes = kMaxValueBytes + kMaxKeyBytes + 1024;
+// A client with this many unsent reply bytes is not read from until it drains them (backpressure).
+constexpr size_t kMaxUnsentBytes = 64 * 1024 * 1024;
+// GETs one connection may have waiting at once; an honest client has one per calling thread.
+constexpr int kMaxWaitingGets = 1024;
+constexpr size_t kRecvChunkBytes = 64 * 1024;
+
+std::string errnoString(int err) {
+  char buf[256];
+  // strerror_r is the GNU variant (returns the message) or the XSI one (fills buf); accept either.
+  struct Pick {
+    static const char* of(const char* gnu, const char*) { return gnu; }
+    static const char* of(int xsi, const char* b) { return xsi == 0 ? b : "unknown error"; }
+  };
+  return Pick::of(strerror_r(err, buf, sizeof buf), buf);
+}
+
+// Milliseconds for poll(): never negative, never past INT_MAX.
+int pollMs(int64_t ms) { return static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX)); }
+
+void putU32(std::string* s, uint32_t v) {
+  uint32_t n = htonl(v);
+  s->append(reinterpret_cast<const char*>(&n), 4);
+}
+uint32_t getU32(const char* p) {
+  uint32_t n;
+  std::memcpy(&n, p, 4);
+  return ntohl(n);
+}
+std::string encodeI64(int64_t v) {
+  std::string s;
+  uint64_t u = static_cast<uint64_t>(v);
+  putU32(&s, static_cast<uint32_t>(u >> 32));
+  putU32(&s, static_cast<uint32_t>(u));
+  return s;
+}
+int64_t decodeI64(const char* p) {
+  return static_cast<int64_t>((static_cast<uint64_t>(getU32(p)) << 32) | getU32(p + 4));
+}
+
+// Owns one file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) reset(other.release());
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::string formatHostPort(const std::string& host, int port) {
+  bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+// Applies an ADD to a stored decimal string. Returns an empty string on success, else the message for the
+// user.
+std::string applyAdd(const std::string& key, std::string* value, int64_t delta, int64_t* result) {
+  int64_t current = 0;
+  if (!value->empty()) {
+    const char* end = value->data() + value->size();
+    auto [ptr, ec] = std::from_chars(value->data(), end, current);
+    if (ec != std::errc() || ptr != end) {
+      std::string shown =
+          value->size() <= 64 ? "'" + *value + "'" : "of " + std::to_string(value->size()) + " bytes";
+      return "cannot add to store key '" + key + "': its value " + shown + " is not a decimal integer";
+    }
+  }
+  if (__builtin_add_overflow(current, delta, result)) {
+    return "cannot add " + std::to_string(delta) + " to store key '" + key +
+           "': the result overflows int64 (value " + *value + ")";
+  }
+  *value = std::to_string(*result);
+  return "";
+}
+
+// -----------------------------------------------------------------------------------------------------------
+// Server
+
+class TcpStoreServerImpl final : public TcpStoreServer {
+ public:
+  explicit TcpStoreServerImpl(int port);
+  ~TcpStoreServerImpl() override;
+  int port() const override { return port_; }
+
+ private:
+  struct Conn {
+    Fd fd;
+    std::string in;        // received bytes not yet parsed (at most one partial frame + one recv chunk)
+    std::string out;       // replies not yet fully sent
+    size_t out_sent = 0;   // bytes of out already sent
+    int waiting_gets = 0;  // entries of this connection in waiters_
+    bool dead = false;     // to be closed at the end of this loop round
+  };
+  struct Waiter {
+    uint64_t conn;
+    uint32_t id;
+  };
+
+  void runLoop();
+  void acceptFromLoop();
+  void readFromLoop(uint64_t conn_id, Conn& c);
+  void handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, uint32_t id, std::string key,
+                      std::string_view value);
+  void replyFromLoop(Conn& c, uint8_t status, uint32_t id, std::string_view payload);
+  void releaseWaitersFromLoop(const std::string& key);
+  void flushFromLoop(Conn& c);
+  void forgetWaitersFromLoop(uint64_t conn_id);
+
+  int port_ = 0;
+  Fd listen_fd_;
+  Fd wake_read_;   // the loop polls it; readable = stop
+  Fd wake_write_;  // the destructor writes one byte to it
+
+  // State of the loop thread (the constructor only creates it).
+  uint64_t next_conn_id_ = 1;
+  std::unordered_map<uint64_t, Conn> conns_;
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, std::vector<Waiter>> waiters_;  // GETs deferred until their key is set
+  Clock::time_point accept_paused_until_{};                       // after EMFILE and the like
+
+  std::thread thread_;  // last: started once everything above exists
+};
+
+TcpStoreServerImpl::TcpStoreServerImpl(int port) {
+  if (port < 0 || port > 65535) {
+    fail(ddlInvalidArgument, "cannot listen on port " + std::to_string(port) +
+                                 " for the rendezvous store: ports are 0..65535 (check DDL_ROOT)");
+  }
+  const std::string where = "port " + std::to_string(port) + " for the rendezvous store";
+  listen_fd_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!listen_fd_.valid())
+    fail(ddlSystemError, "cannot create a socket to listen on " + where + ": " + errnoString(errno));
+  int one = 1;
+  ::setsockopt(listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // restart despite TIME_WAIT
+
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0 ||
+      ::listen(listen_fd_.get(), SOMAXCONN) < 0) {
+    int err = errno;
+    std::string msg = "cannot listen on " + where + ": " + errnoString(err);
+    if (err == EADDRINUSE) {
+      msg += " (is another job using DDL_ROOT port " + std::to_string(port) + "?)";
+    } else if (err == EACCES) {
+      msg += " (ports below 1024 need privileges: choose another DDL_ROOT port)";
+    }
+    fail(ddlSystemError, msg);
+  }
+  socklen_t len = sizeof addr;
+  if (::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len) < 0) {
+    fail(ddlSystemError, "cannot read the address of the rendezvous store socket: " + errnoString(errno));
+  }
+  port_ = ntohs(addr.sin_port);
+
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_NONBLOCK | O_CLOEXEC) < 0) {
+    fail(ddlSystemError, "cannot create the rendezvous store's wake-up pipe: " + errnoString(errno));
+  }
+  wake_read_.reset(pipe_fds[0]);
+  wake_write_.reset(pipe_fds[1]);
+  thread_ = std::thread([this] { runLoop(); });
+}
+
+TcpStoreServerImpl::~TcpStoreServerImpl() {
+  char byte = 1;
+  ssize_t n;
+  do {
+    n = ::write(wake_write_.get(), &byte, 1);
+  } while (n < 0 && errno == EINTR);  // EAGAIN: the pipe is full, so the loop is woken already
+  thread_.join();
+  // The members close every descriptor: clients, listener, pipe. Connected clients then see the connection
+  // close and fail with ddlRemoteError instead of waiting for their deadline.
+}
+
+void TcpStoreServerImpl::runLoop() {
+  std::vector<pollfd> fds;
+  std::vector<uint64_t> ids;  // ids[i] is the connection of fds[i + 2]
+  for (;;) {
+    fds.clear();
+    ids.clear();
+    Clock::time_point now = Clock::now();
+    bool accepting = now >= accept_paused_until_;
+    fds.push_back({wake_read_.get(), POLLIN, 0});
+    fds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});  // poll() skips a negative fd
+    for (auto& [id, c] : conns_) {
+      size_t unsent = c.out.size() - c.out_sent;
+      short events = 0;
+      if (unsent < kMaxUnsentBytes) events |= POLLIN;
+      if (unsent > 0) events |= POLLOUT;
+      fds.push_back({c.fd.get(), events, 0});
+      ids.push_back(id);
+    }
+    int timeout = -1;
+    if (!accepting) {
+      timeout =
+          1 + static_cast<int>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(accept_paused_until_ - now).count());
+    }
+    int n = ::poll(fds.data(), fds.size(), timeout);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      std::fprintf(stderr, "libddl: the rendezvous store on port %d stopped: poll failed: %s\n", port_,
+                   errnoString(errno).c_str());
+      return;
+    }
+    if (fds[0].revents != 0) return;  // the destructor asks us to stop
+    if (fds[1].revents != 0) acceptFromLoop();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      short revents = fds[i + 2].revents;
+      if (revents == 0) continue;
+      auto it = conns_.find(ids[i]);
+      if (it == conns_.end() || it->second.dead) continue;
+      Conn& c = it->second;
+      try {
+        // On an error or hang-up the recv() reports what happened.
+        if (revents & (POLLIN | POLLERR | POLLHUP)) readFromLoop(ids[i], c);
+        if (!c.dead && (revents & POLLOUT)) flushFromLoop(c);
+        if (revents & POLLNVAL) c.dead = true;
+      } catch (const std::exception& e) {  // e.g. bad_alloc on a huge value: lose this client, keep serving
+        std::fprintf(stderr, "libddl: the rendezvous store on port %d dropped a client: %s\n", port_,
+                     e.what());
+        c.dead = true;
+      }
+    }
+    // Send what this round produced (its own replies and GETs that a SET released), then close dropped
+    // clients.
+    for (auto& [id, c] : conns_) {
+      if (!c.dead && c.out_sent < c.out.size()) flushFromLoop(c);
+    }
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (it->second.dead) {
+        forgetWaitersFromLoop(it->first);
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void TcpStoreServerImpl::acceptFromLoop() {
+  for (;;) {  // bounded: the backlog is finite, and EAGAIN ends it
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      int err = errno;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        // The pending connection stays in the backlog; retry later rather than spin on a readable listener.
+        std::fprintf(
+            stderr,
+            "libddl: the rendezvous store on port %d cannot accept a connection: %s (raise ulimit -n?)\n",
+            port_, errnoString(err).c_str());
+        accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+      }
+      return;  // EAGAIN: all accepted
+    }
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    Conn c;
+    c.fd.reset(fd);
+    conns_.emplace(next_conn_id_++, std::move(c));
+  }
+}
+
+void TcpStoreServerImpl::readFromLoop(uint64_t conn_id, Conn& c) {
+  size_t old_size = c.in.size();
+  c.in.resize(old_size + kRecvChunkBytes);
+  ssize_t n = ::recv(c.fd.get(), c.in.data() + old_size, kRecvChunkBytes, 0);
+  int err = errno;
+  c.in.resize(old_size + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR)) return;
+  if (n <= 0) {  // the client closed its end, or the connection failed
+    c.dead = true;
+    return;
+  }
+  size_t off = 0;
+  while (!c.dead && c.in.size() - off >= kRequestHeaderBytes) {
+    const char* p = c.in.data() + off;
+    uint8_t op = static_cast<uint8_t>(p[0]);
+    uint32_t id = getU32(p + 1);
+    uint32_t key_len = getU32(p + 5);
+    uint32_t value_len = getU32(p + 9);
+    bool valid = key_len <= kMaxKeyBytes &&
+                 ((op == kSet && value_len <= kMaxValueBytes) ||
+                  ((op == kGet || op == kCancel) && value_len == 0) || (op == kAdd && value_len == 8));
+    if (!valid) {  // not a libddl client, or a corrupt stream: nothing after this can be trusted
+      c.dead = true;
+      return;
+    }
+    size_t total = kRequestHeaderBytes + key_len + value_len;
+    if (c.in.size() - off < total) break;  // the rest of the frame has not arrived yet
+    std::string key(p + kRequestHeaderBytes, key_len);
+    std::string_view value(p + kRequestHeaderBytes + key_len, value_len);
+    handleFromLoop(conn_id, c, op, id, std::move(key), value);
+    off += total;
+  }
+  c.in.erase(0, off);
+}
+
+void TcpStoreServerImpl::handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, uint32_t id, std::string key,
+                                        std::string_view value) {
+  switch (op) {
+    case kSet: {
+      data_[key].assign(value.data(), value.size());
+      replyFromLoop(c, kOk, id, {});
+      releaseWaitersFromLoop(key);
+      break;
+    }
+    case kGet: {
+      auto it = data_.find(key);
+      if (it != data_.end()) {
+        replyFromLoop(c, kOk, id, it->second);
+      } else if (c.waiting_gets >= kMaxWaitingGets) {
+        c.dead = true;  // a client leaking GETs; an honest one cancels those it gives up on
+      } else {
+        waiters_[key].push_back({conn_id, id});
+        ++c.waiting_gets;
+      }
+      break;
+    }
+    case kAdd: {
+      int64_t result = 0;
+      std::string error = applyAdd(key, &data_[key], decodeI64(value.data()), &result);
+      if (!error.empty()) {
+        replyFromLoop(c, kFailed, id, error);
+      } else {
+        replyFromLoop(c, kOk, id, encodeI64(result));
+        releaseWaitersFromLoop(key);
+      }
+      break;
+    }
+    case kCancel: {
+      auto it = waiters_.find(key);
+      if (it == waiters_.end()) break;  // answered already: the client drops the late reply
+      size_t erased =
+          std::erase_if(it->second, [&](const Waiter& w) { return w.conn == conn_id && w.id == id; });
+      c.waiting_gets -= static_cast<int>(erased);
+      if (it->second.empty()) waiters_.erase(it);
+      break;
+    }
+    default:
+      DDL_ASSERT(false);  // readFromLoop lets only known ops through
+  }
+}
+
+void TcpStoreServerImpl::replyFromLoop(Conn& c, uint8_t status, uint32_t id, std::string_view payload) {
+  c.out.push_back(static_cast<char>(status));
+  putU32(&c.out, id);
+  putU32(&c.out, static_cast<uint32_t>(payload.size()));
+  c.out.append(payload);
+}
+
+void TcpStoreServerImpl::releaseWaitersFromLoop(const std::string& key) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  std::vector<Waiter> waiters = std::move(it->second);
+  waiters_.erase(it);
+  const std::string& value = data_[key];
+  for (const Waiter& w : waiters) {
+    auto conn = conns_.find(w.conn);
+    if (conn == conns_.end() || conn->second.dead) continue;
+    --conn->second.waiting_gets;
+    replyFromLoop(conn->second, kOk, w.id, value);
+  }
+}
+
+void TcpStoreServerImpl::flushFromLoop(Conn& c) {
+  while (c.out_sent < c.out.size()) {
+    ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      c.out_sent += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return;  // the loop polls for POLLOUT
+    } else {
+      c.dead = true;
+      return;
+    }
+  }
+  c.out.clear();
+  c.out_sent = 0;
+}
+
+void TcpStoreServerImpl::forgetWaitersFromLoop(uint64_t conn_id) {
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    std::erase_if(it->second, [&](const Waiter& w) { return w.conn == conn_id; });
+    it = it->second.empty() ? waiters_.erase(it) : std::next(it);
+  }
+}
+
+// -----------------------------------------------------------------------------------------------------------
+// Client
+
+class TcpStore final : public Store {
+ public:
+  TcpStore(Fd fd, std::string addr, int64_t timeout_ms)
+      : fd_(std::move(fd)), addr_(std::move(addr)), timeout_ms_(timeout_ms) {}
+
+  void set(const std::string& key, const std::string& value) override {
+    checkSizes(key, value.size());
+    Deadline deadline(timeout_ms_);
+    Reply r;
+    if (!call(kSet, key, value, deadline, &r)) failNoAnswer();
+    checkOk(r);
+  }
+
+  std::string get(const std::string& key, const Deadline& deadline) override {
+    checkSizes(key, 0);
+    Reply r;
+    if (!call(kGet, key, {}, deadline, &r)) {
+      cancelGet(key, r.id);
+      fail(ddlTimeout, "timed out after " + std::to_string(deadline.timeoutMs()) + " ms waiting for key '" +
+                           key + "' in the rendezvous store at " + addr_ +
+                           " (did every rank start and publish it?)");
+    }
+    checkOk(r);
+    return std::move(r.payload);
+  }
+
+  int64_t add(const std::string& key, int64_t delta) override {
+    checkSizes(key, 8);
+    Deadline deadline(timeout_ms_);
+    Reply r;
+    if (!call(kAdd, key, encodeI64(delta), deadline, &r)) failNoAnswer();
+    checkOk(r);
+    if (r.payload.size() != 8)
+      breakAndFail(ddlRemoteError, "rendezvous store at " + addr_ + " sent a malformed reply");
+    return decodeI64(r.payload.data());
+  }
+
+ private:
+  struct Reply {
+    uint32_t id = 0;
+    uint8_t status = kOk;
+    std::string payload;
+  };
+
+  void checkSizes(const std::string& key, size_t value_bytes) const {
+    if (key.size() > kMaxKeyBytes || value_bytes > kMaxValueBytes) {
+      fail(ddlInvalidArgument,
+           "store key of " + std::to_string(key.size()) + " bytes or value of " +
+               std::to_string(value_bytes) + " bytes is too long for the rendezvous store (limits " +
+               std::to_string(kMaxKeyBytes) + " and " + std::to_string(kMaxValueBytes) + ")");
+    }
+  }
+
+  void checkOk(const Reply& r) const {
+    if (r.status != kOk)
+      fail(ddlInvalidArgument, r.payload);  // the server's message, e.g. ADD to a non-integer
+  }
+
+  [[noreturn]] void failNoAnswer() const {
+    fail(ddlTimeout, "rendezvous store at " + addr_ + " did not answer within " +
+                         std::to_string(timeout_ms_) + " ms (is rank 0 alive?)");
+  }
+
+  // Marks the connection unusable (when a stream error makes every later reply untrustworthy) and throws.
+  [[noreturn]] void breakAndFail(ddlResult_t code, const std::string& msg) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      breakLocked(code, msg);
+    }
+    cv_.notify_all();
+    fail(code, msg);
+  }
+
+  void breakLocked(ddlResult_t code, const std::string& msg) {
+    if (broken_) return;
+    broken_ = true;
+    broken_code_ = code;
+    broken_msg_ = msg;
+    ::shutdown(fd_.get(), SHUT_RDWR);  // wakes a reader blocked in poll()
+  }
+
+  std::string closedMessage() const {
+    return "rendezvous store at " + addr_ + " closed the connection (rank 0 exited?)";
+  }
+
+  // Sends one request and waits for its reply. False when the deadline passes first; r->id is the request's
+  // id.
+  bool call(uint8_t op, const std::string& key, std::string_view value, const Deadline& deadline, Reply* r) {
+    uint32_t id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (broken_) fail(broken_code_, broken_msg_);
+      id = next_id_++;
+      pending_.emplace(id, std::nullopt);
+    }
+    r->id = id;
+    std::string frame;
+    frame.reserve(kRequestHeaderBytes + key.size() + value.size());
+    frame.push_back(static_cast<char>(op));
+    putU32(&frame, id);
+    putU32(&frame, static_cast<uint32_t>(key.size()));
+    putU32(&frame, static_cast<uint32_t>(value.size()));
+    frame.append(key);
+    frame.append(value);
+    bool sent = false;
+    try {
+      sent = sendFrame(frame, deadline);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.erase(id);
+      throw;
+    }
+    if (!sent) {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.erase(id);
+      return false;
+    }
+    return waitReply(id, deadline, r);
+  }
+
+  // Writes a whole frame. False if the deadline passed before any byte went out; throws on a broken
+  // connection.
+  bool sendFrame(const std::string& frame, const Deadline& deadline) {
+    std::lock_guard<std::mutex> send_lock(send_mu_);
+    size_t sent = 0;
+    while (sent < frame.size()) {
+      ssize_t n = ::send(fd_.get(), frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        continue;
+      }
+      int err = n < 0 ? errno : EPIPE;
+      if (err == EINTR) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) {
+        if (deadline.expired()) {
+          if (sent == 0) return false;
+          // Half a frame is on the wire: the stream cannot be used again.
+          breakAndFail(ddlTimeout, "rendezvous store at " + addr_ + " stopped reading requests for " +
+                                       std::to_string(deadline.timeoutMs()) + " ms (is rank 0 alive?)");
+        }
+        pollfd p{fd_.get(), POLLOUT, 0};
+        ::poll(&p, 1, std::max(1, pollMs(deadline.remainingMs())));
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (broken_) fail(broken_code_, broken_msg_);  // e.g. the reader saw the close first
+      }
+      if (err == EPIPE || err == ECONNRESET) breakAndFail(ddlRemoteError, closedMessage());
+      breakAndFail(ddlSystemError,
+                   "cannot send to the rendezvous store at " + addr_ + ": " + errnoString(err));
+    }
+    return true;
+  }
+
+  // Waits for the reply to id (see the file comment: one waiter reads, the others sleep). False at the
+  // deadline.
+  bool waitReply(uint32_t id, const Deadline& deadline, Reply* r) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      auto it = pending_.find(id);
+      DDL_ASSERT(it != pending_.end());
+      if (it->second) {
+        *r = std::move(*it->second);
+        pending_.erase(it);
+        return true;
+      }
+      if (broken_) {
+        pending_.erase(it);
+        fail(broken_code_, broken_msg_);
+      }
+      if (deadline.expired()) {
+        pending_.erase(it);
+        return false;
+      }
+      if (reading_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(1, deadline.remainingMs())));
+        continue;
+      }
+      reading_ = true;
+      lock.unlock();
+      std::vector<Reply> replies;
+      ddlResult_t error_code = ddlSuccess;
+      std::string error;
+      try {
+        readOnceAsReader(deadline.remainingMs(), &replies, &error_code, &error);
+      } catch (const std::exception& e) {
+        error_code = ddlSystemError;
+        error = std::string("reading from the rendezvous store at " + addr_ + " failed: ") + e.what();
+      }
+      lock.lock();
+      reading_ = false;
+      for (Reply& reply : replies) {
+        auto owner = pending_.find(reply.id);
+        if (owner != pending_.end()) owner->second = std::move(reply);  // else: a GET that timed out; drop it
+      }
+      if (error_code != ddlSuccess) breakLocked(error_code, error);
+      cv_.notify_all();
+    }
+  }
+
+  // Only the thread holding the reader role calls this (it owns rbuf_). Waits up to timeout_ms for data,
+  // reads one chunk, and returns the complete replies in it; sets *error_code on a closed or corrupt stream.
+  void readOnceAsReader(int64_t timeout_ms, std::vector<Reply>* replies, ddlResult_t* error_code,
+                        std::string* error) {
+    pollfd p{fd_.get(), POLLIN, 0};
+    int n = ::poll(&p, 1, pollMs(timeout_ms));
+    if (n < 0 && errno != EINTR) {
+      *error_code = ddlSystemError;
+      *error = "cannot poll the connection to the rendezvous store at " + addr_ + ": " + errnoString(errno);
+      return;
+    }
+    if (n <= 0) return;
+    // Read straight into rbuf_: callers' threads may have small stacks, so no large buffer on the stack.
+    size_t old_size = rbuf_.size();
+    rbuf_.resize(old_size + kRecvChunkBytes);
+    ssize_t got = ::recv(fd_.get(), rbuf_.data() + old_size, kRecvChunkBytes, 0);
+    int err = errno;
+    rbuf_.resize(old_size + static_cast<size_t>(std::max<ssize_t>(got, 0)));
+    if (got < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR)) return;
+    if (got == 0 || (got < 0 && (err == ECONNRESET || err == EPIPE))) {
+      *error_code = ddlRemoteError;
+      *error = closedMessage();
+      return;
+    }
+    if (got < 0) {
+      *error_code = ddlSystemError;
+      *error = "cannot read from the rendezvous store at " + addr_ + ": " + errnoString(err);
+      return;
+    }
+    size_t off = 0;
+    while (rbuf_.size() - off >= kReplyHeaderBytes) {
+      const char* h = rbuf_.data() + off;
+      uint8_t status = static_cast<uint8_t>(h[0]);
+      uint32_t length = getU32(h + 5);
+      if ((status != kOk && status != kFailed) || length > kMaxReplyBytes) {
+        *error_code = ddlRemoteError;
+        *error = "rendezvous store at " + addr_ + " sent a malformed reply (is DDL_ROOT a libddl store?)";
+        return;
+      }
+      if (rbuf_.size() - off < kReplyHeaderBytes + length) break;
+      Reply reply;
+      reply.id = getU32(h + 1);
+      reply.status = status;
+      reply.payload.assign(h + kReplyHeaderBytes, length);
+      replies->push_back(std::move(reply));
+      off += kReplyHeaderBytes + length;
+    }
+    rbuf_.erase(0, off);
+  }
+
+  // Tells the server to forget a GET whose deadline passed, so it neither answers it later nor keeps it
+  // queued.
+  void cancelGet(const std::string& key, uint32_t id) {
+    std::string frame;
+    frame.push_back(static_cast<char>(kCancel));
+    putU32(&frame, id);
+    putU32(&frame, static_cast<uint32_t>(key.size()));
+    putU32(&frame, 0);
+    frame.append(key);
+    try {
+      sendFrame(frame, Deadline(std::min<int64_t>(timeout_ms_, 1000)));
+    } catch (const Error&) {
+      // Best effort: the caller reports its timeout, which is the error that matters.
+    }
+  }
+
+  Fd fd_;
+  const std::string addr_;    // "host:port", for messages
+  const int64_t timeout_ms_;  // how long set() and add() wait for the server
+
+  std::mutex send_mu_;  // one frame on the wire at a time; taken before mu_ when both are held
+
+  std::mutex mu_;
+  std::condition_variable cv_;  // a reply arrived, the reader role is free, or the connection broke
+  uint32_t next_id_ = 1;
+  std::unordered_map<uint32_t, std::optional<Reply>> pending_;  // requests waiting for their reply
+  bool reading_ = false;                                        // some waiter holds the reader role
+  bool broken_ = false;
+  ddlResult_t broken_code_ = ddlSuccess;
+  std::string broken_msg_;
+
+  std::string rbuf_;  // received bytes not yet parsed; owned by the reader role
+};
+
+bool sameEndpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+  }
+  return false;
+}
+
+// One non-blocking connect to ai, waiting at most until the deadline. An invalid Fd and *error on failure.
+Fd tryConnect(const addrinfo* ai, const Deadline& deadline, std::string* error) {
+  Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
+  if (!fd.valid()) {
+    *error = errnoString(errno);
+    return Fd();
+  }
+  if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) < 0) {
+    if (errno != EINPROGRESS && errno != EINTR) {
+      *error = errnoString(errno);
+      return Fd();
+    }
+    pollfd p{fd.get(), POLLOUT, 0};
+    int n;
+    do {
+      n = ::poll(&p, 1, pollMs(deadline.remainingMs()));
+    } while (n < 0 && errno == EINTR && !deadline.expired());
+    if (n <= 0) {
+      *error = "connection attempt timed out";
+      return Fd();
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) {
+      *error = errnoString(err);
+      return Fd();
+    }
+  }
+  // Retrying a local port with nobody listening can make TCP connect the socket to itself (simultaneous open)
+  // when the kernel happens to pick that port as the source port. That is no server: treat it as refused.
+  sockaddr_storage local{}, peer{};
+  socklen_t local_len = sizeof local, peer_len = sizeof peer;
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &local_len) < 0 ||
+      ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&peer), &peer_len) < 0) {
+    *error = errnoString(errno);
+    return Fd();
+  }
+  if (sameEndpoint(local, peer)) {
+    *error = errnoString(ECONNREFUSED);
+    return Fd();
+  }
+  int one = 1;
+  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+}  // namespace
+
+std::unique_ptr<TcpStoreServer> startTcpStoreServer(int port) {
+  return std::make_unique<TcpStoreServerImpl>(port);
+}
+
+std::unique_ptr<Store> connectTcpStore(const std::string& host, int port, const Deadline& deadline) {
+  const std::string addr = formatHostPort(host, port);
+  if (host.empty() || port <= 0 || port > 65535) {
+    fail(ddlInvalidArgument,
+         "invalid rendezvous store address '" + addr + "': expected a host and a port in 1..65535");
+  }
+  // set() and add() wait this long for the server's answer; it is the job's timeout, with a floor so that a
+  // short connect deadline does not make every later request fragile.
+  const int64_t request_timeout_ms = std::max<int64_t>(deadline.timeoutMs(), 1000);
+  const std::string port_text = std::to_string(port);
+  std::string last_error = "no connection attempt made";
+  int64_t backoff_ms = 50;
+  for (;;) {  // bounded by the deadline
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
+    if (rc == 0) {
+      std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(found, &::freeaddrinfo);
+      for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+        Fd fd = tryConnect(ai, deadline, &last_error);
+        if (fd.valid()) return std::make_unique<TcpStore>(std::move(fd), addr, request_timeout_ms);
+      }
+    } else if (rc == EAI_AGAIN) {
+      // A temporary DNS failure (rank 0's name may not be published yet): retry until the deadline.
+      last_error = std::string("cannot resolve host '") + host + "': " + ::gai_strerror(rc);
+    } else {
+      std::string why = rc == EAI_SYSTEM ? errnoString(errno) : ::gai_strerror(rc);
+      fail(ddlInvalidArgument, "cannot resolve the rendezvous host '" + host + "' of " + addr + ": " + why +
+                                   " (is DDL_ROOT right?)");
+    }
+    if (deadline.expired()) {
+      fail(ddlTimeout, "cannot reach the rendezvous store at " + addr + " after " +
+                           std::to_string(deadline.timeoutMs()) + " ms: " + last_error +
+                           " (is rank 0 running, and is DDL_ROOT right?)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, deadline.remainingMs())));
+    backoff_ms = std::min<int64_t>(backoff_ms * 2, 500);
+  }
+}
+
+void parseHostPort(const std::string& addr, std::string* host, int* port) {
+  DDL_ASSERT(host != nullptr && port != nullptr);
+  auto invalid = [&addr]() {
+    fail(ddlInvalidArgument,
+         "invalid rendezvous address '" + addr + "': expected host:port (e.g. node0:29500 or [::1]:29500)");
+  };
+  std::string h, p;
+  if (!addr.empty() && addr[0] == '[') {  // [IPv6 literal]:port
+    size_t close = addr.find(']');
+    if (close == std::string::npos || close + 1 >= addr.size() || addr[close + 1] != ':') invalid();
+    h = addr.substr(1, close - 1);
+    p = addr.substr(close + 2);
+  } else {
+    size_t colon = addr.rfind(':');
+    if (colon == std::string::npos) invalid();
+    h = addr.substr(0, colon);
+    p = addr.substr(colon + 1);
+    if (h.find(':') != std::string::npos) invalid();  // a bare IPv6 literal is ambiguous: it needs brackets
+  }
+  if (h.empty() || h.find_first_of("[]/ \t\r\n") != std::string::npos) invalid();
+  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) invalid();
+  int value = std::stoi(p);
+  if (value > 65535) invalid();
+  *host = h;
+  *port = value;
+}
+
+}  // namespace ddl

@@ -1,0 +1,275 @@
+#include "ucx_transport.h"
+
+#include <sched.h>
+#include <unistd.h>
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <stdlib.h>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "env.h"
+#include "error.h"
+
+namespace ddl {
+namespace {
+
+struct Peer {
+  int rank = -1;
+  std::string host;
+  ucp_ep_h ep = nullptr;
+  std::string error;  // set by the endpoint error handler
+};
+
+void complete(Request* r, ucs_status_t status) {
+  if (status != UCS_OK) {
+    r->ok = false;
+    r->truncated = status == UCS_ERR_MESSAGE_TRUNCATED;
+    r->error = ucs_status_string(status);
+  }
+  r->impl = nullptr;
+  r->done.store(true, std::memory_order_release);
+}
+
+void sendDone(void* request, ucs_status_t status, void* user_data) {
+  complete(static_cast<Request*>(user_data), status);
+  ucp_request_free(request);
+}
+
+void recvDone(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+  auto* r = static_cast<Request*>(user_data);
+  if (status == UCS_OK || status == UCS_ERR_MESSAGE_TRUNCATED) {
+    r->length = info->length;
+    r->sender_tag = info->sender_tag;
+  }
+  complete(r, status);
+  ucp_request_free(request);
+}
+
+void epFailed(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* p = static_cast<Peer*>(arg);
+  if (p->error.empty()) p->error = ucs_status_string(status);
+}
+
+std::string hostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+[[noreturn]] void ucxFail(const std::string& what, ucs_status_t st) {
+  fail(ddlSystemError, "UCX " + what + " failed: " + ucs_status_string(st));
+}
+
+class UcxTransport : public Transport {
+ public:
+  UcxTransport(int rank, int size) : rank_(rank), peers_(size) {}
+
+  ~UcxTransport() override {
+    // Flush-close every endpoint so our last messages reach peers that are still reading; force-close failed
+    // ones. Bounded: a peer that is gone cannot hold us.
+    std::vector<ucs_status_ptr_t> closing;
+    for (auto& p : peers_) {
+      if (!p.ep) continue;
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = p.error.empty() ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t sp = ucp_ep_close_nbx(p.ep, &param);
+      if (sp && !UCS_PTR_IS_ERR(sp)) closing.push_back(sp);
+      p.ep = nullptr;
+    }
+    Deadline d(2000);
+    for (auto sp : closing) {
+      while (ucp_request_check_status(sp) == UCS_INPROGRESS && !d.expired()) {
+        if (!ucp_worker_progress(worker_)) sched_yield();
+      }
+      ucp_request_free(sp);
+    }
+    if (worker_) ucp_worker_destroy(worker_);
+    if (context_) ucp_cleanup(context_);
+  }
+
+  void init(Store& store, const Deadline& deadline) {
+    // Shared memory serves error-handling endpoints only with this on; UCX 1.13 takes it from the environment
+    // alone (ucp_config_modify rejects transport settings). Never overrides the user's own value.
+    // Only where shared memory may be used, or UCX warns about unused variables.
+    const std::string tls = getEnv("UCX_TLS");
+    auto mentions = [&](std::initializer_list<const char*> names) {
+      if (tls.empty()) return true;
+      for (const char* n : names)
+        if (tls.find(n) != std::string::npos) return true;
+      return false;
+    };
+    // Set only while UCX reads its settings (the transports read theirs when the worker opens them), then
+    // removed so that no child process inherits them.
+    struct TemporaryEnv {
+      std::vector<const char*> added;
+      void add(const char* name) {
+        if (getEnv(name).empty() && setenv(name, "y", 0) == 0) added.push_back(name);
+      }
+      ~TemporaryEnv() {
+        for (const char* name : added) unsetenv(name);
+      }
+    } env;
+    if (mentions({"all", "sm", "shm", "posix"})) env.add("UCX_POSIX_ERROR_HANDLING");
+    if (mentions({"all", "sm", "shm", "sysv"})) env.add("UCX_SYSV_ERROR_HANDLING");
+    ucp_config_t* config = nullptr;
+    ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+    if (st != UCS_OK) ucxFail("config read", st);
+    if (getEnv("UCX_KEEPALIVE_INTERVAL").empty()) {
+      std::string ms = getEnv("DDL_KEEPALIVE_MS");
+      if (ms.empty()) ms = "2000";
+      parseInt(ms, "DDL_KEEPALIVE_MS", 1, 3600 * 1000);
+      ucp_config_modify(config, "KEEPALIVE_INTERVAL", (ms + "ms").c_str());
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+    params.features = UCP_FEATURE_TAG;
+    params.estimated_num_eps = peers_.size();
+    st = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (st != UCS_OK) ucxFail("init", st);
+
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    st = ucp_worker_create(context_, &wp, &worker_);
+    if (st != UCS_OK) ucxFail("worker create", st);
+
+    ucp_address_t* addr = nullptr;
+    size_t addr_len = 0;
+    st = ucp_worker_get_address(worker_, &addr, &addr_len);
+    if (st != UCS_OK) ucxFail("worker address", st);
+    std::string my_addr(reinterpret_cast<const char*>(addr), addr_len);
+    ucp_worker_release_address(worker_, addr);
+
+    std::string me = std::to_string(rank_);
+    peers_[rank_].rank = rank_;
+    peers_[rank_].host = hostName();
+    store.set("host/" + me, peers_[rank_].host);
+    store.set("ucx/" + me, my_addr);
+
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank_) continue;
+      Peer& p = peers_[r];
+      p.rank = r;
+      std::string key = std::to_string(r);
+      std::string remote;
+      try {
+        remote = store.get("ucx/" + key, deadline);
+        p.host = store.get("host/" + key, deadline);
+      } catch (const Error& e) {
+        fail(e.code(), "rank " + key + " did not join the communicator of " + std::to_string(size()) +
+                           " ranks: " + e.what());
+      }
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep.address = reinterpret_cast<const ucp_address_t*>(remote.data());
+      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep.err_handler.cb = epFailed;
+      ep.err_handler.arg = &p;
+      st = ucp_ep_create(worker_, &ep, &p.ep);
+      if (st != UCS_OK) {
+        fail(ddlSystemError, std::string("cannot connect to rank ") + key + " (" + p.host +
+                                 "): UCX endpoint create failed: " + ucs_status_string(st) +
+                                 " (check UCX_TLS / UCX_NET_DEVICES)");
+      }
+      if (!getEnv("DDL_DEBUG").empty()) {
+        std::fprintf(stderr, "ddl: rank %d endpoint to rank %d (%s):\n", rank_, r, p.host.c_str());
+        ucp_ep_print_info(p.ep, stderr);
+      }
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(peers_.size()); }
+  std::string hostOf(int rank) const override {
+    return rank >= 0 && rank < size() && !peers_[rank].host.empty() ? peers_[rank].host : "unknown host";
+  }
+
+  void send(Request& r, int peer, uint64_t tag, const void* buf, size_t len) override {
+    r.is_recv = false;
+    r.peer = peer;
+    r.posted_len = len;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = sendDone;
+    param.user_data = &r;
+    ucs_status_ptr_t sp = ucp_tag_send_nbx(peers_[peer].ep, buf, len, tag, &param);
+    if (sp == nullptr) {
+      complete(&r, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(sp)) {
+      complete(&r, UCS_PTR_STATUS(sp));
+    } else {
+      r.impl = sp;
+    }
+  }
+
+  void recv(Request& r, int peer, uint64_t tag, uint64_t mask, void* buf, size_t len) override {
+    r.is_recv = true;
+    r.peer = peer;
+    r.posted_len = len;
+    // No immediate completion: UCX 1.13 does not fill recv_info on that path, and the sender's tag (signature)
+    // and the length are what detect mismatched collectives. The callback always reports both.
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    param.cb.recv = recvDone;
+    param.user_data = &r;
+    ucs_status_ptr_t sp = ucp_tag_recv_nbx(worker_, buf, len, tag, mask, &param);
+    if (sp == nullptr) {
+      complete(&r, UCS_ERR_NO_MESSAGE);  // cannot happen with NO_IMM_CMPL; fail loudly rather than guess
+    } else if (UCS_PTR_IS_ERR(sp)) {
+      complete(&r, UCS_PTR_STATUS(sp));
+    } else {
+      r.impl = sp;
+    }
+  }
+
+  void cancel(Request& r) override {
+    if (!r.done.load(std::memory_order_acquire) && r.impl) ucp_request_cancel(worker_, r.impl);
+  }
+
+  bool progress() override { return ucp_worker_progress(worker_) != 0; }
+
+  bool probe(uint64_t tag, uint64_t mask, uint64_t* sender_tag) override {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, mask, 0, &info);
+    if (!msg) return false;
+    *sender_tag = info.sender_tag;
+    return true;
+  }
+
+  std::string peerError(int peer) const override {
+    if (peer < 0 || peer >= size()) return "";
+    return peers_[peer].error;
+  }
+
+  void idleWait(int timeout_us) override {
+    if (timeout_us <= 0) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(timeout_us));
+    }
+  }
+
+ private:
+  int rank_;
+  std::vector<Peer> peers_;  // fixed size: error handlers hold pointers into it
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> createUcxTransport(int rank, int size, Store& store, const Deadline& deadline) {
+  auto t = std::make_unique<UcxTransport>(rank, size);
+  t->init(store, deadline);
+  return t;
+}
+
+}  // namespace ddl

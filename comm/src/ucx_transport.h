@@ -1,0 +1,29 @@
+// UcxTransport: the real transport, UCX's ucp tag API.
+//
+// One UCX context and worker per communicator; one endpoint per peer, created at start from the worker
+// addresses that the ranks exchange through the rendezvous Store. Endpoints use UCP_ERR_HANDLING_MODE_PEER,
+// so a dead peer completes our requests with an error instead of hanging them. UCX picks the wire: InfiniBand
+// (rc/ud/dc) where present, shared memory (posix, sysv, cma) between processes of one host, TCP otherwise;
+// UCX_TLS and UCX_NET_DEVICES still apply, so falling back from IB to Ethernet needs no code change.
+//
+// Two UCX defaults are changed unless the user set them: shared-memory transports get peer error handling
+// (UCX_POSIX/SYSV_ERROR_HANDLING=y; without it, error-handling endpoints would skip shared memory) and the
+// keepalive interval drops to DDL_KEEPALIVE_MS (2000 ms) so a dead peer on shared memory is noticed quickly.
+//
+// Threads: serialised access (UCS_THREAD_MODE_SERIALIZED): the communicator's calling thread or its async
+// executor, never both at once.
+#pragma once
+
+#include <memory>
+
+#include "deadline.h"
+#include "store.h"
+#include "transport.h"
+
+namespace ddl {
+
+// Creates the transport and connects to every peer; throws ddl::Error (ddlSystemError for UCX failures,
+// ddlTimeout when peers do not publish their address before the deadline).
+std::unique_ptr<Transport> createUcxTransport(int rank, int size, Store& store, const Deadline& deadline);
+
+}  // namespace ddl

@@ -1,0 +1,511 @@
+// Collective algorithms with ranks as threads over LocalTransport: every algorithm, topology, type and op,
+// in place and out of place, odd counts, and the failure paths (dead rank, abort, mismatch, timeout).
+// Results are compared bit for bit against a reference computed in wide arithmetic, and across ranks.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm.h"
+#include "dtype.h"
+#include "error.h"
+#include "local_transport.h"
+#include "reduce.h"
+
+namespace ddl {
+namespace {
+
+using namespace std::chrono_literals;
+
+Options makeOptions(int nranks, Algo algo, const std::string& topo = "", size_t segment = 0, int timeout_ms = 20000) {
+  Options o;
+  o.algo = algo;
+  o.topology = parseTopology(topo, nranks);
+  o.segment_bytes = segment;
+  o.timeout_ms = timeout_ms;
+  return o;
+}
+
+// Runs body(comm) on nranks threads, each with its own Comm over one fabric. Returns each rank's error code
+// (ddlSuccess when body returned normally) and message.
+struct RankResult {
+  ddlResult_t code = ddlSuccess;
+  std::string what;
+};
+std::vector<RankResult> runRanks(int nranks, const Options& opts, const std::function<void(Comm&)>& body,
+                                 std::shared_ptr<LocalFabric> fabric = nullptr) {
+  if (!fabric) fabric = std::make_shared<LocalFabric>(nranks);
+  std::vector<RankResult> results(nranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        Comm comm(std::make_unique<LocalTransport>(fabric, r), opts);
+        body(comm);
+      } catch (const Error& e) {
+        results[r] = {e.code(), e.what()};
+      } catch (const std::exception& e) {
+        results[r] = {ddlInternalError, e.what()};
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+void expectAllOk(const std::vector<RankResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].code, ddlSuccess) << "rank " << r << ": " << results[r].what;
+  }
+}
+
+// Input value of rank r, element i: small integers (and halves for float types, which stay exact) chosen per
+// op so that every reduction over up to 8 ranks is exact in every type.
+double inputValue(ddlDataType_t t, ddlRedOp_t op, int r, size_t i) {
+  const bool is_signed = t == ddlInt8 || t == ddlInt32 || t == ddlInt64;
+  const bool is_float = t == ddlFloat16 || t == ddlBfloat16 || t == ddlFloat32 || t == ddlFloat64;
+  switch (op) {
+    case ddlProd: return ((i + r) % 5 == 0) ? 2.0 : (is_signed && (i + r) % 7 == 3 ? -1.0 : 1.0);
+    case ddlMin:
+    case ddlMax: {
+      double v = static_cast<double>((i * 7 + r * 13) % 23);
+      if (is_signed || is_float) v -= 11;
+      if (is_float && (i + r) % 3 == 0) v += 0.5;
+      return v;
+    }
+    default: {
+      double v = static_cast<double>((i + 3 * r) % 4);
+      if (is_signed || is_float) v -= 1;
+      if (is_float && (i % 2)) v += 0.5;
+      return v;
+    }
+  }
+}
+
+// Stores v (exactly representable) as type t at p.
+void storeValue(ddlDataType_t t, void* p, double v) {
+  switch (t) {
+    case ddlInt8: *static_cast<int8_t*>(p) = static_cast<int8_t>(v); break;
+    case ddlUint8: *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v); break;
+    case ddlInt32: *static_cast<int32_t*>(p) = static_cast<int32_t>(v); break;
+    case ddlUint32: *static_cast<uint32_t*>(p) = static_cast<uint32_t>(v); break;
+    case ddlInt64: *static_cast<int64_t*>(p) = static_cast<int64_t>(v); break;
+    case ddlUint64: *static_cast<uint64_t*>(p) = static_cast<uint64_t>(v); break;
+    case ddlFloat16: *static_cast<uint16_t*>(p) = floatToHalf(static_cast<float>(v)); break;
+    case ddlBfloat16: *static_cast<uint16_t*>(p) = floatToBfloat16(static_cast<float>(v)); break;
+    case ddlFloat32: *static_cast<float*>(p) = static_cast<float>(v); break;
+    case ddlFloat64: *static_cast<double*>(p) = v; break;
+    default: FAIL();
+  }
+}
+
+// The expected result of element i, stored as type t at p.
+void expectedValue(ddlDataType_t t, ddlRedOp_t op, int nranks, size_t i, void* p) {
+  double acc = inputValue(t, op, 0, i);
+  for (int r = 1; r < nranks; ++r) {
+    double v = inputValue(t, op, r, i);
+    switch (op) {
+      case ddlProd: acc *= v; break;
+      case ddlMin: acc = std::min(acc, v); break;
+      case ddlMax: acc = std::max(acc, v); break;
+      default: acc += v; break;
+    }
+  }
+  if (op != ddlAvg) return storeValue(t, p, acc);
+  switch (t) {
+    case ddlFloat64: storeValue(t, p, acc / nranks); break;
+    case ddlFloat32: *static_cast<float*>(p) = static_cast<float>(acc) / static_cast<float>(nranks); break;
+    case ddlFloat16: *static_cast<uint16_t*>(p) = floatToHalf(static_cast<float>(acc) / nranks); break;
+    case ddlBfloat16: *static_cast<uint16_t*>(p) = floatToBfloat16(static_cast<float>(acc) / nranks); break;
+    default: storeValue(t, p, std::trunc(acc / nranks)); break;  // integers: C++ truncating division
+  }
+}
+
+std::vector<char> makeInput(ddlDataType_t t, ddlRedOp_t op, int r, size_t count) {
+  const size_t es = typeSize(t);
+  std::vector<char> buf(count * es);
+  for (size_t i = 0; i < count; ++i) storeValue(t, buf.data() + i * es, inputValue(t, op, r, i));
+  return buf;
+}
+
+std::vector<char> makeExpected(ddlDataType_t t, ddlRedOp_t op, int nranks, size_t count) {
+  const size_t es = typeSize(t);
+  std::vector<char> buf(count * es);
+  for (size_t i = 0; i < count; ++i) expectedValue(t, op, nranks, i, buf.data() + i * es);
+  return buf;
+}
+
+// Index of the first differing element, or -1.
+long firstMismatch(const std::vector<char>& got, const std::vector<char>& want, size_t es) {
+  if (got.size() != want.size()) return 0;
+  if (std::memcmp(got.data(), want.data(), got.size()) == 0) return -1;
+  for (size_t i = 0; i * es < got.size(); ++i)
+    if (std::memcmp(got.data() + i * es, want.data() + i * es, es) != 0) return static_cast<long>(i);
+  return 0;
+}
+
+struct Case {
+  ddlDataType_t type;
+  ddlRedOp_t op;
+};
+std::vector<Case> allCases() {
+  std::vector<Case> cases;
+  for (int t = 0; t < ddlNumTypes; ++t)
+    for (int o = 0; o < ddlNumOps; ++o) cases.push_back({static_cast<ddlDataType_t>(t), static_cast<ddlRedOp_t>(o)});
+  return cases;
+}
+// For the big count: every type with sum and every op with float32 and int32.
+std::vector<Case> bigCases() {
+  std::vector<Case> cases;
+  for (int t = 0; t < ddlNumTypes; ++t) cases.push_back({static_cast<ddlDataType_t>(t), ddlSum});
+  for (int o = 1; o < ddlNumOps; ++o) {
+    cases.push_back({ddlFloat32, static_cast<ddlRedOp_t>(o)});
+    cases.push_back({ddlInt32, static_cast<ddlRedOp_t>(o)});
+  }
+  return cases;
+}
+
+// Runs allreduce for each case and count, in place and out of place, and checks every rank's output.
+void checkAllReduce(int nranks, const Options& opts, const std::vector<size_t>& counts,
+                    const std::vector<Case>& cases) {
+  std::vector<std::string> failures(nranks);
+  auto results = runRanks(nranks, opts, [&](Comm& c) {
+    const int r = c.rank();
+    for (size_t count : counts) {
+      for (const Case& k : cases) {
+        const size_t es = typeSize(k.type);
+        const auto input = makeInput(k.type, k.op, r, count);
+        const auto want = makeExpected(k.type, k.op, nranks, count);
+        for (bool in_place : {false, true}) {
+          std::vector<char> out(count * es, 0x5A);
+          if (in_place) out = input;
+          c.allReduce(in_place ? out.data() : input.data(), out.data(), count, k.type, k.op);
+          long bad = firstMismatch(out, want, es);
+          if (bad >= 0 && failures[r].empty()) {
+            failures[r] = std::string(typeName(k.type)) + " " + opName(k.op) + " count " + std::to_string(count) +
+                          (in_place ? " in place" : " out of place") + ": first wrong element " + std::to_string(bad);
+          }
+        }
+      }
+    }
+  });
+  expectAllOk(results);
+  for (int r = 0; r < nranks; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
+}
+
+struct AlgoParam {
+  int nranks;
+  Algo algo;
+  std::string topology;
+};
+std::string paramName(const testing::TestParamInfo<AlgoParam>& info) {
+  std::string t = info.param.topology.empty() ? "flat" : info.param.topology;
+  return std::string(algoName(info.param.algo)) + "_" + std::to_string(info.param.nranks) + "ranks_" + t;
+}
+
+class AllReduceTest : public testing::TestWithParam<AlgoParam> {};
+
+TEST_P(AllReduceTest, EveryTypeAndOpSmallCounts) {
+  const auto& p = GetParam();
+  // A 16-byte segment makes even these counts run many pipelined segments.
+  checkAllReduce(p.nranks, makeOptions(p.nranks, p.algo, p.topology, 16), {0, 1, 7, 300}, allCases());
+}
+
+TEST_P(AllReduceTest, LargeOddCount) {
+  const auto& p = GetParam();
+  checkAllReduce(p.nranks, makeOptions(p.nranks, p.algo, p.topology, 64 * 1024), {1000003}, bigCases());
+}
+
+std::vector<AlgoParam> algoParams() {
+  std::vector<AlgoParam> ps;
+  for (int n : {1, 2, 3, 4, 5, 7, 8}) {
+    ps.push_back({n, Algo::kRing, ""});
+    ps.push_back({n, Algo::kRhd, ""});
+    ps.push_back({n, Algo::kAuto, ""});
+  }
+  for (auto [n, topo] : std::vector<std::pair<int, std::string>>{
+           {1, "1"}, {2, "2"}, {2, "1x2"}, {3, "3"}, {4, "2x2"}, {4, "4x1"}, {6, "2x3"}, {6, "3x2"},
+           {8, "2x4"}, {8, "4x2"}, {8, "2x2x2"}, {7, "7"}}) {
+    ps.push_back({n, Algo::kMdRing, topo});
+  }
+  ps.push_back({8, Algo::kAuto, "2x2x2"});
+  return ps;
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, AllReduceTest, testing::ValuesIn(algoParams()), paramName);
+
+class CollectivesTest : public testing::TestWithParam<int> {};
+
+TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
+  const int n = GetParam();
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{20000}, size_t{1000003}}) {
+    auto results = runRanks(n, makeOptions(n, Algo::kAuto, "", 4096), [&](Comm& c) {
+      for (int root = 0; root < n; ++root) {
+        std::vector<int32_t> src(count), dst(count, -1);
+        for (size_t i = 0; i < count; ++i) src[i] = static_cast<int32_t>(i * 31 + root * 7 + c.rank());
+        c.broadcast(src.data(), dst.data(), count, ddlInt32, root);
+        for (size_t i = 0; i < count; ++i) {
+          if (dst[i] != static_cast<int32_t>(i * 31 + root * 7 + root)) {
+            throw Error(ddlInternalError, "root " + std::to_string(root) + " count " + std::to_string(count) +
+                                              " element " + std::to_string(i) + " wrong");
+          }
+        }
+        // In place on the root.
+        std::vector<int32_t> buf(count, c.rank() == root ? 5 : 0);
+        c.broadcast(buf.data(), buf.data(), count, ddlInt32, root);
+        for (size_t i = 0; i < count; ++i)
+          if (buf[i] != 5) throw Error(ddlInternalError, "in-place broadcast wrong");
+      }
+    });
+    expectAllOk(results);
+  }
+}
+
+TEST_P(CollectivesTest, AllGatherAndReduceScatter) {
+  const int n = GetParam();
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{100003}}) {
+    auto results = runRanks(n, makeOptions(n, Algo::kAuto, "", 4096), [&](Comm& c) {
+      const int r = c.rank();
+      // Allgather: out of place and in place (sendbuf = recvbuf + rank * count).
+      std::vector<uint16_t> mine(count);
+      for (size_t i = 0; i < count; ++i) mine[i] = static_cast<uint16_t>(r * 1000 + i);
+      std::vector<uint16_t> all(count * n, 0);
+      c.allGather(mine.data(), all.data(), count, ddlFloat16);
+      std::vector<uint16_t> all2(count * n, 0);
+      std::memcpy(all2.data() + r * count, mine.data(), count * 2);
+      c.allGather(all2.data() + r * count, all2.data(), count, ddlFloat16);
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < count; ++i) {
+          uint16_t want = static_cast<uint16_t>(q * 1000 + i);
+          if (all[q * count + i] != want || all2[q * count + i] != want)
+            throw Error(ddlInternalError, "allgather wrong at block " + std::to_string(q));
+        }
+      // Reduce-scatter: block q of rank r holds r + q + i; rank q receives the sum over r.
+      for (ddlRedOp_t op : {ddlSum, ddlMax, ddlAvg}) {
+        std::vector<int64_t> in(count * n), out(count, -7);
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < count; ++i) in[q * count + i] = r + q + static_cast<int64_t>(i);
+        c.reduceScatter(in.data(), out.data(), count, ddlInt64, op);
+        for (size_t i = 0; i < count; ++i) {
+          // This rank's block (q == r) summed over the n senders s: s + r + i.
+          int64_t sum = 0;
+          for (int q = 0; q < n; ++q) sum += q + r + static_cast<int64_t>(i);
+          int64_t want = op == ddlSum ? sum : op == ddlMax ? (n - 1) + r + static_cast<int64_t>(i) : sum / n;
+          if (out[i] != want)
+            throw Error(ddlInternalError, std::string("reducescatter ") + opName(op) + " wrong at " + std::to_string(i));
+        }
+        // In place: recvbuf = sendbuf + rank * recvcount.
+        std::vector<int64_t> io = in;
+        c.reduceScatter(io.data(), io.data() + r * count, count, ddlInt64, ddlSum);
+        for (size_t i = 0; i < count; ++i) {
+          int64_t sum = 0;
+          for (int q = 0; q < n; ++q) sum += q + r + static_cast<int64_t>(i);
+          if (io[r * count + i] != sum) throw Error(ddlInternalError, "in-place reducescatter wrong");
+        }
+      }
+      c.barrier();
+    });
+    expectAllOk(results);
+  }
+}
+
+TEST_P(CollectivesTest, NonBlockingAllReduceKeepsCallOrder) {
+  const int n = GetParam();
+  auto results = runRanks(n, makeOptions(n, Algo::kAuto), [&](Comm& c) {
+    constexpr int kOps = 6;
+    std::vector<std::vector<float>> bufs(kOps, std::vector<float>(5000));
+    std::vector<std::shared_ptr<AsyncOp>> ops;
+    for (int k = 0; k < kOps; ++k) {
+      for (auto& v : bufs[k]) v = static_cast<float>(k + c.rank());
+      ops.push_back(c.iallReduce(bufs[k].data(), bufs[k].data(), bufs[k].size(), ddlFloat32, ddlSum));
+    }
+    // A blocking call in between must wait for the queued ones and keep the order on the wire.
+    std::vector<float> x(10, 1.0f);
+    c.allReduce(x.data(), x.data(), x.size(), ddlFloat32, ddlSum);
+    for (auto& op : ops) {
+      for (int i = 0; i < 100000 && !op->done.load(); ++i) std::this_thread::sleep_for(100us);
+      if (!op->done.load() || op->result != ddlSuccess) throw Error(ddlInternalError, "async op failed: " + op->error);
+    }
+    const float ranks_sum = static_cast<float>(n * (n - 1) / 2);
+    for (int k = 0; k < kOps; ++k)
+      for (float v : bufs[k])
+        if (v != k * n + ranks_sum) throw Error(ddlInternalError, "async result wrong in op " + std::to_string(k));
+    if (x[0] != n) throw Error(ddlInternalError, "blocking result wrong");
+  });
+  expectAllOk(results);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest, testing::Values(1, 2, 3, 4, 5, 7, 8));
+
+// ---- Failures: nothing hangs, every rank learns what went wrong. ----
+
+double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST(Failures, DeadRankFailsEveryOtherRankFast) {
+  constexpr int n = 4;
+  auto fabric = std::make_shared<LocalFabric>(n);
+  const auto t0 = std::chrono::steady_clock::now();
+  // A long timeout: the others must learn from the failure itself, not from their deadline.
+  auto results = runRanks(n, makeOptions(n, Algo::kRing, "", 0, 30000), [&](Comm& c) {
+    std::vector<float> buf(1 << 16, 1.0f);
+    for (int it = 0; it < 3; ++it) c.allReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum);
+    if (c.rank() == 2) {
+      fabric->kill(2, "killed by the test");
+      return;
+    }
+    c.allReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum);
+  }, fabric);
+  EXPECT_LT(secondsSince(t0), 10.0);
+  for (int r : {0, 1, 3}) {
+    EXPECT_EQ(results[r].code, ddlRemoteError) << results[r].what;
+    EXPECT_NE(results[r].what.find("rank 2"), std::string::npos) << results[r].what;
+  }
+}
+
+TEST(Failures, AbortFromAnotherThreadUnblocksAndTellsPeers) {
+  constexpr int n = 3;
+  auto results = runRanks(n, makeOptions(n, Algo::kRing, "", 0, 30000), [&](Comm& c) {
+    std::vector<double> buf(1000, 1.0);
+    if (c.rank() == 1) {
+      // Rank 1 never joins; rank 0 aborts after a while; rank 2 must hear about it.
+      std::this_thread::sleep_for(1500ms);
+      c.allReduce(buf.data(), buf.data(), buf.size(), ddlFloat64, ddlSum);
+      return;
+    }
+    std::thread watchdog;
+    if (c.rank() == 0) {
+      watchdog = std::thread([&c] {
+        std::this_thread::sleep_for(200ms);
+        c.abort();
+      });
+    }
+    try {
+      c.allReduce(buf.data(), buf.data(), buf.size(), ddlFloat64, ddlSum);
+    } catch (...) {
+      if (watchdog.joinable()) watchdog.join();
+      throw;
+    }
+    if (watchdog.joinable()) watchdog.join();
+  });
+  EXPECT_EQ(results[0].code, ddlAborted) << results[0].what;
+  EXPECT_EQ(results[2].code, ddlRemoteError) << results[2].what;
+  EXPECT_NE(results[2].what.find("rank 0"), std::string::npos) << results[2].what;
+  EXPECT_NE(results[1].code, ddlSuccess);
+}
+
+void expectMismatchDetected(const std::vector<RankResult>& results) {
+  int invalid = 0;
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_NE(results[r].code, ddlSuccess) << "rank " << r;
+    EXPECT_NE(results[r].code, ddlTimeout) << "rank " << r << " hung until its deadline: " << results[r].what;
+    if (results[r].code == ddlInvalidArgument) {
+      ++invalid;
+      EXPECT_NE(results[r].what.find("mismatch"), std::string::npos) << results[r].what;
+    }
+  }
+  EXPECT_GE(invalid, 1);
+}
+
+TEST(Failures, MismatchedCountsGiveAnErrorNotAHang) {
+  for (Algo algo : {Algo::kRing, Algo::kRhd, Algo::kMdRing}) {
+    auto results = runRanks(4, makeOptions(4, algo, algo == Algo::kMdRing ? "2x2" : "", 0, 20000), [&](Comm& c) {
+      const size_t count = c.rank() == 1 ? 1001 : 1000;
+      std::vector<float> buf(count, 1.0f);
+      c.allReduce(buf.data(), buf.data(), count, ddlFloat32, ddlSum);
+    });
+    expectMismatchDetected(results);
+  }
+}
+
+TEST(Failures, MismatchedTypesOfEqualSizeAreDetected) {
+  auto results = runRanks(3, makeOptions(3, Algo::kRing, "", 0, 20000), [&](Comm& c) {
+    std::vector<float> buf(999, 1.0f);
+    c.allReduce(buf.data(), buf.data(), buf.size(), c.rank() == 2 ? ddlInt32 : ddlFloat32, ddlSum);
+  });
+  expectMismatchDetected(results);
+}
+
+TEST(Failures, MismatchedCollectivesAreDetected) {
+  auto results = runRanks(2, makeOptions(2, Algo::kAuto, "", 0, 20000), [&](Comm& c) {
+    std::vector<int32_t> buf(64, 1);
+    if (c.rank() == 0) {
+      c.allReduce(buf.data(), buf.data(), buf.size(), ddlInt32, ddlSum);
+    } else {
+      c.broadcast(buf.data(), buf.data(), buf.size(), ddlInt32, 0);
+    }
+  });
+  expectMismatchDetected(results);
+}
+
+TEST(Failures, MissingRankTimesOutNamingThePeerAndStaysBroken) {
+  std::atomic<bool> others_done{false};
+  auto results = runRanks(2, makeOptions(2, Algo::kRing, "", 0, 300), [&](Comm& c) {
+    if (c.rank() == 1) {
+      for (int i = 0; i < 200 && !others_done.load(); ++i) std::this_thread::sleep_for(10ms);
+      return;
+    }
+    std::vector<float> buf(100000, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    ddlResult_t first = ddlSuccess;
+    try {
+      c.allReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum);
+    } catch (const Error& e) {
+      first = e.code();
+      EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(first, ddlTimeout);
+    EXPECT_GE(secondsSince(t0), 0.25);
+    EXPECT_LT(secondsSince(t0), 5.0);
+    EXPECT_EQ(c.asyncError(), ddlTimeout);
+    others_done = true;
+    // Broken for good: the next call fails at once with the same code.
+    c.allReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum);
+  });
+  EXPECT_EQ(results[0].code, ddlTimeout) << results[0].what;
+  EXPECT_NE(results[0].what.find("unusable"), std::string::npos) << results[0].what;
+}
+
+TEST(Failures, BadArgumentsBreakNothing) {
+  auto results = runRanks(2, makeOptions(2, Algo::kAuto), [&](Comm& c) {
+    std::vector<float> buf(10, 1.0f);
+    auto expectInvalid = [](const std::function<void()>& f, const char* needle) {
+      try {
+        f();
+        ADD_FAILURE() << "no error for " << needle;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ddlInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      }
+    };
+    expectInvalid([&] { c.allReduce(nullptr, buf.data(), 10, ddlFloat32, ddlSum); }, "sendbuff is NULL");
+    expectInvalid([&] { c.allReduce(buf.data(), nullptr, 10, ddlFloat32, ddlSum); }, "recvbuff is NULL");
+    expectInvalid([&] { c.allReduce(buf.data(), buf.data(), 10, static_cast<ddlDataType_t>(42), ddlSum); },
+                  "unknown data type 42");
+    expectInvalid([&] { c.allReduce(buf.data(), buf.data(), 10, ddlFloat32, static_cast<ddlRedOp_t>(-1)); },
+                  "unknown reduction op -1");
+    expectInvalid([&] { c.broadcast(buf.data(), buf.data(), 10, ddlFloat32, 5); }, "root 5");
+    EXPECT_EQ(c.asyncError(), ddlSuccess);
+    c.allReduce(buf.data(), buf.data(), 10, ddlFloat32, ddlSum);
+    if (buf[0] != 2.0f) throw Error(ddlInternalError, "allreduce after bad arguments is wrong");
+  });
+  expectAllOk(results);
+}
+
+TEST(Selection, AutoPicksLatencyAlgorithmForSmallAndMdringForHierarchies) {
+  Topology flat = parseTopology("", 8), grid = parseTopology("2x4", 8);
+  EXPECT_EQ(selectAllReduce(Algo::kAuto, flat, 8, 64), Algo::kRhd);
+  EXPECT_EQ(selectAllReduce(Algo::kAuto, flat, 8, 64 << 20), Algo::kRing);
+  EXPECT_EQ(selectAllReduce(Algo::kAuto, grid, 8, 64 << 20), Algo::kMdRing);
+  EXPECT_EQ(selectAllReduce(Algo::kRing, grid, 8, 64), Algo::kRing);
+}
+
+}  // namespace
+}  // namespace ddl

@@ -1,0 +1,98 @@
+// Topology strings and option resolution: what users type in DDL_TOPOLOGY / DDL_ALGO and the errors they see.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "env.h"
+#include "error.h"
+#include "topology.h"
+
+namespace ddl {
+namespace {
+
+std::string errorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ddlInvalidArgument);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Topology, ParsesDimsFastestFirst) {
+  Topology t = parseTopology("4x8x2", 64);
+  EXPECT_EQ(t.dims, (std::vector<int>{4, 8, 2}));
+  EXPECT_EQ(t.str(), "4x8x2");
+  EXPECT_EQ(t.size(), 64);
+  EXPECT_EQ(t.nontrivialDims(), 3);
+  // Rank 13 = 1 + 4 * 3: GPU 1 of node 3 under switch 0.
+  EXPECT_EQ(t.coord(13, 0), 1);
+  EXPECT_EQ(t.coord(13, 1), 3);
+  EXPECT_EQ(t.coord(13, 2), 0);
+  EXPECT_EQ(t.coord(45, 2), 1);
+  EXPECT_EQ(t.stride(2), 32);
+  EXPECT_EQ(parseTopology("2X2", 4).dims, (std::vector<int>{2, 2}));
+}
+
+TEST(Topology, EmptyIsFlat) {
+  Topology t = parseTopology("", 5);
+  EXPECT_EQ(t.dims, (std::vector<int>{5}));
+  EXPECT_EQ(t.nontrivialDims(), 1);
+  EXPECT_EQ(parseTopology("1x4x1", 4).nontrivialDims(), 1);
+}
+
+TEST(Topology, ProductMismatchSaysBothNumbers) {
+  std::string e = errorOf([] { parseTopology("2x3", 4); });
+  EXPECT_NE(e.find("has 6 ranks"), std::string::npos) << e;
+  EXPECT_NE(e.find("has 4"), std::string::npos) << e;
+}
+
+TEST(Topology, MalformedStringsAreRejected) {
+  for (const char* bad : {"x", "2x", "x2", "2xx2", "0x4", "-2x2", "2x2.0", "two", "2 x 2", "99999999999"}) {
+    std::string e = errorOf([&] { parseTopology(bad, 4); });
+    EXPECT_NE(e.find("invalid topology"), std::string::npos) << bad << ": " << e;
+  }
+}
+
+TEST(Options, ConfigWinsOverEnvironmentWhichWinsOverDefaults) {
+  setenv("DDL_TIMEOUT_MS", "1234", 1);
+  setenv("DDL_ALGO", "ring", 1);
+  setenv("DDL_TOPOLOGY", "2x2", 1);
+  Options o = resolveOptions(nullptr, 4);
+  EXPECT_EQ(o.timeout_ms, 1234);
+  EXPECT_EQ(o.algo, Algo::kRing);
+  EXPECT_EQ(o.topology.str(), "2x2");
+  ddlConfig_t cfg = DDL_CONFIG_INITIALIZER;
+  cfg.timeoutMs = 99;
+  cfg.algorithm = "rhd";
+  cfg.topology = "4";
+  o = resolveOptions(&cfg, 4);
+  EXPECT_EQ(o.timeout_ms, 99);
+  EXPECT_EQ(o.algo, Algo::kRhd);
+  EXPECT_EQ(o.topology.str(), "4");
+  unsetenv("DDL_TIMEOUT_MS");
+  unsetenv("DDL_ALGO");
+  unsetenv("DDL_TOPOLOGY");
+  o = resolveOptions(nullptr, 3);
+  EXPECT_EQ(o.timeout_ms, kDefaultTimeoutMs);
+  EXPECT_EQ(o.algo, Algo::kAuto);
+  EXPECT_EQ(o.topology.str(), "3");
+}
+
+TEST(Options, BadValuesNameTheVariable) {
+  setenv("DDL_ALGO", "rign", 1);
+  std::string e = errorOf([] { resolveOptions(nullptr, 2); });
+  EXPECT_NE(e.find("unknown algorithm 'rign'"), std::string::npos) << e;
+  unsetenv("DDL_ALGO");
+  setenv("DDL_TIMEOUT_MS", "soon", 1);
+  e = errorOf([] { resolveOptions(nullptr, 2); });
+  EXPECT_NE(e.find("DDL_TIMEOUT_MS"), std::string::npos) << e;
+  unsetenv("DDL_TIMEOUT_MS");
+  ddlConfig_t cfg{};  // not initialised with DDL_CONFIG_INITIALIZER
+  e = errorOf([&] { resolveOptions(&cfg, 2); });
+  EXPECT_NE(e.find("DDL_CONFIG_INITIALIZER"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace ddl
