@@ -1,0 +1,130 @@
+// A rank program for the multi-process tests: it links libddl.so like a user program, initialises from the
+// DDL_* environment (ddlrun or the test's own launcher sets it), runs one scenario, and reports on stdout:
+// "OK" lines on success, "ERROR <code> <message>" and exit status 3 on a ddl failure.
+//
+//   comm_worker all        every collective, several sizes and algorithms, results checked
+//   comm_worker loop N     N allreduces of 1 MiB, printing "iter k" (the kill-a-rank test)
+//   comm_worker mismatch   rank 1 calls allreduce with a different count than the others
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddl/ddl.h"
+
+namespace {
+
+int g_rank = -1;
+
+[[noreturn]] void die(ddlComm_t comm, ddlResult_t r, const char* what) {
+  std::printf("ERROR %d %s: %s\n", static_cast<int>(r), what, ddlGetLastError(comm));
+  std::fflush(stdout);
+  std::exit(3);
+}
+
+#define CHECK(comm, call)                       \
+  do {                                          \
+    ddlResult_t r_ = (call);                    \
+    if (r_ != ddlSuccess) die(comm, r_, #call); \
+  } while (0)
+
+[[noreturn]] void wrong(const std::string& what) {
+  std::printf("WRONG rank %d: %s\n", g_rank, what.c_str());
+  std::fflush(stdout);
+  std::exit(4);
+}
+
+void runAll(ddlComm_t comm, int rank, int n) {
+  for (size_t count : {size_t{1}, size_t{1000}, size_t{262147}, size_t{3000001}}) {
+    std::vector<float> in(count), out(count);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i + rank) % 5);
+    CHECK(comm, ddlAllReduce(in.data(), out.data(), count, ddlFloat32, ddlSum, comm));
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += static_cast<float>((i + r) % 5);
+      if (out[i] != want) wrong("allreduce count " + std::to_string(count) + " at " + std::to_string(i));
+    }
+    std::vector<int64_t> io(count);
+    for (size_t i = 0; i < count; ++i) io[i] = static_cast<int64_t>(i) * (rank + 1);
+    CHECK(comm, ddlAllReduce(io.data(), io.data(), count, ddlInt64, ddlMax, comm));
+    for (size_t i = 0; i < count; ++i)
+      if (io[i] != static_cast<int64_t>(i) * n) wrong("in-place max at " + std::to_string(i));
+
+    std::vector<int32_t> b(count, rank == n - 1 ? 77 : 0);
+    CHECK(comm, ddlBroadcast(b.data(), b.data(), count, ddlInt32, n - 1, comm));
+    for (size_t i = 0; i < count; ++i)
+      if (b[i] != 77) wrong("broadcast at " + std::to_string(i));
+
+    std::vector<uint8_t> mine(count, static_cast<uint8_t>(rank + 1)), all(count * n);
+    CHECK(comm, ddlAllGather(mine.data(), all.data(), count, ddlUint8, comm));
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < count; ++i)
+        if (all[r * count + i] != r + 1) wrong("allgather block " + std::to_string(r));
+
+    std::vector<double> rs_in(count * n, 1.5), rs_out(count);
+    CHECK(comm, ddlReduceScatter(rs_in.data(), rs_out.data(), count, ddlFloat64, ddlSum, comm));
+    for (size_t i = 0; i < count; ++i)
+      if (rs_out[i] != 1.5 * n) wrong("reducescatter at " + std::to_string(i));
+    CHECK(comm, ddlBarrier(comm));
+  }
+  // Non-blocking, two in flight.
+  std::vector<float> a(100000, 1.0f), b(100000, 2.0f);
+  ddlRequest_t ra, rb;
+  CHECK(comm, ddlIallReduce(a.data(), a.data(), a.size(), ddlFloat32, ddlSum, comm, &ra));
+  CHECK(comm, ddlIallReduce(b.data(), b.data(), b.size(), ddlFloat32, ddlAvg, comm, &rb));
+  CHECK(comm, ddlWait(ra));
+  int done = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!done && std::chrono::steady_clock::now() < until) {
+    ddlResult_t r = ddlTest(rb, &done);
+    if (r != ddlSuccess && r != ddlInProgress) die(comm, r, "ddlTest");
+    if (!done) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (!done) wrong("ddlTest never finished");
+  if (a[5] != n || b[5] != 2.0f) wrong("non-blocking results");
+  std::printf("OK all rank %d of %d\n", rank, n);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: comm_worker all | loop N | mismatch\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  ddlComm_t comm = nullptr;
+  ddlConfig_t cfg = DDL_CONFIG_INITIALIZER;
+  ddlResult_t r = ddlCommInitFromEnv(&comm, &cfg);
+  if (r != ddlSuccess) die(nullptr, r, "ddlCommInitFromEnv");
+  int rank = 0, n = 0;
+  CHECK(comm, ddlCommUserRank(comm, &rank));
+  CHECK(comm, ddlCommCount(comm, &n));
+  g_rank = rank;
+  if (mode == "all") {
+    runAll(comm, rank, n);
+  } else if (mode == "loop") {
+    const int iters = argc > 2 ? std::atoi(argv[2]) : 100;
+    std::vector<float> buf(1 << 18, 1.0f);
+    for (int it = 0; it < iters; ++it) {
+      CHECK(comm, ddlAllReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlMax, comm));
+      std::printf("iter %d\n", it);
+      std::fflush(stdout);
+    }
+    std::printf("OK loop\n");
+  } else if (mode == "mismatch") {
+    const size_t count = rank == 1 ? 5000 : 4096;
+    std::vector<float> buf(count, 1.0f);
+    CHECK(comm, ddlAllReduce(buf.data(), buf.data(), count, ddlFloat32, ddlSum, comm));
+    std::printf("OK mismatch (should not happen)\n");
+  } else {
+    std::fprintf(stderr, "comm_worker: unknown mode '%s'\n", mode.c_str());
+    return 2;
+  }
+  std::fflush(stdout);
+  CHECK(comm, ddlCommDestroy(comm));
+  return 0;
+}

@@ -1,0 +1,310 @@
+// libddl over UCX with real processes: every collective over TCP and over shared memory, a rank killed with
+// SIGKILL mid-allreduce, mismatched calls across processes, the C API's argument errors, and ddlrun driving
+// ddl-bench end to end. Ranks are comm_worker processes started by this test (fork + exec) with the DDL_*
+// environment, each writing its output to a file that the test reads.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddl/ddl.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const std::string kBin = DDL_BIN_DIR;
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A set of rank processes of one communicator.
+class Ranks {
+ public:
+  Ranks(int n, const std::vector<std::string>& args, const std::map<std::string, std::string>& env) : n_(n) {
+    char dir[] = "/tmp/ddl-ucx-test-XXXXXX";
+    dir_ = mkdtemp(dir);
+    const std::string root = "127.0.0.1:" + std::to_string(freePort());
+    for (int r = 0; r < n; ++r) {
+      const std::string out = dir_ + "/rank" + std::to_string(r) + ".out";
+      pid_t pid = fork();
+      if (pid == 0) {
+        FILE* f = std::fopen(out.c_str(), "w");
+        dup2(fileno(f), 1);
+        dup2(fileno(f), 2);
+        setenv("DDL_RANK", std::to_string(r).c_str(), 1);
+        setenv("DDL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+        setenv("DDL_ROOT", root.c_str(), 1);
+        for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+        std::vector<char*> argv;
+        std::string prog = kBin + "/comm_worker";
+        argv.push_back(prog.data());
+        std::vector<std::string> copy = args;
+        for (auto& a : copy) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        execv(prog.c_str(), argv.data());
+        _exit(127);
+      }
+      pids_.push_back(pid);
+      status_.push_back(-1);
+      exited_at_.push_back(Clock::time_point{});
+    }
+  }
+  ~Ranks() {
+    for (size_t r = 0; r < pids_.size(); ++r) {
+      if (status_[r] == -1) {
+        kill(pids_[r], SIGKILL);
+        waitpid(pids_[r], nullptr, 0);
+      }
+    }
+    std::system(("rm -rf " + dir_).c_str());
+  }
+  std::string output(int r) const { return readFile(dir_ + "/rank" + std::to_string(r) + ".out"); }
+  // Waits until every rank exited or the limit passed; returns false on the limit (then kills them).
+  bool waitAll(std::chrono::milliseconds limit) {
+    const auto end = Clock::now() + limit;
+    while (Clock::now() < end) {
+      bool all = true;
+      for (size_t r = 0; r < pids_.size(); ++r) {
+        if (status_[r] != -1) continue;
+        int st = 0;
+        if (waitpid(pids_[r], &st, WNOHANG) == pids_[r]) {
+          status_[r] = st;
+          exited_at_[r] = Clock::now();
+        } else {
+          all = false;
+        }
+      }
+      if (all) return true;
+      std::this_thread::sleep_for(5ms);
+    }
+    return false;
+  }
+  int exitCode(int r) const { return WIFEXITED(status_[r]) ? WEXITSTATUS(status_[r]) : 128 + WTERMSIG(status_[r]); }
+  Clock::time_point exitedAt(int r) const { return exited_at_[r]; }
+  pid_t pid(int r) const { return pids_[r]; }
+  void markKilled(int r) {
+    waitpid(pids_[r], &status_[r], 0);
+    exited_at_[r] = Clock::now();
+  }
+  std::string describe() const {
+    std::string s;
+    for (int r = 0; r < n_; ++r) s += "--- rank " + std::to_string(r) + ":\n" + output(r);
+    return s;
+  }
+
+ private:
+  int n_;
+  std::string dir_;
+  std::vector<pid_t> pids_;
+  std::vector<int> status_;
+  std::vector<Clock::time_point> exited_at_;
+};
+
+struct TransportCase {
+  std::string name;
+  std::string tls;
+};
+
+class UcxCollectives : public testing::TestWithParam<std::tuple<TransportCase, int, std::string>> {};
+
+TEST_P(UcxCollectives, EveryCollectiveIsCorrect) {
+  const auto& [tc, n, algo] = GetParam();
+  std::map<std::string, std::string> env{{"UCX_TLS", tc.tls}, {"DDL_TIMEOUT_MS", "60000"}, {"DDL_ALGO", algo}};
+  if (algo == "mdring") env["DDL_TOPOLOGY"] = n == 4 ? "2x2" : std::to_string(n);
+  Ranks ranks(n, {"all"}, env);
+  ASSERT_TRUE(ranks.waitAll(240s)) << "ranks did not finish:\n" << ranks.describe();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(ranks.exitCode(r), 0) << ranks.describe();
+    EXPECT_NE(ranks.output(r).find("OK all rank " + std::to_string(r)), std::string::npos) << ranks.describe();
+  }
+}
+
+std::string ucxCaseName(const testing::TestParamInfo<std::tuple<TransportCase, int, std::string>>& info) {
+  return std::get<0>(info.param).name + "_" + std::to_string(std::get<1>(info.param)) + "ranks_" +
+         std::get<2>(info.param);
+}
+
+const TransportCase kTcp{"tcp", "tcp"};
+const TransportCase kShm{"shm", "sm,self"};
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxCollectives,
+                         testing::Combine(testing::Values(kTcp, kShm), testing::Values(2, 3, 4),
+                                          testing::Values(std::string("auto"))),
+                         ucxCaseName);
+INSTANTIATE_TEST_SUITE_P(Algorithms, UcxCollectives,
+                         testing::Combine(testing::Values(kTcp, kShm), testing::Values(4),
+                                          testing::Values(std::string("ring"), std::string("rhd"),
+                                                          std::string("mdring"))),
+                         ucxCaseName);
+
+class UcxFailures : public testing::TestWithParam<TransportCase> {};
+
+// SIGKILL one rank mid-allreduce: every other rank must return an error within twice the timeout.
+TEST_P(UcxFailures, KilledRankFailsTheOthersWithinTwiceTheTimeout) {
+  constexpr int n = 4, victim = 2;
+  constexpr int timeout_ms = 10000;
+  Ranks ranks(n, {"loop", "100000"}, {{"UCX_TLS", GetParam().tls}, {"DDL_TIMEOUT_MS", std::to_string(timeout_ms)}});
+  // Wait until every rank is looping, then kill one.
+  const auto until = Clock::now() + 60s;
+  bool looping = false;
+  while (!looping && Clock::now() < until) {
+    looping = true;
+    for (int r = 0; r < n; ++r) looping = looping && ranks.output(r).find("iter 20\n") != std::string::npos;
+    if (!looping) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(looping) << ranks.describe();
+  const auto killed_at = Clock::now();
+  kill(ranks.pid(victim), SIGKILL);
+  ranks.markKilled(victim);
+  ASSERT_TRUE(ranks.waitAll(std::chrono::milliseconds(2 * timeout_ms + 5000))) << ranks.describe();
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    const double s = std::chrono::duration<double>(ranks.exitedAt(r) - killed_at).count();
+    std::printf("rank %d noticed the dead rank after %.3f s\n", r, s);
+    EXPECT_LT(s, 2.0 * timeout_ms / 1000) << ranks.describe();
+    EXPECT_EQ(ranks.exitCode(r), 3) << ranks.describe();
+    const std::string out = ranks.output(r);
+    EXPECT_NE(out.find("ERROR"), std::string::npos) << out;
+    EXPECT_NE(out.find("rank"), std::string::npos) << out;
+  }
+}
+
+TEST_P(UcxFailures, MismatchedCountsFailFastOnEveryRank) {
+  constexpr int n = 3;
+  Ranks ranks(n, {"mismatch"}, {{"UCX_TLS", GetParam().tls}, {"DDL_TIMEOUT_MS", "60000"}});
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(ranks.waitAll(60s)) << ranks.describe();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 30.0);
+  bool saw_mismatch = false;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(ranks.exitCode(r), 3) << ranks.describe();
+    const std::string out = ranks.output(r);
+    saw_mismatch = saw_mismatch || out.find("mismatch") != std::string::npos;
+    EXPECT_EQ(out.find("ERROR 4 "), std::string::npos) << "a rank timed out instead: " << out;
+  }
+  EXPECT_TRUE(saw_mismatch) << ranks.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxFailures, testing::Values(kTcp, kShm),
+                         [](const auto& info) { return info.param.name; });
+
+// ---- The C API's errors, in this process. ----
+
+std::string rootAddr() { return "127.0.0.1:" + std::to_string(freePort()); }
+
+TEST(CApi, VersionAndErrorStrings) {
+  int v = 0;
+  EXPECT_EQ(ddlGetVersion(&v), ddlSuccess);
+  EXPECT_EQ(v, DDL_VERSION_CODE);
+  for (int r = 0; r < ddlNumResults; ++r) EXPECT_STRNE(ddlGetErrorString(static_cast<ddlResult_t>(r)), "");
+  EXPECT_STREQ(ddlGetErrorString(ddlTimeout), "timeout");
+}
+
+TEST(CApi, SingleRankCommunicatorAndBadArguments) {
+  ddlComm_t comm = nullptr;
+  ASSERT_EQ(ddlCommInitRank(&comm, 1, 0, rootAddr().c_str(), nullptr), ddlSuccess) << ddlGetLastError(nullptr);
+  float buf[4] = {1, 2, 3, 4}, out[4] = {};
+  EXPECT_EQ(ddlAllReduce(buf, out, 4, ddlFloat32, ddlSum, comm), ddlSuccess);
+  EXPECT_EQ(out[3], 4.0f);
+  EXPECT_EQ(ddlAllReduce(nullptr, out, 4, ddlFloat32, ddlSum, comm), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(comm)).find("sendbuff is NULL"), std::string::npos);
+  EXPECT_EQ(ddlAllReduce(buf, out, 4, static_cast<ddlDataType_t>(17), ddlSum, comm), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(comm)).find("unknown data type 17"), std::string::npos);
+  EXPECT_EQ(ddlAllReduce(buf, out, 4, ddlFloat32, static_cast<ddlRedOp_t>(9), comm), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(comm)).find("unknown reduction op 9"), std::string::npos);
+  EXPECT_EQ(ddlAllReduce(buf, out, 4, ddlFloat32, ddlSum, nullptr), ddlInvalidArgument);
+  char topo[16];
+  EXPECT_EQ(ddlCommGetTopology(comm, topo, sizeof(topo)), ddlSuccess);
+  EXPECT_STREQ(topo, "1");
+  ddlResult_t async = ddlInternalError;
+  EXPECT_EQ(ddlCommGetAsyncError(comm, &async), ddlSuccess);
+  EXPECT_EQ(async, ddlSuccess);
+  EXPECT_EQ(ddlCommAbort(comm), ddlSuccess);
+  EXPECT_EQ(ddlAllReduce(buf, out, 4, ddlFloat32, ddlSum, comm), ddlAborted);
+  EXPECT_EQ(ddlCommDestroy(comm), ddlSuccess);
+}
+
+TEST(CApi, TopologyProductMismatchIsRejectedAtInit) {
+  ddlComm_t comm = nullptr;
+  ddlConfig_t cfg = DDL_CONFIG_INITIALIZER;
+  cfg.topology = "2x3";
+  EXPECT_EQ(ddlCommInitRank(&comm, 4, 0, rootAddr().c_str(), &cfg), ddlInvalidArgument);
+  EXPECT_EQ(comm, nullptr);
+  std::string e = ddlGetLastError(nullptr);
+  EXPECT_NE(e.find("topology 2x3 has 6 ranks but the communicator has 4"), std::string::npos) << e;
+}
+
+TEST(CApi, UnreachableRootTimesOutNamingTheAddress) {
+  ddlComm_t comm = nullptr;
+  ddlConfig_t cfg = DDL_CONFIG_INITIALIZER;
+  cfg.timeoutMs = 700;
+  const std::string root = rootAddr();
+  const auto t0 = Clock::now();
+  ddlResult_t r = ddlCommInitRank(&comm, 2, 1, root.c_str(), &cfg);
+  EXPECT_TRUE(r == ddlTimeout || r == ddlSystemError) << ddlGetErrorString(r);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+  std::string e = ddlGetLastError(nullptr);
+  EXPECT_NE(e.find(root), std::string::npos) << e;
+}
+
+TEST(CApi, BadRootAndMissingEnvironment) {
+  ddlComm_t comm = nullptr;
+  EXPECT_EQ(ddlCommInitRank(&comm, 2, 0, "no-port-here", nullptr), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(nullptr)).find("no-port-here"), std::string::npos);
+  EXPECT_EQ(ddlCommInitRank(&comm, 2, 2, "127.0.0.1:5", nullptr), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(nullptr)).find("rank must be in [0, 1]"), std::string::npos);
+  unsetenv("DDL_RANK");
+  unsetenv("DDL_WORLD_SIZE");
+  unsetenv("DDL_ROOT");
+  EXPECT_EQ(ddlCommInitFromEnv(&comm, nullptr), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(nullptr)).find("DDL_RANK"), std::string::npos);
+}
+
+// ---- Tools: ddlrun launching ddl-bench, as a user would. ----
+
+TEST(Tools, DdlrunRunsDdlBenchWithCorrectResults) {
+  const std::string cmd = kBin + "/ddlrun -np 3 --timeout-ms 60000 -- " + kBin +
+                          "/ddl-bench -b 8 -e 1M -f 8 -n 3 -w 1 -c 1 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t k = fread(buf, 1, sizeof(buf), p)) out.append(buf, k);
+  int st = pclose(p);
+  EXPECT_EQ(WEXITSTATUS(st), 0) << out;
+  EXPECT_NE(out.find("Out of bounds values : 0 OK"), std::string::npos) << out;
+  EXPECT_NE(out.find("1048576"), std::string::npos) << out;
+}
+
+}  // namespace

@@ -1,0 +1,492 @@
+// Tests of the ddlrun launcher, run as users run it: the built binary (DDL_BIN_DIR "/ddlrun") is forked with
+// pipes on its stdout and stderr, and its output, exit status and the fate of the rank processes are checked.
+// Ranks are /bin/sh scripts. Where a test needs the ranks to be up before something happens, the ranks write
+// their pids to a file in a per-test temporary directory and the trigger waits (boundedly) for that file; the
+// same pids then prove that a stop left no process behind. Every wait in this file has a deadline, and a
+// ddlrun that overruns it is SIGKILLed (its ranks die with it through PR_SET_PDEATHSIG).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+#ifndef DDL_BIN_DIR
+#error "DDL_BIN_DIR must name the directory that holds the ddlrun binary"
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kRunTimeoutMs = 30000;
+
+struct RunResult {
+  std::string out;
+  std::string err;
+  int status = -1;  // exit code, or 128 + signal
+  bool timed_out = false;
+  double seconds = 0;
+};
+
+// A ddlrun process started by the test; finish() collects what it printed and how it ended.
+class Ddlrun {
+ public:
+  explicit Ddlrun(const std::vector<std::string>& args) : start_(Clock::now()) {
+    int out[2];
+    int err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) std::abort();
+    std::vector<std::string> argv_strings = {DDL_BIN_DIR "/ddlrun"};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& arg : argv_strings) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    pid_ = fork();
+    if (pid_ < 0) std::abort();
+    if (pid_ == 0) {
+      int null_fd = open("/dev/null", O_RDONLY);
+      dup2(null_fd, 0);
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      execv(argv[0], argv.data());
+      _exit(126);
+    }
+    close(out[1]);
+    close(err[1]);
+    out_fd_ = out[0];
+    err_fd_ = err[0];
+  }
+
+  ~Ddlrun() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_fd_ >= 0) close(out_fd_);
+    if (err_fd_ >= 0) close(err_fd_);
+  }
+
+  pid_t pid() const { return pid_; }
+
+  RunResult finish(int timeout_ms = kRunTimeoutMs) {
+    RunResult result;
+    auto deadline = start_ + std::chrono::milliseconds(timeout_ms);
+    while ((out_fd_ >= 0 || err_fd_ >= 0) && Clock::now() < deadline) {
+      pollfd fds[2] = {{out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
+      int wait_ms = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count() + 1);
+      if (poll(fds, 2, wait_ms) <= 0) continue;
+      readSome(fds[0], &out_fd_, &result.out);
+      readSome(fds[1], &err_fd_, &result.err);
+    }
+    int wait_status = 0;
+    while (waitpid(pid_, &wait_status, WNOHANG) == 0) {
+      if (Clock::now() >= deadline) {
+        result.timed_out = true;
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &wait_status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    reaped_ = true;
+    result.status = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status);
+    result.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    return result;
+  }
+
+ private:
+  static void readSome(const pollfd& fd, int* our_fd, std::string* into) {
+    if (fd.fd < 0 || fd.revents == 0) return;
+    char buffer[65536];
+    ssize_t n = read(fd.fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      into->append(buffer, n);
+    } else if (n == 0 || errno != EINTR) {
+      close(*our_fd);
+      *our_fd = -1;
+    }
+  }
+
+  Clock::time_point start_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int out_fd_ = -1;
+  int err_fd_ = -1;
+};
+
+RunResult runDdlrun(const std::vector<std::string>& args, int timeout_ms = kRunTimeoutMs) {
+  return Ddlrun(args).finish(timeout_ms);
+}
+
+// ddlrun -np N [options...] -- /bin/sh -c SCRIPT sh EXTRA...  ($1... in the script are EXTRA).
+std::vector<std::string> shArgs(int np, std::vector<std::string> options, const std::string& script,
+                                const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {"-np", std::to_string(np)};
+  args.insert(args.end(), options.begin(), options.end());
+  args.insert(args.end(), {"--", "/bin/sh", "-c", script, "sh"});
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> result;
+  std::istringstream stream(text);
+  for (std::string line; std::getline(stream, line);) result.push_back(line);
+  return result;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// Gone, or a zombie nobody has reaped yet (PID 1 in a container may be slow to, or never).
+bool processGone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t paren = content.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= content.size()) return true;  // vanished while we read
+  char state = content[paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
+// Waits (up to timeout_ms) for every pid to be gone; returns those still alive.
+std::vector<pid_t> survivors(const std::vector<pid_t>& pids, int timeout_ms = 3000) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::vector<pid_t> alive;
+  do {
+    alive.clear();
+    for (pid_t pid : pids) {
+      if (!processGone(pid)) alive.push_back(pid);
+    }
+    if (alive.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (Clock::now() < deadline);
+  return alive;
+}
+
+std::vector<pid_t> readPids(const std::string& path) {
+  std::vector<pid_t> pids;
+  std::ifstream file(path);
+  for (long pid; file >> pid;) pids.push_back(static_cast<pid_t>(pid));
+  return pids;
+}
+
+// Waits (up to timeout_ms) until path holds at least `count` pids.
+bool waitForPids(const std::string& path, size_t count, int timeout_ms = 10000) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (Clock::now() < deadline) {
+    if (readPids(path).size() >= count) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// Shell snippet: wait (at most 10 s) until file $1/pids has at least N lines.
+std::string waitForPidsSh(int count) {
+  return "i=0; while [ \"$(cat \"$1/pids\" 2>/dev/null | wc -l)\" -lt " + std::to_string(count) +
+         " ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; ";
+}
+
+class DdlrunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/ddlrun_test.XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string pidFile() const { return dir_ + "/pids"; }
+
+  std::string dir_;
+};
+
+TEST_F(DdlrunTest, EachRankGetsItsEnvironmentAndTaggedStdout) {
+  RunResult result = runDdlrun(
+      shArgs(3, {},
+             "echo \"$DDL_RANK $DDL_WORLD_SIZE $RANK $MASTER_PORT $DDL_ROOT $MASTER_ADDR $DDL_LOCAL_RANK "
+             "$DDL_LOCAL_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $WORLD_SIZE\""));
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.status, 0) << result.err;
+  std::vector<std::string> out = lines(result.out);
+  ASSERT_EQ(out.size(), 3u) << result.out;
+  std::map<int, std::string> by_rank;
+  std::string port;
+  for (const std::string& line : out) {
+    int prefix_rank = -1;
+    int rank = -1;
+    int world = -1;
+    int torch_rank = -1;
+    char port_text[16] = {0};
+    ASSERT_EQ(
+        std::sscanf(line.c_str(), "[%d] %d %d %d %15s", &prefix_rank, &rank, &world, &torch_rank, port_text),
+        5)
+        << line;
+    EXPECT_EQ(prefix_rank, rank) << line;
+    EXPECT_EQ(torch_rank, rank) << line;
+    EXPECT_EQ(world, 3) << line;
+    EXPECT_GT(std::atoi(port_text), 0) << line;
+    if (port.empty()) port = port_text;
+    EXPECT_EQ(port, port_text) << "every rank must get the same rendezvous port";
+    std::string r = std::to_string(rank);
+    EXPECT_EQ(line, "[" + r + "] " + r + " 3 " + r + " " + port + " 127.0.0.1:" + port + " 127.0.0.1 " + r +
+                        " 3 " + r + " 3 3");
+    by_rank[rank] = line;
+  }
+  EXPECT_EQ(by_rank.size(), 3u) << "one line from each of ranks 0, 1, 2";
+  EXPECT_EQ(result.err, "");
+}
+
+TEST_F(DdlrunTest, StderrIsTaggedAndStaysOnStderr) {
+  RunResult result = runDdlrun(shArgs(2, {}, "echo out$DDL_RANK; echo err$DDL_RANK >&2"));
+  EXPECT_EQ(result.status, 0);
+  std::vector<std::string> out = lines(result.out);
+  std::vector<std::string> err = lines(result.err);
+  std::sort(out.begin(), out.end());
+  std::sort(err.begin(), err.end());
+  EXPECT_EQ(out, (std::vector<std::string>{"[0] out0", "[1] out1"}));
+  EXPECT_EQ(err, (std::vector<std::string>{"[0] err0", "[1] err1"}));
+}
+
+TEST_F(DdlrunTest, LinesOfDifferentRanksNeverMix) {
+  // 4 ranks write 200 lines of 3000 bytes each as fast as they can: far more than a pipe holds at once.
+  RunResult result = runDdlrun(shArgs(4, {},
+                                      "s=$(printf '%03000d' 0); i=0; while [ $i -lt 200 ]; do "
+                                      "echo \"$DDL_RANK:$i:$s:end\"; i=$((i+1)); done"));
+  ASSERT_EQ(result.status, 0) << result.err;
+  std::string zeros(3000, '0');
+  std::map<int, int> next_index;
+  for (const std::string& line : lines(result.out)) {
+    int rank = -1;
+    int index = -1;
+    ASSERT_EQ(std::sscanf(line.c_str(), "[%d] ", &rank), 1) << line.substr(0, 80);
+    ASSERT_GE(rank, 0);
+    ASSERT_LT(rank, 4);
+    std::string r = std::to_string(rank);
+    index = next_index[rank]++;
+    ASSERT_EQ(line, "[" + r + "] " + r + ":" + std::to_string(index) + ":" + zeros + ":end")
+        << "line of rank " << rank << " is torn or out of order";
+  }
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(next_index[r], 200) << "rank " << r;
+}
+
+TEST_F(DdlrunTest, PartialLastLineIsFlushedAtExit) {
+  RunResult result = runDdlrun(shArgs(1, {}, "printf 'first\\nno newline'; printf 'e1\\ne2' >&2"));
+  EXPECT_EQ(result.status, 0);
+  EXPECT_EQ(result.out, "[0] first\n[0] no newline\n");
+  EXPECT_EQ(result.err, "[0] e1\n[0] e2\n");
+}
+
+TEST_F(DdlrunTest, OverlongLineIsCutIntoTaggedPieces) {
+  RunResult result = runDdlrun(shArgs(1, {}, "head -c 100000 /dev/zero | tr '\\0' a; echo"));
+  EXPECT_EQ(result.status, 0);
+  EXPECT_EQ(result.out,
+            "[0] " + std::string(65536, 'a') + "\n[0] " + std::string(100000 - 65536, 'a') + "\n");
+
+  result = runDdlrun(shArgs(1, {}, "head -c 65536 /dev/zero | tr '\\0' b; echo"));
+  EXPECT_EQ(result.out, "[0] " + std::string(65536, 'b') + "\n") << "a line of exactly 64 KiB stays whole";
+
+  result = runDdlrun(shArgs(1, {"--no-tag-output"}, "head -c 100000 /dev/zero | tr '\\0' c; echo"));
+  EXPECT_EQ(result.out, std::string(100000, 'c') + "\n") << "untagged bytes pass unchanged";
+}
+
+TEST_F(DdlrunTest, NoTagOutputPassesBytesUnchanged) {
+  RunResult result = runDdlrun(shArgs(1, {"--no-tag-output"}, "printf 'a\\nb'; printf 'c\\n' >&2"));
+  EXPECT_EQ(result.status, 0);
+  EXPECT_EQ(result.out, "a\nb");
+  EXPECT_EQ(result.err, "c\n");
+
+  result = runDdlrun(shArgs(2, {"--no-tag-output", "--tag-output"}, "echo x"));
+  EXPECT_TRUE(contains(result.out, "[0] x\n") && contains(result.out, "[1] x\n")) << result.out;
+}
+
+TEST_F(DdlrunTest, FirstFailingRankDecidesTheStatusAndTheOthersAreStopped) {
+  // Ranks 0 and 2 start a background sleeper and wait on it; rank 1 fails once all four pids are written.
+  std::string script = "if [ \"$DDL_RANK\" = 1 ]; then " + waitForPidsSh(4) +
+                       "echo failing >&2; exit 7; fi; "
+                       "sleep 30 & echo $! >> \"$1/pids\"; echo $$ >> \"$1/pids\"; wait";
+  RunResult result = runDdlrun(shArgs(3, {}, script, {dir_}));
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.status, 7) << result.err;
+  EXPECT_LT(result.seconds, 20.0);
+  EXPECT_TRUE(contains(result.err, "[1] failing\nddlrun: rank 1 (pid ")) << result.err;
+  EXPECT_TRUE(contains(result.err, ") exited with status 7; stopping the other ranks\n")) << result.err;
+  std::vector<pid_t> pids = readPids(pidFile());
+  EXPECT_EQ(pids.size(), 4u);
+  EXPECT_EQ(survivors(pids), std::vector<pid_t>{}) << "ranks or their children outlived ddlrun";
+}
+
+TEST_F(DdlrunTest, RankKilledBySignalGives128PlusSignal) {
+  std::string script = "if [ \"$DDL_RANK\" = 0 ]; then " + waitForPidsSh(1) +
+                       "kill -9 $$; fi; echo $$ >> \"$1/pids\"; exec sleep 30";
+  RunResult result = runDdlrun(shArgs(2, {}, script, {dir_}));
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.status, 128 + 9);
+  EXPECT_LT(result.seconds, 20.0);
+  EXPECT_TRUE(contains(result.err, ") was killed by signal SIGKILL; stopping the other ranks\n"))
+      << result.err;
+  EXPECT_EQ(survivors(readPids(pidFile())), std::vector<pid_t>{});
+}
+
+TEST_F(DdlrunTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  // Rank 1 and its child ignore SIGTERM; only the SIGKILL 500 ms later can end them.
+  std::string script = "if [ \"$DDL_RANK\" = 0 ]; then " + waitForPidsSh(2) +
+                       "exit 3; fi; trap '' TERM; sleep 30 & echo $! >> \"$1/pids\"; echo $$ >> \"$1/pids\"; "
+                       "wait; wait";
+  RunResult result = runDdlrun(shArgs(2, {"--grace-ms", "500"}, script, {dir_}));
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.status, 3) << result.err;
+  EXPECT_GE(result.seconds, 0.5) << "SIGKILL must wait for the grace period";
+  EXPECT_LT(result.seconds, 20.0);
+  EXPECT_TRUE(contains(result.err, "ddlrun: rank 1 did not exit within 500 ms of SIGTERM; sending SIGKILL"))
+      << result.err;
+  std::vector<pid_t> pids = readPids(pidFile());
+  EXPECT_EQ(pids.size(), 2u);
+  EXPECT_EQ(survivors(pids), std::vector<pid_t>{});
+}
+
+class DdlrunSignalTest : public DdlrunTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(DdlrunSignalTest, SignalToDdlrunIsForwardedAndGives128PlusSignal) {
+  int sig = GetParam();
+  Ddlrun ddlrun(shArgs(3, {"--grace-ms", "500"}, "echo $$ >> \"$1/pids\"; exec sleep 30", {dir_}));
+  ASSERT_TRUE(waitForPids(pidFile(), 3));
+  ASSERT_EQ(kill(ddlrun.pid(), sig), 0);
+  RunResult result = ddlrun.finish();
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.status, 128 + sig) << result.err;
+  EXPECT_LT(result.seconds, 20.0);
+  EXPECT_TRUE(contains(result.err, "ddlrun: received SIG")) << result.err;
+  EXPECT_EQ(survivors(readPids(pidFile())), std::vector<pid_t>{});
+}
+
+INSTANTIATE_TEST_SUITE_P(IntAndTerm, DdlrunSignalTest, ::testing::Values(SIGINT, SIGTERM));
+
+TEST_F(DdlrunTest, ProcessesLeftHoldingTheOutputAreStoppedAfterSuccess) {
+  // The rank exits 0 at once but its background child keeps the stdout pipe open; ddlrun must not wait 30 s.
+  RunResult result =
+      runDdlrun(shArgs(1, {"--grace-ms", "500"}, "sleep 30 & echo $! >> \"$1/pids\"; echo done", {dir_}));
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.status, 0);
+  EXPECT_EQ(result.out, "[0] done\n");
+  EXPECT_LT(result.seconds, 20.0);
+  EXPECT_EQ(survivors(readPids(pidFile())), std::vector<pid_t>{});
+}
+
+TEST_F(DdlrunTest, ProgramNotFoundGives127) {
+  RunResult result = runDdlrun({"-np", "2", "--", "ddlrun-test-no-such-program"});
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.status, 127);
+  EXPECT_TRUE(contains(result.err,
+                       "ddlrun: cannot execute 'ddlrun-test-no-such-program': No such file or "
+                       "directory"))
+      << result.err;
+}
+
+TEST_F(DdlrunTest, ProgramIsFoundThroughPath) {
+  RunResult result = runDdlrun({"-np", "1", "--", "sh", "-c", "echo found"});
+  EXPECT_EQ(result.status, 0);
+  EXPECT_EQ(result.out, "[0] found\n");
+}
+
+TEST_F(DdlrunTest, ExportedVariablesAndSettingsReachEveryRank) {
+  RunResult result = runDdlrun(shArgs(
+      4,
+      {"-x", "FOO=bar", "-x", "BAZ=a=b c", "-x", "FOO=last", "-x", "HOME", "--topology", "2x2", "--algo",
+       "ring", "--timeout-ms", "1234", "--root=10.1.2.3:29500"},
+      "echo \"$FOO|$BAZ|$DDL_TOPOLOGY|$DDL_ALGO|$DDL_TIMEOUT_MS|$DDL_ROOT|$MASTER_ADDR|$MASTER_PORT\""));
+  EXPECT_EQ(result.status, 0) << result.err;
+  std::vector<std::string> out = lines(result.out);
+  ASSERT_EQ(out.size(), 4u) << result.out;
+  for (const std::string& line : out) {
+    EXPECT_EQ(line.substr(4), "last|a=b c|2x2|ring|1234|10.1.2.3:29500|10.1.2.3|29500") << line;
+  }
+}
+
+TEST_F(DdlrunTest, SettingsNotGivenAreNotSet) {
+  RunResult result = runDdlrun(shArgs(1, {}, "echo \"${DDL_TOPOLOGY-unset} ${DDL_ALGO-unset}\""));
+  EXPECT_EQ(result.out, "[0] unset unset\n");
+}
+
+TEST_F(DdlrunTest, ManyRanks) {
+  RunResult result = runDdlrun(shArgs(64, {}, "echo $DDL_RANK"));
+  ASSERT_EQ(result.status, 0) << result.err;
+  std::vector<std::string> out = lines(result.out);
+  std::sort(out.begin(), out.end());
+  std::vector<std::string> expected;
+  for (int r = 0; r < 64; ++r) expected.push_back("[" + std::to_string(r) + "] " + std::to_string(r));
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(out, expected);
+}
+
+TEST_F(DdlrunTest, HelpPrintsUsage) {
+  RunResult result = runDdlrun({"--help"});
+  EXPECT_EQ(result.status, 0);
+  EXPECT_TRUE(contains(result.out, "usage: ddlrun -np N")) << result.out;
+  EXPECT_EQ(result.err, "");
+}
+
+struct BadArgs {
+  std::vector<std::string> args;
+  std::string message;
+};
+
+class DdlrunBadArgsTest : public ::testing::TestWithParam<BadArgs> {};
+
+TEST_P(DdlrunBadArgsTest, ExitsWithUsageAndStatus2) {
+  RunResult result = runDdlrun(GetParam().args);
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.status, 2);
+  EXPECT_TRUE(contains(result.err, GetParam().message)) << result.err;
+  EXPECT_TRUE(contains(result.err, "usage: ddlrun")) << result.err;
+  EXPECT_EQ(result.out, "") << "no rank may start";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, DdlrunBadArgsTest,
+    ::testing::Values(
+        BadArgs{{}, "ddlrun: missing -np N"}, BadArgs{{"--", "true"}, "ddlrun: missing -np N"},
+        BadArgs{{"-np", "0", "--", "true"}, "ddlrun: -np must be an integer from 1 to 1024, got '0'"},
+        BadArgs{{"-np", "-2", "--", "true"}, "got '-2'"}, BadArgs{{"-np", "abc", "--", "true"}, "got 'abc'"},
+        BadArgs{{"-np", "1025", "--", "true"}, "got '1025'"},
+        BadArgs{{"-np", "3x", "--", "true"}, "got '3x'"},
+        BadArgs{{"-np"}, "ddlrun: option '-np' needs a value"},
+        BadArgs{{"-np", "2", "true"}, "ddlrun: unexpected argument 'true'; put '--' before the program"},
+        BadArgs{{"-np", "2"}, "ddlrun: missing '--'"},
+        BadArgs{{"-np", "2", "--"}, "ddlrun: missing the program to run after '--'"},
+        BadArgs{{"-np", "2", "--fo", "--", "true"}, "ddlrun: unknown option '--fo'; see ddlrun --help"},
+        BadArgs{{"-np", "2", "--tag-output=1", "--", "true"}, "takes no value"},
+        BadArgs{{"-np", "4", "--topology", "2x3", "--", "true"},
+                "ddlrun: --topology 2x3 has 6 ranks but -np is 4"},
+        BadArgs{{"-np", "4", "--topology", "2048x2048x2048", "--", "true"}, "has more than 1024 ranks"},
+        BadArgs{{"-np", "4", "--topology", "2x", "--", "true"}, "is not of the form AxBxC"},
+        BadArgs{{"-np", "4", "--topology", "x4", "--", "true"}, "is not of the form AxBxC"},
+        BadArgs{{"-np", "4", "--topology", "2xx2", "--", "true"}, "is not of the form AxBxC"},
+        BadArgs{{"-np", "4", "--topology", "0x4", "--", "true"}, "is not of the form AxBxC"},
+        BadArgs{{"-np", "4", "--topology", "2x-2", "--", "true"}, "is not of the form AxBxC"},
+        BadArgs{{"-np", "4", "--topology=", "--", "true"}, "is not of the form AxBxC"},
+        BadArgs{{"-np", "2", "--timeout-ms", "soon", "--", "true"},
+                "--timeout-ms must be a positive integer"},
+        BadArgs{{"-np", "2", "--grace-ms", "-1", "--", "true"}, "--grace-ms must be an integer"},
+        BadArgs{{"-np", "2", "--root", "localhost", "--", "true"}, "--root must be HOST:PORT"},
+        BadArgs{{"-np", "2", "--root", "host:99999", "--", "true"}, "--root must be HOST:PORT"},
+        BadArgs{{"-np", "2", "-x", "=v", "--", "true"}, "-x needs VAR=VALUE"}));
+
+}  // namespace

@@ -1,0 +1,922 @@
+// ddlrun's launcher: argument parsing, the rank environment, and the loop that supervises the ranks.
+//
+// The supervisor is one thread around one poll(): the read ends of every rank's stdout and stderr pipes plus
+// a self-pipe that the SIGCHLD/SIGINT/SIGTERM/SIGHUP handlers write the signal number into. Output is written
+// only as whole lines (LineTagger), so a single writer suffices to keep ranks' lines apart, and no thread
+// ever blocks on one rank while another's pipe fills up. Child exits are collected with waitpid(pid, WNOHANG)
+// after a SIGCHLD byte arrives, so ddlrun waits only for its own ranks.
+//
+// Stopping is a small state machine with deadlines, which is what keeps ddlrun from hanging:
+//   running --(rank fails / ddlrun signalled / launch fails)--> stopping: stop signal sent to every group
+//   stopping --(grace period passes)--> killed: SIGKILL sent to every group still there
+//   killed --(kAfterKillMs passes)--> give up: close the pipes, report ranks that did not die, return.
+// A stop ends early once every rank is reaped and every pipe is at EOF. Signals go to each rank's process
+// group (each rank is a group leader), so a shell script rank takes its children with it. Groups are
+// signalled while their rank is unreaped or their pipes are open: the open pipe is the evidence that a group
+// member lives on. Output still in the pipes is drained to the end (within those deadlines), and a failing
+// rank's pending output is printed before ddlrun's message about it.
+#include "launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+extern char** environ;
+
+namespace ddl::launcher {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// After every rank has exited, how long processes they left behind may keep their output pipes open before
+// ddlrun stops them too.
+constexpr int kDrainMs = 1000;
+// After SIGKILL, how long to wait for ranks to be reaped and pipes to close before giving up on them.
+constexpr int kAfterKillMs = 2000;
+constexpr int kMaxGraceMs = 3600 * 1000;
+constexpr long long kMaxTimeoutMs = 2147483647;  // ddlConfig_t::timeoutMs is an int
+
+constexpr const char kUsageSynopsis[] =
+    "usage: ddlrun -np N [--topology AxB...] [--algo A] [--timeout-ms T] [--root HOST:PORT]\n"
+    "              [--tag-output|--no-tag-output] [--grace-ms MS] [-x VAR=VALUE]... -- PROGRAM [ARGS...]\n";
+
+constexpr const char kUsage[] =
+    "usage: ddlrun -np N [options] -- PROGRAM [ARGS...]\n"
+    "\n"
+    "Runs N ranks of PROGRAM on this machine as one ddl job. Rank r gets DDL_RANK=r, DDL_WORLD_SIZE=N,\n"
+    "DDL_LOCAL_RANK=r, DDL_LOCAL_SIZE=N and DDL_ROOT=HOST:PORT (what ddlCommInitFromEnv reads), and the\n"
+    "torchrun names RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT.\n"
+    "\n"
+    "options:\n"
+    "  -np N, -n N         number of ranks, 1 to 1024 (required)\n"
+    "  --topology AxB...   exported as DDL_TOPOLOGY; the dimensions must multiply to N\n"
+    "  --algo NAME         exported as DDL_ALGO (auto, ring, mdring, rhd)\n"
+    "  --timeout-ms T      exported as DDL_TIMEOUT_MS\n"
+    "  --root HOST:PORT    rendezvous address (DDL_ROOT); default 127.0.0.1 and a free port\n"
+    "  -x VAR=VALUE        set VAR in every rank's environment; repeatable, the last one for a VAR wins\n"
+    "                      (-x VAR alone is accepted: ranks inherit ddlrun's environment anyway)\n"
+    "  --tag-output        prefix every output line with \"[rank] \" (the default)\n"
+    "  --no-tag-output     pass output through unprefixed, still a whole line at a time\n"
+    "  --grace-ms MS       when stopping ranks, wait MS after SIGTERM before SIGKILL (default 5000)\n"
+    "  -h, --help          print this help\n"
+    "Long options also take --option=VALUE.\n"
+    "\n"
+    "Each rank runs in its own process group. Its stdout and stderr go to ddlrun's stdout and\n"
+    "stderr a whole line at a time. Rank 0 reads ddlrun's stdin unless that is a terminal; the other\n"
+    "ranks read /dev/null.\n"
+    "\n"
+    "Exit status: 0 if every rank exits 0. When a rank exits non-zero or is killed, ddlrun sends\n"
+    "SIGTERM to the other ranks' process groups, SIGKILL after the grace period, and exits with the\n"
+    "first failing rank's status (128+S for signal S). SIGINT, SIGTERM or SIGHUP sent to ddlrun is\n"
+    "forwarded to the ranks the same way and ddlrun exits 128+signal; a second one sends SIGKILL at\n"
+    "once. 2: bad arguments; 125: ddlrun could not launch the ranks; 127: PROGRAM could not be executed.\n";
+
+// Digits only, no sign, at most max; false for anything else.
+bool parseBoundedInt(const std::string& text, long long max, long long* value) {
+  if (text.empty() || text.size() > 12) return false;
+  long long v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  if (v > max) return false;
+  *value = v;
+  return true;
+}
+
+bool isEnvName(std::string_view name) {
+  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+  });
+}
+
+bool takesValue(const std::string& name) {
+  static const char* const kValueOptions[] = {"-np",    "-n",           "--np",       "--topology", "--algo",
+                                              "--root", "--timeout-ms", "--grace-ms", "-x"};
+  return std::any_of(std::begin(kValueOptions), std::end(kValueOptions),
+                     [&](const char* option) { return name == option; });
+}
+
+// Sets option `name` (one takesValue() accepts) from `value`; returns the error line or "".
+std::string applyOption(const std::string& name, const std::string& value, Options* options) {
+  long long number = 0;
+  if (name == "-np" || name == "-n" || name == "--np") {
+    if (!parseBoundedInt(value, kMaxRanks, &number) || number < 1) {
+      return "ddlrun: -np must be an integer from 1 to " + std::to_string(kMaxRanks) + ", got '" + value +
+             "'";
+    }
+    options->np = static_cast<int>(number);
+  } else if (name == "--topology") {
+    if (value.empty()) return checkTopology(value, kMaxRanks);  // the form error; the count is checked later
+    options->topology = value;
+  } else if (name == "--algo") {
+    if (value.empty()) return "ddlrun: --algo needs a name (auto, ring, mdring, rhd)";
+    options->algo = value;
+  } else if (name == "--timeout-ms") {
+    if (!parseBoundedInt(value, kMaxTimeoutMs, &number) || number < 1) {
+      return "ddlrun: --timeout-ms must be a positive integer of milliseconds, got '" + value + "'";
+    }
+    options->timeout_ms = std::to_string(number);
+  } else if (name == "--grace-ms") {
+    if (!parseBoundedInt(value, kMaxGraceMs, &number)) {
+      return "ddlrun: --grace-ms must be an integer from 0 to " + std::to_string(kMaxGraceMs) + ", got '" +
+             value + "'";
+    }
+    options->grace_ms = static_cast<int>(number);
+  } else if (name == "--root") {
+    size_t colon = value.rfind(':');
+    if (colon == std::string::npos || colon == 0 ||
+        !parseBoundedInt(value.substr(colon + 1), 65535, &number) || number < 1) {
+      return "ddlrun: --root must be HOST:PORT with a port from 1 to 65535, got '" + value + "'";
+    }
+    options->root = value;
+  } else if (name == "-x") {
+    if (!isEnvName(std::string_view(value).substr(0, value.find('=')))) {
+      return "ddlrun: -x needs VAR=VALUE with VAR a variable name, got '" + value + "'";
+    }
+    options->env.push_back(value);
+  }
+  return "";
+}
+
+ParseResult failure(std::string error) {
+  ParseResult result;
+  result.error = std::move(error);
+  return result;
+}
+
+// "HOST:PORT" split at the last colon; an IPv6 host loses its brackets ("[::1]:29500" -> "::1", "29500").
+std::pair<std::string, std::string> splitHostPort(const std::string& root) {
+  size_t colon = root.rfind(':');
+  std::string host = root.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {host, root.substr(colon + 1)};
+}
+
+// Binds 127.0.0.1:0 and closes it again: the kernel's pick is free now, and rank 0 binds it moments later.
+int findFreePort(std::string* error) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *error = std::strerror(errno);
+    return -1;
+  }
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    *error = std::strerror(errno);
+  } else {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// "rank 3" or "ranks 0, 2, 5" (the first few of a long list, then how many in all).
+std::string rankList(const std::vector<int>& ranks) {
+  constexpr size_t kShown = 8;
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size() && i < kShown; ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(ranks[i]);
+  }
+  if (ranks.size() > kShown) text += ", ... (" + std::to_string(ranks.size()) + " in all)";
+  return text;
+}
+
+int msUntil(Clock::time_point when, Clock::time_point now) {
+  if (when <= now) return 0;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(when - now).count() + 1;
+  return static_cast<int>(std::min<long long>(ms, 60 * 1000));
+}
+
+// The write end of the self-pipe; only the signal handler and Launcher's setUp/tearDown touch it.
+int g_signal_pipe_write = -1;
+
+void onSignal(int sig) {
+  int saved_errno = errno;
+  unsigned char byte = static_cast<unsigned char>(sig);
+  // Non-blocking: if the pipe is full, a wakeup is already pending and the loop reaps every rank anyway.
+  ssize_t ignored = write(g_signal_pipe_write, &byte, 1);
+  (void)ignored;
+  errno = saved_errno;
+}
+
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+constexpr size_t kNumHandledSignals = sizeof(kHandledSignals) / sizeof(kHandledSignals[0]);
+
+// One rank's stdout or stderr as ddlrun sees it.
+struct Stream {
+  Stream(int target_fd, LineTagger line_tagger) : target(target_fd), tagger(std::move(line_tagger)) {}
+  int fd = -1;  // read end of the pipe; -1 once at EOF
+  int target;   // ddlrun's fd the lines go to: 1 or 2
+  LineTagger tagger;
+};
+
+struct Rank {
+  Rank(int r, bool tag)
+      : out(STDOUT_FILENO, LineTagger("[" + std::to_string(r) + "] ", tag)),
+        err(STDERR_FILENO, LineTagger("[" + std::to_string(r) + "] ", tag)) {}
+  bool pipesOpen() const { return out.fd >= 0 || err.fd >= 0; }
+  // Its process group may still hold processes: signalling it is meaningful.
+  bool groupMayLive() const { return running || pipesOpen(); }
+
+  pid_t pid = -1;
+  bool running = false;  // forked and not yet reaped
+  Stream out;
+  Stream err;
+};
+
+// One run of one job; see the file comment for its states. Main thread only.
+class Launcher {
+ public:
+  explicit Launcher(const Options& options) : options_(options) {}
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  int run() {
+    if (setUp()) {
+      launchAll();
+      superviseLoop();
+    } else {
+      status_ = kLaunchFailureStatus;
+    }
+    tearDown();
+    return status_;
+  }
+
+ private:
+  bool setUp();
+  void tearDown();
+  void launchAll();
+  bool launchRank(int r);
+  [[noreturn]] void execRank(int r, int out_fd, int err_fd, char** argv, char** envp, const sigset_t& mask);
+  void superviseLoop();
+  bool takeSignals();
+  void onSignalReceived(int sig);
+  void reapRanks();
+  void onRankExit(int r, int wait_status);
+  void beginStop(int sig);
+  void sendKill(const std::string& reason);
+  void giveUp();
+  void pollOnce(int timeout_ms);
+  bool readStream(Stream& stream);
+  void drainRank(Rank& rank);
+  void closeStream(Stream& stream);
+  void emit(int fd, std::string_view text);
+  std::vector<int> ranksWhere(bool (*predicate)(const Rank&)) const;
+
+  const Options& options_;
+  std::vector<Rank> ranks_;
+  std::string root_;
+  int status_ = 0;  // ddlrun's exit status; set by whatever starts a stop
+  bool stopping_ = false;
+  int stop_signal_ = SIGTERM;  // what beginStop sent
+  bool killed_ = false;
+  Clock::time_point kill_at_;
+  Clock::time_point give_up_at_;
+  std::optional<Clock::time_point> drain_deadline_;
+  bool reap_pending_ = true;
+  // Indexed by fd: ddlrun's stdout/stderr failed (EPIPE and the like); what would go there is dropped.
+  bool output_broken_[3] = {false, false, false};
+
+  int signal_pipe_[2] = {-1, -1};
+  int null_fd_ = -1;
+  pid_t ddlrun_pid_ = -1;
+  bool rank0_reads_stdin_ = false;
+  struct sigaction saved_actions_[kNumHandledSignals];
+  bool actions_installed_ = false;
+  rlimit saved_nofile_{};
+  bool nofile_raised_ = false;
+  std::vector<std::string> base_env_;
+};
+
+bool Launcher::setUp() {
+  // A rank's pipe must not land on fd 0-2 (dup2 onto itself would keep FD_CLOEXEC): fill any that is closed.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) == -1 && errno == EBADF) open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+  }
+  if (options_.root.empty()) {
+    std::string error;
+    int port = findFreePort(&error);
+    if (port < 0) {
+      emit(STDERR_FILENO, "ddlrun: cannot find a free TCP port on 127.0.0.1 for DDL_ROOT: " + error +
+                              "; pass one with --root HOST:PORT\n");
+      return false;
+    }
+    root_ = "127.0.0.1:" + std::to_string(port);
+  } else {
+    root_ = options_.root;
+  }
+
+  // Two pipe read ends per rank stay open in ddlrun; 1024 ranks need more than the common soft limit of 1024.
+  rlim_t needed = 2 * static_cast<rlim_t>(options_.np) + 32;
+  if (getrlimit(RLIMIT_NOFILE, &saved_nofile_) == 0 && saved_nofile_.rlim_cur != RLIM_INFINITY &&
+      saved_nofile_.rlim_cur < needed) {
+    rlimit raised = saved_nofile_;
+    raised.rlim_cur =
+        saved_nofile_.rlim_max == RLIM_INFINITY ? needed : std::min(needed, saved_nofile_.rlim_max);
+    nofile_raised_ = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+  }
+
+  if (pipe2(signal_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    emit(STDERR_FILENO, std::string("ddlrun: cannot create a pipe: ") + std::strerror(errno) + "\n");
+    return false;
+  }
+  null_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null_fd_ < 0) {
+    emit(STDERR_FILENO, std::string("ddlrun: cannot open /dev/null: ") + std::strerror(errno) + "\n");
+    return false;
+  }
+  rank0_reads_stdin_ = !isatty(STDIN_FILENO);
+  ddlrun_pid_ = getpid();
+
+  g_signal_pipe_write = signal_pipe_[1];
+  for (size_t i = 0; i < kNumHandledSignals; ++i) {
+    struct sigaction action {};
+    sigemptyset(&action.sa_mask);
+    if (kHandledSignals[i] == SIGPIPE) {
+      action.sa_handler = SIG_IGN;  // a closed stdout is reported by write() as EPIPE
+    } else {
+      action.sa_handler = onSignal;
+      action.sa_flags = SA_RESTART | (kHandledSignals[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
+    }
+    sigaction(kHandledSignals[i], &action, &saved_actions_[i]);
+  }
+  actions_installed_ = true;
+
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) base_env_.emplace_back(*entry);
+  return true;
+}
+
+void Launcher::tearDown() {
+  for (Rank& rank : ranks_) {
+    closeStream(rank.out);
+    closeStream(rank.err);
+  }
+  if (actions_installed_) {
+    for (size_t i = 0; i < kNumHandledSignals; ++i) {
+      sigaction(kHandledSignals[i], &saved_actions_[i], nullptr);
+    }
+  }
+  g_signal_pipe_write = -1;
+  for (int& fd : signal_pipe_) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  if (null_fd_ >= 0) close(null_fd_);
+  if (nofile_raised_) setrlimit(RLIMIT_NOFILE, &saved_nofile_);
+}
+
+void Launcher::launchAll() {
+  ranks_.reserve(options_.np);
+  for (int r = 0; r < options_.np; ++r) {
+    ranks_.emplace_back(r, options_.tag_output);
+    if (!launchRank(r)) {
+      status_ = kLaunchFailureStatus;
+      beginStop(SIGTERM);
+      return;
+    }
+    // A Ctrl-C during a long launch stops it here rather than after the last fork.
+    reap_pending_ |= takeSignals();
+    if (stopping_) return;
+  }
+}
+
+bool Launcher::launchRank(int r) {
+  Rank& rank = ranks_[r];
+  int out_pipe[2] = {-1, -1};
+  int err_pipe[2] = {-1, -1};
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+    int error = errno;
+    for (int fd : {out_pipe[0], out_pipe[1]}) {
+      if (fd >= 0) close(fd);
+    }
+    emit(STDERR_FILENO, "ddlrun: cannot create the output pipes of rank " + std::to_string(r) + ": " +
+                            std::strerror(error) + (error == EMFILE ? " (raise the limit: ulimit -n)" : "") +
+                            "\n");
+    return false;
+  }
+
+  // Everything the child needs is built before fork(): between fork and exec it only makes system calls.
+  std::vector<std::string> env = rankEnvironment(options_, r, root_, base_env_);
+  std::vector<char*> envp;
+  for (std::string& entry : env) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> command = options_.command;
+  std::vector<char*> argv;
+  for (std::string& arg : command) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  // Block our signals across fork so the child cannot run ddlrun's handler (and write into ddlrun's
+  // self-pipe) before it has put the original dispositions back.
+  sigset_t blocked;
+  sigset_t old_mask;
+  sigemptyset(&blocked);
+  for (int sig : kHandledSignals) sigaddset(&blocked, sig);
+  sigprocmask(SIG_BLOCK, &blocked, &old_mask);
+  pid_t pid = fork();
+  if (pid == 0) execRank(r, out_pipe[1], err_pipe[1], argv.data(), envp.data(), old_mask);
+  int fork_error = errno;
+  sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  if (pid < 0) {
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    emit(STDERR_FILENO, "ddlrun: cannot start rank " + std::to_string(r) +
+                            ": fork failed: " + std::strerror(fork_error) + "\n");
+    return false;
+  }
+  // The child does this too; whichever runs first wins, so the group exists before we ever signal it.
+  setpgid(pid, pid);
+  fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+  fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
+  rank.pid = pid;
+  rank.running = true;
+  rank.out.fd = out_pipe[0];
+  rank.err.fd = err_pipe[0];
+  return true;
+}
+
+void Launcher::execRank(int r, int out_fd, int err_fd, char** argv, char** envp, const sigset_t& mask) {
+  setpgid(0, 0);
+#ifdef __linux__
+  // If ddlrun dies without stopping us (SIGKILL, OOM), the rank must not live on as an orphan.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != ddlrun_pid_) _exit(kLaunchFailureStatus);  // it died before prctl took effect
+#endif
+  if (r != 0 || !rank0_reads_stdin_) dup2(null_fd_, STDIN_FILENO);
+  dup2(out_fd, STDOUT_FILENO);
+  dup2(err_fd, STDERR_FILENO);
+  // Back to the dispositions ddlrun started with: a signal ddlrun ignores would otherwise stay ignored.
+  for (size_t i = 0; i < kNumHandledSignals; ++i) sigaction(kHandledSignals[i], &saved_actions_[i], nullptr);
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
+  if (nofile_raised_) setrlimit(RLIMIT_NOFILE, &saved_nofile_);
+  environ = envp;
+  execvp(argv[0], argv);
+  char message[1024];
+  int length = std::snprintf(message, sizeof(message), "ddlrun: cannot execute '%s': %s\n", argv[0],
+                             std::strerror(errno));
+  if (length > 0) {
+    ssize_t ignored = write(STDERR_FILENO, message, std::min<size_t>(length, sizeof(message) - 1));
+    (void)ignored;
+  }
+  _exit(127);
+}
+
+void Launcher::superviseLoop() {
+  while (true) {
+    reap_pending_ |= takeSignals();
+    if (reap_pending_) {
+      reap_pending_ = false;
+      reapRanks();
+    }
+    Clock::time_point now = Clock::now();
+    if (stopping_ && !killed_ && now >= kill_at_) {
+      sendKill("did not exit within " + std::to_string(options_.grace_ms) + " ms of " +
+               signalName(stop_signal_) + "; sending SIGKILL");
+    }
+    bool any_running =
+        std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& rank) { return rank.running; });
+    bool any_pipe =
+        std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& rank) { return rank.pipesOpen(); });
+    if (!any_running && !any_pipe) return;
+    if (killed_ && now >= give_up_at_) {
+      giveUp();
+      return;
+    }
+    if (!any_running && !stopping_) {
+      // Every rank is gone but something they started still holds a pipe: give it kDrainMs, then stop it.
+      if (!drain_deadline_) drain_deadline_ = now + std::chrono::milliseconds(kDrainMs);
+      if (now >= *drain_deadline_) {
+        emit(STDERR_FILENO, "ddlrun: every rank has exited, but processes started by " +
+                                rankList(ranksWhere([](const Rank& rank) { return rank.pipesOpen(); })) +
+                                " still hold the output pipes open; stopping them\n");
+        beginStop(SIGTERM);
+        continue;
+      }
+    }
+
+    int timeout_ms = -1;
+    if (stopping_) {
+      timeout_ms = msUntil(killed_ ? give_up_at_ : kill_at_, now);
+    } else if (drain_deadline_) {
+      timeout_ms = msUntil(*drain_deadline_, now);
+    }
+    pollOnce(timeout_ms);
+  }
+}
+
+// Reads the signal numbers the handler queued; acts on INT/TERM/HUP and returns whether a SIGCHLD came.
+bool Launcher::takeSignals() {
+  bool child_changed = false;
+  unsigned char bytes[64];
+  while (true) {
+    ssize_t n = read(signal_pipe_[0], bytes, sizeof(bytes));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; ++i) {
+      if (bytes[i] == SIGCHLD) {
+        child_changed = true;
+      } else {
+        onSignalReceived(bytes[i]);
+      }
+    }
+  }
+  return child_changed;
+}
+
+void Launcher::onSignalReceived(int sig) {
+  if (!stopping_) {
+    status_ = 128 + sig;
+    emit(STDERR_FILENO, "ddlrun: received " + signalName(sig) +
+                            "; forwarding it to the ranks (SIGKILL after " +
+                            std::to_string(options_.grace_ms) + " ms)\n");
+    beginStop(sig);
+  } else if (!killed_) {
+    // Already stopping (a rank failed, or an earlier signal): the user is out of patience. The status stays
+    // what started the stop.
+    sendKill("still running; received " + signalName(sig) + " while stopping, sending SIGKILL now");
+  }
+}
+
+void Launcher::reapRanks() {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Rank& rank = ranks_[r];
+    if (!rank.running) continue;
+    int wait_status = 0;
+    pid_t pid;
+    do {
+      pid = waitpid(rank.pid, &wait_status, WNOHANG);
+    } while (pid < 0 && errno == EINTR);
+    if (pid == rank.pid) {
+      onRankExit(static_cast<int>(r), wait_status);
+    } else if (pid < 0) {
+      rank.running = false;  // ECHILD: someone else reaped it; nothing more to wait for
+    }
+  }
+}
+
+void Launcher::onRankExit(int r, int wait_status) {
+  Rank& rank = ranks_[r];
+  rank.running = false;
+  bool success = WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0;
+  // Once a stop has begun, ranks dying of it (or failing because a peer did) are expected; the first failure
+  // was already reported and decides the exit status.
+  if (success || stopping_) return;
+  drainRank(rank);  // its last words first, then ours
+  bool others_running =
+      std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& other) { return other.running; });
+  emit(STDERR_FILENO, "ddlrun: rank " + std::to_string(r) + " (pid " + std::to_string(rank.pid) + ") " +
+                          describeExit(wait_status) + (others_running ? "; stopping the other ranks" : "") +
+                          "\n");
+  status_ = exitCodeOf(wait_status);
+  beginStop(SIGTERM);
+}
+
+void Launcher::beginStop(int sig) {
+  stopping_ = true;
+  stop_signal_ = sig;
+  kill_at_ = Clock::now() + std::chrono::milliseconds(options_.grace_ms);
+  for (const Rank& rank : ranks_) {
+    if (rank.pid > 0 && rank.groupMayLive()) killpg(rank.pid, sig);
+  }
+}
+
+void Launcher::sendKill(const std::string& reason) {
+  killed_ = true;
+  give_up_at_ = Clock::now() + std::chrono::milliseconds(kAfterKillMs);
+  std::vector<int> running = ranksWhere([](const Rank& rank) { return rank.running; });
+  std::vector<int> holding = ranksWhere([](const Rank& rank) { return !rank.running && rank.pipesOpen(); });
+  if (!running.empty()) emit(STDERR_FILENO, "ddlrun: " + rankList(running) + " " + reason + "\n");
+  if (!holding.empty()) {
+    emit(STDERR_FILENO, "ddlrun: processes started by " + rankList(holding) + " " + reason + "\n");
+  }
+  for (const Rank& rank : ranks_) {
+    if (rank.pid > 0 && rank.groupMayLive()) killpg(rank.pid, SIGKILL);
+  }
+}
+
+void Launcher::giveUp() {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Rank& rank = ranks_[r];
+    if (rank.running) {
+      emit(STDERR_FILENO, "ddlrun: rank " + std::to_string(r) + " (pid " + std::to_string(rank.pid) +
+                              ") has not exited " + std::to_string(kAfterKillMs) +
+                              " ms after SIGKILL; giving up on it\n");
+    }
+    drainRank(rank);
+    closeStream(rank.out);
+    closeStream(rank.err);
+  }
+}
+
+void Launcher::pollOnce(int timeout_ms) {
+  std::vector<pollfd> fds;
+  std::vector<Stream*> streams;
+  fds.push_back({signal_pipe_[0], POLLIN, 0});
+  streams.push_back(nullptr);
+  for (Rank& rank : ranks_) {
+    for (Stream* stream : {&rank.out, &rank.err}) {
+      if (stream->fd < 0) continue;
+      fds.push_back({stream->fd, POLLIN, 0});
+      streams.push_back(stream);
+    }
+  }
+  int ready = poll(fds.data(), fds.size(), timeout_ms);
+  if (ready <= 0) return;  // timeout, or EINTR: the caller re-checks signals and deadlines
+  // One read per stream per round keeps a chatty rank from starving the others.
+  for (size_t i = 1; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) readStream(*streams[i]);
+  }
+}
+
+// One read(); returns true if it got data (so there may be more).
+bool Launcher::readStream(Stream& stream) {
+  if (stream.fd < 0) return false;
+  char buffer[65536];
+  ssize_t n = read(stream.fd, buffer, sizeof(buffer));
+  if (n > 0) {
+    emit(stream.target, stream.tagger.feed(std::string_view(buffer, n)));
+    return true;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+  closeStream(stream);  // EOF (or a read error, which nothing can fix)
+  return false;
+}
+
+// Reads what a rank's pipes hold right now, without waiting for more (bounded even if a child keeps writing).
+void Launcher::drainRank(Rank& rank) {
+  for (Stream* stream : {&rank.out, &rank.err}) {
+    for (int i = 0; i < 64 && readStream(*stream); ++i) {
+    }
+  }
+}
+
+void Launcher::closeStream(Stream& stream) {
+  if (stream.fd < 0) return;
+  emit(stream.target, stream.tagger.finish());
+  close(stream.fd);
+  stream.fd = -1;
+}
+
+// Writes all of text to ddlrun's fd 1 or 2 (whole lines, so ranks never mix mid-line).
+void Launcher::emit(int fd, std::string_view text) {
+  if (text.empty() || output_broken_[fd]) return;
+  while (!text.empty()) {
+    ssize_t n = write(fd, text.data(), text.size());
+    if (n > 0) {
+      text.remove_prefix(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd writable{fd, POLLOUT, 0};  // our stdout was handed to us non-blocking: wait for the reader
+      poll(&writable, 1, -1);
+    } else {
+      output_broken_[fd] = true;  // EPIPE and the like: keep running the job, drop what would go there
+      return;
+    }
+  }
+}
+
+std::vector<int> Launcher::ranksWhere(bool (*predicate)(const Rank&)) const {
+  std::vector<int> result;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (predicate(ranks_[r])) result.push_back(static_cast<int>(r));
+  }
+  return result;
+}
+
+}  // namespace
+
+ParseResult parseArgs(const std::vector<std::string>& args) {
+  ParseResult result;
+  Options& options = result.options;
+  bool saw_separator = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      saw_separator = true;
+      options.command.assign(args.begin() + i + 1, args.end());
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      options.help = true;
+      return result;
+    }
+    std::string name = arg;
+    std::optional<std::string> value;
+    size_t equals = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && equals != std::string::npos) {
+      name = arg.substr(0, equals);
+      value = arg.substr(equals + 1);
+    }
+    if (name == "--tag-output" || name == "--no-tag-output") {
+      if (value) return failure("ddlrun: option '" + name + "' takes no value; see ddlrun --help");
+      options.tag_output = name == "--tag-output";
+      continue;
+    }
+    if (!takesValue(name)) {
+      if (arg.empty() || arg[0] != '-') {
+        return failure("ddlrun: unexpected argument '" + arg +
+                       "'; put '--' before the program to run: ddlrun -np N [options] -- PROGRAM [ARGS...]");
+      }
+      return failure("ddlrun: unknown option '" + name + "'; see ddlrun --help");
+    }
+    if (!value) {
+      if (i + 1 >= args.size())
+        return failure("ddlrun: option '" + name + "' needs a value; see ddlrun --help");
+      value = args[++i];
+    }
+    std::string error = applyOption(name, *value, &options);
+    if (!error.empty()) return failure(error);
+  }
+  if (options.np == 0) return failure("ddlrun: missing -np N, the number of ranks to launch");
+  if (!saw_separator) return failure("ddlrun: missing '--' and the program to run after it");
+  if (options.command.empty() || options.command[0].empty()) {
+    return failure("ddlrun: missing the program to run after '--'");
+  }
+  if (!options.topology.empty()) {
+    std::string error = checkTopology(options.topology, options.np);
+    if (!error.empty()) return failure(error);
+  }
+  return result;
+}
+
+const char* usage() { return kUsage; }
+const char* usageSynopsis() { return kUsageSynopsis; }
+
+std::string checkTopology(const std::string& topology, int np) {
+  std::string form_error = "ddlrun: --topology '" + topology +
+                           "' is not of the form AxBxC with positive integers (e.g. 2x4 for 8 ranks)";
+  long long product = 1;
+  size_t start = 0;
+  while (true) {
+    size_t end = topology.find('x', start);
+    std::string dim = topology.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (dim.empty() || dim.find_first_not_of("0123456789") != std::string::npos) return form_error;
+    // Saturate: any dimension or product beyond kMaxRanks already cannot match -np.
+    long long value = dim.size() > 5 ? kMaxRanks + 1 : std::stoll(dim);
+    if (value == 0) return form_error;
+    product = std::min<long long>(product * std::min<long long>(value, kMaxRanks + 1), kMaxRanks + 1);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  if (product != np) {
+    std::string count =
+        product > kMaxRanks ? "more than " + std::to_string(kMaxRanks) : std::to_string(product);
+    return "ddlrun: --topology " + topology + " has " + count + " ranks but -np is " + std::to_string(np);
+  }
+  return "";
+}
+
+std::vector<std::string> rankEnvironment(const Options& options, int rank, const std::string& root,
+                                         const std::vector<std::string>& base_env) {
+  std::vector<std::string> env;
+  std::unordered_map<std::string, size_t> index;  // variable name -> its entry in env
+  auto put = [&](const std::string& entry) {
+    std::string name = entry.substr(0, entry.find('='));
+    auto [it, inserted] = index.emplace(name, env.size());
+    if (inserted) {
+      env.push_back(entry);
+    } else {
+      env[it->second] = entry;
+    }
+  };
+  for (const std::string& entry : base_env) put(entry);
+
+  auto [host, port] = splitHostPort(root);
+  std::string r = std::to_string(rank);
+  std::string n = std::to_string(options.np);
+  put("DDL_RANK=" + r);
+  put("DDL_WORLD_SIZE=" + n);
+  put("DDL_LOCAL_RANK=" + r);
+  put("DDL_LOCAL_SIZE=" + n);
+  put("DDL_ROOT=" + root);
+  if (!options.topology.empty()) put("DDL_TOPOLOGY=" + options.topology);
+  if (!options.algo.empty()) put("DDL_ALGO=" + options.algo);
+  if (!options.timeout_ms.empty()) put("DDL_TIMEOUT_MS=" + options.timeout_ms);
+  put("RANK=" + r);
+  put("WORLD_SIZE=" + n);
+  put("LOCAL_RANK=" + r);
+  put("LOCAL_WORLD_SIZE=" + n);
+  put("MASTER_ADDR=" + host);
+  put("MASTER_PORT=" + port);
+  for (const std::string& entry : options.env) {
+    if (entry.find('=') != std::string::npos) put(entry);  // a bare "-x VAR" is inherited with base_env
+  }
+  return env;
+}
+
+LineTagger::LineTagger(std::string prefix, bool tag, size_t max_line)
+    : prefix_(tag ? std::move(prefix) : std::string()), tag_(tag), max_line_(max_line > 0 ? max_line : 1) {}
+
+void LineTagger::appendLine(std::string& out, std::string_view line, bool add_newline) const {
+  out += prefix_;
+  out += line;
+  if (add_newline) out += '\n';
+}
+
+std::string LineTagger::feed(std::string_view data) {
+  std::string out;
+  while (!data.empty()) {
+    size_t newline = data.find('\n');
+    bool complete = newline != std::string_view::npos;
+    std::string_view segment = data.substr(0, complete ? newline + 1 : data.size());
+    data.remove_prefix(segment.size());
+    if (complete && pending_.empty() && segment.size() - 1 <= max_line_) {
+      appendLine(out, segment, false);  // the common case: a whole line in one read, no copy into pending_
+      continue;
+    }
+    pending_.append(segment);
+    // Cut off max_line pieces while more than max_line bytes of line content remain, so a line is cut the
+    // same way however the reads happened to split it.
+    size_t content = pending_.size() - (complete ? 1 : 0);
+    size_t position = 0;
+    while (content - position > max_line_) {
+      appendLine(out, std::string_view(pending_).substr(position, max_line_), tag_);
+      position += max_line_;
+    }
+    if (complete) {
+      appendLine(out, std::string_view(pending_).substr(position), false);
+      pending_.clear();
+    } else {
+      pending_.erase(0, position);
+    }
+  }
+  return out;
+}
+
+std::string LineTagger::finish() {
+  std::string out;
+  if (!pending_.empty()) appendLine(out, pending_, tag_);
+  pending_.clear();
+  return out;
+}
+
+std::string signalName(int sig) {
+  static const std::pair<int, const char*> kNames[] = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"},     {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},       {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"},     {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"},     {SIGCHLD, "SIGCHLD"},
+      {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"},     {SIGTTIN, "SIGTTIN"},
+      {SIGTTOU, "SIGTTOU"}, {SIGURG, "SIGURG"},   {SIGXCPU, "SIGXCPU"},     {SIGXFSZ, "SIGXFSZ"},
+      {SIGPROF, "SIGPROF"}, {SIGSYS, "SIGSYS"},   {SIGVTALRM, "SIGVTALRM"},
+  };
+  for (const auto& [number, name] : kNames) {
+    if (number == sig) return name;
+  }
+  return "signal " + std::to_string(sig);
+}
+
+int exitCodeOf(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return 1;
+}
+
+std::string describeExit(int wait_status) {
+  if (WIFEXITED(wait_status)) return "exited with status " + std::to_string(WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status)) {
+    std::string text = "was killed by signal " + signalName(WTERMSIG(wait_status));
+#ifdef WCOREDUMP
+    if (WCOREDUMP(wait_status)) text += " (core dumped)";
+#endif
+    return text;
+  }
+  return "ended with wait status " + std::to_string(wait_status);
+}
+
+int run(const Options& options) {
+  Launcher launcher(options);
+  return launcher.run();
+}
+
+}  // namespace ddl::launcher
