@@ -135,6 +135,7 @@ struct TransportCase {
   std::string name;
   std::string tls;
 };
+void PrintTo(const TransportCase& c, std::ostream* os) { *os << c.name << " (UCX_TLS=" << c.tls << ")"; }
 
 class UcxCollectives : public testing::TestWithParam<std::tuple<TransportCase, int, std::string>> {};
 

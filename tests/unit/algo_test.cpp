@@ -204,6 +204,9 @@ struct AlgoParam {
   Algo algo;
   std::string topology;
 };
+void PrintTo(const AlgoParam& p, std::ostream* os) {
+  *os << algoName(p.algo) << " on " << p.nranks << " ranks, topology '" << p.topology << "'";
+}
 std::string paramName(const testing::TestParamInfo<AlgoParam>& info) {
   std::string t = info.param.topology.empty() ? "flat" : info.param.topology;
   return std::string(algoName(info.param.algo)) + "_" + std::to_string(info.param.nranks) + "ranks_" + t;
