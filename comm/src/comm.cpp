@@ -58,6 +58,7 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
     : options_(options), rank_(transport->rank()), size_(transport->size()) {
   if (options_.topology.dims.empty()) options_.topology.dims = {size_};
   DDL_ASSERT(options_.topology.size() == size_);
+  mdring_grid_ = mdringGrid(options_.topology);
   channel_ = std::make_unique<Channel>(std::move(transport), options_.timeout_ms);
 }
 
@@ -174,7 +175,7 @@ void Comm::allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDat
   run(CollKind::kAllReduce, type, op, count, 0, static_cast<int>(algo), [&](Session& s) {
     switch (algo) {
       case Algo::kRhd: rhdAllReduce(s, d, sendbuf, recvbuf, count); break;
-      case Algo::kMdRing: mdringAllReduce(s, d, options_.topology, sendbuf, recvbuf, count); break;
+      case Algo::kMdRing: mdringAllReduce(s, d, mdring_grid_, sendbuf, recvbuf, count); break;
       default: ringAllReduce(s, d, sendbuf, recvbuf, count); break;
     }
   });

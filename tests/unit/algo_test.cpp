@@ -502,12 +502,22 @@ TEST(Failures, BadArgumentsBreakNothing) {
   expectAllOk(results);
 }
 
-TEST(Selection, AutoPicksLatencyAlgorithmForSmallAndMdringForHierarchies) {
-  Topology flat = parseTopology("", 8), grid = parseTopology("2x4", 8);
-  EXPECT_EQ(selectAllReduce(Algo::kAuto, flat, 8, 64), Algo::kRhd);
-  EXPECT_EQ(selectAllReduce(Algo::kAuto, flat, 8, 64 << 20), Algo::kRing);
+TEST(Selection, AutoPicksLatencyAlgorithmForSmallAndMdringForGrids) {
+  Topology flat8 = parseTopology("", 8), flat7 = parseTopology("", 7), grid = parseTopology("2x4", 8);
+  EXPECT_EQ(selectAllReduce(Algo::kAuto, flat8, 8, 64), Algo::kRhd);
   EXPECT_EQ(selectAllReduce(Algo::kAuto, grid, 8, 64 << 20), Algo::kMdRing);
+  EXPECT_EQ(selectAllReduce(Algo::kAuto, flat8, 8, 64 << 20), Algo::kMdRing);  // factorised 2x2x2
+  EXPECT_EQ(selectAllReduce(Algo::kAuto, flat7, 7, 64 << 20), Algo::kRing);    // prime: no grid
   EXPECT_EQ(selectAllReduce(Algo::kRing, grid, 8, 64), Algo::kRing);
+}
+
+TEST(Selection, FlatTopologiesAreFactorisedForMdring) {
+  EXPECT_EQ(mdringGrid(parseTopology("", 8)).dims, (std::vector<int>{2, 2, 2}));
+  EXPECT_EQ(mdringGrid(parseTopology("", 12)).dims, (std::vector<int>{2, 2, 3}));
+  EXPECT_EQ(mdringGrid(parseTopology("", 7)).dims, (std::vector<int>{7}));
+  EXPECT_EQ(mdringGrid(parseTopology("", 1)).dims, (std::vector<int>{1}));
+  EXPECT_EQ(mdringGrid(parseTopology("4x2", 8)).dims, (std::vector<int>{4, 2}));  // given grids are kept
+  EXPECT_EQ(mdringGrid(parseTopology("1x8", 8)).dims, (std::vector<int>{2, 2, 2}));
 }
 
 }  // namespace

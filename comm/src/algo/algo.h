@@ -60,6 +60,10 @@ void barrier(Session& s);
 
 // Chooses the allreduce algorithm for a message (never kAuto).
 Algo selectAllReduce(Algo forced, const Topology& topo, int nranks, size_t bytes);
+// The grid mdring runs on: the configured topology when it has two or more non-trivial dims; for a flat one,
+// p's prime factors in ascending order (8 -> 2x2x2, 6 -> 2x3; a prime p stays flat). On a flat network every
+// factorisation moves the same bytes as the flat ring but in 2·Σ(dᵢ-1) steps instead of 2(p-1).
+Topology mdringGrid(const Topology& configured);
 // The segment size to use: forced_bytes when set, else a default by message size.
 size_t selectSegmentBytes(size_t forced_bytes, size_t bytes);
 

@@ -12,8 +12,23 @@ constexpr size_t kDefaultSegmentBytes = 256 * 1024;
 
 Algo selectAllReduce(Algo forced, const Topology& topo, int nranks, size_t bytes) {
   if (forced != Algo::kAuto) return forced;
-  if (nranks <= 2 || bytes <= kRhdMaxBytes) return bytes <= kRhdMaxBytes ? Algo::kRhd : Algo::kRing;
-  return topo.nontrivialDims() >= 2 ? Algo::kMdRing : Algo::kRing;
+  if (bytes <= kRhdMaxBytes) return Algo::kRhd;
+  // mdring whenever the ranks form a grid (given, or factorised: see mdringGrid); a prime count keeps the ring.
+  return mdringGrid(topo).nontrivialDims() >= 2 ? Algo::kMdRing : Algo::kRing;
+}
+
+Topology mdringGrid(const Topology& configured) {
+  if (configured.nontrivialDims() >= 2) return configured;
+  Topology grid;
+  int p = configured.size();
+  for (int f = 2; f * f <= p; ++f) {
+    while (p % f == 0) {
+      grid.dims.push_back(f);
+      p /= f;
+    }
+  }
+  if (p > 1 || grid.dims.empty()) grid.dims.push_back(p);
+  return grid;
 }
 
 size_t selectSegmentBytes(size_t forced_bytes, size_t bytes) {
