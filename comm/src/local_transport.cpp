@@ -35,7 +35,7 @@ void LocalFabric::deliver(Request* r, const Posted& p, int src, uint64_t tag, co
 LocalTransport::LocalTransport(std::shared_ptr<LocalFabric> fabric, int rank)
     : fabric_(std::move(fabric)), rank_(rank) {}
 
-std::string LocalTransport::hostOf(int rank) const { return "thread" + std::to_string(rank); }
+std::string LocalTransport::hostOf(int rank) const { return "local"; }
 
 void LocalTransport::send(Request& r, int peer, uint64_t tag, const void* buf, size_t len) {
   r.is_recv = false;

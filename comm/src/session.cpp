@@ -1,5 +1,7 @@
 #include "session.h"
 
+#include <sched.h>
+
 #include <cstring>
 
 #include "dtype.h"
@@ -21,6 +23,11 @@ const char* collName(CollKind k) {
 namespace {
 // How long cleanup paths (cancelling, telling peers) may progress before giving up.
 constexpr int64_t kCleanupMs = 500;
+// Idle progress rounds of a wait before it yields the CPU (when every local rank has a CPU of its own), and
+// before it starts sleeping 50 us at a time (a long wait, e.g. for a slow peer: stop burning a core).
+constexpr int kSpinRounds = 20000;
+constexpr int kSleepRounds = 200000;
+constexpr int kSleepRoundsOversubscribed = 4096;
 }  // namespace
 
 Channel::Channel(std::unique_ptr<Transport> transport, int timeout_ms)
@@ -28,6 +35,13 @@ Channel::Channel(std::unique_ptr<Transport> transport, int timeout_ms)
       rank_(transport_->rank()),
       size_(transport_->size()),
       timeout_ms_(timeout_ms) {
+  int local = 0;
+  const std::string me = transport_->hostOf(rank_);
+  for (int r = 0; r < size_; ++r) local += transport_->hostOf(r) == me;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  oversubscribed_ = local > ncpu;
   postControlRecv();
 }
 
@@ -274,7 +288,11 @@ void Session::progress(Request* waiting_for) {
                            "to wait longer)");
     }
   }
-  t_.idleWait(idle_ > 4096 ? 50 : 0);
+  if (ch_.oversubscribed()) {
+    t_.idleWait(idle_ > kSleepRoundsOversubscribed ? 50 : 0);
+  } else if (idle_ > kSpinRounds) {
+    t_.idleWait(idle_ > kSleepRounds ? 50 : 0);
+  }
 }
 
 void Session::wait(Request* r) {

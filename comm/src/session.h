@@ -65,6 +65,10 @@ class Channel {
 
   uint16_t nextSeq() { return seq_++; }
 
+  // More ranks on this host than CPUs this process may run on: waits then yield the CPU at once instead of
+  // spinning, so that the ranks with work get it.
+  bool oversubscribed() const { return oversubscribed_; }
+
   // Set by ddlCommAbort from any thread.
   std::atomic<bool> aborted{false};
 
@@ -83,6 +87,7 @@ class Channel {
 
   std::unique_ptr<Transport> transport_;
   int rank_, size_, timeout_ms_;
+  bool oversubscribed_ = false;
   uint16_t seq_ = 0;
   Request control_recv_;
   char control_buf_[1024];

@@ -23,9 +23,15 @@ constexpr size_t kDoublingMaxBytes = 4096;
 void rhdAllReduce(Session& s, const DataSpec& d, const void* srcv, void* dstv, size_t count) {
   const int p = s.size(), me = s.rank();
   const size_t es = d.elem, bytes = count * es;
+  const char* src = static_cast<const char*>(srcv);
   char* dst = static_cast<char*>(dstv);
-  if (srcv != dstv) std::memcpy(dst, srcv, bytes);
-  if (p == 1 || count == 0) return;
+  if (p == 1 || count == 0) {
+    if (src != dst) std::memcpy(dst, src, bytes);
+    return;
+  }
+  // This rank's running partial result: the input until the first reduction writes dst, so out of place costs
+  // no extra copy.
+  const char* cur = src;
 
   int q = 1, rounds = 0;
   while (q * 2 <= p) {
@@ -41,11 +47,12 @@ void rhdAllReduce(Session& s, const DataSpec& d, const void* srcv, void* dstv, s
   int v;
   if (me < 2 * extra) {
     if (me % 2 == 0) {
-      s.wait(s.send(me + 1, base, dst, bytes));
+      s.wait(s.send(me + 1, base, src, bytes));
       v = -1;
     } else {
       s.wait(s.recv(me - 1, base, tmp, bytes));
-      reduce(dst, dst, tmp, count, d.type, d.op);
+      reduce(dst, src, tmp, count, d.type, d.op);
+      cur = dst;
       v = me / 2;
     }
   } else {
@@ -58,10 +65,11 @@ void rhdAllReduce(Session& s, const DataSpec& d, const void* srcv, void* dstv, s
       for (int k = 0, mask = 1; mask < q; ++k, mask <<= 1) {
         const int partner = real(v ^ mask);
         Request* r = s.recv(partner, base + 1 + k, tmp, bytes);
-        Request* w = s.send(partner, base + 1 + k, dst, bytes);
+        Request* w = s.send(partner, base + 1 + k, cur, bytes);
         s.wait(r);
         s.wait(w);
-        reduce(dst, dst, tmp, count, d.type, d.op);
+        reduce(dst, cur, tmp, count, d.type, d.op);
+        cur = dst;
       }
       if (d.op == ddlAvg) finishAvg(dst, count, d.type, p);
     } else {
@@ -78,10 +86,11 @@ void rhdAllReduce(Session& s, const DataSpec& d, const void* srcv, void* dstv, s
         const size_t keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
         const size_t give_lo = lower ? mid : lo, give_hi = lower ? hi : mid;
         Request* r = s.recv(partner, base + 1 + k, tmp, (keep_hi - keep_lo) * es);
-        Request* w = s.send(partner, base + 1 + k, dst + give_lo * es, (give_hi - give_lo) * es);
+        Request* w = s.send(partner, base + 1 + k, cur + give_lo * es, (give_hi - give_lo) * es);
         s.wait(r);
         s.wait(w);
-        reduce(dst + keep_lo * es, dst + keep_lo * es, tmp, keep_hi - keep_lo, d.type, d.op);
+        reduce(dst + keep_lo * es, cur + keep_lo * es, tmp, keep_hi - keep_lo, d.type, d.op);
+        cur = dst;  // from here on, the kept range of dst holds the partial
         levels.push_back({lo, hi});
         lo = keep_lo;
         hi = keep_hi;
