@@ -1,0 +1,217 @@
+// placement_bench: how long placement and scheduling take on a large cluster snapshot. Prints figures (and
+// writes them as JSON with --json FILE); it asserts nothing.
+//
+// Snapshot: 1,000 nodes x 4 GPUs under 32 switches (31 or 32 nodes each), 4 switches per rack, built from a
+// fixed-seed RNG: about 30% of nodes have 1-4 GPUs in use, 2% are DRAINING, 1% DOWN.
+// Figures: place() of a 256-GPU job (64 nodes x 4 GPUs, and 256 GPUs as a total), checkFeasible(), ring
+// layout build + validate for the placed job, each over --runs runs (median, p99, max); and schedule() of a
+// queue of 1,000 pending jobs of mixed shapes and priorities over --queue-runs runs.
+//
+// Usage: placement_bench [--runs N] [--queue-runs N] [--seed S] [--json FILE]
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "placement/placement.h"
+#include "placement/ring_layout.h"
+
+using namespace ddl::placement;
+
+namespace {
+
+Cluster makeCluster(uint32_t seed) {
+  std::mt19937 rng(seed);
+  Cluster c;
+  for (int i = 0; i < 1000; ++i) {
+    Node n;
+    n.name = "n" + std::to_string(i + 1);
+    n.gpus = 4;
+    n.used.assign(4, false);
+    const int sw = i * 32 / 1000;  // 32 switches of 31 or 32 consecutive nodes
+    n.labels[kSwitchLabel] = "s" + std::to_string(sw + 1);
+    n.labels[kRackLabel] = "r" + std::to_string(sw / 4 + 1);
+    const int roll = rng() % 100;
+    if (roll < 30) {
+      const int busy = 1 + rng() % 4;
+      for (int g = 0; g < busy; ++g) n.used[g] = true;
+    } else if (roll < 32) {
+      n.state = NodeState::kDraining;
+    } else if (roll < 33) {
+      n.state = NodeState::kDown;
+    }
+    c.nodes.push_back(std::move(n));
+  }
+  return c;
+}
+
+std::vector<JobRequest> makeQueue(uint32_t seed, int count) {
+  std::mt19937 rng(seed + 1);
+  std::vector<JobRequest> q;
+  for (int i = 0; i < count; ++i) {
+    JobRequest j;
+    j.id = "job" + std::to_string(i);
+    j.priority = rng() % 4;
+    j.submitSeq = i;
+    if (rng() % 4 == 0) {
+      j.totalGpus = 1 + rng() % 32;
+    } else {
+      static const int kNodes[] = {1, 1, 1, 2, 2, 4, 8, 16, 32, 64};
+      j.nodes = kNodes[rng() % 10];
+      j.gpusPerNode = 1 + rng() % 4;
+    }
+    q.push_back(std::move(j));
+  }
+  return q;
+}
+
+// Keeps the optimiser from dropping the timed calls.
+void keep(size_t value) {
+  static volatile size_t sink;
+  sink = sink + value;
+}
+
+struct Stats {
+  std::string name;
+  int runs = 0;
+  double median = 0, p99 = 0, max = 0;  // microseconds
+};
+
+Stats timeIt(const std::string& name, int runs, const std::function<void()>& f) {
+  std::vector<double> us;
+  f();  // warm-up
+  for (int i = 0; i < runs; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  Stats s{name, runs, us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)], us.back()};
+  std::printf("%-44s runs %5d   median %10.1f us   p99 %10.1f us   max %10.1f us\n", name.c_str(), runs,
+              s.median, s.p99, s.max);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int runs = 100, queueRuns = 10;
+  uint32_t seed = 42;
+  const char* jsonPath = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "placement_bench: %s needs a value\n", argv[i]);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (!std::strcmp(argv[i], "--runs"))
+      runs = std::max(1, std::atoi(value()));
+    else if (!std::strcmp(argv[i], "--queue-runs"))
+      queueRuns = std::max(1, std::atoi(value()));
+    else if (!std::strcmp(argv[i], "--seed"))
+      seed = static_cast<uint32_t>(std::strtoul(value(), nullptr, 10));
+    else if (!std::strcmp(argv[i], "--json"))
+      jsonPath = value();
+    else {
+      std::fprintf(stderr, "usage: placement_bench [--runs N] [--queue-runs N] [--seed S] [--json FILE]\n");
+      return 2;
+    }
+  }
+
+  const Cluster cluster = makeCluster(seed);
+  int up = 0, draining = 0, down = 0, freeGpus = 0, wholeFree = 0;
+  for (const Node& n : cluster.nodes) {
+    up += n.state == NodeState::kUp;
+    draining += n.state == NodeState::kDraining;
+    down += n.state == NodeState::kDown;
+    if (n.state == NodeState::kUp) {
+      freeGpus += n.freeGpus();
+      wholeFree += n.freeGpus() == n.gpus;
+    }
+  }
+  std::printf(
+      "snapshot: 1000 nodes x 4 GPUs, 32 switches, 8 racks, seed %u: %d UP (%d fully free, %d free GPUs), "
+      "%d DRAINING, %d DOWN\n",
+      seed, up, wholeFree, freeGpus, draining, down);
+
+  JobRequest shape;
+  shape.id = "big";
+  shape.nodes = 64;
+  shape.gpusPerNode = 4;
+  JobRequest total;
+  total.id = "big-total";
+  total.totalGpus = 256;
+
+  PlacementResult placed = place(cluster, shape);
+  if (!placed.ok()) {
+    std::fprintf(stderr, "placement_bench: the 256-GPU job did not place: %s\n", placed.reason().c_str());
+    return 1;
+  }
+  RingLayout layout;
+  if (std::string err = buildRingLayout(placed.allocation(), cluster, "", &layout); !err.empty()) {
+    std::fprintf(stderr, "placement_bench: ring layout failed: %s\n", err.c_str());
+    return 1;
+  }
+  std::printf("64x4 job placed on %zu nodes, DDL_TOPOLOGY=%s (%s)\n", placed.allocation().nodes.size(),
+              layout.topology().c_str(), layout.why.c_str());
+
+  std::vector<Stats> stats;
+  stats.push_back(timeIt("place 64 nodes x 4 GPUs", runs,
+                         [&] { keep(place(cluster, shape).allocation().nodes.size()); }));
+  stats.push_back(
+      timeIt("place 256 GPUs (total)", runs, [&] { keep(place(cluster, total).allocation().nodes.size()); }));
+  stats.push_back(timeIt("checkFeasible 64 x 4", runs, [&] { keep(checkFeasible(cluster, shape).size()); }));
+  stats.push_back(timeIt("ring layout build + validate (256 ranks)", runs, [&] {
+    RingLayout l;
+    buildRingLayout(placed.allocation(), cluster, "", &l);
+    keep(validateRingLayout(l).size());
+  }));
+
+  const std::vector<JobRequest> queue = makeQueue(seed, 1000);
+  ScheduleResult first = schedule(cluster, queue);
+  int started = 0, backfilled = 0, refused = 0;
+  for (const Decision& d : first.decisions) {
+    started += d.action == Decision::Action::kStart;
+    backfilled += d.backfilled;
+    refused += d.action == Decision::Action::kRefused;
+  }
+  std::printf("schedule of 1000 queued jobs: %d start (%d by backfill), %d refused, %d pending, head %s\n",
+              started, backfilled, refused, 1000 - started - refused,
+              first.headJob.empty() ? "-" : first.headJob.c_str());
+  stats.push_back(timeIt("schedule 1000 pending jobs", queueRuns,
+                         [&] { keep(schedule(cluster, queue).decisions.size()); }));
+
+  if (jsonPath) {
+    FILE* f = std::fopen(jsonPath, "w");
+    if (!f) {
+      std::fprintf(stderr, "placement_bench: cannot write %s: %s\n", jsonPath, std::strerror(errno));
+      return 1;
+    }
+    std::fprintf(f,
+                 "{\n  \"snapshot\": {\"nodes\": 1000, \"gpus_per_node\": 4, \"switches\": 32, \"seed\": %u, "
+                 "\"up\": %d, \"draining\": %d, \"down\": %d, \"free_gpus\": %d},\n",
+                 seed, up, draining, down, freeGpus);
+    std::fprintf(f, "  \"job_topology\": \"%s\",\n", layout.topology().c_str());
+    std::fprintf(f,
+                 "  \"schedule\": {\"jobs\": 1000, \"started\": %d, \"backfilled\": %d, \"refused\": %d},\n",
+                 started, backfilled, refused);
+    std::fprintf(f, "  \"timings_us\": [\n");
+    for (size_t i = 0; i < stats.size(); ++i) {
+      const Stats& s = stats[i];
+      std::fprintf(f,
+                   "    {\"name\": \"%s\", \"runs\": %d, \"median\": %.1f, \"p99\": %.1f, \"max\": %.1f}%s\n",
+                   s.name.c_str(), s.runs, s.median, s.p99, s.max, i + 1 < stats.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+  }
+  return 0;
+}

@@ -1,0 +1,91 @@
+// Snapshot types for placement and ring layout: the nodes as the coordinator last saw them, a job's request,
+// and the GPUs an allocation gives it. Plain values with no I/O; the coordinator copies its registry into a
+// Cluster and hands it to the pure functions in placement.h and ring_layout.h.
+//
+// Threads: these are plain values. Any thread may build or read one; concurrent reads of one value are safe,
+// a write needs the caller's own lock as for any standard container.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ddl::placement {
+
+// Well-known node labels. Nodes are grouped by them for topology-aware placement and ring order; a node that
+// lacks one is treated as alone in its own switch (or rack), never as sharing one with other unlabeled nodes.
+inline constexpr const char* kSwitchLabel = "switch";
+inline constexpr const char* kRackLabel = "rack";
+
+enum class NodeState {
+  kUp,        // takes new work
+  kDraining,  // keeps its running ranks, takes no new work; counts for "could this job ever fit"
+  kDown,      // missed heartbeats; counts for nothing
+};
+
+const char* nodeStateName(NodeState state);  // "UP", "DRAINING", "DOWN"
+
+struct Node {
+  std::string name;
+  int gpus = 0;                               // GPU indices are 0..gpus-1
+  std::vector<bool> used;                     // used[i]: GPU i is held by a running job; empty = all free
+  std::map<std::string, std::string> labels;  // "rack", "switch", and anything else ("gpu": "a100")
+  NodeState state = NodeState::kUp;
+
+  bool isUsed(int gpu) const { return gpu < static_cast<int>(used.size()) && used[gpu]; }
+  int freeGpus() const;
+  std::vector<int> freeGpuIndices() const;  // ascending
+  // The label's value, or "" when the node has no such label.
+  const std::string& label(const std::string& key) const;
+};
+
+struct Cluster {
+  std::vector<Node> nodes;  // names are unique
+
+  const Node* find(const std::string& name) const;  // nullptr if absent
+  Node* find(const std::string& name);
+};
+
+// What a job asks for. Exactly one of the two shapes:
+//   nodes x gpusPerNode   (nodes > 0, gpusPerNode > 0, totalGpus == 0): that many GPUs on each of that many
+//   nodes; totalGpus             (totalGpus > 0, nodes == gpusPerNode == 0): that many GPUs, split over as
+//   few nodes as
+//                         placement can manage.
+struct JobRequest {
+  std::string id;
+  int priority = 0;        // higher runs first
+  uint64_t submitSeq = 0;  // submit order; lower runs first among equal priorities
+  int nodes = 0;
+  int gpusPerNode = 0;
+  int totalGpus = 0;
+  std::map<std::string, std::string> requiredLabels;  // every one must match the node's label exactly
+  std::string topology;  // user override of the ring dims ("4x2"); empty = derived from the allocation
+
+  bool isShape() const { return nodes > 0 || gpusPerNode > 0; }
+  int gpuCount() const { return isShape() ? nodes * gpusPerNode : totalGpus; }
+  std::string describe() const;  // "4 nodes x 2 GPUs" / "6 GPUs", plus " with gpu=a100" for labels
+};
+
+struct NodeAllocation {
+  std::string node;
+  std::vector<int> gpus;  // ascending GPU indices on that node
+
+  bool operator==(const NodeAllocation&) const = default;
+};
+
+struct Allocation {
+  std::vector<NodeAllocation> nodes;  // in the order placement chose them; ring_layout.h sorts for rank order
+
+  int totalGpus() const;
+  bool empty() const { return nodes.empty(); }
+  std::string str() const;  // "n1[0,1] n2[0,1]"
+};
+
+// Name order for people: digit runs compare as numbers, so "n2" < "n10". Used for every tie and listing.
+bool naturalLess(const std::string& a, const std::string& b);
+
+// Marks the allocation's GPUs as used in the cluster (a job starts). Asserts that they were free.
+void applyAllocation(Cluster& cluster, const Allocation& allocation);
+
+}  // namespace ddl::placement
