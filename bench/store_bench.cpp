@@ -1,0 +1,242 @@
+// store_bench: what durability costs in the coordinator's SQLite state store.
+//
+// Measures, against a fresh database in a temporary directory (or --dir):
+//  - submit-to-acknowledge latency: the time createJob() takes to return, which is when a submit may be
+//    acknowledged (the row is committed and the WAL fsync'ed, synchronous=FULL); median and p99;
+//  - submits per second, from one thread and from --threads threads at once (calls are serialised inside the
+//    store, so more threads mostly measure contention);
+//  - list latency: listJobs() over --list-jobs jobs (all of them, and a state filter matching 100).
+// The figures depend mostly on the disk's fsync latency; run it on the disk the coordinator will use. It is a
+// tool that prints numbers, not a test: nothing here asserts on time.
+//
+//   store_bench [--submits N] [--threads T] [--list-jobs N] [--dir DIR] [--json FILE]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "state/sqlite_store.h"
+
+namespace {
+
+using ddl::state::JobSpec;
+using ddl::state::SqliteStore;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+double usSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+JobSpec benchSpec(int i) {
+  JobSpec s;
+  s.name = "bench-" + std::to_string(i);
+  s.user = i % 2 ? "alice" : "bob";
+  s.nodes = 4;
+  s.gpus_per_node = 4;
+  s.total_gpus = 16;
+  s.max_restarts = 1;
+  s.env = {"OMP_NUM_THREADS=4", "NCCL_DEBUG=WARN", "DATA=/datasets/imagenet"};
+  s.workdir = "/home/alice/resnet";
+  s.command = {"python3", "train.py", "--arch=resnet50", "--epochs=90", "--batch-size=256"};
+  return s;
+}
+
+struct SubmitResult {
+  int threads = 0;
+  int submits = 0;
+  double median_us = 0, p99_us = 0, per_second = 0;
+};
+
+// `threads` threads each submit `per_thread` jobs; every call's latency is recorded.
+SubmitResult benchSubmits(SqliteStore& store, int threads, int per_thread) {
+  std::vector<std::vector<double>> lat(threads);
+  std::vector<std::thread> pool;
+  auto t0 = Clock::now();
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      lat[t].reserve(per_thread);
+      for (int i = 0; i < per_thread; ++i) {
+        auto s = Clock::now();
+        auto job = store.createJob(benchSpec(i));
+        lat[t].push_back(usSince(s));
+        if (!job.isOk()) {
+          std::fprintf(stderr, "createJob failed: %s\n", job.status().toString().c_str());
+          std::exit(1);
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  double total_s = usSince(t0) / 1e6;
+  std::vector<double> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  SubmitResult r;
+  r.threads = threads;
+  r.submits = threads * per_thread;
+  r.median_us = percentile(all, 0.5);
+  r.p99_us = percentile(all, 0.99);
+  r.per_second = r.submits / total_s;
+  return r;
+}
+
+struct ListResult {
+  std::string what;
+  size_t jobs_returned = 0;
+  double median_us = 0, p99_us = 0;
+};
+
+ListResult benchList(SqliteStore& store, const std::string& what, const ddl::state::JobFilter& filter,
+                     int reps) {
+  std::vector<double> lat;
+  ListResult r;
+  r.what = what;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    auto jobs = store.listJobs(filter);
+    lat.push_back(usSince(t0));
+    if (!jobs.isOk()) {
+      std::fprintf(stderr, "listJobs failed: %s\n", jobs.status().toString().c_str());
+      std::exit(1);
+    }
+    r.jobs_returned = jobs->size();
+  }
+  r.median_us = percentile(lat, 0.5);
+  r.p99_us = percentile(lat, 0.99);
+  return r;
+}
+
+std::unique_ptr<SqliteStore> openStore(const std::string& path) {
+  SqliteStore::Options o;
+  o.path = path;
+  auto s = SqliteStore::open(o);
+  if (!s.isOk()) {
+    std::fprintf(stderr, "%s\n", s.status().toString().c_str());
+    std::exit(1);
+  }
+  return std::move(s).value();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int submits = 2000, threads = 4, list_jobs = 10000;
+  std::string dir_arg, json_path;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--submits")
+      submits = std::atoi(next().c_str());
+    else if (a == "--threads")
+      threads = std::atoi(next().c_str());
+    else if (a == "--list-jobs")
+      list_jobs = std::atoi(next().c_str());
+    else if (a == "--dir")
+      dir_arg = next();
+    else if (a == "--json")
+      json_path = next();
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--submits N] [--threads T] [--list-jobs N] [--dir DIR] [--json FILE]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (submits < threads || threads < 1 || list_jobs < 100) {
+    std::fprintf(stderr, "need --submits >= --threads >= 1 and --list-jobs >= 100\n");
+    return 2;
+  }
+
+  std::string tmpl =
+      ((dir_arg.empty() ? fs::temp_directory_path() : fs::path(dir_arg)) / "ddl-store-bench-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) {
+    std::perror(tmpl.c_str());
+    return 1;
+  }
+  const fs::path dir = tmpl;
+  std::printf("# SqliteStore benchmark in %s (WAL, synchronous=FULL)\n", dir.c_str());
+
+  std::vector<SubmitResult> submit_results;
+  {
+    auto store = openStore((dir / "single.db").string());
+    submit_results.push_back(benchSubmits(*store, 1, submits));
+  }
+  {
+    auto store = openStore((dir / "multi.db").string());
+    submit_results.push_back(benchSubmits(*store, threads, submits / threads));
+  }
+  std::printf("%-8s %8s %14s %14s %12s\n", "threads", "submits", "median_us", "p99_us", "submits/s");
+  for (const auto& r : submit_results) {
+    std::printf("%-8d %8d %14.1f %14.1f %12.0f\n", r.threads, r.submits, r.median_us, r.p99_us, r.per_second);
+  }
+
+  std::vector<ListResult> list_results;
+  {
+    auto store = openStore((dir / "list.db").string());
+    std::printf("# filling %d jobs for the list benchmark...\n", list_jobs);
+    std::fflush(stdout);
+    benchSubmits(*store, 1, list_jobs);
+    for (int i = 1; i <= 100; ++i) {
+      auto r = store->transition(ddl::state::formatJobId(i * (list_jobs / 100)),
+                                 ddl::state::JobState::kScheduled, "bench");
+      if (!r.isOk()) {
+        std::fprintf(stderr, "%s\n", r.status().toString().c_str());
+        return 1;
+      }
+    }
+    list_results.push_back(benchList(*store, "all", {}, 20));
+    list_results.push_back(
+        benchList(*store, "state=SCHEDULED", {{ddl::state::JobState::kScheduled}, {}}, 50));
+  }
+  std::printf("%-16s %8s %14s %14s\n", "list", "jobs", "median_us", "p99_us");
+  for (const auto& r : list_results) {
+    std::printf("%-16s %8zu %14.1f %14.1f\n", r.what.c_str(), r.jobs_returned, r.median_us, r.p99_us);
+  }
+
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << "{\n  \"store\": \"sqlite\", \"journal_mode\": \"wal\", \"synchronous\": \"full\",\n  \"submit\": "
+           "[\n";
+    for (size_t i = 0; i < submit_results.size(); ++i) {
+      const auto& r = submit_results[i];
+      out << "    {\"threads\": " << r.threads << ", \"submits\": " << r.submits
+          << ", \"median_us\": " << r.median_us << ", \"p99_us\": " << r.p99_us
+          << ", \"submits_per_s\": " << r.per_second << "}" << (i + 1 < submit_results.size() ? ",\n" : "\n");
+    }
+    out << "  ],\n  \"list\": [\n";
+    for (size_t i = 0; i < list_results.size(); ++i) {
+      const auto& r = list_results[i];
+      out << "    {\"filter\": \"" << r.what << "\", \"total_jobs\": " << list_jobs
+          << ", \"jobs_returned\": " << r.jobs_returned << ", \"median_us\": " << r.median_us
+          << ", \"p99_us\": " << r.p99_us << "}" << (i + 1 < list_results.size() ? ",\n" : "\n");
+    }
+    out << "  ]\n}\n";
+    if (!out) {
+      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,290 @@
+// Plain record types for the coordinator's durable state: jobs, their lifecycle, and nodes.
+//
+// A job moves through
+//
+//   PENDING -> SCHEDULED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
+//
+// and every move is recorded as a Transition (from, to, unix time in ms, reason, and for failures the first
+// failing rank, its host and its exit code or signal). The legal moves are decided in exactly one place,
+// allowedTransition(); applyTransition() is the one routine every Store uses to check and apply a move, so
+// the in-memory and SQLite stores cannot disagree about the state machine.
+//
+// Job ids are strings "j-000042": the prefix makes them unmistakable in logs and on the command line, the
+// number is a store-assigned sequence that is never reused (not even after a restart), and the zero padding
+// makes the common case sort as text the way it sorts as a number. Past 999999 the number simply grows wider
+// ("j-1000000"); compare ids with jobIdNumber(), not as text.
+//
+// These are values with no behaviour beyond validation; any thread may use them.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "state/status.h"
+
+namespace ddl::state {
+
+// ---- Job state machine ------------------------------------------------------------------------------------
+
+enum class JobState { kPending, kScheduled, kStarting, kRunning, kSucceeded, kFailed, kCancelled };
+
+inline constexpr JobState kAllJobStates[] = {JobState::kPending,  JobState::kScheduled, JobState::kStarting,
+                                             JobState::kRunning,  JobState::kSucceeded, JobState::kFailed,
+                                             JobState::kCancelled};
+
+inline const char* toString(JobState s) {
+  switch (s) {
+    case JobState::kPending:
+      return "PENDING";
+    case JobState::kScheduled:
+      return "SCHEDULED";
+    case JobState::kStarting:
+      return "STARTING";
+    case JobState::kRunning:
+      return "RUNNING";
+    case JobState::kSucceeded:
+      return "SUCCEEDED";
+    case JobState::kFailed:
+      return "FAILED";
+    case JobState::kCancelled:
+      return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+// Inverse of toString(JobState); exact, upper case. nullopt for anything else.
+inline std::optional<JobState> parseJobState(std::string_view text) {
+  for (JobState s : kAllJobStates) {
+    if (text == toString(s)) return s;
+  }
+  return std::nullopt;
+}
+
+inline bool isTerminal(JobState s) {
+  return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
+}
+
+// The whole state machine. Terminal states are final. Besides the forward path:
+//  - any live state may go to FAILED or CANCELLED;
+//  - SCHEDULED -> PENDING gives back an allocation that was never launched (a node went away before
+//    STARTING); it does not count as a restart;
+//  - STARTING | RUNNING -> PENDING is a requeue to restart the job (max_restarts); it counts as a restart and
+//    applyTransition() refuses it once the job's restarts reach max_restarts.
+inline bool allowedTransition(JobState from, JobState to) {
+  using S = JobState;
+  if (isTerminal(from) || from == to) return false;
+  if (to == S::kFailed || to == S::kCancelled) return true;
+  switch (from) {
+    case S::kPending:
+      return to == S::kScheduled;
+    case S::kScheduled:
+      return to == S::kStarting || to == S::kPending;
+    case S::kStarting:
+      return to == S::kRunning || to == S::kPending;
+    case S::kRunning:
+      return to == S::kSucceeded || to == S::kPending;
+    default:
+      return false;
+  }
+}
+
+// True for the moves that restart a job that was (being) launched, and so consume one of max_restarts.
+inline bool isRequeue(JobState from, JobState to) {
+  return to == JobState::kPending && (from == JobState::kStarting || from == JobState::kRunning);
+}
+
+// ---- Records ----------------------------------------------------------------------------------------------
+
+// What a user asked for. Counts are requests; placement decides what they mean together (nodes x
+// gpus_per_node, or total_gpus spread as placement sees fit; 0 means "not given").
+struct JobSpec {
+  std::string name;
+  std::string user;
+  int nodes = 0;
+  int gpus_per_node = 0;
+  int total_gpus = 0;
+  std::string topology_override;  // Empty: derive the ring layout from the allocation.
+  int priority = 0;               // Higher runs first.
+  int max_restarts = 0;
+  std::vector<std::string> env;  // "KEY=VALUE"; the value may contain anything, including '=' and newlines.
+  std::string workdir;
+  std::vector<std::string> command;  // argv; argv[0] is the program. Elements are arbitrary bytes.
+
+  bool operator==(const JobSpec&) const = default;
+};
+
+// The first rank that failed. Exactly one of exit_code and signal is set.
+struct Failure {
+  int rank = -1;
+  std::string host;
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+
+  bool operator==(const Failure&) const = default;
+};
+
+struct Transition {
+  JobState from = JobState::kPending;
+  JobState to = JobState::kPending;
+  int64_t at_ms = 0;  // Unix time, milliseconds.
+  std::string reason;
+  std::optional<Failure> failure;
+
+  bool operator==(const Transition&) const = default;
+};
+
+// The GPUs a job holds on one node, by local index.
+struct NodeAllocation {
+  std::string node;
+  std::vector<int> gpus;
+
+  bool operator==(const NodeAllocation&) const = default;
+};
+
+struct Job {
+  std::string id;  // "j-000042"; see the file comment.
+  JobSpec spec;
+  JobState state = JobState::kPending;
+  int restarts = 0;
+  int64_t submit_ms = 0;
+  std::vector<Transition> transitions;  // Oldest first; the first is the submit (PENDING -> PENDING).
+  // Set when the job ends FAILED with failure info. A failure that caused a requeue is kept only in its
+  // Transition, so a job that later succeeds shows no failure.
+  std::optional<Failure> failure;
+  std::vector<NodeAllocation> allocation;  // Set while placed; cleared on requeue; kept once final.
+  std::string topology;                    // The layout the job runs with (from placement or the override).
+
+  bool operator==(const Job&) const = default;
+};
+
+enum class NodeState { kUp, kDown, kDraining };
+
+inline const char* toString(NodeState s) {
+  switch (s) {
+    case NodeState::kUp:
+      return "UP";
+    case NodeState::kDown:
+      return "DOWN";
+    case NodeState::kDraining:
+      return "DRAINING";
+  }
+  return "UNKNOWN";
+}
+
+inline std::optional<NodeState> parseNodeState(std::string_view text) {
+  for (NodeState s : {NodeState::kUp, NodeState::kDown, NodeState::kDraining}) {
+    if (text == toString(s)) return s;
+  }
+  return std::nullopt;
+}
+
+struct GpuInfo {
+  int index = 0;
+  std::string uuid;
+  std::string model;
+  int64_t memory_bytes = 0;
+
+  bool operator==(const GpuInfo&) const = default;
+};
+
+struct NodeRecord {
+  std::string name;  // Unique; the key.
+  std::string address;
+  std::vector<GpuInfo> gpus;
+  std::map<std::string, std::string> labels;  // e.g. rack, switch.
+  NodeState state = NodeState::kUp;
+  int64_t last_heartbeat_ms = 0;
+
+  bool operator==(const NodeRecord&) const = default;
+};
+
+// ---- Ids and validation -----------------------------------------------------------------------------------
+
+inline std::string formatJobId(int64_t number) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "j-%06lld", static_cast<long long>(number));
+  return buf;
+}
+
+// The number inside a job id, or nullopt when the text is not one ("j-" then 1 to 18 digits, positive).
+inline std::optional<int64_t> jobIdNumber(std::string_view id) {
+  if (id.size() < 3 || id.size() > 20 || id.substr(0, 2) != "j-") return std::nullopt;
+  int64_t n = 0;
+  for (char c : id.substr(2)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + (c - '0');
+  }
+  if (n <= 0) return std::nullopt;
+  return n;
+}
+
+// What a store refuses at submit. Placement decides later whether the request fits the cluster.
+inline Status validateJobSpec(const JobSpec& spec) {
+  auto bad = [&](const std::string& what) {
+    return Status::invalidArgument("job spec" + (spec.name.empty() ? "" : " '" + spec.name + "'") + ": " +
+                                   what);
+  };
+  if (spec.command.empty() || spec.command[0].empty())
+    return bad("command is empty; give the program to run");
+  if (spec.nodes < 0 || spec.gpus_per_node < 0 || spec.total_gpus < 0)
+    return bad("GPU and node counts must be >= 0");
+  if (spec.max_restarts < 0) return bad("max_restarts must be >= 0");
+  for (const std::string& kv : spec.env) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) return bad("env entry '" + kv + "' is not KEY=VALUE");
+  }
+  return Status::ok();
+}
+
+inline Status validateFailure(const Failure& f) {
+  if (f.rank < 0) return Status::invalidArgument("failure: rank must be >= 0");
+  if (f.exit_code.has_value() == f.signal.has_value()) {
+    return Status::invalidArgument("failure of rank " + std::to_string(f.rank) +
+                                   ": give exactly one of exit_code and signal");
+  }
+  return Status::ok();
+}
+
+// Checks a move of `job` to `to` and applies it in memory: state, restarts, failure, allocation, and a new
+// Transition stamped now_ms. On error the job is unchanged. Every Store calls this under its own lock (or
+// transaction), which is what makes transition() an atomic compare-and-set.
+inline Status applyTransition(Job& job, JobState to, std::string reason, std::optional<Failure> failure,
+                              int64_t now_ms) {
+  const JobState from = job.state;
+  if (!allowedTransition(from, to)) {
+    std::string msg = "job " + job.id + ": cannot go from " + toString(from) + " to " + toString(to);
+    if (isTerminal(from)) msg += " (" + std::string(toString(from)) + " is final)";
+    return Status::failedPrecondition(std::move(msg));
+  }
+  if (failure) {
+    if (to != JobState::kFailed && !isRequeue(from, to)) {
+      return Status::invalidArgument("job " + job.id + ": failure info given for " + toString(from) + " -> " +
+                                     toString(to) + "; only FAILED or a requeue carries one");
+    }
+    Status st = validateFailure(*failure);
+    if (!st) return Status::invalidArgument("job " + job.id + ": " + st.message());
+  }
+  if (isRequeue(from, to) && job.restarts >= job.spec.max_restarts) {
+    return Status::failedPrecondition("job " + job.id + ": cannot requeue, " + std::to_string(job.restarts) +
+                                      " restarts already used of max_restarts " +
+                                      std::to_string(job.spec.max_restarts) + "; fail the job instead");
+  }
+  job.state = to;
+  if (isRequeue(from, to)) job.restarts++;
+  if (to == JobState::kPending) {
+    job.allocation.clear();
+    job.topology.clear();
+    job.failure.reset();
+  }
+  if (to == JobState::kFailed) job.failure = failure;
+  job.transitions.push_back(Transition{from, to, now_ms, std::move(reason), std::move(failure)});
+  return Status::ok();
+}
+
+}  // namespace ddl::state

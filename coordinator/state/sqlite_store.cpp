@@ -1,0 +1,754 @@
+// SqliteStore: see sqlite_store.h for the contract. Notes on the implementation:
+//
+// - journal_mode=WAL: a commit appends to the -wal file and readers never block the writer; a process killed
+//   mid-transaction leaves frames without a commit record, which recovery ignores.
+// - synchronous=FULL: in WAL mode, NORMAL syncs only at checkpoints, so an acknowledged commit survives
+//   kill -9 (the data is in the OS page cache) but not an OS crash or power loss: the last transactions can
+//   roll back. The issue asks that an acknowledged submit be durable, so FULL: the WAL is fsync'ed at every
+//   commit. The price is one fsync per mutating call (bench/store_bench.cpp measures it on a given disk).
+// - Every mutating call is one BEGIN IMMEDIATE ... COMMIT transaction under mu_; reads run under mu_ too, on
+//   the same connection, so a caller never sees a half-applied change.
+// - Lists (env, argv, transitions, allocation, GPUs, labels) are child tables keyed by (owner, ord). Loading
+//   many jobs takes five queries in all, whatever the number of jobs.
+#include "state/sqlite_store.h"
+
+#include <sqlite3.h>
+
+#include <charconv>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+
+
+namespace ddl::state {
+namespace {
+
+// PRAGMA application_id marks the file as ours ("ddl1"), so an unrelated SQLite database is refused, not
+// altered.
+constexpr int32_t kApplicationId = 0x64646c31;
+
+// kMigrations[i] brings the schema from version i to i + 1. Append only; never edit a released entry.
+const char* const kMigrations[] = {
+    // 0 -> 1: the initial schema.
+    R"sql(
+CREATE TABLE jobs (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- The number in the job id; AUTOINCREMENT: never reused.
+  name TEXT NOT NULL,
+  user_name TEXT NOT NULL,
+  nodes INTEGER NOT NULL,
+  gpus_per_node INTEGER NOT NULL,
+  total_gpus INTEGER NOT NULL,
+  topology_override TEXT NOT NULL,
+  priority INTEGER NOT NULL,
+  max_restarts INTEGER NOT NULL,
+  workdir TEXT NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('PENDING', 'SCHEDULED', 'STARTING', 'RUNNING', 'SUCCEEDED', 'FAILED',
+                                       'CANCELLED')),
+  restarts INTEGER NOT NULL,
+  submit_ms INTEGER NOT NULL,
+  fail_rank INTEGER,  -- NULL: no failure recorded.
+  fail_host TEXT,
+  fail_exit_code INTEGER,
+  fail_signal INTEGER,
+  topology TEXT NOT NULL
+);
+CREATE INDEX jobs_by_state ON jobs (state);
+CREATE INDEX jobs_by_user ON jobs (user_name);
+CREATE TABLE job_env (
+  job_seq INTEGER NOT NULL, ord INTEGER NOT NULL, value TEXT NOT NULL, PRIMARY KEY (job_seq, ord)
+) WITHOUT ROWID;
+CREATE TABLE job_argv (
+  job_seq INTEGER NOT NULL, ord INTEGER NOT NULL, value TEXT NOT NULL, PRIMARY KEY (job_seq, ord)
+) WITHOUT ROWID;
+CREATE TABLE job_transitions (
+  job_seq INTEGER NOT NULL, ord INTEGER NOT NULL,
+  from_state TEXT NOT NULL, to_state TEXT NOT NULL, at_ms INTEGER NOT NULL, reason TEXT NOT NULL,
+  fail_rank INTEGER, fail_host TEXT, fail_exit_code INTEGER, fail_signal INTEGER,
+  PRIMARY KEY (job_seq, ord)
+) WITHOUT ROWID;
+CREATE TABLE job_allocation (
+  job_seq INTEGER NOT NULL, ord INTEGER NOT NULL,
+  node TEXT NOT NULL, gpus TEXT NOT NULL,  -- gpus: local indices, decimal, comma-separated ("0,1,2,3").
+  PRIMARY KEY (job_seq, ord)
+) WITHOUT ROWID;
+CREATE TABLE nodes (
+  name TEXT NOT NULL PRIMARY KEY, address TEXT NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('UP', 'DOWN', 'DRAINING')), last_heartbeat_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE node_gpus (
+  node TEXT NOT NULL, ord INTEGER NOT NULL,
+  idx INTEGER NOT NULL, uuid TEXT NOT NULL, model TEXT NOT NULL, memory_bytes INTEGER NOT NULL,
+  PRIMARY KEY (node, ord)
+) WITHOUT ROWID;
+CREATE TABLE node_labels (
+  node TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (node, key)
+) WITHOUT ROWID;
+)sql",
+};
+constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
+static_assert(kMigrationCount == SqliteStore::kSchemaVersion, "one migration per schema version");
+
+std::string encodeGpus(const std::vector<int>& gpus) {
+  std::string out;
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(gpus[i]);
+  }
+  return out;
+}
+
+std::optional<std::vector<int>> decodeGpus(const std::string& text) {
+  std::vector<int> out;
+  if (text.empty()) return out;
+  const char* p = text.data();
+  const char* end = p + text.size();
+  while (true) {
+    int v = 0;
+    auto [next, ec] = std::from_chars(p, end, v);
+    if (ec != std::errc()) return std::nullopt;
+    out.push_back(v);
+    if (next == end) return out;
+    if (*next != ',') return std::nullopt;
+    p = next + 1;
+  }
+}
+
+}  // namespace
+
+// A cached prepared statement in use: binds and reads columns, and resets itself when it goes out of scope so
+// the cache never holds a statement mid-step or bound to freed strings.
+class SqliteStore::Stmt {
+ public:
+  explicit Stmt(sqlite3_stmt* s) : s_(s) {}
+  ~Stmt() {
+    sqlite3_reset(s_);
+    sqlite3_clear_bindings(s_);
+  }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Stmt& bind(int i, int64_t v) {
+    sqlite3_bind_int64(s_, i, v);
+    return *this;
+  }
+  // Explicit length: embedded NULs and any other bytes are stored as given.
+  Stmt& bind(int i, const std::string& v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& bind(int i, const std::optional<int>& v) {
+    if (v) return bind(i, static_cast<int64_t>(*v));
+    sqlite3_bind_null(s_, i);
+    return *this;
+  }
+  Stmt& bind(int i, const Arg& v) {
+    std::visit([&](const auto& x) { bind(i, x); }, v);
+    return *this;
+  }
+  // Binds a failure as four columns (rank, host, exit code, signal) starting at i; all NULL when there is
+  // none.
+  Stmt& bindFailure(int i, const std::optional<Failure>& f) {
+    if (!f) {
+      for (int k = 0; k < 4; ++k) sqlite3_bind_null(s_, i + k);
+      return *this;
+    }
+    bind(i, static_cast<int64_t>(f->rank));
+    bind(i + 1, f->host);
+    bind(i + 2, f->exit_code);
+    return bind(i + 3, f->signal);
+  }
+
+  int step() { return sqlite3_step(s_); }
+  void reset() { sqlite3_reset(s_); }  // Before stepping again with new bindings.
+
+  bool isNull(int c) { return sqlite3_column_type(s_, c) == SQLITE_NULL; }
+  int64_t i64(int c) { return sqlite3_column_int64(s_, c); }
+  int i32(int c) { return static_cast<int>(sqlite3_column_int64(s_, c)); }
+  std::optional<int> optInt(int c) { return isNull(c) ? std::nullopt : std::optional<int>(i32(c)); }
+  std::string text(int c) {
+    const unsigned char* p = sqlite3_column_text(s_, c);  // Before column_bytes, as the SQLite docs require.
+    int n = sqlite3_column_bytes(s_, c);
+    return p ? std::string(reinterpret_cast<const char*>(p), n) : std::string();
+  }
+  std::optional<Failure> failure(int c) {
+    if (isNull(c)) return std::nullopt;
+    return Failure{i32(c), text(c + 1), optInt(c + 2), optInt(c + 3)};
+  }
+
+ private:
+  sqlite3_stmt* s_;
+};
+
+// BEGIN IMMEDIATE (take the write lock up front, so a transaction never fails half-way on a lock upgrade);
+// rolls back unless commit() succeeded.
+class SqliteStore::Txn {
+ public:
+  explicit Txn(SqliteStore* store) : store_(store) {}
+  ~Txn() {
+    if (open_) sqlite3_exec(store_->db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  Status begin() {
+    Status st = store_->exec("BEGIN IMMEDIATE");
+    open_ = st.isOk();
+    return st;
+  }
+  Status commit() {
+    Status st = store_->exec("COMMIT");
+    if (st) open_ = false;
+    return st;
+  }
+
+ private:
+  SqliteStore* store_;
+  bool open_ = false;
+};
+
+#define DDL_RETURN_IF_ERROR(expr)      \
+  do {                                 \
+    ::ddl::state::Status st_ = (expr); \
+    if (!st_) return st_;              \
+  } while (0)
+
+// Declares `Stmt var` over the cached statement for sql, or returns the preparation error.
+#define DDL_PREPARE(var, sql)                \
+  auto var##_or_ = prepare(sql);             \
+  if (!var##_or_) return var##_or_.status(); \
+  Stmt var(*var##_or_)
+
+// Steps a statement that returns no rows; returns an error naming `what` unless it is done.
+#define DDL_STEP_DONE(stmt, what)                    \
+  do {                                               \
+    int rc_ = (stmt).step();                         \
+    if (rc_ != SQLITE_DONE) return error(what, rc_); \
+  } while (0)
+
+// ---- Open, schema -----------------------------------------------------------------------------------------
+
+SqliteStore::SqliteStore(Options options) : options_(std::move(options)) {
+  if (!options_.now_ms) options_.now_ms = systemNowMs;
+}
+
+SqliteStore::~SqliteStore() {
+  for (auto& [sql, stmt] : stmts_) sqlite3_finalize(stmt);
+  // The last connection to close checkpoints the WAL into the main file and removes it.
+  if (db_) sqlite3_close_v2(db_);
+}
+
+StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::open(Options options) {
+  std::unique_ptr<SqliteStore> store(new SqliteStore(std::move(options)));
+  Status st = store->init();
+  if (!st) return st;
+  return store;
+}
+
+Status SqliteStore::init() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string& path = options_.path;
+  if (path.empty()) return Status::invalidArgument("state database path is empty; configure state.path");
+  int rc = sqlite3_open_v2(path.c_str(), &db_,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+    sqlite3_close_v2(db_);
+    db_ = nullptr;
+    return Status::unavailable("cannot open state database '" + path + "': " + msg +
+                               "; check that its directory exists and is writable");
+  }
+  sqlite3_busy_timeout(db_, options_.busy_timeout_ms);
+
+  // The first statement that reads the file; a non-database file fails here with SQLITE_NOTADB.
+  sqlite3_stmt* wal = nullptr;
+  rc = sqlite3_prepare_v2(db_, "PRAGMA journal_mode=WAL", -1, &wal, nullptr);
+  if (rc == SQLITE_OK) rc = sqlite3_step(wal);
+  std::string mode =
+      rc == SQLITE_ROW ? reinterpret_cast<const char*>(sqlite3_column_text(wal, 0)) : std::string();
+  Status st = rc == SQLITE_ROW ? Status::ok() : error("enabling WAL mode", rc);
+  sqlite3_finalize(wal);
+  if (!st) return st;
+  if (mode != "wal") {
+    return Status::unavailable("state database '" + path + "': WAL mode not available (journal mode is '" +
+                               mode + "'); put the database on a local file system");
+  }
+  DDL_RETURN_IF_ERROR(exec("PRAGMA synchronous=FULL"));  // Why FULL: see the top of this file.
+  return migrateLocked();
+}
+
+Status SqliteStore::migrateLocked() {
+  Txn txn(this);
+  DDL_RETURN_IF_ERROR(txn.begin());
+  int64_t app_id = 0, objects = 0, version = 0;
+  {
+    DDL_PREPARE(q, "PRAGMA application_id");
+    if (q.step() != SQLITE_ROW) return error("reading application_id");
+    app_id = q.i64(0);
+  }
+  {
+    DDL_PREPARE(q, "SELECT count(*) FROM sqlite_master");
+    if (q.step() != SQLITE_ROW) return error("reading the schema");
+    objects = q.i64(0);
+  }
+  if (objects > 0 && app_id != kApplicationId) {
+    return Status::dataLoss("'" + options_.path +
+                            "' is an SQLite database but not a ddl state database; point the coordinator's "
+                            "state path at a new file");
+  }
+  if (objects > 0) {
+    DDL_PREPARE(q, "SELECT version FROM schema_version");
+    if (q.step() != SQLITE_ROW) return error("reading schema_version");
+    version = q.i64(0);
+  } else {
+    DDL_RETURN_IF_ERROR(
+        exec("CREATE TABLE schema_version (version INTEGER NOT NULL);"
+             "INSERT INTO schema_version VALUES (0);"
+             "PRAGMA application_id = " +
+             std::to_string(kApplicationId)));
+  }
+  if (version > kSchemaVersion) {
+    return Status::dataLoss("state database '" + options_.path + "' has schema version " +
+                            std::to_string(version) + ", newer than this coordinator's " +
+                            std::to_string(kSchemaVersion) + "; run a newer ddl-coordinator");
+  }
+  if (version == kSchemaVersion) return Status::ok();  // Rolls back the empty transaction.
+  for (int64_t v = version; v < kSchemaVersion; ++v) {
+    Status st = exec(kMigrations[v]);
+    if (!st)
+      return Status(st.code(), "migrating to schema version " + std::to_string(v + 1) + ": " + st.message());
+  }
+  DDL_RETURN_IF_ERROR(exec("UPDATE schema_version SET version = " + std::to_string(kSchemaVersion)));
+  return txn.commit();
+}
+
+int SqliteStore::schemaVersion() {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto q = prepare("SELECT version FROM schema_version");
+  if (!q) return -1;
+  Stmt s(*q);
+  return s.step() == SQLITE_ROW ? s.i32(0) : -1;
+}
+
+Status SqliteStore::integrityCheck() {
+  std::lock_guard<std::mutex> lock(mu_);
+  DDL_PREPARE(q, "PRAGMA integrity_check");
+  std::string problems;
+  int rc;
+  while ((rc = q.step()) == SQLITE_ROW) {
+    std::string line = q.text(0);
+    if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
+  }
+  if (rc != SQLITE_DONE) return error("integrity check", rc);
+  if (!problems.empty()) return Status::dataLoss("state database '" + options_.path + "': " + problems);
+  return Status::ok();
+}
+
+// ---- Helpers ----------------------------------------------------------------------------------------------
+
+Status SqliteStore::exec(const std::string& sql) {
+  int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, nullptr);
+  if (rc != SQLITE_OK) return error("running '" + sql.substr(0, sql.find_first_of("(\n")) + "'", rc);
+  return Status::ok();
+}
+
+StatusOr<sqlite3_stmt*> SqliteStore::prepare(const std::string& sql) {
+  auto it = stmts_.find(sql);
+  if (it != stmts_.end()) return it->second;
+  sqlite3_stmt* stmt = nullptr;
+  int rc = sqlite3_prepare_v3(db_, sql.c_str(), -1, SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+  if (rc != SQLITE_OK) return error("preparing '" + sql + "'", rc);
+  stmts_.emplace(sql, stmt);
+  return stmt;
+}
+
+Status SqliteStore::error(const std::string& what) const { return error(what, sqlite3_errcode(db_)); }
+
+Status SqliteStore::error(const std::string& what, int rc) const {
+  std::string msg = "state database '" + options_.path + "': " + what + ": " +
+                    (db_ && sqlite3_errcode(db_) == rc ? sqlite3_errmsg(db_) : sqlite3_errstr(rc));
+  switch (rc & 0xff) {
+    case SQLITE_NOTADB:
+    case SQLITE_CORRUPT:
+      return Status::dataLoss(
+          msg +
+          "; the file is damaged or not a ddl state database: move it aside to start with an "
+          "empty state, or restore a backup");
+    case SQLITE_CANTOPEN:
+    case SQLITE_PERM:
+    case SQLITE_READONLY:
+      return Status::unavailable(msg + "; check that the file and its directory are writable");
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return Status::unavailable(msg + "; another process holds the database lock");
+    case SQLITE_FULL:
+      return Status::internal(msg + "; the disk is full");
+    default:
+      return Status::internal(msg);
+  }
+}
+
+void SqliteStore::hook(std::string_view point) {
+  if (options_.test_hook) options_.test_hook(point);
+}
+
+// ---- Jobs -------------------------------------------------------------------------------------------------
+
+StatusOr<Job> SqliteStore::createJob(const JobSpec& spec) {
+  DDL_RETURN_IF_ERROR(validateJobSpec(spec));
+  std::lock_guard<std::mutex> lock(mu_);
+  Job job;
+  job.spec = spec;
+  job.state = JobState::kPending;
+  job.submit_ms = options_.now_ms();
+  job.transitions.push_back(
+      Transition{JobState::kPending, JobState::kPending, job.submit_ms, "submitted", {}});
+
+  Txn txn(this);
+  DDL_RETURN_IF_ERROR(txn.begin());
+  {
+    DDL_PREPARE(
+        q,
+        "INSERT INTO jobs (name, user_name, nodes, gpus_per_node, total_gpus, topology_override, priority,"
+        " max_restarts, workdir, state, restarts, submit_ms, topology)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, '')");
+    q.bind(1, spec.name).bind(2, spec.user).bind(3, int64_t{spec.nodes}).bind(4, int64_t{spec.gpus_per_node});
+    q.bind(5, int64_t{spec.total_gpus}).bind(6, spec.topology_override).bind(7, int64_t{spec.priority});
+    q.bind(8, int64_t{spec.max_restarts}).bind(9, spec.workdir).bind(10, std::string(toString(job.state)));
+    q.bind(11, job.submit_ms);
+    DDL_STEP_DONE(q, "inserting a job");
+  }
+  const int64_t seq = sqlite3_last_insert_rowid(db_);
+  job.id = formatJobId(seq);
+  for (auto [table, list] : {std::pair{"job_env", &spec.env}, std::pair{"job_argv", &spec.command}}) {
+    DDL_PREPARE(q, std::string("INSERT INTO ") + table + " (job_seq, ord, value) VALUES (?, ?, ?)");
+    for (size_t i = 0; i < list->size(); ++i) {
+      q.bind(1, seq).bind(2, static_cast<int64_t>(i)).bind(3, (*list)[i]);
+      DDL_STEP_DONE(q, "inserting " + std::string(table) + " of job " + job.id);
+      q.reset();
+    }
+  }
+  {
+    const Transition& t = job.transitions.back();
+    DDL_PREPARE(q,
+                "INSERT INTO job_transitions (job_seq, ord, from_state, to_state, at_ms, reason, fail_rank,"
+                " fail_host, fail_exit_code, fail_signal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    q.bind(1, seq)
+        .bind(2, int64_t{0})
+        .bind(3, std::string(toString(t.from)))
+        .bind(4, std::string(toString(t.to)));
+    q.bind(5, t.at_ms).bind(6, t.reason).bindFailure(7, t.failure);
+    DDL_STEP_DONE(q, "recording the submit of job " + job.id);
+  }
+  hook("createJob:before-commit");
+  DDL_RETURN_IF_ERROR(txn.commit());
+  hook("createJob:after-commit");
+  return job;
+}
+
+// Loads the jobs matching `where` (a condition on the jobs table with ? placeholders for args), in seq order.
+StatusOr<std::vector<Job>> SqliteStore::loadJobsLocked(const std::string& where,
+                                                       const std::vector<Arg>& args) {
+  std::vector<Job> jobs;
+  std::unordered_map<int64_t, size_t> index;  // seq -> position in jobs
+  {
+    DDL_PREPARE(q,
+                "SELECT seq, name, user_name, nodes, gpus_per_node, total_gpus, topology_override, priority,"
+                " max_restarts, workdir, state, restarts, submit_ms, fail_rank, fail_host, fail_exit_code,"
+                " fail_signal, topology FROM jobs WHERE " +
+                    where + " ORDER BY seq");
+    for (size_t i = 0; i < args.size(); ++i) q.bind(static_cast<int>(i) + 1, args[i]);
+    int rc;
+    while ((rc = q.step()) == SQLITE_ROW) {
+      Job job;
+      const int64_t seq = q.i64(0);
+      job.id = formatJobId(seq);
+      job.spec.name = q.text(1);
+      job.spec.user = q.text(2);
+      job.spec.nodes = q.i32(3);
+      job.spec.gpus_per_node = q.i32(4);
+      job.spec.total_gpus = q.i32(5);
+      job.spec.topology_override = q.text(6);
+      job.spec.priority = q.i32(7);
+      job.spec.max_restarts = q.i32(8);
+      job.spec.workdir = q.text(9);
+      std::optional<JobState> state = parseJobState(q.text(10));
+      if (!state) return Status::dataLoss("job " + job.id + " has unknown state '" + q.text(10) + "'");
+      job.state = *state;
+      job.restarts = q.i32(11);
+      job.submit_ms = q.i64(12);
+      job.failure = q.failure(13);
+      job.topology = q.text(17);
+      index[seq] = jobs.size();
+      jobs.push_back(std::move(job));
+    }
+    if (rc != SQLITE_DONE) return error("reading jobs", rc);
+  }
+  if (jobs.empty()) return jobs;
+
+  // The child rows of exactly those jobs, in (job, position) order.
+  const std::string of_jobs =
+      " WHERE job_seq IN (SELECT seq FROM jobs WHERE " + where + ") ORDER BY job_seq, ord";
+  auto each = [&](const std::string& sql, const char* what, auto&& fn) -> Status {
+    DDL_PREPARE(q, sql + of_jobs);
+    for (size_t i = 0; i < args.size(); ++i) q.bind(static_cast<int>(i) + 1, args[i]);
+    int rc;
+    while ((rc = q.step()) == SQLITE_ROW) {
+      auto it = index.find(q.i64(0));
+      if (it == index.end()) continue;  // Cannot happen under the lock; harmless if it did.
+      DDL_RETURN_IF_ERROR(fn(jobs[it->second], q));
+    }
+    if (rc != SQLITE_DONE) return error(std::string("reading ") + what, rc);
+    return Status::ok();
+  };
+  DDL_RETURN_IF_ERROR(each("SELECT job_seq, value FROM job_env", "job env", [](Job& job, Stmt& q) {
+    job.spec.env.push_back(q.text(1));
+    return Status::ok();
+  }));
+  DDL_RETURN_IF_ERROR(each("SELECT job_seq, value FROM job_argv", "job commands", [](Job& job, Stmt& q) {
+    job.spec.command.push_back(q.text(1));
+    return Status::ok();
+  }));
+  DDL_RETURN_IF_ERROR(each(
+      "SELECT job_seq, from_state, to_state, at_ms, reason, fail_rank, fail_host, fail_exit_code, fail_signal"
+      " FROM job_transitions",
+      "job transitions", [](Job& job, Stmt& q) {
+        std::optional<JobState> from = parseJobState(q.text(1)), to = parseJobState(q.text(2));
+        if (!from || !to)
+          return Status::dataLoss("job " + job.id + " has a transition with an unknown state");
+        job.transitions.push_back(Transition{*from, *to, q.i64(3), q.text(4), q.failure(5)});
+        return Status::ok();
+      }));
+  DDL_RETURN_IF_ERROR(
+      each("SELECT job_seq, node, gpus FROM job_allocation", "job allocations", [](Job& job, Stmt& q) {
+        std::optional<std::vector<int>> gpus = decodeGpus(q.text(2));
+        if (!gpus)
+          return Status::dataLoss("job " + job.id + ": bad GPU list '" + q.text(2) + "' in allocation");
+        job.allocation.push_back(NodeAllocation{q.text(1), std::move(*gpus)});
+        return Status::ok();
+      }));
+  return jobs;
+}
+
+StatusOr<Job> SqliteStore::loadJobLocked(const std::string& id) {
+  std::optional<int64_t> seq = jobIdNumber(id);
+  if (!seq) return jobNotFound(id);
+  auto jobs = loadJobsLocked("seq = ?", {*seq});
+  if (!jobs) return jobs.status();
+  if (jobs->empty()) return jobNotFound(id);
+  return std::move(jobs->front());
+}
+
+StatusOr<Job> SqliteStore::getJob(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return loadJobLocked(id);
+}
+
+StatusOr<std::vector<Job>> SqliteStore::listJobs(const JobFilter& filter) {
+  std::string where = "1";
+  std::vector<Arg> args;
+  if (!filter.states.empty()) {
+    where += " AND state IN (";
+    for (JobState s : filter.states) {
+      where += args.empty() ? "?" : ", ?";
+      args.push_back(std::string(toString(s)));
+    }
+    where += ")";
+  }
+  if (filter.user) {
+    where += " AND user_name = ?";
+    args.push_back(*filter.user);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return loadJobsLocked(where, args);
+}
+
+StatusOr<Job> SqliteStore::transition(const std::string& id, JobState to, const std::string& reason,
+                                      const std::optional<Failure>& failure) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Txn txn(this);
+  DDL_RETURN_IF_ERROR(txn.begin());
+  StatusOr<Job> loaded = loadJobLocked(id);
+  if (!loaded) return loaded.status();
+  Job job = std::move(loaded).value();
+  const bool had_allocation = !job.allocation.empty();
+  DDL_RETURN_IF_ERROR(applyTransition(job, to, reason, failure, options_.now_ms()));
+  const int64_t seq = *jobIdNumber(job.id);
+  {
+    DDL_PREPARE(q,
+                "UPDATE jobs SET state = ?, restarts = ?, fail_rank = ?, fail_host = ?, fail_exit_code = ?,"
+                " fail_signal = ?, topology = ? WHERE seq = ?");
+    q.bind(1, std::string(toString(job.state))).bind(2, int64_t{job.restarts}).bindFailure(3, job.failure);
+    q.bind(7, job.topology).bind(8, seq);
+    DDL_STEP_DONE(q, "updating job " + id);
+  }
+  if (had_allocation && job.allocation.empty()) {
+    DDL_PREPARE(q, "DELETE FROM job_allocation WHERE job_seq = ?");
+    q.bind(1, seq);
+    DDL_STEP_DONE(q, "clearing the allocation of job " + id);
+  }
+  {
+    const Transition& t = job.transitions.back();
+    DDL_PREPARE(q,
+                "INSERT INTO job_transitions (job_seq, ord, from_state, to_state, at_ms, reason, fail_rank,"
+                " fail_host, fail_exit_code, fail_signal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    q.bind(1, seq).bind(2, static_cast<int64_t>(job.transitions.size() - 1));
+    q.bind(3, std::string(toString(t.from))).bind(4, std::string(toString(t.to)));
+    q.bind(5, t.at_ms).bind(6, t.reason).bindFailure(7, t.failure);
+    DDL_STEP_DONE(q, "recording a transition of job " + id);
+  }
+  hook("transition:before-commit");
+  DDL_RETURN_IF_ERROR(txn.commit());
+  return job;
+}
+
+Status SqliteStore::setAllocation(const std::string& id, const std::vector<NodeAllocation>& allocation,
+                                  const std::string& topology) {
+  std::optional<int64_t> seq = jobIdNumber(id);
+  if (!seq) return jobNotFound(id);
+  std::lock_guard<std::mutex> lock(mu_);
+  Txn txn(this);
+  DDL_RETURN_IF_ERROR(txn.begin());
+  {
+    DDL_PREPARE(q, "SELECT state FROM jobs WHERE seq = ?");
+    q.bind(1, *seq);
+    int rc = q.step();
+    if (rc == SQLITE_DONE) return jobNotFound(id);
+    if (rc != SQLITE_ROW) return error("reading job " + id, rc);
+    Job job;
+    job.id = id;
+    std::optional<JobState> state = parseJobState(q.text(0));
+    if (!state) return Status::dataLoss("job " + id + " has unknown state '" + q.text(0) + "'");
+    job.state = *state;
+    DDL_RETURN_IF_ERROR(checkAllocationAllowed(job));
+  }
+  {
+    DDL_PREPARE(q, "DELETE FROM job_allocation WHERE job_seq = ?");
+    q.bind(1, *seq);
+    DDL_STEP_DONE(q, "replacing the allocation of job " + id);
+  }
+  {
+    DDL_PREPARE(q, "INSERT INTO job_allocation (job_seq, ord, node, gpus) VALUES (?, ?, ?, ?)");
+    for (size_t i = 0; i < allocation.size(); ++i) {
+      q.bind(1, *seq).bind(2, static_cast<int64_t>(i)).bind(3, allocation[i].node);
+      q.bind(4, encodeGpus(allocation[i].gpus));
+      DDL_STEP_DONE(q, "storing the allocation of job " + id);
+      q.reset();
+    }
+  }
+  {
+    DDL_PREPARE(q, "UPDATE jobs SET topology = ? WHERE seq = ?");
+    q.bind(1, topology).bind(2, *seq);
+    DDL_STEP_DONE(q, "storing the topology of job " + id);
+  }
+  return txn.commit();
+}
+
+// ---- Nodes ------------------------------------------------------------------------------------------------
+
+Status SqliteStore::upsertNode(const NodeRecord& node) {
+  if (node.name.empty()) return Status::invalidArgument("node record has an empty name");
+  std::lock_guard<std::mutex> lock(mu_);
+  Txn txn(this);
+  DDL_RETURN_IF_ERROR(txn.begin());
+  {
+    DDL_PREPARE(q,
+                "INSERT OR REPLACE INTO nodes (name, address, state, last_heartbeat_ms) VALUES (?, ?, ?, ?)");
+    q.bind(1, node.name).bind(2, node.address).bind(3, std::string(toString(node.state)));
+    q.bind(4, node.last_heartbeat_ms);
+    DDL_STEP_DONE(q, "storing node " + node.name);
+  }
+  for (const char* table : {"node_gpus", "node_labels"}) {
+    DDL_PREPARE(q, std::string("DELETE FROM ") + table + " WHERE node = ?");
+    q.bind(1, node.name);
+    DDL_STEP_DONE(q, "replacing the " + std::string(table) + " of node " + node.name);
+  }
+  {
+    DDL_PREPARE(
+        q, "INSERT INTO node_gpus (node, ord, idx, uuid, model, memory_bytes) VALUES (?, ?, ?, ?, ?, ?)");
+    for (size_t i = 0; i < node.gpus.size(); ++i) {
+      const GpuInfo& g = node.gpus[i];
+      q.bind(1, node.name).bind(2, static_cast<int64_t>(i)).bind(3, int64_t{g.index}).bind(4, g.uuid);
+      q.bind(5, g.model).bind(6, g.memory_bytes);
+      DDL_STEP_DONE(q, "storing the GPUs of node " + node.name);
+      q.reset();
+    }
+  }
+  {
+    DDL_PREPARE(q, "INSERT INTO node_labels (node, key, value) VALUES (?, ?, ?)");
+    for (const auto& [key, value] : node.labels) {
+      q.bind(1, node.name).bind(2, key).bind(3, value);
+      DDL_STEP_DONE(q, "storing the labels of node " + node.name);
+      q.reset();
+    }
+  }
+  return txn.commit();
+}
+
+// All nodes, or only the one called *name.
+StatusOr<std::vector<NodeRecord>> SqliteStore::loadNodesLocked(const std::string* name) {
+  const std::string where = name ? " WHERE name = ?" : "";
+  const std::string where_node = name ? " WHERE node = ?" : "";
+  std::vector<NodeRecord> nodes;
+  std::map<std::string, size_t> index;
+  {
+    DDL_PREPARE(q, "SELECT name, address, state, last_heartbeat_ms FROM nodes" + where + " ORDER BY name");
+    if (name) q.bind(1, *name);
+    int rc;
+    while ((rc = q.step()) == SQLITE_ROW) {
+      NodeRecord n;
+      n.name = q.text(0);
+      n.address = q.text(1);
+      std::optional<NodeState> state = parseNodeState(q.text(2));
+      if (!state) return Status::dataLoss("node " + n.name + " has unknown state '" + q.text(2) + "'");
+      n.state = *state;
+      n.last_heartbeat_ms = q.i64(3);
+      index[n.name] = nodes.size();
+      nodes.push_back(std::move(n));
+    }
+    if (rc != SQLITE_DONE) return error("reading nodes", rc);
+  }
+  {
+    DDL_PREPARE(
+        q, "SELECT node, idx, uuid, model, memory_bytes FROM node_gpus" + where_node + " ORDER BY node, ord");
+    if (name) q.bind(1, *name);
+    int rc;
+    while ((rc = q.step()) == SQLITE_ROW) {
+      auto it = index.find(q.text(0));
+      if (it != index.end())
+        nodes[it->second].gpus.push_back(GpuInfo{q.i32(1), q.text(2), q.text(3), q.i64(4)});
+    }
+    if (rc != SQLITE_DONE) return error("reading node GPUs", rc);
+  }
+  {
+    DDL_PREPARE(q, "SELECT node, key, value FROM node_labels" + where_node);
+    if (name) q.bind(1, *name);
+    int rc;
+    while ((rc = q.step()) == SQLITE_ROW) {
+      auto it = index.find(q.text(0));
+      if (it != index.end()) nodes[it->second].labels[q.text(1)] = q.text(2);
+    }
+    if (rc != SQLITE_DONE) return error("reading node labels", rc);
+  }
+  return nodes;
+}
+
+StatusOr<NodeRecord> SqliteStore::getNode(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto nodes = loadNodesLocked(&name);
+  if (!nodes) return nodes.status();
+  if (nodes->empty()) return nodeNotFound(name);
+  return std::move(nodes->front());
+}
+
+StatusOr<std::vector<NodeRecord>> SqliteStore::listNodes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return loadNodesLocked(nullptr);
+}
+
+Status SqliteStore::setNodeState(const std::string& name, NodeState state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DDL_PREPARE(q, "UPDATE nodes SET state = ? WHERE name = ?");
+  q.bind(1, std::string(toString(state))).bind(2, name);
+  DDL_STEP_DONE(q, "setting the state of node " + name);
+  if (sqlite3_changes(db_) == 0) return nodeNotFound(name);
+  return Status::ok();
+}
+
+}  // namespace ddl::state

@@ -1,0 +1,103 @@
+// SqliteStore: the embedded default Store, one SQLite database file in WAL mode.
+//
+// Durability: every mutating call is one transaction, committed with synchronous=FULL before the call
+// returns, so an acknowledged submit survives kill -9, an OS crash and power loss. A process killed in the
+// middle of a call leaves the database as it was before that call (SQLite ignores WAL frames without a commit
+// record).
+//
+// Encoding: every field is a column; the lists (env, argv, transitions, allocation, GPUs, labels) are child
+// tables keyed by (owner, position). Strings are bound with explicit lengths and read back the same way, so
+// argv and env round-trip arbitrary bytes ('=', newlines, NUL, invalid UTF-8) with no escaping to get wrong.
+//
+// Schema: a schema_version table and an ordered list of migrations, applied in one transaction on open; a
+// fresh file gets all of them. A database written by a newer version, or an SQLite file that is not a ddl
+// state database, is refused with DATA_LOSS rather than modified.
+//
+// Threads: thread-safe; any thread may call. One connection behind one mutex — calls are serialised, which
+// costs nothing measurable next to the fsync each commit does anyway. Do not share an instance across fork();
+// open a new one in the child.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "state/store.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace ddl::state {
+
+class SqliteStore : public Store {
+ public:
+  static constexpr int kSchemaVersion = 1;
+
+  struct Options {
+    std::string path;  // The database file. Its directory must exist (creating it is the caller's job).
+    int busy_timeout_ms =
+        5000;  // How long to wait for a lock held by another connection (e.g. a sqlite3 shell).
+    std::function<int64_t()> now_ms;  // Stamps submits and transitions (unix ms). Default: the system clock.
+    // Tests only: called at named points inside mutating calls, e.g. "createJob:before-commit" and
+    // "createJob:after-commit", so a test can kill the process exactly there.
+    std::function<void(std::string_view point)> test_hook;
+  };
+
+  // Opens or creates the database and brings its schema up to date. Errors name the path: UNAVAILABLE when
+  // the file cannot be opened or created, DATA_LOSS when it is not a ddl state database or is corrupt.
+  static StatusOr<std::unique_ptr<SqliteStore>> open(Options options);
+
+  ~SqliteStore() override;
+  SqliteStore(const SqliteStore&) = delete;
+  SqliteStore& operator=(const SqliteStore&) = delete;
+
+  StatusOr<Job> createJob(const JobSpec& spec) override;
+  StatusOr<Job> getJob(const std::string& id) override;
+  StatusOr<std::vector<Job>> listJobs(const JobFilter& filter = {}) override;
+  StatusOr<Job> transition(const std::string& id, JobState to, const std::string& reason,
+                           const std::optional<Failure>& failure = std::nullopt) override;
+  Status setAllocation(const std::string& id, const std::vector<NodeAllocation>& allocation,
+                       const std::string& topology) override;
+  Status upsertNode(const NodeRecord& node) override;
+  StatusOr<NodeRecord> getNode(const std::string& name) override;
+  StatusOr<std::vector<NodeRecord>> listNodes() override;
+  Status setNodeState(const std::string& name, NodeState state) override;
+
+  // PRAGMA integrity_check: OK, or DATA_LOSS with what SQLite found. Reads the whole file; for tools and
+  // tests.
+  Status integrityCheck();
+  // The schema version found in the file after open (kSchemaVersion once migrated).
+  int schemaVersion();
+  const std::string& path() const { return options_.path; }
+
+ private:
+  class Stmt;
+  class Txn;
+  using Arg = std::variant<int64_t, std::string>;  // A value bound to a '?' in a query.
+
+  explicit SqliteStore(Options options);
+  Status init();
+  Status migrateLocked();
+  Status exec(const std::string& sql);
+  StatusOr<sqlite3_stmt*> prepare(const std::string& sql);
+  Status error(const std::string& what) const;
+  Status error(const std::string& what, int rc) const;
+  void hook(std::string_view point);
+
+  StatusOr<std::vector<Job>> loadJobsLocked(const std::string& where, const std::vector<Arg>& args);
+  StatusOr<Job> loadJobLocked(const std::string& id);
+  StatusOr<std::vector<NodeRecord>> loadNodesLocked(const std::string* name);
+
+  Options options_;
+  std::mutex mu_;
+  sqlite3* db_ = nullptr;
+  std::map<std::string, sqlite3_stmt*> stmts_;  // Prepared once per SQL text, reused.
+};
+
+}  // namespace ddl::state

@@ -1,0 +1,880 @@
+// Tests of the coordinator's state store (coordinator/state/).
+//
+// The same typed tests run against MemoryStore and SqliteStore: create/get/list with filters, the job state
+// machine (legal and illegal moves and their messages, failure info, requeue and the restart budget),
+// allocations, nodes, and concurrent callers. SqliteStore alone: the schema is created on first start,
+// everything survives a close and reopen, every acknowledged submit survives kill -9 at a random point, a
+// process killed between the write and the acknowledgement (or before the commit) leaves a consistent
+// database, and files that are not ours or are damaged give clear errors instead of crashes. Child processes
+// are bounded by deadlines; temporary directories are removed.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "state/job.h"
+#include "state/memory_store.h"
+#include "state/sqlite_store.h"
+#include "state/store.h"
+
+namespace ddl::state {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under $TMPDIR (or /tmp), removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "ddl-state-test-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) std::abort();
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// A clock that advances 1 s per reading, so every stamp is distinct and predictable.
+struct FakeClock {
+  std::shared_ptr<std::atomic<int64_t>> now = std::make_shared<std::atomic<int64_t>>(1'700'000'000'000);
+  std::function<int64_t()> fn() const {
+    auto n = now;
+    return [n] { return n->fetch_add(1000); };
+  }
+};
+
+// A spec whose strings carry the bytes an encoding could get wrong.
+JobSpec sampleSpec(const std::string& name = "resnet50", const std::string& user = "alice") {
+  JobSpec s;
+  s.name = name;
+  s.user = user;
+  s.nodes = 2;
+  s.gpus_per_node = 4;
+  s.total_gpus = 8;
+  s.topology_override = "2x4";
+  s.priority = 5;
+  s.max_restarts = 2;
+  s.env = {"A=1", "B=x=y", "MULTI=line1\nline2", std::string("NUL=a\0b", 7), "EMPTY="};
+  s.workdir = "/home/alice/run 1";
+  s.command = {"python3",   "train.py",
+               "--opt=a,b", "",
+               "new\nline", std::string("\0zero", 5),
+               "\xff\xfe",  "quote'\"; DROP TABLE jobs; --"};
+  return s;
+}
+
+SqliteStore::Options sqliteOptions(const std::string& path, std::function<int64_t()> clock = nullptr) {
+  SqliteStore::Options o;
+  o.path = path;
+  o.now_ms = std::move(clock);
+  return o;
+}
+
+std::unique_ptr<SqliteStore> openOrDie(const std::string& path, std::function<int64_t()> clock = nullptr) {
+  auto s = SqliteStore::open(sqliteOptions(path, std::move(clock)));
+  EXPECT_TRUE(s.isOk()) << s.status().toString();
+  return s.isOk() ? std::move(s).value() : nullptr;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// ---- Pure rules (no store) --------------------------------------------------------------------------------
+
+TEST(JobRules, StateNamesRoundTrip) {
+  for (JobState s : kAllJobStates) EXPECT_EQ(parseJobState(toString(s)), s);
+  EXPECT_FALSE(parseJobState("running"));
+  EXPECT_FALSE(parseJobState(""));
+  for (NodeState s : {NodeState::kUp, NodeState::kDown, NodeState::kDraining}) {
+    EXPECT_EQ(parseNodeState(toString(s)), s);
+  }
+}
+
+TEST(JobRules, AllowedTransitionsAreExactlyTheDocumentedOnes) {
+  using S = JobState;
+  const std::set<std::pair<S, S>> allowed = {
+      {S::kPending, S::kScheduled},   {S::kPending, S::kFailed},     {S::kPending, S::kCancelled},
+      {S::kScheduled, S::kStarting},  {S::kScheduled, S::kPending},  {S::kScheduled, S::kFailed},
+      {S::kScheduled, S::kCancelled}, {S::kStarting, S::kRunning},   {S::kStarting, S::kPending},
+      {S::kStarting, S::kFailed},     {S::kStarting, S::kCancelled}, {S::kRunning, S::kSucceeded},
+      {S::kRunning, S::kPending},     {S::kRunning, S::kFailed},     {S::kRunning, S::kCancelled},
+  };
+  for (S from : kAllJobStates) {
+    for (S to : kAllJobStates) {
+      EXPECT_EQ(allowedTransition(from, to), allowed.count({from, to}) > 0)
+          << toString(from) << " -> " << toString(to);
+    }
+  }
+  EXPECT_TRUE(isRequeue(S::kRunning, S::kPending));
+  EXPECT_TRUE(isRequeue(S::kStarting, S::kPending));
+  EXPECT_FALSE(isRequeue(S::kScheduled, S::kPending));
+}
+
+TEST(JobRules, JobIds) {
+  EXPECT_EQ(formatJobId(42), "j-000042");
+  EXPECT_EQ(formatJobId(1234567), "j-1234567");
+  EXPECT_EQ(jobIdNumber("j-000042"), 42);
+  EXPECT_EQ(jobIdNumber("j-1234567"), 1234567);
+  for (const char* bad :
+       {"", "j-", "42", "x-000042", "j-00004a", "j-000000", "j--1", "j-99999999999999999999"}) {
+    EXPECT_FALSE(jobIdNumber(bad)) << bad;
+  }
+}
+
+// ---- Both stores ------------------------------------------------------------------------------------------
+
+struct MemoryKind {
+  static std::unique_ptr<Store> make(const TempDir&, std::function<int64_t()> clock) {
+    return std::make_unique<MemoryStore>(std::move(clock));
+  }
+};
+struct SqliteKind {
+  static std::unique_ptr<Store> make(const TempDir& dir, std::function<int64_t()> clock) {
+    return openOrDie(dir.file("state.db"), std::move(clock));
+  }
+};
+struct KindName {
+  template <typename T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, MemoryKind> ? "Memory" : "Sqlite";
+  }
+};
+
+template <typename Kind>
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = Kind::make(dir_, clock_.fn());
+    ASSERT_NE(store_, nullptr);
+  }
+  // Creates a job and walks it to `state` along the forward path.
+  Job jobIn(JobState state, JobSpec spec = sampleSpec()) {
+    auto job = store_->createJob(spec);
+    EXPECT_TRUE(job.isOk()) << job.status().toString();
+    for (JobState s : {JobState::kScheduled, JobState::kStarting, JobState::kRunning}) {
+      if (job->state == state) break;
+      job = store_->transition(job->id, s, "test");
+      EXPECT_TRUE(job.isOk()) << job.status().toString();
+    }
+    return *job;
+  }
+
+  TempDir dir_;
+  FakeClock clock_;
+  std::unique_ptr<Store> store_;
+};
+
+using Kinds = ::testing::Types<MemoryKind, SqliteKind>;
+TYPED_TEST_SUITE(StoreTest, Kinds, KindName);
+
+TYPED_TEST(StoreTest, CreateThenGetRoundTripsEveryField) {
+  const int64_t t0 = this->clock_.now->load();
+  auto created = this->store_->createJob(sampleSpec());
+  ASSERT_TRUE(created.isOk()) << created.status().toString();
+  EXPECT_EQ(created->id, "j-000001");
+  EXPECT_EQ(created->spec, sampleSpec());
+  EXPECT_EQ(created->state, JobState::kPending);
+  EXPECT_EQ(created->restarts, 0);
+  EXPECT_EQ(created->submit_ms, t0);
+  ASSERT_EQ(created->transitions.size(), 1u);
+  EXPECT_EQ(created->transitions[0].to, JobState::kPending);
+  EXPECT_EQ(created->transitions[0].at_ms, t0);
+  EXPECT_FALSE(created->failure);
+  EXPECT_TRUE(created->allocation.empty());
+
+  auto got = this->store_->getJob(created->id);
+  ASSERT_TRUE(got.isOk()) << got.status().toString();
+  EXPECT_EQ(*got, *created);
+}
+
+TYPED_TEST(StoreTest, IdsAreSequential) {
+  for (int i = 1; i <= 5; ++i) {
+    auto job = this->store_->createJob(sampleSpec("j" + std::to_string(i)));
+    ASSERT_TRUE(job.isOk());
+    EXPECT_EQ(job->id, formatJobId(i));
+  }
+}
+
+TYPED_TEST(StoreTest, CreateRejectsInvalidSpecs) {
+  JobSpec no_command = sampleSpec();
+  no_command.command.clear();
+  auto r = this->store_->createJob(no_command);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(r.status().message(), "command is empty")) << r.status().toString();
+  EXPECT_TRUE(contains(r.status().message(), "resnet50")) << r.status().toString();
+
+  JobSpec bad_env = sampleSpec();
+  bad_env.env.push_back("NOEQUALS");
+  r = this->store_->createJob(bad_env);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_TRUE(contains(r.status().message(), "NOEQUALS")) << r.status().toString();
+
+  JobSpec negative = sampleSpec();
+  negative.max_restarts = -1;
+  EXPECT_EQ(this->store_->createJob(negative).status().code(), StatusCode::kInvalidArgument);
+
+  auto all = this->store_->listJobs();
+  ASSERT_TRUE(all.isOk());
+  EXPECT_TRUE(all->empty()) << "a refused spec must not be stored";
+}
+
+TYPED_TEST(StoreTest, UnknownJobsAreNotFound) {
+  for (const char* id : {"j-000007", "bogus", ""}) {
+    auto r = this->store_->getJob(id);
+    ASSERT_FALSE(r.isOk());
+    EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+    EXPECT_TRUE(contains(r.status().message(), "job " + std::string(id) + " not found"))
+        << r.status().toString();
+    EXPECT_EQ(this->store_->transition(id, JobState::kCancelled, "x").status().code(), StatusCode::kNotFound);
+    EXPECT_EQ(this->store_->setAllocation(id, {}, "").code(), StatusCode::kNotFound);
+  }
+}
+
+TYPED_TEST(StoreTest, ListFiltersByStateAndUser) {
+  Job a1 = this->jobIn(JobState::kPending, sampleSpec("a1", "alice"));
+  Job a2 = this->jobIn(JobState::kRunning, sampleSpec("a2", "alice"));
+  Job b1 = this->jobIn(JobState::kRunning, sampleSpec("b1", "bob"));
+  Job b2 = this->jobIn(JobState::kScheduled, sampleSpec("b2", "bob"));
+  auto ids = [&](const JobFilter& f) {
+    auto r = this->store_->listJobs(f);
+    EXPECT_TRUE(r.isOk()) << r.status().toString();
+    std::vector<std::string> out;
+    if (r.isOk()) {
+      for (const Job& j : *r) out.push_back(j.id);
+    }
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(ids({}), (V{a1.id, a2.id, b1.id, b2.id}));
+  EXPECT_EQ(ids({{}, "alice"}), (V{a1.id, a2.id}));
+  EXPECT_EQ(ids({{JobState::kRunning}, std::nullopt}), (V{a2.id, b1.id}));
+  EXPECT_EQ(ids({{JobState::kRunning, JobState::kScheduled}, "bob"}), (V{b1.id, b2.id}));
+  EXPECT_EQ(ids({{JobState::kSucceeded}, std::nullopt}), V{});
+  EXPECT_EQ(ids({{}, "carol"}), V{});
+
+  // Listed jobs are complete, not summaries.
+  auto all = this->store_->listJobs();
+  ASSERT_TRUE(all.isOk());
+  EXPECT_EQ((*all)[1], *this->store_->getJob(a2.id));
+  EXPECT_EQ((*all)[1].transitions.size(), 4u);
+}
+
+TYPED_TEST(StoreTest, LegalLifecycleIsRecorded) {
+  auto job = this->store_->createJob(sampleSpec());
+  ASSERT_TRUE(job.isOk());
+  const std::vector<std::pair<JobState, std::string>> path = {{JobState::kScheduled, "placed on n1,n2"},
+                                                              {JobState::kStarting, "agents launching"},
+                                                              {JobState::kRunning, "all 8 ranks up"},
+                                                              {JobState::kSucceeded, "all ranks exited 0"}};
+  for (const auto& [to, reason] : path) {
+    auto r = this->store_->transition(job->id, to, reason);
+    ASSERT_TRUE(r.isOk()) << r.status().toString();
+    EXPECT_EQ(r->state, to);
+  }
+  auto got = this->store_->getJob(job->id);
+  ASSERT_TRUE(got.isOk());
+  ASSERT_EQ(got->transitions.size(), 5u);
+  for (size_t i = 1; i < got->transitions.size(); ++i) {
+    const Transition& t = got->transitions[i];
+    EXPECT_EQ(t.from, got->transitions[i - 1].to);
+    EXPECT_EQ(t.to, path[i - 1].first);
+    EXPECT_EQ(t.reason, path[i - 1].second);
+    EXPECT_GT(t.at_ms, got->transitions[i - 1].at_ms);
+  }
+  EXPECT_EQ(got->state, JobState::kSucceeded);
+  EXPECT_FALSE(got->failure);
+}
+
+TYPED_TEST(StoreTest, IllegalTransitionsFailWithAClearMessageAndChangeNothing) {
+  Job job = this->jobIn(JobState::kPending);
+  auto r = this->store_->transition(job.id, JobState::kRunning, "skipping ahead");
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(), "job j-000001: cannot go from PENDING to RUNNING");
+  EXPECT_EQ(*this->store_->getJob(job.id), job);
+
+  ASSERT_TRUE(this->store_->transition(job.id, JobState::kCancelled, "user asked").isOk());
+  for (JobState to : kAllJobStates) {
+    r = this->store_->transition(job.id, to, "after the end");
+    ASSERT_FALSE(r.isOk()) << toString(to);
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(contains(r.status().message(), "CANCELLED is final")) << r.status().toString();
+  }
+  EXPECT_EQ(this->store_->getJob(job.id)->transitions.size(), 2u);
+}
+
+TYPED_TEST(StoreTest, FailureInfoIsKept) {
+  Job job = this->jobIn(JobState::kRunning);
+  const Failure f{3, "node-7", 137, std::nullopt};
+  auto r = this->store_->transition(job.id, JobState::kFailed, "rank 3 exited 137", f);
+  ASSERT_TRUE(r.isOk()) << r.status().toString();
+  auto got = this->store_->getJob(job.id);
+  ASSERT_TRUE(got.isOk());
+  EXPECT_EQ(got->state, JobState::kFailed);
+  EXPECT_EQ(got->failure, f);
+  EXPECT_EQ(got->transitions.back().failure, f);
+  EXPECT_EQ(got->transitions.back().reason, "rank 3 exited 137");
+
+  Job other = this->jobIn(JobState::kRunning);
+  const Failure by_signal{0, "node-1", std::nullopt, 11};
+  ASSERT_TRUE(this->store_->transition(other.id, JobState::kFailed, "segfault", by_signal).isOk());
+  EXPECT_EQ(this->store_->getJob(other.id)->failure, by_signal);
+}
+
+TYPED_TEST(StoreTest, MisplacedOrMalformedFailureInfoIsRefused) {
+  Job job = this->jobIn(JobState::kRunning);
+  auto r = this->store_->transition(job.id, JobState::kSucceeded, "ok", Failure{0, "h", 1, std::nullopt});
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(r.status().message(), "job " + job.id)) << r.status().toString();
+  r = this->store_->transition(job.id, JobState::kFailed, "both", Failure{0, "h", 1, 9});
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(r.status().message(), "exactly one of exit_code and signal")) << r.status().toString();
+  r = this->store_->transition(job.id, JobState::kFailed, "neither",
+                               Failure{0, "h", std::nullopt, std::nullopt});
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(*this->store_->getJob(job.id), job);
+}
+
+TYPED_TEST(StoreTest, RequeueCountsRestartsUpToTheBudget) {
+  JobSpec spec = sampleSpec();
+  spec.max_restarts = 1;
+  Job job = this->jobIn(JobState::kScheduled, spec);
+  ASSERT_TRUE(this->store_->setAllocation(job.id, {{"n1", {0, 1}}}, "ring:n1").isOk());
+  ASSERT_TRUE(this->store_->transition(job.id, JobState::kStarting, "").isOk());
+  ASSERT_TRUE(this->store_->transition(job.id, JobState::kRunning, "").isOk());
+
+  const Failure lost{1, "n1", std::nullopt, 9};
+  auto r = this->store_->transition(job.id, JobState::kPending, "node n1 lost; requeue 1 of 1", lost);
+  ASSERT_TRUE(r.isOk()) << r.status().toString();
+  EXPECT_EQ(r->restarts, 1);
+  EXPECT_TRUE(r->allocation.empty());
+  EXPECT_EQ(r->topology, "");
+  EXPECT_FALSE(r->failure);
+  EXPECT_EQ(r->transitions.back().failure, lost);
+  EXPECT_EQ(*this->store_->getJob(job.id), *r);
+
+  for (JobState s : {JobState::kScheduled, JobState::kStarting, JobState::kRunning}) {
+    ASSERT_TRUE(this->store_->transition(job.id, s, "").isOk());
+  }
+  r = this->store_->transition(job.id, JobState::kPending, "again");
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      r.status().message(),
+      "job " + job.id + ": cannot requeue, 1 restarts already used of max_restarts 1; fail the job instead");
+
+  // Giving back an allocation that never launched is not a restart.
+  Job other = this->jobIn(JobState::kScheduled, spec);
+  r = this->store_->transition(other.id, JobState::kPending, "node went away before launch");
+  ASSERT_TRUE(r.isOk()) << r.status().toString();
+  EXPECT_EQ(r->restarts, 0);
+}
+
+TYPED_TEST(StoreTest, AllocationIsSetBeforeLaunchOnly) {
+  Job job = this->jobIn(JobState::kPending);
+  const std::vector<NodeAllocation> alloc = {{"n1", {0, 1, 2, 3}}, {"n2", {4, 5, 6, 7}}};
+  ASSERT_TRUE(this->store_->setAllocation(job.id, alloc, "2x4 ring: n1 n2").isOk());
+  auto got = this->store_->getJob(job.id);
+  EXPECT_EQ(got->allocation, alloc);
+  EXPECT_EQ(got->topology, "2x4 ring: n1 n2");
+
+  // Replaces, and an empty GPU list survives.
+  const std::vector<NodeAllocation> alloc2 = {{"n3", {}}};
+  ASSERT_TRUE(this->store_->setAllocation(job.id, alloc2, "t2").isOk());
+  EXPECT_EQ(this->store_->getJob(job.id)->allocation, alloc2);
+
+  ASSERT_TRUE(this->store_->transition(job.id, JobState::kScheduled, "").isOk());
+  ASSERT_TRUE(this->store_->setAllocation(job.id, alloc, "t3").isOk());
+  ASSERT_TRUE(this->store_->transition(job.id, JobState::kStarting, "").isOk());
+  Status st = this->store_->setAllocation(job.id, alloc2, "late");
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.message(),
+            "job " + job.id +
+                ": cannot set an allocation while STARTING; only a PENDING or SCHEDULED job is placed");
+  got = this->store_->getJob(job.id);
+  EXPECT_EQ(got->allocation, alloc);
+  EXPECT_EQ(got->topology, "t3");
+
+  // Kept once the job is final, for the record.
+  ASSERT_TRUE(this->store_->transition(job.id, JobState::kCancelled, "").isOk());
+  EXPECT_EQ(this->store_->getJob(job.id)->allocation, alloc);
+}
+
+NodeRecord sampleNode(const std::string& name, int gpus = 2) {
+  NodeRecord n;
+  n.name = name;
+  n.address = name + ".cluster:7070";
+  for (int i = 0; i < gpus; ++i) {
+    n.gpus.push_back(
+        GpuInfo{i, "GPU-" + name + "-" + std::to_string(i), "Tesla P100-SXM2-16GB", 17071734784});
+  }
+  n.labels = {{"rack", "r1"}, {"switch", "sw=2\nx"}};
+  n.state = NodeState::kUp;
+  n.last_heartbeat_ms = 1'700'000'123'456;
+  return n;
+}
+
+TYPED_TEST(StoreTest, NodesUpsertGetListAndState) {
+  ASSERT_TRUE(this->store_->upsertNode(sampleNode("n2")).isOk());
+  ASSERT_TRUE(this->store_->upsertNode(sampleNode("n1", 4)).isOk());
+  EXPECT_EQ(*this->store_->getNode("n1"), sampleNode("n1", 4));
+
+  auto list = this->store_->listNodes();
+  ASSERT_TRUE(list.isOk());
+  EXPECT_EQ(*list, (std::vector<NodeRecord>{sampleNode("n1", 4), sampleNode("n2")}));
+
+  // Upsert replaces the whole record: fewer GPUs, different labels.
+  NodeRecord n1 = sampleNode("n1", 1);
+  n1.labels = {{"rack", "r9"}};
+  n1.address = "10.0.0.1:7070";
+  ASSERT_TRUE(this->store_->upsertNode(n1).isOk());
+  EXPECT_EQ(*this->store_->getNode("n1"), n1);
+
+  ASSERT_TRUE(this->store_->setNodeState("n1", NodeState::kDraining).isOk());
+  n1.state = NodeState::kDraining;
+  EXPECT_EQ(*this->store_->getNode("n1"), n1);
+  EXPECT_EQ(this->store_->getNode("n2")->state, NodeState::kUp);
+
+  auto missing = this->store_->getNode("n9");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(contains(missing.status().message(), "node n9")) << missing.status().toString();
+  EXPECT_EQ(this->store_->setNodeState("n9", NodeState::kDown).code(), StatusCode::kNotFound);
+  EXPECT_EQ(this->store_->upsertNode(NodeRecord{}).code(), StatusCode::kInvalidArgument);
+}
+
+TYPED_TEST(StoreTest, ConcurrentCallersGetUniqueIdsAndOneWinnerPerRace) {
+  constexpr int kThreads = 4, kPerThread = 25;
+  std::vector<std::vector<std::string>> ids(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        auto job = this->store_->createJob(sampleSpec("t" + std::to_string(t)));
+        if (job.isOk()) ids[t].push_back(job->id);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::set<std::string> unique;
+  for (const auto& v : ids) unique.insert(v.begin(), v.end());
+  EXPECT_EQ(unique.size(), size_t{kThreads * kPerThread});
+  EXPECT_EQ(this->store_->listJobs()->size(), size_t{kThreads * kPerThread});
+
+  // Every thread tries PENDING -> SCHEDULED on the same jobs: exactly one wins each.
+  std::atomic<int> wins{0}, refusals{0};
+  threads.clear();
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (const std::string& id : ids[0]) {
+        auto r = this->store_->transition(id, JobState::kScheduled, "race");
+        (r.isOk() ? wins : refusals)++;
+        if (!r.isOk()) {
+          EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wins.load(), kPerThread);
+  EXPECT_EQ(refusals.load(), kPerThread * (kThreads - 1));
+  for (const std::string& id : ids[0]) EXPECT_EQ(this->store_->getJob(id)->transitions.size(), 2u);
+}
+
+// ---- SQLite only ------------------------------------------------------------------------------------------
+
+// Runs a query through a separate raw connection and returns the first column of the first row as text.
+std::string rawQuery(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  std::string out = "<error>";
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) == SQLITE_OK) {
+    sqlite3_stmt* s = nullptr;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &s, nullptr) == SQLITE_OK) {
+      int rc = sqlite3_step(s);
+      if (rc == SQLITE_ROW) {
+        const unsigned char* t = sqlite3_column_text(s, 0);
+        out = t ? reinterpret_cast<const char*>(t) : "<null>";
+      } else if (rc == SQLITE_DONE) {
+        out = "<done>";
+      }
+    }
+    sqlite3_finalize(s);
+  }
+  sqlite3_close_v2(db);
+  return out;
+}
+
+TEST(SqliteStore, SchemaIsCreatedOnFirstStart) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  ASSERT_FALSE(fs::exists(path));
+  auto store = openOrDie(path);
+  ASSERT_NE(store, nullptr);
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_EQ(store->schemaVersion(), SqliteStore::kSchemaVersion);
+  EXPECT_TRUE(store->integrityCheck().isOk());
+  EXPECT_EQ(store->path(), path);
+  EXPECT_EQ(rawQuery(path, "PRAGMA journal_mode"), "wal");
+  EXPECT_EQ(rawQuery(path, "SELECT version FROM schema_version"),
+            std::to_string(SqliteStore::kSchemaVersion));
+  EXPECT_EQ(rawQuery(path,
+                     "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('jobs', "
+                     "'job_env', 'job_argv', 'job_transitions', 'job_allocation', 'nodes', 'node_gpus', "
+                     "'node_labels')"),
+            "8");
+  EXPECT_TRUE(store->listJobs()->empty());
+  EXPECT_TRUE(store->listNodes()->empty());
+
+  // A second start finds the schema in place and changes nothing.
+  store.reset();
+  store = openOrDie(path);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->schemaVersion(), SqliteStore::kSchemaVersion);
+  EXPECT_EQ(rawQuery(path, "SELECT count(*) FROM schema_version"), "1");
+}
+
+TEST(SqliteStore, ReopenKeepsEveryJobAndNode) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  FakeClock clock;
+  std::vector<Job> jobs;
+  std::vector<NodeRecord> nodes = {sampleNode("a", 8), sampleNode("b", 0)};
+  nodes[1].state = NodeState::kDown;
+  {
+    auto store = openOrDie(path, clock.fn());
+    ASSERT_NE(store, nullptr);
+    for (const NodeRecord& n : nodes) ASSERT_TRUE(store->upsertNode(n).isOk());
+    JobSpec spec = sampleSpec();
+    spec.max_restarts = 3;
+    for (int i = 0; i < 6; ++i) ASSERT_TRUE(store->createJob(spec).isOk());
+    ASSERT_TRUE(store->setAllocation("j-000002", {{"a", {0, 1}}, {"b", {7}}}, "ring a b").isOk());
+    ASSERT_TRUE(store->transition("j-000002", JobState::kScheduled, "placed").isOk());
+    for (JobState s : {JobState::kScheduled, JobState::kStarting, JobState::kRunning}) {
+      ASSERT_TRUE(store->transition("j-000003", s, "").isOk());
+      ASSERT_TRUE(store->transition("j-000004", s, "").isOk());
+      ASSERT_TRUE(store->transition("j-000005", s, "").isOk());
+    }
+    ASSERT_TRUE(
+        store->transition("j-000003", JobState::kFailed, "rank 5 died", Failure{5, "b", std::nullopt, 9})
+            .isOk());
+    ASSERT_TRUE(store->transition("j-000004", JobState::kPending, "requeue", Failure{0, "a", 1, std::nullopt})
+                    .isOk());
+    ASSERT_TRUE(store->transition("j-000005", JobState::kSucceeded, "done").isOk());
+    ASSERT_TRUE(store->transition("j-000006", JobState::kCancelled, "user").isOk());
+    jobs = *store->listJobs();
+  }
+  ASSERT_EQ(jobs.size(), 6u);
+  auto store = openOrDie(path, clock.fn());
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(*store->listJobs(), jobs);
+  EXPECT_EQ(*store->listNodes(), nodes);
+  for (const Job& j : jobs) EXPECT_EQ(*store->getJob(j.id), j);
+  // Ids continue after the last one; nothing is reused.
+  EXPECT_EQ(store->createJob(sampleSpec())->id, "j-000007");
+  // The restored jobs keep following the rules.
+  EXPECT_EQ(store->transition("j-000005", JobState::kRunning, "").status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(store->transition("j-000004", JobState::kScheduled, "").isOk());
+}
+
+TEST(SqliteStore, UnopenablePathGivesAClearError) {
+  TempDir dir;
+  const std::string path = dir.file("no/such/dir/state.db");
+  auto r = SqliteStore::open(sqliteOptions(path));
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(contains(r.status().message(), path)) << r.status().toString();
+  EXPECT_TRUE(contains(r.status().message(), "directory exists")) << r.status().toString();
+  EXPECT_FALSE(fs::exists(dir.file("no")));
+
+  EXPECT_EQ(SqliteStore::open(sqliteOptions("")).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(SqliteStore, NonDatabaseFileGivesAClearErrorAndIsLeftAlone) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  std::string garbage;
+  for (int i = 0; i < 300; ++i) garbage += "this is not a database, it is a text file\n";
+  { std::ofstream(path, std::ios::binary) << garbage; }
+  auto r = SqliteStore::open(sqliteOptions(path));
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(contains(r.status().message(), path)) << r.status().toString();
+  EXPECT_TRUE(contains(r.status().message(), "not a database")) << r.status().toString();
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), garbage);
+}
+
+TEST(SqliteStore, ForeignSqliteDatabaseIsRefused) {
+  TempDir dir;
+  const std::string path = dir.file("other.db");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE photos (id INTEGER)", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto r = SqliteStore::open(sqliteOptions(path));
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(contains(r.status().message(), "not a ddl state database")) << r.status().toString();
+  EXPECT_EQ(rawQuery(path, "SELECT count(*) FROM sqlite_master"), "1") << "must not have been migrated";
+}
+
+TEST(SqliteStore, NewerSchemaIsRefused) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  ASSERT_NE(openOrDie(path), nullptr);
+  rawQuery(path, "UPDATE schema_version SET version = 99");
+  auto r = SqliteStore::open(sqliteOptions(path));
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(contains(r.status().message(), "schema version 99, newer")) << r.status().toString();
+}
+
+TEST(SqliteStore, DamagedDatabaseGivesErrorsNotCrashes) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  {
+    auto store = openOrDie(path);
+    ASSERT_NE(store, nullptr);
+    for (int i = 0; i < 300; ++i) ASSERT_TRUE(store->createJob(sampleSpec()).isOk());
+  }  // Closing checkpoints the WAL into the main file.
+  const auto size = fs::file_size(path);
+  ASSERT_GT(size, 8 * 4096u);
+  {
+    // Overwrite everything after the first page (the header and schema) with junk.
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096);
+    std::mt19937 rng(7);
+    for (uintmax_t i = 4096; i < size; ++i) f.put(static_cast<char>(rng()));
+  }
+  auto r = SqliteStore::open(sqliteOptions(path));
+  std::vector<Status> errors;
+  if (!r.isOk()) {
+    errors.push_back(r.status());
+  } else {
+    auto& store = *r;
+    if (Status st = store->integrityCheck(); !st) errors.push_back(st);
+    if (auto l = store->listJobs(); !l) errors.push_back(l.status());
+    if (auto g = store->getJob("j-000150"); !g) errors.push_back(g.status());
+  }
+  ASSERT_FALSE(errors.empty()) << "damage went unnoticed";
+  for (const Status& st : errors) {
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.toString();
+    EXPECT_TRUE(contains(st.message(), path)) << st.toString();
+  }
+}
+
+// ---- Crashes: real processes killed with SIGKILL ----------------------------------------------------------
+
+// Reads '\n'-terminated lines from fd into lines until `want` lines, EOF, or the deadline. Returns false on
+// timeout.
+bool readLines(int fd, std::string& buf, std::vector<std::string>& lines, size_t want,
+               std::chrono::steady_clock::time_point deadline) {
+  while (lines.size() < want) {
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char chunk[512];
+    ssize_t n = ::read(fd, chunk, sizeof(chunk));
+    if (n <= 0) return true;  // EOF: the child is gone.
+    buf.append(chunk, n);
+    for (size_t nl; (nl = buf.find('\n')) != std::string::npos; buf.erase(0, nl + 1)) {
+      lines.push_back(buf.substr(0, nl));
+    }
+  }
+  return true;
+}
+
+// Forks a child that opens the store at path (with hook) and creates up to `count` jobs named "<tag>-<i>",
+// writing each acknowledged id to a pipe after createJob returns. Returns the child's pid and the read end.
+std::pair<pid_t, int> spawnSubmitter(const std::string& path, const std::string& tag, int count,
+                                     std::function<void(std::string_view)> hook = nullptr) {
+  int fds[2];
+  if (::pipe(fds) != 0) std::abort();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    SqliteStore::Options o = sqliteOptions(path);
+    o.test_hook = std::move(hook);
+    auto store = SqliteStore::open(o);
+    if (!store.isOk()) ::_exit(3);
+    for (int i = 0; i < count; ++i) {
+      auto job = (*store)->createJob(sampleSpec(tag + "-" + std::to_string(i)));
+      if (!job.isOk()) ::_exit(4);
+      std::string line = job->id + "\n";
+      if (::write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) ::_exit(5);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  return {pid, fds[0]};
+}
+
+// Waits for pid with a deadline; SIGKILLs it if it overstays. Returns the wait status.
+int reap(pid_t pid, std::chrono::seconds limit = std::chrono::seconds(30)) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      ADD_FAILURE() << "child " << pid << " did not finish in time";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return status;
+}
+
+// Checks that the database opens cleanly and every job in it is complete and consistent.
+void expectConsistent(SqliteStore& store) {
+  ASSERT_TRUE(store.integrityCheck().isOk());
+  auto jobs = store.listJobs();
+  ASSERT_TRUE(jobs.isOk()) << jobs.status().toString();
+  for (const Job& j : *jobs) {
+    JobSpec expected = sampleSpec(j.spec.name);
+    EXPECT_EQ(j.spec, expected) << j.id << " is incomplete";
+    ASSERT_EQ(j.transitions.size(), 1u) << j.id;
+    EXPECT_EQ(j.state, JobState::kPending);
+  }
+}
+
+TEST(SqliteStoreCrash, AcknowledgedSubmitsSurviveKillDashNineAtRandomPoints) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  std::mt19937 rng(::testing::UnitTest::GetInstance()->random_seed());
+  std::set<std::string> acked;
+  constexpr int kRounds = 6, kJobsPerChild = 150;
+  for (int round = 0; round < kRounds; ++round) {
+    const size_t kill_after = std::uniform_int_distribution<size_t>(1, kJobsPerChild - 1)(rng);
+    const int extra_us = std::uniform_int_distribution<int>(0, 3000)(rng);
+    auto [pid, fd] = spawnSubmitter(path, "round" + std::to_string(round), kJobsPerChild);
+    std::string buf;
+    std::vector<std::string> lines;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    EXPECT_TRUE(readLines(fd, buf, lines, kill_after, deadline)) << "child too slow";
+    // Land somewhere inside a later createJob: mid-transaction, mid-fsync, or between calls.
+    std::this_thread::sleep_for(std::chrono::microseconds(extra_us));
+    ::kill(pid, SIGKILL);
+    int status = reap(pid);
+    EXPECT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        << "child failed before the kill, status " << status;
+    // Everything the child wrote before it died was acknowledged.
+    readLines(fd, buf, lines, SIZE_MAX, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+    ::close(fd);
+    acked.insert(lines.begin(), lines.end());
+
+    auto store = openOrDie(path);
+    ASSERT_NE(store, nullptr) << "database does not open after kill -9 in round " << round;
+    expectConsistent(*store);
+    auto jobs = store->listJobs();
+    ASSERT_TRUE(jobs.isOk());
+    std::set<std::string> present;
+    for (const Job& j : *jobs) present.insert(j.id);
+    for (const std::string& id : acked)
+      EXPECT_TRUE(present.count(id)) << "acknowledged job " << id << " lost";
+  }
+  EXPECT_GE(acked.size(), size_t{kRounds});
+}
+
+// Runs a child whose hook kills it at `point` during its third createJob; returns what it acknowledged.
+std::vector<std::string> crashAt(const std::string& path, const std::string& point) {
+  auto calls = std::make_shared<int>(0);
+  auto [pid, fd] = spawnSubmitter(path, "c", 5, [calls, point](std::string_view p) {
+    if (p == point && ++*calls == 3) ::raise(SIGKILL);
+  });
+  std::string buf;
+  std::vector<std::string> lines;
+  readLines(fd, buf, lines, SIZE_MAX, std::chrono::steady_clock::now() + std::chrono::seconds(30));
+  ::close(fd);
+  int status = reap(pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  return lines;
+}
+
+TEST(SqliteStoreCrash, KilledAfterTheWriteBeforeTheAcknowledgement) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  EXPECT_EQ(crashAt(path, "createJob:after-commit"), (std::vector<std::string>{"j-000001", "j-000002"}));
+  auto store = openOrDie(path);
+  ASSERT_NE(store, nullptr);
+  expectConsistent(*store);
+  // The third job was committed but never acknowledged; it is there, whole.
+  auto jobs = store->listJobs();
+  ASSERT_EQ(jobs->size(), 3u);
+  EXPECT_EQ(jobs->back().id, "j-000003");
+  EXPECT_EQ(jobs->back().spec, sampleSpec("c-2"));
+  EXPECT_EQ(store->createJob(sampleSpec())->id, "j-000004");
+}
+
+TEST(SqliteStoreCrash, KilledBeforeTheCommitLeavesNoTrace) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  EXPECT_EQ(crashAt(path, "createJob:before-commit"), (std::vector<std::string>{"j-000001", "j-000002"}));
+  auto store = openOrDie(path);
+  ASSERT_NE(store, nullptr);
+  expectConsistent(*store);
+  auto jobs = store->listJobs();
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ(rawQuery(path, "SELECT count(*) FROM job_argv WHERE job_seq = 3"), "0");
+  // The id was never acknowledged, so handing it out again is safe.
+  EXPECT_EQ(store->createJob(sampleSpec())->id, "j-000003");
+}
+
+TEST(SqliteStoreCrash, KilledMidTransitionLeavesTheOldState) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  {
+    auto store = openOrDie(path);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->createJob(sampleSpec()).isOk());
+  }
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    SqliteStore::Options o = sqliteOptions(path);
+    o.test_hook = [](std::string_view p) {
+      if (p == "transition:before-commit") ::raise(SIGKILL);
+    };
+    auto store = SqliteStore::open(o);
+    if (store.isOk()) (void)(*store)->transition("j-000001", JobState::kScheduled, "never lands");
+    ::_exit(0);
+  }
+  int status = reap(pid);
+  EXPECT_TRUE(WIFSIGNALED(status)) << "status " << status;
+  auto store = openOrDie(path);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->integrityCheck().isOk());
+  auto job = store->getJob("j-000001");
+  ASSERT_TRUE(job.isOk());
+  EXPECT_EQ(job->state, JobState::kPending);
+  EXPECT_EQ(job->transitions.size(), 1u);
+}
+
+}  // namespace
+}  // namespace ddl::state
