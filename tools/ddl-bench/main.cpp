@@ -4,7 +4,8 @@
 // sizes, times out-of-place and in-place ddlAllReduce and checks the results. Rank 0 prints nccl-tests' table
 // column for column (same flags, same header, same "# Avg bus bandwidth" footer), so the scripts and plots
 // that already read all_reduce_perf output read ours unchanged, and can write the same figures as JSON for a
-// side-by-side with bench/mpi_allreduce.c. It depends on ddl.h alone: no JSON or option library.
+// side-by-side with bench/mpi_allreduce.c, whose flags, table and JSON writer it shares (bench_common.h). It
+// depends on ddl.h alone: no JSON or option library.
 //
 // Checking: every rank can compute every other rank's input, so every rank knows the exact result of every
 // element without any extra communication. The inputs are small integers, exact in every type, chosen per
@@ -14,20 +15,19 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "bench_common.h"  // the flags, table and JSON shared with bench/mpi_allreduce.c
 #include "ddl/ddl.h"
 
 namespace {
@@ -289,13 +289,7 @@ void fillInputs(const Reference& ref, void* buf, size_t count, size_t elem_size)
 // ---- Command line ----
 
 struct Options {
-  size_t min_bytes = 8;
-  size_t max_bytes = 64 << 20;
-  size_t step_factor = 2;
-  size_t step_bytes = 1 << 20;
-  int iters = 20;
-  int warmup_iters = 5;
-  int check = 1;  // check iterations per size and variant; 0: no check ("N/A")
+  bench_sweep sweep = bench_sweep_defaults();
   ddlDataType_t type = ddlFloat32;
   ddlRedOp_t op = ddlSum;
   std::string algo;  // empty: not given (libddl then reads DDL_ALGO)
@@ -304,14 +298,8 @@ struct Options {
 
 constexpr const char* kUsage =
     "usage: ddlrun -np N [ddlrun options] -- ddl-bench [options]\n"
-    "Times ddlAllReduce over a range of sizes and prints nccl-tests' all_reduce_perf table (rank 0).\n"
-    "  -b, --minbytes SIZE      smallest message, bytes; suffix K, M or G (default 8)\n"
-    "  -e, --maxbytes SIZE      largest message (default 64M)\n"
-    "  -f, --stepfactor N       multiply the size by N each step (default 2)\n"
-    "  -i, --stepbytes SIZE     add SIZE each step instead; used when -f is not given or is 1 (default 1M)\n"
-    "  -n, --iters N            timed iterations per size (default 20)\n"
-    "  -w, --warmup_iters N     untimed iterations before them (default 5)\n"
-    "  -c, --check N            check the result N times per size, 0 to skip (default 1)\n"
+    "Times ddlAllReduce over a range of sizes and prints nccl-tests' all_reduce_perf table (rank 0).\n"  //
+    BENCH_USAGE_SWEEP_FLAGS
     "  -d, --datatype TYPE      int8 uint8 int32 uint32 int64 uint64 half/float16 bfloat16 float/float32\n"
     "                           double/float64 (default float)\n"
     "  -o, --op OP              sum prod min max avg (default sum)\n"
@@ -320,64 +308,19 @@ constexpr const char* kUsage =
     "  -h, --help               this text\n"
     "Exit status: 0 all results right, 1 wrong values, 2 bad flags, 3 a libddl error.\n";
 
-[[noreturn]] void badFlag(const char* flag, const std::string& what) {
-  std::fprintf(stderr, "ddl-bench: %s: %s\n(ddl-bench --help lists the flags)\n", flag, what.c_str());
+// A bad flag: says what is wrong (printf-style) and exits with 2; bench_common.h's bench_bad_flag_fn.
+[[noreturn]] __attribute__((format(printf, 2, 3))) void badFlag(const char* flag, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  bench_report_bad_flag("ddl-bench", flag, format, args);
+  va_end(args);
   std::exit(kExitUsage);
-}
-
-// "8", "64M", "1.5K", "1G": a byte count as nccl-tests reads it (binary K/M/G; fractions rounded down).
-size_t parseSize(const char* flag, const char* text) {
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(text, &end);
-  bool ok = end != text && errno == 0 && std::isfinite(v) && v >= 0 &&
-            std::isdigit(static_cast<unsigned char>(text[0]));
-  if (ok && *end != '\0') {
-    switch (*end) {
-      case 'k':
-      case 'K':
-        v *= 1 << 10;
-        break;
-      case 'm':
-      case 'M':
-        v *= 1 << 20;
-        break;
-      case 'g':
-      case 'G':
-        v *= 1 << 30;
-        break;
-      default:
-        ok = false;
-    }
-    ok = ok && end[1] == '\0';
-  }
-  if (!ok || v >= 0x1p62) {
-    badFlag(flag, std::string("invalid size '") + text + "' (use bytes, optionally with K, M or G: 8, 64M)");
-  }
-  return static_cast<size_t>(v);
-}
-
-long long parseInteger(const char* flag, const char* text, long long min, long long max) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || errno != 0 || v < min || v > max) {
-    badFlag(flag, std::string("invalid value '") + text + "' (use an integer from " + std::to_string(min) +
-                      " to " + std::to_string(max) + ")");
-  }
-  return v;
 }
 
 Options parseOptions(int argc, char** argv) {
   enum { kJsonOption = 256 };
   static const option kLongOptions[] = {
-      {"minbytes", required_argument, nullptr, 'b'},
-      {"maxbytes", required_argument, nullptr, 'e'},
-      {"stepfactor", required_argument, nullptr, 'f'},
-      {"stepbytes", required_argument, nullptr, 'i'},
-      {"iters", required_argument, nullptr, 'n'},
-      {"warmup_iters", required_argument, nullptr, 'w'},
-      {"check", required_argument, nullptr, 'c'},
+      BENCH_SWEEP_LONG_OPTIONS,
       {"datatype", required_argument, nullptr, 'd'},
       {"op", required_argument, nullptr, 'o'},
       {"algo", required_argument, nullptr, 'a'},
@@ -386,44 +329,25 @@ Options parseOptions(int argc, char** argv) {
       {nullptr, 0, nullptr, 0},
   };
   Options o;
-  bool factor_given = false;
-  bool step_given = false;
+  int factor_given = 0;
+  int step_given = 0;
   int c;
   opterr = 0;  // ddl-bench words its own messages; the leading ':' makes a missing value ':', not '?'
-  while ((c = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:a:h", kLongOptions, nullptr)) != -1) {
+  constexpr const char* kShortOptions = ":" BENCH_SWEEP_SHORT_OPTIONS "d:o:a:h";
+  while ((c = getopt_long(argc, argv, kShortOptions, kLongOptions, nullptr)) != -1) {
+    if (bench_parse_sweep_flag(c, optarg, &o.sweep, &factor_given, &step_given, badFlag)) continue;
     switch (c) {
-      case 'b':
-        o.min_bytes = parseSize("-b", optarg);
-        break;
-      case 'e':
-        o.max_bytes = parseSize("-e", optarg);
-        break;
-      case 'f':
-        o.step_factor = static_cast<size_t>(parseInteger("-f", optarg, 1, 1 << 20));
-        factor_given = true;
-        break;
-      case 'i':
-        o.step_bytes = parseSize("-i", optarg);
-        step_given = true;
-        break;
-      case 'n':
-        o.iters = static_cast<int>(parseInteger("-n", optarg, 1, 1 << 30));
-        break;
-      case 'w':
-        o.warmup_iters = static_cast<int>(parseInteger("-w", optarg, 0, 1 << 30));
-        break;
-      case 'c':
-        o.check = static_cast<int>(parseInteger("-c", optarg, 0, 1 << 20));
-        break;
       case 'd': {
         const TypeAlias* found = nullptr;
         for (const TypeAlias& a : kTypeAliases) {
           if (std::string_view(optarg) == a.name) found = &a;
         }
         if (found == nullptr) {
-          badFlag("-d", std::string("unknown datatype '") + optarg +
-                            "' (use int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double, or "
-                            "float16 float32 float64)");
+          badFlag(
+              "-d",
+              "unknown datatype '%s' (use int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double, "
+              "or float16 float32 float64)",
+              optarg);
         }
         o.type = found->type;
         break;
@@ -433,14 +357,14 @@ Options parseOptions(int argc, char** argv) {
         for (int i = 0; i < ddlNumOps; ++i) {
           if (std::string_view(optarg) == kOpNames[i]) found = i;
         }
-        if (found < 0) badFlag("-o", std::string("unknown op '") + optarg + "' (use sum prod min max avg)");
+        if (found < 0) badFlag("-o", "unknown op '%s' (use sum prod min max avg)", optarg);
         o.op = static_cast<ddlRedOp_t>(found);
         break;
       }
       case 'a':
         if (std::none_of(std::begin(kAlgoNames), std::end(kAlgoNames),
                          [](const char* name) { return std::string_view(optarg) == name; })) {
-          badFlag("-a", std::string("unknown algorithm '") + optarg + "' (use auto ring mdring rhd)");
+          badFlag("-a", "unknown algorithm '%s' (use auto ring mdring rhd)", optarg);
         }
         o.algo = optarg;
         break;
@@ -461,69 +385,15 @@ Options parseOptions(int argc, char** argv) {
     }
   }
   if (optind < argc) badFlag(argv[optind], "unexpected argument (ddl-bench takes flags only)");
-  // As nccl-tests: the sizes grow by the factor when it is above 1, else by the step. -i alone means steps.
-  if (step_given && !factor_given) o.step_factor = 1;
-  if (o.step_factor == 1 && o.step_bytes == 0) badFlag("-i", "must be above 0 when sizes grow linearly");
-  if (o.step_factor > 1 && o.min_bytes == 0) badFlag("-b", "must be above 0 when sizes grow by a factor");
-  if (o.min_bytes > o.max_bytes) {
-    badFlag("-b",
-            "minbytes " + std::to_string(o.min_bytes) + " is above maxbytes " + std::to_string(o.max_bytes));
-  }
+  bench_finish_sweep(&o.sweep, factor_given, step_given, badFlag);
   return o;
 }
 
 // ---- Results ----
 
-struct Variant {
-  double time_us = 0;
-  double algbw = 0;  // GB/s, GB = 1e9 bytes
-  double busbw = 0;
-  std::optional<uint64_t> wrong;  // empty when -c 0
-};
-
-struct Row {
-  size_t bytes = 0;
-  size_t count = 0;
-  Variant out_of_place;
-  Variant in_place;
-};
-
-// nccl-tests' time column: two decimals below 100 us, one below 10 ms, none above.
-std::string formatTime(double us) {
-  char buf[32];
-  const char* format = us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f";
-  std::snprintf(buf, sizeof buf, format, us);
-  return buf;
-}
-
-std::string jsonString(std::string_view s) {
-  std::string out = "\"";
-  for (const char ch : s) {
-    const auto u = static_cast<unsigned char>(ch);
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (u < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", u);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
-std::string jsonNumber(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
-
-std::string jsonWrong(const std::optional<uint64_t>& wrong) {
-  return wrong ? std::to_string(*wrong) : "null";
-}
+// bench_common.h's: wrong is -1 when -c 0.
+using Variant = bench_variant;
+using Row = bench_row;
 
 // ---- The benchmark ----
 
@@ -553,14 +423,14 @@ class Bench {
     if (rank_ == 0 && !opt_.json_path.empty()) {
       json = std::fopen(opt_.json_path.c_str(), "w");
       if (json == nullptr) {
-        std::fprintf(stderr, "ddl-bench: --json: cannot write '%s': %s\n", opt_.json_path.c_str(),
-                     std::strerror(errno));
+        bench_json_cannot_write("ddl-bench", opt_.json_path.c_str());
         ddlCommAbort(comm_);  // the other ranks' next call fails instead of waiting for rank 0
         std::exit(kExitUsage);
       }
     }
 
-    const size_t max_count = opt_.max_bytes / type_.size;
+    const bench_sweep& sweep = opt_.sweep;
+    const size_t max_count = sweep.max_bytes / type_.size;
     const size_t buffer_bytes = std::max<size_t>(max_count, 1) * type_.size;
     send_ = allocate(buffer_bytes);
     recv_ = allocate(buffer_bytes);
@@ -568,48 +438,29 @@ class Bench {
 
     printHeader();
     std::vector<Row> rows;
-    for (size_t size = opt_.min_bytes; size <= opt_.max_bytes;) {
+    for (size_t size = sweep.min_bytes; size <= sweep.max_bytes;) {
       const size_t count = size / type_.size;
       if (count > 0 && (rows.empty() || rows.back().count != count)) {
-        Row row;
+        Row row{};
         row.count = count;
         row.bytes = count * type_.size;
         row.out_of_place = measure(false, count, ref);
         row.in_place = measure(true, count, ref);
-        if (rank_ == 0) printRow(row);
+        if (rank_ == 0) bench_print_row(&row, type_.table_name, kOpNames[opt_.op]);
         rows.push_back(row);
       }
-      if (opt_.step_factor > 1) {
-        if (size > opt_.max_bytes / opt_.step_factor) break;
-        size *= opt_.step_factor;
-      } else {
-        if (size > opt_.max_bytes - opt_.step_bytes) break;
-        size += opt_.step_bytes;
-      }
+      if (!bench_next_size(&sweep, &size)) break;
     }
 
-    uint64_t total_wrong = 0;
-    int failed_checks = 0;  // nccl-tests' "Out of bounds values": checks that found any wrong value
-    double busbw_sum = 0;
-    for (const Row& row : rows) {
-      for (const Variant* v : {&row.out_of_place, &row.in_place}) {
-        total_wrong += v->wrong.value_or(0);
-        failed_checks += v->wrong.value_or(0) > 0 ? 1 : 0;
-        busbw_sum += v->busbw;
-      }
-    }
-    if (rank_ == 0) {
-      const double avg_busbw = rows.empty() ? 0 : busbw_sum / (2 * rows.size());
-      std::printf("# Out of bounds values : %d %s\n", failed_checks, failed_checks ? "FAILED" : "OK");
-      std::printf("# Avg bus bandwidth    : %g \n", avg_busbw);
-      std::printf("#\n");
-      if (total_wrong > 0)
-        std::printf("# FAILED: %llu wrong values\n", static_cast<unsigned long long>(total_wrong));
-      std::fflush(stdout);
-    }
-    const bool json_ok = json == nullptr || writeJson(json, rows);
+    const bench_summary summary = bench_summarize(rows.data(), rows.size());
+    if (rank_ == 0) bench_print_summary(&summary);
+    // Writes and closes json (mpi-allreduce-bench's schema too); false, after saying so, if that failed.
+    const bool json_ok =
+        json == nullptr ||
+        bench_write_json(json, "ddl-bench", opt_.json_path.c_str(), nranks_, topology_.c_str(), algo_.c_str(),
+                         type_.name, kOpNames[opt_.op], rows.data(), rows.size());
     ok(ddlCommDestroy(comm_));
-    if (total_wrong > 0) return kExitWrongValues;
+    if (summary.total_wrong > 0) return kExitWrongValues;
     return json_ok ? kExitOk : kExitUsage;
   }
 
@@ -642,23 +493,21 @@ class Bench {
     fillInputs(ref, in_place ? recv : send_.get(), count, type_.size);
     Variant v;
     v.time_us = timeAllReduce(send, recv, count);
-    const double bytes = static_cast<double>(count * type_.size);
-    v.algbw = bytes / (v.time_us * 1e3);
-    v.busbw = v.algbw * 2.0 * (nranks_ - 1) / nranks_;
-    if (opt_.check > 0) v.wrong = checkAllReduce(in_place, count, ref);
+    bench_set_bandwidth(&v, static_cast<double>(count * type_.size), nranks_);
+    v.wrong = opt_.sweep.check > 0 ? static_cast<long long>(checkAllReduce(in_place, count, ref)) : -1;
     return v;
   }
 
   // Barrier, warmup, barrier, then the mean time of -n iterations, the slowest rank's.
   double timeAllReduce(const void* send, void* recv, size_t count) {
     ok(ddlBarrier(comm_));
-    for (int i = 0; i < opt_.warmup_iters; ++i)
+    for (int i = 0; i < opt_.sweep.warmup_iters; ++i)
       ok(ddlAllReduce(send, recv, count, opt_.type, opt_.op, comm_));
     ok(ddlBarrier(comm_));
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < opt_.iters; ++i) ok(ddlAllReduce(send, recv, count, opt_.type, opt_.op, comm_));
+    for (int i = 0; i < opt_.sweep.iters; ++i) ok(ddlAllReduce(send, recv, count, opt_.type, opt_.op, comm_));
     const auto end = std::chrono::steady_clock::now();
-    double us = std::chrono::duration<double, std::micro>(end - start).count() / opt_.iters;
+    double us = std::chrono::duration<double, std::micro>(end - start).count() / opt_.sweep.iters;
     ok(ddlAllReduce(&us, &us, 1, ddlFloat64, ddlMax, comm_));
     return us;
   }
@@ -666,7 +515,7 @@ class Bench {
   // The wrong elements over all ranks, from the first of -c checks that finds any (as nccl-tests).
   uint64_t checkAllReduce(bool in_place, size_t count, const Reference& ref) {
     uint64_t wrong = 0;
-    for (int c = 0; c < opt_.check; ++c) {
+    for (int c = 0; c < opt_.sweep.check; ++c) {
       unsigned char* recv = recv_.get();
       if (in_place) {
         fillInputs(ref, recv, count, type_.size);
@@ -686,79 +535,20 @@ class Bench {
 
   void printHeader() {
     // Every rank says where it runs, like nccl-tests' "Using devices"; rank 0 prints the lines in rank order.
-    constexpr size_t kLine = 160;
-    char line[kLine] = {};
-    char host[64] = {};
-    gethostname(host, sizeof host - 1);
-    std::snprintf(line, kLine, "#  Rank %2d Pid %6d on %10s", rank_, static_cast<int>(getpid()), host);
-    std::vector<char> lines(kLine * nranks_);
-    ok(ddlAllGather(line, lines.data(), kLine, ddlUint8, comm_));
+    char line[BENCH_RANK_LINE];
+    bench_rank_line(line, sizeof line, rank_);
+    std::vector<char> lines(static_cast<size_t>(BENCH_RANK_LINE) * nranks_);
+    ok(ddlAllGather(line, lines.data(), BENCH_RANK_LINE, ddlUint8, comm_));
     if (rank_ != 0) return;
 
     int version = 0;
     ddlGetVersion(&version);
     std::printf("# ddl-bench  ranks %d  topology %s  algo %s  libddl %d.%d.%d\n", nranks_, topology_.c_str(),
                 algo_.c_str(), version / 10000, version / 100 % 100, version % 100);
-    std::printf("# minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d validation: %d\n",
-                opt_.min_bytes, opt_.max_bytes, opt_.step_factor > 1 ? opt_.step_factor : opt_.step_bytes,
-                opt_.step_factor > 1 ? "factor" : "bytes", opt_.warmup_iters, opt_.iters, opt_.check);
+    bench_print_sweep(&opt_.sweep);
     std::printf("# algo: %s%s\n", algo_.c_str(),
                 algo_ == "auto" ? " (libddl picks one per message size)" : "");
-    std::printf("#\n# Using ranks\n");
-    for (int r = 0; r < nranks_; ++r) std::printf("%.*s\n", static_cast<int>(kLine - 1), &lines[r * kLine]);
-    std::printf("#\n");
-    std::printf(
-        "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "",
-        "", "", "", "");
-    std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s\n", "size", "count",
-                "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
-                "#wrong");
-    std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s\n", "(B)", "(elements)",
-                "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-    std::fflush(stdout);
-  }
-
-  void printRow(const Row& row) {
-    std::printf("%12zu  %12zu  %8s  %6s  %6d", row.bytes, row.count, type_.table_name, kOpNames[opt_.op], -1);
-    for (const Variant* v : {&row.out_of_place, &row.in_place}) {
-      char wrong[32];
-      if (v->wrong) {
-        std::snprintf(wrong, sizeof wrong, "%5g", static_cast<double>(*v->wrong));
-      } else {
-        std::snprintf(wrong, sizeof wrong, "%5s", "N/A");
-      }
-      std::printf("  %7s  %6.2f  %6.2f  %5s", formatTime(v->time_us).c_str(), v->algbw, v->busbw, wrong);
-    }
-    std::printf("\n");
-    std::fflush(stdout);
-  }
-
-  // Writes and closes f; false (after saying so) if that failed.
-  bool writeJson(std::FILE* f, const std::vector<Row>& rows) {
-    std::string out = "{\"ranks\": " + std::to_string(nranks_) + ", \"topology\": " + jsonString(topology_) +
-                      ", \"algo\": " + jsonString(algo_) + ", \"results\": [";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      out += i == 0 ? "\n  " : ",\n  ";
-      out += "{\"bytes\": " + std::to_string(r.bytes) + ", \"count\": " + std::to_string(r.count) +
-             ", \"type\": " + jsonString(type_.name) + ", \"redop\": " + jsonString(kOpNames[opt_.op]) +
-             ", \"algo\": " + jsonString(algo_) + ", \"time_us\": " + jsonNumber(r.out_of_place.time_us) +
-             ", \"algbw_GBs\": " + jsonNumber(r.out_of_place.algbw) +
-             ", \"busbw_GBs\": " + jsonNumber(r.out_of_place.busbw) +
-             ", \"wrong\": " + jsonWrong(r.out_of_place.wrong) +
-             ", \"inplace_time_us\": " + jsonNumber(r.in_place.time_us) +
-             ", \"inplace_algbw_GBs\": " + jsonNumber(r.in_place.algbw) +
-             ", \"inplace_busbw_GBs\": " + jsonNumber(r.in_place.busbw) +
-             ", \"inplace_wrong\": " + jsonWrong(r.in_place.wrong) + "}";
-    }
-    out += rows.empty() ? "]}\n" : "\n]}\n";
-    const bool written = std::fputs(out.c_str(), f) >= 0;
-    if (std::fclose(f) != 0 || !written) {
-      std::fprintf(stderr, "ddl-bench: --json: cannot write '%s': %s\n", opt_.json_path.c_str(),
-                   std::strerror(errno));
-      return false;
-    }
-    return true;
+    bench_print_table_head(lines.data(), nranks_);
   }
 
   ddlComm_t comm_;
