@@ -2,8 +2,8 @@
 """Side-by-side allreduce comparison on this machine: ddl (each algorithm), Open MPI's MPI_Allreduce and UCX's
 point-to-point bandwidth (ucx_perftest tag_bw), over the same UCX transport, measured in one run.
 
-Every figure is the median of --reps runs, interleaved (ddl, MPI, ddl, MPI, ...) so that a noisy moment hurts
-every system alike. Prints one table per transport and rank count and writes everything to OUT/summary.json.
+Every figure is the median of --reps runs, interleaved (ddl, MPI, ddl, MPI, ...) with the order rotated every
+repetition, so that a noisy moment, or whatever one run leaves behind for the next, hurts every system alike. Prints one table per transport and rank count and writes everything to OUT/summary.json.
 
   bench/compare.py                          # shm and tcp, 2 and 4 ranks, 64 KiB .. 64 MiB
   bench/compare.py --transports shm --ranks 4 --reps 5
@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 TRANSPORTS = {
     # name: (UCX_TLS, Open MPI's own BTLs for the same wire, description)
@@ -126,6 +127,7 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--timeout", type=int, default=600, help="seconds per benchmark process")
+    p.add_argument("--pause", type=float, default=1.0, help="seconds of quiet before each run")
     p.add_argument("--no-mpi", action="store_true")
     p.add_argument("--no-perftest", action="store_true")
     p.add_argument("--out", default="bench-results")
@@ -152,14 +154,18 @@ def main():
                 p2p[size] = median(perftest(a, tls, size) for _ in range(a.reps))
         for ranks in (int(r) for r in a.ranks.split(",")):
             runs = {name: [] for name in [f"ddl-{x}" for x in algos] + ([] if a.no_mpi else list(MPI_VARIANTS))}
+            systems = list(runs)
             with tempfile.TemporaryDirectory() as tmp:
                 for rep in range(a.reps):
-                    for algo in algos:
-                        res, err = ddl_run(a, tls, ranks, algo, f"{tmp}/ddl.json")
-                        (runs[f"ddl-{algo}"].append(res) if res else errors.append(err))
-                    for variant in ([] if a.no_mpi else MPI_VARIANTS):
-                        res, err = mpi_run(a, tname, variant, ranks, f"{tmp}/mpi.json")
-                        (runs[variant].append(res) if res else errors.append(err))
+                    # Rotate the order every repetition: whatever the previous run leaves behind (warm or
+                    # disturbed caches, lingering processes) then falls on each system alike.
+                    for name in systems[rep % len(systems):] + systems[:rep % len(systems)]:
+                        time.sleep(a.pause)
+                        if name.startswith("ddl-"):
+                            res, err = ddl_run(a, tls, ranks, name[4:], f"{tmp}/ddl.json")
+                        else:
+                            res, err = mpi_run(a, tname, name, ranks, f"{tmp}/mpi.json")
+                        (runs[name].append(res) if res else errors.append(err))
             table = {}
             for name, results in runs.items():
                 for size in sizes:
