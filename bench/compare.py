@@ -2,7 +2,7 @@
 """Side-by-side allreduce comparison on this machine: ddl (each algorithm), Open MPI's MPI_Allreduce and UCX's
 point-to-point bandwidth (ucx_perftest tag_bw), over the same UCX transport, measured in one run.
 
-Every figure is the median of --reps runs, interleaved (ddl, MPI, ddl, MPI, ...) with the order rotated every
+Every figure is the median of --reps runs, interleaved (ddl, MPI, ddl, MPI, ...) in a new shuffled order every
 repetition, so that a noisy moment, or whatever one run leaves behind for the next, hurts every system alike. Prints one table per transport and rank count and writes everything to OUT/summary.json.
 
   bench/compare.py                          # shm and tcp, 2 and 4 ranks, 64 KiB .. 64 MiB
@@ -11,6 +11,7 @@ repetition, so that a noisy moment, or whatever one run leaves behind for the ne
 import argparse
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -128,6 +129,7 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--timeout", type=int, default=600, help="seconds per benchmark process")
     p.add_argument("--pause", type=float, default=1.0, help="seconds of quiet before each run")
+    p.add_argument("--seed", type=int, default=1, help="seed of the run order shuffle")
     p.add_argument("--no-mpi", action="store_true")
     p.add_argument("--no-perftest", action="store_true")
     p.add_argument("--out", default="bench-results")
@@ -145,6 +147,7 @@ def main():
         s *= a.factor
     summary = {"sizes": sizes, "reps": a.reps, "iters": a.iters, "results": []}
     errors = []
+    rng = random.Random(a.seed)
 
     for tname in a.transports.split(","):
         tls, _, tdesc = TRANSPORTS[tname]
@@ -157,9 +160,12 @@ def main():
             systems = list(runs)
             with tempfile.TemporaryDirectory() as tmp:
                 for rep in range(a.reps):
-                    # Rotate the order every repetition: whatever the previous run leaves behind (warm or
-                    # disturbed caches, lingering processes) then falls on each system alike.
-                    for name in systems[rep % len(systems):] + systems[:rep % len(systems)]:
+                    # A new order every repetition (seeded: reproducible), so that neither a system's position
+                    # nor its predecessor is fixed: whatever one run leaves behind falls on every system alike.
+                    # (A rotation would keep each system's predecessor.)
+                    order = systems[:]
+                    rng.shuffle(order)
+                    for name in order:
                         time.sleep(a.pause)
                         if name.startswith("ddl-"):
                             res, err = ddl_run(a, tls, ranks, name[4:], f"{tmp}/ddl.json")
