@@ -255,15 +255,8 @@ ddlResult_t ddlWait(ddlRequest_t request) {
     record(nullptr, "ddlWait: request is NULL");
     return ddlInvalidArgument;
   }
-  // The executor finishes every operation within its timeout; poll gently until then.
-  int spins = 0;
-  while (!request->op->done.load(std::memory_order_acquire)) {
-    if (++spins < 1000) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
+  // The executor finishes every operation within its timeout, then notifies.
+  request->op->done.wait(false, std::memory_order_acquire);
   return finish(request);
 }
 

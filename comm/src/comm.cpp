@@ -248,6 +248,7 @@ std::shared_ptr<AsyncOp> Comm::iallReduce(const void* sendbuf, void* recvbuf, si
         result->error = e.what();
       }
       result->done.store(true, std::memory_order_release);
+      result->done.notify_all();
     });
   }
   q_cv_.notify_all();

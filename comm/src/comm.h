@@ -28,7 +28,7 @@
 
 namespace ddl {
 
-// A queued non-blocking collective.
+// A queued non-blocking collective. The executor sets result/error, then done (and notifies its waiters).
 struct AsyncOp {
   std::atomic<bool> done{false};
   ddlResult_t result = ddlSuccess;
