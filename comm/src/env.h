@@ -12,14 +12,14 @@ namespace ddl {
 enum class Algo { kAuto, kRing, kMdRing, kRhd };
 const char* algoName(Algo a);
 
+constexpr int kDefaultTimeoutMs = 300000;
+
 struct Options {
-  int timeout_ms = 300000;
+  int timeout_ms = kDefaultTimeoutMs;
   Topology topology;
   Algo algo = Algo::kAuto;
   size_t segment_bytes = 0;  // 0: automatic
 };
-
-constexpr int kDefaultTimeoutMs = 300000;
 
 // Throws ddlInvalidArgument naming the bad field or variable and its value.
 Options resolveOptions(const ddlConfig_t* config, int nranks);

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <stdlib.h>
 #include <string>
 #include <thread>
 #include <vector>
