@@ -375,14 +375,20 @@ TEST(Failures, DeadRankFailsEveryOtherRankFast) {
 
 TEST(Failures, AbortFromAnotherThreadUnblocksAndTellsPeers) {
   constexpr int n = 3;
+  std::atomic<int> others_done{0};
   auto results = runRanks(n, makeOptions(n, Algo::kRing, "", 0, 30000), [&](Comm& c) {
     std::vector<double> buf(1000, 1.0);
     if (c.rank() == 1) {
-      // Rank 1 never joins; rank 0 aborts after a while; rank 2 must hear about it.
-      std::this_thread::sleep_for(1500ms);
+      // Rank 1 joins only once ranks 0 and 2 have returned (bounded): rank 0 aborts after a while, rank 2 must
+      // hear about it, and rank 1 then finds the communicator broken.
+      for (int i = 0; i < 20000 && others_done.load() < 2; ++i) std::this_thread::sleep_for(1ms);
       c.allReduce(buf.data(), buf.data(), buf.size(), ddlFloat64, ddlSum);
       return;
     }
+    struct Done {
+      std::atomic<int>& n;
+      ~Done() { ++n; }
+    } done{others_done};
     std::thread watchdog;
     if (c.rank() == 0) {
       watchdog = std::thread([&c] {
