@@ -115,6 +115,8 @@ struct JobSpec {
   std::vector<std::string> env;  // "KEY=VALUE"; the value may contain anything, including '=' and newlines.
   std::string workdir;
   std::vector<std::string> command;  // argv; argv[0] is the program. Elements are arbitrary bytes.
+  // Every one must equal the node's label (e.g. gpu=a100). No '=', ',' or whitespace: see validateJobSpec().
+  std::map<std::string, std::string> required_labels;
 
   bool operator==(const JobSpec&) const = default;
 };
@@ -238,6 +240,16 @@ inline Status validateJobSpec(const JobSpec& spec) {
   for (const std::string& kv : spec.env) {
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) return bad("env entry '" + kv + "' is not KEY=VALUE");
+  }
+  // Labels are written out as comma-separated key=value lists (placement's messages do), so '=', ',' or
+  // whitespace in a key or value would make that text ambiguous; refuse them at submit, not misread later.
+  constexpr std::string_view kLabelSeparators = "=, \t\n\v\f\r";
+  for (const auto& [key, value] : spec.required_labels) {
+    if (key.empty()) return bad("label with value '" + value + "' has an empty key");
+    if (key.find_first_of(kLabelSeparators) != std::string::npos)
+      return bad("label '" + key + "': the key may not contain '=', ',' or whitespace");
+    if (value.find_first_of(kLabelSeparators) != std::string::npos)
+      return bad("label '" + key + "': the value '" + value + "' may not contain '=', ',' or whitespace");
   }
   return Status::ok();
 }

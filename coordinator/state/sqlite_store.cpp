@@ -8,8 +8,9 @@
 //   commit. The price is one fsync per mutating call (bench/store_bench.cpp measures it on a given disk).
 // - Every mutating call is one BEGIN IMMEDIATE ... COMMIT transaction under mu_; reads run under mu_ too, on
 //   the same connection, so a caller never sees a half-applied change.
-// - Lists (env, argv, transitions, allocation, GPUs, labels) are child tables keyed by (owner, ord). Loading
-//   many jobs takes five queries in all, whatever the number of jobs.
+// - Lists (env, argv, transitions, allocation, GPUs) are child tables keyed by (owner, ord); maps (a job's
+//   required labels, a node's labels) by (owner, key). Loading many jobs takes six queries in all, whatever
+//   the number of jobs.
 #include "state/sqlite_store.h"
 
 #include <sqlite3.h>
@@ -82,6 +83,12 @@ CREATE TABLE node_gpus (
 ) WITHOUT ROWID;
 CREATE TABLE node_labels (
   node TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (node, key)
+) WITHOUT ROWID;
+)sql",
+    // 1 -> 2: a job's required node labels. Jobs from version 1 have none, which is what an empty table says.
+    R"sql(
+CREATE TABLE job_labels (
+  job_seq INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (job_seq, key)
 ) WITHOUT ROWID;
 )sql",
 };
@@ -425,6 +432,14 @@ StatusOr<Job> SqliteStore::createJob(const JobSpec& spec) {
     }
   }
   {
+    DDL_PREPARE(q, "INSERT INTO job_labels (job_seq, key, value) VALUES (?, ?, ?)");
+    for (const auto& [key, value] : spec.required_labels) {
+      q.bind(1, seq).bind(2, key).bind(3, value);
+      DDL_STEP_DONE(q, "inserting the labels of job " + job.id);
+      q.reset();
+    }
+  }
+  {
     const Transition& t = job.transitions.back();
     DDL_PREPARE(q,
                 "INSERT INTO job_transitions (job_seq, ord, from_state, to_state, at_ms, reason, fail_rank,"
@@ -482,11 +497,11 @@ StatusOr<std::vector<Job>> SqliteStore::loadJobsLocked(const std::string& where,
   }
   if (jobs.empty()) return jobs;
 
-  // The child rows of exactly those jobs, in (job, position) order.
+  // The child rows of exactly those jobs, in (job, position) order; maps (no position) in (job, key) order.
   const std::string of_jobs =
-      " WHERE job_seq IN (SELECT seq FROM jobs WHERE " + where + ") ORDER BY job_seq, ord";
-  auto each = [&](const std::string& sql, const char* what, auto&& fn) -> Status {
-    DDL_PREPARE(q, sql + of_jobs);
+      " WHERE job_seq IN (SELECT seq FROM jobs WHERE " + where + ") ORDER BY job_seq, ";
+  auto each = [&](const std::string& sql, const char* what, auto&& fn, const char* order = "ord") -> Status {
+    DDL_PREPARE(q, sql + of_jobs + order);
     for (size_t i = 0; i < args.size(); ++i) q.bind(static_cast<int>(i) + 1, args[i]);
     int rc;
     while ((rc = q.step()) == SQLITE_ROW) {
@@ -505,6 +520,13 @@ StatusOr<std::vector<Job>> SqliteStore::loadJobsLocked(const std::string& where,
     job.spec.command.push_back(q.text(1));
     return Status::ok();
   }));
+  DDL_RETURN_IF_ERROR(each(
+      "SELECT job_seq, key, value FROM job_labels", "job labels",
+      [](Job& job, Stmt& q) {
+        job.spec.required_labels[q.text(1)] = q.text(2);
+        return Status::ok();
+      },
+      "key"));
   DDL_RETURN_IF_ERROR(each(
       "SELECT job_seq, from_state, to_state, at_ms, reason, fail_rank, fail_host, fail_exit_code, fail_signal"
       " FROM job_transitions",

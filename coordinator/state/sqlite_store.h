@@ -5,9 +5,10 @@
 // middle of a call leaves the database as it was before that call (SQLite ignores WAL frames without a commit
 // record).
 //
-// Encoding: every field is a column; the lists (env, argv, transitions, allocation, GPUs, labels) are child
-// tables keyed by (owner, position). Strings are bound with explicit lengths and read back the same way, so
-// argv and env round-trip arbitrary bytes ('=', newlines, NUL, invalid UTF-8) with no escaping to get wrong.
+// Encoding: every field is a column; the lists (env, argv, transitions, allocation, GPUs) are child tables
+// keyed by (owner, position), the label maps (a job's required labels, a node's labels) child tables keyed by
+// (owner, key). Strings are bound with explicit lengths and read back the same way, so argv and env
+// round-trip arbitrary bytes ('=', newlines, NUL, invalid UTF-8) with no escaping to get wrong.
 //
 // Schema: a schema_version table and an ordered list of migrations, applied in one transaction on open; a
 // fresh file gets all of them. A database written by a newer version, or an SQLite file that is not a ddl
@@ -37,7 +38,7 @@ namespace ddl::state {
 
 class SqliteStore : public Store {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
   struct Options {
     std::string path;  // The database file. Its directory must exist (creating it is the caller's job).

@@ -83,6 +83,9 @@ JobSpec sampleSpec(const std::string& name = "resnet50", const std::string& user
                "--opt=a,b", "",
                "new\nline", std::string("\0zero", 5),
                "\xff\xfe",  "quote'\"; DROP TABLE jobs; --"};
+  // Labels cannot carry such bytes (validateJobSpec refuses them); present so every round trip, reopen and
+  // crash test below checks them too.
+  s.required_labels = {{"gpu", "a100"}, {"zone", "eu-1/\xc3\xa9"}};
   return s;
 }
 
@@ -238,6 +241,59 @@ TYPED_TEST(StoreTest, CreateRejectsInvalidSpecs) {
   negative.max_restarts = -1;
   EXPECT_EQ(this->store_->createJob(negative).status().code(), StatusCode::kInvalidArgument);
 
+  auto all = this->store_->listJobs();
+  ASSERT_TRUE(all.isOk());
+  EXPECT_TRUE(all->empty()) << "a refused spec must not be stored";
+}
+
+TYPED_TEST(StoreTest, RequiredLabelsRoundTripPerJob) {
+  JobSpec none = sampleSpec("none", "alice");
+  none.required_labels.clear();
+  JobSpec one = sampleSpec("one", "bob");
+  one.required_labels = {{"gpu", "v100"}};
+  JobSpec many = sampleSpec("many", "alice");
+  many.required_labels = {{"rack", "r7"}, {"gpu", "h100"}, {"ib", ""}, {"a.b/c-d_e", "X.y-z_0"}};
+  std::vector<Job> created;
+  for (const JobSpec& spec : {none, one, many, sampleSpec()}) {
+    auto job = this->store_->createJob(spec);
+    ASSERT_TRUE(job.isOk()) << job.status().toString();
+    EXPECT_EQ(job->spec.required_labels, spec.required_labels);
+    created.push_back(*job);
+  }
+  for (const Job& job : created) EXPECT_EQ(*this->store_->getJob(job.id), job);
+  // Listing many jobs (the batched child-table reads) gives each job its own labels, filtered or not.
+  EXPECT_EQ(*this->store_->listJobs(), created);
+  auto alice = this->store_->listJobs({{}, "alice"});
+  ASSERT_TRUE(alice.isOk()) << alice.status().toString();
+  EXPECT_EQ(*alice, (std::vector<Job>{created[0], created[2], created[3]}));
+  // Labels are part of the spec: transitions and allocations leave them alone.
+  ASSERT_TRUE(this->store_->setAllocation(created[2].id, {{"n1", {0}}}, "t").isOk());
+  ASSERT_TRUE(this->store_->transition(created[2].id, JobState::kScheduled, "").isOk());
+  EXPECT_EQ(this->store_->getJob(created[2].id)->spec, many);
+}
+
+TYPED_TEST(StoreTest, CreateRejectsBadLabels) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"", "a100"},       {"gpu=type", "a100"}, {"gpu,type", "a100"}, {"gpu type", "a100"},
+      {"gpu\ttype", "x"}, {"gpu\n", "x"},       {"gpu", "a=100"},     {"gpu", "a100,v100"},
+      {"gpu", "a 100"},   {"gpu", "a100\n"},    {"gpu", "\ra100"},
+  };
+  for (const auto& [key, value] : bad) {
+    JobSpec spec = sampleSpec();
+    spec.required_labels[key] = value;
+    auto r = this->store_->createJob(spec);
+    ASSERT_FALSE(r.isOk()) << "label '" << key << "'='" << value << "' was accepted";
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(contains(r.status().message(), "job spec 'resnet50': label")) << r.status().toString();
+    if (key.empty()) {
+      EXPECT_TRUE(contains(r.status().message(), "empty key")) << r.status().toString();
+    } else {
+      EXPECT_TRUE(contains(r.status().message(), "label '" + key + "'")) << r.status().toString();
+      EXPECT_TRUE(contains(r.status().message(), "may not contain '=', ',' or whitespace"))
+          << r.status().toString();
+    }
+  }
+  EXPECT_TRUE(validateJobSpec(sampleSpec()).isOk());
   auto all = this->store_->listJobs();
   ASSERT_TRUE(all.isOk());
   EXPECT_TRUE(all->empty()) << "a refused spec must not be stored";
@@ -543,9 +599,9 @@ TEST(SqliteStore, SchemaIsCreatedOnFirstStart) {
             std::to_string(SqliteStore::kSchemaVersion));
   EXPECT_EQ(rawQuery(path,
                      "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('jobs', "
-                     "'job_env', 'job_argv', 'job_transitions', 'job_allocation', 'nodes', 'node_gpus', "
-                     "'node_labels')"),
-            "8");
+                     "'job_env', 'job_argv', 'job_labels', 'job_transitions', 'job_allocation', 'nodes', "
+                     "'node_gpus', 'node_labels')"),
+            "9");
   EXPECT_TRUE(store->listJobs()->empty());
   EXPECT_TRUE(store->listNodes()->empty());
 
@@ -588,6 +644,7 @@ TEST(SqliteStore, ReopenKeepsEveryJobAndNode) {
     jobs = *store->listJobs();
   }
   ASSERT_EQ(jobs.size(), 6u);
+  ASSERT_EQ(jobs[0].spec.required_labels, sampleSpec().required_labels);
   auto store = openOrDie(path, clock.fn());
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(*store->listJobs(), jobs);
@@ -599,6 +656,54 @@ TEST(SqliteStore, ReopenKeepsEveryJobAndNode) {
   EXPECT_EQ(store->transition("j-000005", JobState::kRunning, "").status().code(),
             StatusCode::kFailedPrecondition);
   EXPECT_TRUE(store->transition("j-000004", JobState::kScheduled, "").isOk());
+}
+
+// A database written at schema version 1 (before job labels) is migrated in place on open: its jobs and
+// nodes are kept, with no labels, and new jobs store theirs.
+TEST(SqliteStore, VersionOneDatabaseIsUpgradedInPlace) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  FakeClock clock;
+  JobSpec v1_spec = sampleSpec();
+  v1_spec.required_labels.clear();  // Version 1 had no labels.
+  std::vector<Job> jobs;
+  {
+    auto store = openOrDie(path, clock.fn());
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->upsertNode(sampleNode("a", 4)).isOk());
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(store->createJob(v1_spec).isOk());
+    ASSERT_TRUE(store->setAllocation("j-000002", {{"a", {0, 1}}}, "ring a").isOk());
+    ASSERT_TRUE(store->transition("j-000002", JobState::kScheduled, "placed").isOk());
+    ASSERT_TRUE(store->transition("j-000003", JobState::kCancelled, "user").isOk());
+    jobs = *store->listJobs();
+  }
+  // Turn the file into exactly what version 1 wrote: version 2 only added the job_labels table.
+  EXPECT_EQ(rawQuery(path, "DROP TABLE job_labels"), "<done>");
+  EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 1"), "<done>");
+  ASSERT_EQ(rawQuery(path, "SELECT version FROM schema_version"), "1");
+  ASSERT_EQ(rawQuery(path, "SELECT count(*) FROM sqlite_master WHERE name = 'job_labels'"), "0");
+
+  {
+    auto store = openOrDie(path, clock.fn());
+    ASSERT_NE(store, nullptr);
+    EXPECT_EQ(store->schemaVersion(), SqliteStore::kSchemaVersion);
+    EXPECT_TRUE(store->integrityCheck().isOk());
+    EXPECT_EQ(*store->listJobs(), jobs);
+    EXPECT_EQ(*store->listNodes(), std::vector<NodeRecord>{sampleNode("a", 4)});
+    auto job = store->createJob(sampleSpec());
+    ASSERT_TRUE(job.isOk()) << job.status().toString();
+    EXPECT_EQ(job->id, "j-000004");
+    jobs.push_back(*job);
+  }
+  // The migration was committed, and the new job's labels are on disk.
+  EXPECT_EQ(rawQuery(path, "SELECT version FROM schema_version"),
+            std::to_string(SqliteStore::kSchemaVersion));
+  EXPECT_EQ(rawQuery(path, "SELECT count(*) FROM job_labels WHERE job_seq = 4"), "2");
+  auto store = openOrDie(path, clock.fn());
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(*store->listJobs(), jobs);
+  EXPECT_EQ(store->getJob("j-000004")->spec, sampleSpec());
+  EXPECT_TRUE(store->transition("j-000002", JobState::kStarting, "").isOk());
 }
 
 TEST(SqliteStore, UnopenablePathGivesAClearError) {
@@ -843,6 +948,7 @@ TEST(SqliteStoreCrash, KilledBeforeTheCommitLeavesNoTrace) {
   auto jobs = store->listJobs();
   ASSERT_EQ(jobs->size(), 2u);
   EXPECT_EQ(rawQuery(path, "SELECT count(*) FROM job_argv WHERE job_seq = 3"), "0");
+  EXPECT_EQ(rawQuery(path, "SELECT count(*) FROM job_labels WHERE job_seq = 3"), "0");
   // The id was never acknowledged, so handing it out again is safe.
   EXPECT_EQ(store->createJob(sampleSpec())->id, "j-000003");
 }
