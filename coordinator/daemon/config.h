@@ -1,0 +1,34 @@
+// ddl-coordinator's settings: built-in defaults, then the JSON config file (--config), then command-line
+// flags, each overriding the one before. Unknown keys and wrong types are errors that name the key, so a
+// typo in /etc/ddl/coordinator.json stops the daemon at start instead of being silently ignored.
+//
+// Threads: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "state/status.h"
+
+namespace ddl::coordinator {
+
+struct DaemonConfig {
+  std::string listen = "127.0.0.1:7070";  // gRPC, for agents and ddlctl; port 0 = any free port
+  std::string data_dir = "/var/lib/ddl/coordinator";
+  double heartbeat_grace_s = 10;
+  double heartbeat_interval_s = 1;
+  double stop_grace_s = 10;
+  int port_first = 29500;  // default rendezvous port range of agents that give none
+  int port_last = 29999;
+  std::string log_level = "info";  // trace, debug, info, warn, error
+};
+
+// Reads the JSON object at `path` over `config`. Keys: listen, data_dir, heartbeat_grace_s,
+// heartbeat_interval_s, stop_grace_s, port_first, port_last, log_level.
+state::Status loadConfigFile(const std::string& path, DaemonConfig* config);
+// Parses JSON text (what loadConfigFile reads); `origin` names it in errors.
+state::Status parseConfig(const std::string& text, const std::string& origin, DaemonConfig* config);
+// Checks ranges and combinations once everything is applied.
+state::Status validateConfig(const DaemonConfig& config);
+
+}  // namespace ddl::coordinator

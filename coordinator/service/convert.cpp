@@ -1,0 +1,94 @@
+#include "service/convert.h"
+
+namespace ddl::coordinator {
+
+// The two enums list the states in the same order; the proto's starts at 1 (0 is "unspecified").
+v1::JobState toProto(state::JobState s) { return static_cast<v1::JobState>(static_cast<int>(s) + 1); }
+
+std::optional<state::JobState> fromProto(v1::JobState s) {
+  int v = static_cast<int>(s);
+  if (v < v1::PENDING || v > v1::CANCELLED) return std::nullopt;
+  return static_cast<state::JobState>(v - 1);
+}
+
+state::JobSpec fromProto(const v1::JobSpec& spec) {
+  state::JobSpec s;
+  s.name = spec.name();
+  s.user = spec.user();
+  s.nodes = spec.nodes();
+  s.gpus_per_node = spec.gpus_per_node();
+  s.total_gpus = spec.total_gpus();
+  s.topology_override = spec.topology();
+  s.priority = spec.priority();
+  s.max_restarts = spec.max_restarts();
+  s.env.assign(spec.env().begin(), spec.env().end());
+  s.workdir = spec.workdir();
+  s.command.assign(spec.command().begin(), spec.command().end());
+  s.required_labels.insert(spec.required_labels().begin(), spec.required_labels().end());
+  return s;
+}
+
+void toProto(const state::JobSpec& spec, v1::JobSpec* out) {
+  out->set_name(spec.name);
+  out->set_user(spec.user);
+  out->set_nodes(spec.nodes);
+  out->set_gpus_per_node(spec.gpus_per_node);
+  out->set_total_gpus(spec.total_gpus);
+  out->set_topology(spec.topology_override);
+  out->set_priority(spec.priority);
+  out->set_max_restarts(spec.max_restarts);
+  for (const auto& e : spec.env) out->add_env(e);
+  out->set_workdir(spec.workdir);
+  for (const auto& a : spec.command) out->add_command(a);
+  for (const auto& [k, v] : spec.required_labels) (*out->mutable_required_labels())[k] = v;
+}
+
+void toProto(const state::Failure& failure, v1::Failure* out) {
+  out->set_rank(failure.rank);
+  out->set_host(failure.host);
+  if (failure.exit_code) out->set_exit_code(*failure.exit_code);
+  if (failure.signal) out->set_signal(*failure.signal);
+}
+
+std::vector<state::NodeAllocation> toState(const placement::Allocation& allocation) {
+  std::vector<state::NodeAllocation> out;
+  for (const auto& n : allocation.nodes) out.push_back({n.node, n.gpus});
+  return out;
+}
+
+placement::Allocation toPlacement(const std::vector<state::NodeAllocation>& allocation) {
+  placement::Allocation out;
+  for (const auto& n : allocation) out.nodes.push_back({n.node, n.gpus});
+  return out;
+}
+
+placement::JobRequest requestOf(const std::string& id, const state::JobSpec& spec) {
+  placement::JobRequest r;
+  r.id = id;
+  r.priority = spec.priority;
+  r.submitSeq = id.empty() ? 0 : static_cast<uint64_t>(state::jobIdNumber(id).value_or(0));
+  r.nodes = spec.nodes;
+  r.gpusPerNode = spec.gpus_per_node;
+  r.totalGpus = spec.total_gpus;
+  r.requiredLabels = spec.required_labels;
+  r.topology = spec.topology_override;
+  return r;
+}
+
+void toProto(const placement::RingLayout& layout, v1::RingLayout* out) {
+  out->set_topology(layout.topology());
+  for (int d : layout.dims) out->add_dims(d);
+  out->set_overridden(layout.overridden);
+  out->set_why(layout.why);
+  for (const auto& slot : layout.ranks) {
+    v1::RankSlot* s = out->add_ranks();
+    s->set_rank(slot.rank);
+    s->set_node(slot.node);
+    s->set_gpu(slot.gpu);
+    s->set_local_rank(slot.localRank);
+    s->set_switch_name(slot.switchName);
+  }
+  out->set_text(placement::renderRingLayout(layout));
+}
+
+}  // namespace ddl::coordinator

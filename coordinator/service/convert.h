@@ -1,0 +1,30 @@
+// Conversions between the coordinator's own records (state/, placement/) and the ddl.v1 messages. Pure
+// functions; any thread.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ddl/v1/ddl.pb.h"
+#include "placement/cluster.h"
+#include "placement/ring_layout.h"
+#include "state/job.h"
+
+namespace ddl::coordinator {
+
+v1::JobState toProto(state::JobState s);
+std::optional<state::JobState> fromProto(v1::JobState s);  // nullopt for JOB_STATE_UNSPECIFIED
+
+state::JobSpec fromProto(const v1::JobSpec& spec);
+void toProto(const state::JobSpec& spec, v1::JobSpec* out);
+void toProto(const state::Failure& failure, v1::Failure* out);
+
+std::vector<state::NodeAllocation> toState(const placement::Allocation& allocation);
+placement::Allocation toPlacement(const std::vector<state::NodeAllocation>& allocation);
+
+// What placement needs to know of a job.
+placement::JobRequest requestOf(const std::string& id, const state::JobSpec& spec);
+
+void toProto(const placement::RingLayout& layout, v1::RingLayout* out);
+
+}  // namespace ddl::coordinator

@@ -1,0 +1,825 @@
+#include "service/coordinator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cassert>
+#include <csignal>
+#include <cstring>
+
+#include "placement/placement.h"
+#include "service/convert.h"
+
+namespace ddl::coordinator {
+
+namespace {
+
+using state::JobState;
+
+bool isLive(JobState s) {
+  return s == JobState::kScheduled || s == JobState::kStarting || s == JobState::kRunning;
+}
+
+bool isValidName(const std::string& name) {
+  if (name.empty() || name.size() > 253) return false;
+  return std::all_of(name.begin(), name.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+std::string seconds(int64_t ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(ms) / 1000.0);
+  return buf;
+}
+
+std::string describeExit(const v1::RankStatus& r) {
+  if (r.has_signal()) {
+    const char* name = sigabbrev_np(r.signal());
+    return "was killed by signal " + (name ? "SIG" + std::string(name) : std::to_string(r.signal()));
+  }
+  return "exited with code " + std::to_string(r.exit_code());
+}
+
+bool exitedCleanly(const v1::RankStatus& r) {
+  return r.state() == v1::RankStatus::EXITED && !r.has_signal() && r.exit_code() == 0;
+}
+
+placement::NodeState toPlacement(state::NodeState s) {
+  switch (s) {
+    case state::NodeState::kUp:
+      return placement::NodeState::kUp;
+    case state::NodeState::kDraining:
+      return placement::NodeState::kDraining;
+    case state::NodeState::kDown:
+      return placement::NodeState::kDown;
+  }
+  return placement::NodeState::kDown;
+}
+
+}  // namespace
+
+Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::function<int64_t()> now_ms)
+    : store_(store), options_(options), now_ms_(now_ms ? std::move(now_ms) : state::systemNowMs) {}
+
+Coordinator::~Coordinator() { stop(); }
+
+// ---- Lifecycle ---------------------------------------------------------------------------------------------
+
+Status Coordinator::recover() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = now_ms_();
+  auto nodes = store_.listNodes();
+  if (!nodes) return nodes.status();
+  for (auto& record : *nodes) {
+    NodeEntry& entry = nodes_[record.name];
+    entry.record = record;
+    entry.port_first = options_.port_first;
+    entry.port_last = options_.port_last;
+    entry.last_seen_ms = now;  // every node gets a full grace period to reconnect
+    if (record.state != state::NodeState::kDown) recovery_until_ms_ = now + options_.heartbeat_grace_ms;
+  }
+  auto jobs = store_.listJobs();
+  if (!jobs) return jobs.status();
+  for (auto& job : *jobs) jobs_[job.id] = job;
+  for (auto& [id, job] : jobs_) {
+    if (job.state == JobState::kScheduled) {
+      Status st = recordTransitionLocked(id, JobState::kPending,
+                                         "coordinator restarted before the launch was confirmed; placing again");
+      if (!st) spdlog::error("recover: {}", st.toString());
+    } else if (isLive(job.state)) {
+      placement::RingLayout layout;
+      std::string err = placement::buildRingLayout(toPlacement(job.allocation), snapshotLocked(false),
+                                                   job.topology, &layout);
+      if (!err.empty()) {
+        failJobLocked(id, "coordinator restarted and cannot rebuild the ring layout: " + err, std::nullopt);
+        continue;
+      }
+      buildRuntimeLocked(job, layout);
+    }
+  }
+  spdlog::info("recovered {} jobs and {} nodes from the store", jobs_.size(), nodes_.size());
+  return Status::ok();
+}
+
+void Coordinator::start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ticker_.joinable()) return;
+  stopping_ = false;
+  ticker_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      wake_.wait_for(lock, std::chrono::milliseconds(options_.tick_ms));
+      if (stopping_) break;
+      lock.unlock();
+      tick();
+      lock.lock();
+    }
+  });
+}
+
+void Coordinator::stop() {
+  std::thread ticker;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    ticker = std::move(ticker_);
+    for (auto& [name, node] : nodes_) {
+      if (node.link) node.link->close();
+      node.link.reset();
+    }
+  }
+  wake_.notify_all();
+  if (ticker.joinable()) ticker.join();
+}
+
+void Coordinator::tick() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = now_ms_();
+  checkHeartbeatsLocked(now);
+  if (recovery_until_ms_ != 0) {
+    bool all_back = std::all_of(nodes_.begin(), nodes_.end(), [](const auto& kv) {
+      return kv.second.record.state == state::NodeState::kDown || kv.second.link != nullptr;
+    });
+    if (all_back || now >= recovery_until_ms_) {
+      spdlog::info("recovery over: {}", all_back ? "every node reconnected" : "grace period passed");
+      recovery_until_ms_ = 0;
+      schedule_wanted_ = true;
+    }
+  }
+  if (schedule_wanted_) scheduleLocked();
+}
+
+bool Coordinator::recoveringLocked(int64_t now) const {
+  return recovery_until_ms_ != 0 && now < recovery_until_ms_;
+}
+
+// ---- Jobs: transitions, scheduling, launch -----------------------------------------------------------------
+
+Status Coordinator::recordTransitionLocked(const std::string& id, JobState to, const std::string& reason,
+                                           const std::optional<state::Failure>& failure) {
+  auto job = store_.transition(id, to, reason, failure);
+  if (!job) return job.status();
+  spdlog::info("job {}: {} -> {}: {}", id, toString(jobs_[id].state), toString(job->state), reason);
+  jobs_[id] = *job;
+  if (!isLive(job->state)) runtime_.erase(id);
+  if (job->state != JobState::kPending) pending_reason_.erase(id);
+  schedule_wanted_ = true;
+  return Status::ok();
+}
+
+int Coordinator::attemptOf(const state::Job& job) {
+  return static_cast<int>(std::count_if(job.transitions.begin(), job.transitions.end(),
+                                        [](const auto& t) { return t.to == JobState::kScheduled; }));
+}
+
+void Coordinator::scheduleLocked() {
+  schedule_wanted_ = false;
+  const int64_t now = now_ms_();
+  std::vector<placement::JobRequest> queue;
+  for (const auto& [id, job] : jobs_) {
+    if (job.state == JobState::kPending) queue.push_back(requestOf(id, job.spec));
+  }
+  if (queue.empty()) return;
+  if (recoveringLocked(now)) {
+    for (const auto& r : queue) {
+      pending_reason_[r.id] = "coordinator restarted; waiting up to " +
+                              seconds(recovery_until_ms_ - now) + " for agents to reconnect";
+    }
+    return;
+  }
+  placement::Cluster cluster = snapshotLocked(true);
+  placement::ScheduleResult result = placement::schedule(cluster, queue);
+  for (const auto& d : result.decisions) {
+    const state::Job& job = jobs_[d.jobId];
+    if (d.action == placement::Decision::Action::kPending) {
+      pending_reason_[d.jobId] = d.reason;
+      continue;
+    }
+    if (d.action == placement::Decision::Action::kRefused) {
+      Status st = recordTransitionLocked(d.jobId, JobState::kFailed, "can never run on this cluster: " + d.reason);
+      if (!st) spdlog::error("schedule: {}", st.toString());
+      continue;
+    }
+    placement::RingLayout layout;
+    std::string err = placement::buildRingLayout(d.allocation, cluster, job.spec.topology_override, &layout);
+    if (err.empty()) err = placement::validateRingLayout(layout);
+    if (!err.empty()) {
+      Status st = recordTransitionLocked(d.jobId, JobState::kFailed, "no valid ring layout: " + err);
+      if (!st) spdlog::error("schedule: {}", st.toString());
+      continue;
+    }
+    Status st = store_.setAllocation(d.jobId, toState(d.allocation), layout.topology());
+    if (st) {
+      jobs_[d.jobId].allocation = toState(d.allocation);
+      jobs_[d.jobId].topology = layout.topology();
+      st = recordTransitionLocked(d.jobId, JobState::kScheduled,
+                                  std::string(d.backfilled ? "backfilled on " : "placed on ") +
+                                      d.allocation.str() + ", ring " + layout.topology());
+    }
+    if (!st) {
+      spdlog::error("schedule: job {}: {}; it stays pending", d.jobId, st.toString());
+      pending_reason_[d.jobId] = "the coordinator could not record its placement: " + st.message();
+      continue;
+    }
+    launchLocked(d.jobId, d.allocation, layout);
+  }
+}
+
+void Coordinator::buildRuntimeLocked(const state::Job& job, const placement::RingLayout& layout) {
+  JobRuntime& rt = runtime_[job.id];
+  rt = JobRuntime{};
+  rt.attempt = attemptOf(job);
+  rt.root_node = layout.ranks.empty() ? "" : layout.ranks[0].node;
+  for (const auto& slot : layout.ranks) rt.rank_node[slot.rank] = slot.node;
+  rt.port = pickPortLocked(rt.root_node, job.id);
+}
+
+void Coordinator::launchLocked(const std::string& id, const placement::Allocation& allocation,
+                               const placement::RingLayout& layout) {
+  const state::Job& job = jobs_[id];
+  buildRuntimeLocked(job, layout);
+  const JobRuntime& rt = runtime_[id];
+  const std::string root_addr = nodes_[rt.root_node].record.address;
+  const std::string world = std::to_string(layout.size());
+
+  std::map<std::string, v1::Command> commands;  // by node
+  for (const auto& slot : layout.ranks) {
+    v1::Command& cmd = commands[slot.node];
+    v1::StartRanks* start = cmd.mutable_start();
+    if (start->job_id().empty()) {
+      start->set_job_id(id);
+      start->set_attempt(rt.attempt);
+      for (const auto& a : job.spec.command) start->add_command(a);
+      start->set_workdir(job.spec.workdir);
+    }
+    v1::RankLaunch* launch = start->add_ranks();
+    launch->set_rank(slot.rank);
+    launch->set_gpu(slot.gpu);
+    launch->set_local_rank(slot.localRank);
+    auto add = [&](const std::string& k, const std::string& v) {
+      v1::EnvVar* e = launch->add_env();
+      e->set_name(k);
+      e->set_value(v);
+    };
+    // The user's variables first; ddl's own come after and win, so a stray RANK cannot break the job.
+    for (const auto& kv : job.spec.env) {
+      size_t eq = kv.find('=');
+      add(kv.substr(0, eq), kv.substr(eq + 1));
+    }
+    for (const auto& [k, v] : placement::rankEnvironment(layout, slot.rank)) add(k, v);
+    add("DDL_ROOT", root_addr + ":" + std::to_string(rt.port));
+    add("DDL_JOB_ID", id);
+    add("DDL_JOB_ATTEMPT", std::to_string(rt.attempt));
+    add("RANK", std::to_string(slot.rank));
+    add("WORLD_SIZE", world);
+    add("LOCAL_RANK", std::to_string(slot.localRank));
+    add("LOCAL_WORLD_SIZE", std::to_string(slot.localSize));
+    add("MASTER_ADDR", root_addr);
+    add("MASTER_PORT", std::to_string(rt.port + 1));
+  }
+  for (const auto& [node, cmd] : commands) sendLocked(node, cmd);
+  Status st = recordTransitionLocked(id, JobState::kStarting,
+                                     "start sent to " + std::to_string(commands.size()) + " node" +
+                                         (commands.size() == 1 ? "" : "s"));
+  if (!st) spdlog::error("launch: {}", st.toString());
+}
+
+int Coordinator::pickPortLocked(const std::string& node, const std::string& job) const {
+  auto it = nodes_.find(node);
+  int first = it != nodes_.end() && it->second.port_first ? it->second.port_first : options_.port_first;
+  int last = it != nodes_.end() && it->second.port_last ? it->second.port_last : options_.port_last;
+  const int slots = std::max(1, (last - first + 1) / 2);
+  // Start from a slot derived from the job id, so a restarted coordinator computes the same port for a job
+  // that is still running, then skip slots that live jobs rooted on the same node hold.
+  const int start = static_cast<int>(state::jobIdNumber(job).value_or(0) % slots);
+  for (int i = 0; i < slots; ++i) {
+    int port = first + 2 * ((start + i) % slots);
+    bool taken = std::any_of(runtime_.begin(), runtime_.end(), [&](const auto& kv) {
+      return kv.first != job && kv.second.root_node == node && kv.second.port == port;
+    });
+    if (!taken) return port;
+  }
+  return first + 2 * start;  // every slot taken: more live jobs than ports; the store reports the clash
+}
+
+void Coordinator::sendLocked(const std::string& node, const v1::Command& command) {
+  auto it = nodes_.find(node);
+  if (it == nodes_.end()) return;
+  if (it->second.link) {
+    it->second.link->send(command);
+  } else {
+    it->second.outbox.push_back(command);
+  }
+}
+
+void Coordinator::stopJobEverywhereLocked(const std::string& id, int attempt, const std::string& reason) {
+  v1::Command cmd;
+  v1::StopJob* stop = cmd.mutable_stop();
+  stop->set_job_id(id);
+  stop->set_attempt(attempt);
+  stop->set_grace_ms(static_cast<int32_t>(options_.stop_grace_ms));
+  stop->set_reason(reason);
+  for (const auto& a : jobs_[id].allocation) sendLocked(a.node, cmd);
+}
+
+void Coordinator::failJobLocked(const std::string& id, const std::string& reason,
+                                std::optional<state::Failure> failure) {
+  state::Job& job = jobs_[id];
+  if (!isLive(job.state)) return;
+  const int attempt = runtime_.count(id) ? runtime_[id].attempt : attemptOf(job);
+  const auto allocation = job.allocation;  // the requeue clears it; the stops need it
+  Status st;
+  if (job.restarts < job.spec.max_restarts && job.state != JobState::kScheduled) {
+    st = recordTransitionLocked(id, JobState::kPending,
+                                "requeued (restart " + std::to_string(job.restarts + 1) + " of " +
+                                    std::to_string(job.spec.max_restarts) + "): " + reason,
+                                failure);
+  } else {
+    st = recordTransitionLocked(id, JobState::kFailed, reason, failure);
+  }
+  if (!st) spdlog::error("job {}: {}", id, st.toString());
+  v1::Command cmd;
+  v1::StopJob* stop = cmd.mutable_stop();
+  stop->set_job_id(id);
+  stop->set_attempt(attempt);
+  stop->set_grace_ms(static_cast<int32_t>(options_.stop_grace_ms));
+  stop->set_reason(reason);
+  for (const auto& a : allocation) sendLocked(a.node, cmd);
+}
+
+void Coordinator::maybeCompleteLocked(const std::string& id) {
+  auto rt = runtime_.find(id);
+  if (rt == runtime_.end()) return;
+  const size_t nranks = rt->second.rank_node.size();
+  const auto& ranks = rt->second.ranks;
+  if (jobs_[id].state == JobState::kStarting && ranks.size() == nranks) {
+    Status st = recordTransitionLocked(id, JobState::kRunning,
+                                       "all " + std::to_string(nranks) + " ranks started");
+    if (!st) spdlog::error("job {}: {}", id, st.toString());
+  }
+  if (jobs_[id].state != JobState::kRunning || ranks.size() != nranks) return;
+  if (!std::all_of(ranks.begin(), ranks.end(), [](const auto& kv) { return exitedCleanly(kv.second); })) return;
+  const int attempt = rt->second.attempt;
+  Status st = recordTransitionLocked(id, JobState::kSucceeded,
+                                     "all " + std::to_string(nranks) + " ranks exited with code 0");
+  if (!st) spdlog::error("job {}: {}", id, st.toString());
+  stopJobEverywhereLocked(id, attempt, "job succeeded");  // releases the exited ranks on the agents
+}
+
+// ---- Nodes and agents ----------------------------------------------------------------------------------------
+
+void Coordinator::checkHeartbeatsLocked(int64_t now) {
+  for (auto& [name, node] : nodes_) {
+    if (node.record.state == state::NodeState::kDown) continue;
+    if (now - node.last_seen_ms <= options_.heartbeat_grace_ms) continue;
+    const std::string reason = "node_lost: node " + name + " sent no heartbeat for " +
+                               seconds(now - node.last_seen_ms) + " (grace " +
+                               seconds(options_.heartbeat_grace_ms) + ")";
+    spdlog::warn("{}; marking it DOWN", reason);
+    Status st = store_.setNodeState(name, state::NodeState::kDown);
+    if (!st) spdlog::error("node {}: {}", name, st.toString());
+    node.record.state = state::NodeState::kDown;
+    if (node.link) node.link->close();
+    node.link.reset();
+    node.outbox.clear();
+    loseNodeJobsLocked(name, reason);
+    node.ranks.clear();
+    schedule_wanted_ = true;
+  }
+}
+
+void Coordinator::loseNodeJobsLocked(const std::string& node, const std::string& reason,
+                                     const std::string& only_job) {
+  std::vector<std::string> victims;
+  for (const auto& [id, job] : jobs_) {
+    if (!isLive(job.state) || (!only_job.empty() && id != only_job)) continue;
+    for (const auto& a : job.allocation) {
+      if (a.node == node) victims.push_back(id);
+    }
+  }
+  for (const auto& id : victims) failJobLocked(id, reason, std::nullopt);
+}
+
+StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequest& req) {
+  if (!isValidName(req.node())) {
+    return Status::invalidArgument("register: node name '" + req.node() +
+                                   "' is empty or has characters other than letters, digits, '-', '_', '.'");
+  }
+  if (req.address().empty()) return Status::invalidArgument("register: node " + req.node() + " gave no address");
+  for (int i = 0; i < req.gpus_size(); ++i) {
+    if (req.gpus(i).index() != i) {
+      return Status::invalidArgument("register: node " + req.node() + ": GPU " + std::to_string(i) +
+                                     " has index " + std::to_string(req.gpus(i).index()) +
+                                     "; list GPUs by index 0..n-1");
+    }
+  }
+  int first = req.port_first(), last = req.port_last();
+  if (first == 0 && last == 0) {
+    first = options_.port_first;
+    last = options_.port_last;
+  } else if (first < 1024 || last > 65535 || last <= first) {
+    return Status::invalidArgument("register: node " + req.node() + ": port range " + std::to_string(first) +
+                                   "-" + std::to_string(last) + " must lie in 1024-65535 and hold 2 ports");
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = now_ms_();
+  NodeEntry& node = nodes_[req.node()];
+  state::NodeRecord record = node.record;
+  record.name = req.node();
+  record.address = req.address();
+  record.gpus.clear();
+  for (const auto& g : req.gpus()) record.gpus.push_back({g.index(), g.uuid(), g.model(), g.memory_bytes()});
+  record.labels = {req.labels().begin(), req.labels().end()};
+  if (record.state == state::NodeState::kDown) record.state = state::NodeState::kUp;
+  record.last_heartbeat_ms = now;
+  Status st = store_.upsertNode(record);
+  if (!st) {
+    if (node.session.empty() && node.record.name.empty()) nodes_.erase(req.node());
+    return st;
+  }
+  if (node.link) node.link->close();
+  node.link.reset();
+  node.outbox.clear();  // commands for the old stream are lost with it; reconciliation below decides
+  node.record = record;
+  node.nics.assign(req.nics().begin(), req.nics().end());
+  node.port_first = first;
+  node.port_last = last;
+  node.last_seen_ms = now;
+  node.session = req.node() + "-" + std::to_string(now) + "-" + std::to_string(++session_counter_);
+  node.ranks.clear();
+
+  std::set<std::pair<std::string, int>> stale;
+  for (const auto& r : req.ranks()) applyRankReportLocked(node, r, &stale);
+  // Ranks this node should run but no longer has (the agent restarted without them, or never got the start).
+  std::vector<std::pair<std::string, int>> lost;  // (job, rank); failing a job edits runtime_, so collect first
+  for (const auto& [id, rt] : runtime_) {
+    for (const auto& [rank, where] : rt.rank_node) {
+      if (where != req.node()) continue;
+      auto known = rt.ranks.find(rank);
+      auto held = node.ranks.find(RankKey{id, rank});
+      bool reported = held != node.ranks.end() && held->second.attempt() == rt.attempt;
+      if (!reported && (known == rt.ranks.end() || !exitedCleanly(known->second))) {
+        stale.erase({id, rt.attempt});
+        lost.emplace_back(id, rank);
+        break;
+      }
+    }
+  }
+  for (const auto& [id, rank] : lost) {
+    loseNodeJobsLocked(req.node(),
+                       "rank " + std::to_string(rank) + " of job " + id + " is gone from node " + req.node() +
+                           " (its agent registered again without it)",
+                       id);
+  }
+  stopStaleLocked(req.node(), stale);
+  schedule_wanted_ = true;
+  spdlog::info("node {} registered from {} with {} GPUs, {} ranks running", req.node(), req.address(),
+               req.gpus_size(), req.ranks_size());
+
+  v1::RegisterResponse resp;
+  resp.set_session(node.session);
+  resp.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval_ms));
+  resp.set_heartbeat_grace_ms(static_cast<int32_t>(options_.heartbeat_grace_ms));
+  return resp;
+}
+
+Coordinator::NodeEntry* Coordinator::checkSessionLocked(const std::string& node, const std::string& session,
+                                                        Status* error) {
+  auto it = nodes_.find(node);
+  if (it == nodes_.end() || it->second.session.empty()) {
+    *error = Status::notFound("node " + node + " has not registered; call Register first");
+    return nullptr;
+  }
+  if (it->second.session != session) {
+    *error = Status::failedPrecondition("node " + node + ": session " + session +
+                                        " is no longer current (the node registered again); register again");
+    return nullptr;
+  }
+  if (it->second.record.state == state::NodeState::kDown) {
+    *error = Status::failedPrecondition("node " + node + " was marked DOWN; register again");
+    return nullptr;
+  }
+  return &it->second;
+}
+
+Status Coordinator::attachAgent(const std::string& node, const std::string& session,
+                                std::shared_ptr<AgentLink> link) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status error;
+  NodeEntry* entry = checkSessionLocked(node, session, &error);
+  if (!entry) return error;
+  if (entry->link && entry->link != link) entry->link->close();
+  entry->link = std::move(link);
+  entry->last_seen_ms = now_ms_();
+  for (const auto& cmd : entry->outbox) entry->link->send(cmd);
+  entry->outbox.clear();
+  schedule_wanted_ = true;
+  wake_.notify_all();
+  return Status::ok();
+}
+
+void Coordinator::detachAgent(const std::string& node, const std::string& session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(node);
+  if (it == nodes_.end() || it->second.session != session) return;
+  it->second.link.reset();
+  spdlog::info("node {}: agent stream closed; DOWN unless it is back within {}", node,
+               seconds(options_.heartbeat_grace_ms));
+}
+
+void Coordinator::applyRankReportLocked(NodeEntry& node, const v1::RankStatus& r,
+                                        std::set<std::pair<std::string, int>>* stale) {
+  RankKey key{r.job_id(), r.rank()};
+  auto prev = node.ranks.find(key);
+  if (prev != node.ranks.end() && prev->second.attempt() > r.attempt()) return;  // out of date
+  node.ranks[key] = r;
+
+  auto job = jobs_.find(r.job_id());
+  auto rt = runtime_.find(r.job_id());
+  if (job == jobs_.end() || !isLive(job->second.state) || rt == runtime_.end() ||
+      r.attempt() != rt->second.attempt || !rt->second.rank_node.count(r.rank())) {
+    stale->insert({r.job_id(), r.attempt()});
+    return;
+  }
+  if (r.state() == v1::RankStatus::STATE_UNSPECIFIED) return;
+  auto& known = rt->second.ranks[r.rank()];
+  if (known.state() == v1::RankStatus::EXITED) return;  // an exit is final; a late RUNNING changes nothing
+  known = r;
+  if (r.state() == v1::RankStatus::EXITED && !exitedCleanly(r)) {
+    state::Failure failure;
+    failure.rank = r.rank();
+    failure.host = node.record.name;
+    if (r.has_signal()) {
+      failure.signal = r.signal();
+    } else {
+      failure.exit_code = r.exit_code();
+    }
+    failJobLocked(r.job_id(),
+                  "rank " + std::to_string(r.rank()) + " on node " + node.record.name + " " + describeExit(r),
+                  failure);
+    return;
+  }
+  maybeCompleteLocked(r.job_id());
+}
+
+void Coordinator::stopStaleLocked(const std::string& node, const std::set<std::pair<std::string, int>>& stale) {
+  for (const auto& [job, attempt] : stale) {
+    v1::Command cmd;
+    v1::StopJob* stop = cmd.mutable_stop();
+    stop->set_job_id(job);
+    stop->set_attempt(attempt);
+    stop->set_grace_ms(static_cast<int32_t>(options_.stop_grace_ms));
+    auto it = jobs_.find(job);
+    stop->set_reason(it == jobs_.end() ? "the coordinator knows no job " + job
+                                       : "job " + job + " attempt " + std::to_string(attempt) +
+                                             " is not running (" + toString(it->second.state) + ")");
+    sendLocked(node, cmd);
+  }
+}
+
+Status Coordinator::heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& hb) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status error;
+  NodeEntry* entry = checkSessionLocked(node, session, &error);
+  if (!entry) return error;
+  const int64_t now = now_ms_();
+  entry->last_seen_ms = now;
+  entry->record.last_heartbeat_ms = now;
+  const size_t before = entry->ranks.size();
+  std::map<RankKey, v1::RankStatus> previous;
+  previous.swap(entry->ranks);
+  std::set<std::pair<std::string, int>> stale;
+  for (const auto& r : hb.ranks()) applyRankReportLocked(*entry, r, &stale);
+  if (entry->ranks.size() != before) schedule_wanted_ = true;  // ranks released: GPUs may be free
+  stopStaleLocked(node, stale);
+  return Status::ok();
+}
+
+Status Coordinator::rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status error;
+  NodeEntry* entry = checkSessionLocked(node, session, &error);
+  if (!entry) return error;
+  entry->last_seen_ms = now_ms_();
+  std::set<std::pair<std::string, int>> stale;
+  applyRankReportLocked(*entry, r, &stale);
+  stopStaleLocked(node, stale);
+  if (schedule_wanted_) wake_.notify_all();
+  return Status::ok();
+}
+
+std::set<int> Coordinator::usedGpusLocked(const NodeEntry& node) const {
+  std::set<int> used;
+  for (const auto& [id, job] : jobs_) {
+    if (!isLive(job.state)) continue;
+    for (const auto& a : job.allocation) {
+      if (a.node == node.record.name) used.insert(a.gpus.begin(), a.gpus.end());
+    }
+  }
+  for (const auto& [key, r] : node.ranks) {
+    if (r.state() == v1::RankStatus::RUNNING) used.insert(r.gpu());  // still dying after a stop
+  }
+  return used;
+}
+
+placement::Cluster Coordinator::snapshotLocked(bool for_scheduling) const {
+  placement::Cluster cluster;
+  for (const auto& [name, entry] : nodes_) {
+    placement::Node n;
+    n.name = name;
+    n.gpus = static_cast<int>(entry.record.gpus.size());
+    n.labels = entry.record.labels;
+    n.state = toPlacement(entry.record.state);
+    // A node whose agent is not connected can take no new work now, but still counts for "could this job
+    // ever fit" (it is probably reconnecting).
+    if (for_scheduling && !entry.link) n.state = placement::NodeState::kDown;
+    n.used.assign(n.gpus, false);
+    for (int g : usedGpusLocked(entry)) {
+      if (g >= 0 && g < n.gpus) n.used[g] = true;
+    }
+    cluster.nodes.push_back(std::move(n));
+  }
+  return cluster;
+}
+
+// ---- Users -------------------------------------------------------------------------------------------------
+
+StatusOr<v1::Job> Coordinator::submit(const v1::JobSpec& proto_spec) {
+  state::JobSpec spec = fromProto(proto_spec);
+  if (spec.user.empty()) spec.user = "unknown";
+  Status st = state::validateJobSpec(spec);
+  if (!st) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string never = placement::checkFeasible(snapshotLocked(false), requestOf("", spec));
+  if (!never.empty()) return Status::invalidArgument("job refused: " + never);
+  auto job = store_.createJob(spec);  // durable when it returns: only then is the submit acknowledged
+  if (!job) return job.status();
+  jobs_[job->id] = *job;
+  spdlog::info("job {} submitted by {}: {}", job->id, spec.user, requestOf(job->id, spec).describe());
+  schedule_wanted_ = true;
+  wake_.notify_all();
+  return toProtoLocked(*job);
+}
+
+StatusOr<v1::Job> Coordinator::getJob(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return state::jobNotFound(id);
+  return toProtoLocked(it->second);
+}
+
+StatusOr<std::vector<v1::Job>> Coordinator::listJobs(const v1::ListJobsRequest& request) {
+  state::JobFilter filter;
+  for (int s : request.states()) {
+    auto state = fromProto(static_cast<v1::JobState>(s));
+    if (!state) return Status::invalidArgument("list: unknown job state " + std::to_string(s));
+    filter.states.insert(*state);
+  }
+  if (!request.user().empty()) filter.user = request.user();
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<const state::Job*> matching;
+  for (const auto& [id, job] : jobs_) {
+    if (state::matches(filter, job)) matching.push_back(&job);
+  }
+  std::sort(matching.begin(), matching.end(), [](const state::Job* a, const state::Job* b) {
+    return state::jobIdNumber(a->id) < state::jobIdNumber(b->id);
+  });
+  std::vector<v1::Job> out;
+  out.reserve(matching.size());
+  for (const state::Job* job : matching) out.push_back(toProtoLocked(*job));
+  return out;
+}
+
+StatusOr<v1::Job> Coordinator::cancel(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return state::jobNotFound(id);
+  if (state::isTerminal(it->second.state)) {
+    return Status::failedPrecondition("job " + id + " already ended " + toString(it->second.state) +
+                                      "; nothing to cancel");
+  }
+  const int attempt = runtime_.count(id) ? runtime_[id].attempt : 0;
+  const bool launched = isLive(it->second.state);
+  Status st = recordTransitionLocked(id, JobState::kCancelled, "cancelled by user");
+  if (!st) return st;
+  if (launched) stopJobEverywhereLocked(id, attempt, "job cancelled");
+  wake_.notify_all();
+  return toProtoLocked(jobs_[id]);
+}
+
+std::vector<v1::Node> Coordinator::listNodes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<const NodeEntry*> sorted;
+  for (const auto& [name, entry] : nodes_) sorted.push_back(&entry);
+  std::sort(sorted.begin(), sorted.end(), [](const NodeEntry* a, const NodeEntry* b) {
+    return placement::naturalLess(a->record.name, b->record.name);
+  });
+  std::vector<v1::Node> out;
+  for (const NodeEntry* n : sorted) out.push_back(nodeToProtoLocked(*n));
+  return out;
+}
+
+StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return state::nodeNotFound(name);
+  NodeEntry& node = it->second;
+  if (node.record.state == state::NodeState::kDown) {
+    return Status::failedPrecondition("node " + name + " is DOWN; " + (drain ? "drain" : "undrain") +
+                                      " it once its agent is back");
+  }
+  state::NodeState want = drain ? state::NodeState::kDraining : state::NodeState::kUp;
+  if (node.record.state != want) {
+    Status st = store_.setNodeState(name, want);
+    if (!st) return st;
+    node.record.state = want;
+    spdlog::info("node {} is now {}", name, toString(want));
+    schedule_wanted_ = true;
+    wake_.notify_all();
+  }
+  return nodeToProtoLocked(node);
+}
+
+StatusOr<v1::RingLayout> Coordinator::ring(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return state::jobNotFound(id);
+  const state::Job& job = it->second;
+  if (job.allocation.empty()) {
+    std::string why = job.state == JobState::kPending && pending_reason_.count(id) ? ": " + pending_reason_[id] : "";
+    return Status::failedPrecondition("job " + id + " is " + toString(job.state) +
+                                      " and has not been placed, so it has no ring layout yet" + why);
+  }
+  placement::RingLayout layout;
+  std::string err =
+      placement::buildRingLayout(toPlacement(job.allocation), snapshotLocked(false), job.topology, &layout);
+  if (!err.empty()) return Status::internal("job " + id + ": cannot rebuild its ring layout: " + err);
+  // The stored topology always acts as an override here; say how it was first chosen.
+  layout.overridden = !job.spec.topology_override.empty();
+  v1::RingLayout out;
+  toProto(layout, &out);
+  out.set_job_id(id);
+  return out;
+}
+
+v1::Job Coordinator::toProtoLocked(const state::Job& job) const {
+  v1::Job out;
+  out.set_id(job.id);
+  toProto(job.spec, out.mutable_spec());
+  out.set_state(toProto(job.state));
+  out.set_restarts(job.restarts);
+  out.set_submit_ms(job.submit_ms);
+  for (const auto& t : job.transitions) {
+    v1::Transition* p = out.add_transitions();
+    p->set_from(toProto(t.from));
+    p->set_to(toProto(t.to));
+    p->set_at_ms(t.at_ms);
+    p->set_reason(t.reason);
+    if (t.failure) toProto(*t.failure, p->mutable_failure());
+  }
+  if (job.failure) toProto(*job.failure, out.mutable_failure());
+  for (const auto& a : job.allocation) {
+    v1::NodeAllocation* p = out.add_allocation();
+    p->set_node(a.node);
+    for (int g : a.gpus) p->add_gpus(g);
+  }
+  out.set_topology(job.topology);
+  if (job.state == JobState::kPending) {
+    auto it = pending_reason_.find(job.id);
+    out.set_reason(it != pending_reason_.end() ? it->second : "waiting for the next scheduling pass");
+  } else if (!job.transitions.empty()) {
+    out.set_reason(job.transitions.back().reason);
+  }
+  out.set_gpus(requestOf(job.id, job.spec).gpuCount());
+  return out;
+}
+
+v1::Node Coordinator::nodeToProtoLocked(const NodeEntry& node) const {
+  v1::Node out;
+  out.set_name(node.record.name);
+  out.set_address(node.record.address);
+  out.set_state(toString(node.record.state));
+  for (const auto& g : node.record.gpus) {
+    v1::Gpu* p = out.add_gpus();
+    p->set_index(g.index);
+    p->set_uuid(g.uuid);
+    p->set_model(g.model);
+    p->set_memory_bytes(g.memory_bytes);
+  }
+  for (int g : usedGpusLocked(node)) out.add_gpus_used(g);
+  for (const auto& [k, v] : node.record.labels) (*out.mutable_labels())[k] = v;
+  out.set_last_heartbeat_ms(node.record.last_heartbeat_ms);
+  out.set_connected(node.link != nullptr);
+  for (const auto& [id, job] : jobs_) {
+    if (!isLive(job.state)) continue;
+    for (const auto& a : job.allocation) {
+      if (a.node == node.record.name) out.add_jobs(id);
+    }
+  }
+  for (const auto& nic : node.nics) *out.add_nics() = nic;
+  return out;
+}
+
+}  // namespace ddl::coordinator

@@ -1,0 +1,182 @@
+// Coordinator: the cluster's brain as a plain C++ object. It keeps the node registry and the jobs, decides
+// placement (placement/), writes every job change through a state::Store before acting on it, and sends
+// commands to agents through AgentLink. The gRPC handlers in rpc/ only translate calls to these methods;
+// tests drive this object directly with a fake clock and fake links.
+//
+// Requests and answers are ddl.v1 protobuf messages (plain values; nothing here depends on gRPC). Errors are
+// state::Status values whose codes map one to one onto gRPC's.
+//
+// Lifecycle of a job (each step durable before the next action):
+//   submit: validated, refused at once when it can never fit, else stored PENDING and acknowledged;
+//   schedule pass (tick): placement picks GPUs -> setAllocation -> SCHEDULED -> StartRanks sent to each
+//   node -> STARTING; every rank reported RUNNING -> RUNNING; every rank exited 0 -> SUCCEEDED; the first
+//   rank that exits non-zero or by a signal -> FAILED naming it (or requeued while restarts remain), and the
+//   other ranks are stopped; cancel -> CANCELLED and ranks stopped; a node that misses heartbeats past the
+//   grace period -> DOWN, its jobs FAILED with reason node_lost (or requeued).
+// Launch attempts are numbered (the job's count of SCHEDULED transitions, so it survives restarts); reports
+// about an older attempt, or about a job that has ended, are answered with a StopJob so nothing is orphaned.
+//
+// Restart: recover() reloads jobs and nodes from the store. Nodes count as connected to nobody; jobs that
+// were SCHEDULED go back to PENDING (their ranks were never confirmed). No new job is placed until every
+// node that was UP has reconnected or the grace period has passed, so GPUs still held by running ranks are
+// not handed out twice. Agents re-register with the ranks they run; those reports reconcile the jobs.
+//
+// Threads: every public method may be called from any thread; one mutex serialises them. AgentLink::send is
+// called with that mutex held and must not block (queue the command). start() runs a ticker thread that
+// calls tick(); tests leave it off and call tick() themselves.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddl/v1/ddl.pb.h"
+#include "placement/cluster.h"
+#include "placement/ring_layout.h"
+#include "state/status.h"
+#include "state/store.h"
+
+namespace ddl::coordinator {
+
+using state::Status;
+using state::StatusOr;
+
+struct CoordinatorOptions {
+  int64_t heartbeat_grace_ms = 10000;   // a node silent this long is DOWN
+  int64_t heartbeat_interval_ms = 1000; // what agents are told to use
+  int64_t stop_grace_ms = 10000;        // SIGTERM -> SIGKILL for ranks being stopped
+  int64_t tick_ms = 200;                // ticker period (start())
+  int port_first = 29500;               // default rendezvous port range for agents that give none
+  int port_last = 29999;
+};
+
+// The way down to one connected agent. The rpc layer implements it over the Connect stream.
+class AgentLink {
+ public:
+  virtual ~AgentLink() = default;
+  // Queues a command; must not block. Commands reach the agent in the order they were sent.
+  virtual void send(const v1::Command& command) = 0;
+  // Ends the stream (the node registered again on another stream, or the coordinator stops).
+  virtual void close() = 0;
+};
+
+class Coordinator {
+ public:
+  // now_ms: unix milliseconds; tests pass a fake. The store must outlive the coordinator.
+  Coordinator(state::Store& store, CoordinatorOptions options, std::function<int64_t()> now_ms = nullptr);
+  ~Coordinator();
+
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Loads jobs and nodes from the store (see the file comment). Call once, before anything else.
+  Status recover();
+  // Runs the ticker thread until stop(). stop() also closes every agent link.
+  void start();
+  void stop();
+
+  // One round of housekeeping: nodes past the heartbeat grace go DOWN, the recovery window ends, pending
+  // jobs are placed. Called by the ticker; tests call it directly.
+  void tick();
+
+  // ---- Agents ----
+  StatusOr<v1::RegisterResponse> registerAgent(const v1::RegisterRequest& request);
+  // The agent's stream said hello: commands for the node go to `link` from now on.
+  Status attachAgent(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link);
+  // The stream ended. The node is not DOWN yet: that takes the heartbeat grace.
+  void detachAgent(const std::string& node, const std::string& session);
+  Status heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& heartbeat);
+  Status rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& rank);
+
+  // ---- Users ----
+  StatusOr<v1::Job> submit(const v1::JobSpec& spec);
+  StatusOr<v1::Job> getJob(const std::string& id);
+  StatusOr<std::vector<v1::Job>> listJobs(const v1::ListJobsRequest& request);
+  StatusOr<v1::Job> cancel(const std::string& id);
+  std::vector<v1::Node> listNodes();
+  StatusOr<v1::Node> drain(const std::string& node, bool drain);
+  StatusOr<v1::RingLayout> ring(const std::string& id);
+
+ private:
+  struct RankKey {
+    std::string job;
+    int rank = 0;
+    bool operator<(const RankKey& o) const { return job != o.job ? job < o.job : rank < o.rank; }
+  };
+  struct NodeEntry {
+    state::NodeRecord record;
+    std::vector<v1::Nic> nics;
+    int port_first = 0;
+    int port_last = 0;
+    std::string session;               // the current registration; "" before the first one
+    std::shared_ptr<AgentLink> link;   // null while no stream is attached
+    int64_t last_seen_ms = 0;          // in memory only: heartbeats are not written to the store
+    std::map<RankKey, v1::RankStatus> ranks;  // what the agent last reported, any attempt
+    std::vector<v1::Command> outbox;          // commands queued while no stream is attached
+  };
+  struct JobRuntime {
+    int attempt = 0;
+    int port = 0;  // rendezvous port on rank 0's node (DDL_ROOT), port + 1 for MASTER_PORT
+    std::string root_node;                 // rank 0's node
+    std::map<int, std::string> rank_node;  // every rank of the layout -> its node
+    std::map<int, v1::RankStatus> ranks;   // the current attempt's ranks as reported
+  };
+
+  // All *Locked methods need mu_ held.
+  Status recordTransitionLocked(const std::string& id, state::JobState to, const std::string& reason,
+                                const std::optional<state::Failure>& failure = std::nullopt);
+  void scheduleLocked();
+  void launchLocked(const std::string& id, const placement::Allocation& allocation,
+                    const placement::RingLayout& layout);
+  void checkHeartbeatsLocked(int64_t now);
+  // A node's ranks are lost (node DOWN, or the agent restarted without them): fail or requeue its jobs.
+  void loseNodeJobsLocked(const std::string& node, const std::string& reason, const std::string& only_job = "");
+  // Ends (or requeues) a live job after a rank failure; stops the ranks that remain.
+  void failJobLocked(const std::string& id, const std::string& reason, std::optional<state::Failure> failure);
+  void stopJobEverywhereLocked(const std::string& id, int attempt, const std::string& reason);
+  void sendLocked(const std::string& node, const v1::Command& command);
+  // Records a rank report. A report about an ended job or an older attempt goes into `stale` (job, attempt)
+  // so the caller sends one StopJob for it.
+  void applyRankReportLocked(NodeEntry& node, const v1::RankStatus& rank,
+                             std::set<std::pair<std::string, int>>* stale);
+  void stopStaleLocked(const std::string& node, const std::set<std::pair<std::string, int>>& stale);
+  // Fills runtime_[id] from the job's allocation (rank order, root node, port).
+  void buildRuntimeLocked(const state::Job& job, const placement::RingLayout& layout);
+  void maybeCompleteLocked(const std::string& id);
+  NodeEntry* checkSessionLocked(const std::string& node, const std::string& session, Status* error);
+  placement::Cluster snapshotLocked(bool for_scheduling) const;
+  std::set<int> usedGpusLocked(const NodeEntry& node) const;
+  int pickPortLocked(const std::string& node, const std::string& job) const;
+  static int attemptOf(const state::Job& job);
+  v1::Job toProtoLocked(const state::Job& job) const;
+  v1::Node nodeToProtoLocked(const NodeEntry& node) const;
+  bool recoveringLocked(int64_t now) const;
+
+  state::Store& store_;
+  const CoordinatorOptions options_;
+  std::function<int64_t()> now_ms_;
+
+  std::mutex mu_;
+  std::map<std::string, state::Job> jobs_;     // every job, mirror of the store
+  std::map<std::string, JobRuntime> runtime_;  // live jobs that have been launched
+  std::map<std::string, std::string> pending_reason_;  // from the last schedule pass
+  std::map<std::string, NodeEntry> nodes_;
+  int64_t recovery_until_ms_ = 0;  // scheduling waits for reconnecting agents until then
+  uint64_t session_counter_ = 0;
+  bool schedule_wanted_ = true;
+
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread ticker_;
+};
+
+}  // namespace ddl::coordinator

@@ -1,0 +1,469 @@
+// The Coordinator object driven directly: a fake clock, fake agent links that record commands, and the
+// in-memory or SQLite store. Covers the job lifecycle, failures, cancel, node loss, requeue, drain, gang
+// waiting, refusal at submit, and a restart that reconciles with the agents.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "service/coordinator.h"
+#include "state/memory_store.h"
+#include "state/sqlite_store.h"
+
+namespace ddl::coordinator {
+namespace {
+
+class RecordingLink : public AgentLink {
+ public:
+  void send(const v1::Command& c) override { commands.push_back(c); }
+  void close() override { closed = true; }
+  std::vector<v1::Command> commands;
+  bool closed = false;
+};
+
+v1::JobSpec spec(int nodes, int gpus_per_node, int max_restarts = 0) {
+  v1::JobSpec s;
+  s.set_name("train");
+  s.set_user("alice");
+  s.set_nodes(nodes);
+  s.set_gpus_per_node(gpus_per_node);
+  s.set_max_restarts(max_restarts);
+  s.add_command("/bin/train");
+  s.add_command("--epochs=1");
+  s.add_env("FOO=bar=baz");
+  s.set_workdir("/tmp");
+  return s;
+}
+
+v1::RankStatus rankStatus(const std::string& job, int attempt, int rank, int gpu,
+                          v1::RankStatus::State st = v1::RankStatus::RUNNING, std::optional<int> code = {},
+                          std::optional<int> sig = {}) {
+  v1::RankStatus r;
+  r.set_job_id(job);
+  r.set_attempt(attempt);
+  r.set_rank(rank);
+  r.set_gpu(gpu);
+  r.set_state(st);
+  if (code) r.set_exit_code(*code);
+  if (sig) r.set_signal(*sig);
+  return r;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override { makeCoordinator(std::make_unique<state::MemoryStore>([this] { return now; })); }
+
+  void makeCoordinator(std::unique_ptr<state::Store> store) {
+    coordinator.reset();
+    store_ = std::move(store);
+    CoordinatorOptions o;
+    o.heartbeat_grace_ms = 10000;
+    coordinator = std::make_unique<Coordinator>(*store_, o, [this] { return now; });
+    ASSERT_TRUE(coordinator->recover());
+  }
+
+  // Registers and attaches a node with `gpus` GPUs; returns its session.
+  std::string addNode(const std::string& name, int gpus, std::map<std::string, std::string> labels = {},
+                      std::vector<v1::RankStatus> ranks = {}) {
+    v1::RegisterRequest req;
+    req.set_node(name);
+    req.set_address("10.0.0." + name.substr(1));
+    for (int i = 0; i < gpus; ++i) {
+      auto* g = req.add_gpus();
+      g->set_index(i);
+      g->set_uuid(name + "-gpu" + std::to_string(i));
+    }
+    for (auto& [k, v] : labels) (*req.mutable_labels())[k] = v;
+    for (auto& r : ranks) *req.add_ranks() = r;
+    auto resp = coordinator->registerAgent(req);
+    EXPECT_TRUE(resp) << resp.status().toString();
+    links[name] = std::make_shared<RecordingLink>();
+    sessions[name] = resp->session();
+    EXPECT_TRUE(coordinator->attachAgent(name, resp->session(), links[name]));
+    return resp->session();
+  }
+
+  std::string submit(const v1::JobSpec& s) {
+    auto job = coordinator->submit(s);
+    EXPECT_TRUE(job) << job.status().toString();
+    return job ? job->id() : "";
+  }
+
+  v1::JobState stateOf(const std::string& id) { return coordinator->getJob(id)->state(); }
+
+  // The StartRanks commands a node got for a job.
+  std::vector<v1::StartRanks> starts(const std::string& node, const std::string& job) {
+    std::vector<v1::StartRanks> out;
+    for (const auto& c : links[node]->commands) {
+      if (c.has_start() && c.start().job_id() == job) out.push_back(c.start());
+    }
+    return out;
+  }
+  int stops(const std::string& node, const std::string& job) {
+    int n = 0;
+    for (const auto& c : links[node]->commands) n += c.has_stop() && c.stop().job_id() == job;
+    return n;
+  }
+
+  // Reports every rank of the node's latest start for the job as RUNNING.
+  void runAll(const std::string& node, const std::string& job) {
+    ASSERT_FALSE(starts(node, job).empty());
+    auto s = starts(node, job).back();
+    for (const auto& r : s.ranks()) {
+      ASSERT_TRUE(coordinator->rankEvent(node, sessions[node], rankStatus(job, s.attempt(), r.rank(), r.gpu())));
+    }
+  }
+  void exitAll(const std::string& node, const std::string& job, int code = 0) {
+    ASSERT_FALSE(starts(node, job).empty());
+    exitRanks(node, starts(node, job).back(), code);
+  }
+  void exitRanks(const std::string& node, const v1::StartRanks& s, int code = 0) {
+    const std::string& job = s.job_id();
+    for (const auto& r : s.ranks()) {
+      ASSERT_TRUE(coordinator->rankEvent(
+          node, sessions[node], rankStatus(job, s.attempt(), r.rank(), r.gpu(), v1::RankStatus::EXITED, code)));
+    }
+  }
+
+  int64_t now = 1'000'000;
+  std::unique_ptr<state::Store> store_;
+  std::unique_ptr<Coordinator> coordinator;
+  std::map<std::string, std::shared_ptr<RecordingLink>> links;
+  std::map<std::string, std::string> sessions;
+};
+
+std::map<std::string, std::string> envOf(const v1::RankLaunch& r) {
+  std::map<std::string, std::string> env;
+  for (const auto& e : r.env()) env[e.name()] = e.value();  // later entries win, as on the agent
+  return env;
+}
+
+TEST_F(CoordinatorTest, JobRunsThroughEveryStateToSucceeded) {
+  addNode("n1", 2, {{"switch", "s1"}});
+  addNode("n2", 2, {{"switch", "s1"}});
+  std::string id = submit(spec(2, 2));
+  EXPECT_EQ(stateOf(id), v1::PENDING);
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::STARTING);
+  ASSERT_EQ(starts("n1", id).size(), 1u);
+  ASSERT_EQ(starts("n2", id).size(), 1u);
+  const auto s1 = starts("n1", id)[0];
+  EXPECT_EQ(s1.attempt(), 1);
+  EXPECT_EQ(s1.command_size(), 2);
+  EXPECT_EQ(s1.workdir(), "/tmp");
+  ASSERT_EQ(s1.ranks_size(), 2);
+  auto env = envOf(s1.ranks(1));
+  EXPECT_EQ(env["DDL_RANK"], "1");
+  EXPECT_EQ(env["RANK"], "1");
+  EXPECT_EQ(env["DDL_WORLD_SIZE"], "4");
+  EXPECT_EQ(env["WORLD_SIZE"], "4");
+  EXPECT_EQ(env["DDL_LOCAL_RANK"], "1");
+  EXPECT_EQ(env["DDL_TOPOLOGY"], "2x2");
+  EXPECT_EQ(env["DDL_JOB_ID"], id);
+  EXPECT_EQ(env["FOO"], "bar=baz");
+  EXPECT_EQ(env["MASTER_ADDR"], "10.0.0.1");
+  EXPECT_EQ(env["DDL_ROOT"], "10.0.0.1:" + std::to_string(std::stoi(env["MASTER_PORT"]) - 1));
+  auto env2 = envOf(starts("n2", id)[0].ranks(0));
+  EXPECT_EQ(env2["DDL_RANK"], "2");
+  EXPECT_EQ(env2["DDL_ROOT"], env["DDL_ROOT"]);
+
+  runAll("n1", id);
+  EXPECT_EQ(stateOf(id), v1::STARTING);  // n2's ranks have not started
+  runAll("n2", id);
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  exitAll("n1", id);
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  exitAll("n2", id);
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::SUCCEEDED);
+  std::vector<v1::JobState> path;
+  for (const auto& t : job->transitions()) path.push_back(t.to());
+  EXPECT_EQ(path, (std::vector<v1::JobState>{v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING,
+                                             v1::SUCCEEDED}));
+  EXPECT_EQ(stops("n1", id), 1);  // releases the exited ranks
+  EXPECT_FALSE(job->has_failure());
+}
+
+TEST_F(CoordinatorTest, FailingRankFailsTheJobNamingItAndStopsTheOthers) {
+  addNode("n1", 2);
+  addNode("n2", 2);
+  std::string id = submit(spec(2, 2));
+  coordinator->tick();
+  runAll("n1", id);
+  runAll("n2", id);
+  auto s = starts("n2", id)[0];
+  ASSERT_TRUE(coordinator->rankEvent("n2", sessions["n2"],
+                                     rankStatus(id, 1, 3, s.ranks(1).gpu(), v1::RankStatus::EXITED, 7)));
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_EQ(job->failure().rank(), 3);
+  EXPECT_EQ(job->failure().host(), "n2");
+  EXPECT_EQ(job->failure().exit_code(), 7);
+  EXPECT_NE(job->reason().find("rank 3 on node n2 exited with code 7"), std::string::npos) << job->reason();
+  EXPECT_EQ(stops("n1", id), 1);
+  EXPECT_EQ(stops("n2", id), 1);
+  // The other ranks dying from the stop change nothing.
+  ASSERT_TRUE(coordinator->rankEvent("n1", sessions["n1"],
+                                     rankStatus(id, 1, 0, 0, v1::RankStatus::EXITED, {}, 15)));
+  EXPECT_EQ(coordinator->getJob(id)->failure().rank(), 3);
+}
+
+TEST_F(CoordinatorTest, SignalIsReportedByName) {
+  addNode("n1", 1);
+  std::string id = submit(spec(1, 1));
+  coordinator->tick();
+  runAll("n1", id);
+  ASSERT_TRUE(coordinator->rankEvent("n1", sessions["n1"], rankStatus(id, 1, 0, 0, v1::RankStatus::EXITED, {}, 9)));
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->failure().signal(), 9);
+  EXPECT_NE(job->reason().find("SIGKILL"), std::string::npos) << job->reason();
+}
+
+TEST_F(CoordinatorTest, CancelStopsRanksAndFreesGpus) {
+  addNode("n1", 2);
+  std::string a = submit(spec(1, 2));
+  std::string b = submit(spec(1, 2));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(a), v1::STARTING);
+  EXPECT_EQ(stateOf(b), v1::PENDING);
+  EXPECT_NE(coordinator->getJob(b)->reason().find("waiting"), std::string::npos) << coordinator->getJob(b)->reason();
+  runAll("n1", a);
+  auto c = coordinator->cancel(a);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->state(), v1::CANCELLED);
+  EXPECT_EQ(stops("n1", a), 1);
+  // The ranks are still dying: their GPUs stay taken until the agent stops reporting them running.
+  v1::Heartbeat hb;
+  *hb.add_ranks() = rankStatus(a, 1, 0, 0);
+  *hb.add_ranks() = rankStatus(a, 1, 1, 1);
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], hb));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(b), v1::PENDING);
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(b), v1::STARTING);
+  // Cancelling a finished job is refused and changes nothing.
+  auto again = coordinator->cancel(a);
+  EXPECT_EQ(again.status().code(), state::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(coordinator->cancel("j-999").status().code(), state::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, MissedHeartbeatsMarkNodeDownAndFailItsJobsOnly) {
+  addNode("n1", 2);
+  addNode("n2", 2);
+  std::string a = submit(spec(1, 2));
+  std::string b = submit(spec(1, 2));
+  coordinator->tick();
+  std::string a_node = coordinator->getJob(a)->allocation(0).node();
+  std::string b_node = coordinator->getJob(b)->allocation(0).node();
+  ASSERT_NE(a_node, b_node);
+  runAll(a_node, a);
+  runAll(b_node, b);
+  now += 9000;
+  ASSERT_TRUE(coordinator->heartbeat(b_node, sessions[b_node], v1::Heartbeat()));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(a), v1::RUNNING);  // within the grace period
+  now += 2000;
+  coordinator->tick();
+  auto job = coordinator->getJob(a);
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_EQ(job->reason().rfind("node_lost", 0), 0u) << job->reason();
+  EXPECT_EQ(stateOf(b), v1::RUNNING);
+  auto nodes = coordinator->listNodes();
+  for (const auto& n : nodes) EXPECT_EQ(n.state(), n.name() == a_node ? "DOWN" : "UP");
+  EXPECT_TRUE(links[a_node]->closed);
+  // The lost node's old session is refused; registering again brings it back UP.
+  EXPECT_FALSE(coordinator->heartbeat(a_node, sessions[a_node], v1::Heartbeat()));
+  addNode(a_node, 2);
+  for (const auto& n : coordinator->listNodes()) EXPECT_EQ(n.state(), "UP");
+}
+
+TEST_F(CoordinatorTest, NodeLossRequeuesWhileRestartsRemain) {
+  addNode("n1", 2);
+  addNode("n2", 2);
+  std::string id = submit(spec(1, 2, /*max_restarts=*/1));
+  coordinator->tick();
+  std::string first = coordinator->getJob(id)->allocation(0).node();
+  std::string other = first == "n1" ? "n2" : "n1";
+  runAll(first, id);
+  now += 6000;
+  ASSERT_TRUE(coordinator->heartbeat(other, sessions[other], v1::Heartbeat()));
+  now += 6000;
+  coordinator->tick();  // `first` is lost; the job goes back to the queue and is placed on `other`
+  coordinator->tick();
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->restarts(), 1);
+  EXPECT_EQ(job->state(), v1::STARTING);
+  EXPECT_EQ(job->allocation(0).node(), other);
+  EXPECT_EQ(starts(other, id).back().attempt(), 2);
+  // A late report from attempt 1 is answered with a stop for attempt 1 and does not touch attempt 2.
+  addNode(first, 2, {}, {rankStatus(id, 1, 0, 0)});
+  ASSERT_GE(links[first]->commands.size(), 1u);
+  EXPECT_TRUE(links[first]->commands.back().has_stop());
+  EXPECT_EQ(links[first]->commands.back().stop().attempt(), 1);
+  EXPECT_EQ(stateOf(id), v1::STARTING);
+  // The second loss has no restarts left.
+  runAll(other, id);
+  now += 11000;
+  ASSERT_TRUE(coordinator->heartbeat(first, sessions[first], v1::Heartbeat()));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::FAILED);
+}
+
+TEST_F(CoordinatorTest, SubmitRefusesJobsThatCanNeverFit) {
+  addNode("n1", 4, {{"gpu", "a100"}});
+  auto too_big = coordinator->submit(spec(2, 4));
+  EXPECT_EQ(too_big.status().code(), state::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_big.status().message().find("job refused"), std::string::npos) << too_big.status().message();
+  v1::JobSpec labelled = spec(1, 1);
+  (*labelled.mutable_required_labels())["gpu"] = "h100";
+  EXPECT_EQ(coordinator->submit(labelled).status().code(), state::StatusCode::kInvalidArgument);
+  v1::JobSpec empty = spec(1, 1);
+  empty.clear_command();
+  EXPECT_EQ(coordinator->submit(empty).status().code(), state::StatusCode::kInvalidArgument);
+  v1::JobSpec negative = spec(1, -1);
+  EXPECT_EQ(coordinator->submit(negative).status().code(), state::StatusCode::kInvalidArgument);
+  v1::JobSpec topo = spec(1, 4);
+  topo.set_topology("3x1");
+  EXPECT_EQ(coordinator->submit(topo).status().code(), state::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(coordinator->listJobs(v1::ListJobsRequest())->empty());  // nothing refused was stored
+}
+
+TEST_F(CoordinatorTest, DrainedNodeTakesNoNewWorkAndTheReasonSaysSo) {
+  addNode("n1", 2);
+  auto drained = coordinator->drain("n1", true);
+  ASSERT_TRUE(drained);
+  EXPECT_EQ(drained->state(), "DRAINING");
+  std::string id = submit(spec(1, 2));  // feasible: a drain usually ends
+  coordinator->tick();
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::PENDING);
+  EXPECT_NE(job->reason().find("n1 draining"), std::string::npos) << job->reason();
+  ASSERT_TRUE(coordinator->drain("n1", false));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::STARTING);
+  EXPECT_EQ(coordinator->drain("nope", true).status().code(), state::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, RingLayoutOfAPlacedJob) {
+  addNode("n1", 2, {{"switch", "s1"}});
+  addNode("n2", 2, {{"switch", "s1"}});
+  v1::JobSpec s = spec(2, 2);
+  s.set_topology("4x1");
+  std::string id = submit(s);
+  EXPECT_EQ(coordinator->ring(id).status().code(), state::StatusCode::kFailedPrecondition);
+  coordinator->tick();
+  auto ring = coordinator->ring(id);
+  ASSERT_TRUE(ring) << ring.status().toString();
+  EXPECT_EQ(ring->topology(), "4x1");
+  EXPECT_TRUE(ring->overridden());
+  EXPECT_EQ(ring->ranks_size(), 4);
+  EXPECT_EQ(ring->ranks(2).node(), "n2");
+  EXPECT_FALSE(ring->text().empty());
+}
+
+TEST_F(CoordinatorTest, StaleSessionAndUnknownNodeAreRefused) {
+  std::string old_session = addNode("n1", 1);
+  addNode("n1", 1);  // registers again: the old stream is closed
+  EXPECT_EQ(coordinator->heartbeat("n1", old_session, v1::Heartbeat()).code(),
+            state::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(coordinator->heartbeat("n9", "x", v1::Heartbeat()).code(), state::StatusCode::kNotFound);
+  v1::RegisterRequest bad;
+  bad.set_node("bad name");
+  bad.set_address("x");
+  EXPECT_EQ(coordinator->registerAgent(bad).status().code(), state::StatusCode::kInvalidArgument);
+}
+
+class CoordinatorRestartTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    dir = std::filesystem::temp_directory_path() / ("ddl-coord-test-" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    reopen();
+  }
+  void TearDown() override {
+    coordinator.reset();
+    store_.reset();
+    std::filesystem::remove_all(dir);
+  }
+  void reopen() {
+    coordinator.reset();
+    store_.reset();
+    state::SqliteStore::Options o;
+    o.path = (dir / "state.db").string();
+    o.now_ms = [this] { return now; };
+    auto s = state::SqliteStore::open(o);
+    ASSERT_TRUE(s) << s.status().toString();
+    makeCoordinator(std::move(*s));
+    links.clear();
+  }
+  std::filesystem::path dir;
+};
+
+TEST_F(CoordinatorRestartTest, RunningJobSurvivesARestartAndSucceeds) {
+  addNode("n1", 2);
+  addNode("n2", 2);
+  std::string id = submit(spec(2, 2));
+  std::string queued = submit(spec(2, 2));
+  coordinator->tick();
+  runAll("n1", id);
+  runAll("n2", id);
+  ASSERT_EQ(stateOf(id), v1::RUNNING);
+  auto n1_start = starts("n1", id)[0];
+  auto n2_start = starts("n2", id)[0];
+
+  reopen();  // the coordinator restarts; the agents keep their ranks
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  EXPECT_EQ(stateOf(queued), v1::PENDING);
+  EXPECT_EQ(coordinator->listNodes().size(), 2u);
+  auto held = [&](const v1::StartRanks& s) {
+    std::vector<v1::RankStatus> out;
+    for (const auto& r : s.ranks()) out.push_back(rankStatus(id, s.attempt(), r.rank(), r.gpu()));
+    return out;
+  };
+  addNode("n1", 2, {}, held(n1_start));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(queued), v1::PENDING);  // n2 has not reconnected: its GPUs may still be busy
+  EXPECT_NE(coordinator->getJob(queued)->reason().find("restarted"), std::string::npos);
+  addNode("n2", 2, {}, held(n2_start));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  EXPECT_EQ(stateOf(queued), v1::PENDING);  // the running job still holds every GPU
+  EXPECT_EQ(stops("n1", id), 0);
+  exitRanks("n1", n1_start);
+  exitRanks("n2", n2_start);
+  EXPECT_EQ(stateOf(id), v1::SUCCEEDED);
+  coordinator->tick();
+  EXPECT_EQ(stateOf(queued), v1::STARTING);
+}
+
+TEST_F(CoordinatorRestartTest, RanksGoneAfterRestartFailTheJob) {
+  addNode("n1", 1);
+  std::string id = submit(spec(1, 1));
+  coordinator->tick();
+  runAll("n1", id);
+  reopen();
+  addNode("n1", 1);  // the agent came back without the rank
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_NE(job->reason().find("gone from node n1"), std::string::npos) << job->reason();
+}
+
+TEST_F(CoordinatorRestartTest, NodesThatNeverReturnAreDownAfterTheGrace) {
+  addNode("n1", 1);
+  std::string id = submit(spec(1, 1));
+  coordinator->tick();
+  runAll("n1", id);
+  reopen();
+  now += 5000;
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  now += 6000;
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::FAILED);
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "DOWN");
+}
+
+}  // namespace
+}  // namespace ddl::coordinator
