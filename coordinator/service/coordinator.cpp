@@ -134,7 +134,14 @@ void Coordinator::stop() {
 }
 
 void Coordinator::tick() {
-  std::lock_guard<std::mutex> lock(mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    housekeepingLocked();
+  }
+  schedulePass();
+}
+
+void Coordinator::housekeepingLocked() {
   const int64_t now = now_ms_();
   checkHeartbeatsLocked(now);
   if (recovery_until_ms_ != 0) {
@@ -147,7 +154,6 @@ void Coordinator::tick() {
       schedule_wanted_ = true;
     }
   }
-  if (schedule_wanted_) scheduleLocked();
 }
 
 bool Coordinator::recoveringLocked(int64_t now) const {
@@ -173,7 +179,9 @@ int Coordinator::attemptOf(const state::Job& job) {
                                         [](const auto& t) { return t.to == JobState::kScheduled; }));
 }
 
-void Coordinator::scheduleLocked() {
+void Coordinator::schedulePass() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!schedule_wanted_) return;
   schedule_wanted_ = false;
   const int64_t now = now_ms_();
   std::vector<placement::JobRequest> queue;
@@ -189,9 +197,13 @@ void Coordinator::scheduleLocked() {
     return;
   }
   placement::Cluster cluster = snapshotLocked(true);
+  lock.unlock();
   placement::ScheduleResult result = placement::schedule(cluster, queue);
+  lock.lock();
   for (const auto& d : result.decisions) {
-    const state::Job& job = jobs_[d.jobId];
+    auto it = jobs_.find(d.jobId);
+    if (it == jobs_.end() || it->second.state != JobState::kPending) continue;  // cancelled meanwhile
+    const state::Job& job = it->second;
     if (d.action == placement::Decision::Action::kPending) {
       pending_reason_[d.jobId] = d.reason;
       continue;
@@ -199,6 +211,10 @@ void Coordinator::scheduleLocked() {
     if (d.action == placement::Decision::Action::kRefused) {
       Status st = recordTransitionLocked(d.jobId, JobState::kFailed, "can never run on this cluster: " + d.reason);
       if (!st) spdlog::error("schedule: {}", st.toString());
+      continue;
+    }
+    if (!stillFreeLocked(d.allocation)) {
+      schedule_wanted_ = true;  // the cluster changed while placement ran: decide again next tick
       continue;
     }
     placement::RingLayout layout;
@@ -610,22 +626,43 @@ Status Coordinator::rankEvent(const std::string& node, const std::string& sessio
   return Status::ok();
 }
 
-std::set<int> Coordinator::usedGpusLocked(const NodeEntry& node) const {
-  std::set<int> used;
+std::map<std::string, Coordinator::NodeUsage> Coordinator::usageLocked() const {
+  std::map<std::string, NodeUsage> usage;
   for (const auto& [id, job] : jobs_) {
     if (!isLive(job.state)) continue;
     for (const auto& a : job.allocation) {
-      if (a.node == node.record.name) used.insert(a.gpus.begin(), a.gpus.end());
+      NodeUsage& u = usage[a.node];
+      u.gpus.insert(a.gpus.begin(), a.gpus.end());
+      u.jobs.push_back(id);
     }
   }
-  for (const auto& [key, r] : node.ranks) {
-    if (r.state() == v1::RankStatus::RUNNING) used.insert(r.gpu());  // still dying after a stop
+  for (const auto& [name, node] : nodes_) {
+    for (const auto& [key, r] : node.ranks) {
+      if (r.state() == v1::RankStatus::RUNNING) usage[name].gpus.insert(r.gpu());  // still dying after a stop
+    }
   }
-  return used;
+  return usage;
+}
+
+bool Coordinator::stillFreeLocked(const placement::Allocation& allocation) const {
+  auto usage = usageLocked();
+  for (const auto& a : allocation.nodes) {
+    auto node = nodes_.find(a.node);
+    if (node == nodes_.end() || node->second.record.state != state::NodeState::kUp || !node->second.link) {
+      return false;
+    }
+    const auto& used = usage[a.node].gpus;
+    for (int g : a.gpus) {
+      if (used.count(g)) return false;
+    }
+  }
+  return true;
 }
 
 placement::Cluster Coordinator::snapshotLocked(bool for_scheduling) const {
+  const auto usage = usageLocked();
   placement::Cluster cluster;
+  cluster.nodes.reserve(nodes_.size());
   for (const auto& [name, entry] : nodes_) {
     placement::Node n;
     n.name = name;
@@ -636,8 +673,11 @@ placement::Cluster Coordinator::snapshotLocked(bool for_scheduling) const {
     // ever fit" (it is probably reconnecting).
     if (for_scheduling && !entry.link) n.state = placement::NodeState::kDown;
     n.used.assign(n.gpus, false);
-    for (int g : usedGpusLocked(entry)) {
-      if (g >= 0 && g < n.gpus) n.used[g] = true;
+    auto u = usage.find(name);
+    if (u != usage.end()) {
+      for (int g : u->second.gpus) {
+        if (g >= 0 && g < n.gpus) n.used[g] = true;
+      }
     }
     cluster.nodes.push_back(std::move(n));
   }
@@ -652,7 +692,9 @@ StatusOr<v1::Job> Coordinator::submit(const v1::JobSpec& proto_spec) {
   Status st = state::validateJobSpec(spec);
   if (!st) return st;
   std::lock_guard<std::mutex> lock(mu_);
-  std::string never = placement::checkFeasible(snapshotLocked(false), requestOf("", spec));
+  // Not stored yet, so no id: the message names the job by its name.
+  std::string never =
+      placement::checkFeasible(snapshotLocked(false), requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec));
   if (!never.empty()) return Status::invalidArgument("job refused: " + never);
   auto job = store_.createJob(spec);  // durable when it returns: only then is the submit acknowledged
   if (!job) return job.status();
@@ -716,8 +758,12 @@ std::vector<v1::Node> Coordinator::listNodes() {
   std::sort(sorted.begin(), sorted.end(), [](const NodeEntry* a, const NodeEntry* b) {
     return placement::naturalLess(a->record.name, b->record.name);
   });
+  const auto usage = usageLocked();
   std::vector<v1::Node> out;
-  for (const NodeEntry* n : sorted) out.push_back(nodeToProtoLocked(*n));
+  for (const NodeEntry* n : sorted) {
+    auto u = usage.find(n->record.name);
+    out.push_back(nodeToProtoLocked(*n, u != usage.end() ? u->second : NodeUsage{}));
+  }
   return out;
 }
 
@@ -739,7 +785,8 @@ StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain) {
     schedule_wanted_ = true;
     wake_.notify_all();
   }
-  return nodeToProtoLocked(node);
+  auto usage = usageLocked();
+  return nodeToProtoLocked(node, usage[name]);
 }
 
 StatusOr<v1::RingLayout> Coordinator::ring(const std::string& id) {
@@ -796,7 +843,7 @@ v1::Job Coordinator::toProtoLocked(const state::Job& job) const {
   return out;
 }
 
-v1::Node Coordinator::nodeToProtoLocked(const NodeEntry& node) const {
+v1::Node Coordinator::nodeToProtoLocked(const NodeEntry& node, const NodeUsage& usage) const {
   v1::Node out;
   out.set_name(node.record.name);
   out.set_address(node.record.address);
@@ -808,16 +855,11 @@ v1::Node Coordinator::nodeToProtoLocked(const NodeEntry& node) const {
     p->set_model(g.model);
     p->set_memory_bytes(g.memory_bytes);
   }
-  for (int g : usedGpusLocked(node)) out.add_gpus_used(g);
+  for (int g : usage.gpus) out.add_gpus_used(g);
   for (const auto& [k, v] : node.record.labels) (*out.mutable_labels())[k] = v;
   out.set_last_heartbeat_ms(node.record.last_heartbeat_ms);
   out.set_connected(node.link != nullptr);
-  for (const auto& [id, job] : jobs_) {
-    if (!isLive(job.state)) continue;
-    for (const auto& a : job.allocation) {
-      if (a.node == node.record.name) out.add_jobs(id);
-    }
-  }
+  for (const auto& id : usage.jobs) out.add_jobs(id);
   for (const auto& nic : node.nics) *out.add_nics() = nic;
   return out;
 }

@@ -134,7 +134,8 @@ class Coordinator {
   // All *Locked methods need mu_ held.
   Status recordTransitionLocked(const std::string& id, state::JobState to, const std::string& reason,
                                 const std::optional<state::Failure>& failure = std::nullopt);
-  void scheduleLocked();
+  // One scheduling pass; takes the lock itself and drops it while placement runs.
+  void schedulePass();
   void launchLocked(const std::string& id, const placement::Allocation& allocation,
                     const placement::RingLayout& layout);
   void checkHeartbeatsLocked(int64_t now);
@@ -154,12 +155,22 @@ class Coordinator {
   void maybeCompleteLocked(const std::string& id);
   NodeEntry* checkSessionLocked(const std::string& node, const std::string& session, Status* error);
   placement::Cluster snapshotLocked(bool for_scheduling) const;
-  std::set<int> usedGpusLocked(const NodeEntry& node) const;
+  // Per node: the GPUs held by live jobs or by ranks still running there, and the live jobs placed there.
+  // One pass over jobs and nodes, so listings and snapshots stay linear in the cluster's size.
+  struct NodeUsage {
+    std::set<int> gpus;
+    std::vector<std::string> jobs;
+  };
+  std::map<std::string, NodeUsage> usageLocked() const;
+  // Scheduling runs placement outside the lock (on a snapshot); applying a decision re-checks that its
+  // GPUs are still free, since agents and users may have changed things meanwhile.
+  bool stillFreeLocked(const placement::Allocation& allocation) const;
   int pickPortLocked(const std::string& node, const std::string& job) const;
   static int attemptOf(const state::Job& job);
   v1::Job toProtoLocked(const state::Job& job) const;
-  v1::Node nodeToProtoLocked(const NodeEntry& node) const;
+  v1::Node nodeToProtoLocked(const NodeEntry& node, const NodeUsage& usage) const;
   bool recoveringLocked(int64_t now) const;
+  void housekeepingLocked();  // heartbeat grace and the end of recovery
 
   state::Store& store_;
   const CoordinatorOptions options_;

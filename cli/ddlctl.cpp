@@ -1,0 +1,765 @@
+// ddlctl: argument parsing (CLI11), one UserService RPC per verb, and the text and JSON renderings. See
+// ddlctl.h for the contract. Order of work in runDdlctl(): split off the job command at "--", parse, check
+// everything that can be checked locally (exit 2), then make exactly one RPC with a deadline.
+#include "ddlctl.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "ddl/v1/ddl.grpc.pb.h"
+
+namespace ddl::cli {
+namespace {
+
+bool isDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::string upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string trim(std::string_view s) {
+  size_t b = s.find_first_not_of(" \t");
+  size_t e = s.find_last_not_of(" \t");
+  return b == std::string_view::npos ? "" : std::string(s.substr(b, e - b + 1));
+}
+
+std::string join(const std::vector<std::string>& parts, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) out += sep;
+    out += parts[i];
+  }
+  return out;
+}
+
+// "10" rather than "10.000000": the timeout is echoed back to the user in messages.
+std::string formatSeconds(double s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+std::string stateName(v1::JobState s) { return v1::JobState_Name(s); }
+
+bool isFinal(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
+
+int requestedGpus(const v1::JobSpec& spec) {
+  return spec.nodes() > 0 || spec.gpus_per_node() > 0 ? spec.nodes() * spec.gpus_per_node()
+                                                      : spec.total_gpus();
+}
+
+// Proto maps iterate in no fixed order; people and tests want the same text every time.
+std::string formatLabels(const google::protobuf::Map<std::string, std::string>& labels) {
+  std::map<std::string, std::string> sorted(labels.begin(), labels.end());
+  std::vector<std::string> parts;
+  for (const auto& [k, v] : sorted) parts.push_back(k + "=" + v);
+  return join(parts, ",");
+}
+
+std::string formatAllocation(const v1::Job& job) {
+  std::vector<std::string> parts;
+  for (const v1::NodeAllocation& a : job.allocation()) {
+    std::vector<std::string> gpus;
+    for (int g : a.gpus()) gpus.push_back(std::to_string(g));
+    parts.push_back(a.node() + "[" + join(gpus, ",") + "]");
+  }
+  return join(parts, " ");
+}
+
+// Columns padded to their widest cell, two spaces apart; the last column is not padded (it may be long).
+std::string renderTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    line.erase(line.find_last_not_of(' ') + 1);  // an empty last cell leaves no trailing blanks
+    out += line + "\n";
+  }
+  return out;
+}
+
+int64_t nowUnixMs() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+// The submitting user as the coordinator should record it: the effective uid's name, as ps and squeue show.
+// getpwuid_r, not getpwuid: runDdlctl() may run on several threads at once.
+std::string invokingUser() {
+  passwd pw{};
+  passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwuid_r(geteuid(), &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr && *pw.pw_name) {
+    return pw.pw_name;
+  }
+  if (const char* user = std::getenv("USER"); user != nullptr && *user) return user;
+  return std::to_string(geteuid());
+}
+
+// Splits "KEY=VALUE"; nullopt when there is no '=' or the key is empty.
+std::optional<std::pair<std::string, std::string>> splitKeyValue(const std::string& s) {
+  size_t eq = s.find('=');
+  if (eq == std::string::npos || eq == 0) return std::nullopt;
+  return std::make_pair(s.substr(0, eq), s.substr(eq + 1));
+}
+
+bool isTopology(const std::string& s) {
+  std::istringstream in(s);
+  std::string dim;
+  int dims = 0;
+  while (std::getline(in, dim, 'x')) {
+    if (!isDigits(dim) || dim.size() > 6 || std::stoi(dim) < 1) {
+      return false;
+    }
+    ++dims;
+  }
+  return dims > 0 && s.back() != 'x';
+}
+
+}  // namespace
+
+// ---- Argument checks --------------------------------------------------------------------------------------
+
+std::string checkCoordinatorAddress(std::string_view address) {
+  auto bad = [&](const std::string& why) {
+    return "invalid coordinator address '" + std::string(address) + "': " + why +
+           " (expected HOST:PORT, e.g. 127.0.0.1:7070)";
+  };
+  if (address.empty()) return bad("it is empty");
+  if (address.find("://") != std::string_view::npos) return bad("give HOST:PORT without a scheme");
+  if (address.find_first_of(" \t/") != std::string_view::npos) return bad("it contains a space or '/'");
+  std::string_view host, port;
+  if (address.front() == '[') {
+    size_t close = address.find(']');
+    if (close == std::string_view::npos) return bad("'[' without ']'");
+    host = address.substr(1, close - 1);
+    std::string_view rest = address.substr(close + 1);
+    if (rest.empty()) return bad("no port");
+    if (rest.front() != ':') return bad("expected ':' after ']'");
+    port = rest.substr(1);
+  } else {
+    size_t colon = address.rfind(':');
+    if (colon == std::string_view::npos) return bad("no port");
+    if (address.find(':') != colon) return bad("write an IPv6 address in brackets, as [::1]:7070");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+  }
+  if (host.empty()) return bad("no host");
+  if (port.empty()) return bad("no port");
+  if (port.size() > 5 || !isDigits(port)) {
+    return bad("port '" + std::string(port) + "' is not a number");
+  }
+  int p = std::stoi(std::string(port));
+  if (p < 1 || p > 65535) return bad("port " + std::to_string(p) + " is out of range 1-65535");
+  return "";
+}
+
+std::string validStateNames() {
+  std::vector<std::string> names;
+  for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
+    if (s != v1::JOB_STATE_UNSPECIFIED && v1::JobState_IsValid(s)) {
+      names.push_back(stateName(static_cast<v1::JobState>(s)));
+    }
+  }
+  return join(names, ", ");
+}
+
+Parsed<std::vector<v1::JobState>> parseStates(const std::vector<std::string>& args) {
+  std::vector<v1::JobState> states;
+  for (const std::string& arg : args) {
+    std::istringstream in(arg);
+    std::string piece;
+    while (std::getline(in, piece, ',')) {
+      std::string name = upper(trim(piece));
+      if (name.empty()) continue;  // "running," is a harmless slip
+      v1::JobState s;
+      if (!v1::JobState_Parse(name, &s) || s == v1::JOB_STATE_UNSPECIFIED) {
+        return {std::nullopt, "unknown job state '" + trim(piece) + "'; valid states: " + validStateNames()};
+      }
+      if (std::find(states.begin(), states.end(), s) == states.end()) states.push_back(s);
+    }
+  }
+  return {states, ""};
+}
+
+Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
+  auto fail = [](std::string why) { return Parsed<v1::JobSpec>{std::nullopt, std::move(why)}; };
+  if (args.command.empty()) {
+    return fail("submit needs a command after --, as in: ddlctl submit --gpus 4 -- python train.py");
+  }
+  for (auto [flag, value] : {std::pair{"--nodes", args.nodes}, std::pair{"--gpus-per-node", args.gpusPerNode},
+                             std::pair{"--gpus", args.gpus}}) {
+    if (value && *value < 1) {
+      return fail(std::string(flag) + " must be at least 1, got " + std::to_string(*value));
+    }
+  }
+  if (args.gpus && (args.nodes || args.gpusPerNode)) {
+    return fail(
+        "--gpus asks for a total and cannot be combined with --nodes or --gpus-per-node; give either "
+        "--gpus T or --nodes N [--gpus-per-node G]");
+  }
+  if (!args.gpus && !args.nodes) {
+    if (args.gpusPerNode) return fail("--gpus-per-node needs --nodes N (or ask for a total with --gpus T)");
+    return fail("say how many GPUs the job needs: --gpus T, or --nodes N [--gpus-per-node G]");
+  }
+  if (args.maxRestarts < 0) {
+    return fail("--max-restarts must be 0 or more, got " + std::to_string(args.maxRestarts));
+  }
+  if (!args.topology.empty() && !isTopology(args.topology)) {
+    return fail("--topology '" + args.topology + "' is not a list of positive numbers joined by x, like 4x2");
+  }
+
+  v1::JobSpec spec;
+  for (const std::string& e : args.env) {
+    if (!splitKeyValue(e)) return fail("--env '" + e + "' is not KEY=VALUE");
+    spec.add_env(e);
+  }
+  for (const std::string& l : args.labels) {
+    auto kv = splitKeyValue(l);
+    if (!kv) return fail("--label '" + l + "' is not KEY=VALUE");
+    auto [it, inserted] = spec.mutable_required_labels()->insert({kv->first, kv->second});
+    if (!inserted && it->second != kv->second) return fail("--label " + kv->first + " given twice");
+  }
+  spec.set_name(args.name.empty() ? std::filesystem::path(args.command.front()).filename().string()
+                                  : args.name);
+  spec.set_user(args.user);
+  if (args.gpus) {
+    spec.set_total_gpus(*args.gpus);
+  } else {
+    spec.set_nodes(*args.nodes);
+    spec.set_gpus_per_node(args.gpusPerNode.value_or(1));
+  }
+  spec.set_topology(args.topology);
+  spec.set_priority(args.priority);
+  spec.set_max_restarts(args.maxRestarts);
+  spec.set_workdir(args.workdir);
+  for (const std::string& c : args.command) spec.add_command(c);
+  return {spec, ""};
+}
+
+// ---- RPC failures -----------------------------------------------------------------------------------------
+
+RpcError describeRpcError(grpc::StatusCode code, const std::string& message, const std::string& address,
+                          double timeoutS) {
+  if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::string why;
+    if (code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      why = "no answer within " + formatSeconds(timeoutS) + " s";
+    } else if (upper(message).find("CONNECTION REFUSED") != std::string::npos) {
+      why = "connection refused";  // gRPC's text buries this under "failed to connect to all addresses; ..."
+    } else {
+      why = message.empty() ? "unavailable" : message;
+    }
+    return {kExitUnreachable, "cannot reach coordinator at " + address + ": " + why,
+            "is ddl-coordinator running? set --coordinator or DDL_COORDINATOR"};
+  }
+  if (!message.empty()) return {kExitRefused, message, ""};
+  return {kExitRefused, "the coordinator refused the request (gRPC status " + std::to_string(int(code)) + ")",
+          ""};
+}
+
+// ---- Formatting -------------------------------------------------------------------------------------------
+
+std::string formatAge(int64_t ms) {
+  int64_t s = std::max<int64_t>(ms, 0) / 1000;
+  if (s < 60) return std::to_string(s) + "s";
+  if (s < 3600) return std::to_string(s / 60) + "m";
+  if (s < 86400) return std::to_string(s / 3600) + "h";
+  return std::to_string(s / 86400) + "d";
+}
+
+std::string formatDuration(int64_t ms) {
+  ms = std::max<int64_t>(ms, 0);
+  char buf[32];
+  if (ms < 1000) {
+    std::snprintf(buf, sizeof buf, "%lldms", static_cast<long long>(ms));
+  } else if (ms < 60'000) {
+    std::snprintf(buf, sizeof buf, "%lld.%llds", static_cast<long long>(ms / 1000),
+                  static_cast<long long>(ms % 1000 / 100));
+  } else {
+    long long s = ms / 1000;
+    if (s < 3600) {
+      std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+    } else if (s < 86400) {
+      std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, s % 3600 / 60);
+    } else {
+      std::snprintf(buf, sizeof buf, "%lldd%02lldh", s / 86400, s % 86400 / 3600);
+    }
+  }
+  return buf;
+}
+
+std::string formatLocalTime(int64_t unixMs) {
+  std::time_t t = static_cast<std::time_t>(unixMs / 1000);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[64];
+  size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  std::snprintf(buf + n, sizeof buf - n, ".%03lld", static_cast<long long>(unixMs % 1000));
+  return buf;
+}
+
+std::string signalName(int signal) {
+  // A table rather than sigabbrev_np(): that is glibc-only (2.32+), and these numbers are the same on every
+  // Linux architecture ddl runs on (x86-64, aarch64, ppc64le).
+  static const std::map<int, const char*> kNames = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGCHLD, "SIGCHLD"},
+      {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"}, {SIGXCPU, "SIGXCPU"},
+      {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"}};
+  auto it = kNames.find(signal);
+  return it != kNames.end() ? it->second : "signal " + std::to_string(signal);
+}
+
+std::string describeFailure(const v1::Failure& f) {
+  std::string out = "rank " + std::to_string(f.rank());
+  if (!f.host().empty()) out += " on " + f.host();
+  if (f.has_signal()) {
+    out += ": killed by " + signalName(f.signal());
+  } else if (f.has_exit_code()) {
+    out += ": exit code " + std::to_string(f.exit_code());
+  }
+  return out;
+}
+
+std::string describeRequest(const v1::JobSpec& spec) {
+  auto count = [](int n, const char* one) { return std::to_string(n) + " " + one + (n == 1 ? "" : "s"); };
+  if (spec.nodes() > 0 || spec.gpus_per_node() > 0) {
+    return count(spec.nodes(), "node") + " x " + count(spec.gpus_per_node(), "GPU");
+  }
+  return count(spec.total_gpus(), "GPU");
+}
+
+std::string shellJoin(const std::vector<std::string>& argv) {
+  static const std::string kSafe = "@%+=:,./-_";
+  std::vector<std::string> words;
+  for (const std::string& a : argv) {
+    bool safe = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || kSafe.find(c) != std::string::npos;
+    });
+    if (safe) {
+      words.push_back(a);
+      continue;
+    }
+    std::string q = "'";
+    for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    words.push_back(q + "'");
+  }
+  return join(words, " ");
+}
+
+std::string nodeListOrReason(const v1::Job& job) {
+  std::vector<std::string> nodes;
+  for (const v1::NodeAllocation& a : job.allocation()) nodes.push_back(a.node());
+  bool showReason = job.state() == v1::PENDING || (job.state() == v1::FAILED && !job.reason().empty()) ||
+                    (nodes.empty() && !job.reason().empty());
+  if (showReason) return "(" + (job.reason().empty() ? std::string("queued") : job.reason()) + ")";
+  return join(nodes, ",");
+}
+
+std::string formatJobTable(const v1::ListJobsResponse& jobs, int64_t nowMs) {
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "NAME", "USER", "STATE", "AGE", "NODES", "GPUS", "NODELIST(REASON)"}};
+  for (const v1::Job& j : jobs.jobs()) {
+    std::string nodes = j.allocation_size() > 0 ? std::to_string(j.allocation_size())
+                        : j.spec().nodes() > 0  ? std::to_string(j.spec().nodes())
+                                                : "-";
+    int gpus = j.gpus() > 0 ? j.gpus() : requestedGpus(j.spec());
+    rows.push_back({j.id(), j.spec().name(), j.spec().user(), stateName(j.state()),
+                    formatAge(nowMs - j.submit_ms()), nodes, gpus > 0 ? std::to_string(gpus) : "-",
+                    nodeListOrReason(j)});
+  }
+  return renderTable(rows);
+}
+
+std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
+  std::vector<std::vector<std::string>> rows = {
+      {"NAME", "STATE", "GPUS", "ADDRESS", "LABELS", "HEARTBEAT", "JOBS"}};
+  for (const v1::Node& n : nodes.nodes()) {
+    std::string labels = formatLabels(n.labels());
+    std::vector<std::string> jobs(n.jobs().begin(), n.jobs().end());
+    rows.push_back({n.name(), n.state(),
+                    std::to_string(n.gpus_used_size()) + "/" + std::to_string(n.gpus_size()),
+                    n.address().empty() ? "-" : n.address(), labels.empty() ? "-" : labels,
+                    n.last_heartbeat_ms() > 0 ? formatAge(nowMs - n.last_heartbeat_ms()) : "never",
+                    jobs.empty() ? "-" : join(jobs, ",")});
+  }
+  return renderTable(rows);
+}
+
+std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
+  const v1::JobSpec& spec = job.spec();
+  std::vector<std::vector<std::string>> rows;
+  auto add = [&](const std::string& key, const std::string& value) { rows.push_back({key + ":", value}); };
+  add("Job", job.id());
+  add("Name", spec.name());
+  add("User", spec.user());
+  add("State", stateName(job.state()));
+  add("Command", shellJoin({spec.command().begin(), spec.command().end()}));
+  add("Workdir", spec.workdir());
+  std::string request = describeRequest(spec);
+  if (spec.total_gpus() == 0) request += " (" + std::to_string(requestedGpus(spec)) + " GPUs)";
+  add("Request", request);
+  if (!spec.required_labels().empty()) add("Labels", formatLabels(spec.required_labels()));
+  if (!spec.env().empty()) add("Env", shellJoin({spec.env().begin(), spec.env().end()}));
+  add("Priority", std::to_string(spec.priority()));
+  std::string topology = !job.topology().empty()    ? job.topology()
+                         : !spec.topology().empty() ? spec.topology() + " (requested)"
+                                                    : "-";
+  add("Topology", topology);
+  add("Allocation", job.allocation().empty() ? "-" : formatAllocation(job));
+  add("Restarts", std::to_string(job.restarts()) + " of " + std::to_string(spec.max_restarts()) + " allowed");
+  if (!job.reason().empty()) add("Reason", job.reason());
+  if (job.has_failure()) add("Failure", describeFailure(job.failure()));
+  add("Submitted", formatLocalTime(job.submit_ms()) + " (" + formatAge(nowMs - job.submit_ms()) + " ago)");
+
+  // Time in each state, replayed from the transitions; a live job's current state runs until now.
+  std::map<v1::JobState, int64_t> spent;
+  v1::JobState current = v1::PENDING;
+  int64_t since = job.submit_ms();
+  for (const v1::Transition& t : job.transitions()) {
+    spent[current] += t.at_ms() - since;
+    current = t.to();
+    since = t.at_ms();
+  }
+  if (!isFinal(current)) spent[current] += nowMs - since;
+  add("Queued", formatDuration(spent[v1::PENDING]));
+  add("Running", formatDuration(spent[v1::RUNNING]));
+  std::string out = renderTable(rows);
+
+  out += "Transitions:\n";
+  std::vector<std::vector<std::string>> lines;
+  for (const v1::Transition& t : job.transitions()) {
+    std::string move = t.from() == v1::JOB_STATE_UNSPECIFIED
+                           ? stateName(t.to())
+                           : stateName(t.from()) + " -> " + stateName(t.to());
+    std::string reason = t.reason();
+    if (t.has_failure()) {
+      reason += (reason.empty() ? "" : " ") + std::string("[") + describeFailure(t.failure()) + "]";
+    }
+    lines.push_back({"  " + formatLocalTime(t.at_ms()), move, reason});
+  }
+  if (lines.empty()) lines.push_back({"  (none)"});
+  return out + renderTable(lines);
+}
+
+std::string toJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  // Fails only for malformed messages (invalid UTF-8 in a string), which a parsed RPC answer cannot hold.
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json + "\n";
+}
+
+// ---- The command line -------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr const char* kFooter = R"(Exit status:
+  0  success
+  1  the coordinator refused the request (unknown job or node, invalid request, wrong state); its message
+     is printed on stderr as "ddlctl: <message>"
+  2  usage error: bad flags or arguments (nothing was sent)
+  3  cannot reach the coordinator (connection refused, no answer within --timeout, shutting down)
+
+Environment:
+  DDL_COORDINATOR  HOST:PORT of the coordinator when --coordinator is not given (default 127.0.0.1:7070)
+
+Output: text for people; -o json prints exactly one JSON document on stdout (proto field names).)";
+
+// Everything the command line said; CLI11 fills it while parsing.
+struct CommandLine {
+  std::string coordinator;  // "" = not given
+  std::string output = "text";
+  double timeoutS = kDefaultTimeoutS;
+  std::string verb;
+  SubmitArgs submit;
+  std::vector<std::string> stray;  // submit: words given without "--" before them
+  std::vector<std::string> states;
+  std::string user;
+  bool all = false;
+  std::string target;  // the JOB or NODE argument
+};
+
+void declareCommandLine(CLI::App& app, CommandLine& cl) {
+  app.footer(kFooter);
+  app.require_subcommand(1);
+  app.fallthrough();  // so global options work after the verb too: ddlctl list -o json
+  // A global given twice: the last one wins, so wrapper scripts can set a default that users override.
+  app.add_option("--coordinator", cl.coordinator,
+                 "the coordinator (default: $DDL_COORDINATOR, else 127.0.0.1:7070)")
+      ->type_name("HOST:PORT")
+      ->take_last();
+  app.add_option("-o,--output", cl.output, "text or json")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->take_last();
+  app.add_option("--timeout", cl.timeoutS, "deadline of the request, in seconds (default 10)")
+      ->type_name("SECONDS")
+      ->take_last();
+
+  SubmitArgs& s = cl.submit;
+  CLI::App* submit = app.add_subcommand("submit", "submit a job: ddlctl submit [options] -- COMMAND ARGS...");
+  submit->footer(
+      "Say how many GPUs: --gpus T (a total, placed on as few nodes as possible) or --nodes N with\n"
+      "--gpus-per-node G (G defaults to 1). Prints the job id (or the Job as JSON).");
+  submit->add_option("--name", s.name, "job name (default: the command's basename)");
+  // Functions, not plain ints: "given" must be told apart from any value, 0 included.
+  submit
+      ->add_option_function<int>(
+          "--nodes", [&s](const int& n) { s.nodes = n; }, "number of nodes")
+      ->type_name("N");
+  submit
+      ->add_option_function<int>(
+          "--gpus-per-node", [&s](const int& g) { s.gpusPerNode = g; }, "GPUs on each node (default 1)")
+      ->type_name("G");
+  submit
+      ->add_option_function<int>(
+          "--gpus", [&s](const int& t) { s.gpus = t; }, "total GPUs, on any nodes")
+      ->type_name("T");
+  submit->add_option("--topology", s.topology, "ring dims override, e.g. 4x2");
+  submit->add_option("--priority", s.priority, "higher runs first (default 0)");
+  submit->add_option("--max-restarts", s.maxRestarts, "requeue after a failure up to R times (default 0)");
+  // One value per flag (allow_extra_args(false)): a vector option would otherwise swallow the words after it.
+  submit->add_option("--env", s.env, "KEY=VALUE for every rank (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  submit->add_option("--label", s.labels, "KEY=VALUE a node must carry (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  submit->add_option("--workdir", s.workdir, "working directory of the ranks (default: here)");
+  // The command really arrives through the split at "--" in runDdlctl(); this positional documents it and
+  // catches words given without "--", to say where they belong.
+  submit->add_option("COMMAND", cl.stray, "the job's command and its arguments, after --");
+
+  CLI::App* list = app.add_subcommand("list", "list jobs (default: PENDING, SCHEDULED, STARTING, RUNNING)");
+  CLI::Option* state =
+      list->add_option("--state", cl.states, "only jobs in these states (repeatable, comma-separated)")
+          ->type_name("STATE")
+          ->allow_extra_args(false);
+  list->add_option("--user", cl.user, "only this user's jobs");
+  list->add_flag("--all", cl.all, "every job, finished ones too")->excludes(state);
+
+  app.add_subcommand("status", "one job in detail, with its transitions")
+      ->add_option("JOB", cl.target, "job id")
+      ->required();
+  app.add_subcommand("cancel", "cancel a job")->add_option("JOB", cl.target, "job id")->required();
+  app.add_subcommand("ring", "a job's ring layout (rank order and dims)")
+      ->add_option("JOB", cl.target, "job id")
+      ->required();
+  app.add_subcommand("nodes", "list nodes");
+  app.add_subcommand("drain", "stop placing new jobs on a node (running jobs stay)")
+      ->add_option("NODE", cl.target, "node name")
+      ->required();
+  app.add_subcommand("undrain", "place jobs on a drained node again")
+      ->add_option("NODE", cl.target, "node name")
+      ->required();
+}
+
+int usageError(std::ostream& err, const std::string& message) {
+  err << "ddlctl: " << message << "\nrun 'ddlctl --help' for usage\n";
+  return kExitUsage;
+}
+
+// One channel to the coordinator and the per-call deadline; every verb makes exactly one call through it.
+// The channel connects lazily, on the first call.
+class Session {
+ public:
+  Session(const CommandLine& cl, std::ostream& out, std::ostream& err)
+      : address_(cl.coordinator),
+        timeoutS_(cl.timeoutS),
+        json_(cl.output == "json"),
+        stub_(v1::UserService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))),
+        out_(out),
+        err_(err) {}
+
+  v1::UserService::Stub& stub() { return *stub_; }
+
+  // Runs `rpc` under the deadline; on failure prints the error and returns its exit status.
+  int call(const std::function<grpc::Status(v1::UserService::Stub&, grpc::ClientContext*)>& rpc) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(static_cast<int64_t>(timeoutS_ * 1000)));
+    grpc::Status status = rpc(*stub_, &context);
+    if (status.ok()) return kExitOk;
+    RpcError e = describeRpcError(status.error_code(), status.error_message(), address_, timeoutS_);
+    err_ << "ddlctl: " << e.message << "\n";
+    if (!e.hint.empty()) err_ << "hint: " << e.hint << "\n";
+    return e.exitCode;
+  }
+
+  // Prints the answer: the message as JSON, or `text` for people.
+  int print(const google::protobuf::Message& message, const std::string& text) {
+    out_ << (json_ ? toJson(message) : text);
+    return kExitOk;
+  }
+
+ private:
+  std::string address_;
+  double timeoutS_;
+  bool json_;
+  std::unique_ptr<v1::UserService::Stub> stub_;
+  std::ostream& out_;
+  std::ostream& err_;
+};
+
+// The verb's one RPC and its output; local checks first, so a usage error sends nothing.
+int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
+  using Stub = v1::UserService::Stub;
+  using Ctx = grpc::ClientContext;
+  int64_t now = nowUnixMs();
+  if (cl.verb == "submit") {
+    if (!cl.stray.empty()) {
+      return usageError(
+          err, "put the job's command after --, as in: ddlctl submit --gpus 4 -- " + shellJoin(cl.stray));
+    }
+    cl.submit.user = invokingUser();
+    if (cl.submit.workdir.empty()) {
+      std::error_code ec;
+      cl.submit.workdir = std::filesystem::current_path(ec).string();
+    }
+    Parsed<v1::JobSpec> spec = buildJobSpec(cl.submit);
+    if (!spec.ok()) return usageError(err, spec.error);
+    v1::SubmitRequest req;
+    *req.mutable_spec() = *spec.value;
+    v1::SubmitResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.Submit(c, req, &resp); })) return rc;
+    return s.print(resp.job(), resp.job().id() + "\n");
+  }
+  if (cl.verb == "list") {
+    Parsed<std::vector<v1::JobState>> states = parseStates(cl.states);
+    if (!states.ok()) return usageError(err, states.error);
+    v1::ListJobsRequest req;
+    req.set_user(cl.user);
+    if (!states.value->empty()) {
+      for (v1::JobState st : *states.value) req.add_states(st);
+    } else if (!cl.all) {
+      for (v1::JobState st : {v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}) req.add_states(st);
+    }
+    v1::ListJobsResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListJobs(c, req, &resp); })) return rc;
+    return s.print(resp, formatJobTable(resp, now));
+  }
+  if (cl.verb == "status") {
+    v1::GetJobRequest req;
+    req.set_id(cl.target);
+    v1::Job job;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetJob(c, req, &job); })) return rc;
+    return s.print(job, formatJobDetail(job, now));
+  }
+  if (cl.verb == "cancel") {
+    v1::CancelJobRequest req;
+    req.set_id(cl.target);
+    v1::Job job;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.CancelJob(c, req, &job); })) return rc;
+    return s.print(job, job.id() + " " + stateName(job.state()) + "\n");
+  }
+  if (cl.verb == "ring") {
+    v1::GetRingRequest req;
+    req.set_id(cl.target);
+    v1::RingLayout ring;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetRing(c, req, &ring); })) return rc;
+    std::string text = ring.text();
+    if (!text.empty() && text.back() != '\n') text += "\n";
+    return s.print(ring, text);
+  }
+  if (cl.verb == "nodes") {
+    v1::ListNodesResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListNodes(c, {}, &resp); })) return rc;
+    return s.print(resp, formatNodeTable(resp, now));
+  }
+  // drain or undrain: declareCommandLine() declares no other verb.
+  v1::DrainNodeRequest req;
+  req.set_node(cl.target);
+  req.set_drain(cl.verb == "drain");
+  v1::Node node;
+  if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.DrainNode(c, req, &node); })) return rc;
+  return s.print(node, node.name() + " " + node.state() + "\n");
+}
+
+}  // namespace
+
+int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
+  // Everything after the first "--" is the job's command, never ddlctl's flags: a "--help" there is the
+  // program's own.
+  int cliArgc = argc;
+  bool sawDashDash = false;
+  CommandLine cl;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--") {
+      cliArgc = i;
+      sawDashDash = true;
+      cl.submit.command.assign(argv + i + 1, argv + argc);
+      break;
+    }
+  }
+
+  CLI::App app{"ddlctl: submit, watch and cancel ddl jobs and manage nodes, through the ddl coordinator.",
+               "ddlctl"};
+  declareCommandLine(app, cl);
+  try {
+    app.parse(cliArgc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {  // --help
+      app.exit(e, out, err);
+      return kExitOk;
+    }
+    if (app.get_subcommands().empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      std::vector<std::string> rest = app.remaining();
+      std::string what = rest.empty() ? "say what to do" : "unknown verb '" + rest.front() + "'; use one of";
+      return usageError(err, what + ": submit, list, status, cancel, ring, nodes, drain or undrain");
+    }
+    return usageError(err, e.what());
+  }
+  cl.verb = app.get_subcommands().front()->get_name();
+
+  if (sawDashDash && cl.verb != "submit") return usageError(err, "only submit takes a command after --");
+  // Checked here, not with CLI::PositiveNumber, whose message prints the largest double in full.
+  if (!(cl.timeoutS > 0 && cl.timeoutS <= 86400 * 365)) {
+    return usageError(err,
+                      "--timeout must be a positive number of seconds, got " + formatSeconds(cl.timeoutS));
+  }
+  std::string from;
+  if (cl.coordinator.empty()) {
+    const char* env = std::getenv("DDL_COORDINATOR");
+    cl.coordinator = env != nullptr && *env ? env : kDefaultCoordinator;
+    if (env != nullptr && *env) from = " (from DDL_COORDINATOR)";
+  }
+  if (std::string why = checkCoordinatorAddress(cl.coordinator); !why.empty())
+    return usageError(err, why + from);
+
+  Session session(cl, out, err);
+  return runVerb(cl, session, err);
+}
+
+}  // namespace ddl::cli

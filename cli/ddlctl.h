@@ -1,0 +1,110 @@
+// ddlctl: the user CLI of ddl. One command line becomes one UserService RPC to the coordinator, and the
+// answer becomes a table, a detail view or one JSON document on stdout.
+//
+// ddlctl keeps no state: the coordinator is the only source of truth, and it re-validates every request. The
+// checks made here (counts, KEY=VALUE, state names, HOST:PORT) exist so that a typo costs no round trip and
+// the message names the flag. The formatting functions are pure (the clock is an argument) so tests can
+// build Job and Node messages by hand and compare text.
+//
+// Exit statuses are an interface scripts rely on; they are listed in `ddlctl --help` and the user guide.
+//
+// Threads: runDdlctl() blocks its calling thread for at most one RPC deadline; nothing here is shared, so
+// several threads may call it at once.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ddl/v1/ddl.pb.h"
+
+namespace ddl::cli {
+
+constexpr int kExitOk = 0;
+constexpr int kExitRefused = 1;  // the coordinator answered with an error (NOT_FOUND, INVALID_ARGUMENT...)
+constexpr int kExitUsage = 2;    // bad flags or arguments; nothing was sent
+constexpr int kExitUnreachable = 3;  // no answer: connection refused, deadline passed, coordinator going down
+constexpr const char* kDefaultCoordinator = "127.0.0.1:7070";
+constexpr double kDefaultTimeoutS = 10;
+
+// The whole CLI: parses argv (argv[0] is the program name), makes the RPC, prints the answer to `out` and
+// every error to `err` as "ddlctl: ...". Returns the exit status.
+int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err);
+
+// A value, or the sentence saying why the input is wrong (a usage error: exit 2).
+template <typename T>
+struct Parsed {
+  std::optional<T> value;
+  std::string error;
+  bool ok() const { return value.has_value(); }
+};
+
+// ---- Argument checks (no I/O) ----------------------------------------------------------------------------
+
+// "" when `address` is HOST:PORT (IPv6 in brackets: [::1]:7070, port 1..65535), else why not.
+std::string checkCoordinatorAddress(std::string_view address);
+
+// Job state names, case-insensitive, each argument repeatable and comma-separated ("running,pending").
+// Duplicates are dropped; order is kept. An unknown name is an error that lists the valid ones.
+Parsed<std::vector<v1::JobState>> parseStates(const std::vector<std::string>& args);
+std::string validStateNames();  // "PENDING, SCHEDULED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED"
+
+// What `ddlctl submit` was given. Absent optionals are flags not given.
+struct SubmitArgs {
+  std::string name;  // "" = the command's basename
+  std::optional<int> nodes;
+  std::optional<int> gpusPerNode;
+  std::optional<int> gpus;
+  std::string topology;
+  int priority = 0;
+  int maxRestarts = 0;
+  std::vector<std::string> env;     // KEY=VALUE
+  std::vector<std::string> labels;  // KEY=VALUE, required node labels
+  std::string workdir;
+  std::string user;
+  std::vector<std::string> command;
+};
+
+// The JobSpec for a submit, or the usage error. Shapes: --gpus T alone (a total, placed on as few nodes as
+// possible), or --nodes N with --gpus-per-node G (default 1). Neither, or both, is an error.
+Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args);
+
+// ---- RPC failures ----------------------------------------------------------------------------------------
+
+struct RpcError {
+  int exitCode = kExitRefused;
+  std::string message;  // printed as "ddlctl: <message>"
+  std::string hint;     // "" or printed as "hint: <hint>"
+};
+
+// Maps a failed RPC to what the user sees: UNAVAILABLE and DEADLINE_EXCEEDED mean the coordinator could not
+// be reached (exit 3); every other code is the coordinator refusing the request (exit 1, its own message).
+RpcError describeRpcError(grpc::StatusCode code, const std::string& message, const std::string& address,
+                          double timeoutS);
+
+// ---- Formatting (pure; `nowMs` is unix milliseconds) ------------------------------------------------------
+
+std::string formatAge(int64_t ms);       // coarse, one unit, floor: "5s", "3m", "2h", "4d"; negative -> "0s"
+std::string formatDuration(int64_t ms);  // finer: "850ms", "12.3s", "5m07s", "2h03m", "3d04h"
+std::string formatLocalTime(int64_t unixMs);              // "2024-05-01 12:03:04.123" in the local time zone
+std::string signalName(int signal);                       // "SIGKILL"; "signal 77" for numbers without a name
+std::string describeFailure(const v1::Failure& failure);  // "rank 3 on n2: killed by SIGKILL"
+std::string describeRequest(const v1::JobSpec& spec);     // "2 nodes x 4 GPUs" / "6 GPUs"
+std::string shellJoin(const std::vector<std::string>& argv);  // quoted only where a shell would need it
+
+// The NODELIST(REASON) cell: allocated node names for placed jobs, "(reason)" for PENDING and FAILED ones.
+std::string nodeListOrReason(const v1::Job& job);
+
+std::string formatJobTable(const v1::ListJobsResponse& jobs, int64_t nowMs);
+std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs);
+std::string formatJobDetail(const v1::Job& job, int64_t nowMs);
+
+// The message as JSON (proto field names, default values printed), with a trailing newline.
+std::string toJson(const google::protobuf::Message& message);
+
+}  // namespace ddl::cli

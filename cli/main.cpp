@@ -1,0 +1,6 @@
+// ddlctl: the user CLI of ddl. Everything but main() lives in ddlctl.cpp, where tests can reach it.
+#include <iostream>
+
+#include "ddlctl.h"
+
+int main(int argc, char** argv) { return ddl::cli::runDdlctl(argc, argv, std::cout, std::cerr); }
