@@ -77,11 +77,13 @@ Status validateConfig(const DaemonConfig& c) {
     return bad("listen '" + c.listen + "' is not HOST:PORT with PORT 0..65535 (e.g. 127.0.0.1:7070)");
   }
   if (c.data_dir.empty()) return bad("data_dir is empty");
-  if (!(c.heartbeat_grace_s > 0)) return bad("heartbeat_grace_s must be > 0");
+  if (!(c.heartbeat_grace_s >= 0.1 && c.heartbeat_grace_s <= 86400)) {
+    return bad("heartbeat_grace_s must be between 0.1 and 86400 seconds");
+  }
   if (!(c.heartbeat_interval_s > 0) || c.heartbeat_interval_s >= c.heartbeat_grace_s) {
     return bad("heartbeat_interval_s must be > 0 and less than heartbeat_grace_s");
   }
-  if (!(c.stop_grace_s >= 0)) return bad("stop_grace_s must be >= 0");
+  if (!(c.stop_grace_s >= 0 && c.stop_grace_s <= 86400)) return bad("stop_grace_s must be between 0 and 86400 seconds");
   if (c.port_first < 1024 || c.port_last > 65535 || c.port_last <= c.port_first) {
     return bad("port_first..port_last must lie in 1024..65535 and hold at least 2 ports");
   }

@@ -111,7 +111,7 @@ class RpcServer::AgentServiceImpl final : public v1::AgentService::Service {
         break;
       }
     }
-    coordinator_.detachAgent(node, session);
+    coordinator_.detachAgent(node, session, link);
     link->close();
     writer.join();
     return result;

@@ -144,6 +144,7 @@ void Coordinator::tick() {
 void Coordinator::housekeepingLocked() {
   const int64_t now = now_ms_();
   checkHeartbeatsLocked(now);
+  sweepLostJobsLocked();
   if (recovery_until_ms_ != 0) {
     bool all_back = std::all_of(nodes_.begin(), nodes_.end(), [](const auto& kv) {
       return kv.second.record.state == state::NodeState::kDown || kv.second.link != nullptr;
@@ -294,11 +295,18 @@ void Coordinator::launchLocked(const std::string& id, const placement::Allocatio
     add("MASTER_ADDR", root_addr);
     add("MASTER_PORT", std::to_string(rt.port + 1));
   }
-  for (const auto& [node, cmd] : commands) sendLocked(node, cmd);
+  // STARTING is written before anything is sent: a job whose start may have gone out is never silently
+  // rescheduled. If the write fails, nothing was sent and the job goes back to the queue.
   Status st = recordTransitionLocked(id, JobState::kStarting,
                                      "start sent to " + std::to_string(commands.size()) + " node" +
                                          (commands.size() == 1 ? "" : "s"));
-  if (!st) spdlog::error("launch: {}", st.toString());
+  if (!st) {
+    spdlog::error("launch: {}", st.toString());
+    Status back = recordTransitionLocked(id, JobState::kPending, "could not record the launch: " + st.message());
+    if (!back) spdlog::error("launch: {}", back.toString());
+    return;
+  }
+  for (const auto& [node, cmd] : commands) sendLocked(node, cmd);
 }
 
 int Coordinator::pickPortLocked(const std::string& node, const std::string& job) const {
@@ -405,6 +413,23 @@ void Coordinator::checkHeartbeatsLocked(int64_t now) {
   }
 }
 
+void Coordinator::sweepLostJobsLocked() {
+  std::vector<std::pair<std::string, std::string>> victims;  // (job, node)
+  for (const auto& [id, job] : jobs_) {
+    if (!isLive(job.state)) continue;
+    for (const auto& a : job.allocation) {
+      auto node = nodes_.find(a.node);
+      if (node == nodes_.end() || node->second.record.state == state::NodeState::kDown) {
+        victims.emplace_back(id, a.node);
+        break;
+      }
+    }
+  }
+  for (const auto& [id, node] : victims) {
+    failJobLocked(id, "node_lost: node " + node + " is DOWN", std::nullopt);
+  }
+}
+
 void Coordinator::loseNodeJobsLocked(const std::string& node, const std::string& reason,
                                      const std::string& only_job) {
   std::vector<std::string> victims;
@@ -474,8 +499,7 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequ
     for (const auto& [rank, where] : rt.rank_node) {
       if (where != req.node()) continue;
       auto known = rt.ranks.find(rank);
-      auto held = node.ranks.find(RankKey{id, rank});
-      bool reported = held != node.ranks.end() && held->second.attempt() == rt.attempt;
+      bool reported = node.ranks.count(RankKey{id, rt.attempt, rank}) > 0;
       if (!reported && (known == rt.ranks.end() || !exitedCleanly(known->second))) {
         stale.erase({id, rt.attempt});
         lost.emplace_back(id, rank);
@@ -536,10 +560,11 @@ Status Coordinator::attachAgent(const std::string& node, const std::string& sess
   return Status::ok();
 }
 
-void Coordinator::detachAgent(const std::string& node, const std::string& session) {
+void Coordinator::detachAgent(const std::string& node, const std::string& session,
+                              const std::shared_ptr<AgentLink>& link) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = nodes_.find(node);
-  if (it == nodes_.end() || it->second.session != session) return;
+  if (it == nodes_.end() || it->second.session != session || it->second.link != link) return;
   it->second.link.reset();
   spdlog::info("node {}: agent stream closed; DOWN unless it is back within {}", node,
                seconds(options_.heartbeat_grace_ms));
@@ -547,33 +572,44 @@ void Coordinator::detachAgent(const std::string& node, const std::string& sessio
 
 void Coordinator::applyRankReportLocked(NodeEntry& node, const v1::RankStatus& r,
                                         std::set<std::pair<std::string, int>>* stale) {
-  RankKey key{r.job_id(), r.rank()};
+  if (r.attempt() <= 0) return;  // not a launch this coordinator made; a stop for attempt 0 would stop them all
+  v1::RankStatus report = r;
+  if (report.state() == v1::RankStatus::EXITED && !report.has_exit_code() && !report.has_signal()) {
+    report.set_exit_code(255);  // an exit with no status is not a success
+  }
+  RankKey key{r.job_id(), r.attempt(), r.rank()};
   auto prev = node.ranks.find(key);
-  if (prev != node.ranks.end() && prev->second.attempt() > r.attempt()) return;  // out of date
-  node.ranks[key] = r;
+  if (prev != node.ranks.end() && prev->second.state() == v1::RankStatus::EXITED) return;  // an exit is final
+  if (report.state() == v1::RankStatus::EXITED) schedule_wanted_ = true;  // its GPU may be free now
+  node.ranks[key] = report;
 
   auto job = jobs_.find(r.job_id());
   auto rt = runtime_.find(r.job_id());
-  if (job == jobs_.end() || !isLive(job->second.state) || rt == runtime_.end() ||
-      r.attempt() != rt->second.attempt || !rt->second.rank_node.count(r.rank())) {
-    stale->insert({r.job_id(), r.attempt()});
+  if (job == jobs_.end() || !isLive(job->second.state) || rt == runtime_.end() || r.attempt() < rt->second.attempt) {
+    stale->insert({r.job_id(), r.attempt()});  // an ended job or an older attempt: stop what is left of it
+    return;
+  }
+  auto placed = rt->second.rank_node.find(r.rank());
+  if (r.attempt() > rt->second.attempt || placed == rt->second.rank_node.end() || placed->second != node.record.name) {
+    spdlog::warn("node {}: ignoring a report of job {} attempt {} rank {} that this coordinator did not place there",
+                 node.record.name, r.job_id(), r.attempt(), r.rank());
     return;
   }
   if (r.state() == v1::RankStatus::STATE_UNSPECIFIED) return;
   auto& known = rt->second.ranks[r.rank()];
   if (known.state() == v1::RankStatus::EXITED) return;  // an exit is final; a late RUNNING changes nothing
-  known = r;
-  if (r.state() == v1::RankStatus::EXITED && !exitedCleanly(r)) {
+  known = report;
+  if (report.state() == v1::RankStatus::EXITED && !exitedCleanly(report)) {
     state::Failure failure;
     failure.rank = r.rank();
     failure.host = node.record.name;
-    if (r.has_signal()) {
-      failure.signal = r.signal();
+    if (report.has_signal()) {
+      failure.signal = report.signal();
     } else {
-      failure.exit_code = r.exit_code();
+      failure.exit_code = report.exit_code();
     }
     failJobLocked(r.job_id(),
-                  "rank " + std::to_string(r.rank()) + " on node " + node.record.name + " " + describeExit(r),
+                  "rank " + std::to_string(r.rank()) + " on node " + node.record.name + " " + describeExit(report),
                   failure);
     return;
   }
@@ -603,12 +639,23 @@ Status Coordinator::heartbeat(const std::string& node, const std::string& sessio
   const int64_t now = now_ms_();
   entry->last_seen_ms = now;
   entry->record.last_heartbeat_ms = now;
-  const size_t before = entry->ranks.size();
+  // A heartbeat lists every rank the agent holds, so it replaces what we knew.
   std::map<RankKey, v1::RankStatus> previous;
   previous.swap(entry->ranks);
   std::set<std::pair<std::string, int>> stale;
   for (const auto& r : hb.ranks()) applyRankReportLocked(*entry, r, &stale);
-  if (entry->ranks.size() != before) schedule_wanted_ = true;  // ranks released: GPUs may be free
+  if (entry->ranks.size() != previous.size()) schedule_wanted_ = true;  // ranks released: GPUs may be free
+  // A rank of a live launch that was running and is simply gone (never reported as exited) is lost.
+  std::vector<std::pair<std::string, int>> lost;
+  for (const auto& [key, r] : previous) {
+    if (r.state() != v1::RankStatus::RUNNING || entry->ranks.count(key)) continue;
+    auto rt = runtime_.find(key.job);
+    if (rt != runtime_.end() && rt->second.attempt == key.attempt) lost.emplace_back(key.job, key.rank);
+  }
+  for (const auto& [job, rank] : lost) {
+    loseNodeJobsLocked(node, "rank " + std::to_string(rank) + " of job " + job + " vanished from node " + node +
+                                 " without an exit status", job);
+  }
   stopStaleLocked(node, stale);
   return Status::ok();
 }

@@ -92,8 +92,9 @@ class Coordinator {
   StatusOr<v1::RegisterResponse> registerAgent(const v1::RegisterRequest& request);
   // The agent's stream said hello: commands for the node go to `link` from now on.
   Status attachAgent(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link);
-  // The stream ended. The node is not DOWN yet: that takes the heartbeat grace.
-  void detachAgent(const std::string& node, const std::string& session);
+  // The stream that carried `link` ended. The node is not DOWN yet: that takes the heartbeat grace. A link
+  // that has already been replaced (the agent connected again) is ignored.
+  void detachAgent(const std::string& node, const std::string& session, const std::shared_ptr<AgentLink>& link);
   Status heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& heartbeat);
   Status rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& rank);
 
@@ -109,8 +110,9 @@ class Coordinator {
  private:
   struct RankKey {
     std::string job;
+    int attempt = 0;
     int rank = 0;
-    bool operator<(const RankKey& o) const { return job != o.job ? job < o.job : rank < o.rank; }
+    auto operator<=>(const RankKey&) const = default;
   };
   struct NodeEntry {
     state::NodeRecord record;
@@ -139,6 +141,9 @@ class Coordinator {
   void launchLocked(const std::string& id, const placement::Allocation& allocation,
                     const placement::RingLayout& layout);
   void checkHeartbeatsLocked(int64_t now);
+  // Fails live jobs placed on a node that is DOWN or unknown (a crash between marking the node DOWN and failing
+  // its jobs, or a failed write, must not leave a job running forever).
+  void sweepLostJobsLocked();
   // A node's ranks are lost (node DOWN, or the agent restarted without them): fail or requeue its jobs.
   void loseNodeJobsLocked(const std::string& node, const std::string& reason, const std::string& only_job = "");
   // Ends (or requeues) a live job after a rank failure; stops the ranks that remain.

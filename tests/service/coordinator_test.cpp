@@ -113,6 +113,13 @@ class CoordinatorTest : public ::testing::Test {
       ASSERT_TRUE(coordinator->rankEvent(node, sessions[node], rankStatus(job, s.attempt(), r.rank(), r.gpu())));
     }
   }
+  // A heartbeat in which the node's ranks of the job (its latest start) are all running.
+  Status beat(const std::string& node, const std::string& job) {
+    v1::Heartbeat hb;
+    auto s = starts(node, job).back();
+    for (const auto& r : s.ranks()) *hb.add_ranks() = rankStatus(job, s.attempt(), r.rank(), r.gpu());
+    return coordinator->heartbeat(node, sessions[node], hb);
+  }
   void exitAll(const std::string& node, const std::string& job, int code = 0) {
     ASSERT_FALSE(starts(node, job).empty());
     exitRanks(node, starts(node, job).back(), code);
@@ -208,6 +215,40 @@ TEST_F(CoordinatorTest, FailingRankFailsTheJobNamingItAndStopsTheOthers) {
   EXPECT_EQ(coordinator->getJob(id)->failure().rank(), 3);
 }
 
+TEST_F(CoordinatorTest, RankThatVanishesFromHeartbeatsFailsTheJob) {
+  addNode("n1", 2);
+  std::string id = submit(spec(1, 2));
+  coordinator->tick();
+  runAll("n1", id);
+  ASSERT_TRUE(beat("n1", id));
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  v1::Heartbeat only_rank0;
+  *only_rank0.add_ranks() = rankStatus(id, 1, 0, 0);
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], only_rank0));
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_NE(job->reason().find("rank 1 of job " + id + " vanished"), std::string::npos) << job->reason();
+}
+
+TEST_F(CoordinatorTest, ReportsThatDoNotMatchTheLaunchAreIgnored) {
+  addNode("n1", 1);
+  addNode("n2", 1);
+  std::string id = submit(spec(1, 1));
+  coordinator->tick();
+  std::string placed = coordinator->getJob(id)->allocation(0).node();
+  std::string other = placed == "n1" ? "n2" : "n1";
+  // Attempt 0 (would mean "stop every attempt"), a future attempt, and the right rank from the wrong node.
+  ASSERT_TRUE(coordinator->rankEvent(placed, sessions[placed], rankStatus(id, 0, 0, 0)));
+  ASSERT_TRUE(coordinator->rankEvent(placed, sessions[placed], rankStatus(id, 5, 0, 0, v1::RankStatus::EXITED, 1)));
+  ASSERT_TRUE(coordinator->rankEvent(other, sessions[other], rankStatus(id, 1, 0, 0, v1::RankStatus::EXITED, 1)));
+  EXPECT_EQ(stateOf(id), v1::STARTING);
+  EXPECT_EQ(stops(placed, id), 0);
+  // An exit without a status is not a success.
+  ASSERT_TRUE(coordinator->rankEvent(placed, sessions[placed], rankStatus(id, 1, 0, 0)));
+  ASSERT_TRUE(coordinator->rankEvent(placed, sessions[placed], rankStatus(id, 1, 0, 0, v1::RankStatus::EXITED)));
+  EXPECT_EQ(stateOf(id), v1::FAILED);
+}
+
 TEST_F(CoordinatorTest, SignalIsReportedByName) {
   addNode("n1", 1);
   std::string id = submit(spec(1, 1));
@@ -260,7 +301,7 @@ TEST_F(CoordinatorTest, MissedHeartbeatsMarkNodeDownAndFailItsJobsOnly) {
   runAll(a_node, a);
   runAll(b_node, b);
   now += 9000;
-  ASSERT_TRUE(coordinator->heartbeat(b_node, sessions[b_node], v1::Heartbeat()));
+  ASSERT_TRUE(beat(b_node, b));
   coordinator->tick();
   EXPECT_EQ(stateOf(a), v1::RUNNING);  // within the grace period
   now += 2000;
@@ -372,6 +413,18 @@ TEST_F(CoordinatorTest, StaleSessionAndUnknownNodeAreRefused) {
   bad.set_node("bad name");
   bad.set_address("x");
   EXPECT_EQ(coordinator->registerAgent(bad).status().code(), state::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, ALateDetachOfAReplacedStreamKeepsTheNewOne) {
+  std::string session = addNode("n1", 1);
+  auto old_link = links["n1"];
+  auto new_link = std::make_shared<RecordingLink>();
+  ASSERT_TRUE(coordinator->attachAgent("n1", session, new_link));
+  EXPECT_TRUE(old_link->closed);
+  coordinator->detachAgent("n1", session, old_link);  // the old stream's handler finishes late
+  EXPECT_TRUE(coordinator->listNodes()[0].connected());
+  coordinator->detachAgent("n1", session, new_link);
+  EXPECT_FALSE(coordinator->listNodes()[0].connected());
 }
 
 class CoordinatorRestartTest : public CoordinatorTest {
