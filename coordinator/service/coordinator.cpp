@@ -846,12 +846,17 @@ StatusOr<v1::RingLayout> Coordinator::ring(const std::string& id) {
     return Status::failedPrecondition("job " + id + " is " + toString(job.state) +
                                       " and has not been placed, so it has no ring layout yet" + why);
   }
+  // Rebuild the layout the ranks were given: derived from the allocation as at placement (then its `why`
+  // says how), unless that no longer matches the recorded topology (an override, or labels changed since).
+  const placement::Cluster cluster = snapshotLocked(false);
+  const placement::Allocation allocation = toPlacement(job.allocation);
   placement::RingLayout layout;
-  std::string err =
-      placement::buildRingLayout(toPlacement(job.allocation), snapshotLocked(false), job.topology, &layout);
+  std::string err = placement::buildRingLayout(allocation, cluster, job.spec.topology_override, &layout);
+  if (err.empty() && layout.topology() != job.topology) {
+    err = placement::buildRingLayout(allocation, cluster, job.topology, &layout);
+    layout.why = "as recorded at placement (" + job.topology + "); the nodes' labels have changed since";
+  }
   if (!err.empty()) return Status::internal("job " + id + ": cannot rebuild its ring layout: " + err);
-  // The stored topology always acts as an override here; say how it was first chosen.
-  layout.overridden = !job.spec.topology_override.empty();
   v1::RingLayout out;
   toProto(layout, &out);
   out.set_job_id(id);

@@ -1,0 +1,257 @@
+// End to end on this machine: a real ddl-coordinator and two real ddl-agents (two virtual GPUs each) as
+// processes on 127.0.0.1, jobs submitted through the UserService (and ddlctl), ranks run as real processes.
+// Every wait is bounded; every process started here is stopped at the end of each test.
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "ddl/v1/ddl.grpc.pb.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+pid_t spawn(const std::vector<std::string>& argv, const fs::path& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// True when some process's command line contains `marker` (each test's ranks carry a unique one).
+bool processWithMarker(const std::string& marker) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    std::string cmdline = slurp(e.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(marker) != std::string::npos && cmdline.find("cluster_test") == std::string::npos) return true;
+  }
+  return false;
+}
+
+template <typename Pred>
+bool waitFor(Pred pred, int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (Clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return pred();
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ddl-e2e-" + std::to_string(getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    startCoordinator("127.0.0.1:0");
+    for (int i = 1; i <= 2; ++i) startAgent(i);
+    ASSERT_TRUE(waitFor([&] { return upNodes() == 2; }, 10000)) << slurp(dir_ / "agent-n1.log");
+  }
+  void TearDown() override {
+    for (auto& [name, pid] : agents_) stop(pid);
+    stop(coordinator_);
+    if (HasFailure()) {
+      std::cerr << "--- coordinator log\n" << slurp(dir_ / "coordinator.log") << "--- agent n1 log\n"
+                << slurp(dir_ / "agent-n1.log") << "--- agent n2 log\n" << slurp(dir_ / "agent-n2.log");
+    }
+    fs::remove_all(dir_);
+  }
+
+  void startCoordinator(const std::string& listen) {
+    fs::remove(dir_ / "coordinator" / "coordinator.addr");
+    coordinator_ = spawn({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "--listen", listen, "--data-dir",
+                          (dir_ / "coordinator").string(), "--heartbeat-grace", "3"},
+                         dir_ / "coordinator.log");
+    ASSERT_TRUE(waitFor([&] { return fs::exists(dir_ / "coordinator" / "coordinator.addr"); }, 10000));
+    std::ifstream in(dir_ / "coordinator" / "coordinator.addr");
+    std::getline(in, address_);
+    user_ = ddl::v1::UserService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
+  void startAgent(int i) {
+    const std::string node = "n" + std::to_string(i);
+    const std::string ports = i == 1 ? "31000-31099" : "31100-31199";
+    agents_[node] = spawn({std::string(DDL_BIN_DIR) + "/ddl-agent", "--coordinator", address_, "--node", node,
+                           "--address", "127.0.0.1", "--labels", "switch=s1", "--virtual-gpus", "2",
+                           "--force-virtual", "--data-dir", (dir_ / node).string(), "--port-range", ports},
+                          dir_ / ("agent-" + node + ".log"));
+  }
+  // SIGTERM, then SIGKILL after 15 s: a clean stop is part of what is tested, but never hang.
+  static void stop(pid_t& pid) {
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    int status = 0;
+    bool gone = waitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, 15000);
+    if (!gone) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+    }
+    pid = -1;
+  }
+
+  int upNodes() {
+    ddl::v1::ListNodesResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (!user_->ListNodes(&ctx, {}, &resp).ok()) return -1;
+    int up = 0;
+    for (const auto& n : resp.nodes()) up += n.state() == "UP" && n.connected();
+    return up;
+  }
+  std::string submit(int nodes, int gpus_per_node, std::vector<std::string> command) {
+    ddl::v1::SubmitRequest req;
+    auto* s = req.mutable_spec();
+    s->set_user("e2e");
+    s->set_nodes(nodes);
+    s->set_gpus_per_node(gpus_per_node);
+    for (auto& a : command) s->add_command(a);
+    ddl::v1::SubmitResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status st = user_->Submit(&ctx, req, &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return resp.job().id();
+  }
+  ddl::v1::Job job(const std::string& id) {
+    ddl::v1::GetJobRequest req;
+    req.set_id(id);
+    ddl::v1::Job out;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    user_->GetJob(&ctx, req, &out);
+    return out;
+  }
+  bool reaches(const std::string& id, ddl::v1::JobState state, int timeout_ms) {
+    return waitFor([&] { return job(id).state() == state; }, timeout_ms);
+  }
+  int64_t transitionMs(const ddl::v1::Job& j, ddl::v1::JobState to) {
+    for (const auto& t : j.transitions()) {
+      if (t.to() == to) return t.at_ms();
+    }
+    return -1;
+  }
+
+  fs::path dir_;
+  pid_t coordinator_ = -1;
+  std::map<std::string, pid_t> agents_;
+  std::string address_;
+  std::unique_ptr<ddl::v1::UserService::Stub> user_;
+};
+
+TEST_F(ClusterTest, FourRankAllreduceJobSucceedsWithCorrectOutput) {
+  std::string id = submit(2, 2, {std::string(DDL_BIN_DIR) + "/ddl-bench", "-b", "8", "-e", "1M", "-f", "8", "-n",
+                                 "3", "-w", "1", "-c", "1"});
+  ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 120000)) << job(id).DebugString();
+  auto j = job(id);
+  EXPECT_EQ(j.topology(), "2x2");
+  // Rank 0 printed the table; every size was checked and correct.
+  std::string root = j.allocation(0).node();
+  std::string log = slurp(dir_ / root / "logs" / id / "attempt-1" / "rank-0.log");
+  EXPECT_NE(log.find("# Out of bounds values : 0 OK"), std::string::npos) << log;
+  EXPECT_NE(log.find("1048576"), std::string::npos) << log;
+  // ddlctl shows it SUCCEEDED with its transition times.
+  std::string out = dir_ / "status.txt";
+  std::string cmd = std::string(DDL_BIN_DIR) + "/ddlctl --coordinator " + address_ + " status " + id + " > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::string status = slurp(out);
+  EXPECT_NE(status.find("SUCCEEDED"), std::string::npos) << status;
+  EXPECT_NE(status.find("RUNNING"), std::string::npos) << status;
+}
+
+TEST_F(ClusterTest, FailingRankFailsTheJobAndTheOtherRanksAreStopped) {
+  const std::string marker = "61." + std::to_string(getpid());
+  std::string id = submit(2, 2, {"/bin/sh", "-c", "if [ \"$DDL_RANK\" = 3 ]; then sleep 0.5; exit 7; fi; exec sleep " + marker});
+  ASSERT_TRUE(reaches(id, ddl::v1::FAILED, 30000)) << job(id).DebugString();
+  auto j = job(id);
+  EXPECT_EQ(j.failure().rank(), 3);
+  EXPECT_EQ(j.failure().exit_code(), 7);
+  // Rank 3 is the second GPU of the second node in ring order.
+  EXPECT_EQ(j.failure().host(), j.allocation(1).node());
+  EXPECT_TRUE(waitFor([&] { return !processWithMarker(marker); }, 15000)) << "ranks of the failed job survive";
+}
+
+TEST_F(ClusterTest, CancelLeavesNoProcessOfTheJob) {
+  const std::string marker = "62." + std::to_string(getpid());
+  std::string id = submit(2, 2, {"/bin/sleep", marker});
+  ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000));
+  ASSERT_TRUE(processWithMarker(marker));
+  ddl::v1::CancelJobRequest req;
+  req.set_id(id);
+  ddl::v1::Job out;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(user_->CancelJob(&ctx, req, &out).ok());
+  EXPECT_EQ(out.state(), ddl::v1::CANCELLED);
+  EXPECT_TRUE(waitFor([&] { return !processWithMarker(marker); }, 15000)) << "ranks of the cancelled job survive";
+}
+
+TEST_F(ClusterTest, GangJobWaitsForGpusThenRuns) {
+  std::string first = submit(2, 2, {"/bin/sleep", "2"});
+  ASSERT_TRUE(reaches(first, ddl::v1::RUNNING, 30000));
+  std::string second = submit(2, 1, {"/bin/true"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto waiting = job(second);
+  EXPECT_EQ(waiting.state(), ddl::v1::PENDING);
+  EXPECT_FALSE(waiting.reason().empty());
+  ASSERT_TRUE(reaches(first, ddl::v1::SUCCEEDED, 30000));
+  ASSERT_TRUE(reaches(second, ddl::v1::SUCCEEDED, 30000)) << job(second).DebugString();
+  EXPECT_GE(transitionMs(job(second), ddl::v1::SCHEDULED), transitionMs(job(first), ddl::v1::SUCCEEDED));
+}
+
+TEST_F(ClusterTest, KilledAgentMarksNodeDownAndFailsOnlyItsJob) {
+  const std::string marker = "63." + std::to_string(getpid());
+  std::string a = submit(1, 2, {"/bin/sleep", marker});
+  std::string b = submit(1, 2, {"/bin/sleep", marker});
+  ASSERT_TRUE(reaches(a, ddl::v1::RUNNING, 30000));
+  ASSERT_TRUE(reaches(b, ddl::v1::RUNNING, 30000));
+  const std::string victim = job(a).allocation(0).node();
+  kill(agents_[victim], SIGKILL);
+  waitpid(agents_[victim], nullptr, 0);
+  agents_[victim] = -1;
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(reaches(a, ddl::v1::FAILED, 10000));
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LT(seconds, 2 * 3.0 + 1);  // DOWN within the 3 s grace (with slack for a loaded machine)
+  EXPECT_EQ(job(a).reason().rfind("node_lost", 0), 0u) << job(a).reason();
+  EXPECT_EQ(job(b).state(), ddl::v1::RUNNING);
+  // The killed agent's ranks were left behind (it had no chance to stop them); clean up after the test.
+  std::system(("pkill -f " + marker).c_str());
+}
+
+TEST_F(ClusterTest, CoordinatorKilledMidJobRestartsAndTheJobStillSucceeds) {
+  std::string id = submit(2, 2, {"/bin/sleep", "4"});
+  ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000));
+  kill(coordinator_, SIGKILL);
+  waitpid(coordinator_, nullptr, 0);
+  startCoordinator(address_);  // same port and data dir: the agents find it again
+  EXPECT_EQ(job(id).state(), ddl::v1::RUNNING);
+  ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 30000)) << job(id).DebugString();
+  ddl::v1::ListJobsResponse list;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(user_->ListJobs(&ctx, {}, &list).ok());
+  EXPECT_EQ(list.jobs_size(), 1);
+}
+
+}  // namespace

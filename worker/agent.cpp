@@ -1,0 +1,281 @@
+#include "worker/agent.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+namespace ddl::worker {
+
+namespace {
+
+int64_t nowMs() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+// The local address of the interface that routes toward the coordinator: what the other nodes can most likely
+// reach too. A connected UDP socket sends nothing; it only makes the kernel pick the route.
+std::string localAddressToward(const std::string& target) {
+  const size_t colon = target.rfind(':');
+  std::string host = target.substr(0, colon), port = target.substr(colon + 1);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || !res) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  int fd = socket(res->ai_family, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    char buf[INET6_ADDRSTRLEN] = {0};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      const void* addr = local.ss_family == AF_INET
+                             ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                             : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (inet_ntop(local.ss_family, addr, buf, sizeof(buf))) out = buf;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+}  // namespace
+
+Agent::Agent(AgentConfig config, Inventory inventory)
+    : config_(std::move(config)), inventory_(std::move(inventory)) {
+  address_ = config_.address.empty() ? localAddressToward(config_.coordinator) : config_.address;
+  grpc::ChannelArguments args;
+  // Notice a coordinator that vanished without closing the connection (host down, cable pulled).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Reconnect attempts are paced by run(); keep gRPC's own backoff short so a restarted coordinator is found fast.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto channel = grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::AgentService::NewStub(channel);
+  supervisor_ = std::make_unique<Supervisor>([this](const RankState& s) { onRankExit(s); });
+}
+
+Agent::~Agent() { stop(static_cast<int>(config_.stop_grace_s * 1000)); }
+
+void Agent::run() {
+  std::mt19937 rng(std::random_device{}());
+  int failures = 0;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    std::string why = session(&failures);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) return;
+    // Exponential backoff from 250 ms to 8 s with +-50% jitter, so a restarted coordinator is not hit by every
+    // agent of the cluster in the same millisecond.
+    const int base = std::min(8000, 250 << std::min(failures, 5));
+    const int delay = std::uniform_int_distribution<int>(base / 2, base * 3 / 2)(rng);
+    spdlog::warn("coordinator {}: {}; retrying in {} ms", config_.coordinator, why, delay);
+    cv_.wait_for(lock, std::chrono::milliseconds(delay), [&] { return stopping_; });
+  }
+}
+
+void Agent::stop(int rank_grace_ms) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    if (context_) context_->TryCancel();
+  }
+  cv_.notify_all();
+  if (!supervisor_) return;
+  supervisor_->stopAll(rank_grace_ms);
+  // Wait (bounded) until the escalation to SIGKILL has done its work, so no rank outlives the agent.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(rank_grace_ms + 2000);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto ranks = supervisor_->ranks();
+    if (std::none_of(ranks.begin(), ranks.end(), [](const RankState& r) { return r.running; })) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+std::string Agent::session(int* failures) {
+  v1::RegisterRequest req;
+  req.set_node(config_.node);
+  req.set_address(address_);
+  for (const auto& g : inventory_.gpus) *req.add_gpus() = g;
+  for (const auto& n : inventory_.nics) *req.add_nics() = n;
+  for (const auto& [k, v] : config_.labels) (*req.mutable_labels())[k] = v;
+  for (const auto& r : supervisor_->ranks()) *req.add_ranks() = toProto(r);
+  req.set_port_first(config_.port_first);
+  req.set_port_last(config_.port_last);
+  req.set_agent_version("0.1.0");
+
+  v1::RegisterResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Status st = stub_->Register(&ctx, req, &resp);
+    if (!st.ok()) {
+      ++*failures;
+      return "register failed: " + st.error_message();
+    }
+  }
+  *failures = 0;
+  spdlog::info("registered as {} ({}), {} GPUs ({}), {} ranks held", config_.node, address_,
+               inventory_.gpus.size(), inventory_.gpu_source, req.ranks_size());
+
+  grpc::ClientContext context;
+  auto stream = stub_->Connect(&context);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return "stopping";
+    context_ = &context;
+    stream_ = stream.get();
+  }
+  v1::AgentMessage hello;
+  hello.mutable_hello()->set_node(config_.node);
+  hello.mutable_hello()->set_session(resp.session());
+  write(hello);
+
+  // Heartbeats: the full state of every rank held, every interval the coordinator asked for.
+  bool session_over = false;
+  std::thread heartbeats([&] {
+    const auto interval = std::chrono::milliseconds(std::max(100, resp.heartbeat_interval_ms()));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!session_over && !stopping_) {
+      lock.unlock();
+      v1::AgentMessage hb;
+      for (const auto& r : supervisor_->ranks()) *hb.mutable_heartbeat()->add_ranks() = toProto(r);
+      hb.mutable_heartbeat()->set_sent_ms(nowMs());
+      write(hb);
+      lock.lock();
+      cv_.wait_for(lock, interval, [&] { return session_over || stopping_; });
+    }
+  });
+
+  v1::Command command;
+  while (stream->Read(&command)) handle(command);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    session_over = true;
+    context_ = nullptr;
+    stream_ = nullptr;
+  }
+  cv_.notify_all();
+  heartbeats.join();
+  {
+    std::lock_guard<std::mutex> write_lock(write_mu_);  // no writer may still hold the stream
+  }
+  grpc::Status st = stream->Finish();
+  ++*failures;
+  return "stream ended: " + (st.ok() ? std::string("closed by the coordinator") : st.error_message());
+}
+
+bool Agent::write(const v1::AgentMessage& message) {
+  std::lock_guard<std::mutex> write_lock(write_mu_);
+  grpc::ClientReaderWriter<v1::AgentMessage, v1::Command>* stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stream = stream_;
+  }
+  return stream && stream->Write(message);
+}
+
+void Agent::handle(const v1::Command& command) {
+  if (command.has_start()) {
+    startRanks(command.start());
+  } else if (command.has_stop()) {
+    const auto& stop = command.stop();
+    spdlog::info("job {} attempt {}: stop ({}), grace {} ms", stop.job_id(), stop.attempt(), stop.reason(),
+                 stop.grace_ms());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      int& newest = stopped_[stop.job_id()];
+      newest = std::max(newest, stop.attempt() == 0 ? INT32_MAX : stop.attempt());
+    }
+    supervisor_->stop(stop.job_id(), stop.attempt(), stop.grace_ms());
+    supervisor_->release(stop.job_id(), stop.attempt());
+  }
+}
+
+std::string Agent::logPath(const std::string& job, int attempt, int rank) const {
+  return config_.data_dir + "/logs/" + job + "/attempt-" + std::to_string(attempt) + "/rank-" +
+         std::to_string(rank) + ".log";
+}
+
+void Agent::startRanks(const v1::StartRanks& start) {
+  spdlog::info("job {} attempt {}: starting {} ranks: {}", start.job_id(), start.attempt(), start.ranks_size(),
+               start.command_size() ? start.command(0) : "");
+  for (const auto& launch : start.ranks()) {
+    RankSpec spec;
+    spec.job_id = start.job_id();
+    spec.attempt = start.attempt();
+    spec.rank = launch.rank();
+    spec.gpu = launch.gpu();
+    spec.argv.assign(start.command().begin(), start.command().end());
+    spec.workdir = start.workdir();
+    spec.log_path = logPath(start.job_id(), start.attempt(), launch.rank());
+    for (const auto& e : launch.env()) spec.env.emplace_back(e.name(), e.value());
+    if (!inventory_.virtual_gpus && launch.gpu() >= 0 && launch.gpu() < static_cast<int>(inventory_.gpus.size())) {
+      // The UUID, not the index: indices can be renumbered by CUDA_DEVICE_ORDER, UUIDs cannot.
+      spec.env.emplace_back("CUDA_VISIBLE_DEVICES", inventory_.gpus[launch.gpu()].uuid());
+    }
+    spec.env.emplace_back("DDL_GPU", std::to_string(launch.gpu()));
+    std::string error;
+    RankState state = supervisor_->start(spec, &error);
+    if (!error.empty()) {
+      spdlog::error("job {} rank {}: {}", start.job_id(), launch.rank(), error);
+      continue;  // the supervisor recorded the failure as an exit, which onRankExit reports
+    }
+    v1::AgentMessage event;
+    *event.mutable_rank_event() = toProto(state);
+    write(event);
+  }
+}
+
+void Agent::onRankExit(const RankState& state) {
+  spdlog::info("job {} attempt {} rank {} (pid {}) {}", state.job_id, state.attempt, state.rank, state.pid,
+               state.signal ? "killed by signal " + std::to_string(*state.signal)
+                            : "exited with code " + std::to_string(state.exit_code.value_or(-1)));
+  v1::AgentMessage event;
+  *event.mutable_rank_event() = toProto(state);
+  write(event);  // when no stream is up, the next registration carries it
+  bool release = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = stopped_.find(state.job_id);
+    release = it != stopped_.end() && state.attempt <= it->second;
+  }
+  if (release) supervisor_->release(state.job_id, state.attempt);
+}
+
+v1::RankStatus Agent::toProto(const RankState& s) const {
+  v1::RankStatus r;
+  r.set_job_id(s.job_id);
+  r.set_attempt(s.attempt);
+  r.set_rank(s.rank);
+  r.set_gpu(s.gpu);
+  r.set_pid(s.pid);
+  r.set_state(s.running ? v1::RankStatus::RUNNING : v1::RankStatus::EXITED);
+  if (!s.running) {
+    if (s.signal) {
+      r.set_signal(*s.signal);
+    } else {
+      r.set_exit_code(s.exit_code.value_or(255));
+    }
+  }
+  r.set_started_ms(s.started_ms);
+  r.set_exited_ms(s.exited_ms);
+  return r;
+}
+
+}  // namespace ddl::worker

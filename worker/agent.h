@@ -1,0 +1,69 @@
+// Agent: the heart of ddl-agent, one per node. It registers the node with the coordinator (its inventory and
+// the ranks it already runs), holds one Connect stream, sends heartbeats with the state of every rank it holds
+// and rank events the moment a rank starts or exits, and carries out commands: StartRanks launches each rank
+// through the Supervisor with the environment the coordinator computed (plus CUDA_VISIBLE_DEVICES), StopJob
+// stops a job's ranks (SIGTERM, then SIGKILL after the grace) and releases the ranks that have exited.
+// When the stream breaks it registers again with backoff and jitter; the ranks keep running meanwhile and
+// are reported on the new registration, so the coordinator reconciles instead of losing or orphaning them.
+//
+// Threads: run() blocks the calling thread (the session loop: register, then read commands); a heartbeat
+// thread per session writes heartbeats; the Supervisor's thread reports exits. stop() may be called from any
+// thread (the signal-waiting thread in main.cpp).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "ddl/v1/ddl.grpc.pb.h"
+#include "worker/agent_config.h"
+#include "worker/inventory.h"
+#include "worker/supervisor.h"
+
+namespace ddl::worker {
+
+class Agent {
+ public:
+  Agent(AgentConfig config, Inventory inventory);
+  ~Agent();
+
+  // Registers and serves until stop(). Reconnects with backoff when the coordinator goes away.
+  void run();
+  // Ends run(). Running ranks are stopped with the given grace (the agent does not yet re-adopt ranks after
+  // its own restart, so it takes them down rather than leave processes nobody watches).
+  void stop(int rank_grace_ms);
+
+  const std::string& address() const { return address_; }
+
+ private:
+  // One registration and its stream; returns why it ended.
+  std::string session(int* consecutive_failures);
+  void handle(const v1::Command& command);
+  void startRanks(const v1::StartRanks& start);
+  void onRankExit(const RankState& state);
+  bool write(const v1::AgentMessage& message);
+  v1::RankStatus toProto(const RankState& state) const;
+  std::string logPath(const std::string& job, int attempt, int rank) const;
+
+  const AgentConfig config_;
+  const Inventory inventory_;
+  std::string address_;
+  std::unique_ptr<v1::AgentService::Stub> stub_;
+  std::unique_ptr<Supervisor> supervisor_;
+
+  std::mutex mu_;  // guards the fields below
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  grpc::ClientContext* context_ = nullptr;  // the live stream's, for TryCancel
+  grpc::ClientReaderWriter<v1::AgentMessage, v1::Command>* stream_ = nullptr;
+  std::map<std::string, int> stopped_;  // job -> newest attempt told to stop: its exits are released at once
+
+  std::mutex write_mu_;  // one Write at a time on the stream
+};
+
+}  // namespace ddl::worker

@@ -1,0 +1,36 @@
+// ddl-agent's settings: defaults, then the JSON config file (--config /etc/ddl/agent.json), then flags. Unknown
+// keys and wrong types are errors naming the key.
+//
+// Threads: plain values and pure functions.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "state/status.h"
+
+namespace ddl::worker {
+
+struct AgentConfig {
+  std::string coordinator = "127.0.0.1:7070";  // HOST:PORT of ddl-coordinator
+  std::string node;                            // "" = this host's name
+  std::string address;     // where other nodes reach this one's ranks; "" = the local address toward the coordinator
+  std::map<std::string, std::string> labels;   // rack=r1, switch=s1, ...
+  int virtual_gpus = 0;     // GPUs to make up when NVML finds none
+  bool force_virtual = false;  // use virtual GPUs even where NVML finds real ones
+  std::string data_dir = "/var/lib/ddl/agent";  // rank logs live under DATA_DIR/logs
+  int port_first = 29500;   // rendezvous ports for jobs whose rank 0 runs here
+  int port_last = 29999;
+  double stop_grace_s = 10;  // SIGTERM -> SIGKILL for ranks when the agent itself stops
+  std::string log_level = "info";
+};
+
+// Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of strings),
+// virtual_gpus, force_virtual, data_dir, port_first, port_last, stop_grace_s, log_level.
+state::Status loadAgentConfig(const std::string& path, AgentConfig* config);
+state::Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config);
+// "rack=r1,switch=s1" into labels.
+state::Status parseLabels(const std::string& text, std::map<std::string, std::string>* labels);
+state::Status validateAgentConfig(const AgentConfig& config);
+
+}  // namespace ddl::worker

@@ -1,0 +1,120 @@
+#include "worker/inventory.h"
+
+#include <dlfcn.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace ddl::worker {
+
+namespace {
+
+// The few NVML entry points we use, declared here so no NVIDIA header is needed at build time. Signatures and
+// constants are NVML's stable C ABI (nvml.h): opaque device handles, int return codes with 0 = success.
+using NvmlDevice = void*;
+struct NvmlMemory {
+  unsigned long long total, free, used;
+};
+using InitFn = int (*)();
+using CountFn = int (*)(unsigned int*);
+using HandleFn = int (*)(unsigned int, NvmlDevice*);
+using StringFn = int (*)(NvmlDevice, char*, unsigned int);
+using MemoryFn = int (*)(NvmlDevice, NvmlMemory*);
+
+std::vector<v1::Gpu> nvmlGpus(std::string* why) {
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    *why = "libnvidia-ml.so.1 not found";
+    return {};
+  }
+  auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
+  auto shutdown = reinterpret_cast<InitFn>(dlsym(lib, "nvmlShutdown"));
+  auto count = reinterpret_cast<CountFn>(dlsym(lib, "nvmlDeviceGetCount_v2"));
+  auto handle = reinterpret_cast<HandleFn>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+  auto name = reinterpret_cast<StringFn>(dlsym(lib, "nvmlDeviceGetName"));
+  auto uuid = reinterpret_cast<StringFn>(dlsym(lib, "nvmlDeviceGetUUID"));
+  auto memory = reinterpret_cast<MemoryFn>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+  std::vector<v1::Gpu> gpus;
+  if (!init || !shutdown || !count || !handle || !name || !uuid || !memory) {
+    *why = "libnvidia-ml.so.1 lacks the expected functions";
+  } else if (init() != 0) {
+    *why = "nvmlInit failed (is the NVIDIA driver loaded?)";
+  } else {
+    unsigned int n = 0;
+    if (count(&n) != 0) n = 0;
+    for (unsigned int i = 0; i < n; ++i) {
+      NvmlDevice dev = nullptr;
+      if (handle(i, &dev) != 0) continue;
+      char buf[96] = {0};
+      v1::Gpu g;
+      g.set_index(static_cast<int>(gpus.size()));
+      if (name(dev, buf, sizeof(buf)) == 0) g.set_model(buf);
+      if (uuid(dev, buf, sizeof(buf)) == 0) g.set_uuid(buf);
+      NvmlMemory mem{};
+      if (memory(dev, &mem) == 0) g.set_memory_bytes(static_cast<int64_t>(mem.total));
+      gpus.push_back(g);
+    }
+    shutdown();
+    if (gpus.empty()) *why = "NVML found no GPU";
+  }
+  dlclose(lib);
+  return gpus;
+}
+
+std::string readLine(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::vector<v1::Nic> nics() {
+  std::vector<v1::Nic> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/sys/class/infiniband", ec)) {
+    v1::Nic n;
+    n.set_name(e.path().filename().string());
+    n.set_transport("ib");
+    out.push_back(n);
+  }
+  for (const auto& e : std::filesystem::directory_iterator("/sys/class/net", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "lo" || readLine(e.path() / "operstate") != "up") continue;
+    v1::Nic n;
+    n.set_name(name);
+    n.set_transport("tcp");
+    try {
+      long speed = std::stol(readLine(e.path() / "speed"));
+      if (speed > 0) n.set_speed_mbps(speed);
+    } catch (...) {
+      // virtual interfaces report no speed
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
+Inventory takeInventory(const std::string& node, int virtual_gpus, bool force_virtual) {
+  Inventory inv;
+  std::string why;
+  if (!force_virtual) inv.gpus = nvmlGpus(&why);
+  if (inv.gpus.empty()) {
+    inv.virtual_gpus = true;
+    for (int i = 0; i < virtual_gpus; ++i) {
+      v1::Gpu g;
+      g.set_index(i);
+      g.set_uuid("virtual-" + node + "-" + std::to_string(i));
+      g.set_model("virtual");
+      inv.gpus.push_back(g);
+    }
+    inv.gpu_source = "virtual: " + std::to_string(virtual_gpus) + (force_virtual ? " (forced)" : " (" + why + ")");
+  } else {
+    inv.gpu_source = "NVML: " + std::to_string(inv.gpus.size()) + " GPUs";
+  }
+  inv.nics = nics();
+  return inv;
+}
+
+}  // namespace ddl::worker

@@ -1,0 +1,631 @@
+// Supervisor: fork/exec of ranks and the reaper thread. The process model is described in supervisor.h; this
+// file explains the mechanics.
+//
+// start() prepares everything the child needs (argv, the merged environment, the PATH candidates, open file
+// descriptors) before fork, because the agent is multi-threaded: between fork and exec the child may only
+// make async-signal-safe calls, so no allocation, no locks, no logging. The child reports a failed chdir or
+// exec by writing {stage, errno} into a close-on-exec pipe; a successful exec closes the pipe, so the parent
+// reads either eight bytes or end-of-file and knows the outcome before start() returns.
+//
+// The reaper thread polls the pidfds of the running ranks plus an eventfd that the public methods write to
+// when the set of things to wait for changes. Its poll timeout is the nearest stop deadline, the polling
+// interval when some rank has no pidfd, and at most kMaxWaitMs, so it never spins and notices shutdown
+// promptly. When a leader exits, it is still a zombie (waitid with WNOWAIT looks without reaping), so its
+// pid, which is also the pgid, cannot have been reused when the group is sent SIGKILL; only then is the
+// zombie reaped.
+#include "supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+extern char** environ;
+
+namespace ddl::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Upper bound on one wait of the reaper: shutdown is signalled through the eventfd, this is only a backstop.
+constexpr int kMaxWaitMs = 1000;
+
+// What the child sends through the pipe when it cannot become the rank's program.
+enum ChildStage : int { kStageSetup = 1, kStageChdir = 2, kStageExec = 3 };
+struct ChildFailure {
+  int stage;
+  int err;
+};
+
+int64_t unixNowMs() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+std::string errnoText(int err) { return std::system_category().message(err); }
+
+// Closes the descriptor it owns.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_;
+};
+
+// Moves fd above 0..2: if the agent runs with a standard stream closed, a fresh descriptor can be 0, 1 or 2,
+// and the child's dup2 onto the standard streams would then clobber it or leave it close-on-exec.
+int aboveStdio(int fd) {
+  if (fd < 0 || fd > 2) return fd;
+  int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  int saved = errno;
+  close(fd);
+  errno = saved;
+  return moved;
+}
+
+int pidfdOpen(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));  // Always close-on-exec.
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+// The shell's convention: 127 when there is nothing to run, 126 when it exists but cannot be executed.
+int childExitCode(int stage, int err) {
+  if (stage == kStageExec && err != ENOENT && err != ENOTDIR) return Supervisor::kExitCodeNotExecutable;
+  return Supervisor::kExitCodeNotFound;
+}
+
+// Everything the child reads; built before fork, only read after.
+struct ChildPlan {
+  const char* const* argv;
+  const char* const* envp;
+  const std::vector<const char*>* candidates;  // Paths to try, in order, like execvp does over PATH.
+  const char* workdir;                         // nullptr: stay.
+  int stdin_fd;
+  int log_fd;
+  int report_fd;
+};
+
+[[noreturn]] void childFail(int report_fd, int stage, int err) {
+  ChildFailure failure{stage, err};
+  ssize_t ignored = write(report_fd, &failure, sizeof failure);  // Under PIPE_BUF: atomic.
+  (void)ignored;
+  _exit(childExitCode(stage, err));
+}
+
+// Runs in the forked child: async-signal-safe calls only.
+[[noreturn]] void runChild(const ChildPlan& plan) {
+  setsid();  // Cannot fail: a fresh child is never a process group leader.
+  if (dup2(plan.stdin_fd, 0) < 0 || dup2(plan.log_fd, 1) < 0 || dup2(plan.log_fd, 2) < 0) {
+    childFail(plan.report_fd, kStageSetup, errno);
+  }
+  // The agent may ignore SIGPIPE or block signals in the forking thread; both survive exec and would change
+  // how a training program behaves, so it starts from the defaults as it would from a shell.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);  // EINVAL for reserved ones: fine.
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  // The agent's own descriptors (gRPC sockets, other ranks' logs) must not leak into the rank. Kernels before
+  // 5.11 lack the flag; descriptors opened with O_CLOEXEC, as the agent's should be, are closed anyway.
+#ifdef SYS_close_range
+  syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+#endif
+  if (plan.workdir != nullptr && chdir(plan.workdir) != 0) childFail(plan.report_fd, kStageChdir, errno);
+
+  // execvp's search, over the rank's PATH: keep looking past entries that do not have the program, remember
+  // that one existed but was not executable.
+  int err = ENOENT;
+  bool denied = false;
+  for (const char* path : *plan.candidates) {
+    execve(path, const_cast<char* const*>(plan.argv), const_cast<char* const*>(plan.envp));
+    err = errno;
+    if (err == EACCES) {
+      denied = true;
+    } else if (err != ENOENT && err != ENOTDIR) {
+      break;
+    }
+  }
+  if (denied && (err == ENOENT || err == ENOTDIR)) err = EACCES;
+  childFail(plan.report_fd, kStageExec, err);
+}
+
+std::string describeRank(const std::string& job_id, int attempt, int rank) {
+  return "rank " + std::to_string(rank) + " of job " + job_id + " attempt " + std::to_string(attempt);
+}
+
+bool matches(const std::string& key_job, int key_attempt, const std::string& job_id, int attempt) {
+  return key_job == job_id && (attempt == 0 || key_attempt <= attempt);
+}
+
+// For adopted ranks without a pidfd: the pid still leads its group and is not a zombie. A zombie means the
+// rank has exited and its parent (after an agent restart, init or a subreaper) has not reaped it yet.
+bool adoptedAlive(pid_t pid) {
+  if (getpgid(pid) != pid) return false;
+  std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return errno != ENOENT;
+  char buf[512];
+  ssize_t n = read(fd.get(), buf, sizeof buf - 1);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* paren = strrchr(buf, ')');  // The command name may itself contain ')' and spaces.
+  if (paren == nullptr || paren[1] == '\0' || paren[2] == '\0') return true;
+  char state = paren[2];
+  return state != 'Z' && state != 'X';
+}
+
+void setExitFromSiginfo(RankState& state, const siginfo_t& info) {
+  if (info.si_code == CLD_EXITED) {
+    state.exit_code = info.si_status;
+  } else if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) {
+    state.signal = info.si_status;
+  } else {
+    state.exit_code = Supervisor::kExitCodeUnknown;
+  }
+}
+
+}  // namespace
+
+Supervisor::Supervisor(ExitCallback on_exit) : Supervisor(std::move(on_exit), Options{}) {}
+
+Supervisor::Supervisor(ExitCallback on_exit, Options options)
+    : on_exit_(std::move(on_exit)), options_(options) {
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) throw std::system_error(errno, std::system_category(), "rank supervisor: eventfd");
+  reaper_ = std::thread([this] { reaperLoop(); });
+}
+
+Supervisor::~Supervisor() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake();
+  reaper_.join();
+  for (auto& [key, entry] : entries_) {
+    if (entry.pidfd >= 0) close(entry.pidfd);
+  }
+  close(wake_fd_);
+}
+
+void Supervisor::wake() {
+  uint64_t one = 1;
+  ssize_t ignored =
+      write(wake_fd_, &one, sizeof one);  // EAGAIN only when the counter is already huge: awake.
+  (void)ignored;
+}
+
+RankState Supervisor::start(const RankSpec& spec, std::string* error) {
+  RankState state;
+  state.job_id = spec.job_id;
+  state.attempt = spec.attempt;
+  state.rank = spec.rank;
+  state.gpu = spec.gpu;
+  const std::string who = describeRank(spec.job_id, spec.attempt, spec.rank);
+  auto fail = [&](const std::string& why) {
+    if (error != nullptr) *error = who + ": " + why;
+    return state;
+  };
+  if (error != nullptr) error->clear();
+  if (spec.job_id.empty()) return fail("empty job id");  // Not recorded: there is no job to report it to.
+
+  const Key key{spec.job_id, spec.attempt, spec.rank};
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key);
+    if (it != entries_.end() && (it->second.starting || it->second.state.running)) {
+      return fail("already running as pid " + std::to_string(it->second.state.pid) + "; stop it first");
+    }
+    Entry reserved;
+    reserved.state = state;
+    reserved.starting = true;
+    entries_[key] = std::move(reserved);
+  }
+
+  // From here on every failure is recorded and reported as an exit, so the coordinator hears about a rank
+  // that never ran the same way as about one that failed at once, and nobody waits for it.
+  Fd log_fd;
+  auto failRecorded = [&](const std::string& why) {
+    if (!state.exit_code && !state.signal) state.exit_code = kExitCodeNotFound;
+    state.running = false;
+    state.exited_ms = unixNowMs();
+    if (log_fd.get() >= 0) {
+      std::string line = "ddl-agent: " + who + ": " + why + "; exit code " +
+                         std::to_string(state.exit_code.value_or(kExitCodeUnknown)) + "\n";
+      ssize_t ignored = write(log_fd.get(), line.data(), line.size());
+      (void)ignored;
+    }
+    {
+      std::lock_guard lock(mu_);
+      Entry& entry = entries_[key];
+      state.stop_requested = entry.state.stop_requested;
+      entry.state = state;
+      entry.starting = false;
+      reports_.push_back(state);
+    }
+    wake();
+    return fail(why);
+  };
+
+  // The log first, so that the failures below are explained in it.
+  if (spec.log_path.empty()) {
+    log_fd.reset(aboveStdio(open("/dev/null", O_WRONLY | O_CLOEXEC)));
+    if (log_fd.get() < 0) return failRecorded("cannot open /dev/null: " + errnoText(errno));
+  } else {
+    std::filesystem::path parent = std::filesystem::path(spec.log_path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (ec) return failRecorded("cannot create the log directory " + parent.string() + ": " + ec.message());
+    log_fd.reset(aboveStdio(open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)));
+    if (log_fd.get() < 0) {
+      return failRecorded("cannot open the log " + spec.log_path + ": " + errnoText(errno));
+    }
+  }
+  if (spec.argv.empty() || spec.argv[0].empty()) return failRecorded("empty command line");
+  for (const auto& [name, value] : spec.env) {
+    if (name.empty() || name.find('=') != std::string::npos) {
+      return failRecorded("invalid environment variable name '" + name + "'");
+    }
+  }
+
+  // The environment: the agent's, then the spec's entries in order.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env_strings.emplace_back(*e);
+  for (const auto& [name, value] : spec.env) {
+    std::string prefix = name + "=";
+    auto it = std::find_if(env_strings.begin(), env_strings.end(),
+                           [&](const std::string& s) { return s.compare(0, prefix.size(), prefix) == 0; });
+    if (it != env_strings.end()) {
+      *it = prefix + value;
+    } else {
+      env_strings.push_back(prefix + value);
+    }
+  }
+  std::string search_path = "/usr/local/bin:/usr/bin:/bin";
+  for (const auto& s : env_strings) {
+    if (s.compare(0, 5, "PATH=") == 0) search_path = s.substr(5);
+  }
+
+  const std::string& program = spec.argv[0];
+  std::vector<std::string> candidate_strings;
+  if (program.find('/') != std::string::npos) {
+    candidate_strings.push_back(program);
+  } else {
+    size_t begin = 0;
+    while (true) {
+      size_t end = search_path.find(':', begin);
+      std::string dir = search_path.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+      candidate_strings.push_back((dir.empty() ? "." : dir) + "/" + program);
+      if (end == std::string::npos) break;
+      begin = end + 1;
+    }
+  }
+
+  std::vector<const char*> argv_ptrs;
+  for (const auto& a : spec.argv) argv_ptrs.push_back(a.c_str());
+  argv_ptrs.push_back(nullptr);
+  std::vector<const char*> env_ptrs;
+  for (const auto& e : env_strings) env_ptrs.push_back(e.c_str());
+  env_ptrs.push_back(nullptr);
+  std::vector<const char*> candidates;
+  for (const auto& c : candidate_strings) candidates.push_back(c.c_str());
+
+  Fd stdin_fd(aboveStdio(open("/dev/null", O_RDONLY | O_CLOEXEC)));
+  if (stdin_fd.get() < 0) return failRecorded("cannot open /dev/null: " + errnoText(errno));
+
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return failRecorded("cannot create a pipe: " + errnoText(errno));
+  Fd report_read(aboveStdio(pipe_fds[0]));
+  Fd report_write(aboveStdio(pipe_fds[1]));
+  if (report_read.get() < 0 || report_write.get() < 0) {
+    return failRecorded("cannot create a pipe: " + errnoText(errno));
+  }
+
+  ChildPlan plan{argv_ptrs.data(),  env_ptrs.data(),
+                 &candidates,       spec.workdir.empty() ? nullptr : spec.workdir.c_str(),
+                 stdin_fd.get(),    log_fd.get(),
+                 report_write.get()};
+  state.started_ms = unixNowMs();
+  pid_t pid = fork();
+  if (pid == 0) runChild(plan);
+  int fork_errno = errno;
+  report_write.reset();  // Now only the child holds the write end: end-of-file means it exec'd or died.
+  if (pid < 0) return failRecorded("fork failed: " + errnoText(fork_errno));
+  state.pid = pid;
+
+  ChildFailure failure{};
+  size_t got = 0;
+  while (got < sizeof failure) {
+    ssize_t n = read(report_read.get(), reinterpret_cast<char*>(&failure) + got, sizeof failure - got);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+
+  if (got == sizeof failure) {
+    std::string why;
+    if (failure.stage == kStageChdir) {
+      why = "cannot change to the working directory " + spec.workdir + ": " + errnoText(failure.err);
+    } else if (failure.stage == kStageExec) {
+      why = "cannot execute " + program + ": " + errnoText(failure.err);
+      if (failure.err == ENOENT && program.find('/') == std::string::npos) {
+        why += " (searched PATH=" + search_path + ")";
+      }
+      if (failure.err == ENOEXEC) why += " (a script needs a #! line)";
+    } else {
+      why = "cannot redirect stdin, stdout and stderr: " + errnoText(failure.err);
+    }
+    // The child exits right after writing the report, so this wait is short.
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(status)) {
+      state.exit_code = WEXITSTATUS(status);
+    } else if (WIFSIGNALED(status)) {
+      state.signal = WTERMSIG(status);
+    }
+    return failRecorded(why);
+  }
+
+  // Any pidfd_open failure (ENOSYS on old kernels, EMFILE) leaves this rank to the polling path.
+  int pidfd = options_.use_pidfd ? pidfdOpen(pid) : -1;
+  state.running = true;
+  {
+    std::lock_guard lock(mu_);
+    Entry& entry = entries_[key];
+    state.stop_requested = entry.state.stop_requested;
+    entry.state = state;
+    entry.starting = false;
+    entry.pidfd = pidfd;
+    if (entry.deferred_grace_ms >= 0) signalStopLocked(entry, entry.deferred_grace_ms);
+    state = entry.state;
+  }
+  wake();
+  return state;
+}
+
+void Supervisor::signalStopLocked(Entry& entry, int grace_ms) {
+  entry.state.stop_requested = true;
+  kill(-entry.state.pid, SIGTERM);
+  // A stopped (SIGSTOP) member would hold SIGTERM pending until the grace runs out; systemd does the same.
+  kill(-entry.state.pid, SIGCONT);
+  auto deadline = Clock::now() + std::chrono::milliseconds(std::max(grace_ms, 0));
+  if (!entry.kill_at || deadline < *entry.kill_at) entry.kill_at = deadline;
+}
+
+void Supervisor::stop(const std::string& job_id, int attempt, int grace_ms) {
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [key, entry] : entries_) {
+      if (!matches(key.job_id, key.attempt, job_id, attempt)) continue;
+      if (entry.starting) {
+        entry.state.stop_requested = true;
+        if (entry.deferred_grace_ms < 0 || grace_ms < entry.deferred_grace_ms) {
+          entry.deferred_grace_ms = std::max(grace_ms, 0);
+        }
+      } else if (entry.state.running) {
+        signalStopLocked(entry, grace_ms);
+      }
+    }
+  }
+  wake();
+}
+
+void Supervisor::stopAll(int grace_ms) {
+  std::vector<std::string> jobs;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [key, entry] : entries_) {
+      if (jobs.empty() || jobs.back() != key.job_id) jobs.push_back(key.job_id);  // Map order groups jobs.
+    }
+  }
+  for (const auto& job : jobs) stop(job, 0, grace_ms);
+}
+
+void Supervisor::release(const std::string& job_id, int attempt) {
+  std::lock_guard lock(mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    const Entry& entry = it->second;
+    if (matches(it->first.job_id, it->first.attempt, job_id, attempt) && !entry.starting &&
+        !entry.state.running) {
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::vector<RankState> Supervisor::ranks() const {
+  std::lock_guard lock(mu_);
+  std::vector<RankState> out;
+  for (const auto& [key, entry] : entries_) {
+    if (!entry.starting) out.push_back(entry.state);
+  }
+  return out;
+}
+
+bool Supervisor::adopt(const RankState& given, std::string* error) {
+  const std::string who = describeRank(given.job_id, given.attempt, given.rank);
+  if (error != nullptr) error->clear();
+  if (given.job_id.empty() || given.pid <= 0) {
+    if (error != nullptr) *error = who + ": cannot adopt: invalid job id or pid " + std::to_string(given.pid);
+    return false;
+  }
+  const pid_t pid = given.pid;
+  // Open the pidfd before checking that pid leads its group: checked the other way round, the pid could be
+  // reused in between and the pidfd would watch the newcomer.
+  Fd pidfd(options_.use_pidfd ? pidfdOpen(pid) : -1);
+  // With a pidfd a zombie leader may pass: its pidfd polls readable at once and the exit is reported then.
+  const bool alive = pidfd.get() >= 0 ? getpgid(pid) == pid : adoptedAlive(pid);
+
+  const Key key{given.job_id, given.attempt, given.rank};
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key);
+    if (it != entries_.end() && (it->second.starting || it->second.state.running)) {
+      if (it->second.state.pid == pid) return true;
+      if (error != nullptr) {
+        *error = who + ": cannot adopt pid " + std::to_string(pid) + ": already running as pid " +
+                 std::to_string(it->second.state.pid);
+      }
+      return false;
+    }
+    Entry entry;
+    entry.state = given;
+    entry.state.running = alive;
+    entry.state.stop_requested = false;
+    entry.state.exit_code.reset();
+    entry.state.signal.reset();
+    entry.state.exited_ms = 0;
+    entry.adopted = true;
+    if (alive) {
+      entry.pidfd = pidfd.release();  // Closed by finishLocked or the destructor.
+    } else {
+      // Whatever is left of its group dies, as when a leader exits under our watch (see supervisor.h).
+      kill(-pid, SIGKILL);
+      entry.state.exit_code = kExitCodeUnknown;
+      entry.state.exited_ms = unixNowMs();
+      reports_.push_back(entry.state);
+    }
+    entries_[key] = std::move(entry);
+  }
+  wake();
+  return true;
+}
+
+bool Supervisor::leaderExitedLocked(Entry& entry, bool pidfd_ready) {
+  if (entry.adopted) return entry.pidfd >= 0 ? pidfd_ready : !adoptedAlive(entry.state.pid);
+  if (entry.pidfd >= 0 && !pidfd_ready) return false;
+  siginfo_t info{};
+  int rc;
+  do {
+    rc = waitid(P_PID, static_cast<id_t>(entry.state.pid), &info, WEXITED | WNOHANG | WNOWAIT);
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0) return true;  // ECHILD: reaped by someone else; finishLocked reports it as unknown.
+  return info.si_pid == entry.state.pid;
+}
+
+void Supervisor::finishLocked(Entry& entry) {
+  const pid_t pid = entry.state.pid;
+  // For our children the leader is an unreaped zombie here, so -pid still names this rank's group.
+  kill(-pid, SIGKILL);
+  if (entry.adopted) {
+    entry.state.exit_code = kExitCodeUnknown;
+  } else {
+    siginfo_t info{};
+    int rc;
+    do {
+      rc = waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG);
+    } while (rc < 0 && errno == EINTR);
+    if (rc == 0 && info.si_pid == pid) {
+      setExitFromSiginfo(entry.state, info);
+    } else {
+      entry.state.exit_code = kExitCodeUnknown;
+    }
+  }
+  entry.state.running = false;
+  entry.state.exited_ms = unixNowMs();
+  entry.kill_at.reset();
+  if (entry.pidfd >= 0) {
+    close(entry.pidfd);
+    entry.pidfd = -1;
+  }
+  reports_.push_back(entry.state);
+}
+
+void Supervisor::reaperLoop() {
+  std::vector<pollfd> fds;
+  std::vector<Key> fd_keys;  // fd_keys[i] owns fds[i + 1]; fds[0] is the eventfd.
+  std::vector<RankState> reports;
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
+    fd_keys.clear();
+    int timeout_ms = kMaxWaitMs;
+    const auto now = Clock::now();
+    for (const auto& [key, entry] : entries_) {
+      if (entry.starting || !entry.state.running) continue;
+      if (entry.pidfd >= 0) {
+        fds.push_back(pollfd{entry.pidfd, POLLIN, 0});
+        fd_keys.push_back(key);
+      } else {
+        timeout_ms = std::min(timeout_ms, options_.poll_interval_ms);
+      }
+      if (entry.kill_at) {
+        auto left = std::chrono::ceil<std::chrono::milliseconds>(*entry.kill_at - now).count();
+        timeout_ms = std::min<int64_t>(timeout_ms, std::max<int64_t>(left, 0));
+      }
+    }
+    if (!reports_.empty()) timeout_ms = 0;
+
+    lock.unlock();
+    int ready = poll(fds.data(), fds.size(), timeout_ms);
+    if (ready > 0 && (fds[0].revents & POLLIN)) {
+      uint64_t count;
+      ssize_t ignored = read(wake_fd_, &count, sizeof count);
+      (void)ignored;
+    }
+    lock.lock();
+    if (stopping_) break;
+
+    // Exits. An entry may have been replaced or released while unlocked, so match it by its pidfd too.
+    for (size_t i = 0; i < fd_keys.size(); ++i) {
+      if (ready <= 0 || fds[i + 1].revents == 0) continue;
+      auto it = entries_.find(fd_keys[i]);
+      if (it == entries_.end() || !it->second.state.running || it->second.pidfd != fds[i + 1].fd) continue;
+      if (leaderExitedLocked(it->second, true)) finishLocked(it->second);
+    }
+    for (auto& [key, entry] : entries_) {
+      if (entry.starting || !entry.state.running || entry.pidfd >= 0) continue;
+      if (leaderExitedLocked(entry, false)) finishLocked(entry);
+    }
+
+    // Stop deadlines: the leader outlived its grace.
+    const auto after = Clock::now();
+    for (auto& [key, entry] : entries_) {
+      if (entry.state.running && entry.kill_at && *entry.kill_at <= after) {
+        kill(-entry.state.pid, SIGKILL);
+        entry.kill_at.reset();
+      }
+    }
+
+    if (!reports_.empty()) {
+      reports.swap(reports_);
+      lock.unlock();
+      for (const auto& report : reports) on_exit_(report);
+      reports.clear();
+      lock.lock();
+    }
+  }
+}
+
+}  // namespace ddl::worker

@@ -1,0 +1,181 @@
+// Supervisor: launches the rank processes of jobs on this node and reports how each one ends.
+//
+// It is the process-management core of ddl-agent, kept free of gRPC so that it is tested with real
+// processes in seconds; the agent's RPC layer turns coordinator messages into start() / stop() / release()
+// and forwards on_exit reports.
+//
+// Process model (Linux only):
+//  - Each rank runs in its own session and process group (setsid), so pgid == sid == pid of the rank's
+//    leader process, and signals for the rank go to the whole group: a launcher, its workers and their
+//    data loaders.
+//  - No orphans: when a rank's leader exits, for any reason (clean exit, crash, stop), whatever is left of
+//    its process group gets SIGKILL at once. Training launchers routinely leave stray data-loader or worker
+//    processes behind that hold GPU memory and ports and would break the job's next attempt; a rank's
+//    processes therefore live and die together. A process that leaves the group (setsid, setpgid) escapes
+//    this; ranks must not.
+//  - stop() sends SIGTERM to the group and, if the leader is still alive after the grace period, SIGKILL to
+//    the group. The grace is for the leader: once it exits, the rest of the group dies by the rule above.
+//  - Exits are reported once each, through on_exit, and kept in ranks() until release() forgets them, so
+//    the agent can re-send them until the coordinator acknowledges.
+//  - The child's stdout and stderr are appended to RankSpec::log_path, unchanged; stdin is /dev/null. The
+//    only line the supervisor itself writes there explains why a rank could not be started.
+//  - A rank that cannot be started is recorded and reported like any other exit, so the coordinator learns
+//    of it the same way, with the shell's codes: 126 when the program exists but cannot be executed, 127
+//    for everything else (not found, no working directory, and failures before fork such as an empty argv
+//    or a log that cannot be opened, which also leave pid -1). start() learns of exec failures through a
+//    close-on-exec pipe, so it returns the explanation as well. Only two errors record nothing: an empty
+//    job id, and a rank that is already running (which is left alone).
+//  - Exits are waited for with a pidfd per process (pidfd_open, Linux >= 5.3) polled together with an
+//    eventfd for wake-ups; no SIGCHLD handler, so the library does not take over a process-wide signal. On
+//    kernels without pidfd_open it falls back to checking every Options::poll_interval_ms.
+//  - The supervisor reaps only its own ranks, by pid. The host process must not ignore SIGCHLD nor reap
+//    with waitpid(-1): a rank whose status was taken by someone else is reported with kExitCodeUnknown.
+//  - Ranks of a previous agent process are re-adopted with adopt() after a restart. They are not our
+//    children, so their exit status cannot be known: they are reported with exit_code kExitCodeUnknown
+//    (255) and no signal, never as a success.
+//  - The destructor does not kill running ranks (an agent restart re-adopts them); it only stops the
+//    thread. Pending stop() escalations and undelivered reports are dropped, and ranks left running stay
+//    un-reaped children of this process until it exits.
+//
+// Threads: every public method may be called from any thread, concurrently. One internal thread, the
+// reaper, waits for exits and stop deadlines and calls on_exit; on_exit runs on it with no internal lock
+// held, so it may call back into the Supervisor (ranks(), release(), start(), stop()), but must not destroy
+// it. start() blocks the calling thread for fork plus exec (milliseconds).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace ddl::worker {
+
+struct RankSpec {
+  std::string job_id;
+  int attempt = 0;
+  int rank = 0;
+  int gpu = -1;  // -1: no GPU (a virtual rank). Recorded only: the caller puts CUDA_VISIBLE_DEVICES in env.
+  // argv[0] is looked up in PATH if it has no '/' (the PATH of env if it sets one, else the agent's); a file
+  // without a #! line is not handed to /bin/sh as execvp would, it fails with 126.
+  std::vector<std::string> argv;
+  // Added to the agent's environment, overriding it; applied in order, so a later entry for a name wins.
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string workdir;  // "": the agent's working directory.
+  // stdout and stderr go here: created with its parent directories, appended. "": discarded.
+  std::string log_path;
+};
+
+struct RankState {
+  std::string job_id;
+  int attempt = 0;
+  int rank = 0;
+  int gpu = -1;
+  pid_t pid = -1;  // Also the rank's process group and session id.
+  bool running = false;
+  // stop() was called before it exited: the exit was asked for, not a failure.
+  bool stop_requested = false;
+  // Set when it exited by itself (or kExitCodeUnknown); unset when signal is set.
+  std::optional<int> exit_code;
+  std::optional<int> signal;  // The signal that killed the leader process.
+  int64_t started_ms = 0;     // Unix milliseconds; 0 if no process was ever started.
+  int64_t exited_ms = 0;      // Unix milliseconds; 0 while running.
+};
+
+class Supervisor {
+ public:
+  static constexpr int kExitCodeNotExecutable = 126;
+  static constexpr int kExitCodeNotFound = 127;
+  // An adopted rank, or one reaped by someone else: it ended, but how is not known.
+  static constexpr int kExitCodeUnknown = 255;
+
+  struct Options {
+    // false: check every poll_interval_ms instead of waiting on pidfds, as on kernels without pidfd_open.
+    // Tests use it to cover that path.
+    bool use_pidfd = true;
+    int poll_interval_ms = 200;
+  };
+
+  using ExitCallback = std::function<void(const RankState&)>;
+
+  // on_exit is called once per exit, from the reaper thread, with no internal lock held. It must not throw.
+  explicit Supervisor(ExitCallback on_exit);
+  Supervisor(ExitCallback on_exit, Options options);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Forks and execs the rank (see the process model above). On success returns its state (running, pid)
+  // and clears *error. On failure sets *error and returns the recorded exited state (126 or 127, reported
+  // through on_exit too; pid -1 if no process was forked), except for an empty job id or a rank already
+  // running, where nothing is recorded and pid is -1. An exited rank with the same job, attempt and rank is
+  // replaced. error may be null.
+  RankState start(const RankSpec& spec, std::string* error);
+
+  // SIGTERM to the process group of each running rank of the job with attempt <= `attempt` (0: every
+  // attempt), then SIGKILL to the group after grace_ms if the leader is still alive. Returns at once; the
+  // escalation runs on the reaper thread. Calling it again for a rank being stopped re-sends SIGTERM and
+  // keeps the earlier deadline.
+  void stop(const std::string& job_id, int attempt, int grace_ms);
+  void stopAll(int grace_ms);
+
+  // Forgets the exited ranks of the job with attempt <= `attempt` (0: every attempt), once the coordinator
+  // has acknowledged them. Running ranks are kept.
+  void release(const std::string& job_id, int attempt);
+
+  // Every rank held, running or exited and not yet released, ordered by job, attempt and rank.
+  std::vector<RankState> ranks() const;
+
+  // Watches a rank started by a previous agent process (state as reported by ranks() back then: job, attempt,
+  // rank, gpu, pid, started_ms). The pid must still lead its own process group, which guards against a reused
+  // pid; if it does not, or is gone, the rank is recorded as exited with kExitCodeUnknown, what is left of
+  // its group is killed, and the exit is reported through on_exit. Adopting a rank already held with the same
+  // pid does nothing; with another pid while running, or an invalid state, sets *error and changes nothing.
+  // Returns whether the rank is now held.
+  bool adopt(const RankState& state, std::string* error);
+
+ private:
+  struct Key {
+    std::string job_id;
+    int attempt;
+    int rank;
+    auto operator<=>(const Key&) const = default;
+  };
+  struct Entry {
+    RankState state;
+    bool starting = false;  // start() is between reserving the key and exec; hidden from ranks().
+    bool adopted = false;   // Not our child: no exit status, watched by pidfd or liveness checks.
+    int pidfd = -1;         // -1: checked every poll interval.
+    // SIGKILL the group then, if the leader still lives.
+    std::optional<std::chrono::steady_clock::time_point> kill_at;
+    int deferred_grace_ms = -1;  // stop() arrived while starting: applied once the pid is known.
+  };
+
+  void reaperLoop();
+  // Whether the running entry's leader has exited; pidfd_ready: its pidfd polled readable.
+  bool leaderExitedLocked(Entry& entry, bool pidfd_ready);
+  // Kills what is left of the group, collects the status and queues the report.
+  void finishLocked(Entry& entry);
+  void signalStopLocked(Entry& entry, int grace_ms);
+  void wake();
+
+  const ExitCallback on_exit_;
+  const Options options_;
+  int wake_fd_ = -1;  // eventfd: start/stop/adopt/destructor wake the reaper to recompute what it waits for.
+
+  mutable std::mutex mu_;
+  std::map<Key, Entry> entries_;    // Guarded by mu_.
+  std::vector<RankState> reports_;  // Exits to deliver from the reaper thread; guarded by mu_.
+  bool stopping_ = false;           // Guarded by mu_.
+
+  std::thread reaper_;  // Last: started once everything above is initialized.
+};
+
+}  // namespace ddl::worker
