@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "ddl/v1/ddl.grpc.pb.h"
 
@@ -510,6 +511,9 @@ struct CommandLine {
   std::string user;
   bool all = false;
   std::string target;  // the JOB or NODE argument
+  std::optional<int> rank;  // logs: one rank only
+  int attempt = 0;          // logs: 0 = the latest launch
+  bool follow = false;      // logs -f
 };
 
 void declareCommandLine(CLI::App& app, CommandLine& cl) {
@@ -577,6 +581,11 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   app.add_subcommand("ring", "a job's ring layout (rank order and dims)")
       ->add_option("JOB", cl.target, "job id")
       ->required();
+  CLI::App* logs = app.add_subcommand("logs", "the ranks' output, read from their nodes (lines prefixed [rank])");
+  logs->add_option("JOB", cl.target, "job id")->required();
+  logs->add_option("--rank", cl.rank, "only this rank (no prefix)")->check(CLI::NonNegativeNumber);
+  logs->add_option("--attempt", cl.attempt, "launch attempt (default: the latest)")->check(CLI::PositiveNumber);
+  logs->add_flag("-f,--follow", cl.follow, "keep printing new output until the job ends");
   app.add_subcommand("nodes", "list nodes");
   app.add_subcommand("drain", "stop placing new jobs on a node (running jobs stay)")
       ->add_option("NODE", cl.target, "node name")
@@ -604,6 +613,7 @@ class Session {
         err_(err) {}
 
   v1::UserService::Stub& stub() { return *stub_; }
+  std::ostream& out() { return out_; }
 
   // Runs `rpc` under the deadline; on failure prints the error and returns its exit status.
   int call(const std::function<grpc::Status(v1::UserService::Stub&, grpc::ClientContext*)>& rpc) {
@@ -632,6 +642,65 @@ class Session {
   std::ostream& out_;
   std::ostream& err_;
 };
+
+// ddlctl logs: reads every rank's log in pieces (GetLogs) and prints whole lines, each prefixed by its rank
+// when several ranks are shown. With --follow, polls every 0.5 s until the job has ended and nothing is left.
+int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
+  using Stub = v1::UserService::Stub;
+  using Ctx = grpc::ClientContext;
+  if (cl.output == "json") return usageError(err, "logs prints the ranks' output as text; -o json does not apply");
+  v1::GetJobRequest get;
+  get.set_id(cl.target);
+  v1::Job job;
+  if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetJob(c, get, &job); })) return rc;
+  std::vector<int> ranks;
+  if (cl.rank) {
+    ranks.push_back(*cl.rank);
+  } else {
+    for (int r = 0; r < job.gpus(); ++r) ranks.push_back(r);
+  }
+  const bool prefix = ranks.size() > 1;
+  std::vector<int64_t> offsets(ranks.size(), 0);
+  std::vector<std::string> partial(ranks.size());
+  auto emit = [&](size_t i, bool flush) {
+    size_t start = 0, nl;
+    while ((nl = partial[i].find('\n', start)) != std::string::npos) {
+      if (prefix) s.out() << "[" << ranks[i] << "] ";
+      s.out() << std::string_view(partial[i]).substr(start, nl + 1 - start);
+      start = nl + 1;
+    }
+    partial[i].erase(0, start);
+    if (flush && !partial[i].empty()) {
+      s.out() << (prefix ? "[" + std::to_string(ranks[i]) + "] " : "") << partial[i] << "\n";
+      partial[i].clear();
+    }
+  };
+  while (true) {
+    bool any = false, ended = true;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      for (int piece = 0; piece < 4096; ++piece) {  // at most 1 GiB per rank per round
+        v1::GetLogsRequest req;
+        req.set_id(cl.target);
+        req.set_rank(ranks[i]);
+        req.set_attempt(cl.attempt);
+        req.set_offset(offsets[i]);
+        v1::GetLogsResponse resp;
+        if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, req, &resp); })) return rc;
+        ended = ended && resp.job_ended();
+        if (resp.data().empty()) break;
+        any = true;
+        partial[i] += resp.data();
+        offsets[i] = resp.next_offset();
+        emit(i, false);
+      }
+    }
+    s.out().flush();
+    if (!cl.follow || (ended && !any)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  for (size_t i = 0; i < ranks.size(); ++i) emit(i, true);
+  return kExitOk;
+}
 
 // The verb's one RPC and its output; local checks first, so a usage error sends nothing.
 int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
@@ -693,6 +762,7 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
     if (!text.empty() && text.back() != '\n') text += "\n";
     return s.print(ring, text);
   }
+  if (cl.verb == "logs") return runLogs(cl, s, err);
   if (cl.verb == "nodes") {
     v1::ListNodesResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListNodes(c, {}, &resp); })) return rc;

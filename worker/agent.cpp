@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -193,6 +194,8 @@ bool Agent::write(const v1::AgentMessage& message) {
 void Agent::handle(const v1::Command& command) {
   if (command.has_start()) {
     startRanks(command.start());
+  } else if (command.has_read_log()) {
+    readLog(command.read_log());
   } else if (command.has_stop()) {
     const auto& stop = command.stop();
     spdlog::info("job {} attempt {}: stop ({}), grace {} ms", stop.job_id(), stop.attempt(), stop.reason(),
@@ -205,6 +208,29 @@ void Agent::handle(const v1::Command& command) {
     supervisor_->stop(stop.job_id(), stop.attempt(), stop.grace_ms());
     supervisor_->release(stop.job_id(), stop.attempt());
   }
+}
+
+void Agent::readLog(const v1::ReadLog& read) {
+  v1::AgentMessage reply;
+  v1::LogData* data = reply.mutable_log_data();
+  data->set_request(read.request());
+  const std::string path = logPath(read.job_id(), read.attempt(), read.rank());
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    data->set_error("no log at " + path + " on node " + config_.node + " (the rank never started here?)");
+  } else {
+    in.seekg(0, std::ios::end);
+    const int64_t size = in.tellg();
+    data->set_size(size);
+    const int64_t offset = std::min<int64_t>(std::max<int64_t>(read.offset(), 0), size);
+    const int64_t n = std::min<int64_t>(std::max(read.max_bytes(), 0), size - offset);
+    std::string buf(static_cast<size_t>(n), '\0');
+    in.seekg(offset);
+    in.read(buf.data(), n);
+    buf.resize(static_cast<size_t>(in.gcount()));
+    data->set_data(std::move(buf));
+  }
+  write(reply);
 }
 
 std::string Agent::logPath(const std::string& job, int attempt, int rank) const {

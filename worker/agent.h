@@ -45,6 +45,7 @@ class Agent {
   std::string session(int* consecutive_failures);
   void handle(const v1::Command& command);
   void startRanks(const v1::StartRanks& start);
+  void readLog(const v1::ReadLog& read);
   void onRankExit(const RankState& state);
   bool write(const v1::AgentMessage& message);
   v1::RankStatus toProto(const RankState& state) const;

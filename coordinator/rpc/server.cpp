@@ -103,6 +103,8 @@ class RpcServer::AgentServiceImpl final : public v1::AgentService::Service {
         st = coordinator_.heartbeat(node, session, msg.heartbeat());
       } else if (msg.has_rank_event()) {
         st = coordinator_.rankEvent(node, session, msg.rank_event());
+      } else if (msg.has_log_data()) {
+        st = coordinator_.logData(node, session, msg.log_data());
       } else {
         st = Status::invalidArgument("node " + node + ": hello sent twice on one stream");
       }
@@ -151,6 +153,9 @@ class RpcServer::UserServiceImpl final : public v1::UserService::Service {
   }
   grpc::Status GetRing(grpc::ServerContext*, const v1::GetRingRequest* req, v1::RingLayout* resp) override {
     return fill(coordinator_.ring(req->id()), resp);
+  }
+  grpc::Status GetLogs(grpc::ServerContext*, const v1::GetLogsRequest* req, v1::GetLogsResponse* resp) override {
+    return fill(coordinator_.readLog(*req), resp);
   }
 
  private:

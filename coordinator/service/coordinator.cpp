@@ -130,6 +130,7 @@ void Coordinator::stop() {
     }
   }
   wake_.notify_all();
+  log_cv_.notify_all();
   if (ticker.joinable()) ticker.join();
 }
 
@@ -836,6 +837,93 @@ StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain) {
   return nodeToProtoLocked(node, usage[name]);
 }
 
+std::string Coordinator::layoutOfLocked(const state::Job& job, placement::RingLayout* layout) const {
+  // The layout the ranks were given: derived from the allocation as at placement (then its `why` says how),
+  // unless that no longer matches the recorded topology (an override, or labels changed since).
+  const placement::Cluster cluster = snapshotLocked(false);
+  const placement::Allocation allocation = toPlacement(job.allocation);
+  std::string err = placement::buildRingLayout(allocation, cluster, job.spec.topology_override, layout);
+  if (err.empty() && layout->topology() != job.topology) {
+    err = placement::buildRingLayout(allocation, cluster, job.topology, layout);
+    layout->why = "as recorded at placement (" + job.topology + "); the nodes' labels have changed since";
+  }
+  return err;
+}
+
+StatusOr<v1::GetLogsResponse> Coordinator::readLog(const v1::GetLogsRequest& request) {
+  constexpr int kDefaultChunk = 256 << 10, kMaxChunk = 1 << 20;
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = jobs_.find(request.id());
+  if (it == jobs_.end()) return state::jobNotFound(request.id());
+  const state::Job& job = it->second;
+  const int latest = attemptOf(job);
+  if (latest == 0 || job.allocation.empty()) {
+    return Status::failedPrecondition("job " + job.id + " is " + toString(job.state) +
+                                      " and has not been launched, so it has no logs yet");
+  }
+  const int attempt = request.attempt() == 0 ? latest : request.attempt();
+  if (attempt < 0 || attempt > latest) {
+    return Status::invalidArgument("job " + job.id + " has launch attempts 1.." + std::to_string(latest));
+  }
+  placement::RingLayout layout;
+  std::string err = layoutOfLocked(job, &layout);
+  if (!err.empty()) return Status::internal("job " + job.id + ": cannot rebuild its ring layout: " + err);
+  if (request.rank() < 0 || request.rank() >= layout.size()) {
+    return Status::invalidArgument("job " + job.id + " has ranks 0.." + std::to_string(layout.size() - 1));
+  }
+  const std::string node = layout.ranks[request.rank()].node;
+  auto n = nodes_.find(node);
+  const std::string where = "rank " + std::to_string(request.rank()) + "'s log (attempt " +
+                            std::to_string(attempt) + ") is on node " + node;
+  if (n == nodes_.end() || !n->second.link) {
+    return Status::unavailable(where + ", whose agent is not connected; read it there under the agent's "
+                               "data directory: logs/" + job.id + "/attempt-" + std::to_string(attempt) +
+                               "/rank-" + std::to_string(request.rank()) + ".log");
+  }
+  const std::string rid = "log-" + std::to_string(++log_requests_);
+  auto wait = std::make_shared<LogWait>();
+  log_waits_[rid] = wait;
+  v1::Command cmd;
+  v1::ReadLog* read = cmd.mutable_read_log();
+  read->set_request(rid);
+  read->set_job_id(job.id);
+  read->set_attempt(attempt);
+  read->set_rank(request.rank());
+  read->set_offset(std::max<int64_t>(0, request.offset()));
+  read->set_max_bytes(request.max_bytes() <= 0 ? kDefaultChunk : std::min(request.max_bytes(), kMaxChunk));
+  n->second.link->send(cmd);
+  const bool answered = log_cv_.wait_for(lock, std::chrono::milliseconds(options_.log_timeout_ms),
+                                         [&] { return wait->done || stopping_; });
+  log_waits_.erase(rid);
+  if (!answered || !wait->done) {
+    return Status::unavailable(where + ", which did not answer within " + seconds(options_.log_timeout_ms));
+  }
+  if (!wait->data.error().empty()) return Status::notFound(where + ": " + wait->data.error());
+  v1::GetLogsResponse resp;
+  resp.set_data(wait->data.data());
+  resp.set_next_offset(read->offset() + static_cast<int64_t>(wait->data.data().size()));
+  resp.set_size(wait->data.size());
+  auto again = jobs_.find(request.id());
+  resp.set_job_ended(again != jobs_.end() && state::isTerminal(again->second.state));
+  resp.set_attempt(attempt);
+  resp.set_node(node);
+  return resp;
+}
+
+Status Coordinator::logData(const std::string& node, const std::string& session, const v1::LogData& data) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status error;
+  NodeEntry* entry = checkSessionLocked(node, session, &error);
+  if (!entry) return error;
+  entry->last_seen_ms = now_ms_();
+  auto it = log_waits_.find(data.request());
+  if (it == log_waits_.end()) return Status::ok();  // the reader gave up already
+  it->second->data = data;
+  it->second->done = true;
+  log_cv_.notify_all();
+  return Status::ok();
+}
+
 StatusOr<v1::RingLayout> Coordinator::ring(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(id);
@@ -846,16 +934,8 @@ StatusOr<v1::RingLayout> Coordinator::ring(const std::string& id) {
     return Status::failedPrecondition("job " + id + " is " + toString(job.state) +
                                       " and has not been placed, so it has no ring layout yet" + why);
   }
-  // Rebuild the layout the ranks were given: derived from the allocation as at placement (then its `why`
-  // says how), unless that no longer matches the recorded topology (an override, or labels changed since).
-  const placement::Cluster cluster = snapshotLocked(false);
-  const placement::Allocation allocation = toPlacement(job.allocation);
   placement::RingLayout layout;
-  std::string err = placement::buildRingLayout(allocation, cluster, job.spec.topology_override, &layout);
-  if (err.empty() && layout.topology() != job.topology) {
-    err = placement::buildRingLayout(allocation, cluster, job.topology, &layout);
-    layout.why = "as recorded at placement (" + job.topology + "); the nodes' labels have changed since";
-  }
+  std::string err = layoutOfLocked(job, &layout);
   if (!err.empty()) return Status::internal("job " + id + ": cannot rebuild its ring layout: " + err);
   v1::RingLayout out;
   toProto(layout, &out);

@@ -57,6 +57,7 @@ struct CoordinatorOptions {
   int64_t tick_ms = 200;                // ticker period (start())
   int port_first = 29500;               // default rendezvous port range for agents that give none
   int port_last = 29999;
+  int64_t log_timeout_ms = 5000;        // how long readLog waits for the agent
 };
 
 // The way down to one connected agent. The rpc layer implements it over the Connect stream.
@@ -97,6 +98,7 @@ class Coordinator {
   void detachAgent(const std::string& node, const std::string& session, const std::shared_ptr<AgentLink>& link);
   Status heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& heartbeat);
   Status rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& rank);
+  Status logData(const std::string& node, const std::string& session, const v1::LogData& data);
 
   // ---- Users ----
   StatusOr<v1::Job> submit(const v1::JobSpec& spec);
@@ -106,6 +108,9 @@ class Coordinator {
   std::vector<v1::Node> listNodes();
   StatusOr<v1::Node> drain(const std::string& node, bool drain);
   StatusOr<v1::RingLayout> ring(const std::string& id);
+  // Reads a piece of a rank's log from its node: sends ReadLog on the agent's stream and waits (without the
+  // lock, at most log_timeout_ms) for the LogData answer.
+  StatusOr<v1::GetLogsResponse> readLog(const v1::GetLogsRequest& request);
 
  private:
   struct RankKey {
@@ -175,6 +180,8 @@ class Coordinator {
   v1::Job toProtoLocked(const state::Job& job) const;
   v1::Node nodeToProtoLocked(const NodeEntry& node, const NodeUsage& usage) const;
   bool recoveringLocked(int64_t now) const;
+  // The ring layout a placed job's ranks were given; "" or why it cannot be rebuilt.
+  std::string layoutOfLocked(const state::Job& job, placement::RingLayout* layout) const;
   void housekeepingLocked();  // heartbeat grace and the end of recovery
 
   state::Store& store_;
@@ -189,6 +196,14 @@ class Coordinator {
   int64_t recovery_until_ms_ = 0;  // scheduling waits for reconnecting agents until then
   uint64_t session_counter_ = 0;
   bool schedule_wanted_ = true;
+
+  uint64_t log_requests_ = 0;
+  struct LogWait {
+    bool done = false;
+    v1::LogData data;
+  };
+  std::map<std::string, std::shared_ptr<LogWait>> log_waits_;  // by request id
+  std::condition_variable log_cv_;
 
   std::condition_variable wake_;
   bool stopping_ = false;

@@ -181,6 +181,20 @@ TEST_F(ClusterTest, FourRankAllreduceJobSucceedsWithCorrectOutput) {
   EXPECT_NE(status.find("RUNNING"), std::string::npos) << status;
 }
 
+TEST_F(ClusterTest, LogsAreReadThroughTheCoordinator) {
+  std::string id = submit(2, 1, {"/bin/sh", "-c", "echo \"hello from $DDL_RANK of $WORLD_SIZE\"; printf 'no newline'"});
+  ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 30000)) << job(id).DebugString();
+  const std::string ctl = std::string(DDL_BIN_DIR) + "/ddlctl --coordinator " + address_ + " logs " + id;
+  ASSERT_EQ(std::system((ctl + " > " + (dir_ / "all.txt").string()).c_str()), 0);
+  std::string all = slurp(dir_ / "all.txt");
+  EXPECT_NE(all.find("[0] hello from 0 of 2\n"), std::string::npos) << all;
+  EXPECT_NE(all.find("[1] hello from 1 of 2\n"), std::string::npos) << all;
+  EXPECT_NE(all.find("[1] no newline\n"), std::string::npos) << all;
+  ASSERT_EQ(std::system((ctl + " --rank 1 > " + (dir_ / "one.txt").string()).c_str()), 0);
+  EXPECT_EQ(slurp(dir_ / "one.txt"), "hello from 1 of 2\nno newline\n");
+  EXPECT_NE(std::system((ctl + " --rank 5 2>/dev/null").c_str()), 0);
+}
+
 TEST_F(ClusterTest, FailingRankFailsTheJobAndTheOtherRanksAreStopped) {
   const std::string marker = "61." + std::to_string(getpid());
   std::string id = submit(2, 2, {"/bin/sh", "-c", "if [ \"$DDL_RANK\" = 3 ]; then sleep 0.5; exit 7; fi; exec sleep " + marker});

@@ -1,0 +1,309 @@
+#!/usr/bin/env bash
+# End-to-end test across three "hosts" made of Linux network namespaces (ctest label netns).
+#
+#   ddl-<pid>-br     bridge br0 joining the three veths below (no address of its own)
+#   ddl-<pid>-coord  eth0 198.18.0.1/24  ddl-coordinator --listen 198.18.0.1:7070
+#   ddl-<pid>-host1  eth0 198.18.0.2/24  ddl-agent --node host1 (2 virtual GPUs)
+#   ddl-<pid>-host2  eth0 198.18.0.3/24  ddl-agent --node host2 (2 virtual GPUs)
+#
+# Each veth is created inside the bridge namespace with its peer moved straight into the host namespace, so
+# no interface name ever appears in the caller's namespace and parallel runs cannot collide. Every namespace
+# has lo up (UCX and the rendezvous use it). Where the kernel has sch_netem the host links are shaped with
+# "netem delay 0.5ms rate 1gbit"; where it does not, the links stay unshaped (said so, not a failure).
+#
+# A 4-rank ddl-bench job (2 nodes x 2 GPUs) is submitted through ddlctl; it must end SUCCEEDED and rank 0's log
+# must say "# Out of bounds values : 0 OK".
+#
+# Usage: netns_test.sh [BIN_DIR]   (BIN_DIR holds ddl-coordinator, ddl-agent, ddlctl, ddl-bench;
+#                                    default: ../../build/bin next to this script)
+# Environment (optional):
+#   DDL_NETNS_UCX_TLS   UCX_TLS for the ranks (default tcp,sm,self)
+#   DDL_NETNS_DEBUG=1   pass DDL_DEBUG=1 to the ranks (each endpoint's UCX lanes go to the rank logs, and are
+#                       printed at the end)
+#   DDL_NETNS_KEEP=1    keep the temporary directory (logs) after the run
+# Exit status: 0 passed, 1 failed, 77 skipped (not root, or network namespaces not usable here).
+set -euo pipefail
+
+SKIP=77
+log() { printf '[netns %s] %s\n' "$(date +%T)" "$*"; }
+skip() { log "skipped: $*"; exit "$SKIP"; }
+fail() { log "FAIL: $*" >&2; exit 1; }
+
+script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BIN=${1:-$script_dir/../../build/bin}
+BIN=$(cd "$BIN" 2>/dev/null && pwd) || fail "no binary directory ${1:-$script_dir/../../build/bin}"
+for b in ddl-coordinator ddl-agent ddlctl ddl-bench; do
+  [[ -x $BIN/$b ]] || fail "$BIN/$b is missing (build it first)"
+done
+
+# ---- can we run at all? ----------------------------------------------------------------------------------
+[[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces"
+command -v ip >/dev/null || skip "needs iproute2 (ip) to create network namespaces"
+# Reading ddlctl's JSON: jq where there is one, else python3.
+if command -v jq >/dev/null; then
+  json() { jq -r "$1"; }                                                   # a simple path: .a.b[0].c
+  count_up() { jq '[.nodes[]? | select(.state == "UP" and .connected)] | length'; }
+elif command -v python3 >/dev/null; then
+  json() {
+    python3 -c 'import json,re,sys
+v=json.load(sys.stdin)
+for k in re.findall(r"\.(\w+)|\[(\d+)\]", sys.argv[1]):
+    v = v[k[0]] if k[0] else v[int(k[1])]
+print(v)' "$1"
+  }
+  count_up() {
+    python3 -c 'import json,sys
+print(sum(n.get("state") == "UP" and n.get("connected", False) for n in json.load(sys.stdin).get("nodes", [])))'
+  }
+else
+  skip "needs jq or python3 to read ddlctl's JSON"
+fi
+
+ID=$$
+NS_BR=ddl-$ID-br
+NS_C=ddl-$ID-coord
+NS_H1=ddl-$ID-host1
+NS_H2=ddl-$ID-host2
+ALL_NS=("$NS_C" "$NS_H1" "$NS_H2" "$NS_BR")
+COORD=198.18.0.1:7070
+UCX_TLS_JOB=${DDL_NETNS_UCX_TLS:-tcp,sm,self}
+
+probe=ddl-$ID-probe
+if ! ip netns add "$probe" 2>/dev/null; then
+  skip "needs root with CAP_SYS_ADMIN to create network namespaces (ip netns add failed)"
+fi
+if ! ip -n "$probe" link set lo up 2>/dev/null; then
+  ip netns del "$probe" 2>/dev/null || true
+  skip "cannot configure a network namespace here (ip -n NS link set lo up failed)"
+fi
+ip netns del "$probe"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddl-netns.XXXXXX")
+chmod 755 "$tmp"
+declare -A PIDS=()   # role -> pid of a daemon this script started
+JOB=
+T0=$(date +%s.%N)
+
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+alive() { kill -0 "$1" 2>/dev/null; }
+
+print_logs() {
+  local f
+  for f in "$tmp/coordinator.log" "$tmp/agent-host1.log" "$tmp/agent-host2.log"; do
+    [[ -f $f ]] || continue
+    echo "----- $(basename "$f") (last 200 lines)"
+    tail -n 200 "$f"
+  done
+  if [[ -n $JOB ]]; then
+    for f in "$tmp"/host*/logs/"$JOB"/attempt-*/rank-*.log; do
+      [[ -f $f ]] || continue
+      echo "----- ${f#"$tmp"/} (last 60 lines)"
+      tail -n 60 "$f"
+    done
+  fi
+  echo "-----"
+}
+
+cleanup() {
+  local rc=$? role pid ns pids i
+  set +e
+  trap - EXIT INT TERM
+  if [[ $rc -ne 0 ]]; then
+    log "exit status $rc; logs:"
+    print_logs
+  fi
+  log "cleaning up: stopping daemons, deleting namespaces, removing $tmp"
+  # Agents first (they stop their ranks), then the coordinator: SIGTERM, then SIGKILL after 10 s.
+  for role in agent-host1 agent-host2 coordinator; do
+    pid=${PIDS[$role]:-}
+    [[ -n $pid ]] && alive "$pid" && kill -TERM "$pid" 2>/dev/null
+  done
+  for ((i = 0; i < 100; i++)); do
+    pids=
+    for pid in "${PIDS[@]}"; do alive "$pid" && pids+=" $pid"; done
+    [[ -z $pids ]] && break
+    sleep 0.1
+  done
+  for role in "${!PIDS[@]}"; do
+    pid=${PIDS[$role]}
+    if alive "$pid"; then
+      log "$role (pid $pid) still running after 10 s: SIGKILL"
+      kill -KILL "$pid" 2>/dev/null
+    fi
+    wait "$pid" 2>/dev/null
+  done
+  # Anything still inside our namespaces (stray ranks) was started by these daemons: kill it by pid.
+  for ns in "${ALL_NS[@]}"; do
+    ip netns list 2>/dev/null | grep -qw -- "$ns" || continue
+    pids=$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')
+    if [[ -n ${pids// /} ]]; then
+      log "killing leftover processes in $ns: $pids"
+      # shellcheck disable=SC2086
+      kill -KILL $pids 2>/dev/null
+    fi
+  done
+  # The veths live only in these namespaces: deleting a namespace deletes its end, and the pair with it.
+  for ns in "${ALL_NS[@]}"; do
+    ip netns list 2>/dev/null | grep -qw -- "$ns" || continue
+    for ((i = 0; i < 20; i++)); do
+      ip netns del "$ns" 2>/dev/null && break
+      sleep 0.2
+    done
+    ip netns list 2>/dev/null | grep -qw -- "$ns" && log "warning: could not delete namespace $ns"
+  done
+  if [[ ${DDL_NETNS_KEEP:-0} == 1 ]]; then
+    log "kept $tmp"
+  else
+    rm -rf "$tmp"
+  fi
+  case $rc in
+    0) log "PASSED in $(elapsed "$T0") s" ;;
+    "$SKIP") ;;
+    *) log "FAILED (status $rc) after $(elapsed "$T0") s" ;;
+  esac
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---- topology ----------------------------------------------------------------------------------------------
+log "building namespaces ${ALL_NS[*]} (bridge br0 in $NS_BR, 198.18.0.0/24)"
+for ns in "${ALL_NS[@]}"; do
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+done
+ip -n "$NS_BR" link add br0 type bridge
+ip -n "$NS_BR" link set br0 up
+shaped=0
+n=1
+for ns in "$NS_C" "$NS_H1" "$NS_H2"; do
+  addr=198.18.0.$n
+  port=veth$n   # bridge side, inside $NS_BR
+  ip -n "$NS_BR" link add "$port" type veth peer name eth0 netns "$ns"
+  ip -n "$NS_BR" link set "$port" master br0
+  ip -n "$NS_BR" link set "$port" up
+  ip -n "$ns" addr add "$addr/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  if [[ $ns != "$NS_C" ]] && command -v tc >/dev/null; then
+    if tc -n "$ns" qdisc add dev eth0 root netem delay 0.5ms rate 1gbit 2>/dev/null; then
+      shaped=$((shaped + 1))
+    fi
+  fi
+  log "  $ns: eth0 $addr/24 <-> $NS_BR:$port"
+  n=$((n + 1))
+done
+if [[ $shaped -eq 2 ]]; then
+  log "host links shaped: netem delay 0.5ms rate 1gbit (egress of each host's eth0)"
+else
+  log "host links not shaped: tc netem is not available in this kernel (sch_netem)"
+fi
+# The links must be up (carrier on both ends, bridge ports forwarding) before anything starts on them; where
+# ping exists, the hosts must also answer each other.
+link_up() { ip -n "$1" -o link show dev "$2" 2>/dev/null | grep -q 'LOWER_UP'; }
+net_ready() {
+  local n
+  for n in 1 2 3; do
+    link_up "$NS_BR" "veth$n" || return 1
+    ip -n "$NS_BR" -o link show dev "veth$n" | grep -q 'state UP' || return 1
+  done
+  for ns in "$NS_C" "$NS_H1" "$NS_H2"; do link_up "$ns" eth0 || return 1; done
+  if command -v ping >/dev/null; then
+    ip netns exec "$NS_H1" ping -c 1 -W 1 198.18.0.1 >/dev/null 2>&1 || return 1
+    ip netns exec "$NS_H2" ping -c 1 -W 1 198.18.0.2 >/dev/null 2>&1 || return 1
+  fi
+}
+for ((i = 0; i < 50; i++)); do
+  net_ready && break
+  sleep 0.2
+done
+((i < 50)) || { ip -n "$NS_BR" link; fail "the links did not come up within 10 s"; }
+log "network up$(command -v ping >/dev/null && echo ': host1 -> coord and host2 -> host1 answer pings')"
+
+# ---- daemons ------------------------------------------------------------------------------------------------
+mkdir -p "$tmp/coord" "$tmp/host1" "$tmp/host2"
+ctl() { ip netns exec "$NS_C" "$BIN/ddlctl" --coordinator "$COORD" --timeout 5 "$@"; }
+
+log "starting ddl-coordinator in $NS_C on $COORD"
+ip netns exec "$NS_C" "$BIN/ddl-coordinator" --listen "$COORD" --data-dir "$tmp/coord" --heartbeat-grace 5 \
+  >"$tmp/coordinator.log" 2>&1 &
+PIDS[coordinator]=$!
+# Each agent host also gets its own IPC namespace: UCX 1.13 deems shared memory (sysv, posix) reachable between
+# processes with the same boot id and IPC namespace, so without it, ranks on different "hosts" of this one
+# kernel would talk through shared memory instead of the network. The hosts keep the machine's host name on
+# purpose: libddl counts the ranks sharing a host name to tell whether they share CPUs (it yields the CPU
+# sooner when they outnumber them), and here all hosts do share this machine's CPUs.
+host_ns=()
+if command -v unshare >/dev/null && unshare --ipc true 2>/dev/null; then
+  host_ns=(unshare --ipc)
+else
+  log "warning: unshare --ipc is not usable: ranks of different hosts may use shared memory, not TCP"
+fi
+for n in 1 2; do
+  ns_var=NS_H$n
+  log "starting ddl-agent host$n in ${!ns_var} at 198.18.0.$((n + 1))"
+  ip netns exec "${!ns_var}" "${host_ns[@]}" "$BIN/ddl-agent" --coordinator "$COORD" --node "host$n" --address "198.18.0.$((n + 1))" \
+    --labels switch=s1 --virtual-gpus 2 --force-virtual --data-dir "$tmp/host$n" >"$tmp/agent-host$n.log" 2>&1 &
+  PIDS[agent-host$n]=$!
+done
+
+log "waiting (at most 20 s) for both nodes to be UP"
+t=$(date +%s.%N)
+up=0
+for ((i = 0; i < 40; i++)); do
+  for role in "${!PIDS[@]}"; do
+    alive "${PIDS[$role]}" || fail "$role exited early"
+  done
+  if out=$(ctl -o json nodes 2>/dev/null); then
+    up=$(printf '%s' "$out" | count_up) || up=0
+    [[ $up -ge 2 ]] && break
+  fi
+  sleep 0.5
+done
+[[ $up -ge 2 ]] || fail "only $up of 2 nodes UP after 20 s"
+log "both nodes UP after $(elapsed "$t") s:"
+ctl nodes
+
+# ---- the job -------------------------------------------------------------------------------------------------
+envs=(--env "UCX_TLS=$UCX_TLS_JOB")
+[[ ${DDL_NETNS_DEBUG:-0} == 1 ]] && envs+=(--env DDL_DEBUG=1)
+bench=("$BIN/ddl-bench" -b 8 -e 4M -f 4 -n 3 -w 1 -c 1)
+log "submitting a 4-rank job (2 nodes x 2 GPUs, ${envs[*]}): ${bench[*]}"
+t=$(date +%s.%N)
+JOB=$(ctl submit --nodes 2 --gpus-per-node 2 "${envs[@]}" --workdir "$tmp" -- "${bench[@]}")
+JOB=$(printf '%s' "$JOB" | tr -d '[:space:]')
+[[ -n $JOB ]] || fail "ddlctl submit printed no job id"
+log "job $JOB submitted; waiting (at most 120 s) for it to end"
+
+state=
+for ((i = 0; i < 240; i++)); do
+  if out=$(ctl -o json status "$JOB" 2>/dev/null); then
+    state=$(printf '%s' "$out" | json '.state')
+    case $state in SUCCEEDED | FAILED | CANCELLED) break ;; esac
+  fi
+  for role in "${!PIDS[@]}"; do
+    alive "${PIDS[$role]}" || fail "$role exited while job $JOB was $state"
+  done
+  sleep 0.5
+done
+job_s=$(elapsed "$t")
+log "job $JOB: $state after $job_s s"
+ctl status "$JOB" || true
+[[ $state == SUCCEEDED ]] || fail "job $JOB ended $state (wanted SUCCEEDED)"
+
+root=$(printf '%s' "$out" | json '.allocation[0].node')
+rank0=$tmp/$root/logs/$JOB/attempt-1/rank-0.log
+[[ -f $rank0 ]] || fail "no rank 0 log at $rank0"
+log "rank 0 ran on $root; its table ($rank0):"
+grep -v '^ddl: \|^ep_cfg\|^  *lane\[\|^ *#  *tag_\|^ *# *am_\|^$' "$rank0" | grep '^#\|^ *[0-9]' || true
+grep -q '# Out of bounds values : 0 OK' "$rank0" || fail "rank 0 does not report '# Out of bounds values : 0 OK'"
+grep -q '4194304' "$rank0" || fail "rank 0's table has no 4M row"
+
+if [[ ${DDL_NETNS_DEBUG:-0} == 1 ]]; then
+  log "UCX endpoints (DDL_DEBUG=1), per rank log:"
+  for f in "$tmp"/host*/logs/"$JOB"/attempt-1/rank-*.log; do
+    echo "== ${f#"$tmp"/}"
+    grep -v '^ *[0-9]\|^# ' "$f" || true
+  done
+fi
+log "ok: job ran across namespaces (UCX_TLS=$UCX_TLS_JOB), SUCCEEDED, results correct"
