@@ -457,6 +457,39 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   add("Running", formatDuration(spent[v1::RUNNING]));
   std::string out = renderTable(rows);
 
+  if (job.ranks_size() > 0) {
+    // What libddl last reported per rank; the slowest last collective is marked, it sets everyone's pace.
+    int slowest = -1;
+    double worst = -1;
+    for (const v1::RankStatus& r : job.ranks()) {
+      if (r.has_progress() && r.progress().last_us() > worst) worst = r.progress().last_us(), slowest = r.rank();
+    }
+    std::vector<std::vector<std::string>> ranks = {
+        {"  RANK", "STATE", "PID", "COLLECTIVES", "LAST", "BUSBW(GB/s)", "DIMS(us)", ""}};
+    for (const v1::RankStatus& r : job.ranks()) {
+      std::vector<std::string> row = {"  " + std::to_string(r.rank()), v1::RankStatus::State_Name(r.state()),
+                                      std::to_string(r.pid())};
+      if (r.has_progress()) {
+        const v1::RankProgress& p = r.progress();
+        const int n = std::max(1, p.world_size());
+        const double algbw = p.last_us() > 0 ? p.last_bytes() / p.last_us() / 1e3 : 0;
+        const double busbw = p.last_op() == "allreduce" ? algbw * 2 * (n - 1) / n : algbw;
+        std::vector<std::string> dims;
+        for (double d : p.dims_us()) dims.push_back(std::to_string(static_cast<int64_t>(d)));
+        char last[96];
+        std::snprintf(last, sizeof(last), "%s %lld B %.1f us", p.last_op().c_str(),
+                      static_cast<long long>(p.last_bytes()), p.last_us());
+        char bw[32];
+        std::snprintf(bw, sizeof(bw), "%.2f", busbw);
+        row.insert(row.end(), {std::to_string(p.collectives()), last, bw, dims.empty() ? "-" : join(dims, ","),
+                               r.rank() == slowest && job.ranks_size() > 1 ? "<- slowest" : ""});
+      } else {
+        row.insert(row.end(), {"-", "-", "-", "-", ""});
+      }
+      ranks.push_back(row);
+    }
+    out += "Ranks (last reported by libddl):\n" + renderTable(ranks);
+  }
   out += "Transitions:\n";
   std::vector<std::vector<std::string>> lines;
   for (const v1::Transition& t : job.transitions()) {

@@ -61,10 +61,18 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // Reconnect attempts are paced by run(); keep gRPC's own backoff short so a restarted coordinator is found fast.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args);
   stub_ = v1::AgentService::NewStub(channel);
   supervisor_ = std::make_unique<Supervisor>([this](const RankState& s) { onRankExit(s); });
+  std::string error;
+  telemetry_ = std::make_unique<TelemetryListener>(config_.data_dir + "/agent.sock", &error);
+  if (!error.empty()) {
+    spdlog::warn("rank telemetry off: {}", error);
+    telemetry_.reset();
+  }
 }
 
 Agent::~Agent() { stop(static_cast<int>(config_.stop_grace_s * 1000)); }
@@ -124,6 +132,7 @@ std::string Agent::session(int* failures) {
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.set_wait_for_ready(true);  // ride out the channel's reconnect backoff instead of failing at once
     grpc::Status st = stub_->Register(&ctx, req, &resp);
     if (!st.ok()) {
       ++*failures;
@@ -207,6 +216,7 @@ void Agent::handle(const v1::Command& command) {
     }
     supervisor_->stop(stop.job_id(), stop.attempt(), stop.grace_ms());
     supervisor_->release(stop.job_id(), stop.attempt());
+    if (telemetry_) telemetry_->forget(stop.job_id(), stop.attempt());
   }
 }
 
@@ -256,6 +266,7 @@ void Agent::startRanks(const v1::StartRanks& start) {
       spec.env.emplace_back("CUDA_VISIBLE_DEVICES", inventory_.gpus[launch.gpu()].uuid());
     }
     spec.env.emplace_back("DDL_GPU", std::to_string(launch.gpu()));
+    if (telemetry_) spec.env.emplace_back("DDL_AGENT_SOCKET", telemetry_->path());
     std::string error;
     RankState state = supervisor_->start(spec, &error);
     if (!error.empty()) {
@@ -301,6 +312,9 @@ v1::RankStatus Agent::toProto(const RankState& s) const {
   }
   r.set_started_ms(s.started_ms);
   r.set_exited_ms(s.exited_ms);
+  if (telemetry_) {
+    if (auto p = telemetry_->latest(s.job_id, s.attempt, s.rank)) *r.mutable_progress() = *p;
+  }
   return r;
 }
 

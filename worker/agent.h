@@ -24,6 +24,7 @@
 #include "worker/agent_config.h"
 #include "worker/inventory.h"
 #include "worker/supervisor.h"
+#include "worker/telemetry_listener.h"
 
 namespace ddl::worker {
 
@@ -56,6 +57,7 @@ class Agent {
   std::string address_;
   std::unique_ptr<v1::AgentService::Stub> stub_;
   std::unique_ptr<Supervisor> supervisor_;
+  std::unique_ptr<TelemetryListener> telemetry_;  // null when its socket could not be made
 
   std::mutex mu_;  // guards the fields below
   std::condition_variable cv_;

@@ -60,6 +60,7 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
   DDL_ASSERT(options_.topology.size() == size_);
   mdring_grid_ = mdringGrid(options_.topology);
   channel_ = std::make_unique<Channel>(std::move(transport), options_.timeout_ms);
+  telemetry_ = Telemetry::fromEnv(rank_, size_);
 }
 
 Comm::~Comm() { shutdown(); }
@@ -114,8 +115,13 @@ void Comm::run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, i
                 " (destroy it with ddlCommDestroy and create a new one)");
   }
   try {
+    const auto t0 = std::chrono::steady_clock::now();
     Session s(*channel_, kind, type, op, count, root, variant);
     body(s);
+    if (telemetry_) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      telemetry_->record(kind, count * typeSize(type), variant, seconds, s.dim_seconds);
+    }
   } catch (const Error& e) {
     breakWith(e.code(), e.what());
     channel_->notifyPeers(e.what());

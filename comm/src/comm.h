@@ -24,6 +24,7 @@
 #include "env.h"
 #include "session.h"
 #include "store.h"
+#include "telemetry.h"
 #include "transport.h"
 
 namespace ddl {
@@ -78,6 +79,7 @@ class Comm {
   void checkBuffers(const void* sendbuf, const void* recvbuf, size_t count) const;
   DataSpec spec(ddlDataType_t type, ddlRedOp_t op, size_t bytes) const;
   void drainAsync();
+  std::unique_ptr<Telemetry> telemetry_;  // null unless DDL_AGENT_SOCKET names a listening agent
   void executorLoop();
   void breakWith(ddlResult_t code, const std::string& why);
 

@@ -116,6 +116,8 @@ class Session {
 
   Channel& channel() { return ch_; }
   int rank() const { return ch_.rank(); }
+  // Seconds spent per topology dim, filled by algorithms that work dim by dim (mdring), for telemetry.
+  std::vector<double> dim_seconds;
   int size() const { return ch_.size(); }
 
   // Starts the next phase of the algorithm: returns the first of its tag::kMaxUnits unit numbers. Every rank

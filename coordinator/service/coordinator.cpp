@@ -972,6 +972,10 @@ v1::Job Coordinator::toProtoLocked(const state::Job& job) const {
     out.set_reason(job.transitions.back().reason);
   }
   out.set_gpus(requestOf(job.id, job.spec).gpuCount());
+  auto rt = runtime_.find(job.id);
+  if (rt != runtime_.end()) {
+    for (const auto& [rank, status] : rt->second.ranks) *out.add_ranks() = status;
+  }
   return out;
 }
 

@@ -10,6 +10,7 @@
 // from 2(p-1) to 2·Σ(di-1) (2x2: 4 instead of 6; 4x8x2: 22 instead of 126), and the big first phase stays on
 // the fastest links (within a node) while the slow links carry only a 1/d0 shard. Each phase is ring.cpp's
 // pipelined ring.
+#include <chrono>
 #include <cstring>
 
 #include "algo/algo.h"
@@ -47,6 +48,10 @@ void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const 
     size_t lo, n;
   };
   std::vector<Level> levels;
+  std::vector<int> level_dim;  // the topology dim of each level, for Session::dim_seconds
+  s.dim_seconds.assign(topo.dims.size(), 0.0);
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   const char* in = static_cast<const char*>(src);
   size_t lo = 0, n = count;
   for (size_t k = 0; k < topo.dims.size(); ++k) {
@@ -54,16 +59,22 @@ void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const 
     if (dk == 1) continue;
     Group g = groupAlong(topo, s.rank(), static_cast<int>(k));
     const int avg = (d.op == ddlAvg && static_cast<int>(k) == last_dim) ? p : 0;
+    const auto t0 = Clock::now();
     ringSteps(s, g, d, in + lo * es, out + lo * es, n, 0, dk - 1, 0, avg);
+    s.dim_seconds[k] += since(t0);
     levels.push_back({g, lo, n});
+    level_dim.push_back(static_cast<int>(k));
     const int b = ringOwnedBlock(g, 0);
     lo += blockBegin(n, dk, b);
     n = blockCount(n, dk, b);
     in = out;  // later dims work on the partial sums already in dst
   }
-  for (auto it = levels.rbegin(); it != levels.rend(); ++it) {
-    const int dk = it->g.size();
-    ringSteps(s, it->g, d, out + it->lo * es, out + it->lo * es, it->n, dk - 1, 2 * dk - 2, 0, 0);
+  for (size_t i = levels.size(); i-- > 0;) {
+    const Level& level = levels[i];
+    const int dk = level.g.size();
+    const auto t0 = Clock::now();
+    ringSteps(s, level.g, d, out + level.lo * es, out + level.lo * es, level.n, dk - 1, 2 * dk - 2, 0, 0);
+    s.dim_seconds[level_dim[i]] += since(t0);
   }
 }
 

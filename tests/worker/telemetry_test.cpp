@@ -1,0 +1,77 @@
+// Rank telemetry end to end inside one process: libddl's reporter (comm/src/telemetry.h) sends over a real
+// Unix datagram socket to the agent's TelemetryListener, which keeps the latest report per rank.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "telemetry.h"
+#include "worker/telemetry_listener.h"
+
+namespace {
+
+using ddl::worker::TelemetryListener;
+
+TEST(TelemetryTest, ParsesAReport) {
+  std::string job;
+  int attempt = 0, rank = -1;
+  ddl::v1::RankProgress p;
+  ASSERT_TRUE(TelemetryListener::parse(
+      "ddl1 job=j-000007 attempt=2 rank=3 size=4 count=10 bytes=4096 seconds=0.5 last=allreduce last_bytes=1024 "
+      "last_us=12.5 last_algo=mdring dims_us=3.0,9.5",
+      &job, &attempt, &rank, &p));
+  EXPECT_EQ(job, "j-000007");
+  EXPECT_EQ(attempt, 2);
+  EXPECT_EQ(rank, 3);
+  EXPECT_EQ(p.world_size(), 4);
+  EXPECT_EQ(p.collectives(), 10);
+  EXPECT_EQ(p.last_algo(), "mdring");
+  ASSERT_EQ(p.dims_us_size(), 2);
+  EXPECT_DOUBLE_EQ(p.dims_us(1), 9.5);
+  EXPECT_FALSE(TelemetryListener::parse("hello", &job, &attempt, &rank, &p));
+  EXPECT_FALSE(TelemetryListener::parse("ddl1 rank=x", &job, &attempt, &rank, &p));
+  EXPECT_FALSE(TelemetryListener::parse("ddl1 count=3", &job, &attempt, &rank, &p));  // no rank
+}
+
+TEST(TelemetryTest, LibddlReportsReachTheListener) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ddl-telemetry-" + std::to_string(getpid()) + ".sock")).string();
+  std::string error;
+  TelemetryListener listener(path, &error);
+  ASSERT_EQ(error, "");
+  setenv("DDL_AGENT_SOCKET", path.c_str(), 1);
+  setenv("DDL_JOB_ID", "j-000042", 1);
+  setenv("DDL_JOB_ATTEMPT", "1", 1);
+  {
+    auto reporter = ddl::Telemetry::fromEnv(/*rank=*/1, /*size=*/2);
+    ASSERT_NE(reporter, nullptr);
+    reporter->record(ddl::CollKind::kAllReduce, 1 << 20, 2, 0.001, {0.0004, 0.0006});
+    reporter->record(ddl::CollKind::kAllReduce, 1 << 20, 2, 0.002, {0.0008, 0.0012});  // within 200 ms: kept
+  }  // the destructor sends the final totals
+  unsetenv("DDL_AGENT_SOCKET");
+  std::optional<ddl::v1::RankProgress> p;
+  for (int i = 0; i < 100 && !(p && p->collectives() == 2); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    p = listener.latest("j-000042", 1, 1);
+  }
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->collectives(), 2);
+  EXPECT_EQ(p->bytes(), 2 << 20);
+  EXPECT_NEAR(p->last_us(), 2000, 1);
+  EXPECT_EQ(p->last_op(), "allreduce");
+  ASSERT_EQ(p->dims_us_size(), 2);
+  EXPECT_NEAR(p->dims_us(1), 1200, 1);
+  listener.forget("j-000042", 0);
+  EXPECT_FALSE(listener.latest("j-000042", 1, 1).has_value());
+}
+
+TEST(TelemetryTest, NoAgentMeansNoReporter) {
+  setenv("DDL_AGENT_SOCKET", "/nonexistent/dir/agent.sock", 1);
+  EXPECT_EQ(ddl::Telemetry::fromEnv(0, 1), nullptr);
+  unsetenv("DDL_AGENT_SOCKET");
+}
+
+}  // namespace

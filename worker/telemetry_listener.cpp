@@ -1,0 +1,121 @@
+#include "worker/telemetry_listener.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+namespace ddl::worker {
+
+TelemetryListener::TelemetryListener(const std::string& path, std::string* error) : path_(path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    *error = "telemetry socket path " + path + " is longer than " + std::to_string(sizeof(addr.sun_path) - 1) +
+             " bytes; use a shorter data directory";
+    return;
+  }
+  ::unlink(path.c_str());
+  fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::pipe2(wake_, O_CLOEXEC) != 0) {
+    *error = "telemetry socket " + path + ": " + std::strerror(errno);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    return;
+  }
+  reader_ = std::thread([this] { readLoop(); });
+}
+
+TelemetryListener::~TelemetryListener() {
+  if (reader_.joinable()) {
+    char c = 0;
+    (void)::write(wake_[1], &c, 1);
+    reader_.join();
+  }
+  for (int fd : {fd_, wake_[0], wake_[1]}) {
+    if (fd >= 0) ::close(fd);
+  }
+  if (fd_ >= 0) ::unlink(path_.c_str());
+}
+
+bool TelemetryListener::parse(const std::string& text, std::string* job, int* attempt, int* rank,
+                              v1::RankProgress* out) {
+  std::istringstream in(text);
+  std::string word;
+  if (!(in >> word) || word != "ddl1") return false;
+  bool have_rank = false;
+  *job = "-";
+  *attempt = 0;
+  while (in >> word) {
+    const size_t eq = word.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = word.substr(0, eq), value = word.substr(eq + 1);
+    try {
+      if (key == "job") *job = value;
+      else if (key == "attempt") *attempt = std::stoi(value);
+      else if (key == "rank") *rank = std::stoi(value), have_rank = true;
+      else if (key == "size") out->set_world_size(std::stoi(value));
+      else if (key == "count") out->set_collectives(std::stoll(value));
+      else if (key == "bytes") out->set_bytes(std::stoll(value));
+      else if (key == "seconds") out->set_seconds(std::stod(value));
+      else if (key == "last") out->set_last_op(value);
+      else if (key == "last_bytes") out->set_last_bytes(std::stoll(value));
+      else if (key == "last_us") out->set_last_us(std::stod(value));
+      else if (key == "last_algo") out->set_last_algo(value);
+      else if (key == "dims_us") {
+        std::istringstream dims(value);
+        std::string d;
+        while (std::getline(dims, d, ',')) {
+          if (!d.empty()) out->add_dims_us(std::stod(d));
+        }
+      }
+    } catch (const std::exception&) {
+      return false;  // a malformed number: ignore the datagram
+    }
+  }
+  return have_rank;
+}
+
+void TelemetryListener::readLoop() {
+  pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+  char buf[2048];
+  while (true) {
+    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+    if (fds[1].revents) return;
+    if (!(fds[0].revents & POLLIN)) continue;
+    ssize_t n = ::recv(fd_, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+    if (n <= 0) continue;
+    std::string job;
+    int attempt = 0, rank = 0;
+    v1::RankProgress progress;
+    if (!parse(std::string(buf, static_cast<size_t>(n)), &job, &attempt, &rank, &progress)) continue;
+    using namespace std::chrono;
+    progress.set_updated_ms(duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count());
+    std::lock_guard<std::mutex> lock(mu_);
+    latest_[{job, attempt, rank}] = progress;
+  }
+}
+
+std::optional<v1::RankProgress> TelemetryListener::latest(const std::string& job, int attempt, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = latest_.find({job, attempt, rank});
+  if (it == latest_.end()) return std::nullopt;
+  return it->second;
+}
+
+void TelemetryListener::forget(const std::string& job, int attempt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = latest_.begin(); it != latest_.end();) {
+    bool match = std::get<0>(it->first) == job && (attempt == 0 || std::get<1>(it->first) <= attempt);
+    it = match ? latest_.erase(it) : std::next(it);
+  }
+}
+
+}  // namespace ddl::worker

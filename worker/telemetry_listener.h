@@ -1,0 +1,44 @@
+// TelemetryListener: the agent's end of DDL_AGENT_SOCKET. A Unix datagram socket that the ranks' libddl sends
+// its collective totals to (comm/src/telemetry.h gives the format); the latest report of each rank is kept
+// and attached to that rank's status in heartbeats.
+//
+// Threads: one reader thread; latest()/forget() from any thread.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include "ddl/v1/ddl.pb.h"
+
+namespace ddl::worker {
+
+class TelemetryListener {
+ public:
+  // Binds `path` (an old socket file there is replaced). On failure, error says why and nothing listens.
+  TelemetryListener(const std::string& path, std::string* error);
+  ~TelemetryListener();
+
+  const std::string& path() const { return path_; }
+  std::optional<v1::RankProgress> latest(const std::string& job, int attempt, int rank);
+  // Drops what is known of the job's attempts <= attempt (0: all).
+  void forget(const std::string& job, int attempt);
+
+  // Parses one datagram; false if it is not a ddl1 report. Exposed for tests.
+  static bool parse(const std::string& text, std::string* job, int* attempt, int* rank, v1::RankProgress* out);
+
+ private:
+  void readLoop();
+
+  std::string path_;
+  int fd_ = -1;
+  int wake_[2] = {-1, -1};
+  std::thread reader_;
+  std::mutex mu_;
+  std::map<std::tuple<std::string, int, int>, v1::RankProgress> latest_;
+};
+
+}  // namespace ddl::worker
