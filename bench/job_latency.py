@@ -30,7 +30,7 @@ def main():
     procs = []
     try:
         procs.append(subprocess.Popen([os.path.join(BIN, "ddl-coordinator"), "--listen", "127.0.0.1:0",
-                                       "--data-dir", f"{tmp}/c", "--log-level", "warn"]))
+                                       "--http", "127.0.0.1:0", "--data-dir", f"{tmp}/c", "--log-level", "warn"]))
         for _ in range(100):
             if os.path.exists(f"{tmp}/c/coordinator.addr"):
                 break

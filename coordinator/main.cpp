@@ -13,9 +13,14 @@
 #include <fstream>
 
 #include "daemon/config.h"
+#include "http/http_server.h"
 #include "rpc/server.h"
 #include "service/coordinator.h"
 #include "state/sqlite_store.h"
+
+#ifdef DDL_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
 
 using namespace ddl::coordinator;
 
@@ -31,10 +36,11 @@ int fail(const std::string& message) {
 int main(int argc, char** argv) {
   CLI::App app{"ddl-coordinator: places gang-scheduled jobs on GPU nodes and tracks them durably"};
   std::string config_path;
-  std::optional<std::string> listen, data_dir, log_level;
+  std::optional<std::string> listen, http_listen, data_dir, log_level;
   std::optional<double> grace;
   app.add_option("--config", config_path, "JSON config file (e.g. /etc/ddl/coordinator.json)");
   app.add_option("--listen", listen, "gRPC address HOST:PORT for agents and ddlctl (default 127.0.0.1:7070)");
+  app.add_option("--http", http_listen, "dashboard, JSON API and /metrics HOST:PORT (default 127.0.0.1:7080)");
   app.add_option("--data-dir", data_dir, "directory for the state database (default /var/lib/ddl/coordinator)");
   app.add_option("--heartbeat-grace", grace, "seconds without a heartbeat before a node is DOWN (default 10)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error (default info)");
@@ -46,6 +52,7 @@ int main(int argc, char** argv) {
     if (!st) return fail(st.message());
   }
   if (listen) config.listen = *listen;
+  if (http_listen) config.http = *http_listen;
   if (data_dir) config.data_dir = *data_dir;
   if (grace) config.heartbeat_grace_s = *grace;
   if (log_level) config.log_level = *log_level;
@@ -82,7 +89,15 @@ int main(int argc, char** argv) {
   RpcServer server(coordinator);
   std::string bound;
   if (auto st = server.start(config.listen, &bound); !st) return fail(st.message());
+  ddl::coordinator::http::HttpServer dashboard(coordinator);
+  std::string http_bound;
+  if (auto st = dashboard.start(config.http, &http_bound); !st) return fail(st.message());
   coordinator.start();
+  {
+    std::ofstream out(config.data_dir + "/coordinator.http");
+    out << http_bound << "\n";
+  }
+  spdlog::info("dashboard on http://{}/ (JSON API /api/v1, Prometheus /metrics)", http_bound);
   // Scripts and tests that asked for port 0 read the real address here.
   const std::string addr_file = config.data_dir + "/coordinator.addr";
   {
@@ -91,13 +106,21 @@ int main(int argc, char** argv) {
   }
   std::filesystem::rename(addr_file + ".tmp", addr_file, ec);
   spdlog::info("ddl-coordinator listening on {} (state in {})", bound, store_options.path);
+#ifdef DDL_HAVE_SYSTEMD
+  sd_notify(0, "READY=1");  // Type=notify unit (deploy/systemd/); a no-op outside systemd
+#endif
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
   spdlog::info("{}: shutting down", strsignal(sig));
+#ifdef DDL_HAVE_SYSTEMD
+  sd_notify(0, "STOPPING=1");
+#endif
   coordinator.stop();
+  dashboard.stop();
   server.shutdown();
   std::filesystem::remove(addr_file, ec);
+  std::filesystem::remove(config.data_dir + "/coordinator.http", ec);
   spdlog::info("stopped");
   return 0;
 }

@@ -11,6 +11,10 @@
 
 #include "worker/agent.h"
 
+#ifdef DDL_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
 using namespace ddl::worker;
 
 int main(int argc, char** argv) {
@@ -82,8 +86,14 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&stop_signals, &sig);
     spdlog::info("{}: stopping (ranks get {} s to exit)", strsignal(sig), config.stop_grace_s);
+#ifdef DDL_HAVE_SYSTEMD
+    sd_notify(0, "STOPPING=1");
+#endif
     agent.stop(static_cast<int>(config.stop_grace_s * 1000));
   });
+#ifdef DDL_HAVE_SYSTEMD
+  sd_notify(0, "READY=1");  // Type=notify unit (deploy/systemd/); a no-op outside systemd
+#endif
   agent.run();
   waiter.join();
   spdlog::info("stopped");

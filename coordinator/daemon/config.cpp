@@ -36,6 +36,8 @@ Status parseConfig(const std::string& text, const std::string& origin, DaemonCon
     Status st;
     if (key == "listen") {
       st = read(value, key, origin, "a string \"HOST:PORT\"", &config->listen);
+    } else if (key == "http") {
+      st = read(value, key, origin, "a string \"HOST:PORT\"", &config->http);
     } else if (key == "data_dir") {
       st = read(value, key, origin, "a string (a directory)", &config->data_dir);
     } else if (key == "heartbeat_grace_s") {
@@ -52,7 +54,7 @@ Status parseConfig(const std::string& text, const std::string& origin, DaemonCon
       st = read(value, key, origin, "a string", &config->log_level);
     } else {
       return Status::invalidArgument(origin + ": unknown key '" + key +
-                                     "' (known: listen, data_dir, heartbeat_grace_s, heartbeat_interval_s, "
+                                     "' (known: listen, http, data_dir, heartbeat_grace_s, heartbeat_interval_s, "
                                      "stop_grace_s, port_first, port_last, log_level)");
     }
     if (!st) return st;

@@ -14,6 +14,7 @@ namespace ddl::coordinator {
 
 struct DaemonConfig {
   std::string listen = "127.0.0.1:7070";  // gRPC, for agents and ddlctl; port 0 = any free port
+  std::string http = "127.0.0.1:7080";    // dashboard, JSON API, /metrics, /healthz (read-only)
   std::string data_dir = "/var/lib/ddl/coordinator";
   double heartbeat_grace_s = 10;
   double heartbeat_interval_s = 1;
@@ -23,7 +24,7 @@ struct DaemonConfig {
   std::string log_level = "info";  // trace, debug, info, warn, error
 };
 
-// Reads the JSON object at `path` over `config`. Keys: listen, data_dir, heartbeat_grace_s,
+// Reads the JSON object at `path` over `config`. Keys: listen, http, data_dir, heartbeat_grace_s,
 // heartbeat_interval_s, stop_grace_s, port_first, port_last, log_level.
 state::Status loadConfigFile(const std::string& path, DaemonConfig* config);
 // Parses JSON text (what loadConfigFile reads); `origin` names it in errors.

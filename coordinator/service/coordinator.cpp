@@ -60,7 +60,10 @@ placement::NodeState toPlacement(state::NodeState s) {
 }  // namespace
 
 Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::function<int64_t()> now_ms)
-    : store_(store), options_(options), now_ms_(now_ms ? std::move(now_ms) : state::systemNowMs) {}
+    : store_(store), options_(options), now_ms_(now_ms ? std::move(now_ms) : state::systemNowMs) {
+  counters_.scheduling_bounds_s = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800};
+  counters_.scheduling_buckets.assign(counters_.scheduling_bounds_s.size() + 1, 0);
+}
 
 Coordinator::~Coordinator() { stop(); }
 
@@ -169,6 +172,19 @@ Status Coordinator::recordTransitionLocked(const std::string& id, JobState to, c
   auto job = store_.transition(id, to, reason, failure);
   if (!job) return job.status();
   spdlog::info("job {}: {} -> {}: {}", id, toString(jobs_[id].state), toString(job->state), reason);
+  if (to == JobState::kFailed) ++counters_.jobs_failed_total;
+  if (to == JobState::kScheduled) {
+    // Queued since the last move to PENDING (the submit, or a requeue).
+    int64_t queued_at = job->submit_ms;
+    for (const auto& t : job->transitions) {
+      if (t.to == JobState::kPending) queued_at = t.at_ms;
+    }
+    const double waited = std::max<int64_t>(0, job->transitions.back().at_ms - queued_at) / 1000.0;
+    const auto& bounds = counters_.scheduling_bounds_s;
+    counters_.scheduling_buckets[std::lower_bound(bounds.begin(), bounds.end(), waited) - bounds.begin()]++;
+    counters_.scheduling_sum_s += waited;
+    counters_.scheduling_count++;
+  }
   jobs_[id] = *job;
   if (!isLive(job->state)) runtime_.erase(id);
   if (job->state != JobState::kPending) pending_reason_.erase(id);
@@ -599,6 +615,16 @@ void Coordinator::applyRankReportLocked(NodeEntry& node, const v1::RankStatus& r
   if (r.state() == v1::RankStatus::STATE_UNSPECIFIED) return;
   auto& known = rt->second.ranks[r.rank()];
   if (known.state() == v1::RankStatus::EXITED) return;  // an exit is final; a late RUNNING changes nothing
+  if (report.has_progress()) {
+    // Totals for /metrics: what this rank did since its previous report (its counters only grow).
+    const auto& before = known.progress();
+    const auto& now = report.progress();
+    if (now.bytes() >= before.bytes() && now.seconds() >= before.seconds()) {
+      counters_.collective_bytes_total += static_cast<double>(now.bytes() - before.bytes());
+      counters_.collective_seconds_total += now.seconds() - before.seconds();
+    }
+  }
+  if (known.has_progress() && !report.has_progress()) *report.mutable_progress() = known.progress();
   known = report;
   if (report.state() == v1::RankStatus::EXITED && !exitedCleanly(report)) {
     state::Failure failure;
@@ -746,6 +772,7 @@ StatusOr<v1::Job> Coordinator::submit(const v1::JobSpec& proto_spec) {
   if (!never.empty()) return Status::invalidArgument("job refused: " + never);
   auto job = store_.createJob(spec);  // durable when it returns: only then is the submit acknowledged
   if (!job) return job.status();
+  ++counters_.jobs_submitted_total;
   jobs_[job->id] = *job;
   spdlog::info("job {} submitted by {}: {}", job->id, spec.user, requestOf(job->id, spec).describe());
   schedule_wanted_ = true;
@@ -922,6 +949,25 @@ Status Coordinator::logData(const std::string& node, const std::string& session,
   it->second->done = true;
   log_cv_.notify_all();
   return Status::ok();
+}
+
+MetricsSnapshot Coordinator::metrics() {
+  std::lock_guard<std::mutex> lock(mu_);
+  MetricsSnapshot m = counters_;
+  const int64_t now = now_ms_();
+  for (const char* s : {"UP", "DOWN", "DRAINING"}) m.nodes_by_state[s] = 0;
+  for (state::JobState s : state::kAllJobStates) m.jobs_by_state[toString(s)] = 0;
+  const auto usage = usageLocked();
+  for (const auto& [name, node] : nodes_) {
+    m.nodes_by_state[toString(node.record.state)]++;
+    if (node.record.state == state::NodeState::kDown) continue;
+    m.gpus_total += static_cast<int>(node.record.gpus.size());
+    auto u = usage.find(name);
+    if (u != usage.end()) m.gpus_allocated += static_cast<int>(u->second.gpus.size());
+    m.heartbeat_lag_max_s = std::max(m.heartbeat_lag_max_s, (now - node.last_seen_ms) / 1000.0);
+  }
+  for (const auto& [id, job] : jobs_) m.jobs_by_state[toString(job.state)]++;
+  return m;
 }
 
 StatusOr<v1::RingLayout> Coordinator::ring(const std::string& id) {

@@ -70,6 +70,24 @@ class AgentLink {
   virtual void close() = 0;
 };
 
+// What /metrics exposes, copied under the lock (counters count since this coordinator process started).
+struct MetricsSnapshot {
+  std::map<std::string, int> nodes_by_state;  // UP, DOWN, DRAINING (all three present)
+  int gpus_total = 0;                         // on UP and DRAINING nodes
+  int gpus_allocated = 0;
+  std::map<std::string, int> jobs_by_state;  // every state present
+  uint64_t jobs_submitted_total = 0;
+  uint64_t jobs_failed_total = 0;
+  // Time from entering the queue (submit or requeue) to SCHEDULED, as a histogram.
+  std::vector<double> scheduling_bounds_s;
+  std::vector<uint64_t> scheduling_buckets;  // not cumulative; one more than bounds (+Inf)
+  double scheduling_sum_s = 0;
+  uint64_t scheduling_count = 0;
+  double heartbeat_lag_max_s = 0;  // the longest silence among nodes that are not DOWN
+  double collective_bytes_total = 0;    // reported by ranks through their agents
+  double collective_seconds_total = 0;
+};
+
 class Coordinator {
  public:
   // now_ms: unix milliseconds; tests pass a fake. The store must outlive the coordinator.
@@ -111,6 +129,7 @@ class Coordinator {
   // Reads a piece of a rank's log from its node: sends ReadLog on the agent's stream and waits (without the
   // lock, at most log_timeout_ms) for the LogData answer.
   StatusOr<v1::GetLogsResponse> readLog(const v1::GetLogsRequest& request);
+  MetricsSnapshot metrics();
 
  private:
   struct RankKey {
@@ -197,6 +216,7 @@ class Coordinator {
   uint64_t session_counter_ = 0;
   bool schedule_wanted_ = true;
 
+  MetricsSnapshot counters_;  // the counters and the histogram; the gauges are filled by metrics()
   uint64_t log_requests_ = 0;
   struct LogWait {
     bool done = false;

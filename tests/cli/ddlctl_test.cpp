@@ -68,7 +68,7 @@ class DdlctlTest : public ::testing::Test {
       dup2(log, 1);
       dup2(log, 2);
       std::string bin = std::string(DDL_BIN_DIR) + "/ddl-coordinator";
-      execl(bin.c_str(), bin.c_str(), "--listen", "127.0.0.1:0", "--data-dir", data_.c_str(),
+      execl(bin.c_str(), bin.c_str(), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir", data_.c_str(),
             "--heartbeat-grace", "5", nullptr);
       _exit(127);
     }

@@ -69,6 +69,7 @@ class ClusterTest : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     startCoordinator("127.0.0.1:0");
+    if (HasFatalFailure()) return;
     for (int i = 1; i <= 2; ++i) startAgent(i);
     ASSERT_TRUE(waitFor([&] { return upNodes() == 2; }, 10000)) << slurp(dir_ / "agent-n1.log");
   }
@@ -84,10 +85,11 @@ class ClusterTest : public ::testing::Test {
 
   void startCoordinator(const std::string& listen) {
     fs::remove(dir_ / "coordinator" / "coordinator.addr");
-    coordinator_ = spawn({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "--listen", listen, "--data-dir",
+    coordinator_ = spawn({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "--listen", listen, "--http", "127.0.0.1:0", "--data-dir",
                           (dir_ / "coordinator").string(), "--heartbeat-grace", "3"},
                          dir_ / "coordinator.log");
-    ASSERT_TRUE(waitFor([&] { return fs::exists(dir_ / "coordinator" / "coordinator.addr"); }, 10000));
+    ASSERT_TRUE(waitFor([&] { return fs::exists(dir_ / "coordinator" / "coordinator.addr"); }, 10000))
+        << slurp(dir_ / "coordinator.log");
     std::ifstream in(dir_ / "coordinator" / "coordinator.addr");
     std::getline(in, address_);
     user_ = ddl::v1::UserService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
@@ -114,6 +116,7 @@ class ClusterTest : public ::testing::Test {
   }
 
   int upNodes() {
+    if (!user_) return -1;
     ddl::v1::ListNodesResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The dashboard end to end: a coordinator and two agents on 127.0.0.1, a running 4-rank job, then
+#  - headless Chromium renders / (nodes and the job, drawn by the page's own JavaScript) and /jobs/ID (ranks,
+#    ring picture), and takes screenshots (into $DDL_SCREENSHOT_DIR when set, e.g. docs/);
+#  - /metrics is parsed with the Prometheus client library's parser and checked against the cluster;
+#  - bad URLs and methods get 404/405 and the server stays healthy.
+# Skips (exit 77) with a reason when chromium or python3-prometheus-client is missing.
+#
+#   tests/e2e/dashboard_test.sh BIN_DIR
+set -euo pipefail
+bin=$(cd "${1:-$(dirname "$0")/../../build/bin}" && pwd)
+command -v chromium >/dev/null || { echo "skipped: chromium is not installed (scripts/bootstrap installs it)"; exit 77; }
+# Debian's python3 (which has python3-prometheus-client), not one that a user's PATH may put first.
+py=/usr/bin/python3
+[[ -x "$py" ]] || py=python3
+"$py" -c 'import prometheus_client' 2>/dev/null ||
+  { echo "skipped: python3-prometheus-client is not installed"; exit 77; }
+
+tmp=$(mktemp -d /tmp/ddl-dash-test.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do timeout 15 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$tmp"/*.log; do echo "--- $f" >&2; tail -20 "$f" >&2; done
+  exit 1
+}
+wait_file() { for _ in $(seq 100); do [[ -s "$1" ]] && return 0; sleep 0.1; done; return 1; }
+
+"$bin/ddl-coordinator" --listen 127.0.0.1:0 --http 127.0.0.1:0 --data-dir "$tmp/c" >"$tmp/coordinator.log" 2>&1 &
+pids+=($!)
+wait_file "$tmp/c/coordinator.addr" || fail "the coordinator did not start"
+wait_file "$tmp/c/coordinator.http" || fail "the coordinator wrote no http address"
+grpc=$(cat "$tmp/c/coordinator.addr")
+web=http://$(cat "$tmp/c/coordinator.http")
+echo "coordinator $grpc, dashboard $web"
+for i in 1 2; do
+  "$bin/ddl-agent" --coordinator "$grpc" --node "n$i" --address 127.0.0.1 --labels "rack=r1,switch=s$i" \
+    --virtual-gpus 2 --force-virtual --data-dir "$tmp/n$i" --port-range "3$((3 + i))000-3$((3 + i))099" \
+    >"$tmp/agent-n$i.log" 2>&1 &
+  pids+=($!)
+done
+ctl() { "$bin/ddlctl" --coordinator "$grpc" "$@"; }
+for _ in $(seq 100); do [[ $(ctl nodes | grep -c ' UP ') == 2 ]] && break; sleep 0.1; done
+[[ $(ctl nodes | grep -c ' UP ') == 2 ]] || fail "the agents did not register"
+job=$(ctl submit --name dash-bench --nodes 2 --gpus-per-node 2 -- "$bin/ddl-bench" -b 256K -e 256K -n 200000 -w 1 -a mdring)
+for _ in $(seq 200); do ctl status "$job" | grep -q 'State: *RUNNING' && break; sleep 0.1; done
+sleep 1.5  # let every rank report its progress at least once
+ctl status "$job" | grep -q 'State: *RUNNING' || fail "job $job is not running"
+
+chrome() { timeout 60 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars \
+  --virtual-time-budget=5000 "$@" 2>/dev/null; }
+index=$(chrome --dump-dom "$web/")
+for want in "n1" "n2" "$job" "dash-bench" "2/2"; do
+  grep -q -- "$want" <<<"$index" || fail "/ as rendered by Chromium lacks '$want'"
+done
+page=$(chrome --dump-dom "$web/jobs/$job")
+for want in "<svg" ">r3<" "Ring layout" "crosses switches" "slowest rank" "Using ranks"; do
+  grep -q -- "$want" <<<"$page" || fail "/jobs/$job lacks '$want'"
+done
+shots=${DDL_SCREENSHOT_DIR:-$tmp}
+chrome --window-size=1280,720 --screenshot="$shots/dashboard.png" "$web/" >/dev/null
+chrome --window-size=1280,1100 --screenshot="$shots/dashboard-job.png" "$web/jobs/$job" >/dev/null
+[[ -s "$shots/dashboard.png" && -s "$shots/dashboard-job.png" ]] || fail "no screenshot"
+echo "pages render; screenshots in $shots"
+
+"$py" - "$web" "$job" <<'PY' || fail "metrics or HTTP checks"
+import sys, urllib.request, urllib.error
+from prometheus_client.parser import text_string_to_metric_families
+web, job = sys.argv[1], sys.argv[2]
+text = urllib.request.urlopen(web + "/metrics", timeout=10).read().decode()
+samples = {}
+for family in text_string_to_metric_families(text):
+    assert family.name.startswith("ddl_"), family.name
+    for s in family.samples:
+        samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+def get(name, **labels):
+    return samples[(name, tuple(sorted(labels.items())))]
+checks = [("ddl_nodes", {"state": "UP"}, 2), ("ddl_nodes", {"state": "DOWN"}, 0), ("ddl_gpus", {}, 4),
+          ("ddl_gpus_allocated", {}, 4), ("ddl_jobs", {"state": "RUNNING"}, 1), ("ddl_jobs", {"state": "FAILED"}, 0),
+          ("ddl_jobs_submitted_total", {}, 1), ("ddl_scheduling_latency_seconds_count", {}, 1)]
+for name, labels, want in checks:
+    got = get(name, **labels)
+    assert got == want, f"{name}{labels} = {got}, want {want}"
+assert get("ddl_collective_bytes_total") > 0, "no collective bytes reported by the ranks"
+assert get("ddl_heartbeat_lag_seconds") < 5
+def status(method, path):
+    req = urllib.request.Request(web + path, method=method)
+    try:
+        return urllib.request.urlopen(req, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+for method, path, want in [("GET", "/nope", 404), ("GET", "/jobs/j-999999", 404), ("GET", "/jobs/../../etc/passwd", 404),
+                           ("GET", "/api/v1/jobs/xyz", 404), ("GET", "/api/v1/jobs?state=BOGUS", 400),
+                           ("POST", "/", 405), ("GET", "/api/v1/jobs/" + job, 200), ("GET", "/healthz", 200)]:
+    got = status(method, path)
+    assert got == want, f"{method} {path}: {got}, want {want}"
+import socket
+host, port = web[len("http://"):].rsplit(":", 1)
+s = socket.create_connection((host, int(port)), timeout=5)
+s.sendall(b"GARBAGE \x00\x01 HTTP/9.9\r\n\r\n")
+s.close()
+assert status("GET", "/healthz") == 200, "the server did not survive a malformed request"
+print("metrics parse and match the cluster; bad URLs get 404/405/400")
+PY
+ctl cancel "$job" >/dev/null
+echo "ok"
