@@ -3,7 +3,6 @@
 // everything that can be checked locally (exit 2), then make exactly one RPC with a deadline.
 #include "ddlctl.h"
 
-#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <pwd.h>
 #include <unistd.h>
@@ -23,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ddl/messages.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 
 namespace ddl::cli {
@@ -459,11 +459,7 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
 
   if (job.ranks_size() > 0) {
     // What libddl last reported per rank; the slowest last collective is marked, it sets everyone's pace.
-    int slowest = -1;
-    double worst = -1;
-    for (const v1::RankStatus& r : job.ranks()) {
-      if (r.has_progress() && r.progress().last_us() > worst) worst = r.progress().last_us(), slowest = r.rank();
-    }
+    const int slowest = slowestRank(job);
     std::vector<std::vector<std::string>> ranks = {
         {"  RANK", "STATE", "PID", "COLLECTIVES", "LAST", "BUSBW(GB/s)", "DIMS(us)", ""}};
     for (const v1::RankStatus& r : job.ranks()) {
@@ -471,16 +467,13 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
                                       std::to_string(r.pid())};
       if (r.has_progress()) {
         const v1::RankProgress& p = r.progress();
-        const int n = std::max(1, p.world_size());
-        const double algbw = p.last_us() > 0 ? p.last_bytes() / p.last_us() / 1e3 : 0;
-        const double busbw = p.last_op() == "allreduce" ? algbw * 2 * (n - 1) / n : algbw;
         std::vector<std::string> dims;
         for (double d : p.dims_us()) dims.push_back(std::to_string(static_cast<int64_t>(d)));
         char last[96];
         std::snprintf(last, sizeof(last), "%s %lld B %.1f us", p.last_op().c_str(),
                       static_cast<long long>(p.last_bytes()), p.last_us());
         char bw[32];
-        std::snprintf(bw, sizeof(bw), "%.2f", busbw);
+        std::snprintf(bw, sizeof(bw), "%.2f", lastBusBwGBps(p));
         row.insert(row.end(), {std::to_string(p.collectives()), last, bw, dims.empty() ? "-" : join(dims, ","),
                                r.rank() == slowest && job.ranks_size() > 1 ? "<- slowest" : ""});
       } else {
@@ -506,15 +499,7 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   return out + renderTable(lines);
 }
 
-std::string toJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  std::string json;
-  // Fails only for malformed messages (invalid UTF-8 in a string), which a parsed RPC answer cannot hold.
-  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
-  return json + "\n";
-}
+std::string toJson(const google::protobuf::Message& message) { return ddl::toJson(message) + "\n"; }
 
 // ---- The command line -------------------------------------------------------------------------------------
 

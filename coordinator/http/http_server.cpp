@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <list>
 
+#include "ddl/messages.h"
 #include "http/pages.h"
 #include "service/convert.h"
 
@@ -110,12 +111,7 @@ Response handleRequest(Coordinator& c, const std::string& method, const std::str
     if (ring) {
       std::set<int> ranks = {0};
       if (job->has_failure()) ranks.insert(job->failure().rank());
-      int slowest = -1;
-      double worst = 0;
-      for (const auto& r : job->ranks()) {
-        if (r.has_progress() && r.progress().last_us() > worst) worst = r.progress().last_us(), slowest = r.rank();
-      }
-      if (slowest >= 0) ranks.insert(slowest);
+      if (const int slowest = slowestRank(*job); slowest >= 0) ranks.insert(slowest);
       for (int r : ranks) logs[r] = logTail(c, id, r, 4096);
     }
     const int64_t now = state::systemNowMs();

@@ -1,11 +1,11 @@
 #include "http/pages.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <set>
 #include <sstream>
+
+#include "ddl/messages.h"
 
 namespace ddl::coordinator::http {
 
@@ -47,15 +47,6 @@ std::string htmlEscape(const std::string& text) {
     }
   }
   return out;
-}
-
-std::string toJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  std::string json;
-  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
-  return json;
 }
 
 std::string renderMetrics(const MetricsSnapshot& m) {
@@ -244,11 +235,7 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
   // Ranks by node and GPU, with what libddl last reported; the slowest last collective is highlighted.
   std::map<int, const v1::RankStatus*> status;
   for (const auto& r : job.ranks()) status[r.rank()] = &r;
-  int slowest = -1;
-  double worst = 0;
-  for (const auto& r : job.ranks()) {
-    if (r.has_progress() && r.progress().last_us() > worst) worst = r.progress().last_us(), slowest = r.rank();
-  }
+  const int slowest = slowestRank(job);
   if (ring && ring->ranks_size() > 0) {
     o << "<h2>Ranks</h2><table id='ranks'><tr><th>rank</th><th>node</th><th>GPU</th><th>state</th>"
       << "<th>collectives</th><th>last</th><th>time</th><th>busbw GB/s</th><th>per dim (us)</th></tr>";
@@ -260,14 +247,11 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
         << "</td><td>" << (st ? v1::RankStatus::State_Name(st->state()) : "-") << "</td>";
       if (st && st->has_progress()) {
         const auto& p = st->progress();
-        const int n = std::max(1, p.world_size());
-        const double algbw = p.last_us() > 0 ? p.last_bytes() / p.last_us() / 1e3 : 0;
-        const double busbw = p.last_op() == "allreduce" ? algbw * 2 * (n - 1) / n : algbw;
         std::string dims;
         for (double d : p.dims_us()) dims += (dims.empty() ? "" : ", ") + fixed(d, 0);
         o << "<td>" << p.collectives() << "</td><td>" << htmlEscape(p.last_op()) << " " << p.last_bytes()
           << " B (" << htmlEscape(p.last_algo()) << ")</td><td>" << fixed(p.last_us(), 1) << " us</td><td>"
-          << fixed(busbw, 2) << "</td><td>" << (dims.empty() ? "-" : dims) << "</td>";
+          << fixed(lastBusBwGBps(p), 2) << "</td><td>" << (dims.empty() ? "-" : dims) << "</td>";
       } else {
         o << "<td colspan='5' class='muted'>no report</td>";
       }

@@ -16,9 +16,6 @@ namespace ddl::coordinator::http {
 // Prometheus text exposition format 0.0.4: ddl_ prefix, _total counters, labels only for state.
 std::string renderMetrics(const MetricsSnapshot& m);
 
-// The message as JSON with proto field names (what ddlctl -o json prints).
-std::string toJson(const google::protobuf::Message& message);
-
 // "/": the page; it fetches /api/v1/nodes and /api/v1/jobs itself every 2 s and redraws without a reload.
 std::string renderIndexPage();
 

@@ -354,14 +354,20 @@ void Coordinator::sendLocked(const std::string& node, const v1::Command& command
   }
 }
 
-void Coordinator::stopJobEverywhereLocked(const std::string& id, int attempt, const std::string& reason) {
+v1::Command Coordinator::stopCommand(const std::string& id, int attempt, const std::string& reason) const {
   v1::Command cmd;
   v1::StopJob* stop = cmd.mutable_stop();
   stop->set_job_id(id);
   stop->set_attempt(attempt);
   stop->set_grace_ms(static_cast<int32_t>(options_.stop_grace_ms));
   stop->set_reason(reason);
-  for (const auto& a : jobs_[id].allocation) sendLocked(a.node, cmd);
+  return cmd;
+}
+
+void Coordinator::stopJobEverywhereLocked(const std::string& id, int attempt, const std::string& reason,
+                                          const std::vector<state::NodeAllocation>& allocation) {
+  const v1::Command cmd = stopCommand(id, attempt, reason);
+  for (const auto& a : allocation) sendLocked(a.node, cmd);
 }
 
 void Coordinator::failJobLocked(const std::string& id, const std::string& reason,
@@ -380,13 +386,7 @@ void Coordinator::failJobLocked(const std::string& id, const std::string& reason
     st = recordTransitionLocked(id, JobState::kFailed, reason, failure);
   }
   if (!st) spdlog::error("job {}: {}", id, st.toString());
-  v1::Command cmd;
-  v1::StopJob* stop = cmd.mutable_stop();
-  stop->set_job_id(id);
-  stop->set_attempt(attempt);
-  stop->set_grace_ms(static_cast<int32_t>(options_.stop_grace_ms));
-  stop->set_reason(reason);
-  for (const auto& a : allocation) sendLocked(a.node, cmd);
+  stopJobEverywhereLocked(id, attempt, reason, allocation);
 }
 
 void Coordinator::maybeCompleteLocked(const std::string& id) {
@@ -405,7 +405,8 @@ void Coordinator::maybeCompleteLocked(const std::string& id) {
   Status st = recordTransitionLocked(id, JobState::kSucceeded,
                                      "all " + std::to_string(nranks) + " ranks exited with code 0");
   if (!st) spdlog::error("job {}: {}", id, st.toString());
-  stopJobEverywhereLocked(id, attempt, "job succeeded");  // releases the exited ranks on the agents
+  // Releases the exited ranks on the agents.
+  stopJobEverywhereLocked(id, attempt, "job succeeded", jobs_[id].allocation);
 }
 
 // ---- Nodes and agents ----------------------------------------------------------------------------------------
@@ -645,16 +646,11 @@ void Coordinator::applyRankReportLocked(NodeEntry& node, const v1::RankStatus& r
 
 void Coordinator::stopStaleLocked(const std::string& node, const std::set<std::pair<std::string, int>>& stale) {
   for (const auto& [job, attempt] : stale) {
-    v1::Command cmd;
-    v1::StopJob* stop = cmd.mutable_stop();
-    stop->set_job_id(job);
-    stop->set_attempt(attempt);
-    stop->set_grace_ms(static_cast<int32_t>(options_.stop_grace_ms));
     auto it = jobs_.find(job);
-    stop->set_reason(it == jobs_.end() ? "the coordinator knows no job " + job
-                                       : "job " + job + " attempt " + std::to_string(attempt) +
-                                             " is not running (" + toString(it->second.state) + ")");
-    sendLocked(node, cmd);
+    sendLocked(node, stopCommand(job, attempt,
+                                 it == jobs_.end() ? "the coordinator knows no job " + job
+                                                   : "job " + job + " attempt " + std::to_string(attempt) +
+                                                         " is not running (" + toString(it->second.state) + ")"));
   }
 }
 
@@ -821,7 +817,7 @@ StatusOr<v1::Job> Coordinator::cancel(const std::string& id) {
   const bool launched = isLive(it->second.state);
   Status st = recordTransitionLocked(id, JobState::kCancelled, "cancelled by user");
   if (!st) return st;
-  if (launched) stopJobEverywhereLocked(id, attempt, "job cancelled");
+  if (launched) stopJobEverywhereLocked(id, attempt, "job cancelled", jobs_[id].allocation);
   wake_.notify_all();
   return toProtoLocked(jobs_[id]);
 }

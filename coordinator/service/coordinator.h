@@ -172,7 +172,10 @@ class Coordinator {
   void loseNodeJobsLocked(const std::string& node, const std::string& reason, const std::string& only_job = "");
   // Ends (or requeues) a live job after a rank failure; stops the ranks that remain.
   void failJobLocked(const std::string& id, const std::string& reason, std::optional<state::Failure> failure);
-  void stopJobEverywhereLocked(const std::string& id, int attempt, const std::string& reason);
+  v1::Command stopCommand(const std::string& id, int attempt, const std::string& reason) const;
+  // Sends the job's StopJob to every node of `allocation` (passed in: a requeue clears the job's own).
+  void stopJobEverywhereLocked(const std::string& id, int attempt, const std::string& reason,
+                               const std::vector<state::NodeAllocation>& allocation);
   void sendLocked(const std::string& node, const v1::Command& command);
   // Records a rank report. A report about an ended job or an older attempt goes into `stale` (job, attempt)
   // so the caller sends one StopJob for it.

@@ -1,0 +1,38 @@
+#include "ddl/messages.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+
+namespace ddl {
+
+std::string toJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  // Fails only for malformed messages (invalid UTF-8 in a string field), which a parsed message cannot hold.
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
+double lastBusBwGBps(const v1::RankProgress& p) {
+  if (p.last_us() <= 0) return 0;
+  const double algbw = static_cast<double>(p.last_bytes()) / p.last_us() / 1e3;
+  const int n = std::max(1, p.world_size());
+  return p.last_op() == "allreduce" ? algbw * 2 * (n - 1) / n : algbw;
+}
+
+int slowestRank(const v1::Job& job) {
+  int slowest = -1;
+  double worst = 0;
+  for (const auto& r : job.ranks()) {
+    if (r.has_progress() && r.progress().last_us() > worst) {
+      worst = r.progress().last_us();
+      slowest = r.rank();
+    }
+  }
+  return slowest;
+}
+
+}  // namespace ddl
