@@ -228,10 +228,14 @@ TEST_F(ClusterTest, GangJobWaitsForGpusThenRuns) {
   std::string first = submit(2, 2, {"/bin/sleep", "2"});
   ASSERT_TRUE(reaches(first, ddl::v1::RUNNING, 30000));
   std::string second = submit(2, 1, {"/bin/true"});
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  auto waiting = job(second);
-  EXPECT_EQ(waiting.state(), ddl::v1::PENDING);
-  EXPECT_FALSE(waiting.reason().empty());
+  // Wait for a scheduling pass to have weighed it (its reason then says what it waits for).
+  ddl::v1::Job waiting;
+  ASSERT_TRUE(waitFor([&] {
+    waiting = job(second);
+    return waiting.reason() != "waiting for the next scheduling pass";
+  }, 10000));
+  EXPECT_EQ(waiting.state(), ddl::v1::PENDING) << waiting.reason();
+  EXPECT_NE(waiting.reason().find("waiting for"), std::string::npos) << waiting.reason();
   ASSERT_TRUE(reaches(first, ddl::v1::SUCCEEDED, 30000));
   ASSERT_TRUE(reaches(second, ddl::v1::SUCCEEDED, 30000)) << job(second).DebugString();
   EXPECT_GE(transitionMs(job(second), ddl::v1::SCHEDULED), transitionMs(job(first), ddl::v1::SUCCEEDED));

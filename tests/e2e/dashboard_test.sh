@@ -49,8 +49,12 @@ for _ in $(seq 100); do [[ $(ctl nodes | grep -c ' UP ') == 2 ]] && break; sleep
 [[ $(ctl nodes | grep -c ' UP ') == 2 ]] || fail "the agents did not register"
 job=$(ctl submit --name dash-bench --nodes 2 --gpus-per-node 2 -- "$bin/ddl-bench" -b 256K -e 256K -n 200000 -w 1 -a mdring)
 for _ in $(seq 200); do ctl status "$job" | grep -q 'State: *RUNNING' && break; sleep 0.1; done
-sleep 1.5  # let every rank report its progress at least once
 ctl status "$job" | grep -q 'State: *RUNNING' || fail "job $job is not running"
+# Every rank must have reported its progress at least once (a '-' in COLLECTIVES means not yet).
+for _ in $(seq 100); do
+  [[ $(ctl status "$job" | sed -n '/^Ranks/,/^Transitions/p' | awk '$2 == "RUNNING" && $4 != "-"' | wc -l) == 4 ]] && break
+  sleep 0.1
+done
 
 chrome() { timeout 60 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars \
   --virtual-time-budget=5000 "$@" 2>/dev/null; }
