@@ -120,7 +120,7 @@ Response handleRequest(Coordinator& c, const std::string& method, const std::str
   return error(404, "no such page: " + path);
 }
 
-struct HttpServer::Impl {
+struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   explicit Impl(Coordinator& c) : coordinator(c) {}
 
   Coordinator& coordinator;
@@ -147,12 +147,12 @@ struct HttpServer::Impl {
       }
       ++active;
       auto it = open.insert(open.end(), socket);
-      std::thread([this, socket, it] {
-        serve(*socket);
-        std::lock_guard<std::mutex> lock(mu);
-        open.erase(it);
-        --active;
-        cv.notify_all();
+      std::thread([self = shared_from_this(), socket, it] {
+        self->serve(*socket);
+        std::lock_guard<std::mutex> lock(self->mu);
+        self->open.erase(it);
+        --self->active;
+        self->cv.notify_all();
       }).detach();
     }
   }
@@ -191,7 +191,7 @@ struct HttpServer::Impl {
   }
 };
 
-HttpServer::HttpServer(Coordinator& coordinator) : impl_(std::make_unique<Impl>(coordinator)) {}
+HttpServer::HttpServer(Coordinator& coordinator) : impl_(std::make_shared<Impl>(coordinator)) {}
 
 HttpServer::~HttpServer() { stop(); }
 
@@ -239,6 +239,8 @@ void HttpServer::stop() {
   }
   if (impl_->accept_thread.joinable()) impl_->accept_thread.join();
   std::unique_lock<std::mutex> lock(impl_->mu);
+  // Connections end fast once their sockets are shut down; one stuck longer (a log read waiting on an agent)
+  // keeps the Impl alive through its shared_ptr, so it can finish late without touching freed memory.
   impl_->cv.wait_for(lock, std::chrono::seconds(5), [&] { return impl_->active == 0; });
   impl_->acceptor.reset();
 }

@@ -48,7 +48,7 @@ class HttpServer {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with the connection threads, so a late one never outlives it
 };
 
 }  // namespace ddl::coordinator::http
