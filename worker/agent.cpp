@@ -217,6 +217,7 @@ void Agent::handle(const v1::Command& command) {
     supervisor_->stop(stop.job_id(), stop.attempt(), stop.grace_ms());
     supervisor_->release(stop.job_id(), stop.attempt());
     if (telemetry_) telemetry_->forget(stop.job_id(), stop.attempt());
+    forgetIfGone(stop.job_id());  // ranks that had exited already are released; nothing more will come
   }
 }
 
@@ -292,7 +293,18 @@ void Agent::onRankExit(const RankState& state) {
     auto it = stopped_.find(state.job_id);
     release = it != stopped_.end() && state.attempt <= it->second;
   }
-  if (release) supervisor_->release(state.job_id, state.attempt);
+  if (!release) return;
+  supervisor_->release(state.job_id, state.attempt);
+  forgetIfGone(state.job_id);
+}
+
+void Agent::forgetIfGone(const std::string& job) {
+  // Once a stopped job has no rank left here, forget it, so stopped_ does not grow with every job ever run.
+  const auto held = supervisor_->ranks();
+  if (std::none_of(held.begin(), held.end(), [&](const RankState& r) { return r.job_id == job; })) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_.erase(job);
+  }
 }
 
 v1::RankStatus Agent::toProto(const RankState& s) const {

@@ -48,6 +48,7 @@ class Agent {
   void startRanks(const v1::StartRanks& start);
   void readLog(const v1::ReadLog& read);
   void onRankExit(const RankState& state);
+  void forgetIfGone(const std::string& job);
   bool write(const v1::AgentMessage& message);
   v1::RankStatus toProto(const RankState& state) const;
   std::string logPath(const std::string& job, int attempt, int rank) const;
