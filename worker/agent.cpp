@@ -50,6 +50,19 @@ std::string localAddressToward(const std::string& target) {
   return out;
 }
 
+// ddl-rank-shim: next to this executable (the build tree, /usr/bin with a flat install), else in
+// ../libexec/ddl (the packages). "" if neither has it.
+std::string findRankShim() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  for (const auto& candidate : {self.parent_path() / "ddl-rank-shim",
+                                self.parent_path().parent_path() / "libexec" / "ddl" / "ddl-rank-shim"}) {
+    if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
+  }
+  return "";
+}
+
 }  // namespace
 
 Agent::Agent(AgentConfig config, Inventory inventory)
@@ -66,7 +79,20 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args);
   stub_ = v1::AgentService::NewStub(channel);
-  supervisor_ = std::make_unique<Supervisor>([this](const RankState& s) { onRankExit(s); });
+  Supervisor::Options options;
+  options.state_dir = config_.data_dir + "/ranks";
+  options.shim_path = findRankShim();
+  if (options.shim_path.empty()) {
+    spdlog::warn("ddl-rank-shim not found next to ddl-agent or in ../libexec/ddl: ranks run without it, and the "
+                 "exit code of a rank adopted after an agent restart will be unknown (255)");
+  }
+  supervisor_ = std::make_unique<Supervisor>([this](const RankState& s) { onRankExit(s); }, options);
+  // Ranks a previous agent process left running (a restart or an upgrade): adopted before the first
+  // registration, so the coordinator hears of them at once.
+  for (const auto& problem : supervisor_->recover()) spdlog::warn("{}", problem);
+  if (const size_t held = supervisor_->ranks().size()) {
+    spdlog::info("adopted {} ranks left by the previous agent from {}", held, options.state_dir);
+  }
   std::string error;
   telemetry_ = std::make_unique<TelemetryListener>(config_.data_dir + "/agent.sock", &error);
   if (!error.empty()) {
@@ -106,6 +132,12 @@ void Agent::stop(int rank_grace_ms) {
   }
   cv_.notify_all();
   if (!supervisor_) return;
+  if (!config_.stop_ranks_on_exit) {
+    const auto held = supervisor_->ranks();
+    const auto running = std::count_if(held.begin(), held.end(), [](const RankState& r) { return r.running; });
+    if (running > 0) spdlog::info("leaving {} ranks running; the next ddl-agent adopts them", running);
+    return;
+  }
   supervisor_->stopAll(rank_grace_ms);
   // Wait (bounded) until the escalation to SIGKILL has done its work, so no rank outlives the agent.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(rank_grace_ms + 2000);

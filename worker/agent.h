@@ -35,8 +35,8 @@ class Agent {
 
   // Registers and serves until stop(). Reconnects with backoff when the coordinator goes away.
   void run();
-  // Ends run(). Running ranks are stopped with the given grace (the agent does not yet re-adopt ranks after
-  // its own restart, so it takes them down rather than leave processes nobody watches).
+  // Ends run(). With stop_ranks_on_exit, running ranks are stopped with the given grace first; otherwise they
+  // keep running, recorded under DATA_DIR/ranks, and the next agent started on that data dir adopts them.
   void stop(int rank_grace_ms);
 
   const std::string& address() const { return address_; }

@@ -29,11 +29,12 @@ Status parseAgentConfig(const std::string& text, const std::string& origin, Agen
       else if (key == "port_first") c->port_first = value.get<int>();
       else if (key == "port_last") c->port_last = value.get<int>();
       else if (key == "stop_grace_s") c->stop_grace_s = value.get<double>();
+      else if (key == "stop_ranks_on_exit") c->stop_ranks_on_exit = value.get<bool>();
       else if (key == "log_level") c->log_level = value.get<std::string>();
       else {
         return Status::invalidArgument(origin + ": unknown key '" + key +
                                        "' (known: coordinator, node, address, labels, virtual_gpus, force_virtual, "
-                                       "data_dir, port_first, port_last, stop_grace_s, log_level)");
+                                       "data_dir, port_first, port_last, stop_grace_s, stop_ranks_on_exit, log_level)");
       }
     } catch (const nlohmann::json::exception&) {
       return Status::invalidArgument(origin + ": key '" + key + "' has the wrong type: " + value.dump());

@@ -21,12 +21,16 @@ struct AgentConfig {
   std::string data_dir = "/var/lib/ddl/agent";  // rank logs live under DATA_DIR/logs
   int port_first = 29500;   // rendezvous ports for jobs whose rank 0 runs here
   int port_last = 29999;
-  double stop_grace_s = 10;  // SIGTERM -> SIGKILL for ranks when the agent itself stops
+  double stop_grace_s = 10;  // SIGTERM -> SIGKILL for ranks when the agent itself stops them
+  // What the agent does with its ranks when it exits: false (default) leaves them running, so an agent
+  // restart or upgrade does not kill a training job (the next agent adopts them from DATA_DIR/ranks); true
+  // stops them first, with stop_grace_s.
+  bool stop_ranks_on_exit = false;
   std::string log_level = "info";
 };
 
 // Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of strings),
-// virtual_gpus, force_virtual, data_dir, port_first, port_last, stop_grace_s, log_level.
+// virtual_gpus, force_virtual, data_dir, port_first, port_last, stop_grace_s, stop_ranks_on_exit, log_level.
 state::Status loadAgentConfig(const std::string& path, AgentConfig* config);
 state::Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config);
 // "rack=r1,switch=s1" into labels.

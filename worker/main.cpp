@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   std::string config_path, labels;
   std::optional<std::string> coordinator, node, address, data_dir, log_level, port_range;
   std::optional<int> virtual_gpus;
-  bool force_virtual = false;
+  bool force_virtual = false, stop_ranks_on_exit = false;
   app.add_option("--config", config_path, "JSON config file (e.g. /etc/ddl/agent.json)");
   app.add_option("--coordinator", coordinator, "ddl-coordinator's HOST:PORT (default 127.0.0.1:7070)");
   app.add_option("--node", node, "this node's name (default: the host name)");
@@ -33,6 +33,9 @@ int main(int argc, char** argv) {
   app.add_flag("--force-virtual", force_virtual, "use the virtual GPUs even where NVML finds real ones");
   app.add_option("--data-dir", data_dir, "directory for rank logs (default /var/lib/ddl/agent)");
   app.add_option("--port-range", port_range, "rendezvous ports for jobs rooted here, FIRST-LAST (default 29500-29999)");
+  app.add_flag("--stop-ranks-on-exit", stop_ranks_on_exit,
+               "stop this node's ranks when the agent exits (default: leave them running for the next agent to "
+               "adopt)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error (default info)");
   CLI11_PARSE(app, argc, argv);
 
@@ -52,6 +55,7 @@ int main(int argc, char** argv) {
   }
   if (virtual_gpus) config.virtual_gpus = *virtual_gpus;
   if (force_virtual) config.force_virtual = true;
+  if (stop_ranks_on_exit) config.stop_ranks_on_exit = true;
   if (data_dir) config.data_dir = *data_dir;
   if (log_level) config.log_level = *log_level;
   if (port_range) {
@@ -85,7 +89,11 @@ int main(int argc, char** argv) {
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
-    spdlog::info("{}: stopping (ranks get {} s to exit)", strsignal(sig), config.stop_grace_s);
+    if (config.stop_ranks_on_exit) {
+      spdlog::info("{}: stopping (ranks get {} s to exit)", strsignal(sig), config.stop_grace_s);
+    } else {
+      spdlog::info("{}: stopping; ranks keep running for the next ddl-agent to adopt", strsignal(sig));
+    }
 #ifdef DDL_HAVE_SYSTEMD
     sd_notify(0, "STOPPING=1");
 #endif

@@ -15,6 +15,8 @@
 // zombie reaped.
 #include "supervisor.h"
 
+#include "launch_protocol.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -25,8 +27,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <system_error>
 
 extern char** environ;
@@ -39,12 +44,11 @@ using Clock = std::chrono::steady_clock;
 // Upper bound on one wait of the reaper: shutdown is signalled through the eventfd, this is only a backstop.
 constexpr int kMaxWaitMs = 1000;
 
-// What the child sends through the pipe when it cannot become the rank's program.
-enum ChildStage : int { kStageSetup = 1, kStageChdir = 2, kStageExec = 3 };
-struct ChildFailure {
-  int stage;
-  int err;
-};
+using launch::kStageChdir;
+using launch::kStageExec;
+using launch::kStageSetup;
+using launch::kStageShim;
+using ChildFailure = launch::Failure;
 
 int64_t unixNowMs() {
   using namespace std::chrono;
@@ -91,12 +95,6 @@ int pidfdOpen(pid_t pid) {
 #endif
 }
 
-// The shell's convention: 127 when there is nothing to run, 126 when it exists but cannot be executed.
-int childExitCode(int stage, int err) {
-  if (stage == kStageExec && err != ENOENT && err != ENOTDIR) return Supervisor::kExitCodeNotExecutable;
-  return Supervisor::kExitCodeNotFound;
-}
-
 // Everything the child reads; built before fork, only read after.
 struct ChildPlan {
   const char* const* argv;
@@ -106,13 +104,14 @@ struct ChildPlan {
   int stdin_fd;
   int log_fd;
   int report_fd;
+  bool via_shim;  // argv runs ddl-rank-shim, which inherits report_fd to forward the program's own report.
 };
 
 [[noreturn]] void childFail(int report_fd, int stage, int err) {
   ChildFailure failure{stage, err};
   ssize_t ignored = write(report_fd, &failure, sizeof failure);  // Under PIPE_BUF: atomic.
   (void)ignored;
-  _exit(childExitCode(stage, err));
+  _exit(launch::exitCodeFor(stage, err));
 }
 
 // Runs in the forked child: async-signal-safe calls only.
@@ -137,23 +136,11 @@ struct ChildPlan {
 #ifdef SYS_close_range
   syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
 #endif
+  if (plan.via_shim && fcntl(plan.report_fd, F_SETFD, 0) != 0) childFail(plan.report_fd, kStageSetup, errno);
   if (plan.workdir != nullptr && chdir(plan.workdir) != 0) childFail(plan.report_fd, kStageChdir, errno);
 
-  // execvp's search, over the rank's PATH: keep looking past entries that do not have the program, remember
-  // that one existed but was not executable.
-  int err = ENOENT;
-  bool denied = false;
-  for (const char* path : *plan.candidates) {
-    execve(path, const_cast<char* const*>(plan.argv), const_cast<char* const*>(plan.envp));
-    err = errno;
-    if (err == EACCES) {
-      denied = true;
-    } else if (err != ENOENT && err != ENOTDIR) {
-      break;
-    }
-  }
-  if (denied && (err == ENOENT || err == ENOTDIR)) err = EACCES;
-  childFail(plan.report_fd, kStageExec, err);
+  const int err = launch::execFirst(plan.candidates->data(), plan.candidates->size(), plan.argv, plan.envp);
+  childFail(plan.report_fd, plan.via_shim ? kStageShim : kStageExec, err);
 }
 
 std::string describeRank(const std::string& job_id, int attempt, int rank) {
@@ -235,6 +222,9 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
   };
   if (error != nullptr) error->clear();
   if (spec.job_id.empty()) return fail("empty job id");  // Not recorded: there is no job to report it to.
+  if (!options_.state_dir.empty() && (spec.job_id.find('/') != std::string::npos || spec.job_id[0] == '.')) {
+    return fail("job id '" + spec.job_id + "' cannot name a directory");  // Not recorded either.
+  }
 
   const Key key{spec.job_id, spec.attempt, spec.rank};
   {
@@ -328,7 +318,21 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
     }
   }
 
+  // Through the shim: it is exec'd instead, with the program's candidates and argv as its arguments.
+  const bool via_shim = !options_.shim_path.empty();
+  std::vector<std::string> shim_args;
+  if (via_shim) {
+    std::error_code ec;
+    std::filesystem::create_directories(recordDir(key), ec);
+    if (ec) return failRecorded("cannot create " + recordDir(key) + ": " + ec.message());
+    std::filesystem::remove(exitRecordPath(key), ec);  // a previous run of the same rank
+    shim_args = {options_.shim_path, exitRecordPath(key), "", std::to_string(candidate_strings.size())};
+    shim_args.insert(shim_args.end(), candidate_strings.begin(), candidate_strings.end());
+    shim_args.push_back("--");
+    candidate_strings.assign(1, options_.shim_path);
+  }
   std::vector<const char*> argv_ptrs;
+  for (const auto& a : shim_args) argv_ptrs.push_back(a.c_str());
   for (const auto& a : spec.argv) argv_ptrs.push_back(a.c_str());
   argv_ptrs.push_back(nullptr);
   std::vector<const char*> env_ptrs;
@@ -348,10 +352,15 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
     return failRecorded("cannot create a pipe: " + errnoText(errno));
   }
 
+  if (via_shim) {
+    shim_args[2] = std::to_string(report_write.get());
+    argv_ptrs[2] = shim_args[2].c_str();
+  }
+
   ChildPlan plan{argv_ptrs.data(),  env_ptrs.data(),
                  &candidates,       spec.workdir.empty() ? nullptr : spec.workdir.c_str(),
                  stdin_fd.get(),    log_fd.get(),
-                 report_write.get()};
+                 report_write.get(), via_shim};
   state.started_ms = unixNowMs();
   pid_t pid = fork();
   if (pid == 0) runChild(plan);
@@ -373,7 +382,9 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
 
   if (got == sizeof failure) {
     std::string why;
-    if (failure.stage == kStageChdir) {
+    if (failure.stage == kStageShim) {
+      why = "cannot execute the rank shim " + options_.shim_path + ": " + errnoText(failure.err);
+    } else if (failure.stage == kStageChdir) {
       why = "cannot change to the working directory " + spec.workdir + ": " + errnoText(failure.err);
     } else if (failure.stage == kStageExec) {
       why = "cannot execute " + program + ": " + errnoText(failure.err);
@@ -399,6 +410,7 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
   // Any pidfd_open failure (ENOSYS on old kernels, EMFILE) leaves this rank to the polling path.
   int pidfd = options_.use_pidfd ? pidfdOpen(pid) : -1;
   state.running = true;
+  writeRunRecord(key, state);
   {
     std::lock_guard lock(mu_);
     Entry& entry = entries_[key];
@@ -457,6 +469,7 @@ void Supervisor::release(const std::string& job_id, int attempt) {
     const Entry& entry = it->second;
     if (matches(it->first.job_id, it->first.attempt, job_id, attempt) && !entry.starting &&
         !entry.state.running) {
+      removeRecords(it->first);
       it = entries_.erase(it);
     } else {
       ++it;
@@ -512,7 +525,7 @@ bool Supervisor::adopt(const RankState& given, std::string* error) {
     } else {
       // Whatever is left of its group dies, as when a leader exits under our watch (see supervisor.h).
       kill(-pid, SIGKILL);
-      entry.state.exit_code = kExitCodeUnknown;
+      readExitRecord(key, entry.state);
       entry.state.exited_ms = unixNowMs();
       reports_.push_back(entry.state);
     }
@@ -520,6 +533,94 @@ bool Supervisor::adopt(const RankState& given, std::string* error) {
   }
   wake();
   return true;
+}
+
+std::string Supervisor::recordDir(const Key& key) const {
+  return options_.state_dir + "/" + key.job_id + "/attempt-" + std::to_string(key.attempt);
+}
+
+std::string Supervisor::runRecordPath(const Key& key) const {
+  return recordDir(key) + "/rank-" + std::to_string(key.rank) + ".run";
+}
+
+std::string Supervisor::exitRecordPath(const Key& key) const {
+  return recordDir(key) + "/rank-" + std::to_string(key.rank) + ".exit";
+}
+
+void Supervisor::writeRunRecord(const Key& key, const RankState& state) const {
+  if (options_.state_dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(recordDir(key), ec);
+  const std::string path = runRecordPath(key), tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "we");
+  if (f == nullptr) return;  // The rank runs anyway; only its adoption after an agent restart is lost.
+  std::fprintf(f, "pid %d gpu %d started_ms %lld\n", static_cast<int>(state.pid), state.gpu,
+               static_cast<long long>(state.started_ms));
+  const bool ok = std::fclose(f) == 0;
+  if (ok) std::filesystem::rename(tmp, path, ec);
+  if (!ok || ec) std::filesystem::remove(tmp, ec);
+}
+
+void Supervisor::readExitRecord(const Key& key, RankState& state) const {
+  state.exit_code = kExitCodeUnknown;
+  state.signal.reset();
+  if (options_.state_dir.empty()) return;
+  std::ifstream in(exitRecordPath(key));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::optional<int> code, sig;
+  if (launch::parseExitRecord(text, &code, &sig)) {
+    state.exit_code = code;
+    state.signal = sig;
+  }
+}
+
+void Supervisor::removeRecords(const Key& key) const {
+  if (options_.state_dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove(runRecordPath(key), ec);
+  std::filesystem::remove(exitRecordPath(key), ec);
+  // The attempt's and the job's directories go once empty (remove() leaves a non-empty one alone).
+  const std::filesystem::path dir = recordDir(key);
+  if (std::filesystem::remove(dir, ec)) std::filesystem::remove(dir.parent_path(), ec);
+}
+
+std::vector<std::string> Supervisor::recover() {
+  std::vector<std::string> problems;
+  if (options_.state_dir.empty()) return problems;
+  std::error_code ec;
+  // STATE_DIR/JOB/attempt-A/rank-R.run
+  for (const auto& job : std::filesystem::directory_iterator(options_.state_dir, ec)) {
+    if (!job.is_directory()) continue;
+    std::error_code job_ec;
+    for (const auto& attempt_dir : std::filesystem::directory_iterator(job.path(), job_ec)) {
+      int attempt = 0;
+      if (std::sscanf(attempt_dir.path().filename().c_str(), "attempt-%d", &attempt) != 1) continue;
+      std::error_code attempt_ec;
+      for (const auto& file : std::filesystem::directory_iterator(attempt_dir.path(), attempt_ec)) {
+        int rank = -1;
+        char tail[8] = {0};
+        if (std::sscanf(file.path().filename().c_str(), "rank-%d.%7s", &rank, tail) != 2 ||
+            std::string(tail) != "run") {
+          continue;
+        }
+        RankState state;
+        state.job_id = job.path().filename().string();
+        state.attempt = attempt;
+        state.rank = rank;
+        std::ifstream in(file.path());
+        long long started = 0;
+        std::string k1, k2, k3;
+        if (!(in >> k1 >> state.pid >> k2 >> state.gpu >> k3 >> started) || k1 != "pid" || k2 != "gpu") {
+          problems.push_back(file.path().string() + ": unreadable; that rank is not adopted");
+          continue;
+        }
+        state.started_ms = started;
+        std::string error;
+        if (!adopt(state, &error)) problems.push_back(error);
+      }
+    }
+  }
+  return problems;
 }
 
 bool Supervisor::leaderExitedLocked(Entry& entry, bool pidfd_ready) {
@@ -539,7 +640,7 @@ void Supervisor::finishLocked(Entry& entry) {
   // For our children the leader is an unreaped zombie here, so -pid still names this rank's group.
   kill(-pid, SIGKILL);
   if (entry.adopted) {
-    entry.state.exit_code = kExitCodeUnknown;
+    readExitRecord(Key{entry.state.job_id, entry.state.attempt, entry.state.rank}, entry.state);
   } else {
     siginfo_t info{};
     int rc;

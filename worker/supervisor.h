@@ -30,9 +30,14 @@
 //    kernels without pidfd_open it falls back to checking every Options::poll_interval_ms.
 //  - The supervisor reaps only its own ranks, by pid. The host process must not ignore SIGCHLD nor reap
 //    with waitpid(-1): a rank whose status was taken by someone else is reported with kExitCodeUnknown.
-//  - Ranks of a previous agent process are re-adopted with adopt() after a restart. They are not our
-//    children, so their exit status cannot be known: they are reported with exit_code kExitCodeUnknown
-//    (255) and no signal, never as a success.
+//  - Ranks of a previous agent process are re-adopted with adopt() (or recover()) after a restart. They are
+//    not our children, so the kernel does not tell us how they end. With Options::shim_path set, every rank
+//    runs under ddl-rank-shim (worker/rank_shim.cpp), which stays the rank's parent and writes how it ended
+//    into an exit record under Options::state_dir; an adopted rank's exit is read from there. Without a record
+//    (no shim, or the shim itself was killed) it is reported with exit_code kExitCodeUnknown (255) and no
+//    signal, never as a success.
+//  - With Options::state_dir set, each started rank leaves a run record (STATE_DIR/JOB/attempt-A/rank-R.run:
+//    pid, gpu, start time) that recover() reads after a restart; release() deletes a rank's records.
 //  - The destructor does not kill running ranks (an agent restart re-adopts them); it only stops the
 //    thread. Pending stop() escalations and undelivered reports are dropped, and ranks left running stay
 //    un-reaped children of this process until it exits.
@@ -101,6 +106,12 @@ class Supervisor {
     // Tests use it to cover that path.
     bool use_pidfd = true;
     int poll_interval_ms = 200;
+    // ddl-rank-shim's path: every rank is started through it, so that its exit status survives an agent
+    // restart. "": ranks are exec'd directly (an adopted rank's exit is then unknown).
+    std::string shim_path;
+    // Where run and exit records live ("": none are written, recover() finds nothing). Job ids must then be
+    // usable as a directory name.
+    std::string state_dir;
   };
 
   using ExitCallback = std::function<void(const RankState&)>;
@@ -141,6 +152,10 @@ class Supervisor {
   // Returns whether the rank is now held.
   bool adopt(const RankState& state, std::string* error);
 
+  // Adopts every rank whose run record is in Options::state_dir: those a previous agent process started and
+  // did not release. Returns one line per record that could not be adopted (unreadable, or clashing).
+  std::vector<std::string> recover();
+
  private:
   struct Key {
     std::string job_id;
@@ -164,6 +179,13 @@ class Supervisor {
   // Kills what is left of the group, collects the status and queues the report.
   void finishLocked(Entry& entry);
   void signalStopLocked(Entry& entry, int grace_ms);
+  std::string recordDir(const Key& key) const;
+  std::string runRecordPath(const Key& key) const;
+  std::string exitRecordPath(const Key& key) const;
+  void writeRunRecord(const Key& key, const RankState& state) const;
+  // The rank's exit as its shim recorded it, else kExitCodeUnknown.
+  void readExitRecord(const Key& key, RankState& state) const;
+  void removeRecords(const Key& key) const;
   void wake();
 
   const ExitCallback on_exit_;

@@ -26,18 +26,18 @@ std::unique_ptr<Telemetry> Telemetry::fromEnv(int rank, int size) {
   if (fd < 0) return nullptr;
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size());
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (::access(path.c_str(), F_OK) != 0) {
     ::close(fd);
-    return nullptr;  // no agent listening: run without telemetry
+    return nullptr;  // no agent here: run without telemetry
   }
   std::string job = getEnv("DDL_JOB_ID");
   if (job.empty() || job.find_first_of(" \n") != std::string::npos) job = "-";
   const int attempt = std::atoi(getEnv("DDL_JOB_ATTEMPT").c_str());
-  return std::unique_ptr<Telemetry>(new Telemetry(fd, rank, size, job, attempt));
+  return std::unique_ptr<Telemetry>(new Telemetry(fd, addr, rank, size, job, attempt));
 }
 
-Telemetry::Telemetry(int fd, int rank, int size, std::string job, int attempt)
-    : fd_(fd), job_(std::move(job)), attempt_(attempt), rank_(rank), size_(size) {}
+Telemetry::Telemetry(int fd, const sockaddr_un& agent, int rank, int size, std::string job, int attempt)
+    : fd_(fd), agent_(agent), job_(std::move(job)), attempt_(attempt), rank_(rank), size_(size) {}
 
 Telemetry::~Telemetry() {
   if (dirty_) send();
@@ -75,7 +75,10 @@ void Telemetry::send() {
     n += std::snprintf(buf + n, sizeof(buf) - n, "%s%.1f", i ? "," : "", last_dims_[i] * 1e6);
   }
   if (n <= 0 || n >= static_cast<int>(sizeof(buf))) return;
-  (void)::send(fd_, buf, static_cast<size_t>(n), MSG_DONTWAIT | MSG_NOSIGNAL);  // dropped when the agent lags
+  // Addressed by path each time, not connected once: an agent that restarts binds a new socket at the same
+  // path, and the ranks it re-adopts keep reporting to it. Dropped when the agent lags or is away.
+  (void)::sendto(fd_, buf, static_cast<size_t>(n), MSG_DONTWAIT | MSG_NOSIGNAL,
+                 reinterpret_cast<const sockaddr*>(&agent_), sizeof(agent_));
   dirty_ = false;
 }
 

@@ -3,7 +3,7 @@
 //
 // When DDL_AGENT_SOCKET names a Unix datagram socket (ddl-agent sets it for every rank it launches), each
 // finished collective is added to running totals, and at most every 200 ms (plus once at the end) one small
-// datagram goes to the agent, never blocking: if the agent is slow or gone, the datagram is dropped. The cost
+// datagram goes to the agent, never blocking: if the agent is slow or gone (restarting), the datagram is dropped. The cost
 // per collective is a clock read and a few additions; a send happens at most 5 times a second.
 //
 // Datagram (one line of text, space-separated key=value, values without spaces):
@@ -14,6 +14,8 @@
 //
 // Threads: record() is called by the thread running collectives (one at a time per communicator).
 #pragma once
+
+#include <sys/un.h>
 
 #include <chrono>
 #include <cstdint>
@@ -34,10 +36,11 @@ class Telemetry {
   void record(CollKind kind, size_t bytes, int algo, double seconds, const std::vector<double>& dim_seconds);
 
  private:
-  Telemetry(int fd, int rank, int size, std::string job, int attempt);
+  Telemetry(int fd, const sockaddr_un& agent, int rank, int size, std::string job, int attempt);
   void send();
 
   int fd_;
+  sockaddr_un agent_;
   std::string job_;
   int attempt_;
   int rank_, size_;

@@ -200,7 +200,7 @@ test_packages() {
 
   declare -A files=(
     [ddl-coordinator]="usr/bin/ddl-coordinator lib/systemd/system/ddl-coordinator.service etc/ddl/coordinator.json"
-    [ddl-agent]="usr/bin/ddl-agent lib/systemd/system/ddl-agent.service etc/ddl/agent.json"
+    [ddl-agent]="usr/bin/ddl-agent usr/libexec/ddl/ddl-rank-shim lib/systemd/system/ddl-agent.service etc/ddl/agent.json"
     [ddlctl]="usr/bin/ddlctl"
     [libddl]="usr/include/ddl/ddl.h usr/bin/ddlrun usr/bin/ddl-bench"
   )

@@ -94,13 +94,16 @@ class ClusterTest : public ::testing::Test {
     std::getline(in, address_);
     user_ = ddl::v1::UserService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   }
-  void startAgent(int i) {
+  // stop_ranks_on_exit: the tests' agents take their ranks down with them (nothing outlives a test), except
+  // where a test restarts an agent under a running job.
+  void startAgent(int i, bool stop_ranks_on_exit = true) {
     const std::string node = "n" + std::to_string(i);
     const std::string ports = i == 1 ? "31000-31099" : "31100-31199";
-    agents_[node] = spawn({std::string(DDL_BIN_DIR) + "/ddl-agent", "--coordinator", address_, "--node", node,
-                           "--address", "127.0.0.1", "--labels", "switch=s1", "--virtual-gpus", "2",
-                           "--force-virtual", "--data-dir", (dir_ / node).string(), "--port-range", ports},
-                          dir_ / ("agent-" + node + ".log"));
+    std::vector<std::string> argv = {std::string(DDL_BIN_DIR) + "/ddl-agent", "--coordinator", address_, "--node",
+                                     node, "--address", "127.0.0.1", "--labels", "switch=s1", "--virtual-gpus", "2",
+                                     "--force-virtual", "--data-dir", (dir_ / node).string(), "--port-range", ports};
+    if (stop_ranks_on_exit) argv.push_back("--stop-ranks-on-exit");
+    agents_[node] = spawn(argv, dir_ / ("agent-" + node + ".log"));
   }
   // SIGTERM, then SIGKILL after 15 s: a clean stop is part of what is tested, but never hang.
   static void stop(pid_t& pid) {
@@ -259,6 +262,37 @@ TEST_F(ClusterTest, KilledAgentMarksNodeDownAndFailsOnlyItsJob) {
   EXPECT_EQ(job(b).state(), ddl::v1::RUNNING);
   // The killed agent's ranks were left behind (it had no chance to stop them); clean up after the test.
   std::system(("pkill -f " + marker).c_str());
+}
+
+// An agent upgrade mid-job: the agent restarts, its ranks keep running, the new agent adopts them and reports
+// how each one really ended (through ddl-rank-shim's exit records), so the job's outcome is the true one.
+TEST_F(ClusterTest, AgentRestartMidJobAdoptsItsRanksAndTheirExitCodes) {
+  stop(agents_["n1"]);
+  startAgent(1, /*stop_ranks_on_exit=*/false);
+  ASSERT_TRUE(waitFor([&] { return upNodes() == 2; }, 10000));
+  const std::string marker = "64." + std::to_string(getpid());
+  const std::string gate = (dir_ / "gate").string();
+  // On n1 (its DDL_AGENT_SOCKET lies in n1's data dir), local rank 1 exits 5 a moment after local rank 0 exits
+  // 0: if an adopted rank's clean exit were reported as unknown (255), the job would fail with 255 instead.
+  std::string id = submit(2, 2, {"/bin/sh", "-c", "while [ ! -e " + gate + " ]; do sleep 0.05; done; " +
+                                                      "case \"$DDL_AGENT_SOCKET\" in */n1/*) ;; *) exit 0;; esac; "
+                                                      "[ \"$LOCAL_RANK\" = 0 ] && exit 0; sleep 0.5; exit 5",
+                                 marker});
+  ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000));
+  stop(agents_["n1"]);  // SIGTERM: the agent exits, its ranks stay
+  ASSERT_TRUE(processWithMarker(marker));
+  startAgent(1, /*stop_ranks_on_exit=*/false);
+  ASSERT_TRUE(waitFor([&] { return slurp(dir_ / "agent-n1.log").find("adopted 2 ranks") != std::string::npos; },
+                      10000))
+      << slurp(dir_ / "agent-n1.log");
+  ASSERT_TRUE(waitFor([&] { return upNodes() == 2; }, 10000));
+  EXPECT_EQ(job(id).state(), ddl::v1::RUNNING) << job(id).DebugString();
+  std::ofstream(gate) << "go\n";
+  ASSERT_TRUE(reaches(id, ddl::v1::FAILED, 30000)) << job(id).DebugString();
+  auto j = job(id);
+  EXPECT_EQ(j.failure().host(), "n1");
+  EXPECT_EQ(j.failure().exit_code(), 5) << j.DebugString();
+  EXPECT_TRUE(waitFor([&] { return !processWithMarker(marker); }, 15000));
 }
 
 TEST_F(ClusterTest, CoordinatorKilledMidJobRestartsAndTheJobStillSucceeds) {

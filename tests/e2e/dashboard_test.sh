@@ -40,7 +40,7 @@ web=http://$(cat "$tmp/c/coordinator.http")
 echo "coordinator $grpc, dashboard $web"
 for i in 1 2; do
   "$bin/ddl-agent" --coordinator "$grpc" --node "n$i" --address 127.0.0.1 --labels "rack=r1,switch=s$i" \
-    --virtual-gpus 2 --force-virtual --data-dir "$tmp/n$i" --port-range "3$((3 + i))000-3$((3 + i))099" \
+    --virtual-gpus 2 --force-virtual --data-dir "$tmp/n$i" --port-range "3$((3 + i))000-3$((3 + i))099" --stop-ranks-on-exit \
     >"$tmp/agent-n$i.log" 2>&1 &
   pids+=($!)
 done

@@ -268,7 +268,7 @@ for n in 1 2; do
   ns_var=NS_H$n
   log "starting ddl-agent host$n in ${!ns_var} at 198.18.0.$((n + 1))"
   ip netns exec "${!ns_var}" "${host_ns[@]}" "$BIN/ddl-agent" --coordinator "$COORD" --node "host$n" \
-    --address "198.18.0.$((n + 1))" --labels switch=s1 --virtual-gpus 2 --force-virtual --data-dir "$tmp/host$n" \
+    --address "198.18.0.$((n + 1))" --labels switch=s1 --virtual-gpus 2 --force-virtual --data-dir "$tmp/host$n" --stop-ranks-on-exit \
     >"$tmp/agent-host$n.log" 2>&1 &
   PIDS[agent-host$n]=$!
 done

@@ -1,5 +1,7 @@
-// Supervisor tests with real processes (/bin/sh, sleep). Every test runs twice: waiting on pidfds, and on the
-// polling fallback used where pidfd_open is missing. Every wait is bounded; the suite takes a few seconds.
+// Supervisor tests with real processes (/bin/sh, sleep). Every test runs four times: waiting on pidfds, and on
+// the polling fallback used where pidfd_open is missing; each with ranks exec'd directly and through
+// ddl-rank-shim (which must not change anything a rank or the agent sees). Every wait is bounded; the suite
+// takes a few seconds.
 #include "supervisor.h"
 
 #include <fcntl.h>
@@ -97,16 +99,27 @@ pid_t waitForPidFile(const fs::path& path) {
   return pid;
 }
 
-class SupervisorTest : public ::testing::TestWithParam<bool> {
+struct Mode {
+  bool pidfd;
+  bool shim;
+};
+
+class SupervisorTest : public ::testing::TestWithParam<Mode> {
  protected:
   void SetUp() override {
     char tmpl[] = "/tmp/ddl-supervisor-test-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = fs::canonical(tmpl);
+    sup_ = std::make_unique<Supervisor>([this](const RankState& s) { recorder_.record(s); }, options());
+  }
+
+  Supervisor::Options options() const {
     Supervisor::Options options;
-    options.use_pidfd = GetParam();
+    options.use_pidfd = GetParam().pidfd;
     options.poll_interval_ms = 50;
-    sup_ = std::make_unique<Supervisor>([this](const RankState& s) { recorder_.record(s); }, options);
+    options.state_dir = (dir_ / "state").string();
+    if (GetParam().shim) options.shim_path = DDL_BIN_DIR "/ddl-rank-shim";
+    return options;
   }
 
   void TearDown() override {
@@ -397,9 +410,6 @@ TEST_P(SupervisorTest, CallbackMayCallBackIntoTheSupervisor) {
   std::mutex mu;
   std::vector<size_t> held_in_callback;
   Supervisor* self = nullptr;
-  Supervisor::Options options;
-  options.use_pidfd = GetParam();
-  options.poll_interval_ms = 50;
   Supervisor sup(
       [&](const RankState& s) {
         size_t held = self->ranks().size();
@@ -407,7 +417,7 @@ TEST_P(SupervisorTest, CallbackMayCallBackIntoTheSupervisor) {
         std::lock_guard lock(mu);
         held_in_callback.push_back(held);
       },
-      options);
+      options());
   self = &sup;
   std::string error;
   sup.start(shell("j1", 0, "exit 0"), &error);
@@ -491,9 +501,102 @@ TEST_P(SupervisorTest, DestructorLeavesRanksRunningAndReturnsPromptly) {
   EXPECT_EQ(waitpid(state.pid, nullptr, 0), state.pid);
 }
 
-INSTANTIATE_TEST_SUITE_P(Waiting, SupervisorTest, ::testing::Values(true, false),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Pidfd" : "Polling";
+// An agent restart: the first supervisor goes (its ranks keep running), a second one on the same state dir
+// recovers them from their run records and learns how each ended from its shim's exit record.
+TEST_P(SupervisorTest, RecoveredRanksReportTheirRealExitThroughTheShim) {
+  fs::path gate = dir_ / "gate";
+  RankState slow = mustStart(shell("j1", 0, "while [ ! -e " + gate.string() + " ]; do sleep 0.05; done; exit 3"));
+  RankState killed = mustStart(shell("j1", 1, "while [ ! -e " + gate.string() + " ]; do sleep 0.05; done; kill -USR1 $$"));
+  RankSpec quick_spec = shell("j1", 2, "exit 4");
+  quick_spec.gpu = 5;
+  RankState quick = mustStart(quick_spec);
+  ASSERT_TRUE(recorder_.waitFor("j1", 1, 2).has_value());
+  sup_.reset();  // The "agent" exits: ranks 0 and 1 are still running, rank 2 exited but was never released.
+
+  Recorder second;
+  Supervisor sup([&](const RankState& s) { second.record(s); }, options());
+  EXPECT_EQ(sup.recover(), std::vector<std::string>{});
+  auto held = sup.ranks();
+  ASSERT_EQ(held.size(), 3u);
+  EXPECT_TRUE(held[0].running);
+  EXPECT_EQ(held[0].pid, slow.pid);
+  EXPECT_EQ(held[0].started_ms, slow.started_ms);
+  EXPECT_EQ(held[2].gpu, 5);
+  std::ofstream(gate) << "go\n";
+
+  auto r0 = second.waitFor("j1", 1, 0), r1 = second.waitFor("j1", 1, 1), r2 = second.waitFor("j1", 1, 2);
+  ASSERT_TRUE(r0 && r1 && r2);
+  if (GetParam().shim) {
+    EXPECT_EQ(r0->exit_code, 3);
+    EXPECT_EQ(r1->signal, SIGUSR1);
+    EXPECT_EQ(r1->exit_code, std::nullopt);
+    EXPECT_EQ(r2->exit_code, 4);
+  } else {  // Without the shim nobody recorded it: unknown, never a success.
+    EXPECT_EQ(r0->exit_code, Supervisor::kExitCodeUnknown);
+    EXPECT_EQ(r1->exit_code, Supervisor::kExitCodeUnknown);
+    EXPECT_EQ(r2->exit_code, Supervisor::kExitCodeUnknown);
+  }
+  // Releasing forgets them, records included.
+  sup.release("j1", 0);
+  EXPECT_TRUE(sup.ranks().empty());
+  EXPECT_FALSE(fs::exists(dir_ / "state" / "j1"));
+  // This test process is still the parent of the shims (or ranks) it started: reap them.
+  for (pid_t pid : {slow.pid, killed.pid, quick.pid}) waitpid(pid, nullptr, 0);
+}
+
+TEST_P(SupervisorTest, StopReachesARecoveredRank) {
+  RankState state = mustStart(shell("j1", 0, "exec sleep 100"));
+  sup_.reset();
+  Recorder second;
+  Supervisor sup([&](const RankState& s) { second.record(s); }, options());
+  EXPECT_EQ(sup.recover(), std::vector<std::string>{});
+  sup.stop("j1", 0, 5000);
+  auto exit = second.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_TRUE(exit->stop_requested);
+  if (GetParam().shim) {
+    EXPECT_EQ(exit->signal, SIGTERM);
+  }
+  waitpid(state.pid, nullptr, 0);
+}
+
+TEST_P(SupervisorTest, RecoverSkipsUnreadableRecordsAndNamesThem) {
+  fs::create_directories(dir_ / "state" / "j9" / "attempt-2");
+  std::ofstream(dir_ / "state" / "j9" / "attempt-2" / "rank-0.run") << "garbage\n";
+  std::ofstream(dir_ / "state" / "j9" / "attempt-2" / "notes.txt") << "not a record\n";
+  auto problems = sup_->recover();
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("rank-0.run: unreadable"), std::string::npos) << problems[0];
+  EXPECT_TRUE(sup_->ranks().empty());
+}
+
+TEST_P(SupervisorTest, JobIdsThatCannotNameADirectoryAreRefused) {
+  std::string error;
+  RankState state = sup_->start(shell("../evil", 0, "exit 0"), &error);
+  EXPECT_NE(error.find("cannot name a directory"), std::string::npos) << error;
+  EXPECT_EQ(state.pid, -1);
+  EXPECT_TRUE(sup_->ranks().empty());
+}
+
+TEST_P(SupervisorTest, AMissingShimIsExplained) {
+  if (!GetParam().shim) GTEST_SKIP() << "only with the shim";
+  Supervisor::Options broken = options();
+  broken.shim_path = (dir_ / "no-such-shim").string();
+  Recorder rec;
+  Supervisor sup([&](const RankState& s) { rec.record(s); }, broken);
+  std::string error;
+  RankState state = sup.start(shell("j1", 0, "exit 0"), &error);
+  EXPECT_NE(error.find("cannot execute the rank shim"), std::string::npos) << error;
+  EXPECT_EQ(state.exit_code, Supervisor::kExitCodeNotFound);
+  ASSERT_TRUE(rec.waitFor("j1", 1, 0).has_value());
+}
+
+INSTANTIATE_TEST_SUITE_P(Waiting, SupervisorTest,
+                         ::testing::Values(Mode{true, false}, Mode{false, false}, Mode{true, true},
+                                           Mode{false, true}),
+                         [](const ::testing::TestParamInfo<Mode>& info) {
+                           return std::string(info.param.pidfd ? "Pidfd" : "Polling") +
+                                  (info.param.shim ? "Shim" : "Direct");
                          });
 
 }  // namespace

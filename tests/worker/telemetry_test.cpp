@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <thread>
 
 #include "telemetry.h"
@@ -66,6 +67,33 @@ TEST(TelemetryTest, LibddlReportsReachTheListener) {
   EXPECT_NEAR(p->dims_us(1), 1200, 1);
   listener.forget("j-000042", 0);
   EXPECT_FALSE(listener.latest("j-000042", 1, 1).has_value());
+}
+
+// An agent restart: the listener's socket is replaced at the same path while the rank keeps running; the rank's
+// later reports reach the new one.
+TEST(TelemetryTest, ReportsReachAListenerRestartedAtTheSamePath) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ddl-telemetry-re-" + std::to_string(getpid()) + ".sock")).string();
+  std::string error;
+  auto first = std::make_unique<TelemetryListener>(path, &error);
+  ASSERT_EQ(error, "");
+  setenv("DDL_AGENT_SOCKET", path.c_str(), 1);
+  setenv("DDL_JOB_ID", "j-000043", 1);
+  setenv("DDL_JOB_ATTEMPT", "1", 1);
+  auto reporter = ddl::Telemetry::fromEnv(/*rank=*/0, /*size=*/2);
+  unsetenv("DDL_AGENT_SOCKET");
+  ASSERT_NE(reporter, nullptr);
+  first.reset();
+  TelemetryListener second(path, &error);
+  ASSERT_EQ(error, "");
+  reporter->record(ddl::CollKind::kAllReduce, 4096, 0, 0.001, {});  // the first record is sent at once
+  std::optional<ddl::v1::RankProgress> p;
+  for (int i = 0; i < 100 && !p; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    p = second.latest("j-000043", 1, 0);
+  }
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->collectives(), 1);
 }
 
 TEST(TelemetryTest, NoAgentMeansNoReporter) {

@@ -1,0 +1,154 @@
+// ddl-rank-shim: the leader of every rank's process group, between ddl-agent and the rank's program.
+//
+// Why it exists: a rank must outlive an agent restart (an upgrade, a crash), and the agent that re-adopts it is
+// not its parent, so the kernel would never tell it how the rank ended. The shim is the rank's parent for the
+// rank's whole life: it waits for the program and writes how it ended into an exit record, which any later
+// agent reads. It then ends the same way (the same exit code, or the same signal), so the agent that did
+// start it sees no difference.
+//
+//   ddl-rank-shim EXIT_RECORD REPORT_FD N CANDIDATE_1 .. CANDIDATE_N -- ARGV...
+//
+// The supervisor execs it in the rank's new session with the rank's environment, working directory and log
+// already in place; CANDIDATE_i are the paths to try for ARGV[0] (the supervisor's PATH search) and REPORT_FD
+// the supervisor's report pipe (launch_protocol.h), on which the shim forwards whether the program could be
+// executed. Not meant to be run by hand.
+//
+// Signals: the shim blocks every signal it can, so a signal sent to the rank's group (SIGTERM from a stop, a
+// user's SIGUSR1 to the launcher) reaches the program and not the shim; the program starts with none blocked.
+// SIGKILL to the group ends both, and then no record is written: the reader reports the exit as unknown.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "launch_protocol.h"
+
+extern char** environ;
+
+namespace {
+
+using ddl::worker::launch::Failure;
+
+bool writeAll(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Written next to the record and renamed over it, so a reader sees all of it or nothing.
+void writeRecord(const char* path, const std::string& text) {
+  const std::string tmp = std::string(path) + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::fprintf(stderr, "ddl-rank-shim: cannot write the exit record %s: %s\n", tmp.c_str(), std::strerror(errno));
+    return;
+  }
+  bool ok = writeAll(fd, text.data(), text.size());
+  close(fd);
+  if (!ok || rename(tmp.c_str(), path) != 0) {
+    std::fprintf(stderr, "ddl-rank-shim: cannot write the exit record %s: %s\n", path, std::strerror(errno));
+    unlink(tmp.c_str());
+  }
+}
+
+[[noreturn]] void usage() {
+  std::fprintf(stderr,
+               "usage: ddl-rank-shim EXIT_RECORD REPORT_FD N CANDIDATE... -- ARGV...\n"
+               "ddl-agent starts every rank through it; it is not meant to be run by hand.\n");
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 6) usage();
+  const char* record = argv[1];
+  char* end = nullptr;
+  const long report_fd = std::strtol(argv[2], &end, 10);
+  if (*end != '\0' || report_fd < 0) usage();
+  const long n = std::strtol(argv[3], &end, 10);
+  if (*end != '\0' || n < 1 || n > argc - 6) usage();
+  char** candidates = argv + 4;
+  if (std::strcmp(argv[4 + n], "--") != 0 || argv[5 + n] == nullptr) usage();
+  char** program = argv + 5 + n;
+
+  // The report pipe must not reach the program: the supervisor waits for its end-of-file.
+  fcntl(static_cast<int>(report_fd), F_SETFD, FD_CLOEXEC);
+  sigset_t all, none;
+  sigfillset(&all);
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &all, nullptr);
+
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    Failure failure{ddl::worker::launch::kStageSetup, errno};
+    writeAll(static_cast<int>(report_fd), &failure, sizeof failure);
+    return ddl::worker::launch::exitCodeFor(failure.stage, failure.err);
+  }
+  const pid_t child = fork();
+  if (child == 0) {
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    const int err = ddl::worker::launch::execFirst(candidates, static_cast<size_t>(n), program, environ);
+    Failure failure{ddl::worker::launch::kStageExec, err};
+    writeAll(pipe_fds[1], &failure, sizeof failure);
+    _exit(ddl::worker::launch::exitCodeFor(failure.stage, failure.err));
+  }
+  const int fork_errno = errno;
+  close(pipe_fds[1]);
+  if (child < 0) {
+    Failure failure{ddl::worker::launch::kStageSetup, fork_errno};
+    writeAll(static_cast<int>(report_fd), &failure, sizeof failure);
+    return ddl::worker::launch::exitCodeFor(failure.stage, failure.err);
+  }
+  Failure failure{};
+  size_t got = 0;
+  while (got < sizeof failure) {
+    ssize_t r = read(pipe_fds[0], reinterpret_cast<char*>(&failure) + got, sizeof failure - got);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else if (r == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  close(pipe_fds[0]);
+  if (got == sizeof failure) writeAll(static_cast<int>(report_fd), &failure, sizeof failure);
+  close(static_cast<int>(report_fd));  // end-of-file: the supervisor's start() returns
+
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0) {
+    if (errno != EINTR) {
+      writeRecord(record, ddl::worker::launch::formatExitRecord(255, std::nullopt));
+      return 255;
+    }
+  }
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    writeRecord(record, ddl::worker::launch::formatExitRecord(std::nullopt, sig));
+    // End by the same signal, without a second core dump, so our own parent sees what the program saw.
+    rlimit no_core{0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    signal(sig, SIG_DFL);
+    sigset_t just;
+    sigemptyset(&just);
+    sigaddset(&just, sig);
+    sigprocmask(SIG_UNBLOCK, &just, nullptr);
+    raise(sig);
+    _exit(128 + sig);  // a signal that does not kill by default (SIGCHLD, ...): only an exit code is left
+  }
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 255;
+  writeRecord(record, ddl::worker::launch::formatExitRecord(code, std::nullopt));
+  return code;
+}
