@@ -5,9 +5,13 @@
 #include <cstring>
 
 #include "dtype.h"
+#include "algo/tune.h"
 #include "error.h"
 #include "reduce.h"
 #include "ucx_transport.h"
+#ifdef DDL_HAVE_CUDA
+#include "staged_allreduce.h"
+#endif
 
 namespace ddl {
 
@@ -31,7 +35,8 @@ std::unique_ptr<Comm> Comm::create(int nranks, int rank, const std::string& root
 
   // Every rank must agree on the shape of the communicator, and each rank number must be taken once.
   const std::string shape = "nranks=" + std::to_string(nranks) + " topology=" + options.topology.str() +
-                            " algo=" + algoName(options.algo) + " segment=" + std::to_string(options.segment_bytes);
+                            " algo=" + algoName(options.algo) + " segment=" + std::to_string(options.segment_bytes) +
+                            " tune=" + (options.tune ? options.tune->digest() : std::string("built-in"));
   if (store->add("joined/" + std::to_string(rank), 1) != 1) {
     fail(ddlInvalidArgument, "two processes claim rank " + std::to_string(rank) + " of the communicator at " +
                                  root + " (check DDL_RANK)");
@@ -44,7 +49,7 @@ std::unique_ptr<Comm> Comm::create(int nranks, int rank, const std::string& root
       fail(ddlInvalidArgument, "rank 0 created the communicator with " + root_shape + " but rank " +
                                    std::to_string(rank) + " has " + shape +
                                    " (DDL_WORLD_SIZE, DDL_TOPOLOGY, DDL_ALGO and DDL_SEGMENT_BYTES must be the same "
-                                   "on every rank)");
+                                   "on every rank, and DDL_TUNE_FILE must hold the same rules)");
     }
   }
   auto transport = createUcxTransport(rank, nranks, *store, deadline);
@@ -61,6 +66,9 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
   mdring_grid_ = mdringGrid(options_.topology);
   channel_ = std::make_unique<Channel>(std::move(transport), options_.timeout_ms);
   telemetry_ = Telemetry::fromEnv(rank_, size_);
+#ifdef DDL_HAVE_CUDA
+  device_ = cuda::makeStagedAllReduce(rank_, channel_->transport().deviceMemory());
+#endif
 }
 
 Comm::~Comm() { shutdown(); }
@@ -84,6 +92,7 @@ void Comm::shutdown() {
       // Best effort: a peer that left first is no reason to fail the teardown.
     }
   }
+  device_.reset();
   channel_.reset();
   store_.reset();
   store_server_.reset();
@@ -160,9 +169,11 @@ size_t checkedBytes(size_t count, size_t elem, size_t factor = 1) {
 }
 }  // namespace
 
-Algo Comm::allReduceAlgo(size_t bytes) const {
-  return selectAllReduce(options_.algo, options_.topology, size_, bytes);
+AllReduceChoice Comm::allReduceChoice(size_t bytes) const {
+  return chooseAllReduce(options_.algo, options_.segment_bytes, options_.tune.get(), options_.topology, size_, bytes);
 }
+
+Algo Comm::allReduceAlgo(size_t bytes) const { return allReduceChoice(bytes).algo; }
 
 void Comm::allReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
   checkType("datatype", type);
@@ -170,14 +181,43 @@ void Comm::allReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataTy
   checkBuffers(sendbuf, recvbuf, count);
   checkedBytes(count, typeSize(type));
   drainAsync();
-  allReduceNow(sendbuf, recvbuf, count, type, op);
+  allReduceAny(sendbuf, recvbuf, count, type, op);
+}
+
+void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
+  if (count == 0 || !device_ || !device_->handles(sendbuf, recvbuf)) {
+    return allReduceNow(sendbuf, recvbuf, count, type, op);
+  }
+  try {
+    device_->allReduce(sendbuf, recvbuf, count, type,
+                       [&](const void* src, void* dst, size_t n) { allReduceNow(src, dst, n, type, op); });
+  } catch (const Error& e) {
+    // A failure between the chunks' collectives (a CUDA call) happens outside run(), yet the peers are
+    // already in, or on their way to, the next chunk's collective: break and tell them, as run() does.
+    if (broken_.load() == ddlSuccess) {
+      breakWith(e.code(), e.what());
+      std::lock_guard<std::mutex> lk(op_mu_);
+      channel_->notifyPeers(e.what());
+    }
+    throw;
+  }
+}
+
+void Comm::refuseDevice(const void* sendbuf, const void* recvbuf) const {
+  if (device_ && device_->handles(sendbuf, recvbuf)) {
+    fail(ddlInvalidArgument,
+         "a buffer is CUDA device memory: only ddlAllReduce and ddlIallReduce take device buffers in this "
+         "version (copy the data to host memory first)");
+  }
 }
 
 void Comm::allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
   if (count == 0) return;
   const size_t bytes = count * typeSize(type);
-  const DataSpec d = spec(type, op, bytes);
-  const Algo algo = allReduceAlgo(bytes);
+  const AllReduceChoice choice = allReduceChoice(bytes);
+  DataSpec d = spec(type, op, bytes);
+  d.segment_bytes = choice.segment_bytes;
+  const Algo algo = choice.algo;
   run(CollKind::kAllReduce, type, op, count, 0, static_cast<int>(algo), [&](Session& s) {
     switch (algo) {
       case Algo::kRhd: rhdAllReduce(s, d, sendbuf, recvbuf, count); break;
@@ -195,6 +235,7 @@ void Comm::broadcast(const void* sendbuf, void* recvbuf, size_t count, ddlDataTy
   }
   if (count && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL");
   if (count && rank_ == root && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL on the root");
+  if (count) refuseDevice(rank_ == root ? sendbuf : nullptr, recvbuf);
   const size_t bytes = checkedBytes(count, typeSize(type));
   drainAsync();
   if (count == 0) return;
@@ -206,6 +247,7 @@ void Comm::broadcast(const void* sendbuf, void* recvbuf, size_t count, ddlDataTy
 void Comm::allGather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type) {
   checkType("datatype", type);
   checkBuffers(sendbuf, recvbuf, sendcount);
+  if (sendcount) refuseDevice(sendbuf, recvbuf);
   const size_t bytes = checkedBytes(sendcount, typeSize(type), size_);
   drainAsync();
   if (sendcount == 0) return;
@@ -219,6 +261,7 @@ void Comm::reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, d
   checkType("datatype", type);
   checkOp(op);
   checkBuffers(sendbuf, recvbuf, recvcount);
+  if (recvcount) refuseDevice(sendbuf, recvbuf);
   const size_t bytes = checkedBytes(recvcount, typeSize(type), size_);
   drainAsync();
   if (recvcount == 0) return;
@@ -245,7 +288,7 @@ std::shared_ptr<AsyncOp> Comm::iallReduce(const void* sendbuf, void* recvbuf, si
     ++in_flight_;
     queue_.push_back([this, result, sendbuf, recvbuf, count, type, op] {
       try {
-        allReduceNow(sendbuf, recvbuf, count, type, op);
+        allReduceAny(sendbuf, recvbuf, count, type, op);
       } catch (const Error& e) {
         result->result = e.code();
         result->error = e.what();

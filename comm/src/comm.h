@@ -8,6 +8,9 @@
 // Threads: collectives are called by one user thread at a time. Non-blocking collectives run on the
 // communicator's executor thread, in call order; a blocking call first waits for the queued ones, so the
 // order on the wire is always the order of calls. abort() and asyncError() may be called from any thread.
+//
+// Device buffers (builds with CUDA): allReduce and iallReduce hand them to a DeviceAllReduce, which runs the
+// host collective chunk by chunk on staged copies; the other collectives refuse them with an argument error.
 #pragma once
 
 #include <atomic>
@@ -21,6 +24,7 @@
 
 #include "algo/algo.h"
 #include "ddl/ddl.h"
+#include "device_allreduce.h"
 #include "env.h"
 #include "session.h"
 #include "store.h"
@@ -69,11 +73,17 @@ class Comm {
 
   // The algorithm auto selection would use for an allreduce of bytes (for tools and tests).
   Algo allReduceAlgo(size_t bytes) const;
+  // The algorithm and segment size an allreduce of bytes uses (forced settings, then the tuning table).
+  AllReduceChoice allReduceChoice(size_t bytes) const;
 
  private:
   void run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant,
            const std::function<void(Session&)>& body);
+  // Host or device buffers: the device path when device_ handles them, else allReduceNow.
+  void allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op);
   void allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op);
+  // Throws ddlInvalidArgument when a buffer of a collective without a device path is device memory.
+  void refuseDevice(const void* sendbuf, const void* recvbuf) const;
   void checkType(const char* what, ddlDataType_t type) const;
   void checkOp(ddlRedOp_t op) const;
   void checkBuffers(const void* sendbuf, const void* recvbuf, size_t count) const;
@@ -89,6 +99,7 @@ class Comm {
   std::unique_ptr<TcpStoreServer> store_server_;  // rank 0 only
   std::unique_ptr<Store> store_;
   std::unique_ptr<Channel> channel_;
+  std::unique_ptr<DeviceAllReduce> device_;  // null in builds without CUDA
 
   std::mutex op_mu_;  // one collective at a time on the channel
 

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "algo/tune.h"
 #include "error.h"
 
 namespace ddl {
@@ -66,6 +67,7 @@ Options resolveOptions(const ddlConfig_t* config, int nranks) {
   } else if (auto v = getEnv("DDL_SEGMENT_BYTES"); !v.empty()) {
     o.segment_bytes = static_cast<size_t>(parseInt(v, "DDL_SEGMENT_BYTES", 1, 1LL << 30));
   }
+  if (auto v = getEnv("DDL_TUNE_FILE"); !v.empty()) o.tune = TuneTable::load(v);
   return o;
 }
 

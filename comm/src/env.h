@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "ddl/ddl.h"
@@ -14,11 +15,14 @@ const char* algoName(Algo a);
 
 constexpr int kDefaultTimeoutMs = 300000;
 
+class TuneTable;
+
 struct Options {
   int timeout_ms = kDefaultTimeoutMs;
   Topology topology;
   Algo algo = Algo::kAuto;
   size_t segment_bytes = 0;  // 0: automatic
+  std::shared_ptr<const TuneTable> tune;  // DDL_TUNE_FILE; null: the built-in table
 };
 
 // Throws ddlInvalidArgument naming the bad field or variable and its value.

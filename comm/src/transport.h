@@ -55,6 +55,9 @@ class Transport {
   // Blocks the calling thread for at most timeout_us, or until the transport has news, whichever is first.
   // Used after spinning has found nothing, so idle ranks leave the CPU to others.
   virtual void idleWait(int timeout_us) = 0;
+  // True when send and recv accept CUDA device memory (UCX built with CUDA support). Informational for now:
+  // device buffers are staged through host memory either way (comm/cuda/staged_allreduce.cpp).
+  virtual bool deviceMemory() const { return false; }
 };
 
 }  // namespace ddl

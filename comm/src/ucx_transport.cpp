@@ -256,6 +256,13 @@ class UcxTransport : public Transport {
     }
   }
 
+  bool deviceMemory() const override {
+    ucp_context_attr_t attr{};
+    attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    return context_ && ucp_context_query(context_, &attr) == UCS_OK &&
+           (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  }
+
  private:
   int rank_;
   std::vector<Peer> peers_;  // fixed size: error handlers hold pointers into it

@@ -5,6 +5,9 @@
 //   comm_worker all        every collective, several sizes and algorithms, results checked
 //   comm_worker loop N     N allreduces of 1 MiB, printing "iter k" (the kill-a-rank test)
 //   comm_worker mismatch   rank 1 calls allreduce with a different count than the others
+//   comm_worker device     allreduce of CUDA device buffers; exits 77 printing "SKIP <why>" where it cannot
+//                          run (no GPU, or built without CUDA)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +17,10 @@
 #include <vector>
 
 #include "ddl/ddl.h"
+
+#ifdef DDL_WORKER_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace {
 
@@ -88,14 +95,77 @@ void runAll(ddlComm_t comm, int rank, int n) {
   std::printf("OK all rank %d of %d\n", rank, n);
 }
 
+// Exits 77 with the reason when this process cannot run device buffers; called before the communicator exists,
+// so every rank skips alike.
+void requireDevice() {
+#ifndef DDL_WORKER_CUDA
+  std::printf("SKIP comm_worker was built without CUDA\n");
+  std::exit(77);
+#else
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0) {
+    std::printf("SKIP no CUDA device (%s)\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0");
+    std::exit(77);
+  }
+#endif
+}
+
+#ifdef DDL_WORKER_CUDA
+#define CUDA_CHECK(call)                                                               \
+  do {                                                                                 \
+    cudaError_t e_ = (call);                                                           \
+    if (e_ != cudaSuccess) wrong(std::string(#call) + ": " + cudaGetErrorString(e_)); \
+  } while (0)
+
+void runDevice(ddlComm_t comm, int rank, int n) {
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  CUDA_CHECK(cudaSetDevice(rank % devices));
+  for (size_t count : {size_t{1000}, size_t{3000001}}) {
+    std::vector<float> in(count), out(count);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i + rank) % 5);
+    void* send = nullptr;
+    void* recv = nullptr;
+    CUDA_CHECK(cudaMalloc(&send, count * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&recv, count * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(send, in.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+    CHECK(comm, ddlAllReduce(send, recv, count, ddlFloat32, ddlSum, comm));
+    CUDA_CHECK(cudaMemcpy(out.data(), recv, count * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += static_cast<float>((i + r) % 5);
+      if (out[i] != want) wrong("device allreduce count " + std::to_string(count) + " at " + std::to_string(i));
+    }
+    // Non-blocking, in place.
+    ddlRequest_t req;
+    CHECK(comm, ddlIallReduce(send, send, count, ddlFloat32, ddlMax, comm, &req));
+    CHECK(comm, ddlWait(req));
+    CUDA_CHECK(cudaMemcpy(out.data(), send, count * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want = std::max(want, static_cast<float>((i + r) % 5));
+      if (out[i] != want) wrong("device iallreduce max at " + std::to_string(i));
+    }
+    CUDA_CHECK(cudaFree(send));
+    CUDA_CHECK(cudaFree(recv));
+  }
+  std::printf("OK device rank %d of %d\n", rank, n);
+}
+#else
+void runDevice(ddlComm_t, int, int) {}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: comm_worker all | loop N | mismatch\n");
+    std::fprintf(stderr, "usage: comm_worker all | loop N | mismatch | device\n");
     return 2;
   }
   const std::string mode = argv[1];
+  if (mode == "device") requireDevice();
   ddlComm_t comm = nullptr;
   ddlConfig_t cfg = DDL_CONFIG_INITIALIZER;
   ddlResult_t r = ddlCommInitFromEnv(&comm, &cfg);
@@ -115,6 +185,8 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     std::printf("OK loop\n");
+  } else if (mode == "device") {
+    runDevice(comm, rank, n);
   } else if (mode == "mismatch") {
     const size_t count = rank == 1 ? 5000 : 4096;
     std::vector<float> buf(count, 1.0f);

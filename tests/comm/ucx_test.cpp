@@ -4,6 +4,8 @@
 // environment, each writing its output to a file that the test reads.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+
+#include <iterator>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -224,6 +226,18 @@ INSTANTIATE_TEST_SUITE_P(Transports, UcxFailures, testing::Values(kTcp, kShm),
 
 std::string rootAddr() { return "127.0.0.1:" + std::to_string(freePort()); }
 
+// CUDA device buffers across processes over shared memory: libddl.so's own static CUDA runtime next to the
+// program's. Skips (with comm_worker's reason) without a GPU or in a build without CUDA.
+TEST(UcxDevice, DeviceBufferAllReduceAcrossProcesses) {
+  Ranks ranks(2, {"device"}, {{"UCX_TLS", "sm,self"}, {"DDL_TIMEOUT_MS", "60000"}});
+  ASSERT_TRUE(ranks.waitAll(240s)) << "ranks did not finish:\n" << ranks.describe();
+  if (ranks.exitCode(0) == 77) GTEST_SKIP() << ranks.output(0);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks.exitCode(r), 0) << ranks.describe();
+    EXPECT_NE(ranks.output(r).find("OK device rank " + std::to_string(r)), std::string::npos) << ranks.describe();
+  }
+}
+
 TEST(CApi, VersionAndErrorStrings) {
   int v = 0;
   EXPECT_EQ(ddlGetVersion(&v), ddlSuccess);
@@ -306,6 +320,46 @@ TEST(Tools, DdlrunRunsDdlBenchWithCorrectResults) {
   EXPECT_EQ(WEXITSTATUS(st), 0) << out;
   EXPECT_NE(out.find("Out of bounds values : 0 OK"), std::string::npos) << out;
   EXPECT_NE(out.find("1048576"), std::string::npos) << out;
+}
+
+// ddl-bench --tune writes a table per rank count into one file; libddl then runs from it with correct results,
+// and a table that cannot be read stops the communicator's creation naming the file.
+TEST(Tools, DdlBenchTuneWritesATableThatLibddlUses) {
+  auto run = [](const std::string& cmd, int* status) {
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (size_t k = fread(buf, 1, sizeof(buf), p)) out.append(buf, k);
+    *status = WEXITSTATUS(pclose(p));
+    return out;
+  };
+  const std::string table = testing::TempDir() + "ddl-tune-test-" + std::to_string(getpid()) + ".tune";
+  std::remove(table.c_str());
+  const std::string sweep = " -b 8 -e 256K -f 8 -n 2 -w 1";
+  int st = 0;
+  std::string out = run(kBin + "/ddlrun -np 2 --timeout-ms 60000 -- " + kBin + "/ddl-bench --tune " + table + sweep, &st);
+  ASSERT_EQ(st, 0) << out;
+  out = run(kBin + "/ddlrun -np 3 --timeout-ms 60000 -- " + kBin + "/ddl-bench --tune " + table + sweep, &st);
+  ASSERT_EQ(st, 0) << out;
+  std::ifstream in(table);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("ddl-tune 1\n", 0), 0u) << text;
+  EXPECT_NE(text.find("allreduce 2 2 "), std::string::npos) << text;  // the 2-rank rules were kept
+  EXPECT_NE(text.find("allreduce 3 3 "), std::string::npos) << text;
+  EXPECT_NE(text.find(" inf "), std::string::npos) << text;
+  out = run("DDL_TUNE_FILE=" + table + " " + kBin + "/ddlrun -np 3 --timeout-ms 60000 -- " + kBin +
+                "/ddl-bench -b 8 -e 1M -f 8 -n 2 -w 1 -c 1",
+            &st);
+  EXPECT_EQ(st, 0) << out;
+  EXPECT_NE(out.find("Out of bounds values : 0 OK"), std::string::npos) << out;
+  std::ofstream(table) << "ddl-tune 1\nallreduce * * inf quick 0\n";
+  out = run("DDL_TUNE_FILE=" + table + " " + kBin + "/ddlrun -np 2 --timeout-ms 60000 -- " + kBin +
+                "/ddl-bench -b 8 -e 8 -n 1 -w 0",
+            &st);
+  EXPECT_NE(st, 0) << out;
+  EXPECT_NE(out.find(table + ":2:"), std::string::npos) << out;
+  EXPECT_NE(out.find("ALGO 'quick' is not ring, mdring or rhd"), std::string::npos) << out;
+  std::remove(table.c_str());
 }
 
 }  // namespace

@@ -29,6 +29,7 @@
 
 #include "bench_common.h"  // the flags, table and JSON shared with bench/mpi_allreduce.c
 #include "ddl/ddl.h"
+#include "tune.h"  // --tune
 
 namespace {
 
@@ -294,6 +295,7 @@ struct Options {
   ddlRedOp_t op = ddlSum;
   std::string algo;  // empty: not given (libddl then reads DDL_ALGO)
   std::string json_path;
+  std::string tune_path;  // --tune: explore and write a tuning table instead of the table
 };
 
 constexpr const char* kUsage =
@@ -305,6 +307,9 @@ constexpr const char* kUsage =
     "  -o, --op OP              sum prod min max avg (default sum)\n"
     "  -a, --algo ALGO          auto ring mdring rhd (default: DDL_ALGO, else auto)\n"
     "      --json FILE          rank 0 also writes the results to FILE as JSON\n"
+    "      --tune FILE          time every algorithm and segment size per size and write the fastest as a\n"
+    "                           tuning table for DDL_TUNE_FILE (rules for other rank counts in FILE are kept;\n"
+    "                           uses the ports just above DDL_ROOT's)\n"
     "  -h, --help               this text\n"
     "Exit status: 0 all results right, 1 wrong values, 2 bad flags, 3 a libddl error.\n";
 
@@ -318,13 +323,14 @@ constexpr const char* kUsage =
 }
 
 Options parseOptions(int argc, char** argv) {
-  enum { kJsonOption = 256 };
+  enum { kJsonOption = 256, kTuneOption };
   static const option kLongOptions[] = {
       BENCH_SWEEP_LONG_OPTIONS,
       {"datatype", required_argument, nullptr, 'd'},
       {"op", required_argument, nullptr, 'o'},
       {"algo", required_argument, nullptr, 'a'},
       {"json", required_argument, nullptr, kJsonOption},
+      {"tune", required_argument, nullptr, kTuneOption},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
@@ -372,6 +378,10 @@ Options parseOptions(int argc, char** argv) {
         if (*optarg == '\0') badFlag("--json", "needs a file name");
         o.json_path = optarg;
         break;
+      case kTuneOption:
+        if (*optarg == '\0') badFlag("--tune", "needs a file name");
+        o.tune_path = optarg;
+        break;
       case 'h':
         std::fputs(kUsage, stdout);
         std::exit(kExitOk);
@@ -386,6 +396,7 @@ Options parseOptions(int argc, char** argv) {
   }
   if (optind < argc) badFlag(argv[optind], "unexpected argument (ddl-bench takes flags only)");
   bench_finish_sweep(&o.sweep, factor_given, step_given, badFlag);
+  if (!o.tune_path.empty() && !o.algo.empty()) badFlag("-a", "cannot be combined with --tune, which tries them all");
   return o;
 }
 
@@ -500,15 +511,12 @@ class Bench {
 
   // Barrier, warmup, barrier, then the mean time of -n iterations, the slowest rank's.
   double timeAllReduce(const void* send, void* recv, size_t count) {
-    ok(ddlBarrier(comm_));
-    for (int i = 0; i < opt_.sweep.warmup_iters; ++i)
-      ok(ddlAllReduce(send, recv, count, opt_.type, opt_.op, comm_));
-    ok(ddlBarrier(comm_));
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < opt_.sweep.iters; ++i) ok(ddlAllReduce(send, recv, count, opt_.type, opt_.op, comm_));
-    const auto end = std::chrono::steady_clock::now();
-    double us = std::chrono::duration<double, std::micro>(end - start).count() / opt_.sweep.iters;
-    ok(ddlAllReduce(&us, &us, 1, ddlFloat64, ddlMax, comm_));
+    const double us = ddlbench::timeAllReduce(comm_, send, recv, count, opt_.type, opt_.op,
+                                              opt_.sweep.warmup_iters, opt_.sweep.iters);
+    if (us < 0) {  // already reported
+      ddlCommAbort(comm_);
+      std::exit(kExitDdlError);
+    }
     return us;
   }
 
@@ -567,6 +575,9 @@ class Bench {
 int main(int argc, char** argv) {
   setlinebuf(stdout);
   Options options = parseOptions(argc, argv);
+  if (!options.tune_path.empty()) {
+    return ddlbench::runTune({options.sweep, options.type, typeInfo(options.type).size, options.op, options.tune_path});
+  }
 
   ddlConfig_t config = DDL_CONFIG_INITIALIZER;
   if (!options.algo.empty()) config.algorithm = options.algo.c_str();

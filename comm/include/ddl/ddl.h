@@ -2,7 +2,10 @@
  * ddl.h — the public C API of libddl, ddl's collective communication library.
  *
  * NCCL-shaped: an opaque communicator, one result type, a versioned config struct. Every call returns a
- * ddlResult_t; no C++ exception ever crosses this boundary. Buffers are host memory in this version.
+ * ddlResult_t; no C++ exception ever crosses this boundary. Buffers are host memory; in a libddl built with the
+ * CUDA Toolkit, ddlAllReduce and ddlIallReduce also take CUDA device memory (either buffer or both), staged
+ * through pinned host memory. Device data must be complete (its stream synchronised) when the call is made;
+ * the result is in recvbuff when the call (or ddlWait) returns.
  *
  * Threads: a communicator is used by one thread at a time, except ddlCommAbort and ddlCommGetAsyncError,
  * which any thread may call at any time (that is how a watchdog unblocks a stuck collective).
@@ -103,7 +106,8 @@ ddlResult_t ddlCommGetTopology(ddlComm_t comm, char* buf, size_t len);
 
 /* Collectives. sendbuff == recvbuff is in-place. Every rank must make the same calls in the same order with
  * the same count, type, op and root; a mismatch that libddl detects gives ddlInvalidArgument on the ranks that
- * see it and ddlRemoteError on the others. */
+ * see it and ddlRemoteError on the others. Only ddlAllReduce and ddlIallReduce take device buffers (CUDA
+ * builds); the others return ddlInvalidArgument for them. */
 ddlResult_t ddlAllReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                          ddlRedOp_t op, ddlComm_t comm);
 ddlResult_t ddlBroadcast(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype, int root,

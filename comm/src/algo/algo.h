@@ -58,7 +58,16 @@ void ringReduceScatter(Session& s, const DataSpec& d, const void* src, void* dst
 void broadcast(Session& s, const DataSpec& d, const void* src, void* dst, size_t count, int root);
 void barrier(Session& s);
 
-// Chooses the allreduce algorithm for a message (never kAuto).
+class TuneTable;
+struct AllReduceChoice {
+  Algo algo;  // never kAuto
+  size_t segment_bytes;
+};
+// The allreduce algorithm and segment size for a message: forced_algo (unless kAuto) and forced_segment (unless
+// 0) win; the rest comes from the first matching rule of `tune` (may be null), else of the built-in table.
+AllReduceChoice chooseAllReduce(Algo forced_algo, size_t forced_segment, const TuneTable* tune,
+                                const Topology& topo, int nranks, size_t bytes);
+// chooseAllReduce's algorithm with no tuning file.
 Algo selectAllReduce(Algo forced, const Topology& topo, int nranks, size_t bytes);
 // The grid mdring runs on: the configured topology when it has two or more non-trivial dims; for a flat one,
 // p's prime factors in ascending order (8 -> 2x2x2, 6 -> 2x3; a prime p stays flat). On a flat network every

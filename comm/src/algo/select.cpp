@@ -1,20 +1,37 @@
-// Algorithm and segment-size selection for allreduce. DDL_ALGO / ddlConfig_t.algorithm force a choice;
-// otherwise small messages take the latency algorithm (rhd), large ones the multi-dimensional ring when the
-// topology has more than one non-trivial dimension, else the flat ring. Thresholds come from ddl-bench
-// measurements on shared memory and TCP (see docs/architecture.md).
+// Algorithm and segment-size selection for allreduce. DDL_ALGO / ddlConfig_t.algorithm and DDL_SEGMENT_BYTES
+// force a choice; otherwise the tuning table decides (DDL_TUNE_FILE, written by ddl-bench --tune, else the
+// built-in one in tune.cpp): see algo/tune.h.
 #include "algo/algo.h"
+#include "algo/tune.h"
 
 namespace ddl {
 namespace {
-constexpr size_t kRhdMaxBytes = 64 * 1024;
 constexpr size_t kDefaultSegmentBytes = 256 * 1024;
 }  // namespace
 
+AllReduceChoice chooseAllReduce(Algo forced_algo, size_t forced_segment, const TuneTable* tune,
+                                const Topology& topo, int nranks, size_t bytes) {
+  const std::string topology = topo.str();
+  const TuneRule* rule = tune != nullptr ? tune->find(nranks, topology, bytes) : nullptr;
+  if (rule == nullptr) rule = TuneTable::builtin().find(nranks, topology, bytes);
+  AllReduceChoice c{Algo::kRing, kDefaultSegmentBytes};
+  if (forced_algo != Algo::kAuto) {
+    c.algo = forced_algo;
+  } else if (rule != nullptr) {
+    c.algo = rule->algo;
+    // mdring needs a grid (given, or factorised: see mdringGrid); a prime count keeps the flat ring.
+    if (c.algo == Algo::kMdRing && mdringGrid(topo).nontrivialDims() < 2) c.algo = Algo::kRing;
+  }
+  if (forced_segment > 0) {
+    c.segment_bytes = forced_segment;
+  } else if (rule != nullptr && rule->algo == c.algo && rule->segment_bytes > 0) {
+    c.segment_bytes = rule->segment_bytes;  // a segment measured for another algorithm is not carried over
+  }
+  return c;
+}
+
 Algo selectAllReduce(Algo forced, const Topology& topo, int nranks, size_t bytes) {
-  if (forced != Algo::kAuto) return forced;
-  if (bytes <= kRhdMaxBytes) return Algo::kRhd;
-  // mdring whenever the ranks form a grid (given, or factorised: see mdringGrid); a prime count keeps the ring.
-  return mdringGrid(topo).nontrivialDims() >= 2 ? Algo::kMdRing : Algo::kRing;
+  return chooseAllReduce(forced, 0, nullptr, topo, nranks, bytes).algo;
 }
 
 Topology mdringGrid(const Topology& configured) {

@@ -1,0 +1,44 @@
+// Reductions on CUDA device memory, and the few device queries libddl needs. Built only with the CUDA Toolkit
+// (DDL_HAVE_CUDA); see comm/cuda/CMakeLists.txt.
+//
+// The kernels compute exactly what the CPU reductions of comm/src/reduce.h compute, element for element and
+// bit for bit: same ops (ddlAvg reduces like ddlSum, the division comes once, in finishAvg), integer sum/prod
+// wrapping around, min/max as `a < b ? a : b` / `a > b ? a : b`, float16 and bfloat16 widened to float,
+// reduced in float and rounded back to nearest-even. One difference: a NaN result is a NaN on both, but the
+// GPU's float arithmetic returns its canonical NaN (and cuda_fp16's rounding the canonical half NaN), so the
+// payload bits of a NaN may differ from the CPU's.
+//
+// Threads: any thread; each call acts on the calling thread's current device (cudaSetDevice).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "ddl/ddl.h"
+
+namespace ddl::cuda {
+
+// The number of CUDA devices this process can use: 0 where there is no device, no driver, or a driver too old
+// for the runtime. Asked once, then cached (the device list of a process does not change).
+int deviceCount();
+
+// The device that holds ptr, or -1 when ptr is not device memory: host memory (pageable or pinned), managed
+// memory (the host reaches it directly), NULL, or any pointer when deviceCount() == 0. Never fails.
+// Note: on a machine with a GPU the CUDA runtime may create its primary context on the current device the
+// first time this asks about a pointer (cudaPointerGetAttributes initialises the runtime).
+int deviceOf(const void* ptr);
+inline bool isDevicePointer(const void* ptr) { return deviceOf(ptr) >= 0; }
+
+// Enqueues dst[i] = a[i] (op) b[i], i < count, on stream. dst may alias a or b exactly, never partially.
+// The pointers must be device memory of the current device, each aligned to the element size; any alignment
+// beyond that is fine (16-byte vector loads where all three agree modulo 16, element loads otherwise).
+// Returns the launch's error: cudaErrorInvalidValue for a bad type or op or a partial overlap,
+// cudaErrorMisalignedAddress for a pointer not aligned to its element size; cudaSuccess with count == 0.
+cudaError_t reduce(void* dst, const void* a, const void* b, size_t count, ddlDataType_t type, ddlRedOp_t op,
+                   cudaStream_t stream);
+
+// Enqueues buf[i] /= nranks (integers: truncating division) on stream: the last step of ddlAvg.
+cudaError_t finishAvg(void* buf, size_t count, ddlDataType_t type, int nranks, cudaStream_t stream);
+
+}  // namespace ddl::cuda

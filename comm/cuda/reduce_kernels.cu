@@ -1,0 +1,460 @@
+// Element-wise reductions (sum, prod, min, max, avg) over the ten ddl types, on a CUDA device.
+//
+// A reduction reads two buffers and writes one, with one arithmetic op per element: it is bound by memory
+// bandwidth on every GPU, so the kernel is shaped for bandwidth and nothing else:
+//  - 16-byte loads and stores (ld/st.global.v4) wherever a, b and dst have the same address modulo 16 (true
+//    for cudaMalloc'd buffers and equal offsets into them). The elements before the first 16-byte boundary
+//    (the head) and after the last one (the tail), fewer than 16 bytes each, are done one by one by the first
+//    threads of the grid. Buffers that disagree modulo 16 take element-wide loads in the same kernel shape;
+//  - a grid-stride loop over a grid no larger than what the device keeps resident at once (blocks of 256
+//    threads, as many per multiprocessor as the occupancy calculator allows), each thread with kUnroll
+//    independent 16-byte load pairs in flight, so that enough bytes are in flight to cover DRAM latency and
+//    there is no tail wave of blocks;
+//  - no __restrict__: dst may be a or b (in place). Every element is loaded and stored by one thread, loads
+//    before the store, so aliasing exactly is safe; partial overlap is refused by the launcher.
+// The ops are those of comm/src/reduce.cpp, written the same way so that the results agree bit for bit:
+// integer sum/prod in an unsigned type (wrap-around, never undefined), min/max as `a < b ? a : b`, float16
+// and bfloat16 widened to float (exact), reduced in float, rounded back to nearest-even with
+// cuda_fp16/cuda_bf16's _rn conversions. nvcc's defaults keep float arithmetic IEEE (no flush to zero, IEEE
+// division); there is no multiply-add for -fmad to contract. NaN results are NaN on both, but not always the
+// same NaN (see device_reduce.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "device_reduce.h"
+
+namespace ddl::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 2048 / kThreads;
+constexpr int kUnroll = 4;
+constexpr size_t kVecBytes = 16;
+
+// ---- ops: the same definitions as reduce.cpp ----
+
+template <typename T>
+using Wide = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(static_cast<Wide<T>>(a) + static_cast<Wide<T>>(b));
+    } else {
+      return a + b;
+    }
+  }
+};
+
+struct ProdOp {
+  template <typename T>
+  __device__ __forceinline__ static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(static_cast<Wide<T>>(a) * static_cast<Wide<T>>(b));
+    } else {
+      return a * b;
+    }
+  }
+};
+
+struct MinOp {
+  template <typename T>
+  __device__ __forceinline__ static T apply(T a, T b) {
+    return a < b ? a : b;
+  }
+};
+
+struct MaxOp {
+  template <typename T>
+  __device__ __forceinline__ static T apply(T a, T b) {
+    return a > b ? a : b;
+  }
+};
+
+// ---- element functions over the stored type S ----
+
+template <typename T, typename Op>
+struct NativeFn {
+  using S = T;
+  __device__ __forceinline__ T operator()(T a, T b) const { return Op::apply(a, b); }
+};
+
+template <typename Op>
+struct HalfFn {
+  using S = uint16_t;
+  __device__ __forceinline__ uint16_t operator()(uint16_t a, uint16_t b) const {
+    const float r = Op::apply(__half2float(__ushort_as_half(a)), __half2float(__ushort_as_half(b)));
+    return __half_as_ushort(__float2half_rn(r));
+  }
+};
+
+template <typename Op>
+struct Bfloat16Fn {
+  using S = uint16_t;
+  __device__ __forceinline__ uint16_t operator()(uint16_t a, uint16_t b) const {
+    const float r =
+        Op::apply(__bfloat162float(__ushort_as_bfloat16(a)), __bfloat162float(__ushort_as_bfloat16(b)));
+    return __bfloat16_as_ushort(__float2bfloat16_rn(r));
+  }
+};
+
+// finishAvg: x / nranks. Integers up to 32 bits divide in int or unsigned (a truncating division, as the
+// CPU's exact division through double), 64-bit ones in their own type.
+template <typename T>
+struct DivideFn {
+  using S = T;
+  int n;
+  __device__ __forceinline__ T operator()(T x) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      return x / static_cast<T>(n);
+    } else if constexpr (sizeof(T) <= 4 && std::is_signed_v<T>) {
+      return static_cast<T>(static_cast<int>(x) / n);
+    } else if constexpr (sizeof(T) <= 4) {
+      return static_cast<T>(static_cast<unsigned>(x) / static_cast<unsigned>(n));
+    } else {
+      return x / static_cast<T>(n);
+    }
+  }
+};
+
+struct HalfDivideFn {
+  using S = uint16_t;
+  int n;
+  __device__ __forceinline__ uint16_t operator()(uint16_t x) const {
+    return __half_as_ushort(__float2half_rn(__half2float(__ushort_as_half(x)) / static_cast<float>(n)));
+  }
+};
+
+struct Bfloat16DivideFn {
+  using S = uint16_t;
+  int n;
+  __device__ __forceinline__ uint16_t operator()(uint16_t x) const {
+    return __bfloat16_as_ushort(
+        __float2bfloat16_rn(__bfloat162float(__ushort_as_bfloat16(x)) / static_cast<float>(n)));
+  }
+};
+
+// ---- vectors: kN elements of S moved as one access ----
+
+// Aligned to its size, so that a 16-byte Vec is loaded and stored with one ld/st.global.v4.
+template <typename S, int kN>
+struct alignas(sizeof(S) * kN) Vec {
+  S e[kN];
+};
+
+// 16-byte vectors go through uint4. Stores use __stcg, which is one st.global.cg.v4 by construction (inline
+// PTX in the CUDA headers; .cg, "cache in L2", is what every global store does anyway): a plain uint4 store
+// came out of nvcc 13 as four scalar stores for some of the unrolled vectors.
+template <typename S, int kN>
+union Wire {
+  uint4 w;
+  Vec<S, kN> v;
+};
+
+template <typename S, int kN>
+__device__ __forceinline__ Vec<S, kN> load(const S* p) {
+  if constexpr (sizeof(Vec<S, kN>) == kVecBytes) {
+    Wire<S, kN> u;
+    u.w = *reinterpret_cast<const uint4*>(p);
+    return u.v;
+  } else {
+    return *reinterpret_cast<const Vec<S, kN>*>(p);
+  }
+}
+
+template <typename S, int kN>
+__device__ __forceinline__ void store(S* p, const Vec<S, kN>& v) {
+  if constexpr (sizeof(Vec<S, kN>) == kVecBytes) {
+    Wire<S, kN> u;
+    u.v = v;
+    __stcg(reinterpret_cast<uint4*>(p), u.w);
+  } else {
+    *reinterpret_cast<Vec<S, kN>*>(p) = v;
+  }
+}
+
+// The work of one launch: elements [0, head) and [head + nvec * kN, count) one by one, vectors in between.
+struct Shape {
+  size_t head;
+  size_t nvec;
+  size_t count;
+};
+
+// The one-by-one elements, at most 2 * (kN - 1) of them: global thread t takes the t-th.
+__device__ __forceinline__ bool edgeElement(const Shape& s, int kN, size_t* i) {
+  const size_t t = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const size_t tail_begin = s.head + s.nvec * kN;
+  if (t < s.head) {
+    *i = t;
+    return true;
+  }
+  if (t - s.head < s.count - tail_begin) {
+    *i = tail_begin + (t - s.head);
+    return true;
+  }
+  return false;
+}
+
+template <typename F, typename S, int kN>
+__device__ __forceinline__ Vec<S, kN> combine(const F& f, const Vec<S, kN>& x, const Vec<S, kN>& y) {
+  Vec<S, kN> r;
+#pragma unroll
+  for (int k = 0; k < kN; ++k) r.e[k] = f(x.e[k], y.e[k]);
+  return r;
+}
+
+template <typename F, int kN>
+__global__ void __launch_bounds__(kThreads)
+    binaryKernel(typename F::S* dst, const typename F::S* a, const typename F::S* b, Shape s, F f) {
+  using S = typename F::S;
+  if (size_t i; edgeElement(s, kN, &i)) dst[i] = f(a[i], b[i]);
+  S* vd = dst + s.head;
+  const S* va = a + s.head;
+  const S* vb = b + s.head;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t j = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  // Rounds in which all kUnroll vectors of this thread exist: every load first, then every store.
+  for (; j + (kUnroll - 1) * stride < s.nvec; j += kUnroll * stride) {
+    Vec<S, kN> x[kUnroll], y[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      x[u] = load<S, kN>(va + (j + u * stride) * kN);
+      y[u] = load<S, kN>(vb + (j + u * stride) * kN);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) store<S, kN>(vd + (j + u * stride) * kN, combine(f, x[u], y[u]));
+  }
+  for (; j < s.nvec; j += stride) {
+    store<S, kN>(vd + j * kN, combine(f, load<S, kN>(va + j * kN), load<S, kN>(vb + j * kN)));
+  }
+}
+
+template <typename F, int kN>
+__global__ void __launch_bounds__(kThreads) unaryKernel(typename F::S* buf, Shape s, F f) {
+  using S = typename F::S;
+  if (size_t i; edgeElement(s, kN, &i)) buf[i] = f(buf[i]);
+  S* v = buf + s.head;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t j = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; j < s.nvec; j += stride) {
+    Vec<S, kN> x = load<S, kN>(v + j * kN);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) x.e[k] = f(x.e[k]);
+    store<S, kN>(v + j * kN, x);
+  }
+}
+
+// ---- launching ----
+
+size_t elemSize(ddlDataType_t t) {
+  switch (t) {
+    case ddlInt8:
+    case ddlUint8:
+      return 1;
+    case ddlFloat16:
+    case ddlBfloat16:
+      return 2;
+    case ddlInt32:
+    case ddlUint32:
+    case ddlFloat32:
+      return 4;
+    case ddlInt64:
+    case ddlUint64:
+    case ddlFloat64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+// Blocks of kKernel that the current device keeps resident at once: multiprocessors x blocks per SM by the
+// occupancy calculator (the kernels use 25-62 registers, so fewer than the 8 blocks of 256 threads that fit
+// by thread count alone). A grid of exactly that size has no tail wave. Asked once per kernel and device.
+template <auto kKernel>
+size_t residentBlocks() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 1;
+  if (dev < kMaxDevices) {
+    if (const int n = cache[dev].load(std::memory_order_relaxed); n > 0) return n;
+  }
+  int sms = 0, per_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, 0) != cudaSuccess ||
+      per_sm <= 0) {
+    per_sm = 1;
+  }
+  cudaGetLastError();  // a failed query above must not look like a failed launch
+  const int n = sms * std::min(per_sm, kBlocksPerSm);
+  if (dev < kMaxDevices) cache[dev].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// Enough blocks for one vector per thread, at most what is resident at once; at least one block, which the
+// head and tail elements need (up to 2 x 15 threads).
+template <auto kKernel>
+unsigned gridFor(size_t nvec) {
+  const size_t want = (nvec + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::max<size_t>(1, std::min(want, residentBlocks<kKernel>())));
+}
+
+uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// The vector shape when every pointer has the same offset modulo 16; false otherwise.
+template <typename S>
+bool vectorShape(const void* dst, const void* a, const void* b, size_t count, Shape* s) {
+  const uintptr_t m = addr(dst) % kVecBytes;
+  if (addr(a) % kVecBytes != m || addr(b) % kVecBytes != m) return false;
+  constexpr size_t kN = kVecBytes / sizeof(S);
+  size_t head = ((kVecBytes - m) % kVecBytes) / sizeof(S);
+  if (head > count) head = count;
+  *s = Shape{head, (count - head) / kN, count};
+  return true;
+}
+
+template <typename F>
+cudaError_t launchBinary(void* dst, const void* a, const void* b, size_t count, cudaStream_t stream) {
+  using S = typename F::S;
+  constexpr int kN = static_cast<int>(kVecBytes / sizeof(S));
+  auto* d = static_cast<S*>(dst);
+  const auto* x = static_cast<const S*>(a);
+  const auto* y = static_cast<const S*>(b);
+  if (Shape s; vectorShape<S>(dst, a, b, count, &s)) {
+    binaryKernel<F, kN><<<gridFor<binaryKernel<F, kN>>(s.nvec), kThreads, 0, stream>>>(d, x, y, s, F{});
+  } else {
+    const Shape e{0, count, count};
+    binaryKernel<F, 1><<<gridFor<binaryKernel<F, 1>>(count), kThreads, 0, stream>>>(d, x, y, e, F{});
+  }
+  return cudaGetLastError();
+}
+
+template <typename F>
+cudaError_t launchUnary(void* buf, size_t count, F f, cudaStream_t stream) {
+  using S = typename F::S;
+  constexpr int kN = static_cast<int>(kVecBytes / sizeof(S));
+  Shape s;
+  vectorShape<S>(buf, buf, buf, count, &s);  // one pointer: always agrees with itself
+  unaryKernel<F, kN>
+      <<<gridFor<unaryKernel<F, kN>>(s.nvec), kThreads, 0, stream>>>(static_cast<S*>(buf), s, f);
+  return cudaGetLastError();
+}
+
+template <template <typename> class Fn>
+cudaError_t dispatchOp16(void* dst, const void* a, const void* b, size_t n, ddlRedOp_t op, cudaStream_t st) {
+  switch (op) {
+    case ddlSum:
+    case ddlAvg:
+      return launchBinary<Fn<SumOp>>(dst, a, b, n, st);
+    case ddlProd:
+      return launchBinary<Fn<ProdOp>>(dst, a, b, n, st);
+    case ddlMin:
+      return launchBinary<Fn<MinOp>>(dst, a, b, n, st);
+    case ddlMax:
+      return launchBinary<Fn<MaxOp>>(dst, a, b, n, st);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T>
+cudaError_t dispatchOp(void* dst, const void* a, const void* b, size_t n, ddlRedOp_t op, cudaStream_t st) {
+  switch (op) {
+    case ddlSum:
+    case ddlAvg:
+      return launchBinary<NativeFn<T, SumOp>>(dst, a, b, n, st);
+    case ddlProd:
+      return launchBinary<NativeFn<T, ProdOp>>(dst, a, b, n, st);
+    case ddlMin:
+      return launchBinary<NativeFn<T, MinOp>>(dst, a, b, n, st);
+    case ddlMax:
+      return launchBinary<NativeFn<T, MaxOp>>(dst, a, b, n, st);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+bool partialOverlap(const void* x, const void* y, size_t bytes) {
+  const uintptr_t px = addr(x), py = addr(y);
+  return px != py && px < py + bytes && py < px + bytes;
+}
+
+bool validOp(ddlRedOp_t op) { return op >= ddlSum && op < ddlNumOps; }
+
+}  // namespace
+
+cudaError_t reduce(void* dst, const void* a, const void* b, size_t count, ddlDataType_t type, ddlRedOp_t op,
+                   cudaStream_t stream) {
+  const size_t es = elemSize(type);
+  if (es == 0 || !validOp(op)) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  if (!dst || !a || !b) return cudaErrorInvalidValue;
+  if (addr(dst) % es || addr(a) % es || addr(b) % es) return cudaErrorMisalignedAddress;
+  if (count > SIZE_MAX / es) return cudaErrorInvalidValue;
+  const size_t bytes = count * es;
+  if (partialOverlap(dst, a, bytes) || partialOverlap(dst, b, bytes)) return cudaErrorInvalidValue;
+  switch (type) {
+    case ddlInt8:
+      return dispatchOp<int8_t>(dst, a, b, count, op, stream);
+    case ddlUint8:
+      return dispatchOp<uint8_t>(dst, a, b, count, op, stream);
+    case ddlInt32:
+      return dispatchOp<int32_t>(dst, a, b, count, op, stream);
+    case ddlUint32:
+      return dispatchOp<uint32_t>(dst, a, b, count, op, stream);
+    case ddlInt64:
+      return dispatchOp<int64_t>(dst, a, b, count, op, stream);
+    case ddlUint64:
+      return dispatchOp<uint64_t>(dst, a, b, count, op, stream);
+    case ddlFloat16:
+      return dispatchOp16<HalfFn>(dst, a, b, count, op, stream);
+    case ddlBfloat16:
+      return dispatchOp16<Bfloat16Fn>(dst, a, b, count, op, stream);
+    case ddlFloat32:
+      return dispatchOp<float>(dst, a, b, count, op, stream);
+    case ddlFloat64:
+      return dispatchOp<double>(dst, a, b, count, op, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t finishAvg(void* buf, size_t count, ddlDataType_t type, int nranks, cudaStream_t stream) {
+  const size_t es = elemSize(type);
+  if (es == 0 || nranks <= 0) return cudaErrorInvalidValue;
+  if (count == 0 || nranks == 1) return cudaSuccess;
+  if (!buf) return cudaErrorInvalidValue;
+  if (addr(buf) % es) return cudaErrorMisalignedAddress;
+  switch (type) {
+    case ddlInt8:
+      return launchUnary(buf, count, DivideFn<int8_t>{nranks}, stream);
+    case ddlUint8:
+      return launchUnary(buf, count, DivideFn<uint8_t>{nranks}, stream);
+    case ddlInt32:
+      return launchUnary(buf, count, DivideFn<int32_t>{nranks}, stream);
+    case ddlUint32:
+      return launchUnary(buf, count, DivideFn<uint32_t>{nranks}, stream);
+    case ddlInt64:
+      return launchUnary(buf, count, DivideFn<int64_t>{nranks}, stream);
+    case ddlUint64:
+      return launchUnary(buf, count, DivideFn<uint64_t>{nranks}, stream);
+    case ddlFloat16:
+      return launchUnary(buf, count, HalfDivideFn{nranks}, stream);
+    case ddlBfloat16:
+      return launchUnary(buf, count, Bfloat16DivideFn{nranks}, stream);
+    case ddlFloat32:
+      return launchUnary(buf, count, DivideFn<float>{nranks}, stream);
+    case ddlFloat64:
+      return launchUnary(buf, count, DivideFn<double>{nranks}, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace ddl::cuda

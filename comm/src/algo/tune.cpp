@@ -1,0 +1,143 @@
+#include "algo/tune.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "error.h"
+
+namespace ddl {
+namespace {
+
+// The built-in table, from ddl-bench --tune sweeps on shared memory and on TCP at 2, 3 and 4 ranks
+// (docs/benchmarks.md): recursive halving-doubling while latency dominates; above, the multi-dimensional
+// ring on a grid (mdring falls back to the flat ring where the rank count is prime).
+constexpr const char* kBuiltin = R"(ddl-tune 1
+allreduce * * 64K rhd 0
+allreduce * * inf mdring 0
+)";
+
+bool parseBytes(const std::string& text, size_t* out) {
+  if (text == "inf") {
+    *out = SIZE_MAX;
+    return true;
+  }
+  if (text.empty() || text[0] < '0' || text[0] > '9') return false;
+  size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &pos);
+  } catch (...) {
+    return false;
+  }
+  std::string suffix = text.substr(pos);
+  int shift = suffix.empty() ? 0 : suffix == "K" ? 10 : suffix == "M" ? 20 : suffix == "G" ? 30 : -1;
+  if (shift < 0 || v > (SIZE_MAX >> shift)) return false;
+  *out = static_cast<size_t>(v) << shift;
+  return true;
+}
+
+std::string formatBytes(size_t n) {
+  if (n == SIZE_MAX) return "inf";
+  for (auto [suffix, shift] : {std::pair{"G", 30}, {"M", 20}, {"K", 10}}) {
+    if (n >= (size_t{1} << shift) && n % (size_t{1} << shift) == 0) return std::to_string(n >> shift) + suffix;
+  }
+  return std::to_string(n);
+}
+
+}  // namespace
+
+std::string TuneTable::formatRule(const TuneRule& r) {
+  return "allreduce " + (r.nranks > 0 ? std::to_string(r.nranks) : std::string("*")) + " " +
+         (r.topology.empty() ? std::string("*") : r.topology) + " " + formatBytes(r.max_bytes) + " " +
+         algoName(r.algo) + " " + (r.segment_bytes ? formatBytes(r.segment_bytes) : std::string("0"));
+}
+
+std::shared_ptr<const TuneTable> TuneTable::parse(const std::string& text, const std::string& origin) {
+  auto table = std::make_shared<TuneTable>();
+  table->origin_ = origin;
+  std::istringstream in(text);
+  std::string line;
+  bool versioned = false;
+  for (int lineno = 1; std::getline(in, line); ++lineno) {
+    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string s; words >> s;) w.push_back(s);
+    if (w.empty()) continue;
+    const std::string where = origin + ":" + std::to_string(lineno) + ": ";
+    if (!versioned) {
+      if (w.size() != 2 || w[0] != "ddl-tune") fail(ddlInvalidArgument, where + "expected 'ddl-tune 1' first");
+      if (w[1] != "1") fail(ddlInvalidArgument, where + "format version " + w[1] + " is not supported (1 is)");
+      versioned = true;
+      continue;
+    }
+    if (w[0] != "allreduce") {
+      fail(ddlInvalidArgument, where + "unknown collective '" + w[0] + "' (only allreduce rules exist)");
+    }
+    if (w.size() != 6) {
+      fail(ddlInvalidArgument, where + "expected 'allreduce RANKS TOPOLOGY MAX_BYTES ALGO SEGMENT', got " +
+                                   std::to_string(w.size()) + " fields");
+    }
+    TuneRule r;
+    if (w[1] != "*") {
+      r.nranks = static_cast<int>(parseInt(w[1], (where + "RANKS").c_str(), 1, 1 << 15));
+    }
+    if (w[2] != "*") {
+      if (w[2].find_first_not_of("0123456789x") != std::string::npos) {
+        fail(ddlInvalidArgument, where + "topology '" + w[2] + "' is not like 2x2 or 4 (or *)");
+      }
+      r.topology = w[2];
+    }
+    if (!parseBytes(w[3], &r.max_bytes)) {
+      fail(ddlInvalidArgument, where + "MAX_BYTES '" + w[3] + "' is not a byte count (e.g. 65536, 64K, inf)");
+    }
+    if (w[4] != "ring" && w[4] != "mdring" && w[4] != "rhd") {
+      fail(ddlInvalidArgument, where + "ALGO '" + w[4] + "' is not ring, mdring or rhd");
+    }
+    r.algo = parseAlgo(w[4]);
+    if (!parseBytes(w[5], &r.segment_bytes) || r.segment_bytes == SIZE_MAX || r.segment_bytes > (size_t{1} << 30)) {
+      fail(ddlInvalidArgument, where + "SEGMENT '" + w[5] + "' is not a byte count up to 1G (0: default)");
+    }
+    table->rules_.push_back(r);
+  }
+  if (!versioned) fail(ddlInvalidArgument, origin + ": empty (expected 'ddl-tune 1' and rules)");
+  // FNV-1a over the rules as they would be written: comments and spacing do not change the digest.
+  uint64_t h = 1469598103934665603ULL;
+  for (const auto& r : table->rules_) {
+    for (char c : formatRule(r) + "\n") {
+      h ^= static_cast<unsigned char>(c);
+      h *= 1099511628211ULL;
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  table->digest_ = hex;
+  return table;
+}
+
+std::shared_ptr<const TuneTable> TuneTable::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(ddlInvalidArgument, "DDL_TUNE_FILE " + path + ": cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path);
+}
+
+const TuneTable& TuneTable::builtin() {
+  static const std::shared_ptr<const TuneTable> table = parse(kBuiltin, "built-in tuning table");
+  return *table;
+}
+
+const TuneRule* TuneTable::find(int nranks, const std::string& topology, size_t bytes) const {
+  for (const auto& r : rules_) {
+    if ((r.nranks == 0 || r.nranks == nranks) && (r.topology.empty() || r.topology == topology) &&
+        bytes <= r.max_bytes) {
+      return &r;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace ddl

@@ -1,0 +1,321 @@
+// Allreduce of CUDA device buffers (comm/cuda/staged_allreduce.cpp) with ranks as threads over
+// LocalTransport: every type and op against the host path on the same data, many chunks with device, host and
+// mixed buffers, messages large enough to pipeline, ddlIallReduce, and the collectives that refuse device
+// buffers.
+//
+// Without a GPU the device tests skip with the reason; what runs everywhere checks that host buffers still
+// take the host path untouched in a CUDA build, and how messages are cut into chunks.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm.h"
+#include "device_reduce.h"
+#include "dtype.h"
+#include "error.h"
+#include "local_transport.h"
+#include "reduce.h"
+#include "staged_allreduce.h"
+
+namespace ddl {
+namespace {
+
+std::string noDeviceReason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no usable CUDA device: cudaGetDeviceCount says ") + cudaGetErrorString(e) + " (" +
+           cudaGetErrorName(e) + ")";
+  }
+  return n > 0 ? "" : "no CUDA device: cudaGetDeviceCount found 0";
+}
+
+#define SKIP_WITHOUT_GPU()                                      \
+  do {                                                          \
+    if (const std::string why = noDeviceReason(); !why.empty()) \
+      GTEST_SKIP() << why << "; this test needs a GPU";         \
+  } while (0)
+
+// Inside rank threads: throw, so that the failure is reported with the rank.
+void cudaOk(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(ddlCudaError, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes) { cudaOk(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* p = nullptr;
+};
+
+void toDevice(void* dst, const void* src, size_t bytes) {
+  cudaOk(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
+}
+std::vector<unsigned char> fromDevice(const void* src, size_t bytes) {
+  std::vector<unsigned char> v(bytes);
+  cudaOk(cudaMemcpy(v.data(), src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+  return v;
+}
+
+Options makeOptions(int nranks) {
+  Options o;
+  o.topology = parseTopology("", nranks);
+  o.timeout_ms = 30000;
+  return o;
+}
+
+struct RankResult {
+  ddlResult_t code = ddlSuccess;
+  std::string what;
+};
+
+// body(comm) on nranks threads, each with its own Comm over one LocalFabric.
+std::vector<RankResult> runRanks(int nranks, const std::function<void(Comm&)>& body) {
+  auto fabric = std::make_shared<LocalFabric>(nranks);
+  std::vector<RankResult> results(nranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        Comm comm(std::make_unique<LocalTransport>(fabric, r), makeOptions(nranks));
+        body(comm);
+      } catch (const Error& e) {
+        results[r] = {e.code(), e.what()};
+      } catch (const std::exception& e) {
+        results[r] = {ddlInternalError, e.what()};
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+void expectAllOk(const std::vector<RankResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].code, ddlSuccess) << "rank " << r << ": " << results[r].what;
+  }
+}
+
+// Value of element i on rank r: a small integer (exact in every type, and in sums of up to 8 ranks).
+double smallValue(int r, size_t i) { return static_cast<double>((i * 7 + r * 3) % 9) - 4; }
+
+// Stores v as type t at p (v exact in t).
+void storeValue(ddlDataType_t t, void* p, double v) {
+  switch (t) {
+    case ddlInt8:
+      *static_cast<int8_t*>(p) = static_cast<int8_t>(v);
+      break;
+    case ddlUint8:
+      *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v + 4);
+      break;
+    case ddlInt32:
+      *static_cast<int32_t*>(p) = static_cast<int32_t>(v);
+      break;
+    case ddlUint32:
+      *static_cast<uint32_t*>(p) = static_cast<uint32_t>(v + 4);
+      break;
+    case ddlInt64:
+      *static_cast<int64_t*>(p) = static_cast<int64_t>(v);
+      break;
+    case ddlUint64:
+      *static_cast<uint64_t*>(p) = static_cast<uint64_t>(v + 4);
+      break;
+    case ddlFloat16:
+      *static_cast<uint16_t*>(p) = floatToHalf(static_cast<float>(v));
+      break;
+    case ddlBfloat16:
+      *static_cast<uint16_t*>(p) = floatToBfloat16(static_cast<float>(v));
+      break;
+    case ddlFloat32:
+      *static_cast<float*>(p) = static_cast<float>(v);
+      break;
+    case ddlFloat64:
+      *static_cast<double*>(p) = v;
+      break;
+    default:
+      break;
+  }
+}
+
+std::vector<unsigned char> rankInput(ddlDataType_t t, int r, size_t count) {
+  const size_t es = typeSize(t);
+  std::vector<unsigned char> v(count * es);
+  for (size_t i = 0; i < count; ++i) storeValue(t, v.data() + i * es, smallValue(r, i));
+  return v;
+}
+
+// ---- without a GPU ----
+
+TEST(CudaStaging, ChunksDependOnTheMessageSizeOnly) {
+  EXPECT_EQ(cuda::stagedChunkBytes(100), size_t{512} << 10);  // one chunk: the message is smaller
+  EXPECT_EQ(cuda::stagedChunkBytes(size_t{4} << 20), size_t{1} << 20);
+  EXPECT_EQ(cuda::stagedChunkBytes(size_t{1} << 30), cuda::kMaxChunkBytes);
+  EXPECT_EQ(cuda::stagedChunkBytes((size_t{4} << 20) + 1), (size_t{1} << 20) + 4096);  // rounded up to pages
+  EXPECT_EQ(cuda::stagedChunkBytes(size_t{1} << 30, 4096), size_t{4096});
+  EXPECT_EQ(cuda::stagedChunkBytes(size_t{1} << 30, 1000), size_t{960});  // a multiple of 64
+  EXPECT_EQ(cuda::stagedChunkBytes(size_t{1} << 30, 1), size_t{64});
+  for (size_t bytes : {size_t{1}, size_t{3} << 20, size_t{100} << 20}) {
+    EXPECT_EQ(cuda::stagedChunkBytes(bytes) % 64, 0u);
+  }
+}
+
+// In a CUDA build, with or without a GPU, host buffers never go near the device path.
+TEST(CudaStaging, HostBuffersTakeTheHostPath) {
+  auto staged = cuda::makeStagedAllReduce(0, false);
+  std::vector<float> host(16);
+  EXPECT_FALSE(staged->handles(host.data(), host.data()));
+  EXPECT_FALSE(staged->handles(nullptr, host.data()));
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 100003;
+  expectAllOk(runRanks(kRanks, [&](Comm& comm) {
+    for (ddlDataType_t t : {ddlFloat32, ddlBfloat16, ddlInt64}) {
+      auto in = rankInput(t, comm.rank(), kCount);
+      std::vector<unsigned char> out(in.size()), inplace = in;
+      comm.allReduce(in.data(), out.data(), kCount, t, ddlSum);
+      auto req = comm.iallReduce(inplace.data(), inplace.data(), kCount, t, ddlSum);
+      req->done.wait(false);
+      if (req->result != ddlSuccess) fail(req->result, req->error);
+      std::vector<unsigned char> want(in.size());
+      for (size_t i = 0; i < kCount; ++i) {
+        double s = 0;
+        for (int r = 0; r < kRanks; ++r) s += smallValue(r, i);
+        storeValue(t, want.data() + i * typeSize(t), s);
+      }
+      if (out != want) fail(ddlInternalError, std::string("host allreduce of ") + typeName(t) + " is wrong");
+      if (inplace != want)
+        fail(ddlInternalError, std::string("host iallreduce of ") + typeName(t) + " is wrong");
+    }
+  }));
+}
+
+// ---- with a GPU ----
+
+// Device buffers give exactly what the host path gives on the same data (one chunk: the same collective).
+TEST(CudaAllReduce, EveryTypeAndOpMatchesTheHostPath) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 1001;
+  expectAllOk(runRanks(kRanks, [&](Comm& comm) {
+    for (int ti = 0; ti < ddlNumTypes; ++ti) {
+      const auto t = static_cast<ddlDataType_t>(ti);
+      const size_t bytes = kCount * typeSize(t);
+      for (int oi = 0; oi < ddlNumOps; ++oi) {
+        const auto op = static_cast<ddlRedOp_t>(oi);
+        const std::string what = std::string(typeName(t)) + " " + opName(op);
+        std::mt19937_64 rng(comm.rank() * 100 + ti * 10 + oi);
+        std::vector<unsigned char> in(bytes), want(bytes);
+        for (auto& b : in) b = static_cast<unsigned char>(rng());  // any bits: the paths must agree anyway
+        comm.allReduce(in.data(), want.data(), kCount, t, op);
+        DeviceBuffer send(bytes), recv(bytes);
+        toDevice(send.p, in.data(), bytes);
+        comm.allReduce(send.p, recv.p, kCount, t, op);
+        if (fromDevice(recv.p, bytes) != want)
+          fail(ddlInternalError, what + ": device result differs from host");
+        if (fromDevice(send.p, bytes) != in) fail(ddlInternalError, what + ": sendbuff changed");
+        comm.allReduce(send.p, send.p, kCount, t, op);  // in place
+        if (fromDevice(send.p, bytes) != want)
+          fail(ddlInternalError, what + ": in-place device result differs");
+      }
+    }
+  }));
+}
+
+// Many chunks (a 4 KiB chunk limit), partial last chunk, every placement of sendbuff and recvbuff.
+TEST(CudaAllReduce, ManyChunksWithDeviceHostAndMixedBuffers) {
+  SKIP_WITHOUT_GPU();
+  for (int nranks : {2, 4}) {
+    SCOPED_TRACE(std::to_string(nranks) + " ranks");
+    expectAllOk(runRanks(nranks, [&](Comm& comm) {
+      auto staged = cuda::makeStagedAllReduce(comm.rank(), false, 4096);
+      for (ddlDataType_t t : {ddlFloat32, ddlInt64, ddlFloat16}) {
+        for (ddlRedOp_t op : {ddlSum, ddlMax, ddlAvg}) {
+          const size_t count = 10007;  // 40 KB of float32: 10 chunks, the last one short
+          const size_t bytes = count * typeSize(t);
+          auto host = [&](const void* s, void* d, size_t n) { comm.allReduce(s, d, n, t, op); };
+          const auto in = rankInput(t, comm.rank(), count);
+          std::vector<unsigned char> want(bytes);
+          comm.allReduce(in.data(), want.data(), count, t, op);  // host path: the reference
+          DeviceBuffer dsend(bytes), drecv(bytes);
+          const std::string what = std::string(typeName(t)) + " " + opName(op);
+          // device -> device, out of place
+          toDevice(dsend.p, in.data(), bytes);
+          staged->allReduce(dsend.p, drecv.p, count, t, host);
+          if (fromDevice(drecv.p, bytes) != want) fail(ddlInternalError, what + ": device to device");
+          // device, in place
+          staged->allReduce(dsend.p, dsend.p, count, t, host);
+          if (fromDevice(dsend.p, bytes) != want) fail(ddlInternalError, what + ": device in place");
+          // host -> device
+          cudaOk(cudaMemset(drecv.p, 0, bytes), "cudaMemset");
+          staged->allReduce(in.data(), drecv.p, count, t, host);
+          if (fromDevice(drecv.p, bytes) != want) fail(ddlInternalError, what + ": host to device");
+          // device -> host
+          toDevice(dsend.p, in.data(), bytes);
+          std::vector<unsigned char> out(bytes);
+          staged->allReduce(dsend.p, out.data(), count, t, host);
+          if (out != want) fail(ddlInternalError, what + ": device to host");
+        }
+      }
+    }));
+  }
+}
+
+// Through Comm with its own chunking (12 MB: 4 chunks of 3 MiB), blocking and non-blocking, 4 ranks.
+TEST(CudaAllReduce, LargeMessagesThroughTheCommunicator) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kRanks = 4;
+  constexpr size_t kCount = 3000007;
+  expectAllOk(runRanks(kRanks, [&](Comm& comm) {
+    const size_t bytes = kCount * 4;
+    const auto in = rankInput(ddlFloat32, comm.rank(), kCount);
+    std::vector<unsigned char> want(bytes);
+    for (size_t i = 0; i < kCount; ++i) {
+      double s = 0;
+      for (int r = 0; r < kRanks; ++r) s += smallValue(r, i);
+      storeValue(ddlFloat32, want.data() + i * 4, s);
+    }
+    DeviceBuffer a(bytes), b(bytes);
+    toDevice(a.p, in.data(), bytes);
+    toDevice(b.p, in.data(), bytes);
+    comm.allReduce(a.p, a.p, kCount, ddlFloat32, ddlSum);
+    if (fromDevice(a.p, bytes) != want) fail(ddlInternalError, "blocking, in place");
+    // Two non-blocking ones in flight, then one with a host recvbuff.
+    toDevice(a.p, in.data(), bytes);
+    auto r1 = comm.iallReduce(a.p, a.p, kCount, ddlFloat32, ddlSum);
+    auto r2 = comm.iallReduce(b.p, b.p, kCount, ddlFloat32, ddlSum);
+    for (auto* r : {&r1, &r2}) {
+      (*r)->done.wait(false);
+      if ((*r)->result != ddlSuccess) fail((*r)->result, (*r)->error);
+    }
+    if (fromDevice(a.p, bytes) != want || fromDevice(b.p, bytes) != want)
+      fail(ddlInternalError, "non-blocking");
+    toDevice(a.p, in.data(), bytes);
+    std::vector<unsigned char> out(bytes);
+    comm.allReduce(a.p, out.data(), kCount, ddlFloat32, ddlSum);
+    if (out != want) fail(ddlInternalError, "device to host");
+  }));
+}
+
+TEST(CudaAllReduce, OtherCollectivesRefuseDeviceBuffers) {
+  SKIP_WITHOUT_GPU();
+  auto results = runRanks(2, [&](Comm& comm) {
+    DeviceBuffer d(4096);
+    comm.broadcast(d.p, d.p, 16, ddlFloat32, 0);
+  });
+  for (const auto& r : results) {
+    EXPECT_EQ(r.code, ddlInvalidArgument) << r.what;
+    EXPECT_NE(r.what.find("only ddlAllReduce and ddlIallReduce take device buffers"), std::string::npos)
+        << r.what;
+  }
+}
+
+}  // namespace
+}  // namespace ddl

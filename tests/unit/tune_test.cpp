@@ -1,0 +1,118 @@
+// Tuning tables (comm/src/algo/tune.h): the file format, its errors, rule lookup and how a table, the built-in
+// one and forced settings combine into an allreduce's algorithm and segment size.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "algo/algo.h"
+#include "algo/tune.h"
+#include "error.h"
+#include "topology.h"
+
+namespace ddl {
+namespace {
+
+std::string errorOf(const std::string& text) {
+  try {
+    TuneTable::parse(text, "t.tune");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ddlInvalidArgument);
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(TuneTable, ParsesRulesAndFindsTheFirstMatch) {
+  auto t = TuneTable::parse(
+      "# written by hand\n"
+      "ddl-tune 1   # version\n"
+      "\n"
+      "allreduce 4 2x2 2K rhd 0\n"
+      "allreduce 4 2x2 inf mdring 1M   # large\n"
+      "allreduce 3 * 65536 rhd 0\n"
+      "allreduce * * inf ring 128K\n",
+      "t.tune");
+  ASSERT_EQ(t->rules().size(), 4u);
+  EXPECT_EQ(t->find(4, "2x2", 8)->algo, Algo::kRhd);
+  EXPECT_EQ(t->find(4, "2x2", 2048)->algo, Algo::kRhd);
+  const TuneRule* big = t->find(4, "2x2", 2049);
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(big->algo, Algo::kMdRing);
+  EXPECT_EQ(big->segment_bytes, size_t{1} << 20);
+  EXPECT_EQ(t->find(3, "3", 65536)->algo, Algo::kRhd);
+  EXPECT_EQ(t->find(3, "3", 65537)->algo, Algo::kRing);  // falls through to the catch-all
+  EXPECT_EQ(t->find(4, "4", 8)->algo, Algo::kRing);      // another topology: not the 2x2 rules
+  EXPECT_EQ(t->find(4, "4", 8)->segment_bytes, size_t{128} << 10);
+  EXPECT_EQ(TuneTable::formatRule(t->rules()[1]), "allreduce 4 2x2 inf mdring 1M");
+  EXPECT_EQ(TuneTable::formatRule(t->rules()[2]), "allreduce 3 * 64K rhd 0");
+}
+
+TEST(TuneTable, NoMatchingRuleFindsNothing) {
+  auto t = TuneTable::parse("ddl-tune 1\nallreduce 2 2 1M ring 0\n", "t.tune");
+  EXPECT_EQ(t->find(2, "2", (1 << 20) + 1), nullptr);
+  EXPECT_EQ(t->find(4, "4", 8), nullptr);
+}
+
+TEST(TuneTable, DigestIgnoresCommentsAndSpacingButNotRules) {
+  auto a = TuneTable::parse("ddl-tune 1\nallreduce 2 2 64K rhd 0\n", "a");
+  auto b = TuneTable::parse("# other comment\nddl-tune  1\n  allreduce 2 2 65536  rhd 0 # same\n", "b");
+  auto c = TuneTable::parse("ddl-tune 1\nallreduce 2 2 64K ring 0\n", "c");
+  EXPECT_EQ(a->digest(), b->digest());
+  EXPECT_NE(a->digest(), c->digest());
+  EXPECT_EQ(a->digest().size(), 16u);
+}
+
+TEST(TuneTable, BadTablesAreRefusedNamingTheLine) {
+  EXPECT_NE(errorOf("").find("t.tune: empty"), std::string::npos);
+  EXPECT_NE(errorOf("allreduce * * inf ring 0\n").find("t.tune:1: expected 'ddl-tune 1' first"), std::string::npos);
+  EXPECT_NE(errorOf("ddl-tune 2\n").find("version 2 is not supported"), std::string::npos);
+  EXPECT_NE(errorOf("ddl-tune 1\nbroadcast * * inf ring 0\n").find("t.tune:2: unknown collective 'broadcast'"),
+            std::string::npos);
+  EXPECT_NE(errorOf("ddl-tune 1\nallreduce * * inf ring\n").find("t.tune:2: expected"), std::string::npos);
+  EXPECT_NE(errorOf("ddl-tune 1\n\nallreduce * * inf fast 0\n").find("t.tune:3: ALGO 'fast' is not ring, mdring or rhd"), std::string::npos);
+  EXPECT_NE(errorOf("ddl-tune 1\nallreduce * * inf auto 0\n").find("t.tune:2: ALGO 'auto' is not"), std::string::npos);
+  EXPECT_NE(errorOf("ddl-tune 1\nallreduce * * 12Q ring 0\n").find("t.tune:2: MAX_BYTES '12Q'"), std::string::npos);
+  EXPECT_NE(errorOf("ddl-tune 1\nallreduce * * inf ring inf\n").find("t.tune:2: SEGMENT 'inf'"), std::string::npos);
+  EXPECT_NE(errorOf("ddl-tune 1\nallreduce * 2y2 inf ring 0\n").find("topology '2y2'"), std::string::npos);
+  EXPECT_NE(errorOf("ddl-tune 1\nallreduce 0 * inf ring 0\n").find("t.tune:2: RANKS"), std::string::npos);
+}
+
+TEST(TuneTable, AMissingFileIsNamed) {
+  try {
+    TuneTable::load("/nonexistent/ddl.tune");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DDL_TUNE_FILE /nonexistent/ddl.tune: cannot be read"), std::string::npos);
+  }
+}
+
+TEST(ChooseAllReduce, ForcedSettingsWinThenTheTableThenTheBuiltIn) {
+  auto t = TuneTable::parse("ddl-tune 1\nallreduce 4 * 1K ring 64K\nallreduce 4 * 1M mdring 512K\n", "t");
+  const Topology flat4 = parseTopology("", 4), flat5 = parseTopology("", 5);
+  AllReduceChoice c = chooseAllReduce(Algo::kAuto, 0, t.get(), flat4, 4, 512);
+  EXPECT_EQ(c.algo, Algo::kRing);
+  EXPECT_EQ(c.segment_bytes, size_t{64} << 10);
+  c = chooseAllReduce(Algo::kAuto, 0, t.get(), flat4, 4, 4096);
+  EXPECT_EQ(c.algo, Algo::kMdRing);
+  EXPECT_EQ(c.segment_bytes, size_t{512} << 10);
+  // Forced algorithm: the rule's segment was measured for another algorithm, so the default applies.
+  c = chooseAllReduce(Algo::kRhd, 0, t.get(), flat4, 4, 4096);
+  EXPECT_EQ(c.algo, Algo::kRhd);
+  EXPECT_EQ(c.segment_bytes, size_t{256} << 10);
+  // Forced segment, algorithm from the table.
+  c = chooseAllReduce(Algo::kAuto, 4096, t.get(), flat4, 4, 4096);
+  EXPECT_EQ(c.algo, Algo::kMdRing);
+  EXPECT_EQ(c.segment_bytes, 4096u);
+  // Past the table's last rule: the built-in table (rhd up to 64K, then mdring on a grid).
+  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, t.get(), flat4, 4, 2 << 20).algo, Algo::kMdRing);
+  // Another rank count: the built-in table; mdring on a prime count is the flat ring.
+  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, t.get(), flat5, 5, 8).algo, Algo::kRhd);
+  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, t.get(), flat5, 5, 2 << 20).algo, Algo::kRing);
+  // No table at all is the built-in one.
+  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, nullptr, flat4, 4, 8).algo, Algo::kRhd);
+}
+
+}  // namespace
+}  // namespace ddl
