@@ -6,11 +6,9 @@
 #   ddl-<pid>-host1  eth0 198.18.0.2/24  ddl-agent --node host1 (2 virtual GPUs)
 #   ddl-<pid>-host2  eth0 198.18.0.3/24  ddl-agent --node host2 (2 virtual GPUs)
 #
-# Each veth is created inside the bridge namespace with its peer moved straight into the host namespace, so
-# no interface name ever appears in the caller's namespace and parallel runs cannot collide. Every namespace
-# has lo up (UCX and the rendezvous use it). The hosts' links are shaped on egress with "netem delay 0.5ms
-# rate 1gbit", or where the kernel has no sch_netem with "tbf rate 1gbit"; with neither they stay unshaped
-# (said so, not a failure).
+# The namespaces are built by scripts/lib/netns.sh (shared with bench/hierarchy.sh). The hosts' links are
+# shaped on egress with "netem delay 0.5ms rate 1gbit", or where the kernel has no sch_netem with "tbf rate
+# 1gbit"; with neither they stay unshaped (said so, not a failure).
 #
 # A 4-rank ddl-bench job (2 nodes x 2 GPUs) is submitted through ddlctl; it must end SUCCEEDED and rank 0's log
 # must say "# Out of bounds values : 0 OK".
@@ -31,6 +29,8 @@ skip() { log "skipped: $*"; exit "$SKIP"; }
 fail() { log "FAIL: $*" >&2; exit 1; }
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=../../scripts/lib/netns.sh
+source "$script_dir/../../scripts/lib/netns.sh"
 BIN=${1:-$script_dir/../../build/bin}
 BIN=$(cd "$BIN" 2>/dev/null && pwd) || fail "no binary directory ${1:-$script_dir/../../build/bin}"
 for b in ddl-coordinator ddl-agent ddlctl ddl-bench; do
@@ -38,8 +38,7 @@ for b in ddl-coordinator ddl-agent ddlctl ddl-bench; do
 done
 
 # ---- can we run at all? ----------------------------------------------------------------------------------
-[[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces"
-command -v ip >/dev/null || skip "needs iproute2 (ip) to create network namespaces"
+netns_preflight "ddl-$$-probe" || skip "$NETNS_WHY"
 # Reading ddlctl's JSON: jq where there is one, else python3.
 if command -v jq >/dev/null; then
   json() { jq -r "$1"; }                                                   # a simple path: .a.b[0].c
@@ -65,23 +64,8 @@ NS_BR=ddl-$ID-br
 NS_C=ddl-$ID-coord
 NS_H1=ddl-$ID-host1
 NS_H2=ddl-$ID-host2
-ALL_NS=("$NS_C" "$NS_H1" "$NS_H2" "$NS_BR")
 COORD=198.18.0.1:7070
 UCX_TLS_JOB=${DDL_NETNS_UCX_TLS:-tcp,sm,self}
-
-probe=ddl-$ID-probe
-if ! ip netns add "$probe" 2>/dev/null; then
-  skip "needs root with CAP_SYS_ADMIN to create network namespaces (ip netns add failed)"
-fi
-why=
-if ! ip -n "$probe" link set lo up 2>/dev/null; then
-  why="cannot configure a network namespace here (ip -n NS link set lo up failed)"
-elif ! ip -n "$probe" link add name pbr0 type bridge 2>/dev/null ||
-     ! ip -n "$probe" link add name pveth0 type veth peer name pveth1 2>/dev/null; then
-  why="the kernel cannot create bridges or veth pairs here (CONFIG_BRIDGE, CONFIG_VETH)"
-fi
-ip netns del "$probe" 2>/dev/null || true
-[[ -z $why ]] || skip "$why"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddl-netns.XXXXXX")
 chmod 755 "$tmp"
@@ -91,8 +75,6 @@ T0=$(date +%s.%N)
 
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 alive() { kill -0 "$1" 2>/dev/null; }
-# (grep without -q: with pipefail, a grep that quits at its first match can fail the pipeline by SIGPIPE)
-ns_exists() { ip netns list 2>/dev/null | awk '{ print $1 }' | grep -xF -- "$1" >/dev/null; }
 
 print_logs() {
   local f
@@ -139,25 +121,9 @@ cleanup() {
     fi
     wait "$pid" 2>/dev/null
   done
-  # Anything still inside our namespaces (stray ranks) was started by these daemons: kill it by pid.
-  for ns in "${ALL_NS[@]}"; do
-    ns_exists "$ns" || continue
-    pids=$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')
-    if [[ -n ${pids// /} ]]; then
-      log "killing leftover processes in $ns: $pids"
-      # shellcheck disable=SC2086
-      kill -KILL $pids 2>/dev/null
-    fi
-  done
-  # The veths live only in these namespaces: deleting a namespace deletes its end, and the pair with it.
-  for ns in "${ALL_NS[@]}"; do
-    ns_exists "$ns" || continue
-    for ((i = 0; i < 20; i++)); do
-      ip netns del "$ns" 2>/dev/null && break
-      sleep 0.2
-    done
-    ns_exists "$ns" && log "warning: could not delete namespace $ns"
-  done
+  # Anything still inside our namespaces (stray ranks) was started by these daemons: netns_teardown kills it by
+  # pid, then deletes the namespaces (and the veths with them).
+  netns_teardown
   if [[ ${DDL_NETNS_KEEP:-0} == 1 ]]; then
     log "kept $tmp"
   else
@@ -175,61 +141,27 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---- topology ----------------------------------------------------------------------------------------------
-log "building namespaces ${ALL_NS[*]} (bridge br0 in $NS_BR, 198.18.0.0/24)"
-for ns in "${ALL_NS[@]}"; do
-  ip netns add "$ns"
-  ip -n "$ns" link set lo up
-done
-ip -n "$NS_BR" link add br0 type bridge
-ip -n "$NS_BR" link set br0 up
-shaped=0
-shaping=
+HOSTS=("$NS_C" 198.18.0.1 "$NS_H1" 198.18.0.2 "$NS_H2" 198.18.0.3)
+log "building namespaces $NS_C $NS_H1 $NS_H2 $NS_BR (bridge br0 in $NS_BR, 198.18.0.0/24)"
+netns_build "$NS_BR" "${HOSTS[@]}"
 n=1
 for ns in "$NS_C" "$NS_H1" "$NS_H2"; do
-  addr=198.18.0.$n
-  port=veth$n   # bridge side, inside $NS_BR
-  ip -n "$NS_BR" link add "$port" type veth peer name eth0 netns "$ns"
-  ip -n "$NS_BR" link set "$port" master br0
-  ip -n "$NS_BR" link set "$port" up
-  ip -n "$ns" addr add "$addr/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  if [[ $ns != "$NS_C" ]] && command -v tc >/dev/null; then
-    if tc -n "$ns" qdisc add dev eth0 root netem delay 0.5ms rate 1gbit 2>/dev/null; then
-      shaping="netem delay 0.5ms rate 1gbit"
-      shaped=$((shaped + 1))
-    elif tc -n "$ns" qdisc add dev eth0 root tbf rate 1gbit burst 256kb latency 20ms 2>/dev/null; then
-      shaping="tbf rate 1gbit (no sch_netem in this kernel: no added delay)"
-      shaped=$((shaped + 1))
-    fi
-  fi
-  log "  $ns: eth0 $addr/24 <-> $NS_BR:$port"
+  log "  $ns: eth0 198.18.0.$n/24 <-> $NS_BR:veth$n"
   n=$((n + 1))
 done
+shaped=0
+for ns in "$NS_H1" "$NS_H2"; do
+  netns_shape "$ns" eth0 1gbit 0.5ms && shaped=$((shaped + 1))
+done
 if [[ $shaped -eq 2 ]]; then
-  log "host links shaped on each host's eth0 egress: $shaping"
+  ((NETNS_DELAYED)) || NETNS_SHAPING+=" (no sch_netem in this kernel: no added delay)"
+  log "host links shaped on each host's eth0 egress: $NETNS_SHAPING"
 else
   log "host links not shaped: neither tc netem nor tbf is usable here"
 fi
 # The links must be up (carrier on both ends, bridge ports forwarding) before anything starts on them; where
 # ping exists, the hosts must also answer each other.
-link_up() { ip -n "$1" -o link show dev "$2" 2>/dev/null | grep 'LOWER_UP' >/dev/null; }
-net_ready() {
-  local n
-  for n in 1 2 3; do
-    link_up "$NS_BR" "veth$n" || return 1
-    ip -n "$NS_BR" -o link show dev "veth$n" | grep 'state UP' >/dev/null || return 1
-  done
-  for ns in "$NS_C" "$NS_H1" "$NS_H2"; do link_up "$ns" eth0 || return 1; done
-  if command -v ping >/dev/null; then
-    ip netns exec "$NS_H1" ping -c 1 -W 1 198.18.0.1 >/dev/null 2>&1 || return 1
-    ip netns exec "$NS_H2" ping -c 1 -W 1 198.18.0.2 >/dev/null 2>&1 || return 1
-  fi
-}
-for ((i = 0; i < 50; i++)); do
-  net_ready && break
-  sleep 0.2
-done
-((i < 50)) || { ip -n "$NS_BR" link; fail "the links did not come up within 10 s"; }
+netns_wait_up 10 "$NS_BR" "${HOSTS[@]}" || { ip -n "$NS_BR" link; fail "the links did not come up within 10 s"; }
 log "network up$(command -v ping >/dev/null && echo ': host1 -> coord and host2 -> host1 answer pings')"
 
 # ---- daemons ------------------------------------------------------------------------------------------------
@@ -253,21 +185,13 @@ for ((i = 0; i < 100 && SECONDS < deadline; i++)); do
 done
 ((answers)) || fail "ddl-coordinator does not answer on $COORD after 20 s"
 log "ddl-coordinator answers after $(elapsed "$t") s"
-# Each agent host also gets its own IPC namespace: UCX 1.13 deems shared memory (sysv, posix) reachable between
-# processes with the same boot id and IPC namespace, so without it, ranks on different "hosts" of this one
-# kernel would talk through shared memory instead of the network. The hosts keep the machine's host name on
-# purpose: libddl counts the ranks sharing a host name to tell whether they share CPUs (it yields the CPU
-# sooner when they outnumber them), and here all hosts do share this machine's CPUs.
-host_ns=()
-if command -v unshare >/dev/null && unshare --ipc true 2>/dev/null; then
-  host_ns=(unshare --ipc)
-else
-  log "warning: unshare --ipc is not usable: ranks of different hosts may use shared memory, not TCP"
-fi
+# Each agent host also gets its own IPC namespace, and keeps the machine's host name on purpose (see
+# scripts/lib/netns.sh).
+netns_host_prefix
 for n in 1 2; do
   ns_var=NS_H$n
   log "starting ddl-agent host$n in ${!ns_var} at 198.18.0.$((n + 1))"
-  ip netns exec "${!ns_var}" "${host_ns[@]}" "$BIN/ddl-agent" --coordinator "$COORD" --node "host$n" \
+  ip netns exec "${!ns_var}" "${NETNS_HOST_PREFIX[@]}" "$BIN/ddl-agent" --coordinator "$COORD" --node "host$n" \
     --address "198.18.0.$((n + 1))" --labels switch=s1 --virtual-gpus 2 --force-virtual --data-dir "$tmp/host$n" --stop-ranks-on-exit \
     >"$tmp/agent-host$n.log" 2>&1 &
   PIDS[agent-host$n]=$!
