@@ -105,13 +105,19 @@ TEST(ChooseAllReduce, ForcedSettingsWinThenTheTableThenTheBuiltIn) {
   c = chooseAllReduce(Algo::kAuto, 4096, t.get(), flat4, 4, 4096);
   EXPECT_EQ(c.algo, Algo::kMdRing);
   EXPECT_EQ(c.segment_bytes, 4096u);
-  // Past the table's last rule: the built-in table (rhd up to 64K, then mdring on a grid).
+  // Past the table's last rule: the built-in table (rhd up to 4K, then mdring on a grid).
   EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, t.get(), flat4, 4, 2 << 20).algo, Algo::kMdRing);
   // Another rank count: the built-in table; mdring on a prime count is the flat ring.
   EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, t.get(), flat5, 5, 8).algo, Algo::kRhd);
   EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, t.get(), flat5, 5, 2 << 20).algo, Algo::kRing);
-  // No table at all is the built-in one.
+  // No table at all is the built-in one; it has rules of its own for 3 ranks.
   EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, nullptr, flat4, 4, 8).algo, Algo::kRhd);
+  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, nullptr, flat4, 4, 8192).algo, Algo::kMdRing);
+  const Topology flat3 = parseTopology("", 3);
+  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, nullptr, flat3, 3, 100 << 10).algo, Algo::kRhd);
+  c = chooseAllReduce(Algo::kAuto, 0, nullptr, flat3, 3, 1 << 20);
+  EXPECT_EQ(c.algo, Algo::kRing);
+  EXPECT_EQ(c.segment_bytes, size_t{64} << 10);
 }
 
 }  // namespace

@@ -10,11 +10,15 @@
 namespace ddl {
 namespace {
 
-// The built-in table, from ddl-bench --tune sweeps on shared memory and on TCP at 2, 3 and 4 ranks
-// (docs/benchmarks.md): recursive halving-doubling while latency dominates; above, the multi-dimensional
-// ring on a grid (mdring falls back to the flat ring where the rank count is prime).
+// The built-in table, from ddl-bench --tune sweeps over shared memory at 2, 3 and 4 ranks and the 2x2 network
+// namespace hierarchy (docs/benchmarks.md), kept coarse because it must suit links it was not measured on:
+// recursive halving-doubling while latency dominates (up to 4 KiB; at 3 ranks, where no grid exists, up to
+// 128 KiB, with the ring at 64 KiB segments above); then the multi-dimensional ring on a grid (mdring falls
+// back to the flat ring where the rank count is prime).
 constexpr const char* kBuiltin = R"(ddl-tune 1
-allreduce * * 64K rhd 0
+allreduce 3 * 128K rhd 0
+allreduce 3 * 8M ring 64K
+allreduce * * 4K rhd 0
 allreduce * * inf mdring 0
 )";
 
