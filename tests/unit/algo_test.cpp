@@ -17,6 +17,7 @@
 #include "error.h"
 #include "local_transport.h"
 #include "reduce.h"
+#include "thread_ranks.h"
 
 namespace ddl {
 namespace {
@@ -32,38 +33,9 @@ Options makeOptions(int nranks, Algo algo, const std::string& topo = "", size_t 
   return o;
 }
 
-// Runs body(comm) on nranks threads, each with its own Comm over one fabric. Returns each rank's error code
-// (ddlSuccess when body returned normally) and message.
-struct RankResult {
-  ddlResult_t code = ddlSuccess;
-  std::string what;
-};
-std::vector<RankResult> runRanks(int nranks, const Options& opts, const std::function<void(Comm&)>& body,
-                                 std::shared_ptr<LocalFabric> fabric = nullptr) {
-  if (!fabric) fabric = std::make_shared<LocalFabric>(nranks);
-  std::vector<RankResult> results(nranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < nranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        Comm comm(std::make_unique<LocalTransport>(fabric, r), opts);
-        body(comm);
-      } catch (const Error& e) {
-        results[r] = {e.code(), e.what()};
-      } catch (const std::exception& e) {
-        results[r] = {ddlInternalError, e.what()};
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
-
-void expectAllOk(const std::vector<RankResult>& results) {
-  for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_EQ(results[r].code, ddlSuccess) << "rank " << r << ": " << results[r].what;
-  }
-}
+using test_util::expectAllOk;
+using test_util::RankResult;
+using test_util::runRanks;
 
 // Input value of rank r, element i: small integers (and halves for float types, which stay exact) chosen per
 // op so that every reduction over up to 8 ranks is exact in every type.

@@ -23,26 +23,12 @@
 #include "local_transport.h"
 #include "reduce.h"
 #include "staged_allreduce.h"
+#include "thread_ranks.h"
+#include "cuda_test_util.h"
 
 namespace ddl {
 namespace {
 
-std::string noDeviceReason() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return std::string("no usable CUDA device: cudaGetDeviceCount says ") + cudaGetErrorString(e) + " (" +
-           cudaGetErrorName(e) + ")";
-  }
-  return n > 0 ? "" : "no CUDA device: cudaGetDeviceCount found 0";
-}
-
-#define SKIP_WITHOUT_GPU()                                      \
-  do {                                                          \
-    if (const std::string why = noDeviceReason(); !why.empty()) \
-      GTEST_SKIP() << why << "; this test needs a GPU";         \
-  } while (0)
 
 // Inside rank threads: throw, so that the failure is reported with the rank.
 void cudaOk(cudaError_t e, const char* what) {
@@ -73,36 +59,12 @@ Options makeOptions(int nranks) {
   return o;
 }
 
-struct RankResult {
-  ddlResult_t code = ddlSuccess;
-  std::string what;
-};
+using test_util::expectAllOk;
+using test_util::RankResult;
 
 // body(comm) on nranks threads, each with its own Comm over one LocalFabric.
 std::vector<RankResult> runRanks(int nranks, const std::function<void(Comm&)>& body) {
-  auto fabric = std::make_shared<LocalFabric>(nranks);
-  std::vector<RankResult> results(nranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < nranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        Comm comm(std::make_unique<LocalTransport>(fabric, r), makeOptions(nranks));
-        body(comm);
-      } catch (const Error& e) {
-        results[r] = {e.code(), e.what()};
-      } catch (const std::exception& e) {
-        results[r] = {ddlInternalError, e.what()};
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
-
-void expectAllOk(const std::vector<RankResult>& results) {
-  for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_EQ(results[r].code, ddlSuccess) << "rank " << r << ": " << results[r].what;
-  }
+  return test_util::runRanks(nranks, makeOptions(nranks), body);
 }
 
 // Value of element i on rank r: a small integer (exact in every type, and in sums of up to 8 ranks).

@@ -24,27 +24,11 @@
 #include "device_reduce.h"
 #include "dtype.h"
 #include "reduce.h"
+#include "cuda_test_util.h"
 
 namespace ddl {
 namespace {
 
-// Empty when a device is present, else why not.
-std::string noDeviceReason() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return std::string("no usable CUDA device: cudaGetDeviceCount says ") + cudaGetErrorString(e) + " (" +
-           cudaGetErrorName(e) + ")";
-  }
-  return n > 0 ? "" : "no CUDA device: cudaGetDeviceCount found 0";
-}
-
-#define SKIP_WITHOUT_GPU()                                      \
-  do {                                                          \
-    if (const std::string why = noDeviceReason(); !why.empty()) \
-      GTEST_SKIP() << why << "; this test needs a GPU";         \
-  } while (0)
 
 #define CUDA_OK(call) \
   ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
@@ -234,7 +218,7 @@ TEST(CudaDeviceQueries, HostMemoryIsNeverDeviceMemory) {
   EXPECT_GE(cuda::deviceCount(), 0);
   EXPECT_EQ(cuda::deviceCount(), cuda::deviceCount());  // cached, stable
   if (cuda::deviceCount() == 0) {
-    EXPECT_FALSE(noDeviceReason().empty());
+    EXPECT_FALSE(test_util::noDeviceReason().empty());
     return;
   }
   // With a GPU: pinned and managed memory are host-reachable, cudaMalloc'd memory is device memory.
