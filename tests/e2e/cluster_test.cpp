@@ -274,7 +274,10 @@ TEST_F(ClusterTest, AgentRestartMidJobAdoptsItsRanksAndTheirExitCodes) {
   const std::string gate = (dir_ / "gate").string();
   // On n1 (its DDL_AGENT_SOCKET lies in n1's data dir), local rank 1 exits 5 a moment after local rank 0 exits
   // 0: if an adopted rank's clean exit were reported as unknown (255), the job would fail with 255 instead.
-  std::string id = submit(2, 2, {"/bin/sh", "-c", "while [ ! -e " + gate + " ]; do sleep 0.05; done; " +
+  // The gate is awaited at most 30 s, so a failed test leaves no rank behind for long.
+  const std::string await_gate =
+      "i=0; while [ ! -e " + gate + " ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; ";
+  std::string id = submit(2, 2, {"/bin/sh", "-c", await_gate +
                                                       "case \"$DDL_AGENT_SOCKET\" in */n1/*) ;; *) exit 0;; esac; "
                                                       "[ \"$LOCAL_RANK\" = 0 ] && exit 0; sleep 0.5; exit 5",
                                  marker});

@@ -505,8 +505,11 @@ TEST_P(SupervisorTest, DestructorLeavesRanksRunningAndReturnsPromptly) {
 // recovers them from their run records and learns how each ended from its shim's exit record.
 TEST_P(SupervisorTest, RecoveredRanksReportTheirRealExitThroughTheShim) {
   fs::path gate = dir_ / "gate";
-  RankState slow = mustStart(shell("j1", 0, "while [ ! -e " + gate.string() + " ]; do sleep 0.05; done; exit 3"));
-  RankState killed = mustStart(shell("j1", 1, "while [ ! -e " + gate.string() + " ]; do sleep 0.05; done; kill -USR1 $$"));
+  // Waits for the gate, at most 10 s, so that a failed test leaves no rank behind for long.
+  const std::string await_gate =
+      "i=0; while [ ! -e " + gate.string() + " ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; ";
+  RankState slow = mustStart(shell("j1", 0, await_gate + "exit 3"));
+  RankState killed = mustStart(shell("j1", 1, await_gate + "kill -USR1 $$"));
   RankSpec quick_spec = shell("j1", 2, "exit 4");
   quick_spec.gpu = 5;
   RankState quick = mustStart(quick_spec);
