@@ -64,6 +64,7 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
   if (options_.topology.dims.empty()) options_.topology.dims = {size_};
   DDL_ASSERT(options_.topology.size() == size_);
   mdring_grid_ = mdringGrid(options_.topology);
+  topology_str_ = options_.topology.str();
   channel_ = std::make_unique<Channel>(std::move(transport), options_.timeout_ms);
   telemetry_ = Telemetry::fromEnv(rank_, size_);
 #ifdef DDL_HAVE_CUDA
@@ -170,7 +171,8 @@ size_t checkedBytes(size_t count, size_t elem, size_t factor = 1) {
 }  // namespace
 
 AllReduceChoice Comm::allReduceChoice(size_t bytes) const {
-  return chooseAllReduce(options_.algo, options_.segment_bytes, options_.tune.get(), options_.topology, size_, bytes);
+  return chooseAllReduce(options_.algo, options_.segment_bytes, options_.tune.get(), topology_str_,
+                         mdring_grid_.nontrivialDims() >= 2, size_, bytes);
 }
 
 Algo Comm::allReduceAlgo(size_t bytes) const { return allReduceChoice(bytes).algo; }

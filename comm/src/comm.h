@@ -96,6 +96,7 @@ class Comm {
   Options options_;
   int rank_, size_;
   Topology mdring_grid_;  // what mdring runs on (see mdringGrid)
+  std::string topology_str_;  // options_.topology.str(), for the tuning table's lookups
   std::unique_ptr<TcpStoreServer> store_server_;  // rank 0 only
   std::unique_ptr<Store> store_;
   std::unique_ptr<Channel> channel_;

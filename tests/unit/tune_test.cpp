@@ -88,34 +88,40 @@ TEST(TuneTable, AMissingFileIsNamed) {
   }
 }
 
+// chooseAllReduce as a communicator calls it for a configured topology.
+AllReduceChoice choose(Algo forced, size_t segment, const TuneTable* tune, const Topology& topo, int nranks,
+                       size_t bytes) {
+  return chooseAllReduce(forced, segment, tune, topo.str(), mdringGrid(topo).nontrivialDims() >= 2, nranks, bytes);
+}
+
 TEST(ChooseAllReduce, ForcedSettingsWinThenTheTableThenTheBuiltIn) {
   auto t = TuneTable::parse("ddl-tune 1\nallreduce 4 * 1K ring 64K\nallreduce 4 * 1M mdring 512K\n", "t");
   const Topology flat4 = parseTopology("", 4), flat5 = parseTopology("", 5);
-  AllReduceChoice c = chooseAllReduce(Algo::kAuto, 0, t.get(), flat4, 4, 512);
+  AllReduceChoice c = choose(Algo::kAuto, 0, t.get(), flat4, 4, 512);
   EXPECT_EQ(c.algo, Algo::kRing);
   EXPECT_EQ(c.segment_bytes, size_t{64} << 10);
-  c = chooseAllReduce(Algo::kAuto, 0, t.get(), flat4, 4, 4096);
+  c = choose(Algo::kAuto, 0, t.get(), flat4, 4, 4096);
   EXPECT_EQ(c.algo, Algo::kMdRing);
   EXPECT_EQ(c.segment_bytes, size_t{512} << 10);
   // Forced algorithm: the rule's segment was measured for another algorithm, so the default applies.
-  c = chooseAllReduce(Algo::kRhd, 0, t.get(), flat4, 4, 4096);
+  c = choose(Algo::kRhd, 0, t.get(), flat4, 4, 4096);
   EXPECT_EQ(c.algo, Algo::kRhd);
   EXPECT_EQ(c.segment_bytes, size_t{256} << 10);
   // Forced segment, algorithm from the table.
-  c = chooseAllReduce(Algo::kAuto, 4096, t.get(), flat4, 4, 4096);
+  c = choose(Algo::kAuto, 4096, t.get(), flat4, 4, 4096);
   EXPECT_EQ(c.algo, Algo::kMdRing);
   EXPECT_EQ(c.segment_bytes, 4096u);
   // Past the table's last rule: the built-in table (rhd up to 4K, then mdring on a grid).
-  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, t.get(), flat4, 4, 2 << 20).algo, Algo::kMdRing);
+  EXPECT_EQ(choose(Algo::kAuto, 0, t.get(), flat4, 4, 2 << 20).algo, Algo::kMdRing);
   // Another rank count: the built-in table; mdring on a prime count is the flat ring.
-  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, t.get(), flat5, 5, 8).algo, Algo::kRhd);
-  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, t.get(), flat5, 5, 2 << 20).algo, Algo::kRing);
+  EXPECT_EQ(choose(Algo::kAuto, 0, t.get(), flat5, 5, 8).algo, Algo::kRhd);
+  EXPECT_EQ(choose(Algo::kAuto, 0, t.get(), flat5, 5, 2 << 20).algo, Algo::kRing);
   // No table at all is the built-in one; it has rules of its own for 3 ranks.
-  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, nullptr, flat4, 4, 8).algo, Algo::kRhd);
-  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, nullptr, flat4, 4, 8192).algo, Algo::kMdRing);
+  EXPECT_EQ(choose(Algo::kAuto, 0, nullptr, flat4, 4, 8).algo, Algo::kRhd);
+  EXPECT_EQ(choose(Algo::kAuto, 0, nullptr, flat4, 4, 8192).algo, Algo::kMdRing);
   const Topology flat3 = parseTopology("", 3);
-  EXPECT_EQ(chooseAllReduce(Algo::kAuto, 0, nullptr, flat3, 3, 100 << 10).algo, Algo::kRhd);
-  c = chooseAllReduce(Algo::kAuto, 0, nullptr, flat3, 3, 1 << 20);
+  EXPECT_EQ(choose(Algo::kAuto, 0, nullptr, flat3, 3, 100 << 10).algo, Algo::kRhd);
+  c = choose(Algo::kAuto, 0, nullptr, flat3, 3, 1 << 20);
   EXPECT_EQ(c.algo, Algo::kRing);
   EXPECT_EQ(c.segment_bytes, size_t{64} << 10);
 }

@@ -65,8 +65,10 @@ struct AllReduceChoice {
 };
 // The allreduce algorithm and segment size for a message: forced_algo (unless kAuto) and forced_segment (unless
 // 0) win; the rest comes from the first matching rule of `tune` (may be null), else of the built-in table.
+// topology is the configured one as Topology::str() prints it; has_grid whether mdring has a grid to run on
+// (mdringGrid(topo).nontrivialDims() >= 2). Both are computed once per communicator: this runs per call.
 AllReduceChoice chooseAllReduce(Algo forced_algo, size_t forced_segment, const TuneTable* tune,
-                                const Topology& topo, int nranks, size_t bytes);
+                                const std::string& topology, bool has_grid, int nranks, size_t bytes);
 // chooseAllReduce's algorithm with no tuning file.
 Algo selectAllReduce(Algo forced, const Topology& topo, int nranks, size_t bytes);
 // The grid mdring runs on: the configured topology when it has two or more non-trivial dims; for a flat one,

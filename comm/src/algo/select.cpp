@@ -10,8 +10,7 @@ constexpr size_t kDefaultSegmentBytes = 256 * 1024;
 }  // namespace
 
 AllReduceChoice chooseAllReduce(Algo forced_algo, size_t forced_segment, const TuneTable* tune,
-                                const Topology& topo, int nranks, size_t bytes) {
-  const std::string topology = topo.str();
+                                const std::string& topology, bool has_grid, int nranks, size_t bytes) {
   const TuneRule* rule = tune != nullptr ? tune->find(nranks, topology, bytes) : nullptr;
   if (rule == nullptr) rule = TuneTable::builtin().find(nranks, topology, bytes);
   AllReduceChoice c{Algo::kRing, kDefaultSegmentBytes};
@@ -20,7 +19,7 @@ AllReduceChoice chooseAllReduce(Algo forced_algo, size_t forced_segment, const T
   } else if (rule != nullptr) {
     c.algo = rule->algo;
     // mdring needs a grid (given, or factorised: see mdringGrid); a prime count keeps the flat ring.
-    if (c.algo == Algo::kMdRing && mdringGrid(topo).nontrivialDims() < 2) c.algo = Algo::kRing;
+    if (c.algo == Algo::kMdRing && !has_grid) c.algo = Algo::kRing;
   }
   if (forced_segment > 0) {
     c.segment_bytes = forced_segment;
@@ -31,7 +30,8 @@ AllReduceChoice chooseAllReduce(Algo forced_algo, size_t forced_segment, const T
 }
 
 Algo selectAllReduce(Algo forced, const Topology& topo, int nranks, size_t bytes) {
-  return chooseAllReduce(forced, 0, nullptr, topo, nranks, bytes).algo;
+  return chooseAllReduce(forced, 0, nullptr, topo.str(), mdringGrid(topo).nontrivialDims() >= 2, nranks, bytes)
+      .algo;
 }
 
 Topology mdringGrid(const Topology& configured) {
