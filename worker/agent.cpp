@@ -79,6 +79,14 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args);
   stub_ = v1::AgentService::NewStub(channel);
+  // The telemetry listener first: exits of adopted ranks are reported (onRankExit, toProto) from the
+  // supervisor's thread as soon as recover() below runs.
+  std::string error;
+  telemetry_ = std::make_unique<TelemetryListener>(config_.data_dir + "/agent.sock", &error);
+  if (!error.empty()) {
+    spdlog::warn("rank telemetry off: {}", error);
+    telemetry_.reset();
+  }
   Supervisor::Options options;
   options.state_dir = config_.data_dir + "/ranks";
   options.shim_path = findRankShim();
@@ -92,12 +100,6 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   for (const auto& problem : supervisor_->recover()) spdlog::warn("{}", problem);
   if (const size_t held = supervisor_->ranks().size()) {
     spdlog::info("adopted {} ranks left by the previous agent from {}", held, options.state_dir);
-  }
-  std::string error;
-  telemetry_ = std::make_unique<TelemetryListener>(config_.data_dir + "/agent.sock", &error);
-  if (!error.empty()) {
-    spdlog::warn("rank telemetry off: {}", error);
-    telemetry_.reset();
   }
 }
 
