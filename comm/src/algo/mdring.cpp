@@ -60,13 +60,6 @@ void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const 
     Group g = groupAlong(topo, s.rank(), static_cast<int>(k));
     const int avg = (d.op == ddlAvg && static_cast<int>(k) == last_dim) ? p : 0;
     const auto t0 = Clock::now();
-    if (static_cast<int>(k) == last_dim) {
-      // The last dim runs its reduce-scatter and allgather as one ring: segment j starts back as soon as
-      // it is reduced, so the slowest links never idle between the halves.
-      ringSteps(s, g, d, in + lo * es, out + lo * es, n, 0, 2 * dk - 2, 0, avg);
-      s.dim_seconds[k] += since(t0);
-      break;
-    }
     ringSteps(s, g, d, in + lo * es, out + lo * es, n, 0, dk - 1, 0, avg);
     s.dim_seconds[k] += since(t0);
     levels.push_back({g, lo, n});
