@@ -55,6 +55,13 @@ TEST(TuneTable, NoMatchingRuleFindsNothing) {
   EXPECT_EQ(t->find(4, "4", 8), nullptr);
 }
 
+TEST(TuneTable, FlatMatchesTopologiesWithoutAHierarchy) {
+  auto t = TuneTable::parse("ddl-tune 1\nallreduce * flat inf ring 0\nallreduce * * inf mdring 64K\n", "t.tune");
+  for (const char* flat : {"4", "8x1", "1x8", "1"}) EXPECT_EQ(t->find(8, flat, 8)->algo, Algo::kRing) << flat;
+  for (const char* grid : {"2x2", "4x2", "2x1x4"}) EXPECT_EQ(t->find(8, grid, 8)->algo, Algo::kMdRing) << grid;
+  EXPECT_EQ(TuneTable::formatRule(t->rules()[0]), "allreduce * flat inf ring 0");
+}
+
 TEST(TuneTable, DigestIgnoresCommentsAndSpacingButNotRules) {
   auto a = TuneTable::parse("ddl-tune 1\nallreduce 2 2 64K rhd 0\n", "a");
   auto b = TuneTable::parse("# other comment\nddl-tune  1\n  allreduce 2 2 65536  rhd 0 # same\n", "b");
@@ -116,9 +123,19 @@ TEST(ChooseAllReduce, ForcedSettingsWinThenTheTableThenTheBuiltIn) {
   // Another rank count: the built-in table; mdring on a prime count is the flat ring.
   EXPECT_EQ(choose(Algo::kAuto, 0, t.get(), flat5, 5, 8).algo, Algo::kRhd);
   EXPECT_EQ(choose(Algo::kAuto, 0, t.get(), flat5, 5, 2 << 20).algo, Algo::kRing);
-  // No table at all is the built-in one; it has rules of its own for 3 ranks.
+  // No table at all is the built-in one; it has rules of its own for 2 and 3 ranks.
   EXPECT_EQ(choose(Algo::kAuto, 0, nullptr, flat4, 4, 8).algo, Algo::kRhd);
-  EXPECT_EQ(choose(Algo::kAuto, 0, nullptr, flat4, 4, 8192).algo, Algo::kMdRing);
+  c = choose(Algo::kAuto, 0, nullptr, flat4, 4, 8192);  // flat: the default segment
+  EXPECT_EQ(c.algo, Algo::kMdRing);
+  EXPECT_EQ(c.segment_bytes, size_t{256} << 10);
+  c = choose(Algo::kAuto, 0, nullptr, parseTopology("2x2", 4), 4, 8192);  // a hierarchy: short segments
+  EXPECT_EQ(c.algo, Algo::kMdRing);
+  EXPECT_EQ(c.segment_bytes, size_t{64} << 10);
+  const Topology flat2 = parseTopology("", 2);
+  EXPECT_EQ(choose(Algo::kAuto, 0, nullptr, flat2, 2, 4 << 20).algo, Algo::kRhd);
+  c = choose(Algo::kAuto, 0, nullptr, flat2, 2, 16 << 20);  // mdring has no grid at 2: the flat ring
+  EXPECT_EQ(c.algo, Algo::kRing);
+  EXPECT_EQ(c.segment_bytes, size_t{256} << 10);
   const Topology flat3 = parseTopology("", 3);
   EXPECT_EQ(choose(Algo::kAuto, 0, nullptr, flat3, 3, 100 << 10).algo, Algo::kRhd);
   c = choose(Algo::kAuto, 0, nullptr, flat3, 3, 1 << 20);

@@ -13,14 +13,21 @@ namespace {
 // The built-in table, from ddl-bench --tune sweeps over shared memory at 2, 3 and 4 ranks and the 2x2 network
 // namespace hierarchy (docs/benchmarks.md), kept coarse because it must suit links it was not measured on:
 // recursive halving-doubling while latency dominates (up to 4 KiB; at 3 ranks, where no grid exists, up to
-// 128 KiB, with the ring at 64 KiB segments above); then the multi-dimensional ring on a grid, with 64 KiB
-// segments (mdring falls back to the flat ring where the rank count is prime). Small segments keep a slow
-// link's pipeline short: on the 2x2 hierarchy at 1 Gbit/s, mdring/ring went from 0.93-1.18x to 1.26-1.32x at
-// 1-4 MiB against 256 KiB segments, and over shared memory at 4 ranks they were as fast or faster.
+// 128 KiB, with the ring at 64 KiB segments above); then the multi-dimensional ring on a grid (mdring falls
+// back to the flat ring where the rank count is prime): with 256 KiB segments on a flat topology (one host, or
+// no hierarchy given; shared memory at 4 ranks, 5 runs in shuffled order: 4-20% faster than 64 KiB from 64 KiB
+// to 64 MiB), and with 64 KiB segments on a configured hierarchy, where short segments keep the slow link's
+// pipeline short (2x2 at 1 Gbit/s: mdring/ring 1.23-1.32x at 4 MiB against 0.93-0.95x with 256 KiB).
+// At 2 ranks rhd is one exchange of halves, the ring's data in one message each way instead of segments; over
+// shared memory it was level or a little faster up to 4 MiB (6 shuffled runs: 2-6%; the comparison harness:
+// 4.50-7.67 against 4.33-6.09 GB/s busbw) and slower above, where the pipelined ring keeps the reduction in
+// cache.
 constexpr const char* kBuiltin = R"(ddl-tune 1
+allreduce 2 * 4M rhd 0
 allreduce 3 * 128K rhd 0
 allreduce 3 * 8M ring 64K
 allreduce * * 4K rhd 0
+allreduce * flat inf mdring 0
 allreduce * * inf mdring 64K
 )";
 
@@ -91,8 +98,8 @@ std::shared_ptr<const TuneTable> TuneTable::parse(const std::string& text, const
       r.nranks = static_cast<int>(parseInt(w[1], (where + "RANKS").c_str(), 1, 1 << 15));
     }
     if (w[2] != "*") {
-      if (w[2].find_first_not_of("0123456789x") != std::string::npos) {
-        fail(ddlInvalidArgument, where + "topology '" + w[2] + "' is not like 2x2 or 4 (or *)");
+      if (w[2] != "flat" && w[2].find_first_not_of("0123456789x") != std::string::npos) {
+        fail(ddlInvalidArgument, where + "topology '" + w[2] + "' is not like 2x2 or 4 (or flat, or *)");
       }
       r.topology = w[2];
     }
@@ -136,10 +143,26 @@ const TuneTable& TuneTable::builtin() {
   return *table;
 }
 
+namespace {
+// "flat": at most one dim of the topology is larger than 1 ("4", "4x1", "1x8"), i.e. no hierarchy is known.
+bool isFlat(const std::string& topology) {
+  int big = 0;
+  size_t start = 0;
+  while (start <= topology.size()) {
+    size_t x = topology.find('x', start);
+    if (x == std::string::npos) x = topology.size();
+    const std::string dim = topology.substr(start, x - start);
+    if (!dim.empty() && dim != "1") ++big;
+    start = x + 1;
+  }
+  return big <= 1;
+}
+}  // namespace
+
 const TuneRule* TuneTable::find(int nranks, const std::string& topology, size_t bytes) const {
   for (const auto& r : rules_) {
-    if ((r.nranks == 0 || r.nranks == nranks) && (r.topology.empty() || r.topology == topology) &&
-        bytes <= r.max_bytes) {
+    const bool topo_ok = r.topology.empty() || r.topology == topology || (r.topology == "flat" && isFlat(topology));
+    if ((r.nranks == 0 || r.nranks == nranks) && topo_ok && bytes <= r.max_bytes) {
       return &r;
     }
   }

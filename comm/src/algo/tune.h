@@ -7,7 +7,7 @@
 //   ddl-tune 1                                       the first rule-free line: the format's version
 //   allreduce RANKS TOPOLOGY MAX_BYTES ALGO SEGMENT
 // RANKS is a rank count or '*'; TOPOLOGY a DDL_TOPOLOGY string as ddlCommGetTopology prints it ("2x2", "4" for
-// flat) or '*'; MAX_BYTES a byte count (K, M, G suffixes: powers of 2) or 'inf'; ALGO ring, mdring or rhd;
+// flat), 'flat' (any topology with at most one dim above 1: no known hierarchy) or '*'; MAX_BYTES a byte count (K, M, G suffixes: powers of 2) or 'inf'; ALGO ring, mdring or rhd;
 // SEGMENT the pipeline segment in bytes (same suffixes), or 0 for the built-in default. For a message the first
 // rule in file order whose RANKS and TOPOLOGY match and whose MAX_BYTES is at least the message's size decides.
 //
