@@ -146,14 +146,14 @@ const TuneTable& TuneTable::builtin() {
 namespace {
 // "flat": at most one dim of the topology is larger than 1 ("4", "4x1", "1x8"), i.e. no hierarchy is known.
 bool isFlat(const std::string& topology) {
+  // Runs per allreduce when a 'flat' rule is reached: a scan, no allocation.
   int big = 0;
   size_t start = 0;
-  while (start <= topology.size()) {
-    size_t x = topology.find('x', start);
-    if (x == std::string::npos) x = topology.size();
-    const std::string dim = topology.substr(start, x - start);
-    if (!dim.empty() && dim != "1") ++big;
-    start = x + 1;
+  for (size_t i = 0; i <= topology.size(); ++i) {
+    if (i < topology.size() && topology[i] != 'x') continue;
+    const size_t len = i - start;
+    if (len > 0 && !(len == 1 && topology[start] == '1')) ++big;
+    start = i + 1;
   }
   return big <= 1;
 }
@@ -161,8 +161,8 @@ bool isFlat(const std::string& topology) {
 
 const TuneRule* TuneTable::find(int nranks, const std::string& topology, size_t bytes) const {
   for (const auto& r : rules_) {
-    const bool topo_ok = r.topology.empty() || r.topology == topology || (r.topology == "flat" && isFlat(topology));
-    if ((r.nranks == 0 || r.nranks == nranks) && topo_ok && bytes <= r.max_bytes) {
+    if ((r.nranks == 0 || r.nranks == nranks) && bytes <= r.max_bytes &&
+        (r.topology.empty() || r.topology == topology || (r.topology == "flat" && isFlat(topology)))) {
       return &r;
     }
   }
