@@ -125,7 +125,8 @@ void Comm::run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, i
                 " (destroy it with ddlCommDestroy and create a new one)");
   }
   try {
-    const auto t0 = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point t0;
+    if (telemetry_) t0 = std::chrono::steady_clock::now();
     Session s(*channel_, kind, type, op, count, root, variant);
     body(s);
     if (telemetry_) {

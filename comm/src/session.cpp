@@ -52,7 +52,7 @@ Channel::~Channel() {
     pending.push_back(&control_recv_);
   }
   for (auto& r : control_sends_) pending.push_back(r.get());
-  for (auto& r : graveyard) pending.push_back(r.get());
+  for (size_t i = 0; i < req_used_; ++i) pending.push_back(&req_pool_[i]);  // those failed Sessions left
   Deadline d(kCleanupMs);
   auto all_done = [&] {
     for (Request* r : pending)
@@ -77,15 +77,13 @@ std::string Channel::peerName(int rank) const {
   return "rank " + std::to_string(rank) + " (" + transport_->hostOf(rank) + ")";
 }
 
-const std::string& Channel::remoteError() {
-  if (control_recv_.done) {
-    if (control_recv_.ok && remote_error_.empty()) {
-      remote_error_.assign(control_buf_, std::min(control_recv_.length, sizeof(control_buf_)));
-      // Once broken, the channel stays broken: no need to keep listening.
-      return remote_error_;
-    }
-    if (remote_error_.empty()) postControlRecv();
+const std::string& Channel::readControl() {
+  if (control_recv_.ok && remote_error_.empty()) {
+    remote_error_.assign(control_buf_, std::min(control_recv_.length, sizeof(control_buf_)));
+    // Once broken, the channel stays broken: no need to keep listening.
+    return remote_error_;
   }
+  if (remote_error_.empty()) postControlRecv();
   return remote_error_;
 }
 
@@ -111,6 +109,13 @@ void Channel::notifyPeers(const std::string& why) {
   }
 }
 
+Request* Channel::newRequest() {
+  if (req_used_ == req_pool_.size()) req_pool_.emplace_back();
+  Request* r = &req_pool_[req_used_++];
+  r->reset();
+  return r;
+}
+
 char* Channel::scratch(int slot, size_t bytes) {
   DDL_ASSERT(slot == 0 || slot == 1);
   std::vector<char>& v = scratch_[slot];
@@ -123,21 +128,23 @@ char* Channel::scratch(int slot, size_t bytes) {
 }
 
 namespace {
+// A 64-bit finaliser (MurmurHash3's fmix64): every input bit moves about half of the output bits.
+uint64_t fmix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+// 8 bits that differ, with probability 255/256, between calls that differ in any argument. Runs per collective:
+// a few multiplies, not a byte-wise hash.
 uint64_t signature(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant) {
-  uint64_t h = 1469598103934665603ULL;
-  auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xFF;
-      h *= 1099511628211ULL;
-    }
-  };
-  mix(static_cast<uint64_t>(kind));
-  mix(static_cast<uint64_t>(type));
-  mix(static_cast<uint64_t>(op));
-  mix(count);
-  mix(static_cast<uint64_t>(root));
-  mix(static_cast<uint64_t>(variant));
-  return (h ^ (h >> 8) ^ (h >> 16) ^ (h >> 24) ^ (h >> 32) ^ (h >> 40) ^ (h >> 48) ^ (h >> 56)) & 0xFF;
+  const uint64_t args = static_cast<uint64_t>(kind) | static_cast<uint64_t>(type & 0xFF) << 8 |
+                        static_cast<uint64_t>(op & 0xFF) << 16 | static_cast<uint64_t>(variant & 0xFF) << 24 |
+                        static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32;
+  return fmix64(fmix64(args) ^ count) & 0xFF;
 }
 }  // namespace
 
@@ -153,26 +160,30 @@ Session::Session(Channel& ch, CollKind kind, ddlDataType_t type, ddlRedOp_t op, 
       seq_bits_(static_cast<uint64_t>(ch.nextSeq()) << tag::kSeqShift),
       sig_bits_(signature(kind, type, op, count, root, variant) << tag::kSigShift),
       src_bits_(static_cast<uint64_t>(ch.rank()) << tag::kSrcShift),
-      deadline_(timeout_ms < 0 ? ch.timeoutMs() : timeout_ms) {}
+      timeout_ms_(timeout_ms < 0 ? ch.timeoutMs() : timeout_ms),
+      first_req_(ch.requestMark()) {}
 
 Session::~Session() {
+  const size_t end = ch_.requestMark();
   bool pending = false;
-  for (auto& r : reqs_) {
-    if (!r->done) {
-      t_.cancel(*r);
+  for (size_t i = first_req_; i < end; ++i) {
+    Request& r = ch_.request(i);
+    if (!r.done) {
+      t_.cancel(r);
       pending = true;
     }
   }
-  if (!pending) return;
-  Deadline d(kCleanupMs);
-  for (auto& r : reqs_) {
-    while (!r->done && !d.expired()) {
-      if (!t_.progress()) t_.idleWait(0);
+  if (pending) {
+    Deadline d(kCleanupMs);
+    for (size_t i = first_req_; i < end; ++i) {
+      while (!ch_.request(i).done && !d.expired()) {
+        if (!t_.progress()) t_.idleWait(0);
+      }
+      // One that is still posted stays taken: the transport may yet complete it.
+      if (!ch_.request(i).done) return;
     }
   }
-  for (auto& r : reqs_) {
-    if (!r->done) ch_.graveyard.push_back(std::move(r));
-  }
+  ch_.releaseRequests(first_req_);
 }
 
 std::string Session::describe() const {
@@ -192,8 +203,7 @@ uint32_t Session::phase() {
 
 Request* Session::send(int peer, uint32_t unit, const void* buf, size_t bytes) {
   DDL_ASSERT(peer != rank() && peer >= 0 && peer < size() && unit <= tag::kUnitMask);
-  reqs_.push_back(std::make_unique<Request>());
-  Request* r = reqs_.back().get();
+  Request* r = ch_.newRequest();
   r->posted_len = bytes;
   t_.send(*r, peer, seq_bits_ | sig_bits_ | src_bits_ | unit, buf, bytes);
   return r;
@@ -201,8 +211,7 @@ Request* Session::send(int peer, uint32_t unit, const void* buf, size_t bytes) {
 
 Request* Session::recv(int peer, uint32_t unit, void* buf, size_t bytes) {
   DDL_ASSERT(peer != rank() && peer >= 0 && peer < size() && unit <= tag::kUnitMask);
-  reqs_.push_back(std::make_unique<Request>());
-  Request* r = reqs_.back().get();
+  Request* r = ch_.newRequest();
   r->posted_len = bytes;
   uint64_t t = seq_bits_ | (static_cast<uint64_t>(peer) << tag::kSrcShift) | unit;
   uint64_t mask = tag::kControl | tag::kSeqMask | tag::kSrcMask | tag::kUnitMask;
@@ -267,12 +276,8 @@ void Session::progress(Request* waiting_for) {
   if ((idle_ & 63) == 0) {
     // Idle for a while: look for failed peers and the deadline, then let other processes run.
     Request* late = waiting_for;
-    if (!late) {
-      for (auto& r : reqs_)
-        if (!r->done) {
-          late = r.get();
-          break;
-        }
+    for (size_t i = first_req_; !late && i < ch_.requestMark(); ++i) {
+      if (!ch_.request(i).done) late = &ch_.request(i);
     }
     if (late && late->peer >= 0) {
       probeMismatch(late->peer);
@@ -281,9 +286,10 @@ void Session::progress(Request* waiting_for) {
         fail(ddlRemoteError, ch_.peerName(late->peer) + " failed during " + describe() + ": " + why);
       }
     }
-    if (deadline_.expired()) {
+    if (!deadline_) deadline_.emplace(timeout_ms_);
+    if (deadline_->expired()) {
       std::string who = (late && late->peer >= 0) ? " waiting for " + ch_.peerName(late->peer) : "";
-      fail(ddlTimeout, describe() + " timed out after " + std::to_string(deadline_.timeoutMs()) + " ms" + who +
+      fail(ddlTimeout, describe() + " timed out after " + std::to_string(timeout_ms_) + " ms" + who +
                            ": a peer may be dead, stuck, or calling a different collective (set DDL_TIMEOUT_MS "
                            "to wait longer)");
     }
@@ -301,7 +307,7 @@ void Session::wait(Request* r) {
 }
 
 void Session::waitAll() {
-  for (auto& r : reqs_) wait(r.get());
+  for (size_t i = first_req_; i < ch_.requestMark(); ++i) wait(&ch_.request(i));
 }
 
 }  // namespace ddl

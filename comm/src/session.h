@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,8 +73,11 @@ class Channel {
   // Set by ddlCommAbort from any thread.
   std::atomic<bool> aborted{false};
 
-  // Checks the control receive: when a peer has reported a failure, returns its message (sticky).
-  const std::string& remoteError();
+  // Checks the control receive: when a peer has reported a failure, returns its message (sticky). Inline:
+  // every round of a wait asks.
+  const std::string& remoteError() {
+    return control_recv_.done.load(std::memory_order_acquire) ? readControl() : remote_error_;
+  }
 
   // Best effort, bounded: tells every live peer that this rank failed, with why.
   void notifyPeers(const std::string& why);
@@ -82,8 +86,17 @@ class Channel {
   // reused between collectives.
   char* scratch(int slot, size_t bytes);
 
+  // Requests for Sessions, reused from one collective to the next so that a message costs no allocation.
+  // A Session takes requests from requestMark() on and gives them back (releaseRequests(mark)) once all are
+  // done; those a failed Session could not finish in time stay taken, alive, until the Channel goes.
+  Request* newRequest();
+  size_t requestMark() const { return req_used_; }
+  Request& request(size_t i) { return req_pool_[i]; }
+  void releaseRequests(size_t mark) { req_used_ = mark; }
+
  private:
   void postControlRecv();
+  const std::string& readControl();
 
   std::unique_ptr<Transport> transport_;
   int rank_, size_, timeout_ms_;
@@ -95,19 +108,15 @@ class Channel {
   bool notified_ = false;
   std::deque<std::unique_ptr<Request>> control_sends_;
   std::string control_msg_;
-
- public:
-  // Requests a failed Session could not cancel in time: kept alive until the Channel goes.
-  std::deque<std::unique_ptr<Request>> graveyard;
-
- private:
+  std::deque<Request> req_pool_;  // a deque: requests never move while the transport holds them
+  size_t req_used_ = 0;
   std::vector<char> scratch_[2];
 };
 
 class Session {
  public:
-  // Starts a collective: takes the next sequence number and the deadline now.
-  // timeout_ms < 0: the channel's timeout.
+  // Starts a collective: takes the next sequence number. The timeout counts from the collective's first wait
+  // that finds nothing to do (no clock read for collectives that never wait).
   // variant: anything else that must agree across ranks (the algorithm). timeout_ms < 0: the channel's.
   Session(Channel& ch, CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant = 0,
           int timeout_ms = -1);
@@ -151,8 +160,9 @@ class Session {
   int root_;
   uint64_t seq_bits_, sig_bits_, src_bits_;
   uint32_t next_phase_ = 0;
-  Deadline deadline_;
-  std::deque<std::unique_ptr<Request>> reqs_;
+  int timeout_ms_;
+  std::optional<Deadline> deadline_;  // started by the first idle check
+  size_t first_req_;                  // this collective's requests: ch_.request(first_req_ ..)
   int idle_ = 0;
 };
 

@@ -28,6 +28,19 @@ struct Request {
   std::string error;       // transport message when !ok
   void* impl = nullptr;    // transport-private
   void* impl2 = nullptr;   // transport-private
+
+  // Back to a fresh request, for reuse.
+  void reset() {
+    done.store(false, std::memory_order_relaxed);
+    ok = true;
+    peer = -1;
+    is_recv = false;
+    posted_len = length = 0;
+    sender_tag = 0;
+    truncated = false;
+    error.clear();
+    impl = impl2 = nullptr;
+  }
 };
 
 class Transport {
