@@ -177,6 +177,17 @@ def perftest(tls, size):
     return None
 
 
+def paired_ratios(by_rep, mine, peer, size, field):
+    """mine/peer within each repetition that ran both: the two ran minutes apart at most, so a slow spell of
+    this machine moves both. Their spread says whether a median ratio is a result or noise."""
+    out = []
+    for rows in by_rep.values():
+        m, p = rows.get(mine, {}).get(size), rows.get(peer, {}).get(size)
+        if m and p and m.get(field) and p.get(field):
+            out.append(m[field] / p[field])
+    return out
+
+
 def median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -307,6 +318,13 @@ def check_tools(a):
         sys.exit("compare.py: cannot run the chosen systems:\n  " + "\n  ".join(problems))
 
 
+def verdict(lo_hi):
+    """'ahead' or 'behind' only when every repetition agrees; '~' when they disagree (noise decides)."""
+    if not lo_hi:
+        return "-"
+    return "ahead" if lo_hi[0] >= 1 else "behind" if lo_hi[1] < 1 else "~"
+
+
 def print_table(entry, a, tdesc, tls):
     systems, sizes = entry["systems"], entry["sizes"]
     busbw, p2p, best = entry["busbw_GBs"], entry["p2p_GBs"], entry["best_peer"]
@@ -317,7 +335,7 @@ def print_table(entry, a, tdesc, tls):
           f"{entry['variant']}, median of {a.reps}")
     head = f"{'size':>8} {'p2p':>7} " + " ".join(f"{n:>11}" for n in systems)
     if has_peer:
-        head += f" {'best peer':>11} {'auto/best':>9}"
+        head += f" {'best peer':>11} {'auto/best':>9} {'each rep':>11} {'verdict':>7}"
     if has_p2p:
         head += f" {'auto/p2p':>8}"
     print(head)
@@ -334,6 +352,9 @@ def print_table(entry, a, tdesc, tls):
             peer = best.get(key)
             line += f" {peer:>11}" if peer else " " + dash(11)
             line += " " + bw(auto / row[peer] if auto and peer and row[peer] else None, 9)
+            lo_hi = entry.get("auto_best_per_rep", {}).get(key)
+            line += f" {lo_hi[0]:5.2f}-{lo_hi[1]:<5.2f}" if lo_hi else " " + dash(11)
+            line += f" {verdict(lo_hi):>7}"
         if has_p2p:
             line += f" {auto / p2p[key]:8.0%}" if auto and p2p.get(key) else " " + dash(8)
         print(line)
@@ -402,6 +423,7 @@ def main():
                 p2p[size] = median(perftest(tls, size) for _ in range(a.reps))
         for ranks in a.ranks:
             runs = {name: [] for name in a.systems}
+            by_rep = {}  # rep -> {system: rows}: for ratios within one repetition
             with tempfile.TemporaryDirectory() as tmp:
                 for rep in range(a.reps):
                     # A new order every repetition (seeded: reproducible), so that neither a system's position
@@ -414,9 +436,10 @@ def main():
                         rows, err = system_run(a, tname, name, ranks, bands, tmp)
                         if rows is not None:
                             runs[name].append(rows)
+                            by_rep.setdefault(rep, {})[name] = rows
                         else:
                             errors.append(f"{tname}, {ranks} ranks, {name}: {err}")
-            table, best = {}, {}
+            table, best, spread = {}, {}, {}
             for size in sizes:
                 cell = {name: median(r[size][field] for r in results if size in r)
                         for name, results in runs.items()}
@@ -424,9 +447,12 @@ def main():
                 peers = [(cell[n], n) for n in PEERS if cell.get(n) is not None]
                 if peers:
                     best[str(size)] = max(peers)[1]
+                    pair = paired_ratios(by_rep, "ddl-auto", best[str(size)], size, field)
+                    if pair:
+                        spread[str(size)] = [min(pair), max(pair)]
             entry = {"transport": tname, "ucx_tls": tls, "ranks": ranks, "variant": variant, "sizes": sizes,
                      "systems": a.systems, "p2p_GBs": {str(k): v for k, v in p2p.items()},
-                     "busbw_GBs": table, "best_peer": best}
+                     "busbw_GBs": table, "best_peer": best, "auto_best_per_rep": spread}
             summary["results"].append(entry)
             print_table(entry, a, tdesc, tls)
             write_summary(summary, errors, started, path)  # after each table: a cut-off run keeps them
