@@ -402,13 +402,20 @@ std::string formatJobTable(const v1::ListJobsResponse& jobs, int64_t nowMs) {
   return renderTable(rows);
 }
 
+namespace {
+// "UP", "DRAINING", "DOWN", or "DOWN (drained)": a DOWN node the operator drained comes back DRAINING.
+std::string nodeState(const v1::Node& n) {
+  return n.drained() && n.state() == "DOWN" ? n.state() + " (drained)" : n.state();
+}
+}  // namespace
+
 std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
   std::vector<std::vector<std::string>> rows = {
       {"NAME", "STATE", "GPUS", "ADDRESS", "LABELS", "HEARTBEAT", "JOBS"}};
   for (const v1::Node& n : nodes.nodes()) {
     std::string labels = formatLabels(n.labels());
     std::vector<std::string> jobs(n.jobs().begin(), n.jobs().end());
-    rows.push_back({n.name(), n.state(),
+    rows.push_back({n.name(), nodeState(n),
                     std::to_string(n.gpus_used_size()) + "/" + std::to_string(n.gpus_size()),
                     n.address().empty() ? "-" : n.address(), labels.empty() ? "-" : labels,
                     n.last_heartbeat_ms() > 0 ? formatAge(nowMs - n.last_heartbeat_ms()) : "never",
@@ -792,7 +799,7 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
   req.set_drain(cl.verb == "drain");
   v1::Node node;
   if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.DrainNode(c, req, &node); })) return rc;
-  return s.print(node, node.name() + " " + node.state() + "\n");
+  return s.print(node, node.name() + " " + nodeState(node) + "\n");
 }
 
 }  // namespace

@@ -101,7 +101,7 @@ async function refresh(){
  try{
   const [n,j]=await Promise.all([fetch('/api/v1/nodes').then(r=>r.json()),fetch('/api/v1/jobs').then(r=>r.json())]);
   document.querySelector('#nodes tbody').innerHTML=(n.nodes||[]).map(x=>row([esc(x.name),
-   '<span class="'+esc(x.state)+'">'+esc(x.state)+(x.connected?'':' (disconnected)')+'</span>',
+   '<span class="'+esc(x.state)+'">'+esc(x.state)+(x.drained&&x.state==='DOWN'?' (drained)':'')+(x.connected?'':' (disconnected)')+'</span>',
    (x.gpus_used||[]).length+'/'+(x.gpus||[]).length,
    esc(Object.entries(x.labels||{}).map(([k,v])=>k+'='+v).join(',')),
    x.last_heartbeat_ms>0?age(Number(x.last_heartbeat_ms))+' ago':'never',

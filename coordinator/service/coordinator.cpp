@@ -491,7 +491,9 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequ
   record.gpus.clear();
   for (const auto& g : req.gpus()) record.gpus.push_back({g.index(), g.uuid(), g.model(), g.memory_bytes()});
   record.labels = {req.labels().begin(), req.labels().end()};
-  if (record.state == state::NodeState::kDown) record.state = state::NodeState::kUp;
+  if (record.state == state::NodeState::kDown) {
+    record.state = record.drained ? state::NodeState::kDraining : state::NodeState::kUp;
+  }
   record.last_heartbeat_ms = now;
   Status st = store_.upsertNode(record);
   if (!st) {
@@ -843,16 +845,17 @@ StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain) {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return state::nodeNotFound(name);
   NodeEntry& node = it->second;
-  if (node.record.state == state::NodeState::kDown) {
-    return Status::failedPrecondition("node " + name + " is DOWN; " + (drain ? "drain" : "undrain") +
-                                      " it once its agent is back");
-  }
-  state::NodeState want = drain ? state::NodeState::kDraining : state::NodeState::kUp;
-  if (node.record.state != want) {
-    Status st = store_.setNodeState(name, want);
+  // A DOWN node stays DOWN until its agent is back; the drain is kept for then.
+  state::NodeRecord want = node.record;
+  want.drained = drain;
+  if (want.state != state::NodeState::kDown) want.state = drain ? state::NodeState::kDraining : state::NodeState::kUp;
+  if (want != node.record) {
+    Status st = store_.upsertNode(want);
     if (!st) return st;
-    node.record.state = want;
-    spdlog::info("node {} is now {}", name, toString(want));
+    node.record = want;
+    spdlog::info("node {} is now {}{}", name, toString(want.state),
+                 want.state == state::NodeState::kDown ? (drain ? ", drained for when it is back" : ", undrained")
+                                                       : "");
     schedule_wanted_ = true;
     wake_.notify_all();
   }
@@ -1026,6 +1029,7 @@ v1::Node Coordinator::nodeToProtoLocked(const NodeEntry& node, const NodeUsage& 
   out.set_name(node.record.name);
   out.set_address(node.record.address);
   out.set_state(toString(node.record.state));
+  out.set_drained(node.record.drained);
   for (const auto& g : node.record.gpus) {
     v1::Gpu* p = out.add_gpus();
     p->set_index(g.index);

@@ -201,6 +201,9 @@ struct NodeRecord {
   std::vector<GpuInfo> gpus;
   std::map<std::string, std::string> labels;  // e.g. rack, switch.
   NodeState state = NodeState::kUp;
+  // The operator's drain (ddlctl drain), kept while the node is DOWN: a drained node comes back DRAINING, not
+  // UP, so a node drained for maintenance gets no jobs when it reboots.
+  bool drained = false;
   int64_t last_heartbeat_ms = 0;
 
   bool operator==(const NodeRecord&) const = default;

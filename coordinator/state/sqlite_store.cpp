@@ -91,6 +91,12 @@ CREATE TABLE job_labels (
   job_seq INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (job_seq, key)
 ) WITHOUT ROWID;
 )sql",
+    // 2 -> 3: the operator's drain, apart from the state, so that it outlives DOWN. Before, a drain was the
+    // DRAINING state alone.
+    R"sql(
+ALTER TABLE nodes ADD COLUMN drained INTEGER NOT NULL DEFAULT 0 CHECK (drained IN (0, 1));
+UPDATE nodes SET drained = 1 WHERE state = 'DRAINING';
+)sql",
 };
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kMigrationCount == SqliteStore::kSchemaVersion, "one migration per schema version");
@@ -671,9 +677,10 @@ Status SqliteStore::upsertNode(const NodeRecord& node) {
   DDL_RETURN_IF_ERROR(txn.begin());
   {
     DDL_PREPARE(q,
-                "INSERT OR REPLACE INTO nodes (name, address, state, last_heartbeat_ms) VALUES (?, ?, ?, ?)");
+                "INSERT OR REPLACE INTO nodes (name, address, state, last_heartbeat_ms, drained) "
+                "VALUES (?, ?, ?, ?, ?)");
     q.bind(1, node.name).bind(2, node.address).bind(3, std::string(toString(node.state)));
-    q.bind(4, node.last_heartbeat_ms);
+    q.bind(4, node.last_heartbeat_ms).bind(5, int64_t{node.drained ? 1 : 0});
     DDL_STEP_DONE(q, "storing node " + node.name);
   }
   for (const char* table : {"node_gpus", "node_labels"}) {
@@ -710,7 +717,8 @@ StatusOr<std::vector<NodeRecord>> SqliteStore::loadNodesLocked(const std::string
   std::vector<NodeRecord> nodes;
   std::map<std::string, size_t> index;
   {
-    DDL_PREPARE(q, "SELECT name, address, state, last_heartbeat_ms FROM nodes" + where + " ORDER BY name");
+    DDL_PREPARE(q, "SELECT name, address, state, last_heartbeat_ms, drained FROM nodes" + where +
+                       " ORDER BY name");
     if (name) q.bind(1, *name);
     int rc;
     while ((rc = q.step()) == SQLITE_ROW) {
@@ -721,6 +729,7 @@ StatusOr<std::vector<NodeRecord>> SqliteStore::loadNodesLocked(const std::string
       if (!state) return Status::dataLoss("node " + n.name + " has unknown state '" + q.text(2) + "'");
       n.state = *state;
       n.last_heartbeat_ms = q.i64(3);
+      n.drained = q.i64(4) != 0;
       index[n.name] = nodes.size();
       nodes.push_back(std::move(n));
     }

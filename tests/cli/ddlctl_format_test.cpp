@@ -312,6 +312,20 @@ TEST(DdlctlFormat, NodeTable) {
             "n2    DRAINING  0/4   10.0.0.2  -                  never      -\n");
 }
 
+TEST(DdlctlFormat, NodeTableSaysWhenADownNodeIsDrained) {
+  v1::ListNodesResponse nodes = sampleNodes();
+  nodes.mutable_nodes(1)->set_state("DOWN");
+  nodes.mutable_nodes(1)->set_drained(true);
+  v1::Node* n3 = nodes.add_nodes();
+  n3->set_name("n3");
+  n3->set_state("DOWN");
+  EXPECT_EQ(formatNodeTable(nodes, kNow),
+            "NAME  STATE           GPUS  ADDRESS   LABELS             HEARTBEAT  JOBS\n"
+            "n1    UP              2/4   10.0.0.1  rack=r1,switch=s1  2s         j-000001\n"
+            "n2    DOWN (drained)  0/4   10.0.0.2  -                  never      -\n"
+            "n3    DOWN            0/0   -         -                  never      -\n");
+}
+
 TEST(DdlctlFormat, JobDetail) {
   const char* tz = getenv("TZ");
   const std::string savedTz = tz != nullptr ? tz : "";

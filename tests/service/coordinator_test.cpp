@@ -386,6 +386,54 @@ TEST_F(CoordinatorTest, DrainedNodeTakesNoNewWorkAndTheReasonSaysSo) {
   EXPECT_EQ(coordinator->drain("nope", true).status().code(), state::StatusCode::kNotFound);
 }
 
+// A drain is the operator's, not the heartbeat's: a drained node that goes DOWN (a reboot for maintenance)
+// registers again DRAINING and takes no work until undrained. A DOWN node can be drained or undrained for
+// when it is back.
+TEST_F(CoordinatorTest, DrainOutlivesTheNodeGoingDownAndComingBack) {
+  addNode("n1", 2);
+  addNode("n2", 2);
+  ASSERT_TRUE(coordinator->drain("n1", true));
+  now += 11000;  // n1 misses its heartbeats; n2 keeps beating
+  ASSERT_TRUE(coordinator->heartbeat("n2", sessions["n2"], v1::Heartbeat()));
+  coordinator->tick();
+  auto nodes = coordinator->listNodes();
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].state(), "DOWN");
+  EXPECT_TRUE(nodes[0].drained());
+  EXPECT_FALSE(nodes[1].drained());
+
+  addNode("n1", 2);  // the agent is back
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "DRAINING");
+  std::string id = submit(spec(2, 2));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::PENDING);
+  EXPECT_TRUE(starts("n1", id).empty());
+
+  // Undrained while DOWN: back UP, and the job is placed.
+  now += 11000;
+  ASSERT_TRUE(coordinator->heartbeat("n2", sessions["n2"], v1::Heartbeat()));
+  coordinator->tick();
+  auto undrained = coordinator->drain("n1", false);
+  ASSERT_TRUE(undrained) << undrained.status().toString();
+  EXPECT_EQ(undrained->state(), "DOWN");
+  EXPECT_FALSE(undrained->drained());
+  addNode("n1", 2);
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "UP");
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::STARTING);
+
+  // Drained while DOWN: back DRAINING.
+  now += 11000;
+  ASSERT_TRUE(coordinator->heartbeat("n2", sessions["n2"], v1::Heartbeat()));
+  coordinator->tick();
+  auto drained = coordinator->drain("n1", true);
+  ASSERT_TRUE(drained) << drained.status().toString();
+  EXPECT_EQ(drained->state(), "DOWN");
+  EXPECT_TRUE(drained->drained());
+  addNode("n1", 2);
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "DRAINING");
+}
+
 TEST_F(CoordinatorTest, RingLayoutOfAPlacedJob) {
   addNode("n1", 2, {{"switch", "s1"}});
   addNode("n2", 2, {{"switch", "s1"}});
@@ -501,6 +549,19 @@ TEST_F(CoordinatorRestartTest, RanksGoneAfterRestartFailTheJob) {
   auto job = coordinator->getJob(id);
   EXPECT_EQ(job->state(), v1::FAILED);
   EXPECT_NE(job->reason().find("gone from node n1"), std::string::npos) << job->reason();
+}
+
+TEST_F(CoordinatorRestartTest, ADrainOutlivesARestartAndTheNodeGoingDown) {
+  addNode("n1", 1);
+  ASSERT_TRUE(coordinator->drain("n1", true));
+  reopen();
+  now += 11000;  // the agent does not come back within the grace
+  coordinator->tick();
+  ASSERT_EQ(coordinator->listNodes()[0].state(), "DOWN");
+  reopen();
+  EXPECT_TRUE(coordinator->listNodes()[0].drained());
+  addNode("n1", 1);
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "DRAINING");
 }
 
 TEST_F(CoordinatorRestartTest, NodesThatNeverReturnAreDownAfterTheGrace) {

@@ -516,6 +516,14 @@ TYPED_TEST(StoreTest, NodesUpsertGetListAndState) {
   EXPECT_EQ(*this->store_->getNode("n1"), n1);
   EXPECT_EQ(this->store_->getNode("n2")->state, NodeState::kUp);
 
+  // The operator's drain is its own field: setting the state (DOWN, as heartbeats do) leaves it alone.
+  n1.drained = true;
+  ASSERT_TRUE(this->store_->upsertNode(n1).isOk());
+  ASSERT_TRUE(this->store_->setNodeState("n1", NodeState::kDown).isOk());
+  n1.state = NodeState::kDown;
+  EXPECT_EQ(*this->store_->getNode("n1"), n1);
+  EXPECT_FALSE(this->store_->getNode("n2")->drained);
+
   auto missing = this->store_->getNode("n9");
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_TRUE(contains(missing.status().message(), "node n9")) << missing.status().toString();
@@ -677,8 +685,10 @@ TEST(SqliteStore, VersionOneDatabaseIsUpgradedInPlace) {
     ASSERT_TRUE(store->transition("j-000003", JobState::kCancelled, "user").isOk());
     jobs = *store->listJobs();
   }
-  // Turn the file into exactly what version 1 wrote: version 2 only added the job_labels table.
+  // Turn the file into exactly what version 1 wrote: version 2 added the job_labels table, version 3 the nodes'
+  // drained column.
   EXPECT_EQ(rawQuery(path, "DROP TABLE job_labels"), "<done>");
+  EXPECT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drained"), "<done>");
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 1"), "<done>");
   ASSERT_EQ(rawQuery(path, "SELECT version FROM schema_version"), "1");
   ASSERT_EQ(rawQuery(path, "SELECT count(*) FROM sqlite_master WHERE name = 'job_labels'"), "0");
@@ -704,6 +714,31 @@ TEST(SqliteStore, VersionOneDatabaseIsUpgradedInPlace) {
   EXPECT_EQ(*store->listJobs(), jobs);
   EXPECT_EQ(store->getJob("j-000004")->spec, sampleSpec());
   EXPECT_TRUE(store->transition("j-000002", JobState::kStarting, "").isOk());
+}
+
+// Version 2 knew a drain only as the DRAINING state: migrated, such a node is drained, so that it comes back
+// DRAINING after going DOWN; the others are not.
+TEST(SqliteStore, VersionTwoDrainingNodesAreDrainedAfterTheUpgrade) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  FakeClock clock;
+  NodeRecord draining = sampleNode("a", 2), up = sampleNode("b", 2), down = sampleNode("c", 1);
+  draining.state = NodeState::kDraining;
+  down.state = NodeState::kDown;
+  {
+    auto store = openOrDie(path, clock.fn());
+    ASSERT_NE(store, nullptr);
+    for (const NodeRecord& n : {draining, up, down}) ASSERT_TRUE(store->upsertNode(n).isOk());
+  }
+  EXPECT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drained"), "<done>");
+  EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 2"), "<done>");
+
+  auto store = openOrDie(path, clock.fn());
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->schemaVersion(), SqliteStore::kSchemaVersion);
+  EXPECT_TRUE(store->integrityCheck().isOk());
+  draining.drained = true;
+  EXPECT_EQ(*store->listNodes(), (std::vector<NodeRecord>{draining, up, down}));
 }
 
 TEST(SqliteStore, UnopenablePathGivesAClearError) {
