@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cassert>
 #include <csignal>
 #include <cstring>
@@ -59,8 +60,19 @@ placement::NodeState toPlacement(state::NodeState s) {
 
 }  // namespace
 
-Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::function<int64_t()> now_ms)
-    : store_(store), options_(options), now_ms_(now_ms ? std::move(now_ms) : state::systemNowMs) {
+namespace {
+int64_t steadyNowMs() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::function<int64_t()> now_ms,
+                         std::function<int64_t()> wall_ms)
+    : store_(store),
+      options_(options),
+      now_ms_(now_ms ? now_ms : steadyNowMs),
+      wall_ms_(wall_ms ? std::move(wall_ms) : now_ms ? std::move(now_ms) : state::systemNowMs) {
   counters_.scheduling_bounds_s = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800};
   counters_.scheduling_buckets.assign(counters_.scheduling_bounds_s.size() + 1, 0);
 }
@@ -494,7 +506,7 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequ
   if (record.state == state::NodeState::kDown) {
     record.state = record.drained ? state::NodeState::kDraining : state::NodeState::kUp;
   }
-  record.last_heartbeat_ms = now;
+  record.last_heartbeat_ms = wall_ms_();
   Status st = store_.upsertNode(record);
   if (!st) {
     if (node.session.empty() && node.record.name.empty()) nodes_.erase(req.node());
@@ -661,9 +673,8 @@ Status Coordinator::heartbeat(const std::string& node, const std::string& sessio
   Status error;
   NodeEntry* entry = checkSessionLocked(node, session, &error);
   if (!entry) return error;
-  const int64_t now = now_ms_();
-  entry->last_seen_ms = now;
-  entry->record.last_heartbeat_ms = now;
+  entry->last_seen_ms = now_ms_();
+  entry->record.last_heartbeat_ms = wall_ms_();
   // A heartbeat lists every rank the agent holds, so it replaces what we knew.
   std::map<RankKey, v1::RankStatus> previous;
   previous.swap(entry->ranks);

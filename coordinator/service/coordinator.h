@@ -90,8 +90,12 @@ struct MetricsSnapshot {
 
 class Coordinator {
  public:
-  // now_ms: unix milliseconds; tests pass a fake. The store must outlive the coordinator.
-  Coordinator(state::Store& store, CoordinatorOptions options, std::function<int64_t()> now_ms = nullptr);
+  // now_ms: the clock of heartbeat grace and recovery, in milliseconds; by default monotonic, so that a step of
+  // the system clock (NTP, an operator's date) marks no node DOWN. wall_ms: unix milliseconds, for the heartbeat
+  // times users see; by default the system clock, or now_ms where only that is given. Tests pass fakes. The
+  // store must outlive the coordinator.
+  Coordinator(state::Store& store, CoordinatorOptions options, std::function<int64_t()> now_ms = nullptr,
+              std::function<int64_t()> wall_ms = nullptr);
   ~Coordinator();
 
   Coordinator(const Coordinator&) = delete;
@@ -208,7 +212,8 @@ class Coordinator {
 
   state::Store& store_;
   const CoordinatorOptions options_;
-  std::function<int64_t()> now_ms_;
+  std::function<int64_t()> now_ms_;   // liveness: last_seen_ms, recovery_until_ms_
+  std::function<int64_t()> wall_ms_;  // NodeRecord::last_heartbeat_ms
 
   std::mutex mu_;
   std::map<std::string, state::Job> jobs_;     // every job, mirror of the store

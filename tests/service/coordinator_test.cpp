@@ -386,6 +386,37 @@ TEST_F(CoordinatorTest, DrainedNodeTakesNoNewWorkAndTheReasonSaysSo) {
   EXPECT_EQ(coordinator->drain("nope", true).status().code(), state::StatusCode::kNotFound);
 }
 
+// Heartbeat grace runs on the coordinator's monotonic clock: the system clock stepping an hour (NTP, an
+// operator's `date`) marks no node DOWN, while the heartbeat time users see follows the system clock.
+TEST_F(CoordinatorTest, AWallClockStepMarksNoNodeDown) {
+  int64_t wall = 1'700'000'000'000;
+  coordinator.reset();
+  CoordinatorOptions o;
+  o.heartbeat_grace_ms = 10000;
+  coordinator = std::make_unique<Coordinator>(*store_, o, [this] { return now; }, [&wall] { return wall; });
+  ASSERT_TRUE(coordinator->recover());
+  addNode("n1", 2);
+  EXPECT_EQ(coordinator->listNodes()[0].last_heartbeat_ms(), wall);
+  std::string id = submit(spec(1, 2));
+  coordinator->tick();
+  runAll("n1", id);
+  wall += 3'600'000;  // an hour forward
+  now += 1000;
+  ASSERT_TRUE(beat("n1", id));
+  coordinator->tick();
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "UP");
+  EXPECT_EQ(coordinator->listNodes()[0].last_heartbeat_ms(), wall);
+  wall -= 7'200'000;  // two hours back
+  now += 5000;
+  coordinator->tick();
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "UP");
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  now += 6000;  // silent past the grace on the monotonic clock: DOWN, whatever the wall clock says
+  coordinator->tick();
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "DOWN");
+  EXPECT_EQ(stateOf(id), v1::FAILED);
+}
+
 // A drain is the operator's, not the heartbeat's: a drained node that goes DOWN (a reboot for maintenance)
 // registers again DRAINING and takes no work until undrained. A DOWN node can be drained or undrained for
 // when it is back.
