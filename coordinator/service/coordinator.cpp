@@ -255,10 +255,12 @@ void Coordinator::schedulePass() {
       if (!st) spdlog::error("schedule: {}", st.toString());
       continue;
     }
-    Status st = store_.setAllocation(d.jobId, toState(d.allocation), layout.topology());
+    const int port = pickPortLocked(layout.ranks.empty() ? "" : layout.ranks[0].node, d.jobId);
+    Status st = store_.setAllocation(d.jobId, toState(d.allocation), layout.topology(), port);
     if (st) {
       jobs_[d.jobId].allocation = toState(d.allocation);
       jobs_[d.jobId].topology = layout.topology();
+      jobs_[d.jobId].root_port = port;
       st = recordTransitionLocked(d.jobId, JobState::kScheduled,
                                   std::string(d.backfilled ? "backfilled on " : "placed on ") +
                                       d.allocation.str() + ", ring " + layout.topology());
@@ -278,7 +280,8 @@ void Coordinator::buildRuntimeLocked(const state::Job& job, const placement::Rin
   rt.attempt = attemptOf(job);
   rt.root_node = layout.ranks.empty() ? "" : layout.ranks[0].node;
   for (const auto& slot : layout.ranks) rt.rank_node[slot.rank] = slot.node;
-  rt.port = pickPortLocked(rt.root_node, job.id);
+  // The port recorded at placement; jobs placed before it was recorded (state schema 3) derive it again.
+  rt.port = job.root_port > 0 ? job.root_port : pickPortLocked(rt.root_node, job.id);
 }
 
 void Coordinator::launchLocked(const std::string& id, const placement::Allocation& allocation,

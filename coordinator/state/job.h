@@ -161,6 +161,9 @@ struct Job {
   std::optional<Failure> failure;
   std::vector<NodeAllocation> allocation;  // Set while placed; cleared on requeue; kept once final.
   std::string topology;                    // The layout the job runs with (from placement or the override).
+  // The rendezvous port (DDL_ROOT) on the first node of the ring, chosen at placement with the allocation, so
+  // that a restarted coordinator knows which ports its running jobs hold. 0: not placed.
+  int root_port = 0;
 
   bool operator==(const Job&) const = default;
 };
@@ -295,6 +298,7 @@ inline Status applyTransition(Job& job, JobState to, std::string reason, std::op
   if (to == JobState::kPending) {
     job.allocation.clear();
     job.topology.clear();
+    job.root_port = 0;
     job.failure.reset();
   }
   if (to == JobState::kFailed) job.failure = failure;

@@ -58,7 +58,7 @@ StatusOr<Job> MemoryStore::transition(const std::string& id, JobState to, const 
 }
 
 Status MemoryStore::setAllocation(const std::string& id, const std::vector<NodeAllocation>& allocation,
-                                  const std::string& topology) {
+                                  const std::string& topology, int root_port) {
   std::lock_guard<std::mutex> lock(mu_);
   Job* job = findLocked(id);
   if (!job) return jobNotFound(id);
@@ -66,6 +66,7 @@ Status MemoryStore::setAllocation(const std::string& id, const std::vector<NodeA
   if (!st) return st;
   job->allocation = allocation;
   job->topology = topology;
+  job->root_port = root_port;
   return Status::ok();
 }
 

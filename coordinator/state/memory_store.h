@@ -26,7 +26,7 @@ class MemoryStore : public Store {
   StatusOr<Job> transition(const std::string& id, JobState to, const std::string& reason,
                            const std::optional<Failure>& failure = std::nullopt) override;
   Status setAllocation(const std::string& id, const std::vector<NodeAllocation>& allocation,
-                       const std::string& topology) override;
+                       const std::string& topology, int root_port) override;
   Status upsertNode(const NodeRecord& node) override;
   StatusOr<NodeRecord> getNode(const std::string& name) override;
   StatusOr<std::vector<NodeRecord>> listNodes() override;

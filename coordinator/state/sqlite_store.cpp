@@ -97,6 +97,11 @@ CREATE TABLE job_labels (
 ALTER TABLE nodes ADD COLUMN drained INTEGER NOT NULL DEFAULT 0 CHECK (drained IN (0, 1));
 UPDATE nodes SET drained = 1 WHERE state = 'DRAINING';
 )sql",
+    // 3 -> 4: a placed job's rendezvous port. Jobs placed by version 3 have 0 (unknown): a restarted
+    // coordinator derives their port again, as version 3 did.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN root_port INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kMigrationCount == SqliteStore::kSchemaVersion, "one migration per schema version");
@@ -472,7 +477,7 @@ StatusOr<std::vector<Job>> SqliteStore::loadJobsLocked(const std::string& where,
     DDL_PREPARE(q,
                 "SELECT seq, name, user_name, nodes, gpus_per_node, total_gpus, topology_override, priority,"
                 " max_restarts, workdir, state, restarts, submit_ms, fail_rank, fail_host, fail_exit_code,"
-                " fail_signal, topology FROM jobs WHERE " +
+                " fail_signal, topology, root_port FROM jobs WHERE " +
                     where + " ORDER BY seq");
     for (size_t i = 0; i < args.size(); ++i) q.bind(static_cast<int>(i) + 1, args[i]);
     int rc;
@@ -496,6 +501,7 @@ StatusOr<std::vector<Job>> SqliteStore::loadJobsLocked(const std::string& where,
       job.submit_ms = q.i64(12);
       job.failure = q.failure(13);
       job.topology = q.text(17);
+      job.root_port = q.i32(18);
       index[seq] = jobs.size();
       jobs.push_back(std::move(job));
     }
@@ -601,9 +607,9 @@ StatusOr<Job> SqliteStore::transition(const std::string& id, JobState to, const 
   {
     DDL_PREPARE(q,
                 "UPDATE jobs SET state = ?, restarts = ?, fail_rank = ?, fail_host = ?, fail_exit_code = ?,"
-                " fail_signal = ?, topology = ? WHERE seq = ?");
+                " fail_signal = ?, topology = ?, root_port = ? WHERE seq = ?");
     q.bind(1, std::string(toString(job.state))).bind(2, int64_t{job.restarts}).bindFailure(3, job.failure);
-    q.bind(7, job.topology).bind(8, seq);
+    q.bind(7, job.topology).bind(8, int64_t{job.root_port}).bind(9, seq);
     DDL_STEP_DONE(q, "updating job " + id);
   }
   if (had_allocation && job.allocation.empty()) {
@@ -627,7 +633,7 @@ StatusOr<Job> SqliteStore::transition(const std::string& id, JobState to, const 
 }
 
 Status SqliteStore::setAllocation(const std::string& id, const std::vector<NodeAllocation>& allocation,
-                                  const std::string& topology) {
+                                  const std::string& topology, int root_port) {
   std::optional<int64_t> seq = jobIdNumber(id);
   if (!seq) return jobNotFound(id);
   std::lock_guard<std::mutex> lock(mu_);
@@ -661,8 +667,8 @@ Status SqliteStore::setAllocation(const std::string& id, const std::vector<NodeA
     }
   }
   {
-    DDL_PREPARE(q, "UPDATE jobs SET topology = ? WHERE seq = ?");
-    q.bind(1, topology).bind(2, *seq);
+    DDL_PREPARE(q, "UPDATE jobs SET topology = ?, root_port = ? WHERE seq = ?");
+    q.bind(1, topology).bind(2, int64_t{root_port}).bind(3, *seq);
     DDL_STEP_DONE(q, "storing the topology of job " + id);
   }
   return txn.commit();

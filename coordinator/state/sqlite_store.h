@@ -38,7 +38,7 @@ namespace ddl::state {
 
 class SqliteStore : public Store {
  public:
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   struct Options {
     std::string path;  // The database file. Its directory must exist (creating it is the caller's job).
@@ -64,7 +64,7 @@ class SqliteStore : public Store {
   StatusOr<Job> transition(const std::string& id, JobState to, const std::string& reason,
                            const std::optional<Failure>& failure = std::nullopt) override;
   Status setAllocation(const std::string& id, const std::vector<NodeAllocation>& allocation,
-                       const std::string& topology) override;
+                       const std::string& topology, int root_port) override;
   Status upsertNode(const NodeRecord& node) override;
   StatusOr<NodeRecord> getNode(const std::string& name) override;
   StatusOr<std::vector<NodeRecord>> listNodes() override;

@@ -56,7 +56,7 @@ class Store {
   // it before moving to SCHEDULED, so a crash in between leaves a PENDING job that is simply placed again);
   // FAILED_PRECONDITION otherwise. Replaces any previous allocation.
   virtual Status setAllocation(const std::string& id, const std::vector<NodeAllocation>& allocation,
-                               const std::string& topology) = 0;
+                               const std::string& topology, int root_port) = 0;
 
   // Inserts or replaces the whole record for node.name.
   virtual Status upsertNode(const NodeRecord& node) = 0;

@@ -582,6 +582,42 @@ TEST_F(CoordinatorRestartTest, RanksGoneAfterRestartFailTheJob) {
   EXPECT_NE(job->reason().find("gone from node n1"), std::string::npos) << job->reason();
 }
 
+// A job's rendezvous port is recorded with its placement: after a restart, a job placed on the same node gets
+// another port, also where the agent has a port range of its own (which a restarted coordinator does not know
+// until the agent registers again).
+TEST_F(CoordinatorRestartTest, ARestartedCoordinatorKnowsTheRunningJobsPorts) {
+  auto registerWithPorts = [&](std::vector<v1::RankStatus> ranks) {
+    v1::RegisterRequest req;
+    req.set_node("n1");
+    req.set_address("10.0.0.1");
+    for (int i = 0; i < 2; ++i) req.add_gpus()->set_index(i);
+    req.set_port_first(40000);  // two slots: 40000 and 40002
+    req.set_port_last(40003);
+    for (auto& r : ranks) *req.add_ranks() = r;
+    auto resp = coordinator->registerAgent(req);
+    ASSERT_TRUE(resp) << resp.status().toString();
+    links["n1"] = std::make_shared<RecordingLink>();
+    sessions["n1"] = resp->session();
+    ASSERT_TRUE(coordinator->attachAgent("n1", resp->session(), links["n1"]));
+  };
+  auto rootOf = [&](const std::string& job) { return envOf(starts("n1", job).back().ranks(0))["DDL_ROOT"]; };
+  registerWithPorts({});
+  std::string a = submit(spec(1, 1));  // j-000001
+  ASSERT_TRUE(coordinator->cancel(submit(spec(1, 1))));  // j-000002, so that the next id has a's slot
+  coordinator->tick();
+  runAll("n1", a);
+  const std::string a_root = rootOf(a);
+  EXPECT_EQ(a_root, "10.0.0.1:40002");
+
+  reopen();
+  registerWithPorts({rankStatus(a, 1, 0, 0)});
+  std::string b = submit(spec(1, 1));  // j-000003: would start from a's slot
+  coordinator->tick();
+  ASSERT_EQ(stateOf(a), v1::RUNNING);
+  ASSERT_FALSE(starts("n1", b).empty());
+  EXPECT_EQ(rootOf(b), "10.0.0.1:40000");
+}
+
 TEST_F(CoordinatorRestartTest, ADrainOutlivesARestartAndTheNodeGoingDown) {
   addNode("n1", 1);
   ASSERT_TRUE(coordinator->drain("n1", true));

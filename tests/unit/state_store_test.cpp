@@ -267,7 +267,7 @@ TYPED_TEST(StoreTest, RequiredLabelsRoundTripPerJob) {
   ASSERT_TRUE(alice.isOk()) << alice.status().toString();
   EXPECT_EQ(*alice, (std::vector<Job>{created[0], created[2], created[3]}));
   // Labels are part of the spec: transitions and allocations leave them alone.
-  ASSERT_TRUE(this->store_->setAllocation(created[2].id, {{"n1", {0}}}, "t").isOk());
+  ASSERT_TRUE(this->store_->setAllocation(created[2].id, {{"n1", {0}}}, "t", 29500).isOk());
   ASSERT_TRUE(this->store_->transition(created[2].id, JobState::kScheduled, "").isOk());
   EXPECT_EQ(this->store_->getJob(created[2].id)->spec, many);
 }
@@ -307,7 +307,7 @@ TYPED_TEST(StoreTest, UnknownJobsAreNotFound) {
     EXPECT_TRUE(contains(r.status().message(), "job " + std::string(id) + " not found"))
         << r.status().toString();
     EXPECT_EQ(this->store_->transition(id, JobState::kCancelled, "x").status().code(), StatusCode::kNotFound);
-    EXPECT_EQ(this->store_->setAllocation(id, {}, "").code(), StatusCode::kNotFound);
+    EXPECT_EQ(this->store_->setAllocation(id, {}, "", 0).code(), StatusCode::kNotFound);
   }
 }
 
@@ -420,7 +420,8 @@ TYPED_TEST(StoreTest, RequeueCountsRestartsUpToTheBudget) {
   JobSpec spec = sampleSpec();
   spec.max_restarts = 1;
   Job job = this->jobIn(JobState::kScheduled, spec);
-  ASSERT_TRUE(this->store_->setAllocation(job.id, {{"n1", {0, 1}}}, "ring:n1").isOk());
+  ASSERT_TRUE(this->store_->setAllocation(job.id, {{"n1", {0, 1}}}, "ring:n1", 29502).isOk());
+  EXPECT_EQ(this->store_->getJob(job.id)->root_port, 29502);
   ASSERT_TRUE(this->store_->transition(job.id, JobState::kStarting, "").isOk());
   ASSERT_TRUE(this->store_->transition(job.id, JobState::kRunning, "").isOk());
 
@@ -430,6 +431,7 @@ TYPED_TEST(StoreTest, RequeueCountsRestartsUpToTheBudget) {
   EXPECT_EQ(r->restarts, 1);
   EXPECT_TRUE(r->allocation.empty());
   EXPECT_EQ(r->topology, "");
+  EXPECT_EQ(r->root_port, 0);  // placed again, perhaps elsewhere: a new port then
   EXPECT_FALSE(r->failure);
   EXPECT_EQ(r->transitions.back().failure, lost);
   EXPECT_EQ(*this->store_->getJob(job.id), *r);
@@ -454,20 +456,21 @@ TYPED_TEST(StoreTest, RequeueCountsRestartsUpToTheBudget) {
 TYPED_TEST(StoreTest, AllocationIsSetBeforeLaunchOnly) {
   Job job = this->jobIn(JobState::kPending);
   const std::vector<NodeAllocation> alloc = {{"n1", {0, 1, 2, 3}}, {"n2", {4, 5, 6, 7}}};
-  ASSERT_TRUE(this->store_->setAllocation(job.id, alloc, "2x4 ring: n1 n2").isOk());
+  ASSERT_TRUE(this->store_->setAllocation(job.id, alloc, "2x4 ring: n1 n2", 29500).isOk());
   auto got = this->store_->getJob(job.id);
   EXPECT_EQ(got->allocation, alloc);
   EXPECT_EQ(got->topology, "2x4 ring: n1 n2");
+  EXPECT_EQ(got->root_port, 29500);
 
   // Replaces, and an empty GPU list survives.
   const std::vector<NodeAllocation> alloc2 = {{"n3", {}}};
-  ASSERT_TRUE(this->store_->setAllocation(job.id, alloc2, "t2").isOk());
+  ASSERT_TRUE(this->store_->setAllocation(job.id, alloc2, "t2", 29502).isOk());
   EXPECT_EQ(this->store_->getJob(job.id)->allocation, alloc2);
 
   ASSERT_TRUE(this->store_->transition(job.id, JobState::kScheduled, "").isOk());
-  ASSERT_TRUE(this->store_->setAllocation(job.id, alloc, "t3").isOk());
+  ASSERT_TRUE(this->store_->setAllocation(job.id, alloc, "t3", 29504).isOk());
   ASSERT_TRUE(this->store_->transition(job.id, JobState::kStarting, "").isOk());
-  Status st = this->store_->setAllocation(job.id, alloc2, "late");
+  Status st = this->store_->setAllocation(job.id, alloc2, "late", 29506);
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(st.message(),
             "job " + job.id +
@@ -475,6 +478,7 @@ TYPED_TEST(StoreTest, AllocationIsSetBeforeLaunchOnly) {
   got = this->store_->getJob(job.id);
   EXPECT_EQ(got->allocation, alloc);
   EXPECT_EQ(got->topology, "t3");
+  EXPECT_EQ(got->root_port, 29504);
 
   // Kept once the job is final, for the record.
   ASSERT_TRUE(this->store_->transition(job.id, JobState::kCancelled, "").isOk());
@@ -635,7 +639,7 @@ TEST(SqliteStore, ReopenKeepsEveryJobAndNode) {
     JobSpec spec = sampleSpec();
     spec.max_restarts = 3;
     for (int i = 0; i < 6; ++i) ASSERT_TRUE(store->createJob(spec).isOk());
-    ASSERT_TRUE(store->setAllocation("j-000002", {{"a", {0, 1}}, {"b", {7}}}, "ring a b").isOk());
+    ASSERT_TRUE(store->setAllocation("j-000002", {{"a", {0, 1}}, {"b", {7}}}, "ring a b", 29500).isOk());
     ASSERT_TRUE(store->transition("j-000002", JobState::kScheduled, "placed").isOk());
     for (JobState s : {JobState::kScheduled, JobState::kStarting, JobState::kRunning}) {
       ASSERT_TRUE(store->transition("j-000003", s, "").isOk());
@@ -680,15 +684,16 @@ TEST(SqliteStore, VersionOneDatabaseIsUpgradedInPlace) {
     ASSERT_NE(store, nullptr);
     ASSERT_TRUE(store->upsertNode(sampleNode("a", 4)).isOk());
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(store->createJob(v1_spec).isOk());
-    ASSERT_TRUE(store->setAllocation("j-000002", {{"a", {0, 1}}}, "ring a").isOk());
+    ASSERT_TRUE(store->setAllocation("j-000002", {{"a", {0, 1}}}, "ring a", 0).isOk());
     ASSERT_TRUE(store->transition("j-000002", JobState::kScheduled, "placed").isOk());
     ASSERT_TRUE(store->transition("j-000003", JobState::kCancelled, "user").isOk());
     jobs = *store->listJobs();
   }
   // Turn the file into exactly what version 1 wrote: version 2 added the job_labels table, version 3 the nodes'
-  // drained column.
+  // drained column, version 4 the jobs' root_port.
   EXPECT_EQ(rawQuery(path, "DROP TABLE job_labels"), "<done>");
   EXPECT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drained"), "<done>");
+  EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN root_port"), "<done>");
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 1"), "<done>");
   ASSERT_EQ(rawQuery(path, "SELECT version FROM schema_version"), "1");
   ASSERT_EQ(rawQuery(path, "SELECT count(*) FROM sqlite_master WHERE name = 'job_labels'"), "0");
@@ -731,6 +736,7 @@ TEST(SqliteStore, VersionTwoDrainingNodesAreDrainedAfterTheUpgrade) {
     for (const NodeRecord& n : {draining, up, down}) ASSERT_TRUE(store->upsertNode(n).isOk());
   }
   EXPECT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drained"), "<done>");
+  EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN root_port"), "<done>");
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 2"), "<done>");
 
   auto store = openOrDie(path, clock.fn());
