@@ -362,4 +362,37 @@ TEST(Tools, DdlBenchTuneWritesATableThatLibddlUses) {
   std::remove(table.c_str());
 }
 
+// --tune assumes no port beyond DDL_ROOT's free: with the next one held by another listener, it still tunes
+// (each next candidate meets on a port rank 0 finds free).
+TEST(Tools, DdlBenchTuneNeedsNoPortBeyondDdlRoot) {
+  int root = 0, held = -1;
+  for (int i = 0; i < 20 && held < 0; ++i) {  // a root port whose successor this test can hold
+    root = freePort();
+    if (root <= 0 || root >= 65535) continue;
+    held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(root + 1));
+    if (bind(held, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(held, 1) != 0) {
+      close(held);
+      held = -1;
+    }
+  }
+  ASSERT_GE(held, 0) << "found no free port pair in 20 tries";
+  const std::string table = testing::TempDir() + "ddl-tune-ports-" + std::to_string(getpid()) + ".tune";
+  std::remove(table.c_str());
+  const std::string cmd = kBin + "/ddlrun -np 2 --timeout-ms 30000 --root 127.0.0.1:" + std::to_string(root) +
+                          " -- " + kBin + "/ddl-bench --tune " + table + " -b 8 -e 8K -f 8 -n 2 -w 1 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t k = fread(buf, 1, sizeof(buf), p)) out.append(buf, k);
+  const int st = WEXITSTATUS(pclose(p));
+  close(held);
+  EXPECT_EQ(st, 0) << out;
+  EXPECT_NE(readFile(table).find("allreduce 2 2 "), std::string::npos) << out;
+  std::remove(table.c_str());
+}
+
 }  // namespace

@@ -308,8 +308,7 @@ constexpr const char* kUsage =
     "  -a, --algo ALGO          auto ring mdring rhd (default: DDL_ALGO, else auto)\n"
     "      --json FILE          rank 0 also writes the results to FILE as JSON\n"
     "      --tune FILE          time every algorithm and segment size per size and write the fastest as a\n"
-    "                           tuning table for DDL_TUNE_FILE (rules for other rank counts in FILE are kept;\n"
-    "                           uses the ports just above DDL_ROOT's)\n"
+    "                           tuning table for DDL_TUNE_FILE (rules for other rank counts in FILE are kept)\n"
     "  -h, --help               this text\n"
     "Exit status: 0 all results right, 1 wrong values, 2 bad flags, 3 a libddl error.\n";
 

@@ -1,5 +1,8 @@
 #include "tune.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -74,6 +77,24 @@ bool writeTable(const std::string& path, int nranks, const std::string& topology
   return ok;
 }
 
+// A TCP port no socket on this host holds now (the kernel's pick for port 0), or 0. Another process may take it
+// before the store binds it; the window is short, and the candidate's init then fails with the reason.
+int32_t freePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof addr;
+  int32_t port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
 }  // namespace
 
 double timeAllReduce(ddlComm_t comm, const void* send, void* recv, size_t count, ddlDataType_t type,
@@ -137,12 +158,27 @@ int runTune(const TuneOptions& o) {
 
   std::string topology;
   std::vector<std::vector<double>> us(candidates.size(), std::vector<double>(sizes.size(), 0));
+  ddlComm_t comm = nullptr;  // the previous candidate's, until the next one is up
   for (size_t k = 0; k < candidates.size(); ++k) {
+    std::string root_k = root;
+    if (comm != nullptr) {
+      // The first candidate meets at DDL_ROOT; each next one at a port rank 0 finds free on its host and
+      // sends over the previous communicator, so no port beyond DDL_ROOT's is assumed free.
+      int32_t next = rank == 0 ? freePort() : 0;
+      const bool sent = ddlBroadcast(&next, &next, 1, ddlInt32, 0, comm) == ddlSuccess;
+      if (!sent || next <= 0) {
+        std::fprintf(stderr, "ddl-bench --tune: rank %d: %s\n", rank,
+                     !sent ? ddlGetLastError(comm) : "rank 0 found no free TCP port for the next candidate");
+        ddlCommAbort(comm);
+        return kExitDdlError;
+      }
+      ddlCommDestroy(comm);
+      comm = nullptr;
+      root_k = root.substr(0, colon + 1) + std::to_string(next);
+    }
     ddlConfig_t config = DDL_CONFIG_INITIALIZER;
     config.algorithm = candidates[k].algo;
     config.segmentBytes = candidates[k].segment;
-    const std::string root_k = root.substr(0, colon + 1) + std::to_string(port + static_cast<int>(k));
-    ddlComm_t comm = nullptr;
     if (ddlCommInitRank(&comm, nranks, rank, root_k.c_str(), &config) != ddlSuccess) {
       std::fprintf(stderr, "ddl-bench --tune: rank %d: candidate %s at %s: %s\n", rank,
                    describe(candidates[k]).c_str(), root_k.c_str(), ddlGetLastError(nullptr));
@@ -159,8 +195,8 @@ int runTune(const TuneOptions& o) {
         return kExitDdlError;
       }
     }
-    ddlCommDestroy(comm);
   }
+  if (comm != nullptr) ddlCommDestroy(comm);
   if (rank != 0) return 0;
 
   // The winner per size, then runs of equal winners as rules.

@@ -4,8 +4,8 @@
 // rank counts and topologies already in FILE are kept, so one file can hold the tables of 2, 3, 4... ranks.
 //
 // Each candidate is its own communicator (algorithm and segment size are fixed per communicator, and every rank
-// must agree on them); candidate k meets at DDL_ROOT's port + k, so the ports just above DDL_ROOT's must be
-// free. Single-threaded, like the rest of ddl-bench.
+// must agree on them): the first meets at DDL_ROOT, each next one at a port rank 0 finds free and broadcasts
+// over the previous one. Single-threaded, like the rest of ddl-bench.
 #pragma once
 
 #include <string>
