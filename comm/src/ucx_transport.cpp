@@ -107,8 +107,8 @@ class UcxTransport : public Transport {
     // removed so that no child process inherits them.
     struct TemporaryEnv {
       std::vector<const char*> added;
-      void add(const char* name) {
-        if (getEnv(name).empty() && setenv(name, "y", 0) == 0) added.push_back(name);
+      void add(const char* name, const char* value = "y") {
+        if (getEnv(name).empty() && setenv(name, value, 0) == 0) added.push_back(name);
       }
       ~TemporaryEnv() {
         for (const char* name : added) unsetenv(name);
@@ -116,6 +116,14 @@ class UcxTransport : public Transport {
     } env;
     if (mentions({"all", "sm", "shm", "posix"})) env.add("UCX_POSIX_ERROR_HANDLING");
     if (mentions({"all", "sm", "shm", "sysv"})) env.add("UCX_SYSV_ERROR_HANDLING");
+    // Shared-memory FIFO elements of 1 KiB instead of 128 B: messages up to 989 B go inline (UCX's short
+    // protocol) instead of through a copy buffer. 2 ranks, 5 shuffled runs of 500 calls: 128 B 0.88 -> 0.61
+    // us, 512 B 0.92 -> 0.70 us, other sizes level. Costs 64 KiB of FIFO per transport and process. Every
+    // rank must use the same size (they run the same libddl); a user's own setting wins.
+    if (mentions({"all", "sm", "shm", "sysv", "posix"}) && getEnv("UCX_POSIX_FIFO_ELEM_SIZE").empty() &&
+        getEnv("UCX_SYSV_FIFO_ELEM_SIZE").empty()) {
+      env.add("UCX_MM_FIFO_ELEM_SIZE", "1024");
+    }
     ucp_config_t* config = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
     if (st != UCS_OK) ucxFail("config read", st);
