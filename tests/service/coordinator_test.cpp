@@ -62,12 +62,15 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(coordinator->recover());
   }
 
-  // Registers and attaches a node with `gpus` GPUs; returns its session.
+  // Registers and attaches a node with `gpus` GPUs (and a rendezvous port range of its own where given); returns
+  // its session.
   std::string addNode(const std::string& name, int gpus, std::map<std::string, std::string> labels = {},
-                      std::vector<v1::RankStatus> ranks = {}) {
+                      std::vector<v1::RankStatus> ranks = {}, std::pair<int, int> ports = {0, 0}) {
     v1::RegisterRequest req;
     req.set_node(name);
     req.set_address("10.0.0." + name.substr(1));
+    req.set_port_first(ports.first);
+    req.set_port_last(ports.second);
     for (int i = 0; i < gpus; ++i) {
       auto* g = req.add_gpus();
       g->set_index(i);
@@ -423,13 +426,17 @@ TEST_F(CoordinatorTest, AWallClockStepMarksNoNodeDown) {
 TEST_F(CoordinatorTest, DrainOutlivesTheNodeGoingDownAndComingBack) {
   addNode("n1", 2);
   addNode("n2", 2);
+  // n1 misses its heartbeats past the grace while n2 keeps beating: n1 is DOWN.
+  auto loseN1 = [&] {
+    now += 11000;
+    ASSERT_TRUE(coordinator->heartbeat("n2", sessions["n2"], v1::Heartbeat()));
+    coordinator->tick();
+    ASSERT_EQ(coordinator->listNodes()[0].state(), "DOWN");
+  };
   ASSERT_TRUE(coordinator->drain("n1", true));
-  now += 11000;  // n1 misses its heartbeats; n2 keeps beating
-  ASSERT_TRUE(coordinator->heartbeat("n2", sessions["n2"], v1::Heartbeat()));
-  coordinator->tick();
+  loseN1();
   auto nodes = coordinator->listNodes();
   ASSERT_EQ(nodes.size(), 2u);
-  EXPECT_EQ(nodes[0].state(), "DOWN");
   EXPECT_TRUE(nodes[0].drained());
   EXPECT_FALSE(nodes[1].drained());
 
@@ -441,9 +448,7 @@ TEST_F(CoordinatorTest, DrainOutlivesTheNodeGoingDownAndComingBack) {
   EXPECT_TRUE(starts("n1", id).empty());
 
   // Undrained while DOWN: back UP, and the job is placed.
-  now += 11000;
-  ASSERT_TRUE(coordinator->heartbeat("n2", sessions["n2"], v1::Heartbeat()));
-  coordinator->tick();
+  loseN1();
   auto undrained = coordinator->drain("n1", false);
   ASSERT_TRUE(undrained) << undrained.status().toString();
   EXPECT_EQ(undrained->state(), "DOWN");
@@ -454,9 +459,7 @@ TEST_F(CoordinatorTest, DrainOutlivesTheNodeGoingDownAndComingBack) {
   EXPECT_EQ(stateOf(id), v1::STARTING);
 
   // Drained while DOWN: back DRAINING.
-  now += 11000;
-  ASSERT_TRUE(coordinator->heartbeat("n2", sessions["n2"], v1::Heartbeat()));
-  coordinator->tick();
+  loseN1();
   auto drained = coordinator->drain("n1", true);
   ASSERT_TRUE(drained) << drained.status().toString();
   EXPECT_EQ(drained->state(), "DOWN");
@@ -586,22 +589,9 @@ TEST_F(CoordinatorRestartTest, RanksGoneAfterRestartFailTheJob) {
 // another port, also where the agent has a port range of its own (which a restarted coordinator does not know
 // until the agent registers again).
 TEST_F(CoordinatorRestartTest, ARestartedCoordinatorKnowsTheRunningJobsPorts) {
-  auto registerWithPorts = [&](std::vector<v1::RankStatus> ranks) {
-    v1::RegisterRequest req;
-    req.set_node("n1");
-    req.set_address("10.0.0.1");
-    for (int i = 0; i < 2; ++i) req.add_gpus()->set_index(i);
-    req.set_port_first(40000);  // two slots: 40000 and 40002
-    req.set_port_last(40003);
-    for (auto& r : ranks) *req.add_ranks() = r;
-    auto resp = coordinator->registerAgent(req);
-    ASSERT_TRUE(resp) << resp.status().toString();
-    links["n1"] = std::make_shared<RecordingLink>();
-    sessions["n1"] = resp->session();
-    ASSERT_TRUE(coordinator->attachAgent("n1", resp->session(), links["n1"]));
-  };
+  const std::pair<int, int> ports = {40000, 40003};  // two slots: 40000 and 40002
   auto rootOf = [&](const std::string& job) { return envOf(starts("n1", job).back().ranks(0))["DDL_ROOT"]; };
-  registerWithPorts({});
+  addNode("n1", 2, {}, {}, ports);
   std::string a = submit(spec(1, 1));  // j-000001
   ASSERT_TRUE(coordinator->cancel(submit(spec(1, 1))));  // j-000002, so that the next id has a's slot
   coordinator->tick();
@@ -610,7 +600,7 @@ TEST_F(CoordinatorRestartTest, ARestartedCoordinatorKnowsTheRunningJobsPorts) {
   EXPECT_EQ(a_root, "10.0.0.1:40002");
 
   reopen();
-  registerWithPorts({rankStatus(a, 1, 0, 0)});
+  addNode("n1", 2, {}, {rankStatus(a, 1, 0, 0)}, ports);
   std::string b = submit(spec(1, 1));  // j-000003: would start from a's slot
   coordinator->tick();
   ASSERT_EQ(stateOf(a), v1::RUNNING);
