@@ -318,11 +318,15 @@ def check_tools(a):
         sys.exit("compare.py: cannot run the chosen systems:\n  " + "\n  ".join(problems))
 
 
-def verdict(lo_hi):
-    """'ahead' or 'behind' only when every repetition agrees; '~' when they disagree (noise decides)."""
-    if not lo_hi:
+def verdict(lo_hi_n, reps):
+    """'ahead' (at or above) or 'behind' only when every repetition ran both and agrees; '~' when they
+    disagree (noise decides); 'few' when some repetition lacks one of the two."""
+    if not lo_hi_n:
         return "-"
-    return "ahead" if lo_hi[0] >= 1 else "behind" if lo_hi[1] < 1 else "~"
+    lo, hi, n = lo_hi_n
+    if n < reps:
+        return "few"
+    return "ahead" if lo >= 1 else "behind" if hi < 1 else "~"
 
 
 def print_table(entry, a, tdesc, tls):
@@ -354,7 +358,7 @@ def print_table(entry, a, tdesc, tls):
             line += " " + bw(auto / row[peer] if auto and peer and row[peer] else None, 9)
             lo_hi = entry.get("auto_best_per_rep", {}).get(key)
             line += f" {lo_hi[0]:5.2f}-{lo_hi[1]:<5.2f}" if lo_hi else " " + dash(11)
-            line += f" {verdict(lo_hi):>7}"
+            line += f" {verdict(lo_hi, a.reps):>7}"
         if has_p2p:
             line += f" {auto / p2p[key]:8.0%}" if auto and p2p.get(key) else " " + dash(8)
         print(line)
@@ -449,7 +453,7 @@ def main():
                     best[str(size)] = max(peers)[1]
                     pair = paired_ratios(by_rep, "ddl-auto", best[str(size)], size, field)
                     if pair:
-                        spread[str(size)] = [min(pair), max(pair)]
+                        spread[str(size)] = [min(pair), max(pair), len(pair)]
             entry = {"transport": tname, "ucx_tls": tls, "ranks": ranks, "variant": variant, "sizes": sizes,
                      "systems": a.systems, "p2p_GBs": {str(k): v for k, v in p2p.items()},
                      "busbw_GBs": table, "best_peer": best, "auto_best_per_rep": spread}

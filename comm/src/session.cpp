@@ -161,9 +161,13 @@ Session::Session(Channel& ch, CollKind kind, ddlDataType_t type, ddlRedOp_t op, 
       sig_bits_(signature(kind, type, op, count, root, variant) << tag::kSigShift),
       src_bits_(static_cast<uint64_t>(ch.rank()) << tag::kSrcShift),
       timeout_ms_(timeout_ms < 0 ? ch.timeoutMs() : timeout_ms),
-      first_req_(ch.requestMark()) {}
+      first_req_(ch.requestMark()) {
+  DDL_ASSERT(!ch.session_active);
+  ch.session_active = true;
+}
 
 Session::~Session() {
+  ch_.session_active = false;
   const size_t end = ch_.requestMark();
   bool pending = false;
   for (size_t i = first_req_; i < end; ++i) {

@@ -93,6 +93,8 @@ class Channel {
   size_t requestMark() const { return req_used_; }
   Request& request(size_t i) { return req_pool_[i]; }
   void releaseRequests(size_t mark) { req_used_ = mark; }
+  // One Session at a time per Channel (the communicator serialises collectives): the pool depends on it.
+  bool session_active = false;
 
  private:
   void postControlRecv();

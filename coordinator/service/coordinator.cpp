@@ -523,7 +523,7 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequ
   node.port_first = first;
   node.port_last = last;
   node.last_seen_ms = now;
-  node.session = req.node() + "-" + std::to_string(now) + "-" + std::to_string(++session_counter_);
+  node.session = req.node() + "-" + std::to_string(wall_ms_()) + "-" + std::to_string(++session_counter_);
   node.ranks.clear();
 
   std::set<std::pair<std::string, int>> stale;
