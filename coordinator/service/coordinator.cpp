@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cassert>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 
@@ -58,13 +58,12 @@ placement::NodeState toPlacement(state::NodeState s) {
   return placement::NodeState::kDown;
 }
 
-}  // namespace
-
-namespace {
+// The default liveness clock: monotonic milliseconds.
 int64_t steadyNowMs() {
   using namespace std::chrono;
   return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();
 }
+
 }  // namespace
 
 Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::function<int64_t()> now_ms,
