@@ -65,6 +65,7 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
   DDL_ASSERT(options_.topology.size() == size_);
   mdring_grid_ = mdringGrid(options_.topology);
   topology_str_ = options_.topology.str();
+  has_grid_ = mdring_grid_.nontrivialDims() >= 2;
   channel_ = std::make_unique<Channel>(std::move(transport), options_.timeout_ms);
   telemetry_ = Telemetry::fromEnv(rank_, size_);
 #ifdef DDL_HAVE_CUDA
@@ -161,7 +162,7 @@ void Comm::checkBuffers(const void* sendbuf, const void* recvbuf, size_t count) 
 }
 
 DataSpec Comm::spec(ddlDataType_t type, ddlRedOp_t op, size_t bytes) const {
-  return DataSpec{type, op, typeSize(type), selectSegmentBytes(options_.segment_bytes, bytes)};
+  return DataSpec{type, op, typeSize(type), selectSegmentBytes(options_.segment_bytes)};
 }
 
 namespace {
@@ -172,11 +173,9 @@ size_t checkedBytes(size_t count, size_t elem, size_t factor = 1) {
 }  // namespace
 
 AllReduceChoice Comm::allReduceChoice(size_t bytes) const {
-  return chooseAllReduce(options_.algo, options_.segment_bytes, options_.tune.get(), topology_str_,
-                         mdring_grid_.nontrivialDims() >= 2, size_, bytes);
+  return chooseAllReduce(options_.algo, options_.segment_bytes, options_.tune.get(), topology_str_, has_grid_,
+                         size_, bytes);
 }
-
-Algo Comm::allReduceAlgo(size_t bytes) const { return allReduceChoice(bytes).algo; }
 
 void Comm::allReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
   checkType("datatype", type);
@@ -218,8 +217,7 @@ void Comm::allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDat
   if (count == 0) return;
   const size_t bytes = count * typeSize(type);
   const AllReduceChoice choice = allReduceChoice(bytes);
-  DataSpec d = spec(type, op, bytes);
-  d.segment_bytes = choice.segment_bytes;
+  const DataSpec d{type, op, typeSize(type), choice.segment_bytes};
   const Algo algo = choice.algo;
   run(CollKind::kAllReduce, type, op, count, 0, static_cast<int>(algo), [&](Session& s) {
     switch (algo) {

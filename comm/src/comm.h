@@ -71,12 +71,9 @@ class Comm {
   // is still reading our last messages, then tears the transport down. Errors are swallowed: best effort.
   void shutdown();
 
-  // The algorithm auto selection would use for an allreduce of bytes (for tools and tests).
-  Algo allReduceAlgo(size_t bytes) const;
+ private:
   // The algorithm and segment size an allreduce of bytes uses (forced settings, then the tuning table).
   AllReduceChoice allReduceChoice(size_t bytes) const;
-
- private:
   void run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant,
            const std::function<void(Session&)>& body);
   // Host or device buffers: the device path when device_ handles them, else allReduceNow.
@@ -97,6 +94,7 @@ class Comm {
   int rank_, size_;
   Topology mdring_grid_;  // what mdring runs on (see mdringGrid)
   std::string topology_str_;  // options_.topology.str(), for the tuning table's lookups
+  bool has_grid_ = false;     // mdring_grid_ has two or more non-trivial dims
   std::unique_ptr<TcpStoreServer> store_server_;  // rank 0 only
   std::unique_ptr<Store> store_;
   std::unique_ptr<Channel> channel_;

@@ -67,9 +67,7 @@ Channel::~Channel() {
 }
 
 void Channel::postControlRecv() {
-  control_recv_.done = false;
-  control_recv_.ok = true;
-  control_recv_.error.clear();
+  control_recv_.reset();
   transport_->recv(control_recv_, -1, tag::kControl, tag::kControl, control_buf_, sizeof(control_buf_));
 }
 

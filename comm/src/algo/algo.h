@@ -66,7 +66,8 @@ struct AllReduceChoice {
 // The allreduce algorithm and segment size for a message: forced_algo (unless kAuto) and forced_segment (unless
 // 0) win; the rest comes from the first matching rule of `tune` (may be null), else of the built-in table.
 // topology is the configured one as Topology::str() prints it; has_grid whether mdring has a grid to run on
-// (mdringGrid(topo).nontrivialDims() >= 2). Both are computed once per communicator: this runs per call.
+// (mdringGrid(topo).nontrivialDims() >= 2). Both are computed once per communicator: this runs per call, and
+// looks no rule up when algorithm and segment are both forced.
 AllReduceChoice chooseAllReduce(Algo forced_algo, size_t forced_segment, const TuneTable* tune,
                                 const std::string& topology, bool has_grid, int nranks, size_t bytes);
 // chooseAllReduce's algorithm with no tuning file.
@@ -75,7 +76,7 @@ Algo selectAllReduce(Algo forced, const Topology& topo, int nranks, size_t bytes
 // p's prime factors in ascending order (8 -> 2x2x2, 6 -> 2x3; a prime p stays flat). On a flat network every
 // factorisation moves the same bytes as the flat ring but in 2·Σ(dᵢ-1) steps instead of 2(p-1).
 Topology mdringGrid(const Topology& configured);
-// The segment size to use: forced_bytes when set, else a default by message size.
-size_t selectSegmentBytes(size_t forced_bytes, size_t bytes);
+// The pipeline segment size of collectives without a tuning rule: forced_bytes when set, else the default.
+size_t selectSegmentBytes(size_t forced_bytes);
 
 }  // namespace ddl

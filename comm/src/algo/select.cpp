@@ -11,19 +11,16 @@ constexpr size_t kDefaultSegmentBytes = 256 * 1024;
 
 AllReduceChoice chooseAllReduce(Algo forced_algo, size_t forced_segment, const TuneTable* tune,
                                 const std::string& topology, bool has_grid, int nranks, size_t bytes) {
+  AllReduceChoice c{forced_algo == Algo::kAuto ? Algo::kRing : forced_algo, selectSegmentBytes(forced_segment)};
+  if (forced_algo != Algo::kAuto && forced_segment > 0) return c;  // nothing left for a rule to decide
   const TuneRule* rule = tune != nullptr ? tune->find(nranks, topology, bytes) : nullptr;
   if (rule == nullptr) rule = TuneTable::builtin().find(nranks, topology, bytes);
-  AllReduceChoice c{Algo::kRing, kDefaultSegmentBytes};
-  if (forced_algo != Algo::kAuto) {
-    c.algo = forced_algo;
-  } else if (rule != nullptr) {
+  if (forced_algo == Algo::kAuto && rule != nullptr) {
     c.algo = rule->algo;
     // mdring needs a grid (given, or factorised: see mdringGrid); a prime count keeps the flat ring.
     if (c.algo == Algo::kMdRing && !has_grid) c.algo = Algo::kRing;
   }
-  if (forced_segment > 0) {
-    c.segment_bytes = forced_segment;
-  } else if (rule != nullptr && rule->algo == c.algo && rule->segment_bytes > 0) {
+  if (forced_segment == 0 && rule != nullptr && rule->algo == c.algo && rule->segment_bytes > 0) {
     c.segment_bytes = rule->segment_bytes;  // a segment measured for another algorithm is not carried over
   }
   return c;
@@ -48,9 +45,6 @@ Topology mdringGrid(const Topology& configured) {
   return grid;
 }
 
-size_t selectSegmentBytes(size_t forced_bytes, size_t bytes) {
-  if (forced_bytes > 0) return forced_bytes;
-  return kDefaultSegmentBytes;
-}
+size_t selectSegmentBytes(size_t forced_bytes) { return forced_bytes > 0 ? forced_bytes : kDefaultSegmentBytes; }
 
 }  // namespace ddl

@@ -1,7 +1,9 @@
 #include "algo/tune.h"
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -69,7 +71,6 @@ std::string TuneTable::formatRule(const TuneRule& r) {
 
 std::shared_ptr<const TuneTable> TuneTable::parse(const std::string& text, const std::string& origin) {
   auto table = std::make_shared<TuneTable>();
-  table->origin_ = origin;
   std::istringstream in(text);
   std::string line;
   bool versioned = false;
@@ -110,7 +111,7 @@ std::shared_ptr<const TuneTable> TuneTable::parse(const std::string& text, const
       fail(ddlInvalidArgument, where + "ALGO '" + w[4] + "' is not ring, mdring or rhd");
     }
     r.algo = parseAlgo(w[4]);
-    if (!parseBytes(w[5], &r.segment_bytes) || r.segment_bytes == SIZE_MAX || r.segment_bytes > (size_t{1} << 30)) {
+    if (!parseBytes(w[5], &r.segment_bytes) || r.segment_bytes > (size_t{1} << 30)) {
       fail(ddlInvalidArgument, where + "SEGMENT '" + w[5] + "' is not a byte count up to 1G (0: default)");
     }
     table->rules_.push_back(r);
@@ -132,7 +133,7 @@ std::shared_ptr<const TuneTable> TuneTable::parse(const std::string& text, const
 
 std::shared_ptr<const TuneTable> TuneTable::load(const std::string& path) {
   std::ifstream in(path);
-  if (!in) fail(ddlInvalidArgument, "DDL_TUNE_FILE " + path + ": cannot be read");
+  if (!in) fail(ddlInvalidArgument, "DDL_TUNE_FILE " + path + ": cannot be read: " + std::strerror(errno));
   std::stringstream text;
   text << in.rdbuf();
   return parse(text.str(), path);

@@ -46,7 +46,6 @@ class TuneTable {
   // The deciding rule, or nullptr when none matches.
   const TuneRule* find(int nranks, const std::string& topology, size_t bytes) const;
   const std::vector<TuneRule>& rules() const { return rules_; }
-  const std::string& origin() const { return origin_; }
   // A short hash of the rules (not of comments or spacing): equal tables have equal digests.
   const std::string& digest() const { return digest_; }
 
@@ -55,7 +54,6 @@ class TuneTable {
 
  private:
   std::vector<TuneRule> rules_;
-  std::string origin_;
   std::string digest_;
 };
 
