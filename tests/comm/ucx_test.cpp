@@ -5,16 +5,17 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
-#include <iterator>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -308,16 +309,26 @@ TEST(CApi, BadRootAndMissingEnvironment) {
 
 // ---- Tools: ddlrun launching ddl-bench, as a user would. ----
 
-TEST(Tools, DdlrunRunsDdlBenchWithCorrectResults) {
-  const std::string cmd = kBin + "/ddlrun -np 3 --timeout-ms 60000 -- " + kBin +
-                          "/ddl-bench -b 8 -e 1M -f 8 -n 3 -w 1 -c 1 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
+// Runs cmd through the shell with stderr joined to stdout; the output, and its exit status in *status (-1 when
+// the shell could not be started).
+std::string runCommand(const std::string& cmd, int* status) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) {
+    *status = -1;
+    return "popen failed: " + std::string(std::strerror(errno));
+  }
   std::string out;
   char buf[4096];
   while (size_t k = fread(buf, 1, sizeof(buf), p)) out.append(buf, k);
-  int st = pclose(p);
-  EXPECT_EQ(WEXITSTATUS(st), 0) << out;
+  *status = WEXITSTATUS(pclose(p));
+  return out;
+}
+
+TEST(Tools, DdlrunRunsDdlBenchWithCorrectResults) {
+  int st = 0;
+  const std::string out =
+      runCommand(kBin + "/ddlrun -np 3 --timeout-ms 60000 -- " + kBin + "/ddl-bench -b 8 -e 1M -f 8 -n 3 -w 1 -c 1", &st);
+  EXPECT_EQ(st, 0) << out;
   EXPECT_NE(out.find("Out of bounds values : 0 OK"), std::string::npos) << out;
   EXPECT_NE(out.find("1048576"), std::string::npos) << out;
 }
@@ -325,35 +336,26 @@ TEST(Tools, DdlrunRunsDdlBenchWithCorrectResults) {
 // ddl-bench --tune writes a table per rank count into one file; libddl then runs from it with correct results,
 // and a table that cannot be read stops the communicator's creation naming the file.
 TEST(Tools, DdlBenchTuneWritesATableThatLibddlUses) {
-  auto run = [](const std::string& cmd, int* status) {
-    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-    std::string out;
-    char buf[4096];
-    while (size_t k = fread(buf, 1, sizeof(buf), p)) out.append(buf, k);
-    *status = WEXITSTATUS(pclose(p));
-    return out;
-  };
   const std::string table = testing::TempDir() + "ddl-tune-test-" + std::to_string(getpid()) + ".tune";
   std::remove(table.c_str());
   const std::string sweep = " -b 8 -e 256K -f 8 -n 2 -w 1";
   int st = 0;
-  std::string out = run(kBin + "/ddlrun -np 2 --timeout-ms 60000 -- " + kBin + "/ddl-bench --tune " + table + sweep, &st);
+  std::string out = runCommand(kBin + "/ddlrun -np 2 --timeout-ms 60000 -- " + kBin + "/ddl-bench --tune " + table + sweep, &st);
   ASSERT_EQ(st, 0) << out;
-  out = run(kBin + "/ddlrun -np 3 --timeout-ms 60000 -- " + kBin + "/ddl-bench --tune " + table + sweep, &st);
+  out = runCommand(kBin + "/ddlrun -np 3 --timeout-ms 60000 -- " + kBin + "/ddl-bench --tune " + table + sweep, &st);
   ASSERT_EQ(st, 0) << out;
-  std::ifstream in(table);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = readFile(table);
   EXPECT_EQ(text.rfind("ddl-tune 1\n", 0), 0u) << text;
   EXPECT_NE(text.find("allreduce 2 2 "), std::string::npos) << text;  // the 2-rank rules were kept
   EXPECT_NE(text.find("allreduce 3 3 "), std::string::npos) << text;
   EXPECT_NE(text.find(" inf "), std::string::npos) << text;
-  out = run("DDL_TUNE_FILE=" + table + " " + kBin + "/ddlrun -np 3 --timeout-ms 60000 -- " + kBin +
+  out = runCommand("DDL_TUNE_FILE=" + table + " " + kBin + "/ddlrun -np 3 --timeout-ms 60000 -- " + kBin +
                 "/ddl-bench -b 8 -e 1M -f 8 -n 2 -w 1 -c 1",
             &st);
   EXPECT_EQ(st, 0) << out;
   EXPECT_NE(out.find("Out of bounds values : 0 OK"), std::string::npos) << out;
   std::ofstream(table) << "ddl-tune 1\nallreduce * * inf quick 0\n";
-  out = run("DDL_TUNE_FILE=" + table + " " + kBin + "/ddlrun -np 2 --timeout-ms 60000 -- " + kBin +
+  out = runCommand("DDL_TUNE_FILE=" + table + " " + kBin + "/ddlrun -np 2 --timeout-ms 60000 -- " + kBin +
                 "/ddl-bench -b 8 -e 8 -n 1 -w 0",
             &st);
   EXPECT_NE(st, 0) << out;
@@ -382,13 +384,11 @@ TEST(Tools, DdlBenchTuneNeedsNoPortBeyondDdlRoot) {
   ASSERT_GE(held, 0) << "found no free port pair in 20 tries";
   const std::string table = testing::TempDir() + "ddl-tune-ports-" + std::to_string(getpid()) + ".tune";
   std::remove(table.c_str());
-  const std::string cmd = kBin + "/ddlrun -np 2 --timeout-ms 30000 --root 127.0.0.1:" + std::to_string(root) +
-                          " -- " + kBin + "/ddl-bench --tune " + table + " -b 8 -e 8K -f 8 -n 2 -w 1 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t k = fread(buf, 1, sizeof(buf), p)) out.append(buf, k);
-  const int st = WEXITSTATUS(pclose(p));
+  int st = 0;
+  const std::string out = runCommand(kBin + "/ddlrun -np 2 --timeout-ms 30000 --root 127.0.0.1:" +
+                                         std::to_string(root) + " -- " + kBin + "/ddl-bench --tune " + table +
+                                         " -b 8 -e 8K -f 8 -n 2 -w 1",
+                                     &st);
   close(held);
   EXPECT_EQ(st, 0) << out;
   EXPECT_NE(readFile(table).find("allreduce 2 2 "), std::string::npos) << out;

@@ -510,8 +510,8 @@ class Bench {
 
   // Barrier, warmup, barrier, then the mean time of -n iterations, the slowest rank's.
   double timeAllReduce(const void* send, void* recv, size_t count) {
-    const double us = ddlbench::timeAllReduce(comm_, send, recv, count, opt_.type, opt_.op,
-                                              opt_.sweep.warmup_iters, opt_.sweep.iters);
+    const double us = ddlbench::timeAllReduce(comm_, "rank " + std::to_string(rank_), send, recv, count, opt_.type,
+                                              opt_.op, opt_.sweep.warmup_iters, opt_.sweep.iters);
     if (us < 0) {  // already reported
       ddlCommAbort(comm_);
       std::exit(kExitDdlError);

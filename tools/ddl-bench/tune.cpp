@@ -1,8 +1,7 @@
 #include "tune.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
+#include "free_port.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -77,31 +76,13 @@ bool writeTable(const std::string& path, int nranks, const std::string& topology
   return ok;
 }
 
-// A TCP port no socket on this host holds now (the kernel's pick for port 0), or 0. Another process may take it
-// before the store binds it; the window is short, and the candidate's init then fails with the reason.
-int32_t freePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof addr;
-  int32_t port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 }  // namespace
 
-double timeAllReduce(ddlComm_t comm, const void* send, void* recv, size_t count, ddlDataType_t type,
-                     ddlRedOp_t op, int warmup, int iters) {
+double timeAllReduce(ddlComm_t comm, const std::string& who, const void* send, void* recv, size_t count,
+                     ddlDataType_t type, ddlRedOp_t op, int warmup, int iters) {
   auto failed = [&](ddlResult_t r) {
     if (r == ddlSuccess) return false;
-    std::fprintf(stderr, "ddl-bench: %s\n", ddlGetLastError(comm));
+    std::fprintf(stderr, "ddl-bench: %s: %s\n", who.c_str(), ddlGetLastError(comm));
     return true;
   };
   if (failed(ddlBarrier(comm))) return -1;
@@ -136,15 +117,15 @@ int runTune(const TuneOptions& o) {
                  size_s, root_s);
     return kExitUsage;
   }
-  const char* topo_env = std::getenv("DDL_TOPOLOGY");
-  const bool grid = !isPrime(nranks) || (topo_env != nullptr && std::strchr(topo_env, 'x') != nullptr);
+  // mdring has a grid unless the rank count is prime (libddl runs the flat ring then: see mdringGrid).
+  const bool grid = !isPrime(nranks);
   std::vector<Candidate> candidates = {{"rhd", 0}, {"ring", 64 << 10}, {"ring", 256 << 10}, {"ring", 1 << 20}};
   if (grid) {
     for (size_t seg : {size_t{64} << 10, size_t{256} << 10, size_t{1} << 20}) candidates.push_back({"mdring", seg});
   }
   std::vector<size_t> sizes;
   for (size_t size = o.sweep.min_bytes; size <= o.sweep.max_bytes;) {
-    if (size / o.elem_size > 0 && (sizes.empty() || sizes.back() != size)) sizes.push_back(size);
+    if (size / o.elem_size > 0) sizes.push_back(size);
     if (!bench_next_size(&o.sweep, &size)) break;
   }
   const size_t max_bytes = sizes.empty() ? o.elem_size : sizes.back();
@@ -164,11 +145,13 @@ int runTune(const TuneOptions& o) {
     if (comm != nullptr) {
       // The first candidate meets at DDL_ROOT; each next one at a port rank 0 finds free on its host and
       // sends over the previous communicator, so no port beyond DDL_ROOT's is assumed free.
-      int32_t next = rank == 0 ? freePort() : 0;
+      std::string port_error;
+      int32_t next = rank == 0 ? ddl::tools::findFreePort(INADDR_ANY, &port_error) : 0;
       const bool sent = ddlBroadcast(&next, &next, 1, ddlInt32, 0, comm) == ddlSuccess;
       if (!sent || next <= 0) {
-        std::fprintf(stderr, "ddl-bench --tune: rank %d: %s\n", rank,
-                     !sent ? ddlGetLastError(comm) : "rank 0 found no free TCP port for the next candidate");
+        const std::string why = !sent ? ddlGetLastError(comm)
+                                      : "rank 0 found no free TCP port for the next candidate: " + port_error;
+        std::fprintf(stderr, "ddl-bench --tune: rank %d: %s\n", rank, why.c_str());
         ddlCommAbort(comm);
         return kExitDdlError;
       }
@@ -188,8 +171,9 @@ int runTune(const TuneOptions& o) {
     ddlCommGetTopology(comm, topo, sizeof topo);
     topology = topo;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      us[k][i] = timeAllReduce(comm, buf.get(), buf.get(), sizes[i] / o.elem_size, o.type, o.op,
-                               o.sweep.warmup_iters, o.sweep.iters);
+      us[k][i] = timeAllReduce(comm, "rank " + std::to_string(rank) + ": --tune candidate " + describe(candidates[k]),
+                               buf.get(), buf.get(), sizes[i] / o.elem_size, o.type, o.op, o.sweep.warmup_iters,
+                               o.sweep.iters);
       if (us[k][i] < 0) {
         ddlCommAbort(comm);
         return kExitDdlError;

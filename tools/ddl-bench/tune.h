@@ -16,9 +16,9 @@
 namespace ddlbench {
 
 // Times ddlAllReduce: barrier, warmup, barrier, then the mean of `iters` calls, the slowest rank's (µs).
-// Returns a negative value, after printing the error, if a call failed.
-double timeAllReduce(ddlComm_t comm, const void* send, void* recv, size_t count, ddlDataType_t type,
-                     ddlRedOp_t op, int warmup, int iters);
+// Returns a negative value, after printing "ddl-bench: <who>: <libddl's error>", if a call failed.
+double timeAllReduce(ddlComm_t comm, const std::string& who, const void* send, void* recv, size_t count,
+                     ddlDataType_t type, ddlRedOp_t op, int warmup, int iters);
 
 struct TuneOptions {
   bench_sweep sweep;

@@ -17,6 +17,8 @@
 // rank's pending output is printed before ddlrun's message about it.
 #include "launcher.h"
 
+#include "free_port.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -174,29 +176,6 @@ std::pair<std::string, std::string> splitHostPort(const std::string& root) {
   return {host, root.substr(colon + 1)};
 }
 
-// Binds 127.0.0.1:0 and closes it again: the kernel's pick is free now, and rank 0 binds it moments later.
-int findFreePort(std::string* error) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *error = std::strerror(errno);
-    return -1;
-  }
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    *error = std::strerror(errno);
-  } else {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 // "rank 3" or "ranks 0, 2, 5" (the first few of a long list, then how many in all).
 std::string rankList(const std::vector<int>& ranks) {
   constexpr size_t kShown = 8;
@@ -323,7 +302,7 @@ bool Launcher::setUp() {
   }
   if (options_.root.empty()) {
     std::string error;
-    int port = findFreePort(&error);
+    int port = tools::findFreePort(INADDR_LOOPBACK, &error);  // rank 0 binds it moments later
     if (port < 0) {
       emit(STDERR_FILENO, "ddlrun: cannot find a free TCP port on 127.0.0.1 for DDL_ROOT: " + error +
                               "; pass one with --root HOST:PORT\n");
