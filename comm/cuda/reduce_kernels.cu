@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "device_reduce.h"
+#include "dtype.h"
 
 namespace ddl::cuda {
 namespace {
@@ -252,27 +253,6 @@ __global__ void __launch_bounds__(kThreads) unaryKernel(typename F::S* buf, Shap
 
 // ---- launching ----
 
-size_t elemSize(ddlDataType_t t) {
-  switch (t) {
-    case ddlInt8:
-    case ddlUint8:
-      return 1;
-    case ddlFloat16:
-    case ddlBfloat16:
-      return 2;
-    case ddlInt32:
-    case ddlUint32:
-    case ddlFloat32:
-      return 4;
-    case ddlInt64:
-    case ddlUint64:
-    case ddlFloat64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 // Blocks of kKernel that the current device keeps resident at once: multiprocessors x blocks per SM by the
 // occupancy calculator (the kernels use 25-62 registers, so fewer than the 8 blocks of 256 threads that fit
 // by thread count alone). A grid of exactly that size has no tail wave. Asked once per kernel and device.
@@ -385,14 +365,12 @@ bool partialOverlap(const void* x, const void* y, size_t bytes) {
   return px != py && px < py + bytes && py < px + bytes;
 }
 
-bool validOp(ddlRedOp_t op) { return op >= ddlSum && op < ddlNumOps; }
-
 }  // namespace
 
 cudaError_t reduce(void* dst, const void* a, const void* b, size_t count, ddlDataType_t type, ddlRedOp_t op,
                    cudaStream_t stream) {
-  const size_t es = elemSize(type);
-  if (es == 0 || !validOp(op)) return cudaErrorInvalidValue;
+  if (!validType(type) || !validOp(op)) return cudaErrorInvalidValue;
+  const size_t es = typeSize(type);
   if (count == 0) return cudaSuccess;
   if (!dst || !a || !b) return cudaErrorInvalidValue;
   if (addr(dst) % es || addr(a) % es || addr(b) % es) return cudaErrorMisalignedAddress;
@@ -426,8 +404,8 @@ cudaError_t reduce(void* dst, const void* a, const void* b, size_t count, ddlDat
 }
 
 cudaError_t finishAvg(void* buf, size_t count, ddlDataType_t type, int nranks, cudaStream_t stream) {
-  const size_t es = elemSize(type);
-  if (es == 0 || nranks <= 0) return cudaErrorInvalidValue;
+  if (!validType(type) || nranks <= 0) return cudaErrorInvalidValue;
+  const size_t es = typeSize(type);
   if (count == 0 || nranks == 1) return cudaSuccess;
   if (!buf) return cudaErrorInvalidValue;
   if (addr(buf) % es) return cudaErrorMisalignedAddress;

@@ -174,13 +174,18 @@ class StagedAllReduce final : public DeviceAllReduce {
   void prepare(int dev, size_t slot_bytes) {
     if (device_ != dev) {
       release();
-      DDL_CUDA_CHECK(cudaStreamCreateWithFlags(&d2h_, cudaStreamDefault), "cudaStreamCreate");
-      DDL_CUDA_CHECK(cudaStreamCreateWithFlags(&h2d_, cudaStreamDefault), "cudaStreamCreate");
-      for (int k = 0; k < kSlots; ++k) {
-        DDL_CUDA_CHECK(cudaEventCreateWithFlags(&fetched_[k], cudaEventDisableTiming), "cudaEventCreate");
-        DDL_CUDA_CHECK(cudaEventCreateWithFlags(&returned_[k], cudaEventDisableTiming), "cudaEventCreate");
+      device_ = dev;  // so that release() frees what a failure below leaves half made
+      try {
+        DDL_CUDA_CHECK(cudaStreamCreateWithFlags(&d2h_, cudaStreamDefault), "cudaStreamCreate");
+        DDL_CUDA_CHECK(cudaStreamCreateWithFlags(&h2d_, cudaStreamDefault), "cudaStreamCreate");
+        for (int k = 0; k < kSlots; ++k) {
+          DDL_CUDA_CHECK(cudaEventCreateWithFlags(&fetched_[k], cudaEventDisableTiming), "cudaEventCreate");
+          DDL_CUDA_CHECK(cudaEventCreateWithFlags(&returned_[k], cudaEventDisableTiming), "cudaEventCreate");
+        }
+      } catch (...) {
+        release();  // back to device_ -1: the next call creates them all again
+        throw;
       }
-      device_ = dev;
     }
     const size_t need = kSlots * slot_bytes;
     if (pinned_bytes_ < need) {

@@ -215,12 +215,9 @@ TEST(CudaDeviceQueries, HostMemoryIsNeverDeviceMemory) {
   EXPECT_FALSE(cuda::isDevicePointer(on_heap.data()));
   EXPECT_FALSE(cuda::isDevicePointer(nullptr));
   EXPECT_EQ(cuda::deviceOf(on_heap.data()), -1);
-  EXPECT_GE(cuda::deviceCount(), 0);
-  EXPECT_EQ(cuda::deviceCount(), cuda::deviceCount());  // cached, stable
-  if (cuda::deviceCount() == 0) {
-    EXPECT_FALSE(test_util::noDeviceReason().empty());
-    return;
-  }
+  // libddl's cached count agrees with the runtime asked afresh.
+  EXPECT_EQ(cuda::deviceCount() == 0, !test_util::noDeviceReason().empty());
+  if (cuda::deviceCount() == 0) return;
   // With a GPU: pinned and managed memory are host-reachable, cudaMalloc'd memory is device memory.
   void* pinned = nullptr;
   void* managed = nullptr;

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"  // flag parsing shared with ddl-bench
 #include "device_reduce.h"
 #include "dtype.h"
 #include "reduce.h"
@@ -69,45 +71,24 @@ struct Options {
   std::exit(status);
 }
 
-[[noreturn]] void badFlag(const char* flag, const char* why) {
-  std::fprintf(stderr, "ddl-cuda-bench: %s %s\n", flag, why);
-  usage(kExitUsage);
+// A bad flag: says what is wrong (printf-style) and exits with 2; bench_common.h's bench_bad_flag_fn.
+[[noreturn]] __attribute__((format(printf, 2, 3))) void badFlag(const char* flag, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  bench_report_bad_flag("ddl-cuda-bench", flag, format, args);
+  va_end(args);
+  std::exit(kExitUsage);
 }
 
-bool parseSize(const char* s, size_t* out) {
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  if (end == s || v <= 0) return false;
-  double mult = 1;
-  switch (*end) {
-    case 'K':
-    case 'k':
-      mult = 1024;
-      ++end;
-      break;
-    case 'M':
-    case 'm':
-      mult = 1024.0 * 1024;
-      ++end;
-      break;
-    case 'G':
-    case 'g':
-      mult = 1024.0 * 1024 * 1024;
-      ++end;
-      break;
-    default:
-      break;
-  }
-  if (*end != '\0') return false;
-  *out = static_cast<size_t>(v * mult);
-  return *out > 0;
+// bench_common.h's sizes (8, 64M, 1.5K), above 0: the sweep multiplies them.
+size_t parseSize(const char* flag, const char* text) {
+  const size_t v = bench_parse_size(flag, text, badFlag);
+  if (v == 0) badFlag(flag, "must be above 0");
+  return v;
 }
 
-int parseCount(const char* s, const char* flag, int lo) {
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (end == s || *end != '\0' || v < lo || v > 1000000) badFlag(flag, "needs a whole number in range");
-  return static_cast<int>(v);
+int parseCount(const char* flag, const char* text, int lo) {
+  return static_cast<int>(bench_parse_integer(flag, text, lo, 1000000, badFlag));
 }
 
 Options parseArgs(int argc, char** argv) {
@@ -127,22 +108,22 @@ Options parseArgs(int argc, char** argv) {
   for (int c; (c = getopt_long(argc, argv, "b:e:f:n:w:d:o:g:h", longs, nullptr)) != -1;) {
     switch (c) {
       case 'b':
-        if (!parseSize(optarg, &o.min_bytes)) badFlag("--minbytes", "needs a size such as 64M");
+        o.min_bytes = parseSize("--minbytes", optarg);
         break;
       case 'e':
-        if (!parseSize(optarg, &o.max_bytes)) badFlag("--maxbytes", "needs a size such as 1G");
+        o.max_bytes = parseSize("--maxbytes", optarg);
         break;
       case 'f':
-        o.factor = parseCount(optarg, "--stepfactor", 2);
+        o.factor = parseCount("--stepfactor", optarg, 2);
         break;
       case 'n':
-        o.iters = parseCount(optarg, "--iters", 1);
+        o.iters = parseCount("--iters", optarg, 1);
         break;
       case 'w':
-        o.warmup = parseCount(optarg, "--warmup_iters", 0);
+        o.warmup = parseCount("--warmup_iters", optarg, 0);
         break;
       case 'g':
-        o.device = parseCount(optarg, "--device", 0);
+        o.device = parseCount("--device", optarg, 0);
         break;
       case 'd': {
         auto t = ddl::parseType(optarg);
@@ -168,6 +149,7 @@ Options parseArgs(int argc, char** argv) {
   }
   if (optind < argc) badFlag(argv[optind], "is not an option");
   if (o.min_bytes > o.max_bytes) badFlag("--minbytes", "is larger than --maxbytes");
+  if (o.min_bytes < ddl::typeSize(o.type)) badFlag("--minbytes", "is smaller than one element of --datatype");
   return o;
 }
 
@@ -345,7 +327,6 @@ int main(int argc, char** argv) {
                   row.copy_gbps, row.reduce_gbps / row.copy_gbps, row.wrong);
       std::fflush(stdout);
     }
-    if (o.factor <= 1) break;
   }
   size_t wrong = 0;
   for (const Row& r : rows) wrong += r.wrong;
