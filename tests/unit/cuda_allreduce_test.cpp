@@ -23,6 +23,7 @@
 #include "local_transport.h"
 #include "reduce.h"
 #include "staged_allreduce.h"
+#include "test_values.h"
 #include "thread_ranks.h"
 #include "cuda_test_util.h"
 
@@ -46,8 +47,8 @@ struct DeviceBuffer {
 void toDevice(void* dst, const void* src, size_t bytes) {
   cudaOk(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
 }
-std::vector<unsigned char> fromDevice(const void* src, size_t bytes) {
-  std::vector<unsigned char> v(bytes);
+std::vector<char> fromDevice(const void* src, size_t bytes) {
+  std::vector<char> v(bytes);
   cudaOk(cudaMemcpy(v.data(), src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
   return v;
 }
@@ -67,53 +68,8 @@ std::vector<RankResult> runRanks(int nranks, const std::function<void(Comm&)>& b
   return test_util::runRanks(nranks, makeOptions(nranks), body);
 }
 
-// Value of element i on rank r: a small integer (exact in every type, and in sums of up to 8 ranks).
-double smallValue(int r, size_t i) { return static_cast<double>((i * 7 + r * 3) % 9) - 4; }
-
-// Stores v as type t at p (v exact in t).
-void storeValue(ddlDataType_t t, void* p, double v) {
-  switch (t) {
-    case ddlInt8:
-      *static_cast<int8_t*>(p) = static_cast<int8_t>(v);
-      break;
-    case ddlUint8:
-      *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v + 4);
-      break;
-    case ddlInt32:
-      *static_cast<int32_t*>(p) = static_cast<int32_t>(v);
-      break;
-    case ddlUint32:
-      *static_cast<uint32_t*>(p) = static_cast<uint32_t>(v + 4);
-      break;
-    case ddlInt64:
-      *static_cast<int64_t*>(p) = static_cast<int64_t>(v);
-      break;
-    case ddlUint64:
-      *static_cast<uint64_t*>(p) = static_cast<uint64_t>(v + 4);
-      break;
-    case ddlFloat16:
-      *static_cast<uint16_t*>(p) = floatToHalf(static_cast<float>(v));
-      break;
-    case ddlBfloat16:
-      *static_cast<uint16_t*>(p) = floatToBfloat16(static_cast<float>(v));
-      break;
-    case ddlFloat32:
-      *static_cast<float*>(p) = static_cast<float>(v);
-      break;
-    case ddlFloat64:
-      *static_cast<double*>(p) = v;
-      break;
-    default:
-      break;
-  }
-}
-
-std::vector<unsigned char> rankInput(ddlDataType_t t, int r, size_t count) {
-  const size_t es = typeSize(t);
-  std::vector<unsigned char> v(count * es);
-  for (size_t i = 0; i < count; ++i) storeValue(t, v.data() + i * es, smallValue(r, i));
-  return v;
-}
+using test_util::makeExpected;
+using test_util::makeInput;
 
 // ---- without a GPU ----
 
@@ -140,18 +96,13 @@ TEST(CudaStaging, HostBuffersTakeTheHostPath) {
   constexpr size_t kCount = 100003;
   expectAllOk(runRanks(kRanks, [&](Comm& comm) {
     for (ddlDataType_t t : {ddlFloat32, ddlBfloat16, ddlInt64}) {
-      auto in = rankInput(t, comm.rank(), kCount);
-      std::vector<unsigned char> out(in.size()), inplace = in;
+      auto in = makeInput(t, ddlSum, comm.rank(), kCount);
+      std::vector<char> out(in.size()), inplace = in;
       comm.allReduce(in.data(), out.data(), kCount, t, ddlSum);
       auto req = comm.iallReduce(inplace.data(), inplace.data(), kCount, t, ddlSum);
       req->done.wait(false);
       if (req->result != ddlSuccess) fail(req->result, req->error);
-      std::vector<unsigned char> want(in.size());
-      for (size_t i = 0; i < kCount; ++i) {
-        double s = 0;
-        for (int r = 0; r < kRanks; ++r) s += smallValue(r, i);
-        storeValue(t, want.data() + i * typeSize(t), s);
-      }
+      const auto want = makeExpected(t, ddlSum, kRanks, kCount);
       if (out != want) fail(ddlInternalError, std::string("host allreduce of ") + typeName(t) + " is wrong");
       if (inplace != want)
         fail(ddlInternalError, std::string("host iallreduce of ") + typeName(t) + " is wrong");
@@ -174,8 +125,8 @@ TEST(CudaAllReduce, EveryTypeAndOpMatchesTheHostPath) {
         const auto op = static_cast<ddlRedOp_t>(oi);
         const std::string what = std::string(typeName(t)) + " " + opName(op);
         std::mt19937_64 rng(comm.rank() * 100 + ti * 10 + oi);
-        std::vector<unsigned char> in(bytes), want(bytes);
-        for (auto& b : in) b = static_cast<unsigned char>(rng());  // any bits: the paths must agree anyway
+        std::vector<char> in(bytes), want(bytes);
+        for (auto& b : in) b = static_cast<char>(rng());  // any bits: the paths must agree anyway
         comm.allReduce(in.data(), want.data(), kCount, t, op);
         DeviceBuffer send(bytes), recv(bytes);
         toDevice(send.p, in.data(), bytes);
@@ -203,8 +154,8 @@ TEST(CudaAllReduce, ManyChunksWithDeviceHostAndMixedBuffers) {
           const size_t count = 10007;  // 40 KB of float32: 10 chunks, the last one short
           const size_t bytes = count * typeSize(t);
           auto host = [&](const void* s, void* d, size_t n) { comm.allReduce(s, d, n, t, op); };
-          const auto in = rankInput(t, comm.rank(), count);
-          std::vector<unsigned char> want(bytes);
+          const auto in = makeInput(t, op, comm.rank(), count);
+          std::vector<char> want(bytes);
           comm.allReduce(in.data(), want.data(), count, t, op);  // host path: the reference
           DeviceBuffer dsend(bytes), drecv(bytes);
           const std::string what = std::string(typeName(t)) + " " + opName(op);
@@ -221,7 +172,7 @@ TEST(CudaAllReduce, ManyChunksWithDeviceHostAndMixedBuffers) {
           if (fromDevice(drecv.p, bytes) != want) fail(ddlInternalError, what + ": host to device");
           // device -> host
           toDevice(dsend.p, in.data(), bytes);
-          std::vector<unsigned char> out(bytes);
+          std::vector<char> out(bytes);
           staged->allReduce(dsend.p, out.data(), count, t, host);
           if (out != want) fail(ddlInternalError, what + ": device to host");
         }
@@ -237,13 +188,8 @@ TEST(CudaAllReduce, LargeMessagesThroughTheCommunicator) {
   constexpr size_t kCount = 3000007;
   expectAllOk(runRanks(kRanks, [&](Comm& comm) {
     const size_t bytes = kCount * 4;
-    const auto in = rankInput(ddlFloat32, comm.rank(), kCount);
-    std::vector<unsigned char> want(bytes);
-    for (size_t i = 0; i < kCount; ++i) {
-      double s = 0;
-      for (int r = 0; r < kRanks; ++r) s += smallValue(r, i);
-      storeValue(ddlFloat32, want.data() + i * 4, s);
-    }
+    const auto in = makeInput(ddlFloat32, ddlSum, comm.rank(), kCount);
+    const auto want = makeExpected(ddlFloat32, ddlSum, kRanks, kCount);
     DeviceBuffer a(bytes), b(bytes);
     toDevice(a.p, in.data(), bytes);
     toDevice(b.p, in.data(), bytes);
@@ -260,7 +206,7 @@ TEST(CudaAllReduce, LargeMessagesThroughTheCommunicator) {
     if (fromDevice(a.p, bytes) != want || fromDevice(b.p, bytes) != want)
       fail(ddlInternalError, "non-blocking");
     toDevice(a.p, in.data(), bytes);
-    std::vector<unsigned char> out(bytes);
+    std::vector<char> out(bytes);
     comm.allReduce(a.p, out.data(), kCount, ddlFloat32, ddlSum);
     if (out != want) fail(ddlInternalError, "device to host");
   }));
