@@ -14,7 +14,7 @@ matplotlib, draws OUT/busbw.png (bench/plot.py).
 ddl and Open MPI run over the transport's UCX_TLS (openmpi: over the same wire through its own BTLs); Gloo, as
 torch builds it, has only TCP, so it runs over loopback in every table.
 
-  bench/compare.py                                 # shm; 2, 3 and 4 ranks; 8 B .. 64 MiB by 4; 3 reps
+  bench/compare.py                                 # shm; 2, 3 and 4 ranks; 8 B .. 32 MiB by 4; 3 reps
   bench/compare.py --quick                         # one rep, few iterations: a smoke test
   bench/compare.py --transports shm,tcp --ranks 4 --systems ddl,gloo --max 1M
 """
@@ -72,6 +72,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def stop_group(p):
+    """SIGTERM to p's process group (ddlrun, mpirun and the Gloo launcher stop their ranks on it), SIGKILL 10 s
+    later."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.communicate(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def run(cmd, env, timeout):
     """Runs cmd in its own session; on timeout, SIGTERM to its process group (ddlrun, mpirun and the Gloo
     launcher stop their ranks on it), SIGKILL 10 s later. Returns (output, None) or (None, what went
@@ -81,17 +96,11 @@ def run(cmd, env, timeout):
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                p.communicate(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                pass
+        stop_group(p)
         return None, f"timed out after {timeout} s: {' '.join(cmd)}"
+    except BaseException:  # Ctrl-C, SIGTERM: its own session does not get them, so stop it here
+        stop_group(p)
+        raise
     if p.returncode != 0:
         return None, f"exit {p.returncode}: {' '.join(cmd)}\n{out[-2000:]}"
     return out, None
@@ -152,19 +161,22 @@ def system_run(a, tname, name, ranks, bands, tmp):
 
 
 def perftest(tls, size):
-    """UCX point-to-point tag bandwidth with peer error handling, as libddl's endpoints use it (GB/s)."""
+    """UCX point-to-point tag bandwidth with peer error handling, as libddl's endpoints use it: (GB/s, None) or
+    (None, what went wrong)."""
     env = dict(os.environ, UCX_TLS=tls, UCX_POSIX_ERROR_HANDLING="y", UCX_SYSV_ERROR_HANDLING="y")
     iters = max(20, min(2000, (2 << 30) // size))
     port = str(free_port())
     args = ["ucx_perftest", "-p", port, "-t", "tag_bw", "-s", str(size), "-n", str(iters), "-w", "5", "-e"]
     server = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(50):  # the server needs a moment to listen
+        deadline = time.monotonic() + 20
+        for _ in range(50):  # the server needs a moment to listen: bounded in tries and time
             text, err = run(args[:1] + ["127.0.0.1"] + args[1:], env, 120)
-            if text is not None:
+            if text is not None or time.monotonic() > deadline:
                 break
-        else:
-            return None
+            time.sleep(0.2)
+        if text is None:
+            return None, f"ucx_perftest tag_bw at {size} B: {err}"
     finally:
         try:
             server.wait(timeout=30)
@@ -173,8 +185,8 @@ def perftest(tls, size):
             server.wait()
     for line in text.splitlines():
         if line.startswith("Final:"):
-            return float(line.split()[5]) * (1 << 20) / 1e9  # MB/s (2^20 bytes) -> GB/s
-    return None
+            return float(line.split()[5]) * (1 << 20) / 1e9, None  # MB/s (2^20 bytes) -> GB/s
+    return None, f"ucx_perftest tag_bw at {size} B printed no 'Final:' line"
 
 
 def paired_ratios(by_rep, mine, peer, size, field):
@@ -389,6 +401,8 @@ def write_summary(summary, errors, started, path):
 
 def main():
     a = parse_args()
+    # SIGTERM unwinds like Ctrl-C, so run() stops the system that is running (it has a session of its own).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     check_tools(a)
     os.makedirs(a.out, exist_ok=True)
     sizes = []
@@ -424,7 +438,14 @@ def main():
         p2p = {}
         if not a.no_perftest:
             for size in sizes:
-                p2p[size] = median(perftest(tls, size) for _ in range(a.reps))
+                measured = []
+                for _ in range(a.reps):
+                    gbs, err = perftest(tls, size)
+                    if gbs is None:
+                        errors.append(f"{tname}, p2p: {err}")
+                    else:
+                        measured.append(gbs)
+                p2p[size] = median(measured)
         for ranks in a.ranks:
             runs = {name: [] for name in a.systems}
             by_rep = {}  # rep -> {system: rows}: for ratios within one repetition

@@ -27,6 +27,7 @@
 #   --delay DELAY      one-way delay added on each host's egress, tc syntax (default 0.5ms; 0 for none)
 #   --min SIZE         smallest message, bytes; suffix K, M, G (default 8)
 #   --max SIZE         largest message (default 64M); sizes grow by --factor (default 4) while <= --max
+#                      (so 8 x4 ends at 32M; --min 16 reaches 64M)
 #   --iters N          timed calls per size from --small-below up (default 20)
 #   --small-iters N    timed calls per size below --small-below (default 100)
 #   --small-below SIZE (default 1M)
@@ -213,7 +214,8 @@ for ns in "$NS_H1" "$NS_H2"; do
 done
 DELAY_APPLIED=$NETNS_DELAYED
 SHAPING=$NETNS_SHAPING
-((shaped == 2)) || fail "cannot shape the host links with tc (neither netem nor tbf): the figures would mean nothing"
+((shaped == 2)) || fail "cannot shape the host links with tc (neither netem nor tbf): the figures would mean nothing" \
+  "(is iproute2's tc installed, and sch_tbf available: modprobe sch_tbf?)"
 if ((DELAY_APPLIED)); then
   log "host links: $SHAPING on each host's egress"
 elif [[ $DELAY == 0 || $DELAY == 0ms ]]; then
@@ -243,11 +245,16 @@ settle() {
 }
 
 # wait_all PID...: waits for every pid (each bounded by its own timeout); when one fails, the others get SIGTERM,
-# so that one rank's early failure does not leave the other host waiting out its timeout. Status: the first
-# failure's, else 0.
+# so that one rank's early failure does not leave the other host waiting out its timeout. Its own bound: the run
+# timeout plus a minute, then SIGKILL and status 124. Status: the first failure's, else 0.
 wait_all() {
-  local rc=0 p st left
+  local rc=0 p q st left end=$((SECONDS + RUN_TIMEOUT + 60))
   while :; do
+    if ((SECONDS > end)); then
+      for q in "$@"; do alive "$q" && kill -KILL "$q" 2>/dev/null; done
+      log "warning: still running after $((RUN_TIMEOUT + 60)) s, killed: $*"
+      return 124
+    fi
     left=0
     for p in "$@"; do
       [[ " ${BG_PIDS[*]} " == *" $p "* ]] || continue
@@ -279,7 +286,7 @@ for r in ${ranks//,/ }; do
 done
 rc=0
 for p in "${pids[@]}"; do
-  while :; do
+  for ((i = 0; i < 100; i++)); do   # each rank is bounded by its timeout; a wait ends early only on a signal
     wait "$p"; st=$?
     kill -0 "$p" 2>/dev/null || break   # wait was only interrupted by the trap
   done
@@ -315,6 +322,7 @@ with open(sys.argv[2], "a") as f:
     [[ -S $sock ]] && break
     sleep 0.1
   done
+  [[ -S $sock ]] || log "warning: the telemetry listener did not start within 5 s: no per-dimension split for this run"
   timeout -k 5 "$RUN_TIMEOUT" ip netns exec "$NS_H1" "${NETNS_HOST_PREFIX[@]}" \
     bash -c "$HOST_RANKS" host_ranks "$logs" 0,1 "${envs[@]}" "${cmd[@]}" &
   h1=$!
@@ -399,6 +407,7 @@ perftest() {
     BG_PIDS+=("$srv")
     timeout -k 5 120 ip netns exec "$NS_H1" "${NETNS_HOST_PREFIX[@]}" \
       bash -c "$PERFTEST_CLIENT" client "$out" 198.18.0.3 "${cmd[@]}" || rc=$?
+    ((rc)) && kill -TERM "$srv" 2>/dev/null  # no client will come: do not wait out the server's timeout
     wait_all "$srv" || true
   fi
   grep -q '^Final:' "$out" 2>/dev/null || { log "ucx_perftest $name gave no result (see $out)"; rc=1; }
