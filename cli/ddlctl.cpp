@@ -832,7 +832,7 @@ int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
     if (app.get_subcommands().empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
       std::vector<std::string> rest = app.remaining();
       std::string what = rest.empty() ? "say what to do" : "unknown verb '" + rest.front() + "'; use one of";
-      return usageError(err, what + ": submit, list, status, cancel, ring, nodes, drain or undrain");
+      return usageError(err, what + ": submit, list, status, cancel, ring, logs, nodes, drain or undrain");
     }
     return usageError(err, e.what());
   }
