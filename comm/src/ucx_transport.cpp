@@ -93,45 +93,14 @@ class UcxTransport : public Transport {
   }
 
   void init(Store& store, const Deadline& deadline) {
-    // Shared memory serves error-handling endpoints only with this on; UCX 1.13 takes it from the environment
-    // alone (ucp_config_modify rejects transport settings). Never overrides the user's own value.
-    // Only where shared memory may be used, or UCX warns about unused variables.
-    const std::string tls = getEnv("UCX_TLS");
-    auto mentions = [&](std::initializer_list<const char*> names) {
-      if (tls.empty()) return true;
-      for (const char* n : names)
-        if (tls.find(n) != std::string::npos) return true;
-      return false;
-    };
-    // Set only while UCX reads its settings (the transports read theirs when the worker opens them), then
-    // removed so that no child process inherits them.
-    struct TemporaryEnv {
-      std::vector<const char*> added;
-      void add(const char* name, const char* value = "y") {
-        if (getEnv(name).empty() && setenv(name, value, 0) == 0) added.push_back(name);
-      }
-      ~TemporaryEnv() {
-        for (const char* name : added) unsetenv(name);
-      }
-    } env;
-    if (mentions({"all", "sm", "shm", "posix"})) env.add("UCX_POSIX_ERROR_HANDLING");
-    if (mentions({"all", "sm", "shm", "sysv"})) env.add("UCX_SYSV_ERROR_HANDLING");
-    // Shared-memory FIFO elements of 1 KiB instead of 128 B: messages up to 989 B go inline (UCX's short
-    // protocol) instead of through a copy buffer. 2 ranks, 5 shuffled runs of 500 calls: 128 B 0.88 -> 0.61
-    // us, 512 B 0.92 -> 0.70 us, other sizes level. Costs 64 KiB of FIFO per transport and process. Every
-    // rank must use the same size (they run the same libddl); a user's own setting wins.
-    if (mentions({"all", "sm", "shm", "sysv", "posix"}) && getEnv("UCX_POSIX_FIFO_ELEM_SIZE").empty() &&
-        getEnv("UCX_SYSV_FIFO_ELEM_SIZE").empty()) {
-      env.add("UCX_MM_FIFO_ELEM_SIZE", "1024");
-    }
     ucp_config_t* config = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
     if (st != UCS_OK) ucxFail("config read", st);
-    if (getEnv("UCX_KEEPALIVE_INTERVAL").empty()) {
-      std::string ms = getEnv("DDL_KEEPALIVE_MS");
-      if (ms.empty()) ms = "2000";
-      parseInt(ms, "DDL_KEEPALIVE_MS", 1, 3600 * 1000);
-      ucp_config_modify(config, "KEEPALIVE_INTERVAL", (ms + "ms").c_str());
+    try {
+      applySettings(config);
+    } catch (...) {
+      ucp_config_release(config);
+      throw;
     }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
@@ -272,6 +241,52 @@ class UcxTransport : public Transport {
   }
 
  private:
+  // libddl's changes to UCX's defaults, through ucp_config_modify: libddl lives inside other people's
+  // processes (torch, the CUDA runtime) whose threads read the environment, so it never calls setenv. A user's
+  // own UCX_* variable always wins. Names go without the UCX_ prefix, and a transport's setting takes the name
+  // its table has (MM_ for posix and sysv shared memory alike): UCX 1.13 returns UCS_OK for any name and only
+  // warns at worker creation about those no transport took, so the transport test checks the effect
+  // (UcxTest.SharedMemoryServesErrorHandlingEndpoints: the lanes UCX picks, the inline size).
+  static void applySettings(ucp_config_t* config) {
+    const std::string tls = getEnv("UCX_TLS");
+    // Only where shared memory may be used: UCX warns about settings no transport took.
+    auto mentions = [&](std::initializer_list<const char*> names) {
+      if (tls.empty()) return true;
+      for (const char* n : names)
+        if (tls.find(n) != std::string::npos) return true;
+      return false;
+    };
+    auto noneSet = [](std::initializer_list<const char*> names) {
+      for (const char* n : names)
+        if (!getEnv(n).empty()) return false;
+      return true;
+    };
+    std::vector<std::pair<const char*, std::string>> settings;
+    const bool shm = mentions({"all", "sm", "shm", "posix", "sysv"});
+    // Shared memory serves error-handling endpoints only with this on.
+    if (shm && noneSet({"UCX_MM_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING"})) {
+      settings.emplace_back("MM_ERROR_HANDLING", "y");
+    }
+    // Shared-memory FIFO elements of 1 KiB instead of 128 B: messages up to 989 B go inline (UCX's short
+    // protocol) instead of through a copy buffer. 2 ranks, 5 shuffled runs of 500 calls: 128 B 0.88 -> 0.61
+    // us, 512 B 0.92 -> 0.70 us, other sizes level. Costs 64 KiB of FIFO per transport and process. Every
+    // rank must use the same size (they run the same libddl).
+    if (shm && noneSet({"UCX_MM_FIFO_ELEM_SIZE", "UCX_POSIX_FIFO_ELEM_SIZE", "UCX_SYSV_FIFO_ELEM_SIZE"})) {
+      settings.emplace_back("MM_FIFO_ELEM_SIZE", "1024");
+    }
+    // How fast a dead peer on shared memory is noticed.
+    if (getEnv("UCX_KEEPALIVE_INTERVAL").empty()) {
+      std::string ms = getEnv("DDL_KEEPALIVE_MS");
+      if (ms.empty()) ms = "2000";
+      parseInt(ms, "DDL_KEEPALIVE_MS", 1, 3600 * 1000);
+      settings.emplace_back("KEEPALIVE_INTERVAL", ms + "ms");
+    }
+    for (const auto& [name, value] : settings) {
+      ucs_status_t st = ucp_config_modify(config, name, value.c_str());
+      if (st != UCS_OK) ucxFail(std::string("setting ") + name + "=" + value, st);
+    }
+  }
+
   int rank_;
   std::vector<Peer> peers_;  // fixed size: error handlers hold pointers into it
   ucp_context_h context_ = nullptr;

@@ -6,9 +6,10 @@
 // (rc/ud/dc) where present, shared memory (posix, sysv, cma) between processes of one host, TCP otherwise;
 // UCX_TLS and UCX_NET_DEVICES still apply, so falling back from IB to Ethernet needs no code change.
 //
-// Two UCX defaults are changed unless the user set them: shared-memory transports get peer error handling
-// (UCX_POSIX/SYSV_ERROR_HANDLING=y; without it, error-handling endpoints would skip shared memory) and the
-// keepalive interval drops to DDL_KEEPALIVE_MS (2000 ms) so a dead peer on shared memory is noticed quickly.
+// Three UCX defaults are changed unless the user set them, through ucp_config_modify (libddl never touches the
+// process environment): shared-memory transports get peer error handling (MM_ERROR_HANDLING=y; without it,
+// error-handling endpoints would skip shared memory), 1 KiB FIFO elements (MM_FIFO_ELEM_SIZE) and the keepalive
+// interval drops to DDL_KEEPALIVE_MS (2000 ms) so a dead peer on shared memory is noticed quickly.
 //
 // Threads: serialised access (UCS_THREAD_MODE_SERIALIZED): the communicator's calling thread or its async
 // executor, never both at once.

@@ -7,7 +7,13 @@
 //   comm_worker mismatch   rank 1 calls allreduce with a different count than the others
 //   comm_worker device     allreduce of CUDA device buffers; exits 77 printing "SKIP <why>" where it cannot
 //                          run (no GPU, or built without CUDA)
+//   comm_worker env        one allreduce, then "OK env changes=N": how many times libddl.so called setenv,
+//                          unsetenv, putenv or clearenv (this program interposes them; libddl must never
+//                          change a host process's environment)
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +27,46 @@
 #ifdef DDL_WORKER_CUDA
 #include <cuda_runtime_api.h>
 #endif
+
+// Calls into the environment-changing functions made from libddl.so. This executable's definitions come
+// before libc's in symbol lookup, so libddl's calls land here; each is counted when the caller's address lies
+// in libddl, then passed on to libc.
+std::atomic<int> g_env_changes{0};
+
+namespace {
+
+void countIfFromLibddl(void* caller) {
+  Dl_info info{};
+  if (dladdr(caller, &info) != 0 && info.dli_fname != nullptr && std::strstr(info.dli_fname, "libddl.so")) {
+    ++g_env_changes;
+  }
+}
+
+template <class F>
+F nextSymbol(const char* name) {
+  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+
+}  // namespace
+
+extern "C" {
+int setenv(const char* name, const char* value, int overwrite) {
+  countIfFromLibddl(__builtin_return_address(0));
+  return nextSymbol<int (*)(const char*, const char*, int)>("setenv")(name, value, overwrite);
+}
+int unsetenv(const char* name) {
+  countIfFromLibddl(__builtin_return_address(0));
+  return nextSymbol<int (*)(const char*)>("unsetenv")(name);
+}
+int putenv(char* string) {
+  countIfFromLibddl(__builtin_return_address(0));
+  return nextSymbol<int (*)(char*)>("putenv")(string);
+}
+int clearenv() {
+  countIfFromLibddl(__builtin_return_address(0));
+  return nextSymbol<int (*)()>("clearenv")();
+}
+}
 
 namespace {
 
@@ -161,7 +207,7 @@ void runDevice(ddlComm_t, int, int) {}
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: comm_worker all | loop N | mismatch | device\n");
+    std::fprintf(stderr, "usage: comm_worker all | loop N | mismatch | device | env\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -187,6 +233,10 @@ int main(int argc, char** argv) {
     std::printf("OK loop\n");
   } else if (mode == "device") {
     runDevice(comm, rank, n);
+  } else if (mode == "env") {
+    std::vector<float> buf(4096, 1.0f);
+    CHECK(comm, ddlAllReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum, comm));
+    std::printf("OK env changes=%d\n", g_env_changes.load());
   } else if (mode == "mismatch") {
     const size_t count = rank == 1 ? 5000 : 4096;
     std::vector<float> buf(count, 1.0f);

@@ -223,6 +223,23 @@ TEST_P(UcxFailures, MismatchedCountsFailFastOnEveryRank) {
 INSTANTIATE_TEST_SUITE_P(Transports, UcxFailures, testing::Values(kTcp, kShm),
                          [](const auto& info) { return info.param.name; });
 
+// libddl's UCX settings reach UCX without touching the environment: with no UCX_* variable set, endpoints with
+// peer error handling run over shared memory (MM_ERROR_HANDLING; tcp otherwise) with inline messages up to
+// 989 B (MM_FIFO_ELEM_SIZE=1024; 93 B otherwise), and libddl.so called no setenv, unsetenv, putenv or clearenv.
+TEST(UcxSettings, SharedMemoryServesErrorHandlingEndpointsWithoutSetenv) {
+  Ranks ranks(2, {"env"}, {{"DDL_DEBUG", "1"}, {"DDL_TIMEOUT_MS", "60000"}});
+  ASSERT_TRUE(ranks.waitAll(120s)) << ranks.describe();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(ranks.exitCode(r), 0) << ranks.describe();
+    const std::string out = ranks.output(r);
+    EXPECT_NE(out.find("OK env changes=0"), std::string::npos) << out;
+    // ucp_ep_print_info: lane 0 on a shared-memory transport, and the eager short limit of 989 bytes.
+    const bool shm_lane = out.find("sysv/memory") != std::string::npos || out.find("posix/memory") != std::string::npos;
+    EXPECT_TRUE(shm_lane) << "endpoints do not use shared memory:\n" << out;
+    EXPECT_NE(out.find("<egr/short>..989.."), std::string::npos) << "FIFO elements are not 1 KiB:\n" << out;
+  }
+}
+
 // ---- The C API's errors, in this process. ----
 
 std::string rootAddr() { return "127.0.0.1:" + std::to_string(freePort()); }
