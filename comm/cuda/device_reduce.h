@@ -3,7 +3,7 @@
 //
 // The kernels compute exactly what the CPU reductions of comm/src/reduce.h compute, element for element and
 // bit for bit: same ops (ddlAvg reduces like ddlSum, the division comes once, in finishAvg), integer sum/prod
-// wrapping around, min/max as `a < b ? a : b` / `a > b ? a : b`, float16 and bfloat16 widened to float,
+// wrapping around, min/max as `a < b ? a : b` / `a > b ? a : b`, bitwise and/or/xor on integers, float16 and bfloat16 widened to float,
 // reduced in float and rounded back to nearest-even. One difference: a NaN result is a NaN on both, but the
 // GPU's float arithmetic returns its canonical NaN (and cuda_fp16's rounding the canonical half NaN), so the
 // payload bits of a NaN may differ from the CPU's.
@@ -36,7 +36,8 @@ inline bool isDevicePointer(const void* ptr) { return deviceOf(ptr) >= 0; }
 // Enqueues dst[i] = a[i] (op) b[i], i < count, on stream. dst may alias a or b exactly, never partially.
 // The pointers must be device memory of the current device, each aligned to the element size; any alignment
 // beyond that is fine (16-byte vector loads where all three agree modulo 16, element loads otherwise).
-// Returns the launch's error: cudaErrorInvalidValue for a bad type or op or a partial overlap,
+// Returns the launch's error: cudaErrorInvalidValue for a bad type or op (a bitwise op takes integer types only)
+// or a partial overlap,
 // cudaErrorMisalignedAddress for a pointer not aligned to its element size; cudaSuccess with count == 0.
 cudaError_t reduce(void* dst, const void* a, const void* b, size_t count, ddlDataType_t type, ddlRedOp_t op,
                    cudaStream_t stream);

@@ -79,6 +79,28 @@ struct MaxOp {
   }
 };
 
+// Bitwise ops: integer types only (dispatchOp instantiates them for nothing else).
+struct BandOp {
+  template <typename T>
+  __device__ __forceinline__ static T apply(T a, T b) {
+    return static_cast<T>(a & b);
+  }
+};
+
+struct BorOp {
+  template <typename T>
+  __device__ __forceinline__ static T apply(T a, T b) {
+    return static_cast<T>(a | b);
+  }
+};
+
+struct BxorOp {
+  template <typename T>
+  __device__ __forceinline__ static T apply(T a, T b) {
+    return static_cast<T>(a ^ b);
+  }
+};
+
 // ---- element functions over the stored type S ----
 
 template <typename T, typename Op>
@@ -355,6 +377,15 @@ cudaError_t dispatchOp(void* dst, const void* a, const void* b, size_t n, ddlRed
       return launchBinary<NativeFn<T, MinOp>>(dst, a, b, n, st);
     case ddlMax:
       return launchBinary<NativeFn<T, MaxOp>>(dst, a, b, n, st);
+    case ddlBand:
+    case ddlBor:
+    case ddlBxor:
+      if constexpr (std::is_integral_v<T>) {
+        if (op == ddlBand) return launchBinary<NativeFn<T, BandOp>>(dst, a, b, n, st);
+        if (op == ddlBor) return launchBinary<NativeFn<T, BorOp>>(dst, a, b, n, st);
+        return launchBinary<NativeFn<T, BxorOp>>(dst, a, b, n, st);
+      }
+      return cudaErrorInvalidValue;
     default:
       return cudaErrorInvalidValue;
   }
@@ -369,7 +400,7 @@ bool partialOverlap(const void* x, const void* y, size_t bytes) {
 
 cudaError_t reduce(void* dst, const void* a, const void* b, size_t count, ddlDataType_t type, ddlRedOp_t op,
                    cudaStream_t stream) {
-  if (!validType(type) || !validOp(op)) return cudaErrorInvalidValue;
+  if (!opTakesType(op, type)) return cudaErrorInvalidValue;
   const size_t es = typeSize(type);
   if (count == 0) return cudaSuccess;
   if (!dst || !a || !b) return cudaErrorInvalidValue;

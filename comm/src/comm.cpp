@@ -148,10 +148,14 @@ void Comm::checkType(const char* what, ddlDataType_t type) const {
   }
 }
 
-void Comm::checkOp(ddlRedOp_t op) const {
+void Comm::checkOp(ddlRedOp_t op, ddlDataType_t type) const {
   if (!validOp(op)) {
     fail(ddlInvalidArgument, "unknown reduction op " + std::to_string(static_cast<int>(op)) +
-                                 " (valid: ddlSum, ddlProd, ddlMin, ddlMax, ddlAvg)");
+                                 " (valid: ddlSum, ddlProd, ddlMin, ddlMax, ddlAvg, ddlBand, ddlBor, ddlBxor)");
+  }
+  if (!opTakesType(op, type)) {
+    fail(ddlInvalidArgument, std::string("reduction op ") + opName(op) + " takes integer types only, not " +
+                                 typeName(type));
   }
 }
 
@@ -179,7 +183,7 @@ AllReduceChoice Comm::allReduceChoice(size_t bytes) const {
 
 void Comm::allReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
   checkType("datatype", type);
-  checkOp(op);
+  checkOp(op, type);
   checkBuffers(sendbuf, recvbuf, count);
   checkedBytes(count, typeSize(type));
   drainAsync();
@@ -260,7 +264,7 @@ void Comm::allGather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDa
 void Comm::reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type,
                          ddlRedOp_t op) {
   checkType("datatype", type);
-  checkOp(op);
+  checkOp(op, type);
   checkBuffers(sendbuf, recvbuf, recvcount);
   if (recvcount) refuseDevice(sendbuf, recvbuf);
   const size_t bytes = checkedBytes(recvcount, typeSize(type), size_);
@@ -279,7 +283,7 @@ void Comm::barrier() {
 std::shared_ptr<AsyncOp> Comm::iallReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
                                           ddlRedOp_t op) {
   checkType("datatype", type);
-  checkOp(op);
+  checkOp(op, type);
   checkBuffers(sendbuf, recvbuf, count);
   checkedBytes(count, typeSize(type));
   auto result = std::make_shared<AsyncOp>();

@@ -82,7 +82,7 @@ class Comm {
   // Throws ddlInvalidArgument when a buffer of a collective without a device path is device memory.
   void refuseDevice(const void* sendbuf, const void* recvbuf) const;
   void checkType(const char* what, ddlDataType_t type) const;
-  void checkOp(ddlRedOp_t op) const;
+  void checkOp(ddlRedOp_t op, ddlDataType_t type) const;  // after checkType
   void checkBuffers(const void* sendbuf, const void* recvbuf, size_t count) const;
   DataSpec spec(ddlDataType_t type, ddlRedOp_t op, size_t bytes) const;
   void drainAsync();

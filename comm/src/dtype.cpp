@@ -17,7 +17,7 @@ constexpr std::array<const char*, ddlNumTypes> kTypeNames = {
     "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64",
 };
 constexpr std::array<size_t, ddlNumTypes> kTypeSizes = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
-constexpr std::array<const char*, ddlNumOps> kOpNames = {"sum", "prod", "min", "max", "avg"};
+constexpr std::array<const char*, ddlNumOps> kOpNames = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
 
 // Extra spellings accepted by parseType on top of kTypeNames.
 constexpr std::pair<std::string_view, ddlDataType_t> kTypeAliases[] = {
@@ -31,6 +31,14 @@ constexpr std::pair<std::string_view, ddlDataType_t> kTypeAliases[] = {
 bool validType(ddlDataType_t t) { return static_cast<int>(t) >= 0 && static_cast<int>(t) < ddlNumTypes; }
 
 bool validOp(ddlRedOp_t op) { return static_cast<int>(op) >= 0 && static_cast<int>(op) < ddlNumOps; }
+
+bool isIntegerType(ddlDataType_t t) { return validType(t) && t <= ddlUint64; }
+
+bool isBitwiseOp(ddlRedOp_t op) { return op == ddlBand || op == ddlBor || op == ddlBxor; }
+
+bool opTakesType(ddlRedOp_t op, ddlDataType_t t) {
+  return validOp(op) && validType(t) && (!isBitwiseOp(op) || isIntegerType(t));
+}
 
 size_t typeSize(ddlDataType_t t) {
   DDL_ASSERT(validType(t));

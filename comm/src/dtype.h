@@ -13,6 +13,10 @@ namespace ddl {
 bool validType(ddlDataType_t t);
 bool validOp(ddlRedOp_t op);
 size_t typeSize(ddlDataType_t t);  // bytes per element; requires validType
+bool isIntegerType(ddlDataType_t t);  // int8 .. uint64
+bool isBitwiseOp(ddlRedOp_t op);      // band, bor, bxor
+// Both valid, and the op defined on the type: bitwise ops take integer types only.
+bool opTakesType(ddlRedOp_t op, ddlDataType_t t);
 const char* typeName(ddlDataType_t t);  // "float32", ...; "invalid" when out of range
 const char* opName(ddlRedOp_t op);      // "sum", ...; "invalid" when out of range
 // Accepts the names above and the nccl-tests short names (int8, uint8, int32, uint32, int64, uint64, half,

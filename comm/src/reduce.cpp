@@ -148,6 +148,22 @@ struct MaxOp {
   static T apply(T a, T b) { return a > b ? a : b; }
 };
 
+// Bitwise ops: integer types only (opTakesType; the communicator refuses the others before any reduction).
+template <typename T>
+struct BandOp {
+  static T apply(T a, T b) { return static_cast<T>(a & b); }
+};
+
+template <typename T>
+struct BorOp {
+  static T apply(T a, T b) { return static_cast<T>(a | b); }
+};
+
+template <typename T>
+struct BxorOp {
+  static T apply(T a, T b) { return static_cast<T>(a ^ b); }
+};
+
 // ---- native types: the four aliasing variants ----
 
 template <typename T, typename Op>
@@ -329,6 +345,16 @@ void reduceNative(void* dst, const void* a, const void* b, size_t n, ddlRedOp_t 
       return reduceLoop<T, MinOp<T>>(dst, a, b, n);
     case ddlMax:
       return reduceLoop<T, MaxOp<T>>(dst, a, b, n);
+    case ddlBand:
+    case ddlBor:
+    case ddlBxor:
+      if constexpr (std::is_integral_v<T>) {
+        if (op == ddlBand) return reduceLoop<T, BandOp<T>>(dst, a, b, n);
+        if (op == ddlBor) return reduceLoop<T, BorOp<T>>(dst, a, b, n);
+        return reduceLoop<T, BxorOp<T>>(dst, a, b, n);
+      }
+      DDL_ASSERT(std::is_integral_v<T> && "bitwise op on a floating-point type");
+      return;
     default:
       DDL_ASSERT(validOp(op));
   }
@@ -347,7 +373,7 @@ void reduceCodec(void* dst, const void* a, const void* b, size_t n, ddlRedOp_t o
     case ddlMax:
       return reduce16<Codec, MaxOp<float>>(dst, a, b, n);
     default:
-      DDL_ASSERT(validOp(op));
+      DDL_ASSERT(validOp(op) && !isBitwiseOp(op));
   }
 }
 
@@ -409,7 +435,7 @@ bool partialOverlap(const void* x, const void* y, size_t bytes) {
 
 void reduce(void* dst, const void* a, const void* b, size_t count, ddlDataType_t type, ddlRedOp_t op) {
   if (count == 0) return;
-  DDL_ASSERT(validType(type) && validOp(op));
+  DDL_ASSERT(opTakesType(op, type));
   const size_t bytes = count * typeSize(type);
   DDL_ASSERT(!partialOverlap(dst, a, bytes) && !partialOverlap(dst, b, bytes));
   switch (type) {

@@ -13,7 +13,8 @@
 namespace ddl {
 
 // dst[i] = a[i] (op) b[i] for i < count. dst may alias a or b exactly (in place), never partially.
-// ddlAvg reduces like ddlSum; the division happens once, in finishAvg.
+// ddlAvg reduces like ddlSum; the division happens once, in finishAvg. Requires opTakesType(op, type): bitwise
+// ops on integer types only.
 void reduce(void* dst, const void* a, const void* b, size_t count, ddlDataType_t type, ddlRedOp_t op);
 
 // In place: buf[i] /= nranks (integer types: truncating division), for the final step of ddlAvg.

@@ -288,6 +288,14 @@ INSTANTIATE_TEST_SUITE_P(AllTypesAndOps, CudaReduceTest,
                            return std::string(typeName(std::get<0>(info.param))) + "_" +
                                   opName(std::get<1>(info.param));
                          });
+INSTANTIATE_TEST_SUITE_P(BitwiseOnIntegers, CudaReduceTest,
+                         testing::Combine(testing::Values(ddlInt8, ddlUint8, ddlInt32, ddlUint32, ddlInt64,
+                                                          ddlUint64),
+                                          testing::Values(ddlBand, ddlBor, ddlBxor)),
+                         [](const auto& info) {
+                           return std::string(typeName(std::get<0>(info.param))) + "_" +
+                                  opName(std::get<1>(info.param));
+                         });
 
 // float16 and bfloat16: every pattern as a, against itself and against three rotations of the patterns as b.
 TEST(CudaReduce16, EveryPatternMatchesTheCpu) {

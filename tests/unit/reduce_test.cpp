@@ -101,7 +101,7 @@ TEST(DtypeTest, SizesAndNames) {
   EXPECT_STREQ(typeName(ddlNumTypes), "invalid");
   EXPECT_STREQ(typeName(static_cast<ddlDataType_t>(-1)), "invalid");
 
-  const char* ops[] = {"sum", "prod", "min", "max", "avg"};
+  const char* ops[] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
   for (int o = 0; o < ddlNumOps; ++o) {
     const auto op = static_cast<ddlRedOp_t>(o);
     EXPECT_TRUE(validOp(op));
@@ -308,6 +308,12 @@ T refIntOp(T a, T b, ddlRedOp_t op) {
       return static_cast<T>(static_cast<W>(a) * static_cast<W>(b));
     case ddlMin:
       return a < b ? a : b;
+    case ddlBand:
+      return static_cast<T>(a & b);
+    case ddlBor:
+      return static_cast<T>(a | b);
+    case ddlBxor:
+      return static_cast<T>(a ^ b);
     default:
       return a > b ? a : b;
   }
@@ -501,6 +507,24 @@ INSTANTIATE_TEST_SUITE_P(AllTypesAndOps, ReduceTest,
                            return std::string(typeName(std::get<0>(info.param))) + "_" +
                                   opName(std::get<1>(info.param));
                          });
+INSTANTIATE_TEST_SUITE_P(BitwiseOnIntegers, ReduceTest,
+                         ::testing::Combine(::testing::Values(ddlInt8, ddlUint8, ddlInt32, ddlUint32, ddlInt64,
+                                                              ddlUint64),
+                                            ::testing::Values(ddlBand, ddlBor, ddlBxor)),
+                         [](const auto& info) {
+                           return std::string(typeName(std::get<0>(info.param))) + "_" +
+                                  opName(std::get<1>(info.param));
+                         });
+
+TEST(DtypeTest, BitwiseOpsTakeIntegerTypesOnly) {
+  for (int t = 0; t < ddlNumTypes; ++t) {
+    const auto type = static_cast<ddlDataType_t>(t);
+    for (ddlRedOp_t op : {ddlBand, ddlBor, ddlBxor}) EXPECT_EQ(opTakesType(op, type), t <= ddlUint64) << t;
+    for (ddlRedOp_t op : {ddlSum, ddlProd, ddlMin, ddlMax, ddlAvg}) EXPECT_TRUE(opTakesType(op, type)) << t;
+  }
+  EXPECT_FALSE(opTakesType(ddlNumOps, ddlInt32));
+  EXPECT_FALSE(opTakesType(ddlSum, ddlNumTypes));
+}
 
 // ---- explicit wraparound ----
 

@@ -1,4 +1,4 @@
-// Test inputs and expected results for every type and op: rank r's element i is a small integer (or half) chosen
+// Test inputs and expected results for every type and op (bitwise ops: integer types only): rank r's element i is a small integer (or half) chosen
 // so that every reduction over up to 8 ranks is exact in every type, and the expected result is computed in
 // double. Shared by the CPU algorithm tests and the CUDA allreduce tests.
 #pragma once
@@ -61,10 +61,14 @@ inline void expectedValue(ddlDataType_t t, ddlRedOp_t op, int nranks, size_t i, 
   double acc = inputValue(t, op, 0, i);
   for (int r = 1; r < nranks; ++r) {
     double v = inputValue(t, op, r, i);
+    const auto a = static_cast<long long>(acc), b = static_cast<long long>(v);
     switch (op) {
       case ddlProd: acc *= v; break;
       case ddlMin: acc = std::min(acc, v); break;
       case ddlMax: acc = std::max(acc, v); break;
+      case ddlBand: acc = static_cast<double>(a & b); break;  // integer types only: two's complement
+      case ddlBor: acc = static_cast<double>(a | b); break;
+      case ddlBxor: acc = static_cast<double>(a ^ b); break;
       default: acc += v; break;
     }
   }

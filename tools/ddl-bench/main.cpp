@@ -86,7 +86,8 @@ const TypeInfo& typeInfo(ddlDataType_t type) {
 }
 
 // Indexed by ddlRedOp_t.
-constexpr const char* kOpNames[ddlNumOps] = {"sum", "prod", "min", "max", "avg"};
+constexpr const char* kOpNames[ddlNumOps] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
+bool isBitwise(ddlRedOp_t op) { return op == ddlBand || op == ddlBor || op == ddlBxor; }
 constexpr const char* kAlgoNames[] = {"auto", "ring", "mdring", "rhd"};
 
 // IEEE binary16 and bfloat16 bit patterns. Only inputs are encoded, and they are 0, 1, 2 or 3, so the
@@ -222,7 +223,7 @@ uint64_t countWrong(ddlDataType_t type, const void* buf, size_t count, const std
 
 // What this rank sends and what every rank must receive, for one (type, op, nranks). Rank r's element i:
 //  - prod: 2 on the one rank with r == i % nranks, 1 elsewhere, so the product is exactly 2 in every type;
-//  - sum, avg, min, max: 1 + (r + i) % levels, where levels = min(3, max_exact / nranks) keeps the sum within
+//  - sum, avg, min, max, band, bor, bxor: 1 + (r + i) % levels, where levels = min(3, max_exact / nranks) keeps the sum within
 //    max_exact (three levels: int8 up to 42 ranks, uint8 and bfloat16 up to 84); when even one level is too
 //    many (int8 beyond 127 ranks), 1 on the rank with r == i % nranks and 0 elsewhere.
 // avg is the sum divided by nranks: truncated for integer types, as libddl does, and compared with the type's
@@ -262,6 +263,15 @@ Reference makeReference(const TypeInfo& type, ddlRedOp_t op, int nranks, int ran
           break;
         case ddlMax:
           acc = std::max(acc, v);
+          break;
+        case ddlBand:
+          acc = static_cast<double>(static_cast<long long>(acc) & static_cast<long long>(v));
+          break;
+        case ddlBor:
+          acc = static_cast<double>(static_cast<long long>(acc) | static_cast<long long>(v));
+          break;
+        case ddlBxor:
+          acc = static_cast<double>(static_cast<long long>(acc) ^ static_cast<long long>(v));
           break;
         default:  // sum, avg
           acc += v;
@@ -304,7 +314,7 @@ constexpr const char* kUsage =
     BENCH_USAGE_SWEEP_FLAGS
     "  -d, --datatype TYPE      int8 uint8 int32 uint32 int64 uint64 half/float16 bfloat16 float/float32\n"
     "                           double/float64 (default float)\n"
-    "  -o, --op OP              sum prod min max avg (default sum)\n"
+    "  -o, --op OP              sum prod min max avg, or band bor bxor on integer types (default sum)\n"
     "  -a, --algo ALGO          auto ring mdring rhd (default: DDL_ALGO, else auto)\n"
     "      --json FILE          rank 0 also writes the results to FILE as JSON\n"
     "      --tune FILE          time every algorithm and segment size per size and write the fastest as a\n"
@@ -362,7 +372,7 @@ Options parseOptions(int argc, char** argv) {
         for (int i = 0; i < ddlNumOps; ++i) {
           if (std::string_view(optarg) == kOpNames[i]) found = i;
         }
-        if (found < 0) badFlag("-o", "unknown op '%s' (use sum prod min max avg)", optarg);
+        if (found < 0) badFlag("-o", "unknown op '%s' (use sum prod min max avg band bor bxor)", optarg);
         o.op = static_cast<ddlRedOp_t>(found);
         break;
       }
@@ -394,6 +404,10 @@ Options parseOptions(int argc, char** argv) {
     }
   }
   if (optind < argc) badFlag(argv[optind], "unexpected argument (ddl-bench takes flags only)");
+  if (isBitwise(o.op) && o.type != ddlInt8 && o.type != ddlUint8 && o.type != ddlInt32 && o.type != ddlUint32 &&
+      o.type != ddlInt64 && o.type != ddlUint64) {
+    badFlag("-o", "op '%s' takes integer types only (-d int8 uint8 int32 uint32 int64 uint64)", kOpNames[o.op]);
+  }
   bench_finish_sweep(&o.sweep, factor_given, step_given, badFlag);
   if (!o.tune_path.empty() && !o.algo.empty()) badFlag("-a", "cannot be combined with --tune, which tries them all");
   return o;

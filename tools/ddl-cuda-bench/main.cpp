@@ -63,7 +63,7 @@ struct Options {
       "  -w, --warmup_iters N  untimed iterations first (default 5)\n"
       "  -d, --datatype TYPE   int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 float32 float64\n"
       "                        (default float32)\n"
-      "  -o, --op OP           sum prod min max avg (default sum)\n"
+      "  -o, --op OP           sum prod min max avg, or band bor bxor on integer types (default sum)\n"
       "  -g, --device N        CUDA device (default 0)\n"
       "      --json FILE       also write the results to FILE as JSON ('-': standard output, no table)\n"
       "  -h, --help            this text\n"
@@ -133,7 +133,7 @@ Options parseArgs(int argc, char** argv) {
       }
       case 'o': {
         auto op = ddl::parseOp(optarg);
-        if (!op) badFlag("--op", "is not sum, prod, min, max or avg");
+        if (!op) badFlag("--op", "is not sum, prod, min, max, avg, band, bor or bxor");
         o.op = *op;
         break;
       }
@@ -150,6 +150,7 @@ Options parseArgs(int argc, char** argv) {
   if (optind < argc) badFlag(argv[optind], "is not an option");
   if (o.min_bytes > o.max_bytes) badFlag("--minbytes", "is larger than --maxbytes");
   if (o.min_bytes < ddl::typeSize(o.type)) badFlag("--minbytes", "is smaller than one element of --datatype");
+  if (!ddl::opTakesType(o.op, o.type)) badFlag("--op", "band, bor and bxor take integer types only");
   return o;
 }
 

@@ -54,7 +54,18 @@ typedef enum {
   ddlNumTypes = 10
 } ddlDataType_t;
 
-typedef enum { ddlSum = 0, ddlProd = 1, ddlMin = 2, ddlMax = 3, ddlAvg = 4, ddlNumOps = 5 } ddlRedOp_t;
+/* ddlBand, ddlBor and ddlBxor (bitwise and, or, xor) take the integer types only. */
+typedef enum {
+  ddlSum = 0,
+  ddlProd = 1,
+  ddlMin = 2,
+  ddlMax = 3,
+  ddlAvg = 4,
+  ddlBand = 5,
+  ddlBor = 6,
+  ddlBxor = 7,
+  ddlNumOps = 8
+} ddlRedOp_t;
 
 /* Versioned configuration. Always start from DDL_CONFIG_INITIALIZER; fields left at 0/NULL fall back to the
  * environment (DDL_TIMEOUT_MS, DDL_TOPOLOGY, DDL_ALGO, DDL_SEGMENT_BYTES) and then to built-in defaults. */
