@@ -20,6 +20,7 @@ struct ddlComm {
 struct ddlRequest {
   std::shared_ptr<ddl::AsyncOp> op;
   ddlComm* comm;
+  const char* fn;  // the call that made it, for messages
 };
 
 namespace {
@@ -63,8 +64,9 @@ ddlResult_t guard(ddlComm* comm, const char* fn, F&& f) {
     }                                                             \
   } while (0)
 
-ddlResult_t initRank(ddlComm_t* out, int nranks, int rank, const std::string& root, const ddlConfig_t* config,
-                     const char* fn) {
+// create(options) makes the communicator once the settings are resolved.
+template <class Create>
+ddlResult_t initComm(ddlComm_t* out, int nranks, const ddlConfig_t* config, const char* fn, Create&& create) {
   if (!out) {
     record(nullptr, std::string(fn) + ": comm pointer is NULL");
     return ddlInvalidArgument;
@@ -73,9 +75,27 @@ ddlResult_t initRank(ddlComm_t* out, int nranks, int rank, const std::string& ro
   return guard(nullptr, fn, [&] {
     ddl::Options opts = ddl::resolveOptions(config, nranks);
     auto c = std::make_unique<ddlComm>();
-    c->impl = ddl::Comm::create(nranks, rank, root, opts);
+    c->impl = create(opts);
     *out = c.release();
   });
+}
+
+ddlResult_t initRank(ddlComm_t* out, int nranks, int rank, const std::string& root, const ddlConfig_t* config,
+                     const char* fn) {
+  return initComm(out, nranks, config, fn,
+                  [&](const ddl::Options& opts) { return ddl::Comm::create(nranks, rank, root, opts); });
+}
+
+// The non-blocking calls: start returns the operation's state, which a new request then carries.
+template <class F>
+ddlResult_t startRequest(ddlComm* comm, const char* fn, ddlRequest_t* request, F&& start) {
+  DDL_CHECK_COMM(fn, comm);
+  if (!request) {
+    record(comm, std::string(fn) + ": request pointer is NULL");
+    return ddlInvalidArgument;
+  }
+  *request = nullptr;
+  return guard(comm, fn, [&] { *request = new ddlRequest{start(), comm, fn}; });
 }
 
 }  // namespace
@@ -120,6 +140,17 @@ ddlResult_t ddlCommInitRank(ddlComm_t* comm, int nranks, int rank, const char* r
     return ddlInvalidArgument;
   }
   return initRank(comm, nranks, rank, rootAddr, config, "ddlCommInitRank");
+}
+
+ddlResult_t ddlCommInitRankWithStore(ddlComm_t* comm, int nranks, int rank, const ddlStore_t* store,
+                                     const ddlConfig_t* config) {
+  if (!store) {
+    if (comm) *comm = nullptr;
+    record(nullptr, "ddlCommInitRankWithStore: store is NULL");
+    return ddlInvalidArgument;
+  }
+  return initComm(comm, nranks, config, "ddlCommInitRankWithStore",
+                  [&](const ddl::Options& opts) { return ddl::Comm::createWithStore(nranks, rank, *store, opts); });
 }
 
 ddlResult_t ddlCommInitFromEnv(ddlComm_t* comm, const ddlConfig_t* config) {
@@ -216,23 +247,68 @@ ddlResult_t ddlBarrier(ddlComm_t comm) {
   return guard(comm, "ddlBarrier", [&] { comm->impl->barrier(); });
 }
 
+ddlResult_t ddlReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype, ddlRedOp_t op,
+                      int root, ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlReduce", comm);
+  return guard(comm, "ddlReduce", [&] { comm->impl->reduce(sendbuff, recvbuff, count, datatype, op, root); });
+}
+
+ddlResult_t ddlGather(const void* sendbuff, void* recvbuff, size_t sendcount, ddlDataType_t datatype, int root,
+                      ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlGather", comm);
+  return guard(comm, "ddlGather", [&] { comm->impl->gather(sendbuff, recvbuff, sendcount, datatype, root); });
+}
+
+ddlResult_t ddlScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ddlDataType_t datatype, int root,
+                       ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlScatter", comm);
+  return guard(comm, "ddlScatter", [&] { comm->impl->scatter(sendbuff, recvbuff, recvcount, datatype, root); });
+}
+
+ddlResult_t ddlAllToAll(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
+                        ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlAllToAll", comm);
+  return guard(comm, "ddlAllToAll", [&] { comm->impl->allToAll(sendbuff, recvbuff, count, datatype); });
+}
+
+ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
+                         const size_t recvcounts[], const size_t rdispls[], ddlDataType_t datatype,
+                         ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlAllToAllv", comm);
+  return guard(comm, "ddlAllToAllv", [&] {
+    comm->impl->allToAllv(sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
+  });
+}
+
+ddlResult_t ddlSend(const void* sendbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlSend", comm);
+  return guard(comm, "ddlSend", [&] { comm->impl->send(sendbuff, count, datatype, peer); });
+}
+
+ddlResult_t ddlRecv(void* recvbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlRecv", comm);
+  return guard(comm, "ddlRecv", [&] { comm->impl->recv(recvbuff, count, datatype, peer); });
+}
+
 ddlResult_t ddlIallReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                           ddlRedOp_t op, ddlComm_t comm, ddlRequest_t* request) {
-  DDL_CHECK_COMM("ddlIallReduce", comm);
-  if (!request) {
-    record(comm, "ddlIallReduce: request pointer is NULL");
-    return ddlInvalidArgument;
-  }
-  *request = nullptr;
-  return guard(comm, "ddlIallReduce", [&] {
-    auto op_state = comm->impl->iallReduce(sendbuff, recvbuff, count, datatype, op);
-    *request = new ddlRequest{std::move(op_state), comm};
-  });
+  return startRequest(comm, "ddlIallReduce", request,
+                      [&] { return comm->impl->iallReduce(sendbuff, recvbuff, count, datatype, op); });
+}
+
+ddlResult_t ddlIsend(const void* sendbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm,
+                     ddlRequest_t* request) {
+  return startRequest(comm, "ddlIsend", request, [&] { return comm->impl->isend(sendbuff, count, datatype, peer); });
+}
+
+ddlResult_t ddlIrecv(void* recvbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm,
+                     ddlRequest_t* request) {
+  return startRequest(comm, "ddlIrecv", request, [&] { return comm->impl->irecv(recvbuff, count, datatype, peer); });
 }
 
 static ddlResult_t finish(ddlRequest_t request) {
   ddlResult_t r = request->op->result;
-  if (r != ddlSuccess) record(request->comm, "ddlIallReduce: " + request->op->error);
+  if (r != ddlSuccess) record(request->comm, std::string(request->fn) + ": " + request->op->error);
   delete request;
   return r;
 }

@@ -16,13 +16,7 @@
 namespace ddl {
 
 std::unique_ptr<Comm> Comm::create(int nranks, int rank, const std::string& root, const Options& options) {
-  if (nranks < 1 || nranks > tag::kMaxRanks) {
-    fail(ddlInvalidArgument, "nranks must be in [1, " + std::to_string(tag::kMaxRanks) + "], got " +
-                                 std::to_string(nranks));
-  }
-  if (rank < 0 || rank >= nranks) {
-    fail(ddlInvalidArgument, "rank must be in [0, " + std::to_string(nranks - 1) + "], got " + std::to_string(rank));
-  }
+  checkRanks(nranks, rank);
   std::string host;
   int port = 0;
   parseHostPort(root, &host, &port);
@@ -32,19 +26,45 @@ std::unique_ptr<Comm> Comm::create(int nranks, int rank, const std::string& root
   std::unique_ptr<TcpStoreServer> server;
   if (rank == 0) server = startTcpStoreServer(port);
   std::unique_ptr<Store> store = connectTcpStore(rank == 0 ? "127.0.0.1" : host, port, deadline);
+  auto comm = bootstrap(nranks, rank, *store, true, "the communicator at " + root + " (check DDL_RANK)", options,
+                        deadline);
+  // Rank 0 serves the store until the communicator goes: peers may still be reading from it.
+  comm->store_server_ = std::move(server);
+  comm->store_ = std::move(store);
+  return comm;
+}
 
+std::unique_ptr<Comm> Comm::createWithStore(int nranks, int rank, const ddlStore_t& store, const Options& options) {
+  checkRanks(nranks, rank);
+  if (!store.set || !store.get) fail(ddlInvalidArgument, "the store needs its set and get functions");
+  Deadline deadline(options.timeout_ms);
+  auto s = makeCallbackStore(store);
+  return bootstrap(nranks, rank, *s, store.add != nullptr, "the communicator's store", options, deadline);
+}
+
+void Comm::checkRanks(int nranks, int rank) {
+  if (nranks < 1 || nranks > tag::kMaxRanks) {
+    fail(ddlInvalidArgument, "nranks must be in [1, " + std::to_string(tag::kMaxRanks) + "], got " +
+                                 std::to_string(nranks));
+  }
+  if (rank < 0 || rank >= nranks) {
+    fail(ddlInvalidArgument, "rank must be in [0, " + std::to_string(nranks - 1) + "], got " + std::to_string(rank));
+  }
+}
+
+std::unique_ptr<Comm> Comm::bootstrap(int nranks, int rank, Store& store, bool claim, const std::string& where,
+                                      const Options& options, const Deadline& deadline) {
   // Every rank must agree on the shape of the communicator, and each rank number must be taken once.
   const std::string shape = "nranks=" + std::to_string(nranks) + " topology=" + options.topology.str() +
                             " algo=" + algoName(options.algo) + " segment=" + std::to_string(options.segment_bytes) +
                             " tune=" + (options.tune ? options.tune->digest() : std::string("built-in"));
-  if (store->add("joined/" + std::to_string(rank), 1) != 1) {
-    fail(ddlInvalidArgument, "two processes claim rank " + std::to_string(rank) + " of the communicator at " +
-                                 root + " (check DDL_RANK)");
+  if (claim && store.add("joined/" + std::to_string(rank), 1) != 1) {
+    fail(ddlInvalidArgument, "two processes claim rank " + std::to_string(rank) + " of " + where);
   }
   if (rank == 0) {
-    store->set("shape", shape);
+    store.set("shape", shape);
   } else {
-    std::string root_shape = store->get("shape", deadline);
+    std::string root_shape = store.get("shape", deadline);
     if (root_shape != shape) {
       fail(ddlInvalidArgument, "rank 0 created the communicator with " + root_shape + " but rank " +
                                    std::to_string(rank) + " has " + shape +
@@ -52,11 +72,8 @@ std::unique_ptr<Comm> Comm::create(int nranks, int rank, const std::string& root
                                    "on every rank, and DDL_TUNE_FILE must hold the same rules)");
     }
   }
-  auto transport = createUcxTransport(rank, nranks, *store, deadline);
-  auto comm = std::make_unique<Comm>(std::move(transport), options);
-  comm->store_server_ = std::move(server);
-  comm->store_ = std::move(store);
-  return comm;
+  auto transport = createUcxTransport(rank, nranks, store, deadline);
+  return std::make_unique<Comm>(std::move(transport), options);
 }
 
 Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
@@ -67,6 +84,8 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
   topology_str_ = options_.topology.str();
   has_grid_ = mdring_grid_.nontrivialDims() >= 2;
   channel_ = std::make_unique<Channel>(std::move(transport), options_.timeout_ms);
+  p2p_ = std::make_unique<PointToPoint>(*channel_);
+  channel_->p2p = p2p_.get();
   telemetry_ = Telemetry::fromEnv(rank_, size_);
 #ifdef DDL_HAVE_CUDA
   device_ = cuda::makeStagedAllReduce(rank_, channel_->transport().deviceMemory());
@@ -79,22 +98,28 @@ void Comm::shutdown() {
   if (!channel_) return;
   drainAsync();
   {
+    auto lk = lockOp();
+    if (broken_.load() == ddlSuccess && p2p_->broken().first == ddlSuccess && size_ > 1) {
+      // Peers may still be reading our last messages: meet them once more before the endpoints go. Point-to-
+      // point operations still pending move on meanwhile (the peer's matching call may come before its own
+      // destroy); what is left after is failed.
+      try {
+        Session s(*channel_, CollKind::kBarrier, ddlUint8, ddlSum, 0, 0, 0, std::min(options_.timeout_ms, 10000));
+        ddl::barrier(s);
+      } catch (const Error&) {
+        // Best effort: a peer that left first is no reason to fail the teardown.
+      }
+    }
+    p2p_->shutdown(ddlAborted, "the communicator was destroyed");
+  }
+  {
     std::lock_guard<std::mutex> lk(q_mu_);
     stop_ = true;
   }
   q_cv_.notify_all();
   if (executor_.joinable()) executor_.join();
-  if (broken_.load() == ddlSuccess && size_ > 1) {
-    // Peers may still be reading our last messages: meet them once more before the endpoints go.
-    try {
-      std::lock_guard<std::mutex> lk(op_mu_);
-      Session s(*channel_, CollKind::kBarrier, ddlUint8, ddlSum, 0, 0, 0, std::min(options_.timeout_ms, 10000));
-      ddl::barrier(s);
-    } catch (const Error&) {
-      // Best effort: a peer that left first is no reason to fail the teardown.
-    }
-  }
   device_.reset();
+  p2p_.reset();
   channel_.reset();
   store_.reset();
   store_server_.reset();
@@ -115,11 +140,29 @@ void Comm::abort() {
   // If no collective is running, tell the peers now; otherwise the running one does when it sees the flag.
   std::unique_lock<std::mutex> lk(op_mu_, std::try_to_lock);
   if (lk.owns_lock()) channel_->notifyPeers("communicator aborted by ddlCommAbort");
+  // Pending point-to-point operations fail on the executor's next poll.
+  { std::lock_guard<std::mutex> q(q_mu_); }
+  q_cv_.notify_all();
+}
+
+std::unique_lock<std::mutex> Comm::lockOp() {
+  ++op_waiters_;
+  std::unique_lock<std::mutex> lk(op_mu_);
+  --op_waiters_;
+  return lk;
+}
+
+void Comm::noteP2PFailureLocked() {
+  auto [code, why] = p2p_->broken();
+  if (code == ddlSuccess) return;
+  breakWith(code, why);  // keeps an earlier reason (an abort)
+  channel_->notifyPeers(why);  // once per communicator
 }
 
 void Comm::run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant,
                const std::function<void(Session&)>& body) {
-  std::lock_guard<std::mutex> lk(op_mu_);
+  auto lk = lockOp();
+  noteP2PFailureLocked();
   if (ddlResult_t b = broken_.load(); b != ddlSuccess) {
     std::lock_guard<std::mutex> elk(err_mu_);
     fail(b, "the communicator is unusable after an earlier error: " + broken_why_ +
@@ -134,6 +177,7 @@ void Comm::run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, i
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       telemetry_->record(kind, count * typeSize(type), variant, seconds, s.dim_seconds);
     }
+    noteP2PFailureLocked();  // one that failed during the collective
   } catch (const Error& e) {
     breakWith(e.code(), e.what());
     channel_->notifyPeers(e.what());
@@ -202,7 +246,7 @@ void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDat
     // already in, or on their way to, the next chunk's collective: break and tell them, as run() does.
     if (broken_.load() == ddlSuccess) {
       breakWith(e.code(), e.what());
-      std::lock_guard<std::mutex> lk(op_mu_);
+      auto lk = lockOp();
       channel_->notifyPeers(e.what());
     }
     throw;
@@ -280,6 +324,158 @@ void Comm::barrier() {
   run(CollKind::kBarrier, ddlUint8, ddlSum, 0, 0, 0, [&](Session& s) { ddl::barrier(s); });
 }
 
+void Comm::checkRoot(int root) const {
+  if (root < 0 || root >= size_) {
+    fail(ddlInvalidArgument, "root " + std::to_string(root) + " is not a rank of this communicator of " +
+                                 std::to_string(size_));
+  }
+}
+
+void Comm::reduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op,
+                  int root) {
+  checkType("datatype", type);
+  checkOp(op, type);
+  checkRoot(root);
+  if (count && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL");
+  if (count && rank_ == root && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL on the root");
+  if (count) refuseDevice(sendbuf, rank_ == root ? recvbuf : nullptr);
+  const size_t bytes = checkedBytes(count, typeSize(type));
+  drainAsync();
+  if (count == 0) return;
+  const DataSpec d = spec(type, op, bytes);
+  run(CollKind::kReduce, type, op, count, root, 0,
+      [&](Session& s) { reduceTo(s, d, sendbuf, recvbuf, count, root); });
+}
+
+void Comm::gather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type, int root) {
+  checkType("datatype", type);
+  checkRoot(root);
+  if (sendcount && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL");
+  if (sendcount && rank_ == root && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL on the root");
+  if (sendcount) refuseDevice(sendbuf, rank_ == root ? recvbuf : nullptr);
+  const size_t bytes = checkedBytes(sendcount, typeSize(type), size_);
+  drainAsync();
+  if (sendcount == 0) return;
+  const DataSpec d = spec(type, ddlSum, bytes);
+  run(CollKind::kGather, type, ddlSum, sendcount, root, 0,
+      [&](Session& s) { ddl::gather(s, d, sendbuf, recvbuf, sendcount, root); });
+}
+
+void Comm::scatter(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type, int root) {
+  checkType("datatype", type);
+  checkRoot(root);
+  if (recvcount && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL");
+  if (recvcount && rank_ == root && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL on the root");
+  if (recvcount) refuseDevice(rank_ == root ? sendbuf : nullptr, recvbuf);
+  const size_t bytes = checkedBytes(recvcount, typeSize(type), size_);
+  drainAsync();
+  if (recvcount == 0) return;
+  const DataSpec d = spec(type, ddlSum, bytes);
+  run(CollKind::kScatter, type, ddlSum, recvcount, root, 0,
+      [&](Session& s) { ddl::scatter(s, d, sendbuf, recvbuf, recvcount, root); });
+}
+
+void Comm::allToAll(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type) {
+  checkType("datatype", type);
+  checkBuffers(sendbuf, recvbuf, count);
+  if (count) refuseDevice(sendbuf, recvbuf);
+  const size_t bytes = checkedBytes(count, typeSize(type), size_);
+  drainAsync();
+  if (count == 0) return;
+  std::vector<size_t> counts(size_, count), displs(size_);
+  for (int r = 0; r < size_; ++r) displs[r] = static_cast<size_t>(r) * count;
+  const DataSpec d = spec(type, ddlSum, bytes);
+  run(CollKind::kAllToAll, type, ddlSum, count, 0, 0, [&](Session& s) {
+    ddl::allToAllv(s, d, sendbuf, counts.data(), displs.data(), recvbuf, counts.data(), displs.data());
+  });
+}
+
+void Comm::allToAllv(const void* sendbuf, const size_t* sendcounts, const size_t* sdispls, void* recvbuf,
+                     const size_t* recvcounts, const size_t* rdispls, ddlDataType_t type) {
+  checkType("datatype", type);
+  if (!sendcounts || !sdispls || !recvcounts || !rdispls) {
+    fail(ddlInvalidArgument, "sendcounts, sdispls, recvcounts and rdispls must each hold one entry per rank");
+  }
+  const size_t es = typeSize(type);
+  size_t send_total = 0, recv_total = 0;
+  for (int r = 0; r < size_; ++r) {
+    checkedBytes(sdispls[r], es);
+    checkedBytes(rdispls[r], es);
+    checkedBytes(sendcounts[r], es);
+    checkedBytes(recvcounts[r], es);
+    send_total += sendcounts[r];
+    recv_total += recvcounts[r];
+  }
+  if (sendcounts[rank_] != recvcounts[rank_]) {
+    fail(ddlInvalidArgument, "sendcounts[" + std::to_string(rank_) + "] = " + std::to_string(sendcounts[rank_]) +
+                                 " but recvcounts[" + std::to_string(rank_) + "] = " +
+                                 std::to_string(recvcounts[rank_]) + ": this rank's block to itself must agree");
+  }
+  if (send_total && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL");
+  if (recv_total && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL");
+  if (send_total || recv_total) refuseDevice(sendbuf, recvbuf);
+  drainAsync();
+  const DataSpec d = spec(type, ddlSum, (send_total + recv_total) * es);
+  // The counts differ from rank to rank: the signature holds the type alone, each message's length is checked.
+  run(CollKind::kAllToAllv, type, ddlSum, 0, 0, 0, [&](Session& s) {
+    ddl::allToAllv(s, d, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls);
+  });
+}
+
+void Comm::checkPeer(int peer) const {
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    fail(ddlInvalidArgument, "peer " + std::to_string(peer) + " is not another rank of this communicator (rank " +
+                                 std::to_string(rank_) + " of " + std::to_string(size_) + ")");
+  }
+}
+
+std::shared_ptr<AsyncOp> Comm::submitP2P(bool is_recv, void* buf, size_t count, ddlDataType_t type, int peer) {
+  checkType("datatype", type);
+  checkPeer(peer);
+  if (count && !buf) fail(ddlInvalidArgument, std::string(is_recv ? "recvbuff" : "sendbuff") + " is NULL");
+  if (count) refuseDevice(is_recv ? nullptr : buf, is_recv ? buf : nullptr);
+  checkedBytes(count, typeSize(type));
+  if (ddlResult_t b = broken_.load(); b != ddlSuccess) {
+    std::lock_guard<std::mutex> elk(err_mu_);
+    fail(b, "the communicator is unusable after an earlier error: " + broken_why_ +
+                " (destroy it with ddlCommDestroy and create a new one)");
+  }
+  auto op = std::make_unique<P2POp>();
+  op->is_recv = is_recv;
+  op->peer = peer;
+  op->buf = buf;
+  op->count = count;
+  op->type = type;
+  std::shared_ptr<AsyncOp> result = op->result;
+  p2p_->submit(std::move(op));
+  {
+    // Under q_mu_: the executor's wait predicate reads p2p_->active() with it held, so no wakeup is lost.
+    std::lock_guard<std::mutex> lk(q_mu_);
+    startExecutorLocked();
+  }
+  q_cv_.notify_all();
+  return result;
+}
+
+std::shared_ptr<AsyncOp> Comm::isend(const void* buf, size_t count, ddlDataType_t type, int peer) {
+  return submitP2P(false, const_cast<void*>(buf), count, type, peer);  // a send only reads buf
+}
+
+std::shared_ptr<AsyncOp> Comm::irecv(void* buf, size_t count, ddlDataType_t type, int peer) {
+  return submitP2P(true, buf, count, type, peer);
+}
+
+namespace {
+void waitFor(const AsyncOp& op) {
+  op.done.wait(false, std::memory_order_acquire);  // every operation ends within its timeout
+  if (op.result != ddlSuccess) fail(op.result, op.error);
+}
+}  // namespace
+
+void Comm::send(const void* buf, size_t count, ddlDataType_t type, int peer) { waitFor(*isend(buf, count, type, peer)); }
+
+void Comm::recv(void* buf, size_t count, ddlDataType_t type, int peer) { waitFor(*irecv(buf, count, type, peer)); }
+
 std::shared_ptr<AsyncOp> Comm::iallReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
                                           ddlRedOp_t op) {
   checkType("datatype", type);
@@ -289,7 +485,7 @@ std::shared_ptr<AsyncOp> Comm::iallReduce(const void* sendbuf, void* recvbuf, si
   auto result = std::make_shared<AsyncOp>();
   {
     std::lock_guard<std::mutex> lk(q_mu_);
-    if (!executor_.joinable()) executor_ = std::thread([this] { executorLoop(); });
+    startExecutorLocked();
     ++in_flight_;
     queue_.push_back([this, result, sendbuf, recvbuf, count, type, op] {
       try {
@@ -301,27 +497,67 @@ std::shared_ptr<AsyncOp> Comm::iallReduce(const void* sendbuf, void* recvbuf, si
         result->result = ddlInternalError;
         result->error = e.what();
       }
-      result->done.store(true, std::memory_order_release);
-      result->done.notify_all();
+      result->finish(result->result, std::move(result->error));
     });
   }
   q_cv_.notify_all();
   return result;
 }
 
+void Comm::startExecutorLocked() {
+  if (!executor_.joinable()) executor_ = std::thread([this] { executorLoop(); });
+}
+
 void Comm::executorLoop() {
   std::unique_lock<std::mutex> lk(q_mu_);
   for (;;) {
-    q_cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ and nothing left
-    auto task = std::move(queue_.front());
-    queue_.pop_front();
-    lk.unlock();
-    task();
-    lk.lock();
-    --in_flight_;
-    q_cv_.notify_all();
+    q_cv_.wait(lk, [&] { return stop_ || !queue_.empty() || p2p_->active(); });
+    if (!queue_.empty()) {
+      auto task = std::move(queue_.front());
+      queue_.pop_front();
+      lk.unlock();
+      task();
+      lk.lock();
+      --in_flight_;
+      q_cv_.notify_all();
+    } else if (p2p_->active()) {
+      lk.unlock();
+      driveP2P();
+      lk.lock();
+    } else {
+      return;  // stop_ and nothing left
+    }
   }
+}
+
+namespace {
+// driveP2P's idle policy, as a Session's wait: spin, then yield, then sleep 50 us at a time.
+constexpr int kP2PSpinRounds = 20000;
+constexpr int kP2PSleepRounds = 200000;
+constexpr auto kP2PSlice = std::chrono::milliseconds(1);
+}  // namespace
+
+void Comm::driveP2P() {
+  std::unique_lock<std::mutex> op(op_mu_, std::try_to_lock);
+  if (!op.owns_lock()) {
+    // A collective holds the transport and moves the point-to-point operations on between its rounds.
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    return;
+  }
+  Transport& t = channel_->transport();
+  const auto end = std::chrono::steady_clock::now() + kP2PSlice;
+  // A slice at most, then back to the queue; at once when a collective wants the transport.
+  for (int round = 0; p2p_->active() && op_waiters_.load(std::memory_order_relaxed) == 0; ++round) {
+    bool any = t.progress();
+    any = p2p_->poll() || any;
+    if (any) {
+      p2p_idle_ = 0;
+    } else if (channel_->oversubscribed() || ++p2p_idle_ > kP2PSpinRounds) {
+      t.idleWait(p2p_idle_ > kP2PSleepRounds ? 50 : 0);
+    }
+    if ((round & 255) == 255 && std::chrono::steady_clock::now() >= end) break;
+  }
+  noteP2PFailureLocked();
 }
 
 void Comm::drainAsync() {

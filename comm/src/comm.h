@@ -7,7 +7,10 @@
 //
 // Threads: collectives are called by one user thread at a time. Non-blocking collectives run on the
 // communicator's executor thread, in call order; a blocking call first waits for the queued ones, so the
-// order on the wire is always the order of calls. abort() and asyncError() may be called from any thread.
+// order on the wire is always the order of calls. Point-to-point operations (p2p.h) may be submitted from any
+// thread, also while a collective runs; they move on inside whatever collective runs, else on the executor,
+// which gives the transport back as soon as a collective wants it. abort() and asyncError() may be called
+// from any thread.
 //
 // Device buffers (builds with CUDA): allReduce and iallReduce hand them to a DeviceAllReduce, which runs the
 // host collective chunk by chunk on staged copies; the other collectives refuse them with an argument error.
@@ -23,9 +26,11 @@
 #include <thread>
 
 #include "algo/algo.h"
+#include "async_op.h"
 #include "ddl/ddl.h"
 #include "device_allreduce.h"
 #include "env.h"
+#include "p2p.h"
 #include "session.h"
 #include "store.h"
 #include "telemetry.h"
@@ -33,18 +38,14 @@
 
 namespace ddl {
 
-// A queued non-blocking collective. The executor sets result/error, then done (and notifies its waiters).
-struct AsyncOp {
-  std::atomic<bool> done{false};
-  ddlResult_t result = ddlSuccess;
-  std::string error;
-};
 
 class Comm {
  public:
   // The real thing: bootstraps through the TCP store at root ("host:port"; rank 0 serves it) and connects
   // every rank over UCX. Throws ddl::Error naming what failed (root unreachable, a rank missing, ...).
   static std::unique_ptr<Comm> create(int nranks, int rank, const std::string& root, const Options& options);
+  // Bootstraps through a caller's store (ddlCommInitRankWithStore): no port of libddl's own.
+  static std::unique_ptr<Comm> createWithStore(int nranks, int rank, const ddlStore_t& store, const Options& options);
 
   // Over a transport built elsewhere (tests use LocalTransport).
   Comm(std::unique_ptr<Transport> transport, const Options& options);
@@ -59,8 +60,21 @@ class Comm {
   void allGather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type);
   void reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type, ddlRedOp_t op);
   void barrier();
+  void reduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op, int root);
+  void gather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type, int root);
+  void scatter(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type, int root);
+  void allToAll(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type);
+  void allToAllv(const void* sendbuf, const size_t* sendcounts, const size_t* sdispls, void* recvbuf,
+                 const size_t* recvcounts, const size_t* rdispls, ddlDataType_t type);
   std::shared_ptr<AsyncOp> iallReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
                                       ddlRedOp_t op);
+
+  // Point-to-point, any thread (see p2p.h). The i-forms return at once; the others wait for the operation
+  // and throw its error.
+  std::shared_ptr<AsyncOp> isend(const void* buf, size_t count, ddlDataType_t type, int peer);
+  std::shared_ptr<AsyncOp> irecv(void* buf, size_t count, ddlDataType_t type, int peer);
+  void send(const void* buf, size_t count, ddlDataType_t type, int peer);
+  void recv(void* buf, size_t count, ddlDataType_t type, int peer);
 
   // Any thread. Blocked and later calls fail with ddlAborted; peers are told.
   void abort();
@@ -72,6 +86,11 @@ class Comm {
   void shutdown();
 
  private:
+  static void checkRanks(int nranks, int rank);
+  // Agrees on the communicator's shape through store, claims the rank (when claim: needs store.add) and
+  // connects every rank over UCX. where names the rendezvous for messages.
+  static std::unique_ptr<Comm> bootstrap(int nranks, int rank, Store& store, bool claim, const std::string& where,
+                                         const Options& options, const Deadline& deadline);
   // The algorithm and segment size an allreduce of bytes uses (forced settings, then the tuning table).
   AllReduceChoice allReduceChoice(size_t bytes) const;
   void run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant,
@@ -84,6 +103,16 @@ class Comm {
   void checkType(const char* what, ddlDataType_t type) const;
   void checkOp(ddlRedOp_t op, ddlDataType_t type) const;  // after checkType
   void checkBuffers(const void* sendbuf, const void* recvbuf, size_t count) const;
+  void checkRoot(int root) const;
+  void checkPeer(int peer) const;
+  std::shared_ptr<AsyncOp> submitP2P(bool is_recv, void* buf, size_t count, ddlDataType_t type, int peer);
+  // The executor's share of point-to-point progress, while no collective runs (see executorLoop).
+  void driveP2P();
+  // After a point-to-point failure: breaks the communicator and tells the peers, once. Holds op_mu_.
+  void noteP2PFailureLocked();
+  void startExecutorLocked();  // q_mu_ held
+  // The op lock, announced so that the executor's point-to-point loop lets go of it at once.
+  std::unique_lock<std::mutex> lockOp();
   DataSpec spec(ddlDataType_t type, ddlRedOp_t op, size_t bytes) const;
   void drainAsync();
   std::unique_ptr<Telemetry> telemetry_;  // null unless DDL_AGENT_SOCKET names a listening agent
@@ -99,8 +128,11 @@ class Comm {
   std::unique_ptr<Store> store_;
   std::unique_ptr<Channel> channel_;
   std::unique_ptr<DeviceAllReduce> device_;  // null in builds without CUDA
+  std::unique_ptr<PointToPoint> p2p_;         // goes before channel_, whose transport it uses
 
   std::mutex op_mu_;  // one collective at a time on the channel
+  std::atomic<int> op_waiters_{0};  // callers waiting for op_mu_: the executor's p2p loop gives it up
+  int p2p_idle_ = 0;                // the executor's idle rounds in driveP2P
 
   mutable std::mutex err_mu_;
   std::atomic<ddlResult_t> broken_{ddlSuccess};

@@ -6,6 +6,7 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "p2p.h"
 
 namespace ddl {
 
@@ -16,8 +17,22 @@ const char* collName(CollKind k) {
     case CollKind::kAllGather: return "allgather";
     case CollKind::kReduceScatter: return "reducescatter";
     case CollKind::kBarrier: return "barrier";
+    case CollKind::kReduce: return "reduce";
+    case CollKind::kGather: return "gather";
+    case CollKind::kScatter: return "scatter";
+    case CollKind::kAllToAll: return "alltoall";
+    case CollKind::kAllToAllv: return "alltoallv";
+    case CollKind::kSendRecv: return "send/recv";
   }
   return "collective";
+}
+
+bool collHasRoot(CollKind k) {
+  return k == CollKind::kBroadcast || k == CollKind::kReduce || k == CollKind::kGather || k == CollKind::kScatter;
+}
+
+bool collHasOp(CollKind k) {
+  return k == CollKind::kAllReduce || k == CollKind::kReduceScatter || k == CollKind::kReduce;
 }
 
 namespace {
@@ -136,15 +151,15 @@ uint64_t fmix64(uint64_t x) {
   return x;
 }
 
-// 8 bits that differ, with probability 255/256, between calls that differ in any argument. Runs per collective:
-// a few multiplies, not a byte-wise hash.
+}  // namespace
+
+// Runs per collective: a few multiplies, not a byte-wise hash.
 uint64_t signature(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant) {
   const uint64_t args = static_cast<uint64_t>(kind) | static_cast<uint64_t>(type & 0xFF) << 8 |
                         static_cast<uint64_t>(op & 0xFF) << 16 | static_cast<uint64_t>(variant & 0xFF) << 24 |
                         static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32;
   return fmix64(fmix64(args) ^ count) & 0xFF;
 }
-}  // namespace
 
 Session::Session(Channel& ch, CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root,
                  int variant, int timeout_ms)
@@ -192,8 +207,8 @@ std::string Session::describe() const {
   std::string s = std::string(collName(kind_)) + " #" + std::to_string(seq_bits_ >> tag::kSeqShift);
   if (kind_ == CollKind::kBarrier) return s;
   s += " (" + std::string(typeName(type_));
-  if (kind_ == CollKind::kAllReduce || kind_ == CollKind::kReduceScatter) s += " " + std::string(opName(op_));
-  if (kind_ == CollKind::kBroadcast) s += " root " + std::to_string(root_);
+  if (collHasOp(kind_)) s += " " + std::string(opName(op_));
+  if (collHasRoot(kind_)) s += " root " + std::to_string(root_);
   s += ", count " + std::to_string(count_) + ")";
   return s;
 }
@@ -216,8 +231,7 @@ Request* Session::recv(int peer, uint32_t unit, void* buf, size_t bytes) {
   Request* r = ch_.newRequest();
   r->posted_len = bytes;
   uint64_t t = seq_bits_ | (static_cast<uint64_t>(peer) << tag::kSrcShift) | unit;
-  uint64_t mask = tag::kControl | tag::kSeqMask | tag::kSrcMask | tag::kUnitMask;
-  t_.recv(*r, peer, t, mask, buf, bytes);
+  t_.recv(*r, peer, t, tag::kMatchMask, buf, bytes);
   return r;
 }
 
@@ -239,7 +253,8 @@ void Session::probeMismatch(int peer) {
   // for will never come.
   uint64_t t = seq_bits_ | (static_cast<uint64_t>(peer) << tag::kSrcShift);
   uint64_t found = 0;
-  if (t_.probe(t, tag::kControl | tag::kSeqMask | tag::kSrcMask, &found) && (found & tag::kSigMask) != sig_bits_) {
+  if (t_.probe(t, tag::kControl | tag::kP2P | tag::kSeqMask | tag::kSrcMask, &found) &&
+      (found & tag::kSigMask) != sig_bits_) {
     fail(ddlInvalidArgument, "collective mismatch: " + ch_.peerName(peer) +
                                  " called a different collective, count, type, op, root or algorithm than this "
                                  "rank's " + describe() + "; every rank must make the same calls in the same order");
@@ -265,6 +280,8 @@ void Session::progress() { progress(nullptr); }
 
 void Session::progress(Request* waiting_for) {
   bool any = t_.progress();
+  // Point-to-point operations of this communicator move on while the collective runs (see p2p.h).
+  if (ch_.p2p != nullptr && ch_.p2p->active()) any = ch_.p2p->poll() || any;
   if (ch_.aborted.load(std::memory_order_relaxed)) {
     fail(ddlAborted, "communicator aborted by ddlCommAbort during " + describe());
   }

@@ -11,8 +11,11 @@
 // (ddlInvalidArgument: the ranks called different collectives). When a rank fails a collective it sends a
 // short control message to every peer, so the others stop at once instead of waiting for their deadline.
 //
-// Tag layout (64 bits): [63] control | [62:47] sequence | [46:39] signature | [38:24] sender | [23:0] unit.
-// Receives match sequence, sender and unit; the signature is checked after the message arrives.
+// Tag layout (64 bits): [63] control | [62] p2p | [61:47] sequence | [46:39] signature | [38:24] sender |
+// [23:0] unit. Receives match the control and p2p bits, sequence, sender and unit; the signature is checked
+// after the message arrives. Collectives carry p2p = 0 and the communicator's collective sequence number;
+// point-to-point messages (p2p.h) p2p = 1 and a sequence number of their own per pair of ranks, so the two
+// never match each other's receives whatever order they are called in.
 //
 // Threads: a Channel and its Sessions are used by one thread at a time (the communicator serialises its
 // callers); `aborted` may be set from any thread.
@@ -34,8 +37,10 @@ namespace ddl {
 
 namespace tag {
 constexpr uint64_t kControl = 1ULL << 63;
+constexpr uint64_t kP2P = 1ULL << 62;
 constexpr int kSeqShift = 47, kSigShift = 39, kSrcShift = 24;
-constexpr uint64_t kSeqMask = 0xFFFFULL << kSeqShift;
+constexpr uint64_t kSeqValues = 0x7FFF;  // sequence numbers wrap at 2^15
+constexpr uint64_t kSeqMask = kSeqValues << kSeqShift;
 constexpr uint64_t kSigMask = 0xFFULL << kSigShift;
 constexpr uint64_t kSrcMask = 0x7FFFULL << kSrcShift;
 constexpr uint64_t kUnitMask = 0xFFFFFFULL;
@@ -45,10 +50,32 @@ constexpr int kMaxRanks = 1 << 15;
 constexpr int kPhaseShift = 18;
 constexpr uint32_t kMaxPhases = 1U << 6;
 constexpr uint32_t kMaxUnits = 1U << kPhaseShift;  // per phase
+// What a receive matches on: everything but the signature.
+constexpr uint64_t kMatchMask = kControl | kP2P | kSeqMask | kSrcMask | kUnitMask;
 }  // namespace tag
 
-enum class CollKind : uint8_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kBarrier };
+enum class CollKind : uint8_t {
+  kAllReduce = 1,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kBarrier,
+  kReduce,
+  kGather,
+  kScatter,
+  kAllToAll,
+  kAllToAllv,
+  kSendRecv,  // point-to-point (p2p.h), for signatures and messages
+};
 const char* collName(CollKind k);
+// Whether the collective has a root (broadcast, reduce, gather, scatter) or a reduction op, for messages.
+bool collHasRoot(CollKind k);
+bool collHasOp(CollKind k);
+
+// 8 bits that differ, with probability 255/256, between calls that differ in any argument; part of every tag.
+uint64_t signature(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant);
+
+class PointToPoint;
 
 class Channel {
  public:
@@ -64,7 +91,7 @@ class Channel {
   // "rank 3 (host-b)"
   std::string peerName(int rank) const;
 
-  uint16_t nextSeq() { return seq_++; }
+  uint16_t nextSeq() { return static_cast<uint16_t>(seq_++ & tag::kSeqValues); }
 
   // More ranks on this host than CPUs this process may run on: waits then yield the CPU at once instead of
   // spinning, so that the ranks with work get it.
@@ -96,6 +123,13 @@ class Channel {
   // One Session at a time per Channel (the communicator serialises collectives): the pool depends on it.
   bool session_active = false;
 
+  // Point-to-point operations waiting beside the collectives, which Sessions drive between their own rounds.
+  // Set by the communicator.
+  PointToPoint* p2p = nullptr;
+  // Keeps p alive until the transport is gone: for requests the transport may still complete after their
+  // owner gave up on them.
+  void keepUntilTransportGoes(std::shared_ptr<void> p) { kept_.push_back(std::move(p)); }
+
  private:
   void postControlRecv();
   const std::string& readControl();
@@ -113,6 +147,7 @@ class Channel {
   std::deque<Request> req_pool_;  // a deque: requests never move while the transport holds them
   size_t req_used_ = 0;
   std::vector<char> scratch_[2];
+  std::vector<std::shared_ptr<void>> kept_;  // destroyed after the transport (see ~Channel)
 };
 
 class Session {

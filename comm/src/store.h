@@ -1,14 +1,16 @@
 // Key-value store used to bootstrap a communicator: ranks publish their UCX worker address and host name,
 // and read everyone else's. Gloo's Store idea, NCCL's unique-id idea.
 //
-// Implementations: MemoryStore (one process, ranks as threads: tests) and TcpStore (a client connected to the
-// TcpStoreServer that rank 0 hosts at DDL_ROOT). All methods are thread-safe. Failures throw ddl::Error.
+// Implementations: MemoryStore (one process, ranks as threads: tests), TcpStore (a client connected to the
+// TcpStoreServer that rank 0 hosts at DDL_ROOT) and CallbackStore (a framework's store handed in through
+// ddlStore_t). Failures throw ddl::Error.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "ddl/ddl.h"
 #include "deadline.h"
 
 namespace ddl {
@@ -26,6 +28,9 @@ class Store {
 
 // In-process store for ranks-as-threads tests.
 std::shared_ptr<Store> makeMemoryStore();
+
+// Over a caller's store (ddlCommInitRankWithStore). set and get must be non-null; add() needs store.add.
+std::unique_ptr<Store> makeCallbackStore(const ddlStore_t& store);
 
 // Server side of the TCP store, run by rank 0 (a background thread serves every client).
 class TcpStoreServer {

@@ -4,6 +4,8 @@
 //
 //   comm_worker all        every collective, several sizes and algorithms, results checked
 //   comm_worker loop N     N allreduces of 1 MiB, printing "iter k" (the kill-a-rank test)
+//   comm_worker p2ploop N  N rounds of 1 MiB sent to the right neighbour and received from the left, printing
+//                          "iter k" (the kill-a-rank test for point-to-point)
 //   comm_worker mismatch   rank 1 calls allreduce with a different count than the others
 //   comm_worker device     allreduce of CUDA device buffers; exits 77 printing "SKIP <why>" where it cannot
 //                          run (no GPU, or built without CUDA)
@@ -122,6 +124,40 @@ void runAll(ddlComm_t comm, int rank, int n) {
     for (size_t i = 0; i < count; ++i)
       if (rs_out[i] != 1.5 * n) wrong("reducescatter at " + std::to_string(i));
     CHECK(comm, ddlBarrier(comm));
+
+    // Rooted collectives, each to the last rank.
+    const int root = n - 1;
+    std::vector<int32_t> rin(count), rout(rank == root ? count : 0);
+    for (size_t i = 0; i < count; ++i) rin[i] = static_cast<int32_t>((i + rank) % 7);
+    CHECK(comm, ddlReduce(rin.data(), rank == root ? rout.data() : nullptr, count, ddlInt32, ddlBxor, root, comm));
+    for (size_t i = 0; i < rout.size(); ++i) {
+      int32_t want = 0;
+      for (int r = 0; r < n; ++r) want ^= static_cast<int32_t>((i + r) % 7);
+      if (rout[i] != want) wrong("reduce bxor at " + std::to_string(i));
+    }
+    std::vector<uint8_t> gathered(rank == root ? count * n : 0);
+    CHECK(comm, ddlGather(mine.data(), rank == root ? gathered.data() : nullptr, count, ddlUint8, root, comm));
+    if (rank == root && gathered != all) wrong("gather differs from allgather");
+    std::vector<uint8_t> scattered(count);
+    CHECK(comm, ddlScatter(rank == root ? all.data() : nullptr, scattered.data(), count, ddlUint8, root, comm));
+    if (scattered != mine) wrong("scatter of the allgather did not give back this rank's block");
+    // All-to-all: block j of rank r is r * n + j.
+    std::vector<int64_t> a2a_in(count * n), a2a_out(count * n);
+    for (int j = 0; j < n; ++j) std::fill_n(a2a_in.begin() + j * count, count, rank * n + j);
+    CHECK(comm, ddlAllToAll(a2a_in.data(), a2a_out.data(), count, ddlInt64, comm));
+    for (int q = 0; q < n; ++q)
+      if (count && (a2a_out[q * count] != q * n + rank || a2a_out[(q + 1) * count - 1] != q * n + rank))
+        wrong("alltoall block from rank " + std::to_string(q));
+    // Point-to-point around the ring, both directions at once.
+    const int right = (rank + 1) % n, left = (rank + n - 1) % n;
+    std::vector<float> to_right(count, static_cast<float>(rank)), from_left(count, -1.0f);
+    ddlRequest_t sreq, rreq;
+    CHECK(comm, ddlIrecv(from_left.data(), count, ddlFloat32, left, comm, &rreq));
+    CHECK(comm, ddlIsend(to_right.data(), count, ddlFloat32, right, comm, &sreq));
+    CHECK(comm, ddlWait(sreq));
+    CHECK(comm, ddlWait(rreq));
+    for (size_t i = 0; i < count; ++i)
+      if (from_left[i] != static_cast<float>(left)) wrong("p2p from rank " + std::to_string(left));
   }
   // Non-blocking, two in flight.
   std::vector<float> a(100000, 1.0f), b(100000, 2.0f);
@@ -207,7 +243,7 @@ void runDevice(ddlComm_t, int, int) {}
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: comm_worker all | loop N | mismatch | device | env\n");
+    std::fprintf(stderr, "usage: comm_worker all | loop N | p2ploop N | mismatch | device | env\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -231,6 +267,19 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     std::printf("OK loop\n");
+  } else if (mode == "p2ploop") {
+    const int iters = argc > 2 ? std::atoi(argv[2]) : 100;
+    std::vector<float> out(1 << 18, 1.0f), in(1 << 18);
+    for (int it = 0; it < iters; ++it) {
+      ddlRequest_t s, r;
+      CHECK(comm, ddlIrecv(in.data(), in.size(), ddlFloat32, (rank + n - 1) % n, comm, &r));
+      CHECK(comm, ddlIsend(out.data(), out.size(), ddlFloat32, (rank + 1) % n, comm, &s));
+      CHECK(comm, ddlWait(s));
+      CHECK(comm, ddlWait(r));
+      std::printf("iter %d\n", it);
+      std::fflush(stdout);
+    }
+    std::printf("OK p2ploop\n");
   } else if (mode == "device") {
     runDevice(comm, rank, n);
   } else if (mode == "env") {

@@ -17,7 +17,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -174,11 +176,11 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, UcxCollectives,
 
 class UcxFailures : public testing::TestWithParam<TransportCase> {};
 
-// SIGKILL one rank mid-allreduce: every other rank must return an error within twice the timeout.
-TEST_P(UcxFailures, KilledRankFailsTheOthersWithinTwiceTheTimeout) {
+// SIGKILL one rank mid-loop: every other rank must return an error within twice the timeout.
+void killOneRankMidLoop(const std::string& mode, const std::string& tls) {
   constexpr int n = 4, victim = 2;
   constexpr int timeout_ms = 10000;
-  Ranks ranks(n, {"loop", "100000"}, {{"UCX_TLS", GetParam().tls}, {"DDL_TIMEOUT_MS", std::to_string(timeout_ms)}});
+  Ranks ranks(n, {mode, "100000"}, {{"UCX_TLS", tls}, {"DDL_TIMEOUT_MS", std::to_string(timeout_ms)}});
   // Wait until every rank is looping, then kill one.
   const auto until = Clock::now() + 60s;
   bool looping = false;
@@ -202,6 +204,14 @@ TEST_P(UcxFailures, KilledRankFailsTheOthersWithinTwiceTheTimeout) {
     EXPECT_NE(out.find("ERROR"), std::string::npos) << out;
     EXPECT_NE(out.find("rank"), std::string::npos) << out;
   }
+}
+
+TEST_P(UcxFailures, KilledRankFailsTheOthersWithinTwiceTheTimeout) { killOneRankMidLoop("loop", GetParam().tls); }
+
+// The same for ranks that exchange point-to-point messages: the neighbours of the dead rank find out from the
+// transport, the others from them.
+TEST_P(UcxFailures, KilledRankFailsPointToPointWithinTwiceTheTimeout) {
+  killOneRankMidLoop("p2ploop", GetParam().tls);
 }
 
 TEST_P(UcxFailures, MismatchedCountsFailFastOnEveryRank) {
@@ -254,6 +264,115 @@ TEST(UcxDevice, DeviceBufferAllReduceAcrossProcesses) {
     EXPECT_EQ(ranks.exitCode(r), 0) << ranks.describe();
     EXPECT_NE(ranks.output(r).find("OK device rank " + std::to_string(r)), std::string::npos) << ranks.describe();
   }
+}
+
+// ---- ddlCommInitRankWithStore: ranks meet through a store the caller shares (torch's, here a map). ----
+
+// A ddlStore_t over a map shared by the threads of this test; get() waits on a condition variable.
+struct MapStore {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, std::string> kv;
+  int gets = 0;
+  bool has_add = true;
+
+  ddlStore_t api() {
+    ddlStore_t s{};
+    s.ctx = this;
+    s.set = [](void* ctx, const char* key, const void* value, size_t len) {
+      auto* m = static_cast<MapStore*>(ctx);
+      {
+        std::lock_guard<std::mutex> lk(m->mu);
+        m->kv[key].assign(static_cast<const char*>(value), len);
+      }
+      m->cv.notify_all();
+      return 0;
+    };
+    s.get = [](void* ctx, const char* key, int timeout_ms, void (*deliver)(void*, const void*, size_t), void* sink) {
+      auto* m = static_cast<MapStore*>(ctx);
+      std::unique_lock<std::mutex> lk(m->mu);
+      ++m->gets;
+      if (!m->cv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return m->kv.count(key) > 0; })) return 1;
+      const std::string& v = m->kv[key];
+      deliver(sink, v.data(), v.size());
+      return 0;
+    };
+    if (has_add) {
+      s.add = [](void* ctx, const char* key, long long delta, long long* result) {
+        auto* m = static_cast<MapStore*>(ctx);
+        std::lock_guard<std::mutex> lk(m->mu);
+        long long v = m->kv.count(key) ? std::stoll(m->kv[key]) : 0;
+        v += delta;
+        m->kv[key] = std::to_string(v);
+        *result = v;
+        return 0;
+      };
+    }
+    s.lastError = [](void*) -> const char* { return "the map store's key never came"; };
+    return s;
+  }
+};
+
+TEST(StoreInit, RanksMeetThroughTheCallersStoreWithNoPortOfTheirOwn) {
+  constexpr int n = 3;
+  MapStore store;
+  ddlStore_t api = store.api();
+  std::vector<std::string> errors(n);
+  std::vector<float> results(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      ddlComm_t comm = nullptr;
+      ddlConfig_t cfg = DDL_CONFIG_INITIALIZER;
+      cfg.timeoutMs = 30000;
+      if (ddlCommInitRankWithStore(&comm, n, r, &api, &cfg) != ddlSuccess) {
+        errors[r] = ddlGetLastError(nullptr);
+        return;
+      }
+      float v = static_cast<float>(r + 1);
+      if (ddlAllReduce(&v, &v, 1, ddlFloat32, ddlSum, comm) != ddlSuccess) errors[r] = ddlGetLastError(comm);
+      results[r] = v;
+      ddlCommDestroy(comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(results[r], 6.0f) << "rank " << r;
+  }
+  EXPECT_EQ(store.kv.count("ucx/2"), 1u);  // the addresses went through the caller's store
+}
+
+TEST(StoreInit, AMissingRankTimesOutWithTheStoresOwnReason) {
+  MapStore store;
+  ddlStore_t api = store.api();
+  ddlComm_t comm = nullptr;
+  ddlConfig_t cfg = DDL_CONFIG_INITIALIZER;
+  cfg.timeoutMs = 300;
+  EXPECT_EQ(ddlCommInitRankWithStore(&comm, 2, 1, &api, &cfg), ddlTimeout);  // rank 0 never comes
+  EXPECT_EQ(comm, nullptr);
+  const std::string err = ddlGetLastError(nullptr);
+  EXPECT_NE(err.find("ddlCommInitRankWithStore: the rendezvous store's get of key 'shape' failed within 300 ms: "
+                     "the map store's key never came"),
+            std::string::npos)
+      << err;
+}
+
+TEST(StoreInit, ASecondClaimOnARankAndBadArgumentsAreRefused) {
+  MapStore store;
+  store.kv["joined/1"] = "1";  // another process took rank 1
+  ddlStore_t api = store.api();
+  ddlComm_t comm = nullptr;
+  EXPECT_EQ(ddlCommInitRankWithStore(&comm, 2, 1, &api, nullptr), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(nullptr)).find("two processes claim rank 1"), std::string::npos)
+      << ddlGetLastError(nullptr);
+  EXPECT_EQ(ddlCommInitRankWithStore(&comm, 2, 0, nullptr, nullptr), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(nullptr)).find("store is NULL"), std::string::npos);
+  ddlStore_t no_get = api;
+  no_get.get = nullptr;
+  EXPECT_EQ(ddlCommInitRankWithStore(&comm, 2, 0, &no_get, nullptr), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(nullptr)).find("needs its set and get"), std::string::npos);
+  EXPECT_EQ(ddlCommInitRankWithStore(&comm, 2, 2, &api, nullptr), ddlInvalidArgument);  // rank out of range
 }
 
 TEST(CApi, VersionAndErrorStrings) {

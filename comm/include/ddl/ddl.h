@@ -7,8 +7,10 @@
  * through pinned host memory. Device data must be complete (its stream synchronised) when the call is made;
  * the result is in recvbuff when the call (or ddlWait) returns.
  *
- * Threads: a communicator is used by one thread at a time, except ddlCommAbort and ddlCommGetAsyncError,
- * which any thread may call at any time (that is how a watchdog unblocks a stuck collective).
+ * Threads: a communicator's collectives are called by one thread at a time. ddlCommAbort and
+ * ddlCommGetAsyncError may be called from any thread at any time (that is how a watchdog unblocks a stuck
+ * collective), and so may the point-to-point calls (ddlSend, ddlRecv, ddlIsend, ddlIrecv), also while another
+ * thread runs a collective.
  */
 #ifndef DDL_DDL_H_
 #define DDL_DDL_H_
@@ -96,8 +98,32 @@ const char* ddlGetLastError(ddlComm_t comm);
 ddlResult_t ddlCommInitRank(ddlComm_t* comm, int nranks, int rank, const char* rootAddr,
                             const ddlConfig_t* config);
 
-/* Same, reading DDL_RANK, DDL_WORLD_SIZE and DDL_ROOT (and the optional DDL_* settings) from the environment,
- * as set by ddlrun and ddl-agent. */
+/* A key-value store the ranks already share, e.g. a framework's rendezvous store (torch.distributed's): with
+ * ddlCommInitRankWithStore the ranks exchange their addresses through it instead of through a TCP port of
+ * libddl's own, so no port is chosen and none can be taken by another process. Give each communicator a store
+ * (or key prefix) of its own. libddl calls the functions from the initialising thread only, and only during
+ * ddlCommInitRankWithStore; they return 0 on success. */
+typedef struct {
+  void* ctx; /* passed back to every function */
+  /* Stores len bytes of value under key (overwriting). */
+  int (*set)(void* ctx, const char* key, const void* value, size_t len);
+  /* Waits up to timeoutMs for key to be set, then calls deliver(sink, value, len) once with its value. */
+  int (*get)(void* ctx, const char* key, int timeoutMs,
+             void (*deliver)(void* sink, const void* value, size_t len), void* sink);
+  /* Optional (NULL: none): adds delta to the integer at key (missing: 0) and writes the sum to *result. With it
+   * libddl refuses a second process that claims a rank already taken. */
+  int (*add)(void* ctx, const char* key, long long delta, long long* result);
+  /* Optional (NULL: none): why the store's last call failed, for libddl's error message; may return NULL. */
+  const char* (*lastError)(void* ctx);
+} ddlStore_t;
+
+/* Creates a communicator of nranks ranks that meet through store (see ddlStore_t). Blocks until every rank
+ * has joined or the timeout passes. config may be NULL. */
+ddlResult_t ddlCommInitRankWithStore(ddlComm_t* comm, int nranks, int rank, const ddlStore_t* store,
+                                     const ddlConfig_t* config);
+
+/* Same as ddlCommInitRank, reading DDL_RANK, DDL_WORLD_SIZE and DDL_ROOT (and the optional DDL_* settings)
+ * from the environment, as set by ddlrun and ddl-agent. */
 ddlResult_t ddlCommInitFromEnv(ddlComm_t* comm, const ddlConfig_t* config);
 
 /* Frees the communicator. Call it on every rank; it first waits (bounded by the timeout) for peers to finish. */
@@ -118,7 +144,7 @@ ddlResult_t ddlCommGetTopology(ddlComm_t comm, char* buf, size_t len);
 /* Collectives. sendbuff == recvbuff is in-place. Every rank must make the same calls in the same order with
  * the same count, type, op and root; a mismatch that libddl detects gives ddlInvalidArgument on the ranks that
  * see it and ddlRemoteError on the others. Only ddlAllReduce and ddlIallReduce take device buffers (CUDA
- * builds); the others return ddlInvalidArgument for them. */
+ * builds); the others return ddlInvalidArgument for them. A count of 0 returns at once, on every rank. */
 ddlResult_t ddlAllReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                          ddlRedOp_t op, ddlComm_t comm);
 ddlResult_t ddlBroadcast(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype, int root,
@@ -130,12 +156,50 @@ ddlResult_t ddlAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
 ddlResult_t ddlReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ddlDataType_t datatype,
                              ddlRedOp_t op, ddlComm_t comm);
 ddlResult_t ddlBarrier(ddlComm_t comm);
+/* The reduction on root only: recvbuff is written (and needed) on the root alone. */
+ddlResult_t ddlReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype, ddlRedOp_t op,
+                      int root, ddlComm_t comm);
+/* The root's recvbuff gets nranks * sendcount elements, rank r's at offset r * sendcount; recvbuff is used on
+ * the root only. In place on the root: sendbuff == recvbuff + root * sendcount elements. */
+ddlResult_t ddlGather(const void* sendbuff, void* recvbuff, size_t sendcount, ddlDataType_t datatype, int root,
+                      ddlComm_t comm);
+/* Rank r's recvbuff gets the root's sendbuff elements [r * recvcount, (r + 1) * recvcount); sendbuff is used on
+ * the root only. In place on the root: recvbuff == sendbuff + root * recvcount elements. */
+ddlResult_t ddlScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ddlDataType_t datatype, int root,
+                       ddlComm_t comm);
+/* Rank r's block j (count elements at offset j * count of sendbuff) goes to rank j's recvbuff at offset
+ * r * count. Both buffers hold nranks * count elements; sendbuff may equal recvbuff. */
+ddlResult_t ddlAllToAll(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
+                        ddlComm_t comm);
+/* The same with a count and a displacement (both in elements) per rank: sendcounts[j] elements from
+ * sendbuff + sdispls[j] go to rank j, recvcounts[j] elements from rank j land at recvbuff + rdispls[j].
+ * sendcounts[j] on rank i must equal recvcounts[i] on rank j (a difference fails as a mismatch). Each array
+ * holds nranks entries; the counts may differ from rank to rank and be 0. */
+ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
+                         const size_t recvcounts[], const size_t rdispls[], ddlDataType_t datatype,
+                         ddlComm_t comm);
+
+/* Point-to-point. A send to peer matches the receive that peer posts for this rank in the same position:
+ * the k-th send from a to b meets the k-th receive on b from a, whatever collectives either calls in between.
+ * Count and type must agree on both sides (a difference fails as a mismatch). peer is another rank of comm.
+ * Any thread may call these, also while another thread runs a collective; they make progress inside a
+ * running collective and otherwise on the communicator's own thread, so a send never waits for the caller to
+ * call into libddl again. A failure (dead peer, timeout, mismatch) breaks the communicator, like a failed
+ * collective. ddlSend and ddlRecv return when the buffer may be reused; the I-forms at once (ddlTest/ddlWait),
+ * the buffer must stay valid until then. Operations still pending at ddlCommDestroy fail with ddlAborted. */
+ddlResult_t ddlSend(const void* sendbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm);
+ddlResult_t ddlRecv(void* recvbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm);
+ddlResult_t ddlIsend(const void* sendbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm,
+                     ddlRequest_t* request);
+ddlResult_t ddlIrecv(void* recvbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm,
+                     ddlRequest_t* request);
 
 /* Non-blocking allreduce: returns at once with a request; the buffers must stay valid until it completes.
  * Collectives on one communicator run in the order they were called, blocking or not. */
 ddlResult_t ddlIallReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                           ddlRedOp_t op, ddlComm_t comm, ddlRequest_t* request);
-/* *done = 1 once the operation finished; the request is then freed and the operation's result returned.
+/* For every request (ddlIallReduce, ddlIsend, ddlIrecv):
+ * *done = 1 once the operation finished; the request is then freed and the operation's result returned.
  * *done = 0: returns ddlInProgress. */
 ddlResult_t ddlTest(ddlRequest_t request, int* done);
 /* Waits for the operation, frees the request and returns the operation's result. */

@@ -57,6 +57,17 @@ void ringAllGather(Session& s, const DataSpec& d, const void* src, void* dst, si
 void ringReduceScatter(Session& s, const DataSpec& d, const void* src, void* dst, size_t recvcount);
 void broadcast(Session& s, const DataSpec& d, const void* src, void* dst, size_t count, int root);
 void barrier(Session& s);
+// The result on root only (dst is not touched elsewhere); a tree for small messages, reduce-scatter + gather
+// for large ones (reduce.cpp).
+void reduceTo(Session& s, const DataSpec& d, const void* src, void* dst, size_t count, int root);
+// Root's dst holds rank r's sendcount elements at r * sendcount (gather); rank r's dst gets root's src block r
+// (scatter). src (gather) and dst (scatter) are the root's only where the others pass nothing.
+void gather(Session& s, const DataSpec& d, const void* src, void* dst, size_t sendcount, int root);
+void scatter(Session& s, const DataSpec& d, const void* src, void* dst, size_t recvcount, int root);
+// Counts and displacements in elements, one per rank; the receive of rank j's block must have the count j
+// sends. The own block is copied; src may overlap dst.
+void allToAllv(Session& s, const DataSpec& d, const void* src, const size_t* sendcounts, const size_t* sdispls,
+               void* dst, const size_t* recvcounts, const size_t* rdispls);
 
 class TuneTable;
 struct AllReduceChoice {

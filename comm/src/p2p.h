@@ -1,0 +1,95 @@
+// Point-to-point sends and receives beside the collectives: ddlSend, ddlRecv, ddlIsend, ddlIrecv.
+//
+// Matching: p2p messages carry tag::kP2P, so they never match a collective's receive (nor the reverse), and a
+// sequence number per ordered pair of ranks: the k-th send from a to b matches the k-th receive on b from a,
+// MPI's non-overtaking order. The tag's signature covers the type and count, so a receive whose type or count
+// differs from the send's fails as a mismatch naming the peer, as a collective's does, instead of reading
+// garbage or waiting for ever.
+//
+// Progress: operations are submitted from any thread and wait in `incoming_`; the thread that drives the
+// transport posts them and completes what finished: a collective's Session between its rounds (so a send
+// and a collective in flight at once never wait for each other), or the communicator's executor when no
+// collective runs. Each operation has its own deadline, the communicator's timeout from the moment it is
+// posted. A timeout, a dead or failed peer or ddlCommAbort fails it with a message naming the peer rank and
+// host; a failed operation also breaks the communicator, since the pair's sequence numbers no longer agree.
+//
+// Threads: submit(), active() and broken() from any thread; poll() and shutdown() only from the thread that
+// holds the transport (the communicator's op lock).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "async_op.h"
+#include "ddl/ddl.h"
+#include "deadline.h"
+#include "session.h"
+
+namespace ddl {
+
+struct P2POp {
+  bool is_recv = false;
+  int peer = -1;
+  void* buf = nullptr;  // a send only reads it
+  size_t count = 0;
+  ddlDataType_t type = ddlUint8;
+  std::shared_ptr<AsyncOp> result = std::make_shared<AsyncOp>();
+  // Filled in when posted.
+  Request req;
+  uint16_t seq = 0;
+  uint64_t sig_bits = 0;
+  std::optional<Deadline> deadline;
+  // A failure found while the request was still posted: it is cancelled, and op finishes with this once the
+  // transport has let go of the buffer (or cancel_deadline passed).
+  ddlResult_t fail_code = ddlSuccess;
+  std::string fail_why;
+  std::optional<Deadline> cancel_deadline;
+};
+
+class PointToPoint {
+ public:
+  explicit PointToPoint(Channel& ch);
+  ~PointToPoint();
+
+  // Queues op for posting. Any thread.
+  void submit(std::unique_ptr<P2POp> op);
+  // Operations are waiting to be posted or to finish. Any thread; one relaxed load.
+  bool active() const { return active_.load(std::memory_order_relaxed); }
+
+  // Posts what was submitted, completes what finished, fails what is late, aborted or talks to a failed
+  // peer. Returns true when any operation made progress. After a failure, broken() holds the first one.
+  bool poll();
+  // The failure that broke point-to-point traffic: {ddlSuccess, ""} while there is none. Any thread.
+  std::pair<ddlResult_t, std::string> broken() const;
+  // Cancels everything still queued or posted (bounded wait for the transport to let go) and fails it with
+  // code and why. For teardown and after the communicator broke.
+  void shutdown(ddlResult_t code, const std::string& why);
+
+ private:
+  void post(P2POp& op);
+  // Done, failed or late: finishes op's AsyncOp and returns true when op is over.
+  bool settle(P2POp& op);
+  void failOp(P2POp& op, ddlResult_t code, const std::string& why);
+  std::string describe(const P2POp& op) const;
+  void updateActive();
+
+  Channel& ch_;
+  std::vector<uint16_t> send_seq_, recv_seq_;  // next sequence number per peer
+  mutable std::mutex mu_;                      // guards incoming_ and broken_
+  std::list<std::unique_ptr<P2POp>> incoming_;
+  std::list<std::unique_ptr<P2POp>> posted_;   // only the transport's thread touches it
+  // Operations finished (failed) while the transport still held their request: kept alive until teardown.
+  std::list<std::unique_ptr<P2POp>> abandoned_;
+  int polls_ = 0;
+  std::atomic<bool> active_{false};
+  ddlResult_t broken_code_ = ddlSuccess;
+  std::string broken_why_;
+};
+
+}  // namespace ddl
