@@ -215,13 +215,15 @@ std::string validateRingLayout(const RingLayout& layout) {
   return "";
 }
 
-std::vector<std::pair<std::string, std::string>> rankEnvironment(const RingLayout& layout, int rank) {
+RankEnvSpec rankEnvSpec(const RingLayout& layout, int rank) {
   const RankSlot& s = layout.ranks.at(rank);
-  return {{"DDL_RANK", std::to_string(rank)},
-          {"DDL_WORLD_SIZE", std::to_string(layout.size())},
-          {"DDL_LOCAL_RANK", std::to_string(s.localRank)},
-          {"DDL_LOCAL_SIZE", std::to_string(s.localSize)},
-          {"DDL_TOPOLOGY", layout.topology()}};
+  RankEnvSpec spec;
+  spec.rank = rank;
+  spec.world_size = layout.size();
+  spec.local_rank = s.localRank;
+  spec.local_size = s.localSize;
+  spec.topology = layout.topology();
+  return spec;
 }
 
 std::string renderRingLayout(const RingLayout& layout) {

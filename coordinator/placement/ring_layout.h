@@ -5,6 +5,8 @@
 // Threads: pure functions over values; any thread may call any of them concurrently.
 #pragma once
 
+#include "common/rank_env.h"
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,9 +55,9 @@ std::string buildRingLayout(const Allocation& allocation, const Cluster& cluster
 // first problem.
 std::string validateRingLayout(const RingLayout& layout);
 
-// The environment a rank's process gets from the layout: DDL_RANK, DDL_WORLD_SIZE, DDL_LOCAL_RANK,
-// DDL_LOCAL_SIZE and DDL_TOPOLOGY (the agent adds DDL_ROOT and the torchrun names).
-std::vector<std::pair<std::string, std::string>> rankEnvironment(const RingLayout& layout, int rank);
+// What the layout says of a rank's environment (common/rank_env.h): its rank, the world size, its local rank
+// and local size on its node, and the topology. The rendezvous address and ports come from the launch.
+RankEnvSpec rankEnvSpec(const RingLayout& layout, int rank);
 
 // A text rendering for `ddlctl ring JOB`: the dims and why, a rank table grouped by switch and node, and for
 // each dim its rings and whether they stay within a node, within a switch, or cross switches.

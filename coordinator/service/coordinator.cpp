@@ -289,7 +289,6 @@ void Coordinator::launchLocked(const std::string& id, const placement::Allocatio
   buildRuntimeLocked(job, layout);
   const JobRuntime& rt = runtime_[id];
   const std::string root_addr = nodes_[rt.root_node].record.address;
-  const std::string world = std::to_string(layout.size());
 
   std::map<std::string, v1::Command> commands;  // by node
   for (const auto& slot : layout.ranks) {
@@ -315,16 +314,13 @@ void Coordinator::launchLocked(const std::string& id, const placement::Allocatio
       size_t eq = kv.find('=');
       add(kv.substr(0, eq), kv.substr(eq + 1));
     }
-    for (const auto& [k, v] : placement::rankEnvironment(layout, slot.rank)) add(k, v);
-    add("DDL_ROOT", root_addr + ":" + std::to_string(rt.port));
-    add("DDL_JOB_ID", id);
-    add("DDL_JOB_ATTEMPT", std::to_string(rt.attempt));
-    add("RANK", std::to_string(slot.rank));
-    add("WORLD_SIZE", world);
-    add("LOCAL_RANK", std::to_string(slot.localRank));
-    add("LOCAL_WORLD_SIZE", std::to_string(slot.localSize));
-    add("MASTER_ADDR", root_addr);
-    add("MASTER_PORT", std::to_string(rt.port + 1));
+    RankEnvSpec spec = placement::rankEnvSpec(layout, slot.rank);
+    spec.root_host = root_addr;
+    spec.root_port = rt.port;
+    spec.master_port = rt.port + 1;  // ports are handed out in pairs (pickPortLocked)
+    spec.job_id = id;
+    spec.attempt = rt.attempt;
+    for (const auto& [k, v] : rankEnvironment(spec)) add(k, v);
   }
   // STARTING is written before anything is sent: a job whose start may have gone out is never silently
   // rescheduled. If the write fails, nothing was sent and the job goes back to the queue.

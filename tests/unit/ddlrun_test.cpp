@@ -228,26 +228,31 @@ TEST_F(DdlrunTest, EachRankGetsItsEnvironmentAndTaggedStdout) {
   std::vector<std::string> out = lines(result.out);
   ASSERT_EQ(out.size(), 3u) << result.out;
   std::map<int, std::string> by_rank;
-  std::string port;
+  std::string master_port, root_port;
   for (const std::string& line : out) {
     int prefix_rank = -1;
     int rank = -1;
     int world = -1;
     int torch_rank = -1;
     char port_text[16] = {0};
-    ASSERT_EQ(
-        std::sscanf(line.c_str(), "[%d] %d %d %d %15s", &prefix_rank, &rank, &world, &torch_rank, port_text),
-        5)
+    char root_text[64] = {0};
+    ASSERT_EQ(std::sscanf(line.c_str(), "[%d] %d %d %d %15s 127.0.0.1:%63s", &prefix_rank, &rank, &world,
+                          &torch_rank, port_text, root_text),
+              6)
         << line;
     EXPECT_EQ(prefix_rank, rank) << line;
     EXPECT_EQ(torch_rank, rank) << line;
     EXPECT_EQ(world, 3) << line;
     EXPECT_GT(std::atoi(port_text), 0) << line;
-    if (port.empty()) port = port_text;
-    EXPECT_EQ(port, port_text) << "every rank must get the same rendezvous port";
+    if (master_port.empty()) master_port = port_text;
+    if (root_port.empty()) root_port = root_text;
+    EXPECT_EQ(master_port, port_text) << "every rank must get the same MASTER_PORT";
+    EXPECT_EQ(root_port, root_text) << "every rank must get the same DDL_ROOT";
+    // torch's store and libddl's rendezvous must be able to run side by side.
+    EXPECT_NE(master_port, root_port) << line;
     std::string r = std::to_string(rank);
-    EXPECT_EQ(line, "[" + r + "] " + r + " 3 " + r + " " + port + " 127.0.0.1:" + port + " 127.0.0.1 " + r +
-                        " 3 " + r + " 3 3");
+    EXPECT_EQ(line, "[" + r + "] " + r + " 3 " + r + " " + master_port + " 127.0.0.1:" + root_port + " 127.0.0.1 " +
+                        r + " 3 " + r + " 3 3");
     by_rank[rank] = line;
   }
   EXPECT_EQ(by_rank.size(), 3u) << "one line from each of ranks 0, 1, 2";
@@ -416,7 +421,11 @@ TEST_F(DdlrunTest, ExportedVariablesAndSettingsReachEveryRank) {
   std::vector<std::string> out = lines(result.out);
   ASSERT_EQ(out.size(), 4u) << result.out;
   for (const std::string& line : out) {
-    EXPECT_EQ(line.substr(4), "last|a=b c|2x2|ring|1234|10.1.2.3:29500|10.1.2.3|29500") << line;
+    const size_t bar = line.rfind('|');
+    EXPECT_EQ(line.substr(4, bar + 1 - 4), "last|a=b c|2x2|ring|1234|10.1.2.3:29500|10.1.2.3|") << line;
+    const int master_port = std::atoi(line.substr(bar + 1).c_str());
+    EXPECT_GT(master_port, 0) << line;
+    EXPECT_NE(master_port, 29500) << line;
   }
 }
 

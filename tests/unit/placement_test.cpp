@@ -425,12 +425,12 @@ TEST(RingLayout, FourNodesOfTwoGpusOnOneSwitchIs2x4) {
   EXPECT_EQ(l.ranks[3].gpu, 1);
   EXPECT_EQ(l.ranks[3].localRank, 1);
   EXPECT_EQ(l.ranks[7].node, "n4");
-  auto env = rankEnvironment(l, 5);
-  EXPECT_EQ(env, (std::vector<std::pair<std::string, std::string>>{{"DDL_RANK", "5"},
-                                                                   {"DDL_WORLD_SIZE", "8"},
-                                                                   {"DDL_LOCAL_RANK", "1"},
-                                                                   {"DDL_LOCAL_SIZE", "2"},
-                                                                   {"DDL_TOPOLOGY", "2x4"}}));
+  RankEnvSpec spec = rankEnvSpec(l, 5);
+  EXPECT_EQ(spec.rank, 5);
+  EXPECT_EQ(spec.world_size, 8);
+  EXPECT_EQ(spec.local_rank, 1);
+  EXPECT_EQ(spec.local_size, 2);
+  EXPECT_EQ(spec.topology, "2x4");
 }
 
 TEST(RingLayout, TwoSwitchesIs2x2x2InSwitchOrder) {

@@ -17,6 +17,7 @@
 // rank's pending output is printed before ddlrun's message about it.
 #include "launcher.h"
 
+#include "common/rank_env.h"
 #include "free_port.h"
 
 #include <arpa/inet.h>
@@ -67,7 +68,8 @@ constexpr const char kUsage[] =
     "\n"
     "Runs N ranks of PROGRAM on this machine as one ddl job. Rank r gets DDL_RANK=r, DDL_WORLD_SIZE=N,\n"
     "DDL_LOCAL_RANK=r, DDL_LOCAL_SIZE=N and DDL_ROOT=HOST:PORT (what ddlCommInitFromEnv reads), and the\n"
-    "torchrun names RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT.\n"
+    "torchrun names RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MASTER_PORT\n"
+    "(torch.distributed's store) is another free port than DDL_ROOT's (libddl's), so a program may use both.\n"
     "\n"
     "options:\n"
     "  -np N, -n N         number of ranks, 1 to 1024 (required)\n"
@@ -273,6 +275,7 @@ class Launcher {
   const Options& options_;
   std::vector<Rank> ranks_;
   std::string root_;
+  int master_port_ = 0;
   int status_ = 0;  // ddlrun's exit status; set by whatever starts a stop
   bool stopping_ = false;
   int stop_signal_ = SIGTERM;  // what beginStop sent
@@ -311,6 +314,17 @@ bool Launcher::setUp() {
     root_ = "127.0.0.1:" + std::to_string(port);
   } else {
     root_ = options_.root;
+  }
+  // torch.distributed's store (MASTER_PORT) gets a port of its own: a program may run both stores at once.
+  const int root_port = std::atoi(splitHostPort(root_).second.c_str());
+  for (int attempt = 0; attempt < 8 && (master_port_ <= 0 || master_port_ == root_port); ++attempt) {
+    std::string error;
+    master_port_ = tools::findFreePort(INADDR_ANY, &error);
+    if (master_port_ < 0) {
+      emit(STDERR_FILENO, "ddlrun: cannot find a free TCP port for MASTER_PORT: " + error +
+                              "; set one with -x MASTER_PORT=PORT\n");
+      return false;
+    }
   }
 
   // Two pipe read ends per rank stay open in ddlrun; 1024 ranks need more than the common soft limit of 1024.
@@ -403,7 +417,7 @@ bool Launcher::launchRank(int r) {
   }
 
   // Everything the child needs is built before fork(): between fork and exec it only makes system calls.
-  std::vector<std::string> env = rankEnvironment(options_, r, root_, base_env_);
+  std::vector<std::string> env = rankEnvironment(options_, r, root_, master_port_, base_env_);
   std::vector<char*> envp;
   for (std::string& entry : env) envp.push_back(entry.data());
   envp.push_back(nullptr);
@@ -776,7 +790,7 @@ std::string checkTopology(const std::string& topology, int np) {
 }
 
 std::vector<std::string> rankEnvironment(const Options& options, int rank, const std::string& root,
-                                         const std::vector<std::string>& base_env) {
+                                         int master_port, const std::vector<std::string>& base_env) {
   std::vector<std::string> env;
   std::unordered_map<std::string, size_t> index;  // variable name -> its entry in env
   auto put = [&](const std::string& entry) {
@@ -791,22 +805,16 @@ std::vector<std::string> rankEnvironment(const Options& options, int rank, const
   for (const std::string& entry : base_env) put(entry);
 
   auto [host, port] = splitHostPort(root);
-  std::string r = std::to_string(rank);
-  std::string n = std::to_string(options.np);
-  put("DDL_RANK=" + r);
-  put("DDL_WORLD_SIZE=" + n);
-  put("DDL_LOCAL_RANK=" + r);
-  put("DDL_LOCAL_SIZE=" + n);
-  put("DDL_ROOT=" + root);
-  if (!options.topology.empty()) put("DDL_TOPOLOGY=" + options.topology);
+  RankEnvSpec spec;
+  spec.rank = spec.local_rank = rank;
+  spec.world_size = spec.local_size = options.np;
+  spec.topology = options.topology;
+  spec.root_host = host;
+  spec.root_port = std::atoi(port.c_str());
+  spec.master_port = master_port;
+  for (const auto& [name, value] : ddl::rankEnvironment(spec)) put(name + "=" + value);
   if (!options.algo.empty()) put("DDL_ALGO=" + options.algo);
   if (!options.timeout_ms.empty()) put("DDL_TIMEOUT_MS=" + options.timeout_ms);
-  put("RANK=" + r);
-  put("WORLD_SIZE=" + n);
-  put("LOCAL_RANK=" + r);
-  put("LOCAL_WORLD_SIZE=" + n);
-  put("MASTER_ADDR=" + host);
-  put("MASTER_PORT=" + port);
   for (const std::string& entry : options.env) {
     if (entry.find('=') != std::string::npos) put(entry);  // a bare "-x VAR" is inherited with base_env
   }

@@ -1,0 +1,34 @@
+#include "common/rank_env.h"
+
+namespace ddl {
+
+std::string joinHostPort(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+std::vector<std::pair<std::string, std::string>> rankEnvironment(const RankEnvSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"DDL_RANK", std::to_string(spec.rank)},
+      {"DDL_WORLD_SIZE", std::to_string(spec.world_size)},
+      {"DDL_LOCAL_RANK", std::to_string(spec.local_rank)},
+      {"DDL_LOCAL_SIZE", std::to_string(spec.local_size)},
+      {"DDL_ROOT", joinHostPort(spec.root_host, spec.root_port)},
+  };
+  if (!spec.topology.empty()) env.emplace_back("DDL_TOPOLOGY", spec.topology);
+  if (!spec.job_id.empty()) {
+    env.emplace_back("DDL_JOB_ID", spec.job_id);
+    env.emplace_back("DDL_JOB_ATTEMPT", std::to_string(spec.attempt));
+  }
+  env.insert(env.end(), {
+                            {"RANK", std::to_string(spec.rank)},
+                            {"WORLD_SIZE", std::to_string(spec.world_size)},
+                            {"LOCAL_RANK", std::to_string(spec.local_rank)},
+                            {"LOCAL_WORLD_SIZE", std::to_string(spec.local_size)},
+                            {"MASTER_ADDR", spec.root_host},
+                            {"MASTER_PORT", std::to_string(spec.master_port)},
+                        });
+  return env;
+}
+
+}  // namespace ddl

@@ -1,0 +1,38 @@
+// The environment of one rank: the one place that says which variables a rank process gets, used by ddlrun
+// (ranks on this machine) and by ddl-coordinator (ranks of a job, through ddl-agent).
+//
+// A rank gets libddl's DDL_* rendezvous variables (what ddlCommInitFromEnv reads) and the torchrun names that
+// torch.distributed's env:// init reads, so existing training scripts run unchanged. Both rendezvous servers
+// run on rank 0's host at once when a script uses torch.distributed and libddl directly, so they get two
+// different ports: DDL_ROOT's for libddl's store and MASTER_PORT for torch's TCPStore. (torch_ddl itself needs
+// neither port of libddl: its communicators meet through torch's own store.)
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddl {
+
+struct RankEnvSpec {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;  // among the ranks on this node
+  int local_size = 1;
+  std::string topology;    // DDL_TOPOLOGY ("2x4"); empty: not set (flat)
+  std::string root_host;   // rank 0's host: DDL_ROOT's and MASTER_ADDR's
+  int root_port = 0;       // DDL_ROOT's port: libddl's rendezvous store
+  int master_port = 0;     // MASTER_PORT: torch's store; must differ from root_port
+  std::string job_id;      // DDL_JOB_ID and DDL_JOB_ATTEMPT when non-empty (jobs of the coordinator)
+  int attempt = 0;
+};
+
+// "host:port", with an IPv6 address in brackets ("[fd00::1]:29500").
+std::string joinHostPort(const std::string& host, int port);
+
+// The variables of spec's rank, in a fixed order: DDL_RANK, DDL_WORLD_SIZE, DDL_LOCAL_RANK, DDL_LOCAL_SIZE,
+// DDL_ROOT, DDL_TOPOLOGY (when set), DDL_JOB_ID and DDL_JOB_ATTEMPT (when set), then RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+std::vector<std::pair<std::string, std::string>> rankEnvironment(const RankEnvSpec& spec);
+
+}  // namespace ddl
