@@ -1,0 +1,38 @@
+// torch_ddl._C: the Python side of ProcessGroupDDL. torch_ddl/__init__.py registers the backend "ddl" with
+// torch.distributed, whose init_process_group and new_group then call ProcessGroupDDL(store, rank, size,
+// timeout) for every group.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "process_group_ddl.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch.distributed backend 'ddl' over libddl";
+  // The base classes (ProcessGroup, Store, Work) are torch's: registered when torch.distributed loads.
+  py::module::import("torch.distributed");
+  py::class_<torch_ddl::ProcessGroupDDL, c10d::ProcessGroup, c10::intrusive_ptr<torch_ddl::ProcessGroupDDL>>(
+      m, "ProcessGroupDDL",
+      "A torch.distributed process group over libddl. Made by torch.distributed.init_process_group('ddl') and "
+      "new_group(backend='ddl') once torch_ddl is imported.")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout) {
+             return c10::make_intrusive<torch_ddl::ProcessGroupDDL>(store, rank, size, timeout);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("topology", &torch_ddl::ProcessGroupDDL::topology,
+                             "The multi-dimensional ring libddl runs on, e.g. '2x2' (DDL_TOPOLOGY), or the rank count")
+      .def_property_readonly("blocking", &torch_ddl::ProcessGroupDDL::blocking,
+                             "True when TORCH_DDL_BLOCKING=1 runs collectives on the calling thread");
+  m.def(
+      "libddl_version",
+      [] {
+        int v = 0;
+        ddlGetVersion(&v);
+        return v;
+      },
+      "The version of the libddl in use, as DDL_VERSION_CODE (major * 10000 + minor * 100 + patch)");
+}

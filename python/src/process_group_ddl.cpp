@@ -1,0 +1,709 @@
+#include "process_group_ddl.h"
+
+#include <Python.h>
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cstdlib>
+#include <numeric>
+#include <stdexcept>
+#include <utility>
+
+namespace torch_ddl {
+namespace {
+
+[[noreturn]] void refuse(const std::string& what) { throw std::invalid_argument("ddl: " + what); }
+
+const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* what) {
+  if (tensors.size() != 1) {
+    refuse(std::string(what) + " takes one tensor per process (one device per process), got " +
+           std::to_string(tensors.size()));
+  }
+  if (!tensors[0].defined()) refuse(std::string(what) + ": the tensor is undefined");
+  return tensors[0];
+}
+
+// ---- dtypes and ops for reductions ----
+
+// The libddl type that reduces t's elements and how many of them make one of t's (complex: 2).
+std::pair<ddlDataType_t, int> reduceTypeOf(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kByte: return {ddlUint8, 1};
+    case at::kBool: return {ddlUint8, 1};
+    case at::kChar: return {ddlInt8, 1};
+    case at::kInt: return {ddlInt32, 1};
+    case at::kLong: return {ddlInt64, 1};
+    case at::kHalf: return {ddlFloat16, 1};
+    case at::kBFloat16: return {ddlBfloat16, 1};
+    case at::kFloat: return {ddlFloat32, 1};
+    case at::kDouble: return {ddlFloat64, 1};
+    case at::kComplexHalf: return {ddlFloat16, 2};
+    case at::kComplexFloat: return {ddlFloat32, 2};
+    case at::kComplexDouble: return {ddlFloat64, 2};
+    default:
+      refuse(std::string("cannot reduce tensors of dtype ") + c10::toString(t.scalar_type()) +
+             " (reductions take bool, uint8, int8, int32, int64, float16, bfloat16, float32, float64 and complex; "
+             "broadcast, gathers, scatters, all_to_all and send/recv take every dtype)");
+  }
+}
+
+ddlRedOp_t reduceOpOf(const c10d::ReduceOp& op, const at::Tensor& t) {
+  const bool is_bool = t.scalar_type() == at::kBool;
+  const bool is_complex = t.is_complex();
+  const bool is_integral = at::isIntegralType(t.scalar_type(), /*includeBool=*/true);
+  auto name = [&] { return std::string(c10::toString(t.scalar_type())); };
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return is_bool ? ddlMax : ddlSum;  // a logical or, as NCCL does
+    case c10d::ReduceOp::AVG:
+      if (is_bool) refuse("ReduceOp.AVG is not defined on bool tensors");
+      return ddlAvg;
+    case c10d::ReduceOp::PRODUCT:
+      if (is_complex) refuse("ReduceOp.PRODUCT on complex tensors is not supported (SUM and AVG are)");
+      return is_bool ? ddlMin : ddlProd;  // a logical and
+    case c10d::ReduceOp::MIN:
+    case c10d::ReduceOp::MAX:
+      if (is_complex) refuse("complex tensors have no order: ReduceOp.MIN and MAX do not apply");
+      return op.op_ == c10d::ReduceOp::MIN ? ddlMin : ddlMax;
+    case c10d::ReduceOp::BAND:
+    case c10d::ReduceOp::BOR:
+    case c10d::ReduceOp::BXOR:
+      if (!is_integral) refuse("bitwise reductions take integer and bool tensors, not " + name());
+      return op.op_ == c10d::ReduceOp::BAND ? ddlBand : op.op_ == c10d::ReduceOp::BOR ? ddlBor : ddlBxor;
+    default:
+      refuse("ReduceOp " + std::to_string(static_cast<int>(op.op_)) +
+             " is not supported (PREMUL_SUM is NCCL's own; use SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR or BXOR)");
+  }
+}
+
+// ---- buffers ----
+
+// Blocks until the work queued so far on t's device's current stream has finished (no-op for CPU tensors).
+void syncDevice(const at::Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return;
+  c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device()).synchronize();
+}
+
+// Blocks until ev's stream has reached it (torch 1.13's Event has query() but no synchronize()).
+void waitEvent(const c10::Event& ev) {
+  while (!ev.query()) std::this_thread::sleep_for(std::chrono::microseconds(10));
+}
+
+// A contiguous buffer for t that libddl may read and write: t itself when it already is one (and, for CUDA
+// tensors, when libddl takes device memory for this call), else a contiguous copy (host memory for CUDA
+// tensors), which unstage() copies back.
+struct Staged {
+  at::Tensor user;
+  at::Tensor buf;
+  bool copy_back = false;
+};
+
+Staged stage(const at::Tensor& t, bool device_ok, bool read_input) {
+  Staged s{t, t, false};
+  const bool on_device = !t.device().is_cpu();
+  if (on_device && !device_ok) {
+    s.buf = read_input ? t.to(at::kCPU).contiguous() : at::empty(t.sizes(), t.options().device(at::kCPU));
+  } else if (!t.is_contiguous()) {
+    s.buf = read_input ? t.contiguous() : at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+  }
+  s.copy_back = !s.buf.is_same(t);
+  return s;
+}
+
+void unstage(Staged& s) {
+  if (!s.copy_back) return;
+  s.user.copy_(s.buf);
+  syncDevice(s.user);  // the data is on the device when the Work completes
+}
+
+// A contiguous host copy of tensors laid end to end (for list collectives), and its byte offsets.
+at::Tensor flatBytes(const std::vector<at::Tensor>& tensors, std::vector<size_t>* offsets) {
+  size_t total = 0;
+  for (const auto& t : tensors) {
+    offsets->push_back(total);
+    total += t.nbytes();
+  }
+  at::Tensor flat = at::empty({static_cast<int64_t>(total)}, at::TensorOptions().dtype(at::kByte));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    at::Tensor src = tensors[i].to(at::kCPU).contiguous();
+    std::memcpy(static_cast<char*>(flat.data_ptr()) + (*offsets)[i], src.data_ptr(), src.nbytes());
+  }
+  return flat;
+}
+
+// Copies the bytes at flat + offset into t (any layout, any device).
+void copyOut(at::Tensor& t, const at::Tensor& flat, size_t offset) {
+  if (t.nbytes() == 0) return;
+  at::Tensor bytes = flat.narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(t.nbytes()));
+  at::Tensor view = at::from_blob(bytes.data_ptr(), t.sizes(), t.options().device(at::kCPU));  // contiguous
+  t.copy_(view);
+  syncDevice(t);
+}
+
+void checkSameBytes(const std::vector<at::Tensor>& tensors, size_t bytes, const char* what) {
+  for (const auto& t : tensors) {
+    if (t.nbytes() != bytes) {
+      refuse(std::string(what) + ": every tensor of the list must have the input's size (" + std::to_string(bytes) +
+             " bytes), one has " + std::to_string(t.nbytes()));
+    }
+  }
+}
+
+std::vector<c10::Event> readyEvents(const std::vector<at::Tensor>& tensors) {
+  std::vector<c10::Event> events;
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.device().is_cpu()) continue;
+    const auto* impl = c10::impl::getDeviceGuardImpl(t.device().type());
+    events.emplace_back(t.device().type());
+    events.back().record(impl->getStream(t.device()));
+  }
+  return events;
+}
+
+}  // namespace
+
+// ---- Work ----
+
+CollectiveWork::CollectiveWork(int rank, c10d::OpType type, const char* profiling_title,
+                               std::vector<at::Tensor> outputs, const c10::optional<std::vector<at::Tensor>>& inputs)
+    : c10d::Work(rank, type, profiling_title, inputs),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+void CollectiveWork::complete(std::exception_ptr error) {
+  finish(error);
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+bool P2PState::settle(bool wait) {
+  std::unique_lock<std::mutex> lk(mu, std::defer_lock);
+  if (wait) {
+    lk.lock();
+  } else if (!lk.try_lock()) {
+    return false;
+  }
+  if (!request) return true;
+  int done = 0;
+  ddlResult_t r = wait ? ddlWait(request) : ddlTest(request, &done);
+  if (!wait && r == ddlInProgress) return false;
+  request = nullptr;  // freed by ddlWait/ddlTest
+  result = r;
+  if (r != ddlSuccess) {
+    error = ddlGetLastError(nullptr);
+  } else if (copy_back) {
+    tensor.copy_(staged);
+    syncDevice(tensor);
+  }
+  staged = at::Tensor();
+  return true;
+}
+
+P2PWork::P2PWork(int rank, c10d::OpType type, std::shared_ptr<P2PState> state)
+    : c10d::Work(rank, type), state_(std::move(state)) {}
+
+bool P2PWork::isCompleted() { return state_->settle(false); }
+
+bool P2PWork::isSuccess() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->request == nullptr && state_->result == ddlSuccess;
+}
+
+std::exception_ptr P2PWork::exception() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  if (state_->request != nullptr || state_->result == ddlSuccess) return nullptr;
+  return std::make_exception_ptr(std::runtime_error("ddl: " + state_->error));
+}
+
+bool P2PWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout == kNoTimeout) {
+    state_->settle(true);
+  } else {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (!state_->settle(false)) {
+      if (std::chrono::steady_clock::now() >= end) {
+        throw std::runtime_error("ddl: " + c10d::opTypeToString(retrieveOpType()) + " did not finish within " +
+                                 std::to_string(timeout.count()) + " ms");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  if (auto e = exception()) std::rethrow_exception(e);
+  return true;
+}
+
+// ---- the process group ----
+
+namespace {
+
+// ddlStore_t over torch's store: keys go under "ddl/" in the group's (prefix) store.
+struct StoreAdapter {
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string last_error;
+
+  static StoreAdapter* of(void* ctx) { return static_cast<StoreAdapter*>(ctx); }
+  static std::string key(const char* k) { return std::string("ddl/") + k; }
+
+  template <class F>
+  int guarded(F&& f) {
+    try {
+      f();
+      return 0;
+    } catch (const std::exception& e) {
+      last_error = e.what();
+      return 1;
+    }
+  }
+
+  ddlStore_t api() {
+    ddlStore_t s{};
+    s.ctx = this;
+    s.set = [](void* ctx, const char* k, const void* value, size_t len) {
+      return of(ctx)->guarded([&] {
+        const auto* p = static_cast<const uint8_t*>(value);
+        of(ctx)->store->set(key(k), std::vector<uint8_t>(p, p + len));
+      });
+    };
+    s.get = [](void* ctx, const char* k, int timeout_ms, void (*deliver)(void*, const void*, size_t), void* sink) {
+      return of(ctx)->guarded([&] {
+        of(ctx)->store->wait({key(k)}, std::chrono::milliseconds(timeout_ms));
+        const std::vector<uint8_t> v = of(ctx)->store->get(key(k));
+        deliver(sink, v.data(), v.size());
+      });
+    };
+    s.add = [](void* ctx, const char* k, long long delta, long long* result) {
+      return of(ctx)->guarded([&] { *result = of(ctx)->store->add(key(k), delta); });
+    };
+    s.lastError = [](void* ctx) -> const char* { return of(ctx)->last_error.c_str(); };
+    return s;
+  }
+};
+
+// Lets go of the GIL for its lifetime when the calling thread holds it. The last reference to a process group
+// usually goes from Python, GIL held, while the worker may be completing a Future whose callbacks (a DDP comm
+// hook, a then()) need the GIL: joining the worker with the GIL held would deadlock.
+class GilReleased {
+ public:
+  GilReleased() {
+    if (Py_IsInitialized() && PyGILState_Check()) state_ = PyEval_SaveThread();
+  }
+  ~GilReleased() {
+    if (state_) PyEval_RestoreThread(state_);
+  }
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
+
+ private:
+  PyThreadState* state_ = nullptr;
+};
+
+bool envFlag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
+
+}  // namespace
+
+ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                 std::chrono::milliseconds timeout)
+    : c10d::ProcessGroup(rank, size), blocking_(envFlag("TORCH_DDL_BLOCKING")), timeout_(timeout) {
+  StoreAdapter adapter{store, {}};
+  ddlStore_t api = adapter.api();
+  ddlConfig_t config = DDL_CONFIG_INITIALIZER;
+  const auto ms = timeout.count();
+  config.timeoutMs = ms > 0 && ms < INT32_MAX ? static_cast<int>(ms) : INT32_MAX;
+  if (ddlCommInitRankWithStore(&comm_, size, rank, &api, &config) != ddlSuccess) {
+    throw std::runtime_error(std::string("ddl: cannot create the communicator of rank ") + std::to_string(rank) +
+                             " of " + std::to_string(size) + ": " + ddlGetLastError(nullptr));
+  }
+  if (!blocking_) worker_ = std::thread([this] { workerLoop(); });
+  init();
+}
+
+ProcessGroupDDL::~ProcessGroupDDL() {
+  GilReleased no_gil;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();  // what is queued runs first; each call is bounded by the timeout
+  reapP2P(true);
+  ddlCommDestroy(comm_);
+}
+
+std::string ProcessGroupDDL::topology() const {
+  char buf[256] = {};
+  ddlCommGetTopology(comm_, buf, sizeof(buf));
+  return buf;
+}
+
+void ProcessGroupDDL::check(ddlResult_t r, const char* what) const {
+  if (r != ddlSuccess) throw std::runtime_error(std::string("ddl: ") + ddlGetLastError(comm_));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::enqueue(c10d::OpType type, const char* title,
+                                                        std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs,
+                                                        std::function<void()> run) {
+  auto work = c10::make_intrusive<CollectiveWork>(rank_, type, title, std::move(outputs),
+                                                  c10::optional<std::vector<at::Tensor>>(inputs));
+  // CUDA producers: the worker waits for what is queued on the tensors' streams now.
+  auto events = std::make_shared<std::vector<c10::Event>>(readyEvents(inputs));
+  Entry entry{work, [events, run = std::move(run)] {
+                for (const auto& ev : *events) waitEvent(ev);
+                run();
+              }};
+  if (blocking_) {
+    execute(entry);
+    return work;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.push_back(std::move(entry));
+  }
+  cv_.notify_one();
+  return work;
+}
+
+void ProcessGroupDDL::execute(Entry& entry) {
+  std::exception_ptr error;
+  try {
+    entry.run();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  entry.work->complete(error);
+}
+
+void ProcessGroupDDL::workerLoop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ and nothing left
+    Entry entry = std::move(queue_.front());
+    queue_.pop_front();
+    lk.unlock();
+    execute(entry);
+    entry = Entry{};  // drop the tensors before taking the lock again
+    lk.lock();
+  }
+}
+
+// ---- collectives ----
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
+  at::Tensor t = single(tensors, "all_reduce");
+  const auto [type, factor] = reduceTypeOf(t);
+  const ddlRedOp_t op = reduceOpOf(opts.reduceOp, t);
+  return enqueue(c10d::OpType::ALLREDUCE, "ddl:all_reduce", {t}, {t}, [this, t, type = type, factor = factor, op] {
+    Staged s = stage(t, /*device_ok=*/true, /*read_input=*/true);
+    check(ddlAllReduce(s.buf.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_), "all_reduce");
+    unstage(s);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                    const c10d::AllreduceCoalescedOptions& opts) {
+  if (tensors.empty()) refuse("allreduce_coalesced needs at least one tensor");
+  for (const auto& t : tensors) {
+    if (t.scalar_type() != tensors[0].scalar_type() || t.device() != tensors[0].device()) {
+      refuse("allreduce_coalesced takes tensors of one dtype and device");
+    }
+  }
+  const auto [type, factor] = reduceTypeOf(tensors[0]);
+  const ddlRedOp_t op = reduceOpOf(opts.reduceOp, tensors[0]);
+  std::vector<at::Tensor> ts = tensors;
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "ddl:all_reduce_coalesced", ts, ts,
+                 [this, ts, type = type, factor = factor, op]() mutable {
+                   std::vector<size_t> offsets;
+                   at::Tensor flat = flatBytes(ts, &offsets);
+                   const size_t count = flat.nbytes() / ts[0].element_size() * factor;
+                   check(ddlAllReduce(flat.data_ptr(), flat.data_ptr(), count, type, op, comm_), "all_reduce_coalesced");
+                   for (size_t i = 0; i < ts.size(); ++i) copyOut(ts[i], flat, offsets[i]);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::broadcast(std::vector<at::Tensor>& tensors,
+                                                          const c10d::BroadcastOptions& opts) {
+  at::Tensor t = single(tensors, "broadcast");
+  const int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::BROADCAST, "ddl:broadcast", {t}, {t}, [this, t, root] {
+    Staged s = stage(t, /*device_ok=*/false, /*read_input=*/rank_ == root);
+    check(ddlBroadcast(s.buf.data_ptr(), s.buf.data_ptr(), s.buf.nbytes(), ddlUint8, root, comm_), "broadcast");
+    unstage(s);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::ReduceOptions& opts) {
+  at::Tensor t = single(tensors, "reduce");
+  const auto [type, factor] = reduceTypeOf(t);
+  const ddlRedOp_t op = reduceOpOf(opts.reduceOp, t);
+  const int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::REDUCE, "ddl:reduce", {t}, {t}, [this, t, type = type, factor = factor, op, root] {
+    Staged s = stage(t, /*device_ok=*/false, /*read_input=*/true);
+    check(ddlReduce(s.buf.data_ptr(), rank_ == root ? s.buf.data_ptr() : nullptr, s.buf.numel() * factor, type, op,
+                    root, comm_),
+          "reduce");
+    if (rank_ == root) unstage(s);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllgatherOptions& opts) {
+  at::Tensor in = single(inputs, "all_gather");
+  if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
+    refuse("all_gather needs one output list of " + std::to_string(size_) + " tensors (the group's size)");
+  }
+  std::vector<at::Tensor> outs = outputs[0];
+  checkSameBytes(outs, in.nbytes(), "all_gather");
+  return enqueue(c10d::OpType::ALLGATHER, "ddl:all_gather", {in}, outs, [this, in, outs]() mutable {
+    at::Tensor src = in.to(at::kCPU).contiguous();
+    at::Tensor flat = at::empty({static_cast<int64_t>(src.nbytes() * size_)}, at::TensorOptions().dtype(at::kByte));
+    check(ddlAllGather(src.data_ptr(), flat.data_ptr(), src.nbytes(), ddlUint8, comm_), "all_gather");
+    for (int r = 0; r < size_; ++r) copyOut(outs[r], flat, r * src.nbytes());
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                const c10d::AllgatherOptions& opts) {
+  if (output.nbytes() != input.nbytes() * size_) {
+    refuse("_allgather_base: the output must hold the group's size (" + std::to_string(size_) + ") times the input's " +
+           std::to_string(input.nbytes()) + " bytes, it has " + std::to_string(output.nbytes()));
+  }
+  if (output.scalar_type() != input.scalar_type()) refuse("_allgather_base: input and output dtypes differ");
+  at::Tensor in = input, out = output;
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "ddl:_all_gather_base", {in}, {out}, [this, in, out] {
+    at::Tensor src = in.to(at::kCPU).contiguous();
+    Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
+    check(ddlAllGather(src.data_ptr(), s.buf.data_ptr(), src.nbytes(), ddlUint8, comm_), "_allgather_base");
+    unstage(s);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const c10d::GatherOptions& opts) {
+  at::Tensor in = single(inputs, "gather");
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> outs;
+  if (rank_ == root) {
+    if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
+      refuse("gather needs one output list of " + std::to_string(size_) + " tensors on the root");
+    }
+    outs = outputs[0];
+    checkSameBytes(outs, in.nbytes(), "gather");
+  } else if (!outputs.empty()) {
+    refuse("gather takes output tensors on the root only (rank " + std::to_string(root) + ")");
+  }
+  return enqueue(c10d::OpType::GATHER, "ddl:gather", {in}, outs, [this, in, outs, root]() mutable {
+    at::Tensor src = in.to(at::kCPU).contiguous();
+    at::Tensor flat;
+    if (rank_ == root) flat = at::empty({static_cast<int64_t>(src.nbytes() * size_)}, at::TensorOptions().dtype(at::kByte));
+    check(ddlGather(src.data_ptr(), rank_ == root ? flat.data_ptr() : nullptr, src.nbytes(), ddlUint8, root, comm_),
+          "gather");
+    for (int r = 0; r < static_cast<int>(outs.size()); ++r) copyOut(outs[r], flat, r * src.nbytes());
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::scatter(std::vector<at::Tensor>& outputs,
+                                                        std::vector<std::vector<at::Tensor>>& inputs,
+                                                        const c10d::ScatterOptions& opts) {
+  at::Tensor out = single(outputs, "scatter");
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> ins;
+  if (rank_ == root) {
+    if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(size_)) {
+      refuse("scatter needs one input list of " + std::to_string(size_) + " tensors on the root");
+    }
+    ins = inputs[0];
+    checkSameBytes(ins, out.nbytes(), "scatter");
+  } else if (!inputs.empty()) {
+    refuse("scatter takes input tensors on the root only (rank " + std::to_string(root) + ")");
+  }
+  return enqueue(c10d::OpType::SCATTER, "ddl:scatter", ins, {out}, [this, ins, out, root] {
+    std::vector<size_t> offsets;
+    at::Tensor flat = rank_ == root ? flatBytes(ins, &offsets) : at::Tensor();
+    Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
+    check(ddlScatter(rank_ == root ? flat.data_ptr() : nullptr, s.buf.data_ptr(), s.buf.nbytes(), ddlUint8, root,
+                     comm_),
+          "scatter");
+    unstage(s);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                               std::vector<std::vector<at::Tensor>>& inputs,
+                                                               const c10d::ReduceScatterOptions& opts) {
+  at::Tensor out = single(outputs, "reduce_scatter");
+  if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(size_)) {
+    refuse("reduce_scatter needs one input list of " + std::to_string(size_) + " tensors (the group's size)");
+  }
+  std::vector<at::Tensor> ins = inputs[0];
+  checkSameBytes(ins, out.nbytes(), "reduce_scatter");
+  for (const auto& t : ins) {
+    if (t.scalar_type() != out.scalar_type()) refuse("reduce_scatter: input and output dtypes differ");
+  }
+  const auto [type, factor] = reduceTypeOf(out);
+  const ddlRedOp_t op = reduceOpOf(opts.reduceOp, out);
+  return enqueue(c10d::OpType::REDUCE_SCATTER, "ddl:reduce_scatter", ins, {out},
+                 [this, ins, out, type = type, factor = factor, op] {
+                   std::vector<size_t> offsets;
+                   at::Tensor flat = flatBytes(ins, &offsets);
+                   Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
+                   check(ddlReduceScatter(flat.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_),
+                         "reduce_scatter");
+                   unstage(s);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                     const c10d::ReduceScatterOptions& opts) {
+  if (input.nbytes() != output.nbytes() * size_) {
+    refuse("_reduce_scatter_base: the input must hold the group's size (" + std::to_string(size_) +
+           ") times the output's " + std::to_string(output.nbytes()) + " bytes, it has " +
+           std::to_string(input.nbytes()));
+  }
+  if (output.scalar_type() != input.scalar_type()) refuse("_reduce_scatter_base: input and output dtypes differ");
+  const auto [type, factor] = reduceTypeOf(output);
+  const ddlRedOp_t op = reduceOpOf(opts.reduceOp, output);
+  at::Tensor in = input, out = output;
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "ddl:_reduce_scatter_base", {in}, {out},
+                 [this, in, out, type = type, factor = factor, op] {
+                   at::Tensor src = in.to(at::kCPU).contiguous();
+                   Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
+                   check(ddlReduceScatter(src.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_),
+                         "_reduce_scatter_base");
+                   unstage(s);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                              std::vector<int64_t>& output_split_sizes,
+                                                              std::vector<int64_t>& input_split_sizes,
+                                                              const c10d::AllToAllOptions& opts) {
+  // Splits count rows (dim 0); no splits: equal parts.
+  auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
+    const int64_t rows = t.dim() > 0 ? t.size(0) : 1;
+    const size_t row_bytes = rows > 0 ? t.nbytes() / rows : 0;
+    std::vector<size_t> bytes(size_), displs(size_);
+    if (splits.empty()) {
+      if (rows % size_ != 0) {
+        refuse(std::string("all_to_all_single: the ") + which + "'s first dimension (" + std::to_string(rows) +
+               ") does not split evenly over " + std::to_string(size_) + " ranks: pass split sizes");
+      }
+      std::fill(bytes.begin(), bytes.end(), rows / size_ * row_bytes);
+    } else {
+      if (splits.size() != static_cast<size_t>(size_) ||
+          std::accumulate(splits.begin(), splits.end(), int64_t{0}) != rows) {
+        refuse(std::string("all_to_all_single: the ") + which + " split sizes must be " + std::to_string(size_) +
+               " numbers adding up to the first dimension (" + std::to_string(rows) + ")");
+      }
+      for (int r = 0; r < size_; ++r) bytes[r] = static_cast<size_t>(splits[r]) * row_bytes;
+    }
+    for (int r = 1; r < size_; ++r) displs[r] = displs[r - 1] + bytes[r - 1];
+    return std::make_pair(bytes, displs);
+  };
+  if (output.scalar_type() != input.scalar_type()) refuse("all_to_all_single: input and output dtypes differ");
+  auto [sc, sd] = counts(input, input_split_sizes, "input");
+  auto [rc, rd] = counts(output, output_split_sizes, "output");
+  at::Tensor in = input, out = output;
+  return enqueue(c10d::OpType::ALLTOALL_BASE, "ddl:all_to_all", {in}, {out},
+                 [this, in, out, sc = sc, sd = sd, rc = rc, rd = rd] {
+                   at::Tensor src = in.to(at::kCPU).contiguous();
+                   Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
+                   check(ddlAllToAllv(src.data_ptr(), sc.data(), sd.data(), s.buf.data_ptr(), rc.data(), rd.data(),
+                                      ddlUint8, comm_),
+                         "all_to_all_single");
+                   unstage(s);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall(std::vector<at::Tensor>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::AllToAllOptions& opts) {
+  if (outputs.size() != static_cast<size_t>(size_) || inputs.size() != static_cast<size_t>(size_)) {
+    refuse("all_to_all needs " + std::to_string(size_) + " input and " + std::to_string(size_) +
+           " output tensors (the group's size)");
+  }
+  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  return enqueue(c10d::OpType::ALLTOALL, "ddl:all_to_all", ins, outs, [this, ins, outs]() mutable {
+    std::vector<size_t> sd, rd, sc, rc;
+    at::Tensor src = flatBytes(ins, &sd);
+    size_t total = 0;
+    for (const auto& t : outs) {
+      rd.push_back(total);
+      rc.push_back(t.nbytes());
+      total += t.nbytes();
+    }
+    for (const auto& t : ins) sc.push_back(t.nbytes());
+    at::Tensor dst = at::empty({static_cast<int64_t>(total)}, at::TensorOptions().dtype(at::kByte));
+    check(ddlAllToAllv(src.data_ptr(), sc.data(), sd.data(), dst.data_ptr(), rc.data(), rd.data(), ddlUint8, comm_),
+          "all_to_all");
+    for (int r = 0; r < size_; ++r) copyOut(outs[r], dst, rd[r]);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::barrier(const c10d::BarrierOptions& opts) {
+  return enqueue(c10d::OpType::BARRIER, "ddl:barrier", {}, {}, [this] { check(ddlBarrier(comm_), "barrier"); });
+}
+
+// ---- point-to-point ----
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::p2p(std::vector<at::Tensor>& tensors, int peer, bool is_recv) {
+  const at::Tensor& t = single(tensors, is_recv ? "recv" : "send");
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    refuse(std::string(is_recv ? "recv: src " : "send: dst ") + std::to_string(peer) +
+           " is not another rank of this group of " + std::to_string(size_));
+  }
+  reapP2P(false);
+  auto state = std::make_shared<P2PState>();
+  state->tensor = t;
+  syncDevice(t);
+  Staged s = stage(t, /*device_ok=*/false, /*read_input=*/!is_recv);
+  state->staged = s.buf;
+  state->copy_back = is_recv && s.copy_back;
+  ddlResult_t r = is_recv ? ddlIrecv(s.buf.data_ptr(), s.buf.nbytes(), ddlUint8, peer, comm_, &state->request)
+                          : ddlIsend(s.buf.data_ptr(), s.buf.nbytes(), ddlUint8, peer, comm_, &state->request);
+  check(r, is_recv ? "recv" : "send");
+  {
+    std::lock_guard<std::mutex> lk(p2p_mu_);
+    p2p_pending_.push_back(state);
+  }
+  return c10::make_intrusive<P2PWork>(rank_, is_recv ? c10d::OpType::RECV : c10d::OpType::SEND, std::move(state));
+}
+
+void ProcessGroupDDL::reapP2P(bool wait_all) {
+  std::lock_guard<std::mutex> lk(p2p_mu_);
+  for (auto it = p2p_pending_.begin(); it != p2p_pending_.end();) {
+    if ((*it)->settle(wait_all)) {
+      it = p2p_pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  return p2p(tensors, dst_rank, /*is_recv=*/false);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  return p2p(tensors, src_rank, /*is_recv=*/true);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  refuse("recv from any source is not supported: pass src (ddl matches each send to the receive for its sender)");
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> createProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                             int size, std::chrono::milliseconds timeout) {
+  return c10::make_intrusive<ProcessGroupDDL>(store, rank, size, timeout);
+}
+
+}  // namespace torch_ddl

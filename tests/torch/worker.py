@@ -1,0 +1,491 @@
+"""One rank of a torch_ddl test scenario (started by harness.run_ranks). Prints "OK <scenario>" when every check
+passed; any failed check raises, so the process exits non-zero with the traceback in its output.
+
+    worker.py collectives       every collective, op and dtype against torch's own results
+    worker.py async             async_op ordering, futures, then-callbacks, is_completed
+    worker.py ddp               DDP over ddl and over gloo from the same start: the same weights; comm hooks
+    worker.py init METHOD       init_process_group through env://, tcp://, file:// or an explicit store
+    worker.py groups            new_group, with ranks outside the group, and destroy_process_group
+    worker.py kill              rank WORLD-1 dies by SIGKILL mid-loop: the others raise, naming it, in time
+    worker.py stall             rank 1 stops calling: the others raise a timeout within the group's timeout
+    worker.py mismatch          rank 1 all_reduces another size: every rank raises a mismatch, fast
+    worker.py errors            bad arguments raise ValueError and break nothing
+    worker.py cuda              CUDA tensors through the device path (skipped, exit 77, without a GPU)
+"""
+
+import datetime
+import functools
+import os
+import signal
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+import torch_ddl  # noqa: F401  registers "ddl"
+
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+torch.set_num_threads(1)
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError("rank %d: %s" % (RANK, what))
+
+
+def init(timeout_s=60, **kwargs):
+    dist.init_process_group("ddl", timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    check(dist.get_backend() == "ddl", "backend is %s" % dist.get_backend())
+
+
+# ---- collectives against torch's own results ----
+
+REDUCE_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+                 torch.float32, torch.float64, torch.complex64]
+OPS = {"SUM": dist.ReduceOp.SUM, "AVG": dist.ReduceOp.AVG, "PRODUCT": dist.ReduceOp.PRODUCT,
+       "MIN": dist.ReduceOp.MIN, "MAX": dist.ReduceOp.MAX, "BAND": dist.ReduceOp.BAND, "BOR": dist.ReduceOp.BOR,
+       "BXOR": dist.ReduceOp.BXOR}
+
+
+def valid(dtype, op):
+    if dtype == torch.bool:
+        return op != "AVG"
+    if dtype.is_complex:
+        return op in ("SUM", "AVG")
+    if dtype.is_floating_point:
+        return op not in ("BAND", "BOR", "BXOR")
+    return True
+
+
+def value(dtype, op, rank, n=37):
+    """Rank rank's input: small values that every op reduces exactly over up to 8 ranks."""
+    i = torch.arange(n, dtype=torch.int64)
+    if dtype == torch.bool:
+        return ((i + rank) % 3 != 0)
+    if op == "PRODUCT":
+        v = torch.where((i + rank) % 4 == 0, torch.tensor(2), torch.tensor(1))
+        if dtype in (torch.int8, torch.int32, torch.int64, torch.float32, torch.float64) and rank == 1:
+            v = torch.where(i % 3 == 0, -v, v)
+        return v.to(dtype)
+    v = (i * 7 + rank * 5) % 11
+    if dtype.is_floating_point or dtype.is_complex or dtype in (torch.int8, torch.int32, torch.int64):
+        v = v - 5
+    t = v.to(dtype)
+    if dtype.is_complex:
+        t = t + 1j * ((i + rank) % 3).to(torch.float32)
+    return t
+
+
+def expected(dtype, op, n=37):
+    xs = [value(dtype, op, q, n) for q in range(WORLD)]
+    if dtype == torch.bool:
+        fn = {"SUM": torch.logical_or, "MAX": torch.logical_or, "PRODUCT": torch.logical_and,
+              "MIN": torch.logical_and, "BAND": torch.logical_and, "BOR": torch.logical_or,
+              "BXOR": torch.logical_xor}[op]
+        return functools.reduce(fn, xs)
+    wide = torch.complex128 if dtype.is_complex else (torch.float64 if dtype.is_floating_point else torch.int64)
+    ws = [x.to(wide) for x in xs]
+    if op in ("SUM", "AVG"):
+        r = functools.reduce(torch.add, ws)
+        if op == "AVG":
+            r = r / WORLD if (dtype.is_floating_point or dtype.is_complex) else torch.div(r, WORLD, rounding_mode="trunc")
+    elif op == "PRODUCT":
+        r = functools.reduce(torch.mul, ws)
+    elif op == "MIN":
+        r = functools.reduce(torch.minimum, ws)
+    elif op == "MAX":
+        r = functools.reduce(torch.maximum, ws)
+    else:
+        r = functools.reduce({"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op], ws)
+    return r.to(dtype)
+
+
+def same(got, want, what):
+    if got.dtype.is_floating_point or got.dtype.is_complex:
+        ok = torch.allclose(got.to(torch.complex128 if got.dtype.is_complex else torch.float64),
+                            want.to(torch.complex128 if want.dtype.is_complex else torch.float64), rtol=1e-2, atol=1e-2)
+    else:
+        ok = torch.equal(got, want)
+    check(ok, "%s: got %s, want %s" % (what, got.tolist()[:8], want.tolist()[:8]))
+
+
+def noncontiguous(t):
+    """The same values in a strided view (every other element of a buffer twice as long)."""
+    big = torch.zeros(t.numel() * 2, dtype=t.dtype)
+    view = big[::2]
+    view.copy_(t)
+    check(not view.is_contiguous() or t.numel() <= 1, "view is contiguous")
+    return view
+
+
+def scenario_collectives():
+    init()
+    # all_reduce and reduce, every dtype and op, contiguous and not.
+    for dtype in REDUCE_DTYPES:
+        for name, op in OPS.items():
+            if not valid(dtype, name):
+                continue
+            want = expected(dtype, name)
+            for make in (lambda t: t.clone(), noncontiguous):
+                t = make(value(dtype, name, RANK))
+                dist.all_reduce(t, op=op)
+                same(t, want, "all_reduce %s %s (%s)" % (dtype, name, "contiguous" if t.is_contiguous() else "strided"))
+            for root in range(WORLD):
+                t = value(dtype, name, RANK)
+                dist.reduce(t, dst=root, op=op)
+                if RANK == root:
+                    same(t, want, "reduce %s %s to %d" % (dtype, name, root))
+    # all_reduce_coalesced
+    ts = [value(torch.float32, "SUM", RANK, n) for n in (3, 17, 1)]
+    dist.all_reduce_coalesced(ts)
+    for t, n in zip(ts, (3, 17, 1)):
+        same(t, expected(torch.float32, "SUM", n), "all_reduce_coalesced")
+    # reduce_scatter (list and base)
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        full = [value(dtype, "SUM", RANK, 37 * WORLD)[q * 37:(q + 1) * 37].clone() for q in range(WORLD)]
+        want = expected(dtype, "SUM", 37 * WORLD)[RANK * 37:(RANK + 1) * 37]
+        out = torch.empty(37, dtype=dtype)
+        dist.reduce_scatter(out, full)
+        same(out, want, "reduce_scatter %s" % dtype)
+        out2 = torch.empty(37, dtype=dtype)
+        dist._reduce_scatter_base(out2, torch.cat(full))
+        same(out2, want, "_reduce_scatter_base %s" % dtype)
+    # Collectives that only move data: every dtype, int16 and complex128 included.
+    for dtype in REDUCE_DTYPES + [torch.int16, torch.complex128]:
+        mine = value(dtype, "SUM", RANK)
+        for root in range(WORLD):
+            t = mine.clone() if RANK == root else torch.zeros_like(mine)
+            dist.broadcast(t, src=root)
+            same(t, value(dtype, "SUM", root), "broadcast %s from %d" % (dtype, root))
+        outs = [torch.zeros_like(mine) for _ in range(WORLD)]
+        dist.all_gather(outs, mine)
+        for q in range(WORLD):
+            same(outs[q], value(dtype, "SUM", q), "all_gather %s block %d" % (dtype, q))
+        flat = torch.zeros(37 * WORLD, dtype=dtype)
+        dist._all_gather_base(flat, mine)
+        same(flat, torch.cat([value(dtype, "SUM", q) for q in range(WORLD)]), "_all_gather_base %s" % dtype)
+        root = WORLD - 1
+        gl = [torch.zeros_like(mine) for _ in range(WORLD)] if RANK == root else None
+        dist.gather(mine, gather_list=gl, dst=root)
+        if RANK == root:
+            for q in range(WORLD):
+                same(gl[q], value(dtype, "SUM", q), "gather %s block %d" % (dtype, q))
+        got = torch.zeros_like(mine)
+        sl = [value(dtype, "SUM", q) for q in range(WORLD)] if RANK == 0 else None
+        dist.scatter(got, scatter_list=sl, src=0)
+        same(got, value(dtype, "SUM", RANK), "scatter %s" % dtype)
+    # all_to_all_single: equal parts and uneven splits (rank i sends i + j + 1 rows to rank j).
+    inp = torch.arange(4 * WORLD, dtype=torch.float32) + 100 * RANK
+    out = torch.empty_like(inp)
+    dist.all_to_all_single(out, inp)
+    for q in range(WORLD):
+        same(out[q * 4:(q + 1) * 4], torch.arange(4, dtype=torch.float32) + 4 * RANK + 100 * q, "all_to_all_single")
+    in_splits = [RANK + j + 1 for j in range(WORLD)]
+    out_splits = [q + RANK + 1 for q in range(WORLD)]
+    inp = torch.cat([torch.full((RANK + j + 1, 2), float(RANK * 10 + j)) for j in range(WORLD)])
+    out = torch.empty(sum(out_splits), 2)
+    dist.all_to_all_single(out, inp, out_splits, in_splits)
+    off = 0
+    for q in range(WORLD):
+        same(out[off:off + out_splits[q]], torch.full((out_splits[q], 2), float(q * 10 + RANK)), "uneven all_to_all")
+        off += out_splits[q]
+    # all_to_all (lists, different sizes per peer)
+    ins = [torch.full((RANK + j + 1,), RANK * 10 + j, dtype=torch.int32) for j in range(WORLD)]
+    outs = [torch.empty(q + RANK + 1, dtype=torch.int32) for q in range(WORLD)]
+    dist.all_to_all(outs, ins)
+    for q in range(WORLD):
+        same(outs[q], torch.full((q + RANK + 1,), q * 10 + RANK, dtype=torch.int32), "all_to_all from %d" % q)
+    # Objects: pickled, sizes gathered first.
+    objs = [None] * WORLD
+    dist.all_gather_object(objs, {"rank": RANK, "pad": "x" * (RANK * 100)})
+    check([o["rank"] for o in objs] == list(range(WORLD)), "all_gather_object %s" % objs)
+    lst = [{"from": 0}, [1, 2, 3]] if RANK == 0 else [None, None]
+    dist.broadcast_object_list(lst, src=0)
+    check(lst == [{"from": 0}, [1, 2, 3]], "broadcast_object_list %s" % lst)
+    # Point-to-point: a ring, blocking and not, and batch_isend_irecv.
+    if WORLD > 1:
+        right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+        got = torch.empty(1000, dtype=torch.float64)
+        if RANK % 2 == 0:
+            dist.send(torch.full((1000,), float(RANK), dtype=torch.float64), right)
+            dist.recv(got, left)
+        else:
+            dist.recv(got, left)
+            dist.send(torch.full((1000,), float(RANK), dtype=torch.float64), right)
+        same(got, torch.full((1000,), float(left), dtype=torch.float64), "send/recv")
+        got = torch.empty(5, dtype=torch.int64)
+        ops = [dist.P2POp(dist.irecv, got, left), dist.P2POp(dist.isend, torch.full((5,), RANK), right)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        same(got, torch.full((5,), left), "batch_isend_irecv")
+        strided = noncontiguous(torch.zeros(6))
+        reqs = [dist.irecv(strided, left), dist.isend(noncontiguous(torch.arange(6.) + RANK), right)]
+        for w in reqs:
+            w.wait()
+        same(strided, torch.arange(6.) + left, "strided irecv")
+    dist.barrier()
+    dist.destroy_process_group()
+    print("OK collectives")
+
+
+def scenario_async():
+    init()
+    n = 24
+    bufs = [torch.full((10000 + k,), float(k + RANK)) for k in range(n)]
+    order = []
+    works = []
+    for k, b in enumerate(bufs):
+        w = dist.all_reduce(b, async_op=True)
+        w.get_future().then(lambda fut, k=k: order.append(k))
+        works.append(w)
+    for w in reversed(works):  # waiting out of order changes nothing
+        w.wait()
+    for k, b in enumerate(bufs):
+        same(b, torch.full((10000 + k,), float(k * WORLD + WORLD * (WORLD - 1) // 2)), "async all_reduce %d" % k)
+    deadline = time.monotonic() + 10
+    while len(order) < n and time.monotonic() < deadline:  # then-callbacks may still be running
+        time.sleep(0.001)
+    check(order == list(range(n)), "futures completed out of call order: %s" % order)
+    check(all(w.is_completed() and w.is_success() for w in works), "works not completed")
+    # A future's value is the output tensors; chained callbacks see them.
+    t = torch.ones(4)
+    fut = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    same(fut.wait(), torch.full((4,), 2.0 * WORLD), "then() value")
+    # Collectives of different kinds stay in order with blocking calls in between.
+    a = torch.ones(100)
+    w1 = dist.all_reduce(a, async_op=True)
+    b = torch.full((3,), float(RANK))
+    dist.broadcast(b, src=0)
+    w2 = dist.barrier(async_op=True)
+    w1.wait()
+    w2.wait()
+    same(a, torch.full((100,), float(WORLD)), "async before blocking")
+    same(b, torch.zeros(3), "blocking broadcast between async calls")
+    dist.destroy_process_group()
+    print("OK async")
+
+
+# ---- DDP ----
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(4 * 6 * 6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def train(pg, steps=8, hook=None):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    model = make_model()
+    ddp = DDP(model, process_group=pg, bucket_cap_mb=0.002)  # several buckets: overlap and order matter
+    if hook is not None:
+        ddp.register_comm_hook(pg, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(100 + RANK)
+    for step in range(steps):
+        x = torch.randn(16, 1, 8, 8, generator=gen)
+        y = torch.randint(0, 10, (16,), generator=gen)
+        if step % 3 == 2:
+            with ddp.no_sync():  # accumulate locally, synchronise with the next step
+                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            continue
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def scenario_ddp():
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    init()
+    ddl_pg = dist.group.WORLD
+    gloo_pg = dist.new_group(backend="gloo")
+    w_ddl = train(ddl_pg)
+    w_gloo = train(gloo_pg)
+    if WORLD <= 2:
+        # Two summands: every reduction order gives the same bits.
+        check(torch.equal(w_ddl, w_gloo), "weights differ from gloo's: max |diff| %g" % (w_ddl - w_gloo).abs().max())
+    else:
+        check(torch.allclose(w_ddl, w_gloo, rtol=1e-5, atol=1e-6),
+              "weights differ from gloo's: max |diff| %g" % (w_ddl - w_gloo).abs().max())
+    # Every rank ends with the same weights.
+    ref = w_ddl.clone()
+    dist.broadcast(ref, src=0)
+    check(torch.equal(ref, w_ddl), "ranks disagree on the weights")
+    # A comm hook built on async all_reduce + futures.
+    w_hook = train(ddl_pg, hook=default_hooks.allreduce_hook)
+    check(torch.allclose(w_hook, w_ddl, rtol=1e-5, atol=1e-6), "allreduce_hook changed the result")
+    w_fp16 = train(ddl_pg, hook=default_hooks.fp16_compress_hook)
+    check(torch.allclose(w_fp16, w_ddl, rtol=1e-2, atol=1e-2), "fp16_compress_hook is far off")
+    dist.destroy_process_group()
+    print("OK ddp")
+
+
+# ---- init methods, groups ----
+
+def scenario_init(method):
+    port = os.environ["MASTER_PORT"]
+    shared = os.environ.get("DDL_TEST_SHARED_FILE", os.path.join(tempfile.gettempdir(), "torch-ddl-init-%s" % port))
+    if method == "env":
+        init()
+    elif method == "tcp":
+        init(init_method="tcp://127.0.0.1:%s" % port, rank=RANK, world_size=WORLD)
+    elif method == "file":
+        init(init_method="file://" + shared, rank=RANK, world_size=WORLD)
+    elif method == "store":
+        store = dist.TCPStore("127.0.0.1", int(port), WORLD, RANK == 0, timeout=datetime.timedelta(seconds=60))
+        init(store=store, rank=RANK, world_size=WORLD)
+    else:
+        raise SystemExit("unknown init method " + method)
+    t = torch.ones(3) * (RANK + 1)
+    dist.all_reduce(t)
+    same(t, torch.full((3,), float(WORLD * (WORLD + 1) // 2)), "all_reduce after %s init" % method)
+    dist.destroy_process_group()
+    # A second group after the first is gone (new store, new communicator).
+    init(init_method="tcp://127.0.0.1:%s" % os.environ["DDL_TEST_SECOND_PORT"], rank=RANK, world_size=WORLD)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    same(t, torch.full((2,), float(WORLD)), "all_reduce in a second process group")
+    dist.destroy_process_group()
+    print("OK init " + method)
+
+
+def scenario_groups():
+    init()
+    evens = list(range(0, WORLD, 2))
+    g = dist.new_group(evens)  # every rank calls new_group; the odd ones are not members
+    if RANK in evens:
+        t = torch.tensor([float(RANK)])
+        dist.all_reduce(t, group=g)
+        same(t, torch.tensor([float(sum(evens))]), "all_reduce in the even group")
+        check(dist.get_world_size(g) == len(evens), "group size")
+        objs = [None] * len(evens)
+        dist.all_gather_object(objs, RANK, group=g)
+        check(objs == evens, "all_gather_object in a group: %s" % objs)
+    else:
+        check(g == dist.GroupMember.NON_GROUP_MEMBER, "an odd rank got a group handle")
+    solo = dist.new_group([RANK % WORLD]) if WORLD == 1 else None
+    # The world still works, and a group can be destroyed alone.
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    same(t, torch.tensor([float(WORLD)]), "world all_reduce after new_group")
+    if RANK in evens:
+        dist.destroy_process_group(g)
+    dist.barrier()
+    dist.destroy_process_group()
+    del solo
+    print("OK groups")
+
+
+# ---- failures ----
+
+def scenario_kill():
+    timeout_s = 10
+    init(timeout_s=timeout_s)
+    victim = WORLD - 1
+    t = torch.ones(1 << 16)
+    for it in range(20):
+        dist.all_reduce(t)
+    if RANK == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for it in range(100000):
+            dist.all_reduce(t)
+        raise AssertionError("all_reduce never failed after rank %d died" % victim)
+    except RuntimeError as e:
+        elapsed = time.monotonic() - t0
+        print("RAISED after %.2f s: %s" % (elapsed, e))
+        check(elapsed < timeout_s, "took %.1f s, the timeout is %d s" % (elapsed, timeout_s))
+        check("rank " in str(e), "the message names no rank: %s" % e)
+    print("OK kill")
+    os._exit(0)  # the group is broken; skip its teardown
+
+
+def scenario_stall():
+    timeout_s = 2
+    init(timeout_s=timeout_s)
+    t = torch.ones(100)
+    dist.all_reduce(t)
+    if RANK == 1:
+        time.sleep(timeout_s * 2 + 1)  # never joins; exits once the others have given up
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        raise AssertionError("all_reduce did not time out")
+    except RuntimeError as e:
+        elapsed = time.monotonic() - t0
+        print("RAISED after %.2f s: %s" % (elapsed, e))
+        check(elapsed < 2 * timeout_s + 2, "took %.1f s with a %d s timeout" % (elapsed, timeout_s))
+        check("timed out" in str(e) or "rank" in str(e), "unexpected message: %s" % e)
+    print("OK stall")
+    os._exit(0)
+
+
+def scenario_mismatch():
+    init(timeout_s=60)
+    t = torch.ones(1000 if RANK != 1 else 1200)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        dist.barrier()  # a rank whose own call happened to finish learns here
+        raise AssertionError("no error for mismatched all_reduce sizes")
+    except RuntimeError as e:
+        print("RAISED after %.2f s: %s" % (time.monotonic() - t0, e))
+        check(time.monotonic() - t0 < 30, "a mismatch must not wait for the timeout")
+        check("mismatch" in str(e) or "failed" in str(e), "unexpected message: %s" % e)
+    print("OK mismatch")
+    os._exit(0)
+
+
+def scenario_errors():
+    init()
+    for call, needle in [
+        (lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND), "bitwise"),
+        (lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool), op=dist.ReduceOp.AVG), "AVG"),
+        (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)), "cannot reduce tensors of dtype Short"),
+        (lambda: dist.recv(torch.ones(2)), "any source"),
+        (lambda: dist.all_to_all_single(torch.ones(WORLD * 2 + 1), torch.ones(WORLD * 2 + 1)), "split"),
+    ]:
+        try:
+            call()
+        except (ValueError, RuntimeError) as e:
+            check(needle in str(e), "message %r lacks %r" % (str(e), needle))
+        else:
+            if not (needle == "split" and WORLD == 1):
+                raise AssertionError("no error (expected one about %s)" % needle)
+    t = torch.ones(4)
+    dist.all_reduce(t)  # nothing broke
+    same(t, torch.full((4,), float(WORLD)), "all_reduce after refused calls")
+    dist.destroy_process_group()
+    print("OK errors")
+
+
+def scenario_cuda():
+    if not torch.cuda.is_available():
+        print("SKIP this PyTorch has no CUDA device (torch.cuda.is_available() is False)")
+        sys.exit(77)
+    torch.cuda.set_device(RANK % torch.cuda.device_count())
+    init()
+    t = torch.ones(1 << 20, device="cuda") * (RANK + 1)
+    dist.all_reduce(t)
+    same(t.cpu(), torch.full((1 << 20,), float(WORLD * (WORLD + 1) // 2)), "CUDA all_reduce")
+    b = torch.arange(10, device="cuda", dtype=torch.float32) * (RANK == 0)
+    dist.broadcast(b, src=0)
+    same(b.cpu(), torch.arange(10, dtype=torch.float32), "CUDA broadcast")
+    dist.destroy_process_group()
+    print("OK cuda")
+
+
+SCENARIOS = {
+    "collectives": scenario_collectives, "async": scenario_async, "ddp": scenario_ddp, "init": scenario_init,
+    "groups": scenario_groups, "kill": scenario_kill, "stall": scenario_stall, "mismatch": scenario_mismatch,
+    "errors": scenario_errors, "cuda": scenario_cuda,
+}
+
+if __name__ == "__main__":
+    SCENARIOS[sys.argv[1]](*sys.argv[2:])
