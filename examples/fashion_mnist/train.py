@@ -1,0 +1,241 @@
+#!/usr/bin/python3
+"""Data-parallel training of a small CNN on Fashion-MNIST with DistributedDataParallel over torch.distributed.
+
+An ordinary DDP script: the backend is a flag (ddl, or gloo to compare), ranks come from the torchrun
+variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) that ddlrun and ddl-agent set, and nothing else about
+ddl appears below but `import torch_ddl`.
+
+    ddlctl submit --nodes 2 --gpus-per-node 2 --max-restarts 2 -- \\
+        /usr/bin/python3 examples/fashion_mnist/train.py --checkpoint-dir /shared/fmnist
+    ddlrun -np 4 -- /usr/bin/python3 examples/fashion_mnist/train.py --epochs 2
+    /usr/bin/python3 examples/fashion_mnist/train.py --backend gloo        # one process, no launcher
+
+Every rank trains on its own shard of each epoch's shuffled training set; DDP averages the gradients. After
+each epoch rank 0 prints the mean training loss, the test accuracy (the test set split over the ranks and
+summed) and the samples per second of the whole job, and writes a checkpoint (model, optimizer, epoch)
+atomically. Started again with the same --checkpoint-dir (as `ddlctl submit --max-restarts` does after a
+failure), it resumes after the last finished epoch instead of starting over.
+
+Data: Debian's dataset-fashion-mnist package (/usr/share/datasets/fashion-mnist), IDX files read with numpy.
+"""
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+MEAN, STD = 0.2860, 0.3530  # of the Fashion-MNIST training images
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="DDP training of a small CNN on Fashion-MNIST")
+    p.add_argument("--backend", default="ddl", choices=["ddl", "gloo"], help="torch.distributed backend")
+    p.add_argument("--model", default="cnn", choices=["cnn", "mlp"],
+                   help="cnn: two conv layers and two dense ones (0.42 M parameters); mlp: three wide dense "
+                        "layers (4.3 M parameters, little compute per parameter: communication-bound)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--train-samples", type=int, default=0, help="use the first N training images (0: all 60000)")
+    p.add_argument("--test-samples", type=int, default=0, help="use the first N test images (0: all 10000)")
+    p.add_argument("--data", default=DATA_DIR, help="directory of the IDX files (*-ubyte.gz)")
+    p.add_argument("--checkpoint-dir", default="", help="save a checkpoint there after every epoch and resume "
+                                                         "from the last one at start (shared by the ranks)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--timeout", type=float, default=300, help="process group timeout, seconds")
+    p.add_argument("--json", default="", help="rank 0 writes the per-epoch results there")
+    p.add_argument("--crash-after-epoch", type=int, default=0,
+                   help="testing: on the job's first attempt (DDL_JOB_ATTEMPT=1), the last rank exits with "
+                        "status 3 right after epoch N's checkpoint, so that a restart has something to resume")
+    return p.parse_args(argv)
+
+
+# ---- data ----
+
+def read_idx(path, offset):
+    with gzip.open(path, "rb") as f:
+        return np.frombuffer(f.read(), dtype=np.uint8, offset=offset)
+
+
+def load_split(data_dir, prefix, limit):
+    images = read_idx(os.path.join(data_dir, prefix + "-images-idx3-ubyte.gz"), 16).reshape(-1, 1, 28, 28)
+    labels = read_idx(os.path.join(data_dir, prefix + "-labels-idx1-ubyte.gz"), 8).astype(np.int64)
+    if limit:
+        images, labels = images[:limit], labels[:limit]
+    return torch.from_numpy(images.copy()), torch.from_numpy(labels.copy())
+
+
+def normalise(images_u8):
+    return (images_u8.float() / 255.0 - MEAN) / STD
+
+
+# ---- models ----
+
+class Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 2048), nn.ReLU(), nn.Linear(2048, 1024),
+                                 nn.ReLU(), nn.Linear(1024, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def make_model(name):
+    torch.manual_seed(0)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    return Cnn() if name == "cnn" else Mlp()
+
+
+# ---- distributed set-up ----
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(backend, timeout_s):
+    if "WORLD_SIZE" not in os.environ:  # run by hand: a job of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    if backend == "ddl":
+        import torch_ddl  # noqa: F401  registers the "ddl" backend
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+# ---- checkpoints ----
+
+def checkpoint_path(directory):
+    return os.path.join(directory, "checkpoint.pt")
+
+
+def save_checkpoint(directory, model, optimizer, epoch, history):
+    os.makedirs(directory, exist_ok=True)
+    tmp = checkpoint_path(directory) + ".tmp"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                "history": history}, tmp)
+    os.replace(tmp, checkpoint_path(directory))  # a crash mid-write leaves the previous checkpoint whole
+
+
+def load_checkpoint(directory, model, optimizer):
+    """The last finished epoch and the history so far, (0, []) without a checkpoint."""
+    path = checkpoint_path(directory) if directory else ""
+    if not path or not os.path.exists(path):
+        return 0, []
+    state = torch.load(path, map_location="cpu")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["epoch"], state["history"]
+
+
+# ---- training ----
+
+def shard(n, epoch, rank, world, batch):
+    """This rank's indices for an epoch: a permutation every rank draws alike, dealt round robin, cut to
+    whole batches so that every rank runs the same number of steps."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(1000 + epoch))
+    per_rank = (n // world) // batch * batch
+    return perm[rank::world][:per_rank]
+
+
+def evaluate(model, images, labels, rank, world):
+    model.eval()
+    lo, hi = rank * len(images) // world, (rank + 1) * len(images) // world
+    correct = torch.zeros(2, dtype=torch.int64)
+    with torch.no_grad():
+        for s in range(lo, hi, 1000):
+            e = min(s + 1000, hi)
+            pred = model(normalise(images[s:e])).argmax(1)
+            correct[0] += (pred == labels[s:e]).sum()
+            correct[1] += e - s
+    dist.all_reduce(correct)  # the whole test set's counts
+    model.train()
+    return correct[0].item() / max(1, correct[1].item())
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rank, world = init_distributed(args.backend, args.timeout)
+    log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+
+    train_x, train_y = load_split(args.data, "train", args.train_samples)
+    test_x, test_y = load_split(args.data, "t10k", args.test_samples)
+    model = make_model(args.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    start_epoch, history = load_checkpoint(args.checkpoint_dir, model, optimizer)
+    ddp = DDP(model)  # broadcasts rank 0's weights: every rank starts alike, resumed or not
+    if start_epoch:
+        log("resuming from the checkpoint of epoch %d in %s" % (start_epoch, args.checkpoint_dir))
+    log("training %s on %d images (%d per step) with backend %s on %d rank%s" %
+        (args.model, len(train_x), args.batch_size * world, args.backend, world, "" if world == 1 else "s"))
+
+    attempt = int(os.environ.get("DDL_JOB_ATTEMPT", "1"))
+    for epoch in range(start_epoch + 1, args.epochs + 1):
+        idx = shard(len(train_x), epoch, rank, world, args.batch_size)
+        loss_sum = torch.zeros(2, dtype=torch.float64)
+        t0 = time.monotonic()
+        for s in range(0, len(idx), args.batch_size):
+            b = idx[s:s + args.batch_size]
+            loss = F.cross_entropy(ddp(normalise(train_x[b])), train_y[b])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += torch.tensor([loss.item(), 1.0], dtype=torch.float64)
+        seconds = time.monotonic() - t0
+        dist.all_reduce(loss_sum)
+        accuracy = evaluate(model, test_x, test_y, rank, world)
+        record = {"epoch": epoch, "loss": loss_sum[0].item() / max(1.0, loss_sum[1].item()),
+                  "test_accuracy": accuracy, "samples_per_s": len(idx) * world / seconds, "seconds": seconds,
+                  "attempt": attempt}
+        history.append(record)
+        log("epoch %d/%d: loss %.4f, test accuracy %.2f%%, %.0f samples/s (%.1f s)" %
+            (epoch, args.epochs, record["loss"], 100 * accuracy, record["samples_per_s"], seconds))
+        if args.checkpoint_dir and rank == 0:
+            save_checkpoint(args.checkpoint_dir, model, optimizer, epoch, history)
+        dist.barrier()  # the checkpoint is on disk before any rank goes on (or fails)
+        if epoch == args.crash_after_epoch and attempt == 1 and rank == world - 1:
+            print("rank %d: exiting with status 3 after epoch %d, as --crash-after-epoch asks" % (rank, epoch),
+                  flush=True)
+            os._exit(3)
+
+    result = {"backend": args.backend, "model": args.model, "ranks": world, "epochs": history}
+    if history:
+        last = history[-1]
+        log("done: test accuracy %.2f%%, %.0f samples/s (last epoch), %d ranks over %s" %
+            (100 * last["test_accuracy"], last["samples_per_s"], world, args.backend))
+    if args.json and rank == 0:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
