@@ -298,6 +298,37 @@ TEST_F(ClusterTest, AgentRestartMidJobAdoptsItsRanksAndTheirExitCodes) {
   EXPECT_TRUE(waitFor([&] { return !processWithMarker(marker); }, 15000));
 }
 
+// The training example (DDP over torch_ddl) submitted through ddlctl: its last rank fails the first attempt
+// right after epoch 1's checkpoint; with --max-restarts 1 the job runs again, and the second attempt resumes
+// after epoch 1 instead of starting over, then succeeds.
+TEST_F(ClusterTest, TrainingExampleThroughDdlctlResumesFromItsCheckpointAfterAFailure) {
+#ifndef DDL_TEST_TORCH
+  GTEST_SKIP() << "torch_ddl is not built here (no libtorch-dev): nothing to train with";
+#else
+  const std::string ctl = std::string(DDL_BIN_DIR) + "/ddlctl --coordinator " + address_;
+  const std::string submit = ctl + " submit --name fmnist --nodes 2 --gpus-per-node 1 --max-restarts 1 --env PYTHONPATH=" +
+                             DDL_TEST_PYTHONPATH + " --env OMP_NUM_THREADS=1 -- /usr/bin/python3 " + DDL_SOURCE_DIR +
+                             "/examples/fashion_mnist/train.py --epochs 2 --train-samples 2048 --test-samples 1000 "
+                             "--batch-size 32 --timeout 60 --crash-after-epoch 1 --checkpoint-dir " +
+                             (dir_ / "checkpoints").string() + " > " + (dir_ / "job.txt").string();
+  ASSERT_EQ(std::system(submit.c_str()), 0);
+  std::string id = slurp(dir_ / "job.txt");
+  id.erase(id.find_last_not_of("\n") + 1);
+  ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 240000)) << job(id).DebugString();
+  auto j = job(id);
+  EXPECT_EQ(j.restarts(), 1) << j.DebugString();
+  const fs::path logs = dir_ / j.allocation(0).node() / "logs" / id;
+  const std::string first = slurp(logs / "attempt-1" / "rank-0.log");
+  const std::string second = slurp(logs / "attempt-2" / "rank-0.log");
+  EXPECT_NE(first.find("epoch 1/2: loss"), std::string::npos) << first;
+  EXPECT_EQ(first.find("epoch 2/2"), std::string::npos) << first;
+  EXPECT_NE(second.find("resuming from the checkpoint of epoch 1"), std::string::npos) << second;
+  EXPECT_EQ(second.find("epoch 1/2"), std::string::npos) << "the second attempt trained epoch 1 again:\n" << second;
+  EXPECT_NE(second.find("epoch 2/2: loss"), std::string::npos) << second;
+  EXPECT_NE(second.find("done: test accuracy"), std::string::npos) << second;
+#endif
+}
+
 TEST_F(ClusterTest, CoordinatorKilledMidJobRestartsAndTheJobStillSucceeds) {
   std::string id = submit(2, 2, {"/bin/sleep", "4"});
   ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000));
