@@ -6,6 +6,8 @@
 #                    /etc/ddl/agent.json (conffile), /usr/share/doc/ddl-agent/operations.md
 #   ddlctl           /usr/bin/ddlctl
 #   libddl           /usr/lib/libddl.so*, /usr/include/ddl/ddl.h, /usr/bin/ddlrun, /usr/bin/ddl-bench
+#   python3-torch-ddl  /usr/lib/python3/dist-packages/torch_ddl (the torch.distributed backend "ddl"), where
+#                    torch_ddl was built (python/CMakeLists.txt)
 #
 # Runtime dependencies come from dpkg-shlibdeps; the architecture from dpkg (the target's when cross-compiling),
 # so the same rules package amd64, arm64 and ppc64el. The daemons' packages neither enable nor start their units:
@@ -55,6 +57,21 @@ if(TARGET ddl-coordinator AND TARGET ddl-agent AND TARGET ddlctl)
 which today also stops the ranks on this node (drain it first: ddlctl drain NODE)'")
 endif()
 
+if(TARGET torch_ddl_ext)
+  list(APPEND CPACK_COMPONENTS_ALL torch)
+  set(CPACK_DEBIAN_TORCH_PACKAGE_NAME python3-torch-ddl)
+  set(CPACK_DEBIAN_TORCH_PACKAGE_SECTION python)
+  # The extension is built against torch 1.13's C++ ABI: any other torch needs a rebuild.
+  set(CPACK_DEBIAN_TORCH_PACKAGE_DEPENDS "python3-torch (>= 1.13), python3-torch (<< 1.14), libddl (= ${PROJECT_VERSION})")
+  # dpkg-shlibdeps finds libddl.so.0 in the build tree (it is not installed here); the dependency on the
+  # libddl package is the one above.
+  set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_LIBRARY_OUTPUT_DIRECTORY})
+  set(CPACK_DEBIAN_TORCH_DESCRIPTION "torch.distributed backend ddl over libddl
+Importing torch_ddl registers the backend: init_process_group with backend ddl then runs
+PyTorch's collectives, DistributedDataParallel included, over libddl (UCX: InfiniBand,
+shared memory, TCP).")
+endif()
+
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME ddl)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
@@ -97,7 +114,8 @@ Submits, lists, inspects and cancels jobs and drains nodes through ddl-coordinat
 set(CPACK_DEBIAN_LIBDDL_PACKAGE_NAME libddl)
 set(CPACK_DEBIAN_LIBDDL_PACKAGE_SECTION libs)
 set(CPACK_DEBIAN_LIBDDL_DESCRIPTION "ddl collective library (libddl), its header and tools
-NCCL-shaped allreduce, broadcast and barrier over UCX: libddl.so, ddl/ddl.h, the
+NCCL-shaped allreduce, reduce, broadcast, gathers, scatters, all-to-all, barrier and
+point-to-point over UCX: libddl.so, ddl/ddl.h, the
 launcher ddlrun and the benchmark ddl-bench.")
 
 include(CPack)

@@ -265,6 +265,31 @@ test_packages() {
   log "unpacked ddl-coordinator, ddlctl, ddl-bench run"
   "$all/usr/bin/ddlctl" --help >/dev/null || fail "unpacked ddlctl --help failed"
 
+  # torch_ddl, where it was built: where Debian's python3 finds packages, depending on libddl and torch 1.13,
+  # and importable from the unpacked tree.
+  deb=$tmp/pkg/python3-torch-ddl_${version}_${arch}.deb
+  if [[ -f $BUILD/python/torch_ddl/__init__.py ]]; then
+    [[ -f $deb ]] || { ls "$tmp/pkg"; fail "torch_ddl was built but there is no $deb"; }
+    dpkg -x "$deb" "$all"
+    local pydir=$all/usr/lib/python3/dist-packages/torch_ddl
+    [[ -f $pydir/__init__.py ]] || fail "python3-torch-ddl: no /usr/lib/python3/dist-packages/torch_ddl/__init__.py"
+    compgen -G "$pydir/_C.cpython-*.so" >/dev/null || fail "python3-torch-ddl: no extension module"
+    local deps
+    deps=$(dpkg-deb -f "$deb" Depends)
+    grep -q "libddl (= $version)" <<<"$deps" || fail "python3-torch-ddl: Depends lacks libddl (= $version): $deps"
+    grep -q "python3-torch (<< 1.14)" <<<"$deps" || fail "python3-torch-ddl: Depends does not pin torch 1.13: $deps"
+    if grep -qE "(RPATH|RUNPATH).*$BUILD" <<<"$(readelf -d "$pydir"/_C.cpython-*.so)"; then
+      fail "python3-torch-ddl: the extension has an RPATH into the build directory"
+    fi
+    local ver
+    ver=$(cd "$tmp" && PYTHONPATH=$all/usr/lib/python3/dist-packages LD_LIBRARY_PATH=$all/usr/lib \
+      /usr/bin/python3 -c 'import torch_ddl, torch.distributed as d; assert "DDL" in d.Backend._plugins; print(torch_ddl.libddl_version())' 2>&1) ||
+      fail "the unpacked torch_ddl does not import: $ver"
+    log "python3-torch-ddl: imports from the unpacked tree (libddl $ver); Depends: $deps"
+  else
+    log "note: torch_ddl was not built here, python3-torch-ddl not checked"
+  fi
+
   # The packaged units against the packaged binaries: verify with the unpacked tree as root. Its unit search
   # path needs the system's own targets (multi-user.target, network-online.target, ...), copied in.
   if command -v systemd-analyze >/dev/null && [[ -d /lib/systemd/system ]]; then
