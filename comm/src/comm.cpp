@@ -83,7 +83,7 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
   mdring_grid_ = mdringGrid(options_.topology);
   topology_str_ = options_.topology.str();
   has_grid_ = mdring_grid_.nontrivialDims() >= 2;
-  channel_ = std::make_unique<Channel>(std::move(transport), options_.timeout_ms);
+  channel_ = std::make_unique<Channel>(std::move(transport), options_.timeout_ms, options_.wait);
   p2p_ = std::make_unique<PointToPoint>(*channel_);
   channel_->p2p = p2p_.get();
   telemetry_ = Telemetry::fromEnv(rank_, size_);
@@ -143,6 +143,7 @@ void Comm::abort() {
   // Pending point-to-point operations fail on the executor's next poll.
   { std::lock_guard<std::mutex> q(q_mu_); }
   q_cv_.notify_all();
+  channel_->transport().wake();
 }
 
 std::unique_lock<std::mutex> Comm::lockOp() {
@@ -454,6 +455,7 @@ std::shared_ptr<AsyncOp> Comm::submitP2P(bool is_recv, void* buf, size_t count, 
     startExecutorLocked();
   }
   q_cv_.notify_all();
+  channel_->transport().wake();  // a thread blocked in an idle wait posts it now
   return result;
 }
 
@@ -531,9 +533,6 @@ void Comm::executorLoop() {
 }
 
 namespace {
-// driveP2P's idle policy, as a Session's wait: spin, then yield, then sleep 50 us at a time.
-constexpr int kP2PSpinRounds = 20000;
-constexpr int kP2PSleepRounds = 200000;
 constexpr auto kP2PSlice = std::chrono::milliseconds(1);
 }  // namespace
 
@@ -552,8 +551,8 @@ void Comm::driveP2P() {
     any = p2p_->poll() || any;
     if (any) {
       p2p_idle_ = 0;
-    } else if (channel_->oversubscribed() || ++p2p_idle_ > kP2PSpinRounds) {
-      t.idleWait(p2p_idle_ > kP2PSleepRounds ? 50 : 0);
+    } else {
+      channel_->idle(++p2p_idle_);  // a Session's wait policy
     }
     if ((round & 255) == 255 && std::chrono::steady_clock::now() >= end) break;
   }

@@ -1,6 +1,7 @@
 #include "env.h"
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 
 #include "algo/tune.h"
@@ -68,6 +69,26 @@ Options resolveOptions(const ddlConfig_t* config, int nranks) {
     o.segment_bytes = static_cast<size_t>(parseInt(v, "DDL_SEGMENT_BYTES", 1, 1LL << 30));
   }
   if (auto v = getEnv("DDL_TUNE_FILE"); !v.empty()) o.tune = TuneTable::load(v);
+
+  // Version 2 added waitMode; a version-1 struct ends before it.
+  const bool has_wait = config && config->version >= 2 && config->size >= offsetof(ddlConfig_t, waitMode) + sizeof(int);
+  if (has_wait && config->waitMode != ddlWaitAuto) {
+    if (config->waitMode < 0 || config->waitMode >= ddlNumWaitModes) {
+      fail(ddlInvalidArgument, "ddlConfig_t.waitMode " + std::to_string(config->waitMode) +
+                                   " is not a ddlWaitMode_t (ddlWaitAuto, ddlWaitSpin, ddlWaitShare)");
+    }
+    o.wait = static_cast<ddlWaitMode_t>(config->waitMode);
+  } else if (auto v = getEnv("DDL_WAIT"); !v.empty()) {
+    if (v == "auto") {
+      o.wait = ddlWaitAuto;
+    } else if (v == "spin") {
+      o.wait = ddlWaitSpin;
+    } else if (v == "share") {
+      o.wait = ddlWaitShare;
+    } else {
+      fail(ddlInvalidArgument, "DDL_WAIT must be auto, spin or share, got '" + v + "'");
+    }
+  }
   return o;
 }
 

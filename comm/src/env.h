@@ -19,6 +19,7 @@ class TuneTable;
 
 struct Options {
   int timeout_ms = kDefaultTimeoutMs;
+  ddlWaitMode_t wait = ddlWaitAuto;  // see ddlWaitMode_t
   Topology topology;
   Algo algo = Algo::kAuto;
   size_t segment_bytes = 0;  // 0: automatic

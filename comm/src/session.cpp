@@ -43,13 +43,21 @@ constexpr int64_t kCleanupMs = 500;
 constexpr int kSpinRounds = 20000;
 constexpr int kSleepRounds = 200000;
 constexpr int kSleepRoundsOversubscribed = 4096;
+// ddlWaitShare: a few tens of microseconds of polling (a peer's next segment usually comes sooner), then
+// blocking in the transport until something arrives (UCX's event fd; at most kShareBlockUs, so that deadlines
+// and aborts are still seen), so that the caller's other threads (a training step's backward pass) keep the
+// core and the wait still ends within a wakeup's time of the data.
+constexpr int kShareSpinRounds = 256;
+constexpr int kShareBlockUs = 1000;
+constexpr int kSleepUs = 50;
 }  // namespace
 
-Channel::Channel(std::unique_ptr<Transport> transport, int timeout_ms)
+Channel::Channel(std::unique_ptr<Transport> transport, int timeout_ms, ddlWaitMode_t wait)
     : transport_(std::move(transport)),
       rank_(transport_->rank()),
       size_(transport_->size()),
-      timeout_ms_(timeout_ms) {
+      timeout_ms_(timeout_ms),
+      wait_(wait) {
   int local = 0;
   const std::string me = transport_->hostOf(rank_);
   for (int r = 0; r < size_; ++r) local += transport_->hostOf(r) == me;
@@ -79,6 +87,18 @@ Channel::~Channel() {
   }
   // The transport goes first, while the requests it may still complete are alive.
   transport_.reset();
+}
+
+void Channel::idle(int idle_rounds) {
+  if (oversubscribed_ && wait_ != ddlWaitSpin) {
+    // Ranks take turns on the cores: give the core up at once. (Blocking waits would need a wakeup per
+    // message, measured 7x slower than yielding with 4 ranks on 2 cores.)
+    transport_->idleWait(idle_rounds > kSleepRoundsOversubscribed ? kSleepUs : 0);
+  } else if (wait_ == ddlWaitShare) {
+    if (idle_rounds > kShareSpinRounds) transport_->idleWait(kShareBlockUs);
+  } else if (idle_rounds > kSpinRounds) {
+    transport_->idleWait(idle_rounds > kSleepRounds ? kSleepUs : 0);
+  }
 }
 
 void Channel::postControlRecv() {
@@ -313,11 +333,7 @@ void Session::progress(Request* waiting_for) {
                            "to wait longer)");
     }
   }
-  if (ch_.oversubscribed()) {
-    t_.idleWait(idle_ > kSleepRoundsOversubscribed ? 50 : 0);
-  } else if (idle_ > kSpinRounds) {
-    t_.idleWait(idle_ > kSleepRounds ? 50 : 0);
-  }
+  ch_.idle(idle_);
 }
 
 void Session::wait(Request* r) {

@@ -79,7 +79,7 @@ class PointToPoint;
 
 class Channel {
  public:
-  Channel(std::unique_ptr<Transport> transport, int timeout_ms);
+  Channel(std::unique_ptr<Transport> transport, int timeout_ms, ddlWaitMode_t wait = ddlWaitAuto);
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -96,6 +96,9 @@ class Channel {
   // More ranks on this host than CPUs this process may run on: waits then yield the CPU at once instead of
   // spinning, so that the ranks with work get it.
   bool oversubscribed() const { return oversubscribed_; }
+  // What a wait does after `idle` rounds of progress in a row found nothing: spin on, yield or sleep, as the
+  // wait mode and oversubscription say (ddlWaitMode_t). Every wait of the channel goes through it.
+  void idle(int idle_rounds);
 
   // Set by ddlCommAbort from any thread.
   std::atomic<bool> aborted{false};
@@ -137,6 +140,7 @@ class Channel {
   std::unique_ptr<Transport> transport_;
   int rank_, size_, timeout_ms_;
   bool oversubscribed_ = false;
+  ddlWaitMode_t wait_;
   uint16_t seq_ = 0;
   Request control_recv_;
   char control_buf_[1024];

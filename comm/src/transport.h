@@ -68,6 +68,8 @@ class Transport {
   // Blocks the calling thread for at most timeout_us, or until the transport has news, whichever is first.
   // Used after spinning has found nothing, so idle ranks leave the CPU to others.
   virtual void idleWait(int timeout_us) = 0;
+  // Any thread: ends an idleWait in progress (new work for the waiting thread, e.g. a point-to-point post).
+  virtual void wake() {}
   // True when send and recv accept CUDA device memory (UCX built with CUDA support). Informational for now:
   // device buffers are staged through host memory either way (comm/cuda/staged_allreduce.cpp).
   virtual bool deviceMemory() const { return false; }

@@ -1,5 +1,6 @@
 #include "ucx_transport.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <unistd.h>
 #include <ucp/api/ucp.h>
@@ -104,7 +105,7 @@ class UcxTransport : public Transport {
     }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
-    params.features = UCP_FEATURE_TAG;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
     params.estimated_num_eps = peers_.size();
     st = ucp_init(&params, config, &context_);
     ucp_config_release(config);
@@ -115,6 +116,9 @@ class UcxTransport : public Transport {
     wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     st = ucp_worker_create(context_, &wp, &worker_);
     if (st != UCS_OK) ucxFail("worker create", st);
+    // The worker's event fd: idle waits block on it (ucp_worker_arm) instead of sleeping blind. Where UCX has
+    // none, waits sleep as before.
+    if (ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;
 
     ucp_address_t* addr = nullptr;
     size_t addr_len = 0;
@@ -228,9 +232,20 @@ class UcxTransport : public Transport {
   void idleWait(int timeout_us) override {
     if (timeout_us <= 0) {
       sched_yield();
+    } else if (efd_ >= 0) {
+      // Armed, the fd becomes readable when anything arrives for the worker (or ucp_worker_signal is called);
+      // UCS_ERR_BUSY: events are already pending, progress again at once.
+      if (ucp_worker_arm(worker_) != UCS_OK) return;
+      pollfd p{efd_, POLLIN, 0};
+      const timespec ts{timeout_us / 1000000, (timeout_us % 1000000) * 1000L};
+      ppoll(&p, 1, &ts, nullptr);
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(timeout_us));
     }
+  }
+
+  void wake() override {
+    if (worker_) ucp_worker_signal(worker_);
   }
 
   bool deviceMemory() const override {
@@ -291,6 +306,7 @@ class UcxTransport : public Transport {
   std::vector<Peer> peers_;  // fixed size: error handlers hold pointers into it
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;  // the worker's event fd (UCP_FEATURE_WAKEUP); -1: none
 };
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <sys/prctl.h>
+
 #include <cstdlib>
 #include <numeric>
 #include <stdexcept>
@@ -315,11 +317,21 @@ ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, i
   ddlConfig_t config = DDL_CONFIG_INITIALIZER;
   const auto ms = timeout.count();
   config.timeoutMs = ms > 0 && ms < INT32_MAX ? static_cast<int>(ms) : INT32_MAX;
+  // The worker's waits must leave the core to the training step's own threads (the backward pass runs beside
+  // them): poll briefly, then sleep. DDL_WAIT set by the user decides instead.
+  const char* wait = std::getenv("DDL_WAIT");
+  config.waitMode = wait && *wait ? ddlWaitAuto : ddlWaitShare;
   if (ddlCommInitRankWithStore(&comm_, size, rank, &api, &config) != ddlSuccess) {
     throw std::runtime_error(std::string("ddl: cannot create the communicator of rank ") + std::to_string(rank) +
                              " of " + std::to_string(size) + ": " + ddlGetLastError(nullptr));
   }
-  if (!blocking_) worker_ = std::thread([this] { workerLoop(); });
+  if (!blocking_) {
+    worker_ = std::thread([this] {
+      // Sleeps in libddl's waits end within microseconds of their time, not the default 50 us later.
+      prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+      workerLoop();
+    });
+  }
   init();
 }
 

@@ -5,6 +5,8 @@
 // one blocking libddl call. So DDP's gradient buckets travel while backward computes the next ones, and every
 // rank issues the same calls in the same order, which libddl checks (a mismatch is an error, not a hang).
 // TORCH_DDL_BLOCKING=1 runs each collective on the calling thread instead (for comparison and debugging).
+// libddl's waits run in ddlWaitShare mode (poll briefly, then sleep) so that they leave the cores to the
+// training step's threads; DDL_WAIT=spin (or auto) overrides.
 //
 // Rendezvous: the communicator meets through the store torch built for the group (ddlCommInitRankWithStore),
 // so no port is chosen; every group, new_group's included, is a libddl communicator of its own.

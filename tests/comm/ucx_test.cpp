@@ -174,6 +174,19 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, UcxCollectives,
                                                           std::string("mdring"))),
                          ucxCaseName);
 
+// ddlWaitShare (torch_ddl's mode): waits block on UCX's wakeup fd; every collective and p2p call still
+// completes, over shared memory and TCP.
+TEST(UcxWaitModes, ShareModeRunsEveryCollective) {
+  for (const char* tls : {"sm,self", "tcp"}) {
+    Ranks ranks(3, {"all"}, {{"UCX_TLS", tls}, {"DDL_TIMEOUT_MS", "60000"}, {"DDL_WAIT", "share"}});
+    ASSERT_TRUE(ranks.waitAll(240s)) << "ranks did not finish:\n" << ranks.describe();
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(ranks.exitCode(r), 0) << tls << "\n" << ranks.describe();
+      EXPECT_NE(ranks.output(r).find("OK all rank " + std::to_string(r)), std::string::npos) << ranks.describe();
+    }
+  }
+}
+
 class UcxFailures : public testing::TestWithParam<TransportCase> {};
 
 // SIGKILL one rank mid-loop: every other rank must return an error within twice the timeout.

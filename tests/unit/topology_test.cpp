@@ -94,5 +94,41 @@ TEST(Options, BadValuesNameTheVariable) {
   EXPECT_NE(e.find("DDL_CONFIG_INITIALIZER"), std::string::npos) << e;
 }
 
+TEST(Options, WaitModeFromConfigOrDdlWait) {
+  EXPECT_EQ(resolveOptions(nullptr, 2).wait, ddlWaitAuto);
+  setenv("DDL_WAIT", "share", 1);
+  EXPECT_EQ(resolveOptions(nullptr, 2).wait, ddlWaitShare);
+  ddlConfig_t cfg = DDL_CONFIG_INITIALIZER;
+  cfg.waitMode = ddlWaitSpin;  // the config wins
+  EXPECT_EQ(resolveOptions(&cfg, 2).wait, ddlWaitSpin);
+  setenv("DDL_WAIT", "lazy", 1);
+  std::string e = errorOf([] { resolveOptions(nullptr, 2); });
+  EXPECT_NE(e.find("DDL_WAIT must be auto, spin or share, got 'lazy'"), std::string::npos) << e;
+  unsetenv("DDL_WAIT");
+  cfg.waitMode = 7;
+  e = errorOf([&] { resolveOptions(&cfg, 2); });
+  EXPECT_NE(e.find("waitMode 7"), std::string::npos) << e;
+}
+
+// A program compiled against the version-1 header passes the shorter struct: accepted, waitMode unread.
+TEST(Options, VersionOneConfigIsStillAccepted) {
+  struct V1 {
+    size_t size;
+    unsigned int version;
+    int timeoutMs;
+    const char* topology;
+    const char* algorithm;
+    size_t segmentBytes;
+  };
+  struct {
+    V1 v1;
+    int garbage;  // where a version-2 struct has waitMode
+  } padded{{sizeof(V1), 1, 4321, nullptr, nullptr, 0}, 99};
+  const auto* cfg = reinterpret_cast<const ddlConfig_t*>(&padded);
+  Options o = resolveOptions(cfg, 2);
+  EXPECT_EQ(o.timeout_ms, 4321);
+  EXPECT_EQ(o.wait, ddlWaitAuto);
+}
+
 }  // namespace
 }  // namespace ddl

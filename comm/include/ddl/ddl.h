@@ -69,9 +69,20 @@ typedef enum {
   ddlNumOps = 8
 } ddlRedOp_t;
 
+/* How a blocking wait spends its idle time (waiting for a peer). */
+typedef enum {
+  ddlWaitAuto = 0,  /* DDL_WAIT if set, else spin; when the ranks on a host outnumber its cores, yield at once */
+  ddlWaitSpin = 1,  /* poll for about 2 ms, then yield, then sleep: the lowest latency for a rank per core */
+  ddlWaitShare = 2, /* poll for about 50 us, then block until data arrives (UCX's wakeup fd): for callers whose
+                     * other threads compute on the same cores meanwhile (a framework's communication thread;
+                     * torch_ddl's default). Where ranks outnumber cores, yield at once as ddlWaitAuto does. */
+  ddlNumWaitModes = 3
+} ddlWaitMode_t;
+
 /* Versioned configuration. Always start from DDL_CONFIG_INITIALIZER; fields left at 0/NULL fall back to the
- * environment (DDL_TIMEOUT_MS, DDL_TOPOLOGY, DDL_ALGO, DDL_SEGMENT_BYTES) and then to built-in defaults. */
-#define DDL_CONFIG_VERSION 1
+ * environment (DDL_TIMEOUT_MS, DDL_TOPOLOGY, DDL_ALGO, DDL_SEGMENT_BYTES, DDL_WAIT) and then to built-in
+ * defaults. Version 1 (up to segmentBytes) is still accepted. */
+#define DDL_CONFIG_VERSION 2
 typedef struct {
   size_t size;           /* sizeof(ddlConfig_t), set by the initializer */
   unsigned int version;  /* DDL_CONFIG_VERSION, set by the initializer */
@@ -79,9 +90,10 @@ typedef struct {
   const char* topology;  /* "4x8x2": dims, fastest-varying first, product = nranks; NULL: DDL_TOPOLOGY or flat */
   const char* algorithm; /* "auto", "ring", "mdring", "rhd"; NULL: DDL_ALGO or "auto" */
   size_t segmentBytes;   /* pipeline segment size of the ring algorithms; 0: DDL_SEGMENT_BYTES or automatic */
+  int waitMode;          /* a ddlWaitMode_t; ddlWaitAuto (0): DDL_WAIT (auto, spin, share) or automatic */
 } ddlConfig_t;
 #define DDL_CONFIG_INITIALIZER \
-  { sizeof(ddlConfig_t), DDL_CONFIG_VERSION, 0, NULL, NULL, 0 }
+  { sizeof(ddlConfig_t), DDL_CONFIG_VERSION, 0, NULL, NULL, 0, ddlWaitAuto }
 
 /* Version as DDL_VERSION_CODE of the library actually loaded. */
 ddlResult_t ddlGetVersion(int* version);

@@ -1,0 +1,297 @@
+#!/usr/bin/python3
+"""DDP training and torch.distributed.all_reduce over ddl and gloo, on this machine.
+
+    bench/torch_ddp.py ddp [--ranks 1,2,3,4] [--model cnn,mlp] [--reps 3] [--json FILE]
+    bench/torch_ddp.py allreduce [--ranks 2,4] [--min 4K] [--max 64M] [--reps 3] [--json FILE]
+
+ddp: examples/fashion_mnist/train.py's models (and a communication-bound one, embed), DistributedDataParallel,
+one torch thread per rank, a fixed batch per rank (64 by default). Per backend and rank count it reports the
+step time (median over the repetitions of each run's per-step median, averaged over the ranks), samples/s of
+the job, and the time a step is exposed on communication: step time minus the same step under DDP's
+no_sync() (which skips the gradient all_reduce), the two measured in alternating blocks within each run. Backend "ddl-blocking" is ddl with TORCH_DDL_BLOCKING=1: each collective runs
+on the calling thread, so DDP cannot overlap it with the backward pass; its exposed time against ddl's shows
+the overlap.
+
+allreduce: torch.distributed.all_reduce (float32 sum, in place) through ddl and through gloo, sizes 4 KiB to
+64 MiB, busbw = bytes/time * 2(n-1)/n as nccl-tests defines it; next to it raw ddl-bench (its in-place
+column) at the same sizes, so that the cost of the torch layer shows.
+
+Ranks run under ddlrun (build/bin/ddlrun); repetitions run in shuffled order, so that drift of this machine
+spreads over every backend. Prints tables; --json writes every figure.
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("DDL_BUILD_DIR", os.path.join(ROOT, "build"))
+DDLRUN = os.path.join(BUILD, "bin", "ddlrun")
+DDL_BENCH = os.path.join(BUILD, "bin", "ddl-bench")
+PYTHON = "/usr/bin/python3"
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+
+
+def fmt_size(n):
+    for unit, f in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= f and n % f == 0:
+            return "%d%s" % (n // f, unit)
+    return str(n)
+
+
+# ---- the rank side ----
+
+def worker(args):
+    import datetime
+    import torch
+    import torch.distributed as dist
+    backend = args.backend
+    if backend.startswith("ddl"):
+        import torch_ddl  # noqa: F401
+    torch.set_num_threads(1)
+    dist.init_process_group("ddl" if backend.startswith("ddl") else backend, timeout=datetime.timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    if args.what == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        gen = torch.Generator().manual_seed(rank)
+        if args.model == "embed":
+            # A fastText-style text classifier: a large embedding table (dense gradients), almost no compute
+            # per parameter: the step is the gradient all_reduce.
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.EmbeddingBag(100000, 64, mode="mean"), torch.nn.Linear(64, 10))
+            x = torch.randint(0, 100000, (args.batch, 32), generator=gen)
+        else:
+            sys.path.insert(0, os.path.join(ROOT, "examples", "fashion_mnist"))
+            import train
+            model = train.make_model(args.model)
+            x = torch.randn(args.batch, 1, 28, 28, generator=gen)
+        y = torch.randint(0, 10, (args.batch,), generator=gen)
+        ddp = DDP(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+
+        def step(sync):
+            if sync:
+                loss = torch.nn.functional.cross_entropy(ddp(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            else:
+                with ddp.no_sync():
+                    loss = torch.nn.functional.cross_entropy(ddp(x), y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+            opt.step()
+
+        # Blocks of --block steps, synchronised and not in turn, each step timed on its own: both modes see
+        # the same machine, and the medians shrug off the odd slow step. A barrier before each block lines
+        # the ranks up (a no_sync step waits for nobody).
+        for _ in range(args.warmup):
+            step(True)
+            step(False)
+        times = {"sync": [], "nosync": []}
+        for b in range(2 * max(1, args.steps // args.block)):
+            mode = "sync" if b % 2 == 0 else "nosync"
+            dist.barrier()
+            for _ in range(args.block):
+                t0 = time.perf_counter()
+                step(mode == "sync")
+                times[mode].append(time.perf_counter() - t0)
+        med = torch.tensor([statistics.median(times["sync"]), statistics.median(times["nosync"])],
+                           dtype=torch.float64)
+        dist.all_reduce(med)  # the mean over the ranks (sum, then /world)
+        out["sync"], out["nosync"] = (med / world).tolist()
+        out["params"] = sum(p.numel() for p in model.parameters())
+    else:
+        for size in args.sizes:
+            t = torch.ones(size // 4)
+            for _ in range(3):
+                dist.all_reduce(t)
+            # About 0.3 s per size, 5 to 200 calls.
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            one = time.perf_counter() - t0
+            iters = max(5, min(200, int(0.3 / max(one, 1e-6))))
+            flag = torch.tensor([iters])
+            dist.broadcast(flag, 0)  # every rank runs the same count
+            iters = int(flag.item())
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(t)
+            seconds = (time.perf_counter() - t0) / iters
+            worst = torch.tensor([seconds], dtype=torch.float64)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            out[str(size)] = worst.item()
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(out, f)
+    dist.barrier()
+    # No teardown: torch 1.13's ProcessGroupGloo can hang in its destructor after DDP (it joins a worker thread
+    # that waits for the GIL its caller holds); every backend skips it alike.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+# ---- the driver ----
+
+def launch(n, backend, what, extra, timeout=900):
+    fd, path = tempfile.mkstemp(prefix="torch-bench-", suffix=".json")
+    os.close(fd)
+    env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"), OMP_NUM_THREADS="1")
+    env.pop("TORCH_DDL_BLOCKING", None)
+    if backend == "ddl-blocking":
+        env["TORCH_DDL_BLOCKING"] = "1"
+    cmd = [DDLRUN, "-np", str(n), "--", PYTHON, os.path.abspath(__file__), "--worker", what, "--backend", backend,
+           "--out", path] + extra
+    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if r.returncode != 0:
+        sys.exit("%s %s on %d ranks failed:\n%s" % (what, backend, n, r.stdout[-3000:]))
+    with open(path) as f:
+        data = json.load(f)
+    os.unlink(path)
+    return data
+
+
+def ddl_bench(n, lo, hi):
+    fd, path = tempfile.mkstemp(prefix="ddl-bench-", suffix=".json")
+    os.close(fd)
+    cmd = [DDLRUN, "-np", str(n), "--", DDL_BENCH, "-b", str(lo), "-e", str(hi), "-f", "4", "-w", "3", "-n", "20",
+           "-c", "0", "--json", path]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    if r.returncode != 0:
+        sys.exit("ddl-bench on %d ranks failed:\n%s" % (n, r.stdout[-3000:]))
+    with open(path) as f:
+        data = json.load(f)
+    os.unlink(path)
+    # {size: seconds} of the in-place column.
+    return {row["bytes"]: row["inplace_time_us"] * 1e-6 for row in data["results"]}
+
+
+def run_ddp(args):
+    ranks = [int(r) for r in args.ranks.split(",")]
+    models = args.model.split(",")
+    backends = ["ddl", "ddl-blocking", "gloo"]
+    runs = [(m, n, b) for m in models for n in ranks for b in backends for _ in range(args.reps)]
+    random.Random(7).shuffle(runs)
+    raw = {}
+    for i, (m, n, b) in enumerate(runs, 1):
+        print("[%d/%d] %s %d ranks %s" % (i, len(runs), m, n, b), file=sys.stderr, flush=True)
+        extra = ["--model", m, "--batch", str(args.batch), "--steps", str(args.steps), "--block", str(args.block),
+                 "--warmup", str(args.warmup)]
+        raw.setdefault((m, n, b), []).append(launch(n, b, "ddp", extra))
+    result = {"what": "ddp", "batch_per_rank": args.batch, "steps": args.steps, "warmup": args.warmup,
+              "reps": args.reps, "cases": []}
+    for m in models:
+        print("\n## %s: DDP step over %s, batch %d per rank, median of %d runs of %d steps (ms; samples/s of "
+              "the job)" % (m, ", ".join(backends), args.batch, args.reps, args.steps))
+        print("%5s  %-13s %8s %9s %10s %12s %14s %16s" % ("ranks", "backend", "step", "no_sync", "exposed",
+                                                          "samples/s", "ddl/gloo step", "exposed/blocking"))
+        for n in ranks:
+            med = {}
+            for b in backends:
+                reps = raw[(m, n, b)]
+                step = statistics.median(r["sync"] for r in reps)
+                nosync = statistics.median(r["nosync"] for r in reps)
+                exposed = statistics.median(r["sync"] - r["nosync"] for r in reps)
+                med[b] = (step, nosync, exposed)
+                result["cases"].append({"model": m, "ranks": n, "backend": b, "params": reps[0]["params"],
+                                        "step_s": step, "nosync_s": nosync, "exposed_s": exposed,
+                                        "samples_per_s": n * args.batch / step,
+                                        "runs": [{"step_s": r["sync"], "nosync_s": r["nosync"]} for r in reps]})
+            for b in backends:
+                step, nosync, exposed = med[b]
+                ratio = "%.2f" % (step / med["gloo"][0]) if b.startswith("ddl") else ""
+                ov = "%.2f" % (exposed / med["ddl-blocking"][2]) if b == "ddl" and med["ddl-blocking"][2] > 0 else ""
+                print("%5d  %-13s %8.2f %9.2f %10.2f %12.0f %14s %16s" % (n, b, 1e3 * step, 1e3 * nosync,
+                                                                        1e3 * exposed, n * args.batch / step, ratio, ov))
+    return result
+
+
+def run_allreduce(args):
+    ranks = [int(r) for r in args.ranks.split(",")]
+    sizes = []
+    s = parse_size(args.min)
+    while s <= parse_size(args.max):
+        sizes.append(s)
+        s *= 4
+    backends = ["ddl", "gloo", "ddl-bench"]
+    runs = [(n, b) for n in ranks for b in backends for _ in range(args.reps)]
+    random.Random(11).shuffle(runs)
+    raw = {}
+    for i, (n, b) in enumerate(runs, 1):
+        print("[%d/%d] all_reduce %d ranks %s" % (i, len(runs), n, b), file=sys.stderr, flush=True)
+        if b == "ddl-bench":
+            got = ddl_bench(n, sizes[0], sizes[-1])
+        else:
+            got = {int(k): v for k, v in launch(n, b, "allreduce", ["--sizes"] + [str(x) for x in sizes]).items()}
+        raw.setdefault((n, b), []).append(got)
+    result = {"what": "allreduce", "reps": args.reps, "cases": []}
+    for n in ranks:
+        print("\n## torch.distributed.all_reduce, %d ranks, float32 sum in place: busbw GB/s (median of %d)" %
+              (n, args.reps))
+        print("%8s %10s %10s %12s %14s %12s" % ("size", "ddl", "gloo", "ddl-bench", "ddl/ddl-bench", "ddl/gloo"))
+        for size in sizes:
+            bw = {}
+            for b in backends:
+                t = statistics.median(r[size] for r in raw[(n, b)])
+                bw[b] = size / t * (2 * (n - 1) / n) / 1e9 if n > 1 else size / t / 1e9
+                result["cases"].append({"ranks": n, "backend": b, "bytes": size, "time_s": t, "busbw_gbs": bw[b],
+                                        "runs_s": [r[size] for r in raw[(n, b)]]})
+            print("%8s %10.3f %10.3f %12.3f %14.2f %12.1f" % (fmt_size(size), bw["ddl"], bw["gloo"], bw["ddl-bench"],
+                                                            bw["ddl"] / bw["ddl-bench"], bw["ddl"] / bw["gloo"]))
+    return result
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", nargs="?", choices=["ddp", "allreduce"])
+    p.add_argument("--ranks", default=None)
+    p.add_argument("--model", default="cnn,mlp,embed",
+                   help="cnn, mlp: examples/fashion_mnist/train.py's; embed: a 6.4 M-parameter EmbeddingBag text "
+                        "classifier (communication-bound)")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=24, help="timed steps per mode")
+    p.add_argument("--block", type=int, default=4, help="steps per block; sync and no_sync blocks alternate")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--min", default="4K")
+    p.add_argument("--max", default="64M")
+    p.add_argument("--json", default="")
+    # The rank side, started by the driver through ddlrun.
+    p.add_argument("--worker", choices=["ddp", "allreduce"])
+    p.add_argument("--backend", default="ddl")
+    p.add_argument("--out", default="")
+    p.add_argument("--sizes", nargs="*", type=int, default=[])
+    args = p.parse_args()
+    if args.worker:
+        args.what = args.worker
+        return worker(args)
+    if not args.what:
+        p.error("say what to measure: ddp or allreduce")
+    if args.ranks is None:
+        args.ranks = "1,2,3,4" if args.what == "ddp" else "2,4"
+    for f in (DDLRUN, DDL_BENCH, os.path.join(BUILD, "python", "torch_ddl", "__init__.py")):
+        if not os.path.exists(f):
+            sys.exit("%s is missing: build first (./scripts/build)" % f)
+    t0 = time.time()
+    result = run_ddp(args) if args.what == "ddp" else run_allreduce(args)
+    result["seconds"] = time.time() - t0
+    result["machine"] = {"cpus": os.cpu_count(), "uname": " ".join(os.uname())}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print("\n(%.0f s)" % result["seconds"])
+
+
+if __name__ == "__main__":
+    main()
