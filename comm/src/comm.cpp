@@ -72,7 +72,8 @@ std::unique_ptr<Comm> Comm::bootstrap(int nranks, int rank, Store& store, bool c
                                    "on every rank, and DDL_TUNE_FILE must hold the same rules)");
     }
   }
-  auto transport = createUcxTransport(rank, nranks, store, deadline);
+  // Only share mode blocks on the wakeup fd for long; the others keep UCX as it was measured and tuned.
+  auto transport = createUcxTransport(rank, nranks, store, deadline, options.wait == ddlWaitShare);
   return std::make_unique<Comm>(std::move(transport), options);
 }
 

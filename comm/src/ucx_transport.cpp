@@ -93,7 +93,7 @@ class UcxTransport : public Transport {
     if (context_) ucp_cleanup(context_);
   }
 
-  void init(Store& store, const Deadline& deadline) {
+  void init(Store& store, const Deadline& deadline, bool wakeup) {
     ucp_config_t* config = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
     if (st != UCS_OK) ucxFail("config read", st);
@@ -105,7 +105,7 @@ class UcxTransport : public Transport {
     }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
-    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    params.features = UCP_FEATURE_TAG | (wakeup ? UCP_FEATURE_WAKEUP : 0);
     params.estimated_num_eps = peers_.size();
     st = ucp_init(&params, config, &context_);
     ucp_config_release(config);
@@ -118,7 +118,7 @@ class UcxTransport : public Transport {
     if (st != UCS_OK) ucxFail("worker create", st);
     // The worker's event fd: idle waits block on it (ucp_worker_arm) instead of sleeping blind. Where UCX has
     // none, waits sleep as before.
-    if (ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;
+    if (wakeup && ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;
 
     ucp_address_t* addr = nullptr;
     size_t addr_len = 0;
@@ -311,9 +311,10 @@ class UcxTransport : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> createUcxTransport(int rank, int size, Store& store, const Deadline& deadline) {
+std::unique_ptr<Transport> createUcxTransport(int rank, int size, Store& store, const Deadline& deadline,
+                                              bool wakeup) {
   auto t = std::make_unique<UcxTransport>(rank, size);
-  t->init(store, deadline);
+  t->init(store, deadline, wakeup);
   return t;
 }
 

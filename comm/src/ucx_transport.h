@@ -24,7 +24,9 @@
 namespace ddl {
 
 // Creates the transport and connects to every peer; throws ddl::Error (ddlSystemError for UCX failures,
-// ddlTimeout when peers do not publish their address before the deadline).
-std::unique_ptr<Transport> createUcxTransport(int rank, int size, Store& store, const Deadline& deadline);
+// ddlTimeout when peers do not publish their address before the deadline). wakeup: idle waits block on the
+// worker's event fd (UCP_FEATURE_WAKEUP, for ddlWaitShare) instead of sleeping.
+std::unique_ptr<Transport> createUcxTransport(int rank, int size, Store& store, const Deadline& deadline,
+                                              bool wakeup);
 
 }  // namespace ddl
