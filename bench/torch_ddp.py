@@ -144,18 +144,47 @@ def worker(args):
 
 # ---- the driver ----
 
-def launch(n, backend, what, extra, timeout=900):
+def launch_hosts(hosts, env, worker_cmd, timeout):
+    """One rank per host (bench/torch_hosts.sh's network namespaces, each with an IPC namespace of its own):
+    started with the torchrun variables, rank 0's address as MASTER_ADDR, traffic kept on eth0."""
+    port = 29500 + random.randrange(2000)
+    procs = []
+    for r, (ns, addr) in enumerate(hosts):
+        e = dict(env, RANK=str(r), WORLD_SIZE=str(len(hosts)), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                 MASTER_ADDR=hosts[0][1], MASTER_PORT=str(port), UCX_NET_DEVICES="eth0", GLOO_SOCKET_IFNAME="eth0")
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--ipc"] + worker_cmd, env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + timeout
+    out, code = "", 0
+    for p in procs:
+        try:
+            o, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            o, _ = p.communicate()
+            code = code or 124
+        out += o
+        code = code or p.returncode
+    return code, out
+
+
+def launch(n, backend, what, extra, timeout=900, hosts=None):
     fd, path = tempfile.mkstemp(prefix="torch-bench-", suffix=".json")
     os.close(fd)
     env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"), OMP_NUM_THREADS="1")
     env.pop("TORCH_DDL_BLOCKING", None)
     if backend == "ddl-blocking":
         env["TORCH_DDL_BLOCKING"] = "1"
-    cmd = [DDLRUN, "-np", str(n), "--", PYTHON, os.path.abspath(__file__), "--worker", what, "--backend", backend,
-           "--out", path] + extra
-    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    if r.returncode != 0:
-        sys.exit("%s %s on %d ranks failed:\n%s" % (what, backend, n, r.stdout[-3000:]))
+    worker_cmd = [PYTHON, os.path.abspath(__file__), "--worker", what, "--backend", backend, "--out", path] + extra
+    if hosts:
+        code, output = launch_hosts(hosts, env, worker_cmd, timeout)
+    else:
+        r = subprocess.run([DDLRUN, "-np", str(n), "--"] + worker_cmd, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        code, output = r.returncode, r.stdout
+    if code != 0:
+        sys.exit("%s %s on %d ranks failed:\n%s" % (what, backend, n, output[-3000:]))
     with open(path) as f:
         data = json.load(f)
     os.unlink(path)
@@ -178,7 +207,8 @@ def ddl_bench(n, lo, hi):
 
 
 def run_ddp(args):
-    ranks = [int(r) for r in args.ranks.split(",")]
+    hosts = [tuple(h.split("=")) for h in args.hosts.split(",")] if args.hosts else None
+    ranks = [len(hosts)] if hosts else [int(r) for r in args.ranks.split(",")]
     models = args.model.split(",")
     backends = ["ddl", "ddl-blocking", "gloo"]
     runs = [(m, n, b) for m in models for n in ranks for b in backends for _ in range(args.reps)]
@@ -188,12 +218,14 @@ def run_ddp(args):
         print("[%d/%d] %s %d ranks %s" % (i, len(runs), m, n, b), file=sys.stderr, flush=True)
         extra = ["--model", m, "--batch", str(args.batch), "--steps", str(args.steps), "--block", str(args.block),
                  "--warmup", str(args.warmup)]
-        raw.setdefault((m, n, b), []).append(launch(n, b, "ddp", extra))
-    result = {"what": "ddp", "batch_per_rank": args.batch, "steps": args.steps, "warmup": args.warmup,
-              "reps": args.reps, "cases": []}
+        raw.setdefault((m, n, b), []).append(launch(n, b, "ddp", extra, hosts=hosts))
+    where = ("one rank per host, %d hosts (network namespaces), links: %s" % (len(hosts), args.link) if hosts
+             else "ranks on this machine, shared memory")
+    result = {"what": "ddp", "where": where, "batch_per_rank": args.batch, "steps": args.steps,
+              "warmup": args.warmup, "reps": args.reps, "cases": []}
     for m in models:
-        print("\n## %s: DDP step over %s, batch %d per rank, median of %d runs of %d steps (ms; samples/s of "
-              "the job)" % (m, ", ".join(backends), args.batch, args.reps, args.steps))
+        print("\n## %s, %s: DDP step over %s, batch %d per rank, median of %d runs of %d steps (ms; samples/s of "
+              "the job)" % (m, where, ", ".join(backends), args.batch, args.reps, args.steps))
         print("%5s  %-13s %8s %9s %10s %12s %14s %16s" % ("ranks", "backend", "step", "no_sync", "exposed",
                                                           "samples/s", "ddl/gloo step", "exposed/blocking"))
         for n in ranks:
@@ -267,6 +299,8 @@ def main():
     p.add_argument("--min", default="4K")
     p.add_argument("--max", default="64M")
     p.add_argument("--json", default="")
+    p.add_argument("--hosts", default="", help="NS=ADDR,... one rank per network namespace (bench/torch_hosts.sh)")
+    p.add_argument("--link", default="", help="what the hosts' links are, for the report (bench/torch_hosts.sh)")
     # The rank side, started by the driver through ddlrun.
     p.add_argument("--worker", choices=["ddp", "allreduce"])
     p.add_argument("--backend", default="ddl")
