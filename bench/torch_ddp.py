@@ -194,7 +194,7 @@ def launch(n, backend, what, extra, timeout=900, hosts=None):
 def ddl_bench(n, lo, hi):
     fd, path = tempfile.mkstemp(prefix="ddl-bench-", suffix=".json")
     os.close(fd)
-    cmd = [DDLRUN, "-np", str(n), "--", DDL_BENCH, "-b", str(lo), "-e", str(hi), "-f", "4", "-w", "3", "-n", "20",
+    cmd = [DDLRUN, "-np", str(n), "--", DDL_BENCH, "-b", str(lo), "-e", str(hi), "-f", "4", "-w", "10", "-n", "100",
            "-c", "0", "--json", path]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     if r.returncode != 0:

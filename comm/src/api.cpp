@@ -11,16 +11,24 @@
 #include "env.h"
 #include "error.h"
 
-struct ddlComm {
-  std::unique_ptr<ddl::Comm> impl;
+namespace {
+// A communicator's last error, shared with its requests: a request may be finished (ddlWait, ddlTest) after
+// ddlCommDestroy freed the communicator.
+struct ErrorSink {
   std::mutex mu;
   std::string last_error;
+};
+}  // namespace
+
+struct ddlComm {
+  std::unique_ptr<ddl::Comm> impl;
+  std::shared_ptr<ErrorSink> errors = std::make_shared<ErrorSink>();
 };
 
 struct ddlRequest {
   std::shared_ptr<ddl::AsyncOp> op;
-  ddlComm* comm;
-  const char* fn;  // the call that made it, for messages
+  std::shared_ptr<ErrorSink> errors;  // the communicator's
+  const char* fn;                     // the call that made it, for messages
 };
 
 namespace {
@@ -28,13 +36,15 @@ namespace {
 thread_local std::string t_last_error;
 thread_local std::string t_returned;  // what ddlGetLastError handed out, valid until the next call
 
-void record(ddlComm* comm, const std::string& msg) {
+void recordIn(ErrorSink* sink, const std::string& msg) {
   t_last_error = msg;
-  if (comm) {
-    std::lock_guard<std::mutex> lk(comm->mu);
-    comm->last_error = msg;
+  if (sink) {
+    std::lock_guard<std::mutex> lk(sink->mu);
+    sink->last_error = msg;
   }
 }
+
+void record(ddlComm* comm, const std::string& msg) { recordIn(comm ? comm->errors.get() : nullptr, msg); }
 
 template <class F>
 ddlResult_t guard(ddlComm* comm, const char* fn, F&& f) {
@@ -95,7 +105,7 @@ ddlResult_t startRequest(ddlComm* comm, const char* fn, ddlRequest_t* request, F
     return ddlInvalidArgument;
   }
   *request = nullptr;
-  return guard(comm, fn, [&] { *request = new ddlRequest{start(), comm, fn}; });
+  return guard(comm, fn, [&] { *request = new ddlRequest{start(), comm->errors, fn}; });
 }
 
 }  // namespace
@@ -125,8 +135,8 @@ const char* ddlGetErrorString(ddlResult_t result) {
 
 const char* ddlGetLastError(ddlComm_t comm) {
   if (comm) {
-    std::lock_guard<std::mutex> lk(comm->mu);
-    t_returned = comm->last_error;
+    std::lock_guard<std::mutex> lk(comm->errors->mu);
+    t_returned = comm->errors->last_error;
   } else {
     t_returned = t_last_error;
   }
@@ -308,7 +318,7 @@ ddlResult_t ddlIrecv(void* recvbuff, size_t count, ddlDataType_t datatype, int p
 
 static ddlResult_t finish(ddlRequest_t request) {
   ddlResult_t r = request->op->result;
-  if (r != ddlSuccess) record(request->comm, std::string(request->fn) + ": " + request->op->error);
+  if (r != ddlSuccess) recordIn(request->errors.get(), std::string(request->fn) + ": " + request->op->error);
   delete request;
   return r;
 }

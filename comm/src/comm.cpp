@@ -85,6 +85,11 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
   topology_str_ = options_.topology.str();
   has_grid_ = mdring_grid_.nontrivialDims() >= 2;
   channel_ = std::make_unique<Channel>(std::move(transport), options_.timeout_ms, options_.wait);
+  if (options_.timeout_from_config) {
+    channel_->setTimeoutHint(
+        "the program set this timeout: raise ddlConfig_t.timeoutMs, or with torch_ddl init_process_group's or "
+        "new_group's timeout");
+  }
   p2p_ = std::make_unique<PointToPoint>(*channel_);
   channel_->p2p = p2p_.get();
   telemetry_ = Telemetry::fromEnv(rank_, size_);
@@ -149,26 +154,34 @@ void Comm::abort() {
 
 std::unique_lock<std::mutex> Comm::lockOp() {
   ++op_waiters_;
+  channel_->transport().wake();  // an executor blocked in an idle wait lets go at once
   std::unique_lock<std::mutex> lk(op_mu_);
   --op_waiters_;
   return lk;
 }
 
-void Comm::noteP2PFailureLocked() {
+void Comm::noteBrokenLocked() {
   auto [code, why] = p2p_->broken();
-  if (code == ddlSuccess) return;
-  breakWith(code, why);  // keeps an earlier reason (an abort)
-  channel_->notifyPeers(why);  // once per communicator
+  if (code != ddlSuccess) breakWith(code, why);  // keeps an earlier reason (an abort)
+  if (broken_.load() == ddlSuccess) return;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> elk(err_mu_);
+    reason = broken_why_;
+  }
+  // Once per communicator each: an abort that found the transport busy, or a p2p failure, reaches the peers;
+  // what is still pending beside a failed collective fails now rather than at its own deadline.
+  channel_->notifyPeers(reason);
+  p2p_->shutdown(broken_.load(), "the communicator broke: " + reason);
 }
 
 void Comm::run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant,
                const std::function<void(Session&)>& body) {
   auto lk = lockOp();
-  noteP2PFailureLocked();
+  noteBrokenLocked();
   if (ddlResult_t b = broken_.load(); b != ddlSuccess) {
     std::lock_guard<std::mutex> elk(err_mu_);
-    fail(b, "the communicator is unusable after an earlier error: " + broken_why_ +
-                " (destroy it with ddlCommDestroy and create a new one)");
+    fail(b, brokenMessage(broken_why_));
   }
   try {
     std::chrono::steady_clock::time_point t0;
@@ -179,10 +192,10 @@ void Comm::run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, i
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       telemetry_->record(kind, count * typeSize(type), variant, seconds, s.dim_seconds);
     }
-    noteP2PFailureLocked();  // one that failed during the collective
+    noteBrokenLocked();  // one that failed during the collective
   } catch (const Error& e) {
     breakWith(e.code(), e.what());
-    channel_->notifyPeers(e.what());
+    noteBrokenLocked();
     throw;
   }
 }
@@ -280,10 +293,7 @@ void Comm::allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDat
 
 void Comm::broadcast(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, int root) {
   checkType("datatype", type);
-  if (root < 0 || root >= size_) {
-    fail(ddlInvalidArgument, "root " + std::to_string(root) + " is not a rank of this communicator of " +
-                                 std::to_string(size_));
-  }
+  checkRoot(root);
   if (count && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL");
   if (count && rank_ == root && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL on the root");
   if (count) refuseDevice(rank_ == root ? sendbuf : nullptr, recvbuf);
@@ -439,8 +449,7 @@ std::shared_ptr<AsyncOp> Comm::submitP2P(bool is_recv, void* buf, size_t count, 
   checkedBytes(count, typeSize(type));
   if (ddlResult_t b = broken_.load(); b != ddlSuccess) {
     std::lock_guard<std::mutex> elk(err_mu_);
-    fail(b, "the communicator is unusable after an earlier error: " + broken_why_ +
-                " (destroy it with ddlCommDestroy and create a new one)");
+    fail(b, brokenMessage(broken_why_));
   }
   auto op = std::make_unique<P2POp>();
   op->is_recv = is_recv;
@@ -490,6 +499,7 @@ std::shared_ptr<AsyncOp> Comm::iallReduce(const void* sendbuf, void* recvbuf, si
     std::lock_guard<std::mutex> lk(q_mu_);
     startExecutorLocked();
     ++in_flight_;
+    ++queued_;
     queue_.push_back([this, result, sendbuf, recvbuf, count, type, op] {
       try {
         allReduceAny(sendbuf, recvbuf, count, type, op);
@@ -504,6 +514,7 @@ std::shared_ptr<AsyncOp> Comm::iallReduce(const void* sendbuf, void* recvbuf, si
     });
   }
   q_cv_.notify_all();
+  channel_->transport().wake();  // the executor may be blocked driving point-to-point operations
   return result;
 }
 
@@ -518,6 +529,7 @@ void Comm::executorLoop() {
     if (!queue_.empty()) {
       auto task = std::move(queue_.front());
       queue_.pop_front();
+      --queued_;
       lk.unlock();
       task();
       lk.lock();
@@ -538,16 +550,20 @@ constexpr auto kP2PSlice = std::chrono::milliseconds(1);
 }  // namespace
 
 void Comm::driveP2P() {
-  std::unique_lock<std::mutex> op(op_mu_, std::try_to_lock);
-  if (!op.owns_lock()) {
-    // A collective holds the transport and moves the point-to-point operations on between its rounds.
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  // Never in the way of a collective: not when one waits for the transport or is queued, and one that holds
+  // the transport moves the point-to-point operations on between its own rounds meanwhile.
+  auto busy = [&] { return op_waiters_.load() > 0 || queued_.load() > 0; };
+  std::unique_lock<std::mutex> op(op_mu_, std::defer_lock);
+  if (busy() || !op.try_lock()) {
+    std::unique_lock<std::mutex> lk(q_mu_);
+    q_cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stop_ || !queue_.empty(); });
     return;
   }
   Transport& t = channel_->transport();
   const auto end = std::chrono::steady_clock::now() + kP2PSlice;
-  // A slice at most, then back to the queue; at once when a collective wants the transport.
-  for (int round = 0; p2p_->active() && op_waiters_.load(std::memory_order_relaxed) == 0; ++round) {
+  // A slice at most, then back to the queue; at once when a collective wants the transport (lockOp and
+  // iallReduce wake an idle wait).
+  while (p2p_->active() && !busy() && std::chrono::steady_clock::now() < end) {
     bool any = t.progress();
     any = p2p_->poll() || any;
     if (any) {
@@ -555,9 +571,8 @@ void Comm::driveP2P() {
     } else {
       channel_->idle(++p2p_idle_);  // a Session's wait policy
     }
-    if ((round & 255) == 255 && std::chrono::steady_clock::now() >= end) break;
   }
-  noteP2PFailureLocked();
+  noteBrokenLocked();
 }
 
 void Comm::drainAsync() {

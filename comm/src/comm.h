@@ -108,8 +108,9 @@ class Comm {
   std::shared_ptr<AsyncOp> submitP2P(bool is_recv, void* buf, size_t count, ddlDataType_t type, int peer);
   // The executor's share of point-to-point progress, while no collective runs (see executorLoop).
   void driveP2P();
-  // After a point-to-point failure: breaks the communicator and tells the peers, once. Holds op_mu_.
-  void noteP2PFailureLocked();
+  // After a point-to-point failure, an abort or a failed collective: breaks the communicator (if not yet),
+  // tells the peers and fails the pending point-to-point operations, each once. Holds op_mu_.
+  void noteBrokenLocked();
   void startExecutorLocked();  // q_mu_ held
   // The op lock, announced so that the executor's point-to-point loop lets go of it at once.
   std::unique_lock<std::mutex> lockOp();
@@ -132,6 +133,7 @@ class Comm {
 
   std::mutex op_mu_;  // one collective at a time on the channel
   std::atomic<int> op_waiters_{0};  // callers waiting for op_mu_: the executor's p2p loop gives it up
+  std::atomic<int> queued_{0};      // tasks in queue_, read by the executor's p2p loop without q_mu_
   int p2p_idle_ = 0;                // the executor's idle rounds in driveP2P
 
   mutable std::mutex err_mu_;

@@ -51,6 +51,7 @@ Options resolveOptions(const ddlConfig_t* config, int nranks) {
   Options o;
   if (config && config->timeoutMs > 0) {
     o.timeout_ms = config->timeoutMs;
+    o.timeout_from_config = true;
   } else if (auto v = getEnv("DDL_TIMEOUT_MS"); !v.empty()) {
     o.timeout_ms = static_cast<int>(parseInt(v, "DDL_TIMEOUT_MS", 1, 24LL * 3600 * 1000));
   } else {

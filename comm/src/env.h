@@ -19,6 +19,7 @@ class TuneTable;
 
 struct Options {
   int timeout_ms = kDefaultTimeoutMs;
+  bool timeout_from_config = false;  // ddlConfig_t.timeoutMs set it (DDL_TIMEOUT_MS would not change it)
   ddlWaitMode_t wait = ddlWaitAuto;  // see ddlWaitMode_t
   Topology topology;
   Algo algo = Algo::kAuto;

@@ -23,6 +23,12 @@ class Error : public std::runtime_error {
 
 [[noreturn]] inline void fail(ddlResult_t code, const std::string& what) { throw Error(code, what); }
 
+// What every call on a communicator broken by an earlier failure (why) says.
+inline std::string brokenMessage(const std::string& why) {
+  return "the communicator is unusable after an earlier error: " + why +
+         " (destroy it with ddlCommDestroy and create a new one)";
+}
+
 }  // namespace ddl
 
 #define DDL_ASSERT(cond)                                                                          \

@@ -21,8 +21,7 @@ PointToPoint::~PointToPoint() {
 void PointToPoint::submit(std::unique_ptr<P2POp> op) {
   std::lock_guard<std::mutex> lk(mu_);
   if (broken_code_ != ddlSuccess) {
-    op->result->finish(broken_code_, "the communicator is unusable after an earlier error: " + broken_why_ +
-                                         " (destroy it with ddlCommDestroy and create a new one)");
+    op->result->finish(broken_code_, brokenMessage(broken_why_));
     return;
   }
   incoming_.push_back(std::move(op));
@@ -129,7 +128,7 @@ bool PointToPoint::settle(P2POp& op) {
       failOp(op, ddlTimeout,
              describe(op) + " timed out after " + std::to_string(ch_.timeoutMs()) +
                  " ms: the peer may be dead, stuck, or never make the matching " + (op.is_recv ? "send" : "receive") +
-                 " (set DDL_TIMEOUT_MS to wait longer)");
+                 " (" + ch_.timeoutHint() + ")");
     }
   }
   return false;
@@ -148,7 +147,7 @@ bool PointToPoint::poll() {
   bool any = !fresh.empty();
   for (auto& op : fresh) {
     if (was_broken != ddlSuccess) {
-      op->result->finish(was_broken, "the communicator is unusable after an earlier error: " + why);
+      op->result->finish(was_broken, brokenMessage(why));
       continue;
     }
     post(*op);

@@ -43,6 +43,9 @@ constexpr int64_t kCleanupMs = 500;
 constexpr int kSpinRounds = 20000;
 constexpr int kSleepRounds = 200000;
 constexpr int kSleepRoundsOversubscribed = 4096;
+// Rounds of progress between a collective's checks (peers, deadline) even while the transport is busy: point-
+// to-point traffic beside it keeps the transport busy without moving the collective on.
+constexpr uint32_t kCheckRounds = 4096;
 // ddlWaitShare: a few tens of microseconds of polling (a peer's next segment usually comes sooner), then
 // blocking in the transport until something arrives (UCX's event fd; at most kShareBlockUs, so that deadlines
 // and aborts are still seen), so that the caller's other threads (a training step's backward pass) keep the
@@ -300,19 +303,21 @@ void Session::progress() { progress(nullptr); }
 
 void Session::progress(Request* waiting_for) {
   bool any = t_.progress();
-  // Point-to-point operations of this communicator move on while the collective runs (see p2p.h).
-  if (ch_.p2p != nullptr && ch_.p2p->active()) any = ch_.p2p->poll() || any;
+  // Point-to-point operations of this communicator move on while the collective runs (see p2p.h). Their
+  // traffic must not postpone this collective's own checks: those also run every kCheckRounds rounds.
+  if (ch_.p2p != nullptr && ch_.p2p->active()) ch_.p2p->poll();
+  const bool checks_due = (++rounds_ & (kCheckRounds - 1)) == 0;
   if (ch_.aborted.load(std::memory_order_relaxed)) {
     fail(ddlAborted, "communicator aborted by ddlCommAbort during " + describe());
   }
   const std::string& remote = ch_.remoteError();
   if (!remote.empty()) fail(ddlRemoteError, remote + " (reported during " + describe() + " on this rank)");
-  if (any) {
+  if (any && !checks_due) {
     idle_ = 0;
     return;
   }
-  ++idle_;
-  if ((idle_ & 63) == 0) {
+  if (!any) ++idle_;
+  if (checks_due || (idle_ & 63) == 0) {
     // Idle for a while: look for failed peers and the deadline, then let other processes run.
     Request* late = waiting_for;
     for (size_t i = first_req_; !late && i < ch_.requestMark(); ++i) {
@@ -329,9 +334,13 @@ void Session::progress(Request* waiting_for) {
     if (deadline_->expired()) {
       std::string who = (late && late->peer >= 0) ? " waiting for " + ch_.peerName(late->peer) : "";
       fail(ddlTimeout, describe() + " timed out after " + std::to_string(timeout_ms_) + " ms" + who +
-                           ": a peer may be dead, stuck, or calling a different collective (set DDL_TIMEOUT_MS "
-                           "to wait longer)");
+                           ": a peer may be dead, stuck, or calling a different collective (" + ch_.timeoutHint() +
+                           ")");
     }
+  }
+  if (any) {
+    idle_ = 0;
+    return;
   }
   ch_.idle(idle_);
 }

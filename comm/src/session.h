@@ -88,6 +88,9 @@ class Channel {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int timeoutMs() const { return timeout_ms_; }
+  // What a timeout message tells the user to change: where the timeout came from (see Options).
+  const std::string& timeoutHint() const { return timeout_hint_; }
+  void setTimeoutHint(std::string hint) { timeout_hint_ = std::move(hint); }
   // "rank 3 (host-b)"
   std::string peerName(int rank) const;
 
@@ -141,6 +144,7 @@ class Channel {
   int rank_, size_, timeout_ms_;
   bool oversubscribed_ = false;
   ddlWaitMode_t wait_;
+  std::string timeout_hint_ = "set DDL_TIMEOUT_MS to wait longer";
   uint16_t seq_ = 0;
   Request control_recv_;
   char control_buf_[1024];
@@ -205,6 +209,7 @@ class Session {
   std::optional<Deadline> deadline_;  // started by the first idle check
   size_t first_req_;                  // this collective's requests: ch_.request(first_req_ ..)
   int idle_ = 0;
+  uint32_t rounds_ = 0;  // progress rounds, for checks that must run even while the transport is busy
 };
 
 }  // namespace ddl

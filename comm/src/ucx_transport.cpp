@@ -245,7 +245,7 @@ class UcxTransport : public Transport {
   }
 
   void wake() override {
-    if (worker_) ucp_worker_signal(worker_);
+    if (efd_ >= 0) ucp_worker_signal(worker_);  // only a worker with UCP_FEATURE_WAKEUP blocks in idleWait
   }
 
   bool deviceMemory() const override {

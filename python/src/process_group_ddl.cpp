@@ -17,6 +17,14 @@ namespace {
 
 [[noreturn]] void refuse(const std::string& what) { throw std::invalid_argument("ddl: " + what); }
 
+// libddl built with CUDA takes device buffers in ddlAllReduce (python/CMakeLists.txt defines this then; the
+// packages pin torch_ddl to the libddl built with it). Elsewhere CUDA tensors go through host memory.
+#ifdef DDL_LIBDDL_CUDA
+constexpr bool kLibddlTakesDeviceBuffers = true;
+#else
+constexpr bool kLibddlTakesDeviceBuffers = false;
+#endif
+
 const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* what) {
   if (tensors.size() != 1) {
     refuse(std::string(what) + " takes one tensor per process (one device per process), got " +
@@ -142,6 +150,26 @@ void copyOut(at::Tensor& t, const at::Tensor& flat, size_t offset) {
   syncDevice(t);
 }
 
+// The one list of group-size tensors a list collective takes (all_gather's outputs, reduce_scatter's inputs).
+std::vector<at::Tensor> groupList(const std::vector<std::vector<at::Tensor>>& lists, int size, const char* what,
+                                  const char* which) {
+  if (lists.size() != 1 || lists[0].size() != static_cast<size_t>(size)) {
+    refuse(std::string(what) + " needs one " + which + " list of " + std::to_string(size) +
+           " tensors (the group's size)");
+  }
+  return lists[0];
+}
+
+// The same for a rooted collective (gather's outputs, scatter's inputs): on the root only; empty elsewhere.
+std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lists, int size, int rank, int root,
+                                 const char* what, const char* which) {
+  if (rank == root) return groupList(lists, size, what, which);
+  if (!lists.empty()) {
+    refuse(std::string(what) + " takes " + which + " tensors on the root only (rank " + std::to_string(root) + ")");
+  }
+  return {};
+}
+
 void checkSameBytes(const std::vector<at::Tensor>& tensors, size_t bytes, const char* what) {
   for (const auto& t : tensors) {
     if (t.nbytes() != bytes) {
@@ -173,12 +201,13 @@ CollectiveWork::CollectiveWork(int rank, c10d::OpType type, const char* profilin
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
 void CollectiveWork::complete(std::exception_ptr error) {
-  finish(error);
+  // The Future first, as ProcessGroupGloo does: once wait() returns, get_future().value() must be there.
   if (error) {
     future_->setError(error);
   } else {
     future_->markCompleted(c10::IValue(outputs_));
   }
+  finish(error);
 }
 
 bool P2PState::settle(bool wait) {
@@ -197,8 +226,13 @@ bool P2PState::settle(bool wait) {
   if (r != ddlSuccess) {
     error = ddlGetLastError(nullptr);
   } else if (copy_back) {
-    tensor.copy_(staged);
-    syncDevice(tensor);
+    try {  // settle runs in destructors and in other operations' calls: its failure stays with its Work
+      tensor.copy_(staged);
+      syncDevice(tensor);
+    } catch (const std::exception& e) {
+      result = ddlInternalError;
+      error = std::string("copying the received data into the tensor failed: ") + e.what();
+    }
   }
   staged = at::Tensor();
   return true;
@@ -311,7 +345,7 @@ bool envFlag(const char* name) {
 
 ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                  std::chrono::milliseconds timeout)
-    : c10d::ProcessGroup(rank, size), blocking_(envFlag("TORCH_DDL_BLOCKING")), timeout_(timeout) {
+    : c10d::ProcessGroup(rank, size), blocking_(envFlag("TORCH_DDL_BLOCKING")) {
   StoreAdapter adapter{store, {}};
   ddlStore_t api = adapter.api();
   ddlConfig_t config = DDL_CONFIG_INITIALIZER;
@@ -342,9 +376,20 @@ ProcessGroupDDL::~ProcessGroupDDL() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (worker_.joinable()) worker_.join();  // what is queued runs first; each call is bounded by the timeout
-  reapP2P(true);
+  if (worker_.joinable()) {
+    if (worker_.get_id() == std::this_thread::get_id()) {
+      // The last reference went in a Future callback on the worker itself: it cannot join itself. It has
+      // nothing left to run once it returns (stop_ is set, and this group is going).
+      worker_.detach();
+    } else {
+      worker_.join();  // what is queued runs first; each call is bounded by the timeout
+    }
+  }
+  // Destroy first: it meets the peers, so sends and receives still pending can complete, and fails what is left
+  // at once (a receive whose send never comes would otherwise hold this for the whole timeout). The requests
+  // stay valid after it.
   ddlCommDestroy(comm_);
+  reapP2P(true);
 }
 
 std::string ProcessGroupDDL::topology() const {
@@ -354,7 +399,8 @@ std::string ProcessGroupDDL::topology() const {
 }
 
 void ProcessGroupDDL::check(ddlResult_t r, const char* what) const {
-  if (r != ddlSuccess) throw std::runtime_error(std::string("ddl: ") + ddlGetLastError(comm_));
+  // This thread's last error: the communicator's may already be another thread's (a send failing meanwhile).
+  if (r != ddlSuccess) throw std::runtime_error(std::string("ddl: ") + ddlGetLastError(nullptr));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::enqueue(c10d::OpType type, const char* title,
@@ -412,7 +458,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
   const auto [type, factor] = reduceTypeOf(t);
   const ddlRedOp_t op = reduceOpOf(opts.reduceOp, t);
   return enqueue(c10d::OpType::ALLREDUCE, "ddl:all_reduce", {t}, {t}, [this, t, type = type, factor = factor, op] {
-    Staged s = stage(t, /*device_ok=*/true, /*read_input=*/true);
+    Staged s = stage(t, /*device_ok=*/kLibddlTakesDeviceBuffers, /*read_input=*/true);
     check(ddlAllReduce(s.buf.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_), "all_reduce");
     unstage(s);
   });
@@ -469,10 +515,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather(std::vector<std::vecto
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllgatherOptions& opts) {
   at::Tensor in = single(inputs, "all_gather");
-  if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
-    refuse("all_gather needs one output list of " + std::to_string(size_) + " tensors (the group's size)");
-  }
-  std::vector<at::Tensor> outs = outputs[0];
+  std::vector<at::Tensor> outs = groupList(outputs, size_, "all_gather", "output");
   checkSameBytes(outs, in.nbytes(), "all_gather");
   return enqueue(c10d::OpType::ALLGATHER, "ddl:all_gather", {in}, outs, [this, in, outs]() mutable {
     at::Tensor src = in.to(at::kCPU).contiguous();
@@ -503,16 +546,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::gather(std::vector<std::vector<a
                                                        const c10d::GatherOptions& opts) {
   at::Tensor in = single(inputs, "gather");
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> outs;
-  if (rank_ == root) {
-    if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
-      refuse("gather needs one output list of " + std::to_string(size_) + " tensors on the root");
-    }
-    outs = outputs[0];
-    checkSameBytes(outs, in.nbytes(), "gather");
-  } else if (!outputs.empty()) {
-    refuse("gather takes output tensors on the root only (rank " + std::to_string(root) + ")");
-  }
+  std::vector<at::Tensor> outs = rootList(outputs, size_, rank_, root, "gather", "output");
+  checkSameBytes(outs, in.nbytes(), "gather");
   return enqueue(c10d::OpType::GATHER, "ddl:gather", {in}, outs, [this, in, outs, root]() mutable {
     at::Tensor src = in.to(at::kCPU).contiguous();
     at::Tensor flat;
@@ -528,16 +563,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::scatter(std::vector<at::Tensor>&
                                                         const c10d::ScatterOptions& opts) {
   at::Tensor out = single(outputs, "scatter");
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> ins;
-  if (rank_ == root) {
-    if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(size_)) {
-      refuse("scatter needs one input list of " + std::to_string(size_) + " tensors on the root");
-    }
-    ins = inputs[0];
-    checkSameBytes(ins, out.nbytes(), "scatter");
-  } else if (!inputs.empty()) {
-    refuse("scatter takes input tensors on the root only (rank " + std::to_string(root) + ")");
-  }
+  std::vector<at::Tensor> ins = rootList(inputs, size_, rank_, root, "scatter", "input");
+  checkSameBytes(ins, out.nbytes(), "scatter");
   return enqueue(c10d::OpType::SCATTER, "ddl:scatter", ins, {out}, [this, ins, out, root] {
     std::vector<size_t> offsets;
     at::Tensor flat = rank_ == root ? flatBytes(ins, &offsets) : at::Tensor();
@@ -553,10 +580,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(std::vector<at::T
                                                                std::vector<std::vector<at::Tensor>>& inputs,
                                                                const c10d::ReduceScatterOptions& opts) {
   at::Tensor out = single(outputs, "reduce_scatter");
-  if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(size_)) {
-    refuse("reduce_scatter needs one input list of " + std::to_string(size_) + " tensors (the group's size)");
-  }
-  std::vector<at::Tensor> ins = inputs[0];
+  std::vector<at::Tensor> ins = groupList(inputs, size_, "reduce_scatter", "input");
   checkSameBytes(ins, out.nbytes(), "reduce_scatter");
   for (const auto& t : ins) {
     if (t.scalar_type() != out.scalar_type()) refuse("reduce_scatter: input and output dtypes differ");
@@ -701,11 +725,23 @@ void ProcessGroupDDL::reapP2P(bool wait_all) {
   }
 }
 
+namespace {
+void refuseTag(int tag, const char* what) {
+  if (tag != 0) {
+    refuse(std::string(what) + " with tag " + std::to_string(tag) +
+           ": ddl matches sends and receives in call order per pair of ranks, as NCCL does, and has no tags; "
+           "pass tag=0 (the default) and post them in the order the peer does");
+  }
+}
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  refuseTag(tag, "send");
   return p2p(tensors, dst_rank, /*is_recv=*/false);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  refuseTag(tag, "recv");
   return p2p(tensors, src_rank, /*is_recv=*/true);
 }
 

@@ -21,8 +21,10 @@
 // which names the peer rank and host; wait() raises it as a RuntimeError in Python. Every libddl wait is
 // bounded by the group's timeout, so nothing hangs. The communicator is unusable after the first error.
 //
-// Threads: the public methods are called by torch from any thread; entries run on worker_ in order.
-// Point-to-point (send/recv) bypasses the queue: libddl takes them from any thread and moves them on by itself.
+// Threads: the public methods are called by torch from any thread; entries run on worker_ in order, and the
+// Futures' callbacks (DDP's, comm hooks, then()) run there too, as with ProcessGroupGloo: a callback must not
+// wait for another collective of the same group. Point-to-point (send/recv, tag 0 only: ddl matches them in
+// call order per pair) bypasses the queue: libddl takes them from any thread and moves them on by itself.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -150,7 +152,6 @@ class ProcessGroupDDL : public c10d::ProcessGroup {
 
   ddlComm_t comm_ = nullptr;
   bool blocking_ = false;
-  std::chrono::milliseconds timeout_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -250,6 +250,11 @@ def scenario_async():
         time.sleep(0.001)
     check(order == list(range(n)), "futures completed out of call order: %s" % order)
     check(all(w.is_completed() and w.is_success() for w in works), "works not completed")
+    # Once wait() returns, the Future holds the value.
+    t = torch.ones(3)
+    w = dist.all_reduce(t, async_op=True)
+    w.wait()
+    same(w.get_future().value()[0], torch.full((3,), float(WORLD)), "future value right after wait()")
     # A future's value is the output tensors; chained callbacks see them.
     t = torch.ones(4)
     fut = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
@@ -449,6 +454,7 @@ def scenario_errors():
         (lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool), op=dist.ReduceOp.AVG), "AVG"),
         (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)), "cannot reduce tensors of dtype Short"),
         (lambda: dist.recv(torch.ones(2)), "any source"),
+        (lambda: dist.send(torch.ones(2), (RANK + 1) % max(WORLD, 2), tag=7), "tag 7"),
         (lambda: dist.all_to_all_single(torch.ones(WORLD * 2 + 1), torch.ones(WORLD * 2 + 1)), "split"),
     ]:
         try:
@@ -461,7 +467,19 @@ def scenario_errors():
     t = torch.ones(4)
     dist.all_reduce(t)  # nothing broke
     same(t, torch.full((4,), float(WORLD)), "all_reduce after refused calls")
+    # A receive whose send never comes does not hold the group's teardown for its 60 s timeout.
+    pending = dist.irecv(torch.ones(2), (RANK + 1) % WORLD) if WORLD > 1 else None
+    t0 = time.monotonic()
     dist.destroy_process_group()
+    import gc
+    gc.collect()
+    check(time.monotonic() - t0 < 20, "destroy_process_group took %.1f s" % (time.monotonic() - t0))
+    if pending is not None:
+        try:
+            pending.wait()
+            raise AssertionError("the unmatched irecv succeeded")
+        except RuntimeError as e:
+            check("destroyed" in str(e), "unexpected error for a receive cut short by destroy: %s" % e)
     print("OK errors")
 
 

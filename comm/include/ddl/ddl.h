@@ -198,7 +198,8 @@ ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const 
  * running collective and otherwise on the communicator's own thread, so a send never waits for the caller to
  * call into libddl again. A failure (dead peer, timeout, mismatch) breaks the communicator, like a failed
  * collective. ddlSend and ddlRecv return when the buffer may be reused; the I-forms at once (ddlTest/ddlWait),
- * the buffer must stay valid until then. Operations still pending at ddlCommDestroy fail with ddlAborted. */
+ * the buffer must stay valid until then. Operations still pending at ddlCommDestroy fail with ddlAborted; their
+ * requests stay valid after it, to be freed with ddlWait or ddlTest. */
 ddlResult_t ddlSend(const void* sendbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm);
 ddlResult_t ddlRecv(void* recvbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm);
 ddlResult_t ddlIsend(const void* sendbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm,
