@@ -133,6 +133,13 @@ void Comm::shutdown() {
 
 ddlResult_t Comm::asyncError() const { return broken_.load(); }
 
+void Comm::failIfBroken() const {
+  if (ddlResult_t b = broken_.load(); b != ddlSuccess) {
+    std::lock_guard<std::mutex> elk(err_mu_);
+    fail(b, brokenMessage(broken_why_));
+  }
+}
+
 void Comm::breakWith(ddlResult_t code, const std::string& why) {
   std::lock_guard<std::mutex> lk(err_mu_);
   if (broken_.load() != ddlSuccess) return;
@@ -161,9 +168,12 @@ std::unique_lock<std::mutex> Comm::lockOp() {
 }
 
 void Comm::noteBrokenLocked() {
-  auto [code, why] = p2p_->broken();
-  if (code != ddlSuccess) breakWith(code, why);  // keeps an earlier reason (an abort)
-  if (broken_.load() == ddlSuccess) return;
+  // Twice per collective: two atomic loads while all is well.
+  if (!p2p_->failed() && broken_.load() == ddlSuccess) return;
+  if (p2p_->failed()) {
+    auto [code, why] = p2p_->broken();
+    breakWith(code, why);  // keeps an earlier reason (an abort)
+  }
   std::string reason;
   {
     std::lock_guard<std::mutex> elk(err_mu_);
@@ -179,10 +189,7 @@ void Comm::run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, i
                const std::function<void(Session&)>& body) {
   auto lk = lockOp();
   noteBrokenLocked();
-  if (ddlResult_t b = broken_.load(); b != ddlSuccess) {
-    std::lock_guard<std::mutex> elk(err_mu_);
-    fail(b, brokenMessage(broken_why_));
-  }
+  failIfBroken();
   try {
     std::chrono::steady_clock::time_point t0;
     if (telemetry_) t0 = std::chrono::steady_clock::now();
@@ -262,7 +269,7 @@ void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDat
     if (broken_.load() == ddlSuccess) {
       breakWith(e.code(), e.what());
       auto lk = lockOp();
-      channel_->notifyPeers(e.what());
+      noteBrokenLocked();  // tells the peers, fails pending point-to-point operations
     }
     throw;
   }
@@ -447,10 +454,7 @@ std::shared_ptr<AsyncOp> Comm::submitP2P(bool is_recv, void* buf, size_t count, 
   if (count && !buf) fail(ddlInvalidArgument, std::string(is_recv ? "recvbuff" : "sendbuff") + " is NULL");
   if (count) refuseDevice(is_recv ? nullptr : buf, is_recv ? buf : nullptr);
   checkedBytes(count, typeSize(type));
-  if (ddlResult_t b = broken_.load(); b != ddlSuccess) {
-    std::lock_guard<std::mutex> elk(err_mu_);
-    fail(b, brokenMessage(broken_why_));
-  }
+  failIfBroken();
   auto op = std::make_unique<P2POp>();
   op->is_recv = is_recv;
   op->peer = peer;

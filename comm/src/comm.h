@@ -119,6 +119,8 @@ class Comm {
   std::unique_ptr<Telemetry> telemetry_;  // null unless DDL_AGENT_SOCKET names a listening agent
   void executorLoop();
   void breakWith(ddlResult_t code, const std::string& why);
+  // Throws the error that broke the communicator (brokenMessage), if one did.
+  void failIfBroken() const;
 
   Options options_;
   int rank_, size_;

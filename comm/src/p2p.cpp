@@ -63,13 +63,17 @@ void PointToPoint::post(P2POp& op) {
   }
 }
 
+void PointToPoint::markBrokenLocked(ddlResult_t code, const std::string& why) {
+  if (broken_code_ != ddlSuccess) return;  // the first failure is the story
+  broken_code_ = code;
+  broken_why_ = why;
+  failed_.store(true, std::memory_order_release);
+}
+
 void PointToPoint::failOp(P2POp& op, ddlResult_t code, const std::string& why) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (broken_code_ == ddlSuccess) {
-      broken_code_ = code;
-      broken_why_ = why;
-    }
+    markBrokenLocked(code, why);
   }
   if (op.fail_code != ddlSuccess) return;
   op.fail_code = code;
@@ -136,18 +140,15 @@ bool PointToPoint::settle(P2POp& op) {
 
 bool PointToPoint::poll() {
   std::list<std::unique_ptr<P2POp>> fresh;
-  ddlResult_t was_broken;
-  std::string why;
   {
     std::lock_guard<std::mutex> lk(mu_);
     fresh.splice(fresh.end(), incoming_);
-    was_broken = broken_code_;
-    why = broken_why_;
   }
   bool any = !fresh.empty();
   for (auto& op : fresh) {
-    if (was_broken != ddlSuccess) {
-      op->result->finish(was_broken, brokenMessage(why));
+    if (failed()) {  // submitted before the failure was known; their sequence numbers would not agree
+      auto [code, why] = broken();
+      op->result->finish(code, brokenMessage(why));
       continue;
     }
     post(*op);
@@ -165,7 +166,8 @@ bool PointToPoint::poll() {
     ++it;
   }
   // One failure breaks them all: the pairs' sequence numbers no longer agree.
-  if (auto [code, first] = broken(); code != ddlSuccess) {
+  if (failed() && !posted_.empty()) {
+    auto [code, first] = broken();
     for (auto& op : posted_) failOp(*op, code, "the communicator broke: " + first);
   }
   updateActive();
@@ -175,10 +177,7 @@ bool PointToPoint::poll() {
 void PointToPoint::shutdown(ddlResult_t code, const std::string& why) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (broken_code_ == ddlSuccess) {
-      broken_code_ = code;
-      broken_why_ = why;
-    }
+    markBrokenLocked(code, why);
     for (auto& op : incoming_) op->result->finish(code, why + " before " + describe(*op) + " was posted");
     incoming_.clear();
   }

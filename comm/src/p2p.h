@@ -67,6 +67,8 @@ class PointToPoint {
   bool poll();
   // The failure that broke point-to-point traffic: {ddlSuccess, ""} while there is none. Any thread.
   std::pair<ddlResult_t, std::string> broken() const;
+  // Whether there is one: a lock-free load, for the paths every collective takes. Any thread.
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
   // Cancels everything still queued or posted (bounded wait for the transport to let go) and fails it with
   // code and why. For teardown and after the communicator broke.
   void shutdown(ddlResult_t code, const std::string& why);
@@ -76,6 +78,7 @@ class PointToPoint {
   // Done, failed or late: finishes op's AsyncOp and returns true when op is over.
   bool settle(P2POp& op);
   void failOp(P2POp& op, ddlResult_t code, const std::string& why);
+  void markBrokenLocked(ddlResult_t code, const std::string& why);  // mu_ held; keeps the first failure
   std::string describe(const P2POp& op) const;
   void updateActive();
 
@@ -88,6 +91,7 @@ class PointToPoint {
   std::list<std::unique_ptr<P2POp>> abandoned_;
   int polls_ = 0;
   std::atomic<bool> active_{false};
+  std::atomic<bool> failed_{false};  // broken_code_ != ddlSuccess
   ddlResult_t broken_code_ = ddlSuccess;
   std::string broken_why_;
 };
