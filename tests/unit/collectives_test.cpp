@@ -321,6 +321,7 @@ TEST(PointToPoint, ReceiveFromADeadRankFailsNamingIt) {
 
 TEST(PointToPoint, UnmatchedReceiveTimesOutAndBreaksTheCommunicator) {
   std::vector<std::string> later(2);
+  std::atomic<bool> timed_out{false};
   auto results = runRanks(2, makeOptions(500), [&](Comm& c) {
     float v = 0;
     if (c.rank() == 1) {
@@ -328,10 +329,12 @@ TEST(PointToPoint, UnmatchedReceiveTimesOutAndBreaksTheCommunicator) {
         c.recv(&v, 1, ddlFloat32, 0);  // rank 0 never sends
       } catch (const Error& e) {
         later[1] = e.what();
+        timed_out = true;
         c.barrier();  // broken now: fails at once with the same story
       }
     } else {
-      std::this_thread::sleep_for(1500ms);  // outlives rank 1's timeout, then finds out
+      // Joins only after rank 1's receive gave up (bounded: 10 s), then must find out from rank 1.
+      for (int i = 0; i < 10000 && !timed_out; ++i) std::this_thread::sleep_for(1ms);
       c.barrier();
     }
   });
