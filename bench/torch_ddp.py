@@ -30,23 +30,13 @@ import sys
 import tempfile
 import time
 
+from compare import human as fmt_size, parse_size  # bench/compare.py's, next to this file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("DDL_BUILD_DIR", os.path.join(ROOT, "build"))
 DDLRUN = os.path.join(BUILD, "bin", "ddlrun")
 DDL_BENCH = os.path.join(BUILD, "bin", "ddl-bench")
 PYTHON = "/usr/bin/python3"
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
-
-
-def fmt_size(n):
-    for unit, f in (("M", 1 << 20), ("K", 1 << 10)):
-        if n >= f and n % f == 0:
-            return "%d%s" % (n // f, unit)
-    return str(n)
 
 
 # ---- the rank side ----
@@ -252,8 +242,8 @@ def run_ddp(args):
 def run_allreduce(args):
     ranks = [int(r) for r in args.ranks.split(",")]
     sizes = []
-    s = parse_size(args.min)
-    while s <= parse_size(args.max):
+    s = args.min
+    while s <= args.max:
         sizes.append(s)
         s *= 4
     backends = ["ddl", "gloo", "ddl-bench"]
@@ -312,8 +302,8 @@ def main():
     p.add_argument("--block", type=int, default=4, help="steps per block; sync and no_sync blocks alternate")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--min", default="4K")
-    p.add_argument("--max", default="64M")
+    p.add_argument("--min", default="4K", type=parse_size)
+    p.add_argument("--max", default="64M", type=parse_size)
     p.add_argument("--json", default="")
     p.add_argument("--hosts", default="", help="NS=ADDR,... one rank per network namespace (bench/torch_hosts.sh)")
     p.add_argument("--link", default="", help="what the hosts' links are, for the report (bench/torch_hosts.sh)")
