@@ -408,12 +408,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::enqueue(c10d::OpType type, const
                                                         std::function<void()> run) {
   auto work = c10::make_intrusive<CollectiveWork>(rank_, type, title, std::move(outputs),
                                                   c10::optional<std::vector<at::Tensor>>(inputs));
-  // CUDA producers: the worker waits for what is queued on the tensors' streams now.
-  auto events = std::make_shared<std::vector<c10::Event>>(readyEvents(inputs));
-  Entry entry{work, [events, run = std::move(run)] {
-                for (const auto& ev : *events) waitEvent(ev);
-                run();
-              }};
+  Entry entry{work, std::move(run)};
+  // CUDA producers: the worker first waits for what is queued on the tensors' streams now (CPU tensors: none).
+  if (auto ready = readyEvents(inputs); !ready.empty()) {
+    auto events = std::make_shared<std::vector<c10::Event>>(std::move(ready));
+    entry.run = [events, body = std::move(entry.run)] {
+      for (const auto& ev : *events) waitEvent(ev);
+      body();
+    };
+  }
   if (blocking_) {
     execute(entry);
     return work;
