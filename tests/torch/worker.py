@@ -39,6 +39,10 @@ def check(cond, what):
 def init(timeout_s=60, **kwargs):
     dist.init_process_group("ddl", timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     check(dist.get_backend() == "ddl", "backend is %s" % dist.get_backend())
+    # Once any rank is past this barrier, every rank has left init_process_group, whose last step polls the
+    # store rank 0 hosts: the failure scenarios' ranks may then exit at once without cutting a slow rank's
+    # init short (seen: "Connection reset by peer" in _store_based_barrier on rank 2 of the mismatch test).
+    dist.barrier()
 
 
 # ---- collectives against torch's own results ----
