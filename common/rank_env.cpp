@@ -1,5 +1,9 @@
 #include "common/rank_env.h"
 
+#include <sys/random.h>
+
+#include <cerrno>
+
 namespace ddl {
 
 std::string joinHostPort(const std::string& host, int port) {
@@ -20,6 +24,7 @@ std::vector<std::pair<std::string, std::string>> rankEnvironment(const RankEnvSp
     env.emplace_back("DDL_JOB_ID", spec.job_id);
     env.emplace_back("DDL_JOB_ATTEMPT", std::to_string(spec.attempt));
   }
+  if (!spec.secret.empty()) env.emplace_back("DDL_JOB_SECRET", spec.secret);
   env.insert(env.end(), {
                             {"RANK", std::to_string(spec.rank)},
                             {"WORLD_SIZE", std::to_string(spec.world_size)},
@@ -29,6 +34,25 @@ std::vector<std::pair<std::string, std::string>> rankEnvironment(const RankEnvSp
                             {"MASTER_PORT", std::to_string(spec.master_port)},
                         });
   return env;
+}
+
+std::string newJobSecret() {
+  unsigned char bytes[32];
+  size_t got = 0;
+  for (int tries = 0; got < sizeof(bytes) && tries < 8; ++tries) {
+    ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+    else if (errno != EINTR) break;
+  }
+  if (got < sizeof(bytes)) return "";
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * sizeof(bytes));
+  for (unsigned char b : bytes) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
 }
 
 }  // namespace ddl

@@ -25,14 +25,20 @@ struct RankEnvSpec {
   int master_port = 0;     // MASTER_PORT: torch's store; must differ from root_port
   std::string job_id;      // DDL_JOB_ID and DDL_JOB_ATTEMPT when non-empty (jobs of the coordinator)
   int attempt = 0;
+  // DDL_JOB_SECRET when non-empty: the key that admits a process to the job's rendezvous store (libddl's
+  // TcpStore answers only peers that prove they hold it). Made afresh for each launch, never on a command line.
+  std::string secret;
 };
 
 // "host:port", with an IPv6 address in brackets ("[fd00::1]:29500").
 std::string joinHostPort(const std::string& host, int port);
 
 // The variables of spec's rank, in a fixed order: DDL_RANK, DDL_WORLD_SIZE, DDL_LOCAL_RANK, DDL_LOCAL_SIZE,
-// DDL_ROOT, DDL_TOPOLOGY (when set), DDL_JOB_ID and DDL_JOB_ATTEMPT (when set), then RANK, WORLD_SIZE,
+// DDL_ROOT, DDL_TOPOLOGY (when set), DDL_JOB_ID and DDL_JOB_ATTEMPT (when set), DDL_JOB_SECRET (when set), then RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 std::vector<std::pair<std::string, std::string>> rankEnvironment(const RankEnvSpec& spec);
+
+// A fresh job secret: 32 bytes from the system's random source, as 64 hex digits. Empty if the source fails.
+std::string newJobSecret();
 
 }  // namespace ddl

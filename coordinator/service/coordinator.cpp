@@ -290,6 +290,9 @@ void Coordinator::launchLocked(const std::string& id, const placement::Allocatio
   const JobRuntime& rt = runtime_[id];
   const std::string root_addr = nodes_[rt.root_node].record.address;
 
+  // One secret per launch: every rank of this attempt holds it, no other process does (it travels in StartRanks
+  // over the agents' TLS streams and lives in the ranks' environments, readable only by the job's user).
+  const std::string secret = newJobSecret();
   std::map<std::string, v1::Command> commands;  // by node
   for (const auto& slot : layout.ranks) {
     v1::Command& cmd = commands[slot.node];
@@ -299,6 +302,8 @@ void Coordinator::launchLocked(const std::string& id, const placement::Allocatio
       start->set_attempt(rt.attempt);
       for (const auto& a : job.spec.command) start->add_command(a);
       start->set_workdir(job.spec.workdir);
+      start->set_user(job.spec.user);
+      start->set_allow_root(options_.allow_root_jobs);
     }
     v1::RankLaunch* launch = start->add_ranks();
     launch->set_rank(slot.rank);
@@ -320,6 +325,7 @@ void Coordinator::launchLocked(const std::string& id, const placement::Allocatio
     spec.master_port = rt.port + 1;  // ports are handed out in pairs (pickPortLocked)
     spec.job_id = id;
     spec.attempt = rt.attempt;
+    spec.secret = secret;
     for (const auto& [k, v] : rankEnvironment(spec)) add(k, v);
   }
   // STARTING is written before anything is sent: a job whose start may have gone out is never silently

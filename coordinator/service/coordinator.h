@@ -58,6 +58,7 @@ struct CoordinatorOptions {
   int port_first = 29500;               // default rendezvous port range for agents that give none
   int port_last = 29999;
   int64_t log_timeout_ms = 5000;        // how long readLog waits for the agent
+  bool allow_root_jobs = false;         // jobs of the user "root" are refused, and agents refuse uid 0 ranks
 };
 
 // The way down to one connected agent. The rpc layer implements it over the Connect stream.

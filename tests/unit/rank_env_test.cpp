@@ -21,6 +21,7 @@ TEST(RankEnv, LibddlsAndTorchsRendezvousGetTheirOwnPorts) {
   spec.master_port = 40001;
   spec.job_id = "j-000007";
   spec.attempt = 2;
+  spec.secret = "00ff";
   const auto env = rankEnvironment(spec);
   std::map<std::string, std::string> m(env.begin(), env.end());
   EXPECT_EQ(m.size(), env.size()) << "a variable appears twice";
@@ -32,6 +33,7 @@ TEST(RankEnv, LibddlsAndTorchsRendezvousGetTheirOwnPorts) {
   EXPECT_EQ(m["DDL_ROOT"], "10.0.0.1:40000");
   EXPECT_EQ(m["DDL_JOB_ID"], "j-000007");
   EXPECT_EQ(m["DDL_JOB_ATTEMPT"], "2");
+  EXPECT_EQ(m["DDL_JOB_SECRET"], "00ff");
   EXPECT_EQ(m["RANK"], "5");
   EXPECT_EQ(m["WORLD_SIZE"], "8");
   EXPECT_EQ(m["LOCAL_RANK"], "1");
@@ -49,10 +51,18 @@ TEST(RankEnv, OptionalVariablesAreLeftOutAndIpv6IsBracketed) {
   std::map<std::string, std::string> m(env.begin(), env.end());
   EXPECT_EQ(m.count("DDL_TOPOLOGY"), 0u);
   EXPECT_EQ(m.count("DDL_JOB_ID"), 0u);
+  EXPECT_EQ(m.count("DDL_JOB_SECRET"), 0u);
   EXPECT_EQ(m["DDL_ROOT"], "[fd00::1]:29500");
   EXPECT_EQ(m["MASTER_ADDR"], "fd00::1");  // what torch's env:// takes
   EXPECT_EQ(joinHostPort("[fd00::1]", 1), "[fd00::1]:1");
   EXPECT_EQ(joinHostPort("node7", 1), "node7:1");
+}
+
+TEST(RankEnv, JobSecretsAreFreshAndHex) {
+  const std::string a = newJobSecret(), b = newJobSecret();
+  ASSERT_EQ(a.size(), 64u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(a, b);
 }
 
 }  // namespace
