@@ -16,13 +16,16 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
 
+#include "common/pki.h"
 #include "ddl/messages.h"
+#include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 
 namespace ddl::cli {
@@ -278,12 +281,50 @@ RpcError describeRpcError(grpc::StatusCode code, const std::string& message, con
     } else {
       why = message.empty() ? "unavailable" : message;
     }
+    const std::string lower = upper(message);
+    if (lower.find("HANDSHAKE") != std::string::npos || lower.find("SSL") != std::string::npos ||
+        lower.find("CERTIFICATE") != std::string::npos) {
+      return {kExitUnreachable, "cannot reach coordinator at " + address + ": the TLS handshake failed (" + why + ")",
+              "give the cluster's CA with --ca or DDL_CA; a coordinator run with --insecure needs --insecure here"};
+    }
     return {kExitUnreachable, "cannot reach coordinator at " + address + ": " + why,
             "is ddl-coordinator running? set --coordinator or DDL_COORDINATOR"};
+  }
+  if (code == grpc::StatusCode::UNAUTHENTICATED) {
+    return {kExitUnauthenticated, message.empty() ? "not authenticated" : message, ""};
+  }
+  if (code == grpc::StatusCode::PERMISSION_DENIED) {
+    return {kExitDenied, message.empty() ? "permission denied" : message, ""};
   }
   if (!message.empty()) return {kExitRefused, message, ""};
   return {kExitRefused, "the coordinator refused the request (gRPC status " + std::to_string(int(code)) + ")",
           ""};
+}
+
+std::string findCredentials(const std::string& ca_flag, const std::string& token_file_flag, Credentials* out) {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  const char* home_env = std::getenv("HOME");
+  const std::string home = home_env && *home_env ? std::string(home_env) + "/.config/ddl/" : "";
+  std::error_code ec;
+  out->ca = !ca_flag.empty()       ? ca_flag
+            : !env("DDL_CA").empty() ? env("DDL_CA")
+            : !home.empty() && std::filesystem::exists(home + "ca.crt", ec) ? home + "ca.crt"
+                                                                           : "/etc/ddl/pki/ca.crt";
+  out->token = env("DDL_TOKEN");
+  if (!out->token.empty()) return "";
+  std::string file = !token_file_flag.empty() ? token_file_flag : env("DDL_TOKEN_FILE");
+  const bool given = !file.empty();
+  if (!given) file = home.empty() ? "" : home + "token";
+  if (file.empty()) return "";
+  std::ifstream in(file);
+  if (!in) return given ? "cannot read the token file " + file : "";  // no default file: call without a token
+  std::getline(in, out->token);
+  while (!out->token.empty() && std::isspace(static_cast<unsigned char>(out->token.back()))) out->token.pop_back();
+  if (out->token.empty()) return "the token file " + file + " is empty";
+  return "";
 }
 
 // ---- Formatting -------------------------------------------------------------------------------------------
@@ -517,16 +558,31 @@ constexpr const char* kFooter = R"(Exit status:
   1  the coordinator refused the request (unknown job or node, invalid request, wrong state); its message
      is printed on stderr as "ddlctl: <message>"
   2  usage error: bad flags or arguments (nothing was sent)
-  3  cannot reach the coordinator (connection refused, no answer within --timeout, shutting down)
+  3  cannot reach the coordinator (connection refused, no answer within --timeout, shutting down, a failed
+     TLS handshake)
+  4  not authenticated: no token, or a token the coordinator does not know
+  5  permission denied: another user's job, or a verb for admins
 
 Environment:
   DDL_COORDINATOR  HOST:PORT of the coordinator when --coordinator is not given (default 127.0.0.1:7070)
+  DDL_CA           the cluster's CA certificate when --ca is not given (default ~/.config/ddl/ca.crt if it
+                   exists, else /etc/ddl/pki/ca.crt)
+  DDL_TOKEN        your token (default: read from --token-file, $DDL_TOKEN_FILE or ~/.config/ddl/token)
 
 Output: text for people; -o json prints exactly one JSON document on stdout (proto field names).)";
 
 // Everything the command line said; CLI11 fills it while parsing.
 struct CommandLine {
   std::string coordinator;  // "" = not given
+  std::string ca;           // "" = not given
+  std::string tokenFile;    // "" = not given
+  bool insecure = false;
+  std::string adminVerb;    // admin's subcommand
+  std::string role = "user";
+  bool rotate = false;
+  std::string outDir;
+  int days = 0;
+  int ttlS = 3600;
   std::string output = "text";
   double timeoutS = kDefaultTimeoutS;
   std::string verb;
@@ -556,6 +612,15 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   app.add_option("--timeout", cl.timeoutS, "deadline of the request, in seconds (default 10)")
       ->type_name("SECONDS")
       ->take_last();
+  app.add_option("--ca", cl.ca, "the cluster's CA certificate (default: $DDL_CA, ~/.config/ddl/ca.crt, "
+                                "/etc/ddl/pki/ca.crt)")
+      ->type_name("FILE")
+      ->take_last();
+  app.add_option("--token-file", cl.tokenFile, "file holding your token (default: $DDL_TOKEN_FILE, "
+                                               "~/.config/ddl/token; $DDL_TOKEN wins)")
+      ->type_name("FILE")
+      ->take_last();
+  app.add_flag("--insecure", cl.insecure, "plaintext, for a coordinator run with --insecure on loopback");
 
   SubmitArgs& s = cl.submit;
   CLI::App* submit = app.add_subcommand("submit", "submit a job: ddlctl submit [options] -- COMMAND ARGS...");
@@ -618,6 +683,30 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   app.add_subcommand("undrain", "place jobs on a drained node again")
       ->add_option("NODE", cl.target, "node name")
       ->required();
+  app.add_subcommand("whoami", "who the coordinator takes you for (user and role)");
+
+  CLI::App* admin = app.add_subcommand("admin", "users and node certificates (admins only)");
+  admin->require_subcommand(1);
+  CLI::App* add = admin->add_subcommand("add-user", "make a user and print its token (shown once)");
+  add->add_option("NAME", cl.target, "user name (the account ranks run as on the nodes)")->required();
+  add->add_option("--role", cl.role, "user, admin or viewer (default user)")
+      ->check(CLI::IsMember({"user", "admin", "viewer"}));
+  add->add_flag("--rotate", cl.rotate, "give an existing user a new token (the old one stops working)");
+  admin->add_subcommand("remove-user", "remove a user (its token stops working)")
+      ->add_option("NAME", cl.target, "user name")
+      ->required();
+  admin->add_subcommand("users", "list users and roles");
+  CLI::App* issue = admin->add_subcommand("issue-node", "a certificate for a node, written to --out as ca.crt, "
+                                                        "node.crt and node.key (install them in the node's "
+                                                        "/etc/ddl/pki)");
+  issue->add_option("NAME", cl.target, "node name")->required();
+  issue->add_option("--out", cl.outDir, "directory to write the node's files to")->required();
+  issue->add_option("--days", cl.days, "validity (default: the coordinator's node_cert_days)")
+      ->check(CLI::Range(1, 3650));
+  CLI::App* join = admin->add_subcommand("join-token", "a one-time token with which node NAME gets its own "
+                                                       "certificate (ddl-agent join)");
+  join->add_option("NAME", cl.target, "node name")->required();
+  join->add_option("--ttl", cl.ttlS, "seconds the token stays valid (default 3600)")->check(CLI::Range(1, 604800));
 }
 
 int usageError(std::ostream& err, const std::string& message) {
@@ -629,22 +718,41 @@ int usageError(std::ostream& err, const std::string& message) {
 // The channel connects lazily, on the first call.
 class Session {
  public:
-  Session(const CommandLine& cl, std::ostream& out, std::ostream& err)
+  Session(const CommandLine& cl, const Credentials& credentials, std::ostream& out, std::ostream& err)
       : address_(cl.coordinator),
         timeoutS_(cl.timeoutS),
         json_(cl.output == "json"),
-        stub_(v1::UserService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))),
+        insecure_(cl.insecure),
+        credentials_(credentials),
         out_(out),
         err_(err) {}
 
-  v1::UserService::Stub& stub() { return *stub_; }
   std::ostream& out() { return out_; }
 
-  // Runs `rpc` under the deadline; on failure prints the error and returns its exit status.
+  // Runs `rpc` under the deadline; on failure prints the error and returns its exit status. The channel is
+  // made on the first call, so the verb's own checks come before a missing CA certificate is reported.
   int call(const std::function<grpc::Status(v1::UserService::Stub&, grpc::ClientContext*)>& rpc) {
+    if (!stub_) {
+      grpc::ChannelArguments args;
+      std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+      if (insecure_) {
+        channel_credentials = grpc::InsecureChannelCredentials();
+      } else {
+        std::error_code ec;
+        if (!std::filesystem::exists(credentials_.ca, ec)) {
+          return usageError(err_, "no CA certificate at " + credentials_.ca +
+                                      ": give the cluster's ca.crt with --ca or DDL_CA (--insecure for a "
+                                      "development coordinator on loopback)");
+        }
+        tls::addChannelArgs(&args);
+        channel_credentials = tls::channelCredentials({credentials_.ca, "", ""});
+      }
+      stub_ = v1::UserService::NewStub(grpc::CreateCustomChannel(address_, channel_credentials, args));
+    }
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(static_cast<int64_t>(timeoutS_ * 1000)));
+    if (!credentials_.token.empty()) context.AddMetadata("authorization", "Bearer " + credentials_.token);
     grpc::Status status = rpc(*stub_, &context);
     if (status.ok()) return kExitOk;
     RpcError e = describeRpcError(status.error_code(), status.error_message(), address_, timeoutS_);
@@ -663,6 +771,8 @@ class Session {
   std::string address_;
   double timeoutS_;
   bool json_;
+  bool insecure_;
+  Credentials credentials_;
   std::unique_ptr<v1::UserService::Stub> stub_;
   std::ostream& out_;
   std::ostream& err_;
@@ -727,6 +837,66 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
   return kExitOk;
 }
 
+// ddlctl admin VERB: one RPC each; what it makes (a token, a node's files) is printed or written once.
+int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
+  using Stub = v1::UserService::Stub;
+  using Ctx = grpc::ClientContext;
+  if (cl.adminVerb == "add-user") {
+    v1::AddUserRequest req;
+    req.set_name(cl.target);
+    req.set_role(cl.role);
+    req.set_rotate(cl.rotate);
+    v1::AddUserResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.AddUser(c, req, &resp); })) return rc;
+    return s.print(resp, "user " + resp.name() + " (" + resp.role() + "), token:\n" + resp.token() +
+                             "\n(shown once; the user puts it in ~/.config/ddl/token, mode 0600)\n");
+  }
+  if (cl.adminVerb == "remove-user") {
+    v1::RemoveUserRequest req;
+    req.set_name(cl.target);
+    v1::RemoveUserResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.RemoveUser(c, req, &resp); })) return rc;
+    return s.print(resp, "removed user " + cl.target + "\n");
+  }
+  if (cl.adminVerb == "users") {
+    v1::ListUsersResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListUsers(c, {}, &resp); })) return rc;
+    std::string text;
+    for (const auto& u : resp.users()) text += u.name() + " " + u.role() + "\n";
+    return s.print(resp, text);
+  }
+  if (cl.adminVerb == "issue-node") {
+    v1::IssueNodeCertificateRequest req;
+    req.set_node(cl.target);
+    req.set_days(cl.days);
+    v1::IssueNodeCertificateResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.IssueNodeCertificate(c, req, &resp); })) return rc;
+    std::error_code ec;
+    std::filesystem::create_directories(cl.outDir, ec);
+    std::string error;
+    if (!pki::writeFile(cl.outDir + "/" + pki::kCaCert, resp.ca_pem(), 0644, &error) ||
+        !pki::writeFile(cl.outDir + "/" + pki::kNodeKey, resp.private_key_pem(), 0600, &error) ||
+        !pki::writeFile(cl.outDir + "/" + pki::kNodeCert, resp.certificate_pem(), 0644, &error)) {
+      err << "ddlctl: " << error << "\n";
+      return kExitRefused;
+    }
+    v1::IssueNodeCertificateResponse shown = resp;
+    shown.clear_private_key_pem();  // never on stdout
+    return s.print(shown, "wrote " + cl.outDir + "/{ca.crt,node.crt,node.key} for node " + cl.target +
+                              ", valid until " + formatLocalTime(resp.not_after_ms()) + "\n");
+  }
+  // join-token
+  v1::CreateJoinTokenRequest req;
+  req.set_node(cl.target);
+  req.set_ttl_s(cl.ttlS);
+  v1::CreateJoinTokenResponse resp;
+  if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.CreateJoinToken(c, req, &resp); })) return rc;
+  (void)err;
+  return s.print(resp, "on node " + cl.target + ", before " + formatLocalTime(resp.expires_ms()) + ":\n  ddl-agent join --node " +
+                           cl.target + " --coordinator " + cl.coordinator + " --ca-sha256 " + resp.ca_sha256() +
+                           " --token-file FILE   # FILE holds:\n" + resp.token() + "\n");
+}
+
 // The verb's one RPC and its output; local checks first, so a usage error sends nothing.
 int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
@@ -788,6 +958,13 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
     return s.print(ring, text);
   }
   if (cl.verb == "logs") return runLogs(cl, s, err);
+  if (cl.verb == "whoami") {
+    v1::Identity who;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.WhoAmI(c, {}, &who); })) return rc;
+    return s.print(who, (who.name().empty() ? std::string("(anonymous)") : who.name()) + " " + who.role() +
+                            " (" + who.via() + ")\n");
+  }
+  if (cl.verb == "admin") return runAdmin(cl, s, err);
   if (cl.verb == "nodes") {
     v1::ListNodesResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListNodes(c, {}, &resp); })) return rc;
@@ -832,11 +1009,12 @@ int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
     if (app.get_subcommands().empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
       std::vector<std::string> rest = app.remaining();
       std::string what = rest.empty() ? "say what to do" : "unknown verb '" + rest.front() + "'; use one of";
-      return usageError(err, what + ": submit, list, status, cancel, ring, logs, nodes, drain or undrain");
+      return usageError(err, what + ": submit, list, status, cancel, ring, logs, nodes, drain, undrain, whoami or admin");
     }
     return usageError(err, e.what());
   }
   cl.verb = app.get_subcommands().front()->get_name();
+  if (cl.verb == "admin") cl.adminVerb = app.get_subcommands().front()->get_subcommands().front()->get_name();
 
   if (sawDashDash && cl.verb != "submit") return usageError(err, "only submit takes a command after --");
   // Checked here, not with CLI::PositiveNumber, whose message prints the largest double in full.
@@ -853,7 +1031,12 @@ int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
   if (std::string why = checkCoordinatorAddress(cl.coordinator); !why.empty())
     return usageError(err, why + from);
 
-  Session session(cl, out, err);
+  if (cl.insecure) {
+    if (std::string why = tls::checkInsecure(cl.coordinator, "ddlctl"); !why.empty()) return usageError(err, why);
+  }
+  Credentials credentials;
+  if (std::string why = findCredentials(cl.ca, cl.tokenFile, &credentials); !why.empty()) return usageError(err, why);
+  Session session(cl, credentials, out, err);
   return runVerb(cl, session, err);
 }
 

@@ -29,6 +29,8 @@ constexpr int kExitOk = 0;
 constexpr int kExitRefused = 1;  // the coordinator answered with an error (NOT_FOUND, INVALID_ARGUMENT...)
 constexpr int kExitUsage = 2;    // bad flags or arguments; nothing was sent
 constexpr int kExitUnreachable = 3;  // no answer: connection refused, deadline passed, coordinator going down
+constexpr int kExitUnauthenticated = 4;  // no token, or one the coordinator does not know
+constexpr int kExitDenied = 5;           // the identity may not do this (another user's job, an admin verb)
 constexpr const char* kDefaultCoordinator = "127.0.0.1:7070";
 constexpr double kDefaultTimeoutS = 10;
 
@@ -43,6 +45,15 @@ struct Parsed {
   std::string error;
   bool ok() const { return value.has_value(); }
 };
+
+// Where ddlctl finds its credentials: --ca, else $DDL_CA, else ~/.config/ddl/ca.crt if it exists, else
+// /etc/ddl/pki/ca.crt; the token from $DDL_TOKEN, else --token-file, $DDL_TOKEN_FILE or ~/.config/ddl/token
+// (never from the command line, where ps would show it). Returns "" or why the token file cannot be read.
+struct Credentials {
+  std::string ca;
+  std::string token;
+};
+std::string findCredentials(const std::string& ca_flag, const std::string& token_file_flag, Credentials* out);
 
 // ---- Argument checks (no I/O) ----------------------------------------------------------------------------
 
@@ -83,7 +94,8 @@ struct RpcError {
 };
 
 // Maps a failed RPC to what the user sees: UNAVAILABLE and DEADLINE_EXCEEDED mean the coordinator could not
-// be reached (exit 3); every other code is the coordinator refusing the request (exit 1, its own message).
+// be reached (exit 3; a failed TLS handshake says so); UNAUTHENTICATED is exit 4 and PERMISSION_DENIED exit 5;
+// every other code is the coordinator refusing the request (exit 1, its own message).
 RpcError describeRpcError(grpc::StatusCode code, const std::string& message, const std::string& address,
                           double timeoutS);
 

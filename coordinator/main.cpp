@@ -1,7 +1,11 @@
 // ddl-coordinator: the cluster daemon. Reads its settings (daemon/config.h), opens the SQLite state in the data
-// directory, recovers jobs and nodes, serves gRPC, and runs until SIGTERM or SIGINT, then shuts down cleanly:
-// agent streams end, calls in flight finish, the store closes. Running ranks are not touched: agents keep
-// them and report them to the next coordinator.
+// directory, recovers jobs and nodes, serves gRPC over TLS (docs/security.md), and runs until SIGTERM or SIGINT,
+// then shuts down cleanly: agent streams end, calls in flight finish, the store closes. Running ranks are not
+// touched: agents keep them and report them to the next coordinator.
+//
+// Its PKI tools are subcommands: init-pki DIR (the CA, the coordinator's certificate, the first admin),
+// renew-cert (a new coordinator certificate, picked up by the running daemon) and issue-node NAME (a node's
+// certificate, signed offline with the CA key).
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -10,8 +14,12 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <cstdio>
 #include <fstream>
 
+#include "auth/pki_dir.h"
+#include "auth/users.h"
+#include "common/pki.h"
 #include "daemon/config.h"
 #include "http/http_server.h"
 #include "rpc/server.h"
@@ -44,7 +52,61 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", data_dir, "directory for the state database (default /var/lib/ddl/coordinator)");
   app.add_option("--heartbeat-grace", grace, "seconds without a heartbeat before a node is DOWN (default 10)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error (default info)");
+  std::optional<std::string> pki_dir;
+  bool insecure = false, allow_root = false;
+  app.add_option("--pki-dir", pki_dir, "the cluster's certificates and users (default /etc/ddl/pki)");
+  app.add_flag("--insecure", insecure,
+               "plaintext gRPC with no authentication: development only, refused on any address but loopback");
+  app.add_flag("--allow-root-jobs", allow_root, "let jobs of root run (ranks as uid 0); refused by default");
+
+  // PKI tools: each runs, prints, and exits.
+  auth::InitPkiOptions init;
+  int days = 365;
+  std::string node_name, out_dir;
+  std::vector<std::string> names;
+  CLI::App* init_pki = app.add_subcommand("init-pki", "make the cluster CA, the coordinator's certificate and the "
+                                                      "first admin's token in DIR");
+  init_pki->add_option("DIR", init.dir, "directory (e.g. /etc/ddl/pki)")->required();
+  init_pki->add_option("--name", init.names, "another DNS name or IP address for the coordinator's certificate "
+                                             "(repeatable; ddl-coordinator, localhost and this host are always in)");
+  init_pki->add_option("--days", init.cert_days, "the coordinator certificate's validity (default 365)");
+  init_pki->add_option("--ca-days", init.ca_days, "the CA's validity (default 3650)");
+  init_pki->add_option("--admin", init.admin, "the first admin user's name (default admin)");
+  CLI::App* renew = app.add_subcommand("renew-cert", "a new certificate for the coordinator, from the CA in "
+                                                     "--pki-dir; the running coordinator picks it up");
+  renew->add_option("--name", names, "another DNS name or IP address (repeatable)");
+  renew->add_option("--days", days, "validity (default 365)");
+  CLI::App* issue = app.add_subcommand("issue-node", "sign a node certificate with the CA in --pki-dir and write "
+                                                     "ca.crt, node.crt and node.key into --out");
+  issue->add_option("NAME", node_name, "the node's name (as ddl-agent --node gives it)")->required();
+  issue->add_option("--out", out_dir, "directory for the node's files")->required();
+  issue->add_option("--days", days, "validity (default 365)");
+  app.require_subcommand(0, 1);
   CLI11_PARSE(app, argc, argv);
+
+  const std::string pki = pki_dir.value_or(DaemonConfig{}.pki_dir);
+  if (init_pki->parsed()) {
+    auto token = auth::initPki(init);
+    if (!token) return fail(token.status().message());
+    std::printf("made the cluster CA and the coordinator's certificate in %s\n"
+                "first admin: %s, token in %s/%s (give it to ddlctl: --token-file, $DDL_TOKEN or "
+                "~/.config/ddl/token)\n"
+                "keep %s/%s secret: whoever holds it can make node certificates\n",
+                init.dir.c_str(), init.admin.c_str(), init.dir.c_str(), ddl::pki::kAdminToken, init.dir.c_str(),
+                ddl::pki::kCaKey);
+    return 0;
+  }
+  if (renew->parsed()) {
+    if (auto st = auth::renewCoordinatorCert(pki, names, days); !st) return fail(st.message());
+    std::printf("renewed %s/%s; a running coordinator serves it within its tls_refresh_s\n", pki.c_str(),
+                ddl::pki::kCoordinatorCert);
+    return 0;
+  }
+  if (issue->parsed()) {
+    if (auto st = auth::issueNodeFiles(pki, node_name, days, out_dir); !st) return fail(st.message());
+    std::printf("wrote %s/{ca.crt,node.crt,node.key} for node %s\n", out_dir.c_str(), node_name.c_str());
+    return 0;
+  }
 
   DaemonConfig config;
   if (!config_path.empty()) {
@@ -56,6 +118,9 @@ int main(int argc, char** argv) {
   if (data_dir) config.data_dir = *data_dir;
   if (grace) config.heartbeat_grace_s = *grace;
   if (log_level) config.log_level = *log_level;
+  if (pki_dir) config.pki_dir = *pki_dir;
+  if (insecure) config.insecure = true;
+  if (allow_root) config.allow_root_jobs = true;
   if (grace && config.heartbeat_interval_s >= config.heartbeat_grace_s) {
     config.heartbeat_interval_s = config.heartbeat_grace_s / 4;  // keep the default ratio for short graces
   }
@@ -83,10 +148,34 @@ int main(int argc, char** argv) {
   options.stop_grace_ms = static_cast<int64_t>(config.stop_grace_s * 1000);
   options.port_first = config.port_first;
   options.port_last = config.port_last;
+  options.allow_root_jobs = config.allow_root_jobs;
   Coordinator coordinator(**store, options);
   if (auto st = coordinator.recover(); !st) return fail("recovering state from " + store_options.path + ": " + st.message());
 
-  RpcServer server(coordinator);
+  // Users are read when there is a PKI directory (an --insecure coordinator may still have one: tokens then
+  // name their users, and calls without one are anonymous).
+  std::unique_ptr<auth::UserRegistry> users;
+  std::error_code pki_ec;
+  if (!config.insecure || std::filesystem::exists(config.pki_dir + "/" + ddl::pki::kUsersFile, pki_ec)) {
+    auto opened = auth::UserRegistry::open(config.pki_dir + "/" + ddl::pki::kUsersFile);
+    if (!opened) return fail(opened.status().message());
+    users = std::move(*opened);
+    if (!config.insecure && users->size() == 0) {
+      spdlog::warn("{}/{} has no users: nobody can submit jobs (ddl-coordinator init-pki makes the first admin)",
+                   config.pki_dir, ddl::pki::kUsersFile);
+    }
+  }
+  SecurityOptions security;
+  security.insecure = config.insecure;
+  security.pki_dir = config.pki_dir;
+  security.users = users.get();
+  security.allow_root_jobs = config.allow_root_jobs;
+  security.node_cert_days = config.node_cert_days;
+  security.refresh_s = static_cast<unsigned>(config.tls_refresh_s);
+  if (config.insecure) {
+    spdlog::warn("--insecure: plaintext gRPC and no authentication; any local process can act as any user");
+  }
+  RpcServer server(coordinator, security);
   std::string bound;
   if (auto st = server.start(config.listen, &bound); !st) return fail(st.message());
   ddl::coordinator::http::HttpServer dashboard(coordinator);

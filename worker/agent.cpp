@@ -13,6 +13,8 @@
 #include <random>
 #include <thread>
 
+#include "common/pki.h"
+
 namespace ddl::worker {
 
 namespace {
@@ -65,6 +67,11 @@ std::string findRankShim() {
 
 }  // namespace
 
+tls::Files tlsFiles(const AgentConfig& config) {
+  return {config.pki_dir + "/" + pki::kCaCert, config.pki_dir + "/" + pki::kNodeCert,
+          config.pki_dir + "/" + pki::kNodeKey};
+}
+
 Agent::Agent(AgentConfig config, Inventory inventory)
     : config_(std::move(config)), inventory_(std::move(inventory)) {
   address_ = config_.address.empty() ? localAddressToward(config_.coordinator) : config_.address;
@@ -77,7 +84,16 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (config_.insecure) {
+    credentials = grpc::InsecureChannelCredentials();  // main() checked that the coordinator is on loopback
+  } else {
+    // The node certificate proves this node's name; the files are re-read, so a renewed certificate is used
+    // from the next connection on without restarting the agent or its ranks.
+    tls::addChannelArgs(&args);
+    credentials = tls::channelCredentials(tlsFiles(config_), static_cast<unsigned>(config_.tls_refresh_s));
+  }
+  auto channel = grpc::CreateCustomChannel(config_.coordinator, credentials, args);
   stub_ = v1::AgentService::NewStub(channel);
   // The telemetry listener first: exits of adopted ranks are reported (onRankExit, toProto) from the
   // supervisor's thread as soon as recover() below runs.

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 
+#include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 #include "worker/agent_config.h"
 #include "worker/inventory.h"
@@ -27,6 +28,9 @@
 #include "worker/telemetry_listener.h"
 
 namespace ddl::worker {
+
+// The node's TLS files in config.pki_dir: ca.crt, node.crt, node.key.
+tls::Files tlsFiles(const AgentConfig& config);
 
 class Agent {
  public:

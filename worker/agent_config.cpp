@@ -31,10 +31,14 @@ Status parseAgentConfig(const std::string& text, const std::string& origin, Agen
       else if (key == "stop_grace_s") c->stop_grace_s = value.get<double>();
       else if (key == "stop_ranks_on_exit") c->stop_ranks_on_exit = value.get<bool>();
       else if (key == "log_level") c->log_level = value.get<std::string>();
+      else if (key == "pki_dir") c->pki_dir = value.get<std::string>();
+      else if (key == "insecure") c->insecure = value.get<bool>();
+      else if (key == "tls_refresh_s") c->tls_refresh_s = value.get<double>();
       else {
         return Status::invalidArgument(origin + ": unknown key '" + key +
                                        "' (known: coordinator, node, address, labels, virtual_gpus, force_virtual, "
-                                       "data_dir, port_first, port_last, stop_grace_s, stop_ranks_on_exit, log_level)");
+                                       "data_dir, port_first, port_last, stop_grace_s, stop_ranks_on_exit, log_level, "
+                                       "pki_dir, insecure, tls_refresh_s)");
       }
     } catch (const nlohmann::json::exception&) {
       return Status::invalidArgument(origin + ": key '" + key + "' has the wrong type: " + value.dump());
@@ -76,6 +80,8 @@ Status validateAgentConfig(const AgentConfig& c) {
   }
   if (c.data_dir.empty()) return bad("data_dir is empty");
   if (!(c.stop_grace_s >= 0)) return bad("stop_grace_s must be >= 0");
+  if (c.pki_dir.empty() && !c.insecure) return bad("pki_dir is empty");
+  if (!(c.tls_refresh_s >= 1 && c.tls_refresh_s <= 86400)) return bad("tls_refresh_s must be between 1 and 86400");
   return Status::ok();
 }
 

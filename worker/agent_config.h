@@ -27,10 +27,16 @@ struct AgentConfig {
   // stops them first, with stop_grace_s.
   bool stop_ranks_on_exit = false;
   std::string log_level = "info";
+  // Security (docs/security.md): mutual TLS with PKI_DIR/ca.crt, node.crt and node.key (whose name must be this
+  // node's); plaintext only with insecure, and only toward a loopback coordinator.
+  std::string pki_dir = "/etc/ddl/pki";
+  bool insecure = false;
+  double tls_refresh_s = 60;  // how often the certificate files are re-read (rotation without a restart)
 };
 
 // Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of strings),
-// virtual_gpus, force_virtual, data_dir, port_first, port_last, stop_grace_s, stop_ranks_on_exit, log_level.
+// virtual_gpus, force_virtual, data_dir, port_first, port_last, stop_grace_s, stop_ranks_on_exit, log_level,
+// pki_dir, insecure, tls_refresh_s.
 state::Status loadAgentConfig(const std::string& path, AgentConfig* config);
 state::Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config);
 // "rack=r1,switch=s1" into labels.

@@ -1,15 +1,20 @@
 // ddl-agent: one per GPU node. Reads its settings (worker/agent_config.h), takes the node's inventory, and
-// serves the coordinator until SIGTERM or SIGINT (worker/agent.h).
+// serves the coordinator over mutual TLS until SIGTERM or SIGINT (worker/agent.h). `ddl-agent join` gets the
+// node's certificate with a one-time join token (worker/join.h).
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <thread>
 
+#include "common/pki.h"
 #include "worker/agent.h"
+#include "worker/join.h"
 
 #ifdef DDL_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -37,6 +42,19 @@ int main(int argc, char** argv) {
                "stop this node's ranks when the agent exits (default: leave them running for the next agent to "
                "adopt)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error (default info)");
+  std::optional<std::string> pki_dir;
+  bool insecure = false;
+  app.add_option("--pki-dir", pki_dir, "ca.crt, node.crt and node.key of this node (default /etc/ddl/pki)");
+  app.add_flag("--insecure", insecure, "plaintext toward a coordinator on loopback run with --insecure "
+                                       "(development only)");
+  JoinOptions join;
+  std::string token_file;
+  CLI::App* join_cmd = app.add_subcommand("join", "get this node's certificate with a one-time join token "
+                                                  "(ddlctl admin join-token), then exit");
+  join_cmd->add_option("--token-file", token_file, "file holding the join token (never on the command line)")
+      ->required();
+  join_cmd->add_option("--ca-sha256", join.ca_sha256, "the cluster CA's SHA-256, printed with the token")->required();
+  app.require_subcommand(0, 1);
   CLI11_PARSE(app, argc, argv);
 
   AgentConfig config;
@@ -63,12 +81,37 @@ int main(int argc, char** argv) {
       return fail("--port-range '" + *port_range + "' is not FIRST-LAST (e.g. 29500-29999)");
     }
   }
+  if (pki_dir) config.pki_dir = *pki_dir;
+  if (insecure) config.insecure = true;
   if (config.node.empty()) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
     config.node = host;
   }
+  if (join_cmd->parsed()) {
+    std::string error;
+    auto token = ddl::pki::readFile(token_file, &error);
+    if (!token) return fail(error);
+    while (!token->empty() && std::isspace(static_cast<unsigned char>(token->back()))) token->pop_back();
+    join.coordinator = config.coordinator;
+    join.node = config.node;
+    join.token = *token;
+    join.pki_dir = config.pki_dir;
+    if (auto st = joinCluster(join); !st) return fail("join: " + st.message());
+    std::printf("node %s joined: its certificate and key are in %s; start ddl-agent\n", config.node.c_str(),
+                config.pki_dir.c_str());
+    return 0;
+  }
   if (auto st = validateAgentConfig(config); !st) return fail("bad setting: " + st.message());
+  if (config.insecure) {
+    if (auto why = ddl::tls::checkInsecure(config.coordinator, "ddl-agent"); !why.empty()) return fail(why);
+    spdlog::warn("--insecure: plaintext toward the coordinator; this node is not authenticated");
+  } else if (auto why = ddl::tls::checkFiles(tlsFiles(config),
+                                             "make them with 'ddlctl admin issue-node " + config.node +
+                                                 " --out DIR' or 'ddl-agent join' (docs/security.md)");
+             !why.empty()) {
+    return fail(why);
+  }
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   std::error_code ec;
   std::filesystem::create_directories(config.data_dir + "/logs", ec);

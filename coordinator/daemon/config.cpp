@@ -52,10 +52,21 @@ Status parseConfig(const std::string& text, const std::string& origin, DaemonCon
       st = read(value, key, origin, "an integer port", &config->port_last);
     } else if (key == "log_level") {
       st = read(value, key, origin, "a string", &config->log_level);
+    } else if (key == "pki_dir") {
+      st = read(value, key, origin, "a string (a directory)", &config->pki_dir);
+    } else if (key == "insecure") {
+      st = read(value, key, origin, "true or false", &config->insecure);
+    } else if (key == "allow_root_jobs") {
+      st = read(value, key, origin, "true or false", &config->allow_root_jobs);
+    } else if (key == "node_cert_days") {
+      st = read(value, key, origin, "an integer number of days", &config->node_cert_days);
+    } else if (key == "tls_refresh_s") {
+      st = read(value, key, origin, "a number of seconds", &config->tls_refresh_s);
     } else {
       return Status::invalidArgument(origin + ": unknown key '" + key +
                                      "' (known: listen, http, data_dir, heartbeat_grace_s, heartbeat_interval_s, "
-                                     "stop_grace_s, port_first, port_last, log_level)");
+                                     "stop_grace_s, port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs, "
+                                     "node_cert_days, tls_refresh_s)");
     }
     if (!st) return st;
   }
@@ -89,6 +100,9 @@ Status validateConfig(const DaemonConfig& c) {
   if (c.port_first < 1024 || c.port_last > 65535 || c.port_last <= c.port_first) {
     return bad("port_first..port_last must lie in 1024..65535 and hold at least 2 ports");
   }
+  if (c.pki_dir.empty() && !c.insecure) return bad("pki_dir is empty");
+  if (c.node_cert_days < 1 || c.node_cert_days > 3650) return bad("node_cert_days must be between 1 and 3650");
+  if (!(c.tls_refresh_s >= 1 && c.tls_refresh_s <= 86400)) return bad("tls_refresh_s must be between 1 and 86400");
   static const char* levels[] = {"trace", "debug", "info", "warn", "error"};
   bool known = false;
   for (const char* l : levels) known = known || c.log_level == l;

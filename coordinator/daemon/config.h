@@ -22,10 +22,18 @@ struct DaemonConfig {
   int port_first = 29500;  // default rendezvous port range of agents that give none
   int port_last = 29999;
   std::string log_level = "info";  // trace, debug, info, warn, error
+  // Security (docs/security.md). TLS with the certificates in pki_dir unless insecure, which is refused on any
+  // address but loopback.
+  std::string pki_dir = "/etc/ddl/pki";
+  bool insecure = false;
+  bool allow_root_jobs = false;   // jobs of root are refused, and agents refuse uid 0 ranks, unless set
+  int node_cert_days = 365;       // validity of the node certificates the coordinator issues
+  double tls_refresh_s = 60;      // how often certificate files are re-read (rotation without a restart)
 };
 
 // Reads the JSON object at `path` over `config`. Keys: listen, http, data_dir, heartbeat_grace_s,
-// heartbeat_interval_s, stop_grace_s, port_first, port_last, log_level.
+// heartbeat_interval_s, stop_grace_s, port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs,
+// node_cert_days, tls_refresh_s.
 state::Status loadConfigFile(const std::string& path, DaemonConfig* config);
 // Parses JSON text (what loadConfigFile reads); `origin` names it in errors.
 state::Status parseConfig(const std::string& text, const std::string& origin, DaemonConfig* config);

@@ -3,6 +3,10 @@
 // holds one server thread for reading and one writer thread for commands, which is plenty for hundreds of
 // nodes; a callback-API server is the path beyond that.
 //
+// Security (docs/security.md): TLS with the cluster's certificates, every call's identity established and
+// checked against rpc/access.h's rules before it reaches Coordinator. Plaintext only with `insecure`, which
+// start() accepts on a loopback address only.
+//
 // Threads: start() and shutdown() from one owning thread; handlers run on gRPC's threads.
 #pragma once
 
@@ -11,15 +15,25 @@
 #include <memory>
 #include <string>
 
+#include "auth/users.h"
 #include "service/coordinator.h"
 
 namespace ddl::coordinator {
 
 grpc::Status toGrpc(const Status& status);
 
+struct SecurityOptions {
+  bool insecure = false;        // plaintext, nobody authenticated: loopback only
+  std::string pki_dir;          // ca.crt, coordinator.crt, coordinator.key; ca.key to issue node certificates
+  auth::UserRegistry* users = nullptr;  // not owned; outlives the server
+  bool allow_root_jobs = false;
+  int node_cert_days = 365;     // validity of the node certificates the coordinator issues
+  unsigned refresh_s = 60;      // how often certificate files are re-read
+};
+
 class RpcServer {
  public:
-  explicit RpcServer(Coordinator& coordinator);
+  RpcServer(Coordinator& coordinator, SecurityOptions security);
   ~RpcServer();
 
   // Listens on HOST:PORT (PORT 0: the system picks one). On success `bound` is the address clients can
@@ -33,6 +47,7 @@ class RpcServer {
   class UserServiceImpl;
 
   Coordinator& coordinator_;
+  const SecurityOptions security_;
   std::unique_ptr<AgentServiceImpl> agent_service_;
   std::unique_ptr<UserServiceImpl> user_service_;
   std::unique_ptr<grpc::Server> server_;

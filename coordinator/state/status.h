@@ -19,10 +19,12 @@ enum class StatusCode {
   kOk = 0,
   kInvalidArgument = 3,     // The request itself is malformed (empty command, bad failure info).
   kNotFound = 5,            // No such job or node.
+  kPermissionDenied = 7,    // A known caller not allowed this call (another user's job, an admin verb).
   kFailedPrecondition = 9,  // Legal request, wrong state: e.g. RUNNING -> SCHEDULED, or a final job.
   kInternal = 13,           // A storage call failed (I/O, disk full, locked past the busy timeout).
   kUnavailable = 14,        // The store is closed or could not be opened.
   kDataLoss = 15,           // The file is not a database, or the database is corrupt or from a newer version.
+  kUnauthenticated = 16,    // No valid identity: no token, a wrong one, no node certificate.
 };
 
 inline const char* toString(StatusCode code) {
@@ -41,6 +43,10 @@ inline const char* toString(StatusCode code) {
       return "UNAVAILABLE";
     case StatusCode::kDataLoss:
       return "DATA_LOSS";
+    case StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
+    case StatusCode::kUnauthenticated:
+      return "UNAUTHENTICATED";
   }
   return "UNKNOWN";
 }
@@ -59,6 +65,8 @@ class [[nodiscard]] Status {
   static Status internal(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
   static Status unavailable(std::string msg) { return {StatusCode::kUnavailable, std::move(msg)}; }
   static Status dataLoss(std::string msg) { return {StatusCode::kDataLoss, std::move(msg)}; }
+  static Status permissionDenied(std::string msg) { return {StatusCode::kPermissionDenied, std::move(msg)}; }
+  static Status unauthenticated(std::string msg) { return {StatusCode::kUnauthenticated, std::move(msg)}; }
 
   bool isOk() const { return code_ == StatusCode::kOk; }
   explicit operator bool() const { return isOk(); }

@@ -32,8 +32,10 @@ struct Result {
   std::string err;
 };
 
-// Runs ddlctl with `args` (no argv[0]) and captures what it prints.
-Result ddlctl(std::vector<std::string> args) {
+// Runs ddlctl with `args` (no argv[0]) and captures what it prints. Plaintext (--insecure): these are unit tests
+// of the command line against loopback; ddlctl_test and security_test cover TLS.
+Result ddlctl(std::vector<std::string> args, bool insecure = true) {
+  if (insecure) args.insert(args.begin(), "--insecure");
   args.insert(args.begin(), "ddlctl");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -446,10 +448,41 @@ TEST(DdlctlCli, UsageErrorsExit2WithoutSending) {
   }
 }
 
+TEST(DdlctlCli, SecurityMistakesAreUsageErrors) {
+  // Plaintext only toward loopback.
+  Result r = ddlctl({"--coordinator", "198.18.0.1:7070", "nodes"});
+  EXPECT_EQ(r.rc, kExitUsage) << r.err;
+  EXPECT_NE(r.err.find("only on a loopback address"), std::string::npos) << r.err;
+  // TLS needs the CA; a missing one is named before anything is sent.
+  r = ddlctl({"--coordinator", "127.0.0.1:1", "--ca", "/nonexistent/ca.crt", "nodes"}, /*insecure=*/false);
+  EXPECT_EQ(r.rc, kExitUsage) << r.err;
+  EXPECT_NE(r.err.find("no CA certificate at /nonexistent/ca.crt"), std::string::npos) << r.err;
+  // A token file that cannot be read is not silently replaced by no token.
+  r = ddlctl({"--coordinator", "127.0.0.1:1", "--token-file", "/nonexistent/token", "nodes"});
+  EXPECT_EQ(r.rc, kExitUsage) << r.err;
+  EXPECT_NE(r.err.find("cannot read the token file /nonexistent/token"), std::string::npos) << r.err;
+}
+
+TEST(DdlctlCli, RefusalsHaveTheirOwnExitCodes) {
+  RpcError e = describeRpcError(grpc::StatusCode::UNAUTHENTICATED, "no token: ...", "h:1", 10);
+  EXPECT_EQ(e.exitCode, kExitUnauthenticated);
+  EXPECT_EQ(e.message, "no token: ...");
+  e = describeRpcError(grpc::StatusCode::PERMISSION_DENIED, "job j-1 belongs to bob", "h:1", 10);
+  EXPECT_EQ(e.exitCode, kExitDenied);
+  e = describeRpcError(grpc::StatusCode::UNAVAILABLE,
+                       "failed to connect to all addresses; last error: UNKNOWN: Tls handshake failed", "h:1", 10);
+  EXPECT_EQ(e.exitCode, kExitUnreachable);
+  EXPECT_NE(e.message.find("the TLS handshake failed"), std::string::npos) << e.message;
+  EXPECT_NE(e.hint.find("--ca"), std::string::npos) << e.hint;
+}
+
 TEST(DdlctlCli, HelpDocumentsExitStatuses) {
   Result r = ddlctl({"--help"});
   EXPECT_EQ(r.rc, 0);
   EXPECT_NE(r.out.find("3  cannot reach the coordinator"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4  not authenticated"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("5  permission denied"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DDL_TOKEN"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("DDL_COORDINATOR"), std::string::npos);
   r = ddlctl({"submit", "--help"});
   EXPECT_EQ(r.rc, 0);

@@ -53,7 +53,9 @@ class RpcTest : public ::testing::Test {
     options.tick_ms = 50;
     coordinator_ = std::make_unique<Coordinator>(*store_, options);
     ASSERT_TRUE(coordinator_->recover());
-    server_ = std::make_unique<RpcServer>(*coordinator_);
+    SecurityOptions security;
+    security.insecure = true;  // a unit test of the service over loopback (security_test covers TLS)
+    server_ = std::make_unique<RpcServer>(*coordinator_, security);
     ASSERT_TRUE(server_->start(listen, &address_));
     coordinator_->start();
     user_ = v1::UserService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));

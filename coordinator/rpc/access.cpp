@@ -1,0 +1,75 @@
+#include "rpc/access.h"
+
+namespace ddl::coordinator::access {
+
+using auth::Role;
+
+StatusOr<Identity> identifyUser(const std::string& token, const auth::UserRegistry* users, bool insecure) {
+  if (!token.empty() && users) {
+    if (auto who = users->authenticate(token)) return *who;
+    if (!insecure) {
+      return Status::unauthenticated("the token is not valid (mistyped, rotated or removed?); an admin makes a new "
+                                     "one with 'ddlctl admin add-user NAME --rotate'");
+    }
+  }
+  if (insecure) return Identity{"", Role::kInsecure, "insecure"};
+  return Status::unauthenticated(
+      "no token: ddlctl sends the token from --token-file, $DDL_TOKEN or ~/.config/ddl/token (an admin makes one "
+      "with 'ddlctl admin add-user NAME')");
+}
+
+Status checkNode(const std::string& certificate_name, const std::string& claimed, bool insecure) {
+  if (insecure) return Status::ok();
+  if (certificate_name.empty()) {
+    return Status::unauthenticated("node '" + claimed +
+                                   "' presented no client certificate from the cluster CA (give ddl-agent its "
+                                   "node.crt and node.key: 'ddlctl admin issue-node " + claimed +
+                                   "' or 'ddl-agent join')");
+  }
+  if (certificate_name != claimed) {
+    return Status::permissionDenied("the certificate is node '" + certificate_name + "'s; it cannot speak for node '" +
+                                    claimed + "'");
+  }
+  return Status::ok();
+}
+
+Status mayTouchJob(const Identity& who, const v1::Job& job, const char* verb) {
+  if (who.isAdmin()) return Status::ok();
+  if (who.role == Role::kUser && who.name == job.spec().user()) return Status::ok();
+  return Status::permissionDenied("job " + job.id() + " belongs to " + job.spec().user() + "; " + who.name + " (" +
+                                  auth::roleName(who.role) + ") may not " + verb + " it");
+}
+
+Status mayList(const Identity& who) {
+  if (who.role == Role::kNode) return Status::permissionDenied("nodes do not call the user service");
+  return Status::ok();
+}
+
+Status maySubmit(const Identity& who) {
+  if (who.isUser()) return Status::ok();
+  return Status::permissionDenied(who.name + " is a " + auth::roleName(who.role) + " and may not submit jobs");
+}
+
+Status mustBeAdmin(const Identity& who, const char* what) {
+  if (who.isAdmin()) return Status::ok();
+  return Status::permissionDenied(std::string(what) + " is for admins; " + who.name + " is a " +
+                                  auth::roleName(who.role));
+}
+
+StatusOr<v1::JobSpec> ownSpec(const Identity& who, v1::JobSpec spec, bool allow_root) {
+  if (who.role != Role::kInsecure || !who.name.empty()) spec.set_user(who.name);
+  if (spec.user() == "root" && !allow_root) {
+    return Status::permissionDenied("jobs of root are refused: ranks never run as root unless the coordinator's "
+                                    "config sets allow_root_jobs");
+  }
+  return spec;
+}
+
+void redactFor(const Identity& who, v1::Job* job) {
+  if (who.isAdmin() || (who.role == Role::kUser && who.name == job->spec().user())) return;
+  job->mutable_spec()->clear_command();
+  job->mutable_spec()->clear_env();
+  job->mutable_spec()->clear_workdir();
+}
+
+}  // namespace ddl::coordinator::access
