@@ -1,5 +1,8 @@
-// ddlctl against a real ddl-coordinator process (started here on 127.0.0.1, port chosen at run time) with
-// two fake agents registered over gRPC: every verb, in text and JSON, and the errors a user can make.
+// ddlctl against a real ddl-coordinator process (started here on 127.0.0.1, port chosen at run time, with a PKI
+// made by its own init-pki) with two fake agents registered over mutual TLS: every verb, in text and JSON, the
+// errors a user can make, and the security rules (DdlctlTest.Security*): plaintext, foreign and expired
+// certificates refused, no or wrong token refused, a node cannot speak for another, a user cannot touch another
+// user's job, an admin can.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -7,11 +10,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/pki.h"
 #include "service/fake_agent.h"
 
 namespace {
@@ -62,6 +67,14 @@ class DdlctlTest : public ::testing::Test {
     data_ = fs::temp_directory_path() / ("ddlctl-coord-" + std::to_string(getpid()));
     fs::remove_all(data_);
     fs::create_directories(data_);
+    pki_ = (data_ / "pki").string();
+    Result init = runProgram({"ddl-coordinator", "init-pki", pki_});
+    ASSERT_EQ(init.code, 0) << init.err;
+    for (const char* name : {"n1", "n2"}) {
+      Result issued = runProgram({"ddl-coordinator", "--pki-dir", pki_, "issue-node", name, "--out",
+                                  (data_ / name).string()});
+      ASSERT_EQ(issued.code, 0) << issued.err;
+    }
     pid_ = fork();
     if (pid_ == 0) {
       int log = open((data_ / "coordinator.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -69,7 +82,7 @@ class DdlctlTest : public ::testing::Test {
       dup2(log, 2);
       std::string bin = std::string(DDL_BIN_DIR) + "/ddl-coordinator";
       execl(bin.c_str(), bin.c_str(), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir", data_.c_str(),
-            "--heartbeat-grace", "5", nullptr);
+            "--heartbeat-grace", "5", "--pki-dir", pki_.c_str(), nullptr);
       _exit(127);
     }
     for (int i = 0; i < 500 && !fs::exists(data_ / "coordinator.addr"); ++i) {
@@ -79,8 +92,8 @@ class DdlctlTest : public ::testing::Test {
     std::getline(in, address_);
     ASSERT_FALSE(address_.empty()) << "the coordinator did not start; see " << (data_ / "coordinator.log");
     for (const char* name : {"n1", "n2"}) {
-      agents_.push_back(std::make_unique<FakeAgent>(address_, name, 2, std::map<std::string, std::string>{
-                                                                             {"switch", "s1"}}));
+      agents_.push_back(std::make_unique<FakeAgent>(
+          address_, name, 2, std::map<std::string, std::string>{{"switch", "s1"}}, (data_ / name).string()));
       ASSERT_EQ(agents_.back()->connect(), "");
       agents_.back()->startHeartbeats(500);
     }
@@ -96,9 +109,19 @@ class DdlctlTest : public ::testing::Test {
     fs::remove_all(data_);
   }
 
-  Result ctl(std::vector<std::string> args) {
-    args.insert(args.begin(), {"ddlctl", "--coordinator", address_});
+  // ddlctl as the admin (init-pki's token), or as the holder of token_file.
+  Result ctl(std::vector<std::string> args, const std::string& token_file = "") {
+    args.insert(args.begin(), {"ddlctl", "--coordinator", address_, "--ca", pki_ + "/ca.crt", "--token-file",
+                               token_file.empty() ? pki_ + "/admin.token" : token_file});
     return runProgram(args);
+  }
+  // A new user (role user unless given) and the file its token is in.
+  std::string addUser(const std::string& name, const std::string& role = "user") {
+    auto j = json({"admin", "add-user", name, "--role", role});
+    const std::string file = (data_ / (name + ".token")).string();
+    std::string error;
+    EXPECT_TRUE(ddl::pki::writeFile(file, j["token"].get<std::string>() + "\n", 0600, &error)) << error;
+    return file;
   }
   std::string submit(std::vector<std::string> args) {
     args.insert(args.begin(), "submit");
@@ -124,6 +147,7 @@ class DdlctlTest : public ::testing::Test {
   }
 
   static inline fs::path data_;
+  static inline std::string pki_;
   static inline pid_t pid_ = -1;
   static inline std::string address_;
   static inline std::vector<std::unique_ptr<FakeAgent>> agents_;
@@ -227,12 +251,153 @@ TEST_F(DdlctlTest, BadInputGivesClearErrorsAndExitCodes) {
   EXPECT_EQ(bad_topology.code, 1) << bad_topology.err;
   Result bad_verb = ctl({"frobnicate"});
   EXPECT_EQ(bad_verb.code, 2);
-  Result unreachable = runProgram({"ddlctl", "--coordinator", "127.0.0.1:1", "--timeout", "2", "list"});
+  Result unreachable = runProgram(
+      {"ddlctl", "--coordinator", "127.0.0.1:1", "--ca", pki_ + "/ca.crt", "--timeout", "2", "list"});
   EXPECT_EQ(unreachable.code, 3);
   EXPECT_NE(unreachable.err.find("cannot reach coordinator at 127.0.0.1:1: connection refused"), std::string::npos)
       << unreachable.err;
-  Result from_env = runProgram({"ddlctl", "nodes"}, {"DDL_COORDINATOR=" + address_});
+  Result from_env = runProgram({"ddlctl", "nodes"}, {"DDL_COORDINATOR=" + address_, "DDL_CA=" + pki_ + "/ca.crt",
+                                                     "DDL_TOKEN_FILE=" + pki_ + "/admin.token"});
   EXPECT_EQ(from_env.code, 0) << from_env.err;
+}
+
+// ---- Security: each test fails if its protection is removed ---------------------------------------------------
+
+TEST_F(DdlctlTest, SecurityPlaintextClientIsRefused) {
+  // A plaintext gRPC client gets no answer from the TLS port (and ddlctl itself refuses --insecure elsewhere).
+  auto stub = ddl::v1::UserService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  ddl::v1::ListNodesResponse resp;
+  grpc::Status st = stub->ListNodes(&ctx, {}, &resp);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(resp.nodes_size(), 0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+}
+
+TEST_F(DdlctlTest, SecurityCertificatesFromAnotherCaOrExpiredAreRefused) {
+  // Another cluster's CA: its node certificate fails the handshake, and ddlctl trusting that CA cannot talk to us.
+  const std::string other = (data_ / "other-pki").string();
+  ASSERT_EQ(runProgram({"ddl-coordinator", "init-pki", other}).code, 0);
+  ASSERT_EQ(runProgram({"ddl-coordinator", "--pki-dir", other, "issue-node", "n3", "--out", (data_ / "n3-other").string()})
+                .code,
+            0);
+  // The foreign node certificate, presented with OUR CA as the trust root (so only the server side can refuse).
+  fs::copy_file(pki_ + "/ca.crt", data_ / "n3-other" / "ca.crt", fs::copy_options::overwrite_existing);
+  FakeAgent foreign(address_, "n3", 1, {}, (data_ / "n3-other").string());
+  EXPECT_NE(foreign.connect(), "");
+  Result wrong_ca = runProgram({"ddlctl", "--coordinator", address_, "--ca", other + "/ca.crt", "--token-file",
+                                pki_ + "/admin.token", "--timeout", "3", "nodes"});
+  EXPECT_EQ(wrong_ca.code, 3) << wrong_ca.err;
+  EXPECT_NE(wrong_ca.err.find("TLS handshake failed"), std::string::npos) << wrong_ca.err;
+
+  // An expired certificate from our own CA.
+  std::string error;
+  auto ca = ddl::pki::readFile(pki_ + "/ca.crt", &error);
+  auto ca_key = ddl::pki::readFile(pki_ + "/ca.key", &error);
+  ASSERT_TRUE(ca && ca_key) << error;
+  auto key = ddl::pki::newPrivateKey(&error);
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  auto cert = ddl::pki::makeCertificate({"n4", {"n4"}, {}, ddl::pki::Usage::kClient}, *key, *ca, *ca_key,
+                                        now - 2 * 86400, now - 86400, &error);
+  ASSERT_TRUE(cert) << error;
+  const fs::path expired = data_ / "n4-expired";
+  fs::create_directories(expired);
+  ASSERT_TRUE(ddl::pki::writeFile((expired / "ca.crt").string(), *ca, 0644, &error));
+  ASSERT_TRUE(ddl::pki::writeFile((expired / "node.crt").string(), *cert, 0644, &error));
+  ASSERT_TRUE(ddl::pki::writeFile((expired / "node.key").string(), *key, 0600, &error));
+  FakeAgent stale(address_, "n4", 1, {}, expired.string());
+  EXPECT_NE(stale.connect(), "");
+  auto nodes = json({"nodes"});
+  for (const auto& n : nodes["nodes"]) {
+    EXPECT_NE(n["name"], "n3");
+    EXPECT_NE(n["name"], "n4");
+  }
+}
+
+TEST_F(DdlctlTest, SecurityANodeCannotSpeakForAnother) {
+  // n1's certificate, claiming to be n2: register refused, n2 untouched.
+  FakeAgent impostor(address_, "n2", 8, {}, (data_ / "n1").string());
+  const std::string error = impostor.connect();
+  EXPECT_NE(error.find("cannot speak for node 'n2'"), std::string::npos) << error;
+  auto nodes = json({"nodes"});
+  ASSERT_EQ(nodes["nodes"].size(), 2u);
+  EXPECT_EQ(nodes["nodes"][1]["gpus"].size(), 2u);  // still the real n2's inventory
+  // No certificate at all: a TLS client without one is not a node.
+  FakeAgent anonymous(address_, "n2", 8, {}, "");
+  EXPECT_NE(anonymous.connect(), "");
+}
+
+TEST_F(DdlctlTest, SecurityNoTokenOrAWrongOneIsRefused) {
+  Result none = runProgram({"ddlctl", "--coordinator", address_, "--ca", pki_ + "/ca.crt", "nodes"},
+                           {"HOME=" + data_.string()});
+  EXPECT_EQ(none.code, 4) << none.err;
+  EXPECT_NE(none.err.find("no token"), std::string::npos) << none.err;
+  Result wrong = runProgram({"ddlctl", "--coordinator", address_, "--ca", pki_ + "/ca.crt", "submit", "--gpus", "1",
+                             "--", "true"},
+                            {"DDL_TOKEN=ddl_0000000000000000000000000000000000000000000000000000000000000000"});
+  EXPECT_EQ(wrong.code, 4) << wrong.err;
+  EXPECT_NE(wrong.err.find("not valid"), std::string::npos) << wrong.err;
+  // An admin verb for a plain user: denied.
+  const std::string carol = addUser("carol");
+  Result admin_verb = ctl({"admin", "add-user", "mallory"}, carol);
+  EXPECT_EQ(admin_verb.code, 5) << admin_verb.err;
+  Result drain = ctl({"drain", "n1"}, carol);
+  EXPECT_EQ(drain.code, 5) << drain.err;
+  Result who = ctl({"whoami"}, carol);
+  EXPECT_EQ(who.out, "carol user (token)\n");
+  // A rotated token: the old one stops working.
+  auto rotated = json({"admin", "add-user", "carol", "--rotate"});
+  EXPECT_EQ(ctl({"whoami"}, carol).code, 4);
+  EXPECT_TRUE(rotated["token"].get<std::string>().rfind("ddl_", 0) == 0);
+  // Tokens are stored hashed: the users file never holds one.
+  std::string error;
+  auto users = ddl::pki::readFile(pki_ + "/users.json", &error);
+  ASSERT_TRUE(users) << error;
+  EXPECT_EQ(users->find(rotated["token"].get<std::string>()), std::string::npos);
+  EXPECT_NE(users->find(ddl::pki::sha256Hex(rotated["token"].get<std::string>())), std::string::npos);
+}
+
+TEST_F(DdlctlTest, SecurityAUserTouchesOnlyItsOwnJobsAndAnAdminAnyJob) {
+  const std::string alice = addUser("alice"), bob = addUser("bob"), viewer = addUser("vera", "viewer");
+  // The job's user is the token's, whatever the request claims ($USER is root here).
+  Result submitted = ctl({"submit", "--gpus", "1", "--env", "SECRET=s3", "--", "sleep", "100"}, alice);
+  ASSERT_EQ(submitted.code, 0) << submitted.err;
+  const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
+  ASSERT_TRUE(reaches(id, "RUNNING"));
+  EXPECT_EQ(json({"status", id})["spec"]["user"], "alice");
+
+  for (const std::vector<std::string>& verb : std::vector<std::vector<std::string>>{
+           {"status", id}, {"logs", id}, {"cancel", id}}) {
+    Result r = ctl(verb, bob);
+    EXPECT_EQ(r.code, 5) << verb[0] << ": " << r.err;
+    EXPECT_NE(r.err.find("belongs to alice"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(ctl({"submit", "--gpus", "1", "--", "true"}, viewer).code, 5);
+  // Bob's listing shows the job, but not its command or environment.
+  Result listed = ctl({"list", "-o", "json"}, bob);
+  ASSERT_EQ(listed.code, 0) << listed.err;
+  auto jobs = nlohmann::json::parse(listed.out)["jobs"];
+  bool seen = false;
+  for (const auto& j : jobs) {
+    if (j["id"] != id) continue;
+    seen = true;
+    EXPECT_TRUE(j["spec"]["command"].empty()) << j.dump();
+    EXPECT_TRUE(j["spec"]["env"].empty()) << j.dump();
+  }
+  EXPECT_TRUE(seen);
+  EXPECT_EQ(ctl({"status", id}, alice).code, 0);
+  // An admin may cancel anyone's job.
+  Result cancel = ctl({"cancel", id});
+  EXPECT_EQ(cancel.code, 0) << cancel.err;
+  EXPECT_TRUE(reaches(id, "CANCELLED"));
+}
+
+TEST_F(DdlctlTest, SecurityJobsOfRootAreRefused) {
+  const std::string root = addUser("root");
+  Result r = ctl({"submit", "--gpus", "1", "--", "true"}, root);
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find("allow_root_jobs"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "ddl/tls.h"
+
 namespace ddl::testing {
 
 namespace {
@@ -11,9 +13,17 @@ int64_t nowMs() {
 }
 }  // namespace
 
-FakeAgent::FakeAgent(std::string target, std::string node, int gpus, std::map<std::string, std::string> labels)
+FakeAgent::FakeAgent(std::string target, std::string node, int gpus, std::map<std::string, std::string> labels,
+                     const std::string& pki_dir)
     : target_(std::move(target)), node_(std::move(node)), gpus_(gpus), labels_(std::move(labels)) {
-  stub_ = v1::AgentService::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+  if (pki_dir.empty()) {
+    stub_ = v1::AgentService::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+  } else {
+    grpc::ChannelArguments args;
+    tls::addChannelArgs(&args);
+    auto credentials = tls::channelCredentials({pki_dir + "/ca.crt", pki_dir + "/node.crt", pki_dir + "/node.key"});
+    stub_ = v1::AgentService::NewStub(grpc::CreateCustomChannel(target_, credentials, args));
+  }
 }
 
 FakeAgent::~FakeAgent() {

@@ -21,7 +21,9 @@ namespace ddl::testing {
 
 class FakeAgent {
  public:
-  FakeAgent(std::string target, std::string node, int gpus, std::map<std::string, std::string> labels = {});
+  // pki_dir "": plaintext (an --insecure coordinator); else mutual TLS with PKI_DIR/ca.crt, node.crt, node.key.
+  FakeAgent(std::string target, std::string node, int gpus, std::map<std::string, std::string> labels = {},
+            const std::string& pki_dir = "");
   ~FakeAgent();
 
   // Register (reporting the ranks it holds) and open the stream. Returns "" or the error.
