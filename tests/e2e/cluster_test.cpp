@@ -1,7 +1,16 @@
 // End to end on this machine: a real ddl-coordinator and two real ddl-agents (two virtual GPUs each) as
 // processes on 127.0.0.1, jobs submitted through the UserService (and ddlctl), ranks run as real processes.
+// Everything runs secure, as on a cluster: a PKI made by init-pki per test, agents with node certificates
+// (mutual TLS), users with tokens. Most jobs here are root's (the coordinator runs with --allow-root-jobs) because
+// their programs live in the build tree, which another account may not be able to reach; the tests of running as
+// the submitting user run system programs only.
 // Every wait is bounded; every process started here is stopped at the end of each test.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -13,6 +22,7 @@
 #include <fstream>
 #include <thread>
 
+#include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 
 namespace {
@@ -68,7 +78,16 @@ class ClusterTest : public ::testing::Test {
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
+    ASSERT_EQ(run({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "init-pki", pki()}), 0) << slurp(dir_ / "run.log");
+    for (const char* node : {"n1", "n2"}) {
+      ASSERT_EQ(run({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "--pki-dir", pki(), "issue-node", node, "--out",
+                     (dir_ / (std::string(node) + "-pki")).string()}),
+                0)
+          << slurp(dir_ / "run.log");
+    }
     startCoordinator("127.0.0.1:0");
+    if (HasFatalFailure()) return;
+    root_token_ = addUser("root");
     if (HasFatalFailure()) return;
     for (int i = 1; i <= 2; ++i) startAgent(i);
     ASSERT_TRUE(waitFor([&] { return upNodes() == 2; }, 10000)) << slurp(dir_ / "agent-n1.log");
@@ -85,14 +104,45 @@ class ClusterTest : public ::testing::Test {
 
   void startCoordinator(const std::string& listen) {
     fs::remove(dir_ / "coordinator" / "coordinator.addr");
-    coordinator_ = spawn({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "--listen", listen, "--http", "127.0.0.1:0", "--data-dir",
-                          (dir_ / "coordinator").string(), "--heartbeat-grace", "3"},
+    coordinator_ = spawn({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "--listen", listen, "--http", "127.0.0.1:0",
+                          "--data-dir", (dir_ / "coordinator").string(), "--heartbeat-grace", "3", "--pki-dir", pki(),
+                          "--allow-root-jobs"},
                          dir_ / "coordinator.log");
     ASSERT_TRUE(waitFor([&] { return fs::exists(dir_ / "coordinator" / "coordinator.addr"); }, 10000))
         << slurp(dir_ / "coordinator.log");
     std::ifstream in(dir_ / "coordinator" / "coordinator.addr");
     std::getline(in, address_);
-    user_ = ddl::v1::UserService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    grpc::ChannelArguments args;
+    ddl::tls::addChannelArgs(&args);
+    user_ = ddl::v1::UserService::NewStub(
+        grpc::CreateCustomChannel(address_, ddl::tls::channelCredentials({pki() + "/ca.crt", "", ""}), args));
+  }
+  std::string pki() const { return (dir_ / "pki").string(); }
+  // Runs a program to its end (bounded by its own work: init-pki, issue-node, ddlctl); its output goes to run.log.
+  int run(const std::vector<std::string>& argv) {
+    pid_t pid = spawn(argv, dir_ / "run.log");
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  // ddlctl with the cluster's CA and a token (the admin's by default), as a shell command prefix.
+  std::string ctl(const std::string& token_file = "") const {
+    return std::string(DDL_BIN_DIR) + "/ddlctl --coordinator " + address_ + " --ca " + pki() + "/ca.crt --token-file " +
+           (token_file.empty() ? pki() + "/admin.token" : token_file);
+  }
+  // A ddl user `name` made by the admin; returns its token (also written to DIR/NAME.token).
+  std::string addUser(const std::string& name) {
+    const std::string out = (dir_ / (name + ".json")).string();
+    EXPECT_EQ(std::system((ctl() + " admin add-user " + name + " -o json > " + out).c_str()), 0);
+    const std::string text = slurp(out);
+    const size_t at = text.find("\"token\":\"");
+    if (at == std::string::npos) return "";
+    const std::string token = text.substr(at + 9, text.find('"', at + 9) - at - 9);
+    std::ofstream(dir_ / (name + ".token")) << token << "\n";
+    return token;
+  }
+  void authorize(grpc::ClientContext* ctx, const std::string& token = "") const {
+    ctx->AddMetadata("authorization", "Bearer " + (token.empty() ? root_token_ : token));
   }
   // stop_ranks_on_exit: the tests' agents take their ranks down with them (nothing outlives a test), except
   // where a test restarts an agent under a running job.
@@ -101,7 +151,8 @@ class ClusterTest : public ::testing::Test {
     const std::string ports = i == 1 ? "31000-31099" : "31100-31199";
     std::vector<std::string> argv = {std::string(DDL_BIN_DIR) + "/ddl-agent", "--coordinator", address_, "--node",
                                      node, "--address", "127.0.0.1", "--labels", "switch=s1", "--virtual-gpus", "2",
-                                     "--force-virtual", "--data-dir", (dir_ / node).string(), "--port-range", ports};
+                                     "--force-virtual", "--data-dir", (dir_ / node).string(), "--port-range", ports,
+                                     "--pki-dir", (dir_ / (node + "-pki")).string()};
     if (stop_ranks_on_exit) argv.push_back("--stop-ranks-on-exit");
     agents_[node] = spawn(argv, dir_ / ("agent-" + node + ".log"));
   }
@@ -122,21 +173,22 @@ class ClusterTest : public ::testing::Test {
     if (!user_) return -1;
     ddl::v1::ListNodesResponse resp;
     grpc::ClientContext ctx;
+    authorize(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (!user_->ListNodes(&ctx, {}, &resp).ok()) return -1;
     int up = 0;
     for (const auto& n : resp.nodes()) up += n.state() == "UP" && n.connected();
     return up;
   }
-  std::string submit(int nodes, int gpus_per_node, std::vector<std::string> command) {
+  std::string submit(int nodes, int gpus_per_node, std::vector<std::string> command, const std::string& token = "") {
     ddl::v1::SubmitRequest req;
     auto* s = req.mutable_spec();
-    s->set_user("e2e");
     s->set_nodes(nodes);
     s->set_gpus_per_node(gpus_per_node);
     for (auto& a : command) s->add_command(a);
     ddl::v1::SubmitResponse resp;
     grpc::ClientContext ctx;
+    authorize(&ctx, token);
     grpc::Status st = user_->Submit(&ctx, req, &resp);
     EXPECT_TRUE(st.ok()) << st.error_message();
     return resp.job().id();
@@ -146,6 +198,7 @@ class ClusterTest : public ::testing::Test {
     req.set_id(id);
     ddl::v1::Job out;
     grpc::ClientContext ctx;
+    authorize(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     user_->GetJob(&ctx, req, &out);
     return out;
@@ -165,7 +218,121 @@ class ClusterTest : public ::testing::Test {
   std::map<std::string, pid_t> agents_;
   std::string address_;
   std::unique_ptr<ddl::v1::UserService::Stub> user_;
+  std::string root_token_;
 };
+
+// A throwaway account of this machine (useradd), removed when the object goes; empty name where that cannot be
+// done (not root, no useradd), with the reason in why().
+class ScratchAccount {
+ public:
+  ScratchAccount() {
+    if (geteuid() != 0) {
+      why_ = "not root: cannot create accounts, and a non-root agent runs every rank as itself";
+      return;
+    }
+    if (std::system("command -v useradd >/dev/null && command -v userdel >/dev/null") != 0) {
+      why_ = "useradd/userdel not installed (package passwd)";
+      return;
+    }
+    const std::string name = "ddlt" + std::to_string(getpid() % 1000000);
+    if (std::system(("useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin " + name +
+                     " 2>/dev/null").c_str()) != 0) {
+      why_ = "useradd " + name + " failed";
+      return;
+    }
+    name_ = name;
+  }
+  ~ScratchAccount() {
+    if (!name_.empty()) std::system(("userdel " + name_ + " 2>/dev/null").c_str());
+  }
+  const std::string& name() const { return name_; }
+  const std::string& why() const { return why_; }
+
+ private:
+  std::string name_, why_;
+};
+
+// The submitting user's account runs the ranks: uid, gid, groups, HOME and USER are its own on the node, and
+// the rank's log belongs to it (0600).
+TEST_F(ClusterTest, RanksRunAsTheSubmittingUser) {
+  ScratchAccount account;
+  if (account.name().empty()) GTEST_SKIP() << account.why();
+  const std::string token = addUser(account.name());
+  std::string id = submit(1, 1, {"/bin/sh", "-c", "echo uid=$(id -u) gid=$(id -g) groups=$(id -G) user=$USER home=$HOME"},
+                          token);
+  ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 30000)) << job(id).DebugString();
+  passwd* pw = getpwnam(account.name().c_str());
+  ASSERT_NE(pw, nullptr);
+  const fs::path log = dir_ / job(id).allocation(0).node() / "logs" / id / "attempt-1" / "rank-0.log";
+  const std::string text = slurp(log);
+  EXPECT_NE(text.find("uid=" + std::to_string(pw->pw_uid) + " gid=" + std::to_string(pw->pw_gid) + " groups=" +
+                      std::to_string(pw->pw_gid) + " user=" + account.name() + " home=/nonexistent"),
+            std::string::npos)
+      << text;
+  struct stat st {};
+  ASSERT_EQ(stat(log.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, pw->pw_uid);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // Another user cannot read those logs through the coordinator; the owner can.
+  const std::string other = addUser("ddltother");
+  (void)other;
+  EXPECT_NE(std::system((ctl((dir_ / "ddltother.token").string()) + " logs " + id + " 2>/dev/null >/dev/null").c_str()), 0);
+  EXPECT_EQ(std::system((ctl((dir_ / (account.name() + ".token")).string()) + " logs " + id + " >/dev/null").c_str()), 0);
+}
+
+// A user the node does not know: the ranks cannot start, and the job says why.
+TEST_F(ClusterTest, AUserUnknownOnTheNodeFailsTheJobWithTheReason) {
+  if (geteuid() != 0) GTEST_SKIP() << "not root: a non-root agent runs every rank as itself";
+  const std::string token = addUser("ddlt-nosuchuser");
+  std::string id = submit(1, 1, {"/bin/true"}, token);
+  ASSERT_TRUE(reaches(id, ddl::v1::FAILED, 30000)) << job(id).DebugString();
+  EXPECT_NE(job(id).reason().find("does not exist on node"), std::string::npos) << job(id).DebugString();
+}
+
+// A stranger that connects to a job's rendezvous port while the ranks meet is refused (it does not hold the
+// job's DDL_JOB_SECRET), and the job goes on to succeed.
+TEST_F(ClusterTest, AStrangerOnTheRendezvousPortIsRefusedAndTheJobSucceeds) {
+  const std::string gate = (dir_ / "rendezvous-gate").string();
+  // Rank 0 opens the store and waits; the others wait (at most 30 s) for the gate, which opens once the
+  // stranger has been refused.
+  std::string id = submit(2, 1, {"/bin/sh", "-c",
+                                 "if [ \"$DDL_RANK\" != 0 ]; then i=0; while [ ! -e " + gate +
+                                     " ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; fi; exec " +
+                                     std::string(DDL_BIN_DIR) + "/ddl-bench -b 8 -e 64K -f 4 -n 2 -w 1 -c 1"});
+  ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000));
+  // The store listens in the root node's port range (31000-31099 for n1, 31100-31199 for n2).
+  int port = -1;
+  int fd = -1;
+  ASSERT_TRUE(waitFor([&] {
+    for (int p = 31000; p < 31200 && port < 0; ++p) {
+      int s = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<uint16_t>(p));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+        port = p;
+        fd = s;
+      } else {
+        close(s);
+      }
+    }
+    return port > 0;
+  }, 20000)) << "no rendezvous store listening";
+  // A well-formed store request (SET k=v, libddl's wire format) where the handshake should be: a store that
+  // admitted anyone would answer it and keep the connection; the job's store drops it.
+  const unsigned char set_request[] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 'k', 'v'};
+  ASSERT_EQ(write(fd, set_request, sizeof(set_request)), static_cast<ssize_t>(sizeof(set_request)));
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[4096];
+  ssize_t n = 1;
+  for (int i = 0; i < 64 && n > 0; ++i) n = read(fd, buf, sizeof(buf));  // its challenge, perhaps, then EOF
+  EXPECT_EQ(n, 0) << "the store kept the stranger's connection (port " << port << ")";
+  close(fd);
+  std::ofstream(gate) << "go\n";
+  ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 60000)) << job(id).DebugString();
+}
 
 TEST_F(ClusterTest, FourRankAllreduceJobSucceedsWithCorrectOutput) {
   std::string id = submit(2, 2, {std::string(DDL_BIN_DIR) + "/ddl-bench", "-b", "8", "-e", "1M", "-f", "8", "-n",
@@ -180,7 +347,7 @@ TEST_F(ClusterTest, FourRankAllreduceJobSucceedsWithCorrectOutput) {
   EXPECT_NE(log.find("1048576"), std::string::npos) << log;
   // ddlctl shows it SUCCEEDED with its transition times.
   std::string out = dir_ / "status.txt";
-  std::string cmd = std::string(DDL_BIN_DIR) + "/ddlctl --coordinator " + address_ + " status " + id + " > " + out;
+  std::string cmd = ctl() + " status " + id + " > " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   std::string status = slurp(out);
   EXPECT_NE(status.find("SUCCEEDED"), std::string::npos) << status;
@@ -190,7 +357,7 @@ TEST_F(ClusterTest, FourRankAllreduceJobSucceedsWithCorrectOutput) {
 TEST_F(ClusterTest, LogsAreReadThroughTheCoordinator) {
   std::string id = submit(2, 1, {"/bin/sh", "-c", "echo \"hello from $DDL_RANK of $WORLD_SIZE\"; printf 'no newline'"});
   ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 30000)) << job(id).DebugString();
-  const std::string ctl = std::string(DDL_BIN_DIR) + "/ddlctl --coordinator " + address_ + " logs " + id;
+  const std::string ctl = this->ctl() + " logs " + id;
   ASSERT_EQ(std::system((ctl + " > " + (dir_ / "all.txt").string()).c_str()), 0);
   std::string all = slurp(dir_ / "all.txt");
   EXPECT_NE(all.find("[0] hello from 0 of 2\n"), std::string::npos) << all;
@@ -222,6 +389,7 @@ TEST_F(ClusterTest, CancelLeavesNoProcessOfTheJob) {
   req.set_id(id);
   ddl::v1::Job out;
   grpc::ClientContext ctx;
+  authorize(&ctx);
   ASSERT_TRUE(user_->CancelJob(&ctx, req, &out).ok());
   EXPECT_EQ(out.state(), ddl::v1::CANCELLED);
   EXPECT_TRUE(waitFor([&] { return !processWithMarker(marker); }, 15000)) << "ranks of the cancelled job survive";
@@ -305,7 +473,7 @@ TEST_F(ClusterTest, TrainingExampleThroughDdlctlResumesFromItsCheckpointAfterAFa
 #ifndef DDL_TEST_TORCH
   GTEST_SKIP() << "torch_ddl is not built here (no libtorch-dev): nothing to train with";
 #else
-  const std::string ctl = std::string(DDL_BIN_DIR) + "/ddlctl --coordinator " + address_;
+  const std::string ctl = this->ctl(dir_ / "root.token");
   const std::string submit = ctl + " submit --name fmnist --nodes 2 --gpus-per-node 1 --max-restarts 1 --env PYTHONPATH=" +
                              DDL_TEST_PYTHONPATH + " --env OMP_NUM_THREADS=1 -- /usr/bin/python3 " + DDL_SOURCE_DIR +
                              "/examples/fashion_mnist/train.py --epochs 2 --train-samples 2048 --test-samples 1000 "
@@ -339,6 +507,7 @@ TEST_F(ClusterTest, CoordinatorKilledMidJobRestartsAndTheJobStillSucceeds) {
   ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 30000)) << job(id).DebugString();
   ddl::v1::ListJobsResponse list;
   grpc::ClientContext ctx;
+  authorize(&ctx);
   ASSERT_TRUE(user_->ListJobs(&ctx, {}, &list).ok());
   EXPECT_EQ(list.jobs_size(), 1);
 }
