@@ -3,16 +3,21 @@
 #
 #   units     systemd-analyze verify on deploy/systemd/*.service, each copied with ExecStart pointed at the
 #             build's binary (verify refuses an ExecStart that does not exist). verify exits 0 on unknown keys
-#             and bad values, only printing them, so any line it prints about our units is a failure.
-#   configs   the daemons accept deploy/etc/ddl/*.json: the coordinator serves (coordinator.addr appears) and
-#             stops on SIGTERM; the agent, pointed at a coordinator that is not there, keeps retrying and stops
-#             on SIGTERM within 10 s; a config with a misspelt key stops either at start with a message naming
-#             it. Where python3 is present, a NOTIFY_SOCKET stand-in checks READY=1 (after coordinator.addr is
+#             and bad values, only printing them, so any line it prints about our units is a failure. The
+#             agent's unit runs as root (it runs ranks as their jobs' users); neither unit asks for plaintext.
+#   configs   the shipped deploy/etc/ddl/*.json are secure by default (pki_dir /etc/ddl/pki, insecure false),
+#             and the daemons run on them, with --pki-dir pointed at a PKI made in the scratch directory
+#             (init-pki, issue-node): the coordinator serves TLS (coordinator.addr appears), the agent registers
+#             over mutual TLS (ddlctl nodes with the admin token shows it UP); with the coordinator stopped
+#             (SIGTERM) the agent keeps retrying and stops on SIGTERM within 10 s. Each daemon refuses to start,
+#             naming the file, without its PKI files, and with a config with a misspelt key, naming the key.
+#             Where python3 is present, a NOTIFY_SOCKET stand-in checks READY=1 (after coordinator.addr is
 #             written) and STOPPING=1, what the Type=notify units wait for.
 #   packages  cpack -G DEB into a scratch directory; each .deb unpacked with dpkg -x (nothing installed on this
 #             machine); layout, conffiles, maintainer scripts and dependencies checked; systemd-analyze verify
 #             --root on the unpacked tree (the packaged units against the packaged binaries); the unpacked
-#             coordinator starts from its unpacked config, ddl-bench finds the unpacked libddl.so.0.
+#             coordinator starts from its unpacked config (with a PKI that its own init-pki makes), ddl-bench
+#             finds the unpacked libddl.so.0; no package ships a key or makes one in its maintainer scripts.
 #
 # Usage: deploy_test.sh units|configs|packages SOURCE_DIR BUILD_DIR   (BUILD_DIR must be built: bin/, CPack files)
 # Environment (optional): DDL_DEPLOY_KEEP=1 keeps the scratch directory (packages, unpacked trees, logs).
@@ -32,6 +37,7 @@ skip() { log "skipped: $*"; exit "$SKIP"; }
 fail() { log "FAIL: $*" >&2; exit 1; }
 
 unset NOTIFY_SOCKET  # the daemons under test must not notify a service manager this test runs under
+unset DDL_TOKEN DDL_TOKEN_FILE DDL_CA DDL_COORDINATOR  # the caller's ddlctl settings ($DDL_TOKEN beats --token-file)
 tmp=$(mktemp -d /tmp/ddl-deploy-test.XXXXXX)
 pids=()
 cleanup() {
@@ -90,6 +96,11 @@ test_units() {
     fail "ddl-agent.service: unexpected ExecStart"
   grep -qx 'KillMode=process' "$SRC/deploy/systemd/ddl-agent.service" ||
     fail "ddl-agent.service must keep KillMode=process (ranks outlive an agent restart)"
+  # The agent switches to each job's user to run its ranks: only root can.
+  if grep -qE '^(User|Group|DynamicUser|NoNewPrivileges|CapabilityBoundingSet)=' \
+       "$SRC/deploy/systemd/ddl-agent.service"; then
+    fail "ddl-agent.service must run as root with its capabilities (it runs ranks as the jobs' users)"
+  fi
   for u in ddl-coordinator ddl-agent; do
     grep -qx 'Type=notify' "$SRC/deploy/systemd/$u.service" || fail "$u.service: not Type=notify"
     sed "s|^ExecStart=/usr/bin/|ExecStart=$BIN/|" "$SRC/deploy/systemd/$u.service" >"$tmp/$u.service"
@@ -106,12 +117,27 @@ test_units() {
 
 # ---- configs -----------------------------------------------------------------------------------------------
 test_configs() {
-  need_bin ddl-coordinator ddl-agent
+  need_bin ddl-coordinator ddl-agent ddlctl
   local have_notify=0
   if command -v python3 >/dev/null; then have_notify=1; else log "note: python3 absent, sd_notify not checked"; fi
   local coord_extra=()
   # Where the coordinator has a dashboard, keep it off the default port (parallel runs, a real coordinator).
   if grep -q -- "--http" <<<"$("$BIN/ddl-coordinator" --help 2>&1)"; then coord_extra=(--http 127.0.0.1:0); fi
+
+  # Secure by default: both configs name /etc/ddl/pki and neither asks for plaintext.
+  local d conf
+  for d in coordinator agent; do
+    conf=$(<"$SRC/deploy/etc/ddl/$d.json")
+    grep -q '"pki_dir": *"/etc/ddl/pki"' <<<"$conf" || fail "$d.json: pki_dir is not /etc/ddl/pki"
+    if grep -q '"insecure": *true' <<<"$conf"; then fail "$d.json: insecure is true"; fi
+  done
+
+  # The PKI an operator makes (init-pki on the coordinator's host, issue-node per node), in the scratch
+  # directory: --pki-dir points the daemons at it instead of the configs' /etc/ddl/pki.
+  local pki=$tmp/pki node=ddl-deploy-test
+  "$BIN/ddl-coordinator" init-pki "$pki" >"$tmp/pki.log" 2>&1 || { cat "$tmp/pki.log"; fail "init-pki failed"; }
+  "$BIN/ddl-coordinator" --pki-dir "$pki" issue-node "$node" --out "$tmp/node-pki" >>"$tmp/pki.log" 2>&1 ||
+    { cat "$tmp/pki.log"; fail "issue-node failed"; }
 
   # The coordinator with the shipped config.
   local c=$tmp/coordinator notify_env=()
@@ -122,23 +148,18 @@ test_configs() {
     notify_env=(NOTIFY_SOCKET="$tmp/coordinator.notify")
   fi
   env "${notify_env[@]}" "$BIN/ddl-coordinator" --config "$SRC/deploy/etc/ddl/coordinator.json" --data-dir "$c/data" \
-    --listen 127.0.0.1:0 "${coord_extra[@]}" >"$c/out.log" 2>&1 &
+    --pki-dir "$pki" --listen 127.0.0.1:0 "${coord_extra[@]}" >"$c/out.log" 2>&1 &
   local cpid=$!; pids+=("$cpid")
   wait_for 15 test -s "$c/data/coordinator.addr" ||
     { cat "$c/out.log"; fail "ddl-coordinator did not write coordinator.addr with the shipped config"; }
-  log "ddl-coordinator serves with coordinator.json on $(cat "$c/data/coordinator.addr")"
+  local addr
+  addr=$(<"$c/data/coordinator.addr")
+  log "ddl-coordinator serves TLS with coordinator.json on $addr"
   if ((have_notify)); then
     wait_for 5 grep -qx 'READY=1' "$c/notify.log" || fail "ddl-coordinator sent no READY=1 (built without libsystemd?)"
   fi
-  local rc=0
-  stop_within 15 "$cpid" || rc=$?
-  ((rc == 0)) || { cat "$c/out.log"; fail "ddl-coordinator exited $rc after SIGTERM"; }
-  if ((have_notify)); then
-    wait_for 2 grep -qx 'STOPPING=1' "$c/notify.log" || fail "ddl-coordinator sent no STOPPING=1 on SIGTERM"
-    log "ddl-coordinator notified: $(paste -sd' ' "$c/notify.log")"
-  fi
 
-  # The agent with the shipped config, toward a coordinator that is not there: it keeps retrying.
+  # The agent with the shipped config and the node's certificate registers over mutual TLS.
   local a=$tmp/agent
   mkdir -p "$a"
   notify_env=()
@@ -147,14 +168,31 @@ test_configs() {
     wait_for 5 test -S "$tmp/agent.notify" || fail "the NOTIFY_SOCKET stand-in did not start"
     notify_env=(NOTIFY_SOCKET="$tmp/agent.notify")
   fi
-  env "${notify_env[@]}" "$BIN/ddl-agent" --config "$SRC/deploy/etc/ddl/agent.json" --data-dir "$a/data" --coordinator 127.0.0.1:1 \
-    >"$a/out.log" 2>&1 &
+  env "${notify_env[@]}" "$BIN/ddl-agent" --config "$SRC/deploy/etc/ddl/agent.json" --data-dir "$a/data" \
+    --coordinator "$addr" --node "$node" --pki-dir "$tmp/node-pki" >"$a/out.log" 2>&1 &
   local apid=$!; pids+=("$apid")
   if ((have_notify)); then
     wait_for 10 grep -qx 'READY=1' "$a/notify.log" || { cat "$a/out.log"; fail "ddl-agent sent no READY=1"; }
   fi
+  node_up() {
+    grep -qE "^$node +UP " <<<"$("$BIN/ddlctl" --coordinator "$addr" --ca "$pki/ca.crt" \
+      --token-file "$pki/admin.token" --timeout 5 nodes 2>"$tmp/ddlctl.err")"
+  }
+  wait_for 15 node_up ||
+    { cat "$a/out.log" "$c/out.log" "$tmp/ddlctl.err"; fail "ddl-agent did not register over TLS"; }
+  log "ddl-agent registered over mutual TLS with agent.json (ddlctl nodes with the admin token: $node UP)"
+
+  local rc=0
+  stop_within 15 "$cpid" || rc=$?
+  ((rc == 0)) || { cat "$c/out.log"; fail "ddl-coordinator exited $rc after SIGTERM"; }
+  if ((have_notify)); then
+    wait_for 2 grep -qx 'STOPPING=1' "$c/notify.log" || fail "ddl-coordinator sent no STOPPING=1 on SIGTERM"
+    log "ddl-coordinator notified: $(paste -sd' ' "$c/notify.log")"
+  fi
+
+  # With the coordinator gone the agent keeps retrying.
   sleep 1
-  kill -0 "$apid" 2>/dev/null || { cat "$a/out.log"; fail "ddl-agent exited with the shipped agent.json"; }
+  kill -0 "$apid" 2>/dev/null || { cat "$a/out.log"; fail "ddl-agent exited when its coordinator stopped"; }
   rc=0
   stop_within 10 "$apid" || rc=$?
   ((rc == 0)) || { cat "$a/out.log"; fail "ddl-agent exited $rc after SIGTERM"; }
@@ -162,21 +200,38 @@ test_configs() {
     wait_for 2 grep -qx 'STOPPING=1' "$a/notify.log" || fail "ddl-agent sent no STOPPING=1 on SIGTERM"
     log "ddl-agent notified: $(paste -sd' ' "$a/notify.log")"
   fi
-  log "ddl-agent runs with agent.json and stops on SIGTERM"
+  log "ddl-agent runs with agent.json, outlives its coordinator and stops on SIGTERM"
+
+  # Without their PKI files neither daemon starts, and each says which file it lacks.
+  rc=0
+  timeout 20 "$BIN/ddl-coordinator" --config "$SRC/deploy/etc/ddl/coordinator.json" --pki-dir "$tmp/no-pki" \
+    --data-dir "$tmp/no-pki-c" --listen 127.0.0.1:0 "${coord_extra[@]}" >"$tmp/no-pki-c.log" 2>&1 || rc=$?
+  ((rc != 0 && rc != 124)) || fail "ddl-coordinator without its PKI files: exit $rc, expected a refusal"
+  # Its last line (before it, a warning that users.json has no users).
+  grep -q "$tmp/no-pki/" <<<"$(tail -n1 "$tmp/no-pki-c.log")" ||
+    { cat "$tmp/no-pki-c.log"; fail "ddl-coordinator's refusal names no file"; }
+  log "ddl-coordinator refuses to start without its PKI: $(tail -n1 "$tmp/no-pki-c.log")"
+  rc=0
+  timeout 20 "$BIN/ddl-agent" --config "$SRC/deploy/etc/ddl/agent.json" --pki-dir "$tmp/no-pki" \
+    --data-dir "$tmp/no-pki-a" --coordinator 127.0.0.1:1 >"$tmp/no-pki-a.log" 2>&1 || rc=$?
+  ((rc != 0 && rc != 124)) || fail "ddl-agent without its PKI files: exit $rc, expected a refusal"
+  grep -q "$tmp/no-pki/" <<<"$(tail -n1 "$tmp/no-pki-a.log")" ||
+    { cat "$tmp/no-pki-a.log"; fail "ddl-agent's refusal names no file"; }
+  log "ddl-agent refuses to start without its PKI: $(tail -n1 "$tmp/no-pki-a.log")"
 
   # A misspelt key stops each daemon at start, naming the key.
   sed 's/"heartbeat_grace_s"/"heartbeat_grace"/' "$SRC/deploy/etc/ddl/coordinator.json" >"$tmp/typo-coordinator.json"
   sed 's/"stop_grace_s"/"stop_grace"/' "$SRC/deploy/etc/ddl/agent.json" >"$tmp/typo-agent.json"
   rc=0
   timeout 20 "$BIN/ddl-coordinator" --config "$tmp/typo-coordinator.json" --data-dir "$tmp/typo-c" \
-    --listen 127.0.0.1:0 "${coord_extra[@]}" >"$tmp/typo-c.log" 2>&1 || rc=$?
+    --pki-dir "$pki" --listen 127.0.0.1:0 "${coord_extra[@]}" >"$tmp/typo-c.log" 2>&1 || rc=$?
   ((rc != 0 && rc != 124)) || fail "ddl-coordinator with a misspelt key: exit $rc, expected a refusal"
   grep -q "unknown key 'heartbeat_grace'" "$tmp/typo-c.log" ||
     { cat "$tmp/typo-c.log"; fail "ddl-coordinator's refusal does not name the key"; }
   log "ddl-coordinator refuses a misspelt key: $(head -1 "$tmp/typo-c.log")"
   rc=0
   timeout 20 "$BIN/ddl-agent" --config "$tmp/typo-agent.json" --data-dir "$tmp/typo-a" \
-    --coordinator 127.0.0.1:1 >"$tmp/typo-a.log" 2>&1 || rc=$?
+    --pki-dir "$tmp/node-pki" --coordinator 127.0.0.1:1 >"$tmp/typo-a.log" 2>&1 || rc=$?
   ((rc != 0 && rc != 124)) || fail "ddl-agent with a misspelt key: exit $rc, expected a refusal"
   grep -q "unknown key 'stop_grace'" "$tmp/typo-a.log" ||
     { cat "$tmp/typo-a.log"; fail "ddl-agent's refusal does not name the key"; }
@@ -237,8 +292,16 @@ test_packages() {
     for f in postinst prerm postrm; do
       [[ -x $tmp/ctl/$d/$f ]] || fail "ddl-$d: no executable $f"
       sh -n "$tmp/ctl/$d/$f" || fail "ddl-$d: $f is not valid sh"
+      # The operator makes the CA (init-pki); no maintainer script does.
+      if grep -qE 'init-pki|issue-node|renew-cert|openssl' <<<"$(grep -v '^ *#' "$tmp/ctl/$d/$f")"; then
+        fail "ddl-$d: $f makes certificates or keys"
+      fi
     done
   done
+  # No package ships a certificate, key or token.
+  local shipped
+  shipped=$(find "$all" -name '*.key' -o -name '*.crt' -o -name '*.token' -o -name users.json)
+  [[ -z $shipped ]] || fail "a package ships PKI files: $shipped"
   mkdir -p "$tmp/ctl/libddl"
   dpkg-deb -e "$tmp/pkg/libddl_${version}_${arch}.deb" "$tmp/ctl/libddl"
   grep -q '^libddl 0 libddl' "$tmp/ctl/libddl/shlibs" || fail "libddl: no shlibs entry for libddl.so.0"
@@ -257,8 +320,10 @@ test_packages() {
     fail "unpacked ddl-bench does not resolve libddl.so.0 from the unpacked tree"
   local coord_extra=()
   if grep -q -- "--http" <<<"$("$all/usr/bin/ddl-coordinator" --help 2>&1)"; then coord_extra=(--http 127.0.0.1:0); fi
-  "$all/usr/bin/ddl-coordinator" --config "$all/etc/ddl/coordinator.json" --data-dir "$tmp/pc" \
-    --listen 127.0.0.1:0 "${coord_extra[@]}" >"$tmp/pc.log" 2>&1 &
+  "$all/usr/bin/ddl-coordinator" init-pki "$tmp/pc-pki" >"$tmp/pc.log" 2>&1 ||
+    { cat "$tmp/pc.log"; fail "unpacked ddl-coordinator init-pki failed"; }
+  "$all/usr/bin/ddl-coordinator" --config "$all/etc/ddl/coordinator.json" --data-dir "$tmp/pc" --pki-dir "$tmp/pc-pki" \
+    --listen 127.0.0.1:0 "${coord_extra[@]}" >>"$tmp/pc.log" 2>&1 &
   local cpid=$!; pids+=("$cpid")
   wait_for 15 test -s "$tmp/pc/coordinator.addr" || { cat "$tmp/pc.log"; fail "unpacked ddl-coordinator did not start"; }
   stop_within 15 "$cpid" || { cat "$tmp/pc.log"; fail "unpacked ddl-coordinator did not stop cleanly"; }

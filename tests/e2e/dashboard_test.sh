@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# The dashboard end to end: a coordinator and two agents on 127.0.0.1, a running 4-rank job, then
+# The dashboard end to end: a coordinator and two agents on 127.0.0.1 over mutual TLS (a PKI made with init-pki
+# in the scratch directory, a node certificate per agent), a running 4-rank job submitted with a user's token
+# (a ddlctl user made with the admin token; as root, also a throwaway account of the same name, ddlt-<pid>, that
+# the ranks can run as, removed on exit), then
 #  - headless Chromium renders / (nodes and the job, drawn by the page's own JavaScript) and /jobs/ID (ranks,
 #    ring picture), and takes screenshots (into $DDL_SCREENSHOT_DIR when set, e.g. docs/);
 #  - /metrics is parsed with the Prometheus client library's parser and checked against the cluster;
@@ -8,6 +11,7 @@
 #
 #   tests/e2e/dashboard_test.sh BIN_DIR
 set -euo pipefail
+unset DDL_TOKEN DDL_TOKEN_FILE DDL_CA DDL_COORDINATOR  # the caller's ddlctl settings ($DDL_TOKEN beats --token-file)
 bin=$(cd "${1:-$(dirname "$0")/../../build/bin}" && pwd)
 command -v chromium >/dev/null || { echo "skipped: chromium is not installed (scripts/bootstrap installs it)"; exit 77; }
 # Debian's python3 (which has python3-prometheus-client), not one that a user's PATH may put first.
@@ -17,10 +21,16 @@ py=/usr/bin/python3
   { echo "skipped: python3-prometheus-client is not installed"; exit 77; }
 
 tmp=$(mktemp -d /tmp/ddl-dash-test.XXXXXX)
+chmod 755 "$tmp"
 pids=()
+user=
+made_user=0
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do timeout 15 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null || true; done
+  if ((made_user)) && ! userdel "$user" 2>/dev/null && ! userdel -f "$user"; then
+    echo "could not remove the account $user" >&2
+  fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -31,23 +41,53 @@ fail() {
 }
 wait_file() { for _ in $(seq 100); do [[ -s "$1" ]] && return 0; sleep 0.1; done; return 1; }
 
-"$bin/ddl-coordinator" --listen 127.0.0.1:0 --http 127.0.0.1:0 --data-dir "$tmp/c" >"$tmp/coordinator.log" 2>&1 &
+# The job's user: the ranks run as the account named like the token's user (as the agent's own user until the
+# agent switches users), so as root that is a throwaway account whose home is the job's workdir; otherwise
+# whoever runs the test.
+mkdir "$tmp/work"
+if [[ $(id -u) -eq 0 ]]; then
+  command -v useradd >/dev/null || { echo "skipped: useradd is missing (Debian package passwd)"; exit 77; }
+  user=ddlt-$$
+  useradd --home-dir "$tmp/work" --no-create-home --shell /usr/sbin/nologin \
+    --comment "ddl dashboard_e2e, removed on exit" "$user" || fail "useradd $user failed"
+  made_user=1
+  runuser -u "$user" -- test -x "$bin/ddl-bench" ||
+    fail "$user cannot run $bin/ddl-bench (a directory above it is private)"
+else
+  user=$(id -un)
+fi
+chown "$user:" "$tmp/work"
+
+pki=$tmp/pki
+"$bin/ddl-coordinator" init-pki "$pki" >"$tmp/init-pki.log" 2>&1 || fail "ddl-coordinator init-pki failed"
+for i in 1 2; do
+  "$bin/ddl-coordinator" --pki-dir "$pki" issue-node "n$i" --out "$tmp/pki-n$i" >>"$tmp/init-pki.log" 2>&1 ||
+    fail "ddl-coordinator issue-node n$i failed"
+done
+"$bin/ddl-coordinator" --pki-dir "$pki" --listen 127.0.0.1:0 --http 127.0.0.1:0 --data-dir "$tmp/c" \
+  >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 wait_file "$tmp/c/coordinator.addr" || fail "the coordinator did not start"
 wait_file "$tmp/c/coordinator.http" || fail "the coordinator wrote no http address"
 grpc=$(cat "$tmp/c/coordinator.addr")
 web=http://$(cat "$tmp/c/coordinator.http")
-echo "coordinator $grpc, dashboard $web"
+echo "coordinator $grpc (TLS), dashboard $web"
+admin() { "$bin/ddlctl" --coordinator "$grpc" --ca "$pki/ca.crt" --token-file "$pki/admin.token" "$@"; }
+ctl() { "$bin/ddlctl" --coordinator "$grpc" --ca "$pki/ca.crt" --token-file "$tmp/user.token" "$@"; }
+(umask 077 && admin -o json admin add-user "$user" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["token"])' \
+  >"$tmp/user.token") || fail "ddlctl admin add-user $user failed"
+[[ $(ctl whoami) == "$user user"* ]] || fail "whoami with $user's token: $(ctl whoami 2>&1)"
 for i in 1 2; do
-  "$bin/ddl-agent" --coordinator "$grpc" --node "n$i" --address 127.0.0.1 --labels "rack=r1,switch=s$i" \
-    --virtual-gpus 2 --force-virtual --data-dir "$tmp/n$i" --port-range "3$((3 + i))000-3$((3 + i))099" --stop-ranks-on-exit \
-    >"$tmp/agent-n$i.log" 2>&1 &
+  "$bin/ddl-agent" --coordinator "$grpc" --node "n$i" --pki-dir "$tmp/pki-n$i" --address 127.0.0.1 \
+    --labels "rack=r1,switch=s$i" --virtual-gpus 2 --force-virtual --data-dir "$tmp/n$i" \
+    --port-range "3$((3 + i))000-3$((3 + i))099" --stop-ranks-on-exit >"$tmp/agent-n$i.log" 2>&1 &
   pids+=($!)
 done
-ctl() { "$bin/ddlctl" --coordinator "$grpc" "$@"; }
-for _ in $(seq 100); do [[ $(ctl nodes | grep -c ' UP ') == 2 ]] && break; sleep 0.1; done
-[[ $(ctl nodes | grep -c ' UP ') == 2 ]] || fail "the agents did not register"
-job=$(ctl submit --name dash-bench --nodes 2 --gpus-per-node 2 -- "$bin/ddl-bench" -b 256K -e 256K -n 200000 -w 1 -a mdring)
+for _ in $(seq 100); do [[ $(admin nodes | grep -c ' UP ') == 2 ]] && break; sleep 0.1; done
+[[ $(admin nodes | grep -c ' UP ') == 2 ]] || fail "the agents did not register"
+job=$(ctl submit --name dash-bench --nodes 2 --gpus-per-node 2 --workdir "$tmp/work" -- \
+  "$bin/ddl-bench" -b 256K -e 256K -n 200000 -w 1 -a mdring)
+grep -q "^User: *$user\$" <<<"$(ctl status "$job")" || fail "job $job is not $user's"
 for _ in $(seq 200); do ctl status "$job" | grep -q 'State: *RUNNING' && break; sleep 0.1; done
 ctl status "$job" | grep -q 'State: *RUNNING' || fail "job $job is not running"
 # Every rank must have reported its progress at least once (a '-' in COLLECTIVES means not yet).

@@ -6,6 +6,13 @@
 #   ddl-<pid>-host1  eth0 198.18.0.2/24  ddl-agent --node host1 (2 virtual GPUs)
 #   ddl-<pid>-host2  eth0 198.18.0.3/24  ddl-agent --node host2 (2 virtual GPUs)
 #
+# Every gRPC link is mutual TLS: a PKI made with init-pki in the scratch directory (the coordinator's certificate
+# also names 198.18.0.1), a node certificate per agent (issue-node). The job is submitted with the token of a
+# ddlctl user made with the admin token, named like a throwaway account ddlt-<pid> (useradd, removed on exit)
+# that the ranks can run as. Before the job, from host1: a client trusting another CA fails to verify the
+# coordinator (openssl s_client, where installed), one trusting ours verifies it for 198.18.0.1, and a
+# plaintext HTTP/2 connection preface gets no HTTP/2 answer; ddlctl without a token exits 4.
+#
 # The namespaces are built by scripts/lib/netns.sh (shared with bench/hierarchy.sh). The hosts' links are
 # shaped on egress with "netem delay 0.5ms rate 1gbit", or where the kernel has no sch_netem with "tbf rate
 # 1gbit"; with neither they stay unshaped (said so, not a failure).
@@ -24,6 +31,7 @@
 set -euo pipefail
 
 SKIP=77
+unset DDL_TOKEN DDL_TOKEN_FILE DDL_CA DDL_COORDINATOR  # the caller's ddlctl settings ($DDL_TOKEN beats --token-file)
 log() { printf '[netns %s] %s\n' "$(date +%T)" "$*"; }
 skip() { log "skipped: $*"; exit "$SKIP"; }
 fail() { log "FAIL: $*" >&2; exit 1; }
@@ -58,6 +66,7 @@ print(sum(n.get("state") == "UP" and n.get("connected", False) for n in json.loa
 else
   skip "needs jq or python3 to read ddlctl's JSON"
 fi
+command -v useradd >/dev/null || skip "needs useradd (Debian package passwd) for the job's throwaway account"
 
 ID=$$
 NS_BR=ddl-$ID-br
@@ -66,6 +75,8 @@ NS_H1=ddl-$ID-host1
 NS_H2=ddl-$ID-host2
 COORD=198.18.0.1:7070
 UCX_TLS_JOB=${DDL_NETNS_UCX_TLS:-tcp,sm,self}
+JOB_USER=ddlt-$ID
+MADE_USER=0
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddl-netns.XXXXXX")
 chmod 755 "$tmp"
@@ -124,6 +135,9 @@ cleanup() {
   # Anything still inside our namespaces (stray ranks) was started by these daemons: netns_teardown kills it by
   # pid, then deletes the namespaces (and the veths with them).
   netns_teardown
+  if ((MADE_USER)) && ! userdel "$JOB_USER" 2>/dev/null && ! userdel -f "$JOB_USER"; then
+    log "could not remove the account $JOB_USER"
+  fi
   if [[ ${DDL_NETNS_KEEP:-0} == 1 ]]; then
     log "kept $tmp"
   else
@@ -164,13 +178,38 @@ fi
 netns_wait_up 10 "$NS_BR" "${HOSTS[@]}" || { ip -n "$NS_BR" link; fail "the links did not come up within 10 s"; }
 log "network up$(command -v ping >/dev/null && echo ': host1 -> coord and host2 -> host1 answer pings')"
 
-# ---- daemons ------------------------------------------------------------------------------------------------
-mkdir -p "$tmp/coord" "$tmp/host1" "$tmp/host2"
-ctl() { ip netns exec "$NS_C" "$BIN/ddlctl" --coordinator "$COORD" --timeout 5 "$@"; }
+# ---- the job's account and the PKI ---------------------------------------------------------------------------
+# The account's home is the job's workdir.
+mkdir -p "$tmp/coord" "$tmp/host1" "$tmp/host2" "$tmp/work"
+useradd --home-dir "$tmp/work" --no-create-home --shell /usr/sbin/nologin \
+  --comment "ddl netns_cluster, removed on exit" "$JOB_USER" || fail "useradd $JOB_USER failed"
+MADE_USER=1
+chown "$JOB_USER:" "$tmp/work"
+runuser -u "$JOB_USER" -- test -x "$BIN/ddl-bench" ||
+  fail "$JOB_USER cannot run $BIN/ddl-bench (a directory above it is private)"
+PKI=$tmp/pki
+"$BIN/ddl-coordinator" init-pki "$PKI" --name "${COORD%:*}" >"$tmp/pki.log" 2>&1 ||
+  { cat "$tmp/pki.log"; fail "ddl-coordinator init-pki failed"; }
+for n in 1 2; do
+  "$BIN/ddl-coordinator" --pki-dir "$PKI" issue-node "host$n" --out "$tmp/pki-host$n" >>"$tmp/pki.log" 2>&1 ||
+    { cat "$tmp/pki.log"; fail "ddl-coordinator issue-node host$n failed"; }
+done
+log "PKI in $PKI (coordinator certificate for ${COORD%:*}), node certificates for host1 and host2"
 
-log "starting ddl-coordinator in $NS_C on $COORD"
-ip netns exec "$NS_C" "$BIN/ddl-coordinator" --listen "$COORD" --data-dir "$tmp/coord" --heartbeat-grace 5 \
-  >"$tmp/coordinator.log" 2>&1 &
+# ---- daemons ------------------------------------------------------------------------------------------------
+# ddlctl as the admin (nodes, add-user) and as the job's user (submit, status).
+admin() {
+  ip netns exec "$NS_C" "$BIN/ddlctl" --coordinator "$COORD" --timeout 5 --ca "$PKI/ca.crt" \
+    --token-file "$PKI/admin.token" "$@"
+}
+ctl() {
+  ip netns exec "$NS_C" "$BIN/ddlctl" --coordinator "$COORD" --timeout 5 --ca "$PKI/ca.crt" \
+    --token-file "$tmp/user.token" "$@"
+}
+
+log "starting ddl-coordinator in $NS_C on $COORD (TLS)"
+ip netns exec "$NS_C" "$BIN/ddl-coordinator" --listen "$COORD" --pki-dir "$PKI" --data-dir "$tmp/coord" \
+  --heartbeat-grace 5 >"$tmp/coordinator.log" 2>&1 &
 PIDS[coordinator]=$!
 # Start the agents only once the coordinator answers: an agent that finds it not yet listening keeps getting
 # "connection refused" from its gRPC channel for several seconds after it is (seen: 6-8 s), which would only
@@ -180,11 +219,15 @@ deadline=$((SECONDS + 20))
 answers=0
 for ((i = 0; i < 100 && SECONDS < deadline; i++)); do
   alive "${PIDS[coordinator]}" || fail "ddl-coordinator exited early"
-  if ctl nodes >/dev/null 2>&1; then answers=1; break; fi
+  if admin nodes >/dev/null 2>&1; then answers=1; break; fi
   sleep 0.2
 done
 ((answers)) || fail "ddl-coordinator does not answer on $COORD after 20 s"
 log "ddl-coordinator answers after $(elapsed "$t") s"
+(umask 077 && admin -o json admin add-user "$JOB_USER" | json '.token' >"$tmp/user.token") ||
+  fail "ddlctl admin add-user $JOB_USER failed"
+[[ $(ctl whoami) == "$JOB_USER user"* ]] || fail "ddlctl whoami with $JOB_USER's token: $(ctl whoami 2>&1)"
+log "ddlctl user $JOB_USER made; its token is $tmp/user.token"
 # Each agent host also gets its own IPC namespace, and keeps the machine's host name on purpose (see
 # scripts/lib/netns.sh).
 netns_host_prefix
@@ -192,8 +235,8 @@ for n in 1 2; do
   ns_var=NS_H$n
   log "starting ddl-agent host$n in ${!ns_var} at 198.18.0.$((n + 1))"
   ip netns exec "${!ns_var}" "${NETNS_HOST_PREFIX[@]}" "$BIN/ddl-agent" --coordinator "$COORD" --node "host$n" \
-    --address "198.18.0.$((n + 1))" --labels switch=s1 --virtual-gpus 2 --force-virtual --data-dir "$tmp/host$n" --stop-ranks-on-exit \
-    >"$tmp/agent-host$n.log" 2>&1 &
+    --pki-dir "$tmp/pki-host$n" --address "198.18.0.$((n + 1))" --labels switch=s1 --virtual-gpus 2 --force-virtual \
+    --data-dir "$tmp/host$n" --stop-ranks-on-exit >"$tmp/agent-host$n.log" 2>&1 &
   PIDS[agent-host$n]=$!
 done
 
@@ -205,7 +248,7 @@ for ((i = 0; i < 40 && SECONDS < deadline; i++)); do
   for role in "${!PIDS[@]}"; do
     alive "${PIDS[$role]}" || fail "$role exited early"
   done
-  if out=$(ctl -o json nodes 2>/dev/null); then
+  if out=$(admin -o json nodes 2>/dev/null); then
     up=$(printf '%s' "$out" | count_up) || up=0
     [[ $up -ge 2 ]] && break
   fi
@@ -213,7 +256,44 @@ for ((i = 0; i < 40 && SECONDS < deadline; i++)); do
 done
 [[ $up -ge 2 ]] || fail "only $up of 2 nodes UP after 20 s"
 log "both nodes UP after $(elapsed "$t") s:"
-ctl nodes
+admin nodes
+
+# ---- no way around TLS ------------------------------------------------------------------------------------
+rc=0
+ip netns exec "$NS_C" env HOME="$tmp/work" "$BIN/ddlctl" --coordinator "$COORD" --timeout 5 --ca "$PKI/ca.crt" nodes \
+  >"$tmp/notoken.log" 2>&1 </dev/null || rc=$?
+[[ $rc -eq 4 ]] || { cat "$tmp/notoken.log"; fail "ddlctl without a token exited $rc (wanted 4, not authenticated)"; }
+log "ddlctl without a token: exit 4 ($(head -c 100 "$tmp/notoken.log")...)"
+# The next probes come from host1, as a client elsewhere on the network would.
+if command -v openssl >/dev/null; then
+  "$BIN/ddl-coordinator" init-pki "$tmp/other-pki" >/dev/null 2>&1 || fail "init-pki of a second CA failed"
+  s_client() {  # CA_FILE: a TLS handshake with the coordinator that verifies its certificate for 198.18.0.1
+    ip netns exec "$NS_H1" timeout 10 openssl s_client -connect "$COORD" -alpn h2 -CAfile "$1" \
+      -verify_return_error -verify_ip "${COORD%:*}" </dev/null >"$tmp/s_client.log" 2>&1
+  }
+  if ! s_client "$PKI/ca.crt" || ! grep -aq 'Verify return code: 0 (ok)' "$tmp/s_client.log"; then
+    cat "$tmp/s_client.log"
+    fail "openssl s_client does not verify the coordinator's certificate with our CA"
+  fi
+  if s_client "$tmp/other-pki/ca.crt"; then
+    cat "$tmp/s_client.log"
+    fail "openssl s_client trusting another CA verified the coordinator's certificate"
+  fi
+  log "openssl s_client: the coordinator's certificate verifies for ${COORD%:*} with our CA, not with another one"
+else
+  log "note: openssl is not installed, the coordinator's certificate is not checked with s_client"
+fi
+# A plaintext HTTP/2 client: the connection preface and an empty SETTINGS frame. A plaintext gRPC server answers
+# with its own SETTINGS frame (a 9-byte header whose 4th byte, the type, is 04); a TLS one sends nothing back
+# (or a TLS alert) and closes.
+# shellcheck disable=SC2016 # expanded by the inner bash
+answer=$(ip netns exec "$NS_H1" timeout 10 bash -c 'trap "" PIPE
+  exec 3<>"/dev/tcp/$0/$1" || exit 3
+  printf "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00" >&3 2>/dev/null
+  timeout 3 cat <&3 2>/dev/null | od -An -v -tx1 | tr -d " \n"' "${COORD%:*}" "${COORD##*:}") ||
+  fail "the plaintext probe could not connect to $COORD"
+[[ ! $answer =~ ^[0-9a-f]{6}04 ]] || fail "$COORD answered a plaintext HTTP/2 preface with an HTTP/2 frame: $answer"
+log "a plaintext HTTP/2 preface gets no HTTP/2 answer (${#answer} hex digits back: ${answer:0:20})"
 
 # ---- the job -------------------------------------------------------------------------------------------------
 envs=(--env "UCX_TLS=$UCX_TLS_JOB")
@@ -226,11 +306,13 @@ link_bytes() {
                                           $(cat /sys/class/net/eth0/statistics/rx_bytes) ))'
 }
 bytes_before=$(link_bytes)
-log "submitting a 4-rank job (2 nodes x 2 GPUs, ${envs[*]}): ${bench[*]}"
+log "submitting a 4-rank job as $JOB_USER (2 nodes x 2 GPUs, ${envs[*]}): ${bench[*]}"
 t=$(date +%s.%N)
-JOB=$(ctl submit --nodes 2 --gpus-per-node 2 "${envs[@]}" --workdir "$tmp" -- "${bench[@]}")
+JOB=$(ctl submit --nodes 2 --gpus-per-node 2 "${envs[@]}" --workdir "$tmp/work" -- "${bench[@]}")
 JOB=$(printf '%s' "$JOB" | tr -d '[:space:]')
 [[ -n $JOB ]] || fail "ddlctl submit printed no job id"
+owner=$(ctl -o json status "$JOB" | json '.spec.user') || fail "ddlctl status $JOB failed"
+[[ $owner == "$JOB_USER" ]] || fail "job $JOB is $owner's, not $JOB_USER's (the token's user)"
 log "job $JOB submitted; waiting (at most 120 s) for it to end"
 
 state=
