@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """job_latency: how long the cluster service itself takes around a job, on this machine.
 
-Starts ddl-coordinator and two ddl-agents on 127.0.0.1 (2 virtual GPUs each), submits --jobs jobs of
+Starts ddl-coordinator and two ddl-agents on 127.0.0.1 (2 virtual GPUs each) over mutual TLS, as a cluster runs
+(a throwaway PKI; the jobs are root's when run as root, with --allow-root-jobs), submits --jobs jobs of
 2 nodes x 2 GPUs one after another, each rank running `sh -c 'date +%s%3N'` (it prints the time it ends), and
 reports, from the coordinator's own transition times:
   - submit -> all ranks started: the job's RUNNING transition minus its submit time (placement, the durable
@@ -15,8 +16,11 @@ import argparse, json, os, signal, statistics, subprocess, sys, tempfile, time
 BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "bin")
 
 
+CREDENTIALS = []  # --ca and --token-file, once the PKI exists
+
+
 def ctl(addr, *args):
-    out = subprocess.run([os.path.join(BIN, "ddlctl"), "--coordinator", addr, *args], check=True,
+    out = subprocess.run([os.path.join(BIN, "ddlctl"), "--coordinator", addr, *CREDENTIALS, *args], check=True,
                          capture_output=True, text=True)
     return out.stdout
 
@@ -29,8 +33,14 @@ def main():
     tmp = tempfile.mkdtemp(prefix="ddl-job-latency-")
     procs = []
     try:
-        procs.append(subprocess.Popen([os.path.join(BIN, "ddl-coordinator"), "--listen", "127.0.0.1:0",
-                                       "--http", "127.0.0.1:0", "--data-dir", f"{tmp}/c", "--log-level", "warn"]))
+        coordinator = os.path.join(BIN, "ddl-coordinator")
+        subprocess.run([coordinator, "init-pki", f"{tmp}/pki"], check=True, capture_output=True)
+        for i in (1, 2):
+            subprocess.run([coordinator, "--pki-dir", f"{tmp}/pki", "issue-node", f"n{i}", "--out", f"{tmp}/n{i}-pki"],
+                           check=True, capture_output=True)
+        procs.append(subprocess.Popen([coordinator, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                                       "--data-dir", f"{tmp}/c", "--log-level", "warn", "--pki-dir", f"{tmp}/pki",
+                                       "--allow-root-jobs"]))
         for _ in range(100):
             if os.path.exists(f"{tmp}/c/coordinator.addr"):
                 break
@@ -39,7 +49,14 @@ def main():
         for i, ports in ((1, "32000-32099"), (2, "32100-32199")):
             procs.append(subprocess.Popen([os.path.join(BIN, "ddl-agent"), "--coordinator", addr, "--node", f"n{i}",
                                            "--address", "127.0.0.1", "--virtual-gpus", "2", "--force-virtual",
-                                           "--data-dir", f"{tmp}/n{i}", "--port-range", ports, "--log-level", "warn"]))
+                                           "--data-dir", f"{tmp}/n{i}", "--port-range", ports, "--log-level", "warn",
+                                           "--pki-dir", f"{tmp}/n{i}-pki"]))
+        CREDENTIALS[:] = ["--ca", f"{tmp}/pki/ca.crt", "--token-file", f"{tmp}/pki/admin.token"]
+        # The jobs' user: whoever runs this (an agent not run as root runs every rank as itself anyway).
+        user = json.loads(ctl(addr, "admin", "add-user", os.environ.get("USER") or "root", "-o", "json"))
+        with open(f"{tmp}/user.token", "w") as f:
+            f.write(user["token"])
+        CREDENTIALS[:] = ["--ca", f"{tmp}/pki/ca.crt", "--token-file", f"{tmp}/user.token"]
         for _ in range(100):
             if ctl(addr, "nodes").count(" UP ") == 2:
                 break

@@ -313,9 +313,13 @@ std::string findCredentials(const std::string& ca_flag, const std::string& token
             : !env("DDL_CA").empty() ? env("DDL_CA")
             : !home.empty() && std::filesystem::exists(home + "ca.crt", ec) ? home + "ca.crt"
                                                                            : "/etc/ddl/pki/ca.crt";
-  out->token = env("DDL_TOKEN");
-  if (!out->token.empty()) return "";
-  std::string file = !token_file_flag.empty() ? token_file_flag : env("DDL_TOKEN_FILE");
+  // An explicit --token-file wins, then $DDL_TOKEN, then $DDL_TOKEN_FILE, then the default file.
+  std::string file = token_file_flag;
+  if (file.empty()) {
+    out->token = env("DDL_TOKEN");
+    if (!out->token.empty()) return "";
+    file = env("DDL_TOKEN_FILE");
+  }
   const bool given = !file.empty();
   if (!given) file = home.empty() ? "" : home + "token";
   if (file.empty()) return "";
@@ -567,7 +571,8 @@ Environment:
   DDL_COORDINATOR  HOST:PORT of the coordinator when --coordinator is not given (default 127.0.0.1:7070)
   DDL_CA           the cluster's CA certificate when --ca is not given (default ~/.config/ddl/ca.crt if it
                    exists, else /etc/ddl/pki/ca.crt)
-  DDL_TOKEN        your token (default: read from --token-file, $DDL_TOKEN_FILE or ~/.config/ddl/token)
+  DDL_TOKEN        your token when --token-file is not given (else read from $DDL_TOKEN_FILE or
+                   ~/.config/ddl/token)
 
 Output: text for people; -o json prints exactly one JSON document on stdout (proto field names).)";
 
@@ -616,8 +621,8 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
                                 "/etc/ddl/pki/ca.crt)")
       ->type_name("FILE")
       ->take_last();
-  app.add_option("--token-file", cl.tokenFile, "file holding your token (default: $DDL_TOKEN_FILE, "
-                                               "~/.config/ddl/token; $DDL_TOKEN wins)")
+  app.add_option("--token-file", cl.tokenFile, "file holding your token (default: $DDL_TOKEN, else "
+                                               "$DDL_TOKEN_FILE, else ~/.config/ddl/token)")
       ->type_name("FILE")
       ->take_last();
   app.add_flag("--insecure", cl.insecure, "plaintext, for a coordinator run with --insecure on loopback");
@@ -892,9 +897,10 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
   v1::CreateJoinTokenResponse resp;
   if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.CreateJoinToken(c, req, &resp); })) return rc;
   (void)err;
-  return s.print(resp, "on node " + cl.target + ", before " + formatLocalTime(resp.expires_ms()) + ":\n  ddl-agent join --node " +
-                           cl.target + " --coordinator " + cl.coordinator + " --ca-sha256 " + resp.ca_sha256() +
-                           " --token-file FILE   # FILE holds:\n" + resp.token() + "\n");
+  return s.print(resp, "on node " + cl.target + ", before " + formatLocalTime(resp.expires_ms()) +
+                           ", with the token below in FILE (mode 0600):\n  ddl-agent --node " + cl.target +
+                           " --coordinator " + cl.coordinator + " join --ca-sha256 " + resp.ca_sha256() +
+                           " --token-file FILE\n" + resp.token() + "\n");
 }
 
 // The verb's one RPC and its output; local checks first, so a usage error sends nothing.

@@ -47,8 +47,8 @@ struct Parsed {
 };
 
 // Where ddlctl finds its credentials: --ca, else $DDL_CA, else ~/.config/ddl/ca.crt if it exists, else
-// /etc/ddl/pki/ca.crt; the token from $DDL_TOKEN, else --token-file, $DDL_TOKEN_FILE or ~/.config/ddl/token
-// (never from the command line, where ps would show it). Returns "" or why the token file cannot be read.
+// /etc/ddl/pki/ca.crt; the token from --token-file, else $DDL_TOKEN, else $DDL_TOKEN_FILE or
+// ~/.config/ddl/token (never from the command line, where ps would show it). Returns "" or why the token file cannot be read.
 struct Credentials {
   std::string ca;
   std::string token;

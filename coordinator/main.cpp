@@ -20,6 +20,7 @@
 #include "auth/pki_dir.h"
 #include "auth/users.h"
 #include "common/pki.h"
+#include "ddl/tls.h"
 #include "daemon/config.h"
 #include "http/http_server.h"
 #include "rpc/server.h"
@@ -127,6 +128,12 @@ int main(int argc, char** argv) {
   if (auto st = validateConfig(config); !st) return fail("bad setting: " + st.message());
   spdlog::set_level(spdlog::level::from_str(config.log_level));
 
+  // Security first: a coordinator that cannot serve TLS says so before it touches its state.
+  if (config.insecure) {
+    if (auto why = ddl::tls::checkInsecure(config.listen, "ddl-coordinator"); !why.empty()) return fail(why);
+  } else if (auto st = RpcServer::checkTlsFiles(config.pki_dir); !st) {
+    return fail(st.message());
+  }
   std::error_code ec;
   std::filesystem::create_directories(config.data_dir, ec);
   if (ec) return fail("cannot create data directory " + config.data_dir + ": " + ec.message());

@@ -1,9 +1,9 @@
 # Debian packages, one per component; `cpack -G DEB` in the build directory (or `ninja package`) writes
 #
 #   ddl-coordinator  /usr/bin/ddl-coordinator, /lib/systemd/system/ddl-coordinator.service,
-#                    /etc/ddl/coordinator.json (conffile), /usr/share/doc/ddl-coordinator/operations.md
+#                    /etc/ddl/coordinator.json (conffile), /usr/share/doc/ddl-coordinator/{operations,security}.md
 #   ddl-agent        /usr/bin/ddl-agent, /lib/systemd/system/ddl-agent.service,
-#                    /etc/ddl/agent.json (conffile), /usr/share/doc/ddl-agent/operations.md
+#                    /etc/ddl/agent.json (conffile), /usr/share/doc/ddl-agent/{operations,security}.md
 #   ddlctl           /usr/bin/ddlctl
 #   libddl           /usr/lib/libddl.so*, /usr/include/ddl/ddl.h, /usr/bin/ddlrun, /usr/bin/ddl-bench
 #   python3-torch-ddl  /usr/lib/python3/dist-packages/torch_ddl (the torch.distributed backend "ddl"), where
@@ -29,7 +29,8 @@ if(TARGET ddl-coordinator AND TARGET ddl-agent AND TARGET ddlctl)
             COMPONENT ${daemon})
     install(FILES ${CMAKE_CURRENT_LIST_DIR}/etc/ddl/${daemon}.json DESTINATION ${DDL_SYSCONF_DIR}/ddl
             COMPONENT ${daemon})
-    install(FILES ${PROJECT_SOURCE_DIR}/docs/operations.md DESTINATION share/doc/ddl-${daemon} COMPONENT ${daemon})
+    install(FILES ${PROJECT_SOURCE_DIR}/docs/operations.md ${PROJECT_SOURCE_DIR}/docs/security.md
+            DESTINATION share/doc/ddl-${daemon} COMPONENT ${daemon})
   endforeach()
 
   # Maintainer scripts and conffiles of the two daemon packages, from the templates in deploy/debian/.

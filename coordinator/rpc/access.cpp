@@ -14,7 +14,7 @@ StatusOr<Identity> identifyUser(const std::string& token, const auth::UserRegist
   }
   if (insecure) return Identity{"", Role::kInsecure, "insecure"};
   return Status::unauthenticated(
-      "no token: ddlctl sends the token from --token-file, $DDL_TOKEN or ~/.config/ddl/token (an admin makes one "
+      "no token: ddlctl sends the token from --token-file, $DDL_TOKEN, $DDL_TOKEN_FILE or ~/.config/ddl/token (an admin makes one "
       "with 'ddlctl admin add-user NAME')");
 }
 

@@ -372,6 +372,19 @@ RpcServer::RpcServer(Coordinator& coordinator, SecurityOptions security)
 
 RpcServer::~RpcServer() { shutdown(); }
 
+namespace {
+tls::Files serverFiles(const std::string& pki_dir) {
+  return {pki_dir + "/" + pki::kCaCert, pki_dir + "/" + pki::kCoordinatorCert, pki_dir + "/" + pki::kCoordinatorKey};
+}
+}  // namespace
+
+Status RpcServer::checkTlsFiles(const std::string& pki_dir) {
+  const std::string hint = "make the cluster's certificates with 'ddl-coordinator init-pki " + pki_dir +
+                           "' (docs/security.md), or give --insecure on a loopback address for development";
+  if (auto why = tls::checkFiles(serverFiles(pki_dir), hint); !why.empty()) return Status::failedPrecondition(why);
+  return Status::ok();
+}
+
 Status RpcServer::start(const std::string& listen, std::string* bound) {
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size()) {
@@ -382,13 +395,9 @@ Status RpcServer::start(const std::string& listen, std::string* bound) {
     if (auto why = tls::checkInsecure(listen, "ddl-coordinator"); !why.empty()) return Status::invalidArgument(why);
     credentials = grpc::InsecureServerCredentials();
   } else {
-    const tls::Files files{security_.pki_dir + "/" + pki::kCaCert, security_.pki_dir + "/" + pki::kCoordinatorCert,
-                           security_.pki_dir + "/" + pki::kCoordinatorKey};
-    const std::string hint = "make the cluster's certificates with 'ddl-coordinator init-pki " + security_.pki_dir +
-                             "' (docs/security.md), or give --insecure on a loopback address for development";
-    if (auto why = tls::checkFiles(files, hint); !why.empty()) return Status::failedPrecondition(why);
+    if (Status st = checkTlsFiles(security_.pki_dir); !st) return st;
     if (!security_.users) return Status::failedPrecondition("no user registry");
-    credentials = tls::serverCredentials(files, security_.refresh_s);
+    credentials = tls::serverCredentials(serverFiles(security_.pki_dir), security_.refresh_s);
   }
   grpc::ServerBuilder builder;
   int port = 0;

@@ -36,6 +36,10 @@ class RpcServer {
   RpcServer(Coordinator& coordinator, SecurityOptions security);
   ~RpcServer();
 
+  // "" when PKI_DIR holds the coordinator's certificate, key and CA, usable together; else why not and how to
+  // make them.
+  static Status checkTlsFiles(const std::string& pki_dir);
+
   // Listens on HOST:PORT (PORT 0: the system picks one). On success `bound` is the address clients can
   // dial, with the real port. Errors name the address.
   Status start(const std::string& listen, std::string* bound);
