@@ -1058,7 +1058,9 @@ bool sendBefore(int fd, std::string_view bytes, const Deadline& deadline, std::s
       return false;
     }
     if (deadline.expired()) {
-      *why = "the handshake stalled for " + std::to_string(deadline.timeoutMs()) + " ms";
+      *why =
+          "a process accepted the connection but did not read libddl's handshake (another process on "
+          "DDL_ROOT's port?)";
       return false;
     }
     pollfd p{fd, POLLOUT, 0};
@@ -1085,8 +1087,9 @@ bool recvBefore(int fd, char* buf, size_t len, const Deadline& deadline, std::st
       return false;
     }
     if (deadline.expired()) {
-      *why = "a process accepted the connection but did not answer libddl's handshake within " +
-             std::to_string(deadline.timeoutMs()) + " ms (another process on DDL_ROOT's port?)";
+      *why =
+          "a process accepted the connection but did not answer libddl's handshake (another process on "
+          "DDL_ROOT's port?)";
       return false;
     }
     pollfd p{fd, POLLIN, 0};
@@ -1100,7 +1103,12 @@ bool recvBefore(int fd, char* buf, size_t len, const Deadline& deadline, std::st
 // slow start, deserves a new connection. Throws when the server refused the secret or did not prove it.
 bool proveSecret(int fd, const std::string& addr, const std::string& secret, const Deadline& deadline,
                  std::string* why) {
-  const Deadline step(std::min<int64_t>(TcpStoreHandshakeLimits{}.timeout_ms, deadline.remainingMs()));
+  // Each attempt waits as long as a server waits for a handshake, or until the caller's deadline if that
+  // comes first: then the caller's deadline has passed when this returns, and this attempt's reason is the
+  // last.
+  const int64_t attempt_ms = TcpStoreHandshakeLimits{}.timeout_ms;
+  const Deadline own(attempt_ms);
+  const Deadline& step = deadline.remainingMs() <= attempt_ms ? deadline : own;
   const std::string no_proof = "rendezvous store at " + addr + " did not prove the job's secret";
   const std::string stranger = " (another process on DDL_ROOT's port?)";
   // One handshake reply; throws on anything a libddl store would not send.
