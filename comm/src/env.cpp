@@ -6,6 +6,7 @@
 
 #include "algo/tune.h"
 #include "error.h"
+#include "store.h"
 
 namespace ddl {
 
@@ -89,6 +90,18 @@ Options resolveOptions(const ddlConfig_t* config, int nranks) {
     } else {
       fail(ddlInvalidArgument, "DDL_WAIT must be auto, spin or share, got '" + v + "'");
     }
+  }
+
+  // Version 3 added secret. The secret is never quoted in a message.
+  const bool has_secret = config && config->version >= 3 &&
+                          config->size >= offsetof(ddlConfig_t, secret) + sizeof(const char*);
+  const bool secret_from_config = has_secret && config->secret && config->secret[0] != '\0';
+  const char* secret_name = secret_from_config ? "ddlConfig_t.secret" : "DDL_JOB_SECRET";
+  o.secret = secret_from_config ? config->secret : getEnv("DDL_JOB_SECRET");
+  if (o.secret.size() > kMaxJobSecretBytes) {
+    fail(ddlInvalidArgument, std::string(secret_name) + " is " + std::to_string(o.secret.size()) +
+                                 " bytes long; at most " + std::to_string(kMaxJobSecretBytes) +
+                                 " are allowed");
   }
   return o;
 }

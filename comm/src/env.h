@@ -25,6 +25,7 @@ struct Options {
   Algo algo = Algo::kAuto;
   size_t segment_bytes = 0;  // 0: automatic
   std::shared_ptr<const TuneTable> tune;  // DDL_TUNE_FILE; null: the built-in table
+  std::string secret;  // ddlConfig_t.secret or DDL_JOB_SECRET: the rendezvous store's key; empty: none
 };
 
 // Throws ddlInvalidArgument naming the bad field or variable and its value.

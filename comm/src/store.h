@@ -6,6 +6,7 @@
 // ddlStore_t). Failures throw ddl::Error.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -32,6 +33,16 @@ std::shared_ptr<Store> makeMemoryStore();
 // Over a caller's store (ddlCommInitRankWithStore). set and get must be non-null; add() needs store.add.
 std::unique_ptr<Store> makeCallbackStore(const ddlStore_t& store);
 
+// The job's secret (DDL_JOB_SECRET) is an opaque string of 1 to this many bytes; empty means none.
+constexpr size_t kMaxJobSecretBytes = 4096;
+
+// How long a connection to the TCP store may take to prove the job's secret, and how many may be at it at
+// once (the oldest is dropped for a newer one). Tests shorten them.
+struct TcpStoreHandshakeLimits {
+  int timeout_ms = 5000;
+  int max_pending = 64;
+};
+
 // Server side of the TCP store, run by rank 0 (a background thread serves every client).
 class TcpStoreServer {
  public:
@@ -39,15 +50,23 @@ class TcpStoreServer {
   virtual int port() const = 0;  // the bound port (useful when asked for port 0)
 };
 // Listens on every IPv4 address at port (0 = any free port). Throws ddlSystemError when the port is taken,
-// with a message naming the port.
-std::unique_ptr<TcpStoreServer> startTcpStoreServer(int port);
+// with a message naming the port. With a non-empty secret the server answers only connections that prove they
+// hold it (and proves it to them in turn; see tcp_store.cpp); an empty secret leaves the store open to anyone
+// who can connect.
+std::unique_ptr<TcpStoreServer> startTcpStoreServer(int port, const std::string& secret,
+                                                    const TcpStoreHandshakeLimits& limits = {});
 
 // Client side: connects to host:port, retrying refused connections until the deadline (rank 0 may start last).
 // Throws ddlTimeout naming "host:port" and the last socket error when the deadline passes, ddlInvalidArgument
-// for port 0 or a host name that does not resolve. The returned store's set() and add() wait for the server's
-// answer up to deadline.timeoutMs() (at least 1 s); once the server closes the connection every call throws
-// ddlRemoteError. Keys are limited to 64 KiB and values to 16 MiB (ddlInvalidArgument beyond).
-std::unique_ptr<Store> connectTcpStore(const std::string& host, int port, const Deadline& deadline);
+// for port 0 or a host name that does not resolve. With a non-empty secret it proves the secret to the server
+// and requires the server to prove it back before any request: ddlInvalidArgument when the server refuses
+// this secret, ddlRemoteError when the server cannot prove it (another process on the port). An empty secret
+// sends requests at once, which a server with a secret refuses (ddlInvalidArgument on the first request).
+// The returned store's set() and add() wait for the server's answer up to deadline.timeoutMs() (at least
+// 1 s); once the server closes the connection every call throws ddlRemoteError. Keys are limited to 64 KiB
+// and values to 16 MiB (ddlInvalidArgument beyond).
+std::unique_ptr<Store> connectTcpStore(const std::string& host, int port, const Deadline& deadline,
+                                       const std::string& secret);
 
 // Splits "host:port" or "[ipv6]:port" (port 0..65535; 0 only makes sense to a server); throws
 // ddlInvalidArgument with the offending text when malformed.

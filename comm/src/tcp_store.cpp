@@ -1,7 +1,9 @@
 // TcpStore: the rendezvous store of a real job. Rank 0 runs a TcpStoreServer on the DDL_ROOT port; every rank
 // (rank 0 too) connects a TcpStore client to it, publishes its UCX worker address with set() and reads the
-// others' with get(), which the server answers only once the key exists. Plain POSIX sockets and poll():
-// libddl links nothing but UCX and the C/C++ runtime.
+// others' with get(), which the server answers only once the key exists. Plain POSIX sockets and poll(), and
+// libcrypto (OpenSSL) for the handshake's HMAC-SHA256, random nonces and constant-time compare: libddl links
+// UCX, libcrypto and the C/C++ runtime, nothing else (libcrypto's symbols are versioned, so it does not clash
+// with a framework that loads another OpenSSL).
 //
 // Wire format (all integers in network byte order). Every request carries an id that its reply echoes, so one
 // connection can carry several requests at once and replies may come back out of order:
@@ -10,32 +12,59 @@
 //     kGet    no value; the reply waits for the key  reply: the value
 //     kAdd    value = i64 delta                      reply: i64 new value (stored as a decimal string)
 //     kCancel no value; id = a GET the client gave up on (its deadline passed); no reply
-//   reply:   u8 status (kOk, kFailed), u32 id, u32 length, payload (kFailed: a message for the user)
+//     kHello, kProof: the handshake below, and only before it is done
+//   reply:   u8 status (kOk, kFailed, kRefused), u32 id, u32 length, payload (kFailed: a message for users)
 // Keys are at most kMaxKeyBytes and values kMaxValueBytes; the server checks the lengths in the header before
 // buffering a body, and drops a client that sends a malformed frame, so garbage on the port cannot make it
 // allocate without bound or disturb the other clients.
+//
+// Admission. When the job has a secret (DDL_JOB_SECRET), a connection proves it before its first request and
+// the server proves it back, so a rank also tells rank 0's store from a stray process that took the port
+// first. Both sides contribute a fresh nonce, so nothing seen on the wire can be replayed, and the secret
+// itself never crosses it (frames as above, key_len 0, id 0; Nc, Ns: 32 random bytes each):
+//   client -> server  kHello  value   Nc
+//   server -> client  kOk     payload Ns
+//   client -> server  kProof  value   HMAC-SHA256(secret, "ddl-store client v1" | Nc | Ns)
+//   server -> client  kOk     payload HMAC-SHA256(secret, "ddl-store server v1" | Nc | Ns), or kRefused
+// The client proves first, so a rank with a wrong secret is told so rather than blaming the server, and the
+// server's proof goes only to a client that proved itself; the labels keep one side's proof from serving as
+// the other's. MACs are compared in constant time. Until a connection has proved the secret it may send
+// nothing but the handshake: a request (a rank without the secret) is answered kRefused, anything else closes
+// it, and so does the handshake deadline (TcpStoreHandshakeLimits). At most max_pending connections are in
+// the handshake at once, the oldest making way for a new one, so strangers on the port can neither exhaust
+// the server nor keep a rank out (a rank whose connection closes mid-handshake connects again). A refused
+// connection gets its reply, then the server shuts its side down and discards input until the peer closes
+// (closing with unread input would reset the connection and could lose the reply). What follows the handshake
+// is neither encrypted nor authenticated frame by frame: the store keeps out strangers on the port, not a tap
+// on the network path. Without a secret the store is open to anyone who can connect, as before; a client with
+// a secret refuses such a store (it cannot prove the secret), and a server with one refuses clients without.
 //
 // Server threads: the constructor and destructor run on the caller's thread; everything else (accepting,
 // reading, answering, releasing waiting GETs) runs on one background thread in a poll() loop over the
 // listening socket, the clients and a self-pipe that the destructor writes to stop it. Methods named
 // ...FromLoop run only on that thread and own the store's state without locks.
 //
-// Client threads: any thread may call set/get/add at any time. A caller sends its whole frame under send_mu_,
-// then waits for its reply: one waiting caller at a time holds the reader role and polls the socket, hands
-// every reply it parses to its owner and wakes them; the others sleep on a condition variable until their
-// reply arrives, the connection breaks or their deadline passes. So a get() blocked on a missing key does not
-// stop another thread's set() on the same connection (a single mutex held across get() would deadlock that
-// case).
+// Client threads: connectTcpStore runs the handshake on the caller's thread, before the TcpStore exists. Then
+// any thread may call set/get/add at any time. A caller sends its whole frame under send_mu_, then waits for
+// its reply: one waiting caller at a time holds the reader role and polls the socket, hands every reply it
+// parses to its owner and wakes them; the others sleep on a condition variable until their reply arrives, the
+// connection breaks or their deadline passes. So a get() blocked on a missing key does not stop another
+// thread's set() on the same connection (a single mutex held across get() would deadlock that case).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -43,6 +72,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -62,9 +92,19 @@ constexpr uint8_t kSet = 1;
 constexpr uint8_t kGet = 2;
 constexpr uint8_t kAdd = 3;
 constexpr uint8_t kCancel = 4;
+constexpr uint8_t kHello = 5;  // the handshake (file comment)
+constexpr uint8_t kProof = 6;
 
 constexpr uint8_t kOk = 0;
 constexpr uint8_t kFailed = 1;
+constexpr uint8_t kRefused = 2;  // the connection did not prove the job's secret; the server closes it
+
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kMacBytes = 32;  // SHA-256
+static_assert(kNonceBytes == kMacBytes, "kHello and kProof frames have one value length");
+constexpr uint32_t kMaxHandshakeReplyBytes = 1024;  // a client reading a handshake reply takes no more
+constexpr std::string_view kClientLabel = "ddl-store client v1";
+constexpr std::string_view kServerLabel = "ddl-store server v1";
 
 constexpr size_t kRequestHeaderBytes = 13;
 constexpr size_t kReplyHeaderBytes = 9;
@@ -137,6 +177,63 @@ class Fd {
   int fd_ = -1;
 };
 
+using Nonce = std::array<unsigned char, kNonceBytes>;
+using Mac = std::array<unsigned char, kMacBytes>;
+
+template <size_t N>
+std::string_view bytesOf(const std::array<unsigned char, N>& a) {
+  return {reinterpret_cast<const char*>(a.data()), a.size()};
+}
+
+Nonce freshNonce() {
+  Nonce n;
+  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) {
+    fail(ddlSystemError, "libcrypto could not produce random bytes for the rendezvous store's handshake");
+  }
+  return n;
+}
+
+// HMAC-SHA256(secret, label | client | server): one side's proof that it holds the secret.
+Mac handshakeMac(const std::string& secret, std::string_view label, const Nonce& client,
+                 const Nonce& server) {
+  std::string msg(label);
+  msg.append(bytesOf(client));
+  msg.append(bytesOf(server));
+  Mac mac;
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), mac.data(), &len) == nullptr ||
+      len != mac.size()) {
+    fail(ddlSystemError, "libcrypto's HMAC-SHA256 failed in the rendezvous store's handshake");
+  }
+  return mac;
+}
+
+void checkSecretSize(const std::string& secret) {
+  if (secret.size() > kMaxJobSecretBytes) {
+    fail(ddlInvalidArgument, "the job's secret is " + std::to_string(secret.size()) +
+                                 " bytes long; the rendezvous store takes at most " +
+                                 std::to_string(kMaxJobSecretBytes) + " (check DDL_JOB_SECRET)");
+  }
+}
+
+// Constant time: how much of a proof matched must not show in how long the check took.
+bool sameMac(const Mac& expected, std::string_view got) {
+  return got.size() == expected.size() && CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
+}
+
+std::string requestFrame(uint8_t op, uint32_t id, std::string_view key, std::string_view value) {
+  std::string frame;
+  frame.reserve(kRequestHeaderBytes + key.size() + value.size());
+  frame.push_back(static_cast<char>(op));
+  putU32(&frame, id);
+  putU32(&frame, static_cast<uint32_t>(key.size()));
+  putU32(&frame, static_cast<uint32_t>(value.size()));
+  frame.append(key);
+  frame.append(value);
+  return frame;
+}
+
 std::string formatHostPort(const std::string& host, int port) {
   bool ipv6 = host.find(':') != std::string::npos;
   return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
@@ -168,11 +265,17 @@ std::string applyAdd(const std::string& key, std::string* value, int64_t delta, 
 
 class TcpStoreServerImpl final : public TcpStoreServer {
  public:
-  explicit TcpStoreServerImpl(int port);
+  TcpStoreServerImpl(int port, std::string secret, const TcpStoreHandshakeLimits& limits);
   ~TcpStoreServerImpl() override;
   int port() const override { return port_; }
 
  private:
+  enum class Auth : uint8_t {
+    kOpen,        // may send requests: the store has no secret, or the connection proved it
+    kAwaitHello,  // new, on a store with a secret
+    kAwaitProof,  // got the client's nonce and sent ours
+    kClosing,     // refused: the reply goes out, then input is discarded until the peer closes
+  };
   struct Conn {
     Fd fd;
     std::string in;        // received bytes not yet parsed (at most one partial frame + one recv chunk)
@@ -180,6 +283,10 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     size_t out_sent = 0;   // bytes of out already sent
     int waiting_gets = 0;  // entries of this connection in waiters_
     bool dead = false;     // to be closed at the end of this loop round
+    Auth auth = Auth::kOpen;
+    bool shut_down = false;  // kClosing: everything is sent and our side of the stream is shut down
+    Nonce client_nonce{};
+    Nonce server_nonce{};
   };
   struct Waiter {
     uint64_t conn;
@@ -195,7 +302,13 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   void releaseWaitersFromLoop(const std::string& key);
   void flushFromLoop(Conn& c);
   void forgetWaitersFromLoop(uint64_t conn_id);
+  void handshakeFromLoop(uint64_t conn_id, Conn& c, uint8_t op, uint32_t id, std::string_view value);
+  void refuseFromLoop(uint64_t conn_id, Conn& c, std::optional<uint32_t> id);
+  void trackHandshakeFromLoop(uint64_t conn_id);
+  void expireHandshakesFromLoop(Clock::time_point now);
 
+  const std::string secret_;  // empty: the store is open
+  const TcpStoreHandshakeLimits limits_;
   int port_ = 0;
   Fd listen_fd_;
   Fd wake_read_;   // the loop polls it; readable = stop
@@ -207,11 +320,17 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   std::unordered_map<std::string, std::string> data_;
   std::unordered_map<std::string, std::vector<Waiter>> waiters_;  // GETs deferred until their key is set
   Clock::time_point accept_paused_until_{};                       // after EMFILE and the like
+  // Connections that have not proved the secret, and refused ones still closing: their deadline, by
+  // connection id (so the oldest first). At most limits_.max_pending.
+  std::map<uint64_t, Clock::time_point> handshakes_;
 
   std::thread thread_;  // last: started once everything above exists
 };
 
-TcpStoreServerImpl::TcpStoreServerImpl(int port) {
+TcpStoreServerImpl::TcpStoreServerImpl(int port, std::string secret, const TcpStoreHandshakeLimits& limits)
+    : secret_(std::move(secret)), limits_(limits) {
+  DDL_ASSERT(limits_.timeout_ms > 0 && limits_.max_pending > 0);
+  checkSecretSize(secret_);
   if (port < 0 || port > 65535) {
     fail(ddlInvalidArgument, "cannot listen on port " + std::to_string(port) +
                                  " for the rendezvous store: ports are 0..65535 (check DDL_ROOT)");
@@ -282,11 +401,14 @@ void TcpStoreServerImpl::runLoop() {
       fds.push_back({c.fd.get(), events, 0});
       ids.push_back(id);
     }
+    // Wake for the end of an accept pause and for the first handshake deadline.
+    std::optional<Clock::time_point> wake_at;
+    if (!accepting) wake_at = accept_paused_until_;
+    for (const auto& [id, deadline] : handshakes_)
+      wake_at = wake_at ? std::min(*wake_at, deadline) : deadline;
     int timeout = -1;
-    if (!accepting) {
-      timeout =
-          1 + static_cast<int>(
-                  std::chrono::duration_cast<std::chrono::milliseconds>(accept_paused_until_ - now).count());
+    if (wake_at) {
+      timeout = 1 + pollMs(std::chrono::duration_cast<std::chrono::milliseconds>(*wake_at - now).count());
     }
     int n = ::poll(fds.data(), fds.size(), timeout);
     if (n < 0) {
@@ -314,14 +436,20 @@ void TcpStoreServerImpl::runLoop() {
         c.dead = true;
       }
     }
+    expireHandshakesFromLoop(Clock::now());
     // Send what this round produced (its own replies and GETs that a SET released), then close dropped
-    // clients.
+    // clients. A refused connection whose reply is out gets a FIN; it is closed once the peer closes too.
     for (auto& [id, c] : conns_) {
       if (!c.dead && c.out_sent < c.out.size()) flushFromLoop(c);
+      if (!c.dead && c.auth == Auth::kClosing && !c.shut_down && c.out_sent == c.out.size()) {
+        ::shutdown(c.fd.get(), SHUT_WR);
+        c.shut_down = true;
+      }
     }
     for (auto it = conns_.begin(); it != conns_.end();) {
       if (it->second.dead) {
         forgetWaitersFromLoop(it->first);
+        handshakes_.erase(it->first);
         it = conns_.erase(it);
       } else {
         ++it;
@@ -350,7 +478,33 @@ void TcpStoreServerImpl::acceptFromLoop() {
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     Conn c;
     c.fd.reset(fd);
-    conns_.emplace(next_conn_id_++, std::move(c));
+    const uint64_t id = next_conn_id_++;
+    if (!secret_.empty()) c.auth = Auth::kAwaitHello;
+    conns_.emplace(id, std::move(c));
+    if (!secret_.empty()) trackHandshakeFromLoop(id);
+  }
+}
+
+void TcpStoreServerImpl::trackHandshakeFromLoop(uint64_t conn_id) {
+  if (static_cast<int>(handshakes_.size()) >= limits_.max_pending) {
+    // The oldest makes way: strangers holding every place cannot keep a rank out, only make it connect again.
+    auto oldest = handshakes_.begin();
+    auto conn = conns_.find(oldest->first);
+    if (conn != conns_.end()) conn->second.dead = true;
+    handshakes_.erase(oldest);
+  }
+  handshakes_.emplace(conn_id, Clock::now() + std::chrono::milliseconds(limits_.timeout_ms));
+}
+
+void TcpStoreServerImpl::expireHandshakesFromLoop(Clock::time_point now) {
+  for (auto it = handshakes_.begin(); it != handshakes_.end();) {
+    if (it->second > now) {
+      ++it;
+      continue;
+    }
+    auto conn = conns_.find(it->first);
+    if (conn != conns_.end()) conn->second.dead = true;
+    it = handshakes_.erase(it);
   }
 }
 
@@ -366,27 +520,86 @@ void TcpStoreServerImpl::readFromLoop(uint64_t conn_id, Conn& c) {
     return;
   }
   size_t off = 0;
-  while (!c.dead && c.in.size() - off >= kRequestHeaderBytes) {
+  while (!c.dead && c.auth != Auth::kClosing && c.in.size() - off >= kRequestHeaderBytes) {
     const char* p = c.in.data() + off;
     uint8_t op = static_cast<uint8_t>(p[0]);
     uint32_t id = getU32(p + 1);
     uint32_t key_len = getU32(p + 5);
     uint32_t value_len = getU32(p + 9);
-    bool valid = key_len <= kMaxKeyBytes &&
-                 ((op == kSet && value_len <= kMaxValueBytes) ||
-                  ((op == kGet || op == kCancel) && value_len == 0) || (op == kAdd && value_len == 8));
-    if (!valid) {  // not a libddl client, or a corrupt stream: nothing after this can be trusted
+    const bool request = key_len <= kMaxKeyBytes && ((op == kSet && value_len <= kMaxValueBytes) ||
+                                                     ((op == kGet || op == kCancel) && value_len == 0) ||
+                                                     (op == kAdd && value_len == 8));
+    const bool handshake = (op == kHello || op == kProof) && key_len == 0 && value_len == kNonceBytes;
+    if (request && c.auth == Auth::kAwaitHello) {
+      // A client without the job's secret: tell it why (on the header alone: its body is not worth
+      // buffering), then close.
+      refuseFromLoop(conn_id, c, op == kCancel ? std::nullopt : std::optional<uint32_t>(id));
+      break;
+    }
+    bool expected;
+    switch (c.auth) {
+      case Auth::kOpen:
+        expected = request || (handshake && op == kHello && secret_.empty());
+        break;
+      case Auth::kAwaitHello:
+        expected = handshake && op == kHello;
+        break;
+      case Auth::kAwaitProof:
+        expected = handshake && op == kProof;
+        break;
+      case Auth::kClosing:
+        expected = false;
+        break;
+    }
+    if (!expected) {  // not a libddl client, or a corrupt stream: nothing after this can be trusted
       c.dead = true;
       return;
     }
     size_t total = kRequestHeaderBytes + key_len + value_len;
     if (c.in.size() - off < total) break;  // the rest of the frame has not arrived yet
-    std::string key(p + kRequestHeaderBytes, key_len);
     std::string_view value(p + kRequestHeaderBytes + key_len, value_len);
-    handleFromLoop(conn_id, c, op, id, std::move(key), value);
+    if (handshake) {
+      handshakeFromLoop(conn_id, c, op, id, value);
+    } else {
+      handleFromLoop(conn_id, c, op, id, std::string(p + kRequestHeaderBytes, key_len), value);
+    }
     off += total;
   }
-  c.in.erase(0, off);
+  if (c.auth == Auth::kClosing) {
+    c.in.clear();  // refused: what it sends from now on is read and dropped
+  } else {
+    c.in.erase(0, off);
+  }
+}
+
+void TcpStoreServerImpl::handshakeFromLoop(uint64_t conn_id, Conn& c, uint8_t op, uint32_t id,
+                                           std::string_view value) {
+  if (secret_.empty()) {  // a client with a secret asks this open store to prove one: it cannot
+    refuseFromLoop(conn_id, c, id);
+    return;
+  }
+  if (op == kHello) {
+    std::memcpy(c.client_nonce.data(), value.data(), kNonceBytes);
+    c.server_nonce = freshNonce();
+    replyFromLoop(c, kOk, id, bytesOf(c.server_nonce));
+    c.auth = Auth::kAwaitProof;
+    return;
+  }
+  if (!sameMac(handshakeMac(secret_, kClientLabel, c.client_nonce, c.server_nonce), value)) {
+    refuseFromLoop(conn_id, c, id);
+    return;
+  }
+  replyFromLoop(c, kOk, id, bytesOf(handshakeMac(secret_, kServerLabel, c.client_nonce, c.server_nonce)));
+  c.auth = Auth::kOpen;
+  handshakes_.erase(conn_id);
+}
+
+void TcpStoreServerImpl::refuseFromLoop(uint64_t conn_id, Conn& c, std::optional<uint32_t> id) {
+  if (id) replyFromLoop(c, kRefused, *id, {});
+  c.auth = Auth::kClosing;
+  // A refused connection lingers until the peer closes, at most until the handshake deadline (the one it has
+  // already on a store with a secret).
+  if (handshakes_.count(conn_id) == 0) trackHandshakeFromLoop(conn_id);
 }
 
 void TcpStoreServerImpl::handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, uint32_t id, std::string key,
@@ -486,8 +699,9 @@ void TcpStoreServerImpl::forgetWaitersFromLoop(uint64_t conn_id) {
 
 class TcpStore final : public Store {
  public:
-  TcpStore(Fd fd, std::string addr, int64_t timeout_ms)
-      : fd_(std::move(fd)), addr_(std::move(addr)), timeout_ms_(timeout_ms) {}
+  // fd: connected, and past the handshake when has_secret.
+  TcpStore(Fd fd, std::string addr, int64_t timeout_ms, bool has_secret)
+      : fd_(std::move(fd)), addr_(std::move(addr)), timeout_ms_(timeout_ms), has_secret_(has_secret) {}
 
   void set(const std::string& key, const std::string& value) override {
     checkSizes(key, value.size());
@@ -580,14 +794,7 @@ class TcpStore final : public Store {
       pending_.emplace(id, std::nullopt);
     }
     r->id = id;
-    std::string frame;
-    frame.reserve(kRequestHeaderBytes + key.size() + value.size());
-    frame.push_back(static_cast<char>(op));
-    putU32(&frame, id);
-    putU32(&frame, static_cast<uint32_t>(key.size()));
-    putU32(&frame, static_cast<uint32_t>(value.size()));
-    frame.append(key);
-    frame.append(value);
+    const std::string frame = requestFrame(op, id, key, value);
     bool sent = false;
     try {
       sent = sendFrame(frame, deadline);
@@ -719,6 +926,15 @@ class TcpStore final : public Store {
       const char* h = rbuf_.data() + off;
       uint8_t status = static_cast<uint8_t>(h[0]);
       uint32_t length = getU32(h + 5);
+      if (status == kRefused) {  // the store did not admit this connection, and closes it
+        *error_code = ddlInvalidArgument;
+        *error = has_secret_ ? "rendezvous store at " + addr_ +
+                                   " refused this rank: wrong DDL_JOB_SECRET (is this rank part of the job?)"
+                             : "rendezvous store at " + addr_ +
+                                   " refused this rank: it admits only holders of the job's secret, and "
+                                   "DDL_JOB_SECRET is not set here (is this rank part of the job?)";
+        break;
+      }
       if ((status != kOk && status != kFailed) || length > kMaxReplyBytes) {
         *error_code = ddlRemoteError;
         *error = "rendezvous store at " + addr_ + " sent a malformed reply (is DDL_ROOT a libddl store?)";
@@ -738,14 +954,8 @@ class TcpStore final : public Store {
   // Tells the server to forget a GET whose deadline passed, so it neither answers it later nor keeps it
   // queued.
   void cancelGet(const std::string& key, uint32_t id) {
-    std::string frame;
-    frame.push_back(static_cast<char>(kCancel));
-    putU32(&frame, id);
-    putU32(&frame, static_cast<uint32_t>(key.size()));
-    putU32(&frame, 0);
-    frame.append(key);
     try {
-      sendFrame(frame, Deadline(std::min<int64_t>(timeout_ms_, 1000)));
+      sendFrame(requestFrame(kCancel, id, key, {}), Deadline(std::min<int64_t>(timeout_ms_, 1000)));
     } catch (const Error&) {
       // Best effort: the caller reports its timeout, which is the error that matters.
     }
@@ -754,6 +964,7 @@ class TcpStore final : public Store {
   Fd fd_;
   const std::string addr_;    // "host:port", for messages
   const int64_t timeout_ms_;  // how long set() and add() wait for the server
+  const bool has_secret_;     // the connection proved the job's secret
 
   std::mutex send_mu_;  // one frame on the wire at a time; taken before mu_ when both are held
 
@@ -831,18 +1042,132 @@ Fd tryConnect(const addrinfo* ai, const Deadline& deadline, std::string* error) 
   return fd;
 }
 
-}  // namespace
-
-std::unique_ptr<TcpStoreServer> startTcpStoreServer(int port) {
-  return std::make_unique<TcpStoreServerImpl>(port);
+// The client's side of the handshake's blocking steps: writes, or reads, exactly bytes.size() bytes before
+// the deadline. False with *why when the connection closed, failed or stayed silent.
+bool sendBefore(int fd, std::string_view bytes, const Deadline& deadline, std::string* why) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {  // bounded by the deadline
+    ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    int err = n < 0 ? errno : 0;
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0 || (err != EINTR && err != EAGAIN && err != EWOULDBLOCK)) {
+      *why = "the connection failed during libddl's handshake: " + errnoString(n == 0 ? EPIPE : err);
+      return false;
+    }
+    if (deadline.expired()) {
+      *why =
+          "a process accepted the connection but did not read libddl's handshake (another process on "
+          "DDL_ROOT's port?)";
+      return false;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    ::poll(&p, 1, std::max(1, pollMs(deadline.remainingMs())));
+  }
+  return true;
 }
 
-std::unique_ptr<Store> connectTcpStore(const std::string& host, int port, const Deadline& deadline) {
+bool recvBefore(int fd, char* buf, size_t len, const Deadline& deadline, std::string* why) {
+  size_t got = 0;
+  while (got < len) {  // bounded by the deadline
+    ssize_t n = ::recv(fd, buf + got, len - got, 0);
+    int err = n < 0 ? errno : 0;
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      *why = "the connection closed during libddl's handshake";
+      return false;
+    }
+    if (err != EINTR && err != EAGAIN && err != EWOULDBLOCK) {
+      *why = "the connection failed during libddl's handshake: " + errnoString(err);
+      return false;
+    }
+    if (deadline.expired()) {
+      *why =
+          "a process accepted the connection but did not answer libddl's handshake (another process on "
+          "DDL_ROOT's port?)";
+      return false;
+    }
+    pollfd p{fd, POLLIN, 0};
+    ::poll(&p, 1, std::max(1, pollMs(deadline.remainingMs())));
+  }
+  return true;
+}
+
+// Proves the job's secret to the server at addr over fd and checks the server's proof (file comment). False,
+// with *why, when the connection closed or went silent first: a server that dropped it to make room, or a
+// slow start, deserves a new connection. Throws when the server refused the secret or did not prove it.
+bool proveSecret(int fd, const std::string& addr, const std::string& secret, const Deadline& deadline,
+                 std::string* why) {
+  // Each attempt waits as long as a server waits for a handshake, or until the caller's deadline if that
+  // comes first: then the caller's deadline has passed when this returns, and this attempt's reason is the
+  // last.
+  const int64_t attempt_ms = TcpStoreHandshakeLimits{}.timeout_ms;
+  const Deadline own(attempt_ms);
+  const Deadline& step = deadline.remainingMs() <= attempt_ms ? deadline : own;
+  const std::string no_proof = "rendezvous store at " + addr + " did not prove the job's secret";
+  const std::string stranger = " (another process on DDL_ROOT's port?)";
+  // One handshake reply; throws on anything a libddl store would not send.
+  auto readReply = [&](uint8_t* status, std::string* payload) {
+    char header[kReplyHeaderBytes];
+    if (!recvBefore(fd, header, sizeof header, step, why)) return false;
+    *status = static_cast<uint8_t>(header[0]);
+    const uint32_t length = getU32(header + 5);
+    if (getU32(header + 1) != 0 || (*status != kOk && *status != kRefused) ||
+        length > kMaxHandshakeReplyBytes) {
+      fail(ddlRemoteError, no_proof + ": its answer is not libddl's handshake" + stranger);
+    }
+    payload->resize(length);
+    return recvBefore(fd, payload->data(), length, step, why);
+  };
+
+  const Nonce client_nonce = freshNonce();
+  if (!sendBefore(fd, requestFrame(kHello, 0, {}, bytesOf(client_nonce)), step, why)) return false;
+  uint8_t status = kOk;
+  std::string payload;
+  if (!readReply(&status, &payload)) return false;
+  if (status == kRefused) {
+    fail(ddlRemoteError, no_proof +
+                             ": it has none (was rank 0 started without DDL_JOB_SECRET, or is another "
+                             "process on DDL_ROOT's port?)");
+  }
+  if (payload.size() != kNonceBytes)
+    fail(ddlRemoteError, no_proof + ": its answer is not libddl's handshake" + stranger);
+  Nonce server_nonce;
+  std::memcpy(server_nonce.data(), payload.data(), kNonceBytes);
+
+  const Mac proof = handshakeMac(secret, kClientLabel, client_nonce, server_nonce);
+  if (!sendBefore(fd, requestFrame(kProof, 0, {}, bytesOf(proof)), step, why)) return false;
+  if (!readReply(&status, &payload)) return false;
+  if (status == kRefused) {
+    fail(ddlInvalidArgument, "rendezvous store at " + addr +
+                                 " refused this rank: wrong DDL_JOB_SECRET (is this rank part of the job?)");
+  }
+  if (!sameMac(handshakeMac(secret, kServerLabel, client_nonce, server_nonce), payload)) {
+    fail(ddlRemoteError, no_proof + stranger);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<TcpStoreServer> startTcpStoreServer(int port, const std::string& secret,
+                                                    const TcpStoreHandshakeLimits& limits) {
+  return std::make_unique<TcpStoreServerImpl>(port, secret, limits);
+}
+
+std::unique_ptr<Store> connectTcpStore(const std::string& host, int port, const Deadline& deadline,
+                                       const std::string& secret) {
   const std::string addr = formatHostPort(host, port);
   if (host.empty() || port <= 0 || port > 65535) {
     fail(ddlInvalidArgument,
          "invalid rendezvous store address '" + addr + "': expected a host and a port in 1..65535");
   }
+  checkSecretSize(secret);
   // set() and add() wait this long for the server's answer; it is the job's timeout, with a floor so that a
   // short connect deadline does not make every later request fragile.
   const int64_t request_timeout_ms = std::max<int64_t>(deadline.timeoutMs(), 1000);
@@ -859,7 +1184,9 @@ std::unique_ptr<Store> connectTcpStore(const std::string& host, int port, const 
       std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(found, &::freeaddrinfo);
       for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
         Fd fd = tryConnect(ai, deadline, &last_error);
-        if (fd.valid()) return std::make_unique<TcpStore>(std::move(fd), addr, request_timeout_ms);
+        if (fd.valid() && (secret.empty() || proveSecret(fd.get(), addr, secret, deadline, &last_error))) {
+          return std::make_unique<TcpStore>(std::move(fd), addr, request_timeout_ms, !secret.empty());
+        }
       }
     } else if (rc == EAI_AGAIN) {
       // A temporary DNS failure (rank 0's name may not be published yet): retry until the deadline.

@@ -1,11 +1,13 @@
 // libddl over UCX with real processes: every collective over TCP and over shared memory, a rank killed with
-// SIGKILL mid-allreduce, mismatched calls across processes, the C API's argument errors, and ddlrun driving
-// ddl-bench end to end. Ranks are comm_worker processes started by this test (fork + exec) with the DDL_*
-// environment, each writing its output to a file that the test reads.
+// SIGKILL mid-allreduce, mismatched calls across processes, the C API's argument errors, a job whose rendezvous
+// store turns away strangers and impostors (DDL_JOB_SECRET), and ddlrun driving ddl-bench end to end. Ranks
+// are comm_worker processes started by this test (fork + exec) with the DDL_* environment, each writing its
+// output to a file that the test reads.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -18,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -53,14 +56,19 @@ std::string readFile(const std::string& path) {
   return ss.str();
 }
 
-// A set of rank processes of one communicator.
+// A set of rank processes of one communicator. env is set over the DDL_* variables (so it may change them);
+// after_rank0, when given, runs once rank 0 is started and before the others are, with DDL_ROOT's port.
 class Ranks {
  public:
-  Ranks(int n, const std::vector<std::string>& args, const std::map<std::string, std::string>& env) : n_(n) {
+  Ranks(int n, const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+        const std::function<void(int root_port)>& after_rank0 = nullptr)
+      : n_(n) {
     char dir[] = "/tmp/ddl-ucx-test-XXXXXX";
     dir_ = mkdtemp(dir);
-    const std::string root = "127.0.0.1:" + std::to_string(freePort());
+    const int root_port = freePort();
+    const std::string root = "127.0.0.1:" + std::to_string(root_port);
     for (int r = 0; r < n; ++r) {
+      if (r == 1 && after_rank0) after_rank0(root_port);
       const std::string out = dir_ + "/rank" + std::to_string(r) + ".out";
       pid_t pid = fork();
       if (pid == 0) {
@@ -454,6 +462,219 @@ TEST(CApi, BadRootAndMissingEnvironment) {
   unsetenv("DDL_ROOT");
   EXPECT_EQ(ddlCommInitFromEnv(&comm, nullptr), ddlInvalidArgument);
   EXPECT_NE(std::string(ddlGetLastError(nullptr)).find("DDL_RANK"), std::string::npos);
+}
+
+// ---- The rendezvous store admits only holders of the job's secret (DDL_JOB_SECRET). ----
+
+// A loopback TCP connection to port, retried until something listens there or the limit passes (-1 then).
+// Reads on it wait at most 10 s.
+int connectWhenListening(int port, std::chrono::milliseconds limit) {
+  const auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+      timeval tv{10, 0};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      return fd;
+    }
+    close(fd);
+    std::this_thread::sleep_for(20ms);
+  }
+  return -1;
+}
+
+// A store request or handshake frame: u8 op, u32 id, u32 key length, u32 value length, key, value.
+std::string storeFrame(uint8_t op, const std::string& value) {
+  std::string s(1, static_cast<char>(op));
+  for (uint32_t v : {0u, 0u, static_cast<uint32_t>(value.size())}) {
+    uint32_t be = htonl(v);
+    s.append(reinterpret_cast<const char*>(&be), 4);
+  }
+  return s + value;
+}
+
+void sendBytes(int fd, const std::string& bytes) { send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+
+// Everything the peer sends until it closes the connection (or 10 s of silence).
+std::string readToEnd(int fd) {
+  std::string all;
+  char buf[4096];
+  for (int i = 0; i < 1000; ++i) {  // bounded: each recv waits at most 10 s, and 4 MB is plenty
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    all.append(buf, static_cast<size_t>(n));
+  }
+  return all;
+}
+
+// A job of three ranks with a secret joins and runs every collective while strangers sit on rank 0's store:
+// one silent, one sending garbage, one with a wrong proof, and two comm_worker processes posing as rank 1,
+// one with a wrong secret and one with none. The impostors are refused with messages that say why; had
+// either got in, it would have claimed rank 1 and broken the job.
+TEST(StoreSecret, RanksJoinWhileStrangersAndImpostorsAreRefused) {
+  constexpr int n = 3;
+  const std::string secret =
+      "ucx-test-" + std::to_string(getpid()) + "-" + std::to_string(Clock::now().time_since_epoch().count());
+  int silent = -1, garbage = -1, wrong_proof = -1;
+  std::unique_ptr<Ranks> wrong_secret, no_secret;
+  Ranks ranks(n, {"all"}, {{"DDL_TIMEOUT_MS", "60000"}, {"DDL_JOB_SECRET", secret}}, [&](int port) {
+    // Rank 0 runs alone so far, waiting in its store for the others.
+    silent = connectWhenListening(port, 30s);
+    garbage = connectWhenListening(port, 30s);
+    wrong_proof = connectWhenListening(port, 30s);
+    ASSERT_TRUE(silent >= 0 && garbage >= 0 && wrong_proof >= 0)
+        << "rank 0's store never listened on " << port;
+    sendBytes(garbage, "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    sendBytes(wrong_proof, storeFrame(5, std::string(32, 'n')) + storeFrame(6, std::string(32, 'p')));
+    const std::string root = "127.0.0.1:" + std::to_string(port);
+    std::map<std::string, std::string> impostor{{"DDL_ROOT", root},
+                                                {"DDL_WORLD_SIZE", std::to_string(n)},
+                                                {"DDL_RANK", "1"},
+                                                {"DDL_TIMEOUT_MS", "60000"}};
+    impostor["DDL_JOB_SECRET"] = secret + "x";
+    wrong_secret = std::make_unique<Ranks>(1, std::vector<std::string>{"all"}, impostor);
+    impostor["DDL_JOB_SECRET"] = "";  // empty: none
+    no_secret = std::make_unique<Ranks>(1, std::vector<std::string>{"all"}, impostor);
+    ASSERT_TRUE(wrong_secret->waitAll(60s)) << wrong_secret->describe();
+    ASSERT_TRUE(no_secret->waitAll(60s)) << no_secret->describe();
+  });
+  ASSERT_TRUE(ranks.waitAll(240s)) << "ranks did not finish:\n" << ranks.describe();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(ranks.exitCode(r), 0) << ranks.describe();
+    EXPECT_NE(ranks.output(r).find("OK all rank " + std::to_string(r)), std::string::npos)
+        << ranks.describe();
+  }
+  ASSERT_TRUE(wrong_secret && no_secret);
+  EXPECT_EQ(wrong_secret->exitCode(0), 3) << wrong_secret->describe();
+  EXPECT_NE(
+      wrong_secret->output(0).find("ERROR 1 ddlCommInitFromEnv: ddlCommInitFromEnv: rendezvous store at " +
+                                   std::string("127.0.0.1:")),
+      std::string::npos)
+      << wrong_secret->describe();
+  EXPECT_NE(
+      wrong_secret->output(0).find("refused this rank: wrong DDL_JOB_SECRET (is this rank part of the job?)"),
+      std::string::npos)
+      << wrong_secret->describe();
+  EXPECT_EQ(no_secret->exitCode(0), 3) << no_secret->describe();
+  EXPECT_NE(no_secret->output(0).find("refused this rank: it admits only holders of the job's secret, and "
+                                      "DDL_JOB_SECRET is not set here"),
+            std::string::npos)
+      << no_secret->describe();
+  // The stranger with a wrong proof got the server's nonce (a 9-byte header and 32 bytes), then a refusal (a
+  // 9-byte header, status 2), then the end of the connection; the one sending garbage just the end.
+  const std::string answer = readToEnd(wrong_proof);
+  ASSERT_EQ(answer.size(), 9u + 32 + 9) << "the server's answer to a wrong proof";
+  EXPECT_EQ(answer[41], 2) << "kRefused";
+  EXPECT_EQ(readToEnd(garbage), "");
+  for (int fd : {silent, garbage, wrong_proof}) close(fd);
+}
+
+// A process that took DDL_ROOT's port before rank 0 and answers like a store that accepts any proof: the rank
+// does not take it for the job's store.
+TEST(StoreSecret, ARankDetectsAStoreThatCannotProveTheSecret) {
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  std::thread impostor([listener] {
+    pollfd p{listener, POLLIN, 0};
+    if (poll(&p, 1, 60000) != 1) return;
+    int fd = accept(listener, nullptr, nullptr);
+    timeval tv{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char hello[45], proof[45];
+    auto reply = [&](const std::string& payload) {
+      std::string r(1, '\0');  // kOk
+      for (uint32_t v : {0u, static_cast<uint32_t>(payload.size())}) {
+        uint32_t be = htonl(v);
+        r.append(reinterpret_cast<const char*>(&be), 4);
+      }
+      sendBytes(fd, r + payload);
+    };
+    if (recv(fd, hello, sizeof hello, MSG_WAITALL) == sizeof hello) {
+      reply(std::string(32, 's'));                                                                  // a nonce
+      if (recv(fd, proof, sizeof proof, MSG_WAITALL) == sizeof proof) reply(std::string(32, 'm'));  // "proof"
+    }
+    readToEnd(fd);
+    close(fd);
+  });
+  Ranks rank1(1, {"all"},
+              {{"DDL_ROOT", "127.0.0.1:" + std::to_string(port)},
+               {"DDL_WORLD_SIZE", "2"},
+               {"DDL_RANK", "1"},
+               {"DDL_TIMEOUT_MS", "60000"},
+               {"DDL_JOB_SECRET", "the-job-secret"}});
+  const bool finished = rank1.waitAll(60s);
+  impostor.join();
+  close(listener);
+  ASSERT_TRUE(finished) << rank1.describe();
+  EXPECT_EQ(rank1.exitCode(0), 3) << rank1.describe();
+  EXPECT_NE(
+      rank1.output(0).find("ERROR 3 ddlCommInitFromEnv: ddlCommInitFromEnv: rendezvous store at 127.0.0.1:" +
+                           std::to_string(port) +
+                           " did not prove the job's secret (another process on DDL_ROOT's port?)"),
+      std::string::npos)
+      << rank1.describe();
+}
+
+// ddlConfig_t.secret (version 3) does what DDL_JOB_SECRET does, for programs that launch their own ranks.
+TEST(CApi, ConfigSecretGuardsTheRendezvous) {
+  const std::string root = rootAddr();
+  ddlComm_t comm0 = nullptr;
+  ddlResult_t r0 = ddlInternalError;
+  std::string error0;
+  std::thread rank0([&] {
+    ddlConfig_t cfg = DDL_CONFIG_INITIALIZER;
+    cfg.timeoutMs = 60000;
+    cfg.secret = "config-secret";
+    r0 = ddlCommInitRank(&comm0, 2, 0, root.c_str(), &cfg);
+    if (r0 != ddlSuccess) error0 = ddlGetLastError(nullptr);
+  });
+  ddlConfig_t cfg = DDL_CONFIG_INITIALIZER;
+  cfg.timeoutMs = 60000;
+  cfg.secret = "not-the-config-secret";
+  ddlComm_t comm1 = nullptr;
+  // Rank 0's store may not listen yet: a refused connection is retried, a refusal of the secret is final.
+  const ddlResult_t r = ddlCommInitRank(&comm1, 2, 1, root.c_str(), &cfg);
+  const std::string e = ddlGetLastError(nullptr);
+  EXPECT_EQ(r, ddlInvalidArgument) << e;
+  EXPECT_EQ(comm1, nullptr);
+  EXPECT_NE(e.find("ddlCommInitRank: rendezvous store at 127.0.0.1:"), std::string::npos) << e;
+  EXPECT_NE(e.find("refused this rank: wrong DDL_JOB_SECRET"), std::string::npos) << e;
+  ddlResult_t r1 = ddlInternalError;
+  std::string error1;
+  if (comm1 == nullptr) {  // else the wrong secret got in, as rank 0's peer
+    cfg.secret = "config-secret";
+    r1 = ddlCommInitRank(&comm1, 2, 1, root.c_str(), &cfg);
+    if (r1 != ddlSuccess) error1 = ddlGetLastError(nullptr);
+  }
+  rank0.join();  // bounded: rank 0 has its peer, or gives up at its timeout
+  if (r0 != ddlSuccess || r1 != ddlSuccess) {
+    for (ddlComm_t c : {comm0, comm1}) {
+      if (c == nullptr) continue;
+      ddlCommAbort(c);
+      ddlCommDestroy(c);
+    }
+    FAIL() << "rank 0: " << error0 << "; rank 1: " << error1;
+  }
+  float in = 1, out0 = 0, out1 = 0;
+  std::thread reduce0([&] { EXPECT_EQ(ddlAllReduce(&in, &out0, 1, ddlFloat32, ddlSum, comm0), ddlSuccess); });
+  EXPECT_EQ(ddlAllReduce(&in, &out1, 1, ddlFloat32, ddlSum, comm1), ddlSuccess);
+  reduce0.join();
+  EXPECT_EQ(out0, 2.0f);
+  EXPECT_EQ(out1, 2.0f);
+  std::thread destroy0([&] { EXPECT_EQ(ddlCommDestroy(comm0), ddlSuccess); });
+  EXPECT_EQ(ddlCommDestroy(comm1), ddlSuccess);
+  destroy0.join();
 }
 
 // ---- Tools: ddlrun launching ddl-bench, as a user would. ----

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -257,6 +258,30 @@ TEST_F(DdlrunTest, EachRankGetsItsEnvironmentAndTaggedStdout) {
   }
   EXPECT_EQ(by_rank.size(), 3u) << "one line from each of ranks 0, 1, 2";
   EXPECT_EQ(result.err, "");
+}
+
+// Every rank of a run gets the same DDL_JOB_SECRET (64 hex digits), made afresh for each run: one that ddlrun
+// inherits is replaced, so two runs (or a ddlrun inside a job) never share their rendezvous store's key.
+TEST_F(DdlrunTest, EachRunGivesItsRanksOneFreshSecret) {
+  setenv("DDL_JOB_SECRET", "inherited", 1);
+  std::set<std::string> secrets;
+  for (int run = 0; run < 2; ++run) {
+    RunResult result = runDdlrun(shArgs(3, {}, "echo \"$DDL_JOB_SECRET\""));
+    ASSERT_EQ(result.status, 0) << result.err;
+    std::vector<std::string> out = lines(result.out);
+    ASSERT_EQ(out.size(), 3u) << result.out;
+    std::string first;
+    for (const std::string& line : out) {
+      const std::string secret = line.substr(line.find(' ') + 1);
+      EXPECT_EQ(secret.size(), 64u) << line;
+      EXPECT_EQ(secret.find_first_not_of("0123456789abcdef"), std::string::npos) << line;
+      if (first.empty()) first = secret;
+      EXPECT_EQ(secret, first) << "every rank of a run must hold the same secret";
+    }
+    secrets.insert(first);
+  }
+  unsetenv("DDL_JOB_SECRET");
+  EXPECT_EQ(secrets.size(), 2u) << "each run must make its own secret";
 }
 
 TEST_F(DdlrunTest, StderrIsTaggedAndStaysOnStderr) {

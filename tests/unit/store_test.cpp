@@ -14,9 +14,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -176,10 +178,12 @@ TEST(ParseHostPort, Bad) {
 // --- TcpStore
 // -----------------------------------------------------------------------------------------------
 
-std::unique_ptr<Store> connectLocal(int port) { return connectTcpStore("127.0.0.1", port, Deadline(10000)); }
+std::unique_ptr<Store> connectLocal(int port) {
+  return connectTcpStore("127.0.0.1", port, Deadline(10000), "");
+}
 
 TEST(TcpStore, SetGetAdd) {
-  auto server = startTcpStoreServer(0);
+  auto server = startTcpStoreServer(0, "");
   ASSERT_GT(server->port(), 0);
   auto store = connectLocal(server->port());
   store->set("a", "1");
@@ -197,13 +201,13 @@ TEST(TcpStore, SetGetAdd) {
   store->set("forty", "40");
   EXPECT_EQ(store->add("forty", 2), 42);  // add works on a value set as text
   // Another client sees the same data.
-  auto other = connectTcpStore("localhost", server->port(), Deadline(10000));
+  auto other = connectTcpStore("localhost", server->port(), Deadline(10000), "");
   EXPECT_EQ(other->get("a", Deadline(5000)), "two");
   EXPECT_EQ(other->add("n", 0), -2);
 }
 
 TEST(TcpStore, AddToNonIntegerFailsAndConnectionStaysUsable) {
-  auto server = startTcpStoreServer(0);
+  auto server = startTcpStoreServer(0, "");
   auto store = connectLocal(server->port());
   store->set("s", "abc");
   std::string msg = expectError(ddlInvalidArgument, [&] { store->add("s", 1); });
@@ -215,7 +219,7 @@ TEST(TcpStore, AddToNonIntegerFailsAndConnectionStaysUsable) {
 }
 
 TEST(TcpStore, LargeValueRoundTrip) {
-  auto server = startTcpStoreServer(0);
+  auto server = startTcpStoreServer(0, "");
   auto writer = connectLocal(server->port());
   auto reader = connectLocal(server->port());
   std::string value(4 * 1024 * 1024 + 17, '\0');
@@ -227,7 +231,7 @@ TEST(TcpStore, LargeValueRoundTrip) {
 }
 
 TEST(TcpStore, OversizedKeyOrValueRejected) {
-  auto server = startTcpStoreServer(0);
+  auto server = startTcpStoreServer(0, "");
   auto store = connectLocal(server->port());
   expectError(ddlInvalidArgument, [&] { store->set(std::string(64 * 1024 + 1, 'k'), "v"); });
   expectError(ddlInvalidArgument, [&] { store->set("k", std::string(16 * 1024 * 1024 + 1, 'v')); });
@@ -236,7 +240,7 @@ TEST(TcpStore, OversizedKeyOrValueRejected) {
 }
 
 TEST(TcpStore, ConcurrentClients) {
-  auto server = startTcpStoreServer(0);
+  auto server = startTcpStoreServer(0, "");
   const int kThreads = 8;
   auto errors = runThreads(kThreads, [&](int rank) {
     auto store = connectLocal(server->port());
@@ -253,7 +257,7 @@ TEST(TcpStore, ConcurrentClients) {
 }
 
 TEST(TcpStore, ThreadsShareOneClient) {
-  auto server = startTcpStoreServer(0);
+  auto server = startTcpStoreServer(0, "");
   auto store = connectLocal(server->port());
   // Thread 0 waits on a key that thread 1 sets later through the same connection: a get() in progress must
   // not block other calls on its client.
@@ -275,7 +279,7 @@ TEST(TcpStore, ThreadsShareOneClient) {
 }
 
 TEST(TcpStore, DeferredGetsReleasedBySetFromAnotherClient) {
-  auto server = startTcpStoreServer(0);
+  auto server = startTcpStoreServer(0, "");
   std::atomic<int> waiting{0};
   std::thread setter([&] {
     auto store = connectLocal(server->port());
@@ -293,7 +297,7 @@ TEST(TcpStore, DeferredGetsReleasedBySetFromAnotherClient) {
 }
 
 TEST(TcpStore, GetTimesOutAndConnectionStaysUsable) {
-  auto server = startTcpStoreServer(0);
+  auto server = startTcpStoreServer(0, "");
   auto store = connectLocal(server->port());
   auto start = Clock::now();
   std::string msg = expectError(ddlTimeout, [&] { store->get("missing", Deadline(200)); });
@@ -317,7 +321,7 @@ TEST(TcpStore, ConnectRetriesUntilServerStarts) {
   auto start = Clock::now();
   std::thread t([&] {
     try {
-      client = connectTcpStore("127.0.0.1", port, Deadline(10000));
+      client = connectTcpStore("127.0.0.1", port, Deadline(10000), "");
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -325,7 +329,7 @@ TEST(TcpStore, ConnectRetriesUntilServerStarts) {
   std::this_thread::sleep_for(milliseconds(300));
   std::unique_ptr<TcpStoreServer> server;
   try {
-    server = startTcpStoreServer(port);
+    server = startTcpStoreServer(port, "");
   } catch (const Error& e) {
     t.join();
     GTEST_SKIP() << "another process took port " << port << " meanwhile: " << e.what();
@@ -340,7 +344,7 @@ TEST(TcpStore, ConnectRetriesUntilServerStarts) {
 TEST(TcpStore, UnreachableServerTimesOut) {
   int port = freePort();
   auto start = Clock::now();
-  std::string msg = expectError(ddlTimeout, [&] { connectTcpStore("127.0.0.1", port, Deadline(300)); });
+  std::string msg = expectError(ddlTimeout, [&] { connectTcpStore("127.0.0.1", port, Deadline(300), ""); });
   int64_t elapsed = msSince(start);
   EXPECT_GE(elapsed, 250);
   EXPECT_LE(elapsed, 5000);
@@ -350,15 +354,15 @@ TEST(TcpStore, UnreachableServerTimesOut) {
 }
 
 TEST(TcpStore, BadConnectArguments) {
-  expectError(ddlInvalidArgument, [] { connectTcpStore("127.0.0.1", 0, Deadline(1000)); });
-  expectError(ddlInvalidArgument, [] { connectTcpStore("", 29500, Deadline(1000)); });
-  expectError(ddlInvalidArgument, [] { connectTcpStore("127.0.0.1", 70000, Deadline(1000)); });
+  expectError(ddlInvalidArgument, [] { connectTcpStore("127.0.0.1", 0, Deadline(1000), ""); });
+  expectError(ddlInvalidArgument, [] { connectTcpStore("", 29500, Deadline(1000), ""); });
+  expectError(ddlInvalidArgument, [] { connectTcpStore("127.0.0.1", 70000, Deadline(1000), ""); });
 }
 
 TEST(TcpStore, UnresolvableHost) {
   // NXDOMAIN fails at once (ddlInvalidArgument); a resolver that cannot answer is retried until the deadline.
   try {
-    connectTcpStore("no-such-host.invalid", 29500, Deadline(2000));
+    connectTcpStore("no-such-host.invalid", 29500, Deadline(2000), "");
     ADD_FAILURE() << "connected to no-such-host.invalid";
   } catch (const Error& e) {
     EXPECT_TRUE(e.code() == ddlInvalidArgument || e.code() == ddlTimeout) << e.what();
@@ -367,16 +371,16 @@ TEST(TcpStore, UnresolvableHost) {
 }
 
 TEST(TcpStore, PortInUse) {
-  auto first = startTcpStoreServer(0);
+  auto first = startTcpStoreServer(0, "");
   int port = first->port();
-  std::string msg = expectError(ddlSystemError, [&] { startTcpStoreServer(port); });
+  std::string msg = expectError(ddlSystemError, [&] { startTcpStoreServer(port, ""); });
   EXPECT_NE(msg.find("port " + std::to_string(port)), std::string::npos) << msg;
   EXPECT_NE(msg.find("Address already in use"), std::string::npos) << msg;
-  expectError(ddlInvalidArgument, [] { startTcpStoreServer(65536); });
+  expectError(ddlInvalidArgument, [] { startTcpStoreServer(65536, ""); });
 }
 
 TEST(TcpStore, ServerDestroyedWhileClientWaits) {
-  auto server = startTcpStoreServer(0);
+  auto server = startTcpStoreServer(0, "");
   auto store = connectLocal(server->port());
   store->set("warm", "up");  // the connection is established and served
   std::string msg;
@@ -403,13 +407,31 @@ TEST(TcpStore, ServerDestroyedWhileClientWaits) {
 }
 
 TEST(TcpStore, ServerGoneBeforeRequest) {
-  auto server = startTcpStoreServer(0);
+  auto server = startTcpStoreServer(0, "");
   auto store = connectLocal(server->port());
   server.reset();
   auto start = Clock::now();
   std::string msg = expectError(ddlRemoteError, [&] { store->add("k", 1); });
   EXPECT_LE(msSince(start), 5000);
   EXPECT_NE(msg.find("closed the connection"), std::string::npos) << msg;
+}
+
+// Reads exactly n bytes from a blocking socket with a receive timeout; false on EOF, error or timeout.
+bool recvExactly(int fd, size_t n, std::string* out) {
+  out->assign(n, '\0');
+  size_t got = 0;
+  while (got < n) {  // bounded: every recv waits at most the socket's receive timeout
+    ssize_t r = ::recv(fd, out->data() + got, n - got, 0);
+    if (r <= 0) return false;
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+uint32_t u32At(const std::string& s, size_t at) {
+  uint32_t n;
+  std::memcpy(&n, s.data() + at, 4);
+  return ntohl(n);
 }
 
 // A raw socket to the server, for speaking bad protocol.
@@ -422,11 +444,26 @@ class RawClient {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     addr.sin_port = htons(static_cast<uint16_t>(port));
     connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    timeval tv{10, 0};  // no read below can hang the test
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   }
   ~RawClient() { close(); }
   bool connected() const { return connected_; }
   void send(const std::string& bytes) {
     ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  }
+  // One reply frame: u8 status, u32 id, u32 length, payload. False if the connection ended or 10 s passed.
+  bool readReply(uint8_t* status, uint32_t* id, std::string* payload) {
+    std::string header;
+    if (!recvExactly(fd_, 9, &header)) return false;
+    *status = static_cast<uint8_t>(header[0]);
+    *id = u32At(header, 1);
+    return recvExactly(fd_, u32At(header, 5), payload);
+  }
+  // True while the server has neither closed the connection nor sent anything for wait_ms.
+  bool quietFor(int wait_ms) {
+    pollfd p{fd_, POLLIN, 0};
+    return ::poll(&p, 1, wait_ms) == 0;
   }
   // True when the server closes the connection within timeout_ms (replies before that are skipped).
   bool closedByServer(int timeout_ms) {
@@ -460,7 +497,7 @@ std::string frame(uint8_t op, uint32_t id, const std::string& key, const std::st
 }
 
 TEST(TcpStore, GarbageClientsAreDroppedOthersUnaffected) {
-  auto server = startTcpStoreServer(0);
+  auto server = startTcpStoreServer(0, "");
   auto good = connectLocal(server->port());
   good->set("before", "1");
   // A well-formed SET from a raw client works (checks this test's framing) ...
@@ -501,6 +538,256 @@ TEST(TcpStore, GarbageClientsAreDroppedOthersUnaffected) {
   EXPECT_EQ(good->add("after", 1), 1);
   auto late = connectLocal(server->port());
   EXPECT_EQ(late->get("before", Deadline(5000)), "1");
+}
+
+// --- Admission: the job's secret
+// -----------------------------------------------------------------------------------------
+
+const std::string kSecret = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+std::unique_ptr<Store> connectWith(int port, const std::string& secret, int64_t timeout_ms = 10000) {
+  return connectTcpStore("127.0.0.1", port, Deadline(timeout_ms), secret);
+}
+
+std::string randomBytes(size_t n) {
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(std::rand());
+  return s;
+}
+
+TEST(TcpStoreSecret, HoldersOfTheSecretAreServed) {
+  auto server = startTcpStoreServer(0, kSecret);
+  auto a = connectWith(server->port(), kSecret);
+  auto b = connectWith(server->port(), kSecret);
+  a->set("addr/0", "x");
+  EXPECT_EQ(b->get("addr/0", Deadline(5000)), "x");
+  EXPECT_EQ(b->add("joined", 1), 1);
+  EXPECT_EQ(a->add("joined", 1), 2);
+  // The secret is opaque: any bytes but NUL, up to 4096 of them.
+  std::string odd(kMaxJobSecretBytes, 'x');
+  for (size_t i = 0; i < odd.size(); ++i) odd[i] = static_cast<char>(1 + i % 255);
+  auto server2 = startTcpStoreServer(0, odd);
+  connectWith(server2->port(), odd)->set("k", "v");
+  expectError(ddlInvalidArgument, [&] { startTcpStoreServer(0, odd + "x"); });
+  expectError(ddlInvalidArgument, [&] { connectWith(server2->port(), odd + "x"); });
+}
+
+TEST(TcpStoreSecret, WrongSecretIsRefusedAndOthersAreUnaffected) {
+  auto server = startTcpStoreServer(0, kSecret);
+  auto good = connectWith(server->port(), kSecret);
+  good->set("before", "1");
+  const auto start = Clock::now();
+  std::string msg = expectError(ddlInvalidArgument, [&] { connectWith(server->port(), kSecret + "0"); });
+  EXPECT_LE(msSince(start), 5000) << "a refusal must not wait for the deadline";
+  EXPECT_NE(msg.find("rendezvous store at 127.0.0.1:" + std::to_string(server->port()) +
+                     " refused this rank: wrong DDL_JOB_SECRET (is this rank part of the job?)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find(kSecret), std::string::npos) << "no message may show the secret: " << msg;
+  EXPECT_EQ(good->get("before", Deadline(5000)), "1");
+  EXPECT_EQ(connectWith(server->port(), kSecret)->add("after", 1), 1);
+}
+
+TEST(TcpStoreSecret, ClientWithoutTheSecretIsRefusedOnItsFirstRequest) {
+  auto server = startTcpStoreServer(0, kSecret);
+  for (int request = 0; request < 3; ++request) {  // add, set, and a get of a key that is never set
+    auto open = connectWith(server->port(), "");
+    std::string msg = expectError(ddlInvalidArgument, [&] {
+      if (request == 0) open->add("joined/0", 1);
+      if (request == 1) open->set("k", "v");
+      if (request == 2) open->get("never", Deadline(20000));
+    });
+    EXPECT_NE(
+        msg.find("rendezvous store at 127.0.0.1:" + std::to_string(server->port()) +
+                 " refused this rank: it admits only holders of the job's secret, and DDL_JOB_SECRET is "
+                 "not set here"),
+        std::string::npos)
+        << msg;
+  }
+  auto good = connectWith(server->port(), kSecret);
+  EXPECT_EQ(good->add("joined/0", 1), 1) << "the refused ADD must not have been applied";
+}
+
+// A store without a secret cannot prove one: a rank that has the job's secret does not trust it.
+TEST(TcpStoreSecret, OpenStoreDoesNotSatisfyAClientWithASecret) {
+  auto server = startTcpStoreServer(0, "");
+  std::string msg = expectError(ddlRemoteError, [&] { connectWith(server->port(), kSecret); });
+  EXPECT_NE(msg.find("did not prove the job's secret: it has none"), std::string::npos) << msg;
+  connectWith(server->port(), "")->set("k", "v");  // and the open store still serves
+}
+
+// A process posing as the store: accepts one connection on a loopback port and runs `act` on it.
+class FakeServer {
+ public:
+  explicit FakeServer(std::function<void(int fd)> act) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    EXPECT_EQ(::bind(listen_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(::listen(listen_, 8), 0);
+    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, act = std::move(act)] {
+      pollfd p{listen_, POLLIN, 0};
+      if (::poll(&p, 1, 10000) != 1) return;
+      int fd = ::accept(listen_, nullptr, nullptr);
+      if (fd < 0) return;
+      timeval tv{10, 0};  // no read can hang the test
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      act(fd);
+      ::close(fd);
+    });
+  }
+  ~FakeServer() {
+    thread_.join();
+    ::close(listen_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int listen_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+std::string replyFrame(uint8_t status, uint32_t id, const std::string& payload) {
+  std::string s(1, static_cast<char>(status));
+  for (uint32_t v : {id, static_cast<uint32_t>(payload.size())}) {
+    uint32_t n = htonl(v);
+    s.append(reinterpret_cast<const char*>(&n), 4);
+  }
+  return s + payload;
+}
+
+void sendAll(int fd, const std::string& bytes) { ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+
+// Plays the handshake as far as the client's proof and answers it with answer(proof).
+std::function<void(int)> fakeHandshake(std::function<std::string(const std::string& proof)> answer) {
+  return [answer](int fd) {
+    std::string hello, proof;
+    if (!recvExactly(fd, 13 + 32, &hello)) return;
+    sendAll(fd, replyFrame(0, 0, randomBytes(32)));
+    if (!recvExactly(fd, 13 + 32, &proof)) return;
+    sendAll(fd, replyFrame(0, 0, answer(proof.substr(13))));
+    std::string rest;
+    recvExactly(fd, 1, &rest);  // until the client hangs up
+  };
+}
+
+TEST(TcpStoreSecret, FakeServerThatAcceptsAnyProofIsDetected) {
+  FakeServer fake(fakeHandshake([](const std::string&) { return randomBytes(32); }));
+  std::string msg = expectError(ddlRemoteError, [&] { connectWith(fake.port(), kSecret); });
+  EXPECT_NE(msg.find("rendezvous store at 127.0.0.1:" + std::to_string(fake.port()) +
+                     " did not prove the job's secret (another process on DDL_ROOT's port?)"),
+            std::string::npos)
+      << msg;
+}
+
+// The server's proof is not the client's: a fake that sends the client's own proof back is caught.
+TEST(TcpStoreSecret, FakeServerThatReflectsTheClientsProofIsDetected) {
+  FakeServer fake(fakeHandshake([](const std::string& proof) { return proof; }));
+  std::string msg = expectError(ddlRemoteError, [&] { connectWith(fake.port(), kSecret); });
+  EXPECT_NE(msg.find("did not prove the job's secret (another process on DDL_ROOT's port?)"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(TcpStoreSecret, FakeServerSpeakingAnotherProtocolIsDetected) {
+  FakeServer fake([](int fd) {
+    std::string hello;
+    recvExactly(fd, 13 + 32, &hello);
+    sendAll(fd, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+    recvExactly(fd, 1, &hello);
+  });
+  std::string msg = expectError(ddlRemoteError, [&] { connectWith(fake.port(), kSecret); });
+  EXPECT_NE(msg.find("did not prove the job's secret: its answer is not libddl's handshake"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(TcpStoreSecret, SilentFakeServerTimesOutNamingTheHandshake) {
+  FakeServer fake([](int fd) {
+    std::string rest;
+    recvExactly(fd, 1 << 20, &rest);  // reads the hello, answers nothing, until the client hangs up
+  });
+  const auto start = Clock::now();
+  std::string msg = expectError(ddlTimeout, [&] { connectWith(fake.port(), kSecret, 800); });
+  EXPECT_LE(msSince(start), 5000);
+  EXPECT_NE(msg.find("did not answer libddl's handshake"), std::string::npos) << msg;
+}
+
+// Strangers on the port (garbage, silence, a wrong proof, a request without the secret, a half handshake) are
+// dropped or refused, and the real clients meanwhile see nothing of them.
+TEST(TcpStoreSecret, StrangersAreDroppedWithoutDisturbingTheJob) {
+  auto server = startTcpStoreServer(0, kSecret, {/*timeout_ms=*/1500, /*max_pending=*/64});
+  const int port = server->port();
+  auto good = connectWith(port, kSecret);
+  good->set("before", "1");
+
+  RawClient silent(port), half(port), garbage(port), wrong_proof(port), no_secret(port);
+  for (RawClient* c : {&silent, &half, &garbage, &wrong_proof, &no_secret}) ASSERT_TRUE(c->connected());
+  half.send(frame(5, 0, "", randomBytes(32)).substr(0, 20));
+  garbage.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  // A SET announcing a 16 MiB value: refused on its header, the body never buffered.
+  no_secret.send(frame(1, 42, "k", "").replace(9, 4, std::string("\x01\x00\x00\x00", 4)));
+  wrong_proof.send(frame(5, 0, "", randomBytes(32)));
+  uint8_t status = 0xff;
+  uint32_t id = 0xffffffff;
+  std::string payload;
+  ASSERT_TRUE(wrong_proof.readReply(&status, &id, &payload));
+  EXPECT_EQ(status, 0);  // the server's nonce
+  EXPECT_EQ(payload.size(), 32u);
+  wrong_proof.send(frame(6, 0, "", randomBytes(32)));
+
+  // While they are all connected, ranks join and work.
+  auto errors = runThreads(4, [&](int rank) {
+    auto store = connectWith(port, kSecret);
+    store->set("addr/" + std::to_string(rank), "a" + std::to_string(rank));
+    for (int peer = 0; peer < 4; ++peer) {
+      if (store->get("addr/" + std::to_string(peer), Deadline(10000)) != "a" + std::to_string(peer)) {
+        throw std::runtime_error("wrong value");
+      }
+    }
+  });
+  EXPECT_TRUE(errors.empty()) << errors[0];
+
+  ASSERT_TRUE(wrong_proof.readReply(&status, &id, &payload));
+  EXPECT_EQ(status, 2) << "a wrong proof is refused";
+  EXPECT_TRUE(wrong_proof.closedByServer(5000));
+  ASSERT_TRUE(no_secret.readReply(&status, &id, &payload));
+  EXPECT_EQ(status, 2) << "a request without the secret is refused";
+  EXPECT_EQ(id, 42u);
+  EXPECT_TRUE(no_secret.closedByServer(5000));
+  EXPECT_TRUE(garbage.closedByServer(5000));
+  // Silence and half a handshake end at the handshake deadline.
+  EXPECT_TRUE(silent.closedByServer(10000)) << "a silent stranger kept its connection past the deadline";
+  EXPECT_TRUE(half.closedByServer(10000));
+  EXPECT_EQ(good->get("before", Deadline(5000)), "1");
+  EXPECT_EQ(good->add("after", 1), 1);
+}
+
+// More strangers than the server keeps in the handshake: the oldest make way, and a rank still gets in.
+TEST(TcpStoreSecret, StrangersCannotFillTheHandshakeSlots) {
+  constexpr int kPending = 3;
+  auto server = startTcpStoreServer(0, kSecret, {/*timeout_ms=*/60000, /*max_pending=*/kPending});
+  std::vector<std::unique_ptr<RawClient>> strangers;
+  for (int i = 0; i < 2 * kPending; ++i) {
+    strangers.push_back(std::make_unique<RawClient>(server->port()));
+    ASSERT_TRUE(strangers.back()->connected());
+    // One at a time, so the server accepts them in this order.
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  for (int i = 0; i < kPending; ++i) {
+    EXPECT_TRUE(strangers[i]->closedByServer(5000)) << "stranger " << i << " was not dropped for a newer one";
+  }
+  for (int i = kPending; i < 2 * kPending; ++i) EXPECT_TRUE(strangers[i]->quietFor(100)) << i;
+  auto good = connectWith(server->port(), kSecret);
+  good->set("k", "v");
+  EXPECT_EQ(good->get("k", Deadline(5000)), "v");
+  EXPECT_TRUE(strangers[kPending]->closedByServer(5000))
+      << "the rank's connection took the oldest one's place";
 }
 
 }  // namespace

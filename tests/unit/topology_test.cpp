@@ -130,5 +130,54 @@ TEST(Options, VersionOneConfigIsStillAccepted) {
   EXPECT_EQ(o.wait, ddlWaitAuto);
 }
 
+// The job's secret: ddlConfig_t.secret, else DDL_JOB_SECRET, else none; one too long is refused, unquoted.
+TEST(Options, SecretFromConfigOrDdlJobSecret) {
+  unsetenv("DDL_JOB_SECRET");
+  EXPECT_EQ(resolveOptions(nullptr, 2).secret, "");
+  setenv("DDL_JOB_SECRET", "from-env", 1);
+  EXPECT_EQ(resolveOptions(nullptr, 2).secret, "from-env");
+  ddlConfig_t cfg = DDL_CONFIG_INITIALIZER;
+  EXPECT_EQ(resolveOptions(&cfg, 2).secret, "from-env");  // NULL: the environment's
+  cfg.secret = "";
+  EXPECT_EQ(resolveOptions(&cfg, 2).secret, "from-env");  // "" too
+  cfg.secret = "from-config";
+  EXPECT_EQ(resolveOptions(&cfg, 2).secret, "from-config");
+  const std::string long_secret(4097, 's');
+  cfg.secret = long_secret.c_str();
+  std::string e = errorOf([&] { resolveOptions(&cfg, 2); });
+  EXPECT_NE(e.find("ddlConfig_t.secret is 4097 bytes long"), std::string::npos) << e;
+  EXPECT_EQ(e.find("ssss"), std::string::npos) << "the message must not show the secret: " << e;
+  setenv("DDL_JOB_SECRET", long_secret.c_str(), 1);
+  e = errorOf([] { resolveOptions(nullptr, 2); });
+  EXPECT_NE(e.find("DDL_JOB_SECRET is 4097 bytes long"), std::string::npos) << e;
+  setenv("DDL_JOB_SECRET", std::string(4096, 's').c_str(), 1);
+  EXPECT_EQ(resolveOptions(nullptr, 2).secret.size(), 4096u);
+  unsetenv("DDL_JOB_SECRET");
+}
+
+// A program compiled against the version-2 header passes a struct that ends at waitMode: secret is not read.
+TEST(Options, VersionTwoConfigIsStillAccepted) {
+  struct V2 {
+    size_t size;
+    unsigned int version;
+    int timeoutMs;
+    const char* topology;
+    const char* algorithm;
+    size_t segmentBytes;
+    int waitMode;
+  };
+  struct {
+    V2 v2;
+    const char* garbage;  // where a version-3 struct has secret
+  } padded{{sizeof(V2), 2, 4321, nullptr, nullptr, 0, ddlWaitSpin}, "not-the-secret"};
+  setenv("DDL_JOB_SECRET", "from-env", 1);
+  const auto* cfg = reinterpret_cast<const ddlConfig_t*>(&padded);
+  Options o = resolveOptions(cfg, 2);
+  EXPECT_EQ(o.timeout_ms, 4321);
+  EXPECT_EQ(o.wait, ddlWaitSpin);
+  EXPECT_EQ(o.secret, "from-env");
+  unsetenv("DDL_JOB_SECRET");
+}
+
 }  // namespace
 }  // namespace ddl

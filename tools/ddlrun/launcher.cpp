@@ -70,6 +70,8 @@ constexpr const char kUsage[] =
     "DDL_LOCAL_RANK=r, DDL_LOCAL_SIZE=N and DDL_ROOT=HOST:PORT (what ddlCommInitFromEnv reads), and the\n"
     "torchrun names RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MASTER_PORT\n"
     "(torch.distributed's store) is another free port than DDL_ROOT's (libddl's), so a program may use both.\n"
+    "Every rank also gets DDL_JOB_SECRET, made afresh for each run: libddl's rendezvous store at DDL_ROOT\n"
+    "answers only processes that hold it.\n"
     "\n"
     "options:\n"
     "  -np N, -n N         number of ranks, 1 to 1024 (required)\n"
@@ -296,6 +298,7 @@ class Launcher {
   rlimit saved_nofile_{};
   bool nofile_raised_ = false;
   std::vector<std::string> base_env_;
+  std::string secret_;  // DDL_JOB_SECRET of this run
 };
 
 bool Launcher::setUp() {
@@ -325,6 +328,13 @@ bool Launcher::setUp() {
                               "; set one with -x MASTER_PORT=PORT\n");
       return false;
     }
+  }
+
+  // One secret per run: the ranks' rendezvous store then answers no other process.
+  secret_ = newJobSecret();
+  if (secret_.empty()) {
+    emit(STDERR_FILENO, "ddlrun: cannot read random bytes for the job's secret (DDL_JOB_SECRET)\n");
+    return false;
   }
 
   // Two pipe read ends per rank stay open in ddlrun; 1024 ranks need more than the common soft limit of 1024.
@@ -417,7 +427,7 @@ bool Launcher::launchRank(int r) {
   }
 
   // Everything the child needs is built before fork(): between fork and exec it only makes system calls.
-  std::vector<std::string> env = rankEnvironment(options_, r, root_, master_port_, base_env_);
+  std::vector<std::string> env = rankEnvironment(options_, r, root_, master_port_, secret_, base_env_);
   std::vector<char*> envp;
   for (std::string& entry : env) envp.push_back(entry.data());
   envp.push_back(nullptr);
@@ -790,7 +800,8 @@ std::string checkTopology(const std::string& topology, int np) {
 }
 
 std::vector<std::string> rankEnvironment(const Options& options, int rank, const std::string& root,
-                                         int master_port, const std::vector<std::string>& base_env) {
+                                         int master_port, const std::string& secret,
+                                         const std::vector<std::string>& base_env) {
   std::vector<std::string> env;
   std::unordered_map<std::string, size_t> index;  // variable name -> its entry in env
   auto put = [&](const std::string& entry) {
@@ -812,6 +823,7 @@ std::vector<std::string> rankEnvironment(const Options& options, int rank, const
   spec.root_host = host;
   spec.root_port = std::atoi(port.c_str());
   spec.master_port = master_port;
+  spec.secret = secret;
   for (const auto& [name, value] : ddl::rankEnvironment(spec)) put(name + "=" + value);
   if (!options.algo.empty()) put("DDL_ALGO=" + options.algo);
   if (!options.timeout_ms.empty()) put("DDL_TIMEOUT_MS=" + options.timeout_ms);

@@ -61,9 +61,11 @@ std::string checkTopology(const std::string& topology, int np);
 
 // The environment of one rank: base_env (the "VAR=VALUE" entries ddlrun was started with) with the DDL_* and
 // torchrun variables of `rank` (common/rank_env.h) and then each -x entry set over it. root is the resolved
-// "HOST:PORT" of DDL_ROOT, master_port torch's MASTER_PORT.
+// "HOST:PORT" of DDL_ROOT, master_port torch's MASTER_PORT, secret the run's DDL_JOB_SECRET (the same for
+// every rank of a run, fresh for each run).
 std::vector<std::string> rankEnvironment(const Options& options, int rank, const std::string& root,
-                                         int master_port, const std::vector<std::string>& base_env);
+                                         int master_port, const std::string& secret,
+                                         const std::vector<std::string>& base_env);
 
 // Turns the bytes a rank writes to one stream into whole lines, each with the rank's prefix, so that every
 // write() ddlrun makes holds complete lines only. Without tagging the bytes pass unchanged (still held back

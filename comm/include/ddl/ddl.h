@@ -80,9 +80,9 @@ typedef enum {
 } ddlWaitMode_t;
 
 /* Versioned configuration. Always start from DDL_CONFIG_INITIALIZER; fields left at 0/NULL fall back to the
- * environment (DDL_TIMEOUT_MS, DDL_TOPOLOGY, DDL_ALGO, DDL_SEGMENT_BYTES, DDL_WAIT) and then to built-in
- * defaults. Version 1 (up to segmentBytes) is still accepted. */
-#define DDL_CONFIG_VERSION 2
+ * environment (DDL_TIMEOUT_MS, DDL_TOPOLOGY, DDL_ALGO, DDL_SEGMENT_BYTES, DDL_WAIT, DDL_JOB_SECRET) and
+ * then to built-in defaults. Versions 1 (up to segmentBytes) and 2 (up to waitMode) are still accepted. */
+#define DDL_CONFIG_VERSION 3
 typedef struct {
   size_t size;           /* sizeof(ddlConfig_t), set by the initializer */
   unsigned int version;  /* DDL_CONFIG_VERSION, set by the initializer */
@@ -91,9 +91,15 @@ typedef struct {
   const char* algorithm; /* "auto", "ring", "mdring", "rhd"; NULL: DDL_ALGO or "auto" */
   size_t segmentBytes;   /* pipeline segment size of the ring algorithms; 0: DDL_SEGMENT_BYTES or automatic */
   int waitMode;          /* a ddlWaitMode_t; ddlWaitAuto (0): DDL_WAIT (auto, spin, share) or automatic */
+  /* Version 3. The job's secret, 1 to 4096 bytes, the same on every rank: rank 0's rendezvous store
+   * (ddlCommInitRank, ddlCommInitFromEnv) then admits only ranks that prove they hold it, and each rank
+   * checks that the store holds it too. NULL or "": DDL_JOB_SECRET (set by ddlrun and ddl-agent), or none:
+   * the store answers anyone who can connect. ddlCommInitRankWithStore does not use it (the caller's store
+   * is the caller's to guard). */
+  const char* secret;
 } ddlConfig_t;
 #define DDL_CONFIG_INITIALIZER \
-  { sizeof(ddlConfig_t), DDL_CONFIG_VERSION, 0, NULL, NULL, 0, ddlWaitAuto }
+  { sizeof(ddlConfig_t), DDL_CONFIG_VERSION, 0, NULL, NULL, 0, ddlWaitAuto, NULL }
 
 /* Version as DDL_VERSION_CODE of the library actually loaded. */
 ddlResult_t ddlGetVersion(int* version);
@@ -134,8 +140,8 @@ typedef struct {
 ddlResult_t ddlCommInitRankWithStore(ddlComm_t* comm, int nranks, int rank, const ddlStore_t* store,
                                      const ddlConfig_t* config);
 
-/* Same as ddlCommInitRank, reading DDL_RANK, DDL_WORLD_SIZE and DDL_ROOT (and the optional DDL_* settings)
- * from the environment, as set by ddlrun and ddl-agent. */
+/* Same as ddlCommInitRank, reading DDL_RANK, DDL_WORLD_SIZE and DDL_ROOT (and the optional DDL_* settings,
+ * DDL_JOB_SECRET among them) from the environment, as set by ddlrun and ddl-agent. */
 ddlResult_t ddlCommInitFromEnv(ddlComm_t* comm, const ddlConfig_t* config);
 
 /* Frees the communicator. Call it on every rank; it first waits (bounded by the timeout) for peers to finish. */
