@@ -293,6 +293,11 @@ void Coordinator::launchLocked(const std::string& id, const placement::Allocatio
   // One secret per launch: every rank of this attempt holds it, no other process does (it travels in StartRanks
   // over the agents' TLS streams and lives in the ranks' environments, readable only by the job's user).
   const std::string secret = newJobSecret();
+  if (secret.empty()) {  // never launch with an open rendezvous
+    Status back = recordTransitionLocked(id, JobState::kPending, "no random bytes for the job's secret; retrying");
+    if (!back) spdlog::error("launch: {}", back.toString());
+    return;
+  }
   std::map<std::string, v1::Command> commands;  // by node
   for (const auto& slot : layout.ranks) {
     v1::Command& cmd = commands[slot.node];
