@@ -106,7 +106,7 @@ class ClusterTest : public ::testing::Test {
     fs::remove(dir_ / "coordinator" / "coordinator.addr");
     coordinator_ = spawn({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "--listen", listen, "--http", "127.0.0.1:0",
                           "--data-dir", (dir_ / "coordinator").string(), "--heartbeat-grace", "3", "--pki-dir", pki(),
-                          "--allow-root-jobs"},
+                          "--allow-root-jobs", "--config", tlsRefreshConfig()},
                          dir_ / "coordinator.log");
     ASSERT_TRUE(waitFor([&] { return fs::exists(dir_ / "coordinator" / "coordinator.addr"); }, 10000))
         << slurp(dir_ / "coordinator.log");
@@ -118,6 +118,12 @@ class ClusterTest : public ::testing::Test {
         grpc::CreateCustomChannel(address_, ddl::tls::channelCredentials({pki() + "/ca.crt", "", ""}), args));
   }
   std::string pki() const { return (dir_ / "pki").string(); }
+  // Certificate files re-read every second (default 60), so the rotation test need not wait long.
+  std::string tlsRefreshConfig() const {
+    const fs::path path = dir_ / "tls-refresh.json";
+    if (!fs::exists(path)) std::ofstream(path) << "{\"tls_refresh_s\": 1}\n";
+    return path.string();
+  }
   // Runs a program to its end (bounded by its own work: init-pki, issue-node, ddlctl); its output goes to run.log.
   int run(const std::vector<std::string>& argv) {
     pid_t pid = spawn(argv, dir_ / "run.log");
@@ -152,7 +158,7 @@ class ClusterTest : public ::testing::Test {
     std::vector<std::string> argv = {std::string(DDL_BIN_DIR) + "/ddl-agent", "--coordinator", address_, "--node",
                                      node, "--address", "127.0.0.1", "--labels", "switch=s1", "--virtual-gpus", "2",
                                      "--force-virtual", "--data-dir", (dir_ / node).string(), "--port-range", ports,
-                                     "--pki-dir", (dir_ / (node + "-pki")).string()};
+                                     "--pki-dir", (dir_ / (node + "-pki")).string(), "--config", tlsRefreshConfig()};
     if (stop_ranks_on_exit) argv.push_back("--stop-ranks-on-exit");
     agents_[node] = spawn(argv, dir_ / ("agent-" + node + ".log"));
   }
@@ -332,6 +338,74 @@ TEST_F(ClusterTest, AStrangerOnTheRendezvousPortIsRefusedAndTheJobSucceeds) {
   close(fd);
   std::ofstream(gate) << "go\n";
   ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 60000)) << job(id).DebugString();
+}
+
+// A new node joins with a one-time token: it makes its own key, pins the CA by the hash printed with the token,
+// and comes UP; the token does not work twice.
+TEST_F(ClusterTest, ANodeJoinsWithAOneTimeTokenPinnedToTheCa) {
+  const std::string out = (dir_ / "join.json").string();
+  ASSERT_EQ(std::system((ctl() + " admin join-token n3 --ttl 120 -o json > " + out).c_str()), 0);
+  const std::string text = slurp(out);
+  auto field = [&](const std::string& name) {
+    const size_t at = text.find("\"" + name + "\":\"");
+    return at == std::string::npos ? "" : text.substr(at + name.size() + 4, text.find('"', at + name.size() + 4) - at - name.size() - 4);
+  };
+  std::ofstream(dir_ / "join.token") << field("token") << "\n";
+  const std::string pin = field("ca_sha256");
+  ASSERT_EQ(pin.size(), 64u) << text;
+  auto join = [&](const std::string& node, const std::string& ca_pin, const std::string& pki_dir) {
+    return run({std::string(DDL_BIN_DIR) + "/ddl-agent", "--coordinator", address_, "--node", node, "--pki-dir",
+                pki_dir, "join", "--token-file", (dir_ / "join.token").string(), "--ca-sha256", ca_pin});
+  };
+  // A wrong pin: nothing is sent, the token stays good.
+  EXPECT_NE(join("n3", std::string(64, '0'), (dir_ / "n3-wrong").string()), 0);
+  EXPECT_FALSE(fs::exists(dir_ / "n3-wrong" / "node.crt"));
+  EXPECT_NE(slurp(dir_ / "run.log").find("refusing to join"), std::string::npos) << slurp(dir_ / "run.log");
+  // Another node's name with n3's token: refused, and the token is still n3's.
+  EXPECT_NE(join("n4", pin, (dir_ / "n4-pki").string()), 0);
+  ASSERT_EQ(join("n3", pin, (dir_ / "n3-pki").string()), 0) << slurp(dir_ / "run.log");
+  EXPECT_NE(join("n3", pin, (dir_ / "n3-again").string()), 0);  // used up
+  struct stat st {};
+  ASSERT_EQ(stat((dir_ / "n3-pki" / "node.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  startAgent(3);
+  EXPECT_TRUE(waitFor([&] { return upNodes() == 3; }, 10000)) << slurp(dir_ / "agent-n3.log");
+}
+
+// Certificates renewed under a running job: the coordinator serves its new certificate to new connections
+// without a restart, an agent whose node certificate was renewed reconnects with it, and the job goes on.
+TEST_F(ClusterTest, RenewedCertificatesArePickedUpWithoutRestartingJobs) {
+  const std::string marker = "65." + std::to_string(getpid());
+  std::string id = submit(2, 2, {"/bin/sh", "-c", "sleep 5; echo " + marker});
+  ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000));
+  auto served = [&] {
+    const std::string out = (dir_ / "served.txt").string();
+    std::system(("openssl s_client -connect " + address_ + " </dev/null 2>/dev/null | openssl x509 -noout " +
+                 "-fingerprint -sha256 > " + out + " 2>/dev/null").c_str());
+    return slurp(out);
+  };
+  auto onDisk = [&] {
+    const std::string out = (dir_ / "disk.txt").string();
+    std::system(("openssl x509 -noout -fingerprint -sha256 -in " + pki() + "/coordinator.crt > " + out).c_str());
+    return slurp(out);
+  };
+  const std::string before = served();
+  ASSERT_EQ(before, onDisk());
+  ASSERT_EQ(run({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "--pki-dir", pki(), "renew-cert", "--days", "30"}), 0);
+  ASSERT_NE(onDisk(), before);
+  EXPECT_TRUE(waitFor([&] { return served() == onDisk(); }, 10000)) << "still serving the old certificate";
+  // n1's certificate renewed, then its stream cut (a coordinator restart): it comes back with the new one.
+  ASSERT_EQ(run({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "--pki-dir", pki(), "issue-node", "n1", "--out",
+                 (dir_ / "n1-pki").string(), "--days", "30"}),
+            0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two refresh periods of the agent's watcher
+  kill(coordinator_, SIGKILL);
+  waitpid(coordinator_, nullptr, 0);
+  startCoordinator(address_);
+  EXPECT_TRUE(waitFor([&] { return upNodes() == 2; }, 15000)) << slurp(dir_ / "agent-n1.log");
+  EXPECT_EQ(job(id).state(), ddl::v1::RUNNING);
+  ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 30000)) << job(id).DebugString();
+  EXPECT_EQ(job(id).restarts(), 0);
 }
 
 TEST_F(ClusterTest, FourRankAllreduceJobSucceedsWithCorrectOutput) {
