@@ -13,6 +13,8 @@
 #include <random>
 #include <thread>
 
+#include "worker/run_as.h"
+
 namespace ddl::worker {
 
 namespace {
@@ -66,7 +68,10 @@ std::string findRankShim() {
 }  // namespace
 
 Agent::Agent(AgentConfig config, Inventory inventory)
-    : config_(std::move(config)), inventory_(std::move(inventory)) {
+    : config_(std::move(config)),
+      inventory_(std::move(inventory)),
+      run_as_job_user_(geteuid() == 0),
+      agent_user_(userName(geteuid())) {
   address_ = config_.address.empty() ? localAddressToward(config_.coordinator) : config_.address;
   grpc::ChannelArguments args;
   // Notice a coordinator that vanished without closing the connection (host down, cable pulled).
@@ -284,8 +289,20 @@ std::string Agent::logPath(const std::string& job, int attempt, int rank) const 
 }
 
 void Agent::startRanks(const v1::StartRanks& start) {
-  spdlog::info("job {} attempt {}: starting {} ranks: {}", start.job_id(), start.attempt(), start.ranks_size(),
+  spdlog::info("job {} attempt {}: starting {} ranks as {}: {}", start.job_id(), start.attempt(),
+               start.ranks_size(), run_as_job_user_ ? "user '" + start.user() + "'" : agent_user_,
                start.command_size() ? start.command(0) : "");
+  // One lookup for all the job's ranks here; a refusal fails each of them with the same reason.
+  std::optional<Account> account;
+  std::string refusal;
+  if (run_as_job_user_) {
+    account = lookupAccount(start.user(), config_.node, start.allow_root(), &refusal);
+    if (!account) spdlog::error("job {} attempt {}: {}", start.job_id(), start.attempt(), refusal);
+  } else if (start.user() != agent_user_) {
+    spdlog::info("job {}: its ranks run as {}, the agent's user, not as the job's user '{}': only an agent "
+                 "running as root runs ranks as their users",
+                 start.job_id(), agent_user_, start.user());
+  }
   for (const auto& launch : start.ranks()) {
     RankSpec spec;
     spec.job_id = start.job_id();
@@ -302,7 +319,12 @@ void Agent::startRanks(const v1::StartRanks& start) {
     }
     spec.env.emplace_back("DDL_GPU", std::to_string(launch.gpu()));
     if (telemetry_) spec.env.emplace_back("DDL_AGENT_SOCKET", telemetry_->path());
+    spec.run_as = account;
     std::string error;
+    if (!refusal.empty()) {
+      supervisor_->reject(spec, refusal, &error);  // recorded as an exit, which onRankExit reports
+      continue;
+    }
     RankState state = supervisor_->start(spec, &error);
     if (!error.empty()) {
       spdlog::error("job {} rank {}: {}", start.job_id(), launch.rank(), error);
@@ -316,8 +338,9 @@ void Agent::startRanks(const v1::StartRanks& start) {
 
 void Agent::onRankExit(const RankState& state) {
   spdlog::info("job {} attempt {} rank {} (pid {}) {}", state.job_id, state.attempt, state.rank, state.pid,
-               state.signal ? "killed by signal " + std::to_string(*state.signal)
-                            : "exited with code " + std::to_string(state.exit_code.value_or(-1)));
+               !state.error.empty() ? "could not start: " + state.error
+               : state.signal       ? "killed by signal " + std::to_string(*state.signal)
+                                    : "exited with code " + std::to_string(state.exit_code.value_or(-1)));
   v1::AgentMessage event;
   *event.mutable_rank_event() = toProto(state);
   write(event);  // when no stream is up, the next registration carries it
@@ -358,6 +381,7 @@ v1::RankStatus Agent::toProto(const RankState& s) const {
   }
   r.set_started_ms(s.started_ms);
   r.set_exited_ms(s.exited_ms);
+  r.set_error(s.error);
   if (telemetry_) {
     if (auto p = telemetry_->latest(s.job_id, s.attempt, s.rank)) *r.mutable_progress() = *p;
   }

@@ -73,4 +73,15 @@ std::optional<Account> lookupAccount(const std::string& name, const std::string&
   return fail("cannot list the groups of " + who + " on node " + node + ": the count kept changing");
 }
 
+std::string userName(uid_t uid) {
+  std::vector<char> buffer(16384);
+  passwd entry{};
+  passwd* found = nullptr;
+  while (getpwuid_r(uid, &entry, buffer.data(), buffer.size(), &found) == ERANGE &&
+         buffer.size() < kMaxPasswdBuffer) {
+    buffer.resize(buffer.size() * 2);
+  }
+  return found != nullptr ? std::string(entry.pw_name) : "uid " + std::to_string(uid);
+}
+
 }  // namespace ddl::worker

@@ -40,4 +40,7 @@ constexpr size_t kMaxGroups = 65536;
 std::optional<Account> lookupAccount(const std::string& name, const std::string& node, bool allow_root,
                                      std::string* error);
 
+// The name of the account with this uid, or "uid N" where the node has none.
+std::string userName(uid_t uid);
+
 }  // namespace ddl::worker
