@@ -84,14 +84,6 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args);
   stub_ = v1::AgentService::NewStub(channel);
-  // The telemetry listener first: exits of adopted ranks are reported (onRankExit, toProto) from the
-  // supervisor's thread as soon as recover() below runs.
-  std::string error;
-  telemetry_ = std::make_unique<TelemetryListener>(config_.data_dir + "/agent.sock", &error);
-  if (!error.empty()) {
-    spdlog::warn("rank telemetry off: {}", error);
-    telemetry_.reset();
-  }
   Supervisor::Options options;
   options.state_dir = config_.data_dir + "/ranks";
   options.shim_path = findRankShim();
@@ -100,6 +92,18 @@ Agent::Agent(AgentConfig config, Inventory inventory)
                  "exit code of a rank adopted after an agent restart will be unknown (255)");
   }
   supervisor_ = std::make_unique<Supervisor>([this](const RankState& s) { onRankExit(s); }, options);
+  // The telemetry listener before recover(): exits of adopted ranks are reported (onRankExit, toProto) from
+  // the supervisor's thread as soon as it runs. Reports are believed only from their rank's session.
+  std::string error;
+  telemetry_ = std::make_unique<TelemetryListener>(
+      config_.data_dir + "/agent.sock", &error,
+      [this](const std::string& job, int attempt, int rank, pid_t sender) {
+        return supervisor_->inRankSession(job, attempt, rank, sender);
+      });
+  if (!error.empty()) {
+    spdlog::warn("rank telemetry off: {}", error);
+    telemetry_.reset();
+  }
   // Ranks a previous agent process left running (a restart or an upgrade): adopted before the first
   // registration, so the coordinator hears of them at once.
   for (const auto& problem : supervisor_->recover()) spdlog::warn("{}", problem);

@@ -556,6 +556,17 @@ std::vector<RankState> Supervisor::ranks() const {
   return out;
 }
 
+bool Supervisor::inRankSession(const std::string& job_id, int attempt, int rank, pid_t pid) const {
+  pid_t session = -1;
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(Key{job_id, attempt, rank});
+    if (it == entries_.end() || it->second.starting || !it->second.state.running) return false;
+    session = it->second.state.pid;
+  }
+  return pid > 0 && session > 0 && getsid(pid) == session;
+}
+
 bool Supervisor::adopt(const RankState& given, std::string* error) {
   const std::string who = describeRank(given.job_id, given.attempt, given.rank);
   if (error != nullptr) error->clear();

@@ -176,6 +176,10 @@ class Supervisor {
   // Every rank held, running or exited and not yet released, ordered by job, attempt and rank.
   std::vector<RankState> ranks() const;
 
+  // Whether process `pid` belongs to the rank, running: it is in the rank's session (whose id is the rank's
+  // pid; see the process model). A process that left the session does not count.
+  bool inRankSession(const std::string& job_id, int attempt, int rank, pid_t pid) const;
+
   // Watches a rank started by a previous agent process (state as reported by ranks() back then: job, attempt,
   // rank, gpu, pid, started_ms). The pid must still lead its own process group, which guards against a reused
   // pid; if it does not, or is gone, the rank is recorded as exited with kExitCodeUnknown, what is left of

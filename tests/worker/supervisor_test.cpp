@@ -25,6 +25,7 @@
 
 #include "launch_protocol.h"
 #include "run_as.h"
+#include "test_accounts.h"
 
 namespace ddl::worker {
 namespace {
@@ -568,6 +569,22 @@ TEST_P(SupervisorTest, StopReachesARecoveredRank) {
   waitpid(state.pid, nullptr, 0);
 }
 
+// What the agent believes rank telemetry from: processes of the rank's session, through the shim or not.
+TEST_P(SupervisorTest, InRankSessionKnowsTheRanksProcesses) {
+  fs::path pid_file = dir_ / "bg.pid";
+  RankState state = mustStart(shell("j1", 0, "sleep 100 & echo $! > " + pid_file.string() + "; wait"));
+  pid_t bg = waitForPidFile(pid_file);
+  ASSERT_GT(bg, 0);
+  EXPECT_TRUE(sup_->inRankSession("j1", 1, 0, state.pid));
+  EXPECT_TRUE(sup_->inRankSession("j1", 1, 0, bg));
+  EXPECT_FALSE(sup_->inRankSession("j1", 1, 1, bg));  // another rank's
+  EXPECT_FALSE(sup_->inRankSession("j1", 2, 0, bg));  // another attempt's
+  EXPECT_FALSE(sup_->inRankSession("j1", 1, 0, getpid()));
+  sup_->stop("j1", 0, 5000);
+  ASSERT_TRUE(recorder_.waitFor("j1", 1, 0).has_value());
+  EXPECT_FALSE(sup_->inRankSession("j1", 1, 0, state.pid));  // exited
+}
+
 TEST_P(SupervisorTest, RecoverSkipsUnreadableRecordsAndNamesThem) {
   fs::create_directories(dir_ / "state" / "j9" / "attempt-2");
   std::ofstream(dir_ / "state" / "j9" / "attempt-2" / "rank-0.run") << "garbage\n";
@@ -606,36 +623,27 @@ TEST_P(SupervisorTest, AMissingShimIsExplained) {
 class RunAsTest : public SupervisorTest {
  public:
   static void SetUpTestSuite() {
-    if (geteuid() != 0) {
-      skip_ = "needs root: switching users and making test accounts (useradd) do";
-      return;
-    }
-    for (const char* tool : {"useradd", "userdel", "groupadd", "groupdel"}) {
-      if (!tool_exists(tool)) {
-        skip_ = std::string(tool) + " is missing (package passwd)";
-        return;
-      }
-    }
-    removeStaleAccounts();
-    const std::string p = "ddlt-" + std::to_string(getpid());
-    group_ = p + "-g";
-    user_ = p + "-a";
-    root_alias_ = p + "-r";
-    made_ =
-        run("groupadd " + group_) &&
-        run("useradd --no-create-home --home-dir /nonexistent/" + user_ + " --shell /bin/sh --groups " +
-            group_ + " " + user_) &&
-        run("useradd --non-unique --uid 0 --gid 0 --no-user-group --no-create-home --home-dir /nonexistent/" +
-            root_alias_ + " --shell /bin/sh " + root_alias_ + " 2>/dev/null");  // "outside of UID_MIN": yes
-    if (!made_) skip_ = "could not make the test accounts with groupadd/useradd (see above)";
+    skip_ = test::accountsUnavailable();
+    if (!skip_.empty()) return;
+    test::removeStaleTestAccounts();
+    group_ = test::testAccountName('g');
+    user_ = test::testAccountName('a');
+    root_alias_ = test::testAccountName('r');
+    const std::string no_home = " --no-create-home --shell /bin/sh --home-dir /nonexistent/";
+    // 2>/dev/null: useradd warns that uid 0 is "outside of the UID_MIN ... range", which is the point.
+    const bool made = test::shellOk("groupadd " + group_) &&
+                      test::shellOk("useradd --groups " + group_ + no_home + user_ + " " + user_) &&
+                      test::shellOk("useradd --non-unique --uid 0 --gid 0 --no-user-group" + no_home +
+                                    root_alias_ + " " + root_alias_ + " 2>/dev/null");
+    if (!made) skip_ = "could not make the test accounts with groupadd/useradd (see above)";
   }
 
   static void TearDownTestSuite() {
     if (group_.empty()) return;
     // --force: the uid-0 alias shares its uid with every root process. Never --remove (its home is not its).
-    run("userdel --force " + root_alias_ + " 2>/dev/null");
-    run("userdel " + user_ + " 2>/dev/null");
-    run("groupdel " + group_ + " 2>/dev/null");
+    test::shellOk("userdel --force " + root_alias_ + " 2>/dev/null");
+    test::shellOk("userdel " + user_ + " 2>/dev/null");
+    test::shellOk("groupdel " + group_ + " 2>/dev/null");
     group_.clear();
   }
 
@@ -656,38 +664,6 @@ class RunAsTest : public SupervisorTest {
   void TearDown() override {
     if (!skip_.empty()) return;
     SupervisorTest::TearDown();
-  }
-
-  static bool run(const std::string& command) {
-    const int status = std::system(command.c_str());
-    return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-
-  static bool tool_exists(const std::string& tool) {
-    for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"}) {
-      if (access((dir + tool).c_str(), X_OK) == 0) return true;
-    }
-    return false;
-  }
-
-  // Accounts ddlt-PID-* whose PID no longer runs: left by a test process that crashed.
-  static void removeStaleAccounts() {
-    for (const char* db : {"/etc/passwd", "/etc/group"}) {
-      std::istringstream lines(readFile(db));
-      std::string line;
-      while (std::getline(lines, line)) {
-        const std::string name = line.substr(0, line.find(':'));
-        int pid = 0;
-        char kind = 0, extra = 0;
-        if (std::sscanf(name.c_str(), "ddlt-%d-%c%c", &pid, &kind, &extra) != 2 || pid <= 0) continue;
-        if (kill(pid, 0) == 0 || errno != ESRCH) continue;
-        if (std::string(db) == "/etc/passwd") {
-          run("userdel --force " + name + " 2>/dev/null");
-        } else {
-          run("groupdel " + name + " 2>/dev/null");
-        }
-      }
-    }
   }
 
   RankSpec as(RankSpec spec, const Account& account) {
@@ -711,7 +687,6 @@ class RunAsTest : public SupervisorTest {
   }
 
   static inline std::string skip_;
-  static inline bool made_ = false;
   static inline std::string group_, user_, root_alias_;
   Account user_account_;
 };
