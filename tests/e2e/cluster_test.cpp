@@ -1,10 +1,15 @@
 // End to end on this machine: a real ddl-coordinator and two real ddl-agents (two virtual GPUs each) as
 // processes on 127.0.0.1, jobs submitted through the UserService (and ddlctl), ranks run as real processes.
 // Every wait is bounded; every process started here is stopped at the end of each test.
+//
+// Run as root, the agents run every rank as its job's user, so the jobs here belong to a throwaway account
+// (ddlt-PID-e, made with useradd for this test process and deleted afterwards; see tests/worker/
+// test_accounts.h). Run as another user, the agents cannot switch users and the ranks run as that user.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +18,7 @@
 #include <fstream>
 #include <thread>
 
+#include "../worker/test_accounts.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 
 namespace {
@@ -62,7 +68,32 @@ bool waitFor(Pred pred, int timeout_ms) {
 }
 
 class ClusterTest : public ::testing::Test {
+ public:
+  static void SetUpTestSuite() {
+    if (!ddl::test::accountsUnavailable().empty()) return;  // not root: the ranks run as whoever runs this
+    ddl::test::removeStaleTestAccounts();
+    const std::string name = ddl::test::testAccountName('e');
+    // A home of its own (under /tmp, removed with it): python and torch may want to write there.
+    if (!ddl::test::shellOk("useradd --create-home --home-dir /tmp/" + name + " --shell /bin/sh " + name)) {
+      FAIL() << "cannot make the test account " << name << " with useradd";
+    }
+    job_user_ = name;
+  }
+  static void TearDownTestSuite() {
+    if (job_user_ != "e2e") ddl::test::shellOk("userdel --remove " + job_user_ + " 2>/dev/null");
+    job_user_ = "e2e";
+  }
+
  protected:
+  // The jobs' user: the throwaway account where the agents (root) switch users, else a name they ignore.
+  static inline std::string job_user_ = "e2e";
+  static bool agentsSwitchUsers() { return job_user_ != "e2e"; }
+  // Runs ddlctl's command line (without the binary) as the jobs' user, so that the job is theirs.
+  std::string ddlctl(const std::string& args) const {
+    const std::string ctl = std::string(DDL_BIN_DIR) + "/ddlctl --coordinator " + address_ + " " + args;
+    return agentsSwitchUsers() ? "runuser -u " + job_user_ + " -- " + ctl : ctl;
+  }
+
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("ddl-e2e-" + std::to_string(getpid()) + "-" +
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -128,10 +159,11 @@ class ClusterTest : public ::testing::Test {
     for (const auto& n : resp.nodes()) up += n.state() == "UP" && n.connected();
     return up;
   }
-  std::string submit(int nodes, int gpus_per_node, std::vector<std::string> command) {
+  std::string submit(int nodes, int gpus_per_node, std::vector<std::string> command,
+                     const std::string& user = "") {
     ddl::v1::SubmitRequest req;
     auto* s = req.mutable_spec();
-    s->set_user("e2e");
+    s->set_user(user.empty() ? job_user_ : user);
     s->set_nodes(nodes);
     s->set_gpus_per_node(gpus_per_node);
     for (auto& a : command) s->add_command(a);
@@ -305,12 +337,16 @@ TEST_F(ClusterTest, TrainingExampleThroughDdlctlResumesFromItsCheckpointAfterAFa
 #ifndef DDL_TEST_TORCH
   GTEST_SKIP() << "torch_ddl is not built here (no libtorch-dev): nothing to train with";
 #else
-  const std::string ctl = std::string(DDL_BIN_DIR) + "/ddlctl --coordinator " + address_;
-  const std::string submit = ctl + " submit --name fmnist --nodes 2 --gpus-per-node 1 --max-restarts 1 --env PYTHONPATH=" +
-                             DDL_TEST_PYTHONPATH + " --env OMP_NUM_THREADS=1 -- /usr/bin/python3 " + DDL_SOURCE_DIR +
-                             "/examples/fashion_mnist/train.py --epochs 2 --train-samples 2048 --test-samples 1000 "
-                             "--batch-size 32 --timeout 60 --crash-after-epoch 1 --checkpoint-dir " +
-                             (dir_ / "checkpoints").string() + " > " + (dir_ / "job.txt").string();
+  // The job's user writes the checkpoints.
+  fs::create_directories(dir_ / "checkpoints");
+  chmod((dir_ / "checkpoints").c_str(), 01777);
+  const std::string submit =
+      ddlctl("submit --name fmnist --nodes 2 --gpus-per-node 1 --max-restarts 1 --env PYTHONPATH=" +
+             std::string(DDL_TEST_PYTHONPATH) + " --env OMP_NUM_THREADS=1 -- /usr/bin/python3 " +
+             DDL_SOURCE_DIR + "/examples/fashion_mnist/train.py --epochs 2 --train-samples 2048 --test-samples 1000 "
+             "--batch-size 32 --timeout 60 --crash-after-epoch 1 --checkpoint-dir " +
+             (dir_ / "checkpoints").string()) +
+      " > " + (dir_ / "job.txt").string();
   ASSERT_EQ(std::system(submit.c_str()), 0);
   std::string id = slurp(dir_ / "job.txt");
   id.erase(id.find_last_not_of("\n") + 1);
@@ -327,6 +363,51 @@ TEST_F(ClusterTest, TrainingExampleThroughDdlctlResumesFromItsCheckpointAfterAFa
   EXPECT_NE(second.find("epoch 2/2: loss"), std::string::npos) << second;
   EXPECT_NE(second.find("done: test accuracy"), std::string::npos) << second;
 #endif
+}
+
+// Ranks run as the job's user (when the agents are root): its uid and HOME, a log that is its own (0600), and
+// their libddl telemetry still reaches the agents (whose socket checks that a report comes from its rank). A
+// user the nodes lack, or root without allow_root_jobs, fails the job with the agent's reason.
+TEST_F(ClusterTest, RanksRunAsTheJobsUser) {
+  if (!agentsSwitchUsers()) GTEST_SKIP() << "the agents are not root here: they cannot switch users";
+  const std::string bench = std::string(DDL_BIN_DIR) + "/ddl-bench -b 64K -e 64K -n 1000000 -w 1 -c 0";
+  std::string id = submit(2, 2, {"/bin/sh", "-c", "id -un; echo \"$HOME\"; exec " + bench});
+  ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000)) << job(id).DebugString();
+  // Every rank's progress reaches the coordinator.
+  ASSERT_TRUE(waitFor(
+      [&] {
+        auto j = job(id);
+        if (j.ranks_size() != 4) return false;
+        for (const auto& r : j.ranks()) {
+          if (r.progress().collectives() == 0) return false;
+        }
+        return true;
+      },
+      30000))
+      << job(id).DebugString();
+  auto j = job(id);
+  const fs::path log = dir_ / j.allocation(0).node() / "logs" / id / "attempt-1" / "rank-0.log";
+  EXPECT_EQ(slurp(log).rfind(job_user_ + "\n/tmp/" + job_user_ + "\n", 0), 0u) << slurp(log);
+  struct stat st {};
+  ASSERT_EQ(stat(log.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_NE(st.st_uid, 0u);
+  ddl::v1::CancelJobRequest cancel;
+  cancel.set_id(id);
+  ddl::v1::Job out;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(user_->CancelJob(&ctx, cancel, &out).ok());
+
+  std::string unknown = submit(1, 1, {"/bin/true"}, "ddlt-no-such-user");
+  ASSERT_TRUE(reaches(unknown, ddl::v1::FAILED, 30000)) << job(unknown).DebugString();
+  EXPECT_NE(job(unknown).reason().find("could not start: user 'ddlt-no-such-user' does not exist on node"),
+            std::string::npos)
+      << job(unknown).reason();
+  std::string root = submit(1, 1, {"/bin/true"}, "root");
+  ASSERT_TRUE(reaches(root, ddl::v1::FAILED, 30000)) << job(root).DebugString();
+  EXPECT_NE(job(root).reason().find("user 'root' is uid 0 and the coordinator does not allow root jobs"),
+            std::string::npos)
+      << job(root).reason();
 }
 
 TEST_F(ClusterTest, CoordinatorKilledMidJobRestartsAndTheJobStillSucceeds) {
