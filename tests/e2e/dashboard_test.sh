@@ -4,7 +4,9 @@
 #    ring picture), and takes screenshots (into $DDL_SCREENSHOT_DIR when set, e.g. docs/);
 #  - /metrics is parsed with the Prometheus client library's parser and checked against the cluster;
 #  - bad URLs and methods get 404/405 and the server stays healthy.
-# Skips (exit 77) with a reason when chromium or python3-prometheus-client is missing.
+# Skips (exit 77) with a reason when chromium or python3-prometheus-client is missing. Run as root, the agents
+# run each rank as its job's user and never as root (the coordinator does not allow root jobs), so the job is
+# submitted by a throwaway account, ddlt-<pid>-d (useradd, deleted at the end).
 #
 #   tests/e2e/dashboard_test.sh BIN_DIR
 set -euo pipefail
@@ -18,12 +20,23 @@ py=/usr/bin/python3
 
 tmp=$(mktemp -d /tmp/ddl-dash-test.XXXXXX)
 pids=()
+job_user=
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do timeout 15 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null || true; done
   rm -rf "$tmp"
+  if [[ -n $job_user ]]; then userdel "$job_user" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
+as_job_user=()
+if [[ $EUID == 0 ]]; then
+  { command -v useradd && command -v runuser; } >/dev/null ||
+    { echo "skipped: run as root, the job needs a user of its own, and useradd or runuser is missing"; exit 77; }
+  useradd --no-create-home --home-dir /nonexistent --shell /bin/sh "ddlt-$$-d"
+  job_user=ddlt-$$-d
+  as_job_user=(runuser -u "$job_user" --)
+  chmod 755 "$tmp"  # the ranks reach their agent's telemetry socket in it
+fi
 fail() {
   echo "FAIL: $*" >&2
   for f in "$tmp"/*.log; do echo "--- $f" >&2; tail -20 "$f" >&2; done
@@ -47,7 +60,7 @@ done
 ctl() { "$bin/ddlctl" --coordinator "$grpc" "$@"; }
 for _ in $(seq 100); do [[ $(ctl nodes | grep -c ' UP ') == 2 ]] && break; sleep 0.1; done
 [[ $(ctl nodes | grep -c ' UP ') == 2 ]] || fail "the agents did not register"
-job=$(ctl submit --name dash-bench --nodes 2 --gpus-per-node 2 -- "$bin/ddl-bench" -b 256K -e 256K -n 200000 -w 1 -a mdring)
+job=$("${as_job_user[@]}" "$bin/ddlctl" --coordinator "$grpc" submit --name dash-bench --nodes 2 --gpus-per-node 2 -- "$bin/ddl-bench" -b 256K -e 256K -n 200000 -w 1 -a mdring)
 for _ in $(seq 200); do ctl status "$job" | grep -q 'State: *RUNNING' && break; sleep 0.1; done
 ctl status "$job" | grep -q 'State: *RUNNING' || fail "job $job is not running"
 # Every rank must have reported its progress at least once (a '-' in COLLECTIVES means not yet).

@@ -11,7 +11,9 @@
 # 1gbit"; with neither they stay unshaped (said so, not a failure).
 #
 # A 4-rank ddl-bench job (2 nodes x 2 GPUs) is submitted through ddlctl; it must end SUCCEEDED and rank 0's log
-# must say "# Out of bounds values : 0 OK".
+# must say "# Out of bounds values : 0 OK". The agents run as root, so they run each rank as its job's user and
+# never as root (the coordinator does not allow root jobs): the job is submitted by a throwaway account,
+# ddlt-<pid>-n (useradd, deleted at the end), as a user would.
 #
 # Usage: netns_test.sh [BIN_DIR]   (BIN_DIR holds ddl-coordinator, ddl-agent, ddlctl, ddl-bench;
 #                                    default: ../../build/bin next to this script)
@@ -71,6 +73,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddl-netns.XXXXXX")
 chmod 755 "$tmp"
 declare -A PIDS=()   # role -> pid of a daemon this script started
 JOB=
+JOB_USER=            # the job's user, once made
 T0=$(date +%s.%N)
 
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -129,6 +132,7 @@ cleanup() {
   else
     rm -rf "$tmp"
   fi
+  [[ -n $JOB_USER ]] && userdel "$JOB_USER" 2>/dev/null
   case $rc in
     0) log "PASSED in $(elapsed "$T0") s" ;;
     "$SKIP") ;;
@@ -139,6 +143,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+
+{ command -v useradd && command -v runuser; } >/dev/null || skip "needs useradd and runuser to submit as a user"
+useradd --no-create-home --home-dir /nonexistent --shell /bin/sh "ddlt-$$-n" || fail "cannot make the user ddlt-$$-n"
+JOB_USER=ddlt-$$-n
 
 # ---- topology ----------------------------------------------------------------------------------------------
 HOSTS=("$NS_C" 198.18.0.1 "$NS_H1" 198.18.0.2 "$NS_H2" 198.18.0.3)
@@ -228,7 +236,8 @@ link_bytes() {
 bytes_before=$(link_bytes)
 log "submitting a 4-rank job (2 nodes x 2 GPUs, ${envs[*]}): ${bench[*]}"
 t=$(date +%s.%N)
-JOB=$(ctl submit --nodes 2 --gpus-per-node 2 "${envs[@]}" --workdir "$tmp" -- "${bench[@]}")
+JOB=$(ip netns exec "$NS_C" runuser -u "$JOB_USER" -- "$BIN/ddlctl" --coordinator "$COORD" --timeout 5 \
+  submit --nodes 2 --gpus-per-node 2 "${envs[@]}" --workdir "$tmp" -- "${bench[@]}")
 JOB=$(printf '%s' "$JOB" | tr -d '[:space:]')
 [[ -n $JOB ]] || fail "ddlctl submit printed no job id"
 log "job $JOB submitted; waiting (at most 120 s) for it to end"
