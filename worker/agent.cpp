@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/pki.h"
+#include "worker/run_as.h"
 
 namespace ddl::worker {
 
@@ -73,7 +74,10 @@ tls::Files tlsFiles(const AgentConfig& config) {
 }
 
 Agent::Agent(AgentConfig config, Inventory inventory)
-    : config_(std::move(config)), inventory_(std::move(inventory)) {
+    : config_(std::move(config)),
+      inventory_(std::move(inventory)),
+      run_as_job_user_(geteuid() == 0),
+      agent_user_(userName(geteuid())) {
   address_ = config_.address.empty() ? localAddressToward(config_.coordinator) : config_.address;
   grpc::ChannelArguments args;
   // Notice a coordinator that vanished without closing the connection (host down, cable pulled).
@@ -95,14 +99,6 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   }
   auto channel = grpc::CreateCustomChannel(config_.coordinator, credentials, args);
   stub_ = v1::AgentService::NewStub(channel);
-  // The telemetry listener first: exits of adopted ranks are reported (onRankExit, toProto) from the
-  // supervisor's thread as soon as recover() below runs.
-  std::string error;
-  telemetry_ = std::make_unique<TelemetryListener>(config_.data_dir + "/agent.sock", &error);
-  if (!error.empty()) {
-    spdlog::warn("rank telemetry off: {}", error);
-    telemetry_.reset();
-  }
   Supervisor::Options options;
   options.state_dir = config_.data_dir + "/ranks";
   options.shim_path = findRankShim();
@@ -111,6 +107,18 @@ Agent::Agent(AgentConfig config, Inventory inventory)
                  "exit code of a rank adopted after an agent restart will be unknown (255)");
   }
   supervisor_ = std::make_unique<Supervisor>([this](const RankState& s) { onRankExit(s); }, options);
+  // The telemetry listener before recover(): exits of adopted ranks are reported (onRankExit, toProto) from
+  // the supervisor's thread as soon as it runs. Reports are believed only from their rank's session.
+  std::string error;
+  telemetry_ = std::make_unique<TelemetryListener>(
+      config_.data_dir + "/agent.sock", &error,
+      [this](const std::string& job, int attempt, int rank, pid_t sender) {
+        return supervisor_->inRankSession(job, attempt, rank, sender);
+      });
+  if (!error.empty()) {
+    spdlog::warn("rank telemetry off: {}", error);
+    telemetry_.reset();
+  }
   // Ranks a previous agent process left running (a restart or an upgrade): adopted before the first
   // registration, so the coordinator hears of them at once.
   for (const auto& problem : supervisor_->recover()) spdlog::warn("{}", problem);
@@ -300,8 +308,20 @@ std::string Agent::logPath(const std::string& job, int attempt, int rank) const 
 }
 
 void Agent::startRanks(const v1::StartRanks& start) {
-  spdlog::info("job {} attempt {}: starting {} ranks: {}", start.job_id(), start.attempt(), start.ranks_size(),
+  spdlog::info("job {} attempt {}: starting {} ranks as {}: {}", start.job_id(), start.attempt(),
+               start.ranks_size(), run_as_job_user_ ? "user '" + start.user() + "'" : agent_user_,
                start.command_size() ? start.command(0) : "");
+  // One lookup for all the job's ranks here; a refusal fails each of them with the same reason.
+  std::optional<Account> account;
+  std::string refusal;
+  if (run_as_job_user_) {
+    account = lookupAccount(start.user(), config_.node, start.allow_root(), &refusal);
+    if (!account) spdlog::error("job {} attempt {}: {}", start.job_id(), start.attempt(), refusal);
+  } else if (start.user() != agent_user_) {
+    spdlog::info("job {}: its ranks run as {}, the agent's user, not as the job's user '{}': only an agent "
+                 "running as root runs ranks as their users",
+                 start.job_id(), agent_user_, start.user());
+  }
   for (const auto& launch : start.ranks()) {
     RankSpec spec;
     spec.job_id = start.job_id();
@@ -318,7 +338,12 @@ void Agent::startRanks(const v1::StartRanks& start) {
     }
     spec.env.emplace_back("DDL_GPU", std::to_string(launch.gpu()));
     if (telemetry_) spec.env.emplace_back("DDL_AGENT_SOCKET", telemetry_->path());
+    spec.run_as = account;
     std::string error;
+    if (!refusal.empty()) {
+      supervisor_->reject(spec, refusal, &error);  // recorded as an exit, which onRankExit reports
+      continue;
+    }
     RankState state = supervisor_->start(spec, &error);
     if (!error.empty()) {
       spdlog::error("job {} rank {}: {}", start.job_id(), launch.rank(), error);
@@ -332,8 +357,9 @@ void Agent::startRanks(const v1::StartRanks& start) {
 
 void Agent::onRankExit(const RankState& state) {
   spdlog::info("job {} attempt {} rank {} (pid {}) {}", state.job_id, state.attempt, state.rank, state.pid,
-               state.signal ? "killed by signal " + std::to_string(*state.signal)
-                            : "exited with code " + std::to_string(state.exit_code.value_or(-1)));
+               !state.error.empty() ? "could not start: " + state.error
+               : state.signal       ? "killed by signal " + std::to_string(*state.signal)
+                                    : "exited with code " + std::to_string(state.exit_code.value_or(-1)));
   v1::AgentMessage event;
   *event.mutable_rank_event() = toProto(state);
   write(event);  // when no stream is up, the next registration carries it
@@ -374,6 +400,7 @@ v1::RankStatus Agent::toProto(const RankState& s) const {
   }
   r.set_started_ms(s.started_ms);
   r.set_exited_ms(s.exited_ms);
+  r.set_error(s.error);
   if (telemetry_) {
     if (auto p = telemetry_->latest(s.job_id, s.attempt, s.rank)) *r.mutable_progress() = *p;
   }

@@ -6,6 +6,11 @@
 // When the stream breaks it registers again with backoff and jitter; the ranks keep running meanwhile and
 // are reported on the new registration, so the coordinator reconciles instead of losing or orphaning them.
 //
+// Who ranks run as: an agent running as root runs every rank as the job's user (StartRanks.user) as this
+// node knows it, never as uid 0 unless StartRanks.allow_root; a job without a user, with a user this node
+// lacks, or a refused uid 0 has its ranks fail with that reason (RankStatus.error). An agent that is not root
+// cannot switch users and runs every rank as its own user (a single-user development setup).
+//
 // Threads: run() blocks the calling thread (the session loop: register, then read commands); a heartbeat
 // thread per session writes heartbeats; the Supervisor's thread reports exits. stop() may be called from any
 // thread (the signal-waiting thread in main.cpp).
@@ -59,6 +64,9 @@ class Agent {
 
   const AgentConfig config_;
   const Inventory inventory_;
+  // Whether ranks run as their job's user: only an agent running as root can switch users.
+  const bool run_as_job_user_;
+  const std::string agent_user_;  // the agent's own user, which ranks run as otherwise
   std::string address_;
   std::unique_ptr<v1::AgentService::Stub> stub_;
   std::unique_ptr<Supervisor> supervisor_;

@@ -1,28 +1,69 @@
 // What the supervisor and ddl-rank-shim share about launching a rank.
 //
-// The report pipe: the process that is to become the rank (the supervisor's forked child, or the shim's) writes
-// one Failure into a close-on-exec pipe when it cannot; a successful exec closes the pipe, so the supervisor
-// reads either sizeof(Failure) bytes or end-of-file and knows the outcome before start() returns. The shim
-// forwards its own child's report the same way, so start() behaves alike with and without it.
+// The report pipe: the process that is to become the rank (the supervisor's forked child, or the shim's)
+// writes one Failure into a close-on-exec pipe when it cannot; a successful exec closes the pipe, so the
+// supervisor reads either sizeof(Failure) bytes or end-of-file and knows the outcome before start() returns.
+// The shim forwards its own child's report the same way, so start() behaves alike with and without it.
 //
 // The exit record: the shim writes how the rank ended ("exit N" or "signal N") into a file before it exits
 // itself, so an agent that re-adopted the rank after a restart (and so is not its parent) still learns it.
 //
+// The last steps before the program: whichever process is about to become the program (the supervisor's child
+// without the shim, the shim's child with it) calls execProgram(), which switches to the rank's user, changes
+// to its working directory and execs, in that order: the working directory is entered as the user, so a
+// directory the user may not enter fails the start as it would from the user's shell.
+//
 // Threads: plain values and pure functions.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddl::worker::launch {
 
-enum Stage : int { kStageSetup = 1, kStageChdir = 2, kStageExec = 3, kStageShim = 4 };
+enum Stage : int {
+  kStageSetup = 1,
+  kStageChdir = 2,
+  kStageExec = 3,
+  kStageShim = 4,
+  kStageUser = 5,  // setgroups, setgid or setuid failed; err is its errno
+  // The calls succeeded, but the ids are not all the target's, or setuid(0) still works: not dropped.
+  kStageUserKept = 6,
+};
 
 struct Failure {
-  int stage;
-  int err;  // errno
+  int stage;  // 0: no failure
+  int err;    // errno
 };
+
+// Who the program runs as: every group, the primary gid, the uid. Points into storage prepared before fork.
+struct Identity {
+  uid_t uid;
+  gid_t gid;
+  const gid_t* groups;
+  size_t group_count;
+};
+
+// Switches the calling process to `identity`: setgroups, then setgid, then setuid, each checked, then checks
+// that it took (real, effective and saved ids) and, unless the target is uid 0, that setuid(0) now fails.
+// Returns {0, 0} on success, else the stage and errno. Raw system calls, not glibc's wrappers: in a process
+// forked from a multi-threaded one the wrappers' all-threads broadcast (setxid) takes glibc-internal locks,
+// and the child has exactly one thread, which is all a raw call changes. Async-signal-safe.
+Failure switchUser(const Identity& identity);
+
+// The program's last steps: switchUser (identity may be null: stay who we are), chdir (workdir may be null:
+// stay), execFirst. Returns only on failure. Async-signal-safe.
+Failure execProgram(const Identity* identity, const char* workdir, const char* const* candidates,
+                    size_t count, const char* const* argv, const char* const* envp);
+
+// The shim's --user argument, "UID:GID:G1,G2,..." (the group list may be empty), and back. Plain numbers: the
+// shim resolves no names, so it sees exactly the identity the agent resolved.
+std::string formatIdentity(uid_t uid, gid_t gid, const std::vector<gid_t>& groups);
+bool parseIdentity(const std::string& text, uid_t* uid, gid_t* gid, std::vector<gid_t>* groups);
 
 // execvp's search over `candidates` (the program's path, or PATH's directories joined with it), without its
 // fallback of running a file with no #! line through /bin/sh: keeps looking past entries that do not have the

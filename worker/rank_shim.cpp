@@ -1,17 +1,28 @@
 // ddl-rank-shim: the leader of every rank's process group, between ddl-agent and the rank's program.
 //
-// Why it exists: a rank must outlive an agent restart (an upgrade, a crash), and the agent that re-adopts it is
-// not its parent, so the kernel would never tell it how the rank ended. The shim is the rank's parent for the
-// rank's whole life: it waits for the program and writes how it ended into an exit record, which any later
-// agent reads. It then ends the same way (the same exit code, or the same signal), so the agent that did
-// start it sees no difference.
+// Why it exists: a rank must outlive an agent restart (an upgrade, a crash), and the agent that re-adopts it
+// is not its parent, so the kernel would never tell it how the rank ended. The shim is the rank's parent for
+// the rank's whole life: it waits for the program and writes how it ended into an exit record, which any
+// later agent reads. It then ends the same way (the same exit code, or the same signal), so the agent that
+// did start it sees no difference.
 //
-//   ddl-rank-shim EXIT_RECORD REPORT_FD N CANDIDATE_1 .. CANDIDATE_N -- ARGV...
+//   ddl-rank-shim [--user UID:GID:GROUPS] [--workdir DIR] EXIT_RECORD REPORT_FD N CANDIDATE_1 .. CANDIDATE_N
+//                 -- ARGV...
 //
-// The supervisor execs it in the rank's new session with the rank's environment, working directory and log
-// already in place; CANDIDATE_i are the paths to try for ARGV[0] (the supervisor's PATH search) and REPORT_FD
-// the supervisor's report pipe (launch_protocol.h), on which the shim forwards whether the program could be
-// executed. Not meant to be run by hand.
+// The supervisor execs it in the rank's new session with the rank's environment and log already in place;
+// CANDIDATE_i are the paths to try for ARGV[0] (the supervisor's PATH search) and REPORT_FD the supervisor's
+// report pipe (launch_protocol.h), on which the shim forwards whether the program could be executed. The
+// program's child switches to --user (numeric ids, GROUPS comma-separated, possibly empty) and enters
+// --workdir, in that order, right before its exec (launch::execProgram, as the supervisor does without a
+// shim). Not meant to be run by hand.
+//
+// Who it runs as: the shim stays the agent's user (root) for the rank's whole life, and only the program's
+// process switches to the job's user. The other way round (the supervisor's child switching before it execs
+// the shim) would hand the exit record to the job's user: a process may signal, ptrace and rewrite the
+// memory of any process of its own uid, so the program could make its shim write any exit it likes, or kill
+// it so none is written; and the shim could only write the record into a directory that user may write to,
+// where the user could also forge or delete the records of other ranks. As root, the shim is beyond the
+// program's reach, and so is what it reports. It runs no code of the job's and reads nothing but its argv.
 //
 // Signals: the shim blocks every signal it can, so a signal sent to the rank's group (SIGTERM from a stop, a
 // user's SIGUSR1 to the launcher) reaches the program and not the shim; the program starts with none blocked.
@@ -26,7 +37,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "launch_protocol.h"
 
@@ -65,25 +78,43 @@ void writeRecord(const char* path, const std::string& text) {
 }
 
 [[noreturn]] void usage() {
-  std::fprintf(stderr,
-               "usage: ddl-rank-shim EXIT_RECORD REPORT_FD N CANDIDATE... -- ARGV...\n"
-               "ddl-agent starts every rank through it; it is not meant to be run by hand.\n");
+  std::fprintf(
+      stderr,
+      "usage: ddl-rank-shim [--user UID:GID:GROUPS] [--workdir DIR] EXIT_RECORD REPORT_FD N CANDIDATE... "
+      "-- ARGV...\n"
+      "ddl-agent starts every rank through it; it is not meant to be run by hand.\n");
   std::exit(2);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 6) usage();
-  const char* record = argv[1];
+  int i = 1;
+  std::optional<ddl::worker::launch::Identity> identity;
+  std::vector<gid_t> groups;
+  const char* workdir = nullptr;
+  while (i + 1 < argc && (std::strcmp(argv[i], "--user") == 0 || std::strcmp(argv[i], "--workdir") == 0)) {
+    if (argv[i][2] == 'u') {
+      uid_t uid = 0;
+      gid_t gid = 0;
+      if (!ddl::worker::launch::parseIdentity(argv[i + 1], &uid, &gid, &groups)) usage();
+      identity = ddl::worker::launch::Identity{uid, gid, groups.data(), groups.size()};
+    } else {
+      workdir = argv[i + 1];
+    }
+    i += 2;
+  }
+  // EXIT_RECORD REPORT_FD N CANDIDATE... -- ARGV...: at least six.
+  if (argc - i < 6) usage();
+  const char* record = argv[i];
   char* end = nullptr;
-  const long report_fd = std::strtol(argv[2], &end, 10);
+  const long report_fd = std::strtol(argv[i + 1], &end, 10);
   if (*end != '\0' || report_fd < 0) usage();
-  const long n = std::strtol(argv[3], &end, 10);
-  if (*end != '\0' || n < 1 || n > argc - 6) usage();
-  char** candidates = argv + 4;
-  if (std::strcmp(argv[4 + n], "--") != 0 || argv[5 + n] == nullptr) usage();
-  char** program = argv + 5 + n;
+  const long n = std::strtol(argv[i + 2], &end, 10);
+  if (*end != '\0' || n < 1 || n > argc - i - 5) usage();
+  char** candidates = argv + i + 3;
+  if (std::strcmp(argv[i + 3 + n], "--") != 0 || argv[i + 4 + n] == nullptr) usage();
+  char** program = argv + i + 4 + n;
 
   // The report pipe must not reach the program: the supervisor waits for its end-of-file.
   fcntl(static_cast<int>(report_fd), F_SETFD, FD_CLOEXEC);
@@ -101,8 +132,8 @@ int main(int argc, char** argv) {
   const pid_t child = fork();
   if (child == 0) {
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    const int err = ddl::worker::launch::execFirst(candidates, static_cast<size_t>(n), program, environ);
-    Failure failure{ddl::worker::launch::kStageExec, err};
+    const Failure failure = ddl::worker::launch::execProgram(
+        identity ? &*identity : nullptr, workdir, candidates, static_cast<size_t>(n), program, environ);
     writeAll(pipe_fds[1], &failure, sizeof failure);
     _exit(ddl::worker::launch::exitCodeFor(failure.stage, failure.err));
   }

@@ -2,10 +2,12 @@
 // file explains the mechanics.
 //
 // start() prepares everything the child needs (argv, the merged environment, the PATH candidates, open file
-// descriptors) before fork, because the agent is multi-threaded: between fork and exec the child may only
-// make async-signal-safe calls, so no allocation, no locks, no logging. The child reports a failed chdir or
-// exec by writing {stage, errno} into a close-on-exec pipe; a successful exec closes the pipe, so the parent
-// reads either eight bytes or end-of-file and knows the outcome before start() returns.
+// descriptors, the run-as ids) before fork, because the agent is multi-threaded: between fork and exec the
+// child may only make async-signal-safe calls, so no allocation, no locks, no logging. The child reports a
+// failed user switch, chdir or exec by writing {stage, errno} into a close-on-exec pipe; a successful exec
+// closes the pipe, so the parent reads either eight bytes or end-of-file and knows the outcome before start()
+// returns. With the shim, the child execs the shim as the agent's user and the shim's own child does the
+// switch, the chdir and the exec (launch::execProgram, the same code), forwarding its report.
 //
 // The reaper thread polls the pidfds of the running ranks plus an eventfd that the public methods write to
 // when the set of things to wait for changes. Its poll timeout is the nearest stop deadline, the polling
@@ -15,12 +17,11 @@
 // zombie reaped.
 #include "supervisor.h"
 
-#include "launch_protocol.h"
-
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,6 +34,8 @@
 #include <fstream>
 #include <iterator>
 #include <system_error>
+
+#include "launch_protocol.h"
 
 extern char** environ;
 
@@ -48,6 +51,8 @@ using launch::kStageChdir;
 using launch::kStageExec;
 using launch::kStageSetup;
 using launch::kStageShim;
+using launch::kStageUser;
+using launch::kStageUserKept;
 using ChildFailure = launch::Failure;
 
 int64_t unixNowMs() {
@@ -100,7 +105,9 @@ struct ChildPlan {
   const char* const* argv;
   const char* const* envp;
   const std::vector<const char*>* candidates;  // Paths to try, in order, like execvp does over PATH.
-  const char* workdir;                         // nullptr: stay.
+  // With via_shim the shim's child enters workdir and switches to identity; nullptr: stay.
+  const char* workdir;
+  const launch::Identity* identity;
   int stdin_fd;
   int log_fd;
   int report_fd;
@@ -136,11 +143,19 @@ struct ChildPlan {
 #ifdef SYS_close_range
   syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
 #endif
-  if (plan.via_shim && fcntl(plan.report_fd, F_SETFD, 0) != 0) childFail(plan.report_fd, kStageSetup, errno);
-  if (plan.workdir != nullptr && chdir(plan.workdir) != 0) childFail(plan.report_fd, kStageChdir, errno);
+  if (plan.via_shim) {
+    if (fcntl(plan.report_fd, F_SETFD, 0) != 0) childFail(plan.report_fd, kStageSetup, errno);
+    const int err = launch::execFirst(plan.candidates->data(), plan.candidates->size(), plan.argv, plan.envp);
+    childFail(plan.report_fd, kStageShim, err);
+  }
+  const launch::Failure failure = launch::execProgram(plan.identity, plan.workdir, plan.candidates->data(),
+                                                      plan.candidates->size(), plan.argv, plan.envp);
+  childFail(plan.report_fd, failure.stage, failure.err);
+}
 
-  const int err = launch::execFirst(plan.candidates->data(), plan.candidates->size(), plan.argv, plan.envp);
-  childFail(plan.report_fd, plan.via_shim ? kStageShim : kStageExec, err);
+// "user bob (uid 1001)"
+std::string describeAccount(const Account& account) {
+  return "user " + account.name + " (uid " + std::to_string(account.uid) + ")";
 }
 
 std::string describeRank(const std::string& job_id, int attempt, int rank) {
@@ -209,7 +224,13 @@ void Supervisor::wake() {
   (void)ignored;
 }
 
-RankState Supervisor::start(const RankSpec& spec, std::string* error) {
+RankState Supervisor::start(const RankSpec& spec, std::string* error) { return launch(spec, nullptr, error); }
+
+RankState Supervisor::reject(const RankSpec& spec, const std::string& why, std::string* error) {
+  return launch(spec, &why, error);
+}
+
+RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, std::string* error) {
   RankState state;
   state.job_id = spec.job_id;
   state.attempt = spec.attempt;
@@ -246,6 +267,7 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
     if (!state.exit_code && !state.signal) state.exit_code = kExitCodeNotFound;
     state.running = false;
     state.exited_ms = unixNowMs();
+    state.error = why;
     if (log_fd.get() >= 0) {
       std::string line = "ddl-agent: " + who + ": " + why + "; exit code " +
                          std::to_string(state.exit_code.value_or(kExitCodeUnknown)) + "\n";
@@ -273,11 +295,26 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
     std::error_code ec;
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     if (ec) return failRecorded("cannot create the log directory " + parent.string() + ": " + ec.message());
-    log_fd.reset(aboveStdio(open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)));
+    // O_NOFOLLOW: it is about to be given away and chmod'ed, so it must be the file it seems to be.
+    log_fd.reset(aboveStdio(
+        open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600)));
     if (log_fd.get() < 0) {
       return failRecorded("cannot open the log " + spec.log_path + ": " + errnoText(errno));
     }
+    // The owner's only, also when it was there before (an earlier start of the same rank).
+    struct stat st {};
+    if (fstat(log_fd.get(), &st) == 0 && S_ISREG(st.st_mode)) {
+      if (spec.run_as && (st.st_uid != spec.run_as->uid || st.st_gid != spec.run_as->gid) &&
+          fchown(log_fd.get(), spec.run_as->uid, spec.run_as->gid) != 0) {
+        return failRecorded("cannot give the log " + spec.log_path + " to " + describeAccount(*spec.run_as) +
+                            ": " + errnoText(errno));
+      }
+      if ((st.st_mode & 07777) != 0600 && fchmod(log_fd.get(), 0600) != 0) {
+        return failRecorded("cannot make the log " + spec.log_path + " private (0600): " + errnoText(errno));
+      }
+    }
   }
+  if (refusal != nullptr) return failRecorded(*refusal);
   if (spec.argv.empty() || spec.argv[0].empty()) return failRecorded("empty command line");
   for (const auto& [name, value] : spec.env) {
     if (name.empty() || name.find('=') != std::string::npos) {
@@ -285,10 +322,11 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
     }
   }
 
-  // The environment: the agent's, then the spec's entries in order.
+  // The environment: the agent's, then the run-as account's SHELL, the spec's entries in order, and the
+  // account's HOME, USER and LOGNAME, which nothing overrides (see supervisor.h).
   std::vector<std::string> env_strings;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) env_strings.emplace_back(*e);
-  for (const auto& [name, value] : spec.env) {
+  auto setEnv = [&](const std::string& name, const std::string& value) {
     std::string prefix = name + "=";
     auto it = std::find_if(env_strings.begin(), env_strings.end(),
                            [&](const std::string& s) { return s.compare(0, prefix.size(), prefix) == 0; });
@@ -297,6 +335,13 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
     } else {
       env_strings.push_back(prefix + value);
     }
+  };
+  if (spec.run_as && !spec.run_as->shell.empty()) setEnv("SHELL", spec.run_as->shell);
+  for (const auto& [name, value] : spec.env) setEnv(name, value);
+  if (spec.run_as) {
+    setEnv("HOME", spec.run_as->home);
+    setEnv("USER", spec.run_as->name);
+    setEnv("LOGNAME", spec.run_as->name);
   }
   std::string search_path = "/usr/local/bin:/usr/bin:/bin";
   for (const auto& s : env_strings) {
@@ -318,15 +363,25 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
     }
   }
 
-  // Through the shim: it is exec'd instead, with the program's candidates and argv as its arguments.
+  // Through the shim: it is exec'd instead, with the run-as ids, the working directory, the program's
+  // candidates and argv as its arguments (rank_shim.cpp gives the layout).
   const bool via_shim = !options_.shim_path.empty();
   std::vector<std::string> shim_args;
+  size_t report_fd_arg = 0;  // shim_args' index of REPORT_FD, filled in once the pipe exists
   if (via_shim) {
     std::error_code ec;
     std::filesystem::create_directories(recordDir(key), ec);
     if (ec) return failRecorded("cannot create " + recordDir(key) + ": " + ec.message());
     std::filesystem::remove(exitRecordPath(key), ec);  // a previous run of the same rank
-    shim_args = {options_.shim_path, exitRecordPath(key), "", std::to_string(candidate_strings.size())};
+    shim_args = {options_.shim_path};
+    if (spec.run_as) {
+      shim_args.insert(shim_args.end(), {"--user", launch::formatIdentity(spec.run_as->uid, spec.run_as->gid,
+                                                                          spec.run_as->groups)});
+    }
+    if (!spec.workdir.empty()) shim_args.insert(shim_args.end(), {"--workdir", spec.workdir});
+    shim_args.push_back(exitRecordPath(key));
+    report_fd_arg = shim_args.size();
+    shim_args.insert(shim_args.end(), {"", std::to_string(candidate_strings.size())});
     shim_args.insert(shim_args.end(), candidate_strings.begin(), candidate_strings.end());
     shim_args.push_back("--");
     candidate_strings.assign(1, options_.shim_path);
@@ -353,14 +408,24 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
   }
 
   if (via_shim) {
-    shim_args[2] = std::to_string(report_write.get());
-    argv_ptrs[2] = shim_args[2].c_str();
+    shim_args[report_fd_arg] = std::to_string(report_write.get());
+    argv_ptrs[report_fd_arg] = shim_args[report_fd_arg].c_str();
   }
 
-  ChildPlan plan{argv_ptrs.data(),  env_ptrs.data(),
-                 &candidates,       spec.workdir.empty() ? nullptr : spec.workdir.c_str(),
-                 stdin_fd.get(),    log_fd.get(),
-                 report_write.get(), via_shim};
+  std::optional<launch::Identity> identity;
+  if (spec.run_as) {
+    identity = launch::Identity{spec.run_as->uid, spec.run_as->gid, spec.run_as->groups.data(),
+                                spec.run_as->groups.size()};
+  }
+  ChildPlan plan{argv_ptrs.data(),
+                 env_ptrs.data(),
+                 &candidates,
+                 spec.workdir.empty() ? nullptr : spec.workdir.c_str(),
+                 identity ? &*identity : nullptr,
+                 stdin_fd.get(),
+                 log_fd.get(),
+                 report_write.get(),
+                 via_shim};
   state.started_ms = unixNowMs();
   pid_t pid = fork();
   if (pid == 0) runChild(plan);
@@ -384,6 +449,11 @@ RankState Supervisor::start(const RankSpec& spec, std::string* error) {
     std::string why;
     if (failure.stage == kStageShim) {
       why = "cannot execute the rank shim " + options_.shim_path + ": " + errnoText(failure.err);
+    } else if (failure.stage == kStageUser && spec.run_as) {
+      why = "cannot switch to " + describeAccount(*spec.run_as) + ": " + errnoText(failure.err);
+    } else if (failure.stage == kStageUserKept && spec.run_as) {
+      why = "cannot switch to " + describeAccount(*spec.run_as) +
+            ": root privileges were not dropped (setuid(0) still succeeds afterwards); the rank does not run";
     } else if (failure.stage == kStageChdir) {
       why = "cannot change to the working directory " + spec.workdir + ": " + errnoText(failure.err);
     } else if (failure.stage == kStageExec) {
@@ -484,6 +554,17 @@ std::vector<RankState> Supervisor::ranks() const {
     if (!entry.starting) out.push_back(entry.state);
   }
   return out;
+}
+
+bool Supervisor::inRankSession(const std::string& job_id, int attempt, int rank, pid_t pid) const {
+  pid_t session = -1;
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(Key{job_id, attempt, rank});
+    if (it == entries_.end() || it->second.starting || !it->second.state.running) return false;
+    session = it->second.state.pid;
+  }
+  return pid > 0 && session > 0 && getsid(pid) == session;
 }
 
 bool Supervisor::adopt(const RankState& given, std::string* error) {

@@ -18,13 +18,31 @@
 //  - Exits are reported once each, through on_exit, and kept in ranks() until release() forgets them, so
 //    the agent can re-send them until the coordinator acknowledges.
 //  - The child's stdout and stderr are appended to RankSpec::log_path, unchanged; stdin is /dev/null. The
-//    only line the supervisor itself writes there explains why a rank could not be started.
+//    only line the supervisor itself writes there explains why a rank could not be started. The log is mode
+//    0600 and belongs to the rank's user (RankSpec::run_as, else the agent's user); the directories above it
+//    stay the agent's.
+//  - Run as (RankSpec::run_as): the rank's program runs as that account: its supplementary groups, primary
+//    gid and uid are set (setgroups, setgid, setuid, each checked, then a check that setuid(0) fails, so the
+//    privileges really are gone) right before exec, and then the working directory is entered, as the user.
+//    HOME, USER and LOGNAME are the account's whatever the job's env says (a program must be able to trust
+//    them to say who it runs as); SHELL is the account's unless the job's env sets it (a preference, not an
+//    identity: service accounts often have nologin). The switch needs root (CAP_SETUID, CAP_SETGID): run
+//    as another user, start() fails with EPERM. A failed switch is a start failure with exit code 127 and the
+//    reason "cannot switch to user bob (uid 1001): ...". Without run_as the rank runs as the agent's user.
+//  - With the shim, the shim stays the agent's user and only the program it forks switches: the shim writes
+//    the exit record into the agent's state directory and reports to the agent, so it must be beyond the
+//    reach of the job's user (who may signal, ptrace and rewrite the memory of any process of their uid, and
+//    who cannot be given write access to the state directory without being able to forge other ranks'
+//    records). The uid, gid and groups go to the shim in its argv (they are not secret). Without the shim the
+//    supervisor's child switches itself. Both use launch::execProgram (launch_protocol.h).
 //  - A rank that cannot be started is recorded and reported like any other exit, so the coordinator learns
 //    of it the same way, with the shell's codes: 126 when the program exists but cannot be executed, 127
 //    for everything else (not found, no working directory, and failures before fork such as an empty argv
 //    or a log that cannot be opened, which also leave pid -1). start() learns of exec failures through a
 //    close-on-exec pipe, so it returns the explanation as well. Only two errors record nothing: an empty
-//    job id, and a rank that is already running (which is left alone).
+//    job id, and a rank that is already running (which is left alone). The explanation is also kept in
+//    RankState::error. reject() records a rank that the caller decided not to start (its user does not
+//    exist here, ...) the same way.
 //  - Exits are waited for with a pidfd per process (pidfd_open, Linux >= 5.3) polled together with an
 //    eventfd for wake-ups; no SIGCHLD handler, so the library does not take over a process-wide signal. On
 //    kernels without pidfd_open it falls back to checking every Options::poll_interval_ms.
@@ -33,9 +51,9 @@
 //  - Ranks of a previous agent process are re-adopted with adopt() (or recover()) after a restart. They are
 //    not our children, so the kernel does not tell us how they end. With Options::shim_path set, every rank
 //    runs under ddl-rank-shim (worker/rank_shim.cpp), which stays the rank's parent and writes how it ended
-//    into an exit record under Options::state_dir; an adopted rank's exit is read from there. Without a record
-//    (no shim, or the shim itself was killed) it is reported with exit_code kExitCodeUnknown (255) and no
-//    signal, never as a success.
+//    into an exit record under Options::state_dir; an adopted rank's exit is read from there. Without a
+//    record (no shim, or the shim itself was killed) it is reported with exit_code kExitCodeUnknown (255) and
+//    no signal, never as a success.
 //  - With Options::state_dir set, each started rank leaves a run record (STATE_DIR/JOB/attempt-A/rank-R.run:
 //    pid, gpu, start time) that recover() reads after a restart; release() deletes a rank's records.
 //  - The destructor does not kill running ranks (an agent restart re-adopts them); it only stops the
@@ -61,6 +79,8 @@
 #include <utility>
 #include <vector>
 
+#include "run_as.h"
+
 namespace ddl::worker {
 
 struct RankSpec {
@@ -74,8 +94,11 @@ struct RankSpec {
   // Added to the agent's environment, overriding it; applied in order, so a later entry for a name wins.
   std::vector<std::pair<std::string, std::string>> env;
   std::string workdir;  // "": the agent's working directory.
-  // stdout and stderr go here: created with its parent directories, appended. "": discarded.
+  // stdout and stderr go here: created with its parent directories, appended; mode 0600, owned by run_as
+  // (the agent's user without it). "": discarded.
   std::string log_path;
+  // The account the program runs as (see the process model above). Unset: the agent's own user.
+  std::optional<Account> run_as;
 };
 
 struct RankState {
@@ -92,6 +115,9 @@ struct RankState {
   std::optional<int> signal;  // The signal that killed the leader process.
   int64_t started_ms = 0;     // Unix milliseconds; 0 if no process was ever started.
   int64_t exited_ms = 0;      // Unix milliseconds; 0 while running.
+  // Why it could not be started ("cannot execute train.py: No such file or directory"); "" for a rank that
+  // was started, whatever became of it.
+  std::string error;
 };
 
 class Supervisor {
@@ -130,6 +156,12 @@ class Supervisor {
   // replaced. error may be null.
   RankState start(const RankSpec& spec, std::string* error);
 
+  // Records the rank as one that could not be started, for `why` (a sentence, kept in RankState::error),
+  // without trying: as start() records its own failures, exit code 127, `why` in the log, reported through
+  // on_exit. For what the caller found before start(), such as a user this node does not have. Refuses and
+  // records nothing in the same cases as start() (empty job id, already running). error may be null.
+  RankState reject(const RankSpec& spec, const std::string& why, std::string* error);
+
   // SIGTERM to the process group of each running rank of the job with attempt <= `attempt` (0: every
   // attempt), then SIGKILL to the group after grace_ms if the leader is still alive. Returns at once; the
   // escalation runs on the reaper thread. Calling it again for a rank being stopped re-sends SIGTERM and
@@ -143,6 +175,10 @@ class Supervisor {
 
   // Every rank held, running or exited and not yet released, ordered by job, attempt and rank.
   std::vector<RankState> ranks() const;
+
+  // Whether process `pid` belongs to the rank, running: it is in the rank's session (whose id is the rank's
+  // pid; see the process model). A process that left the session does not count.
+  bool inRankSession(const std::string& job_id, int attempt, int rank, pid_t pid) const;
 
   // Watches a rank started by a previous agent process (state as reported by ranks() back then: job, attempt,
   // rank, gpu, pid, started_ms). The pid must still lead its own process group, which guards against a reused
@@ -173,6 +209,8 @@ class Supervisor {
     int deferred_grace_ms = -1;  // stop() arrived while starting: applied once the pid is known.
   };
 
+  // start() and reject(): with `refusal`, records the failure once the log is open instead of forking.
+  RankState launch(const RankSpec& spec, const std::string* refusal, std::string* error);
   void reaperLoop();
   // Whether the running entry's leader has exited; pidfd_ready: its pidfd polled readable.
   bool leaderExitedLocked(Entry& entry, bool pidfd_ready);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -12,7 +13,8 @@
 
 namespace ddl::worker {
 
-TelemetryListener::TelemetryListener(const std::string& path, std::string* error) : path_(path) {
+TelemetryListener::TelemetryListener(const std::string& path, std::string* error, SenderCheck check)
+    : path_(path), check_(std::move(check)) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     *error = "telemetry socket path " + path + " is longer than " + std::to_string(sizeof(addr.sun_path) - 1) +
@@ -23,8 +25,10 @@ TelemetryListener::TelemetryListener(const std::string& path, std::string* error
   fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size());
-  if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::pipe2(wake_, O_CLOEXEC) != 0) {
+  const int on = 1;
+  if (fd_ < 0 || ::setsockopt(fd_, SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)) != 0 ||
+      ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::chmod(path.c_str(), 0666) != 0 || ::pipe2(wake_, O_CLOEXEC) != 0) {
     *error = "telemetry socket " + path + ": " + std::strerror(errno);
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -90,12 +94,30 @@ void TelemetryListener::readLoop() {
     if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
     if (fds[1].revents) return;
     if (!(fds[0].revents & POLLIN)) continue;
-    ssize_t n = ::recv(fd_, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+    iovec iov{buf, sizeof(buf) - 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n <= 0) continue;
+    pid_t sender = 0;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS &&
+          c->cmsg_len == CMSG_LEN(sizeof(ucred))) {
+        ucred cred;
+        std::memcpy(&cred, CMSG_DATA(c), sizeof(cred));
+        sender = cred.pid;
+      }
+    }
     std::string job;
     int attempt = 0, rank = 0;
     v1::RankProgress progress;
     if (!parse(std::string(buf, static_cast<size_t>(n)), &job, &attempt, &rank, &progress)) continue;
+    // Not that rank's to report (or no credentials, which the kernel always attaches with SO_PASSCRED).
+    if (check_ && (sender <= 0 || !check_(job, attempt, rank, sender))) continue;
     using namespace std::chrono;
     progress.set_updated_ms(duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count());
     std::lock_guard<std::mutex> lock(mu_);

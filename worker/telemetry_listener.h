@@ -2,9 +2,17 @@
 // its collective totals to (comm/src/telemetry.h gives the format); the latest report of each rank is kept
 // and attached to that rank's status in heartbeats.
 //
+// Ranks run as their jobs' users, so the socket is writable by every local user (mode 0666; the directories
+// above it must let them through). A report names its own job and rank, so it is believed only when the
+// sender may speak for that rank: the kernel attaches the sender's pid to each datagram (SO_PASSCRED) and the
+// SenderCheck, given by the agent, decides (it accepts processes in the rank's own session).
+//
 // Threads: one reader thread; latest()/forget() from any thread.
 #pragma once
 
+#include <sys/types.h>
+
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -18,8 +26,12 @@ namespace ddl::worker {
 
 class TelemetryListener {
  public:
+  // Whether process `sender` may report for the rank. Called on the reader thread, with no lock held.
+  using SenderCheck = std::function<bool(const std::string& job, int attempt, int rank, pid_t sender)>;
+
   // Binds `path` (an old socket file there is replaced). On failure, error says why and nothing listens.
-  TelemetryListener(const std::string& path, std::string* error);
+  // Without a check every report is believed.
+  TelemetryListener(const std::string& path, std::string* error, SenderCheck check = nullptr);
   ~TelemetryListener();
 
   const std::string& path() const { return path_; }
@@ -34,6 +46,7 @@ class TelemetryListener {
   void readLoop();
 
   std::string path_;
+  const SenderCheck check_;
   int fd_ = -1;
   int wake_[2] = {-1, -1};
   std::thread reader_;

@@ -659,8 +659,10 @@ void Coordinator::applyRankReportLocked(NodeEntry& node, const v1::RankStatus& r
     } else {
       failure.exit_code = report.exit_code();
     }
+    const std::string rank = "rank " + std::to_string(r.rank()) + " on node " + node.record.name;
     failJobLocked(r.job_id(),
-                  "rank " + std::to_string(r.rank()) + " on node " + node.record.name + " " + describeExit(report),
+                  report.error().empty() ? rank + " " + describeExit(report)
+                                         : rank + " could not start: " + report.error(),
                   failure);
     return;
   }

@@ -252,6 +252,24 @@ TEST_F(CoordinatorTest, ReportsThatDoNotMatchTheLaunchAreIgnored) {
   EXPECT_EQ(stateOf(id), v1::FAILED);
 }
 
+// The agent's reason (RankStatus.error: its user does not exist on the node, ...) becomes the job's.
+TEST_F(CoordinatorTest, ARankThatCouldNotStartFailsTheJobWithTheAgentsReason) {
+  addNode("n1", 1);
+  std::string id = submit(spec(1, 1));
+  coordinator->tick();
+  ASSERT_EQ(starts("n1", id).size(), 1u);
+  EXPECT_EQ(starts("n1", id)[0].user(), "alice");
+  v1::RankStatus failed = rankStatus(id, 1, 0, 0, v1::RankStatus::EXITED, 127);
+  failed.set_error("user 'alice' does not exist on node n1");
+  ASSERT_TRUE(coordinator->rankEvent("n1", sessions["n1"], failed));
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_EQ(job->failure().exit_code(), 127);
+  EXPECT_NE(job->reason().find("rank 0 on node n1 could not start: user 'alice' does not exist on node n1"),
+            std::string::npos)
+      << job->reason();
+}
+
 TEST_F(CoordinatorTest, SignalIsReportedByName) {
   addNode("n1", 1);
   std::string id = submit(spec(1, 1));

@@ -1,7 +1,7 @@
 // Supervisor tests with real processes (/bin/sh, sleep). Every test runs four times: waiting on pidfds, and on
 // the polling fallback used where pidfd_open is missing; each with ranks exec'd directly and through
-// ddl-rank-shim (which must not change anything a rank or the agent sees). Every wait is bounded; the suite
-// takes a few seconds.
+// ddl-rank-shim (which must not change anything a rank or the agent sees). RunAsTest runs ranks as throwaway
+// accounts (needs root; skipped otherwise). Every wait is bounded; the suite takes a few seconds.
 #include "supervisor.h"
 
 #include <fcntl.h>
@@ -11,8 +11,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +22,10 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+
+#include "launch_protocol.h"
+#include "run_as.h"
+#include "test_accounts.h"
 
 namespace ddl::worker {
 namespace {
@@ -563,6 +569,22 @@ TEST_P(SupervisorTest, StopReachesARecoveredRank) {
   waitpid(state.pid, nullptr, 0);
 }
 
+// What the agent believes rank telemetry from: processes of the rank's session, through the shim or not.
+TEST_P(SupervisorTest, InRankSessionKnowsTheRanksProcesses) {
+  fs::path pid_file = dir_ / "bg.pid";
+  RankState state = mustStart(shell("j1", 0, "sleep 100 & echo $! > " + pid_file.string() + "; wait"));
+  pid_t bg = waitForPidFile(pid_file);
+  ASSERT_GT(bg, 0);
+  EXPECT_TRUE(sup_->inRankSession("j1", 1, 0, state.pid));
+  EXPECT_TRUE(sup_->inRankSession("j1", 1, 0, bg));
+  EXPECT_FALSE(sup_->inRankSession("j1", 1, 1, bg));  // another rank's
+  EXPECT_FALSE(sup_->inRankSession("j1", 2, 0, bg));  // another attempt's
+  EXPECT_FALSE(sup_->inRankSession("j1", 1, 0, getpid()));
+  sup_->stop("j1", 0, 5000);
+  ASSERT_TRUE(recorder_.waitFor("j1", 1, 0).has_value());
+  EXPECT_FALSE(sup_->inRankSession("j1", 1, 0, state.pid));  // exited
+}
+
 TEST_P(SupervisorTest, RecoverSkipsUnreadableRecordsAndNamesThem) {
   fs::create_directories(dir_ / "state" / "j9" / "attempt-2");
   std::ofstream(dir_ / "state" / "j9" / "attempt-2" / "rank-0.run") << "garbage\n";
@@ -593,6 +615,317 @@ TEST_P(SupervisorTest, AMissingShimIsExplained) {
   EXPECT_EQ(state.exit_code, Supervisor::kExitCodeNotFound);
   ASSERT_TRUE(rec.waitFor("j1", 1, 0).has_value());
 }
+
+// Running ranks as the job's user. The accounts are real: a throwaway group and two users made with
+// groupadd/useradd for each test process (ddlt-PID-a, a member of ddlt-PID-g; ddlt-PID-r, a second name for
+// uid 0) and deleted afterwards, also when a test fails; accounts that a crashed run left behind (their pid
+// is gone) are deleted first. Skipped, with the reason, where the suite is not root or useradd is missing.
+class RunAsTest : public SupervisorTest {
+ public:
+  static void SetUpTestSuite() {
+    skip_ = test::accountsUnavailable();
+    if (!skip_.empty()) return;
+    test::removeStaleTestAccounts();
+    group_ = test::testAccountName('g');
+    user_ = test::testAccountName('a');
+    root_alias_ = test::testAccountName('r');
+    const std::string no_home = " --no-create-home --shell /bin/sh --home-dir /nonexistent/";
+    // 2>/dev/null: useradd warns that uid 0 is "outside of the UID_MIN ... range", which is the point.
+    const bool made = test::shellOk("groupadd " + group_) &&
+                      test::shellOk("useradd --groups " + group_ + no_home + user_ + " " + user_) &&
+                      test::shellOk("useradd --non-unique --uid 0 --gid 0 --no-user-group" + no_home +
+                                    root_alias_ + " " + root_alias_ + " 2>/dev/null");
+    if (!made) skip_ = "could not make the test accounts with groupadd/useradd (see above)";
+  }
+
+  static void TearDownTestSuite() {
+    if (group_.empty()) return;
+    // --force: the uid-0 alias shares its uid with every root process. Never --remove (its home is not its).
+    test::shellOk("userdel --force " + root_alias_ + " 2>/dev/null");
+    test::shellOk("userdel " + user_ + " 2>/dev/null");
+    test::shellOk("groupdel " + group_ + " 2>/dev/null");
+    group_.clear();
+  }
+
+ protected:
+  void SetUp() override {
+    if (!skip_.empty()) GTEST_SKIP() << skip_;
+    SupervisorTest::SetUp();
+    // The ranks run as the test user: let it reach what the tests share with it (dir_ is 0700 from mkdtemp).
+    chmod(dir_.c_str(), 0755);
+    fs::create_directories(dir_ / "shared");
+    chmod((dir_ / "shared").c_str(), 01777);
+    std::string error;
+    auto account = lookupAccount(user_, "test-node", false, &error);
+    ASSERT_TRUE(account.has_value()) << error;
+    user_account_ = *account;
+  }
+
+  void TearDown() override {
+    if (!skip_.empty()) return;
+    SupervisorTest::TearDown();
+  }
+
+  RankSpec as(RankSpec spec, const Account& account) {
+    spec.run_as = account;
+    return spec;
+  }
+
+  // The uid in /proc/PID/status ("Uid: real effective saved fs").
+  static std::string procUids(pid_t pid) {
+    std::istringstream lines(readFile("/proc/" + std::to_string(pid) + "/status"));
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind("Uid:", 0) == 0) return line;
+    }
+    return "";
+  }
+
+  static std::string uidLine(uid_t uid) {
+    const std::string u = std::to_string(uid);
+    return "Uid:\t" + u + "\t" + u + "\t" + u + "\t" + u;
+  }
+
+  static inline std::string skip_;
+  static inline std::string group_, user_, root_alias_;
+  Account user_account_;
+};
+
+TEST(LookupAccount, ResolvesRefusesUnknownAndRoot) {
+  std::string error;
+  EXPECT_FALSE(lookupAccount("ddlt-no-such-user", "n1", false, &error).has_value());
+  EXPECT_EQ(error, "user 'ddlt-no-such-user' does not exist on node n1");
+  EXPECT_FALSE(lookupAccount("", "n1", true, &error).has_value());
+  EXPECT_NE(error.find("no user"), std::string::npos) << error;
+  EXPECT_FALSE(lookupAccount("root", "n1", false, &error).has_value());
+  EXPECT_EQ(error, "user 'root' is uid 0 and the coordinator does not allow root jobs (allow_root_jobs)");
+  auto root = lookupAccount("root", "n1", true, &error);
+  ASSERT_TRUE(root.has_value()) << error;
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(root->uid, 0u);
+  EXPECT_EQ(root->gid, 0u);
+  EXPECT_NE(std::find(root->groups.begin(), root->groups.end(), 0u), root->groups.end());
+  EXPECT_EQ(root->home, "/root");
+}
+
+TEST_P(RunAsTest, LookupGivesTheAccountsIdsGroupsHomeAndShell) {
+  const Account& a = user_account_;
+  EXPECT_EQ(a.name, user_);
+  EXPECT_NE(a.uid, 0u);
+  EXPECT_EQ(a.home, "/nonexistent/" + user_);
+  EXPECT_EQ(a.shell, "/bin/sh");
+  std::string error;
+  ASSERT_TRUE(lookupAccount(group_, "n1", false, &error) == std::nullopt);  // a group is not a user
+  EXPECT_NE(std::find(a.groups.begin(), a.groups.end(), a.gid), a.groups.end());
+  EXPECT_EQ(a.groups.size(), 2u);  // its own group and ddlt-PID-g
+  // Refused by its uid, whatever its name.
+  EXPECT_FALSE(lookupAccount(root_alias_, "n1", false, &error).has_value());
+  EXPECT_EQ(error, "user '" + root_alias_ +
+                       "' is uid 0 and the coordinator does not allow root jobs (allow_root_jobs)");
+  auto alias = lookupAccount(root_alias_, "n1", true, &error);
+  ASSERT_TRUE(alias.has_value()) << error;
+  EXPECT_EQ(alias->uid, 0u);
+}
+
+TEST_P(RunAsTest, RankRunsWithTheUsersIdsGroupsAndEnvironment) {
+  RankSpec spec =
+      as(shell("j1", 0, "id -u; id -g; id -G; echo $HOME; echo $USER; echo $LOGNAME; echo $SHELL"),
+         user_account_);
+  // The job cannot claim to be someone else; it may pick its SHELL.
+  spec.env = {{"HOME", "/root"}, {"USER", "root"}, {"LOGNAME", "root"}};
+  RankSpec shell_spec = as(shell("j1", 1, "echo $SHELL"), user_account_);
+  shell_spec.env = {{"SHELL", "/bin/bash"}};
+  mustStart(spec);
+  mustStart(shell_spec);
+  auto exit = recorder_.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0) << readFile(spec.log_path);
+  ASSERT_TRUE(recorder_.waitFor("j1", 1, 1).has_value());
+
+  std::istringstream out(readFile(spec.log_path));
+  std::string uid, gid, groups, home, user, logname, sh;
+  std::getline(out, uid);
+  std::getline(out, gid);
+  std::getline(out, groups);
+  std::getline(out, home);
+  std::getline(out, user);
+  std::getline(out, logname);
+  std::getline(out, sh);
+  EXPECT_EQ(uid, std::to_string(user_account_.uid));
+  EXPECT_EQ(gid, std::to_string(user_account_.gid));
+  std::vector<gid_t> seen, want = user_account_.groups;
+  std::istringstream words(groups);
+  for (unsigned long g; words >> g;) seen.push_back(static_cast<gid_t>(g));
+  std::sort(seen.begin(), seen.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(seen, want) << groups;
+  EXPECT_EQ(home, "/nonexistent/" + user_);
+  EXPECT_EQ(user, user_);
+  EXPECT_EQ(logname, user_);
+  EXPECT_EQ(sh, "/bin/sh");
+  EXPECT_EQ(readFile(shell_spec.log_path), "/bin/bash\n");
+}
+
+TEST_P(RunAsTest, LogBelongsToTheUserWithMode0600) {
+  RankSpec spec = as(shell("j1", 0, "echo hello"), user_account_);
+  // An earlier start left a world-readable root-owned log: it is taken over too.
+  fs::create_directories(fs::path(spec.log_path).parent_path());
+  std::ofstream(spec.log_path) << "earlier\n";
+  chmod(spec.log_path.c_str(), 0644);
+  RankSpec fresh = as(shell("j1", 1, "echo hello"), user_account_);
+  mustStart(spec);
+  mustStart(fresh);
+  ASSERT_TRUE(recorder_.waitFor("j1", 1, 0).has_value());
+  ASSERT_TRUE(recorder_.waitFor("j1", 1, 1).has_value());
+  for (const RankSpec& s : {spec, fresh}) {
+    struct stat st {};
+    ASSERT_EQ(stat(s.log_path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, user_account_.uid) << s.log_path;
+    EXPECT_EQ(st.st_gid, user_account_.gid) << s.log_path;
+    EXPECT_EQ(st.st_mode & 07777, 0600u) << s.log_path;
+    EXPECT_NE(readFile(s.log_path).find("hello\n"), std::string::npos);
+  }
+  struct stat dir {};
+  ASSERT_EQ(stat(fs::path(spec.log_path).parent_path().c_str(), &dir), 0);
+  EXPECT_EQ(dir.st_uid, 0u);  // The log's directories stay the agent's.
+}
+
+TEST_P(RunAsTest, WorkdirIsEnteredAsTheUser) {
+  fs::create_directories(dir_ / "roots-only");
+  chmod((dir_ / "roots-only").c_str(), 0700);
+  RankSpec denied = as(shell("j1", 0, "echo should-not-run"), user_account_);
+  denied.workdir = (dir_ / "roots-only").string();
+  std::string error;
+  RankState state = sup_->start(denied, &error);
+  EXPECT_NE(error.find("cannot change to the working directory"), std::string::npos) << error;
+  EXPECT_NE(error.find("Permission denied"), std::string::npos) << error;
+  EXPECT_EQ(state.exit_code, 127);
+  auto exit = recorder_.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_NE(exit->error.find("Permission denied"), std::string::npos) << exit->error;
+  EXPECT_EQ(readFile(denied.log_path).find("should-not-run"), std::string::npos);
+
+  RankSpec allowed = as(shell("j1", 1, "pwd -P"), user_account_);
+  allowed.workdir = (dir_ / "shared").string();
+  mustStart(allowed);
+  ASSERT_TRUE(recorder_.waitFor("j1", 1, 1).has_value());
+  EXPECT_EQ(readFile(allowed.log_path), (dir_ / "shared").string() + "\n");
+}
+
+TEST_P(RunAsTest, UnknownUserIsRejectedWithTheReason) {
+  std::string why;
+  ASSERT_FALSE(lookupAccount("ddlt-no-such-user", "n1", false, &why).has_value());
+  RankSpec spec = shell("j1", 0, "echo should-not-run");
+  std::string error;
+  RankState state = sup_->reject(spec, why, &error);
+  EXPECT_EQ(error, "rank 0 of job j1 attempt 1: user 'ddlt-no-such-user' does not exist on node n1");
+  EXPECT_FALSE(state.running);
+  EXPECT_EQ(state.pid, -1);
+  EXPECT_EQ(state.exit_code, Supervisor::kExitCodeNotFound);
+  EXPECT_EQ(state.error, why);
+  auto exit = recorder_.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->error, why);
+  EXPECT_EQ(exit->exit_code, 127);
+  EXPECT_NE(readFile(spec.log_path).find(why), std::string::npos);
+  ASSERT_EQ(sup_->ranks().size(), 1u);
+  EXPECT_EQ(sup_->ranks()[0].error, why);
+  // Like any other exit it stays until released, and a running rank is never replaced by a rejection.
+  RankSpec running = shell("j1", 1, "exec sleep 100");
+  mustStart(running);
+  EXPECT_FALSE(sup_->reject(running, why, &error).running);
+  EXPECT_NE(error.find("already running"), std::string::npos) << error;
+  EXPECT_TRUE(sup_->ranks()[1].running);
+}
+
+TEST_P(RunAsTest, Uid0AccountRunsOnlyWhenAllowed) {
+  std::string error;
+  ASSERT_FALSE(lookupAccount(root_alias_, "n1", false, &error).has_value());
+  auto alias = lookupAccount(root_alias_, "n1", true, &error);
+  ASSERT_TRUE(alias.has_value()) << error;
+  RankSpec spec = as(shell("j1", 0, "id -u; echo $USER"), *alias);
+  mustStart(spec);
+  auto exit = recorder_.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_EQ(readFile(spec.log_path), "0\n" + root_alias_ + "\n");
+}
+
+// What an agent that is not root gets when it is asked to switch anyway: the kernel's refusal, as a start
+// failure that names the user. The "agent" here is a child of the test switched to the test user.
+TEST_P(RunAsTest, ASwitchTheKernelRefusesFailsTheStartWithTheReason) {
+  std::string error;
+  auto alias = lookupAccount(root_alias_, "n1", true, &error);
+  ASSERT_TRUE(alias.has_value()) << error;
+  const fs::path own = dir_ / "shared" / "agent";
+  fs::create_directories(own);
+  ASSERT_EQ(chown(own.c_str(), user_account_.uid, user_account_.gid), 0);
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // glibc's fork leaves malloc usable in the child; the supervisor below is this process's only one.
+    alarm(10);
+    close(pipe_fds[0]);
+    launch::Identity me{user_account_.uid, user_account_.gid, user_account_.groups.data(),
+                        user_account_.groups.size()};
+    if (launch::switchUser(me).stage != 0) _exit(3);
+    Supervisor::Options options = this->options();
+    options.state_dir = (own / "state").string();
+    Supervisor sup([](const RankState&) {}, options);
+    RankSpec spec = as(shell("j1", 0, "echo should-not-run"), *alias);
+    spec.log_path = "";  // A log would fail first: it cannot be given to uid 0 either.
+    std::string why;
+    RankState state = sup.start(spec, &why);
+    why += "|" + state.error + "|" + std::to_string(state.exit_code.value_or(-1));
+    ssize_t ignored = write(pipe_fds[1], why.data(), why.size());
+    (void)ignored;
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  std::string got;
+  char buf[512];
+  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const std::string why = "cannot switch to user " + root_alias_ + " (uid 0): Operation not permitted";
+  EXPECT_EQ(got, "rank 0 of job j1 attempt 1: " + why + "|" + why + "|127");
+}
+
+// The exit record stays trustworthy: the shim that writes it stays root while the program runs as the user,
+// and a rank adopted after an agent restart still reports its real exit.
+TEST_P(RunAsTest, ShimStaysRootAndAnAdoptedRankReportsItsExit) {
+  fs::path gate = dir_ / "shared" / "gate";
+  fs::path pid_file = dir_ / "shared" / "program.pid";
+  const std::string script = "echo $$ > " + pid_file.string() + "; i=0; while [ ! -e " + gate.string() +
+                             " ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; exit 3";
+  RankState started = mustStart(as(shell("j1", 0, script), user_account_));
+  pid_t program = waitForPidFile(pid_file);
+  ASSERT_GT(program, 0);
+  EXPECT_EQ(procUids(program), uidLine(user_account_.uid));
+  EXPECT_EQ(procUids(started.pid), uidLine(GetParam().shim ? 0 : user_account_.uid));
+
+  sup_.reset();  // The agent restarts; the rank keeps running.
+  Recorder second;
+  Supervisor sup([&](const RankState& s) { second.record(s); }, options());
+  EXPECT_EQ(sup.recover(), std::vector<std::string>{});
+  ASSERT_EQ(sup.ranks().size(), 1u);
+  EXPECT_TRUE(sup.ranks()[0].running);
+  std::ofstream(gate) << "go\n";
+  auto exit = second.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, GetParam().shim ? 3 : Supervisor::kExitCodeUnknown);
+  EXPECT_EQ(exit->error, "");
+  waitpid(started.pid, nullptr, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Waiting, RunAsTest, ::testing::Values(Mode{true, false}, Mode{true, true}),
+                         [](const ::testing::TestParamInfo<Mode>& info) {
+                           return std::string(info.param.shim ? "Shim" : "Direct");
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Waiting, SupervisorTest,
                          ::testing::Values(Mode{true, false}, Mode{false, false}, Mode{true, true},

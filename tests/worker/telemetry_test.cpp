@@ -1,13 +1,16 @@
 // Rank telemetry end to end inside one process: libddl's reporter (comm/src/telemetry.h) sends over a real
 // Unix datagram socket to the agent's TelemetryListener, which keeps the latest report per rank.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "telemetry.h"
 #include "worker/telemetry_listener.h"
@@ -94,6 +97,45 @@ TEST(TelemetryTest, ReportsReachAListenerRestartedAtTheSamePath) {
   }
   ASSERT_TRUE(p.has_value());
   EXPECT_EQ(p->collectives(), 1);
+}
+
+// Ranks run as their jobs' users: anyone may send, and the check (the agent's: is the sender in that rank's
+// session?) decides which reports are believed, by the pid the kernel vouches for.
+TEST(TelemetryTest, ReportsAreBelievedOnlyWhenTheSenderPassesTheCheck) {
+  const std::string name = "ddl-telemetry-ck-" + std::to_string(getpid()) + ".sock";
+  const std::string path = (std::filesystem::temp_directory_path() / name).string();
+  std::mutex mu;
+  std::vector<pid_t> senders;
+  std::string error;
+  TelemetryListener listener(path, &error, [&](const std::string& job, int, int, pid_t sender) {
+    std::lock_guard<std::mutex> lock(mu);
+    senders.push_back(sender);
+    return job == "j-trusted";
+  });
+  ASSERT_EQ(error, "");
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  setenv("DDL_AGENT_SOCKET", path.c_str(), 1);
+  setenv("DDL_JOB_ATTEMPT", "1", 1);
+  // In this order: once the second is in, so was the first.
+  for (const char* job : {"j-forged", "j-trusted"}) {
+    setenv("DDL_JOB_ID", job, 1);
+    auto reporter = ddl::Telemetry::fromEnv(/*rank=*/0, /*size=*/1);
+    ASSERT_NE(reporter, nullptr);
+    reporter->record(ddl::CollKind::kAllReduce, 4096, 0, 0.001, {});
+  }
+  unsetenv("DDL_AGENT_SOCKET");
+  std::optional<ddl::v1::RankProgress> p;
+  for (int i = 0; i < 100 && !p; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    p = listener.latest("j-trusted", 1, 0);
+  }
+  ASSERT_TRUE(p.has_value());
+  EXPECT_FALSE(listener.latest("j-forged", 1, 0).has_value());
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_FALSE(senders.empty());
+  for (pid_t sender : senders) EXPECT_EQ(sender, getpid());
 }
 
 TEST(TelemetryTest, NoAgentMeansNoReporter) {
