@@ -107,31 +107,30 @@ bool isIpAddress(const std::string& text) {
   return inet_pton(AF_INET, text.c_str(), buf) == 1 || inet_pton(AF_INET6, text.c_str(), buf) == 1;
 }
 
+std::string toHex(const unsigned char* bytes, size_t n) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    out += hex[bytes[i] >> 4];
+    out += hex[bytes[i] & 15];
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string sha256Hex(std::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
   if (EVP_Digest(data.data(), data.size(), digest, &n, EVP_sha256(), nullptr) != 1) return "";
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < n; ++i) {
-    out += hex[digest[i] >> 4];
-    out += hex[digest[i] & 15];
-  }
-  return out;
+  return toHex(digest, n);
 }
 
 std::string randomHex(size_t bytes) {
   std::string raw(bytes, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(bytes)) != 1) return "";
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : raw) {
-    out += hex[b >> 4];
-    out += hex[b & 15];
-  }
-  return out;
+  return toHex(reinterpret_cast<const unsigned char*>(raw.data()), bytes);
 }
 
 bool constantTimeEqual(std::string_view a, std::string_view b) {
