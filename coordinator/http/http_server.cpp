@@ -7,6 +7,7 @@
 #include <boost/beast/http.hpp>
 #include <condition_variable>
 #include <list>
+#include <nlohmann/json.hpp>
 
 #include "ddl/messages.h"
 #include "http/pages.h"
@@ -30,8 +31,16 @@ int httpStatus(const Status& st) {
   }
 }
 
+// JSON text of `value`; a byte that is not UTF-8 (a path can hold any) becomes U+FFFD instead of an exception.
+std::string dumpJson(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+// A protobuf message as a JSON value, in the same mapping as the rest of /api/v1 (ddl::toJson).
+nlohmann::json protoJson(const google::protobuf::Message& message) { return nlohmann::json::parse(toJson(message)); }
+
 Response error(int status, const std::string& message) {
-  return {status, "application/json", "{\"error\":\"" + htmlEscape(message) + "\"}\n"};
+  return {status, "application/json", dumpJson({{"error", message}})};
 }
 
 std::string queryParam(const std::string& query, const std::string& key) {
@@ -103,8 +112,8 @@ Response handleRequest(Coordinator& c, const std::string& method, const std::str
     if (!job) return error(httpStatus(job.status()), job.status().message());
     auto ring = c.ring(id);
     if (api) {
-      std::string body = "{\"job\":" + toJson(*job) + ",\"ring\":" + (ring ? toJson(*ring) : "null") + "}\n";
-      return {200, "application/json", body};
+      const nlohmann::json body = {{"job", protoJson(*job)}, {"ring", ring ? protoJson(*ring) : nullptr}};
+      return {200, "application/json", dumpJson(body)};
     }
     // Log tails: rank 0, the failing rank, and the slowest rank by its last collective.
     std::map<int, std::string> logs;

@@ -97,6 +97,27 @@ TEST_F(HttpTest, BadUrlsAre404AndWritesAre405) {
   EXPECT_EQ(handleRequest(*coordinator, "GET", "/healthz").body, "ok\n");
 }
 
+// Error bodies are JSON built by a JSON library: a message holding quotes, '<', a backslash, a control character
+// or a byte that is not UTF-8 parses back to exactly what was said (the old hand-made body HTML-escaped the
+// quote and left the backslash raw, so it did not parse).
+TEST_F(HttpTest, ErrorBodiesAreJsonThatRoundTrips) {
+  const std::string state = "a\"b<c>\\d'e\tf";
+  Response r = handleRequest(*coordinator, "GET", "/api/v1/jobs?state=" + state);
+  ASSERT_EQ(r.status, 400);
+  EXPECT_EQ(r.content_type, "application/json");
+  nlohmann::json body;
+  ASSERT_NO_THROW(body = nlohmann::json::parse(r.body)) << r.body;
+  EXPECT_EQ(body["error"].get<std::string>(),
+            "unknown state '" + state + "' (PENDING, SCHEDULED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED)");
+  r = handleRequest(*coordinator, "GET", "/api/v1/\"x\\\xff");
+  ASSERT_EQ(r.status, 404);
+  ASSERT_NO_THROW(body = nlohmann::json::parse(r.body)) << r.body;
+  EXPECT_EQ(body["error"].get<std::string>().rfind("no such page: /api/v1/\"x\\", 0), 0u) << r.body;
+  auto one = nlohmann::json::parse(handleRequest(*coordinator, "GET", "/api/v1/jobs/" + job).body);
+  EXPECT_EQ(one["job"]["spec"]["name"], "bench<script>");
+  EXPECT_TRUE(one["ring"].is_object());
+}
+
 // A raw request to the real server; returns the status line.
 std::string rawRequest(int port, const std::string& request) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
