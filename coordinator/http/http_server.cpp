@@ -75,7 +75,11 @@ std::string logTail(Coordinator& c, const std::string& id, int rank, int64_t byt
 }  // namespace
 
 Response handleRequest(Coordinator& c, const std::string& method, const std::string& target) {
-  if (method != "GET" && method != "HEAD") return error(405, "only GET: the dashboard is read-only");
+  if (method != "GET" && method != "HEAD") {
+    Response r = error(405, "only GET and HEAD: the dashboard is read-only");
+    r.headers.emplace_back("Allow", "GET, HEAD");
+    return r;
+  }
   const size_t q = target.find('?');
   const std::string path = target.substr(0, q);
   const std::string query = q == std::string::npos ? "" : target.substr(q + 1);
@@ -175,9 +179,11 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
     for (int served = 0; served < 1000; ++served) {
       beast::http::request_parser<beast::http::empty_body> parser;
       parser.header_limit(16 * 1024);
-      beast::http::read(socket, buffer, parser, ec);
+      beast::http::read_header(socket, buffer, parser, ec);
       if (ec) return;  // closed, timed out, or malformed: drop the connection
       const auto& req = parser.get();
+      // No route takes a body; one that was sent (a POST's) is not read, and the connection ends after the answer.
+      const bool body_left = !parser.is_done();
       Response r;
       try {
         r = handleRequest(coordinator, std::string(req.method_string()), std::string(req.target()));
@@ -190,7 +196,8 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
       res.set(beast::http::field::server, "ddl-coordinator");
       res.set(beast::http::field::content_type, r.content_type);
       res.set(beast::http::field::cache_control, "no-store");
-      res.keep_alive(req.keep_alive());
+      for (const auto& [name, value] : r.headers) res.set(name, value);
+      res.keep_alive(req.keep_alive() && !body_left);
       if (req.method() != beast::http::verb::head) res.body() = std::move(r.body);
       res.prepare_payload();
       beast::http::write(socket, res, ec);

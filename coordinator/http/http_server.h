@@ -9,7 +9,8 @@
 //   GET /api/v1/jobs/ID    {"job": Job, "ring": RingLayout}
 //   GET /metrics           Prometheus text format
 //   GET /healthz           "ok"
-// Anything else is 404 (405 for other methods); a bad request never takes the server down.
+// Anything else is 404; methods other than GET and HEAD are 405 with `Allow: GET, HEAD` (nothing here changes
+// state); a bad request never takes the server down.
 //
 // Threads: start()/stop() from the owning thread. One acceptor thread; each connection is served on its own
 // thread (at most kMaxConnections at once, keep-alive, 30 s idle timeout).
@@ -30,6 +31,7 @@ struct Response {
   int status = 200;
   std::string content_type = "text/plain; charset=utf-8";
   std::string body;
+  std::vector<std::pair<std::string, std::string>> headers = {};  // more fields: Allow, Location, Set-Cookie...
 };
 
 // Routing without sockets, for tests: method, target ("/api/v1/jobs?state=RUNNING") -> response.

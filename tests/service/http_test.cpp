@@ -92,8 +92,16 @@ TEST_F(HttpTest, BadUrlsAre404AndWritesAre405) {
   for (const char* path : {"/nope", "/jobs/", "/jobs/j-999999", "/jobs/../etc/passwd", "/api/v1/jobs/x", "/api/v2"}) {
     EXPECT_EQ(handleRequest(*coordinator, "GET", path).status, 404) << path;
   }
-  EXPECT_EQ(handleRequest(*coordinator, "POST", "/").status, 405);
-  EXPECT_EQ(handleRequest(*coordinator, "DELETE", "/api/v1/jobs/" + job).status, 405);
+  for (const char* method : {"POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"}) {
+    for (const char* path : {"/", "/api/v1/jobs", "/api/v1/jobs/j-000001", "/metrics", "/healthz", "/login", "/x"}) {
+      Response r = handleRequest(*coordinator, method, path);
+      EXPECT_EQ(r.status, 405) << method << " " << path;
+      ASSERT_EQ(r.headers.size(), 1u) << method << " " << path;
+      EXPECT_EQ(r.headers[0], std::make_pair(std::string("Allow"), std::string("GET, HEAD")));
+      EXPECT_TRUE(nlohmann::json::accept(r.body)) << r.body;
+    }
+  }
+  EXPECT_EQ(handleRequest(*coordinator, "HEAD", "/healthz").status, 200);
   EXPECT_EQ(handleRequest(*coordinator, "GET", "/healthz").body, "ok\n");
 }
 
@@ -118,8 +126,8 @@ TEST_F(HttpTest, ErrorBodiesAreJsonThatRoundTrips) {
   EXPECT_TRUE(one["ring"].is_object());
 }
 
-// A raw request to the real server; returns the status line.
-std::string rawRequest(int port, const std::string& request) {
+// A raw request to the real server; returns what it answered (up to 4 KiB) or "connect failed".
+std::string rawReply(int port, const std::string& request) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -129,10 +137,20 @@ std::string rawRequest(int port, const std::string& request) {
   timeval tv{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   (void)!write(fd, request.data(), request.size());
-  char buf[256] = {0};
-  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  std::string reply;
+  char buf[4096];
+  for (int i = 0; i < 64 && reply.size() < sizeof(buf); ++i) {  // until the server closes or 5 s pass
+    const ssize_t n = read(fd, buf, sizeof(buf) - reply.size());
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
   close(fd);
-  std::string reply(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  return reply;
+}
+
+// The status line of rawReply.
+std::string rawRequest(int port, const std::string& request) {
+  const std::string reply = rawReply(port, request);
   return reply.substr(0, reply.find("\r\n"));
 }
 
@@ -147,6 +165,13 @@ TEST_F(HttpTest, RealServerSurvivesGarbage) {
   EXPECT_EQ(rawRequest(port, "\x01\x02 garbage\r\n\r\n"), "");  // dropped, no crash
   EXPECT_EQ(rawRequest(port, "GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n"), "");  // header too large
   EXPECT_EQ(rawRequest(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
+  // Writes are 405 with Allow on the wire too; a body sent with one is not read, and the connection ends.
+  const std::string post = rawReply(port, "POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"a\":1}");
+  EXPECT_EQ(post.substr(0, post.find("\r\n")), "HTTP/1.1 405 Method Not Allowed") << post;
+  EXPECT_NE(post.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos) << post;
+  EXPECT_NE(post.find("\r\nConnection: close\r\n"), std::string::npos) << post;
+  EXPECT_EQ(rawRequest(port, "DELETE /api/v1/jobs/" + job + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+            "HTTP/1.1 405 Method Not Allowed");
   EXPECT_FALSE(HttpServer(*coordinator).start("nonsense", &bound));
   coordinator->stop();
   server.stop();
