@@ -1,12 +1,23 @@
 // The dashboard's routes and pages without sockets (handleRequest over a Coordinator with fake agent links),
 // and the real HttpServer on 127.0.0.1 (port chosen at run time) for status codes and a malformed request.
+// Its secured mode (HTTPS and tokens, what any address but loopback gets) is tested on 127.0.0.1 by asking for
+// it, with a PKI made in a temporary directory; every client step has a deadline.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <openssl/ssl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "auth/pki_dir.h"
+#include "auth/users.h"
+#include "common/pki.h"
 #include "http/http_server.h"
 #include "http/pages.h"
 #include "state/memory_store.h"
@@ -43,6 +54,9 @@ class HttpTest : public ::testing::Test {
     spec.set_nodes(2);
     spec.set_gpus_per_node(2);
     spec.add_command("ddl-bench");
+    spec.add_command("--secret-flag");
+    spec.add_env("API_KEY=s3cret");
+    spec.set_workdir("/home/alice/private-run");
     job = coordinator->submit(spec)->id();
     coordinator->tick();
   }
@@ -139,10 +153,17 @@ std::string rawReply(int port, const std::string& request) {
   (void)!write(fd, request.data(), request.size());
   std::string reply;
   char buf[4096];
-  for (int i = 0; i < 64 && reply.size() < sizeof(buf); ++i) {  // until the server closes or 5 s pass
+  // Until one whole answer is in (its header and Content-Length bytes), the server closes, or 5 s pass.
+  for (int i = 0; i < 64 && reply.size() < sizeof(buf); ++i) {
     const ssize_t n = read(fd, buf, sizeof(buf) - reply.size());
     if (n <= 0) break;
     reply.append(buf, static_cast<size_t>(n));
+    const size_t head = reply.find("\r\n\r\n");
+    const size_t length = reply.find("Content-Length: ");
+    if (head != std::string::npos && length < head &&
+        reply.size() >= head + 4 + std::stoul(reply.substr(length + 16))) {
+      break;
+    }
   }
   close(fd);
   return reply;
@@ -175,6 +196,404 @@ TEST_F(HttpTest, RealServerSurvivesGarbage) {
   EXPECT_FALSE(HttpServer(*coordinator).start("nonsense", &bound));
   coordinator->stop();
   server.stop();
+}
+
+// --- the secured dashboard: tokens, cookies, redaction, HTTPS ----------------------------------------------
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+using tcp = asio::ip::tcp;
+
+// A cluster PKI in a temporary directory (init-pki's files) and a user of each role.
+class SecureHttpTest : public HttpTest {
+ protected:
+  void SetUp() override {
+    HttpTest::SetUp();
+    char tmpl[] = "/tmp/ddl-http-test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir = tmpl;
+    auth::InitPkiOptions init;
+    init.dir = dir + "/pki";
+    auto admin = auth::initPki(init);
+    ASSERT_TRUE(admin) << admin.status().toString();
+    admin_token = *admin;
+    auto opened = auth::UserRegistry::open(init.dir + "/" + pki::kUsersFile);
+    ASSERT_TRUE(opened);
+    users = std::move(*opened);
+    viewer_token = *users->add("val", auth::Role::kViewer, false);
+    owner_token = *users->add("alice", auth::Role::kUser, false);
+    other_token = *users->add("bob", auth::Role::kUser, false);
+    std::string error;
+    ca_pem = *pki::readFile(init.dir + "/" + pki::kCaCert, &error);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string pkiDir() const { return dir + "/pki"; }
+  Access access() const { return {true, users.get()}; }
+  Response get(const std::string& target, const std::string& authorization = "", const std::string& cookie = "") {
+    return handleRequest(*coordinator, Request{"GET", target, authorization, cookie}, access());
+  }
+  std::string fileSha256(const char* file) {
+    std::string error;
+    auto pem = pki::readFile(pkiDir() + "/" + file, &error);
+    auto info = pem ? pki::inspectCertificate(*pem, &error) : std::nullopt;
+    return info ? info->sha256 : "(" + error + ")";
+  }
+
+  std::string dir;
+  std::unique_ptr<auth::UserRegistry> users;
+  std::string admin_token, viewer_token, owner_token, other_token, ca_pem;
+};
+
+std::string field(const Response& r, const std::string& name) {
+  for (const auto& [n, v] : r.headers) {
+    if (n == name) return v;
+  }
+  return "";
+}
+
+TEST_F(SecureHttpTest, EveryPathButHealthzNeedsAToken) {
+  const std::string paths[] = {"/", "/index.html", "/metrics", "/api/v1/nodes", "/api/v1/jobs", "/api/v1/jobs/" + job,
+                               "/jobs/" + job, "/nope"};
+  for (const auto& path : paths) {
+    for (const std::string& authorization : std::vector<std::string>{"", "Bearer ddl_0123456789abcdef", "Bearer " + viewer_token + "x",
+                                             "Basic " + viewer_token, "Bearer ", "Bearer a\r\nX: y"}) {
+      Response r = get(path, authorization);
+      EXPECT_EQ(r.status, 401) << path << " with '" << authorization << "'";
+      EXPECT_EQ(field(r, "WWW-Authenticate"), "Bearer realm=\"ddl\"");
+      EXPECT_NE(r.body.find("/login?token="), std::string::npos) << r.body;
+      if (path.rfind("/api/", 0) == 0 || path == "/metrics") {
+        ASSERT_TRUE(nlohmann::json::accept(r.body)) << r.body;
+        EXPECT_NE(nlohmann::json::parse(r.body)["error"].get<std::string>().find("ddlctl admin add-user"),
+                  std::string::npos);
+      } else {
+        EXPECT_NE(r.body.find("<form action='/login'"), std::string::npos) << path;
+      }
+    }
+    for (const auto& token : {viewer_token, owner_token, other_token, admin_token}) {
+      EXPECT_EQ(get(path, "Bearer " + token).status, path == "/nope" ? 404 : 200) << path;
+    }
+    EXPECT_EQ(get(path, "bearer  " + viewer_token).status, path == "/nope" ? 404 : 200) << "the scheme in any case";
+  }
+  EXPECT_EQ(get("/healthz").status, 200);
+  EXPECT_NE(get("/metrics", "Bearer " + viewer_token).body.find("ddl_gpus 4\n"), std::string::npos);
+  // The open dashboard (loopback, nothing asked) needs nothing, as before.
+  EXPECT_EQ(handleRequest(*coordinator, "GET", "/api/v1/jobs").status, 200);
+}
+
+TEST_F(SecureHttpTest, LoginSetsAStrictHttpOnlyCookieThatWorks) {
+  Response r = get("/login?token=" + viewer_token);
+  ASSERT_EQ(r.status, 303);
+  EXPECT_EQ(field(r, "Location"), "/");
+  EXPECT_EQ(field(r, "Set-Cookie"),
+            std::string(kTokenCookie) + "=" + viewer_token + "; Path=/; HttpOnly; Secure; SameSite=Strict");
+  for (const std::string& cookie : std::vector<std::string>{std::string(kTokenCookie) + "=" + viewer_token,
+                                    "theme=dark; " + std::string(kTokenCookie) + "=" + viewer_token + "; x=1"}) {
+    EXPECT_EQ(get("/", "", cookie).status, 200) << cookie;
+    EXPECT_EQ(get("/api/v1/jobs", "", cookie).status, 200) << cookie;
+  }
+  EXPECT_EQ(get("/", "", std::string(kTokenCookie) + "=" + viewer_token + "0").status, 401);
+  EXPECT_EQ(get("/", "", "x" + std::string(kTokenCookie) + "=" + viewer_token).status, 401);
+  // A header with a bad token is refused even beside a good cookie.
+  EXPECT_EQ(get("/", "Bearer nope", std::string(kTokenCookie) + "=" + viewer_token).status, 401);
+  // A browser's form encodes the token; bad and missing tokens get no cookie.
+  std::string encoded = viewer_token;
+  encoded.replace(encoded.find('_'), 1, "%5F");
+  EXPECT_EQ(field(get("/login?token=" + encoded), "Set-Cookie").rfind(std::string(kTokenCookie) + "=" + viewer_token + ";", 0),
+            0u);
+  for (const std::string& target : std::vector<std::string>{"/login", "/login?token=", "/login?token=ddl_00", "/login?token=" + viewer_token +
+                                    "%0D%0ASet-Cookie:%20x=y"}) {
+    Response bad = get(target);
+    EXPECT_EQ(bad.status, 401) << target;
+    EXPECT_EQ(field(bad, "Set-Cookie"), "") << target;
+  }
+  // An open dashboard has nothing to sign in to: back to / without a cookie.
+  Response open = handleRequest(*coordinator, "GET", "/login?token=" + viewer_token);
+  EXPECT_EQ(open.status, 303);
+  EXPECT_EQ(field(open, "Set-Cookie"), "");
+}
+
+TEST_F(SecureHttpTest, OnlyOwnersAndAdminsSeeCommandsEnvWorkdirAndLogs) {
+  struct Reader {
+    std::string name;
+    std::string token;
+    bool sees;
+  };
+  const Reader readers[] = {{"viewer", viewer_token, false}, {"another user", other_token, false},
+                            {"the owner", owner_token, true}, {"an admin", admin_token, true}};
+  for (const auto& reader : readers) {
+    SCOPED_TRACE(reader.name);
+    const std::string bearer = "Bearer " + reader.token;
+    auto list = nlohmann::json::parse(get("/api/v1/jobs", bearer).body);
+    ASSERT_EQ(list["jobs"].size(), 1u);
+    auto one = nlohmann::json::parse(get("/api/v1/jobs/" + job, bearer).body);
+    for (const auto& spec : {list["jobs"][0]["spec"], one["job"]["spec"]}) {
+      EXPECT_EQ(spec["user"], "alice");  // who runs it stays visible
+      EXPECT_EQ(spec["command"].size(), reader.sees ? 2u : 0u) << spec;
+      EXPECT_EQ(spec["env"].size(), reader.sees ? 1u : 0u) << spec;
+      EXPECT_EQ(spec["workdir"], reader.sees ? "/home/alice/private-run" : "") << spec;
+    }
+    const std::string page = get("/jobs/" + job, bearer).body;
+    EXPECT_EQ(page.find("--secret-flag") != std::string::npos, reader.sees);
+    EXPECT_EQ(page.find("Log of rank 0") != std::string::npos, reader.sees);
+    EXPECT_EQ(page.find("shown to the job's owner and admins only") != std::string::npos, !reader.sees);
+    EXPECT_NE(page.find("<svg"), std::string::npos);  // the rest of the page is there for everyone
+  }
+  // The open dashboard shows everything, as before.
+  auto open = nlohmann::json::parse(handleRequest(*coordinator, "GET", "/api/v1/jobs").body);
+  EXPECT_EQ(open["jobs"][0]["spec"]["command"].size(), 2u);
+}
+
+// One HTTPS exchange as a client that trusts only the cluster CA and checks the name "ddl-coordinator", like
+// ddlctl. Every step has a 5 s deadline.
+struct HttpsAnswer {
+  std::string error;  // "" when an answer came
+  beast::http::response<beast::http::string_body> response;
+  std::string certificate_sha256;  // of the certificate the server presented
+};
+
+HttpsAnswer httpsRequest(int port, const std::string& ca_pem, const std::string& target,
+                         const std::string& authorization = "", const std::string& cookie = "",
+                         beast::http::verb method = beast::http::verb::get) {
+  HttpsAnswer answer;
+  asio::io_context io;
+  asio::ssl::context ctx(asio::ssl::context::tls_client);
+  ctx.add_certificate_authority(asio::buffer(ca_pem));
+  ctx.set_verify_mode(asio::ssl::verify_peer);
+  asio::ssl::stream<tcp::socket> stream(io, ctx);
+  stream.set_verify_callback(asio::ssl::host_name_verification(pki::kCoordinatorName));
+  SSL_set_tlsext_host_name(stream.native_handle(), pki::kCoordinatorName);
+  bool done = false;
+  beast::error_code ec;
+  auto step = [&](const char* what) {
+    io.restart();
+    io.run_for(std::chrono::seconds(5));
+    if (!done) {
+      beast::error_code ignored;
+      stream.lowest_layer().close(ignored);
+      io.restart();
+      io.run();
+      answer.error = std::string(what) + ": timed out";
+      return false;
+    }
+    done = false;
+    if (ec) answer.error = std::string(what) + ": " + ec.message();
+    return !ec;
+  };
+  auto finish = [&](beast::error_code e, auto&&...) {
+    ec = e;
+    done = true;
+  };
+  stream.lowest_layer().async_connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)},
+                                      finish);
+  if (!step("connect")) return answer;
+  stream.async_handshake(asio::ssl::stream_base::client, finish);
+  if (!step("handshake")) return answer;
+  if (X509* peer = SSL_get_peer_certificate(stream.native_handle())) {
+    unsigned char* der = nullptr;
+    const int len = i2d_X509(peer, &der);
+    answer.certificate_sha256 = pki::sha256Hex(std::string_view(reinterpret_cast<char*>(der), len));
+    OPENSSL_free(der);
+    X509_free(peer);
+  }
+  beast::http::request<beast::http::empty_body> req{method, target, 11};
+  req.set(beast::http::field::host, "ddl-coordinator");
+  if (!authorization.empty()) req.set(beast::http::field::authorization, authorization);
+  if (!cookie.empty()) req.set(beast::http::field::cookie, cookie);
+  req.keep_alive(false);
+  beast::http::async_write(stream, req, finish);
+  if (!step("write")) return answer;
+  beast::flat_buffer buffer;
+  beast::http::async_read(stream, buffer, answer.response, finish);
+  step("read");
+  return answer;
+}
+
+int portOf(const std::string& bound) { return std::stoi(bound.substr(bound.rfind(':') + 1)); }
+
+TEST_F(SecureHttpTest, HttpsWithTokensWhenAskedOnLoopback) {
+  HttpServer server(*coordinator, {/*tls=*/true, /*auth=*/false, pkiDir(), users.get()});
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  EXPECT_STREQ(server.scheme(), "https");
+  const int port = portOf(bound);
+
+  HttpsAnswer a = httpsRequest(port, ca_pem, "/healthz");
+  ASSERT_EQ(a.error, "");
+  EXPECT_EQ(a.response.result_int(), 200);
+  EXPECT_EQ(a.certificate_sha256, fileSha256(pki::kCoordinatorCert));  // the coordinator's own certificate
+  EXPECT_EQ(httpsRequest(port, ca_pem, "/api/v1/jobs").response.result_int(), 401);
+  EXPECT_EQ(httpsRequest(port, ca_pem, "/metrics", "Bearer ddl_wrong").response.result_int(), 401);
+  a = httpsRequest(port, ca_pem, "/api/v1/jobs", "Bearer " + viewer_token);
+  EXPECT_EQ(a.response.result_int(), 200);
+  ASSERT_TRUE(nlohmann::json::accept(a.response.body())) << a.response.body();
+  EXPECT_EQ(nlohmann::json::parse(a.response.body())["jobs"][0]["spec"]["command"].size(), 0u);  // a viewer's view
+  // Prometheus: the bearer token on /metrics.
+  a = httpsRequest(port, ca_pem, "/metrics", "Bearer " + viewer_token);
+  EXPECT_EQ(a.response.result_int(), 200);
+  EXPECT_NE(a.response.body().find("ddl_gpus 4\n"), std::string::npos);
+  // A browser: /login, then the cookie.
+  a = httpsRequest(port, ca_pem, "/login?token=" + viewer_token);
+  ASSERT_EQ(a.response.result_int(), 303);
+  const std::string set_cookie(a.response[beast::http::field::set_cookie]);
+  EXPECT_NE(set_cookie.find("HttpOnly; Secure; SameSite=Strict"), std::string::npos);
+  const std::string cookie = set_cookie.substr(0, set_cookie.find(';'));
+  a = httpsRequest(port, ca_pem, "/", "", cookie);
+  EXPECT_EQ(a.response.result_int(), 200);
+  EXPECT_NE(a.response.body().find("ddl cluster"), std::string::npos);
+  // Still read-only.
+  a = httpsRequest(port, ca_pem, "/api/v1/jobs", "Bearer " + admin_token, "", beast::http::verb::post);
+  EXPECT_EQ(a.response.result_int(), 405);
+  EXPECT_EQ(a.response[beast::http::field::allow], "GET, HEAD");
+
+  // Plain HTTP to the HTTPS port gets nothing but a pointer to https.
+  const std::string plain = rawReply(port, "GET /api/v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                                               viewer_token + "\r\n\r\n");
+  EXPECT_EQ(plain.substr(0, plain.find("\r\n")), "HTTP/1.1 400 Bad Request") << plain;
+  EXPECT_NE(plain.find("https://" + bound + "/"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("\"jobs\""), std::string::npos) << plain;
+  EXPECT_EQ(rawReply(port, "\x01\x02 garbage\r\n\r\n"), "");
+  // A client that does not trust the cluster CA does not get through.
+  std::string error;
+  auto other_key = pki::newPrivateKey(&error);
+  auto other_ca = pki::makeCertificate({"another CA", {}, {}, pki::Usage::kCa}, *other_key, "", "", 0,
+                                       4102444800, &error);
+  ASSERT_TRUE(other_ca) << error;
+  EXPECT_NE(httpsRequest(port, *other_ca, "/healthz").error.find("handshake"), std::string::npos);
+  // The server still serves.
+  EXPECT_EQ(httpsRequest(port, ca_pem, "/healthz").response.result_int(), 200);
+  coordinator->stop();
+  server.stop();
+}
+
+TEST_F(SecureHttpTest, RenewedCertificateReachesNewConnections) {
+  HttpServer server(*coordinator, {/*tls=*/true, /*auth=*/false, pkiDir(), users.get()});
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  const int port = portOf(bound);
+  const std::string first = fileSha256(pki::kCoordinatorCert);
+  EXPECT_EQ(httpsRequest(port, ca_pem, "/healthz").certificate_sha256, first);
+
+  // Half a renewal (a new key beside the old certificate) does not break new connections: the old pair stays.
+  std::string error;
+  auto stray_key = pki::newPrivateKey(&error);
+  ASSERT_TRUE(pki::writeFile(pkiDir() + "/" + pki::kCoordinatorKey, *stray_key, 0600, &error)) << error;
+  HttpsAnswer a = httpsRequest(port, ca_pem, "/healthz");
+  EXPECT_EQ(a.error, "");
+  EXPECT_EQ(a.certificate_sha256, first);
+
+  // renew-cert: the next connection gets the new certificate.
+  ASSERT_TRUE(auth::renewCoordinatorCert(pkiDir(), {}, 30));
+  const std::string second = fileSha256(pki::kCoordinatorCert);
+  ASSERT_NE(second, first);
+  a = httpsRequest(port, ca_pem, "/api/v1/nodes", "Bearer " + viewer_token);
+  EXPECT_EQ(a.error, "");
+  EXPECT_EQ(a.response.result_int(), 200);
+  EXPECT_EQ(a.certificate_sha256, second);
+  coordinator->stop();
+  server.stop();
+}
+
+TEST_F(SecureHttpTest, OffLoopbackMeansHttpsAndTokensAndNeedsTheCertificate) {
+  for (const char* listen : {"0.0.0.0:7080", "10.0.0.1:7080", "[::]:7080", "192.168.1.5:0"}) {
+    const HttpMode mode = httpMode(listen, {});
+    EXPECT_TRUE(mode.tls && mode.auth) << listen;
+  }
+  for (const char* listen : {"127.0.0.1:7080", "127.0.0.2:0", "[::1]:7080"}) {
+    const HttpMode mode = httpMode(listen, {});
+    EXPECT_FALSE(mode.tls || mode.auth) << listen;
+    EXPECT_TRUE(httpMode(listen, {true, false, "", nullptr}).auth) << "HTTPS always takes tokens";
+    const HttpMode auth_only = httpMode(listen, {false, true, "", nullptr});
+    EXPECT_TRUE(auth_only.auth && !auth_only.tls) << listen;
+  }
+  // Refused before anything listens: no certificate files, no users.
+  std::string bound;
+  const std::string empty = dir + "/empty";
+  std::filesystem::create_directories(empty);
+  Status st = HttpServer(*coordinator, {false, false, empty, users.get()}).start("0.0.0.0:0", &bound);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message().find(empty + "/coordinator.crt"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("not a loopback address"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("127.0.0.1"), std::string::npos) << st.message();
+  st = HttpServer(*coordinator, {false, false, pkiDir(), nullptr}).start("0.0.0.0:0", &bound);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message().find("no users"), std::string::npos) << st.message();
+  st = HttpServer(*coordinator, {true, false, empty, users.get()}).start("127.0.0.1:0", &bound);
+  EXPECT_NE(st.message().find("http_tls"), std::string::npos) << st.message();
+}
+
+TEST_F(SecureHttpTest, TokensOverPlainHttpOnLoopbackWhenAsked) {
+  HttpServer server(*coordinator, {/*tls=*/false, /*auth=*/true, pkiDir(), users.get()});
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  EXPECT_STREQ(server.scheme(), "http");
+  const int port = portOf(bound);
+  EXPECT_EQ(rawRequest(port, "GET /api/v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 401 Unauthorized");
+  EXPECT_EQ(rawRequest(port, "GET /api/v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + viewer_token +
+                                 "\r\n\r\n"),
+            "HTTP/1.1 200 OK");
+  EXPECT_EQ(rawRequest(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
+  coordinator->stop();
+  server.stop();
+}
+
+// Connects, sends `prefix` (maybe nothing), and waits up to 5 s for the server to hang up; the milliseconds it
+// took, or -1 if it did not.
+int64_t msUntilHangUp(int port, const std::string& prefix) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const auto start = std::chrono::steady_clock::now();
+  (void)!write(fd, prefix.data(), prefix.size());
+  char buf[256];
+  ssize_t n = 0;
+  for (int i = 0; i < 16 && (n = read(fd, buf, sizeof(buf))) > 0; ++i) {
+  }
+  const bool hung_up = n == 0 || (n < 0 && errno == ECONNRESET);
+  close(fd);
+  if (!hung_up) return -1;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A client that says nothing, or half a request, is dropped after the timeout, on HTTP and on HTTPS (before the
+// handshake and after it); stop() does not wait for idle connections.
+TEST_F(SecureHttpTest, SilentClientsAreDroppedAndStopDoesNotWaitForThem) {
+  for (const bool tls : {false, true}) {
+    SCOPED_TRACE(tls ? "https" : "http");
+    HttpOptions options{tls, false, pkiDir(), users.get()};
+    options.timeout_ms = 600;
+    HttpServer server(*coordinator, options);
+    std::string bound;
+    ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+    const int port = portOf(bound);
+    for (const std::string& prefix : {std::string(), std::string("GET /healthz HTTP/1.1\r\nHost:")}) {
+      const int64_t ms = msUntilHangUp(port, prefix);
+      EXPECT_GE(ms, 100) << "'" << prefix << "'";
+      EXPECT_LE(ms, 3000) << "'" << prefix << "'";
+    }
+  }
+  HttpServer server(*coordinator, {true, false, pkiDir(), users.get()});  // the default 30 s
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  int idle = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(portOf(bound)));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // accepted and waiting for a handshake
+  const auto start = std::chrono::steady_clock::now();
+  coordinator->stop();
+  server.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  close(idle);
 }
 
 }  // namespace
