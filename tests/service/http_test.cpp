@@ -18,6 +18,7 @@
 #include "auth/pki_dir.h"
 #include "auth/users.h"
 #include "common/pki.h"
+#include "daemon/config.h"
 #include "http/http_server.h"
 #include "http/pages.h"
 #include "state/memory_store.h"
@@ -594,6 +595,36 @@ TEST_F(SecureHttpTest, SilentClientsAreDroppedAndStopDoesNotWaitForThem) {
   server.stop();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   close(idle);
+}
+
+// The daemon's keys for it: http_tls and http_auth are true/false, and a false one off loopback stops the start.
+TEST(DashboardConfig, HttpTlsAndHttpAuthAreCheckedAgainstTheAddress) {
+  auto parsed = [](const std::string& text) {
+    DaemonConfig c;
+    Status st = parseConfig(text, "test.json", &c);
+    if (st) st = validateConfig(c);
+    return std::make_pair(st, c);
+  };
+  auto [st, c] = parsed(R"({"http": "0.0.0.0:7080"})");
+  EXPECT_TRUE(st) << st.message();
+  EXPECT_FALSE(c.http_tls.has_value());
+  std::tie(st, c) = parsed(R"({"http": "127.0.0.1:7080", "http_tls": true, "http_auth": true})");
+  EXPECT_TRUE(st) << st.message();
+  EXPECT_TRUE(c.http_tls.value() && c.http_auth.value());
+  std::tie(st, c) = parsed(R"({"http_tls": false, "http_auth": false})");  // loopback by default: fine
+  EXPECT_TRUE(st) << st.message();
+  for (const char* text : {R"({"http": "0.0.0.0:7080", "http_tls": false})",
+                           R"({"http": "10.0.0.1:7080", "http_auth": false})", R"({"http": "[::]:7080", "http_tls": false})"}) {
+    std::tie(st, c) = parsed(text);
+    EXPECT_FALSE(st) << text;
+    EXPECT_NE(st.message().find("not a loopback address"), std::string::npos) << st.message();
+  }
+  std::tie(st, c) = parsed(R"({"http_tls": true, "http_auth": false})");
+  EXPECT_NE(st.message().find("http_tls needs tokens"), std::string::npos) << st.message();
+  std::tie(st, c) = parsed(R"({"http_tls": "yes"})");
+  EXPECT_NE(st.message().find("key 'http_tls' must be true or false"), std::string::npos) << st.message();
+  std::tie(st, c) = parsed(R"({"http_tsl": true})");
+  EXPECT_NE(st.message().find("http_tls, http_auth)"), std::string::npos) << st.message();
 }
 
 }  // namespace
