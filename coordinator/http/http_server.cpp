@@ -159,7 +159,7 @@ Response handleRequest(Coordinator& c, const std::string& method, const std::str
   return handleRequest(c, Request{method, target, "", ""}, Access{});
 }
 
-Response handleRequest(Coordinator& c, const Request& request, const Access& access) {
+Response handleRequest(Coordinator& c, const Request& request, const Access& gate) {
   if (request.method != "GET" && request.method != "HEAD") {
     Response r = error(405, "only GET and HEAD: the dashboard is read-only");
     r.headers.emplace_back("Allow", "GET, HEAD");
@@ -176,23 +176,23 @@ Response handleRequest(Coordinator& c, const Request& request, const Access& acc
   if (path == "/login") {
     const std::string token = percentDecode(queryParam(query, "token"));
     Response r{303, "text/plain; charset=utf-8", "signed in; go to /\n", {{"Location", "/"}}};
-    if (!access.require_token) return r;  // nothing to sign in to
+    if (!gate.require_token) return r;  // nothing to sign in to
     if (token.empty()) return unauthorized(path, "");
-    if (!plausibleToken(token) || !access.users || !access.users->authenticate(token)) {
+    if (!plausibleToken(token) || !gate.users || !gate.users->authenticate(token)) {
       return unauthorized(path, "that token is not valid (mistyped, rotated or removed?)");
     }
     r.headers.emplace_back("Set-Cookie",
                            std::string(kTokenCookie) + "=" + token + "; Path=/; HttpOnly; Secure; SameSite=Strict");
     return r;
   }
-  if (access.require_token) {
+  if (gate.require_token) {
     bool from_header = false;
     const std::string token = requestToken(request, &from_header);
     if (token.empty()) {
       return unauthorized(path, from_header ? "the Authorization field is not 'Bearer TOKEN'" : "");
     }
     std::optional<auth::Identity> found;
-    if (plausibleToken(token) && access.users) found = access.users->authenticate(token);
+    if (plausibleToken(token) && gate.users) found = gate.users->authenticate(token);
     if (!found) {
       return unauthorized(path, std::string(from_header ? "the bearer token" : "the token of the cookie") +
                                     " is not valid (mistyped, rotated or removed?)");
@@ -448,10 +448,17 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
       done = true;
     });
     if (!conn.runUntil(done, handshake_timeout) || ec) return;
+    // The address the client used (Host), where it looks like one; else the bound one.
+    std::string host(parser.get()[beast::http::field::host]);
+    if (host.empty() || host.size() > 255 ||
+        host.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[]") !=
+            std::string::npos) {
+      host = bound;
+    }
     beast::http::response<beast::http::string_body> res{beast::http::status::bad_request, parser.get().version()};
     res.set(beast::http::field::server, "ddl-coordinator");
     res.set(beast::http::field::content_type, "text/plain; charset=utf-8");
-    res.body() = "this port speaks HTTPS only: https://" + bound + "/ (the coordinator's certificate, from the cluster CA)\n";
+    res.body() = "this port speaks HTTPS only: https://" + host + "/ (the coordinator's certificate, from the cluster CA)\n";
     res.keep_alive(false);
     res.prepare_payload();
     done = false;

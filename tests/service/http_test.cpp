@@ -450,10 +450,12 @@ TEST_F(SecureHttpTest, HttpsWithTokensWhenAskedOnLoopback) {
   EXPECT_EQ(a.response[beast::http::field::allow], "GET, HEAD");
 
   // Plain HTTP to the HTTPS port gets nothing but a pointer to https.
-  const std::string plain = rawReply(port, "GET /api/v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-                                               viewer_token + "\r\n\r\n");
+  const std::string plain = rawReply(port, "GET /api/v1/jobs HTTP/1.1\r\nHost: dash.example:" + std::to_string(port) +
+                                               "\r\nAuthorization: Bearer " + viewer_token + "\r\n\r\n");
   EXPECT_EQ(plain.substr(0, plain.find("\r\n")), "HTTP/1.1 400 Bad Request") << plain;
-  EXPECT_NE(plain.find("https://" + bound + "/"), std::string::npos) << plain;
+  EXPECT_NE(plain.find("https://dash.example:" + std::to_string(port) + "/"), std::string::npos) << plain;
+  const std::string no_host = rawReply(port, "GET / HTTP/1.0\r\n\r\n");
+  EXPECT_NE(no_host.find("https://" + bound + "/"), std::string::npos) << no_host;
   EXPECT_EQ(plain.find("\"jobs\""), std::string::npos) << plain;
   EXPECT_EQ(rawReply(port, "\x01\x02 garbage\r\n\r\n"), "");
   // A client that does not trust the cluster CA does not get through.
