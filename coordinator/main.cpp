@@ -49,7 +49,11 @@ int main(int argc, char** argv) {
   std::optional<double> grace;
   app.add_option("--config", config_path, "JSON config file (e.g. /etc/ddl/coordinator.json)");
   app.add_option("--listen", listen, "gRPC address HOST:PORT for agents and ddlctl (default 127.0.0.1:7070)");
-  app.add_option("--http", http_listen, "dashboard, JSON API and /metrics HOST:PORT (default 127.0.0.1:7080)");
+  app.add_option("--http", http_listen, "dashboard, JSON API and /metrics HOST:PORT (default 127.0.0.1:7080; any "
+                                        "other address serves HTTPS and needs tokens)");
+  bool http_tls = false, http_auth = false;
+  app.add_flag("--http-tls", http_tls, "dashboard over HTTPS with tokens on a loopback address too");
+  app.add_flag("--http-auth", http_auth, "dashboard tokens on a loopback address too, over plain HTTP");
   app.add_option("--data-dir", data_dir, "directory for the state database (default /var/lib/ddl/coordinator)");
   app.add_option("--heartbeat-grace", grace, "seconds without a heartbeat before a node is DOWN (default 10)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error (default info)");
@@ -116,6 +120,8 @@ int main(int argc, char** argv) {
   }
   if (listen) config.listen = *listen;
   if (http_listen) config.http = *http_listen;
+  if (http_tls) config.http_tls = true;
+  if (http_auth) config.http_auth = true;
   if (data_dir) config.data_dir = *data_dir;
   if (grace) config.heartbeat_grace_s = *grace;
   if (log_level) config.log_level = *log_level;
@@ -185,7 +191,8 @@ int main(int argc, char** argv) {
   RpcServer server(coordinator, security);
   std::string bound;
   if (auto st = server.start(config.listen, &bound); !st) return fail(st.message());
-  ddl::coordinator::http::HttpServer dashboard(coordinator);
+  ddl::coordinator::http::HttpServer dashboard(
+      coordinator, {config.http_tls.value_or(false), config.http_auth.value_or(false), config.pki_dir, users.get()});
   std::string http_bound;
   if (auto st = dashboard.start(config.http, &http_bound); !st) return fail(st.message());
   coordinator.start();
@@ -193,7 +200,7 @@ int main(int argc, char** argv) {
     std::ofstream out(config.data_dir + "/coordinator.http");
     out << http_bound << "\n";
   }
-  spdlog::info("dashboard on http://{}/ (JSON API /api/v1, Prometheus /metrics)", http_bound);
+  spdlog::info("dashboard on {}://{}/ (JSON API /api/v1, Prometheus /metrics)", dashboard.scheme(), http_bound);
   // Scripts and tests that asked for port 0 read the real address here.
   const std::string addr_file = config.data_dir + "/coordinator.addr";
   {

@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "ddl/tls.h"
+
 namespace ddl::coordinator {
 
 using state::Status;
@@ -38,6 +40,10 @@ Status parseConfig(const std::string& text, const std::string& origin, DaemonCon
       st = read(value, key, origin, "a string \"HOST:PORT\"", &config->listen);
     } else if (key == "http") {
       st = read(value, key, origin, "a string \"HOST:PORT\"", &config->http);
+    } else if (key == "http_tls" || key == "http_auth") {
+      bool on = false;
+      st = read(value, key, origin, "true or false", &on);
+      (key == "http_tls" ? config->http_tls : config->http_auth) = on;
     } else if (key == "data_dir") {
       st = read(value, key, origin, "a string (a directory)", &config->data_dir);
     } else if (key == "heartbeat_grace_s") {
@@ -66,7 +72,7 @@ Status parseConfig(const std::string& text, const std::string& origin, DaemonCon
       return Status::invalidArgument(origin + ": unknown key '" + key +
                                      "' (known: listen, http, data_dir, heartbeat_grace_s, heartbeat_interval_s, "
                                      "stop_grace_s, port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs, "
-                                     "node_cert_days, tls_refresh_s)");
+                                     "node_cert_days, tls_refresh_s, http_tls, http_auth)");
     }
     if (!st) return st;
   }
@@ -103,6 +109,15 @@ Status validateConfig(const DaemonConfig& c) {
   if (c.pki_dir.empty() && !c.insecure) return bad("pki_dir is empty");
   if (c.node_cert_days < 1 || c.node_cert_days > 3650) return bad("node_cert_days must be between 1 and 3650");
   if (!(c.tls_refresh_s >= 1 && c.tls_refresh_s <= 86400)) return bad("tls_refresh_s must be between 1 and 86400");
+  // The dashboard off loopback is HTTPS with tokens, whatever is set; a setting that says otherwise is a mistake.
+  for (const auto& [key, value] : {std::pair{"http_tls", c.http_tls}, std::pair{"http_auth", c.http_auth}}) {
+    if (value == false && !tls::isLoopback(c.http)) {
+      return bad(std::string(key) + " is false, but http '" + c.http + "' is not a loopback address: there the " +
+                 "dashboard always serves HTTPS and needs tokens (docs/dashboard.md); bind it to 127.0.0.1 for " +
+                 "plain HTTP");
+    }
+  }
+  if (c.http_tls == true && c.http_auth == false) return bad("http_tls needs tokens: set http_auth true or leave it out");
   static const char* levels[] = {"trace", "debug", "info", "warn", "error"};
   bool known = false;
   for (const char* l : levels) known = known || c.log_level == l;

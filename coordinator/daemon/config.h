@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "state/status.h"
@@ -15,6 +16,11 @@ namespace ddl::coordinator {
 struct DaemonConfig {
   std::string listen = "127.0.0.1:7070";  // gRPC, for agents and ddlctl; port 0 = any free port
   std::string http = "127.0.0.1:7080";    // dashboard, JSON API, /metrics, /healthz (read-only)
+  // Off loopback the dashboard always serves HTTPS and needs a user's token (false there is an error); on
+  // loopback it is plain and open unless asked: http_tls = HTTPS with the coordinator's certificate and tokens,
+  // http_auth = tokens over plain HTTP (behind a proxy that adds TLS). Unset = the address decides.
+  std::optional<bool> http_tls;
+  std::optional<bool> http_auth;
   std::string data_dir = "/var/lib/ddl/coordinator";
   double heartbeat_grace_s = 10;
   double heartbeat_interval_s = 1;
@@ -33,7 +39,7 @@ struct DaemonConfig {
 
 // Reads the JSON object at `path` over `config`. Keys: listen, http, data_dir, heartbeat_grace_s,
 // heartbeat_interval_s, stop_grace_s, port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs,
-// node_cert_days, tls_refresh_s.
+// node_cert_days, tls_refresh_s, http_tls, http_auth.
 state::Status loadConfigFile(const std::string& path, DaemonConfig* config);
 // Parses JSON text (what loadConfigFile reads); `origin` names it in errors.
 state::Status parseConfig(const std::string& text, const std::string& origin, DaemonConfig* config);

@@ -213,7 +213,8 @@ std::string renderRingSvg(const v1::RingLayout& ring) {
 }
 
 std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const std::map<int, std::string>& logs,
-                          int64_t now_ms) {
+                          int64_t now_ms, bool details_hidden) {
+  static const char* kHidden = "<span class='muted'>(shown to the job's owner and admins only)</span>";
   std::ostringstream o;
   const std::string state = v1::JobState_Name(job.state());
   o << "<!doctype html><html><head><meta charset='utf-8'><title>" << htmlEscape(job.id()) << "</title>" << kStyle
@@ -226,9 +227,15 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
                                      : "exit code " + std::to_string(f.exit_code()))
       << "<br>" << htmlEscape(job.reason()) << "</div>";
   }
-  o << "<table><tr><th>user</th><td>" << htmlEscape(job.spec().user()) << "</td></tr><tr><th>command</th><td><code>";
-  for (const auto& a : job.spec().command()) o << htmlEscape(a) << " ";
-  o << "</code></td></tr><tr><th>GPUs</th><td>" << job.gpus() << "</td></tr><tr><th>topology</th><td>"
+  o << "<table><tr><th>user</th><td>" << htmlEscape(job.spec().user()) << "</td></tr><tr><th>command</th><td>";
+  if (details_hidden) {
+    o << kHidden;
+  } else {
+    o << "<code>";
+    for (const auto& a : job.spec().command()) o << htmlEscape(a) << " ";
+    o << "</code>";
+  }
+  o << "</td></tr><tr><th>GPUs</th><td>" << job.gpus() << "</td></tr><tr><th>topology</th><td>"
     << htmlEscape(job.topology()) << "</td></tr><tr><th>reason</th><td>" << htmlEscape(job.reason())
     << "</td></tr><tr><th>submitted</th><td>" << (now_ms - job.submit_ms()) / 1000 << " s ago</td></tr></table>";
 
@@ -259,6 +266,7 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
     }
     o << "</table><h2>Ring layout</h2>" << renderRingSvg(*ring);
   }
+  if (details_hidden) o << "<h2>Logs</h2><p>" << kHidden << "</p>";
   for (const auto& [rank, text] : logs) {
     o << "<h2>Log of rank " << rank << " (tail)</h2><pre>" << htmlEscape(text) << "</pre>";
   }

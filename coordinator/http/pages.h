@@ -20,9 +20,11 @@ std::string renderMetrics(const MetricsSnapshot& m);
 std::string renderIndexPage();
 
 // "/jobs/ID": ranks by node and GPU with their last collective, the ring picture, the log tails.
-// `ring` may be empty (a job never placed); `logs` maps rank -> the tail of its log.
+// `ring` may be empty (a job never placed); `logs` maps rank -> the tail of its log. With `details_hidden` the
+// reader is neither the job's owner nor an admin: the job comes without command, env and workdir, there are no
+// logs, and the page says so instead of showing blanks.
 std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const std::map<int, std::string>& logs,
-                          int64_t now_ms);
+                          int64_t now_ms, bool details_hidden = false);
 
 // The ring layout as a picture: switches holding nodes holding GPUs (one circle per rank), and each dim's rings
 // drawn as arcs whose style says whether the link stays in a node, crosses nodes, or crosses switches.

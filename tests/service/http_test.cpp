@@ -1,12 +1,24 @@
 // The dashboard's routes and pages without sockets (handleRequest over a Coordinator with fake agent links),
 // and the real HttpServer on 127.0.0.1 (port chosen at run time) for status codes and a malformed request.
+// Its secured mode (HTTPS and tokens, what any address but loopback gets) is tested on 127.0.0.1 by asking for
+// it, with a PKI made in a temporary directory; every client step has a deadline.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <openssl/ssl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "auth/pki_dir.h"
+#include "auth/users.h"
+#include "common/pki.h"
+#include "daemon/config.h"
 #include "http/http_server.h"
 #include "http/pages.h"
 #include "state/memory_store.h"
@@ -43,6 +55,9 @@ class HttpTest : public ::testing::Test {
     spec.set_nodes(2);
     spec.set_gpus_per_node(2);
     spec.add_command("ddl-bench");
+    spec.add_command("--secret-flag");
+    spec.add_env("API_KEY=s3cret");
+    spec.set_workdir("/home/alice/private-run");
     job = coordinator->submit(spec)->id();
     coordinator->tick();
   }
@@ -92,13 +107,42 @@ TEST_F(HttpTest, BadUrlsAre404AndWritesAre405) {
   for (const char* path : {"/nope", "/jobs/", "/jobs/j-999999", "/jobs/../etc/passwd", "/api/v1/jobs/x", "/api/v2"}) {
     EXPECT_EQ(handleRequest(*coordinator, "GET", path).status, 404) << path;
   }
-  EXPECT_EQ(handleRequest(*coordinator, "POST", "/").status, 405);
-  EXPECT_EQ(handleRequest(*coordinator, "DELETE", "/api/v1/jobs/" + job).status, 405);
+  for (const char* method : {"POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"}) {
+    for (const char* path : {"/", "/api/v1/jobs", "/api/v1/jobs/j-000001", "/metrics", "/healthz", "/login", "/x"}) {
+      Response r = handleRequest(*coordinator, method, path);
+      EXPECT_EQ(r.status, 405) << method << " " << path;
+      ASSERT_EQ(r.headers.size(), 1u) << method << " " << path;
+      EXPECT_EQ(r.headers[0], std::make_pair(std::string("Allow"), std::string("GET, HEAD")));
+      EXPECT_TRUE(nlohmann::json::accept(r.body)) << r.body;
+    }
+  }
+  EXPECT_EQ(handleRequest(*coordinator, "HEAD", "/healthz").status, 200);
   EXPECT_EQ(handleRequest(*coordinator, "GET", "/healthz").body, "ok\n");
 }
 
-// A raw request to the real server; returns the status line.
-std::string rawRequest(int port, const std::string& request) {
+// Error bodies are JSON built by a JSON library: a message holding quotes, '<', a backslash, a control character
+// or a byte that is not UTF-8 parses back to exactly what was said (the old hand-made body HTML-escaped the
+// quote and left the backslash raw, so it did not parse).
+TEST_F(HttpTest, ErrorBodiesAreJsonThatRoundTrips) {
+  const std::string state = "a\"b<c>\\d'e\tf";
+  Response r = handleRequest(*coordinator, "GET", "/api/v1/jobs?state=" + state);
+  ASSERT_EQ(r.status, 400);
+  EXPECT_EQ(r.content_type, "application/json");
+  nlohmann::json body;
+  ASSERT_NO_THROW(body = nlohmann::json::parse(r.body)) << r.body;
+  EXPECT_EQ(body["error"].get<std::string>(),
+            "unknown state '" + state + "' (PENDING, SCHEDULED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED)");
+  r = handleRequest(*coordinator, "GET", "/api/v1/\"x\\\xff");
+  ASSERT_EQ(r.status, 404);
+  ASSERT_NO_THROW(body = nlohmann::json::parse(r.body)) << r.body;
+  EXPECT_EQ(body["error"].get<std::string>().rfind("no such page: /api/v1/\"x\\", 0), 0u) << r.body;
+  auto one = nlohmann::json::parse(handleRequest(*coordinator, "GET", "/api/v1/jobs/" + job).body);
+  EXPECT_EQ(one["job"]["spec"]["name"], "bench<script>");
+  EXPECT_TRUE(one["ring"].is_object());
+}
+
+// A raw request to the real server; returns what it answered (up to 4 KiB) or "connect failed".
+std::string rawReply(int port, const std::string& request) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -108,10 +152,27 @@ std::string rawRequest(int port, const std::string& request) {
   timeval tv{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   (void)!write(fd, request.data(), request.size());
-  char buf[256] = {0};
-  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  std::string reply;
+  char buf[4096];
+  // Until one whole answer is in (its header and Content-Length bytes), the server closes, or 5 s pass.
+  for (int i = 0; i < 64 && reply.size() < sizeof(buf); ++i) {
+    const ssize_t n = read(fd, buf, sizeof(buf) - reply.size());
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+    const size_t head = reply.find("\r\n\r\n");
+    const size_t length = reply.find("Content-Length: ");
+    if (head != std::string::npos && length < head &&
+        reply.size() >= head + 4 + std::stoul(reply.substr(length + 16))) {
+      break;
+    }
+  }
   close(fd);
-  std::string reply(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  return reply;
+}
+
+// The status line of rawReply.
+std::string rawRequest(int port, const std::string& request) {
+  const std::string reply = rawReply(port, request);
   return reply.substr(0, reply.find("\r\n"));
 }
 
@@ -126,9 +187,446 @@ TEST_F(HttpTest, RealServerSurvivesGarbage) {
   EXPECT_EQ(rawRequest(port, "\x01\x02 garbage\r\n\r\n"), "");  // dropped, no crash
   EXPECT_EQ(rawRequest(port, "GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n"), "");  // header too large
   EXPECT_EQ(rawRequest(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
+  // Writes are 405 with Allow on the wire too; a body sent with one is not read, and the connection ends.
+  const std::string post = rawReply(port, "POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"a\":1}");
+  EXPECT_EQ(post.substr(0, post.find("\r\n")), "HTTP/1.1 405 Method Not Allowed") << post;
+  EXPECT_NE(post.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos) << post;
+  EXPECT_NE(post.find("\r\nConnection: close\r\n"), std::string::npos) << post;
+  EXPECT_EQ(rawRequest(port, "DELETE /api/v1/jobs/" + job + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+            "HTTP/1.1 405 Method Not Allowed");
   EXPECT_FALSE(HttpServer(*coordinator).start("nonsense", &bound));
   coordinator->stop();
   server.stop();
+}
+
+// --- the secured dashboard: tokens, cookies, redaction, HTTPS ----------------------------------------------
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+using tcp = asio::ip::tcp;
+
+// A cluster PKI in a temporary directory (init-pki's files) and a user of each role.
+class SecureHttpTest : public HttpTest {
+ protected:
+  void SetUp() override {
+    HttpTest::SetUp();
+    char tmpl[] = "/tmp/ddl-http-test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir = tmpl;
+    auth::InitPkiOptions init;
+    init.dir = dir + "/pki";
+    auto admin = auth::initPki(init);
+    ASSERT_TRUE(admin) << admin.status().toString();
+    admin_token = *admin;
+    auto opened = auth::UserRegistry::open(init.dir + "/" + pki::kUsersFile);
+    ASSERT_TRUE(opened);
+    users = std::move(*opened);
+    viewer_token = *users->add("val", auth::Role::kViewer, false);
+    owner_token = *users->add("alice", auth::Role::kUser, false);
+    other_token = *users->add("bob", auth::Role::kUser, false);
+    std::string error;
+    ca_pem = *pki::readFile(init.dir + "/" + pki::kCaCert, &error);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string pkiDir() const { return dir + "/pki"; }
+  Access access() const { return {true, users.get()}; }
+  Response get(const std::string& target, const std::string& authorization = "", const std::string& cookie = "") {
+    return handleRequest(*coordinator, Request{"GET", target, authorization, cookie}, access());
+  }
+  std::string fileSha256(const char* file) {
+    std::string error;
+    auto pem = pki::readFile(pkiDir() + "/" + file, &error);
+    auto info = pem ? pki::inspectCertificate(*pem, &error) : std::nullopt;
+    return info ? info->sha256 : "(" + error + ")";
+  }
+
+  std::string dir;
+  std::unique_ptr<auth::UserRegistry> users;
+  std::string admin_token, viewer_token, owner_token, other_token, ca_pem;
+};
+
+std::string field(const Response& r, const std::string& name) {
+  for (const auto& [n, v] : r.headers) {
+    if (n == name) return v;
+  }
+  return "";
+}
+
+TEST_F(SecureHttpTest, EveryPathButHealthzNeedsAToken) {
+  const std::string paths[] = {"/", "/index.html", "/metrics", "/api/v1/nodes", "/api/v1/jobs", "/api/v1/jobs/" + job,
+                               "/jobs/" + job, "/nope"};
+  for (const auto& path : paths) {
+    for (const std::string& authorization : std::vector<std::string>{"", "Bearer ddl_0123456789abcdef", "Bearer " + viewer_token + "x",
+                                             "Basic " + viewer_token, "Bearer ", "Bearer a\r\nX: y"}) {
+      Response r = get(path, authorization);
+      EXPECT_EQ(r.status, 401) << path << " with '" << authorization << "'";
+      EXPECT_EQ(field(r, "WWW-Authenticate"), "Bearer realm=\"ddl\"");
+      EXPECT_NE(r.body.find("/login?token="), std::string::npos) << r.body;
+      if (path.rfind("/api/", 0) == 0 || path == "/metrics") {
+        ASSERT_TRUE(nlohmann::json::accept(r.body)) << r.body;
+        EXPECT_NE(nlohmann::json::parse(r.body)["error"].get<std::string>().find("ddlctl admin add-user"),
+                  std::string::npos);
+      } else {
+        EXPECT_NE(r.body.find("<form action='/login'"), std::string::npos) << path;
+      }
+    }
+    for (const auto& token : {viewer_token, owner_token, other_token, admin_token}) {
+      EXPECT_EQ(get(path, "Bearer " + token).status, path == "/nope" ? 404 : 200) << path;
+    }
+    EXPECT_EQ(get(path, "bearer  " + viewer_token).status, path == "/nope" ? 404 : 200) << "the scheme in any case";
+  }
+  EXPECT_EQ(get("/healthz").status, 200);
+  EXPECT_NE(get("/metrics", "Bearer " + viewer_token).body.find("ddl_gpus 4\n"), std::string::npos);
+  // The open dashboard (loopback, nothing asked) needs nothing, as before.
+  EXPECT_EQ(handleRequest(*coordinator, "GET", "/api/v1/jobs").status, 200);
+}
+
+TEST_F(SecureHttpTest, LoginSetsAStrictHttpOnlyCookieThatWorks) {
+  Response r = get("/login?token=" + viewer_token);
+  ASSERT_EQ(r.status, 303);
+  EXPECT_EQ(field(r, "Location"), "/");
+  EXPECT_EQ(field(r, "Set-Cookie"),
+            std::string(kTokenCookie) + "=" + viewer_token + "; Path=/; HttpOnly; Secure; SameSite=Strict");
+  for (const std::string& cookie : std::vector<std::string>{std::string(kTokenCookie) + "=" + viewer_token,
+                                    "theme=dark; " + std::string(kTokenCookie) + "=" + viewer_token + "; x=1"}) {
+    EXPECT_EQ(get("/", "", cookie).status, 200) << cookie;
+    EXPECT_EQ(get("/api/v1/jobs", "", cookie).status, 200) << cookie;
+  }
+  EXPECT_EQ(get("/", "", std::string(kTokenCookie) + "=" + viewer_token + "0").status, 401);
+  EXPECT_EQ(get("/", "", "x" + std::string(kTokenCookie) + "=" + viewer_token).status, 401);
+  // A header with a bad token is refused even beside a good cookie.
+  EXPECT_EQ(get("/", "Bearer nope", std::string(kTokenCookie) + "=" + viewer_token).status, 401);
+  // A browser's form encodes the token; bad and missing tokens get no cookie.
+  std::string encoded = viewer_token;
+  encoded.replace(encoded.find('_'), 1, "%5F");
+  EXPECT_EQ(field(get("/login?token=" + encoded), "Set-Cookie").rfind(std::string(kTokenCookie) + "=" + viewer_token + ";", 0),
+            0u);
+  for (const std::string& target : std::vector<std::string>{"/login", "/login?token=", "/login?token=ddl_00", "/login?token=" + viewer_token +
+                                    "%0D%0ASet-Cookie:%20x=y"}) {
+    Response bad = get(target);
+    EXPECT_EQ(bad.status, 401) << target;
+    EXPECT_EQ(field(bad, "Set-Cookie"), "") << target;
+  }
+  // An open dashboard has nothing to sign in to: back to / without a cookie.
+  Response open = handleRequest(*coordinator, "GET", "/login?token=" + viewer_token);
+  EXPECT_EQ(open.status, 303);
+  EXPECT_EQ(field(open, "Set-Cookie"), "");
+}
+
+TEST_F(SecureHttpTest, OnlyOwnersAndAdminsSeeCommandsEnvWorkdirAndLogs) {
+  struct Reader {
+    std::string name;
+    std::string token;
+    bool sees;
+  };
+  const Reader readers[] = {{"viewer", viewer_token, false}, {"another user", other_token, false},
+                            {"the owner", owner_token, true}, {"an admin", admin_token, true}};
+  for (const auto& reader : readers) {
+    SCOPED_TRACE(reader.name);
+    const std::string bearer = "Bearer " + reader.token;
+    auto list = nlohmann::json::parse(get("/api/v1/jobs", bearer).body);
+    ASSERT_EQ(list["jobs"].size(), 1u);
+    auto one = nlohmann::json::parse(get("/api/v1/jobs/" + job, bearer).body);
+    for (const auto& spec : {list["jobs"][0]["spec"], one["job"]["spec"]}) {
+      EXPECT_EQ(spec["user"], "alice");  // who runs it stays visible
+      EXPECT_EQ(spec["command"].size(), reader.sees ? 2u : 0u) << spec;
+      EXPECT_EQ(spec["env"].size(), reader.sees ? 1u : 0u) << spec;
+      EXPECT_EQ(spec["workdir"], reader.sees ? "/home/alice/private-run" : "") << spec;
+    }
+    const std::string page = get("/jobs/" + job, bearer).body;
+    EXPECT_EQ(page.find("--secret-flag") != std::string::npos, reader.sees);
+    EXPECT_EQ(page.find("Log of rank 0") != std::string::npos, reader.sees);
+    EXPECT_EQ(page.find("shown to the job's owner and admins only") != std::string::npos, !reader.sees);
+    EXPECT_NE(page.find("<svg"), std::string::npos);  // the rest of the page is there for everyone
+  }
+  // The open dashboard shows everything, as before.
+  auto open = nlohmann::json::parse(handleRequest(*coordinator, "GET", "/api/v1/jobs").body);
+  EXPECT_EQ(open["jobs"][0]["spec"]["command"].size(), 2u);
+}
+
+// One HTTPS exchange as a client that trusts only the cluster CA and checks the name "ddl-coordinator", like
+// ddlctl. Every step has a 5 s deadline.
+struct HttpsAnswer {
+  std::string error;  // "" when an answer came
+  beast::http::response<beast::http::string_body> response;
+  std::string certificate_sha256;  // of the certificate the server presented
+};
+
+HttpsAnswer httpsRequest(int port, const std::string& ca_pem, const std::string& target,
+                         const std::string& authorization = "", const std::string& cookie = "",
+                         beast::http::verb method = beast::http::verb::get) {
+  HttpsAnswer answer;
+  asio::io_context io;
+  asio::ssl::context ctx(asio::ssl::context::tls_client);
+  ctx.add_certificate_authority(asio::buffer(ca_pem));
+  ctx.set_verify_mode(asio::ssl::verify_peer);
+  asio::ssl::stream<tcp::socket> stream(io, ctx);
+  stream.set_verify_callback(asio::ssl::host_name_verification(pki::kCoordinatorName));
+  SSL_set_tlsext_host_name(stream.native_handle(), pki::kCoordinatorName);
+  bool done = false;
+  beast::error_code ec;
+  auto step = [&](const char* what) {
+    io.restart();
+    io.run_for(std::chrono::seconds(5));
+    if (!done) {
+      beast::error_code ignored;
+      stream.lowest_layer().close(ignored);
+      io.restart();
+      io.run();
+      answer.error = std::string(what) + ": timed out";
+      return false;
+    }
+    done = false;
+    if (ec) answer.error = std::string(what) + ": " + ec.message();
+    return !ec;
+  };
+  auto finish = [&](beast::error_code e, auto&&...) {
+    ec = e;
+    done = true;
+  };
+  stream.lowest_layer().async_connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)},
+                                      finish);
+  if (!step("connect")) return answer;
+  stream.async_handshake(asio::ssl::stream_base::client, finish);
+  if (!step("handshake")) return answer;
+  if (X509* peer = SSL_get_peer_certificate(stream.native_handle())) {
+    unsigned char* der = nullptr;
+    const int len = i2d_X509(peer, &der);
+    answer.certificate_sha256 = pki::sha256Hex(std::string_view(reinterpret_cast<char*>(der), len));
+    OPENSSL_free(der);
+    X509_free(peer);
+  }
+  beast::http::request<beast::http::empty_body> req{method, target, 11};
+  req.set(beast::http::field::host, "ddl-coordinator");
+  if (!authorization.empty()) req.set(beast::http::field::authorization, authorization);
+  if (!cookie.empty()) req.set(beast::http::field::cookie, cookie);
+  req.keep_alive(false);
+  beast::http::async_write(stream, req, finish);
+  if (!step("write")) return answer;
+  beast::flat_buffer buffer;
+  beast::http::async_read(stream, buffer, answer.response, finish);
+  step("read");
+  return answer;
+}
+
+int portOf(const std::string& bound) { return std::stoi(bound.substr(bound.rfind(':') + 1)); }
+
+TEST_F(SecureHttpTest, HttpsWithTokensWhenAskedOnLoopback) {
+  HttpServer server(*coordinator, {/*tls=*/true, /*auth=*/false, pkiDir(), users.get()});
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  EXPECT_STREQ(server.scheme(), "https");
+  const int port = portOf(bound);
+
+  HttpsAnswer a = httpsRequest(port, ca_pem, "/healthz");
+  ASSERT_EQ(a.error, "");
+  EXPECT_EQ(a.response.result_int(), 200);
+  EXPECT_EQ(a.certificate_sha256, fileSha256(pki::kCoordinatorCert));  // the coordinator's own certificate
+  EXPECT_EQ(httpsRequest(port, ca_pem, "/api/v1/jobs").response.result_int(), 401);
+  EXPECT_EQ(httpsRequest(port, ca_pem, "/metrics", "Bearer ddl_wrong").response.result_int(), 401);
+  a = httpsRequest(port, ca_pem, "/api/v1/jobs", "Bearer " + viewer_token);
+  EXPECT_EQ(a.response.result_int(), 200);
+  ASSERT_TRUE(nlohmann::json::accept(a.response.body())) << a.response.body();
+  EXPECT_EQ(nlohmann::json::parse(a.response.body())["jobs"][0]["spec"]["command"].size(), 0u);  // a viewer's view
+  // Prometheus: the bearer token on /metrics.
+  a = httpsRequest(port, ca_pem, "/metrics", "Bearer " + viewer_token);
+  EXPECT_EQ(a.response.result_int(), 200);
+  EXPECT_NE(a.response.body().find("ddl_gpus 4\n"), std::string::npos);
+  // A browser: /login, then the cookie.
+  a = httpsRequest(port, ca_pem, "/login?token=" + viewer_token);
+  ASSERT_EQ(a.response.result_int(), 303);
+  const std::string set_cookie(a.response[beast::http::field::set_cookie]);
+  EXPECT_NE(set_cookie.find("HttpOnly; Secure; SameSite=Strict"), std::string::npos);
+  const std::string cookie = set_cookie.substr(0, set_cookie.find(';'));
+  a = httpsRequest(port, ca_pem, "/", "", cookie);
+  EXPECT_EQ(a.response.result_int(), 200);
+  EXPECT_NE(a.response.body().find("ddl cluster"), std::string::npos);
+  // Still read-only.
+  a = httpsRequest(port, ca_pem, "/api/v1/jobs", "Bearer " + admin_token, "", beast::http::verb::post);
+  EXPECT_EQ(a.response.result_int(), 405);
+  EXPECT_EQ(a.response[beast::http::field::allow], "GET, HEAD");
+
+  // Plain HTTP to the HTTPS port gets nothing but a pointer to https.
+  const std::string plain = rawReply(port, "GET /api/v1/jobs HTTP/1.1\r\nHost: dash.example:" + std::to_string(port) +
+                                               "\r\nAuthorization: Bearer " + viewer_token + "\r\n\r\n");
+  EXPECT_EQ(plain.substr(0, plain.find("\r\n")), "HTTP/1.1 400 Bad Request") << plain;
+  EXPECT_NE(plain.find("https://dash.example:" + std::to_string(port) + "/"), std::string::npos) << plain;
+  const std::string no_host = rawReply(port, "GET / HTTP/1.0\r\n\r\n");
+  EXPECT_NE(no_host.find("https://" + bound + "/"), std::string::npos) << no_host;
+  EXPECT_EQ(plain.find("\"jobs\""), std::string::npos) << plain;
+  EXPECT_EQ(rawReply(port, "\x01\x02 garbage\r\n\r\n"), "");
+  // A client that does not trust the cluster CA does not get through.
+  std::string error;
+  auto other_key = pki::newPrivateKey(&error);
+  auto other_ca = pki::makeCertificate({"another CA", {}, {}, pki::Usage::kCa}, *other_key, "", "", 0,
+                                       4102444800, &error);
+  ASSERT_TRUE(other_ca) << error;
+  EXPECT_NE(httpsRequest(port, *other_ca, "/healthz").error.find("handshake"), std::string::npos);
+  // The server still serves.
+  EXPECT_EQ(httpsRequest(port, ca_pem, "/healthz").response.result_int(), 200);
+  coordinator->stop();
+  server.stop();
+}
+
+TEST_F(SecureHttpTest, RenewedCertificateReachesNewConnections) {
+  HttpServer server(*coordinator, {/*tls=*/true, /*auth=*/false, pkiDir(), users.get()});
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  const int port = portOf(bound);
+  const std::string first = fileSha256(pki::kCoordinatorCert);
+  EXPECT_EQ(httpsRequest(port, ca_pem, "/healthz").certificate_sha256, first);
+
+  // Half a renewal (a new key beside the old certificate) does not break new connections: the old pair stays.
+  std::string error;
+  auto stray_key = pki::newPrivateKey(&error);
+  ASSERT_TRUE(pki::writeFile(pkiDir() + "/" + pki::kCoordinatorKey, *stray_key, 0600, &error)) << error;
+  HttpsAnswer a = httpsRequest(port, ca_pem, "/healthz");
+  EXPECT_EQ(a.error, "");
+  EXPECT_EQ(a.certificate_sha256, first);
+
+  // renew-cert: the next connection gets the new certificate.
+  ASSERT_TRUE(auth::renewCoordinatorCert(pkiDir(), {}, 30));
+  const std::string second = fileSha256(pki::kCoordinatorCert);
+  ASSERT_NE(second, first);
+  a = httpsRequest(port, ca_pem, "/api/v1/nodes", "Bearer " + viewer_token);
+  EXPECT_EQ(a.error, "");
+  EXPECT_EQ(a.response.result_int(), 200);
+  EXPECT_EQ(a.certificate_sha256, second);
+  coordinator->stop();
+  server.stop();
+}
+
+TEST_F(SecureHttpTest, OffLoopbackMeansHttpsAndTokensAndNeedsTheCertificate) {
+  for (const char* listen : {"0.0.0.0:7080", "10.0.0.1:7080", "[::]:7080", "192.168.1.5:0"}) {
+    const HttpMode mode = httpMode(listen, {});
+    EXPECT_TRUE(mode.tls && mode.auth) << listen;
+  }
+  for (const char* listen : {"127.0.0.1:7080", "127.0.0.2:0", "[::1]:7080"}) {
+    const HttpMode mode = httpMode(listen, {});
+    EXPECT_FALSE(mode.tls || mode.auth) << listen;
+    EXPECT_TRUE(httpMode(listen, {true, false, "", nullptr}).auth) << "HTTPS always takes tokens";
+    const HttpMode auth_only = httpMode(listen, {false, true, "", nullptr});
+    EXPECT_TRUE(auth_only.auth && !auth_only.tls) << listen;
+  }
+  // Refused before anything listens: no certificate files, no users.
+  std::string bound;
+  const std::string empty = dir + "/empty";
+  std::filesystem::create_directories(empty);
+  Status st = HttpServer(*coordinator, {false, false, empty, users.get()}).start("0.0.0.0:0", &bound);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message().find(empty + "/coordinator.crt"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("not a loopback address"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("127.0.0.1"), std::string::npos) << st.message();
+  st = HttpServer(*coordinator, {false, false, pkiDir(), nullptr}).start("0.0.0.0:0", &bound);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message().find("no users"), std::string::npos) << st.message();
+  st = HttpServer(*coordinator, {true, false, empty, users.get()}).start("127.0.0.1:0", &bound);
+  EXPECT_NE(st.message().find("http_tls"), std::string::npos) << st.message();
+}
+
+TEST_F(SecureHttpTest, TokensOverPlainHttpOnLoopbackWhenAsked) {
+  HttpServer server(*coordinator, {/*tls=*/false, /*auth=*/true, pkiDir(), users.get()});
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  EXPECT_STREQ(server.scheme(), "http");
+  const int port = portOf(bound);
+  EXPECT_EQ(rawRequest(port, "GET /api/v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 401 Unauthorized");
+  EXPECT_EQ(rawRequest(port, "GET /api/v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + viewer_token +
+                                 "\r\n\r\n"),
+            "HTTP/1.1 200 OK");
+  EXPECT_EQ(rawRequest(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
+  coordinator->stop();
+  server.stop();
+}
+
+// Connects, sends `prefix` (maybe nothing), and waits up to 5 s for the server to hang up; the milliseconds it
+// took, or -1 if it did not.
+int64_t msUntilHangUp(int port, const std::string& prefix) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const auto start = std::chrono::steady_clock::now();
+  (void)!write(fd, prefix.data(), prefix.size());
+  char buf[256];
+  ssize_t n = 0;
+  for (int i = 0; i < 16 && (n = read(fd, buf, sizeof(buf))) > 0; ++i) {
+  }
+  const bool hung_up = n == 0 || (n < 0 && errno == ECONNRESET);
+  close(fd);
+  if (!hung_up) return -1;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A client that says nothing, or half a request, is dropped after the timeout, on HTTP and on HTTPS (before the
+// handshake and after it); stop() does not wait for idle connections.
+TEST_F(SecureHttpTest, SilentClientsAreDroppedAndStopDoesNotWaitForThem) {
+  for (const bool tls : {false, true}) {
+    SCOPED_TRACE(tls ? "https" : "http");
+    HttpOptions options{tls, false, pkiDir(), users.get()};
+    options.timeout_ms = 600;
+    HttpServer server(*coordinator, options);
+    std::string bound;
+    ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+    const int port = portOf(bound);
+    for (const std::string& prefix : {std::string(), std::string("GET /healthz HTTP/1.1\r\nHost:")}) {
+      const int64_t ms = msUntilHangUp(port, prefix);
+      EXPECT_GE(ms, 100) << "'" << prefix << "'";
+      EXPECT_LE(ms, 3000) << "'" << prefix << "'";
+    }
+  }
+  HttpServer server(*coordinator, {true, false, pkiDir(), users.get()});  // the default 30 s
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  int idle = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(portOf(bound)));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // accepted and waiting for a handshake
+  const auto start = std::chrono::steady_clock::now();
+  coordinator->stop();
+  server.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  close(idle);
+}
+
+// The daemon's keys for it: http_tls and http_auth are true/false, and a false one off loopback stops the start.
+TEST(DashboardConfig, HttpTlsAndHttpAuthAreCheckedAgainstTheAddress) {
+  auto parsed = [](const std::string& text) {
+    DaemonConfig c;
+    Status st = parseConfig(text, "test.json", &c);
+    if (st) st = validateConfig(c);
+    return std::make_pair(st, c);
+  };
+  auto [st, c] = parsed(R"({"http": "0.0.0.0:7080"})");
+  EXPECT_TRUE(st) << st.message();
+  EXPECT_FALSE(c.http_tls.has_value());
+  std::tie(st, c) = parsed(R"({"http": "127.0.0.1:7080", "http_tls": true, "http_auth": true})");
+  EXPECT_TRUE(st) << st.message();
+  EXPECT_TRUE(c.http_tls.value() && c.http_auth.value());
+  std::tie(st, c) = parsed(R"({"http_tls": false, "http_auth": false})");  // loopback by default: fine
+  EXPECT_TRUE(st) << st.message();
+  for (const char* text : {R"({"http": "0.0.0.0:7080", "http_tls": false})",
+                           R"({"http": "10.0.0.1:7080", "http_auth": false})", R"({"http": "[::]:7080", "http_tls": false})"}) {
+    std::tie(st, c) = parsed(text);
+    EXPECT_FALSE(st) << text;
+    EXPECT_NE(st.message().find("not a loopback address"), std::string::npos) << st.message();
+  }
+  std::tie(st, c) = parsed(R"({"http_tls": true, "http_auth": false})");
+  EXPECT_NE(st.message().find("http_tls needs tokens"), std::string::npos) << st.message();
+  std::tie(st, c) = parsed(R"({"http_tls": "yes"})");
+  EXPECT_NE(st.message().find("key 'http_tls' must be true or false"), std::string::npos) << st.message();
+  std::tie(st, c) = parsed(R"({"http_tsl": true})");
+  EXPECT_NE(st.message().find("http_tls, http_auth)"), std::string::npos) << st.message();
 }
 
 }  // namespace
