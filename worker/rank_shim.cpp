@@ -6,10 +6,13 @@
 // later agent reads. It then ends the same way (the same exit code, or the same signal), so the agent that
 // did start it sees no difference.
 //
-//   ddl-rank-shim [--user UID:GID:GROUPS] [--workdir DIR] EXIT_RECORD REPORT_FD N CANDIDATE_1 .. CANDIDATE_N
-//                 -- ARGV...
+//   ddl-rank-shim [--user UID:GID:GROUPS] [--workdir DIR] [--env-fd FD] EXIT_RECORD REPORT_FD N
+//                 CANDIDATE_1 .. CANDIDATE_N -- ARGV...
 //
-// The supervisor execs it in the rank's new session with the rank's environment and log already in place;
+// The supervisor execs it in the rank's new session with the rank's log already in place and a fixed, minimal
+// environment of its own: the rank's environment (the job's --env included) comes on FD, NUL-separated, and
+// is used only as the program's. A root process started with the job's variables would run the job's code
+// before anything else (LD_PRELOAD, LD_AUDIT and LD_LIBRARY_PATH are honoured for a plain program);
 // CANDIDATE_i are the paths to try for ARGV[0] (the supervisor's PATH search) and REPORT_FD the supervisor's
 // report pipe (launch_protocol.h), on which the shim forwards whether the program could be executed. The
 // program's child switches to --user (numeric ids, GROUPS comma-separated, possibly empty) and enters
@@ -22,7 +25,8 @@
 // memory of any process of its own uid, so the program could make its shim write any exit it likes, or kill
 // it so none is written; and the shim could only write the record into a directory that user may write to,
 // where the user could also forge or delete the records of other ranks. As root, the shim is beyond the
-// program's reach, and so is what it reports. It runs no code of the job's and reads nothing but its argv.
+// program's reach, and so is what it reports. It runs no code of the job's: its environment is not the job's,
+// and it reads only its argv and the environment file, which it passes on without interpreting.
 //
 // Signals: the shim blocks every signal it can, so a signal sent to the rank's group (SIGTERM from a stop, a
 // user's SIGUSR1 to the launcher) reaches the program and not the shim; the program starts with none blocked.
@@ -34,6 +38,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -80,7 +86,7 @@ void writeRecord(const char* path, const std::string& text) {
 [[noreturn]] void usage() {
   std::fprintf(
       stderr,
-      "usage: ddl-rank-shim [--user UID:GID:GROUPS] [--workdir DIR] EXIT_RECORD REPORT_FD N CANDIDATE... "
+      "usage: ddl-rank-shim [--user UID:GID:GROUPS] [--workdir DIR] [--env-fd FD] EXIT_RECORD REPORT_FD N CANDIDATE... "
       "-- ARGV...\n"
       "ddl-agent starts every rank through it; it is not meant to be run by hand.\n");
   std::exit(2);
@@ -93,8 +99,15 @@ int main(int argc, char** argv) {
   std::optional<ddl::worker::launch::Identity> identity;
   std::vector<gid_t> groups;
   const char* workdir = nullptr;
-  while (i + 1 < argc && (std::strcmp(argv[i], "--user") == 0 || std::strcmp(argv[i], "--workdir") == 0)) {
-    if (argv[i][2] == 'u') {
+  int env_fd = -1;
+  while (i + 1 < argc && (std::strcmp(argv[i], "--user") == 0 || std::strcmp(argv[i], "--workdir") == 0 ||
+                          std::strcmp(argv[i], "--env-fd") == 0)) {
+    if (argv[i][2] == 'e') {
+      char* end = nullptr;
+      const long fd = std::strtol(argv[i + 1], &end, 10);
+      if (*end != '\0' || fd < 0 || fd > INT32_MAX) usage();
+      env_fd = static_cast<int>(fd);
+    } else if (argv[i][2] == 'u') {
       uid_t uid = 0;
       gid_t gid = 0;
       if (!ddl::worker::launch::parseIdentity(argv[i + 1], &uid, &gid, &groups)) usage();
@@ -116,6 +129,31 @@ int main(int argc, char** argv) {
   if (std::strcmp(argv[i + 3 + n], "--") != 0 || argv[i + 4 + n] == nullptr) usage();
   char** program = argv + i + 4 + n;
 
+  // The program's environment: from --env-fd (NUL-separated; the shim itself was started with a fixed one, so
+  // nothing of the job's, such as LD_PRELOAD, ran in this root process), else the shim's own.
+  std::string env_block;
+  std::vector<char*> env_ptrs;
+  char** program_env = environ;
+  if (env_fd >= 0) {
+    char buf[65536];
+    for (int reads = 0; reads < 4096; ++reads) {  // at most 256 MiB
+      const ssize_t r = read(env_fd, buf, sizeof buf);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      env_block.append(buf, static_cast<size_t>(r));
+    }
+    close(env_fd);
+    for (size_t at = 0; at < env_block.size();) {
+      env_ptrs.push_back(&env_block[at]);
+      const size_t nul = env_block.find('\0', at);
+      if (nul == std::string::npos) break;  // the writer ends every entry with NUL; a torn one is dropped below
+      at = nul + 1;
+    }
+    if (!env_block.empty() && env_block.back() != '\0') env_ptrs.pop_back();
+    env_ptrs.push_back(nullptr);
+    program_env = env_ptrs.data();
+  }
+
   // The report pipe must not reach the program: the supervisor waits for its end-of-file.
   fcntl(static_cast<int>(report_fd), F_SETFD, FD_CLOEXEC);
   sigset_t all, none;
@@ -133,7 +171,7 @@ int main(int argc, char** argv) {
   if (child == 0) {
     sigprocmask(SIG_SETMASK, &none, nullptr);
     const Failure failure = ddl::worker::launch::execProgram(
-        identity ? &*identity : nullptr, workdir, candidates, static_cast<size_t>(n), program, environ);
+        identity ? &*identity : nullptr, workdir, candidates, static_cast<size_t>(n), program, program_env);
     writeAll(pipe_fds[1], &failure, sizeof failure);
     _exit(ddl::worker::launch::exitCodeFor(failure.stage, failure.err));
   }

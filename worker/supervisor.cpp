@@ -18,6 +18,7 @@
 #include "supervisor.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -112,7 +113,12 @@ struct ChildPlan {
   int log_fd;
   int report_fd;
   bool via_shim;  // argv runs ddl-rank-shim, which inherits report_fd to forward the program's own report.
+  // With via_shim: the rank's environment in a memfd the shim inherits (--env-fd); the shim itself, root, runs
+  // with kShimEnvironment only, so nothing of the job's (LD_PRELOAD, LD_LIBRARY_PATH...) reaches it.
+  int env_fd;
 };
+
+const char* const kShimEnvironment[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", nullptr};
 
 [[noreturn]] void childFail(int report_fd, int stage, int err) {
   ChildFailure failure{stage, err};
@@ -144,8 +150,11 @@ struct ChildPlan {
   syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
 #endif
   if (plan.via_shim) {
-    if (fcntl(plan.report_fd, F_SETFD, 0) != 0) childFail(plan.report_fd, kStageSetup, errno);
-    const int err = launch::execFirst(plan.candidates->data(), plan.candidates->size(), plan.argv, plan.envp);
+    if (fcntl(plan.report_fd, F_SETFD, 0) != 0 || fcntl(plan.env_fd, F_SETFD, 0) != 0) {
+      childFail(plan.report_fd, kStageSetup, errno);
+    }
+    const int err =
+        launch::execFirst(plan.candidates->data(), plan.candidates->size(), plan.argv, kShimEnvironment);
     childFail(plan.report_fd, kStageShim, err);
   }
   const launch::Failure failure = launch::execProgram(plan.identity, plan.workdir, plan.candidates->data(),
@@ -368,6 +377,7 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
   const bool via_shim = !options_.shim_path.empty();
   std::vector<std::string> shim_args;
   size_t report_fd_arg = 0;  // shim_args' index of REPORT_FD, filled in once the pipe exists
+  Fd env_fd;                 // the rank's environment for the shim (see ChildPlan::env_fd)
   if (via_shim) {
     std::error_code ec;
     std::filesystem::create_directories(recordDir(key), ec);
@@ -379,6 +389,18 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
                                                                           spec.run_as->groups)});
     }
     if (!spec.workdir.empty()) shim_args.insert(shim_args.end(), {"--workdir", spec.workdir});
+    env_fd.reset(aboveStdio(static_cast<int>(syscall(SYS_memfd_create, "ddl-rank-env", MFD_CLOEXEC))));
+    if (env_fd.get() < 0) return failRecorded("cannot create the rank's environment file: " + errnoText(errno));
+    std::string block;
+    for (const auto& e : env_strings) block.append(e).push_back('\0');
+    for (size_t done = 0; done < block.size();) {
+      const ssize_t n = write(env_fd.get(), block.data() + done, block.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return failRecorded("cannot write the rank's environment: " + errnoText(errno));
+      done += static_cast<size_t>(n);
+    }
+    if (lseek(env_fd.get(), 0, SEEK_SET) != 0) return failRecorded("cannot rewind the rank's environment");
+    shim_args.insert(shim_args.end(), {"--env-fd", std::to_string(env_fd.get())});
     shim_args.push_back(exitRecordPath(key));
     report_fd_arg = shim_args.size();
     shim_args.insert(shim_args.end(), {"", std::to_string(candidate_strings.size())});
@@ -425,7 +447,8 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
                  stdin_fd.get(),
                  log_fd.get(),
                  report_write.get(),
-                 via_shim};
+                 via_shim,
+                 env_fd.get()};
   state.started_ms = unixNowMs();
   pid_t pid = fork();
   if (pid == 0) runChild(plan);

@@ -897,6 +897,23 @@ TEST_P(RunAsTest, ASwitchTheKernelRefusesFailsTheStartWithTheReason) {
 
 // The exit record stays trustworthy: the shim that writes it stays root while the program runs as the user,
 // and a rank adopted after an agent restart still reports its real exit.
+// The job's environment is the program's only: a root process (the shim) started with it would run the job's
+// LD_PRELOAD library as root.
+TEST_P(RunAsTest, TheJobsEnvironmentRunsNoCodeAsRoot) {
+  const fs::path out = dir_ / "shared" / "probe.txt";
+  std::ofstream(out).close();
+  ASSERT_EQ(chmod(out.c_str(), 0666), 0);
+  RankSpec spec = as(shell("j1", 0, "echo ran"), user_account_);
+  spec.env = {{"LD_PRELOAD", DDL_PRELOAD_PROBE}, {"DDL_PRELOAD_PROBE_OUT", out.string()}};
+  mustStart(spec);
+  auto exit = recorder_.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0) << readFile(spec.log_path);
+  const std::string loaded = readFile(out.string());
+  EXPECT_EQ(loaded.find("euid=0\n"), std::string::npos) << "a root process ran the job's LD_PRELOAD:\n" << loaded;
+  EXPECT_NE(readFile(spec.log_path).find("ran"), std::string::npos);
+}
+
 TEST_P(RunAsTest, ShimStaysRootAndAnAdoptedRankReportsItsExit) {
   fs::path gate = dir_ / "shared" / "gate";
   fs::path pid_file = dir_ / "shared" / "program.pid";
