@@ -876,10 +876,8 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     req.set_days(cl.days);
     v1::IssueNodeCertificateResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.IssueNodeCertificate(c, req, &resp); })) return rc;
-    std::error_code ec;
-    std::filesystem::create_directories(cl.outDir, ec);
     std::string error;
-    if (!pki::writeFile(cl.outDir + "/" + pki::kCaCert, resp.ca_pem(), 0644, &error) ||
+    if (!pki::makePrivateDir(cl.outDir, &error) || !pki::writeFile(cl.outDir + "/" + pki::kCaCert, resp.ca_pem(), 0644, &error) ||
         !pki::writeFile(cl.outDir + "/" + pki::kNodeKey, resp.private_key_pem(), 0600, &error) ||
         !pki::writeFile(cl.outDir + "/" + pki::kNodeCert, resp.certificate_pem(), 0644, &error)) {
       err << "ddlctl: " << error << "\n";

@@ -314,15 +314,20 @@ std::optional<std::string> readFile(const std::string& path, std::string* error)
 }
 
 bool writeFile(const std::string& path, std::string_view content, unsigned mode, std::string* error) {
-  const std::string tmp = path + ".tmp";
+  // A fresh name, created exclusively and never through a symlink: in a directory others can write to, a name
+  // they prepared (a link to /etc/shadow, a file they hold open) must not receive a key.
+  const std::string tmp = path + ".tmp." + randomHex(8);
   auto failed = [&](const std::string& what) {
     if (error) *error = "cannot " + what + " " + tmp + ": " + std::strerror(errno);
     ::unlink(tmp.c_str());
     return false;
   };
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) return failed("create");
-  if (::fchmod(fd, mode) != 0) {  // O_CREAT's mode is masked by the umask, and an old tmp file keeps its own
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) {
+    if (error) *error = "cannot create " + tmp + ": " + std::strerror(errno);
+    return false;
+  }
+  if (::fchmod(fd, mode) != 0) {  // O_CREAT's mode is masked by the umask
     ::close(fd);
     return failed("set the mode of");
   }
@@ -341,6 +346,26 @@ bool writeFile(const std::string& path, std::string_view content, unsigned mode,
   return true;
 }
 
+bool makePrivateDir(const std::string& dir, std::string* error) {
+  if (::mkdir(dir.c_str(), 0700) == 0) return true;
+  if (errno != EEXIST) {
+    if (error) *error = "cannot create " + dir + ": " + std::strerror(errno);
+    return false;
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    if (error) *error = dir + " exists and is not a directory";
+    return false;
+  }
+  if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+    if (error) {
+      *error = dir + " belongs to another user or others may write to it: give a directory of your own for keys";
+    }
+    return false;
+  }
+  return true;
+}
+
 std::string checkNodeName(std::string_view name) {
   if (name.empty() || name.size() > 63) return "a node name has 1 to 63 characters";
   if (name.front() == '-' || name.front() == '.') return "a node name cannot start with '-' or '.'";
@@ -349,7 +374,11 @@ std::string checkNodeName(std::string_view name) {
       return "node name '" + std::string(name) + "' has a character other than letters, digits, '.', '-', '_'";
     }
   }
-  if (name == kCoordinatorName) return "'" + std::string(kCoordinatorName) + "' is the coordinator's name";
+  // Host names compare without case and with an optional final dot: none of those may be the coordinator's.
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower.back() == '.') return "a node name cannot end with '.'";
+  if (lower == kCoordinatorName) return "'" + std::string(name) + "' is the coordinator's name";
   return "";
 }
 

@@ -83,10 +83,13 @@ bool verifyCertificate(const std::string& cert_pem, const std::string& ca_cert_p
 // Whole-file helpers. writeFile writes a temporary file with `mode` in the same directory and renames it over
 // `path`, so a reader (gRPC's file watcher) sees the old file or the new one, never half of one.
 std::optional<std::string> readFile(const std::string& path, std::string* error);
+// The temporary file has a random name and is created exclusively, never through a symlink.
 bool writeFile(const std::string& path, std::string_view content, unsigned mode, std::string* error);
+// A directory for keys: created 0700, or an existing one that is the caller's and writable by nobody else.
+bool makePrivateDir(const std::string& dir, std::string* error);
 
-// A node name as the PKI accepts it: 1..63 of [A-Za-z0-9._-], not starting with '-' or '.', and not
-// kCoordinatorName. "" if fine, else why not.
+// A node name as the PKI accepts it: 1..63 of [A-Za-z0-9._-], not starting with '-' or '.', not ending with
+// '.', and not kCoordinatorName in any case. "" if fine, else why not.
 std::string checkNodeName(std::string_view name);
 
 }  // namespace ddl::pki

@@ -87,8 +87,8 @@ Status joinCluster(const JoinOptions& o) {
   auto csr = pki::makeCsr(*key, o.node, &error);
   if (!csr) return Status::internal(error);
   std::error_code ec;
-  std::filesystem::create_directories(o.pki_dir, ec);
-  if (ec) return Status::unavailable("cannot create " + o.pki_dir + ": " + ec.message());
+  std::filesystem::create_directories(std::filesystem::path(o.pki_dir).parent_path(), ec);
+  if (!pki::makePrivateDir(o.pki_dir, &error)) return Status::failedPrecondition(error);
   if (!pki::writeFile(ca_path, ca_pem, 0644, &error)) return Status::internal(error);
   grpc::ChannelArguments args;
   tls::addChannelArgs(&args);

@@ -100,7 +100,8 @@ Status renewCoordinatorCert(const std::string& dir, const std::vector<std::strin
 
 Status writeNodeIdentity(const std::string& out_dir, const std::string& ca_pem, const std::string& cert_pem,
                          const std::string& key_pem) {
-  if (Status st = makeDir(out_dir); !st) return st;
+  std::string error;
+  if (!pki::makePrivateDir(out_dir, &error)) return Status::failedPrecondition(error);
   if (Status st = write(at(out_dir, pki::kCaCert), ca_pem, 0644); !st) return st;
   if (!key_pem.empty()) {
     if (Status st = write(at(out_dir, pki::kNodeKey), key_pem, 0600); !st) return st;

@@ -79,6 +79,22 @@ TEST(Pki, NamesAndHelpers) {
   EXPECT_NE(pki::checkNodeName("-x"), "");
   EXPECT_NE(pki::checkNodeName("a b"), "");
   EXPECT_NE(pki::checkNodeName("ddl-coordinator"), "");
+  EXPECT_NE(pki::checkNodeName("DDL-Coordinator"), "");  // host names match without case
+  EXPECT_NE(pki::checkNodeName("ddl-coordinator."), "");
+  // Keys go only into directories of the caller's that nobody else may write to, never through a prepared name.
+  TempDir dir;
+  std::string error;
+  EXPECT_TRUE(pki::makePrivateDir(dir / "keys", &error)) << error;
+  EXPECT_EQ(modeOf(dir / "keys"), 0700u);
+  EXPECT_TRUE(pki::makePrivateDir(dir / "keys", &error)) << error;  // it exists and is ours
+  fs::create_directories(dir / "shared");
+  chmod((dir / "shared").c_str(), 01777);
+  EXPECT_FALSE(pki::makePrivateDir(dir / "shared", &error));
+  EXPECT_NE(error.find("others may write"), std::string::npos) << error;
+  fs::create_symlink("/nonexistent-target", dir / "keys/node.key.tmp");
+  EXPECT_TRUE(pki::writeFile(dir / "keys/node.key", "secret", 0600, &error)) << error;
+  EXPECT_FALSE(fs::exists("/nonexistent-target"));
+  EXPECT_EQ(modeOf(dir / "keys/node.key"), 0600u);
   EXPECT_EQ(pki::sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_TRUE(pki::constantTimeEqual("abc", "abc"));
   EXPECT_FALSE(pki::constantTimeEqual("abc", "abd"));
