@@ -26,8 +26,6 @@ const char* roleName(Role role) {
       return "user";
     case Role::kViewer:
       return "viewer";
-    case Role::kNode:
-      return "node";
     case Role::kInsecure:
       return "insecure";
   }

@@ -30,15 +30,15 @@ namespace ddl::coordinator::auth {
 using state::Status;
 using state::StatusOr;
 
-enum class Role { kAdmin, kUser, kViewer, kNode, kInsecure };
+enum class Role { kAdmin, kUser, kViewer, kInsecure };
 const char* roleName(Role role);
 std::optional<Role> parseUserRole(const std::string& name);  // "admin", "user", "viewer"
 
 // Who a call comes from, as the rpc layer established it.
 struct Identity {
-  std::string name;  // the user, or the node
+  std::string name;  // the user; "" for an anonymous caller of an --insecure coordinator
   Role role = Role::kViewer;
-  std::string via;   // "token", "certificate", "insecure"
+  std::string via;   // "token" or "insecure"
 
   bool isAdmin() const { return role == Role::kAdmin || role == Role::kInsecure; }
   bool isUser() const { return role == Role::kAdmin || role == Role::kUser || role == Role::kInsecure; }

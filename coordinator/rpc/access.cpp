@@ -40,11 +40,6 @@ Status mayTouchJob(const Identity& who, const v1::Job& job, const char* verb) {
                                   auth::roleName(who.role) + ") may not " + verb + " it");
 }
 
-Status mayList(const Identity& who) {
-  if (who.role == Role::kNode) return Status::permissionDenied("nodes do not call the user service");
-  return Status::ok();
-}
-
 Status maySubmit(const Identity& who) {
   if (who.isUser()) return Status::ok();
   return Status::permissionDenied(who.name + " is a " + auth::roleName(who.role) + " and may not submit jobs");

@@ -2,13 +2,14 @@
 // Pure functions over an identity and the request or job (no gRPC), so every rule is unit-tested; the rpc
 // server (server.cpp) only extracts the token or certificate name from the call and applies these.
 //
-//   call                              admin   user              viewer   node
-//   Submit                            yes     yes (as itself)   no       no
-//   GetJob, CancelJob, GetLogs        yes     own jobs only     no       no
-//   ListJobs                          yes     yes; others' jobs without command, env, workdir    no
-//   ListNodes, GetRing, WhoAmI        yes     yes               yes      no
-//   DrainNode, users, node certs      yes     no                no       no
-//   AgentService Register, Connect    -       -                 -        its own node name only
+//   call                              admin   user              viewer
+//   Submit                            yes     yes (as itself)   no
+//   GetJob, CancelJob, GetLogs        yes     own jobs only     no
+//   ListJobs                          yes     yes; others' jobs without command, env, workdir
+//   ListNodes, GetRing, WhoAmI        yes     yes               yes
+//   DrainNode, users, node certs      yes     no                no
+// Every UserService call needs a user's token; a node's certificate is no user (agents hold no token).
+// AgentService Register and Connect need a node certificate, and only for that node's name.
 //
 // With --insecure (loopback only) nobody is authenticated: a call with a valid token is that user, any other
 // call is "insecure" and may do everything, and the job's user is what the request says (the old behaviour,
@@ -38,7 +39,6 @@ Status checkNode(const std::string& certificate_name, const std::string& claimed
 
 // May `who` see the details of (GetJob), cancel or read the logs of `job`?
 Status mayTouchJob(const Identity& who, const v1::Job& job, const char* verb);
-Status mayList(const Identity& who);
 Status maySubmit(const Identity& who);
 Status mustBeAdmin(const Identity& who, const char* what);
 
