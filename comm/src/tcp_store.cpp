@@ -1042,60 +1042,43 @@ Fd tryConnect(const addrinfo* ai, const Deadline& deadline, std::string* error) 
   return fd;
 }
 
-// The client's side of the handshake's blocking steps: writes, or reads, exactly bytes.size() bytes before
+// The client's side of the handshake's blocking steps: writes (`out`) or reads (`in`) exactly len bytes before
 // the deadline. False with *why when the connection closed, failed or stayed silent.
-bool sendBefore(int fd, std::string_view bytes, const Deadline& deadline, std::string* why) {
-  size_t sent = 0;
-  while (sent < bytes.size()) {  // bounded by the deadline
-    ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+bool transferBefore(int fd, const char* out, char* in, size_t len, const Deadline& deadline, std::string* why) {
+  const bool sending = out != nullptr;
+  size_t done = 0;
+  while (done < len) {  // bounded by the deadline
+    ssize_t n = sending ? ::send(fd, out + done, len - done, MSG_NOSIGNAL) : ::recv(fd, in + done, len - done, 0);
     int err = n < 0 ? errno : 0;
     if (n > 0) {
-      sent += static_cast<size_t>(n);
+      done += static_cast<size_t>(n);
       continue;
+    }
+    if (n == 0 && !sending) {
+      *why = "the connection closed during libddl's handshake";
+      return false;
     }
     if (n == 0 || (err != EINTR && err != EAGAIN && err != EWOULDBLOCK)) {
       *why = "the connection failed during libddl's handshake: " + errnoString(n == 0 ? EPIPE : err);
       return false;
     }
     if (deadline.expired()) {
-      *why =
-          "a process accepted the connection but did not read libddl's handshake (another process on "
-          "DDL_ROOT's port?)";
+      *why = std::string("a process accepted the connection but did not ") +
+             (sending ? "read" : "answer") + " libddl's handshake (another process on DDL_ROOT's port?)";
       return false;
     }
-    pollfd p{fd, POLLOUT, 0};
+    pollfd p{fd, static_cast<short>(sending ? POLLOUT : POLLIN), 0};
     ::poll(&p, 1, std::max(1, pollMs(deadline.remainingMs())));
   }
   return true;
 }
 
+bool sendBefore(int fd, std::string_view bytes, const Deadline& deadline, std::string* why) {
+  return transferBefore(fd, bytes.data(), nullptr, bytes.size(), deadline, why);
+}
+
 bool recvBefore(int fd, char* buf, size_t len, const Deadline& deadline, std::string* why) {
-  size_t got = 0;
-  while (got < len) {  // bounded by the deadline
-    ssize_t n = ::recv(fd, buf + got, len - got, 0);
-    int err = n < 0 ? errno : 0;
-    if (n > 0) {
-      got += static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) {
-      *why = "the connection closed during libddl's handshake";
-      return false;
-    }
-    if (err != EINTR && err != EAGAIN && err != EWOULDBLOCK) {
-      *why = "the connection failed during libddl's handshake: " + errnoString(err);
-      return false;
-    }
-    if (deadline.expired()) {
-      *why =
-          "a process accepted the connection but did not answer libddl's handshake (another process on "
-          "DDL_ROOT's port?)";
-      return false;
-    }
-    pollfd p{fd, POLLIN, 0};
-    ::poll(&p, 1, std::max(1, pollMs(deadline.remainingMs())));
-  }
-  return true;
+  return transferBefore(fd, nullptr, buf, len, deadline, why);
 }
 
 // Proves the job's secret to the server at addr over fd and checks the server's proof (file comment). False,
