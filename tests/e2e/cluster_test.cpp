@@ -85,6 +85,8 @@ class ClusterTest : public ::testing::Test {
                 0)
           << slurp(dir_ / "run.log");
     }
+    admin_token_ = slurp(dir_ / "pki" / "admin.token");
+    admin_token_.erase(admin_token_.find_last_not_of("\n") + 1);
     startCoordinator("127.0.0.1:0");
     if (HasFatalFailure()) return;
     root_token_ = addUser("root");
@@ -149,9 +151,7 @@ class ClusterTest : public ::testing::Test {
   }
   // Calls are the admin's (who sees every job), submits root's unless another token is given.
   void authorize(grpc::ClientContext* ctx, const std::string& token = "") const {
-    std::string admin = slurp(fs::path(pki()) / "admin.token");
-    admin.erase(admin.find_last_not_of("\n") + 1);
-    ctx->AddMetadata("authorization", "Bearer " + (token.empty() ? admin : token));
+    ctx->AddMetadata("authorization", "Bearer " + (token.empty() ? admin_token_ : token));
   }
   // stop_ranks_on_exit: the tests' agents take their ranks down with them (nothing outlives a test), except
   // where a test restarts an agent under a running job.
@@ -227,7 +227,7 @@ class ClusterTest : public ::testing::Test {
   std::map<std::string, pid_t> agents_;
   std::string address_;
   std::unique_ptr<ddl::v1::UserService::Stub> user_;
-  std::string root_token_;
+  std::string admin_token_, root_token_;
 };
 
 // A throwaway account of this machine (useradd), removed when the object goes; empty name where that cannot be
@@ -406,7 +406,9 @@ TEST_F(ClusterTest, ANodeJoinsWithAOneTimeTokenPinnedToTheCa) {
 }
 
 // Certificates renewed under a running job: the coordinator serves its new certificate to new connections
-// without a restart, an agent whose node certificate was renewed reconnects with it, and the job goes on.
+// without a restart (the fingerprint it presents changes), a node whose certificate was re-issued registers
+// again with its files as they are now after a coordinator restart, and the job goes on throughout. (Which of
+// its two valid certificates the agent presented is not visible from here: gRPC's file watcher is trusted.)
 TEST_F(ClusterTest, RenewedCertificatesArePickedUpWithoutRestartingJobs) {
   const std::string marker = "65." + std::to_string(getpid());
   std::string id = submit(2, 2, {"/bin/sh", "-c", "sleep 5; echo " + marker});
@@ -431,7 +433,6 @@ TEST_F(ClusterTest, RenewedCertificatesArePickedUpWithoutRestartingJobs) {
   ASSERT_EQ(run({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "--pki-dir", pki(), "issue-node", "n1", "--out",
                  (dir_ / "n1-pki").string(), "--days", "30"}),
             0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two refresh periods of the agent's watcher
   kill(coordinator_, SIGKILL);
   waitpid(coordinator_, nullptr, 0);
   startCoordinator(address_);
