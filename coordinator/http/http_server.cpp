@@ -220,12 +220,8 @@ Response handleRequest(Coordinator& c, const Request& request, const Access& gat
     req.set_user(percentDecode(queryParam(query, "user")));
     auto jobs = c.listJobs(req);
     if (!jobs) return error(httpStatus(jobs.status()), jobs.status().message());
-    v1::ListJobsResponse resp;
-    for (auto& j : *jobs) {
-      access::redactFor(who, &j);
-      *resp.add_jobs() = std::move(j);
-    }
-    return {200, "application/json", toJson(resp) + "\n"};
+    for (auto& j : *jobs->mutable_jobs()) access::redactFor(who, &j);
+    return {200, "application/json", toJson(*jobs) + "\n"};
   }
   const bool api = path.rfind("/api/v1/jobs/", 0) == 0;
   if (api || path.rfind("/jobs/", 0) == 0) {

@@ -224,10 +224,8 @@ class RpcServer::UserServiceImpl final : public v1::UserService::Service {
     if (!who) return toGrpc(who.status());
     auto jobs = coordinator_.listJobs(*req);
     if (!jobs) return toGrpc(jobs.status());
-    for (auto& job : *jobs) {
-      access::redactFor(*who, &job);
-      *resp->add_jobs() = std::move(job);
-    }
+    *resp = std::move(*jobs);
+    for (auto& job : *resp->mutable_jobs()) access::redactFor(*who, &job);
     return grpc::Status::OK;
   }
   grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::Job* resp) override {

@@ -807,7 +807,7 @@ StatusOr<v1::Job> Coordinator::getJob(const std::string& id) {
   return toProtoLocked(it->second);
 }
 
-StatusOr<std::vector<v1::Job>> Coordinator::listJobs(const v1::ListJobsRequest& request) {
+StatusOr<v1::ListJobsResponse> Coordinator::listJobs(const v1::ListJobsRequest& request) {
   state::JobFilter filter;
   for (int s : request.states()) {
     auto state = fromProto(static_cast<v1::JobState>(s));
@@ -823,9 +823,8 @@ StatusOr<std::vector<v1::Job>> Coordinator::listJobs(const v1::ListJobsRequest& 
   std::sort(matching.begin(), matching.end(), [](const state::Job* a, const state::Job* b) {
     return state::jobIdNumber(a->id) < state::jobIdNumber(b->id);
   });
-  std::vector<v1::Job> out;
-  out.reserve(matching.size());
-  for (const state::Job* job : matching) out.push_back(toProtoLocked(*job));
+  v1::ListJobsResponse out;
+  for (const state::Job* job : matching) *out.add_jobs() = toProtoLocked(*job);
   return out;
 }
 
@@ -1067,5 +1066,28 @@ v1::Node Coordinator::nodeToProtoLocked(const NodeEntry& node, const NodeUsage& 
   for (const auto& nic : node.nics) *out.add_nics() = nic;
   return out;
 }
+
+// ---- Asynchronous forms (placeholders over the synchronous ones until the event loop lands) ----------------
+
+void Coordinator::submit(const v1::JobSpec& spec, Done<v1::Job> done) { done(submit(spec)); }
+void Coordinator::getJob(const std::string& id, Done<v1::Job> done) { done(getJob(id)); }
+void Coordinator::listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done) {
+  done(listJobs(request));
+}
+void Coordinator::cancel(const std::string& id, Done<v1::Job> done) { done(cancel(id)); }
+void Coordinator::listNodes(Done<std::vector<v1::Node>> done) { done(listNodes()); }
+void Coordinator::drain(const std::string& node, bool drain_it, Done<v1::Node> done) {
+  done(drain(node, drain_it));
+}
+StatusOr<v1::Node> Coordinator::removeNode(const std::string& node) {
+  return Status::failedPrecondition("remove node " + node + ": not built yet");
+}
+void Coordinator::removeNode(const std::string& node, Done<v1::Node> done) { done(removeNode(node)); }
+void Coordinator::ring(const std::string& id, Done<v1::RingLayout> done) { done(ring(id)); }
+void Coordinator::readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) {
+  done(readLog(request));
+}
+void Coordinator::metrics(std::function<void(MetricsSnapshot)> done) { done(metrics()); }
+Coordinator::Health Coordinator::health() const { return {}; }
 
 }  // namespace ddl::coordinator

@@ -124,17 +124,44 @@ class Coordinator {
   Status logData(const std::string& node, const std::string& session, const v1::LogData& data);
 
   // ---- Users ----
+  // Each call comes twice. The asynchronous form never blocks its caller: `done` is called exactly once, after
+  // every change the call made is durable, on a coordinator thread; it must not block (hand the answer to your
+  // own executor). The synchronous form waits for that answer (tests, tools); never call it from a `done`.
+  template <class T>
+  using Done = std::function<void(StatusOr<T>)>;
+
   StatusOr<v1::Job> submit(const v1::JobSpec& spec);
+  void submit(const v1::JobSpec& spec, Done<v1::Job> done);
   StatusOr<v1::Job> getJob(const std::string& id);
-  StatusOr<std::vector<v1::Job>> listJobs(const v1::ListJobsRequest& request);
+  void getJob(const std::string& id, Done<v1::Job> done);
+  // A page of jobs in submit order (see ListJobsRequest).
+  StatusOr<v1::ListJobsResponse> listJobs(const v1::ListJobsRequest& request);
+  void listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done);
   StatusOr<v1::Job> cancel(const std::string& id);
+  void cancel(const std::string& id, Done<v1::Job> done);
   std::vector<v1::Node> listNodes();
+  void listNodes(Done<std::vector<v1::Node>> done);
   StatusOr<v1::Node> drain(const std::string& node, bool drain);
+  void drain(const std::string& node, bool drain, Done<v1::Node> done);
+  // Forgets a DOWN node with no live job placed on it (RemoveNodeRequest); the answer is the removed node.
+  StatusOr<v1::Node> removeNode(const std::string& node);
+  void removeNode(const std::string& node, Done<v1::Node> done);
   StatusOr<v1::RingLayout> ring(const std::string& id);
-  // Reads a piece of a rank's log from its node: sends ReadLog on the agent's stream and waits (without the
-  // lock, at most log_timeout_ms) for the LogData answer.
+  void ring(const std::string& id, Done<v1::RingLayout> done);
+  // Reads a piece of a rank's log from its node: sends ReadLog on the agent's stream; the answer comes when the
+  // agent's LogData does, or UNAVAILABLE after log_timeout_ms.
   StatusOr<v1::GetLogsResponse> readLog(const v1::GetLogsRequest& request);
+  void readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done);
   MetricsSnapshot metrics();
+  void metrics(std::function<void(MetricsSnapshot)> done);
+
+  // Whether the coordinator can store its state. Any thread; never blocks. While !ok, /healthz fails, new
+  // submits are refused, and the unstored changes are retried until the store works again.
+  struct Health {
+    bool ok = true;
+    std::string message;  // why not, for /healthz and the log
+  };
+  Health health() const;
 
  private:
   struct RankKey {
