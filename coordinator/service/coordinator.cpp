@@ -2,11 +2,19 @@
 
 #include <spdlog/spdlog.h>
 
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
 #include <algorithm>
 #include <cassert>
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <future>
+#include <limits>
+#include <thread>
 
 #include "placement/placement.h"
 #include "service/convert.h"
@@ -58,6 +66,34 @@ placement::NodeState toPlacement(state::NodeState s) {
   return placement::NodeState::kDown;
 }
 
+// A job as users see it, from its record alone (the loop adds what only it knows: toProtoOnLoop).
+v1::Job jobToProto(const state::Job& job) {
+  v1::Job out;
+  out.set_id(job.id);
+  toProto(job.spec, out.mutable_spec());
+  out.set_state(toProto(job.state));
+  out.set_restarts(job.restarts);
+  out.set_submit_ms(job.submit_ms);
+  for (const auto& t : job.transitions) {
+    v1::Transition* p = out.add_transitions();
+    p->set_from(toProto(t.from));
+    p->set_to(toProto(t.to));
+    p->set_at_ms(t.at_ms);
+    p->set_reason(t.reason);
+    if (t.failure) toProto(*t.failure, p->mutable_failure());
+  }
+  if (job.failure) toProto(*job.failure, out.mutable_failure());
+  for (const auto& a : job.allocation) {
+    v1::NodeAllocation* p = out.add_allocation();
+    p->set_node(a.node);
+    for (int g : a.gpus) p->add_gpus(g);
+  }
+  out.set_topology(job.topology);
+  if (!job.transitions.empty()) out.set_reason(job.transitions.back().reason);
+  out.set_gpus(requestOf(job.id, job.spec).gpuCount());
+  return out;
+}
+
 // The default liveness clock: monotonic milliseconds.
 int64_t steadyNowMs() {
   using namespace std::chrono;
@@ -65,6 +101,25 @@ int64_t steadyNowMs() {
 }
 
 }  // namespace
+
+// The loop: one io_context run by one thread, and the ticker's timer.
+struct Coordinator::Loop {
+  boost::asio::io_context io;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
+  boost::asio::steady_timer ticker{io};
+  bool ticking = false;
+  std::thread thread;
+  std::thread::id id;
+};
+
+struct Coordinator::LogWait {
+  Done<v1::GetLogsResponse> done;
+  v1::ReadLog read;
+  std::string node;
+  std::string where;
+  boost::asio::steady_timer timer;
+  explicit LogWait(boost::asio::io_context& io) : timer(io) {}
+};
 
 Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::function<int64_t()> now_ms,
                          std::function<int64_t()> wall_ms)
@@ -74,14 +129,144 @@ Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::f
       wall_ms_(wall_ms ? std::move(wall_ms) : now_ms ? std::move(now_ms) : state::systemNowMs) {
   counters_.scheduling_bounds_s = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800};
   counters_.scheduling_buckets.assign(counters_.scheduling_bounds_s.size() + 1, 0);
+  loop_ = std::make_unique<Loop>();
+  GroupCommitter::Options co;
+  co.retry_max_ms = options_.store_retry_max_ms;
+  co.retention_ms = options_.history_retention_ms;
+  co.wall_ms = wall_ms_;
+  committer_ = std::make_unique<GroupCommitter>(store_, co, [this](uint64_t seq, const Status& st) {
+    // On the committer's thread: health now (so /healthz does not wait for a busy loop), the rest on the loop.
+    setHealth(st.isOk(), st.isOk() ? "" : "cannot store the coordinator's state: " + st.message() +
+                                              "; retrying (new submits are refused until it works)");
+    post([this, seq, st] { committedOnLoop(seq, st); });
+  });
+  reader_ = std::make_unique<StoreReader>();
+  loop_->thread = std::thread([this] {
+    loop_->id = std::this_thread::get_id();
+    loop_->io.run();
+  });
+  // The loop's id is set before it runs anything; wait for it so onLoop() is right from here on.
+  callSync<bool>([] { return true; });
 }
 
-Coordinator::~Coordinator() { stop(); }
+Coordinator::~Coordinator() {
+  stop();
+  reader_->stop();
+  loop_->work.reset();
+  loop_->io.stop();
+  if (loop_->thread.joinable()) loop_->thread.join();
+}
+
+bool Coordinator::onLoop() const { return std::this_thread::get_id() == loop_->id; }
+
+void Coordinator::post(std::function<void()> fn) {
+  boost::asio::post(loop_->io, [this, fn = std::move(fn)] {
+    fn();
+    flushOnLoop();
+  });
+}
+
+template <class R>
+R Coordinator::callSync(std::function<R()> fn, bool wait_for_commit) {
+  assert(!onLoop() && "a synchronous Coordinator call from the loop would wait for itself");
+  std::promise<R> promise;
+  auto future = promise.get_future();
+  post([&] {
+    auto result = std::make_shared<R>(fn());
+    if (!wait_for_commit) return promise.set_value(std::move(*result));
+    afterCommitOnLoop([&promise, result] { promise.set_value(std::move(*result)); });
+  });
+  return future.get();
+}
+
+void Coordinator::afterCommitOnLoop(std::function<void()> effect) {
+  assert(onLoop());
+  turn_effects_.push_back(std::move(effect));
+}
+
+void Coordinator::putJobOnLoop(const state::Job& job, bool new_job) {
+  state::Write w;
+  w.kind = state::Write::Kind::kPutJob;
+  w.job = job;
+  w.new_job = new_job;
+  std::string key = w.key();
+  auto it = dirty_.find(key);
+  if (it == dirty_.end()) {
+    dirty_.emplace(std::move(key), std::move(w));
+  } else {
+    it->second.supersede(std::move(w));
+  }
+}
+
+void Coordinator::putNodeOnLoop(const state::NodeRecord& record) {
+  state::Write w;
+  w.kind = state::Write::Kind::kPutNode;
+  w.node = record;
+  dirty_[w.key()] = std::move(w);
+}
+
+void Coordinator::flushOnLoop() {
+  if (!dirty_.empty()) {
+    std::vector<state::Write> batch;
+    batch.reserve(dirty_.size());
+    for (auto& [key, w] : dirty_) batch.push_back(std::move(w));
+    dirty_.clear();
+    committer_->write(++issued_seq_, std::move(batch));
+  }
+  for (auto& e : turn_effects_) effects_.emplace_back(issued_seq_, std::move(e));
+  turn_effects_.clear();
+  while (!effects_.empty() && effects_.front().first <= committed_seq_) {
+    auto effect = std::move(effects_.front().second);
+    effects_.pop_front();
+    effect();
+  }
+}
+
+void Coordinator::committedOnLoop(uint64_t seq, const Status& st) {
+  if (!st) {
+    spdlog::error("storing state (batch {}): {}; retrying", seq, st.toString());
+    return;
+  }
+  committed_seq_ = std::max(committed_seq_, seq);
+  evictFinishedOnLoop();
+  // flushOnLoop (after this turn) runs the effects that were waiting for it.
+}
+
+void Coordinator::setHealth(bool ok, const std::string& message) {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  if (ok && !health_.ok) spdlog::info("storing state works again");
+  health_.ok = ok;
+  health_.message = message;
+}
+
+Coordinator::Health Coordinator::health() const {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  return health_;
+}
+
+void Coordinator::evictFinishedOnLoop() {
+  const int64_t now = wall_ms_();
+  while (!finished_.empty()) {
+    const Finished& f = finished_.front();
+    const bool over = finished_.size() > options_.max_finished_in_memory ||
+                      now - f.ended_ms > options_.finished_in_memory_ms;
+    if (!over || f.seq > committed_seq_) break;
+    auto it = jobs_.find(f.id);
+    if (it != jobs_.end() && state::isTerminal(it->second.state)) {
+      jobs_.erase(it);
+      pending_reason_.erase(f.id);
+    }
+    finished_.pop_front();
+  }
+}
 
 // ---- Lifecycle ---------------------------------------------------------------------------------------------
 
 Status Coordinator::recover() {
-  std::lock_guard<std::mutex> lock(mu_);
+  return callSync<Status>([this] { return recoverOnLoop(); });
+}
+
+Status Coordinator::recoverOnLoop() {
   const int64_t now = now_ms_();
   auto nodes = store_.listNodes();
   if (!nodes) return nodes.status();
@@ -93,73 +278,103 @@ Status Coordinator::recover() {
     entry.last_seen_ms = now;  // every node gets a full grace period to reconnect
     if (record.state != state::NodeState::kDown) recovery_until_ms_ = now + options_.heartbeat_grace_ms;
   }
-  auto jobs = store_.listJobs();
-  if (!jobs) return jobs.status();
-  for (auto& job : *jobs) jobs_[job.id] = job;
-  for (auto& [id, job] : jobs_) {
+  auto last = store_.lastJobNumber();
+  if (!last) return last.status();
+  last_job_number_ = *last;
+  // Every job that has not ended, and the most recent final ones; older history stays in the store.
+  state::JobFilter open;
+  for (auto st : state::kAllJobStates) {
+    if (!state::isTerminal(st)) open.states.insert(st);
+  }
+  auto live = store_.listJobsPage(open, 0, std::numeric_limits<int>::max());
+  if (!live) return live.status();
+  state::JobFilter ended;
+  for (auto st : state::kAllJobStates) {
+    if (state::isTerminal(st)) ended.states.insert(st);
+  }
+  auto recent = store_.listJobsPage(ended, 0, static_cast<int>(options_.max_finished_in_memory), true);
+  if (!recent) return recent.status();
+  std::vector<const state::Job*> finished;
+  for (auto& job : *recent) {
+    jobs_[job.id] = job;
+    finished.push_back(&jobs_[job.id]);
+  }
+  std::sort(finished.begin(), finished.end(),
+            [](const state::Job* a, const state::Job* b) { return state::endedAtMs(*a) < state::endedAtMs(*b); });
+  for (const state::Job* job : finished) finished_.push_back({job->id, 0, state::endedAtMs(*job)});
+  for (auto& job : *live) jobs_[job.id] = job;
+  for (auto& job : *live) {
+    const std::string& id = job.id;
     if (job.state == JobState::kScheduled) {
-      Status st = recordTransitionLocked(id, JobState::kPending,
+      Status st = recordTransitionOnLoop(id, JobState::kPending,
                                          "coordinator restarted before the launch was confirmed; placing again");
       if (!st) spdlog::error("recover: {}", st.toString());
     } else if (isLive(job.state)) {
       placement::RingLayout layout;
-      std::string err = placement::buildRingLayout(toPlacement(job.allocation), snapshotLocked(false),
+      std::string err = placement::buildRingLayout(toPlacement(job.allocation), snapshotOnLoop(false),
                                                    job.topology, &layout);
       if (!err.empty()) {
-        failJobLocked(id, "coordinator restarted and cannot rebuild the ring layout: " + err, std::nullopt);
+        failJobOnLoop(id, "coordinator restarted and cannot rebuild the ring layout: " + err, std::nullopt);
         continue;
       }
-      buildRuntimeLocked(job, layout);
+      buildRuntimeOnLoop(jobs_[id], layout);
     }
   }
-  spdlog::info("recovered {} jobs and {} nodes from the store", jobs_.size(), nodes_.size());
+  spdlog::info("recovered {} open and {} recent final jobs and {} nodes from the store (last job number {})",
+               live->size(), recent->size(), nodes_.size(), last_job_number_);
   return Status::ok();
 }
 
 void Coordinator::start() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (ticker_.joinable()) return;
-  stopping_ = false;
-  ticker_ = std::thread([this] {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopping_) {
-      wake_.wait_for(lock, std::chrono::milliseconds(options_.tick_ms));
-      if (stopping_) break;
-      lock.unlock();
-      tick();
-      lock.lock();
-    }
+  post([this] {
+    if (loop_->ticking || stopping_) return;
+    loop_->ticking = true;
+    auto tick = std::make_shared<std::function<void()>>();
+    *tick = [this, tick] {
+      loop_->ticker.expires_after(std::chrono::milliseconds(options_.tick_ms));
+      loop_->ticker.async_wait([this, tick](const boost::system::error_code& ec) {
+        if (ec || stopping_) return;
+        housekeepingOnLoop();
+        schedulePassOnLoop();
+        evictFinishedOnLoop();
+        flushOnLoop();
+        (*tick)();
+      });
+    };
+    (*tick)();
   });
 }
 
 void Coordinator::stop() {
-  std::thread ticker;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-    ticker = std::move(ticker_);
-    for (auto& [name, node] : nodes_) {
-      if (node.link) node.link->close();
-      node.link.reset();
-    }
+  if (!loop_ || !committer_) return;
+  if (!onLoop() && loop_->thread.joinable() && !loop_->io.stopped()) {
+    callSync<bool>([this] {
+      stopping_ = true;
+      loop_->ticker.cancel();
+      for (auto& [name, node] : nodes_) {
+        if (node.link) node.link->close();
+        node.link.reset();
+      }
+      for (auto& [rid, wait] : log_waits_) wait->timer.cancel();
+      return true;
+    }, /*wait_for_commit=*/false);
   }
-  wake_.notify_all();
-  log_cv_.notify_all();
-  if (ticker.joinable()) ticker.join();
+  committer_->stop();  // stores what is left
 }
 
 void Coordinator::tick() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    housekeepingLocked();
-  }
-  schedulePass();
+  callSync<bool>([this] {
+    housekeepingOnLoop();
+    schedulePassOnLoop();
+    evictFinishedOnLoop();
+    return true;
+  });
 }
 
-void Coordinator::housekeepingLocked() {
+void Coordinator::housekeepingOnLoop() {
   const int64_t now = now_ms_();
-  checkHeartbeatsLocked(now);
-  sweepLostJobsLocked();
+  checkHeartbeatsOnLoop(now);
+  sweepLostJobsOnLoop();
   if (recovery_until_ms_ != 0) {
     bool all_back = std::all_of(nodes_.begin(), nodes_.end(), [](const auto& kv) {
       return kv.second.record.state == state::NodeState::kDown || kv.second.link != nullptr;
@@ -172,33 +387,41 @@ void Coordinator::housekeepingLocked() {
   }
 }
 
-bool Coordinator::recoveringLocked(int64_t now) const {
+bool Coordinator::recoveringOnLoop(int64_t now) const {
   return recovery_until_ms_ != 0 && now < recovery_until_ms_;
 }
 
 // ---- Jobs: transitions, scheduling, launch -----------------------------------------------------------------
 
-Status Coordinator::recordTransitionLocked(const std::string& id, JobState to, const std::string& reason,
+Status Coordinator::recordTransitionOnLoop(const std::string& id, JobState to, const std::string& reason,
                                            const std::optional<state::Failure>& failure) {
-  auto job = store_.transition(id, to, reason, failure);
-  if (!job) return job.status();
-  spdlog::info("job {}: {} -> {}: {}", id, toString(jobs_[id].state), toString(job->state), reason);
+  auto found = jobs_.find(id);
+  if (found == jobs_.end()) return state::jobNotFound(id);
+  state::Job job = found->second;
+  const JobState from = job.state;
+  Status applied = state::applyTransition(job, to, reason, failure, wall_ms_());
+  if (!applied) return applied;
+  spdlog::info("job {}: {} -> {}: {}", id, toString(from), toString(job.state), reason);
   if (to == JobState::kFailed) ++counters_.jobs_failed_total;
   if (to == JobState::kScheduled) {
     // Queued since the last move to PENDING (the submit, or a requeue).
-    int64_t queued_at = job->submit_ms;
-    for (const auto& t : job->transitions) {
+    int64_t queued_at = job.submit_ms;
+    for (const auto& t : job.transitions) {
       if (t.to == JobState::kPending) queued_at = t.at_ms;
     }
-    const double waited = std::max<int64_t>(0, job->transitions.back().at_ms - queued_at) / 1000.0;
+    const double waited = std::max<int64_t>(0, job.transitions.back().at_ms - queued_at) / 1000.0;
     const auto& bounds = counters_.scheduling_bounds_s;
     counters_.scheduling_buckets[std::lower_bound(bounds.begin(), bounds.end(), waited) - bounds.begin()]++;
     counters_.scheduling_sum_s += waited;
     counters_.scheduling_count++;
   }
-  jobs_[id] = *job;
-  if (!isLive(job->state)) runtime_.erase(id);
-  if (job->state != JobState::kPending) pending_reason_.erase(id);
+  found->second = std::move(job);
+  putJobOnLoop(found->second);
+  if (state::isTerminal(found->second.state)) {
+    finished_.push_back({id, issued_seq_ + 1, state::endedAtMs(found->second)});  // the batch this turn makes
+  }
+  if (!isLive(found->second.state)) runtime_.erase(id);
+  if (found->second.state != JobState::kPending) pending_reason_.erase(id);
   schedule_wanted_ = true;
   return Status::ok();
 }
@@ -208,8 +431,7 @@ int Coordinator::attemptOf(const state::Job& job) {
                                         [](const auto& t) { return t.to == JobState::kScheduled; }));
 }
 
-void Coordinator::schedulePass() {
-  std::unique_lock<std::mutex> lock(mu_);
+void Coordinator::schedulePassOnLoop() {
   if (!schedule_wanted_) return;
   schedule_wanted_ = false;
   const int64_t now = now_ms_();
@@ -218,17 +440,15 @@ void Coordinator::schedulePass() {
     if (job.state == JobState::kPending) queue.push_back(requestOf(id, job.spec));
   }
   if (queue.empty()) return;
-  if (recoveringLocked(now)) {
+  if (recoveringOnLoop(now)) {
     for (const auto& r : queue) {
       pending_reason_[r.id] = "coordinator restarted; waiting up to " +
                               seconds(recovery_until_ms_ - now) + " for agents to reconnect";
     }
     return;
   }
-  placement::Cluster cluster = snapshotLocked(true);
-  lock.unlock();
+  placement::Cluster cluster = snapshotOnLoop(true);
   placement::ScheduleResult result = placement::schedule(cluster, queue);
-  lock.lock();
   for (const auto& d : result.decisions) {
     auto it = jobs_.find(d.jobId);
     if (it == jobs_.end() || it->second.state != JobState::kPending) continue;  // cancelled meanwhile
@@ -238,11 +458,11 @@ void Coordinator::schedulePass() {
       continue;
     }
     if (d.action == placement::Decision::Action::kRefused) {
-      Status st = recordTransitionLocked(d.jobId, JobState::kFailed, "can never run on this cluster: " + d.reason);
+      Status st = recordTransitionOnLoop(d.jobId, JobState::kFailed, "can never run on this cluster: " + d.reason);
       if (!st) spdlog::error("schedule: {}", st.toString());
       continue;
     }
-    if (!stillFreeLocked(d.allocation)) {
+    if (!stillFreeOnLoop(d.allocation)) {
       schedule_wanted_ = true;  // the cluster changed while placement ran: decide again next tick
       continue;
     }
@@ -250,17 +470,17 @@ void Coordinator::schedulePass() {
     std::string err = placement::buildRingLayout(d.allocation, cluster, job.spec.topology_override, &layout);
     if (err.empty()) err = placement::validateRingLayout(layout);
     if (!err.empty()) {
-      Status st = recordTransitionLocked(d.jobId, JobState::kFailed, "no valid ring layout: " + err);
+      Status st = recordTransitionOnLoop(d.jobId, JobState::kFailed, "no valid ring layout: " + err);
       if (!st) spdlog::error("schedule: {}", st.toString());
       continue;
     }
-    const int port = pickPortLocked(layout.ranks.empty() ? "" : layout.ranks[0].node, d.jobId);
-    Status st = store_.setAllocation(d.jobId, toState(d.allocation), layout.topology(), port);
+    const int port = pickPortOnLoop(layout.ranks.empty() ? "" : layout.ranks[0].node, d.jobId);
+    Status st = state::checkAllocationAllowed(job);
     if (st) {
       jobs_[d.jobId].allocation = toState(d.allocation);
       jobs_[d.jobId].topology = layout.topology();
       jobs_[d.jobId].root_port = port;
-      st = recordTransitionLocked(d.jobId, JobState::kScheduled,
+      st = recordTransitionOnLoop(d.jobId, JobState::kScheduled,
                                   std::string(d.backfilled ? "backfilled on " : "placed on ") +
                                       d.allocation.str() + ", ring " + layout.topology());
     }
@@ -269,24 +489,24 @@ void Coordinator::schedulePass() {
       pending_reason_[d.jobId] = "the coordinator could not record its placement: " + st.message();
       continue;
     }
-    launchLocked(d.jobId, d.allocation, layout);
+    launchOnLoop(d.jobId, d.allocation, layout);
   }
 }
 
-void Coordinator::buildRuntimeLocked(const state::Job& job, const placement::RingLayout& layout) {
+void Coordinator::buildRuntimeOnLoop(const state::Job& job, const placement::RingLayout& layout) {
   JobRuntime& rt = runtime_[job.id];
   rt = JobRuntime{};
   rt.attempt = attemptOf(job);
   rt.root_node = layout.ranks.empty() ? "" : layout.ranks[0].node;
   for (const auto& slot : layout.ranks) rt.rank_node[slot.rank] = slot.node;
   // The port recorded at placement; jobs placed before it was recorded (state schema 3) derive it again.
-  rt.port = job.root_port > 0 ? job.root_port : pickPortLocked(rt.root_node, job.id);
+  rt.port = job.root_port > 0 ? job.root_port : pickPortOnLoop(rt.root_node, job.id);
 }
 
-void Coordinator::launchLocked(const std::string& id, const placement::Allocation& allocation,
+void Coordinator::launchOnLoop(const std::string& id, const placement::Allocation& allocation,
                                const placement::RingLayout& layout) {
   const state::Job& job = jobs_[id];
-  buildRuntimeLocked(job, layout);
+  buildRuntimeOnLoop(job, layout);
   const JobRuntime& rt = runtime_[id];
   const std::string root_addr = nodes_[rt.root_node].record.address;
 
@@ -294,7 +514,7 @@ void Coordinator::launchLocked(const std::string& id, const placement::Allocatio
   // over the agents' TLS streams and lives in the ranks' environments, readable only by the job's user).
   const std::string secret = newJobSecret();
   if (secret.empty()) {  // never launch with an open rendezvous
-    Status back = recordTransitionLocked(id, JobState::kPending, "no random bytes for the job's secret; retrying");
+    Status back = recordTransitionOnLoop(id, JobState::kPending, "no random bytes for the job's secret; retrying");
     if (!back) spdlog::error("launch: {}", back.toString());
     return;
   }
@@ -327,7 +547,7 @@ void Coordinator::launchLocked(const std::string& id, const placement::Allocatio
     RankEnvSpec spec = placement::rankEnvSpec(layout, slot.rank);
     spec.root_host = root_addr;
     spec.root_port = rt.port;
-    spec.master_port = rt.port + 1;  // ports are handed out in pairs (pickPortLocked)
+    spec.master_port = rt.port + 1;  // ports are handed out in pairs (pickPortOnLoop)
     spec.job_id = id;
     spec.attempt = rt.attempt;
     spec.secret = secret;
@@ -335,19 +555,19 @@ void Coordinator::launchLocked(const std::string& id, const placement::Allocatio
   }
   // STARTING is written before anything is sent: a job whose start may have gone out is never silently
   // rescheduled. If the write fails, nothing was sent and the job goes back to the queue.
-  Status st = recordTransitionLocked(id, JobState::kStarting,
+  Status st = recordTransitionOnLoop(id, JobState::kStarting,
                                      "start sent to " + std::to_string(commands.size()) + " node" +
                                          (commands.size() == 1 ? "" : "s"));
   if (!st) {
     spdlog::error("launch: {}", st.toString());
-    Status back = recordTransitionLocked(id, JobState::kPending, "could not record the launch: " + st.message());
+    Status back = recordTransitionOnLoop(id, JobState::kPending, "could not record the launch: " + st.message());
     if (!back) spdlog::error("launch: {}", back.toString());
     return;
   }
-  for (const auto& [node, cmd] : commands) sendLocked(node, cmd);
+  for (const auto& [node, cmd] : commands) sendOnLoop(node, cmd);
 }
 
-int Coordinator::pickPortLocked(const std::string& node, const std::string& job) const {
+int Coordinator::pickPortOnLoop(const std::string& node, const std::string& job) const {
   auto it = nodes_.find(node);
   int first = it != nodes_.end() && it->second.port_first ? it->second.port_first : options_.port_first;
   int last = it != nodes_.end() && it->second.port_last ? it->second.port_last : options_.port_last;
@@ -365,14 +585,21 @@ int Coordinator::pickPortLocked(const std::string& node, const std::string& job)
   return first + 2 * start;  // every slot taken: more live jobs than ports; the store reports the clash
 }
 
-void Coordinator::sendLocked(const std::string& node, const v1::Command& command) {
-  auto it = nodes_.find(node);
-  if (it == nodes_.end()) return;
-  if (it->second.link) {
-    it->second.link->send(command);
-  } else {
-    it->second.outbox.push_back(command);
-  }
+void Coordinator::sendOnLoop(const std::string& node, const v1::Command& command) {
+  if (nodes_.find(node) == nodes_.end()) return;
+  // Commands go out once what led to them is durable (a StartRanks never leaves before STARTING is stored).
+  afterCommitOnLoop([this, node, command] {
+    auto it = nodes_.find(node);
+    if (it == nodes_.end()) return;
+    if (it->second.link) {
+      it->second.link->send(command);
+    } else if (it->second.outbox.size() < kMaxOutbox) {
+      it->second.outbox.push_back(command);
+    } else {
+      spdlog::warn("node {}: {} commands wait for its agent; dropping one (the agent reconciles when it is back)",
+                   node, kMaxOutbox);
+    }
+  });
 }
 
 v1::Command Coordinator::stopCommand(const std::string& id, int attempt, const std::string& reason) const {
@@ -385,13 +612,13 @@ v1::Command Coordinator::stopCommand(const std::string& id, int attempt, const s
   return cmd;
 }
 
-void Coordinator::stopJobEverywhereLocked(const std::string& id, int attempt, const std::string& reason,
+void Coordinator::stopJobEverywhereOnLoop(const std::string& id, int attempt, const std::string& reason,
                                           const std::vector<state::NodeAllocation>& allocation) {
   const v1::Command cmd = stopCommand(id, attempt, reason);
-  for (const auto& a : allocation) sendLocked(a.node, cmd);
+  for (const auto& a : allocation) sendOnLoop(a.node, cmd);
 }
 
-void Coordinator::failJobLocked(const std::string& id, const std::string& reason,
+void Coordinator::failJobOnLoop(const std::string& id, const std::string& reason,
                                 std::optional<state::Failure> failure) {
   state::Job& job = jobs_[id];
   if (!isLive(job.state)) return;
@@ -399,40 +626,40 @@ void Coordinator::failJobLocked(const std::string& id, const std::string& reason
   const auto allocation = job.allocation;  // the requeue clears it; the stops need it
   Status st;
   if (job.restarts < job.spec.max_restarts && job.state != JobState::kScheduled) {
-    st = recordTransitionLocked(id, JobState::kPending,
+    st = recordTransitionOnLoop(id, JobState::kPending,
                                 "requeued (restart " + std::to_string(job.restarts + 1) + " of " +
                                     std::to_string(job.spec.max_restarts) + "): " + reason,
                                 failure);
   } else {
-    st = recordTransitionLocked(id, JobState::kFailed, reason, failure);
+    st = recordTransitionOnLoop(id, JobState::kFailed, reason, failure);
   }
   if (!st) spdlog::error("job {}: {}", id, st.toString());
-  stopJobEverywhereLocked(id, attempt, reason, allocation);
+  stopJobEverywhereOnLoop(id, attempt, reason, allocation);
 }
 
-void Coordinator::maybeCompleteLocked(const std::string& id) {
+void Coordinator::maybeCompleteOnLoop(const std::string& id) {
   auto rt = runtime_.find(id);
   if (rt == runtime_.end()) return;
   const size_t nranks = rt->second.rank_node.size();
   const auto& ranks = rt->second.ranks;
   if (jobs_[id].state == JobState::kStarting && ranks.size() == nranks) {
-    Status st = recordTransitionLocked(id, JobState::kRunning,
+    Status st = recordTransitionOnLoop(id, JobState::kRunning,
                                        "all " + std::to_string(nranks) + " ranks started");
     if (!st) spdlog::error("job {}: {}", id, st.toString());
   }
   if (jobs_[id].state != JobState::kRunning || ranks.size() != nranks) return;
   if (!std::all_of(ranks.begin(), ranks.end(), [](const auto& kv) { return exitedCleanly(kv.second); })) return;
   const int attempt = rt->second.attempt;
-  Status st = recordTransitionLocked(id, JobState::kSucceeded,
+  Status st = recordTransitionOnLoop(id, JobState::kSucceeded,
                                      "all " + std::to_string(nranks) + " ranks exited with code 0");
   if (!st) spdlog::error("job {}: {}", id, st.toString());
   // Releases the exited ranks on the agents.
-  stopJobEverywhereLocked(id, attempt, "job succeeded", jobs_[id].allocation);
+  stopJobEverywhereOnLoop(id, attempt, "job succeeded", jobs_[id].allocation);
 }
 
 // ---- Nodes and agents ----------------------------------------------------------------------------------------
 
-void Coordinator::checkHeartbeatsLocked(int64_t now) {
+void Coordinator::checkHeartbeatsOnLoop(int64_t now) {
   for (auto& [name, node] : nodes_) {
     if (node.record.state == state::NodeState::kDown) continue;
     if (now - node.last_seen_ms <= options_.heartbeat_grace_ms) continue;
@@ -440,19 +667,18 @@ void Coordinator::checkHeartbeatsLocked(int64_t now) {
                                seconds(now - node.last_seen_ms) + " (grace " +
                                seconds(options_.heartbeat_grace_ms) + ")";
     spdlog::warn("{}; marking it DOWN", reason);
-    Status st = store_.setNodeState(name, state::NodeState::kDown);
-    if (!st) spdlog::error("node {}: {}", name, st.toString());
     node.record.state = state::NodeState::kDown;
+    putNodeOnLoop(node.record);
     if (node.link) node.link->close();
     node.link.reset();
     node.outbox.clear();
-    loseNodeJobsLocked(name, reason);
+    loseNodeJobsOnLoop(name, reason);
     node.ranks.clear();
     schedule_wanted_ = true;
   }
 }
 
-void Coordinator::sweepLostJobsLocked() {
+void Coordinator::sweepLostJobsOnLoop() {
   std::vector<std::pair<std::string, std::string>> victims;  // (job, node)
   for (const auto& [id, job] : jobs_) {
     if (!isLive(job.state)) continue;
@@ -465,11 +691,11 @@ void Coordinator::sweepLostJobsLocked() {
     }
   }
   for (const auto& [id, node] : victims) {
-    failJobLocked(id, "node_lost: node " + node + " is DOWN", std::nullopt);
+    failJobOnLoop(id, "node_lost: node " + node + " is DOWN", std::nullopt);
   }
 }
 
-void Coordinator::loseNodeJobsLocked(const std::string& node, const std::string& reason,
+void Coordinator::loseNodeJobsOnLoop(const std::string& node, const std::string& reason,
                                      const std::string& only_job) {
   std::vector<std::string> victims;
   for (const auto& [id, job] : jobs_) {
@@ -478,10 +704,22 @@ void Coordinator::loseNodeJobsLocked(const std::string& node, const std::string&
       if (a.node == node) victims.push_back(id);
     }
   }
-  for (const auto& id : victims) failJobLocked(id, reason, std::nullopt);
+  for (const auto& id : victims) failJobOnLoop(id, reason, std::nullopt);
 }
 
 StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequest& req) {
+  return callSync<StatusOr<v1::RegisterResponse>>([&] { return registerAgentOnLoop(req); });
+}
+
+void Coordinator::registerAgent(const v1::RegisterRequest& req,
+                                std::function<void(StatusOr<v1::RegisterResponse>)> done) {
+  post([this, req, done = std::move(done)] {
+    auto result = std::make_shared<StatusOr<v1::RegisterResponse>>(registerAgentOnLoop(req));
+    afterCommitOnLoop([done, result] { done(std::move(*result)); });
+  });
+}
+
+StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::RegisterRequest& req) {
   if (!isValidName(req.node())) {
     return Status::invalidArgument("register: node name '" + req.node() +
                                    "' is empty or has characters other than letters, digits, '-', '_', '.'");
@@ -503,7 +741,6 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequ
                                    "-" + std::to_string(last) + " must lie in 1024-65535 and hold 2 ports");
   }
 
-  std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = now_ms_();
   NodeEntry& node = nodes_[req.node()];
   state::NodeRecord record = node.record;
@@ -516,11 +753,7 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequ
     record.state = record.drained ? state::NodeState::kDraining : state::NodeState::kUp;
   }
   record.last_heartbeat_ms = wall_ms_();
-  Status st = store_.upsertNode(record);
-  if (!st) {
-    if (node.session.empty() && node.record.name.empty()) nodes_.erase(req.node());
-    return st;
-  }
+  putNodeOnLoop(record);
   if (node.link) node.link->close();
   node.link.reset();
   node.outbox.clear();  // commands for the old stream are lost with it; reconciliation below decides
@@ -533,7 +766,7 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequ
   node.ranks.clear();
 
   std::set<std::pair<std::string, int>> stale;
-  for (const auto& r : req.ranks()) applyRankReportLocked(node, r, &stale);
+  for (const auto& r : req.ranks()) applyRankReportOnLoop(node, r, &stale);
   // Ranks this node should run but no longer has (the agent restarted without them, or never got the start).
   std::vector<std::pair<std::string, int>> lost;  // (job, rank); failing a job edits runtime_, so collect first
   for (const auto& [id, rt] : runtime_) {
@@ -549,12 +782,12 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequ
     }
   }
   for (const auto& [id, rank] : lost) {
-    loseNodeJobsLocked(req.node(),
+    loseNodeJobsOnLoop(req.node(),
                        "rank " + std::to_string(rank) + " of job " + id + " is gone from node " + req.node() +
                            " (its agent registered again without it)",
                        id);
   }
-  stopStaleLocked(req.node(), stale);
+  stopStaleOnLoop(req.node(), stale);
   schedule_wanted_ = true;
   spdlog::info("node {} registered from {} with {} GPUs, {} ranks running", req.node(), req.address(),
                req.gpus_size(), req.ranks_size());
@@ -566,7 +799,7 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequ
   return resp;
 }
 
-Coordinator::NodeEntry* Coordinator::checkSessionLocked(const std::string& node, const std::string& session,
+Coordinator::NodeEntry* Coordinator::checkSessionOnLoop(const std::string& node, const std::string& session,
                                                         Status* error) {
   auto it = nodes_.find(node);
   if (it == nodes_.end() || it->second.session.empty()) {
@@ -587,31 +820,44 @@ Coordinator::NodeEntry* Coordinator::checkSessionLocked(const std::string& node,
 
 Status Coordinator::attachAgent(const std::string& node, const std::string& session,
                                 std::shared_ptr<AgentLink> link) {
-  std::lock_guard<std::mutex> lock(mu_);
+  return callSync<Status>([&] { return attachAgentOnLoop(node, session, link); });
+}
+
+void Coordinator::attachAgent(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link,
+                              StatusDone done) {
+  post([this, node, session, link = std::move(link), done = std::move(done)] {
+    done(attachAgentOnLoop(node, session, link));
+  });
+}
+
+Status Coordinator::attachAgentOnLoop(const std::string& node, const std::string& session,
+                                      std::shared_ptr<AgentLink> link) {
   Status error;
-  NodeEntry* entry = checkSessionLocked(node, session, &error);
+  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
   if (!entry) return error;
   if (entry->link && entry->link != link) entry->link->close();
   entry->link = std::move(link);
   entry->last_seen_ms = now_ms_();
-  for (const auto& cmd : entry->outbox) entry->link->send(cmd);
-  entry->outbox.clear();
+  // Queued commands go out behind anything still waiting for the store, in order.
+  std::vector<v1::Command> outbox;
+  outbox.swap(entry->outbox);
+  for (const auto& cmd : outbox) sendOnLoop(node, cmd);
   schedule_wanted_ = true;
-  wake_.notify_all();
   return Status::ok();
 }
 
 void Coordinator::detachAgent(const std::string& node, const std::string& session,
                               const std::shared_ptr<AgentLink>& link) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = nodes_.find(node);
-  if (it == nodes_.end() || it->second.session != session || it->second.link != link) return;
-  it->second.link.reset();
-  spdlog::info("node {}: agent stream closed; DOWN unless it is back within {}", node,
-               seconds(options_.heartbeat_grace_ms));
+  post([this, node, session, link] {
+    auto it = nodes_.find(node);
+    if (it == nodes_.end() || it->second.session != session || it->second.link != link) return;
+    it->second.link.reset();
+    spdlog::info("node {}: agent stream closed; DOWN unless it is back within {}", node,
+                 seconds(options_.heartbeat_grace_ms));
+  });
 }
 
-void Coordinator::applyRankReportLocked(NodeEntry& node, const v1::RankStatus& r,
+void Coordinator::applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& r,
                                         std::set<std::pair<std::string, int>>* stale) {
   if (r.attempt() <= 0) return;  // not a launch this coordinator made; a stop for attempt 0 would stop them all
   v1::RankStatus report = r;
@@ -660,19 +906,19 @@ void Coordinator::applyRankReportLocked(NodeEntry& node, const v1::RankStatus& r
       failure.exit_code = report.exit_code();
     }
     const std::string rank = "rank " + std::to_string(r.rank()) + " on node " + node.record.name;
-    failJobLocked(r.job_id(),
+    failJobOnLoop(r.job_id(),
                   report.error().empty() ? rank + " " + describeExit(report)
                                          : rank + " could not start: " + report.error(),
                   failure);
     return;
   }
-  maybeCompleteLocked(r.job_id());
+  maybeCompleteOnLoop(r.job_id());
 }
 
-void Coordinator::stopStaleLocked(const std::string& node, const std::set<std::pair<std::string, int>>& stale) {
+void Coordinator::stopStaleOnLoop(const std::string& node, const std::set<std::pair<std::string, int>>& stale) {
   for (const auto& [job, attempt] : stale) {
     auto it = jobs_.find(job);
-    sendLocked(node, stopCommand(job, attempt,
+    sendOnLoop(node, stopCommand(job, attempt,
                                  it == jobs_.end() ? "the coordinator knows no job " + job
                                                    : "job " + job + " attempt " + std::to_string(attempt) +
                                                          " is not running (" + toString(it->second.state) + ")"));
@@ -680,9 +926,17 @@ void Coordinator::stopStaleLocked(const std::string& node, const std::set<std::p
 }
 
 Status Coordinator::heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& hb) {
-  std::lock_guard<std::mutex> lock(mu_);
+  return callSync<Status>([&] { return heartbeatOnLoop(node, session, hb); });
+}
+
+void Coordinator::heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& hb,
+                            StatusDone done) {
+  post([this, node, session, hb, done = std::move(done)] { done(heartbeatOnLoop(node, session, hb)); });
+}
+
+Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& session, const v1::Heartbeat& hb) {
   Status error;
-  NodeEntry* entry = checkSessionLocked(node, session, &error);
+  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
   if (!entry) return error;
   entry->last_seen_ms = now_ms_();
   entry->record.last_heartbeat_ms = wall_ms_();
@@ -690,7 +944,7 @@ Status Coordinator::heartbeat(const std::string& node, const std::string& sessio
   std::map<RankKey, v1::RankStatus> previous;
   previous.swap(entry->ranks);
   std::set<std::pair<std::string, int>> stale;
-  for (const auto& r : hb.ranks()) applyRankReportLocked(*entry, r, &stale);
+  for (const auto& r : hb.ranks()) applyRankReportOnLoop(*entry, r, &stale);
   if (entry->ranks.size() != previous.size()) schedule_wanted_ = true;  // ranks released: GPUs may be free
   // A rank of a live launch that was running and is simply gone (never reported as exited) is lost.
   std::vector<std::pair<std::string, int>> lost;
@@ -700,27 +954,34 @@ Status Coordinator::heartbeat(const std::string& node, const std::string& sessio
     if (rt != runtime_.end() && rt->second.attempt == key.attempt) lost.emplace_back(key.job, key.rank);
   }
   for (const auto& [job, rank] : lost) {
-    loseNodeJobsLocked(node, "rank " + std::to_string(rank) + " of job " + job + " vanished from node " + node +
+    loseNodeJobsOnLoop(node, "rank " + std::to_string(rank) + " of job " + job + " vanished from node " + node +
                                  " without an exit status", job);
   }
-  stopStaleLocked(node, stale);
+  stopStaleOnLoop(node, stale);
   return Status::ok();
 }
 
 Status Coordinator::rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  return callSync<Status>([&] { return rankEventOnLoop(node, session, r); });
+}
+
+void Coordinator::rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& r,
+                            StatusDone done) {
+  post([this, node, session, r, done = std::move(done)] { done(rankEventOnLoop(node, session, r)); });
+}
+
+Status Coordinator::rankEventOnLoop(const std::string& node, const std::string& session, const v1::RankStatus& r) {
   Status error;
-  NodeEntry* entry = checkSessionLocked(node, session, &error);
+  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
   if (!entry) return error;
   entry->last_seen_ms = now_ms_();
   std::set<std::pair<std::string, int>> stale;
-  applyRankReportLocked(*entry, r, &stale);
-  stopStaleLocked(node, stale);
-  if (schedule_wanted_) wake_.notify_all();
+  applyRankReportOnLoop(*entry, r, &stale);
+  stopStaleOnLoop(node, stale);
   return Status::ok();
 }
 
-std::map<std::string, Coordinator::NodeUsage> Coordinator::usageLocked() const {
+std::map<std::string, Coordinator::NodeUsage> Coordinator::usageOnLoop() const {
   std::map<std::string, NodeUsage> usage;
   for (const auto& [id, job] : jobs_) {
     if (!isLive(job.state)) continue;
@@ -738,8 +999,8 @@ std::map<std::string, Coordinator::NodeUsage> Coordinator::usageLocked() const {
   return usage;
 }
 
-bool Coordinator::stillFreeLocked(const placement::Allocation& allocation) const {
-  auto usage = usageLocked();
+bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation) const {
+  auto usage = usageOnLoop();
   for (const auto& a : allocation.nodes) {
     auto node = nodes_.find(a.node);
     if (node == nodes_.end() || node->second.record.state != state::NodeState::kUp || !node->second.link) {
@@ -753,8 +1014,8 @@ bool Coordinator::stillFreeLocked(const placement::Allocation& allocation) const
   return true;
 }
 
-placement::Cluster Coordinator::snapshotLocked(bool for_scheduling) const {
-  const auto usage = usageLocked();
+placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling) const {
+  const auto usage = usageOnLoop();
   placement::Cluster cluster;
   cluster.nodes.reserve(nodes_.size());
   for (const auto& [name, entry] : nodes_) {
@@ -780,89 +1041,213 @@ placement::Cluster Coordinator::snapshotLocked(bool for_scheduling) const {
 
 // ---- Users -------------------------------------------------------------------------------------------------
 
-StatusOr<v1::Job> Coordinator::submit(const v1::JobSpec& proto_spec) {
+StatusOr<v1::Job> Coordinator::submitOnLoop(const v1::JobSpec& proto_spec) {
   state::JobSpec spec = fromProto(proto_spec);
   if (spec.user.empty()) spec.user = "unknown";
   Status st = state::validateJobSpec(spec);
   if (!st) return st;
-  std::lock_guard<std::mutex> lock(mu_);
+  if (Health h = health(); !h.ok) return Status::unavailable("job refused: " + h.message);
   // Not stored yet, so no id: the message names the job by its name.
   std::string never =
-      placement::checkFeasible(snapshotLocked(false), requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec));
+      placement::checkFeasible(snapshotOnLoop(false), requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec));
   if (!never.empty()) return Status::invalidArgument("job refused: " + never);
-  auto job = store_.createJob(spec);  // durable when it returns: only then is the submit acknowledged
-  if (!job) return job.status();
+  state::Job job;
+  job.id = state::formatJobId(++last_job_number_);
+  job.spec = spec;
+  job.state = JobState::kPending;
+  job.submit_ms = wall_ms_();
+  job.transitions.push_back(state::Transition{JobState::kPending, JobState::kPending, job.submit_ms, "submitted", {}});
+  jobs_[job.id] = job;
+  putJobOnLoop(job, /*new_job=*/true);  // the answer waits for it: only a durable job is acknowledged
   ++counters_.jobs_submitted_total;
-  jobs_[job->id] = *job;
-  spdlog::info("job {} submitted by {}: {}", job->id, spec.user, requestOf(job->id, spec).describe());
+  spdlog::info("job {} submitted by {}: {}", job.id, spec.user, requestOf(job.id, spec).describe());
   schedule_wanted_ = true;
-  wake_.notify_all();
-  return toProtoLocked(*job);
+  return toProtoOnLoop(job);
+}
+
+StatusOr<v1::Job> Coordinator::submit(const v1::JobSpec& spec) {
+  return callSync<StatusOr<v1::Job>>([&] { return submitOnLoop(spec); });
+}
+
+void Coordinator::submit(const v1::JobSpec& spec, Done<v1::Job> done) {
+  post([this, spec, done = std::move(done)] {
+    auto result = std::make_shared<StatusOr<v1::Job>>(submitOnLoop(spec));
+    afterCommitOnLoop([done, result] { done(std::move(*result)); });
+  });
+}
+
+void Coordinator::withJobOnLoop(const std::string& id, std::function<void(StatusOr<state::Job>)> fn) {
+  auto it = jobs_.find(id);
+  if (it != jobs_.end()) return fn(it->second);
+  auto number = state::jobIdNumber(id);
+  if (!number || *number > last_job_number_ || *number <= 0) return fn(state::jobNotFound(id));
+  // A job that left memory: its final state is durable (it leaves only then), so the store has it.
+  const bool queued = reader_->run([this, id, fn] {
+    auto job = store_.getJob(id);
+    post([fn, job = std::move(job)] { fn(job); });
+  });
+  if (!queued) fn(Status::unavailable("too many reads of job history at once; try again"));
 }
 
 StatusOr<v1::Job> Coordinator::getJob(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return state::jobNotFound(id);
-  return toProtoLocked(it->second);
+  std::promise<StatusOr<v1::Job>> promise;
+  getJob(id, [&](StatusOr<v1::Job> job) { promise.set_value(std::move(job)); });
+  return promise.get_future().get();
 }
 
-StatusOr<v1::ListJobsResponse> Coordinator::listJobs(const v1::ListJobsRequest& request) {
+void Coordinator::getJob(const std::string& id, Done<v1::Job> done) {
+  post([this, id, done = std::move(done)] {
+    withJobOnLoop(id, [this, done](StatusOr<state::Job> job) {
+      if (!job) return done(job.status());
+      done(toProtoOnLoop(*job));
+    });
+  });
+}
+
+namespace {
+
+constexpr int kDefaultPageSize = 500, kMaxPageSize = 5000;
+
+bool onlyOpenStates(const state::JobFilter& filter) {
+  return !filter.states.empty() &&
+         std::none_of(filter.states.begin(), filter.states.end(), [](JobState s) { return state::isTerminal(s); });
+}
+
+}  // namespace
+
+void Coordinator::listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done) {
   state::JobFilter filter;
   for (int s : request.states()) {
     auto state = fromProto(static_cast<v1::JobState>(s));
-    if (!state) return Status::invalidArgument("list: unknown job state " + std::to_string(s));
+    if (!state) return done(Status::invalidArgument("list: unknown job state " + std::to_string(s)));
     filter.states.insert(*state);
   }
   if (!request.user().empty()) filter.user = request.user();
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<const state::Job*> matching;
-  for (const auto& [id, job] : jobs_) {
-    if (state::matches(filter, job)) matching.push_back(&job);
+  if (!request.name().empty()) filter.name = request.name();
+  filter.since_ms = std::max<int64_t>(0, request.since_ms());
+  filter.until_ms = std::max<int64_t>(0, request.until_ms());
+  if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
+    return done(Status::invalidArgument("list: page size " + std::to_string(request.page_size()) +
+                                        " is outside 0.." + std::to_string(kMaxPageSize) + " (0: " +
+                                        std::to_string(kDefaultPageSize) + ")"));
   }
-  std::sort(matching.begin(), matching.end(), [](const state::Job* a, const state::Job* b) {
+  const int limit = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
+  int64_t after = 0;
+  if (!request.page_token().empty()) {
+    auto n = state::jobIdNumber("j-" + request.page_token());
+    if (!n) return done(Status::invalidArgument("list: page token '" + request.page_token() +
+                                                "' is not one this coordinator gave; start again without it"));
+    after = *n;
+  }
+  // Memory: every open job and the recent final ones, as they are now (newer than the store).
+  std::vector<const state::Job*> mine;
+  std::set<int64_t> in_memory;
+  for (const auto& [id, job] : jobs_) {
+    const int64_t n = state::jobIdNumber(id).value_or(0);
+    if (n <= after) continue;
+    in_memory.insert(n);
+    if (state::matches(filter, job)) mine.push_back(&job);
+  }
+  std::sort(mine.begin(), mine.end(), [](const state::Job* a, const state::Job* b) {
     return state::jobIdNumber(a->id) < state::jobIdNumber(b->id);
   });
-  v1::ListJobsResponse out;
-  for (const state::Job* job : matching) *out.add_jobs() = toProtoLocked(*job);
-  return out;
+  if (mine.size() > static_cast<size_t>(limit) + 1) mine.resize(limit + 1);
+  std::vector<v1::Job> page;
+  page.reserve(mine.size());
+  for (const state::Job* job : mine) page.push_back(toProtoOnLoop(*job));
+  auto finish = [limit](std::vector<v1::Job> jobs, Done<v1::ListJobsResponse> done) {
+    std::sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
+      return state::jobIdNumber(a.id()) < state::jobIdNumber(b.id());
+    });
+    v1::ListJobsResponse resp;
+    for (size_t i = 0; i < jobs.size() && i < static_cast<size_t>(limit); ++i) *resp.add_jobs() = std::move(jobs[i]);
+    if (jobs.size() > static_cast<size_t>(limit)) {
+      resp.set_next_page_token(std::to_string(state::jobIdNumber(resp.jobs(limit - 1).id()).value_or(0)));
+    }
+    done(std::move(resp));
+  };
+  // Open jobs are all in memory: no need for the store.
+  if (onlyOpenStates(filter)) return finish(std::move(page), std::move(done));
+  // Final jobs may have left memory: the store has those (committed), the memory wins where it has the job.
+  const bool queued = reader_->run([this, filter, after, limit, page = std::move(page), in_memory = std::move(in_memory),
+                                    finish, done]() mutable {
+    auto stored = store_.listJobsPage(filter, after, limit + 1);
+    if (!stored) return done(stored.status());
+    for (const auto& job : *stored) {
+      if (in_memory.count(state::jobIdNumber(job.id).value_or(0))) continue;
+      page.push_back(jobToProto(job));
+    }
+    finish(std::move(page), std::move(done));
+  });
+  if (!queued) done(Status::unavailable("too many reads of job history at once; try again"));
+}
+
+StatusOr<v1::ListJobsResponse> Coordinator::listJobs(const v1::ListJobsRequest& request) {
+  std::promise<StatusOr<v1::ListJobsResponse>> promise;
+  listJobs(request, [&](StatusOr<v1::ListJobsResponse> r) { promise.set_value(std::move(r)); });
+  return promise.get_future().get();
+}
+
+void Coordinator::listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done) {
+  post([this, request, done = std::move(done)] { listJobsOnLoop(request, done); });
+}
+
+StatusOr<v1::Job> Coordinator::cancelOnLoop(const state::Job& found) {
+  const std::string id = found.id;
+  if (state::isTerminal(found.state)) {
+    return Status::failedPrecondition("job " + id + " already ended " + toString(found.state) +
+                                      "; nothing to cancel");
+  }
+  if (Health h = health(); !h.ok) return Status::unavailable("cancel refused: " + h.message);
+  const int attempt = runtime_.count(id) ? runtime_[id].attempt : 0;
+  const bool launched = isLive(found.state);
+  Status st = recordTransitionOnLoop(id, JobState::kCancelled, "cancelled by user");
+  if (!st) return st;
+  if (launched) stopJobEverywhereOnLoop(id, attempt, "job cancelled", jobs_[id].allocation);
+  return toProtoOnLoop(jobs_[id]);
 }
 
 StatusOr<v1::Job> Coordinator::cancel(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return state::jobNotFound(id);
-  if (state::isTerminal(it->second.state)) {
-    return Status::failedPrecondition("job " + id + " already ended " + toString(it->second.state) +
-                                      "; nothing to cancel");
-  }
-  const int attempt = runtime_.count(id) ? runtime_[id].attempt : 0;
-  const bool launched = isLive(it->second.state);
-  Status st = recordTransitionLocked(id, JobState::kCancelled, "cancelled by user");
-  if (!st) return st;
-  if (launched) stopJobEverywhereLocked(id, attempt, "job cancelled", jobs_[id].allocation);
-  wake_.notify_all();
-  return toProtoLocked(jobs_[id]);
+  std::promise<StatusOr<v1::Job>> promise;
+  cancel(id, [&](StatusOr<v1::Job> r) { promise.set_value(std::move(r)); });
+  return promise.get_future().get();
 }
 
-std::vector<v1::Node> Coordinator::listNodes() {
-  std::lock_guard<std::mutex> lock(mu_);
+void Coordinator::cancel(const std::string& id, Done<v1::Job> done) {
+  post([this, id, done = std::move(done)] {
+    withJobOnLoop(id, [this, done](StatusOr<state::Job> job) {
+      if (!job) return done(job.status());
+      auto result = std::make_shared<StatusOr<v1::Job>>(cancelOnLoop(*job));
+      afterCommitOnLoop([done, result] { done(std::move(*result)); });
+    });
+  });
+}
+
+std::vector<v1::Node> Coordinator::listNodesOnLoop() {
   std::vector<const NodeEntry*> sorted;
   for (const auto& [name, entry] : nodes_) sorted.push_back(&entry);
   std::sort(sorted.begin(), sorted.end(), [](const NodeEntry* a, const NodeEntry* b) {
     return placement::naturalLess(a->record.name, b->record.name);
   });
-  const auto usage = usageLocked();
+  const auto usage = usageOnLoop();
   std::vector<v1::Node> out;
+  out.reserve(sorted.size());
   for (const NodeEntry* n : sorted) {
     auto u = usage.find(n->record.name);
-    out.push_back(nodeToProtoLocked(*n, u != usage.end() ? u->second : NodeUsage{}));
+    out.push_back(nodeToProtoOnLoop(*n, u != usage.end() ? u->second : NodeUsage{}));
   }
   return out;
 }
 
-StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain) {
-  std::lock_guard<std::mutex> lock(mu_);
+std::vector<v1::Node> Coordinator::listNodes() {
+  return callSync<std::vector<v1::Node>>([this] { return listNodesOnLoop(); }, false);
+}
+
+void Coordinator::listNodes(Done<std::vector<v1::Node>> done) {
+  post([this, done = std::move(done)] { done(listNodesOnLoop()); });
+}
+
+StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain) {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return state::nodeNotFound(name);
   NodeEntry& node = it->second;
@@ -871,23 +1256,69 @@ StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain) {
   want.drained = drain;
   if (want.state != state::NodeState::kDown) want.state = drain ? state::NodeState::kDraining : state::NodeState::kUp;
   if (want != node.record) {
-    Status st = store_.upsertNode(want);
-    if (!st) return st;
+    if (Health h = health(); !h.ok) return Status::unavailable("drain refused: " + h.message);
     node.record = want;
+    putNodeOnLoop(want);
     spdlog::info("node {} is now {}{}", name, toString(want.state),
                  want.state == state::NodeState::kDown ? (drain ? ", drained for when it is back" : ", undrained")
                                                        : "");
     schedule_wanted_ = true;
-    wake_.notify_all();
   }
-  auto usage = usageLocked();
-  return nodeToProtoLocked(node, usage[name]);
+  auto usage = usageOnLoop();
+  return nodeToProtoOnLoop(node, usage[name]);
 }
 
-std::string Coordinator::layoutOfLocked(const state::Job& job, placement::RingLayout* layout) const {
+StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain_it) {
+  return callSync<StatusOr<v1::Node>>([&] { return drainOnLoop(name, drain_it); });
+}
+
+void Coordinator::drain(const std::string& name, bool drain_it, Done<v1::Node> done) {
+  post([this, name, drain_it, done = std::move(done)] {
+    auto result = std::make_shared<StatusOr<v1::Node>>(drainOnLoop(name, drain_it));
+    afterCommitOnLoop([done, result] { done(std::move(*result)); });
+  });
+}
+
+StatusOr<v1::Node> Coordinator::removeNodeOnLoop(const std::string& name) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return state::nodeNotFound(name);
+  NodeEntry& node = it->second;
+  if (node.record.state != state::NodeState::kDown || node.link) {
+    return Status::failedPrecondition("node " + name + " is " + toString(node.record.state) +
+                                      (node.link ? " with its agent connected" : "") +
+                                      "; only a DOWN node is removed (stop its agent, wait for DOWN, or drain it)");
+  }
+  auto usage = usageOnLoop();
+  if (!usage[name].jobs.empty()) {
+    return Status::failedPrecondition("node " + name + " still has live jobs placed on it: " + usage[name].jobs[0] +
+                                      (usage[name].jobs.size() > 1 ? " and more" : "") + "; cancel them first");
+  }
+  if (Health h = health(); !h.ok) return Status::unavailable("remove refused: " + h.message);
+  v1::Node out = nodeToProtoOnLoop(node, usage[name]);
+  nodes_.erase(it);
+  state::Write w;
+  w.kind = state::Write::Kind::kDeleteNode;
+  w.name = name;
+  dirty_[w.key()] = std::move(w);
+  spdlog::info("node {} removed", name);
+  return out;
+}
+
+StatusOr<v1::Node> Coordinator::removeNode(const std::string& name) {
+  return callSync<StatusOr<v1::Node>>([&] { return removeNodeOnLoop(name); });
+}
+
+void Coordinator::removeNode(const std::string& name, Done<v1::Node> done) {
+  post([this, name, done = std::move(done)] {
+    auto result = std::make_shared<StatusOr<v1::Node>>(removeNodeOnLoop(name));
+    afterCommitOnLoop([done, result] { done(std::move(*result)); });
+  });
+}
+
+std::string Coordinator::layoutOfOnLoop(const state::Job& job, placement::RingLayout* layout) const {
   // The layout the ranks were given: derived from the allocation as at placement (then its `why` says how),
   // unless that no longer matches the recorded topology (an override, or labels changed since).
-  const placement::Cluster cluster = snapshotLocked(false);
+  const placement::Cluster cluster = snapshotOnLoop(false);
   const placement::Allocation allocation = toPlacement(job.allocation);
   std::string err = placement::buildRingLayout(allocation, cluster, job.spec.topology_override, layout);
   if (err.empty() && layout->topology() != job.topology) {
@@ -897,39 +1328,54 @@ std::string Coordinator::layoutOfLocked(const state::Job& job, placement::RingLa
   return err;
 }
 
-StatusOr<v1::GetLogsResponse> Coordinator::readLog(const v1::GetLogsRequest& request) {
+void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) {
   constexpr int kDefaultChunk = 256 << 10, kMaxChunk = 1 << 20;
-  std::unique_lock<std::mutex> lock(mu_);
   auto it = jobs_.find(request.id());
-  if (it == jobs_.end()) return state::jobNotFound(request.id());
+  if (it == jobs_.end()) {
+    // Ended long ago (or unknown): look it up, then come back here with the job in hand.
+    return withJobOnLoop(request.id(), [this, request, done](StatusOr<state::Job> job) {
+      if (!job) return done(job.status());
+      if (jobs_.count(job->id) == 0 && jobs_.size() < options_.max_finished_in_memory + runtime_.size() + 1024) {
+        jobs_[job->id] = *job;  // briefly back in memory, to read its logs; it leaves again with the next eviction
+        finished_.push_back({job->id, 0, 0});
+      }
+      if (jobs_.count(job->id) == 0) return done(Status::unavailable("too many jobs in memory; try again"));
+      readLogOnLoop(request, done);
+    });
+  }
   const state::Job& job = it->second;
   const int latest = attemptOf(job);
   if (latest == 0 || job.allocation.empty()) {
-    return Status::failedPrecondition("job " + job.id + " is " + toString(job.state) +
-                                      " and has not been launched, so it has no logs yet");
+    return done(Status::failedPrecondition("job " + job.id + " is " + toString(job.state) +
+                                           " and has not been launched, so it has no logs yet"));
   }
   const int attempt = request.attempt() == 0 ? latest : request.attempt();
   if (attempt < 0 || attempt > latest) {
-    return Status::invalidArgument("job " + job.id + " has launch attempts 1.." + std::to_string(latest));
+    return done(Status::invalidArgument("job " + job.id + " has launch attempts 1.." + std::to_string(latest)));
   }
   placement::RingLayout layout;
-  std::string err = layoutOfLocked(job, &layout);
-  if (!err.empty()) return Status::internal("job " + job.id + ": cannot rebuild its ring layout: " + err);
+  std::string err = layoutOfOnLoop(job, &layout);
+  if (!err.empty()) return done(Status::internal("job " + job.id + ": cannot rebuild its ring layout: " + err));
   if (request.rank() < 0 || request.rank() >= layout.size()) {
-    return Status::invalidArgument("job " + job.id + " has ranks 0.." + std::to_string(layout.size() - 1));
+    return done(Status::invalidArgument("job " + job.id + " has ranks 0.." + std::to_string(layout.size() - 1)));
   }
   const std::string node = layout.ranks[request.rank()].node;
   auto n = nodes_.find(node);
   const std::string where = "rank " + std::to_string(request.rank()) + "'s log (attempt " +
                             std::to_string(attempt) + ") is on node " + node;
   if (n == nodes_.end() || !n->second.link) {
-    return Status::unavailable(where + ", whose agent is not connected; read it there under the agent's "
-                               "data directory: logs/" + job.id + "/attempt-" + std::to_string(attempt) +
-                               "/rank-" + std::to_string(request.rank()) + ".log");
+    return done(Status::unavailable(where + ", whose agent is not connected; read it there under the agent's "
+                                    "data directory: logs/" + job.id + "/attempt-" + std::to_string(attempt) +
+                                    "/rank-" + std::to_string(request.rank()) + ".log"));
+  }
+  if (log_waits_.size() >= CoordinatorOptions::kMaxLogReads) {
+    return done(Status::unavailable("too many log reads wait for agents now; try again"));
   }
   const std::string rid = "log-" + std::to_string(++log_requests_);
-  auto wait = std::make_shared<LogWait>();
-  log_waits_[rid] = wait;
+  auto wait = std::make_shared<LogWait>(loop_->io);
+  wait->done = std::move(done);
+  wait->node = node;
+  wait->where = where;
   v1::Command cmd;
   v1::ReadLog* read = cmd.mutable_read_log();
   read->set_request(rid);
@@ -938,46 +1384,68 @@ StatusOr<v1::GetLogsResponse> Coordinator::readLog(const v1::GetLogsRequest& req
   read->set_rank(request.rank());
   read->set_offset(std::max<int64_t>(0, request.offset()));
   read->set_max_bytes(request.max_bytes() <= 0 ? kDefaultChunk : std::min(request.max_bytes(), kMaxChunk));
-  n->second.link->send(cmd);
-  const bool answered = log_cv_.wait_for(lock, std::chrono::milliseconds(options_.log_timeout_ms),
-                                         [&] { return wait->done || stopping_; });
-  log_waits_.erase(rid);
-  if (!answered || !wait->done) {
-    return Status::unavailable(where + ", which did not answer within " + seconds(options_.log_timeout_ms));
-  }
-  if (!wait->data.error().empty()) return Status::notFound(where + ": " + wait->data.error());
-  v1::GetLogsResponse resp;
-  resp.set_data(wait->data.data());
-  resp.set_next_offset(read->offset() + static_cast<int64_t>(wait->data.data().size()));
-  resp.set_size(wait->data.size());
-  auto again = jobs_.find(request.id());
-  resp.set_job_ended(again != jobs_.end() && state::isTerminal(again->second.state));
-  resp.set_attempt(attempt);
-  resp.set_node(node);
-  return resp;
+  wait->read = *read;
+  log_waits_[rid] = wait;
+  sendOnLoop(node, cmd);
+  wait->timer.expires_after(std::chrono::milliseconds(options_.log_timeout_ms));
+  wait->timer.async_wait([this, rid](const boost::system::error_code&) {
+    auto w = log_waits_.find(rid);
+    if (w == log_waits_.end()) return;  // answered
+    auto waiting = w->second;
+    log_waits_.erase(w);
+    waiting->done(Status::unavailable(waiting->where + ", which did not answer within " +
+                                      seconds(options_.log_timeout_ms)));
+  });
 }
 
-Status Coordinator::logData(const std::string& node, const std::string& session, const v1::LogData& data) {
-  std::lock_guard<std::mutex> lock(mu_);
+StatusOr<v1::GetLogsResponse> Coordinator::readLog(const v1::GetLogsRequest& request) {
+  std::promise<StatusOr<v1::GetLogsResponse>> promise;
+  readLog(request, [&](StatusOr<v1::GetLogsResponse> r) { promise.set_value(std::move(r)); });
+  return promise.get_future().get();
+}
+
+void Coordinator::readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) {
+  post([this, request, done = std::move(done)] { readLogOnLoop(request, done); });
+}
+
+Status Coordinator::logDataOnLoop(const std::string& node, const std::string& session, const v1::LogData& data) {
   Status error;
-  NodeEntry* entry = checkSessionLocked(node, session, &error);
+  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
   if (!entry) return error;
   entry->last_seen_ms = now_ms_();
   auto it = log_waits_.find(data.request());
-  if (it == log_waits_.end()) return Status::ok();  // the reader gave up already
-  it->second->data = data;
-  it->second->done = true;
-  log_cv_.notify_all();
+  if (it == log_waits_.end() || it->second->node != node) return Status::ok();  // the reader gave up already
+  auto wait = it->second;
+  log_waits_.erase(it);
+  wait->timer.cancel();
+  if (!data.error().empty()) return wait->done(Status::notFound(wait->where + ": " + data.error())), Status::ok();
+  v1::GetLogsResponse resp;
+  resp.set_data(data.data());
+  resp.set_next_offset(wait->read.offset() + static_cast<int64_t>(data.data().size()));
+  resp.set_size(data.size());
+  auto job = jobs_.find(wait->read.job_id());
+  resp.set_job_ended(job == jobs_.end() || state::isTerminal(job->second.state));
+  resp.set_attempt(wait->read.attempt());
+  resp.set_node(node);
+  wait->done(std::move(resp));
   return Status::ok();
 }
 
-MetricsSnapshot Coordinator::metrics() {
-  std::lock_guard<std::mutex> lock(mu_);
+Status Coordinator::logData(const std::string& node, const std::string& session, const v1::LogData& data) {
+  return callSync<Status>([&] { return logDataOnLoop(node, session, data); }, false);
+}
+
+void Coordinator::logData(const std::string& node, const std::string& session, const v1::LogData& data,
+                          StatusDone done) {
+  post([this, node, session, data, done = std::move(done)] { done(logDataOnLoop(node, session, data)); });
+}
+
+MetricsSnapshot Coordinator::metricsOnLoop() {
   MetricsSnapshot m = counters_;
   const int64_t now = now_ms_();
   for (const char* s : {"UP", "DOWN", "DRAINING"}) m.nodes_by_state[s] = 0;
   for (state::JobState s : state::kAllJobStates) m.jobs_by_state[toString(s)] = 0;
-  const auto usage = usageLocked();
+  const auto usage = usageOnLoop();
   for (const auto& [name, node] : nodes_) {
     m.nodes_by_state[toString(node.record.state)]++;
     if (node.record.state == state::NodeState::kDown) continue;
@@ -987,21 +1455,29 @@ MetricsSnapshot Coordinator::metrics() {
     m.heartbeat_lag_max_s = std::max(m.heartbeat_lag_max_s, (now - node.last_seen_ms) / 1000.0);
   }
   for (const auto& [id, job] : jobs_) m.jobs_by_state[toString(job.state)]++;
+  m.store_healthy = health().ok;
+  m.store_backlog = committer_->backlog();
+  m.jobs_in_memory = jobs_.size();
   return m;
 }
 
-StatusOr<v1::RingLayout> Coordinator::ring(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return state::jobNotFound(id);
-  const state::Job& job = it->second;
+MetricsSnapshot Coordinator::metrics() {
+  return callSync<MetricsSnapshot>([this] { return metricsOnLoop(); }, false);
+}
+
+void Coordinator::metrics(std::function<void(MetricsSnapshot)> done) {
+  post([this, done = std::move(done)] { done(metricsOnLoop()); });
+}
+
+StatusOr<v1::RingLayout> Coordinator::ringOnLoop(const state::Job& job) {
+  const std::string& id = job.id;
   if (job.allocation.empty()) {
     std::string why = job.state == JobState::kPending && pending_reason_.count(id) ? ": " + pending_reason_[id] : "";
     return Status::failedPrecondition("job " + id + " is " + toString(job.state) +
                                       " and has not been placed, so it has no ring layout yet" + why);
   }
   placement::RingLayout layout;
-  std::string err = layoutOfLocked(job, &layout);
+  std::string err = layoutOfOnLoop(job, &layout);
   if (!err.empty()) return Status::internal("job " + id + ": cannot rebuild its ring layout: " + err);
   v1::RingLayout out;
   toProto(layout, &out);
@@ -1009,35 +1485,27 @@ StatusOr<v1::RingLayout> Coordinator::ring(const std::string& id) {
   return out;
 }
 
-v1::Job Coordinator::toProtoLocked(const state::Job& job) const {
-  v1::Job out;
-  out.set_id(job.id);
-  toProto(job.spec, out.mutable_spec());
-  out.set_state(toProto(job.state));
-  out.set_restarts(job.restarts);
-  out.set_submit_ms(job.submit_ms);
-  for (const auto& t : job.transitions) {
-    v1::Transition* p = out.add_transitions();
-    p->set_from(toProto(t.from));
-    p->set_to(toProto(t.to));
-    p->set_at_ms(t.at_ms);
-    p->set_reason(t.reason);
-    if (t.failure) toProto(*t.failure, p->mutable_failure());
-  }
-  if (job.failure) toProto(*job.failure, out.mutable_failure());
-  for (const auto& a : job.allocation) {
-    v1::NodeAllocation* p = out.add_allocation();
-    p->set_node(a.node);
-    for (int g : a.gpus) p->add_gpus(g);
-  }
-  out.set_topology(job.topology);
+StatusOr<v1::RingLayout> Coordinator::ring(const std::string& id) {
+  std::promise<StatusOr<v1::RingLayout>> promise;
+  ring(id, [&](StatusOr<v1::RingLayout> r) { promise.set_value(std::move(r)); });
+  return promise.get_future().get();
+}
+
+void Coordinator::ring(const std::string& id, Done<v1::RingLayout> done) {
+  post([this, id, done = std::move(done)] {
+    withJobOnLoop(id, [this, done](StatusOr<state::Job> job) {
+      if (!job) return done(job.status());
+      done(ringOnLoop(*job));
+    });
+  });
+}
+
+v1::Job Coordinator::toProtoOnLoop(const state::Job& job) const {
+  v1::Job out = jobToProto(job);
   if (job.state == JobState::kPending) {
     auto it = pending_reason_.find(job.id);
     out.set_reason(it != pending_reason_.end() ? it->second : "waiting for the next scheduling pass");
-  } else if (!job.transitions.empty()) {
-    out.set_reason(job.transitions.back().reason);
   }
-  out.set_gpus(requestOf(job.id, job.spec).gpuCount());
   auto rt = runtime_.find(job.id);
   if (rt != runtime_.end()) {
     for (const auto& [rank, status] : rt->second.ranks) *out.add_ranks() = status;
@@ -1045,7 +1513,7 @@ v1::Job Coordinator::toProtoLocked(const state::Job& job) const {
   return out;
 }
 
-v1::Node Coordinator::nodeToProtoLocked(const NodeEntry& node, const NodeUsage& usage) const {
+v1::Node Coordinator::nodeToProtoOnLoop(const NodeEntry& node, const NodeUsage& usage) const {
   v1::Node out;
   out.set_name(node.record.name);
   out.set_address(node.record.address);
@@ -1066,28 +1534,5 @@ v1::Node Coordinator::nodeToProtoLocked(const NodeEntry& node, const NodeUsage& 
   for (const auto& nic : node.nics) *out.add_nics() = nic;
   return out;
 }
-
-// ---- Asynchronous forms (placeholders over the synchronous ones until the event loop lands) ----------------
-
-void Coordinator::submit(const v1::JobSpec& spec, Done<v1::Job> done) { done(submit(spec)); }
-void Coordinator::getJob(const std::string& id, Done<v1::Job> done) { done(getJob(id)); }
-void Coordinator::listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done) {
-  done(listJobs(request));
-}
-void Coordinator::cancel(const std::string& id, Done<v1::Job> done) { done(cancel(id)); }
-void Coordinator::listNodes(Done<std::vector<v1::Node>> done) { done(listNodes()); }
-void Coordinator::drain(const std::string& node, bool drain_it, Done<v1::Node> done) {
-  done(drain(node, drain_it));
-}
-StatusOr<v1::Node> Coordinator::removeNode(const std::string& node) {
-  return Status::failedPrecondition("remove node " + node + ": not built yet");
-}
-void Coordinator::removeNode(const std::string& node, Done<v1::Node> done) { done(removeNode(node)); }
-void Coordinator::ring(const std::string& id, Done<v1::RingLayout> done) { done(ring(id)); }
-void Coordinator::readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) {
-  done(readLog(request));
-}
-void Coordinator::metrics(std::function<void(MetricsSnapshot)> done) { done(metrics()); }
-Coordinator::Health Coordinator::health() const { return {}; }
 
 }  // namespace ddl::coordinator

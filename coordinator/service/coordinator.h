@@ -21,14 +21,22 @@
 // node that was UP has reconnected or the grace period has passed, so GPUs still held by running ranks are
 // not handed out twice. Agents re-register with the ranks they run; those reports reconcile the jobs.
 //
-// Threads: every public method may be called from any thread; one mutex serialises them. AgentLink::send is
-// called with that mutex held and must not block (queue the command). start() runs a ticker thread that
-// calls tick(); tests leave it off and call tick() themselves.
+// Threads: the coordinator is an actor. All of its state belongs to one event-loop thread (an Asio
+// io_context, started by the constructor); every public method posts its work there and answers through a
+// callback, or waits for that answer in its synchronous form. Methods named *OnLoop run on that thread only
+// (they assert it). Nothing on the loop touches the disk: changes are collected per turn of the loop and
+// handed to a GroupCommitter thread (persistence.h) that stores them in batches; answers to the callers and
+// commands to agents that depend on a change leave only once its batch is durable, in the order they were
+// made. Reads answer from memory at once; jobs that left memory are read from the store on a StoreReader
+// thread. A failed commit is retried until it works; meanwhile health() says why and new submits are refused.
+//
+// Bounds: live jobs stay in memory; final ones leave after max_finished_in_memory of them or
+// finished_in_memory_ms, and leave the store after history_retention_ms. Log reads in flight are capped.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -36,7 +44,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ddl/v1/ddl.pb.h"
@@ -44,6 +51,7 @@
 #include "placement/ring_layout.h"
 #include "state/status.h"
 #include "state/store.h"
+#include "service/persistence.h"
 
 namespace ddl::coordinator {
 
@@ -59,6 +67,11 @@ struct CoordinatorOptions {
   int port_last = 29999;
   int64_t log_timeout_ms = 5000;        // how long readLog waits for the agent
   bool allow_root_jobs = false;         // jobs of the user "root" are refused, and agents refuse uid 0 ranks
+  size_t max_finished_in_memory = 10000;      // final jobs kept in memory (the rest are read from the store)
+  int64_t finished_in_memory_ms = 3600000;    // and for at most this long after they end
+  int64_t history_retention_ms = 30LL * 24 * 3600000;  // final jobs leave the store after this; 0: never
+  int64_t store_retry_max_ms = 5000;          // longest wait between attempts to store after a failure
+  static constexpr size_t kMaxLogReads = 1024;  // log reads waiting for agents at once
 };
 
 // The way down to one connected agent. The rpc layer implements it over the Connect stream.
@@ -87,6 +100,9 @@ struct MetricsSnapshot {
   double heartbeat_lag_max_s = 0;  // the longest silence among nodes that are not DOWN
   double collective_bytes_total = 0;    // reported by ranks through their agents
   double collective_seconds_total = 0;
+  bool store_healthy = true;   // the last attempt to store state worked
+  size_t store_backlog = 0;    // writes waiting to be stored
+  size_t jobs_in_memory = 0;   // open jobs and the recent final ones (jobs_by_state counts these)
 };
 
 class Coordinator {
@@ -104,7 +120,8 @@ class Coordinator {
 
   // Loads jobs and nodes from the store (see the file comment). Call once, before anything else.
   Status recover();
-  // Runs the ticker thread until stop(). stop() also closes every agent link.
+  // Ticks every tick_ms on the loop until stop(). stop() also closes every agent link and stores what is
+  // left to store.
   void start();
   void stop();
 
@@ -112,16 +129,25 @@ class Coordinator {
   // jobs are placed. Called by the ticker; tests call it directly.
   void tick();
 
-  // ---- Agents ----
+  // ---- Agents ---- (synchronous and asynchronous forms as for users, below)
+  using StatusDone = std::function<void(Status)>;
   StatusOr<v1::RegisterResponse> registerAgent(const v1::RegisterRequest& request);
+  void registerAgent(const v1::RegisterRequest& request, std::function<void(StatusOr<v1::RegisterResponse>)> done);
   // The agent's stream said hello: commands for the node go to `link` from now on.
   Status attachAgent(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link);
+  void attachAgent(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link,
+                   StatusDone done);
   // The stream that carried `link` ended. The node is not DOWN yet: that takes the heartbeat grace. A link
-  // that has already been replaced (the agent connected again) is ignored.
+  // that has already been replaced (the agent connected again) is ignored. Returns at once.
   void detachAgent(const std::string& node, const std::string& session, const std::shared_ptr<AgentLink>& link);
   Status heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& heartbeat);
+  void heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& heartbeat,
+                 StatusDone done);
   Status rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& rank);
+  void rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& rank,
+                 StatusDone done);
   Status logData(const std::string& node, const std::string& session, const v1::LogData& data);
+  void logData(const std::string& node, const std::string& session, const v1::LogData& data, StatusDone done);
 
   // ---- Users ----
   // Each call comes twice. The asynchronous form never blocks its caller: `done` is called exactly once, after
@@ -179,7 +205,7 @@ class Coordinator {
     std::shared_ptr<AgentLink> link;   // null while no stream is attached
     int64_t last_seen_ms = 0;          // in memory only: heartbeats are not written to the store
     std::map<RankKey, v1::RankStatus> ranks;  // what the agent last reported, any attempt
-    std::vector<v1::Command> outbox;          // commands queued while no stream is attached
+    std::vector<v1::Command> outbox;          // commands queued while no stream is attached (kMaxOutbox)
   };
   struct JobRuntime {
     int attempt = 0;
@@ -189,81 +215,133 @@ class Coordinator {
     std::map<int, v1::RankStatus> ranks;   // the current attempt's ranks as reported
   };
 
-  // All *Locked methods need mu_ held.
-  Status recordTransitionLocked(const std::string& id, state::JobState to, const std::string& reason,
+  // The *OnLoop methods run on the loop thread only.
+  Status recordTransitionOnLoop(const std::string& id, state::JobState to, const std::string& reason,
                                 const std::optional<state::Failure>& failure = std::nullopt);
-  // One scheduling pass; takes the lock itself and drops it while placement runs.
-  void schedulePass();
-  void launchLocked(const std::string& id, const placement::Allocation& allocation,
+  // One scheduling pass: placement (a pure function over a snapshot) runs on the loop.
+  void schedulePassOnLoop();
+  void launchOnLoop(const std::string& id, const placement::Allocation& allocation,
                     const placement::RingLayout& layout);
-  void checkHeartbeatsLocked(int64_t now);
+  void checkHeartbeatsOnLoop(int64_t now);
   // Fails live jobs placed on a node that is DOWN or unknown (a crash between marking the node DOWN and failing
   // its jobs, or a failed write, must not leave a job running forever).
-  void sweepLostJobsLocked();
+  void sweepLostJobsOnLoop();
   // A node's ranks are lost (node DOWN, or the agent restarted without them): fail or requeue its jobs.
-  void loseNodeJobsLocked(const std::string& node, const std::string& reason, const std::string& only_job = "");
+  void loseNodeJobsOnLoop(const std::string& node, const std::string& reason, const std::string& only_job = "");
   // Ends (or requeues) a live job after a rank failure; stops the ranks that remain.
-  void failJobLocked(const std::string& id, const std::string& reason, std::optional<state::Failure> failure);
+  void failJobOnLoop(const std::string& id, const std::string& reason, std::optional<state::Failure> failure);
   v1::Command stopCommand(const std::string& id, int attempt, const std::string& reason) const;
   // Sends the job's StopJob to every node of `allocation` (passed in: a requeue clears the job's own).
-  void stopJobEverywhereLocked(const std::string& id, int attempt, const std::string& reason,
+  void stopJobEverywhereOnLoop(const std::string& id, int attempt, const std::string& reason,
                                const std::vector<state::NodeAllocation>& allocation);
-  void sendLocked(const std::string& node, const v1::Command& command);
+  void sendOnLoop(const std::string& node, const v1::Command& command);
   // Records a rank report. A report about an ended job or an older attempt goes into `stale` (job, attempt)
   // so the caller sends one StopJob for it.
-  void applyRankReportLocked(NodeEntry& node, const v1::RankStatus& rank,
+  void applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& rank,
                              std::set<std::pair<std::string, int>>* stale);
-  void stopStaleLocked(const std::string& node, const std::set<std::pair<std::string, int>>& stale);
+  void stopStaleOnLoop(const std::string& node, const std::set<std::pair<std::string, int>>& stale);
   // Fills runtime_[id] from the job's allocation (rank order, root node, port).
-  void buildRuntimeLocked(const state::Job& job, const placement::RingLayout& layout);
-  void maybeCompleteLocked(const std::string& id);
-  NodeEntry* checkSessionLocked(const std::string& node, const std::string& session, Status* error);
-  placement::Cluster snapshotLocked(bool for_scheduling) const;
+  void buildRuntimeOnLoop(const state::Job& job, const placement::RingLayout& layout);
+  void maybeCompleteOnLoop(const std::string& id);
+  NodeEntry* checkSessionOnLoop(const std::string& node, const std::string& session, Status* error);
+  placement::Cluster snapshotOnLoop(bool for_scheduling) const;
   // Per node: the GPUs held by live jobs or by ranks still running there, and the live jobs placed there.
   // One pass over jobs and nodes, so listings and snapshots stay linear in the cluster's size.
   struct NodeUsage {
     std::set<int> gpus;
     std::vector<std::string> jobs;
   };
-  std::map<std::string, NodeUsage> usageLocked() const;
-  // Scheduling runs placement outside the lock (on a snapshot); applying a decision re-checks that its
-  // GPUs are still free, since agents and users may have changed things meanwhile.
-  bool stillFreeLocked(const placement::Allocation& allocation) const;
-  int pickPortLocked(const std::string& node, const std::string& job) const;
+  std::map<std::string, NodeUsage> usageOnLoop() const;
+  // Applying a decision re-checks that its GPUs are free (a cheap guard against a placement bug).
+  bool stillFreeOnLoop(const placement::Allocation& allocation) const;
+  int pickPortOnLoop(const std::string& node, const std::string& job) const;
   static int attemptOf(const state::Job& job);
-  v1::Job toProtoLocked(const state::Job& job) const;
-  v1::Node nodeToProtoLocked(const NodeEntry& node, const NodeUsage& usage) const;
-  bool recoveringLocked(int64_t now) const;
+  v1::Job toProtoOnLoop(const state::Job& job) const;
+  v1::Node nodeToProtoOnLoop(const NodeEntry& node, const NodeUsage& usage) const;
+  bool recoveringOnLoop(int64_t now) const;
   // The ring layout a placed job's ranks were given; "" or why it cannot be rebuilt.
-  std::string layoutOfLocked(const state::Job& job, placement::RingLayout* layout) const;
-  void housekeepingLocked();  // heartbeat grace and the end of recovery
+  std::string layoutOfOnLoop(const state::Job& job, placement::RingLayout* layout) const;
+  void housekeepingOnLoop();  // heartbeat grace and the end of recovery
+
+  static constexpr size_t kMaxOutbox = 10000;
+
+  // ---- The loop ----
+  struct Loop;  // the io_context, its thread and the ticker (coordinator.cpp)
+  struct LogWait;
+  bool onLoop() const;
+  // Runs fn on the loop; then this turn's changes go to the committer.
+  void post(std::function<void()> fn);
+  // Runs fn on the loop and waits for its answer and for the changes it made to be durable.
+  template <class R>
+  R callSync(std::function<R()> fn, bool wait_for_commit = true);
+  // Runs `effect` on the loop once this turn's changes (and all earlier ones) are durable, in order.
+  void afterCommitOnLoop(std::function<void()> effect);
+  // The end of a turn: hands the changes to the committer, runs the effects that may run.
+  void flushOnLoop();
+  void committedOnLoop(uint64_t seq, const Status& status);
+  void putJobOnLoop(const state::Job& job, bool new_job = false);
+  void putNodeOnLoop(const state::NodeRecord& record);
+  void setHealth(bool ok, const std::string& message);
+  // Final jobs leave memory past the count or age limit, once their last change is durable.
+  void evictFinishedOnLoop();
+  // The job from memory, or from the store (read on the reader thread) for one that left memory; `fn` runs on
+  // the loop either way.
+  void withJobOnLoop(const std::string& id, std::function<void(StatusOr<state::Job>)> fn);
+  void listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done);
+  void readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done);
+  StatusOr<v1::Job> submitOnLoop(const v1::JobSpec& spec);
+  StatusOr<v1::Job> cancelOnLoop(const state::Job& job);
+  std::vector<v1::Node> listNodesOnLoop();
+  StatusOr<v1::Node> drainOnLoop(const std::string& node, bool drain);
+  StatusOr<v1::Node> removeNodeOnLoop(const std::string& node);
+  StatusOr<v1::RingLayout> ringOnLoop(const state::Job& job);
+  MetricsSnapshot metricsOnLoop();
+  Status recoverOnLoop();
+  StatusOr<v1::RegisterResponse> registerAgentOnLoop(const v1::RegisterRequest& request);
+  Status attachAgentOnLoop(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link);
+  Status heartbeatOnLoop(const std::string& node, const std::string& session, const v1::Heartbeat& heartbeat);
+  Status rankEventOnLoop(const std::string& node, const std::string& session, const v1::RankStatus& rank);
+  Status logDataOnLoop(const std::string& node, const std::string& session, const v1::LogData& data);
 
   state::Store& store_;
   const CoordinatorOptions options_;
   std::function<int64_t()> now_ms_;   // liveness: last_seen_ms, recovery_until_ms_
-  std::function<int64_t()> wall_ms_;  // NodeRecord::last_heartbeat_ms
+  std::function<int64_t()> wall_ms_;  // NodeRecord::last_heartbeat_ms, transitions
 
-  std::mutex mu_;
-  std::map<std::string, state::Job> jobs_;     // every job, mirror of the store
+  // Loop state: touched on the loop thread only.
+  std::map<std::string, state::Job> jobs_;     // live jobs and the most recent final ones
   std::map<std::string, JobRuntime> runtime_;  // live jobs that have been launched
   std::map<std::string, std::string> pending_reason_;  // from the last schedule pass
   std::map<std::string, NodeEntry> nodes_;
   int64_t recovery_until_ms_ = 0;  // scheduling waits for reconnecting agents until then
   uint64_t session_counter_ = 0;
   bool schedule_wanted_ = true;
+  int64_t last_job_number_ = 0;  // the highest job number handed out
+  struct Finished {
+    std::string id;
+    uint64_t seq = 0;  // the batch that holds its final state
+    int64_t ended_ms = 0;
+  };
+  std::deque<Finished> finished_;  // final jobs in memory, oldest first
 
   MetricsSnapshot counters_;  // the counters and the histogram; the gauges are filled by metrics()
   uint64_t log_requests_ = 0;
-  struct LogWait {
-    bool done = false;
-    v1::LogData data;
-  };
-  std::map<std::string, std::shared_ptr<LogWait>> log_waits_;  // by request id
-  std::condition_variable log_cv_;
+  std::map<std::string, std::shared_ptr<LogWait>> log_waits_;  // by request id; at most kMaxLogReads
 
-  std::condition_variable wake_;
+  // Group commit (loop side).
+  std::map<std::string, state::Write> dirty_;          // this turn's changes, by key
+  std::vector<std::function<void()>> turn_effects_;     // this turn's effects
+  std::deque<std::pair<uint64_t, std::function<void()>>> effects_;  // waiting for their batch, in order
+  uint64_t issued_seq_ = 0;     // the last batch handed to the committer
+  uint64_t committed_seq_ = 0;  // the last batch known durable
   bool stopping_ = false;
-  std::thread ticker_;
+
+  mutable std::mutex health_mu_;
+  Health health_;
+
+  std::unique_ptr<GroupCommitter> committer_;
+  std::unique_ptr<StoreReader> reader_;
+  std::unique_ptr<Loop> loop_;  // last: its thread is joined first
 };
 
 }  // namespace ddl::coordinator

@@ -31,6 +31,11 @@ class MemoryStore : public Store {
   StatusOr<NodeRecord> getNode(const std::string& name) override;
   StatusOr<std::vector<NodeRecord>> listNodes() override;
   Status setNodeState(const std::string& name, NodeState state) override;
+  Status applyBatch(const std::vector<Write>& batch) override;
+  StatusOr<int64_t> lastJobNumber() override;
+  StatusOr<std::vector<Job>> listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
+                                          bool newest_first = false) override;
+  StatusOr<int> purgeFinished(int64_t ended_before_ms, int limit) override;
 
  private:
   Job* findLocked(const std::string& id);

@@ -15,6 +15,7 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <charconv>
 #include <unordered_map>
 #include <utility>
@@ -101,6 +102,13 @@ UPDATE nodes SET drained = 1 WHERE state = 'DRAINING';
     // coordinator derives their port again, as version 3 did.
     R"sql(
 ALTER TABLE jobs ADD COLUMN root_port INTEGER NOT NULL DEFAULT 0;
+)sql",
+    // 4 -> 5: when a final job ended, so that history past its retention can be purged by an index.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN end_ms INTEGER NOT NULL DEFAULT 0;
+UPDATE jobs SET end_ms = (SELECT MAX(at_ms) FROM job_transitions WHERE job_seq = seq)
+  WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
+CREATE INDEX jobs_by_end ON jobs (end_ms) WHERE end_ms > 0;
 )sql",
 };
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
@@ -607,9 +615,9 @@ StatusOr<Job> SqliteStore::transition(const std::string& id, JobState to, const 
   {
     DDL_PREPARE(q,
                 "UPDATE jobs SET state = ?, restarts = ?, fail_rank = ?, fail_host = ?, fail_exit_code = ?,"
-                " fail_signal = ?, topology = ?, root_port = ? WHERE seq = ?");
+                " fail_signal = ?, topology = ?, root_port = ?, end_ms = ? WHERE seq = ?");
     q.bind(1, std::string(toString(job.state))).bind(2, int64_t{job.restarts}).bindFailure(3, job.failure);
-    q.bind(7, job.topology).bind(8, int64_t{job.root_port}).bind(9, seq);
+    q.bind(7, job.topology).bind(8, int64_t{job.root_port}).bind(9, endedAtMs(job)).bind(10, seq);
     DDL_STEP_DONE(q, "updating job " + id);
   }
   if (had_allocation && job.allocation.empty()) {
@@ -681,6 +689,11 @@ Status SqliteStore::upsertNode(const NodeRecord& node) {
   std::lock_guard<std::mutex> lock(mu_);
   Txn txn(this);
   DDL_RETURN_IF_ERROR(txn.begin());
+  DDL_RETURN_IF_ERROR(upsertNodeLocked(node));
+  return txn.commit();
+}
+
+Status SqliteStore::upsertNodeLocked(const NodeRecord& node) {
   {
     DDL_PREPARE(q,
                 "INSERT OR REPLACE INTO nodes (name, address, state, last_heartbeat_ms, drained) "
@@ -713,7 +726,7 @@ Status SqliteStore::upsertNode(const NodeRecord& node) {
       q.reset();
     }
   }
-  return txn.commit();
+  return Status::ok();
 }
 
 // All nodes, or only the one called *name.
@@ -786,6 +799,188 @@ Status SqliteStore::setNodeState(const std::string& name, NodeState state) {
   DDL_STEP_DONE(q, "setting the state of node " + name);
   if (sqlite3_changes(db_) == 0) return nodeNotFound(name);
   return Status::ok();
+}
+
+// ---- Batches (the coordinator's group commit) ---------------------------------------------------------------
+
+Status SqliteStore::putJobLocked(const Write& w) {
+  const Job& job = w.job;
+  std::optional<int64_t> seq = jobIdNumber(job.id);
+  if (!seq) return Status::invalidArgument("cannot store job '" + job.id + "': not a job id");
+  if (w.new_job) {
+    DDL_RETURN_IF_ERROR(validateJobSpec(job.spec));
+    DDL_PREPARE(
+        q,
+        "INSERT OR REPLACE INTO jobs (seq, name, user_name, nodes, gpus_per_node, total_gpus, topology_override,"
+        " priority, max_restarts, workdir, state, restarts, submit_ms, topology, root_port, end_ms)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    const JobSpec& spec = job.spec;
+    q.bind(1, *seq).bind(2, spec.name).bind(3, spec.user).bind(4, int64_t{spec.nodes});
+    q.bind(5, int64_t{spec.gpus_per_node}).bind(6, int64_t{spec.total_gpus}).bind(7, spec.topology_override);
+    q.bind(8, int64_t{spec.priority}).bind(9, int64_t{spec.max_restarts}).bind(10, spec.workdir);
+    q.bind(11, std::string(toString(job.state))).bind(12, int64_t{job.restarts}).bind(13, job.submit_ms);
+    q.bind(14, job.topology).bind(15, int64_t{job.root_port}).bind(16, endedAtMs(job));
+    DDL_STEP_DONE(q, "inserting job " + job.id);
+    for (const char* table : {"job_env", "job_argv", "job_labels"}) {
+      DDL_PREPARE(d, std::string("DELETE FROM ") + table + " WHERE job_seq = ?");
+      d.bind(1, *seq);
+      DDL_STEP_DONE(d, "replacing " + std::string(table) + " of job " + job.id);
+    }
+    for (auto [table, list] : {std::pair{"job_env", &spec.env}, std::pair{"job_argv", &spec.command}}) {
+      DDL_PREPARE(i, std::string("INSERT INTO ") + table + " (job_seq, ord, value) VALUES (?, ?, ?)");
+      for (size_t k = 0; k < list->size(); ++k) {
+        i.bind(1, *seq).bind(2, static_cast<int64_t>(k)).bind(3, (*list)[k]);
+        DDL_STEP_DONE(i, "inserting " + std::string(table) + " of job " + job.id);
+        i.reset();
+      }
+    }
+    DDL_PREPARE(l, "INSERT INTO job_labels (job_seq, key, value) VALUES (?, ?, ?)");
+    for (const auto& [key, value] : spec.required_labels) {
+      l.bind(1, *seq).bind(2, key).bind(3, value);
+      DDL_STEP_DONE(l, "inserting the labels of job " + job.id);
+      l.reset();
+    }
+  } else {
+    DDL_PREPARE(q,
+                "UPDATE jobs SET state = ?, restarts = ?, fail_rank = ?, fail_host = ?, fail_exit_code = ?,"
+                " fail_signal = ?, topology = ?, root_port = ?, end_ms = ? WHERE seq = ?");
+    q.bind(1, std::string(toString(job.state))).bind(2, int64_t{job.restarts}).bindFailure(3, job.failure);
+    q.bind(7, job.topology).bind(8, int64_t{job.root_port}).bind(9, endedAtMs(job)).bind(10, *seq);
+    DDL_STEP_DONE(q, "updating job " + job.id);
+    if (sqlite3_changes(db_) == 0) {
+      return Status::internal("cannot update job " + job.id + ": it was never stored (a batch lost its insert)");
+    }
+  }
+  for (const char* table : {"job_transitions", "job_allocation"}) {
+    DDL_PREPARE(d, std::string("DELETE FROM ") + table + " WHERE job_seq = ?");
+    d.bind(1, *seq);
+    DDL_STEP_DONE(d, "replacing " + std::string(table) + " of job " + job.id);
+  }
+  {
+    DDL_PREPARE(q,
+                "INSERT INTO job_transitions (job_seq, ord, from_state, to_state, at_ms, reason, fail_rank,"
+                " fail_host, fail_exit_code, fail_signal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    for (size_t k = 0; k < job.transitions.size(); ++k) {
+      const Transition& t = job.transitions[k];
+      q.bind(1, *seq).bind(2, static_cast<int64_t>(k));
+      q.bind(3, std::string(toString(t.from))).bind(4, std::string(toString(t.to)));
+      q.bind(5, t.at_ms).bind(6, t.reason).bindFailure(7, t.failure);
+      DDL_STEP_DONE(q, "recording the transitions of job " + job.id);
+      q.reset();
+    }
+  }
+  {
+    DDL_PREPARE(q, "INSERT INTO job_allocation (job_seq, ord, node, gpus) VALUES (?, ?, ?, ?)");
+    for (size_t k = 0; k < job.allocation.size(); ++k) {
+      q.bind(1, *seq).bind(2, static_cast<int64_t>(k)).bind(3, job.allocation[k].node);
+      q.bind(4, encodeGpus(job.allocation[k].gpus));
+      DDL_STEP_DONE(q, "storing the allocation of job " + job.id);
+      q.reset();
+    }
+  }
+  return Status::ok();
+}
+
+Status SqliteStore::applyBatch(const std::vector<Write>& batch) {
+  if (batch.empty()) return Status::ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  Txn txn(this);
+  DDL_RETURN_IF_ERROR(txn.begin());
+  for (const Write& w : batch) {
+    switch (w.kind) {
+      case Write::Kind::kPutJob:
+        DDL_RETURN_IF_ERROR(putJobLocked(w));
+        break;
+      case Write::Kind::kPutNode:
+        if (w.node.name.empty()) return Status::invalidArgument("node record has an empty name");
+        DDL_RETURN_IF_ERROR(upsertNodeLocked(w.node));
+        break;
+      case Write::Kind::kDeleteNode:
+        for (const char* sql : {"DELETE FROM nodes WHERE name = ?", "DELETE FROM node_gpus WHERE node = ?",
+                                "DELETE FROM node_labels WHERE node = ?"}) {
+          DDL_PREPARE(d, sql);
+          d.bind(1, w.name);
+          DDL_STEP_DONE(d, "removing node " + w.name);
+        }
+        break;
+    }
+  }
+  hook("applyBatch:before-commit");
+  return txn.commit();
+}
+
+StatusOr<int64_t> SqliteStore::lastJobNumber() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // AUTOINCREMENT keeps the highest number ever used in sqlite_sequence, also once those rows are deleted.
+  DDL_PREPARE(q, "SELECT MAX(n) FROM (SELECT seq AS n FROM sqlite_sequence WHERE name = 'jobs'"
+                 " UNION ALL SELECT MAX(seq) FROM jobs)");
+  if (q.step() != SQLITE_ROW) return error("reading the last job number");
+  return q.i64(0);
+}
+
+StatusOr<std::vector<Job>> SqliteStore::listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
+                                                     bool newest_first) {
+  std::string where = "1";
+  std::vector<Arg> args;
+  if (!filter.states.empty()) {
+    where += " AND state IN (";
+    bool first = true;
+    for (JobState st : filter.states) {
+      where += first ? "?" : ", ?";
+      first = false;
+      args.push_back(std::string(toString(st)));
+    }
+    where += ")";
+  }
+  if (filter.user) {
+    where += " AND user_name = ?";
+    args.push_back(*filter.user);
+  }
+  if (filter.name) {
+    where += " AND name = ?";
+    args.push_back(*filter.name);
+  }
+  if (filter.since_ms) {
+    where += " AND submit_ms >= ?";
+    args.push_back(filter.since_ms);
+  }
+  if (filter.until_ms) {
+    where += " AND submit_ms < ?";
+    args.push_back(filter.until_ms);
+  }
+  if (newest_first) {
+    if (after_number > 0) {
+      where += " AND seq < ?";
+      args.push_back(after_number);
+    }
+  } else {
+    where += " AND seq > ?";
+    args.push_back(after_number);
+  }
+  where += std::string(" ORDER BY seq ") + (newest_first ? "DESC" : "ASC") + " LIMIT ?";
+  args.push_back(int64_t{std::max(0, limit)});
+  std::lock_guard<std::mutex> lock(mu_);
+  auto jobs = loadJobsLocked("seq IN (SELECT seq FROM jobs WHERE " + where + ")", args);
+  if (jobs && newest_first) std::reverse(jobs->begin(), jobs->end());
+  return jobs;
+}
+
+StatusOr<int> SqliteStore::purgeFinished(int64_t ended_before_ms, int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Txn txn(this);
+  DDL_RETURN_IF_ERROR(txn.begin());
+  const std::string victims = "SELECT seq FROM jobs WHERE end_ms > 0 AND end_ms < ? LIMIT ?";
+  for (const char* table : {"job_env", "job_argv", "job_labels", "job_transitions", "job_allocation"}) {
+    DDL_PREPARE(d, std::string("DELETE FROM ") + table + " WHERE job_seq IN (" + victims + ")");
+    d.bind(1, ended_before_ms).bind(2, int64_t{limit});
+    DDL_STEP_DONE(d, "purging old jobs from " + std::string(table));
+  }
+  DDL_PREPARE(d, "DELETE FROM jobs WHERE seq IN (" + victims + ")");
+  d.bind(1, ended_before_ms).bind(2, int64_t{limit});
+  DDL_STEP_DONE(d, "purging old jobs");
+  const int removed = sqlite3_changes(db_);
+  DDL_RETURN_IF_ERROR(txn.commit());
+  return removed;
 }
 
 }  // namespace ddl::state

@@ -38,7 +38,7 @@ namespace ddl::state {
 
 class SqliteStore : public Store {
  public:
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
 
   struct Options {
     std::string path;  // The database file. Its directory must exist (creating it is the caller's job).
@@ -69,6 +69,11 @@ class SqliteStore : public Store {
   StatusOr<NodeRecord> getNode(const std::string& name) override;
   StatusOr<std::vector<NodeRecord>> listNodes() override;
   Status setNodeState(const std::string& name, NodeState state) override;
+  Status applyBatch(const std::vector<Write>& batch) override;
+  StatusOr<int64_t> lastJobNumber() override;
+  StatusOr<std::vector<Job>> listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
+                                          bool newest_first = false) override;
+  StatusOr<int> purgeFinished(int64_t ended_before_ms, int limit) override;
 
   // PRAGMA integrity_check: OK, or DATA_LOSS with what SQLite found. Reads the whole file; for tools and
   // tests.
@@ -94,6 +99,8 @@ class SqliteStore : public Store {
   StatusOr<std::vector<Job>> loadJobsLocked(const std::string& where, const std::vector<Arg>& args);
   StatusOr<Job> loadJobLocked(const std::string& id);
   StatusOr<std::vector<NodeRecord>> loadNodesLocked(const std::string* name);
+  Status upsertNodeLocked(const NodeRecord& node);
+  Status putJobLocked(const Write& write);
 
   Options options_;
   std::mutex mu_;

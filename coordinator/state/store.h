@@ -30,6 +30,30 @@ namespace ddl::state {
 struct JobFilter {
   std::set<JobState> states;        // Empty: any state.
   std::optional<std::string> user;  // nullopt: any user.
+  std::optional<std::string> name;  // nullopt: any name.
+  int64_t since_ms = 0;             // 0: no bound; else submitted at or after (unix ms).
+  int64_t until_ms = 0;             // 0: no bound; else submitted before (unix ms).
+};
+
+// One change in a batch (Store::applyBatch). Records are stored whole; a later write of the same key()
+// replaces an earlier one that has not been applied yet, so a batch holds at most one write per job and node.
+struct Write {
+  enum class Kind { kPutJob, kPutNode, kDeleteNode };
+  Kind kind = Kind::kPutJob;
+  Job job;               // kPutJob: the job as it is now.
+  bool new_job = false;  // kPutJob: the job's first write, so its spec (which never changes) is written too.
+  NodeRecord node;       // kPutNode.
+  std::string name;      // kDeleteNode: the node's name.
+
+  std::string key() const {
+    return kind == Kind::kPutJob ? "j:" + job.id : "n:" + (kind == Kind::kPutNode ? node.name : name);
+  }
+  // Folds a later write of the same key into this one.
+  void supersede(Write later) {
+    const bool was_new = kind == Kind::kPutJob && new_job;
+    *this = std::move(later);
+    if (kind == Kind::kPutJob) new_job = new_job || was_new;
+  }
 };
 
 class Store {
@@ -64,7 +88,26 @@ class Store {
   // All nodes, by name.
   virtual StatusOr<std::vector<NodeRecord>> listNodes() = 0;
   virtual Status setNodeState(const std::string& name, NodeState state) = 0;
+
+  // ---- What the coordinator's event loop uses: it keeps the state itself and stores it in batches. ----
+
+  // Applies every write in one transaction: all of them become durable, or none (the error says why).
+  virtual Status applyBatch(const std::vector<Write>& batch) = 0;
+  // The highest job number ever stored (0 for none); never goes down, not even when old jobs are purged.
+  virtual StatusOr<int64_t> lastJobNumber() = 0;
+  // At most `limit` jobs matching the filter whose number is above `after_number`, in ascending order; or,
+  // with newest_first, the newest ones below `after_number` (0: from the newest), in descending order.
+  virtual StatusOr<std::vector<Job>> listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
+                                                  bool newest_first = false) = 0;
+  // Removes at most `limit` jobs that ended (SUCCEEDED, FAILED, CANCELLED) before ended_before_ms; returns
+  // how many it removed.
+  virtual StatusOr<int> purgeFinished(int64_t ended_before_ms, int limit) = 0;
 };
+
+// When a job ended (its last transition), or 0 while it is not final.
+inline int64_t endedAtMs(const Job& job) {
+  return isTerminal(job.state) && !job.transitions.empty() ? job.transitions.back().at_ms : 0;
+}
 
 // The system clock as unix milliseconds: the default clock of the stores.
 inline int64_t systemNowMs() {
@@ -86,7 +129,9 @@ inline Status checkAllocationAllowed(const Job& job) {
 }
 inline bool matches(const JobFilter& filter, const Job& job) {
   return (filter.states.empty() || filter.states.count(job.state) > 0) &&
-         (!filter.user || *filter.user == job.spec.user);
+         (!filter.user || *filter.user == job.spec.user) && (!filter.name || *filter.name == job.spec.name) &&
+         (filter.since_ms == 0 || job.submit_ms >= filter.since_ms) &&
+         (filter.until_ms == 0 || job.submit_ms < filter.until_ms);
 }
 
 }  // namespace ddl::state

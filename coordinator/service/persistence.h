@@ -1,0 +1,89 @@
+// The coordinator's two store threads. The event loop (coordinator.h) never waits for the disk: it hands its
+// changes to the GroupCommitter and its history reads to the StoreReader, and hears back through callbacks.
+//
+// GroupCommitter: one thread that stores batches of writes. Batches handed over while a commit is running are
+// folded together (by key: a later write of a job or node replaces an earlier one), so at 1,000 submits a
+// second the disk sees one transaction and one fsync per commit time, not one per change. After each attempt
+// it calls `committed(seq, status)` on its own thread: OK means every batch up to `seq` is durable; an error
+// means nothing new is, and the same writes (plus any newer) are tried again after a backoff, for as long as
+// it takes. What waits is bounded by the coordinator's state: one write per job and node at most. It also
+// purges final jobs past their retention from the store, a chunk at a time, between commits.
+//
+// StoreReader: one thread that runs reads of history (jobs no longer kept in memory) with a bounded queue, so
+// a slow disk delays listings of old jobs and nothing else.
+//
+// Threads: write()/run() from any thread; the callbacks run on the respective worker thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "state/store.h"
+
+namespace ddl::coordinator {
+
+class GroupCommitter {
+ public:
+  struct Options {
+    int64_t retry_min_ms = 100;        // first wait after a failed commit, doubling up to retry_max_ms
+    int64_t retry_max_ms = 5000;
+    int64_t retention_ms = 0;          // final jobs older than this are purged from the store; 0: kept forever
+    int64_t purge_interval_ms = 60000; // how often to look for them
+    std::function<int64_t()> wall_ms;  // unix ms, for the retention
+  };
+  using Committed = std::function<void(uint64_t seq, const state::Status& status)>;
+
+  GroupCommitter(state::Store& store, Options options, Committed committed);
+  ~GroupCommitter();
+  GroupCommitter(const GroupCommitter&) = delete;
+  GroupCommitter& operator=(const GroupCommitter&) = delete;
+
+  // Queues a batch; `seq` grows with every call. Never blocks on the disk.
+  void write(uint64_t seq, std::vector<state::Write> batch);
+  // Tries once more to store what is queued, then ends the thread.
+  void stop();
+  // Writes waiting to be stored (for metrics).
+  size_t backlog() const;
+
+ private:
+  void run();
+
+  state::Store& store_;
+  const Options options_;
+  const Committed committed_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, state::Write> pending_;  // by Write::key(); bounded by the jobs and nodes in memory
+  uint64_t pending_seq_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+class StoreReader {
+ public:
+  static constexpr size_t kMaxQueued = 256;
+
+  StoreReader();
+  ~StoreReader();
+  StoreReader(const StoreReader&) = delete;
+  StoreReader& operator=(const StoreReader&) = delete;
+
+  // Runs `task` on the reader thread; false (and `task` dropped) when kMaxQueued reads are already waiting.
+  bool run(std::function<void()> task);
+  void stop();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ddl::coordinator
