@@ -23,56 +23,6 @@ grpc::Status toGrpc(const Status& status) {
 
 namespace {
 
-// An AgentLink over one Connect stream: send() queues, a writer thread writes, close() cancels the call so
-// the reading handler thread wakes up too.
-class StreamLink : public AgentLink {
- public:
-  explicit StreamLink(grpc::ServerContext* context) : context_(context) {}
-
-  void send(const v1::Command& command) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return;
-    queue_.push_back(command);
-    cv_.notify_one();
-  }
-
-  void close() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) return;
-      closed_ = true;
-    }
-    cv_.notify_one();
-    context_->TryCancel();
-  }
-
-  // The writer thread's body: writes commands in order until close() or a failed write.
-  void writeLoop(grpc::ServerReaderWriter<v1::Command, v1::AgentMessage>* stream) {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
-      if (closed_) return;
-      v1::Command cmd = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      bool ok = stream->Write(cmd);
-      lock.lock();
-      if (!ok) {
-        closed_ = true;
-        context_->TryCancel();
-        return;
-      }
-    }
-  }
-
- private:
-  grpc::ServerContext* context_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::Command> queue_;
-  bool closed_ = false;
-};
-
 int64_t nowS() { return static_cast<int64_t>(std::time(nullptr)); }
 
 // The CA's certificate and key from the PKI directory, to sign node certificates with.
@@ -110,66 +60,202 @@ StatusOr<std::string> signNode(const SecurityOptions& security, const std::strin
 
 }  // namespace
 
-class RpcServer::AgentServiceImpl final : public v1::AgentService::Service {
+// One agent's Connect stream (gRPC's callback API: no thread waits on it). Reads one message at a time: the
+// next read starts once the coordinator's loop has handled the last message, so an agent can never queue more
+// than one message in the coordinator. Writes go out one at a time from a bounded queue. Every coordinator
+// callback holds the stream open (`inflight_`), so OnDone deletes it only when none is pending.
+//
+// Threads: gRPC's callback threads and the coordinator's loop (the callbacks, send and close); mu_ guards
+// everything below it.
+class ConnectStream final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::Command> {
+ public:
+  static constexpr size_t kMaxQueuedCommands = 10000;
+
+  ConnectStream(Coordinator& coordinator, grpc::CallbackServerContext* context, bool insecure)
+      : coordinator_(coordinator), context_(context), insecure_(insecure), link_(std::make_shared<Link>(this)) {
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return finish(grpc::Status::OK);  // the agent closed its side (or the call was cancelled)
+    if (node_.empty()) return hello();
+    StatusDone done = holdFor([this](Status st) {
+      if (!st) return finish(toGrpc(st));
+      StartRead(&in_);
+    });
+    if (in_.has_heartbeat()) {
+      coordinator_.heartbeat(node_, session_, in_.heartbeat(), std::move(done));
+    } else if (in_.has_rank_event()) {
+      coordinator_.rankEvent(node_, session_, in_.rank_event(), std::move(done));
+    } else if (in_.has_log_data()) {
+      coordinator_.logData(node_, session_, in_.log_data(), std::move(done));
+    } else {
+      done(Status::invalidArgument("node " + node_ + ": hello sent twice on one stream"));
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.pop_front();
+    if (!ok) return finishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "writing to the agent failed"));
+    if (!queue_.empty() && !finished_) {
+      StartWrite(&queue_.front());
+    } else {
+      writing_ = false;
+    }
+  }
+
+  void OnCancel() override { finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled")); }
+
+  void OnDone() override {
+    link_->detach();
+    if (attached_) coordinator_.detachAgent(node_, session_, link_);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_ = true;
+    if (inflight_ == 0) {
+      lock.unlock();
+      delete this;
+    }
+  }
+
+ private:
+  // What the coordinator holds: forwards to the stream while it lives.
+  class Link final : public AgentLink {
+   public:
+    explicit Link(ConnectStream* stream) : stream_(stream) {}
+    void send(const v1::Command& command) override {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stream_) stream_->send(command);
+    }
+    void close() override {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stream_) stream_->finish(grpc::Status(grpc::StatusCode::ABORTED, "the coordinator closed this stream"));
+    }
+    void detach() {
+      std::lock_guard<std::mutex> lock(mu_);
+      stream_ = nullptr;
+    }
+
+   private:
+    std::mutex mu_;
+    ConnectStream* stream_;
+  };
+  using StatusDone = std::function<void(Status)>;
+
+  void hello() {
+    if (!in_.has_hello()) {
+      return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message on Connect must be hello"));
+    }
+    const std::string node = in_.hello().node();
+    if (Status st = access::checkNode(tls::peerCertificateName(*context_), node, insecure_); !st) {
+      spdlog::warn("agent stream refused: {}", st.message());
+      return finish(toGrpc(st));
+    }
+    node_ = node;
+    session_ = in_.hello().session();
+    coordinator_.attachAgent(node_, session_, link_, holdFor([this](Status st) {
+                               if (!st) return finish(toGrpc(st));
+                               attached_ = true;
+                               StartRead(&in_);
+                             }));
+  }
+
+  // A coordinator callback that keeps the stream alive until it has run (and is skipped once it is finished).
+  StatusDone holdFor(std::function<void(Status)> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++inflight_;
+    }
+    return [this, fn = std::move(fn)](Status st) {
+      bool finished;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        finished = finished_;
+      }
+      if (!finished) fn(std::move(st));  // without mu_: fn starts a read or finishes
+      std::unique_lock<std::mutex> lock(mu_);
+      if (--inflight_ == 0 && done_) {
+        lock.unlock();
+        delete this;
+      }
+    };
+  }
+
+  void send(const v1::Command& command) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    if (queue_.size() >= kMaxQueuedCommands) {
+      spdlog::warn("node {}: {} commands queued and not read; closing its stream", node_, kMaxQueuedCommands);
+      return finishLocked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "the agent reads its commands too slowly"));
+    }
+    queue_.push_back(command);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    }
+  }
+
+  void finish(grpc::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    finishLocked(std::move(status));
+  }
+  void finishLocked(grpc::Status status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(std::move(status));
+  }
+
+  Coordinator& coordinator_;
+  grpc::CallbackServerContext* context_;
+  const bool insecure_;
+  const std::shared_ptr<Link> link_;
+  v1::AgentMessage in_;
+  std::string node_, session_;  // set by the hello
+  bool attached_ = false;       // the coordinator knows this stream (detach it at the end)
+
+  std::mutex mu_;
+  std::deque<v1::Command> queue_;  // front: being written
+  bool writing_ = false;
+  bool finished_ = false;
+  bool done_ = false;
+  int inflight_ = 0;
+};
+
+class RpcServer::AgentServiceImpl final : public v1::AgentService::CallbackService {
  public:
   AgentServiceImpl(Coordinator& c, const SecurityOptions& security) : coordinator_(c), security_(security) {}
 
-  grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
-                        v1::RegisterResponse* response) override {
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* response) override {
+    auto* reactor = context->DefaultReactor();
     if (Status st = access::checkNode(tls::peerCertificateName(*context), request->node(), security_.insecure); !st) {
       spdlog::warn("register refused: {}", st.message());
-      return toGrpc(st);
+      reactor->Finish(toGrpc(st));
+      return reactor;
     }
-    auto result = coordinator_.registerAgent(*request);
-    if (!result) return toGrpc(result.status());
-    *response = std::move(*result);
-    return grpc::Status::OK;
+    coordinator_.registerAgent(*request, [reactor, response](StatusOr<v1::RegisterResponse> result) {
+      if (result) *response = std::move(*result);
+      reactor->Finish(toGrpc(result.status()));
+    });
+    return reactor;
   }
 
-  grpc::Status Connect(grpc::ServerContext* context,
-                       grpc::ServerReaderWriter<v1::Command, v1::AgentMessage>* stream) override {
-    v1::AgentMessage msg;
-    if (!stream->Read(&msg)) return grpc::Status(grpc::StatusCode::CANCELLED, "stream ended before hello");
-    if (!msg.has_hello()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message on Connect must be hello");
-    }
-    const std::string node = msg.hello().node();
-    const std::string session = msg.hello().session();
-    if (Status st = access::checkNode(tls::peerCertificateName(*context), node, security_.insecure); !st) {
-      spdlog::warn("agent stream refused: {}", st.message());
-      return toGrpc(st);
-    }
-    auto link = std::make_shared<StreamLink>(context);
-    Status st = coordinator_.attachAgent(node, session, link);
-    if (!st) return toGrpc(st);
-    std::thread writer([&] { link->writeLoop(stream); });
-
-    grpc::Status result = grpc::Status::OK;
-    while (stream->Read(&msg)) {
-      if (msg.has_heartbeat()) {
-        st = coordinator_.heartbeat(node, session, msg.heartbeat());
-      } else if (msg.has_rank_event()) {
-        st = coordinator_.rankEvent(node, session, msg.rank_event());
-      } else if (msg.has_log_data()) {
-        st = coordinator_.logData(node, session, msg.log_data());
-      } else {
-        st = Status::invalidArgument("node " + node + ": hello sent twice on one stream");
-      }
-      if (!st) {
-        result = toGrpc(st);
-        break;
-      }
-    }
-    coordinator_.detachAgent(node, session, link);
-    link->close();
-    writer.join();
-    return result;
+  grpc::ServerBidiReactor<v1::AgentMessage, v1::Command>* Connect(grpc::CallbackServerContext* context) override {
+    return new ConnectStream(coordinator_, context, security_.insecure);
   }
 
   // Called over TLS without a client certificate: a request with no token answers the CA certificate only
   // (what a joining node checks against the hash it was given before it sends its token); with a token, the
   // node's certificate for its CSR.
-  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest* request, v1::JoinResponse* response) override {
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) override {
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(join(request, response));
+    return reactor;
+  }
+
+ private:
+  grpc::Status join(const v1::JoinRequest* request, v1::JoinResponse* response) {
     if (security_.insecure) {
       return toGrpc(Status::failedPrecondition("this coordinator runs --insecure: there is no CA to join"));
     }
@@ -198,63 +284,131 @@ class RpcServer::AgentServiceImpl final : public v1::AgentService::Service {
     return grpc::Status::OK;
   }
 
- private:
   Coordinator& coordinator_;
   const SecurityOptions& security_;
 };
 
-class RpcServer::UserServiceImpl final : public v1::UserService::Service {
+// The user service. Calls that reach the coordinator answer from its callbacks (on its loop thread, after the
+// change is durable); the rest (users, certificates: rare and quick) answer at once.
+class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService {
+  using Ctx = grpc::CallbackServerContext;
+  using Reactor = grpc::ServerUnaryReactor;
+
  public:
   UserServiceImpl(Coordinator& c, const SecurityOptions& security) : coordinator_(c), security_(security) {}
 
-  grpc::Status Submit(grpc::ServerContext* ctx, const v1::SubmitRequest* req, v1::SubmitResponse* resp) override {
+  Reactor* Submit(Ctx* ctx, const v1::SubmitRequest* req, v1::SubmitResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
     auto who = identify(ctx);
-    if (!who) return toGrpc(who.status());
-    if (Status st = access::maySubmit(*who); !st) return toGrpc(st);
+    if (!who) return finish(r, who.status());
+    if (Status st = access::maySubmit(*who); !st) return finish(r, st);
     auto spec = access::ownSpec(*who, req->spec(), security_.allow_root_jobs);
-    if (!spec) return toGrpc(spec.status());
-    return fill(coordinator_.submit(*spec), resp->mutable_job());
+    if (!spec) return finish(r, spec.status());
+    coordinator_.submit(*spec, fill(r, resp->mutable_job()));
+    return r;
   }
-  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::Job* resp) override {
-    return fill(ownedJob(ctx, req->id(), "see"), resp);
+  Reactor* GetJob(Ctx* ctx, const v1::GetJobRequest* req, v1::Job* resp) override {
+    auto* r = ctx->DefaultReactor();
+    ownedJob(ctx, req->id(), "see", fill(r, resp));
+    return r;
   }
-  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
-                        v1::ListJobsResponse* resp) override {
+  Reactor* ListJobs(Ctx* ctx, const v1::ListJobsRequest* req, v1::ListJobsResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
     auto who = identify(ctx);
-    if (!who) return toGrpc(who.status());
-    auto jobs = coordinator_.listJobs(*req);
-    if (!jobs) return toGrpc(jobs.status());
-    *resp = std::move(*jobs);
-    for (auto& job : *resp->mutable_jobs()) access::redactFor(*who, &job);
-    return grpc::Status::OK;
+    if (!who) return finish(r, who.status());
+    coordinator_.listJobs(*req, [r, resp, who = *who](StatusOr<v1::ListJobsResponse> jobs) {
+      if (jobs) {
+        *resp = std::move(*jobs);
+        for (auto& job : *resp->mutable_jobs()) access::redactFor(who, &job);
+      }
+      r->Finish(toGrpc(jobs.status()));
+    });
+    return r;
   }
-  grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::Job* resp) override {
-    auto job = ownedJob(ctx, req->id(), "cancel");
-    if (!job) return toGrpc(job.status());
-    return fill(coordinator_.cancel(req->id()), resp);
+  Reactor* CancelJob(Ctx* ctx, const v1::CancelJobRequest* req, v1::Job* resp) override {
+    auto* r = ctx->DefaultReactor();
+    ownedJob(ctx, req->id(), "cancel", [this, r, resp, id = req->id()](StatusOr<v1::Job> job) {
+      if (!job) return fill(r, resp)(job.status());
+      coordinator_.cancel(id, fill(r, resp));
+    });
+    return r;
   }
-  grpc::Status ListNodes(grpc::ServerContext* ctx, const v1::ListNodesRequest*,
-                         v1::ListNodesResponse* resp) override {
+  Reactor* ListNodes(Ctx* ctx, const v1::ListNodesRequest*, v1::ListNodesResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
     auto who = identify(ctx);
-    if (!who) return toGrpc(who.status());
-    for (auto& node : coordinator_.listNodes()) *resp->add_nodes() = std::move(node);
-    return grpc::Status::OK;
+    if (!who) return finish(r, who.status());
+    coordinator_.listNodes([r, resp](StatusOr<std::vector<v1::Node>> nodes) {
+      if (nodes) {
+        for (auto& node : *nodes) *resp->add_nodes() = std::move(node);
+      }
+      r->Finish(toGrpc(nodes.status()));
+    });
+    return r;
   }
-  grpc::Status DrainNode(grpc::ServerContext* ctx, const v1::DrainNodeRequest* req, v1::Node* resp) override {
-    if (auto st = admin(ctx, req->drain() ? "drain" : "undrain"); !st.ok()) return st;
-    return fill(coordinator_.drain(req->node(), req->drain()), resp);
+  Reactor* DrainNode(Ctx* ctx, const v1::DrainNodeRequest* req, v1::Node* resp) override {
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, req->drain() ? "drain" : "undrain"); !st.ok()) return now(r, st);
+    coordinator_.drain(req->node(), req->drain(), fill(r, resp));
+    return r;
   }
-  grpc::Status GetRing(grpc::ServerContext* ctx, const v1::GetRingRequest* req, v1::RingLayout* resp) override {
+  Reactor* RemoveNode(Ctx* ctx, const v1::RemoveNodeRequest* req, v1::RemoveNodeResponse*) override {
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, "removing nodes"); !st.ok()) return now(r, st);
+    coordinator_.removeNode(req->node(), [r](StatusOr<v1::Node> node) { r->Finish(toGrpc(node.status())); });
+    return r;
+  }
+  Reactor* GetRing(Ctx* ctx, const v1::GetRingRequest* req, v1::RingLayout* resp) override {
+    auto* r = ctx->DefaultReactor();
     auto who = identify(ctx);
-    if (!who) return toGrpc(who.status());
-    return fill(coordinator_.ring(req->id()), resp);
+    if (!who) return finish(r, who.status());
+    coordinator_.ring(req->id(), fill(r, resp));
+    return r;
   }
-  grpc::Status GetLogs(grpc::ServerContext* ctx, const v1::GetLogsRequest* req, v1::GetLogsResponse* resp) override {
-    auto job = ownedJob(ctx, req->id(), "read the logs of");
-    if (!job) return toGrpc(job.status());
-    return fill(coordinator_.readLog(*req), resp);
+  Reactor* GetLogs(Ctx* ctx, const v1::GetLogsRequest* req, v1::GetLogsResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    ownedJob(ctx, req->id(), "read the logs of", [this, r, req, resp](StatusOr<v1::Job> job) {
+      if (!job) return fill(r, resp)(job.status());
+      coordinator_.readLog(*req, fill(r, resp));
+    });
+    return r;
   }
-  grpc::Status WhoAmI(grpc::ServerContext* ctx, const v1::WhoAmIRequest*, v1::Identity* resp) override {
+  Reactor* WhoAmI(Ctx* ctx, const v1::WhoAmIRequest* req, v1::Identity* resp) override {
+    return now(ctx->DefaultReactor(), whoAmI(ctx, req, resp));
+  }
+  Reactor* AddUser(Ctx* ctx, const v1::AddUserRequest* req, v1::AddUserResponse* resp) override {
+    return now(ctx->DefaultReactor(), addUser(ctx, req, resp));
+  }
+  Reactor* RemoveUser(Ctx* ctx, const v1::RemoveUserRequest* req, v1::RemoveUserResponse* resp) override {
+    return now(ctx->DefaultReactor(), removeUser(ctx, req, resp));
+  }
+  Reactor* ListUsers(Ctx* ctx, const v1::ListUsersRequest* req, v1::ListUsersResponse* resp) override {
+    return now(ctx->DefaultReactor(), listUsers(ctx, req, resp));
+  }
+  Reactor* IssueNodeCertificate(Ctx* ctx, const v1::IssueNodeCertificateRequest* req,
+                                v1::IssueNodeCertificateResponse* resp) override {
+    return now(ctx->DefaultReactor(), issueNodeCertificate(ctx, req, resp));
+  }
+  Reactor* CreateJoinToken(Ctx* ctx, const v1::CreateJoinTokenRequest* req,
+                           v1::CreateJoinTokenResponse* resp) override {
+    return now(ctx->DefaultReactor(), createJoinToken(ctx, req, resp));
+  }
+
+ private:
+  static Reactor* now(Reactor* r, grpc::Status status) {
+    r->Finish(std::move(status));
+    return r;
+  }
+  static Reactor* finish(Reactor* r, const Status& status) { return now(r, toGrpc(status)); }
+  // A coordinator callback that copies the answer into `out` and finishes the call.
+  template <typename T>
+  static std::function<void(StatusOr<T>)> fill(Reactor* r, T* out) {
+    return [r, out](StatusOr<T> result) {
+      if (result) *out = std::move(*result);
+      r->Finish(toGrpc(result.status()));
+    };
+  }
+
+  grpc::Status whoAmI(grpc::ServerContextBase* ctx, const v1::WhoAmIRequest*, v1::Identity* resp) {
     auto who = identify(ctx);
     if (!who) return toGrpc(who.status());
     resp->set_name(who->name);
@@ -262,7 +416,7 @@ class RpcServer::UserServiceImpl final : public v1::UserService::Service {
     resp->set_via(who->via);
     return grpc::Status::OK;
   }
-  grpc::Status AddUser(grpc::ServerContext* ctx, const v1::AddUserRequest* req, v1::AddUserResponse* resp) override {
+  grpc::Status addUser(grpc::ServerContextBase* ctx, const v1::AddUserRequest* req, v1::AddUserResponse* resp) {
     if (auto st = admin(ctx, "adding users"); !st.ok()) return st;
     auto role = auth::parseUserRole(req->role());
     if (!role) return toGrpc(Status::invalidArgument("role '" + req->role() + "' is not admin, user or viewer"));
@@ -274,14 +428,14 @@ class RpcServer::UserServiceImpl final : public v1::UserService::Service {
     resp->set_token(*token);
     return grpc::Status::OK;
   }
-  grpc::Status RemoveUser(grpc::ServerContext* ctx, const v1::RemoveUserRequest* req,
-                          v1::RemoveUserResponse*) override {
+  grpc::Status removeUser(grpc::ServerContextBase* ctx, const v1::RemoveUserRequest* req,
+                          v1::RemoveUserResponse*) {
     if (auto st = admin(ctx, "removing users"); !st.ok()) return st;
     if (Status st = security_.users->remove(req->name()); !st) return toGrpc(st);
     spdlog::info("user {} removed", req->name());
     return grpc::Status::OK;
   }
-  grpc::Status ListUsers(grpc::ServerContext* ctx, const v1::ListUsersRequest*, v1::ListUsersResponse* resp) override {
+  grpc::Status listUsers(grpc::ServerContextBase* ctx, const v1::ListUsersRequest*, v1::ListUsersResponse* resp) {
     if (auto st = admin(ctx, "listing users"); !st.ok()) return st;
     for (const auto& u : security_.users->list()) {
       v1::Identity* out = resp->add_users();
@@ -291,8 +445,8 @@ class RpcServer::UserServiceImpl final : public v1::UserService::Service {
     }
     return grpc::Status::OK;
   }
-  grpc::Status IssueNodeCertificate(grpc::ServerContext* ctx, const v1::IssueNodeCertificateRequest* req,
-                                    v1::IssueNodeCertificateResponse* resp) override {
+  grpc::Status issueNodeCertificate(grpc::ServerContextBase* ctx, const v1::IssueNodeCertificateRequest* req,
+                                    v1::IssueNodeCertificateResponse* resp) {
     if (auto st = admin(ctx, "issuing node certificates"); !st.ok()) return st;
     std::string error;
     auto key = pki::newPrivateKey(&error);
@@ -308,8 +462,8 @@ class RpcServer::UserServiceImpl final : public v1::UserService::Service {
     spdlog::info("issued a certificate for node {}, valid until {}", req->node(), not_after);
     return grpc::Status::OK;
   }
-  grpc::Status CreateJoinToken(grpc::ServerContext* ctx, const v1::CreateJoinTokenRequest* req,
-                               v1::CreateJoinTokenResponse* resp) override {
+  grpc::Status createJoinToken(grpc::ServerContextBase* ctx, const v1::CreateJoinTokenRequest* req,
+                               v1::CreateJoinTokenResponse* resp) {
     if (auto st = admin(ctx, "making join tokens"); !st.ok()) return st;
     std::string ca_pem, ca_key;
     if (Status st = readCa(security_, &ca_pem, &ca_key); !st) return toGrpc(st);
@@ -326,33 +480,28 @@ class RpcServer::UserServiceImpl final : public v1::UserService::Service {
   }
 
  private:
-  template <typename T>
-  static grpc::Status fill(StatusOr<T> result, T* out) {
-    if (!result) return toGrpc(result.status());
-    *out = std::move(*result);
-    return grpc::Status::OK;
-  }
-
-  StatusOr<auth::Identity> identify(grpc::ServerContext* ctx) const {
+  StatusOr<auth::Identity> identify(grpc::ServerContextBase* ctx) const {
     auto who = access::identifyUser(tls::bearerToken(*ctx), security_.users, security_.insecure);
     if (!who) spdlog::info("refused {}: {}", ctx->peer(), who.status().message());
     return who;
   }
 
-  grpc::Status admin(grpc::ServerContext* ctx, const char* what) const {
+  grpc::Status admin(grpc::ServerContextBase* ctx, const char* what) const {
     auto who = identify(ctx);
     if (!who) return toGrpc(who.status());
     return toGrpc(access::mustBeAdmin(*who, what));
   }
 
-  // The job, if the caller may `verb` it (its owner or an admin).
-  StatusOr<v1::Job> ownedJob(grpc::ServerContext* ctx, const std::string& id, const char* verb) const {
+  // The job, to `then`, if the caller may `verb` it (its owner or an admin).
+  void ownedJob(grpc::ServerContextBase* ctx, const std::string& id, const char* verb,
+                std::function<void(StatusOr<v1::Job>)> then) const {
     auto who = identify(ctx);
-    if (!who) return who.status();
-    auto job = coordinator_.getJob(id);
-    if (!job) return job.status();
-    if (Status st = access::mayTouchJob(*who, *job, verb); !st) return st;
-    return job;
+    if (!who) return then(who.status());
+    coordinator_.getJob(id, [who = *who, verb, then = std::move(then)](StatusOr<v1::Job> job) {
+      if (!job) return then(job.status());
+      if (Status st = access::mayTouchJob(who, *job, verb); !st) return then(st);
+      then(std::move(job));
+    });
   }
 
   Coordinator& coordinator_;

@@ -82,7 +82,7 @@ std::string checkInsecure(const std::string& host_port, const std::string& who) 
          host_port + "; use TLS (docs/security.md)";
 }
 
-std::string bearerToken(const grpc::ServerContext& context) {
+std::string bearerToken(const grpc::ServerContextBase& context) {
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) return "";
@@ -91,7 +91,7 @@ std::string bearerToken(const grpc::ServerContext& context) {
   return value.compare(0, kBearer.size(), kBearer) == 0 ? value.substr(kBearer.size()) : "";
 }
 
-std::string peerCertificateName(const grpc::ServerContext& context) {
+std::string peerCertificateName(const grpc::ServerContextBase& context) {
   auto auth = context.auth_context();
   if (!auth || !auth->IsPeerAuthenticated()) return "";
   // Only a certificate that verified against the CA makes the peer authenticated; its CN is the node's name.

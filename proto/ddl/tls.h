@@ -49,8 +49,8 @@ bool isLoopback(const std::string& host_port);
 std::string checkInsecure(const std::string& host_port, const std::string& who);
 
 // The bearer token of a call's metadata ("authorization: Bearer TOKEN"), or "".
-std::string bearerToken(const grpc::ServerContext& context);
+std::string bearerToken(const grpc::ServerContextBase& context);
 // The node name a verified client certificate proves (its CN; the first DNS SAN if it has no CN), or "".
-std::string peerCertificateName(const grpc::ServerContext& context);
+std::string peerCertificateName(const grpc::ServerContextBase& context);
 
 }  // namespace ddl::tls
