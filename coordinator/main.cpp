@@ -25,6 +25,7 @@
 #include "http/http_server.h"
 #include "rpc/server.h"
 #include "service/coordinator.h"
+#include "state/data_dir_lock.h"
 #include "state/sqlite_store.h"
 
 #ifdef DDL_HAVE_SYSTEMD
@@ -143,6 +144,8 @@ int main(int argc, char** argv) {
   std::error_code ec;
   std::filesystem::create_directories(config.data_dir, ec);
   if (ec) return fail("cannot create data directory " + config.data_dir + ": " + ec.message());
+  auto lock = ddl::state::DataDirLock::acquire(config.data_dir);  // held until exit: one writer per data dir
+  if (!lock) return fail(lock.status().message());
   ddl::state::SqliteStore::Options store_options;
   store_options.path = config.data_dir + "/state.db";
   auto store = ddl::state::SqliteStore::open(store_options);

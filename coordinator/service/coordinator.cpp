@@ -174,7 +174,7 @@ R Coordinator::callSync(std::function<R()> fn, bool wait_for_commit) {
   post([&] {
     auto result = std::make_shared<R>(fn());
     if (!wait_for_commit) return promise.set_value(std::move(*result));
-    afterCommitOnLoop([&promise, result] { promise.set_value(std::move(*result)); });
+    replyOnLoop([&promise, result] { promise.set_value(std::move(*result)); });
   });
   return future.get();
 }
@@ -182,6 +182,15 @@ R Coordinator::callSync(std::function<R()> fn, bool wait_for_commit) {
 void Coordinator::afterCommitOnLoop(std::function<void()> effect) {
   assert(onLoop());
   turn_effects_.push_back(std::move(effect));
+}
+
+void Coordinator::replyOnLoop(std::function<void()> reply) {
+  assert(onLoop());
+  if (dirty_.empty()) {
+    turn_replies_.push_back(std::move(reply));  // nothing to wait for: after this turn's commands, at once
+  } else {
+    afterCommitOnLoop(std::move(reply));
+  }
 }
 
 void Coordinator::putJobOnLoop(const state::Job& job, bool new_job) {
@@ -220,6 +229,9 @@ void Coordinator::flushOnLoop() {
     effects_.pop_front();
     effect();
   }
+  std::vector<std::function<void()>> replies;
+  replies.swap(turn_replies_);
+  for (auto& reply : replies) reply();
 }
 
 void Coordinator::committedOnLoop(uint64_t seq, const Status& st) {
@@ -715,7 +727,7 @@ void Coordinator::registerAgent(const v1::RegisterRequest& req,
                                 std::function<void(StatusOr<v1::RegisterResponse>)> done) {
   post([this, req, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::RegisterResponse>>(registerAgentOnLoop(req));
-    afterCommitOnLoop([done, result] { done(std::move(*result)); });
+    replyOnLoop([done, result] { done(std::move(*result)); });
   });
 }
 
@@ -1072,7 +1084,7 @@ StatusOr<v1::Job> Coordinator::submit(const v1::JobSpec& spec) {
 void Coordinator::submit(const v1::JobSpec& spec, Done<v1::Job> done) {
   post([this, spec, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::Job>>(submitOnLoop(spec));
-    afterCommitOnLoop([done, result] { done(std::move(*result)); });
+    replyOnLoop([done, result] { done(std::move(*result)); });
   });
 }
 
@@ -1218,7 +1230,7 @@ void Coordinator::cancel(const std::string& id, Done<v1::Job> done) {
     withJobOnLoop(id, [this, done](StatusOr<state::Job> job) {
       if (!job) return done(job.status());
       auto result = std::make_shared<StatusOr<v1::Job>>(cancelOnLoop(*job));
-      afterCommitOnLoop([done, result] { done(std::move(*result)); });
+      replyOnLoop([done, result] { done(std::move(*result)); });
     });
   });
 }
@@ -1275,7 +1287,7 @@ StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain_it) {
 void Coordinator::drain(const std::string& name, bool drain_it, Done<v1::Node> done) {
   post([this, name, drain_it, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::Node>>(drainOnLoop(name, drain_it));
-    afterCommitOnLoop([done, result] { done(std::move(*result)); });
+    replyOnLoop([done, result] { done(std::move(*result)); });
   });
 }
 
@@ -1311,7 +1323,7 @@ StatusOr<v1::Node> Coordinator::removeNode(const std::string& name) {
 void Coordinator::removeNode(const std::string& name, Done<v1::Node> done) {
   post([this, name, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::Node>>(removeNodeOnLoop(name));
-    afterCommitOnLoop([done, result] { done(std::move(*result)); });
+    replyOnLoop([done, result] { done(std::move(*result)); });
   });
 }
 

@@ -276,6 +276,9 @@ class Coordinator {
   R callSync(std::function<R()> fn, bool wait_for_commit = true);
   // Runs `effect` on the loop once this turn's changes (and all earlier ones) are durable, in order.
   void afterCommitOnLoop(std::function<void()> effect);
+  // An answer to a caller: after the commit when this turn changed something, else at the end of the turn
+  // (a refusal or a read never waits behind a store that is failing).
+  void replyOnLoop(std::function<void()> reply);
   // The end of a turn: hands the changes to the committer, runs the effects that may run.
   void flushOnLoop();
   void committedOnLoop(uint64_t seq, const Status& status);
@@ -331,6 +334,7 @@ class Coordinator {
   // Group commit (loop side).
   std::map<std::string, state::Write> dirty_;          // this turn's changes, by key
   std::vector<std::function<void()>> turn_effects_;     // this turn's effects
+  std::vector<std::function<void()>> turn_replies_;     // this turn's answers that wait for nothing
   std::deque<std::pair<uint64_t, std::function<void()>>> effects_;  // waiting for their batch, in order
   uint64_t issued_seq_ = 0;     // the last batch handed to the committer
   uint64_t committed_seq_ = 0;  // the last batch known durable

@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "service/coordinator.h"
 #include "state/memory_store.h"
+#include "state/data_dir_lock.h"
 #include "state/sqlite_store.h"
 
 namespace ddl::coordinator {
@@ -56,7 +60,7 @@ class CoordinatorTest : public ::testing::Test {
   void makeCoordinator(std::unique_ptr<state::Store> store) {
     coordinator.reset();
     store_ = std::move(store);
-    CoordinatorOptions o;
+    CoordinatorOptions o = options;
     o.heartbeat_grace_ms = 10000;
     coordinator = std::make_unique<Coordinator>(*store_, o, [this] { return now; });
     ASSERT_TRUE(coordinator->recover());
@@ -136,6 +140,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   int64_t now = 1'000'000;
+  CoordinatorOptions options;
   std::unique_ptr<state::Store> store_;
   std::unique_ptr<Coordinator> coordinator;
   std::map<std::string, std::shared_ptr<RecordingLink>> links;
@@ -527,6 +532,131 @@ TEST_F(CoordinatorTest, ALateDetachOfAReplacedStreamKeepsTheNewOne) {
   EXPECT_FALSE(coordinator->listNodes()[0].connected());
 }
 
+// A store whose batches fail while `failing` is set (a full disk), to check that nothing is lost or stuck.
+class FlakyStore : public state::MemoryStore {
+ public:
+  using MemoryStore::MemoryStore;
+  Status applyBatch(const std::vector<state::Write>& batch) override {
+    if (failing) return Status::unavailable("disk full (injected)");
+    return MemoryStore::applyBatch(batch);
+  }
+  std::atomic<bool> failing{false};
+};
+
+// Waits (bounded) until the coordinator's health is `ok`.
+bool waitHealth(Coordinator& c, bool ok) {
+  for (int i = 0; i < 500 && c.health().ok != ok; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return c.health().ok == ok;
+}
+
+TEST_F(CoordinatorTest, AFailedWriteIsRetriedAndNothingWaitsForeverOrLeaksGpus) {
+  auto flaky = std::make_unique<FlakyStore>([this] { return now; });
+  FlakyStore* store = flaky.get();
+  makeCoordinator(std::move(flaky));
+  addNode("n1", 2);
+  std::string a = submit(spec(1, 2));
+  store->failing = true;
+  // The placement cannot be stored: the StartRanks must not leave, and nothing else may hang meanwhile.
+  std::thread ticker([&] { coordinator->tick(); });  // waits for the durable placement, so on its own thread
+  ASSERT_TRUE(waitHealth(*coordinator, false));
+  EXPECT_NE(coordinator->health().message.find("disk full"), std::string::npos) << coordinator->health().message;
+  EXPECT_EQ(stateOf(a), v1::STARTING);    // the loop moved on in memory...
+  EXPECT_EQ(coordinator->listNodes().size(), 1u);  // ...and still answers reads
+  auto refused = coordinator->submit(spec(1, 1));
+  EXPECT_EQ(refused.status().code(), state::StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("cannot store"), std::string::npos) << refused.status().toString();
+  EXPECT_FALSE(coordinator->metrics().store_healthy);
+  store->failing = false;  // space is back: the same writes are stored, then the start goes out
+  ticker.join();
+  EXPECT_TRUE(coordinator->health().ok);
+  ASSERT_EQ(starts("n1", a).size(), 1u);
+  EXPECT_EQ(store->getJob(a)->state, state::JobState::kStarting);
+  runAll("n1", a);
+  exitAll("n1", a);
+  EXPECT_EQ(stateOf(a), v1::SUCCEEDED);
+  EXPECT_EQ(store->getJob(a)->state, state::JobState::kSucceeded);
+  EXPECT_EQ(coordinator->metrics().gpus_allocated, 0);
+}
+
+TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAndAreReadFromTheStore) {
+  options.max_finished_in_memory = 2;
+  makeCoordinator(std::make_unique<state::MemoryStore>([this] { return now; }));
+  addNode("n1", 1);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    ids.push_back(submit(spec(1, 1)));
+    coordinator->tick();
+    runAll("n1", ids.back());
+    exitAll("n1", ids.back());
+    ASSERT_EQ(stateOf(ids.back()), v1::SUCCEEDED);
+    ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+  }
+  coordinator->tick();
+  EXPECT_LE(coordinator->metrics().jobs_in_memory, 2u);
+  EXPECT_EQ(stateOf(ids[0]), v1::SUCCEEDED);  // from the store
+  EXPECT_EQ(coordinator->getJob("j-999999").status().code(), state::StatusCode::kNotFound);
+  // Every job, a page of two at a time, in submit order, across memory and the store.
+  std::vector<std::string> seen;
+  v1::ListJobsRequest req;
+  req.set_page_size(2);
+  for (int page = 0; page < 10; ++page) {
+    auto resp = coordinator->listJobs(req);
+    ASSERT_TRUE(resp) << resp.status().toString();
+    EXPECT_LE(resp->jobs_size(), 2);
+    for (const auto& j : resp->jobs()) seen.push_back(j.id());
+    if (resp->next_page_token().empty()) break;
+    req.set_page_token(resp->next_page_token());
+  }
+  EXPECT_EQ(seen, ids);
+  req.set_page_token("nonsense");
+  EXPECT_EQ(coordinator->listJobs(req).status().code(), state::StatusCode::kInvalidArgument);
+  req.clear_page_token();
+  req.set_page_size(100000);
+  EXPECT_EQ(coordinator->listJobs(req).status().code(), state::StatusCode::kInvalidArgument);
+  // Filters reach the store too.
+  v1::ListJobsRequest mine;
+  mine.set_user("nobody");
+  EXPECT_EQ(coordinator->listJobs(mine)->jobs_size(), 0);
+  mine.set_user("alice");
+  mine.add_states(v1::SUCCEEDED);
+  EXPECT_EQ(coordinator->listJobs(mine)->jobs_size(), 5);
+}
+
+TEST_F(CoordinatorTest, OnlyADownNodeWithNoLiveJobIsRemoved) {
+  addNode("n1", 1);
+  addNode("n2", 1);
+  std::string a = submit(spec(1, 1));
+  coordinator->tick();
+  EXPECT_EQ(coordinator->removeNode("n1").status().code(), state::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(coordinator->removeNode("nope").status().code(), state::StatusCode::kNotFound);
+  coordinator->detachAgent("n1", sessions["n1"], links["n1"]);
+  coordinator->detachAgent("n2", sessions["n2"], links["n2"]);
+  now += 20000;
+  coordinator->tick();  // both DOWN; a's node is lost, a fails
+  auto removed = coordinator->removeNode("n2");
+  ASSERT_TRUE(removed) << removed.status().toString();
+  EXPECT_TRUE(coordinator->removeNode("n1"));
+  EXPECT_TRUE(coordinator->listNodes().empty());
+  EXPECT_EQ(store_->listNodes()->size(), 0u);
+  EXPECT_EQ(stateOf(a), v1::FAILED);
+}
+
+TEST(DataDirLockTest, ASecondHolderIsRefusedWithTheFirstOnesPid) {
+  auto dir = std::filesystem::temp_directory_path() / ("ddl-lock-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    auto first = state::DataDirLock::acquire(dir.string());
+    ASSERT_TRUE(first) << first.status().toString();
+    auto second = state::DataDirLock::acquire(dir.string());
+    ASSERT_FALSE(second);
+    EXPECT_EQ(second.status().code(), state::StatusCode::kFailedPrecondition);
+    EXPECT_NE(second.status().message().find("pid " + std::to_string(getpid())), std::string::npos)
+        << second.status().message();
+  }
+  EXPECT_TRUE(state::DataDirLock::acquire(dir.string()));  // released with its holder
+  std::filesystem::remove_all(dir);
+}
+
 class CoordinatorRestartTest : public CoordinatorTest {
  protected:
   void SetUp() override {
@@ -652,6 +782,32 @@ TEST_F(CoordinatorRestartTest, NodesThatNeverReturnAreDownAfterTheGrace) {
   coordinator->tick();
   EXPECT_EQ(stateOf(id), v1::FAILED);
   EXPECT_EQ(coordinator->listNodes()[0].state(), "DOWN");
+}
+
+TEST_F(CoordinatorRestartTest, HistoryPastMemoryAndPurgedNumbersSurviveARestart) {
+  options.max_finished_in_memory = 1;
+  reopen();
+  addNode("n1", 1);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    ids.push_back(submit(spec(1, 1)));
+    coordinator->tick();
+    runAll("n1", ids.back());
+    exitAll("n1", ids.back());
+    ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+  }
+  reopen();
+  EXPECT_EQ(stateOf(ids[0]), v1::SUCCEEDED);  // read from the database
+  EXPECT_EQ(coordinator->listJobs(v1::ListJobsRequest())->jobs_size(), 3);
+  // Purged jobs' numbers are never handed out again.
+  coordinator.reset();
+  auto* sqlite = static_cast<state::SqliteStore*>(store_.get());
+  auto purged = sqlite->purgeFinished(state::systemNowMs() + 1, 1000);
+  ASSERT_TRUE(purged) << purged.status().toString();
+  EXPECT_EQ(*purged, 3);
+  reopen();
+  addNode("n1", 1);
+  EXPECT_EQ(submit(spec(1, 1)), "j-000004");
 }
 
 }  // namespace
