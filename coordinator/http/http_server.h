@@ -8,7 +8,7 @@
 //   GET /api/v1/jobs       {"jobs": [Job...]}          (?state=RUNNING&user=alice filter)
 //   GET /api/v1/jobs/ID    {"job": Job, "ring": RingLayout}
 //   GET /metrics           Prometheus text format
-//   GET /healthz           "ok"
+//   GET /healthz           "ok", or 503 and why while the coordinator cannot store its state
 //   GET /login?token=T     sets the token cookie and redirects to / (for browsers, where tokens are needed)
 // Anything else is 404; methods other than GET and HEAD are 405 with `Allow: GET, HEAD` (nothing here changes
 // state); a bad request never takes the server down.
@@ -21,15 +21,21 @@
 // says how to get one. Readers who are neither admins nor the job's owner see jobs without command, env and
 // workdir, and no logs (rpc/access.h's rules, as ListJobs applies them).
 //
-// Threads: start()/stop() from the owning thread. One acceptor thread; each connection is served on its own
-// thread (at most kMaxConnections at once, keep-alive, every read and write bounded by a timeout).
+// Threads. The server runs on one Asio io_context served by one thread of its own (the "io thread"): it
+// accepts, reads, routes, renders and writes for every connection, and nothing on it blocks. Each request's
+// header must arrive whole within HttpOptions::request_timeout_ms of its first byte (a client that dribbles a
+// line at a time is cut off then, not given a fresh wait per byte); a connection waits idle_timeout_ms for the
+// next request; writes get write_timeout_ms. At most max_connections are open: a new one past that evicts the
+// oldest connection that is only waiting for a request (idle, or still sending its header), so slow or idle
+// clients can never lock out /healthz; when every connection is busy with a request, the new one is answered
+// 503 (plain HTTP) or closed (HTTPS) at once. Coordinator calls are the asynchronous forms; their answers are
+// posted back to the io thread, and each is bounded by backend_timeout_ms (a log read whose agent never answers
+// leaves that log "not available" on the page, the page still renders). start()/stop() from the owning thread.
 #pragma once
 
-#include <atomic>
+#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -61,7 +67,48 @@ struct Access {
   const auth::UserRegistry* users = nullptr;  // not owned; checks the tokens when require_token
 };
 
-// Routing without sockets, for tests.
+// What the dashboard asks of the coordinator: the asynchronous forms of Coordinator's calls, behind a seam so
+// tests can serve pages from a fake (one that never answers, above all). `done` is called at most once, on any
+// thread, and must not block; health() never blocks.
+class DashboardBackend {
+ public:
+  template <class T>
+  using Done = Coordinator::Done<T>;
+  virtual ~DashboardBackend() = default;
+  virtual void listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done) = 0;
+  virtual void listNodes(Done<std::vector<v1::Node>> done) = 0;
+  virtual void getJob(const std::string& id, Done<v1::Job> done) = 0;
+  virtual void ring(const std::string& id, Done<v1::RingLayout> done) = 0;
+  virtual void readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) = 0;
+  virtual void metrics(Done<MetricsSnapshot> done) = 0;
+  virtual Coordinator::Health health() = 0;
+};
+
+// The Coordinator as a DashboardBackend: its asynchronous forms, as they are.
+class CoordinatorBackend : public DashboardBackend {
+ public:
+  explicit CoordinatorBackend(Coordinator& coordinator) : c_(coordinator) {}
+  void listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done) override;
+  void listNodes(Done<std::vector<v1::Node>> done) override;
+  void getJob(const std::string& id, Done<v1::Job> done) override;
+  void ring(const std::string& id, Done<v1::RingLayout> done) override;
+  void readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) override;
+  void metrics(Done<MetricsSnapshot> done) override;
+  Coordinator::Health health() override;
+
+ private:
+  Coordinator& c_;
+};
+
+using Respond = std::function<void(Response)>;
+
+// Routing. `respond` is called exactly once, on whichever thread the backend's last answer came (inline when
+// none was needed); the backend must outlive that call. A job page asks for its log tails all at once and
+// renders when every one has answered (an error answer shows as "log not available").
+void handleRequest(DashboardBackend& backend, const Request& request, const Access& access, Respond respond);
+
+// Synchronous forms over a Coordinator, for tests and tools (they wait for the answer; never call them on a
+// thread the answer needs).
 Response handleRequest(Coordinator& coordinator, const Request& request, const Access& access);
 // The same for an open dashboard (no token needed).
 Response handleRequest(Coordinator& coordinator, const std::string& method, const std::string& target);
@@ -71,8 +118,11 @@ struct HttpOptions {
   bool auth = false;  // tokens on a loopback address too, over plain HTTP (e.g. behind a proxy that adds TLS)
   std::string pki_dir;                        // coordinator.crt and coordinator.key, for HTTPS
   const auth::UserRegistry* users = nullptr;  // not owned, outlives the server; needed for tokens
-  int timeout_ms = 30000;  // for a request's header (keep-alive idling included) and a response's write; a TLS
-                           // handshake gets a third of it
+  int idle_timeout_ms = 30000;     // waiting for a request's first byte (a new or kept-alive connection)
+  int request_timeout_ms = 10000;  // a whole request header from its first byte; a TLS handshake, too
+  int write_timeout_ms = 10000;    // writing a response
+  int backend_timeout_ms = 15000;  // one coordinator call (above its own log timeout, 5 s by default)
+  int max_connections = 64;        // open at once (see the file comment for what happens past it)
 };
 
 // What a dashboard on `listen` (HOST:PORT) does with `options`: HTTPS off loopback or when asked, and tokens
@@ -85,9 +135,9 @@ HttpMode httpMode(const std::string& listen, const HttpOptions& options);
 
 class HttpServer {
  public:
-  static constexpr int kMaxConnections = 64;
-
   explicit HttpServer(Coordinator& coordinator, HttpOptions options = {});
+  // Over any backend (tests' fakes); it must outlive the server.
+  explicit HttpServer(DashboardBackend& backend, HttpOptions options = {});
   ~HttpServer();
 
   // Listens on HOST:PORT (port 0: any); `bound` gets the real address. Errors name the address; with HTTPS,
@@ -99,7 +149,8 @@ class HttpServer {
 
  private:
   struct Impl;
-  std::shared_ptr<Impl> impl_;  // shared with the connection threads, so a late one never outlives it
+  std::unique_ptr<CoordinatorBackend> own_backend_;  // with the Coordinator constructor
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace ddl::coordinator::http

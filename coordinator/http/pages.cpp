@@ -49,7 +49,7 @@ std::string htmlEscape(const std::string& text) {
   return out;
 }
 
-std::string renderMetrics(const MetricsSnapshot& m) {
+std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
   std::ostringstream o;
   auto head = [&](const char* name, const char* type, const char* help) {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
@@ -81,6 +81,8 @@ std::string renderMetrics(const MetricsSnapshot& m) {
   o << "ddl_collective_bytes_total " << num(m.collective_bytes_total) << "\n";
   head("ddl_collective_seconds_total", "counter", "Time ranks spent in collectives, as they reported it.");
   o << "ddl_collective_seconds_total " << num(m.collective_seconds_total) << "\n";
+  head("ddl_coordinator_store_healthy", "gauge", "1 while the coordinator can store its state, else 0 (see /healthz).");
+  o << "ddl_coordinator_store_healthy " << (store_healthy ? 1 : 0) << "\n";
   return o.str();
 }
 

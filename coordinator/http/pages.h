@@ -14,7 +14,8 @@
 namespace ddl::coordinator::http {
 
 // Prometheus text exposition format 0.0.4: ddl_ prefix, _total counters, labels only for state.
-std::string renderMetrics(const MetricsSnapshot& m);
+// `store_healthy`: Coordinator::health().ok, as ddl_coordinator_store_healthy (1 or 0).
+std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy);
 
 // "/": the page; it fetches /api/v1/nodes and /api/v1/jobs itself every 2 s and redraws without a reload.
 std::string renderIndexPage();

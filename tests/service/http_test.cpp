@@ -5,8 +5,14 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <openssl/ssl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
@@ -73,7 +79,8 @@ TEST_F(HttpTest, MetricsReflectTheCluster) {
   for (const char* line : {"ddl_nodes{state=\"UP\"} 2\n", "ddl_nodes{state=\"DOWN\"} 0\n", "ddl_gpus 4\n",
                            "ddl_gpus_allocated 4\n", "ddl_jobs{state=\"STARTING\"} 1\n", "ddl_jobs_submitted_total 1\n",
                            "ddl_scheduling_latency_seconds_count 1\n",
-                           "ddl_scheduling_latency_seconds_bucket{le=\"+Inf\"} 1\n", "# TYPE ddl_jobs_failed_total counter\n"}) {
+                           "ddl_scheduling_latency_seconds_bucket{le=\"+Inf\"} 1\n", "# TYPE ddl_jobs_failed_total counter\n",
+                           "ddl_coordinator_store_healthy 1\n"}) {
     EXPECT_NE(r.body.find(line), std::string::npos) << line << " missing in\n" << r.body;
   }
 }
@@ -571,7 +578,8 @@ TEST_F(SecureHttpTest, SilentClientsAreDroppedAndStopDoesNotWaitForThem) {
   for (const bool tls : {false, true}) {
     SCOPED_TRACE(tls ? "https" : "http");
     HttpOptions options{tls, false, pkiDir(), users.get()};
-    options.timeout_ms = 600;
+    options.idle_timeout_ms = 600;
+    options.request_timeout_ms = 600;
     HttpServer server(*coordinator, options);
     std::string bound;
     ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
@@ -597,6 +605,241 @@ TEST_F(SecureHttpTest, SilentClientsAreDroppedAndStopDoesNotWaitForThem) {
   server.stop();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   close(idle);
+}
+
+// --- the asynchronous server: deadlines, the connection cap, a coordinator that does not answer ----------------
+
+// The real coordinator, except that log reads are never answered (an agent that went silent) and health() says
+// what the test sets.
+class SilentLogsBackend : public CoordinatorBackend {
+ public:
+  using CoordinatorBackend::CoordinatorBackend;
+  void readLog(const v1::GetLogsRequest&, Done<v1::GetLogsResponse> done) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    unanswered_.push_back(std::move(done));  // kept, never called
+    cv_.notify_all();
+  }
+  Coordinator::Health health() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return health_;
+  }
+  void setHealth(Coordinator::Health h) {
+    std::lock_guard<std::mutex> lock(mu_);
+    health_ = std::move(h);
+  }
+  // Waits (up to 10 s) until `n` log reads are outstanding.
+  bool waitReads(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return unanswered_.size() >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Done<v1::GetLogsResponse>> unanswered_;
+  Coordinator::Health health_;
+};
+
+int connectTo(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server has closed `fd`, waiting up to `wait_ms` for it (what arrives meanwhile is read and dropped).
+bool hungUp(int fd, int wait_ms) {
+  pollfd p{fd, POLLIN, 0};
+  for (int i = 0; i < 64; ++i) {
+    if (poll(&p, 1, wait_ms) <= 0) return false;
+    char buf[512];
+    const ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+    if (n < 0 && errno != EAGAIN) return true;
+  }
+  return false;
+}
+
+// The measured failure: 64 clients that send one header line every second kept /healthz and /metrics down (a
+// thread each, and the 65th connection closed at once). Now a new connection evicts the oldest one that is only
+// waiting for its request, so probes are answered while the slow clients keep dribbling.
+TEST_F(HttpTest, SixtyFourSlowClientsDoNotStopHealthzAndMetrics) {
+  HttpServer server(*coordinator);  // the defaults: 64 connections, 10 s per request header
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  const int port = std::stoi(bound.substr(bound.rfind(':') + 1));
+  std::vector<int> slow;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = connectTo(port);
+    ASSERT_GE(fd, 0);
+    const std::string start = "GET /healthz HTTP/1.1\r\n";
+    ASSERT_EQ(send(fd, start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+    slow.push_back(fd);
+  }
+  std::atomic<bool> done{false};
+  std::thread dribbler([&] {
+    // One more header line on every slow connection each second, for at most 8 s.
+    for (int round = 0; round < 8 && !done; ++round) {
+      const std::string line = "X-Slow-" + std::to_string(round) + ": 1\r\n";
+      for (int fd : slow) (void)send(fd, line.data(), line.size(), MSG_NOSIGNAL);
+      for (int t = 0; t < 20 && !done; ++t) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(rawRequest(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK") << i;
+    EXPECT_EQ(rawRequest(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK") << i;
+  }
+  done = true;
+  dribbler.join();
+  // The probes took the places of the oldest slow clients.
+  EXPECT_TRUE(hungUp(slow.front(), 2000));
+  for (int fd : slow) close(fd);
+  coordinator->stop();
+  server.stop();
+}
+
+// The header deadline counts from the request's first byte, not from the last one: a client that sends a
+// header line every 100 ms, forever, is cut off once request_timeout_ms has passed.
+TEST_F(HttpTest, AClientThatNeverFinishesItsHeaderIsCutOffAtTheDeadline) {
+  HttpOptions options;
+  options.request_timeout_ms = 500;
+  HttpServer server(*coordinator, options);
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  const int fd = connectTo(std::stoi(bound.substr(bound.rfind(':') + 1)));
+  ASSERT_GE(fd, 0);
+  std::string line = "GET /healthz HTTP/1.1\r\n";
+  bool cut = false;
+  int lines = 0;
+  for (; lines < 100 && !cut; ++lines) {  // 10 s at most
+    if (send(fd, line.data(), line.size(), MSG_NOSIGNAL) < 0) {
+      cut = true;
+      break;
+    }
+    line = "X-Line-" + std::to_string(lines) + ": 1\r\n";
+    cut = hungUp(fd, 100);
+  }
+  EXPECT_TRUE(cut) << "still open after " << lines << " header lines";
+  EXPECT_GT(lines, 1);  // it was let in, and then cut off
+  close(fd);
+  coordinator->stop();
+  server.stop();
+}
+
+// Past the cap, a new connection evicts the oldest one that is only waiting for a request.
+TEST_F(HttpTest, PastTheCapTheOldestWaitingConnectionMakesRoom) {
+  HttpOptions options;
+  options.max_connections = 4;
+  HttpServer server(*coordinator, options);
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  const int port = std::stoi(bound.substr(bound.rfind(':') + 1));
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(connectTo(port));  // accepted in this order, then silent
+  EXPECT_EQ(rawRequest(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
+  EXPECT_TRUE(hungUp(idle[0], 2000));  // the oldest made room
+  for (int fd : idle) close(fd);
+  coordinator->stop();
+  server.stop();
+}
+
+// Past the cap with every connection busy (answers the coordinator still owes), a new one is answered 503 at
+// once; nothing waits for the busy ones, and stop() does not either.
+TEST_F(HttpTest, PastTheCapWithEveryConnectionBusyTheAnswerIs503) {
+  SilentLogsBackend backend(*coordinator);
+  HttpOptions options;
+  options.max_connections = 2;
+  options.backend_timeout_ms = 60000;
+  HttpServer server(backend, options);
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  const int port = std::stoi(bound.substr(bound.rfind(':') + 1));
+  std::vector<int> busy;
+  for (int i = 0; i < 2; ++i) {
+    busy.push_back(connectTo(port));
+    const std::string req = "GET /jobs/" + job + " HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_EQ(send(busy.back(), req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  }
+  ASSERT_TRUE(backend.waitReads(2));  // both pages wait for a log
+  const std::string reply = rawReply(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(reply.substr(0, reply.find("\r\n")), "HTTP/1.1 503 Service Unavailable") << reply;
+  EXPECT_NE(reply.find("\"error\""), std::string::npos) << reply;
+  const auto start = std::chrono::steady_clock::now();
+  coordinator->stop();
+  server.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  for (int fd : busy) close(fd);
+}
+
+// A job page whose agent never answers a log read: other requests are served meanwhile (nothing blocks the
+// server's one thread), and the page renders once the coordinator call's deadline passes, the log marked not
+// available.
+TEST_F(HttpTest, AJobPageWaitingForALogDoesNotHoldUpOthersAndStillRenders) {
+  SilentLogsBackend backend(*coordinator);
+  for (const int deadline_ms : {60000, 300}) {
+    SCOPED_TRACE(deadline_ms);
+    HttpOptions options;
+    options.backend_timeout_ms = deadline_ms;
+    HttpServer server(backend, options);
+    std::string bound;
+    ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+    const int port = std::stoi(bound.substr(bound.rfind(':') + 1));
+    if (deadline_ms > 1000) {
+      const int page = connectTo(port);
+      const std::string req = "GET /jobs/" + job + " HTTP/1.1\r\nHost: x\r\n\r\n";
+      ASSERT_EQ(send(page, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+      ASSERT_TRUE(backend.waitReads(1));
+      EXPECT_EQ(rawRequest(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
+      EXPECT_EQ(rawRequest(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
+      EXPECT_EQ(rawRequest(port, "GET /api/v1/jobs/" + job + " HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
+      server.stop();  // does not wait for the page
+      close(page);
+      continue;
+    }
+    // The whole answer: the log section is past rawReply's first 4 KiB.
+    const int fd = connectTo(port);
+    const std::string req = "GET /jobs/" + job + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string page;
+    char buf[4096];
+    ssize_t n = 0;
+    for (int i = 0; i < 1024 && (n = read(fd, buf, sizeof(buf))) > 0; ++i) page.append(buf, static_cast<size_t>(n));
+    close(fd);
+    EXPECT_EQ(page.substr(0, page.find("\r\n")), "HTTP/1.1 200 OK") << page.substr(0, 300);
+    EXPECT_NE(page.find("<svg"), std::string::npos);
+    EXPECT_NE(page.find("Log of rank 0"), std::string::npos);
+    EXPECT_NE(page.find("(log not available: the coordinator did not read the log within 300 ms)"),
+              std::string::npos);
+    server.stop();
+  }
+  coordinator->stop();
+}
+
+// /healthz fails, with the reason, while the coordinator cannot store its state; /metrics says so too.
+TEST_F(HttpTest, HealthzAndMetricsReportAnUnhealthyStore) {
+  SilentLogsBackend backend(*coordinator);
+  backend.setHealth({false, "the store cannot write: disk full"});
+  HttpServer server(backend);
+  std::string bound;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
+  const int port = std::stoi(bound.substr(bound.rfind(':') + 1));
+  const std::string health = rawReply(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(health.substr(0, health.find("\r\n")), "HTTP/1.1 503 Service Unavailable") << health;
+  EXPECT_NE(health.find("disk full"), std::string::npos) << health;
+  const std::string metrics = rawReply(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(metrics.find("ddl_coordinator_store_healthy 0\n"), std::string::npos) << metrics;
+  backend.setHealth({true, ""});
+  EXPECT_EQ(rawRequest(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
+  coordinator->stop();
+  server.stop();
 }
 
 // The daemon's keys for it: http_tls and http_auth are true/false, and a false one off loopback stops the start.
