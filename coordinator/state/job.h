@@ -236,7 +236,8 @@ inline std::optional<int64_t> jobIdNumber(std::string_view id) {
 //
 // Every job is kept forever in the store's history and sent whole in every ListJobs page, so each part of a spec
 // is bounded; these are generous for real jobs (a long torchrun command line with a few hundred flags, a
-// container's environment) and small enough that a page of 500 jobs stays far below gRPC's 4 MiB message limit.
+// container's environment). A typical job is well under 1 KiB, but one at every limit is about 270 KiB, so a
+// page of jobs must also be bounded by bytes, not by count alone, to stay below gRPC's 4 MiB message limit.
 // validateJobSpec() names the limit and the actual size in each refusal.
 inline constexpr size_t kMaxJobNameBytes = 128;
 inline constexpr size_t kMaxUserBytes = 64;  // Linux user names are at most 32 bytes
