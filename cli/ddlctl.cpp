@@ -1,6 +1,6 @@
-// ddlctl: argument parsing (CLI11), one UserService RPC per verb, and the text and JSON renderings. See
+// ddlctl: argument parsing (CLI11), one UserService RPC per verb (per page for list), and the text and JSON renderings. See
 // ddlctl.h for the contract. Order of work in runDdlctl(): split off the job command at "--", parse, check
-// everything that can be checked locally (exit 2), then make exactly one RPC with a deadline.
+// everything that can be checked locally (exit 2), then make the RPC (list: one per page), each with its own deadline.
 #include "ddlctl.h"
 
 #include <grpcpp/grpcpp.h>

@@ -1,5 +1,6 @@
-// ddlctl: the user CLI of ddl. One command line becomes one UserService RPC to the coordinator, and the
-// answer becomes a table, a detail view or one JSON document on stdout.
+// ddlctl: the user CLI of ddl. One command line becomes one UserService RPC to the coordinator (list: one per
+// page, logs: one per piece), and the answer becomes a table, a detail view or one JSON document on stdout.
+// Every string from the server is escaped for the terminal before it is printed as text.
 //
 // ddlctl keeps no state: the coordinator is the only source of truth, and it re-validates every request. The
 // checks made here (counts, KEY=VALUE, state names, HOST:PORT) exist so that a typo costs no round trip and
