@@ -1,6 +1,7 @@
-// ddlctl: argument parsing (CLI11), one UserService RPC per verb (per page for list), and the text and JSON renderings. See
-// ddlctl.h for the contract. Order of work in runDdlctl(): split off the job command at "--", parse, check
-// everything that can be checked locally (exit 2), then make the RPC (list: one per page), each with its own deadline.
+// ddlctl: argument parsing (CLI11), one UserService RPC per verb (per page for list), and the text and JSON
+// renderings. See ddlctl.h for the contract. Order of work in runDdlctl(): split off the job command at "--",
+// parse, check everything that can be checked locally (exit 2), then make the RPC (list: one per page), each
+// with its own deadline.
 #include "ddlctl.h"
 
 #include <grpcpp/grpcpp.h>
@@ -95,9 +96,9 @@ size_t displayWidth(std::string_view s) {
   return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xc0) != 0x80; }));
 }
 
-// Columns padded to their widest cell, two spaces apart; the last column is not padded (it may be long). Every
-// cell is escaped for the terminal (idempotent: escaped text has no control characters left). `width` carries
-// the column widths from one call to the next (JobTableWriter); they only grow.
+// Columns padded to their widest cell, two spaces apart; the last column is not padded (it may be long).
+// Every cell is escaped for the terminal (idempotent: escaped text has no control characters left). `width`
+// carries the column widths from one call to the next (JobTableWriter); they only grow.
 std::string renderTable(std::vector<std::vector<std::string>> rows, std::vector<size_t>& width) {
   for (auto& row : rows) {
     for (std::string& cell : row) cell = escapeForTerminal(cell);
@@ -123,7 +124,9 @@ std::string renderTable(std::vector<std::vector<std::string>> rows) {
 }
 
 // A table cell from the server: escaped, then cut to `maxChars`.
-std::string cell(std::string_view text, size_t maxChars) { return truncateCell(escapeForTerminal(text), maxChars); }
+std::string cell(std::string_view text, size_t maxChars) {
+  return truncateCell(escapeForTerminal(text), maxChars);
+}
 
 int64_t nowUnixMs() {
   using namespace std::chrono;
@@ -286,10 +289,11 @@ Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
 
 Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs) {
   auto fail = [&] {
-    return Parsed<int64_t>{std::nullopt, "'" + escapeForTerminal(text) +
-                                             "' is not a time: give a date (2026-11-24), a local time "
-                                             "(2026-11-24T10:00 or 2026-11-24T10:00:05) or an age (90s, 30m, 1h, "
-                                             "2d, 1w)"};
+    return Parsed<int64_t>{std::nullopt,
+                           "'" + escapeForTerminal(text) +
+                               "' is not a time: give a date (2026-11-24), a local time "
+                               "(2026-11-24T10:00 or 2026-11-24T10:00:05) or an age (90s, 30m, 1h, "
+                               "2d, 1w)"};
   };
   const std::string t = trim(text);
   // An age: digits and one unit.
@@ -319,7 +323,8 @@ Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs) {
       return fail();
     }
   }
-  if (year < 1970 || month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 || second > 59)
+  if (year < 1970 || month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 ||
+      second > 59)
     return fail();
   std::tm tm{};
   tm.tm_year = year - 1900;
@@ -410,18 +415,24 @@ std::string escapeForTerminal(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
     if (c < 0x80) {
-      if (c == '\n') out += "\\n";
-      else if (c == '\t') out += "\\t";
-      else if (c == '\r') out += "\\r";
-      else if (c < 0x20 || c == 0x7f) out += hex("\\x%02x", c);
-      else out += static_cast<char>(c);
+      if (c == '\n')
+        out += "\\n";
+      else if (c == '\t')
+        out += "\\t";
+      else if (c == '\r')
+        out += "\\r";
+      else if (c < 0x20 || c == 0x7f)
+        out += hex("\\x%02x", c);
+      else
+        out += static_cast<char>(c);
       ++i;
       continue;
     }
     // One UTF-8 sequence, checked as RFC 3629 does: no overlong forms, no surrogates, nothing past U+10FFFF.
     size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
     bool valid = len > 0 && i + len <= text.size();
-    for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
+    for (size_t k = 1; valid && k < len; ++k)
+      valid = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
     if (valid && len > 2) {
       const auto second = static_cast<unsigned char>(text[i + 1]);
       if ((c == 0xe0 && second < 0xa0) || (c == 0xed && second > 0x9f) || (c == 0xf0 && second < 0x90) ||
@@ -569,8 +580,9 @@ std::vector<std::vector<std::string>> jobRows(const v1::ListJobsResponse& jobs, 
                                                 : "-";
     int gpus = j.gpus() > 0 ? j.gpus() : requestedGpus(j.spec());
     rows.push_back({cell(j.id(), kMaxNameColumn), cell(j.spec().name(), kMaxNameColumn),
-                    cell(j.spec().user(), kMaxNameColumn), stateName(j.state()), formatAge(nowMs - j.submit_ms()),
-                    nodes, gpus > 0 ? std::to_string(gpus) : "-", cell(nodeListOrReason(j), kMaxWideColumn)});
+                    cell(j.spec().user(), kMaxNameColumn), stateName(j.state()),
+                    formatAge(nowMs - j.submit_ms()), nodes, gpus > 0 ? std::to_string(gpus) : "-",
+                    cell(nodeListOrReason(j), kMaxWideColumn)});
   }
   return rows;
 }
@@ -736,11 +748,11 @@ struct CommandLine {
   std::vector<std::string> states;
   std::string user;
   bool all = false;
-  std::string name;        // list --name
-  std::string since;       // list --since, as given
-  std::string until;       // list --until, as given
-  int pageSize = 0;        // list --page-size; 0 = the coordinator's default
-  std::string nodesVerb;   // "" (list nodes) or "remove"
+  std::string name;       // list --name
+  std::string since;      // list --since, as given
+  std::string until;      // list --until, as given
+  int pageSize = 0;       // list --page-size; 0 = the coordinator's default
+  std::string nodesVerb;  // "" (list nodes) or "remove"
   std::string target;  // the JOB or NODE argument
   std::optional<int> rank;  // logs: one rank only
   int attempt = 0;          // logs: 0 = the latest launch
@@ -814,9 +826,10 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   list->add_option("--user", cl.user, "only this user's jobs");
   list->add_flag("--all", cl.all, "every job, finished ones too")->excludes(state);
   list->add_option("--name", cl.name, "only jobs with exactly this name");
-  list->add_option("--since", cl.since,
-                   "only jobs submitted at or after TIME: 2026-11-24, 2026-11-24T10:00 (local time) or an age "
-                   "such as 30m, 1h, 2d")
+  list->add_option(
+          "--since", cl.since,
+          "only jobs submitted at or after TIME: 2026-11-24, 2026-11-24T10:00 (local time) or an age "
+          "such as 30m, 1h, 2d")
       ->type_name("TIME");
   list->add_option("--until", cl.until, "only jobs submitted before TIME (same forms as --since)")
       ->type_name("TIME");
@@ -837,7 +850,8 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   logs->add_option("--rank", cl.rank, "only this rank (no prefix)")->check(CLI::NonNegativeNumber);
   logs->add_option("--attempt", cl.attempt, "launch attempt (default: the latest)")->check(CLI::PositiveNumber);
   logs->add_flag("-f,--follow", cl.follow, "keep printing new output until the job ends");
-  CLI::App* nodes = app.add_subcommand("nodes", "list nodes; 'nodes remove NAME' forgets a node that is gone");
+  CLI::App* nodes =
+      app.add_subcommand("nodes", "list nodes; 'nodes remove NAME' forgets a node that is gone");
   nodes->add_subcommand("remove", "forget node NAME for good (admins only; it must be DOWN with no live job)")
       ->add_option("NAME", cl.target, "node name")
       ->required();
@@ -1039,7 +1053,8 @@ int runList(CommandLine& cl, Session& s, std::ostream& err) {
   JobTableWriter table;
   for (int page = 0;; ++page) {
     if (page == kMaxListPages) {
-      err << "ddlctl: stopped after " << kMaxListPages << " pages; narrow the list with --state, --user, --name, "
+      err << "ddlctl: stopped after " << kMaxListPages
+          << " pages; narrow the list with --state, --user, --name, "
           << "--since or --until\n";
       all.set_next_page_token(req.page_token());
       break;
@@ -1089,7 +1104,8 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     v1::ListUsersResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListUsers(c, {}, &resp); })) return rc;
     std::string text;
-    for (const auto& u : resp.users()) text += escapeForTerminal(u.name()) + " " + escapeForTerminal(u.role()) + "\n";
+    for (const auto& u : resp.users())
+      text += escapeForTerminal(u.name()) + " " + escapeForTerminal(u.role()) + "\n";
     return s.print(resp, text);
   }
   if (cl.adminVerb == "issue-node") {
@@ -1174,8 +1190,9 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
   if (cl.verb == "whoami") {
     v1::Identity who;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.WhoAmI(c, {}, &who); })) return rc;
-    return s.print(who, (who.name().empty() ? std::string("(anonymous)") : escapeForTerminal(who.name())) + " " +
-                            escapeForTerminal(who.role()) + " (" + escapeForTerminal(who.via()) + ")\n");
+    return s.print(who, (who.name().empty() ? std::string("(anonymous)") : escapeForTerminal(who.name())) +
+                            " " + escapeForTerminal(who.role()) + " (" + escapeForTerminal(who.via()) +
+                            ")\n");
   }
   if (cl.verb == "admin") return runAdmin(cl, s, err);
   if (cl.verb == "nodes" && cl.nodesVerb == "remove") {

@@ -113,8 +113,8 @@ std::string escapeForTerminal(std::string_view text);
 // At most `maxChars` characters (UTF-8 code points) of `text`, the last one "…" when it was cut.
 std::string truncateCell(std::string_view text, size_t maxChars);
 // Table columns are cut to these widths so one long value cannot widen every row.
-constexpr size_t kMaxNameColumn = 40;    // job and node names, users
-constexpr size_t kMaxWideColumn = 100;   // labels, node lists, reasons
+constexpr size_t kMaxNameColumn = 40;   // job and node names, users
+constexpr size_t kMaxWideColumn = 100;  // labels, node lists, reasons
 
 std::string formatAge(int64_t ms);       // coarse, one unit, floor: "5s", "3m", "2h", "4d"; negative -> "0s"
 std::string formatDuration(int64_t ms);  // finer: "850ms", "12.3s", "5m07s", "2h03m", "3d04h"

@@ -39,8 +39,9 @@ Status parseAgentConfig(const std::string& text, const std::string& origin, Agen
       else {
         return Status::invalidArgument(origin + ": unknown key '" + key +
                                        "' (known: coordinator, node, address, labels, virtual_gpus, force_virtual, "
-                                       "data_dir, log_retention_hours, log_max_mb, port_first, port_last, stop_grace_s, stop_ranks_on_exit, log_level, "
-                                       "pki_dir, insecure, tls_refresh_s)");
+                                       "data_dir, log_retention_hours, log_max_mb, port_first, port_last, "
+                                       "stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, "
+                                       "tls_refresh_s)");
       }
     } catch (const nlohmann::json::exception&) {
       return Status::invalidArgument(origin + ": key '" + key + "' has the wrong type: " + value.dump());

@@ -40,9 +40,9 @@ struct AgentConfig {
   double tls_refresh_s = 60;  // how often the certificate files are re-read (rotation without a restart)
 };
 
-// Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of strings),
-// virtual_gpus, force_virtual, data_dir, log_retention_hours, log_max_mb, port_first, port_last, stop_grace_s, stop_ranks_on_exit, log_level,
-// pki_dir, insecure, tls_refresh_s.
+// Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of
+// strings), virtual_gpus, force_virtual, data_dir, log_retention_hours, log_max_mb, port_first, port_last,
+// stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s.
 state::Status loadAgentConfig(const std::string& path, AgentConfig* config);
 state::Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config);
 // "rack=r1,switch=s1" into labels.

@@ -51,7 +51,8 @@ LogCleanup cleanRankLogs(const std::string& logs_dir, const LogRetention& retent
   std::error_code ec;
   fs::directory_iterator it(logs_dir, ec);
   if (ec) {
-    if (ec != std::errc::no_such_file_or_directory) result.errors.push_back("cannot read " + logs_dir + ": " + ec.message());
+    if (ec != std::errc::no_such_file_or_directory)
+      result.errors.push_back("cannot read " + logs_dir + ": " + ec.message());
     return result;
   }
   for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {

@@ -1,6 +1,6 @@
 // Retention of rank logs on a node. The agent writes each rank's output to
-// DATA_DIR/logs/JOB/attempt-N/rank-R.log and, without this, never deletes one, so a busy node's disk fills with
-// the output of jobs finished long ago. cleanRankLogs() removes whole job directories:
+// DATA_DIR/logs/JOB/attempt-N/rank-R.log and, without this, never deletes one, so a busy node's disk fills
+// with the output of jobs finished long ago. cleanRankLogs() removes whole job directories:
 //
 //  - by age: a job directory whose newest file (or directory) was modified more than max_age ago;
 //  - by size: while all job directories together hold more than max_bytes, the one whose newest change is
@@ -35,8 +35,8 @@ struct LogRetention {
 struct LogCleanup {
   std::vector<std::string> removed;  // job ids, in the order they were removed
   uint64_t bytes_removed = 0;
-  uint64_t bytes_kept = 0;           // under logs_dir after the cleanup
-  std::vector<std::string> errors;   // what could not be read or removed (left for the next round)
+  uint64_t bytes_kept = 0;          // under logs_dir after the cleanup
+  std::vector<std::string> errors;  // what could not be read or removed (left for the next round)
 };
 
 LogCleanup cleanRankLogs(const std::string& logs_dir, const LogRetention& retention,

@@ -41,8 +41,9 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", data_dir, "directory for rank logs (default /var/lib/ddl/agent)");
   app.add_option("--log-retention-hours", log_retention_hours,
                  "delete a finished job's rank logs this long after their last write (default 168; 0: keep)");
-  app.add_option("--log-max-mb", log_max_mb, "delete the oldest finished jobs' rank logs while all exceed this "
-                                             "(default 0: no bound)");
+  app.add_option("--log-max-mb", log_max_mb,
+                 "delete the oldest finished jobs' rank logs while all exceed this "
+                 "(default 0: no bound)");
   app.add_option("--port-range", port_range, "rendezvous ports for jobs rooted here, FIRST-LAST (default 29500-29999)");
   app.add_flag("--stop-ranks-on-exit", stop_ranks_on_exit,
                "stop this node's ranks when the agent exits (default: leave them running for the next agent to "

@@ -234,8 +234,8 @@ inline std::optional<int64_t> jobIdNumber(std::string_view id) {
 
 // ---- Limits on a job spec ---------------------------------------------------------------------------------
 //
-// Every job is kept forever in the store's history and sent whole in every ListJobs page, so each part of a spec
-// is bounded; these are generous for real jobs (a long torchrun command line with a few hundred flags, a
+// Every job is kept forever in the store's history and sent whole in every ListJobs page, so each part of a
+// spec is bounded; these are generous for real jobs (a long torchrun command line with a few hundred flags, a
 // container's environment). A typical job is well under 1 KiB, but one at every limit is about 270 KiB, so a
 // page of jobs must also be bounded by bytes, not by count alone, to stay below gRPC's 4 MiB message limit.
 // validateJobSpec() names the limit and the actual size in each refusal.
@@ -274,7 +274,8 @@ inline std::string quoteForMessage(std::string_view text, size_t max = 64) {
   std::string out;
   for (size_t i = 0; i < text.size() && i < max; ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f || (c >= 0x80 && c <= 0x9f && i > 0 && static_cast<unsigned char>(text[i - 1]) == 0xc2)) {
+    if (c < 0x20 || c == 0x7f ||
+        (c >= 0x80 && c <= 0x9f && i > 0 && static_cast<unsigned char>(text[i - 1]) == 0xc2)) {
       char buf[8];
       std::snprintf(buf, sizeof(buf), "\\x%02x", c);
       out += buf;
@@ -289,10 +290,12 @@ inline std::string quoteForMessage(std::string_view text, size_t max = 64) {
 // What a store refuses at submit. Placement decides later whether the request fits the cluster.
 inline Status validateJobSpec(const JobSpec& spec) {
   // The name is echoed in every refusal, so only a name that passes its own checks is echoed whole.
-  const bool name_ok = spec.name.size() <= kMaxJobNameBytes && findControlCharacter(spec.name) == std::string::npos;
+  const bool name_ok =
+      spec.name.size() <= kMaxJobNameBytes && findControlCharacter(spec.name) == std::string::npos;
   auto bad = [&](const std::string& what) {
-    return Status::invalidArgument("job spec" + (spec.name.empty() ? "" : " '" + quoteForMessage(spec.name, kMaxJobNameBytes) + "'") +
-                                   ": " + what);
+    return Status::invalidArgument(
+        "job spec" + (spec.name.empty() ? "" : " '" + quoteForMessage(spec.name, kMaxJobNameBytes) + "'") +
+        ": " + what);
   };
   auto size = [](size_t n) { return std::to_string(n); };
   auto controlAt = [](std::string_view text) {
@@ -308,7 +311,8 @@ inline Status validateJobSpec(const JobSpec& spec) {
   if (spec.user.size() > kMaxUserBytes)
     return bad("the user name is " + size(spec.user.size()) + " bytes; the limit is " + size(kMaxUserBytes));
   if (findControlCharacter(spec.user) != std::string::npos)
-    return bad("the user name contains " + controlAt(spec.user) + "; user names may not contain control characters");
+    return bad("the user name contains " + controlAt(spec.user) +
+               "; user names may not contain control characters");
   if (spec.command.empty() || spec.command[0].empty())
     return bad("command is empty; give the program to run");
   if (spec.command.size() > kMaxArgs)
@@ -316,18 +320,20 @@ inline Status validateJobSpec(const JobSpec& spec) {
   size_t argv_bytes = 0;
   for (const std::string& arg : spec.command) argv_bytes += arg.size();
   if (argv_bytes > kMaxArgvBytes)
-    return bad("the command's arguments total " + size(argv_bytes) + " bytes; the limit is " + size(kMaxArgvBytes) +
-               " (pass large inputs in a file)");
+    return bad("the command's arguments total " + size(argv_bytes) + " bytes; the limit is " +
+               size(kMaxArgvBytes) + " (pass large inputs in a file)");
   if (spec.nodes < 0 || spec.gpus_per_node < 0 || spec.total_gpus < 0)
     return bad("GPU and node counts must be >= 0");
   if (spec.max_restarts < 0) return bad("max_restarts must be >= 0");
   if (spec.workdir.size() > kMaxWorkdirBytes)
-    return bad("the workdir is " + size(spec.workdir.size()) + " bytes; the limit is " + size(kMaxWorkdirBytes));
+    return bad("the workdir is " + size(spec.workdir.size()) + " bytes; the limit is " +
+               size(kMaxWorkdirBytes));
   if (spec.topology_override.size() > kMaxTopologyBytes)
     return bad("the topology is " + size(spec.topology_override.size()) + " bytes; the limit is " +
                size(kMaxTopologyBytes));
   if (spec.env.size() > kMaxEnvEntries)
-    return bad("the environment has " + size(spec.env.size()) + " entries; the limit is " + size(kMaxEnvEntries));
+    return bad("the environment has " + size(spec.env.size()) + " entries; the limit is " +
+               size(kMaxEnvEntries));
   size_t env_bytes = 0;
   for (const std::string& kv : spec.env) {
     size_t eq = kv.find('=');
@@ -341,7 +347,8 @@ inline Status validateJobSpec(const JobSpec& spec) {
   if (env_bytes > kMaxEnvBytes)
     return bad("the environment totals " + size(env_bytes) + " bytes; the limit is " + size(kMaxEnvBytes));
   if (spec.required_labels.size() > kMaxLabels)
-    return bad("the job requires " + size(spec.required_labels.size()) + " labels; the limit is " + size(kMaxLabels));
+    return bad("the job requires " + size(spec.required_labels.size()) + " labels; the limit is " +
+               size(kMaxLabels));
   // Labels are written out as comma-separated key=value lists (placement's messages do), so '=', ',' or
   // whitespace in a key or value would make that text ambiguous; refuse them at submit, not misread later.
   constexpr std::string_view kLabelSeparators = "=, \t\n\v\f\r";

@@ -301,13 +301,19 @@ TEST(DdlctlFormat, ControlCharactersAreEscaped) {
   EXPECT_EQ(escapeForTerminal("a\nb\tc\rd"), "a\\nb\\tc\\rd");
   EXPECT_EQ(escapeForTerminal("\x1b[2Jgone"), "\\x1b[2Jgone");
   EXPECT_EQ(escapeForTerminal(std::string("nul\0del\x7f", 8)), "nul\\x00del\\x7f");
-  EXPECT_EQ(escapeForTerminal("c1\xc2\x9b" "31m"), "c1\\u009b31m");          // CSI as UTF-8
-  EXPECT_EQ(escapeForTerminal("raw\x9b" "31m\xff"), "raw\\x9b31m\\xff");   // bytes that are not UTF-8
-  EXPECT_EQ(escapeForTerminal("bidi\xe2\x80\xae" "evil"), "bidi\\u202eevil");    // right-to-left override
+  EXPECT_EQ(escapeForTerminal("c1\xc2\x9b"
+                              "31m"),
+            "c1\\u009b31m");  // CSI as UTF-8
+  EXPECT_EQ(escapeForTerminal("raw\x9b"
+                              "31m\xff"),
+            "raw\\x9b31m\\xff");  // bytes that are not UTF-8
+  EXPECT_EQ(escapeForTerminal("bidi\xe2\x80\xae"
+                              "evil"),
+            "bidi\\u202eevil");  // right-to-left override
   EXPECT_EQ(escapeForTerminal("r\xc3\xa9sum\xc3\xa9 \xe6\x97\xa5\xf0\x9f\x98\x80"),
             "r\xc3\xa9sum\xc3\xa9 \xe6\x97\xa5\xf0\x9f\x98\x80");  // é, 日 and an emoji are kept
   EXPECT_EQ(escapeForTerminal("\xc0\xaf\xed\xa0\x80"), "\\xc0\\xaf\\xed\\xa0\\x80");  // overlong, surrogate
-  EXPECT_EQ(escapeForTerminal("\xe6\x97"), "\\xe6\\x97");  // cut short
+  EXPECT_EQ(escapeForTerminal("\xe6\x97"), "\\xe6\\x97");                             // cut short
   const std::string once = escapeForTerminal("a\n\x1b\xc2\x85z");
   EXPECT_EQ(escapeForTerminal(once), once) << "escaping is idempotent, so a cell may be escaped twice";
 
@@ -333,7 +339,9 @@ TEST(DdlctlFormat, ControlCharactersAreEscaped) {
 
   v1::Job detail = makeJob("j-000001", "x\ny", "u", v1::RUNNING, kNow);
   detail.mutable_spec()->add_command("python");
-  detail.mutable_spec()->add_command("a\x1b" "b");
+  detail.mutable_spec()->add_command(
+      "a\x1b"
+      "b");
   const std::string text = formatJobDetail(detail, kNow);
   EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
   EXPECT_EQ(field(text, "Name"), "x\\ny");
@@ -345,7 +353,8 @@ TEST(DdlctlFormat, LongValuesAreTruncatedInTables) {
   EXPECT_EQ(truncateCell("short", 10), "short");
   EXPECT_EQ(truncateCell("exactly10!", 10), "exactly10!");
   EXPECT_EQ(truncateCell("abcdefghijk", 10), "abcdefghi\u2026");
-  EXPECT_EQ(truncateCell("\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", 3), "\xc3\xa9\xc3\xa9\u2026");  // cut between characters
+  EXPECT_EQ(truncateCell("\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", 3),
+            "\xc3\xa9\xc3\xa9\u2026");  // cut between characters
   v1::ListJobsResponse jobs = sampleJobs();
   jobs.mutable_jobs(1)->mutable_spec()->set_name(std::string(100'000, 'n'));
   jobs.mutable_jobs(2)->set_reason(std::string(100'000, 'r'));
@@ -382,9 +391,9 @@ TEST(DdlctlFormat, TimeBounds) {
   EXPECT_EQ(parseTimeBound("2026-11-24", kNow).value, midnight);
   EXPECT_EQ(parseTimeBound("2026-11-24T10:00", kNow).value, midnight + 10 * 3'600'000);
   EXPECT_EQ(parseTimeBound("2026-11-24 10:00:05", kNow).value, midnight + 10 * 3'600'000 + 5'000);
-  for (const char* bad : {"", "yesterday", "1y", "h", "-1h", "2026-13-01", "2026-02-30", "2026-11-24T25:00",
-                          "2026-11-24T10", "2026-11-24T10:00:", "2026-11-24x", "26-11-24", "1969-12-31",
-                          "99999999999h", "1h\n"}) {
+  for (const char* bad :
+       {"", "yesterday", "1y", "h", "-1h", "2026-13-01", "2026-02-30", "2026-11-24T25:00", "2026-11-24T10",
+        "2026-11-24T10:00:", "2026-11-24x", "26-11-24", "1969-12-31", "99999999999h", "1h\n"}) {
     Parsed<int64_t> p = parseTimeBound(bad, kNow);
     EXPECT_FALSE(p.ok()) << bad;
     EXPECT_NE(p.error.find("is not a time"), std::string::npos) << bad << ": " << p.error;
@@ -656,7 +665,8 @@ class FakeUserService final : public v1::UserService::Service {
     }
     size_t offset = req->page_token().empty() ? 0 : std::stoul(req->page_token());
     size_t size = req->page_size() > 0 ? static_cast<size_t>(req->page_size()) : 500;
-    for (size_t i = offset; i < pagedJobs_.size() && i < offset + size; ++i) *resp->add_jobs() = pagedJobs_[i];
+    for (size_t i = offset; i < pagedJobs_.size() && i < offset + size; ++i)
+      *resp->add_jobs() = pagedJobs_[i];
     if (offset + size < pagedJobs_.size()) resp->set_next_page_token(std::to_string(offset + size));
     if (stuckToken_ && !req->page_token().empty()) resp->set_next_page_token(req->page_token());
     return grpc::Status::OK;
@@ -664,7 +674,8 @@ class FakeUserService final : public v1::UserService::Service {
   grpc::Status RemoveNode(grpc::ServerContext* ctx, const v1::RemoveNodeRequest* req,
                           v1::RemoveNodeResponse* resp) override {
     if (req->node() == "gone") return grpc::Status::OK;
-    if (req->node() == "n1") return {grpc::StatusCode::FAILED_PRECONDITION, "node n1 is UP; only a DOWN node can be removed"};
+    if (req->node() == "n1")
+      return {grpc::StatusCode::FAILED_PRECONDITION, "node n1 is UP; only a DOWN node can be removed"};
     return v1::UserService::Service::RemoveNode(ctx, req, resp);  // UNIMPLEMENTED, as before the server side
   }
 
@@ -897,7 +908,8 @@ TEST_F(DdlctlServerTest, ListFetchesEveryPage) {
   EXPECT_EQ(r.out.rfind("ID        NAME  USER   STATE", 0), 0u) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 8) << r.out;  // one header, seven jobs
   EXPECT_EQ(r.out.find("ID ", 1), std::string::npos) << "one header: " << r.out;
-  for (int i = 1; i <= 7; ++i) EXPECT_NE(r.out.find("job" + std::to_string(i) + " "), std::string::npos) << r.out;
+  for (int i = 1; i <= 7; ++i)
+    EXPECT_NE(r.out.find("job" + std::to_string(i) + " "), std::string::npos) << r.out;
 
   r = run({"list", "--all", "--page-size", "2", "-o", "json"});
   ASSERT_EQ(r.rc, 0) << r.err;

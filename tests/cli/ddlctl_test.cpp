@@ -261,19 +261,22 @@ TEST_F(DdlctlTest, BadInputGivesClearErrorsAndExitCodes) {
   EXPECT_EQ(from_env.code, 0) << from_env.err;
 }
 
-// The limits of validateJobSpec reach the user through the real coordinator as exit 1 with the limit named and
-// the hostile bytes escaped; list pages through whatever the coordinator answers (one page, or many); nodes
-// remove is an admin verb the coordinator answers (refused for an UP node, or UNIMPLEMENTED before its side).
+// The limits of validateJobSpec reach the user through the real coordinator as exit 1 with the limit named
+// and the hostile bytes escaped; list pages through whatever the coordinator answers (one page, or many);
+// nodes remove is an admin verb the coordinator answers (refused for an UP node, or UNIMPLEMENTED before its
+// side).
 TEST_F(DdlctlTest, BoundsPagingAndNodeRemoval) {
   Result long_name = ctl({"submit", "--gpus", "1", "--name", std::string(200, 'n'), "--", "true"});
   EXPECT_EQ(long_name.code, 1) << long_name.err;
-  EXPECT_NE(long_name.err.find("the name is 200 bytes; the limit is 128"), std::string::npos) << long_name.err;
+  EXPECT_NE(long_name.err.find("the name is 200 bytes; the limit is 128"), std::string::npos)
+      << long_name.err;
   Result escape = ctl({"submit", "--gpus", "1", "--name", "a\x1b[2Jb", "--", "true"});
   EXPECT_EQ(escape.code, 1) << escape.err;
   EXPECT_EQ(escape.err.find('\x1b'), std::string::npos) << "the refusal is printed escaped";
   EXPECT_NE(escape.err.find("control character"), std::string::npos) << escape.err;
   std::vector<std::string> huge = {"submit", "--gpus", "1", "--", "echo"};
-  for (int i = 0; i < 2000; ++i) huge.push_back(std::string(100, 'x'));  // one argument may be at most 128 KiB
+  for (int i = 0; i < 2000; ++i)
+    huge.push_back(std::string(100, 'x'));  // one argument may be at most 128 KiB
   Result huge_argv = ctl(huge);
   EXPECT_EQ(huge_argv.code, 1) << huge_argv.err;
   EXPECT_NE(huge_argv.err.find("the limit is 131072"), std::string::npos) << huge_argv.err;

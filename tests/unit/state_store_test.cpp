@@ -162,11 +162,13 @@ TEST(JobRules, SpecLimitsAreEnforcedAndNamed) {
       {"user", [](JobSpec& s, size_t n) { s.user = std::string(n, 'u'); }, kMaxUserBytes, "the user name is"},
       {"args", [](JobSpec& s, size_t n) { s.command.assign(n, "a"); }, kMaxArgs, "arguments"},
       {"argv bytes",
-       [](JobSpec& s, size_t n) { s.command = {"python3", std::string(n - 7, 'x')}; }, kMaxArgvBytes,
-       "the command's arguments total"},
+       [](JobSpec& s, size_t n) {
+         s.command = {"python3", std::string(n - 7, 'x')};
+       },
+       kMaxArgvBytes, "the command's arguments total"},
       {"env entries", [](JobSpec& s, size_t n) { s.env.assign(n, "K=v"); }, kMaxEnvEntries, "entries"},
-      {"env entry", [](JobSpec& s, size_t n) { s.env = {"BIG=" + std::string(n - 4, 'v')}; }, kMaxEnvEntryBytes,
-       "env entry BIG is"},
+      {"env entry", [](JobSpec& s, size_t n) { s.env = {"BIG=" + std::string(n - 4, 'v')}; },
+       kMaxEnvEntryBytes, "env entry BIG is"},
       {"env bytes",
        [](JobSpec& s, size_t n) {
          s.env.clear();
@@ -183,9 +185,15 @@ TEST(JobRules, SpecLimitsAreEnforcedAndNamed) {
          for (size_t i = 0; i < n; ++i) s.required_labels["k" + std::to_string(i)] = "v";
        },
        kMaxLabels, "labels; the limit"},
-      {"label key", [](JobSpec& s, size_t n) { s.required_labels = {{std::string(n, 'k'), "v"}}; },
+      {"label key",
+       [](JobSpec& s, size_t n) {
+         s.required_labels = {{std::string(n, 'k'), "v"}};
+       },
        kMaxLabelKeyBytes, "label key"},
-      {"label value", [](JobSpec& s, size_t n) { s.required_labels = {{"gpu", std::string(n, 'v')}}; },
+      {"label value",
+       [](JobSpec& s, size_t n) {
+         s.required_labels = {{"gpu", std::string(n, 'v')}};
+       },
        kMaxLabelValueBytes, "the value is"},
       {"workdir", [](JobSpec& s, size_t n) { s.workdir = std::string(n, 'w'); }, kMaxWorkdirBytes,
        "the workdir is"},
@@ -204,7 +212,8 @@ TEST(JobRules, SpecLimitsAreEnforcedAndNamed) {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
     EXPECT_TRUE(contains(st.message(), c.message)) << c.what << ": " << st.message();
     EXPECT_TRUE(contains(st.message(), std::to_string(c.limit + 1))) << c.what << ": " << st.message();
-    EXPECT_TRUE(contains(st.message(), "the limit is " + std::to_string(c.limit))) << c.what << ": " << st.message();
+    EXPECT_TRUE(contains(st.message(), "the limit is " + std::to_string(c.limit)))
+        << c.what << ": " << st.message();
     EXPECT_LT(st.message().size(), 400u) << c.what << ": a refusal stays short whatever the input";
   }
 }
@@ -213,7 +222,9 @@ TEST(JobRules, SpecLimitsAreEnforcedAndNamed) {
 // escaped; other UTF-8, including its 0x80-0x9f continuation bytes, is fine.
 TEST(JobRules, ControlCharactersInNamesAreRefused) {
   for (const std::string& bad : {std::string("a\nb"), std::string("\x1b[2J"), std::string("tab\there"),
-                                 std::string("del\x7f"), std::string("nul\0x", 5), std::string("c1\xc2\x9b" "31m"),
+                                 std::string("del\x7f"), std::string("nul\0x", 5),
+                                 std::string("c1\xc2\x9b"
+                                             "31m"),
                                  std::string("nel\xc2\x85")}) {
     JobSpec name = sampleSpec(bad);
     Status st = validateJobSpec(name);
@@ -378,7 +389,8 @@ TYPED_TEST(StoreTest, CreateRejectsBadLabels) {
     if (key.empty()) {
       EXPECT_TRUE(contains(r.status().message(), "empty key")) << r.status().toString();
     } else {
-      EXPECT_TRUE(contains(r.status().message(), "label '" + quoteForMessage(key) + "'")) << r.status().toString();
+      EXPECT_TRUE(contains(r.status().message(), "label '" + quoteForMessage(key) + "'"))
+          << r.status().toString();
       EXPECT_TRUE(contains(r.status().message(), "may not contain '=', ',' or whitespace"))
           << r.status().toString();
     }

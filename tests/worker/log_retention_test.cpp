@@ -1,5 +1,5 @@
-// Rank-log retention (worker/log_retention.h) over real directories in a temporary folder. Ages come from mtimes
-// set with utimes() against a fixed "now", never from sleeping.
+// Rank-log retention (worker/log_retention.h) over real directories in a temporary folder. Ages come from
+// mtimes set with utimes() against a fixed "now", never from sleeping.
 #include "worker/log_retention.h"
 
 #include <gtest/gtest.h>
@@ -29,7 +29,8 @@ class LogRetentionTest : public ::testing::Test {
     logs_ = root_ / "logs";
     fs::create_directories(logs_);
     // Whole seconds: utimes() below is given seconds.
-    now_ = Clock::time_point(std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()));
+    now_ =
+        Clock::time_point(std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()));
   }
   void TearDown() override { fs::remove_all(root_); }
 
@@ -38,7 +39,8 @@ class LogRetentionTest : public ::testing::Test {
   void makeJob(const std::string& job, std::chrono::seconds age, int ranks = 2, size_t bytes = 100) {
     const fs::path dir = logs_ / job / "attempt-1";
     fs::create_directories(dir);
-    for (int r = 0; r < ranks; ++r) std::ofstream(dir / ("rank-" + std::to_string(r) + ".log")) << std::string(bytes, 'x');
+    for (int r = 0; r < ranks; ++r)
+      std::ofstream(dir / ("rank-" + std::to_string(r) + ".log")) << std::string(bytes, 'x');
     for (int r = 0; r < ranks; ++r) setAge(dir / ("rank-" + std::to_string(r) + ".log"), age);
     setAge(dir, age);
     setAge(logs_ / job, age);
@@ -56,8 +58,8 @@ class LogRetentionTest : public ::testing::Test {
 
 // Fails without the cleanup: no log was ever removed.
 TEST_F(LogRetentionTest, OldLogsOfFinishedJobsGoOthersStay) {
-  makeJob("j-000001", hours(24 * 8));  // finished a week and a day ago
-  makeJob("j-000002", hours(24 * 6));  // younger than the retention
+  makeJob("j-000001", hours(24 * 8));   // finished a week and a day ago
+  makeJob("j-000002", hours(24 * 6));   // younger than the retention
   makeJob("j-000003", hours(24 * 30));  // old, but a rank of it is still held here
   makeJob("j-000004", hours(24 * 8));
   // A job whose old logs were appended to a minute ago: its newest file decides.
