@@ -1,6 +1,7 @@
-// ddlctl: argument parsing (CLI11), one UserService RPC per verb, and the text and JSON renderings. See
-// ddlctl.h for the contract. Order of work in runDdlctl(): split off the job command at "--", parse, check
-// everything that can be checked locally (exit 2), then make exactly one RPC with a deadline.
+// ddlctl: argument parsing (CLI11), one UserService RPC per verb (per page for list), and the text and JSON
+// renderings. See ddlctl.h for the contract. Order of work in runDdlctl(): split off the job command at "--",
+// parse, check everything that can be checked locally (exit 2), then make the RPC (list: one per page), each
+// with its own deadline.
 #include "ddlctl.h"
 
 #include <grpcpp/grpcpp.h>
@@ -22,6 +23,7 @@
 #include <memory>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "common/pki.h"
 #include "ddl/messages.h"
@@ -89,24 +91,41 @@ std::string formatAllocation(const v1::Job& job) {
   return join(parts, " ");
 }
 
+// Characters, not bytes, so that UTF-8 names pad like ASCII ones (wide CJK glyphs still count as one).
+size_t displayWidth(std::string_view s) {
+  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xc0) != 0x80; }));
+}
+
 // Columns padded to their widest cell, two spaces apart; the last column is not padded (it may be long).
-std::string renderTable(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width;
-  for (const auto& row : rows) {
+// Every cell is escaped for the terminal (idempotent: escaped text has no control characters left). `width`
+// carries the column widths from one call to the next (JobTableWriter); they only grow.
+std::string renderTable(std::vector<std::vector<std::string>> rows, std::vector<size_t>& width) {
+  for (auto& row : rows) {
+    for (std::string& cell : row) cell = escapeForTerminal(cell);
     if (width.size() < row.size()) width.resize(row.size(), 0);
-    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], displayWidth(row[i]));
   }
   std::string out;
   for (const auto& row : rows) {
     std::string line;
     for (size_t i = 0; i < row.size(); ++i) {
       line += row[i];
-      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+      if (i + 1 < row.size()) line += std::string(width[i] - displayWidth(row[i]) + 2, ' ');
     }
     line.erase(line.find_last_not_of(' ') + 1);  // an empty last cell leaves no trailing blanks
     out += line + "\n";
   }
   return out;
+}
+
+std::string renderTable(std::vector<std::vector<std::string>> rows) {
+  std::vector<size_t> width;
+  return renderTable(std::move(rows), width);
+}
+
+// A table cell from the server: escaped, then cut to `maxChars`.
+std::string cell(std::string_view text, size_t maxChars) {
+  return truncateCell(escapeForTerminal(text), maxChars);
 }
 
 int64_t nowUnixMs() {
@@ -268,6 +287,58 @@ Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
   return {spec, ""};
 }
 
+Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs) {
+  auto fail = [&] {
+    return Parsed<int64_t>{std::nullopt,
+                           "'" + escapeForTerminal(text) +
+                               "' is not a time: give a date (2026-11-24), a local time "
+                               "(2026-11-24T10:00 or 2026-11-24T10:00:05) or an age (90s, 30m, 1h, "
+                               "2d, 1w)"};
+  };
+  const std::string t = trim(text);
+  // An age: digits and one unit.
+  if (t.size() >= 2 && t.size() <= 10 && isDigits(std::string_view(t).substr(0, t.size() - 1))) {
+    static const std::map<char, int64_t> kUnitMs = {
+        {'s', 1000}, {'m', 60'000}, {'h', 3'600'000}, {'d', 86'400'000}, {'w', 7 * 86'400'000LL}};
+    auto unit = kUnitMs.find(t.back());
+    if (unit == kUnitMs.end()) return fail();
+    const int64_t n = std::stoll(t.substr(0, t.size() - 1));  // at most 9 digits: no overflow below
+    const int64_t at = nowMs - n * unit->second;
+    if (at <= 0) return {std::nullopt, "'" + t + "' ago is before 1970"};
+    return {at, ""};
+  }
+  // A local date and time.
+  int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0, used = 0;
+  const char* c = t.c_str();
+  if (std::sscanf(c, "%4d-%2d-%2d%n", &year, &month, &day, &used) != 3 || used != 10) return fail();
+  if (t.size() > 10) {
+    if (t[10] != 'T' && t[10] != ' ') return fail();
+    int more = 0;
+    if (std::sscanf(c + 11, "%2d:%2d%n", &hour, &minute, &more) != 2 || more != 5) return fail();
+    if (t.size() > 16) {
+      int secs = 0;
+      if (std::sscanf(c + 16, ":%2d%n", &second, &secs) != 1 || secs != 3) return fail();
+      if (t.size() != 19) return fail();
+    } else if (t.size() != 16) {
+      return fail();
+    }
+  }
+  if (year < 1970 || month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 ||
+      second > 59)
+    return fail();
+  std::tm tm{};
+  tm.tm_year = year - 1900;
+  tm.tm_mon = month - 1;
+  tm.tm_mday = day;
+  tm.tm_hour = hour;
+  tm.tm_min = minute;
+  tm.tm_sec = second;
+  tm.tm_isdst = -1;
+  const std::time_t at = std::mktime(&tm);
+  if (at == static_cast<std::time_t>(-1) || tm.tm_mday != day) return fail();  // 2026-02-30 rolls over
+  return {static_cast<int64_t>(at) * 1000, ""};
+}
+
 // ---- RPC failures -----------------------------------------------------------------------------------------
 
 RpcError describeRpcError(grpc::StatusCode code, const std::string& message, const std::string& address,
@@ -332,6 +403,73 @@ std::string findCredentials(const std::string& ca_flag, const std::string& token
 }
 
 // ---- Formatting -------------------------------------------------------------------------------------------
+
+std::string escapeForTerminal(std::string_view text) {
+  auto hex = [](const char* format, unsigned value) {
+    char buf[16];
+    std::snprintf(buf, sizeof(buf), format, value);
+    return std::string(buf);
+  };
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if (c == '\n')
+        out += "\\n";
+      else if (c == '\t')
+        out += "\\t";
+      else if (c == '\r')
+        out += "\\r";
+      else if (c < 0x20 || c == 0x7f)
+        out += hex("\\x%02x", c);
+      else
+        out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // One UTF-8 sequence, checked as RFC 3629 does: no overlong forms, no surrogates, nothing past U+10FFFF.
+    size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    bool valid = len > 0 && i + len <= text.size();
+    for (size_t k = 1; valid && k < len; ++k)
+      valid = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
+    if (valid && len > 2) {
+      const auto second = static_cast<unsigned char>(text[i + 1]);
+      if ((c == 0xe0 && second < 0xa0) || (c == 0xed && second > 0x9f) || (c == 0xf0 && second < 0x90) ||
+          (c == 0xf4 && second > 0x8f)) {
+        valid = false;
+      }
+    }
+    if (!valid) {
+      out += hex("\\x%02x", c);
+      ++i;
+      continue;
+    }
+    unsigned cp = c & (0xff >> (len + 1));
+    for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3f);
+    // C1 controls, and the line separators and bidirectional overrides that reorder or break what follows.
+    if ((cp >= 0x80 && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029 || (cp >= 0x202a && cp <= 0x202e) ||
+        (cp >= 0x2066 && cp <= 0x2069)) {
+      out += hex("\\u%04x", cp);
+    } else {
+      out.append(text.substr(i, len));
+    }
+    i += len;
+  }
+  return out;
+}
+
+std::string truncateCell(std::string_view text, size_t maxChars) {
+  if (maxChars == 0) return "";
+  size_t chars = 0;
+  size_t cut = text.size();  // byte offset where character number maxChars (0-based maxChars-1) starts
+  for (size_t i = 0; i < text.size(); ++i) {
+    if ((static_cast<unsigned char>(text[i]) & 0xc0) == 0x80) continue;
+    if (chars == maxChars - 1) cut = i;
+    if (++chars > maxChars) return std::string(text.substr(0, cut)) + "\u2026";
+  }
+  return std::string(text);
+}
 
 std::string formatAge(int64_t ms) {
   int64_t s = std::max<int64_t>(ms, 0) / 1000;
@@ -432,19 +570,32 @@ std::string nodeListOrReason(const v1::Job& job) {
   return join(nodes, ",");
 }
 
-std::string formatJobTable(const v1::ListJobsResponse& jobs, int64_t nowMs) {
-  std::vector<std::vector<std::string>> rows = {
-      {"ID", "NAME", "USER", "STATE", "AGE", "NODES", "GPUS", "NODELIST(REASON)"}};
+namespace {
+std::vector<std::vector<std::string>> jobRows(const v1::ListJobsResponse& jobs, int64_t nowMs, bool header) {
+  std::vector<std::vector<std::string>> rows;
+  if (header) rows.push_back({"ID", "NAME", "USER", "STATE", "AGE", "NODES", "GPUS", "NODELIST(REASON)"});
   for (const v1::Job& j : jobs.jobs()) {
     std::string nodes = j.allocation_size() > 0 ? std::to_string(j.allocation_size())
                         : j.spec().nodes() > 0  ? std::to_string(j.spec().nodes())
                                                 : "-";
     int gpus = j.gpus() > 0 ? j.gpus() : requestedGpus(j.spec());
-    rows.push_back({j.id(), j.spec().name(), j.spec().user(), stateName(j.state()),
+    rows.push_back({cell(j.id(), kMaxNameColumn), cell(j.spec().name(), kMaxNameColumn),
+                    cell(j.spec().user(), kMaxNameColumn), stateName(j.state()),
                     formatAge(nowMs - j.submit_ms()), nodes, gpus > 0 ? std::to_string(gpus) : "-",
-                    nodeListOrReason(j)});
+                    cell(nodeListOrReason(j), kMaxWideColumn)});
   }
-  return renderTable(rows);
+  return rows;
+}
+}  // namespace
+
+std::string formatJobTable(const v1::ListJobsResponse& jobs, int64_t nowMs) {
+  return renderTable(jobRows(jobs, nowMs, true));
+}
+
+std::string JobTableWriter::page(const v1::ListJobsResponse& jobs, int64_t nowMs) {
+  std::string out = renderTable(jobRows(jobs, nowMs, !headerDone_), width_);
+  headerDone_ = true;
+  return out;
 }
 
 namespace {
@@ -460,11 +611,12 @@ std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
   for (const v1::Node& n : nodes.nodes()) {
     std::string labels = formatLabels(n.labels());
     std::vector<std::string> jobs(n.jobs().begin(), n.jobs().end());
-    rows.push_back({n.name(), nodeState(n),
+    rows.push_back({cell(n.name(), kMaxNameColumn), cell(nodeState(n), kMaxNameColumn),
                     std::to_string(n.gpus_used_size()) + "/" + std::to_string(n.gpus_size()),
-                    n.address().empty() ? "-" : n.address(), labels.empty() ? "-" : labels,
+                    n.address().empty() ? "-" : cell(n.address(), kMaxNameColumn + 24),
+                    labels.empty() ? "-" : cell(labels, kMaxWideColumn),
                     n.last_heartbeat_ms() > 0 ? formatAge(nowMs - n.last_heartbeat_ms()) : "never",
-                    jobs.empty() ? "-" : join(jobs, ",")});
+                    jobs.empty() ? "-" : cell(join(jobs, ","), kMaxWideColumn)});
   }
   return renderTable(rows);
 }
@@ -596,6 +748,11 @@ struct CommandLine {
   std::vector<std::string> states;
   std::string user;
   bool all = false;
+  std::string name;       // list --name
+  std::string since;      // list --since, as given
+  std::string until;      // list --until, as given
+  int pageSize = 0;       // list --page-size; 0 = the coordinator's default
+  std::string nodesVerb;  // "" (list nodes) or "remove"
   std::string target;  // the JOB or NODE argument
   std::optional<int> rank;  // logs: one rank only
   int attempt = 0;          // logs: 0 = the latest launch
@@ -668,6 +825,18 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
           ->allow_extra_args(false);
   list->add_option("--user", cl.user, "only this user's jobs");
   list->add_flag("--all", cl.all, "every job, finished ones too")->excludes(state);
+  list->add_option("--name", cl.name, "only jobs with exactly this name");
+  list->add_option(
+          "--since", cl.since,
+          "only jobs submitted at or after TIME: 2026-11-24, 2026-11-24T10:00 (local time) or an age "
+          "such as 30m, 1h, 2d")
+      ->type_name("TIME");
+  list->add_option("--until", cl.until, "only jobs submitted before TIME (same forms as --since)")
+      ->type_name("TIME");
+  list->add_option("--page-size", cl.pageSize,
+                   "jobs per request (default: the coordinator's, 500); ddlctl fetches page after page")
+      ->type_name("N")
+      ->check(CLI::Range(1, 5000));
 
   app.add_subcommand("status", "one job in detail, with its transitions")
       ->add_option("JOB", cl.target, "job id")
@@ -681,7 +850,11 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   logs->add_option("--rank", cl.rank, "only this rank (no prefix)")->check(CLI::NonNegativeNumber);
   logs->add_option("--attempt", cl.attempt, "launch attempt (default: the latest)")->check(CLI::PositiveNumber);
   logs->add_flag("-f,--follow", cl.follow, "keep printing new output until the job ends");
-  app.add_subcommand("nodes", "list nodes");
+  CLI::App* nodes =
+      app.add_subcommand("nodes", "list nodes; 'nodes remove NAME' forgets a node that is gone");
+  nodes->add_subcommand("remove", "forget node NAME for good (admins only; it must be DOWN with no live job)")
+      ->add_option("NAME", cl.target, "node name")
+      ->required();
   app.add_subcommand("drain", "stop placing new jobs on a node (running jobs stay)")
       ->add_option("NODE", cl.target, "node name")
       ->required();
@@ -761,7 +934,10 @@ class Session {
     grpc::Status status = rpc(*stub_, &context);
     if (status.ok()) return kExitOk;
     RpcError e = describeRpcError(status.error_code(), status.error_message(), address_, timeoutS_);
-    err_ << "ddlctl: " << e.message << "\n";
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && e.hint.empty()) {
+      e.hint = "the answer was larger than gRPC allows; for list, ask for smaller pages with --page-size";
+    }
+    err_ << "ddlctl: " << escapeForTerminal(e.message) << "\n";
     if (!e.hint.empty()) err_ << "hint: " << e.hint << "\n";
     return e.exitCode;
   }
@@ -842,6 +1018,66 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
   return kExitOk;
 }
 
+// ddlctl list: ListJobs page after page, each printed as it arrives (text), or gathered into one document (-o
+// json). Bounded: at most kMaxListPages requests; past that ddlctl says so on stderr and, in JSON, leaves the
+// next page's token in next_page_token. The coordinator may answer everything in one page with no token.
+constexpr int kMaxListPages = 1000;
+
+int runList(CommandLine& cl, Session& s, std::ostream& err) {
+  using Stub = v1::UserService::Stub;
+  using Ctx = grpc::ClientContext;
+  const int64_t now = nowUnixMs();
+  Parsed<std::vector<v1::JobState>> states = parseStates(cl.states);
+  if (!states.ok()) return usageError(err, states.error);
+  v1::ListJobsRequest req;
+  req.set_user(cl.user);
+  req.set_name(cl.name);
+  req.set_page_size(cl.pageSize);
+  if (!states.value->empty()) {
+    for (v1::JobState st : *states.value) req.add_states(st);
+  } else if (!cl.all) {
+    for (v1::JobState st : {v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}) req.add_states(st);
+  }
+  for (auto [flag, text, field] : {std::tuple{"--since", &cl.since, &v1::ListJobsRequest::set_since_ms},
+                                   std::tuple{"--until", &cl.until, &v1::ListJobsRequest::set_until_ms}}) {
+    if (text->empty()) continue;
+    Parsed<int64_t> at = parseTimeBound(*text, now);
+    if (!at.ok()) return usageError(err, std::string(flag) + " " + at.error);
+    (req.*field)(*at.value);
+  }
+  if (req.since_ms() > 0 && req.until_ms() > 0 && req.since_ms() >= req.until_ms()) {
+    return usageError(err, "--since " + cl.since + " is not before --until " + cl.until);
+  }
+  const bool json = cl.output == "json";
+  v1::ListJobsResponse all;  // -o json: every page's jobs
+  JobTableWriter table;
+  for (int page = 0;; ++page) {
+    if (page == kMaxListPages) {
+      err << "ddlctl: stopped after " << kMaxListPages
+          << " pages; narrow the list with --state, --user, --name, "
+          << "--since or --until\n";
+      all.set_next_page_token(req.page_token());
+      break;
+    }
+    v1::ListJobsResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListJobs(c, req, &resp); })) return rc;
+    if (json) {
+      for (v1::Job& job : *resp.mutable_jobs()) *all.add_jobs() = std::move(job);
+    } else {
+      s.out() << table.page(resp, now);
+      s.out().flush();
+    }
+    if (resp.next_page_token().empty()) break;
+    if (resp.next_page_token() == req.page_token()) {
+      err << "ddlctl: the coordinator gave the same page token twice; stopping\n";
+      return kExitRefused;
+    }
+    req.set_page_token(resp.next_page_token());
+  }
+  if (json) return s.print(all, "");
+  return kExitOk;
+}
+
 // ddlctl admin VERB: one RPC each; what it makes (a token, a node's files) is printed or written once.
 int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
@@ -853,7 +1089,8 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     req.set_rotate(cl.rotate);
     v1::AddUserResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.AddUser(c, req, &resp); })) return rc;
-    return s.print(resp, "user " + resp.name() + " (" + resp.role() + "), token:\n" + resp.token() +
+    return s.print(resp, "user " + escapeForTerminal(resp.name()) + " (" + escapeForTerminal(resp.role()) +
+                             "), token:\n" + escapeForTerminal(resp.token()) +
                              "\n(shown once; the user puts it in ~/.config/ddl/token, mode 0600)\n");
   }
   if (cl.adminVerb == "remove-user") {
@@ -867,7 +1104,8 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     v1::ListUsersResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListUsers(c, {}, &resp); })) return rc;
     std::string text;
-    for (const auto& u : resp.users()) text += u.name() + " " + u.role() + "\n";
+    for (const auto& u : resp.users())
+      text += escapeForTerminal(u.name()) + " " + escapeForTerminal(u.role()) + "\n";
     return s.print(resp, text);
   }
   if (cl.adminVerb == "issue-node") {
@@ -922,22 +1160,9 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
     *req.mutable_spec() = *spec.value;
     v1::SubmitResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.Submit(c, req, &resp); })) return rc;
-    return s.print(resp.job(), resp.job().id() + "\n");
+    return s.print(resp.job(), escapeForTerminal(resp.job().id()) + "\n");
   }
-  if (cl.verb == "list") {
-    Parsed<std::vector<v1::JobState>> states = parseStates(cl.states);
-    if (!states.ok()) return usageError(err, states.error);
-    v1::ListJobsRequest req;
-    req.set_user(cl.user);
-    if (!states.value->empty()) {
-      for (v1::JobState st : *states.value) req.add_states(st);
-    } else if (!cl.all) {
-      for (v1::JobState st : {v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}) req.add_states(st);
-    }
-    v1::ListJobsResponse resp;
-    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListJobs(c, req, &resp); })) return rc;
-    return s.print(resp, formatJobTable(resp, now));
-  }
+  if (cl.verb == "list") return runList(cl, s, err);
   if (cl.verb == "status") {
     v1::GetJobRequest req;
     req.set_id(cl.target);
@@ -950,7 +1175,7 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
     req.set_id(cl.target);
     v1::Job job;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.CancelJob(c, req, &job); })) return rc;
-    return s.print(job, job.id() + " " + stateName(job.state()) + "\n");
+    return s.print(job, escapeForTerminal(job.id()) + " " + stateName(job.state()) + "\n");
   }
   if (cl.verb == "ring") {
     v1::GetRingRequest req;
@@ -965,10 +1190,18 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
   if (cl.verb == "whoami") {
     v1::Identity who;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.WhoAmI(c, {}, &who); })) return rc;
-    return s.print(who, (who.name().empty() ? std::string("(anonymous)") : who.name()) + " " + who.role() +
-                            " (" + who.via() + ")\n");
+    return s.print(who, (who.name().empty() ? std::string("(anonymous)") : escapeForTerminal(who.name())) +
+                            " " + escapeForTerminal(who.role()) + " (" + escapeForTerminal(who.via()) +
+                            ")\n");
   }
   if (cl.verb == "admin") return runAdmin(cl, s, err);
+  if (cl.verb == "nodes" && cl.nodesVerb == "remove") {
+    v1::RemoveNodeRequest req;
+    req.set_node(cl.target);
+    v1::RemoveNodeResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.RemoveNode(c, req, &resp); })) return rc;
+    return s.print(resp, "removed node " + escapeForTerminal(cl.target) + "\n");
+  }
   if (cl.verb == "nodes") {
     v1::ListNodesResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListNodes(c, {}, &resp); })) return rc;
@@ -980,7 +1213,7 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
   req.set_drain(cl.verb == "drain");
   v1::Node node;
   if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.DrainNode(c, req, &node); })) return rc;
-  return s.print(node, node.name() + " " + nodeState(node) + "\n");
+  return s.print(node, escapeForTerminal(node.name()) + " " + escapeForTerminal(nodeState(node)) + "\n");
 }
 
 }  // namespace
@@ -1019,6 +1252,9 @@ int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
   }
   cl.verb = app.get_subcommands().front()->get_name();
   if (cl.verb == "admin") cl.adminVerb = app.get_subcommands().front()->get_subcommands().front()->get_name();
+  if (cl.verb == "nodes" && !app.get_subcommands().front()->get_subcommands().empty()) {
+    cl.nodesVerb = app.get_subcommands().front()->get_subcommands().front()->get_name();
+  }
 
   if (sawDashDash && cl.verb != "submit") return usageError(err, "only submit takes a command after --");
   // Checked here, not with CLI::PositiveNumber, whose message prints the largest double in full.

@@ -1,5 +1,6 @@
-// ddlctl: the user CLI of ddl. One command line becomes one UserService RPC to the coordinator, and the
-// answer becomes a table, a detail view or one JSON document on stdout.
+// ddlctl: the user CLI of ddl. One command line becomes one UserService RPC to the coordinator (list: one per
+// page, logs: one per piece), and the answer becomes a table, a detail view or one JSON document on stdout.
+// Every string from the server is escaped for the terminal before it is printed as text.
 //
 // ddlctl keeps no state: the coordinator is the only source of truth, and it re-validates every request. The
 // checks made here (counts, KEY=VALUE, state names, HOST:PORT) exist so that a typo costs no round trip and
@@ -85,6 +86,10 @@ struct SubmitArgs {
 // possible), or --nodes N with --gpus-per-node G (default 1). Neither, or both, is an error.
 Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args);
 
+// --since / --until: an absolute local time ("2026-11-24", "2026-11-24T10:00", "2026-11-24 10:00:05") or an
+// age ("90s", "30m", "1h", "2d", "1w": that long before `nowMs`). Unix milliseconds, or the usage error.
+Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs);
+
 // ---- RPC failures ----------------------------------------------------------------------------------------
 
 struct RpcError {
@@ -101,6 +106,16 @@ RpcError describeRpcError(grpc::StatusCode code, const std::string& message, con
 
 // ---- Formatting (pure; `nowMs` is unix milliseconds) ------------------------------------------------------
 
+// `text` safe for a terminal: control characters (C0, DEL, and C1 as UTF-8) are shown escaped (\n, \t, \r,
+// \x1b, \u009b), as is every byte that is not part of valid UTF-8 (\xff); printable UTF-8 is unchanged. Every
+// string from the server goes through this before ddlctl prints it as text (JSON escapes on its own).
+std::string escapeForTerminal(std::string_view text);
+// At most `maxChars` characters (UTF-8 code points) of `text`, the last one "…" when it was cut.
+std::string truncateCell(std::string_view text, size_t maxChars);
+// Table columns are cut to these widths so one long value cannot widen every row.
+constexpr size_t kMaxNameColumn = 40;   // job and node names, users
+constexpr size_t kMaxWideColumn = 100;  // labels, node lists, reasons
+
 std::string formatAge(int64_t ms);       // coarse, one unit, floor: "5s", "3m", "2h", "4d"; negative -> "0s"
 std::string formatDuration(int64_t ms);  // finer: "850ms", "12.3s", "5m07s", "2h03m", "3d04h"
 std::string formatLocalTime(int64_t unixMs);              // "2024-05-01 12:03:04.123" in the local time zone
@@ -113,6 +128,16 @@ std::string shellJoin(const std::vector<std::string>& argv);  // quoted only whe
 std::string nodeListOrReason(const v1::Job& job);
 
 std::string formatJobTable(const v1::ListJobsResponse& jobs, int64_t nowMs);
+// The job table a page at a time: the header comes with the first page, and a column's width only grows, so
+// pages printed as they arrive line up unless a later page holds a wider (still capped) cell.
+class JobTableWriter {
+ public:
+  std::string page(const v1::ListJobsResponse& jobs, int64_t nowMs);
+
+ private:
+  bool headerDone_ = false;
+  std::vector<size_t> width_;
+};
 std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs);
 std::string formatJobDetail(const v1::Job& job, int64_t nowMs);
 

@@ -11,9 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "common/pki.h"
+#include "worker/log_retention.h"
 #include "worker/run_as.h"
 
 namespace ddl::worker {
@@ -125,9 +127,43 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   if (const size_t held = supervisor_->ranks().size()) {
     spdlog::info("adopted {} ranks left by the previous agent from {}", held, options.state_dir);
   }
+  if (config_.log_retention_hours > 0 || config_.log_max_mb > 0) {
+    log_cleaner_ = std::thread([this] { cleanLogsUntilStopped(); });
+  }
 }
 
-Agent::~Agent() { stop(static_cast<int>(config_.stop_grace_s * 1000)); }
+Agent::~Agent() {
+  stop(static_cast<int>(config_.stop_grace_s * 1000));
+  if (log_cleaner_.joinable()) log_cleaner_.join();
+}
+
+// The log cleaner's thread: a round at start and then every 5 minutes (or a tenth of the retention, if that
+// is shorter, but at least a minute). The live jobs are read from the supervisor first, so a rank that is
+// held keeps its job's logs; one launched after that snapshot is protected by kMinLogAge.
+void Agent::cleanLogsUntilStopped() {
+  LogRetention retention;
+  retention.max_age =
+      std::chrono::milliseconds(static_cast<int64_t>(config_.log_retention_hours * 3'600'000));
+  retention.max_bytes = static_cast<uint64_t>(config_.log_max_mb) * 1024 * 1024;
+  const auto period =
+      std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(retention.max_age / 10),
+                 std::chrono::milliseconds(60'000), std::chrono::milliseconds(300'000));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    std::set<std::string> live;
+    for (const RankState& r : supervisor_->ranks()) live.insert(r.job_id);
+    LogCleanup done =
+        cleanRankLogs(config_.data_dir + "/logs", retention, live, std::chrono::system_clock::now());
+    if (!done.removed.empty()) {
+      spdlog::info("removed the rank logs of {} jobs ({} bytes; {} bytes of logs kept)", done.removed.size(),
+                   done.bytes_removed, done.bytes_kept);
+    }
+    for (const std::string& e : done.errors) spdlog::warn("log cleanup: {}", e);
+    lock.lock();
+    cv_.wait_for(lock, period, [&] { return stopping_; });
+  }
+}
 
 void Agent::run() {
   std::mt19937 rng(std::random_device{}());

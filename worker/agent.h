@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
@@ -71,6 +72,10 @@ class Agent {
   std::unique_ptr<v1::AgentService::Stub> stub_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<TelemetryListener> telemetry_;  // null when its socket could not be made
+  // Deletes old rank logs (log_retention_hours, log_max_mb) every few minutes until stop(); see
+  // worker/log_retention.h. Not started when both are 0.
+  std::thread log_cleaner_;
+  void cleanLogsUntilStopped();
 
   std::mutex mu_;  // guards the fields below
   std::condition_variable cv_;

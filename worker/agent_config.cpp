@@ -26,6 +26,8 @@ Status parseAgentConfig(const std::string& text, const std::string& origin, Agen
       else if (key == "virtual_gpus") c->virtual_gpus = value.get<int>();
       else if (key == "force_virtual") c->force_virtual = value.get<bool>();
       else if (key == "data_dir") c->data_dir = value.get<std::string>();
+      else if (key == "log_retention_hours") c->log_retention_hours = value.get<double>();
+      else if (key == "log_max_mb") c->log_max_mb = value.get<int64_t>();
       else if (key == "port_first") c->port_first = value.get<int>();
       else if (key == "port_last") c->port_last = value.get<int>();
       else if (key == "stop_grace_s") c->stop_grace_s = value.get<double>();
@@ -37,8 +39,9 @@ Status parseAgentConfig(const std::string& text, const std::string& origin, Agen
       else {
         return Status::invalidArgument(origin + ": unknown key '" + key +
                                        "' (known: coordinator, node, address, labels, virtual_gpus, force_virtual, "
-                                       "data_dir, port_first, port_last, stop_grace_s, stop_ranks_on_exit, log_level, "
-                                       "pki_dir, insecure, tls_refresh_s)");
+                                       "data_dir, log_retention_hours, log_max_mb, port_first, port_last, "
+                                       "stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, "
+                                       "tls_refresh_s)");
       }
     } catch (const nlohmann::json::exception&) {
       return Status::invalidArgument(origin + ": key '" + key + "' has the wrong type: " + value.dump());
@@ -80,6 +83,10 @@ Status validateAgentConfig(const AgentConfig& c) {
   }
   if (c.data_dir.empty()) return bad("data_dir is empty");
   if (!(c.stop_grace_s >= 0)) return bad("stop_grace_s must be >= 0");
+  if (!(c.log_retention_hours >= 0 && c.log_retention_hours <= 24 * 3650)) {
+    return bad("log_retention_hours must be between 0 (keep forever) and 87600 (ten years)");
+  }
+  if (c.log_max_mb < 0) return bad("log_max_mb must be >= 0 (0: no bound)");
   if (c.pki_dir.empty() && !c.insecure) return bad("pki_dir is empty");
   if (!(c.tls_refresh_s >= 1 && c.tls_refresh_s <= 86400)) return bad("tls_refresh_s must be between 1 and 86400");
   return Status::ok();

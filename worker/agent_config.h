@@ -4,6 +4,7 @@
 // Threads: plain values and pure functions.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -19,6 +20,11 @@ struct AgentConfig {
   int virtual_gpus = 0;     // GPUs to make up when NVML finds none
   bool force_virtual = false;  // use virtual GPUs even where NVML finds real ones
   std::string data_dir = "/var/lib/ddl/agent";  // rank logs live under DATA_DIR/logs
+  // Rank logs of jobs with no rank left on this node are deleted once their newest write is this old (0: kept
+  // forever), and the oldest go first while all logs together exceed log_max_mb (0: no bound). See
+  // worker/log_retention.h.
+  double log_retention_hours = 7 * 24;
+  int64_t log_max_mb = 0;
   int port_first = 29500;   // rendezvous ports for jobs whose rank 0 runs here
   int port_last = 29999;
   double stop_grace_s = 10;  // SIGTERM -> SIGKILL for ranks when the agent itself stops them
@@ -34,9 +40,9 @@ struct AgentConfig {
   double tls_refresh_s = 60;  // how often the certificate files are re-read (rotation without a restart)
 };
 
-// Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of strings),
-// virtual_gpus, force_virtual, data_dir, port_first, port_last, stop_grace_s, stop_ranks_on_exit, log_level,
-// pki_dir, insecure, tls_refresh_s.
+// Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of
+// strings), virtual_gpus, force_virtual, data_dir, log_retention_hours, log_max_mb, port_first, port_last,
+// stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s.
 state::Status loadAgentConfig(const std::string& path, AgentConfig* config);
 state::Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config);
 // "rack=r1,switch=s1" into labels.

@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
   std::string config_path, labels;
   std::optional<std::string> coordinator, node, address, data_dir, log_level, port_range;
   std::optional<int> virtual_gpus;
+  std::optional<double> log_retention_hours;
+  std::optional<int64_t> log_max_mb;
   bool force_virtual = false, stop_ranks_on_exit = false;
   app.add_option("--config", config_path, "JSON config file (e.g. /etc/ddl/agent.json)");
   app.add_option("--coordinator", coordinator, "ddl-coordinator's HOST:PORT (default 127.0.0.1:7070)");
@@ -37,6 +39,11 @@ int main(int argc, char** argv) {
   app.add_option("--virtual-gpus", virtual_gpus, "GPUs to make up where NVML finds none (development, tests)");
   app.add_flag("--force-virtual", force_virtual, "use the virtual GPUs even where NVML finds real ones");
   app.add_option("--data-dir", data_dir, "directory for rank logs (default /var/lib/ddl/agent)");
+  app.add_option("--log-retention-hours", log_retention_hours,
+                 "delete a finished job's rank logs this long after their last write (default 168; 0: keep)");
+  app.add_option("--log-max-mb", log_max_mb,
+                 "delete the oldest finished jobs' rank logs while all exceed this "
+                 "(default 0: no bound)");
   app.add_option("--port-range", port_range, "rendezvous ports for jobs rooted here, FIRST-LAST (default 29500-29999)");
   app.add_flag("--stop-ranks-on-exit", stop_ranks_on_exit,
                "stop this node's ranks when the agent exits (default: leave them running for the next agent to "
@@ -75,6 +82,8 @@ int main(int argc, char** argv) {
   if (force_virtual) config.force_virtual = true;
   if (stop_ranks_on_exit) config.stop_ranks_on_exit = true;
   if (data_dir) config.data_dir = *data_dir;
+  if (log_retention_hours) config.log_retention_hours = *log_retention_hours;
+  if (log_max_mb) config.log_max_mb = *log_max_mb;
   if (log_level) config.log_level = *log_level;
   if (port_range) {
     if (std::sscanf(port_range->c_str(), "%d-%d", &config.port_first, &config.port_last) != 2) {

@@ -232,30 +232,143 @@ inline std::optional<int64_t> jobIdNumber(std::string_view id) {
   return n;
 }
 
+// ---- Limits on a job spec ---------------------------------------------------------------------------------
+//
+// Every job is kept forever in the store's history and sent whole in every ListJobs page, so each part of a
+// spec is bounded; these are generous for real jobs (a long torchrun command line with a few hundred flags, a
+// container's environment). A typical job is well under 1 KiB, but one at every limit is about 270 KiB, so a
+// page of jobs must also be bounded by bytes, not by count alone, to stay below gRPC's 4 MiB message limit.
+// validateJobSpec() names the limit and the actual size in each refusal.
+inline constexpr size_t kMaxJobNameBytes = 128;
+inline constexpr size_t kMaxUserBytes = 64;  // Linux user names are at most 32 bytes
+inline constexpr size_t kMaxArgs = 4096;
+inline constexpr size_t kMaxArgvBytes = 128 * 1024;  // the sum of the argument lengths
+inline constexpr size_t kMaxEnvEntries = 1024;
+inline constexpr size_t kMaxEnvEntryBytes = 32 * 1024;  // one KEY=VALUE
+inline constexpr size_t kMaxEnvBytes = 128 * 1024;      // the sum of the KEY=VALUE lengths
+inline constexpr size_t kMaxLabels = 64;
+inline constexpr size_t kMaxLabelKeyBytes = 128;
+inline constexpr size_t kMaxLabelValueBytes = 256;
+inline constexpr size_t kMaxWorkdirBytes = 4096;  // PATH_MAX
+inline constexpr size_t kMaxTopologyBytes = 64;
+
+// The offset of the first control character in `text`, or npos: C0 (bytes 0x00-0x1f), DEL (0x7f), and the C1
+// controls U+0080-U+009F in their UTF-8 form (0xc2 0x80-0x9f). Such bytes in a name would move a terminal's
+// cursor, end a table row or start an escape sequence wherever the name is printed. Bytes 0x80-0x9f on their
+// own are continuation bytes of ordinary UTF-8 characters and are allowed.
+inline size_t findControlCharacter(std::string_view text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f) return i;
+    if (c == 0xc2 && i + 1 < text.size()) {
+      const auto next = static_cast<unsigned char>(text[i + 1]);
+      if (next >= 0x80 && next <= 0x9f) return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// `text` as it may appear inside an error message: control characters as \xNN and at most `max` bytes (then
+// "...(N bytes)"), so a refusal of a huge or hostile value is itself short and safe to print.
+inline std::string quoteForMessage(std::string_view text, size_t max = 64) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < max; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f ||
+        (c >= 0x80 && c <= 0x9f && i > 0 && static_cast<unsigned char>(text[i - 1]) == 0xc2)) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (text.size() > max) out += "...(" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+
 // What a store refuses at submit. Placement decides later whether the request fits the cluster.
 inline Status validateJobSpec(const JobSpec& spec) {
+  // The name is echoed in every refusal, so only a name that passes its own checks is echoed whole.
+  const bool name_ok =
+      spec.name.size() <= kMaxJobNameBytes && findControlCharacter(spec.name) == std::string::npos;
   auto bad = [&](const std::string& what) {
-    return Status::invalidArgument("job spec" + (spec.name.empty() ? "" : " '" + spec.name + "'") + ": " +
-                                   what);
+    return Status::invalidArgument(
+        "job spec" + (spec.name.empty() ? "" : " '" + quoteForMessage(spec.name, kMaxJobNameBytes) + "'") +
+        ": " + what);
   };
+  auto size = [](size_t n) { return std::to_string(n); };
+  auto controlAt = [](std::string_view text) {
+    const size_t at = findControlCharacter(text);
+    return "a control character (" + quoteForMessage(text.substr(at, text[at] == '\xc2' ? 2 : 1)) +
+           ") at byte " + std::to_string(at);
+  };
+  if (!name_ok) {
+    if (spec.name.size() > kMaxJobNameBytes)
+      return bad("the name is " + size(spec.name.size()) + " bytes; the limit is " + size(kMaxJobNameBytes));
+    return bad("the name contains " + controlAt(spec.name) + "; names may not contain control characters");
+  }
+  if (spec.user.size() > kMaxUserBytes)
+    return bad("the user name is " + size(spec.user.size()) + " bytes; the limit is " + size(kMaxUserBytes));
+  if (findControlCharacter(spec.user) != std::string::npos)
+    return bad("the user name contains " + controlAt(spec.user) +
+               "; user names may not contain control characters");
   if (spec.command.empty() || spec.command[0].empty())
     return bad("command is empty; give the program to run");
+  if (spec.command.size() > kMaxArgs)
+    return bad("the command has " + size(spec.command.size()) + " arguments; the limit is " + size(kMaxArgs));
+  size_t argv_bytes = 0;
+  for (const std::string& arg : spec.command) argv_bytes += arg.size();
+  if (argv_bytes > kMaxArgvBytes)
+    return bad("the command's arguments total " + size(argv_bytes) + " bytes; the limit is " +
+               size(kMaxArgvBytes) + " (pass large inputs in a file)");
   if (spec.nodes < 0 || spec.gpus_per_node < 0 || spec.total_gpus < 0)
     return bad("GPU and node counts must be >= 0");
   if (spec.max_restarts < 0) return bad("max_restarts must be >= 0");
+  if (spec.workdir.size() > kMaxWorkdirBytes)
+    return bad("the workdir is " + size(spec.workdir.size()) + " bytes; the limit is " +
+               size(kMaxWorkdirBytes));
+  if (spec.topology_override.size() > kMaxTopologyBytes)
+    return bad("the topology is " + size(spec.topology_override.size()) + " bytes; the limit is " +
+               size(kMaxTopologyBytes));
+  if (spec.env.size() > kMaxEnvEntries)
+    return bad("the environment has " + size(spec.env.size()) + " entries; the limit is " +
+               size(kMaxEnvEntries));
+  size_t env_bytes = 0;
   for (const std::string& kv : spec.env) {
     size_t eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) return bad("env entry '" + kv + "' is not KEY=VALUE");
+    if (eq == std::string::npos || eq == 0)
+      return bad("env entry '" + quoteForMessage(kv) + "' is not KEY=VALUE");
+    if (kv.size() > kMaxEnvEntryBytes)
+      return bad("env entry " + quoteForMessage(kv.substr(0, eq)) + " is " + size(kv.size()) +
+                 " bytes; the limit is " + size(kMaxEnvEntryBytes));
+    env_bytes += kv.size();
   }
+  if (env_bytes > kMaxEnvBytes)
+    return bad("the environment totals " + size(env_bytes) + " bytes; the limit is " + size(kMaxEnvBytes));
+  if (spec.required_labels.size() > kMaxLabels)
+    return bad("the job requires " + size(spec.required_labels.size()) + " labels; the limit is " +
+               size(kMaxLabels));
   // Labels are written out as comma-separated key=value lists (placement's messages do), so '=', ',' or
   // whitespace in a key or value would make that text ambiguous; refuse them at submit, not misread later.
   constexpr std::string_view kLabelSeparators = "=, \t\n\v\f\r";
   for (const auto& [key, value] : spec.required_labels) {
-    if (key.empty()) return bad("label with value '" + value + "' has an empty key");
+    if (key.empty()) return bad("label with value '" + quoteForMessage(value) + "' has an empty key");
+    if (key.size() > kMaxLabelKeyBytes)
+      return bad("label key '" + quoteForMessage(key) + "' is " + size(key.size()) + " bytes; the limit is " +
+                 size(kMaxLabelKeyBytes));
     if (key.find_first_of(kLabelSeparators) != std::string::npos)
-      return bad("label '" + key + "': the key may not contain '=', ',' or whitespace");
+      return bad("label '" + quoteForMessage(key) + "': the key may not contain '=', ',' or whitespace");
+    if (findControlCharacter(key) != std::string::npos)
+      return bad("label '" + quoteForMessage(key) + "': the key contains " + controlAt(key));
+    if (value.size() > kMaxLabelValueBytes)
+      return bad("label '" + key + "': the value is " + size(value.size()) + " bytes; the limit is " +
+                 size(kMaxLabelValueBytes));
     if (value.find_first_of(kLabelSeparators) != std::string::npos)
-      return bad("label '" + key + "': the value '" + value + "' may not contain '=', ',' or whitespace");
+      return bad("label '" + key + "': the value '" + quoteForMessage(value) +
+                 "' may not contain '=', ',' or whitespace");
+    if (findControlCharacter(value) != std::string::npos)
+      return bad("label '" + key + "': the value contains " + controlAt(value));
   }
   return Status::ok();
 }

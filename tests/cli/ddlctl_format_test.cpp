@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -293,6 +294,112 @@ TEST(DdlctlFormat, JobTable) {
             "ID  NAME  USER  STATE  AGE  NODES  GPUS  NODELIST(REASON)\n");
 }
 
+// Control characters from the server never reach the terminal raw; printable UTF-8 passes unchanged. Fails
+// without escapeForTerminal() in the table renderer (the newline and ESC were printed as they came).
+TEST(DdlctlFormat, ControlCharactersAreEscaped) {
+  EXPECT_EQ(escapeForTerminal("plain name-1.2_x"), "plain name-1.2_x");
+  EXPECT_EQ(escapeForTerminal("a\nb\tc\rd"), "a\\nb\\tc\\rd");
+  EXPECT_EQ(escapeForTerminal("\x1b[2Jgone"), "\\x1b[2Jgone");
+  EXPECT_EQ(escapeForTerminal(std::string("nul\0del\x7f", 8)), "nul\\x00del\\x7f");
+  EXPECT_EQ(escapeForTerminal("c1\xc2\x9b"
+                              "31m"),
+            "c1\\u009b31m");  // CSI as UTF-8
+  EXPECT_EQ(escapeForTerminal("raw\x9b"
+                              "31m\xff"),
+            "raw\\x9b31m\\xff");  // bytes that are not UTF-8
+  EXPECT_EQ(escapeForTerminal("bidi\xe2\x80\xae"
+                              "evil"),
+            "bidi\\u202eevil");  // right-to-left override
+  EXPECT_EQ(escapeForTerminal("r\xc3\xa9sum\xc3\xa9 \xe6\x97\xa5\xf0\x9f\x98\x80"),
+            "r\xc3\xa9sum\xc3\xa9 \xe6\x97\xa5\xf0\x9f\x98\x80");  // é, 日 and an emoji are kept
+  EXPECT_EQ(escapeForTerminal("\xc0\xaf\xed\xa0\x80"), "\\xc0\\xaf\\xed\\xa0\\x80");  // overlong, surrogate
+  EXPECT_EQ(escapeForTerminal("\xe6\x97"), "\\xe6\\x97");                             // cut short
+  const std::string once = escapeForTerminal("a\n\x1b\xc2\x85z");
+  EXPECT_EQ(escapeForTerminal(once), once) << "escaping is idempotent, so a cell may be escaped twice";
+
+  v1::ListJobsResponse jobs;
+  *jobs.add_jobs() = makeJob("j-000001", "evil\n\x1b]0;pwned\x07", "bob\r", v1::PENDING, kNow);
+  jobs.mutable_jobs(0)->set_reason("waiting\nfor GPUs");
+  const std::string table = formatJobTable(jobs, kNow);
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 2) << table;  // header and one row
+  EXPECT_EQ(table.find('\x1b'), std::string::npos) << table;
+  EXPECT_NE(table.find("evil\\n\\x1b]0;pwned\\x07"), std::string::npos) << table;
+  EXPECT_NE(table.find("bob\\r"), std::string::npos) << table;
+  EXPECT_NE(table.find("(waiting\\nfor GPUs)"), std::string::npos) << table;
+
+  v1::ListNodesResponse nodes;
+  v1::Node* n = nodes.add_nodes();
+  n->set_name("n\x1b[31m1");
+  n->set_state("UP");
+  (*n->mutable_labels())["rack"] = "r\n1";
+  const std::string nodeTable = formatNodeTable(nodes, kNow);
+  EXPECT_EQ(nodeTable.find('\x1b'), std::string::npos) << nodeTable;
+  EXPECT_NE(nodeTable.find("n\\x1b[31m1"), std::string::npos) << nodeTable;
+  EXPECT_NE(nodeTable.find("rack=r\\n1"), std::string::npos) << nodeTable;
+
+  v1::Job detail = makeJob("j-000001", "x\ny", "u", v1::RUNNING, kNow);
+  detail.mutable_spec()->add_command("python");
+  detail.mutable_spec()->add_command(
+      "a\x1b"
+      "b");
+  const std::string text = formatJobDetail(detail, kNow);
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_EQ(field(text, "Name"), "x\\ny");
+}
+
+// A 100 KB name takes at most kMaxNameColumn characters of its column, so it pads no other row. Fails without
+// the cut (every row was padded to the long name's width).
+TEST(DdlctlFormat, LongValuesAreTruncatedInTables) {
+  EXPECT_EQ(truncateCell("short", 10), "short");
+  EXPECT_EQ(truncateCell("exactly10!", 10), "exactly10!");
+  EXPECT_EQ(truncateCell("abcdefghijk", 10), "abcdefghi\u2026");
+  EXPECT_EQ(truncateCell("\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", 3),
+            "\xc3\xa9\xc3\xa9\u2026");  // cut between characters
+  v1::ListJobsResponse jobs = sampleJobs();
+  jobs.mutable_jobs(1)->mutable_spec()->set_name(std::string(100'000, 'n'));
+  jobs.mutable_jobs(2)->set_reason(std::string(100'000, 'r'));
+  const std::string table = formatJobTable(jobs, kNow);
+  std::istringstream in(table);
+  std::string line;
+  while (std::getline(in, line)) EXPECT_LT(line.size(), 220u) << line.substr(0, 200);
+  EXPECT_NE(table.find(std::string(kMaxNameColumn - 1, 'n') + "\u2026"), std::string::npos);
+  EXPECT_NE(table.find("(" + std::string(kMaxWideColumn - 2, 'r') + "\u2026"), std::string::npos);
+
+  // Pages printed one by one: the header once, widths never shrink.
+  JobTableWriter writer;
+  v1::ListJobsResponse first, second;
+  *first.add_jobs() = makeJob("j-000001", "a-long-name", "alice", v1::RUNNING, kNow);
+  *second.add_jobs() = makeJob("j-000002", "b", "bob", v1::RUNNING, kNow);
+  const std::string p1 = writer.page(first, kNow), p2 = writer.page(second, kNow);
+  EXPECT_EQ(p1.rfind("ID        NAME         USER   STATE", 0), 0u) << p1;
+  EXPECT_EQ(p2.rfind("j-000002  b            bob    RUNNING", 0), 0u) << p2;
+}
+
+// --since / --until: local dates and times, and ages before now.
+TEST(DdlctlFormat, TimeBounds) {
+  EXPECT_EQ(parseTimeBound("90s", kNow).value, kNow - 90'000);
+  EXPECT_EQ(parseTimeBound("30m", kNow).value, kNow - 30 * 60'000);
+  EXPECT_EQ(parseTimeBound("1h", kNow).value, kNow - 3'600'000);
+  EXPECT_EQ(parseTimeBound("2d", kNow).value, kNow - 2 * 86'400'000);
+  EXPECT_EQ(parseTimeBound("1w", kNow).value, kNow - 7 * 86'400'000LL);
+  std::tm tm{};
+  tm.tm_year = 2026 - 1900;
+  tm.tm_mon = 10;
+  tm.tm_mday = 24;
+  tm.tm_isdst = -1;
+  const int64_t midnight = static_cast<int64_t>(std::mktime(&tm)) * 1000;
+  EXPECT_EQ(parseTimeBound("2026-11-24", kNow).value, midnight);
+  EXPECT_EQ(parseTimeBound("2026-11-24T10:00", kNow).value, midnight + 10 * 3'600'000);
+  EXPECT_EQ(parseTimeBound("2026-11-24 10:00:05", kNow).value, midnight + 10 * 3'600'000 + 5'000);
+  for (const char* bad :
+       {"", "yesterday", "1y", "h", "-1h", "2026-13-01", "2026-02-30", "2026-11-24T25:00", "2026-11-24T10",
+        "2026-11-24T10:00:", "2026-11-24x", "26-11-24", "1969-12-31", "99999999999h", "1h\n"}) {
+    Parsed<int64_t> p = parseTimeBound(bad, kNow);
+    EXPECT_FALSE(p.ok()) << bad;
+    EXPECT_NE(p.error.find("is not a time"), std::string::npos) << bad << ": " << p.error;
+  }
+}
+
 TEST(DdlctlFormat, NodeListOrReason) {
   v1::Job job = makeJob("j-1", "x", "u", v1::PENDING, kNow);
   EXPECT_EQ(nodeListOrReason(job), "(queued)");
@@ -546,8 +653,45 @@ class FakeUserService final : public v1::UserService::Service {
                         v1::ListJobsResponse* resp) override {
     std::lock_guard<std::mutex> lock(mu_);
     lastList_ = *req;
-    *resp = sampleJobs();
+    listCalls_++;
+    if (!paging_) {  // one page and no token, as before paging
+      *resp = sampleJobs();
+      return grpc::Status::OK;
+    }
+    pageTokens_.push_back(req->page_token());
+    if (endless_) {  // a coordinator that never says "last page"
+      resp->set_next_page_token("t" + std::to_string(listCalls_));
+      return grpc::Status::OK;
+    }
+    size_t offset = req->page_token().empty() ? 0 : std::stoul(req->page_token());
+    size_t size = req->page_size() > 0 ? static_cast<size_t>(req->page_size()) : 500;
+    for (size_t i = offset; i < pagedJobs_.size() && i < offset + size; ++i)
+      *resp->add_jobs() = pagedJobs_[i];
+    if (offset + size < pagedJobs_.size()) resp->set_next_page_token(std::to_string(offset + size));
+    if (stuckToken_ && !req->page_token().empty()) resp->set_next_page_token(req->page_token());
     return grpc::Status::OK;
+  }
+  grpc::Status RemoveNode(grpc::ServerContext* ctx, const v1::RemoveNodeRequest* req,
+                          v1::RemoveNodeResponse* resp) override {
+    if (req->node() == "gone") return grpc::Status::OK;
+    if (req->node() == "n1")
+      return {grpc::StatusCode::FAILED_PRECONDITION, "node n1 is UP; only a DOWN node can be removed"};
+    return v1::UserService::Service::RemoveNode(ctx, req, resp);  // UNIMPLEMENTED, as before the server side
+  }
+
+  // Switches ListJobs to pages over `jobs` (page_size, default 500, tokens are offsets).
+  void page(std::vector<v1::Job> jobs, bool endless = false, bool stuckToken = false) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pagedJobs_ = std::move(jobs);
+    endless_ = endless;
+    stuckToken_ = stuckToken;
+    pageTokens_.clear();
+    listCalls_ = 0;
+    paging_ = true;
+  }
+  std::vector<std::string> pageTokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pageTokens_;
   }
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req, v1::Job* resp) override {
     if (req->id() != "j-000001") {
@@ -588,6 +732,12 @@ class FakeUserService final : public v1::UserService::Service {
   std::mutex mu_;
   v1::JobSpec lastSpec_;
   v1::ListJobsRequest lastList_;
+  std::vector<v1::Job> pagedJobs_;
+  std::vector<std::string> pageTokens_;  // the token of every paged request, in order
+  bool paging_ = false;
+  bool endless_ = false;
+  bool stuckToken_ = false;
+  int listCalls_ = 0;
 };
 
 class DdlctlServerTest : public ::testing::Test {
@@ -733,6 +883,99 @@ TEST_F(DdlctlServerTest, NodesRingDrain) {
   r = run({"drain", "n9"});
   EXPECT_EQ(r.rc, kExitRefused);
   EXPECT_EQ(r.err, "ddlctl: no node named n9\n");
+}
+
+// ddlctl list follows next_page_token to the end, printing the header once, and sends its filters with every
+// page. Fails without the paging loop (only the first page of 7 jobs was printed).
+TEST_F(DdlctlServerTest, ListFetchesEveryPage) {
+  std::vector<v1::Job> jobs;
+  for (int i = 1; i <= 7; ++i) {
+    char id[16];
+    std::snprintf(id, sizeof(id), "j-%06d", i);
+    jobs.push_back(makeJob(id, "job" + std::to_string(i), "alice", v1::SUCCEEDED, kNow));
+  }
+  service_.page(jobs);
+  Result r = run({"list", "--all", "--page-size", "3", "--name", "job", "--since", "2d", "--until", "1h",
+                  "--user", "alice"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(service_.pageTokens(), (std::vector<std::string>{"", "3", "6"}));
+  v1::ListJobsRequest last = service_.lastList();
+  EXPECT_EQ(last.page_size(), 3);
+  EXPECT_EQ(last.name(), "job");
+  EXPECT_EQ(last.user(), "alice");
+  EXPECT_GT(last.since_ms(), 0);
+  EXPECT_EQ(last.until_ms() - last.since_ms(), 2 * 86'400'000 - 3'600'000);
+  EXPECT_EQ(r.out.rfind("ID        NAME  USER   STATE", 0), 0u) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 8) << r.out;  // one header, seven jobs
+  EXPECT_EQ(r.out.find("ID ", 1), std::string::npos) << "one header: " << r.out;
+  for (int i = 1; i <= 7; ++i)
+    EXPECT_NE(r.out.find("job" + std::to_string(i) + " "), std::string::npos) << r.out;
+
+  r = run({"list", "--all", "--page-size", "2", "-o", "json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  v1::ListJobsResponse all;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(r.out, &all).ok()) << r.out;
+  EXPECT_EQ(all.jobs_size(), 7);
+  EXPECT_EQ(all.next_page_token(), "");
+  EXPECT_EQ(service_.pageTokens().size(), 3u + 4u);
+
+  service_.page({});  // an empty history: the header only
+  r = run({"list"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "ID  NAME  USER  STATE  AGE  NODES  GPUS  NODELIST(REASON)\n");
+}
+
+// A coordinator that never ends the list, or repeats a token, cannot keep ddlctl looping.
+TEST_F(DdlctlServerTest, ListPagingIsBounded) {
+  service_.page({}, /*endless=*/true);
+  Result r = run({"list", "--all", "-o", "json"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(service_.pageTokens().size(), 1000u);
+  EXPECT_NE(r.err.find("stopped after 1000 pages"), std::string::npos) << r.err;
+  v1::ListJobsResponse all;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(r.out, &all).ok()) << r.out;
+  EXPECT_EQ(all.next_page_token(), "t1000") << "the JSON says where the list goes on";
+
+  std::vector<v1::Job> jobs(5, makeJob("j-000001", "x", "alice", v1::RUNNING, kNow));
+  service_.page(jobs, /*endless=*/false, /*stuckToken=*/true);
+  r = run({"list", "--page-size", "2"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(service_.pageTokens(), (std::vector<std::string>{"", "2"}));
+  EXPECT_NE(r.err.find("same page token twice"), std::string::npos) << r.err;
+}
+
+TEST_F(DdlctlServerTest, ListRefusesBadTimeBoundsWithoutSending) {
+  service_.page({});
+  for (std::vector<std::string> args : {std::vector<std::string>{"list", "--since", "yesterday"},
+                                        {"list", "--until", "2026-02-30"},
+                                        {"list", "--since", "1h", "--until", "2h"},
+                                        {"list", "--page-size", "0"},
+                                        {"list", "--page-size", "5001"}}) {
+    Result r = run(args);
+    EXPECT_EQ(r.rc, kExitUsage) << args[2] << ": " << r.err;
+  }
+  EXPECT_TRUE(service_.pageTokens().empty()) << "nothing was sent";
+}
+
+// A server's message is escaped too: a refusal that quotes a hostile name cannot drive the terminal.
+TEST_F(DdlctlServerTest, NodesRemove) {
+  Result r = run({"nodes", "remove", "gone"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "removed node gone\n");
+  r = run({"nodes", "remove", "n1"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.err, "ddlctl: node n1 is UP; only a DOWN node can be removed\n");
+  r = run({"nodes", "remove", "other"});  // the coordinator before RemoveNode is implemented
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.out, "");
+  r = run({"-o", "json", "nodes", "remove", "gone"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "{}\n");
+  r = run({"nodes", "remove"});
+  EXPECT_EQ(r.rc, kExitUsage);
+  r = run({"drain", "n\x1b[2J"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.err, "ddlctl: no node named n\\x1b[2J\n");
 }
 
 }  // namespace

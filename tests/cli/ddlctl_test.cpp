@@ -261,6 +261,42 @@ TEST_F(DdlctlTest, BadInputGivesClearErrorsAndExitCodes) {
   EXPECT_EQ(from_env.code, 0) << from_env.err;
 }
 
+// The limits of validateJobSpec reach the user through the real coordinator as exit 1 with the limit named
+// and the hostile bytes escaped; list pages through whatever the coordinator answers (one page, or many);
+// nodes remove is an admin verb the coordinator answers (refused for an UP node, or UNIMPLEMENTED before its
+// side).
+TEST_F(DdlctlTest, BoundsPagingAndNodeRemoval) {
+  Result long_name = ctl({"submit", "--gpus", "1", "--name", std::string(200, 'n'), "--", "true"});
+  EXPECT_EQ(long_name.code, 1) << long_name.err;
+  EXPECT_NE(long_name.err.find("the name is 200 bytes; the limit is 128"), std::string::npos)
+      << long_name.err;
+  Result escape = ctl({"submit", "--gpus", "1", "--name", "a\x1b[2Jb", "--", "true"});
+  EXPECT_EQ(escape.code, 1) << escape.err;
+  EXPECT_EQ(escape.err.find('\x1b'), std::string::npos) << "the refusal is printed escaped";
+  EXPECT_NE(escape.err.find("control character"), std::string::npos) << escape.err;
+  std::vector<std::string> huge = {"submit", "--gpus", "1", "--", "echo"};
+  for (int i = 0; i < 2000; ++i)
+    huge.push_back(std::string(100, 'x'));  // one argument may be at most 128 KiB
+  Result huge_argv = ctl(huge);
+  EXPECT_EQ(huge_argv.code, 1) << huge_argv.err;
+  EXPECT_NE(huge_argv.err.find("the limit is 131072"), std::string::npos) << huge_argv.err;
+
+  const std::string id = submit({"--gpus", "1", "--name", "paged", "--", "true"});
+  auto all = json({"list", "--all", "--page-size", "1"});
+  bool found = false;
+  for (const auto& job : all["jobs"]) found = found || job["id"] == id;
+  EXPECT_TRUE(found) << all.dump();
+  EXPECT_EQ(all["next_page_token"], "");
+  Result text = ctl({"list", "--all", "--page-size", "1"});
+  EXPECT_EQ(text.code, 0) << text.err;
+  EXPECT_EQ(text.out.rfind("ID ", 0), 0u) << text.out;
+  EXPECT_EQ(text.out.find("\nID "), std::string::npos) << "one header for all pages: " << text.out;
+
+  Result remove = ctl({"nodes", "remove", "n2"});
+  EXPECT_EQ(remove.code, 1) << remove.err;
+  EXPECT_TRUE(ctl({"nodes"}).out.find("n2") != std::string::npos) << "an UP node is not removed";
+}
+
 // ---- Security: each test fails if its protection is removed ---------------------------------------------------
 
 TEST_F(DdlctlTest, SecurityPlaintextClientIsRefused) {

@@ -148,6 +148,107 @@ TEST(JobRules, JobIds) {
   }
 }
 
+// Each bound of validateJobSpec: a spec at the limit is accepted, one past it is refused with a message that
+// names the limit and the actual size. Fails without the limits (every oversized spec was accepted).
+TEST(JobRules, SpecLimitsAreEnforcedAndNamed) {
+  struct Case {
+    std::string what;
+    std::function<void(JobSpec&, size_t)> grow;  // makes the bounded quantity exactly n
+    size_t limit;
+    std::string message;  // part of the refusal, before the sizes
+  };
+  const std::vector<Case> cases = {
+      {"name", [](JobSpec& s, size_t n) { s.name = std::string(n, 'n'); }, kMaxJobNameBytes, "the name is"},
+      {"user", [](JobSpec& s, size_t n) { s.user = std::string(n, 'u'); }, kMaxUserBytes, "the user name is"},
+      {"args", [](JobSpec& s, size_t n) { s.command.assign(n, "a"); }, kMaxArgs, "arguments"},
+      {"argv bytes",
+       [](JobSpec& s, size_t n) {
+         s.command = {"python3", std::string(n - 7, 'x')};
+       },
+       kMaxArgvBytes, "the command's arguments total"},
+      {"env entries", [](JobSpec& s, size_t n) { s.env.assign(n, "K=v"); }, kMaxEnvEntries, "entries"},
+      {"env entry", [](JobSpec& s, size_t n) { s.env = {"BIG=" + std::string(n - 4, 'v')}; },
+       kMaxEnvEntryBytes, "env entry BIG is"},
+      {"env bytes",
+       [](JobSpec& s, size_t n) {
+         s.env.clear();
+         for (size_t left = n; left > 0;) {
+           size_t take = std::min(left, size_t{1000});
+           s.env.push_back("K=" + std::string(take - 2, 'v'));
+           left -= take;
+         }
+       },
+       kMaxEnvBytes, "the environment totals"},
+      {"labels",
+       [](JobSpec& s, size_t n) {
+         s.required_labels.clear();
+         for (size_t i = 0; i < n; ++i) s.required_labels["k" + std::to_string(i)] = "v";
+       },
+       kMaxLabels, "labels; the limit"},
+      {"label key",
+       [](JobSpec& s, size_t n) {
+         s.required_labels = {{std::string(n, 'k'), "v"}};
+       },
+       kMaxLabelKeyBytes, "label key"},
+      {"label value",
+       [](JobSpec& s, size_t n) {
+         s.required_labels = {{"gpu", std::string(n, 'v')}};
+       },
+       kMaxLabelValueBytes, "the value is"},
+      {"workdir", [](JobSpec& s, size_t n) { s.workdir = std::string(n, 'w'); }, kMaxWorkdirBytes,
+       "the workdir is"},
+      {"topology", [](JobSpec& s, size_t n) { s.topology_override = std::string(n, '2'); }, kMaxTopologyBytes,
+       "the topology is"},
+  };
+  for (const Case& c : cases) {
+    JobSpec at = sampleSpec();
+    c.grow(at, c.limit);
+    Status st = validateJobSpec(at);
+    EXPECT_TRUE(st.isOk()) << c.what << " at the limit " << c.limit << ": " << st.toString();
+    JobSpec over = sampleSpec();
+    c.grow(over, c.limit + 1);
+    st = validateJobSpec(over);
+    ASSERT_FALSE(st.isOk()) << c.what << " past the limit was accepted";
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(contains(st.message(), c.message)) << c.what << ": " << st.message();
+    EXPECT_TRUE(contains(st.message(), std::to_string(c.limit + 1))) << c.what << ": " << st.message();
+    EXPECT_TRUE(contains(st.message(), "the limit is " + std::to_string(c.limit)))
+        << c.what << ": " << st.message();
+    EXPECT_LT(st.message().size(), 400u) << c.what << ": a refusal stays short whatever the input";
+  }
+}
+
+// Names and users with C0 controls, DEL or C1 controls (as UTF-8) are refused and the refusal shows the byte
+// escaped; other UTF-8, including its 0x80-0x9f continuation bytes, is fine.
+TEST(JobRules, ControlCharactersInNamesAreRefused) {
+  for (const std::string& bad : {std::string("a\nb"), std::string("\x1b[2J"), std::string("tab\there"),
+                                 std::string("del\x7f"), std::string("nul\0x", 5),
+                                 std::string("c1\xc2\x9b"
+                                             "31m"),
+                                 std::string("nel\xc2\x85")}) {
+    JobSpec name = sampleSpec(bad);
+    Status st = validateJobSpec(name);
+    ASSERT_FALSE(st.isOk()) << quoteForMessage(bad) << " accepted as a name";
+    EXPECT_TRUE(contains(st.message(), "the name contains a control character")) << st.message();
+    EXPECT_EQ(findControlCharacter(st.message()), std::string::npos) << "the refusal itself is printable";
+    JobSpec user = sampleSpec("ok", bad);
+    st = validateJobSpec(user);
+    ASSERT_FALSE(st.isOk()) << quoteForMessage(bad) << " accepted as a user";
+    EXPECT_TRUE(contains(st.message(), "the user name contains a control character")) << st.message();
+    EXPECT_EQ(findControlCharacter(st.message()), std::string::npos);
+  }
+  EXPECT_TRUE(contains(validateJobSpec(sampleSpec("a\nb")).message(), "(\\x0a) at byte 1"));
+  EXPECT_TRUE(contains(validateJobSpec(sampleSpec("c1\xc2\x9b")).message(), "(\xc2\\x9b) at byte 2"));
+  for (const std::string& good : {std::string("résumé-\xe6\x97\xa5\xe6\x9c\xac"), std::string("a b/c_d.e"),
+                                  std::string("\xe2\x80\x94 dash")}) {
+    EXPECT_TRUE(validateJobSpec(sampleSpec(good)).isOk()) << good;
+    EXPECT_TRUE(validateJobSpec(sampleSpec("ok", good)).isOk()) << good;
+  }
+  // A refusal for another reason does not echo a 100 KB name whole.
+  JobSpec huge = sampleSpec(std::string(100000, 'x'));
+  EXPECT_LT(validateJobSpec(huge).message().size(), 400u);
+}
+
 // ---- Both stores ------------------------------------------------------------------------------------------
 
 struct MemoryKind {
@@ -288,7 +389,8 @@ TYPED_TEST(StoreTest, CreateRejectsBadLabels) {
     if (key.empty()) {
       EXPECT_TRUE(contains(r.status().message(), "empty key")) << r.status().toString();
     } else {
-      EXPECT_TRUE(contains(r.status().message(), "label '" + key + "'")) << r.status().toString();
+      EXPECT_TRUE(contains(r.status().message(), "label '" + quoteForMessage(key) + "'"))
+          << r.status().toString();
       EXPECT_TRUE(contains(r.status().message(), "may not contain '=', ',' or whitespace"))
           << r.status().toString();
     }
