@@ -24,52 +24,17 @@
 
 #include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
+#include "e2e_helpers.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-pid_t spawn(const std::vector<std::string>& argv, const fs::path& log) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// True when some process's command line contains `marker` (each test's ranks carry a unique one).
-bool processWithMarker(const std::string& marker) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    std::string cmdline = slurp(e.path() / "cmdline");
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find(marker) != std::string::npos && cmdline.find("cluster_test") == std::string::npos) return true;
-  }
-  return false;
-}
-
-template <typename Pred>
-bool waitFor(Pred pred, int timeout_ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (Clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return pred();
-}
+using ddl::e2e::processWithMarker;
+using ddl::e2e::slurp;
+using ddl::e2e::spawn;
+using ddl::e2e::waitFor;
 
 class ClusterTest : public ::testing::Test {
  protected:
@@ -127,12 +92,7 @@ class ClusterTest : public ::testing::Test {
     return path.string();
   }
   // Runs a program to its end (bounded by its own work: init-pki, issue-node, ddlctl); its output goes to run.log.
-  int run(const std::vector<std::string>& argv) {
-    pid_t pid = spawn(argv, dir_ / "run.log");
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
+  int run(const std::vector<std::string>& argv) { return ddl::e2e::runToEnd(argv, dir_ / "run.log"); }
   // ddlctl with the cluster's CA and a token (the admin's by default), as a shell command prefix.
   std::string ctl(const std::string& token_file = "") const {
     return std::string(DDL_BIN_DIR) + "/ddlctl --coordinator " + address_ + " --ca " + pki() + "/ca.crt --token-file " +

@@ -1,0 +1,83 @@
+// Helpers shared by the end-to-end tests (cluster_test, chaos_test), which run real ddl-coordinator and ddl-agent
+// processes on 127.0.0.1: start a program with its output in a log, read a file, find processes by a marker in
+// their command line, and wait for a condition with a bound.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ddl::e2e {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// Starts argv[0] (a path) with stdout and stderr appended to `log`; returns its pid.
+inline pid_t spawn(const std::vector<std::string>& argv, const fs::path& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Runs a program to its end (bounded by its own work: init-pki, issue-node, ddlctl); its exit status or -1.
+inline int runToEnd(const std::vector<std::string>& argv, const fs::path& log) {
+  pid_t pid = spawn(argv, log);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+inline std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The pids of processes whose command line contains `marker` (each test's ranks carry a unique one), leaving out
+// the test program itself.
+inline std::vector<pid_t> processesWithMarker(const std::string& marker) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::string cmdline = slurp(e.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(marker) != std::string::npos && cmdline.find(program_invocation_short_name) == std::string::npos) {
+      out.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+  }
+  return out;
+}
+inline bool processWithMarker(const std::string& marker) { return !processesWithMarker(marker).empty(); }
+
+// Polls pred every 50 ms until it holds or timeout_ms passed; its last value.
+template <typename Pred>
+bool waitFor(Pred pred, int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (Clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return pred();
+}
+
+}  // namespace ddl::e2e
