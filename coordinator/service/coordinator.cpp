@@ -1119,6 +1119,7 @@ void Coordinator::getJob(const std::string& id, Done<v1::Job> done) {
 namespace {
 
 constexpr int kDefaultPageSize = 500, kMaxPageSize = 5000;
+constexpr size_t kMaxPageBytes = 3 << 20;
 
 bool onlyOpenStates(const state::JobFilter& filter) {
   return !filter.states.empty() &&
@@ -1171,10 +1172,17 @@ void Coordinator::listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::Li
     std::sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
       return state::jobIdNumber(a.id()) < state::jobIdNumber(b.id());
     });
+    // A page ends at `limit` jobs or at kMaxPageBytes (clients take 4 MiB answers by default, and one job at
+    // every limit of validateJobSpec is about 270 KiB), whichever comes first; it always holds one job.
     v1::ListJobsResponse resp;
-    for (size_t i = 0; i < jobs.size() && i < static_cast<size_t>(limit); ++i) *resp.add_jobs() = std::move(jobs[i]);
-    if (jobs.size() > static_cast<size_t>(limit)) {
-      resp.set_next_page_token(std::to_string(state::jobIdNumber(resp.jobs(limit - 1).id()).value_or(0)));
+    size_t bytes = 0, i = 0;
+    for (; i < jobs.size() && i < static_cast<size_t>(limit); ++i) {
+      bytes += jobs[i].ByteSizeLong();
+      if (i > 0 && bytes > kMaxPageBytes) break;
+      *resp.add_jobs() = std::move(jobs[i]);
+    }
+    if (i < jobs.size()) {
+      resp.set_next_page_token(std::to_string(state::jobIdNumber(resp.jobs(resp.jobs_size() - 1).id()).value_or(0)));
     }
     done(std::move(resp));
   };

@@ -9,6 +9,8 @@
 // are bounded by deadlines; temporary directories are removed.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include <limits>
 #include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -792,10 +794,12 @@ TEST(SqliteStore, VersionOneDatabaseIsUpgradedInPlace) {
     jobs = *store->listJobs();
   }
   // Turn the file into exactly what version 1 wrote: version 2 added the job_labels table, version 3 the nodes'
-  // drained column, version 4 the jobs' root_port.
+  // drained column, version 4 the jobs' root_port, version 5 their end_ms and its index.
   EXPECT_EQ(rawQuery(path, "DROP TABLE job_labels"), "<done>");
   EXPECT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drained"), "<done>");
   EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN root_port"), "<done>");
+  EXPECT_EQ(rawQuery(path, "DROP INDEX jobs_by_end"), "<done>");
+  EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN end_ms"), "<done>");
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 1"), "<done>");
   ASSERT_EQ(rawQuery(path, "SELECT version FROM schema_version"), "1");
   ASSERT_EQ(rawQuery(path, "SELECT count(*) FROM sqlite_master WHERE name = 'job_labels'"), "0");
@@ -821,6 +825,10 @@ TEST(SqliteStore, VersionOneDatabaseIsUpgradedInPlace) {
   EXPECT_EQ(*store->listJobs(), jobs);
   EXPECT_EQ(store->getJob("j-000004")->spec, sampleSpec());
   EXPECT_TRUE(store->transition("j-000002", JobState::kStarting, "").isOk());
+  // Version 5 gave the job cancelled under version 1 its end time, so the retention purges it (and only it).
+  EXPECT_EQ(*store->purgeFinished(std::numeric_limits<int64_t>::max(), 100), 1);
+  EXPECT_EQ(store->getJob("j-000003").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(*store->lastJobNumber(), 4);
 }
 
 // Version 2 knew a drain only as the DRAINING state: migrated, such a node is drained, so that it comes back
@@ -839,6 +847,8 @@ TEST(SqliteStore, VersionTwoDrainingNodesAreDrainedAfterTheUpgrade) {
   }
   EXPECT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drained"), "<done>");
   EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN root_port"), "<done>");
+  EXPECT_EQ(rawQuery(path, "DROP INDEX jobs_by_end"), "<done>");
+  EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN end_ms"), "<done>");
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 2"), "<done>");
 
   auto store = openOrDie(path, clock.fn());
