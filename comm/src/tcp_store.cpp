@@ -16,7 +16,10 @@
 //   reply:   u8 status (kOk, kFailed, kRefused), u32 id, u32 length, payload (kFailed: a message for users)
 // Keys are at most kMaxKeyBytes and values kMaxValueBytes; the server checks the lengths in the header before
 // buffering a body, and drops a client that sends a malformed frame, so garbage on the port cannot make it
-// allocate without bound or disturb the other clients.
+// allocate without bound or disturb the other clients. What the store holds in all is bounded too (StoreLimits in
+// store_protocol.h: keys, total bytes): a SET or ADD past it is answered kFailed ("rendezvous store full: ...")
+// and the server goes on. The parsing and the data live in store_protocol.{h,cpp}, pure code over bytes that a
+// fuzz target drives as well. The server listens on exactly the address DDL_ROOT names, not on every interface.
 //
 // Admission. When the job has a secret (DDL_JOB_SECRET), a connection proves it before its first request and
 // the server proves it back, so a rank also tells rank 0's store from a stray process that took the port
