@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <stdexcept>
 #include <cstring>
 #include <sstream>
 
@@ -49,8 +51,24 @@ TelemetryListener::~TelemetryListener() {
   if (fd_ >= 0) ::unlink(path_.c_str());
 }
 
+namespace {
+// A time from a report: libddl measures it, so NaN or infinity is a malformed report (it would show as such on
+// the dashboard and in the metrics). Throws like std::stod.
+double finite(const std::string& text) {
+  const double v = std::stod(text);
+  if (!std::isfinite(v)) throw std::invalid_argument("not a finite number");
+  return v;
+}
+}  // namespace
+
 bool TelemetryListener::parse(const std::string& text, std::string* job, int* attempt, int* rank,
                               v1::RankProgress* out) {
+  // libddl writes printable ASCII. Anything else is refused whole: a byte that is not UTF-8 in a string field
+  // (last, last_algo) would make the heartbeat carrying this report unparseable at the coordinator, which
+  // drops the whole message (found by tests/fuzz/telemetry_fuzz.cpp).
+  for (unsigned char c : text) {
+    if (c >= 0x7f || (c < 0x20 && c != ' ' && c != '\t' && c != '\n' && c != '\r')) return false;
+  }
   std::istringstream in(text);
   std::string word;
   if (!(in >> word) || word != "ddl1") return false;
@@ -68,16 +86,16 @@ bool TelemetryListener::parse(const std::string& text, std::string* job, int* at
       else if (key == "size") out->set_world_size(std::stoi(value));
       else if (key == "count") out->set_collectives(std::stoll(value));
       else if (key == "bytes") out->set_bytes(std::stoll(value));
-      else if (key == "seconds") out->set_seconds(std::stod(value));
+      else if (key == "seconds") out->set_seconds(finite(value));
       else if (key == "last") out->set_last_op(value);
       else if (key == "last_bytes") out->set_last_bytes(std::stoll(value));
-      else if (key == "last_us") out->set_last_us(std::stod(value));
+      else if (key == "last_us") out->set_last_us(finite(value));
       else if (key == "last_algo") out->set_last_algo(value);
       else if (key == "dims_us") {
         std::istringstream dims(value);
         std::string d;
         while (std::getline(dims, d, ',')) {
-          if (!d.empty()) out->add_dims_us(std::stod(d));
+          if (!d.empty()) out->add_dims_us(finite(d));
         }
       }
     } catch (const std::exception&) {

@@ -39,7 +39,8 @@ class TelemetryListener {
   // Drops what is known of the job's attempts <= attempt (0: all).
   void forget(const std::string& job, int attempt);
 
-  // Parses one datagram; false if it is not a ddl1 report. Exposed for tests.
+  // Parses one datagram; false if it is not a ddl1 report (or has a byte that is not printable ASCII). Exposed
+  // for tests and tests/fuzz/telemetry_fuzz.cpp.
   static bool parse(const std::string& text, std::string* job, int* attempt, int* rank, v1::RankProgress* out);
 
  private:

@@ -24,9 +24,9 @@ std::unique_ptr<Comm> Comm::create(int nranks, int rank, const std::string& root
   Deadline deadline(options.timeout_ms);
 
   std::unique_ptr<TcpStoreServer> server;
-  if (rank == 0) server = startTcpStoreServer(port, options.secret);
-  std::unique_ptr<Store> store =
-      connectTcpStore(rank == 0 ? "127.0.0.1" : host, port, deadline, options.secret);
+  if (rank == 0) server = startTcpStoreServer(host, port, options.secret);
+  // Rank 0 too connects to the address the server listens on, the only one it listens on.
+  std::unique_ptr<Store> store = connectTcpStore(host, port, deadline, options.secret);
   auto comm = bootstrap(nranks, rank, *store, true, "the communicator at " + root + " (check DDL_RANK)", options,
                         deadline);
   // Rank 0 serves the store until the communicator goes: peers may still be reading from it.

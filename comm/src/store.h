@@ -13,8 +13,11 @@
 
 #include "ddl/ddl.h"
 #include "deadline.h"
+#include "store_protocol.h"
 
 namespace ddl {
+
+using store_wire::StoreLimits;
 
 class Store {
  public:
@@ -49,12 +52,16 @@ class TcpStoreServer {
   virtual ~TcpStoreServer() = default;
   virtual int port() const = 0;  // the bound port (useful when asked for port 0)
 };
-// Listens on every IPv4 address at port (0 = any free port). Throws ddlSystemError when the port is taken,
+// Listens at host:port (0 = any free port): exactly that address (a host name: the first of its addresses that
+// can be bound), never every interface. Throws ddlInvalidArgument when host does not resolve. Throws ddlSystemError when the port is taken,
 // with a message naming the port. With a non-empty secret the server answers only connections that prove they
 // hold it (and proves it to them in turn; see tcp_store.cpp); an empty secret leaves the store open to anyone
 // who can connect.
-std::unique_ptr<TcpStoreServer> startTcpStoreServer(int port, const std::string& secret,
-                                                    const TcpStoreHandshakeLimits& limits = {});
+// store_limits bound what the store holds (store_protocol.h): a SET or ADD past them fails with "rendezvous store
+// full: ..." and the server goes on.
+std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& host, int port, const std::string& secret,
+                                                    const TcpStoreHandshakeLimits& limits = {},
+                                                    const StoreLimits& store_limits = {});
 
 // Client side: connects to host:port, retrying refused connections until the deadline (rank 0 may start last).
 // Throws ddlTimeout naming "host:port" and the last socket error when the deadline passes, ddlInvalidArgument

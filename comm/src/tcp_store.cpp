@@ -16,7 +16,10 @@
 //   reply:   u8 status (kOk, kFailed, kRefused), u32 id, u32 length, payload (kFailed: a message for users)
 // Keys are at most kMaxKeyBytes and values kMaxValueBytes; the server checks the lengths in the header before
 // buffering a body, and drops a client that sends a malformed frame, so garbage on the port cannot make it
-// allocate without bound or disturb the other clients.
+// allocate without bound or disturb the other clients. What the store holds in all is bounded too (StoreLimits in
+// store_protocol.h: keys, total bytes): a SET or ADD past it is answered kFailed ("rendezvous store full: ...")
+// and the server goes on. The parsing and the data live in store_protocol.{h,cpp}, pure code over bytes that a
+// fuzz target drives as well. The server listens on exactly the address DDL_ROOT names, not on every interface.
 //
 // Admission. When the job has a secret (DDL_JOB_SECRET), a connection proves it before its first request and
 // the server proves it back, so a rank also tells rank 0's store from a stray process that took the port
@@ -84,32 +87,19 @@
 
 #include "error.h"
 #include "store.h"
+#include "store_protocol.h"
 
 namespace ddl {
 namespace {
 
-constexpr uint8_t kSet = 1;
-constexpr uint8_t kGet = 2;
-constexpr uint8_t kAdd = 3;
-constexpr uint8_t kCancel = 4;
-constexpr uint8_t kHello = 5;  // the handshake (file comment)
-constexpr uint8_t kProof = 6;
+using namespace store_wire;
 
-constexpr uint8_t kOk = 0;
-constexpr uint8_t kFailed = 1;
-constexpr uint8_t kRefused = 2;  // the connection did not prove the job's secret; the server closes it
-
-constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;  // SHA-256
 static_assert(kNonceBytes == kMacBytes, "kHello and kProof frames have one value length");
 constexpr uint32_t kMaxHandshakeReplyBytes = 1024;  // a client reading a handshake reply takes no more
 constexpr std::string_view kClientLabel = "ddl-store client v1";
 constexpr std::string_view kServerLabel = "ddl-store server v1";
 
-constexpr size_t kRequestHeaderBytes = 13;
-constexpr size_t kReplyHeaderBytes = 9;
-constexpr uint32_t kMaxKeyBytes = 64 * 1024;
-constexpr uint32_t kMaxValueBytes = 16 * 1024 * 1024;
 // Longest reply payload: a value, or a failure message (which quotes at most the key and a few words).
 constexpr uint32_t kMaxReplyBytes = kMaxValueBytes + kMaxKeyBytes + 1024;
 // A client with this many unsent reply bytes is not read from until it drains them (backpressure).
@@ -239,43 +229,18 @@ std::string formatHostPort(const std::string& host, int port) {
   return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-// Applies an ADD to a stored decimal string. Returns an empty string on success, else the message for the
-// user.
-std::string applyAdd(const std::string& key, std::string* value, int64_t delta, int64_t* result) {
-  int64_t current = 0;
-  if (!value->empty()) {
-    const char* end = value->data() + value->size();
-    auto [ptr, ec] = std::from_chars(value->data(), end, current);
-    if (ec != std::errc() || ptr != end) {
-      std::string shown =
-          value->size() <= 64 ? "'" + *value + "'" : "of " + std::to_string(value->size()) + " bytes";
-      return "cannot add to store key '" + key + "': its value " + shown + " is not a decimal integer";
-    }
-  }
-  if (__builtin_add_overflow(current, delta, result)) {
-    return "cannot add " + std::to_string(delta) + " to store key '" + key +
-           "': the result overflows int64 (value " + *value + ")";
-  }
-  *value = std::to_string(*result);
-  return "";
-}
-
 // -----------------------------------------------------------------------------------------------------------
 // Server
 
 class TcpStoreServerImpl final : public TcpStoreServer {
  public:
-  TcpStoreServerImpl(int port, std::string secret, const TcpStoreHandshakeLimits& limits);
+  TcpStoreServerImpl(const std::string& host, int port, std::string secret, const TcpStoreHandshakeLimits& limits,
+                     const StoreLimits& store_limits);
   ~TcpStoreServerImpl() override;
   int port() const override { return port_; }
 
  private:
-  enum class Auth : uint8_t {
-    kOpen,        // may send requests: the store has no secret, or the connection proved it
-    kAwaitHello,  // new, on a store with a secret
-    kAwaitProof,  // got the client's nonce and sent ours
-    kClosing,     // refused: the reply goes out, then input is discarded until the peer closes
-  };
+  using Auth = Admission;  // kClosing: the reply goes out, then input is discarded until the peer closes
   struct Conn {
     Fd fd;
     std::string in;        // received bytes not yet parsed (at most one partial frame + one recv chunk)
@@ -317,7 +282,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   // State of the loop thread (the constructor only creates it).
   uint64_t next_conn_id_ = 1;
   std::unordered_map<uint64_t, Conn> conns_;
-  std::unordered_map<std::string, std::string> data_;
+  StoreData data_;
   std::unordered_map<std::string, std::vector<Waiter>> waiters_;  // GETs deferred until their key is set
   Clock::time_point accept_paused_until_{};                       // after EMFILE and the like
   // Connections that have not proved the secret, and refused ones still closing: their deadline, by
@@ -327,41 +292,65 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   std::thread thread_;  // last: started once everything above exists
 };
 
-TcpStoreServerImpl::TcpStoreServerImpl(int port, std::string secret, const TcpStoreHandshakeLimits& limits)
-    : secret_(std::move(secret)), limits_(limits) {
+TcpStoreServerImpl::TcpStoreServerImpl(const std::string& host, int port, std::string secret,
+                                       const TcpStoreHandshakeLimits& limits, const StoreLimits& store_limits)
+    : secret_(std::move(secret)), limits_(limits), data_(store_limits) {
   DDL_ASSERT(limits_.timeout_ms > 0 && limits_.max_pending > 0);
   checkSecretSize(secret_);
   if (port < 0 || port > 65535) {
     fail(ddlInvalidArgument, "cannot listen on port " + std::to_string(port) +
                                  " for the rendezvous store: ports are 0..65535 (check DDL_ROOT)");
   }
-  const std::string where = "port " + std::to_string(port) + " for the rendezvous store";
-  listen_fd_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!listen_fd_.valid())
-    fail(ddlSystemError, "cannot create a socket to listen on " + where + ": " + errnoString(errno));
-  int one = 1;
-  ::setsockopt(listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // restart despite TIME_WAIT
-
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0 ||
-      ::listen(listen_fd_.get(), SOMAXCONN) < 0) {
-    int err = errno;
+  const std::string where = formatHostPort(host, port) + " for the rendezvous store";
+  if (host.empty()) fail(ddlInvalidArgument, "cannot listen on " + where + ": no host given (check DDL_ROOT)");
+  // Exactly the address DDL_ROOT names (a host name: the address it resolves to), never every interface: a
+  // store for 127.0.0.1 is not reachable from the network.
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port_text = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found); rc != 0) {
+    std::string why = rc == EAI_SYSTEM ? errnoString(errno) : ::gai_strerror(rc);
+    fail(ddlInvalidArgument, "cannot listen on " + where + ": cannot resolve '" + host + "': " + why +
+                                 " (is DDL_ROOT right?)");
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(found, &::freeaddrinfo);
+  int err = 0;
+  for (const addrinfo* ai = found; ai != nullptr && !listen_fd_.valid(); ai = ai->ai_next) {
+    Fd fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) {
+      err = errno;
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // restart despite TIME_WAIT
+    if (ai->ai_family == AF_INET6) ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) < 0 || ::listen(fd.get(), SOMAXCONN) < 0) {
+      err = errno;
+      continue;
+    }
+    listen_fd_ = std::move(fd);
+  }
+  if (!listen_fd_.valid()) {
     std::string msg = "cannot listen on " + where + ": " + errnoString(err);
     if (err == EADDRINUSE) {
       msg += " (is another job using DDL_ROOT port " + std::to_string(port) + "?)";
     } else if (err == EACCES) {
       msg += " (ports below 1024 need privileges: choose another DDL_ROOT port)";
+    } else if (err == EADDRNOTAVAIL) {
+      msg += " (DDL_ROOT must name an address of rank 0's host)";
     }
     fail(ddlSystemError, msg);
   }
+  sockaddr_storage addr{};
   socklen_t len = sizeof addr;
   if (::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len) < 0) {
     fail(ddlSystemError, "cannot read the address of the rendezvous store socket: " + errnoString(errno));
   }
-  port_ = ntohs(addr.sin_port);
+  port_ = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port)
+                                     : ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
 
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_NONBLOCK | O_CLOEXEC) < 0) {
@@ -520,50 +509,26 @@ void TcpStoreServerImpl::readFromLoop(uint64_t conn_id, Conn& c) {
     return;
   }
   size_t off = 0;
-  while (!c.dead && c.auth != Auth::kClosing && c.in.size() - off >= kRequestHeaderBytes) {
-    const char* p = c.in.data() + off;
-    uint8_t op = static_cast<uint8_t>(p[0]);
-    uint32_t id = getU32(p + 1);
-    uint32_t key_len = getU32(p + 5);
-    uint32_t value_len = getU32(p + 9);
-    const bool request = key_len <= kMaxKeyBytes && ((op == kSet && value_len <= kMaxValueBytes) ||
-                                                     ((op == kGet || op == kCancel) && value_len == 0) ||
-                                                     (op == kAdd && value_len == 8));
-    const bool handshake = (op == kHello || op == kProof) && key_len == 0 && value_len == kNonceBytes;
-    if (request && c.auth == Auth::kAwaitHello) {
-      // A client without the job's secret: tell it why (on the header alone: its body is not worth
-      // buffering), then close.
-      refuseFromLoop(conn_id, c, op == kCancel ? std::nullopt : std::optional<uint32_t>(id));
+  while (!c.dead && c.auth != Auth::kClosing) {
+    Frame frame;
+    const FrameVerdict verdict =
+        parseStoreFrame(std::string_view(c.in).substr(off), c.auth, !secret_.empty(), &frame);
+    if (verdict == FrameVerdict::kNeedMore) break;  // the rest of the frame has not arrived yet
+    if (verdict == FrameVerdict::kRefuse) {
+      // A client without the job's secret: tell it why, then close.
+      refuseFromLoop(conn_id, c, frame.op == kCancel ? std::nullopt : std::optional<uint32_t>(frame.id));
       break;
     }
-    bool expected;
-    switch (c.auth) {
-      case Auth::kOpen:
-        expected = request || (handshake && op == kHello && secret_.empty());
-        break;
-      case Auth::kAwaitHello:
-        expected = handshake && op == kHello;
-        break;
-      case Auth::kAwaitProof:
-        expected = handshake && op == kProof;
-        break;
-      case Auth::kClosing:
-        expected = false;
-        break;
-    }
-    if (!expected) {  // not a libddl client, or a corrupt stream: nothing after this can be trusted
+    if (verdict == FrameVerdict::kDrop) {  // not a libddl client, or a corrupt stream
       c.dead = true;
       return;
     }
-    size_t total = kRequestHeaderBytes + key_len + value_len;
-    if (c.in.size() - off < total) break;  // the rest of the frame has not arrived yet
-    std::string_view value(p + kRequestHeaderBytes + key_len, value_len);
-    if (handshake) {
-      handshakeFromLoop(conn_id, c, op, id, value);
+    if (verdict == FrameVerdict::kHandshake) {
+      handshakeFromLoop(conn_id, c, frame.op, frame.id, frame.value);
     } else {
-      handleFromLoop(conn_id, c, op, id, std::string(p + kRequestHeaderBytes, key_len), value);
+      handleFromLoop(conn_id, c, frame.op, frame.id, std::string(frame.key), frame.value);
     }
-    off += total;
+    off += frame.size;
   }
   if (c.auth == Auth::kClosing) {
     c.in.clear();  // refused: what it sends from now on is read and dropped
@@ -606,15 +571,17 @@ void TcpStoreServerImpl::handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, u
                                         std::string_view value) {
   switch (op) {
     case kSet: {
-      data_[key].assign(value.data(), value.size());
+      if (std::string error = data_.set(key, value); !error.empty()) {
+        replyFromLoop(c, kFailed, id, error);  // the store is full: this SET fails, the server goes on
+        break;
+      }
       replyFromLoop(c, kOk, id, {});
       releaseWaitersFromLoop(key);
       break;
     }
     case kGet: {
-      auto it = data_.find(key);
-      if (it != data_.end()) {
-        replyFromLoop(c, kOk, id, it->second);
+      if (const std::string* value = data_.find(key)) {
+        replyFromLoop(c, kOk, id, *value);
       } else if (c.waiting_gets >= kMaxWaitingGets) {
         c.dead = true;  // a client leaking GETs; an honest one cancels those it gives up on
       } else {
@@ -625,7 +592,7 @@ void TcpStoreServerImpl::handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, u
     }
     case kAdd: {
       int64_t result = 0;
-      std::string error = applyAdd(key, &data_[key], decodeI64(value.data()), &result);
+      std::string error = data_.add(key, decodeI64(value.data()), &result);
       if (!error.empty()) {
         replyFromLoop(c, kFailed, id, error);
       } else {
@@ -660,7 +627,9 @@ void TcpStoreServerImpl::releaseWaitersFromLoop(const std::string& key) {
   if (it == waiters_.end()) return;
   std::vector<Waiter> waiters = std::move(it->second);
   waiters_.erase(it);
-  const std::string& value = data_[key];
+  const std::string* found = data_.find(key);
+  DDL_ASSERT(found != nullptr);  // called right after the key was set
+  const std::string& value = *found;
   for (const Waiter& w : waiters) {
     auto conn = conns_.find(w.conn);
     if (conn == conns_.end() || conn->second.dead) continue;
@@ -1138,9 +1107,10 @@ bool proveSecret(int fd, const std::string& addr, const std::string& secret, con
 
 }  // namespace
 
-std::unique_ptr<TcpStoreServer> startTcpStoreServer(int port, const std::string& secret,
-                                                    const TcpStoreHandshakeLimits& limits) {
-  return std::make_unique<TcpStoreServerImpl>(port, secret, limits);
+std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& host, int port, const std::string& secret,
+                                                    const TcpStoreHandshakeLimits& limits,
+                                                    const StoreLimits& store_limits) {
+  return std::make_unique<TcpStoreServerImpl>(host, port, secret, limits, store_limits);
 }
 
 std::unique_ptr<Store> connectTcpStore(const std::string& host, int port, const Deadline& deadline,

@@ -38,6 +38,9 @@ int Topology::nontrivialDims() const {
 
 Topology parseTopology(const std::string& text, int nranks) {
   Topology t;
+  if (nranks < 1) {
+    fail(ddlInvalidArgument, "a topology for " + std::to_string(nranks) + " ranks: a communicator has at least 1");
+  }
   if (text.empty()) {
     t.dims = {nranks};
     return t;

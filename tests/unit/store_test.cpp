@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -183,7 +184,7 @@ std::unique_ptr<Store> connectLocal(int port) {
 }
 
 TEST(TcpStore, SetGetAdd) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   ASSERT_GT(server->port(), 0);
   auto store = connectLocal(server->port());
   store->set("a", "1");
@@ -207,7 +208,7 @@ TEST(TcpStore, SetGetAdd) {
 }
 
 TEST(TcpStore, AddToNonIntegerFailsAndConnectionStaysUsable) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   auto store = connectLocal(server->port());
   store->set("s", "abc");
   std::string msg = expectError(ddlInvalidArgument, [&] { store->add("s", 1); });
@@ -219,7 +220,7 @@ TEST(TcpStore, AddToNonIntegerFailsAndConnectionStaysUsable) {
 }
 
 TEST(TcpStore, LargeValueRoundTrip) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   auto writer = connectLocal(server->port());
   auto reader = connectLocal(server->port());
   std::string value(4 * 1024 * 1024 + 17, '\0');
@@ -231,7 +232,7 @@ TEST(TcpStore, LargeValueRoundTrip) {
 }
 
 TEST(TcpStore, OversizedKeyOrValueRejected) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   auto store = connectLocal(server->port());
   expectError(ddlInvalidArgument, [&] { store->set(std::string(64 * 1024 + 1, 'k'), "v"); });
   expectError(ddlInvalidArgument, [&] { store->set("k", std::string(16 * 1024 * 1024 + 1, 'v')); });
@@ -240,7 +241,7 @@ TEST(TcpStore, OversizedKeyOrValueRejected) {
 }
 
 TEST(TcpStore, ConcurrentClients) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   const int kThreads = 8;
   auto errors = runThreads(kThreads, [&](int rank) {
     auto store = connectLocal(server->port());
@@ -257,7 +258,7 @@ TEST(TcpStore, ConcurrentClients) {
 }
 
 TEST(TcpStore, ThreadsShareOneClient) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   auto store = connectLocal(server->port());
   // Thread 0 waits on a key that thread 1 sets later through the same connection: a get() in progress must
   // not block other calls on its client.
@@ -279,7 +280,7 @@ TEST(TcpStore, ThreadsShareOneClient) {
 }
 
 TEST(TcpStore, DeferredGetsReleasedBySetFromAnotherClient) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   std::atomic<int> waiting{0};
   std::thread setter([&] {
     auto store = connectLocal(server->port());
@@ -297,7 +298,7 @@ TEST(TcpStore, DeferredGetsReleasedBySetFromAnotherClient) {
 }
 
 TEST(TcpStore, GetTimesOutAndConnectionStaysUsable) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   auto store = connectLocal(server->port());
   auto start = Clock::now();
   std::string msg = expectError(ddlTimeout, [&] { store->get("missing", Deadline(200)); });
@@ -329,7 +330,7 @@ TEST(TcpStore, ConnectRetriesUntilServerStarts) {
   std::this_thread::sleep_for(milliseconds(300));
   std::unique_ptr<TcpStoreServer> server;
   try {
-    server = startTcpStoreServer(port, "");
+    server = startTcpStoreServer("127.0.0.1", port, "");
   } catch (const Error& e) {
     t.join();
     GTEST_SKIP() << "another process took port " << port << " meanwhile: " << e.what();
@@ -371,16 +372,16 @@ TEST(TcpStore, UnresolvableHost) {
 }
 
 TEST(TcpStore, PortInUse) {
-  auto first = startTcpStoreServer(0, "");
+  auto first = startTcpStoreServer("127.0.0.1", 0, "");
   int port = first->port();
-  std::string msg = expectError(ddlSystemError, [&] { startTcpStoreServer(port, ""); });
+  std::string msg = expectError(ddlSystemError, [&] { startTcpStoreServer("127.0.0.1", port, ""); });
   EXPECT_NE(msg.find("port " + std::to_string(port)), std::string::npos) << msg;
   EXPECT_NE(msg.find("Address already in use"), std::string::npos) << msg;
-  expectError(ddlInvalidArgument, [] { startTcpStoreServer(65536, ""); });
+  expectError(ddlInvalidArgument, [] { startTcpStoreServer("127.0.0.1", 65536, ""); });
 }
 
 TEST(TcpStore, ServerDestroyedWhileClientWaits) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   auto store = connectLocal(server->port());
   store->set("warm", "up");  // the connection is established and served
   std::string msg;
@@ -407,7 +408,7 @@ TEST(TcpStore, ServerDestroyedWhileClientWaits) {
 }
 
 TEST(TcpStore, ServerGoneBeforeRequest) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   auto store = connectLocal(server->port());
   server.reset();
   auto start = Clock::now();
@@ -497,7 +498,7 @@ std::string frame(uint8_t op, uint32_t id, const std::string& key, const std::st
 }
 
 TEST(TcpStore, GarbageClientsAreDroppedOthersUnaffected) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   auto good = connectLocal(server->port());
   good->set("before", "1");
   // A well-formed SET from a raw client works (checks this test's framing) ...
@@ -556,7 +557,7 @@ std::string randomBytes(size_t n) {
 }
 
 TEST(TcpStoreSecret, HoldersOfTheSecretAreServed) {
-  auto server = startTcpStoreServer(0, kSecret);
+  auto server = startTcpStoreServer("127.0.0.1", 0, kSecret);
   auto a = connectWith(server->port(), kSecret);
   auto b = connectWith(server->port(), kSecret);
   a->set("addr/0", "x");
@@ -566,14 +567,14 @@ TEST(TcpStoreSecret, HoldersOfTheSecretAreServed) {
   // The secret is opaque: any bytes but NUL, up to 4096 of them.
   std::string odd(kMaxJobSecretBytes, 'x');
   for (size_t i = 0; i < odd.size(); ++i) odd[i] = static_cast<char>(1 + i % 255);
-  auto server2 = startTcpStoreServer(0, odd);
+  auto server2 = startTcpStoreServer("127.0.0.1", 0, odd);
   connectWith(server2->port(), odd)->set("k", "v");
-  expectError(ddlInvalidArgument, [&] { startTcpStoreServer(0, odd + "x"); });
+  expectError(ddlInvalidArgument, [&] { startTcpStoreServer("127.0.0.1", 0, odd + "x"); });
   expectError(ddlInvalidArgument, [&] { connectWith(server2->port(), odd + "x"); });
 }
 
 TEST(TcpStoreSecret, WrongSecretIsRefusedAndOthersAreUnaffected) {
-  auto server = startTcpStoreServer(0, kSecret);
+  auto server = startTcpStoreServer("127.0.0.1", 0, kSecret);
   auto good = connectWith(server->port(), kSecret);
   good->set("before", "1");
   const auto start = Clock::now();
@@ -589,7 +590,7 @@ TEST(TcpStoreSecret, WrongSecretIsRefusedAndOthersAreUnaffected) {
 }
 
 TEST(TcpStoreSecret, ClientWithoutTheSecretIsRefusedOnItsFirstRequest) {
-  auto server = startTcpStoreServer(0, kSecret);
+  auto server = startTcpStoreServer("127.0.0.1", 0, kSecret);
   for (int request = 0; request < 3; ++request) {  // add, set, and a get of a key that is never set
     auto open = connectWith(server->port(), "");
     std::string msg = expectError(ddlInvalidArgument, [&] {
@@ -610,7 +611,7 @@ TEST(TcpStoreSecret, ClientWithoutTheSecretIsRefusedOnItsFirstRequest) {
 
 // A store without a secret cannot prove one: a rank that has the job's secret does not trust it.
 TEST(TcpStoreSecret, OpenStoreDoesNotSatisfyAClientWithASecret) {
-  auto server = startTcpStoreServer(0, "");
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
   std::string msg = expectError(ddlRemoteError, [&] { connectWith(server->port(), kSecret); });
   EXPECT_NE(msg.find("did not prove the job's secret: it has none"), std::string::npos) << msg;
   connectWith(server->port(), "")->set("k", "v");  // and the open store still serves
@@ -721,7 +722,7 @@ TEST(TcpStoreSecret, SilentFakeServerTimesOutNamingTheHandshake) {
 // Strangers on the port (garbage, silence, a wrong proof, a request without the secret, a half handshake) are
 // dropped or refused, and the real clients meanwhile see nothing of them.
 TEST(TcpStoreSecret, StrangersAreDroppedWithoutDisturbingTheJob) {
-  auto server = startTcpStoreServer(0, kSecret, {/*timeout_ms=*/1500, /*max_pending=*/64});
+  auto server = startTcpStoreServer("127.0.0.1", 0, kSecret, {/*timeout_ms=*/1500, /*max_pending=*/64});
   const int port = server->port();
   auto good = connectWith(port, kSecret);
   good->set("before", "1");
@@ -771,7 +772,7 @@ TEST(TcpStoreSecret, StrangersAreDroppedWithoutDisturbingTheJob) {
 // More strangers than the server keeps in the handshake: the oldest make way, and a rank still gets in.
 TEST(TcpStoreSecret, StrangersCannotFillTheHandshakeSlots) {
   constexpr int kPending = 3;
-  auto server = startTcpStoreServer(0, kSecret, {/*timeout_ms=*/60000, /*max_pending=*/kPending});
+  auto server = startTcpStoreServer("127.0.0.1", 0, kSecret, {/*timeout_ms=*/60000, /*max_pending=*/kPending});
   std::vector<std::unique_ptr<RawClient>> strangers;
   for (int i = 0; i < 2 * kPending; ++i) {
     strangers.push_back(std::make_unique<RawClient>(server->port()));
@@ -788,6 +789,121 @@ TEST(TcpStoreSecret, StrangersCannotFillTheHandshakeSlots) {
   EXPECT_EQ(good->get("k", Deadline(5000)), "v");
   EXPECT_TRUE(strangers[kPending]->closedByServer(5000))
       << "the rank's connection took the oldest one's place";
+}
+
+// --- Bounds: the address the server listens on, and what it holds
+// -----------------------------------------------------------------
+
+// Fails without the fix: the server listened on 0.0.0.0, so a connection to 127.0.0.2 (another address of this
+// host, also loopback on Linux) reached a store that DDL_ROOT put on 127.0.0.1.
+TEST(TcpStoreBounds, ListensOnlyOnTheAddressItWasGiven) {
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
+  auto connectTo = [&](const char* ip) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server->port()));
+    ::inet_pton(AF_INET, ip, &addr.sin_addr);
+    int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    int err = rc == 0 ? 0 : errno;
+    ::close(fd);
+    return err;
+  };
+  EXPECT_EQ(connectTo("127.0.0.1"), 0);
+  EXPECT_EQ(connectTo("127.0.0.2"), ECONNREFUSED);
+  auto store = connectLocal(server->port());
+  store->set("k", "v");
+  EXPECT_EQ(store->get("k", Deadline(5000)), "v");
+
+  // A host name listens where it resolves ("localhost": a loopback address), and clients find it by name.
+  auto named = startTcpStoreServer("localhost", 0, "");
+  auto client = connectTcpStore("localhost", named->port(), Deadline(10000), "");
+  client->set("k", "named");
+  EXPECT_EQ(client->get("k", Deadline(5000)), "named");
+  std::string msg = expectError(ddlInvalidArgument, [] { startTcpStoreServer("no-such-host.invalid", 0, ""); });
+  EXPECT_NE(msg.find("no-such-host.invalid"), std::string::npos) << msg;
+  // An address that is not this host's cannot be listened on; the message says what to check.
+  msg = expectError(ddlSystemError, [] { startTcpStoreServer("192.0.2.1", 0, ""); });
+  EXPECT_NE(msg.find("DDL_ROOT must name an address of rank 0's host"), std::string::npos) << msg;
+}
+
+TEST(StoreData, LimitsOnKeysBytesAndValues) {
+  store_wire::StoreData data({/*max_keys=*/3, /*max_total_bytes=*/100, /*max_value_bytes=*/50});
+  EXPECT_EQ(data.set("a", std::string(40, 'x')), "");
+  EXPECT_EQ(data.totalBytes(), 41u);
+  EXPECT_NE(data.set("b", std::string(51, 'x')).find("rendezvous store full: a value of 51 bytes"),
+            std::string::npos);
+  EXPECT_EQ(data.set("b", std::string(50, 'x')), "");  // 92 bytes with the keys
+  EXPECT_NE(data.set("c", std::string(8, 'x')).find("rendezvous store full: storing 8 bytes at key 'c'"),
+            std::string::npos);
+  EXPECT_EQ(data.set("c", std::string(7, 'x')), "");  // 100 bytes: exactly the limit
+  EXPECT_NE(data.set("d", "").find("rendezvous store full: it holds 3 keys"), std::string::npos);
+  int64_t result = 0;
+  EXPECT_NE(data.add("d", 1, &result).find("rendezvous store full"), std::string::npos);
+  EXPECT_EQ(data.find("d"), nullptr);  // a failed ADD creates nothing
+  // Overwriting counts the new size only.
+  EXPECT_EQ(data.set("a", "1"), "");
+  EXPECT_EQ(data.totalBytes(), 61u);
+  EXPECT_EQ(data.add("a", 41, &result), "");
+  EXPECT_EQ(result, 42);
+  EXPECT_EQ(*data.find("a"), "42");
+  EXPECT_EQ(data.keys(), 3u);
+}
+
+// /proc/self/status's VmRSS in KiB: a figure for the log, not an assertion.
+long rssKiB() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+  }
+  return -1;
+}
+
+// Fails without the caps: all 30 SETs of 16 MiB succeeded and the store grew by 480 MiB.
+TEST(TcpStoreBounds, AFullStoreFailsTheSetAndKeepsServing) {
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");  // the defaults: 64 MiB in all
+  auto store = connectLocal(server->port());
+  store->set("small", "1");
+  const std::string value(16 * 1024 * 1024, 'v');
+  const long before = rssKiB();
+  int stored = 0;
+  std::string last_error;
+  for (int i = 0; i < 30; ++i) {
+    try {
+      store->set("big" + std::to_string(i), value);
+      ++stored;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ddlInvalidArgument);
+      last_error = e.what();
+    }
+  }
+  const long after = rssKiB();
+  std::printf("30 SETs of 16 MiB: %d stored, rss %ld -> %ld KiB (+%ld MiB)\n", stored, before, after,
+              (after - before) / 1024);
+  EXPECT_EQ(stored, 3);  // 3 x 16 MiB and the keys fit in 64 MiB, a fourth does not
+  EXPECT_NE(last_error.find("rendezvous store full: storing 16777216 bytes at key 'big29' would pass its limit of "
+                            "64 MiB in all"),
+            std::string::npos)
+      << last_error;
+  // The server and this connection go on: reads, overwrites and new small keys still work.
+  EXPECT_EQ(store->get("small", Deadline(5000)), "1");
+  store->set("big0", "freed");
+  store->set("after", "2");
+  EXPECT_EQ(store->get("after", Deadline(5000)), "2");
+  EXPECT_EQ(store->add("counter", 5), 5);
+}
+
+TEST(TcpStoreBounds, KeyCountLimitIsConfigurable) {
+  StoreLimits limits;
+  limits.max_keys = 10;
+  auto server = startTcpStoreServer("127.0.0.1", 0, "", {}, limits);
+  auto store = connectLocal(server->port());
+  for (int i = 0; i < 10; ++i) store->set("k" + std::to_string(i), "v");
+  std::string msg = expectError(ddlInvalidArgument, [&] { store->set("k10", "v"); });
+  EXPECT_NE(msg.find("rendezvous store full: it holds 10 keys"), std::string::npos) << msg;
+  msg = expectError(ddlInvalidArgument, [&] { store->add("n", 1); });
+  EXPECT_NE(msg.find("rendezvous store full"), std::string::npos) << msg;
+  EXPECT_EQ(store->get("k9", Deadline(5000)), "v");
 }
 
 }  // namespace

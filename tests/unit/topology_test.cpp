@@ -42,6 +42,15 @@ TEST(Topology, EmptyIsFlat) {
   EXPECT_EQ(parseTopology("1x4x1", 4).nontrivialDims(), 1);
 }
 
+// Found by topology_fuzz (corpus/topology/zero_ranks): an empty topology for 0 ranks gave the dim {0}, a
+// "topology" whose coordinates divide by zero. Fails without the check.
+TEST(Topology, NoRanksIsRefused) {
+  for (int n : {0, -1}) {
+    std::string e = errorOf([&] { parseTopology("", n); });
+    EXPECT_NE(e.find("at least 1"), std::string::npos) << n << ": " << e;
+  }
+}
+
 TEST(Topology, ProductMismatchSaysBothNumbers) {
   std::string e = errorOf([] { parseTopology("2x3", 4); });
   EXPECT_NE(e.find("has 6 ranks"), std::string::npos) << e;

@@ -2,8 +2,13 @@
 // one and forced settings combine into an allreduce's algorithm and segment size.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "algo/algo.h"
@@ -93,6 +98,74 @@ TEST(TuneTable, AMissingFileIsNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("DDL_TUNE_FILE /nonexistent/ddl.tune: cannot be read"), std::string::npos);
   }
+}
+
+std::string loadError(const std::string& path) {
+  try {
+    TuneTable::load(path);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ddlInvalidArgument);
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Fails before the bounds: /dev/zero was read without end (the process ate memory until killed).
+TEST(TuneTable, OnlyABoundedRegularFileIsRead) {
+  std::string msg = loadError("/dev/zero");
+  EXPECT_NE(msg.find("DDL_TUNE_FILE /dev/zero: is not a regular file"), std::string::npos) << msg;
+
+  char dir[] = "/tmp/ddl_tune_testXXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string fifo = std::string(dir) + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  msg = loadError(fifo);  // opening a FIFO with no writer must not block
+  EXPECT_NE(msg.find("is not a regular file"), std::string::npos) << msg;
+
+  const std::string big = std::string(dir) + "/big.tune";
+  {
+    std::ofstream out(big);
+    out << "ddl-tune 1\n";
+    for (size_t n = 0; n <= kMaxTuneFileBytes / 32; ++n) out << "# padding padding padding paddin\n";
+  }
+  msg = loadError(big);
+  EXPECT_NE(msg.find("DDL_TUNE_FILE " + big + ": is larger than 1024 KiB"), std::string::npos) << msg;
+
+  const std::string good = std::string(dir) + "/good.tune";
+  std::ofstream(good) << "ddl-tune 1\nallreduce * * inf ring 64K\n";
+  EXPECT_EQ(TuneTable::load(good)->rules().size(), 1u);
+  for (const std::string& f : {fifo, big, good}) ::unlink(f.c_str());
+  ::rmdir(dir);
+}
+
+// Each fails before the validation: the rules were accepted.
+TEST(TuneTable, InsaneRulesAreRefusedNamingTheLine) {
+  auto expect = [](const std::string& rule, const std::string& what) {
+    std::string msg = errorOf("ddl-tune 1\n" + rule + "\n");
+    EXPECT_NE(msg.find("t.tune:2: "), std::string::npos) << rule << ": " << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << rule << ": " << msg;
+  };
+  expect("allreduce * * inf ring 1", "SEGMENT '1' is not a byte count from 1K to 1G");
+  expect("allreduce * * inf ring 1023", "SEGMENT '1023'");
+  expect("allreduce * * inf ring 2G", "SEGMENT '2G'");
+  expect("allreduce * * 0 ring 0", "MAX_BYTES '0' is not a byte count above 0");
+  expect("allreduce * x inf ring 0", "topology 'x' has an empty, zero or oversized dim");
+  expect("allreduce * 2xx2 inf ring 0", "topology '2xx2'");
+  expect("allreduce * 0x4 inf ring 0", "topology '0x4'");
+  expect("allreduce * 2x inf ring 0", "topology '2x'");
+  expect("allreduce * 99999999 inf ring 0", "topology '99999999'");
+  expect("allreduce * 2x2x2x2x2x2x2x2x2x2x2x2x2x2x2x2x2 inf ring 0", "more than 16 dims");
+  expect("allreduce 4 2x3 inf ring 0", "topology '2x3' has 6 ranks but the rule is for 4");
+  expect("allreduce * * inf ring 0 " + std::string(5000, ' '), "a rule takes at most 4096");
+  // What stays valid: 1K segments, 0 (default), a topology for any rank count.
+  EXPECT_EQ(TuneTable::parse("ddl-tune 1\nallreduce * 2x3 1 ring 1K\nallreduce 6 2x3 inf ring 0\n", "t")->rules().size(),
+            2u);
+}
+
+TEST(TuneTable, RuleCountIsBounded) {
+  std::string text = "ddl-tune 1\n";
+  for (size_t i = 0; i <= kMaxTuneRules; ++i) text += "allreduce * * inf ring 0\n";
+  EXPECT_NE(errorOf(text).find("more than 10000 rules"), std::string::npos);
 }
 
 // chooseAllReduce as a communicator calls it for a configured topology.

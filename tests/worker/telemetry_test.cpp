@@ -38,6 +38,15 @@ TEST(TelemetryTest, ParsesAReport) {
   EXPECT_FALSE(TelemetryListener::parse("hello", &job, &attempt, &rank, &p));
   EXPECT_FALSE(TelemetryListener::parse("ddl1 rank=x", &job, &attempt, &rank, &p));
   EXPECT_FALSE(TelemetryListener::parse("ddl1 count=3", &job, &attempt, &rank, &p));  // no rank
+  // Found by telemetry_fuzz (tests/fuzz/corpus/telemetry/not_utf8): a byte that is not UTF-8 in a string field
+  // was kept, and the heartbeat carrying the report would not parse at the coordinator. Fails without the check.
+  EXPECT_FALSE(TelemetryListener::parse("ddl1 rank=1 last=\xff", &job, &attempt, &rank, &p));
+  EXPECT_FALSE(TelemetryListener::parse("ddl1 rank=1 last_algo=r\xc3", &job, &attempt, &rank, &p));
+  EXPECT_FALSE(TelemetryListener::parse("ddl1 rank=1 job=\x01", &job, &attempt, &rank, &p));
+  // Likewise (corpus/telemetry/nan): NaN and infinite times were taken. libddl measures them: never so.
+  EXPECT_FALSE(TelemetryListener::parse("ddl1 rank=1 seconds=nan", &job, &attempt, &rank, &p));
+  EXPECT_FALSE(TelemetryListener::parse("ddl1 rank=1 last_us=inf", &job, &attempt, &rank, &p));
+  EXPECT_FALSE(TelemetryListener::parse("ddl1 rank=1 dims_us=1,-inf", &job, &attempt, &rank, &p));
 }
 
 TEST(TelemetryTest, LibddlReportsReachTheListener) {

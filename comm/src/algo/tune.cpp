@@ -1,10 +1,14 @@
 #include "algo/tune.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "error.h"
@@ -53,6 +57,31 @@ bool parseBytes(const std::string& text, size_t* out) {
   return true;
 }
 
+// TOPOLOGY as ddlCommGetTopology prints it: positive dims joined by 'x' ("4", "2x2"), at most 16 of them; with
+// a rank count, their product must be it (a rule that can never match is a mistake in the file).
+void checkTopology(const std::string& text, int nranks, const std::string& where) {
+  auto bad = [&](const std::string& why) {
+    fail(ddlInvalidArgument, where + "topology '" + text + "' " + why + " (expected dims like 2x2 or 4, flat, or *)");
+  };
+  long long product = 1;
+  int dims = 0;
+  size_t start = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] != 'x') {
+      if (text[i] < '0' || text[i] > '9') bad("has a character other than digits and 'x'");
+      continue;
+    }
+    const std::string dim = text.substr(start, i - start);
+    if (dim.empty() || dim.size() > 7 || dim[0] == '0') bad("has an empty, zero or oversized dim");
+    if (++dims > 16) bad("has more than 16 dims");
+    product = std::min(product * std::stoll(dim), 1LL << 31);  // at most 2^31 * 10^7: no overflow
+    start = i + 1;
+  }
+  if (nranks > 0 && product != nranks) {
+    bad("has " + std::to_string(product) + " ranks but the rule is for " + std::to_string(nranks));
+  }
+}
+
 std::string formatBytes(size_t n) {
   if (n == SIZE_MAX) return "inf";
   for (auto [suffix, shift] : {std::pair{"G", 30}, {"M", 20}, {"K", 10}}) {
@@ -75,6 +104,11 @@ std::shared_ptr<const TuneTable> TuneTable::parse(const std::string& text, const
   std::string line;
   bool versioned = false;
   for (int lineno = 1; std::getline(in, line); ++lineno) {
+    if (line.size() > kMaxTuneLineBytes) {
+      fail(ddlInvalidArgument, origin + ":" + std::to_string(lineno) + ": the line is " +
+                                   std::to_string(line.size()) + " bytes long; a rule takes at most " +
+                                   std::to_string(kMaxTuneLineBytes));
+    }
     if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
     std::istringstream words(line);
     std::vector<std::string> w;
@@ -99,20 +133,22 @@ std::shared_ptr<const TuneTable> TuneTable::parse(const std::string& text, const
       r.nranks = static_cast<int>(parseInt(w[1], (where + "RANKS").c_str(), 1, 1 << 15));
     }
     if (w[2] != "*") {
-      if (w[2] != "flat" && w[2].find_first_not_of("0123456789x") != std::string::npos) {
-        fail(ddlInvalidArgument, where + "topology '" + w[2] + "' is not like 2x2 or 4 (or flat, or *)");
-      }
+      if (w[2] != "flat") checkTopology(w[2], r.nranks, where);
       r.topology = w[2];
     }
-    if (!parseBytes(w[3], &r.max_bytes)) {
-      fail(ddlInvalidArgument, where + "MAX_BYTES '" + w[3] + "' is not a byte count (e.g. 65536, 64K, inf)");
+    if (!parseBytes(w[3], &r.max_bytes) || r.max_bytes == 0) {
+      fail(ddlInvalidArgument, where + "MAX_BYTES '" + w[3] + "' is not a byte count above 0 (e.g. 65536, 64K, inf)");
     }
     if (w[4] != "ring" && w[4] != "mdring" && w[4] != "rhd") {
       fail(ddlInvalidArgument, where + "ALGO '" + w[4] + "' is not ring, mdring or rhd");
     }
     r.algo = parseAlgo(w[4]);
-    if (!parseBytes(w[5], &r.segment_bytes) || r.segment_bytes > (size_t{1} << 30)) {
-      fail(ddlInvalidArgument, where + "SEGMENT '" + w[5] + "' is not a byte count up to 1G (0: default)");
+    if (!parseBytes(w[5], &r.segment_bytes) || r.segment_bytes > kMaxTuneSegmentBytes ||
+        (r.segment_bytes != 0 && r.segment_bytes < kMinTuneSegmentBytes)) {
+      fail(ddlInvalidArgument, where + "SEGMENT '" + w[5] + "' is not a byte count from 1K to 1G (or 0: default)");
+    }
+    if (table->rules_.size() >= kMaxTuneRules) {
+      fail(ddlInvalidArgument, where + "more than " + std::to_string(kMaxTuneRules) + " rules");
     }
     table->rules_.push_back(r);
   }
@@ -132,11 +168,34 @@ std::shared_ptr<const TuneTable> TuneTable::parse(const std::string& text, const
 }
 
 std::shared_ptr<const TuneTable> TuneTable::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail(ddlInvalidArgument, "DDL_TUNE_FILE " + path + ": cannot be read: " + std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse(text.str(), path);
+  const std::string what = "DDL_TUNE_FILE " + path + ": ";
+  // O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused below as not a regular file).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) fail(ddlInvalidArgument, what + "cannot be read: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) fail(ddlInvalidArgument, what + "cannot be read: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) {
+    fail(ddlInvalidArgument, what + "is not a regular file (a tuning table from ddl-bench --tune is expected)");
+  }
+  // Read at most one byte past the limit, whatever st_size says (the file may grow while we read).
+  std::string text;
+  for (;;) {
+    char buf[16384];
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(ddlInvalidArgument, what + "cannot be read: " + std::strerror(errno));
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > kMaxTuneFileBytes) {
+      fail(ddlInvalidArgument, what + "is larger than " + std::to_string(kMaxTuneFileBytes >> 10) +
+                                   " KiB; a tuning table is a few lines (is it the right file?)");
+    }
+  }
+  return parse(text, path);
 }
 
 const TuneTable& TuneTable::builtin() {

@@ -8,7 +8,9 @@
 //   allreduce RANKS TOPOLOGY MAX_BYTES ALGO SEGMENT
 // RANKS is a rank count or '*'; TOPOLOGY a DDL_TOPOLOGY string as ddlCommGetTopology prints it ("2x2", "4" for
 // flat), 'flat' (any topology with at most one dim above 1: no known hierarchy) or '*'; MAX_BYTES a byte count (K, M, G suffixes: powers of 2) or 'inf'; ALGO ring, mdring or rhd;
-// SEGMENT the pipeline segment in bytes (same suffixes), or 0 for the built-in default. For a message the first
+// SEGMENT the pipeline segment in bytes (same suffixes; 1K to 1G), or 0 for the built-in default. A TOPOLOGY
+// other than flat or * must have positive dims whose product is RANKS (when RANKS is a number), and MAX_BYTES
+// must be above 0. For a message the first
 // rule in file order whose RANKS and TOPOLOGY match and whose MAX_BYTES is at least the message's size decides.
 //
 // Every rank of a communicator must decide alike, so the table's digest is part of the shape that ranks compare
@@ -26,6 +28,14 @@
 #include "env.h"
 
 namespace ddl {
+
+// Bounds on a table: DDL_TUNE_FILE is read up to kMaxTuneFileBytes (a regular file only), and every rule is
+// checked (TuneTable::parse names the file and line of the first bad one).
+constexpr size_t kMaxTuneFileBytes = 1 << 20;
+constexpr size_t kMaxTuneLineBytes = 4096;
+constexpr size_t kMaxTuneRules = 10000;
+constexpr size_t kMinTuneSegmentBytes = 1 << 10;  // a shorter segment only multiplies messages
+constexpr size_t kMaxTuneSegmentBytes = size_t{1} << 30;
 
 struct TuneRule {
   int nranks = 0;        // 0: any

@@ -1,0 +1,97 @@
+// The rendezvous store's wire format and data, without sockets: what the TcpStoreServer's loop thread does
+// with the bytes a client sends (tcp_store.cpp gives the format and the handshake) and with the keys it holds.
+// tcp_store.cpp's server runs every received byte through parseStoreFrame and every request through
+// StoreData; the fuzz target tests/fuzz/store_protocol_fuzz.cpp drives the same two with arbitrary bytes.
+//
+// Threads: plain functions; a StoreData belongs to one thread (the server's loop).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+namespace ddl::store_wire {
+
+constexpr uint8_t kSet = 1;
+constexpr uint8_t kGet = 2;
+constexpr uint8_t kAdd = 3;
+constexpr uint8_t kCancel = 4;
+constexpr uint8_t kHello = 5;  // the handshake (tcp_store.cpp)
+constexpr uint8_t kProof = 6;
+
+constexpr uint8_t kOk = 0;
+constexpr uint8_t kFailed = 1;
+constexpr uint8_t kRefused = 2;  // the connection did not prove the job's secret; the server closes it
+
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kRequestHeaderBytes = 13;
+constexpr size_t kReplyHeaderBytes = 9;
+constexpr uint32_t kMaxKeyBytes = 64 * 1024;
+constexpr uint32_t kMaxValueBytes = 16 * 1024 * 1024;
+
+// Where a connection stands in the handshake; it decides which frames it may send.
+enum class Admission : uint8_t {
+  kOpen,        // may send requests: the store has no secret, or the connection proved it
+  kAwaitHello,  // new, on a store with a secret
+  kAwaitProof,  // got the client's nonce and sent ours
+  kClosing,     // refused: nothing it sends is read
+};
+
+struct Frame {
+  uint8_t op = 0;
+  uint32_t id = 0;
+  std::string_view key;    // into the buffer given to parseStoreFrame
+  std::string_view value;  // likewise
+  size_t size = 0;         // header + key + value: the bytes to consume
+};
+
+enum class FrameVerdict : uint8_t {
+  kNeedMore,   // not a whole frame yet (the header, if complete, is acceptable): read more
+  kRequest,    // a SET, GET, ADD or CANCEL to apply; frame is whole
+  kHandshake,  // a HELLO or PROOF that this connection may send now; frame is whole
+  kRefuse,     // a request from a connection that has not proved the secret: refuse it (on the header alone;
+               // frame's op and id are set, key and value are not)
+  kDrop,       // not a libddl client, or a corrupt stream: close the connection
+};
+
+// Looks at the frame at the start of `in`. has_secret: the store has a job secret. Never reads past `in` and
+// accepts no header whose lengths exceed the limits above, so a caller that buffers only until kNeedMore
+// turns into something else holds at most one frame.
+FrameVerdict parseStoreFrame(std::string_view in, Admission admission, bool has_secret, Frame* frame);
+
+// What the store may hold in all. A SET or ADD that would pass a limit fails with "rendezvous store full: ..."
+// and changes nothing. Real jobs hold a few hundred bytes per rank (UCX worker addresses, host names, counters).
+struct StoreLimits {
+  size_t max_keys = 256 * 1024;
+  size_t max_total_bytes = 64 * 1024 * 1024;  // keys and values
+  size_t max_value_bytes = kMaxValueBytes;
+};
+
+// The store's keys and values, with the limits. Errors are the messages the client gets (kFailed).
+class StoreData {
+ public:
+  explicit StoreData(const StoreLimits& limits = {}) : limits_(limits) {}
+
+  // Sets key to value (overwrites). Returns "" on success.
+  std::string set(std::string_view key, std::string_view value);
+  // Adds delta to the decimal integer at key (missing: 0), stores and returns it in *result. Returns "" on
+  // success.
+  std::string add(std::string_view key, int64_t delta, int64_t* result);
+  // nullptr when the key is not set.
+  const std::string* find(const std::string& key) const;
+
+  size_t keys() const { return data_.size(); }
+  size_t totalBytes() const { return total_bytes_; }
+
+ private:
+  // "" when replacing `old_bytes` of key's value (nullptr: a new key) with new_bytes stays within the limits.
+  std::string checkRoom(std::string_view key, const std::string* old, size_t new_bytes) const;
+
+  const StoreLimits limits_;
+  std::unordered_map<std::string, std::string> data_;
+  size_t total_bytes_ = 0;  // sum of the sizes of keys and values
+};
+
+}  // namespace ddl::store_wire
