@@ -75,10 +75,12 @@ std::string parseTopologyOverride(const std::string& text, int nranks, std::vect
     if (out.size() > 16) return "topology '" + text + "' has more than 16 dims" + expect;
     pos = end + 1;
   }
+  constexpr long long kHuge = 1LL << 40;  // stays the product once reached: no overflow, however many dims
   long long product = 1;
-  for (int d : out) product = std::min(product * d, 1LL << 40);
+  for (int d : out) product = product > kHuge / d ? kHuge : product * d;
   if (product != nranks) {
-    return "topology " + text + " has " + std::to_string(product) + " ranks but the job has " +
+    return "topology " + text + " has " + (product == kHuge ? "too many" : std::to_string(product)) +
+           " ranks but the job has " +
            std::to_string(nranks) + " GPUs; the dims must multiply to the GPU count";
   }
   *dims = std::move(out);
