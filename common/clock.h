@@ -1,6 +1,6 @@
 // The two clocks of ddl's programs, in milliseconds. steadyNowMs for intervals, timeouts and liveness (never
-// jumps); unixNowMs for what is recorded or shown as a time of day (job submit times, log lines). Code that tests
-// need to drive takes a std::function<int64_t()> defaulting to one of these. Threads: any.
+// jumps); unixNowMs for what is recorded or shown as a time of day (job submit times, log lines). Code that
+// tests need to drive takes a std::function<int64_t()> defaulting to one of these. Threads: any.
 #pragma once
 
 #include <chrono>

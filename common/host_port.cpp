@@ -57,7 +57,8 @@ std::string hostOf(std::string_view text) {
     return std::string(close == std::string_view::npos ? text.substr(1) : text.substr(1, close - 1));
   }
   const size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos || text.find(':') != colon) return std::string(text);  // none, or bare IPv6
+  if (colon == std::string_view::npos || text.find(':') != colon)
+    return std::string(text);  // none, or bare IPv6
   return std::string(text.substr(0, colon));
 }
 

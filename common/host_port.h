@@ -18,9 +18,9 @@ struct HostPort {
   int port = 0;
 };
 
-// Parses `text`; ports below `min_port` (0 or 1: 0 means "any free port" to a listener) are refused. An error's
-// message is the reason alone ("no port", "port 70000 is out of range 1-65535"), for the caller to put after
-// what it was reading: "invalid coordinator address 'x': no port (expected HOST:PORT, ...)".
+// Parses `text`; ports below `min_port` (0 or 1: 0 means "any free port" to a listener) are refused. An
+// error's message is the reason alone ("no port", "port 70000 is out of range 1-65535"), for the caller to
+// put after what it was reading: "invalid coordinator address 'x': no port (expected HOST:PORT, ...)".
 StatusOr<HostPort> parseHostPort(std::string_view text, int min_port = 0);
 
 // "host:port", with an IPv6 address in brackets ("[fd00::1]:29500"); a host already in brackets stays so.
@@ -30,8 +30,8 @@ std::string formatHostPort(std::string_view host, int port);
 // questions about the host alone (is it loopback?) on text that may not have been parsed yet.
 std::string hostOf(std::string_view text);
 
-// Whether hostOf(text) is "localhost", an address in 127.0.0.0/8 or ::1: where plaintext (--insecure) and an open
-// dashboard are allowed. A name other than localhost is not loopback, whatever it resolves to.
+// Whether hostOf(text) is "localhost", an address in 127.0.0.0/8 or ::1: where plaintext (--insecure) and an
+// open dashboard are allowed. A name other than localhost is not loopback, whatever it resolves to.
 bool isLoopback(std::string_view text);
 
 }  // namespace ddl

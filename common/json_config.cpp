@@ -36,7 +36,8 @@ StatusOr<std::string> readFile(const std::string& path, size_t max_bytes) {
   if (!in) return Status::invalidArgument("cannot read config file " + path + ": " + std::strerror(errno));
   std::string text(max_bytes + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad()) return Status::invalidArgument("cannot read config file " + path + ": " + std::strerror(errno));
+  if (in.bad())
+    return Status::invalidArgument("cannot read config file " + path + ": " + std::strerror(errno));
   text.resize(static_cast<size_t>(in.gcount()));
   if (text.size() > max_bytes) {
     return Status::invalidArgument("config file " + path + " is larger than " + std::to_string(max_bytes) +
@@ -70,8 +71,8 @@ Status checkKnown(std::string_view key, std::string_view keys, const std::string
     if (k == key) return Status::ok();
     start = end + 1;
   }
-  return Status::invalidArgument(origin + ": unknown key '" + std::string(key) + "' (known: " + std::string(keys) +
-                                 ")");
+  return Status::invalidArgument(origin + ": unknown key '" + std::string(key) +
+                                 "' (known: " + std::string(keys) + ")");
 }
 
 Status wrongType(const std::string& key, const nlohmann::json& value, const nlohmann::json& current,

@@ -1,21 +1,21 @@
 // Settings files in JSON: the one loader behind the coordinator's and the agent's config files.
 //
-// A settings struct lists its keys once, with DDL_JSON_CONFIG (NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT
-// plus the key list in declared order, for messages). Loading applies a file over the struct's current values
-// (defaults, or whatever the caller set before), key by key:
+// A settings struct lists its keys once, with DDL_JSON_CONFIG (the nlohmann/json macro
+// NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT, plus the key list in declared order for messages).
+// Loading applies a file over the struct's current values (defaults, or what the caller set before):
 //   - the file must be at most kMaxConfigBytes and hold one JSON object;
 //   - a key the struct does not declare is refused, naming the key, the file and the keys there are;
-//   - a value that does not convert, or converts with a loss (1.5 or 1e12 into an int), is refused, naming the
-//     key and what it must be (a per-key hint, e.g. "a number of seconds", else the JSON type of its default).
+//   - a value that does not convert, or converts with a loss (1.5 or 1e12 into an int), is refused,
+//     naming the key and what it must be (a per-key hint such as "a number of seconds", else the JSON
+//     type of its default).
 // Nothing is changed unless the whole file is good. std::optional<T> members read null as "unset".
 //
 // Threads: pure functions over their arguments.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstddef>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,16 +44,16 @@ struct adl_serializer<std::optional<T>> {
 }  // namespace nlohmann
 
 // In the namespace of Type, after its definition: DDL_JSON_CONFIG(AgentConfig, coordinator, node, ...).
-#define DDL_JSON_CONFIG(Type, ...)                                           \
-  NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Type, __VA_ARGS__)         \
+#define DDL_JSON_CONFIG(Type, ...)                                   \
+  NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Type, __VA_ARGS__) \
   [[maybe_unused]] inline constexpr std::string_view ddlJsonConfigKeys(const Type*) { return #__VA_ARGS__; }
 
 namespace ddl {
 
 inline constexpr size_t kMaxConfigBytes = size_t{1} << 20;
 
-// What a key's value must be, for messages: {"listen", "a string \"HOST:PORT\""}. Keys without one are described
-// by the JSON type of their current value.
+// What a key's value must be, for messages: {"listen", "a string \"HOST:PORT\""}. Keys without one are
+// described by the JSON type of their current value.
 using ConfigHints = std::map<std::string, std::string, std::less<>>;
 
 namespace config_detail {
@@ -95,8 +95,8 @@ Status applyJsonConfig(const nlohmann::json& doc, const std::string& origin, T* 
 
 // parseObject + applyJsonConfig: for text that did not come from a file (tests, flags).
 template <typename T>
-Status parseJsonConfig(const std::string& text, const std::string& origin, T* config, const ConfigHints& hints = {},
-                       size_t max_bytes = kMaxConfigBytes) {
+Status parseJsonConfig(const std::string& text, const std::string& origin, T* config,
+                       const ConfigHints& hints = {}, size_t max_bytes = kMaxConfigBytes) {
   StatusOr<nlohmann::json> doc = config_detail::parseObject(text, origin, max_bytes);
   if (!doc) return doc.status();
   return applyJsonConfig(*doc, origin, config, hints);

@@ -1,6 +1,7 @@
 // Signal names and numbers, from one table of <signal.h>'s macros, so the numbers are right on every Linux
-// architecture (x86-64, aarch64 and ppc64le share them; others need not). Not sigabbrev_np(), which is glibc 2.32+
-// only, nor strsignal(), whose text ("Terminated") is localised prose rather than a name. Threads: any.
+// architecture (x86-64, aarch64 and ppc64le share them; others need not). Not sigabbrev_np(), which is
+// glibc 2.32+ only, nor strsignal(), whose text ("Terminated") is localised prose rather than a name.
+// Threads: any.
 #pragma once
 
 #include <optional>

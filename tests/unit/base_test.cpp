@@ -56,7 +56,8 @@ TEST(HostPort, BadInputSaysWhy) {
     StatusOr<HostPort> hp = parseHostPort(c.text, c.min_port);
     ASSERT_FALSE(hp) << c.text;
     EXPECT_EQ(hp.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(hp.status().message().find(c.why), std::string::npos) << c.text << " -> " << hp.status().message();
+    EXPECT_NE(hp.status().message().find(c.why), std::string::npos)
+        << c.text << " -> " << hp.status().message();
   }
 }
 
@@ -82,12 +83,12 @@ TEST(HostPort, HostOfTakesAnyForm) {
 }
 
 TEST(HostPort, LoopbackIsLocalhost127AndV6One) {
-  for (const char* yes : {"127.0.0.1:7070", "127.9.9.9:1", "localhost:7070", "[::1]:7070", "::1", "127.0.0.1",
-                          "localhost"}) {
+  for (const char* yes :
+       {"127.0.0.1:7070", "127.9.9.9:1", "localhost:7070", "[::1]:7070", "::1", "127.0.0.1", "localhost"}) {
     EXPECT_TRUE(isLoopback(yes)) << yes;
   }
-  for (const char* no : {"0.0.0.0:7070", "10.0.0.1:7070", "[::]:7070", "[fd00::1]:1", "head:7070", "128.0.0.1:1",
-                         "", "::1:7070", "localhost.example.org:1"}) {
+  for (const char* no : {"0.0.0.0:7070", "10.0.0.1:7070", "[::]:7070", "[fd00::1]:1", "head:7070",
+                         "128.0.0.1:1", "", "::1:7070", "localhost.example.org:1"}) {
     EXPECT_FALSE(isLoopback(no)) << no;
   }
 }
@@ -175,7 +176,8 @@ DDL_JSON_CONFIG(Sample, name, port, grace_s, on, tls, labels)
 TEST(JsonConfig, AppliesOverDefaultsAndKeepsWhatIsNotGiven) {
   Sample s;
   s.name = "set-before";
-  Status st = parseJsonConfig(R"({"port": 80, "grace_s": 2, "tls": true, "labels": {"rack": "r1"}})", "t.json", &s);
+  Status st =
+      parseJsonConfig(R"({"port": 80, "grace_s": 2, "tls": true, "labels": {"rack": "r1"}})", "t.json", &s);
   ASSERT_TRUE(st) << st.message();
   EXPECT_EQ(s.name, "set-before");
   EXPECT_EQ(s.port, 80);
@@ -222,7 +224,8 @@ TEST(JsonConfig, WrongTypesNameTheKeyAndWhatItMustBe) {
   Sample s;
   Status st = parseJsonConfig(R"({"grace_s": "soon"})", "t.json", &s, {{"grace_s", "a number of seconds"}});
   EXPECT_EQ(st.message(), "t.json: key 'grace_s' must be a number of seconds, not \"soon\"");
-  EXPECT_EQ(parseJsonConfig(R"({"port": 7070.0})", "t.json", &s).message(), "") << "an integral number is an integer";
+  EXPECT_EQ(parseJsonConfig(R"({"port": 7070.0})", "t.json", &s).message(), "")
+      << "an integral number is an integer";
 }
 
 TEST(JsonConfig, NotJsonNotAnObjectTooLargeUnreadable) {
@@ -232,8 +235,8 @@ TEST(JsonConfig, NotJsonNotAnObjectTooLargeUnreadable) {
   EXPECT_EQ(parseJsonConfig("[1]", "t.json", &s).message(), "t.json: must hold a JSON object");
   EXPECT_EQ(parseJsonConfig("7", "t.json", &s).message(), "t.json: must hold a JSON object");
 
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("ddl_base_test_" + std::to_string(getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ddl_base_test_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   const std::string good = (dir / "good.json").string(), big = (dir / "big.json").string();
   std::ofstream(good) << R"({"port": 81})";

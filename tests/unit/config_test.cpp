@@ -1,6 +1,8 @@
 // The daemons' settings files: ddl-coordinator's (coordinator/daemon/config) and ddl-agent's
-// (worker/agent_config), both loaded by common/json_config. Every key keeps its default and type; unknown keys,
-// wrong types and bad addresses are refused with the key named.
+// (worker/agent_config), both loaded by common/json_config. Every key keeps its default and type; unknown
+// keys, wrong types and bad addresses are refused with the key named.
+#include "daemon/config.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,7 +10,6 @@
 #include <fstream>
 #include <string>
 
-#include "daemon/config.h"
 #include "worker/agent_config.h"
 
 namespace ddl {
@@ -50,19 +51,21 @@ TEST(CoordinatorConfig, DefaultsAreValidAndEveryKeyIsRead) {
 TEST(CoordinatorConfig, UnknownKeysAndWrongTypesNameTheKey) {
   DaemonConfig c;
   Status st = coordinator::parseConfig(R"({"heartbeat_grace": 5})", "/etc/ddl/coordinator.json", &c);
-  EXPECT_NE(messageOf(st).find("/etc/ddl/coordinator.json: unknown key 'heartbeat_grace' (known: listen, http, "),
-            std::string::npos)
+  EXPECT_NE(
+      messageOf(st).find("/etc/ddl/coordinator.json: unknown key 'heartbeat_grace' (known: listen, http, "),
+      std::string::npos)
       << messageOf(st);
   struct Case {
     const char* text;
     const char* message;
   };
-  for (Case k : {Case{R"({"listen": 7070})", "key 'listen' must be a string \"HOST:PORT\", not 7070"},
-                 Case{R"({"heartbeat_grace_s": "10s"})", "key 'heartbeat_grace_s' must be a number of seconds"},
-                 Case{R"({"port_first": 29500.5})", "key 'port_first' must be an integer port, not 29500.5"},
-                 Case{R"({"node_cert_days": "365"})", "key 'node_cert_days' must be an integer number of days"},
-                 Case{R"({"insecure": "false"})", "key 'insecure' must be true or false"},
-                 Case{R"({"log_level": ["info"]})", "key 'log_level' must be a string"}}) {
+  for (Case k :
+       {Case{R"({"listen": 7070})", "key 'listen' must be a string \"HOST:PORT\", not 7070"},
+        Case{R"({"heartbeat_grace_s": "10s"})", "key 'heartbeat_grace_s' must be a number of seconds"},
+        Case{R"({"port_first": 29500.5})", "key 'port_first' must be an integer port, not 29500.5"},
+        Case{R"({"node_cert_days": "365"})", "key 'node_cert_days' must be an integer number of days"},
+        Case{R"({"insecure": "false"})", "key 'insecure' must be true or false"},
+        Case{R"({"log_level": ["info"]})", "key 'log_level' must be a string"}}) {
     DaemonConfig d;
     EXPECT_NE(messageOf(coordinator::parseConfig(k.text, "c.json", &d)).find(k.message), std::string::npos)
         << k.text << " -> " << messageOf(coordinator::parseConfig(k.text, "c.json", &d));
@@ -76,11 +79,12 @@ TEST(CoordinatorConfig, AddressesAreCheckedWithTheReason) {
     const char* http;
     const char* message;
   };
-  for (Case k : {Case{"7070", "127.0.0.1:7080", "listen '7070' is not HOST:PORT with PORT 0..65535: no port"},
-                 Case{"::1:7070", "127.0.0.1:7080", "in brackets"},
-                 Case{"127.0.0.1:70000", "127.0.0.1:7080", "port 70000 is out of range"},
-                 Case{"127.0.0.1:7070", "127.0.0.1", "http '127.0.0.1' is not HOST:PORT with PORT 0..65535: no port"},
-                 Case{"127.0.0.1:7070", "127.0.0.1:x", "port 'x' is not a number"}}) {
+  for (Case k :
+       {Case{"7070", "127.0.0.1:7080", "listen '7070' is not HOST:PORT with PORT 0..65535: no port"},
+        Case{"::1:7070", "127.0.0.1:7080", "in brackets"},
+        Case{"127.0.0.1:70000", "127.0.0.1:7080", "port 70000 is out of range"},
+        Case{"127.0.0.1:7070", "127.0.0.1", "http '127.0.0.1' is not HOST:PORT with PORT 0..65535: no port"},
+        Case{"127.0.0.1:7070", "127.0.0.1:x", "port 'x' is not a number"}}) {
     DaemonConfig c;
     c.listen = k.listen;
     c.http = k.http;
@@ -104,7 +108,8 @@ TEST(CoordinatorConfig, FilesAreReadWithABound) {
   EXPECT_EQ(c.listen, "127.0.0.1:7171");
   std::ofstream(path) << R"({"log_level": ")" << std::string(2 << 20, 'x') << R"("})";
   EXPECT_NE(messageOf(coordinator::loadConfigFile(path, &c)).find("is larger than"), std::string::npos);
-  EXPECT_NE(messageOf(coordinator::loadConfigFile((dir / "none.json").string(), &c)).find("cannot read config file"),
+  EXPECT_NE(messageOf(coordinator::loadConfigFile((dir / "none.json").string(), &c))
+                .find("cannot read config file"),
             std::string::npos);
   std::filesystem::remove_all(dir);
 }
@@ -112,11 +117,12 @@ TEST(CoordinatorConfig, FilesAreReadWithABound) {
 TEST(AgentConfig, DefaultsAreValidAndEveryKeyIsRead) {
   AgentConfig c;
   EXPECT_TRUE(worker::validateAgentConfig(c));
-  Status st = worker::parseAgentConfig(R"({"coordinator": "[fd00::1]:7070", "node": "n1", "address": "10.0.0.2",
+  Status st =
+      worker::parseAgentConfig(R"({"coordinator": "[fd00::1]:7070", "node": "n1", "address": "10.0.0.2",
       "labels": {"rack": "r1"}, "virtual_gpus": 4, "force_virtual": true, "data_dir": "/d", "port_first": 30000,
       "port_last": 30010, "stop_grace_s": 2.5, "stop_ranks_on_exit": true, "log_level": "warn", "pki_dir": "/p",
       "insecure": false, "tls_refresh_s": 30})",
-                                       "a.json", &c);
+                               "a.json", &c);
   ASSERT_TRUE(st) << st.message();
   EXPECT_EQ(c.coordinator, "[fd00::1]:7070");
   EXPECT_EQ(c.node, "n1");
@@ -138,19 +144,21 @@ TEST(AgentConfig, DefaultsAreValidAndEveryKeyIsRead) {
 TEST(AgentConfig, UnknownKeysWrongTypesAndBadCoordinatorAddresses) {
   AgentConfig c;
   Status st = worker::parseAgentConfig(R"({"stop_grace": 5})", "/etc/ddl/agent.json", &c);
-  EXPECT_NE(messageOf(st).find("/etc/ddl/agent.json: unknown key 'stop_grace' (known: coordinator, node, address, "),
+  EXPECT_NE(messageOf(st).find(
+                "/etc/ddl/agent.json: unknown key 'stop_grace' (known: coordinator, node, address, "),
             std::string::npos)
       << messageOf(st);
   st = worker::parseAgentConfig(R"({"labels": {"rack": 1}})", "a.json", &c);
-  EXPECT_NE(messageOf(st).find("key 'labels' must be an object of strings"), std::string::npos) << messageOf(st);
+  EXPECT_NE(messageOf(st).find("key 'labels' must be an object of strings"), std::string::npos)
+      << messageOf(st);
   st = worker::parseAgentConfig(R"({"virtual_gpus": "4"})", "a.json", &c);
   EXPECT_NE(messageOf(st).find("key 'virtual_gpus' must be an integer, not \"4\""), std::string::npos)
       << messageOf(st);
   for (const char* bad : {"head", "head:0", "::1:7070", "http://head:7070"}) {
     AgentConfig a;
     a.coordinator = bad;
-    EXPECT_NE(messageOf(worker::validateAgentConfig(a)).find("coordinator '" + std::string(bad) +
-                                                            "' is not HOST:PORT: "),
+    EXPECT_NE(messageOf(worker::validateAgentConfig(a))
+                  .find("coordinator '" + std::string(bad) + "' is not HOST:PORT: "),
               std::string::npos)
         << bad << " -> " << messageOf(worker::validateAgentConfig(a));
   }
