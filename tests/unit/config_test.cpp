@@ -119,7 +119,7 @@ TEST(AgentConfig, DefaultsAreValidAndEveryKeyIsRead) {
   EXPECT_TRUE(worker::validateAgentConfig(c));
   Status st =
       worker::parseAgentConfig(R"({"coordinator": "[fd00::1]:7070", "node": "n1", "address": "10.0.0.2",
-      "labels": {"rack": "r1"}, "virtual_gpus": 4, "force_virtual": true, "data_dir": "/d", "port_first": 30000,
+      "labels": {"rack": "r1"}, "virtual_gpus": 4, "force_virtual": true, "data_dir": "/d", "log_retention_hours": 24, "log_max_mb": 500, "port_first": 30000,
       "port_last": 30010, "stop_grace_s": 2.5, "stop_ranks_on_exit": true, "log_level": "warn", "pki_dir": "/p",
       "insecure": false, "tls_refresh_s": 30})",
                                "a.json", &c);
@@ -131,6 +131,8 @@ TEST(AgentConfig, DefaultsAreValidAndEveryKeyIsRead) {
   EXPECT_EQ(c.virtual_gpus, 4);
   EXPECT_TRUE(c.force_virtual);
   EXPECT_EQ(c.data_dir, "/d");
+  EXPECT_EQ(c.log_retention_hours, 24);
+  EXPECT_EQ(c.log_max_mb, 500);
   EXPECT_EQ(c.port_first, 30000);
   EXPECT_EQ(c.port_last, 30010);
   EXPECT_EQ(c.stop_grace_s, 2.5);
@@ -150,6 +152,10 @@ TEST(AgentConfig, UnknownKeysWrongTypesAndBadCoordinatorAddresses) {
       << messageOf(st);
   st = worker::parseAgentConfig(R"({"labels": {"rack": 1}})", "a.json", &c);
   EXPECT_NE(messageOf(st).find("key 'labels' must be an object of strings"), std::string::npos)
+      << messageOf(st);
+  st = worker::parseAgentConfig(R"({"log_max_mb": 1.5})", "a.json", &c);
+  EXPECT_NE(messageOf(st).find("key 'log_max_mb' must be an integer number of MiB, not 1.5"),
+            std::string::npos)
       << messageOf(st);
   st = worker::parseAgentConfig(R"({"virtual_gpus": "4"})", "a.json", &c);
   EXPECT_NE(messageOf(st).find("key 'virtual_gpus' must be an integer, not \"4\""), std::string::npos)
