@@ -25,6 +25,8 @@
 #include <thread>
 #include <tuple>
 
+#include "common/clock.h"
+#include "common/host_port.h"
 #include "common/pki.h"
 #include "ddl/messages.h"
 #include "ddl/tls.h"
@@ -128,11 +130,6 @@ std::string cell(std::string_view text, size_t maxChars) {
   return truncateCell(escapeForTerminal(text), maxChars);
 }
 
-int64_t nowUnixMs() {
-  using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
-}
-
 // The submitting user as the coordinator should record it: the effective uid's name, as ps and squeue show.
 // getpwuid_r, not getpwuid: runDdlctl() may run on several threads at once.
 std::string invokingUser() {
@@ -175,32 +172,8 @@ std::string checkCoordinatorAddress(std::string_view address) {
     return "invalid coordinator address '" + std::string(address) + "': " + why +
            " (expected HOST:PORT, e.g. 127.0.0.1:7070)";
   };
-  if (address.empty()) return bad("it is empty");
-  if (address.find("://") != std::string_view::npos) return bad("give HOST:PORT without a scheme");
-  if (address.find_first_of(" \t/") != std::string_view::npos) return bad("it contains a space or '/'");
-  std::string_view host, port;
-  if (address.front() == '[') {
-    size_t close = address.find(']');
-    if (close == std::string_view::npos) return bad("'[' without ']'");
-    host = address.substr(1, close - 1);
-    std::string_view rest = address.substr(close + 1);
-    if (rest.empty()) return bad("no port");
-    if (rest.front() != ':') return bad("expected ':' after ']'");
-    port = rest.substr(1);
-  } else {
-    size_t colon = address.rfind(':');
-    if (colon == std::string_view::npos) return bad("no port");
-    if (address.find(':') != colon) return bad("write an IPv6 address in brackets, as [::1]:7070");
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-  }
-  if (host.empty()) return bad("no host");
-  if (port.empty()) return bad("no port");
-  if (port.size() > 5 || !isDigits(port)) {
-    return bad("port '" + std::string(port) + "' is not a number");
-  }
-  int p = std::stoi(std::string(port));
-  if (p < 1 || p > 65535) return bad("port " + std::to_string(p) + " is out of range 1-65535");
+  StatusOr<HostPort> parsed = parseHostPort(address, 1);
+  if (!parsed) return bad(parsed.status().message());
   return "";
 }
 
@@ -508,20 +481,6 @@ std::string formatLocalTime(int64_t unixMs) {
   size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
   std::snprintf(buf + n, sizeof buf - n, ".%03lld", static_cast<long long>(unixMs % 1000));
   return buf;
-}
-
-std::string signalName(int signal) {
-  // A table rather than sigabbrev_np(): that is glibc-only (2.32+), and these numbers are the same on every
-  // Linux architecture ddl runs on (x86-64, aarch64, ppc64le).
-  static const std::map<int, const char*> kNames = {
-      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
-      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
-      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
-      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGCHLD, "SIGCHLD"},
-      {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"}, {SIGXCPU, "SIGXCPU"},
-      {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"}};
-  auto it = kNames.find(signal);
-  return it != kNames.end() ? it->second : "signal " + std::to_string(signal);
 }
 
 std::string describeFailure(const v1::Failure& f) {
@@ -1026,7 +985,7 @@ constexpr int kMaxListPages = 1000;
 int runList(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
   using Ctx = grpc::ClientContext;
-  const int64_t now = nowUnixMs();
+  const int64_t now = unixNowMs();
   Parsed<std::vector<v1::JobState>> states = parseStates(cl.states);
   if (!states.ok()) return usageError(err, states.error);
   v1::ListJobsRequest req;
@@ -1143,7 +1102,7 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
 int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
   using Ctx = grpc::ClientContext;
-  int64_t now = nowUnixMs();
+  int64_t now = unixNowMs();
   if (cl.verb == "submit") {
     if (!cl.stray.empty()) {
       return usageError(

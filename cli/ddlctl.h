@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/signals.h"
 #include "ddl/v1/ddl.pb.h"
 
 namespace ddl::cli {
@@ -119,7 +120,7 @@ constexpr size_t kMaxWideColumn = 100;  // labels, node lists, reasons
 std::string formatAge(int64_t ms);       // coarse, one unit, floor: "5s", "3m", "2h", "4d"; negative -> "0s"
 std::string formatDuration(int64_t ms);  // finer: "850ms", "12.3s", "5m07s", "2h03m", "3d04h"
 std::string formatLocalTime(int64_t unixMs);              // "2024-05-01 12:03:04.123" in the local time zone
-std::string signalName(int signal);                       // "SIGKILL"; "signal 77" for numbers without a name
+using ddl::signalName;                                    // common/signals.h: "SIGKILL"; "signal 77"
 std::string describeFailure(const v1::Failure& failure);  // "rank 3 on n2: killed by SIGKILL"
 std::string describeRequest(const v1::JobSpec& spec);     // "2 nodes x 4 GPUs" / "6 GPUs"
 std::string shellJoin(const std::vector<std::string>& argv);  // quoted only where a shell would need it

@@ -1,15 +1,12 @@
 #include "common/rank_env.h"
 
+#include "common/host_port.h"
+
 #include <sys/random.h>
 
 #include <cerrno>
 
 namespace ddl {
-
-std::string joinHostPort(const std::string& host, int port) {
-  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
 
 std::vector<std::pair<std::string, std::string>> rankEnvironment(const RankEnvSpec& spec) {
   std::vector<std::pair<std::string, std::string>> env = {
@@ -17,7 +14,7 @@ std::vector<std::pair<std::string, std::string>> rankEnvironment(const RankEnvSp
       {"DDL_WORLD_SIZE", std::to_string(spec.world_size)},
       {"DDL_LOCAL_RANK", std::to_string(spec.local_rank)},
       {"DDL_LOCAL_SIZE", std::to_string(spec.local_size)},
-      {"DDL_ROOT", joinHostPort(spec.root_host, spec.root_port)},
+      {"DDL_ROOT", formatHostPort(spec.root_host, spec.root_port)},
   };
   if (!spec.topology.empty()) env.emplace_back("DDL_TOPOLOGY", spec.topology);
   if (!spec.job_id.empty()) {

@@ -30,9 +30,6 @@ struct RankEnvSpec {
   std::string secret;
 };
 
-// "host:port", with an IPv6 address in brackets ("[fd00::1]:29500").
-std::string joinHostPort(const std::string& host, int port);
-
 // The variables of spec's rank, in a fixed order: DDL_RANK, DDL_WORLD_SIZE, DDL_LOCAL_RANK, DDL_LOCAL_SIZE,
 // DDL_ROOT, DDL_TOPOLOGY (when set), DDL_JOB_ID and DDL_JOB_ATTEMPT (when set), DDL_JOB_SECRET (when set), then RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.

@@ -20,6 +20,7 @@
 #include "auth/pki_dir.h"
 #include "auth/users.h"
 #include "common/pki.h"
+#include "common/signals.h"
 #include "ddl/tls.h"
 #include "daemon/config.h"
 #include "http/http_server.h"
@@ -218,7 +219,7 @@ int main(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
-  spdlog::info("{}: shutting down", strsignal(sig));
+  spdlog::info("{}: shutting down", ddl::signalName(sig));
 #ifdef DDL_HAVE_SYSTEMD
   sd_notify(0, "STOPPING=1");
 #endif

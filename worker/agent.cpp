@@ -14,6 +14,8 @@
 #include <set>
 #include <thread>
 
+#include "common/clock.h"
+#include "common/host_port.h"
 #include "common/pki.h"
 #include "worker/log_retention.h"
 #include "worker/run_as.h"
@@ -22,21 +24,17 @@ namespace ddl::worker {
 
 namespace {
 
-int64_t nowMs() {
-  using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
-}
-
 // The local address of the interface that routes toward the coordinator: what the other nodes can most likely
 // reach too. A connected UDP socket sends nothing; it only makes the kernel pick the route.
 std::string localAddressToward(const std::string& target) {
-  const size_t colon = target.rfind(':');
-  std::string host = target.substr(0, colon), port = target.substr(colon + 1);
-  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  StatusOr<HostPort> parsed = parseHostPort(target);
+  if (!parsed) return "127.0.0.1";
   addrinfo hints{};
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || !res) return "127.0.0.1";
+  if (getaddrinfo(parsed->host.c_str(), std::to_string(parsed->port).c_str(), &hints, &res) != 0 || !res) {
+    return "127.0.0.1";
+  }
   std::string out = "127.0.0.1";
   int fd = socket(res->ai_family, SOCK_DGRAM, 0);
   if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
@@ -259,7 +257,7 @@ std::string Agent::session(int* failures) {
       lock.unlock();
       v1::AgentMessage hb;
       for (const auto& r : supervisor_->ranks()) *hb.mutable_heartbeat()->add_ranks() = toProto(r);
-      hb.mutable_heartbeat()->set_sent_ms(nowMs());
+      hb.mutable_heartbeat()->set_sent_ms(unixNowMs());
       write(hb);
       lock.lock();
       cv_.wait_for(lock, interval, [&] { return session_over || stopping_; });

@@ -1,62 +1,42 @@
 #include "worker/agent_config.h"
 
-#include <nlohmann/json.hpp>
-
-#include <fstream>
 #include <sstream>
+
+#include "common/host_port.h"
+#include "common/json_config.h"
 
 namespace ddl::worker {
 
-using state::Status;
+// The keys, in the order the unknown-key message lists them.
+DDL_JSON_CONFIG(AgentConfig, coordinator, node, address, labels, virtual_gpus, force_virtual, data_dir,
+                log_retention_hours, log_max_mb, port_first, port_last, stop_grace_s, stop_ranks_on_exit,
+                log_level, pki_dir, insecure, tls_refresh_s)
 
-Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* c) {
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    return Status::invalidArgument(origin + ": not valid JSON: " + e.what());
-  }
-  if (!doc.is_object()) return Status::invalidArgument(origin + ": must hold a JSON object");
-  for (const auto& [key, value] : doc.items()) {
-    try {
-      if (key == "coordinator") c->coordinator = value.get<std::string>();
-      else if (key == "node") c->node = value.get<std::string>();
-      else if (key == "address") c->address = value.get<std::string>();
-      else if (key == "labels") c->labels = value.get<std::map<std::string, std::string>>();
-      else if (key == "virtual_gpus") c->virtual_gpus = value.get<int>();
-      else if (key == "force_virtual") c->force_virtual = value.get<bool>();
-      else if (key == "data_dir") c->data_dir = value.get<std::string>();
-      else if (key == "log_retention_hours") c->log_retention_hours = value.get<double>();
-      else if (key == "log_max_mb") c->log_max_mb = value.get<int64_t>();
-      else if (key == "port_first") c->port_first = value.get<int>();
-      else if (key == "port_last") c->port_last = value.get<int>();
-      else if (key == "stop_grace_s") c->stop_grace_s = value.get<double>();
-      else if (key == "stop_ranks_on_exit") c->stop_ranks_on_exit = value.get<bool>();
-      else if (key == "log_level") c->log_level = value.get<std::string>();
-      else if (key == "pki_dir") c->pki_dir = value.get<std::string>();
-      else if (key == "insecure") c->insecure = value.get<bool>();
-      else if (key == "tls_refresh_s") c->tls_refresh_s = value.get<double>();
-      else {
-        return Status::invalidArgument(origin + ": unknown key '" + key +
-                                       "' (known: coordinator, node, address, labels, virtual_gpus, force_virtual, "
-                                       "data_dir, log_retention_hours, log_max_mb, port_first, port_last, "
-                                       "stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, "
-                                       "tls_refresh_s)");
-      }
-    } catch (const nlohmann::json::exception&) {
-      return Status::invalidArgument(origin + ": key '" + key + "' has the wrong type: " + value.dump());
-    }
-  }
-  return Status::ok();
+namespace {
+
+const ConfigHints& hints() {
+  static const ConfigHints kHints = {
+      {"coordinator", "a string \"HOST:PORT\""},
+      {"labels", "an object of strings ({\"rack\": \"r1\"})"},
+      {"data_dir", "a string (a directory)"},
+      {"log_retention_hours", "a number of hours"},
+      {"log_max_mb", "an integer number of MiB"},
+      {"pki_dir", "a string (a directory)"},
+      {"port_first", "an integer port"},
+      {"port_last", "an integer port"},
+      {"stop_grace_s", "a number of seconds"},
+      {"tls_refresh_s", "a number of seconds"},
+  };
+  return kHints;
 }
 
-Status loadAgentConfig(const std::string& path, AgentConfig* config) {
-  std::ifstream in(path);
-  if (!in) return Status::invalidArgument("cannot read config file " + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parseAgentConfig(text.str(), path, config);
+}  // namespace
+
+Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config) {
+  return parseJsonConfig(text, origin, config, hints());
 }
+
+Status loadAgentConfig(const std::string& path, AgentConfig* config) { return loadJsonConfig(path, config, hints()); }
 
 Status parseLabels(const std::string& text, std::map<std::string, std::string>* labels) {
   std::stringstream in(text);
@@ -74,8 +54,9 @@ Status parseLabels(const std::string& text, std::map<std::string, std::string>* 
 
 Status validateAgentConfig(const AgentConfig& c) {
   auto bad = [](const std::string& m) { return Status::invalidArgument(m); };
-  if (c.coordinator.rfind(':') == std::string::npos) {
-    return bad("coordinator '" + c.coordinator + "' is not HOST:PORT (e.g. 10.0.0.1:7070)");
+  if (StatusOr<HostPort> coordinator = parseHostPort(c.coordinator, 1); !coordinator) {
+    return bad("coordinator '" + c.coordinator + "' is not HOST:PORT: " + coordinator.status().message() +
+               " (e.g. 10.0.0.1:7070)");
   }
   if (c.virtual_gpus < 0 || c.virtual_gpus > 64) return bad("virtual_gpus must be 0..64");
   if (c.port_first < 1024 || c.port_last > 65535 || c.port_last <= c.port_first) {

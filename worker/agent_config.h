@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include "state/status.h"
+#include "common/status.h"
 
 namespace ddl::worker {
 
@@ -43,10 +43,10 @@ struct AgentConfig {
 // Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of
 // strings), virtual_gpus, force_virtual, data_dir, log_retention_hours, log_max_mb, port_first, port_last,
 // stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s.
-state::Status loadAgentConfig(const std::string& path, AgentConfig* config);
-state::Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config);
+Status loadAgentConfig(const std::string& path, AgentConfig* config);
+Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config);
 // "rack=r1,switch=s1" into labels.
-state::Status parseLabels(const std::string& text, std::map<std::string, std::string>* labels);
-state::Status validateAgentConfig(const AgentConfig& config);
+Status parseLabels(const std::string& text, std::map<std::string, std::string>* labels);
+Status validateAgentConfig(const AgentConfig& config);
 
 }  // namespace ddl::worker

@@ -16,7 +16,6 @@
 
 namespace ddl::worker {
 
-using state::Status;
 
 namespace {
 

@@ -15,7 +15,7 @@
 
 #include <string>
 
-#include "state/status.h"
+#include "common/status.h"
 
 namespace ddl::worker {
 
@@ -28,6 +28,6 @@ struct JoinOptions {
   double timeout_s = 10;
 };
 
-state::Status joinCluster(const JoinOptions& options);
+Status joinCluster(const JoinOptions& options);
 
 }  // namespace ddl::worker

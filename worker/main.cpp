@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/pki.h"
+#include "common/signals.h"
 #include "worker/agent.h"
 #include "worker/join.h"
 
@@ -142,9 +143,9 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&stop_signals, &sig);
     if (config.stop_ranks_on_exit) {
-      spdlog::info("{}: stopping (ranks get {} s to exit)", strsignal(sig), config.stop_grace_s);
+      spdlog::info("{}: stopping (ranks get {} s to exit)", ddl::signalName(sig), config.stop_grace_s);
     } else {
-      spdlog::info("{}: stopping; ranks keep running for the next ddl-agent to adopt", strsignal(sig));
+      spdlog::info("{}: stopping; ranks keep running for the next ddl-agent to adopt", ddl::signalName(sig));
     }
 #ifdef DDL_HAVE_SYSTEMD
     sd_notify(0, "STOPPING=1");

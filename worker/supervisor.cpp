@@ -36,6 +36,8 @@
 #include <iterator>
 #include <system_error>
 
+#include "common/clock.h"
+#include "common/fd.h"
 #include "launch_protocol.h"
 
 extern char** environ;
@@ -56,30 +58,7 @@ using launch::kStageUser;
 using launch::kStageUserKept;
 using ChildFailure = launch::Failure;
 
-int64_t unixNowMs() {
-  using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
-}
-
 std::string errnoText(int err) { return std::system_category().message(err); }
-
-// Closes the descriptor it owns.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() { reset(); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_;
-};
 
 // Moves fd above 0..2: if the agent runs with a standard stream closed, a fresh descriptor can be 0, 1 or 2,
 // and the child's dup2 onto the standard streams would then clobber it or leave it close-on-exec.

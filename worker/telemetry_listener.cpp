@@ -13,6 +13,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/clock.h"
+
 namespace ddl::worker {
 
 TelemetryListener::TelemetryListener(const std::string& path, std::string* error, SenderCheck check)
@@ -136,8 +138,7 @@ void TelemetryListener::readLoop() {
     if (!parse(std::string(buf, static_cast<size_t>(n)), &job, &attempt, &rank, &progress)) continue;
     // Not that rank's to report (or no credentials, which the kernel always attaches with SO_PASSCRED).
     if (check_ && (sender <= 0 || !check_(job, attempt, rank, sender))) continue;
-    using namespace std::chrono;
-    progress.set_updated_ms(duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count());
+    progress.set_updated_ms(unixNowMs());
     std::lock_guard<std::mutex> lock(mu_);
     latest_[{job, attempt, rank}] = progress;
   }

@@ -5,18 +5,10 @@
 #include <chrono>
 #include <filesystem>
 
+#include "common/clock.h"
 #include "common/pki.h"
 
 namespace ddl::coordinator::auth {
-
-namespace {
-
-int64_t nowS() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 const char* roleName(Role role) {
   switch (role) {
@@ -110,7 +102,7 @@ StatusOr<std::string> UserRegistry::add(const std::string& name, Role role, bool
   const auto saved_users = users_;
   const auto saved_hashes = by_hash_;
   if (it != users_.end()) by_hash_.erase(it->second.token_sha256);
-  users_[name] = User{role, hash, nowS()};
+  users_[name] = User{role, hash, unixNowS()};
   by_hash_[hash] = name;
   if (Status st = saveLocked(); !st) {
     users_ = saved_users;  // what is in memory matches the file: a token that was not saved does not work
@@ -167,7 +159,7 @@ StatusOr<std::string> UserRegistry::createJoinToken(const std::string& node, int
   const std::string secret = pki::randomHex(32);
   if (secret.empty()) return Status::internal("no random bytes for a token");
   const std::string token = kJoinTokenPrefix + secret;
-  const int64_t now = nowS();
+  const int64_t now = unixNowS();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = join_tokens_.begin(); it != join_tokens_.end();) {
     it = it->second.expires_s < now ? join_tokens_.erase(it) : std::next(it);
@@ -184,7 +176,7 @@ Status UserRegistry::redeemJoinToken(const std::string& token, const std::string
   std::lock_guard<std::mutex> lock(mu_);
   auto it = join_tokens_.find(pki::sha256Hex(token));
   if (it == join_tokens_.end()) return Status::unauthenticated("unknown or used join token");
-  if (it->second.expires_s < nowS()) {
+  if (it->second.expires_s < unixNowS()) {
     join_tokens_.erase(it);
     return Status::unauthenticated("the join token has expired; make another with 'ddlctl admin join-token'");
   }

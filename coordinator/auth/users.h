@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "state/status.h"
+#include "common/status.h"
 
 namespace ddl::coordinator::auth {
 

@@ -1,99 +1,55 @@
 #include "daemon/config.h"
 
-#include <nlohmann/json.hpp>
-
-#include <fstream>
-#include <sstream>
-
-#include "ddl/tls.h"
+#include "common/host_port.h"
+#include "common/json_config.h"
 
 namespace ddl::coordinator {
 
 using state::Status;
 
+// The keys, in the order the unknown-key message lists them.
+DDL_JSON_CONFIG(DaemonConfig, listen, http, data_dir, heartbeat_grace_s, heartbeat_interval_s, stop_grace_s,
+                port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs, node_cert_days, tls_refresh_s,
+                http_tls, http_auth)
+
 namespace {
 
-template <typename T>
-Status read(const nlohmann::json& j, const std::string& key, const std::string& origin, const char* type,
-            T* out) {
-  try {
-    *out = j.get<T>();
-  } catch (const nlohmann::json::exception&) {
-    return Status::invalidArgument(origin + ": key '" + key + "' must be " + type + ", not " + j.dump());
-  }
-  return Status::ok();
+const ConfigHints& hints() {
+  static const ConfigHints kHints = {
+      {"listen", "a string \"HOST:PORT\""},
+      {"http", "a string \"HOST:PORT\""},
+      {"http_tls", "true or false"},
+      {"http_auth", "true or false"},
+      {"data_dir", "a string (a directory)"},
+      {"heartbeat_grace_s", "a number of seconds"},
+      {"heartbeat_interval_s", "a number of seconds"},
+      {"stop_grace_s", "a number of seconds"},
+      {"port_first", "an integer port"},
+      {"port_last", "an integer port"},
+      {"pki_dir", "a string (a directory)"},
+      {"node_cert_days", "an integer number of days"},
+      {"tls_refresh_s", "a number of seconds"},
+  };
+  return kHints;
 }
 
 }  // namespace
 
 Status parseConfig(const std::string& text, const std::string& origin, DaemonConfig* config) {
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    return Status::invalidArgument(origin + ": not valid JSON: " + e.what());
-  }
-  if (!doc.is_object()) return Status::invalidArgument(origin + ": must hold a JSON object");
-  for (const auto& [key, value] : doc.items()) {
-    Status st;
-    if (key == "listen") {
-      st = read(value, key, origin, "a string \"HOST:PORT\"", &config->listen);
-    } else if (key == "http") {
-      st = read(value, key, origin, "a string \"HOST:PORT\"", &config->http);
-    } else if (key == "http_tls" || key == "http_auth") {
-      bool on = false;
-      st = read(value, key, origin, "true or false", &on);
-      (key == "http_tls" ? config->http_tls : config->http_auth) = on;
-    } else if (key == "data_dir") {
-      st = read(value, key, origin, "a string (a directory)", &config->data_dir);
-    } else if (key == "heartbeat_grace_s") {
-      st = read(value, key, origin, "a number of seconds", &config->heartbeat_grace_s);
-    } else if (key == "heartbeat_interval_s") {
-      st = read(value, key, origin, "a number of seconds", &config->heartbeat_interval_s);
-    } else if (key == "stop_grace_s") {
-      st = read(value, key, origin, "a number of seconds", &config->stop_grace_s);
-    } else if (key == "port_first") {
-      st = read(value, key, origin, "an integer port", &config->port_first);
-    } else if (key == "port_last") {
-      st = read(value, key, origin, "an integer port", &config->port_last);
-    } else if (key == "log_level") {
-      st = read(value, key, origin, "a string", &config->log_level);
-    } else if (key == "pki_dir") {
-      st = read(value, key, origin, "a string (a directory)", &config->pki_dir);
-    } else if (key == "insecure") {
-      st = read(value, key, origin, "true or false", &config->insecure);
-    } else if (key == "allow_root_jobs") {
-      st = read(value, key, origin, "true or false", &config->allow_root_jobs);
-    } else if (key == "node_cert_days") {
-      st = read(value, key, origin, "an integer number of days", &config->node_cert_days);
-    } else if (key == "tls_refresh_s") {
-      st = read(value, key, origin, "a number of seconds", &config->tls_refresh_s);
-    } else {
-      return Status::invalidArgument(origin + ": unknown key '" + key +
-                                     "' (known: listen, http, data_dir, heartbeat_grace_s, heartbeat_interval_s, "
-                                     "stop_grace_s, port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs, "
-                                     "node_cert_days, tls_refresh_s, http_tls, http_auth)");
-    }
-    if (!st) return st;
-  }
-  return Status::ok();
+  return parseJsonConfig(text, origin, config, hints());
 }
 
-Status loadConfigFile(const std::string& path, DaemonConfig* config) {
-  std::ifstream in(path);
-  if (!in) return Status::invalidArgument("cannot read config file " + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parseConfig(text.str(), path, config);
-}
+Status loadConfigFile(const std::string& path, DaemonConfig* config) { return loadJsonConfig(path, config, hints()); }
 
 Status validateConfig(const DaemonConfig& c) {
   auto bad = [](const std::string& m) { return Status::invalidArgument(m); };
-  const size_t colon = c.listen.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == c.listen.size() ||
-      c.listen.find_first_not_of("0123456789", colon + 1) != std::string::npos || c.listen.size() - colon > 6 ||
-      std::stol(c.listen.substr(colon + 1)) > 65535) {
-    return bad("listen '" + c.listen + "' is not HOST:PORT with PORT 0..65535 (e.g. 127.0.0.1:7070)");
+  if (StatusOr<HostPort> listen = parseHostPort(c.listen); !listen) {
+    return bad("listen '" + c.listen + "' is not HOST:PORT with PORT 0..65535: " + listen.status().message() +
+               " (e.g. 127.0.0.1:7070)");
+  }
+  if (StatusOr<HostPort> http = parseHostPort(c.http); !http) {
+    return bad("http '" + c.http + "' is not HOST:PORT with PORT 0..65535: " + http.status().message() +
+               " (e.g. 127.0.0.1:7080)");
   }
   if (c.data_dir.empty()) return bad("data_dir is empty");
   if (!(c.heartbeat_grace_s >= 0.1 && c.heartbeat_grace_s <= 86400)) {
@@ -111,7 +67,7 @@ Status validateConfig(const DaemonConfig& c) {
   if (!(c.tls_refresh_s >= 1 && c.tls_refresh_s <= 86400)) return bad("tls_refresh_s must be between 1 and 86400");
   // The dashboard off loopback is HTTPS with tokens, whatever is set; a setting that says otherwise is a mistake.
   for (const auto& [key, value] : {std::pair{"http_tls", c.http_tls}, std::pair{"http_auth", c.http_auth}}) {
-    if (value == false && !tls::isLoopback(c.http)) {
+    if (value == false && !isLoopback(c.http)) {
       return bad(std::string(key) + " is false, but http '" + c.http + "' is not a loopback address: there the " +
                  "dashboard always serves HTTPS and needs tokens (docs/dashboard.md); bind it to 127.0.0.1 for " +
                  "plain HTTP");

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "state/status.h"
+#include "common/status.h"
 
 namespace ddl::coordinator {
 

@@ -18,12 +18,12 @@
 #include <set>
 #include <thread>
 
+#include "common/host_port.h"
 #include "common/pki.h"
 #include "ddl/messages.h"
-#include "ddl/tls.h"
 #include "http/pages.h"
 #include "http/server_certificate.h"
-#include "rpc/access.h"
+#include "auth/access.h"
 #include "service/convert.h"
 
 namespace ddl::coordinator::http {
@@ -405,7 +405,7 @@ Response handleRequest(Coordinator& c, const std::string& method, const std::str
 
 HttpMode httpMode(const std::string& listen, const HttpOptions& options) {
   HttpMode mode;
-  mode.tls = options.tls || !tls::isLoopback(listen);
+  mode.tls = options.tls || !isLoopback(listen);
   mode.auth = options.auth || mode.tls;
   return mode;
 }
@@ -804,22 +804,16 @@ HttpServer::~HttpServer() { stop(); }
 const char* HttpServer::scheme() const { return impl_->mode.tls ? "https" : "http"; }
 
 Status HttpServer::start(const std::string& listen, std::string* bound) {
-  const size_t colon = listen.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return Status::invalidArgument("http address '" + listen + "' is not HOST:PORT (e.g. 127.0.0.1:8080)");
+  StatusOr<HostPort> parsed = parseHostPort(listen);
+  if (!parsed) {
+    return Status::invalidArgument("http address '" + listen + "' is not HOST:PORT: " + parsed.status().message() +
+                                   " (e.g. 127.0.0.1:8080)");
   }
-  std::string host = listen.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  const std::string& host = parsed->host;
+  const int port = parsed->port;
   beast::error_code ec;
   auto address = asio::ip::make_address(host, ec);
   if (ec) return Status::invalidArgument("http address '" + listen + "': '" + host + "' is not an IP address");
-  int port = 0;
-  try {
-    port = std::stoi(listen.substr(colon + 1));
-  } catch (...) {
-    port = -1;
-  }
-  if (port < 0 || port > 65535) return Status::invalidArgument("http address '" + listen + "': bad port");
 
   // Off loopback (or when asked): HTTPS and tokens, checked before anything listens.
   Impl& impl = *impl_;

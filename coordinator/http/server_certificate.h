@@ -16,7 +16,7 @@
 #include <mutex>
 #include <string>
 
-#include "state/status.h"
+#include "common/status.h"
 
 namespace ddl::coordinator::http {
 

@@ -11,7 +11,7 @@
 #include "common/pki.h"
 #include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
-#include "rpc/access.h"
+#include "auth/access.h"
 
 namespace ddl::coordinator {
 

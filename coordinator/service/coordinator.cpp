@@ -16,6 +16,7 @@
 #include <limits>
 #include <thread>
 
+#include "common/signals.h"
 #include "placement/placement.h"
 #include "service/convert.h"
 
@@ -44,8 +45,8 @@ std::string seconds(int64_t ms) {
 
 std::string describeExit(const v1::RankStatus& r) {
   if (r.has_signal()) {
-    const char* name = sigabbrev_np(r.signal());
-    return "was killed by signal " + (name ? "SIG" + std::string(name) : std::to_string(r.signal()));
+    const char* name = signalAbbrev(r.signal());
+    return "was killed by signal " + (name ? std::string(name) : std::to_string(r.signal()));
   }
   return "exited with code " + std::to_string(r.exit_code());
 }

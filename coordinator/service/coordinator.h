@@ -49,7 +49,7 @@
 #include "ddl/v1/ddl.pb.h"
 #include "placement/cluster.h"
 #include "placement/ring_layout.h"
-#include "state/status.h"
+#include "common/status.h"
 #include "state/store.h"
 #include "service/persistence.h"
 

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "state/status.h"
+#include "common/status.h"
 
 namespace ddl::state {
 

@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "state/status.h"
+#include "common/status.h"
 
 namespace ddl::state {
 

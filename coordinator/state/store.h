@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "state/job.h"
-#include "state/status.h"
+#include "common/status.h"
 
 namespace ddl::state {
 

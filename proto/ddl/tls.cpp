@@ -1,12 +1,12 @@
 #include "ddl/tls.h"
 
-#include <arpa/inet.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_certificate_verifier.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
 #include <ctime>
 
+#include "common/host_port.h"
 #include "common/pki.h"
 
 namespace ddl::tls {
@@ -65,19 +65,8 @@ std::shared_ptr<grpc::ChannelCredentials> channelCredentials(const Files& files,
 
 void addChannelArgs(grpc::ChannelArguments* args) { args->SetSslTargetNameOverride(pki::kCoordinatorName); }
 
-bool isLoopback(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  std::string host = colon == std::string::npos ? host_port : host_port.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  if (host == "localhost") return true;
-  in_addr v4{};
-  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
-}
-
 std::string checkInsecure(const std::string& host_port, const std::string& who) {
-  if (isLoopback(host_port)) return "";
+  if (ddl::isLoopback(host_port)) return "";
   return who + ": --insecure (plaintext, no authentication) is allowed only on a loopback address, not " +
          host_port + "; use TLS (docs/security.md)";
 }

@@ -42,9 +42,8 @@ std::shared_ptr<grpc::ChannelCredentials> channelCredentials(const Files& files,
 // certificate. Adds to `args`.
 void addChannelArgs(grpc::ChannelArguments* args);
 
-// Whether HOST (of HOST:PORT, IPv6 in brackets) is a loopback address: 127.0.0.0/8, ::1 or "localhost".
-bool isLoopback(const std::string& host_port);
-// "" when plaintext may be used on `host_port`: only with --insecure and only on a loopback address.
+// "" when plaintext may be used on `host_port`: only with --insecure and only on a loopback address
+// (ddl::isLoopback, common/host_port.h).
 // `who` names the program in the message ("ddl-coordinator", "ddl-agent", "ddlctl").
 std::string checkInsecure(const std::string& host_port, const std::string& who);
 

@@ -23,6 +23,7 @@
 
 #include "auth/pki_dir.h"
 #include "auth/users.h"
+#include "common/host_port.h"
 #include "common/pki.h"
 #include "daemon/config.h"
 #include "http/http_server.h"
@@ -187,7 +188,7 @@ TEST_F(HttpTest, RealServerSurvivesGarbage) {
   HttpServer server(*coordinator);
   std::string bound;
   ASSERT_TRUE(server.start("127.0.0.1:0", &bound));
-  const int port = std::stoi(bound.substr(bound.rfind(':') + 1));
+  const int port = parseHostPort(bound)->port;
   EXPECT_EQ(rawRequest(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
   EXPECT_EQ(rawRequest(port, "GET /missing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
             "HTTP/1.1 404 Not Found");
@@ -419,7 +420,7 @@ HttpsAnswer httpsRequest(int port, const std::string& ca_pem, const std::string&
   return answer;
 }
 
-int portOf(const std::string& bound) { return std::stoi(bound.substr(bound.rfind(':') + 1)); }
+int portOf(const std::string& bound) { return parseHostPort(bound)->port; }
 
 TEST_F(SecureHttpTest, HttpsWithTokensWhenAskedOnLoopback) {
   HttpServer server(*coordinator, {/*tls=*/true, /*auth=*/false, pkiDir(), users.get()});

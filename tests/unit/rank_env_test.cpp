@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "common/host_port.h"
 #include "common/rank_env.h"
 
 namespace ddl {
@@ -54,8 +55,8 @@ TEST(RankEnv, OptionalVariablesAreLeftOutAndIpv6IsBracketed) {
   EXPECT_EQ(m.count("DDL_JOB_SECRET"), 0u);
   EXPECT_EQ(m["DDL_ROOT"], "[fd00::1]:29500");
   EXPECT_EQ(m["MASTER_ADDR"], "fd00::1");  // what torch's env:// takes
-  EXPECT_EQ(joinHostPort("[fd00::1]", 1), "[fd00::1]:1");
-  EXPECT_EQ(joinHostPort("node7", 1), "node7:1");
+  EXPECT_EQ(formatHostPort("[fd00::1]", 1), "[fd00::1]:1");
+  EXPECT_EQ(formatHostPort("node7", 1), "node7:1");
 }
 
 TEST(RankEnv, JobSecretsAreFreshAndHex) {

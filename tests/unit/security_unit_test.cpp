@@ -1,5 +1,5 @@
 // The pieces of ddl's security without a network: the PKI (common/pki), the user registry and join tokens
-// (coordinator/auth/users), the PKI directory tools (auth/pki_dir) and the access rules (rpc/access).
+// (coordinator/auth/users), the PKI directory tools (auth/pki_dir) and the access rules (auth/access).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include "auth/pki_dir.h"
 #include "auth/users.h"
 #include "common/pki.h"
-#include "rpc/access.h"
+#include "auth/access.h"
 
 namespace ddl::coordinator {
 namespace {

@@ -1,5 +1,6 @@
 #include "tune.h"
 
+#include "common/host_port.h"
 #include "free_port.h"
 
 #include <unistd.h>
@@ -110,8 +111,8 @@ int runTune(const TuneOptions& o) {
   }
   const int nranks = std::atoi(size_s), rank = std::atoi(rank_s);
   const std::string root = root_s;
-  const size_t colon = root.rfind(':');
-  const int port = colon == std::string::npos ? 0 : std::atoi(root.c_str() + colon + 1);
+  const ddl::StatusOr<ddl::HostPort> root_address = ddl::parseHostPort(root, 1);
+  const int port = root_address ? root_address->port : 0;
   if (nranks < 2 || port <= 0) {
     std::fprintf(stderr, "ddl-bench --tune: needs 2 or more ranks and DDL_ROOT as HOST:PORT (got %s ranks, %s)\n",
                  size_s, root_s);
@@ -157,7 +158,7 @@ int runTune(const TuneOptions& o) {
       }
       ddlCommDestroy(comm);
       comm = nullptr;
-      root_k = root.substr(0, colon + 1) + std::to_string(next);
+      root_k = ddl::formatHostPort(root_address->host, next);
     }
     ddlConfig_t config = DDL_CONFIG_INITIALIZER;
     config.algorithm = candidates[k].algo;

@@ -17,7 +17,9 @@
 // rank's pending output is printed before ddlrun's message about it.
 #include "launcher.h"
 
+#include "common/host_port.h"
 #include "common/rank_env.h"
+#include "common/signals.h"
 #include "free_port.h"
 
 #include <arpa/inet.h>
@@ -151,10 +153,9 @@ std::string applyOption(const std::string& name, const std::string& value, Optio
     }
     options->grace_ms = static_cast<int>(number);
   } else if (name == "--root") {
-    size_t colon = value.rfind(':');
-    if (colon == std::string::npos || colon == 0 ||
-        !parseBoundedInt(value.substr(colon + 1), 65535, &number) || number < 1) {
-      return "ddlrun: --root must be HOST:PORT with a port from 1 to 65535, got '" + value + "'";
+    if (StatusOr<HostPort> root = parseHostPort(value, 1); !root) {
+      return "ddlrun: --root must be HOST:PORT with a port from 1 to 65535, got '" + value +
+             "': " + root.status().message();
     }
     options->root = value;
   } else if (name == "-x") {
@@ -170,14 +171,6 @@ ParseResult failure(std::string error) {
   ParseResult result;
   result.error = std::move(error);
   return result;
-}
-
-// "HOST:PORT" split at the last colon; an IPv6 host loses its brackets ("[::1]:29500" -> "::1", "29500").
-std::pair<std::string, std::string> splitHostPort(const std::string& root) {
-  size_t colon = root.rfind(':');
-  std::string host = root.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return {host, root.substr(colon + 1)};
 }
 
 // "rank 3" or "ranks 0, 2, 5" (the first few of a long list, then how many in all).
@@ -319,7 +312,8 @@ bool Launcher::setUp() {
     root_ = options_.root;
   }
   // torch.distributed's store (MASTER_PORT) gets a port of its own: a program may run both stores at once.
-  const int root_port = std::atoi(splitHostPort(root_).second.c_str());
+  const StatusOr<HostPort> root = parseHostPort(root_);  // checked by parseArgs, or made above
+  const int root_port = root ? root->port : 0;
   for (int attempt = 0; attempt < 8 && (master_port_ <= 0 || master_port_ == root_port); ++attempt) {
     std::string error;
     master_port_ = tools::findFreePort(INADDR_ANY, &error);
@@ -815,13 +809,14 @@ std::vector<std::string> rankEnvironment(const Options& options, int rank, const
   };
   for (const std::string& entry : base_env) put(entry);
 
-  auto [host, port] = splitHostPort(root);
+  const StatusOr<HostPort> root_address = parseHostPort(root);  // checked by parseArgs, or made by ddlrun
+  const HostPort host_port = root_address ? *root_address : HostPort{};
   RankEnvSpec spec;
   spec.rank = spec.local_rank = rank;
   spec.world_size = spec.local_size = options.np;
   spec.topology = options.topology;
-  spec.root_host = host;
-  spec.root_port = std::atoi(port.c_str());
+  spec.root_host = host_port.host;
+  spec.root_port = host_port.port;
   spec.master_port = master_port;
   spec.secret = secret;
   for (const auto& [name, value] : ddl::rankEnvironment(spec)) put(name + "=" + value);
@@ -877,22 +872,6 @@ std::string LineTagger::finish() {
   if (!pending_.empty()) appendLine(out, pending_, tag_);
   pending_.clear();
   return out;
-}
-
-std::string signalName(int sig) {
-  static const std::pair<int, const char*> kNames[] = {
-      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"},     {SIGILL, "SIGILL"},
-      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},       {SIGFPE, "SIGFPE"},
-      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"},     {SIGUSR2, "SIGUSR2"},
-      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"},     {SIGCHLD, "SIGCHLD"},
-      {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"},     {SIGTTIN, "SIGTTIN"},
-      {SIGTTOU, "SIGTTOU"}, {SIGURG, "SIGURG"},   {SIGXCPU, "SIGXCPU"},     {SIGXFSZ, "SIGXFSZ"},
-      {SIGPROF, "SIGPROF"}, {SIGSYS, "SIGSYS"},   {SIGVTALRM, "SIGVTALRM"},
-  };
-  for (const auto& [number, name] : kNames) {
-    if (number == sig) return name;
-  }
-  return "signal " + std::to_string(sig);
 }
 
 int exitCodeOf(int wait_status) {

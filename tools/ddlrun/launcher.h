@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/signals.h"
+
 namespace ddl::launcher {
 
 constexpr int kMaxRanks = 1024;
@@ -89,8 +91,7 @@ class LineTagger {
   std::string pending_;
 };
 
-// "SIGKILL" for 9, "signal 77" for what has no name here.
-std::string signalName(int sig);
+using ddl::signalName;  // common/signals.h: "SIGKILL" for 9, "signal 77" for what has no name
 // What ddlrun exits with for a rank that ended with this waitpid status: its exit code, or 128 + signal.
 int exitCodeOf(int wait_status);
 // "exited with status 7" or "was killed by signal SIGKILL".

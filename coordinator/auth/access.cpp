@@ -1,4 +1,4 @@
-#include "rpc/access.h"
+#include "auth/access.h"
 
 namespace ddl::coordinator::access {
 

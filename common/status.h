@@ -1,11 +1,13 @@
-// Status and StatusOr<T>: the error values of the coordinator's control plane.
+// Status and StatusOr<T>: the error values of ddl's control plane (coordinator, agent, ddlctl, their settings and
+// the base library's parsers).
 //
 // Recoverable failures (a job that does not exist, an illegal state transition, a database that cannot be
 // opened) are returned as values, never thrown across an interface; broken invariants are assertions. The
 // codes are a subset of gRPC's so a handler can map them one to one. A message says what failed, for which
 // job or node, and where it helps, what to do. Both types are copyable and may be passed between threads.
 //
-// Nothing here is specific to the state store; the rest of the coordinator may reuse it.
+// Header-only and dependency-free (ddl_base). The coordinator's code names them state::Status, from before they
+// moved here; the aliases at the end keep that spelling valid.
 #pragma once
 
 #include <cassert>
@@ -13,7 +15,7 @@
 #include <string>
 #include <utility>
 
-namespace ddl::state {
+namespace ddl {
 
 enum class StatusCode {
   kOk = 0,
@@ -76,7 +78,7 @@ class [[nodiscard]] Status {
   // "FAILED_PRECONDITION: job j-000042: ..." — for logs and test failure output.
   std::string toString() const {
     if (isOk()) return "OK";
-    return std::string(state::toString(code_)) + ": " + message_;
+    return std::string(ddl::toString(code_)) + ": " + message_;
   }
 
  private:
@@ -120,4 +122,11 @@ class [[nodiscard]] StatusOr {
   std::optional<T> value_;
 };
 
+}  // namespace ddl
+
+namespace ddl::state {
+using ddl::Status;
+using ddl::StatusCode;
+using ddl::StatusOr;
+using ddl::toString;
 }  // namespace ddl::state

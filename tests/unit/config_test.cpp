@@ -1,0 +1,174 @@
+// The daemons' settings files: ddl-coordinator's (coordinator/daemon/config) and ddl-agent's
+// (worker/agent_config), both loaded by common/json_config. Every key keeps its default and type; unknown
+// keys, wrong types and bad addresses are refused with the key named.
+#include "daemon/config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "worker/agent_config.h"
+
+namespace ddl {
+namespace {
+
+using coordinator::DaemonConfig;
+using worker::AgentConfig;
+
+std::string messageOf(const Status& st) { return st ? "" : st.message(); }
+
+TEST(CoordinatorConfig, DefaultsAreValidAndEveryKeyIsRead) {
+  DaemonConfig c;
+  EXPECT_TRUE(coordinator::validateConfig(c));
+  Status st = coordinator::parseConfig(R"({"listen": "0.0.0.0:7071", "http": "127.0.0.1:0", "data_dir": "/d",
+      "heartbeat_grace_s": 20, "heartbeat_interval_s": 2.5, "stop_grace_s": 3, "port_first": 30000,
+      "port_last": 30100, "log_level": "debug", "pki_dir": "/p", "insecure": true, "allow_root_jobs": true,
+      "node_cert_days": 30, "tls_refresh_s": 5, "http_tls": true, "http_auth": true})",
+                                       "c.json", &c);
+  ASSERT_TRUE(st) << st.message();
+  EXPECT_EQ(c.listen, "0.0.0.0:7071");
+  EXPECT_EQ(c.http, "127.0.0.1:0");
+  EXPECT_EQ(c.data_dir, "/d");
+  EXPECT_EQ(c.heartbeat_grace_s, 20);
+  EXPECT_EQ(c.heartbeat_interval_s, 2.5);
+  EXPECT_EQ(c.stop_grace_s, 3);
+  EXPECT_EQ(c.port_first, 30000);
+  EXPECT_EQ(c.port_last, 30100);
+  EXPECT_EQ(c.log_level, "debug");
+  EXPECT_EQ(c.pki_dir, "/p");
+  EXPECT_TRUE(c.insecure);
+  EXPECT_TRUE(c.allow_root_jobs);
+  EXPECT_EQ(c.node_cert_days, 30);
+  EXPECT_EQ(c.tls_refresh_s, 5);
+  EXPECT_EQ(c.http_tls, std::optional<bool>(true));
+  EXPECT_EQ(c.http_auth, std::optional<bool>(true));
+  EXPECT_TRUE(coordinator::validateConfig(c)) << messageOf(coordinator::validateConfig(c));
+}
+
+TEST(CoordinatorConfig, UnknownKeysAndWrongTypesNameTheKey) {
+  DaemonConfig c;
+  Status st = coordinator::parseConfig(R"({"heartbeat_grace": 5})", "/etc/ddl/coordinator.json", &c);
+  EXPECT_NE(
+      messageOf(st).find("/etc/ddl/coordinator.json: unknown key 'heartbeat_grace' (known: listen, http, "),
+      std::string::npos)
+      << messageOf(st);
+  struct Case {
+    const char* text;
+    const char* message;
+  };
+  for (Case k :
+       {Case{R"({"listen": 7070})", "key 'listen' must be a string \"HOST:PORT\", not 7070"},
+        Case{R"({"heartbeat_grace_s": "10s"})", "key 'heartbeat_grace_s' must be a number of seconds"},
+        Case{R"({"port_first": 29500.5})", "key 'port_first' must be an integer port, not 29500.5"},
+        Case{R"({"node_cert_days": "365"})", "key 'node_cert_days' must be an integer number of days"},
+        Case{R"({"insecure": "false"})", "key 'insecure' must be true or false"},
+        Case{R"({"log_level": ["info"]})", "key 'log_level' must be a string"}}) {
+    DaemonConfig d;
+    EXPECT_NE(messageOf(coordinator::parseConfig(k.text, "c.json", &d)).find(k.message), std::string::npos)
+        << k.text << " -> " << messageOf(coordinator::parseConfig(k.text, "c.json", &d));
+    EXPECT_EQ(d.listen, DaemonConfig().listen) << "a bad file changes nothing";
+  }
+}
+
+TEST(CoordinatorConfig, AddressesAreCheckedWithTheReason) {
+  struct Case {
+    const char* listen;
+    const char* http;
+    const char* message;
+  };
+  for (Case k :
+       {Case{"7070", "127.0.0.1:7080", "listen '7070' is not HOST:PORT with PORT 0..65535: no port"},
+        Case{"::1:7070", "127.0.0.1:7080", "in brackets"},
+        Case{"127.0.0.1:70000", "127.0.0.1:7080", "port 70000 is out of range"},
+        Case{"127.0.0.1:7070", "127.0.0.1", "http '127.0.0.1' is not HOST:PORT with PORT 0..65535: no port"},
+        Case{"127.0.0.1:7070", "127.0.0.1:x", "port 'x' is not a number"}}) {
+    DaemonConfig c;
+    c.listen = k.listen;
+    c.http = k.http;
+    EXPECT_NE(messageOf(coordinator::validateConfig(c)).find(k.message), std::string::npos)
+        << k.listen << " " << k.http << " -> " << messageOf(coordinator::validateConfig(c));
+  }
+  DaemonConfig ok;
+  ok.listen = "[::1]:0";
+  ok.http = "[::1]:0";
+  EXPECT_TRUE(coordinator::validateConfig(ok)) << messageOf(coordinator::validateConfig(ok));
+}
+
+TEST(CoordinatorConfig, FilesAreReadWithABound) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ddl_config_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "coordinator.json").string();
+  std::ofstream(path) << R"({"listen": "127.0.0.1:7171"})";
+  DaemonConfig c;
+  ASSERT_TRUE(coordinator::loadConfigFile(path, &c));
+  EXPECT_EQ(c.listen, "127.0.0.1:7171");
+  std::ofstream(path) << R"({"log_level": ")" << std::string(2 << 20, 'x') << R"("})";
+  EXPECT_NE(messageOf(coordinator::loadConfigFile(path, &c)).find("is larger than"), std::string::npos);
+  EXPECT_NE(messageOf(coordinator::loadConfigFile((dir / "none.json").string(), &c))
+                .find("cannot read config file"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(AgentConfig, DefaultsAreValidAndEveryKeyIsRead) {
+  AgentConfig c;
+  EXPECT_TRUE(worker::validateAgentConfig(c));
+  Status st =
+      worker::parseAgentConfig(R"({"coordinator": "[fd00::1]:7070", "node": "n1", "address": "10.0.0.2",
+      "labels": {"rack": "r1"}, "virtual_gpus": 4, "force_virtual": true, "data_dir": "/d", "log_retention_hours": 24, "log_max_mb": 500, "port_first": 30000,
+      "port_last": 30010, "stop_grace_s": 2.5, "stop_ranks_on_exit": true, "log_level": "warn", "pki_dir": "/p",
+      "insecure": false, "tls_refresh_s": 30})",
+                               "a.json", &c);
+  ASSERT_TRUE(st) << st.message();
+  EXPECT_EQ(c.coordinator, "[fd00::1]:7070");
+  EXPECT_EQ(c.node, "n1");
+  EXPECT_EQ(c.address, "10.0.0.2");
+  EXPECT_EQ(c.labels.at("rack"), "r1");
+  EXPECT_EQ(c.virtual_gpus, 4);
+  EXPECT_TRUE(c.force_virtual);
+  EXPECT_EQ(c.data_dir, "/d");
+  EXPECT_EQ(c.log_retention_hours, 24);
+  EXPECT_EQ(c.log_max_mb, 500);
+  EXPECT_EQ(c.port_first, 30000);
+  EXPECT_EQ(c.port_last, 30010);
+  EXPECT_EQ(c.stop_grace_s, 2.5);
+  EXPECT_TRUE(c.stop_ranks_on_exit);
+  EXPECT_EQ(c.log_level, "warn");
+  EXPECT_EQ(c.pki_dir, "/p");
+  EXPECT_EQ(c.tls_refresh_s, 30);
+  EXPECT_TRUE(worker::validateAgentConfig(c)) << messageOf(worker::validateAgentConfig(c));
+}
+
+TEST(AgentConfig, UnknownKeysWrongTypesAndBadCoordinatorAddresses) {
+  AgentConfig c;
+  Status st = worker::parseAgentConfig(R"({"stop_grace": 5})", "/etc/ddl/agent.json", &c);
+  EXPECT_NE(messageOf(st).find(
+                "/etc/ddl/agent.json: unknown key 'stop_grace' (known: coordinator, node, address, "),
+            std::string::npos)
+      << messageOf(st);
+  st = worker::parseAgentConfig(R"({"labels": {"rack": 1}})", "a.json", &c);
+  EXPECT_NE(messageOf(st).find("key 'labels' must be an object of strings"), std::string::npos)
+      << messageOf(st);
+  st = worker::parseAgentConfig(R"({"log_max_mb": 1.5})", "a.json", &c);
+  EXPECT_NE(messageOf(st).find("key 'log_max_mb' must be an integer number of MiB, not 1.5"),
+            std::string::npos)
+      << messageOf(st);
+  st = worker::parseAgentConfig(R"({"virtual_gpus": "4"})", "a.json", &c);
+  EXPECT_NE(messageOf(st).find("key 'virtual_gpus' must be an integer, not \"4\""), std::string::npos)
+      << messageOf(st);
+  for (const char* bad : {"head", "head:0", "::1:7070", "http://head:7070"}) {
+    AgentConfig a;
+    a.coordinator = bad;
+    EXPECT_NE(messageOf(worker::validateAgentConfig(a))
+                  .find("coordinator '" + std::string(bad) + "' is not HOST:PORT: "),
+              std::string::npos)
+        << bad << " -> " << messageOf(worker::validateAgentConfig(a));
+  }
+}
+
+}  // namespace
+}  // namespace ddl
