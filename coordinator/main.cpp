@@ -166,6 +166,8 @@ int main(int argc, char** argv) {
   options.port_first = config.port_first;
   options.port_last = config.port_last;
   options.allow_root_jobs = config.allow_root_jobs;
+  options.history_retention_ms = static_cast<int64_t>(config.history_retention_days * 86400000.0);
+  options.max_finished_in_memory = static_cast<size_t>(config.finished_jobs_in_memory);
   Coordinator coordinator(**store, options);
   if (auto st = coordinator.recover(); !st) return fail("recovering state from " + store_options.path + ": " + st.message());
 

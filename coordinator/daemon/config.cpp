@@ -10,7 +10,7 @@ using state::Status;
 // The keys, in the order the unknown-key message lists them.
 DDL_JSON_CONFIG(DaemonConfig, listen, http, data_dir, heartbeat_grace_s, heartbeat_interval_s, stop_grace_s,
                 port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs, node_cert_days, tls_refresh_s,
-                http_tls, http_auth)
+                http_tls, http_auth, history_retention_days, finished_jobs_in_memory)
 
 namespace {
 
@@ -29,6 +29,8 @@ const ConfigHints& hints() {
       {"pki_dir", "a string (a directory)"},
       {"node_cert_days", "an integer number of days"},
       {"tls_refresh_s", "a number of seconds"},
+      {"history_retention_days", "a number of days (0: keep forever)"},
+      {"finished_jobs_in_memory", "an integer count of jobs"},
   };
   return kHints;
 }
@@ -65,6 +67,12 @@ Status validateConfig(const DaemonConfig& c) {
   if (c.pki_dir.empty() && !c.insecure) return bad("pki_dir is empty");
   if (c.node_cert_days < 1 || c.node_cert_days > 3650) return bad("node_cert_days must be between 1 and 3650");
   if (!(c.tls_refresh_s >= 1 && c.tls_refresh_s <= 86400)) return bad("tls_refresh_s must be between 1 and 86400");
+  if (!(c.history_retention_days >= 0 && c.history_retention_days <= 36500)) {
+    return bad("history_retention_days must be between 0 (keep forever) and 36500");
+  }
+  if (c.finished_jobs_in_memory < 0 || c.finished_jobs_in_memory > 1000000) {
+    return bad("finished_jobs_in_memory must be between 0 and 1000000");
+  }
   // The dashboard off loopback is HTTPS with tokens, whatever is set; a setting that says otherwise is a mistake.
   for (const auto& [key, value] : {std::pair{"http_tls", c.http_tls}, std::pair{"http_auth", c.http_auth}}) {
     if (value == false && !isLoopback(c.http)) {

@@ -35,11 +35,13 @@ struct DaemonConfig {
   bool allow_root_jobs = false;   // jobs of root are refused, and agents refuse uid 0 ranks, unless set
   int node_cert_days = 365;       // validity of the node certificates the coordinator issues
   double tls_refresh_s = 60;      // how often certificate files are re-read (rotation without a restart)
+  double history_retention_days = 30;   // finished jobs leave the database after this; 0 keeps them forever
+  int finished_jobs_in_memory = 10000;  // the most recent finished jobs kept in memory; older ones are read back
 };
 
 // Reads the JSON object at `path` over `config`. Keys: listen, http, data_dir, heartbeat_grace_s,
 // heartbeat_interval_s, stop_grace_s, port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs,
-// node_cert_days, tls_refresh_s, http_tls, http_auth.
+// node_cert_days, tls_refresh_s, http_tls, http_auth, history_retention_days, finished_jobs_in_memory.
 state::Status loadConfigFile(const std::string& path, DaemonConfig* config);
 // Parses JSON text (what loadConfigFile reads); `origin` names it in errors.
 state::Status parseConfig(const std::string& text, const std::string& origin, DaemonConfig* config);

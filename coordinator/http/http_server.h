@@ -19,7 +19,7 @@
 // but /healthz needs the token of a registered user of any role: `Authorization: Bearer TOKEN` (ddlctl's
 // tokens; Prometheus' `authorization` setting) or the cookie /login sets. Without one the answer is 401 and
 // says how to get one. Readers who are neither admins nor the job's owner see jobs without command, env and
-// workdir, and no logs (rpc/access.h's rules, as ListJobs applies them).
+// workdir, and no logs (auth/access.h's rules, as ListJobs applies them).
 //
 // Threads. The server runs on one Asio io_context served by one thread of its own (the "io thread"): it
 // accepts, reads, routes, renders and writes for every connection, and nothing on it blocks. Each request's

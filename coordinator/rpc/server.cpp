@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/host_port.h"
 #include "common/pki.h"
 #include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
@@ -530,9 +531,10 @@ Status RpcServer::checkTlsFiles(const std::string& pki_dir) {
 }
 
 Status RpcServer::start(const std::string& listen, std::string* bound) {
-  const size_t colon = listen.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size()) {
-    return Status::invalidArgument("listen address '" + listen + "' is not HOST:PORT (e.g. 127.0.0.1:7070)");
+  auto where = parseHostPort(listen);
+  if (!where) {
+    return Status::invalidArgument("listen address '" + listen + "': " + where.status().message() +
+                                   " (expected HOST:PORT, e.g. 127.0.0.1:7070)");
   }
   std::shared_ptr<grpc::ServerCredentials> credentials;
   if (security_.insecure) {
@@ -558,7 +560,7 @@ Status RpcServer::start(const std::string& listen, std::string* bound) {
     return Status::unavailable("cannot listen on " + listen +
                                " (address in use, or not an address of this host?)");
   }
-  *bound = listen.substr(0, colon) + ":" + std::to_string(port);
+  *bound = formatHostPort(where->host, port);
   return Status::ok();
 }
 

@@ -4,7 +4,7 @@
 // nodes; a callback-API server is the path beyond that.
 //
 // Security (docs/security.md): TLS with the cluster's certificates, every call's identity established and
-// checked against rpc/access.h's rules before it reaches Coordinator. Plaintext only with `insecure`, which
+// checked against auth/access.h's rules before it reaches Coordinator. Plaintext only with `insecure`, which
 // start() accepts on a loopback address only.
 //
 // Threads: start() and shutdown() from one owning thread; handlers run on gRPC's threads.

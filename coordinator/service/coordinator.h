@@ -320,6 +320,9 @@ class Coordinator {
   uint64_t session_counter_ = 0;
   bool schedule_wanted_ = true;
   int64_t last_job_number_ = 0;  // the highest job number handed out
+  uint64_t node_epoch_ = 0;      // grows with every change of a node record
+  uint64_t feasibility_epoch_ = 0;
+  std::unique_ptr<placement::Cluster> feasibility_cluster_;  // submit's "could it ever fit" view, at that epoch
   struct Finished {
     std::string id;
     uint64_t seq = 0;  // the batch that holds its final state

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "state/job.h"
 #include "common/status.h"
 
@@ -110,10 +111,7 @@ inline int64_t endedAtMs(const Job& job) {
 }
 
 // The system clock as unix milliseconds: the default clock of the stores.
-inline int64_t systemNowMs() {
-  using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
-}
+inline int64_t systemNowMs() { return unixNowMs(); }
 
 // Shared by the implementations so their messages match.
 inline Status jobNotFound(const std::string& id) {
