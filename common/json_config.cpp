@@ -53,7 +53,7 @@ StatusOr<nlohmann::json> parseObject(const std::string& text, const std::string&
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 2e9500
     return Status::invalidArgument(origin + ": not valid JSON: " + e.what());
   }
   if (!doc.is_object()) return Status::invalidArgument(origin + ": must hold a JSON object");

@@ -459,6 +459,9 @@ void Coordinator::schedulePassOnLoop() {
   }
   placement::Cluster cluster = snapshotOnLoop(true);
   placement::ScheduleResult result = placement::schedule(cluster, queue);
+  // The GPUs in use, once for the pass (not once per decision: that was quadratic at thousands of jobs),
+  // with each start added as it is applied.
+  auto usage = usageOnLoop();
   for (const auto& d : result.decisions) {
     auto it = jobs_.find(d.jobId);
     if (it == jobs_.end() || it->second.state != JobState::kPending) continue;  // cancelled meanwhile
@@ -472,7 +475,7 @@ void Coordinator::schedulePassOnLoop() {
       if (!st) spdlog::error("schedule: {}", st.toString());
       continue;
     }
-    if (!stillFreeOnLoop(d.allocation)) {
+    if (!stillFreeOnLoop(d.allocation, usage)) {
       schedule_wanted_ = true;  // the cluster changed while placement ran: decide again next tick
       continue;
     }
@@ -500,6 +503,7 @@ void Coordinator::schedulePassOnLoop() {
       continue;
     }
     launchOnLoop(d.jobId, d.allocation, layout);
+    for (const auto& a : d.allocation.nodes) usage[a.node].gpus.insert(a.gpus.begin(), a.gpus.end());
   }
 }
 
@@ -1009,8 +1013,8 @@ std::map<std::string, Coordinator::NodeUsage> Coordinator::usageOnLoop() const {
   return usage;
 }
 
-bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation) const {
-  auto usage = usageOnLoop();
+bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation,
+                                  std::map<std::string, NodeUsage>& usage) const {
   for (const auto& a : allocation.nodes) {
     auto node = nodes_.find(a.node);
     if (node == nodes_.end() || node->second.record.state != state::NodeState::kUp || !node->second.link) {

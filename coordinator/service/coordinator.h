@@ -253,7 +253,7 @@ class Coordinator {
   };
   std::map<std::string, NodeUsage> usageOnLoop() const;
   // Applying a decision re-checks that its GPUs are free (a cheap guard against a placement bug).
-  bool stillFreeOnLoop(const placement::Allocation& allocation) const;
+  bool stillFreeOnLoop(const placement::Allocation& allocation, std::map<std::string, NodeUsage>& usage) const;
   int pickPortOnLoop(const std::string& node, const std::string& job) const;
   static int attemptOf(const state::Job& job);
   v1::Job toProtoOnLoop(const state::Job& job) const;

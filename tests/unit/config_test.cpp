@@ -48,6 +48,15 @@ TEST(CoordinatorConfig, DefaultsAreValidAndEveryKeyIsRead) {
   EXPECT_TRUE(coordinator::validateConfig(c)) << messageOf(coordinator::validateConfig(c));
 }
 
+TEST(CoordinatorConfig, AnOutOfRangeNumberIsAnErrorNotACrash) {
+  // Found by fuzzing (tests/fuzz/corpus/config/number_overflow): nlohmann/json throws out_of_range, not
+  // parse_error, for a number too large for a double.
+  DaemonConfig c;
+  Status st = coordinator::parseConfig(R"({"heartbeat_grace_s": 2e9500})", "c.json", &c);
+  EXPECT_NE(messageOf(st).find("c.json: not valid JSON"), std::string::npos) << messageOf(st);
+  EXPECT_EQ(c.heartbeat_grace_s, DaemonConfig().heartbeat_grace_s);
+}
+
 TEST(CoordinatorConfig, UnknownKeysAndWrongTypesNameTheKey) {
   DaemonConfig c;
   Status st = coordinator::parseConfig(R"({"heartbeat_grace": 5})", "/etc/ddl/coordinator.json", &c);
