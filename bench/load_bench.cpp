@@ -61,6 +61,7 @@
 #include <thread>
 #include <vector>
 
+#include "e2e_helpers.h"
 #include "common/pki.h"
 #include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
@@ -172,20 +173,7 @@ std::optional<double> metric(const std::string& text, const std::string& name) {
   return std::nullopt;
 }
 
-pid_t spawn(const std::vector<std::string>& argv, const fs::path& log) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
-}
+using ddl::e2e::spawn;  // the end-to-end tests' launcher: output appended to a log
 
 struct Coordinator {
   pid_t pid = 0;

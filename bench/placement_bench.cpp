@@ -1,13 +1,13 @@
 // placement_bench: how long placement and scheduling take on a large cluster snapshot. Prints figures (and
 // writes them as JSON with --json FILE); it asserts nothing.
 //
-// Snapshot: 1,000 nodes x 4 GPUs under 32 switches (31 or 32 nodes each), 4 switches per rack, built from a
+// Snapshot: 1,000 nodes (--nodes) x 4 GPUs under 32 switches, 4 switches per rack, built from a
 // fixed-seed RNG: about 30% of nodes have 1-4 GPUs in use, 2% are DRAINING, 1% DOWN.
 // Figures: place() of a 256-GPU job (64 nodes x 4 GPUs, and 256 GPUs as a total), checkFeasible(), ring
 // layout build + validate for the placed job, each over --runs runs (median, p99, max); and schedule() of a
 // queue of 1,000 pending jobs of mixed shapes and priorities over --queue-runs runs.
 //
-// Usage: placement_bench [--runs N] [--queue-runs N] [--seed S] [--json FILE]
+// Usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--seed S] [--json FILE]  (--nodes: 1000)
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -26,15 +26,15 @@ using namespace ddl::placement;
 
 namespace {
 
-Cluster makeCluster(uint32_t seed) {
+Cluster makeCluster(uint32_t seed, int nodes) {
   std::mt19937 rng(seed);
   Cluster c;
-  for (int i = 0; i < 1000; ++i) {
+  for (int i = 0; i < nodes; ++i) {
     Node n;
     n.name = "n" + std::to_string(i + 1);
     n.gpus = 4;
     n.used.assign(4, false);
-    const int sw = i * 32 / 1000;  // 32 switches of 31 or 32 consecutive nodes
+    const int sw = i * 32 / nodes;  // 32 switches of nodes/32 consecutive nodes
     n.labels[kSwitchLabel] = "s" + std::to_string(sw + 1);
     n.labels[kRackLabel] = "r" + std::to_string(sw / 4 + 1);
     const int roll = rng() % 100;
@@ -101,7 +101,7 @@ Stats timeIt(const std::string& name, int runs, const std::function<void()>& f) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int runs = 100, queueRuns = 10;
+  int runs = 100, queueRuns = 10, nodes = 1000;
   uint32_t seed = 42;
   const char* jsonPath = nullptr;
   for (int i = 1; i < argc; ++i) {
@@ -118,15 +118,17 @@ int main(int argc, char** argv) {
       queueRuns = std::max(1, std::atoi(value()));
     else if (!std::strcmp(argv[i], "--seed"))
       seed = static_cast<uint32_t>(std::strtoul(value(), nullptr, 10));
+    else if (!std::strcmp(argv[i], "--nodes"))
+      nodes = std::clamp(std::atoi(value()), 64, 100000);
     else if (!std::strcmp(argv[i], "--json"))
       jsonPath = value();
     else {
-      std::fprintf(stderr, "usage: placement_bench [--runs N] [--queue-runs N] [--seed S] [--json FILE]\n");
+      std::fprintf(stderr, "usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--seed S] [--json FILE]\n");
       return 2;
     }
   }
 
-  const Cluster cluster = makeCluster(seed);
+  const Cluster cluster = makeCluster(seed, nodes);
   int up = 0, draining = 0, down = 0, freeGpus = 0, wholeFree = 0;
   for (const Node& n : cluster.nodes) {
     up += n.state == NodeState::kUp;
@@ -138,9 +140,9 @@ int main(int argc, char** argv) {
     }
   }
   std::printf(
-      "snapshot: 1000 nodes x 4 GPUs, 32 switches, 8 racks, seed %u: %d UP (%d fully free, %d free GPUs), "
+      "snapshot: %d nodes x 4 GPUs, 32 switches, 8 racks, seed %u: %d UP (%d fully free, %d free GPUs), "
       "%d DRAINING, %d DOWN\n",
-      seed, up, wholeFree, freeGpus, draining, down);
+      nodes, seed, up, wholeFree, freeGpus, draining, down);
 
   JobRequest shape;
   shape.id = "big";
@@ -196,9 +198,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::fprintf(f,
-                 "{\n  \"snapshot\": {\"nodes\": 1000, \"gpus_per_node\": 4, \"switches\": 32, \"seed\": %u, "
+                 "{\n  \"snapshot\": {\"nodes\": %d, \"gpus_per_node\": 4, \"switches\": 32, \"seed\": %u, "
                  "\"up\": %d, \"draining\": %d, \"down\": %d, \"free_gpus\": %d},\n",
-                 seed, up, draining, down, freeGpus);
+                 nodes, seed, up, draining, down, freeGpus);
     std::fprintf(f, "  \"job_topology\": \"%s\",\n", layout.topology().c_str());
     std::fprintf(f,
                  "  \"schedule\": {\"jobs\": 1000, \"started\": %d, \"backfilled\": %d, \"refused\": %d},\n",

@@ -2,12 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-
-#include <algorithm>
 #include <cassert>
 #include <chrono>
 #include <csignal>
@@ -16,8 +15,8 @@
 #include <limits>
 #include <thread>
 
-#include "common/signals.h"
 #include "common/clock.h"
+#include "common/signals.h"
 #include "placement/placement.h"
 #include "service/convert.h"
 
@@ -33,9 +32,8 @@ bool isLive(JobState s) {
 
 bool isValidName(const std::string& name) {
   if (name.empty() || name.size() > 253) return false;
-  return std::all_of(name.begin(), name.end(), [](unsigned char c) {
-    return std::isalnum(c) || c == '-' || c == '_' || c == '.';
-  });
+  return std::all_of(name.begin(), name.end(),
+                     [](unsigned char c) { return std::isalnum(c) || c == '-' || c == '_' || c == '.'; });
 }
 
 std::string seconds(int64_t ms) {
@@ -96,7 +94,6 @@ v1::Job jobToProto(const state::Job& job) {
   return out;
 }
 
-
 }  // namespace
 
 // The loop: one io_context run by one thread, and the ticker's timer.
@@ -123,8 +120,11 @@ Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::f
     : store_(store),
       options_(options),
       now_ms_(now_ms ? now_ms : std::function<int64_t()>(ddl::steadyNowMs)),
-      wall_ms_(wall_ms ? std::move(wall_ms) : now_ms ? std::move(now_ms) : state::systemNowMs) {
-  counters_.scheduling_bounds_s = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800};
+      wall_ms_(wall_ms  ? std::move(wall_ms)
+               : now_ms ? std::move(now_ms)
+                        : state::systemNowMs) {
+  counters_.scheduling_bounds_s = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                   2.5,   5,    10,    30,   60,  300,  1800};
   counters_.scheduling_buckets.assign(counters_.scheduling_bounds_s.size() + 1, 0);
   loop_ = std::make_unique<Loop>();
   GroupCommitter::Options co;
@@ -132,9 +132,11 @@ Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::f
   co.retention_ms = options_.history_retention_ms;
   co.wall_ms = wall_ms_;
   committer_ = std::make_unique<GroupCommitter>(store_, co, [this](uint64_t seq, const Status& st) {
-    // On the committer's thread: health now (so /healthz does not wait for a busy loop), the rest on the loop.
-    setHealth(st.isOk(), st.isOk() ? "" : "cannot store the coordinator's state: " + st.message() +
-                                              "; retrying (new submits are refused until it works)");
+    // On the committer's thread: health now (so /healthz does not wait for a busy loop), the rest on the
+    // loop.
+    setHealth(st.isOk(), st.isOk() ? ""
+                                   : "cannot store the coordinator's state: " + st.message() +
+                                         "; retrying (new submits are refused until it works)");
     post([this, seq, st] { committedOnLoop(seq, st); });
   });
   reader_ = std::make_unique<StoreReader>();
@@ -270,7 +272,16 @@ void Coordinator::evictFinishedOnLoop() {
   }
 }
 
-// ---- Lifecycle ---------------------------------------------------------------------------------------------
+// The synchronous form of an asynchronous call: starts it and waits for its answer (never on the loop).
+template <class T, class Start>
+StatusOr<T> awaitAnswer(Start start) {
+  std::promise<StatusOr<T>> promise;
+  start([&](StatusOr<T> answer) { promise.set_value(std::move(answer)); });
+  return promise.get_future().get();
+}
+
+// ---- Lifecycle
+// ---------------------------------------------------------------------------------------------
 
 Status Coordinator::recover() {
   return callSync<Status>([this] { return recoverOnLoop(); });
@@ -309,15 +320,16 @@ Status Coordinator::recoverOnLoop() {
     jobs_[job.id] = job;
     finished.push_back(&jobs_[job.id]);
   }
-  std::sort(finished.begin(), finished.end(),
-            [](const state::Job* a, const state::Job* b) { return state::endedAtMs(*a) < state::endedAtMs(*b); });
+  std::sort(finished.begin(), finished.end(), [](const state::Job* a, const state::Job* b) {
+    return state::endedAtMs(*a) < state::endedAtMs(*b);
+  });
   for (const state::Job* job : finished) finished_.push_back({job->id, 0, state::endedAtMs(*job)});
   for (auto& job : *live) jobs_[job.id] = job;
   for (auto& job : *live) {
     const std::string& id = job.id;
     if (job.state == JobState::kScheduled) {
-      Status st = recordTransitionOnLoop(id, JobState::kPending,
-                                         "coordinator restarted before the launch was confirmed; placing again");
+      Status st = recordTransitionOnLoop(
+          id, JobState::kPending, "coordinator restarted before the launch was confirmed; placing again");
       if (!st) spdlog::error("recover: {}", st.toString());
     } else if (isLive(job.state)) {
       placement::RingLayout layout;
@@ -358,16 +370,18 @@ void Coordinator::start() {
 void Coordinator::stop() {
   if (!loop_ || !committer_) return;
   if (!onLoop() && loop_->thread.joinable() && !loop_->io.stopped()) {
-    callSync<bool>([this] {
-      stopping_ = true;
-      loop_->ticker.cancel();
-      for (auto& [name, node] : nodes_) {
-        if (node.link) node.link->close();
-        node.link.reset();
-      }
-      for (auto& [rid, wait] : log_waits_) wait->timer.cancel();
-      return true;
-    }, /*wait_for_commit=*/false);
+    callSync<bool>(
+        [this] {
+          stopping_ = true;
+          loop_->ticker.cancel();
+          for (auto& [name, node] : nodes_) {
+            if (node.link) node.link->close();
+            node.link.reset();
+          }
+          for (auto& [rid, wait] : log_waits_) wait->timer.cancel();
+          return true;
+        },
+        /*wait_for_commit=*/false);
   }
   committer_->stop();  // stores what is left
 }
@@ -401,7 +415,8 @@ bool Coordinator::recoveringOnLoop(int64_t now) const {
   return recovery_until_ms_ != 0 && now < recovery_until_ms_;
 }
 
-// ---- Jobs: transitions, scheduling, launch -----------------------------------------------------------------
+// ---- Jobs: transitions, scheduling, launch
+// -----------------------------------------------------------------
 
 Status Coordinator::recordTransitionOnLoop(const std::string& id, JobState to, const std::string& reason,
                                            const std::optional<state::Failure>& failure) {
@@ -452,8 +467,8 @@ void Coordinator::schedulePassOnLoop() {
   if (queue.empty()) return;
   if (recoveringOnLoop(now)) {
     for (const auto& r : queue) {
-      pending_reason_[r.id] = "coordinator restarted; waiting up to " +
-                              seconds(recovery_until_ms_ - now) + " for agents to reconnect";
+      pending_reason_[r.id] = "coordinator restarted; waiting up to " + seconds(recovery_until_ms_ - now) +
+                              " for agents to reconnect";
     }
     return;
   }
@@ -471,7 +486,8 @@ void Coordinator::schedulePassOnLoop() {
       continue;
     }
     if (d.action == placement::Decision::Action::kRefused) {
-      Status st = recordTransitionOnLoop(d.jobId, JobState::kFailed, "can never run on this cluster: " + d.reason);
+      Status st =
+          recordTransitionOnLoop(d.jobId, JobState::kFailed, "can never run on this cluster: " + d.reason);
       if (!st) spdlog::error("schedule: {}", st.toString());
       continue;
     }
@@ -524,11 +540,13 @@ void Coordinator::launchOnLoop(const std::string& id, const placement::Allocatio
   const JobRuntime& rt = runtime_[id];
   const std::string root_addr = nodes_[rt.root_node].record.address;
 
-  // One secret per launch: every rank of this attempt holds it, no other process does (it travels in StartRanks
-  // over the agents' TLS streams and lives in the ranks' environments, readable only by the job's user).
+  // One secret per launch: every rank of this attempt holds it, no other process does (it travels in
+  // StartRanks over the agents' TLS streams and lives in the ranks' environments, readable only by the job's
+  // user).
   const std::string secret = newJobSecret();
   if (secret.empty()) {  // never launch with an open rendezvous
-    Status back = recordTransitionOnLoop(id, JobState::kPending, "no random bytes for the job's secret; retrying");
+    Status back =
+        recordTransitionOnLoop(id, JobState::kPending, "no random bytes for the job's secret; retrying");
     if (!back) spdlog::error("launch: {}", back.toString());
     return;
   }
@@ -569,12 +587,13 @@ void Coordinator::launchOnLoop(const std::string& id, const placement::Allocatio
   }
   // STARTING is written before anything is sent: a job whose start may have gone out is never silently
   // rescheduled. If the write fails, nothing was sent and the job goes back to the queue.
-  Status st = recordTransitionOnLoop(id, JobState::kStarting,
-                                     "start sent to " + std::to_string(commands.size()) + " node" +
-                                         (commands.size() == 1 ? "" : "s"));
+  Status st = recordTransitionOnLoop(
+      id, JobState::kStarting,
+      "start sent to " + std::to_string(commands.size()) + " node" + (commands.size() == 1 ? "" : "s"));
   if (!st) {
     spdlog::error("launch: {}", st.toString());
-    Status back = recordTransitionOnLoop(id, JobState::kPending, "could not record the launch: " + st.message());
+    Status back =
+        recordTransitionOnLoop(id, JobState::kPending, "could not record the launch: " + st.message());
     if (!back) spdlog::error("launch: {}", back.toString());
     return;
   }
@@ -610,8 +629,9 @@ void Coordinator::sendOnLoop(const std::string& node, const v1::Command& command
     } else if (it->second.outbox.size() < kMaxOutbox) {
       it->second.outbox.push_back(command);
     } else {
-      spdlog::warn("node {}: {} commands wait for its agent; dropping one (the agent reconciles when it is back)",
-                   node, kMaxOutbox);
+      spdlog::warn(
+          "node {}: {} commands wait for its agent; dropping one (the agent reconciles when it is back)",
+          node, kMaxOutbox);
     }
   });
 }
@@ -657,12 +677,13 @@ void Coordinator::maybeCompleteOnLoop(const std::string& id) {
   const size_t nranks = rt->second.rank_node.size();
   const auto& ranks = rt->second.ranks;
   if (jobs_[id].state == JobState::kStarting && ranks.size() == nranks) {
-    Status st = recordTransitionOnLoop(id, JobState::kRunning,
-                                       "all " + std::to_string(nranks) + " ranks started");
+    Status st =
+        recordTransitionOnLoop(id, JobState::kRunning, "all " + std::to_string(nranks) + " ranks started");
     if (!st) spdlog::error("job {}: {}", id, st.toString());
   }
   if (jobs_[id].state != JobState::kRunning || ranks.size() != nranks) return;
-  if (!std::all_of(ranks.begin(), ranks.end(), [](const auto& kv) { return exitedCleanly(kv.second); })) return;
+  if (!std::all_of(ranks.begin(), ranks.end(), [](const auto& kv) { return exitedCleanly(kv.second); }))
+    return;
   const int attempt = rt->second.attempt;
   Status st = recordTransitionOnLoop(id, JobState::kSucceeded,
                                      "all " + std::to_string(nranks) + " ranks exited with code 0");
@@ -671,7 +692,8 @@ void Coordinator::maybeCompleteOnLoop(const std::string& id) {
   stopJobEverywhereOnLoop(id, attempt, "job succeeded", jobs_[id].allocation);
 }
 
-// ---- Nodes and agents ----------------------------------------------------------------------------------------
+// ---- Nodes and agents
+// ----------------------------------------------------------------------------------------
 
 void Coordinator::checkHeartbeatsOnLoop(int64_t now) {
   for (auto& [name, node] : nodes_) {
@@ -738,7 +760,8 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
     return Status::invalidArgument("register: node name '" + req.node() +
                                    "' is empty or has characters other than letters, digits, '-', '_', '.'");
   }
-  if (req.address().empty()) return Status::invalidArgument("register: node " + req.node() + " gave no address");
+  if (req.address().empty())
+    return Status::invalidArgument("register: node " + req.node() + " gave no address");
   for (int i = 0; i < req.gpus_size(); ++i) {
     if (req.gpus(i).index() != i) {
       return Status::invalidArgument("register: node " + req.node() + ": GPU " + std::to_string(i) +
@@ -782,7 +805,8 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
   std::set<std::pair<std::string, int>> stale;
   for (const auto& r : req.ranks()) applyRankReportOnLoop(node, r, &stale);
   // Ranks this node should run but no longer has (the agent restarted without them, or never got the start).
-  std::vector<std::pair<std::string, int>> lost;  // (job, rank); failing a job edits runtime_, so collect first
+  std::vector<std::pair<std::string, int>>
+      lost;  // (job, rank); failing a job edits runtime_, so collect first
   for (const auto& [id, rt] : runtime_) {
     for (const auto& [rank, where] : rt.rank_node) {
       if (where != req.node()) continue;
@@ -837,8 +861,8 @@ Status Coordinator::attachAgent(const std::string& node, const std::string& sess
   return callSync<Status>([&] { return attachAgentOnLoop(node, session, link); });
 }
 
-void Coordinator::attachAgent(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link,
-                              StatusDone done) {
+void Coordinator::attachAgent(const std::string& node, const std::string& session,
+                              std::shared_ptr<AgentLink> link, StatusDone done) {
   post([this, node, session, link = std::move(link), done = std::move(done)] {
     done(attachAgentOnLoop(node, session, link));
   });
@@ -873,7 +897,8 @@ void Coordinator::detachAgent(const std::string& node, const std::string& sessio
 
 void Coordinator::applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& r,
                                         std::set<std::pair<std::string, int>>* stale) {
-  if (r.attempt() <= 0) return;  // not a launch this coordinator made; a stop for attempt 0 would stop them all
+  if (r.attempt() <= 0)
+    return;  // not a launch this coordinator made; a stop for attempt 0 would stop them all
   v1::RankStatus report = r;
   if (report.state() == v1::RankStatus::EXITED && !report.has_exit_code() && !report.has_signal()) {
     report.set_exit_code(255);  // an exit with no status is not a success
@@ -886,14 +911,17 @@ void Coordinator::applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& r
 
   auto job = jobs_.find(r.job_id());
   auto rt = runtime_.find(r.job_id());
-  if (job == jobs_.end() || !isLive(job->second.state) || rt == runtime_.end() || r.attempt() < rt->second.attempt) {
+  if (job == jobs_.end() || !isLive(job->second.state) || rt == runtime_.end() ||
+      r.attempt() < rt->second.attempt) {
     stale->insert({r.job_id(), r.attempt()});  // an ended job or an older attempt: stop what is left of it
     return;
   }
   auto placed = rt->second.rank_node.find(r.rank());
-  if (r.attempt() > rt->second.attempt || placed == rt->second.rank_node.end() || placed->second != node.record.name) {
-    spdlog::warn("node {}: ignoring a report of job {} attempt {} rank {} that this coordinator did not place there",
-                 node.record.name, r.job_id(), r.attempt(), r.rank());
+  if (r.attempt() > rt->second.attempt || placed == rt->second.rank_node.end() ||
+      placed->second != node.record.name) {
+    spdlog::warn(
+        "node {}: ignoring a report of job {} attempt {} rank {} that this coordinator did not place there",
+        node.record.name, r.job_id(), r.attempt(), r.rank());
     return;
   }
   if (r.state() == v1::RankStatus::STATE_UNSPECIFIED) return;
@@ -929,13 +957,15 @@ void Coordinator::applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& r
   maybeCompleteOnLoop(r.job_id());
 }
 
-void Coordinator::stopStaleOnLoop(const std::string& node, const std::set<std::pair<std::string, int>>& stale) {
+void Coordinator::stopStaleOnLoop(const std::string& node,
+                                  const std::set<std::pair<std::string, int>>& stale) {
   for (const auto& [job, attempt] : stale) {
     auto it = jobs_.find(job);
-    sendOnLoop(node, stopCommand(job, attempt,
-                                 it == jobs_.end() ? "the coordinator knows no job " + job
-                                                   : "job " + job + " attempt " + std::to_string(attempt) +
-                                                         " is not running (" + toString(it->second.state) + ")"));
+    sendOnLoop(node,
+               stopCommand(job, attempt,
+                           it == jobs_.end() ? "the coordinator knows no job " + job
+                                             : "job " + job + " attempt " + std::to_string(attempt) +
+                                                   " is not running (" + toString(it->second.state) + ")"));
   }
 }
 
@@ -948,7 +978,8 @@ void Coordinator::heartbeat(const std::string& node, const std::string& session,
   post([this, node, session, hb, done = std::move(done)] { done(heartbeatOnLoop(node, session, hb)); });
 }
 
-Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& session, const v1::Heartbeat& hb) {
+Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& session,
+                                    const v1::Heartbeat& hb) {
   Status error;
   NodeEntry* entry = checkSessionOnLoop(node, session, &error);
   if (!entry) return error;
@@ -968,8 +999,10 @@ Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& 
     if (rt != runtime_.end() && rt->second.attempt == key.attempt) lost.emplace_back(key.job, key.rank);
   }
   for (const auto& [job, rank] : lost) {
-    loseNodeJobsOnLoop(node, "rank " + std::to_string(rank) + " of job " + job + " vanished from node " + node +
-                                 " without an exit status", job);
+    loseNodeJobsOnLoop(node,
+                       "rank " + std::to_string(rank) + " of job " + job + " vanished from node " + node +
+                           " without an exit status",
+                       job);
   }
   stopStaleOnLoop(node, stale);
   return Status::ok();
@@ -984,7 +1017,8 @@ void Coordinator::rankEvent(const std::string& node, const std::string& session,
   post([this, node, session, r, done = std::move(done)] { done(rankEventOnLoop(node, session, r)); });
 }
 
-Status Coordinator::rankEventOnLoop(const std::string& node, const std::string& session, const v1::RankStatus& r) {
+Status Coordinator::rankEventOnLoop(const std::string& node, const std::string& session,
+                                    const v1::RankStatus& r) {
   Status error;
   NodeEntry* entry = checkSessionOnLoop(node, session, &error);
   if (!entry) return error;
@@ -1053,7 +1087,8 @@ placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling) const {
   return cluster;
 }
 
-// ---- Users -------------------------------------------------------------------------------------------------
+// ---- Users
+// -------------------------------------------------------------------------------------------------
 
 StatusOr<v1::Job> Coordinator::submitOnLoop(const v1::JobSpec& proto_spec) {
   state::JobSpec spec = fromProto(proto_spec);
@@ -1068,15 +1103,16 @@ StatusOr<v1::Job> Coordinator::submitOnLoop(const v1::JobSpec& proto_spec) {
     feasibility_cluster_ = std::make_unique<placement::Cluster>(snapshotOnLoop(false));
     feasibility_epoch_ = node_epoch_;
   }
-  std::string never =
-      placement::checkFeasible(*feasibility_cluster_, requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec));
+  std::string never = placement::checkFeasible(*feasibility_cluster_,
+                                               requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec));
   if (!never.empty()) return Status::invalidArgument("job refused: " + never);
   state::Job job;
   job.id = state::formatJobId(++last_job_number_);
   job.spec = spec;
   job.state = JobState::kPending;
   job.submit_ms = wall_ms_();
-  job.transitions.push_back(state::Transition{JobState::kPending, JobState::kPending, job.submit_ms, "submitted", {}});
+  job.transitions.push_back(
+      state::Transition{JobState::kPending, JobState::kPending, job.submit_ms, "submitted", {}});
   jobs_[job.id] = job;
   putJobOnLoop(job, /*new_job=*/true);  // the answer waits for it: only a durable job is acknowledged
   ++counters_.jobs_submitted_total;
@@ -1110,9 +1146,7 @@ void Coordinator::withJobOnLoop(const std::string& id, std::function<void(Status
 }
 
 StatusOr<v1::Job> Coordinator::getJob(const std::string& id) {
-  std::promise<StatusOr<v1::Job>> promise;
-  getJob(id, [&](StatusOr<v1::Job> job) { promise.set_value(std::move(job)); });
-  return promise.get_future().get();
+  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { getJob(id, std::move(done)); });
 }
 
 void Coordinator::getJob(const std::string& id, Done<v1::Job> done) {
@@ -1130,8 +1164,8 @@ constexpr int kDefaultPageSize = 500, kMaxPageSize = 5000;
 constexpr size_t kMaxPageBytes = 3 << 20;
 
 bool onlyOpenStates(const state::JobFilter& filter) {
-  return !filter.states.empty() &&
-         std::none_of(filter.states.begin(), filter.states.end(), [](JobState s) { return state::isTerminal(s); });
+  return !filter.states.empty() && std::none_of(filter.states.begin(), filter.states.end(),
+                                                [](JobState s) { return state::isTerminal(s); });
 }
 
 }  // namespace
@@ -1149,15 +1183,16 @@ void Coordinator::listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::Li
   filter.until_ms = std::max<int64_t>(0, request.until_ms());
   if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
     return done(Status::invalidArgument("list: page size " + std::to_string(request.page_size()) +
-                                        " is outside 0.." + std::to_string(kMaxPageSize) + " (0: " +
-                                        std::to_string(kDefaultPageSize) + ")"));
+                                        " is outside 0.." + std::to_string(kMaxPageSize) +
+                                        " (0: " + std::to_string(kDefaultPageSize) + ")"));
   }
   const int limit = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
   int64_t after = 0;
   if (!request.page_token().empty()) {
     auto n = state::jobIdNumber("j-" + request.page_token());
-    if (!n) return done(Status::invalidArgument("list: page token '" + request.page_token() +
-                                                "' is not one this coordinator gave; start again without it"));
+    if (!n)
+      return done(Status::invalidArgument("list: page token '" + request.page_token() +
+                                          "' is not one this coordinator gave; start again without it"));
     after = *n;
   }
   // Memory: every open job and the recent final ones, as they are now (newer than the store).
@@ -1190,15 +1225,16 @@ void Coordinator::listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::Li
       *resp.add_jobs() = std::move(jobs[i]);
     }
     if (i < jobs.size()) {
-      resp.set_next_page_token(std::to_string(state::jobIdNumber(resp.jobs(resp.jobs_size() - 1).id()).value_or(0)));
+      resp.set_next_page_token(
+          std::to_string(state::jobIdNumber(resp.jobs(resp.jobs_size() - 1).id()).value_or(0)));
     }
     done(std::move(resp));
   };
   // Open jobs are all in memory: no need for the store.
   if (onlyOpenStates(filter)) return finish(std::move(page), std::move(done));
   // Final jobs may have left memory: the store has those (committed), the memory wins where it has the job.
-  const bool queued = reader_->run([this, filter, after, limit, page = std::move(page), in_memory = std::move(in_memory),
-                                    finish, done]() mutable {
+  const bool queued = reader_->run([this, filter, after, limit, page = std::move(page),
+                                    in_memory = std::move(in_memory), finish, done]() mutable {
     auto stored = store_.listJobsPage(filter, after, limit + 1);
     if (!stored) return done(stored.status());
     for (const auto& job : *stored) {
@@ -1211,9 +1247,8 @@ void Coordinator::listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::Li
 }
 
 StatusOr<v1::ListJobsResponse> Coordinator::listJobs(const v1::ListJobsRequest& request) {
-  std::promise<StatusOr<v1::ListJobsResponse>> promise;
-  listJobs(request, [&](StatusOr<v1::ListJobsResponse> r) { promise.set_value(std::move(r)); });
-  return promise.get_future().get();
+  return awaitAnswer<v1::ListJobsResponse>(
+      [&](Done<v1::ListJobsResponse> done) { listJobs(request, std::move(done)); });
 }
 
 void Coordinator::listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done) {
@@ -1236,9 +1271,7 @@ StatusOr<v1::Job> Coordinator::cancelOnLoop(const state::Job& found) {
 }
 
 StatusOr<v1::Job> Coordinator::cancel(const std::string& id) {
-  std::promise<StatusOr<v1::Job>> promise;
-  cancel(id, [&](StatusOr<v1::Job> r) { promise.set_value(std::move(r)); });
-  return promise.get_future().get();
+  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { cancel(id, std::move(done)); });
 }
 
 void Coordinator::cancel(const std::string& id, Done<v1::Job> done) {
@@ -1282,14 +1315,16 @@ StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain)
   // A DOWN node stays DOWN until its agent is back; the drain is kept for then.
   state::NodeRecord want = node.record;
   want.drained = drain;
-  if (want.state != state::NodeState::kDown) want.state = drain ? state::NodeState::kDraining : state::NodeState::kUp;
+  if (want.state != state::NodeState::kDown)
+    want.state = drain ? state::NodeState::kDraining : state::NodeState::kUp;
   if (want != node.record) {
     if (Health h = health(); !h.ok) return Status::unavailable("drain refused: " + h.message);
     node.record = want;
     putNodeOnLoop(want);
     spdlog::info("node {} is now {}{}", name, toString(want.state),
-                 want.state == state::NodeState::kDown ? (drain ? ", drained for when it is back" : ", undrained")
-                                                       : "");
+                 want.state == state::NodeState::kDown
+                     ? (drain ? ", drained for when it is back" : ", undrained")
+                     : "");
     schedule_wanted_ = true;
   }
   auto usage = usageOnLoop();
@@ -1312,14 +1347,16 @@ StatusOr<v1::Node> Coordinator::removeNodeOnLoop(const std::string& name) {
   if (it == nodes_.end()) return state::nodeNotFound(name);
   NodeEntry& node = it->second;
   if (node.record.state != state::NodeState::kDown || node.link) {
-    return Status::failedPrecondition("node " + name + " is " + toString(node.record.state) +
-                                      (node.link ? " with its agent connected" : "") +
-                                      "; only a DOWN node is removed (stop its agent, wait for DOWN, or drain it)");
+    return Status::failedPrecondition(
+        "node " + name + " is " + toString(node.record.state) +
+        (node.link ? " with its agent connected" : "") +
+        "; only a DOWN node is removed (stop its agent, wait for DOWN, or drain it)");
   }
   auto usage = usageOnLoop();
   if (!usage[name].jobs.empty()) {
-    return Status::failedPrecondition("node " + name + " still has live jobs placed on it: " + usage[name].jobs[0] +
-                                      (usage[name].jobs.size() > 1 ? " and more" : "") + "; cancel them first");
+    return Status::failedPrecondition(
+        "node " + name + " still has live jobs placed on it: " + usage[name].jobs[0] +
+        (usage[name].jobs.size() > 1 ? " and more" : "") + "; cancel them first");
   }
   if (Health h = health(); !h.ok) return Status::unavailable("remove refused: " + h.message);
   v1::Node out = nodeToProtoOnLoop(node, usage[name]);
@@ -1364,8 +1401,10 @@ void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetL
     // Ended long ago (or unknown): look it up, then come back here with the job in hand.
     return withJobOnLoop(request.id(), [this, request, done](StatusOr<state::Job> job) {
       if (!job) return done(job.status());
-      if (jobs_.count(job->id) == 0 && jobs_.size() < options_.max_finished_in_memory + runtime_.size() + 1024) {
-        jobs_[job->id] = *job;  // briefly back in memory, to read its logs; it leaves again with the next eviction
+      if (jobs_.count(job->id) == 0 &&
+          jobs_.size() < options_.max_finished_in_memory + runtime_.size() + 1024) {
+        jobs_[job->id] =
+            *job;  // briefly back in memory, to read its logs; it leaves again with the next eviction
         finished_.push_back({job->id, 0, 0});
       }
       if (jobs_.count(job->id) == 0) return done(Status::unavailable("too many jobs in memory; try again"));
@@ -1380,22 +1419,27 @@ void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetL
   }
   const int attempt = request.attempt() == 0 ? latest : request.attempt();
   if (attempt < 0 || attempt > latest) {
-    return done(Status::invalidArgument("job " + job.id + " has launch attempts 1.." + std::to_string(latest)));
+    return done(
+        Status::invalidArgument("job " + job.id + " has launch attempts 1.." + std::to_string(latest)));
   }
   placement::RingLayout layout;
   std::string err = layoutOfOnLoop(job, &layout);
-  if (!err.empty()) return done(Status::internal("job " + job.id + ": cannot rebuild its ring layout: " + err));
+  if (!err.empty())
+    return done(Status::internal("job " + job.id + ": cannot rebuild its ring layout: " + err));
   if (request.rank() < 0 || request.rank() >= layout.size()) {
-    return done(Status::invalidArgument("job " + job.id + " has ranks 0.." + std::to_string(layout.size() - 1)));
+    return done(
+        Status::invalidArgument("job " + job.id + " has ranks 0.." + std::to_string(layout.size() - 1)));
   }
   const std::string node = layout.ranks[request.rank()].node;
   auto n = nodes_.find(node);
   const std::string where = "rank " + std::to_string(request.rank()) + "'s log (attempt " +
                             std::to_string(attempt) + ") is on node " + node;
   if (n == nodes_.end() || !n->second.link) {
-    return done(Status::unavailable(where + ", whose agent is not connected; read it there under the agent's "
-                                    "data directory: logs/" + job.id + "/attempt-" + std::to_string(attempt) +
-                                    "/rank-" + std::to_string(request.rank()) + ".log"));
+    return done(Status::unavailable(where +
+                                    ", whose agent is not connected; read it there under the agent's "
+                                    "data directory: logs/" +
+                                    job.id + "/attempt-" + std::to_string(attempt) + "/rank-" +
+                                    std::to_string(request.rank()) + ".log"));
   }
   if (log_waits_.size() >= CoordinatorOptions::kMaxLogReads) {
     return done(Status::unavailable("too many log reads wait for agents now; try again"));
@@ -1428,16 +1472,16 @@ void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetL
 }
 
 StatusOr<v1::GetLogsResponse> Coordinator::readLog(const v1::GetLogsRequest& request) {
-  std::promise<StatusOr<v1::GetLogsResponse>> promise;
-  readLog(request, [&](StatusOr<v1::GetLogsResponse> r) { promise.set_value(std::move(r)); });
-  return promise.get_future().get();
+  return awaitAnswer<v1::GetLogsResponse>(
+      [&](Done<v1::GetLogsResponse> done) { readLog(request, std::move(done)); });
 }
 
 void Coordinator::readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) {
   post([this, request, done = std::move(done)] { readLogOnLoop(request, done); });
 }
 
-Status Coordinator::logDataOnLoop(const std::string& node, const std::string& session, const v1::LogData& data) {
+Status Coordinator::logDataOnLoop(const std::string& node, const std::string& session,
+                                  const v1::LogData& data) {
   Status error;
   NodeEntry* entry = checkSessionOnLoop(node, session, &error);
   if (!entry) return error;
@@ -1447,7 +1491,8 @@ Status Coordinator::logDataOnLoop(const std::string& node, const std::string& se
   auto wait = it->second;
   log_waits_.erase(it);
   wait->timer.cancel();
-  if (!data.error().empty()) return wait->done(Status::notFound(wait->where + ": " + data.error())), Status::ok();
+  if (!data.error().empty())
+    return wait->done(Status::notFound(wait->where + ": " + data.error())), Status::ok();
   v1::GetLogsResponse resp;
   resp.set_data(data.data());
   resp.set_next_offset(wait->read.offset() + static_cast<int64_t>(data.data().size()));
@@ -1501,7 +1546,8 @@ void Coordinator::metrics(std::function<void(MetricsSnapshot)> done) {
 StatusOr<v1::RingLayout> Coordinator::ringOnLoop(const state::Job& job) {
   const std::string& id = job.id;
   if (job.allocation.empty()) {
-    std::string why = job.state == JobState::kPending && pending_reason_.count(id) ? ": " + pending_reason_[id] : "";
+    std::string why =
+        job.state == JobState::kPending && pending_reason_.count(id) ? ": " + pending_reason_[id] : "";
     return Status::failedPrecondition("job " + id + " is " + toString(job.state) +
                                       " and has not been placed, so it has no ring layout yet" + why);
   }
@@ -1515,9 +1561,7 @@ StatusOr<v1::RingLayout> Coordinator::ringOnLoop(const state::Job& job) {
 }
 
 StatusOr<v1::RingLayout> Coordinator::ring(const std::string& id) {
-  std::promise<StatusOr<v1::RingLayout>> promise;
-  ring(id, [&](StatusOr<v1::RingLayout> r) { promise.set_value(std::move(r)); });
-  return promise.get_future().get();
+  return awaitAnswer<v1::RingLayout>([&](Done<v1::RingLayout> done) { ring(id, std::move(done)); });
 }
 
 void Coordinator::ring(const std::string& id, Done<v1::RingLayout> done) {

@@ -46,12 +46,12 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "ddl/v1/ddl.pb.h"
 #include "placement/cluster.h"
 #include "placement/ring_layout.h"
-#include "common/status.h"
-#include "state/store.h"
 #include "service/persistence.h"
+#include "state/store.h"
 
 namespace ddl::coordinator {
 
@@ -59,18 +59,18 @@ using state::Status;
 using state::StatusOr;
 
 struct CoordinatorOptions {
-  int64_t heartbeat_grace_ms = 10000;   // a node silent this long is DOWN
-  int64_t heartbeat_interval_ms = 1000; // what agents are told to use
-  int64_t stop_grace_ms = 10000;        // SIGTERM -> SIGKILL for ranks being stopped
-  int64_t tick_ms = 200;                // ticker period (start())
-  int port_first = 29500;               // default rendezvous port range for agents that give none
+  int64_t heartbeat_grace_ms = 10000;    // a node silent this long is DOWN
+  int64_t heartbeat_interval_ms = 1000;  // what agents are told to use
+  int64_t stop_grace_ms = 10000;         // SIGTERM -> SIGKILL for ranks being stopped
+  int64_t tick_ms = 200;                 // ticker period (start())
+  int port_first = 29500;                // default rendezvous port range for agents that give none
   int port_last = 29999;
-  int64_t log_timeout_ms = 5000;        // how long readLog waits for the agent
-  bool allow_root_jobs = false;         // jobs of the user "root" are refused, and agents refuse uid 0 ranks
-  size_t max_finished_in_memory = 10000;      // final jobs kept in memory (the rest are read from the store)
-  int64_t finished_in_memory_ms = 3600000;    // and for at most this long after they end
+  int64_t log_timeout_ms = 5000;  // how long readLog waits for the agent
+  bool allow_root_jobs = false;   // jobs of the user "root" are refused, and agents refuse uid 0 ranks
+  size_t max_finished_in_memory = 10000;    // final jobs kept in memory (the rest are read from the store)
+  int64_t finished_in_memory_ms = 3600000;  // and for at most this long after they end
   int64_t history_retention_ms = 30LL * 24 * 3600000;  // final jobs leave the store after this; 0: never
-  int64_t store_retry_max_ms = 5000;          // longest wait between attempts to store after a failure
+  int64_t store_retry_max_ms = 5000;            // longest wait between attempts to store after a failure
   static constexpr size_t kMaxLogReads = 1024;  // log reads waiting for agents at once
 };
 
@@ -97,20 +97,20 @@ struct MetricsSnapshot {
   std::vector<uint64_t> scheduling_buckets;  // not cumulative; one more than bounds (+Inf)
   double scheduling_sum_s = 0;
   uint64_t scheduling_count = 0;
-  double heartbeat_lag_max_s = 0;  // the longest silence among nodes that are not DOWN
-  double collective_bytes_total = 0;    // reported by ranks through their agents
+  double heartbeat_lag_max_s = 0;     // the longest silence among nodes that are not DOWN
+  double collective_bytes_total = 0;  // reported by ranks through their agents
   double collective_seconds_total = 0;
-  bool store_healthy = true;   // the last attempt to store state worked
-  size_t store_backlog = 0;    // writes waiting to be stored
-  size_t jobs_in_memory = 0;   // open jobs and the recent final ones (jobs_by_state counts these)
+  bool store_healthy = true;  // the last attempt to store state worked
+  size_t store_backlog = 0;   // writes waiting to be stored
+  size_t jobs_in_memory = 0;  // open jobs and the recent final ones (jobs_by_state counts these)
 };
 
 class Coordinator {
  public:
-  // now_ms: the clock of heartbeat grace and recovery, in milliseconds; by default monotonic, so that a step of
-  // the system clock (NTP, an operator's date) marks no node DOWN. wall_ms: unix milliseconds, for the heartbeat
-  // times users see; by default the system clock, or now_ms where only that is given. Tests pass fakes. The
-  // store must outlive the coordinator.
+  // now_ms: the clock of heartbeat grace and recovery, in milliseconds; by default monotonic, so that a step
+  // of the system clock (NTP, an operator's date) marks no node DOWN. wall_ms: unix milliseconds, for the
+  // heartbeat times users see; by default the system clock, or now_ms where only that is given. Tests pass
+  // fakes. The store must outlive the coordinator.
   Coordinator(state::Store& store, CoordinatorOptions options, std::function<int64_t()> now_ms = nullptr,
               std::function<int64_t()> wall_ms = nullptr);
   ~Coordinator();
@@ -132,14 +132,16 @@ class Coordinator {
   // ---- Agents ---- (synchronous and asynchronous forms as for users, below)
   using StatusDone = std::function<void(Status)>;
   StatusOr<v1::RegisterResponse> registerAgent(const v1::RegisterRequest& request);
-  void registerAgent(const v1::RegisterRequest& request, std::function<void(StatusOr<v1::RegisterResponse>)> done);
+  void registerAgent(const v1::RegisterRequest& request,
+                     std::function<void(StatusOr<v1::RegisterResponse>)> done);
   // The agent's stream said hello: commands for the node go to `link` from now on.
   Status attachAgent(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link);
   void attachAgent(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link,
                    StatusDone done);
   // The stream that carried `link` ended. The node is not DOWN yet: that takes the heartbeat grace. A link
   // that has already been replaced (the agent connected again) is ignored. Returns at once.
-  void detachAgent(const std::string& node, const std::string& session, const std::shared_ptr<AgentLink>& link);
+  void detachAgent(const std::string& node, const std::string& session,
+                   const std::shared_ptr<AgentLink>& link);
   Status heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& heartbeat);
   void heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& heartbeat,
                  StatusDone done);
@@ -150,9 +152,10 @@ class Coordinator {
   void logData(const std::string& node, const std::string& session, const v1::LogData& data, StatusDone done);
 
   // ---- Users ----
-  // Each call comes twice. The asynchronous form never blocks its caller: `done` is called exactly once, after
-  // every change the call made is durable, on a coordinator thread; it must not block (hand the answer to your
-  // own executor). The synchronous form waits for that answer (tests, tools); never call it from a `done`.
+  // Each call comes twice. The asynchronous form never blocks its caller: `done` is called exactly once,
+  // after every change the call made is durable, on a coordinator thread; it must not block (hand the answer
+  // to your own executor). The synchronous form waits for that answer (tests, tools); never call it from a
+  // `done`.
   template <class T>
   using Done = std::function<void(StatusOr<T>)>;
 
@@ -174,8 +177,8 @@ class Coordinator {
   void removeNode(const std::string& node, Done<v1::Node> done);
   StatusOr<v1::RingLayout> ring(const std::string& id);
   void ring(const std::string& id, Done<v1::RingLayout> done);
-  // Reads a piece of a rank's log from its node: sends ReadLog on the agent's stream; the answer comes when the
-  // agent's LogData does, or UNAVAILABLE after log_timeout_ms.
+  // Reads a piece of a rank's log from its node: sends ReadLog on the agent's stream; the answer comes when
+  // the agent's LogData does, or UNAVAILABLE after log_timeout_ms.
   StatusOr<v1::GetLogsResponse> readLog(const v1::GetLogsRequest& request);
   void readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done);
   MetricsSnapshot metrics();
@@ -201,16 +204,16 @@ class Coordinator {
     std::vector<v1::Nic> nics;
     int port_first = 0;
     int port_last = 0;
-    std::string session;               // the current registration; "" before the first one
-    std::shared_ptr<AgentLink> link;   // null while no stream is attached
-    int64_t last_seen_ms = 0;          // in memory only: heartbeats are not written to the store
+    std::string session;                      // the current registration; "" before the first one
+    std::shared_ptr<AgentLink> link;          // null while no stream is attached
+    int64_t last_seen_ms = 0;                 // in memory only: heartbeats are not written to the store
     std::map<RankKey, v1::RankStatus> ranks;  // what the agent last reported, any attempt
     std::vector<v1::Command> outbox;          // commands queued while no stream is attached (kMaxOutbox)
   };
   struct JobRuntime {
     int attempt = 0;
-    int port = 0;  // rendezvous port on rank 0's node (DDL_ROOT), port + 1 for MASTER_PORT
-    std::string root_node;                 // rank 0's node
+    int port = 0;           // rendezvous port on rank 0's node (DDL_ROOT), port + 1 for MASTER_PORT
+    std::string root_node;  // rank 0's node
     std::map<int, std::string> rank_node;  // every rank of the layout -> its node
     std::map<int, v1::RankStatus> ranks;   // the current attempt's ranks as reported
   };
@@ -223,11 +226,12 @@ class Coordinator {
   void launchOnLoop(const std::string& id, const placement::Allocation& allocation,
                     const placement::RingLayout& layout);
   void checkHeartbeatsOnLoop(int64_t now);
-  // Fails live jobs placed on a node that is DOWN or unknown (a crash between marking the node DOWN and failing
-  // its jobs, or a failed write, must not leave a job running forever).
+  // Fails live jobs placed on a node that is DOWN or unknown (a crash between marking the node DOWN and
+  // failing its jobs, or a failed write, must not leave a job running forever).
   void sweepLostJobsOnLoop();
   // A node's ranks are lost (node DOWN, or the agent restarted without them): fail or requeue its jobs.
-  void loseNodeJobsOnLoop(const std::string& node, const std::string& reason, const std::string& only_job = "");
+  void loseNodeJobsOnLoop(const std::string& node, const std::string& reason,
+                          const std::string& only_job = "");
   // Ends (or requeues) a live job after a rank failure; stops the ranks that remain.
   void failJobOnLoop(const std::string& id, const std::string& reason, std::optional<state::Failure> failure);
   v1::Command stopCommand(const std::string& id, int attempt, const std::string& reason) const;
@@ -253,7 +257,8 @@ class Coordinator {
   };
   std::map<std::string, NodeUsage> usageOnLoop() const;
   // Applying a decision re-checks that its GPUs are free (a cheap guard against a placement bug).
-  bool stillFreeOnLoop(const placement::Allocation& allocation, std::map<std::string, NodeUsage>& usage) const;
+  bool stillFreeOnLoop(const placement::Allocation& allocation,
+                       std::map<std::string, NodeUsage>& usage) const;
   int pickPortOnLoop(const std::string& node, const std::string& job) const;
   static int attemptOf(const state::Job& job);
   v1::Job toProtoOnLoop(const state::Job& job) const;
@@ -301,7 +306,8 @@ class Coordinator {
   MetricsSnapshot metricsOnLoop();
   Status recoverOnLoop();
   StatusOr<v1::RegisterResponse> registerAgentOnLoop(const v1::RegisterRequest& request);
-  Status attachAgentOnLoop(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link);
+  Status attachAgentOnLoop(const std::string& node, const std::string& session,
+                           std::shared_ptr<AgentLink> link);
   Status heartbeatOnLoop(const std::string& node, const std::string& session, const v1::Heartbeat& heartbeat);
   Status rankEventOnLoop(const std::string& node, const std::string& session, const v1::RankStatus& rank);
   Status logDataOnLoop(const std::string& node, const std::string& session, const v1::LogData& data);
@@ -312,8 +318,8 @@ class Coordinator {
   std::function<int64_t()> wall_ms_;  // NodeRecord::last_heartbeat_ms, transitions
 
   // Loop state: touched on the loop thread only.
-  std::map<std::string, state::Job> jobs_;     // live jobs and the most recent final ones
-  std::map<std::string, JobRuntime> runtime_;  // live jobs that have been launched
+  std::map<std::string, state::Job> jobs_;             // live jobs and the most recent final ones
+  std::map<std::string, JobRuntime> runtime_;          // live jobs that have been launched
   std::map<std::string, std::string> pending_reason_;  // from the last schedule pass
   std::map<std::string, NodeEntry> nodes_;
   int64_t recovery_until_ms_ = 0;  // scheduling waits for reconnecting agents until then
@@ -322,7 +328,8 @@ class Coordinator {
   int64_t last_job_number_ = 0;  // the highest job number handed out
   uint64_t node_epoch_ = 0;      // grows with every change of a node record
   uint64_t feasibility_epoch_ = 0;
-  std::unique_ptr<placement::Cluster> feasibility_cluster_;  // submit's "could it ever fit" view, at that epoch
+  std::unique_ptr<placement::Cluster>
+      feasibility_cluster_;  // submit's "could it ever fit" view, at that epoch
   struct Finished {
     std::string id;
     uint64_t seq = 0;  // the batch that holds its final state
@@ -335,12 +342,12 @@ class Coordinator {
   std::map<std::string, std::shared_ptr<LogWait>> log_waits_;  // by request id; at most kMaxLogReads
 
   // Group commit (loop side).
-  std::map<std::string, state::Write> dirty_;          // this turn's changes, by key
-  std::vector<std::function<void()>> turn_effects_;     // this turn's effects
-  std::vector<std::function<void()>> turn_replies_;     // this turn's answers that wait for nothing
+  std::map<std::string, state::Write> dirty_;        // this turn's changes, by key
+  std::vector<std::function<void()>> turn_effects_;  // this turn's effects
+  std::vector<std::function<void()>> turn_replies_;  // this turn's answers that wait for nothing
   std::deque<std::pair<uint64_t, std::function<void()>>> effects_;  // waiting for their batch, in order
-  uint64_t issued_seq_ = 0;     // the last batch handed to the committer
-  uint64_t committed_seq_ = 0;  // the last batch known durable
+  uint64_t issued_seq_ = 0;                                         // the last batch handed to the committer
+  uint64_t committed_seq_ = 0;                                      // the last batch known durable
   bool stopping_ = false;
 
   mutable std::mutex health_mu_;

@@ -48,10 +48,11 @@ void GroupCommitter::stop() {
 void GroupCommitter::run() {
   using Clock = std::chrono::steady_clock;
   int64_t backoff_ms = 0;  // 0: the last commit worked
-  auto next_purge = Clock::now() + std::chrono::milliseconds(std::min<int64_t>(options_.purge_interval_ms, 5000));
+  auto next_purge =
+      Clock::now() + std::chrono::milliseconds(std::min<int64_t>(options_.purge_interval_ms, 5000));
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    const auto wake = backoff_ms > 0 ? Clock::now() + std::chrono::milliseconds(backoff_ms)
+    const auto wake = backoff_ms > 0              ? Clock::now() + std::chrono::milliseconds(backoff_ms)
                       : options_.retention_ms > 0 ? next_purge
                                                   : Clock::now() + std::chrono::hours(1);
     cv_.wait_until(lock, wake, [&] { return stopping_ || (backoff_ms == 0 && !pending_.empty()); });
@@ -75,14 +76,16 @@ void GroupCommitter::run() {
         for (auto& w : writes) {
           std::string key = w.key();
           auto it = pending_.find(key);
-          if (it == pending_.end()) pending_.emplace(std::move(key), std::move(w));
+          if (it == pending_.end())
+            pending_.emplace(std::move(key), std::move(w));
           else {
             state::Write newer = std::move(it->second);
             it->second = std::move(w);
             it->second.supersede(std::move(newer));
           }
         }
-        backoff_ms = backoff_ms == 0 ? options_.retry_min_ms : std::min(backoff_ms * 2, options_.retry_max_ms);
+        backoff_ms =
+            backoff_ms == 0 ? options_.retry_min_ms : std::min(backoff_ms * 2, options_.retry_max_ms);
       }
     }
     if (last) return;
@@ -100,7 +103,8 @@ void GroupCommitter::run() {
         total += *removed;
         if (*removed < 1000) break;
       }
-      if (total > 0) spdlog::info("purged {} jobs that ended more than {} h ago", total, options_.retention_ms / 3600000);
+      if (total > 0)
+        spdlog::info("purged {} jobs that ended more than {} h ago", total, options_.retention_ms / 3600000);
       lock.lock();
     }
   }

@@ -31,11 +31,11 @@ namespace ddl::coordinator {
 class GroupCommitter {
  public:
   struct Options {
-    int64_t retry_min_ms = 100;        // first wait after a failed commit, doubling up to retry_max_ms
+    int64_t retry_min_ms = 100;  // first wait after a failed commit, doubling up to retry_max_ms
     int64_t retry_max_ms = 5000;
-    int64_t retention_ms = 0;          // final jobs older than this are purged from the store; 0: kept forever
-    int64_t purge_interval_ms = 60000; // how often to look for them
-    std::function<int64_t()> wall_ms;  // unix ms, for the retention
+    int64_t retention_ms = 0;  // final jobs older than this are purged from the store; 0: kept forever
+    int64_t purge_interval_ms = 60000;  // how often to look for them
+    std::function<int64_t()> wall_ms;   // unix ms, for the retention
   };
   using Committed = std::function<void(uint64_t seq, const state::Status& status)>;
 

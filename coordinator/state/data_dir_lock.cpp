@@ -22,14 +22,15 @@ StatusOr<DataDirLock> DataDirLock::acquire(const std::string& dir) {
     std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
     if (err == EWOULDBLOCK) {
-      return Status::failedPrecondition("another ddl-coordinator" + (holder.empty() ? "" : " (pid " + holder + ")") +
-                                        " already uses the data directory " + dir +
-                                        "; stop it first, or give this one another --data-dir");
+      return Status::failedPrecondition(
+          "another ddl-coordinator" + (holder.empty() ? "" : " (pid " + holder + ")") +
+          " already uses the data directory " + dir + "; stop it first, or give this one another --data-dir");
     }
     return Status::unavailable("cannot lock " + path + ": " + std::strerror(err));
   }
   const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+  if (::ftruncate(fd, 0) != 0 ||
+      ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
     // The lock holds regardless; only the message a second coordinator gives loses the pid.
   }
   return DataDirLock(fd);

@@ -14,8 +14,9 @@ namespace ddl::state {
 
 class DataDirLock {
  public:
-  // Takes the lock on `dir` (which must exist) and writes this process's pid into the lock file. FAILED_PRECONDITION
-  // naming the holder's pid when another process holds it; UNAVAILABLE when the file cannot be opened.
+  // Takes the lock on `dir` (which must exist) and writes this process's pid into the lock file.
+  // FAILED_PRECONDITION naming the holder's pid when another process holds it; UNAVAILABLE when the file
+  // cannot be opened.
   static StatusOr<DataDirLock> acquire(const std::string& dir);
 
   DataDirLock(DataDirLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }

@@ -1,5 +1,6 @@
 // Fuzzes both daemons' settings files (coordinator/daemon/config.h, worker/agent_config.h): the JSON text an
-// operator writes, read through common/json_config. The first byte picks the daemon ("a" the agent, else the coordinator); the rest is the file.
+// operator writes, read through common/json_config. The first byte picks the daemon ("a" the agent, else the
+// coordinator); the rest is the file.
 //
 // Checks: nothing crashes; a refused file leaves the settings exactly as they were (a bad file changes
 // nothing); what is accepted passes or fails validation with a message, never an exception.
@@ -19,7 +20,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ddl::coordinator::DaemonConfig config, before;
     auto st = ddl::coordinator::parseConfig(text, "fuzz.json", &config);
     if (!st && (config.listen != before.listen || config.data_dir != before.data_dir ||
-                config.port_first != before.port_first || config.history_retention_days != before.history_retention_days)) {
+                config.port_first != before.port_first ||
+                config.history_retention_days != before.history_retention_days)) {
       std::fprintf(stderr, "config_fuzz: a refused coordinator file changed the settings\n");
       std::abort();
     }

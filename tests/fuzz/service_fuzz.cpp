@@ -5,12 +5,12 @@
 //
 // Input: records of [op byte][length byte][length bytes of payload]. Checks: nothing crashes, leaks or trips
 // a sanitizer; every call answers (the synchronous forms wait for the answer).
+#include <spdlog/spdlog.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <spdlog/spdlog.h>
 
 #include "http/http_server.h"
 #include "service/coordinator.h"
