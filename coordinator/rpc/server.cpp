@@ -554,6 +554,9 @@ Status RpcServer::start(const std::string& listen, std::string* bound) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Calls in flight per connection (each is at most one task on the coordinator's loop at a time): an agent
+  // holds one stream, ddlctl makes one call at a time; a client past this waits in HTTP/2 flow control.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 256);
   server_ = builder.BuildAndStart();
   if (!server_ || port == 0) {
     server_.reset();
