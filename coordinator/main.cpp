@@ -225,9 +225,12 @@ int main(int argc, char** argv) {
 #ifdef DDL_HAVE_SYSTEMD
   sd_notify(0, "STOPPING=1");
 #endif
-  coordinator.stop();
-  dashboard.stop();
+  // Agent streams first, then callers (their calls finish while the coordinator still answers and stores),
+  // then the coordinator, which stores what is left.
+  coordinator.closeAgents();
   server.shutdown();
+  dashboard.stop();
+  coordinator.stop();
   std::filesystem::remove(addr_file, ec);
   std::filesystem::remove(config.data_dir + "/coordinator.http", ec);
   spdlog::info("stopped");

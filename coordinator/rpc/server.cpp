@@ -82,7 +82,7 @@ class ConnectStream final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
     if (node_.empty()) return hello();
     StatusDone done = holdFor([this](Status st) {
       if (!st) return finish(toGrpc(st));
-      StartRead(&in_);
+      readNext();
     });
     if (in_.has_heartbeat()) {
       coordinator_.heartbeat(node_, session_, in_.heartbeat(), std::move(done));
@@ -110,7 +110,9 @@ class ConnectStream final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
 
   void OnDone() override {
     link_->detach();
-    if (attached_) coordinator_.detachAgent(node_, session_, link_);
+    // Also when the attach is still on its way: the loop runs this detach after it (it ignores a link that is
+    // not the node's current one), so a finished stream never stays attached.
+    if (!node_.empty()) coordinator_.detachAgent(node_, session_, link_);
     std::unique_lock<std::mutex> lock(mu_);
     done_ = true;
     if (inflight_ == 0) {
@@ -156,8 +158,7 @@ class ConnectStream final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
     session_ = in_.hello().session();
     coordinator_.attachAgent(node_, session_, link_, holdFor([this](Status st) {
                                if (!st) return finish(toGrpc(st));
-                               attached_ = true;
-                               StartRead(&in_);
+                               readNext();
                              }));
   }
 
@@ -180,6 +181,13 @@ class ConnectStream final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
         delete this;
       }
     };
+  }
+
+  // The next read, unless the stream is finished: under mu_, as Finish is, so no read starts after it (gRPC may
+  // run OnDone and drop its stream once Finish has no operation left to wait for).
+  void readNext() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!finished_) StartRead(&in_);
   }
 
   void send(const v1::Command& command) {
@@ -212,7 +220,6 @@ class ConnectStream final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
   const std::shared_ptr<Link> link_;
   v1::AgentMessage in_;
   std::string node_, session_;  // set by the hello
-  bool attached_ = false;       // the coordinator knows this stream (detach it at the end)
 
   std::mutex mu_;
   std::deque<v1::Command> queue_;  // front: being written

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -103,7 +104,7 @@ struct Coordinator::Loop {
   boost::asio::steady_timer ticker{io};
   bool ticking = false;
   std::thread thread;
-  std::thread::id id;
+  std::atomic<std::thread::id> id{};
 };
 
 struct Coordinator::LogWait {
@@ -165,6 +166,18 @@ void Coordinator::post(std::function<void()> fn) {
   });
 }
 
+namespace {
+template <class T>
+bool succeeded(const StatusOr<T>& r) {
+  return r.isOk();
+}
+bool succeeded(const Status& s) { return s.isOk(); }
+template <class R>
+bool succeeded(const R&) {
+  return true;
+}
+}  // namespace
+
 template <class R>
 R Coordinator::callSync(std::function<R()> fn, bool wait_for_commit) {
   assert(!onLoop() && "a synchronous Coordinator call from the loop would wait for itself");
@@ -173,7 +186,7 @@ R Coordinator::callSync(std::function<R()> fn, bool wait_for_commit) {
   post([&] {
     auto result = std::make_shared<R>(fn());
     if (!wait_for_commit) return promise.set_value(std::move(*result));
-    replyOnLoop([&promise, result] { promise.set_value(std::move(*result)); });
+    replyOnLoop([&promise, result] { promise.set_value(std::move(*result)); }, succeeded(*result));
   });
   return future.get();
 }
@@ -183,9 +196,10 @@ void Coordinator::afterCommitOnLoop(std::function<void()> effect) {
   turn_effects_.push_back(std::move(effect));
 }
 
-void Coordinator::replyOnLoop(std::function<void()> reply) {
+void Coordinator::replyOnLoop(std::function<void()> reply, bool ok) {
   assert(onLoop());
-  if (dirty_.empty()) {
+  // A refusal waits for nothing; a success only when everything it may report is already durable.
+  if (!ok || (dirty_.empty() && committed_seq_ == issued_seq_)) {
     turn_replies_.push_back(std::move(reply));  // nothing to wait for: after this turn's commands, at once
   } else {
     afterCommitOnLoop(std::move(reply));
@@ -367,22 +381,25 @@ void Coordinator::start() {
   });
 }
 
+void Coordinator::closeAgents() {
+  if (!loop_ || onLoop() || !loop_->thread.joinable() || loop_->io.stopped()) return;
+  callSync<bool>(
+      [this] {
+        stopping_ = true;
+        loop_->ticker.cancel();
+        for (auto& [name, node] : nodes_) {
+          if (node.link) node.link->close();
+          node.link.reset();
+        }
+        for (auto& [rid, wait] : log_waits_) wait->timer.cancel();
+        return true;
+      },
+      /*wait_for_commit=*/false);
+}
+
 void Coordinator::stop() {
   if (!loop_ || !committer_) return;
-  if (!onLoop() && loop_->thread.joinable() && !loop_->io.stopped()) {
-    callSync<bool>(
-        [this] {
-          stopping_ = true;
-          loop_->ticker.cancel();
-          for (auto& [name, node] : nodes_) {
-            if (node.link) node.link->close();
-            node.link.reset();
-          }
-          for (auto& [rid, wait] : log_waits_) wait->timer.cancel();
-          return true;
-        },
-        /*wait_for_commit=*/false);
-  }
+  closeAgents();
   committer_->stop();  // stores what is left
 }
 
@@ -751,7 +768,7 @@ void Coordinator::registerAgent(const v1::RegisterRequest& req,
                                 std::function<void(StatusOr<v1::RegisterResponse>)> done) {
   post([this, req, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::RegisterResponse>>(registerAgentOnLoop(req));
-    replyOnLoop([done, result] { done(std::move(*result)); });
+    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
   });
 }
 
@@ -876,10 +893,10 @@ Status Coordinator::attachAgentOnLoop(const std::string& node, const std::string
   if (entry->link && entry->link != link) entry->link->close();
   entry->link = std::move(link);
   entry->last_seen_ms = now_ms_();
-  // Queued commands go out behind anything still waiting for the store, in order.
-  std::vector<v1::Command> outbox;
-  outbox.swap(entry->outbox);
-  for (const auto& cmd : outbox) sendOnLoop(node, cmd);
+  // Queued commands were durable when they were queued: they go out first, in order, ahead of newer ones that
+  // still wait for the store.
+  for (const auto& cmd : entry->outbox) entry->link->send(cmd);
+  entry->outbox.clear();
   schedule_wanted_ = true;
   return Status::ok();
 }
@@ -959,6 +976,9 @@ void Coordinator::applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& r
 
 void Coordinator::stopStaleOnLoop(const std::string& node,
                                   const std::set<std::pair<std::string, int>>& stale) {
+  // While the store fails, commands wait for it; a stale rank is reported again with every heartbeat, so its
+  // stop is left for then instead of piling up a copy per heartbeat.
+  if (!health().ok) return;
   for (const auto& [job, attempt] : stale) {
     auto it = jobs_.find(job);
     sendOnLoop(node,
@@ -1128,7 +1148,7 @@ StatusOr<v1::Job> Coordinator::submit(const v1::JobSpec& spec) {
 void Coordinator::submit(const v1::JobSpec& spec, Done<v1::Job> done) {
   post([this, spec, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::Job>>(submitOnLoop(spec));
-    replyOnLoop([done, result] { done(std::move(*result)); });
+    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
   });
 }
 
@@ -1235,11 +1255,21 @@ void Coordinator::listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::Li
   // Final jobs may have left memory: the store has those (committed), the memory wins where it has the job.
   const bool queued = reader_->run([this, filter, after, limit, page = std::move(page),
                                     in_memory = std::move(in_memory), finish, done]() mutable {
-    auto stored = store_.listJobsPage(filter, after, limit + 1);
-    if (!stored) return done(stored.status());
-    for (const auto& job : *stored) {
-      if (in_memory.count(state::jobIdNumber(job.id).value_or(0))) continue;
-      page.push_back(jobToProto(job));
+    // limit + 1 stored jobs that memory does not hold (the ones it holds are skipped, not counted), or as many
+    // as there are: each round starts after the last row of the one before, at most 64 rounds.
+    int64_t from = after;
+    size_t taken = 0;
+    for (int round = 0; round < 64 && taken < static_cast<size_t>(limit) + 1; ++round) {
+      auto stored = store_.listJobsPage(filter, from, limit + 1);
+      if (!stored) return done(stored.status());
+      for (const auto& job : *stored) {
+        const int64_t n = state::jobIdNumber(job.id).value_or(0);
+        from = std::max(from, n);
+        if (in_memory.count(n)) continue;
+        page.push_back(jobToProto(job));
+        ++taken;
+      }
+      if (stored->size() < static_cast<size_t>(limit) + 1) break;  // the store has no more
     }
     finish(std::move(page), std::move(done));
   });
@@ -1279,7 +1309,7 @@ void Coordinator::cancel(const std::string& id, Done<v1::Job> done) {
     withJobOnLoop(id, [this, done](StatusOr<state::Job> job) {
       if (!job) return done(job.status());
       auto result = std::make_shared<StatusOr<v1::Job>>(cancelOnLoop(*job));
-      replyOnLoop([done, result] { done(std::move(*result)); });
+      replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
     });
   });
 }
@@ -1338,7 +1368,7 @@ StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain_it) {
 void Coordinator::drain(const std::string& name, bool drain_it, Done<v1::Node> done) {
   post([this, name, drain_it, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::Node>>(drainOnLoop(name, drain_it));
-    replyOnLoop([done, result] { done(std::move(*result)); });
+    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
   });
 }
 
@@ -1377,7 +1407,7 @@ StatusOr<v1::Node> Coordinator::removeNode(const std::string& name) {
 void Coordinator::removeNode(const std::string& name, Done<v1::Node> done) {
   post([this, name, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::Node>>(removeNodeOnLoop(name));
-    replyOnLoop([done, result] { done(std::move(*result)); });
+    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
   });
 }
 
@@ -1441,6 +1471,7 @@ void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetL
                                     job.id + "/attempt-" + std::to_string(attempt) + "/rank-" +
                                     std::to_string(request.rank()) + ".log"));
   }
+  if (Health h = health(); !h.ok) return done(Status::unavailable("log reads wait until " + h.message));
   if (log_waits_.size() >= CoordinatorOptions::kMaxLogReads) {
     return done(Status::unavailable("too many log reads wait for agents now; try again"));
   }

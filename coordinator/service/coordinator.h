@@ -123,6 +123,9 @@ class Coordinator {
   // Ticks every tick_ms on the loop until stop(). stop() also closes every agent link and stores what is
   // left to store.
   void start();
+  // Closes every agent stream and stops the ticker; calls are still answered (the daemon calls this before it
+  // shuts its gRPC server down, then stop()).
+  void closeAgents();
   void stop();
 
   // One round of housekeeping: nodes past the heartbeat grace go DOWN, the recovery window ends, pending
@@ -281,9 +284,10 @@ class Coordinator {
   R callSync(std::function<R()> fn, bool wait_for_commit = true);
   // Runs `effect` on the loop once this turn's changes (and all earlier ones) are durable, in order.
   void afterCommitOnLoop(std::function<void()> effect);
-  // An answer to a caller: after the commit when this turn changed something, else at the end of the turn
-  // (a refusal or a read never waits behind a store that is failing).
-  void replyOnLoop(std::function<void()> reply);
+  // An answer to a caller: a refusal (!ok) at the end of the turn, never behind a store that is failing; a
+  // success at once only when nothing is waiting to be stored, else after the commit (it may report an
+  // earlier turn's change, e.g. a second drain of a node).
+  void replyOnLoop(std::function<void()> reply, bool ok);
   // The end of a turn: hands the changes to the committer, runs the effects that may run.
   void flushOnLoop();
   void committedOnLoop(uint64_t seq, const Status& status);
