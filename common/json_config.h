@@ -78,6 +78,11 @@ Status applyJsonConfig(const nlohmann::json& doc, const std::string& origin, T* 
   nlohmann::json current = *config;
   for (const auto& [key, value] : doc.items()) {
     if (Status st = config_detail::checkKnown(key, ddlJsonConfigKeys(config), origin); !st) return st;
+    // A fraction for an integer setting is refused before any conversion: converting a double out of an
+    // int's range is undefined (found by fuzzing: "port_last": 2.4e35).
+    if (value.is_number_float() && current.contains(key) && current.at(key).is_number_integer()) {
+      return config_detail::wrongType(key, value, current.at(key), origin, hints);
+    }
     nlohmann::json next = current;
     next[key] = value;
     try {

@@ -622,6 +622,49 @@ TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAndAreReadFromTheStore) {
   EXPECT_EQ(coordinator->listJobs(mine)->jobs_size(), 5);
 }
 
+// A history page where the store's first rows are jobs memory holds in a newer state that no longer matches:
+// the page must go on past them to the stored jobs behind (it used to end early, with no token, losing them).
+TEST_F(CoordinatorTest, AHistoryPageGoesOnPastJobsThatMemoryHoldsDifferently) {
+  options.max_finished_in_memory = 0;  // a final job leaves memory as soon as it is stored
+  auto flaky = std::make_unique<FlakyStore>([this] { return now; });
+  FlakyStore* store = flaky.get();
+  makeCoordinator(std::move(flaky));
+  addNode("n1", 3);
+  std::string a = submit(spec(1, 1)), b = submit(spec(1, 1));
+  coordinator->tick();
+  runAll("n1", a);
+  runAll("n1", b);
+  std::string c = submit(spec(1, 1));
+  coordinator->tick();
+  runAll("n1", c);
+  exitAll("n1", c);  // SUCCEEDED, stored, then out of memory
+  coordinator->tick();
+  ASSERT_EQ(store->getJob(a)->state, state::JobState::kRunning);
+  store->failing = true;  // a and b fail in memory; the store still says RUNNING
+  for (const auto& id : {a, b}) {
+    auto s = starts("n1", id).back();
+    coordinator->rankEvent("n1", sessions["n1"],
+                           rankStatus(id, s.attempt(), 0, s.ranks(0).gpu(), v1::RankStatus::EXITED, 3),
+                           [](Status) {});
+  }
+  ASSERT_TRUE(waitHealth(*coordinator, false));
+  v1::ListJobsRequest req;
+  req.add_states(v1::RUNNING);
+  req.add_states(v1::SUCCEEDED);
+  req.set_page_size(1);
+  std::vector<std::string> seen;
+  for (int page = 0; page < 10; ++page) {
+    auto resp = coordinator->listJobs(req);
+    ASSERT_TRUE(resp) << resp.status().toString();
+    for (const auto& j : resp->jobs()) seen.push_back(j.id());
+    if (resp->next_page_token().empty()) break;
+    req.set_page_token(resp->next_page_token());
+  }
+  EXPECT_EQ(seen, std::vector<std::string>{c});
+  store->failing = false;
+  ASSERT_TRUE(waitHealth(*coordinator, true));
+}
+
 TEST_F(CoordinatorTest, OnlyADownNodeWithNoLiveJobIsRemoved) {
   addNode("n1", 1);
   addNode("n2", 1);

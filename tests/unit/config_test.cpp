@@ -72,6 +72,8 @@ TEST(CoordinatorConfig, UnknownKeysAndWrongTypesNameTheKey) {
        {Case{R"({"listen": 7070})", "key 'listen' must be a string \"HOST:PORT\", not 7070"},
         Case{R"({"heartbeat_grace_s": "10s"})", "key 'heartbeat_grace_s' must be a number of seconds"},
         Case{R"({"port_first": 29500.5})", "key 'port_first' must be an integer port, not 29500.5"},
+        // Found by fuzzing: a double far out of an int's range was converted (undefined behaviour).
+        Case{R"({"port_last": 244444444444444444444444444444449999})", "key 'port_last' must be an integer port"},
         Case{R"({"node_cert_days": "365"})", "key 'node_cert_days' must be an integer number of days"},
         Case{R"({"insecure": "false"})", "key 'insecure' must be true or false"},
         Case{R"({"log_level": ["info"]})", "key 'log_level' must be a string"}}) {
