@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -78,10 +79,14 @@ Status applyJsonConfig(const nlohmann::json& doc, const std::string& origin, T* 
   nlohmann::json current = *config;
   for (const auto& [key, value] : doc.items()) {
     if (Status st = config_detail::checkKnown(key, ddlJsonConfigKeys(config), origin); !st) return st;
-    // A fraction for an integer setting is refused before any conversion: converting a double out of an
-    // int's range is undefined (found by fuzzing: "port_last": 2.4e35).
+    // A number written as a double for an integer setting (7070.0) must be whole and within an int's range
+    // before anything converts it: converting a double out of that range is undefined (found by fuzzing:
+    // "port_last": 2.4e35).
     if (value.is_number_float() && current.contains(key) && current.at(key).is_number_integer()) {
-      return config_detail::wrongType(key, value, current.at(key), origin, hints);
+      const double d = value.template get<double>();
+      if (!(d >= -2147483648.0 && d <= 2147483647.0 && d == static_cast<double>(static_cast<int64_t>(d)))) {
+        return config_detail::wrongType(key, value, current.at(key), origin, hints);
+      }
     }
     nlohmann::json next = current;
     next[key] = value;
