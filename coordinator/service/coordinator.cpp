@@ -978,7 +978,7 @@ void Coordinator::stopStaleOnLoop(const std::string& node,
                                   const std::set<std::pair<std::string, int>>& stale) {
   // While the store fails, commands wait for it; a stale rank is reported again with every heartbeat, so its
   // stop is left for then instead of piling up a copy per heartbeat.
-  if (!health().ok) return;
+  if (stale.empty() || !health().ok) return;  // the common heartbeat has nothing stale: no lock taken
   for (const auto& [job, attempt] : stale) {
     auto it = jobs_.find(job);
     sendOnLoop(node,
