@@ -5,7 +5,8 @@
 #   ddl-agent        /usr/bin/ddl-agent, /lib/systemd/system/ddl-agent.service,
 #                    /etc/ddl/agent.json (conffile), /usr/share/doc/ddl-agent/{operations,security}.md
 #   ddlctl           /usr/bin/ddlctl
-#   libddl           /usr/lib/libddl.so*, /usr/include/ddl/ddl.h, /usr/bin/ddlrun, /usr/bin/ddl-bench
+#   libddl           /usr/lib/libddl.so*, /usr/include/ddl/ddl.h, /usr/bin/ddlrun, /usr/bin/ddl-bench,
+#                    /usr/lib/pkgconfig/ddl.pc and /usr/lib/cmake/ddl/ (find_package(ddl): ddl::ddl)
 #   python3-torch-ddl  /usr/lib/python3/dist-packages/torch_ddl (the torch.distributed backend "ddl"), where
 #                    torch_ddl was built (python/CMakeLists.txt)
 #
@@ -116,7 +117,8 @@ set(CPACK_DEBIAN_LIBDDL_PACKAGE_NAME libddl)
 set(CPACK_DEBIAN_LIBDDL_PACKAGE_SECTION libs)
 set(CPACK_DEBIAN_LIBDDL_DESCRIPTION "ddl collective library (libddl), its header and tools
 NCCL-shaped allreduce, reduce, broadcast, gathers, scatters, all-to-all, barrier and
-point-to-point over UCX: libddl.so, ddl/ddl.h, the
-launcher ddlrun and the benchmark ddl-bench.")
+point-to-point over UCX: libddl.so, ddl/ddl.h, ddl.pc for pkg-config, the CMake
+package ddl (find_package(ddl), target ddl::ddl), the launcher ddlrun and the
+benchmark ddl-bench.")
 
 include(CPack)

@@ -17,7 +17,8 @@
 #             machine); layout, conffiles, maintainer scripts and dependencies checked; systemd-analyze verify
 #             --root on the unpacked tree (the packaged units against the packaged binaries); the unpacked
 #             coordinator starts from its unpacked config (with a PKI that its own init-pki makes), ddl-bench
-#             finds the unpacked libddl.so.0; no package ships a key or makes one in its maintainer scripts.
+#             finds the unpacked libddl.so.0; no package ships a key or makes one in its maintainer scripts;
+#             libddl holds ddl.pc (prefix /usr) and the CMake package, naming no build path.
 #
 # Usage: deploy_test.sh units|configs|packages SOURCE_DIR BUILD_DIR   (BUILD_DIR must be built: bin/, CPack files)
 # Environment (optional): DDL_DEPLOY_KEEP=1 keeps the scratch directory (packages, unpacked trees, logs).
@@ -257,7 +258,9 @@ test_packages() {
     [ddl-coordinator]="usr/bin/ddl-coordinator lib/systemd/system/ddl-coordinator.service etc/ddl/coordinator.json"
     [ddl-agent]="usr/bin/ddl-agent usr/libexec/ddl/ddl-rank-shim lib/systemd/system/ddl-agent.service etc/ddl/agent.json"
     [ddlctl]="usr/bin/ddlctl"
-    [libddl]="usr/include/ddl/ddl.h usr/bin/ddlrun usr/bin/ddl-bench"
+    [libddl]="usr/include/ddl/ddl.h usr/bin/ddlrun usr/bin/ddl-bench usr/lib/pkgconfig/ddl.pc
+              usr/lib/cmake/ddl/ddlConfig.cmake usr/lib/cmake/ddl/ddlConfigVersion.cmake
+              usr/lib/cmake/ddl/ddlTargets.cmake"
   )
   local all=$tmp/root pkg deb f
   mkdir -p "$all"
@@ -305,6 +308,14 @@ test_packages() {
   mkdir -p "$tmp/ctl/libddl"
   dpkg-deb -e "$tmp/pkg/libddl_${version}_${arch}.deb" "$tmp/ctl/libddl"
   grep -q '^libddl 0 libddl' "$tmp/ctl/libddl/shlibs" || fail "libddl: no shlibs entry for libddl.so.0"
+  # ddl.pc is written at install time: it must name /usr, not cpack's staging directory. (Linking with it and
+  # with the CMake package is tests/deploy/link_test.sh's part.)
+  grep -qx 'prefix=/usr' "$tmp/x/libddl/usr/lib/pkgconfig/ddl.pc" ||
+    fail "libddl: /usr/lib/pkgconfig/ddl.pc does not say prefix=/usr: $(grep '^prefix=' "$tmp/x/libddl/usr/lib/pkgconfig/ddl.pc")"
+  local leaks
+  leaks=$(grep -rlF -e "$BUILD" -e "$SRC" -e _CPack_Packages "$tmp/x/libddl/usr/lib/pkgconfig" \
+    "$tmp/x/libddl/usr/lib/cmake" || true)
+  [[ -z $leaks ]] || fail "libddl: pkg-config or CMake files name the build tree: $leaks"
 
   # No binary points into the build tree.
   for f in "$all"/usr/bin/* "$all"/usr/lib/libddl.so.0*; do
