@@ -472,14 +472,14 @@ bool fitsCountingDown(const Cluster& cluster, const JobRequest& job) {
   return units >= unitsNeeded(job);
 }
 
+}  // namespace
+
 // The verdict for a job already in the queue: checkFeasible's reason, unless the job only lacks nodes that
 // are DOWN now; such a job stays pending (nodes come back after a reboot) and pendingReason names them.
 std::string neverFits(const Cluster& cluster, const JobRequest& job) {
   std::string never = checkFeasible(cluster, job);
   return never.empty() || fitsCountingDown(cluster, job) ? "" : never;
 }
-
-}  // namespace
 
 std::string checkFeasible(const Cluster& cluster, const JobRequest& job) {
   if (std::string bad = validateRequest(job); !bad.empty()) return bad;

@@ -54,6 +54,11 @@ class PlacementResult {
 // them. Returns "" when feasible, otherwise a sentence that says why and what the cluster has.
 std::string checkFeasible(const Cluster& cluster, const JobRequest& job);
 
+// checkFeasible, but a job that would fit once its DOWN nodes are back is feasible: what the queue decides
+// (such a job waits, with pendingReason naming the DOWN nodes), and what a submit decides, so that a script
+// does not break while nodes reboot.
+std::string neverFits(const Cluster& cluster, const JobRequest& job);
+
 // Places the job on the free GPUs of UP nodes, all or nothing: success with the allocation, pending with the
 // reason it waits ("waiting for 4 nodes with 2 free GPUs each: ...", "node n3 draining: ..."), or infeasible
 // (checkFeasible's reason). For a queued job DOWN nodes do count here: a job that would fit if its DOWN nodes

@@ -312,7 +312,9 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     if (Status st = access::maySubmit(*who); !st) return finish(r, st);
     auto spec = access::ownSpec(*who, req->spec(), security_.allow_root_jobs);
     if (!spec) return finish(r, spec.status());
-    coordinator_.submit(*spec, fill(r, resp->mutable_job()));
+    v1::SubmitRequest request = *req;
+    *request.mutable_spec() = std::move(*spec);
+    coordinator_.submit(request, fill(r, resp));
     return r;
   }
   Reactor* GetJob(Ctx* ctx, const v1::GetJobRequest* req, v1::Job* resp) override {
@@ -335,9 +337,27 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
   }
   Reactor* CancelJob(Ctx* ctx, const v1::CancelJobRequest* req, v1::Job* resp) override {
     auto* r = ctx->DefaultReactor();
-    ownedJob(ctx, req->id(), "cancel", [this, r, resp, id = req->id()](StatusOr<v1::Job> job) {
+    ownedJob(ctx, req->id(), req->signal() ? "signal" : "cancel",
+             [this, r, resp, id = req->id(), signal = req->signal()](StatusOr<v1::Job> job) {
+               if (!job) return fill(r, resp)(job.status());
+               coordinator_.cancel(id, signal, fill(r, resp));
+             });
+    return r;
+  }
+  Reactor* HoldJob(Ctx* ctx, const v1::HoldJobRequest* req, v1::Job* resp) override {
+    auto* r = ctx->DefaultReactor();
+    ownedJob(ctx, req->id(), req->hold() ? "hold" : "release",
+             [this, r, resp, id = req->id(), hold = req->hold()](StatusOr<v1::Job> job) {
+               if (!job) return fill(r, resp)(job.status());
+               coordinator_.hold(id, hold, fill(r, resp));
+             });
+    return r;
+  }
+  Reactor* RequeueJob(Ctx* ctx, const v1::RequeueJobRequest* req, v1::Job* resp) override {
+    auto* r = ctx->DefaultReactor();
+    ownedJob(ctx, req->id(), "requeue", [this, r, resp, id = req->id()](StatusOr<v1::Job> job) {
       if (!job) return fill(r, resp)(job.status());
-      coordinator_.cancel(id, fill(r, resp));
+      coordinator_.requeue(id, fill(r, resp));
     });
     return r;
   }
@@ -356,7 +376,7 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
   Reactor* DrainNode(Ctx* ctx, const v1::DrainNodeRequest* req, v1::Node* resp) override {
     auto* r = ctx->DefaultReactor();
     if (auto st = admin(ctx, req->drain() ? "drain" : "undrain"); !st.ok()) return now(r, st);
-    coordinator_.drain(req->node(), req->drain(), fill(r, resp));
+    coordinator_.drain(req->node(), req->drain(), req->reason(), fill(r, resp));
     return r;
   }
   Reactor* RemoveNode(Ctx* ctx, const v1::RemoveNodeRequest* req, v1::RemoveNodeResponse*) override {

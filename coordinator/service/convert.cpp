@@ -7,7 +7,7 @@ v1::JobState toProto(state::JobState s) { return static_cast<v1::JobState>(stati
 
 std::optional<state::JobState> fromProto(v1::JobState s) {
   int v = static_cast<int>(s);
-  if (v < v1::PENDING || v > v1::CANCELLED) return std::nullopt;
+  if (v < v1::PENDING || v > v1::TIMEOUT) return std::nullopt;
   return static_cast<state::JobState>(v - 1);
 }
 
@@ -25,6 +25,13 @@ state::JobSpec fromProto(const v1::JobSpec& spec) {
   s.workdir = spec.workdir();
   s.command.assign(spec.command().begin(), spec.command().end());
   s.required_labels.insert(spec.required_labels().begin(), spec.required_labels().end());
+  s.time_limit_s = spec.time_limit_s();
+  s.after_ok.assign(spec.after_ok().begin(), spec.after_ok().end());
+  s.after_any.assign(spec.after_any().begin(), spec.after_any().end());
+  s.hold = spec.hold();
+  s.array_id = spec.array_id();
+  s.array_index = spec.array_index();
+  s.array_max_running = spec.array_max_running();
   return s;
 }
 
@@ -41,6 +48,60 @@ void toProto(const state::JobSpec& spec, v1::JobSpec* out) {
   out->set_workdir(spec.workdir);
   for (const auto& a : spec.command) out->add_command(a);
   for (const auto& [k, v] : spec.required_labels) (*out->mutable_required_labels())[k] = v;
+  out->set_time_limit_s(static_cast<int32_t>(spec.time_limit_s));
+  for (const auto& d : spec.after_ok) out->add_after_ok(d);
+  for (const auto& d : spec.after_any) out->add_after_any(d);
+  out->set_hold(spec.hold);
+  out->set_array_id(spec.array_id);
+  out->set_array_index(spec.array_index);
+  out->set_array_max_running(spec.array_max_running);
+}
+
+void toProto(const state::RankResult& r, v1::RankStatus* out) {
+  out->set_rank(r.rank);
+  out->set_attempt(r.attempt);
+  out->set_node(r.node);
+  out->set_gpu(r.gpu);
+  out->set_pid(r.pid);
+  out->set_program_pid(r.program_pid);
+  out->set_state(r.exited ? v1::RankStatus::EXITED : v1::RankStatus::RUNNING);
+  if (r.exit_code) out->set_exit_code(*r.exit_code);
+  if (r.signal) out->set_signal(*r.signal);
+  out->set_started_ms(r.started_ms);
+  out->set_exited_ms(r.exited_ms);
+  out->set_error(r.error);
+  if (r.updated_ms > 0 || r.collectives > 0) {
+    v1::RankProgress* p = out->mutable_progress();
+    p->set_collectives(r.collectives);
+    p->set_bytes(r.bytes);
+    p->set_seconds(r.seconds);
+    p->set_last_op(r.last_op);
+    p->set_updated_ms(r.updated_ms);
+  }
+}
+
+state::RankResult rankResultOf(const v1::RankStatus& r, const std::string& node) {
+  state::RankResult out;
+  out.rank = r.rank();
+  out.attempt = r.attempt();
+  out.node = node;
+  out.gpu = r.gpu();
+  out.pid = r.pid();
+  out.program_pid = r.program_pid();
+  out.exited = r.state() == v1::RankStatus::EXITED;
+  if (r.has_exit_code()) out.exit_code = r.exit_code();
+  if (r.has_signal()) out.signal = r.signal();
+  out.started_ms = r.started_ms();
+  out.exited_ms = r.exited_ms();
+  out.error = r.error();
+  if (r.has_progress()) {
+    out.collectives = r.progress().collectives();
+    out.bytes = r.progress().bytes();
+    out.seconds = r.progress().seconds();
+    out.last_op = r.progress().last_op();
+    out.updated_ms = r.progress().updated_ms();
+  }
+  return out;
 }
 
 void toProto(const state::Failure& failure, v1::Failure* out) {

@@ -18,6 +18,9 @@ std::optional<state::JobState> fromProto(v1::JobState s);  // nullopt for JOB_ST
 state::JobSpec fromProto(const v1::JobSpec& spec);
 void toProto(const state::JobSpec& spec, v1::JobSpec* out);
 void toProto(const state::Failure& failure, v1::Failure* out);
+// A rank's kept result as a RankStatus (progress only where one was heard), and back from an agent's report.
+void toProto(const state::RankResult& rank, v1::RankStatus* out);
+state::RankResult rankResultOf(const v1::RankStatus& rank, const std::string& node);
 
 std::vector<state::NodeAllocation> toState(const placement::Allocation& allocation);
 placement::Allocation toPlacement(const std::vector<state::NodeAllocation>& allocation);

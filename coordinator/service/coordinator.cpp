@@ -48,7 +48,20 @@ std::string describeExit(const v1::RankStatus& r) {
     const char* name = signalAbbrev(r.signal());
     return "was killed by signal " + (name ? std::string(name) : std::to_string(r.signal()));
   }
-  return "exited with code " + std::to_string(r.exit_code());
+  std::string text = "exited with code " + std::to_string(r.exit_code());
+  // A shell's codes for a program that could not be run (the agent reports its own error text when it knows).
+  if (r.exit_code() == 127) text += " (the program was not found: could not be executed)";
+  if (r.exit_code() == 126) text += " (the program could not be executed: permission denied or not a program)";
+  return text;
+}
+
+// When the latest attempt started RUNNING; 0 if it never did.
+int64_t startedRunningMs(const state::Job& job) {
+  for (auto t = job.transitions.rbegin(); t != job.transitions.rend(); ++t) {
+    if (t->to == JobState::kRunning) return t->at_ms;
+    if (t->to == JobState::kPending && t->from != JobState::kPending) return 0;  // requeued since
+  }
+  return 0;
 }
 
 bool exitedCleanly(const v1::RankStatus& r) {
@@ -92,6 +105,10 @@ v1::Job jobToProto(const state::Job& job) {
   out.set_topology(job.topology);
   if (!job.transitions.empty()) out.set_reason(job.transitions.back().reason);
   out.set_gpus(requestOf(job.id, job.spec).gpuCount());
+  out.set_held(job.held);
+  out.set_start_ms(startedRunningMs(job));
+  out.set_end_ms(state::endedAtMs(job));
+  for (const auto& r : job.ranks) toProto(r, out.add_ranks());
   return out;
 }
 
@@ -339,6 +356,22 @@ Status Coordinator::recoverOnLoop() {
   });
   for (const state::Job* job : finished) finished_.push_back({job->id, 0, state::endedAtMs(*job)});
   for (auto& job : *live) jobs_[job.id] = job;
+  std::vector<std::string> ended_deps;  // dependencies that ended without their dependents being told (none
+                                        // unless a crash came between): resolved below, once all is loaded
+  for (auto& job : *live) {
+    for (const auto& dep : job.waiting_for) {
+      dependents_[dep].insert(job.id);
+      auto it = jobs_.find(dep);
+      if (it == jobs_.end() || state::isTerminal(it->second.state)) ended_deps.push_back(dep);
+    }
+  }
+  for (const auto& dep : ended_deps) {
+    if (!jobs_.count(dep)) {
+      auto stored = store_.getJob(dep);  // recover runs before anything else; reading here is fine
+      if (stored) jobs_[dep] = *stored;
+    }
+    resolveDependentsOnLoop(dep);
+  }
   for (auto& job : *live) {
     const std::string& id = job.id;
     if (job.state == JobState::kScheduled) {
@@ -416,6 +449,7 @@ void Coordinator::housekeepingOnLoop() {
   const int64_t now = now_ms_();
   checkHeartbeatsOnLoop(now);
   sweepLostJobsOnLoop();
+  enforceTimeLimitsOnLoop();
   if (recovery_until_ms_ != 0) {
     bool all_back = std::all_of(nodes_.begin(), nodes_.end(), [](const auto& kv) {
       return kv.second.record.state == state::NodeState::kDown || kv.second.link != nullptr;
@@ -428,6 +462,31 @@ void Coordinator::housekeepingOnLoop() {
   }
 }
 
+void Coordinator::enforceTimeLimitsOnLoop() {
+  const int64_t now = wall_ms_();
+  std::vector<std::string> over;
+  for (const auto& [id, rt] : runtime_) {  // the launched jobs only
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || it->second.state != JobState::kRunning || it->second.spec.time_limit_s <= 0) continue;
+    const int64_t started = startedRunningMs(it->second);
+    if (started > 0 && now - started >= it->second.spec.time_limit_s * 1000) over.push_back(id);
+  }
+  for (const auto& id : over) {
+    const state::Job& job = jobs_[id];
+    const int attempt = runtime_[id].attempt;
+    const auto allocation = job.allocation;
+    const std::string reason = "ran past its time limit of " + seconds(job.spec.time_limit_s * 1000) +
+                               " (--time); its ranks get SIGTERM, then SIGKILL after " +
+                               seconds(options_.stop_grace_ms);
+    Status st = recordTransitionOnLoop(id, JobState::kTimeout, reason);
+    if (!st) {
+      spdlog::error("job {}: {}", id, st.toString());
+      continue;
+    }
+    stopJobEverywhereOnLoop(id, attempt, "time limit reached", allocation);
+  }
+}
+
 bool Coordinator::recoveringOnLoop(int64_t now) const {
   return recovery_until_ms_ != 0 && now < recovery_until_ms_;
 }
@@ -436,12 +495,13 @@ bool Coordinator::recoveringOnLoop(int64_t now) const {
 // -----------------------------------------------------------------
 
 Status Coordinator::recordTransitionOnLoop(const std::string& id, JobState to, const std::string& reason,
-                                           const std::optional<state::Failure>& failure) {
+                                           const std::optional<state::Failure>& failure,
+                                           bool counts_as_restart) {
   auto found = jobs_.find(id);
   if (found == jobs_.end()) return state::jobNotFound(id);
   state::Job job = found->second;
   const JobState from = job.state;
-  Status applied = state::applyTransition(job, to, reason, failure, wall_ms_());
+  Status applied = state::applyTransition(job, to, reason, failure, wall_ms_(), counts_as_restart);
   if (!applied) return applied;
   spdlog::info("job {}: {} -> {}: {}", id, toString(from), toString(job.state), reason);
   if (to == JobState::kFailed) ++counters_.jobs_failed_total;
@@ -465,7 +525,73 @@ Status Coordinator::recordTransitionOnLoop(const std::string& id, JobState to, c
   if (!isLive(found->second.state)) runtime_.erase(id);
   if (found->second.state != JobState::kPending) pending_reason_.erase(id);
   schedule_wanted_ = true;
+  if (state::isTerminal(found->second.state)) {
+    // It waits for nothing any more, and what waited for it may go (or never will).
+    for (const auto& dep : found->second.waiting_for) {
+      auto waiting = dependents_.find(dep);
+      if (waiting == dependents_.end()) continue;
+      waiting->second.erase(id);
+      if (waiting->second.empty()) dependents_.erase(waiting);
+    }
+    resolveDependentsOnLoop(id);
+  }
   return Status::ok();
+}
+
+void Coordinator::resolveDependentsOnLoop(const std::string& id) {
+  ended_for_dependents_.push_back(id);
+  if (resolving_dependents_) return;  // the loop below is already running further up the stack
+  resolving_dependents_ = true;
+  while (!ended_for_dependents_.empty()) {
+    const std::string dep = ended_for_dependents_.front();
+    ended_for_dependents_.pop_front();
+    auto waiting = dependents_.find(dep);
+    if (waiting == dependents_.end()) continue;
+    const std::set<std::string> ids = std::move(waiting->second);
+    dependents_.erase(waiting);
+    auto ended = jobs_.find(dep);
+    const JobState dep_state = ended != jobs_.end() ? ended->second.state : JobState::kFailed;
+    for (const auto& dependent : ids) {
+      auto it = jobs_.find(dependent);
+      if (it == jobs_.end() || it->second.state != JobState::kPending) continue;
+      state::Job& job = it->second;
+      const auto& ok = job.spec.after_ok;
+      if (dep_state != JobState::kSucceeded && std::find(ok.begin(), ok.end(), dep) != ok.end()) {
+        Status st = recordTransitionOnLoop(dependent, JobState::kCancelled,
+                                           "dependency " + dep + " ended " + toString(dep_state) +
+                                               ", and the job runs only after it succeeds (--after-ok)");
+        if (!st) spdlog::error("job {}: {}", dependent, st.toString());
+        continue;  // recordTransitionOnLoop queued this job's own dependents
+      }
+      job.waiting_for.erase(std::remove(job.waiting_for.begin(), job.waiting_for.end(), dep),
+                            job.waiting_for.end());
+      putJobOnLoop(job);
+      schedule_wanted_ = true;
+    }
+  }
+  resolving_dependents_ = false;
+}
+
+std::string Coordinator::notYetOnLoop(const state::Job& job, const std::map<std::string, int>& array_running) const {
+  if (job.held) return "held: released by ddlctl release " + job.id;
+  if (!job.waiting_for.empty()) {
+    const std::string& dep = job.waiting_for.front();
+    auto it = jobs_.find(dep);
+    const auto& ok = job.spec.after_ok;
+    const bool needs_success = std::find(ok.begin(), ok.end(), dep) != ok.end();
+    std::string text = "waiting for " + dep + (it != jobs_.end() ? std::string(" (") + toString(it->second.state) + ")" : "") +
+                       (needs_success ? " to succeed" : " to end");
+    if (job.waiting_for.size() > 1) text += " and " + std::to_string(job.waiting_for.size() - 1) + " more";
+    return text;
+  }
+  if (!job.spec.array_id.empty() && job.spec.array_max_running > 0) {
+    auto it = array_running.find(job.spec.array_id);
+    const int running = it != array_running.end() ? it->second : 0;
+    if (running >= job.spec.array_max_running)
+      return "array " + job.spec.array_id + " already runs " + std::to_string(running) + " of its jobs (limit " +
+             std::to_string(job.spec.array_max_running) + ")";
+  }
+  return "";
 }
 
 int Coordinator::attemptOf(const state::Job& job) {
@@ -477,9 +603,18 @@ void Coordinator::schedulePassOnLoop() {
   if (!schedule_wanted_) return;
   schedule_wanted_ = false;
   const int64_t now = now_ms_();
+  std::map<std::string, int> array_running;  // array id -> its live jobs
+  for (const auto& [id, job] : jobs_) {
+    if (isLive(job.state) && !job.spec.array_id.empty()) ++array_running[job.spec.array_id];
+  }
   std::vector<placement::JobRequest> queue;
   for (const auto& [id, job] : jobs_) {
-    if (job.state == JobState::kPending) queue.push_back(requestOf(id, job.spec));
+    if (job.state != JobState::kPending) continue;
+    if (std::string why = notYetOnLoop(job, array_running); !why.empty()) {
+      pending_reason_[id] = why;
+      continue;
+    }
+    queue.push_back(requestOf(id, job.spec));
   }
   if (queue.empty()) return;
   if (recoveringOnLoop(now)) {
@@ -512,6 +647,10 @@ void Coordinator::schedulePassOnLoop() {
       schedule_wanted_ = true;  // the cluster changed while placement ran: decide again next tick
       continue;
     }
+    if (std::string why = notYetOnLoop(job, array_running); !why.empty()) {
+      pending_reason_[d.jobId] = why;  // its array reached its limit earlier in this pass
+      continue;
+    }
     placement::RingLayout layout;
     std::string err = placement::buildRingLayout(d.allocation, cluster, job.spec.topology_override, &layout);
     if (err.empty()) err = placement::validateRingLayout(layout);
@@ -535,6 +674,7 @@ void Coordinator::schedulePassOnLoop() {
       pending_reason_[d.jobId] = "the coordinator could not record its placement: " + st.message();
       continue;
     }
+    if (!job.spec.array_id.empty()) ++array_running[job.spec.array_id];
     launchOnLoop(d.jobId, d.allocation, layout);
     for (const auto& a : d.allocation.nodes) usage[a.node].gpus.insert(a.gpus.begin(), a.gpus.end());
   }
@@ -601,7 +741,12 @@ void Coordinator::launchOnLoop(const std::string& id, const placement::Allocatio
     spec.attempt = rt.attempt;
     spec.secret = secret;
     for (const auto& [k, v] : rankEnvironment(spec)) add(k, v);
+    if (!job.spec.array_id.empty()) {
+      add("DDL_ARRAY_JOB_ID", job.spec.array_id);
+      add("DDL_ARRAY_INDEX", std::to_string(job.spec.array_index));
+    }
   }
+  jobs_[id].ranks.clear();  // the results kept are the latest attempt's
   // STARTING is written before anything is sent: a job whose start may have gone out is never silently
   // rescheduled. If the write fails, nothing was sent and the job goes back to the queue.
   Status st = recordTransitionOnLoop(
@@ -925,6 +1070,7 @@ void Coordinator::applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& r
   if (prev != node.ranks.end() && prev->second.state() == v1::RankStatus::EXITED) return;  // an exit is final
   if (report.state() == v1::RankStatus::EXITED) schedule_wanted_ = true;  // its GPU may be free now
   node.ranks[key] = report;
+  recordRankResultOnLoop(node.record.name, report);
 
   auto job = jobs_.find(r.job_id());
   auto rt = runtime_.find(r.job_id());
@@ -972,6 +1118,43 @@ void Coordinator::applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& r
     return;
   }
   maybeCompleteOnLoop(r.job_id());
+}
+
+void Coordinator::recordRankResultOnLoop(const std::string& node, const v1::RankStatus& report) {
+  auto it = jobs_.find(report.job_id());
+  if (it == jobs_.end() || report.state() == v1::RankStatus::STATE_UNSPECIFIED) return;
+  state::Job& job = it->second;
+  if (report.attempt() != attemptOf(job) || report.rank() < 0) return;
+  // Only a rank of the job's own allocation: an agent speaks only for its node's ranks.
+  if (std::none_of(job.allocation.begin(), job.allocation.end(),
+                   [&](const state::NodeAllocation& a) { return a.node == node; }))
+    return;
+  state::RankResult next = rankResultOf(report, node);
+  auto pos = std::lower_bound(job.ranks.begin(), job.ranks.end(), next.rank,
+                              [](const state::RankResult& r, int rank) { return r.rank < rank; });
+  const bool known = pos != job.ranks.end() && pos->rank == next.rank;
+  if (!known && job.ranks.size() >= static_cast<size_t>(requestOf(job.id, job.spec).gpuCount()) &&
+      job.ranks.size() >= 1) {
+    return;  // more ranks than the job has GPUs: not one of its ranks
+  }
+  if (known && pos->exited) return;  // an exit is final
+  if (known && !report.has_progress()) {
+    next.collectives = pos->collectives;
+    next.bytes = pos->bytes;
+    next.seconds = pos->seconds;
+    next.last_op = pos->last_op;
+    next.updated_ms = pos->updated_ms;
+  }
+  if (known && next.program_pid == 0) next.program_pid = pos->program_pid;
+  // A start or an exit is stored; progress stays in memory until the next write of the job.
+  const bool store = !known || pos->exited != next.exited || pos->pid != next.pid ||
+                     pos->program_pid != next.program_pid;
+  if (known) {
+    *pos = std::move(next);
+  } else {
+    job.ranks.insert(pos, std::move(next));
+  }
+  if (store) putJobOnLoop(job);
 }
 
 void Coordinator::stopStaleOnLoop(const std::string& node,
@@ -1110,45 +1293,194 @@ placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling) const {
 // ---- Users
 // -------------------------------------------------------------------------------------------------
 
-StatusOr<v1::Job> Coordinator::submitOnLoop(const v1::JobSpec& proto_spec) {
-  state::JobSpec spec = fromProto(proto_spec);
+namespace {
+
+constexpr size_t kMaxArrayJobs = 10000;
+constexpr int kMaxArrayIndex = 1000000;
+
+// SubmitRequest.array: "0-15", "1,3,5", "0-15:4", each with an optional "%N". The indices in order, no
+// duplicates, or why the text is wrong.
+struct ArraySpec {
+  std::vector<int> indices;
+  int max_running = 0;
+};
+StatusOr<ArraySpec> parseArraySpec(const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    return Status::invalidArgument("array '" + state::quoteForMessage(text) + "': " + why +
+                                   " (forms: 0-15, 1,3,5, 0-15:4, each with %N to run at most N at once)");
+  };
+  auto number = [](std::string_view t, int* out) {
+    if (t.empty() || t.size() > 9) return false;
+    int v = 0;
+    for (char c : t) {
+      if (c < '0' || c > '9') return false;
+      v = v * 10 + (c - '0');
+    }
+    *out = v;
+    return true;
+  };
+  ArraySpec out;
+  std::string_view list = text;
+  if (auto pct = list.find('%'); pct != std::string_view::npos) {
+    if (!number(list.substr(pct + 1), &out.max_running) || out.max_running < 1)
+      return bad("the limit after % must be a whole number >= 1");
+    list = list.substr(0, pct);
+  }
+  std::set<int> seen;
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    std::string_view part = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    if (comma != std::string_view::npos && list.empty()) return bad("it ends with a comma");
+    int first = 0, last = 0, step = 1;
+    std::string_view range = part;
+    if (auto colon = part.find(':'); colon != std::string_view::npos) {
+      if (!number(part.substr(colon + 1), &step) || step < 1) return bad("a step must be a whole number >= 1");
+      range = part.substr(0, colon);
+    }
+    if (auto dash = range.find('-'); dash != std::string_view::npos) {
+      if (!number(range.substr(0, dash), &first) || !number(range.substr(dash + 1), &last))
+        return bad("'" + std::string(part) + "' is not FIRST-LAST");
+    } else {
+      if (!number(range, &first)) return bad("'" + std::string(part) + "' is not an index");
+      last = first;
+    }
+    if (first > last) return bad("'" + std::string(part) + "' counts down");
+    if (last > kMaxArrayIndex) return bad("indices go up to " + std::to_string(kMaxArrayIndex));
+    for (int i = first; i <= last; i += step) {
+      if (seen.size() >= kMaxArrayJobs) return bad("more than " + std::to_string(kMaxArrayJobs) + " jobs");
+      seen.insert(i);
+    }
+  }
+  if (seen.empty()) return bad("no index");
+  out.indices.assign(seen.begin(), seen.end());
+  return out;
+}
+
+}  // namespace
+
+StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& request,
+                                                       const std::map<std::string, state::JobState>& known) {
+  state::JobSpec spec = fromProto(request.spec());
   if (spec.user.empty()) spec.user = "unknown";
+  spec.array_id.clear();  // set here, never by the caller
+  spec.array_index = 0;
+  spec.array_max_running = 0;
   Status st = state::validateJobSpec(spec);
   if (!st) return st;
+  ArraySpec array;
+  if (!request.array().empty()) {
+    auto parsed = parseArraySpec(request.array());
+    if (!parsed) return parsed.status();
+    array = std::move(parsed).value();
+  }
   if (Health h = health(); !h.ok) return Status::unavailable("job refused: " + h.message);
+  // Dependencies: each must exist; one that already ended is met now (or can never be, for --after-ok).
+  std::vector<std::string> waiting_for;
+  for (const auto* deps : {&spec.after_ok, &spec.after_any}) {
+    const bool needs_success = deps == &spec.after_ok;
+    for (const std::string& dep : *deps) {
+      auto number = state::jobIdNumber(dep);
+      if (!number || *number > last_job_number_)
+        return Status::notFound("dependency " + dep + " does not exist; list jobs to see the ids that exist");
+      std::optional<JobState> dep_state;
+      if (auto it = jobs_.find(dep); it != jobs_.end()) dep_state = it->second.state;
+      else if (auto k = known.find(dep); k != known.end()) dep_state = k->second;
+      else if (needs_success)
+        return Status::notFound("dependency " + dep + " is no longer in the job history");
+      else dep_state = JobState::kCancelled;  // left memory, so it ended; --after-any needs no more
+      if (!state::isTerminal(*dep_state)) {
+        if (std::find(waiting_for.begin(), waiting_for.end(), dep) == waiting_for.end()) waiting_for.push_back(dep);
+      } else if (needs_success && *dep_state != JobState::kSucceeded) {
+        return Status::failedPrecondition("dependency " + dep + " ended " + toString(*dep_state) +
+                                          "; a job submitted with --after-ok " + dep + " could never start");
+      }
+    }
+  }
   // Not stored yet, so no id: the message names the job by its name.
-  // The nodes as "could this ever fit" sees them (GPU counts, labels, DOWN): rebuilt only when a node record
-  // changed, not for every submit (2,000 nodes at 1,000 submits a second).
+  // The nodes as "could this ever fit" sees them (GPU counts, labels; DOWN nodes count, as in the queue: a
+  // node that reboots must not break a script's submit): rebuilt only when a node record changed, not for
+  // every submit (2,000 nodes at 1,000 submits a second).
   if (feasibility_epoch_ != node_epoch_ || !feasibility_cluster_) {
     feasibility_cluster_ = std::make_unique<placement::Cluster>(snapshotOnLoop(false));
     feasibility_epoch_ = node_epoch_;
   }
-  std::string never = placement::checkFeasible(*feasibility_cluster_,
-                                               requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec));
+  std::string never = placement::neverFits(*feasibility_cluster_,
+                                           requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec));
   if (!never.empty()) return Status::invalidArgument("job refused: " + never);
-  state::Job job;
-  job.id = state::formatJobId(++last_job_number_);
-  job.spec = spec;
-  job.state = JobState::kPending;
-  job.submit_ms = wall_ms_();
-  job.transitions.push_back(
-      state::Transition{JobState::kPending, JobState::kPending, job.submit_ms, "submitted", {}});
-  jobs_[job.id] = job;
-  putJobOnLoop(job, /*new_job=*/true);  // the answer waits for it: only a durable job is acknowledged
-  ++counters_.jobs_submitted_total;
-  spdlog::info("job {} submitted by {}: {}", job.id, spec.user, requestOf(job.id, spec).describe());
+  const size_t count = array.indices.empty() ? 1 : array.indices.size();
+  v1::SubmitResponse response;
+  const int64_t now = wall_ms_();
+  for (size_t i = 0; i < count; ++i) {
+    state::Job job;
+    job.id = state::formatJobId(++last_job_number_);
+    job.spec = spec;
+    if (!array.indices.empty()) {
+      job.spec.array_id = response.array_jobs().empty() ? job.id : response.array_jobs(0);
+      job.spec.array_index = array.indices[i];
+      job.spec.array_max_running = array.max_running;
+      response.add_array_jobs(job.id);
+    }
+    job.state = JobState::kPending;
+    job.held = spec.hold;
+    job.waiting_for = waiting_for;
+    job.submit_ms = now;
+    job.transitions.push_back(state::Transition{JobState::kPending, JobState::kPending, job.submit_ms,
+                                                spec.hold ? "submitted held" : "submitted", {}});
+    for (const auto& dep : waiting_for) dependents_[dep].insert(job.id);
+    jobs_[job.id] = job;
+    putJobOnLoop(job, /*new_job=*/true);  // the answer waits for it: only a durable job is acknowledged
+    ++counters_.jobs_submitted_total;
+    if (i == 0) *response.mutable_job() = toProtoOnLoop(job);
+  }
+  spdlog::info("job {} submitted by {}: {}{}", response.job().id(), spec.user,
+               requestOf(response.job().id(), spec).describe(),
+               count > 1 ? " (an array of " + std::to_string(count) + " jobs)" : "");
   schedule_wanted_ = true;
-  return toProtoOnLoop(job);
+  return response;
+}
+
+void Coordinator::submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::SubmitResponse> done) {
+  // An --after-ok dependency that left memory is read back first (a final job: did it succeed?).
+  std::vector<std::string> unknown;
+  for (const auto& dep : request.spec().after_ok()) {
+    auto number = state::jobIdNumber(dep);
+    if (number && *number <= last_job_number_ && !jobs_.count(dep) && unknown.size() < state::kMaxDependencies)
+      unknown.push_back(dep);
+  }
+  auto known = std::make_shared<std::map<std::string, JobState>>();
+  auto finish = [this, request, done, known] {
+    auto result = std::make_shared<StatusOr<v1::SubmitResponse>>(submitOnLoop(request, *known));
+    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
+  };
+  if (unknown.empty()) return finish();
+  auto left = std::make_shared<size_t>(unknown.size());
+  for (const auto& dep : unknown) {
+    withJobOnLoop(dep, [known, left, finish, dep](StatusOr<state::Job> job) {
+      if (job) (*known)[dep] = job->state;
+      if (--*left == 0) finish();
+    });
+  }
+}
+
+StatusOr<v1::SubmitResponse> Coordinator::submit(const v1::SubmitRequest& request) {
+  return awaitAnswer<v1::SubmitResponse>([&](Done<v1::SubmitResponse> done) { submit(request, std::move(done)); });
+}
+
+void Coordinator::submit(const v1::SubmitRequest& request, Done<v1::SubmitResponse> done) {
+  post([this, request, done = std::move(done)] { submitAsyncOnLoop(request, done); });
 }
 
 StatusOr<v1::Job> Coordinator::submit(const v1::JobSpec& spec) {
-  return callSync<StatusOr<v1::Job>>([&] { return submitOnLoop(spec); });
+  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { submit(spec, std::move(done)); });
 }
 
 void Coordinator::submit(const v1::JobSpec& spec, Done<v1::Job> done) {
-  post([this, spec, done = std::move(done)] {
-    auto result = std::make_shared<StatusOr<v1::Job>>(submitOnLoop(spec));
-    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
+  v1::SubmitRequest request;
+  *request.mutable_spec() = spec;
+  submit(request, [done = std::move(done)](StatusOr<v1::SubmitResponse> r) {
+    if (!r) return done(r.status());
+    done(std::move(*r->mutable_job()));
   });
 }
 
@@ -1285,8 +1617,23 @@ void Coordinator::listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobs
   post([this, request, done = std::move(done)] { listJobsOnLoop(request, done); });
 }
 
-StatusOr<v1::Job> Coordinator::cancelOnLoop(const state::Job& found) {
+StatusOr<v1::Job> Coordinator::cancelOnLoop(const state::Job& found, int signal) {
   const std::string id = found.id;
+  if (signal != 0) {
+    if (signal < 1 || signal > 64)
+      return Status::invalidArgument("signal " + std::to_string(signal) + " is not a signal number (1 to 64)");
+    if (found.state != JobState::kStarting && found.state != JobState::kRunning)
+      return Status::failedPrecondition("job " + id + " is " + toString(found.state) +
+                                        "; only the ranks of a STARTING or RUNNING job can be signalled");
+    v1::Command cmd;
+    v1::SignalJob* sig = cmd.mutable_signal();
+    sig->set_job_id(id);
+    sig->set_attempt(runtime_.count(id) ? runtime_[id].attempt : attemptOf(found));
+    sig->set_signal(signal);
+    for (const auto& a : found.allocation) sendOnLoop(a.node, cmd);
+    spdlog::info("job {}: signal {} sent to its ranks", id, signal);
+    return toProtoOnLoop(found);
+  }
   if (state::isTerminal(found.state)) {
     return Status::failedPrecondition("job " + id + " already ended " + toString(found.state) +
                                       "; nothing to cancel");
@@ -1300,17 +1647,80 @@ StatusOr<v1::Job> Coordinator::cancelOnLoop(const state::Job& found) {
   return toProtoOnLoop(jobs_[id]);
 }
 
-StatusOr<v1::Job> Coordinator::cancel(const std::string& id) {
-  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { cancel(id, std::move(done)); });
+StatusOr<v1::Job> Coordinator::holdOnLoop(const state::Job& found, bool hold) {
+  const std::string id = found.id;
+  if (found.state != JobState::kPending)
+    return Status::failedPrecondition("job " + id + " is " + toString(found.state) + "; only a PENDING job can be " +
+                                      (hold ? "held" : "released"));
+  if (found.held != hold) {
+    if (Health h = health(); !h.ok) return Status::unavailable((hold ? "hold" : "release") + std::string(" refused: ") + h.message);
+    state::Job& job = jobs_[id];
+    job.held = hold;
+    putJobOnLoop(job);
+    pending_reason_.erase(id);
+    schedule_wanted_ = true;
+    spdlog::info("job {} {}", id, hold ? "held" : "released");
+  }
+  return toProtoOnLoop(jobs_[id]);
 }
 
-void Coordinator::cancel(const std::string& id, Done<v1::Job> done) {
+StatusOr<v1::Job> Coordinator::requeueOnLoop(const state::Job& found) {
+  const std::string id = found.id;
+  if (!isLive(found.state)) {
+    return Status::failedPrecondition(
+        "job " + id + " is " + toString(found.state) + "; only a SCHEDULED, STARTING or RUNNING job is requeued" +
+        (state::isTerminal(found.state) ? " (submit it again)" : " (it is already in the queue)"));
+  }
+  if (Health h = health(); !h.ok) return Status::unavailable("requeue refused: " + h.message);
+  const int attempt = runtime_.count(id) ? runtime_[id].attempt : attemptOf(found);
+  const auto allocation = found.allocation;  // the requeue clears it; the stops need it
+  Status st = recordTransitionOnLoop(id, JobState::kPending, "requeued by user", std::nullopt,
+                                     /*counts_as_restart=*/false);
+  if (!st) return st;
+  stopJobEverywhereOnLoop(id, attempt, "job requeued", allocation);
+  return toProtoOnLoop(jobs_[id]);
+}
+
+void Coordinator::jobCallOnLoop(const std::string& id, Done<v1::Job> done,
+                                std::function<StatusOr<v1::Job>(const state::Job&)> fn) {
+  withJobOnLoop(id, [this, done, fn](StatusOr<state::Job> job) {
+    if (!job) return done(job.status());
+    auto result = std::make_shared<StatusOr<v1::Job>>(fn(*job));
+    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
+  });
+}
+
+StatusOr<v1::Job> Coordinator::cancel(const std::string& id) { return cancel(id, 0); }
+
+void Coordinator::cancel(const std::string& id, Done<v1::Job> done) { cancel(id, 0, std::move(done)); }
+
+StatusOr<v1::Job> Coordinator::cancel(const std::string& id, int signal) {
+  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { cancel(id, signal, std::move(done)); });
+}
+
+void Coordinator::cancel(const std::string& id, int signal, Done<v1::Job> done) {
+  post([this, id, signal, done = std::move(done)] {
+    jobCallOnLoop(id, done, [this, signal](const state::Job& job) { return cancelOnLoop(job, signal); });
+  });
+}
+
+StatusOr<v1::Job> Coordinator::hold(const std::string& id, bool hold_it) {
+  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { hold(id, hold_it, std::move(done)); });
+}
+
+void Coordinator::hold(const std::string& id, bool hold_it, Done<v1::Job> done) {
+  post([this, id, hold_it, done = std::move(done)] {
+    jobCallOnLoop(id, done, [this, hold_it](const state::Job& job) { return holdOnLoop(job, hold_it); });
+  });
+}
+
+StatusOr<v1::Job> Coordinator::requeue(const std::string& id) {
+  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { requeue(id, std::move(done)); });
+}
+
+void Coordinator::requeue(const std::string& id, Done<v1::Job> done) {
   post([this, id, done = std::move(done)] {
-    withJobOnLoop(id, [this, done](StatusOr<state::Job> job) {
-      if (!job) return done(job.status());
-      auto result = std::make_shared<StatusOr<v1::Job>>(cancelOnLoop(*job));
-      replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
-    });
+    jobCallOnLoop(id, done, [this](const state::Job& job) { return requeueOnLoop(job); });
   });
 }
 
@@ -1338,13 +1748,17 @@ void Coordinator::listNodes(Done<std::vector<v1::Node>> done) {
   post([this, done = std::move(done)] { done(listNodesOnLoop()); });
 }
 
-StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain) {
+StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain, const std::string& reason) {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return state::nodeNotFound(name);
+  if (reason.size() > state::kMaxDrainReasonBytes || state::findControlCharacter(reason) != std::string::npos)
+    return Status::invalidArgument("drain reason: at most " + std::to_string(state::kMaxDrainReasonBytes) +
+                                   " bytes and no control characters");
   NodeEntry& node = it->second;
   // A DOWN node stays DOWN until its agent is back; the drain is kept for then.
   state::NodeRecord want = node.record;
   want.drained = drain;
+  want.drain_reason = drain ? reason : "";
   if (want.state != state::NodeState::kDown)
     want.state = drain ? state::NodeState::kDraining : state::NodeState::kUp;
   if (want != node.record) {
@@ -1361,13 +1775,17 @@ StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain)
   return nodeToProtoOnLoop(node, usage[name]);
 }
 
-StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain_it) {
-  return callSync<StatusOr<v1::Node>>([&] { return drainOnLoop(name, drain_it); });
+StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain_it, const std::string& reason) {
+  return callSync<StatusOr<v1::Node>>([&] { return drainOnLoop(name, drain_it, reason); });
 }
 
 void Coordinator::drain(const std::string& name, bool drain_it, Done<v1::Node> done) {
-  post([this, name, drain_it, done = std::move(done)] {
-    auto result = std::make_shared<StatusOr<v1::Node>>(drainOnLoop(name, drain_it));
+  drain(name, drain_it, "", std::move(done));
+}
+
+void Coordinator::drain(const std::string& name, bool drain_it, const std::string& reason, Done<v1::Node> done) {
+  post([this, name, drain_it, reason, done = std::move(done)] {
+    auto result = std::make_shared<StatusOr<v1::Node>>(drainOnLoop(name, drain_it, reason));
     replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
   });
 }
@@ -1610,10 +2028,6 @@ v1::Job Coordinator::toProtoOnLoop(const state::Job& job) const {
     auto it = pending_reason_.find(job.id);
     out.set_reason(it != pending_reason_.end() ? it->second : "waiting for the next scheduling pass");
   }
-  auto rt = runtime_.find(job.id);
-  if (rt != runtime_.end()) {
-    for (const auto& [rank, status] : rt->second.ranks) *out.add_ranks() = status;
-  }
   return out;
 }
 
@@ -1623,6 +2037,7 @@ v1::Node Coordinator::nodeToProtoOnLoop(const NodeEntry& node, const NodeUsage& 
   out.set_address(node.record.address);
   out.set_state(toString(node.record.state));
   out.set_drained(node.record.drained);
+  out.set_drain_reason(node.record.drain_reason);
   for (const auto& g : node.record.gpus) {
     v1::Gpu* p = out.add_gpus();
     p->set_index(g.index);

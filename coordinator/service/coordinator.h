@@ -12,7 +12,12 @@
 //   node -> STARTING; every rank reported RUNNING -> RUNNING; every rank exited 0 -> SUCCEEDED; the first
 //   rank that exits non-zero or by a signal -> FAILED naming it (or requeued while restarts remain), and the
 //   other ranks are stopped; cancel -> CANCELLED and ranks stopped; a node that misses heartbeats past the
-//   grace period -> DOWN, its jobs FAILED with reason node_lost (or requeued).
+//   grace period -> DOWN, its jobs FAILED with reason node_lost (or requeued); a RUNNING job past its time
+//   limit -> TIMEOUT and ranks stopped (SIGTERM, SIGKILL after stop_grace_ms).
+// A PENDING job is not placed while it is held (hold/release), while a job it depends on has not ended
+// (after_any) or succeeded (after_ok; a dependency that ends otherwise cancels it, naming the dependency), or
+// while its array already runs array_max_running of its jobs. Each rank of the latest attempt is kept with the
+// job (node, GPU, pids, exit, times, last collective figures), stored when it starts and when it ends.
 // Launch attempts are numbered (the job's count of SCHEDULED transitions, so it survives restarts); reports
 // about an older attempt, or about a job that has ended, are answered with a StopJob so nothing is orphaned.
 //
@@ -164,6 +169,9 @@ class Coordinator {
 
   StatusOr<v1::Job> submit(const v1::JobSpec& spec);
   void submit(const v1::JobSpec& spec, Done<v1::Job> done);
+  // A job or a job array (SubmitRequest.array), all or nothing.
+  StatusOr<v1::SubmitResponse> submit(const v1::SubmitRequest& request);
+  void submit(const v1::SubmitRequest& request, Done<v1::SubmitResponse> done);
   StatusOr<v1::Job> getJob(const std::string& id);
   void getJob(const std::string& id, Done<v1::Job> done);
   // A page of jobs in submit order (see ListJobsRequest).
@@ -171,10 +179,20 @@ class Coordinator {
   void listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done);
   StatusOr<v1::Job> cancel(const std::string& id);
   void cancel(const std::string& id, Done<v1::Job> done);
+  // signal 0 cancels; 1..64 only sends that signal to the running ranks (CancelJobRequest).
+  StatusOr<v1::Job> cancel(const std::string& id, int signal);
+  void cancel(const std::string& id, int signal, Done<v1::Job> done);
+  // Holds a PENDING job (hold = true) or releases it.
+  StatusOr<v1::Job> hold(const std::string& id, bool hold);
+  void hold(const std::string& id, bool hold, Done<v1::Job> done);
+  // Stops a live job's ranks and puts it back in the queue, without using one of its max_restarts.
+  StatusOr<v1::Job> requeue(const std::string& id);
+  void requeue(const std::string& id, Done<v1::Job> done);
   std::vector<v1::Node> listNodes();
   void listNodes(Done<std::vector<v1::Node>> done);
-  StatusOr<v1::Node> drain(const std::string& node, bool drain);
+  StatusOr<v1::Node> drain(const std::string& node, bool drain, const std::string& reason = "");
   void drain(const std::string& node, bool drain, Done<v1::Node> done);
+  void drain(const std::string& node, bool drain, const std::string& reason, Done<v1::Node> done);
   // Forgets a DOWN node with no live job placed on it (RemoveNodeRequest); the answer is the removed node.
   StatusOr<v1::Node> removeNode(const std::string& node);
   void removeNode(const std::string& node, Done<v1::Node> done);
@@ -223,7 +241,16 @@ class Coordinator {
 
   // The *OnLoop methods run on the loop thread only.
   Status recordTransitionOnLoop(const std::string& id, state::JobState to, const std::string& reason,
-                                const std::optional<state::Failure>& failure = std::nullopt);
+                                const std::optional<state::Failure>& failure = std::nullopt,
+                                bool counts_as_restart = true);
+  // Dependencies: the jobs waiting for `id`, now final, are let go or cancelled (a worklist, not recursion:
+  // a cancelled dependent may have dependents of its own).
+  void resolveDependentsOnLoop(const std::string& id);
+  // Why a PENDING job may not be placed now (held, dependencies, its array's limit), or "".
+  std::string notYetOnLoop(const state::Job& job, const std::map<std::string, int>& array_running) const;
+  // A rank's report into the job's kept results (stored when it starts or ends; figures in memory).
+  void recordRankResultOnLoop(const std::string& node, const v1::RankStatus& report);
+  void enforceTimeLimitsOnLoop();
   // One scheduling pass: placement (a pure function over a snapshot) runs on the loop.
   void schedulePassOnLoop();
   void launchOnLoop(const std::string& id, const placement::Allocation& allocation,
@@ -301,10 +328,18 @@ class Coordinator {
   void withJobOnLoop(const std::string& id, std::function<void(StatusOr<state::Job>)> fn);
   void listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done);
   void readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done);
-  StatusOr<v1::Job> submitOnLoop(const v1::JobSpec& spec);
-  StatusOr<v1::Job> cancelOnLoop(const state::Job& job);
+  // `known` holds the final states of after_ok dependencies that had left memory (read from the store).
+  StatusOr<v1::SubmitResponse> submitOnLoop(const v1::SubmitRequest& request,
+                                            const std::map<std::string, state::JobState>& known);
+  void submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::SubmitResponse> done);
+  StatusOr<v1::Job> cancelOnLoop(const state::Job& job, int signal = 0);
+  StatusOr<v1::Job> holdOnLoop(const state::Job& job, bool hold);
+  StatusOr<v1::Job> requeueOnLoop(const state::Job& job);
+  // Runs `fn` (on the loop) with the job, if it is known, and replies with its answer after the commit.
+  void jobCallOnLoop(const std::string& id, Done<v1::Job> done,
+                     std::function<StatusOr<v1::Job>(const state::Job&)> fn);
   std::vector<v1::Node> listNodesOnLoop();
-  StatusOr<v1::Node> drainOnLoop(const std::string& node, bool drain);
+  StatusOr<v1::Node> drainOnLoop(const std::string& node, bool drain, const std::string& reason);
   StatusOr<v1::Node> removeNodeOnLoop(const std::string& node);
   StatusOr<v1::RingLayout> ringOnLoop(const state::Job& job);
   MetricsSnapshot metricsOnLoop();
@@ -325,6 +360,10 @@ class Coordinator {
   std::map<std::string, state::Job> jobs_;             // live jobs and the most recent final ones
   std::map<std::string, JobRuntime> runtime_;          // live jobs that have been launched
   std::map<std::string, std::string> pending_reason_;  // from the last schedule pass
+  // dependency -> the PENDING jobs waiting for it (their waiting_for); at most 64 entries per pending job.
+  std::map<std::string, std::set<std::string>> dependents_;
+  std::deque<std::string> ended_for_dependents_;  // final jobs whose dependents are still to be resolved
+  bool resolving_dependents_ = false;
   std::map<std::string, NodeEntry> nodes_;
   int64_t recovery_until_ms_ = 0;  // scheduling waits for reconnecting agents until then
   uint64_t session_counter_ = 0;

@@ -2,7 +2,7 @@
 //
 // A job moves through
 //
-//   PENDING -> SCHEDULED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
+//   PENDING -> SCHEDULED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED | TIMEOUT
 //
 // and every move is recorded as a Transition (from, to, unix time in ms, reason, and for failures the first
 // failing rank, its host and its exit code or signal). The legal moves are decided in exactly one place,
@@ -32,11 +32,12 @@ namespace ddl::state {
 
 // ---- Job state machine ------------------------------------------------------------------------------------
 
-enum class JobState { kPending, kScheduled, kStarting, kRunning, kSucceeded, kFailed, kCancelled };
+// The order is the proto's (convert.cpp maps by number); new states go at the end.
+enum class JobState { kPending, kScheduled, kStarting, kRunning, kSucceeded, kFailed, kCancelled, kTimeout };
 
 inline constexpr JobState kAllJobStates[] = {JobState::kPending,  JobState::kScheduled, JobState::kStarting,
                                              JobState::kRunning,  JobState::kSucceeded, JobState::kFailed,
-                                             JobState::kCancelled};
+                                             JobState::kCancelled, JobState::kTimeout};
 
 inline const char* toString(JobState s) {
   switch (s) {
@@ -54,6 +55,8 @@ inline const char* toString(JobState s) {
       return "FAILED";
     case JobState::kCancelled:
       return "CANCELLED";
+    case JobState::kTimeout:
+      return "TIMEOUT";
   }
   return "UNKNOWN";
 }
@@ -67,11 +70,12 @@ inline std::optional<JobState> parseJobState(std::string_view text) {
 }
 
 inline bool isTerminal(JobState s) {
-  return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
+  return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled ||
+         s == JobState::kTimeout;
 }
 
 // The whole state machine. Terminal states are final. Besides the forward path:
-//  - any live state may go to FAILED or CANCELLED;
+//  - any live state may go to FAILED or CANCELLED; STARTING and RUNNING to TIMEOUT (the time limit);
 //  - SCHEDULED -> PENDING gives back an allocation that was never launched (a node went away before
 //    STARTING); it does not count as a restart;
 //  - STARTING | RUNNING -> PENDING is a requeue to restart the job (max_restarts); it counts as a restart and
@@ -80,6 +84,7 @@ inline bool allowedTransition(JobState from, JobState to) {
   using S = JobState;
   if (isTerminal(from) || from == to) return false;
   if (to == S::kFailed || to == S::kCancelled) return true;
+  if (to == S::kTimeout) return from == S::kStarting || from == S::kRunning;
   switch (from) {
     case S::kPending:
       return to == S::kScheduled;
@@ -117,6 +122,13 @@ struct JobSpec {
   std::vector<std::string> command;  // argv; argv[0] is the program. Elements are arbitrary bytes.
   // Every one must equal the node's label (e.g. gpu=a100). No '=', ',' or whitespace: see validateJobSpec().
   std::map<std::string, std::string> required_labels;
+  int64_t time_limit_s = 0;              // 0: none; else the job ends TIMEOUT this long after it started RUNNING
+  std::vector<std::string> after_ok;     // job ids that must SUCCEED before this one starts
+  std::vector<std::string> after_any;    // job ids that must end (any way) before this one starts
+  bool hold = false;                     // submitted held
+  std::string array_id;                  // the array's first job; "" for a job outside an array
+  int array_index = 0;
+  int array_max_running = 0;             // 0: no limit
 
   bool operator==(const JobSpec&) const = default;
 };
@@ -149,6 +161,31 @@ struct NodeAllocation {
   bool operator==(const NodeAllocation&) const = default;
 };
 
+// One rank of a job's latest attempt as its agent reported it, kept after the job ends (ddlctl status, the
+// dashboard). Written to the store when the rank starts and when it ends, not with every progress report.
+struct RankResult {
+  int rank = 0;
+  int attempt = 0;
+  std::string node;
+  int gpu = 0;
+  int pid = 0;          // its ddl-rank-shim (the process group)
+  int program_pid = 0;  // the program itself; 0 unknown
+  bool exited = false;
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+  int64_t started_ms = 0;
+  int64_t exited_ms = 0;
+  std::string error;  // why it could not be started
+  // Its collectives when it was last heard from (RankProgress).
+  int64_t collectives = 0;
+  int64_t bytes = 0;
+  double seconds = 0;
+  std::string last_op;
+  int64_t updated_ms = 0;
+
+  bool operator==(const RankResult&) const = default;
+};
+
 struct Job {
   std::string id;  // "j-000042"; see the file comment.
   JobSpec spec;
@@ -164,6 +201,10 @@ struct Job {
   // The rendezvous port (DDL_ROOT) on the first node of the ring, chosen at placement with the allocation, so
   // that a restarted coordinator knows which ports its running jobs hold. 0: not placed.
   int root_port = 0;
+  bool held = false;  // PENDING and not placed until released
+  // The dependencies (after_ok, after_any) not yet met, in the spec's order; a job waits while any is left.
+  std::vector<std::string> waiting_for;
+  std::vector<RankResult> ranks;  // by rank; the latest attempt's (cleared at each launch)
 
   bool operator==(const Job&) const = default;
 };
@@ -204,6 +245,7 @@ struct NodeRecord {
   std::vector<GpuInfo> gpus;
   std::map<std::string, std::string> labels;  // e.g. rack, switch.
   NodeState state = NodeState::kUp;
+  std::string drain_reason;  // the operator's words with the drain; "" when not drained
   // The operator's drain (ddlctl drain), kept while the node is DOWN: a drained node comes back DRAINING, not
   // UP, so a node drained for maintenance gets no jobs when it reboots.
   bool drained = false;
@@ -251,6 +293,9 @@ inline constexpr size_t kMaxLabelKeyBytes = 128;
 inline constexpr size_t kMaxLabelValueBytes = 256;
 inline constexpr size_t kMaxWorkdirBytes = 4096;  // PATH_MAX
 inline constexpr size_t kMaxTopologyBytes = 64;
+inline constexpr size_t kMaxDependencies = 64;  // after_ok and after_any together
+inline constexpr int64_t kMaxTimeLimitS = 365LL * 24 * 3600;
+inline constexpr size_t kMaxDrainReasonBytes = 256;
 
 // The offset of the first control character in `text`, or npos: C0 (bytes 0x00-0x1f), DEL (0x7f), and the C1
 // controls U+0080-U+009F in their UTF-8 form (0xc2 0x80-0x9f). Such bytes in a name would move a terminal's
@@ -325,6 +370,18 @@ inline Status validateJobSpec(const JobSpec& spec) {
   if (spec.nodes < 0 || spec.gpus_per_node < 0 || spec.total_gpus < 0)
     return bad("GPU and node counts must be >= 0");
   if (spec.max_restarts < 0) return bad("max_restarts must be >= 0");
+  if (spec.time_limit_s < 0 || spec.time_limit_s > kMaxTimeLimitS)
+    return bad("the time limit is " + std::to_string(spec.time_limit_s) + " s; give 1 s to 365 days (0: none)");
+  if (spec.after_ok.size() + spec.after_any.size() > kMaxDependencies)
+    return bad("the job depends on " + size(spec.after_ok.size() + spec.after_any.size()) +
+               " jobs; the limit is " + size(kMaxDependencies));
+  for (const auto* deps : {&spec.after_ok, &spec.after_any}) {
+    for (const std::string& dep : *deps) {
+      if (!jobIdNumber(dep))
+        return bad("dependency '" + quoteForMessage(dep) + "' is not a job id (like j-000042)");
+    }
+  }
+  if (spec.array_index < 0 || spec.array_max_running < 0) return bad("array index and limit must be >= 0");
   if (spec.workdir.size() > kMaxWorkdirBytes)
     return bad("the workdir is " + size(spec.workdir.size()) + " bytes; the limit is " +
                size(kMaxWorkdirBytes));
@@ -384,9 +441,10 @@ inline Status validateFailure(const Failure& f) {
 
 // Checks a move of `job` to `to` and applies it in memory: state, restarts, failure, allocation, and a new
 // Transition stamped now_ms. On error the job is unchanged. Every Store calls this under its own lock (or
-// transaction), which is what makes transition() an atomic compare-and-set.
+// transaction), which is what makes transition() an atomic compare-and-set. A requeue the user asked for
+// (ddlctl requeue: counts_as_restart false) uses none of max_restarts.
 inline Status applyTransition(Job& job, JobState to, std::string reason, std::optional<Failure> failure,
-                              int64_t now_ms) {
+                              int64_t now_ms, bool counts_as_restart = true) {
   const JobState from = job.state;
   if (!allowedTransition(from, to)) {
     std::string msg = "job " + job.id + ": cannot go from " + toString(from) + " to " + toString(to);
@@ -401,13 +459,13 @@ inline Status applyTransition(Job& job, JobState to, std::string reason, std::op
     Status st = validateFailure(*failure);
     if (!st) return Status::invalidArgument("job " + job.id + ": " + st.message());
   }
-  if (isRequeue(from, to) && job.restarts >= job.spec.max_restarts) {
+  if (isRequeue(from, to) && counts_as_restart && job.restarts >= job.spec.max_restarts) {
     return Status::failedPrecondition("job " + job.id + ": cannot requeue, " + std::to_string(job.restarts) +
                                       " restarts already used of max_restarts " +
                                       std::to_string(job.spec.max_restarts) + "; fail the job instead");
   }
   job.state = to;
-  if (isRequeue(from, to)) job.restarts++;
+  if (isRequeue(from, to) && counts_as_restart) job.restarts++;
   if (to == JobState::kPending) {
     job.allocation.clear();
     job.topology.clear();

@@ -11,9 +11,13 @@
 // - Lists (env, argv, transitions, allocation, GPUs) are child tables keyed by (owner, ord); maps (a job's
 //   required labels, a node's labels) by (owner, key). Loading many jobs takes six queries in all, whatever
 //   the number of jobs.
+// - What no query ever filters on (time limit, dependencies, array, hold, each rank's result) is one JSON
+//   document per job in jobs.extra (schema 6): a job's record grows without a new table per field.
 #include "state/sqlite_store.h"
 
 #include <sqlite3.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -110,6 +114,54 @@ UPDATE jobs SET end_ms = (SELECT MAX(at_ms) FROM job_transitions WHERE job_seq =
   WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
 CREATE INDEX jobs_by_end ON jobs (end_ms) WHERE end_ms > 0;
 )sql",
+    // 5 -> 6: the TIMEOUT state (the state column's CHECK is part of the table, so the table is rebuilt, with
+    // its AUTOINCREMENT counter kept: ids are never reused), jobs.extra (a JSON document: see the file
+    // comment) and a drain's reason.
+    R"sql(
+CREATE TEMP TABLE saved_job_seq AS SELECT seq FROM sqlite_sequence WHERE name = 'jobs';
+CREATE TABLE jobs_v6 (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  name TEXT NOT NULL,
+  user_name TEXT NOT NULL,
+  nodes INTEGER NOT NULL,
+  gpus_per_node INTEGER NOT NULL,
+  total_gpus INTEGER NOT NULL,
+  topology_override TEXT NOT NULL,
+  priority INTEGER NOT NULL,
+  max_restarts INTEGER NOT NULL,
+  workdir TEXT NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('PENDING', 'SCHEDULED', 'STARTING', 'RUNNING', 'SUCCEEDED', 'FAILED',
+                                       'CANCELLED', 'TIMEOUT')),
+  restarts INTEGER NOT NULL,
+  submit_ms INTEGER NOT NULL,
+  fail_rank INTEGER,
+  fail_host TEXT,
+  fail_exit_code INTEGER,
+  fail_signal INTEGER,
+  topology TEXT NOT NULL,
+  root_port INTEGER NOT NULL DEFAULT 0,
+  end_ms INTEGER NOT NULL DEFAULT 0,
+  extra TEXT NOT NULL DEFAULT '{}'
+);
+INSERT INTO jobs_v6 (seq, name, user_name, nodes, gpus_per_node, total_gpus, topology_override, priority,
+                     max_restarts, workdir, state, restarts, submit_ms, fail_rank, fail_host, fail_exit_code,
+                     fail_signal, topology, root_port, end_ms)
+  SELECT seq, name, user_name, nodes, gpus_per_node, total_gpus, topology_override, priority, max_restarts,
+         workdir, state, restarts, submit_ms, fail_rank, fail_host, fail_exit_code, fail_signal, topology,
+         root_port, end_ms FROM jobs;
+DROP TABLE jobs;
+ALTER TABLE jobs_v6 RENAME TO jobs;
+UPDATE sqlite_sequence SET seq = MAX(seq, COALESCE((SELECT MAX(seq) FROM temp.saved_job_seq), 0))
+  WHERE name = 'jobs';
+INSERT INTO sqlite_sequence (name, seq)
+  SELECT 'jobs', seq FROM temp.saved_job_seq
+  WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'jobs');
+DROP TABLE temp.saved_job_seq;
+CREATE INDEX jobs_by_state ON jobs (state);
+CREATE INDEX jobs_by_user ON jobs (user_name);
+CREATE INDEX jobs_by_end ON jobs (end_ms) WHERE end_ms > 0;
+ALTER TABLE nodes ADD COLUMN drain_reason TEXT NOT NULL DEFAULT '';
+)sql",
 };
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kMigrationCount == SqliteStore::kSchemaVersion, "one migration per schema version");
@@ -137,6 +189,85 @@ std::optional<std::vector<int>> decodeGpus(const std::string& text) {
     if (*next != ',') return std::nullopt;
     p = next + 1;
   }
+}
+
+// jobs.extra: the fields of a job that no query filters on, as JSON (see the file comment). Absent keys are
+// defaults, so a record written before a field existed reads as it did.
+std::string encodeExtra(const Job& job) {
+  nlohmann::json j = nlohmann::json::object();
+  const JobSpec& s = job.spec;
+  if (s.time_limit_s) j["time_limit_s"] = s.time_limit_s;
+  if (!s.after_ok.empty()) j["after_ok"] = s.after_ok;
+  if (!s.after_any.empty()) j["after_any"] = s.after_any;
+  if (s.hold) j["hold"] = true;
+  if (!s.array_id.empty()) {
+    j["array_id"] = s.array_id;
+    j["array_index"] = s.array_index;
+    j["array_max_running"] = s.array_max_running;
+  }
+  if (job.held) j["held"] = true;
+  if (!job.waiting_for.empty()) j["waiting_for"] = job.waiting_for;
+  if (!job.ranks.empty()) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const RankResult& r : job.ranks) {
+      nlohmann::json o = {{"rank", r.rank},          {"attempt", r.attempt},       {"node", r.node},
+                          {"gpu", r.gpu},            {"pid", r.pid},               {"program_pid", r.program_pid},
+                          {"exited", r.exited},      {"started_ms", r.started_ms}, {"exited_ms", r.exited_ms},
+                          {"collectives", r.collectives}, {"bytes", r.bytes},      {"seconds", r.seconds},
+                          {"updated_ms", r.updated_ms}};
+      if (r.exit_code) o["exit_code"] = *r.exit_code;
+      if (r.signal) o["signal"] = *r.signal;
+      if (!r.error.empty()) o["error"] = r.error;
+      if (!r.last_op.empty()) o["last_op"] = r.last_op;
+      ranks.push_back(std::move(o));
+    }
+    j["ranks"] = std::move(ranks);
+  }
+  // Replace, not throw, on bytes that are not UTF-8 (an agent's error text): the record must be storable.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Status decodeExtra(const std::string& text, Job& job) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Status::dataLoss("job " + job.id + ": its extra record is not a JSON object");
+  try {
+    JobSpec& s = job.spec;
+    s.time_limit_s = j.value("time_limit_s", int64_t{0});
+    s.after_ok = j.value("after_ok", std::vector<std::string>{});
+    s.after_any = j.value("after_any", std::vector<std::string>{});
+    s.hold = j.value("hold", false);
+    s.array_id = j.value("array_id", std::string());
+    s.array_index = j.value("array_index", 0);
+    s.array_max_running = j.value("array_max_running", 0);
+    job.held = j.value("held", false);
+    job.waiting_for = j.value("waiting_for", std::vector<std::string>{});
+    if (j.contains("ranks")) {
+      for (const auto& o : j.at("ranks")) {
+        RankResult r;
+        r.rank = o.value("rank", 0);
+        r.attempt = o.value("attempt", 0);
+        r.node = o.value("node", std::string());
+        r.gpu = o.value("gpu", 0);
+        r.pid = o.value("pid", 0);
+        r.program_pid = o.value("program_pid", 0);
+        r.exited = o.value("exited", false);
+        if (o.contains("exit_code")) r.exit_code = o.at("exit_code").get<int>();
+        if (o.contains("signal")) r.signal = o.at("signal").get<int>();
+        r.started_ms = o.value("started_ms", int64_t{0});
+        r.exited_ms = o.value("exited_ms", int64_t{0});
+        r.error = o.value("error", std::string());
+        r.collectives = o.value("collectives", int64_t{0});
+        r.bytes = o.value("bytes", int64_t{0});
+        r.seconds = o.value("seconds", 0.0);
+        r.last_op = o.value("last_op", std::string());
+        r.updated_ms = o.value("updated_ms", int64_t{0});
+        job.ranks.push_back(std::move(r));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Status::dataLoss("job " + job.id + ": its extra record is malformed: " + e.what());
+  }
+  return Status::ok();
 }
 
 }  // namespace
@@ -432,12 +563,12 @@ StatusOr<Job> SqliteStore::createJob(const JobSpec& spec) {
     DDL_PREPARE(
         q,
         "INSERT INTO jobs (name, user_name, nodes, gpus_per_node, total_gpus, topology_override, priority,"
-        " max_restarts, workdir, state, restarts, submit_ms, topology)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, '')");
+        " max_restarts, workdir, state, restarts, submit_ms, topology, extra)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, '', ?)");
     q.bind(1, spec.name).bind(2, spec.user).bind(3, int64_t{spec.nodes}).bind(4, int64_t{spec.gpus_per_node});
     q.bind(5, int64_t{spec.total_gpus}).bind(6, spec.topology_override).bind(7, int64_t{spec.priority});
     q.bind(8, int64_t{spec.max_restarts}).bind(9, spec.workdir).bind(10, std::string(toString(job.state)));
-    q.bind(11, job.submit_ms);
+    q.bind(11, job.submit_ms).bind(12, encodeExtra(job));
     DDL_STEP_DONE(q, "inserting a job");
   }
   const int64_t seq = sqlite3_last_insert_rowid(db_);
@@ -485,7 +616,7 @@ StatusOr<std::vector<Job>> SqliteStore::loadJobsLocked(const std::string& where,
     DDL_PREPARE(q,
                 "SELECT seq, name, user_name, nodes, gpus_per_node, total_gpus, topology_override, priority,"
                 " max_restarts, workdir, state, restarts, submit_ms, fail_rank, fail_host, fail_exit_code,"
-                " fail_signal, topology, root_port FROM jobs WHERE " +
+                " fail_signal, topology, root_port, extra FROM jobs WHERE " +
                     where + " ORDER BY seq");
     for (size_t i = 0; i < args.size(); ++i) q.bind(static_cast<int>(i) + 1, args[i]);
     int rc;
@@ -510,6 +641,7 @@ StatusOr<std::vector<Job>> SqliteStore::loadJobsLocked(const std::string& where,
       job.failure = q.failure(13);
       job.topology = q.text(17);
       job.root_port = q.i32(18);
+      DDL_RETURN_IF_ERROR(decodeExtra(q.text(19), job));
       index[seq] = jobs.size();
       jobs.push_back(std::move(job));
     }
@@ -696,10 +828,10 @@ Status SqliteStore::upsertNode(const NodeRecord& node) {
 Status SqliteStore::upsertNodeLocked(const NodeRecord& node) {
   {
     DDL_PREPARE(q,
-                "INSERT OR REPLACE INTO nodes (name, address, state, last_heartbeat_ms, drained) "
-                "VALUES (?, ?, ?, ?, ?)");
+                "INSERT OR REPLACE INTO nodes (name, address, state, last_heartbeat_ms, drained, drain_reason) "
+                "VALUES (?, ?, ?, ?, ?, ?)");
     q.bind(1, node.name).bind(2, node.address).bind(3, std::string(toString(node.state)));
-    q.bind(4, node.last_heartbeat_ms).bind(5, int64_t{node.drained ? 1 : 0});
+    q.bind(4, node.last_heartbeat_ms).bind(5, int64_t{node.drained ? 1 : 0}).bind(6, node.drain_reason);
     DDL_STEP_DONE(q, "storing node " + node.name);
   }
   for (const char* table : {"node_gpus", "node_labels"}) {
@@ -736,7 +868,7 @@ StatusOr<std::vector<NodeRecord>> SqliteStore::loadNodesLocked(const std::string
   std::vector<NodeRecord> nodes;
   std::map<std::string, size_t> index;
   {
-    DDL_PREPARE(q, "SELECT name, address, state, last_heartbeat_ms, drained FROM nodes" + where +
+    DDL_PREPARE(q, "SELECT name, address, state, last_heartbeat_ms, drained, drain_reason FROM nodes" + where +
                        " ORDER BY name");
     if (name) q.bind(1, *name);
     int rc;
@@ -749,6 +881,7 @@ StatusOr<std::vector<NodeRecord>> SqliteStore::loadNodesLocked(const std::string
       n.state = *state;
       n.last_heartbeat_ms = q.i64(3);
       n.drained = q.i64(4) != 0;
+      n.drain_reason = q.text(5);
       index[n.name] = nodes.size();
       nodes.push_back(std::move(n));
     }
@@ -812,14 +945,15 @@ Status SqliteStore::putJobLocked(const Write& w) {
     DDL_PREPARE(
         q,
         "INSERT OR REPLACE INTO jobs (seq, name, user_name, nodes, gpus_per_node, total_gpus, topology_override,"
-        " priority, max_restarts, workdir, state, restarts, submit_ms, topology, root_port, end_ms)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+        " priority, max_restarts, workdir, state, restarts, submit_ms, topology, root_port, end_ms, extra)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     const JobSpec& spec = job.spec;
     q.bind(1, *seq).bind(2, spec.name).bind(3, spec.user).bind(4, int64_t{spec.nodes});
     q.bind(5, int64_t{spec.gpus_per_node}).bind(6, int64_t{spec.total_gpus}).bind(7, spec.topology_override);
     q.bind(8, int64_t{spec.priority}).bind(9, int64_t{spec.max_restarts}).bind(10, spec.workdir);
     q.bind(11, std::string(toString(job.state))).bind(12, int64_t{job.restarts}).bind(13, job.submit_ms);
     q.bind(14, job.topology).bind(15, int64_t{job.root_port}).bind(16, endedAtMs(job));
+    q.bind(17, encodeExtra(job));
     DDL_STEP_DONE(q, "inserting job " + job.id);
     for (const char* table : {"job_env", "job_argv", "job_labels"}) {
       DDL_PREPARE(d, std::string("DELETE FROM ") + table + " WHERE job_seq = ?");
@@ -843,9 +977,10 @@ Status SqliteStore::putJobLocked(const Write& w) {
   } else {
     DDL_PREPARE(q,
                 "UPDATE jobs SET state = ?, restarts = ?, fail_rank = ?, fail_host = ?, fail_exit_code = ?,"
-                " fail_signal = ?, topology = ?, root_port = ?, end_ms = ? WHERE seq = ?");
+                " fail_signal = ?, topology = ?, root_port = ?, end_ms = ?, extra = ? WHERE seq = ?");
     q.bind(1, std::string(toString(job.state))).bind(2, int64_t{job.restarts}).bindFailure(3, job.failure);
-    q.bind(7, job.topology).bind(8, int64_t{job.root_port}).bind(9, endedAtMs(job)).bind(10, *seq);
+    q.bind(7, job.topology).bind(8, int64_t{job.root_port}).bind(9, endedAtMs(job));
+    q.bind(10, encodeExtra(job)).bind(11, *seq);
     DDL_STEP_DONE(q, "updating job " + job.id);
     if (sqlite3_changes(db_) == 0) {
       return Status::internal("cannot update job " + job.id + ": it was never stored (a batch lost its insert)");

@@ -38,7 +38,7 @@ namespace ddl::state {
 
 class SqliteStore : public Store {
  public:
-  static constexpr int kSchemaVersion = 5;
+  static constexpr int kSchemaVersion = 6;
 
   struct Options {
     std::string path;  // The database file. Its directory must exist (creating it is the caller's job).

@@ -127,6 +127,7 @@ TEST(JobRules, AllowedTransitionsAreExactlyTheDocumentedOnes) {
       {S::kScheduled, S::kCancelled}, {S::kStarting, S::kRunning},   {S::kStarting, S::kPending},
       {S::kStarting, S::kFailed},     {S::kStarting, S::kCancelled}, {S::kRunning, S::kSucceeded},
       {S::kRunning, S::kPending},     {S::kRunning, S::kFailed},     {S::kRunning, S::kCancelled},
+      {S::kStarting, S::kTimeout},    {S::kRunning, S::kTimeout},
   };
   for (S from : kAllJobStates) {
     for (S to : kAllJobStates) {
@@ -800,6 +801,8 @@ TEST(SqliteStore, VersionOneDatabaseIsUpgradedInPlace) {
   EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN root_port"), "<done>");
   EXPECT_EQ(rawQuery(path, "DROP INDEX jobs_by_end"), "<done>");
   EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN end_ms"), "<done>");
+  EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN extra"), "<done>");
+  EXPECT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drain_reason"), "<done>");
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 1"), "<done>");
   ASSERT_EQ(rawQuery(path, "SELECT version FROM schema_version"), "1");
   ASSERT_EQ(rawQuery(path, "SELECT count(*) FROM sqlite_master WHERE name = 'job_labels'"), "0");
@@ -849,6 +852,8 @@ TEST(SqliteStore, VersionTwoDrainingNodesAreDrainedAfterTheUpgrade) {
   EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN root_port"), "<done>");
   EXPECT_EQ(rawQuery(path, "DROP INDEX jobs_by_end"), "<done>");
   EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN end_ms"), "<done>");
+  EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN extra"), "<done>");
+  EXPECT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drain_reason"), "<done>");
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 2"), "<done>");
 
   auto store = openOrDie(path, clock.fn());
@@ -1135,5 +1140,102 @@ TEST(SqliteStoreCrash, KilledMidTransitionLeavesTheOldState) {
   EXPECT_EQ(job->transitions.size(), 1u);
 }
 
+
+// The jobs table exactly as versions 1 to 5 declared its state column (without TIMEOUT).
+constexpr const char* kVersion5JobsTable = R"sql(
+CREATE TABLE jobs_v5 (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, user_name TEXT NOT NULL, nodes INTEGER NOT NULL,
+  gpus_per_node INTEGER NOT NULL, total_gpus INTEGER NOT NULL, topology_override TEXT NOT NULL,
+  priority INTEGER NOT NULL, max_restarts INTEGER NOT NULL, workdir TEXT NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('PENDING', 'SCHEDULED', 'STARTING', 'RUNNING', 'SUCCEEDED', 'FAILED',
+                                       'CANCELLED')),
+  restarts INTEGER NOT NULL, submit_ms INTEGER NOT NULL, fail_rank INTEGER, fail_host TEXT,
+  fail_exit_code INTEGER, fail_signal INTEGER, topology TEXT NOT NULL, root_port INTEGER NOT NULL DEFAULT 0,
+  end_ms INTEGER NOT NULL DEFAULT 0);
+INSERT INTO jobs_v5 SELECT seq, name, user_name, nodes, gpus_per_node, total_gpus, topology_override, priority,
+  max_restarts, workdir, state, restarts, submit_ms, fail_rank, fail_host, fail_exit_code, fail_signal, topology,
+  root_port, end_ms FROM jobs;
+DROP TABLE jobs;
+ALTER TABLE jobs_v5 RENAME TO jobs;
+)sql";
+
+// Version 6 rebuilds the jobs table for the TIMEOUT state: every job survives, the id counter is kept (the
+// newest job, purged before the upgrade, is not handed out again), and a job can then end TIMEOUT and keep
+// its time limit, dependencies and rank results.
+TEST(SqliteStore, VersionFiveDatabaseGetsTimeoutAndKeepsItsIdCounter) {
+  TempDir dir;
+  const std::string path = dir.file("state.db");
+  FakeClock clock;
+  std::vector<Job> jobs;
+  {
+    auto store = openOrDie(path, clock.fn());
+    ASSERT_NE(store, nullptr);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(store->createJob(sampleSpec()).isOk());
+    ASSERT_TRUE(store->transition("j-000001", JobState::kCancelled, "user").isOk());
+    jobs = *store->listJobs();
+  }
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    char* err = nullptr;
+    EXPECT_EQ(sqlite3_exec(db, kVersion5JobsTable, nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
+    sqlite3_free(err);
+    sqlite3_close_v2(db);
+  }
+  ASSERT_EQ(rawQuery(path, "DELETE FROM jobs WHERE seq = 3"), "<done>");  // purged by the retention
+  jobs.pop_back();
+  ASSERT_EQ(rawQuery(path, "UPDATE sqlite_sequence SET seq = 3 WHERE name = 'jobs'"), "<done>");
+  ASSERT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drain_reason"), "<done>");
+  ASSERT_EQ(rawQuery(path, "UPDATE schema_version SET version = 5"), "<done>");
+
+  auto store = openOrDie(path, clock.fn());
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->schemaVersion(), SqliteStore::kSchemaVersion);
+  EXPECT_TRUE(store->integrityCheck().isOk());
+  EXPECT_EQ(*store->listJobs(), jobs);
+  EXPECT_EQ(*store->lastJobNumber(), 3);
+  auto next = store->createJob(sampleSpec());
+  ASSERT_TRUE(next.isOk()) << next.status().toString();
+  EXPECT_EQ(next->id, "j-000004");
+
+  Job job = *store->getJob("j-000002");
+  job.spec.time_limit_s = 3600;
+  job.spec.after_ok = {"j-000001"};
+  job.spec.after_any = {"j-000004"};
+  job.held = true;
+  job.waiting_for = {"j-000004"};
+  RankResult r;
+  r.rank = 1;
+  r.attempt = 1;
+  r.node = "a";
+  r.pid = 10;
+  r.program_pid = 11;
+  r.exited = true;
+  r.signal = 15;
+  r.error = "bad \xff byte";  // not UTF-8: stored with a replacement, never refused
+  r.seconds = 1.5;
+  job.ranks = {r};
+  ASSERT_TRUE(applyTransition(job, JobState::kScheduled, "placed", std::nullopt, 1).isOk());
+  ASSERT_TRUE(applyTransition(job, JobState::kStarting, "sent", std::nullopt, 2).isOk());
+  ASSERT_TRUE(applyTransition(job, JobState::kRunning, "up", std::nullopt, 3).isOk());
+  ASSERT_TRUE(applyTransition(job, JobState::kTimeout, "ran past 1h", std::nullopt, 4).isOk());
+  Write w;
+  w.kind = Write::Kind::kPutJob;
+  w.job = job;
+  ASSERT_TRUE(store->applyBatch({w}).isOk());
+  Job back = *store->getJob("j-000002");
+  EXPECT_EQ(back.state, JobState::kTimeout);
+  EXPECT_EQ(back.spec.time_limit_s, 3600);
+  EXPECT_EQ(back.spec.after_ok, job.spec.after_ok);
+  EXPECT_EQ(back.spec.after_any, job.spec.after_any);
+  EXPECT_TRUE(back.held);
+  EXPECT_EQ(back.waiting_for, job.waiting_for);
+  ASSERT_EQ(back.ranks.size(), 1u);
+  EXPECT_EQ(back.ranks[0].program_pid, 11);
+  EXPECT_EQ(back.ranks[0].signal, 15);
+  EXPECT_FALSE(back.ranks[0].exit_code);
+  EXPECT_DOUBLE_EQ(back.ranks[0].seconds, 1.5);
+  EXPECT_EQ(endedAtMs(back), 4);
+}
 }  // namespace
 }  // namespace ddl::state
