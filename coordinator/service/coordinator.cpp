@@ -1145,7 +1145,11 @@ void Coordinator::recordRankResultOnLoop(const std::string& node, const v1::Rank
     next.last_op = pos->last_op;
     next.updated_ms = pos->updated_ms;
   }
-  if (known && next.program_pid == 0) next.program_pid = pos->program_pid;
+  if (known) {  // an exit report may leave out what the start said
+    if (next.pid == 0) next.pid = pos->pid;
+    if (next.program_pid == 0) next.program_pid = pos->program_pid;
+    if (next.started_ms == 0) next.started_ms = pos->started_ms;
+  }
   // A start or an exit is stored; progress stays in memory until the next write of the job.
   const bool store = !known || pos->exited != next.exited || pos->pid != next.pid ||
                      pos->program_pid != next.program_pid;
@@ -2024,7 +2028,9 @@ void Coordinator::ring(const std::string& id, Done<v1::RingLayout> done) {
 
 v1::Job Coordinator::toProtoOnLoop(const state::Job& job) const {
   v1::Job out = jobToProto(job);
-  if (job.state == JobState::kPending) {
+  if (job.state == JobState::kPending && (job.held || !job.waiting_for.empty())) {
+    out.set_reason(notYetOnLoop(job, {}));  // as it is now, not as at the last pass
+  } else if (job.state == JobState::kPending) {
     auto it = pending_reason_.find(job.id);
     out.set_reason(it != pending_reason_.end() ? it->second : "waiting for the next scheduling pass");
   }

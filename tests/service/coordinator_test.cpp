@@ -853,5 +853,260 @@ TEST_F(CoordinatorRestartTest, HistoryPastMemoryAndPurgedNumbersSurviveARestart)
   EXPECT_EQ(submit(spec(1, 1)), "j-000004");
 }
 
+
+// ---- Slurm's habits: time limits, dependencies, arrays, hold/release/requeue, signals ------------------------
+
+TEST_F(CoordinatorTest, ARunningJobPastItsTimeLimitEndsTimeoutAndItsRanksAreStopped) {
+  addNode("n1", 1);
+  v1::JobSpec s = spec(1, 1);
+  s.set_time_limit_s(60);
+  const std::string id = submit(s);
+  coordinator->tick();
+  runAll("n1", id);
+  ASSERT_EQ(stateOf(id), v1::RUNNING);
+  for (int i = 0; i < 59; ++i) {  // heartbeats go on, so only the limit can end it
+    now += 1'000;
+    ASSERT_TRUE(beat("n1", id));
+    coordinator->tick();
+  }
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  EXPECT_EQ(stops("n1", id), 0);
+  now += 1'000;
+  coordinator->tick();
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::TIMEOUT);
+  EXPECT_NE(job->reason().find("time limit of 60.0 s"), std::string::npos) << job->reason();
+  EXPECT_EQ(stops("n1", id), 1);
+  EXPECT_GT(job->end_ms(), 0);
+  // The rank's end, reported after the stop, is kept with the job.
+  exitAll("n1", id, 143);
+  job = coordinator->getJob(id);
+  ASSERT_EQ(job->ranks_size(), 1);
+  EXPECT_EQ(job->ranks(0).exit_code(), 143);
+  EXPECT_EQ(job->ranks(0).node(), "n1");
+  EXPECT_EQ(job->state(), v1::TIMEOUT);
+}
+
+TEST_F(CoordinatorTest, EachRanksResultIsKeptAfterTheJobEnds) {
+  addNode("n1", 2);
+  const std::string id = submit(spec(1, 2));
+  coordinator->tick();
+  auto start = starts("n1", id).back();
+  for (const auto& r : start.ranks()) {
+    v1::RankStatus st = rankStatus(id, start.attempt(), r.rank(), r.gpu());
+    st.set_pid(100 + r.rank());
+    st.set_program_pid(200 + r.rank());
+    st.set_started_ms(now);
+    st.mutable_progress()->set_collectives(7);
+    st.mutable_progress()->set_bytes(1 << 20);
+    st.mutable_progress()->set_seconds(0.5);
+    ASSERT_TRUE(coordinator->rankEvent("n1", sessions["n1"], st));
+  }
+  exitAll("n1", id, 0);  // the exit reports carry no progress: the last figures stay
+  auto job = coordinator->getJob(id);
+  ASSERT_EQ(job->state(), v1::SUCCEEDED);
+  ASSERT_EQ(job->ranks_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    const auto& r = job->ranks(i);
+    EXPECT_EQ(r.rank(), i);
+    EXPECT_EQ(r.node(), "n1");
+    EXPECT_EQ(r.pid(), 100 + i);
+    EXPECT_EQ(r.program_pid(), 200 + i);
+    EXPECT_EQ(r.state(), v1::RankStatus::EXITED);
+    EXPECT_EQ(r.exit_code(), 0);
+    EXPECT_EQ(r.progress().collectives(), 7);
+    EXPECT_DOUBLE_EQ(r.progress().seconds(), 0.5);
+  }
+  EXPECT_GT(job->start_ms(), 0);
+  EXPECT_GE(job->end_ms(), job->start_ms());
+}
+
+TEST_F(CoordinatorTest, AProgramThatCannotBeExecutedIsNamedInTheReason) {
+  addNode("n1", 1);
+  const std::string id = submit(spec(1, 1));
+  coordinator->tick();
+  exitAll("n1", id, 127);
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_NE(job->reason().find("could not be executed"), std::string::npos) << job->reason();
+}
+
+TEST_F(CoordinatorTest, AfterOkWaitsForSuccessAndIsCancelledWhenTheDependencyFails) {
+  addNode("n1", 1);
+  const std::string first = submit(spec(1, 1));
+  const std::string second = submit(spec(1, 1));
+  v1::JobSpec ok = spec(1, 1);
+  ok.add_after_ok(first);
+  const std::string after_first = submit(ok);
+  v1::JobSpec ok2 = spec(1, 1);
+  ok2.add_after_ok(second);
+  const std::string after_second = submit(ok2);
+  v1::JobSpec any = spec(1, 1);
+  any.add_after_any(second);
+  const std::string any_second = submit(any);
+  coordinator->tick();
+  runAll("n1", first);
+  auto waiting = coordinator->getJob(after_first);
+  EXPECT_EQ(waiting->state(), v1::PENDING);
+  EXPECT_NE(waiting->reason().find("waiting for " + first + " (RUNNING) to succeed"), std::string::npos)
+      << waiting->reason();
+  exitAll("n1", first, 0);
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+  coordinator->tick();  // the second job (no dependency, submitted earlier) goes first
+  ASSERT_EQ(stateOf(second), v1::STARTING);
+  exitAll("n1", second, 3);
+  auto cancelled = coordinator->getJob(after_second);
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_NE(cancelled->reason().find("dependency " + second + " ended FAILED"), std::string::npos)
+      << cancelled->reason();
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(after_first), v1::STARTING);  // its dependency succeeded
+  EXPECT_EQ(stateOf(any_second), v1::PENDING);    // waits for the GPU, not for its dependency
+  EXPECT_EQ(coordinator->getJob(any_second)->reason().find("waiting for j-"), std::string::npos);
+
+  // A dependency that does not exist, or already failed, is refused at submit.
+  v1::JobSpec missing = spec(1, 1);
+  missing.add_after_ok("j-999999");
+  EXPECT_EQ(coordinator->submit(missing).status().code(), StatusCode::kNotFound);
+  v1::JobSpec never = spec(1, 1);
+  never.add_after_ok(second);
+  auto refused = coordinator->submit(never);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("could never start"), std::string::npos);
+  v1::JobSpec bad = spec(1, 1);
+  bad.add_after_any("5");
+  EXPECT_EQ(coordinator->submit(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, AJobArrayRunsAtMostItsLimitAndEachJobKnowsItsIndex) {
+  addNode("n1", 4);
+  v1::SubmitRequest req;
+  *req.mutable_spec() = spec(1, 1);
+  req.set_array("0-6:2%2");  // 0, 2, 4, 6; two at a time
+  auto resp = coordinator->submit(req);
+  ASSERT_TRUE(resp) << resp.status().toString();
+  ASSERT_EQ(resp->array_jobs_size(), 4);
+  const std::string first = resp->array_jobs(0);
+  EXPECT_EQ(resp->job().id(), first);
+  coordinator->tick();
+  std::vector<std::string> started;
+  for (const auto& id : resp->array_jobs()) {
+    auto job = coordinator->getJob(id);
+    EXPECT_EQ(job->spec().array_id(), first);
+    if (job->state() == v1::STARTING) started.push_back(id);
+  }
+  ASSERT_EQ(started.size(), 2u);  // 4 GPUs free, but the limit is 2
+  auto waiting = coordinator->getJob(resp->array_jobs(3));
+  EXPECT_NE(waiting->reason().find("already runs 2 of its jobs"), std::string::npos) << waiting->reason();
+  auto s = starts("n1", started[1]).back();
+  std::map<std::string, std::string> env;
+  for (const auto& e : s.ranks(0).env()) env[e.name()] = e.value();
+  EXPECT_EQ(env["DDL_ARRAY_INDEX"], "2");
+  EXPECT_EQ(env["DDL_ARRAY_JOB_ID"], first);
+
+  for (const char* wrong : {"", "5-1", "a", "1,", "0-20000", "0-3%0", "0-3:0"}) {
+    if (!*wrong) continue;
+    req.set_array(wrong);
+    EXPECT_EQ(coordinator->submit(req).status().code(), StatusCode::kInvalidArgument) << wrong;
+  }
+}
+
+TEST_F(CoordinatorTest, HoldReleaseAndRequeue) {
+  addNode("n1", 1);
+  v1::JobSpec held = spec(1, 1);
+  held.set_hold(true);
+  const std::string id = submit(held);
+  coordinator->tick();
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::PENDING);
+  EXPECT_TRUE(job->held());
+  EXPECT_NE(job->reason().find("held"), std::string::npos);
+  ASSERT_TRUE(coordinator->hold(id, false));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::STARTING);
+  EXPECT_EQ(coordinator->hold(id, true).status().code(), StatusCode::kFailedPrecondition);
+  runAll("n1", id);
+  auto requeued = coordinator->requeue(id);
+  ASSERT_TRUE(requeued) << requeued.status().toString();
+  EXPECT_EQ(requeued->state(), v1::PENDING);
+  EXPECT_EQ(requeued->restarts(), 0);  // the user's requeue uses none of max_restarts (0 here)
+  EXPECT_EQ(stops("n1", id), 1);
+  EXPECT_EQ(coordinator->requeue(id).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::STARTING);
+  EXPECT_EQ(starts("n1", id).back().attempt(), 2);
+}
+
+TEST_F(CoordinatorTest, CancelWithASignalSignalsTheRanksAndTheJobGoesOn) {
+  addNode("n1", 1);
+  const std::string id = submit(spec(1, 1));
+  EXPECT_EQ(coordinator->cancel(id, 10).status().code(), StatusCode::kFailedPrecondition);  // not launched
+  coordinator->tick();
+  runAll("n1", id);
+  auto job = coordinator->cancel(id, 10);
+  ASSERT_TRUE(job) << job.status().toString();
+  EXPECT_EQ(job->state(), v1::RUNNING);
+  int signals = 0;
+  for (const auto& c : links["n1"]->commands) {
+    if (!c.has_signal()) continue;
+    ++signals;
+    EXPECT_EQ(c.signal().job_id(), id);
+    EXPECT_EQ(c.signal().attempt(), 1);
+    EXPECT_EQ(c.signal().signal(), 10);
+  }
+  EXPECT_EQ(signals, 1);
+  EXPECT_EQ(coordinator->cancel(id, 99).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, ASubmitThatFitsOnceDownNodesAreBackIsQueuedWithAReason) {
+  addNode("n1", 2);
+  addNode("n2", 2);
+  now += 11'000;  // both miss their heartbeats
+  coordinator->tick();
+  const std::string id = submit(spec(2, 2));  // was refused: "(2 more GPUs are DOWN)"
+  coordinator->tick();
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::PENDING);
+  EXPECT_NE(job->reason().find("DOWN"), std::string::npos) << job->reason();
+  // Larger than the cluster even with every node back: still refused at once.
+  EXPECT_EQ(coordinator->submit(spec(3, 2)).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, ADrainKeepsItsReason) {
+  addNode("n1", 1);
+  auto node = coordinator->drain("n1", true, "bad DIMM, ticket 42");
+  ASSERT_TRUE(node) << node.status().toString();
+  EXPECT_EQ(node->drain_reason(), "bad DIMM, ticket 42");
+  EXPECT_EQ(coordinator->listNodes()[0].drain_reason(), "bad DIMM, ticket 42");
+  EXPECT_EQ(coordinator->drain("n1", true, "esc \x1b[2J").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator->drain("n1", false)->drain_reason(), "");
+}
+
+TEST_F(CoordinatorRestartTest, DependenciesHoldsAndRankResultsSurviveARestart) {
+  addNode("n1", 1);
+  const std::string first = submit(spec(1, 1));
+  v1::JobSpec after = spec(1, 1);
+  after.add_after_ok(first);
+  after.set_hold(true);
+  const std::string second = submit(after);
+  coordinator->tick();
+  runAll("n1", first);
+  reopen();
+  addNode("n1", 1, {}, {rankStatus(first, 1, 0, 0)});
+  auto job = coordinator->getJob(second);
+  EXPECT_TRUE(job->held());
+  ASSERT_TRUE(coordinator->hold(second, false));
+  ASSERT_TRUE(coordinator->rankEvent("n1", sessions["n1"], rankStatus(first, 1, 0, 0, v1::RankStatus::EXITED, 0)));
+  EXPECT_EQ(stateOf(first), v1::SUCCEEDED);
+  reopen();
+  addNode("n1", 1);  // every node is back: the recovery window ends
+  coordinator->tick();
+  EXPECT_EQ(stateOf(second), v1::STARTING);  // held no more, and its dependency succeeded
+  auto done = coordinator->getJob(first);
+  ASSERT_EQ(done->ranks_size(), 1);
+  EXPECT_EQ(done->ranks(0).exit_code(), 0);
+}
 }  // namespace
 }  // namespace ddl::coordinator
