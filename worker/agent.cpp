@@ -18,6 +18,7 @@
 #include "common/host_port.h"
 #include "common/pki.h"
 #include "worker/log_retention.h"
+#include "worker/rank_status.h"
 #include "worker/run_as.h"
 
 namespace ddl::worker {
@@ -418,23 +419,7 @@ void Agent::forgetIfGone(const std::string& job) {
 }
 
 v1::RankStatus Agent::toProto(const RankState& s) const {
-  v1::RankStatus r;
-  r.set_job_id(s.job_id);
-  r.set_attempt(s.attempt);
-  r.set_rank(s.rank);
-  r.set_gpu(s.gpu);
-  r.set_pid(s.pid);
-  r.set_state(s.running ? v1::RankStatus::RUNNING : v1::RankStatus::EXITED);
-  if (!s.running) {
-    if (s.signal) {
-      r.set_signal(*s.signal);
-    } else {
-      r.set_exit_code(s.exit_code.value_or(255));
-    }
-  }
-  r.set_started_ms(s.started_ms);
-  r.set_exited_ms(s.exited_ms);
-  r.set_error(s.error);
+  v1::RankStatus r = rankStatus(s, config_.node);
   if (telemetry_) {
     if (auto p = telemetry_->latest(s.job_id, s.attempt, s.rank)) *r.mutable_progress() = *p;
   }
