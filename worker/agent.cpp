@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "common/host_port.h"
 #include "common/pki.h"
+#include "common/signals.h"
 #include "worker/log_retention.h"
 #include "worker/rank_status.h"
 #include "worker/run_as.h"
@@ -311,6 +312,24 @@ void Agent::handle(const v1::Command& command) {
     supervisor_->release(stop.job_id(), stop.attempt());
     if (telemetry_) telemetry_->forget(stop.job_id(), stop.attempt());
     forgetIfGone(stop.job_id());  // ranks that had exited already are released; nothing more will come
+  } else if (command.has_signal()) {
+    signalJob(command.signal());
+  }
+}
+
+void Agent::signalJob(const v1::SignalJob& command) {
+  const std::string what = signalName(command.signal());
+  if (command.signal() < 1 || command.signal() > 64) {
+    spdlog::warn("job {} attempt {}: {} refused: a signal is a number from 1 to 64", command.job_id(),
+                 command.attempt(), what);
+    return;
+  }
+  const int sent = supervisor_->signalJob(command.job_id(), command.attempt(), command.signal());
+  if (sent == 0) {
+    spdlog::info("job {} attempt {}: {} ignored: no running rank of it on this node", command.job_id(),
+                 command.attempt(), what);
+  } else {
+    spdlog::info("job {} attempt {}: {} sent to {} ranks", command.job_id(), command.attempt(), what, sent);
   }
 }
 

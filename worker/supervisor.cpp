@@ -541,6 +541,20 @@ void Supervisor::stop(const std::string& job_id, int attempt, int grace_ms) {
   wake();
 }
 
+int Supervisor::signalJob(const std::string& job_id, int attempt, int sig) {
+  if (sig < 1 || sig > 64) return 0;
+  int sent = 0;
+  std::lock_guard lock(mu_);
+  for (auto& [key, entry] : entries_) {
+    if (key.job_id != job_id || (attempt != 0 && key.attempt != attempt)) continue;
+    if (entry.starting || !entry.state.running) continue;
+    // Running: our child is not reaped yet and an adopted leader was checked to lead its group, so -pid is
+    // still this rank's group (see finishLocked).
+    if (kill(-entry.state.pid, sig) == 0) ++sent;
+  }
+  return sent;
+}
+
 void Supervisor::stopAll(int grace_ms) {
   std::vector<std::string> jobs;
   {

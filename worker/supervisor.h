@@ -177,6 +177,13 @@ class Supervisor {
   void stop(const std::string& job_id, int attempt, int grace_ms);
   void stopAll(int grace_ms);
 
+  // Sends `sig` (1..64) to the process group of each running rank of the job with exactly this attempt
+  // (0: every attempt), a rank being stopped included, and returns how many groups it was sent to: 0 for a
+  // job or attempt with no running rank here, or a signal outside 1..64. Nothing else changes: the rank is
+  // not marked as stopped, and it goes on or ends as its program decides (the shim blocks every signal, so
+  // only the program and its children act on it; SIGKILL and SIGSTOP reach the shim too, see rank_shim.cpp).
+  int signalJob(const std::string& job_id, int attempt, int sig);
+
   // Forgets the exited ranks of the job with attempt <= `attempt` (0: every attempt), once the coordinator
   // has acknowledged them. Running ranks are kept.
   void release(const std::string& job_id, int attempt);

@@ -676,6 +676,59 @@ TEST_P(SupervisorTest, RunRecordsWithoutProgramPidAreAdopted) {
   EXPECT_EQ(exit->program_pid, 0);
 }
 
+// SignalJob: the signal reaches the programs of that job's running ranks of that attempt (not the shim, and
+// not other jobs' or attempts' ranks), and each program decides what to do with it.
+TEST_P(SupervisorTest, SignalJobReachesOnlyThatJobsProgramsWhichDecide) {
+  // Each rank traps SIGUSR1: rank 0 writes a file and exits 7, rank 1 writes a file and goes on. `ready`
+  // says the trap is set. Every loop ends within 10 s, so a failed test leaves nothing running for long.
+  auto ranked = [&](const std::string& job, int attempt, int rank, const std::string& on_usr1) {
+    const fs::path base = dir_ / (job + "-" + std::to_string(attempt) + "-" + std::to_string(rank));
+    RankSpec spec = shell(job, rank,
+                          "trap '" + on_usr1 + "' USR1; echo $$ > " + base.string() +
+                              ".ready; i=0; while [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done");
+    spec.attempt = attempt;
+    return std::make_pair(spec, base);
+  };
+  auto [r0, base0] = ranked("j1", 1, 0, "echo got > " + (dir_ / "j1-1-0.got").string() + "; exit 7");
+  auto [r1, base1] = ranked("j1", 1, 1, "echo got > " + (dir_ / "j1-1-1.got").string());
+  auto [other_job, base2] = ranked("j2", 1, 0, "echo got > " + (dir_ / "j2-1-0.got").string() + "; exit 8");
+  auto [other_attempt, base3] =
+      ranked("j1", 2, 5, "echo got > " + (dir_ / "j1-2-5.got").string() + "; exit 9");
+  for (const RankSpec* spec : {&r0, &r1, &other_job, &other_attempt}) mustStart(*spec);
+  for (const fs::path& base : {base0, base1, base2, base3}) {
+    ASSERT_GT(waitForPidFile(base.string() + ".ready"), 0) << base;
+  }
+
+  EXPECT_EQ(sup_->signalJob("j1", 0, 0), 0);          // not a signal
+  EXPECT_EQ(sup_->signalJob("j1", 0, 65), 0);         // beyond SIGRTMAX
+  EXPECT_EQ(sup_->signalJob("nope", 0, SIGUSR1), 0);  // a job not held here
+  EXPECT_EQ(sup_->signalJob("j1", 3, SIGUSR1), 0);    // an attempt not held here
+  EXPECT_EQ(sup_->signalJob("j1", 1, SIGUSR1), 2);
+
+  auto exit = recorder_.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 7);  // the program's own decision, through the shim unchanged
+  EXPECT_EQ(exit->signal, std::nullopt);
+  EXPECT_FALSE(exit->stop_requested);
+  EXPECT_TRUE(waitUntil([&] { return readFile(dir_ / "j1-1-1.got") == "got\n"; }));
+  // Rank 1 caught it and goes on; the other job and the other attempt never saw it.
+  std::this_thread::sleep_for(milliseconds(200));
+  for (const RankState& s : sup_->ranks()) {
+    if (s.job_id == "j1" && s.attempt == 1 && s.rank == 0) continue;
+    EXPECT_TRUE(s.running) << s.job_id << " " << s.attempt << " " << s.rank;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "j2-1-0.got"));
+  EXPECT_FALSE(fs::exists(dir_ / "j1-2-5.got"));
+  EXPECT_EQ(recorder_.count(), 1u);
+
+  // Attempt 0 means every attempt of the job: rank 1 again, and attempt 2's rank, which exits 9.
+  EXPECT_EQ(sup_->signalJob("j1", 0, SIGUSR1), 2);
+  auto later = recorder_.waitFor("j1", 2, 5);
+  ASSERT_TRUE(later.has_value());
+  EXPECT_EQ(later->exit_code, 9);
+  EXPECT_FALSE(fs::exists(dir_ / "j2-1-0.got"));
+}
+
 TEST_P(SupervisorTest, AMissingShimIsExplained) {
   if (!GetParam().shim) GTEST_SKIP() << "only with the shim";
   Supervisor::Options broken = options();
