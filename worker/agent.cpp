@@ -17,7 +17,9 @@
 #include "common/clock.h"
 #include "common/host_port.h"
 #include "common/pki.h"
+#include "common/signals.h"
 #include "worker/log_retention.h"
+#include "worker/rank_status.h"
 #include "worker/run_as.h"
 
 namespace ddl::worker {
@@ -310,6 +312,24 @@ void Agent::handle(const v1::Command& command) {
     supervisor_->release(stop.job_id(), stop.attempt());
     if (telemetry_) telemetry_->forget(stop.job_id(), stop.attempt());
     forgetIfGone(stop.job_id());  // ranks that had exited already are released; nothing more will come
+  } else if (command.has_signal()) {
+    signalJob(command.signal());
+  }
+}
+
+void Agent::signalJob(const v1::SignalJob& command) {
+  const std::string what = signalName(command.signal());
+  if (command.signal() < 1 || command.signal() > 64) {
+    spdlog::warn("job {} attempt {}: {} refused: a signal is a number from 1 to 64", command.job_id(),
+                 command.attempt(), what);
+    return;
+  }
+  const int sent = supervisor_->signalJob(command.job_id(), command.attempt(), command.signal());
+  if (sent == 0) {
+    spdlog::info("job {} attempt {}: {} ignored: no running rank of it on this node", command.job_id(),
+                 command.attempt(), what);
+  } else {
+    spdlog::info("job {} attempt {}: {} sent to {} ranks", command.job_id(), command.attempt(), what, sent);
   }
 }
 
@@ -418,23 +438,7 @@ void Agent::forgetIfGone(const std::string& job) {
 }
 
 v1::RankStatus Agent::toProto(const RankState& s) const {
-  v1::RankStatus r;
-  r.set_job_id(s.job_id);
-  r.set_attempt(s.attempt);
-  r.set_rank(s.rank);
-  r.set_gpu(s.gpu);
-  r.set_pid(s.pid);
-  r.set_state(s.running ? v1::RankStatus::RUNNING : v1::RankStatus::EXITED);
-  if (!s.running) {
-    if (s.signal) {
-      r.set_signal(*s.signal);
-    } else {
-      r.set_exit_code(s.exit_code.value_or(255));
-    }
-  }
-  r.set_started_ms(s.started_ms);
-  r.set_exited_ms(s.exited_ms);
-  r.set_error(s.error);
+  v1::RankStatus r = rankStatus(s, config_.node);
   if (telemetry_) {
     if (auto p = telemetry_->latest(s.job_id, s.attempt, s.rank)) *r.mutable_progress() = *p;
   }

@@ -1,10 +1,12 @@
 // Agent: the heart of ddl-agent, one per node. It registers the node with the coordinator (its inventory and
-// the ranks it already runs), holds one Connect stream, sends heartbeats with the state of every rank it holds
-// and rank events the moment a rank starts or exits, and carries out commands: StartRanks launches each rank
-// through the Supervisor with the environment the coordinator computed (plus CUDA_VISIBLE_DEVICES), StopJob
-// stops a job's ranks (SIGTERM, then SIGKILL after the grace) and releases the ranks that have exited.
-// When the stream breaks it registers again with backoff and jitter; the ranks keep running meanwhile and
-// are reported on the new registration, so the coordinator reconciles instead of losing or orphaning them.
+// the ranks it already runs), holds one Connect stream, sends heartbeats with the state of every rank it
+// holds and rank events the moment a rank starts or exits, and carries out commands: StartRanks launches each
+// rank through the Supervisor with the environment the coordinator computed (plus CUDA_VISIBLE_DEVICES),
+// StopJob stops a job's ranks (SIGTERM, then SIGKILL after the grace) and releases the ranks that have
+// exited, and SignalJob sends a signal to the process groups of a job's running ranks
+// (Supervisor::signalJob). When the stream breaks it registers again with backoff and jitter; the ranks keep
+// running meanwhile and are reported on the new registration, so the coordinator reconciles instead of losing
+// or orphaning them.
 //
 // Who ranks run as: an agent running as root runs every rank as the job's user (StartRanks.user) as this
 // node knows it, never as uid 0 unless StartRanks.allow_root; a job without a user, with a user this node
@@ -57,6 +59,7 @@ class Agent {
   void handle(const v1::Command& command);
   void startRanks(const v1::StartRanks& start);
   void readLog(const v1::ReadLog& read);
+  void signalJob(const v1::SignalJob& command);
   void onRankExit(const RankState& state);
   void forgetIfGone(const std::string& job);
   bool write(const v1::AgentMessage& message);

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace ddl::worker::launch {
 namespace {
@@ -113,6 +114,27 @@ int execFirst(const char* const* candidates, size_t count, const char* const* ar
   }
   if (denied && (err == ENOENT || err == ENOTDIR)) err = EACCES;
   return err;
+}
+
+bool parseReport(const void* data, size_t size, Failure* failure, pid_t* program_pid) {
+  if (size == 0) {
+    *failure = Failure{0, 0};
+    *program_pid = 0;
+    return true;
+  }
+  if (size != sizeof(Failure)) return false;
+  Failure record{};
+  std::memcpy(&record, data, sizeof record);
+  if (record.stage == kStageStarted) {
+    if (record.err <= 0) return false;
+    *failure = Failure{0, 0};
+    *program_pid = static_cast<pid_t>(record.err);
+    return true;
+  }
+  if (record.stage < kStageSetup || record.stage > kStageUserKept) return false;
+  *failure = record;
+  *program_pid = 0;
+  return true;
 }
 
 int exitCodeFor(int stage, int err) {

@@ -3,7 +3,12 @@
 // The report pipe: the process that is to become the rank (the supervisor's forked child, or the shim's)
 // writes one Failure into a close-on-exec pipe when it cannot; a successful exec closes the pipe, so the
 // supervisor reads either sizeof(Failure) bytes or end-of-file and knows the outcome before start() returns.
-// The shim forwards its own child's report the same way, so start() behaves alike with and without it.
+// The shim forwards its own child's report the same way, so start() behaves alike with and without it. A shim
+// told kShimProtocolEnv=2 (in its own environment) reports a successful exec too, as one record
+// {kStageStarted, the program's pid}, so the agent knows the pid of the program and not only the shim's. The
+// agent and the shim ship together, but the agent execs whatever shim is installed: an older shim ignores the
+// variable (no pid: the agent reports it as unknown), and a newer shim under an older agent, which does not
+// set it, sends no record the older agent would misread as a failure. parseReport() reads what came.
 //
 // The exit record: the shim writes how the rank ended ("exit N" or "signal N") into a file before it exits
 // itself, so an agent that re-adopted the rank after a restart (and so is not its parent) still learns it.
@@ -33,12 +38,24 @@ enum Stage : int {
   kStageUser = 5,  // setgroups, setgid or setuid failed; err is its errno
   // The calls succeeded, but the ids are not all the target's, or setuid(0) still works: not dropped.
   kStageUserKept = 6,
+  // Not a failure: the shim's report that the program exec'd; Failure::err then holds the program's pid.
+  kStageStarted = 7,
 };
+
+// The shim's environment variable naming the report protocol the agent reads: "2" asks for kStageStarted.
+inline constexpr const char* kShimProtocolEnv = "DDL_RANK_SHIM_PROTOCOL";
+inline constexpr const char* kShimProtocolEnvEntry = "DDL_RANK_SHIM_PROTOCOL=2";  // as the agent sets it
 
 struct Failure {
   int stage;  // 0: no failure
   int err;    // errno
 };
+
+// What the report pipe carried up to end-of-file (at most sizeof(Failure) bytes are read): nothing (the
+// program exec'd; who it is is not told), a Failure with stage 1..6, or {kStageStarted, pid > 0}. Sets
+// *failure ({0, 0} unless it failed) and *program_pid (0 unless told); false for anything else (a torn
+// record, an unknown stage, a pid <= 0), leaving both as they were.
+bool parseReport(const void* data, size_t size, Failure* failure, pid_t* program_pid);
 
 // Who the program runs as: every group, the primary gid, the uid. Points into storage prepared before fork.
 struct Identity {

@@ -14,7 +14,8 @@
 // is used only as the program's. A root process started with the job's variables would run the job's code
 // before anything else (LD_PRELOAD, LD_AUDIT and LD_LIBRARY_PATH are honoured for a plain program);
 // CANDIDATE_i are the paths to try for ARGV[0] (the supervisor's PATH search) and REPORT_FD the supervisor's
-// report pipe (launch_protocol.h), on which the shim forwards whether the program could be executed. The
+// report pipe (launch_protocol.h), on which the shim forwards whether the program could be executed and, when
+// its environment has DDL_RANK_SHIM_PROTOCOL=2 (launch::kShimProtocolEnv), the program's pid once it was. The
 // program's child switches to --user (numeric ids, GROUPS comma-separated, possibly empty) and enters
 // --workdir, in that order, right before its exec (launch::execProgram, as the supervisor does without a
 // shim). Not meant to be run by hand.
@@ -154,6 +155,10 @@ int main(int argc, char** argv) {
     program_env = env_ptrs.data();
   }
 
+  // Whether the agent reads {kStageStarted, pid} (launch_protocol.h); an older one takes it for a failure.
+  const char* protocol = std::getenv(ddl::worker::launch::kShimProtocolEnv);
+  const bool report_pid = protocol != nullptr && std::atoi(protocol) >= 2;
+
   // The report pipe must not reach the program: the supervisor waits for its end-of-file.
   fcntl(static_cast<int>(report_fd), F_SETFD, FD_CLOEXEC);
   sigset_t all, none;
@@ -193,7 +198,12 @@ int main(int argc, char** argv) {
     }
   }
   close(pipe_fds[0]);
-  if (got == sizeof failure) writeAll(static_cast<int>(report_fd), &failure, sizeof failure);
+  if (got == sizeof failure) {
+    writeAll(static_cast<int>(report_fd), &failure, sizeof failure);
+  } else if (got == 0 && report_pid) {
+    const Failure started{ddl::worker::launch::kStageStarted, static_cast<int>(child)};
+    writeAll(static_cast<int>(report_fd), &started, sizeof started);
+  }
   close(static_cast<int>(report_fd));  // end-of-file: the supervisor's start() returns
 
   int status = 0;

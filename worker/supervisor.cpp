@@ -97,7 +97,9 @@ struct ChildPlan {
   int env_fd;
 };
 
-const char* const kShimEnvironment[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", nullptr};
+// The shim's own environment: a fixed PATH, and the report protocol that this supervisor reads.
+const char* const kShimEnvironment[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", launch::kShimProtocolEnvEntry,
+                                        nullptr};
 
 [[noreturn]] void childFail(int report_fd, int stage, int err) {
   ChildFailure failure{stage, err};
@@ -436,18 +438,32 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
   if (pid < 0) return failRecorded("fork failed: " + errnoText(fork_errno));
   state.pid = pid;
 
-  ChildFailure failure{};
+  char report[sizeof(ChildFailure)];
   size_t got = 0;
-  while (got < sizeof failure) {
-    ssize_t n = read(report_read.get(), reinterpret_cast<char*>(&failure) + got, sizeof failure - got);
+  while (got < sizeof report) {
+    ssize_t n = read(report_read.get(), report + got, sizeof report - got);
     if (n > 0) {
       got += static_cast<size_t>(n);
     } else if (n == 0 || errno != EINTR) {
       break;
     }
   }
+  ChildFailure failure{};
+  pid_t program_pid = 0;
+  if (!launch::parseReport(report, got, &failure, &program_pid)) {
+    // Only our child and the shim write here, so this is a shim of another protocol or a broken one. Whatever
+    // runs, the agent could not say what it is: it does not run.
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);  // in case it died before setsid()
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    state.exit_code = kExitCodeNotFound;
+    const std::string from = via_shim ? "the rank shim " + options_.shim_path : "the rank's process";
+    return failRecorded("unreadable launch report (" + std::to_string(got) + " bytes) from " + from +
+                        "; the rank was killed");
+  }
 
-  if (got == sizeof failure) {
+  if (failure.stage != 0) {
     std::string why;
     if (failure.stage == kStageShim) {
       why = "cannot execute the rank shim " + options_.shim_path + ": " + errnoText(failure.err);
@@ -459,7 +475,7 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
     } else if (failure.stage == kStageChdir) {
       why = "cannot change to the working directory " + spec.workdir + ": " + errnoText(failure.err);
     } else if (failure.stage == kStageExec) {
-      why = "cannot execute " + program + ": " + errnoText(failure.err);
+      why = "cannot execute '" + program + "': " + errnoText(failure.err);
       if (failure.err == ENOENT && program.find('/') == std::string::npos) {
         why += " (searched PATH=" + search_path + ")";
       }
@@ -482,6 +498,7 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
   // Any pidfd_open failure (ENOSYS on old kernels, EMFILE) leaves this rank to the polling path.
   int pidfd = options_.use_pidfd ? pidfdOpen(pid) : -1;
   state.running = true;
+  state.program_pid = via_shim ? program_pid : pid;
   writeRunRecord(key, state);
   {
     std::lock_guard lock(mu_);
@@ -522,6 +539,20 @@ void Supervisor::stop(const std::string& job_id, int attempt, int grace_ms) {
     }
   }
   wake();
+}
+
+int Supervisor::signalJob(const std::string& job_id, int attempt, int sig) {
+  if (sig < 1 || sig > 64) return 0;
+  int sent = 0;
+  std::lock_guard lock(mu_);
+  for (auto& [key, entry] : entries_) {
+    if (key.job_id != job_id || (attempt != 0 && key.attempt != attempt)) continue;
+    if (entry.starting || !entry.state.running) continue;
+    // Running: our child is not reaped yet and an adopted leader was checked to lead its group, so -pid is
+    // still this rank's group (see finishLocked).
+    if (kill(-entry.state.pid, sig) == 0) ++sent;
+  }
+  return sent;
 }
 
 void Supervisor::stopAll(int grace_ms) {
@@ -637,8 +668,9 @@ void Supervisor::writeRunRecord(const Key& key, const RankState& state) const {
   const std::string path = runRecordPath(key), tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "we");
   if (f == nullptr) return;  // The rank runs anyway; only its adoption after an agent restart is lost.
-  std::fprintf(f, "pid %d gpu %d started_ms %lld\n", static_cast<int>(state.pid), state.gpu,
-               static_cast<long long>(state.started_ms));
+  // Fields are name-value pairs; a reader takes the first three in this order and the others by name.
+  std::fprintf(f, "pid %d gpu %d started_ms %lld program_pid %d\n", static_cast<int>(state.pid), state.gpu,
+               static_cast<long long>(state.started_ms), static_cast<int>(state.program_pid));
   const bool ok = std::fclose(f) == 0;
   if (ok) std::filesystem::rename(tmp, path, ec);
   if (!ok || ec) std::filesystem::remove(tmp, ec);
@@ -698,6 +730,14 @@ std::vector<std::string> Supervisor::recover() {
           continue;
         }
         state.started_ms = started;
+        // Later fields by name; records written before program_pid existed end here (it stays 0, unknown).
+        std::string name;
+        long long value = 0;
+        for (int field = 0; field < 16 && in >> name >> value; ++field) {
+          if (name == "program_pid" && value > 0 && value <= INT32_MAX) {
+            state.program_pid = static_cast<pid_t>(value);
+          }
+        }
         std::string error;
         if (!adopt(state, &error)) problems.push_back(error);
       }

@@ -55,7 +55,10 @@
 //    record (no shim, or the shim itself was killed) it is reported with exit_code kExitCodeUnknown (255) and
 //    no signal, never as a success.
 //  - With Options::state_dir set, each started rank leaves a run record (STATE_DIR/JOB/attempt-A/rank-R.run:
-//    pid, gpu, start time) that recover() reads after a restart; release() deletes a rank's records.
+//    pid, gpu, start time, program pid) that recover() reads after a restart; release() deletes a rank's
+//    records.
+//  - RankState::program_pid is the program's own pid: the leader's without the shim; with it, the shim's
+//    child's, which the shim sends on the report pipe once the program exec'd (launch_protocol.h).
 //  - The destructor does not kill running ranks (an agent restart re-adopts them); it only stops the
 //    thread. Pending stop() escalations and undelivered reports are dropped, and ranks left running stay
 //    un-reaped children of this process until it exits.
@@ -107,6 +110,11 @@ struct RankState {
   int rank = 0;
   int gpu = -1;
   pid_t pid = -1;  // Also the rank's process group and session id.
+  // The job's program itself: pid without the shim (the leader is the program), the shim's child with it;
+  // 0 when not known (a shim older than this field, a run record that predates it, no process started).
+  // Informational: once the program has exited the number may name another process; signal the rank's
+  // group instead.
+  pid_t program_pid = 0;
   bool running = false;
   // stop() was called before it exited: the exit was asked for, not a failure.
   bool stop_requested = false;
@@ -115,7 +123,7 @@ struct RankState {
   std::optional<int> signal;  // The signal that killed the leader process.
   int64_t started_ms = 0;     // Unix milliseconds; 0 if no process was ever started.
   int64_t exited_ms = 0;      // Unix milliseconds; 0 while running.
-  // Why it could not be started ("cannot execute train.py: No such file or directory"); "" for a rank that
+  // Why it could not be started ("cannot execute 'train.py': No such file or directory"); "" for a rank that
   // was started, whatever became of it.
   std::string error;
 };
@@ -168,6 +176,13 @@ class Supervisor {
   // keeps the earlier deadline.
   void stop(const std::string& job_id, int attempt, int grace_ms);
   void stopAll(int grace_ms);
+
+  // Sends `sig` (1..64) to the process group of each running rank of the job with exactly this attempt
+  // (0: every attempt), a rank being stopped included, and returns how many groups it was sent to: 0 for a
+  // job or attempt with no running rank here, or a signal outside 1..64. Nothing else changes: the rank is
+  // not marked as stopped, and it goes on or ends as its program decides (the shim blocks every signal, so
+  // only the program and its children act on it; SIGKILL and SIGSTOP reach the shim too, see rank_shim.cpp).
+  int signalJob(const std::string& job_id, int attempt, int sig);
 
   // Forgets the exited ranks of the job with attempt <= `attempt` (0: every attempt), once the coordinator
   // has acknowledged them. Running ranks are kept.

@@ -1,10 +1,12 @@
 // Fuzzes the agent's launch-protocol parsers (worker/launch_protocol.h): the shim's --user argument
-// ("UID:GID:G1,G2,...") and the exit record file that a shim leaves ("exit N" / "signal N"). Both come back to
-// the agent from outside its own memory (a command line, a file in the data directory). Byte 0 picks the
-// parser; the rest is the text.
+// ("UID:GID:G1,G2,..."), the exit record file that a shim leaves ("exit N" / "signal N") and what the report
+// pipe carried (a failure, or the program's pid). All come back to the agent from outside its own memory (a
+// command line, a file in the data directory, a pipe from another process). Byte 0 picks the parser (odd:
+// identity; 2 modulo 4: report; else exit record); the rest is the input.
 //
 // Checks: what parses formats back to text that parses to the same values; an exit record sets exactly one
-// of its two results, in range.
+// of its two results, in range; a report is either a failure of a known stage or a success with a pid >= 0,
+// never both, and a refused one changes nothing.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +41,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::vector<gid_t> groups2;
       check(parseIdentity(formatIdentity(uid, gid, groups), &uid2, &gid2, &groups2), "formatted identity refused");
       check(uid2 == uid && gid2 == gid && groups2 == groups, "identity round trip changed it");
+    }
+  } else if ((data[0] & 3) == 2) {
+    Failure failure{-7, -7};
+    pid_t program_pid = -7;
+    if (parseReport(data + 1, size - 1, &failure, &program_pid)) {
+      check(size - 1 == 0 || size - 1 == sizeof(Failure), "a report of another size accepted");
+      check(program_pid >= 0, "negative program pid");
+      check(failure.stage == 0 || (failure.stage >= kStageSetup && failure.stage <= kStageUserKept),
+            "unknown stage accepted");
+      check(failure.stage == 0 || program_pid == 0, "both a failure and a program pid");
+    } else {
+      check(failure.stage == -7 && failure.err == -7 && program_pid == -7,
+            "a refused report changed the results");
     }
   } else {
     std::optional<int> exit_code, signal;

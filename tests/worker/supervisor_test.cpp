@@ -216,7 +216,14 @@ TEST_P(SupervisorTest, MissingProgramFailsStartAndIsRecordedAs127) {
   auto exit = recorder_.waitFor("j1", 1, 0);
   ASSERT_TRUE(exit.has_value());
   EXPECT_EQ(exit->exit_code, 127);
-  EXPECT_NE(readFile(spec.log_path).find("cannot execute ddl-no-such-program"), std::string::npos);
+  EXPECT_EQ(exit->signal, std::nullopt);
+  EXPECT_EQ(exit->program_pid, 0);
+  // The reason travels with the exit report (RankStatus.error), not only in start()'s answer and the log.
+  EXPECT_EQ(
+      exit->error.rfind("cannot execute 'ddl-no-such-program': No such file or directory (searched PATH=", 0),
+      0u)
+      << exit->error;
+  EXPECT_NE(readFile(spec.log_path).find("cannot execute 'ddl-no-such-program'"), std::string::npos);
   ASSERT_EQ(sup_->ranks().size(), 1u);
   EXPECT_EQ(sup_->ranks()[0].exit_code, 127);
 }
@@ -243,6 +250,25 @@ TEST_P(SupervisorTest, NonExecutableProgramIs126) {
   auto exit = recorder_.waitFor("j1", 1, 0);
   ASSERT_TRUE(exit.has_value());
   EXPECT_EQ(exit->exit_code, 126);
+  EXPECT_EQ(exit->error, "cannot execute '" + script.string() + "': Permission denied") << exit->error;
+}
+
+// A file that is executable but neither a binary nor a script with a #! line: execve's ENOEXEC, which a shell
+// would run through /bin/sh and the supervisor refuses (supervisor.h), with 126 as a shell gives for it.
+TEST_P(SupervisorTest, NotABinaryIs126AndSaysSo) {
+  fs::path file = dir_ / "trian.py";
+  std::ofstream(file) << "print('no #! line')\n";
+  chmod(file.c_str(), 0755);
+  RankSpec spec = shell("j1", 0, "");
+  spec.argv = {file.string()};
+  std::string error;
+  RankState state = sup_->start(spec, &error);
+  EXPECT_EQ(state.exit_code, Supervisor::kExitCodeNotExecutable);
+  auto exit = recorder_.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 126);
+  EXPECT_EQ(exit->error,
+            "cannot execute '" + file.string() + "': Exec format error (a script needs a #! line)");
 }
 
 TEST_P(SupervisorTest, MissingWorkdirIs127WithMessageInLog) {
@@ -603,6 +629,106 @@ TEST_P(SupervisorTest, JobIdsThatCannotNameADirectoryAreRefused) {
   EXPECT_TRUE(sup_->ranks().empty());
 }
 
+// RankState::program_pid is the program's own pid, through the shim too, and an agent that re-adopts the rank
+// after a restart still knows it (the run record keeps it).
+TEST_P(SupervisorTest, ProgramPidIsTheProgramsOwnAndSurvivesARestart) {
+  fs::path pid_file = dir_ / "program.pid";
+  RankState state = mustStart(shell("j1", 0, "echo $$ > " + pid_file.string() + "; exec sleep 100"));
+  const pid_t program = waitForPidFile(pid_file);
+  ASSERT_GT(program, 0);
+  EXPECT_EQ(state.program_pid, program);
+  if (GetParam().shim) {
+    EXPECT_NE(state.program_pid, state.pid);  // the shim leads the group; the program is its child
+    EXPECT_EQ(getpgid(program), state.pid);
+  } else {
+    EXPECT_EQ(state.program_pid, state.pid);
+  }
+  ASSERT_EQ(sup_->ranks().size(), 1u);
+  EXPECT_EQ(sup_->ranks()[0].program_pid, program);
+
+  sup_.reset();
+  Recorder second;
+  Supervisor sup([&](const RankState& s) { second.record(s); }, options());
+  EXPECT_EQ(sup.recover(), std::vector<std::string>{});
+  ASSERT_EQ(sup.ranks().size(), 1u);
+  EXPECT_EQ(sup.ranks()[0].program_pid, program);
+  sup.stop("j1", 0, 5000);
+  auto exit = second.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->program_pid, program);
+  waitpid(state.pid, nullptr, 0);
+}
+
+// A run record written before program_pid existed is still adopted, with the program's pid unknown (0).
+TEST_P(SupervisorTest, RunRecordsWithoutProgramPidAreAdopted) {
+  fs::create_directories(dir_ / "state" / "j9" / "attempt-2");
+  // A pid that is gone: adopted and reported as exited at once.
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) _exit(0);
+  ASSERT_EQ(waitpid(pid, nullptr, 0), pid);
+  std::ofstream(dir_ / "state" / "j9" / "attempt-2" / "rank-0.run")
+      << "pid " << pid << " gpu 3 started_ms 1234\n";
+  EXPECT_EQ(sup_->recover(), std::vector<std::string>{});
+  auto exit = recorder_.waitFor("j9", 2, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->gpu, 3);
+  EXPECT_EQ(exit->program_pid, 0);
+}
+
+// SignalJob: the signal reaches the programs of that job's running ranks of that attempt (not the shim, and
+// not other jobs' or attempts' ranks), and each program decides what to do with it.
+TEST_P(SupervisorTest, SignalJobReachesOnlyThatJobsProgramsWhichDecide) {
+  // Each rank traps SIGUSR1: rank 0 writes a file and exits 7, rank 1 writes a file and goes on. `ready`
+  // says the trap is set. Every loop ends within 10 s, so a failed test leaves nothing running for long.
+  auto ranked = [&](const std::string& job, int attempt, int rank, const std::string& on_usr1) {
+    const fs::path base = dir_ / (job + "-" + std::to_string(attempt) + "-" + std::to_string(rank));
+    RankSpec spec = shell(job, rank,
+                          "trap '" + on_usr1 + "' USR1; echo $$ > " + base.string() +
+                              ".ready; i=0; while [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done");
+    spec.attempt = attempt;
+    return std::make_pair(spec, base);
+  };
+  auto [r0, base0] = ranked("j1", 1, 0, "echo got > " + (dir_ / "j1-1-0.got").string() + "; exit 7");
+  auto [r1, base1] = ranked("j1", 1, 1, "echo got > " + (dir_ / "j1-1-1.got").string());
+  auto [other_job, base2] = ranked("j2", 1, 0, "echo got > " + (dir_ / "j2-1-0.got").string() + "; exit 8");
+  auto [other_attempt, base3] =
+      ranked("j1", 2, 5, "echo got > " + (dir_ / "j1-2-5.got").string() + "; exit 9");
+  for (const RankSpec* spec : {&r0, &r1, &other_job, &other_attempt}) mustStart(*spec);
+  for (const fs::path& base : {base0, base1, base2, base3}) {
+    ASSERT_GT(waitForPidFile(base.string() + ".ready"), 0) << base;
+  }
+
+  EXPECT_EQ(sup_->signalJob("j1", 0, 0), 0);          // not a signal
+  EXPECT_EQ(sup_->signalJob("j1", 0, 65), 0);         // beyond SIGRTMAX
+  EXPECT_EQ(sup_->signalJob("nope", 0, SIGUSR1), 0);  // a job not held here
+  EXPECT_EQ(sup_->signalJob("j1", 3, SIGUSR1), 0);    // an attempt not held here
+  EXPECT_EQ(sup_->signalJob("j1", 1, SIGUSR1), 2);
+
+  auto exit = recorder_.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 7);  // the program's own decision, through the shim unchanged
+  EXPECT_EQ(exit->signal, std::nullopt);
+  EXPECT_FALSE(exit->stop_requested);
+  EXPECT_TRUE(waitUntil([&] { return readFile(dir_ / "j1-1-1.got") == "got\n"; }));
+  // Rank 1 caught it and goes on; the other job and the other attempt never saw it.
+  std::this_thread::sleep_for(milliseconds(200));
+  for (const RankState& s : sup_->ranks()) {
+    if (s.job_id == "j1" && s.attempt == 1 && s.rank == 0) continue;
+    EXPECT_TRUE(s.running) << s.job_id << " " << s.attempt << " " << s.rank;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "j2-1-0.got"));
+  EXPECT_FALSE(fs::exists(dir_ / "j1-2-5.got"));
+  EXPECT_EQ(recorder_.count(), 1u);
+
+  // Attempt 0 means every attempt of the job: rank 1 again, and attempt 2's rank, which exits 9.
+  EXPECT_EQ(sup_->signalJob("j1", 0, SIGUSR1), 2);
+  auto later = recorder_.waitFor("j1", 2, 5);
+  ASSERT_TRUE(later.has_value());
+  EXPECT_EQ(later->exit_code, 9);
+  EXPECT_FALSE(fs::exists(dir_ / "j2-1-0.got"));
+}
+
 TEST_P(SupervisorTest, AMissingShimIsExplained) {
   if (!GetParam().shim) GTEST_SKIP() << "only with the shim";
   Supervisor::Options broken = options();
@@ -614,6 +740,38 @@ TEST_P(SupervisorTest, AMissingShimIsExplained) {
   EXPECT_NE(error.find("cannot execute the rank shim"), std::string::npos) << error;
   EXPECT_EQ(state.exit_code, Supervisor::kExitCodeNotFound);
   ASSERT_TRUE(rec.waitFor("j1", 1, 0).has_value());
+}
+
+// The report pipe's records (launch_protocol.h): what an old and a new shim send, and what is refused.
+TEST(LaunchProtocol, ParseReport) {
+  using launch::Failure;
+  Failure failure{9, 9};
+  pid_t program_pid = 9;
+  EXPECT_TRUE(launch::parseReport("", 0, &failure, &program_pid));  // exec'd, pid not told (an older shim)
+  EXPECT_EQ(failure.stage, 0);
+  EXPECT_EQ(program_pid, 0);
+
+  const Failure started{launch::kStageStarted, 4242};
+  EXPECT_TRUE(launch::parseReport(&started, sizeof started, &failure, &program_pid));
+  EXPECT_EQ(failure.stage, 0);
+  EXPECT_EQ(program_pid, 4242);
+
+  const Failure exec{launch::kStageExec, ENOENT};
+  EXPECT_TRUE(launch::parseReport(&exec, sizeof exec, &failure, &program_pid));
+  EXPECT_EQ(failure.stage, launch::kStageExec);
+  EXPECT_EQ(failure.err, ENOENT);
+  EXPECT_EQ(program_pid, 0);
+
+  failure = Failure{1, 1};
+  program_pid = 1;
+  for (const Failure& bad : {Failure{launch::kStageStarted, 0}, Failure{launch::kStageStarted, -5},
+                             Failure{0, 0}, Failure{8, 1}, Failure{-1, 1}}) {
+    EXPECT_FALSE(launch::parseReport(&bad, sizeof bad, &failure, &program_pid))
+        << bad.stage << " " << bad.err;
+  }
+  EXPECT_FALSE(launch::parseReport(&exec, sizeof exec - 1, &failure, &program_pid));  // torn
+  EXPECT_EQ(failure.stage, 1);                                                        // untouched on refusal
+  EXPECT_EQ(program_pid, 1);
 }
 
 // Running ranks as the job's user. The accounts are real: a throwaway group and two users made with
