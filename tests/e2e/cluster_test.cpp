@@ -463,6 +463,59 @@ TEST_F(ClusterTest, CancelLeavesNoProcessOfTheJob) {
   EXPECT_TRUE(waitFor([&] { return !processWithMarker(marker); }, 15000)) << "ranks of the cancelled job survive";
 }
 
+// cancel --signal reaches the program itself (not its shim), which decides how it ends; each rank's result
+// (node, the program's own pid, exit code) stays with the job after it ends.
+TEST_F(ClusterTest, ASignalReachesTheProgramAndEveryRanksResultIsKept) {
+  const fs::path pid_file = dir_ / "program.pid";
+  std::string id = submit(1, 1, {"/bin/sh", "-c", "trap 'exit 7' USR1; echo $$ > " + pid_file.string() +
+                                                      "; for i in $(seq 600); do sleep 0.1; done"});
+  ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000));
+  ASSERT_TRUE(waitFor([&] { return fs::exists(pid_file) && fs::file_size(pid_file) > 0; }, 10000));
+  ddl::v1::CancelJobRequest req;
+  req.set_id(id);
+  req.set_signal(SIGUSR1);
+  ddl::v1::Job out;
+  grpc::ClientContext ctx;
+  authorize(&ctx);
+  grpc::Status st = user_->CancelJob(&ctx, req, &out);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(out.state(), ddl::v1::RUNNING);  // only signalled
+  ASSERT_TRUE(reaches(id, ddl::v1::FAILED, 15000)) << job(id).DebugString();
+  ASSERT_TRUE(waitFor([&] { return job(id).ranks_size() == 1 && job(id).ranks(0).has_exit_code(); }, 10000));
+  auto j = job(id);
+  EXPECT_EQ(j.failure().exit_code(), 7);
+  const auto& r = j.ranks(0);
+  EXPECT_EQ(r.exit_code(), 7);
+  EXPECT_EQ(r.node(), j.allocation(0).node());
+  EXPECT_EQ(std::to_string(r.program_pid()) + "\n", slurp(pid_file));
+  EXPECT_NE(r.pid(), r.program_pid());  // the pid is the shim's, the group leader
+  EXPECT_GT(r.exited_ms(), 0);
+}
+
+// --time: SIGTERM at the limit, the job ends TIMEOUT, and no process of it is left.
+TEST_F(ClusterTest, AJobPastItsTimeLimitEndsTimeoutWithNoProcessLeft) {
+  const std::string marker = "63." + std::to_string(getpid());
+  ddl::v1::SubmitRequest req;
+  req.mutable_spec()->set_nodes(1);
+  req.mutable_spec()->set_gpus_per_node(1);
+  req.mutable_spec()->set_time_limit_s(1);
+  req.mutable_spec()->add_command("/bin/sleep");
+  req.mutable_spec()->add_command(marker);
+  ddl::v1::SubmitResponse resp;
+  grpc::ClientContext ctx;
+  authorize(&ctx, root_token_);  // ranks run as the submitter
+  grpc::Status st = user_->Submit(&ctx, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  const std::string id = resp.job().id();
+  ASSERT_TRUE(reaches(id, ddl::v1::TIMEOUT, 30000)) << job(id).DebugString();
+  EXPECT_TRUE(waitFor([&] { return !processWithMarker(marker); }, 15000)) << "ranks of the timed-out job survive";
+  ASSERT_TRUE(waitFor([&] { return job(id).ranks_size() == 1 && job(id).ranks(0).has_signal(); }, 10000))
+      << job(id).DebugString();
+  EXPECT_EQ(job(id).ranks(0).signal(), SIGTERM);
+  const auto j = job(id);
+  EXPECT_GE(j.end_ms() - j.start_ms(), 1000);
+}
+
 TEST_F(ClusterTest, GangJobWaitsForGpusThenRuns) {
   std::string first = submit(2, 2, {"/bin/sleep", "2"});
   ASSERT_TRUE(reaches(first, ddl::v1::RUNNING, 30000));
