@@ -65,6 +65,7 @@ void redactFor(const Identity& who, v1::Job* job) {
   job->mutable_spec()->clear_command();
   job->mutable_spec()->clear_env();
   job->mutable_spec()->clear_workdir();
+  for (auto& rank : *job->mutable_ranks()) rank.clear_error();  // names the program and its paths
 }
 
 }  // namespace ddl::coordinator::access

@@ -67,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t len = std::min<size_t>(data[pos + 1], size - pos - 2);
     const std::string payload(reinterpret_cast<const char*>(data + pos + 2), len);
     pos += 2 + len;
-    switch (op % 14) {
+    switch (op % 18) {
       case 0: {
         v1::JobSpec spec;
         if (parse(payload, &spec)) (void)c.submit(spec);
@@ -122,6 +122,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 13:
         (void)coordinator::http::handleRequest(c, "GET", "/api/v1/jobs?" + payload);
+        break;
+      case 14: {
+        v1::SubmitRequest req;
+        // Arrays of at most "0-99" (100 jobs): the one coordinator lives for the whole run.
+        if (parse(payload, &req) && req.array().size() <= 4) (void)c.submit(req);
+        break;
+      }
+      case 15:
+        (void)c.hold(payload, len % 2 == 0);
+        break;
+      case 16:
+        (void)c.requeue(payload);
+        break;
+      case 17:
+        (void)c.cancel(payload, static_cast<int>(len % 70));
         break;
     }
   }
