@@ -1030,6 +1030,8 @@ Environment:
   DDL_TOKEN        your token when --token-file is not given (else read from $DDL_TOKEN_FILE or
                    ~/.config/ddl/token)
 
+Job ids may be short: 5, 000005 and j-5 all mean j-000005.
+
 Output: text for people; -o json prints exactly one JSON document on stdout (proto field names).)";
 
 // Everything the command line said; CLI11 fills it while parsing.
@@ -1096,10 +1098,13 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   app.add_flag("--insecure", cl.insecure, "plaintext, for a coordinator run with --insecure on loopback");
 
   SubmitArgs& s = cl.submit;
-  CLI::App* submit = app.add_subcommand("submit", "submit a job: ddlctl submit [options] -- COMMAND ARGS...");
+  CLI::App* submit = app.add_subcommand(
+      "submit", "submit a job: ddlctl submit [options] -- COMMAND ARGS..., or ddlctl submit [options] SCRIPT ARGS...");
   submit->footer(
       "Say how many GPUs: --gpus T (a total, placed on as few nodes as possible) or --nodes N with\n"
-      "--gpus-per-node G (G defaults to 1). Prints the job id (or the Job as JSON).");
+      "--gpus-per-node G (G defaults to 1). Prints the job id (or the Job as JSON).\n"
+      "SCRIPT (no --): a file starting with #! whose '#DDL --flag value' lines, before its first command,\n"
+      "are submit options (the command line's win); the job runs SCRIPT by its absolute path with ARGS.");
   // A flag given twice takes its last value, so a script's #DDL line can be overridden on the command line.
   submit->add_option("--name", s.name, "job name (default: the command's basename)")->take_last();
   // Functions, not plain ints: "given" must be told apart from any value, 0 included.

@@ -1,5 +1,6 @@
 // ddlctl: the user CLI of ddl. One command line becomes one UserService RPC to the coordinator (list: one per
-// page, logs: one per piece), and the answer becomes a table, a detail view or one JSON document on stdout.
+// page, logs: one per piece; cancel, hold, release, requeue: one per job; wait, submit --wait and logs -f poll
+// until the job ends), and the answer becomes a table, a detail view or one JSON document on stdout.
 // Every string from the server is escaped for the terminal before it is printed as text.
 //
 // ddlctl keeps no state: the coordinator is the only source of truth, and it re-validates every request. The
@@ -9,8 +10,9 @@
 //
 // Exit statuses are an interface scripts rely on; they are listed in `ddlctl --help` and the user guide.
 //
-// Threads: runDdlctl() blocks its calling thread for at most one RPC deadline; nothing here is shared, so
-// several threads may call it at once.
+// Threads: runDdlctl() blocks its calling thread for one RPC deadline per request it makes; the verbs that wait
+// (wait, submit --wait, logs -f) poll until the job ends or --wait-timeout (at most a year). Nothing here is
+// shared, so several threads may call it at once.
 #pragma once
 
 #include <grpcpp/support/status.h>
