@@ -14,6 +14,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <deque>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -28,6 +29,7 @@
 #include "common/clock.h"
 #include "common/host_port.h"
 #include "common/pki.h"
+#include "common/version.h"
 #include "ddl/messages.h"
 #include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
@@ -68,7 +70,6 @@ std::string formatSeconds(double s) {
 
 std::string stateName(v1::JobState s) { return v1::JobState_Name(s); }
 
-bool isFinal(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
 
 int requestedGpus(const v1::JobSpec& spec) {
   return spec.nodes() > 0 || spec.gpus_per_node() > 0 ? spec.nodes() * spec.gpus_per_node()
@@ -205,6 +206,266 @@ Parsed<std::vector<v1::JobState>> parseStates(const std::vector<std::string>& ar
   return {states, ""};
 }
 
+bool isFinalState(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED || s == v1::TIMEOUT;
+}
+
+std::string normalizeJobId(std::string_view id) {
+  std::string_view digits = id.substr(0, 2) == "j-" ? id.substr(2) : id;
+  if (!isDigits(digits) || digits.size() > 18) return std::string(id);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "j-%06lld", std::stoll(std::string(digits)));
+  return buf;
+}
+
+std::optional<int> jobExitCode(const v1::Job& job) {
+  switch (job.state()) {
+    case v1::SUCCEEDED:
+      return kExitOk;
+    case v1::CANCELLED:
+      return kExitJobCancelled;
+    case v1::TIMEOUT:
+      return kExitJobTimeout;
+    case v1::FAILED: {
+      const v1::Failure& f = job.failure();
+      if (f.has_signal() && f.signal() > 0) return std::min(128 + f.signal(), 255);
+      if (f.has_exit_code() && f.exit_code() > 0 && f.exit_code() <= 255) return f.exit_code();
+      return 1;
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+int worstJobExit(const std::vector<v1::Job>& jobs) {
+  // Severity: SUCCEEDED 0, CANCELLED 1, TIMEOUT 2, FAILED 3, live 4; the first job of the worst kind decides.
+  auto severity = [](const v1::Job& j) {
+    switch (j.state()) {
+      case v1::SUCCEEDED: return 0;
+      case v1::CANCELLED: return 1;
+      case v1::TIMEOUT: return 2;
+      case v1::FAILED: return 3;
+      default: return 4;
+    }
+  };
+  int worst = -1, code = kExitOk;
+  for (const v1::Job& j : jobs) {
+    if (severity(j) > worst) {
+      worst = severity(j);
+      code = jobExitCode(j).value_or(kExitWaitTimeout);
+    }
+  }
+  return code;
+}
+
+Parsed<int> parseTimeLimit(std::string_view text) {
+  const std::string t = trim(text);
+  auto fail = [&](const std::string& why) {
+    return Parsed<int>{std::nullopt, "--time '" + escapeForTerminal(text) + "' " + why};
+  };
+  const std::string forms =
+      "is not a time limit: give MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or a number with a unit "
+      "(90s, 30m, 2h, 1d)";
+  constexpr int64_t kMaxS = 365LL * 86400;
+  int64_t seconds = 0;
+  if (t.size() >= 2 && t.size() <= 10 && isDigits(std::string_view(t).substr(0, t.size() - 1)) &&
+      std::string_view("smhd").find(t.back()) != std::string_view::npos) {
+    const int64_t n = std::stoll(t.substr(0, t.size() - 1));
+    const int64_t unit = t.back() == 's' ? 1 : t.back() == 'm' ? 60 : t.back() == 'h' ? 3600 : 86400;
+    seconds = n * unit;  // at most 9 digits times 86400: no overflow
+  } else {
+    // Slurm: "D-" then HH[:MM[:SS]]; without a day, MM, MM:SS or HH:MM:SS.
+    std::string rest = t;
+    int64_t days = -1;
+    if (size_t dash = t.find('-'); dash != std::string::npos) {
+      if (!isDigits(std::string_view(t).substr(0, dash)) || dash > 4) return fail(forms);
+      days = std::stoll(t.substr(0, dash));
+      rest = t.substr(dash + 1);
+    }
+    std::vector<int64_t> parts;
+    std::istringstream in(rest);
+    std::string piece;
+    while (std::getline(in, piece, ':')) {
+      if (!isDigits(piece) || piece.size() > 6) return fail(forms);
+      parts.push_back(std::stoll(piece));
+    }
+    if (parts.empty() || parts.size() > 3 || rest.back() == ':') return fail(forms);
+    if (days >= 0) {  // D-HH, D-HH:MM, D-HH:MM:SS
+      seconds = days * 86400 + parts[0] * 3600 + (parts.size() > 1 ? parts[1] * 60 : 0) +
+                (parts.size() > 2 ? parts[2] : 0);
+    } else if (parts.size() == 1) {  // MM
+      seconds = parts[0] * 60;
+    } else if (parts.size() == 2) {  // MM:SS
+      seconds = parts[0] * 60 + parts[1];
+    } else {  // HH:MM:SS
+      seconds = parts[0] * 3600 + parts[1] * 60 + parts[2];
+    }
+  }
+  if (seconds <= 0) return fail("is no time at all; give a limit of at least 1 second");
+  if (seconds > kMaxS) return fail("is longer than 365 days");
+  return {static_cast<int>(seconds), ""};
+}
+
+Parsed<int> checkArraySpec(std::string_view spec) {
+  auto fail = [&](const std::string& why) {
+    return Parsed<int>{std::nullopt, "--array '" + escapeForTerminal(spec) + "': " + why +
+                                         " (forms: 0-15, 1,3,5, 0-15:4, each optionally with %N, e.g. 0-15%4)"};
+  };
+  constexpr int64_t kMaxIndex = 1'000'000, kMaxJobs = 10'000;
+  std::string body(spec);
+  if (size_t pct = body.find('%'); pct != std::string::npos) {
+    const std::string limit = body.substr(pct + 1);
+    if (!isDigits(limit) || limit.size() > 6 || std::stoll(limit) < 1)
+      return fail("%N must be a number of at least 1");
+    body.resize(pct);
+  }
+  if (body.empty()) return fail("no indices");
+  int64_t jobs = 0;
+  std::istringstream in(body);
+  std::string item;
+  int items = 0;
+  while (std::getline(in, item, ',')) {
+    if (++items > kMaxJobs) return fail("more than 10000 jobs");
+    std::string range = item;
+    int64_t step = 1;
+    if (size_t colon = item.find(':'); colon != std::string::npos) {
+      const std::string s = item.substr(colon + 1);
+      if (!isDigits(s) || s.size() > 7 || std::stoll(s) < 1) return fail("the step in '" + item + "' must be at least 1");
+      step = std::stoll(s);
+      range = item.substr(0, colon);
+    }
+    size_t dash = range.find('-');
+    const std::string first = range.substr(0, dash);
+    const std::string last = dash == std::string::npos ? first : range.substr(dash + 1);
+    if (!isDigits(first) || !isDigits(last) || first.size() > 7 || last.size() > 7)
+      return fail("'" + item + "' is not an index or a range A-B");
+    if (dash == std::string::npos && step != 1) return fail("a step needs a range, as in 0-15:4");
+    const int64_t a = std::stoll(first), b = std::stoll(last);
+    if (b > kMaxIndex) return fail("indices go up to 1000000");
+    if (a > b) return fail("'" + item + "' runs backwards");
+    jobs += (b - a) / step + 1;
+    if (jobs > kMaxJobs) return fail("more than 10000 jobs");
+  }
+  if (items == 0 || body.back() == ',') return fail("an empty item");
+  return {static_cast<int>(jobs), ""};
+}
+
+namespace {
+// Variables --export ALL leaves out: ddlctl's credentials, and what the rank environment sets itself
+// (common/rank_env.h), which a copy of the submitter's shell (say, inside another job) would clobber.
+bool neverExported(std::string_view name) {
+  static const char* const kNames[] = {"DDL_TOKEN", "DDL_TOKEN_FILE", "CUDA_VISIBLE_DEVICES", "RANK",
+                                       "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                       "MASTER_PORT"};
+  if (name.substr(0, 4) == "DDL_") return true;
+  return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
+}
+bool isCredential(std::string_view name) { return name == "DDL_TOKEN" || name == "DDL_TOKEN_FILE"; }
+bool isEnvName(std::string_view name) {
+  return !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+         std::all_of(name.begin(), name.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+}  // namespace
+
+Parsed<std::vector<std::string>> exportedEnv(std::string_view spec, const std::vector<std::string>& environ) {
+  auto fail = [&](const std::string& why) {
+    return Parsed<std::vector<std::string>>{std::nullopt, "--export '" + escapeForTerminal(spec) + "': " + why};
+  };
+  const std::string all = upper(trim(spec));
+  if (all == "NONE" || all.empty()) return {std::vector<std::string>{}, ""};
+  std::vector<std::string> out;
+  std::istringstream in{std::string(spec)};
+  std::string item;
+  for (int items = 0; std::getline(in, item, ','); ++items) {
+    item = trim(item);
+    if (items >= 10000) return fail("too many items");
+    if (item.empty()) continue;
+    if (upper(item) == "ALL") {
+      for (const std::string& e : environ) {
+        auto kv = splitKeyValue(e);
+        if (kv && isEnvName(kv->first) && !neverExported(kv->first)) out.push_back(e);
+      }
+      continue;
+    }
+    if (upper(item) == "NONE") return fail("NONE cannot be combined with other items");
+    auto kv = splitKeyValue(item);
+    const std::string name = kv ? kv->first : item;
+    if (!isEnvName(name)) return fail("'" + escapeForTerminal(name) + "' is not a variable name");
+    if (isCredential(name)) return fail(name + " is a credential and is never exported");
+    if (kv) {
+      out.push_back(item);
+      continue;
+    }
+    auto found = std::find_if(environ.begin(), environ.end(),
+                              [&](const std::string& e) { return e.rfind(name + "=", 0) == 0; });
+    if (found == environ.end()) return fail(name + " is not set in your environment");
+    out.push_back(*found);
+  }
+  // One entry per name, the last given winning ("ALL,PATH=/x" sends PATH=/x).
+  std::vector<std::string> unique;
+  std::map<std::string, size_t> at;
+  for (const std::string& e : out) {
+    const std::string name = e.substr(0, e.find('='));
+    if (auto it = at.find(name); it != at.end()) {
+      unique[it->second] = e;
+    } else {
+      at[name] = unique.size();
+      unique.push_back(e);
+    }
+  }
+  return {unique, ""};
+}
+
+Parsed<std::vector<Directive>> parseScriptDirectives(std::string_view script) {
+  std::vector<Directive> out;
+  size_t pos = script.find('\n');  // the first line is the #! line
+  for (int line = 2; pos != std::string_view::npos && line <= 100000; ++line) {
+    const size_t start = pos + 1;
+    pos = script.find('\n', start);
+    const std::string text = trim(script.substr(start, pos == std::string_view::npos ? std::string_view::npos
+                                                                                      : pos - start));
+    if (text.empty()) continue;
+    if (text[0] != '#') break;  // the first command: directives end
+    if (text.rfind("#DDL", 0) != 0 || (text.size() > 4 && text[4] != ' ' && text[4] != '\t')) continue;
+    Directive d{line, {}};
+    std::string word;
+    bool inWord = false;
+    char quote = 0;
+    for (size_t i = 4; i < text.size(); ++i) {
+      const char c = text[i];
+      if (quote == '\'') {
+        if (c == '\'') quote = 0; else word += c;
+      } else if (quote == '"') {
+        if (c == '"') quote = 0;
+        else if (c == '\\' && i + 1 < text.size() && std::string_view("\\\"$`").find(text[i + 1]) != std::string_view::npos) word += text[++i];
+        else word += c;
+      } else if (c == '\'' || c == '"') {
+        quote = c;
+        inWord = true;
+      } else if (c == '\\' && i + 1 < text.size()) {
+        word += text[++i];
+        inWord = true;
+      } else if (c == ' ' || c == '\t') {
+        if (inWord) d.args.push_back(word);
+        word.clear();
+        inWord = false;
+      } else if (c == '#' && !inWord) {
+        break;  // a comment after the directive
+      } else {
+        word += c;
+        inWord = true;
+      }
+    }
+    if (quote != 0) {
+      return {std::nullopt, "line " + std::to_string(line) + ": unterminated " + std::string(1, quote) + " quote"};
+    }
+    if (inWord) d.args.push_back(word);
+    if (!d.args.empty()) out.push_back(std::move(d));
+  }
+  return {out, ""};
+}
+
 Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
   auto fail = [](std::string why) { return Parsed<v1::JobSpec>{std::nullopt, std::move(why)}; };
   if (args.command.empty()) {
@@ -233,10 +494,40 @@ Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
   }
 
   v1::JobSpec spec;
+  Parsed<std::vector<std::string>> exported = exportedEnv(args.exportSpec, args.environ);
+  if (!exported.ok()) return fail(exported.error);
+  std::vector<std::string> explicitNames;
   for (const std::string& e : args.env) {
-    if (!splitKeyValue(e)) return fail("--env '" + e + "' is not KEY=VALUE");
-    spec.add_env(e);
+    auto kv = splitKeyValue(e);
+    if (!kv) return fail("--env '" + e + "' is not KEY=VALUE");
+    explicitNames.push_back(kv->first);
   }
+  for (const std::string& e : *exported.value) {  // --env wins over an exported value
+    const std::string name = e.substr(0, e.find('='));
+    if (std::find(explicitNames.begin(), explicitNames.end(), name) == explicitNames.end()) spec.add_env(e);
+  }
+  for (const std::string& e : args.env) spec.add_env(e);
+  if (!args.timeLimit.empty()) {
+    Parsed<int> limit = parseTimeLimit(args.timeLimit);
+    if (!limit.ok()) return fail(limit.error);
+    spec.set_time_limit_s(*limit.value);
+  }
+  for (auto [flag, given, field] :
+       {std::tuple{"--after-ok", &args.afterOk, spec.mutable_after_ok()},
+        std::tuple{"--after-any", &args.afterAny, spec.mutable_after_any()}}) {
+    for (const std::string& arg : *given) {
+      std::istringstream in(arg);
+      std::string piece;
+      while (std::getline(in, piece, ',')) {
+        piece = trim(piece);
+        if (piece.empty()) continue;
+        if (field->size() >= 1000) return fail(std::string(flag) + ": more than 1000 jobs");
+        *field->Add() = normalizeJobId(piece);
+      }
+    }
+    if (!given->empty() && field->empty()) return fail(std::string(flag) + " needs a job id");
+  }
+  spec.set_hold(args.hold);
   for (const std::string& l : args.labels) {
     auto kv = splitKeyValue(l);
     if (!kv) return fail("--label '" + l + "' is not KEY=VALUE");
@@ -255,7 +546,10 @@ Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
   spec.set_topology(args.topology);
   spec.set_priority(args.priority);
   spec.set_max_restarts(args.maxRestarts);
-  spec.set_workdir(args.workdir);
+  std::filesystem::path workdir = args.workdir.empty() ? std::filesystem::path(args.cwd)
+                                                         : std::filesystem::path(args.workdir);
+  if (workdir.is_relative() && !args.cwd.empty()) workdir = std::filesystem::path(args.cwd) / workdir;
+  spec.set_workdir(workdir.empty() ? "" : workdir.lexically_normal().string());
   for (const std::string& c : args.command) spec.add_command(c);
   return {spec, ""};
 }
@@ -530,9 +824,24 @@ std::string nodeListOrReason(const v1::Job& job) {
 }
 
 namespace {
+// TIME: how long the latest attempt has run (until the end, for a finished job); "-" if it never started.
+std::string runTime(const v1::Job& job, int64_t nowMs) {
+  if (job.start_ms() <= 0) return "-";
+  return formatDuration((job.end_ms() > 0 ? job.end_ms() : nowMs) - job.start_ms());
+}
+// START: when the latest attempt started RUNNING, local time to the second ("2026-11-24T10:00:05"); "-".
+std::string startTime(const v1::Job& job) {
+  if (job.start_ms() <= 0) return "-";
+  std::string t = formatLocalTime(job.start_ms()).substr(0, 19);
+  t[10] = 'T';
+  return t;
+}
+
 std::vector<std::vector<std::string>> jobRows(const v1::ListJobsResponse& jobs, int64_t nowMs, bool header) {
   std::vector<std::vector<std::string>> rows;
-  if (header) rows.push_back({"ID", "NAME", "USER", "STATE", "AGE", "NODES", "GPUS", "NODELIST(REASON)"});
+  if (header) {
+    rows.push_back({"ID", "NAME", "USER", "STATE", "AGE", "TIME", "START", "NODES", "GPUS", "NODELIST(REASON)"});
+  }
   for (const v1::Job& j : jobs.jobs()) {
     std::string nodes = j.allocation_size() > 0 ? std::to_string(j.allocation_size())
                         : j.spec().nodes() > 0  ? std::to_string(j.spec().nodes())
@@ -540,7 +849,8 @@ std::vector<std::vector<std::string>> jobRows(const v1::ListJobsResponse& jobs, 
     int gpus = j.gpus() > 0 ? j.gpus() : requestedGpus(j.spec());
     rows.push_back({cell(j.id(), kMaxNameColumn), cell(j.spec().name(), kMaxNameColumn),
                     cell(j.spec().user(), kMaxNameColumn), stateName(j.state()),
-                    formatAge(nowMs - j.submit_ms()), nodes, gpus > 0 ? std::to_string(gpus) : "-",
+                    formatAge(nowMs - j.submit_ms()), runTime(j, nowMs), startTime(j), nodes,
+                    gpus > 0 ? std::to_string(gpus) : "-",
                     cell(nodeListOrReason(j), kMaxWideColumn)});
   }
   return rows;
@@ -565,8 +875,12 @@ std::string nodeState(const v1::Node& n) {
 }  // namespace
 
 std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
+  // REASON (the operator's words with a drain) only when some node has one.
+  const bool reasons = std::any_of(nodes.nodes().begin(), nodes.nodes().end(),
+                                   [](const v1::Node& n) { return !n.drain_reason().empty(); });
   std::vector<std::vector<std::string>> rows = {
       {"NAME", "STATE", "GPUS", "ADDRESS", "LABELS", "HEARTBEAT", "JOBS"}};
+  if (reasons) rows[0].push_back("REASON");
   for (const v1::Node& n : nodes.nodes()) {
     std::string labels = formatLabels(n.labels());
     std::vector<std::string> jobs(n.jobs().begin(), n.jobs().end());
@@ -576,6 +890,7 @@ std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
                     labels.empty() ? "-" : cell(labels, kMaxWideColumn),
                     n.last_heartbeat_ms() > 0 ? formatAge(nowMs - n.last_heartbeat_ms()) : "never",
                     jobs.empty() ? "-" : cell(join(jobs, ","), kMaxWideColumn)});
+    if (reasons) rows.back().push_back(n.drain_reason().empty() ? "-" : cell(n.drain_reason(), kMaxWideColumn));
   }
   return renderTable(rows);
 }
@@ -596,6 +911,16 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   if (!spec.required_labels().empty()) add("Labels", formatLabels(spec.required_labels()));
   if (!spec.env().empty()) add("Env", shellJoin({spec.env().begin(), spec.env().end()}));
   add("Priority", std::to_string(spec.priority()));
+  if (job.held()) add("Held", "yes (ddlctl release " + job.id() + ")");
+  if (spec.time_limit_s() > 0) add("Time limit", formatDuration(int64_t{spec.time_limit_s()} * 1000));
+  if (!spec.after_ok().empty()) add("After OK", join({spec.after_ok().begin(), spec.after_ok().end()}, ","));
+  if (!spec.after_any().empty()) add("After any", join({spec.after_any().begin(), spec.after_any().end()}, ","));
+  if (!spec.array_id().empty()) {
+    add("Array", spec.array_id() + " index " + std::to_string(spec.array_index()) +
+                     (spec.array_max_running() > 0
+                          ? " (at most " + std::to_string(spec.array_max_running()) + " running)"
+                          : ""));
+  }
   std::string topology = !job.topology().empty()    ? job.topology()
                          : !spec.topology().empty() ? spec.topology() + " (requested)"
                                                     : "-";
@@ -605,6 +930,8 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   if (!job.reason().empty()) add("Reason", job.reason());
   if (job.has_failure()) add("Failure", describeFailure(job.failure()));
   add("Submitted", formatLocalTime(job.submit_ms()) + " (" + formatAge(nowMs - job.submit_ms()) + " ago)");
+  if (job.start_ms() > 0) add("Started", formatLocalTime(job.start_ms()));
+  if (job.end_ms() > 0) add("Ended", formatLocalTime(job.end_ms()));
 
   // Time in each state, replayed from the transitions; a live job's current state runs until now.
   std::map<v1::JobState, int64_t> spent;
@@ -615,7 +942,7 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
     current = t.to();
     since = t.at_ms();
   }
-  if (!isFinal(current)) spent[current] += nowMs - since;
+  if (!isFinalState(current)) spent[current] += nowMs - since;
   add("Queued", formatDuration(spent[v1::PENDING]));
   add("Running", formatDuration(spent[v1::RUNNING]));
   std::string out = renderTable(rows);
@@ -623,11 +950,22 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   if (job.ranks_size() > 0) {
     // What libddl last reported per rank; the slowest last collective is marked, it sets everyone's pace.
     const int slowest = slowestRank(job);
-    std::vector<std::vector<std::string>> ranks = {
-        {"  RANK", "STATE", "PID", "COLLECTIVES", "LAST", "BUSBW(GB/s)", "DIMS(us)", ""}};
+    // PID is the program's own when the agent knows it (else its ddl-rank-shim's); EXIT is the exit code or
+    // the signal of an ended rank.
+    std::vector<std::vector<std::string>> ranks = {{"  RANK", "NODE", "STATE", "PID", "EXIT", "START", "END",
+                                                    "COLLECTIVES", "LAST", "BUSBW(GB/s)", "DIMS(us)", ""}};
+    auto clock = [](int64_t ms) { return ms > 0 ? formatLocalTime(ms).substr(11, 8) : std::string("-"); };
     for (const v1::RankStatus& r : job.ranks()) {
-      std::vector<std::string> row = {"  " + std::to_string(r.rank()), v1::RankStatus::State_Name(r.state()),
-                                      std::to_string(r.pid())};
+      std::string exit = r.has_signal()      ? signalName(r.signal())
+                         : r.has_exit_code() ? std::to_string(r.exit_code())
+                                             : "-";
+      std::vector<std::string> row = {"  " + std::to_string(r.rank()),
+                                      r.node().empty() ? "-" : cell(r.node(), kMaxNameColumn),
+                                      v1::RankStatus::State_Name(r.state()),
+                                      std::to_string(r.program_pid() > 0 ? r.program_pid() : r.pid()),
+                                      exit,
+                                      clock(r.started_ms()),
+                                      clock(r.exited_ms())};
       if (r.has_progress()) {
         const v1::RankProgress& p = r.progress();
         std::vector<std::string> dims;
@@ -677,6 +1015,13 @@ constexpr const char* kFooter = R"(Exit status:
      TLS handshake)
   4  not authenticated: no token, or a token the coordinator does not know
   5  permission denied: another user's job, or a verb for admins
+ wait, submit --wait and logs -f exit with the job's result once it ended (the worst of several jobs):
+  0  SUCCEEDED
+  N  FAILED: the first failing rank's exit code N, or 128+S when signal S killed it (1 when unknown)
+  6  CANCELLED
+  7  TIMEOUT: the job ran past its --time limit
+  8  --wait-timeout passed while a job was still live
+ (a job's own exit code may be any number; `ddlctl status JOB` tells them apart)
 
 Environment:
   DDL_COORDINATOR  HOST:PORT of the coordinator when --coordinator is not given (default 127.0.0.1:7070)
@@ -684,6 +1029,8 @@ Environment:
                    exists, else /etc/ddl/pki/ca.crt)
   DDL_TOKEN        your token when --token-file is not given (else read from $DDL_TOKEN_FILE or
                    ~/.config/ddl/token)
+
+Job ids may be short: 5, 000005 and j-5 all mean j-000005.
 
 Output: text for people; -o json prints exactly one JSON document on stdout (proto field names).)";
 
@@ -703,7 +1050,6 @@ struct CommandLine {
   double timeoutS = kDefaultTimeoutS;
   std::string verb;
   SubmitArgs submit;
-  std::vector<std::string> stray;  // submit: words given without "--" before them
   std::vector<std::string> states;
   std::string user;
   bool all = false;
@@ -716,6 +1062,14 @@ struct CommandLine {
   std::optional<int> rank;  // logs: one rank only
   int attempt = 0;          // logs: 0 = the latest launch
   bool follow = false;      // logs -f
+  std::optional<int> tail;  // logs --tail N
+  bool timestamps = false;  // logs --timestamps
+  std::vector<std::string> targets;  // wait, cancel, hold, release, requeue: JOB...
+  bool wait = false;                 // submit --wait
+  double waitTimeoutS = 0;           // --wait-timeout; 0 = until the job ends
+  std::string array;                 // submit --array
+  std::string signal;                // cancel --signal, as given
+  std::string reason;                // drain --reason
 };
 
 void declareCommandLine(CLI::App& app, CommandLine& cl) {
@@ -744,38 +1098,74 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   app.add_flag("--insecure", cl.insecure, "plaintext, for a coordinator run with --insecure on loopback");
 
   SubmitArgs& s = cl.submit;
-  CLI::App* submit = app.add_subcommand("submit", "submit a job: ddlctl submit [options] -- COMMAND ARGS...");
+  CLI::App* submit = app.add_subcommand(
+      "submit", "submit a job: ddlctl submit [options] -- COMMAND ARGS..., or ddlctl submit [options] SCRIPT ARGS...");
   submit->footer(
       "Say how many GPUs: --gpus T (a total, placed on as few nodes as possible) or --nodes N with\n"
-      "--gpus-per-node G (G defaults to 1). Prints the job id (or the Job as JSON).");
-  submit->add_option("--name", s.name, "job name (default: the command's basename)");
+      "--gpus-per-node G (G defaults to 1). Prints the job id (or the Job as JSON).\n"
+      "SCRIPT (no --): a file starting with #! whose '#DDL --flag value' lines, before its first command,\n"
+      "are submit options (the command line's win); the job runs SCRIPT by its absolute path with ARGS.");
+  // A flag given twice takes its last value, so a script's #DDL line can be overridden on the command line.
+  submit->add_option("--name", s.name, "job name (default: the command's basename)")->take_last();
   // Functions, not plain ints: "given" must be told apart from any value, 0 included.
   submit
       ->add_option_function<int>(
           "--nodes", [&s](const int& n) { s.nodes = n; }, "number of nodes")
-      ->type_name("N");
+      ->type_name("N")
+      ->take_last();
   submit
       ->add_option_function<int>(
           "--gpus-per-node", [&s](const int& g) { s.gpusPerNode = g; }, "GPUs on each node (default 1)")
-      ->type_name("G");
+      ->type_name("G")
+      ->take_last();
   submit
       ->add_option_function<int>(
           "--gpus", [&s](const int& t) { s.gpus = t; }, "total GPUs, on any nodes")
-      ->type_name("T");
-  submit->add_option("--topology", s.topology, "ring dims override, e.g. 4x2");
-  submit->add_option("--priority", s.priority, "higher runs first (default 0)");
-  submit->add_option("--max-restarts", s.maxRestarts, "requeue after a failure up to R times (default 0)");
+      ->type_name("T")
+      ->take_last();
+  submit->add_option("--topology", s.topology, "ring dims override, e.g. 4x2")->take_last();
+  submit->add_option("--priority", s.priority, "higher runs first (default 0)")->take_last();
+  submit->add_option("--max-restarts", s.maxRestarts, "requeue after a failure up to R times (default 0)")
+      ->take_last();
   // One value per flag (allow_extra_args(false)): a vector option would otherwise swallow the words after it.
-  submit->add_option("--env", s.env, "KEY=VALUE for every rank (repeatable)")
+  submit->add_option("--env", s.env, "KEY=VALUE for every rank (repeatable; several after one --env)")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
   submit->add_option("--label", s.labels, "KEY=VALUE a node must carry (repeatable)")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
-  submit->add_option("--workdir", s.workdir, "working directory of the ranks (default: here)");
-  // The command really arrives through the split at "--" in runDdlctl(); this positional documents it and
-  // catches words given without "--", to say where they belong.
-  submit->add_option("COMMAND", cl.stray, "the job's command and its arguments, after --");
+  submit->add_option("--workdir", s.workdir,
+                     "working directory of the ranks (default: here; a relative one is taken from here)")
+      ->take_last();
+  submit->add_option("--time", s.timeLimit,
+                     "time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or 90s, 30m, 2h, 1d; the job "
+                     "is stopped and ends TIMEOUT past it")
+      ->type_name("LIMIT")
+      ->take_last();
+  submit->add_option("--after-ok", s.afterOk, "start only after JOB succeeded (repeatable, comma-separated)")
+      ->type_name("JOB")
+      ->allow_extra_args(false);
+  submit->add_option("--after-any", s.afterAny, "start only after JOB ended, however (repeatable, comma-separated)")
+      ->type_name("JOB")
+      ->allow_extra_args(false);
+  submit->add_option("--array", cl.array,
+                     "a job array, one job per index (DDL_ARRAY_INDEX): 0-15, 1,3,5, 0-15:4; %N runs at most N "
+                     "at once (0-15%4); at most 10000 jobs")
+      ->type_name("SPEC")
+      ->take_last();
+  submit->add_flag("--hold", s.hold, "submit held: the job waits until 'ddlctl release'");
+  submit->add_option("--export", s.exportSpec,
+                     "environment sent to the ranks besides --env: NONE (default), ALL (yours, but DDL_* "
+                     "variables, credentials and what ddl sets itself), or VAR[,VAR=value...]")
+      ->type_name("WHAT")
+      ->take_last();
+  submit->add_flag("--wait", cl.wait, "wait until the job ended and exit with its result (see Exit status)");
+  submit->add_option("--wait-timeout", cl.waitTimeoutS, "with --wait: give up after SECONDS (exit 8)")
+      ->type_name("SECONDS")
+      ->check(CLI::NonNegativeNumber)
+      ->take_last();
+  // The command arrives through the split at "--" in runDdlctl(), or as a script: the first word that is not
+  // a flag or a flag's value ends submit's flags (expandEnvValues() splits there, before CLI11 parses).
 
   CLI::App* list = app.add_subcommand("list", "list jobs (default: PENDING, SCHEDULED, STARTING, RUNNING)");
   CLI::Option* state =
@@ -797,26 +1187,64 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
       ->type_name("N")
       ->check(CLI::Range(1, 5000));
 
+  const std::string jobHelp = "job id (j-000005, or just 5)";
   app.add_subcommand("status", "one job in detail, with its transitions")
-      ->add_option("JOB", cl.target, "job id")
+      ->add_option("JOB", cl.target, jobHelp)
       ->required();
-  app.add_subcommand("cancel", "cancel a job")->add_option("JOB", cl.target, "job id")->required();
+  CLI::App* cancel = app.add_subcommand(
+      "cancel", "cancel jobs: by id, or every live job matching --user/--state/--name; --signal only signals");
+  cancel->add_option("JOB", cl.targets, jobHelp + " (several allowed)");
+  cancel->add_option("--user", cl.user, "every live job of this user");
+  cancel->add_option("--state", cl.states, "only jobs in these states (default: every live state)")
+      ->type_name("STATE")
+      ->allow_extra_args(false);
+  cancel->add_option("--name", cl.name, "only jobs with exactly this name");
+  cancel->add_option("--signal", cl.signal,
+                     "send this signal (USR1, SIGUSR1 or a number) to the job's running ranks instead; the job "
+                     "goes on")
+      ->type_name("SIG");
+  CLI::App* wait = app.add_subcommand("wait", "wait until the jobs ended; exit with their result (see Exit status)");
+  wait->add_option("JOB", cl.targets, jobHelp + " (several allowed)")->required();
+  wait->add_option("--wait-timeout", cl.waitTimeoutS, "give up after SECONDS (exit 8)")
+      ->type_name("SECONDS")
+      ->check(CLI::NonNegativeNumber);
+  app.add_subcommand("hold", "keep pending jobs from being placed until released")
+      ->add_option("JOB", cl.targets, jobHelp + " (several allowed)")
+      ->required();
+  app.add_subcommand("release", "let held jobs be placed again")
+      ->add_option("JOB", cl.targets, jobHelp + " (several allowed)")
+      ->required();
+  app.add_subcommand("requeue", "stop live jobs' ranks and put the jobs back in the queue (not a restart)")
+      ->add_option("JOB", cl.targets, jobHelp + " (several allowed)")
+      ->required();
   app.add_subcommand("ring", "a job's ring layout (rank order and dims)")
-      ->add_option("JOB", cl.target, "job id")
+      ->add_option("JOB", cl.target, jobHelp)
       ->required();
   CLI::App* logs = app.add_subcommand("logs", "the ranks' output, read from their nodes (lines prefixed [rank])");
-  logs->add_option("JOB", cl.target, "job id")->required();
+  logs->add_option("JOB", cl.target, jobHelp)->required();
   logs->add_option("--rank", cl.rank, "only this rank (no prefix)")->check(CLI::NonNegativeNumber);
-  logs->add_option("--attempt", cl.attempt, "launch attempt (default: the latest)")->check(CLI::PositiveNumber);
-  logs->add_flag("-f,--follow", cl.follow, "keep printing new output until the job ends");
+  logs->add_option("--attempt", cl.attempt, "launch attempt (default: the latest; -f follows every attempt)")
+      ->check(CLI::PositiveNumber);
+  logs->add_flag("-f,--follow", cl.follow,
+                 "wait for the job to start, print every attempt's output as it comes (a line '==> attempt "
+                 "N ... <==' on stderr at a restart) until the job ends; exit with its result");
+  logs->add_option("--tail", cl.tail, "only the last N lines of each rank (then follow, with -f)")
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber);
+  logs->add_flag("--timestamps", cl.timestamps,
+                 "prefix each line with the local time ddlctl received it (not when the rank wrote it)");
+  logs->add_option("--wait-timeout", cl.waitTimeoutS, "with -f: give up after SECONDS (exit 8)")
+      ->type_name("SECONDS")
+      ->check(CLI::NonNegativeNumber);
   CLI::App* nodes =
       app.add_subcommand("nodes", "list nodes; 'nodes remove NAME' forgets a node that is gone");
   nodes->add_subcommand("remove", "forget node NAME for good (admins only; it must be DOWN with no live job)")
       ->add_option("NAME", cl.target, "node name")
       ->required();
-  app.add_subcommand("drain", "stop placing new jobs on a node (running jobs stay)")
-      ->add_option("NODE", cl.target, "node name")
-      ->required();
+  CLI::App* drain = app.add_subcommand("drain", "stop placing new jobs on a node (running jobs stay)");
+  drain->add_option("NODE", cl.target, "node name")->required();
+  drain->add_option("--reason", cl.reason, "why, shown with the node in 'ddlctl nodes' (at most 256 bytes)")
+      ->type_name("TEXT");
   app.add_subcommand("undrain", "place jobs on a drained node again")
       ->add_option("NODE", cl.target, "node name")
       ->required();
@@ -869,6 +1297,16 @@ class Session {
   // Runs `rpc` under the deadline; on failure prints the error and returns its exit status. The channel is
   // made on the first call, so the verb's own checks come before a missing CA certificate is reported.
   int call(const std::function<grpc::Status(v1::UserService::Stub&, grpc::ClientContext*)>& rpc) {
+    int usage = kExitOk;
+    grpc::Status status = callQuiet(rpc, &usage);
+    if (usage != kExitOk) return usage;
+    return report(status);
+  }
+
+  // As call(), but a failure is returned, not printed: the verbs that wait decide what a refusal means.
+  // `usage` is set to kExitUsage (already printed) when there is no CA certificate to connect with.
+  grpc::Status callQuiet(const std::function<grpc::Status(v1::UserService::Stub&, grpc::ClientContext*)>& rpc,
+                         int* usage) {
     if (!stub_) {
       grpc::ChannelArguments args;
       std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
@@ -877,9 +1315,10 @@ class Session {
       } else {
         std::error_code ec;
         if (!std::filesystem::exists(credentials_.ca, ec)) {
-          return usageError(err_, "no CA certificate at " + credentials_.ca +
-                                      ": give the cluster's ca.crt with --ca or DDL_CA (--insecure for a "
-                                      "development coordinator on loopback)");
+          *usage = usageError(err_, "no CA certificate at " + credentials_.ca +
+                                        ": give the cluster's ca.crt with --ca or DDL_CA (--insecure for a "
+                                        "development coordinator on loopback)");
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no CA certificate");
         }
         tls::addChannelArgs(&args);
         channel_credentials = tls::channelCredentials({credentials_.ca, "", ""});
@@ -890,16 +1329,25 @@ class Session {
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(static_cast<int64_t>(timeoutS_ * 1000)));
     if (!credentials_.token.empty()) context.AddMetadata("authorization", "Bearer " + credentials_.token);
-    grpc::Status status = rpc(*stub_, &context);
+    return rpc(*stub_, &context);
+  }
+
+  // Prints a failed call's error as call() does and returns its exit status; kExitOk for an OK status.
+  int report(const grpc::Status& status) {
     if (status.ok()) return kExitOk;
     RpcError e = describeRpcError(status.error_code(), status.error_message(), address_, timeoutS_);
     if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && e.hint.empty()) {
       e.hint = "the answer was larger than gRPC allows; for list, ask for smaller pages with --page-size";
     }
+    if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED && e.hint.empty()) {
+      e.hint = "the coordinator is older than this ddlctl; upgrade it for this verb";
+    }
     err_ << "ddlctl: " << escapeForTerminal(e.message) << "\n";
     if (!e.hint.empty()) err_ << "hint: " << e.hint << "\n";
     return e.exitCode;
   }
+
+  bool json() const { return json_; }
 
   // Prints the answer: the message as JSON, or `text` for people.
   int print(const google::protobuf::Message& message, const std::string& text) {
@@ -918,51 +1366,210 @@ class Session {
   std::ostream& err_;
 };
 
+// The pace and the bound of the verbs that wait (wait, submit --wait, logs -f): a poll every 200 ms at first,
+// doubling to 1 s while nothing changes, until --wait-timeout (0: a year, so that no loop is unbounded). The
+// rounds are counted too (the limit over the shortest sleep), so a clock that stands still ends the loop.
+class Pacer {
+ public:
+  static constexpr int64_t kMinDelayMs = 200, kMaxDelayMs = 1000;
+  static constexpr double kMaxWaitS = 366.0 * 86400;
+  explicit Pacer(double limitS)
+      : limitS_(limitS > 0 ? std::min(limitS, kMaxWaitS) : kMaxWaitS),
+        deadlineMs_(steadyNowMs() + static_cast<int64_t>(limitS_ * 1000)),
+        roundsLeft_(static_cast<int64_t>(limitS_ * 1000) / kMinDelayMs + 2) {}
+  // False once the time or the rounds are spent; else sleeps (never past the deadline) and says true.
+  bool sleep() {
+    const int64_t left = deadlineMs_ - steadyNowMs();
+    if (left <= 0 || --roundsLeft_ <= 0) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(delayMs_, left)));
+    delayMs_ = std::min(delayMs_ * 2, kMaxDelayMs);
+    return true;
+  }
+  void reset() { delayMs_ = kMinDelayMs; }  // something changed: look again soon
+  std::string limit() const { return formatSeconds(limitS_); }
+
+ private:
+  double limitS_;
+  int64_t deadlineMs_;
+  int64_t roundsLeft_;
+  int64_t delayMs_ = kMinDelayMs;
+};
+
+// "j-000001 FAILED (rank 3 on n2: exit code 2)": one job's end, for people.
+std::string describeEnd(const v1::Job& job) {
+  std::string line = escapeForTerminal(job.id()) + " " + stateName(job.state());
+  if (job.state() == v1::FAILED && job.has_failure()) {
+    line += " (" + escapeForTerminal(describeFailure(job.failure())) + ")";
+  } else if (job.state() != v1::SUCCEEDED && !job.reason().empty()) {
+    line += " (" + escapeForTerminal(job.reason()) + ")";
+  }
+  return line + "\n";
+}
+
+// Polls GetJob for each of `ids` until every one is final, printing (text) one line per job as it ends.
+// Returns an RPC failure's exit status, kExitWaitTimeout when the pacer ran out, else kExitOk; `jobs` holds
+// the last answer for each id either way.
+int waitForJobs(Session& s, const std::vector<std::string>& ids, Pacer& pacer, std::vector<v1::Job>* jobs,
+                std::ostream& err) {
+  using Stub = v1::UserService::Stub;
+  using Ctx = grpc::ClientContext;
+  jobs->assign(ids.size(), v1::Job{});
+  std::vector<bool> done(ids.size(), false);
+  while (true) {
+    std::vector<std::string> live;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (done[i]) continue;
+      v1::GetJobRequest req;
+      req.set_id(ids[i]);
+      if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetJob(c, req, &(*jobs)[i]); })) return rc;
+      if (isFinalState((*jobs)[i].state())) {
+        done[i] = true;
+        if (!s.json()) s.out() << describeEnd((*jobs)[i]);
+        s.out().flush();
+        pacer.reset();
+      } else {
+        live.push_back(ids[i]);
+      }
+    }
+    if (live.empty()) return kExitOk;
+    if (!pacer.sleep()) {
+      err << "ddlctl: gave up waiting after " << pacer.limit() << " s; still live: " << escapeForTerminal(join(live, " "))
+          << "\n";
+      return kExitWaitTimeout;
+    }
+  }
+}
+
+// ddlctl wait JOB...: exits with the jobs' result (worstJobExit); -o json prints the final jobs as one list.
+int runWait(CommandLine& cl, Session& s, std::ostream& err) {
+  std::vector<std::string> ids;
+  for (const std::string& t : cl.targets) ids.push_back(normalizeJobId(t));
+  Pacer pacer(cl.waitTimeoutS);
+  std::vector<v1::Job> jobs;
+  int rc = waitForJobs(s, ids, pacer, &jobs, err);
+  if (rc != kExitOk && rc != kExitWaitTimeout) return rc;
+  if (s.json()) {
+    v1::ListJobsResponse all;
+    for (const v1::Job& j : jobs) *all.add_jobs() = j;
+    s.print(all, "");
+  }
+  return rc == kExitWaitTimeout ? rc : worstJobExit(jobs);
+}
+
 // ddlctl logs: reads every rank's log in pieces (GetLogs) and prints whole lines, each prefixed by its rank
-// when several ranks are shown. With --follow, polls every 0.5 s until the job has ended and nothing is left.
+// when several ranks are shown. With --follow: waits through PENDING and SCHEDULED, then polls (Pacer) until
+// the job has ended and nothing is left, moving to each new attempt from its start when the job is
+// restarted or requeued, and exits with the job's result.
 int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
   using Ctx = grpc::ClientContext;
   if (cl.output == "json") return usageError(err, "logs prints the ranks' output as text; -o json does not apply");
-  v1::GetJobRequest get;
-  get.set_id(cl.target);
+  const std::string id = normalizeJobId(cl.target);
+  Pacer pacer(cl.waitTimeoutS);
   v1::Job job;
-  if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetJob(c, get, &job); })) return rc;
+  auto getJob = [&] {
+    v1::GetJobRequest get;
+    get.set_id(id);
+    return s.call([&](Stub& stub, Ctx* c) { return stub.GetJob(c, get, &job); });
+  };
+  auto gaveUp = [&] {
+    err << "ddlctl: gave up waiting after " << pacer.limit() << " s; " << escapeForTerminal(id) << " is "
+        << stateName(job.state()) << "\n";
+    return kExitWaitTimeout;
+  };
+  // -f: a job not launched yet has no logs; wait for it (one line on stderr), or for its end.
+  auto waitUntilLaunched = [&]() -> int {
+    bool announced = false;
+    while (job.state() == v1::PENDING || job.state() == v1::SCHEDULED) {
+      if (!announced) {
+        err << "waiting for " << escapeForTerminal(id) << " (" << stateName(job.state())
+            << (job.reason().empty() ? "" : ": " + escapeForTerminal(job.reason())) << ")\n";
+        err.flush();
+        announced = true;
+      }
+      if (!pacer.sleep()) return gaveUp();
+      if (int rc = getJob()) return rc;
+    }
+    return kExitOk;
+  };
+  if (int rc = getJob()) return rc;
+  if (cl.follow) {
+    if (int rc = waitUntilLaunched()) return rc;
+  }
   std::vector<int> ranks;
   if (cl.rank) {
     ranks.push_back(*cl.rank);
   } else {
-    for (int r = 0; r < job.gpus(); ++r) ranks.push_back(r);
+    // At least rank 0, so that a job the coordinator cannot size still gets its answer (its refusal).
+    const int n = std::max(1, job.gpus() > 0 ? job.gpus() : requestedGpus(job.spec()));
+    for (int r = 0; r < n; ++r) ranks.push_back(r);
   }
   const bool prefix = ranks.size() > 1;
   std::vector<int64_t> offsets(ranks.size(), 0);
   std::vector<std::string> partial(ranks.size());
+  // --tail: until a rank's first read reaches the end of its log, its lines go to a window of the last N.
+  std::vector<bool> caughtUp(ranks.size(), !cl.tail.has_value());
+  std::vector<std::deque<std::string>> window(ranks.size());
+  auto line = [&](size_t i, std::string_view text) {
+    std::string out;
+    if (cl.timestamps) out += formatLocalTime(unixNowMs()) + " ";  // when ddlctl received it
+    if (prefix) out += "[" + std::to_string(ranks[i]) + "] ";
+    out += text;
+    if (caughtUp[i]) {
+      s.out() << out;
+      return;
+    }
+    if (*cl.tail == 0) return;
+    window[i].push_back(std::move(out));
+    if (window[i].size() > static_cast<size_t>(*cl.tail)) window[i].pop_front();
+  };
+  auto catchUp = [&](size_t i) {
+    if (caughtUp[i]) return;
+    for (const std::string& l : window[i]) s.out() << l;
+    window[i].clear();
+    caughtUp[i] = true;
+  };
   auto emit = [&](size_t i, bool flush) {
     size_t start = 0, nl;
     while ((nl = partial[i].find('\n', start)) != std::string::npos) {
-      if (prefix) s.out() << "[" << ranks[i] << "] ";
-      s.out() << std::string_view(partial[i]).substr(start, nl + 1 - start);
+      line(i, std::string_view(partial[i]).substr(start, nl + 1 - start));
       start = nl + 1;
     }
     partial[i].erase(0, start);
     if (flush && !partial[i].empty()) {
-      s.out() << (prefix ? "[" + std::to_string(ranks[i]) + "] " : "") << partial[i] << "\n";
+      line(i, partial[i] + "\n");
       partial[i].clear();
     }
   };
+  int attempt = cl.attempt;  // 0 until the first answer names the latest attempt
+  const bool everyAttempt = cl.follow && cl.attempt == 0;
   while (true) {
-    bool any = false, ended = true;
-    for (size_t i = 0; i < ranks.size(); ++i) {
+    bool any = false, ended = true, notLaunched = false;
+    for (size_t i = 0; i < ranks.size() && !notLaunched; ++i) {
       for (int piece = 0; piece < 4096; ++piece) {  // at most 1 GiB per rank per round
         v1::GetLogsRequest req;
-        req.set_id(cl.target);
+        req.set_id(id);
         req.set_rank(ranks[i]);
-        req.set_attempt(cl.attempt);
+        req.set_attempt(attempt);
         req.set_offset(offsets[i]);
         v1::GetLogsResponse resp;
-        if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, req, &resp); })) return rc;
+        int usage = kExitOk;
+        grpc::Status st = s.callQuiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, req, &resp); }, &usage);
+        if (usage != kExitOk) return usage;
+        if (!st.ok()) {
+          // Requeued and waiting again: the coordinator has no launched attempt to read from just now.
+          if (cl.follow && st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+            notLaunched = true;
+            break;
+          }
+          return s.report(st);
+        }
+        if (attempt == 0) attempt = resp.attempt();
         ended = ended && resp.job_ended();
-        if (resp.data().empty()) break;
+        if (resp.data().empty()) {
+          catchUp(i);
+          break;
+        }
         any = true;
         partial[i] += resp.data();
         offsets[i] = resp.next_offset();
@@ -970,17 +1577,172 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
       }
     }
     s.out().flush();
-    if (!cl.follow || (ended && !any)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (!cl.follow) break;
+    if (notLaunched) {
+      if (int rc = getJob()) return rc;
+      if (isFinalState(job.state())) {
+        err << "ddlctl: " << escapeForTerminal(id) << " ended " << stateName(job.state())
+            << " before it was launched" << (job.reason().empty() ? "" : ": " + escapeForTerminal(job.reason()))
+            << "\n";
+        break;
+      }
+      if (int rc = waitUntilLaunched()) return rc;
+      continue;
+    }
+    if (ended && !any) break;
+    if (!any && everyAttempt && attempt > 0) {
+      // Has a newer attempt started (a restart, a requeue)? Everything of this one has been read.
+      v1::GetLogsRequest probe;
+      probe.set_id(id);
+      probe.set_rank(ranks.empty() ? 0 : ranks[0]);
+      probe.set_max_bytes(1);
+      v1::GetLogsResponse latest;
+      int usage = kExitOk;
+      grpc::Status st = s.callQuiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, probe, &latest); }, &usage);
+      if (usage != kExitOk) return usage;
+      if (st.ok() && latest.attempt() > attempt) {
+        for (size_t i = 0; i < ranks.size(); ++i) {
+          emit(i, true);
+          catchUp(i);
+          offsets[i] = 0;
+        }
+        if (int rc = getJob()) return rc;
+        attempt = latest.attempt();
+        s.out().flush();
+        err << "==> attempt " << attempt << " (restart " << job.restarts() << " of "
+            << job.spec().max_restarts() << ") <==\n";
+        err.flush();
+        pacer.reset();
+        continue;
+      }
+    }
+    if (any) pacer.reset();
+    if (!pacer.sleep()) {
+      for (size_t i = 0; i < ranks.size(); ++i) emit(i, true);
+      s.out().flush();
+      return gaveUp();
+    }
   }
-  for (size_t i = 0; i < ranks.size(); ++i) emit(i, true);
-  return kExitOk;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    emit(i, true);
+    catchUp(i);
+  }
+  s.out().flush();
+  if (!cl.follow) return kExitOk;
+  if (!isFinalState(job.state())) {
+    if (int rc = getJob()) return rc;
+  }
+  return jobExitCode(job).value_or(kExitOk);
+}
+
+// The ids a verb acts on: JOB arguments, normalized.
+std::vector<std::string> targetIds(const CommandLine& cl) {
+  std::vector<std::string> ids;
+  for (const std::string& t : cl.targets) ids.push_back(normalizeJobId(t));
+  return ids;
+}
+
+// One RPC per job (cancel, hold, release, requeue), each answered on its own line; a refusal is printed
+// and the rest go on. The exit status is the first failure's, else 0. -o json: the Job for one id, else
+// {"jobs": [...]} with every job that was answered.
+int forEachJob(Session& s, const std::vector<std::string>& ids, bool list,
+               const std::function<int(const std::string&, v1::Job*)>& rpc,
+               const std::function<std::string(const v1::Job&)>& text) {
+  int rc = kExitOk;
+  v1::ListJobsResponse answered;
+  for (const std::string& id : ids) {
+    v1::Job job;
+    if (int failed = rpc(id, &job)) {
+      if (rc == kExitOk) rc = failed;
+      continue;
+    }
+    if (!s.json()) {
+      s.out() << text(job);
+      s.out().flush();
+    }
+    *answered.add_jobs() = std::move(job);
+  }
+  if (s.json()) {
+    if (!list && answered.jobs_size() == 1) {
+      s.print(answered.jobs(0), "");
+    } else if (list || answered.jobs_size() > 0) {
+      s.print(answered, "");
+    }
+  }
+  return rc;
+}
+
+std::string stateLine(const v1::Job& job) {
+  return escapeForTerminal(job.id()) + " " + stateName(job.state()) + (job.held() ? " (held)" : "") + "\n";
+}
+
+constexpr int kMaxListPages = 1000;
+
+// ddlctl cancel: JOB..., or every job a filter lists (live states unless --state says otherwise).
+int runCancel(CommandLine& cl, Session& s, std::ostream& err) {
+  using Stub = v1::UserService::Stub;
+  using Ctx = grpc::ClientContext;
+  int signal = 0;
+  if (!cl.signal.empty()) {
+    std::optional<int> n = signalNumber(cl.signal);
+    if (!n) {
+      return usageError(err, "--signal '" + escapeForTerminal(cl.signal) +
+                                 "' is not a signal: give a name (USR1, SIGUSR1, TERM) or a number 1..64");
+    }
+    signal = *n;
+  }
+  const bool filtered = !cl.user.empty() || !cl.states.empty() || !cl.name.empty();
+  if (cl.targets.empty() && !filtered) {
+    return usageError(err, "cancel needs job ids, or a filter: --user USER, --state STATE or --name NAME");
+  }
+  if (!cl.targets.empty() && filtered) {
+    return usageError(err, "give job ids or a filter (--user, --state, --name), not both");
+  }
+  std::vector<std::string> ids = targetIds(cl);
+  if (filtered) {
+    Parsed<std::vector<v1::JobState>> states = parseStates(cl.states);
+    if (!states.ok()) return usageError(err, "--state: " + states.error);
+    v1::ListJobsRequest req;
+    req.set_user(cl.user);
+    req.set_name(cl.name);
+    if (states.value->empty()) {
+      for (v1::JobState st : {v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}) req.add_states(st);
+    }
+    for (v1::JobState st : *states.value) req.add_states(st);
+    for (int page = 0; page < kMaxListPages; ++page) {
+      v1::ListJobsResponse resp;
+      if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListJobs(c, req, &resp); })) return rc;
+      for (const v1::Job& j : resp.jobs()) ids.push_back(j.id());
+      if (resp.next_page_token().empty() || resp.next_page_token() == req.page_token()) break;
+      req.set_page_token(resp.next_page_token());
+    }
+    if (ids.empty()) {
+      std::vector<std::string> what;
+      if (!cl.user.empty()) what.push_back("--user " + cl.user);
+      if (!cl.states.empty()) what.push_back("--state " + join(cl.states, ","));
+      if (!cl.name.empty()) what.push_back("--name " + cl.name);
+      err << "ddlctl: no " << (cl.states.empty() ? "live " : "") << "job matches "
+          << escapeForTerminal(join(what, " ")) << "; nothing was cancelled\n";
+      return kExitRefused;
+    }
+  }
+  return forEachJob(
+      s, ids, filtered || ids.size() > 1,
+      [&](const std::string& id, v1::Job* job) {
+        v1::CancelJobRequest req;
+        req.set_id(id);
+        req.set_signal(signal);
+        return s.call([&](Stub& stub, Ctx* c) { return stub.CancelJob(c, req, job); });
+      },
+      [&](const v1::Job& job) {
+        if (signal == 0) return escapeForTerminal(job.id()) + " " + stateName(job.state()) + "\n";
+        return escapeForTerminal(job.id()) + " sent " + signalName(signal) + " (" + stateName(job.state()) + ")\n";
+      });
 }
 
 // ddlctl list: ListJobs page after page, each printed as it arrives (text), or gathered into one document (-o
 // json). Bounded: at most kMaxListPages requests; past that ddlctl says so on stderr and, in JSON, leaves the
 // next page's token in next_page_token. The coordinator may answer everything in one page with no token.
-constexpr int kMaxListPages = 1000;
 
 int runList(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
@@ -1098,47 +1860,101 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
                            " --token-file FILE\n" + resp.token() + "\n");
 }
 
+// ddlctl submit: the spec (local checks first), one Submit, the id(s); with --wait, then as ddlctl wait.
+int runSubmit(CommandLine& cl, Session& s, std::ostream& err) {
+  using Stub = v1::UserService::Stub;
+  using Ctx = grpc::ClientContext;
+  cl.submit.user = invokingUser();
+  std::error_code ec;
+  cl.submit.cwd = std::filesystem::current_path(ec).string();
+  if (cl.submit.exportSpec != "NONE") {
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) cl.submit.environ.emplace_back(*e);
+  }
+  Parsed<v1::JobSpec> spec = buildJobSpec(cl.submit);
+  if (!spec.ok()) return usageError(err, spec.error);
+  if (!cl.array.empty()) {
+    Parsed<int> count = checkArraySpec(cl.array);
+    if (!count.ok()) return usageError(err, count.error);
+  }
+  if (cl.waitTimeoutS > 0 && !cl.wait) return usageError(err, "--wait-timeout goes with --wait");
+  v1::SubmitRequest req;
+  *req.mutable_spec() = *spec.value;
+  req.set_array(cl.array);
+  v1::SubmitResponse resp;
+  if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.Submit(c, req, &resp); })) return rc;
+  std::vector<std::string> ids(resp.array_jobs().begin(), resp.array_jobs().end());
+  if (ids.empty()) ids.push_back(resp.job().id());
+  if (!s.json()) {
+    // Every id of a small array; the first, the last and the count of a large one. The first line is always
+    // the first job's id, so $(ddlctl submit ... | head -1) works for both.
+    constexpr size_t kListedIds = 16;
+    if (ids.size() <= kListedIds) {
+      for (const std::string& id : ids) s.out() << escapeForTerminal(id) << "\n";
+    } else {
+      s.out() << escapeForTerminal(ids.front()) << "\n... " << escapeForTerminal(ids.back()) << " (" << ids.size()
+              << " jobs in array " << escapeForTerminal(resp.job().spec().array_id().empty() ? ids.front()
+                                                                               : resp.job().spec().array_id())
+              << ")\n";
+    }
+    s.out().flush();
+  }
+  if (!cl.wait) {
+    if (!s.json()) return kExitOk;
+    if (resp.array_jobs_size() > 0) return s.print(resp, "");
+    return s.print(resp.job(), "");
+  }
+  Pacer pacer(cl.waitTimeoutS);
+  std::vector<v1::Job> jobs;
+  int rc = waitForJobs(s, ids, pacer, &jobs, err);
+  if (rc != kExitOk && rc != kExitWaitTimeout) return rc;
+  if (s.json()) {
+    v1::ListJobsResponse all;
+    for (const v1::Job& j : jobs) *all.add_jobs() = j;
+    s.print(all, "");
+  }
+  return rc == kExitWaitTimeout ? rc : worstJobExit(jobs);
+}
+
 // The verb's one RPC and its output; local checks first, so a usage error sends nothing.
 int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
   using Ctx = grpc::ClientContext;
   int64_t now = unixNowMs();
-  if (cl.verb == "submit") {
-    if (!cl.stray.empty()) {
-      return usageError(
-          err, "put the job's command after --, as in: ddlctl submit --gpus 4 -- " + shellJoin(cl.stray));
-    }
-    cl.submit.user = invokingUser();
-    if (cl.submit.workdir.empty()) {
-      std::error_code ec;
-      cl.submit.workdir = std::filesystem::current_path(ec).string();
-    }
-    Parsed<v1::JobSpec> spec = buildJobSpec(cl.submit);
-    if (!spec.ok()) return usageError(err, spec.error);
-    v1::SubmitRequest req;
-    *req.mutable_spec() = *spec.value;
-    v1::SubmitResponse resp;
-    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.Submit(c, req, &resp); })) return rc;
-    return s.print(resp.job(), escapeForTerminal(resp.job().id()) + "\n");
-  }
+  if (cl.verb == "submit") return runSubmit(cl, s, err);
   if (cl.verb == "list") return runList(cl, s, err);
   if (cl.verb == "status") {
     v1::GetJobRequest req;
-    req.set_id(cl.target);
+    req.set_id(normalizeJobId(cl.target));
     v1::Job job;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetJob(c, req, &job); })) return rc;
     return s.print(job, formatJobDetail(job, now));
   }
-  if (cl.verb == "cancel") {
-    v1::CancelJobRequest req;
-    req.set_id(cl.target);
-    v1::Job job;
-    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.CancelJob(c, req, &job); })) return rc;
-    return s.print(job, escapeForTerminal(job.id()) + " " + stateName(job.state()) + "\n");
+  if (cl.verb == "cancel") return runCancel(cl, s, err);
+  if (cl.verb == "wait") return runWait(cl, s, err);
+  if (cl.verb == "hold" || cl.verb == "release") {
+    return forEachJob(
+        s, targetIds(cl), cl.targets.size() > 1,
+        [&](const std::string& id, v1::Job* job) {
+          v1::HoldJobRequest req;
+          req.set_id(id);
+          req.set_hold(cl.verb == "hold");
+          return s.call([&](Stub& stub, Ctx* c) { return stub.HoldJob(c, req, job); });
+        },
+        stateLine);
+  }
+  if (cl.verb == "requeue") {
+    return forEachJob(
+        s, targetIds(cl), cl.targets.size() > 1,
+        [&](const std::string& id, v1::Job* job) {
+          v1::RequeueJobRequest req;
+          req.set_id(id);
+          return s.call([&](Stub& stub, Ctx* c) { return stub.RequeueJob(c, req, job); });
+        },
+        stateLine);
   }
   if (cl.verb == "ring") {
     v1::GetRingRequest req;
-    req.set_id(cl.target);
+    req.set_id(normalizeJobId(cl.target));
     v1::RingLayout ring;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetRing(c, req, &ring); })) return rc;
     std::string text = ring.text();
@@ -1170,6 +1986,11 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
   v1::DrainNodeRequest req;
   req.set_node(cl.target);
   req.set_drain(cl.verb == "drain");
+  if (!cl.reason.empty() && cl.verb != "drain") return usageError(err, "--reason goes with drain");
+  if (cl.reason.size() > 256) {
+    return usageError(err, "--reason is " + std::to_string(cl.reason.size()) + " bytes; the limit is 256");
+  }
+  req.set_reason(cl.reason);
   v1::Node node;
   if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.DrainNode(c, req, &node); })) return rc;
   return s.print(node, escapeForTerminal(node.name()) + " " + escapeForTerminal(nodeState(node)) + "\n");
@@ -1177,43 +1998,195 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
 
 }  // namespace
 
-int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
-  // Everything after the first "--" is the job's command, never ddlctl's flags: a "--help" there is the
-  // program's own.
-  int cliArgc = argc;
-  bool sawDashDash = false;
-  CommandLine cl;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--") {
-      cliArgc = i;
-      sawDashDash = true;
-      cl.submit.command.assign(argv + i + 1, argv + argc);
+namespace {
+
+// "--env A=1 B=2" becomes "--env A=1 --env B=2" in submit's flags: several values may follow one --env, and
+// the first word that is not NAME=VALUE ends them (CLI11 itself takes one value per flag, so that the job's
+// command or script is never swallowed). Walks the words as CLI11 will, skipping each option's value, and
+// stops at submit's first positional word: a script's own arguments are left alone.
+std::vector<std::string> expandEnvValues(CLI::App& app, const std::vector<std::string>& words, bool inSubmit,
+                                         std::vector<std::string>* rest) {
+  std::vector<std::string> out;
+  CLI::App* current = inSubmit ? app.get_subcommand("submit") : &app;
+  if (words.empty()) return out;
+  out.push_back(words[0]);  // the program
+  size_t i = 1;
+  auto isAssignment = [](const std::string& w) {
+    const size_t eq = w.find('=');
+    return eq != std::string::npos && eq > 0 && isEnvName(std::string_view(w).substr(0, eq));
+  };
+  for (; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    out.push_back(w);
+    if (w.size() > 1 && w[0] == '-') {
+      if (w.find('=') != std::string::npos) continue;  // --flag=value
+      const CLI::Option* opt = current->get_option_no_throw(w);
+      if (opt == nullptr && current != &app) opt = app.get_option_no_throw(w);
+      if (opt == nullptr || opt->get_items_expected_max() == 0 || i + 1 >= words.size()) continue;
+      out.push_back(words[++i]);
+      if (w == "--env" && current->get_name() == "submit") {
+        while (i + 1 < words.size() && isAssignment(words[i + 1])) {
+          out.push_back("--env");
+          out.push_back(words[++i]);
+        }
+      }
+      continue;
+    }
+    if (current == &app) {
+      for (CLI::App* sub : app.get_subcommands([&](CLI::App* a) { return a->check_name(w); })) current = sub;
+      continue;
+    }
+    if (current->get_name() == "submit") {  // the command (a script) starts here
+      out.pop_back();
+      rest->assign(words.begin() + static_cast<std::ptrdiff_t>(i), words.end());
       break;
     }
   }
+  return out;
+}
 
+struct ParseResult {
+  int rc = -1;        // -1: parsed, go on; else the exit status (help and --version print and give 0)
+  std::string error;  // a usage error, unprinted
+  std::vector<std::string> rest;  // submit: the command words given without "--" (a script and its args)
+};
+
+// Parses `words` (words[0] is the program) into `cl`. `inSubmit`: the words are submit's flags only (a
+// script's directives), checked on their own.
+ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, bool inSubmit, std::ostream& out,
+                       std::ostream& err) {
   CLI::App app{"ddlctl: submit, watch and cancel ddl jobs and manage nodes, through the ddl coordinator.",
                "ddlctl"};
   declareCommandLine(app, cl);
+  app.set_version_flag("--version", std::string("ddlctl ") + ddl::kVersion, "print ddlctl's version and exit");
+  ParseResult result;
+  std::vector<std::string> expanded = expandEnvValues(app, words, inSubmit, &result.rest);
+  if (inSubmit) expanded.insert(expanded.begin() + 1, "submit");
+  std::vector<char*> argv;
+  for (std::string& w : expanded) argv.push_back(w.data());
   try {
-    app.parse(cliArgc, argv);
+    app.parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {  // --help
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {  // --help, --version
       app.exit(e, out, err);
-      return kExitOk;
+      result.rc = kExitOk;
+      return result;
     }
+    result.rc = kExitUsage;
     if (app.get_subcommands().empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
       std::vector<std::string> rest = app.remaining();
       std::string what = rest.empty() ? "say what to do" : "unknown verb '" + rest.front() + "'; use one of";
-      return usageError(err, what + ": submit, list, status, cancel, ring, logs, nodes, drain, undrain, whoami or admin");
+      result.error = what +
+                     ": submit, list, status, wait, cancel, hold, release, requeue, ring, logs, nodes, drain, "
+                     "undrain, whoami or admin";
+    } else {
+      result.error = e.what();
     }
-    return usageError(err, e.what());
+    return result;
   }
-  cl.verb = app.get_subcommands().front()->get_name();
-  if (cl.verb == "admin") cl.adminVerb = app.get_subcommands().front()->get_subcommands().front()->get_name();
-  if (cl.verb == "nodes" && !app.get_subcommands().front()->get_subcommands().empty()) {
-    cl.nodesVerb = app.get_subcommands().front()->get_subcommands().front()->get_name();
+  CLI::App* verb = app.get_subcommands().front();
+  cl.verb = verb->get_name();
+  if (cl.verb == "admin") cl.adminVerb = verb->get_subcommands().front()->get_name();
+  if (cl.verb == "nodes" && !verb->get_subcommands().empty()) {
+    cl.nodesVerb = verb->get_subcommands().front()->get_name();
   }
+  return result;
+}
+
+// `ddlctl submit script.sh ARGS`: a script starts with "#!"; its "#DDL" lines are submit flags, put before
+// the command line's own so that those win (a flag given once takes the last value; --env and --label add
+// up, and a later --env of the same name wins on the rank). "" or the usage error, naming the file and line.
+std::string readScriptDirectives(const std::string& path, std::vector<std::string>* flags, std::ostream& out,
+                                 std::ostream& err) {
+  std::ifstream in(path, std::ios::binary);
+  std::string head(1 << 20, '\0');  // directives come first; 1 MiB is plenty and bounds the read
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  Parsed<std::vector<Directive>> directives = parseScriptDirectives(head);
+  if (!directives.ok()) return path + " " + directives.error;
+  for (const Directive& d : *directives.value) {
+    std::vector<std::string> words = {"ddlctl"};
+    words.insert(words.end(), d.args.begin(), d.args.end());
+    CommandLine scratch;
+    ParseResult checked = parseWords(words, scratch, /*inSubmit=*/true, out, err);
+    const std::string where = path + " line " + std::to_string(d.line) + ": ";
+    if (checked.rc == kExitOk) return where + "#DDL takes submit's flags only";
+    if (checked.rc != -1) return where + checked.error;
+    if (!checked.rest.empty() || std::find(d.args.begin(), d.args.end(), "--") != d.args.end()) {
+      return where + "#DDL takes submit's flags only, not '" + escapeForTerminal(shellJoin(d.args)) + "'";
+    }
+    flags->insert(flags->end(), d.args.begin(), d.args.end());
+  }
+  return "";
+}
+
+bool isScript(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char magic[2] = {0, 0};
+  return in.read(magic, 2) && magic[0] == '#' && magic[1] == '!';
+}
+
+}  // namespace
+
+int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
+  // Everything after the first "--" is the job's command, never ddlctl's flags: a "--help" there is the
+  // program's own.
+  std::vector<std::string> words;
+  std::vector<std::string> command;
+  bool sawDashDash = false;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && !sawDashDash && std::string_view(argv[i]) == "--") {
+      sawDashDash = true;
+      continue;
+    }
+    (sawDashDash ? command : words).emplace_back(argv[i]);
+  }
+
+  CommandLine cl;
+  ParseResult parsed = parseWords(words, cl, false, out, err);
+  if (parsed.rc == kExitUsage) return usageError(err, parsed.error);
+  if (parsed.rc != -1) return parsed.rc;
+  if (cl.verb == "submit" && !parsed.rest.empty()) {
+    if (sawDashDash || !isScript(parsed.rest.front())) {
+      return usageError(err, "put the job's command after --, as in: ddlctl submit --gpus 4 -- " +
+                                 shellJoin(parsed.rest) + " (or give a script that starts with #!)");
+    }
+    // A script: its directives go before the command line's flags, right after the verb.
+    std::vector<std::string> directives;
+    if (std::string why = readScriptDirectives(parsed.rest.front(), &directives, out, err); !why.empty()) {
+      return usageError(err, why);
+    }
+    const std::vector<std::string> rest = parsed.rest;
+    std::vector<std::string> flags(words.begin(), words.end() - static_cast<std::ptrdiff_t>(rest.size()));
+    // The job's shape is one choice: one given on the command line replaces the script's whole.
+    auto shapeFlag = [](const std::string& w) {
+      const std::string name = w.substr(0, w.find('='));
+      return name == "--gpus" || name == "--nodes" || name == "--gpus-per-node";
+    };
+    if (std::any_of(flags.begin(), flags.end(), shapeFlag)) {
+      std::vector<std::string> kept;
+      for (size_t i = 0; i < directives.size(); ++i) {
+        if (!shapeFlag(directives[i])) {
+          kept.push_back(directives[i]);
+        } else if (directives[i].find('=') == std::string::npos) {
+          ++i;  // its value
+        }
+      }
+      directives = kept;
+    }
+    auto verbAt = std::find(flags.begin() + 1, flags.end(), "submit");
+    flags.insert(verbAt + 1, directives.begin(), directives.end());
+    cl = CommandLine{};
+    parsed = parseWords(flags, cl, false, out, err);
+    if (parsed.rc == kExitUsage) return usageError(err, parsed.error);
+    if (parsed.rc != -1) return parsed.rc;
+    std::error_code ec;
+    command = rest;
+    command.front() = std::filesystem::absolute(rest.front(), ec).lexically_normal().string();
+  }
+  cl.submit.command = command;
 
   if (sawDashDash && cl.verb != "submit") return usageError(err, "only submit takes a command after --");
   // Checked here, not with CLI::PositiveNumber, whose message prints the largest double in full.

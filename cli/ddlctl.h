@@ -1,5 +1,6 @@
 // ddlctl: the user CLI of ddl. One command line becomes one UserService RPC to the coordinator (list: one per
-// page, logs: one per piece), and the answer becomes a table, a detail view or one JSON document on stdout.
+// page, logs: one per piece; cancel, hold, release, requeue: one per job; wait, submit --wait and logs -f poll
+// until the job ends), and the answer becomes a table, a detail view or one JSON document on stdout.
 // Every string from the server is escaped for the terminal before it is printed as text.
 //
 // ddlctl keeps no state: the coordinator is the only source of truth, and it re-validates every request. The
@@ -9,8 +10,9 @@
 //
 // Exit statuses are an interface scripts rely on; they are listed in `ddlctl --help` and the user guide.
 //
-// Threads: runDdlctl() blocks its calling thread for at most one RPC deadline; nothing here is shared, so
-// several threads may call it at once.
+// Threads: runDdlctl() blocks its calling thread for one RPC deadline per request it makes; the verbs that wait
+// (wait, submit --wait, logs -f) poll until the job ends or --wait-timeout (at most a year). Nothing here is
+// shared, so several threads may call it at once.
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -33,6 +35,12 @@ constexpr int kExitUsage = 2;    // bad flags or arguments; nothing was sent
 constexpr int kExitUnreachable = 3;  // no answer: connection refused, deadline passed, coordinator going down
 constexpr int kExitUnauthenticated = 4;  // no token, or one the coordinator does not know
 constexpr int kExitDenied = 5;           // the identity may not do this (another user's job, an admin verb)
+// The verbs that wait for jobs to end (wait, submit --wait, logs -f) exit with the job's own result instead:
+// 0 for SUCCEEDED, the failing rank's exit code for FAILED (128+N for signal N), and these for the rest. A
+// job's own exit code can be any of 1..255, so scripts that must tell them apart read `ddlctl status`.
+constexpr int kExitJobCancelled = 6;  // the job was CANCELLED
+constexpr int kExitJobTimeout = 7;    // the job ran past its time limit (TIMEOUT)
+constexpr int kExitWaitTimeout = 8;   // --wait-timeout passed while a job was still live
 constexpr const char* kDefaultCoordinator = "127.0.0.1:7070";
 constexpr double kDefaultTimeoutS = 10;
 
@@ -65,7 +73,34 @@ std::string checkCoordinatorAddress(std::string_view address);
 // Job state names, case-insensitive, each argument repeatable and comma-separated ("running,pending").
 // Duplicates are dropped; order is kept. An unknown name is an error that lists the valid ones.
 Parsed<std::vector<v1::JobState>> parseStates(const std::vector<std::string>& args);
-std::string validStateNames();  // "PENDING, SCHEDULED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED"
+std::string validStateNames();  // "PENDING, SCHEDULED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED, TIMEOUT"
+bool isFinalState(v1::JobState state);  // SUCCEEDED, FAILED, CANCELLED or TIMEOUT
+
+// A job id as the user may type it: "5", "000005" and "j-5" all mean "j-000005". Anything else is returned
+// unchanged, so the coordinator's NOT_FOUND names what was typed.
+std::string normalizeJobId(std::string_view id);
+
+// The exit status a final job stands for (see kExitJobCancelled): SUCCEEDED 0; FAILED the first failing
+// rank's exit code (Job.failure), 128+signal for a signal, 1 when the failure says neither (or says 0);
+// CANCELLED kExitJobCancelled; TIMEOUT kExitJobTimeout. nullopt while the job is live.
+std::optional<int> jobExitCode(const v1::Job& job);
+// The worst of several final jobs: a FAILED one's code (the first in order) over TIMEOUT over CANCELLED over
+// SUCCEEDED. A live job counts as kExitWaitTimeout, worse than all. 0 for no jobs.
+int worstJobExit(const std::vector<v1::Job>& jobs);
+
+// --time: Slurm's forms "MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS", or a number with one
+// unit: "90s", "30m", "2h", "1d". Seconds, at least 1 and at most 365 days, or the usage error.
+Parsed<int> parseTimeLimit(std::string_view text);
+
+// --array: what SubmitRequest.array accepts, checked here so a typo costs no round trip: comma-separated
+// items "A", "A-B" or "A-B:STEP", then optionally "%N" (N >= 1) to run at most N at once. Indices 0..1000000,
+// at most 10000 jobs. The number of jobs, or the usage error.
+Parsed<int> checkArraySpec(std::string_view spec);
+
+// --export: "NONE" (nothing), "ALL" (the whole `environ` but credentials and the variables ddl sets itself),
+// or comma-separated VAR (its value from `environ`) and VAR=value, possibly after ALL ("ALL,A=1"). KEY=VALUE
+// strings, or the usage error. Credentials (DDL_TOKEN, DDL_TOKEN_FILE) are never exported.
+Parsed<std::vector<std::string>> exportedEnv(std::string_view spec, const std::vector<std::string>& environ);
 
 // What `ddlctl submit` was given. Absent optionals are flags not given.
 struct SubmitArgs {
@@ -78,18 +113,35 @@ struct SubmitArgs {
   int maxRestarts = 0;
   std::vector<std::string> env;     // KEY=VALUE
   std::vector<std::string> labels;  // KEY=VALUE, required node labels
-  std::string workdir;
+  std::string workdir;  // "" = cwd; relative: against cwd
   std::string user;
   std::vector<std::string> command;
+  std::string timeLimit;              // --time, as given
+  std::vector<std::string> afterOk;   // --after-ok, as given (comma-separated, short ids)
+  std::vector<std::string> afterAny;  // --after-any
+  bool hold = false;
+  std::string exportSpec = "NONE";    // --export
+  std::vector<std::string> environ;   // the submitter's environment, for --export
+  std::string cwd;                    // the submitter's current directory
 };
 
 // The JobSpec for a submit, or the usage error. Shapes: --gpus T alone (a total, placed on as few nodes as
-// possible), or --nodes N with --gpus-per-node G (default 1). Neither, or both, is an error.
+// possible), or --nodes N with --gpus-per-node G (default 1). Neither, or both, is an error. The env is the
+// exported variables (--export) with --env's after them; a variable in both is sent with --env's value only.
 Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args);
 
 // --since / --until: an absolute local time ("2026-11-24", "2026-11-24T10:00", "2026-11-24 10:00:05") or an
 // age ("90s", "30m", "1h", "2d", "1w": that long before `nowMs`). Unix milliseconds, or the usage error.
 Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs);
+
+// `ddlctl submit script.sh`: the "#DDL --flag value" lines of a script (as sbatch's #SBATCH), each split
+// into words as a shell would (quotes, backslashes; no expansion). Read from the second line up to the first
+// line that is neither blank nor a comment. `line` is 1-based. Error: the line that cannot be split.
+struct Directive {
+  int line = 0;
+  std::vector<std::string> args;
+};
+Parsed<std::vector<Directive>> parseScriptDirectives(std::string_view script);
 
 // ---- RPC failures ----------------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@
 #include "auth/users.h"
 #include "common/pki.h"
 #include "common/signals.h"
+#include "common/version.h"
 #include "ddl/tls.h"
 #include "daemon/config.h"
 #include "http/http_server.h"
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   issue->add_option("NAME", node_name, "the node's name (as ddl-agent --node gives it)")->required();
   issue->add_option("--out", out_dir, "directory for the node's files")->required();
   issue->add_option("--days", days, "validity (default 365)");
+  app.set_version_flag("--version", std::string("ddl-coordinator ") + ddl::kVersion, "print the version and exit");
   app.require_subcommand(0, 1);
   CLI11_PARSE(app, argc, argv);
 

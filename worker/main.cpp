@@ -14,6 +14,7 @@
 
 #include "common/pki.h"
 #include "common/signals.h"
+#include "common/version.h"
 #include "worker/agent.h"
 #include "worker/join.h"
 
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   join_cmd->add_option("--token-file", token_file, "file holding the join token (never on the command line)")
       ->required();
   join_cmd->add_option("--ca-sha256", join.ca_sha256, "the cluster CA's SHA-256, printed with the token")->required();
+  app.set_version_flag("--version", std::string("ddl-agent ") + ddl::kVersion, "print the version and exit");
   app.require_subcommand(0, 1);
   CLI11_PARSE(app, argc, argv);
 

@@ -8,14 +8,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <ctime>
+#include <deque>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/version.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 #include "ddlctl.h"
 #include "gtest/gtest.h"
@@ -178,7 +183,11 @@ TEST(DdlctlFormat, States) {
   EXPECT_EQ(
       bad.error,
       "unknown job state 'runing'; valid states: PENDING, SCHEDULED, STARTING, RUNNING, SUCCEEDED, FAILED, "
-      "CANCELLED");
+      "CANCELLED, TIMEOUT");
+  // TIMEOUT is a state --state accepts, and a final one.
+  EXPECT_EQ(*parseStates({"timeout"}).value, (std::vector<v1::JobState>{v1::TIMEOUT}));
+  EXPECT_TRUE(isFinalState(v1::TIMEOUT));
+  EXPECT_FALSE(isFinalState(v1::RUNNING));
   EXPECT_FALSE(parseStates({"job_state_unspecified"}).ok());
 }
 
@@ -286,12 +295,35 @@ TEST(DdlctlFormat, RpcErrors) {
 
 TEST(DdlctlFormat, JobTable) {
   EXPECT_EQ(formatJobTable(sampleJobs(), kNow),
-            "ID        NAME   USER   STATE    AGE  NODES  GPUS  NODELIST(REASON)\n"
-            "j-000001  train  alice  RUNNING  2m   2      4     n1,n2\n"
-            "j-000002  eval   bob    PENDING  5s   -      6     (waiting for 6 free GPUs)\n"
-            "j-000003  bad    alice  FAILED   3h   1      1     (rank 0 on n3 exited with code 1)\n");
+            "ID        NAME   USER   STATE    AGE  TIME  START  NODES  GPUS  NODELIST(REASON)\n"
+            "j-000001  train  alice  RUNNING  2m   -     -      2      4     n1,n2\n"
+            "j-000002  eval   bob    PENDING  5s   -     -      -      6     (waiting for 6 free GPUs)\n"
+            "j-000003  bad    alice  FAILED   3h   -     -      1      1     (rank 0 on n3 exited with code 1)\n");
   EXPECT_EQ(formatJobTable(v1::ListJobsResponse(), kNow),
-            "ID  NAME  USER  STATE  AGE  NODES  GPUS  NODELIST(REASON)\n");
+            "ID  NAME  USER  STATE  AGE  TIME  START  NODES  GPUS  NODELIST(REASON)\n");
+}
+
+// TIME is the latest attempt's run time (to now, or to the end) and START its local start time. Fails
+// without the two columns.
+TEST(DdlctlFormat, JobTableRunTimeAndStart) {
+  const char* tz = getenv("TZ");
+  const std::string savedTz = tz != nullptr ? tz : "";
+  setenv("TZ", "UTC", 1);
+  tzset();
+  v1::ListJobsResponse jobs = sampleJobs();
+  jobs.mutable_jobs(0)->set_start_ms(kNow - 65'000);  // running for 1m05s
+  jobs.mutable_jobs(2)->set_start_ms(kNow - 3 * 3'600'000);
+  jobs.mutable_jobs(2)->set_end_ms(kNow - 3 * 3'600'000 + 12'300);  // ran 12.3 s
+  const std::string text = formatJobTable(jobs, kNow);
+  EXPECT_NE(text.find("RUNNING  2m   1m05s  2023-11-14T22:12:15  2"), std::string::npos) << text;
+  EXPECT_NE(text.find("FAILED   3h   12.3s  2023-11-14T19:13:20  1"), std::string::npos) << text;
+  EXPECT_NE(text.find("PENDING  5s   -      -                    -"), std::string::npos) << text;
+  if (tz != nullptr) {
+    setenv("TZ", savedTz.c_str(), 1);
+  } else {
+    unsetenv("TZ");
+  }
+  tzset();
 }
 
 // Control characters from the server never reach the terminal raw; printable UTF-8 passes unchanged. Fails
@@ -419,6 +451,13 @@ TEST(DdlctlFormat, NodeTable) {
             "NAME  STATE     GPUS  ADDRESS   LABELS             HEARTBEAT  JOBS\n"
             "n1    UP        2/4   10.0.0.1  rack=r1,switch=s1  2s         j-000001\n"
             "n2    DRAINING  0/4   10.0.0.2  -                  never      -\n");
+  // The operator's reason with a drain, in its own column once some node has one.
+  v1::ListNodesResponse nodes = sampleNodes();
+  nodes.mutable_nodes(1)->set_drain_reason("bad DIMM\x1b[2J");
+  EXPECT_EQ(formatNodeTable(nodes, kNow),
+            "NAME  STATE     GPUS  ADDRESS   LABELS             HEARTBEAT  JOBS      REASON\n"
+            "n1    UP        2/4   10.0.0.1  rack=r1,switch=s1  2s         j-000001  -\n"
+            "n2    DRAINING  0/4   10.0.0.2  -                  never      -         bad DIMM\\x1b[2J\n");
 }
 
 TEST(DdlctlFormat, NodeTableSaysWhenADownNodeIsDrained) {
@@ -627,6 +666,274 @@ TEST(DdlctlCli, CoordinatorFromEnvironment) {
   unsetenv("DDL_COORDINATOR");
 }
 
+// ---- Waiting, submit flags, scripts: pure parts ----------------------------------------------------------
+
+TEST(DdlctlFormat, NormalizeJobId) {
+  EXPECT_EQ(normalizeJobId("5"), "j-000005");
+  EXPECT_EQ(normalizeJobId("000005"), "j-000005");
+  EXPECT_EQ(normalizeJobId("j-5"), "j-000005");
+  EXPECT_EQ(normalizeJobId("j-000005"), "j-000005");
+  EXPECT_EQ(normalizeJobId("1234567"), "j-1234567");
+  for (const char* other : {"", "j-", "j-5x", "job5", "-5", "5 ", "j-slow", "1234567890123456789"}) {
+    EXPECT_EQ(normalizeJobId(other), other) << "passed through for the coordinator to refuse";
+  }
+}
+
+// The exit status of a waited-for job. Fails without jobExitCode()'s mapping (every job exited 0).
+TEST(DdlctlFormat, JobExitCodes) {
+  v1::Job job = makeJob("j-000001", "x", "alice", v1::SUCCEEDED, kNow);
+  EXPECT_EQ(jobExitCode(job), 0);
+  job.set_state(v1::FAILED);
+  EXPECT_EQ(jobExitCode(job), 1) << "FAILED with no failure recorded";
+  job.mutable_failure()->set_exit_code(3);
+  EXPECT_EQ(jobExitCode(job), 3);
+  job.mutable_failure()->set_exit_code(0);
+  EXPECT_EQ(jobExitCode(job), 1) << "a FAILED job never exits 0";
+  job.mutable_failure()->clear_exit_code();
+  job.mutable_failure()->set_signal(9);
+  EXPECT_EQ(jobExitCode(job), 137);
+  job.set_state(v1::CANCELLED);
+  EXPECT_EQ(jobExitCode(job), kExitJobCancelled);
+  job.set_state(v1::TIMEOUT);
+  EXPECT_EQ(jobExitCode(job), kExitJobTimeout);
+  for (v1::JobState live : {v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}) {
+    job.set_state(live);
+    EXPECT_FALSE(jobExitCode(job).has_value());
+  }
+  // Distinct from each other and from the RPC statuses 0..5.
+  std::vector<int> codes = {kExitOk, kExitRefused, kExitUsage, kExitUnreachable, kExitUnauthenticated,
+                            kExitDenied, kExitJobCancelled, kExitJobTimeout, kExitWaitTimeout};
+  std::sort(codes.begin(), codes.end());
+  EXPECT_EQ(std::unique(codes.begin(), codes.end()), codes.end());
+
+  auto with = [](v1::JobState state, int exitCode) {
+    v1::Job j = makeJob("j-1", "x", "a", state, kNow);
+    if (state == v1::FAILED) j.mutable_failure()->set_exit_code(exitCode);
+    return j;
+  };
+  EXPECT_EQ(worstJobExit({}), 0);
+  EXPECT_EQ(worstJobExit({with(v1::SUCCEEDED, 0), with(v1::SUCCEEDED, 0)}), 0);
+  EXPECT_EQ(worstJobExit({with(v1::SUCCEEDED, 0), with(v1::CANCELLED, 0)}), kExitJobCancelled);
+  EXPECT_EQ(worstJobExit({with(v1::CANCELLED, 0), with(v1::TIMEOUT, 0)}), kExitJobTimeout);
+  EXPECT_EQ(worstJobExit({with(v1::TIMEOUT, 0), with(v1::FAILED, 4), with(v1::FAILED, 9)}), 4);
+  EXPECT_EQ(worstJobExit({with(v1::FAILED, 4), with(v1::RUNNING, 0)}), kExitWaitTimeout);
+}
+
+TEST(DdlctlFormat, TimeLimits) {
+  struct Case {
+    const char* text;
+    int seconds;
+  };
+  for (Case c : {Case{"30", 1800}, Case{"30:15", 1815}, Case{"2:00:01", 7201}, Case{"1-2", 93600},
+                 Case{"1-2:30", 95400}, Case{"1-02:30:05", 95405}, Case{"90s", 90}, Case{"30m", 1800},
+                 Case{"2h", 7200}, Case{"1d", 86400}, Case{" 45 ", 2700}, Case{"0:01", 1}}) {
+    Parsed<int> p = parseTimeLimit(c.text);
+    ASSERT_TRUE(p.ok()) << c.text << ": " << p.error;
+    EXPECT_EQ(*p.value, c.seconds) << c.text;
+  }
+  for (const char* bad : {"", "0", "0s", "00:00", "-5", "1.5h", "abc", "1:2:3:4", "1-", "1-2:3:4:5", "5x",
+                          "30:", ":30", "366d", "400-0"}) {
+    Parsed<int> p = parseTimeLimit(bad);
+    EXPECT_FALSE(p.ok()) << bad;
+    EXPECT_EQ(p.error.rfind("--time '", 0), 0u) << p.error;
+  }
+}
+
+TEST(DdlctlFormat, ArraySpecs) {
+  struct Case {
+    const char* spec;
+    int jobs;
+  };
+  for (Case c : {Case{"0-15", 16}, Case{"1,3,5", 3}, Case{"0-15:4", 4}, Case{"0-15%4", 16}, Case{"7", 1},
+                 Case{"0-9999", 10000}, Case{"1,3,10-12:2%2", 4}, Case{"1000000", 1}}) {
+    Parsed<int> p = checkArraySpec(c.spec);
+    ASSERT_TRUE(p.ok()) << c.spec << ": " << p.error;
+    EXPECT_EQ(*p.value, c.jobs) << c.spec;
+  }
+  for (const char* bad : {"", "%4", "0-15%0", "0-15%", "5-1", "0-10000", "1000001", "a", "1,", ",1", "1-",
+                          "0-15:0", "3:2", "1;2", "-1", "0-15%4%2"}) {
+    Parsed<int> p = checkArraySpec(bad);
+    EXPECT_FALSE(p.ok()) << bad;
+    EXPECT_EQ(p.error.rfind("--array '", 0), 0u) << p.error;
+  }
+}
+
+// --export: NONE sends nothing, ALL the environment without credentials or ddl's own variables. Fails if
+// DDL_TOKEN could leave the machine in a job's environment.
+TEST(DdlctlFormat, ExportedEnv) {
+  const std::vector<std::string> env = {"PATH=/bin", "HOME=/home/a", "DDL_TOKEN=ddl_secret",
+                                        "DDL_TOKEN_FILE=/t", "DDL_COORDINATOR=h:1", "CUDA_VISIBLE_DEVICES=0",
+                                        "RANK=3", "BASH_FUNC_f%%=() {}", "X=a=b"};
+  EXPECT_TRUE(exportedEnv("NONE", env).value->empty());
+  EXPECT_TRUE(exportedEnv("none", env).value->empty());
+  EXPECT_EQ(*exportedEnv("ALL", env).value, (std::vector<std::string>{"PATH=/bin", "HOME=/home/a", "X=a=b"}));
+  EXPECT_EQ(*exportedEnv("ALL,PATH=/x,Y=1", env).value,
+            (std::vector<std::string>{"PATH=/x", "HOME=/home/a", "X=a=b", "Y=1"}));
+  EXPECT_EQ(*exportedEnv("HOME,Z=2", env).value, (std::vector<std::string>{"HOME=/home/a", "Z=2"}));
+  for (const char* bad : {"DDL_TOKEN", "DDL_TOKEN_FILE=x", "NOPE", "NONE,PATH", "1X=2", "A B"}) {
+    auto p = exportedEnv(bad, env);
+    EXPECT_FALSE(p.ok()) << bad;
+    EXPECT_EQ(p.error.rfind("--export '", 0), 0u) << p.error;
+  }
+  EXPECT_NE(exportedEnv("DDL_TOKEN", env).error.find("credential"), std::string::npos);
+}
+
+TEST(DdlctlFormat, JobSpecNewFields) {
+  SubmitArgs a;
+  a.command = {"python", "t.py"};
+  a.gpus = 1;
+  a.cwd = "/home/alice/proj";
+  a.timeLimit = "1-00:00:30";
+  a.afterOk = {"5,j-000006", "7"};
+  a.afterAny = {"j-slow"};
+  a.hold = true;
+  a.exportSpec = "ALL";
+  a.environ = {"A=from-shell", "B=2", "DDL_TOKEN=t"};
+  a.env = {"A=1"};
+  auto spec = buildJobSpec(a);
+  ASSERT_TRUE(spec.ok()) << spec.error;
+  EXPECT_EQ(spec.value->time_limit_s(), 86430);
+  EXPECT_EQ(std::vector<std::string>(spec.value->after_ok().begin(), spec.value->after_ok().end()),
+            (std::vector<std::string>{"j-000005", "j-000006", "j-000007"}));
+  EXPECT_EQ(spec.value->after_any(0), "j-slow");
+  EXPECT_TRUE(spec.value->hold());
+  EXPECT_EQ(std::vector<std::string>(spec.value->env().begin(), spec.value->env().end()),
+            (std::vector<std::string>{"B=2", "A=1"}))
+      << "--env wins over the exported value";
+  EXPECT_EQ(spec.value->workdir(), "/home/alice/proj") << "the default: where ddlctl runs";
+  a.workdir = "../data";
+  EXPECT_EQ(buildJobSpec(a).value->workdir(), "/home/alice/data");
+  a.workdir = "/scratch";
+  EXPECT_EQ(buildJobSpec(a).value->workdir(), "/scratch");
+  a.timeLimit = "0";
+  EXPECT_EQ(buildJobSpec(a).error.rfind("--time '0'", 0), 0u);
+  a.timeLimit = "";
+  a.afterOk = {","};
+  EXPECT_EQ(buildJobSpec(a).error, "--after-ok needs a job id");
+}
+
+TEST(DdlctlFormat, ScriptDirectives) {
+  auto d = parseScriptDirectives(
+      "#!/bin/bash\n"
+      "#DDL --gpus 4\n"
+      "\n"
+      "# a comment\n"
+      "#DDL --name 'my run' --env \"A=x y\" # trailing\n"
+      "#DDLX --not-mine\n"
+      "#SBATCH --time 5\n"
+      "echo hi\n"
+      "#DDL --nodes 9\n");
+  ASSERT_TRUE(d.ok()) << d.error;
+  ASSERT_EQ(d.value->size(), 2u);
+  EXPECT_EQ((*d.value)[0].line, 2);
+  EXPECT_EQ((*d.value)[0].args, (std::vector<std::string>{"--gpus", "4"}));
+  EXPECT_EQ((*d.value)[1].line, 5);
+  EXPECT_EQ((*d.value)[1].args, (std::vector<std::string>{"--name", "my run", "--env", "A=x y"}));
+  auto bad = parseScriptDirectives("#!/bin/sh\n#DDL --name 'open\n");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error, "line 2: unterminated ' quote");
+  EXPECT_TRUE(parseScriptDirectives("#!/bin/sh").value->empty());
+}
+
+TEST(DdlctlFormat, JobDetailShowsRanksHoldLimitsDependencies) {
+  const char* tz = getenv("TZ");
+  const std::string savedTz = tz != nullptr ? tz : "";
+  setenv("TZ", "UTC", 1);
+  tzset();
+  v1::Job job = makeJob("j-000010", "train", "alice", v1::FAILED, kNow - 100'000);
+  job.mutable_spec()->set_total_gpus(2);
+  job.mutable_spec()->set_time_limit_s(5400);
+  job.mutable_spec()->add_after_ok("j-000008");
+  job.mutable_spec()->add_after_any("j-000009");
+  job.mutable_spec()->set_array_id("j-000005");
+  job.mutable_spec()->set_array_index(5);
+  job.mutable_spec()->set_array_max_running(2);
+  job.set_held(true);
+  job.set_start_ms(kNow - 60'000);
+  job.set_end_ms(kNow - 10'000);
+  for (int r = 0; r < 2; ++r) {
+    v1::RankStatus* rank = job.add_ranks();
+    rank->set_rank(r);
+    rank->set_node(r == 0 ? "n1" : "n2");
+    rank->set_state(v1::RankStatus::EXITED);
+    rank->set_pid(1000 + r);
+    rank->set_started_ms(kNow - 60'000);
+    rank->set_exited_ms(kNow - 10'000);
+    rank->mutable_progress()->set_collectives(42);
+    rank->mutable_progress()->set_last_op("allreduce");
+  }
+  job.mutable_ranks(0)->set_program_pid(2000);
+  job.mutable_ranks(0)->set_exit_code(0);
+  job.mutable_ranks(1)->set_signal(9);
+  const std::string text = formatJobDetail(job, kNow);
+  EXPECT_EQ(field(text, "Held"), "yes (ddlctl release j-000010)");
+  EXPECT_EQ(field(text, "Time limit"), "1h30m");
+  EXPECT_EQ(field(text, "After OK"), "j-000008");
+  EXPECT_EQ(field(text, "After any"), "j-000009");
+  EXPECT_EQ(field(text, "Array"), "j-000005 index 5 (at most 2 running)");
+  EXPECT_EQ(field(text, "Started"), "2023-11-14 22:12:20.000");
+  EXPECT_EQ(field(text, "Ended"), "2023-11-14 22:13:10.000");
+  EXPECT_NE(text.find("RANK  NODE  STATE   PID   EXIT     START     END       COLLECTIVES"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  0     n1    EXITED  2000  0        22:12:20  22:13:10  42"), std::string::npos)
+      << "the program's pid, not the shim's: " << text;
+  EXPECT_NE(text.find("  1     n2    EXITED  1001  SIGKILL  22:12:20  22:13:10  42"), std::string::npos) << text;
+  if (tz != nullptr) {
+    setenv("TZ", savedTz.c_str(), 1);
+  } else {
+    unsetenv("TZ");
+  }
+  tzset();
+}
+
+TEST(DdlctlCli, VersionAndNewExitStatusesInHelp) {
+  Result r = ddlctl({"--version"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, std::string("ddlctl ") + ddl::kVersion + "\n");
+  r = ddlctl({"--help"});
+  for (const char* line : {"6  CANCELLED", "7  TIMEOUT", "8  --wait-timeout passed",
+                           "the first failing rank's exit code"}) {
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " missing in\n" << r.out;
+  }
+  for (const char* verb : {"wait", "hold", "release", "requeue"}) {
+    EXPECT_NE(r.out.find(std::string("  ") + verb), std::string::npos) << verb;
+  }
+}
+
+// Usage errors of the new flags name the flag and send nothing.
+TEST(DdlctlCli, NewFlagsUsageErrors) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {{"submit", "--gpus", "1", "--time", "0", "--", "x"}, "--time '0'"},
+      {{"submit", "--gpus", "1", "--time", "soon", "--", "x"}, "--time 'soon' is not a time limit"},
+      {{"submit", "--gpus", "1", "--array", "5-1", "--", "x"}, "--array '5-1'"},
+      {{"submit", "--gpus", "1", "--array", "0-20000", "--", "x"}, "--array"},
+      {{"submit", "--gpus", "1", "--export", "DDL_TOKEN", "--", "x"}, "credential"},
+      {{"submit", "--gpus", "1", "--wait-timeout", "5", "--", "x"}, "--wait-timeout goes with --wait"},
+      {{"cancel"}, "cancel needs job ids, or a filter"},
+      {{"cancel", "5", "--user", "bob"}, "not both"},
+      {{"cancel", "5", "--signal", "USR9"}, "--signal 'USR9' is not a signal"},
+      {{"cancel", "--state", "runing"}, "--state: unknown job state"},
+      {{"wait"}, "JOB is required"},
+      {{"hold"}, "JOB is required"},
+      {{"requeue"}, "JOB is required"},
+      {{"logs", "5", "--tail", "-1"}, "--tail"},
+      {{"undrain", "n1", "--reason", "x"}, "--reason"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"--coordinator", "127.0.0.1:1"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    Result r = ddlctl(args);
+    std::string shown;
+    for (const std::string& a : c.args) shown += a + " ";
+    EXPECT_EQ(r.rc, kExitUsage) << shown << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << shown << "\n" << r.err;
+  }
+}
+
 // ---- The command line against a fake coordinator ----------------------------------------------------------
 
 class FakeUserService final : public v1::UserService::Service {
@@ -634,12 +941,36 @@ class FakeUserService final : public v1::UserService::Service {
   grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest* req, v1::SubmitResponse* resp) override {
     std::lock_guard<std::mutex> lock(mu_);
     lastSpec_ = req->spec();
+    lastSubmit_ = *req;
     v1::Job* job = resp->mutable_job();
     *job = makeJob("j-000007", req->spec().name(), req->spec().user(), v1::PENDING, kNow);
     *job->mutable_spec() = req->spec();
+    if (!req->array().empty()) {  // j-000007 onwards, one per index
+      const int n = *checkArraySpec(req->array()).value;
+      for (int i = 0; i < n; ++i) {
+        char id[16];
+        std::snprintf(id, sizeof(id), "j-%06d", 7 + i);
+        resp->add_array_jobs(id);
+      }
+      job->mutable_spec()->set_array_id("j-000007");
+    }
     return grpc::Status::OK;
   }
   grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::Job* resp) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      getJobCalls_++;
+      if (req->id() == "j-000060") {  // the logs scenario: PENDING once, then as the logs say
+        *resp = logsJob(getJobCalls_ == 1);
+        return grpc::Status::OK;
+      }
+      auto it = scripted_.find(req->id());
+      if (it != scripted_.end()) {  // the next answer of the script; the last one stays
+        *resp = it->second.front();
+        if (it->second.size() > 1) it->second.pop_front();
+        return grpc::Status::OK;
+      }
+    }
     if (req->id() == "j-slow") {  // answers only after the client gave up
       for (int i = 0; i < 500 && !ctx->IsCancelled(); ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -654,8 +985,13 @@ class FakeUserService final : public v1::UserService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     lastList_ = *req;
     listCalls_++;
-    if (!paging_) {  // one page and no token, as before paging
-      *resp = sampleJobs();
+    if (!paging_) {  // one page and no token, as before paging; the user and name filters apply
+      const v1::ListJobsResponse sample = sampleJobs();
+      for (const v1::Job& j : sample.jobs()) {
+        if ((req->user().empty() || j.spec().user() == req->user()) &&
+            (req->name().empty() || j.spec().name() == req->name()))
+          *resp->add_jobs() = j;
+      }
       return grpc::Status::OK;
     }
     pageTokens_.push_back(req->page_token());
@@ -694,12 +1030,86 @@ class FakeUserService final : public v1::UserService::Service {
     return pageTokens_;
   }
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req, v1::Job* resp) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancels_.push_back(*req);
+    }
     if (req->id() != "j-000001") {
       return {grpc::StatusCode::FAILED_PRECONDITION, "job " + req->id() + " already finished (SUCCEEDED)"};
     }
     *resp = sampleJobs().jobs(0);
-    resp->set_state(v1::CANCELLED);
+    if (req->signal() == 0) resp->set_state(v1::CANCELLED);
     return grpc::Status::OK;
+  }
+  grpc::Status HoldJob(grpc::ServerContext*, const v1::HoldJobRequest* req, v1::Job* resp) override {
+    if (req->id() != "j-000002") return {grpc::StatusCode::NOT_FOUND, "job " + req->id() + " not found"};
+    std::lock_guard<std::mutex> lock(mu_);
+    holds_.push_back(*req);
+    *resp = sampleJobs().jobs(1);
+    resp->set_held(req->hold());
+    return grpc::Status::OK;
+  }
+  grpc::Status RequeueJob(grpc::ServerContext* ctx, const v1::RequeueJobRequest* req, v1::Job* resp) override {
+    if (req->id() != "j-000001") return v1::UserService::Service::RequeueJob(ctx, req, resp);  // UNIMPLEMENTED
+    *resp = sampleJobs().jobs(0);
+    resp->set_state(v1::PENDING);
+    return grpc::Status::OK;
+  }
+  // The logs scenario of j-000060 (one rank, max_restarts 3): attempt 1 writes three lines; from the 3rd
+  // GetLogs call on, attempt 2 is the latest (restart 1) and writes one; from the 6th the job has FAILED
+  // with exit code 3.
+  grpc::Status GetLogs(grpc::ServerContext*, const v1::GetLogsRequest* req, v1::GetLogsResponse* resp) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (req->id() == "j-000061") {  // never launched
+      return {grpc::StatusCode::FAILED_PRECONDITION, "job j-000061 is PENDING and has not been launched"};
+    }
+    logsCalls_++;
+    const int latest = logsCalls_ >= 3 ? 2 : 1;
+    const int attempt = req->attempt() == 0 ? latest : req->attempt();
+    const std::string text = attempt == 1 ? "one\ntwo\nthree\n" : "again\n";
+    const size_t offset = std::min<size_t>(static_cast<size_t>(req->offset()), text.size());
+    const size_t n = req->max_bytes() > 0 ? static_cast<size_t>(req->max_bytes()) : text.size();
+    resp->set_data(text.substr(offset, n));
+    resp->set_next_offset(static_cast<int64_t>(offset + resp->data().size()));
+    resp->set_size(static_cast<int64_t>(text.size()));
+    resp->set_attempt(attempt);
+    resp->set_job_ended(logsCalls_ >= 6);
+    return grpc::Status::OK;
+  }
+  v1::Job logsJob(bool pending) {  // under mu_
+    v1::Job job = makeJob("j-000060", "t", "alice", v1::RUNNING, kNow);
+    job.set_gpus(1);
+    job.mutable_spec()->set_max_restarts(3);
+    if (pending) {
+      job.set_state(v1::PENDING);
+      job.set_reason("waiting for 2 free GPUs");
+    } else if (logsCalls_ >= 6) {
+      job.set_state(v1::FAILED);
+      job.mutable_failure()->set_exit_code(3);
+    }
+    job.set_restarts(logsCalls_ >= 3 ? 1 : 0);
+    return job;
+  }
+  // GetJob answers for `id`, one per call, the last repeated.
+  void script(const std::string& id, std::vector<v1::Job> answers) {
+    std::lock_guard<std::mutex> lock(mu_);
+    scripted_[id] = std::deque<v1::Job>(answers.begin(), answers.end());
+  }
+  std::vector<v1::CancelJobRequest> cancels() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancels_;
+  }
+  std::vector<v1::HoldJobRequest> holds() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return holds_;
+  }
+  v1::SubmitRequest lastSubmit() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lastSubmit_;
+  }
+  v1::DrainNodeRequest lastDrain() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lastDrain_;
   }
   grpc::Status ListNodes(grpc::ServerContext*, const v1::ListNodesRequest*,
                          v1::ListNodesResponse* resp) override {
@@ -707,6 +1117,10 @@ class FakeUserService final : public v1::UserService::Service {
     return grpc::Status::OK;
   }
   grpc::Status DrainNode(grpc::ServerContext*, const v1::DrainNodeRequest* req, v1::Node* resp) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      lastDrain_ = *req;
+    }
     if (req->node() != "n3") return {grpc::StatusCode::NOT_FOUND, "no node named " + req->node()};
     resp->set_name("n3");
     resp->set_state(req->drain() ? "DRAINING" : "UP");
@@ -738,6 +1152,13 @@ class FakeUserService final : public v1::UserService::Service {
   bool endless_ = false;
   bool stuckToken_ = false;
   int listCalls_ = 0;
+  v1::SubmitRequest lastSubmit_;
+  std::map<std::string, std::deque<v1::Job>> scripted_;
+  std::vector<v1::CancelJobRequest> cancels_;
+  std::vector<v1::HoldJobRequest> holds_;
+  v1::DrainNodeRequest lastDrain_;
+  int getJobCalls_ = 0;
+  int logsCalls_ = 0;
 };
 
 class DdlctlServerTest : public ::testing::Test {
@@ -922,7 +1343,7 @@ TEST_F(DdlctlServerTest, ListFetchesEveryPage) {
   service_.page({});  // an empty history: the header only
   r = run({"list"});
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(r.out, "ID  NAME  USER  STATE  AGE  NODES  GPUS  NODELIST(REASON)\n");
+  EXPECT_EQ(r.out, "ID  NAME  USER  STATE  AGE  TIME  START  NODES  GPUS  NODELIST(REASON)\n");
 }
 
 // A coordinator that never ends the list, or repeats a token, cannot keep ddlctl looping.
@@ -976,6 +1397,216 @@ TEST_F(DdlctlServerTest, NodesRemove) {
   r = run({"drain", "n\x1b[2J"});
   EXPECT_EQ(r.rc, kExitRefused);
   EXPECT_EQ(r.err, "ddlctl: no node named n\\x1b[2J\n");
+}
+
+// ---- Waiting, cancelling by filter, hold/release/requeue, logs -f against the fake --------------------------
+
+v1::Job jobIn(const std::string& id, v1::JobState state, int exitCode = 0) {
+  v1::Job job = makeJob(id, "t", "alice", state, kNow);
+  if (state == v1::FAILED) job.mutable_failure()->set_exit_code(exitCode);
+  return job;
+}
+
+// ddlctl wait polls until the jobs end and exits with the worst result. Fails without the wait verb (exit 2)
+// or without the mapping (exit 0).
+TEST_F(DdlctlServerTest, WaitExitsWithTheJobsResult) {
+  service_.script("j-000050", {jobIn("j-000050", v1::PENDING), jobIn("j-000050", v1::RUNNING),
+                               jobIn("j-000050", v1::FAILED, 3)});
+  service_.script("j-000051", {jobIn("j-000051", v1::SUCCEEDED)});
+  Result r = run({"wait", "50", "j-000051"});
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_EQ(r.out, "j-000051 SUCCEEDED\nj-000050 FAILED (rank 0: exit code 3)\n");
+  service_.script("j-000052", {jobIn("j-000052", v1::CANCELLED)});
+  EXPECT_EQ(run({"wait", "51", "52"}).rc, kExitJobCancelled);
+  service_.script("j-000053", {jobIn("j-000053", v1::TIMEOUT)});
+  EXPECT_EQ(run({"wait", "53"}).rc, kExitJobTimeout);
+  r = run({"-o", "json", "wait", "51"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("{\"jobs\":[{\"id\":\"j-000051\"", 0), 0u) << r.out;
+  // A job that stays live: --wait-timeout ends the wait with its own status.
+  service_.script("j-000054", {jobIn("j-000054", v1::RUNNING)});
+  const auto start = std::chrono::steady_clock::now();
+  r = run({"wait", "54", "--wait-timeout", "0.5"});
+  EXPECT_EQ(r.rc, kExitWaitTimeout);
+  EXPECT_NE(r.err.find("gave up waiting after 0.5 s; still live: j-000054"), std::string::npos) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  r = run({"wait", "404"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.err, "ddlctl: job j-000404 not found\n");
+}
+
+TEST_F(DdlctlServerTest, SubmitWaitAndNewFlags) {
+  service_.script("j-000007", {jobIn("j-000007", v1::RUNNING), jobIn("j-000007", v1::SUCCEEDED)});
+  Result r = run({"submit", "--gpus", "1", "--wait", "--time", "2h", "--after-ok", "5,6", "--after-any", "j-9",
+                  "--hold", "--env", "A=1", "B=2", "C=3", "--workdir", "sub", "--", "python", "B=4"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "j-000007\nj-000007 SUCCEEDED\n");
+  v1::JobSpec spec = service_.lastSpec();
+  EXPECT_EQ(spec.time_limit_s(), 7200);
+  EXPECT_EQ(std::vector<std::string>(spec.after_ok().begin(), spec.after_ok().end()),
+            (std::vector<std::string>{"j-000005", "j-000006"}));
+  EXPECT_EQ(spec.after_any(0), "j-000009");
+  EXPECT_TRUE(spec.hold());
+  EXPECT_EQ(std::vector<std::string>(spec.env().begin(), spec.env().end()),
+            (std::vector<std::string>{"A=1", "B=2", "C=3"}))
+      << "several values after one --env";
+  EXPECT_EQ(std::vector<std::string>(spec.command().begin(), spec.command().end()),
+            (std::vector<std::string>{"python", "B=4"}));
+  EXPECT_EQ(spec.workdir(), (std::filesystem::current_path() / "sub").string());
+
+  service_.script("j-000007", {jobIn("j-000007", v1::FAILED, 42)});
+  EXPECT_EQ(run({"submit", "--gpus", "1", "--wait", "--", "x"}).rc, 42);
+
+  // --export ALL sends the environment, but never the token.
+  setenv("DDLCTL_TEST_VAR", "v", 1);
+  setenv("DDL_TOKEN", "ddl_secret", 1);
+  r = run({"submit", "--gpus", "1", "--export", "ALL", "--env", "DDLCTL_TEST_VAR=w", "--", "x"});
+  unsetenv("DDL_TOKEN");
+  unsetenv("DDLCTL_TEST_VAR");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  spec = service_.lastSpec();
+  std::vector<std::string> env(spec.env().begin(), spec.env().end());
+  EXPECT_EQ(std::count(env.begin(), env.end(), "DDLCTL_TEST_VAR=w"), 1);
+  EXPECT_EQ(std::count(env.begin(), env.end(), "DDLCTL_TEST_VAR=v"), 0);
+  for (const std::string& e : env) EXPECT_EQ(e.find("ddl_secret"), std::string::npos) << e;
+  EXPECT_GT(env.size(), 1u);
+  // Without --export, only --env (today's behaviour).
+  ASSERT_EQ(run({"submit", "--gpus", "1", "--", "x"}).rc, 0);
+  EXPECT_EQ(service_.lastSpec().env_size(), 0);
+}
+
+TEST_F(DdlctlServerTest, SubmitArrayPrintsItsIds) {
+  Result r = run({"submit", "--gpus", "1", "--array", "0-2", "--", "x"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(service_.lastSubmit().array(), "0-2");
+  EXPECT_EQ(r.out, "j-000007\nj-000008\nj-000009\n");
+  r = run({"submit", "--gpus", "1", "--array", "0-99%4", "--", "x"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "j-000007\n... j-000106 (100 jobs in array j-000007)\n");
+  r = run({"-o", "json", "submit", "--gpus", "1", "--array", "1,3", "--", "x"});
+  EXPECT_NE(r.out.find("\"array_jobs\":[\"j-000007\",\"j-000008\"]"), std::string::npos) << r.out;
+}
+
+// `ddlctl submit script.sh args`: #DDL lines are flags, the command line wins, the command is the script's
+// absolute path. Fails without the script form ("put the job's command after --").
+TEST_F(DdlctlServerTest, SubmitScriptWithDirectives) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ddlctl-script-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string script = (dir / "train.sh").string();
+  {
+    std::ofstream f(script);
+    f << "#!/bin/bash\n#DDL --gpus 2 --name fromscript\n#DDL --env \"A=x y\" --time 10\n\npython train.py\n";
+  }
+  Result r = run({"submit", "--name", "fromcli", script, "--epochs", "3", "--gpus", "9"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  v1::JobSpec spec = service_.lastSpec();
+  EXPECT_EQ(spec.name(), "fromcli");
+  EXPECT_EQ(spec.total_gpus(), 2);
+  EXPECT_EQ(spec.time_limit_s(), 600);
+  EXPECT_EQ(spec.env(0), "A=x y");
+  EXPECT_EQ(std::vector<std::string>(spec.command().begin(), spec.command().end()),
+            (std::vector<std::string>{script, "--epochs", "3", "--gpus", "9"}))
+      << "words after the script are its own";
+  // A shape on the command line replaces the script's.
+  r = run({"submit", "--nodes", "2", script});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(service_.lastSpec().nodes(), 2);
+  EXPECT_EQ(service_.lastSpec().total_gpus(), 0);
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n#DDL --gpus 1\n#DDL --frobnicate 3\necho\n";
+  }
+  r = run({"submit", script});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_NE(r.err.find(script + " line 3: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--frobnicate"), std::string::npos) << r.err;
+  {
+    std::ofstream f(script);
+    f << "echo no shebang\n";
+  }
+  r = run({"submit", "--gpus", "1", script});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_NE(r.err.find("put the job's command after --"), std::string::npos) << r.err;
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(DdlctlServerTest, CancelSeveralByFilterAndSignal) {
+  Result r = run({"cancel", "1", "2", "000001"});
+  EXPECT_EQ(r.rc, kExitRefused) << "the first failure's status";
+  EXPECT_EQ(r.out, "j-000001 CANCELLED\nj-000001 CANCELLED\n") << "a refusal does not stop the rest";
+  EXPECT_EQ(r.err, "ddlctl: job j-000002 already finished (SUCCEEDED)\n");
+  // By filter: alice's live jobs are listed, then each is cancelled; a refusal does not stop the rest.
+  r = run({"cancel", "--user", "alice", "--state", "running,failed"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.out, "j-000001 CANCELLED\n");
+  EXPECT_EQ(r.err, "ddlctl: job j-000003 already finished (SUCCEEDED)\n");
+  EXPECT_EQ(service_.lastList().user(), "alice");
+  r = run({"cancel", "--user", "nobody"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "ddlctl: no live job matches --user nobody; nothing was cancelled\n");
+  const v1::ListJobsRequest listed = service_.lastList();
+  EXPECT_EQ(std::vector<int>(listed.states().begin(), listed.states().end()),
+            (std::vector<int>{v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}));
+  // --signal: the job goes on.
+  r = run({"cancel", "1", "--signal", "usr1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "j-000001 sent SIGUSR1 (RUNNING)\n");
+  EXPECT_EQ(service_.cancels().back().signal(), SIGUSR1);
+  ASSERT_EQ(run({"cancel", "1", "--signal", "15"}).rc, 0);
+  EXPECT_EQ(service_.cancels().back().signal(), 15);
+  r = run({"-o", "json", "cancel", "1"});  // one id: the Job, as before
+  EXPECT_EQ(r.out.rfind("{\"id\":\"j-000001\"", 0), 0u) << r.out;
+}
+
+TEST_F(DdlctlServerTest, HoldReleaseRequeueAndDrainReason) {
+  Result r = run({"hold", "2"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "j-000002 PENDING (held)\n");
+  r = run({"release", "000002"});
+  EXPECT_EQ(r.out, "j-000002 PENDING\n");
+  ASSERT_EQ(service_.holds().size(), 2u);
+  EXPECT_TRUE(service_.holds()[0].hold());
+  EXPECT_FALSE(service_.holds()[1].hold());
+  r = run({"hold", "2", "77"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.out, "j-000002 PENDING (held)\n");
+  EXPECT_EQ(r.err, "ddlctl: job j-000077 not found\n");
+  r = run({"requeue", "1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "j-000001 PENDING\n");
+  r = run({"requeue", "3"});  // a coordinator without RequeueJob
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_NE(r.err.find("hint: the coordinator is older than this ddlctl"), std::string::npos) << r.err;
+  r = run({"drain", "n3", "--reason", "bad DIMM"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(service_.lastDrain().reason(), "bad DIMM");
+  EXPECT_TRUE(service_.lastDrain().drain());
+}
+
+// logs -f waits through PENDING, prints the last line only (--tail 1) with a receive time, moves to the
+// second attempt with a marker, and exits with the job's code. Fails without each part: the first GetLogs
+// was a refusal ("has not been launched"), every line was printed, the second attempt was never read, or
+// the exit was 0.
+TEST_F(DdlctlServerTest, LogsFollowWaitsTailsAndFollowsEveryAttempt) {
+  Result r = run({"logs", "60", "-f", "--tail", "1", "--timestamps"});
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_NE(r.err.find("waiting for j-000060 (PENDING: waiting for 2 free GPUs)\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("==> attempt 2 (restart 1 of 3) <==\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("one"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("two"), std::string::npos) << r.out;
+  ASSERT_NE(r.out.find(" three\n"), std::string::npos) << r.out;
+  ASSERT_NE(r.out.find(" again\n"), std::string::npos) << r.out;
+  EXPECT_LT(r.out.find("three"), r.out.find("again"));
+  // "2026-11-24 10:00:00.123 three": a local time first.
+  EXPECT_EQ(r.out[4], '-') << r.out;
+  EXPECT_EQ(r.out[23], ' ') << r.out;
+  // Without -f a job that has not been launched is the coordinator's refusal, as before.
+  service_.script("j-000061", {jobIn("j-000061", v1::PENDING)});
+  r = run({"logs", "61"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_NE(r.err.find("has not been launched"), std::string::npos) << r.err;
 }
 
 }  // namespace

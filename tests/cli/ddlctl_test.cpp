@@ -153,6 +153,18 @@ class DdlctlTest : public ::testing::Test {
   static inline std::vector<std::unique_ptr<FakeAgent>> agents_;
 };
 
+// Every program says its version, the same one. Fails without the coordinator's --version (CLI11: exit 109).
+TEST_F(DdlctlTest, VersionOfCoordinatorAndDdlctl) {
+  Result ctl_version = runProgram({"ddlctl", "--version"});
+  ASSERT_EQ(ctl_version.code, 0) << ctl_version.err;
+  ASSERT_EQ(ctl_version.out.rfind("ddlctl ", 0), 0u) << ctl_version.out;
+  const std::string version = ctl_version.out.substr(7);
+  EXPECT_GT(version.size(), 1u);
+  Result coordinator = runProgram({"ddl-coordinator", "--version"});
+  EXPECT_EQ(coordinator.code, 0) << coordinator.err;
+  EXPECT_EQ(coordinator.out, "ddl-coordinator " + version);
+}
+
 TEST_F(DdlctlTest, NodesListsBothAgents) {
   Result r = ctl({"nodes"});
   ASSERT_EQ(r.code, 0) << r.err;

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/version.h"
 #include "gtest/gtest.h"
 
 #ifndef DDL_BIN_DIR
@@ -474,6 +475,14 @@ TEST_F(DdlrunTest, HelpPrintsUsage) {
   RunResult result = runDdlrun({"--help"});
   EXPECT_EQ(result.status, 0);
   EXPECT_TRUE(contains(result.out, "usage: ddlrun -np N")) << result.out;
+  EXPECT_EQ(result.err, "");
+}
+
+// Fails without --version (an unknown option, exit 2).
+TEST_F(DdlrunTest, VersionPrintsIt) {
+  RunResult result = runDdlrun({"--version"});
+  EXPECT_EQ(result.status, 0);
+  EXPECT_EQ(result.out, std::string("ddlrun ") + ddl::kVersion + "\n");
   EXPECT_EQ(result.err, "");
 }
 

@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/version.h"
 #include "bench_common.h"  // the flags, table and JSON shared with bench/mpi_allreduce.c
 #include "ddl/ddl.h"
 #include "tune.h"  // --tune
@@ -320,6 +321,7 @@ constexpr const char* kUsage =
     "      --tune FILE          time every algorithm and segment size per size and write the fastest as a\n"
     "                           tuning table for DDL_TUNE_FILE (rules for other rank counts in FILE are kept)\n"
     "  -h, --help               this text\n"
+    "      --version            print ddl-bench's version\n"
     "Exit status: 0 all results right, 1 wrong values, 2 bad flags, 3 a libddl error.\n";
 
 // A bad flag: says what is wrong (printf-style) and exits with 2; bench_common.h's bench_bad_flag_fn.
@@ -332,7 +334,7 @@ constexpr const char* kUsage =
 }
 
 Options parseOptions(int argc, char** argv) {
-  enum { kJsonOption = 256, kTuneOption };
+  enum { kJsonOption = 256, kTuneOption, kVersionOption };
   static const option kLongOptions[] = {
       BENCH_SWEEP_LONG_OPTIONS,
       {"datatype", required_argument, nullptr, 'd'},
@@ -341,6 +343,7 @@ Options parseOptions(int argc, char** argv) {
       {"json", required_argument, nullptr, kJsonOption},
       {"tune", required_argument, nullptr, kTuneOption},
       {"help", no_argument, nullptr, 'h'},
+      {"version", no_argument, nullptr, kVersionOption},
       {nullptr, 0, nullptr, 0},
   };
   Options o;
@@ -393,6 +396,9 @@ Options parseOptions(int argc, char** argv) {
         break;
       case 'h':
         std::fputs(kUsage, stdout);
+        std::exit(kExitOk);
+      case kVersionOption:
+        std::printf("ddl-bench %s\n", ddl::kVersion);
         std::exit(kExitOk);
       case ':':  // the flag is the last argument, just consumed
         badFlag(argv[optind - 1], "needs a value");

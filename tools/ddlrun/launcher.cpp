@@ -87,6 +87,7 @@ constexpr const char kUsage[] =
     "  --no-tag-output     pass output through unprefixed, still a whole line at a time\n"
     "  --grace-ms MS       when stopping ranks, wait MS after SIGTERM before SIGKILL (default 5000)\n"
     "  -h, --help          print this help\n"
+    "  --version           print ddlrun's version\n"
     "Long options also take --option=VALUE.\n"
     "\n"
     "Each rank runs in its own process group. Its stdout and stderr go to ddlrun's stdout and\n"
@@ -725,6 +726,10 @@ ParseResult parseArgs(const std::vector<std::string>& args) {
     }
     if (arg == "-h" || arg == "--help") {
       options.help = true;
+      return result;
+    }
+    if (arg == "--version") {
+      options.version = true;
       return result;
     }
     std::string name = arg;

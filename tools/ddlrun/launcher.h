@@ -43,6 +43,7 @@ struct Options {
   std::vector<std::string> env;      // -x VAR=VALUE, in order; a later one for the same VAR wins
   std::vector<std::string> command;  // PROGRAM ARGS...
   bool help = false;                 // --help: print usage() and exit 0, ignore the rest
+  bool version = false;              // --version: print "ddlrun <version>" and exit 0, ignore the rest
 };
 
 struct ParseResult {

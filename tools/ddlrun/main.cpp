@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/version.h"
 #include "launcher.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +16,10 @@ int main(int argc, char** argv) {
   }
   if (parsed.options.help) {
     std::fputs(ddl::launcher::usage(), stdout);
+    return 0;
+  }
+  if (parsed.options.version) {
+    std::printf("ddlrun %s\n", ddl::kVersion);
     return 0;
   }
   return ddl::launcher::run(parsed.options);
