@@ -31,6 +31,17 @@ th{background:#f4f4f4}.UP,.SUCCEEDED,.RUNNING{color:#17803d}.DOWN,.FAILED{color:
 pre{background:#f7f7f7;padding:.6em;max-height:18em;overflow:auto;font-size:.8em}a{color:#1d4ed8}
 .muted{color:#777;font-size:.85em}</style>)";
 
+// A Prometheus label value: backslash, quote and newline escaped (job ids never hold them; a bug must not break
+// the exposition).
+std::string labelValue(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\\' || c == '"') out += '\\';
+    out += c == '\n' ? std::string("\\n") : std::string(1, c);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string htmlEscape(const std::string& text) {
@@ -83,6 +94,30 @@ std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
   o << "ddl_collective_seconds_total " << num(m.collective_seconds_total) << "\n";
   head("ddl_coordinator_store_healthy", "gauge", "1 while the coordinator can store its state, else 0 (see /healthz).");
   o << "ddl_coordinator_store_healthy " << (store_healthy ? 1 : 0) << "\n";
+  // Per placed job (SCHEDULED, STARTING, RUNNING): one label, the job id, for at most
+  // MetricsSnapshot::kMaxJobFigures (500) jobs, the oldest first, so a scrape
+  // stays small and the series end with their job.
+  struct PerJob {
+    const char* name;
+    const char* type;
+    const char* help;
+    std::string (*value)(const JobFigures&);
+  };
+  static const PerJob kPerJob[] = {
+      {"ddl_job_collective_bytes_total", "counter", "Bytes of collectives of a live job's current attempt.",
+       [](const JobFigures& f) { return num(f.bytes); }},
+      {"ddl_job_collective_seconds_total", "counter", "Time a live job's ranks spent in collectives (this attempt).",
+       [](const JobFigures& f) { return num(f.seconds); }},
+      {"ddl_job_gpus", "gauge", "GPUs a live job asks for.", [](const JobFigures& f) { return std::to_string(f.gpus); }},
+      {"ddl_job_ranks_reporting", "gauge", "Ranks of a live job that reported in the last 30 s.",
+       [](const JobFigures& f) { return std::to_string(f.ranks_reporting); }},
+  };
+  for (const auto& metric : kPerJob) {
+    head(metric.name, metric.type, metric.help);
+    for (size_t i = 0; i < m.jobs.size() && i < MetricsSnapshot::kMaxJobFigures; ++i) {
+      o << metric.name << "{job=\"" << labelValue(m.jobs[i].job) << "\"} " << metric.value(m.jobs[i]) << "\n";
+    }
+  }
   return o.str();
 }
 
