@@ -230,6 +230,12 @@ TEST_F(SeriesTest, JobSeriesHasEveryRankAndNamesTheSlowOne) {
   EXPECT_NE(body["slow_why"].get<std::string>().find("rank 3"), std::string::npos);
   EXPECT_EQ(handleRequest(*coordinator, "GET", "/api/v1/jobs/j-999999/series").status, 404);
   EXPECT_EQ(handleRequest(*coordinator, "GET", "/api/v1/jobs/x/series").status, 404);
+  // The job page carries the charts' containers and the script that fetches the series.
+  Response page = handleRequest(*coordinator, "GET", "/jobs/" + job);
+  EXPECT_NE(page.body.find("id='chart-bw'"), std::string::npos);
+  EXPECT_NE(page.body.find("id='chart-busy'"), std::string::npos);
+  EXPECT_NE(page.body.find("'/series'"), std::string::npos);
+  EXPECT_NE(page.body.find("data-live='1'"), std::string::npos);
 }
 
 TEST_F(SeriesTest, ClusterSeriesSamplesGpusAndJobsEveryFiveSeconds) {
@@ -321,6 +327,67 @@ TEST_F(SeriesTest, JobsApiTakesStatesInAnyCaseAndFiltersAndPages) {
   for (const char* bad : {"state=nope", "state=running,", "since=yesterday", "page_size=0", "page_size=9999"}) {
     EXPECT_EQ(handleRequest(*coordinator, "GET", std::string("/api/v1/jobs?") + bad).status, 400) << bad;
   }
+}
+
+TEST(Pages, HumanDurations) {
+  EXPECT_EQ(humanDuration(350), "0.35s");
+  EXPECT_EQ(humanDuration(45000), "45s");
+  EXPECT_EQ(humanDuration(60882), "1m 00s");
+  EXPECT_EQ(humanDuration(61000), "1m 01s");
+  EXPECT_EQ(humanDuration(2 * 3600000 + 5 * 60000), "2h 05m");
+  EXPECT_EQ(humanDuration(3 * 86400000LL + 4 * 3600000), "3d 04h");
+  EXPECT_EQ(humanDuration(-5), "0.00s");
+}
+
+// A finished job's page: the rank processes from Job.ranks (exit code or signal, start and end, figures), human
+// durations instead of milliseconds, user text escaped, logs that start at their end, no self-refresh.
+TEST(Pages, FinishedJobShowsItsRankProcessesInHumanTerms) {
+  v1::Job job;
+  job.set_id("j-000007");
+  job.set_state(v1::FAILED);
+  job.set_submit_ms(1000000);
+  job.set_start_ms(1005000);
+  job.set_end_ms(1066000);
+  job.mutable_spec()->set_name("train");
+  auto* t = job.add_transitions();
+  t->set_to(v1::FAILED);
+  t->set_at_ms(1061000);
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::RankStatus* r = job.add_ranks();
+    r->set_rank(rank);
+    r->set_node(rank == 0 ? "n<1>" : "n2");
+    r->set_gpu(rank);
+    r->set_pid(4100 + rank);
+    r->set_program_pid(4200 + rank);
+    r->set_state(v1::RankStatus::EXITED);
+    r->set_started_ms(1005000);
+    r->set_exited_ms(1066000);
+    if (rank == 0) r->set_exit_code(3);
+    if (rank == 1) r->set_signal(9);
+    r->mutable_progress()->set_bytes(2500000000);
+    r->mutable_progress()->set_seconds(12.5);
+    r->mutable_progress()->set_collectives(400);
+  }
+  const std::string page = renderJobPage(job, nullptr, {{0, "line 1\nline <2>\n"}}, 1126000);
+  for (const char* want : {"Rank processes", "exit 3", "SIGKILL", "n&lt;1&gt;", "4201", "+1m 01s", "1m 01s",
+                           "ran for", "2.50 GB", "12s", "class='log'", "data-live='0'", "line &lt;2&gt;",
+                           "scrollHeight", "1m 00s ago"}) {
+    EXPECT_NE(page.find(want), std::string::npos) << want;
+  }
+  EXPECT_EQ(page.find("n<1>"), std::string::npos);
+  EXPECT_EQ(page.find(" ms<"), std::string::npos);  // no raw milliseconds in cells
+  job.clear_ranks();
+  EXPECT_NE(renderJobPage(job, nullptr, {}, 1126000).find("no rank records were kept"), std::string::npos);
+}
+
+TEST(Pages, IndexHasClusterChartsHistoryFiltersAndPaging) {
+  const std::string page = renderIndexPage();
+  for (const char* want : {"id=\"chart-gpus\"", "id=\"chart-jobs\"", "/api/v1/cluster/series", "name=\"state\"",
+                           "name=\"user\"", "name=\"name\"", "page_token", "next page", "hdur(", ".sort("}) {
+    EXPECT_NE(page.find(want), std::string::npos) << want;
+  }
+  EXPECT_EQ(page.find("http://"), std::string::npos);  // nothing fetched from elsewhere
+  EXPECT_EQ(page.find("https://"), std::string::npos);
 }
 
 // A raw request to the real server; returns what it answered (up to 4 KiB) or "connect failed".
