@@ -203,7 +203,8 @@ STATES.forEach(s=>{const o=document.createElement('option');o.value=s.toLowerCas
 sel.value=(q.get('state')||'').toLowerCase();
 for(const k of ['user','name'])document.querySelector('#filters [name='+k+']').value=q.get(k)||'';
 function ago(ms){return ms>0?hdur(Date.now()-ms)+' ago':'-';}
-function ran(x){const s=Number(x.start_ms||0),e=Number(x.end_ms||0);return s>0?hdur((e>0?e:Date.now())-s):'-';}
+function started(x){if(Number(x.start_ms||0)>0)return Number(x.start_ms);const t=(x.transitions||[]).filter(t=>t.to==='RUNNING').pop();return t?Number(t.at_ms):0;}
+function ran(x){const s=started(x),e=Number(x.end_ms||0);return s>0?hdur((e>0?e:Date.now())-s):'-';}
 function row(cells){return '<tr>'+cells.map(c=>'<td>'+c+'</td>').join('')+'</tr>';}
 function jobRow(x){return row(['<a href="/jobs/'+esc(x.id)+'">'+esc(x.id)+'</a>',esc(x.spec.name),esc(x.spec.user),
  '<span class="'+esc(x.state)+'">'+esc(x.state)+(x.held?' (held)':'')+'</span>',ago(Number(x.submit_ms)),ran(x),x.gpus,
@@ -359,7 +360,10 @@ bool isFinal(v1::JobState s) {
 // The page's script: the charts from /api/v1/jobs/ID/series, the logs kept at their end, and while the job is
 // live the page's own parts re-read and swapped in place.
 const char* kJobScript = R"(<script>
-const JOB=document.body.dataset.job;
+const JOB=document.body.dataset.job;let SLOW=-1;
+// The ranks table marks the rank the series name (once they do), so the page names one slow rank.
+function markSlow(){if(SLOW<0)return;document.querySelectorAll('#ranks tr').forEach(tr=>{const c=tr.cells[0];if(!c||tr.querySelector('th'))return;
+ const me=c.textContent===String(SLOW);tr.classList.toggle('slow',me);if(me)tr.title='slowest rank';else tr.removeAttribute('title');});}
 function logsState(){const m={};document.querySelectorAll('pre.log').forEach(p=>{m[p.id]={end:p.scrollTop+p.clientHeight>=p.scrollHeight-8,top:p.scrollTop};});return m;}
 function restoreLogs(m){document.querySelectorAll('pre.log').forEach(p=>{const k=m[p.id];p.scrollTop=!k||k.end?p.scrollHeight:k.top;});}
 async function series(){
@@ -376,6 +380,7 @@ async function series(){
   const slow=document.getElementById('slow');
   slow.className=s.slow_rank>=0?'slowline':'muted';
   slow.textContent=s.slow_rank>=0?'Slow rank: '+s.slow_why:'No slow rank named: fewer than two ranks have figures.';
+  SLOW=s.slow_rank;markSlow();
  }catch(e){document.getElementById('slow').textContent='series not available: '+e;}
 }
 async function reload(){
@@ -384,7 +389,7 @@ async function reload(){
   const m=logsState();
   for(const id of ['top','bottom']){const n=d.getElementById(id);if(n)document.getElementById(id).replaceWith(n);}
   document.body.dataset.live=d.body.dataset.live||'0';
-  restoreLogs(m);
+  restoreLogs(m);markSlow();
  }catch(e){}
 }
 restoreLogs({});series();
@@ -421,10 +426,15 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
   o << "</td></tr><tr><th>GPUs</th><td>" << job.gpus() << "</td></tr><tr><th>topology</th><td>"
     << htmlEscape(job.topology()) << "</td></tr><tr><th>reason</th><td>" << htmlEscape(job.reason())
     << "</td></tr><tr><th>submitted</th><td>" << humanDuration(now_ms - job.submit_ms()) << " ago</td></tr>";
-  if (job.start_ms() > 0) {
-    o << "<tr><th>started</th><td>" << humanDuration(job.start_ms() - job.submit_ms()) << " after submit</td></tr>"
+  // Job.start_ms where the coordinator fills it, else the latest move to RUNNING.
+  int64_t start_ms = job.start_ms();
+  for (const auto& t : job.transitions()) {
+    if (job.start_ms() == 0 && t.to() == v1::RUNNING) start_ms = t.at_ms();
+  }
+  if (start_ms > 0) {
+    o << "<tr><th>started</th><td>" << humanDuration(start_ms - job.submit_ms()) << " after submit</td></tr>"
       << "<tr><th>" << (job.end_ms() > 0 ? "ran for" : "running for") << "</th><td>"
-      << humanDuration((job.end_ms() > 0 ? job.end_ms() : now_ms) - job.start_ms()) << "</td></tr>";
+      << humanDuration((job.end_ms() > 0 ? job.end_ms() : now_ms) - start_ms) << "</td></tr>";
   }
   if (job.end_ms() > 0) o << "<tr><th>ended</th><td>" << humanDuration(now_ms - job.end_ms()) << " ago</td></tr>";
   o << "</table></div>";
@@ -462,6 +472,10 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
     o << "</table>";
   }
   // The rank processes as the coordinator keeps them (after the job ended too): whatever fields are there.
+  std::map<int, std::string> ring_node;  // where Job.ranks has no node yet
+  if (ring) {
+    for (const auto& slot : ring->ranks()) ring_node[slot.rank()] = slot.node();
+  }
   if (job.ranks_size() > 0) {
     o << "<h2>Rank processes</h2><table id='processes'><tr><th>rank</th><th>node</th><th>GPU</th><th>pid</th>"
       << "<th>program pid</th><th>state</th><th>exit</th><th>started</th><th>ended</th><th>ran for</th>"
@@ -476,7 +490,7 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
       if (!r->error().empty()) exit += " (" + r->error() + ")";
       auto since_submit = [&](int64_t ms) { return ms > 0 ? "+" + humanDuration(ms - job.submit_ms()) : "-"; };
       const bool bad = r->has_signal() || (r->has_exit_code() && r->exit_code() != 0);
-      o << "<tr" << (bad ? " class='slow'" : "") << "><td>" << rank << "</td><td>" << htmlEscape(r->node())
+      o << "<tr" << (bad ? " class='slow'" : "") << "><td>" << rank << "</td><td>" << htmlEscape(r->node().empty() ? ring_node[rank] : r->node())
         << "</td><td>" << r->gpu() << "</td><td>" << (r->pid() > 0 ? std::to_string(r->pid()) : "-") << "</td><td>"
         << (r->program_pid() > 0 ? std::to_string(r->program_pid()) : "-") << "</td><td>"
         << v1::RankStatus::State_Name(r->state()) << "</td><td>" << htmlEscape(exit) << "</td><td>"

@@ -195,7 +195,7 @@ int slowRankOf(const std::vector<RankSeries>& ranks, std::string* why) {
     lo = std::min(lo, f.bytes_per_s);
     hi = std::max(hi, f.bytes_per_s);
   }
-  const bool lockstep = hi <= 0 || (hi - lo) <= 0.02 * hi;
+  const bool lockstep = hi <= 0 || (hi - lo) <= 0.1 * hi;
   const Figure* slow = &figures[0];
   for (const auto& f : figures) {
     if (lockstep ? f.busy > slow->busy : f.bytes_per_s < slow->bytes_per_s) slow = &f;

@@ -134,8 +134,8 @@ class TelemetryHistory {
 };
 
 // The slow rank among `ranks` from their latest kSlowWindow intervals: the lowest collective throughput; where
-// throughputs are within 2% of each other (ranks in lockstep move the same bytes), the highest time in
-// collectives. -1 with fewer than two ranks that have figures. `why` says so in words.
+// throughputs are within 10% of each other (ranks in lockstep move the same bytes; reports carry a second of
+// jitter), the highest time in collectives. -1 with fewer than two ranks that have figures. `why` says so.
 int slowRankOf(const std::vector<RankSeries>& ranks, std::string* why);
 
 }  // namespace ddl::coordinator
