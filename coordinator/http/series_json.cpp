@@ -23,12 +23,9 @@ nlohmann::json jobSeriesJson(const JobSeries& series) {
                      {"busy_fraction", std::move(busy)},
                      {"collectives", r.collectives}});
   }
-  return {{"job", series.job},
-          {"ended", series.ended},
-          {"attempt", series.attempt},
-          {"slow_rank", series.slow_rank},
-          {"slow_why", series.slow_why},
-          {"ranks", std::move(ranks)}};
+  return {{"job", series.job},           {"ended", series.ended},
+          {"attempt", series.attempt},   {"slow_rank", series.slow_rank},
+          {"slow_why", series.slow_why}, {"ranks", std::move(ranks)}};
 }
 
 nlohmann::json clusterSeriesJson(const ClusterSeries& series) {
@@ -43,7 +40,9 @@ nlohmann::json clusterSeriesJson(const ClusterSeries& series) {
       jobs[series.states[i]].push_back(i < p.jobs.size() ? p.jobs[i] : 0);
     }
   }
-  return {{"t_ms", std::move(t)}, {"gpus_used", std::move(used)}, {"gpus_total", std::move(total)},
+  return {{"t_ms", std::move(t)},
+          {"gpus_used", std::move(used)},
+          {"gpus_total", std::move(total)},
           {"jobs", std::move(jobs)}};
 }
 

@@ -1,5 +1,5 @@
-// The JSON of the dashboard's plots (/api/v1/jobs/ID/series, /api/v1/cluster/series): column arrays, one value
-// per sample, so the answer stays small and the page's script draws it without reshaping. Sizes follow
+// The JSON of the dashboard's plots (/api/v1/jobs/ID/series, /api/v1/cluster/series): column arrays, one
+// value per sample, so the answer stays small and the page's script draws it without reshaping. Sizes follow
 // TelemetryHistory's bounds: at most 16384 points a job (240 a rank), 720 cluster points.
 //
 // Threads: pure functions; any thread.

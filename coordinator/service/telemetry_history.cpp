@@ -40,8 +40,8 @@ size_t TelemetryHistory::capPerRank(const JobEntry& job) const {
   return std::clamp(kJobSampleBudget / ranks, kMinSamplesPerRank, kMaxSamplesPerRank);
 }
 
-void TelemetryHistory::recordRank(const std::string& id, int attempt, int rank, const v1::RankProgress& progress,
-                                  int64_t now_ms) {
+void TelemetryHistory::recordRank(const std::string& id, int attempt, int rank,
+                                  const v1::RankProgress& progress, int64_t now_ms) {
   if (rank < 0 || rank >= kMaxRanksPerJob) return;
   auto it = jobs_.find(id);
   if (it == jobs_.end()) {
@@ -83,7 +83,8 @@ void TelemetryHistory::recordRank(const std::string& id, int attempt, int rank, 
 }
 
 bool TelemetryHistory::clusterDue(int64_t now_ms) const {
-  return points_.empty() || now_ms - points_.back().t_ms >= kClusterIntervalMs || now_ms < points_.back().t_ms;
+  return points_.empty() || now_ms - points_.back().t_ms >= kClusterIntervalMs ||
+         now_ms < points_.back().t_ms;
 }
 
 void TelemetryHistory::recordCluster(int64_t now_ms, int gpus_used, int gpus_total,

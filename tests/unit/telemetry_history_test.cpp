@@ -1,5 +1,5 @@
-// TelemetryHistory: rates derived from cumulative counters, its bounds (samples, ranks, jobs, cluster points),
-// thinning that keeps rates exact, retirement of ended jobs, and the slow rank.
+// TelemetryHistory: rates derived from cumulative counters, its bounds (samples, ranks, jobs, cluster
+// points), thinning that keeps rates exact, retirement of ended jobs, and the slow rank.
 #include "service/telemetry_history.h"
 
 #include <gtest/gtest.h>
@@ -35,7 +35,8 @@ TEST(TelemetryHistory, RatesAreDerivedBetweenSamples) {
 
 TEST(TelemetryHistory, ReportsCloserThanASecondReplaceTheNewest) {
   TelemetryHistory h;
-  for (int i = 0; i <= 10; ++i) h.recordRank("j-1", 1, 0, progress(i * 100, 0, i), 1000 + i * 200);  // 2 s in all
+  for (int i = 0; i <= 10; ++i)
+    h.recordRank("j-1", 1, 0, progress(i * 100, 0, i), 1000 + i * 200);  // 2 s in all
   JobSeries s = h.jobSeries("j-1");
   ASSERT_EQ(s.ranks.size(), 1u);
   EXPECT_LE(s.ranks[0].t_ms.size(), 2u);
@@ -45,13 +46,15 @@ TEST(TelemetryHistory, ReportsCloserThanASecondReplaceTheNewest) {
 
 TEST(TelemetryHistory, ThinningKeepsTheBoundAndTheAverage) {
   TelemetryHistory h;
-  // 1000 reports 1 s apart at a steady 1 MB/s: the rank keeps at most 240 samples and every rate stays 1 MB/s.
-  for (int i = 0; i < 1000; ++i) h.recordRank("j-1", 1, 0, progress(int64_t{i} * 1000000, i * 0.5, i), i * 1000);
+  // 1000 reports 1 s apart at a steady 1 MB/s: the rank keeps at most 240 samples and every rate stays 1
+  // MB/s.
+  for (int i = 0; i < 1000; ++i)
+    h.recordRank("j-1", 1, 0, progress(int64_t{i} * 1000000, i * 0.5, i), i * 1000);
   EXPECT_LE(h.samplesKept(), TelemetryHistory::kMaxSamplesPerRank);
   EXPECT_GE(h.samplesKept(), TelemetryHistory::kMaxSamplesPerRank / 2);
   JobSeries s = h.jobSeries("j-1");
   const RankSeries& r = s.ranks[0];
-  EXPECT_EQ(r.t_ms.back(), 999000);  // the newest is always kept
+  EXPECT_EQ(r.t_ms.back(), 999000);   // the newest is always kept
   EXPECT_LE(r.t_ms.front(), 500000);  // and so is the start: the series covers the whole run, coarser
   for (size_t i = 0; i < r.t_ms.size(); ++i) {
     EXPECT_NEAR(r.bytes_per_s[i], 1e6, 1e-3) << i;
