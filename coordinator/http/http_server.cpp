@@ -18,13 +18,13 @@
 #include <set>
 #include <thread>
 
+#include "auth/access.h"
 #include "common/host_port.h"
 #include "common/pki.h"
 #include "ddl/messages.h"
 #include "http/pages.h"
 #include "http/series_json.h"
 #include "http/server_certificate.h"
-#include "auth/access.h"
 #include "service/convert.h"
 
 namespace ddl::coordinator::http {
@@ -106,8 +106,8 @@ int64_t timeBound(const std::string& text, int64_t now_ms) {
   return now_ms - n * unit->second;
 }
 
-// The ListJobsRequest of /api/v1/jobs?QUERY; "" or why the query is refused (a 400). States are matched in any
-// case and may be comma-separated ("failed,cancelled").
+// The ListJobsRequest of /api/v1/jobs?QUERY; "" or why the query is refused (a 400). States are matched in
+// any case and may be comma-separated ("failed,cancelled").
 std::string listJobsRequest(const std::string& query, int64_t now_ms, v1::ListJobsRequest* req) {
   std::string states = percentDecode(queryParam(query, "state"));
   size_t pos = 0;
@@ -123,8 +123,7 @@ std::string listJobsRequest(const std::string& query, int64_t now_ms, v1::ListJo
       for (int i = v1::JobState_MIN + 1; i <= v1::JobState_MAX; ++i) {
         if (v1::JobState_IsValid(i)) known += (known.empty() ? "" : ", ") + v1::JobState_Name(i);
       }
-      return "unknown state '" + given + "' (" + known +
-             ", in any case; several with commas)";
+      return "unknown state '" + given + "' (" + known + ", in any case; several with commas)";
     }
     if (req->states_size() < 16) req->add_states(s);
   }
@@ -135,7 +134,8 @@ std::string listJobsRequest(const std::string& query, int64_t now_ms, v1::ListJo
     if (text.empty()) continue;
     const int64_t ms = timeBound(text, now_ms);
     if (ms < 0) {
-      return std::string(key) + "='" + text + "' is neither unix milliseconds nor an age such as 90s, 30m, 12h, 7d";
+      return std::string(key) + "='" + text +
+             "' is neither unix milliseconds nor an age such as 90s, 30m, 12h, 7d";
     }
     std::string(key) == "since" ? req->set_since_ms(ms) : req->set_until_ms(ms);
   }
@@ -331,7 +331,8 @@ void routeJob(DashboardBackend& b, const std::string& path, const auth::Identity
   const bool api = path.rfind("/api/v1/jobs/", 0) == 0;
   std::string id = path.substr(api ? 13 : 6);
   static const std::string kSeries = "/series";
-  if (api && id.size() > kSeries.size() && id.compare(id.size() - kSeries.size(), kSeries.size(), kSeries) == 0) {
+  if (api && id.size() > kSeries.size() &&
+      id.compare(id.size() - kSeries.size(), kSeries.size(), kSeries) == 0) {
     id.resize(id.size() - kSeries.size());
     if (!validJobId(id)) return reply(error(404, "no such page: " + path));
     return routeJobSeries(b, id, reply);

@@ -66,8 +66,8 @@ function plot(el,lines,o){
 }
 </script>)";
 
-// A Prometheus label value: backslash, quote and newline escaped (job ids never hold them; a bug must not break
-// the exposition).
+// A Prometheus label value: backslash, quote and newline escaped (job ids never hold them; a bug must not
+// break the exposition).
 std::string labelValue(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -90,7 +90,8 @@ std::string humanDuration(int64_t ms) {
   if (s < 60) {
     std::snprintf(buf, sizeof(buf), "%llds", static_cast<long long>(s));
   } else if (s < 3600) {
-    std::snprintf(buf, sizeof(buf), "%lldm %02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+    std::snprintf(buf, sizeof(buf), "%lldm %02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
   } else if (s < 86400) {
     std::snprintf(buf, sizeof(buf), "%lldh %02lldm", static_cast<long long>(s / 3600),
                   static_cast<long long>(s % 3600 / 60));
@@ -161,12 +162,14 @@ std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
     std::string (*value)(const JobFigures&);
   };
   static const PerJob kPerJob[] = {
-      {"ddl_job_collective_bytes_total", "counter", "Bytes of collectives of a live job's current attempt.",
+      {"ddl_job_collective_bytes_total", "counter", "Bytes of collectives of a placed job's current attempt.",
        [](const JobFigures& f) { return num(f.bytes); }},
-      {"ddl_job_collective_seconds_total", "counter", "Time a live job's ranks spent in collectives (this attempt).",
+      {"ddl_job_collective_seconds_total", "counter",
+       "Time a placed job's ranks spent in collectives (this attempt).",
        [](const JobFigures& f) { return num(f.seconds); }},
-      {"ddl_job_gpus", "gauge", "GPUs a live job asks for.", [](const JobFigures& f) { return std::to_string(f.gpus); }},
-      {"ddl_job_ranks_reporting", "gauge", "Ranks of a live job that reported in the last 30 s.",
+      {"ddl_job_gpus", "gauge", "GPUs a placed job asks for.",
+       [](const JobFigures& f) { return std::to_string(f.gpus); }},
+      {"ddl_job_ranks_reporting", "gauge", "Ranks of a placed job that reported in the last 30 s.",
        [](const JobFigures& f) { return std::to_string(f.ranks_reporting); }},
   };
   for (const auto& metric : kPerJob) {
@@ -179,8 +182,9 @@ std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
 }
 
 std::string renderIndexPage() {
-  return std::string(R"(<!doctype html><html><head><meta charset="utf-8"><title>ddl cluster</title>)") + kStyle +
-         kChartScript + R"(</head><body><h1>ddl cluster</h1><div class="muted" id="updated">loading...</div>
+  return std::string(R"(<!doctype html><html><head><meta charset="utf-8"><title>ddl cluster</title>)") +
+         kStyle + kChartScript +
+         R"(</head><body><h1>ddl cluster</h1><div class="muted" id="updated">loading...</div>
 <div class="charts"><div class="chart"><h3>GPUs in use</h3><div id="chart-gpus"></div></div>
 <div class="chart"><h3>Jobs by state</h3><div id="chart-jobs"></div></div></div>
 <h2>Nodes</h2><table id="nodes"><thead><tr><th>NAME</th><th>STATE</th><th>GPUS USED/TOTAL</th><th>LABELS</th>
@@ -403,16 +407,17 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
   static const char* kHidden = "<span class='muted'>(shown to the job's owner and admins only)</span>";
   std::ostringstream o;
   const std::string state = v1::JobState_Name(job.state());
-  o << "<!doctype html><html><head><meta charset='utf-8'><title>" << htmlEscape(job.id()) << "</title>" << kStyle
-    << kChartScript << "</head><body data-job='" << htmlEscape(job.id()) << "' data-live='"
+  o << "<!doctype html><html><head><meta charset='utf-8'><title>" << htmlEscape(job.id()) << "</title>"
+    << kStyle << kChartScript << "</head><body data-job='" << htmlEscape(job.id()) << "' data-live='"
     << (isFinal(job.state()) ? 0 : 1) << "'><p><a href='/'>&#8592; cluster</a></p><div id='top'><h1>"
-    << htmlEscape(job.id()) << " " << htmlEscape(job.spec().name()) << " <span class='" << state << "'>" << state
-    << (job.held() ? " (held)" : "") << "</span></h1>";
+    << htmlEscape(job.id()) << " " << htmlEscape(job.spec().name()) << " <span class='" << state << "'>"
+    << state << (job.held() ? " (held)" : "") << "</span></h1>";
   if (job.has_failure()) {
     const auto& f = job.failure();
     o << "<div class='fail'><b>first failing rank " << f.rank() << "</b> on host <b>" << htmlEscape(f.host())
-      << "</b>: " << (f.has_signal() ? "killed by " + signalName(f.signal())
-                                     : "exit code " + std::to_string(f.exit_code()))
+      << "</b>: "
+      << (f.has_signal() ? "killed by " + signalName(f.signal())
+                         : "exit code " + std::to_string(f.exit_code()))
       << "<br>" << htmlEscape(job.reason()) << "</div>";
   }
   o << "<table><tr><th>user</th><td>" << htmlEscape(job.spec().user()) << "</td></tr><tr><th>command</th><td>";
@@ -436,11 +441,14 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
       << "<tr><th>" << (job.end_ms() > 0 ? "ran for" : "running for") << "</th><td>"
       << humanDuration((job.end_ms() > 0 ? job.end_ms() : now_ms) - start_ms) << "</td></tr>";
   }
-  if (job.end_ms() > 0) o << "<tr><th>ended</th><td>" << humanDuration(now_ms - job.end_ms()) << " ago</td></tr>";
+  if (job.end_ms() > 0)
+    o << "<tr><th>ended</th><td>" << humanDuration(now_ms - job.end_ms()) << " ago</td></tr>";
   o << "</table></div>";
 
-  o << "<h2>Collectives over time</h2><div class='charts'><div class='chart'><h3>Throughput per rank (collective "
-       "bytes per second)</h3><div id='chart-bw'></div></div><div class='chart'><h3>Time in collectives per rank"
+  o << "<h2>Collectives over time</h2><div class='charts'><div class='chart'><h3>Throughput per rank "
+       "(collective "
+       "bytes per second)</h3><div id='chart-bw'></div></div><div class='chart'><h3>Time in collectives per "
+       "rank"
        "</h3><div id='chart-busy'></div></div></div><p id='slow' class='muted'>loading the series...</p>";
 
   o << "<div id='bottom'>";
@@ -488,19 +496,24 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
         exit = "exit " + std::to_string(r->exit_code());
       }
       if (!r->error().empty()) exit += " (" + r->error() + ")";
-      auto since_submit = [&](int64_t ms) { return ms > 0 ? "+" + humanDuration(ms - job.submit_ms()) : "-"; };
+      auto since_submit = [&](int64_t ms) {
+        return ms > 0 ? "+" + humanDuration(ms - job.submit_ms()) : "-";
+      };
       const bool bad = r->has_signal() || (r->has_exit_code() && r->exit_code() != 0);
-      o << "<tr" << (bad ? " class='slow'" : "") << "><td>" << rank << "</td><td>" << htmlEscape(r->node().empty() ? ring_node[rank] : r->node())
-        << "</td><td>" << r->gpu() << "</td><td>" << (r->pid() > 0 ? std::to_string(r->pid()) : "-") << "</td><td>"
+      o << "<tr" << (bad ? " class='slow'" : "") << "><td>" << rank << "</td><td>"
+        << htmlEscape(r->node().empty() ? ring_node[rank] : r->node()) << "</td><td>" << r->gpu()
+        << "</td><td>" << (r->pid() > 0 ? std::to_string(r->pid()) : "-") << "</td><td>"
         << (r->program_pid() > 0 ? std::to_string(r->program_pid()) : "-") << "</td><td>"
         << v1::RankStatus::State_Name(r->state()) << "</td><td>" << htmlEscape(exit) << "</td><td>"
         << since_submit(r->started_ms()) << "</td><td>" << since_submit(r->exited_ms()) << "</td><td>"
-        << (r->started_ms() > 0 ? humanDuration((r->exited_ms() > 0 ? r->exited_ms() : now_ms) - r->started_ms())
-                                : "-")
+        << (r->started_ms() > 0
+                ? humanDuration((r->exited_ms() > 0 ? r->exited_ms() : now_ms) - r->started_ms())
+                : "-")
         << "</td>";
       if (r->has_progress()) {
-        o << "<td>" << r->progress().collectives() << "</td><td>" << bytesText(static_cast<double>(r->progress().bytes()))
-          << "</td><td>" << humanDuration(static_cast<int64_t>(r->progress().seconds() * 1000)) << "</td>";
+        o << "<td>" << r->progress().collectives() << "</td><td>"
+          << bytesText(static_cast<double>(r->progress().bytes())) << "</td><td>"
+          << humanDuration(static_cast<int64_t>(r->progress().seconds() * 1000)) << "</td>";
       } else {
         o << "<td colspan='3' class='muted'>no report</td>";
       }
@@ -513,17 +526,18 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
   if (ring && ring->ranks_size() > 0) o << "<h2>Ring layout</h2>" << renderRingSvg(*ring);
   if (details_hidden) o << "<h2>Logs</h2><p>" << kHidden << "</p>";
   for (const auto& [rank, text] : logs) {
-    o << "<h2>Log of rank " << rank << " (tail)</h2><pre class='log' id='log-" << rank << "'>" << htmlEscape(text)
-      << "</pre>";
+    o << "<h2>Log of rank " << rank << " (tail)</h2><pre class='log' id='log-" << rank << "'>"
+      << htmlEscape(text) << "</pre>";
   }
   o << "<h2>Transitions</h2><table>";
   for (const auto& t : job.transitions()) {
     o << "<tr><td>+" << humanDuration(t.at_ms() - job.submit_ms()) << "</td><td>" << v1::JobState_Name(t.to())
       << "</td><td>" << htmlEscape(t.reason()) << "</td></tr>";
   }
-  o << "</table></div><p class='muted'>JSON: <a href='/api/v1/jobs/" << htmlEscape(job.id()) << "'>/api/v1/jobs/"
-    << htmlEscape(job.id()) << "</a> <a href='/api/v1/jobs/" << htmlEscape(job.id()) << "/series'>/api/v1/jobs/"
-    << htmlEscape(job.id()) << "/series</a></p>" << kJobScript << "</body></html>\n";
+  o << "</table></div><p class='muted'>JSON: <a href='/api/v1/jobs/" << htmlEscape(job.id())
+    << "'>/api/v1/jobs/" << htmlEscape(job.id()) << "</a> <a href='/api/v1/jobs/" << htmlEscape(job.id())
+    << "/series'>/api/v1/jobs/" << htmlEscape(job.id()) << "/series</a></p>" << kJobScript
+    << "</body></html>\n";
   return o.str();
 }
 

@@ -418,10 +418,11 @@ void Coordinator::housekeepingOnLoop() {
   sweepLostJobsOnLoop();
   if (const int64_t wall = wall_ms_(); telemetry_.clusterDue(wall)) {  // the dashboard's cluster plot
     const MetricsSnapshot m = metricsOnLoop();
-    telemetry_.recordCluster(wall, m.gpus_allocated, m.gpus_total, m.jobs_by_state, [this](const std::string& id) {
-      auto job = jobs_.find(id);
-      return job != jobs_.end() && isLive(job->second.state);
-    });
+    telemetry_.recordCluster(wall, m.gpus_allocated, m.gpus_total, m.jobs_by_state,
+                             [this](const std::string& id) {
+                               auto job = jobs_.find(id);
+                               return job != jobs_.end() && isLive(job->second.state);
+                             });
   }
   if (recovery_until_ms_ != 0) {
     bool all_back = std::all_of(nodes_.begin(), nodes_.end(), [](const auto& kv) {

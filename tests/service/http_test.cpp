@@ -10,18 +10,17 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <functional>
-#include <map>
-#include <mutex>
-#include <thread>
-
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <condition_variable>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "auth/pki_dir.h"
 #include "auth/users.h"
@@ -140,10 +139,11 @@ TEST_F(HttpTest, ErrorBodiesAreJsonThatRoundTrips) {
   EXPECT_EQ(r.content_type, "application/json");
   nlohmann::json body;
   ASSERT_NO_THROW(body = nlohmann::json::parse(r.body)) << r.body;
-  EXPECT_EQ(body["error"].get<std::string>(),
-            "unknown state '" + state +
-                "' (PENDING, SCHEDULED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED, TIMEOUT, in any case; "
-                "several with commas)");
+  EXPECT_EQ(
+      body["error"].get<std::string>(),
+      "unknown state '" + state +
+          "' (PENDING, SCHEDULED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED, TIMEOUT, in any case; "
+          "several with commas)");
   r = handleRequest(*coordinator, "GET", "/api/v1/\"x\\\xff");
   ASSERT_EQ(r.status, 404);
   ASSERT_NO_THROW(body = nlohmann::json::parse(r.body)) << r.body;
@@ -153,8 +153,8 @@ TEST_F(HttpTest, ErrorBodiesAreJsonThatRoundTrips) {
   EXPECT_TRUE(one["ring"].is_object());
 }
 
-// The dashboard's plots and per-job metrics: a coordinator with a fake wall clock, ranks reporting progress as
-// agents forward it (each heartbeat carries every rank's cumulative counters).
+// The dashboard's plots and per-job metrics: a coordinator with a fake wall clock, ranks reporting progress
+// as agents forward it (each heartbeat carries every rank's cumulative counters).
 class SeriesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -253,8 +253,9 @@ TEST_F(SeriesTest, ClusterSeriesSamplesGpusAndJobsEveryFiveSeconds) {
   EXPECT_EQ(body["jobs"]["PENDING"].size(), body["t_ms"].size());
   const size_t before = body["t_ms"].size();
   coordinator->tick();  // no time passed: no new point
-  EXPECT_EQ(nlohmann::json::parse(handleRequest(*coordinator, "GET", "/api/v1/cluster/series").body)["t_ms"].size(),
-            before);
+  EXPECT_EQ(
+      nlohmann::json::parse(handleRequest(*coordinator, "GET", "/api/v1/cluster/series").body)["t_ms"].size(),
+      before);
 }
 
 TEST_F(SeriesTest, MetricsCarryLiveJobsWithTheirIdOnly) {
@@ -262,14 +263,15 @@ TEST_F(SeriesTest, MetricsCarryLiveJobsWithTheirIdOnly) {
   report(2, [](int) { return 1e6; });
   Response r = handleRequest(*coordinator, "GET", "/metrics");
   ASSERT_EQ(r.status, 200);
-  for (const std::string line : {"ddl_job_collective_bytes_total{job=\"" + job + "\"} 8000000\n",
-                                 "ddl_job_collective_seconds_total{job=\"" + job + "\"} 4\n",
-                                 "ddl_job_gpus{job=\"" + job + "\"} 4\n",
-                                 "ddl_job_ranks_reporting{job=\"" + job + "\"} 4\n",
-                                 std::string("# TYPE ddl_job_collective_bytes_total counter\n")}) {
+  for (const std::string line :
+       {"ddl_job_collective_bytes_total{job=\"" + job + "\"} 8000000\n",
+        "ddl_job_collective_seconds_total{job=\"" + job + "\"} 4\n", "ddl_job_gpus{job=\"" + job + "\"} 4\n",
+        "ddl_job_ranks_reporting{job=\"" + job + "\"} 4\n",
+        std::string("# TYPE ddl_job_collective_bytes_total counter\n")}) {
     EXPECT_NE(r.body.find(line), std::string::npos) << line << r.body;
   }
-  // Capped at 500 placed jobs: a node with 520 GPUs more and 520 one-GPU jobs on it give 500 lines per metric.
+  // Capped at 500 placed jobs: a node with 520 GPUs more and 520 one-GPU jobs on it give 500 lines per
+  // metric.
   v1::RegisterRequest big;
   big.set_node("big");
   big.set_address("10.0.0.3");
@@ -289,7 +291,8 @@ TEST_F(SeriesTest, MetricsCarryLiveJobsWithTheirIdOnly) {
   r = handleRequest(*coordinator, "GET", "/metrics");
   ASSERT_NE(r.body.find("ddl_jobs{state=\"STARTING\"} 520"), std::string::npos) << r.body.substr(0, 2000);
   size_t gpus_lines = 0;
-  for (size_t at = r.body.find("\nddl_job_gpus{"); at != std::string::npos; at = r.body.find("\nddl_job_gpus{", at + 1)) {
+  for (size_t at = r.body.find("\nddl_job_gpus{"); at != std::string::npos;
+       at = r.body.find("\nddl_job_gpus{", at + 1)) {
     ++gpus_lines;
   }
   EXPECT_EQ(gpus_lines, MetricsSnapshot::kMaxJobFigures);
@@ -318,13 +321,14 @@ TEST_F(SeriesTest, JobsApiTakesStatesInAnyCaseAndFiltersAndPages) {
   EXPECT_EQ(list("user=alice").first.size(), 2u);
   EXPECT_EQ(list("user=bob").first.size(), 0u);
   EXPECT_EQ(list("since=1000000").first.size(), 2u);  // unix ms (the test's wall clock is at 1970)
-  EXPECT_EQ(list("since=1h").first.size(), 0u);        // an age: submitted within the last hour
+  EXPECT_EQ(list("since=1h").first.size(), 0u);       // an age: submitted within the last hour
   EXPECT_EQ(list("until=1").first.size(), 0u);
   auto first = list("page_size=1");
   ASSERT_EQ(first.first, std::vector<std::string>{job});
   ASSERT_FALSE(first.second.empty());
   EXPECT_EQ(list("page_size=1&page_token=" + first.second).first, std::vector<std::string>{other});
-  for (const char* bad : {"state=nope", "state=running,", "since=yesterday", "page_size=0", "page_size=9999"}) {
+  for (const char* bad :
+       {"state=nope", "state=running,", "since=yesterday", "page_size=0", "page_size=9999"}) {
     EXPECT_EQ(handleRequest(*coordinator, "GET", std::string("/api/v1/jobs?") + bad).status, 400) << bad;
   }
 }
@@ -339,8 +343,8 @@ TEST(Pages, HumanDurations) {
   EXPECT_EQ(humanDuration(-5), "0.00s");
 }
 
-// A finished job's page: the rank processes from Job.ranks (exit code or signal, start and end, figures), human
-// durations instead of milliseconds, user text escaped, logs that start at their end, no self-refresh.
+// A finished job's page: the rank processes from Job.ranks (exit code or signal, start and end, figures),
+// human durations instead of milliseconds, user text escaped, logs that start at their end, no self-refresh.
 TEST(Pages, FinishedJobShowsItsRankProcessesInHumanTerms) {
   v1::Job job;
   job.set_id("j-000007");
@@ -369,9 +373,9 @@ TEST(Pages, FinishedJobShowsItsRankProcessesInHumanTerms) {
     r->mutable_progress()->set_collectives(400);
   }
   const std::string page = renderJobPage(job, nullptr, {{0, "line 1\nline <2>\n"}}, 1126000);
-  for (const char* want : {"Rank processes", "exit 3", "SIGKILL", "n&lt;1&gt;", "4201", "+1m 01s", "1m 01s",
-                           "ran for", "2.50 GB", "12s", "class='log'", "data-live='0'", "line &lt;2&gt;",
-                           "scrollHeight", "1m 00s ago"}) {
+  for (const char* want :
+       {"Rank processes", "exit 3", "SIGKILL", "n&lt;1&gt;", "4201", "+1m 01s", "1m 01s", "ran for",
+        "2.50 GB", "12s", "class='log'", "data-live='0'", "line &lt;2&gt;", "scrollHeight", "1m 00s ago"}) {
     EXPECT_NE(page.find(want), std::string::npos) << want;
   }
   EXPECT_EQ(page.find("n<1>"), std::string::npos);
@@ -382,8 +386,9 @@ TEST(Pages, FinishedJobShowsItsRankProcessesInHumanTerms) {
 
 TEST(Pages, IndexHasClusterChartsHistoryFiltersAndPaging) {
   const std::string page = renderIndexPage();
-  for (const char* want : {"id=\"chart-gpus\"", "id=\"chart-jobs\"", "/api/v1/cluster/series", "name=\"state\"",
-                           "name=\"user\"", "name=\"name\"", "page_token", "next page", "hdur(", ".sort("}) {
+  for (const char* want :
+       {"id=\"chart-gpus\"", "id=\"chart-jobs\"", "/api/v1/cluster/series", "name=\"state\"", "name=\"user\"",
+        "name=\"name\"", "page_token", "next page", "hdur(", ".sort("}) {
     EXPECT_NE(page.find(want), std::string::npos) << want;
   }
   EXPECT_EQ(page.find("http://"), std::string::npos);  // nothing fetched from elsewhere
