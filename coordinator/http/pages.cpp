@@ -378,7 +378,8 @@ async function series(){
   const lines=key=>{const l=ranks.map((r,i)=>({slow:r.rank===s.slow_rank,name:'rank '+r.rank+(r.rank===s.slow_rank?' (slow)':''),
    color:r.rank===s.slow_rank?'#dc2626':PAL[i%PAL.length],bold:r.rank===s.slow_rank,pts:r.t_ms.map((t,j)=>[Number(t),r[key][j]])}));
    return l.filter(x=>!x.slow).concat(l.filter(x=>x.slow));};
-  const none=ranks.length?'waiting for a second report':'no telemetry from this job (ranks report through libddl)';
+  const none=ranks.length?'waiting for a second report':document.body.dataset.live==='1'?
+   'no telemetry from this job yet (ranks report through libddl)':'no series kept (the coordinator keeps those of the last 64 ended jobs, in memory)';
   plot(document.getElementById('chart-bw'),lines('bytes_per_s'),{fmt:fmtRate,empty:none});
   plot(document.getElementById('chart-busy'),lines('busy_fraction'),{fmt:v=>(v*100).toFixed(0)+'%',max:1,empty:none});
   const slow=document.getElementById('slow');
