@@ -51,6 +51,12 @@ void TelemetryHistory::recordRank(const std::string& id, int attempt, int rank,
     ++live_;
   }
   JobEntry& job = it->second;
+  if (job.ended && attempt > job.attempt && live_ < kMaxLiveJobs) {
+    // Requeued or restarted (it was PENDING at a cluster point, so it looked ended): live again.
+    job.ended = false;
+    ++live_;
+    ended_.erase(std::find(ended_.begin(), ended_.end(), id));
+  }
   if (job.ended || attempt < job.attempt) return;
   if (attempt > job.attempt) {  // a new launch: its ranks start from zero
     job.attempt = attempt;

@@ -99,6 +99,25 @@ TEST(TelemetryHistory, EndedJobsRetireAndOnlyTheLast64AreKept) {
   EXPECT_TRUE(h.jobSeries("j-98").ranks[0].t_ms.empty());
 }
 
+TEST(TelemetryHistory, ARequeuedJobIsPlottedAgainWithItsNewAttempt) {
+  TelemetryHistory h;
+  h.recordRank("j-1", 1, 0, progress(1, 1, 1), 1000);
+  h.recordCluster(2000, 0, 4, {}, [](const std::string&) { return false; });  // PENDING again: looks ended
+  EXPECT_TRUE(h.jobSeries("j-1").ended);
+  h.recordRank("j-1", 2, 0, progress(1, 1, 1), 3000);
+  h.recordRank("j-1", 2, 0, progress(2, 2, 2), 5000);
+  JobSeries s = h.jobSeries("j-1");
+  EXPECT_FALSE(s.ended);
+  EXPECT_EQ(s.attempt, 2);
+  ASSERT_EQ(s.ranks.size(), 1u);
+  EXPECT_EQ(s.ranks[0].t_ms.size(), 1u);
+  h.recordCluster(9000, 0, 4, {}, [](const std::string&) { return false; });
+  EXPECT_TRUE(h.jobSeries("j-1").ended);  // ended once more, and counted once among the ended
+  for (int j = 0; j < 70; ++j) h.recordRank("k-" + std::to_string(j), 1, 0, progress(1, 1, 1), 10000);
+  h.recordCluster(16000, 0, 4, {}, [](const std::string&) { return false; });
+  EXPECT_EQ(h.jobsKept(), TelemetryHistory::kMaxEndedJobs);
+}
+
 TEST(TelemetryHistory, LiveJobsAreCapped) {
   TelemetryHistory h;
   for (size_t j = 0; j < TelemetryHistory::kMaxLiveJobs + 50; ++j) {
