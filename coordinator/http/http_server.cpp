@@ -18,12 +18,13 @@
 #include <set>
 #include <thread>
 
+#include "auth/access.h"
 #include "common/host_port.h"
 #include "common/pki.h"
 #include "ddl/messages.h"
 #include "http/pages.h"
+#include "http/series_json.h"
 #include "http/server_certificate.h"
-#include "auth/access.h"
 #include "service/convert.h"
 
 namespace ddl::coordinator::http {
@@ -74,6 +75,80 @@ std::string queryParam(const std::string& query, const std::string& key) {
 }
 
 bool validJobId(const std::string& id) { return state::jobIdNumber(id).has_value(); }
+
+// %XX escapes decoded (what a browser's form sends; '+' is a space there); a malformed one is kept as it is.
+std::string percentDecode(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '%' && i + 2 < text.size() && std::isxdigit(static_cast<unsigned char>(text[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
+      out += static_cast<char>(std::stoi(text.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += text[i] == '+' ? ' ' : text[i];
+    }
+  }
+  return out;
+}
+
+// A time bound of the jobs API: unix ms, or an age before `now_ms` ("90s", "30m", "12h", "7d"). -1: neither.
+int64_t timeBound(const std::string& text, int64_t now_ms) {
+  if (text.empty() || text.size() > 19) return -1;
+  size_t digits = text.find_first_not_of("0123456789");
+  if (digits == 0) return -1;
+  const int64_t n = std::stoll(text.substr(0, digits));
+  if (digits == std::string::npos) return n;
+  if (digits + 1 != text.size()) return -1;
+  static const std::map<char, int64_t> kUnitMs = {{'s', 1000}, {'m', 60000}, {'h', 3600000}, {'d', 86400000}};
+  auto unit = kUnitMs.find(text.back());
+  if (unit == kUnitMs.end() || n > 100LL * 365 * 86400000 / unit->second) return -1;
+  return now_ms - n * unit->second;
+}
+
+// The ListJobsRequest of /api/v1/jobs?QUERY; "" or why the query is refused (a 400). States are matched in
+// any case and may be comma-separated ("failed,cancelled").
+std::string listJobsRequest(const std::string& query, int64_t now_ms, v1::ListJobsRequest* req) {
+  std::string states = percentDecode(queryParam(query, "state"));
+  size_t pos = 0;
+  while (!states.empty() && pos <= states.size()) {
+    const size_t comma = std::min(states.find(',', pos), states.size());
+    const std::string given = states.substr(pos, comma - pos);
+    std::string name = given;
+    pos = comma + 1;
+    for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    v1::JobState s;
+    if (!v1::JobState_Parse(name, &s) || s == v1::JOB_STATE_UNSPECIFIED) {
+      std::string known;
+      for (int i = v1::JobState_MIN + 1; i <= v1::JobState_MAX; ++i) {
+        if (v1::JobState_IsValid(i)) known += (known.empty() ? "" : ", ") + v1::JobState_Name(i);
+      }
+      return "unknown state '" + given + "' (" + known + ", in any case; several with commas)";
+    }
+    if (req->states_size() < 16) req->add_states(s);
+  }
+  req->set_user(percentDecode(queryParam(query, "user")));
+  req->set_name(percentDecode(queryParam(query, "name")));
+  for (const char* key : {"since", "until"}) {
+    const std::string text = percentDecode(queryParam(query, key));
+    if (text.empty()) continue;
+    const int64_t ms = timeBound(text, now_ms);
+    if (ms < 0) {
+      return std::string(key) + "='" + text +
+             "' is neither unix milliseconds nor an age such as 90s, 30m, 12h, 7d";
+    }
+    std::string(key) == "since" ? req->set_since_ms(ms) : req->set_until_ms(ms);
+  }
+  if (const std::string size = queryParam(query, "page_size"); !size.empty()) {
+    if (size.size() > 4 || size.find_first_not_of("0123456789") != std::string::npos || std::stoi(size) < 1 ||
+        std::stoi(size) > 5000) {
+      return "page_size='" + size + "' is not a number from 1 to 5000";
+    }
+    req->set_page_size(std::stoi(size));
+  }
+  req->set_page_token(percentDecode(queryParam(query, "page_token")));
+  return "";
+}
 
 // The token of a request: `Authorization: Bearer TOKEN` (the scheme in any case), else the /login cookie.
 // `from_header` says which, since a header with a bad token is refused rather than passed over for the cookie.
@@ -131,22 +206,6 @@ Response unauthorized(const std::string& path, const std::string& why) {
            "<form action='/login' method='get'><input type='password' name='token' size='70' "
            "placeholder='ddl_...' autofocus> <button>Sign in</button></form></body></html>\n";
   return r;
-}
-
-// %XX escapes decoded (what a browser's form sends); a malformed one is kept as it is.
-std::string percentDecode(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == '%' && i + 2 < text.size() && std::isxdigit(static_cast<unsigned char>(text[i + 1])) &&
-        std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
-      out += static_cast<char>(std::stoi(text.substr(i + 1, 2), nullptr, 16));
-      i += 2;
-    } else {
-      out += text[i];
-    }
-  }
-  return out;
 }
 
 // One request's answer: `respond` once (later calls are ignored), and an exception from any step of the route
@@ -253,9 +312,31 @@ void renderJobPageWithLogs(DashboardBackend& b, v1::Job job, std::optional<v1::R
   }
 }
 
+// /api/v1/jobs/ID/series: the job must exist (in memory or in the store); its series may be empty.
+void routeJobSeries(DashboardBackend& b, const std::string& id, const Reply& reply) {
+  b.getJob(id, [&b, id, reply](StatusOr<v1::Job> job) {
+    reply.guard([&] {
+      if (!job) return reply(error(httpStatus(job.status()), job.status().message()));
+      b.jobSeries(id, [reply](StatusOr<JobSeries> series) {
+        reply.guard([&] {
+          if (!series) return reply(error(httpStatus(series.status()), series.status().message()));
+          reply(json(200, jobSeriesJson(*series)));
+        });
+      });
+    });
+  });
+}
+
 void routeJob(DashboardBackend& b, const std::string& path, const auth::Identity& who, const Reply& reply) {
   const bool api = path.rfind("/api/v1/jobs/", 0) == 0;
-  const std::string id = path.substr(api ? 13 : 6);
+  std::string id = path.substr(api ? 13 : 6);
+  static const std::string kSeries = "/series";
+  if (api && id.size() > kSeries.size() &&
+      id.compare(id.size() - kSeries.size(), kSeries.size(), kSeries) == 0) {
+    id.resize(id.size() - kSeries.size());
+    if (!validJobId(id)) return reply(error(404, "no such page: " + path));
+    return routeJobSeries(b, id, reply);
+  }
   if (!validJobId(id)) return reply(error(404, "no such page: " + path));
   b.getJob(id, [&b, id, api, who, reply](StatusOr<v1::Job> job) {
     reply.guard([&] {
@@ -341,18 +422,19 @@ void route(DashboardBackend& b, const Request& request, const Access& gate, cons
       });
     });
   }
+  if (path == "/api/v1/cluster/series") {
+    return b.clusterSeries([reply](StatusOr<ClusterSeries> series) {
+      reply.guard([&] {
+        if (!series) return reply(error(httpStatus(series.status()), series.status().message()));
+        reply(json(200, clusterSeriesJson(*series)));
+      });
+    });
+  }
   if (path == "/api/v1/jobs") {
     v1::ListJobsRequest req;
-    const std::string state = percentDecode(queryParam(query, "state"));
-    if (!state.empty()) {
-      v1::JobState s;
-      if (!v1::JobState_Parse(state, &s) || s == v1::JOB_STATE_UNSPECIFIED) {
-        return reply(error(400, "unknown state '" + state +
-                                    "' (PENDING, SCHEDULED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED)"));
-      }
-      req.add_states(s);
+    if (std::string why = listJobsRequest(query, state::systemNowMs(), &req); !why.empty()) {
+      return reply(error(400, why));
     }
-    req.set_user(percentDecode(queryParam(query, "user")));
     return b.listJobs(req, [who, reply](StatusOr<v1::ListJobsResponse> jobs) {
       reply.guard([&] {
         if (!jobs) return reply(error(httpStatus(jobs.status()), jobs.status().message()));
@@ -376,6 +458,16 @@ void CoordinatorBackend::ring(const std::string& id, Done<v1::RingLayout> done) 
 void CoordinatorBackend::readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) {
   c_.readLog(request, std::move(done));
 }
+void DashboardBackend::jobSeries(const std::string&, Done<JobSeries> done) {
+  done(Status::unavailable("this dashboard keeps no series"));
+}
+void DashboardBackend::clusterSeries(Done<ClusterSeries> done) {
+  done(Status::unavailable("this dashboard keeps no series"));
+}
+void CoordinatorBackend::jobSeries(const std::string& id, Done<JobSeries> done) {
+  c_.jobSeries(id, std::move(done));
+}
+void CoordinatorBackend::clusterSeries(Done<ClusterSeries> done) { c_.clusterSeries(std::move(done)); }
 void CoordinatorBackend::metrics(Done<MetricsSnapshot> done) {
   c_.metrics([done = std::move(done)](MetricsSnapshot m) { done(std::move(m)); });
 }
@@ -449,6 +541,12 @@ class IoBackend : public DashboardBackend {
     inner_.readLog(request, bound(std::move(done), "read the log"));
   }
   void metrics(Done<MetricsSnapshot> done) override { inner_.metrics(bound(std::move(done), "read the metrics")); }
+  void jobSeries(const std::string& id, Done<JobSeries> done) override {
+    inner_.jobSeries(id, bound(std::move(done), "read the job's series"));
+  }
+  void clusterSeries(Done<ClusterSeries> done) override {
+    inner_.clusterSeries(bound(std::move(done), "read the cluster's series"));
+  }
   Coordinator::Health health() override { return inner_.health(); }
 
  private:

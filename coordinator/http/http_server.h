@@ -5,8 +5,12 @@
 //   GET /                  the cluster at a glance (refreshes itself)
 //   GET /jobs/ID           one job: ranks by node and GPU, ring picture, log tails, failure on top
 //   GET /api/v1/nodes      {"nodes": [Node...]}
-//   GET /api/v1/jobs       {"jobs": [Job...]}          (?state=RUNNING&user=alice filter)
+//   GET /api/v1/jobs       {"jobs": [Job...], "next_page_token": T}: a page in submit order; filters
+//                          state=failed,running (any case, comma-separated), user=, name=, since=/until= (unix ms,
+//                          or an age such as 90s, 30m, 12h, 7d), page_size= (1..5000, default 500), page_token=
 //   GET /api/v1/jobs/ID    {"job": Job, "ring": RingLayout}
+//   GET /api/v1/jobs/ID/series   the job's per-rank throughput and time in collectives over time (series_json.h)
+//   GET /api/v1/cluster/series   GPUs in use and jobs by state over time
 //   GET /metrics           Prometheus text format
 //   GET /healthz           "ok", or 503 and why while the coordinator cannot store its state
 //   GET /login?token=T     sets the token cookie and redirects to / (for browsers, where tokens are needed)
@@ -81,6 +85,9 @@ class DashboardBackend {
   virtual void ring(const std::string& id, Done<v1::RingLayout> done) = 0;
   virtual void readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) = 0;
   virtual void metrics(Done<MetricsSnapshot> done) = 0;
+  // The plots' series; a backend without them answers UNAVAILABLE.
+  virtual void jobSeries(const std::string& id, Done<JobSeries> done);
+  virtual void clusterSeries(Done<ClusterSeries> done);
   virtual Coordinator::Health health() = 0;
 };
 
@@ -94,6 +101,8 @@ class CoordinatorBackend : public DashboardBackend {
   void ring(const std::string& id, Done<v1::RingLayout> done) override;
   void readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) override;
   void metrics(Done<MetricsSnapshot> done) override;
+  void jobSeries(const std::string& id, Done<JobSeries> done) override;
+  void clusterSeries(Done<ClusterSeries> done) override;
   Coordinator::Health health() override;
 
  private:

@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/signals.h"
 #include "ddl/messages.h"
 
 namespace ddl::coordinator::http {
@@ -29,9 +30,77 @@ table{border-collapse:collapse}td,th{padding:.25em .7em;border-bottom:1px solid 
 th{background:#f4f4f4}.UP,.SUCCEEDED,.RUNNING{color:#17803d}.DOWN,.FAILED{color:#b91c1c}.DRAINING,.PENDING{color:#b45309}
 .slow{background:#fde8e8}.fail{background:#fde8e8;border:1px solid #b91c1c;padding:.6em;margin:.5em 0}
 pre{background:#f7f7f7;padding:.6em;max-height:18em;overflow:auto;font-size:.8em}a{color:#1d4ed8}
-.muted{color:#777;font-size:.85em}</style>)";
+.muted{color:#777;font-size:.85em}h3{font-size:.95em;margin:.3em 0}.charts{display:flex;flex-wrap:wrap;gap:1.5em}
+.chart{flex:1 1 560px;min-width:320px;max-width:900px}.legend span{margin-right:.9em;font-size:.8em;white-space:nowrap}
+.legend i{display:inline-block;width:.8em;height:.8em;margin-right:.25em;vertical-align:middle}
+.slowline{background:#fde8e8;padding:.3em .6em;display:inline-block}form input,form select{margin-right:.6em}
+.TIMEOUT,.CANCELLED{color:#6b7280}</style>)";
+
+// The charts' script, shared by both pages: plot(el, lines, opts) draws lines of [t_ms, value] points as an
+// inline SVG (no library, no network), with a value axis, the time span, and a legend (24 names at most).
+const char* kChartScript = R"(<script>
+function esc(s){return String(s).replace(/[&<>"']/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c]));}
+function hdur(ms){ms=Math.max(0,Math.round(ms));if(ms<1000)return (ms/1000).toFixed(2)+'s';const s=Math.floor(ms/1000),p=n=>String(n).padStart(2,'0');
+ if(s<60)return s+'s';if(s<3600)return Math.floor(s/60)+'m '+p(s%60)+'s';if(s<86400)return Math.floor(s/3600)+'h '+p(Math.floor(s%3600/60))+'m';
+ return Math.floor(s/86400)+'d '+p(Math.floor(s%86400/3600))+'h';}
+function fmtRate(v){return v>=1e9?(v/1e9).toFixed(2)+' GB/s':v>=1e6?(v/1e6).toFixed(1)+' MB/s':v>=1e3?(v/1e3).toFixed(0)+' kB/s':v.toFixed(0)+' B/s';}
+const PAL=['#2563eb','#16a34a','#d97706','#9333ea','#0891b2','#db2777','#65a30d','#7c3aed','#0d9488','#ea580c'];
+function plot(el,lines,o){
+ const W=Math.max(320,el.clientWidth||640),H=o.h||180,L=68,R=12,T=8,B=22;
+ let t0=Infinity,t1=-Infinity,top=o.max||0;
+ for(const l of lines)for(const p of l.pts){t0=Math.min(t0,p[0]);t1=Math.max(t1,p[0]);if(!o.max)top=Math.max(top,p[1]);}
+ if(!isFinite(t0)){el.innerHTML='<div class="muted">'+esc(o.empty||'no samples yet')+'</div>';return;}
+ if(t1<=t0)t1=t0+1000;if(top<=0)top=1;if(!o.max)top*=1.1;
+ const X=t=>(L+(t-t0)/(t1-t0)*(W-L-R)).toFixed(1),Y=v=>(T+(1-v/top)*(H-T-B)).toFixed(1);
+ let s='<svg width="'+W+'" height="'+H+'" font-size="10" font-family="sans-serif">';
+ for(let i=0;i<=4;i++){const v=top*i/4,y=Y(v);s+='<line x1="'+L+'" x2="'+(W-R)+'" y1="'+y+'" y2="'+y+'" stroke="#e5e7eb"/>'+
+  '<text x="'+(L-5)+'" y="'+(+y+3)+'" text-anchor="end" fill="#555">'+esc(o.fmt(v))+'</text>';}
+ s+='<text x="'+L+'" y="'+(H-5)+'" fill="#555">'+esc(new Date(t0).toLocaleTimeString())+'</text><text x="'+(W-R)+'" y="'+(H-5)+
+  '" fill="#555" text-anchor="end">'+esc(new Date(t1).toLocaleTimeString())+' ('+esc(hdur(t1-t0))+' shown)</text>';
+ for(const l of lines){if(!l.pts.length)continue;s+='<polyline fill="none" stroke="'+l.color+'" stroke-width="'+(l.bold?2.8:1.4)+'"'+
+  (l.dash?' stroke-dasharray="5 3"':'')+' points="'+l.pts.map(p=>X(p[0])+','+Y(p[1])).join(' ')+'"><title>'+esc(l.name)+'</title></polyline>';}
+ s+='</svg><div class="legend">';
+ lines.slice(0,24).forEach(l=>{s+='<span><i style="background:'+l.color+'"></i>'+esc(l.name)+'</span>';});
+ if(lines.length>24)s+='<span>and '+(lines.length-24)+' more</span>';
+ el.innerHTML=s+'</div>';
+}
+</script>)";
+
+// A Prometheus label value: backslash, quote and newline escaped (job ids never hold them; a bug must not
+// break the exposition).
+std::string labelValue(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\\' || c == '"') out += '\\';
+    out += c == '\n' ? std::string("\\n") : std::string(1, c);
+  }
+  return out;
+}
 
 }  // namespace
+
+std::string humanDuration(int64_t ms) {
+  char buf[64];
+  if (ms < 0) ms = 0;
+  if (ms < 1000) {
+    std::snprintf(buf, sizeof(buf), "%.2fs", ms / 1000.0);
+    return buf;
+  }
+  const int64_t s = ms / 1000;
+  if (s < 60) {
+    std::snprintf(buf, sizeof(buf), "%llds", static_cast<long long>(s));
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof(buf), "%lldm %02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
+  } else if (s < 86400) {
+    std::snprintf(buf, sizeof(buf), "%lldh %02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s % 3600 / 60));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lldd %02lldh", static_cast<long long>(s / 86400),
+                  static_cast<long long>(s % 86400 / 3600));
+  }
+  return buf;
+}
 
 std::string htmlEscape(const std::string& text) {
   std::string out;
@@ -83,40 +152,98 @@ std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
   o << "ddl_collective_seconds_total " << num(m.collective_seconds_total) << "\n";
   head("ddl_coordinator_store_healthy", "gauge", "1 while the coordinator can store its state, else 0 (see /healthz).");
   o << "ddl_coordinator_store_healthy " << (store_healthy ? 1 : 0) << "\n";
+  // Per placed job (SCHEDULED, STARTING, RUNNING): one label, the job id, for at most
+  // MetricsSnapshot::kMaxJobFigures (500) jobs, the oldest first, so a scrape
+  // stays small and the series end with their job.
+  struct PerJob {
+    const char* name;
+    const char* type;
+    const char* help;
+    std::string (*value)(const JobFigures&);
+  };
+  static const PerJob kPerJob[] = {
+      {"ddl_job_collective_bytes_total", "counter", "Bytes of collectives of a placed job's current attempt.",
+       [](const JobFigures& f) { return num(f.bytes); }},
+      {"ddl_job_collective_seconds_total", "counter",
+       "Time a placed job's ranks spent in collectives (this attempt).",
+       [](const JobFigures& f) { return num(f.seconds); }},
+      {"ddl_job_gpus", "gauge", "GPUs a placed job asks for.",
+       [](const JobFigures& f) { return std::to_string(f.gpus); }},
+      {"ddl_job_ranks_reporting", "gauge", "Ranks of a placed job that reported in the last 30 s.",
+       [](const JobFigures& f) { return std::to_string(f.ranks_reporting); }},
+  };
+  for (const auto& metric : kPerJob) {
+    head(metric.name, metric.type, metric.help);
+    for (size_t i = 0; i < m.jobs.size() && i < MetricsSnapshot::kMaxJobFigures; ++i) {
+      o << metric.name << "{job=\"" << labelValue(m.jobs[i].job) << "\"} " << metric.value(m.jobs[i]) << "\n";
+    }
+  }
   return o.str();
 }
 
 std::string renderIndexPage() {
-  return std::string(R"(<!doctype html><html><head><meta charset="utf-8"><title>ddl cluster</title>)") + kStyle +
+  return std::string(R"(<!doctype html><html><head><meta charset="utf-8"><title>ddl cluster</title>)") +
+         kStyle + kChartScript +
          R"(</head><body><h1>ddl cluster</h1><div class="muted" id="updated">loading...</div>
+<div class="charts"><div class="chart"><h3>GPUs in use</h3><div id="chart-gpus"></div></div>
+<div class="chart"><h3>Jobs by state</h3><div id="chart-jobs"></div></div></div>
 <h2>Nodes</h2><table id="nodes"><thead><tr><th>NAME</th><th>STATE</th><th>GPUS USED/TOTAL</th><th>LABELS</th>
 <th>LAST HEARTBEAT</th><th>JOBS</th></tr></thead><tbody></tbody></table>
-<h2>Jobs</h2><table id="jobs"><thead><tr><th>ID</th><th>NAME</th><th>USER</th><th>STATE</th><th>AGE</th>
-<th>GPUS</th><th>NODES OR REASON</th></tr></thead><tbody></tbody></table>
+<h2>Live jobs</h2><table id="live"><thead><tr><th>ID</th><th>NAME</th><th>USER</th><th>STATE</th><th>SUBMITTED</th>
+<th>RUNNING FOR</th><th>GPUS</th><th>NODES OR REASON</th></tr></thead><tbody></tbody></table>
+<h2>Job history</h2><form id="filters" method="get" action="/"><select name="state"><option value="">any state</option>
+</select><input name="user" placeholder="user" size="12"><input name="name" placeholder="name" size="16">
+<button>Filter</button> <a href="/">clear</a></form>
+<table id="jobs"><thead><tr><th>ID</th><th>NAME</th><th>USER</th><th>STATE</th><th>SUBMITTED</th><th>RAN FOR</th>
+<th>GPUS</th><th>NODES OR REASON</th></tr></thead><tbody></tbody></table><p id="pager"></p>
 <p class="muted">JSON: <a href="/api/v1/nodes">/api/v1/nodes</a> <a href="/api/v1/jobs">/api/v1/jobs</a>
-&middot; <a href="/metrics">/metrics</a></p>
+<a href="/api/v1/cluster/series">/api/v1/cluster/series</a> &middot; <a href="/metrics">/metrics</a></p>
 <script>
-function esc(s){return String(s).replace(/[&<>"']/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c]));}
-function age(ms){const s=Math.max(0,Math.floor((Date.now()-ms)/1000));return s<60?s+'s':s<3600?Math.floor(s/60)+'m':s<86400?Math.floor(s/3600)+'h':Math.floor(s/86400)+'d';}
+const STATES=['PENDING','SCHEDULED','STARTING','RUNNING','SUCCEEDED','FAILED','CANCELLED','TIMEOUT'];
+const SCOLOR={PENDING:'#d97706',SCHEDULED:'#0891b2',STARTING:'#7c3aed',RUNNING:'#16a34a',SUCCEEDED:'#2563eb',FAILED:'#dc2626',CANCELLED:'#6b7280',TIMEOUT:'#db2777'};
+const q=new URLSearchParams(location.search);
+const sel=document.querySelector('#filters select');
+STATES.forEach(s=>{const o=document.createElement('option');o.value=s.toLowerCase();o.textContent=s.toLowerCase();sel.appendChild(o);});
+sel.value=(q.get('state')||'').toLowerCase();
+for(const k of ['user','name'])document.querySelector('#filters [name='+k+']').value=q.get(k)||'';
+function ago(ms){return ms>0?hdur(Date.now()-ms)+' ago':'-';}
+function started(x){if(Number(x.start_ms||0)>0)return Number(x.start_ms);const t=(x.transitions||[]).filter(t=>t.to==='RUNNING').pop();return t?Number(t.at_ms):0;}
+function ran(x){const s=started(x),e=Number(x.end_ms||0);return s>0?hdur((e>0?e:Date.now())-s):'-';}
 function row(cells){return '<tr>'+cells.map(c=>'<td>'+c+'</td>').join('')+'</tr>';}
+function jobRow(x){return row(['<a href="/jobs/'+esc(x.id)+'">'+esc(x.id)+'</a>',esc(x.spec.name),esc(x.spec.user),
+ '<span class="'+esc(x.state)+'">'+esc(x.state)+(x.held?' (held)':'')+'</span>',ago(Number(x.submit_ms)),ran(x),x.gpus,
+ (x.allocation||[]).length&&x.state!=='FAILED'?esc(x.allocation.map(a=>a.node).join(',')):'('+esc(x.reason)+')']);}
+function historyQuery(token){const p=new URLSearchParams();for(const k of ['state','user','name'])if(q.get(k))p.set(k,q.get(k));
+ if(token)p.set('page_token',token);return p;}
 async function refresh(){
  try{
-  const [n,j]=await Promise.all([fetch('/api/v1/nodes').then(r=>r.json()),fetch('/api/v1/jobs').then(r=>r.json())]);
+  const h=historyQuery(q.get('page_token'));h.set('page_size','50');
+  const [n,live,hist,cs]=await Promise.all([fetch('/api/v1/nodes').then(r=>r.json()),
+   fetch('/api/v1/jobs?state=pending,scheduled,starting,running').then(r=>r.json()),
+   fetch('/api/v1/jobs?'+h).then(r=>r.json()),fetch('/api/v1/cluster/series').then(r=>r.json())]);
   document.querySelector('#nodes tbody').innerHTML=(n.nodes||[]).map(x=>row([esc(x.name),
    '<span class="'+esc(x.state)+'">'+esc(x.state)+(x.drained&&x.state==='DOWN'?' (drained)':'')+(x.connected?'':' (disconnected)')+'</span>',
    (x.gpus_used||[]).length+'/'+(x.gpus||[]).length,
-   esc(Object.entries(x.labels||{}).map(([k,v])=>k+'='+v).join(',')),
-   x.last_heartbeat_ms>0?age(Number(x.last_heartbeat_ms))+' ago':'never',
+   esc(Object.entries(x.labels||{}).sort((a,b)=>a[0]<b[0]?-1:a[0]>b[0]?1:0).map(([k,v])=>k+'='+v).join(',')),
+   x.last_heartbeat_ms>0?ago(Number(x.last_heartbeat_ms)):'never',
    (x.jobs||[]).map(id=>'<a href="/jobs/'+esc(id)+'">'+esc(id)+'</a>').join(' ')])).join('');
-  const jobs=(j.jobs||[]).slice().reverse();
-  document.querySelector('#jobs tbody').innerHTML=jobs.map(x=>row(['<a href="/jobs/'+esc(x.id)+'">'+esc(x.id)+'</a>',
-   esc(x.spec.name),esc(x.spec.user),'<span class="'+esc(x.state)+'">'+esc(x.state)+'</span>',
-   age(Number(x.submit_ms)),x.gpus,
-   (x.allocation||[]).length&&x.state!=='FAILED'?esc(x.allocation.map(a=>a.node).join(',')):'('+esc(x.reason)+')'])).join('');
+  document.querySelector('#live tbody').innerHTML=(live.jobs||[]).slice().reverse().map(jobRow).join('')||
+   '<tr><td colspan="8" class="muted">no live jobs</td></tr>';
+  if(hist.error){document.querySelector('#jobs tbody').innerHTML='<tr><td colspan="8">'+esc(hist.error)+'</td></tr>';}
+  else{document.querySelector('#jobs tbody').innerHTML=(hist.jobs||[]).map(jobRow).join('')||'<tr><td colspan="8" class="muted">no jobs match</td></tr>';
+   let pager='';if(q.get('page_token'))pager+='<a href="/?'+esc(historyQuery('').toString())+'">&#8676; first page</a> ';
+   if(hist.next_page_token)pager+='<a id="next" href="/?'+esc(historyQuery(hist.next_page_token).toString())+'">next page &#8594;</a>';
+   document.getElementById('pager').innerHTML=pager;}
+  const t=(cs.t_ms||[]).map(Number);
+  plot(document.getElementById('chart-gpus'),[{name:'in use',color:'#16a34a',bold:true,pts:t.map((x,i)=>[x,cs.gpus_used[i]])},
+   {name:'total (nodes not DOWN)',color:'#6b7280',dash:true,pts:t.map((x,i)=>[x,cs.gpus_total[i]])}],{fmt:v=>v.toFixed(v<10?1:0),empty:'the first point comes within 5 s'});
+  const js=cs.jobs||{};
+  plot(document.getElementById('chart-jobs'),Object.keys(js).sort((a,b)=>STATES.indexOf(a)-STATES.indexOf(b)).filter(k=>js[k].some(v=>v>0))
+   .map(k=>({name:k,color:SCOLOR[k]||'#111',bold:k==='RUNNING',pts:t.map((x,i)=>[x,js[k][i]])})),{fmt:v=>v.toFixed(v<10?1:0),empty:'the first point comes within 5 s'});
   document.getElementById('updated').textContent='updated '+new Date().toLocaleTimeString();
  }catch(e){document.getElementById('updated').textContent='cannot reach the coordinator: '+e;}
 }
-refresh();setInterval(refresh,2000);
+refresh();setInterval(refresh,3000);
 </script></body></html>
 )";
 }
@@ -214,19 +341,84 @@ std::string renderRingSvg(const v1::RingLayout& ring) {
   return svg.str();
 }
 
+namespace {
+
+std::string bytesText(double bytes) {
+  char buf[64];
+  if (bytes >= 1e12) {
+    std::snprintf(buf, sizeof(buf), "%.2f TB", bytes / 1e12);
+  } else if (bytes >= 1e9) {
+    std::snprintf(buf, sizeof(buf), "%.2f GB", bytes / 1e9);
+  } else if (bytes >= 1e6) {
+    std::snprintf(buf, sizeof(buf), "%.1f MB", bytes / 1e6);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.0f B", bytes);
+  }
+  return buf;
+}
+
+bool isFinal(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED || s == v1::TIMEOUT;
+}
+
+// The page's script: the charts from /api/v1/jobs/ID/series, the logs kept at their end, and while the job is
+// live the page's own parts re-read and swapped in place.
+const char* kJobScript = R"(<script>
+const JOB=document.body.dataset.job;let SLOW=-1;
+// The ranks table marks the rank the series name (once they do), so the page names one slow rank.
+function markSlow(){if(SLOW<0)return;document.querySelectorAll('#ranks tr').forEach(tr=>{const c=tr.cells[0];if(!c||tr.querySelector('th'))return;
+ const me=c.textContent===String(SLOW);tr.classList.toggle('slow',me);if(me)tr.title='slowest rank';else tr.removeAttribute('title');});}
+function logsState(){const m={};document.querySelectorAll('pre.log').forEach(p=>{m[p.id]={end:p.scrollTop+p.clientHeight>=p.scrollHeight-8,top:p.scrollTop};});return m;}
+function restoreLogs(m){document.querySelectorAll('pre.log').forEach(p=>{const k=m[p.id];p.scrollTop=!k||k.end?p.scrollHeight:k.top;});}
+async function series(){
+ try{
+  const s=await fetch('/api/v1/jobs/'+encodeURIComponent(JOB)+'/series').then(r=>r.json());
+  if(s.error)throw s.error;
+  const ranks=(s.ranks||[]).slice().sort((a,b)=>a.rank-b.rank);
+  const lines=key=>{const l=ranks.map((r,i)=>({slow:r.rank===s.slow_rank,name:'rank '+r.rank+(r.rank===s.slow_rank?' (slow)':''),
+   color:r.rank===s.slow_rank?'#dc2626':PAL[i%PAL.length],bold:r.rank===s.slow_rank,pts:r.t_ms.map((t,j)=>[Number(t),r[key][j]])}));
+   return l.filter(x=>!x.slow).concat(l.filter(x=>x.slow));};
+  const none=ranks.length?'waiting for a second report':document.body.dataset.live==='1'?
+   'no telemetry from this job yet (ranks report through libddl)':'no series kept (the coordinator keeps those of the last 64 ended jobs, in memory)';
+  plot(document.getElementById('chart-bw'),lines('bytes_per_s'),{fmt:fmtRate,empty:none});
+  plot(document.getElementById('chart-busy'),lines('busy_fraction'),{fmt:v=>(v*100).toFixed(0)+'%',max:1,empty:none});
+  const slow=document.getElementById('slow');
+  slow.className=s.slow_rank>=0?'slowline':'muted';
+  slow.textContent=s.slow_rank>=0?'Slow rank: '+s.slow_why:'No slow rank named: fewer than two ranks have figures.';
+  SLOW=s.slow_rank;markSlow();
+ }catch(e){document.getElementById('slow').textContent='series not available: '+e;}
+}
+async function reload(){
+ try{
+  const d=new DOMParser().parseFromString(await fetch(location.pathname).then(r=>r.text()),'text/html');
+  const m=logsState();
+  for(const id of ['top','bottom']){const n=d.getElementById(id);if(n)document.getElementById(id).replaceWith(n);}
+  document.body.dataset.live=d.body.dataset.live||'0';
+  restoreLogs(m);markSlow();
+ }catch(e){}
+}
+restoreLogs({});series();
+setInterval(()=>{if(document.body.dataset.live==='1'){series();reload();}},4000);
+</script>)";
+
+}  // namespace
+
 std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const std::map<int, std::string>& logs,
                           int64_t now_ms, bool details_hidden) {
   static const char* kHidden = "<span class='muted'>(shown to the job's owner and admins only)</span>";
   std::ostringstream o;
   const std::string state = v1::JobState_Name(job.state());
-  o << "<!doctype html><html><head><meta charset='utf-8'><title>" << htmlEscape(job.id()) << "</title>" << kStyle
-    << "</head><body><p><a href='/'>&#8592; cluster</a></p><h1>" << htmlEscape(job.id()) << " "
-    << htmlEscape(job.spec().name()) << " <span class='" << state << "'>" << state << "</span></h1>";
+  o << "<!doctype html><html><head><meta charset='utf-8'><title>" << htmlEscape(job.id()) << "</title>"
+    << kStyle << kChartScript << "</head><body data-job='" << htmlEscape(job.id()) << "' data-live='"
+    << (isFinal(job.state()) ? 0 : 1) << "'><p><a href='/'>&#8592; cluster</a></p><div id='top'><h1>"
+    << htmlEscape(job.id()) << " " << htmlEscape(job.spec().name()) << " <span class='" << state << "'>"
+    << state << (job.held() ? " (held)" : "") << "</span></h1>";
   if (job.has_failure()) {
     const auto& f = job.failure();
     o << "<div class='fail'><b>first failing rank " << f.rank() << "</b> on host <b>" << htmlEscape(f.host())
-      << "</b>: " << (f.has_signal() ? "killed by signal " + std::to_string(f.signal())
-                                     : "exit code " + std::to_string(f.exit_code()))
+      << "</b>: "
+      << (f.has_signal() ? "killed by " + signalName(f.signal())
+                         : "exit code " + std::to_string(f.exit_code()))
       << "<br>" << htmlEscape(job.reason()) << "</div>";
   }
   o << "<table><tr><th>user</th><td>" << htmlEscape(job.spec().user()) << "</td></tr><tr><th>command</th><td>";
@@ -239,8 +431,28 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
   }
   o << "</td></tr><tr><th>GPUs</th><td>" << job.gpus() << "</td></tr><tr><th>topology</th><td>"
     << htmlEscape(job.topology()) << "</td></tr><tr><th>reason</th><td>" << htmlEscape(job.reason())
-    << "</td></tr><tr><th>submitted</th><td>" << (now_ms - job.submit_ms()) / 1000 << " s ago</td></tr></table>";
+    << "</td></tr><tr><th>submitted</th><td>" << humanDuration(now_ms - job.submit_ms()) << " ago</td></tr>";
+  // Job.start_ms where the coordinator fills it, else the latest move to RUNNING.
+  int64_t start_ms = job.start_ms();
+  for (const auto& t : job.transitions()) {
+    if (job.start_ms() == 0 && t.to() == v1::RUNNING) start_ms = t.at_ms();
+  }
+  if (start_ms > 0) {
+    o << "<tr><th>started</th><td>" << humanDuration(start_ms - job.submit_ms()) << " after submit</td></tr>"
+      << "<tr><th>" << (job.end_ms() > 0 ? "ran for" : "running for") << "</th><td>"
+      << humanDuration((job.end_ms() > 0 ? job.end_ms() : now_ms) - start_ms) << "</td></tr>";
+  }
+  if (job.end_ms() > 0)
+    o << "<tr><th>ended</th><td>" << humanDuration(now_ms - job.end_ms()) << " ago</td></tr>";
+  o << "</table></div>";
 
+  o << "<h2>Collectives over time</h2><div class='charts'><div class='chart'><h3>Throughput per rank "
+       "(collective "
+       "bytes per second)</h3><div id='chart-bw'></div></div><div class='chart'><h3>Time in collectives per "
+       "rank"
+       "</h3><div id='chart-busy'></div></div></div><p id='slow' class='muted'>loading the series...</p>";
+
+  o << "<div id='bottom'>";
   // Ranks by node and GPU, with what libddl last reported; the slowest last collective is highlighted.
   std::map<int, const v1::RankStatus*> status;
   for (const auto& r : job.ranks()) status[r.rank()] = &r;
@@ -266,19 +478,67 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
       }
       o << "</tr>";
     }
-    o << "</table><h2>Ring layout</h2>" << renderRingSvg(*ring);
+    o << "</table>";
   }
+  // The rank processes as the coordinator keeps them (after the job ended too): whatever fields are there.
+  std::map<int, std::string> ring_node;  // where Job.ranks has no node yet
+  if (ring) {
+    for (const auto& slot : ring->ranks()) ring_node[slot.rank()] = slot.node();
+  }
+  if (job.ranks_size() > 0) {
+    o << "<h2>Rank processes</h2><table id='processes'><tr><th>rank</th><th>node</th><th>GPU</th><th>pid</th>"
+      << "<th>program pid</th><th>state</th><th>exit</th><th>started</th><th>ended</th><th>ran for</th>"
+      << "<th>collectives</th><th>bytes</th><th>in collectives</th></tr>";
+    for (const auto& [rank, r] : status) {
+      std::string exit = "-";
+      if (r->has_signal()) {
+        exit = signalName(r->signal());
+      } else if (r->has_exit_code()) {
+        exit = "exit " + std::to_string(r->exit_code());
+      }
+      if (!r->error().empty()) exit += " (" + r->error() + ")";
+      auto since_submit = [&](int64_t ms) {
+        return ms > 0 ? "+" + humanDuration(ms - job.submit_ms()) : "-";
+      };
+      const bool bad = r->has_signal() || (r->has_exit_code() && r->exit_code() != 0);
+      o << "<tr" << (bad ? " class='slow'" : "") << "><td>" << rank << "</td><td>"
+        << htmlEscape(r->node().empty() ? ring_node[rank] : r->node()) << "</td><td>" << r->gpu()
+        << "</td><td>" << (r->pid() > 0 ? std::to_string(r->pid()) : "-") << "</td><td>"
+        << (r->program_pid() > 0 ? std::to_string(r->program_pid()) : "-") << "</td><td>"
+        << v1::RankStatus::State_Name(r->state()) << "</td><td>" << htmlEscape(exit) << "</td><td>"
+        << since_submit(r->started_ms()) << "</td><td>" << since_submit(r->exited_ms()) << "</td><td>"
+        << (r->started_ms() > 0
+                ? humanDuration((r->exited_ms() > 0 ? r->exited_ms() : now_ms) - r->started_ms())
+                : "-")
+        << "</td>";
+      if (r->has_progress()) {
+        o << "<td>" << r->progress().collectives() << "</td><td>"
+          << bytesText(static_cast<double>(r->progress().bytes())) << "</td><td>"
+          << humanDuration(static_cast<int64_t>(r->progress().seconds() * 1000)) << "</td>";
+      } else {
+        o << "<td colspan='3' class='muted'>no report</td>";
+      }
+      o << "</tr>";
+    }
+    o << "</table>";
+  } else if (isFinal(job.state())) {
+    o << "<h2>Rank processes</h2><p class='muted'>no rank records were kept for this job</p>";
+  }
+  if (ring && ring->ranks_size() > 0) o << "<h2>Ring layout</h2>" << renderRingSvg(*ring);
   if (details_hidden) o << "<h2>Logs</h2><p>" << kHidden << "</p>";
   for (const auto& [rank, text] : logs) {
-    o << "<h2>Log of rank " << rank << " (tail)</h2><pre>" << htmlEscape(text) << "</pre>";
+    o << "<h2>Log of rank " << rank << " (tail)</h2><pre class='log' id='log-" << rank << "'>"
+      << htmlEscape(text) << "</pre>";
   }
   o << "<h2>Transitions</h2><table>";
   for (const auto& t : job.transitions()) {
-    o << "<tr><td>" << (t.at_ms() - job.submit_ms()) << " ms</td><td>" << v1::JobState_Name(t.to()) << "</td><td>"
-      << htmlEscape(t.reason()) << "</td></tr>";
+    o << "<tr><td>+" << humanDuration(t.at_ms() - job.submit_ms()) << "</td><td>" << v1::JobState_Name(t.to())
+      << "</td><td>" << htmlEscape(t.reason()) << "</td></tr>";
   }
-  o << "</table><p class='muted'>JSON: <a href='/api/v1/jobs/" << htmlEscape(job.id()) << "'>/api/v1/jobs/"
-    << htmlEscape(job.id()) << "</a></p></body></html>\n";
+  o << "</table></div><p class='muted'>JSON: <a href='/api/v1/jobs/" << htmlEscape(job.id())
+    << "'>/api/v1/jobs/" << htmlEscape(job.id()) << "</a> <a href='/api/v1/jobs/" << htmlEscape(job.id())
+    << "/series'>/api/v1/jobs/" << htmlEscape(job.id()) << "/series</a></p>" << kJobScript
+    << "</body></html>\n";
   return o.str();
 }
 

@@ -450,6 +450,14 @@ void Coordinator::housekeepingOnLoop() {
   checkHeartbeatsOnLoop(now);
   sweepLostJobsOnLoop();
   enforceTimeLimitsOnLoop();
+  if (const int64_t wall = wall_ms_(); telemetry_.clusterDue(wall)) {  // the dashboard's cluster plot
+    const MetricsSnapshot m = metricsOnLoop();
+    telemetry_.recordCluster(wall, m.gpus_allocated, m.gpus_total, m.jobs_by_state,
+                             [this](const std::string& id) {
+                               auto job = jobs_.find(id);
+                               return job != jobs_.end() && isLive(job->second.state);
+                             });
+  }
   if (recovery_until_ms_ != 0) {
     bool all_back = std::all_of(nodes_.begin(), nodes_.end(), [](const auto& kv) {
       return kv.second.record.state == state::NodeState::kDown || kv.second.link != nullptr;
@@ -1091,6 +1099,7 @@ void Coordinator::applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& r
   auto& known = rt->second.ranks[r.rank()];
   if (known.state() == v1::RankStatus::EXITED) return;  // an exit is final; a late RUNNING changes nothing
   if (report.has_progress()) {
+    telemetry_.recordRank(r.job_id(), r.attempt(), r.rank(), report.progress(), wall_ms_());
     // Totals for /metrics: what this rank did since its previous report (its counters only grow).
     const auto& before = known.progress();
     const auto& now = report.progress();
@@ -1985,6 +1994,10 @@ MetricsSnapshot Coordinator::metricsOnLoop() {
   m.store_healthy = health().ok;
   m.store_backlog = committer_->backlog();
   m.jobs_in_memory = jobs_.size();
+  for (const auto& [id, job] : jobs_) {
+    if (!isLive(job.state) || m.jobs.size() >= MetricsSnapshot::kMaxJobFigures) continue;
+    m.jobs.push_back(telemetry_.figures(id, requestOf(job.id, job.spec).gpuCount(), wall_ms_()));
+  }
   return m;
 }
 
@@ -1994,6 +2007,14 @@ MetricsSnapshot Coordinator::metrics() {
 
 void Coordinator::metrics(std::function<void(MetricsSnapshot)> done) {
   post([this, done = std::move(done)] { done(metricsOnLoop()); });
+}
+
+void Coordinator::jobSeries(const std::string& id, Done<JobSeries> done) {
+  post([this, id, done = std::move(done)] { done(telemetry_.jobSeries(id)); });
+}
+
+void Coordinator::clusterSeries(Done<ClusterSeries> done) {
+  post([this, done = std::move(done)] { done(telemetry_.clusterSeries()); });
 }
 
 StatusOr<v1::RingLayout> Coordinator::ringOnLoop(const state::Job& job) {

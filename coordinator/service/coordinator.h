@@ -56,6 +56,7 @@
 #include "placement/cluster.h"
 #include "placement/ring_layout.h"
 #include "service/persistence.h"
+#include "service/telemetry_history.h"
 #include "state/store.h"
 
 namespace ddl::coordinator {
@@ -108,6 +109,10 @@ struct MetricsSnapshot {
   bool store_healthy = true;  // the last attempt to store state worked
   size_t store_backlog = 0;   // writes waiting to be stored
   size_t jobs_in_memory = 0;  // open jobs and the recent final ones (jobs_by_state counts these)
+  // Placed jobs' (SCHEDULED, STARTING, RUNNING) collective totals for ddl_job_*, in job id order; at most
+  // kMaxJobFigures of them, the oldest first, so the label set stays bounded.
+  static constexpr size_t kMaxJobFigures = 500;
+  std::vector<JobFigures> jobs;
 };
 
 class Coordinator {
@@ -204,6 +209,10 @@ class Coordinator {
   void readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done);
   MetricsSnapshot metrics();
   void metrics(std::function<void(MetricsSnapshot)> done);
+  // What the dashboard plots (telemetry_history.h): one job's per-rank series (empty when none is kept), and
+  // the cluster's GPUs and jobs by state over time.
+  void jobSeries(const std::string& id, Done<JobSeries> done);
+  void clusterSeries(Done<ClusterSeries> done);
 
   // Whether the coordinator can store its state. Any thread; never blocks. While !ok, /healthz fails, new
   // submits are refused, and the unstored changes are retried until the store works again.
@@ -381,6 +390,7 @@ class Coordinator {
   std::deque<Finished> finished_;  // final jobs in memory, oldest first
 
   MetricsSnapshot counters_;  // the counters and the histogram; the gauges are filled by metrics()
+  TelemetryHistory telemetry_;  // the dashboard's plots; bounded (its header)
   uint64_t log_requests_ = 0;
   std::map<std::string, std::shared_ptr<LogWait>> log_waits_;  // by request id; at most kMaxLogReads
 

@@ -3,9 +3,13 @@
 # in the scratch directory, a node certificate per agent), a running 4-rank job submitted with a user's token
 # (a ddlctl user made with the admin token; as root, also a throwaway account of the same name, ddlt-<pid>, that
 # the ranks can run as, removed on exit), then
-#  - headless Chromium renders / (nodes and the job, drawn by the page's own JavaScript) and /jobs/ID (ranks,
-#    ring picture), and takes screenshots (into $DDL_SCREENSHOT_DIR when set, e.g. docs/);
-#  - /metrics is parsed with the Prometheus client library's parser and checked against the cluster;
+#  - the job's series (/api/v1/jobs/ID/series) fills with every rank's throughput, and the cluster's series
+#    (/api/v1/cluster/series, a point per 5 s) with a few points;
+#  - headless Chromium renders / (nodes, the job, the cluster charts, drawn by the page's own JavaScript) and
+#    /jobs/ID (ranks, per-rank charts, slow rank, ring picture), and takes screenshots (into $DDL_SCREENSHOT_DIR
+#    when set, e.g. docs/);
+#  - /metrics is parsed with the Prometheus client library's parser and checked against the cluster (the per-job
+#    ddl_job_* families too);
 #  - bad URLs and methods get 404/405 and the server stays healthy;
 #  - 80 clients that never finish a request header do not keep /healthz, /metrics or a job page from answering.
 # Skips (exit 77) with a reason when chromium or python3-prometheus-client is missing.
@@ -97,19 +101,34 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 
+# The plots need a few samples: every rank 3 intervals (a sample a second or so), the cluster 3 points (one per 5 s).
+series_ready() {
+  "$py" - "$web" "$job" <<'PY'
+import json, sys, urllib.request
+web, job = sys.argv[1], sys.argv[2]
+s = json.load(urllib.request.urlopen(web + "/api/v1/jobs/" + job + "/series", timeout=5))
+c = json.load(urllib.request.urlopen(web + "/api/v1/cluster/series", timeout=5))
+ok = len(s["ranks"]) == 4 and all(len(r["t_ms"]) >= 3 and r["bytes_per_s"][-1] > 0 for r in s["ranks"])
+sys.exit(0 if ok and len(c["t_ms"]) >= 3 and c["gpus_used"][-1] == 4 and s["slow_rank"] >= 0 else 1)
+PY
+}
+for _ in $(seq 150); do series_ready && break; sleep 0.2; done
+series_ready || fail "the series of $job or of the cluster did not fill"
+
 chrome() { timeout 60 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars \
   --virtual-time-budget=5000 "$@" 2>/dev/null; }
 index=$(chrome --dump-dom "$web/")
-for want in "n1" "n2" "$job" "dash-bench" "2/2"; do
+for want in "n1" "n2" "$job" "dash-bench" "2/2" "<polyline" "in use" "RUNNING"; do
   grep -q -- "$want" <<<"$index" || fail "/ as rendered by Chromium lacks '$want'"
 done
 page=$(chrome --dump-dom "$web/jobs/$job")
-for want in "<svg" ">r3<" "Ring layout" "crosses switches" "slowest rank" "Using ranks"; do
+for want in "<svg" ">r3<" "Ring layout" "crosses switches" "slowest rank" "Using ranks" "<polyline" "Slow rank: rank" \
+  "class=\"log\""; do
   grep -q -- "$want" <<<"$page" || fail "/jobs/$job lacks '$want'"
 done
 shots=${DDL_SCREENSHOT_DIR:-$tmp}
-chrome --window-size=1280,720 --screenshot="$shots/dashboard.png" "$web/" >/dev/null
-chrome --window-size=1280,1100 --screenshot="$shots/dashboard-job.png" "$web/jobs/$job" >/dev/null
+chrome --window-size=1400,1000 --screenshot="$shots/dashboard.png" "$web/" >/dev/null
+chrome --window-size=1400,1000 --screenshot="$shots/dashboard-job.png" "$web/jobs/$job" >/dev/null
 [[ -s "$shots/dashboard.png" && -s "$shots/dashboard-job.png" ]] || fail "no screenshot"
 echo "pages render; screenshots in $shots"
 
@@ -133,6 +152,10 @@ for name, labels, want in checks:
     got = get(name, **labels)
     assert got == want, f"{name}{labels} = {got}, want {want}"
 assert get("ddl_collective_bytes_total") > 0, "no collective bytes reported by the ranks"
+assert get("ddl_job_collective_bytes_total", job=job) > 0, "no per-job collective bytes"
+assert get("ddl_job_collective_seconds_total", job=job) > 0, "no per-job collective seconds"
+assert get("ddl_job_gpus", job=job) == 4
+assert get("ddl_job_ranks_reporting", job=job) == 4
 assert get("ddl_heartbeat_lag_seconds") < 5
 def status(method, path):
     req = urllib.request.Request(web + path, method=method)
@@ -142,6 +165,8 @@ def status(method, path):
         return e.code
 for method, path, want in [("GET", "/nope", 404), ("GET", "/jobs/j-999999", 404), ("GET", "/jobs/../../etc/passwd", 404),
                            ("GET", "/api/v1/jobs/xyz", 404), ("GET", "/api/v1/jobs?state=BOGUS", 400),
+                           ("GET", "/api/v1/jobs?state=running", 200), ("GET", "/api/v1/cluster/series", 200),
+                           ("GET", "/api/v1/jobs/" + job + "/series", 200),
                            ("POST", "/", 405), ("GET", "/api/v1/jobs/" + job, 200), ("GET", "/healthz", 200)]:
     got = status(method, path)
     assert got == want, f"{method} {path}: {got}, want {want}"

@@ -10,16 +10,17 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
-
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <condition_variable>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "auth/pki_dir.h"
 #include "auth/users.h"
@@ -138,8 +139,11 @@ TEST_F(HttpTest, ErrorBodiesAreJsonThatRoundTrips) {
   EXPECT_EQ(r.content_type, "application/json");
   nlohmann::json body;
   ASSERT_NO_THROW(body = nlohmann::json::parse(r.body)) << r.body;
-  EXPECT_EQ(body["error"].get<std::string>(),
-            "unknown state '" + state + "' (PENDING, SCHEDULED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED)");
+  EXPECT_EQ(
+      body["error"].get<std::string>(),
+      "unknown state '" + state +
+          "' (PENDING, SCHEDULED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED, TIMEOUT, in any case; "
+          "several with commas)");
   r = handleRequest(*coordinator, "GET", "/api/v1/\"x\\\xff");
   ASSERT_EQ(r.status, 404);
   ASSERT_NO_THROW(body = nlohmann::json::parse(r.body)) << r.body;
@@ -147,6 +151,248 @@ TEST_F(HttpTest, ErrorBodiesAreJsonThatRoundTrips) {
   auto one = nlohmann::json::parse(handleRequest(*coordinator, "GET", "/api/v1/jobs/" + job).body);
   EXPECT_EQ(one["job"]["spec"]["name"], "bench<script>");
   EXPECT_TRUE(one["ring"].is_object());
+}
+
+// The dashboard's plots and per-job metrics: a coordinator with a fake wall clock, ranks reporting progress
+// as agents forward it (each heartbeat carries every rank's cumulative counters).
+class SeriesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions o;
+    o.log_timeout_ms = 50;
+    // Liveness runs on the real monotonic clock (no node goes DOWN while the test moves the wall clock).
+    coordinator = std::make_unique<Coordinator>(store, o, nullptr, [this] { return wall.load(); });
+    ASSERT_TRUE(coordinator->recover());
+    for (const char* name : {"n1", "n2"}) {
+      v1::RegisterRequest req;
+      req.set_node(name);
+      req.set_address("10.0.0.1");
+      for (int g = 0; g < 2; ++g) req.add_gpus()->set_index(g);
+      auto resp = coordinator->registerAgent(req);
+      ASSERT_TRUE(resp);
+      sessions[name] = resp->session();
+      ASSERT_TRUE(coordinator->attachAgent(name, resp->session(), std::make_shared<NullLink>()));
+    }
+    job = submit("bench");
+    coordinator->tick();
+    auto layout = coordinator->ring(job);
+    ASSERT_TRUE(layout);
+    for (const auto& slot : layout->ranks()) rank_node[slot.rank()] = slot.node();
+  }
+  std::string submit(const std::string& name) {
+    v1::JobSpec spec;
+    spec.set_name(name);
+    spec.set_user("alice");
+    spec.set_nodes(2);
+    spec.set_gpus_per_node(2);
+    spec.add_command("ddl-bench");
+    auto submitted = coordinator->submit(spec);
+    EXPECT_TRUE(submitted) << submitted.status().message();
+    return submitted ? submitted->id() : "";
+  }
+  // Every node reports its ranks; rank r has moved bytes_per_s(r) * t bytes by now (t in seconds since 0).
+  void report(double t, const std::function<double(int)>& bytes_per_s) {
+    wall = static_cast<int64_t>(t * 1000) + 1000000;
+    std::map<std::string, v1::Heartbeat> hb;
+    for (const auto& [rank, node] : rank_node) {
+      v1::RankStatus* r = hb[node].add_ranks();
+      r->set_job_id(job);
+      r->set_attempt(1);
+      r->set_rank(rank);
+      r->set_state(v1::RankStatus::RUNNING);
+      r->mutable_progress()->set_bytes(static_cast<int64_t>(bytes_per_s(rank) * t));
+      r->mutable_progress()->set_seconds(0.5 * t);
+      r->mutable_progress()->set_collectives(static_cast<int64_t>(10 * t));
+    }
+    for (auto& [node, h] : hb) ASSERT_TRUE(coordinator->heartbeat(node, sessions[node], h));
+  }
+  std::atomic<int64_t> wall{1000000};
+  state::MemoryStore store;
+  std::unique_ptr<Coordinator> coordinator;
+  std::map<std::string, std::string> sessions;
+  std::map<int, std::string> rank_node;
+  std::string job;
+};
+
+TEST_F(SeriesTest, JobSeriesHasEveryRankAndNamesTheSlowOne) {
+  for (int i = 0; i <= 5; ++i) report(2.0 * i, [](int rank) { return rank == 3 ? 1e6 : 4e6; });
+  Response r = handleRequest(*coordinator, "GET", "/api/v1/jobs/" + job + "/series");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto body = nlohmann::json::parse(r.body);
+  EXPECT_EQ(body["job"], job);
+  ASSERT_EQ(body["ranks"].size(), 4u);
+  for (const auto& rank : body["ranks"]) {
+    ASSERT_EQ(rank["t_ms"].size(), 5u) << rank;
+    EXPECT_EQ(rank["bytes_per_s"][4].get<double>(), rank["rank"] == 3 ? 1e6 : 4e6) << rank;
+    EXPECT_DOUBLE_EQ(rank["busy_fraction"][4].get<double>(), 0.5);
+  }
+  EXPECT_EQ(body["slow_rank"], 3);
+  EXPECT_NE(body["slow_why"].get<std::string>().find("rank 3"), std::string::npos);
+  EXPECT_EQ(handleRequest(*coordinator, "GET", "/api/v1/jobs/j-999999/series").status, 404);
+  EXPECT_EQ(handleRequest(*coordinator, "GET", "/api/v1/jobs/x/series").status, 404);
+  // The job page carries the charts' containers and the script that fetches the series.
+  Response page = handleRequest(*coordinator, "GET", "/jobs/" + job);
+  EXPECT_NE(page.body.find("id='chart-bw'"), std::string::npos);
+  EXPECT_NE(page.body.find("id='chart-busy'"), std::string::npos);
+  EXPECT_NE(page.body.find("'/series'"), std::string::npos);
+  EXPECT_NE(page.body.find("data-live='1'"), std::string::npos);
+}
+
+TEST_F(SeriesTest, ClusterSeriesSamplesGpusAndJobsEveryFiveSeconds) {
+  for (int i = 0; i < 4; ++i) {
+    wall += 5000;
+    coordinator->tick();
+  }
+  Response r = handleRequest(*coordinator, "GET", "/api/v1/cluster/series");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto body = nlohmann::json::parse(r.body);
+  ASSERT_GE(body["t_ms"].size(), 4u);
+  EXPECT_EQ(body["gpus_total"].back(), 4);
+  EXPECT_EQ(body["gpus_used"].back(), 4);
+  EXPECT_EQ(body["jobs"]["STARTING"].back(), 1);
+  EXPECT_EQ(body["jobs"]["PENDING"].size(), body["t_ms"].size());
+  const size_t before = body["t_ms"].size();
+  coordinator->tick();  // no time passed: no new point
+  EXPECT_EQ(
+      nlohmann::json::parse(handleRequest(*coordinator, "GET", "/api/v1/cluster/series").body)["t_ms"].size(),
+      before);
+}
+
+TEST_F(SeriesTest, MetricsCarryLiveJobsWithTheirIdOnly) {
+  report(0, [](int) { return 1e6; });
+  report(2, [](int) { return 1e6; });
+  Response r = handleRequest(*coordinator, "GET", "/metrics");
+  ASSERT_EQ(r.status, 200);
+  for (const std::string line :
+       {"ddl_job_collective_bytes_total{job=\"" + job + "\"} 8000000\n",
+        "ddl_job_collective_seconds_total{job=\"" + job + "\"} 4\n", "ddl_job_gpus{job=\"" + job + "\"} 4\n",
+        "ddl_job_ranks_reporting{job=\"" + job + "\"} 4\n",
+        std::string("# TYPE ddl_job_collective_bytes_total counter\n")}) {
+    EXPECT_NE(r.body.find(line), std::string::npos) << line << r.body;
+  }
+  // Capped at 500 placed jobs: a node with 520 GPUs more and 520 one-GPU jobs on it give 500 lines per
+  // metric.
+  v1::RegisterRequest big;
+  big.set_node("big");
+  big.set_address("10.0.0.3");
+  for (int g = 0; g < 520; ++g) big.add_gpus()->set_index(g);
+  auto resp = coordinator->registerAgent(big);
+  ASSERT_TRUE(resp);
+  ASSERT_TRUE(coordinator->attachAgent("big", resp->session(), std::make_shared<NullLink>()));
+  for (int i = 0; i < 520; ++i) {
+    v1::JobSpec spec;
+    spec.set_name("small");
+    spec.set_nodes(1);
+    spec.set_gpus_per_node(1);
+    spec.add_command("true");
+    ASSERT_TRUE(coordinator->submit(spec));
+  }
+  coordinator->tick();
+  r = handleRequest(*coordinator, "GET", "/metrics");
+  ASSERT_NE(r.body.find("ddl_jobs{state=\"STARTING\"} 520"), std::string::npos) << r.body.substr(0, 2000);
+  size_t gpus_lines = 0;
+  for (size_t at = r.body.find("\nddl_job_gpus{"); at != std::string::npos;
+       at = r.body.find("\nddl_job_gpus{", at + 1)) {
+    ++gpus_lines;
+  }
+  EXPECT_EQ(gpus_lines, MetricsSnapshot::kMaxJobFigures);
+  // An ended job leaves the per-job metrics.
+  ASSERT_TRUE(coordinator->cancel(job));
+  r = handleRequest(*coordinator, "GET", "/metrics");
+  EXPECT_EQ(r.body.find("job=\"" + job + "\""), std::string::npos);
+}
+
+TEST_F(SeriesTest, JobsApiTakesStatesInAnyCaseAndFiltersAndPages) {
+  const std::string other = submit("other");  // PENDING: the cluster is full
+  ASSERT_TRUE(coordinator->cancel(other));
+  auto list = [&](const std::string& query) {
+    Response r = handleRequest(*coordinator, "GET", "/api/v1/jobs?" + query);
+    EXPECT_EQ(r.status, 200) << query << ": " << r.body;
+    std::vector<std::string> ids;
+    auto body = nlohmann::json::parse(r.body, nullptr, false);
+    if (body.is_discarded()) return std::make_pair(ids, std::string());
+    for (const auto& j : body["jobs"]) ids.push_back(j["id"]);
+    return std::make_pair(ids, body.value("next_page_token", std::string()));
+  };
+  EXPECT_EQ(list("state=cancelled").first, std::vector<std::string>{other});
+  EXPECT_EQ(list("state=Starting").first, std::vector<std::string>{job});
+  EXPECT_EQ(list("state=cancelled,starting").first.size(), 2u);
+  EXPECT_EQ(list("name=other").first, std::vector<std::string>{other});
+  EXPECT_EQ(list("user=alice").first.size(), 2u);
+  EXPECT_EQ(list("user=bob").first.size(), 0u);
+  EXPECT_EQ(list("since=1000000").first.size(), 2u);  // unix ms (the test's wall clock is at 1970)
+  EXPECT_EQ(list("since=1h").first.size(), 0u);       // an age: submitted within the last hour
+  EXPECT_EQ(list("until=1").first.size(), 0u);
+  auto first = list("page_size=1");
+  ASSERT_EQ(first.first, std::vector<std::string>{job});
+  ASSERT_FALSE(first.second.empty());
+  EXPECT_EQ(list("page_size=1&page_token=" + first.second).first, std::vector<std::string>{other});
+  for (const char* bad :
+       {"state=nope", "state=running,", "since=yesterday", "page_size=0", "page_size=9999"}) {
+    EXPECT_EQ(handleRequest(*coordinator, "GET", std::string("/api/v1/jobs?") + bad).status, 400) << bad;
+  }
+}
+
+TEST(Pages, HumanDurations) {
+  EXPECT_EQ(humanDuration(350), "0.35s");
+  EXPECT_EQ(humanDuration(45000), "45s");
+  EXPECT_EQ(humanDuration(60882), "1m 00s");
+  EXPECT_EQ(humanDuration(61000), "1m 01s");
+  EXPECT_EQ(humanDuration(2 * 3600000 + 5 * 60000), "2h 05m");
+  EXPECT_EQ(humanDuration(3 * 86400000LL + 4 * 3600000), "3d 04h");
+  EXPECT_EQ(humanDuration(-5), "0.00s");
+}
+
+// A finished job's page: the rank processes from Job.ranks (exit code or signal, start and end, figures),
+// human durations instead of milliseconds, user text escaped, logs that start at their end, no self-refresh.
+TEST(Pages, FinishedJobShowsItsRankProcessesInHumanTerms) {
+  v1::Job job;
+  job.set_id("j-000007");
+  job.set_state(v1::FAILED);
+  job.set_submit_ms(1000000);
+  job.set_start_ms(1005000);
+  job.set_end_ms(1066000);
+  job.mutable_spec()->set_name("train");
+  auto* t = job.add_transitions();
+  t->set_to(v1::FAILED);
+  t->set_at_ms(1061000);
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::RankStatus* r = job.add_ranks();
+    r->set_rank(rank);
+    r->set_node(rank == 0 ? "n<1>" : "n2");
+    r->set_gpu(rank);
+    r->set_pid(4100 + rank);
+    r->set_program_pid(4200 + rank);
+    r->set_state(v1::RankStatus::EXITED);
+    r->set_started_ms(1005000);
+    r->set_exited_ms(1066000);
+    if (rank == 0) r->set_exit_code(3);
+    if (rank == 1) r->set_signal(9);
+    r->mutable_progress()->set_bytes(2500000000);
+    r->mutable_progress()->set_seconds(12.5);
+    r->mutable_progress()->set_collectives(400);
+  }
+  const std::string page = renderJobPage(job, nullptr, {{0, "line 1\nline <2>\n"}}, 1126000);
+  for (const char* want :
+       {"Rank processes", "exit 3", "SIGKILL", "n&lt;1&gt;", "4201", "+1m 01s", "1m 01s", "ran for",
+        "2.50 GB", "12s", "class='log'", "data-live='0'", "line &lt;2&gt;", "scrollHeight", "1m 00s ago"}) {
+    EXPECT_NE(page.find(want), std::string::npos) << want;
+  }
+  EXPECT_EQ(page.find("n<1>"), std::string::npos);
+  EXPECT_EQ(page.find(" ms<"), std::string::npos);  // no raw milliseconds in cells
+  job.clear_ranks();
+  EXPECT_NE(renderJobPage(job, nullptr, {}, 1126000).find("no rank records were kept"), std::string::npos);
+}
+
+TEST(Pages, IndexHasClusterChartsHistoryFiltersAndPaging) {
+  const std::string page = renderIndexPage();
+  for (const char* want :
+       {"id=\"chart-gpus\"", "id=\"chart-jobs\"", "/api/v1/cluster/series", "name=\"state\"", "name=\"user\"",
+        "name=\"name\"", "page_token", "next page", "hdur(", ".sort("}) {
+    EXPECT_NE(page.find(want), std::string::npos) << want;
+  }
+  EXPECT_EQ(page.find("http://"), std::string::npos);  // nothing fetched from elsewhere
+  EXPECT_EQ(page.find("https://"), std::string::npos);
 }
 
 // A raw request to the real server; returns what it answered (up to 4 KiB) or "connect failed".
