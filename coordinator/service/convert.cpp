@@ -1,5 +1,7 @@
 #include "service/convert.h"
 
+#include <cmath>
+
 namespace ddl::coordinator {
 
 // The two enums list the states in the same order; the proto's starts at 1 (0 is "unspecified").
@@ -97,7 +99,7 @@ state::RankResult rankResultOf(const v1::RankStatus& r, const std::string& node)
   if (r.has_progress()) {
     out.collectives = r.progress().collectives();
     out.bytes = r.progress().bytes();
-    out.seconds = r.progress().seconds();
+    out.seconds = std::isfinite(r.progress().seconds()) ? r.progress().seconds() : 0;  // stored as JSON
     out.last_op = r.progress().last_op();
     out.updated_ms = r.progress().updated_ms();
   }

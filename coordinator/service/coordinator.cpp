@@ -108,7 +108,10 @@ v1::Job jobToProto(const state::Job& job) {
   out.set_held(job.held);
   out.set_start_ms(startedRunningMs(job));
   out.set_end_ms(state::endedAtMs(job));
-  for (const auto& r : job.ranks) toProto(r, out.add_ranks());
+  for (const auto& r : job.ranks) {
+    if (r.pid == 0 && r.started_ms == 0 && !r.exited) continue;  // placed, never reported
+    toProto(r, out.add_ranks());
+  }
   return out;
 }
 
@@ -368,7 +371,14 @@ Status Coordinator::recoverOnLoop() {
   for (const auto& dep : ended_deps) {
     if (!jobs_.count(dep)) {
       auto stored = store_.getJob(dep);  // recover runs before anything else; reading here is fine
-      if (stored) jobs_[dep] = *stored;
+      if (!stored && stored.status().code() != StatusCode::kNotFound) {
+        spdlog::warn("recover: dependency {}: {}; its dependents wait", dep, stored.status().toString());
+        continue;
+      }
+      if (stored) {
+        jobs_[dep] = *stored;
+        finished_.push_back({dep, 0, state::endedAtMs(*stored)});  // leaves memory as other final jobs do
+      }
     }
     resolveDependentsOnLoop(dep);
   }
@@ -558,16 +568,19 @@ void Coordinator::resolveDependentsOnLoop(const std::string& id) {
     const std::set<std::string> ids = std::move(waiting->second);
     dependents_.erase(waiting);
     auto ended = jobs_.find(dep);
-    const JobState dep_state = ended != jobs_.end() ? ended->second.state : JobState::kFailed;
+    const bool gone = ended == jobs_.end();  // purged from the history: how it ended is not known
+    const JobState dep_state = gone ? JobState::kFailed : ended->second.state;
     for (const auto& dependent : ids) {
       auto it = jobs_.find(dependent);
       if (it == jobs_.end() || it->second.state != JobState::kPending) continue;
       state::Job& job = it->second;
       const auto& ok = job.spec.after_ok;
       if (dep_state != JobState::kSucceeded && std::find(ok.begin(), ok.end(), dep) != ok.end()) {
-        Status st = recordTransitionOnLoop(dependent, JobState::kCancelled,
-                                           "dependency " + dep + " ended " + toString(dep_state) +
-                                               ", and the job runs only after it succeeds (--after-ok)");
+        Status st = recordTransitionOnLoop(
+            dependent, JobState::kCancelled,
+            "dependency " + dep +
+                (gone ? " is no longer in the job history" : " ended " + std::string(toString(dep_state))) +
+                ", and the job runs only after it succeeds (--after-ok)");
         if (!st) spdlog::error("job {}: {}", dependent, st.toString());
         continue;  // recordTransitionOnLoop queued this job's own dependents
       }
@@ -616,12 +629,16 @@ void Coordinator::schedulePassOnLoop() {
     if (isLive(job.state) && !job.spec.array_id.empty()) ++array_running[job.spec.array_id];
   }
   std::vector<placement::JobRequest> queue;
+  // An array's jobs enter placement only up to its limit (the earliest first), so that no other job is
+  // weighed against GPUs given to array jobs that may not start.
+  std::map<std::string, int> array_slots = array_running;
   for (const auto& [id, job] : jobs_) {
     if (job.state != JobState::kPending) continue;
-    if (std::string why = notYetOnLoop(job, array_running); !why.empty()) {
+    if (std::string why = notYetOnLoop(job, array_slots); !why.empty()) {
       pending_reason_[id] = why;
       continue;
     }
+    if (!job.spec.array_id.empty()) ++array_slots[job.spec.array_id];
     queue.push_back(requestOf(id, job.spec));
   }
   if (queue.empty()) return;
@@ -754,7 +771,20 @@ void Coordinator::launchOnLoop(const std::string& id, const placement::Allocatio
       add("DDL_ARRAY_INDEX", std::to_string(job.spec.array_index));
     }
   }
-  jobs_[id].ranks.clear();  // the results kept are the latest attempt's
+  // The results kept are the latest attempt's; each rank's node is known from now on, so only that node's
+  // agent can report it.
+  auto& results = jobs_[id].ranks;
+  results.clear();
+  for (const auto& slot : layout.ranks) {
+    state::RankResult r;
+    r.rank = slot.rank;
+    r.attempt = rt.attempt;
+    r.node = slot.node;
+    r.gpu = slot.gpu;
+    results.push_back(std::move(r));
+  }
+  std::sort(results.begin(), results.end(),
+            [](const state::RankResult& a, const state::RankResult& b) { return a.rank < b.rank; });
   // STARTING is written before anything is sent: a job whose start may have gone out is never silently
   // rescheduled. If the write fails, nothing was sent and the job goes back to the queue.
   Status st = recordTransitionOnLoop(
@@ -1134,17 +1164,18 @@ void Coordinator::recordRankResultOnLoop(const std::string& node, const v1::Rank
   if (it == jobs_.end() || report.state() == v1::RankStatus::STATE_UNSPECIFIED) return;
   state::Job& job = it->second;
   if (report.attempt() != attemptOf(job) || report.rank() < 0) return;
-  // Only a rank of the job's own allocation: an agent speaks only for its node's ranks.
-  if (std::none_of(job.allocation.begin(), job.allocation.end(),
-                   [&](const state::NodeAllocation& a) { return a.node == node; }))
-    return;
   state::RankResult next = rankResultOf(report, node);
   auto pos = std::lower_bound(job.ranks.begin(), job.ranks.end(), next.rank,
                               [](const state::RankResult& r, int rank) { return r.rank < rank; });
-  const bool known = pos != job.ranks.end() && pos->rank == next.rank;
-  if (!known && job.ranks.size() >= static_cast<size_t>(requestOf(job.id, job.spec).gpuCount()) &&
-      job.ranks.size() >= 1) {
-    return;  // more ranks than the job has GPUs: not one of its ranks
+  bool known = pos != job.ranks.end() && pos->rank == next.rank;
+  // Only the node the rank was placed on speaks for it (the launch listed every rank with its node).
+  if (known && pos->node != node) return;
+  if (!known) {
+    // A job launched before ranks were kept (a coordinator upgrade): its layout says where each rank runs.
+    auto rt = runtime_.find(job.id);
+    if (rt == runtime_.end()) return;
+    auto placed = rt->second.rank_node.find(next.rank);
+    if (placed == rt->second.rank_node.end() || placed->second != node) return;
   }
   if (known && pos->exited) return;  // an exit is final
   if (known && !report.has_progress()) {
@@ -1161,7 +1192,7 @@ void Coordinator::recordRankResultOnLoop(const std::string& node, const v1::Rank
   }
   // A start or an exit is stored; progress stays in memory until the next write of the job.
   const bool store = !known || pos->exited != next.exited || pos->pid != next.pid ||
-                     pos->program_pid != next.program_pid;
+                     pos->program_pid != next.program_pid || pos->started_ms != next.started_ms;
   if (known) {
     *pos = std::move(next);
   } else {
@@ -1309,6 +1340,10 @@ placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling) const {
 namespace {
 
 constexpr size_t kMaxArrayJobs = 10000;
+constexpr size_t kMaxArraySpecBytes = 4096;
+// An array's jobs are whole copies of its spec, all in memory while they wait: their bytes together are
+// bounded, so one submit cannot take the coordinator's memory (10,000 jobs of 6 KiB; 100 of 640 KiB).
+constexpr size_t kMaxArrayBytes = 64 << 20;
 constexpr int kMaxArrayIndex = 1000000;
 
 // SubmitRequest.array: "0-15", "1,3,5", "0-15:4", each with an optional "%N". The indices in order, no
@@ -1332,8 +1367,11 @@ StatusOr<ArraySpec> parseArraySpec(const std::string& text) {
     *out = v;
     return true;
   };
+  if (text.size() > kMaxArraySpecBytes)
+    return bad("it is " + std::to_string(text.size()) + " bytes; the limit is " + std::to_string(kMaxArraySpecBytes));
   ArraySpec out;
   std::string_view list = text;
+  size_t steps = 0;  // indices produced, duplicates included: bounds the work, not only the result
   if (auto pct = list.find('%'); pct != std::string_view::npos) {
     if (!number(list.substr(pct + 1), &out.max_running) || out.max_running < 1)
       return bad("the limit after % must be a whole number >= 1");
@@ -1360,10 +1398,9 @@ StatusOr<ArraySpec> parseArraySpec(const std::string& text) {
     }
     if (first > last) return bad("'" + std::string(part) + "' counts down");
     if (last > kMaxArrayIndex) return bad("indices go up to " + std::to_string(kMaxArrayIndex));
-    for (int i = first; i <= last; i += step) {
-      if (seen.size() >= kMaxArrayJobs) return bad("more than " + std::to_string(kMaxArrayJobs) + " jobs");
-      seen.insert(i);
-    }
+    if ((last - first) / step + 1 > static_cast<int>(kMaxArrayJobs) - static_cast<int>(steps))
+      return bad("more than " + std::to_string(kMaxArrayJobs) + " jobs");
+    for (int i = first; i <= last; i += step, ++steps) seen.insert(i);
   }
   if (seen.empty()) return bad("no index");
   out.indices.assign(seen.begin(), seen.end());
@@ -1422,6 +1459,17 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
                                            requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec));
   if (!never.empty()) return Status::invalidArgument("job refused: " + never);
   const size_t count = array.indices.empty() ? 1 : array.indices.size();
+  if (count > 1) {
+    size_t spec_bytes = 1024 + spec.name.size() + spec.workdir.size();
+    for (const auto& a : spec.command) spec_bytes += a.size() + 32;
+    for (const auto& e : spec.env) spec_bytes += e.size() + 32;
+    for (const auto& [k, v] : spec.required_labels) spec_bytes += k.size() + v.size() + 64;
+    if (spec_bytes * count > kMaxArrayBytes)
+      return Status::invalidArgument("array of " + std::to_string(count) + " jobs of about " +
+                                     std::to_string(spec_bytes / 1024 + 1) + " KiB each: more than " +
+                                     std::to_string(kMaxArrayBytes >> 20) +
+                                     " MiB in all; make the array smaller or pass large inputs in a file");
+  }
   v1::SubmitResponse response;
   const int64_t now = wall_ms_();
   for (size_t i = 0; i < count; ++i) {
@@ -1635,9 +1683,9 @@ StatusOr<v1::Job> Coordinator::cancelOnLoop(const state::Job& found, int signal)
   if (signal != 0) {
     if (signal < 1 || signal > 64)
       return Status::invalidArgument("signal " + std::to_string(signal) + " is not a signal number (1 to 64)");
-    if (found.state != JobState::kStarting && found.state != JobState::kRunning)
+    if (found.state != JobState::kRunning)
       return Status::failedPrecondition("job " + id + " is " + toString(found.state) +
-                                        "; only the ranks of a STARTING or RUNNING job can be signalled");
+                                        "; only the ranks of a RUNNING job can be signalled");
     v1::Command cmd;
     v1::SignalJob* sig = cmd.mutable_signal();
     sig->set_job_id(id);

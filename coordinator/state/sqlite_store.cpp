@@ -21,6 +21,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
+#include <limits>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <variant>
@@ -227,47 +230,75 @@ std::string encodeExtra(const Job& job) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-Status decodeExtra(const std::string& text, Job& job) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return Status::dataLoss("job " + job.id + ": its extra record is not a JSON object");
-  try {
-    JobSpec& s = job.spec;
-    s.time_limit_s = j.value("time_limit_s", int64_t{0});
-    s.after_ok = j.value("after_ok", std::vector<std::string>{});
-    s.after_any = j.value("after_any", std::vector<std::string>{});
-    s.hold = j.value("hold", false);
-    s.array_id = j.value("array_id", std::string());
-    s.array_index = j.value("array_index", 0);
-    s.array_max_running = j.value("array_max_running", 0);
-    job.held = j.value("held", false);
-    job.waiting_for = j.value("waiting_for", std::vector<std::string>{});
-    if (j.contains("ranks")) {
-      for (const auto& o : j.at("ranks")) {
-        RankResult r;
-        r.rank = o.value("rank", 0);
-        r.attempt = o.value("attempt", 0);
-        r.node = o.value("node", std::string());
-        r.gpu = o.value("gpu", 0);
-        r.pid = o.value("pid", 0);
-        r.program_pid = o.value("program_pid", 0);
-        r.exited = o.value("exited", false);
-        if (o.contains("exit_code")) r.exit_code = o.at("exit_code").get<int>();
-        if (o.contains("signal")) r.signal = o.at("signal").get<int>();
-        r.started_ms = o.value("started_ms", int64_t{0});
-        r.exited_ms = o.value("exited_ms", int64_t{0});
-        r.error = o.value("error", std::string());
-        r.collectives = o.value("collectives", int64_t{0});
-        r.bytes = o.value("bytes", int64_t{0});
-        r.seconds = o.value("seconds", 0.0);
-        r.last_op = o.value("last_op", std::string());
-        r.updated_ms = o.value("updated_ms", int64_t{0});
-        job.ranks.push_back(std::move(r));
-      }
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return Status::dataLoss("job " + job.id + ": its extra record is malformed: " + e.what());
+// Tolerant by design: a field of the wrong type (or a record that is not JSON at all) reads as its default and
+// is logged, so one damaged record cannot keep the coordinator from loading the rest.
+template <class T>
+T field(const nlohmann::json& o, const char* key, T fallback) {
+  auto it = o.find(key);
+  if (it == o.end()) return fallback;
+  if constexpr (std::is_same_v<T, bool>) {
+    return it->is_boolean() ? it->get<bool>() : fallback;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return it->is_string() ? it->get<std::string>() : fallback;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return it->is_number() ? it->get<T>() : fallback;
+  } else {
+    if (!it->is_number_integer()) return fallback;
+    const auto v = it->get<int64_t>();
+    return v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max() ? fallback : static_cast<T>(v);
   }
-  return Status::ok();
+}
+
+std::vector<std::string> stringList(const nlohmann::json& o, const char* key) {
+  std::vector<std::string> out;
+  auto it = o.find(key);
+  if (it == o.end() || !it->is_array()) return out;
+  for (const auto& v : *it) {
+    if (v.is_string()) out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+void decodeExtra(const std::string& text, Job& job) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    std::fprintf(stderr, "ddl state: job %s: its extra record is not a JSON object; read as empty\n", job.id.c_str());
+    return;
+  }
+  JobSpec& s = job.spec;
+  s.time_limit_s = field<int64_t>(j, "time_limit_s", 0);
+  s.after_ok = stringList(j, "after_ok");
+  s.after_any = stringList(j, "after_any");
+  s.hold = field(j, "hold", false);
+  s.array_id = field(j, "array_id", std::string());
+  s.array_index = field(j, "array_index", 0);
+  s.array_max_running = field(j, "array_max_running", 0);
+  job.held = field(j, "held", false);
+  job.waiting_for = stringList(j, "waiting_for");
+  auto ranks = j.find("ranks");
+  if (ranks == j.end() || !ranks->is_array()) return;
+  for (const auto& o : *ranks) {
+    if (!o.is_object()) continue;
+    RankResult r;
+    r.rank = field(o, "rank", 0);
+    r.attempt = field(o, "attempt", 0);
+    r.node = field(o, "node", std::string());
+    r.gpu = field(o, "gpu", 0);
+    r.pid = field(o, "pid", 0);
+    r.program_pid = field(o, "program_pid", 0);
+    r.exited = field(o, "exited", false);
+    if (o.contains("exit_code")) r.exit_code = field(o, "exit_code", 0);
+    if (o.contains("signal")) r.signal = field(o, "signal", 0);
+    r.started_ms = field<int64_t>(o, "started_ms", 0);
+    r.exited_ms = field<int64_t>(o, "exited_ms", 0);
+    r.error = field(o, "error", std::string());
+    r.collectives = field<int64_t>(o, "collectives", 0);
+    r.bytes = field<int64_t>(o, "bytes", 0);
+    r.seconds = field(o, "seconds", 0.0);
+    r.last_op = field(o, "last_op", std::string());
+    r.updated_ms = field<int64_t>(o, "updated_ms", 0);
+    job.ranks.push_back(std::move(r));
+  }
 }
 
 }  // namespace
@@ -641,7 +672,7 @@ StatusOr<std::vector<Job>> SqliteStore::loadJobsLocked(const std::string& where,
       job.failure = q.failure(13);
       job.topology = q.text(17);
       job.root_port = q.i32(18);
-      DDL_RETURN_IF_ERROR(decodeExtra(q.text(19), job));
+      decodeExtra(q.text(19), job);
       index[seq] = jobs.size();
       jobs.push_back(std::move(job));
     }
