@@ -312,10 +312,20 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
     }
   }
 
-  // The environment: the agent's, then the run-as account's SHELL, the spec's entries in order, and the
-  // account's HOME, USER and LOGNAME, which nothing overrides (see supervisor.h).
+  // The environment: the agent's (a clean one for another account), then the run-as account's SHELL, the
+  // spec's entries in order, and the account's HOME, USER and LOGNAME, which nothing overrides (see
+  // supervisor.h).
   std::vector<std::string> env_strings;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env_strings.emplace_back(*e);
+  if (spec.run_as) {
+    env_strings.emplace_back(std::string("PATH=") +
+                             (spec.run_as->uid == 0 ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+                                                    : "/usr/local/bin:/usr/bin:/bin"));
+    for (const char* kept : {"LANG", "LC_ALL", "TZ"}) {
+      if (const char* v = std::getenv(kept)) env_strings.push_back(std::string(kept) + "=" + v);
+    }
+  } else {
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) env_strings.emplace_back(*e);
+  }
   auto setEnv = [&](const std::string& name, const std::string& value) {
     std::string prefix = name + "=";
     auto it = std::find_if(env_strings.begin(), env_strings.end(),
@@ -515,12 +525,18 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
 }
 
 void Supervisor::signalStopLocked(Entry& entry, int grace_ms) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(std::max(grace_ms, 0));
+  if (entry.kill_at) {
+    // Already stopping (the coordinator repeats its stop with every heartbeat that still reports the rank):
+    // one SIGTERM per rank, so a program's checkpoint-on-TERM handler runs once; a shorter grace still counts.
+    if (deadline < *entry.kill_at) entry.kill_at = deadline;
+    return;
+  }
   entry.state.stop_requested = true;
   kill(-entry.state.pid, SIGTERM);
   // A stopped (SIGSTOP) member would hold SIGTERM pending until the grace runs out; systemd does the same.
   kill(-entry.state.pid, SIGCONT);
-  auto deadline = Clock::now() + std::chrono::milliseconds(std::max(grace_ms, 0));
-  if (!entry.kill_at || deadline < *entry.kill_at) entry.kill_at = deadline;
+  entry.kill_at = deadline;
 }
 
 void Supervisor::stop(const std::string& job_id, int attempt, int grace_ms) {

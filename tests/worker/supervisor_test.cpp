@@ -678,6 +678,26 @@ TEST_P(SupervisorTest, RunRecordsWithoutProgramPidAreAdopted) {
 
 // SignalJob: the signal reaches the programs of that job's running ranks of that attempt (not the shim, and
 // not other jobs' or attempts' ranks), and each program decides what to do with it.
+// The coordinator repeats a stop with every heartbeat that still reports the rank: the program gets one
+// SIGTERM, whatever the number of stops, and SIGKILL once the first grace has passed.
+TEST_P(SupervisorTest, RepeatedStopsSendOneSigterm) {
+  const fs::path terms = dir_ / "terms";
+  const fs::path ready = dir_ / "ready";
+  RankSpec spec = shell("j1", 0,
+                        "trap 'echo TERM >> " + terms.string() + "' TERM; echo $$ > " + ready.string() +
+                            "; i=0; while [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done");
+  mustStart(spec);
+  ASSERT_GT(waitForPidFile(ready.string()), 0);
+  for (int i = 0; i < 5; ++i) {
+    sup_->stop("j1", 0, 1500);
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  auto exit = recorder_.waitFor("j1", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_TRUE(exit->stop_requested);  // ended by the SIGKILL after the grace: the trap kept it alive
+  EXPECT_EQ(readFile(terms), "TERM\n");
+}
+
 TEST_P(SupervisorTest, SignalJobReachesOnlyThatJobsProgramsWhichDecide) {
   // Each rank traps SIGUSR1: rank 0 writes a file and exits 7, rank 1 writes a file and goes on. `ready`
   // says the trap is set. Every loop ends within 10 s, so a failed test leaves nothing running for long.
@@ -922,6 +942,20 @@ TEST_P(RunAsTest, RankRunsWithTheUsersIdsGroupsAndEnvironment) {
   EXPECT_EQ(logname, user_);
   EXPECT_EQ(sh, "/bin/sh");
   EXPECT_EQ(readFile(shell_spec.log_path), "/bin/bash\n");
+}
+
+// Another account's rank starts from a clean environment, not the agent's: the agent's variables (a root
+// shell's PATH into /root, a credential in its unit's environment) do not reach it; --env does.
+TEST_P(RunAsTest, RankOfAnotherAccountDoesNotInheritTheAgentsEnvironment) {
+  ASSERT_EQ(setenv("DDLT_AGENT_ONLY", "secret", 1), 0);
+  RankSpec spec = as(shell("j1", 0, "echo \"[$DDLT_AGENT_ONLY]\"; echo \"$PATH\"; echo \"$JOBVAR\""), user_account_);
+  spec.env = {{"JOBVAR", "mine"}};
+  mustStart(spec);
+  auto exit = recorder_.waitFor("j1", 1, 0);
+  unsetenv("DDLT_AGENT_ONLY");
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0) << readFile(spec.log_path);
+  EXPECT_EQ(readFile(spec.log_path), "[]\n/usr/local/bin:/usr/bin:/bin\nmine\n");
 }
 
 TEST_P(RunAsTest, LogBelongsToTheUserWithMode0600) {
