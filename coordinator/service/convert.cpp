@@ -78,6 +78,11 @@ void toProto(const state::RankResult& r, v1::RankStatus* out) {
     p->set_bytes(r.bytes);
     p->set_seconds(r.seconds);
     p->set_last_op(r.last_op);
+    p->set_last_bytes(r.last_bytes);
+    p->set_last_us(r.last_us);
+    p->set_last_algo(r.last_algo);
+    for (double d : r.dims_us) p->add_dims_us(d);
+    p->set_world_size(r.world_size);
     p->set_updated_ms(r.updated_ms);
   }
 }
@@ -100,7 +105,16 @@ state::RankResult rankResultOf(const v1::RankStatus& r, const std::string& node)
     out.collectives = r.progress().collectives();
     out.bytes = r.progress().bytes();
     out.seconds = std::isfinite(r.progress().seconds()) ? r.progress().seconds() : 0;  // stored as JSON
-    out.last_op = r.progress().last_op();
+    const auto finite = [](double v) { return std::isfinite(v) ? v : 0.0; };
+    out.last_op = r.progress().last_op().substr(0, 64);
+    out.last_bytes = r.progress().last_bytes();
+    out.last_us = finite(r.progress().last_us());
+    out.last_algo = r.progress().last_algo().substr(0, 64);
+    for (double d : r.progress().dims_us()) {
+      if (out.dims_us.size() >= state::kMaxRankDims) break;
+      out.dims_us.push_back(finite(d));
+    }
+    out.world_size = r.progress().world_size();
     out.updated_ms = r.progress().updated_ms();
   }
   return out;

@@ -55,7 +55,16 @@ std::string describeExit(const v1::RankStatus& r) {
   return text;
 }
 
-// When the latest attempt started RUNNING; 0 if it never did.
+// When the latest attempt was launched (STARTING: its ranks were sent); 0 if it never was or was requeued since.
+int64_t launchedMs(const state::Job& job) {
+  for (auto t = job.transitions.rbegin(); t != job.transitions.rend(); ++t) {
+    if (t->to == JobState::kStarting) return t->at_ms;
+    if (t->to == JobState::kPending && t->from != JobState::kPending) return 0;  // requeued since
+  }
+  return 0;
+}
+
+// When the latest attempt started RUNNING (what a time limit counts from); 0 if it never did.
 int64_t startedRunningMs(const state::Job& job) {
   for (auto t = job.transitions.rbegin(); t != job.transitions.rend(); ++t) {
     if (t->to == JobState::kRunning) return t->at_ms;
@@ -106,11 +115,13 @@ v1::Job jobToProto(const state::Job& job) {
   if (!job.transitions.empty()) out.set_reason(job.transitions.back().reason);
   out.set_gpus(requestOf(job.id, job.spec).gpuCount());
   out.set_held(job.held);
-  out.set_start_ms(startedRunningMs(job));
+  out.set_start_ms(launchedMs(job));
   out.set_end_ms(state::endedAtMs(job));
   for (const auto& r : job.ranks) {
     if (r.pid == 0 && r.started_ms == 0 && !r.exited) continue;  // placed, never reported
-    toProto(r, out.add_ranks());
+    v1::RankStatus* rank = out.add_ranks();
+    toProto(r, rank);
+    rank->set_job_id(job.id);
   }
   return out;
 }
@@ -297,6 +308,10 @@ void Coordinator::evictFinishedOnLoop() {
     const bool over = finished_.size() > options_.max_finished_in_memory ||
                       now - f.ended_ms > options_.finished_in_memory_ms;
     if (!over || f.seq > committed_seq_) break;
+    if (auto re = rewritten_final_.find(f.id); re != rewritten_final_.end()) {
+      if (re->second > committed_seq_) break;  // its latest write is not durable yet
+      rewritten_final_.erase(re);
+    }
     auto it = jobs_.find(f.id);
     if (it != jobs_.end() && state::isTerminal(it->second.state)) {
       jobs_.erase(it);
@@ -494,7 +509,7 @@ void Coordinator::enforceTimeLimitsOnLoop() {
     const int attempt = runtime_[id].attempt;
     const auto allocation = job.allocation;
     const std::string reason = "ran past its time limit of " + seconds(job.spec.time_limit_s * 1000) +
-                               " (--time); its ranks get SIGTERM, then SIGKILL after " +
+                               " (--time); its ranks were sent SIGTERM, and SIGKILL after " +
                                seconds(options_.stop_grace_ms);
     Status st = recordTransitionOnLoop(id, JobState::kTimeout, reason);
     if (!st) {
@@ -594,7 +609,7 @@ void Coordinator::resolveDependentsOnLoop(const std::string& id) {
 }
 
 std::string Coordinator::notYetOnLoop(const state::Job& job, const std::map<std::string, int>& array_running) const {
-  if (job.held) return "held: released by ddlctl release " + job.id;
+  if (job.held) return "held: release it with ddlctl release " + job.id;
   if (!job.waiting_for.empty()) {
     const std::string& dep = job.waiting_for.front();
     auto it = jobs_.find(dep);
@@ -1178,11 +1193,16 @@ void Coordinator::recordRankResultOnLoop(const std::string& node, const v1::Rank
     if (placed == rt->second.rank_node.end() || placed->second != node) return;
   }
   if (known && pos->exited) return;  // an exit is final
-  if (known && !report.has_progress()) {
+  if (known && !report.has_progress()) {  // an exit report may carry none: the last figures stay
     next.collectives = pos->collectives;
     next.bytes = pos->bytes;
     next.seconds = pos->seconds;
     next.last_op = pos->last_op;
+    next.last_bytes = pos->last_bytes;
+    next.last_us = pos->last_us;
+    next.last_algo = pos->last_algo;
+    next.dims_us = pos->dims_us;
+    next.world_size = pos->world_size;
     next.updated_ms = pos->updated_ms;
   }
   if (known) {  // an exit report may leave out what the start said
@@ -1198,7 +1218,10 @@ void Coordinator::recordRankResultOnLoop(const std::string& node, const v1::Rank
   } else {
     job.ranks.insert(pos, std::move(next));
   }
-  if (store) putJobOnLoop(job);
+  if (store) {
+    putJobOnLoop(job);
+    if (state::isTerminal(job.state)) rewritten_final_[job.id] = issued_seq_ + 1;  // the batch this turn makes
+  }
 }
 
 void Coordinator::stopStaleOnLoop(const std::string& node,
@@ -1923,8 +1946,10 @@ void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetL
   const state::Job& job = it->second;
   const int latest = attemptOf(job);
   if (latest == 0 || job.allocation.empty()) {
-    return done(Status::failedPrecondition("job " + job.id + " is " + toString(job.state) +
-                                           " and has not been launched, so it has no logs yet"));
+    return done(Status::failedPrecondition(
+        state::isTerminal(job.state)
+            ? "job " + job.id + " ended " + toString(job.state) + " before it was launched, so it has no logs"
+            : "job " + job.id + " is " + toString(job.state) + " and has not been launched, so it has no logs yet"));
   }
   const int attempt = request.attempt() == 0 ? latest : request.attempt();
   if (attempt < 0 || attempt > latest) {

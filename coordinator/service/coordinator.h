@@ -388,6 +388,9 @@ class Coordinator {
     int64_t ended_ms = 0;
   };
   std::deque<Finished> finished_;  // final jobs in memory, oldest first
+  // Final jobs written again after their end (a rank's exit after a cancel): the batch holding that write, so
+  // that they leave memory only once it is durable. At most one entry per final job in memory.
+  std::map<std::string, uint64_t> rewritten_final_;
 
   MetricsSnapshot counters_;  // the counters and the histogram; the gauges are filled by metrics()
   TelemetryHistory telemetry_;  // the dashboard's plots; bounded (its header)

@@ -181,6 +181,11 @@ struct RankResult {
   int64_t bytes = 0;
   double seconds = 0;
   std::string last_op;
+  int64_t last_bytes = 0;
+  double last_us = 0;
+  std::string last_algo;
+  std::vector<double> dims_us;  // at most kMaxRankDims
+  int world_size = 0;
   int64_t updated_ms = 0;
 
   bool operator==(const RankResult&) const = default;
@@ -296,6 +301,7 @@ inline constexpr size_t kMaxTopologyBytes = 64;
 inline constexpr size_t kMaxDependencies = 64;  // after_ok and after_any together
 inline constexpr int64_t kMaxTimeLimitS = 365LL * 24 * 3600;
 inline constexpr size_t kMaxDrainReasonBytes = 256;
+inline constexpr size_t kMaxRankDims = 8;  // RankResult::dims_us kept
 
 // The offset of the first control character in `text`, or npos: C0 (bytes 0x00-0x1f), DEL (0x7f), and the C1
 // controls U+0080-U+009F in their UTF-8 form (0xc2 0x80-0x9f). Such bytes in a name would move a terminal's

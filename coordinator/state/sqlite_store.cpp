@@ -222,6 +222,11 @@ std::string encodeExtra(const Job& job) {
       if (r.signal) o["signal"] = *r.signal;
       if (!r.error.empty()) o["error"] = r.error;
       if (!r.last_op.empty()) o["last_op"] = r.last_op;
+      if (r.last_bytes) o["last_bytes"] = r.last_bytes;
+      if (r.last_us != 0) o["last_us"] = r.last_us;
+      if (!r.last_algo.empty()) o["last_algo"] = r.last_algo;
+      if (!r.dims_us.empty()) o["dims_us"] = r.dims_us;
+      if (r.world_size) o["world_size"] = r.world_size;
       ranks.push_back(std::move(o));
     }
     j["ranks"] = std::move(ranks);
@@ -296,6 +301,15 @@ void decodeExtra(const std::string& text, Job& job) {
     r.bytes = field<int64_t>(o, "bytes", 0);
     r.seconds = field(o, "seconds", 0.0);
     r.last_op = field(o, "last_op", std::string());
+    r.last_bytes = field<int64_t>(o, "last_bytes", 0);
+    r.last_us = field(o, "last_us", 0.0);
+    r.last_algo = field(o, "last_algo", std::string());
+    if (auto d = o.find("dims_us"); d != o.end() && d->is_array()) {
+      for (const auto& v : *d) {
+        if (v.is_number() && r.dims_us.size() < kMaxRankDims) r.dims_us.push_back(v.get<double>());
+      }
+    }
+    r.world_size = field(o, "world_size", 0);
     r.updated_ms = field<int64_t>(o, "updated_ms", 0);
     job.ranks.push_back(std::move(r));
   }
