@@ -74,7 +74,6 @@ std::string queryParam(const std::string& query, const std::string& key) {
   return "";
 }
 
-bool validJobId(const std::string& id) { return state::jobIdNumber(id).has_value(); }
 
 // %XX escapes decoded (what a browser's form sends; '+' is a space there); a malformed one is kept as it is.
 std::string percentDecode(const std::string& text) {
@@ -334,10 +333,13 @@ void routeJob(DashboardBackend& b, const std::string& path, const auth::Identity
   if (api && id.size() > kSeries.size() &&
       id.compare(id.size() - kSeries.size(), kSeries.size(), kSeries) == 0) {
     id.resize(id.size() - kSeries.size());
-    if (!validJobId(id)) return reply(error(404, "no such page: " + path));
-    return routeJobSeries(b, id, reply);
+    auto canonical = state::canonicalJobId(id);  // "5" is j-000005, as for ddlctl
+    if (!canonical) return reply(error(404, "no such page: " + path));
+    return routeJobSeries(b, *canonical, reply);
   }
-  if (!validJobId(id)) return reply(error(404, "no such page: " + path));
+  auto canonical = state::canonicalJobId(id);
+  if (!canonical) return reply(error(404, "no such page: " + path));
+  id = *canonical;
   b.getJob(id, [&b, id, api, who, reply](StatusOr<v1::Job> job) {
     reply.guard([&] {
       if (!job) return reply(error(httpStatus(job.status()), job.status().message()));

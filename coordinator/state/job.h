@@ -279,6 +279,19 @@ inline std::optional<int64_t> jobIdNumber(std::string_view id) {
   return n;
 }
 
+// A job id as users may type it: "j-000042", "j-42", "42" or "000042" all mean j-000042. nullopt otherwise.
+inline std::optional<std::string> canonicalJobId(std::string_view text) {
+  if (text.substr(0, 2) == "j-") text.remove_prefix(2);
+  if (text.empty() || text.size() > 18) return std::nullopt;
+  int64_t n = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + (c - '0');
+  }
+  if (n <= 0) return std::nullopt;
+  return formatJobId(n);
+}
+
 // ---- Limits on a job spec ---------------------------------------------------------------------------------
 //
 // Every job is kept forever in the store's history and sent whole in every ListJobs page, so each part of a

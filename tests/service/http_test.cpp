@@ -230,6 +230,11 @@ TEST_F(SeriesTest, JobSeriesHasEveryRankAndNamesTheSlowOne) {
   EXPECT_NE(body["slow_why"].get<std::string>().find("rank 3"), std::string::npos);
   EXPECT_EQ(handleRequest(*coordinator, "GET", "/api/v1/jobs/j-999999/series").status, 404);
   EXPECT_EQ(handleRequest(*coordinator, "GET", "/api/v1/jobs/x/series").status, 404);
+  // Short ids, as ddlctl takes them.
+  const std::string number = std::to_string(*state::jobIdNumber(job));
+  EXPECT_EQ(handleRequest(*coordinator, "GET", "/api/v1/jobs/" + number + "/series").status, 200);
+  EXPECT_EQ(handleRequest(*coordinator, "GET", "/api/v1/jobs/" + number).status, 200);
+  EXPECT_EQ(handleRequest(*coordinator, "GET", "/jobs/" + number).status, 200);
   // The job page carries the charts' containers and the script that fetches the series.
   Response page = handleRequest(*coordinator, "GET", "/jobs/" + job);
   EXPECT_NE(page.body.find("id='chart-bw'"), std::string::npos);
