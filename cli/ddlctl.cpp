@@ -466,17 +466,49 @@ Parsed<std::vector<Directive>> parseScriptDirectives(std::string_view script) {
   return {out, ""};
 }
 
+std::string checkSubmitValues(const SubmitArgs& args) {
+  for (auto [flag, value] : {std::pair{"--nodes", args.nodes}, std::pair{"--gpus-per-node", args.gpusPerNode},
+                             std::pair{"--gpus", args.gpus}}) {
+    if (value && *value < 1) return std::string(flag) + " must be at least 1, got " + std::to_string(*value);
+  }
+  if (args.maxRestarts < 0)
+    return "--max-restarts must be 0 or more, got " + std::to_string(args.maxRestarts);
+  if (!args.topology.empty() && !isTopology(args.topology)) {
+    return "--topology '" + args.topology + "' is not a list of positive numbers joined by x, like 4x2";
+  }
+  if (Parsed<std::vector<std::string>> exported = exportedEnv(args.exportSpec, args.environ);
+      !exported.ok()) {
+    return exported.error;
+  }
+  for (const std::string& e : args.env) {
+    if (!splitKeyValue(e)) return "--env '" + e + "' is not KEY=VALUE";
+  }
+  for (const std::string& l : args.labels) {
+    if (!splitKeyValue(l)) return "--label '" + l + "' is not KEY=VALUE";
+  }
+  if (!args.timeLimit.empty()) {
+    if (Parsed<int> limit = parseTimeLimit(args.timeLimit); !limit.ok()) return limit.error;
+  }
+  for (auto [flag, given] :
+       {std::pair{"--after-ok", &args.afterOk}, std::pair{"--after-any", &args.afterAny}}) {
+    size_t ids = 0;
+    for (const std::string& arg : *given) {
+      std::istringstream in(arg);
+      std::string piece;
+      while (std::getline(in, piece, ',')) ids += trim(piece).empty() ? 0 : 1;
+    }
+    if (!given->empty() && ids == 0) return std::string(flag) + " needs a job id";
+    if (ids > 1000) return std::string(flag) + ": more than 1000 jobs";
+  }
+  return "";
+}
+
 Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
   auto fail = [](std::string why) { return Parsed<v1::JobSpec>{std::nullopt, std::move(why)}; };
   if (args.command.empty()) {
     return fail("submit needs a command after --, as in: ddlctl submit --gpus 4 -- python train.py");
   }
-  for (auto [flag, value] : {std::pair{"--nodes", args.nodes}, std::pair{"--gpus-per-node", args.gpusPerNode},
-                             std::pair{"--gpus", args.gpus}}) {
-    if (value && *value < 1) {
-      return fail(std::string(flag) + " must be at least 1, got " + std::to_string(*value));
-    }
-  }
+  if (std::string why = checkSubmitValues(args); !why.empty()) return fail(why);
   if (args.gpus && (args.nodes || args.gpusPerNode)) {
     return fail(
         "--gpus asks for a total and cannot be combined with --nodes or --gpus-per-node; give either "
@@ -486,51 +518,32 @@ Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
     if (args.gpusPerNode) return fail("--gpus-per-node needs --nodes N (or ask for a total with --gpus T)");
     return fail("say how many GPUs the job needs: --gpus T, or --nodes N [--gpus-per-node G]");
   }
-  if (args.maxRestarts < 0) {
-    return fail("--max-restarts must be 0 or more, got " + std::to_string(args.maxRestarts));
-  }
-  if (!args.topology.empty() && !isTopology(args.topology)) {
-    return fail("--topology '" + args.topology + "' is not a list of positive numbers joined by x, like 4x2");
-  }
 
+  // Every value was checked above; what follows builds the spec.
   v1::JobSpec spec;
-  Parsed<std::vector<std::string>> exported = exportedEnv(args.exportSpec, args.environ);
-  if (!exported.ok()) return fail(exported.error);
   std::vector<std::string> explicitNames;
-  for (const std::string& e : args.env) {
-    auto kv = splitKeyValue(e);
-    if (!kv) return fail("--env '" + e + "' is not KEY=VALUE");
-    explicitNames.push_back(kv->first);
-  }
+  for (const std::string& e : args.env) explicitNames.push_back(splitKeyValue(e)->first);
+  const Parsed<std::vector<std::string>> exported = exportedEnv(args.exportSpec, args.environ);
   for (const std::string& e : *exported.value) {  // --env wins over an exported value
     const std::string name = e.substr(0, e.find('='));
     if (std::find(explicitNames.begin(), explicitNames.end(), name) == explicitNames.end()) spec.add_env(e);
   }
   for (const std::string& e : args.env) spec.add_env(e);
-  if (!args.timeLimit.empty()) {
-    Parsed<int> limit = parseTimeLimit(args.timeLimit);
-    if (!limit.ok()) return fail(limit.error);
-    spec.set_time_limit_s(*limit.value);
-  }
-  for (auto [flag, given, field] :
-       {std::tuple{"--after-ok", &args.afterOk, spec.mutable_after_ok()},
-        std::tuple{"--after-any", &args.afterAny, spec.mutable_after_any()}}) {
+  if (!args.timeLimit.empty()) spec.set_time_limit_s(*parseTimeLimit(args.timeLimit).value);
+  for (auto [given, field] : {std::pair{&args.afterOk, spec.mutable_after_ok()},
+                              std::pair{&args.afterAny, spec.mutable_after_any()}}) {
     for (const std::string& arg : *given) {
       std::istringstream in(arg);
       std::string piece;
       while (std::getline(in, piece, ',')) {
         piece = trim(piece);
-        if (piece.empty()) continue;
-        if (field->size() >= 1000) return fail(std::string(flag) + ": more than 1000 jobs");
-        *field->Add() = normalizeJobId(piece);
+        if (!piece.empty()) *field->Add() = normalizeJobId(piece);
       }
     }
-    if (!given->empty() && field->empty()) return fail(std::string(flag) + " needs a job id");
   }
   spec.set_hold(args.hold);
   for (const std::string& l : args.labels) {
     auto kv = splitKeyValue(l);
-    if (!kv) return fail("--label '" + l + "' is not KEY=VALUE");
     auto [it, inserted] = spec.mutable_required_labels()->insert({kv->first, kv->second});
     if (!inserted && it->second != kv->second) return fail("--label " + kv->first + " given twice");
   }
@@ -1860,6 +1873,13 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
                            " --token-file FILE\n" + resp.token() + "\n");
 }
 
+// This process's environment, for --export.
+std::vector<std::string> processEnvironment() {
+  std::vector<std::string> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) out.emplace_back(*e);
+  return out;
+}
+
 // ddlctl submit: the spec (local checks first), one Submit, the id(s); with --wait, then as ddlctl wait.
 int runSubmit(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
@@ -1867,9 +1887,7 @@ int runSubmit(CommandLine& cl, Session& s, std::ostream& err) {
   cl.submit.user = invokingUser();
   std::error_code ec;
   cl.submit.cwd = std::filesystem::current_path(ec).string();
-  if (cl.submit.exportSpec != "NONE") {
-    for (char** e = environ; e != nullptr && *e != nullptr; ++e) cl.submit.environ.emplace_back(*e);
-  }
+  if (cl.submit.exportSpec != "NONE") cl.submit.environ = processEnvironment();
   Parsed<v1::JobSpec> spec = buildJobSpec(cl.submit);
   if (!spec.ok()) return usageError(err, spec.error);
   if (!cl.array.empty()) {
@@ -2060,6 +2078,24 @@ ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, b
   declareCommandLine(app, cl);
   app.set_version_flag("--version", std::string("ddlctl ") + ddl::kVersion, "print ddlctl's version and exit");
   ParseResult result;
+  if (inSubmit) {
+    // A script's directive sets submit's own flags only, never ddlctl's (--coordinator, --token-file, ...):
+    // a shared script must not send the user's token elsewhere. Refused by name here, and CLI11 passes
+    // nothing up to the globals either.
+    CLI::App* submit = app.get_subcommand("submit");
+    submit->fallthrough(false);
+    for (size_t i = 1; i < words.size(); ++i) {
+      const std::string& w = words[i];
+      if (w.size() < 2 || w[0] != '-' || w == "--") continue;
+      const std::string name = w[1] == '-' ? w.substr(0, w.find('=')) : w.substr(0, 2);
+      if (submit->get_option_no_throw(name) == nullptr && app.get_option_no_throw(name) != nullptr) {
+        result.rc = kExitUsage;
+        result.error = "#DDL may set only submit's flags, not ddlctl's own " + escapeForTerminal(name) +
+                       " (give that on the command line or in the environment)";
+        return result;
+      }
+    }
+  }
   std::vector<std::string> expanded = expandEnvValues(app, words, inSubmit, &result.rest);
   if (inSubmit) expanded.insert(expanded.begin() + 1, "submit");
   std::vector<char*> argv;
@@ -2115,6 +2151,11 @@ std::string readScriptDirectives(const std::string& path, std::vector<std::strin
     if (!checked.rest.empty() || std::find(d.args.begin(), d.args.end(), "--") != d.args.end()) {
       return where + "#DDL takes submit's flags only, not '" + escapeForTerminal(shellJoin(d.args)) + "'";
     }
+    if (scratch.submit.exportSpec != "NONE") scratch.submit.environ = processEnvironment();
+    if (std::string why = checkSubmitValues(scratch.submit); !why.empty()) return where + why;
+    if (!scratch.array.empty()) {
+      if (Parsed<int> count = checkArraySpec(scratch.array); !count.ok()) return where + count.error;
+    }
     flags->insert(flags->end(), d.args.begin(), d.args.end());
   }
   return "";
@@ -2126,6 +2167,21 @@ bool isScript(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char magic[2] = {0, 0};
   return in.read(magic, 2) && magic[0] == '#' && magic[1] == '!';
+}
+
+// "" when the script may be run as a program, else the usage error: a script without x permission would be
+// accepted and then fail on its node with 126. The hint runs it through its own #! interpreter.
+std::string checkExecutable(const std::string& path) {
+  if (access(path.c_str(), X_OK) == 0) return "";
+  std::ifstream in(path, std::ios::binary);
+  std::string shebang;
+  std::getline(in, shebang);
+  std::string interpreter = trim(std::string_view(shebang).substr(std::min<size_t>(2, shebang.size())));
+  if (!interpreter.empty() && interpreter.back() == '\r') interpreter.pop_back();
+  if (interpreter.empty()) interpreter = "/bin/sh";
+  const std::string shown = escapeForTerminal(shellJoin({path}));
+  return shown + " is not executable: chmod +x " + shown + ", or submit -- " +
+         escapeForTerminal(interpreter) + " " + shown + " ...";
 }
 
 }  // namespace
@@ -2153,6 +2209,7 @@ int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
       return usageError(err, "put the job's command after --, as in: ddlctl submit --gpus 4 -- " +
                                  shellJoin(parsed.rest) + " (or give a script that starts with #!)");
     }
+    if (std::string why = checkExecutable(parsed.rest.front()); !why.empty()) return usageError(err, why);
     // A script: its directives go before the command line's flags, right after the verb.
     std::vector<std::string> directives;
     if (std::string why = readScriptDirectives(parsed.rest.front(), &directives, out, err); !why.empty()) {

@@ -1498,7 +1498,16 @@ TEST_F(DdlctlServerTest, SubmitScriptWithDirectives) {
     std::ofstream f(script);
     f << "#!/bin/bash\n#DDL --gpus 2 --name fromscript\n#DDL --env \"A=x y\" --time 10\n\npython train.py\n";
   }
-  Result r = run({"submit", "--name", "fromcli", script, "--epochs", "3", "--gpus", "9"});
+  // Not executable: refused here, not with 126 on the node. Fails without the check (exit 0).
+  Result r = run({"submit", script});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_NE(
+      r.err.find(script + " is not executable: chmod +x " + script + ", or submit -- /bin/bash " + script),
+      std::string::npos)
+      << r.err;
+  std::filesystem::permissions(script, std::filesystem::perms::owner_exec,
+                               std::filesystem::perm_options::add);
+  r = run({"submit", "--name", "fromcli", script, "--epochs", "3", "--gpus", "9"});
   EXPECT_EQ(r.rc, 0) << r.err;
   v1::JobSpec spec = service_.lastSpec();
   EXPECT_EQ(spec.name(), "fromcli");
@@ -1521,6 +1530,21 @@ TEST_F(DdlctlServerTest, SubmitScriptWithDirectives) {
   EXPECT_EQ(r.rc, kExitUsage);
   EXPECT_NE(r.err.find(script + " line 3: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--frobnicate"), std::string::npos) << r.err;
+  // A bad value names the line too. Fails without the per-line value check (no file or line in the error).
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n#DDL --gpus 1\n#DDL --time 0\necho\n";
+  }
+  r = run({"submit", script});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_NE(r.err.find(script + " line 3: --time '0' is no time at all"), std::string::npos) << r.err;
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n#DDL --gpus 1 --env NOVALUE\necho\n";
+  }
+  r = run({"submit", script});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_NE(r.err.find(script + " line 2: --env 'NOVALUE' is not KEY=VALUE"), std::string::npos) << r.err;
   {
     std::ofstream f(script);
     f << "echo no shebang\n";
@@ -1528,6 +1552,32 @@ TEST_F(DdlctlServerTest, SubmitScriptWithDirectives) {
   r = run({"submit", "--gpus", "1", script});
   EXPECT_EQ(r.rc, kExitUsage);
   EXPECT_NE(r.err.find("put the job's command after --"), std::string::npos) << r.err;
+  std::filesystem::remove_all(dir);
+}
+
+// SECURITY: a shared script's #DDL line cannot set ddlctl's own flags, or it could send the user's token to
+// another server. Here the directive points at the (reachable) fake while the command line names a dead
+// address: without the refusal the directive's --coordinator wins and the job is submitted (exit 0).
+TEST_F(DdlctlServerTest, SecurityScriptDirectivesSetSubmitFlagsOnly) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ddlctl-script-sec-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string script = (dir / "shared.sh").string();
+  for (const std::string& directive :
+       std::vector<std::string>{"--coordinator " + address_, "--coordinator=" + address_,
+                                "--gpus 1 --token-file /dev/null", "--ca /dev/null", "--insecure", "-o json",
+                                "-ojson", "--output=json", "--timeout 1", "--version"}) {
+    {
+      std::ofstream f(script);
+      f << "#!/bin/sh\n#DDL --gpus 1\n#DDL " << directive << "\necho\n";
+    }
+    std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+    Result r = ddlctl({"--coordinator", "127.0.0.1:1", "submit", script});
+    EXPECT_EQ(r.rc, kExitUsage) << directive << ": " << r.err;
+    EXPECT_NE(r.err.find(script + " line 3: #DDL may set only submit's flags"), std::string::npos)
+        << directive << ": " << r.err;
+  }
+  EXPECT_EQ(service_.lastSpec().command_size(), 0) << "nothing reached the directive's coordinator";
   std::filesystem::remove_all(dir);
 }
 
