@@ -572,8 +572,8 @@ Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs) {
     return Parsed<int64_t>{std::nullopt,
                            "'" + escapeForTerminal(text) +
                                "' is not a time: give a date (2026-11-24), a local time "
-                               "(2026-11-24T10:00 or 2026-11-24T10:00:05) or an age (90s, 30m, 1h, "
-                               "2d, 1w)"};
+                               "(2026-11-24T10:00 or 2026-11-24T10:00:05), a time today (06:55 or "
+                               "06:55:30) or an age (90s, 30m, 1h, 2d, 1w)"};
   };
   const std::string t = trim(text);
   // An age: digits and one unit.
@@ -586,6 +586,31 @@ Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs) {
     const int64_t at = nowMs - n * unit->second;
     if (at <= 0) return {std::nullopt, "'" + t + "' ago is before 1970"};
     return {at, ""};
+  }
+  // A time of day, as Slurm takes it: HH:MM or HH:MM:SS today (local time).
+  if (t.find('-') == std::string::npos && t.find(':') != std::string::npos) {
+    std::vector<std::string> parts;
+    std::istringstream in(t);
+    std::string piece;
+    while (parts.size() < 4 && std::getline(in, piece, ':')) parts.push_back(piece);
+    if (parts.size() < 2 || parts.size() > 3 || t.back() == ':' || !isDigits(parts[0]) || parts[0].size() > 2)
+      return fail();
+    for (size_t i = 1; i < parts.size(); ++i) {
+      if (!isDigits(parts[i]) || parts[i].size() != 2) return fail();
+    }
+    const int h = std::stoi(parts[0]), m = std::stoi(parts[1]),
+              sec = parts.size() > 2 ? std::stoi(parts[2]) : 0;
+    if (h > 23 || m > 59 || sec > 59) return fail();
+    const std::time_t now = static_cast<std::time_t>(nowMs / 1000);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    tm.tm_hour = h;
+    tm.tm_min = m;
+    tm.tm_sec = sec;
+    tm.tm_isdst = -1;
+    const std::time_t at = std::mktime(&tm);
+    if (at == static_cast<std::time_t>(-1)) return fail();
+    return {static_cast<int64_t>(at) * 1000, ""};
   }
   // A local date and time.
   int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0, used = 0;
@@ -1181,17 +1206,17 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   // a flag or a flag's value ends submit's flags (expandEnvValues() splits there, before CLI11 parses).
 
   CLI::App* list = app.add_subcommand("list", "list jobs (default: PENDING, SCHEDULED, STARTING, RUNNING)");
-  CLI::Option* state =
-      list->add_option("--state", cl.states, "only jobs in these states (repeatable, comma-separated)")
-          ->type_name("STATE")
-          ->allow_extra_args(false);
+  list->add_option("--state", cl.states, "only jobs in these states (repeatable, comma-separated)")
+      ->type_name("STATE")
+      ->allow_extra_args(false);
   list->add_option("--user", cl.user, "only this user's jobs");
-  list->add_flag("--all", cl.all, "every job, finished ones too")->excludes(state);
+  // With --state, --all changes nothing: "list --all --state failed --since 10m" is a natural thing to type.
+  list->add_flag("--all", cl.all, "every job, finished ones too (with --state: the states given)");
   list->add_option("--name", cl.name, "only jobs with exactly this name");
   list->add_option(
           "--since", cl.since,
-          "only jobs submitted at or after TIME: 2026-11-24, 2026-11-24T10:00 (local time) or an age "
-          "such as 30m, 1h, 2d")
+          "only jobs submitted at or after TIME: 2026-11-24, 2026-11-24T10:00 (local time), 06:55 (today) "
+          "or an age such as 30m, 1h, 2d")
       ->type_name("TIME");
   list->add_option("--until", cl.until, "only jobs submitted before TIME (same forms as --since)")
       ->type_name("TIME");

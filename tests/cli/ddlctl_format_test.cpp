@@ -423,9 +423,42 @@ TEST(DdlctlFormat, TimeBounds) {
   EXPECT_EQ(parseTimeBound("2026-11-24", kNow).value, midnight);
   EXPECT_EQ(parseTimeBound("2026-11-24T10:00", kNow).value, midnight + 10 * 3'600'000);
   EXPECT_EQ(parseTimeBound("2026-11-24 10:00:05", kNow).value, midnight + 10 * 3'600'000 + 5'000);
-  for (const char* bad :
-       {"", "yesterday", "1y", "h", "-1h", "2026-13-01", "2026-02-30", "2026-11-24T25:00", "2026-11-24T10",
-        "2026-11-24T10:00:", "2026-11-24x", "26-11-24", "1969-12-31", "99999999999h", "1h\n"}) {
+  // A time of day, as Slurm takes it: today (kNow's local date) at that time. Fails without that form.
+  const std::time_t now = static_cast<std::time_t>(kNow / 1000);
+  std::tm today{};
+  localtime_r(&now, &today);
+  today.tm_hour = 6;
+  today.tm_min = 55;
+  today.tm_sec = 0;
+  today.tm_isdst = -1;
+  const int64_t at0655 = static_cast<int64_t>(std::mktime(&today)) * 1000;
+  EXPECT_EQ(parseTimeBound("06:55", kNow).value, at0655);
+  EXPECT_EQ(parseTimeBound("6:55", kNow).value, at0655);
+  EXPECT_EQ(parseTimeBound("06:55:30", kNow).value, at0655 + 30'000);
+  for (const char* bad : {"",
+                          "yesterday",
+                          "1y",
+                          "h",
+                          "-1h",
+                          "2026-13-01",
+                          "2026-02-30",
+                          "2026-11-24T25:00",
+                          "2026-11-24T10",
+                          "2026-11-24T10:00:",
+                          "2026-11-24x",
+                          "26-11-24",
+                          "1969-12-31",
+                          "99999999999h",
+                          "1h\n",
+                          "24:00",
+                          "06:60",
+                          "06:55:60",
+                          "6:5",
+                          "06:55:",
+                          ":55",
+                          "1:02:03:04",
+                          "006:55",
+                          "06:55x"}) {
     Parsed<int64_t> p = parseTimeBound(bad, kNow);
     EXPECT_FALSE(p.ok()) << bad;
     EXPECT_NE(p.error.find("is not a time"), std::string::npos) << bad << ": " << p.error;
@@ -572,7 +605,6 @@ TEST(DdlctlCli, UsageErrorsExit2WithoutSending) {
       {{"submit", "--gpus", "2", "--env", "FOO", "--", "true"}, "--env 'FOO' is not KEY=VALUE"},
       {{"submit", "--", "true"}, "say how many GPUs"},
       {{"list", "--state", "runing"}, "valid states: PENDING, SCHEDULED"},
-      {{"list", "--all", "--state", "running"}, "--state excludes --all"},
       {{"list", "--", "x"}, "only submit takes a command after --"},
       {{"status"}, "JOB is required"},
       {{"drain"}, "NODE is required"},
@@ -1234,6 +1266,12 @@ TEST_F(DdlctlServerTest, ListFiltersAndFormats) {
 
   ASSERT_EQ(run({"list", "--all"}).rc, 0);
   EXPECT_EQ(service_.lastList().states_size(), 0);
+  // With --state, --all changes nothing. Fails while --all excludes --state (exit 2).
+  r = run({"list", "--all", "--state", "failed", "--since", "10m"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  req = service_.lastList();
+  EXPECT_EQ(std::vector<int>(req.states().begin(), req.states().end()), (std::vector<int>{v1::FAILED}));
+  EXPECT_GT(req.since_ms(), 0);
 
   ASSERT_EQ(run({"list", "--state", "running,Failed", "--state", "pending", "--user", "bob"}).rc, 0);
   req = service_.lastList();
