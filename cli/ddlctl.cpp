@@ -1180,10 +1180,16 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
                      "is stopped and ends TIMEOUT past it")
       ->type_name("LIMIT")
       ->take_last();
-  submit->add_option("--after-ok", s.afterOk, "start only after JOB succeeded (repeatable, comma-separated)")
+  submit
+      ->add_option(
+          "--after-ok", s.afterOk,
+          "start only after JOB succeeded (repeatable; several after one --after-ok, or comma-separated)")
       ->type_name("JOB")
       ->allow_extra_args(false);
-  submit->add_option("--after-any", s.afterAny, "start only after JOB ended, however (repeatable, comma-separated)")
+  submit
+      ->add_option(
+          "--after-any", s.afterAny,
+          "start only after JOB ended, however (repeatable; several after one flag, or comma-separated)")
       ->type_name("JOB")
       ->allow_extra_args(false);
   submit->add_option("--array", cl.array,
@@ -2044,9 +2050,10 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
 namespace {
 
 // "--env A=1 B=2" becomes "--env A=1 --env B=2" in submit's flags: several values may follow one --env, and
-// the first word that is not NAME=VALUE ends them (CLI11 itself takes one value per flag, so that the job's
-// command or script is never swallowed). Walks the words as CLI11 will, skipping each option's value, and
-// stops at submit's first positional word: a script's own arguments are left alone.
+// the first word that is not NAME=VALUE ends them; so with --after-ok and --after-any and job ids ("5",
+// "j-6", "7,8"). CLI11 itself takes one value per flag, so that the job's command or script is never
+// swallowed. Walks the words as CLI11 will, skipping each option's value, and stops at submit's first
+// positional word: a script's own arguments are left alone.
 std::vector<std::string> expandEnvValues(CLI::App& app, const std::vector<std::string>& words, bool inSubmit,
                                          std::vector<std::string>* rest) {
   std::vector<std::string> out;
@@ -2054,9 +2061,21 @@ std::vector<std::string> expandEnvValues(CLI::App& app, const std::vector<std::s
   if (words.empty()) return out;
   out.push_back(words[0]);  // the program
   size_t i = 1;
-  auto isAssignment = [](const std::string& w) {
+  bool (*isAssignment)(const std::string&) = [](const std::string& w) {
     const size_t eq = w.find('=');
     return eq != std::string::npos && eq > 0 && isEnvName(std::string_view(w).substr(0, eq));
+  };
+  // "67", "j-67", "5,6": job ids as --after-ok takes them (a script's name is none of these).
+  bool (*looksLikeJobIds)(const std::string&) = [](const std::string& w) {
+    std::istringstream in(w);
+    std::string piece;
+    bool any = false;
+    while (std::getline(in, piece, ',')) {
+      const std::string_view id = std::string_view(piece).substr(piece.rfind("j-", 0) == 0 ? 2 : 0);
+      if (!piece.empty() && !isDigits(id)) return false;
+      any = any || !piece.empty();
+    }
+    return any;
   };
   for (; i < words.size(); ++i) {
     const std::string& w = words[i];
@@ -2067,11 +2086,14 @@ std::vector<std::string> expandEnvValues(CLI::App& app, const std::vector<std::s
       if (opt == nullptr && current != &app) opt = app.get_option_no_throw(w);
       if (opt == nullptr || opt->get_items_expected_max() == 0 || i + 1 >= words.size()) continue;
       out.push_back(words[++i]);
-      if (w == "--env" && current->get_name() == "submit") {
-        while (i + 1 < words.size() && isAssignment(words[i + 1])) {
-          out.push_back("--env");
-          out.push_back(words[++i]);
-        }
+      if (current->get_name() != "submit") continue;
+      // --env A=1 B=2, --after-ok 5 6: the values that follow while they have the flag's form.
+      const auto more = w == "--env"                              ? isAssignment
+                        : w == "--after-ok" || w == "--after-any" ? looksLikeJobIds
+                                                                  : nullptr;
+      while (more != nullptr && i + 1 < words.size() && more(words[i + 1])) {
+        out.push_back(w);
+        out.push_back(words[++i]);
       }
       continue;
     }

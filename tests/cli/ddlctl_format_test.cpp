@@ -1495,6 +1495,18 @@ TEST_F(DdlctlServerTest, SubmitWaitAndNewFlags) {
   service_.script("j-000007", {jobIn("j-000007", v1::FAILED, 42)});
   EXPECT_EQ(run({"submit", "--gpus", "1", "--wait", "--", "x"}).rc, 42);
 
+  // Several job ids after one --after-ok / --after-any, as with --env. Fails when each flag took one value
+  // ("67" was then taken for the command).
+  r = run({"submit", "--gpus", "1", "--after-ok", "1", "67", "--after-any", "8", "j-9,10", "--name", "d",
+           "--", "true"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  spec = service_.lastSpec();
+  EXPECT_EQ(std::vector<std::string>(spec.after_ok().begin(), spec.after_ok().end()),
+            (std::vector<std::string>{"j-000001", "j-000067"}));
+  EXPECT_EQ(std::vector<std::string>(spec.after_any().begin(), spec.after_any().end()),
+            (std::vector<std::string>{"j-000008", "j-000009", "j-000010"}));
+  EXPECT_EQ(spec.name(), "d");
+
   // --export ALL sends the environment, but never the token.
   setenv("DDLCTL_TEST_VAR", "v", 1);
   setenv("DDL_TOKEN", "ddl_secret", 1);
