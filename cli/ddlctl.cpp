@@ -1587,9 +1587,49 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
   };
   int attempt = cl.attempt;  // 0 until the first answer names the latest attempt
   const bool everyAttempt = cl.follow && cl.attempt == 0;
+  int restarts = job.restarts();  // at the attempt being read: a newer attempt without more is a requeue
+  // The latest attempt, from a 1-byte read of the first rank: 0 while the job is not launched
+  // (FAILED_PRECONDITION), -1 when the read failed otherwise (the caller goes on as if there were none);
+  // `rc` is set only when there is no CA certificate to connect with (already printed).
+  auto latestAttempt = [&](int* rc) -> int {
+    v1::GetLogsRequest probe;
+    probe.set_id(id);
+    probe.set_rank(ranks.front());
+    probe.set_max_bytes(1);
+    v1::GetLogsResponse latest;
+    int usage = kExitOk;
+    grpc::Status st =
+        s.callQuiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, probe, &latest); }, &usage);
+    *rc = usage;
+    if (st.ok()) return latest.attempt();
+    return st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ? 0 : -1;
+  };
+  // Moves to `next` from its start: what is left of this attempt's lines first, then a marker on stderr. The
+  // new attempt may run on other nodes, so the offsets of the old one mean nothing there.
+  auto switchTo = [&](int next) -> int {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      emit(i, true);
+      catchUp(i);
+      offsets[i] = 0;
+    }
+    s.out().flush();
+    if (int rc = getJob()) return rc;
+    attempt = next;
+    err << "==> attempt " << attempt;
+    if (job.restarts() > restarts) {
+      err << " (restart " << job.restarts() << " of " << job.spec().max_restarts() << ")";
+    } else {
+      err << " (requeued)";
+    }
+    err << " <==\n";
+    err.flush();
+    restarts = job.restarts();
+    pacer.reset();
+    return kExitOk;
+  };
   while (true) {
-    bool any = false, ended = true, notLaunched = false;
-    for (size_t i = 0; i < ranks.size() && !notLaunched; ++i) {
+    bool any = false, ended = true, notLaunched = false, moved = false;
+    for (size_t i = 0; i < ranks.size() && !notLaunched && !moved; ++i) {
       for (int piece = 0; piece < 4096; ++piece) {  // at most 1 GiB per rank per round
         v1::GetLogsRequest req;
         req.set_id(id);
@@ -1605,6 +1645,22 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
           if (cl.follow && st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
             notLaunched = true;
             break;
+          }
+          // Following the latest attempt, the old one may be gone from where it ran (a requeue or restart
+          // placed the job elsewhere): NOT_FOUND. Move to the newer attempt if there is one.
+          if (everyAttempt && attempt > 0 && st.error_code() == grpc::StatusCode::NOT_FOUND) {
+            int rc = kExitOk;
+            const int latest = latestAttempt(&rc);
+            if (rc != kExitOk) return rc;
+            if (latest > attempt) {
+              if (int switched = switchTo(latest)) return switched;
+              moved = true;
+              break;
+            }
+            if (latest == 0) {  // not launched again yet
+              notLaunched = true;
+              break;
+            }
           }
           return s.report(st);
         }
@@ -1622,6 +1678,7 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
     }
     s.out().flush();
     if (!cl.follow) break;
+    if (moved) continue;
     if (notLaunched) {
       if (int rc = getJob()) return rc;
       if (isFinalState(job.state())) {
@@ -1630,33 +1687,27 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
             << "\n";
         break;
       }
+      // Launched but no logs yet (STARTING): look again after a pause, not at once.
+      if (job.state() != v1::PENDING && job.state() != v1::SCHEDULED && !pacer.sleep()) return gaveUp();
       if (int rc = waitUntilLaunched()) return rc;
+      if (everyAttempt && attempt > 0) {  // launched again: most likely a new attempt, maybe on other nodes
+        int rc = kExitOk;
+        const int latest = latestAttempt(&rc);
+        if (rc != kExitOk) return rc;
+        if (latest > attempt) {
+          if (int switched = switchTo(latest)) return switched;
+        }
+      }
       continue;
     }
     if (ended && !any) break;
     if (!any && everyAttempt && attempt > 0) {
       // Has a newer attempt started (a restart, a requeue)? Everything of this one has been read.
-      v1::GetLogsRequest probe;
-      probe.set_id(id);
-      probe.set_rank(ranks.empty() ? 0 : ranks[0]);
-      probe.set_max_bytes(1);
-      v1::GetLogsResponse latest;
-      int usage = kExitOk;
-      grpc::Status st = s.callQuiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, probe, &latest); }, &usage);
-      if (usage != kExitOk) return usage;
-      if (st.ok() && latest.attempt() > attempt) {
-        for (size_t i = 0; i < ranks.size(); ++i) {
-          emit(i, true);
-          catchUp(i);
-          offsets[i] = 0;
-        }
-        if (int rc = getJob()) return rc;
-        attempt = latest.attempt();
-        s.out().flush();
-        err << "==> attempt " << attempt << " (restart " << job.restarts() << " of "
-            << job.spec().max_restarts() << ") <==\n";
-        err.flush();
-        pacer.reset();
+      int rc = kExitOk;
+      const int latest = latestAttempt(&rc);
+      if (rc != kExitOk) return rc;
+      if (latest > attempt) {
+        if (int switched = switchTo(latest)) return switched;
         continue;
       }
     }

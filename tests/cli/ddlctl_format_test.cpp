@@ -996,6 +996,10 @@ class FakeUserService final : public v1::UserService::Service {
         *resp = logsJob(getJobCalls_ == 1);
         return grpc::Status::OK;
       }
+      if (moving_.count(req->id()) > 0) {
+        *resp = movingJob(req->id());
+        return grpc::Status::OK;
+      }
       auto it = scripted_.find(req->id());
       if (it != scripted_.end()) {  // the next answer of the script; the last one stays
         *resp = it->second.front();
@@ -1095,6 +1099,7 @@ class FakeUserService final : public v1::UserService::Service {
     if (req->id() == "j-000061") {  // never launched
       return {grpc::StatusCode::FAILED_PRECONDITION, "job j-000061 is PENDING and has not been launched"};
     }
+    if (moving_.count(req->id()) > 0) return movingLogs(*req, resp);
     logsCalls_++;
     const int latest = logsCalls_ >= 3 ? 2 : 1;
     const int attempt = req->attempt() == 0 ? latest : req->attempt();
@@ -1121,6 +1126,55 @@ class FakeUserService final : public v1::UserService::Service {
     }
     job.set_restarts(logsCalls_ >= 3 ? 1 : 0);
     return job;
+  }
+  // The jobs that move to other nodes (one rank): attempt 1 writes "a1\npartial" (no newline at the end);
+  // from the 3rd GetLogs call on, j-000062 is requeued (PENDING: FAILED_PRECONDITION, for one GetJob
+  // answer) and j-000063 restarted, and attempt 2 runs elsewhere: attempt 1's log is NOT_FOUND there.
+  // Attempt 2 writes "b2\n"; once it was read to its end the job has SUCCEEDED.
+  struct Moving {
+    int logsCalls = 0;
+    int phase = 0;  // 0: attempt 1 runs; 1: PENDING again; 2: attempt 2 runs
+    int pendingAnswers = 0;
+    bool ended = false;
+  };
+  void moving(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    moving_[id] = Moving{};
+  }
+  v1::Job movingJob(const std::string& id) {  // under mu_
+    Moving& m = moving_[id];
+    v1::Job job = makeJob(id, "t", "alice", v1::RUNNING, kNow);
+    job.set_gpus(1);
+    const bool restart = id == "j-000063";
+    job.mutable_spec()->set_max_restarts(restart ? 2 : 0);
+    if (m.phase == 1) {
+      if (m.pendingAnswers++ == 0)
+        job.set_state(v1::PENDING);
+      else
+        m.phase = 2;
+    }
+    job.set_restarts(restart && m.phase == 2 ? 1 : 0);
+    if (m.ended) job.set_state(v1::SUCCEEDED);
+    return job;
+  }
+  grpc::Status movingLogs(const v1::GetLogsRequest& req, v1::GetLogsResponse* resp) {  // under mu_
+    Moving& m = moving_[req.id()];
+    if (m.phase == 0 && ++m.logsCalls >= 3) m.phase = req.id() == "j-000063" ? 2 : 1;
+    if (m.phase == 1)
+      return {grpc::StatusCode::FAILED_PRECONDITION, "job is PENDING and has not been launched"};
+    const int latest = m.phase == 0 ? 1 : 2;
+    const int attempt = req.attempt() == 0 ? latest : req.attempt();
+    if (attempt != latest) return {grpc::StatusCode::NOT_FOUND, "no log of attempt 1 on node n2"};
+    const std::string text = attempt == 1 ? "a1\npartial" : "b2\n";
+    const size_t offset = std::min<size_t>(static_cast<size_t>(req.offset()), text.size());
+    const size_t n = req.max_bytes() > 0 ? static_cast<size_t>(req.max_bytes()) : text.size();
+    if (attempt == 2 && offset == text.size()) m.ended = true;
+    resp->set_data(text.substr(offset, n));
+    resp->set_next_offset(static_cast<int64_t>(offset + resp->data().size()));
+    resp->set_size(static_cast<int64_t>(text.size()));
+    resp->set_attempt(attempt);
+    resp->set_job_ended(m.ended);
+    return grpc::Status::OK;
   }
   // GetJob answers for `id`, one per call, the last repeated.
   void script(const std::string& id, std::vector<v1::Job> answers) {
@@ -1191,6 +1245,7 @@ class FakeUserService final : public v1::UserService::Service {
   v1::DrainNodeRequest lastDrain_;
   int getJobCalls_ = 0;
   int logsCalls_ = 0;
+  std::map<std::string, Moving> moving_;
 };
 
 class DdlctlServerTest : public ::testing::Test {
@@ -1707,6 +1762,26 @@ TEST_F(DdlctlServerTest, LogsFollowWaitsTailsAndFollowsEveryAttempt) {
   r = run({"logs", "61"});
   EXPECT_EQ(r.rc, kExitRefused);
   EXPECT_NE(r.err.find("has not been launched"), std::string::npos) << r.err;
+}
+
+// logs -f after a requeue (PENDING again) or a restart that lands on other nodes: the latest attempt is
+// probed again, the old attempt's partial line is flushed, the offsets start over, and the marker says
+// "(requeued)" when Job.restarts did not grow. Fails without it: the old attempt is read on, NOT_FOUND
+// there ends ddlctl with exit 1, and the marker said "(restart 0 of 0)".
+TEST_F(DdlctlServerTest, LogsFollowMovesToTheNewAttemptOnOtherNodes) {
+  service_.moving("j-000062");
+  Result r = run({"logs", "62", "-f"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "a1\npartial\nb2\n");
+  EXPECT_NE(r.err.find("waiting for j-000062 (PENDING)\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("==> attempt 2 (requeued) <==\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("ddlctl:"), std::string::npos) << r.err;
+
+  service_.moving("j-000063");
+  r = run({"logs", "63", "-f"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "a1\npartial\nb2\n");
+  EXPECT_EQ(r.err, "==> attempt 2 (restart 1 of 2) <==\n");
 }
 
 }  // namespace
