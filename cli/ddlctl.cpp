@@ -1090,6 +1090,8 @@ struct CommandLine {
   SubmitArgs submit;
   std::vector<std::string> states;
   std::string user;
+  bool userGiven = false;   // cancel: --user was given (else the filter is the caller's own jobs)
+  std::string cancelArray;  // cancel --array
   bool all = false;
   std::string name;       // list --name
   std::string since;      // list --since, as given
@@ -1236,10 +1238,25 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
       ->add_option("JOB", cl.target, jobHelp)
       ->required();
   CLI::App* cancel = app.add_subcommand(
-      "cancel", "cancel jobs: by id, or every live job matching --user/--state/--name; --signal only signals");
+      "cancel",
+      "cancel jobs: by id, or every live job of yours matching --state/--name/--array (--user for another "
+      "user's); --signal only signals");
   cancel->add_option("JOB", cl.targets, jobHelp + " (several allowed)");
-  cancel->add_option("--user", cl.user, "every live job of this user");
-  cancel->add_option("--state", cl.states, "only jobs in these states (default: every live state)")
+  cancel
+      ->add_option_function<std::string>(
+          "--user",
+          [&cl](const std::string& u) {
+            cl.user = u;
+            cl.userGiven = true;
+          },
+          "only this user's jobs (default with a filter: your own; '' for every user's)")
+      ->type_name("USER");
+  cancel
+      ->add_option("--array", cl.cancelArray, "every live job of the job array ID (the id of its first job)")
+      ->type_name("ID");
+  cancel
+      ->add_option("--state", cl.states,
+                   "only jobs in these states (default: every live state; with --signal, RUNNING)")
       ->type_name("STATE")
       ->allow_extra_args(false);
   cancel->add_option("--name", cl.name, "only jobs with exactly this name");
@@ -1773,7 +1790,8 @@ std::string stateLine(const v1::Job& job) {
 
 constexpr int kMaxListPages = 1000;
 
-// ddlctl cancel: JOB..., or every job a filter lists (live states unless --state says otherwise).
+// ddlctl cancel: JOB..., or every job a filter lists: the caller's own unless --user says otherwise, in the
+// live states (RUNNING with --signal) unless --state says otherwise, of one array with --array.
 int runCancel(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
   using Ctx = grpc::ClientContext;
@@ -1786,38 +1804,57 @@ int runCancel(CommandLine& cl, Session& s, std::ostream& err) {
     }
     signal = *n;
   }
-  const bool filtered = !cl.user.empty() || !cl.states.empty() || !cl.name.empty();
+  const bool filtered = cl.userGiven || !cl.states.empty() || !cl.name.empty() || !cl.cancelArray.empty();
   if (cl.targets.empty() && !filtered) {
-    return usageError(err, "cancel needs job ids, or a filter: --user USER, --state STATE or --name NAME");
+    return usageError(
+        err, "cancel needs job ids, or a filter: --state STATE, --name NAME, --array ID or --user USER");
   }
   if (!cl.targets.empty() && filtered) {
-    return usageError(err, "give job ids or a filter (--user, --state, --name), not both");
+    return usageError(err, "give job ids or a filter (--user, --state, --name, --array), not both");
   }
   std::vector<std::string> ids = targetIds(cl);
   if (filtered) {
     Parsed<std::vector<v1::JobState>> states = parseStates(cl.states);
     if (!states.ok()) return usageError(err, "--state: " + states.error);
+    // Without --user a filter matches the caller's own jobs only: an admin's "cancel --state pending" must
+    // not end everyone's, nor a user's draw one refusal per foreign job. An anonymous caller (a coordinator
+    // run --insecure) has no name: then no user filter.
+    std::string user = cl.user;
+    if (!cl.userGiven) {
+      v1::Identity who;
+      if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.WhoAmI(c, {}, &who); })) return rc;
+      user = who.name();
+    }
     v1::ListJobsRequest req;
-    req.set_user(cl.user);
+    req.set_user(user);
     req.set_name(cl.name);
-    if (states.value->empty()) {
+    if (states.value->empty() && signal != 0) {
+      req.add_states(v1::RUNNING);  // the coordinator signals RUNNING jobs only
+    } else if (states.value->empty()) {
       for (v1::JobState st : {v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}) req.add_states(st);
     }
     for (v1::JobState st : *states.value) req.add_states(st);
+    // ListJobs has no array filter: the array's jobs are picked from the listed ones.
+    const std::string array = cl.cancelArray.empty() ? "" : normalizeJobId(cl.cancelArray);
     for (int page = 0; page < kMaxListPages; ++page) {
       v1::ListJobsResponse resp;
       if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListJobs(c, req, &resp); })) return rc;
-      for (const v1::Job& j : resp.jobs()) ids.push_back(j.id());
+      for (const v1::Job& j : resp.jobs()) {
+        if (array.empty() || j.spec().array_id() == array) ids.push_back(j.id());
+      }
       if (resp.next_page_token().empty() || resp.next_page_token() == req.page_token()) break;
       req.set_page_token(resp.next_page_token());
     }
     if (ids.empty()) {
       std::vector<std::string> what;
-      if (!cl.user.empty()) what.push_back("--user " + cl.user);
+      if (!array.empty()) what.push_back("--array " + array);
+      if (!user.empty()) what.push_back("--user " + user + (cl.userGiven ? "" : " (yours, by default)"));
       if (!cl.states.empty()) what.push_back("--state " + join(cl.states, ","));
       if (!cl.name.empty()) what.push_back("--name " + cl.name);
-      err << "ddlctl: no " << (cl.states.empty() ? "live " : "") << "job matches "
-          << escapeForTerminal(join(what, " ")) << "; nothing was cancelled\n";
+      if (what.empty()) what.push_back("--user ''");
+      const std::string kind = !cl.states.empty() ? "" : signal != 0 ? "running " : "live ";
+      err << "ddlctl: no " << kind << "job matches " << escapeForTerminal(join(what, " ")) << "; nothing was "
+          << (signal != 0 ? "signalled" : "cancelled") << "\n";
       return kExitRefused;
     }
   }

@@ -946,6 +946,7 @@ TEST(DdlctlCli, NewFlagsUsageErrors) {
       {{"submit", "--gpus", "1", "--export", "DDL_TOKEN", "--", "x"}, "credential"},
       {{"submit", "--gpus", "1", "--wait-timeout", "5", "--", "x"}, "--wait-timeout goes with --wait"},
       {{"cancel"}, "cancel needs job ids, or a filter"},
+      {{"cancel", "5", "--array", "80"}, "not both"},
       {{"cancel", "5", "--user", "bob"}, "not both"},
       {{"cancel", "5", "--signal", "USR9"}, "--signal 'USR9' is not a signal"},
       {{"cancel", "--state", "runing"}, "--state: unknown job state"},
@@ -1076,6 +1077,16 @@ class FakeUserService final : public v1::UserService::Service {
     *resp = sampleJobs().jobs(0);
     if (req->signal() == 0) resp->set_state(v1::CANCELLED);
     return grpc::Status::OK;
+  }
+  grpc::Status WhoAmI(grpc::ServerContext*, const v1::WhoAmIRequest*, v1::Identity* resp) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    resp->set_name(whoami_);
+    resp->set_role(whoami_.empty() ? "insecure" : "user");
+    return grpc::Status::OK;
+  }
+  void setWhoAmI(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    whoami_ = name;
   }
   grpc::Status HoldJob(grpc::ServerContext*, const v1::HoldJobRequest* req, v1::Job* resp) override {
     if (req->id() != "j-000002") return {grpc::StatusCode::NOT_FOUND, "job " + req->id() + " not found"};
@@ -1245,6 +1256,7 @@ class FakeUserService final : public v1::UserService::Service {
   v1::DrainNodeRequest lastDrain_;
   int getJobCalls_ = 0;
   int logsCalls_ = 0;
+  std::string whoami_ = "alice";
   std::map<std::string, Moving> moving_;
 };
 
@@ -1713,6 +1725,77 @@ TEST_F(DdlctlServerTest, CancelSeveralByFilterAndSignal) {
   EXPECT_EQ(service_.cancels().back().signal(), 15);
   r = run({"-o", "json", "cancel", "1"});  // one id: the Job, as before
   EXPECT_EQ(r.out.rfind("{\"id\":\"j-000001\"", 0), 0u) << r.out;
+}
+
+// A filter without --user matches the caller's own jobs (WhoAmI); an anonymous caller's, everyone's. Fails
+// without the default (the request's user was "", every user's jobs).
+TEST_F(DdlctlServerTest, CancelByFilterIsTheCallersOwnUnlessUserIsGiven) {
+  Result r = run({"cancel", "--state", "running", "--name", "train"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(service_.lastList().user(), "alice");
+  EXPECT_EQ(r.out, "j-000001 CANCELLED\n");
+  r = run({"cancel", "--name", "nothing"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.err,
+            "ddlctl: no live job matches --user alice (yours, by default) --name nothing; nothing was "
+            "cancelled\n");
+  service_.setWhoAmI("");  // a coordinator run --insecure: no name, no user filter
+  ASSERT_EQ(run({"cancel", "--name", "train"}).rc, 0);
+  EXPECT_EQ(service_.lastList().user(), "");
+  service_.setWhoAmI("alice");
+  ASSERT_EQ(run({"cancel", "--name", "eval", "--user", "bob"}).rc,
+            kExitRefused);  // the fake refuses j-000002
+  EXPECT_EQ(service_.lastList().user(), "bob");
+}
+
+// --signal with a filter and no --state: RUNNING jobs only (the coordinator signals no other), and a miss
+// says nothing was signalled. Fails without it (every live state listed; "nothing was cancelled").
+TEST_F(DdlctlServerTest, CancelSignalByFilterListsRunningJobsOnly) {
+  Result r = run({"cancel", "--signal", "usr1", "--name", "train"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "j-000001 sent SIGUSR1 (RUNNING)\n");
+  v1::ListJobsRequest listed = service_.lastList();
+  EXPECT_EQ(std::vector<int>(listed.states().begin(), listed.states().end()),
+            (std::vector<int>{v1::RUNNING}));
+  EXPECT_EQ(service_.cancels().back().signal(), SIGUSR1);
+  r = run({"cancel", "--signal", "usr1", "--name", "nothing"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.err,
+            "ddlctl: no running job matches --user alice (yours, by default) --name nothing; nothing was "
+            "signalled\n");
+  ASSERT_EQ(run({"cancel", "--signal", "usr1", "--state", "pending,running", "--name", "train"}).rc, 0);
+  listed = service_.lastList();
+  EXPECT_EQ(std::vector<int>(listed.states().begin(), listed.states().end()),
+            (std::vector<int>{v1::PENDING, v1::RUNNING}))
+      << "--state given: as given";
+}
+
+// cancel --array ID: every live job whose array_id is ID (a short id too), picked from the listed pages.
+// Fails without --array (exit 2: unknown option).
+TEST_F(DdlctlServerTest, CancelArray) {
+  std::vector<v1::Job> jobs;
+  for (int i = 78; i <= 83; ++i) {
+    char id[16];
+    std::snprintf(id, sizeof(id), "j-%06d", i);
+    jobs.push_back(makeJob(id, "a", "alice", v1::RUNNING, kNow));
+    jobs.back().mutable_spec()->set_array_id(i < 80 ? "j-000078" : i < 83 ? "j-000080" : "");
+  }
+  service_.page(jobs);
+  Result r = run({"cancel", "--array", "80"});
+  EXPECT_EQ(r.rc, kExitRefused) << "the fake cancels j-000001 only: " << r.err;
+  std::vector<std::string> cancelled;
+  for (const v1::CancelJobRequest& c : service_.cancels()) cancelled.push_back(c.id());
+  EXPECT_EQ(cancelled, (std::vector<std::string>{"j-000080", "j-000081", "j-000082"}));
+  const v1::ListJobsRequest listed = service_.lastList();
+  EXPECT_EQ(std::vector<int>(listed.states().begin(), listed.states().end()),
+            (std::vector<int>{v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}));
+  EXPECT_EQ(listed.user(), "alice");
+  r = run({"cancel", "--array", "j-99", "--signal", "TERM"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.err,
+            "ddlctl: no running job matches --array j-000099 --user alice (yours, by default); nothing "
+            "was signalled\n");
+  EXPECT_EQ(service_.cancels().size(), 3u);
 }
 
 TEST_F(DdlctlServerTest, HoldReleaseRequeueAndDrainReason) {
