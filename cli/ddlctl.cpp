@@ -862,12 +862,13 @@ std::string nodeListOrReason(const v1::Job& job) {
 }
 
 namespace {
-// TIME: how long the latest attempt has run (until the end, for a finished job); "-" if it never started.
+// TIME: how long the latest attempt has run since it was launched (Job.start_ms: its move to STARTING), until
+// the end for a finished job; "-" if it never started.
 std::string runTime(const v1::Job& job, int64_t nowMs) {
   if (job.start_ms() <= 0) return "-";
   return formatDuration((job.end_ms() > 0 ? job.end_ms() : nowMs) - job.start_ms());
 }
-// START: when the latest attempt started RUNNING, local time to the second ("2026-11-24T10:00:05"); "-".
+// START: when the latest attempt was launched, local time to the second ("2026-11-24T10:00:05"); "-".
 std::string startTime(const v1::Job& job) {
   if (job.start_ms() <= 0) return "-";
   std::string t = formatLocalTime(job.start_ms()).substr(0, 19);

@@ -326,6 +326,29 @@ TEST(DdlctlFormat, JobTableRunTimeAndStart) {
   tzset();
 }
 
+// Job.start_ms is when the latest attempt was launched (STARTING), not when it began RUNNING: "Started" and
+// list's TIME/START count from the launch, while "Running" is the time spent RUNNING, from the transitions.
+TEST(DdlctlFormat, StartedIsTheLaunchAndRunningTheTimeRunning) {
+  v1::Job job = makeJob("j-000009", "t", "alice", v1::RUNNING, kNow - 100'000);
+  for (auto [from, to, agoMs] :
+       {std::tuple{v1::PENDING, v1::SCHEDULED, 90'000}, std::tuple{v1::SCHEDULED, v1::STARTING, 80'000},
+        std::tuple{v1::STARTING, v1::RUNNING, 50'000}}) {
+    v1::Transition* t = job.add_transitions();
+    t->set_from(from);
+    t->set_to(to);
+    t->set_at_ms(kNow - agoMs);
+  }
+  job.set_start_ms(kNow - 80'000);
+  const std::string text = formatJobDetail(job, kNow);
+  EXPECT_EQ(field(text, "Started"), formatLocalTime(kNow - 80'000));
+  EXPECT_EQ(field(text, "Queued"), "10.0s");
+  EXPECT_EQ(field(text, "Running"), "50.0s");
+  v1::ListJobsResponse jobs;
+  *jobs.add_jobs() = job;
+  EXPECT_NE(formatJobTable(jobs, kNow).find("RUNNING  1m   1m20s  "), std::string::npos)
+      << formatJobTable(jobs, kNow);
+}
+
 // Control characters from the server never reach the terminal raw; printable UTF-8 passes unchanged. Fails
 // without escapeForTerminal() in the table renderer (the newline and ESC were printed as they came).
 TEST(DdlctlFormat, ControlCharactersAreEscaped) {
