@@ -466,17 +466,49 @@ Parsed<std::vector<Directive>> parseScriptDirectives(std::string_view script) {
   return {out, ""};
 }
 
+std::string checkSubmitValues(const SubmitArgs& args) {
+  for (auto [flag, value] : {std::pair{"--nodes", args.nodes}, std::pair{"--gpus-per-node", args.gpusPerNode},
+                             std::pair{"--gpus", args.gpus}}) {
+    if (value && *value < 1) return std::string(flag) + " must be at least 1, got " + std::to_string(*value);
+  }
+  if (args.maxRestarts < 0)
+    return "--max-restarts must be 0 or more, got " + std::to_string(args.maxRestarts);
+  if (!args.topology.empty() && !isTopology(args.topology)) {
+    return "--topology '" + args.topology + "' is not a list of positive numbers joined by x, like 4x2";
+  }
+  if (Parsed<std::vector<std::string>> exported = exportedEnv(args.exportSpec, args.environ);
+      !exported.ok()) {
+    return exported.error;
+  }
+  for (const std::string& e : args.env) {
+    if (!splitKeyValue(e)) return "--env '" + e + "' is not KEY=VALUE";
+  }
+  for (const std::string& l : args.labels) {
+    if (!splitKeyValue(l)) return "--label '" + l + "' is not KEY=VALUE";
+  }
+  if (!args.timeLimit.empty()) {
+    if (Parsed<int> limit = parseTimeLimit(args.timeLimit); !limit.ok()) return limit.error;
+  }
+  for (auto [flag, given] :
+       {std::pair{"--after-ok", &args.afterOk}, std::pair{"--after-any", &args.afterAny}}) {
+    size_t ids = 0;
+    for (const std::string& arg : *given) {
+      std::istringstream in(arg);
+      std::string piece;
+      while (std::getline(in, piece, ',')) ids += trim(piece).empty() ? 0 : 1;
+    }
+    if (!given->empty() && ids == 0) return std::string(flag) + " needs a job id";
+    if (ids > 1000) return std::string(flag) + ": more than 1000 jobs";
+  }
+  return "";
+}
+
 Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
   auto fail = [](std::string why) { return Parsed<v1::JobSpec>{std::nullopt, std::move(why)}; };
   if (args.command.empty()) {
     return fail("submit needs a command after --, as in: ddlctl submit --gpus 4 -- python train.py");
   }
-  for (auto [flag, value] : {std::pair{"--nodes", args.nodes}, std::pair{"--gpus-per-node", args.gpusPerNode},
-                             std::pair{"--gpus", args.gpus}}) {
-    if (value && *value < 1) {
-      return fail(std::string(flag) + " must be at least 1, got " + std::to_string(*value));
-    }
-  }
+  if (std::string why = checkSubmitValues(args); !why.empty()) return fail(why);
   if (args.gpus && (args.nodes || args.gpusPerNode)) {
     return fail(
         "--gpus asks for a total and cannot be combined with --nodes or --gpus-per-node; give either "
@@ -486,51 +518,32 @@ Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
     if (args.gpusPerNode) return fail("--gpus-per-node needs --nodes N (or ask for a total with --gpus T)");
     return fail("say how many GPUs the job needs: --gpus T, or --nodes N [--gpus-per-node G]");
   }
-  if (args.maxRestarts < 0) {
-    return fail("--max-restarts must be 0 or more, got " + std::to_string(args.maxRestarts));
-  }
-  if (!args.topology.empty() && !isTopology(args.topology)) {
-    return fail("--topology '" + args.topology + "' is not a list of positive numbers joined by x, like 4x2");
-  }
 
+  // Every value was checked above; what follows builds the spec.
   v1::JobSpec spec;
-  Parsed<std::vector<std::string>> exported = exportedEnv(args.exportSpec, args.environ);
-  if (!exported.ok()) return fail(exported.error);
   std::vector<std::string> explicitNames;
-  for (const std::string& e : args.env) {
-    auto kv = splitKeyValue(e);
-    if (!kv) return fail("--env '" + e + "' is not KEY=VALUE");
-    explicitNames.push_back(kv->first);
-  }
+  for (const std::string& e : args.env) explicitNames.push_back(splitKeyValue(e)->first);
+  const Parsed<std::vector<std::string>> exported = exportedEnv(args.exportSpec, args.environ);
   for (const std::string& e : *exported.value) {  // --env wins over an exported value
     const std::string name = e.substr(0, e.find('='));
     if (std::find(explicitNames.begin(), explicitNames.end(), name) == explicitNames.end()) spec.add_env(e);
   }
   for (const std::string& e : args.env) spec.add_env(e);
-  if (!args.timeLimit.empty()) {
-    Parsed<int> limit = parseTimeLimit(args.timeLimit);
-    if (!limit.ok()) return fail(limit.error);
-    spec.set_time_limit_s(*limit.value);
-  }
-  for (auto [flag, given, field] :
-       {std::tuple{"--after-ok", &args.afterOk, spec.mutable_after_ok()},
-        std::tuple{"--after-any", &args.afterAny, spec.mutable_after_any()}}) {
+  if (!args.timeLimit.empty()) spec.set_time_limit_s(*parseTimeLimit(args.timeLimit).value);
+  for (auto [given, field] : {std::pair{&args.afterOk, spec.mutable_after_ok()},
+                              std::pair{&args.afterAny, spec.mutable_after_any()}}) {
     for (const std::string& arg : *given) {
       std::istringstream in(arg);
       std::string piece;
       while (std::getline(in, piece, ',')) {
         piece = trim(piece);
-        if (piece.empty()) continue;
-        if (field->size() >= 1000) return fail(std::string(flag) + ": more than 1000 jobs");
-        *field->Add() = normalizeJobId(piece);
+        if (!piece.empty()) *field->Add() = normalizeJobId(piece);
       }
     }
-    if (!given->empty() && field->empty()) return fail(std::string(flag) + " needs a job id");
   }
   spec.set_hold(args.hold);
   for (const std::string& l : args.labels) {
     auto kv = splitKeyValue(l);
-    if (!kv) return fail("--label '" + l + "' is not KEY=VALUE");
     auto [it, inserted] = spec.mutable_required_labels()->insert({kv->first, kv->second});
     if (!inserted && it->second != kv->second) return fail("--label " + kv->first + " given twice");
   }
@@ -559,8 +572,8 @@ Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs) {
     return Parsed<int64_t>{std::nullopt,
                            "'" + escapeForTerminal(text) +
                                "' is not a time: give a date (2026-11-24), a local time "
-                               "(2026-11-24T10:00 or 2026-11-24T10:00:05) or an age (90s, 30m, 1h, "
-                               "2d, 1w)"};
+                               "(2026-11-24T10:00 or 2026-11-24T10:00:05), a time today (06:55 or "
+                               "06:55:30) or an age (90s, 30m, 1h, 2d, 1w)"};
   };
   const std::string t = trim(text);
   // An age: digits and one unit.
@@ -573,6 +586,31 @@ Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs) {
     const int64_t at = nowMs - n * unit->second;
     if (at <= 0) return {std::nullopt, "'" + t + "' ago is before 1970"};
     return {at, ""};
+  }
+  // A time of day, as Slurm takes it: HH:MM or HH:MM:SS today (local time).
+  if (t.find('-') == std::string::npos && t.find(':') != std::string::npos) {
+    std::vector<std::string> parts;
+    std::istringstream in(t);
+    std::string piece;
+    while (parts.size() < 4 && std::getline(in, piece, ':')) parts.push_back(piece);
+    if (parts.size() < 2 || parts.size() > 3 || t.back() == ':' || !isDigits(parts[0]) || parts[0].size() > 2)
+      return fail();
+    for (size_t i = 1; i < parts.size(); ++i) {
+      if (!isDigits(parts[i]) || parts[i].size() != 2) return fail();
+    }
+    const int h = std::stoi(parts[0]), m = std::stoi(parts[1]),
+              sec = parts.size() > 2 ? std::stoi(parts[2]) : 0;
+    if (h > 23 || m > 59 || sec > 59) return fail();
+    const std::time_t now = static_cast<std::time_t>(nowMs / 1000);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    tm.tm_hour = h;
+    tm.tm_min = m;
+    tm.tm_sec = sec;
+    tm.tm_isdst = -1;
+    const std::time_t at = std::mktime(&tm);
+    if (at == static_cast<std::time_t>(-1)) return fail();
+    return {static_cast<int64_t>(at) * 1000, ""};
   }
   // A local date and time.
   int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0, used = 0;
@@ -824,12 +862,13 @@ std::string nodeListOrReason(const v1::Job& job) {
 }
 
 namespace {
-// TIME: how long the latest attempt has run (until the end, for a finished job); "-" if it never started.
+// TIME: how long the latest attempt has run since it was launched (Job.start_ms: its move to STARTING), until
+// the end for a finished job; "-" if it never started.
 std::string runTime(const v1::Job& job, int64_t nowMs) {
   if (job.start_ms() <= 0) return "-";
   return formatDuration((job.end_ms() > 0 ? job.end_ms() : nowMs) - job.start_ms());
 }
-// START: when the latest attempt started RUNNING, local time to the second ("2026-11-24T10:00:05"); "-".
+// START: when the latest attempt was launched, local time to the second ("2026-11-24T10:00:05"); "-".
 std::string startTime(const v1::Job& job) {
   if (job.start_ms() <= 0) return "-";
   std::string t = formatLocalTime(job.start_ms()).substr(0, 19);
@@ -1052,6 +1091,8 @@ struct CommandLine {
   SubmitArgs submit;
   std::vector<std::string> states;
   std::string user;
+  bool userGiven = false;   // cancel: --user was given (else the filter is the caller's own jobs)
+  std::string cancelArray;  // cancel --array
   bool all = false;
   std::string name;       // list --name
   std::string since;      // list --since, as given
@@ -1142,10 +1183,16 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
                      "is stopped and ends TIMEOUT past it")
       ->type_name("LIMIT")
       ->take_last();
-  submit->add_option("--after-ok", s.afterOk, "start only after JOB succeeded (repeatable, comma-separated)")
+  submit
+      ->add_option(
+          "--after-ok", s.afterOk,
+          "start only after JOB succeeded (repeatable; several after one --after-ok, or comma-separated)")
       ->type_name("JOB")
       ->allow_extra_args(false);
-  submit->add_option("--after-any", s.afterAny, "start only after JOB ended, however (repeatable, comma-separated)")
+  submit
+      ->add_option(
+          "--after-any", s.afterAny,
+          "start only after JOB ended, however (repeatable; several after one flag, or comma-separated)")
       ->type_name("JOB")
       ->allow_extra_args(false);
   submit->add_option("--array", cl.array,
@@ -1168,17 +1215,17 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   // a flag or a flag's value ends submit's flags (expandEnvValues() splits there, before CLI11 parses).
 
   CLI::App* list = app.add_subcommand("list", "list jobs (default: PENDING, SCHEDULED, STARTING, RUNNING)");
-  CLI::Option* state =
-      list->add_option("--state", cl.states, "only jobs in these states (repeatable, comma-separated)")
-          ->type_name("STATE")
-          ->allow_extra_args(false);
+  list->add_option("--state", cl.states, "only jobs in these states (repeatable, comma-separated)")
+      ->type_name("STATE")
+      ->allow_extra_args(false);
   list->add_option("--user", cl.user, "only this user's jobs");
-  list->add_flag("--all", cl.all, "every job, finished ones too")->excludes(state);
+  // With --state, --all changes nothing: "list --all --state failed --since 10m" is a natural thing to type.
+  list->add_flag("--all", cl.all, "every job, finished ones too (with --state: the states given)");
   list->add_option("--name", cl.name, "only jobs with exactly this name");
   list->add_option(
           "--since", cl.since,
-          "only jobs submitted at or after TIME: 2026-11-24, 2026-11-24T10:00 (local time) or an age "
-          "such as 30m, 1h, 2d")
+          "only jobs submitted at or after TIME: 2026-11-24, 2026-11-24T10:00 (local time), 06:55 (today) "
+          "or an age such as 30m, 1h, 2d")
       ->type_name("TIME");
   list->add_option("--until", cl.until, "only jobs submitted before TIME (same forms as --since)")
       ->type_name("TIME");
@@ -1192,10 +1239,25 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
       ->add_option("JOB", cl.target, jobHelp)
       ->required();
   CLI::App* cancel = app.add_subcommand(
-      "cancel", "cancel jobs: by id, or every live job matching --user/--state/--name; --signal only signals");
+      "cancel",
+      "cancel jobs: by id, or every live job of yours matching --state/--name/--array (--user for another "
+      "user's); --signal only signals");
   cancel->add_option("JOB", cl.targets, jobHelp + " (several allowed)");
-  cancel->add_option("--user", cl.user, "every live job of this user");
-  cancel->add_option("--state", cl.states, "only jobs in these states (default: every live state)")
+  cancel
+      ->add_option_function<std::string>(
+          "--user",
+          [&cl](const std::string& u) {
+            cl.user = u;
+            cl.userGiven = true;
+          },
+          "only this user's jobs (default with a filter: your own; '' for every user's)")
+      ->type_name("USER");
+  cancel
+      ->add_option("--array", cl.cancelArray, "every live job of the job array ID (the id of its first job)")
+      ->type_name("ID");
+  cancel
+      ->add_option("--state", cl.states,
+                   "only jobs in these states (default: every live state; with --signal, RUNNING)")
       ->type_name("STATE")
       ->allow_extra_args(false);
   cancel->add_option("--name", cl.name, "only jobs with exactly this name");
@@ -1543,9 +1605,49 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
   };
   int attempt = cl.attempt;  // 0 until the first answer names the latest attempt
   const bool everyAttempt = cl.follow && cl.attempt == 0;
+  int restarts = job.restarts();  // at the attempt being read: a newer attempt without more is a requeue
+  // The latest attempt, from a 1-byte read of the first rank: 0 while the job is not launched
+  // (FAILED_PRECONDITION), -1 when the read failed otherwise (the caller goes on as if there were none);
+  // `rc` is set only when there is no CA certificate to connect with (already printed).
+  auto latestAttempt = [&](int* rc) -> int {
+    v1::GetLogsRequest probe;
+    probe.set_id(id);
+    probe.set_rank(ranks.front());
+    probe.set_max_bytes(1);
+    v1::GetLogsResponse latest;
+    int usage = kExitOk;
+    grpc::Status st =
+        s.callQuiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, probe, &latest); }, &usage);
+    *rc = usage;
+    if (st.ok()) return latest.attempt();
+    return st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ? 0 : -1;
+  };
+  // Moves to `next` from its start: what is left of this attempt's lines first, then a marker on stderr. The
+  // new attempt may run on other nodes, so the offsets of the old one mean nothing there.
+  auto switchTo = [&](int next) -> int {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      emit(i, true);
+      catchUp(i);
+      offsets[i] = 0;
+    }
+    s.out().flush();
+    if (int rc = getJob()) return rc;
+    attempt = next;
+    err << "==> attempt " << attempt;
+    if (job.restarts() > restarts) {
+      err << " (restart " << job.restarts() << " of " << job.spec().max_restarts() << ")";
+    } else {
+      err << " (requeued)";
+    }
+    err << " <==\n";
+    err.flush();
+    restarts = job.restarts();
+    pacer.reset();
+    return kExitOk;
+  };
   while (true) {
-    bool any = false, ended = true, notLaunched = false;
-    for (size_t i = 0; i < ranks.size() && !notLaunched; ++i) {
+    bool any = false, ended = true, notLaunched = false, moved = false;
+    for (size_t i = 0; i < ranks.size() && !notLaunched && !moved; ++i) {
       for (int piece = 0; piece < 4096; ++piece) {  // at most 1 GiB per rank per round
         v1::GetLogsRequest req;
         req.set_id(id);
@@ -1561,6 +1663,22 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
           if (cl.follow && st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
             notLaunched = true;
             break;
+          }
+          // Following the latest attempt, the old one may be gone from where it ran (a requeue or restart
+          // placed the job elsewhere): NOT_FOUND. Move to the newer attempt if there is one.
+          if (everyAttempt && attempt > 0 && st.error_code() == grpc::StatusCode::NOT_FOUND) {
+            int rc = kExitOk;
+            const int latest = latestAttempt(&rc);
+            if (rc != kExitOk) return rc;
+            if (latest > attempt) {
+              if (int switched = switchTo(latest)) return switched;
+              moved = true;
+              break;
+            }
+            if (latest == 0) {  // not launched again yet
+              notLaunched = true;
+              break;
+            }
           }
           return s.report(st);
         }
@@ -1578,6 +1696,7 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
     }
     s.out().flush();
     if (!cl.follow) break;
+    if (moved) continue;
     if (notLaunched) {
       if (int rc = getJob()) return rc;
       if (isFinalState(job.state())) {
@@ -1586,33 +1705,27 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
             << "\n";
         break;
       }
+      // Launched but no logs yet (STARTING): look again after a pause, not at once.
+      if (job.state() != v1::PENDING && job.state() != v1::SCHEDULED && !pacer.sleep()) return gaveUp();
       if (int rc = waitUntilLaunched()) return rc;
+      if (everyAttempt && attempt > 0) {  // launched again: most likely a new attempt, maybe on other nodes
+        int rc = kExitOk;
+        const int latest = latestAttempt(&rc);
+        if (rc != kExitOk) return rc;
+        if (latest > attempt) {
+          if (int switched = switchTo(latest)) return switched;
+        }
+      }
       continue;
     }
     if (ended && !any) break;
     if (!any && everyAttempt && attempt > 0) {
       // Has a newer attempt started (a restart, a requeue)? Everything of this one has been read.
-      v1::GetLogsRequest probe;
-      probe.set_id(id);
-      probe.set_rank(ranks.empty() ? 0 : ranks[0]);
-      probe.set_max_bytes(1);
-      v1::GetLogsResponse latest;
-      int usage = kExitOk;
-      grpc::Status st = s.callQuiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, probe, &latest); }, &usage);
-      if (usage != kExitOk) return usage;
-      if (st.ok() && latest.attempt() > attempt) {
-        for (size_t i = 0; i < ranks.size(); ++i) {
-          emit(i, true);
-          catchUp(i);
-          offsets[i] = 0;
-        }
-        if (int rc = getJob()) return rc;
-        attempt = latest.attempt();
-        s.out().flush();
-        err << "==> attempt " << attempt << " (restart " << job.restarts() << " of "
-            << job.spec().max_restarts() << ") <==\n";
-        err.flush();
-        pacer.reset();
+      int rc = kExitOk;
+      const int latest = latestAttempt(&rc);
+      if (rc != kExitOk) return rc;
+      if (latest > attempt) {
+        if (int switched = switchTo(latest)) return switched;
         continue;
       }
     }
@@ -1678,7 +1791,8 @@ std::string stateLine(const v1::Job& job) {
 
 constexpr int kMaxListPages = 1000;
 
-// ddlctl cancel: JOB..., or every job a filter lists (live states unless --state says otherwise).
+// ddlctl cancel: JOB..., or every job a filter lists: the caller's own unless --user says otherwise, in the
+// live states (RUNNING with --signal) unless --state says otherwise, of one array with --array.
 int runCancel(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
   using Ctx = grpc::ClientContext;
@@ -1691,38 +1805,57 @@ int runCancel(CommandLine& cl, Session& s, std::ostream& err) {
     }
     signal = *n;
   }
-  const bool filtered = !cl.user.empty() || !cl.states.empty() || !cl.name.empty();
+  const bool filtered = cl.userGiven || !cl.states.empty() || !cl.name.empty() || !cl.cancelArray.empty();
   if (cl.targets.empty() && !filtered) {
-    return usageError(err, "cancel needs job ids, or a filter: --user USER, --state STATE or --name NAME");
+    return usageError(
+        err, "cancel needs job ids, or a filter: --state STATE, --name NAME, --array ID or --user USER");
   }
   if (!cl.targets.empty() && filtered) {
-    return usageError(err, "give job ids or a filter (--user, --state, --name), not both");
+    return usageError(err, "give job ids or a filter (--user, --state, --name, --array), not both");
   }
   std::vector<std::string> ids = targetIds(cl);
   if (filtered) {
     Parsed<std::vector<v1::JobState>> states = parseStates(cl.states);
     if (!states.ok()) return usageError(err, "--state: " + states.error);
+    // Without --user a filter matches the caller's own jobs only: an admin's "cancel --state pending" must
+    // not end everyone's, nor a user's draw one refusal per foreign job. An anonymous caller (a coordinator
+    // run --insecure) has no name: then no user filter.
+    std::string user = cl.user;
+    if (!cl.userGiven) {
+      v1::Identity who;
+      if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.WhoAmI(c, {}, &who); })) return rc;
+      user = who.name();
+    }
     v1::ListJobsRequest req;
-    req.set_user(cl.user);
+    req.set_user(user);
     req.set_name(cl.name);
-    if (states.value->empty()) {
+    if (states.value->empty() && signal != 0) {
+      req.add_states(v1::RUNNING);  // the coordinator signals RUNNING jobs only
+    } else if (states.value->empty()) {
       for (v1::JobState st : {v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}) req.add_states(st);
     }
     for (v1::JobState st : *states.value) req.add_states(st);
+    // ListJobs has no array filter: the array's jobs are picked from the listed ones.
+    const std::string array = cl.cancelArray.empty() ? "" : normalizeJobId(cl.cancelArray);
     for (int page = 0; page < kMaxListPages; ++page) {
       v1::ListJobsResponse resp;
       if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListJobs(c, req, &resp); })) return rc;
-      for (const v1::Job& j : resp.jobs()) ids.push_back(j.id());
+      for (const v1::Job& j : resp.jobs()) {
+        if (array.empty() || j.spec().array_id() == array) ids.push_back(j.id());
+      }
       if (resp.next_page_token().empty() || resp.next_page_token() == req.page_token()) break;
       req.set_page_token(resp.next_page_token());
     }
     if (ids.empty()) {
       std::vector<std::string> what;
-      if (!cl.user.empty()) what.push_back("--user " + cl.user);
+      if (!array.empty()) what.push_back("--array " + array);
+      if (!user.empty()) what.push_back("--user " + user + (cl.userGiven ? "" : " (yours, by default)"));
       if (!cl.states.empty()) what.push_back("--state " + join(cl.states, ","));
       if (!cl.name.empty()) what.push_back("--name " + cl.name);
-      err << "ddlctl: no " << (cl.states.empty() ? "live " : "") << "job matches "
-          << escapeForTerminal(join(what, " ")) << "; nothing was cancelled\n";
+      if (what.empty()) what.push_back("--user ''");
+      const std::string kind = !cl.states.empty() ? "" : signal != 0 ? "running " : "live ";
+      err << "ddlctl: no " << kind << "job matches " << escapeForTerminal(join(what, " ")) << "; nothing was "
+          << (signal != 0 ? "signalled" : "cancelled") << "\n";
       return kExitRefused;
     }
   }
@@ -1860,6 +1993,13 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
                            " --token-file FILE\n" + resp.token() + "\n");
 }
 
+// This process's environment, for --export.
+std::vector<std::string> processEnvironment() {
+  std::vector<std::string> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) out.emplace_back(*e);
+  return out;
+}
+
 // ddlctl submit: the spec (local checks first), one Submit, the id(s); with --wait, then as ddlctl wait.
 int runSubmit(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
@@ -1867,9 +2007,7 @@ int runSubmit(CommandLine& cl, Session& s, std::ostream& err) {
   cl.submit.user = invokingUser();
   std::error_code ec;
   cl.submit.cwd = std::filesystem::current_path(ec).string();
-  if (cl.submit.exportSpec != "NONE") {
-    for (char** e = environ; e != nullptr && *e != nullptr; ++e) cl.submit.environ.emplace_back(*e);
-  }
+  if (cl.submit.exportSpec != "NONE") cl.submit.environ = processEnvironment();
   Parsed<v1::JobSpec> spec = buildJobSpec(cl.submit);
   if (!spec.ok()) return usageError(err, spec.error);
   if (!cl.array.empty()) {
@@ -2001,9 +2139,10 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
 namespace {
 
 // "--env A=1 B=2" becomes "--env A=1 --env B=2" in submit's flags: several values may follow one --env, and
-// the first word that is not NAME=VALUE ends them (CLI11 itself takes one value per flag, so that the job's
-// command or script is never swallowed). Walks the words as CLI11 will, skipping each option's value, and
-// stops at submit's first positional word: a script's own arguments are left alone.
+// the first word that is not NAME=VALUE ends them; so with --after-ok and --after-any and job ids ("5",
+// "j-6", "7,8"). CLI11 itself takes one value per flag, so that the job's command or script is never
+// swallowed. Walks the words as CLI11 will, skipping each option's value, and stops at submit's first
+// positional word: a script's own arguments are left alone.
 std::vector<std::string> expandEnvValues(CLI::App& app, const std::vector<std::string>& words, bool inSubmit,
                                          std::vector<std::string>* rest) {
   std::vector<std::string> out;
@@ -2011,9 +2150,21 @@ std::vector<std::string> expandEnvValues(CLI::App& app, const std::vector<std::s
   if (words.empty()) return out;
   out.push_back(words[0]);  // the program
   size_t i = 1;
-  auto isAssignment = [](const std::string& w) {
+  bool (*isAssignment)(const std::string&) = [](const std::string& w) {
     const size_t eq = w.find('=');
     return eq != std::string::npos && eq > 0 && isEnvName(std::string_view(w).substr(0, eq));
+  };
+  // "67", "j-67", "5,6": job ids as --after-ok takes them (a script's name is none of these).
+  bool (*looksLikeJobIds)(const std::string&) = [](const std::string& w) {
+    std::istringstream in(w);
+    std::string piece;
+    bool any = false;
+    while (std::getline(in, piece, ',')) {
+      const std::string_view id = std::string_view(piece).substr(piece.rfind("j-", 0) == 0 ? 2 : 0);
+      if (!piece.empty() && !isDigits(id)) return false;
+      any = any || !piece.empty();
+    }
+    return any;
   };
   for (; i < words.size(); ++i) {
     const std::string& w = words[i];
@@ -2024,11 +2175,14 @@ std::vector<std::string> expandEnvValues(CLI::App& app, const std::vector<std::s
       if (opt == nullptr && current != &app) opt = app.get_option_no_throw(w);
       if (opt == nullptr || opt->get_items_expected_max() == 0 || i + 1 >= words.size()) continue;
       out.push_back(words[++i]);
-      if (w == "--env" && current->get_name() == "submit") {
-        while (i + 1 < words.size() && isAssignment(words[i + 1])) {
-          out.push_back("--env");
-          out.push_back(words[++i]);
-        }
+      if (current->get_name() != "submit") continue;
+      // --env A=1 B=2, --after-ok 5 6: the values that follow while they have the flag's form.
+      const auto more = w == "--env"                              ? isAssignment
+                        : w == "--after-ok" || w == "--after-any" ? looksLikeJobIds
+                                                                  : nullptr;
+      while (more != nullptr && i + 1 < words.size() && more(words[i + 1])) {
+        out.push_back(w);
+        out.push_back(words[++i]);
       }
       continue;
     }
@@ -2060,6 +2214,24 @@ ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, b
   declareCommandLine(app, cl);
   app.set_version_flag("--version", std::string("ddlctl ") + ddl::kVersion, "print ddlctl's version and exit");
   ParseResult result;
+  if (inSubmit) {
+    // A script's directive sets submit's own flags only, never ddlctl's (--coordinator, --token-file, ...):
+    // a shared script must not send the user's token elsewhere. Refused by name here, and CLI11 passes
+    // nothing up to the globals either.
+    CLI::App* submit = app.get_subcommand("submit");
+    submit->fallthrough(false);
+    for (size_t i = 1; i < words.size(); ++i) {
+      const std::string& w = words[i];
+      if (w.size() < 2 || w[0] != '-' || w == "--") continue;
+      const std::string name = w[1] == '-' ? w.substr(0, w.find('=')) : w.substr(0, 2);
+      if (submit->get_option_no_throw(name) == nullptr && app.get_option_no_throw(name) != nullptr) {
+        result.rc = kExitUsage;
+        result.error = "#DDL may set only submit's flags, not ddlctl's own " + escapeForTerminal(name) +
+                       " (give that on the command line or in the environment)";
+        return result;
+      }
+    }
+  }
   std::vector<std::string> expanded = expandEnvValues(app, words, inSubmit, &result.rest);
   if (inSubmit) expanded.insert(expanded.begin() + 1, "submit");
   std::vector<char*> argv;
@@ -2115,6 +2287,11 @@ std::string readScriptDirectives(const std::string& path, std::vector<std::strin
     if (!checked.rest.empty() || std::find(d.args.begin(), d.args.end(), "--") != d.args.end()) {
       return where + "#DDL takes submit's flags only, not '" + escapeForTerminal(shellJoin(d.args)) + "'";
     }
+    if (scratch.submit.exportSpec != "NONE") scratch.submit.environ = processEnvironment();
+    if (std::string why = checkSubmitValues(scratch.submit); !why.empty()) return where + why;
+    if (!scratch.array.empty()) {
+      if (Parsed<int> count = checkArraySpec(scratch.array); !count.ok()) return where + count.error;
+    }
     flags->insert(flags->end(), d.args.begin(), d.args.end());
   }
   return "";
@@ -2126,6 +2303,21 @@ bool isScript(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char magic[2] = {0, 0};
   return in.read(magic, 2) && magic[0] == '#' && magic[1] == '!';
+}
+
+// "" when the script may be run as a program, else the usage error: a script without x permission would be
+// accepted and then fail on its node with 126. The hint runs it through its own #! interpreter.
+std::string checkExecutable(const std::string& path) {
+  if (access(path.c_str(), X_OK) == 0) return "";
+  std::ifstream in(path, std::ios::binary);
+  std::string shebang;
+  std::getline(in, shebang);
+  std::string interpreter = trim(std::string_view(shebang).substr(std::min<size_t>(2, shebang.size())));
+  if (!interpreter.empty() && interpreter.back() == '\r') interpreter.pop_back();
+  if (interpreter.empty()) interpreter = "/bin/sh";
+  const std::string shown = escapeForTerminal(shellJoin({path}));
+  return shown + " is not executable: chmod +x " + shown + ", or submit -- " +
+         escapeForTerminal(interpreter) + " " + shown + " ...";
 }
 
 }  // namespace
@@ -2153,6 +2345,7 @@ int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
       return usageError(err, "put the job's command after --, as in: ddlctl submit --gpus 4 -- " +
                                  shellJoin(parsed.rest) + " (or give a script that starts with #!)");
     }
+    if (std::string why = checkExecutable(parsed.rest.front()); !why.empty()) return usageError(err, why);
     // A script: its directives go before the command line's flags, right after the verb.
     std::vector<std::string> directives;
     if (std::string why = readScriptDirectives(parsed.rest.front(), &directives, out, err); !why.empty()) {

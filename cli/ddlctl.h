@@ -129,9 +129,14 @@ struct SubmitArgs {
 // possible), or --nodes N with --gpus-per-node G (default 1). Neither, or both, is an error. The env is the
 // exported variables (--export) with --env's after them; a variable in both is sent with --env's value only.
 Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args);
+// The checks of buildJobSpec that need one flag's value only (counts, KEY=VALUE, --time, --export,
+// --topology, --after-ok/--after-any), not how flags combine: a script's #DDL line is checked with these on
+// its own, so that its error can name the line. "" or the usage error.
+std::string checkSubmitValues(const SubmitArgs& args);
 
-// --since / --until: an absolute local time ("2026-11-24", "2026-11-24T10:00", "2026-11-24 10:00:05") or an
-// age ("90s", "30m", "1h", "2d", "1w": that long before `nowMs`). Unix milliseconds, or the usage error.
+// --since / --until: an absolute local time ("2026-11-24", "2026-11-24T10:00", "2026-11-24 10:00:05"), a time
+// of day ("06:55", "06:55:30": that time on `nowMs`'s local date, as Slurm takes it) or an age ("90s", "30m",
+// "1h", "2d", "1w": that long before `nowMs`). Unix milliseconds, or the usage error.
 Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs);
 
 // `ddlctl submit script.sh`: the "#DDL --flag value" lines of a script (as sbatch's #SBATCH), each split

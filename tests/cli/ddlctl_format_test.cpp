@@ -326,6 +326,29 @@ TEST(DdlctlFormat, JobTableRunTimeAndStart) {
   tzset();
 }
 
+// Job.start_ms is when the latest attempt was launched (STARTING), not when it began RUNNING: "Started" and
+// list's TIME/START count from the launch, while "Running" is the time spent RUNNING, from the transitions.
+TEST(DdlctlFormat, StartedIsTheLaunchAndRunningTheTimeRunning) {
+  v1::Job job = makeJob("j-000009", "t", "alice", v1::RUNNING, kNow - 100'000);
+  for (auto [from, to, agoMs] :
+       {std::tuple{v1::PENDING, v1::SCHEDULED, 90'000}, std::tuple{v1::SCHEDULED, v1::STARTING, 80'000},
+        std::tuple{v1::STARTING, v1::RUNNING, 50'000}}) {
+    v1::Transition* t = job.add_transitions();
+    t->set_from(from);
+    t->set_to(to);
+    t->set_at_ms(kNow - agoMs);
+  }
+  job.set_start_ms(kNow - 80'000);
+  const std::string text = formatJobDetail(job, kNow);
+  EXPECT_EQ(field(text, "Started"), formatLocalTime(kNow - 80'000));
+  EXPECT_EQ(field(text, "Queued"), "10.0s");
+  EXPECT_EQ(field(text, "Running"), "50.0s");
+  v1::ListJobsResponse jobs;
+  *jobs.add_jobs() = job;
+  EXPECT_NE(formatJobTable(jobs, kNow).find("RUNNING  1m   1m20s  "), std::string::npos)
+      << formatJobTable(jobs, kNow);
+}
+
 // Control characters from the server never reach the terminal raw; printable UTF-8 passes unchanged. Fails
 // without escapeForTerminal() in the table renderer (the newline and ESC were printed as they came).
 TEST(DdlctlFormat, ControlCharactersAreEscaped) {
@@ -423,9 +446,42 @@ TEST(DdlctlFormat, TimeBounds) {
   EXPECT_EQ(parseTimeBound("2026-11-24", kNow).value, midnight);
   EXPECT_EQ(parseTimeBound("2026-11-24T10:00", kNow).value, midnight + 10 * 3'600'000);
   EXPECT_EQ(parseTimeBound("2026-11-24 10:00:05", kNow).value, midnight + 10 * 3'600'000 + 5'000);
-  for (const char* bad :
-       {"", "yesterday", "1y", "h", "-1h", "2026-13-01", "2026-02-30", "2026-11-24T25:00", "2026-11-24T10",
-        "2026-11-24T10:00:", "2026-11-24x", "26-11-24", "1969-12-31", "99999999999h", "1h\n"}) {
+  // A time of day, as Slurm takes it: today (kNow's local date) at that time. Fails without that form.
+  const std::time_t now = static_cast<std::time_t>(kNow / 1000);
+  std::tm today{};
+  localtime_r(&now, &today);
+  today.tm_hour = 6;
+  today.tm_min = 55;
+  today.tm_sec = 0;
+  today.tm_isdst = -1;
+  const int64_t at0655 = static_cast<int64_t>(std::mktime(&today)) * 1000;
+  EXPECT_EQ(parseTimeBound("06:55", kNow).value, at0655);
+  EXPECT_EQ(parseTimeBound("6:55", kNow).value, at0655);
+  EXPECT_EQ(parseTimeBound("06:55:30", kNow).value, at0655 + 30'000);
+  for (const char* bad : {"",
+                          "yesterday",
+                          "1y",
+                          "h",
+                          "-1h",
+                          "2026-13-01",
+                          "2026-02-30",
+                          "2026-11-24T25:00",
+                          "2026-11-24T10",
+                          "2026-11-24T10:00:",
+                          "2026-11-24x",
+                          "26-11-24",
+                          "1969-12-31",
+                          "99999999999h",
+                          "1h\n",
+                          "24:00",
+                          "06:60",
+                          "06:55:60",
+                          "6:5",
+                          "06:55:",
+                          ":55",
+                          "1:02:03:04",
+                          "006:55",
+                          "06:55x"}) {
     Parsed<int64_t> p = parseTimeBound(bad, kNow);
     EXPECT_FALSE(p.ok()) << bad;
     EXPECT_NE(p.error.find("is not a time"), std::string::npos) << bad << ": " << p.error;
@@ -572,7 +628,6 @@ TEST(DdlctlCli, UsageErrorsExit2WithoutSending) {
       {{"submit", "--gpus", "2", "--env", "FOO", "--", "true"}, "--env 'FOO' is not KEY=VALUE"},
       {{"submit", "--", "true"}, "say how many GPUs"},
       {{"list", "--state", "runing"}, "valid states: PENDING, SCHEDULED"},
-      {{"list", "--all", "--state", "running"}, "--state excludes --all"},
       {{"list", "--", "x"}, "only submit takes a command after --"},
       {{"status"}, "JOB is required"},
       {{"drain"}, "NODE is required"},
@@ -914,6 +969,7 @@ TEST(DdlctlCli, NewFlagsUsageErrors) {
       {{"submit", "--gpus", "1", "--export", "DDL_TOKEN", "--", "x"}, "credential"},
       {{"submit", "--gpus", "1", "--wait-timeout", "5", "--", "x"}, "--wait-timeout goes with --wait"},
       {{"cancel"}, "cancel needs job ids, or a filter"},
+      {{"cancel", "5", "--array", "80"}, "not both"},
       {{"cancel", "5", "--user", "bob"}, "not both"},
       {{"cancel", "5", "--signal", "USR9"}, "--signal 'USR9' is not a signal"},
       {{"cancel", "--state", "runing"}, "--state: unknown job state"},
@@ -962,6 +1018,10 @@ class FakeUserService final : public v1::UserService::Service {
       getJobCalls_++;
       if (req->id() == "j-000060") {  // the logs scenario: PENDING once, then as the logs say
         *resp = logsJob(getJobCalls_ == 1);
+        return grpc::Status::OK;
+      }
+      if (moving_.count(req->id()) > 0) {
+        *resp = movingJob(req->id());
         return grpc::Status::OK;
       }
       auto it = scripted_.find(req->id());
@@ -1041,6 +1101,16 @@ class FakeUserService final : public v1::UserService::Service {
     if (req->signal() == 0) resp->set_state(v1::CANCELLED);
     return grpc::Status::OK;
   }
+  grpc::Status WhoAmI(grpc::ServerContext*, const v1::WhoAmIRequest*, v1::Identity* resp) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    resp->set_name(whoami_);
+    resp->set_role(whoami_.empty() ? "insecure" : "user");
+    return grpc::Status::OK;
+  }
+  void setWhoAmI(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    whoami_ = name;
+  }
   grpc::Status HoldJob(grpc::ServerContext*, const v1::HoldJobRequest* req, v1::Job* resp) override {
     if (req->id() != "j-000002") return {grpc::StatusCode::NOT_FOUND, "job " + req->id() + " not found"};
     std::lock_guard<std::mutex> lock(mu_);
@@ -1063,6 +1133,7 @@ class FakeUserService final : public v1::UserService::Service {
     if (req->id() == "j-000061") {  // never launched
       return {grpc::StatusCode::FAILED_PRECONDITION, "job j-000061 is PENDING and has not been launched"};
     }
+    if (moving_.count(req->id()) > 0) return movingLogs(*req, resp);
     logsCalls_++;
     const int latest = logsCalls_ >= 3 ? 2 : 1;
     const int attempt = req->attempt() == 0 ? latest : req->attempt();
@@ -1089,6 +1160,55 @@ class FakeUserService final : public v1::UserService::Service {
     }
     job.set_restarts(logsCalls_ >= 3 ? 1 : 0);
     return job;
+  }
+  // The jobs that move to other nodes (one rank): attempt 1 writes "a1\npartial" (no newline at the end);
+  // from the 3rd GetLogs call on, j-000062 is requeued (PENDING: FAILED_PRECONDITION, for one GetJob
+  // answer) and j-000063 restarted, and attempt 2 runs elsewhere: attempt 1's log is NOT_FOUND there.
+  // Attempt 2 writes "b2\n"; once it was read to its end the job has SUCCEEDED.
+  struct Moving {
+    int logsCalls = 0;
+    int phase = 0;  // 0: attempt 1 runs; 1: PENDING again; 2: attempt 2 runs
+    int pendingAnswers = 0;
+    bool ended = false;
+  };
+  void moving(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    moving_[id] = Moving{};
+  }
+  v1::Job movingJob(const std::string& id) {  // under mu_
+    Moving& m = moving_[id];
+    v1::Job job = makeJob(id, "t", "alice", v1::RUNNING, kNow);
+    job.set_gpus(1);
+    const bool restart = id == "j-000063";
+    job.mutable_spec()->set_max_restarts(restart ? 2 : 0);
+    if (m.phase == 1) {
+      if (m.pendingAnswers++ == 0)
+        job.set_state(v1::PENDING);
+      else
+        m.phase = 2;
+    }
+    job.set_restarts(restart && m.phase == 2 ? 1 : 0);
+    if (m.ended) job.set_state(v1::SUCCEEDED);
+    return job;
+  }
+  grpc::Status movingLogs(const v1::GetLogsRequest& req, v1::GetLogsResponse* resp) {  // under mu_
+    Moving& m = moving_[req.id()];
+    if (m.phase == 0 && ++m.logsCalls >= 3) m.phase = req.id() == "j-000063" ? 2 : 1;
+    if (m.phase == 1)
+      return {grpc::StatusCode::FAILED_PRECONDITION, "job is PENDING and has not been launched"};
+    const int latest = m.phase == 0 ? 1 : 2;
+    const int attempt = req.attempt() == 0 ? latest : req.attempt();
+    if (attempt != latest) return {grpc::StatusCode::NOT_FOUND, "no log of attempt 1 on node n2"};
+    const std::string text = attempt == 1 ? "a1\npartial" : "b2\n";
+    const size_t offset = std::min<size_t>(static_cast<size_t>(req.offset()), text.size());
+    const size_t n = req.max_bytes() > 0 ? static_cast<size_t>(req.max_bytes()) : text.size();
+    if (attempt == 2 && offset == text.size()) m.ended = true;
+    resp->set_data(text.substr(offset, n));
+    resp->set_next_offset(static_cast<int64_t>(offset + resp->data().size()));
+    resp->set_size(static_cast<int64_t>(text.size()));
+    resp->set_attempt(attempt);
+    resp->set_job_ended(m.ended);
+    return grpc::Status::OK;
   }
   // GetJob answers for `id`, one per call, the last repeated.
   void script(const std::string& id, std::vector<v1::Job> answers) {
@@ -1159,6 +1279,8 @@ class FakeUserService final : public v1::UserService::Service {
   v1::DrainNodeRequest lastDrain_;
   int getJobCalls_ = 0;
   int logsCalls_ = 0;
+  std::string whoami_ = "alice";
+  std::map<std::string, Moving> moving_;
 };
 
 class DdlctlServerTest : public ::testing::Test {
@@ -1234,6 +1356,12 @@ TEST_F(DdlctlServerTest, ListFiltersAndFormats) {
 
   ASSERT_EQ(run({"list", "--all"}).rc, 0);
   EXPECT_EQ(service_.lastList().states_size(), 0);
+  // With --state, --all changes nothing. Fails while --all excludes --state (exit 2).
+  r = run({"list", "--all", "--state", "failed", "--since", "10m"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  req = service_.lastList();
+  EXPECT_EQ(std::vector<int>(req.states().begin(), req.states().end()), (std::vector<int>{v1::FAILED}));
+  EXPECT_GT(req.since_ms(), 0);
 
   ASSERT_EQ(run({"list", "--state", "running,Failed", "--state", "pending", "--user", "bob"}).rc, 0);
   req = service_.lastList();
@@ -1457,6 +1585,18 @@ TEST_F(DdlctlServerTest, SubmitWaitAndNewFlags) {
   service_.script("j-000007", {jobIn("j-000007", v1::FAILED, 42)});
   EXPECT_EQ(run({"submit", "--gpus", "1", "--wait", "--", "x"}).rc, 42);
 
+  // Several job ids after one --after-ok / --after-any, as with --env. Fails when each flag took one value
+  // ("67" was then taken for the command).
+  r = run({"submit", "--gpus", "1", "--after-ok", "1", "67", "--after-any", "8", "j-9,10", "--name", "d",
+           "--", "true"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  spec = service_.lastSpec();
+  EXPECT_EQ(std::vector<std::string>(spec.after_ok().begin(), spec.after_ok().end()),
+            (std::vector<std::string>{"j-000001", "j-000067"}));
+  EXPECT_EQ(std::vector<std::string>(spec.after_any().begin(), spec.after_any().end()),
+            (std::vector<std::string>{"j-000008", "j-000009", "j-000010"}));
+  EXPECT_EQ(spec.name(), "d");
+
   // --export ALL sends the environment, but never the token.
   setenv("DDLCTL_TEST_VAR", "v", 1);
   setenv("DDL_TOKEN", "ddl_secret", 1);
@@ -1498,7 +1638,16 @@ TEST_F(DdlctlServerTest, SubmitScriptWithDirectives) {
     std::ofstream f(script);
     f << "#!/bin/bash\n#DDL --gpus 2 --name fromscript\n#DDL --env \"A=x y\" --time 10\n\npython train.py\n";
   }
-  Result r = run({"submit", "--name", "fromcli", script, "--epochs", "3", "--gpus", "9"});
+  // Not executable: refused here, not with 126 on the node. Fails without the check (exit 0).
+  Result r = run({"submit", script});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_NE(
+      r.err.find(script + " is not executable: chmod +x " + script + ", or submit -- /bin/bash " + script),
+      std::string::npos)
+      << r.err;
+  std::filesystem::permissions(script, std::filesystem::perms::owner_exec,
+                               std::filesystem::perm_options::add);
+  r = run({"submit", "--name", "fromcli", script, "--epochs", "3", "--gpus", "9"});
   EXPECT_EQ(r.rc, 0) << r.err;
   v1::JobSpec spec = service_.lastSpec();
   EXPECT_EQ(spec.name(), "fromcli");
@@ -1521,6 +1670,21 @@ TEST_F(DdlctlServerTest, SubmitScriptWithDirectives) {
   EXPECT_EQ(r.rc, kExitUsage);
   EXPECT_NE(r.err.find(script + " line 3: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--frobnicate"), std::string::npos) << r.err;
+  // A bad value names the line too. Fails without the per-line value check (no file or line in the error).
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n#DDL --gpus 1\n#DDL --time 0\necho\n";
+  }
+  r = run({"submit", script});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_NE(r.err.find(script + " line 3: --time '0' is no time at all"), std::string::npos) << r.err;
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n#DDL --gpus 1 --env NOVALUE\necho\n";
+  }
+  r = run({"submit", script});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_NE(r.err.find(script + " line 2: --env 'NOVALUE' is not KEY=VALUE"), std::string::npos) << r.err;
   {
     std::ofstream f(script);
     f << "echo no shebang\n";
@@ -1528,6 +1692,32 @@ TEST_F(DdlctlServerTest, SubmitScriptWithDirectives) {
   r = run({"submit", "--gpus", "1", script});
   EXPECT_EQ(r.rc, kExitUsage);
   EXPECT_NE(r.err.find("put the job's command after --"), std::string::npos) << r.err;
+  std::filesystem::remove_all(dir);
+}
+
+// SECURITY: a shared script's #DDL line cannot set ddlctl's own flags, or it could send the user's token to
+// another server. Here the directive points at the (reachable) fake while the command line names a dead
+// address: without the refusal the directive's --coordinator wins and the job is submitted (exit 0).
+TEST_F(DdlctlServerTest, SecurityScriptDirectivesSetSubmitFlagsOnly) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ddlctl-script-sec-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string script = (dir / "shared.sh").string();
+  for (const std::string& directive :
+       std::vector<std::string>{"--coordinator " + address_, "--coordinator=" + address_,
+                                "--gpus 1 --token-file /dev/null", "--ca /dev/null", "--insecure", "-o json",
+                                "-ojson", "--output=json", "--timeout 1", "--version"}) {
+    {
+      std::ofstream f(script);
+      f << "#!/bin/sh\n#DDL --gpus 1\n#DDL " << directive << "\necho\n";
+    }
+    std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+    Result r = ddlctl({"--coordinator", "127.0.0.1:1", "submit", script});
+    EXPECT_EQ(r.rc, kExitUsage) << directive << ": " << r.err;
+    EXPECT_NE(r.err.find(script + " line 3: #DDL may set only submit's flags"), std::string::npos)
+        << directive << ": " << r.err;
+  }
+  EXPECT_EQ(service_.lastSpec().command_size(), 0) << "nothing reached the directive's coordinator";
   std::filesystem::remove_all(dir);
 }
 
@@ -1558,6 +1748,77 @@ TEST_F(DdlctlServerTest, CancelSeveralByFilterAndSignal) {
   EXPECT_EQ(service_.cancels().back().signal(), 15);
   r = run({"-o", "json", "cancel", "1"});  // one id: the Job, as before
   EXPECT_EQ(r.out.rfind("{\"id\":\"j-000001\"", 0), 0u) << r.out;
+}
+
+// A filter without --user matches the caller's own jobs (WhoAmI); an anonymous caller's, everyone's. Fails
+// without the default (the request's user was "", every user's jobs).
+TEST_F(DdlctlServerTest, CancelByFilterIsTheCallersOwnUnlessUserIsGiven) {
+  Result r = run({"cancel", "--state", "running", "--name", "train"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(service_.lastList().user(), "alice");
+  EXPECT_EQ(r.out, "j-000001 CANCELLED\n");
+  r = run({"cancel", "--name", "nothing"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.err,
+            "ddlctl: no live job matches --user alice (yours, by default) --name nothing; nothing was "
+            "cancelled\n");
+  service_.setWhoAmI("");  // a coordinator run --insecure: no name, no user filter
+  ASSERT_EQ(run({"cancel", "--name", "train"}).rc, 0);
+  EXPECT_EQ(service_.lastList().user(), "");
+  service_.setWhoAmI("alice");
+  ASSERT_EQ(run({"cancel", "--name", "eval", "--user", "bob"}).rc,
+            kExitRefused);  // the fake refuses j-000002
+  EXPECT_EQ(service_.lastList().user(), "bob");
+}
+
+// --signal with a filter and no --state: RUNNING jobs only (the coordinator signals no other), and a miss
+// says nothing was signalled. Fails without it (every live state listed; "nothing was cancelled").
+TEST_F(DdlctlServerTest, CancelSignalByFilterListsRunningJobsOnly) {
+  Result r = run({"cancel", "--signal", "usr1", "--name", "train"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "j-000001 sent SIGUSR1 (RUNNING)\n");
+  v1::ListJobsRequest listed = service_.lastList();
+  EXPECT_EQ(std::vector<int>(listed.states().begin(), listed.states().end()),
+            (std::vector<int>{v1::RUNNING}));
+  EXPECT_EQ(service_.cancels().back().signal(), SIGUSR1);
+  r = run({"cancel", "--signal", "usr1", "--name", "nothing"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.err,
+            "ddlctl: no running job matches --user alice (yours, by default) --name nothing; nothing was "
+            "signalled\n");
+  ASSERT_EQ(run({"cancel", "--signal", "usr1", "--state", "pending,running", "--name", "train"}).rc, 0);
+  listed = service_.lastList();
+  EXPECT_EQ(std::vector<int>(listed.states().begin(), listed.states().end()),
+            (std::vector<int>{v1::PENDING, v1::RUNNING}))
+      << "--state given: as given";
+}
+
+// cancel --array ID: every live job whose array_id is ID (a short id too), picked from the listed pages.
+// Fails without --array (exit 2: unknown option).
+TEST_F(DdlctlServerTest, CancelArray) {
+  std::vector<v1::Job> jobs;
+  for (int i = 78; i <= 83; ++i) {
+    char id[16];
+    std::snprintf(id, sizeof(id), "j-%06d", i);
+    jobs.push_back(makeJob(id, "a", "alice", v1::RUNNING, kNow));
+    jobs.back().mutable_spec()->set_array_id(i < 80 ? "j-000078" : i < 83 ? "j-000080" : "");
+  }
+  service_.page(jobs);
+  Result r = run({"cancel", "--array", "80"});
+  EXPECT_EQ(r.rc, kExitRefused) << "the fake cancels j-000001 only: " << r.err;
+  std::vector<std::string> cancelled;
+  for (const v1::CancelJobRequest& c : service_.cancels()) cancelled.push_back(c.id());
+  EXPECT_EQ(cancelled, (std::vector<std::string>{"j-000080", "j-000081", "j-000082"}));
+  const v1::ListJobsRequest listed = service_.lastList();
+  EXPECT_EQ(std::vector<int>(listed.states().begin(), listed.states().end()),
+            (std::vector<int>{v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}));
+  EXPECT_EQ(listed.user(), "alice");
+  r = run({"cancel", "--array", "j-99", "--signal", "TERM"});
+  EXPECT_EQ(r.rc, kExitRefused);
+  EXPECT_EQ(r.err,
+            "ddlctl: no running job matches --array j-000099 --user alice (yours, by default); nothing "
+            "was signalled\n");
+  EXPECT_EQ(service_.cancels().size(), 3u);
 }
 
 TEST_F(DdlctlServerTest, HoldReleaseRequeueAndDrainReason) {
@@ -1607,6 +1868,26 @@ TEST_F(DdlctlServerTest, LogsFollowWaitsTailsAndFollowsEveryAttempt) {
   r = run({"logs", "61"});
   EXPECT_EQ(r.rc, kExitRefused);
   EXPECT_NE(r.err.find("has not been launched"), std::string::npos) << r.err;
+}
+
+// logs -f after a requeue (PENDING again) or a restart that lands on other nodes: the latest attempt is
+// probed again, the old attempt's partial line is flushed, the offsets start over, and the marker says
+// "(requeued)" when Job.restarts did not grow. Fails without it: the old attempt is read on, NOT_FOUND
+// there ends ddlctl with exit 1, and the marker said "(restart 0 of 0)".
+TEST_F(DdlctlServerTest, LogsFollowMovesToTheNewAttemptOnOtherNodes) {
+  service_.moving("j-000062");
+  Result r = run({"logs", "62", "-f"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "a1\npartial\nb2\n");
+  EXPECT_NE(r.err.find("waiting for j-000062 (PENDING)\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("==> attempt 2 (requeued) <==\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("ddlctl:"), std::string::npos) << r.err;
+
+  service_.moving("j-000063");
+  r = run({"logs", "63", "-f"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "a1\npartial\nb2\n");
+  EXPECT_EQ(r.err, "==> attempt 2 (restart 1 of 2) <==\n");
 }
 
 }  // namespace
