@@ -1502,10 +1502,9 @@ int waitForJobs(Session& s, const std::vector<std::string>& ids, Pacer& pacer, s
   }
 }
 
-// ddlctl wait JOB...: exits with the jobs' result (worstJobExit); -o json prints the final jobs as one list.
-int runWait(CommandLine& cl, Session& s, std::ostream& err) {
-  std::vector<std::string> ids;
-  for (const std::string& t : cl.targets) ids.push_back(normalizeJobId(t));
+// Waits for the jobs to end (submit --wait, wait) and exits with their result (worstJobExit); -o json prints
+// the final jobs as one list.
+int waitAndReport(const CommandLine& cl, Session& s, const std::vector<std::string>& ids, std::ostream& err) {
   Pacer pacer(cl.waitTimeoutS);
   std::vector<v1::Job> jobs;
   int rc = waitForJobs(s, ids, pacer, &jobs, err);
@@ -1516,6 +1515,13 @@ int runWait(CommandLine& cl, Session& s, std::ostream& err) {
     s.print(all, "");
   }
   return rc == kExitWaitTimeout ? rc : worstJobExit(jobs);
+}
+
+// ddlctl wait JOB...
+int runWait(CommandLine& cl, Session& s, std::ostream& err) {
+  std::vector<std::string> ids;
+  for (const std::string& t : cl.targets) ids.push_back(normalizeJobId(t));
+  return waitAndReport(cl, s, ids, err);
 }
 
 // ddlctl logs: reads every rank's log in pieces (GetLogs) and prints whole lines, each prefixed by its rank
@@ -2041,16 +2047,7 @@ int runSubmit(CommandLine& cl, Session& s, std::ostream& err) {
     if (resp.array_jobs_size() > 0) return s.print(resp, "");
     return s.print(resp.job(), "");
   }
-  Pacer pacer(cl.waitTimeoutS);
-  std::vector<v1::Job> jobs;
-  int rc = waitForJobs(s, ids, pacer, &jobs, err);
-  if (rc != kExitOk && rc != kExitWaitTimeout) return rc;
-  if (s.json()) {
-    v1::ListJobsResponse all;
-    for (const v1::Job& j : jobs) *all.add_jobs() = j;
-    s.print(all, "");
-  }
-  return rc == kExitWaitTimeout ? rc : worstJobExit(jobs);
+  return waitAndReport(cl, s, ids, err);
 }
 
 // The verb's one RPC and its output; local checks first, so a usage error sends nothing.
