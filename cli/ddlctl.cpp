@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <chrono>
 #include <csignal>
@@ -1008,7 +1009,9 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
       if (r.has_progress()) {
         const v1::RankProgress& p = r.progress();
         std::vector<std::string> dims;
-        for (double d : p.dims_us()) dims.push_back(std::to_string(static_cast<int64_t>(d)));
+        for (double d : p.dims_us()) {
+          dims.push_back(std::to_string(static_cast<int64_t>(std::isfinite(d) ? std::clamp(d, -1e15, 1e15) : 0)));
+        }
         char last[96];
         std::snprintf(last, sizeof(last), "%s %lld B %.1f us", p.last_op().c_str(),
                       static_cast<long long>(p.last_bytes()), p.last_us());
@@ -2225,6 +2228,12 @@ ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, b
         result.rc = kExitUsage;
         result.error = "#DDL may set only submit's flags, not ddlctl's own " + escapeForTerminal(name) +
                        " (give that on the command line or in the environment)";
+        return result;
+      }
+      if (name == "--export") {  // it would send the submitter's own environment (keys, tokens) into the job
+        result.rc = kExitUsage;
+        result.error = "#DDL may not set --export: what of your environment a job gets is yours to say on the "
+                       "command line";
         return result;
       }
     }

@@ -312,20 +312,10 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
     }
   }
 
-  // The environment: the agent's (a clean one for another account), then the run-as account's SHELL, the
-  // spec's entries in order, and the account's HOME, USER and LOGNAME, which nothing overrides (see
-  // supervisor.h).
+  // The environment: the agent's, then the run-as account's SHELL, the spec's entries in order, and the
+  // account's HOME, USER and LOGNAME, which nothing overrides (see supervisor.h).
   std::vector<std::string> env_strings;
-  if (spec.run_as) {
-    env_strings.emplace_back(std::string("PATH=") +
-                             (spec.run_as->uid == 0 ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-                                                    : "/usr/local/bin:/usr/bin:/bin"));
-    for (const char* kept : {"LANG", "LC_ALL", "TZ"}) {
-      if (const char* v = std::getenv(kept)) env_strings.push_back(std::string(kept) + "=" + v);
-    }
-  } else {
-    for (char** e = environ; e != nullptr && *e != nullptr; ++e) env_strings.emplace_back(*e);
-  }
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env_strings.emplace_back(*e);
   auto setEnv = [&](const std::string& name, const std::string& value) {
     std::string prefix = name + "=";
     auto it = std::find_if(env_strings.begin(), env_strings.end(),

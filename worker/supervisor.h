@@ -94,10 +94,9 @@ struct RankSpec {
   // argv[0] is looked up in PATH if it has no '/' (the PATH of env if it sets one, else the agent's); a file
   // without a #! line is not handed to /bin/sh as execvp would, it fails with 126.
   std::vector<std::string> argv;
-  // Added to the base environment, overriding it; applied in order, so a later entry for a name wins. The
-  // base is the agent's environment when the rank runs as the agent's own user; with run_as it is a clean
-  // one (a standard PATH, and LANG, LC_ALL, TZ from the agent): the agent's variables (a root shell's PATH into
-  // /root, credentials in its unit's environment) are not the job's business.
+  // Added to the agent's environment, overriding it; applied in order, so a later entry for a name wins. The
+  // agent's environment is how an operator sets what every rank of the node needs (UCX_NET_DEVICES,
+  // DDL_TUNE_FILE: /etc/default/ddl-agent), so it is passed on whole.
   std::vector<std::pair<std::string, std::string>> env;
   std::string workdir;  // "": the agent's working directory.
   // stdout and stderr go here: created with its parent directories, appended; mode 0600, owned by run_as

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -387,7 +388,8 @@ Status Coordinator::recoverOnLoop() {
     if (!jobs_.count(dep)) {
       auto stored = store_.getJob(dep);  // recover runs before anything else; reading here is fine
       if (!stored && stored.status().code() != StatusCode::kNotFound) {
-        spdlog::warn("recover: dependency {}: {}; its dependents wait", dep, stored.status().toString());
+        spdlog::warn("recover: dependency {}: {}; read again by the scheduling passes", dep,
+                     stored.status().toString());
         continue;
       }
       if (stored) {
@@ -624,7 +626,7 @@ std::string Coordinator::notYetOnLoop(const state::Job& job, const std::map<std:
     auto it = array_running.find(job.spec.array_id);
     const int running = it != array_running.end() ? it->second : 0;
     if (running >= job.spec.array_max_running)
-      return "array " + job.spec.array_id + " already runs " + std::to_string(running) + " of its jobs (limit " +
+      return "array " + job.spec.array_id + " already runs or is placing " + std::to_string(running) + " of its jobs (limit " +
              std::to_string(job.spec.array_max_running) + ")";
   }
   return "";
@@ -635,7 +637,27 @@ int Coordinator::attemptOf(const state::Job& job) {
                                         [](const auto& t) { return t.to == JobState::kScheduled; }));
 }
 
+void Coordinator::readMissingDependenciesOnLoop() {
+  // A dependency neither in memory nor live: one that could not be read at recovery. Read it again (a few per
+  // pass, on the reader thread) and resolve its dependents once it is known.
+  int asked = 0;
+  for (const auto& [dep, waiting] : dependents_) {
+    if (jobs_.count(dep) || asked >= 16) continue;
+    ++asked;
+    withJobOnLoop(dep, [this, dep = dep](StatusOr<state::Job> job) {
+      if (jobs_.count(dep) || !dependents_.count(dep)) return;
+      if (!job && job.status().code() != StatusCode::kNotFound) return;  // still unreadable: the next pass
+      if (job) {
+        jobs_[dep] = *job;
+        finished_.push_back({dep, 0, state::endedAtMs(*job)});
+      }
+      resolveDependentsOnLoop(dep);
+    });
+  }
+}
+
 void Coordinator::schedulePassOnLoop() {
+  readMissingDependenciesOnLoop();
   if (!schedule_wanted_) return;
   schedule_wanted_ = false;
   const int64_t now = now_ms_();
@@ -1148,7 +1170,8 @@ void Coordinator::applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& r
     // Totals for /metrics: what this rank did since its previous report (its counters only grow).
     const auto& before = known.progress();
     const auto& now = report.progress();
-    if (now.bytes() >= before.bytes() && now.seconds() >= before.seconds()) {
+    if (before.bytes() >= 0 && now.bytes() >= before.bytes() && std::isfinite(now.seconds()) &&
+        std::isfinite(before.seconds()) && now.seconds() >= before.seconds()) {
       counters_.collective_bytes_total += static_cast<double>(now.bytes() - before.bytes());
       counters_.collective_seconds_total += now.seconds() - before.seconds();
     }
@@ -1414,12 +1437,12 @@ StatusOr<ArraySpec> parseArraySpec(const std::string& text) {
     }
     if (auto dash = range.find('-'); dash != std::string_view::npos) {
       if (!number(range.substr(0, dash), &first) || !number(range.substr(dash + 1), &last))
-        return bad("'" + std::string(part) + "' is not FIRST-LAST");
+        return bad("'" + state::quoteForMessage(part) + "' is not FIRST-LAST");
     } else {
-      if (!number(range, &first)) return bad("'" + std::string(part) + "' is not an index");
+      if (!number(range, &first)) return bad("'" + state::quoteForMessage(part) + "' is not an index");
       last = first;
     }
-    if (first > last) return bad("'" + std::string(part) + "' counts down");
+    if (first > last) return bad("'" + state::quoteForMessage(part) + "' counts down");
     if (last > kMaxArrayIndex) return bad("indices go up to " + std::to_string(kMaxArrayIndex));
     if ((last - first) / step + 1 > static_cast<int>(kMaxArrayJobs) - static_cast<int>(steps))
       return bad("more than " + std::to_string(kMaxArrayJobs) + " jobs");

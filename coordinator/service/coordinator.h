@@ -260,6 +260,7 @@ class Coordinator {
   // A rank's report into the job's kept results (stored when it starts or ends; figures in memory).
   void recordRankResultOnLoop(const std::string& node, const v1::RankStatus& report);
   void enforceTimeLimitsOnLoop();
+  void readMissingDependenciesOnLoop();
   // One scheduling pass: placement (a pure function over a snapshot) runs on the loop.
   void schedulePassOnLoop();
   void launchOnLoop(const std::string& id, const placement::Allocation& allocation,

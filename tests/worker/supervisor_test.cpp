@@ -944,20 +944,6 @@ TEST_P(RunAsTest, RankRunsWithTheUsersIdsGroupsAndEnvironment) {
   EXPECT_EQ(readFile(shell_spec.log_path), "/bin/bash\n");
 }
 
-// Another account's rank starts from a clean environment, not the agent's: the agent's variables (a root
-// shell's PATH into /root, a credential in its unit's environment) do not reach it; --env does.
-TEST_P(RunAsTest, RankOfAnotherAccountDoesNotInheritTheAgentsEnvironment) {
-  ASSERT_EQ(setenv("DDLT_AGENT_ONLY", "secret", 1), 0);
-  RankSpec spec = as(shell("j1", 0, "echo \"[$DDLT_AGENT_ONLY]\"; echo \"$PATH\"; echo \"$JOBVAR\""), user_account_);
-  spec.env = {{"JOBVAR", "mine"}};
-  mustStart(spec);
-  auto exit = recorder_.waitFor("j1", 1, 0);
-  unsetenv("DDLT_AGENT_ONLY");
-  ASSERT_TRUE(exit.has_value());
-  EXPECT_EQ(exit->exit_code, 0) << readFile(spec.log_path);
-  EXPECT_EQ(readFile(spec.log_path), "[]\n/usr/local/bin:/usr/bin:/bin\nmine\n");
-}
-
 TEST_P(RunAsTest, LogBelongsToTheUserWithMode0600) {
   RankSpec spec = as(shell("j1", 0, "echo hello"), user_account_);
   // An earlier start left a world-readable root-owned log: it is taken over too.
