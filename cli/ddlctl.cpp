@@ -951,7 +951,10 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   if (!spec.required_labels().empty()) add("Labels", formatLabels(spec.required_labels()));
   if (!spec.env().empty()) add("Env", shellJoin({spec.env().begin(), spec.env().end()}));
   add("Priority", std::to_string(spec.priority()));
-  if (job.held()) add("Held", "yes (ddlctl release " + job.id() + ")");
+  if (job.held()) {
+    add("Held", job.held_by_admin() ? "yes, by an admin (an admin releases it: ddlctl release " + job.id() + ")"
+                                    : "yes (ddlctl release " + job.id() + ")");
+  }
   if (spec.time_limit_s() > 0) add("Time limit", formatDuration(int64_t{spec.time_limit_s()} * 1000));
   if (!spec.after_ok().empty()) add("After OK", join({spec.after_ok().begin(), spec.after_ok().end()}, ","));
   if (!spec.after_any().empty()) add("After any", join({spec.after_any().begin(), spec.after_any().end()}, ","));

@@ -346,10 +346,14 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
   }
   Reactor* HoldJob(Ctx* ctx, const v1::HoldJobRequest* req, v1::Job* resp) override {
     auto* r = ctx->DefaultReactor();
+    auto who = identify(ctx);
+    if (!who) return finish(r, who.status());
     ownedJob(ctx, req->id(), req->hold() ? "hold" : "release",
-             [this, r, resp, id = req->id(), hold = req->hold()](StatusOr<v1::Job> job) {
+             [this, r, resp, id = req->id(), hold = req->hold(), who = *who](StatusOr<v1::Job> job) {
                if (!job) return fill(r, resp)(job.status());
-               coordinator_.hold(id, hold, fill(r, resp));
+               // An admin's hold on someone else's job is an admin hold: its owner cannot release it.
+               const bool by_admin = who.isAdmin() && who.name != job->spec().user();
+               coordinator_.hold(id, hold, by_admin, fill(r, resp));
              });
     return r;
   }

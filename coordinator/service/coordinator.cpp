@@ -116,6 +116,7 @@ v1::Job jobToProto(const state::Job& job) {
   if (!job.transitions.empty()) out.set_reason(job.transitions.back().reason);
   out.set_gpus(requestOf(job.id, job.spec).gpuCount());
   out.set_held(job.held);
+  out.set_held_by_admin(job.held_by_admin);
   out.set_start_ms(launchedMs(job));
   out.set_end_ms(state::endedAtMs(job));
   for (const auto& r : job.ranks) {
@@ -611,6 +612,7 @@ void Coordinator::resolveDependentsOnLoop(const std::string& id) {
 }
 
 std::string Coordinator::notYetOnLoop(const state::Job& job, const std::map<std::string, int>& array_running) const {
+  if (job.held_by_admin) return "held by an admin: an admin releases it with ddlctl release " + job.id;
   if (job.held) return "held: release it with ddlctl release " + job.id;
   if (!job.waiting_for.empty()) {
     const std::string& dep = job.waiting_for.front();
@@ -1754,15 +1756,18 @@ StatusOr<v1::Job> Coordinator::cancelOnLoop(const state::Job& found, int signal)
   return toProtoOnLoop(jobs_[id]);
 }
 
-StatusOr<v1::Job> Coordinator::holdOnLoop(const state::Job& found, bool hold) {
+StatusOr<v1::Job> Coordinator::holdOnLoop(const state::Job& found, bool hold, bool by_admin) {
   const std::string id = found.id;
   if (found.state != JobState::kPending)
     return Status::failedPrecondition("job " + id + " is " + toString(found.state) + "; only a PENDING job can be " +
                                       (hold ? "held" : "released"));
-  if (found.held != hold) {
+  if (!hold && found.held_by_admin && !by_admin)
+    return Status::permissionDenied("job " + id + " was held by an admin; only an admin releases it");
+  if (found.held != hold || (hold && by_admin && !found.held_by_admin)) {
     if (Health h = health(); !h.ok) return Status::unavailable((hold ? "hold" : "release") + std::string(" refused: ") + h.message);
     state::Job& job = jobs_[id];
     job.held = hold;
+    job.held_by_admin = hold && (by_admin || job.held_by_admin);
     putJobOnLoop(job);
     pending_reason_.erase(id);
     schedule_wanted_ = true;
@@ -1811,13 +1816,14 @@ void Coordinator::cancel(const std::string& id, int signal, Done<v1::Job> done) 
   });
 }
 
-StatusOr<v1::Job> Coordinator::hold(const std::string& id, bool hold_it) {
-  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { hold(id, hold_it, std::move(done)); });
+StatusOr<v1::Job> Coordinator::hold(const std::string& id, bool hold_it, bool by_admin) {
+  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { hold(id, hold_it, by_admin, std::move(done)); });
 }
 
-void Coordinator::hold(const std::string& id, bool hold_it, Done<v1::Job> done) {
-  post([this, id, hold_it, done = std::move(done)] {
-    jobCallOnLoop(id, done, [this, hold_it](const state::Job& job) { return holdOnLoop(job, hold_it); });
+void Coordinator::hold(const std::string& id, bool hold_it, bool by_admin, Done<v1::Job> done) {
+  post([this, id, hold_it, by_admin, done = std::move(done)] {
+    jobCallOnLoop(id, done,
+                  [this, hold_it, by_admin](const state::Job& job) { return holdOnLoop(job, hold_it, by_admin); });
   });
 }
 

@@ -187,9 +187,10 @@ class Coordinator {
   // signal 0 cancels; 1..64 only sends that signal to the running ranks (CancelJobRequest).
   StatusOr<v1::Job> cancel(const std::string& id, int signal);
   void cancel(const std::string& id, int signal, Done<v1::Job> done);
-  // Holds a PENDING job (hold = true) or releases it.
-  StatusOr<v1::Job> hold(const std::string& id, bool hold);
-  void hold(const std::string& id, bool hold, Done<v1::Job> done);
+  // Holds a PENDING job (hold = true) or releases it. An admin's hold on another user's job (by_admin) is
+  // released only by an admin.
+  StatusOr<v1::Job> hold(const std::string& id, bool hold, bool by_admin = false);
+  void hold(const std::string& id, bool hold, bool by_admin, Done<v1::Job> done);
   // Stops a live job's ranks and puts it back in the queue, without using one of its max_restarts.
   StatusOr<v1::Job> requeue(const std::string& id);
   void requeue(const std::string& id, Done<v1::Job> done);
@@ -343,7 +344,7 @@ class Coordinator {
                                             const std::map<std::string, state::JobState>& known);
   void submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::SubmitResponse> done);
   StatusOr<v1::Job> cancelOnLoop(const state::Job& job, int signal = 0);
-  StatusOr<v1::Job> holdOnLoop(const state::Job& job, bool hold);
+  StatusOr<v1::Job> holdOnLoop(const state::Job& job, bool hold, bool by_admin);
   StatusOr<v1::Job> requeueOnLoop(const state::Job& job);
   // Runs `fn` (on the loop) with the job, if it is known, and replies with its answer after the commit.
   void jobCallOnLoop(const std::string& id, Done<v1::Job> done,

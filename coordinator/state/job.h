@@ -207,6 +207,7 @@ struct Job {
   // that a restarted coordinator knows which ports its running jobs hold. 0: not placed.
   int root_port = 0;
   bool held = false;  // PENDING and not placed until released
+  bool held_by_admin = false;  // an admin's hold, which only an admin releases (Slurm's admin hold)
   // The dependencies (after_ok, after_any) not yet met, in the spec's order; a job waits while any is left.
   std::vector<std::string> waiting_for;
   std::vector<RankResult> ranks;  // by rank; the latest attempt's (cleared at each launch)

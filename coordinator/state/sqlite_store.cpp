@@ -209,6 +209,7 @@ std::string encodeExtra(const Job& job) {
     j["array_max_running"] = s.array_max_running;
   }
   if (job.held) j["held"] = true;
+  if (job.held_by_admin) j["held_by_admin"] = true;
   if (!job.waiting_for.empty()) j["waiting_for"] = job.waiting_for;
   if (!job.ranks.empty()) {
     nlohmann::json ranks = nlohmann::json::array();
@@ -279,6 +280,7 @@ void decodeExtra(const std::string& text, Job& job) {
   s.array_index = field(j, "array_index", 0);
   s.array_max_running = field(j, "array_max_running", 0);
   job.held = field(j, "held", false);
+  job.held_by_admin = field(j, "held_by_admin", false);
   job.waiting_for = stringList(j, "waiting_for");
   auto ranks = j.find("ranks");
   if (ranks == j.end() || !ranks->is_array()) return;

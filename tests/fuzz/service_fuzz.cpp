@@ -130,7 +130,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 15:
-        (void)c.hold(payload, len % 2 == 0);
+        (void)c.hold(payload, len % 2 == 0, len % 3 == 0);
         break;
       case 16:
         (void)c.requeue(payload);

@@ -1027,6 +1027,14 @@ TEST_F(CoordinatorTest, HoldReleaseAndRequeue) {
   EXPECT_EQ(stateOf(id), v1::STARTING);
   EXPECT_EQ(coordinator->hold(id, true).status().code(), StatusCode::kFailedPrecondition);
   runAll("n1", id);
+  // An admin's hold is released only by an admin.
+  const std::string other = submit(spec(1, 1));
+  ASSERT_TRUE(coordinator->hold(other, true, /*by_admin=*/true));
+  EXPECT_TRUE(coordinator->getJob(other)->held_by_admin());
+  EXPECT_EQ(coordinator->hold(other, false).status().code(), StatusCode::kPermissionDenied);
+  ASSERT_TRUE(coordinator->hold(other, false, /*by_admin=*/true));
+  EXPECT_FALSE(coordinator->getJob(other)->held());
+  ASSERT_TRUE(coordinator->cancel(other));
   auto requeued = coordinator->requeue(id);
   ASSERT_TRUE(requeued) << requeued.status().toString();
   EXPECT_EQ(requeued->state(), v1::PENDING);
