@@ -353,6 +353,8 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
     }
   }
 
+  const std::vector<std::string> program_candidates = candidate_strings;  // the shim's path replaces them below
+
   // Through the shim: it is exec'd instead, with the run-as ids, the working directory, the program's
   // candidates and argv as its arguments (rank_shim.cpp gives the layout).
   const bool via_shim = !options_.shim_path.empty();
@@ -475,10 +477,19 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
     } else if (failure.stage == kStageChdir) {
       why = "cannot change to the working directory " + spec.workdir + ": " + errnoText(failure.err);
     } else if (failure.stage == kStageExec) {
-      why = "cannot execute '" + program + "': " + errnoText(failure.err);
-      if (failure.err == ENOENT && program.find('/') == std::string::npos) {
-        why += " (searched PATH=" + search_path + ")";
+      // A PATH search that met a directory the rank's user may not enter (root's PATH into /root) fails with
+      // EACCES, as execvp does, even when the program is nowhere: the agent (which sees every directory) says
+      // which it is.
+      bool nowhere = false;
+      if (failure.err == EACCES && program.find('/') == std::string::npos) {
+        nowhere = std::none_of(program_candidates.begin(), program_candidates.end(),
+                               [](const std::string& c) { return access(c.c_str(), F_OK) == 0; });
       }
+      why = "cannot execute '" + program + "': " + errnoText(nowhere ? ENOENT : failure.err);
+      if ((failure.err == ENOENT || nowhere) && program.find('/') == std::string::npos) {
+        why += " (searched PATH=" + search_path + (nowhere ? "; some of its directories are closed to the rank's user" : "") + ")";
+      }
+      if (nowhere) failure.err = ENOENT;
       if (failure.err == ENOEXEC) why += " (a script needs a #! line)";
     } else {
       why = "cannot redirect stdin, stdout and stderr: " + errnoText(failure.err);
@@ -489,6 +500,7 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
     }
     if (WIFEXITED(status)) {
       state.exit_code = WEXITSTATUS(status);
+      if (failure.stage == kStageExec && failure.err == ENOENT) state.exit_code = kExitCodeNotFound;  // 127
     } else if (WIFSIGNALED(status)) {
       state.signal = WTERMSIG(status);
     }

@@ -944,6 +944,24 @@ TEST_P(RunAsTest, RankRunsWithTheUsersIdsGroupsAndEnvironment) {
   EXPECT_EQ(readFile(shell_spec.log_path), "/bin/bash\n");
 }
 
+// A PATH with a directory the rank's user may not enter (root's PATH into /root) makes execvp fail with
+// EACCES although the program is nowhere: the rank is reported as not found (127), as it is.
+TEST_P(RunAsTest, AProgramFoundNowhereIsNotFoundEvenBehindAClosedDirectory) {
+  const fs::path closed = dir_ / "closed";
+  fs::create_directories(closed);
+  chmod(closed.c_str(), 0700);  // root's; the test user may not enter it
+  RankSpec spec = as(shell("j1", 0, "true"), user_account_);
+  spec.argv = {"ddlt-no-such-program"};
+  spec.env = {{"PATH", closed.string() + ":/usr/bin:/bin"}};
+  std::string error;
+  RankState state = sup_->start(spec, &error);
+  auto exit = state.running ? recorder_.waitFor("j1", 1, 0) : std::optional<RankState>(state);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 127) << exit->error;
+  EXPECT_NE(exit->error.find("No such file or directory"), std::string::npos) << exit->error;
+  EXPECT_NE(exit->error.find("closed to the rank's user"), std::string::npos) << exit->error;
+}
+
 TEST_P(RunAsTest, LogBelongsToTheUserWithMode0600) {
   RankSpec spec = as(shell("j1", 0, "echo hello"), user_account_);
   // An earlier start left a world-readable root-owned log: it is taken over too.
