@@ -1657,6 +1657,15 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
     pacer.reset();
     return kExitOk;
   };
+  // Has a newer attempt started (a restart, a requeue)? Follows it: -1 when there is none, 0 once switched,
+  // else the exit status to end with.
+  auto followNewer = [&]() -> int {
+    int rc = kExitOk;
+    const int latest = latestAttempt(&rc);
+    if (rc != kExitOk) return rc;
+    if (latest <= attempt) return -1;
+    return switchTo(latest);
+  };
   while (true) {
     bool any = false, ended = true, notLaunched = false, moved = false;
     for (size_t i = 0; i < ranks.size() && !notLaunched && !moved; ++i) {
@@ -1721,25 +1730,15 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
       if (job.state() != v1::PENDING && job.state() != v1::SCHEDULED && !pacer.sleep()) return gaveUp();
       if (int rc = waitUntilLaunched()) return rc;
       if (everyAttempt && attempt > 0) {  // launched again: most likely a new attempt, maybe on other nodes
-        int rc = kExitOk;
-        const int latest = latestAttempt(&rc);
-        if (rc != kExitOk) return rc;
-        if (latest > attempt) {
-          if (int switched = switchTo(latest)) return switched;
-        }
+        if (int rc = followNewer(); rc > 0) return rc;
       }
       continue;
     }
     if (ended && !any) break;
-    if (!any && everyAttempt && attempt > 0) {
-      // Has a newer attempt started (a restart, a requeue)? Everything of this one has been read.
-      int rc = kExitOk;
-      const int latest = latestAttempt(&rc);
-      if (rc != kExitOk) return rc;
-      if (latest > attempt) {
-        if (int switched = switchTo(latest)) return switched;
-        continue;
-      }
+    if (!any && everyAttempt && attempt > 0) {  // everything of this attempt has been read
+      const int rc = followNewer();
+      if (rc > 0) return rc;
+      if (rc == 0) continue;
     }
     if (any) pacer.reset();
     if (!pacer.sleep()) {
