@@ -50,7 +50,7 @@ function plot(el,lines,o){
  let t0=Infinity,t1=-Infinity,top=o.max||0;
  for(const l of lines)for(const p of l.pts){t0=Math.min(t0,p[0]);t1=Math.max(t1,p[0]);if(!o.max)top=Math.max(top,p[1]);}
  if(!isFinite(t0)){el.innerHTML='<div class="muted">'+esc(o.empty||'no samples yet')+'</div>';return;}
- if(t1<=t0)t1=t0+1000;if(top<=0)top=1;if(!o.max)top*=1.1;
+ if(t1<=t0)t1=t0+1000;if(top<=0)top=1;if(!o.max)top*=1.1;if(o.counts)top=Math.max(4,Math.ceil(top/4)*4);
  const X=t=>(L+(t-t0)/(t1-t0)*(W-L-R)).toFixed(1),Y=v=>(T+(1-v/top)*(H-T-B)).toFixed(1);
  let s='<svg width="'+W+'" height="'+H+'" font-size="10" font-family="sans-serif">';
  for(let i=0;i<=4;i++){const v=top*i/4,y=Y(v);s+='<line x1="'+L+'" x2="'+(W-R)+'" y1="'+y+'" y2="'+y+'" stroke="#e5e7eb"/>'+
@@ -236,10 +236,10 @@ async function refresh(){
    document.getElementById('pager').innerHTML=pager;}
   const t=(cs.t_ms||[]).map(Number);
   plot(document.getElementById('chart-gpus'),[{name:'in use',color:'#16a34a',bold:true,pts:t.map((x,i)=>[x,cs.gpus_used[i]])},
-   {name:'total (nodes not DOWN)',color:'#6b7280',dash:true,pts:t.map((x,i)=>[x,cs.gpus_total[i]])}],{fmt:v=>v.toFixed(v<10?1:0),empty:'the first point comes within 5 s'});
+   {name:'total (nodes not DOWN)',color:'#6b7280',dash:true,pts:t.map((x,i)=>[x,cs.gpus_total[i]])}],{fmt:v=>v.toFixed(0),counts:true,empty:'the first point comes within 5 s'});
   const js=cs.jobs||{};
   plot(document.getElementById('chart-jobs'),Object.keys(js).sort((a,b)=>STATES.indexOf(a)-STATES.indexOf(b)).filter(k=>js[k].some(v=>v>0))
-   .map(k=>({name:k,color:SCOLOR[k]||'#111',bold:k==='RUNNING',pts:t.map((x,i)=>[x,js[k][i]])})),{fmt:v=>v.toFixed(v<10?1:0),empty:'the first point comes within 5 s'});
+   .map(k=>({name:k,color:SCOLOR[k]||'#111',bold:k==='RUNNING',pts:t.map((x,i)=>[x,js[k][i]])})),{fmt:v=>v.toFixed(0),counts:true,empty:'the first point comes within 5 s'});
   document.getElementById('updated').textContent='updated '+new Date().toLocaleTimeString();
  }catch(e){document.getElementById('updated').textContent='cannot reach the coordinator: '+e;}
 }
