@@ -27,8 +27,10 @@
 #include <thread>
 #include <tuple>
 
+#include "common/array_spec.h"
 #include "common/clock.h"
 #include "common/host_port.h"
+#include "common/job_id.h"
 #include "common/pki.h"
 #include "common/version.h"
 #include "ddl/messages.h"
@@ -211,13 +213,7 @@ bool isFinalState(v1::JobState s) {
   return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED || s == v1::TIMEOUT;
 }
 
-std::string normalizeJobId(std::string_view id) {
-  std::string_view digits = id.substr(0, 2) == "j-" ? id.substr(2) : id;
-  if (!isDigits(digits) || digits.size() > 18) return std::string(id);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "j-%06lld", std::stoll(std::string(digits)));
-  return buf;
-}
+std::string normalizeJobId(std::string_view id) { return canonicalJobId(id).value_or(std::string(id)); }
 
 std::optional<int> jobExitCode(const v1::Job& job) {
   switch (job.state()) {
@@ -308,47 +304,10 @@ Parsed<int> parseTimeLimit(std::string_view text) {
 }
 
 Parsed<int> checkArraySpec(std::string_view spec) {
-  auto fail = [&](const std::string& why) {
-    return Parsed<int>{std::nullopt, "--array '" + escapeForTerminal(spec) + "': " + why +
-                                         " (forms: 0-15, 1,3,5, 0-15:4, each optionally with %N, e.g. 0-15%4)"};
-  };
-  constexpr int64_t kMaxIndex = 1'000'000, kMaxJobs = 10'000;
-  std::string body(spec);
-  if (size_t pct = body.find('%'); pct != std::string::npos) {
-    const std::string limit = body.substr(pct + 1);
-    if (!isDigits(limit) || limit.size() > 6 || std::stoll(limit) < 1)
-      return fail("%N must be a number of at least 1");
-    body.resize(pct);
-  }
-  if (body.empty()) return fail("no indices");
-  int64_t jobs = 0;
-  std::istringstream in(body);
-  std::string item;
-  int items = 0;
-  while (std::getline(in, item, ',')) {
-    if (++items > kMaxJobs) return fail("more than 10000 jobs");
-    std::string range = item;
-    int64_t step = 1;
-    if (size_t colon = item.find(':'); colon != std::string::npos) {
-      const std::string s = item.substr(colon + 1);
-      if (!isDigits(s) || s.size() > 7 || std::stoll(s) < 1) return fail("the step in '" + item + "' must be at least 1");
-      step = std::stoll(s);
-      range = item.substr(0, colon);
-    }
-    size_t dash = range.find('-');
-    const std::string first = range.substr(0, dash);
-    const std::string last = dash == std::string::npos ? first : range.substr(dash + 1);
-    if (!isDigits(first) || !isDigits(last) || first.size() > 7 || last.size() > 7)
-      return fail("'" + item + "' is not an index or a range A-B");
-    if (dash == std::string::npos && step != 1) return fail("a step needs a range, as in 0-15:4");
-    const int64_t a = std::stoll(first), b = std::stoll(last);
-    if (b > kMaxIndex) return fail("indices go up to 1000000");
-    if (a > b) return fail("'" + item + "' runs backwards");
-    jobs += (b - a) / step + 1;
-    if (jobs > kMaxJobs) return fail("more than 10000 jobs");
-  }
-  if (items == 0 || body.back() == ',') return fail("an empty item");
-  return {static_cast<int>(jobs), ""};
+  ArraySpec array;  // common/array_spec.h: the coordinator's own parser
+  if (std::string why = parseArraySpec(spec, &array); !why.empty())
+    return {std::nullopt, "--array '" + escapeForTerminal(spec) + "': " + why + " (" + kArrayForms + ")"};
+  return {static_cast<int>(array.indices.size()), ""};
 }
 
 namespace {

@@ -92,9 +92,8 @@ int worstJobExit(const std::vector<v1::Job>& jobs);
 // unit: "90s", "30m", "2h", "1d". Seconds, at least 1 and at most 365 days, or the usage error.
 Parsed<int> parseTimeLimit(std::string_view text);
 
-// --array: what SubmitRequest.array accepts, checked here so a typo costs no round trip: comma-separated
-// items "A", "A-B" or "A-B:STEP", then optionally "%N" (N >= 1) to run at most N at once. Indices 0..1000000,
-// at most 10000 jobs. The number of jobs, or the usage error.
+// --array, checked here with the coordinator's own parser (common/array_spec.h) so a typo costs no round
+// trip. The number of jobs (duplicate indices count once), or the usage error.
 Parsed<int> checkArraySpec(std::string_view spec);
 
 // --export: "NONE" (nothing), "ALL" (the whole `environ` but credentials and the variables ddl sets itself),

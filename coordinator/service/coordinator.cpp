@@ -17,6 +17,7 @@
 #include <limits>
 #include <thread>
 
+#include "common/array_spec.h"
 #include "common/clock.h"
 #include "common/signals.h"
 #include "placement/placement.h"
@@ -1387,73 +1388,9 @@ placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling) const {
 
 namespace {
 
-constexpr size_t kMaxArrayJobs = 10000;
-constexpr size_t kMaxArraySpecBytes = 4096;
 // An array's jobs are whole copies of its spec, all in memory while they wait: their bytes together are
 // bounded, so one submit cannot take the coordinator's memory (10,000 jobs of 6 KiB; 100 of 640 KiB).
 constexpr size_t kMaxArrayBytes = 64 << 20;
-constexpr int kMaxArrayIndex = 1000000;
-
-// SubmitRequest.array: "0-15", "1,3,5", "0-15:4", each with an optional "%N". The indices in order, no
-// duplicates, or why the text is wrong.
-struct ArraySpec {
-  std::vector<int> indices;
-  int max_running = 0;
-};
-StatusOr<ArraySpec> parseArraySpec(const std::string& text) {
-  auto bad = [&](const std::string& why) {
-    return Status::invalidArgument("array '" + state::quoteForMessage(text) + "': " + why +
-                                   " (forms: 0-15, 1,3,5, 0-15:4, each with %N to run at most N at once)");
-  };
-  auto number = [](std::string_view t, int* out) {
-    if (t.empty() || t.size() > 9) return false;
-    int v = 0;
-    for (char c : t) {
-      if (c < '0' || c > '9') return false;
-      v = v * 10 + (c - '0');
-    }
-    *out = v;
-    return true;
-  };
-  if (text.size() > kMaxArraySpecBytes)
-    return bad("it is " + std::to_string(text.size()) + " bytes; the limit is " + std::to_string(kMaxArraySpecBytes));
-  ArraySpec out;
-  std::string_view list = text;
-  size_t steps = 0;  // indices produced, duplicates included: bounds the work, not only the result
-  if (auto pct = list.find('%'); pct != std::string_view::npos) {
-    if (!number(list.substr(pct + 1), &out.max_running) || out.max_running < 1)
-      return bad("the limit after % must be a whole number >= 1");
-    list = list.substr(0, pct);
-  }
-  std::set<int> seen;
-  while (!list.empty()) {
-    const size_t comma = list.find(',');
-    std::string_view part = list.substr(0, comma);
-    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
-    if (comma != std::string_view::npos && list.empty()) return bad("it ends with a comma");
-    int first = 0, last = 0, step = 1;
-    std::string_view range = part;
-    if (auto colon = part.find(':'); colon != std::string_view::npos) {
-      if (!number(part.substr(colon + 1), &step) || step < 1) return bad("a step must be a whole number >= 1");
-      range = part.substr(0, colon);
-    }
-    if (auto dash = range.find('-'); dash != std::string_view::npos) {
-      if (!number(range.substr(0, dash), &first) || !number(range.substr(dash + 1), &last))
-        return bad("'" + state::quoteForMessage(part) + "' is not FIRST-LAST");
-    } else {
-      if (!number(range, &first)) return bad("'" + state::quoteForMessage(part) + "' is not an index");
-      last = first;
-    }
-    if (first > last) return bad("'" + state::quoteForMessage(part) + "' counts down");
-    if (last > kMaxArrayIndex) return bad("indices go up to " + std::to_string(kMaxArrayIndex));
-    if ((last - first) / step + 1 > static_cast<int>(kMaxArrayJobs) - static_cast<int>(steps))
-      return bad("more than " + std::to_string(kMaxArrayJobs) + " jobs");
-    for (int i = first; i <= last; i += step, ++steps) seen.insert(i);
-  }
-  if (seen.empty()) return bad("no index");
-  out.indices.assign(seen.begin(), seen.end());
-  return out;
-}
 
 }  // namespace
 
@@ -1468,9 +1405,10 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
   if (!st) return st;
   ArraySpec array;
   if (!request.array().empty()) {
-    auto parsed = parseArraySpec(request.array());
-    if (!parsed) return parsed.status();
-    array = std::move(parsed).value();
+    if (std::string why = parseArraySpec(request.array(), &array); !why.empty()) {
+      return Status::invalidArgument("array '" + state::quoteForMessage(request.array()) + "': " + why + " (" +
+                                     kArrayForms + ")");
+    }
   }
   if (Health h = health(); !h.ok) return Status::unavailable("job refused: " + h.message);
   // Dependencies: each must exist; one that already ended is met now (or can never be, for --after-ok).

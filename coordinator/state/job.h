@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/job_id.h"
 #include "common/status.h"
 
 namespace ddl::state {
@@ -262,36 +263,10 @@ struct NodeRecord {
 
 // ---- Ids and validation -----------------------------------------------------------------------------------
 
-inline std::string formatJobId(int64_t number) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "j-%06lld", static_cast<long long>(number));
-  return buf;
-}
-
-// The number inside a job id, or nullopt when the text is not one ("j-" then 1 to 18 digits, positive).
-inline std::optional<int64_t> jobIdNumber(std::string_view id) {
-  if (id.size() < 3 || id.size() > 20 || id.substr(0, 2) != "j-") return std::nullopt;
-  int64_t n = 0;
-  for (char c : id.substr(2)) {
-    if (c < '0' || c > '9') return std::nullopt;
-    n = n * 10 + (c - '0');
-  }
-  if (n <= 0) return std::nullopt;
-  return n;
-}
-
-// A job id as users may type it: "j-000042", "j-42", "42" or "000042" all mean j-000042. nullopt otherwise.
-inline std::optional<std::string> canonicalJobId(std::string_view text) {
-  if (text.substr(0, 2) == "j-") text.remove_prefix(2);
-  if (text.empty() || text.size() > 18) return std::nullopt;
-  int64_t n = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return std::nullopt;
-    n = n * 10 + (c - '0');
-  }
-  if (n <= 0) return std::nullopt;
-  return formatJobId(n);
-}
+// common/job_id.h, under the names this namespace always had.
+using ddl::canonicalJobId;
+using ddl::formatJobId;
+using ddl::jobIdNumber;
 
 // ---- Limits on a job spec ---------------------------------------------------------------------------------
 //
