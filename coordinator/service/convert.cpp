@@ -72,18 +72,18 @@ void toProto(const state::RankResult& r, v1::RankStatus* out) {
   out->set_started_ms(r.started_ms);
   out->set_exited_ms(r.exited_ms);
   out->set_error(r.error);
-  if (r.updated_ms > 0 || r.collectives > 0) {
+  if (r.figures.updated_ms > 0 || r.figures.collectives > 0) {
     v1::RankProgress* p = out->mutable_progress();
-    p->set_collectives(r.collectives);
-    p->set_bytes(r.bytes);
-    p->set_seconds(r.seconds);
-    p->set_last_op(r.last_op);
-    p->set_last_bytes(r.last_bytes);
-    p->set_last_us(r.last_us);
-    p->set_last_algo(r.last_algo);
-    for (double d : r.dims_us) p->add_dims_us(d);
-    p->set_world_size(r.world_size);
-    p->set_updated_ms(r.updated_ms);
+    p->set_collectives(r.figures.collectives);
+    p->set_bytes(r.figures.bytes);
+    p->set_seconds(r.figures.seconds);
+    p->set_last_op(r.figures.last_op);
+    p->set_last_bytes(r.figures.last_bytes);
+    p->set_last_us(r.figures.last_us);
+    p->set_last_algo(r.figures.last_algo);
+    for (double d : r.figures.dims_us) p->add_dims_us(d);
+    p->set_world_size(r.figures.world_size);
+    p->set_updated_ms(r.figures.updated_ms);
   }
 }
 
@@ -102,20 +102,20 @@ state::RankResult rankResultOf(const v1::RankStatus& r, const std::string& node)
   out.exited_ms = r.exited_ms();
   out.error = r.error();
   if (r.has_progress()) {
-    out.collectives = r.progress().collectives();
-    out.bytes = r.progress().bytes();
-    out.seconds = std::isfinite(r.progress().seconds()) ? r.progress().seconds() : 0;  // stored as JSON
-    const auto finite = [](double v) { return std::isfinite(v) ? v : 0.0; };
-    out.last_op = r.progress().last_op().substr(0, 64);
-    out.last_bytes = r.progress().last_bytes();
-    out.last_us = finite(r.progress().last_us());
-    out.last_algo = r.progress().last_algo().substr(0, 64);
+    out.figures.collectives = r.progress().collectives();
+    out.figures.bytes = r.progress().bytes();
+    const auto finite = [](double v) { return std::isfinite(v) ? v : 0.0; };  // stored as JSON
+    out.figures.seconds = finite(r.progress().seconds());
+    out.figures.last_op = r.progress().last_op().substr(0, 64);
+    out.figures.last_bytes = r.progress().last_bytes();
+    out.figures.last_us = finite(r.progress().last_us());
+    out.figures.last_algo = r.progress().last_algo().substr(0, 64);
     for (double d : r.progress().dims_us()) {
-      if (out.dims_us.size() >= state::kMaxRankDims) break;
-      out.dims_us.push_back(finite(d));
+      if (out.figures.dims_us.size() >= state::kMaxRankDims) break;
+      out.figures.dims_us.push_back(finite(d));
     }
-    out.world_size = r.progress().world_size();
-    out.updated_ms = r.progress().updated_ms();
+    out.figures.world_size = r.progress().world_size();
+    out.figures.updated_ms = r.progress().updated_ms();
   }
   return out;
 }

@@ -57,19 +57,11 @@ std::string describeExit(const v1::RankStatus& r) {
   return text;
 }
 
-// When the latest attempt was launched (STARTING: its ranks were sent); 0 if it never was or was requeued since.
-int64_t launchedMs(const state::Job& job) {
+// When the latest attempt reached `state` (STARTING: launched; RUNNING: what a time limit counts from); 0 if
+// it never did, or the job was requeued since.
+int64_t latestAttemptReached(const state::Job& job, JobState state) {
   for (auto t = job.transitions.rbegin(); t != job.transitions.rend(); ++t) {
-    if (t->to == JobState::kStarting) return t->at_ms;
-    if (t->to == JobState::kPending && t->from != JobState::kPending) return 0;  // requeued since
-  }
-  return 0;
-}
-
-// When the latest attempt started RUNNING (what a time limit counts from); 0 if it never did.
-int64_t startedRunningMs(const state::Job& job) {
-  for (auto t = job.transitions.rbegin(); t != job.transitions.rend(); ++t) {
-    if (t->to == JobState::kRunning) return t->at_ms;
+    if (t->to == state) return t->at_ms;
     if (t->to == JobState::kPending && t->from != JobState::kPending) return 0;  // requeued since
   }
   return 0;
@@ -118,7 +110,7 @@ v1::Job jobToProto(const state::Job& job) {
   out.set_gpus(requestOf(job.id, job.spec).gpuCount());
   out.set_held(job.held);
   out.set_held_by_admin(job.held_by_admin);
-  out.set_start_ms(launchedMs(job));
+  out.set_start_ms(latestAttemptReached(job, JobState::kStarting));
   out.set_end_ms(state::endedAtMs(job));
   for (const auto& r : job.ranks) {
     if (r.pid == 0 && r.started_ms == 0 && !r.exited) continue;  // placed, never reported
@@ -505,7 +497,7 @@ void Coordinator::enforceTimeLimitsOnLoop() {
   for (const auto& [id, rt] : runtime_) {  // the launched jobs only
     auto it = jobs_.find(id);
     if (it == jobs_.end() || it->second.state != JobState::kRunning || it->second.spec.time_limit_s <= 0) continue;
-    const int64_t started = startedRunningMs(it->second);
+    const int64_t started = latestAttemptReached(it->second, JobState::kRunning);
     if (started > 0 && now - started >= it->second.spec.time_limit_s * 1000) over.push_back(id);
   }
   for (const auto& id : over) {
@@ -1219,18 +1211,7 @@ void Coordinator::recordRankResultOnLoop(const std::string& node, const v1::Rank
     if (placed == rt->second.rank_node.end() || placed->second != node) return;
   }
   if (known && pos->exited) return;  // an exit is final
-  if (known && !report.has_progress()) {  // an exit report may carry none: the last figures stay
-    next.collectives = pos->collectives;
-    next.bytes = pos->bytes;
-    next.seconds = pos->seconds;
-    next.last_op = pos->last_op;
-    next.last_bytes = pos->last_bytes;
-    next.last_us = pos->last_us;
-    next.last_algo = pos->last_algo;
-    next.dims_us = pos->dims_us;
-    next.world_size = pos->world_size;
-    next.updated_ms = pos->updated_ms;
-  }
+  if (known && !report.has_progress()) next.figures = pos->figures;  // an exit report may carry none
   if (known) {  // an exit report may leave out what the start said
     if (next.pid == 0) next.pid = pos->pid;
     if (next.program_pid == 0) next.program_pid = pos->program_pid;

@@ -162,6 +162,22 @@ struct NodeAllocation {
   bool operator==(const NodeAllocation&) const = default;
 };
 
+// A rank's collectives as libddl last reported them (RankProgress), all finite.
+struct RankFigures {
+  int64_t collectives = 0;
+  int64_t bytes = 0;
+  double seconds = 0;
+  std::string last_op;
+  int64_t last_bytes = 0;
+  double last_us = 0;
+  std::string last_algo;
+  std::vector<double> dims_us;  // at most kMaxRankDims
+  int world_size = 0;
+  int64_t updated_ms = 0;
+
+  bool operator==(const RankFigures&) const = default;
+};
+
 // One rank of a job's latest attempt as its agent reported it, kept after the job ends (ddlctl status, the
 // dashboard). Written to the store when the rank starts and when it ends, not with every progress report.
 struct RankResult {
@@ -177,17 +193,7 @@ struct RankResult {
   int64_t started_ms = 0;
   int64_t exited_ms = 0;
   std::string error;  // why it could not be started
-  // Its collectives when it was last heard from (RankProgress).
-  int64_t collectives = 0;
-  int64_t bytes = 0;
-  double seconds = 0;
-  std::string last_op;
-  int64_t last_bytes = 0;
-  double last_us = 0;
-  std::string last_algo;
-  std::vector<double> dims_us;  // at most kMaxRankDims
-  int world_size = 0;
-  int64_t updated_ms = 0;
+  RankFigures figures;  // its collectives when it was last heard from
 
   bool operator==(const RankResult&) const = default;
 };

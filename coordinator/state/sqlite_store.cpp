@@ -214,20 +214,21 @@ std::string encodeExtra(const Job& job) {
   if (!job.ranks.empty()) {
     nlohmann::json ranks = nlohmann::json::array();
     for (const RankResult& r : job.ranks) {
-      nlohmann::json o = {{"rank", r.rank},          {"attempt", r.attempt},       {"node", r.node},
-                          {"gpu", r.gpu},            {"pid", r.pid},               {"program_pid", r.program_pid},
-                          {"exited", r.exited},      {"started_ms", r.started_ms}, {"exited_ms", r.exited_ms},
-                          {"collectives", r.collectives}, {"bytes", r.bytes},      {"seconds", r.seconds},
-                          {"updated_ms", r.updated_ms}};
+      const RankFigures& f = r.figures;
+      nlohmann::json o = {{"rank", r.rank},         {"attempt", r.attempt},       {"node", r.node},
+                          {"gpu", r.gpu},           {"pid", r.pid},               {"program_pid", r.program_pid},
+                          {"exited", r.exited},     {"started_ms", r.started_ms}, {"exited_ms", r.exited_ms},
+                          {"collectives", f.collectives}, {"bytes", f.bytes},     {"seconds", f.seconds},
+                          {"updated_ms", f.updated_ms}};
       if (r.exit_code) o["exit_code"] = *r.exit_code;
       if (r.signal) o["signal"] = *r.signal;
       if (!r.error.empty()) o["error"] = r.error;
-      if (!r.last_op.empty()) o["last_op"] = r.last_op;
-      if (r.last_bytes) o["last_bytes"] = r.last_bytes;
-      if (r.last_us != 0) o["last_us"] = r.last_us;
-      if (!r.last_algo.empty()) o["last_algo"] = r.last_algo;
-      if (!r.dims_us.empty()) o["dims_us"] = r.dims_us;
-      if (r.world_size) o["world_size"] = r.world_size;
+      if (!f.last_op.empty()) o["last_op"] = f.last_op;
+      if (f.last_bytes) o["last_bytes"] = f.last_bytes;
+      if (f.last_us != 0) o["last_us"] = f.last_us;
+      if (!f.last_algo.empty()) o["last_algo"] = f.last_algo;
+      if (!f.dims_us.empty()) o["dims_us"] = f.dims_us;
+      if (f.world_size) o["world_size"] = f.world_size;
       ranks.push_back(std::move(o));
     }
     j["ranks"] = std::move(ranks);
@@ -299,20 +300,21 @@ void decodeExtra(const std::string& text, Job& job) {
     r.started_ms = field<int64_t>(o, "started_ms", 0);
     r.exited_ms = field<int64_t>(o, "exited_ms", 0);
     r.error = field(o, "error", std::string());
-    r.collectives = field<int64_t>(o, "collectives", 0);
-    r.bytes = field<int64_t>(o, "bytes", 0);
-    r.seconds = field(o, "seconds", 0.0);
-    r.last_op = field(o, "last_op", std::string());
-    r.last_bytes = field<int64_t>(o, "last_bytes", 0);
-    r.last_us = field(o, "last_us", 0.0);
-    r.last_algo = field(o, "last_algo", std::string());
+    RankFigures& f = r.figures;
+    f.collectives = field<int64_t>(o, "collectives", 0);
+    f.bytes = field<int64_t>(o, "bytes", 0);
+    f.seconds = field(o, "seconds", 0.0);
+    f.last_op = field(o, "last_op", std::string());
+    f.last_bytes = field<int64_t>(o, "last_bytes", 0);
+    f.last_us = field(o, "last_us", 0.0);
+    f.last_algo = field(o, "last_algo", std::string());
     if (auto d = o.find("dims_us"); d != o.end() && d->is_array()) {
       for (const auto& v : *d) {
-        if (v.is_number() && r.dims_us.size() < kMaxRankDims) r.dims_us.push_back(v.get<double>());
+        if (v.is_number() && f.dims_us.size() < kMaxRankDims) f.dims_us.push_back(v.get<double>());
       }
     }
-    r.world_size = field(o, "world_size", 0);
-    r.updated_ms = field<int64_t>(o, "updated_ms", 0);
+    f.world_size = field(o, "world_size", 0);
+    f.updated_ms = field<int64_t>(o, "updated_ms", 0);
     job.ranks.push_back(std::move(r));
   }
 }

@@ -1213,7 +1213,7 @@ TEST(SqliteStore, VersionFiveDatabaseGetsTimeoutAndKeepsItsIdCounter) {
   r.exited = true;
   r.signal = 15;
   r.error = "bad \xff byte";  // not UTF-8: stored with a replacement, never refused
-  r.seconds = 1.5;
+  r.figures.seconds = 1.5;
   job.ranks = {r};
   ASSERT_TRUE(applyTransition(job, JobState::kScheduled, "placed", std::nullopt, 1).isOk());
   ASSERT_TRUE(applyTransition(job, JobState::kStarting, "sent", std::nullopt, 2).isOk());
@@ -1234,7 +1234,7 @@ TEST(SqliteStore, VersionFiveDatabaseGetsTimeoutAndKeepsItsIdCounter) {
   EXPECT_EQ(back.ranks[0].program_pid, 11);
   EXPECT_EQ(back.ranks[0].signal, 15);
   EXPECT_FALSE(back.ranks[0].exit_code);
-  EXPECT_DOUBLE_EQ(back.ranks[0].seconds, 1.5);
+  EXPECT_DOUBLE_EQ(back.ranks[0].figures.seconds, 1.5);
   EXPECT_EQ(endedAtMs(back), 4);
 }
 }  // namespace
