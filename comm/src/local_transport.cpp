@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "error.h"
+#include "node_key.h"
 
 namespace ddl {
 
@@ -36,6 +37,8 @@ LocalTransport::LocalTransport(std::shared_ptr<LocalFabric> fabric, int rank)
     : fabric_(std::move(fabric)), rank_(rank) {}
 
 std::string LocalTransport::hostOf(int rank) const { return "local"; }
+
+std::string LocalTransport::nodeOf(int rank) const { return localNodeKey(); }
 
 void LocalTransport::send(Request& r, int peer, uint64_t tag, const void* buf, size_t len) {
   r.is_recv = false;

@@ -59,6 +59,8 @@ class LocalTransport : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return fabric_->size(); }
   std::string hostOf(int rank) const override;
+  // Every thread rank is on this process's node.
+  std::string nodeOf(int rank) const override;
   void send(Request& r, int peer, uint64_t tag, const void* buf, size_t len) override;
   void recv(Request& r, int peer, uint64_t tag, uint64_t mask, void* buf, size_t len) override;
   void cancel(Request& r) override;

@@ -50,6 +50,9 @@ class Transport {
   virtual int size() const = 0;
   // Host name of a rank, for error messages.
   virtual std::string hostOf(int rank) const = 0;
+  // The node key of a rank (node_key.h): ranks with equal keys share a node and may share memory. Empty when
+  // unknown (then the rank shares a node with nobody).
+  virtual std::string nodeOf(int rank) const = 0;
 
   // Posts a send of len bytes to peer with tag. buf must stay valid until r.done.
   virtual void send(Request& r, int peer, uint64_t tag, const void* buf, size_t len) = 0;

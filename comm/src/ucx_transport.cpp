@@ -14,6 +14,7 @@
 
 #include "env.h"
 #include "error.h"
+#include "node_key.h"
 
 namespace ddl {
 namespace {
@@ -21,6 +22,7 @@ namespace {
 struct Peer {
   int rank = -1;
   std::string host;
+  std::string node;  // node_key.h
   ucp_ep_h ep = nullptr;
   std::string error;  // set by the endpoint error handler
 };
@@ -130,7 +132,9 @@ class UcxTransport : public Transport {
     std::string me = std::to_string(rank_);
     peers_[rank_].rank = rank_;
     peers_[rank_].host = hostName();
+    peers_[rank_].node = localNodeKey();
     store.set("host/" + me, peers_[rank_].host);
+    store.set("node/" + me, peers_[rank_].node);
     store.set("ucx/" + me, my_addr);
 
     for (int r = 0; r < size(); ++r) {
@@ -142,6 +146,7 @@ class UcxTransport : public Transport {
       try {
         remote = store.get("ucx/" + key, deadline);
         p.host = store.get("host/" + key, deadline);
+        p.node = store.get("node/" + key, deadline);
       } catch (const Error& e) {
         fail(e.code(), "rank " + key + " did not join the communicator of " + std::to_string(size()) +
                            " ranks: " + e.what());
@@ -222,6 +227,10 @@ class UcxTransport : public Transport {
     if (!msg) return false;
     *sender_tag = info.sender_tag;
     return true;
+  }
+
+  std::string nodeOf(int rank) const override {
+    return rank >= 0 && rank < size() ? peers_[rank].node : std::string();
   }
 
   std::string peerError(int peer) const override {

@@ -1,0 +1,33 @@
+#include "node_key.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <string>
+
+namespace ddl {
+namespace {
+
+std::string firstLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string nsInode(const char* path) {
+  struct stat st {};
+  if (stat(path, &st) != 0) return "";
+  return std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
+         std::to_string(static_cast<unsigned long long>(st.st_ino));
+}
+
+}  // namespace
+
+std::string localNodeKey() {
+  static const std::string key = firstLine("/proc/sys/kernel/random/boot_id") + "/" + nsInode("/proc/self/ns/ipc") +
+                                 "/" + nsInode("/proc/self/ns/mnt") + "/" + nsInode("/proc/self/ns/net");
+  return key;
+}
+
+}  // namespace ddl
