@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 
 #include "dtype.h"
@@ -58,7 +59,8 @@ std::unique_ptr<Comm> Comm::bootstrap(int nranks, int rank, Store& store, bool c
   // Every rank must agree on the shape of the communicator, and each rank number must be taken once.
   const std::string shape = "nranks=" + std::to_string(nranks) + " topology=" + options.topology.str() +
                             " algo=" + algoName(options.algo) + " segment=" + std::to_string(options.segment_bytes) +
-                            " tune=" + (options.tune ? options.tune->digest() : std::string("built-in"));
+                            " tune=" + (options.tune ? options.tune->digest() : std::string("built-in")) +
+                            " shm=" + (options.shm ? std::to_string(options.shm_round_bytes) : std::string("off"));
   if (claim && store.add("joined/" + std::to_string(rank), 1) != 1) {
     fail(ddlInvalidArgument, "two processes claim rank " + std::to_string(rank) + " of " + where);
   }
@@ -69,22 +71,23 @@ std::unique_ptr<Comm> Comm::bootstrap(int nranks, int rank, Store& store, bool c
     if (root_shape != shape) {
       fail(ddlInvalidArgument, "rank 0 created the communicator with " + root_shape + " but rank " +
                                    std::to_string(rank) + " has " + shape +
-                                   " (DDL_WORLD_SIZE, DDL_TOPOLOGY, DDL_ALGO and DDL_SEGMENT_BYTES must be the same "
-                                   "on every rank, and DDL_TUNE_FILE must hold the same rules)");
+                                   " (DDL_WORLD_SIZE, DDL_TOPOLOGY, DDL_ALGO, DDL_SEGMENT_BYTES, DDL_SHM and "
+                                   "DDL_SHM_ROUND_BYTES must be the same on every rank, and DDL_TUNE_FILE must hold "
+                                   "the same rules)");
     }
   }
   // Only share mode blocks on the wakeup fd for long; the others keep UCX as it was measured and tuned.
   auto transport = createUcxTransport(rank, nranks, store, deadline, options.wait == ddlWaitShare);
-  return std::make_unique<Comm>(std::move(transport), options);
+  auto comm = std::make_unique<Comm>(std::move(transport), options);
+  comm->joinNode(store, deadline);
+  return comm;
 }
 
 Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
     : options_(options), rank_(transport->rank()), size_(transport->size()) {
   if (options_.topology.dims.empty()) options_.topology.dims = {size_};
   DDL_ASSERT(options_.topology.size() == size_);
-  mdring_grid_ = mdringGrid(options_.topology);
-  topology_str_ = options_.topology.str();
-  has_grid_ = mdring_grid_.nontrivialDims() >= 2;
+  setTopology(options_.topology);
   channel_ = std::make_unique<Channel>(std::move(transport), options_.timeout_ms, options_.wait);
   if (options_.timeout_from_config) {
     channel_->setTimeoutHint(
@@ -100,6 +103,80 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
 }
 
 Comm::~Comm() { shutdown(); }
+
+void Comm::setTopology(const Topology& topology) {
+  options_.topology = topology;
+  mdring_grid_ = mdringGrid(options_.topology);
+  topology_str_ = options_.topology.str();
+  has_grid_ = mdring_grid_.nontrivialDims() >= 2;
+}
+
+namespace {
+// A shared-memory round per member slot. 4 buffers of it per member: 2 MiB each with the default.
+constexpr size_t kShmRoundBytes = 512 * 1024;
+constexpr int kShmBuffers = 4;
+}  // namespace
+
+void Comm::joinNode(Store& store, const Deadline& deadline) {
+  // Every rank computes the same layout from the same table of node keys.
+  const Transport& t = channel_->transport();
+  std::vector<std::string> node(size_);
+  for (int r = 0; r < size_; ++r) node[r] = t.nodeOf(r);
+  std::vector<int> mine;
+  for (int r = 0; r < size_; ++r)
+    if (!node[rank_].empty() && node[r] == node[rank_]) mine.push_back(r);
+  const int n = static_cast<int>(mine.size());
+  const bool one_node = n == size_;
+  // Node-major: node k holds ranks k*n .. k*n+n-1, every node n of them.
+  bool regular = n > 1 && size_ % n == 0;
+  for (int r = 0; regular && r < size_; ++r) {
+    const int first = r / n * n;
+    regular = !node[r].empty() && node[r] == node[first] && (r % n == 0 || node[r] == node[r - 1]) &&
+              (first == 0 || node[first] != node[first - 1]);
+  }
+  if (!one_node && regular && options_.topology.nontrivialDims() <= 1) setTopology(Topology{{n, size_ / n}});
+  const bool dim0_is_node = !one_node && regular && options_.topology.dims[0] == n;
+  if (options_.algo == Algo::kShm && !one_node) {
+    fail(ddlInvalidArgument, "DDL_ALGO=shm needs every rank on one node, but " + channel_->peerName(rank_) +
+                                 " shares its node with " + std::to_string(n) + " of the " + std::to_string(size_) +
+                                 " ranks");
+  }
+  if (!options_.shm || n < 2 || !(one_node || dim0_is_node)) return;
+
+  std::string why;
+  const size_t round = options_.shm_round_bytes ? options_.shm_round_bytes : kShmRoundBytes;
+  shm_ = ShmNode::attach(store, mine, rank_, round, kShmBuffers, deadline, &why);
+  int32_t ok = shm_ != nullptr, all = 0;
+  allReduceNow(&ok, &all, 1, ddlInt32, ddlMin);  // over UCX: shm_all_ is not set yet
+  if (!all) {
+    if (!ok) {
+      std::fprintf(stderr, "ddl: %s: no shared memory with the ranks of its node (%s); collectives go through UCX\n",
+                   channel_->peerName(rank_).c_str(), why.c_str());
+    }
+    if (options_.algo == Algo::kShm) {
+      fail(ddlInvalidArgument, "DDL_ALGO=shm, but shared memory could not be set up" +
+                                   (ok ? std::string(" on another rank's node") : ": " + why));
+    }
+    shm_.reset();
+    return;
+  }
+  // Waits as the channel's do (Channel::idle): ranks that outnumber the cores yield at once, ddlWaitShare polls
+  // briefly and blocks, a rank with a core of its own spins first.
+  if (channel_->oversubscribed() && options_.wait != ddlWaitSpin) {
+    shm_->setWaitPolicy(0, 256);
+  } else if (options_.wait == ddlWaitShare) {
+    shm_->setWaitPolicy(2048, 0);
+  } else {
+    shm_->setWaitPolicy(1 << 17, 64);
+  }
+  shm_all_ = one_node;
+  shm_dim0_ = !one_node;
+}
+
+std::string Comm::intraNodePath() const {
+  if (!shm_) return "ucx";
+  return shm_all_ ? "shm" : "shm+ucx";
+}
 
 void Comm::shutdown() {
   if (!channel_) return;
@@ -128,6 +205,7 @@ void Comm::shutdown() {
   device_.reset();
   p2p_.reset();
   channel_.reset();
+  shm_.reset();
   store_.reset();
   store_server_.reset();
 }
@@ -154,6 +232,7 @@ void Comm::abort() {
   // If no collective is running, tell the peers now; otherwise the running one does when it sees the flag.
   std::unique_lock<std::mutex> lk(op_mu_, std::try_to_lock);
   if (lk.owns_lock()) channel_->notifyPeers("communicator aborted by ddlCommAbort");
+  if (shm_) shm_->markFailed("communicator aborted by ddlCommAbort");  // any thread: wakes the node's waits
   // Pending point-to-point operations fail on the executor's next poll.
   { std::lock_guard<std::mutex> q(q_mu_); }
   q_cv_.notify_all();
@@ -183,6 +262,7 @@ void Comm::noteBrokenLocked() {
   // Once per communicator each: an abort that found the transport busy, or a p2p failure, reaches the peers;
   // what is still pending beside a failed collective fails now rather than at its own deadline.
   channel_->notifyPeers(reason);
+  if (shm_) shm_->markFailed(reason);
   p2p_->shutdown(broken_.load(), "the communicator broke: " + reason);
 }
 
@@ -244,6 +324,7 @@ size_t checkedBytes(size_t count, size_t elem, size_t factor = 1) {
 }  // namespace
 
 AllReduceChoice Comm::allReduceChoice(size_t bytes) const {
+  if (shmServes()) return AllReduceChoice{Algo::kShm, 0};
   return chooseAllReduce(options_.algo, options_.segment_bytes, options_.tune.get(), topology_str_, has_grid_,
                          size_, bytes);
 }
@@ -293,7 +374,10 @@ void Comm::allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDat
   run(CollKind::kAllReduce, type, op, count, 0, static_cast<int>(algo), [&](Session& s) {
     switch (algo) {
       case Algo::kRhd: rhdAllReduce(s, d, sendbuf, recvbuf, count); break;
-      case Algo::kMdRing: mdringAllReduce(s, d, mdring_grid_, sendbuf, recvbuf, count); break;
+      case Algo::kMdRing:
+        mdringAllReduce(s, d, mdring_grid_, sendbuf, recvbuf, count, shm_dim0_ ? shm_.get() : nullptr);
+        break;
+      case Algo::kShm: shmAllReduce(s, *shm_, d, sendbuf, recvbuf, count, op == ddlAvg ? size_ : 0); break;
       default: ringAllReduce(s, d, sendbuf, recvbuf, count); break;
     }
   });
@@ -321,6 +405,15 @@ void Comm::allGather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDa
   drainAsync();
   if (sendcount == 0) return;
   const DataSpec d = spec(type, ddlSum, bytes);
+  if (shmServes()) {
+    run(CollKind::kAllGather, type, ddlSum, sendcount, 0, static_cast<int>(Algo::kShm), [&](Session& s) {
+      char* out = static_cast<char*>(recvbuf);
+      char* mine = out + static_cast<size_t>(rank_) * sendcount * d.elem;
+      if (sendbuf != mine) std::memmove(mine, sendbuf, sendcount * d.elem);
+      shmAllGather(s, *shm_, d, out, sendcount * size_);
+    });
+    return;
+  }
   run(CollKind::kAllGather, type, ddlSum, sendcount, 0, 0,
       [&](Session& s) { ringAllGather(s, d, sendbuf, recvbuf, sendcount); });
 }
@@ -335,6 +428,13 @@ void Comm::reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, d
   drainAsync();
   if (recvcount == 0) return;
   const DataSpec d = spec(type, op, bytes);
+  if (shmServes()) {
+    // Member r's block of recvcount * size elements is exactly rank r's share.
+    run(CollKind::kReduceScatter, type, op, recvcount, 0, static_cast<int>(Algo::kShm), [&](Session& s) {
+      shmReduceScatter(s, *shm_, d, sendbuf, recvbuf, recvcount * size_, op == ddlAvg ? size_ : 0);
+    });
+    return;
+  }
   run(CollKind::kReduceScatter, type, op, recvcount, 0, 0,
       [&](Session& s) { ringReduceScatter(s, d, sendbuf, recvbuf, recvcount); });
 }

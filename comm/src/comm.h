@@ -32,6 +32,7 @@
 #include "env.h"
 #include "p2p.h"
 #include "session.h"
+#include "shm_node.h"
 #include "store.h"
 #include "telemetry.h"
 #include "transport.h"
@@ -50,6 +51,16 @@ class Comm {
   // Over a transport built elsewhere (tests use LocalTransport).
   Comm(std::unique_ptr<Transport> transport, const Options& options);
   ~Comm();
+
+  // Finds the ranks that share this rank's node (Transport::nodeOf) and, where shared memory can serve them,
+  // joins them in one segment announced through store: every rank must call it, right after construction.
+  // Where no topology with two or more dims was given and the nodes hold equal, consecutive runs of ranks, the
+  // topology becomes (ranks per node) x (nodes). Shared memory then serves every collective that has a
+  // shared-memory form when all ranks share one node, and mdring's dim 0 when it is the node. The ranks agree
+  // on the outcome (one small allreduce), so a rank that cannot map the segment sends everyone to UCX.
+  void joinNode(Store& store, const Deadline& deadline);
+  // "shm" (one node), "shm+ucx" (mdring's dim 0 over shared memory) or "ucx", for tools and tests.
+  std::string intraNodePath() const;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -122,8 +133,15 @@ class Comm {
   // Throws the error that broke the communicator (brokenMessage), if one did.
   void failIfBroken() const;
 
+  void setTopology(const Topology& topology);
+  // Whether the shared-memory forms serve collectives that DDL_ALGO does not send elsewhere.
+  bool shmServes() const { return shm_all_ && (options_.algo == Algo::kAuto || options_.algo == Algo::kShm); }
+
   Options options_;
   int rank_, size_;
+  std::unique_ptr<ShmNode> shm_;  // null: no shared memory (off, alone on the node, or it could not be mapped)
+  bool shm_all_ = false;          // every rank is a member of shm_
+  bool shm_dim0_ = false;         // shm_'s members are mdring's dim-0 ring
   Topology mdring_grid_;  // what mdring runs on (see mdringGrid)
   std::string topology_str_;  // options_.topology.str(), for the tuning table's lookups
   bool has_grid_ = false;     // mdring_grid_ has two or more non-trivial dims

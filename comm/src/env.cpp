@@ -16,15 +16,16 @@ const char* algoName(Algo a) {
     case Algo::kRing: return "ring";
     case Algo::kMdRing: return "mdring";
     case Algo::kRhd: return "rhd";
+    case Algo::kShm: return "shm";
   }
   return "invalid";
 }
 
 Algo parseAlgo(const std::string& name) {
-  for (Algo a : {Algo::kAuto, Algo::kRing, Algo::kMdRing, Algo::kRhd}) {
+  for (Algo a : {Algo::kAuto, Algo::kRing, Algo::kMdRing, Algo::kRhd, Algo::kShm}) {
     if (name == algoName(a)) return a;
   }
-  fail(ddlInvalidArgument, "unknown algorithm '" + name + "': use auto, ring, mdring or rhd");
+  fail(ddlInvalidArgument, "unknown algorithm '" + name + "': use auto, ring, mdring, rhd or shm");
 }
 
 std::string getEnv(const char* name) {
@@ -71,6 +72,19 @@ Options resolveOptions(const ddlConfig_t* config, int nranks) {
     o.segment_bytes = static_cast<size_t>(parseInt(v, "DDL_SEGMENT_BYTES", 1, 1LL << 30));
   }
   if (auto v = getEnv("DDL_TUNE_FILE"); !v.empty()) o.tune = TuneTable::load(v);
+  if (auto v = getEnv("DDL_SHM"); !v.empty()) {
+    if (v == "1" || v == "on" || v == "auto") {
+      o.shm = true;
+    } else if (v == "0" || v == "off") {
+      o.shm = false;
+    } else {
+      fail(ddlInvalidArgument, "DDL_SHM must be on (or auto, 1) or off (or 0), got '" + v + "'");
+    }
+  }
+  if (auto v = getEnv("DDL_SHM_ROUND_BYTES"); !v.empty()) {
+    o.shm_round_bytes = static_cast<size_t>(parseInt(v, "DDL_SHM_ROUND_BYTES", 4096, 64LL << 20));
+  }
+  if (o.algo == Algo::kShm && !o.shm) fail(ddlInvalidArgument, "DDL_ALGO=shm needs shared memory, but DDL_SHM is off");
 
   // Version 2 added waitMode; a version-1 struct ends before it.
   const bool has_wait = config && config->version >= 2 && config->size >= offsetof(ddlConfig_t, waitMode) + sizeof(int);

@@ -10,7 +10,8 @@
 
 namespace ddl {
 
-enum class Algo { kAuto, kRing, kMdRing, kRhd };
+// kShm: every rank on one node, over the node's shared memory (algo/shm.cpp).
+enum class Algo { kAuto, kRing, kMdRing, kRhd, kShm };
 const char* algoName(Algo a);
 
 constexpr int kDefaultTimeoutMs = 300000;
@@ -26,6 +27,8 @@ struct Options {
   size_t segment_bytes = 0;  // 0: automatic
   std::shared_ptr<const TuneTable> tune;  // DDL_TUNE_FILE; null: the built-in table
   std::string secret;  // ddlConfig_t.secret or DDL_JOB_SECRET: the rendezvous store's key; empty: none
+  bool shm = true;     // DDL_SHM: ranks that share a node use shared memory among themselves (shm_node.h)
+  size_t shm_round_bytes = 0;  // DDL_SHM_ROUND_BYTES: a shared-memory round's size per member slot; 0: default
 };
 
 // Throws ddlInvalidArgument naming the bad field or variable and its value.

@@ -38,7 +38,9 @@ LocalTransport::LocalTransport(std::shared_ptr<LocalFabric> fabric, int rank)
 
 std::string LocalTransport::hostOf(int rank) const { return "local"; }
 
-std::string LocalTransport::nodeOf(int rank) const { return localNodeKey(); }
+std::string LocalTransport::nodeOf(int rank) const {
+  return fabric_->nodes_.empty() ? localNodeKey() : fabric_->nodes_.at(rank);
+}
 
 void LocalTransport::send(Request& r, int peer, uint64_t tag, const void* buf, size_t len) {
   r.is_recv = false;

@@ -26,6 +26,9 @@ class LocalFabric {
   int size() const { return static_cast<int>(ranks_.size()); }
   // From now on rank looks dead: its peers' sends to it fail, and their receives from it fail.
   void kill(int rank, const std::string& why);
+  // Puts the ranks on nodes (one key per rank) for tests of node layouts; by default every rank is on this
+  // process's node (localNodeKey()). Call before the transports are used.
+  void setNodes(std::vector<std::string> nodes) { nodes_ = std::move(nodes); }
 
  private:
   friend class LocalTransport;
@@ -51,6 +54,7 @@ class LocalFabric {
   std::mutex mu_;
   std::vector<RankState> ranks_;
   size_t rendezvous_bytes_;
+  std::vector<std::string> nodes_;
 };
 
 class LocalTransport : public Transport {
@@ -59,7 +63,7 @@ class LocalTransport : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return fabric_->size(); }
   std::string hostOf(int rank) const override;
-  // Every thread rank is on this process's node.
+  // This process's node, unless LocalFabric::setNodes said otherwise.
   std::string nodeOf(int rank) const override;
   void send(Request& r, int peer, uint64_t tag, const void* buf, size_t len) override;
   void recv(Request& r, int peer, uint64_t tag, uint64_t mask, void* buf, size_t len) override;

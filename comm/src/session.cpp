@@ -174,14 +174,18 @@ uint64_t fmix64(uint64_t x) {
   return x;
 }
 
+uint64_t fingerprint64(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant) {
+  const uint64_t args = static_cast<uint64_t>(kind) | static_cast<uint64_t>(type & 0xFF) << 8 |
+                        static_cast<uint64_t>(op & 0xFF) << 16 | static_cast<uint64_t>(variant & 0xFF) << 24 |
+                        static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32;
+  return fmix64(fmix64(args) ^ count);
+}
+
 }  // namespace
 
 // Runs per collective: a few multiplies, not a byte-wise hash.
 uint64_t signature(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant) {
-  const uint64_t args = static_cast<uint64_t>(kind) | static_cast<uint64_t>(type & 0xFF) << 8 |
-                        static_cast<uint64_t>(op & 0xFF) << 16 | static_cast<uint64_t>(variant & 0xFF) << 24 |
-                        static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32;
-  return fmix64(fmix64(args) ^ count) & 0xFF;
+  return fingerprint64(kind, type, op, count, root, variant) & 0xFF;
 }
 
 Session::Session(Channel& ch, CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root,
@@ -196,6 +200,7 @@ Session::Session(Channel& ch, CollKind kind, ddlDataType_t type, ddlRedOp_t op, 
       seq_bits_(static_cast<uint64_t>(ch.nextSeq()) << tag::kSeqShift),
       sig_bits_(signature(kind, type, op, count, root, variant) << tag::kSigShift),
       src_bits_(static_cast<uint64_t>(ch.rank()) << tag::kSrcShift),
+      fingerprint_(fmix64(fingerprint64(kind, type, op, count, root, variant) ^ seq_bits_)),
       timeout_ms_(timeout_ms < 0 ? ch.timeoutMs() : timeout_ms),
       first_req_(ch.requestMark()) {
   DDL_ASSERT(!ch.session_active);
@@ -330,19 +335,33 @@ void Session::progress(Request* waiting_for) {
         fail(ddlRemoteError, ch_.peerName(late->peer) + " failed during " + describe() + ": " + why);
       }
     }
-    if (!deadline_) deadline_.emplace(timeout_ms_);
-    if (deadline_->expired()) {
-      std::string who = (late && late->peer >= 0) ? " waiting for " + ch_.peerName(late->peer) : "";
-      fail(ddlTimeout, describe() + " timed out after " + std::to_string(timeout_ms_) + " ms" + who +
-                           ": a peer may be dead, stuck, or calling a different collective (" + ch_.timeoutHint() +
-                           ")");
-    }
+    checkDeadline(late ? late->peer : -1);
   }
   if (any) {
     idle_ = 0;
     return;
   }
   ch_.idle(idle_);
+}
+
+void Session::checkDeadline(int waiting_for) {
+  if (!deadline_) deadline_.emplace(timeout_ms_);
+  if (deadline_->expired()) {
+    std::string who = waiting_for >= 0 ? " waiting for " + ch_.peerName(waiting_for) : "";
+    fail(ddlTimeout, describe() + " timed out after " + std::to_string(timeout_ms_) + " ms" + who +
+                         ": a peer may be dead, stuck, or calling a different collective (" + ch_.timeoutHint() + ")");
+  }
+}
+
+void Session::poll(int waiting_for) {
+  t_.progress();
+  if (ch_.p2p != nullptr && ch_.p2p->active()) ch_.p2p->poll();
+  if (ch_.aborted.load(std::memory_order_relaxed)) {
+    fail(ddlAborted, "communicator aborted by ddlCommAbort during " + describe());
+  }
+  const std::string& remote = ch_.remoteError();
+  if (!remote.empty()) fail(ddlRemoteError, remote + " (reported during " + describe() + " on this rank)");
+  checkDeadline(waiting_for);
 }
 
 void Session::wait(Request* r) {

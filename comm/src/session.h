@@ -188,13 +188,21 @@ class Session {
 
   // One round of progress plus the checks (abort, deadline, peer reports). Spins, then yields when idle.
   void progress();
+  // For waits outside the transport (shared memory): one round of transport progress and the checks, without
+  // idling; the deadline starts at the first call. waiting_for names the awaited rank in a timeout's message.
+  void poll(int waiting_for);
+  // 64 bits that differ between collectives with different arguments or sequence numbers (the tag's
+  // signature is only 8 bits of it).
+  uint64_t fingerprint() const { return fingerprint_; }
+  // "allreduce #12 (float32 sum, count 1024)", for messages.
+  std::string describe() const;
 
  private:
   void progress(Request* waiting_for);
   void check(Request* r);
   void probeMismatch(int peer);
   [[noreturn]] void failRequest(Request* r);
-  std::string describe() const;
+  void checkDeadline(int waiting_for);
 
   Channel& ch_;
   Transport& t_;
@@ -204,6 +212,7 @@ class Session {
   size_t count_;
   int root_;
   uint64_t seq_bits_, sig_bits_, src_bits_;
+  uint64_t fingerprint_;
   uint32_t next_phase_ = 0;
   int timeout_ms_;
   std::optional<Deadline> deadline_;  // started by the first idle check

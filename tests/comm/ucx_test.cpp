@@ -147,14 +147,18 @@ class Ranks {
 struct TransportCase {
   std::string name;
   std::string tls;
+  std::string shm;  // DDL_SHM: libddl's own shared-memory segment among the ranks of a node
 };
-void PrintTo(const TransportCase& c, std::ostream* os) { *os << c.name << " (UCX_TLS=" << c.tls << ")"; }
+void PrintTo(const TransportCase& c, std::ostream* os) {
+  *os << c.name << " (UCX_TLS=" << c.tls << " DDL_SHM=" << c.shm << ")";
+}
 
 class UcxCollectives : public testing::TestWithParam<std::tuple<TransportCase, int, std::string>> {};
 
 TEST_P(UcxCollectives, EveryCollectiveIsCorrect) {
   const auto& [tc, n, algo] = GetParam();
-  std::map<std::string, std::string> env{{"UCX_TLS", tc.tls}, {"DDL_TIMEOUT_MS", "60000"}, {"DDL_ALGO", algo}};
+  std::map<std::string, std::string> env{
+      {"UCX_TLS", tc.tls}, {"DDL_SHM", tc.shm}, {"DDL_TIMEOUT_MS", "60000"}, {"DDL_ALGO", algo}};
   if (algo == "mdring") env["DDL_TOPOLOGY"] = n == 4 ? "2x2" : std::to_string(n);
   Ranks ranks(n, {"all"}, env);
   ASSERT_TRUE(ranks.waitAll(240s)) << "ranks did not finish:\n" << ranks.describe();
@@ -169,11 +173,14 @@ std::string ucxCaseName(const testing::TestParamInfo<std::tuple<TransportCase, i
          std::get<2>(info.param);
 }
 
-const TransportCase kTcp{"tcp", "tcp"};
-const TransportCase kShm{"shm", "sm,self"};
+// UCX over TCP and over its shared-memory transports (libddl's segment off, so UCX carries every byte), and
+// libddl's own segment (collectives that have a shared-memory form use it; the rest go through UCX's).
+const TransportCase kTcp{"tcp", "tcp", "off"};
+const TransportCase kUcxShm{"ucxsm", "sm,self", "off"};
+const TransportCase kShm{"shm", "sm,self", "on"};
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxCollectives,
-                         testing::Combine(testing::Values(kTcp, kShm), testing::Values(2, 3, 4),
+                         testing::Combine(testing::Values(kTcp, kUcxShm, kShm), testing::Values(2, 3, 4),
                                           testing::Values(std::string("auto"))),
                          ucxCaseName);
 INSTANTIATE_TEST_SUITE_P(Algorithms, UcxCollectives,
@@ -198,10 +205,11 @@ TEST(UcxWaitModes, ShareModeRunsEveryCollective) {
 class UcxFailures : public testing::TestWithParam<TransportCase> {};
 
 // SIGKILL one rank mid-loop: every other rank must return an error within twice the timeout.
-void killOneRankMidLoop(const std::string& mode, const std::string& tls) {
+void killOneRankMidLoop(const std::string& mode, const TransportCase& tc) {
   constexpr int n = 4, victim = 2;
   constexpr int timeout_ms = 10000;
-  Ranks ranks(n, {mode, "100000"}, {{"UCX_TLS", tls}, {"DDL_TIMEOUT_MS", std::to_string(timeout_ms)}});
+  Ranks ranks(n, {mode, "100000"},
+              {{"UCX_TLS", tc.tls}, {"DDL_SHM", tc.shm}, {"DDL_TIMEOUT_MS", std::to_string(timeout_ms)}});
   // Wait until every rank is looping, then kill one.
   const auto until = Clock::now() + 60s;
   bool looping = false;
@@ -227,17 +235,18 @@ void killOneRankMidLoop(const std::string& mode, const std::string& tls) {
   }
 }
 
-TEST_P(UcxFailures, KilledRankFailsTheOthersWithinTwiceTheTimeout) { killOneRankMidLoop("loop", GetParam().tls); }
+TEST_P(UcxFailures, KilledRankFailsTheOthersWithinTwiceTheTimeout) { killOneRankMidLoop("loop", GetParam()); }
 
 // The same for ranks that exchange point-to-point messages: the neighbours of the dead rank find out from the
 // transport, the others from them.
 TEST_P(UcxFailures, KilledRankFailsPointToPointWithinTwiceTheTimeout) {
-  killOneRankMidLoop("p2ploop", GetParam().tls);
+  killOneRankMidLoop("p2ploop", GetParam());
 }
 
 TEST_P(UcxFailures, MismatchedCountsFailFastOnEveryRank) {
   constexpr int n = 3;
-  Ranks ranks(n, {"mismatch"}, {{"UCX_TLS", GetParam().tls}, {"DDL_TIMEOUT_MS", "60000"}});
+  Ranks ranks(n, {"mismatch"},
+              {{"UCX_TLS", GetParam().tls}, {"DDL_SHM", GetParam().shm}, {"DDL_TIMEOUT_MS", "60000"}});
   const auto t0 = Clock::now();
   ASSERT_TRUE(ranks.waitAll(60s)) << ranks.describe();
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 30.0);
@@ -251,7 +260,7 @@ TEST_P(UcxFailures, MismatchedCountsFailFastOnEveryRank) {
   EXPECT_TRUE(saw_mismatch) << ranks.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, UcxFailures, testing::Values(kTcp, kShm),
+INSTANTIATE_TEST_SUITE_P(Transports, UcxFailures, testing::Values(kTcp, kUcxShm, kShm),
                          [](const auto& info) { return info.param.name; });
 
 // libddl's UCX settings reach UCX without touching the environment: with no UCX_* variable set, endpoints with

@@ -25,11 +25,13 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// segment also sizes shared-memory rounds, so that small counts run many rounds there too.
 Options makeOptions(int nranks, Algo algo, const std::string& topo = "", size_t segment = 0, int timeout_ms = 20000) {
   Options o;
   o.algo = algo;
   o.topology = parseTopology(topo, nranks);
   o.segment_bytes = segment;
+  o.shm_round_bytes = segment;
   o.timeout_ms = timeout_ms;
   return o;
 }
@@ -37,6 +39,18 @@ Options makeOptions(int nranks, Algo algo, const std::string& topo = "", size_t 
 using test_util::expectAllOk;
 using test_util::RankResult;
 using test_util::runRanks;
+
+// Ranks as threads on nodes of per_node consecutive ranks, which join their nodes' shared memory; per_node 0:
+// no store, no shared memory (the transport alone).
+std::vector<RankResult> runOnNodes(int nranks, int per_node, const Options& opts,
+                                   const std::function<void(Comm&)>& body) {
+  if (per_node == 0) return runRanks(nranks, opts, body);
+  auto fabric = std::make_shared<LocalFabric>(nranks);
+  std::vector<std::string> nodes;
+  for (int r = 0; r < nranks; ++r) nodes.push_back("node" + std::to_string(r / per_node));
+  fabric->setNodes(nodes);
+  return runRanks(nranks, opts, body, fabric, makeMemoryStore());
+}
 
 using test_util::makeExpected;
 using test_util::makeInput;
@@ -77,9 +91,12 @@ std::vector<Case> bigCases() {
 
 // Runs allreduce for each case and count, in place and out of place, and checks every rank's output.
 void checkAllReduce(int nranks, const Options& opts, const std::vector<size_t>& counts,
-                    const std::vector<Case>& cases) {
+                    const std::vector<Case>& cases, int per_node = 0, const std::string& path = "") {
   std::vector<std::string> failures(nranks);
-  auto results = runRanks(nranks, opts, [&](Comm& c) {
+  auto results = runOnNodes(nranks, per_node, opts, [&](Comm& c) {
+    if (!path.empty() && c.intraNodePath() != path) {
+      throw Error(ddlInternalError, "intra-node path " + c.intraNodePath() + ", expected " + path);
+    }
     const int r = c.rank();
     for (size_t count : counts) {
       for (const Case& k : cases) {
@@ -107,13 +124,18 @@ struct AlgoParam {
   int nranks;
   Algo algo;
   std::string topology;
+  int per_node = 0;  // ranks per node sharing memory; 0: none (see runOnNodes)
+  std::string path;  // the intra-node path the communicator must take (Comm::intraNodePath); empty: any
 };
 void PrintTo(const AlgoParam& p, std::ostream* os) {
   *os << algoName(p.algo) << " on " << p.nranks << " ranks, topology '" << p.topology << "'";
+  if (p.per_node) *os << ", " << p.per_node << " per node";
 }
 std::string paramName(const testing::TestParamInfo<AlgoParam>& info) {
   std::string t = info.param.topology.empty() ? "flat" : info.param.topology;
-  return std::string(algoName(info.param.algo)) + "_" + std::to_string(info.param.nranks) + "ranks_" + t;
+  std::string name = std::string(algoName(info.param.algo)) + "_" + std::to_string(info.param.nranks) + "ranks_" + t;
+  if (info.param.per_node) name += "_" + std::to_string(info.param.per_node) + "pernode";
+  return name;
 }
 
 class AllReduceTest : public testing::TestWithParam<AlgoParam> {};
@@ -121,12 +143,14 @@ class AllReduceTest : public testing::TestWithParam<AlgoParam> {};
 TEST_P(AllReduceTest, EveryTypeAndOpSmallCounts) {
   const auto& p = GetParam();
   // A 16-byte segment makes even these counts run many pipelined segments.
-  checkAllReduce(p.nranks, makeOptions(p.nranks, p.algo, p.topology, 16), {0, 1, 7, 300}, allCases());
+  checkAllReduce(p.nranks, makeOptions(p.nranks, p.algo, p.topology, 16), {0, 1, 7, 300}, allCases(), p.per_node,
+                 p.path);
 }
 
 TEST_P(AllReduceTest, LargeOddCount) {
   const auto& p = GetParam();
-  checkAllReduce(p.nranks, makeOptions(p.nranks, p.algo, p.topology, 64 * 1024), {1000003}, bigCases());
+  checkAllReduce(p.nranks, makeOptions(p.nranks, p.algo, p.topology, 64 * 1024), {1000003}, bigCases(),
+                 p.per_node, p.path);
 }
 
 std::vector<AlgoParam> algoParams() {
@@ -142,17 +166,29 @@ std::vector<AlgoParam> algoParams() {
     ps.push_back({n, Algo::kMdRing, topo});
   }
   ps.push_back({8, Algo::kAuto, "2x2x2"});
+  // Shared memory: every rank on one node (auto and forced), and nodes of 2, 3 and 4 under mdring, whose dim 0
+  // (derived from the nodes, or given) runs over it.
+  for (int n : {2, 3, 4, 5, 7, 8}) ps.push_back({n, Algo::kAuto, "", n, "shm"});
+  ps.push_back({4, Algo::kShm, "", 4, "shm"});
+  ps.push_back({1, Algo::kAuto, "", 1, "ucx"});  // alone on its node: nothing to share
+  ps.push_back({4, Algo::kMdRing, "", 2, "shm+ucx"});
+  ps.push_back({6, Algo::kMdRing, "", 3, "shm+ucx"});
+  ps.push_back({8, Algo::kMdRing, "", 4, "shm+ucx"});
+  ps.push_back({8, Algo::kMdRing, "2x2x2", 2, "shm+ucx"});
+  ps.push_back({8, Algo::kAuto, "", 2, "shm+ucx"});
+  ps.push_back({6, Algo::kMdRing, "2x3", 3, "ucx"});  // dim 0 is not the node: all over the transport
   return ps;
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, AllReduceTest, testing::ValuesIn(algoParams()), paramName);
 
-class CollectivesTest : public testing::TestWithParam<int> {};
+// (ranks, ranks per node sharing memory: 0 none)
+class CollectivesTest : public testing::TestWithParam<std::pair<int, int>> {};
 
 TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
-  const int n = GetParam();
+  const int n = GetParam().first, per_node = GetParam().second;
   for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{20000}, size_t{1000003}}) {
-    auto results = runRanks(n, makeOptions(n, Algo::kAuto, "", 4096), [&](Comm& c) {
+    auto results = runOnNodes(n, per_node, makeOptions(n, Algo::kAuto, "", 4096), [&](Comm& c) {
       for (int root = 0; root < n; ++root) {
         std::vector<int32_t> src(count), dst(count, -1);
         for (size_t i = 0; i < count; ++i) src[i] = static_cast<int32_t>(i * 31 + root * 7 + c.rank());
@@ -175,9 +211,9 @@ TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
 }
 
 TEST_P(CollectivesTest, AllGatherAndReduceScatter) {
-  const int n = GetParam();
+  const int n = GetParam().first, per_node = GetParam().second;
   for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{100003}}) {
-    auto results = runRanks(n, makeOptions(n, Algo::kAuto, "", 4096), [&](Comm& c) {
+    auto results = runOnNodes(n, per_node, makeOptions(n, Algo::kAuto, "", 4096), [&](Comm& c) {
       const int r = c.rank();
       // Allgather: out of place and in place (sendbuf = recvbuf + rank * count).
       std::vector<uint16_t> mine(count);
@@ -223,8 +259,8 @@ TEST_P(CollectivesTest, AllGatherAndReduceScatter) {
 }
 
 TEST_P(CollectivesTest, NonBlockingAllReduceKeepsCallOrder) {
-  const int n = GetParam();
-  auto results = runRanks(n, makeOptions(n, Algo::kAuto), [&](Comm& c) {
+  const int n = GetParam().first, per_node = GetParam().second;
+  auto results = runOnNodes(n, per_node, makeOptions(n, Algo::kAuto), [&](Comm& c) {
     constexpr int kOps = 6;
     std::vector<std::vector<float>> bufs(kOps, std::vector<float>(5000));
     std::vector<std::shared_ptr<AsyncOp>> ops;
@@ -248,7 +284,14 @@ TEST_P(CollectivesTest, NonBlockingAllReduceKeepsCallOrder) {
   expectAllOk(results);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest, testing::Values(1, 2, 3, 4, 5, 7, 8));
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest,
+                         testing::Values(std::pair{1, 0}, std::pair{2, 0}, std::pair{3, 0}, std::pair{4, 0},
+                                         std::pair{5, 0}, std::pair{7, 0}, std::pair{8, 0}, std::pair{2, 2},
+                                         std::pair{3, 3}, std::pair{4, 4}, std::pair{7, 7}, std::pair{4, 2}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.first) + "ranks" +
+                                  (info.param.second ? "_" + std::to_string(info.param.second) + "pernode" : "");
+                         });
 
 // ---- Failures: nothing hangs, every rank learns what went wrong. ----
 
@@ -384,6 +427,99 @@ TEST(Failures, MissingRankTimesOutNamingThePeerAndStaysBroken) {
   });
   EXPECT_EQ(results[0].code, ddlTimeout) << results[0].what;
   EXPECT_NE(results[0].what.find("unusable"), std::string::npos) << results[0].what;
+}
+
+// The same promises over shared memory, where waits are on counters in the segment, not on the transport.
+TEST(ShmFailures, MismatchedCountsAndCollectivesGiveAnErrorNotAHang) {
+  // 1000 and 1001 elements take one round each; 1000 and 9000 take different numbers of rounds.
+  for (size_t other : {size_t{1001}, size_t{9000}}) {
+    auto results = runOnNodes(4, 4, makeOptions(4, Algo::kAuto, "", 4096), [&](Comm& c) {
+      const size_t count = c.rank() == 1 ? other : 1000;
+      std::vector<float> buf(count, 1.0f);
+      c.allReduce(buf.data(), buf.data(), count, ddlFloat32, ddlSum);
+    });
+    expectMismatchDetected(results);
+  }
+  auto results = runOnNodes(3, 3, makeOptions(3, Algo::kAuto), [&](Comm& c) {
+    std::vector<int32_t> buf(300, 1);
+    if (c.rank() == 2) {
+      c.allGather(buf.data(), buf.data(), 100, ddlInt32);
+    } else {
+      c.allReduce(buf.data(), buf.data(), 300, ddlInt32, ddlSum);
+    }
+  });
+  expectMismatchDetected(results);
+}
+
+TEST(ShmFailures, AbortWakesEveryWaiterAndNamesTheRank) {
+  constexpr int n = 3;
+  std::atomic<bool> others_done{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = runOnNodes(n, n, makeOptions(n, Algo::kAuto, "", 0, 30000), [&](Comm& c) {
+    std::vector<float> buf(1 << 20, 1.0f);
+    c.allReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum);  // all in, once
+    if (c.rank() == 1) {  // then rank 1 stays away until the others have returned (bounded)
+      for (int i = 0; i < 20000 && !others_done.load(); ++i) std::this_thread::sleep_for(1ms);
+      return;
+    }
+    std::thread watchdog;
+    if (c.rank() == 0) {
+      watchdog = std::thread([&c] {
+        std::this_thread::sleep_for(200ms);
+        c.abort();
+      });
+    }
+    struct Join {
+      std::thread& t;
+      std::atomic<bool>& done;
+      bool last;
+      ~Join() {
+        if (t.joinable()) t.join();
+        if (last) done = true;
+      }
+    } join{watchdog, others_done, c.rank() == 2};
+    c.allReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum);
+  });
+  EXPECT_LT(secondsSince(t0), 10.0);
+  EXPECT_EQ(results[0].code, ddlAborted) << results[0].what;
+  EXPECT_EQ(results[2].code, ddlRemoteError) << results[2].what;
+  EXPECT_NE(results[2].what.find("rank 0"), std::string::npos) << results[2].what;
+}
+
+TEST(ShmFailures, MissingRankTimesOutNamingThePeer) {
+  std::atomic<bool> done{false};
+  auto results = runOnNodes(2, 2, makeOptions(2, Algo::kAuto, "", 0, 300), [&](Comm& c) {
+    if (c.rank() == 1) {
+      for (int i = 0; i < 200 && !done.load(); ++i) std::this_thread::sleep_for(10ms);
+      return;
+    }
+    std::vector<float> buf(100000, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      c.allReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum);
+    } catch (...) {
+      EXPECT_GE(secondsSince(t0), 0.25);
+      EXPECT_LT(secondsSince(t0), 5.0);
+      done = true;
+      throw;
+    }
+  });
+  EXPECT_EQ(results[0].code, ddlTimeout) << results[0].what;
+  EXPECT_NE(results[0].what.find("waiting for rank 1"), std::string::npos) << results[0].what;
+}
+
+TEST(ShmFailures, ForcedShmAcrossNodesIsRefusedAndOffMeansTheTransport) {
+  auto results = runOnNodes(4, 2, makeOptions(4, Algo::kShm), [&](Comm&) {});
+  for (const auto& r : results) {
+    EXPECT_EQ(r.code, ddlInvalidArgument) << r.what;
+    EXPECT_NE(r.what.find("DDL_ALGO=shm needs every rank on one node"), std::string::npos) << r.what;
+  }
+  Options off = makeOptions(4, Algo::kAuto);
+  off.shm = false;
+  results = runOnNodes(4, 4, off, [&](Comm& c) {
+    if (c.intraNodePath() != "ucx") throw Error(ddlInternalError, "DDL_SHM=off took " + c.intraNodePath());
+  });
+  expectAllOk(results);
 }
 
 TEST(Failures, BadArgumentsBreakNothing) {

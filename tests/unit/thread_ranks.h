@@ -13,6 +13,7 @@
 #include "comm.h"
 #include "error.h"
 #include "local_transport.h"
+#include "store.h"
 
 namespace ddl::test_util {
 
@@ -22,8 +23,10 @@ struct RankResult {
   std::string what;
 };
 
+// With a store, the ranks also join their nodes (Comm::joinNode): shared memory among the ranks of a node.
 inline std::vector<RankResult> runRanks(int nranks, const Options& opts, const std::function<void(Comm&)>& body,
-                                        std::shared_ptr<LocalFabric> fabric = nullptr) {
+                                        std::shared_ptr<LocalFabric> fabric = nullptr,
+                                        std::shared_ptr<Store> store = nullptr) {
   if (!fabric) fabric = std::make_shared<LocalFabric>(nranks);
   std::vector<RankResult> results(nranks);
   std::vector<std::thread> threads;
@@ -31,6 +34,7 @@ inline std::vector<RankResult> runRanks(int nranks, const Options& opts, const s
     threads.emplace_back([&, r] {
       try {
         Comm comm(std::make_unique<LocalTransport>(fabric, r), opts);
+        if (store) comm.joinNode(*store, Deadline(opts.timeout_ms));
         body(comm);
       } catch (const Error& e) {
         results[r] = {e.code(), e.what()};

@@ -88,7 +88,7 @@ typedef struct {
   unsigned int version;  /* DDL_CONFIG_VERSION, set by the initializer */
   int timeoutMs;         /* every blocking wait; <= 0: DDL_TIMEOUT_MS or 300000 */
   const char* topology;  /* "4x8x2": dims, fastest-varying first, product = nranks; NULL: DDL_TOPOLOGY or flat */
-  const char* algorithm; /* "auto", "ring", "mdring", "rhd"; NULL: DDL_ALGO or "auto" */
+  const char* algorithm; /* "auto", "ring", "mdring", "rhd", "shm"; NULL: DDL_ALGO or "auto" */
   size_t segmentBytes;   /* pipeline segment size of the ring algorithms; 0: DDL_SEGMENT_BYTES or automatic */
   int waitMode;          /* a ddlWaitMode_t; ddlWaitAuto (0): DDL_WAIT (auto, spin, share) or automatic */
   /* Version 3. The job's secret, 1 to 4096 bytes, the same on every rank: rank 0's rendezvous store

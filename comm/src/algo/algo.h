@@ -14,6 +14,8 @@
 
 namespace ddl {
 
+class ShmNode;
+
 // The ranks of one ring or tree, in order, and this rank's index among them.
 struct Group {
   std::vector<int> ranks;
@@ -49,8 +51,10 @@ inline int ringOwnedBlock(const Group& g, int shift) { return ((g.me + 1 + shift
 
 // Allreduce algorithms. All leave every rank with bit-identical results.
 void ringAllReduce(Session& s, const DataSpec& d, const void* src, void* dst, size_t count);
+// node: the ranks of dim 0 share a node and this segment (one ShmNode member per dim-0 coordinate, in order):
+// dim 0 runs over shared memory (shmReduceScatter and shmAllGather); null: every dim over the transport.
 void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const void* src, void* dst,
-                     size_t count);
+                     size_t count, ShmNode* node = nullptr);
 void rhdAllReduce(Session& s, const DataSpec& d, const void* src, void* dst, size_t count);
 
 void ringAllGather(Session& s, const DataSpec& d, const void* src, void* dst, size_t sendcount);
@@ -68,6 +72,16 @@ void scatter(Session& s, const DataSpec& d, const void* src, void* dst, size_t r
 // sends. The own block is copied; src may overlap dst.
 void allToAllv(Session& s, const DataSpec& d, const void* src, const size_t* sendcounts, const size_t* sdispls,
                void* dst, const size_t* recvcounts, const size_t* rdispls);
+
+// Shared memory among the ranks of one node (algo/shm.cpp; Session's ranks need not all be members). Member i
+// owns block i (blockBegin(count, n, i)). allreduce: every member ends with the whole result. reducescatter: the
+// member's reduced block goes to `mine`. allgather: each member's block is in buf at its place; every member
+// ends with all of them. avg_divisor > 0 divides the reduced blocks by it (ddlAvg's final step).
+void shmAllReduce(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* dst, size_t count,
+                  int avg_divisor);
+void shmReduceScatter(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* mine, size_t count,
+                      int avg_divisor);
+void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_t count);
 
 class TuneTable;
 struct AllReduceChoice {

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "algo/algo.h"
+#include "shm_node.h"
 
 namespace ddl {
 namespace {
@@ -31,7 +32,7 @@ Group groupAlong(const Topology& topo, int rank, int k) {
 }  // namespace
 
 void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const void* src, void* dst,
-                     size_t count) {
+                     size_t count, ShmNode* node) {
   const int p = s.size();
   const size_t es = d.elem;
   char* out = static_cast<char*>(dst);
@@ -60,11 +61,17 @@ void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const 
     Group g = groupAlong(topo, s.rank(), static_cast<int>(k));
     const int avg = (d.op == ddlAvg && static_cast<int>(k) == last_dim) ? p : 0;
     const auto t0 = Clock::now();
-    ringSteps(s, g, d, in + lo * es, out + lo * es, n, 0, dk - 1, 0, avg);
+    const bool shm = node != nullptr && k == 0;
+    // Over shared memory member i keeps block i; around a ring, member i keeps block i+1.
+    const int b = shm ? g.me : ringOwnedBlock(g, 0);
+    if (shm) {
+      shmReduceScatter(s, *node, d, in + lo * es, out + (lo + blockBegin(n, dk, b)) * es, n, avg);
+    } else {
+      ringSteps(s, g, d, in + lo * es, out + lo * es, n, 0, dk - 1, 0, avg);
+    }
     s.dim_seconds[k] += since(t0);
     levels.push_back({g, lo, n});
     level_dim.push_back(static_cast<int>(k));
-    const int b = ringOwnedBlock(g, 0);
     lo += blockBegin(n, dk, b);
     n = blockCount(n, dk, b);
     in = out;  // later dims work on the partial sums already in dst
@@ -73,7 +80,11 @@ void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const 
     const Level& level = levels[i];
     const int dk = level.g.size();
     const auto t0 = Clock::now();
-    ringSteps(s, level.g, d, out + level.lo * es, out + level.lo * es, level.n, dk - 1, 2 * dk - 2, 0, 0);
+    if (node != nullptr && level_dim[i] == 0) {
+      shmAllGather(s, *node, d, out + level.lo * es, level.n);
+    } else {
+      ringSteps(s, level.g, d, out + level.lo * es, out + level.lo * es, level.n, dk - 1, 2 * dk - 2, 0, 0);
+    }
     s.dim_seconds[level_dim[i]] += since(t0);
   }
 }

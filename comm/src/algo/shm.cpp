@@ -1,0 +1,184 @@
+// Collectives among the ranks of one node, over their shared-memory segment (shm_node.h), as Open MPI's and
+// NCCL's intra-node paths do: no message passing, each byte crosses memory as few times as possible.
+//
+// Member i of n owns block i of the message (blockBegin(count, n, i)). The message moves in rounds; round g
+// carries piece g of every block (at most round_bytes / n bytes each), so a member's block stays contiguous
+// (what a hierarchical allreduce hands to the next dimension) while the rounds pipeline:
+//
+//   allreduce      copy in    every piece of its input into its slot                    (one copy)
+//                  reduce     its own piece of every member's slot, read in place, into its slot
+//                  copy out   every member's finished piece into its output
+//   reducescatter  copy in, then reduce straight into its output
+//   allgather      copy in its own piece only, then copy out the others'
+//
+// Stages of consecutive rounds overlap: at step t a member copies round t in, reduces round t-1 and copies round
+// t-2 out, so a member that is a little late rarely makes the others wait. Slots hold `buffers` rounds; a round's
+// buffer is reused only when every member has consumed it. Each piece is reduced by one member only, so every
+// member ends with bit-identical results.
+#include <algorithm>
+#include <cstring>
+
+#include "algo/algo.h"
+#include "reduce.h"
+#include "shm_node.h"
+
+namespace ddl {
+namespace {
+
+struct Plan {
+  int n;
+  size_t count, es;
+  size_t piece;  // elements per block per round
+  uint32_t rounds;
+
+  Plan(const ShmNode& node, size_t count_, size_t es_) : n(node.size()), count(count_), es(es_) {
+    piece = std::max<size_t>(1, node.roundBytes() / n / es);
+    const size_t largest = blockCount(count, n, 0);
+    rounds = static_cast<uint32_t>((largest + piece - 1) / piece);
+  }
+  // Piece g of block b: elements [*off, *off + return value) of the message.
+  size_t at(int b, uint32_t g, size_t* off) const {
+    const size_t bc = blockCount(count, n, b), start = static_cast<size_t>(g) * piece;
+    *off = blockBegin(count, n, b) + start;
+    return start < bc ? std::min(piece, bc - start) : 0;
+  }
+  char* inSlot(const ShmNode& node, int member, uint32_t g, int b) const {
+    return node.slot(member, static_cast<int>(g % node.buffers())) + static_cast<size_t>(b) * piece * es;
+  }
+};
+
+// Waits until every member has consumed round g's buffer's previous use (round g - buffers).
+void waitBufferFree(Session& s, ShmNode& node, uint32_t g) {
+  node.waitAll(s, ShmNode::kConsumed, g - node.buffers() + 1);
+}
+
+// dst = own piece (op) every other member's piece, in member order from this one (each piece has one reducer).
+void reducePiece(const ShmNode& node, const Plan& p, const DataSpec& d, uint32_t g, char* dst, const char* own,
+                 size_t len) {
+  const int me = node.me();
+  bool first = true;
+  for (int k = 1; k < p.n; ++k) {
+    const int m = (me + k) % p.n;
+    reduce(dst, first ? own : dst, p.inSlot(node, m, g, me), len, d.type, d.op);
+    first = false;
+  }
+  if (first && dst != own) std::memcpy(dst, own, len * p.es);
+}
+
+void copyInAll(ShmNode& node, const Plan& p, uint32_t g, uint32_t piece, const char* src) {
+  for (int b = 0; b < p.n; ++b) {
+    size_t off;
+    const size_t len = p.at(b, piece, &off);
+    if (len) std::memcpy(p.inSlot(node, node.me(), g, b), src + off * p.es, len * p.es);
+  }
+}
+
+void copyOutAll(ShmNode& node, const Plan& p, uint32_t g, uint32_t piece, char* dst, bool skip_own) {
+  for (int b = 0; b < p.n; ++b) {
+    if (skip_own && b == node.me()) continue;
+    size_t off;
+    const size_t len = p.at(b, piece, &off);
+    if (len) std::memcpy(dst + off * p.es, p.inSlot(node, b, g, b), len * p.es);
+  }
+}
+
+}  // namespace
+
+void shmAllReduce(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* dst, size_t count,
+                  int avg_divisor) {
+  const char* in = static_cast<const char*>(src);
+  char* out = static_cast<char*>(dst);
+  const Plan p(node, count, d.elem);
+  const uint32_t g0 = node.round(), K = p.rounds;
+  const int me = node.me();
+  node.begin(s.fingerprint());
+  for (uint32_t t = 0; t < K + 2; ++t) {
+    if (t < K) {
+      const uint32_t g = g0 + t;
+      waitBufferFree(s, node, g);
+      copyInAll(node, p, g, t, in);
+      node.publish(ShmNode::kCopied, g + 1);
+    }
+    if (t >= 1 && t - 1 < K) {
+      const uint32_t g = g0 + t - 1;
+      node.waitAll(s, ShmNode::kCopied, g + 1);
+      size_t off;
+      const size_t len = p.at(me, t - 1, &off);
+      char* mine = p.inSlot(node, me, g, me);
+      if (len) {
+        reducePiece(node, p, d, g, mine, mine, len);
+        if (avg_divisor > 0) finishAvg(mine, len, d.type, avg_divisor);
+      }
+      node.publish(ShmNode::kReduced, g + 1);
+    }
+    if (t >= 2) {
+      const uint32_t g = g0 + t - 2;
+      node.waitAll(s, ShmNode::kReduced, g + 1);
+      copyOutAll(node, p, g, t - 2, out, false);
+      node.publish(ShmNode::kConsumed, g + 1);
+    }
+  }
+  node.setRound(g0 + K);
+}
+
+void shmReduceScatter(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* mine, size_t count,
+                      int avg_divisor) {
+  const char* in = static_cast<const char*>(src);
+  char* out = static_cast<char*>(mine);
+  const Plan p(node, count, d.elem);
+  const uint32_t g0 = node.round(), K = p.rounds;
+  const int me = node.me();
+  const size_t my_begin = blockBegin(count, p.n, me);
+  node.begin(s.fingerprint());
+  for (uint32_t t = 0; t < K + 1; ++t) {
+    if (t < K) {
+      const uint32_t g = g0 + t;
+      waitBufferFree(s, node, g);
+      copyInAll(node, p, g, t, in);
+      node.publish(ShmNode::kCopied, g + 1);
+    }
+    if (t >= 1) {
+      const uint32_t g = g0 + t - 1;
+      node.waitAll(s, ShmNode::kCopied, g + 1);
+      size_t off;
+      const size_t len = p.at(me, t - 1, &off);
+      if (len) {
+        char* to = out + (off - my_begin) * p.es;
+        reducePiece(node, p, d, g, to, p.inSlot(node, me, g, me), len);
+        if (avg_divisor > 0) finishAvg(to, len, d.type, avg_divisor);
+      }
+      // Nothing more to read of round g: the counters move together (shm_node.h).
+      node.publish(ShmNode::kReduced, g + 1);
+      node.publish(ShmNode::kConsumed, g + 1);
+    }
+  }
+  node.setRound(g0 + K);
+}
+
+void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_t count) {
+  char* data = static_cast<char*>(buf);
+  const Plan p(node, count, d.elem);
+  const uint32_t g0 = node.round(), K = p.rounds;
+  const int me = node.me();
+  node.begin(s.fingerprint());
+  for (uint32_t t = 0; t < K + 1; ++t) {
+    if (t < K) {
+      const uint32_t g = g0 + t;
+      waitBufferFree(s, node, g);
+      size_t off;
+      const size_t len = p.at(me, t, &off);
+      if (len) std::memcpy(p.inSlot(node, me, g, me), data + off * p.es, len * p.es);
+      node.publish(ShmNode::kCopied, g + 1);
+      node.publish(ShmNode::kReduced, g + 1);
+    }
+    if (t >= 1) {
+      const uint32_t g = g0 + t - 1;
+      node.waitAll(s, ShmNode::kCopied, g + 1);
+      copyOutAll(node, p, g, t - 1, data, true);
+      node.publish(ShmNode::kConsumed, g + 1);
+    }
+  }
+  node.setRound(g0 + K);
+}
+
+}  // namespace ddl

@@ -1,0 +1,285 @@
+#include "shm_node.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <random>
+
+#include "error.h"
+#include "session.h"
+
+namespace ddl {
+
+namespace {
+constexpr uint64_t kMagic = 0x64646c2d73686d31ULL;  // "ddl-shm1"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kLineBytes = 128;  // one member's control line: its own pair of cache lines
+constexpr size_t kPage = 4096;
+constexpr uint32_t kFailWriting = UINT32_MAX;
+// How long a blocked wait sleeps before it looks again at the session, the failure word and the peer.
+constexpr long kBlockNs = 1000 * 1000;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__powerpc64__) || defined(__powerpc__)
+  __asm__ __volatile__("or 27,27,27" ::: "memory");  // low thread priority while spinning (SMT)
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+// Shared (not private) futexes: the word is in a MAP_SHARED mapping that other processes wait on too.
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, long ns) {
+  const timespec ts{0, ns};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+std::string randomName() {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "/ddl-%d-%016llx", static_cast<int>(getpid()), static_cast<unsigned long long>(r));
+  return buf;
+}
+
+std::string errnoText(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+}  // namespace
+
+struct ShmNode::Header {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t members;
+  uint64_t round_bytes;
+  uint32_t buffers;
+  std::atomic<uint32_t> attached;
+  std::atomic<uint32_t> sleepers;  // members blocked on a futex: publishers wake only when non-zero
+  std::atomic<uint32_t> failed;    // 0, or the failing member's rank + 1 (kFailWriting while its text is written)
+  char why[1024];
+};
+
+struct ShmNode::Line {
+  std::atomic<uint32_t> counter[3];
+  uint32_t pid;
+  // The signatures of the member's last collectives, by collective number modulo 4. A member can be at most
+  // one collective ahead of another (each needs every member's data), so the one being checked is still there.
+  std::atomic<uint64_t> signature[4];
+};
+static_assert(sizeof(ShmNode::Line) <= kLineBytes, "a control line fits its 128 bytes");
+static_assert(sizeof(ShmNode::Header) <= kPage, "the header fits its page");
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+              "atomics in shared memory must be lock-free (address-free)");
+
+std::unique_ptr<ShmNode> ShmNode::attach(Store& store, const std::vector<int>& members, int rank,
+                                         size_t round_bytes, int buffers, const Deadline& deadline,
+                                         std::string* why) {
+  std::unique_ptr<ShmNode> node(new ShmNode());
+  node->members_ = members;
+  const int n = static_cast<int>(members.size());
+  for (int i = 0; i < n; ++i)
+    if (members[i] == rank) node->me_ = i;
+  DDL_ASSERT(n >= 1 && members[node->me_] == rank && buffers >= 2);
+  node->round_bytes_ = std::max<size_t>(64, round_bytes / n / 64 * 64) * n;
+  node->buffers_ = buffers;
+  node->lines_offset_ = kPage;
+  node->data_offset_ = kPage + roundUp(n * kLineBytes, kPage);
+  node->map_bytes_ = node->data_offset_ + static_cast<size_t>(n) * buffers * node->round_bytes_;
+
+  const std::string key = "shm/" + std::to_string(members[0]);
+  const bool creator = node->me_ == 0;
+  int fd = -1;
+  if (creator) {
+    node->name_ = randomName();
+    fd = shm_open(node->name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    std::string err;
+    void* p = MAP_FAILED;
+    if (fd < 0) {
+      err = errnoText("shm_open " + node->name_);
+    } else if (ftruncate(fd, static_cast<off_t>(node->map_bytes_)) != 0) {
+      err = errnoText("ftruncate");
+    } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(node->map_bytes_)); e != 0) {
+      errno = e;
+      err = errnoText("reserving " + std::to_string(node->map_bytes_ >> 20) + " MiB in /dev/shm");
+    } else if ((p = mmap(nullptr, node->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+      err = errnoText("mmap of " + std::to_string(node->map_bytes_) + " bytes");
+    }
+    if (fd >= 0) close(fd);
+    if (!err.empty()) {
+      if (fd >= 0) shm_unlink(node->name_.c_str());
+      node->name_.clear();
+      store.set(key, "error " + err);  // the other members fall back as well
+      *why = err;
+      return nullptr;
+    }
+    node->base_ = static_cast<char*>(p);
+    new (node->base_) Header{kMagic, kVersion, static_cast<uint32_t>(n), node->round_bytes_,
+                             static_cast<uint32_t>(buffers), {0}, {0}, {0}, {}};
+    for (int i = 0; i < n; ++i) new (&node->line(i)) Line{{{0}, {0}, {0}}, 0, {{0}, {0}, {0}, {0}}};
+    // Announced only once complete: the store's round trip orders it before any member's look.
+    store.set(key, "name " + node->name_);
+  } else {
+    const std::string v = store.get(key, deadline);
+    if (v.rfind("name ", 0) != 0) {
+      *why = "rank " + std::to_string(members[0]) + " could not make the segment: " + v.substr(v.find(' ') + 1);
+      return nullptr;
+    }
+    const std::string name = v.substr(5);
+    fd = shm_open(name.c_str(), O_RDWR, 0600);
+    if (fd < 0) {
+      *why = errnoText("shm_open " + name);
+      return nullptr;
+    }
+    struct stat st {};
+    void* p = MAP_FAILED;
+    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != node->map_bytes_) {
+      *why = "segment " + name + " has another size than this rank expects (different libddl settings?)";
+    } else if ((p = mmap(nullptr, node->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+      *why = errnoText("mmap of " + std::to_string(node->map_bytes_) + " bytes");
+    }
+    close(fd);
+    if (p == MAP_FAILED) return nullptr;
+    node->base_ = static_cast<char*>(p);
+    node->name_ = name;
+  }
+  auto* h = reinterpret_cast<Header*>(node->base_);
+  if (h->magic != kMagic || h->version != kVersion || h->members != static_cast<uint32_t>(n) ||
+      h->round_bytes != node->round_bytes_ || h->buffers != static_cast<uint32_t>(buffers)) {
+    *why = "segment " + node->name_ + " was made for another layout (different libddl versions or settings?)";
+    node->name_.clear();
+    return nullptr;
+  }
+  node->line(node->me_).pid = static_cast<uint32_t>(getpid());
+  if (h->attached.fetch_add(1) + 1 == static_cast<uint32_t>(n)) {
+    shm_unlink(node->name_.c_str());  // every member has it mapped: nothing to leave behind
+    node->name_.clear();
+  } else if (!creator) {
+    node->name_.clear();  // the creator or the last member unlinks it
+  }
+  return node;
+}
+
+ShmNode::~ShmNode() {
+  if (!name_.empty()) shm_unlink(name_.c_str());  // members that never came: unlink it anyway
+  if (base_) munmap(base_, map_bytes_);
+}
+
+ShmNode::Line& ShmNode::line(int member) const {
+  return *reinterpret_cast<Line*>(base_ + lines_offset_ + static_cast<size_t>(member) * kLineBytes);
+}
+
+char* ShmNode::slot(int member, int buf) const {
+  return base_ + data_offset_ + (static_cast<size_t>(member) * buffers_ + buf) * round_bytes_;
+}
+
+void ShmNode::begin(uint64_t signature) {
+  signature_ = signature;
+  start_round_ = round_;
+  ++collective_;
+  line(me_).signature[collective_ % 4].store(signature, std::memory_order_release);
+}
+
+void ShmNode::publish(Counter c, uint32_t value) {
+  auto& word = line(me_).counter[c];
+  word.store(value, std::memory_order_seq_cst);
+  // Pairs with the waiter's increment of sleepers before its last look at the word (both seq_cst): either it
+  // sees the new value, or this sees it asleep.
+  if (reinterpret_cast<Header*>(base_)->sleepers.load(std::memory_order_seq_cst) != 0) futexWakeAll(&word);
+}
+
+void ShmNode::markFailed(const std::string& why) noexcept {
+  auto* h = reinterpret_cast<Header*>(base_);
+  uint32_t expected = 0;
+  if (h->failed.compare_exchange_strong(expected, kFailWriting)) {
+    const size_t n = std::min(why.size(), sizeof(h->why) - 1);
+    std::memcpy(h->why, why.data(), n);
+    h->why[n] = '\0';
+    h->failed.store(static_cast<uint32_t>(rankOf(me_)) + 1, std::memory_order_release);
+  }
+  for (int m = 0; m < size(); ++m)
+    for (auto& c : line(m).counter) futexWakeAll(&c);
+}
+
+void ShmNode::checkPeer(Session& s, int member) {
+  s.poll(rankOf(member));
+  auto* h = reinterpret_cast<Header*>(base_);
+  const uint32_t failed = h->failed.load(std::memory_order_acquire);
+  if (failed != 0) {
+    if (failed == kFailWriting) {
+      fail(ddlRemoteError, "a rank on this node failed (shared memory)");
+    }
+    const int who = static_cast<int>(failed) - 1;
+    if (who != rankOf(me_)) {
+      fail(ddlRemoteError, s.channel().peerName(who) + " failed: " + std::string(h->why) +
+                               " (reported through shared memory)");
+    }
+  }
+  const pid_t pid = static_cast<pid_t>(line(member).pid);
+  if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+    fail(ddlRemoteError, s.channel().peerName(rankOf(member)) + " died: its process " + std::to_string(pid) +
+                             " is gone (noticed through shared memory)");
+  }
+}
+
+void ShmNode::waitOne(Session& s, int member, Counter c, uint32_t target) {
+  auto& word = line(member).counter[c];
+  auto reached = [target](uint32_t v) { return static_cast<int32_t>(v - target) >= 0; };
+  if (reached(word.load(std::memory_order_acquire))) return;
+  auto* h = reinterpret_cast<Header*>(base_);
+  int spins = 0, yields = 0;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (reached(word.load(std::memory_order_acquire))) return;
+      cpuRelax();
+    }
+    spins += 64;
+    if (spins < spin_rounds_) {
+      if ((spins & 4095) == 0) checkPeer(s, member);
+      continue;
+    }
+    checkPeer(s, member);
+    if (yields < yield_rounds_) {
+      ++yields;
+      sched_yield();
+      continue;
+    }
+    h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t v = word.load(std::memory_order_seq_cst);
+    if (!reached(v)) futexWait(&word, v, kBlockNs);
+    h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void ShmNode::waitAll(Session& s, Counter c, uint32_t target) {
+  // Targets at or before this collective's first round were reached in an earlier collective: a member may
+  // not have begun this one yet, so its signature is not looked at.
+  const bool this_collective = static_cast<int32_t>(target - start_round_) > 0;
+  for (int m = 0; m < size(); ++m) {
+    if (m == me_) continue;
+    waitOne(s, m, c, target);
+    if (this_collective && line(m).signature[collective_ % 4].load(std::memory_order_acquire) != signature_) {
+      fail(ddlInvalidArgument, "collective mismatch: " + s.channel().peerName(rankOf(m)) +
+                                   " called a different collective, count, type, op or algorithm than this rank's " +
+                                   s.describe() + " (shared memory); every rank must make the same calls in the "
+                                   "same order");
+    }
+  }
+}
+
+}  // namespace ddl
