@@ -227,6 +227,17 @@ ddlResult_t ddlCommGetTopology(ddlComm_t comm, char* buf, size_t len) {
   return ddlSuccess;
 }
 
+ddlResult_t ddlCommGetIntraNodePath(ddlComm_t comm, char* buf, size_t len) {
+  DDL_CHECK_COMM("ddlCommGetIntraNodePath", comm);
+  const std::string p = comm->impl->intraNodePath();
+  if (!buf || len <= p.size()) {
+    record(comm, "ddlCommGetIntraNodePath: buffer too small for '" + p + "'");
+    return ddlInvalidArgument;
+  }
+  std::memcpy(buf, p.c_str(), p.size() + 1);
+  return ddlSuccess;
+}
+
 ddlResult_t ddlAllReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                          ddlRedOp_t op, ddlComm_t comm) {
   DDL_CHECK_COMM("ddlAllReduce", comm);

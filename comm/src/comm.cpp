@@ -141,7 +141,9 @@ void Comm::joinNode(Store& store, const Deadline& deadline) {
                                  " shares its node with " + std::to_string(n) + " of the " + std::to_string(size_) +
                                  " ranks");
   }
-  if (!options_.shm || n < 2 || !(one_node || dim0_is_node)) return;
+  // On one node a forced transport algorithm (DDL_ALGO=ring, rhd, mdring) takes every collective to UCX.
+  const bool forced_ucx = options_.algo != Algo::kAuto && options_.algo != Algo::kShm;
+  if (!options_.shm || n < 2 || !(one_node ? !forced_ucx : dim0_is_node)) return;
 
   std::string why;
   const size_t round = options_.shm_round_bytes ? options_.shm_round_bytes : kShmRoundBytes;

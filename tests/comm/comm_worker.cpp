@@ -174,7 +174,9 @@ void runAll(ddlComm_t comm, int rank, int n) {
   }
   if (!done) wrong("ddlTest never finished");
   if (a[5] != n || b[5] != 2.0f) wrong("non-blocking results");
-  std::printf("OK all rank %d of %d\n", rank, n);
+  char path[64] = {};
+  CHECK(comm, ddlCommGetIntraNodePath(comm, path, sizeof path));
+  std::printf("OK all rank %d of %d path %s\n", rank, n, path);
 }
 
 // Exits 77 with the reason when this process cannot run device buffers; called before the communicator exists,

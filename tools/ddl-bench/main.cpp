@@ -89,7 +89,7 @@ const TypeInfo& typeInfo(ddlDataType_t type) {
 // Indexed by ddlRedOp_t.
 constexpr const char* kOpNames[ddlNumOps] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
 bool isBitwise(ddlRedOp_t op) { return op == ddlBand || op == ddlBor || op == ddlBxor; }
-constexpr const char* kAlgoNames[] = {"auto", "ring", "mdring", "rhd"};
+constexpr const char* kAlgoNames[] = {"auto", "ring", "mdring", "rhd", "shm"};
 
 // IEEE binary16 and bfloat16 bit patterns. Only inputs are encoded, and they are 0, 1, 2 or 3, so the
 // encoders need no rounding; the decoders take every pattern, since a wrong result may be anything.
@@ -316,7 +316,7 @@ constexpr const char* kUsage =
     "  -d, --datatype TYPE      int8 uint8 int32 uint32 int64 uint64 half/float16 bfloat16 float/float32\n"
     "                           double/float64 (default float)\n"
     "  -o, --op OP              sum prod min max avg, or band bor bxor on integer types (default sum)\n"
-    "  -a, --algo ALGO          auto ring mdring rhd (default: DDL_ALGO, else auto)\n"
+    "  -a, --algo ALGO          auto ring mdring rhd shm (default: DDL_ALGO, else auto)\n"
     "      --json FILE          rank 0 also writes the results to FILE as JSON\n"
     "      --tune FILE          time every algorithm and segment size per size and write the fastest as a\n"
     "                           tuning table for DDL_TUNE_FILE (rules for other rank counts in FILE are kept)\n"
@@ -382,7 +382,7 @@ Options parseOptions(int argc, char** argv) {
       case 'a':
         if (std::none_of(std::begin(kAlgoNames), std::end(kAlgoNames),
                          [](const char* name) { return std::string_view(optarg) == name; })) {
-          badFlag("-a", "unknown algorithm '%s' (use auto ring mdring rhd)", optarg);
+          badFlag("-a", "unknown algorithm '%s' (use auto ring mdring rhd shm)", optarg);
         }
         o.algo = optarg;
         break;
@@ -445,6 +445,9 @@ class Bench {
     char topology[256] = {};
     ok(ddlCommGetTopology(comm_, topology, sizeof topology));
     topology_ = topology;
+    char path[64] = {};
+    ok(ddlCommGetIntraNodePath(comm_, path, sizeof path));
+    path_ = path;
     // What libddl uses: the flag, else DDL_ALGO (read by libddl when config.algorithm is NULL), else auto.
     const char* env_algo = std::getenv("DDL_ALGO");
     algo_ = !opt_.algo.empty() ? opt_.algo : (env_algo != nullptr && *env_algo != '\0') ? env_algo : "auto";
@@ -570,8 +573,8 @@ class Bench {
 
     int version = 0;
     ddlGetVersion(&version);
-    std::printf("# ddl-bench  ranks %d  topology %s  algo %s  libddl %d.%d.%d\n", nranks_, topology_.c_str(),
-                algo_.c_str(), version / 10000, version / 100 % 100, version % 100);
+    std::printf("# ddl-bench  ranks %d  topology %s  algo %s  intra-node %s  libddl %d.%d.%d\n", nranks_,
+                topology_.c_str(), algo_.c_str(), path_.c_str(), version / 10000, version / 100 % 100, version % 100);
     bench_print_sweep(&opt_.sweep);
     std::printf("# algo: %s%s\n", algo_.c_str(),
                 algo_ == "auto" ? " (libddl picks one per message size)" : "");
@@ -584,6 +587,7 @@ class Bench {
   int rank_ = 0;
   int nranks_ = 1;
   std::string topology_;
+  std::string path_;  // ddlCommGetIntraNodePath
   std::string algo_;
   Buffer send_;
   Buffer recv_;

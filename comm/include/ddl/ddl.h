@@ -156,8 +156,14 @@ ddlResult_t ddlCommGetAsyncError(ddlComm_t comm, ddlResult_t* asyncError);
 
 ddlResult_t ddlCommCount(ddlComm_t comm, int* count);
 ddlResult_t ddlCommUserRank(ddlComm_t comm, int* rank);
-/* The topology in use, e.g. "2x2" (a flat communicator reports its rank count, "4"). */
+/* The topology in use, e.g. "2x2" (a flat communicator reports its rank count, "4"). Without DDL_TOPOLOGY (or
+ * with a flat one), ranks on several nodes with the same number of consecutive ranks on each get
+ * "(ranks per node)x(nodes)". */
 ddlResult_t ddlCommGetTopology(ddlComm_t comm, char* buf, size_t len);
+/* How the ranks of one node talk: "shm" (every rank on one node; collectives with a shared-memory form use
+ * libddl's segment), "shm+ucx" (mdring's dim 0, the node, over shared memory, the other dims over UCX) or
+ * "ucx" (UCX only: DDL_SHM=off, one rank per node, or a layout whose dim 0 is not the node). */
+ddlResult_t ddlCommGetIntraNodePath(ddlComm_t comm, char* buf, size_t len);
 
 /* Collectives. sendbuff == recvbuff is in-place. Every rank must make the same calls in the same order with
  * the same count, type, op and root; a mismatch that libddl detects gives ddlInvalidArgument on the ranks that
