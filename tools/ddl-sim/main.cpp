@@ -57,7 +57,7 @@ const char* const kUsage =
     "      --calibration FILE   a calibrated cluster instead (needs --compute-ms)\n"
     "      --gpus LIST          (default 256,1024,4096)   --network LIST (default resnet50,resnet101)\n"
     "      --algo LIST          (default ring,mdring,rhd)\n"
-    "      --compute-ms MS      compute time per step (default: per config and network, see --help-assumptions)\n"
+    "      --compute-ms MS      compute time per step (default: per config and network, docs/scaling-model.md)\n"
     "      --overlap F          fraction of the allreduce that overlaps the backward pass, for eff+ovl (default\n"
     "                           0.5; never more than the backward pass, taken as 2/3 of compute)\n"
     "      --json FILE          also write the results as JSON (- for stdout)\n"
