@@ -6,6 +6,7 @@
 
 #include "tools/ddl-sim/calibration.h"
 #include "tools/ddl-sim/configs.h"
+#include "tools/ddl-sim/hierarchy.h"
 #include "tools/ddl-sim/model.h"
 
 namespace ddl::sim {
@@ -321,6 +322,24 @@ TEST(SimCalibration, FitRecoversAlphaBeta) {
   one.ranks = 1;
   one.points = run.points;
   EXPECT_FALSE(fitRing({one}, 0).isOk());
+}
+
+TEST(SimCalibration, MdringTelemetry) {
+  double bytes = 0;
+  std::vector<double> dims;
+  ASSERT_TRUE(parseMdringTelemetry("ddl1 job=- attempt=0 rank=3 size=4 count=22 bytes=19923104 seconds=0.2 "
+                                   "last=allreduce last_bytes=1048576 last_us=11786.2 last_algo=mdring "
+                                   "dims_us=2476.5,9200",
+                                   &bytes, &dims));
+  EXPECT_DOUBLE_EQ(bytes, 1048576);
+  EXPECT_EQ(dims, (std::vector<double>{2476.5, 9200}));
+  // A rank's first call (it includes connecting), other algorithms, no dims, garbage: not a sample.
+  EXPECT_FALSE(parseMdringTelemetry("ddl1 count=1 last_bytes=64 last_algo=mdring dims_us=1,2", &bytes, &dims));
+  EXPECT_FALSE(parseMdringTelemetry("ddl1 count=5 last_bytes=64 last_algo=ring dims_us=1,2", &bytes, &dims));
+  EXPECT_FALSE(parseMdringTelemetry("ddl1 count=5 last_bytes=64 last_algo=mdring dims_us=", &bytes, &dims));
+  EXPECT_FALSE(parseMdringTelemetry("ddl1 count=5 last_bytes=64 last_algo=mdring dims_us=1,x", &bytes, &dims));
+  EXPECT_FALSE(parseMdringTelemetry("ddl1 count=5 last_bytes=abc last_algo=mdring dims_us=1,2", &bytes, &dims));
+  EXPECT_FALSE(parseMdringTelemetry("", &bytes, &dims));
 }
 
 }  // namespace

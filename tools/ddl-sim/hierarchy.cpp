@@ -66,6 +66,19 @@ StatusOr<HierarchyRun> loadHierarchy(const std::string& out_dir) {
         }
         auto it = best.find(test);
         if (it == best.end() || p->bw_Bps > it->second.bw_Bps) best[test] = *p;
+      } else if (f.extension() == ".telemetry" && name.rfind("mdring.", 0) == 0) {
+        StatusOr<std::string> text = readTextFile(f.string());
+        if (!text.isOk()) {
+          h.warnings.push_back(text.status().message());
+          continue;
+        }
+        std::istringstream lines(*text);
+        std::string line;
+        while (std::getline(lines, line)) {
+          double bytes = 0;
+          std::vector<double> dims;
+          if (parseMdringTelemetry(line, &bytes, &dims)) h.mdring_dims_us[bytes].push_back(dims);
+        }
       } else if (f.extension() == ".json") {
         const std::string algo = name.substr(0, name.find('.'));
         StatusOr<std::string> text = readTextFile(f.string());
@@ -84,6 +97,34 @@ StatusOr<HierarchyRun> loadHierarchy(const std::string& out_dir) {
     for (auto& [test, p] : best) h.perftest[test].push_back(p);
   }
   return h;
+}
+
+bool parseMdringTelemetry(const std::string& line, double* bytes, std::vector<double>* dims_us) {
+  std::istringstream in(line);
+  std::string word;
+  if (!(in >> word) || word != "ddl1") return false;
+  std::map<std::string, std::string> kv;
+  while (in >> word) {
+    const size_t eq = word.find('=');
+    if (eq != std::string::npos) kv[word.substr(0, eq)] = word.substr(eq + 1);
+  }
+  if (kv["last_algo"] != "mdring" || kv["dims_us"].empty() || kv["count"] == "1") return false;
+  try {
+    size_t used = 0;
+    *bytes = std::stod(kv["last_bytes"], &used);
+    if (used != kv["last_bytes"].size() || *bytes <= 0) return false;
+    dims_us->clear();
+    std::istringstream d(kv["dims_us"]);
+    std::string item;
+    while (std::getline(d, item, ',')) {
+      const double v = std::stod(item, &used);
+      if (used != item.size() || v < 0) return false;
+      dims_us->push_back(v);
+    }
+  } catch (const std::exception&) {
+    return false;
+  }
+  return !dims_us->empty();
 }
 
 std::map<double, double> medianTimes(const std::vector<BenchRun>& runs) {

@@ -20,8 +20,15 @@ struct HierarchyRun {
   std::map<std::string, std::vector<Perftest>> perftest;
   // ddl-bench runs per algorithm ("ring", "mdring", "rhd", "auto"), every band of every rep.
   std::map<std::string, std::vector<BenchRun>> bench;
+  // mdring's time per dimension (us), from libddl's telemetry (raw/rep*/mdring.*.telemetry): per message size,
+  // every sampled call's dims.
+  std::map<double, std::vector<std::vector<double>>> mdring_dims_us;
   std::vector<std::string> warnings;  // unreadable files, said and skipped
 };
+
+// One line of libddl's telemetry ("ddl1 key=value ..."): an mdring call's size and time per dimension, or
+// false for anything else (another algorithm, no dims, a rank's first call, which includes connecting).
+bool parseMdringTelemetry(const std::string& line, double* bytes, std::vector<double>* dims_us);
 
 StatusOr<HierarchyRun> loadHierarchy(const std::string& out_dir);
 

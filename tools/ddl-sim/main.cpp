@@ -452,6 +452,59 @@ int cmdCheck(int argc, char** argv) {
   std::printf("#   reduction %.2f GB/s; auto predicted as libddl's built-in table picks: rhd <= 4K, mdring above\n",
               m.reduce_Bps / 1e9);
   std::fputs(table.c_str(), stdout);
+  // mdring per dimension: libddl's telemetry samples a rank's latest call, so long calls are sampled more
+  // often; its shares (not its absolute times) are applied to the measured mean, as the hierarchy report does.
+  json dims_rows = json::array();
+  if (!h->mdring_dims_us.empty() && !h->bench["mdring"].empty()) {
+    const std::map<double, double> t = medianTimes(h->bench["mdring"]);
+    std::string dt = "\nmdring per dimension (libddl's telemetry: each dim's share of the measured time), us\n";
+    dt += "size  samples";
+    for (size_t k = 0; k < dims.size(); ++k) {
+      dt += "  | dim " + std::to_string(k) + " (" + linkClassName(LinkClass(std::min<int>(k, kLinkClasses - 1))) +
+            "): measured  predicted   error";
+    }
+    dt += "\n";
+    bool any = false;
+    for (const auto& [n, samples] : h->mdring_dims_us) {
+      auto it = t.find(n);
+      if (n < *min || it == t.end()) continue;
+      std::vector<double> med(dims.size(), 0.0);
+      double sum = 0;
+      for (size_t k = 0; k < dims.size(); ++k) {
+        std::vector<double> v;
+        for (const auto& d : samples)
+          if (k < d.size()) v.push_back(d[k]);
+        med[k] = median(v);
+        sum += med[k];
+      }
+      if (sum <= 0) continue;
+      StatusOr<RingParams> rp = ringParams(a, Algo::kMdRing);
+      if (!rp.isOk()) return fail(rp.status());
+      StatusOr<Prediction> pr = predict(m, Algo::kMdRing, ranks, n, *rp, dims);
+      if (!pr.isOk()) return fail(pr.status());
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%4s %8zu", human(n).c_str(), samples.size());
+      dt += buf;
+      json row = {{"bytes", n}, {"samples", samples.size()}};
+      for (size_t k = 0; k < dims.size(); ++k) {
+        const std::string prefix = "dim " + std::to_string(k) + " ";
+        double predicted = 0;
+        for (const Phase& ph : pr->phases)
+          if (ph.what.rfind(prefix, 0) == 0) predicted += ph.seconds;
+        const double measured = it->second * med[k] / sum;
+        const double err = measured > 0 ? predicted / measured - 1 : 0;
+        std::snprintf(buf, sizeof buf, "  | %*s%10.1f %10.1f %+6.1f%%", 15, "", measured * 1e6, predicted * 1e6,
+                      err * 100);
+        dt += buf;
+        row["dim" + std::to_string(k)] = {{"measured_us", measured * 1e6}, {"predicted_us", predicted * 1e6},
+                                          {"error", err}};
+      }
+      dt += "\n";
+      dims_rows.push_back(row);
+      any = true;
+    }
+    if (any) std::fputs(dt.c_str(), stdout);
+  }
   bool met = true;
   json summary = json::object();
   for (auto& [s, w] : worst) {
@@ -465,7 +518,7 @@ int cmdCheck(int argc, char** argv) {
   if (a.has("json")) {
     json j = {{"hierarchy", a.get("hierarchy")}, {"calibration", a.get("calibration")}, {"ranks", ranks},
               {"min_bytes", *min}, {"goal_pct", *goal}, {"goal_met", met}, {"worst_error", summary},
-              {"rows", rows}};
+              {"rows", rows}, {"mdring_dims", dims_rows}};
     if (Status s = writeText(a.get("json"), j.dump(1) + "\n"); !s.isOk()) return fail(s, kExitFail);
   }
   return met ? kExitOk : kExitFail;
