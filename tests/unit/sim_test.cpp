@@ -202,7 +202,8 @@ TEST(SimModel, ScalingEfficiency) {
   EXPECT_DOUBLE_EQ(scalingEfficiency(1.0, 0.5, 0.5), 1.0 / 1.25);
 }
 
-// ---- calibration ---------------------------------------------------------------------------------------------
+// ---- calibration
+// ---------------------------------------------------------------------------------------------
 
 TEST(SimCalibration, RoundTrip) {
   Calibration c;
@@ -252,10 +253,12 @@ TEST(SimCalibration, RejectsBadFiles) {
   EXPECT_NE(error(R"({"version": 1})").find("not a ddl-sim calibration"), std::string::npos);
   EXPECT_NE(error(R"({"format": "ddl-sim-calibration", "version": 7})").find("version"), std::string::npos);
   EXPECT_NE(error(head + good_links + "}").find("reduce_GBps"), std::string::npos);
-  EXPECT_NE(error(head + R"("reduce_GBps": "fast", )" + good_links + "}").find("finite number"), std::string::npos);
-  EXPECT_NE(error(head + R"("reduce_GBps": 1})").find("links"), std::string::npos);
-  EXPECT_NE(error(head + R"("reduce_GBps": 1, "links": {"node": {"alpha_s": 0, "beta_Bps": 1}}})").find("intra"),
+  EXPECT_NE(error(head + R"("reduce_GBps": "fast", )" + good_links + "}").find("finite number"),
             std::string::npos);
+  EXPECT_NE(error(head + R"("reduce_GBps": 1})").find("links"), std::string::npos);
+  EXPECT_NE(
+      error(head + R"("reduce_GBps": 1, "links": {"node": {"alpha_s": 0, "beta_Bps": 1}}})").find("intra"),
+      std::string::npos);
   EXPECT_NE(error(head + R"("reduce_GBps": 1, "links": {"intra": {"alpha_s": 0, "beta_Bps": -5},
                           "node": {"alpha_s": 0, "beta_Bps": 1}}})")
                 .find("links.intra: beta_Bps must be > 0"),
@@ -264,16 +267,18 @@ TEST(SimCalibration, RejectsBadFiles) {
                           "node": {"alpha_s": 0, "beta_Bps": 1}}})")
                 .find("missing \"beta_Bps\""),
             std::string::npos);
-  EXPECT_NE(error(R"({"format": "ddl-sim-calibration", "version": 1, "ranks_per_node": 0, "reduce_GBps": 1, )" +
-                  good_links + "}")
-                .find("ranks_per_node"),
-            std::string::npos);
+  EXPECT_NE(
+      error(R"({"format": "ddl-sim-calibration", "version": 1, "ranks_per_node": 0, "reduce_GBps": 1, )" +
+            good_links + "}")
+          .find("ranks_per_node"),
+      std::string::npos);
 }
 
 TEST(SimCalibration, Perftest) {
   const std::string out =
       "+----+\n"
-      "Final:                  1000     11.363    11.961    11.961        0.64       0.64       83605       83605\n";
+      "Final:                  1000     11.363    11.961    11.961        0.64       0.64       83605       "
+      "83605\n";
   StatusOr<Perftest> p = parsePerftest(out, "lat.txt");
   ASSERT_TRUE(p.isOk()) << p.status().message();
   EXPECT_DOUBLE_EQ(p->p50_us, 11.363);
@@ -300,7 +305,8 @@ TEST(SimCalibration, BenchJson) {
   EXPECT_FALSE(parseBenchJson("", "e.json").isOk());
   EXPECT_FALSE(parseBenchJson(R"({"ranks": 4})", "e.json").isOk());
   EXPECT_FALSE(parseBenchJson(R"({"ranks": 4, "results": [{"bytes": 1}]})", "e.json").isOk());
-  StatusOr<BenchRun> neg = parseBenchJson(R"({"ranks": 4, "results": [{"bytes": 1, "time_us": -2}]})", "n.json");
+  StatusOr<BenchRun> neg =
+      parseBenchJson(R"({"ranks": 4, "results": [{"bytes": 1, "time_us": -2}]})", "n.json");
   ASSERT_FALSE(neg.isOk());
   EXPECT_NE(neg.status().message().find("n.json: results[0]"), std::string::npos);
 }
@@ -327,18 +333,22 @@ TEST(SimCalibration, FitRecoversAlphaBeta) {
 TEST(SimCalibration, MdringTelemetry) {
   double bytes = 0;
   std::vector<double> dims;
-  ASSERT_TRUE(parseMdringTelemetry("ddl1 job=- attempt=0 rank=3 size=4 count=22 bytes=19923104 seconds=0.2 "
-                                   "last=allreduce last_bytes=1048576 last_us=11786.2 last_algo=mdring "
-                                   "dims_us=2476.5,9200",
-                                   &bytes, &dims));
+  ASSERT_TRUE(
+      parseMdringTelemetry("ddl1 job=- attempt=0 rank=3 size=4 count=22 bytes=19923104 seconds=0.2 "
+                           "last=allreduce last_bytes=1048576 last_us=11786.2 last_algo=mdring "
+                           "dims_us=2476.5,9200",
+                           &bytes, &dims));
   EXPECT_DOUBLE_EQ(bytes, 1048576);
   EXPECT_EQ(dims, (std::vector<double>{2476.5, 9200}));
   // A rank's first call (it includes connecting), other algorithms, no dims, garbage: not a sample.
-  EXPECT_FALSE(parseMdringTelemetry("ddl1 count=1 last_bytes=64 last_algo=mdring dims_us=1,2", &bytes, &dims));
+  EXPECT_FALSE(
+      parseMdringTelemetry("ddl1 count=1 last_bytes=64 last_algo=mdring dims_us=1,2", &bytes, &dims));
   EXPECT_FALSE(parseMdringTelemetry("ddl1 count=5 last_bytes=64 last_algo=ring dims_us=1,2", &bytes, &dims));
   EXPECT_FALSE(parseMdringTelemetry("ddl1 count=5 last_bytes=64 last_algo=mdring dims_us=", &bytes, &dims));
-  EXPECT_FALSE(parseMdringTelemetry("ddl1 count=5 last_bytes=64 last_algo=mdring dims_us=1,x", &bytes, &dims));
-  EXPECT_FALSE(parseMdringTelemetry("ddl1 count=5 last_bytes=abc last_algo=mdring dims_us=1,2", &bytes, &dims));
+  EXPECT_FALSE(
+      parseMdringTelemetry("ddl1 count=5 last_bytes=64 last_algo=mdring dims_us=1,x", &bytes, &dims));
+  EXPECT_FALSE(
+      parseMdringTelemetry("ddl1 count=5 last_bytes=abc last_algo=mdring dims_us=1,2", &bytes, &dims));
   EXPECT_FALSE(parseMdringTelemetry("", &bytes, &dims));
 }
 

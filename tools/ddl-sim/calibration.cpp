@@ -2,9 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace ddl::sim {
 namespace {
@@ -77,7 +76,8 @@ StatusOr<Calibration> calibrationFromJson(const std::string& text, const std::st
     return bad(origin, std::string("not a ddl-sim calibration (\"format\" is not \"") + kFormat +
                            "\"; write one with ddl-sim calibrate)");
   }
-  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<long long>() != kVersion) {
+  if (!j.contains("version") || !j["version"].is_number_integer() ||
+      j["version"].get<long long>() != kVersion) {
     return bad(origin, "unsupported calibration \"version\" (this ddl-sim reads version 1)");
   }
   Calibration c;
@@ -135,7 +135,8 @@ StatusOr<Perftest> parsePerftest(const std::string& text, const std::string& ori
       }
     }
     // iterations, latency p50, average, overall, bandwidth average, overall (MB/s), message rate x2
-    if (v.size() < 6) return bad(origin, "its Final: line has " + std::to_string(v.size()) + " figures, not 8");
+    if (v.size() < 6)
+      return bad(origin, "its Final: line has " + std::to_string(v.size()) + " figures, not 8");
     Perftest p{v[1], v[3], v[5] * (1 << 20)};
     if (!(p.p50_us >= 0) || !(p.bw_Bps >= 0)) return bad(origin, "negative figures in its Final: line");
     return p;
@@ -197,7 +198,8 @@ StatusOr<LinkFit> fitRing(const std::vector<BenchRun>& runs, double min_bytes) {
     inv_beta = b2 / a22;
   }
   if (!(inv_beta > 0)) {
-    return Status::invalidArgument("the ring fit gives no positive bandwidth: the times do not grow with size");
+    return Status::invalidArgument(
+        "the ring fit gives no positive bandwidth: the times do not grow with size");
   }
   LinkFit fit;
   fit.link = {alpha, 1 / inv_beta};

@@ -29,8 +29,8 @@ struct Calibration {
 std::string calibrationToJson(const Calibration& c);
 StatusOr<Calibration> calibrationFromJson(const std::string& text, const std::string& origin);
 
-// ucx_perftest's "Final:" line: median and mean latency (us; one way for tag_lat), overall bandwidth (bytes/s;
-// ucx_perftest's MB/s are 2^20 bytes).
+// ucx_perftest's "Final:" line: median and mean latency (us; one way for tag_lat), overall bandwidth
+// (bytes/s; ucx_perftest's MB/s are 2^20 bytes).
 struct Perftest {
   double p50_us = 0, mean_us = 0, bw_Bps = 0;
 };

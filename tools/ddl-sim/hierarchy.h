@@ -1,6 +1,7 @@
 // What bench/hierarchy.sh leaves in its --out directory, read for `ddl-sim calibrate` and `ddl-sim check`:
-// OUT/raw/rep*/perftest-*.txt (ucx_perftest over the link and in shared memory) and OUT/raw/rep*/ALGO.BAND.json
-// (ddl-bench --json per algorithm). Reads files; called from ddl-sim's main thread only.
+// OUT/raw/rep*/perftest-*.txt (ucx_perftest over the link and in shared memory) and
+// OUT/raw/rep*/ALGO.BAND.json (ddl-bench --json per algorithm). Reads files; called from ddl-sim's main
+// thread only.
 #pragma once
 
 #include <map>
@@ -20,8 +21,8 @@ struct HierarchyRun {
   std::map<std::string, std::vector<Perftest>> perftest;
   // ddl-bench runs per algorithm ("ring", "mdring", "rhd", "auto"), every band of every rep.
   std::map<std::string, std::vector<BenchRun>> bench;
-  // mdring's time per dimension (us), from libddl's telemetry (raw/rep*/mdring.*.telemetry): per message size,
-  // every sampled call's dims.
+  // mdring's time per dimension (us), from libddl's telemetry (raw/rep*/mdring.*.telemetry): per message
+  // size, every sampled call's dims.
   std::map<double, std::vector<std::vector<double>>> mdring_dims_us;
   std::vector<std::string> warnings;  // unreadable files, said and skipped
 };

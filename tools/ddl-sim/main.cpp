@@ -5,7 +5,8 @@
 //   ddl-sim scale [--config 2017,h100 | --calibration FILE] [--gpus 256,1024,4096] ... [--json FILE]
 //   ddl-sim predict (--config NAME | --calibration FILE) --ranks P --bytes SIZE [--algo A] [--dims AxB]
 //
-// The model is tools/ddl-sim/model.h; docs/scaling-model.md says how to read its figures and what it leaves out.
+// The model is tools/ddl-sim/model.h; docs/scaling-model.md says how to read its figures and what it leaves
+// out.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,12 +15,11 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/version.h"
 #include "tools/ddl-sim/calibration.h"
@@ -41,9 +41,11 @@ const char* const kUsage =
     "\n"
     "  calibrate  write a calibration file from bench/hierarchy.sh's results\n"
     "      --hierarchy DIR      bench/hierarchy.sh's --out directory: ucx_perftest gives each link class's\n"
-    "                           alpha (8 B latency, median) and beta (4 MiB bandwidth): intra = shared memory,\n"
+    "                           alpha (8 B latency, median) and beta (4 MiB bandwidth): intra = shared "
+    "memory,\n"
     "                           node = the host link; switch = node\n"
-    "      --fit CLASS=FILE     instead, least-squares alpha and beta of CLASS (intra, node, switch) from a flat\n"
+    "      --fit CLASS=FILE     instead, least-squares alpha and beta of CLASS (intra, node, switch) from a "
+    "flat\n"
     "                           ring's ddl-bench --json FILE whose every step crosses CLASS (repeatable)\n"
     "      --fit-min SIZE       sizes the fit uses (default 64K)\n"
     "      --reduce-gbs X       reduction throughput, GB/s of output (default: measured here, fp32 sum)\n"
@@ -57,18 +59,22 @@ const char* const kUsage =
     "      --calibration FILE   a calibrated cluster instead (needs --compute-ms)\n"
     "      --gpus LIST          (default 256,1024,4096)   --network LIST (default resnet50,resnet101)\n"
     "      --algo LIST          (default ring,mdring,rhd)\n"
-    "      --compute-ms MS      compute time per step (default: per config and network, docs/scaling-model.md)\n"
-    "      --overlap F          fraction of the allreduce that overlaps the backward pass, for eff+ovl (default\n"
+    "      --compute-ms MS      compute time per step (default: per config and network, "
+    "docs/scaling-model.md)\n"
+    "      --overlap F          fraction of the allreduce that overlaps the backward pass, for eff+ovl "
+    "(default\n"
     "                           0.5; never more than the backward pass, taken as 2/3 of compute)\n"
     "      --json FILE          also write the results as JSON (- for stdout)\n"
     "  predict    one prediction with its phases\n"
     "      --config NAME | --calibration FILE   --ranks P   --bytes SIZE   --algo LIST   --dims AxBxC\n"
     "\n"
-    "Options of ring pipelining (check, scale, predict): --segment SIZE (default as libddl's built-in table:\n"
+    "Options of ring pipelining (check, scale, predict): --segment SIZE (default as libddl's built-in "
+    "table:\n"
     "mdring 64K, ring 256K), --window N (default 4). Sizes take K, M, G suffixes.\n"
     "Exit status: 0 done, 1 failed (or check: the goal not met), 2 bad usage or input.\n";
 
-// ---- arguments -----------------------------------------------------------------------------------------------
+// ---- arguments
+// -----------------------------------------------------------------------------------------------
 
 struct Args {
   std::map<std::string, std::vector<std::string>> values;
@@ -104,10 +110,20 @@ StatusOr<double> parseSize(const std::string& text, const std::string& what) {
   double mult = 1;
   std::string t = text;
   switch (std::toupper(static_cast<unsigned char>(t.back()))) {
-    case 'K': mult = 1024; t.pop_back(); break;
-    case 'M': mult = 1 << 20; t.pop_back(); break;
-    case 'G': mult = 1 << 30; t.pop_back(); break;
-    default: break;
+    case 'K':
+      mult = 1024;
+      t.pop_back();
+      break;
+    case 'M':
+      mult = 1 << 20;
+      t.pop_back();
+      break;
+    case 'G':
+      mult = 1 << 30;
+      t.pop_back();
+      break;
+    default:
+      break;
   }
   try {
     size_t used = 0;
@@ -209,7 +225,8 @@ StatusOr<Calibration> loadCalibration(const std::string& path) {
   return calibrationFromJson(*text, path);
 }
 
-// ---- calibrate -----------------------------------------------------------------------------------------------
+// ---- calibrate
+// -----------------------------------------------------------------------------------------------
 
 // GB/s of output of an fp32 sum out = a + b over 256 KiB segments (ring.cpp's default), best of 5 passes. The
 // loop is this tool's own, compiled like libddl's CPU reduction (plain C++ at -O2/-O3); the model only needs
@@ -233,8 +250,8 @@ double measureReduceBps() {
 
 int cmdCalibrate(int argc, char** argv) {
   StatusOr<Args> args =
-      parseArgs(argc, argv, 2, {"hierarchy", "fit", "fit-min", "reduce-gbs", "ranks-per-node", "nics-per-node",
-                                "output"});
+      parseArgs(argc, argv, 2,
+                {"hierarchy", "fit", "fit-min", "reduce-gbs", "ranks-per-node", "nics-per-node", "output"});
   if (!args.isOk()) return fail(args.status());
   const Args& a = *args;
   if (!a.has("output")) return fail(Status::invalidArgument("calibrate needs -o FILE"));
@@ -247,7 +264,8 @@ int cmdCalibrate(int argc, char** argv) {
   m.ranks_per_node = 2;
   m.nodes_per_switch = 2;
   m.nics_per_node = 1;
-  for (auto [key, out] : {std::pair{"ranks-per-node", &m.ranks_per_node}, {"nics-per-node", &m.nics_per_node}}) {
+  for (auto [key, out] :
+       {std::pair{"ranks-per-node", &m.ranks_per_node}, {"nics-per-node", &m.nics_per_node}}) {
     if (!a.has(key)) continue;
     StatusOr<double> v = parseNumber(a.get(key), std::string("--") + key);
     if (!v.isOk()) return fail(v.status());
@@ -262,7 +280,8 @@ int cmdCalibrate(int argc, char** argv) {
   if (a.has("hierarchy")) {
     StatusOr<HierarchyRun> h = loadHierarchy(a.get("hierarchy"));
     if (!h.isOk()) return fail(h.status());
-    for (const std::string& w : h->warnings) std::fprintf(stderr, "ddl-sim: warning: %s (skipped)\n", w.c_str());
+    for (const std::string& w : h->warnings)
+      std::fprintf(stderr, "ddl-sim: warning: %s (skipped)\n", w.c_str());
     auto pick = [&](const std::string& test, bool bw) {
       std::vector<double> v;
       for (const Perftest& p : h->perftest[test]) v.push_back(bw ? p.bw_Bps : p.p50_us * 1e-6);
@@ -272,8 +291,9 @@ int cmdCalibrate(int argc, char** argv) {
     const double shm_a = pick("shm-lat", false), shm_b = pick("shm-bw", true);
     if (net_b > 0 && net_a > 0) {
       m.links[1] = m.links[2] = {net_a, net_b};
-      c.from[1] = c.from[2] = "ucx_perftest tcp over the host link: tag_lat 8 B p50, tag_bw 4 MiB (median of " +
-                              std::to_string(h->perftest["net-bw"].size()) + " reps)";
+      c.from[1] = c.from[2] =
+          "ucx_perftest tcp over the host link: tag_lat 8 B p50, tag_bw 4 MiB (median of " +
+          std::to_string(h->perftest["net-bw"].size()) + " reps)";
       have[1] = have[2] = true;
     }
     if (shm_b > 0 && shm_a > 0) {
@@ -296,10 +316,12 @@ int cmdCalibrate(int argc, char** argv) {
   if (a.has("fit")) {
     for (const std::string& spec : a.values.at("fit")) {
       const size_t eq = spec.find('=');
-      if (eq == std::string::npos) return fail(Status::invalidArgument("--fit wants CLASS=FILE, not '" + spec + "'"));
+      if (eq == std::string::npos)
+        return fail(Status::invalidArgument("--fit wants CLASS=FILE, not '" + spec + "'"));
       const std::string cls = spec.substr(0, eq), path = spec.substr(eq + 1);
       int k = cls == "intra" ? 0 : cls == "node" ? 1 : cls == "switch" ? 2 : -1;
-      if (k < 0) return fail(Status::invalidArgument("--fit: unknown link class '" + cls + "' (intra, node, switch)"));
+      if (k < 0)
+        return fail(Status::invalidArgument("--fit: unknown link class '" + cls + "' (intra, node, switch)"));
       StatusOr<std::string> text = readTextFile(path);
       if (!text.isOk()) return fail(text.status());
       StatusOr<BenchRun> run = parseBenchJson(*text, path);
@@ -315,12 +337,14 @@ int cmdCalibrate(int argc, char** argv) {
     std::vector<BenchRun> rs;
     for (auto& r : runs) rs.push_back(r.second);
     StatusOr<LinkFit> f = fitRing(rs, fit_min);
-    if (!f.isOk()) return fail(Status::invalidArgument("--fit " + std::string(linkClassName(LinkClass(k))) + ": " +
-                                                       f.status().message()));
+    if (!f.isOk())
+      return fail(Status::invalidArgument("--fit " + std::string(linkClassName(LinkClass(k))) + ": " +
+                                          f.status().message()));
     m.links[k] = f->link;
-    c.from[k] = "least-squares fit of a flat ring's times (" + std::to_string(f->points) + " points >= " +
-                human(fit_min) + " B, rms error " + fixed(f->rms_rel_error * 100, 1) + "%) from " +
-                runs.front().first + (runs.size() > 1 ? " and " + std::to_string(runs.size() - 1) + " more" : "");
+    c.from[k] = "least-squares fit of a flat ring's times (" + std::to_string(f->points) +
+                " points >= " + human(fit_min) + " B, rms error " + fixed(f->rms_rel_error * 100, 1) +
+                "%) from " + runs.front().first +
+                (runs.size() > 1 ? " and " + std::to_string(runs.size() - 1) + " more" : "");
     have[k] = true;
     if (k == 1 && !fits.count(2)) {
       m.links[2] = m.links[1];
@@ -330,7 +354,8 @@ int cmdCalibrate(int argc, char** argv) {
   }
   for (int k = 0; k < kLinkClasses; ++k) {
     if (!have[k]) {
-      return fail(Status::invalidArgument(std::string("no figures for link class ") + linkClassName(LinkClass(k)) +
+      return fail(Status::invalidArgument(std::string("no figures for link class ") +
+                                          linkClassName(LinkClass(k)) +
                                           " (no ucx_perftest results in --hierarchy, and no --fit for it)"));
     }
   }
@@ -356,7 +381,8 @@ int cmdCalibrate(int argc, char** argv) {
   return kExitOk;
 }
 
-// ---- check ---------------------------------------------------------------------------------------------------
+// ---- check
+// ---------------------------------------------------------------------------------------------------
 
 int cmdCheck(int argc, char** argv) {
   StatusOr<Args> args =
@@ -370,14 +396,15 @@ int cmdCheck(int argc, char** argv) {
   if (!cal.isOk()) return fail(cal.status());
   StatusOr<HierarchyRun> h = loadHierarchy(a.get("hierarchy"));
   if (!h.isOk()) return fail(h.status());
-  for (const std::string& w : h->warnings) std::fprintf(stderr, "ddl-sim: warning: %s (skipped)\n", w.c_str());
+  for (const std::string& w : h->warnings)
+    std::fprintf(stderr, "ddl-sim: warning: %s (skipped)\n", w.c_str());
   StatusOr<double> min = parseSize(a.get("min", "64K"), "--min");
   if (!min.isOk()) return fail(min.status());
   StatusOr<double> goal = parseNumber(a.get("goal", "15"), "--goal");
   if (!goal.isOk()) return fail(goal.status());
 
-  // auto is predicted as what libddl's built-in table picks on a configured hierarchy: rhd up to 4 KiB, mdring
-  // (64 KiB segments) above.
+  // auto is predicted as what libddl's built-in table picks on a configured hierarchy: rhd up to 4 KiB,
+  // mdring (64 KiB segments) above.
   const std::vector<std::string> systems = {"ring", "mdring", "rhd", "auto"};
   std::set<double> sizes;
   int ranks = 0;
@@ -385,15 +412,17 @@ int cmdCheck(int argc, char** argv) {
   for (const std::string& s : systems) {
     for (const BenchRun& r : h->bench[s]) {
       ranks = r.ranks;
-      StatusOr<std::vector<int>> d = parseIntList(r.topology, 'x', r.topology.empty() ? "topology" : "topology");
+      StatusOr<std::vector<int>> d =
+          parseIntList(r.topology, 'x', r.topology.empty() ? "topology" : "topology");
       if (d.isOk()) dims = *d;
       for (const BenchPoint& p : r.points)
         if (p.bytes >= *min) sizes.insert(p.bytes);
     }
   }
   if (sizes.empty() || ranks == 0) {
-    return fail(Status::notFound(a.get("hierarchy") + ": no ddl-bench results of ring, mdring, rhd or auto at " +
-                                 human(*min) + " B or more"));
+    return fail(Status::notFound(a.get("hierarchy") +
+                                 ": no ddl-bench results of ring, mdring, rhd or auto at " + human(*min) +
+                                 " B or more"));
   }
   const Machine& m = cal->machine;
   json rows = json::array();
@@ -412,12 +441,15 @@ int cmdCheck(int argc, char** argv) {
     for (const std::string& s : systems) {
       if (h->bench[s].empty()) continue;
       const std::map<double, double> t = medianTimes(h->bench[s]);
-      const Algo algo = s == "ring" ? Algo::kRing : s == "rhd" ? Algo::kRhd : s == "mdring" ? Algo::kMdRing
-                        : n <= 4096                            ? Algo::kRhd
-                                                               : Algo::kMdRing;
+      const Algo algo = s == "ring"     ? Algo::kRing
+                        : s == "rhd"    ? Algo::kRhd
+                        : s == "mdring" ? Algo::kMdRing
+                        : n <= 4096     ? Algo::kRhd
+                                        : Algo::kMdRing;
       StatusOr<RingParams> rp = ringParams(a, algo);
       if (!rp.isOk()) return fail(rp.status());
-      StatusOr<Prediction> pr = predict(m, algo, ranks, n, *rp, algo == Algo::kMdRing ? dims : std::vector<int>{});
+      StatusOr<Prediction> pr =
+          predict(m, algo, ranks, n, *rp, algo == Algo::kMdRing ? dims : std::vector<int>{});
       if (!pr.isOk()) return fail(pr.status());
       auto it = t.find(n);
       const std::string pad = std::string(s.size() > 4 ? s.size() - 4 : 0, ' ');
@@ -438,30 +470,36 @@ int cmdCheck(int argc, char** argv) {
   }
   std::printf("# ddl-sim check: %s (%d reps) against %s\n", a.get("hierarchy").c_str(), h->reps,
               a.get("calibration").c_str());
-  std::printf("# %d ranks, topology %s; times in us (measured: median of the reps' means); error = predicted / "
-              "measured - 1\n",
-              ranks, [&] {
-                std::string t;
-                for (size_t i = 0; i < dims.size(); ++i) t += (i ? "x" : "") + std::to_string(dims[i]);
-                return t;
-              }().c_str());
+  std::printf(
+      "# %d ranks, topology %s; times in us (measured: median of the reps' means); error = predicted / "
+      "measured - 1\n",
+      ranks,
+      [&] {
+        std::string t;
+        for (size_t i = 0; i < dims.size(); ++i) t += (i ? "x" : "") + std::to_string(dims[i]);
+        return t;
+      }()
+          .c_str());
   for (int k = 0; k < kLinkClasses; ++k) {
-    std::printf("#   %-6s alpha %8.2f us  beta %9.4f GB/s\n", linkClassName(LinkClass(k)), m.links[k].alpha_s * 1e6,
-                m.links[k].beta_Bps / 1e9);
+    std::printf("#   %-6s alpha %8.2f us  beta %9.4f GB/s\n", linkClassName(LinkClass(k)),
+                m.links[k].alpha_s * 1e6, m.links[k].beta_Bps / 1e9);
   }
-  std::printf("#   reduction %.2f GB/s; auto predicted as libddl's built-in table picks: rhd <= 4K, mdring above\n",
-              m.reduce_Bps / 1e9);
+  std::printf(
+      "#   reduction %.2f GB/s; auto predicted as libddl's built-in table picks: rhd <= 4K, mdring above\n",
+      m.reduce_Bps / 1e9);
   std::fputs(table.c_str(), stdout);
   // mdring per dimension: libddl's telemetry samples a rank's latest call, so long calls are sampled more
-  // often; its shares (not its absolute times) are applied to the measured mean, as the hierarchy report does.
+  // often; its shares (not its absolute times) are applied to the measured mean, as the hierarchy report
+  // does.
   json dims_rows = json::array();
   if (!h->mdring_dims_us.empty() && !h->bench["mdring"].empty()) {
     const std::map<double, double> t = medianTimes(h->bench["mdring"]);
-    std::string dt = "\nmdring per dimension (libddl's telemetry: each dim's share of the measured time), us\n";
+    std::string dt =
+        "\nmdring per dimension (libddl's telemetry: each dim's share of the measured time), us\n";
     dt += "size  samples";
     for (size_t k = 0; k < dims.size(); ++k) {
-      dt += "  | dim " + std::to_string(k) + " (" + linkClassName(LinkClass(std::min<int>(k, kLinkClasses - 1))) +
-            "): measured  predicted   error";
+      dt += "  | dim " + std::to_string(k) + " (" +
+            linkClassName(LinkClass(std::min<int>(k, kLinkClasses - 1))) + "): measured  predicted   error";
     }
     dt += "\n";
     bool any = false;
@@ -493,11 +531,11 @@ int cmdCheck(int argc, char** argv) {
           if (ph.what.rfind(prefix, 0) == 0) predicted += ph.seconds;
         const double measured = it->second * med[k] / sum;
         const double err = measured > 0 ? predicted / measured - 1 : 0;
-        std::snprintf(buf, sizeof buf, "  | %*s%10.1f %10.1f %+6.1f%%", 15, "", measured * 1e6, predicted * 1e6,
-                      err * 100);
+        std::snprintf(buf, sizeof buf, "  | %*s%10.1f %10.1f %+6.1f%%", 15, "", measured * 1e6,
+                      predicted * 1e6, err * 100);
         dt += buf;
-        row["dim" + std::to_string(k)] = {{"measured_us", measured * 1e6}, {"predicted_us", predicted * 1e6},
-                                          {"error", err}};
+        row["dim" + std::to_string(k)] = {
+            {"measured_us", measured * 1e6}, {"predicted_us", predicted * 1e6}, {"error", err}};
       }
       dt += "\n";
       dims_rows.push_back(row);
@@ -516,19 +554,27 @@ int cmdCheck(int argc, char** argv) {
   std::printf("goal: every prediction within %.0f%% from %s: %s\n", *goal, human(*min).c_str(),
               met ? "met" : "NOT met");
   if (a.has("json")) {
-    json j = {{"hierarchy", a.get("hierarchy")}, {"calibration", a.get("calibration")}, {"ranks", ranks},
-              {"min_bytes", *min}, {"goal_pct", *goal}, {"goal_met", met}, {"worst_error", summary},
-              {"rows", rows}, {"mdring_dims", dims_rows}};
+    json j = {{"hierarchy", a.get("hierarchy")},
+              {"calibration", a.get("calibration")},
+              {"ranks", ranks},
+              {"min_bytes", *min},
+              {"goal_pct", *goal},
+              {"goal_met", met},
+              {"worst_error", summary},
+              {"rows", rows},
+              {"mdring_dims", dims_rows}};
     if (Status s = writeText(a.get("json"), j.dump(1) + "\n"); !s.isOk()) return fail(s, kExitFail);
   }
   return met ? kExitOk : kExitFail;
 }
 
-// ---- scale ---------------------------------------------------------------------------------------------------
+// ---- scale
+// ---------------------------------------------------------------------------------------------------
 
 int cmdScale(int argc, char** argv) {
-  StatusOr<Args> args = parseArgs(argc, argv, 2, {"config", "calibration", "gpus", "network", "algo", "compute-ms",
-                                                  "overlap", "json", "segment", "window"});
+  StatusOr<Args> args = parseArgs(argc, argv, 2,
+                                  {"config", "calibration", "gpus", "network", "algo", "compute-ms",
+                                   "overlap", "json", "segment", "window"});
   if (!args.isOk()) return fail(args.status());
   const Args& a = *args;
   std::vector<std::pair<std::string, Config>> configs;
@@ -560,7 +606,8 @@ int cmdScale(int argc, char** argv) {
     if (!al.isOk()) return fail(al.status());
     algos.push_back(*al);
   }
-  if (networks.empty() || algos.empty()) return fail(Status::invalidArgument("--network and --algo need names"));
+  if (networks.empty() || algos.empty())
+    return fail(Status::invalidArgument("--network and --algo need names"));
   StatusOr<double> overlap = parseNumber(a.get("overlap", "0.5"), "--overlap");
   if (!overlap.isOk()) return fail(overlap.status());
   if (*overlap < 0 || *overlap > 1) return fail(Status::invalidArgument("--overlap must be within 0..1"));
@@ -590,48 +637,66 @@ int cmdScale(int argc, char** argv) {
           StatusOr<RingParams> rp = ringParams(a, algo);
           if (!rp.isOk()) return fail(rp.status());
           StatusOr<Prediction> pr = predict(cfg.machine, algo, p, bytes, *rp);
-          if (!pr.isOk()) return fail(Status::invalidArgument(cname + " at " + std::to_string(p) + " GPUs: " +
-                                                              pr.status().message()));
+          if (!pr.isOk())
+            return fail(Status::invalidArgument(cname + " at " + std::to_string(p) +
+                                                " GPUs: " + pr.status().message()));
           const double e0 = scalingEfficiency(compute, pr->seconds, 0);
           const double e1 = scalingEfficiency(compute, pr->seconds, *overlap);
           std::string layout;
           for (size_t i = 0; i < pr->dims.size(); ++i) layout += (i ? "x" : "") + std::to_string(pr->dims[i]);
-          std::printf("%6d  %-10s %6.0f ms %-8s %7.2f ms %7.1f%% %7.1f%%   %s\n", p, net.name.c_str(), compute * 1e3,
-                      algoName(algo), pr->seconds * 1e3, e0 * 100, e1 * 100, layout.c_str());
+          std::printf("%6d  %-10s %6.0f ms %-8s %7.2f ms %7.1f%% %7.1f%%   %s\n", p, net.name.c_str(),
+                      compute * 1e3, algoName(algo), pr->seconds * 1e3, e0 * 100, e1 * 100, layout.c_str());
           json phases = json::array();
           for (const Phase& ph : pr->phases) {
-            phases.push_back({{"what", ph.what}, {"steps", ph.steps}, {"bytes_per_step", ph.bytes_per_step},
-                              {"link", linkClassName(ph.link)}, {"flows", ph.flows}, {"seconds", ph.seconds}});
+            phases.push_back({{"what", ph.what},
+                              {"steps", ph.steps},
+                              {"bytes_per_step", ph.bytes_per_step},
+                              {"link", linkClassName(ph.link)},
+                              {"flows", ph.flows},
+                              {"seconds", ph.seconds}});
           }
-          out.push_back({{"config", cname}, {"gpus", p}, {"network", net.name}, {"params", net.params},
-                         {"bytes", bytes}, {"algo", algoName(algo)}, {"dims", pr->dims}, {"steps", pr->steps},
-                         {"allreduce_s", pr->seconds}, {"compute_s", compute}, {"efficiency", e0},
-                         {"overlap", *overlap}, {"efficiency_overlap", e1}, {"phases", phases}});
+          out.push_back({{"config", cname},
+                         {"gpus", p},
+                         {"network", net.name},
+                         {"params", net.params},
+                         {"bytes", bytes},
+                         {"algo", algoName(algo)},
+                         {"dims", pr->dims},
+                         {"steps", pr->steps},
+                         {"allreduce_s", pr->seconds},
+                         {"compute_s", compute},
+                         {"efficiency", e0},
+                         {"overlap", *overlap},
+                         {"efficiency_overlap", e1},
+                         {"phases", phases}});
         }
       }
     }
   }
   for (const json& r : out) {
     if (r["config"] == "2017" && r["gpus"] == 256 && r["network"] == "resnet50" && r["algo"] == "mdring") {
-      std::printf("\n2017 at 256 GPUs, ResNet-50, mdring: %.1f%% (no overlap), %.1f%% (overlap %.2f); DDL's paper "
-                  "published 95%%\n",
-                  r["efficiency"].get<double>() * 100, r["efficiency_overlap"].get<double>() * 100, *overlap);
+      std::printf(
+          "\n2017 at 256 GPUs, ResNet-50, mdring: %.1f%% (no overlap), %.1f%% (overlap %.2f); DDL's paper "
+          "published 95%%\n",
+          r["efficiency"].get<double>() * 100, r["efficiency_overlap"].get<double>() * 100, *overlap);
     }
   }
-  std::printf("\neff: compute / (compute + allreduce); eff+ovl: with %.2f of the allreduce hidden behind the "
-              "backward pass (at most 2/3 of compute)\n",
-              *overlap);
+  std::printf(
+      "\neff: compute / (compute + allreduce); eff+ovl: with %.2f of the allreduce hidden behind the "
+      "backward pass (at most 2/3 of compute)\n",
+      *overlap);
   if (a.has("json")) {
     if (Status s = writeText(a.get("json"), out.dump(1) + "\n"); !s.isOk()) return fail(s, kExitFail);
   }
   return kExitOk;
 }
 
-// ---- predict -------------------------------------------------------------------------------------------------
+// ---- predict
+// -------------------------------------------------------------------------------------------------
 
 int cmdPredict(int argc, char** argv) {
-  StatusOr<Args> args =
-      parseArgs(argc, argv, 2, {"config", "calibration", "ranks", "bytes", "algo", "dims", "segment", "window"});
+  StatusOr<Args> args = parseArgs(
+      argc, argv, 2, {"config", "calibration", "ranks", "bytes", "algo", "dims", "segment", "window"});
   if (!args.isOk()) return fail(args.status());
   const Args& a = *args;
   Machine m;
@@ -647,7 +712,8 @@ int cmdPredict(int argc, char** argv) {
     if (!c.isOk()) return fail(c.status());
     m = c->machine;
   }
-  if (!a.has("ranks") || !a.has("bytes")) return fail(Status::invalidArgument("predict needs --ranks and --bytes"));
+  if (!a.has("ranks") || !a.has("bytes"))
+    return fail(Status::invalidArgument("predict needs --ranks and --bytes"));
   StatusOr<std::vector<int>> ranks = parseIntList(a.get("ranks"), ',', "--ranks");
   if (!ranks.isOk()) return fail(ranks.status());
   StatusOr<double> bytes = parseSize(a.get("bytes"), "--bytes");
@@ -664,7 +730,8 @@ int cmdPredict(int argc, char** argv) {
     StatusOr<RingParams> rp = ringParams(a, *algo);
     if (!rp.isOk()) return fail(rp.status());
     for (int p : *ranks) {
-      StatusOr<Prediction> pr = predict(m, *algo, p, *bytes, *rp, *algo == Algo::kMdRing ? dims : std::vector<int>{});
+      StatusOr<Prediction> pr =
+          predict(m, *algo, p, *bytes, *rp, *algo == Algo::kMdRing ? dims : std::vector<int>{});
       if (!pr.isOk()) return fail(pr.status());
       std::printf("%s, %d ranks, %s B: %.1f us, %d steps, busiest rank sends %.0f B\n", name.c_str(), p,
                   human(*bytes).c_str(), pr->seconds * 1e6, pr->steps, pr->bytes_sent_max);

@@ -22,18 +22,24 @@ namespace ddl::sim {
 
 const char* linkClassName(LinkClass c) {
   switch (c) {
-    case LinkClass::kIntra: return "intra";
-    case LinkClass::kNode: return "node";
-    case LinkClass::kSwitch: return "switch";
+    case LinkClass::kIntra:
+      return "intra";
+    case LinkClass::kNode:
+      return "node";
+    case LinkClass::kSwitch:
+      return "switch";
   }
   return "?";
 }
 
 const char* algoName(Algo a) {
   switch (a) {
-    case Algo::kRing: return "ring";
-    case Algo::kMdRing: return "mdring";
-    case Algo::kRhd: return "rhd";
+    case Algo::kRing:
+      return "ring";
+    case Algo::kMdRing:
+      return "mdring";
+    case Algo::kRhd:
+      return "rhd";
   }
   return "?";
 }
@@ -60,7 +66,8 @@ LinkClass linkBetween(const Machine& m, int a, int b) {
 
 Status validate(const Machine& m) {
   if (m.ranks_per_node < 1 || m.nodes_per_switch < 1 || m.nics_per_node < 0) {
-    return Status::invalidArgument("machine '" + m.name + "': ranks_per_node and nodes_per_switch must be >= 1, " +
+    return Status::invalidArgument("machine '" + m.name +
+                                   "': ranks_per_node and nodes_per_switch must be >= 1, " +
                                    "nics_per_node >= 0");
   }
   for (int c = 0; c < kLinkClasses; ++c) {
@@ -161,8 +168,8 @@ Slowest slowestFlow(const Machine& m, const std::vector<Flow>& flows, double byt
   return worst;
 }
 
-Phase ringPhase(const Machine& m, const std::string& what, const std::vector<Flow>& flows, int steps, bool reduce,
-                double block, const RingParams& ring) {
+Phase ringPhase(const Machine& m, const std::string& what, const std::vector<Flow>& flows, int steps,
+                bool reduce, double block, const RingParams& ring) {
   const Slowest s = slowestFlow(m, flows, block);
   Phase ph{what, steps, block, s.cls, s.flows, reduce, 0};
   ph.seconds = ringStepsSeconds(steps, reduce, block, s.eff, m.reduce_Bps, ring);
@@ -173,7 +180,8 @@ Phase roundPhase(const Machine& m, const std::string& what, const std::vector<Fl
                  bool reduce) {
   const Slowest s = slowestFlow(m, flows, bytes);
   Phase ph{what, 1, bytes, s.cls, s.flows, reduce, 0};
-  ph.seconds = s.eff.alpha_s + bytes / s.eff.beta_Bps + (reduce && m.reduce_Bps > 0 ? bytes / m.reduce_Bps : 0);
+  ph.seconds =
+      s.eff.alpha_s + bytes / s.eff.beta_Bps + (reduce && m.reduce_Bps > 0 ? bytes / m.reduce_Bps : 0);
   return ph;
 }
 
@@ -250,18 +258,21 @@ void predictRhd(const Machine& m, Prediction* pr) {
   };
   if (n <= kDoublingMaxBytes) {
     for (int mask = 1; mask < q; mask <<= 1) {
-      pr->phases.push_back(roundPhase(m, "rhd doubling mask " + std::to_string(mask), exchange(mask), n, true));
+      pr->phases.push_back(
+          roundPhase(m, "rhd doubling mask " + std::to_string(mask), exchange(mask), n, true));
       for (int v = 0; v < q; ++v) sent[real(v)] += n;
     }
   } else {
     double part = n;
     for (int mask = q / 2; mask >= 1; mask >>= 1) {
       part /= 2;
-      pr->phases.push_back(roundPhase(m, "rhd halving mask " + std::to_string(mask), exchange(mask), part, true));
+      pr->phases.push_back(
+          roundPhase(m, "rhd halving mask " + std::to_string(mask), exchange(mask), part, true));
       for (int v = 0; v < q; ++v) sent[real(v)] += part;
     }
     for (int mask = 1; mask < q; mask <<= 1) {
-      pr->phases.push_back(roundPhase(m, "rhd doubling mask " + std::to_string(mask), exchange(mask), part, false));
+      pr->phases.push_back(
+          roundPhase(m, "rhd doubling mask " + std::to_string(mask), exchange(mask), part, false));
       for (int v = 0; v < q; ++v) sent[real(v)] += part;
       part *= 2;
     }
@@ -308,7 +319,8 @@ StatusOr<Prediction> predict(const Machine& m, Algo algo, int p, double bytes, c
         prod *= d;
         if (prod > p) break;
       }
-      if (prod != p) return Status::invalidArgument("mdring dims do not multiply to " + std::to_string(p) + " ranks");
+      if (prod != p)
+        return Status::invalidArgument("mdring dims do not multiply to " + std::to_string(p) + " ranks");
       pr.dims = dims;
       predictMdRing(m, &pr, ring);
       break;

@@ -1,8 +1,9 @@
 // The scaling model of ddl-sim: what an allreduce of n bytes costs on a cluster described by per-link-class
 // latency and bandwidth, for the algorithms libddl has (comm/src/algo/ring.cpp, mdring.cpp, rhd.cpp).
 //
-// Pure functions over plain structs: no I/O, no clock, no global state, so the unit tests check step counts and
-// byte volumes against hand calculation in microseconds. docs/scaling-model.md says what is and is not modelled.
+// Pure functions over plain structs: no I/O, no clock, no global state, so the unit tests check step counts
+// and byte volumes against hand calculation in microseconds. docs/scaling-model.md says what is and is not
+// modelled.
 #pragma once
 
 #include <array>
@@ -28,10 +29,10 @@ struct Link {
 // A cluster: ranks_per_node ranks per node (dim 0), nodes_per_switch nodes under one switch (dim 1), then
 // switches. Rank r lives on node r / ranks_per_node, and node m under switch m / nodes_per_switch.
 //
-// nics_per_node: the node's ports to the network, shared by every flow that leaves the node at once (kNode and
-// kSwitch alike); 0 means one port per rank (never shared). k flows leaving a node with c ports get
-// beta * min(1, c / k) each. Intra-node flows never share (each pair of ranks has its own link, as NVLink
-// pairs or shared memory with enough cores).
+// nics_per_node: the node's ports to the network, shared by every flow that leaves the node at once (kNode
+// and kSwitch alike); 0 means one port per rank (never shared). k flows leaving a node with c ports get
+// beta·min(1, c/k) each. Intra-node flows never share (each pair of ranks has its own link, as NVLink pairs
+// or shared memory with enough cores).
 struct Machine {
   std::string name;
   int ranks_per_node = 1;
@@ -71,9 +72,9 @@ struct Prediction {
   Algo algo = Algo::kRing;
   int ranks = 0;
   double bytes = 0;
-  std::vector<int> dims;         // mdring's grid; empty for the others
-  int steps = 0;                 // sequential rounds on the critical path
-  double bytes_sent_max = 0;     // bytes sent by the busiest rank
+  std::vector<int> dims;      // mdring's grid; empty for the others
+  int steps = 0;              // sequential rounds on the critical path
+  double bytes_sent_max = 0;  // bytes sent by the busiest rank
   double seconds = 0;
   std::vector<Phase> phases;
 };
@@ -94,14 +95,15 @@ StatusOr<Prediction> predict(const Machine& m, Algo algo, int p, double bytes, c
                              std::vector<int> dims = {});
 
 // The cost of consecutive ring steps over one effective link (ring.cpp's pipeline, to first order): each step
-// moves `block` bytes in ceil(block/segment) equal segments of s bytes; a segment's hop costs c = alpha + s/beta (+ s/reduce
-// when the step reduces), and a step keeps the link busy for nseg * u, u = max(s/beta, s/reduce,
-// (alpha + s/beta)/window). A step takes max(nseg * u, c); the last one (nseg - 1) * u + c.
+// moves `block` bytes in ceil(block/segment) equal segments of s bytes; a segment's hop costs c = alpha +
+// s/beta (+ s/reduce when the step reduces), and a step keeps the link busy for nseg * u, u = max(s/beta,
+// s/reduce, (alpha + s/beta)/window). A step takes max(nseg * u, c); the last one (nseg - 1) * u + c.
 double ringStepsSeconds(int steps, bool reduce, double block, const Link& link, double reduce_Bps,
                         const RingParams& ring);
 
-// Training-step efficiency: compute / (compute + exposed communication), where overlap (0..1) of the allreduce
-// hides behind the backward pass (backward_fraction of compute) at most.
-double scalingEfficiency(double compute_s, double allreduce_s, double overlap, double backward_fraction = 2.0 / 3);
+// Training-step efficiency: compute / (compute + exposed communication), where overlap (0..1) of the
+// allreduce hides behind the backward pass (backward_fraction of compute) at most.
+double scalingEfficiency(double compute_s, double allreduce_s, double overlap,
+                         double backward_fraction = 2.0 / 3);
 
 }  // namespace ddl::sim
