@@ -6,7 +6,7 @@
 #                    /etc/ddl/agent.json (conffile), /usr/share/doc/ddl-agent/{operations,security}.md
 #   ddlctl           /usr/bin/ddlctl
 #   libddl           /usr/lib/libddl.so*, /usr/include/ddl/ddl.h, /usr/bin/ddlrun, /usr/bin/ddl-bench,
-#                    /usr/lib/pkgconfig/ddl.pc and /usr/lib/cmake/ddl/ (find_package(ddl): ddl::ddl)
+#                    /usr/bin/ddl-sim (where nlohmann/json is found), /usr/lib/pkgconfig/ddl.pc and /usr/lib/cmake/ddl/ (find_package(ddl): ddl::ddl)
 #   python3-torch-ddl  /usr/lib/python3/dist-packages/torch_ddl (the torch.distributed backend "ddl"), where
 #                    torch_ddl was built (python/CMakeLists.txt)
 #

@@ -258,7 +258,7 @@ test_packages() {
     [ddl-coordinator]="usr/bin/ddl-coordinator lib/systemd/system/ddl-coordinator.service etc/ddl/coordinator.json"
     [ddl-agent]="usr/bin/ddl-agent usr/libexec/ddl/ddl-rank-shim lib/systemd/system/ddl-agent.service etc/ddl/agent.json"
     [ddlctl]="usr/bin/ddlctl"
-    [libddl]="usr/include/ddl/ddl.h usr/bin/ddlrun usr/bin/ddl-bench usr/lib/pkgconfig/ddl.pc
+    [libddl]="usr/include/ddl/ddl.h usr/bin/ddlrun usr/bin/ddl-bench usr/bin/ddl-sim usr/lib/pkgconfig/ddl.pc
               usr/lib/cmake/ddl/ddlConfig.cmake usr/lib/cmake/ddl/ddlConfigVersion.cmake
               usr/lib/cmake/ddl/ddlTargets.cmake"
   )
