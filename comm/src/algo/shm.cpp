@@ -5,8 +5,8 @@
 // carries piece g of every block (at most round_bytes / n bytes each), so a member's block stays contiguous
 // (what a hierarchical allreduce hands to the next dimension) while the rounds pipeline:
 //
-//   allreduce      copy in    every piece of its input into its slot                    (one copy)
-//                  reduce     its own piece of every member's slot, read in place, into its slot
+//   allreduce      copy in    every other member's piece of its input into its slot      (one copy)
+//                  reduce     its own piece: its input and every other slot's, read in place, into its slot
 //                  copy out   every member's finished piece into its output
 //   reducescatter  copy in, then reduce straight into its output
 //   allgather      copy in its own piece only, then copy out the others'
@@ -65,8 +65,10 @@ void reducePiece(const ShmNode& node, const Plan& p, const DataSpec& d, uint32_t
   if (first && dst != own) std::memcpy(dst, own, len * p.es);
 }
 
-void copyInAll(ShmNode& node, const Plan& p, uint32_t g, uint32_t piece, const char* src) {
+// Every piece but the member's own, which it reduces straight from its input.
+void copyInOthers(ShmNode& node, const Plan& p, uint32_t g, uint32_t piece, const char* src) {
   for (int b = 0; b < p.n; ++b) {
+    if (b == node.me()) continue;
     size_t off;
     const size_t len = p.at(b, piece, &off);
     if (len) std::memcpy(p.inSlot(node, node.me(), g, b), src + off * p.es, len * p.es);
@@ -96,7 +98,7 @@ void shmAllReduce(Session& s, ShmNode& node, const DataSpec& d, const void* src,
     if (t < K) {
       const uint32_t g = g0 + t;
       waitBufferFree(s, node, g);
-      copyInAll(node, p, g, t, in);
+      copyInOthers(node, p, g, t, in);
       node.publish(ShmNode::kCopied, g + 1);
     }
     if (t >= 1 && t - 1 < K) {
@@ -106,7 +108,7 @@ void shmAllReduce(Session& s, ShmNode& node, const DataSpec& d, const void* src,
       const size_t len = p.at(me, t - 1, &off);
       char* mine = p.inSlot(node, me, g, me);
       if (len) {
-        reducePiece(node, p, d, g, mine, mine, len);
+        reducePiece(node, p, d, g, mine, in + off * p.es, len);
         if (avg_divisor > 0) finishAvg(mine, len, d.type, avg_divisor);
       }
       node.publish(ShmNode::kReduced, g + 1);
@@ -134,7 +136,7 @@ void shmReduceScatter(Session& s, ShmNode& node, const DataSpec& d, const void* 
     if (t < K) {
       const uint32_t g = g0 + t;
       waitBufferFree(s, node, g);
-      copyInAll(node, p, g, t, in);
+      copyInOthers(node, p, g, t, in);
       node.publish(ShmNode::kCopied, g + 1);
     }
     if (t >= 1) {
@@ -144,7 +146,7 @@ void shmReduceScatter(Session& s, ShmNode& node, const DataSpec& d, const void* 
       const size_t len = p.at(me, t - 1, &off);
       if (len) {
         char* to = out + (off - my_begin) * p.es;
-        reducePiece(node, p, d, g, to, p.inSlot(node, me, g, me), len);
+        reducePiece(node, p, d, g, to, in + off * p.es, len);
         if (avg_divisor > 0) finishAvg(to, len, d.type, avg_divisor);
       }
       // Nothing more to read of round g: the counters move together (shm_node.h).
