@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "dtype.h"
 #include "algo/tune.h"
@@ -127,12 +128,16 @@ void Comm::joinNode(Store& store, const Deadline& deadline) {
     if (!node[rank_].empty() && node[r] == node[rank_]) mine.push_back(r);
   const int n = static_cast<int>(mine.size());
   const bool one_node = n == size_;
-  // Node-major: node k holds ranks k*n .. k*n+n-1, every node n of them.
+  // Node-major: node k holds ranks k*n .. k*n+n-1, and every node n of them (checked on the whole table, so
+  // that every rank reaches the same answer).
   bool regular = n > 1 && size_ % n == 0;
   for (int r = 0; regular && r < size_; ++r) {
     const int first = r / n * n;
-    regular = !node[r].empty() && node[r] == node[first] && (r % n == 0 || node[r] == node[r - 1]) &&
-              (first == 0 || node[first] != node[first - 1]);
+    regular = !node[r].empty() && node[r] == node[first] && (first == 0 || node[first] != node[first - 1]);
+  }
+  if (regular) {
+    std::map<std::string, int> count;
+    for (const auto& k : node) regular = regular && ++count[k] <= n;
   }
   if (!one_node && regular && options_.topology.nontrivialDims() <= 1) setTopology(Topology{{n, size_ / n}});
   const bool dim0_is_node = !one_node && regular && options_.topology.dims[0] == n;

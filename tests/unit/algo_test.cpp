@@ -522,6 +522,34 @@ TEST(ShmFailures, ForcedShmAcrossNodesIsRefusedAndOffMeansTheTransport) {
   expectAllOk(results);
 }
 
+// The node layout every rank derives from the table of node keys: the same on every rank, shared memory only
+// where the node is exactly mdring's dim 0, and every rank still gets the right sums.
+TEST(ShmLayout, IrregularNodesKeepEveryRankOnTheTransportAndRegularOnesGetAGrid) {
+  struct Layout {
+    std::vector<std::string> nodes;
+    std::string path, topology;
+  };
+  for (const Layout& l : std::vector<Layout>{{{"a", "a", "b", "b", "b", "b"}, "ucx", "6"},
+                                             {{"a", "b", "a", "b"}, "ucx", "4"},
+                                             {{"a", "a", "b", "b", "a", "a"}, "ucx", "6"},
+                                             {{"a", "a", "a", "b", "b", "b"}, "shm+ucx", "3x2"},
+                                             {{"a", "b", "c"}, "ucx", "3"}}) {
+    const int n = static_cast<int>(l.nodes.size());
+    auto fabric = std::make_shared<LocalFabric>(n);
+    fabric->setNodes(l.nodes);
+    auto results = runRanks(n, makeOptions(n, Algo::kMdRing, "", 0, 20000), [&](Comm& c) {
+      if (c.intraNodePath() != l.path || c.options().topology.str() != l.topology) {
+        throw Error(ddlInternalError, "path " + c.intraNodePath() + " topology " + c.options().topology.str());
+      }
+      std::vector<int64_t> buf(100003, c.rank() + 1);
+      c.allReduce(buf.data(), buf.data(), buf.size(), ddlInt64, ddlSum);
+      for (int64_t v : buf)
+        if (v != n * (n + 1) / 2) throw Error(ddlInternalError, "wrong sum " + std::to_string(v));
+    }, fabric, makeMemoryStore());
+    expectAllOk(results);
+  }
+}
+
 TEST(Failures, BadArgumentsBreakNothing) {
   auto results = runRanks(2, makeOptions(2, Algo::kAuto), [&](Comm& c) {
     std::vector<float> buf(10, 1.0f);
