@@ -146,25 +146,35 @@ void Comm::joinNode(Store& store, const Deadline& deadline) {
                                  " shares its node with " + std::to_string(n) + " of the " + std::to_string(size_) +
                                  " ranks");
   }
-  // On one node a forced transport algorithm (DDL_ALGO=ring, rhd, mdring) takes every collective to UCX.
-  const bool forced_ucx = options_.algo != Algo::kAuto && options_.algo != Algo::kShm;
-  if (!options_.shm || n < 2 || !(one_node ? !forced_ucx : dim0_is_node)) return;
+  // A forced transport algorithm takes every collective to UCX: on one node all of them (DDL_ALGO=ring, rhd,
+  // mdring); across nodes all but mdring, whose dim 0 is what the segment serves there.
+  const bool forced_ucx = options_.algo != Algo::kAuto && options_.algo != Algo::kShm &&
+                          (one_node || options_.algo != Algo::kMdRing);
+  if (!options_.shm || n < 2 || forced_ucx || !(one_node || dim0_is_node)) return;
 
   std::string why;
   const size_t round = options_.shm_round_bytes ? options_.shm_round_bytes : kShmRoundBytes;
-  shm_ = ShmNode::attach(store, mine, rank_, round, kShmBuffers, deadline, &why);
+  try {
+    shm_ = ShmNode::attach(store, mine, rank_, round, kShmBuffers, deadline, &why);
+  } catch (const std::exception& e) {
+    // Even then this rank takes part in the agreement below, so the others learn of it at once.
+    why = e.what();
+  }
   int32_t ok = shm_ != nullptr, all = 0;
-  allReduceNow(&ok, &all, 1, ddlInt32, ddlMin);  // over UCX: shm_all_ is not set yet
+  // Over UCX, whatever DDL_ALGO says: the segment is what is being agreed on.
+  run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, static_cast<int>(Algo::kRhd), [&](Session& s) {
+    rhdAllReduce(s, DataSpec{ddlInt32, ddlMin, sizeof(int32_t), selectSegmentBytes(0)}, &ok, &all, 1);
+  });
   if (!all) {
     if (!ok) {
       std::fprintf(stderr, "ddl: %s: no shared memory with the ranks of its node (%s); collectives go through UCX\n",
                    channel_->peerName(rank_).c_str(), why.c_str());
     }
+    shm_.reset();
     if (options_.algo == Algo::kShm) {
       fail(ddlInvalidArgument, "DDL_ALGO=shm, but shared memory could not be set up" +
-                                   (ok ? std::string(" on another rank's node") : ": " + why));
+                                   (ok ? std::string(" for another rank (its stderr says why)") : ": " + why));
     }
-    shm_.reset();
     return;
   }
   // Waits as the channel's do (Channel::idle): ranks that outnumber the cores yield at once, ddlWaitShare polls
@@ -332,6 +342,8 @@ size_t checkedBytes(size_t count, size_t elem, size_t factor = 1) {
 
 AllReduceChoice Comm::allReduceChoice(size_t bytes) const {
   if (shmServes()) return AllReduceChoice{Algo::kShm, 0};
+  // DDL_ALGO=shm where joinNode found nothing to share (a single rank; a communicator built without a store).
+  if (options_.algo == Algo::kShm) return AllReduceChoice{Algo::kRing, selectSegmentBytes(options_.segment_bytes)};
   return chooseAllReduce(options_.algo, options_.segment_bytes, options_.tune.get(), topology_str_, has_grid_,
                          size_, bytes);
 }

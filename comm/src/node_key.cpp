@@ -26,7 +26,8 @@ std::string nsInode(const char* path) {
 
 std::string localNodeKey() {
   static const std::string key = firstLine("/proc/sys/kernel/random/boot_id") + "/" + nsInode("/proc/self/ns/ipc") +
-                                 "/" + nsInode("/proc/self/ns/mnt") + "/" + nsInode("/proc/self/ns/net");
+                                 "/" + nsInode("/proc/self/ns/mnt") + "/" + nsInode("/proc/self/ns/net") + "/" +
+                                 nsInode("/proc/self/ns/pid");
   return key;
 }
 

@@ -1,6 +1,7 @@
 #include "shm_node.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <new>
@@ -51,9 +53,16 @@ void futexWakeAll(std::atomic<uint32_t>* word) {
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// Never throws (std::random_device may, where the kernel gives no entropy): then the clock and address space.
 std::string randomName() {
-  std::random_device rd;
-  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  uint64_t r = 0;
+  try {
+    std::random_device rd;
+    r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  } catch (...) {
+  }
+  r ^= static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+       reinterpret_cast<uintptr_t>(&r);
   char buf[64];
   std::snprintf(buf, sizeof(buf), "/ddl-%d-%016llx", static_cast<int>(getpid()), static_cast<unsigned long long>(r));
   return buf;
@@ -70,20 +79,24 @@ struct ShmNode::Header {
   uint64_t round_bytes;
   uint32_t buffers;
   std::atomic<uint32_t> attached;
-  std::atomic<uint32_t> sleepers;  // members blocked on a futex: publishers wake only when non-zero
-  std::atomic<uint32_t> failed;    // 0, or the failing member's rank + 1 (kFailWriting while its text is written)
+  std::atomic<uint32_t> failed;  // 0, or the failing member's rank + 1 (kFailWriting while its text is written)
   char why[1024];
+  // Members blocked on a futex: publishers wake only when non-zero. Read by every publish, so on a line of its
+  // own.
+  alignas(kLineBytes) std::atomic<uint32_t> sleepers;
 };
 
 struct ShmNode::Line {
   std::atomic<uint32_t> counter[3];
-  uint32_t pid;
+  std::atomic<uint32_t> pid;
   // The signatures of the member's last collectives, by collective number modulo 4. A member can be at most
   // one collective ahead of another (each needs every member's data), so the one being checked is still there.
   std::atomic<uint64_t> signature[4];
 };
 static_assert(sizeof(ShmNode::Line) <= kLineBytes, "a control line fits its 128 bytes");
 static_assert(sizeof(ShmNode::Header) <= kPage, "the header fits its page");
+// Round g uses buffer g % buffers: continuous across the wrap of the 32-bit round counter only for powers of two.
+constexpr bool powerOfTwo(int v) { return v > 0 && (v & (v - 1)) == 0; }
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
               "atomics in shared memory must be lock-free (address-free)");
 
@@ -95,7 +108,9 @@ std::unique_ptr<ShmNode> ShmNode::attach(Store& store, const std::vector<int>& m
   const int n = static_cast<int>(members.size());
   for (int i = 0; i < n; ++i)
     if (members[i] == rank) node->me_ = i;
-  DDL_ASSERT(n >= 1 && members[node->me_] == rank && buffers >= 2);
+  // At step t a member copies round t in once every member consumed round t - buffers; consumption of round
+  // t-2 comes at the end of step t, so 2 buffers would deadlock from the third round on.
+  DDL_ASSERT(n >= 1 && members[node->me_] == rank && buffers >= 3 && powerOfTwo(buffers));
   node->round_bytes_ = std::max<size_t>(64, round_bytes / n / 64 * 64) * n;
   node->buffers_ = buffers;
   node->lines_offset_ = kPage;
@@ -114,9 +129,9 @@ std::unique_ptr<ShmNode> ShmNode::attach(Store& store, const std::vector<int>& m
       err = errnoText("shm_open " + node->name_);
     } else if (ftruncate(fd, static_cast<off_t>(node->map_bytes_)) != 0) {
       err = errnoText("ftruncate");
-    } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(node->map_bytes_)); e != 0) {
+    } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(node->data_offset_)); e != 0) {
       errno = e;
-      err = errnoText("reserving " + std::to_string(node->map_bytes_ >> 20) + " MiB in /dev/shm");
+      err = errnoText("reserving the segment's header in /dev/shm");
     } else if ((p = mmap(nullptr, node->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
       err = errnoText("mmap of " + std::to_string(node->map_bytes_) + " bytes");
     }
@@ -130,8 +145,8 @@ std::unique_ptr<ShmNode> ShmNode::attach(Store& store, const std::vector<int>& m
     }
     node->base_ = static_cast<char*>(p);
     new (node->base_) Header{kMagic, kVersion, static_cast<uint32_t>(n), node->round_bytes_,
-                             static_cast<uint32_t>(buffers), {0}, {0}, {0}, {}};
-    for (int i = 0; i < n; ++i) new (&node->line(i)) Line{{{0}, {0}, {0}}, 0, {{0}, {0}, {0}, {0}}};
+                             static_cast<uint32_t>(buffers), {0}, {0}, {}, {0}};
+    for (int i = 0; i < n; ++i) new (&node->line(i)) Line{{{0}, {0}, {0}}, {0}, {{0}, {0}, {0}, {0}}};
     // Announced only once complete: the store's round trip orders it before any member's look.
     store.set(key, "name " + node->name_);
   } else {
@@ -158,6 +173,21 @@ std::unique_ptr<ShmNode> ShmNode::attach(Store& store, const std::vector<int>& m
     node->base_ = static_cast<char*>(p);
     node->name_ = name;
   }
+  // Each member reserves its own slot's pages: the kernel places them on the NUMA node of the member that
+  // writes them, and a full /dev/shm is an error here rather than a SIGBUS at the first touch.
+  {
+    const int fd2 = shm_open(node->name_.c_str(), O_RDWR, 0600);
+    const off_t at = static_cast<off_t>(node->slot(node->me_, 0) - node->base_);
+    const off_t len = static_cast<off_t>(node->round_bytes_ * buffers);
+    const int e = fd2 < 0 ? errno : posix_fallocate(fd2, at, len);
+    if (fd2 >= 0) close(fd2);
+    if (e != 0) {
+      errno = e;
+      *why = errnoText("reserving " + std::to_string(len >> 20) + " MiB in /dev/shm");
+      if (!creator) node->name_.clear();
+      return nullptr;
+    }
+  }
   auto* h = reinterpret_cast<Header*>(node->base_);
   if (h->magic != kMagic || h->version != kVersion || h->members != static_cast<uint32_t>(n) ||
       h->round_bytes != node->round_bytes_ || h->buffers != static_cast<uint32_t>(buffers)) {
@@ -165,7 +195,7 @@ std::unique_ptr<ShmNode> ShmNode::attach(Store& store, const std::vector<int>& m
     node->name_.clear();
     return nullptr;
   }
-  node->line(node->me_).pid = static_cast<uint32_t>(getpid());
+  node->line(node->me_).pid.store(static_cast<uint32_t>(getpid()), std::memory_order_release);
   if (h->attached.fetch_add(1) + 1 == static_cast<uint32_t>(n)) {
     shm_unlink(node->name_.c_str());  // every member has it mapped: nothing to leave behind
     node->name_.clear();
@@ -178,6 +208,8 @@ std::unique_ptr<ShmNode> ShmNode::attach(Store& store, const std::vector<int>& m
 ShmNode::~ShmNode() {
   if (!name_.empty()) shm_unlink(name_.c_str());  // members that never came: unlink it anyway
   if (base_) munmap(base_, map_bytes_);
+  for (int fd : pidfds_)
+    if (fd >= 0) close(fd);
 }
 
 ShmNode::Line& ShmNode::line(int member) const {
@@ -230,11 +262,28 @@ void ShmNode::checkPeer(Session& s, int member) {
                                " (reported through shared memory)");
     }
   }
-  const pid_t pid = static_cast<pid_t>(line(member).pid);
-  if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
-    fail(ddlRemoteError, s.channel().peerName(rankOf(member)) + " died: its process " + std::to_string(pid) +
-                             " is gone (noticed through shared memory)");
+  if (!alive(member)) {
+    fail(ddlRemoteError, s.channel().peerName(rankOf(member)) + " died: its process " +
+                             std::to_string(line(member).pid.load()) + " ended (noticed through shared memory)");
   }
+}
+
+bool ShmNode::alive(int member) {
+  const pid_t pid = static_cast<pid_t>(line(member).pid.load(std::memory_order_acquire));
+  if (pid <= 0 || pid == getpid()) return true;  // not attached yet, or a thread of this process (tests)
+  // A pidfd (opened once, so a reused pid cannot pass for the member) turns readable when the process ends,
+  // zombie or not; kill(pid, 0) where the kernel has no pidfd_open (before Linux 5.3).
+  if (pidfds_.empty()) pidfds_.assign(size(), -2);
+  int& fd = pidfds_[member];
+#ifdef SYS_pidfd_open
+  if (fd == -2) fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd >= 0) {
+    pollfd p{fd, POLLIN, 0};
+    return poll(&p, 1, 0) == 0;
+  }
+  if (errno == ESRCH) return false;  // gone before we looked
+#endif
+  return !(kill(pid, 0) != 0 && errno == ESRCH);
 }
 
 void ShmNode::waitOne(Session& s, int member, Counter c, uint32_t target) {
@@ -248,7 +297,7 @@ void ShmNode::waitOne(Session& s, int member, Counter c, uint32_t target) {
       if (reached(word.load(std::memory_order_acquire))) return;
       cpuRelax();
     }
-    spins += 64;
+    if (spins < spin_rounds_) spins += 64;
     if (spins < spin_rounds_) {
       if ((spins & 4095) == 0) checkPeer(s, member);
       continue;

@@ -15,8 +15,11 @@
 // beside its counters, so members that called different collectives fail with a mismatch, not a hang.
 //
 // The segment is created by the node's first member with a random name, announced through the bootstrap
-// store, and unlinked as soon as every member has mapped it, so nothing is left in /dev/shm when ranks die.
-// Its pages are reserved up front (posix_fallocate): a full /dev/shm is an error at attach, not a SIGBUS later.
+// store, and unlinked as soon as every member has mapped it, so once a communicator is up nothing is left in
+// /dev/shm whatever happens to its ranks (a member killed during the attach itself can leave the name behind;
+// it carries the creator's pid). Each member reserves its slot's pages (posix_fallocate), on its NUMA node, so a
+// full /dev/shm is an error at attach, not a SIGBUS later. A member's death is seen through a pidfd (or
+// kill(pid, 0)), which node keys make meaningful: members share a PID namespace.
 //
 // Threads: one thread at a time per member (the communicator serialises collectives).
 #pragma once
@@ -87,6 +90,7 @@ class ShmNode {
   Line& line(int member) const;
   void waitOne(Session& s, int member, Counter c, uint32_t target);
   void checkPeer(Session& s, int member);
+  bool alive(int member);  // false once the member's process has ended
 
   std::vector<int> members_;
   int me_ = 0;
@@ -101,6 +105,7 @@ class ShmNode {
   uint32_t collective_ = 0;   // shared-memory collectives begun
   uint64_t signature_ = 0;
   int spin_rounds_ = 20000, yield_rounds_ = 0;
+  std::vector<int> pidfds_;  // per member: -2 not opened yet, -1 none (kill(pid, 0) then)
 };
 
 }  // namespace ddl

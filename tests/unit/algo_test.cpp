@@ -550,6 +550,32 @@ TEST(ShmLayout, IrregularNodesKeepEveryRankOnTheTransportAndRegularOnesGetAGrid)
   }
 }
 
+// A segment that cannot be reserved (far more than /dev/shm holds) sends every rank to the transport, with the
+// right results; DDL_ALGO=shm then fails at init saying why. A single rank with DDL_ALGO=shm has nothing to share.
+TEST(ShmLayout, ASegmentThatCannotBeMadeFallsBackOrFailsClearly) {
+  Options huge = makeOptions(4, Algo::kAuto);
+  huge.shm_round_bytes = size_t{1} << 36;  // 4 ranks x 4 buffers x 64 GiB
+  auto results = runOnNodes(4, 4, huge, [&](Comm& c) {
+    if (c.intraNodePath() != "ucx") throw Error(ddlInternalError, "path " + c.intraNodePath());
+    std::vector<int32_t> buf(1000, c.rank());
+    c.allReduce(buf.data(), buf.data(), buf.size(), ddlInt32, ddlSum);
+    if (buf[999] != 6) throw Error(ddlInternalError, "wrong sum");
+  });
+  expectAllOk(results);
+  huge.algo = Algo::kShm;
+  results = runOnNodes(4, 4, huge, [&](Comm&) {});
+  for (const auto& r : results) {
+    EXPECT_EQ(r.code, ddlInvalidArgument) << r.what;
+    EXPECT_NE(r.what.find("DDL_ALGO=shm, but shared memory could not be set up"), std::string::npos) << r.what;
+  }
+  results = runOnNodes(1, 1, makeOptions(1, Algo::kShm), [&](Comm& c) {
+    std::vector<float> in(100, 2.0f), out(100);
+    c.allReduce(in.data(), out.data(), in.size(), ddlFloat32, ddlSum);
+    if (out[99] != 2.0f) throw Error(ddlInternalError, "wrong copy");
+  });
+  expectAllOk(results);
+}
+
 TEST(Failures, BadArgumentsBreakNothing) {
   auto results = runRanks(2, makeOptions(2, Algo::kAuto), [&](Comm& c) {
     std::vector<float> buf(10, 1.0f);

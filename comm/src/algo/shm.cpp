@@ -28,11 +28,15 @@ namespace {
 struct Plan {
   int n;
   size_t count, es;
-  size_t piece;  // elements per block per round
+  size_t piece;   // elements per block per round
+  size_t stride;  // bytes between the blocks' pieces in a round buffer
   uint32_t rounds;
 
-  Plan(const ShmNode& node, size_t count_, size_t es_) : n(node.size()), count(count_), es(es_) {
-    piece = std::max<size_t>(1, node.roundBytes() / n / es);
+  // own_only: a member puts only its own block's piece in its buffers (allgather), which may then fill them.
+  Plan(const ShmNode& node, size_t count_, size_t es_, bool own_only = false)
+      : n(node.size()), count(count_), es(es_) {
+    piece = std::max<size_t>(1, node.roundBytes() / (own_only ? 1 : n) / es);
+    stride = own_only ? 0 : piece * es;
     const size_t largest = blockCount(count, n, 0);
     rounds = static_cast<uint32_t>((largest + piece - 1) / piece);
   }
@@ -43,7 +47,7 @@ struct Plan {
     return start < bc ? std::min(piece, bc - start) : 0;
   }
   char* inSlot(const ShmNode& node, int member, uint32_t g, int b) const {
-    return node.slot(member, static_cast<int>(g % node.buffers())) + static_cast<size_t>(b) * piece * es;
+    return node.slot(member, static_cast<int>(g % node.buffers())) + static_cast<size_t>(b) * stride;
   }
 };
 
@@ -159,7 +163,7 @@ void shmReduceScatter(Session& s, ShmNode& node, const DataSpec& d, const void* 
 
 void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_t count) {
   char* data = static_cast<char*>(buf);
-  const Plan p(node, count, d.elem);
+  const Plan p(node, count, d.elem, true);
   const uint32_t g0 = node.round(), K = p.rounds;
   const int me = node.me();
   node.begin(s.fingerprint());
