@@ -361,6 +361,8 @@ void Session::poll(int waiting_for) {
   }
   const std::string& remote = ch_.remoteError();
   if (!remote.empty()) fail(ddlRemoteError, remote + " (reported during " + describe() + " on this rank)");
+  // A peer that runs a transport collective instead of this one sends messages this rank never takes.
+  if (waiting_for >= 0) probeMismatch(waiting_for);
   checkDeadline(waiting_for);
 }
 

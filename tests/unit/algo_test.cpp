@@ -449,6 +449,17 @@ TEST(ShmFailures, MismatchedCountsAndCollectivesGiveAnErrorNotAHang) {
     }
   });
   expectMismatchDetected(results);
+  // A collective with no shared-memory form (broadcast, over the transport) against one over shared memory.
+  results = runOnNodes(2, 2, makeOptions(2, Algo::kAuto), [&](Comm& c) {
+    std::vector<int32_t> buf(64, 1);
+    if (c.rank() == 0) {
+      c.allReduce(buf.data(), buf.data(), buf.size(), ddlInt32, ddlSum);
+    } else {
+      c.broadcast(buf.data(), buf.data(), buf.size(), ddlInt32, 1);  // the root's send may complete: it can pass
+    }
+  });
+  EXPECT_EQ(results[0].code, ddlInvalidArgument) << results[0].what;
+  EXPECT_NE(results[0].what.find("mismatch"), std::string::npos) << results[0].what;
 }
 
 TEST(ShmFailures, AbortWakesEveryWaiterAndNamesTheRank) {
