@@ -954,6 +954,16 @@ TEST(TcpStore, GetManyWaitsForEveryKeyAndNamesAMissingOne) {
   auto b = connectLocal(server->port());
   checkGetMany(*a, *b, "127.0.0.1:" + std::to_string(server->port()));
   EXPECT_EQ(b->add("after", 1), 1);  // the connection is still in step
+  // The server reuses its last answer only while nothing changed: a SET in between shows.
+  a->set("c", "1");
+  EXPECT_EQ(b->getMany({"c", "g/0"}, Deadline(5000)), (std::vector<std::string>{"1", "zero"}));
+  EXPECT_EQ(a->getMany({"c", "g/0"}, Deadline(5000)), (std::vector<std::string>{"1", "zero"}));
+  a->set("c", "2");
+  EXPECT_EQ(b->getMany({"c", "g/0"}, Deadline(5000)), (std::vector<std::string>{"2", "zero"}));
+  EXPECT_EQ(a->add("n", 3), 3);
+  EXPECT_EQ(b->getMany({"n", "c"}, Deadline(5000)), (std::vector<std::string>{"3", "2"}));
+  EXPECT_EQ(a->add("n", 1), 4);
+  EXPECT_EQ(b->getMany({"n", "c"}, Deadline(5000)), (std::vector<std::string>{"4", "2"}));
 }
 
 // Many clients gather from one another at once, as ranks at bootstrap.
