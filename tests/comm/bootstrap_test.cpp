@@ -2,8 +2,15 @@
 // per rank and UcxTransport. Covers the one-record gather (a rank that never publishes is named), lazy
 // endpoints (a ring connects each rank to its two neighbours only, and node keys are known without
 // connecting), and that a failure still reaches every rank when ranks tell only the peers they are connected
-// to: the report floods from rank to rank.
+// to: the report floods from rank to rank. And a whole start at an IPv6 DDL_ROOT.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <functional>
 #include <memory>
@@ -130,6 +137,59 @@ TEST(Bootstrap, AMissingRankIsNamed) {
     EXPECT_EQ(ends[r].code, ddlTimeout) << ends[r].what;
     EXPECT_NE(ends[r].what.find("waiting for key 'boot/3'"), std::string::npos) << ends[r].what;
     EXPECT_NE(ends[r].what.find("communicator of 4 ranks"), std::string::npos) << ends[r].what;
+  }
+}
+
+// A free port on [::1], or 0 with *why when this machine has no IPv6 loopback.
+int freeIpv6Port(std::string* why) {
+  int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) {
+    *why = std::string("no IPv6 sockets: ") + std::strerror(errno);
+    return 0;
+  }
+  sockaddr_in6 addr{};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_loopback;
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin6_port);
+  } else {
+    *why = std::string("cannot bind [::1]: ") + std::strerror(errno);
+  }
+  ::close(fd);
+  return port;
+}
+
+// DDL_ROOT=[::1]:port: the whole communicator start (rank 0's store, every rank's client, the gather).
+TEST(Bootstrap, RendezvousAtAnIpv6Root) {
+  std::string why;
+  const int port = freeIpv6Port(&why);
+  if (port == 0) GTEST_SKIP() << "this machine has no IPv6 loopback (" << why << ")";
+  constexpr int n = 3;
+  const std::string root = "[::1]:" + std::to_string(port);
+  std::vector<RankEnd> ends(n);
+  std::vector<float> sums(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        Options opts;
+        opts.timeout_ms = 20000;
+        auto comm = Comm::create(n, r, root, opts);
+        float v = static_cast<float>(r + 1);
+        comm->allReduce(&v, &v, 1, ddlFloat32, ddlSum);
+        sums[r] = v;
+      } catch (const Error& e) {
+        ends[r] = {e.code(), e.what()};
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(ends[r].code, ddlSuccess) << "rank " << r << ": " << ends[r].what;
+    EXPECT_EQ(sums[r], 6.0f) << "rank " << r;
   }
 }
 
