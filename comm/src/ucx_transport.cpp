@@ -1,5 +1,6 @@
 #include "ucx_transport.h"
 
+#include <arpa/inet.h>
 #include <poll.h>
 #include <sched.h>
 #include <unistd.h>
@@ -31,14 +32,13 @@ struct Peer {
 };
 
 // A rank's one record in the rendezvous store: its host name, node key and UCX worker address, each a u32
-// length (host byte order: every rank of a job runs the same libddl, and the record is opaque to the store)
-// and its bytes.
+// length (network byte order, as the store's frames) and its bytes.
 constexpr const char* kRecordPrefix = "boot/";
 
 std::string encodeRecord(const std::vector<std::string>& fields) {
   std::string out;
   for (const std::string& f : fields) {
-    const uint32_t len = static_cast<uint32_t>(f.size());
+    const uint32_t len = htonl(static_cast<uint32_t>(f.size()));
     out.append(reinterpret_cast<const char*>(&len), sizeof len);
     out.append(f);
   }
@@ -52,6 +52,7 @@ bool decodeRecord(std::string_view record, size_t n, std::vector<std::string>* f
     uint32_t len = 0;
     if (record.size() < sizeof len) return false;
     std::memcpy(&len, record.data(), sizeof len);
+    len = ntohl(len);
     record.remove_prefix(sizeof len);
     if (record.size() < len) return false;
     fields->emplace_back(record.substr(0, len));
