@@ -1,8 +1,9 @@
 // MemoryStore: the Store for ranks that are threads of one process (algorithm tests, LocalTransport). A map
 // under one mutex; get() sleeps on a condition variable that every set() and add() wakes, so a reader blocked
 // on a key another rank has not published yet costs nothing while it waits, and gives up at its deadline with
-// ddlTimeout. Semantics match TcpStore exactly (add() keeps the value as a decimal string, so get() of a
-// counter works), so code tested over this store behaves the same over TCP.
+// ddlTimeout; getMany() likewise, for all its keys at once. Semantics match TcpStore exactly (add() keeps the
+// value as a decimal string, so get() of a counter works), so code tested over this store behaves the same over
+// TCP.
 //
 // Threads: any thread may call any method at any time.
 #include <charconv>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "error.h"
 #include "store.h"
@@ -41,6 +43,29 @@ class MemoryStore : public Store {
       int64_t wait_ms = deadline.remainingMs() > 0 ? deadline.remainingMs() : 1;
       cv_.wait_for(lock, std::chrono::milliseconds(wait_ms));
     }
+  }
+
+  std::vector<std::string> getMany(const std::vector<std::string>& keys, const Deadline& deadline) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    size_t next = 0;  // keys before it exist (keys are never removed)
+    for (;;) {
+      while (next < keys.size() && data_.count(keys[next]) != 0) ++next;
+      if (next == keys.size()) break;
+      if (deadline.expired()) {
+        size_t missing = 0;
+        for (size_t i = next; i < keys.size(); ++i) missing += data_.count(keys[i]) == 0;
+        fail(ddlTimeout, "timed out after " + std::to_string(deadline.timeoutMs()) + " ms waiting for key '" +
+                             keys[next] + "'" +
+                             (missing > 1 ? " and " + std::to_string(missing - 1) + " more" : std::string()) +
+                             " in the in-memory store (did every rank start and publish it?)");
+      }
+      int64_t wait_ms = deadline.remainingMs() > 0 ? deadline.remainingMs() : 1;
+      cv_.wait_for(lock, std::chrono::milliseconds(wait_ms));
+    }
+    std::vector<std::string> values;
+    values.reserve(keys.size());
+    for (const std::string& key : keys) values.push_back(data_.at(key));
+    return values;
   }
 
   int64_t add(const std::string& key, int64_t delta) override {

@@ -126,11 +126,19 @@ const std::string& Channel::readControl() {
 void Channel::notifyPeers(const std::string& why) {
   if (notified_) return;
   notified_ = true;
-  control_msg_ = peerName(rank_) + " failed: " + why;
+  // A rank failing because a peer reported a failure passes that report on unchanged: the origin stays at
+  // the front of the message however many ranks it crosses.
+  control_msg_ = remote_error_.empty() ? peerName(rank_) + " failed: " + why : remote_error_;
   if (control_msg_.size() > sizeof(control_buf_)) control_msg_.resize(sizeof(control_buf_));
   uint64_t t = tag::kControl | (static_cast<uint64_t>(rank_) << tag::kSrcShift);
+  // Only the peers this rank is connected to, and its two ring neighbours: telling all p would connect to
+  // all p (the transport connects lazily). Each rank that learns of the failure fails and tells its own, once,
+  // so the report floods the graph of connections, which the ring neighbours keep connected: every rank hears
+  // of it within p/2 hops, and a rank waiting for a dead peer notices on its own (its endpoint's error).
+  const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || !transport_->peerError(p).empty()) continue;
+    if (p != next && p != prev && !transport_->connected(p)) continue;
     control_sends_.push_back(std::make_unique<Request>());
     transport_->send(*control_sends_.back(), p, t, control_msg_.data(), control_msg_.size());
   }

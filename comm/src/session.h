@@ -9,7 +9,8 @@
 // No hangs: every wait ends in completion, the deadline (ddlTimeout), ddlCommAbort (ddlAborted), a dead or
 // aborting peer (ddlRemoteError), or a message whose signature or length differs from what this rank expects
 // (ddlInvalidArgument: the ranks called different collectives). When a rank fails a collective it sends a
-// short control message to every peer, so the others stop at once instead of waiting for their deadline.
+// short control message to the peers it is connected to and its ring neighbours, and each rank that fails on
+// such a report passes it on, so the others stop within a few hops instead of waiting for their deadline.
 //
 // Tag layout (64 bits): [63] control | [62] p2p | [61:47] sequence | [46:39] signature | [38:24] sender |
 // [23:0] unit. Receives match the control and p2p bits, sequence, sender and unit; the signature is checked
@@ -112,7 +113,9 @@ class Channel {
     return control_recv_.done.load(std::memory_order_acquire) ? readControl() : remote_error_;
   }
 
-  // Best effort, bounded: tells every live peer that this rank failed, with why.
+  // Best effort, bounded, once: tells the live peers this rank is connected to, and its ring neighbours, that
+  // this rank failed, with why; or passes on, unchanged, the report of a peer that made it fail. Each rank
+  // passing it on, the report reaches every rank.
   void notifyPeers(const std::string& why);
 
   // Scratch buffer number slot (0: algorithm staging, 1: whole-message workspace) of at least bytes,

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ddl/ddl.h"
 #include "deadline.h"
@@ -26,6 +27,16 @@ class Store {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Returns the value of key, waiting until some rank sets it; throws ddlTimeout at the deadline.
   virtual std::string get(const std::string& key, const Deadline& deadline) = 0;
+  // The values of keys, in their order, once every one is set; throws ddlTimeout naming a key still missing at
+  // the deadline. This is the bootstrap's gather, so TcpStore and MemoryStore answer it in one round trip
+  // (a get() per key costs p round trips through rank 0's server, minutes at a thousand ranks). This default
+  // asks get() key by key: a framework's store (CallbackStore) has no multi-get of its own.
+  virtual std::vector<std::string> getMany(const std::vector<std::string>& keys, const Deadline& deadline) {
+    std::vector<std::string> values;
+    values.reserve(keys.size());
+    for (const std::string& key : keys) values.push_back(get(key, deadline));
+    return values;
+  }
   // Atomically adds delta to the integer at key (missing = 0) and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };

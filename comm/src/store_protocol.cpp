@@ -14,19 +14,33 @@ uint32_t getU32(const char* p) {
   return ntohl(n);
 }
 
+void putU32(std::string* s, uint32_t v) {
+  uint32_t n = htonl(v);
+  s->append(reinterpret_cast<const char*>(&n), 4);
+}
+
+// Reads a u32 length and that many bytes from the front of *in; false when *in is too short.
+bool takeBytes(std::string_view* in, std::string_view* out) {
+  if (in->size() < 4) return false;
+  const uint32_t len = getU32(in->data());
+  if (in->size() - 4 < len) return false;
+  *out = in->substr(4, len);
+  in->remove_prefix(4 + size_t{len});
+  return true;
+}
+
 std::string sizeText(size_t bytes) {
   if (bytes >= (size_t{1} << 20) && bytes % (size_t{1} << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
   return std::to_string(bytes) + " bytes";
 }
 
-// A key as an error message shows it: whole when short and printable, else its length.
+}  // namespace
+
 std::string shownKey(std::string_view key) {
   bool printable = key.size() <= 128;
   for (char c : key) printable = printable && c >= 0x20 && c < 0x7f;
   return printable ? "'" + std::string(key) + "'" : "of " + std::to_string(key.size()) + " bytes";
 }
-
-}  // namespace
 
 FrameVerdict parseStoreFrame(std::string_view in, Admission admission, bool has_secret, Frame* frame) {
   if (in.size() < kRequestHeaderBytes) return FrameVerdict::kNeedMore;
@@ -40,9 +54,10 @@ FrameVerdict parseStoreFrame(std::string_view in, Admission admission, bool has_
   frame->key = {};
   frame->value = {};
   frame->size = 0;
-  const bool request = key_len <= kMaxKeyBytes && ((op == kSet && value_len <= kMaxValueBytes) ||
-                                                   ((op == kGet || op == kCancel) && value_len == 0) ||
-                                                   (op == kAdd && value_len == 8));
+  const bool request = (key_len <= kMaxKeyBytes && ((op == kSet && value_len <= kMaxValueBytes) ||
+                                                    ((op == kGet || op == kCancel) && value_len == 0) ||
+                                                    (op == kAdd && value_len == 8))) ||
+                       (op == kGetMany && key_len == 0 && value_len >= 8 && value_len <= kMaxManyRequestBytes);
   const bool handshake = (op == kHello || op == kProof) && key_len == 0 && value_len == kNonceBytes;
   // A client without the job's secret: refuse it on the header alone (its body is not worth buffering).
   if (request && admission == Admission::kAwaitHello) return FrameVerdict::kRefuse;
@@ -68,7 +83,72 @@ FrameVerdict parseStoreFrame(std::string_view in, Admission admission, bool has_
   frame->key = in.substr(kRequestHeaderBytes, key_len);
   frame->value = in.substr(kRequestHeaderBytes + key_len, value_len);
   frame->size = total;
+  if (op == kGetMany) {
+    // Checked whole here, so the server's loop applies only well-formed lists; a malformed one is a corrupt
+    // stream like any other.
+    uint32_t wait_ms = 0;
+    std::vector<std::string_view> keys;
+    if (!decodeGetMany(frame->value, &wait_ms, &keys)) return FrameVerdict::kDrop;
+  }
   return handshake ? FrameVerdict::kHandshake : FrameVerdict::kRequest;
+}
+
+std::string encodeGetMany(uint32_t wait_ms, const std::vector<std::string>& keys) {
+  std::string out;
+  putU32(&out, wait_ms);
+  putU32(&out, static_cast<uint32_t>(keys.size()));
+  for (const std::string& k : keys) {
+    putU32(&out, static_cast<uint32_t>(k.size()));
+    out.append(k);
+  }
+  return out;
+}
+
+bool decodeGetMany(std::string_view value, uint32_t* wait_ms, std::vector<std::string_view>* keys) {
+  keys->clear();
+  if (value.size() < 8 || value.size() > kMaxManyRequestBytes) return false;
+  *wait_ms = getU32(value.data());
+  const uint32_t count = getU32(value.data() + 4);
+  // Every key takes at least its 4-byte length, so count is checked against the bytes before reserving.
+  if (*wait_ms > kMaxManyWaitMs || count == 0 || count > kMaxManyKeys || count > (value.size() - 8) / 4) {
+    return false;
+  }
+  value.remove_prefix(8);
+  keys->reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    std::string_view key;
+    if (!takeBytes(&value, &key) || key.size() > kMaxKeyBytes) return false;
+    keys->push_back(key);
+  }
+  return value.empty();
+}
+
+std::string encodeValues(const std::vector<const std::string*>& values) {
+  size_t total = 4;
+  for (const std::string* v : values) total += 4 + v->size();
+  std::string out;
+  out.reserve(total);
+  putU32(&out, static_cast<uint32_t>(values.size()));
+  for (const std::string* v : values) {
+    putU32(&out, static_cast<uint32_t>(v->size()));
+    out.append(*v);
+  }
+  return out;
+}
+
+bool decodeValues(std::string_view payload, size_t expected, std::vector<std::string>* values) {
+  values->clear();
+  if (payload.size() < 4 || getU32(payload.data()) != expected || expected > (payload.size() - 4) / 4) {
+    return false;
+  }
+  payload.remove_prefix(4);
+  values->reserve(expected);
+  for (size_t i = 0; i < expected; ++i) {
+    std::string_view v;
+    if (!takeBytes(&payload, &v)) return false;
+    values->emplace_back(v);
+  }
+  return payload.empty();
 }
 
 std::string StoreData::checkRoom(std::string_view key, const std::string* old, size_t new_bytes) const {

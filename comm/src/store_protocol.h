@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 namespace ddl::store_wire {
 
@@ -20,16 +21,25 @@ constexpr uint8_t kAdd = 3;
 constexpr uint8_t kCancel = 4;
 constexpr uint8_t kHello = 5;  // the handshake (tcp_store.cpp)
 constexpr uint8_t kProof = 6;
+constexpr uint8_t kGetMany = 7;  // one round trip for many keys: the bootstrap's gather
 
 constexpr uint8_t kOk = 0;
 constexpr uint8_t kFailed = 1;
 constexpr uint8_t kRefused = 2;  // the connection did not prove the job's secret; the server closes it
+constexpr uint8_t kTimedOut = 3;  // a GETMANY's deadline passed first; the payload names a missing key
 
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kRequestHeaderBytes = 13;
 constexpr size_t kReplyHeaderBytes = 9;
 constexpr uint32_t kMaxKeyBytes = 64 * 1024;
 constexpr uint32_t kMaxValueBytes = 16 * 1024 * 1024;
+// A GETMANY names at most this many keys in at most this many bytes (its key list), waits at most this long,
+// and its answer carries at most kMaxManyReplyBytes. A bootstrap of kMaxRanks (32,768) ranks asks for one key
+// per rank, well within one request; a client splits a longer list (store.h).
+constexpr uint32_t kMaxManyKeys = 64 * 1024;
+constexpr uint32_t kMaxManyRequestBytes = 1024 * 1024;
+constexpr uint32_t kMaxManyWaitMs = 24 * 3600 * 1000;
+constexpr uint32_t kMaxManyReplyBytes = 64 * 1024 * 1024;
 
 // Where a connection stands in the handshake; it decides which frames it may send.
 enum class Admission : uint8_t {
@@ -49,7 +59,7 @@ struct Frame {
 
 enum class FrameVerdict : uint8_t {
   kNeedMore,   // not a whole frame yet (the header, if complete, is acceptable): read more
-  kRequest,    // a SET, GET, ADD or CANCEL to apply; frame is whole
+  kRequest,    // a SET, GET, ADD, CANCEL or GETMANY (its key list well formed) to apply; frame is whole
   kHandshake,  // a HELLO or PROOF that this connection may send now; frame is whole
   kRefuse,     // a request from a connection that has not proved the secret: refuse it (on the header alone;
                // frame's op and id are set, key and value are not)
@@ -60,6 +70,22 @@ enum class FrameVerdict : uint8_t {
 // accepts no header whose lengths exceed the limits above, so a caller that buffers only until kNeedMore
 // turns into something else holds at most one frame.
 FrameVerdict parseStoreFrame(std::string_view in, Admission admission, bool has_secret, Frame* frame);
+
+// A GETMANY's value: u32 wait_ms (how long the server may hold it: the client's deadline), u32 count, then count
+// keys, each u32 length + bytes. Its key field is empty. The server answers kOk with every value once all keys
+// exist (encodeValues), or kTimedOut naming a missing key when wait_ms passes first: the client learns which
+// rank did not publish, and the server holds no request past its client's interest.
+std::string encodeGetMany(uint32_t wait_ms, const std::vector<std::string>& keys);
+// False when value is not a well-formed GETMANY list within the limits above (each key at most kMaxKeyBytes,
+// nothing after the last). keys point into value.
+bool decodeGetMany(std::string_view value, uint32_t* wait_ms, std::vector<std::string_view>* keys);
+// The answer: u32 count, then count values, each u32 length + bytes; decodeValues is its inverse (false on
+// anything malformed, e.g. a count other than `expected`).
+std::string encodeValues(const std::vector<const std::string*>& values);
+bool decodeValues(std::string_view payload, size_t expected, std::vector<std::string>* values);
+
+// A key as messages show it: whole when short and printable, else its length.
+std::string shownKey(std::string_view key);
 
 // What the store may hold in all. A SET or ADD that would pass a limit fails with "rendezvous store full: ..."
 // and changes nothing. Real jobs hold a few hundred bytes per rank (UCX worker addresses, host names, counters).

@@ -11,9 +11,12 @@
 //     kSet    value = the new value                  reply: empty
 //     kGet    no value; the reply waits for the key  reply: the value
 //     kAdd    value = i64 delta                      reply: i64 new value (stored as a decimal string)
-//     kCancel no value; id = a GET the client gave up on (its deadline passed); no reply
+//     kCancel no value; id = a GET or GETMANY the client gave up on (its deadline passed); no reply
+//     kGetMany no key; value = wait_ms and a key list (store_protocol.h)
+//             reply: every value (encodeValues) once all keys exist, or kTimedOut when wait_ms passes first
+//             (payload u32 missing-key count, then the first missing key)
 //     kHello, kProof: the handshake below, and only before it is done
-//   reply:   u8 status (kOk, kFailed, kRefused), u32 id, u32 length, payload (kFailed: a message for users)
+//   reply:   u8 status (kOk, kFailed, kRefused, kTimedOut), u32 id, u32 length, payload (kFailed: a message for users)
 // Keys are at most kMaxKeyBytes and values kMaxValueBytes; the server checks the lengths in the header before
 // buffering a body, and drops a client that sends a malformed frame, so garbage on the port cannot make it
 // allocate without bound or disturb the other clients. What the store holds in all is bounded too (StoreLimits in
@@ -100,12 +103,19 @@ constexpr uint32_t kMaxHandshakeReplyBytes = 1024;  // a client reading a handsh
 constexpr std::string_view kClientLabel = "ddl-store client v1";
 constexpr std::string_view kServerLabel = "ddl-store server v1";
 
-// Longest reply payload: a value, or a failure message (which quotes at most the key and a few words).
-constexpr uint32_t kMaxReplyBytes = kMaxValueBytes + kMaxKeyBytes + 1024;
+// Longest reply payload: a GETMANY's values, a value, or a failure message (which quotes at most the key and a
+// few words).
+constexpr uint32_t kMaxReplyBytes = std::max<uint32_t>(kMaxManyReplyBytes, kMaxValueBytes + kMaxKeyBytes + 1024);
 // A client with this many unsent reply bytes is not read from until it drains them (backpressure).
 constexpr size_t kMaxUnsentBytes = 64 * 1024 * 1024;
 // GETs one connection may have waiting at once; an honest client has one per calling thread.
 constexpr int kMaxWaitingGets = 1024;
+// GETMANYs one connection may have waiting at once (each holds up to kMaxManyRequestBytes of keys); the
+// bootstrap has one.
+constexpr int kMaxWaitingMany = 16;
+// How much longer than the wait_ms it sends a client waits for a GETMANY's answer: the server answers at
+// wait_ms (kTimedOut, naming the missing key), and that answer is worth the wait.
+constexpr int64_t kManyGraceMs = 1000;
 constexpr size_t kRecvChunkBytes = 64 * 1024;
 
 std::string errnoString(int err) {
@@ -246,7 +256,8 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     std::string in;        // received bytes not yet parsed (at most one partial frame + one recv chunk)
     std::string out;       // replies not yet fully sent
     size_t out_sent = 0;   // bytes of out already sent
-    int waiting_gets = 0;  // entries of this connection in waiters_
+    int waiting_gets = 0;  // GETs of this connection in waiters_
+    int waiting_many = 0;  // GETMANYs of this connection in many_
     bool dead = false;     // to be closed at the end of this loop round
     Auth auth = Auth::kOpen;
     bool shut_down = false;  // kClosing: everything is sent and our side of the stream is shut down
@@ -256,7 +267,16 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   struct Waiter {
     uint64_t conn;
     uint32_t id;
+    bool many = false;  // a GETMANY (in many_) waiting for this key, the first of its keys still missing
   };
+  // A GETMANY not answered yet. Keys before `next` exist; it waits (in waiters_) on keys[next]. Each key is
+  // looked up once while it waits, so a gather of p keys costs the server O(p) lookups, not O(p) per SET.
+  struct ManyGet {
+    std::vector<std::string> keys;
+    size_t next = 0;
+    Clock::time_point deadline;
+  };
+  using ManyId = std::pair<uint64_t, uint32_t>;  // connection, request id
 
   void runLoop();
   void acceptFromLoop();
@@ -265,6 +285,13 @@ class TcpStoreServerImpl final : public TcpStoreServer {
                       std::string_view value);
   void replyFromLoop(Conn& c, uint8_t status, uint32_t id, std::string_view payload);
   void releaseWaitersFromLoop(const std::string& key);
+  void startManyFromLoop(uint64_t conn_id, Conn& c, uint32_t id, std::string_view value);
+  // Moves it past the keys that exist; answers it (and forgets it) when none is missing, else queues it on the
+  // first missing key.
+  void stepManyFromLoop(std::map<ManyId, ManyGet>::iterator it);
+  // Forgets it, and its place in waiters_.
+  void dropManyFromLoop(std::map<ManyId, ManyGet>::iterator it);
+  void expireManyFromLoop(Clock::time_point now);
   void flushFromLoop(Conn& c);
   void forgetWaitersFromLoop(uint64_t conn_id);
   void handshakeFromLoop(uint64_t conn_id, Conn& c, uint8_t op, uint32_t id, std::string_view value);
@@ -284,6 +311,14 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   std::unordered_map<uint64_t, Conn> conns_;
   StoreData data_;
   std::unordered_map<std::string, std::vector<Waiter>> waiters_;  // GETs deferred until their key is set
+  std::map<ManyId, ManyGet> many_;  // GETMANYs not answered yet; at most kMaxWaitingMany per connection
+  // The last GETMANY answer, while the data has not changed since: at bootstrap every rank asks for the same
+  // keys at once, and encoding p values once instead of p times took the 1,024-rank gather of 1.5 KB records
+  // from 3.5 s to 2.9 s (bench/init_bench.cpp --store-only; rank 0 publishing one table: 2.1 to 2.6 s).
+  std::vector<std::string> last_many_keys_;
+  std::string last_many_answer_;
+  uint64_t data_version_ = 0;       // counts SETs and ADDs
+  uint64_t last_many_version_ = 0;  // data_version_ when last_many_answer_ was encoded; 0: none
   Clock::time_point accept_paused_until_{};                       // after EMFILE and the like
   // Connections that have not proved the secret, and refused ones still closing: their deadline, by
   // connection id (so the oldest first). At most limits_.max_pending.
@@ -395,6 +430,7 @@ void TcpStoreServerImpl::runLoop() {
     if (!accepting) wake_at = accept_paused_until_;
     for (const auto& [id, deadline] : handshakes_)
       wake_at = wake_at ? std::min(*wake_at, deadline) : deadline;
+    for (const auto& [id, m] : many_) wake_at = wake_at ? std::min(*wake_at, m.deadline) : m.deadline;
     int timeout = -1;
     if (wake_at) {
       timeout = 1 + pollMs(std::chrono::duration_cast<std::chrono::milliseconds>(*wake_at - now).count());
@@ -426,6 +462,7 @@ void TcpStoreServerImpl::runLoop() {
       }
     }
     expireHandshakesFromLoop(Clock::now());
+    expireManyFromLoop(Clock::now());
     // Send what this round produced (its own replies and GETs that a SET released), then close dropped
     // clients. A refused connection whose reply is out gets a FIN; it is closed once the peer closes too.
     for (auto& [id, c] : conns_) {
@@ -575,6 +612,7 @@ void TcpStoreServerImpl::handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, u
         replyFromLoop(c, kFailed, id, error);  // the store is full: this SET fails, the server goes on
         break;
       }
+      ++data_version_;
       replyFromLoop(c, kOk, id, {});
       releaseWaitersFromLoop(key);
       break;
@@ -596,12 +634,20 @@ void TcpStoreServerImpl::handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, u
       if (!error.empty()) {
         replyFromLoop(c, kFailed, id, error);
       } else {
+        ++data_version_;
         replyFromLoop(c, kOk, id, encodeI64(result));
         releaseWaitersFromLoop(key);
       }
       break;
     }
+    case kGetMany:
+      startManyFromLoop(conn_id, c, id, value);
+      break;
     case kCancel: {
+      if (auto many = many_.find({conn_id, id}); many != many_.end()) {
+        dropManyFromLoop(many);
+        break;
+      }
       auto it = waiters_.find(key);
       if (it == waiters_.end()) break;  // answered already: the client drops the late reply
       size_t erased =
@@ -633,8 +679,97 @@ void TcpStoreServerImpl::releaseWaitersFromLoop(const std::string& key) {
   for (const Waiter& w : waiters) {
     auto conn = conns_.find(w.conn);
     if (conn == conns_.end() || conn->second.dead) continue;
+    if (w.many) {
+      // Its entry here is gone with the others; stepping it queues it on its next missing key, if any.
+      if (auto many = many_.find({w.conn, w.id}); many != many_.end()) stepManyFromLoop(many);
+      continue;
+    }
     --conn->second.waiting_gets;
     replyFromLoop(conn->second, kOk, w.id, value);
+  }
+}
+
+void TcpStoreServerImpl::startManyFromLoop(uint64_t conn_id, Conn& c, uint32_t id, std::string_view value) {
+  uint32_t wait_ms = 0;
+  std::vector<std::string_view> keys;
+  const bool well_formed = decodeGetMany(value, &wait_ms, &keys);
+  DDL_ASSERT(well_formed);  // parseStoreFrame lets only well-formed lists through
+  if (c.waiting_many >= kMaxWaitingMany || many_.count({conn_id, id}) != 0) {
+    c.dead = true;  // a client leaking GETMANYs, or reusing an id: not libddl's
+    return;
+  }
+  ManyGet m;
+  m.keys.assign(keys.begin(), keys.end());
+  m.deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
+  ++c.waiting_many;
+  stepManyFromLoop(many_.emplace(ManyId{conn_id, id}, std::move(m)).first);
+}
+
+void TcpStoreServerImpl::stepManyFromLoop(std::map<ManyId, ManyGet>::iterator it) {
+  ManyGet& m = it->second;
+  while (m.next < m.keys.size() && data_.find(m.keys[m.next]) != nullptr) ++m.next;
+  if (m.next < m.keys.size()) {
+    waiters_[m.keys[m.next]].push_back({it->first.first, it->first.second, true});
+    return;
+  }
+  auto conn = conns_.find(it->first.first);
+  DDL_ASSERT(conn != conns_.end());  // a closing connection's GETMANYs are forgotten with it
+  std::vector<const std::string*> values;
+  values.reserve(m.keys.size());
+  size_t bytes = 4;
+  for (const std::string& key : m.keys) {
+    values.push_back(data_.find(key));
+    bytes += 4 + values.back()->size();
+  }
+  if (bytes > kMaxManyReplyBytes) {
+    replyFromLoop(conn->second, kFailed, it->first.second,
+                  "the values of the " + std::to_string(m.keys.size()) + " keys asked for at once come to " +
+                      std::to_string(bytes) + " bytes, more than one answer carries (" +
+                      std::to_string(kMaxManyReplyBytes) + "): ask for fewer keys at a time");
+  } else {
+    if (last_many_version_ != data_version_ + 1 || last_many_keys_ != m.keys) {
+      last_many_answer_ = encodeValues(values);
+      last_many_keys_ = m.keys;
+      last_many_version_ = data_version_ + 1;
+    }
+    replyFromLoop(conn->second, kOk, it->first.second, last_many_answer_);
+  }
+  --conn->second.waiting_many;
+  many_.erase(it);
+}
+
+void TcpStoreServerImpl::dropManyFromLoop(std::map<ManyId, ManyGet>::iterator it) {
+  const ManyGet& m = it->second;
+  if (m.next < m.keys.size()) {
+    auto w = waiters_.find(m.keys[m.next]);
+    if (w != waiters_.end()) {
+      std::erase_if(w->second, [&](const Waiter& x) {
+        return x.many && x.conn == it->first.first && x.id == it->first.second;
+      });
+      if (w->second.empty()) waiters_.erase(w);
+    }
+  }
+  if (auto conn = conns_.find(it->first.first); conn != conns_.end()) --conn->second.waiting_many;
+  many_.erase(it);
+}
+
+void TcpStoreServerImpl::expireManyFromLoop(Clock::time_point now) {
+  for (auto it = many_.begin(); it != many_.end();) {
+    auto next = std::next(it);
+    if (it->second.deadline <= now) {
+      const ManyGet& m = it->second;
+      auto conn = conns_.find(it->first.first);
+      if (conn != conns_.end() && !conn->second.dead) {
+        uint32_t missing = 0;
+        for (size_t i = m.next; i < m.keys.size(); ++i) missing += data_.find(m.keys[i]) == nullptr;
+        std::string payload;
+        putU32(&payload, missing);
+        payload += m.keys[m.next];
+        replyFromLoop(conn->second, kTimedOut, it->first.second, payload);
+      }
+      dropManyFromLoop(it);
+    }
+    it = next;
   }
 }
 
@@ -657,6 +792,9 @@ void TcpStoreServerImpl::flushFromLoop(Conn& c) {
 }
 
 void TcpStoreServerImpl::forgetWaitersFromLoop(uint64_t conn_id) {
+  for (auto it = many_.lower_bound({conn_id, 0}); it != many_.end() && it->first.first == conn_id;) {
+    it = many_.erase(it);  // their waiters_ entries go below
+  }
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     std::erase_if(it->second, [&](const Waiter& w) { return w.conn == conn_id; });
     it = it->second.empty() ? waiters_.erase(it) : std::next(it);
@@ -693,6 +831,46 @@ class TcpStore final : public Store {
     return std::move(r.payload);
   }
 
+  std::vector<std::string> getMany(const std::vector<std::string>& keys, const Deadline& deadline) override {
+    std::vector<std::string> values;
+    values.reserve(keys.size());
+    size_t first = 0;
+    while (first < keys.size()) {  // one request in practice (store_protocol.h); bounded by keys.size()
+      size_t end = first;
+      size_t bytes = 8;
+      while (end < keys.size() && end - first < kMaxManyKeys && bytes + 4 + keys[end].size() <= kMaxManyRequestBytes) {
+        checkSizes(keys[end], 0);
+        bytes += 4 + keys[end].size();
+        ++end;
+      }
+      if (end == first) checkSizes(keys[end], 0);  // throws: a key too long for any request
+      const std::vector<std::string> batch(keys.begin() + first, keys.begin() + end);
+      const uint32_t wait_ms = static_cast<uint32_t>(std::clamp<int64_t>(deadline.remainingMs(), 0, kMaxManyWaitMs));
+      Reply r;
+      if (!call(kGetMany, {}, encodeGetMany(wait_ms, batch), Deadline(wait_ms + kManyGraceMs), &r)) {
+        cancelGet({}, r.id);
+        fail(ddlTimeout, "timed out after " + std::to_string(deadline.timeoutMs()) + " ms waiting for " +
+                             std::to_string(batch.size()) + " keys (from '" + batch.front() +
+                             "') in the rendezvous store at " + addr_ + ", which did not answer (is rank 0 alive?)");
+      }
+      if (r.status == kTimedOut) {
+        if (r.payload.size() < 4) breakAndFail(ddlRemoteError, "rendezvous store at " + addr_ + " sent a malformed reply");
+        const uint32_t missing = getU32(r.payload.data());
+        const std::string key = r.payload.substr(4);
+        fail(ddlTimeout, "timed out after " + std::to_string(deadline.timeoutMs()) + " ms waiting for key '" + key +
+                             "'" + (missing > 1 ? " and " + std::to_string(missing - 1) + " more" : std::string()) +
+                             " in the rendezvous store at " + addr_ + " (did every rank start and publish it?)");
+      }
+      checkOk(r);
+      std::vector<std::string> got;
+      if (!decodeValues(r.payload, batch.size(), &got))
+        breakAndFail(ddlRemoteError, "rendezvous store at " + addr_ + " sent a malformed reply");
+      for (std::string& v : got) values.push_back(std::move(v));
+      first = end;
+    }
+    return values;
+  }
+
   int64_t add(const std::string& key, int64_t delta) override {
     checkSizes(key, 8);
     Deadline deadline(timeout_ms_);
@@ -711,7 +889,7 @@ class TcpStore final : public Store {
     std::string payload;
   };
 
-  void checkSizes(const std::string& key, size_t value_bytes) const {
+  static void checkSizes(const std::string& key, size_t value_bytes) {
     if (key.size() > kMaxKeyBytes || value_bytes > kMaxValueBytes) {
       fail(ddlInvalidArgument,
            "store key of " + std::to_string(key.size()) + " bytes or value of " +
@@ -904,7 +1082,7 @@ class TcpStore final : public Store {
                                    "DDL_JOB_SECRET is not set here (is this rank part of the job?)";
         break;
       }
-      if ((status != kOk && status != kFailed) || length > kMaxReplyBytes) {
+      if ((status != kOk && status != kFailed && status != kTimedOut) || length > kMaxReplyBytes) {
         *error_code = ddlRemoteError;
         *error = "rendezvous store at " + addr_ + " sent a malformed reply (is DDL_ROOT a libddl store?)";
         return;

@@ -66,8 +66,14 @@ class Transport {
   // Looks, without receiving it, for a message that arrived but matches no posted receive and whose tag equals
   // tag on the bits of mask; returns true and its full tag in *sender_tag when there is one.
   virtual bool probe(uint64_t tag, uint64_t mask, uint64_t* sender_tag) = 0;
-  // Non-empty when the transport knows that peer failed (its process died, its connection broke).
+  // Non-empty when the transport knows that peer failed (its process died, its connection broke). Only a
+  // connected peer (below) can be known to have failed.
   virtual std::string peerError(int peer) const = 0;
+  // Whether this rank has a connection to peer. UcxTransport connects on the first send to or receive from a
+  // peer, so a rank holds connections to the peers its algorithms use, not to all p-1.
+  virtual bool connected(int peer) const { return peer >= 0 && peer < size() && peer != rank(); }
+  // How many peers this rank has connected to (tests, DDL_DEBUG).
+  virtual int connectedPeers() const { return size() - 1; }
   // Blocks the calling thread for at most timeout_us, or until the transport has news, whichever is first.
   // Used after spinning has found nothing, so idle ranks leave the CPU to others.
   virtual void idleWait(int timeout_us) = 0;

@@ -1,5 +1,6 @@
 #include "ucx_transport.h"
 
+#include <arpa/inet.h>
 #include <poll.h>
 #include <sched.h>
 #include <unistd.h>
@@ -8,7 +9,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -22,10 +25,41 @@ namespace {
 struct Peer {
   int rank = -1;
   std::string host;
-  std::string node;  // node_key.h
+  std::string node;     // node_key.h
+  std::string address;  // its UCX worker address, from the gather; the endpoint is made from it on first use
   ucp_ep_h ep = nullptr;
-  std::string error;  // set by the endpoint error handler
+  std::string error;  // set by the endpoint error handler, or when the endpoint could not be made
 };
+
+// A rank's one record in the rendezvous store: its host name, node key and UCX worker address, each a u32
+// length (network byte order, as the store's frames) and its bytes.
+constexpr const char* kRecordPrefix = "boot/";
+
+std::string encodeRecord(const std::vector<std::string>& fields) {
+  std::string out;
+  for (const std::string& f : fields) {
+    const uint32_t len = htonl(static_cast<uint32_t>(f.size()));
+    out.append(reinterpret_cast<const char*>(&len), sizeof len);
+    out.append(f);
+  }
+  return out;
+}
+
+// False when record is not exactly n fields.
+bool decodeRecord(std::string_view record, size_t n, std::vector<std::string>* fields) {
+  fields->clear();
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t len = 0;
+    if (record.size() < sizeof len) return false;
+    std::memcpy(&len, record.data(), sizeof len);
+    len = ntohl(len);
+    record.remove_prefix(sizeof len);
+    if (record.size() < len) return false;
+    fields->emplace_back(record.substr(0, len));
+    record.remove_prefix(len);
+  }
+  return record.empty();
+}
 
 void complete(Request* r, ucs_status_t status) {
   if (status != UCS_OK) {
@@ -129,45 +163,37 @@ class UcxTransport : public Transport {
     std::string my_addr(reinterpret_cast<const char*>(addr), addr_len);
     ucp_worker_release_address(worker_, addr);
 
-    std::string me = std::to_string(rank_);
+    debug_ = !getEnv("DDL_DEBUG").empty();
+    // One record per rank, one gather: the store sees p SETs and p GETMANYs in all, one round trip each.
     peers_[rank_].rank = rank_;
     peers_[rank_].host = hostName();
     peers_[rank_].node = localNodeKey();
-    store.set("host/" + me, peers_[rank_].host);
-    store.set("node/" + me, peers_[rank_].node);
-    store.set("ucx/" + me, my_addr);
-
+    store.set(kRecordPrefix + std::to_string(rank_),
+              encodeRecord({peers_[rank_].host, peers_[rank_].node, my_addr}));
+    std::vector<std::string> keys;
+    keys.reserve(peers_.size());
+    for (int r = 0; r < size(); ++r) keys.push_back(kRecordPrefix + std::to_string(r));
+    std::vector<std::string> records;
+    try {
+      records = store.getMany(keys, deadline);
+    } catch (const Error& e) {
+      fail(e.code(), "not every rank joined the communicator of " + std::to_string(size()) + " ranks (key " +
+                         kRecordPrefix + "N is rank N's record): " + e.what());
+    }
+    DDL_ASSERT(records.size() == keys.size());
+    std::vector<std::string> fields;
     for (int r = 0; r < size(); ++r) {
       if (r == rank_) continue;
+      if (!decodeRecord(records[r], 3, &fields)) {
+        fail(ddlRemoteError, "rank " + std::to_string(r) + " published a malformed record (" +
+                                 std::to_string(records[r].size()) +
+                                 " bytes) to the rendezvous store: is every rank running the same libddl?");
+      }
       Peer& p = peers_[r];
       p.rank = r;
-      std::string key = std::to_string(r);
-      std::string remote;
-      try {
-        remote = store.get("ucx/" + key, deadline);
-        p.host = store.get("host/" + key, deadline);
-        p.node = store.get("node/" + key, deadline);
-      } catch (const Error& e) {
-        fail(e.code(), "rank " + key + " did not join the communicator of " + std::to_string(size()) +
-                           " ranks: " + e.what());
-      }
-      ucp_ep_params_t ep{};
-      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep.address = reinterpret_cast<const ucp_address_t*>(remote.data());
-      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      ep.err_handler.cb = epFailed;
-      ep.err_handler.arg = &p;
-      st = ucp_ep_create(worker_, &ep, &p.ep);
-      if (st != UCS_OK) {
-        fail(ddlSystemError, std::string("cannot connect to rank ") + key + " (" + p.host +
-                                 "): UCX endpoint create failed: " + ucs_status_string(st) +
-                                 " (check UCX_TLS / UCX_NET_DEVICES)");
-      }
-      if (!getEnv("DDL_DEBUG").empty()) {
-        std::fprintf(stderr, "ddl: rank %d endpoint to rank %d (%s):\n", rank_, r, p.host.c_str());
-        ucp_ep_print_info(p.ep, stderr);
-      }
+      p.host = std::move(fields[0]);
+      p.node = std::move(fields[1]);
+      p.address = std::move(fields[2]);
     }
   }
 
@@ -181,11 +207,18 @@ class UcxTransport : public Transport {
     r.is_recv = false;
     r.peer = peer;
     r.posted_len = len;
+    ucp_ep_h ep = endpoint(peer);
+    if (ep == nullptr) {
+      r.ok = false;
+      r.error = peers_[peer].error;
+      r.done.store(true, std::memory_order_release);
+      return;
+    }
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = sendDone;
     param.user_data = &r;
-    ucs_status_ptr_t sp = ucp_tag_send_nbx(peers_[peer].ep, buf, len, tag, &param);
+    ucs_status_ptr_t sp = ucp_tag_send_nbx(ep, buf, len, tag, &param);
     if (sp == nullptr) {
       complete(&r, UCS_OK);
     } else if (UCS_PTR_IS_ERR(sp)) {
@@ -199,6 +232,9 @@ class UcxTransport : public Transport {
     r.is_recv = true;
     r.peer = peer;
     r.posted_len = len;
+    // A tag receive needs no endpoint, but only an endpoint notices that its peer died (see the header): the
+    // first receive naming a peer connects to it.
+    if (peer >= 0 && peer < size() && peer != rank_) endpoint(peer);
     // No immediate completion: UCX 1.13 does not fill recv_info on that path, and the sender's tag (signature)
     // and the length are what detect mismatched collectives. The callback always reports both.
     ucp_request_param_t param{};
@@ -237,6 +273,11 @@ class UcxTransport : public Transport {
     if (peer < 0 || peer >= size()) return "";
     return peers_[peer].error;
   }
+
+  bool connected(int peer) const override {
+    return peer >= 0 && peer < size() && peers_[peer].ep != nullptr;
+  }
+  int connectedPeers() const override { return endpoints_; }
 
   void idleWait(int timeout_us) override {
     if (timeout_us <= 0) {
@@ -311,8 +352,38 @@ class UcxTransport : public Transport {
     }
   }
 
+  // The endpoint to peer, made on first use and at most once (a failed attempt stays as the peer's error).
+  // nullptr when it cannot be made; then peers_[peer].error says why.
+  ucp_ep_h endpoint(int peer) {
+    Peer& p = peers_[peer];
+    if (p.ep != nullptr || !p.error.empty()) return p.ep;
+    DDL_ASSERT(peer != rank_ && !p.address.empty());
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(p.address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = epFailed;
+    ep.err_handler.arg = &p;
+    ucs_status_t st = ucp_ep_create(worker_, &ep, &p.ep);
+    if (st != UCS_OK) {
+      p.ep = nullptr;
+      p.error = std::string("cannot connect: UCX endpoint create failed: ") + ucs_status_string(st) +
+                " (check UCX_TLS / UCX_NET_DEVICES)";
+      return nullptr;
+    }
+    ++endpoints_;
+    if (debug_) {
+      std::fprintf(stderr, "ddl: rank %d endpoint to rank %d (%s):\n", rank_, peer, p.host.c_str());
+      ucp_ep_print_info(p.ep, stderr);
+    }
+    return p.ep;
+  }
+
   int rank_;
   std::vector<Peer> peers_;  // fixed size: error handlers hold pointers into it
+  int endpoints_ = 0;        // endpoints made so far
+  bool debug_ = false;       // DDL_DEBUG: print each endpoint as it is made
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;  // the worker's event fd (UCP_FEATURE_WAKEUP); -1: none

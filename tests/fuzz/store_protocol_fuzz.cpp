@@ -4,13 +4,15 @@
 // arrive (at once, or in pieces as recv() may deliver them); the rest is what the client sends.
 //
 // Checks beyond the sanitizers: a frame never claims more bytes than it was given, a frame the parser accepted
-// whole parses the same when more bytes follow, and the data never passes its limits.
+// whole parses the same when more bytes follow, a GETMANY taken whole has a well-formed key list within the
+// limits and its answer decodes to the values held, and the data never passes its limits.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "store_protocol.h"
 
@@ -97,6 +99,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             break;
           case kCancel:
             break;
+          case kGetMany: {
+            // The parser took it whole, so the list is well formed and within the limits; the answer to it
+            // decodes to the very values the store holds.
+            uint32_t wait_ms = 0;
+            std::vector<std::string_view> keys;
+            check(decodeGetMany(frame.value, &wait_ms, &keys), "a GETMANY accepted with a malformed key list");
+            check(frame.key.empty() && !keys.empty() && keys.size() <= kMaxManyKeys && wait_ms <= kMaxManyWaitMs,
+                  "a GETMANY accepted past its limits");
+            std::vector<const std::string*> found;
+            for (std::string_view k : keys) {
+              check(k.size() <= kMaxKeyBytes, "a GETMANY key past the limit");
+              if (const std::string* v = store.find(std::string(k))) found.push_back(v);
+            }
+            std::vector<std::string> decoded;
+            check(decodeValues(encodeValues(found), found.size(), &decoded), "an answer does not decode");
+            for (size_t i = 0; i < found.size(); ++i) check(decoded[i] == *found[i], "an answer decodes to other values");
+            break;
+          }
           default:
             check(false, "an unknown op accepted");
         }

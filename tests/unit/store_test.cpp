@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -904,6 +905,184 @@ TEST(TcpStoreBounds, KeyCountLimitIsConfigurable) {
   msg = expectError(ddlInvalidArgument, [&] { store->add("n", 1); });
   EXPECT_NE(msg.find("rendezvous store full"), std::string::npos) << msg;
   EXPECT_EQ(store->get("k9", Deadline(5000)), "v");
+}
+
+// --- Multi-get: the bootstrap's gather
+// -----------------------------------------------------------------------------------------
+
+// The same checks for each store: values in the order asked (repeats, empty and binary values), a wait for keys
+// set later by another client, and a timeout that names the first missing key and how many more are missing.
+void checkGetMany(Store& a, Store& b, const std::string& where) {
+  a.set("g/0", "zero");
+  a.set("g/1", "");
+  const std::string binary("\0\xff:", 3);
+  a.set("g/2", binary);
+  EXPECT_EQ(b.getMany({"g/2", "g/0", "g/1", "g/0"}, Deadline(5000)),
+            (std::vector<std::string>{binary, "zero", "", "zero"}));
+  std::thread setter([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    a.set("g/4", "four");
+    std::this_thread::sleep_for(milliseconds(50));
+    a.set("g/3", "three");
+  });
+  auto start = Clock::now();
+  EXPECT_EQ(b.getMany({"g/0", "g/3", "g/4"}, Deadline(10000)), (std::vector<std::string>{"zero", "three", "four"}));
+  EXPECT_GE(msSince(start), 100);
+  setter.join();
+  start = Clock::now();
+  std::string msg = expectError(ddlTimeout, [&] { b.getMany({"g/0", "g/5", "g/1", "g/6", "g/7"}, Deadline(300)); });
+  const int64_t elapsed = msSince(start);
+  EXPECT_GE(elapsed, 250);
+  EXPECT_LE(elapsed, 5000);
+  EXPECT_NE(msg.find("300 ms waiting for key 'g/5' and 2 more"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(where), std::string::npos) << msg;
+  // Setting them now must not confuse the store with an answer to the abandoned gather.
+  a.set("g/5", "five");
+  EXPECT_EQ(b.get("g/5", Deadline(5000)), "five");
+  EXPECT_EQ(b.getMany({"g/5"}, Deadline(5000)), (std::vector<std::string>{"five"}));
+}
+
+TEST(MemoryStore, GetManyWaitsForEveryKeyAndNamesAMissingOne) {
+  auto store = makeMemoryStore();
+  checkGetMany(*store, *store, "in-memory store");
+}
+
+// Fails without TcpStore's own getMany: the default asks key by key and its timeout names one key only.
+TEST(TcpStore, GetManyWaitsForEveryKeyAndNamesAMissingOne) {
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
+  auto a = connectLocal(server->port());
+  auto b = connectLocal(server->port());
+  checkGetMany(*a, *b, "127.0.0.1:" + std::to_string(server->port()));
+  EXPECT_EQ(b->add("after", 1), 1);  // the connection is still in step
+  // The server reuses its last answer only while nothing changed: a SET in between shows.
+  a->set("c", "1");
+  EXPECT_EQ(b->getMany({"c", "g/0"}, Deadline(5000)), (std::vector<std::string>{"1", "zero"}));
+  EXPECT_EQ(a->getMany({"c", "g/0"}, Deadline(5000)), (std::vector<std::string>{"1", "zero"}));
+  a->set("c", "2");
+  EXPECT_EQ(b->getMany({"c", "g/0"}, Deadline(5000)), (std::vector<std::string>{"2", "zero"}));
+  EXPECT_EQ(a->add("n", 3), 3);
+  EXPECT_EQ(b->getMany({"n", "c"}, Deadline(5000)), (std::vector<std::string>{"3", "2"}));
+  EXPECT_EQ(a->add("n", 1), 4);
+  EXPECT_EQ(b->getMany({"n", "c"}, Deadline(5000)), (std::vector<std::string>{"4", "2"}));
+}
+
+// Many clients gather from one another at once, as ranks at bootstrap.
+TEST(TcpStore, GetManyGathersAcrossClients) {
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
+  constexpr int kClients = 32;
+  std::vector<std::string> keys;
+  for (int i = 0; i < kClients; ++i) keys.push_back("rec/" + std::to_string(i));
+  auto errors = runThreads(kClients, [&](int i) {
+    auto store = connectLocal(server->port());
+    store->set(keys[i], std::string(static_cast<size_t>(i) * 100, static_cast<char>('a' + i % 26)));
+    const std::vector<std::string> all = store->getMany(keys, Deadline(20000));
+    if (all.size() != keys.size()) throw std::runtime_error("wrong count");
+    for (int j = 0; j < kClients; ++j) {
+      if (all[j] != std::string(static_cast<size_t>(j) * 100, static_cast<char>('a' + j % 26)))
+        throw std::runtime_error("wrong value for " + keys[j]);
+    }
+  });
+  EXPECT_TRUE(errors.empty()) << errors[0];
+}
+
+// A key list longer than one request takes (kMaxManyRequestBytes) goes as several, transparently.
+TEST(TcpStore, GetManySplitsALongKeyList) {
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
+  auto store = connectLocal(server->port());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40; ++i) keys.push_back(std::to_string(i) + std::string(60 * 1024, 'k'));  // 2.4 MB of keys
+  for (size_t i = 0; i < keys.size(); ++i) store->set(keys[i], std::to_string(i));
+  const std::vector<std::string> values = store->getMany(keys, Deadline(10000));
+  ASSERT_EQ(values.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(values[i], std::to_string(i));
+  expectError(ddlInvalidArgument, [&] { store->getMany({std::string(store_wire::kMaxKeyBytes + 1, 'x')}, Deadline(1000)); });
+}
+
+TEST(StoreWire, GetManyListIsBoundedAndValidated) {
+  using namespace store_wire;
+  std::vector<std::string_view> keys;
+  uint32_t wait_ms = 0;
+  const std::string good = encodeGetMany(1500, {"a", "", "bc"});
+  ASSERT_TRUE(decodeGetMany(good, &wait_ms, &keys));
+  EXPECT_EQ(wait_ms, 1500u);
+  EXPECT_EQ(keys, (std::vector<std::string_view>{"a", "", "bc"}));
+  EXPECT_FALSE(decodeGetMany(good + "x", &wait_ms, &keys));                         // bytes after the list
+  EXPECT_FALSE(decodeGetMany(good.substr(0, good.size() - 1), &wait_ms, &keys));   // cut short
+  EXPECT_FALSE(decodeGetMany(encodeGetMany(1, {}), &wait_ms, &keys));               // no keys
+  EXPECT_FALSE(decodeGetMany(encodeGetMany(kMaxManyWaitMs + 1, {"a"}), &wait_ms, &keys));
+  EXPECT_FALSE(decodeGetMany(encodeGetMany(1, {std::string(kMaxKeyBytes + 1, 'k')}), &wait_ms, &keys));
+  std::string lying = encodeGetMany(1, {"a"});
+  lying.replace(4, 4, std::string("\x00\x10\x00\x00", 4));  // claims 1 Mi keys in 13 bytes
+  EXPECT_FALSE(decodeGetMany(lying, &wait_ms, &keys));
+  // The frame parser takes a whole GETMANY only with a well-formed list, within its size limit.
+  auto frameOf = [](const std::string& value) {
+    std::string f(1, static_cast<char>(kGetMany));
+    auto put = [&](uint32_t v) {
+      uint32_t n = htonl(v);
+      f.append(reinterpret_cast<const char*>(&n), 4);
+    };
+    put(9);
+    put(0);
+    put(static_cast<uint32_t>(value.size()));
+    return f + value;
+  };
+  Frame frame;
+  EXPECT_EQ(parseStoreFrame(frameOf(good), Admission::kOpen, false, &frame), FrameVerdict::kRequest);
+  EXPECT_EQ(parseStoreFrame(frameOf(good + "x"), Admission::kOpen, false, &frame), FrameVerdict::kDrop);
+  std::string huge = frameOf(good).substr(0, kRequestHeaderBytes);
+  huge.replace(9, 4, std::string("\x00\x10\x00\x01", 4));  // kMaxManyRequestBytes + 1
+  EXPECT_EQ(parseStoreFrame(huge, Admission::kOpen, false, &frame), FrameVerdict::kDrop);
+  // The answer round-trips, and a count other than the one asked for is malformed.
+  const std::string v1 = "x", v2;
+  std::vector<std::string> values;
+  const std::string answer = encodeValues({&v1, &v2});
+  ASSERT_TRUE(decodeValues(answer, 2, &values));
+  EXPECT_EQ(values, (std::vector<std::string>{"x", ""}));
+  EXPECT_FALSE(decodeValues(answer, 3, &values));
+  EXPECT_FALSE(decodeValues(answer + "y", 2, &values));
+}
+
+// --- IPv6 rendezvous
+// -----------------------------------------------------------------------------------------
+
+// Whether this machine can listen on [::1]: containers and hosts booted with ipv6.disable=1 cannot.
+std::string noIpv6Loopback() {
+  int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return std::string("no IPv6 sockets: ") + std::strerror(errno);
+  sockaddr_in6 addr{};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_loopback;
+  const int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  const int err = errno;
+  ::close(fd);
+  return rc == 0 ? "" : std::string("cannot bind [::1]: ") + std::strerror(err);
+}
+
+TEST(TcpStoreIpv6, RendezvousOverIpv6Loopback) {
+  if (std::string why = noIpv6Loopback(); !why.empty()) GTEST_SKIP() << "this machine has no IPv6 loopback (" << why << ")";
+  std::string host;
+  int port = -1;
+  parseHostPort("[::1]:0", &host, &port);  // DDL_ROOT's form
+  auto server = startTcpStoreServer(host, port, kSecret);
+  ASSERT_GT(server->port(), 0);
+  auto a = connectTcpStore(host, server->port(), Deadline(10000), kSecret);
+  auto b = connectTcpStore("::1", server->port(), Deadline(10000), kSecret);
+  a->set("k", "v6");
+  EXPECT_EQ(b->get("k", Deadline(5000)), "v6");
+  EXPECT_EQ(b->getMany({"k"}, Deadline(5000)), (std::vector<std::string>{"v6"}));
+  // Exactly [::1]: the same port on IPv4 loopback (a dual-stack socket would take it) is not the store.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in v4{};
+  v4.sin_family = AF_INET;
+  v4.sin_port = htons(static_cast<uint16_t>(server->port()));
+  v4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&v4), sizeof v4);
+  const int err = errno;
+  ::close(fd);
+  EXPECT_TRUE(rc != 0 && err == ECONNREFUSED) << "127.0.0.1:" << server->port() << " reached the [::1] store";
+  // Messages show the address as DDL_ROOT writes it.
+  std::string msg = expectError(ddlTimeout, [&] { a->get("never", Deadline(100)); });
+  EXPECT_NE(msg.find("[::1]:" + std::to_string(server->port())), std::string::npos) << msg;
 }
 
 }  // namespace
