@@ -79,6 +79,9 @@ void allToAllv(Session& s, const DataSpec& d, const void* src, const size_t* sen
 // ends with all of them. avg_divisor > 0 divides the reduced blocks by it (ddlAvg's final step).
 void shmAllReduce(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* dst, size_t count,
                   int avg_divisor);
+// Up to this many bytes, shmAllReduce has every member reduce the whole message (one synchronisation per round);
+// above, each member reduces its block (two, but each byte read once).
+size_t shmOneShotBytes(int members);
 void shmReduceScatter(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* mine, size_t count,
                       int avg_divisor);
 void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_t count);
