@@ -79,6 +79,30 @@ void copyInOthers(ShmNode& node, const Plan& p, uint32_t g, uint32_t piece, cons
   }
 }
 
+// Stage 1 of round g (piece t of every block): once the buffer is free, the others' pieces into this
+// member's slot.
+void copyInRound(Session& s, ShmNode& node, const Plan& p, uint32_t g, uint32_t t, const char* in) {
+  waitBufferFree(s, node, g);
+  copyInOthers(node, p, g, t, in);
+  node.publish(ShmNode::kCopied, g + 1);
+}
+
+// Stage 2: once every member has copied round g in, reduces this member's piece t into its slot (out null:
+// allreduce, for the others to copy out) or into out, which holds its block from element out_first on.
+void reduceRound(Session& s, ShmNode& node, const Plan& p, const DataSpec& d, uint32_t g, uint32_t t,
+                 const char* in, char* out, size_t out_first, int avg_divisor) {
+  node.waitAll(s, ShmNode::kCopied, g + 1);
+  const int me = node.me();
+  size_t off;
+  const size_t len = p.at(me, t, &off);
+  if (len) {
+    char* to = out ? out + (off - out_first) * p.es : p.inSlot(node, me, g, me);
+    reducePiece(node, p, d, g, to, in + off * p.es, len);
+    if (avg_divisor > 0) finishAvg(to, len, d.type, avg_divisor);
+  }
+  node.publish(ShmNode::kReduced, g + 1);
+}
+
 void copyOutAll(ShmNode& node, const Plan& p, uint32_t g, uint32_t piece, char* dst, bool skip_own) {
   for (int b = 0; b < p.n; ++b) {
     if (skip_own && b == node.me()) continue;
@@ -138,27 +162,10 @@ void shmAllReduce(Session& s, ShmNode& node, const DataSpec& d, const void* src,
   char* out = static_cast<char*>(dst);
   const Plan p(node, count, d.elem);
   const uint32_t g0 = node.round(), K = p.rounds;
-  const int me = node.me();
   node.begin(s.fingerprint());
   for (uint32_t t = 0; t < K + 2; ++t) {
-    if (t < K) {
-      const uint32_t g = g0 + t;
-      waitBufferFree(s, node, g);
-      copyInOthers(node, p, g, t, in);
-      node.publish(ShmNode::kCopied, g + 1);
-    }
-    if (t >= 1 && t - 1 < K) {
-      const uint32_t g = g0 + t - 1;
-      node.waitAll(s, ShmNode::kCopied, g + 1);
-      size_t off;
-      const size_t len = p.at(me, t - 1, &off);
-      char* mine = p.inSlot(node, me, g, me);
-      if (len) {
-        reducePiece(node, p, d, g, mine, in + off * p.es, len);
-        if (avg_divisor > 0) finishAvg(mine, len, d.type, avg_divisor);
-      }
-      node.publish(ShmNode::kReduced, g + 1);
-    }
+    if (t < K) copyInRound(s, node, p, g0 + t, t, in);
+    if (t >= 1 && t - 1 < K) reduceRound(s, node, p, d, g0 + t - 1, t - 1, in, nullptr, 0, avg_divisor);
     if (t >= 2) {
       const uint32_t g = g0 + t - 2;
       node.waitAll(s, ShmNode::kReduced, g + 1);
@@ -179,25 +186,10 @@ void shmReduceScatter(Session& s, ShmNode& node, const DataSpec& d, const void* 
   const size_t my_begin = blockBegin(count, p.n, me);
   node.begin(s.fingerprint());
   for (uint32_t t = 0; t < K + 1; ++t) {
-    if (t < K) {
-      const uint32_t g = g0 + t;
-      waitBufferFree(s, node, g);
-      copyInOthers(node, p, g, t, in);
-      node.publish(ShmNode::kCopied, g + 1);
-    }
+    if (t < K) copyInRound(s, node, p, g0 + t, t, in);
     if (t >= 1) {
-      const uint32_t g = g0 + t - 1;
-      node.waitAll(s, ShmNode::kCopied, g + 1);
-      size_t off;
-      const size_t len = p.at(me, t - 1, &off);
-      if (len) {
-        char* to = out + (off - my_begin) * p.es;
-        reducePiece(node, p, d, g, to, in + off * p.es, len);
-        if (avg_divisor > 0) finishAvg(to, len, d.type, avg_divisor);
-      }
-      // Nothing more to read of round g: the counters move together (shm_node.h).
-      node.publish(ShmNode::kReduced, g + 1);
-      node.publish(ShmNode::kConsumed, g + 1);
+      reduceRound(s, node, p, d, g0 + t - 1, t - 1, in, out, my_begin, avg_divisor);
+      node.publish(ShmNode::kConsumed, g0 + t);  // nothing more to read of that round (shm_node.h)
     }
   }
   node.setRound(g0 + K);
