@@ -120,9 +120,14 @@ int runTune(const TuneOptions& o) {
   }
   // mdring has a grid unless the rank count is prime (libddl runs the flat ring then: see mdringGrid).
   const bool grid = !isPrime(nranks);
-  std::vector<Candidate> candidates = {{"rhd", 0}, {"ring", 64 << 10}, {"ring", 256 << 10}, {"ring", 1 << 20}};
+  // 16 KiB segments: on a slow link (1 Gbit/s, the 2x2 namespace hierarchy) mdring's network dims run at the
+  // link's rate with them and 1.2-2.5x slower with 64 KiB (docs/benchmarks.md); fast fabrics want larger ones.
+  std::vector<Candidate> candidates = {{"rhd", 0}, {"ring", 16 << 10}, {"ring", 64 << 10}, {"ring", 256 << 10},
+                                       {"ring", 1 << 20}};
   if (grid) {
-    for (size_t seg : {size_t{64} << 10, size_t{256} << 10, size_t{1} << 20}) candidates.push_back({"mdring", seg});
+    for (size_t seg : {size_t{16} << 10, size_t{64} << 10, size_t{256} << 10, size_t{1} << 20}) {
+      candidates.push_back({"mdring", seg});
+    }
   }
   std::vector<size_t> sizes;
   for (size_t size = o.sweep.min_bytes; size <= o.sweep.max_bytes;) {
