@@ -412,6 +412,13 @@ void Comm::broadcast(const void* sendbuf, void* recvbuf, size_t count, ddlDataTy
   drainAsync();
   if (count == 0) return;
   const DataSpec d = spec(type, ddlSum, bytes);
+  if (shmServes()) {
+    run(CollKind::kBroadcast, type, ddlSum, count, root, static_cast<int>(Algo::kShm), [&](Session& s) {
+      if (rank_ == root && sendbuf != recvbuf) std::memcpy(recvbuf, sendbuf, bytes);
+      shmBroadcast(s, *shm_, d, sendbuf, recvbuf, count, root);  // on one node, member index = rank
+    });
+    return;
+  }
   run(CollKind::kBroadcast, type, ddlSum, count, root, 0,
       [&](Session& s) { ddl::broadcast(s, d, sendbuf, recvbuf, count, root); });
 }

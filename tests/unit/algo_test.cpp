@@ -156,16 +156,16 @@ TEST_P(AllReduceTest, LargeOddCount) {
 std::vector<AlgoParam> algoParams() {
   std::vector<AlgoParam> ps;
   for (int n : {1, 2, 3, 4, 5, 7, 8}) {
-    ps.push_back({n, Algo::kRing, ""});
-    ps.push_back({n, Algo::kRhd, ""});
-    ps.push_back({n, Algo::kAuto, ""});
+    ps.push_back({n, Algo::kRing, "", 0, ""});
+    ps.push_back({n, Algo::kRhd, "", 0, ""});
+    ps.push_back({n, Algo::kAuto, "", 0, ""});
   }
   for (auto [n, topo] : std::vector<std::pair<int, std::string>>{
            {1, "1"}, {2, "2"}, {2, "1x2"}, {3, "3"}, {4, "2x2"}, {4, "4x1"}, {6, "2x3"}, {6, "3x2"},
            {8, "2x4"}, {8, "4x2"}, {8, "2x2x2"}, {7, "7"}}) {
-    ps.push_back({n, Algo::kMdRing, topo});
+    ps.push_back({n, Algo::kMdRing, topo, 0, ""});
   }
-  ps.push_back({8, Algo::kAuto, "2x2x2"});
+  ps.push_back({8, Algo::kAuto, "2x2x2", 0, ""});
   // Shared memory: every rank on one node (auto and forced), and nodes of 2, 3 and 4 under mdring, whose dim 0
   // (derived from the nodes, or given) runs over it.
   for (int n : {2, 3, 4, 5, 7, 8}) ps.push_back({n, Algo::kAuto, "", n, "shm"});

@@ -85,6 +85,9 @@ size_t shmOneShotBytes(int members);
 void shmReduceScatter(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* mine, size_t count,
                       int avg_divisor);
 void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_t count);
+// The root member's src to every other member's dst (the root's dst is not touched).
+void shmBroadcast(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* dst, size_t count,
+                  int root_member);
 
 class TuneTable;
 struct AllReduceChoice {

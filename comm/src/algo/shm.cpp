@@ -221,4 +221,37 @@ void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_
   node.setRound(g0 + K);
 }
 
+void shmBroadcast(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* dst, size_t count,
+                  int root_member) {
+  const size_t es = d.elem, per_round = std::max<size_t>(1, node.roundBytes() / es);
+  const uint32_t K = static_cast<uint32_t>((count + per_round - 1) / per_round), g0 = node.round();
+  const bool root = node.me() == root_member;
+  node.begin(s.fingerprint());
+  // The root copies each round into its slot; the others copy it out. Every member moves every counter, so
+  // they stay equal (shm_node.h); only the root's copy is waited for.
+  for (uint32_t t = 0; t < K + 1; ++t) {
+    if (t < K) {
+      const uint32_t g = g0 + t;
+      if (root) {
+        const size_t off = static_cast<size_t>(t) * per_round, len = std::min(per_round, count - off);
+        waitBufferFree(s, node, g);
+        std::memcpy(node.slot(node.me(), static_cast<int>(g % node.buffers())), static_cast<const char*>(src) + off * es,
+                    len * es);
+      }
+      node.publish(ShmNode::kCopied, g + 1);
+      node.publish(ShmNode::kReduced, g + 1);
+      if (root) node.publish(ShmNode::kConsumed, g + 1);
+    }
+    if (t >= 1 && !root) {
+      const uint32_t g = g0 + t - 1;
+      const size_t off = static_cast<size_t>(t - 1) * per_round, len = std::min(per_round, count - off);
+      node.waitAll(s, ShmNode::kCopied, g + 1);
+      std::memcpy(static_cast<char*>(dst) + off * es, node.slot(root_member, static_cast<int>(g % node.buffers())),
+                  len * es);
+      node.publish(ShmNode::kConsumed, g + 1);
+    }
+  }
+  node.setRound(g0 + K);
+}
+
 }  // namespace ddl
