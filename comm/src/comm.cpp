@@ -177,6 +177,7 @@ void Comm::joinNode(Store& store, const Deadline& deadline) {
     }
     return;
   }
+  shm_->watchMembers();  // every member has attached (the agreement needed them all)
   // Waits as the channel's do (Channel::idle): ranks that outnumber the cores yield at once, ddlWaitShare polls
   // briefly and blocks, a rank with a core of its own spins first.
   if (channel_->oversubscribed() && options_.wait != ddlWaitSpin) {

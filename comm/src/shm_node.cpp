@@ -24,7 +24,7 @@ namespace ddl {
 
 namespace {
 constexpr uint64_t kMagic = 0x64646c2d73686d31ULL;  // "ddl-shm1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: sleepers on its own line, per-member reservation, one-shot rounds
 constexpr size_t kLineBytes = 128;  // one member's control line: its own pair of cache lines
 constexpr size_t kPage = 4096;
 constexpr uint32_t kFailWriting = UINT32_MAX;
@@ -268,21 +268,28 @@ void ShmNode::checkPeer(Session& s, int member) {
   }
 }
 
+void ShmNode::watchMembers() {
+  if (!pidfds_.empty()) return;
+  pidfds_.assign(size(), -1);
+#ifdef SYS_pidfd_open
+  for (int m = 0; m < size(); ++m) {
+    const pid_t pid = static_cast<pid_t>(line(m).pid.load(std::memory_order_acquire));
+    if (pid > 0 && pid != getpid()) pidfds_[m] = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  }
+#endif
+}
+
 bool ShmNode::alive(int member) {
   const pid_t pid = static_cast<pid_t>(line(member).pid.load(std::memory_order_acquire));
   if (pid <= 0 || pid == getpid()) return true;  // not attached yet, or a thread of this process (tests)
-  // A pidfd (opened once, so a reused pid cannot pass for the member) turns readable when the process ends,
-  // zombie or not; kill(pid, 0) where the kernel has no pidfd_open (before Linux 5.3).
-  if (pidfds_.empty()) pidfds_.assign(size(), -2);
-  int& fd = pidfds_[member];
-#ifdef SYS_pidfd_open
-  if (fd == -2) fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  if (fd >= 0) {
+  // A pidfd (opened by watchMembers once every member had attached, so a reused pid cannot pass for the
+  // member) turns readable when the process ends, zombie or not; kill(pid, 0) where there is none (before
+  // Linux 5.3, or a seccomp profile that refuses pidfd_open).
+  watchMembers();
+  if (const int fd = pidfds_[member]; fd >= 0) {
     pollfd p{fd, POLLIN, 0};
-    return poll(&p, 1, 0) == 0;
+    return poll(&p, 1, 0) <= 0;  // an error of poll itself is no proof of death
   }
-  if (errno == ESRCH) return false;  // gone before we looked
-#endif
   return !(kill(pid, 0) != 0 && errno == ESRCH);
 }
 

@@ -73,6 +73,9 @@ class ShmNode {
   // Waits until every other member's counter c reached target (wrap-safe), then checks that it runs this
   // collective. Throws ddl::Error: abort, timeout, a peer's failure report, a dead member, a mismatch.
   void waitAll(Session& s, Counter c, uint32_t target);
+  // Opens a handle on every member's process (once every member has attached), so that a later death, even
+  // with its pid reused, is seen. alive() calls it when it has not been.
+  void watchMembers();
   // Marks the segment failed with why (first one wins) and wakes every waiting member.
   void markFailed(const std::string& why) noexcept;
 
@@ -105,7 +108,7 @@ class ShmNode {
   uint32_t collective_ = 0;   // shared-memory collectives begun
   uint64_t signature_ = 0;
   int spin_rounds_ = 20000, yield_rounds_ = 0;
-  std::vector<int> pidfds_;  // per member: -2 not opened yet, -1 none (kill(pid, 0) then)
+  std::vector<int> pidfds_;  // per member, once watchMembers ran: a pidfd, or -1 (kill(pid, 0) then)
 };
 
 }  // namespace ddl

@@ -34,8 +34,9 @@ constexpr size_t kReplyHeaderBytes = 9;
 constexpr uint32_t kMaxKeyBytes = 64 * 1024;
 constexpr uint32_t kMaxValueBytes = 16 * 1024 * 1024;
 // A GETMANY names at most this many keys in at most this many bytes (its key list), waits at most this long,
-// and its answer carries at most kMaxManyReplyBytes. A bootstrap of kMaxRanks (32,768) ranks asks for one key
-// per rank, well within one request; a client splits a longer list (store.h).
+// and its answer carries at most kMaxManyReplyBytes. The TCP store's client asks for at most 4,096 keys at a time
+// (tcp_store.cpp), so that the answers of a bootstrap of kMaxRanks (32,768) ranks with records of a few KiB
+// stay well within it.
 constexpr uint32_t kMaxManyKeys = 64 * 1024;
 constexpr uint32_t kMaxManyRequestBytes = 1024 * 1024;
 constexpr uint32_t kMaxManyWaitMs = 24 * 3600 * 1000;

@@ -78,6 +78,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -108,6 +109,9 @@ constexpr std::string_view kServerLabel = "ddl-store server v1";
 constexpr uint32_t kMaxReplyBytes = std::max<uint32_t>(kMaxManyReplyBytes, kMaxValueBytes + kMaxKeyBytes + 1024);
 // A client with this many unsent reply bytes is not read from until it drains them (backpressure).
 constexpr size_t kMaxUnsentBytes = 64 * 1024 * 1024;
+// Keys per GETMANY request a client sends: with bootstrap records of a few KiB (UCX addresses of several
+// devices) an answer stays far below kMaxManyReplyBytes at any rank count, at 8 round trips for 32,768 ranks.
+constexpr size_t kKeysPerGetMany = 4096;
 // GETs one connection may have waiting at once; an honest client has one per calling thread.
 constexpr int kMaxWaitingGets = 1024;
 // GETMANYs one connection may have waiting at once (each holds up to kMaxManyRequestBytes of keys); the
@@ -254,8 +258,11 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   struct Conn {
     Fd fd;
     std::string in;        // received bytes not yet parsed (at most one partial frame + one recv chunk)
-    std::string out;       // replies not yet fully sent
-    size_t out_sent = 0;   // bytes of out already sent
+    // Replies not yet fully sent, in order. A GETMANY answer that every rank asks for is one shared string,
+    // not p copies: p ranks' gathers of p records hold p records' worth here, not p^2.
+    std::deque<std::shared_ptr<const std::string>> out;
+    size_t out_bytes = 0;  // bytes in out not yet sent
+    size_t out_sent = 0;   // bytes of out.front() already sent
     int waiting_gets = 0;  // GETs of this connection in waiters_
     int waiting_many = 0;  // GETMANYs of this connection in many_
     bool dead = false;     // to be closed at the end of this loop round
@@ -284,6 +291,8 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   void handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, uint32_t id, std::string key,
                       std::string_view value);
   void replyFromLoop(Conn& c, uint8_t status, uint32_t id, std::string_view payload);
+  // The same with a payload that other connections may be sending too (a GETMANY answer).
+  void replyFromLoop(Conn& c, uint8_t status, uint32_t id, std::shared_ptr<const std::string> payload);
   void releaseWaitersFromLoop(const std::string& key);
   void startManyFromLoop(uint64_t conn_id, Conn& c, uint32_t id, std::string_view value);
   // Moves it past the keys that exist; answers it (and forgets it) when none is missing, else queues it on the
@@ -316,7 +325,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   // keys at once, and encoding p values once instead of p times took the 1,024-rank gather of 1.5 KB records
   // from 3.5 s to 2.9 s (bench/init_bench.cpp --store-only; rank 0 publishing one table: 2.1 to 2.6 s).
   std::vector<std::string> last_many_keys_;
-  std::string last_many_answer_;
+  std::shared_ptr<const std::string> last_many_answer_;
   uint64_t data_version_ = 0;       // counts SETs and ADDs
   uint64_t last_many_version_ = 0;  // data_version_ when last_many_answer_ was encoded; 0: none
   Clock::time_point accept_paused_until_{};                       // after EMFILE and the like
@@ -418,7 +427,7 @@ void TcpStoreServerImpl::runLoop() {
     fds.push_back({wake_read_.get(), POLLIN, 0});
     fds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});  // poll() skips a negative fd
     for (auto& [id, c] : conns_) {
-      size_t unsent = c.out.size() - c.out_sent;
+      size_t unsent = c.out_bytes;
       short events = 0;
       if (unsent < kMaxUnsentBytes) events |= POLLIN;
       if (unsent > 0) events |= POLLOUT;
@@ -466,8 +475,8 @@ void TcpStoreServerImpl::runLoop() {
     // Send what this round produced (its own replies and GETs that a SET released), then close dropped
     // clients. A refused connection whose reply is out gets a FIN; it is closed once the peer closes too.
     for (auto& [id, c] : conns_) {
-      if (!c.dead && c.out_sent < c.out.size()) flushFromLoop(c);
-      if (!c.dead && c.auth == Auth::kClosing && !c.shut_down && c.out_sent == c.out.size()) {
+      if (!c.dead && c.out_bytes > 0) flushFromLoop(c);
+      if (!c.dead && c.auth == Auth::kClosing && !c.shut_down && c.out_bytes == 0) {
         ::shutdown(c.fd.get(), SHUT_WR);
         c.shut_down = true;
       }
@@ -597,7 +606,7 @@ void TcpStoreServerImpl::handshakeFromLoop(uint64_t conn_id, Conn& c, uint8_t op
 }
 
 void TcpStoreServerImpl::refuseFromLoop(uint64_t conn_id, Conn& c, std::optional<uint32_t> id) {
-  if (id) replyFromLoop(c, kRefused, *id, {});
+  if (id) replyFromLoop(c, kRefused, *id, std::string_view());
   c.auth = Auth::kClosing;
   // A refused connection lingers until the peer closes, at most until the handshake deadline (the one it has
   // already on a store with a secret).
@@ -613,7 +622,7 @@ void TcpStoreServerImpl::handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, u
         break;
       }
       ++data_version_;
-      replyFromLoop(c, kOk, id, {});
+      replyFromLoop(c, kOk, id, std::string_view());
       releaseWaitersFromLoop(key);
       break;
     }
@@ -662,10 +671,24 @@ void TcpStoreServerImpl::handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, u
 }
 
 void TcpStoreServerImpl::replyFromLoop(Conn& c, uint8_t status, uint32_t id, std::string_view payload) {
-  c.out.push_back(static_cast<char>(status));
-  putU32(&c.out, id);
-  putU32(&c.out, static_cast<uint32_t>(payload.size()));
-  c.out.append(payload);
+  auto frame = std::make_shared<std::string>();
+  frame->push_back(static_cast<char>(status));
+  putU32(frame.get(), id);
+  putU32(frame.get(), static_cast<uint32_t>(payload.size()));
+  frame->append(payload);
+  c.out_bytes += frame->size();
+  c.out.push_back(std::move(frame));
+}
+
+void TcpStoreServerImpl::replyFromLoop(Conn& c, uint8_t status, uint32_t id,
+                                       std::shared_ptr<const std::string> payload) {
+  auto head = std::make_shared<std::string>();
+  head->push_back(static_cast<char>(status));
+  putU32(head.get(), id);
+  putU32(head.get(), static_cast<uint32_t>(payload->size()));
+  c.out_bytes += head->size() + payload->size();
+  c.out.push_back(std::move(head));
+  if (!payload->empty()) c.out.push_back(std::move(payload));
 }
 
 void TcpStoreServerImpl::releaseWaitersFromLoop(const std::string& key) {
@@ -728,7 +751,7 @@ void TcpStoreServerImpl::stepManyFromLoop(std::map<ManyId, ManyGet>::iterator it
                       std::to_string(kMaxManyReplyBytes) + "): ask for fewer keys at a time");
   } else {
     if (last_many_version_ != data_version_ + 1 || last_many_keys_ != m.keys) {
-      last_many_answer_ = encodeValues(values);
+      last_many_answer_ = std::make_shared<const std::string>(encodeValues(values));
       last_many_keys_ = m.keys;
       last_many_version_ = data_version_ + 1;
     }
@@ -774,10 +797,17 @@ void TcpStoreServerImpl::expireManyFromLoop(Clock::time_point now) {
 }
 
 void TcpStoreServerImpl::flushFromLoop(Conn& c) {
-  while (c.out_sent < c.out.size()) {
-    ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
+  while (!c.out.empty()) {
+    const std::string& front = *c.out.front();
+    if (c.out_sent == front.size()) {
+      c.out.pop_front();
+      c.out_sent = 0;
+      continue;
+    }
+    ssize_t n = ::send(c.fd.get(), front.data() + c.out_sent, front.size() - c.out_sent, MSG_NOSIGNAL);
     if (n > 0) {
       c.out_sent += static_cast<size_t>(n);
+      c.out_bytes -= static_cast<size_t>(n);
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -787,7 +817,6 @@ void TcpStoreServerImpl::flushFromLoop(Conn& c) {
       return;
     }
   }
-  c.out.clear();
   c.out_sent = 0;
 }
 
@@ -838,7 +867,7 @@ class TcpStore final : public Store {
     while (first < keys.size()) {  // one request in practice (store_protocol.h); bounded by keys.size()
       size_t end = first;
       size_t bytes = 8;
-      while (end < keys.size() && end - first < kMaxManyKeys && bytes + 4 + keys[end].size() <= kMaxManyRequestBytes) {
+      while (end < keys.size() && end - first < kKeysPerGetMany && bytes + 4 + keys[end].size() <= kMaxManyRequestBytes) {
         checkSizes(keys[end], 0);
         bytes += 4 + keys[end].size();
         ++end;

@@ -998,6 +998,25 @@ TEST(TcpStore, GetManySplitsALongKeyList) {
   expectError(ddlInvalidArgument, [&] { store->getMany({std::string(store_wire::kMaxKeyBytes + 1, 'x')}, Deadline(1000)); });
 }
 
+// Answers are bounded too (kMaxManyReplyBytes, 64 MiB): a gather whose values come to more (here 9,000 records
+// of 8 KiB, 72 MiB) still works, because the client asks in batches of keys.
+TEST(TcpStore, GetManyOfMoreThanOneAnswerHoldsGoesInBatches) {
+  StoreLimits roomy;
+  roomy.max_total_bytes = 128 * 1024 * 1024;  // the default store holds 64 MiB in all
+  auto server = startTcpStoreServer("127.0.0.1", 0, "", {}, roomy);
+  auto store = connectLocal(server->port());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 9000; ++i) {
+    keys.push_back("boot/" + std::to_string(i));
+    store->set(keys.back(), std::string(8192, static_cast<char>('a' + i % 26)));
+  }
+  const std::vector<std::string> values = store->getMany(keys, Deadline(60000));
+  ASSERT_EQ(values.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(values[i], std::string(8192, static_cast<char>('a' + i % 26))) << keys[i];
+  }
+}
+
 TEST(StoreWire, GetManyListIsBoundedAndValidated) {
   using namespace store_wire;
   std::vector<std::string_view> keys;
