@@ -134,7 +134,8 @@ void Channel::notifyPeers(const std::string& why) {
   // Only the peers this rank is connected to, and its two ring neighbours: telling all p would connect to
   // all p (the transport connects lazily). Each rank that learns of the failure fails and tells its own, once,
   // so the report floods the graph of connections, which the ring neighbours keep connected: every rank hears
-  // of it within p/2 hops, and a rank waiting for a dead peer notices on its own (its endpoint's error).
+  // of it within p/2 hops of ranks that are in a collective (a rank in user code passes it on at its next
+  // one), and a rank waiting for a dead peer notices on its own (its endpoint's error).
   const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || !transport_->peerError(p).empty()) continue;
