@@ -131,15 +131,20 @@ void Channel::notifyPeers(const std::string& why) {
   control_msg_ = remote_error_.empty() ? peerName(rank_) + " failed: " + why : remote_error_;
   if (control_msg_.size() > sizeof(control_buf_)) control_msg_.resize(sizeof(control_buf_));
   uint64_t t = tag::kControl | (static_cast<uint64_t>(rank_) << tag::kSrcShift);
-  // Only the peers this rank is connected to, and its two ring neighbours: telling all p would connect to
-  // all p (the transport connects lazily). Each rank that learns of the failure fails and tells its own, once,
-  // so the report floods the graph of connections, which the ring neighbours keep connected: every rank hears
-  // of it within p/2 hops of ranks that are in a collective (a rank in user code passes it on at its next
-  // one), and a rank waiting for a dead peer notices on its own (its endpoint's error).
+  // Only the peers this rank is connected to, its two ring neighbours and its hypercube partners (rank ^ 2^k):
+  // telling all p would connect to all p (the transport connects lazily). Each rank that learns of the failure
+  // fails and tells its own, once, so the report floods the graph of connections: every rank hears of it
+  // within about log2(p) hops of ranks that are in a collective (a rank in user code passes it on at its next
+  // one; the many paths of the hypercube go around it), and a rank waiting for a dead peer notices on its own
+  // (its endpoint's error).
   const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+  auto partner = [this](int p) {
+    const int d = p ^ rank_;
+    return d != 0 && (d & (d - 1)) == 0;  // differs from this rank in one bit
+  };
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || !transport_->peerError(p).empty()) continue;
-    if (p != next && p != prev && !transport_->connected(p)) continue;
+    if (p != next && p != prev && !partner(p) && !transport_->connected(p)) continue;
     control_sends_.push_back(std::make_unique<Request>());
     transport_->send(*control_sends_.back(), p, t, control_msg_.data(), control_msg_.size());
   }
