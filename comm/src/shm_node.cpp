@@ -1,5 +1,6 @@
 #include "shm_node.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <linux/futex.h>
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <random>
@@ -53,6 +55,14 @@ void futexWakeAll(std::atomic<uint32_t>* word) {
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// The inode of this process's PID namespace (0 where /proc cannot say). Segment names carry it next to the
+// creator's pid, so that a pid is only ever judged in the namespace it belongs to.
+unsigned long long pidNamespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<unsigned long long>(st.st_ino) : 0;
+}
+
+// "/ddl-<pid namespace>-<creator's pid>-<64 random bits in hex>".
 // Never throws (std::random_device may, where the kernel gives no entropy): then the clock and address space.
 std::string randomName() {
   uint64_t r = 0;
@@ -64,8 +74,43 @@ std::string randomName() {
   r ^= static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
        reinterpret_cast<uintptr_t>(&r);
   char buf[64];
-  std::snprintf(buf, sizeof(buf), "/ddl-%d-%016llx", static_cast<int>(getpid()), static_cast<unsigned long long>(r));
+  std::snprintf(buf, sizeof(buf), "/ddl-%llu-%d-%016llx", pidNamespace(), static_cast<int>(getpid()),
+                static_cast<unsigned long long>(r));
   return buf;
+}
+
+// A creator killed before every member had attached leaves its segment's name in /dev/shm, and the segment's
+// memory with it (nothing else unlinks it). Before making a segment, a creator removes those that are this
+// user's, of its own PID namespace, and whose creator's process no longer exists. A creator that is alive
+// (or a pid that has been reused) keeps its name; this process's own segments (other communicators) are left
+// alone. Looks at no more than kMaxEntries names, so a crowded /dev/shm costs a bounded time. Never throws.
+void removeOrphanedSegments() {
+  constexpr int kMaxEntries = 65536;
+  const unsigned long long ns = pidNamespace();
+  if (ns == 0) return;
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return;
+  const std::string prefix = "ddl-" + std::to_string(ns) + "-";
+  const uid_t me = geteuid();
+  int seen = 0;
+  while (const dirent* e = readdir(dir)) {
+    if (++seen > kMaxEntries) break;
+    const char* name = e->d_name;
+    if (std::strncmp(name, prefix.c_str(), prefix.size()) != 0) continue;
+    char* end = nullptr;
+    errno = 0;
+    const long pid = std::strtol(name + prefix.size(), &end, 10);
+    if (errno != 0 || end == name + prefix.size() || *end != '-' || pid <= 0 || pid > INT_MAX || pid == getpid()) {
+      continue;
+    }
+    struct stat st {};
+    if (fstatat(dirfd(dir), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != me) {
+      continue;
+    }
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    shm_unlink(("/" + std::string(name)).c_str());
+  }
+  closedir(dir);
 }
 
 std::string errnoText(const std::string& what) { return what + ": " + std::strerror(errno); }
@@ -121,6 +166,7 @@ std::unique_ptr<ShmNode> ShmNode::attach(Store& store, const std::vector<int>& m
   const bool creator = node->me_ == 0;
   int fd = -1;
   if (creator) {
+    removeOrphanedSegments();
     node->name_ = randomName();
     fd = shm_open(node->name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     std::string err;

@@ -16,8 +16,9 @@
 //
 // The segment is created by the node's first member with a random name, announced through the bootstrap
 // store, and unlinked as soon as every member has mapped it, so once a communicator is up nothing is left in
-// /dev/shm whatever happens to its ranks (a member killed during the attach itself can leave the name behind;
-// it carries the creator's pid). Each member reserves its slot's pages (posix_fallocate), on its NUMA node, so a
+// /dev/shm whatever happens to its ranks. A creator killed during the attach itself leaves the name behind:
+// names carry the creator's PID namespace and pid, and the node's next creator removes those whose creator is
+// gone. Each member reserves its slot's pages (posix_fallocate), on its NUMA node, so a
 // full /dev/shm is an error at attach, not a SIGBUS later. A member's death is seen through a pidfd (or
 // kill(pid, 0)), which node keys make meaningful: members share a PID namespace.
 //

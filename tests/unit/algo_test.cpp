@@ -1,7 +1,12 @@
 // Collective algorithms with ranks as threads over LocalTransport: every algorithm, topology, type and op,
 // in place and out of place, odd counts, and the failure paths (dead rank, abort, mismatch, timeout).
 // Results are compared bit for bit against a reference computed in wide arithmetic, and across ranks.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -585,6 +590,56 @@ TEST(ShmLayout, ASegmentThatCannotBeMadeFallsBackOrFailsClearly) {
     if (out[99] != 2.0f) throw Error(ddlInternalError, "wrong copy");
   });
   expectAllOk(results);
+}
+
+// A creator killed before every member attached leaves its segment's name in /dev/shm; the node's next creator
+// removes it. Names whose creator lives, or that belong to another PID namespace, stay.
+TEST(ShmLayout, TheNextSegmentRemovesOneWhoseCreatorDied) {
+  struct stat ns {};
+  if (stat("/proc/self/ns/pid", &ns) != 0) GTEST_SKIP() << "no /proc/self/ns/pid: segment names carry no namespace";
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0) << std::strerror(errno);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  int hold[2];
+  ASSERT_EQ(pipe(hold), 0);
+  const pid_t living = fork();
+  if (living == 0) {
+    char c;
+    close(hold[1]);
+    while (read(hold[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    _exit(0);
+  }
+  ASSERT_GT(living, 0) << std::strerror(errno);
+  close(hold[0]);
+  auto name = [](unsigned long long pid_ns, pid_t pid) {
+    return "/ddl-" + std::to_string(pid_ns) + "-" + std::to_string(pid) + "-00000000deadbeef";
+  };
+  const unsigned long long mine = ns.st_ino;
+  const std::string orphan = name(mine, dead), alive = name(mine, living), elsewhere = name(mine + 1, dead);
+  for (const auto& n : {orphan, alive, elsewhere}) {
+    const int fd = shm_open(n.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << n << ": " << std::strerror(errno);
+    close(fd);
+  }
+  auto results = runOnNodes(2, 2, makeOptions(2, Algo::kShm), [&](Comm& c) {
+    std::vector<int32_t> buf(100, c.rank() + 1);
+    c.allReduce(buf.data(), buf.data(), buf.size(), ddlInt32, ddlSum);
+    if (buf[99] != 3) throw Error(ddlInternalError, "wrong sum " + std::to_string(buf[99]));
+  });
+  expectAllOk(results);
+  auto exists = [](const std::string& n) {
+    const int fd = shm_open(n.c_str(), O_RDWR, 0600);
+    if (fd >= 0) close(fd);
+    return fd >= 0;
+  };
+  EXPECT_FALSE(exists(orphan)) << orphan << " outlived its dead creator";
+  EXPECT_TRUE(exists(alive)) << alive << " was removed while its creator lives";
+  EXPECT_TRUE(exists(elsewhere)) << elsewhere << " of another PID namespace was removed";
+  for (const auto& n : {orphan, alive, elsewhere}) shm_unlink(n.c_str());
+  close(hold[1]);
+  waitpid(living, nullptr, 0);
 }
 
 TEST(Failures, BadArgumentsBreakNothing) {
