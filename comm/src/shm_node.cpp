@@ -26,9 +26,11 @@ namespace ddl {
 
 namespace {
 constexpr uint64_t kMagic = 0x64646c2d73686d31ULL;  // "ddl-shm1"
-constexpr uint32_t kVersion = 2;  // 2: sleepers on its own line, per-member reservation, one-shot rounds
+// 2: sleepers on its own line, per-member reservation, one-shot rounds; 3: 8 signatures per member.
+constexpr uint32_t kVersion = 3;
 constexpr size_t kLineBytes = 128;  // one member's control line: its own pair of cache lines
 constexpr size_t kPage = 4096;
+constexpr int kSignatures = 8;
 constexpr uint32_t kFailWriting = UINT32_MAX;
 // How long a blocked wait sleeps before it looks again at the session, the failure word and the peer.
 constexpr long kBlockNs = 1000 * 1000;
@@ -134,9 +136,11 @@ struct ShmNode::Header {
 struct ShmNode::Line {
   std::atomic<uint32_t> counter[3];
   std::atomic<uint32_t> pid;
-  // The signatures of the member's last collectives, by collective number modulo 4. A member can be at most
-  // one collective ahead of another (each needs every member's data), so the one being checked is still there.
-  std::atomic<uint64_t> signature[4];
+  // The signatures of the member's last kSignatures collectives, by collective number. A broadcast's root
+  // waits for no one but a free buffer, so it can be up to `buffers` collectives ahead of another member (one
+  // round each); every other collective needs every member's data, so at most one. Buffers are fewer than
+  // kSignatures (attach checks), so the one being checked is still there.
+  std::atomic<uint64_t> signature[kSignatures];
 };
 static_assert(sizeof(ShmNode::Line) <= kLineBytes, "a control line fits its 128 bytes");
 static_assert(sizeof(ShmNode::Header) <= kPage, "the header fits its page");
@@ -155,7 +159,8 @@ std::unique_ptr<ShmNode> ShmNode::attach(Store& store, const std::vector<int>& m
     if (members[i] == rank) node->me_ = i;
   // At step t a member copies round t in once every member consumed round t - buffers; consumption of round
   // t-2 comes at the end of step t, so 2 buffers would deadlock from the third round on.
-  DDL_ASSERT(n >= 1 && members[node->me_] == rank && buffers >= 3 && powerOfTwo(buffers));
+  DDL_ASSERT(n >= 1 && members[node->me_] == rank && buffers >= 3 && buffers < kSignatures &&
+             powerOfTwo(buffers));
   node->round_bytes_ = std::max<size_t>(64, round_bytes / n / 64 * 64) * n;
   node->buffers_ = buffers;
   node->lines_offset_ = kPage;
@@ -192,7 +197,7 @@ std::unique_ptr<ShmNode> ShmNode::attach(Store& store, const std::vector<int>& m
     node->base_ = static_cast<char*>(p);
     new (node->base_) Header{kMagic, kVersion, static_cast<uint32_t>(n), node->round_bytes_,
                              static_cast<uint32_t>(buffers), {0}, {0}, {}, {0}};
-    for (int i = 0; i < n; ++i) new (&node->line(i)) Line{{{0}, {0}, {0}}, {0}, {{0}, {0}, {0}, {0}}};
+    for (int i = 0; i < n; ++i) new (&node->line(i)) Line{};
     // Announced only once complete: the store's round trip orders it before any member's look.
     store.set(key, "name " + node->name_);
   } else {
@@ -270,7 +275,7 @@ void ShmNode::begin(uint64_t signature) {
   signature_ = signature;
   start_round_ = round_;
   ++collective_;
-  line(me_).signature[collective_ % 4].store(signature, std::memory_order_release);
+  line(me_).signature[collective_ % kSignatures].store(signature, std::memory_order_release);
 }
 
 void ShmNode::publish(Counter c, uint32_t value) {
@@ -375,7 +380,7 @@ void ShmNode::waitAll(Session& s, Counter c, uint32_t target) {
   for (int m = 0; m < size(); ++m) {
     if (m == me_) continue;
     waitOne(s, m, c, target);
-    if (this_collective && line(m).signature[collective_ % 4].load(std::memory_order_acquire) != signature_) {
+    if (this_collective && line(m).signature[collective_ % kSignatures].load(std::memory_order_acquire) != signature_) {
       fail(ddlInvalidArgument, "collective mismatch: " + s.channel().peerName(rankOf(m)) +
                                    " called a different collective, count, type, op or algorithm than this rank's " +
                                    s.describe() + " (shared memory); every rank must make the same calls in the "

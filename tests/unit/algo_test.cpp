@@ -215,6 +215,28 @@ TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
   }
 }
 
+// A broadcast's root waits for no one but a free buffer, so it runs ahead of a slow member by up to a buffer
+// per broadcast; the slow member must still find the root's signature of the broadcast it is in (and then
+// an allreduce must still line up).
+TEST_P(CollectivesTest, ManyBroadcastsFromOneRootWhileAMemberLags) {
+  const int n = GetParam().first, per_node = GetParam().second;
+  if (n < 2) GTEST_SKIP() << "needs a member to lag behind the root";
+  auto results = runOnNodes(n, per_node, makeOptions(n, Algo::kAuto, "", 4096), [&](Comm& c) {
+    std::vector<int32_t> buf(7);
+    for (int k = 0; k < 12; ++k) {
+      if (c.rank() == n - 1 && k == 1) std::this_thread::sleep_for(300ms);
+      for (auto& v : buf) v = c.rank() == 0 ? k : -1;
+      c.broadcast(buf.data(), buf.data(), buf.size(), ddlInt32, 0);
+      for (auto v : buf)
+        if (v != k) throw Error(ddlInternalError, "broadcast " + std::to_string(k) + " got " + std::to_string(v));
+    }
+    std::vector<int32_t> sum(5, 1);
+    c.allReduce(sum.data(), sum.data(), sum.size(), ddlInt32, ddlSum);
+    if (sum[4] != n) throw Error(ddlInternalError, "allreduce after the broadcasts got " + std::to_string(sum[4]));
+  });
+  expectAllOk(results);
+}
+
 TEST_P(CollectivesTest, AllGatherAndReduceScatter) {
   const int n = GetParam().first, per_node = GetParam().second;
   for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{100003}}) {
