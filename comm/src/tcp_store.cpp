@@ -112,6 +112,8 @@ constexpr size_t kMaxUnsentBytes = 64 * 1024 * 1024;
 // Keys per GETMANY request a client sends: with bootstrap records of a few KiB (UCX addresses of several
 // devices) an answer stays far below kMaxManyReplyBytes at any rank count, at 8 round trips for 32,768 ranks.
 constexpr size_t kKeysPerGetMany = 4096;
+constexpr size_t kMaxManyAnswers = 16;  // answers kept for reuse (see many_answers_)
+constexpr size_t kMaxManyAnswerBytes = size_t{256} << 20;  // and their bytes, together
 // GETs one connection may have waiting at once; an honest client has one per calling thread.
 constexpr int kMaxWaitingGets = 1024;
 // GETMANYs one connection may have waiting at once (each holds up to kMaxManyRequestBytes of keys); the
@@ -298,6 +300,10 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   // Moves it past the keys that exist; answers it (and forgets it) when none is missing, else queues it on the
   // first missing key.
   void stepManyFromLoop(std::map<ManyId, ManyGet>::iterator it);
+  // The encoded answer to a GETMANY of keys, whose values are values: one already made for the same keys
+  // while the data has not changed, else a new one (kept for the next asker).
+  std::shared_ptr<const std::string> manyAnswerFromLoop(const std::vector<std::string>& keys,
+                                                        const std::vector<const std::string*>& values);
   // Forgets it, and its place in waiters_.
   void dropManyFromLoop(std::map<ManyId, ManyGet>::iterator it);
   void expireManyFromLoop(Clock::time_point now);
@@ -321,13 +327,20 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   StoreData data_;
   std::unordered_map<std::string, std::vector<Waiter>> waiters_;  // GETs deferred until their key is set
   std::map<ManyId, ManyGet> many_;  // GETMANYs not answered yet; at most kMaxWaitingMany per connection
-  // The last GETMANY answer, while the data has not changed since: at bootstrap every rank asks for the same
+  // GETMANY answers, while the data has not changed since: at bootstrap every rank asks for the same
   // keys at once, and encoding p values once instead of p times took the 1,024-rank gather of 1.5 KB records
   // from 3.5 s to 2.9 s (bench/init_bench.cpp --store-only; rank 0 publishing one table: 2.1 to 2.6 s).
-  std::vector<std::string> last_many_keys_;
-  std::shared_ptr<const std::string> last_many_answer_;
-  uint64_t data_version_ = 0;       // counts SETs and ADDs
-  uint64_t last_many_version_ = 0;  // data_version_ when last_many_answer_ was encoded; 0: none
+  // Clients ask in batches of kKeysPerGetMany keys, so there is one answer per batch (every rank cuts the same
+  // list the same way): up to kMaxManyAnswers of them, oldest dropped first, while they come to no more than
+  // kMaxManyAnswerBytes. All are dropped when the data changes. An answer still queued for a connection lives
+  // on there (shared), whatever happens here.
+  struct ManyAnswer {
+    std::vector<std::string> keys;
+    std::shared_ptr<const std::string> answer;
+  };
+  std::vector<ManyAnswer> many_answers_;
+  uint64_t data_version_ = 0;          // counts SETs and ADDs
+  uint64_t many_answers_version_ = 0;  // data_version_ + 1 when many_answers_ were encoded; 0: none
   Clock::time_point accept_paused_until_{};                       // after EMFILE and the like
   // Connections that have not proved the secret, and refused ones still closing: their deadline, by
   // connection id (so the oldest first). At most limits_.max_pending.
@@ -750,15 +763,30 @@ void TcpStoreServerImpl::stepManyFromLoop(std::map<ManyId, ManyGet>::iterator it
                       std::to_string(bytes) + " bytes, more than one answer carries (" +
                       std::to_string(kMaxManyReplyBytes) + "): ask for fewer keys at a time");
   } else {
-    if (last_many_version_ != data_version_ + 1 || last_many_keys_ != m.keys) {
-      last_many_answer_ = std::make_shared<const std::string>(encodeValues(values));
-      last_many_keys_ = m.keys;
-      last_many_version_ = data_version_ + 1;
-    }
-    replyFromLoop(conn->second, kOk, it->first.second, last_many_answer_);
+    replyFromLoop(conn->second, kOk, it->first.second, manyAnswerFromLoop(m.keys, values));
   }
   --conn->second.waiting_many;
   many_.erase(it);
+}
+
+std::shared_ptr<const std::string> TcpStoreServerImpl::manyAnswerFromLoop(const std::vector<std::string>& keys,
+                                                                         const std::vector<const std::string*>& values) {
+  if (many_answers_version_ != data_version_ + 1) {
+    many_answers_.clear();
+    many_answers_version_ = data_version_ + 1;
+  }
+  for (const ManyAnswer& a : many_answers_) {
+    if (a.keys.size() == keys.size() && a.keys.front() == keys.front() && a.keys == keys) return a.answer;
+  }
+  auto answer = std::make_shared<const std::string>(encodeValues(values));
+  size_t held = answer->size();
+  for (const ManyAnswer& a : many_answers_) held += a.answer->size();
+  while (!many_answers_.empty() && (many_answers_.size() >= kMaxManyAnswers || held > kMaxManyAnswerBytes)) {
+    held -= many_answers_.front().answer->size();
+    many_answers_.erase(many_answers_.begin());
+  }
+  many_answers_.push_back({keys, answer});
+  return answer;
 }
 
 void TcpStoreServerImpl::dropManyFromLoop(std::map<ManyId, ManyGet>::iterator it) {
@@ -886,8 +914,13 @@ class TcpStore final : public Store {
         if (r.payload.size() < 4) breakAndFail(ddlRemoteError, "rendezvous store at " + addr_ + " sent a malformed reply");
         const uint32_t missing = getU32(r.payload.data());
         const std::string key = r.payload.substr(4);
+        // The server counts only this batch's missing keys; later batches were not asked about yet.
+        const bool part = first > 0 || end < keys.size();
         fail(ddlTimeout, "timed out after " + std::to_string(deadline.timeoutMs()) + " ms waiting for key '" + key +
                              "'" + (missing > 1 ? " and " + std::to_string(missing - 1) + " more" : std::string()) +
+                             (part ? " of keys " + std::to_string(first + 1) + "-" + std::to_string(end) + " of " +
+                                         std::to_string(keys.size()) + " (the rest not asked for yet)"
+                                   : std::string()) +
                              " in the rendezvous store at " + addr_ + " (did every rank start and publish it?)");
       }
       checkOk(r);

@@ -1017,6 +1017,36 @@ TEST(TcpStore, GetManyOfMoreThanOneAnswerHoldsGoesInBatches) {
   }
 }
 
+// A gather in batches that times out says which batch it counted: the server sees one batch at a time.
+// Interleaved batch gathers of several clients (each batch an answer of its own, kept side by side) get
+// their own values, and a SET in between is seen by the next one.
+TEST(TcpStore, BatchedGathersNameTheirBatchAndKeepTheirAnswersApart) {
+  auto server = startTcpStoreServer("127.0.0.1", 0, "");
+  auto a = connectLocal(server->port());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 5000; ++i) keys.push_back("nobody/" + std::to_string(i));
+  std::string msg = expectError(ddlTimeout, [&] { a->getMany(keys, Deadline(200)); });
+  EXPECT_NE(msg.find("waiting for key 'nobody/0' and 4095 more of keys 1-4096 of 5000 (the rest not asked for yet)"),
+            std::string::npos)
+      << msg;
+  for (size_t i = 0; i < keys.size(); ++i) a->set(keys[i], std::to_string(i));
+  std::vector<std::string> tail(keys.begin() + 4096, keys.end());
+  auto errors = runThreads(8, [&](int t) {
+    auto store = connectLocal(server->port());
+    for (int round = 0; round < 3; ++round) {
+      const auto& ask = (t + round) % 2 ? tail : keys;
+      const std::vector<std::string> got = store->getMany(ask, Deadline(20000));
+      const size_t base = &ask == &tail ? 4096 : 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (got[i] != std::to_string(base + i)) throw std::runtime_error("wrong value for " + ask[i]);
+      }
+    }
+  });
+  EXPECT_TRUE(errors.empty()) << errors[0];
+  a->set(tail[0], "changed");
+  EXPECT_EQ(a->getMany(tail, Deadline(5000))[0], "changed");
+}
+
 TEST(StoreWire, GetManyListIsBoundedAndValidated) {
   using namespace store_wire;
   std::vector<std::string_view> keys;
