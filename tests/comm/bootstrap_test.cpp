@@ -90,8 +90,8 @@ TEST_P(LazyEndpoints, ARingConnectsEachRankToItsTwoNeighboursOnly) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, LazyEndpoints, testing::Values(4, 8));
 
-// Rank 3 tells only ranks 2 and 4 (its connections); the others hear of it from rank to rank, before their
-// deadline (else ddlTimeout). Fails without passing the report on unchanged: each rank then put its own name
+// Rank 3 tells only ranks 2 and 4 (its ring neighbours) and 1 and 7 (its hypercube partners, 3 ^ 2 and 3 ^ 4);
+// ranks 0, 5 and 6 hear of it passed on from rank to rank, before their deadline (else ddlTimeout). Fails without passing the report on unchanged: each rank then put its own name
 // in front, and past a few hundred ranks the 1 KiB control message would have lost the origin.
 TEST(LazyEndpoints, AFailureReachesEveryRankThroughItsNeighbours) {
   constexpr int n = 8, victim = 3;
