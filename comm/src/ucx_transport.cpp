@@ -1,6 +1,7 @@
 #include "ucx_transport.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <poll.h>
 #include <sched.h>
 #include <unistd.h>
@@ -346,10 +347,32 @@ class UcxTransport : public Transport {
       parseInt(ms, "DDL_KEEPALIVE_MS", 1, 3600 * 1000);
       settings.emplace_back("KEEPALIVE_INTERVAL", ms + "ms");
     }
+    // Eager up to 64 KiB, the segment libddl's built-in table sends across nodes, where the network is TCP.
+    // UCX's automatic rendezvous threshold for tcp is about 20 KiB; its rendezvous adds a request and an answer
+    // per message, and an allreduce fills both directions of a link, so the answer waits behind data in the
+    // link's queue. On the 2x2 namespace hierarchy (1 Gbit/s links) mdring's link phase took 2.2x the model's
+    // time at 1 MiB that way, and ran at the model's time eager (docs/benchmarks.md). Not where the host has
+    // an RDMA device: there rendezvous is a zero-copy read and UCX knows best.
+    if (getEnv("UCX_RNDV_THRESH").empty() && !hasRdmaDevice()) settings.emplace_back("RNDV_THRESH", "65537");
     for (const auto& [name, value] : settings) {
       ucs_status_t st = ucp_config_modify(config, name, value.c_str());
       if (st != UCS_OK) ucxFail(std::string("setting ") + name + "=" + value, st);
     }
+  }
+
+  // Whether the kernel lists an RDMA device (InfiniBand, RoCE, iWARP): /sys/class/infiniband has an entry.
+  static bool hasRdmaDevice() {
+    DIR* dir = opendir("/sys/class/infiniband");
+    if (!dir) return false;
+    bool any = false;
+    while (const dirent* e = readdir(dir)) {
+      if (e->d_name[0] != '.') {
+        any = true;
+        break;
+      }
+    }
+    closedir(dir);
+    return any;
   }
 
   // The endpoint to peer, made on first use and at most once (a failed attempt stays as the peer's error).

@@ -4,6 +4,7 @@
 // are comm_worker processes started by this test (fork + exec) with the DDL_* environment, each writing its
 // output to a file that the test reads.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
@@ -280,6 +281,34 @@ TEST(UcxSettings, SharedMemoryServesErrorHandlingEndpointsWithoutSetenv) {
     const bool shm_lane = out.find("sysv/memory") != std::string::npos || out.find("posix/memory") != std::string::npos;
     EXPECT_TRUE(shm_lane) << "endpoints do not use shared memory:\n" << out;
     EXPECT_NE(out.find("<egr/short>..989.."), std::string::npos) << "FIFO elements are not 1 KiB:\n" << out;
+  }
+}
+
+// Where the network is TCP (no RDMA device), libddl's 64 KiB segments go eager, not through UCX's rendezvous
+// (about 20 KiB for tcp otherwise); a user's UCX_RNDV_THRESH still wins. ucp_ep_print_info's tag_send line
+// shows where rendezvous starts.
+TEST(UcxSettings, OverTcpSegmentsGoEagerUnlessTheUserSaysOtherwise) {
+  if (DIR* d = opendir("/sys/class/infiniband")) {
+    bool rdma = false;
+    while (const dirent* e = readdir(d)) rdma = rdma || e->d_name[0] != '.';
+    closedir(d);
+    if (rdma) GTEST_SKIP() << "this host has an RDMA device: libddl leaves UCX's rendezvous threshold alone";
+  }
+  for (const auto& [thresh, want] : std::vector<std::pair<std::string, std::string>>{
+           {"", "..<egr/zcopy>..65537..<rndv>"}, {"100000", "..<egr/zcopy>..100000..<rndv>"}}) {
+    std::map<std::string, std::string> env = {
+        {"UCX_TLS", "tcp"}, {"DDL_SHM", "off"}, {"DDL_DEBUG", "1"}, {"DDL_TIMEOUT_MS", "60000"}};
+    if (!thresh.empty()) env["UCX_RNDV_THRESH"] = thresh;
+    Ranks ranks(2, {"env"}, env);
+    ASSERT_TRUE(ranks.waitAll(120s)) << ranks.describe();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(ranks.exitCode(r), 0) << ranks.describe();
+      const std::string out = ranks.output(r);
+      const size_t line = out.find("tag_send:");
+      ASSERT_NE(line, std::string::npos) << "no endpoint configuration printed:\n" << out;
+      EXPECT_NE(out.substr(line, out.find('\n', line) - line).find(want), std::string::npos)
+          << "UCX_RNDV_THRESH=" << thresh << ": want " << want << " in\n" << out;
+    }
   }
 }
 

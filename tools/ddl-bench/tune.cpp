@@ -120,8 +120,9 @@ int runTune(const TuneOptions& o) {
   }
   // mdring has a grid unless the rank count is prime (libddl runs the flat ring then: see mdringGrid).
   const bool grid = !isPrime(nranks);
-  // 16 KiB segments: on a slow link (1 Gbit/s, the 2x2 namespace hierarchy) mdring's network dims run at the
-  // link's rate with them and 1.2-2.5x slower with 64 KiB (docs/benchmarks.md); fast fabrics want larger ones.
+  // 16 KiB segments: on a slow link (1 Gbit/s, the 2x2 namespace hierarchy) mdring's network dims ran at the
+  // link's rate with them and 1.2-2.5x slower with 64 KiB while those went through UCX's rendezvous (libddl
+  // now sends them eager over TCP: docs/benchmarks.md); fast fabrics want larger ones.
   std::vector<Candidate> candidates = {{"rhd", 0}, {"ring", 16 << 10}, {"ring", 64 << 10}, {"ring", 256 << 10},
                                        {"ring", 1 << 20}};
   if (grid) {
