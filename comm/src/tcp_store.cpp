@@ -114,6 +114,7 @@ constexpr size_t kMaxUnsentBytes = 64 * 1024 * 1024;
 constexpr size_t kKeysPerGetMany = 4096;
 constexpr size_t kMaxManyAnswers = 16;  // answers kept for reuse (see many_answers_)
 constexpr size_t kMaxManyAnswerBytes = size_t{256} << 20;  // and their bytes, together
+constexpr std::chrono::seconds kManyAnswerIdle{10};        // dropped when none was asked for in this long
 // GETs one connection may have waiting at once; an honest client has one per calling thread.
 constexpr int kMaxWaitingGets = 1024;
 // GETMANYs one connection may have waiting at once (each holds up to kMaxManyRequestBytes of keys); the
@@ -332,15 +333,15 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   // from 3.5 s to 2.9 s (bench/init_bench.cpp --store-only; rank 0 publishing one table: 2.1 to 2.6 s).
   // Clients ask in batches of kKeysPerGetMany keys, so there is one answer per batch (every rank cuts the same
   // list the same way): up to kMaxManyAnswers of them, oldest dropped first, while they come to no more than
-  // kMaxManyAnswerBytes. All are dropped when the data changes. An answer still queued for a connection lives
-  // on there (shared), whatever happens here.
+  // kMaxManyAnswerBytes. All are dropped when the data changes (a SET or ADD), and once none was asked for in
+  // kManyAnswerIdle, so that the table does not stay in memory for the job's life. An answer still queued for
+  // a connection lives on there (shared), whatever happens here.
   struct ManyAnswer {
     std::vector<std::string> keys;
     std::shared_ptr<const std::string> answer;
   };
   std::vector<ManyAnswer> many_answers_;
-  uint64_t data_version_ = 0;          // counts SETs and ADDs
-  uint64_t many_answers_version_ = 0;  // data_version_ + 1 when many_answers_ were encoded; 0: none
+  Clock::time_point many_answers_used_{};  // when one was last asked for
   Clock::time_point accept_paused_until_{};                       // after EMFILE and the like
   // Connections that have not proved the secret, and refused ones still closing: their deadline, by
   // connection id (so the oldest first). At most limits_.max_pending.
@@ -453,6 +454,10 @@ void TcpStoreServerImpl::runLoop() {
     for (const auto& [id, deadline] : handshakes_)
       wake_at = wake_at ? std::min(*wake_at, deadline) : deadline;
     for (const auto& [id, m] : many_) wake_at = wake_at ? std::min(*wake_at, m.deadline) : m.deadline;
+    if (!many_answers_.empty()) {
+      const auto drop_at = many_answers_used_ + kManyAnswerIdle;
+      wake_at = wake_at ? std::min(*wake_at, drop_at) : drop_at;
+    }
     int timeout = -1;
     if (wake_at) {
       timeout = 1 + pollMs(std::chrono::duration_cast<std::chrono::milliseconds>(*wake_at - now).count());
@@ -634,7 +639,7 @@ void TcpStoreServerImpl::handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, u
         replyFromLoop(c, kFailed, id, error);  // the store is full: this SET fails, the server goes on
         break;
       }
-      ++data_version_;
+      many_answers_.clear();  // they hold the old data
       replyFromLoop(c, kOk, id, std::string_view());
       releaseWaitersFromLoop(key);
       break;
@@ -656,7 +661,7 @@ void TcpStoreServerImpl::handleFromLoop(uint64_t conn_id, Conn& c, uint8_t op, u
       if (!error.empty()) {
         replyFromLoop(c, kFailed, id, error);
       } else {
-        ++data_version_;
+        many_answers_.clear();
         replyFromLoop(c, kOk, id, encodeI64(result));
         releaseWaitersFromLoop(key);
       }
@@ -771,10 +776,7 @@ void TcpStoreServerImpl::stepManyFromLoop(std::map<ManyId, ManyGet>::iterator it
 
 std::shared_ptr<const std::string> TcpStoreServerImpl::manyAnswerFromLoop(const std::vector<std::string>& keys,
                                                                          const std::vector<const std::string*>& values) {
-  if (many_answers_version_ != data_version_ + 1) {
-    many_answers_.clear();
-    many_answers_version_ = data_version_ + 1;
-  }
+  many_answers_used_ = Clock::now();
   for (const ManyAnswer& a : many_answers_) {
     if (a.keys.size() == keys.size() && a.keys.front() == keys.front() && a.keys == keys) return a.answer;
   }
@@ -805,6 +807,7 @@ void TcpStoreServerImpl::dropManyFromLoop(std::map<ManyId, ManyGet>::iterator it
 }
 
 void TcpStoreServerImpl::expireManyFromLoop(Clock::time_point now) {
+  if (!many_answers_.empty() && now >= many_answers_used_ + kManyAnswerIdle) many_answers_.clear();
   for (auto it = many_.begin(); it != many_.end();) {
     auto next = std::next(it);
     if (it->second.deadline <= now) {
@@ -915,12 +918,16 @@ class TcpStore final : public Store {
         const uint32_t missing = getU32(r.payload.data());
         const std::string key = r.payload.substr(4);
         // The server counts only this batch's missing keys; later batches were not asked about yet.
-        const bool part = first > 0 || end < keys.size();
+        std::string batch_note;
+        if (first > 0 || end < keys.size()) {
+          batch_note = " of keys " + std::to_string(first + 1) + "-" + std::to_string(end) + " of " +
+                       std::to_string(keys.size()) + " (" +
+                       (first > 0 ? "those before were there" : "") + (first > 0 && end < keys.size() ? "; " : "") +
+                       (end < keys.size() ? "the rest not asked for yet" : "") + ")";
+        }
         fail(ddlTimeout, "timed out after " + std::to_string(deadline.timeoutMs()) + " ms waiting for key '" + key +
                              "'" + (missing > 1 ? " and " + std::to_string(missing - 1) + " more" : std::string()) +
-                             (part ? " of keys " + std::to_string(first + 1) + "-" + std::to_string(end) + " of " +
-                                         std::to_string(keys.size()) + " (the rest not asked for yet)"
-                                   : std::string()) +
+                             batch_note +
                              " in the rendezvous store at " + addr_ + " (did every rank start and publish it?)");
       }
       checkOk(r);

@@ -347,13 +347,20 @@ class UcxTransport : public Transport {
       parseInt(ms, "DDL_KEEPALIVE_MS", 1, 3600 * 1000);
       settings.emplace_back("KEEPALIVE_INTERVAL", ms + "ms");
     }
-    // Eager up to 64 KiB, the segment libddl's built-in table sends across nodes, where the network is TCP.
-    // UCX's automatic rendezvous threshold for tcp is about 20 KiB; its rendezvous adds a request and an answer
-    // per message, and an allreduce fills both directions of a link, so the answer waits behind data in the
-    // link's queue. On the 2x2 namespace hierarchy (1 Gbit/s links) mdring's link phase took 2.2x the model's
-    // time at 1 MiB that way, and ran at the model's time eager (docs/benchmarks.md). Not where the host has
-    // an RDMA device: there rendezvous is a zero-copy read and UCX knows best.
-    if (getEnv("UCX_RNDV_THRESH").empty() && !hasRdmaDevice()) settings.emplace_back("RNDV_THRESH", "65537");
+    // Eager up to 2 MiB where the network is TCP: every message libddl's built-in table sends across nodes (ring
+    // and mdring segments of 64 and 256 KiB, rhd's halves up to 2 MiB for 2 ranks). UCX's own rendezvous
+    // threshold for tcp is about 20 KiB; its rendezvous adds a request and an answer per message, and an
+    // allreduce fills both directions of a link, so the answer waits behind data in the link's queue. Over
+    // 1 Gbit/s links between network namespaces, 2 hosts x 1 rank: auto (rhd) took 1.5-1.9x the link's time at
+    // 1-4 MiB that way, and ran at the link's time eager; 2 hosts x 2 ranks: mdring 0.65-1.18x the flat ring at
+    // 256 KiB-4 MiB, 1.5x eager (docs/benchmarks.md). Bounded, so a large point-to-point message that arrives
+    // before its receive still waits at the sender. Not where UCX may use an RDMA device: there rendezvous is
+    // a zero-copy read and UCX knows best. UCX 1.13 has one threshold per context, so UCX's own shared-memory
+    // lanes get it too (libddl's segment carries the collectives inside a node; docs/benchmarks.md says what
+    // it costs the others).
+    if (getEnv("UCX_RNDV_THRESH").empty() && (!hasRdmaDevice() || !ucxTlsMayUseRdma(tls))) {
+      settings.emplace_back("RNDV_THRESH", "2097153");
+    }
     for (const auto& [name, value] : settings) {
       ucs_status_t st = ucp_config_modify(config, name, value.c_str());
       if (st != UCS_OK) ucxFail(std::string("setting ") + name + "=" + value, st);
@@ -413,6 +420,22 @@ class UcxTransport : public Transport {
 };
 
 }  // namespace
+
+bool ucxTlsMayUseRdma(const std::string& tls) {
+  if (tls.empty() || tls[0] == '^') return true;
+  size_t start = 0;
+  while (start <= tls.size()) {
+    size_t end = tls.find(',', start);
+    if (end == std::string::npos) end = tls.size();
+    const std::string t = tls.substr(start, end - start);
+    if (t == "all" || t == "ib") return true;
+    for (const char* r : {"rc", "ud", "dc"}) {
+      if (t == r || t.rfind(std::string(r) + "_", 0) == 0) return true;
+    }
+    start = end + 1;
+  }
+  return false;
+}
 
 std::unique_ptr<Transport> createUcxTransport(int rank, int size, Store& store, const Deadline& deadline,
                                               bool wakeup) {

@@ -11,16 +11,19 @@
 // (rc/ud/dc) where present, shared memory (posix, sysv, cma) between processes of one host, TCP otherwise;
 // UCX_TLS and UCX_NET_DEVICES still apply, so falling back from IB to Ethernet needs no code change.
 //
-// Three UCX defaults are changed unless the user set them, through ucp_config_modify (libddl never touches the
+// Four UCX defaults are changed unless the user set them, through ucp_config_modify (libddl never touches the
 // process environment): shared-memory transports get peer error handling (MM_ERROR_HANDLING=y; without it,
-// error-handling endpoints would skip shared memory), 1 KiB FIFO elements (MM_FIFO_ELEM_SIZE) and the keepalive
-// interval drops to DDL_KEEPALIVE_MS (2000 ms) so a dead peer on shared memory is noticed quickly.
+// error-handling endpoints would skip shared memory), 1 KiB FIFO elements (MM_FIFO_ELEM_SIZE), the keepalive
+// interval drops to DDL_KEEPALIVE_MS (2000 ms) so a dead peer on shared memory is noticed quickly, and where
+// UCX cannot use RDMA, messages up to 2 MiB go eager (RNDV_THRESH; TCP's rendezvous round trip waits behind
+// the link's queued data).
 //
 // Threads: serialised access (UCS_THREAD_MODE_SERIALIZED): the communicator's calling thread or its async
 // executor, never both at once.
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "deadline.h"
 #include "store.h"
@@ -32,6 +35,10 @@ namespace ddl {
 // ddl::Error (ddlSystemError for UCX failures, ddlTimeout naming a rank's key when not every rank publishes its
 // record before the deadline). wakeup: idle waits block on the
 // worker's event fd (UCP_FEATURE_WAKEUP, for ddlWaitShare) instead of sleeping.
+// Whether a UCX_TLS value may select an RDMA transport: unset, "all", an exclusion list ("^..."), "ib", or a
+// token naming rc, ud or dc (rc_x, ud_verbs, dc_mlx5, ...).
+bool ucxTlsMayUseRdma(const std::string& tls);
+
 std::unique_ptr<Transport> createUcxTransport(int rank, int size, Store& store, const Deadline& deadline,
                                               bool wakeup);
 

@@ -193,5 +193,15 @@ TEST(Bootstrap, RendezvousAtAnIpv6Root) {
   }
 }
 
+// Which UCX_TLS values keep UCX's rendezvous threshold (RDMA possible) and which get libddl's eager 2 MiB.
+TEST(UcxTls, RdmaTransportsAreToldApartFromTheOthers) {
+  for (const char* tls : {"", "all", "^tcp", "ib", "rc", "rc_x,sm", "tcp,ud_verbs", "dc_mlx5", "sm,self,rc_v"}) {
+    EXPECT_TRUE(ucxTlsMayUseRdma(tls)) << tls;
+  }
+  for (const char* tls : {"tcp", "sm,self", "tcp,sm,self", "cuda_copy,tcp", "posix,sysv,cma,tcp", "cuda_ipc,self"}) {
+    EXPECT_FALSE(ucxTlsMayUseRdma(tls)) << tls;
+  }
+}
+
 }  // namespace
 }  // namespace ddl
