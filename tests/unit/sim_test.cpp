@@ -267,6 +267,11 @@ TEST(SimCalibration, RejectsBadFiles) {
                           "node": {"alpha_s": 0, "beta_Bps": 1}}})")
                 .find("missing \"beta_Bps\""),
             std::string::npos);
+  // A misspelt class is an error, not a silent fall-back to "node" for the switch links.
+  EXPECT_NE(error(head + R"("reduce_GBps": 1, "links": {"intra": {"alpha_s": 0, "beta_Bps": 1},
+                          "node": {"alpha_s": 0, "beta_Bps": 1}, "swtich": {"alpha_s": 0, "beta_Bps": 1}}})")
+                .find("unknown link class \"swtich\""),
+            std::string::npos);
   EXPECT_NE(
       error(R"({"format": "ddl-sim-calibration", "version": 1, "ranks_per_node": 0, "reduce_GBps": 1, )" +
             good_links + "}")

@@ -94,6 +94,12 @@ StatusOr<Calibration> calibrationFromJson(const std::string& text, const std::st
   m.reduce_Bps = reduce_gbs * 1e9;
   auto links = j.find("links");
   if (links == j.end() || !links->is_object()) return bad(origin, "missing \"links\" object");
+  for (const auto& item : links->items()) {  // a misspelt class would otherwise fall back to "node" unseen
+    bool known = false;
+    for (const char* k : kClassKeys) known = known || item.key() == k;
+    if (!known)
+      return bad(origin, "unknown link class \"" + item.key() + "\" in \"links\" (intra, node, switch)");
+  }
   for (int k = 0; k < kLinkClasses; ++k) {
     auto l = links->find(kClassKeys[k]);
     if (l == links->end()) {

@@ -53,7 +53,7 @@ const char* const kUsage =
     "      -o, --output FILE    the calibration file to write (required)\n"
     "  check      predict bench/hierarchy.sh's measured 2x2 runs and print the error per size\n"
     "      --calibration FILE   --hierarchy DIR   --min SIZE (default 64K)   --goal PCT (default 15)\n"
-    "      --json FILE          also write the table as JSON (- for stdout)\n"
+    "      --json FILE          also write the table as JSON (-: to stdout, the text to stderr)\n"
     "  scale      allreduce time and scaling efficiency of ResNet-50/101 training on large clusters\n"
     "      --config LIST        built-in clusters, from 2017,h100 (default both)\n"
     "      --calibration FILE   a calibrated cluster instead (needs --compute-ms)\n"
@@ -64,7 +64,7 @@ const char* const kUsage =
     "      --overlap F          fraction of the allreduce that overlaps the backward pass, for eff+ovl "
     "(default\n"
     "                           0.5; never more than the backward pass, taken as 2/3 of compute)\n"
-    "      --json FILE          also write the results as JSON (- for stdout)\n"
+    "      --json FILE          also write the results as JSON (-: to stdout, the text to stderr)\n"
     "  predict    one prediction with its phases\n"
     "      --config NAME | --calibration FILE   --ranks P   --bytes SIZE   --algo LIST   --dims AxBxC\n"
     "\n"
@@ -389,6 +389,8 @@ int cmdCheck(int argc, char** argv) {
       parseArgs(argc, argv, 2, {"calibration", "hierarchy", "min", "goal", "json", "segment", "window"});
   if (!args.isOk()) return fail(args.status());
   const Args& a = *args;
+  // With --json - the JSON owns stdout: the table goes to stderr.
+  FILE* text = a.has("json") && a.get("json") == "-" ? stderr : stdout;
   if (!a.has("calibration") || !a.has("hierarchy")) {
     return fail(Status::invalidArgument("check needs --calibration FILE and --hierarchy DIR"));
   }
@@ -468,9 +470,10 @@ int cmdCheck(int argc, char** argv) {
     table += "\n";
     rows.push_back(row);
   }
-  std::printf("# ddl-sim check: %s (%d reps) against %s\n", a.get("hierarchy").c_str(), h->reps,
-              a.get("calibration").c_str());
-  std::printf(
+  std::fprintf(text, "# ddl-sim check: %s (%d reps) against %s\n", a.get("hierarchy").c_str(), h->reps,
+               a.get("calibration").c_str());
+  std::fprintf(
+      text,
       "# %d ranks, topology %s; times in us (measured: median of the reps' means); error = predicted / "
       "measured - 1\n",
       ranks,
@@ -481,13 +484,14 @@ int cmdCheck(int argc, char** argv) {
       }()
           .c_str());
   for (int k = 0; k < kLinkClasses; ++k) {
-    std::printf("#   %-6s alpha %8.2f us  beta %9.4f GB/s\n", linkClassName(LinkClass(k)),
-                m.links[k].alpha_s * 1e6, m.links[k].beta_Bps / 1e9);
+    std::fprintf(text, "#   %-6s alpha %8.2f us  beta %9.4f GB/s\n", linkClassName(LinkClass(k)),
+                 m.links[k].alpha_s * 1e6, m.links[k].beta_Bps / 1e9);
   }
-  std::printf(
+  std::fprintf(
+      text,
       "#   reduction %.2f GB/s; auto predicted as libddl's built-in table picks: rhd <= 4K, mdring above\n",
       m.reduce_Bps / 1e9);
-  std::fputs(table.c_str(), stdout);
+  std::fputs(table.c_str(), text);
   // mdring per dimension: libddl's telemetry samples a rank's latest call, so long calls are sampled more
   // often; its shares (not its absolute times) are applied to the measured mean, as the hierarchy report
   // does.
@@ -541,18 +545,18 @@ int cmdCheck(int argc, char** argv) {
       dims_rows.push_back(row);
       any = true;
     }
-    if (any) std::fputs(dt.c_str(), stdout);
+    if (any) std::fputs(dt.c_str(), text);
   }
   bool met = true;
   json summary = json::object();
   for (auto& [s, w] : worst) {
-    std::printf("%s: worst error %.1f%% from %s%s\n", s.c_str(), w * 100, human(*min).c_str(),
-                w * 100 <= *goal ? "" : " (above the goal)");
+    std::fprintf(text, "%s: worst error %.1f%% from %s%s\n", s.c_str(), w * 100, human(*min).c_str(),
+                 w * 100 <= *goal ? "" : " (above the goal)");
     summary[s] = w;
     if (w * 100 > *goal) met = false;
   }
-  std::printf("goal: every prediction within %.0f%% from %s: %s\n", *goal, human(*min).c_str(),
-              met ? "met" : "NOT met");
+  std::fprintf(text, "goal: every prediction within %.0f%% from %s: %s\n", *goal, human(*min).c_str(),
+               met ? "met" : "NOT met");
   if (a.has("json")) {
     json j = {{"hierarchy", a.get("hierarchy")},
               {"calibration", a.get("calibration")},
@@ -577,6 +581,8 @@ int cmdScale(int argc, char** argv) {
                                    "overlap", "json", "segment", "window"});
   if (!args.isOk()) return fail(args.status());
   const Args& a = *args;
+  // With --json - the JSON owns stdout: the table goes to stderr.
+  FILE* text = a.has("json") && a.get("json") == "-" ? stderr : stdout;
   std::vector<std::pair<std::string, Config>> configs;
   if (a.has("calibration")) {
     if (a.has("config")) return fail(Status::invalidArgument("give --config or --calibration, not both"));
@@ -621,9 +627,9 @@ int cmdScale(int argc, char** argv) {
 
   json out = json::array();
   for (const auto& [cname, cfg] : configs) {
-    std::printf("\n## %s\n", cfg.summary.c_str());
-    std::printf("%6s  %-10s %-9s %-8s %10s %8s %8s   %s\n", "GPUs", "network", "compute", "algo", "allreduce",
-                "eff", "eff+ovl", "layout (mdring)");
+    std::fprintf(text, "\n## %s\n", cfg.summary.c_str());
+    std::fprintf(text, "%6s  %-10s %-9s %-8s %10s %8s %8s   %s\n", "GPUs", "network", "compute", "algo",
+                 "allreduce", "eff", "eff+ovl", "layout (mdring)");
     for (int p : *gpus) {
       for (const Network& net : networks) {
         double compute = compute_override;
@@ -644,8 +650,8 @@ int cmdScale(int argc, char** argv) {
           const double e1 = scalingEfficiency(compute, pr->seconds, *overlap);
           std::string layout;
           for (size_t i = 0; i < pr->dims.size(); ++i) layout += (i ? "x" : "") + std::to_string(pr->dims[i]);
-          std::printf("%6d  %-10s %6.0f ms %-8s %7.2f ms %7.1f%% %7.1f%%   %s\n", p, net.name.c_str(),
-                      compute * 1e3, algoName(algo), pr->seconds * 1e3, e0 * 100, e1 * 100, layout.c_str());
+          std::fprintf(text, "%6d  %-10s %6.0f ms %-8s %7.2f ms %7.1f%% %7.1f%%   %s\n", p, net.name.c_str(),
+                       compute * 1e3, algoName(algo), pr->seconds * 1e3, e0 * 100, e1 * 100, layout.c_str());
           json phases = json::array();
           for (const Phase& ph : pr->phases) {
             phases.push_back({{"what", ph.what},
@@ -675,13 +681,15 @@ int cmdScale(int argc, char** argv) {
   }
   for (const json& r : out) {
     if (r["config"] == "2017" && r["gpus"] == 256 && r["network"] == "resnet50" && r["algo"] == "mdring") {
-      std::printf(
+      std::fprintf(
+          text,
           "\n2017 at 256 GPUs, ResNet-50, mdring: %.1f%% (no overlap), %.1f%% (overlap %.2f); DDL's paper "
           "published 95%%\n",
           r["efficiency"].get<double>() * 100, r["efficiency_overlap"].get<double>() * 100, *overlap);
     }
   }
-  std::printf(
+  std::fprintf(
+      text,
       "\neff: compute / (compute + allreduce); eff+ovl: with %.2f of the allreduce hidden behind the "
       "backward pass (at most 2/3 of compute)\n",
       *overlap);
@@ -724,6 +732,13 @@ int cmdPredict(int argc, char** argv) {
     if (!d.isOk()) return fail(d.status());
     dims = *d;
   }
+  // Every prediction is made before any is printed: bad input (dims that do not fit) prints nothing.
+  struct Row {
+    std::string algo;
+    int ranks;
+    Prediction pr;
+  };
+  std::vector<Row> rows;
   for (const std::string& name : splitList(a.get("algo", "ring,mdring,rhd"))) {
     StatusOr<Algo> algo = parseAlgo(name);
     if (!algo.isOk()) return fail(algo.status());
@@ -733,13 +748,17 @@ int cmdPredict(int argc, char** argv) {
       StatusOr<Prediction> pr =
           predict(m, *algo, p, *bytes, *rp, *algo == Algo::kMdRing ? dims : std::vector<int>{});
       if (!pr.isOk()) return fail(pr.status());
-      std::printf("%s, %d ranks, %s B: %.1f us, %d steps, busiest rank sends %.0f B\n", name.c_str(), p,
-                  human(*bytes).c_str(), pr->seconds * 1e6, pr->steps, pr->bytes_sent_max);
-      for (const Phase& ph : pr->phases) {
-        std::printf("  %-34s %4d steps x %12.0f B over %-6s (%d flow%s/port) %10.1f us\n", ph.what.c_str(),
-                    ph.steps, ph.bytes_per_step, linkClassName(ph.link), ph.flows, ph.flows == 1 ? "" : "s",
-                    ph.seconds * 1e6);
-      }
+      rows.push_back({name, p, *pr});
+    }
+  }
+  for (const Row& row : rows) {
+    const Prediction& pr = row.pr;
+    std::printf("%s, %d ranks, %s B: %.1f us, %d steps, busiest rank sends %.0f B\n", row.algo.c_str(),
+                row.ranks, human(*bytes).c_str(), pr.seconds * 1e6, pr.steps, pr.bytes_sent_max);
+    for (const Phase& ph : pr.phases) {
+      std::printf("  %-34s %4d steps x %12.0f B over %-6s (%d flow%s/port) %10.1f us\n", ph.what.c_str(),
+                  ph.steps, ph.bytes_per_step, linkClassName(ph.link), ph.flows, ph.flows == 1 ? "" : "s",
+                  ph.seconds * 1e6);
     }
   }
   return kExitOk;
