@@ -44,6 +44,25 @@ long long parseInt(const std::string& text, const char* what, long long lo, long
   return v;
 }
 
+long long parseByteCount(const std::string& text, const char* what, long long lo, long long hi) {
+  std::string digits = text;
+  int shift = 0;
+  if (!digits.empty()) {
+    const char last = digits.back();
+    shift = last == 'K' || last == 'k' ? 10 : last == 'M' || last == 'm' ? 20 : last == 'G' || last == 'g' ? 30 : 0;
+    if (shift) digits.pop_back();
+  }
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(digits.c_str(), &end, 10);
+  if (digits.empty() || errno || *end != '\0' || v < 0 || v > (hi >> shift) || (v << shift) < lo) {
+    fail(ddlInvalidArgument, std::string(what) + " must be a byte count from " + std::to_string(lo) + " to " +
+                                 std::to_string(hi) + " (a K, M or G suffix multiplies by 1024, 1024^2, 1024^3), got '" +
+                                 text + "'");
+  }
+  return v << shift;
+}
+
 Options resolveOptions(const ddlConfig_t* config, int nranks) {
   if (config && (config->size < sizeof(size_t) + sizeof(unsigned) || config->version == 0 ||
                  config->version > DDL_CONFIG_VERSION)) {
@@ -63,13 +82,19 @@ Options resolveOptions(const ddlConfig_t* config, int nranks) {
   std::string topo = (config && config->topology) ? config->topology : getEnv("DDL_TOPOLOGY");
   o.topology = parseTopology(topo, nranks);
 
-  std::string algo = (config && config->algorithm) ? config->algorithm : getEnv("DDL_ALGO");
-  o.algo = algo.empty() ? Algo::kAuto : parseAlgo(algo);
+  const bool algo_from_config = config && config->algorithm;
+  const char* algo_source = algo_from_config ? "ddlConfig_t.algorithm" : "DDL_ALGO";
+  std::string algo = algo_from_config ? config->algorithm : getEnv("DDL_ALGO");
+  try {
+    o.algo = algo.empty() ? Algo::kAuto : parseAlgo(algo);
+  } catch (const Error& e) {
+    fail(e.code(), std::string(algo_source) + ": " + e.what());
+  }
 
   if (config && config->segmentBytes > 0) {
     o.segment_bytes = config->segmentBytes;
   } else if (auto v = getEnv("DDL_SEGMENT_BYTES"); !v.empty()) {
-    o.segment_bytes = static_cast<size_t>(parseInt(v, "DDL_SEGMENT_BYTES", 1, 1LL << 30));
+    o.segment_bytes = static_cast<size_t>(parseByteCount(v, "DDL_SEGMENT_BYTES", 1, 1LL << 30));
   }
   if (auto v = getEnv("DDL_TUNE_FILE"); !v.empty()) o.tune = TuneTable::load(v);
   if (auto v = getEnv("DDL_SHM"); !v.empty()) {
@@ -82,9 +107,11 @@ Options resolveOptions(const ddlConfig_t* config, int nranks) {
     }
   }
   if (auto v = getEnv("DDL_SHM_ROUND_BYTES"); !v.empty()) {
-    o.shm_round_bytes = static_cast<size_t>(parseInt(v, "DDL_SHM_ROUND_BYTES", 4096, 64LL << 20));
+    o.shm_round_bytes = static_cast<size_t>(parseByteCount(v, "DDL_SHM_ROUND_BYTES", 4096, 64LL << 20));
   }
-  if (o.algo == Algo::kShm && !o.shm) fail(ddlInvalidArgument, "DDL_ALGO=shm needs shared memory, but DDL_SHM is off");
+  if (o.algo == Algo::kShm && !o.shm) {
+    fail(ddlInvalidArgument, std::string(algo_source) + "=shm needs shared memory, but DDL_SHM is off");
+  }
 
   // Version 2 added waitMode; a version-1 struct ends before it.
   const bool has_wait = config && config->version >= 2 && config->size >= offsetof(ddlConfig_t, waitMode) + sizeof(int);

@@ -528,6 +528,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{{"-np", "2", "--timeout-ms", "soon", "--", "true"},
                 "--timeout-ms must be a positive integer"},
         BadArgs{{"-np", "2", "--grace-ms", "-1", "--", "true"}, "--grace-ms must be an integer"},
+        BadArgs{{"-np", "2", "--algo", "bogus", "--", "true"},
+                "ddlrun: --algo needs one of auto, ring, mdring, rhd, shm (got 'bogus')"},
         BadArgs{{"-np", "2", "--root", "localhost", "--", "true"}, "--root must be HOST:PORT"},
         BadArgs{{"-np", "2", "--root", "host:99999", "--", "true"}, "--root must be HOST:PORT"},
         BadArgs{{"-np", "2", "-x", "=v", "--", "true"}, "-x needs VAR=VALUE"}));

@@ -92,8 +92,14 @@ TEST(Options, ConfigWinsOverEnvironmentWhichWinsOverDefaults) {
 TEST(Options, BadValuesNameTheVariable) {
   setenv("DDL_ALGO", "rign", 1);
   std::string e = errorOf([] { resolveOptions(nullptr, 2); });
-  EXPECT_NE(e.find("unknown algorithm 'rign'"), std::string::npos) << e;
+  EXPECT_NE(e.find("DDL_ALGO: unknown algorithm 'rign'"), std::string::npos) << e;
   unsetenv("DDL_ALGO");
+  {
+    ddlConfig_t named = DDL_CONFIG_INITIALIZER;
+    named.algorithm = "shmm";
+    e = errorOf([&] { resolveOptions(&named, 2); });
+    EXPECT_NE(e.find("ddlConfig_t.algorithm: unknown algorithm 'shmm'"), std::string::npos) << e;
+  }
   setenv("DDL_TIMEOUT_MS", "soon", 1);
   e = errorOf([] { resolveOptions(nullptr, 2); });
   EXPECT_NE(e.find("DDL_TIMEOUT_MS"), std::string::npos) << e;
@@ -101,6 +107,25 @@ TEST(Options, BadValuesNameTheVariable) {
   ddlConfig_t cfg{};  // not initialised with DDL_CONFIG_INITIALIZER
   e = errorOf([&] { resolveOptions(&cfg, 2); });
   EXPECT_NE(e.find("DDL_CONFIG_INITIALIZER"), std::string::npos) << e;
+}
+
+// Byte counts take K, M and G suffixes (as ddl-bench's sizes do) and say their range when out of it.
+TEST(Options, ByteCountsTakeSuffixesAndSayTheirRange) {
+  setenv("DDL_SHM_ROUND_BYTES", "64K", 1);
+  setenv("DDL_SEGMENT_BYTES", "1M", 1);
+  Options o = resolveOptions(nullptr, 2);
+  EXPECT_EQ(o.shm_round_bytes, size_t{64} << 10);
+  EXPECT_EQ(o.segment_bytes, size_t{1} << 20);
+  setenv("DDL_SEGMENT_BYTES", "300", 1);
+  EXPECT_EQ(resolveOptions(nullptr, 2).segment_bytes, 300u);
+  for (const char* bad : {"1", "abc", "64KB", "K", "-4K", "65M", "99999999999999999999G"}) {
+    setenv("DDL_SHM_ROUND_BYTES", bad, 1);
+    std::string e = errorOf([] { resolveOptions(nullptr, 2); });
+    EXPECT_NE(e.find("DDL_SHM_ROUND_BYTES must be a byte count from 4096 to 67108864"), std::string::npos)
+        << bad << ": " << e;
+  }
+  unsetenv("DDL_SHM_ROUND_BYTES");
+  unsetenv("DDL_SEGMENT_BYTES");
 }
 
 TEST(Options, WaitModeFromConfigOrDdlWait) {

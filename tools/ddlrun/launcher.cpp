@@ -78,7 +78,7 @@ constexpr const char kUsage[] =
     "options:\n"
     "  -np N, -n N         number of ranks, 1 to 1024 (required)\n"
     "  --topology AxB...   exported as DDL_TOPOLOGY; the dimensions must multiply to N\n"
-    "  --algo NAME         exported as DDL_ALGO (auto, ring, mdring, rhd)\n"
+    "  --algo NAME         exported as DDL_ALGO (auto, ring, mdring, rhd, shm)\n"
     "  --timeout-ms T      exported as DDL_TIMEOUT_MS\n"
     "  --root HOST:PORT    rendezvous address (DDL_ROOT); default 127.0.0.1 and a free port\n"
     "  -x VAR=VALUE        set VAR in every rank's environment; repeatable, the last one for a VAR wins\n"
@@ -140,7 +140,10 @@ std::string applyOption(const std::string& name, const std::string& value, Optio
     if (value.empty()) return checkTopology(value, kMaxRanks);  // the form error; the count is checked later
     options->topology = value;
   } else if (name == "--algo") {
-    if (value.empty()) return "ddlrun: --algo needs a name (auto, ring, mdring, rhd)";
+    static const char* const kAlgos[] = {"auto", "ring", "mdring", "rhd", "shm"};
+    if (std::find(std::begin(kAlgos), std::end(kAlgos), value) == std::end(kAlgos)) {
+      return "ddlrun: --algo needs one of auto, ring, mdring, rhd, shm (got '" + value + "')";
+    }
     options->algo = value;
   } else if (name == "--timeout-ms") {
     if (!parseBoundedInt(value, kMaxTimeoutMs, &number) || number < 1) {
