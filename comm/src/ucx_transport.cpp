@@ -178,8 +178,15 @@ class UcxTransport : public Transport {
     try {
       records = store.getMany(keys, deadline);
     } catch (const Error& e) {
-      fail(e.code(), "not every rank joined the communicator of " + std::to_string(size()) + " ranks (key " +
-                         kRecordPrefix + "N is rank N's record): " + e.what());
+      // The store names the first missing key ('boot/N': rank N's record); say it as the rank.
+      const std::string what = e.what(), mark = std::string("key '") + kRecordPrefix;
+      std::string who = "not every rank";
+      if (const size_t at = what.find(mark); at != std::string::npos) {
+        const size_t from = at + mark.size(), to = what.find('\'', from);
+        if (to != std::string::npos && to > from) who = "rank " + what.substr(from, to - from) + " (at least)";
+      }
+      fail(e.code(), who + " did not join the communicator of " + std::to_string(size()) + " ranks (each rank " +
+                         "publishes its record as " + kRecordPrefix + "<rank>): " + what);
     }
     DDL_ASSERT(records.size() == keys.size());
     std::vector<std::string> fields;
