@@ -142,7 +142,8 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-[[noreturn]] void usage() {
+[[noreturn]] void usage(const std::string& why = "") {
+  if (!why.empty()) std::fprintf(stderr, "init-bench: %s\n", why.c_str());
   std::fprintf(stderr,
                "usage: init-bench [--ranks 64,128,256,512] [--reps 3] [--tls UCX_TLS] [--no-allreduce] [--json]\n"
                "                  [--store-only BYTES | --store-table BYTES]\n");
@@ -160,7 +161,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage();
+      if (i + 1 >= argc) usage(a + " needs a value");
       return argv[++i];
     };
     if (a == "--ranks") {
@@ -169,14 +170,18 @@ int main(int argc, char** argv) {
       for (size_t p = 0; p < list.size();) {
         size_t comma = list.find(',', p);
         if (comma == std::string::npos) comma = list.size();
-        const int n = std::atoi(list.substr(p, comma - p).c_str());
-        if (n < 2 || n > 4096) usage();
+        const std::string item = list.substr(p, comma - p);
+        const int n = std::atoi(item.c_str());
+        if (n < 2 || n > 4096 || item != std::to_string(n)) {
+          usage("--ranks takes rank counts from 2 to 4096, comma-separated; got '" + item + "'");
+        }
         sizes.push_back(n);
         p = comma + 1;
       }
     } else if (a == "--reps") {
-      reps = std::atoi(value().c_str());
-      if (reps < 1 || reps > 100) usage();
+      const std::string v = value();
+      reps = std::atoi(v.c_str());
+      if (reps < 1 || reps > 100 || v != std::to_string(reps)) usage("--reps must be from 1 to 100, got '" + v + "'");
     } else if (a == "--tls") {
       setenv("UCX_TLS", value().c_str(), 1);  // a tool's own process, before any UCX context exists
     } else if (a == "--store-only" || a == "--store-table") {
@@ -189,7 +194,7 @@ int main(int argc, char** argv) {
     } else if (a == "--json") {
       json = true;
     } else {
-      usage();
+      usage("unknown argument '" + a + "'");
     }
   }
   // Hundreds of UCX workers in one process hold thousands of descriptors (sockets, shared-memory segments).

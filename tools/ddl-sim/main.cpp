@@ -589,7 +589,8 @@ int cmdScale(int argc, char** argv) {
     if (!a.has("compute-ms")) return fail(Status::invalidArgument("--calibration needs --compute-ms"));
     StatusOr<Calibration> cal = loadCalibration(a.get("calibration"));
     if (!cal.isOk()) return fail(cal.status());
-    configs.push_back({a.get("calibration"), Config{cal->machine, cal->source}});
+    const std::string title = "calibration " + a.get("calibration") + ": " + cal->source;
+    configs.push_back({a.get("calibration"), Config{cal->machine, title}});
   } else {
     for (const std::string& name : splitList(a.get("config", "2017,h100"))) {
       StatusOr<Config> c = builtinConfig(name);
