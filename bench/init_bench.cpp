@@ -181,7 +181,8 @@ int main(int argc, char** argv) {
     } else if (a == "--reps") {
       const std::string v = value();
       reps = std::atoi(v.c_str());
-      if (reps < 1 || reps > 100 || v != std::to_string(reps)) usage("--reps must be from 1 to 100, got '" + v + "'");
+      if (reps < 1 || reps > 100 || v != std::to_string(reps))
+        usage("--reps must be from 1 to 100, got '" + v + "'");
     } else if (a == "--tls") {
       setenv("UCX_TLS", value().c_str(), 1);  // a tool's own process, before any UCX context exists
     } else if (a == "--store-only" || a == "--store-table") {

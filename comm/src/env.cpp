@@ -49,7 +49,10 @@ long long parseByteCount(const std::string& text, const char* what, long long lo
   int shift = 0;
   if (!digits.empty()) {
     const char last = digits.back();
-    shift = last == 'K' || last == 'k' ? 10 : last == 'M' || last == 'm' ? 20 : last == 'G' || last == 'g' ? 30 : 0;
+    shift = last == 'K' || last == 'k'   ? 10
+            : last == 'M' || last == 'm' ? 20
+            : last == 'G' || last == 'g' ? 30
+                                         : 0;
     if (shift) digits.pop_back();
   }
   errno = 0;
@@ -57,8 +60,9 @@ long long parseByteCount(const std::string& text, const char* what, long long lo
   const long long v = std::strtoll(digits.c_str(), &end, 10);
   if (digits.empty() || errno || *end != '\0' || v < 0 || v > (hi >> shift) || (v << shift) < lo) {
     fail(ddlInvalidArgument, std::string(what) + " must be a byte count from " + std::to_string(lo) + " to " +
-                                 std::to_string(hi) + " (a K, M or G suffix multiplies by 1024, 1024^2, 1024^3), got '" +
-                                 text + "'");
+                                 std::to_string(hi) +
+                                 " (a K, M or G suffix multiplies by 1024, 1024^2, 1024^3), got '" + text +
+                                 "'");
   }
   return v << shift;
 }

@@ -39,8 +39,8 @@ Algo parseAlgo(const std::string& name);  // throws ddlInvalidArgument listing t
 std::string getEnv(const char* name);
 // Parses a decimal integer in [lo, hi]; throws ddlInvalidArgument naming what and the text.
 long long parseInt(const std::string& text, const char* what, long long lo, long long hi);
-// A byte count, optionally with a K, M or G suffix (powers of 1024), in [lo, hi]; throws ddlInvalidArgument naming
-// what.
+// A byte count, optionally with a K, M or G suffix (powers of 1024), in [lo, hi]; throws ddlInvalidArgument
+// naming what.
 long long parseByteCount(const std::string& text, const char* what, long long lo, long long hi);
 
 }  // namespace ddl

@@ -2,8 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -102,7 +102,8 @@ void removeOrphanedSegments() {
     char* end = nullptr;
     errno = 0;
     const long pid = std::strtol(name + prefix.size(), &end, 10);
-    if (errno != 0 || end == name + prefix.size() || *end != '-' || pid <= 0 || pid > INT_MAX || pid == getpid()) {
+    if (errno != 0 || end == name + prefix.size() || *end != '-' || pid <= 0 || pid > INT_MAX ||
+        pid == getpid()) {
       continue;
     }
     struct stat st {};
@@ -380,7 +381,8 @@ void ShmNode::waitAll(Session& s, Counter c, uint32_t target) {
   for (int m = 0; m < size(); ++m) {
     if (m == me_) continue;
     waitOne(s, m, c, target);
-    if (this_collective && line(m).signature[collective_ % kSignatures].load(std::memory_order_acquire) != signature_) {
+    if (this_collective &&
+        line(m).signature[collective_ % kSignatures].load(std::memory_order_acquire) != signature_) {
       fail(ddlInvalidArgument, "collective mismatch: " + s.channel().peerName(rankOf(m)) +
                                    " called a different collective, count, type, op or algorithm than this rank's " +
                                    s.describe() + " (shared memory); every rank must make the same calls in the "

@@ -4,9 +4,10 @@
 // three round counters (copied, reduced, consumed) that only it writes. The shared-memory collectives
 // (algo/shm.cpp) move a message in rounds: a member copies its input for round g into its slot and publishes
 // copied = g+1; the member that owns a chunk reduces that chunk of every slot in place, reading peers' memory
-// directly, and publishes reduced = g+1; members copy finished chunks out and publish consumed = g+1, which lets
-// the owner reuse the buffer `buffers` rounds later. Counters never reset: every shared-memory collective
-// advances all three by its number of rounds on every member, so they stay equal across collectives.
+// directly, and publishes reduced = g+1; members copy finished chunks out and publish consumed = g+1, which
+// lets the owner reuse the buffer `buffers` rounds later. Counters never reset: every shared-memory
+// collective advances all three by its number of rounds on every member, so they stay equal across
+// collectives.
 //
 // Waits spin briefly, then yield or block on a futex on the counter (a publisher wakes only when someone
 // sleeps), so ranks that share cores give them up. No wait is unbounded: every wait polls the Session (abort,

@@ -112,7 +112,7 @@ constexpr size_t kMaxUnsentBytes = 64 * 1024 * 1024;
 // Keys per GETMANY request a client sends: with bootstrap records of a few KiB (UCX addresses of several
 // devices) an answer stays far below kMaxManyReplyBytes at any rank count, at 8 round trips for 32,768 ranks.
 constexpr size_t kKeysPerGetMany = 4096;
-constexpr size_t kMaxManyAnswers = 16;  // answers kept for reuse (see many_answers_)
+constexpr size_t kMaxManyAnswers = 16;                     // answers kept for reuse (see many_answers_)
 constexpr size_t kMaxManyAnswerBytes = size_t{256} << 20;  // and their bytes, together
 constexpr std::chrono::seconds kManyAnswerIdle{10};        // dropped when none was asked for in this long
 // GETs one connection may have waiting at once; an honest client has one per calling thread.
@@ -331,17 +331,17 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   // GETMANY answers, while the data has not changed since: at bootstrap every rank asks for the same
   // keys at once, and encoding p values once instead of p times took the 1,024-rank gather of 1.5 KB records
   // from 3.5 s to 2.9 s (bench/init_bench.cpp --store-only; rank 0 publishing one table: 2.1 to 2.6 s).
-  // Clients ask in batches of kKeysPerGetMany keys, so there is one answer per batch (every rank cuts the same
-  // list the same way): up to kMaxManyAnswers of them, oldest dropped first, while they come to no more than
-  // kMaxManyAnswerBytes. All are dropped when the data changes (a SET or ADD), and once none was asked for in
-  // kManyAnswerIdle, so that the table does not stay in memory for the job's life. An answer still queued for
-  // a connection lives on there (shared), whatever happens here.
+  // Clients ask in batches of kKeysPerGetMany keys, so there is one answer per batch (every rank cuts the
+  // same list the same way): up to kMaxManyAnswers of them, oldest dropped first, while they come to no more
+  // than kMaxManyAnswerBytes. All are dropped when the data changes (a SET or ADD), and once none was asked
+  // for in kManyAnswerIdle, so that the table does not stay in memory for the job's life. An answer still
+  // queued for a connection lives on there (shared), whatever happens here.
   struct ManyAnswer {
     std::vector<std::string> keys;
     std::shared_ptr<const std::string> answer;
   };
   std::vector<ManyAnswer> many_answers_;
-  Clock::time_point many_answers_used_{};  // when one was last asked for
+  Clock::time_point many_answers_used_{};                         // when one was last asked for
   Clock::time_point accept_paused_until_{};                       // after EMFILE and the like
   // Connections that have not proved the secret, and refused ones still closing: their deadline, by
   // connection id (so the oldest first). At most limits_.max_pending.
@@ -774,8 +774,8 @@ void TcpStoreServerImpl::stepManyFromLoop(std::map<ManyId, ManyGet>::iterator it
   many_.erase(it);
 }
 
-std::shared_ptr<const std::string> TcpStoreServerImpl::manyAnswerFromLoop(const std::vector<std::string>& keys,
-                                                                         const std::vector<const std::string*>& values) {
+std::shared_ptr<const std::string> TcpStoreServerImpl::manyAnswerFromLoop(
+    const std::vector<std::string>& keys, const std::vector<const std::string*>& values) {
   many_answers_used_ = Clock::now();
   for (const ManyAnswer& a : many_answers_) {
     if (a.keys.size() == keys.size() && a.keys.front() == keys.front() && a.keys == keys) return a.answer;
@@ -921,14 +921,15 @@ class TcpStore final : public Store {
         std::string batch_note;
         if (first > 0 || end < keys.size()) {
           batch_note = " of keys " + std::to_string(first + 1) + "-" + std::to_string(end) + " of " +
-                       std::to_string(keys.size()) + " (" +
-                       (first > 0 ? "those before were there" : "") + (first > 0 && end < keys.size() ? "; " : "") +
+                       std::to_string(keys.size()) + " (" + (first > 0 ? "those before were there" : "") +
+                       (first > 0 && end < keys.size() ? "; " : "") +
                        (end < keys.size() ? "the rest not asked for yet" : "") + ")";
         }
-        fail(ddlTimeout, "timed out after " + std::to_string(deadline.timeoutMs()) + " ms waiting for key '" + key +
-                             "'" + (missing > 1 ? " and " + std::to_string(missing - 1) + " more" : std::string()) +
-                             batch_note +
-                             " in the rendezvous store at " + addr_ + " (did every rank start and publish it?)");
+        fail(ddlTimeout, "timed out after " + std::to_string(deadline.timeoutMs()) + " ms waiting for key '" +
+                             key + "'" +
+                             (missing > 1 ? " and " + std::to_string(missing - 1) + " more" : std::string()) +
+                             batch_note + " in the rendezvous store at " + addr_ +
+                             " (did every rank start and publish it?)");
       }
       checkOk(r);
       std::vector<std::string> got;

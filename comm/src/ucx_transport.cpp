@@ -4,8 +4,8 @@
 #include <dirent.h>
 #include <poll.h>
 #include <sched.h>
-#include <unistd.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -183,10 +183,12 @@ class UcxTransport : public Transport {
       std::string who = "not every rank";
       if (const size_t at = what.find(mark); at != std::string::npos) {
         const size_t from = at + mark.size(), to = what.find('\'', from);
-        if (to != std::string::npos && to > from) who = "rank " + what.substr(from, to - from) + " (at least)";
+        if (to != std::string::npos && to > from)
+          who = "rank " + what.substr(from, to - from) + " (at least)";
       }
-      fail(e.code(), who + " did not join the communicator of " + std::to_string(size()) + " ranks (each rank " +
-                         "publishes its record as " + kRecordPrefix + "<rank>): " + what);
+      fail(e.code(), who + " did not join the communicator of " + std::to_string(size()) +
+                         " ranks (each rank publishes its record as " + kRecordPrefix +
+                         "<rank>): " + what);
     }
     DDL_ASSERT(records.size() == keys.size());
     std::vector<std::string> fields;
@@ -354,17 +356,17 @@ class UcxTransport : public Transport {
       parseInt(ms, "DDL_KEEPALIVE_MS", 1, 3600 * 1000);
       settings.emplace_back("KEEPALIVE_INTERVAL", ms + "ms");
     }
-    // Eager up to 2 MiB where the network is TCP: every message libddl's built-in table sends across nodes (ring
-    // and mdring segments of 64 and 256 KiB, rhd's halves up to 2 MiB for 2 ranks). UCX's own rendezvous
-    // threshold for tcp is about 20 KiB; its rendezvous adds a request and an answer per message, and an
-    // allreduce fills both directions of a link, so the answer waits behind data in the link's queue. Over
-    // 1 Gbit/s links between network namespaces, 2 hosts x 1 rank: auto (rhd) took 1.5-1.9x the link's time at
-    // 1-4 MiB that way, and ran at the link's time eager; 2 hosts x 2 ranks: mdring 0.65-1.18x the flat ring at
-    // 256 KiB-4 MiB, 1.5x eager (docs/benchmarks.md). Bounded, so a large point-to-point message that arrives
-    // before its receive still waits at the sender. Not where UCX may use an RDMA device: there rendezvous is
-    // a zero-copy read and UCX knows best. UCX 1.13 has one threshold per context, so UCX's own shared-memory
-    // lanes get it too (libddl's segment carries the collectives inside a node; docs/benchmarks.md says what
-    // it costs the others).
+    // Eager up to 2 MiB where the network is TCP: every message libddl's built-in table sends across nodes
+    // (ring and mdring segments of 64 and 256 KiB, rhd's halves up to 2 MiB for 2 ranks). UCX's own
+    // rendezvous threshold for tcp is about 20 KiB; its rendezvous adds a request and an answer per message,
+    // and an allreduce fills both directions of a link, so the answer waits behind data in the link's queue.
+    // Over 1 Gbit/s links between network namespaces, 2 hosts x 1 rank: auto (rhd) took 1.5-1.9x the link's
+    // time at 1-4 MiB that way, and ran at the link's time eager; 2 hosts x 2 ranks: mdring 0.65-1.18x the
+    // flat ring at 256 KiB-4 MiB, 1.5x eager (docs/benchmarks.md). Bounded, so a large point-to-point message
+    // that arrives before its receive still waits at the sender. Not where UCX may use an RDMA device: there
+    // rendezvous is a zero-copy read and UCX knows best. UCX 1.13 has one threshold per context, so UCX's own
+    // shared-memory lanes get it too (libddl's segment carries the collectives inside a node;
+    // docs/benchmarks.md says what it costs the others).
     if (getEnv("UCX_RNDV_THRESH").empty() && (!hasRdmaDevice() || !ucxTlsMayUseRdma(tls))) {
       settings.emplace_back("RNDV_THRESH", "2097153");
     }

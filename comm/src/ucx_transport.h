@@ -32,11 +32,10 @@
 namespace ddl {
 
 // Creates the transport and gathers every peer's record (it connects later, to the peers it uses); throws
-// ddl::Error (ddlSystemError for UCX failures, ddlTimeout naming a rank's key when not every rank publishes its
-// record before the deadline). wakeup: idle waits block on the
-// worker's event fd (UCP_FEATURE_WAKEUP, for ddlWaitShare) instead of sleeping.
-// Whether a UCX_TLS value may select an RDMA transport: unset, "all", an exclusion list ("^..."), "ib", or a
-// token naming rc, ud or dc (rc_x, ud_verbs, dc_mlx5, ...).
+// ddl::Error (ddlSystemError for UCX failures, ddlTimeout naming a rank's key when not every rank publishes
+// its record before the deadline). wakeup: idle waits block on the worker's event fd (UCP_FEATURE_WAKEUP, for
+// ddlWaitShare) instead of sleeping. Whether a UCX_TLS value may select an RDMA transport: unset, "all", an
+// exclusion list ("^..."), "ib", or a token naming rc, ud or dc (rc_x, ud_verbs, dc_mlx5, ...).
 bool ucxTlsMayUseRdma(const std::string& tls);
 
 std::unique_ptr<Transport> createUcxTransport(int rank, int size, Store& store, const Deadline& deadline,

@@ -90,9 +90,10 @@ TEST_P(LazyEndpoints, ARingConnectsEachRankToItsTwoNeighboursOnly) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, LazyEndpoints, testing::Values(4, 8));
 
-// Rank 3 tells only ranks 2 and 4 (its ring neighbours) and 1 and 7 (its hypercube partners, 3 ^ 2 and 3 ^ 4);
-// ranks 0, 5 and 6 hear of it passed on from rank to rank, before their deadline (else ddlTimeout). Fails without passing the report on unchanged: each rank then put its own name
-// in front, and past a few hundred ranks the 1 KiB control message would have lost the origin.
+// Rank 3 tells only ranks 2 and 4 (its ring neighbours) and 1 and 7 (its hypercube partners, 3 ^ 2 and 3 ^
+// 4); ranks 0, 5 and 6 hear of it passed on from rank to rank, before their deadline (else ddlTimeout). Fails
+// without passing the report on unchanged: each rank then put its own name in front, and past a few hundred
+// ranks the 1 KiB control message would have lost the origin.
 TEST(LazyEndpoints, AFailureReachesEveryRankThroughItsNeighbours) {
   constexpr int n = 8, victim = 3;
   Options opts;
@@ -136,7 +137,8 @@ TEST(Bootstrap, AMissingRankIsNamed) {
   for (int r = 0; r < n - 1; ++r) {
     EXPECT_EQ(ends[r].code, ddlTimeout) << ends[r].what;
     EXPECT_NE(ends[r].what.find("waiting for key 'boot/3'"), std::string::npos) << ends[r].what;
-    EXPECT_NE(ends[r].what.find("rank 3 (at least) did not join the communicator of 4 ranks"), std::string::npos)
+    EXPECT_NE(ends[r].what.find("rank 3 (at least) did not join the communicator of 4 ranks"),
+              std::string::npos)
         << ends[r].what;
   }
 }
@@ -196,10 +198,12 @@ TEST(Bootstrap, RendezvousAtAnIpv6Root) {
 
 // Which UCX_TLS values keep UCX's rendezvous threshold (RDMA possible) and which get libddl's eager 2 MiB.
 TEST(UcxTls, RdmaTransportsAreToldApartFromTheOthers) {
-  for (const char* tls : {"", "all", "^tcp", "ib", "rc", "rc_x,sm", "tcp,ud_verbs", "dc_mlx5", "sm,self,rc_v"}) {
+  for (const char* tls :
+       {"", "all", "^tcp", "ib", "rc", "rc_x,sm", "tcp,ud_verbs", "dc_mlx5", "sm,self,rc_v"}) {
     EXPECT_TRUE(ucxTlsMayUseRdma(tls)) << tls;
   }
-  for (const char* tls : {"tcp", "sm,self", "tcp,sm,self", "cuda_copy,tcp", "posix,sysv,cma,tcp", "cuda_ipc,self"}) {
+  for (const char* tls :
+       {"tcp", "sm,self", "tcp,sm,self", "cuda_copy,tcp", "posix,sysv,cma,tcp", "cuda_ipc,self"}) {
     EXPECT_FALSE(ucxTlsMayUseRdma(tls)) << tls;
   }
 }

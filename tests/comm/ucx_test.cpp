@@ -6,7 +6,6 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
-
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -16,11 +15,11 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -285,8 +284,8 @@ TEST(UcxSettings, SharedMemoryServesErrorHandlingEndpointsWithoutSetenv) {
 }
 
 // Where the network is TCP (no RDMA device), libddl's messages up to 2 MiB go eager, not through UCX's
-// rendezvous (about 20 KiB for tcp otherwise); a user's UCX_RNDV_THRESH still wins. ucp_ep_print_info's tag_send line
-// shows where rendezvous starts.
+// rendezvous (about 20 KiB for tcp otherwise); a user's UCX_RNDV_THRESH still wins. ucp_ep_print_info's
+// tag_send line shows where rendezvous starts.
 TEST(UcxSettings, OverTcpSegmentsGoEagerUnlessTheUserSaysOtherwise) {
   if (std::getenv("UCX_RNDV_THRESH") != nullptr) {
     GTEST_SKIP() << "UCX_RNDV_THRESH is set in this environment, and the ranks inherit it";
@@ -310,7 +309,8 @@ TEST(UcxSettings, OverTcpSegmentsGoEagerUnlessTheUserSaysOtherwise) {
       const size_t line = out.find("tag_send:");
       ASSERT_NE(line, std::string::npos) << "no endpoint configuration printed:\n" << out;
       EXPECT_NE(out.substr(line, out.find('\n', line) - line).find(want), std::string::npos)
-          << "UCX_RNDV_THRESH=" << thresh << ": want " << want << " in\n" << out;
+          << "UCX_RNDV_THRESH=" << thresh << ": want " << want << " in\n"
+          << out;
     }
   }
 }

@@ -228,11 +228,13 @@ TEST_P(CollectivesTest, ManyBroadcastsFromOneRootWhileAMemberLags) {
       for (auto& v : buf) v = c.rank() == 0 ? k : -1;
       c.broadcast(buf.data(), buf.data(), buf.size(), ddlInt32, 0);
       for (auto v : buf)
-        if (v != k) throw Error(ddlInternalError, "broadcast " + std::to_string(k) + " got " + std::to_string(v));
+        if (v != k)
+          throw Error(ddlInternalError, "broadcast " + std::to_string(k) + " got " + std::to_string(v));
     }
     std::vector<int32_t> sum(5, 1);
     c.allReduce(sum.data(), sum.data(), sum.size(), ddlInt32, ddlSum);
-    if (sum[4] != n) throw Error(ddlInternalError, "allreduce after the broadcasts got " + std::to_string(sum[4]));
+    if (sum[4] != n)
+      throw Error(ddlInternalError, "allreduce after the broadcasts got " + std::to_string(sum[4]));
   });
   expectAllOk(results);
 }
@@ -614,11 +616,12 @@ TEST(ShmLayout, ASegmentThatCannotBeMadeFallsBackOrFailsClearly) {
   expectAllOk(results);
 }
 
-// A creator killed before every member attached leaves its segment's name in /dev/shm; the node's next creator
-// removes it. Names whose creator lives, or that belong to another PID namespace, stay.
+// A creator killed before every member attached leaves its segment's name in /dev/shm; the node's next
+// creator removes it. Names whose creator lives, or that belong to another PID namespace, stay.
 TEST(ShmLayout, TheNextSegmentRemovesOneWhoseCreatorDied) {
   struct stat ns {};
-  if (stat("/proc/self/ns/pid", &ns) != 0) GTEST_SKIP() << "no /proc/self/ns/pid: segment names carry no namespace";
+  if (stat("/proc/self/ns/pid", &ns) != 0)
+    GTEST_SKIP() << "no /proc/self/ns/pid: segment names carry no namespace";
   const pid_t dead = fork();
   if (dead == 0) _exit(0);
   ASSERT_GT(dead, 0) << std::strerror(errno);

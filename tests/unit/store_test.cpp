@@ -1026,13 +1026,17 @@ TEST(TcpStore, BatchedGathersNameTheirBatchAndKeepTheirAnswersApart) {
   std::vector<std::string> keys;
   for (int i = 0; i < 5000; ++i) keys.push_back("nobody/" + std::to_string(i));
   std::string msg = expectError(ddlTimeout, [&] { a->getMany(keys, Deadline(200)); });
-  EXPECT_NE(msg.find("waiting for key 'nobody/0' and 4095 more of keys 1-4096 of 5000 (the rest not asked for yet)"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find(
+          "waiting for key 'nobody/0' and 4095 more of keys 1-4096 of 5000 (the rest not asked for yet)"),
+      std::string::npos)
       << msg;
   for (size_t i = 0; i < 4096; ++i) a->set(keys[i], std::to_string(i));
   msg = expectError(ddlTimeout, [&] { a->getMany(keys, Deadline(200)); });
-  EXPECT_NE(msg.find("waiting for key 'nobody/4096' and 903 more of keys 4097-5000 of 5000 (those before were there)"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find(
+          "waiting for key 'nobody/4096' and 903 more of keys 4097-5000 of 5000 (those before were there)"),
+      std::string::npos)
       << msg;
   for (size_t i = 4096; i < keys.size(); ++i) a->set(keys[i], std::to_string(i));
   std::vector<std::string> tail(keys.begin() + 4096, keys.end());

@@ -162,8 +162,8 @@ ddlResult_t ddlCommUserRank(ddlComm_t comm, int* rank);
 ddlResult_t ddlCommGetTopology(ddlComm_t comm, char* buf, size_t len);
 /* How the ranks of one node talk: "shm" (every rank on one node; collectives with a shared-memory form use
  * libddl's segment), "shm+ucx" (mdring's dim 0, the node, over shared memory, the other dims over UCX) or
- * "ucx" (UCX only: DDL_SHM=off, one rank per node, a layout whose dim 0 is not the node, a forced ring or rhd,
- * or a forced mdring among ranks that all share one node). */
+ * "ucx" (UCX only: DDL_SHM=off, one rank per node, a layout whose dim 0 is not the node, a forced ring or
+ * rhd, or a forced mdring among ranks that all share one node). */
 ddlResult_t ddlCommGetIntraNodePath(ddlComm_t comm, char* buf, size_t len);
 
 /* Collectives. sendbuff == recvbuff is in-place. Every rank must make the same calls in the same order with
