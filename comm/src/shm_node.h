@@ -64,6 +64,8 @@ class ShmNode {
 
   // Buffer buf (0 .. buffers-1) of member's slot.
   char* slot(int member, int buf) const;
+  // The buffer of member's slot that round g uses.
+  char* roundSlot(int member, uint32_t g) const { return slot(member, static_cast<int>(g % buffers_)); }
 
   // The round this member reached: the value of its counters between collectives.
   uint32_t round() const { return round_; }

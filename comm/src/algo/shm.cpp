@@ -47,8 +47,21 @@ struct Plan {
     return start < bc ? std::min(piece, bc - start) : 0;
   }
   char* inSlot(const ShmNode& node, int member, uint32_t g, int b) const {
-    return node.slot(member, static_cast<int>(g % node.buffers())) + static_cast<size_t>(b) * stride;
+    return node.roundSlot(member, g) + static_cast<size_t>(b) * stride;
   }
+};
+
+// A message cut into whole rounds of one member's slot (one-shot allreduce, broadcast): round t carries
+// elements [off(t), off(t) + len(t)).
+struct WholeRounds {
+  size_t count, per_round;
+  uint32_t rounds;
+  WholeRounds(const ShmNode& node, size_t count_, size_t es)
+      : count(count_),
+        per_round(std::max<size_t>(1, node.roundBytes() / es)),
+        rounds(static_cast<uint32_t>((count_ + per_round - 1) / per_round)) {}
+  size_t off(uint32_t t) const { return static_cast<size_t>(t) * per_round; }
+  size_t len(uint32_t t) const { return std::min(per_round, count - off(t)); }
 };
 
 // Waits until every member has consumed round g's buffer's previous use (round g - buffers).
@@ -123,21 +136,21 @@ namespace {
 // per round: what counts when ranks share cores.
 void shmAllReduceOneShot(Session& s, ShmNode& node, const DataSpec& d, const char* in, char* out, size_t count,
                          int avg_divisor) {
-  const size_t es = d.elem, per_round = std::max<size_t>(1, node.roundBytes() / es);
-  const uint32_t K = static_cast<uint32_t>((count + per_round - 1) / per_round), g0 = node.round();
+  const size_t es = d.elem;
+  const WholeRounds r(node, count, es);
+  const uint32_t K = r.rounds, g0 = node.round();
   const int n = node.size(), me = node.me();
   node.begin(s.fingerprint());
   for (uint32_t t = 0; t < K; ++t) {
     const uint32_t g = g0 + t;
-    const int b = static_cast<int>(g % node.buffers());
-    const size_t off = static_cast<size_t>(t) * per_round, len = std::min(per_round, count - off);
+    const size_t off = r.off(t), len = r.len(t);
     waitBufferFree(s, node, g);
-    std::memcpy(node.slot(me, b), in + off * es, len * es);
+    std::memcpy(node.roundSlot(me, g), in + off * es, len * es);
     node.publish(ShmNode::kCopied, g + 1);
     node.waitAll(s, ShmNode::kCopied, g + 1);
     char* to = out + off * es;
-    reduce(to, node.slot(0, b), node.slot(1, b), len, d.type, d.op);
-    for (int m = 2; m < n; ++m) reduce(to, to, node.slot(m, b), len, d.type, d.op);
+    reduce(to, node.roundSlot(0, g), node.roundSlot(1, g), len, d.type, d.op);
+    for (int m = 2; m < n; ++m) reduce(to, to, node.roundSlot(m, g), len, d.type, d.op);
     if (avg_divisor > 0) finishAvg(to, len, d.type, avg_divisor);
     node.publish(ShmNode::kReduced, g + 1);
     node.publish(ShmNode::kConsumed, g + 1);
@@ -223,8 +236,9 @@ void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_
 
 void shmBroadcast(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* dst, size_t count,
                   int root_member) {
-  const size_t es = d.elem, per_round = std::max<size_t>(1, node.roundBytes() / es);
-  const uint32_t K = static_cast<uint32_t>((count + per_round - 1) / per_round), g0 = node.round();
+  const size_t es = d.elem;
+  const WholeRounds r(node, count, es);
+  const uint32_t K = r.rounds, g0 = node.round();
   const bool root = node.me() == root_member;
   node.begin(s.fingerprint());
   // The root copies each round into its slot; the others copy it out. Every member moves every counter, so
@@ -233,10 +247,8 @@ void shmBroadcast(Session& s, ShmNode& node, const DataSpec& d, const void* src,
     if (t < K) {
       const uint32_t g = g0 + t;
       if (root) {
-        const size_t off = static_cast<size_t>(t) * per_round, len = std::min(per_round, count - off);
         waitBufferFree(s, node, g);
-        std::memcpy(node.slot(node.me(), static_cast<int>(g % node.buffers())), static_cast<const char*>(src) + off * es,
-                    len * es);
+        std::memcpy(node.roundSlot(node.me(), g), static_cast<const char*>(src) + r.off(t) * es, r.len(t) * es);
       }
       node.publish(ShmNode::kCopied, g + 1);
       node.publish(ShmNode::kReduced, g + 1);
@@ -244,10 +256,8 @@ void shmBroadcast(Session& s, ShmNode& node, const DataSpec& d, const void* src,
     }
     if (t >= 1 && !root) {
       const uint32_t g = g0 + t - 1;
-      const size_t off = static_cast<size_t>(t - 1) * per_round, len = std::min(per_round, count - off);
       node.waitAll(s, ShmNode::kCopied, g + 1);
-      std::memcpy(static_cast<char*>(dst) + off * es, node.slot(root_member, static_cast<int>(g % node.buffers())),
-                  len * es);
+      std::memcpy(static_cast<char*>(dst) + r.off(t - 1) * es, node.roundSlot(root_member, g), r.len(t - 1) * es);
       node.publish(ShmNode::kConsumed, g + 1);
     }
   }
