@@ -36,10 +36,8 @@ def esc(text):
 def run_sim(sim, network):
     cmd = [sim, "scale", "--config", ",".join(c for c, _ in CONFIGS), "--gpus", ",".join(map(str, GPUS)),
            "--network", network, "--algo", ",".join(a for a, _ in ALGOS), "--json", "-"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    # The table comes first, then the JSON document (an array) on its own lines.
-    start = out.index("\n[") + 1
-    return json.loads(out[start:])
+    # With --json - stdout holds the JSON alone (ddl-sim prints its table to stderr then).
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
 def main():
