@@ -19,19 +19,16 @@ struct Config {
 // "2017" (DDL's paper: 64 S822LC nodes, 4 P100 on NVLink 1.0, EDR per node) or "h100" (8 H100 on NVLink 4,
 // NDR 400 Gb/s per GPU).
 StatusOr<Config> builtinConfig(const std::string& name);
-std::vector<std::string> builtinConfigNames();
 
-// A network whose fp32 gradients are allreduced once per step, and its compute time per step on each built-in
-// config (forward + backward, at the per-GPU batch said in `compute_note`).
+// A network whose fp32 gradients are allreduced once per step.
 struct Network {
   std::string name;
   double params = 0;  // parameters; gradient bytes = 4 * params
-  std::string compute_note;
 };
 StatusOr<Network> builtinNetwork(const std::string& name);
-std::vector<std::string> builtinNetworkNames();
 
-// Seconds of compute per training step of `network` on one GPU of `config` (a built-in pair only).
+// Seconds of compute per training step (forward + backward) of `network` on one GPU of `config`, at the
+// config's per-GPU batch (a built-in pair only).
 StatusOr<double> defaultComputeSeconds(const std::string& config, const std::string& network);
 
 }  // namespace ddl::sim

@@ -92,14 +92,16 @@ StatusOr<Args> parseArgs(int argc, char** argv, int first, const std::set<std::s
     if (opt == "-o") opt = "--output";
     if (opt.rfind("--", 0) != 0) return Status::invalidArgument("unexpected argument '" + opt + "'");
     opt = opt.substr(2);
-    if (size_t eq = opt.find('='); eq != std::string::npos) {
+    const size_t eq = opt.find('=');
+    if (eq != std::string::npos) {
       val = opt.substr(eq + 1);
       opt = opt.substr(0, eq);
-    } else {
+    }
+    if (!allowed.count(opt)) return Status::invalidArgument("unknown option --" + opt + " for this command");
+    if (eq == std::string::npos) {
       if (i + 1 >= argc) return Status::invalidArgument("--" + opt + " needs a value");
       val = argv[++i];
     }
-    if (!allowed.count(opt)) return Status::invalidArgument("unknown option --" + opt + " for this command");
     a.values[opt].push_back(val);
   }
   return a;
@@ -414,9 +416,12 @@ int cmdCheck(int argc, char** argv) {
   for (const std::string& s : systems) {
     for (const BenchRun& r : h->bench[s]) {
       ranks = r.ranks;
-      StatusOr<std::vector<int>> d =
-          parseIntList(r.topology, 'x', r.topology.empty() ? "topology" : "topology");
-      if (d.isOk()) dims = *d;
+      // ddl-bench prints the topology in use; a run without one leaves mdring on its default grid.
+      if (!r.topology.empty()) {
+        StatusOr<std::vector<int>> d = parseIntList(r.topology, 'x', "topology");
+        if (!d.isOk()) return fail(Status::invalidArgument(a.get("hierarchy") + ": " + d.status().message()));
+        dims = *d;
+      }
       for (const BenchPoint& p : r.points)
         if (p.bytes >= *min) sizes.insert(p.bytes);
     }
@@ -575,6 +580,17 @@ int cmdCheck(int argc, char** argv) {
 // ---- scale
 // ---------------------------------------------------------------------------------------------------
 
+// printf onto the end of *out.
+template <class... A>
+void appendf(std::string* out, const char* fmt, A... args) {
+  const int n = std::snprintf(nullptr, 0, fmt, args...);
+  if (n <= 0) return;
+  const size_t at = out->size();
+  out->resize(at + static_cast<size_t>(n) + 1);
+  std::snprintf(out->data() + at, static_cast<size_t>(n) + 1, fmt, args...);
+  out->pop_back();  // snprintf's terminating NUL
+}
+
 int cmdScale(int argc, char** argv) {
   StatusOr<Args> args = parseArgs(argc, argv, 2,
                                   {"config", "calibration", "gpus", "network", "algo", "compute-ms",
@@ -626,10 +642,12 @@ int cmdScale(int argc, char** argv) {
     compute_override = *v * 1e-3;
   }
 
+  // Everything is predicted before anything is printed: a case that cannot be laid out prints nothing.
+  std::string table;
   json out = json::array();
   for (const auto& [cname, cfg] : configs) {
-    std::fprintf(text, "\n## %s\n", cfg.summary.c_str());
-    std::fprintf(text, "%6s  %-10s %-9s %-8s %10s %8s %8s   %s\n", "GPUs", "network", "compute", "algo",
+    appendf(&table, "\n## %s\n", cfg.summary.c_str());
+    appendf(&table, "%6s  %-10s %-9s %-8s %10s %8s %8s   %s\n", "GPUs", "network", "compute", "algo",
                  "allreduce", "eff", "eff+ovl", "layout (mdring)");
     for (int p : *gpus) {
       for (const Network& net : networks) {
@@ -651,7 +669,7 @@ int cmdScale(int argc, char** argv) {
           const double e1 = scalingEfficiency(compute, pr->seconds, *overlap);
           std::string layout;
           for (size_t i = 0; i < pr->dims.size(); ++i) layout += (i ? "x" : "") + std::to_string(pr->dims[i]);
-          std::fprintf(text, "%6d  %-10s %6.0f ms %-8s %7.2f ms %7.1f%% %7.1f%%   %s\n", p, net.name.c_str(),
+          appendf(&table, "%6d  %-10s %6.0f ms %-8s %7.2f ms %7.1f%% %7.1f%%   %s\n", p, net.name.c_str(),
                        compute * 1e3, algoName(algo), pr->seconds * 1e3, e0 * 100, e1 * 100, layout.c_str());
           json phases = json::array();
           for (const Phase& ph : pr->phases) {
@@ -682,18 +700,15 @@ int cmdScale(int argc, char** argv) {
   }
   for (const json& r : out) {
     if (r["config"] == "2017" && r["gpus"] == 256 && r["network"] == "resnet50" && r["algo"] == "mdring") {
-      std::fprintf(
-          text,
-          "\n2017 at 256 GPUs, ResNet-50, mdring: %.1f%% (no overlap), %.1f%% (overlap %.2f); DDL's paper "
+      appendf(&table, "\n2017 at 256 GPUs, ResNet-50, mdring: %.1f%% (no overlap), %.1f%% (overlap %.2f); DDL's paper "
           "published 95%%\n",
           r["efficiency"].get<double>() * 100, r["efficiency_overlap"].get<double>() * 100, *overlap);
     }
   }
-  std::fprintf(
-      text,
-      "\neff: compute / (compute + allreduce); eff+ovl: with %.2f of the allreduce hidden behind the "
+  appendf(&table, "\neff: compute / (compute + allreduce); eff+ovl: with %.2f of the allreduce hidden behind the "
       "backward pass (at most 2/3 of compute)\n",
       *overlap);
+  std::fputs(table.c_str(), text);
   if (a.has("json")) {
     if (Status s = writeText(a.get("json"), out.dump(1) + "\n"); !s.isOk()) return fail(s, kExitFail);
   }
@@ -771,6 +786,12 @@ int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? kExitUsage : kExitOk;
+  }
+  for (int i = 2; i < argc; ++i) {  // help anywhere in a command's arguments
+    if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
+      std::fputs(kUsage, stdout);
+      return kExitOk;
+    }
   }
   const std::string cmd = argv[1];
   if (cmd == "--version") {

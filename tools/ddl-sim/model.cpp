@@ -238,7 +238,7 @@ void predictRhd(const Machine& m, Prediction* pr) {
   const int p = pr->ranks;
   const double n = pr->bytes;
   int q = 1;
-  while (q * 2 <= p) q *= 2;
+  while (q <= p / 2) q *= 2;  // q * 2 would overflow near INT_MAX
   const int extra = p - q;
   auto real = [extra](int v) { return v < extra ? 2 * v + 1 : v + extra; };
   std::vector<double> sent(p, 0.0);
