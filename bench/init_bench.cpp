@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "comm.h"
+#include "env.h"
 #include "error.h"
 #include "store.h"
 #include "ucx_transport.h"
@@ -164,38 +165,35 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) usage(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--ranks") {
-      sizes.clear();
-      const std::string list = value();
-      for (size_t p = 0; p < list.size();) {
-        size_t comma = list.find(',', p);
-        if (comma == std::string::npos) comma = list.size();
-        const std::string item = list.substr(p, comma - p);
-        const int n = std::atoi(item.c_str());
-        if (n < 2 || n > 4096 || item != std::to_string(n)) {
-          usage("--ranks takes rank counts from 2 to 4096, comma-separated; got '" + item + "'");
+    // libddl's parsers: a bad value is a ddl::Error naming the flag and its range.
+    try {
+      if (a == "--ranks") {
+        sizes.clear();
+        const std::string list = value();
+        for (size_t p = 0; p <= list.size();) {
+          size_t comma = list.find(',', p);
+          if (comma == std::string::npos) comma = list.size();
+          sizes.push_back(static_cast<int>(ddl::parseInt(list.substr(p, comma - p), "--ranks", 2, 4096)));
+          p = comma + 1;
         }
-        sizes.push_back(n);
-        p = comma + 1;
+      } else if (a == "--reps") {
+        reps = static_cast<int>(ddl::parseInt(value(), "--reps", 1, 100));
+      } else if (a == "--tls") {
+        setenv("UCX_TLS", value().c_str(), 1);  // a tool's own process, before any UCX context exists
+      } else if (a == "--store-only" || a == "--store-table") {
+        // The store's part alone: records of this many bytes, gathered by every rank or through rank 0's table.
+        store_only = a == "--store-only" ? StoreOnly::kGather : StoreOnly::kTable;
+        record_bytes = static_cast<size_t>(ddl::parseByteCount(value(), a.c_str(), 1, 1 << 20));
+        allreduce = false;
+      } else if (a == "--no-allreduce") {
+        allreduce = false;
+      } else if (a == "--json") {
+        json = true;
+      } else {
+        usage("unknown argument '" + a + "'");
       }
-    } else if (a == "--reps") {
-      const std::string v = value();
-      reps = std::atoi(v.c_str());
-      if (reps < 1 || reps > 100 || v != std::to_string(reps))
-        usage("--reps must be from 1 to 100, got '" + v + "'");
-    } else if (a == "--tls") {
-      setenv("UCX_TLS", value().c_str(), 1);  // a tool's own process, before any UCX context exists
-    } else if (a == "--store-only" || a == "--store-table") {
-      // The store's part alone: records of this many bytes, gathered by every rank or through rank 0's table.
-      store_only = a == "--store-only" ? StoreOnly::kGather : StoreOnly::kTable;
-      record_bytes = static_cast<size_t>(std::atoi(value().c_str()));
-      allreduce = false;
-    } else if (a == "--no-allreduce") {
-      allreduce = false;
-    } else if (a == "--json") {
-      json = true;
-    } else {
-      usage("unknown argument '" + a + "'");
+    } catch (const ddl::Error& e) {
+      usage(e.what());
     }
   }
   // Hundreds of UCX workers in one process hold thousands of descriptors (sockets, shared-memory segments).
