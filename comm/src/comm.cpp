@@ -187,8 +187,7 @@ void Comm::joinNode(Store& store, const Deadline& deadline) {
   } else {
     shm_->setWaitPolicy(1 << 17, 64);
   }
-  shm_all_ = one_node;
-  shm_dim0_ = !one_node;
+  shm_all_ = one_node;  // else shm_'s members are mdring's dim-0 ring
 }
 
 std::string Comm::intraNodePath() const {
@@ -395,7 +394,7 @@ void Comm::allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDat
     switch (algo) {
       case Algo::kRhd: rhdAllReduce(s, d, sendbuf, recvbuf, count); break;
       case Algo::kMdRing:
-        mdringAllReduce(s, d, mdring_grid_, sendbuf, recvbuf, count, shm_dim0_ ? shm_.get() : nullptr);
+        mdringAllReduce(s, d, mdring_grid_, sendbuf, recvbuf, count, shm_all_ ? nullptr : shm_.get());
         break;
       case Algo::kShm: shmAllReduce(s, *shm_, d, sendbuf, recvbuf, count, op == ddlAvg ? size_ : 0); break;
       default: ringAllReduce(s, d, sendbuf, recvbuf, count); break;

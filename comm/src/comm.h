@@ -141,7 +141,6 @@ class Comm {
   int rank_, size_;
   std::unique_ptr<ShmNode> shm_;  // null: no shared memory (off, alone on the node, or it could not be mapped)
   bool shm_all_ = false;          // every rank is a member of shm_
-  bool shm_dim0_ = false;         // shm_'s members are mdring's dim-0 ring
   Topology mdring_grid_;  // what mdring runs on (see mdringGrid)
   std::string topology_str_;  // options_.topology.str(), for the tuning table's lookups
   bool has_grid_ = false;     // mdring_grid_ has two or more non-trivial dims
