@@ -6,14 +6,11 @@
 #include <cstring>
 #include <map>
 
-#include "dtype.h"
 #include "algo/tune.h"
+#include "dtype.h"
 #include "error.h"
 #include "reduce.h"
 #include "ucx_transport.h"
-#ifdef DDL_HAVE_CUDA
-#include "staged_allreduce.h"
-#endif
 
 namespace ddl {
 
@@ -98,9 +95,9 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
   p2p_ = std::make_unique<PointToPoint>(*channel_);
   channel_->p2p = p2p_.get();
   telemetry_ = Telemetry::fromEnv(rank_, size_);
-#ifdef DDL_HAVE_CUDA
-  device_ = cuda::makeStagedAllReduce(rank_, channel_->transport().deviceMemory());
-#endif
+  if (auto rt = options_.device_runtime ? options_.device_runtime(rank_) : makeCudaRuntime()) {
+    device_ = std::make_unique<DevicePath>(std::move(rt), rank_);
+  }
 }
 
 Comm::~Comm() { shutdown(); }
@@ -357,16 +354,20 @@ void Comm::allReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataTy
   allReduceAny(sendbuf, recvbuf, count, type, op);
 }
 
-void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
-  if (count == 0 || !device_ || !device_->handles(sendbuf, recvbuf)) {
-    return allReduceNow(sendbuf, recvbuf, count, type, op);
-  }
+namespace {
+// The signature variant of a collective over the node's IPC memory: ranks that pass host buffers where the
+// others pass device ones (or run the IPC setup while the others do not) fail with a mismatch, never a hang.
+constexpr int kDeviceVariant = 0x80 | static_cast<int>(Algo::kShm);
+constexpr int kIpcSetupVariant = 0xC0;
+}  // namespace
+
+void Comm::deviceCall(const std::function<void()>& body) {
   try {
-    device_->allReduce(sendbuf, recvbuf, count, type,
-                       [&](const void* src, void* dst, size_t n) { allReduceNow(src, dst, n, type, op); });
+    body();
   } catch (const Error& e) {
+    device_->runtime().drain();
     // A failure between the chunks' collectives (a CUDA call) happens outside run(), yet the peers are
-    // already in, or on their way to, the next chunk's collective: break and tell them, as run() does.
+    // already in, or on their way to, the next collective: break and tell them, as run() does.
     if (broken_.load() == ddlSuccess) {
       breakWith(e.code(), e.what());
       auto lk = lockOp();
@@ -376,11 +377,76 @@ void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDat
   }
 }
 
+NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs) {
+  if (!shmServes() || ipc_ == Ipc::kOff) return nullptr;
+  int dev = -1;
+  for (const void* b : bufs) {
+    if (!b) continue;
+    const int d = device_->runtime().deviceOf(b);
+    if (d < 0 || (dev >= 0 && d != dev)) return nullptr;  // host memory, or two devices: staged
+    dev = d;
+  }
+  if (dev < 0) return nullptr;
+  if (ipc_ == Ipc::kReady) return dev == device_->ipcDevice() ? &device_->ipcMemory() : nullptr;
+  // The first device collective on the node: every member offers its scratch, opens the others', and they
+  // agree; any member that cannot sends them all to the staged path, for good.
+  const std::string mine = device_->ipcOffer(dev, kIpcRoundBytes, shm_->buffers());
+  std::vector<char> all(kIpcRecordBytes * size_);
+  const DataSpec bytes_spec = spec(ddlUint8, ddlSum, all.size());
+  run(CollKind::kAllGather, ddlUint8, ddlSum, kIpcRecordBytes, 0, kIpcSetupVariant,
+      [&](Session& s) { ringAllGather(s, bytes_spec, mine.data(), all.data(), kIpcRecordBytes); });
+  std::vector<std::string> records(size_);
+  for (int r = 0; r < size_; ++r) records[r].assign(all.data() + r * kIpcRecordBytes, kIpcRecordBytes);
+  std::string why;
+  const int32_t ok = device_->ipcAccept(records, shm_->me(), &why) ? 1 : 0;
+  int32_t agreed = 0;
+  const DataSpec flag_spec = spec(ddlInt32, ddlMin, sizeof ok);
+  run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kIpcSetupVariant,
+      [&](Session& s) { ringAllReduce(s, flag_spec, &ok, &agreed, 1); });
+  if (!agreed) {
+    device_->ipcRelease();
+    ipc_ = Ipc::kOff;
+    if (!getEnv("DDL_DEBUG").empty()) {
+      std::fprintf(
+          stderr,
+          "ddl: rank %d: device buffers are staged through host memory: no CUDA IPC on this node%s%s\n",
+          rank_, why.empty() ? "" : ": ", why.c_str());
+    }
+    return nullptr;
+  }
+  ipc_ = Ipc::kReady;
+  if (!getEnv("DDL_DEBUG").empty()) {
+    std::fprintf(
+        stderr,
+        "ddl: rank %d: device buffers move over %s IPC among the node's %d ranks, reduced on the GPU\n",
+        rank_, device_->runtime().name(), size_);
+  }
+  return &device_->ipcMemory();
+}
+
+void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
+  if (count == 0 || !onDevice({sendbuf, recvbuf})) return allReduceNow(sendbuf, recvbuf, count, type, op);
+  deviceCall([&] {
+    if (NodeMemory* mem = deviceNode({sendbuf, recvbuf})) {
+      const DataSpec d = spec(type, op, count * typeSize(type));
+      run(CollKind::kAllReduce, type, op, count, 0, kDeviceVariant, [&](Session& s) {
+        shmAllReduce(s, *shm_, d, sendbuf, recvbuf, count, op == ddlAvg ? size_ : 0, mem);
+        mem->fence();
+      });
+      return;
+    }
+    device_->stagedAllReduce(sendbuf, recvbuf, count, type, [&](const void* src, void* dst, size_t n) {
+      allReduceNow(src, dst, n, type, op);
+    });
+  });
+}
+
 void Comm::refuseDevice(const void* sendbuf, const void* recvbuf) const {
-  if (device_ && device_->handles(sendbuf, recvbuf)) {
+  if (onDevice({sendbuf, recvbuf})) {
     fail(ddlInvalidArgument,
-         "a buffer is CUDA device memory: only ddlAllReduce and ddlIallReduce take device buffers in this "
-         "version (copy the data to host memory first)");
+         "a buffer is CUDA device memory: point-to-point operations take host buffers only in this version "
+         "(copy "
+         "the data to host memory first, or use a collective)");
   }
 }
 
@@ -407,41 +473,60 @@ void Comm::broadcast(const void* sendbuf, void* recvbuf, size_t count, ddlDataTy
   checkRoot(root);
   if (count && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL");
   if (count && rank_ == root && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL on the root");
-  if (count) refuseDevice(rank_ == root ? sendbuf : nullptr, recvbuf);
   const size_t bytes = checkedBytes(count, typeSize(type));
   drainAsync();
   if (count == 0) return;
   const DataSpec d = spec(type, ddlSum, bytes);
-  if (shmServes()) {
-    run(CollKind::kBroadcast, type, ddlSum, count, root, static_cast<int>(Algo::kShm), [&](Session& s) {
-      if (rank_ == root && sendbuf != recvbuf) std::memcpy(recvbuf, sendbuf, bytes);
-      shmBroadcast(s, *shm_, d, sendbuf, recvbuf, count, root);  // on one node, member index = rank
+  const void* in = rank_ == root ? sendbuf : nullptr;
+  auto over_shm = [&](const void* sb, void* rb, NodeMemory* mem, int variant) {
+    run(CollKind::kBroadcast, type, ddlSum, count, root, variant, [&](Session& s) {
+      if (rank_ == root && sb != rb) mem ? mem->copy(rb, sb, bytes) : void(std::memcpy(rb, sb, bytes));
+      shmBroadcast(s, *shm_, d, sb, rb, count, root, mem);  // on one node, member index = rank
+      if (mem) mem->fence();
     });
-    return;
-  }
-  run(CollKind::kBroadcast, type, ddlSum, count, root, 0,
-      [&](Session& s) { ddl::broadcast(s, d, sendbuf, recvbuf, count, root); });
+  };
+  auto host = [&](const void* sb, void* rb) {
+    if (shmServes()) return over_shm(sb, rb, nullptr, static_cast<int>(Algo::kShm));
+    run(CollKind::kBroadcast, type, ddlSum, count, root, 0,
+        [&](Session& s) { ddl::broadcast(s, d, sb, rb, count, root); });
+  };
+  if (!onDevice({in, recvbuf})) return host(in, recvbuf);
+  deviceCall([&] {
+    // Only recvbuff decides (the others cannot see the root's sendbuff); a host sendbuff is copied from.
+    if (NodeMemory* mem = deviceNode({recvbuf})) return over_shm(in, recvbuf, mem, kDeviceVariant);
+    device_->stage({{in, bytes}}, {{recvbuf, bytes}}, [&](auto& i, auto& o) { host(i[0], o[0]); });
+  });
 }
 
 void Comm::allGather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type) {
   checkType("datatype", type);
   checkBuffers(sendbuf, recvbuf, sendcount);
-  if (sendcount) refuseDevice(sendbuf, recvbuf);
   const size_t bytes = checkedBytes(sendcount, typeSize(type), size_);
   drainAsync();
   if (sendcount == 0) return;
   const DataSpec d = spec(type, ddlSum, bytes);
-  if (shmServes()) {
-    run(CollKind::kAllGather, type, ddlSum, sendcount, 0, static_cast<int>(Algo::kShm), [&](Session& s) {
-      char* out = static_cast<char*>(recvbuf);
+  auto over_shm = [&](const void* sb, void* rb, NodeMemory* mem, int variant) {
+    run(CollKind::kAllGather, type, ddlSum, sendcount, 0, variant, [&](Session& s) {
+      char* out = static_cast<char*>(rb);
       char* mine = out + static_cast<size_t>(rank_) * sendcount * d.elem;
-      if (sendbuf != mine) std::memmove(mine, sendbuf, sendcount * d.elem);
-      shmAllGather(s, *shm_, d, out, sendcount * size_);
+      if (sb != mine)
+        mem ? mem->copy(mine, sb, sendcount * d.elem) : void(std::memmove(mine, sb, sendcount * d.elem));
+      shmAllGather(s, *shm_, d, out, sendcount * size_, mem);
+      if (mem) mem->fence();
     });
-    return;
-  }
-  run(CollKind::kAllGather, type, ddlSum, sendcount, 0, 0,
-      [&](Session& s) { ringAllGather(s, d, sendbuf, recvbuf, sendcount); });
+  };
+  auto host = [&](const void* sb, void* rb) {
+    if (shmServes()) return over_shm(sb, rb, nullptr, static_cast<int>(Algo::kShm));
+    run(CollKind::kAllGather, type, ddlSum, sendcount, 0, 0,
+        [&](Session& s) { ringAllGather(s, d, sb, rb, sendcount); });
+  };
+  if (!onDevice({sendbuf, recvbuf})) return host(sendbuf, recvbuf);
+  deviceCall([&] {
+    // Only recvbuff decides: nothing is reduced, so a host sendbuff is simply copied from.
+    if (NodeMemory* mem = deviceNode({recvbuf})) return over_shm(sendbuf, recvbuf, mem, kDeviceVariant);
+    device_->stage({{sendbuf, sendcount * d.elem}}, {{recvbuf, bytes}},
+                   [&](auto& i, auto& o) { host(i[0], o[0]); });
+  });
 }
 
 void Comm::reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type,
@@ -449,20 +534,29 @@ void Comm::reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, d
   checkType("datatype", type);
   checkOp(op, type);
   checkBuffers(sendbuf, recvbuf, recvcount);
-  if (recvcount) refuseDevice(sendbuf, recvbuf);
   const size_t bytes = checkedBytes(recvcount, typeSize(type), size_);
   drainAsync();
   if (recvcount == 0) return;
   const DataSpec d = spec(type, op, bytes);
-  if (shmServes()) {
+  auto over_shm = [&](const void* sb, void* rb, NodeMemory* mem, int variant) {
     // Member r's block of recvcount * size elements is exactly rank r's share.
-    run(CollKind::kReduceScatter, type, op, recvcount, 0, static_cast<int>(Algo::kShm), [&](Session& s) {
-      shmReduceScatter(s, *shm_, d, sendbuf, recvbuf, recvcount * size_, op == ddlAvg ? size_ : 0);
+    run(CollKind::kReduceScatter, type, op, recvcount, 0, variant, [&](Session& s) {
+      shmReduceScatter(s, *shm_, d, sb, rb, recvcount * size_, op == ddlAvg ? size_ : 0, mem);
+      if (mem) mem->fence();
     });
-    return;
-  }
-  run(CollKind::kReduceScatter, type, op, recvcount, 0, 0,
-      [&](Session& s) { ringReduceScatter(s, d, sendbuf, recvbuf, recvcount); });
+  };
+  auto host = [&](const void* sb, void* rb) {
+    if (shmServes()) return over_shm(sb, rb, nullptr, static_cast<int>(Algo::kShm));
+    run(CollKind::kReduceScatter, type, op, recvcount, 0, 0,
+        [&](Session& s) { ringReduceScatter(s, d, sb, rb, recvcount); });
+  };
+  if (!onDevice({sendbuf, recvbuf})) return host(sendbuf, recvbuf);
+  deviceCall([&] {
+    if (NodeMemory* mem = deviceNode({sendbuf, recvbuf}))
+      return over_shm(sendbuf, recvbuf, mem, kDeviceVariant);
+    device_->stage({{sendbuf, bytes}}, {{recvbuf, recvcount * d.elem}},
+                   [&](auto& i, auto& o) { host(i[0], o[0]); });
+  });
 }
 
 void Comm::barrier() {
@@ -484,13 +578,19 @@ void Comm::reduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_
   checkRoot(root);
   if (count && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL");
   if (count && rank_ == root && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL on the root");
-  if (count) refuseDevice(sendbuf, rank_ == root ? recvbuf : nullptr);
   const size_t bytes = checkedBytes(count, typeSize(type));
   drainAsync();
   if (count == 0) return;
   const DataSpec d = spec(type, op, bytes);
-  run(CollKind::kReduce, type, op, count, root, 0,
-      [&](Session& s) { reduceTo(s, d, sendbuf, recvbuf, count, root); });
+  auto host = [&](const void* sb, void* rb) {
+    run(CollKind::kReduce, type, op, count, root, 0,
+        [&](Session& s) { reduceTo(s, d, sb, rb, count, root); });
+  };
+  void* out = rank_ == root ? recvbuf : nullptr;
+  if (!onDevice({sendbuf, out})) return host(sendbuf, out);
+  deviceCall([&] {
+    device_->stage({{sendbuf, bytes}}, {{out, bytes}}, [&](auto& i, auto& o) { host(i[0], o[0]); });
+  });
 }
 
 void Comm::gather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type, int root) {
@@ -498,13 +598,20 @@ void Comm::gather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataT
   checkRoot(root);
   if (sendcount && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL");
   if (sendcount && rank_ == root && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL on the root");
-  if (sendcount) refuseDevice(sendbuf, rank_ == root ? recvbuf : nullptr);
   const size_t bytes = checkedBytes(sendcount, typeSize(type), size_);
   drainAsync();
   if (sendcount == 0) return;
   const DataSpec d = spec(type, ddlSum, bytes);
-  run(CollKind::kGather, type, ddlSum, sendcount, root, 0,
-      [&](Session& s) { ddl::gather(s, d, sendbuf, recvbuf, sendcount, root); });
+  auto host = [&](const void* sb, void* rb) {
+    run(CollKind::kGather, type, ddlSum, sendcount, root, 0,
+        [&](Session& s) { ddl::gather(s, d, sb, rb, sendcount, root); });
+  };
+  void* out = rank_ == root ? recvbuf : nullptr;
+  if (!onDevice({sendbuf, out})) return host(sendbuf, out);
+  deviceCall([&] {
+    device_->stage({{sendbuf, sendcount * d.elem}}, {{out, bytes}},
+                   [&](auto& i, auto& o) { host(i[0], o[0]); });
+  });
 }
 
 void Comm::scatter(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type, int root) {
@@ -512,27 +619,39 @@ void Comm::scatter(const void* sendbuf, void* recvbuf, size_t recvcount, ddlData
   checkRoot(root);
   if (recvcount && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL");
   if (recvcount && rank_ == root && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL on the root");
-  if (recvcount) refuseDevice(rank_ == root ? sendbuf : nullptr, recvbuf);
   const size_t bytes = checkedBytes(recvcount, typeSize(type), size_);
   drainAsync();
   if (recvcount == 0) return;
   const DataSpec d = spec(type, ddlSum, bytes);
-  run(CollKind::kScatter, type, ddlSum, recvcount, root, 0,
-      [&](Session& s) { ddl::scatter(s, d, sendbuf, recvbuf, recvcount, root); });
+  auto host = [&](const void* sb, void* rb) {
+    run(CollKind::kScatter, type, ddlSum, recvcount, root, 0,
+        [&](Session& s) { ddl::scatter(s, d, sb, rb, recvcount, root); });
+  };
+  const void* in = rank_ == root ? sendbuf : nullptr;
+  if (!onDevice({in, recvbuf})) return host(in, recvbuf);
+  deviceCall([&] {
+    device_->stage({{in, bytes}}, {{recvbuf, recvcount * d.elem}},
+                   [&](auto& i, auto& o) { host(i[0], o[0]); });
+  });
 }
 
 void Comm::allToAll(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type) {
   checkType("datatype", type);
   checkBuffers(sendbuf, recvbuf, count);
-  if (count) refuseDevice(sendbuf, recvbuf);
   const size_t bytes = checkedBytes(count, typeSize(type), size_);
   drainAsync();
   if (count == 0) return;
   std::vector<size_t> counts(size_, count), displs(size_);
   for (int r = 0; r < size_; ++r) displs[r] = static_cast<size_t>(r) * count;
   const DataSpec d = spec(type, ddlSum, bytes);
-  run(CollKind::kAllToAll, type, ddlSum, count, 0, 0, [&](Session& s) {
-    ddl::allToAllv(s, d, sendbuf, counts.data(), displs.data(), recvbuf, counts.data(), displs.data());
+  auto host = [&](const void* sb, void* rb) {
+    run(CollKind::kAllToAll, type, ddlSum, count, 0, 0, [&](Session& s) {
+      ddl::allToAllv(s, d, sb, counts.data(), displs.data(), rb, counts.data(), displs.data());
+    });
+  };
+  if (!onDevice({sendbuf, recvbuf})) return host(sendbuf, recvbuf);
+  deviceCall([&] {
+    device_->stage({{sendbuf, bytes}}, {{recvbuf, bytes}}, [&](auto& i, auto& o) { host(i[0], o[0]); });
   });
 }
 
@@ -559,12 +678,27 @@ void Comm::allToAllv(const void* sendbuf, const size_t* sendcounts, const size_t
   }
   if (send_total && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL");
   if (recv_total && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL");
-  if (send_total || recv_total) refuseDevice(sendbuf, recvbuf);
   drainAsync();
   const DataSpec d = spec(type, ddlSum, (send_total + recv_total) * es);
-  // The counts differ from rank to rank: the signature holds the type alone, each message's length is checked.
-  run(CollKind::kAllToAllv, type, ddlSum, 0, 0, 0, [&](Session& s) {
-    ddl::allToAllv(s, d, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls);
+  auto host = [&](const void* sb, void* rb) {
+    // The counts differ from rank to rank: the signature holds the type alone, each message's length is
+    // checked.
+    run(CollKind::kAllToAllv, type, ddlSum, 0, 0, 0,
+        [&](Session& s) { ddl::allToAllv(s, d, sb, sendcounts, sdispls, rb, recvcounts, rdispls); });
+  };
+  if (!(send_total || recv_total) || !onDevice({sendbuf, recvbuf})) return host(sendbuf, recvbuf);
+  // What the counts and displacements reach of each buffer.
+  size_t send_end = 0, recv_end = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (sdispls[r] > SIZE_MAX - sendcounts[r] || rdispls[r] > SIZE_MAX - recvcounts[r]) {
+      fail(ddlInvalidArgument, "a displacement plus its count overflows (rank " + std::to_string(r) + ")");
+    }
+    if (sendcounts[r]) send_end = std::max(send_end, sdispls[r] + sendcounts[r]);
+    if (recvcounts[r]) recv_end = std::max(recv_end, rdispls[r] + recvcounts[r]);
+  }
+  deviceCall([&] {
+    device_->stage({{sendbuf, checkedBytes(send_end, es)}}, {{recvbuf, checkedBytes(recv_end, es), true}},
+                   [&](auto& i, auto& o) { host(i[0], o[0]); });
   });
 }
 

@@ -1,9 +1,9 @@
 // Comm: one communicator, the object behind ddlComm_t.
 //
-// It validates arguments, picks the algorithm, runs each collective in a Session on its Channel, and keeps the
-// communicator's error state: the first failure that involved peers (a timeout, a dead or aborting peer, a
-// mismatch) breaks the communicator for good, is told to the peers, and is returned by every later call and by
-// asyncError(). Argument errors caught before any message is sent break nothing.
+// It validates arguments, picks the algorithm, runs each collective in a Session on its Channel, and keeps
+// the communicator's error state: the first failure that involved peers (a timeout, a dead or aborting peer,
+// a mismatch) breaks the communicator for good, is told to the peers, and is returned by every later call and
+// by asyncError(). Argument errors caught before any message is sent break nothing.
 //
 // Threads: collectives are called by one user thread at a time. Non-blocking collectives run on the
 // communicator's executor thread, in call order; a blocking call first waits for the queued ones, so the
@@ -12,8 +12,10 @@
 // which gives the transport back as soon as a collective wants it. abort() and asyncError() may be called
 // from any thread.
 //
-// Device buffers (builds with CUDA): allReduce and iallReduce hand them to a DeviceAllReduce, which runs the
-// host collective chunk by chunk on staged copies; the other collectives refuse them with an argument error.
+// Device buffers (builds with CUDA): every collective takes them, through the DevicePath (device_path.h):
+// over CUDA IPC with the GPU reducing where all ranks share a node and shared memory, else staged through
+// pinned host memory around the host collective. Point-to-point operations refuse them with an argument
+// error.
 #pragma once
 
 #include <atomic>
@@ -28,7 +30,7 @@
 #include "algo/algo.h"
 #include "async_op.h"
 #include "ddl/ddl.h"
-#include "device_allreduce.h"
+#include "device_path.h"
 #include "env.h"
 #include "p2p.h"
 #include "session.h"
@@ -109,7 +111,15 @@ class Comm {
   // Host or device buffers: the device path when device_ handles them, else allReduceNow.
   void allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op);
   void allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op);
-  // Throws ddlInvalidArgument when a buffer of a collective without a device path is device memory.
+  // Whether any of the buffers is device memory (never in builds without a device runtime).
+  bool onDevice(std::initializer_list<const void*> bufs) const { return device_ && device_->handles(bufs); }
+  // Runs a collective of device buffers: a failure outside run() (a device copy between chunks) breaks the
+  // communicator and tells the peers as run() does; no device work is left running once it throws.
+  void deviceCall(const std::function<void()>& body);
+  // The IPC memory of the node when the shared-memory path serves every rank and all of bufs (null ones
+  // aside) are on one device, setting it up (a collective) the first time; else null: stage the call.
+  NodeMemory* deviceNode(std::initializer_list<const void*> bufs);
+  // Throws ddlInvalidArgument when a buffer of a point-to-point operation is device memory.
   void refuseDevice(const void* sendbuf, const void* recvbuf) const;
   void checkType(const char* what, ddlDataType_t type) const;
   void checkOp(ddlRedOp_t op, ddlDataType_t type) const;  // after checkType
@@ -147,7 +157,8 @@ class Comm {
   std::unique_ptr<TcpStoreServer> store_server_;  // rank 0 only
   std::unique_ptr<Store> store_;
   std::unique_ptr<Channel> channel_;
-  std::unique_ptr<DeviceAllReduce> device_;  // null in builds without CUDA
+  std::unique_ptr<DevicePath> device_;  // null without a device runtime (no CUDA, or no GPU)
+  enum class Ipc { kUntried, kReady, kOff } ipc_ = Ipc::kUntried;
   std::unique_ptr<PointToPoint> p2p_;         // goes before channel_, whose transport it uses
 
   std::mutex op_mu_;  // one collective at a time on the channel

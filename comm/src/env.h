@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -12,6 +13,8 @@ namespace ddl {
 
 // kShm: every rank on one node, over the node's shared memory (algo/shm.cpp).
 enum class Algo { kAuto, kRing, kMdRing, kRhd, kShm };
+
+class DeviceRuntime;
 const char* algoName(Algo a);
 
 constexpr int kDefaultTimeoutMs = 300000;
@@ -29,6 +32,9 @@ struct Options {
   std::string secret;  // ddlConfig_t.secret or DDL_JOB_SECRET: the rendezvous store's key; empty: none
   bool shm = true;     // DDL_SHM: ranks that share a node use shared memory among themselves (shm_node.h)
   size_t shm_round_bytes = 0;  // DDL_SHM_ROUND_BYTES: a shared-memory round's size per member slot; 0: default
+  // Makes the runtime of device buffers (device_path.h). Null: CUDA's, in builds with it. Tests give an
+  // emulation.
+  std::function<std::unique_ptr<DeviceRuntime>(int rank)> device_runtime;
 };
 
 // Throws ddlInvalidArgument naming the bad field or variable and its value.

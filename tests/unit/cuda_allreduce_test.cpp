@@ -1,7 +1,8 @@
-// Allreduce of CUDA device buffers (comm/cuda/staged_allreduce.cpp) with ranks as threads over
-// LocalTransport: every type and op against the host path on the same data, many chunks with device, host and
-// mixed buffers, messages large enough to pipeline, ddlIallReduce, and the collectives that refuse device
-// buffers.
+// Collectives on CUDA device buffers (comm/src/device_path.h over comm/cuda/cuda_runtime.cpp) with ranks as
+// threads over LocalTransport: every type and op against the host path on the same data, many staged chunks
+// with device, host and mixed buffers, messages large enough to pipeline, ddlIallReduce, the IPC path of one
+// node with the GPU reducing, and the other collectives. device_path_test.cpp runs the same logic on an
+// emulated GPU everywhere.
 //
 // Without a GPU the device tests skip with the reason; what runs everywhere checks that host buffers still
 // take the host path untouched in a CUDA build, and how messages are cut into chunks.
@@ -17,15 +18,16 @@
 #include <vector>
 
 #include "comm.h"
+#include "cuda_test_util.h"
+#include "device_path.h"
 #include "device_reduce.h"
+#include "device_runtime.h"
 #include "dtype.h"
 #include "error.h"
 #include "local_transport.h"
 #include "reduce.h"
-#include "staged_allreduce.h"
 #include "test_values.h"
 #include "thread_ranks.h"
-#include "cuda_test_util.h"
 
 namespace ddl {
 namespace {
@@ -73,25 +75,14 @@ using test_util::makeInput;
 
 // ---- without a GPU ----
 
-TEST(CudaStaging, ChunksDependOnTheMessageSizeOnly) {
-  EXPECT_EQ(cuda::stagedChunkBytes(100), size_t{512} << 10);  // one chunk: the message is smaller
-  EXPECT_EQ(cuda::stagedChunkBytes(size_t{4} << 20), size_t{1} << 20);
-  EXPECT_EQ(cuda::stagedChunkBytes(size_t{1} << 30), cuda::kMaxChunkBytes);
-  EXPECT_EQ(cuda::stagedChunkBytes((size_t{4} << 20) + 1), (size_t{1} << 20) + 4096);  // rounded up to pages
-  EXPECT_EQ(cuda::stagedChunkBytes(size_t{1} << 30, 4096), size_t{4096});
-  EXPECT_EQ(cuda::stagedChunkBytes(size_t{1} << 30, 1000), size_t{960});  // a multiple of 64
-  EXPECT_EQ(cuda::stagedChunkBytes(size_t{1} << 30, 1), size_t{64});
-  for (size_t bytes : {size_t{1}, size_t{3} << 20, size_t{100} << 20}) {
-    EXPECT_EQ(cuda::stagedChunkBytes(bytes) % 64, 0u);
-  }
-}
-
 // In a CUDA build, with or without a GPU, host buffers never go near the device path.
 TEST(CudaStaging, HostBuffersTakeTheHostPath) {
-  auto staged = cuda::makeStagedAllReduce(0, false);
   std::vector<float> host(16);
-  EXPECT_FALSE(staged->handles(host.data(), host.data()));
-  EXPECT_FALSE(staged->handles(nullptr, host.data()));
+  if (auto rt = makeCudaRuntime()) {
+    DevicePath path(std::move(rt), 0);
+    EXPECT_FALSE(path.handles({host.data(), host.data()}));
+    EXPECT_FALSE(path.handles({nullptr, host.data()}));
+  }
   constexpr int kRanks = 3;
   constexpr size_t kCount = 100003;
   expectAllOk(runRanks(kRanks, [&](Comm& comm) {
@@ -149,7 +140,7 @@ TEST(CudaAllReduce, ManyChunksWithDeviceHostAndMixedBuffers) {
   for (int nranks : {2, 4}) {
     SCOPED_TRACE(std::to_string(nranks) + " ranks");
     expectAllOk(runRanks(nranks, [&](Comm& comm) {
-      auto staged = cuda::makeStagedAllReduce(comm.rank(), false, 4096);
+      DevicePath staged(makeCudaRuntime(), comm.rank(), 4096);
       for (ddlDataType_t t : {ddlFloat32, ddlInt64, ddlFloat16}) {
         for (ddlRedOp_t op : {ddlSum, ddlMax, ddlAvg}) {
           const size_t count = 10007;  // 40 KB of float32: 10 chunks, the last one short
@@ -162,19 +153,19 @@ TEST(CudaAllReduce, ManyChunksWithDeviceHostAndMixedBuffers) {
           const std::string what = std::string(typeName(t)) + " " + opName(op);
           // device -> device, out of place
           toDevice(dsend.p, in.data(), bytes);
-          staged->allReduce(dsend.p, drecv.p, count, t, host);
+          staged.stagedAllReduce(dsend.p, drecv.p, count, t, host);
           if (fromDevice(drecv.p, bytes) != want) fail(ddlInternalError, what + ": device to device");
           // device, in place
-          staged->allReduce(dsend.p, dsend.p, count, t, host);
+          staged.stagedAllReduce(dsend.p, dsend.p, count, t, host);
           if (fromDevice(dsend.p, bytes) != want) fail(ddlInternalError, what + ": device in place");
           // host -> device
           cudaOk(cudaMemset(drecv.p, 0, bytes), "cudaMemset");
-          staged->allReduce(in.data(), drecv.p, count, t, host);
+          staged.stagedAllReduce(in.data(), drecv.p, count, t, host);
           if (fromDevice(drecv.p, bytes) != want) fail(ddlInternalError, what + ": host to device");
           // device -> host
           toDevice(dsend.p, in.data(), bytes);
           std::vector<char> out(bytes);
-          staged->allReduce(dsend.p, out.data(), count, t, host);
+          staged.stagedAllReduce(dsend.p, out.data(), count, t, host);
           if (out != want) fail(ddlInternalError, what + ": device to host");
         }
       }
@@ -213,17 +204,34 @@ TEST(CudaAllReduce, LargeMessagesThroughTheCommunicator) {
   }));
 }
 
-TEST(CudaAllReduce, OtherCollectivesRefuseDeviceBuffers) {
+// One node with shared memory: the IPC path, the GPU reducing, and a broadcast and an allgather over it.
+TEST(CudaAllReduce, OneNodeOverIpc) {
   SKIP_WITHOUT_GPU();
-  auto results = runRanks(2, [&](Comm& comm) {
-    DeviceBuffer d(4096);
-    comm.broadcast(d.p, d.p, 16, ddlFloat32, 0);
-  });
-  for (const auto& r : results) {
-    EXPECT_EQ(r.code, ddlInvalidArgument) << r.what;
-    EXPECT_NE(r.what.find("only ddlAllReduce and ddlIallReduce take device buffers"), std::string::npos)
-        << r.what;
-  }
+  constexpr int kRanks = 2;
+  constexpr size_t kCount = 3000007;
+  Options o = makeOptions(kRanks);
+  expectAllOk(test_util::runRanks(
+      kRanks, o,
+      [&](Comm& comm) {
+        const size_t bytes = kCount * 4;
+        const auto in = makeInput(ddlFloat32, ddlAvg, comm.rank(), kCount);
+        const auto want = makeExpected(ddlFloat32, ddlAvg, kRanks, kCount);
+        DeviceBuffer a(bytes), b(bytes * kRanks);
+        toDevice(a.p, in.data(), bytes);
+        comm.allReduce(a.p, a.p, kCount, ddlFloat32, ddlAvg);
+        if (fromDevice(a.p, bytes) != want) fail(ddlInternalError, "allreduce over IPC");
+        comm.broadcast(a.p, a.p, kCount, ddlFloat32, 1);
+        if (fromDevice(a.p, bytes) != want) fail(ddlInternalError, "broadcast over IPC");
+        toDevice(a.p, in.data(), bytes);
+        comm.allGather(a.p, b.p, kCount, ddlFloat32);
+        const auto all = fromDevice(b.p, bytes * kRanks);
+        for (int r = 0; r < kRanks; ++r) {
+          if (std::memcmp(all.data() + r * bytes, makeInput(ddlFloat32, ddlAvg, r, kCount).data(), bytes) !=
+              0)
+            fail(ddlInternalError, "allgather over IPC, block " + std::to_string(r));
+        }
+      },
+      nullptr, makeMemoryStore()));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "ddl/ddl.h"
@@ -73,21 +74,40 @@ void scatter(Session& s, const DataSpec& d, const void* src, void* dst, size_t r
 void allToAllv(Session& s, const DataSpec& d, const void* src, const size_t* sendcounts, const size_t* sdispls,
                void* dst, const size_t* recvcounts, const size_t* rdispls);
 
+// Where the shared-memory collectives keep their rounds and how they move bytes. Null (the default): the
+// node's segment (ShmNode's slots), moved and reduced by the CPU. The device path (device_path.h) passes each
+// member's device memory, opened by the others through CUDA IPC, moved and reduced by the GPU. Slots have the
+// node's ShmNode::buffers() round buffers either way: the node's counters pace both.
+class NodeMemory {
+ public:
+  virtual ~NodeMemory() = default;
+  virtual size_t roundBytes() const = 0;  // one round buffer of a member's slot
+  virtual char* roundSlot(int member, uint32_t g) const = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void reduce(void* dst, const void* a, const void* b, size_t count, ddlDataType_t type,
+                      ddlRedOp_t op) = 0;
+  virtual void finishAvg(void* buf, size_t count, ddlDataType_t type, int divisor) = 0;
+  // What the calls above wrote is complete and visible to the other members: before every publish.
+  virtual void fence() = 0;
+};
+
 // Shared memory among the ranks of one node (algo/shm.cpp; Session's ranks need not all be members). Member i
-// owns block i (blockBegin(count, n, i)). allreduce: every member ends with the whole result. reducescatter: the
-// member's reduced block goes to `mine`. allgather: each member's block is in buf at its place; every member
-// ends with all of them. avg_divisor > 0 divides the reduced blocks by it (ddlAvg's final step).
+// owns block i (blockBegin(count, n, i)). allreduce: every member ends with the whole result. reducescatter:
+// the member's reduced block goes to `mine`. allgather: each member's block is in buf at its place; every
+// member ends with all of them. avg_divisor > 0 divides the reduced blocks by it (ddlAvg's final step).
+// memory: see NodeMemory.
 void shmAllReduce(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* dst, size_t count,
-                  int avg_divisor);
+                  int avg_divisor, NodeMemory* memory = nullptr);
 // Up to this many bytes, shmAllReduce has every member reduce the whole message (one synchronisation per round);
 // above, each member reduces its block (two, but each byte read once).
 size_t shmOneShotBytes(int members);
 void shmReduceScatter(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* mine, size_t count,
-                      int avg_divisor);
-void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_t count);
+                      int avg_divisor, NodeMemory* memory = nullptr);
+void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_t count,
+                  NodeMemory* memory = nullptr);
 // The root member's src to every other member's dst (the root's dst is not touched).
 void shmBroadcast(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* dst, size_t count,
-                  int root_member);
+                  int root_member, NodeMemory* memory = nullptr);
 
 class TuneTable;
 struct AllReduceChoice {

@@ -33,9 +33,9 @@ struct Plan {
   uint32_t rounds;
 
   // own_only: a member puts only its own block's piece in its buffers (allgather), which may then fill them.
-  Plan(const ShmNode& node, size_t count_, size_t es_, bool own_only = false)
+  Plan(const ShmNode& node, const NodeMemory& mem, size_t count_, size_t es_, bool own_only = false)
       : n(node.size()), count(count_), es(es_) {
-    piece = std::max<size_t>(1, node.roundBytes() / (own_only ? 1 : n) / es);
+    piece = std::max<size_t>(1, mem.roundBytes() / (own_only ? 1 : n) / es);
     stride = own_only ? 0 : piece * es;
     const size_t largest = blockCount(count, n, 0);
     rounds = static_cast<uint32_t>((largest + piece - 1) / piece);
@@ -46,8 +46,8 @@ struct Plan {
     *off = blockBegin(count, n, b) + start;
     return start < bc ? std::min(piece, bc - start) : 0;
   }
-  char* inSlot(const ShmNode& node, int member, uint32_t g, int b) const {
-    return node.roundSlot(member, g) + static_cast<size_t>(b) * stride;
+  char* inSlot(const NodeMemory& mem, int member, uint32_t g, int b) const {
+    return mem.roundSlot(member, g) + static_cast<size_t>(b) * stride;
   }
 };
 
@@ -56,13 +56,39 @@ struct Plan {
 struct WholeRounds {
   size_t count, per_round;
   uint32_t rounds;
-  WholeRounds(const ShmNode& node, size_t count_, size_t es)
+  WholeRounds(const NodeMemory& mem, size_t count_, size_t es)
       : count(count_),
-        per_round(std::max<size_t>(1, node.roundBytes() / es)),
+        per_round(std::max<size_t>(1, mem.roundBytes() / es)),
         rounds(static_cast<uint32_t>((count_ + per_round - 1) / per_round)) {}
   size_t off(uint32_t t) const { return static_cast<size_t>(t) * per_round; }
   size_t len(uint32_t t) const { return std::min(per_round, count - off(t)); }
 };
+
+// The node's segment, moved and reduced by the CPU: what host buffers use.
+class SegmentMemory final : public NodeMemory {
+ public:
+  explicit SegmentMemory(const ShmNode& node) : node_(node) {}
+  size_t roundBytes() const override { return node_.roundBytes(); }
+  char* roundSlot(int member, uint32_t g) const override { return node_.roundSlot(member, g); }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void reduce(void* dst, const void* a, const void* b, size_t count, ddlDataType_t type,
+              ddlRedOp_t op) override {
+    ddl::reduce(dst, a, b, count, type, op);
+  }
+  void finishAvg(void* buf, size_t count, ddlDataType_t type, int divisor) override {
+    ddl::finishAvg(buf, count, type, divisor);
+  }
+  void fence() override {}  // the CPU's stores are done; publish() orders them before the counter
+
+ private:
+  const ShmNode& node_;
+};
+
+// Publishes counter c = value once what this member wrote for it is complete (NodeMemory::fence).
+void publish(ShmNode& node, NodeMemory& mem, ShmNode::Counter c, uint32_t value) {
+  mem.fence();
+  node.publish(c, value);
+}
 
 // Waits until every member has consumed round g's buffer's previous use (round g - buffers).
 void waitBufferFree(Session& s, ShmNode& node, uint32_t g) {
@@ -70,74 +96,73 @@ void waitBufferFree(Session& s, ShmNode& node, uint32_t g) {
 }
 
 // dst = own piece (op) every other member's piece, in member order from this one (each piece has one reducer).
-void reducePiece(const ShmNode& node, const Plan& p, const DataSpec& d, uint32_t g, char* dst, const char* own,
-                 size_t len) {
+void reducePiece(const ShmNode& node, NodeMemory& mem, const Plan& p, const DataSpec& d, uint32_t g,
+                 char* dst, const char* own, size_t len) {
   const int me = node.me();
   bool first = true;
   for (int k = 1; k < p.n; ++k) {
     const int m = (me + k) % p.n;
-    reduce(dst, first ? own : dst, p.inSlot(node, m, g, me), len, d.type, d.op);
+    mem.reduce(dst, first ? own : dst, p.inSlot(mem, m, g, me), len, d.type, d.op);
     first = false;
   }
-  if (first && dst != own) std::memcpy(dst, own, len * p.es);
+  if (first && dst != own) mem.copy(dst, own, len * p.es);
 }
 
 // Every piece but the member's own, which it reduces straight from its input.
-void copyInOthers(ShmNode& node, const Plan& p, uint32_t g, uint32_t piece, const char* src) {
+void copyInOthers(ShmNode& node, NodeMemory& mem, const Plan& p, uint32_t g, uint32_t piece,
+                  const char* src) {
   for (int b = 0; b < p.n; ++b) {
     if (b == node.me()) continue;
     size_t off;
     const size_t len = p.at(b, piece, &off);
-    if (len) std::memcpy(p.inSlot(node, node.me(), g, b), src + off * p.es, len * p.es);
+    if (len) mem.copy(p.inSlot(mem, node.me(), g, b), src + off * p.es, len * p.es);
   }
 }
 
 // Stage 1 of round g (piece t of every block): once the buffer is free, the others' pieces into this
 // member's slot.
-void copyInRound(Session& s, ShmNode& node, const Plan& p, uint32_t g, uint32_t t, const char* in) {
+void copyInRound(Session& s, ShmNode& node, NodeMemory& mem, const Plan& p, uint32_t g, uint32_t t,
+                 const char* in) {
   waitBufferFree(s, node, g);
-  copyInOthers(node, p, g, t, in);
-  node.publish(ShmNode::kCopied, g + 1);
+  copyInOthers(node, mem, p, g, t, in);
+  publish(node, mem, ShmNode::kCopied, g + 1);
 }
 
 // Stage 2: once every member has copied round g in, reduces this member's piece t into its slot (out null:
 // allreduce, for the others to copy out) or into out, which holds its block from element out_first on.
-void reduceRound(Session& s, ShmNode& node, const Plan& p, const DataSpec& d, uint32_t g, uint32_t t,
-                 const char* in, char* out, size_t out_first, int avg_divisor) {
+void reduceRound(Session& s, ShmNode& node, NodeMemory& mem, const Plan& p, const DataSpec& d, uint32_t g,
+                 uint32_t t, const char* in, char* out, size_t out_first, int avg_divisor) {
   node.waitAll(s, ShmNode::kCopied, g + 1);
   const int me = node.me();
   size_t off;
   const size_t len = p.at(me, t, &off);
   if (len) {
-    char* to = out ? out + (off - out_first) * p.es : p.inSlot(node, me, g, me);
-    reducePiece(node, p, d, g, to, in + off * p.es, len);
-    if (avg_divisor > 0) finishAvg(to, len, d.type, avg_divisor);
+    char* to = out ? out + (off - out_first) * p.es : p.inSlot(mem, me, g, me);
+    reducePiece(node, mem, p, d, g, to, in + off * p.es, len);
+    if (avg_divisor > 0) mem.finishAvg(to, len, d.type, avg_divisor);
   }
-  node.publish(ShmNode::kReduced, g + 1);
+  publish(node, mem, ShmNode::kReduced, g + 1);
 }
 
-void copyOutAll(ShmNode& node, const Plan& p, uint32_t g, uint32_t piece, char* dst, bool skip_own) {
+void copyOutAll(ShmNode& node, NodeMemory& mem, const Plan& p, uint32_t g, uint32_t piece, char* dst,
+                bool skip_own) {
   for (int b = 0; b < p.n; ++b) {
     if (skip_own && b == node.me()) continue;
     size_t off;
     const size_t len = p.at(b, piece, &off);
-    if (len) std::memcpy(dst + off * p.es, p.inSlot(node, b, g, b), len * p.es);
+    if (len) mem.copy(dst + off * p.es, p.inSlot(mem, b, g, b), len * p.es);
   }
 }
-
-}  // namespace
-
-namespace {
 
 // Small messages: one synchronisation instead of two. Every member copies its whole input (a round's worth at a
 // time) into its slot and reduces the whole round itself, reading every slot in member order, so every member
 // computes the same sums in the same order (bit-identical results) with no copy-out. It reads n times the
 // message instead of once, which is cheap while that stays in cache, and needs every member to run only once
 // per round: what counts when ranks share cores.
-void shmAllReduceOneShot(Session& s, ShmNode& node, const DataSpec& d, const char* in, char* out, size_t count,
-                         int avg_divisor) {
+void shmAllReduceOneShot(Session& s, ShmNode& node, NodeMemory& mem, const DataSpec& d, const char* in,
+                         char* out, size_t count, int avg_divisor) {
   const size_t es = d.elem;
-  const WholeRounds r(node, count, es);
+  const WholeRounds r(mem, count, es);
   const uint32_t K = r.rounds, g0 = node.round();
   const int n = node.size(), me = node.me();
   node.begin(s.fingerprint());
@@ -145,14 +170,14 @@ void shmAllReduceOneShot(Session& s, ShmNode& node, const DataSpec& d, const cha
     const uint32_t g = g0 + t;
     const size_t off = r.off(t), len = r.len(t);
     waitBufferFree(s, node, g);
-    std::memcpy(node.roundSlot(me, g), in + off * es, len * es);
-    node.publish(ShmNode::kCopied, g + 1);
+    mem.copy(mem.roundSlot(me, g), in + off * es, len * es);
+    publish(node, mem, ShmNode::kCopied, g + 1);
     node.waitAll(s, ShmNode::kCopied, g + 1);
     char* to = out + off * es;
-    reduce(to, node.roundSlot(0, g), node.roundSlot(1, g), len, d.type, d.op);
-    for (int m = 2; m < n; ++m) reduce(to, to, node.roundSlot(m, g), len, d.type, d.op);
-    if (avg_divisor > 0) finishAvg(to, len, d.type, avg_divisor);
-    node.publish(ShmNode::kReduced, g + 1);
+    mem.reduce(to, mem.roundSlot(0, g), mem.roundSlot(1, g), len, d.type, d.op);
+    for (int m = 2; m < n; ++m) mem.reduce(to, to, mem.roundSlot(m, g), len, d.type, d.op);
+    if (avg_divisor > 0) mem.finishAvg(to, len, d.type, avg_divisor);
+    publish(node, mem, ShmNode::kReduced, g + 1);
     node.publish(ShmNode::kConsumed, g + 1);
   }
   node.setRound(g0 + K);
@@ -167,50 +192,56 @@ size_t shmOneShotBytes(int members) {
 }
 
 void shmAllReduce(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* dst, size_t count,
-                  int avg_divisor) {
+                  int avg_divisor, NodeMemory* memory) {
+  SegmentMemory segment(node);
+  NodeMemory& mem = memory ? *memory : segment;
   const char* in = static_cast<const char*>(src);
   if (count * d.elem <= shmOneShotBytes(node.size())) {
-    return shmAllReduceOneShot(s, node, d, in, static_cast<char*>(dst), count, avg_divisor);
+    return shmAllReduceOneShot(s, node, mem, d, in, static_cast<char*>(dst), count, avg_divisor);
   }
   char* out = static_cast<char*>(dst);
-  const Plan p(node, count, d.elem);
+  const Plan p(node, mem, count, d.elem);
   const uint32_t g0 = node.round(), K = p.rounds;
   node.begin(s.fingerprint());
   for (uint32_t t = 0; t < K + 2; ++t) {
-    if (t < K) copyInRound(s, node, p, g0 + t, t, in);
-    if (t >= 1 && t - 1 < K) reduceRound(s, node, p, d, g0 + t - 1, t - 1, in, nullptr, 0, avg_divisor);
+    if (t < K) copyInRound(s, node, mem, p, g0 + t, t, in);
+    if (t >= 1 && t - 1 < K) reduceRound(s, node, mem, p, d, g0 + t - 1, t - 1, in, nullptr, 0, avg_divisor);
     if (t >= 2) {
       const uint32_t g = g0 + t - 2;
       node.waitAll(s, ShmNode::kReduced, g + 1);
-      copyOutAll(node, p, g, t - 2, out, false);
-      node.publish(ShmNode::kConsumed, g + 1);
+      copyOutAll(node, mem, p, g, t - 2, out, false);
+      publish(node, mem, ShmNode::kConsumed, g + 1);
     }
   }
   node.setRound(g0 + K);
 }
 
 void shmReduceScatter(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* mine, size_t count,
-                      int avg_divisor) {
+                      int avg_divisor, NodeMemory* memory) {
+  SegmentMemory segment(node);
+  NodeMemory& mem = memory ? *memory : segment;
   const char* in = static_cast<const char*>(src);
   char* out = static_cast<char*>(mine);
-  const Plan p(node, count, d.elem);
+  const Plan p(node, mem, count, d.elem);
   const uint32_t g0 = node.round(), K = p.rounds;
   const int me = node.me();
   const size_t my_begin = blockBegin(count, p.n, me);
   node.begin(s.fingerprint());
   for (uint32_t t = 0; t < K + 1; ++t) {
-    if (t < K) copyInRound(s, node, p, g0 + t, t, in);
+    if (t < K) copyInRound(s, node, mem, p, g0 + t, t, in);
     if (t >= 1) {
-      reduceRound(s, node, p, d, g0 + t - 1, t - 1, in, out, my_begin, avg_divisor);
+      reduceRound(s, node, mem, p, d, g0 + t - 1, t - 1, in, out, my_begin, avg_divisor);
       node.publish(ShmNode::kConsumed, g0 + t);  // nothing more to read of that round (shm_node.h)
     }
   }
   node.setRound(g0 + K);
 }
 
-void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_t count) {
+void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_t count, NodeMemory* memory) {
+  SegmentMemory segment(node);
+  NodeMemory& mem = memory ? *memory : segment;
   char* data = static_cast<char*>(buf);
-  const Plan p(node, count, d.elem, true);
+  const Plan p(node, mem, count, d.elem, true);
   const uint32_t g0 = node.round(), K = p.rounds;
   const int me = node.me();
   node.begin(s.fingerprint());
@@ -220,24 +251,26 @@ void shmAllGather(Session& s, ShmNode& node, const DataSpec& d, void* buf, size_
       waitBufferFree(s, node, g);
       size_t off;
       const size_t len = p.at(me, t, &off);
-      if (len) std::memcpy(p.inSlot(node, me, g, me), data + off * p.es, len * p.es);
-      node.publish(ShmNode::kCopied, g + 1);
+      if (len) mem.copy(p.inSlot(mem, me, g, me), data + off * p.es, len * p.es);
+      publish(node, mem, ShmNode::kCopied, g + 1);
       node.publish(ShmNode::kReduced, g + 1);
     }
     if (t >= 1) {
       const uint32_t g = g0 + t - 1;
       node.waitAll(s, ShmNode::kCopied, g + 1);
-      copyOutAll(node, p, g, t - 1, data, true);
-      node.publish(ShmNode::kConsumed, g + 1);
+      copyOutAll(node, mem, p, g, t - 1, data, true);
+      publish(node, mem, ShmNode::kConsumed, g + 1);
     }
   }
   node.setRound(g0 + K);
 }
 
 void shmBroadcast(Session& s, ShmNode& node, const DataSpec& d, const void* src, void* dst, size_t count,
-                  int root_member) {
+                  int root_member, NodeMemory* memory) {
+  SegmentMemory segment(node);
+  NodeMemory& mem = memory ? *memory : segment;
   const size_t es = d.elem;
-  const WholeRounds r(node, count, es);
+  const WholeRounds r(mem, count, es);
   const uint32_t K = r.rounds, g0 = node.round();
   const bool root = node.me() == root_member;
   node.begin(s.fingerprint());
@@ -248,17 +281,17 @@ void shmBroadcast(Session& s, ShmNode& node, const DataSpec& d, const void* src,
       const uint32_t g = g0 + t;
       if (root) {
         waitBufferFree(s, node, g);
-        std::memcpy(node.roundSlot(node.me(), g), static_cast<const char*>(src) + r.off(t) * es, r.len(t) * es);
+        mem.copy(mem.roundSlot(node.me(), g), static_cast<const char*>(src) + r.off(t) * es, r.len(t) * es);
       }
-      node.publish(ShmNode::kCopied, g + 1);
+      publish(node, mem, ShmNode::kCopied, g + 1);
       node.publish(ShmNode::kReduced, g + 1);
       if (root) node.publish(ShmNode::kConsumed, g + 1);
     }
     if (t >= 1 && !root) {
       const uint32_t g = g0 + t - 1;
       node.waitAll(s, ShmNode::kCopied, g + 1);
-      std::memcpy(static_cast<char*>(dst) + r.off(t - 1) * es, node.roundSlot(root_member, g), r.len(t - 1) * es);
-      node.publish(ShmNode::kConsumed, g + 1);
+      mem.copy(static_cast<char*>(dst) + r.off(t - 1) * es, mem.roundSlot(root_member, g), r.len(t - 1) * es);
+      publish(node, mem, ShmNode::kConsumed, g + 1);
     }
   }
   node.setRound(g0 + K);

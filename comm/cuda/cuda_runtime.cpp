@@ -1,0 +1,196 @@
+// CUDA's DeviceRuntime (device_runtime.h): streams, events, pinned and device memory, the reduction kernels
+// of reduce_kernels.cu, and CUDA IPC. Host code only.
+//
+// Streams are created blocking (not cudaStreamNonBlocking), so the first work queued also waits for what the
+// application queued on the legacy default stream; data written on other streams must be complete when the
+// collective is called, as for any host API.
+//
+// IPC: an exported handle carries the process id and the pointer next to cudaIpcMemHandle_t. Ranks that are
+// threads of one process (where cudaIpcOpenMemHandle refuses a handle of its own process) use the pointer
+// itself, with peer access enabled where the memory is on another device. Node keys guarantee that the
+// members of a node share a PID namespace, so the process id says which case applies.
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "device_reduce.h"
+#include "device_runtime.h"
+#include "error.h"
+
+namespace ddl {
+namespace {
+
+std::string describe(cudaError_t e) {
+  return std::string(cudaGetErrorString(e)) + " (" + cudaGetErrorName(e) + ")";
+}
+
+[[noreturn]] void cudaFail(cudaError_t e, const std::string& what) {
+  cudaGetLastError();  // a non-sticky error must not resurface in the caller's next check
+  fail(ddlCudaError, "CUDA: " + what + " failed: " + describe(e));
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) cudaFail(e, what);
+}
+
+struct IpcRecord {
+  uint32_t magic;
+  int32_t pid;
+  uint64_t ptr;
+  cudaIpcMemHandle_t handle;
+};
+constexpr uint32_t kIpcMagic = 0x64646c31;  // "ddl1"
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  ~CudaRuntime() override {
+    drain();
+    destroy();
+  }
+
+  const char* name() const override { return "CUDA"; }
+  int deviceOf(const void* p) override { return cuda::deviceOf(p); }
+
+  void bind(int dev) override {
+    int now = -1;
+    check(cudaGetDevice(&now), "cudaGetDevice");
+    if (now != dev) check(cudaSetDevice(dev), "cudaSetDevice");
+    if (dev_ == dev) return;
+    destroy();
+    dev_ = dev;  // so that destroy() frees what a failure below leaves half made
+    try {
+      for (auto& s : streams_) check(cudaStreamCreateWithFlags(&s, cudaStreamDefault), "cudaStreamCreate");
+      for (auto& e : events_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+
+  void copy(int q, void* dst, const void* src, size_t bytes) override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream(q)), "cudaMemcpyAsync");
+  }
+  void reduce(int q, void* dst, const void* a, const void* b, size_t count, ddlDataType_t type,
+              ddlRedOp_t op) override {
+    check(cuda::reduce(dst, a, b, count, type, op, stream(q)), "the reduction kernel's launch");
+  }
+  void finishAvg(int q, void* buf, size_t count, ddlDataType_t type, int divisor) override {
+    check(cuda::finishAvg(buf, count, type, divisor, stream(q)), "the average kernel's launch");
+  }
+  void record(int q, int e) override { check(cudaEventRecord(event(e), stream(q)), "cudaEventRecord"); }
+  void await(int q, int e) override {
+    check(cudaStreamWaitEvent(stream(q), event(e), 0), "cudaStreamWaitEvent");
+  }
+  void sync(int e) override { check(cudaEventSynchronize(event(e)), "waiting for a device copy or kernel"); }
+  void syncQueue(int q) override {
+    check(cudaStreamSynchronize(stream(q)), "waiting for a device copy or kernel");
+  }
+  void drain() noexcept override {
+    for (auto& s : streams_)
+      if (s) cudaStreamSynchronize(s);
+    cudaGetLastError();
+  }
+
+  void* allocHost(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
+    if (e != cudaSuccess)
+      cudaFail(e, "cudaHostAlloc of " + std::to_string(bytes) + " bytes of pinned memory");
+    return p;
+  }
+  void freeHost(void* p) noexcept override {
+    cudaFreeHost(p);
+    cudaGetLastError();
+  }
+  void* allocDevice(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess) cudaFail(e, "cudaMalloc of " + std::to_string(bytes) + " bytes");
+    return p;
+  }
+  void freeDevice(void* p) noexcept override {
+    cudaFree(p);
+    cudaGetLastError();
+  }
+
+  std::string exportMemory(void* p) override {
+    IpcRecord r{};
+    r.magic = kIpcMagic;
+    r.pid = static_cast<int32_t>(getpid());
+    r.ptr = reinterpret_cast<uint64_t>(p);
+    check(cudaIpcGetMemHandle(&r.handle, p), "cudaIpcGetMemHandle");
+    return std::string(reinterpret_cast<const char*>(&r), sizeof r);
+  }
+  void* importMemory(const std::string& bytes) override {
+    IpcRecord r{};
+    if (bytes.size() != sizeof r) fail(ddlCudaError, "CUDA: an IPC handle of the wrong size");
+    std::memcpy(&r, bytes.data(), sizeof r);
+    if (r.magic != kIpcMagic) fail(ddlCudaError, "CUDA: not an IPC handle of this libddl");
+    if (r.pid == static_cast<int32_t>(getpid())) {
+      // Our own process: the pointer works as it is (unified addressing), given peer access to its device.
+      void* p = reinterpret_cast<void*>(r.ptr);
+      const int owner = cuda::deviceOf(p);
+      if (owner >= 0 && owner != dev_) {
+        const cudaError_t e = cudaDeviceEnablePeerAccess(owner, 0);
+        if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled)
+          cudaFail(e, "cudaDeviceEnablePeerAccess");
+        cudaGetLastError();
+      }
+      return p;
+    }
+    void* p = nullptr;
+    check(cudaIpcOpenMemHandle(&p, r.handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+    opened_.insert(p);
+    return p;
+  }
+  void closeMemory(void* p) noexcept override {
+    if (opened_.erase(p)) cudaIpcCloseMemHandle(p);
+    cudaGetLastError();
+  }
+
+ private:
+  cudaStream_t stream(int q) const {
+    DDL_ASSERT(dev_ >= 0 && q >= 0 && q < kQueues);
+    return streams_[q];
+  }
+  cudaEvent_t event(int e) const {
+    DDL_ASSERT(dev_ >= 0 && e >= 0 && e < kEvents);
+    return events_[e];
+  }
+  // Frees the streams and events, best effort (at process exit the runtime may be gone already).
+  void destroy() noexcept {
+    if (dev_ < 0) return;
+    int prev = -1;
+    const bool switched =
+        cudaGetDevice(&prev) == cudaSuccess && prev != dev_ && cudaSetDevice(dev_) == cudaSuccess;
+    for (auto& s : streams_) {
+      if (s) cudaStreamDestroy(s);
+      s = nullptr;
+    }
+    for (auto& e : events_) {
+      if (e) cudaEventDestroy(e);
+      e = nullptr;
+    }
+    if (switched) cudaSetDevice(prev);
+    cudaGetLastError();
+    dev_ = -1;
+  }
+
+  int dev_ = -1;
+  cudaStream_t streams_[kQueues] = {};
+  cudaEvent_t events_[kEvents] = {};
+  std::set<void*> opened_;  // what cudaIpcOpenMemHandle opened, to close
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceRuntime> makeCudaRuntime() {
+  if (cuda::deviceCount() == 0) return nullptr;
+  return std::make_unique<CudaRuntime>();
+}
+
+}  // namespace ddl

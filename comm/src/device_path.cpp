@@ -1,0 +1,348 @@
+// The device path (device_path.h): staged allreduce, staged collectives, and the IPC memory of one node.
+//
+// Staged allreduce. The host collectives reduce with the CPU and hand their buffers to the transport, so
+// across nodes a device buffer comes to host memory and goes back. The message is cut into chunks
+// (stagedChunkBytes) and each chunk is one host allreduce, in place on a pinned slot, so that three things
+// overlap:
+//
+//     copy queue down (0):  [c+1][c+2]
+//     CPU + wire:           [ allreduce c ]
+//     copy queue up (1):    [c-1]
+//
+// Three pinned slots rotate (chunk c uses slot c mod 3). Chunk c+2 is fetched into the slot of chunk c-1 as
+// soon as chunk c-1's copy up has been queued: the fetch waits for that copy on the device (await), not on
+// the CPU, so the CPU goes straight on to allreduce chunk c, which it starts once that chunk's fetch has
+// completed (sync). The two directions use separate queues, so on GPUs with two copy engines they run at
+// once. A host sendbuff or recvbuff takes part directly and the copy on that side is skipped.
+//
+// Every rank must cut the message the same way, or their collectives would not match: the chunk size depends
+// only on the message size. A rank that passes host buffers where the others pass device buffers runs one
+// collective instead of several; below 512 KiB that is the same collective and works, above it the ranks'
+// calls disagree, which the communicator detects and reports as a mismatch.
+#include "device_path.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "dtype.h"
+#include "env.h"
+#include "error.h"
+
+namespace ddl {
+namespace {
+
+constexpr int kSlots = 3;
+constexpr size_t kMinChunkBytes = size_t{512} << 10;
+// Events of the staged allreduce: slot k's fetch and its return.
+constexpr int fetchedEvent(int k) { return k; }
+constexpr int returnedEvent(int k) { return kSlots + k; }
+static_assert(2 * kSlots <= DeviceRuntime::kEvents);
+constexpr int kDown = 0, kUp = 1;  // the staged path's queues
+// The staging pool is kept between calls up to this size, and freed after a call that needed more.
+constexpr size_t kKeepPinnedBytes = size_t{256} << 20;
+
+}  // namespace
+
+size_t stagedChunkBytes(size_t bytes, size_t max_chunk_bytes) {
+  const size_t max_chunk = std::max<size_t>(64, max_chunk_bytes / 64 * 64);
+  const size_t quarter = ((bytes + 3) / 4 + 4095) / 4096 * 4096;  // at most four chunks
+  return std::min(max_chunk, std::max(std::min(kMinChunkBytes, max_chunk), quarter));
+}
+
+// The members' IPC scratch as algo/shm.cpp's memory: the GPU copies and reduces on queue 0, and a fence waits
+// for it, but only when something was queued since the last one.
+class DevicePath::IpcMemory final : public NodeMemory {
+ public:
+  IpcMemory(DeviceRuntime& rt, std::vector<char*> bases, size_t round_bytes, int buffers)
+      : rt_(rt), bases_(std::move(bases)), round_bytes_(round_bytes), buffers_(buffers) {}
+  size_t roundBytes() const override { return round_bytes_; }
+  char* roundSlot(int member, uint32_t g) const override {
+    return bases_[member] + static_cast<size_t>(g % static_cast<uint32_t>(buffers_)) * round_bytes_;
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    rt_.copy(0, dst, src, bytes);
+    dirty_ = true;
+  }
+  void reduce(void* dst, const void* a, const void* b, size_t count, ddlDataType_t type,
+              ddlRedOp_t op) override {
+    rt_.reduce(0, dst, a, b, count, type, op);
+    dirty_ = true;
+  }
+  void finishAvg(void* buf, size_t count, ddlDataType_t type, int divisor) override {
+    rt_.finishAvg(0, buf, count, type, divisor);
+    dirty_ = true;
+  }
+  void fence() override {
+    if (!dirty_) return;
+    rt_.syncQueue(0);
+    dirty_ = false;
+  }
+  void reset() { dirty_ = false; }
+
+ private:
+  DeviceRuntime& rt_;
+  std::vector<char*> bases_;
+  size_t round_bytes_;
+  int buffers_;
+  bool dirty_ = false;
+};
+
+DevicePath::DevicePath(std::unique_ptr<DeviceRuntime> runtime, int rank, size_t max_chunk_bytes)
+    : rt_(std::move(runtime)), rank_(rank), max_chunk_bytes_(max_chunk_bytes) {}
+
+DevicePath::~DevicePath() {
+  rt_->drain();
+  ipcRelease();
+  releasePinned();
+}
+
+bool DevicePath::handles(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (p && rt_->deviceOf(p) >= 0) return true;
+  return false;
+}
+
+char* DevicePath::pinned(size_t bytes) {
+  if (pinned_bytes_ < bytes) {
+    releasePinned();
+    pinned_ = static_cast<char*>(rt_->allocHost(bytes));
+    pinned_bytes_ = bytes;
+  }
+  return pinned_;
+}
+
+void DevicePath::releasePinned() noexcept {
+  if (pinned_) rt_->freeHost(pinned_);
+  pinned_ = nullptr;
+  pinned_bytes_ = 0;
+}
+
+void DevicePath::stagedAllReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
+                                 const HostAllReduce& host) {
+  const int send_dev = rt_->deviceOf(sendbuf);
+  const int recv_dev = rt_->deviceOf(recvbuf);
+  DDL_ASSERT(count > 0 && (send_dev >= 0 || recv_dev >= 0));
+  const size_t es = typeSize(type);
+  const size_t bytes = count * es;
+  // The chunk is a multiple of 64 bytes, so a whole number of elements of any type.
+  const size_t chunk_elems = stagedChunkBytes(bytes, max_chunk_bytes_) / es;
+  const size_t nchunks = (count + chunk_elems - 1) / chunk_elems;
+  const size_t slot_bytes = (std::min(chunk_elems, count) * es + 63) / 64 * 64;
+  const int dev = send_dev >= 0 ? send_dev : recv_dev;
+  rt_->bind(dev);
+  char* const slots = pinned(kSlots * slot_bytes);
+  if (!reported_ && !getEnv("DDL_DEBUG").empty()) {
+    std::fprintf(
+        stderr,
+        "ddl: rank %d: device buffers are staged through pinned host memory (%s), %zu chunk(s) of up to "
+        "%zu bytes\n",
+        rank_, rt_->name(), nchunks, chunk_elems * es);
+    reported_ = true;
+  }
+
+  const char* src_base = static_cast<const char*>(sendbuf);
+  char* dst_base = static_cast<char*>(recvbuf);
+  auto offset = [&](size_t c) { return c * chunk_elems * es; };
+  auto length = [&](size_t c) { return std::min(chunk_elems, count - c * chunk_elems) * es; };
+  auto slot = [&](size_t c) { return slots + (c % kSlots) * slot_bytes; };
+  // Down: chunk c into its slot, once the slot's previous chunk has gone back up.
+  auto fetch = [&](size_t c) {
+    const int k = static_cast<int>(c % kSlots);
+    if (recv_dev >= 0 && c >= kSlots) rt_->await(kDown, returnedEvent(k));
+    rt_->copy(kDown, slot(c), src_base + offset(c), length(c));
+    rt_->record(kDown, fetchedEvent(k));
+  };
+
+  try {
+    if (send_dev >= 0) {
+      for (size_t c = 0; c < std::min<size_t>(kSlots - 1, nchunks); ++c) fetch(c);
+    }
+    for (size_t c = 0; c < nchunks; ++c) {
+      const int k = static_cast<int>(c % kSlots);
+      if (send_dev >= 0) {
+        rt_->sync(fetchedEvent(k));
+        if (c + kSlots - 1 < nchunks) fetch(c + kSlots - 1);
+      } else if (recv_dev >= 0 && c >= kSlots) {
+        rt_->sync(returnedEvent(k));  // the host writes this slot next: its previous chunk must be up
+      }
+      const void* src = send_dev >= 0 ? static_cast<const void*>(slot(c)) : src_base + offset(c);
+      void* dst = recv_dev >= 0 ? static_cast<void*>(slot(c)) : dst_base + offset(c);
+      host(src, dst, length(c) / es);
+      if (recv_dev >= 0) {
+        rt_->copy(kUp, dst_base + offset(c), slot(c), length(c));
+        rt_->record(kUp, returnedEvent(k));
+      }
+    }
+    if (recv_dev >= 0) rt_->syncQueue(kUp);
+  } catch (...) {
+    rt_->drain();  // no copy may still run into the user's buffers or the slots once we return
+    throw;
+  }
+}
+
+void DevicePath::stage(
+    const std::vector<Span>& inputs, const std::vector<Span>& outputs,
+    const std::function<void(const std::vector<const void*>& in, const std::vector<void*>& out)>& body) {
+  // Where each device span goes in the pool, 64-byte aligned; an input inside a device output goes inside its
+  // copy (and that output is copied down too, since its bytes are the input's), as does a partial output.
+  auto dev = [&](const Span& s) { return s.p && s.bytes ? rt_->deviceOf(s.p) : -1; };
+  auto inside = [](const Span& in, const Span& out) {
+    const char *a = static_cast<const char*>(in.p), *b = static_cast<const char*>(out.p);
+    return a >= b && a + in.bytes <= b + out.bytes;
+  };
+  std::vector<size_t> out_at(outputs.size(), SIZE_MAX), in_at(inputs.size(), SIZE_MAX);
+  std::vector<int> in_of(inputs.size(), -1);  // the output an input lies in
+  std::vector<bool> out_down(outputs.size(), false);
+  size_t total = 0;
+  int device = -1;
+  auto place = [&](size_t bytes) {
+    const size_t at = total;
+    total += (bytes + 63) / 64 * 64;
+    return at;
+  };
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    if (const int d = dev(outputs[o]); d >= 0) {
+      out_at[o] = place(outputs[o].bytes);
+      out_down[o] = outputs[o].partial;
+      device = d;
+    }
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int d = dev(inputs[i]);
+    if (d < 0) continue;
+    device = d;
+    for (size_t o = 0; o < outputs.size() && in_of[i] < 0; ++o) {
+      if (out_at[o] != SIZE_MAX && inside(inputs[i], outputs[o])) {
+        in_of[i] = static_cast<int>(o);
+        out_down[o] = true;
+      }
+    }
+    if (in_of[i] < 0) in_at[i] = place(inputs[i].bytes);
+  }
+  if (device < 0) {  // nothing on a device after all
+    std::vector<const void*> in;
+    std::vector<void*> out;
+    for (const Span& s : inputs) in.push_back(s.p);
+    for (const Span& s : outputs) out.push_back(const_cast<void*>(s.p));
+    return body(in, out);
+  }
+  rt_->bind(device);
+  char* const pool = pinned(total);
+  std::vector<const void*> in(inputs.size());
+  std::vector<void*> out(outputs.size());
+  try {
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      out[o] = out_at[o] == SIZE_MAX ? const_cast<void*>(outputs[o].p) : pool + out_at[o];
+      if (out_down[o]) rt_->copy(kDown, out[o], outputs[o].p, outputs[o].bytes);
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (in_of[i] >= 0) {
+        const size_t o = static_cast<size_t>(in_of[i]);
+        in[i] = static_cast<char*>(out[o]) +
+                (static_cast<const char*>(inputs[i].p) - static_cast<const char*>(outputs[o].p));
+      } else if (in_at[i] != SIZE_MAX) {
+        in[i] = pool + in_at[i];
+        rt_->copy(kDown, pool + in_at[i], inputs[i].p, inputs[i].bytes);
+      } else {
+        in[i] = inputs[i].p;
+      }
+    }
+    rt_->syncQueue(kDown);
+    body(in, out);
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      if (out_at[o] != SIZE_MAX) rt_->copy(kUp, const_cast<void*>(outputs[o].p), out[o], outputs[o].bytes);
+    }
+    rt_->syncQueue(kUp);
+  } catch (...) {
+    rt_->drain();
+    if (pinned_bytes_ > kKeepPinnedBytes) releasePinned();
+    throw;
+  }
+  if (pinned_bytes_ > kKeepPinnedBytes) releasePinned();
+}
+
+std::string DevicePath::ipcOffer(int dev, size_t round_bytes, int buffers) {
+  ipcRelease();
+  std::string record(kIpcRecordBytes, '\0');
+  auto refuse = [&](const std::string& why) {
+    record[0] = 0;
+    const size_t n = std::min(why.size(), kIpcRecordBytes - 2);
+    record[1] = static_cast<char>(n);
+    std::memcpy(&record[2], why.data(), n);
+    return record;
+  };
+  try {
+    rt_->bind(dev);
+    ipc_dev_ = dev;
+    ipc_own_ = rt_->allocDevice(round_bytes * static_cast<size_t>(buffers));
+    const std::string handle = rt_->exportMemory(ipc_own_);
+    if (handle.size() > kIpcRecordBytes - 2) return refuse("the runtime's IPC handle is too long");
+    record[0] = 1;
+    record[1] = static_cast<char>(handle.size());
+    std::memcpy(&record[2], handle.data(), handle.size());
+    ipc_round_bytes_ = round_bytes;
+    ipc_buffers_ = buffers;
+    return record;
+  } catch (const Error& e) {
+    return refuse(e.what());
+  }
+}
+
+bool DevicePath::ipcAccept(const std::vector<std::string>& records, int me, std::string* why) {
+  DDL_ASSERT(ipc_own_ && me >= 0 && me < static_cast<int>(records.size()));
+  std::vector<char*> bases(records.size(), nullptr);
+  auto undo = [&] {
+    for (size_t m = 0; m < bases.size(); ++m)
+      if (bases[m] && static_cast<int>(m) != me) rt_->closeMemory(bases[m]);
+  };
+  for (size_t m = 0; m < records.size(); ++m) {
+    const std::string& r = records[m];
+    const size_t n = r.size() >= 2 ? static_cast<unsigned char>(r[1]) : 0;
+    if (r.size() != kIpcRecordBytes || n > kIpcRecordBytes - 2) {
+      *why = "member " + std::to_string(m) + " sent a malformed IPC record";
+    } else if (r[0] != 1) {
+      *why = "member " + std::to_string(m) + " has no device scratch: " + r.substr(2, n);
+    } else if (static_cast<int>(m) == me) {
+      bases[m] = static_cast<char*>(ipc_own_);
+      continue;
+    } else {
+      try {
+        bases[m] = static_cast<char*>(rt_->importMemory(r.substr(2, n)));
+        continue;
+      } catch (const Error& e) {
+        *why = "opening member " + std::to_string(m) + "'s device scratch: " + e.what();
+      }
+    }
+    undo();
+    return false;
+  }
+  ipc_bases_ = bases;
+  ipc_mem_ = std::make_unique<IpcMemory>(*rt_, std::move(bases), ipc_round_bytes_, ipc_buffers_);
+  return true;
+}
+
+void DevicePath::ipcRelease() noexcept {
+  ipc_mem_.reset();
+  for (char* b : ipc_bases_)
+    if (b && b != ipc_own_) rt_->closeMemory(b);
+  ipc_bases_.clear();
+  if (ipc_own_) rt_->freeDevice(ipc_own_);
+  ipc_own_ = nullptr;
+  ipc_dev_ = -1;
+}
+
+NodeMemory& DevicePath::ipcMemory() {
+  DDL_ASSERT(ipc_mem_);
+  rt_->bind(ipc_dev_);
+  ipc_mem_->reset();
+  return *ipc_mem_;
+}
+
+}  // namespace ddl
+
+#ifndef DDL_HAVE_CUDA
+namespace ddl {
+std::unique_ptr<DeviceRuntime> makeCudaRuntime() { return nullptr; }  // a build without the CUDA Toolkit
+}  // namespace ddl
+#endif

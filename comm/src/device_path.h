@@ -1,0 +1,112 @@
+// DevicePath: collectives on GPU device buffers, for one rank of a communicator (Comm owns one where it has a
+// DeviceRuntime: builds with CUDA, or a test's emulation).
+//
+// Comm picks one of three ways for a call whose buffers are device memory:
+//  - On one node whose ranks all share memory (Comm's shared-memory path): CUDA IPC. Each rank allocates a
+//    device scratch of ShmNode::buffers() rounds and the other members of the node open it (ipcOffer,
+//    ipcAccept). algo/shm.cpp's allreduce, reduce-scatter, allgather and broadcast then run on it with the
+//    GPU copying and reducing (ipcMemory()): a member copies its input into its own scratch, reduces its
+//    block reading the peers' scratch in place (over NVLink or PCIe peer to peer), and copies finished blocks
+//    out. The data never leaves the GPUs; the node's ShmNode counters in host shared memory pace the rounds,
+//    each published once the GPU work behind it has completed.
+//  - Allreduce otherwise (ranks on several nodes): stagedAllReduce, a pipeline of chunks through pinned host
+//    memory, each chunk one host allreduce, so that copies down, the wire and copies up overlap.
+//  - The other collectives otherwise: stage(), whole messages through pinned host memory around the host
+//    collective.
+//
+// Threads: called by the thread that runs the communicator's collectives, one call at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algo/algo.h"
+#include "ddl/ddl.h"
+#include "device_runtime.h"
+
+namespace ddl {
+
+class ShmNode;
+
+// The largest pipeline chunk of stagedAllReduce: the pinned memory a rank keeps is three chunks.
+constexpr size_t kMaxStagedChunkBytes = size_t{8} << 20;
+// The staged chunk size for a message of bytes: a quarter of the message, so that even a few-MiB message has
+// copies and wire overlapping, but at least 512 KiB (each chunk is one host collective and pays its latency)
+// and at most max_chunk_bytes (rounded down to a multiple of 64 bytes, at least 64). A function of its
+// arguments only: every rank cuts the message the same way, so every rank runs the same collectives.
+size_t stagedChunkBytes(size_t bytes, size_t max_chunk_bytes = kMaxStagedChunkBytes);
+
+// A round of the IPC path per member: 4 of them (ShmNode::buffers()) make 16 MiB of device memory per rank.
+constexpr size_t kIpcRoundBytes = size_t{4} << 20;
+// The size of a rank's record in the node's IPC exchange (ipcOffer).
+constexpr size_t kIpcRecordBytes = 256;
+
+class DevicePath {
+ public:
+  DevicePath(std::unique_ptr<DeviceRuntime> runtime, int rank, size_t max_chunk_bytes = kMaxStagedChunkBytes);
+  ~DevicePath();
+  DevicePath(const DevicePath&) = delete;
+  DevicePath& operator=(const DevicePath&) = delete;
+
+  DeviceRuntime& runtime() { return *rt_; }
+  // Whether any of the pointers is device memory (null ones are not).
+  bool handles(std::initializer_list<const void*> ptrs);
+
+  // The host collective on host memory: count elements from src into dst (src == dst: in place).
+  using HostAllReduce = std::function<void(const void* src, void* dst, size_t count)>;
+  // The whole allreduce (count > 0, a buffer on a device), through pinned host memory in chunks. Either
+  // buffer may be host memory. Throws ddl::Error: ddlCudaError, or what host threw.
+  void stagedAllReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
+                       const HostAllReduce& host);
+
+  // A buffer of a collective: p may be host or device memory, or null (a rank that passes none). partial: an
+  // output the collective writes only parts of (alltoallv), so its copy starts as a copy of it.
+  struct Span {
+    const void* p;
+    size_t bytes;
+    bool partial = false;
+  };
+  // Runs body on host memory: device inputs are copied to pinned memory first, device outputs copied back
+  // after. body gets one pointer per span, in order: the span's own where it is host memory or null, else its
+  // pinned copy. An input inside an output (in place) maps into the output's copy.
+  void stage(
+      const std::vector<Span>& inputs, const std::vector<Span>& outputs,
+      const std::function<void(const std::vector<const void*>& in, const std::vector<void*>& out)>& body);
+
+  // The IPC path. ipcOffer allocates this rank's scratch on dev (buffers rounds of round_bytes) and returns
+  // its record for the node's exchange: kIpcRecordBytes bytes, saying why not where the scratch could not be
+  // made. ipcAccept takes every member's record, in member order, and opens the others' scratch; false (with
+  // *why) where any record or any opening failed: the caller agrees with the other members before using it.
+  std::string ipcOffer(int dev, size_t round_bytes, int buffers);
+  bool ipcAccept(const std::vector<std::string>& records, int me, std::string* why);
+  // Frees what ipcOffer and ipcAccept made (after a failed agreement).
+  void ipcRelease() noexcept;
+  // The device of the IPC scratch; -1 before ipcOffer.
+  int ipcDevice() const { return ipc_dev_; }
+  // The scratch as algo/shm.cpp's memory, for collectives whose buffers are all on ipcDevice(). Binds it.
+  NodeMemory& ipcMemory();
+
+ private:
+  class IpcMemory;
+  char* pinned(size_t bytes);  // the staging pool, grown to at least bytes
+  void releasePinned() noexcept;
+
+  std::unique_ptr<DeviceRuntime> rt_;
+  const int rank_;
+  const size_t max_chunk_bytes_;
+  bool reported_ = false;
+  char* pinned_ = nullptr;
+  size_t pinned_bytes_ = 0;
+  int ipc_dev_ = -1;
+  size_t ipc_round_bytes_ = 0;
+  int ipc_buffers_ = 0;
+  void* ipc_own_ = nullptr;       // this rank's scratch
+  std::vector<char*> ipc_bases_;  // every member's scratch as this rank sees it
+  std::unique_ptr<IpcMemory> ipc_mem_;
+};
+
+}  // namespace ddl

@@ -1,0 +1,224 @@
+// Test helper: an emulated GPU runtime (DeviceRuntime) on host memory, so that the device path's logic runs
+// and is checked on machines without a GPU.
+//
+// - "Device memory" comes from FakeDevices::alloc (tests) or allocDevice (the path): host memory registered
+//   as belonging to a device, filled with 0xA5 so that a read of what was never written shows.
+// - Queues are deferred: work queued runs only when something waits for it (sync, syncQueue, drain, or a
+//   queue awaiting an event), in queue order. A path that reads a result without waiting, or reuses a buffer
+//   a queued copy still reads, therefore gets wrong data every time instead of passing by luck.
+// - Reductions refuse pageable host memory, as a GPU kernel would fault on it: their pointers must be device
+//   memory or allocHost's pinned memory.
+// - IPC handles are pointers (the ranks are threads of this process); importMemory checks that the handle
+//   names a live device allocation.
+// - failAt(n) makes the n-th queued operation (counted from then, per runtime) throw ddlCudaError.
+// Counters say what the path did: reductions queued, memory imported, pinned and device bytes live.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "device_runtime.h"
+#include "error.h"
+#include "reduce.h"
+
+namespace ddl::test_util {
+
+// The registry of emulated device and pinned allocations, shared by every FakeRuntime of the process.
+class FakeDevices {
+ public:
+  static FakeDevices& get() {
+    static FakeDevices d;
+    return d;
+  }
+  void* alloc(size_t bytes, int dev, bool pinned = false) {
+    char* p = new char[bytes ? bytes : 1];
+    std::memset(p, 0xA5, bytes);
+    std::lock_guard<std::mutex> lk(mu_);
+    blocks_[p] = Block{bytes ? bytes : 1, pinned ? -1 : dev, pinned};
+    return p;
+  }
+  void free(void* p) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!blocks_.erase(static_cast<char*>(p)))
+        fail(ddlInternalError, "fake device: free of an unknown pointer");
+    }
+    delete[] static_cast<char*>(p);
+  }
+  // The device holding p, -1 for pinned or unknown (pageable) memory.
+  int deviceOf(const void* p) {
+    const Block* b = find(p);
+    return b ? b->dev : -1;
+  }
+  bool known(const void* p) { return find(p) != nullptr; }  // device or pinned
+  bool isBase(const void* p) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = blocks_.find(static_cast<char*>(const_cast<void*>(p)));
+    return it != blocks_.end() && !it->second.pinned;
+  }
+  size_t liveBlocks() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return blocks_.size();
+  }
+
+ private:
+  struct Block {
+    size_t bytes;
+    int dev;
+    bool pinned;
+  };
+  const Block* find(const void* p) {
+    std::lock_guard<std::mutex> lk(mu_);
+    char* c = static_cast<char*>(const_cast<void*>(p));
+    auto it = blocks_.upper_bound(c);
+    if (it == blocks_.begin()) return nullptr;
+    --it;
+    return c < it->first + it->second.bytes ? &it->second : nullptr;
+  }
+  std::mutex mu_;
+  std::map<char*, Block> blocks_;
+};
+
+// A test's device buffer.
+struct FakeBuffer {
+  FakeBuffer(size_t bytes, int dev = 0) : p(FakeDevices::get().alloc(bytes, dev)), bytes(bytes) {}
+  ~FakeBuffer() { FakeDevices::get().free(p); }
+  FakeBuffer(const FakeBuffer&) = delete;
+  FakeBuffer& operator=(const FakeBuffer&) = delete;
+  void* p;
+  size_t bytes;
+};
+
+// What every FakeRuntime of a test did, summed.
+struct FakeCounters {
+  std::atomic<int> reductions{0};
+  std::atomic<int> imports{0};
+  std::atomic<int> closes{0};
+  std::atomic<int> exports{0};
+};
+
+class FakeRuntime final : public DeviceRuntime {
+ public:
+  explicit FakeRuntime(std::shared_ptr<FakeCounters> counters, bool refuse_ipc = false)
+      : counters_(std::move(counters)), refuse_ipc_(refuse_ipc) {}
+  ~FakeRuntime() override { drain(); }
+
+  // The n-th operation queued from now on throws (n >= 1); 0: none.
+  void failAt(int n) { fail_at_ = n; }
+
+  const char* name() const override { return "emulated"; }
+  int deviceOf(const void* p) override { return p ? FakeDevices::get().deviceOf(p) : -1; }
+  void bind(int dev) override {
+    if (dev < 0) fail(ddlInternalError, "fake device: bind to a negative device");
+    dev_ = dev;
+  }
+
+  void copy(int q, void* dst, const void* src, size_t bytes) override {
+    push(q, [=] { std::memmove(dst, src, bytes); });
+  }
+  void reduce(int q, void* dst, const void* a, const void* b, size_t count, ddlDataType_t type,
+              ddlRedOp_t op) override {
+    auto& reg = FakeDevices::get();
+    if (!reg.known(dst) || !reg.known(a) || !reg.known(b)) {
+      fail(ddlInternalError, "fake device: a reduction on pageable host memory (a GPU kernel would fault)");
+    }
+    ++counters_->reductions;
+    push(q, [=] { ddl::reduce(dst, a, b, count, type, op); });
+  }
+  void finishAvg(int q, void* buf, size_t count, ddlDataType_t type, int divisor) override {
+    if (!FakeDevices::get().known(buf)) fail(ddlInternalError, "fake device: finishAvg on pageable memory");
+    push(q, [=] { ddl::finishAvg(buf, count, type, divisor); });
+  }
+  void record(int q, int e) override {
+    checkQueue(q);
+    events_.at(e) = Mark{q, queues_[q].pushed};
+  }
+  void await(int q, int e) override {
+    const Mark m = events_.at(e);
+    push(q, [this, m] { runTo(m.queue, m.index); });
+  }
+  void sync(int e) override {
+    const Mark m = events_.at(e);
+    runTo(m.queue, m.index);
+  }
+  void syncQueue(int q) override {
+    checkQueue(q);
+    runTo(q, queues_[q].pushed);
+  }
+  void drain() noexcept override {
+    for (int q = 0; q < kQueues; ++q) {
+      try {
+        runTo(q, queues_[q].pushed);
+      } catch (...) {
+      }
+    }
+  }
+
+  void* allocHost(size_t bytes) override { return FakeDevices::get().alloc(bytes, -1, true); }
+  void freeHost(void* p) noexcept override { FakeDevices::get().free(p); }
+  void* allocDevice(size_t bytes) override { return FakeDevices::get().alloc(bytes, dev_); }
+  void freeDevice(void* p) noexcept override { FakeDevices::get().free(p); }
+
+  std::string exportMemory(void* p) override {
+    if (refuse_ipc_) fail(ddlCudaError, "fake device: this rank refuses IPC");
+    ++counters_->exports;
+    return "fake" + std::string(reinterpret_cast<const char*>(&p), sizeof p);
+  }
+  void* importMemory(const std::string& h) override {
+    void* p = nullptr;
+    if (h.size() != 4 + sizeof p || h.compare(0, 4, "fake") != 0)
+      fail(ddlCudaError, "fake device: bad handle");
+    std::memcpy(&p, h.data() + 4, sizeof p);
+    if (!FakeDevices::get().isBase(p))
+      fail(ddlCudaError, "fake device: the handle names no device allocation");
+    ++counters_->imports;
+    return p;
+  }
+  void closeMemory(void*) noexcept override { ++counters_->closes; }
+
+ private:
+  struct Mark {
+    int queue = 0;
+    uint64_t index = 0;  // complete once the queue ran this many operations
+  };
+  struct Queue {
+    std::deque<std::function<void()>> ops;
+    uint64_t pushed = 0, ran = 0;
+  };
+  void checkQueue(int q) const {
+    if (q < 0 || q >= kQueues) fail(ddlInternalError, "fake device: no queue " + std::to_string(q));
+  }
+  void push(int q, std::function<void()> op) {
+    checkQueue(q);
+    if (dev_ < 0) fail(ddlInternalError, "fake device: work queued before bind()");
+    if (fail_at_ > 0 && --fail_at_ == 0) fail(ddlCudaError, "fake device: injected failure");
+    queues_[q].ops.push_back(std::move(op));
+    ++queues_[q].pushed;
+  }
+  void runTo(int q, uint64_t index) {
+    Queue& Q = queues_[q];
+    while (Q.ran < index) {
+      auto op = std::move(Q.ops.front());
+      Q.ops.pop_front();
+      ++Q.ran;
+      op();
+    }
+  }
+
+  std::shared_ptr<FakeCounters> counters_;
+  const bool refuse_ipc_;
+  int dev_ = -1;
+  int fail_at_ = 0;
+  Queue queues_[kQueues];
+  std::array<Mark, kEvents> events_{};
+};
+
+}  // namespace ddl::test_util
