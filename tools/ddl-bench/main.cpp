@@ -27,10 +27,11 @@
 #include <string_view>
 #include <vector>
 
-#include "common/version.h"
 #include "bench_common.h"  // the flags, table and JSON shared with bench/mpi_allreduce.c
+#include "common/version.h"
 #include "ddl/ddl.h"
-#include "tune.h"  // --tune
+#include "device_buffers.h"  // --device
+#include "tune.h"            // --tune
 
 namespace {
 
@@ -307,6 +308,7 @@ struct Options {
   std::string algo;  // empty: not given (libddl then reads DDL_ALGO)
   std::string json_path;
   std::string tune_path;  // --tune: explore and write a tuning table instead of the table
+  bool device = false;    // --device: the buffers are CUDA device memory
 };
 
 constexpr const char* kUsage =
@@ -319,7 +321,9 @@ constexpr const char* kUsage =
     "  -a, --algo ALGO          auto ring mdring rhd shm (default: DDL_ALGO, else auto)\n"
     "      --json FILE          rank 0 also writes the results to FILE as JSON\n"
     "      --tune FILE          time every algorithm and segment size per size and write the fastest as a\n"
-    "                           tuning table for DDL_TUNE_FILE (rules for other rank counts in FILE are kept)\n"
+    "                           tuning table for DDL_TUNE_FILE (rules for other rank counts in FILE are "
+    "kept)\n"
+    "      --device             CUDA device buffers (device DDL_LOCAL_RANK mod the GPUs; builds with CUDA)\n"
     "  -h, --help               this text\n"
     "      --version            print ddl-bench's version\n"
     "Exit status: 0 all results right, 1 wrong values, 2 bad flags, 3 a libddl error.\n";
@@ -334,7 +338,7 @@ constexpr const char* kUsage =
 }
 
 Options parseOptions(int argc, char** argv) {
-  enum { kJsonOption = 256, kTuneOption, kVersionOption };
+  enum { kJsonOption = 256, kTuneOption, kVersionOption, kDeviceOption };
   static const option kLongOptions[] = {
       BENCH_SWEEP_LONG_OPTIONS,
       {"datatype", required_argument, nullptr, 'd'},
@@ -342,6 +346,7 @@ Options parseOptions(int argc, char** argv) {
       {"algo", required_argument, nullptr, 'a'},
       {"json", required_argument, nullptr, kJsonOption},
       {"tune", required_argument, nullptr, kTuneOption},
+      {"device", no_argument, nullptr, kDeviceOption},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersionOption},
       {nullptr, 0, nullptr, 0},
@@ -394,6 +399,12 @@ Options parseOptions(int argc, char** argv) {
         if (*optarg == '\0') badFlag("--tune", "needs a file name");
         o.tune_path = optarg;
         break;
+      case kDeviceOption:
+#ifndef DDL_BENCH_CUDA
+        badFlag("--device", "this ddl-bench was built without the CUDA Toolkit");
+#endif
+        o.device = true;
+        break;
       case 'h':
         std::fputs(kUsage, stdout);
         std::exit(kExitOk);
@@ -416,6 +427,8 @@ Options parseOptions(int argc, char** argv) {
   }
   bench_finish_sweep(&o.sweep, factor_given, step_given, badFlag);
   if (!o.tune_path.empty() && !o.algo.empty()) badFlag("-a", "cannot be combined with --tune, which tries them all");
+  if (!o.tune_path.empty() && o.device)
+    badFlag("--device", "cannot be combined with --tune (host buffers only)");
   return o;
 }
 
@@ -467,6 +480,14 @@ class Bench {
     const size_t buffer_bytes = std::max<size_t>(max_count, 1) * type_.size;
     send_ = allocate(buffer_bytes);
     recv_ = allocate(buffer_bytes);
+    if (opt_.device) {
+      const std::string why = device_.open(buffer_bytes);
+      if (!why.empty()) {
+        std::fprintf(stderr, "ddl-bench: rank %d: --device: %s\n", rank_, why.c_str());
+        ddlCommAbort(comm_);
+        std::exit(kExitDdlError);
+      }
+    }
     const Reference ref = makeReference(type_, opt_.op, nranks_, rank_);
 
     printHeader();
@@ -518,12 +539,28 @@ class Bench {
     return buf;
   }
 
+  // The buffers the collective gets: the host ones, or with --device their device twins.
+  void* recvBuf() { return opt_.device ? device_.recv : recv_.get(); }
+  void* sendBuf() { return opt_.device ? device_.send : send_.get(); }
+  // With --device: the host buffer's first bytes to its device twin, or back.
+  void upload(const unsigned char* host, size_t bytes) {
+    if (opt_.device) deviceOk(device_.copy(host == recv_.get() ? device_.recv : device_.send, host, bytes));
+  }
+  void deviceOk(const std::string& why) {
+    if (why.empty()) return;
+    std::fprintf(stderr, "ddl-bench: rank %d: --device: %s\n", rank_, why.c_str());
+    ddlCommAbort(comm_);
+    std::exit(kExitDdlError);
+  }
+
   Variant measure(bool in_place, size_t count, const Reference& ref) {
-    void* recv = recv_.get();
-    const void* send = in_place ? recv : send_.get();
+    void* recv = recvBuf();
+    const void* send = in_place ? recv : sendBuf();
     // Timing runs do not check. In place, each iteration reduces the previous result again (the values grow,
     // wrap or saturate to inf, which costs nothing extra), so the buffer is filled afresh for the check.
-    fillInputs(ref, in_place ? recv : send_.get(), count, type_.size);
+    unsigned char* input = in_place ? recv_.get() : send_.get();
+    fillInputs(ref, input, count, type_.size);
+    upload(input, count * type_.size);
     Variant v;
     v.time_us = timeAllReduce(send, recv, count);
     bench_set_bandwidth(&v, static_cast<double>(count * type_.size), nranks_);
@@ -547,15 +584,19 @@ class Bench {
     uint64_t wrong = 0;
     for (int c = 0; c < opt_.sweep.check; ++c) {
       unsigned char* recv = recv_.get();
+      const size_t bytes = count * type_.size;
       if (in_place) {
         fillInputs(ref, recv, count, type_.size);
       } else {
         fillInputs(ref, send_.get(), count, type_.size);
+        upload(send_.get(), bytes);
         // Poison: NaN for floats, -1 or the maximum for integers; no expected value is any of them.
-        std::memset(recv, 0xff, count * type_.size);
+        std::memset(recv, 0xff, bytes);
       }
-      const void* send = in_place ? recv : send_.get();
-      ok(ddlAllReduce(send, recv, count, opt_.type, opt_.op, comm_));
+      upload(recv, bytes);
+      const void* send = in_place ? recvBuf() : sendBuf();
+      ok(ddlAllReduce(send, recvBuf(), count, opt_.type, opt_.op, comm_));
+      if (opt_.device) deviceOk(device_.copy(recv, device_.recv, bytes));
       wrong = countWrong(opt_.type, recv, count, ref.expected, ref.tolerance);
       ok(ddlAllReduce(&wrong, &wrong, 1, ddlUint64, ddlSum, comm_));
       if (wrong > 0) break;
@@ -578,6 +619,7 @@ class Bench {
     bench_print_sweep(&opt_.sweep);
     std::printf("# algo: %s%s\n", algo_.c_str(),
                 algo_ == "auto" ? " (libddl picks one per message size)" : "");
+    if (opt_.device) std::printf("# buffers: CUDA device memory (%s)\n", device_.where.c_str());
     bench_print_table_head(lines.data(), nranks_);
   }
 
@@ -591,6 +633,7 @@ class Bench {
   std::string algo_;
   Buffer send_;
   Buffer recv_;
+  ddlbench::DeviceBuffers device_;  // --device only
 };
 
 }  // namespace
