@@ -8,8 +8,8 @@
 // GPU's float arithmetic returns its canonical NaN (and cuda_fp16's rounding the canonical half NaN), so the
 // payload bits of a NaN may differ from the CPU's.
 //
-// No collective calls them yet: the staged allreduce (staged_allreduce.cpp) reduces on the CPU; they wait for
-// the direct device path. ddl-cuda-bench and the tests use them.
+// The IPC path of one node (device_path.h) calls them through CUDA's DeviceRuntime (cuda_runtime.cpp);
+// ddl-cuda-bench and the tests call them directly.
 //
 // Threads: any thread; each call acts on the calling thread's current device (cudaSetDevice).
 #pragma once

@@ -80,7 +80,7 @@ class Transport {
   // Any thread: ends an idleWait in progress (new work for the waiting thread, e.g. a point-to-point post).
   virtual void wake() {}
   // True when send and recv accept CUDA device memory (UCX built with CUDA support). Informational for now:
-  // device buffers are staged through host memory either way (comm/cuda/staged_allreduce.cpp).
+  // across nodes device buffers are staged through host memory either way (device_path.h).
   virtual bool deviceMemory() const { return false; }
 };
 
