@@ -71,6 +71,20 @@ class CudaRuntime final : public DeviceRuntime {
     }
   }
 
+  int current() noexcept override {
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+    return dev;
+  }
+  void setCurrent(int dev) noexcept override {
+    int now = -1;
+    if (dev >= 0 && cudaGetDevice(&now) == cudaSuccess && now != dev) cudaSetDevice(dev);
+    cudaGetLastError();
+  }
+
   void copy(int q, void* dst, const void* src, size_t bytes) override {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream(q)), "cudaMemcpyAsync");
   }

@@ -197,6 +197,8 @@ void Comm::shutdown() {
   drainAsync();
   {
     auto lk = lockOp();
+    // Every member closes the others' IPC scratch before the barrier, so that none is freed while open.
+    if (device_) device_->ipcClosePeers();
     if (broken_.load() == ddlSuccess && p2p_->broken().first == ddlSuccess && size_ > 1) {
       // Peers may still be reading our last messages: meet them once more before the endpoints go. Point-to-
       // point operations still pending move on meanwhile (the peer's matching call may come before its own
@@ -355,13 +357,15 @@ void Comm::allReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataTy
 }
 
 namespace {
-// The signature variant of a collective over the node's IPC memory: ranks that pass host buffers where the
-// others pass device ones (or run the IPC setup while the others do not) fail with a mismatch, never a hang.
+// The signature variants of a collective over the node's IPC memory and of its setup: a rank that passes a
+// host recvbuff where the others pass device ones (or runs a host collective during their IPC setup) makes
+// them all fail with a mismatch instead of waiting for the timeout.
 constexpr int kDeviceVariant = 0x80 | static_cast<int>(Algo::kShm);
 constexpr int kIpcSetupVariant = 0xC0;
 }  // namespace
 
 void Comm::deviceCall(const std::function<void()>& body) {
+  DevicePath::KeepDevice keep(device_->runtime());
   try {
     body();
   } catch (const Error& e) {
@@ -389,12 +393,16 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs) {
   if (dev < 0) return nullptr;
   if (ipc_ == Ipc::kReady) return dev == device_->ipcDevice() ? &device_->ipcMemory() : nullptr;
   // The first device collective on the node: every member offers its scratch, opens the others', and they
-  // agree; any member that cannot sends them all to the staged path, for good.
-  const std::string mine = device_->ipcOffer(dev, kIpcRoundBytes, shm_->buffers());
+  // agree; any member that cannot sends them all to the staged path, for good. Both steps are shared-memory
+  // collectives with a signature of their own, so a member that runs anything else meanwhile (host buffers
+  // where the others pass device ones) makes them all fail with a mismatch at once.
+  const size_t round = options_.ipc_round_bytes ? options_.ipc_round_bytes : kIpcRoundBytes;
+  const std::string mine = device_->ipcOffer(dev, round, shm_->buffers());
   std::vector<char> all(kIpcRecordBytes * size_);
+  std::memcpy(all.data() + static_cast<size_t>(rank_) * kIpcRecordBytes, mine.data(), kIpcRecordBytes);
   const DataSpec bytes_spec = spec(ddlUint8, ddlSum, all.size());
   run(CollKind::kAllGather, ddlUint8, ddlSum, kIpcRecordBytes, 0, kIpcSetupVariant,
-      [&](Session& s) { ringAllGather(s, bytes_spec, mine.data(), all.data(), kIpcRecordBytes); });
+      [&](Session& s) { shmAllGather(s, *shm_, bytes_spec, all.data(), all.size()); });
   std::vector<std::string> records(size_);
   for (int r = 0; r < size_; ++r) records[r].assign(all.data() + r * kIpcRecordBytes, kIpcRecordBytes);
   std::string why;
@@ -402,24 +410,20 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs) {
   int32_t agreed = 0;
   const DataSpec flag_spec = spec(ddlInt32, ddlMin, sizeof ok);
   run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kIpcSetupVariant,
-      [&](Session& s) { ringAllReduce(s, flag_spec, &ok, &agreed, 1); });
+      [&](Session& s) { shmAllReduce(s, *shm_, flag_spec, &ok, &agreed, 1, 0); });
   if (!agreed) {
     device_->ipcRelease();
     ipc_ = Ipc::kOff;
     if (!getEnv("DDL_DEBUG").empty()) {
-      std::fprintf(
-          stderr,
-          "ddl: rank %d: device buffers are staged through host memory: no CUDA IPC on this node%s%s\n",
-          rank_, why.empty() ? "" : ": ", why.c_str());
+      std::fprintf(stderr, "ddl: rank %d: device buffers are staged through host memory: no CUDA IPC on this node%s%s\n",
+                   rank_, why.empty() ? "" : ": ", why.c_str());
     }
     return nullptr;
   }
   ipc_ = Ipc::kReady;
   if (!getEnv("DDL_DEBUG").empty()) {
-    std::fprintf(
-        stderr,
-        "ddl: rank %d: device buffers move over %s IPC among the node's %d ranks, reduced on the GPU\n",
-        rank_, device_->runtime().name(), size_);
+    std::fprintf(stderr, "ddl: rank %d: device buffers move over %s IPC among the node's %d ranks, reduced on the GPU\n",
+                 rank_, device_->runtime().name(), size_);
   }
   return &device_->ipcMemory();
 }
@@ -427,10 +431,18 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs) {
 void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
   if (count == 0 || !onDevice({sendbuf, recvbuf})) return allReduceNow(sendbuf, recvbuf, count, type, op);
   deviceCall([&] {
-    if (NodeMemory* mem = deviceNode({sendbuf, recvbuf})) {
-      const DataSpec d = spec(type, op, count * typeSize(type));
+    // Only recvbuff decides (as for every collective over IPC): a sendbuff elsewhere (host memory, another
+    // device) is copied into recvbuff first and the allreduce runs in place.
+    if (NodeMemory* mem = deviceNode({recvbuf})) {
+      const size_t bytes = count * typeSize(type);
+      const DataSpec d = spec(type, op, bytes);
+      const void* src = sendbuf;
       run(CollKind::kAllReduce, type, op, count, 0, kDeviceVariant, [&](Session& s) {
-        shmAllReduce(s, *shm_, d, sendbuf, recvbuf, count, op == ddlAvg ? size_ : 0, mem);
+        if (sendbuf != recvbuf && device_->runtime().deviceOf(sendbuf) != device_->ipcDevice()) {
+          mem->copy(recvbuf, sendbuf, bytes);
+          src = recvbuf;
+        }
+        shmAllReduce(s, *shm_, d, src, recvbuf, count, op == ddlAvg ? size_ : 0, mem);
         mem->fence();
       });
       return;
@@ -552,8 +564,16 @@ void Comm::reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, d
   };
   if (!onDevice({sendbuf, recvbuf})) return host(sendbuf, recvbuf);
   deviceCall([&] {
-    if (NodeMemory* mem = deviceNode({sendbuf, recvbuf}))
-      return over_shm(sendbuf, recvbuf, mem, kDeviceVariant);
+    if (NodeMemory* mem = deviceNode({recvbuf})) {
+      // The GPU reduces straight from sendbuff: one elsewhere (host memory, another device) is copied next to
+      // the scratch first.
+      if (device_->runtime().deviceOf(sendbuf) == device_->ipcDevice()) {
+        return over_shm(sendbuf, recvbuf, mem, kDeviceVariant);
+      }
+      DevicePath::Temp in(device_->runtime(), bytes);
+      mem->copy(in.get(), sendbuf, bytes);
+      return over_shm(in.get(), recvbuf, mem, kDeviceVariant);
+    }
     device_->stage({{sendbuf, bytes}}, {{recvbuf, recvcount * d.elem}},
                    [&](auto& i, auto& o) { host(i[0], o[0]); });
   });

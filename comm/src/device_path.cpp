@@ -92,6 +92,7 @@ DevicePath::DevicePath(std::unique_ptr<DeviceRuntime> runtime, int rank, size_t 
     : rt_(std::move(runtime)), rank_(rank), max_chunk_bytes_(max_chunk_bytes) {}
 
 DevicePath::~DevicePath() {
+  KeepDevice keep(*rt_);
   rt_->drain();
   ipcRelease();
   releasePinned();
@@ -290,7 +291,7 @@ std::string DevicePath::ipcOffer(int dev, size_t round_bytes, int buffers) {
 }
 
 bool DevicePath::ipcAccept(const std::vector<std::string>& records, int me, std::string* why) {
-  DDL_ASSERT(ipc_own_ && me >= 0 && me < static_cast<int>(records.size()));
+  DDL_ASSERT(me >= 0 && me < static_cast<int>(records.size()));
   std::vector<char*> bases(records.size(), nullptr);
   auto undo = [&] {
     for (size_t m = 0; m < bases.size(); ++m)
@@ -304,8 +305,12 @@ bool DevicePath::ipcAccept(const std::vector<std::string>& records, int me, std:
     } else if (r[0] != 1) {
       *why = "member " + std::to_string(m) + " has no device scratch: " + r.substr(2, n);
     } else if (static_cast<int>(m) == me) {
-      bases[m] = static_cast<char*>(ipc_own_);
-      continue;
+      if (!ipc_own_) {
+        *why = "this rank has no device scratch";
+      } else {
+        bases[m] = static_cast<char*>(ipc_own_);
+        continue;
+      }
     } else {
       try {
         bases[m] = static_cast<char*>(rt_->importMemory(r.substr(2, n)));
@@ -322,12 +327,27 @@ bool DevicePath::ipcAccept(const std::vector<std::string>& records, int me, std:
   return true;
 }
 
-void DevicePath::ipcRelease() noexcept {
+void DevicePath::ipcClosePeers() noexcept {
   ipc_mem_.reset();
+  if (ipc_bases_.empty()) return;
+  KeepDevice keep(*rt_);
+  try {
+    rt_->bind(ipc_dev_);  // handles are closed on the device that opened them
+  } catch (const Error&) {
+  }
+  rt_->drain();  // no kernel of ours still reads a peer's scratch
   for (char* b : ipc_bases_)
     if (b && b != ipc_own_) rt_->closeMemory(b);
   ipc_bases_.clear();
-  if (ipc_own_) rt_->freeDevice(ipc_own_);
+}
+
+void DevicePath::ipcRelease() noexcept {
+  ipcClosePeers();
+  if (ipc_own_) {
+    KeepDevice keep(*rt_);
+    rt_->setCurrent(ipc_dev_);
+    rt_->freeDevice(ipc_own_);
+  }
   ipc_own_ = nullptr;
   ipc_dev_ = -1;
 }

@@ -53,6 +53,37 @@ class DevicePath {
   DevicePath& operator=(const DevicePath&) = delete;
 
   DeviceRuntime& runtime() { return *rt_; }
+
+  // Keeps the calling thread's current device across a call into the path: the runtime binds the device it
+  // works on, and the application finds its own device current again afterwards.
+  class KeepDevice {
+   public:
+    explicit KeepDevice(DeviceRuntime& rt) : rt_(rt), dev_(rt.current()) {}
+    ~KeepDevice() { rt_.setCurrent(dev_); }
+    KeepDevice(const KeepDevice&) = delete;
+    KeepDevice& operator=(const KeepDevice&) = delete;
+
+   private:
+    DeviceRuntime& rt_;
+    int dev_;
+  };
+
+  // Device memory for one call (an input copied next to the IPC scratch): waits for the queues, then frees.
+  class Temp {
+   public:
+    Temp(DeviceRuntime& rt, size_t bytes) : rt_(rt), p_(rt.allocDevice(bytes)) {}
+    ~Temp() {
+      rt_.drain();
+      rt_.freeDevice(p_);
+    }
+    Temp(const Temp&) = delete;
+    Temp& operator=(const Temp&) = delete;
+    void* get() const { return p_; }
+
+   private:
+    DeviceRuntime& rt_;
+    void* p_;
+  };
   // Whether any of the pointers is device memory (null ones are not).
   bool handles(std::initializer_list<const void*> ptrs);
 
@@ -85,9 +116,12 @@ class DevicePath {
   bool ipcAccept(const std::vector<std::string>& records, int me, std::string* why);
   // Frees what ipcOffer and ipcAccept made (after a failed agreement).
   void ipcRelease() noexcept;
+  // Closes the other members' scratch (before the communicator's last barrier, so that every member has
+  // closed a scratch before its owner frees it).
+  void ipcClosePeers() noexcept;
   // The device of the IPC scratch; -1 before ipcOffer.
   int ipcDevice() const { return ipc_dev_; }
-  // The scratch as algo/shm.cpp's memory, for collectives whose buffers are all on ipcDevice(). Binds it.
+  // The scratch as algo/shm.cpp's memory, for collectives on ipcDevice(). Binds it.
   NodeMemory& ipcMemory();
 
  private:

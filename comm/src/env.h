@@ -35,6 +35,7 @@ struct Options {
   // Makes the runtime of device buffers (device_path.h). Null: CUDA's, in builds with it. Tests give an
   // emulation.
   std::function<std::unique_ptr<DeviceRuntime>(int rank)> device_runtime;
+  size_t ipc_round_bytes = 0;  // a round of the device path's IPC scratch (tests); 0: kIpcRoundBytes
 };
 
 // Throws ddlInvalidArgument naming the bad field or variable and its value.

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -44,6 +45,8 @@ struct Fakes {
   std::shared_ptr<FakeCounters> counters = std::make_shared<FakeCounters>();
   std::vector<FakeRuntime*> runtimes;  // by rank, while the comms live
   int refuse_ipc_rank = -1;
+  int refuse_alloc_rank = -1;
+  size_t ipc_round_bytes = 0;  // 0: the default
 };
 
 Options makeOptions(int nranks, Fakes& setup, int timeout_ms = 30000) {
@@ -51,8 +54,12 @@ Options makeOptions(int nranks, Fakes& setup, int timeout_ms = 30000) {
   o.topology = parseTopology("", nranks);
   o.timeout_ms = timeout_ms;
   setup.runtimes.assign(nranks, nullptr);
+  o.ipc_round_bytes = setup.ipc_round_bytes;
   o.device_runtime = [&setup](int rank) {
-    auto rt = std::make_unique<FakeRuntime>(setup.counters, rank == setup.refuse_ipc_rank);
+    test_util::Faults faults;
+    faults.refuse_ipc = rank == setup.refuse_ipc_rank;
+    faults.refuse_alloc = rank == setup.refuse_alloc_rank;
+    auto rt = std::make_unique<FakeRuntime>(setup.counters, faults);
     setup.runtimes[rank] = rt.get();
     return rt;
   };
@@ -296,6 +303,115 @@ TEST(DevicePath, AMemberWithoutIpcSendsTheNodeToTheStagedPath) {
   EXPECT_EQ(setup.counters->reductions.load(), 0) << "staged: the CPU reduces";
   EXPECT_EQ(setup.counters->closes.load(), setup.counters->imports.load());
   EXPECT_EQ(FakeDevices::get().liveBlocks(), live) << "scratch and pinned memory are freed";
+}
+
+// More rounds than the scratch has buffers (64 KiB rounds): a buffer is reused only once every member has read
+// it, so a member that published "consumed" before its GPU finished reading would get overwritten data here.
+TEST(DevicePath, IpcRoundsReuseTheScratchOnlyOnceEveryReaderIsDone) {
+  constexpr int kRanks = 4;
+  constexpr size_t kCount = 100003;  // allreduce: 7 rounds of 4096 floats per block; the others 7 to 25
+  Fakes setup;
+  setup.ipc_round_bytes = size_t{64} << 10;
+  expectAllOk(runRanks(kRanks, setup, true, [&](Comm& comm) {
+    const size_t bytes = kCount * 4;
+    const auto in = makeInput(ddlFloat32, ddlSum, comm.rank(), kCount);
+    FakeBuffer a(bytes), b(bytes * kRanks);
+    put(a.p, in);
+    comm.allReduce(a.p, a.p, kCount, ddlFloat32, ddlSum);
+    expectSame(get(a.p, bytes), makeExpected(ddlFloat32, ddlSum, kRanks, kCount), "allreduce");
+    put(a.p, in);
+    comm.broadcast(a.p, a.p, kCount, ddlFloat32, 2);
+    expectSame(get(a.p, bytes), makeInput(ddlFloat32, ddlSum, 2, kCount), "broadcast");
+    put(a.p, in);
+    comm.allGather(a.p, b.p, kCount, ddlFloat32);
+    for (int r = 0; r < kRanks; ++r) {
+      expectSame(get(static_cast<char*>(b.p) + r * bytes, bytes), makeInput(ddlFloat32, ddlSum, r, kCount),
+                 "allgather block " + std::to_string(r));
+    }
+    const auto big = makeInput(ddlFloat32, ddlSum, comm.rank(), kCount * kRanks);
+    put(b.p, big);
+    comm.reduceScatter(b.p, a.p, kCount, ddlFloat32, ddlSum);
+    const auto all = makeExpected(ddlFloat32, ddlSum, kRanks, kCount * kRanks);
+    expectSame(get(a.p, bytes), std::vector<char>(all.begin() + comm.rank() * bytes, all.begin() + (comm.rank() + 1) * bytes),
+               "reducescatter");
+  }));
+  EXPECT_GT(setup.counters->reductions.load(), 0);
+}
+
+// On one node only recvbuff decides: a host sendbuff on some ranks and a device one on others still all go
+// over IPC (allreduce copies it into recvbuff, reduce-scatter next to the scratch), with right results; and
+// the application's current device is as it was after every call.
+TEST(DevicePath, OnOneNodeASendbuffAnywhereWorksAndTheCurrentDeviceIsKept) {
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 50001;
+  Fakes setup;
+  setup.ipc_round_bytes = size_t{64} << 10;
+  expectAllOk(runRanks(kRanks, setup, true, [&](Comm& comm) {
+    FakeRuntime::threadDevice() = 7;  // the application's own device
+    const size_t bytes = kCount * 4;
+    const auto in = makeInput(ddlFloat32, ddlMax, comm.rank(), kCount);
+    FakeBuffer dsend(bytes), drecv(bytes), dbig(bytes * kRanks);
+    put(dsend.p, in);
+    const void* send = comm.rank() == 1 ? static_cast<const void*>(in.data()) : dsend.p;
+    comm.allReduce(send, drecv.p, kCount, ddlFloat32, ddlMax);
+    expectSame(get(drecv.p, bytes), makeExpected(ddlFloat32, ddlMax, kRanks, kCount), "allreduce");
+    expectSame(get(dsend.p, bytes), in, "allreduce leaves a device sendbuff alone");
+    if (FakeRuntime::threadDevice() != 7) fail(ddlInternalError, "allreduce left another device current");
+    const auto big = makeInput(ddlFloat32, ddlSum, comm.rank(), kCount * kRanks);
+    put(dbig.p, big);
+    const void* bsend = comm.rank() == 0 ? static_cast<const void*>(big.data()) : dbig.p;
+    comm.reduceScatter(bsend, drecv.p, kCount, ddlFloat32, ddlSum);
+    const auto all = makeExpected(ddlFloat32, ddlSum, kRanks, kCount * kRanks);
+    expectSame(get(drecv.p, bytes),
+               std::vector<char>(all.begin() + comm.rank() * bytes, all.begin() + (comm.rank() + 1) * bytes),
+               "reducescatter");
+    if (FakeRuntime::threadDevice() != 7) fail(ddlInternalError, "reducescatter left another device current");
+  }));
+  EXPECT_EQ(setup.counters->exports.load(), kRanks) << "one IPC setup for all";
+}
+
+// A member whose scratch cannot be allocated: no abort, the node agrees on the staged path.
+TEST(DevicePath, AMemberThatCannotAllocateItsScratchSendsTheNodeToTheStagedPath) {
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 30011;
+  Fakes setup;
+  setup.refuse_alloc_rank = 2;
+  const size_t live = FakeDevices::get().liveBlocks();
+  expectAllOk(runRanks(kRanks, setup, true, [&](Comm& comm) {
+    const auto in = makeInput(ddlInt32, ddlSum, comm.rank(), kCount);
+    FakeBuffer d(kCount * 4);
+    put(d.p, in);
+    comm.allReduce(d.p, d.p, kCount, ddlInt32, ddlSum);
+    expectSame(get(d.p, d.bytes), makeExpected(ddlInt32, ddlSum, kRanks, kCount), "allreduce");
+  }));
+  EXPECT_EQ(setup.counters->reductions.load(), 0) << "staged: the CPU reduces";
+  EXPECT_EQ(setup.counters->closes.load(), setup.counters->imports.load());
+  EXPECT_EQ(FakeDevices::get().liveBlocks(), live);
+}
+
+// The first device call on one node, with one rank passing host buffers: the others' IPC setup and its host
+// collective disagree, and every rank hears of it at once (a mismatch), not after the timeout.
+TEST(DevicePath, HostBuffersOnOneRankDuringTheIpcSetupFailEveryRankAtOnce) {
+  constexpr int kRanks = 3;
+  Fakes setup;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = runRanks(
+      kRanks, setup, true,
+      [&](Comm& comm) {
+        FakeBuffer d(4096);
+        std::vector<float> h(1024, 1.0f);
+        void* buf = comm.rank() == 0 ? static_cast<void*>(h.data()) : d.p;
+        comm.allReduce(buf, buf, 1024, ddlFloat32, ddlSum);
+      },
+      20000);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "someone waited for the timeout";
+  bool mismatch = false;
+  for (const auto& r : results) {
+    EXPECT_NE(r.code, ddlSuccess);
+    EXPECT_NE(r.code, ddlTimeout) << r.what;
+    if (r.what.find("collective mismatch") != std::string::npos) mismatch = true;
+  }
+  EXPECT_TRUE(mismatch) << results[0].what;
 }
 
 // A device failure between chunks: that rank reports ddlCudaError, the others hear of it, nobody waits for

@@ -10,7 +10,9 @@
 //   memory or allocHost's pinned memory.
 // - IPC handles are pointers (the ranks are threads of this process); importMemory checks that the handle
 //   names a live device allocation.
-// - failAt(n) makes the n-th queued operation (counted from then, per runtime) throw ddlCudaError.
+// - failAt(n) makes the n-th queued operation (counted from then, per runtime) throw ddlCudaError; Faults make
+//   a rank refuse to export its memory or to allocate device memory.
+// - The current device is per thread, as CUDA's: bind() sets it, tests read it (threadDevice()).
 // Counters say what the path did: reductions queued, memory imported, pinned and device bytes live.
 #pragma once
 
@@ -105,10 +107,21 @@ struct FakeCounters {
   std::atomic<int> exports{0};
 };
 
+struct Faults {
+  bool refuse_ipc = false;    // exportMemory fails
+  bool refuse_alloc = false;  // allocDevice fails
+};
+
 class FakeRuntime final : public DeviceRuntime {
  public:
-  explicit FakeRuntime(std::shared_ptr<FakeCounters> counters, bool refuse_ipc = false)
-      : counters_(std::move(counters)), refuse_ipc_(refuse_ipc) {}
+  explicit FakeRuntime(std::shared_ptr<FakeCounters> counters, Faults faults = {})
+      : counters_(std::move(counters)), faults_(faults) {}
+
+  // The calling thread's current device, as bind() and setCurrent() leave it.
+  static int& threadDevice() {
+    static thread_local int dev = -1;
+    return dev;
+  }
   ~FakeRuntime() override { drain(); }
 
   // The n-th operation queued from now on throws (n >= 1); 0: none.
@@ -119,7 +132,10 @@ class FakeRuntime final : public DeviceRuntime {
   void bind(int dev) override {
     if (dev < 0) fail(ddlInternalError, "fake device: bind to a negative device");
     dev_ = dev;
+    threadDevice() = dev;
   }
+  int current() noexcept override { return threadDevice(); }
+  void setCurrent(int dev) noexcept override { threadDevice() = dev; }
 
   void copy(int q, void* dst, const void* src, size_t bytes) override {
     push(q, [=] { std::memmove(dst, src, bytes); });
@@ -164,11 +180,14 @@ class FakeRuntime final : public DeviceRuntime {
 
   void* allocHost(size_t bytes) override { return FakeDevices::get().alloc(bytes, -1, true); }
   void freeHost(void* p) noexcept override { FakeDevices::get().free(p); }
-  void* allocDevice(size_t bytes) override { return FakeDevices::get().alloc(bytes, dev_); }
+  void* allocDevice(size_t bytes) override {
+    if (faults_.refuse_alloc) fail(ddlCudaError, "fake device: out of memory (injected)");
+    return FakeDevices::get().alloc(bytes, dev_);
+  }
   void freeDevice(void* p) noexcept override { FakeDevices::get().free(p); }
 
   std::string exportMemory(void* p) override {
-    if (refuse_ipc_) fail(ddlCudaError, "fake device: this rank refuses IPC");
+    if (faults_.refuse_ipc) fail(ddlCudaError, "fake device: this rank refuses IPC");
     ++counters_->exports;
     return "fake" + std::string(reinterpret_cast<const char*>(&p), sizeof p);
   }
@@ -214,7 +233,7 @@ class FakeRuntime final : public DeviceRuntime {
   }
 
   std::shared_ptr<FakeCounters> counters_;
-  const bool refuse_ipc_;
+  const Faults faults_;
   int dev_ = -1;
   int fail_at_ = 0;
   Queue queues_[kQueues];
