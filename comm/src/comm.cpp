@@ -362,6 +362,7 @@ namespace {
 // them all fail with a mismatch instead of waiting for the timeout.
 constexpr int kDeviceVariant = 0x80 | static_cast<int>(Algo::kShm);
 constexpr int kIpcSetupVariant = 0xC0;
+constexpr int kDeviceAcrossVariant = 0xA0 | static_cast<int>(Algo::kMdRing);
 }  // namespace
 
 void Comm::deviceCall(const std::function<void()>& body) {
@@ -381,8 +382,12 @@ void Comm::deviceCall(const std::function<void()>& body) {
   }
 }
 
-NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs) {
-  if (!shmServes() || ipc_ == Ipc::kOff) return nullptr;
+NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs, bool across_nodes) {
+  // One node: where shared memory serves the collective. Several: where the node is mdring's dim 0 (shm_
+  // exists only then) and DDL_ALGO leaves mdring a choice, for allreduce (across_nodes).
+  const bool usable = shm_all_ ? shmServes()
+                               : across_nodes && shm_ && (options_.algo == Algo::kAuto || options_.algo == Algo::kMdRing);
+  if (!usable || ipc_ == Ipc::kOff) return nullptr;
   int dev = -1;
   for (const void* b : bufs) {
     if (!b) continue;
@@ -398,19 +403,26 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs) {
   // where the others pass device ones) makes them all fail with a mismatch at once.
   const size_t round = options_.ipc_round_bytes ? options_.ipc_round_bytes : kIpcRoundBytes;
   const std::string mine = device_->ipcOffer(dev, round, shm_->buffers());
-  std::vector<char> all(kIpcRecordBytes * size_);
-  std::memcpy(all.data() + static_cast<size_t>(rank_) * kIpcRecordBytes, mine.data(), kIpcRecordBytes);
+  const int members = shm_->size();
+  std::vector<char> all(kIpcRecordBytes * members);
+  std::memcpy(all.data() + static_cast<size_t>(shm_->me()) * kIpcRecordBytes, mine.data(), kIpcRecordBytes);
   const DataSpec bytes_spec = spec(ddlUint8, ddlSum, all.size());
   run(CollKind::kAllGather, ddlUint8, ddlSum, kIpcRecordBytes, 0, kIpcSetupVariant,
       [&](Session& s) { shmAllGather(s, *shm_, bytes_spec, all.data(), all.size()); });
-  std::vector<std::string> records(size_);
-  for (int r = 0; r < size_; ++r) records[r].assign(all.data() + r * kIpcRecordBytes, kIpcRecordBytes);
+  std::vector<std::string> records(members);
+  for (int m = 0; m < members; ++m) records[m].assign(all.data() + m * kIpcRecordBytes, kIpcRecordBytes);
   std::string why;
   const int32_t ok = device_->ipcAccept(records, shm_->me(), &why) ? 1 : 0;
   int32_t agreed = 0;
   const DataSpec flag_spec = spec(ddlInt32, ddlMin, sizeof ok);
-  run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kIpcSetupVariant,
-      [&](Session& s) { shmAllReduce(s, *shm_, flag_spec, &ok, &agreed, 1, 0); });
+  // Every rank must agree, not only the node's: across nodes the flag goes round every rank.
+  run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kIpcSetupVariant, [&](Session& s) {
+    if (shm_all_) {
+      shmAllReduce(s, *shm_, flag_spec, &ok, &agreed, 1, 0);
+    } else {
+      ringAllReduce(s, flag_spec, &ok, &agreed, 1);
+    }
+  });
   if (!agreed) {
     device_->ipcRelease();
     ipc_ = Ipc::kOff;
@@ -447,9 +459,35 @@ void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDat
       });
       return;
     }
+    if (NodeMemory* mem = deviceNode({recvbuf}, true)) return allReduceAcrossNodes(sendbuf, recvbuf, count, type, op, *mem);
     device_->stagedAllReduce(sendbuf, recvbuf, count, type, [&](const void* src, void* dst, size_t n) {
       allReduceNow(src, dst, n, type, op);
     });
+  });
+}
+
+void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
+                                ddlRedOp_t op, NodeMemory& mem) {
+  const size_t es = typeSize(type), bytes = count * es;
+  const DataSpec d = spec(type, op, bytes);
+  const int members = shm_->size(), me = shm_->me();
+  const size_t lo = blockBegin(count, members, me), n = blockCount(count, members, me);
+  char* out = static_cast<char*>(recvbuf);
+  run(CollKind::kAllReduce, type, op, count, 0, kDeviceAcrossVariant, [&](Session& s) {
+    const void* src = sendbuf;
+    if (sendbuf != recvbuf && device_->runtime().deviceOf(sendbuf) != device_->ipcDevice()) {
+      mem.copy(recvbuf, sendbuf, bytes);
+      src = recvbuf;
+    }
+    // The node's reduce-scatter on the GPUs: this rank's block of the node's sum lands in its place in recvbuff.
+    shmReduceScatter(s, *shm_, d, src, out + lo * es, count, 0, &mem);
+    mem.fence();
+    // Across nodes, the block alone through pinned memory: the wire needs host memory (the CPU reduces here).
+    device_->stage({{out + lo * es, n * es}}, {{out + lo * es, n * es}},
+                   [&](auto&, auto& o) { mdringAboveDim0(s, d, mdring_grid_, o[0], lo, n); });
+    // And back to every GPU of the node.
+    shmAllGather(s, *shm_, d, recvbuf, count, &mem);
+    mem.fence();
   });
 }
 

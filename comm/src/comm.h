@@ -117,8 +117,13 @@ class Comm {
   // communicator and tells the peers as run() does; no device work is left running once it throws.
   void deviceCall(const std::function<void()>& body);
   // The IPC memory of the node when the shared-memory path serves every rank and all of bufs (null ones
-  // aside) are on one device, setting it up (a collective) the first time; else null: stage the call.
-  NodeMemory* deviceNode(std::initializer_list<const void*> bufs);
+  // aside) are on one device, setting it up (collectives) the first time; else null: stage the call.
+  // across_nodes (allreduce): also where the node is mdring's dim 0 of a communicator of several nodes.
+  NodeMemory* deviceNode(std::initializer_list<const void*> bufs, bool across_nodes = false);
+  // Allreduce of device buffers over several nodes: the node's dim over IPC on the GPUs, the other dims on
+  // this rank's block staged through pinned memory, back over IPC.
+  void allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op,
+                            NodeMemory& mem);
   // Throws ddlInvalidArgument when a buffer of a point-to-point operation is device memory.
   void refuseDevice(const void* sendbuf, const void* recvbuf) const;
   void checkType(const char* what, ddlDataType_t type) const;

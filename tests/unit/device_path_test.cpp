@@ -24,6 +24,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "fake_device.h"
+#include "local_transport.h"
 #include "reduce.h"
 #include "store.h"
 #include "test_values.h"
@@ -191,6 +192,42 @@ TEST(DevicePath, OneNodeAllReduceGoesOverIpcAndReducesOnTheDevice) {
   EXPECT_GT(setup.counters->reductions.load(), 0) << "the IPC path reduces on the device";
   EXPECT_EQ(setup.counters->closes.load(), setup.counters->imports.load())
       << "every opened scratch is closed";
+}
+
+// Several nodes: the node's ranks reduce over IPC on their GPUs, the blocks cross the nodes staged, and come
+// back over IPC. Odd counts, a count smaller than the node (ranks with empty blocks), ddlAvg.
+TEST(DevicePath, AcrossNodesTheNodesDimRunsOverIpcOnTheGpus) {
+  for (int per_node : {2, 3}) {
+    const int nranks = 2 * per_node;
+    SCOPED_TRACE(std::to_string(nranks) + " ranks, " + std::to_string(per_node) + " per node");
+    Fakes setup;
+    setup.ipc_round_bytes = size_t{64} << 10;
+    auto fabric = std::make_shared<LocalFabric>(nranks);
+    std::vector<std::string> nodes;
+    for (int r = 0; r < nranks; ++r) nodes.push_back("node" + std::to_string(r / per_node));
+    fabric->setNodes(nodes);
+    expectAllOk(test_util::runRanks(
+        nranks, makeOptions(nranks, setup),
+        [&](Comm& comm) {
+          if (comm.intraNodePath() != "shm+ucx") fail(ddlInternalError, "path " + comm.intraNodePath());
+          for (size_t count : {size_t{2}, size_t{100003}}) {
+            for (auto [t, op] : {std::pair{ddlFloat32, ddlSum}, std::pair{ddlInt32, ddlMax}, std::pair{ddlFloat32, ddlAvg}}) {
+              const std::string what = std::to_string(count) + " " + typeName(t) + " " + opName(op);
+              const size_t bytes = count * typeSize(t);
+              const auto in = makeInput(t, op, comm.rank(), count);
+              FakeBuffer dsend(bytes), drecv(bytes);
+              put(dsend.p, in);
+              comm.allReduce(dsend.p, drecv.p, count, t, op);
+              expectSame(get(drecv.p, bytes), makeExpected(t, op, nranks, count), what + ": out of place");
+              comm.allReduce(dsend.p, dsend.p, count, t, op);
+              expectSame(get(dsend.p, bytes), makeExpected(t, op, nranks, count), what + ": in place");
+            }
+          }
+        },
+        fabric, makeMemoryStore()));
+    EXPECT_EQ(setup.counters->exports.load(), nranks);
+    EXPECT_GT(setup.counters->reductions.load(), 0) << "the node's dim reduces on the GPUs";
+  }
 }
 
 // The host reference of a collective, and the same call on device buffers, compared.

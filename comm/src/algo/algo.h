@@ -56,6 +56,11 @@ void ringAllReduce(Session& s, const DataSpec& d, const void* src, void* dst, si
 // dim 0 runs over shared memory (shmReduceScatter and shmAllGather); null: every dim over the transport.
 void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const void* src, void* dst,
                      size_t count, ShmNode* node = nullptr);
+// The dims above dim 0 of mdring, in place on this rank's block after a reduce-scatter along dim 0 by other
+// means (the device path's over CUDA IPC): block holds elements [lo, lo + n) of the message, this rank's
+// block lo = blockBegin(count, d0, coordinate 0), as shmReduceScatter leaves it. The allgathers end with the
+// block's whole result; dim 0's allgather is the caller's again. ddlAvg divides at the last dim.
+void mdringAboveDim0(Session& s, const DataSpec& d, const Topology& topo, void* block, size_t lo, size_t n);
 void rhdAllReduce(Session& s, const DataSpec& d, const void* src, void* dst, size_t count);
 
 void ringAllGather(Session& s, const DataSpec& d, const void* src, void* dst, size_t sendcount);

@@ -31,15 +31,15 @@ Group groupAlong(const Topology& topo, int rank, int k) {
 
 }  // namespace
 
-void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const void* src, void* dst,
-                     size_t count, ShmNode* node) {
+namespace {
+
+// Dims first_dim and up of the allreduce on elements [lo, lo + n) of the message, whose element `base` is at
+// in and out: the whole message from dim 0 (lo = base = 0), or a rank's block once dim 0 has been reduced
+// elsewhere. Dim 0 goes over shared memory where node is given.
+void mdringDims(Session& s, const DataSpec& d, const Topology& topo, const char* in, char* out, size_t lo, size_t n,
+                size_t base, int first_dim, ShmNode* node) {
   const int p = s.size();
   const size_t es = d.elem;
-  char* out = static_cast<char*>(dst);
-  if (p == 1 || count == 0) {
-    if (src != dst) std::memcpy(dst, src, count * es);
-    return;
-  }
   int last_dim = -1;
   for (size_t k = 0; k < topo.dims.size(); ++k)
     if (topo.dims[k] > 1) last_dim = static_cast<int>(k);
@@ -53,9 +53,7 @@ void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const 
   s.dim_seconds.assign(topo.dims.size(), 0.0);
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
-  const char* in = static_cast<const char*>(src);
-  size_t lo = 0, n = count;
-  for (size_t k = 0; k < topo.dims.size(); ++k) {
+  for (size_t k = static_cast<size_t>(first_dim); k < topo.dims.size(); ++k) {
     const int dk = topo.dims[k];
     if (dk == 1) continue;
     Group g = groupAlong(topo, s.rank(), static_cast<int>(k));
@@ -65,9 +63,9 @@ void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const 
     // Over shared memory member i keeps block i; around a ring, member i keeps block i+1.
     const int b = shm ? g.me : ringOwnedBlock(g, 0);
     if (shm) {
-      shmReduceScatter(s, *node, d, in + lo * es, out + (lo + blockBegin(n, dk, b)) * es, n, avg);
+      shmReduceScatter(s, *node, d, in + (lo - base) * es, out + (lo - base + blockBegin(n, dk, b)) * es, n, avg);
     } else {
-      ringSteps(s, g, d, in + lo * es, out + lo * es, n, 0, dk - 1, 0, avg);
+      ringSteps(s, g, d, in + (lo - base) * es, out + (lo - base) * es, n, 0, dk - 1, 0, avg);
     }
     s.dim_seconds[k] += since(t0);
     levels.push_back({g, lo, n});
@@ -80,13 +78,30 @@ void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const 
     const Level& level = levels[i];
     const int dk = level.g.size();
     const auto t0 = Clock::now();
+    char* at = out + (level.lo - base) * es;
     if (node != nullptr && level_dim[i] == 0) {
-      shmAllGather(s, *node, d, out + level.lo * es, level.n);
+      shmAllGather(s, *node, d, at, level.n);
     } else {
-      ringSteps(s, level.g, d, out + level.lo * es, out + level.lo * es, level.n, dk - 1, 2 * dk - 2, 0, 0);
+      ringSteps(s, level.g, d, at, at, level.n, dk - 1, 2 * dk - 2, 0, 0);
     }
     s.dim_seconds[level_dim[i]] += since(t0);
   }
+}
+
+}  // namespace
+
+void mdringAllReduce(Session& s, const DataSpec& d, const Topology& topo, const void* src, void* dst,
+                     size_t count, ShmNode* node) {
+  if (s.size() == 1 || count == 0) {
+    if (src != dst) std::memcpy(dst, src, count * d.elem);
+    return;
+  }
+  mdringDims(s, d, topo, static_cast<const char*>(src), static_cast<char*>(dst), 0, count, 0, 0, node);
+}
+
+void mdringAboveDim0(Session& s, const DataSpec& d, const Topology& topo, void* block, size_t lo, size_t n) {
+  char* b = static_cast<char*>(block);
+  mdringDims(s, d, topo, b, b, lo, n, lo, 1, nullptr);
 }
 
 }  // namespace ddl
