@@ -1,6 +1,7 @@
 #include "comm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -198,7 +199,10 @@ void Comm::shutdown() {
   {
     auto lk = lockOp();
     // Every member closes the others' IPC scratch before the barrier, so that none is freed while open.
-    if (device_) device_->ipcClosePeers();
+    if (device_) {
+      device_->ipcClosePeers();
+      ipc_ = Ipc::kOff;
+    }
     if (broken_.load() == ddlSuccess && p2p_->broken().first == ddlSuccess && size_ > 1) {
       // Peers may still be reading our last messages: meet them once more before the endpoints go. Point-to-
       // point operations still pending move on meanwhile (the peer's matching call may come before its own
@@ -294,7 +298,8 @@ void Comm::run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, i
     body(s);
     if (telemetry_) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      telemetry_->record(kind, count * typeSize(type), variant, seconds, s.dim_seconds);
+      // The low bits name the algorithm; the device path's variants set high bits of their own.
+      telemetry_->record(kind, count * typeSize(type), variant & 0x0F, seconds, s.dim_seconds);
     }
     noteBrokenLocked();  // one that failed during the collective
   } catch (const Error& e) {
@@ -424,6 +429,11 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs, bool acros
     }
   });
   if (!agreed) {
+    // Every member closes the others' scratch before any frees its own (one more tiny collective between).
+    device_->ipcClosePeers();
+    int32_t done = 0;
+    run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kIpcSetupVariant,
+        [&](Session& s) { shmAllReduce(s, *shm_, flag_spec, &ok, &done, 1, 0); });
     device_->ipcRelease();
     ipc_ = Ipc::kOff;
     if (!getEnv("DDL_DEBUG").empty()) {
@@ -435,7 +445,7 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs, bool acros
   ipc_ = Ipc::kReady;
   if (!getEnv("DDL_DEBUG").empty()) {
     std::fprintf(stderr, "ddl: rank %d: device buffers move over %s IPC among the node's %d ranks, reduced on the GPU\n",
-                 rank_, device_->runtime().name(), size_);
+                 rank_, device_->runtime().name(), shm_->size());
   }
   return &device_->ipcMemory();
 }
@@ -479,15 +489,22 @@ void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count
       mem.copy(recvbuf, sendbuf, bytes);
       src = recvbuf;
     }
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
     // The node's reduce-scatter on the GPUs: this rank's block of the node's sum lands in its place in recvbuff.
     shmReduceScatter(s, *shm_, d, src, out + lo * es, count, 0, &mem);
     mem.fence();
+    const auto t1 = Clock::now();
     // Across nodes, the block alone through pinned memory: the wire needs host memory (the CPU reduces here).
     device_->stage({{out + lo * es, n * es}}, {{out + lo * es, n * es}},
                    [&](auto&, auto& o) { mdringAboveDim0(s, d, mdring_grid_, o[0], lo, n); });
     // And back to every GPU of the node.
+    const auto t2 = Clock::now();
     shmAllGather(s, *shm_, d, recvbuf, count, &mem);
     mem.fence();
+    if (!s.dim_seconds.empty()) {  // the node's dim, for telemetry (mdringAboveDim0 timed the others)
+      s.dim_seconds[0] += std::chrono::duration<double>(t1 - t0 + (Clock::now() - t2)).count();
+    }
   });
 }
 

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -194,39 +195,73 @@ TEST(DevicePath, OneNodeAllReduceGoesOverIpcAndReducesOnTheDevice) {
       << "every opened scratch is closed";
 }
 
+// Ranks as threads on nodes of per_node consecutive ranks, with shared memory per node; topology "" : the
+// ranks per node x the nodes.
+std::vector<RankResult> runOnNodes(int nranks, int per_node, Fakes& setup, const std::string& topology,
+                                   const std::function<void(Comm&)>& body) {
+  auto fabric = std::make_shared<LocalFabric>(nranks);
+  std::vector<std::string> nodes;
+  for (int r = 0; r < nranks; ++r) nodes.push_back("node" + std::to_string(r / per_node));
+  fabric->setNodes(nodes);
+  Options o = makeOptions(nranks, setup);
+  o.topology = parseTopology(topology, nranks);
+  return test_util::runRanks(nranks, o, body, fabric, makeMemoryStore());
+}
+
+// Allreduce of device buffers, checked: odd and tiny counts (ranks with empty blocks), three ops, out of place
+// and in place; ranks listed in host_send pass a host sendbuff.
+void checkAllReduces(Comm& comm, const std::vector<int>& host_send = {}) {
+  const bool host = std::find(host_send.begin(), host_send.end(), comm.rank()) != host_send.end();
+  for (size_t count : {size_t{2}, size_t{100003}}) {
+    for (auto [t, op] : {std::pair{ddlFloat32, ddlSum}, std::pair{ddlInt32, ddlMax}, std::pair{ddlFloat32, ddlAvg}}) {
+      const std::string what = std::to_string(count) + " " + typeName(t) + " " + opName(op);
+      const size_t bytes = count * typeSize(t);
+      const auto in = makeInput(t, op, comm.rank(), count);
+      const auto want = makeExpected(t, op, comm.size(), count);
+      FakeBuffer dsend(bytes), drecv(bytes);
+      put(dsend.p, in);
+      comm.allReduce(host ? static_cast<const void*>(in.data()) : dsend.p, drecv.p, count, t, op);
+      expectSame(get(drecv.p, bytes), want, what + ": out of place");
+      comm.allReduce(dsend.p, dsend.p, count, t, op);
+      expectSame(get(dsend.p, bytes), want, what + ": in place");
+    }
+  }
+}
+
 // Several nodes: the node's ranks reduce over IPC on their GPUs, the blocks cross the nodes staged, and come
-// back over IPC. Odd counts, a count smaller than the node (ranks with empty blocks), ddlAvg.
+// back over IPC. Two and three ranks per node; three dims (two levels above the node); host sendbuffs.
 TEST(DevicePath, AcrossNodesTheNodesDimRunsOverIpcOnTheGpus) {
-  for (int per_node : {2, 3}) {
-    const int nranks = 2 * per_node;
-    SCOPED_TRACE(std::to_string(nranks) + " ranks, " + std::to_string(per_node) + " per node");
+  struct Layout {
+    int nranks, per_node;
+    std::string topology;
+    std::vector<int> host_send;
+  };
+  for (const Layout& l : {Layout{4, 2, "", {}}, Layout{6, 3, "", {1, 4}}, Layout{8, 2, "2x2x2", {0, 5}}}) {
+    SCOPED_TRACE(std::to_string(l.nranks) + " ranks, " + std::to_string(l.per_node) + " per node, topology '" +
+                 l.topology + "'");
     Fakes setup;
     setup.ipc_round_bytes = size_t{64} << 10;
-    auto fabric = std::make_shared<LocalFabric>(nranks);
-    std::vector<std::string> nodes;
-    for (int r = 0; r < nranks; ++r) nodes.push_back("node" + std::to_string(r / per_node));
-    fabric->setNodes(nodes);
-    expectAllOk(test_util::runRanks(
-        nranks, makeOptions(nranks, setup),
-        [&](Comm& comm) {
-          if (comm.intraNodePath() != "shm+ucx") fail(ddlInternalError, "path " + comm.intraNodePath());
-          for (size_t count : {size_t{2}, size_t{100003}}) {
-            for (auto [t, op] : {std::pair{ddlFloat32, ddlSum}, std::pair{ddlInt32, ddlMax}, std::pair{ddlFloat32, ddlAvg}}) {
-              const std::string what = std::to_string(count) + " " + typeName(t) + " " + opName(op);
-              const size_t bytes = count * typeSize(t);
-              const auto in = makeInput(t, op, comm.rank(), count);
-              FakeBuffer dsend(bytes), drecv(bytes);
-              put(dsend.p, in);
-              comm.allReduce(dsend.p, drecv.p, count, t, op);
-              expectSame(get(drecv.p, bytes), makeExpected(t, op, nranks, count), what + ": out of place");
-              comm.allReduce(dsend.p, dsend.p, count, t, op);
-              expectSame(get(dsend.p, bytes), makeExpected(t, op, nranks, count), what + ": in place");
-            }
-          }
-        },
-        fabric, makeMemoryStore()));
-    EXPECT_EQ(setup.counters->exports.load(), nranks);
+    expectAllOk(runOnNodes(l.nranks, l.per_node, setup, l.topology, [&](Comm& comm) {
+      if (comm.intraNodePath() != "shm+ucx") fail(ddlInternalError, "path " + comm.intraNodePath());
+      checkAllReduces(comm, l.host_send);
+    }));
+    EXPECT_EQ(setup.counters->exports.load(), l.nranks);
     EXPECT_GT(setup.counters->reductions.load(), 0) << "the node's dim reduces on the GPUs";
+  }
+}
+
+// One rank of the second node cannot share its memory (or allocate it): every node, not only that one, takes
+// the staged path, and the results are right.
+TEST(DevicePath, AcrossNodesOneRankWithoutIpcSendsEveryNodeToTheStagedPath) {
+  for (bool alloc : {false, true}) {
+    SCOPED_TRACE(alloc ? "no memory" : "no IPC");
+    Fakes setup;
+    (alloc ? setup.refuse_alloc_rank : setup.refuse_ipc_rank) = 3;
+    const size_t live = FakeDevices::get().liveBlocks();
+    expectAllOk(runOnNodes(4, 2, setup, "", [&](Comm& comm) { checkAllReduces(comm); }));
+    EXPECT_EQ(setup.counters->reductions.load(), 0) << "staged everywhere: the CPU reduces";
+    EXPECT_EQ(setup.counters->closes.load(), setup.counters->imports.load());
+    EXPECT_EQ(FakeDevices::get().liveBlocks(), live);
   }
 }
 
