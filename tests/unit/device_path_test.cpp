@@ -354,27 +354,31 @@ TEST(DevicePath, OtherCollectivesOnOneNode) {
   EXPECT_GT(setup.counters->reductions.load(), 0) << "reduce-scatter over IPC reduces on the device";
 }
 
-// A member that cannot export its scratch: the node agrees on the staged path, and the results are right.
-TEST(DevicePath, AMemberWithoutIpcSendsTheNodeToTheStagedPath) {
+// A member that cannot export its scratch, or allocate it (no abort): the node agrees on the staged path, does
+// not try again, frees everything, and the results are right.
+TEST(DevicePath, AMemberWithoutIpcOrMemorySendsTheNodeToTheStagedPath) {
   constexpr int kRanks = 3;
   constexpr size_t kCount = 100003;
-  Fakes setup;
-  setup.refuse_ipc_rank = 1;
-  const size_t live = FakeDevices::get().liveBlocks();
-  expectAllOk(runRanks(kRanks, setup, true, [&](Comm& comm) {
-    const auto in = makeInput(ddlFloat32, ddlSum, comm.rank(), kCount);
-    const auto want = makeExpected(ddlFloat32, ddlSum, kRanks, kCount);
-    FakeBuffer d(kCount * 4);
-    for (int i = 0; i < 2; ++i) {  // the second call does not try again
-      put(d.p, in);
-      comm.allReduce(d.p, d.p, kCount, ddlFloat32, ddlSum);
-      expectSame(get(d.p, d.bytes), want, "allreduce");
-    }
-  }));
-  EXPECT_EQ(setup.counters->exports.load(), kRanks - 1);
-  EXPECT_EQ(setup.counters->reductions.load(), 0) << "staged: the CPU reduces";
-  EXPECT_EQ(setup.counters->closes.load(), setup.counters->imports.load());
-  EXPECT_EQ(FakeDevices::get().liveBlocks(), live) << "scratch and pinned memory are freed";
+  for (bool alloc : {false, true}) {
+    SCOPED_TRACE(alloc ? "no memory" : "no IPC");
+    Fakes setup;
+    (alloc ? setup.refuse_alloc_rank : setup.refuse_ipc_rank) = 1;
+    const size_t live = FakeDevices::get().liveBlocks();
+    expectAllOk(runRanks(kRanks, setup, true, [&](Comm& comm) {
+      const auto in = makeInput(ddlFloat32, ddlSum, comm.rank(), kCount);
+      const auto want = makeExpected(ddlFloat32, ddlSum, kRanks, kCount);
+      FakeBuffer d(kCount * 4);
+      for (int i = 0; i < 2; ++i) {  // the second call does not try again
+        put(d.p, in);
+        comm.allReduce(d.p, d.p, kCount, ddlFloat32, ddlSum);
+        expectSame(get(d.p, d.bytes), want, "allreduce");
+      }
+    }));
+    EXPECT_EQ(setup.counters->exports.load(), kRanks - 1);
+    EXPECT_EQ(setup.counters->reductions.load(), 0) << "staged: the CPU reduces";
+    EXPECT_EQ(setup.counters->closes.load(), setup.counters->imports.load());
+    EXPECT_EQ(FakeDevices::get().liveBlocks(), live) << "scratch and pinned memory are freed";
+  }
 }
 
 // More rounds than the scratch has buffers (64 KiB rounds): a buffer is reused only once every member has read
@@ -440,25 +444,6 @@ TEST(DevicePath, OnOneNodeASendbuffAnywhereWorksAndTheCurrentDeviceIsKept) {
     if (FakeRuntime::threadDevice() != 7) fail(ddlInternalError, "reducescatter left another device current");
   }));
   EXPECT_EQ(setup.counters->exports.load(), kRanks) << "one IPC setup for all";
-}
-
-// A member whose scratch cannot be allocated: no abort, the node agrees on the staged path.
-TEST(DevicePath, AMemberThatCannotAllocateItsScratchSendsTheNodeToTheStagedPath) {
-  constexpr int kRanks = 3;
-  constexpr size_t kCount = 30011;
-  Fakes setup;
-  setup.refuse_alloc_rank = 2;
-  const size_t live = FakeDevices::get().liveBlocks();
-  expectAllOk(runRanks(kRanks, setup, true, [&](Comm& comm) {
-    const auto in = makeInput(ddlInt32, ddlSum, comm.rank(), kCount);
-    FakeBuffer d(kCount * 4);
-    put(d.p, in);
-    comm.allReduce(d.p, d.p, kCount, ddlInt32, ddlSum);
-    expectSame(get(d.p, d.bytes), makeExpected(ddlInt32, ddlSum, kRanks, kCount), "allreduce");
-  }));
-  EXPECT_EQ(setup.counters->reductions.load(), 0) << "staged: the CPU reduces";
-  EXPECT_EQ(setup.counters->closes.load(), setup.counters->imports.load());
-  EXPECT_EQ(FakeDevices::get().liveBlocks(), live);
 }
 
 // The first device call on one node, with one rank passing host buffers: the others' IPC setup and its host
