@@ -97,7 +97,8 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
   channel_->p2p = p2p_.get();
   telemetry_ = Telemetry::fromEnv(rank_, size_);
   if (auto rt = options_.device_runtime ? options_.device_runtime(rank_) : makeCudaRuntime()) {
-    device_ = std::make_unique<DevicePath>(std::move(rt), rank_);
+    device_ = std::make_unique<DevicePath>(
+        std::move(rt), rank_, options_.staged_chunk_bytes ? options_.staged_chunk_bytes : kMaxStagedChunkBytes);
   }
 }
 
@@ -495,9 +496,25 @@ void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count
     shmReduceScatter(s, *shm_, d, src, out + lo * es, count, 0, &mem);
     mem.fence();
     const auto t1 = Clock::now();
-    // Across nodes, the block alone through pinned memory: the wire needs host memory (the CPU reduces here).
-    device_->stage({{out + lo * es, n * es}}, {{out + lo * es, n * es}},
-                   [&](auto&, auto& o) { mdringAboveDim0(s, d, mdring_grid_, o[0], lo, n); });
+    // Across nodes, the block alone through pinned memory (the wire needs host memory; the CPU reduces here), in
+    // the staged pipeline's chunks, so that copies down and up overlap the wire. All the chunks are phases of
+    // this one collective: at most as many as the session's phases allow. The ranks that meet across nodes
+    // (one dim-0 coordinate) hold equal blocks, so they cut them alike.
+    if (n == 0) {
+      mdringAboveDim0(s, d, mdring_grid_, out + lo * es, lo, 0);
+    } else {
+      int levels = 0;
+      for (size_t k = 1; k < mdring_grid_.dims.size(); ++k) levels += mdring_grid_.dims[k] > 1;
+      const size_t max_chunks = std::max<size_t>(1, (tag::kMaxPhases - 1) / (2 * std::max(levels, 1)));
+      size_t done = 0;
+      device_->stagedAllReduce(
+          out + lo * es, out + lo * es, n, type,
+          [&](const void*, void* chunk, size_t cn) {
+            mdringAboveDim0(s, d, mdring_grid_, chunk, lo + done, cn);
+            done += cn;
+          },
+          max_chunks);
+    }
     // And back to every GPU of the node.
     const auto t2 = Clock::now();
     shmAllGather(s, *shm_, d, recvbuf, count, &mem);

@@ -120,14 +120,19 @@ void DevicePath::releasePinned() noexcept {
 }
 
 void DevicePath::stagedAllReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
-                                 const HostAllReduce& host) {
+                                 const HostAllReduce& host, size_t max_chunks) {
   const int send_dev = rt_->deviceOf(sendbuf);
   const int recv_dev = rt_->deviceOf(recvbuf);
   DDL_ASSERT(count > 0 && (send_dev >= 0 || recv_dev >= 0));
   const size_t es = typeSize(type);
   const size_t bytes = count * es;
   // The chunk is a multiple of 64 bytes, so a whole number of elements of any type.
-  const size_t chunk_elems = stagedChunkBytes(bytes, max_chunk_bytes_) / es;
+  size_t chunk_elems = stagedChunkBytes(bytes, max_chunk_bytes_) / es;
+  if (max_chunks != SIZE_MAX && max_chunks > 0) {
+    const size_t per64 = 64 / es;
+    const size_t at_least = ((count + max_chunks - 1) / max_chunks + per64 - 1) / per64 * per64;
+    chunk_elems = std::max(chunk_elems, at_least);
+  }
   const size_t nchunks = (count + chunk_elems - 1) / chunk_elems;
   const size_t slot_bytes = (std::min(chunk_elems, count) * es + 63) / 64 * 64;
   const int dev = send_dev >= 0 ? send_dev : recv_dev;

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <climits>
 #include <functional>
 #include <memory>
 #include <string>
@@ -91,10 +92,11 @@ class DevicePath {
 
   // The host collective on host memory: count elements from src into dst (src == dst: in place).
   using HostAllReduce = std::function<void(const void* src, void* dst, size_t count)>;
-  // The whole allreduce (count > 0, a buffer on a device), through pinned host memory in chunks. Either
-  // buffer may be host memory. Throws ddl::Error: ddlCudaError, or what host threw.
+  // The whole allreduce (count > 0, a buffer on a device), through pinned host memory in chunks, at most
+  // max_chunks of them (chunks grow past max_chunk_bytes to keep to it). Either buffer may be host memory.
+  // host gets the chunks in order. Throws ddl::Error: ddlCudaError, or what host threw.
   void stagedAllReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
-                       const HostAllReduce& host);
+                       const HostAllReduce& host, size_t max_chunks = SIZE_MAX);
 
   // A buffer of a collective: p may be host or device memory, or null (a rank that passes none). partial: an
   // output the collective writes only parts of (alltoallv), so its copy starts as a copy of it.

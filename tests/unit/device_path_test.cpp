@@ -48,7 +48,8 @@ struct Fakes {
   std::vector<FakeRuntime*> runtimes;  // by rank, while the comms live
   int refuse_ipc_rank = -1;
   int refuse_alloc_rank = -1;
-  size_t ipc_round_bytes = 0;  // 0: the default
+  size_t ipc_round_bytes = 0;     // 0: the default
+  size_t staged_chunk_bytes = 0;  // 0: the default
 };
 
 Options makeOptions(int nranks, Fakes& setup, int timeout_ms = 30000) {
@@ -57,6 +58,7 @@ Options makeOptions(int nranks, Fakes& setup, int timeout_ms = 30000) {
   o.timeout_ms = timeout_ms;
   setup.runtimes.assign(nranks, nullptr);
   o.ipc_round_bytes = setup.ipc_round_bytes;
+  o.staged_chunk_bytes = setup.staged_chunk_bytes;
   o.device_runtime = [&setup](int rank) {
     test_util::Faults faults;
     faults.refuse_ipc = rank == setup.refuse_ipc_rank;
@@ -247,6 +249,26 @@ TEST(DevicePath, AcrossNodesTheNodesDimRunsOverIpcOnTheGpus) {
     }));
     EXPECT_EQ(setup.counters->exports.load(), l.nranks);
     EXPECT_GT(setup.counters->reductions.load(), 0) << "the node's dim reduces on the GPUs";
+  }
+}
+
+// Across nodes the block crosses in the staged pipeline's chunks, as many as one collective's phases allow
+// (4 KiB chunks would be ~150: 31 with one dim above the node, 15 with two), every chunk its own mdring phases.
+TEST(DevicePath, AcrossNodesTheBlockCrossesInChunks) {
+  for (const std::string topology : {"", "2x2x2"}) {
+    const int nranks = topology.empty() ? 4 : 8;
+    SCOPED_TRACE(std::to_string(nranks) + " ranks, topology '" + topology + "'");
+    Fakes setup;
+    setup.staged_chunk_bytes = 4096;
+    expectAllOk(runOnNodes(nranks, 2, setup, topology, [&](Comm& comm) {
+      constexpr size_t kCount = 300007;
+      for (ddlRedOp_t op : {ddlSum, ddlAvg}) {
+        FakeBuffer d(kCount * 4);
+        put(d.p, makeInput(ddlFloat32, op, comm.rank(), kCount));
+        comm.allReduce(d.p, d.p, kCount, ddlFloat32, op);
+        expectSame(get(d.p, d.bytes), makeExpected(ddlFloat32, op, nranks, kCount), opName(op));
+      }
+    }));
   }
 }
 
