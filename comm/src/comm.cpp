@@ -459,12 +459,8 @@ void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDat
     if (NodeMemory* mem = deviceNode({recvbuf})) {
       const size_t bytes = count * typeSize(type);
       const DataSpec d = spec(type, op, bytes);
-      const void* src = sendbuf;
       run(CollKind::kAllReduce, type, op, count, 0, kDeviceVariant, [&](Session& s) {
-        if (sendbuf != recvbuf && device_->runtime().deviceOf(sendbuf) != device_->ipcDevice()) {
-          mem->copy(recvbuf, sendbuf, bytes);
-          src = recvbuf;
-        }
+        const void* src = ipcInput(*mem, sendbuf, recvbuf, bytes);
         shmAllReduce(s, *shm_, d, src, recvbuf, count, op == ddlAvg ? size_ : 0, mem);
         mem->fence();
       });
@@ -477,6 +473,12 @@ void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDat
   });
 }
 
+const void* Comm::ipcInput(NodeMemory& mem, const void* sendbuf, void* recvbuf, size_t bytes) {
+  if (sendbuf == recvbuf || device_->runtime().deviceOf(sendbuf) == device_->ipcDevice()) return sendbuf;
+  mem.copy(recvbuf, sendbuf, bytes);  // queued before the collective's own work: the fence covers it
+  return recvbuf;
+}
+
 void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
                                 ddlRedOp_t op, NodeMemory& mem) {
   const size_t es = typeSize(type), bytes = count * es;
@@ -485,11 +487,7 @@ void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count
   const size_t lo = blockBegin(count, members, me), n = blockCount(count, members, me);
   char* out = static_cast<char*>(recvbuf);
   run(CollKind::kAllReduce, type, op, count, 0, kDeviceAcrossVariant, [&](Session& s) {
-    const void* src = sendbuf;
-    if (sendbuf != recvbuf && device_->runtime().deviceOf(sendbuf) != device_->ipcDevice()) {
-      mem.copy(recvbuf, sendbuf, bytes);
-      src = recvbuf;
-    }
+    const void* src = ipcInput(mem, sendbuf, recvbuf, bytes);
     using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
     // The node's reduce-scatter on the GPUs: this rank's block of the node's sum lands in its place in recvbuff.

@@ -118,6 +118,9 @@ class Comm {
   void deviceCall(const std::function<void()>& body);
   // The IPC memory of the node when the shared-memory path serves every rank and all of bufs (null ones
   // aside) are on one device, setting it up (collectives) the first time; else null: stage the call.
+  // An allreduce's input as the GPU may read it over IPC: sendbuf where it is on the scratch's device (or in
+  // place), else a copy of it queued into recvbuf (bytes long), which the allreduce then runs on in place.
+  const void* ipcInput(NodeMemory& mem, const void* sendbuf, void* recvbuf, size_t bytes);
   // across_nodes (allreduce): also where the node is mdring's dim 0 of a communicator of several nodes.
   NodeMemory* deviceNode(std::initializer_list<const void*> bufs, bool across_nodes = false);
   // Allreduce of device buffers over several nodes: the node's dim over IPC on the GPUs, the other dims on

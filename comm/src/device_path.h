@@ -21,7 +21,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <climits>
 #include <functional>
 #include <memory>
 #include <string>
