@@ -26,6 +26,7 @@
 #include "error.h"
 #include "local_transport.h"
 #include "reduce.h"
+#include "staged_placements.h"
 #include "test_values.h"
 #include "thread_ranks.h"
 
@@ -141,34 +142,16 @@ TEST(CudaAllReduce, ManyChunksWithDeviceHostAndMixedBuffers) {
     SCOPED_TRACE(std::to_string(nranks) + " ranks");
     expectAllOk(runRanks(nranks, [&](Comm& comm) {
       DevicePath staged(makeCudaRuntime(), comm.rank(), 4096);
-      for (ddlDataType_t t : {ddlFloat32, ddlInt64, ddlFloat16}) {
-        for (ddlRedOp_t op : {ddlSum, ddlMax, ddlAvg}) {
-          const size_t count = 10007;  // 40 KB of float32: 10 chunks, the last one short
-          const size_t bytes = count * typeSize(t);
-          auto host = [&](const void* s, void* d, size_t n) { comm.allReduce(s, d, n, t, op); };
-          const auto in = makeInput(t, op, comm.rank(), count);
-          std::vector<char> want(bytes);
-          comm.allReduce(in.data(), want.data(), count, t, op);  // host path: the reference
-          DeviceBuffer dsend(bytes), drecv(bytes);
-          const std::string what = std::string(typeName(t)) + " " + opName(op);
-          // device -> device, out of place
-          toDevice(dsend.p, in.data(), bytes);
-          staged.stagedAllReduce(dsend.p, drecv.p, count, t, host);
-          if (fromDevice(drecv.p, bytes) != want) fail(ddlInternalError, what + ": device to device");
-          // device, in place
-          staged.stagedAllReduce(dsend.p, dsend.p, count, t, host);
-          if (fromDevice(dsend.p, bytes) != want) fail(ddlInternalError, what + ": device in place");
-          // host -> device
-          cudaOk(cudaMemset(drecv.p, 0, bytes), "cudaMemset");
-          staged.stagedAllReduce(in.data(), drecv.p, count, t, host);
-          if (fromDevice(drecv.p, bytes) != want) fail(ddlInternalError, what + ": host to device");
-          // device -> host
-          toDevice(dsend.p, in.data(), bytes);
-          std::vector<char> out(bytes);
-          staged.stagedAllReduce(dsend.p, out.data(), count, t, host);
-          if (out != want) fail(ddlInternalError, what + ": device to host");
-        }
-      }
+      test_util::DeviceMemory mem;
+      mem.alloc = [](size_t bytes) {
+        void* p = nullptr;
+        cudaOk(cudaMalloc(&p, bytes), "cudaMalloc");
+        return p;
+      };
+      mem.free = [](void* p) { cudaFree(p); };
+      mem.put = [](void* d, const void* h, size_t bytes) { toDevice(d, h, bytes); };
+      mem.get = [](const void* d, size_t bytes) { return fromDevice(d, bytes); };
+      test_util::checkStagedPlacements(comm, staged, mem);
     }));
   }
 }

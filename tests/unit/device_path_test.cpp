@@ -27,6 +27,7 @@
 #include "fake_device.h"
 #include "local_transport.h"
 #include "reduce.h"
+#include "staged_placements.h"
 #include "store.h"
 #include "test_values.h"
 #include "thread_ranks.h"
@@ -107,30 +108,12 @@ TEST(DevicePath, StagedAllReduceManyChunksEveryPlacement) {
     Fakes setup;
     expectAllOk(runRanks(nranks, setup, false, [&](Comm& comm) {
       DevicePath path(std::make_unique<FakeRuntime>(setup.counters), comm.rank(), 4096);
-      for (ddlDataType_t t : {ddlFloat32, ddlInt64, ddlFloat16}) {
-        for (ddlRedOp_t op : {ddlSum, ddlMax, ddlAvg}) {
-          const size_t count = 10007;  // 40 KB of float32: 10 chunks, the last one short
-          const size_t bytes = count * typeSize(t);
-          auto host = [&](const void* s, void* d, size_t n) { comm.allReduce(s, d, n, t, op); };
-          const auto in = makeInput(t, op, comm.rank(), count);
-          std::vector<char> want(bytes);
-          comm.allReduce(in.data(), want.data(), count, t, op);  // host path: the reference
-          FakeBuffer dsend(bytes), drecv(bytes);
-          const std::string what = std::string(typeName(t)) + " " + opName(op);
-          put(dsend.p, in);
-          path.stagedAllReduce(dsend.p, drecv.p, count, t, host);
-          expectSame(get(drecv.p, bytes), want, what + ": device to device");
-          path.stagedAllReduce(dsend.p, dsend.p, count, t, host);
-          expectSame(get(dsend.p, bytes), want, what + ": device in place");
-          std::memset(drecv.p, 0, bytes);
-          path.stagedAllReduce(in.data(), drecv.p, count, t, host);
-          expectSame(get(drecv.p, bytes), want, what + ": host to device");
-          put(dsend.p, in);
-          std::vector<char> out(bytes);
-          path.stagedAllReduce(dsend.p, out.data(), count, t, host);
-          expectSame(out, want, what + ": device to host");
-        }
-      }
+      test_util::DeviceMemory mem;
+      mem.alloc = [](size_t bytes) { return FakeDevices::get().alloc(bytes, 0); };
+      mem.free = [](void* p) { FakeDevices::get().free(p); };
+      mem.put = [](void* d, const void* h, size_t bytes) { std::memcpy(d, h, bytes); };
+      mem.get = [](const void* d, size_t bytes) { return get(d, bytes); };
+      test_util::checkStagedPlacements(comm, path, mem);
     }));
     EXPECT_EQ(setup.counters->reductions.load(), 0) << "the staged path reduces on the CPU";
   }

@@ -57,10 +57,14 @@ class FakeDevices {
   }
   // The device holding p, -1 for pinned or unknown (pageable) memory.
   int deviceOf(const void* p) {
+    std::lock_guard<std::mutex> lk(mu_);
     const Block* b = find(p);
     return b ? b->dev : -1;
   }
-  bool known(const void* p) { return find(p) != nullptr; }  // device or pinned
+  bool known(const void* p) {  // device or pinned
+    std::lock_guard<std::mutex> lk(mu_);
+    return find(p) != nullptr;
+  }
   bool isBase(const void* p) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = blocks_.find(static_cast<char*>(const_cast<void*>(p)));
@@ -77,8 +81,8 @@ class FakeDevices {
     int dev;
     bool pinned;
   };
-  const Block* find(const void* p) {
-    std::lock_guard<std::mutex> lk(mu_);
+  // With mu_ held: the block containing p, if any.
+  const Block* find(const void* p) const {
     char* c = static_cast<char*>(const_cast<void*>(p));
     auto it = blocks_.upper_bound(c);
     if (it == blocks_.begin()) return nullptr;
