@@ -3,10 +3,10 @@
 //
 // The kernels compute exactly what the CPU reductions of comm/src/reduce.h compute, element for element and
 // bit for bit: same ops (ddlAvg reduces like ddlSum, the division comes once, in finishAvg), integer sum/prod
-// wrapping around, min/max as `a < b ? a : b` / `a > b ? a : b`, bitwise and/or/xor on integers, float16 and bfloat16 widened to float,
-// reduced in float and rounded back to nearest-even. One difference: a NaN result is a NaN on both, but the
-// GPU's float arithmetic returns its canonical NaN (and cuda_fp16's rounding the canonical half NaN), so the
-// payload bits of a NaN may differ from the CPU's.
+// wrapping around, min/max as `a < b ? a : b` / `a > b ? a : b`, bitwise and/or/xor on integers, float16 and
+// bfloat16 widened to float, reduced in float and rounded back to nearest-even. One difference: a NaN result
+// is a NaN on both, but the GPU's float arithmetic returns its canonical NaN (and cuda_fp16's rounding the
+// canonical half NaN), so the payload bits of a NaN may differ from the CPU's.
 //
 // The IPC path of one node (device_path.h) calls them through CUDA's DeviceRuntime (cuda_runtime.cpp);
 // ddl-cuda-bench and the tests call them directly.

@@ -98,7 +98,8 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
   telemetry_ = Telemetry::fromEnv(rank_, size_);
   if (auto rt = options_.device_runtime ? options_.device_runtime(rank_) : makeCudaRuntime()) {
     device_ = std::make_unique<DevicePath>(
-        std::move(rt), rank_, options_.staged_chunk_bytes ? options_.staged_chunk_bytes : kMaxStagedChunkBytes);
+        std::move(rt), rank_,
+        options_.staged_chunk_bytes ? options_.staged_chunk_bytes : kMaxStagedChunkBytes);
   }
 }
 
@@ -391,8 +392,9 @@ void Comm::deviceCall(const std::function<void()>& body) {
 NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs, bool across_nodes) {
   // One node: where shared memory serves the collective. Several: where the node is mdring's dim 0 (shm_
   // exists only then) and DDL_ALGO leaves mdring a choice, for allreduce (across_nodes).
-  const bool usable = shm_all_ ? shmServes()
-                               : across_nodes && shm_ && (options_.algo == Algo::kAuto || options_.algo == Algo::kMdRing);
+  const bool usable =
+      shm_all_ ? shmServes()
+               : across_nodes && shm_ && (options_.algo == Algo::kAuto || options_.algo == Algo::kMdRing);
   if (!usable || ipc_ == Ipc::kOff) return nullptr;
   int dev = -1;
   for (const void* b : bufs) {
@@ -438,15 +440,19 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs, bool acros
     device_->ipcRelease();
     ipc_ = Ipc::kOff;
     if (!getEnv("DDL_DEBUG").empty()) {
-      std::fprintf(stderr, "ddl: rank %d: device buffers are staged through host memory: no CUDA IPC on this node%s%s\n",
-                   rank_, why.empty() ? "" : ": ", why.c_str());
+      std::fprintf(
+          stderr,
+          "ddl: rank %d: device buffers are staged through host memory: no CUDA IPC on this node%s%s\n",
+          rank_, why.empty() ? "" : ": ", why.c_str());
     }
     return nullptr;
   }
   ipc_ = Ipc::kReady;
   if (!getEnv("DDL_DEBUG").empty()) {
-    std::fprintf(stderr, "ddl: rank %d: device buffers move over %s IPC among the node's %d ranks, reduced on the GPU\n",
-                 rank_, device_->runtime().name(), shm_->size());
+    std::fprintf(
+        stderr,
+        "ddl: rank %d: device buffers move over %s IPC among the node's %d ranks, reduced on the GPU\n",
+        rank_, device_->runtime().name(), shm_->size());
   }
   return &device_->ipcMemory();
 }
@@ -466,7 +472,8 @@ void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDat
       });
       return;
     }
-    if (NodeMemory* mem = deviceNode({recvbuf}, true)) return allReduceAcrossNodes(sendbuf, recvbuf, count, type, op, *mem);
+    if (NodeMemory* mem = deviceNode({recvbuf}, true))
+      return allReduceAcrossNodes(sendbuf, recvbuf, count, type, op, *mem);
     device_->stagedAllReduce(sendbuf, recvbuf, count, type, [&](const void* src, void* dst, size_t n) {
       allReduceNow(src, dst, n, type, op);
     });
@@ -490,13 +497,14 @@ void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count
     const void* src = ipcInput(mem, sendbuf, recvbuf, bytes);
     using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
-    // The node's reduce-scatter on the GPUs: this rank's block of the node's sum lands in its place in recvbuff.
+    // The node's reduce-scatter on the GPUs: this rank's block of the node's sum lands in its place in
+    // recvbuff.
     shmReduceScatter(s, *shm_, d, src, out + lo * es, count, 0, &mem);
     mem.fence();
     const auto t1 = Clock::now();
-    // Across nodes, the block alone through pinned memory (the wire needs host memory; the CPU reduces here), in
-    // the staged pipeline's chunks, so that copies down and up overlap the wire. All the chunks are phases of
-    // this one collective: at most as many as the session's phases allow. The ranks that meet across nodes
+    // Across nodes, the block alone through pinned memory (the wire needs host memory; the CPU reduces here),
+    // in the staged pipeline's chunks, so that copies down and up overlap the wire. All the chunks are phases
+    // of this one collective: at most as many as the session's phases allow. The ranks that meet across nodes
     // (one dim-0 coordinate) hold equal blocks, so they cut them alike.
     if (n == 0) {
       mdringAboveDim0(s, d, mdring_grid_, out + lo * es, lo, 0);

@@ -125,8 +125,8 @@ class Comm {
   NodeMemory* deviceNode(std::initializer_list<const void*> bufs, bool across_nodes = false);
   // Allreduce of device buffers over several nodes: the node's dim over IPC on the GPUs, the other dims on
   // this rank's block staged through pinned memory, back over IPC.
-  void allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op,
-                            NodeMemory& mem);
+  void allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
+                            ddlRedOp_t op, NodeMemory& mem);
   // Throws ddlInvalidArgument when a buffer of a point-to-point operation is device memory.
   void refuseDevice(const void* sendbuf, const void* recvbuf) const;
   void checkType(const char* what, ddlDataType_t type) const;

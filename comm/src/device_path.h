@@ -9,9 +9,12 @@
 //    block reading the peers' scratch in place (over NVLink or PCIe peer to peer), and copies finished blocks
 //    out. The data never leaves the GPUs; the node's ShmNode counters in host shared memory pace the rounds,
 //    each published once the GPU work behind it has completed.
-//  - Allreduce on several nodes whose ranks share memory (the node is mdring's dim 0): the node's reduce-scatter
-//    and allgather over IPC as above, and in between only this rank's block staged (stage()) for the other dims.
-//  - Allreduce otherwise: stagedAllReduce, a pipeline of chunks through pinned host memory, each chunk one host
+//  - Allreduce on several nodes whose ranks share memory (the node is mdring's dim 0): the node's
+//  reduce-scatter
+//    and allgather over IPC as above, and in between only this rank's block staged (stage()) for the other
+//    dims.
+//  - Allreduce otherwise: stagedAllReduce, a pipeline of chunks through pinned host memory, each chunk one
+//  host
 //    allreduce, so that copies down, the wire and copies up overlap.
 //  - The other collectives otherwise: stage(), whole messages through pinned host memory around the host
 //    collective.

@@ -35,8 +35,8 @@ class DeviceRuntime {
   virtual int deviceOf(const void* p) = 0;
   // Makes dev the calling thread's device and the queues' and events'.
   virtual void bind(int dev) = 0;
-  // The calling thread's current device (-1 when none can be asked), and setting it back: what the device path
-  // restores before it returns to the application (DevicePath::KeepDevice). Never fail.
+  // The calling thread's current device (-1 when none can be asked), and setting it back: what the device
+  // path restores before it returns to the application (DevicePath::KeepDevice). Never fail.
   virtual int current() noexcept = 0;
   virtual void setCurrent(int dev) noexcept = 0;
 

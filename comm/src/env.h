@@ -35,7 +35,7 @@ struct Options {
   // Makes the runtime of device buffers (device_path.h). Null: CUDA's, in builds with it. Tests give an
   // emulation.
   std::function<std::unique_ptr<DeviceRuntime>(int rank)> device_runtime;
-  size_t ipc_round_bytes = 0;  // a round of the device path's IPC scratch (tests); 0: kIpcRoundBytes
+  size_t ipc_round_bytes = 0;     // a round of the device path's IPC scratch (tests); 0: kIpcRoundBytes
   size_t staged_chunk_bytes = 0;  // the device path's largest staged chunk (tests); 0: kMaxStagedChunkBytes
 };
 

@@ -187,8 +187,7 @@ class UcxTransport : public Transport {
           who = "rank " + what.substr(from, to - from) + " (at least)";
       }
       fail(e.code(), who + " did not join the communicator of " + std::to_string(size()) +
-                         " ranks (each rank publishes its record as " + kRecordPrefix +
-                         "<rank>): " + what);
+                         " ranks (each rank publishes its record as " + kRecordPrefix + "<rank>): " + what);
     }
     DDL_ASSERT(records.size() == keys.size());
     std::vector<std::string> fields;

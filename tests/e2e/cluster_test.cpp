@@ -624,8 +624,8 @@ TEST_F(ClusterTest, CoordinatorKilledMidJobRestartsAndTheJobStillSucceeds) {
   kill(coordinator_, SIGKILL);
   waitpid(coordinator_, nullptr, 0);
   startCoordinator(address_);  // same port and data dir: the agents find it again
-  // RUNNING may not have been stored yet when the coordinator died (reads answer from memory before a batch is
-  // durable): then the job comes back STARTING and turns RUNNING when its agents report their ranks again.
+  // RUNNING may not have been stored yet when the coordinator died (reads answer from memory before a batch
+  // is durable): then the job comes back STARTING and turns RUNNING when its agents report their ranks again.
   // Either way it is still the same open job, not lost, requeued or failed.
   const auto back = job(id).state();
   EXPECT_TRUE(back == ddl::v1::RUNNING || back == ddl::v1::STARTING) << job(id).DebugString();

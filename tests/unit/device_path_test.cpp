@@ -193,12 +193,13 @@ std::vector<RankResult> runOnNodes(int nranks, int per_node, Fakes& setup, const
   return test_util::runRanks(nranks, o, body, fabric, makeMemoryStore());
 }
 
-// Allreduce of device buffers, checked: odd and tiny counts (ranks with empty blocks), three ops, out of place
-// and in place; ranks listed in host_send pass a host sendbuff.
+// Allreduce of device buffers, checked: odd and tiny counts (ranks with empty blocks), three ops, out of
+// place and in place; ranks listed in host_send pass a host sendbuff.
 void checkAllReduces(Comm& comm, const std::vector<int>& host_send = {}) {
   const bool host = std::find(host_send.begin(), host_send.end(), comm.rank()) != host_send.end();
   for (size_t count : {size_t{2}, size_t{100003}}) {
-    for (auto [t, op] : {std::pair{ddlFloat32, ddlSum}, std::pair{ddlInt32, ddlMax}, std::pair{ddlFloat32, ddlAvg}}) {
+    for (auto [t, op] :
+         {std::pair{ddlFloat32, ddlSum}, std::pair{ddlInt32, ddlMax}, std::pair{ddlFloat32, ddlAvg}}) {
       const std::string what = std::to_string(count) + " " + typeName(t) + " " + opName(op);
       const size_t bytes = count * typeSize(t);
       const auto in = makeInput(t, op, comm.rank(), count);
@@ -222,8 +223,8 @@ TEST(DevicePath, AcrossNodesTheNodesDimRunsOverIpcOnTheGpus) {
     std::vector<int> host_send;
   };
   for (const Layout& l : {Layout{4, 2, "", {}}, Layout{6, 3, "", {1, 4}}, Layout{8, 2, "2x2x2", {0, 5}}}) {
-    SCOPED_TRACE(std::to_string(l.nranks) + " ranks, " + std::to_string(l.per_node) + " per node, topology '" +
-                 l.topology + "'");
+    SCOPED_TRACE(std::to_string(l.nranks) + " ranks, " + std::to_string(l.per_node) +
+                 " per node, topology '" + l.topology + "'");
     Fakes setup;
     setup.ipc_round_bytes = size_t{64} << 10;
     expectAllOk(runOnNodes(l.nranks, l.per_node, setup, l.topology, [&](Comm& comm) {
@@ -236,7 +237,8 @@ TEST(DevicePath, AcrossNodesTheNodesDimRunsOverIpcOnTheGpus) {
 }
 
 // Across nodes the block crosses in the staged pipeline's chunks, as many as one collective's phases allow
-// (4 KiB chunks would be ~150: 31 with one dim above the node, 15 with two), every chunk its own mdring phases.
+// (4 KiB chunks would be ~150: 31 with one dim above the node, 15 with two), every chunk its own mdring
+// phases.
 TEST(DevicePath, AcrossNodesTheBlockCrossesInChunks) {
   for (const std::string topology : {"", "2x2x2"}) {
     const int nranks = topology.empty() ? 4 : 8;
@@ -359,8 +361,8 @@ TEST(DevicePath, OtherCollectivesOnOneNode) {
   EXPECT_GT(setup.counters->reductions.load(), 0) << "reduce-scatter over IPC reduces on the device";
 }
 
-// A member that cannot export its scratch, or allocate it (no abort): the node agrees on the staged path, does
-// not try again, frees everything, and the results are right.
+// A member that cannot export its scratch, or allocate it (no abort): the node agrees on the staged path,
+// does not try again, frees everything, and the results are right.
 TEST(DevicePath, AMemberWithoutIpcOrMemorySendsTheNodeToTheStagedPath) {
   constexpr int kRanks = 3;
   constexpr size_t kCount = 100003;
@@ -386,8 +388,9 @@ TEST(DevicePath, AMemberWithoutIpcOrMemorySendsTheNodeToTheStagedPath) {
   }
 }
 
-// More rounds than the scratch has buffers (64 KiB rounds): a buffer is reused only once every member has read
-// it, so a member that published "consumed" before its GPU finished reading would get overwritten data here.
+// More rounds than the scratch has buffers (64 KiB rounds): a buffer is reused only once every member has
+// read it, so a member that published "consumed" before its GPU finished reading would get overwritten data
+// here.
 TEST(DevicePath, IpcRoundsReuseTheScratchOnlyOnceEveryReaderIsDone) {
   constexpr int kRanks = 4;
   constexpr size_t kCount = 100003;  // allreduce: 7 rounds of 4096 floats per block; the others 7 to 25
@@ -413,7 +416,8 @@ TEST(DevicePath, IpcRoundsReuseTheScratchOnlyOnceEveryReaderIsDone) {
     put(b.p, big);
     comm.reduceScatter(b.p, a.p, kCount, ddlFloat32, ddlSum);
     const auto all = makeExpected(ddlFloat32, ddlSum, kRanks, kCount * kRanks);
-    expectSame(get(a.p, bytes), std::vector<char>(all.begin() + comm.rank() * bytes, all.begin() + (comm.rank() + 1) * bytes),
+    expectSame(get(a.p, bytes),
+               std::vector<char>(all.begin() + comm.rank() * bytes, all.begin() + (comm.rank() + 1) * bytes),
                "reducescatter");
   }));
   EXPECT_GT(setup.counters->reductions.load(), 0);
@@ -466,7 +470,8 @@ TEST(DevicePath, HostBuffersOnOneRankDuringTheIpcSetupFailEveryRankAtOnce) {
         comm.allReduce(buf, buf, 1024, ddlFloat32, ddlSum);
       },
       20000);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "someone waited for the timeout";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10))
+      << "someone waited for the timeout";
   bool mismatch = false;
   for (const auto& r : results) {
     EXPECT_NE(r.code, ddlSuccess);

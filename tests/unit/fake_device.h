@@ -10,7 +10,8 @@
 //   memory or allocHost's pinned memory.
 // - IPC handles are pointers (the ranks are threads of this process); importMemory checks that the handle
 //   names a live device allocation.
-// - failAt(n) makes the n-th queued operation (counted from then, per runtime) throw ddlCudaError; Faults make
+// - failAt(n) makes the n-th queued operation (counted from then, per runtime) throw ddlCudaError; Faults
+// make
 //   a rank refuse to export its memory or to allocate device memory.
 // - The current device is per thread, as CUDA's: bind() sets it, tests read it (threadDevice()).
 // Counters say what the path did: reductions queued, memory imported, pinned and device bytes live.

@@ -57,8 +57,9 @@ StatusOr<Network> builtinNetwork(const std::string& name) {
 }
 
 StatusOr<double> defaultComputeSeconds(const std::string& config, const std::string& network) {
-  // 2017: 32 images/GPU (DDL's paper) at ~200 img/s per P100 in fp32 (ResNet-50), ~115 img/s (ResNet-101, 1.9x
-  // the FLOPs). h100: 256 images/GPU at ~3000 img/s per H100 in mixed precision (ResNet-50), ~1700 img/s.
+  // 2017: 32 images/GPU (DDL's paper) at ~200 img/s per P100 in fp32 (ResNet-50), ~115 img/s
+  // (ResNet-101, 1.9x the FLOPs). h100: 256 images/GPU at ~3000 img/s per H100 in mixed precision
+  // (ResNet-50), ~1700 img/s.
   if (config == "2017" && network == "resnet50") return 0.16;
   if (config == "2017" && network == "resnet101") return 0.28;
   if (config == "h100" && network == "resnet50") return 0.085;

@@ -648,7 +648,7 @@ int cmdScale(int argc, char** argv) {
   for (const auto& [cname, cfg] : configs) {
     appendf(&table, "\n## %s\n", cfg.summary.c_str());
     appendf(&table, "%6s  %-10s %-9s %-8s %10s %8s %8s   %s\n", "GPUs", "network", "compute", "algo",
-                 "allreduce", "eff", "eff+ovl", "layout (mdring)");
+            "allreduce", "eff", "eff+ovl", "layout (mdring)");
     for (int p : *gpus) {
       for (const Network& net : networks) {
         double compute = compute_override;
@@ -670,7 +670,7 @@ int cmdScale(int argc, char** argv) {
           std::string layout;
           for (size_t i = 0; i < pr->dims.size(); ++i) layout += (i ? "x" : "") + std::to_string(pr->dims[i]);
           appendf(&table, "%6d  %-10s %6.0f ms %-8s %7.2f ms %7.1f%% %7.1f%%   %s\n", p, net.name.c_str(),
-                       compute * 1e3, algoName(algo), pr->seconds * 1e3, e0 * 100, e1 * 100, layout.c_str());
+                  compute * 1e3, algoName(algo), pr->seconds * 1e3, e0 * 100, e1 * 100, layout.c_str());
           json phases = json::array();
           for (const Phase& ph : pr->phases) {
             phases.push_back({{"what", ph.what},
@@ -700,14 +700,17 @@ int cmdScale(int argc, char** argv) {
   }
   for (const json& r : out) {
     if (r["config"] == "2017" && r["gpus"] == 256 && r["network"] == "resnet50" && r["algo"] == "mdring") {
-      appendf(&table, "\n2017 at 256 GPUs, ResNet-50, mdring: %.1f%% (no overlap), %.1f%% (overlap %.2f); DDL's paper "
+      appendf(
+          &table,
+          "\n2017 at 256 GPUs, ResNet-50, mdring: %.1f%% (no overlap), %.1f%% (overlap %.2f); DDL's paper "
           "published 95%%\n",
           r["efficiency"].get<double>() * 100, r["efficiency_overlap"].get<double>() * 100, *overlap);
     }
   }
-  appendf(&table, "\neff: compute / (compute + allreduce); eff+ovl: with %.2f of the allreduce hidden behind the "
-      "backward pass (at most 2/3 of compute)\n",
-      *overlap);
+  appendf(&table,
+          "\neff: compute / (compute + allreduce); eff+ovl: with %.2f of the allreduce hidden behind the "
+          "backward pass (at most 2/3 of compute)\n",
+          *overlap);
   std::fputs(table.c_str(), text);
   if (a.has("json")) {
     if (Status s = writeText(a.get("json"), out.dump(1) + "\n"); !s.isOk()) return fail(s, kExitFail);

@@ -2,11 +2,11 @@
  * ddl.h — the public C API of libddl, ddl's collective communication library.
  *
  * NCCL-shaped: an opaque communicator, one result type, a versioned config struct. Every call returns a
- * ddlResult_t; no C++ exception ever crosses this boundary. Buffers are host memory; in a libddl built with the
- * CUDA Toolkit, the collectives also take CUDA device memory (either buffer or both): over CUDA IPC, reduced on
- * the GPU, among ranks that all share one node, else staged through pinned host memory. Device data must be
- * complete (its stream synchronised) when the call is made; the result is in recvbuff when the call (or
- * ddlWait) returns. Point-to-point calls take host memory only.
+ * ddlResult_t; no C++ exception ever crosses this boundary. Buffers are host memory; in a libddl built with
+ * the CUDA Toolkit, the collectives also take CUDA device memory (either buffer or both): over CUDA IPC,
+ * reduced on the GPU, among ranks that all share one node, else staged through pinned host memory. Device
+ * data must be complete (its stream synchronised) when the call is made; the result is in recvbuff when the
+ * call (or ddlWait) returns. Point-to-point calls take host memory only.
  *
  * Threads: a communicator's collectives are called by one thread at a time. ddlCommAbort and
  * ddlCommGetAsyncError may be called from any thread at any time (that is how a watchdog unblocks a stuck
@@ -168,9 +168,9 @@ ddlResult_t ddlCommGetTopology(ddlComm_t comm, char* buf, size_t len);
 ddlResult_t ddlCommGetIntraNodePath(ddlComm_t comm, char* buf, size_t len);
 
 /* Collectives. sendbuff == recvbuff is in-place. Every rank must make the same calls in the same order with
- * the same count, type, op and root; a mismatch that libddl detects gives ddlInvalidArgument on the ranks that
- * see it and ddlRemoteError on the others. Every rank passes the same kind of buffers (host or device). A
- * count of 0 returns at once, on every rank. */
+ * the same count, type, op and root; a mismatch that libddl detects gives ddlInvalidArgument on the ranks
+ * that see it and ddlRemoteError on the others. Every rank passes the same kind of buffers (host or device).
+ * A count of 0 returns at once, on every rank. */
 ddlResult_t ddlAllReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                          ddlRedOp_t op, ddlComm_t comm);
 ddlResult_t ddlBroadcast(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype, int root,

@@ -36,8 +36,8 @@ namespace {
 // Dims first_dim and up of the allreduce on elements [lo, lo + n) of the message, whose element `base` is at
 // in and out: the whole message from dim 0 (lo = base = 0), or a rank's block once dim 0 has been reduced
 // elsewhere. Dim 0 goes over shared memory where node is given.
-void mdringDims(Session& s, const DataSpec& d, const Topology& topo, const char* in, char* out, size_t lo, size_t n,
-                size_t base, int first_dim, ShmNode* node) {
+void mdringDims(Session& s, const DataSpec& d, const Topology& topo, const char* in, char* out, size_t lo,
+                size_t n, size_t base, int first_dim, ShmNode* node) {
   const int p = s.size();
   const size_t es = d.elem;
   int last_dim = -1;
@@ -63,7 +63,8 @@ void mdringDims(Session& s, const DataSpec& d, const Topology& topo, const char*
     // Over shared memory member i keeps block i; around a ring, member i keeps block i+1.
     const int b = shm ? g.me : ringOwnedBlock(g, 0);
     if (shm) {
-      shmReduceScatter(s, *node, d, in + (lo - base) * es, out + (lo - base + blockBegin(n, dk, b)) * es, n, avg);
+      shmReduceScatter(s, *node, d, in + (lo - base) * es, out + (lo - base + blockBegin(n, dk, b)) * es, n,
+                       avg);
     } else {
       ringSteps(s, g, d, in + (lo - base) * es, out + (lo - base) * es, n, 0, dk - 1, 0, avg);
     }
