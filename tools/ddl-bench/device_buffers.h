@@ -25,9 +25,11 @@ struct DeviceBuffers {
   }
   std::string open(size_t bytes) {
     int n = 0;
-    if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess)
-      return std::string("no CUDA device: ") + cudaGetErrorString(e);
-    if (n == 0) return "no CUDA device";
+    if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess) {
+      return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) +
+             "; is the NVIDIA driver loaded? nvidia-smi tells)";
+    }
+    if (n == 0) return "no CUDA device (cudaGetDeviceCount found 0)";
     const char* local = std::getenv("DDL_LOCAL_RANK");
     const int dev = (local && *local ? std::atoi(local) : 0) % n;
     if (cudaError_t e = cudaSetDevice(dev); e != cudaSuccess) return what("cudaSetDevice", e);
