@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 
+#include "device/node_kernel.h"
 #include "device_reduce.h"
 #include "device_runtime.h"
 #include "error.h"
@@ -44,6 +45,29 @@ struct IpcRecord {
   cudaIpcMemHandle_t handle;
 };
 constexpr uint32_t kIpcMagic = 0x64646c31;  // "ddl1"
+
+// Makes dev the calling thread's device for a scope (the stream-ordered calls act on a given device whatever
+// the caller's current one is).
+class OnDevice {
+ public:
+  explicit OnDevice(int dev) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    if (dev >= 0 && prev_ != dev) check(cudaSetDevice(dev), "cudaSetDevice");
+  }
+  ~OnDevice() {
+    int now = -1;
+    if (prev_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != prev_) cudaSetDevice(prev_);
+    cudaGetLastError();
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+cudaStream_t asStream(void* s) { return static_cast<cudaStream_t>(s); }
+cudaEvent_t asEvent(void* e) { return static_cast<cudaEvent_t>(e); }
 
 class CudaRuntime final : public DeviceRuntime {
  public:
@@ -164,6 +188,93 @@ class CudaRuntime final : public DeviceRuntime {
   void closeMemory(void* p) noexcept override {
     if (opened_.erase(p)) cudaIpcCloseMemHandle(p);
     cudaGetLastError();
+  }
+
+  int streamDevice(void* stream) override {
+    int dev = -1;
+    if (stream) {
+      check(cudaStreamGetDevice(asStream(stream), &dev), "cudaStreamGetDevice (is the stream valid?)");
+    } else {
+      check(cudaGetDevice(&dev), "cudaGetDevice");
+    }
+    return dev;
+  }
+  bool capturing(void* stream) override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(asStream(stream), &st), "cudaStreamIsCapturing");
+    return st != cudaStreamCaptureStatusNone;
+  }
+  void* newStream(int dev) override {
+    OnDevice on(dev);
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    return s;
+  }
+  void deleteStream(void* stream) noexcept override {
+    if (stream) cudaStreamDestroy(asStream(stream));
+    cudaGetLastError();
+  }
+  void* newEvent(int dev) override {
+    OnDevice on(dev);
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    return e;
+  }
+  void deleteEvent(void* event) noexcept override {
+    if (event) cudaEventDestroy(asEvent(event));
+    cudaGetLastError();
+  }
+  void recordOn(void* stream, void* event) override {
+    check(cudaEventRecord(asEvent(event), asStream(stream)), "cudaEventRecord");
+  }
+  void waitOn(void* stream, void* event) override {
+    check(cudaStreamWaitEvent(asStream(stream), asEvent(event), 0), "cudaStreamWaitEvent");
+  }
+  bool eventDone(void* event) override {
+    const cudaError_t e = cudaEventQuery(asEvent(event));
+    if (e == cudaErrorNotReady) {
+      cudaGetLastError();
+      return false;
+    }
+    check(e, "the stream's earlier work");
+    return true;
+  }
+  void hostCall(void* stream, void (*fn)(void*), void* arg) override {
+    check(cudaLaunchHostFunc(asStream(stream), fn, arg), "cudaLaunchHostFunc");
+  }
+  void* allocMapped(size_t bytes, void** device) override {
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable | cudaHostAllocMapped),
+          "cudaHostAlloc (mapped)");
+    std::memset(p, 0, bytes);
+    const cudaError_t e = cudaHostGetDevicePointer(device, p, 0);
+    if (e != cudaSuccess) {
+      cudaFreeHost(p);
+      cudaFail(e, "cudaHostGetDevicePointer");
+    }
+    return p;
+  }
+  void freeMapped(void* host) noexcept override { freeHost(host); }
+  void zeroDevice(void* p, size_t bytes) override {
+    check(cudaMemset(p, 0, bytes), "cudaMemset");
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset");
+  }
+  std::string deviceIdentity(int dev) override {
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
+    return std::string(prop.uuid.bytes, sizeof prop.uuid.bytes);
+  }
+  bool sharedByMps(int dev) override {
+    int on = 0;
+    if (cudaDeviceGetAttribute(&on, cudaDevAttrMpsEnabled, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return on != 0;
+  }
+  void launchNode(void* stream, const node::Args& args) override {
+    OnDevice on(streamDevice(stream));
+    check(cuda::launchNodeCollective(args, asStream(stream)), "the node kernel's launch");
   }
 
  private:

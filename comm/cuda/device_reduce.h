@@ -46,3 +46,13 @@ cudaError_t reduce(void* dst, const void* a, const void* b, size_t count, ddlDat
 cudaError_t finishAvg(void* buf, size_t count, ddlDataType_t type, int nranks, cudaStream_t stream);
 
 }  // namespace ddl::cuda
+
+namespace ddl::node {
+struct Args;
+}
+
+namespace ddl::cuda {
+// Enqueues the node kernel (comm/src/device/node_kernel.h, node_kernels.cu) on stream, on the current device.
+// cudaErrorInvalidValue for a bad type, op or rank count.
+cudaError_t launchNodeCollective(const node::Args& args, cudaStream_t stream);
+}  // namespace ddl::cuda

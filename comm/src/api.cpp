@@ -244,6 +244,41 @@ ddlResult_t ddlAllReduce(const void* sendbuff, void* recvbuff, size_t count, ddl
   return guard(comm, "ddlAllReduce", [&] { comm->impl->allReduce(sendbuff, recvbuff, count, datatype, op); });
 }
 
+ddlResult_t ddlAllReduceOnStream(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
+                                 ddlRedOp_t op, ddlComm_t comm, ddlStream_t stream) {
+  DDL_CHECK_COMM("ddlAllReduceOnStream", comm);
+  return guard(comm, "ddlAllReduceOnStream",
+               [&] { comm->impl->allReduceOnStream(sendbuff, recvbuff, count, datatype, op, stream); });
+}
+
+ddlResult_t ddlReduceScatterOnStream(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                     ddlDataType_t datatype, ddlRedOp_t op, ddlComm_t comm, ddlStream_t stream) {
+  DDL_CHECK_COMM("ddlReduceScatterOnStream", comm);
+  return guard(comm, "ddlReduceScatterOnStream",
+               [&] { comm->impl->reduceScatterOnStream(sendbuff, recvbuff, recvcount, datatype, op, stream); });
+}
+
+ddlResult_t ddlAllGatherOnStream(const void* sendbuff, void* recvbuff, size_t sendcount, ddlDataType_t datatype,
+                                 ddlComm_t comm, ddlStream_t stream) {
+  DDL_CHECK_COMM("ddlAllGatherOnStream", comm);
+  return guard(comm, "ddlAllGatherOnStream",
+               [&] { comm->impl->allGatherOnStream(sendbuff, recvbuff, sendcount, datatype, stream); });
+}
+
+ddlResult_t ddlBroadcastOnStream(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
+                                 int root, ddlComm_t comm, ddlStream_t stream) {
+  DDL_CHECK_COMM("ddlBroadcastOnStream", comm);
+  return guard(comm, "ddlBroadcastOnStream",
+               [&] { comm->impl->broadcastOnStream(sendbuff, recvbuff, count, datatype, root, stream); });
+}
+
+ddlResult_t ddlReduceOnStream(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
+                              ddlRedOp_t op, int root, ddlComm_t comm, ddlStream_t stream) {
+  DDL_CHECK_COMM("ddlReduceOnStream", comm);
+  return guard(comm, "ddlReduceOnStream",
+               [&] { comm->impl->reduceOnStream(sendbuff, recvbuff, count, datatype, op, root, stream); });
+}
+
 ddlResult_t ddlBroadcast(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype, int root,
                          ddlComm_t comm) {
   DDL_CHECK_COMM("ddlBroadcast", comm);

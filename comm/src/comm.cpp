@@ -59,7 +59,9 @@ std::unique_ptr<Comm> Comm::bootstrap(int nranks, int rank, Store& store, bool c
   const std::string shape = "nranks=" + std::to_string(nranks) + " topology=" + options.topology.str() +
                             " algo=" + algoName(options.algo) + " segment=" + std::to_string(options.segment_bytes) +
                             " tune=" + (options.tune ? options.tune->digest() : std::string("built-in")) +
-                            " shm=" + (options.shm ? std::to_string(options.shm_round_bytes) : std::string("off"));
+                            " shm=" + (options.shm ? std::to_string(options.shm_round_bytes) : std::string("off")) +
+                            " device=" + deviceSchemeName(options.device_scheme) + "/" +
+                            std::to_string(options.node_slot_bytes);
   if (claim && store.add("joined/" + std::to_string(rank), 1) != 1) {
     fail(ddlInvalidArgument, "two processes claim rank " + std::to_string(rank) + " of " + where);
   }
@@ -70,9 +72,9 @@ std::unique_ptr<Comm> Comm::bootstrap(int nranks, int rank, Store& store, bool c
     if (root_shape != shape) {
       fail(ddlInvalidArgument, "rank 0 created the communicator with " + root_shape + " but rank " +
                                    std::to_string(rank) + " has " + shape +
-                                   " (DDL_WORLD_SIZE, DDL_TOPOLOGY, DDL_ALGO, DDL_SEGMENT_BYTES, DDL_SHM and "
-                                   "DDL_SHM_ROUND_BYTES must be the same on every rank, and DDL_TUNE_FILE must hold "
-                                   "the same rules)");
+                                   " (DDL_WORLD_SIZE, DDL_TOPOLOGY, DDL_ALGO, DDL_SEGMENT_BYTES, DDL_SHM, "
+                                   "DDL_SHM_ROUND_BYTES, DDL_DEVICE_SCHEME and DDL_NODE_SLOT_BYTES must be the same "
+                                   "on every rank, and DDL_TUNE_FILE must hold the same rules)");
     }
   }
   // Only share mode blocks on the wakeup fd for long; the others keep UCX as it was measured and tuned.
@@ -100,6 +102,8 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
     device_ = std::make_unique<DevicePath>(
         std::move(rt), rank_,
         options_.staged_chunk_bytes ? options_.staged_chunk_bytes : kMaxStagedChunkBytes);
+    stream_ = std::make_unique<StreamPath>(device_->runtime(), rank_, options_.timeout_ms, options_.device_scheme,
+                                           options_.node_slot_bytes);
   }
 }
 
@@ -204,6 +208,9 @@ void Comm::shutdown() {
     if (device_) {
       device_->ipcClosePeers();
       ipc_ = Ipc::kOff;
+      noteGpuError();
+      if (broken_.load() != ddlSuccess) stream_->abort();  // a kernel waiting for a failed peer ends now
+      stream_->closePeers();
     }
     if (broken_.load() == ddlSuccess && p2p_->broken().first == ddlSuccess && size_ > 1) {
       // Peers may still be reading our last messages: meet them once more before the endpoints go. Point-to-
@@ -224,6 +231,7 @@ void Comm::shutdown() {
   }
   q_cv_.notify_all();
   if (executor_.joinable()) executor_.join();
+  stream_.reset();
   device_.reset();
   p2p_.reset();
   channel_.reset();
@@ -232,7 +240,23 @@ void Comm::shutdown() {
   store_server_.reset();
 }
 
-ddlResult_t Comm::asyncError() const { return broken_.load(); }
+ddlResult_t Comm::asyncError() const {
+  if (const ddlResult_t b = broken_.load(); b != ddlSuccess || !stream_) return b;
+  switch (stream_->gpuError()) {
+    case node::kNoError: return ddlSuccess;
+    case node::kAborted: return ddlAborted;
+    case node::kTimedOut: return ddlTimeout;
+    default: return ddlRemoteError;
+  }
+}
+
+void Comm::noteGpuError() {
+  if (!stream_) return;
+  const uint32_t code = stream_->gpuError();
+  if (code == node::kNoError) return;
+  breakWith(code == node::kAborted ? ddlAborted : code == node::kTimedOut ? ddlTimeout : ddlRemoteError,
+            StreamPath::describeGpuError(code));
+}
 
 void Comm::failIfBroken() const {
   if (ddlResult_t b = broken_.load(); b != ddlSuccess) {
@@ -255,6 +279,7 @@ void Comm::abort() {
   std::unique_lock<std::mutex> lk(op_mu_, std::try_to_lock);
   if (lk.owns_lock()) channel_->notifyPeers("communicator aborted by ddlCommAbort");
   if (shm_) shm_->markFailed("communicator aborted by ddlCommAbort");  // any thread: wakes the node's waits
+  if (stream_) stream_->abort();  // kernels on the GPU stop waiting, host-paced jobs stop waiting for streams
   // Pending point-to-point operations fail on the executor's next poll.
   { std::lock_guard<std::mutex> q(q_mu_); }
   q_cv_.notify_all();
@@ -291,6 +316,7 @@ void Comm::noteBrokenLocked() {
 void Comm::run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant,
                const std::function<void(Session&)>& body) {
   auto lk = lockOp();
+  noteGpuError();
   noteBrokenLocked();
   failIfBroken();
   try {
@@ -858,27 +884,31 @@ std::shared_ptr<AsyncOp> Comm::iallReduce(const void* sendbuf, void* recvbuf, si
   checkBuffers(sendbuf, recvbuf, count);
   checkedBytes(count, typeSize(type));
   auto result = std::make_shared<AsyncOp>();
+  enqueue([this, result, sendbuf, recvbuf, count, type, op] {
+    try {
+      allReduceAny(sendbuf, recvbuf, count, type, op);
+    } catch (const Error& e) {
+      result->result = e.code();
+      result->error = e.what();
+    } catch (const std::exception& e) {
+      result->result = ddlInternalError;
+      result->error = e.what();
+    }
+    result->finish(result->result, std::move(result->error));
+  });
+  return result;
+}
+
+void Comm::enqueue(std::function<void()> task) {
   {
     std::lock_guard<std::mutex> lk(q_mu_);
     startExecutorLocked();
     ++in_flight_;
     ++queued_;
-    queue_.push_back([this, result, sendbuf, recvbuf, count, type, op] {
-      try {
-        allReduceAny(sendbuf, recvbuf, count, type, op);
-      } catch (const Error& e) {
-        result->result = e.code();
-        result->error = e.what();
-      } catch (const std::exception& e) {
-        result->result = ddlInternalError;
-        result->error = e.what();
-      }
-      result->finish(result->result, std::move(result->error));
-    });
+    queue_.push_back(std::move(task));
   }
   q_cv_.notify_all();
   channel_->transport().wake();  // the executor may be blocked driving point-to-point operations
-  return result;
 }
 
 void Comm::startExecutorLocked() {
@@ -940,7 +970,190 @@ void Comm::driveP2P() {
 
 void Comm::drainAsync() {
   std::unique_lock<std::mutex> lk(q_mu_);
+  // A host-paced stream collective runs the blocking call on the executor: it has nothing to wait for.
+  if (executor_.joinable() && std::this_thread::get_id() == executor_.get_id()) return;
   q_cv_.wait(lk, [&] { return in_flight_ == 0; });
+}
+
+// ---- Stream-ordered collectives (device/stream_path.h) ----
+
+namespace {
+constexpr int kNodeKernelSetupVariant = 0xD0;
+}  // namespace
+
+std::string Comm::streamScheme() const {
+  switch (node_kernel_) {
+    case NodeKernel::kReady: return "kernel";
+    case NodeKernel::kOff: return "host";
+    default: return "unset";
+  }
+}
+
+void Comm::setupNodeKernel(void* stream, int dev) {
+  DeviceRuntime& rt = device_->runtime();
+  if (rt.capturing(stream)) {
+    fail(ddlInvalidArgument,
+         "the first stream-ordered collective of a communicator sets up its GPU memory and cannot be captured "
+         "into a CUDA graph: run one before capturing (a warm-up iteration)");
+  }
+  drainAsync();
+  DevicePath::KeepDevice keep(rt);
+  StreamPath::Exchange ex;
+  ex.members = shm_->size();
+  ex.me = shm_->me();
+  ex.allgather = [&](std::vector<char>& all, size_t record_bytes) {
+    const DataSpec d = spec(ddlUint8, ddlSum, all.size());
+    run(CollKind::kAllGather, ddlUint8, ddlSum, record_bytes, 0, kNodeKernelSetupVariant,
+        [&](Session& s) { shmAllGather(s, *shm_, d, all.data(), all.size()); });
+  };
+  ex.agree = [&](bool ok) {
+    const int32_t mine = ok ? 1 : 0;
+    int32_t all = 0;
+    const DataSpec d = spec(ddlInt32, ddlMin, sizeof mine);
+    run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kNodeKernelSetupVariant,
+        [&](Session& s) { shmAllReduce(s, *shm_, d, &mine, &all, 1, 0); });
+    return all == 1;
+  };
+  std::string why;
+  node_kernel_ = stream_->setupNode(dev, ex, &why) ? NodeKernel::kReady : NodeKernel::kOff;
+  if (node_kernel_ == NodeKernel::kOff) host_paced_why_ = why;
+}
+
+void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
+                    std::function<void()> host) {
+  if (!device_) {
+    fail(ddlInvalidArgument,
+         "stream-ordered collectives take CUDA device buffers, and this libddl has no GPU runtime (built without "
+         "the CUDA Toolkit, or no GPU found): use the blocking calls (ddlAllReduce, ...) for host memory");
+  }
+  noteGpuError();
+  failIfBroken();
+  DeviceRuntime& rt = device_->runtime();
+  const int dev = rt.streamDevice(stream);
+  for (const void* b : bufs) {
+    if (!b) continue;
+    const int d = rt.deviceOf(b);
+    if (d < 0) {
+      fail(ddlInvalidArgument,
+           "a buffer of a stream-ordered collective is host memory: these take device buffers on the stream's "
+           "device (the blocking calls, ddlAllReduce and the others, take host memory)");
+    }
+    if (d != dev) {
+      fail(ddlInvalidArgument, "a buffer is on device " + std::to_string(d) + " but the stream on device " +
+                                   std::to_string(dev) + ": a stream-ordered collective works on one device");
+    }
+  }
+  if (args.count == 0) return;
+  if (node_kernel_ == NodeKernel::kUntried) {
+    if (shm_all_ && shmServes() && size_ > 1) {
+      setupNodeKernel(stream, dev);
+    } else {
+      node_kernel_ = NodeKernel::kOff;
+      host_paced_why_ = size_ == 1 ? "a single rank"
+                                   : "the ranks are on several nodes, or do not share memory (" + intraNodePath() + ")";
+      if (!getEnv("DDL_DEBUG").empty()) {
+        std::fprintf(stderr, "ddl: rank %d: stream-ordered device collectives are host-paced: %s\n", rank_,
+                     host_paced_why_.c_str());
+      }
+    }
+  }
+  if (node_kernel_ == NodeKernel::kReady && dev == stream_->kernelDevice()) {
+    failIfBroken();
+    stream_->launch(stream, args);
+    return;
+  }
+  if (rt.capturing(stream)) {
+    fail(ddlInvalidArgument, "this stream-ordered collective is host-paced (" +
+                                 (node_kernel_ == NodeKernel::kReady
+                                      ? "its device is not the one the node kernel was set up on"
+                                      : host_paced_why_) +
+                                 ") and cannot be captured into a CUDA graph");
+  }
+  std::shared_ptr<StreamPath::HostJob> job = stream_->hostPaced(stream, dev);
+  enqueue([this, job, host = std::move(host)] {
+    try {
+      stream_->awaitReady(*job);
+      host();
+    } catch (const Error& e) {
+      breakWith(e.code(), e.what());  // the caller learns it from ddlCommGetAsyncError or its next call
+    } catch (const std::exception& e) {
+      breakWith(ddlInternalError, e.what());
+    }
+    job->finish();
+  });
+}
+
+namespace {
+node::Args nodeArgs(node::Kind kind, const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
+                    ddlRedOp_t op, int root, int avg_divisor) {
+  node::Args a{};
+  a.kind = kind;
+  a.send = sendbuf;
+  a.recv = recvbuf;
+  a.count = count;
+  a.type = type;
+  a.op = op;
+  a.root = root;
+  a.elem = typeSize(type);
+  a.avg_divisor = op == ddlAvg ? avg_divisor : 0;
+  return a;
+}
+}  // namespace
+
+void Comm::allReduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op,
+                             void* stream) {
+  checkType("datatype", type);
+  checkOp(op, type);
+  checkBuffers(sendbuf, recvbuf, count);
+  const size_t bytes = checkedBytes(count, typeSize(type));
+  const node::Kind kind =
+      bytes <= nodeOneShotBytes(size_) ? node::Kind::kAllReduceOneShot : node::Kind::kAllReduceTwoShot;
+  onStream(stream, nodeArgs(kind, sendbuf, recvbuf, count, type, op, 0, size_), {sendbuf, recvbuf},
+           [=, this] { allReduce(sendbuf, recvbuf, count, type, op); });
+}
+
+void Comm::reduceScatterOnStream(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type,
+                                 ddlRedOp_t op, void* stream) {
+  checkType("datatype", type);
+  checkOp(op, type);
+  checkBuffers(sendbuf, recvbuf, recvcount);
+  checkedBytes(recvcount, typeSize(type), size_);
+  onStream(stream, nodeArgs(node::Kind::kReduceScatter, sendbuf, recvbuf, recvcount, type, op, 0, size_),
+           {sendbuf, recvbuf}, [=, this] { reduceScatter(sendbuf, recvbuf, recvcount, type, op); });
+}
+
+void Comm::allGatherOnStream(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type,
+                             void* stream) {
+  checkType("datatype", type);
+  checkBuffers(sendbuf, recvbuf, sendcount);
+  checkedBytes(sendcount, typeSize(type), size_);
+  onStream(stream, nodeArgs(node::Kind::kAllGather, sendbuf, recvbuf, sendcount, type, ddlSum, 0, 0),
+           {sendbuf, recvbuf}, [=, this] { allGather(sendbuf, recvbuf, sendcount, type); });
+}
+
+void Comm::broadcastOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, int root,
+                             void* stream) {
+  checkType("datatype", type);
+  checkRoot(root);
+  if (count && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL");
+  if (count && rank_ == root && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL on the root");
+  checkedBytes(count, typeSize(type));
+  const void* in = rank_ == root ? sendbuf : nullptr;
+  onStream(stream, nodeArgs(node::Kind::kBroadcast, in, recvbuf, count, type, ddlSum, root, 0), {in, recvbuf},
+           [=, this] { broadcast(in, recvbuf, count, type, root); });
+}
+
+void Comm::reduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op,
+                          int root, void* stream) {
+  checkType("datatype", type);
+  checkOp(op, type);
+  checkRoot(root);
+  if (count && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL");
+  if (count && rank_ == root && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL on the root");
+  checkedBytes(count, typeSize(type));
+  void* out = rank_ == root ? recvbuf : nullptr;
+  onStream(stream, nodeArgs(node::Kind::kReduce, sendbuf, out, count, type, op, root, size_), {sendbuf, out},
+           [=, this] { reduce(sendbuf, out, count, type, op, root); });
 }
 
 }  // namespace ddl

@@ -30,6 +30,7 @@
 #include "algo/algo.h"
 #include "async_op.h"
 #include "ddl/ddl.h"
+#include "device/stream_path.h"
 #include "device_path.h"
 #include "env.h"
 #include "p2p.h"
@@ -82,6 +83,20 @@ class Comm {
   std::shared_ptr<AsyncOp> iallReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
                                       ddlRedOp_t op);
 
+  // Stream-ordered collectives of device buffers (device/stream_path.h): enqueued on stream (a cudaStream_t;
+  // null: the legacy default stream), they return at once. Failures found later break the communicator.
+  void allReduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op,
+                         void* stream);
+  void reduceScatterOnStream(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type,
+                             ddlRedOp_t op, void* stream);
+  void allGatherOnStream(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type, void* stream);
+  void broadcastOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, int root,
+                         void* stream);
+  void reduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op,
+                      int root, void* stream);
+  // "kernel", "host" (host-paced) or "unset" (no stream-ordered collective yet), for tools and tests.
+  std::string streamScheme() const;
+
   // Point-to-point, any thread (see p2p.h). The i-forms return at once; the others wait for the operation
   // and throw its error.
   std::shared_ptr<AsyncOp> isend(const void* buf, size_t count, ddlDataType_t type, int peer);
@@ -127,6 +142,17 @@ class Comm {
   // this rank's block staged through pinned memory, back over IPC.
   void allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
                             ddlRedOp_t op, NodeMemory& mem);
+  // A stream-ordered collective (the *OnStream calls): the node kernel where it serves, else host (the
+  // blocking device collective, run host-paced on the executor). args holds the kernel's kind, buffers,
+  // count, type, op, root and divisor; bufs the device buffers to check.
+  void onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
+                std::function<void()> host);
+  // The first stream-ordered collective on one node: sets the node kernel up, or not, on every rank.
+  void setupNodeKernel(void* stream, int dev);
+  // Runs task on the executor after the queued ones (iallReduce, host-paced stream collectives).
+  void enqueue(std::function<void()> task);
+  // A failure the node kernel reported breaks the communicator.
+  void noteGpuError();
   // Throws ddlInvalidArgument when a buffer of a point-to-point operation is device memory.
   void refuseDevice(const void* sendbuf, const void* recvbuf) const;
   void checkType(const char* what, ddlDataType_t type) const;
@@ -167,6 +193,9 @@ class Comm {
   std::unique_ptr<Channel> channel_;
   std::unique_ptr<DevicePath> device_;  // null without a device runtime (no CUDA, or no GPU)
   enum class Ipc { kUntried, kReady, kOff } ipc_ = Ipc::kUntried;
+  std::unique_ptr<StreamPath> stream_;  // with device_
+  enum class NodeKernel { kUntried, kReady, kOff } node_kernel_ = NodeKernel::kUntried;
+  std::string host_paced_why_;          // why stream-ordered collectives are host-paced
   std::unique_ptr<PointToPoint> p2p_;         // goes before channel_, whose transport it uses
 
   std::mutex op_mu_;  // one collective at a time on the channel

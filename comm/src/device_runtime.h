@@ -9,9 +9,13 @@
 // on the device given to bind() and are made again when it changes. Copies take any two pointers (host
 // pageable, pinned or device, cudaMemcpyDefault); reductions need device or pinned memory.
 //
-// Threads: an instance belongs to one rank of one communicator and is used by one thread at a time. Every
+// Threads: an instance belongs to one rank of one communicator. The queue calls (bind .. importMemory) are
+// made by one thread at a time; the stream-ordered calls (streamDevice .. launchNode) touch no queue and may be
+// made by the thread that calls the communicator while the communicator's own thread uses the queues. Every
 // call that can fail throws ddl::Error with ddlCudaError and names the call.
 #pragma once
+
+#include <unistd.h>
 
 #include <cstddef>
 #include <memory>
@@ -20,6 +24,10 @@
 #include "ddl/ddl.h"
 
 namespace ddl {
+
+namespace node {
+struct Args;
+}
 
 class DeviceRuntime {
  public:
@@ -70,6 +78,43 @@ class DeviceRuntime {
   virtual std::string exportMemory(void* device_ptr) = 0;
   virtual void* importMemory(const std::string& handle) = 0;
   virtual void closeMemory(void* p) noexcept = 0;
+
+  // ---- Stream-ordered work (device/stream_path.h) ----
+  // A stream is the application's (a cudaStream_t; null: the legacy default stream) or one of newStream's.
+  // The device a stream works on (the null stream: the calling thread's current device).
+  virtual int streamDevice(void* stream) = 0;
+  // Whether work queued on stream now is being captured into a CUDA graph.
+  virtual bool capturing(void* stream) = 0;
+  // A stream of libddl's own on dev, which does not wait for the legacy default stream.
+  virtual void* newStream(int dev) = 0;
+  virtual void deleteStream(void* stream) noexcept = 0;
+  virtual void* newEvent(int dev) = 0;
+  virtual void deleteEvent(void* event) noexcept = 0;
+  // event completes when the work queued on stream so far has.
+  virtual void recordOn(void* stream, void* event) = 0;
+  // Work queued on stream from now on waits for event, without the host waiting.
+  virtual void waitOn(void* stream, void* event) = 0;
+  // Whether event has completed (the host does not wait).
+  virtual bool eventDone(void* event) = 0;
+  // fn(arg) runs on a thread of the runtime once the work queued on stream before it has completed; the
+  // stream's later work waits until it returns. fn must not call the runtime.
+  virtual void hostCall(void* stream, void (*fn)(void*), void* arg) = 0;
+  // Pinned host memory that kernels read and write (the abort and error words of the node kernel): the
+  // host's pointer, *device the kernels' view of it. Zeroed.
+  virtual void* allocMapped(size_t bytes, void** device) = 0;
+  virtual void freeMapped(void* host) noexcept = 0;
+  // Sets bytes of device memory on the bound device, and waits.
+  virtual void zeroDevice(void* p, size_t bytes) = 0;
+  // The physical device dev is: two ranks get the same string exactly when they share one GPU (CUDA: its
+  // UUID). And whether the MPS daemon serves the contexts made on it (then the kernels of several processes
+  // run at once on it; without MPS they take turns).
+  virtual std::string deviceIdentity(int dev) = 0;
+  virtual bool sharedByMps(int dev) = 0;
+  // The process the contexts belong to (ranks that are threads of one process share a context, whose kernels
+  // run at once without MPS).
+  virtual int processId() { return static_cast<int>(::getpid()); }
+  // Enqueues the node kernel (device/node_kernel.h) on stream.
+  virtual void launchNode(void* stream, const node::Args& args) = 0;
 };
 
 // CUDA's runtime, in builds with the CUDA Toolkit (null in others). Creates nothing on a device until used.

@@ -21,6 +21,15 @@ const char* algoName(Algo a) {
   return "invalid";
 }
 
+const char* deviceSchemeName(DeviceScheme s) {
+  switch (s) {
+    case DeviceScheme::kAuto: return "auto";
+    case DeviceScheme::kKernel: return "kernel";
+    case DeviceScheme::kHost: return "host";
+  }
+  return "invalid";
+}
+
 Algo parseAlgo(const std::string& name) {
   for (Algo a : {Algo::kAuto, Algo::kRing, Algo::kMdRing, Algo::kRhd, Algo::kShm}) {
     if (name == algoName(a)) return a;
@@ -112,6 +121,20 @@ Options resolveOptions(const ddlConfig_t* config, int nranks) {
   }
   if (auto v = getEnv("DDL_SHM_ROUND_BYTES"); !v.empty()) {
     o.shm_round_bytes = static_cast<size_t>(parseByteCount(v, "DDL_SHM_ROUND_BYTES", 4096, 64LL << 20));
+  }
+  if (auto v = getEnv("DDL_DEVICE_SCHEME"); !v.empty()) {
+    if (v == "auto") {
+      o.device_scheme = DeviceScheme::kAuto;
+    } else if (v == "kernel") {
+      o.device_scheme = DeviceScheme::kKernel;
+    } else if (v == "host") {
+      o.device_scheme = DeviceScheme::kHost;
+    } else {
+      fail(ddlInvalidArgument, "DDL_DEVICE_SCHEME must be auto, kernel or host, got '" + v + "'");
+    }
+  }
+  if (auto v = getEnv("DDL_NODE_SLOT_BYTES"); !v.empty()) {
+    o.node_slot_bytes = static_cast<size_t>(parseByteCount(v, "DDL_NODE_SLOT_BYTES", 64 << 10, 1LL << 30)) / 16 * 16;
   }
   if (o.algo == Algo::kShm && !o.shm) {
     fail(ddlInvalidArgument, std::string(algo_source) + "=shm needs shared memory, but DDL_SHM is off");

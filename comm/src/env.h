@@ -21,6 +21,11 @@ constexpr int kDefaultTimeoutMs = 300000;
 
 class TuneTable;
 
+// How stream-ordered device collectives of one node meet (device/stream_path.h): kAuto chooses the node kernel
+// where every rank has a GPU of its own or MPS shares one, else the host-paced path; the others force one.
+enum class DeviceScheme { kAuto, kKernel, kHost };
+const char* deviceSchemeName(DeviceScheme s);
+
 struct Options {
   int timeout_ms = kDefaultTimeoutMs;
   bool timeout_from_config = false;  // ddlConfig_t.timeoutMs set it (DDL_TIMEOUT_MS would not change it)
@@ -37,6 +42,8 @@ struct Options {
   std::function<std::unique_ptr<DeviceRuntime>(int rank)> device_runtime;
   size_t ipc_round_bytes = 0;     // a round of the device path's IPC scratch (tests); 0: kIpcRoundBytes
   size_t staged_chunk_bytes = 0;  // the device path's largest staged chunk (tests); 0: kMaxStagedChunkBytes
+  DeviceScheme device_scheme = DeviceScheme::kAuto;  // DDL_DEVICE_SCHEME
+  size_t node_slot_bytes = 0;  // DDL_NODE_SLOT_BYTES: a slot of the node kernel's region; 0: kNodeSlotBytes
 };
 
 // Throws ddlInvalidArgument naming the bad field or variable and its value.

@@ -14,11 +14,23 @@
 // make
 //   a rank refuse to export its memory or to allocate device memory.
 // - The current device is per thread, as CUDA's: bind() sets it, tests read it (threadDevice()).
+// - Streams (FakeStream: the application's, and libddl's own) are deferred too, and thread-safe: whichever
+//   thread waits for a stream (a host that synchronises it, an event a host polls or another stream awaits)
+//   runs its work, one operation at a time, in order; a thread that needs work another thread is running
+//   waits for it. An operation may block (a host function holding the stream, the node kernel waiting for
+//   its peers), as on a GPU. eventDone is the exception: it runs nothing, it polls, so a path that polls an
+//   event nobody drives would wait forever; the tests drive their streams.
+// - The node kernel (device/node_kernel.h) runs on the host: the same algorithm, its blocks one after the
+//   other on the thread that drives the stream, flags and counters as atomics. Devices have an identity
+//   (shared by ranks on one emulated device) and MPS can be switched on (Faults::mps).
 // Counters say what the path did: reductions queued, memory imported, pinned and device bytes live.
 #pragma once
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <thread>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -28,6 +40,7 @@
 #include <mutex>
 #include <string>
 
+#include "device/node_kernel.h"
 #include "device_runtime.h"
 #include "error.h"
 #include "reduce.h"
@@ -110,11 +123,113 @@ struct FakeCounters {
   std::atomic<int> imports{0};
   std::atomic<int> closes{0};
   std::atomic<int> exports{0};
+  std::atomic<int> node_kernels{0};  // launches of the node kernel
+  std::atomic<int> host_calls{0};    // host functions on streams (the host-paced scheme)
 };
 
 struct Faults {
   bool refuse_ipc = false;    // exportMemory fails
   bool refuse_alloc = false;  // allocDevice fails
+  bool mps = false;           // sharedByMps says the MPS daemon serves the device
+  int pid = 0;                // processId() (0: the real one): ranks as if in processes of their own
+};
+
+// A stream: work runs when a thread waits for it (see above).
+class FakeStream {
+ public:
+  void push(std::function<void()> op) {
+    std::lock_guard<std::mutex> lk(mu_);
+    ops_.push_back(std::move(op));
+    ++pushed_;
+  }
+  uint64_t mark() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return pushed_;
+  }
+  bool reached(uint64_t index) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return ran_ >= index;
+  }
+  // Runs (or waits for another thread to run) the work up to index.
+  void runTo(uint64_t index) {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (ran_ < index) {
+      if (running_) {
+        cv_.wait(lk);
+        continue;
+      }
+      running_ = true;
+      auto op = std::move(ops_.front());
+      ops_.pop_front();
+      lk.unlock();
+      try {
+        op();
+      } catch (...) {
+        lk.lock();
+        ++ran_;
+        running_ = false;
+        cv_.notify_all();
+        throw;
+      }
+      lk.lock();
+      ++ran_;
+      running_ = false;
+      cv_.notify_all();
+    }
+  }
+  void sync() { runTo(mark()); }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> ops_;
+  uint64_t pushed_ = 0, ran_ = 0;
+  bool running_ = false;
+};
+
+struct FakeEvent {
+  std::mutex mu;
+  FakeStream* stream = nullptr;  // null: never recorded (complete)
+  uint64_t index = 0;
+  std::pair<FakeStream*, uint64_t> get() {
+    std::lock_guard<std::mutex> lk(mu);
+    return {stream, index};
+  }
+};
+
+// The node kernel's executor on the host (node_kernel.h): one thread per block, flags as atomics.
+struct HostNodeExec {
+  int tid() const { return 0; }
+  int nthreads() const { return 1; }
+  void sync() const {}
+  bool any(bool v) const { return v; }
+  void pause() const { std::this_thread::yield(); }
+  void signal(uint64_t* p, uint64_t v) const { std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release); }
+  uint64_t poll(const uint64_t* p) const {
+    return std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(p)).load(std::memory_order_acquire);
+  }
+  uint64_t nowNs() const {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+  }
+  void setError(uint32_t* word, uint32_t code) const {
+    uint32_t zero = 0;
+    std::atomic_ref<uint32_t>(*word).compare_exchange_strong(zero, code);
+  }
+  void copy(char* dst, const char* src, size_t n) const {
+    if (n) std::memmove(dst, src, n * elem);
+  }
+  void reduce(char* dst, char* dst2, const char* const* srcs, int nsrc, size_t n, int divisor) const {
+    if (!n) return;
+    std::memcpy(dst, srcs[0], n * elem);
+    for (int r = 1; r < nsrc; ++r) ddl::reduce(dst, dst, srcs[r], n, type, op);
+    if (divisor > 0) ddl::finishAvg(dst, n, type, divisor);
+    if (dst2) std::memcpy(dst2, dst, n * elem);
+  }
+  size_t elem;
+  ddlDataType_t type;
+  ddlRedOp_t op;
 };
 
 class FakeRuntime final : public DeviceRuntime {
@@ -208,6 +323,57 @@ class FakeRuntime final : public DeviceRuntime {
   }
   void closeMemory(void*) noexcept override { ++counters_->closes; }
 
+  // ---- streams ----
+  int streamDevice(void* stream) override { return stream ? stream_dev_ : threadDevice(); }
+  bool capturing(void* stream) override { return stream && stream == capturing_; }
+  void* newStream(int) override { return new FakeStream; }
+  void deleteStream(void* s) noexcept override { delete static_cast<FakeStream*>(s); }
+  void* newEvent(int) override { return new FakeEvent; }
+  void deleteEvent(void* e) noexcept override { delete static_cast<FakeEvent*>(e); }
+  void recordOn(void* stream, void* event) override {
+    FakeStream* s = streamOf(stream);
+    auto* e = static_cast<FakeEvent*>(event);
+    std::lock_guard<std::mutex> lk(e->mu);
+    e->stream = s;
+    e->index = s->mark();
+  }
+  void waitOn(void* stream, void* event) override {
+    const auto [s, index] = static_cast<FakeEvent*>(event)->get();
+    if (s) streamOf(stream)->push([s = s, index = index] { s->runTo(index); });
+  }
+  bool eventDone(void* event) override {
+    const auto [s, index] = static_cast<FakeEvent*>(event)->get();
+    return !s || s->reached(index);
+  }
+  void hostCall(void* stream, void (*fn)(void*), void* arg) override {
+    ++counters_->host_calls;
+    streamOf(stream)->push([fn, arg] { fn(arg); });
+  }
+  void* allocMapped(size_t bytes, void** device) override {
+    void* p = FakeDevices::get().alloc(bytes, -1, true);
+    std::memset(p, 0, bytes);
+    *device = p;
+    return p;
+  }
+  void freeMapped(void* p) noexcept override { FakeDevices::get().free(p); }
+  void zeroDevice(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  std::string deviceIdentity(int dev) override { return "emulated GPU " + std::to_string(dev); }
+  bool sharedByMps(int) override { return faults_.mps; }
+  int processId() override { return faults_.pid ? faults_.pid : DeviceRuntime::processId(); }
+  void launchNode(void* stream, const node::Args& args) override {
+    ++counters_->node_kernels;
+    if (fail_at_ > 0 && --fail_at_ == 0) fail(ddlCudaError, "fake device: injected failure");
+    streamOf(stream)->push([args] {
+      HostNodeExec x{args.elem, args.type, args.op};
+      for (int b = 0; b < node::kBlocks; ++b) node::runBlock(args, b, x);
+    });
+  }
+  // The device the application's streams are on (tests make them), and the one stream "being captured".
+  void setStreamDevice(int dev) { stream_dev_ = dev; }
+  void setCapturing(void* stream) { capturing_ = stream; }
+  // The legacy default stream's emulation.
+  FakeStream& defaultStream() { return default_stream_; }
+
  private:
   struct Mark {
     int queue = 0;
@@ -237,8 +403,13 @@ class FakeRuntime final : public DeviceRuntime {
     }
   }
 
+  FakeStream* streamOf(void* stream) { return stream ? static_cast<FakeStream*>(stream) : &default_stream_; }
+
   std::shared_ptr<FakeCounters> counters_;
   const Faults faults_;
+  FakeStream default_stream_;
+  int stream_dev_ = 0;
+  void* capturing_ = nullptr;
   int dev_ = -1;
   int fail_at_ = 0;
   Queue queues_[kQueues];

@@ -3,10 +3,12 @@
  *
  * NCCL-shaped: an opaque communicator, one result type, a versioned config struct. Every call returns a
  * ddlResult_t; no C++ exception ever crosses this boundary. Buffers are host memory; in a libddl built with
- * the CUDA Toolkit, the collectives also take CUDA device memory (either buffer or both): over CUDA IPC,
- * reduced on the GPU, among ranks that all share one node, else staged through pinned host memory. Device
- * data must be complete (its stream synchronised) when the call is made; the result is in recvbuff when the
- * call (or ddlWait) returns. Point-to-point calls take host memory only.
+ * the CUDA Toolkit, the collectives also take CUDA device memory:
+ *  - stream-ordered (the *OnStream calls, as NCCL's): enqueued on a CUDA stream, they return at once and the
+ *    stream's later work sees the result;
+ *  - host-blocking (the others, either buffer or both on a device): device data must be complete (its stream
+ *    synchronised) when the call is made; the result is in recvbuff when the call (or ddlWait) returns.
+ * Point-to-point calls take host memory only.
  *
  * Threads: a communicator's collectives are called by one thread at a time. ddlCommAbort and
  * ddlCommGetAsyncError may be called from any thread at any time (that is how a watchdog unblocks a stuck
@@ -28,6 +30,9 @@ extern "C" {
 #define DDL_VERSION_CODE (DDL_MAJOR * 10000 + DDL_MINOR * 100 + DDL_PATCH)
 
 typedef struct ddlComm* ddlComm_t;
+/* A CUDA stream (cudaStream_t) as an opaque pointer, so that this header needs no CUDA header. NULL is the
+ * legacy default stream. */
+typedef void* ddlStream_t;
 typedef struct ddlRequest* ddlRequest_t;
 
 typedef enum {
@@ -204,6 +209,35 @@ ddlResult_t ddlAllToAll(const void* sendbuff, void* recvbuff, size_t count, ddlD
 ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
                          const size_t recvcounts[], const size_t rdispls[], ddlDataType_t datatype,
                          ddlComm_t comm);
+
+/* Stream-ordered collectives of CUDA device buffers (libddl built with the CUDA Toolkit). Arguments and
+ * semantics as the blocking calls above; both buffers are device memory on the stream's device. The call
+ * enqueues the collective on stream and returns at once: work queued on stream after it sees the result, and
+ * the buffers must not be freed or rewritten until then. Every rank makes the same calls in the same order,
+ * on whatever stream; a communicator runs its collectives in call order, blocking and stream-ordered alike.
+ *
+ * Among ranks that all share one node (ddlCommGetIntraNodePath "shm") with CUDA IPC between their GPUs, and
+ * each rank on a GPU of its own or several sharing one under the MPS daemon, a collective is one kernel per
+ * rank with no host in the data path (the "kernel" scheme), and can be captured into a CUDA graph once the
+ * communicator has run one stream-ordered collective uncaptured (the first sets its GPU memory up, a blocking
+ * exchange among the ranks). Elsewhere (several nodes, ranks sharing a GPU without MPS, DDL_DEVICE_SCHEME=host)
+ * the collective is "host-paced": the stream waits, in a host function, while the communicator's own thread
+ * runs the blocking collective once the stream's earlier work is complete; the caller's thread does not wait,
+ * and capture is refused. DDL_DEBUG=1 says which scheme runs.
+ *
+ * An error in the arguments is returned at once. A failure found later (a dead peer, a timeout, an abort)
+ * breaks the communicator: ddlCommGetAsyncError returns it, and so does every later call. ddlCommAbort also
+ * ends kernels already on the GPU that wait for a peer. */
+ddlResult_t ddlAllReduceOnStream(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
+                                 ddlRedOp_t op, ddlComm_t comm, ddlStream_t stream);
+ddlResult_t ddlReduceScatterOnStream(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                     ddlDataType_t datatype, ddlRedOp_t op, ddlComm_t comm, ddlStream_t stream);
+ddlResult_t ddlAllGatherOnStream(const void* sendbuff, void* recvbuff, size_t sendcount, ddlDataType_t datatype,
+                                 ddlComm_t comm, ddlStream_t stream);
+ddlResult_t ddlBroadcastOnStream(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
+                                 int root, ddlComm_t comm, ddlStream_t stream);
+ddlResult_t ddlReduceOnStream(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
+                              ddlRedOp_t op, int root, ddlComm_t comm, ddlStream_t stream);
 
 /* Point-to-point. A send to peer matches the receive that peer posts for this rank in the same position:
  * the k-th send from a to b meets the k-th receive on b from a, whatever collectives either calls in between.

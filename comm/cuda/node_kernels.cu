@@ -1,0 +1,188 @@
+// The node kernel on a CUDA device: comm/src/device/node_kernel.h's algorithm with one CTA per block of it.
+//
+// The executor gives the algorithm what only the GPU has:
+//  - the CTA's threads stride over every range 16 bytes at a time (ld/st.global.v4) where the pointers allow,
+//    element by element otherwise; loads of the slots use .cg (cached in L2 only): a peer's slot is rewritten
+//    every other round, and L1 is not coherent with the writes of other GPUs or processes;
+//  - release and acquire at system scope for the flags (a fence.acq_rel.sys, then a relaxed store; an
+//    ld.acquire.sys), after and before a CTA barrier, so that the whole CTA's writes are ordered before a
+//    flag goes up and its reads after the flags are seen;
+//  - the global timer (%globaltimer, nanoseconds) for the waits' timeout, and __nanosleep between polls of
+//    the abort word.
+// One kernel per (element function) is instantiated: the reducing kinds per type and op, the copying kinds
+// (allgather, broadcast) once, on bytes.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "device/node_kernel.h"
+#include "device_reduce.h"
+#include "dtype.h"
+#include "reduce_ops.cuh"
+
+namespace ddl::cuda {
+namespace {
+
+using namespace ops;
+
+template <typename S>
+__device__ __forceinline__ S loadCg(const S* p) {
+  if constexpr (sizeof(S) == 16) {
+    return __ldcg(p);
+  } else {
+    return *reinterpret_cast<const volatile S*>(p);
+  }
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// F: the element function (ops::NativeFn, HalfFn, Bfloat16Fn) over the stored type F::S; D: its division
+// (ddlAvg's last step).
+template <class F, class D>
+struct GpuExec {
+  using S = typename F::S;
+  static constexpr int kN = static_cast<int>(kVecBytes / sizeof(S));
+
+  __device__ int tid() const { return threadIdx.x; }
+  __device__ int nthreads() const { return blockDim.x; }
+  __device__ void sync() const { __syncthreads(); }
+  __device__ bool any(bool v) const { return __syncthreads_or(v) != 0; }
+  __device__ void pause() const { __nanosleep(100); }
+  __device__ void signal(uint64_t* p, uint64_t v) const {
+    asm volatile("fence.acq_rel.sys;\n\tst.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  }
+  __device__ uint64_t poll(const uint64_t* p) const {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+  }
+  __device__ uint64_t nowNs() const {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  }
+  __device__ void setError(uint32_t* word, uint32_t code) const {
+    atomicCAS(reinterpret_cast<unsigned int*>(word), 0u, code);
+    __threadfence_system();
+  }
+
+  // n elements of elem bytes.
+  __device__ void copy(char* dst, const char* src, size_t n) const {
+    const size_t bytes = n * elem;
+    if (aligned16(dst) && aligned16(src) && bytes % 16 == 0) {
+      const size_t nv = bytes / 16;
+      auto* d = reinterpret_cast<uint4*>(dst);
+      const auto* s = reinterpret_cast<const uint4*>(src);
+      for (size_t i = threadIdx.x; i < nv; i += blockDim.x) __stcg(d + i, loadCg(s + i));
+    } else {
+      for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = loadCg(src + i);
+    }
+  }
+
+  // dst[i] (and dst2[i] where dst2 is set) = srcs[0][i] op srcs[1][i] op ..., folded in member order, then
+  // divided by divisor where it is > 0.
+  __device__ void reduce(char* dst, char* dst2, const char* const* srcs, int nsrc, size_t n, int divisor) const {
+    bool vec = aligned16(dst) && (!dst2 || aligned16(dst2)) && n % kN == 0;
+    for (int r = 0; r < nsrc; ++r) vec = vec && aligned16(srcs[r]);
+    const F f{};
+    const D div{divisor};
+    if (vec) {
+      for (size_t i = threadIdx.x; i < n / kN; i += blockDim.x) {
+        Wire<S, kN> acc, x;
+        acc.w = __ldcg(reinterpret_cast<const uint4*>(srcs[0]) + i);
+        for (int r = 1; r < nsrc; ++r) {
+          x.w = __ldcg(reinterpret_cast<const uint4*>(srcs[r]) + i);
+          acc.v = combine(f, acc.v, x.v);
+        }
+        if (divisor > 0) {
+#pragma unroll
+          for (int k = 0; k < kN; ++k) acc.v.e[k] = div(acc.v.e[k]);
+        }
+        __stcg(reinterpret_cast<uint4*>(dst) + i, acc.w);
+        if (dst2) __stcg(reinterpret_cast<uint4*>(dst2) + i, acc.w);
+      }
+    } else {
+      for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
+        S acc = loadCg(reinterpret_cast<const S*>(srcs[0]) + i);
+        for (int r = 1; r < nsrc; ++r) acc = f(acc, loadCg(reinterpret_cast<const S*>(srcs[r]) + i));
+        if (divisor > 0) acc = div(acc);
+        reinterpret_cast<S*>(dst)[i] = acc;
+        if (dst2) reinterpret_cast<S*>(dst2)[i] = acc;
+      }
+    }
+  }
+
+  size_t elem;
+};
+
+template <class F, class D>
+__global__ void __launch_bounds__(node::kThreads) nodeKernel(node::Args a) {
+  GpuExec<F, D> x{a.elem};
+  node::runBlock(a, static_cast<int>(blockIdx.x), x);
+}
+
+template <class F, class D>
+cudaError_t launch(const node::Args& a, cudaStream_t stream) {
+  nodeKernel<F, D><<<node::kBlocks, node::kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <template <typename> class Fn, class D>
+cudaError_t dispatchOp16(const node::Args& a, cudaStream_t st) {
+  switch (a.op) {
+    case ddlSum:
+    case ddlAvg: return launch<Fn<SumOp>, D>(a, st);
+    case ddlProd: return launch<Fn<ProdOp>, D>(a, st);
+    case ddlMin: return launch<Fn<MinOp>, D>(a, st);
+    case ddlMax: return launch<Fn<MaxOp>, D>(a, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T>
+cudaError_t dispatchOp(const node::Args& a, cudaStream_t st) {
+  using D = DivideFn<T>;
+  switch (a.op) {
+    case ddlSum:
+    case ddlAvg: return launch<NativeFn<T, SumOp>, D>(a, st);
+    case ddlProd: return launch<NativeFn<T, ProdOp>, D>(a, st);
+    case ddlMin: return launch<NativeFn<T, MinOp>, D>(a, st);
+    case ddlMax: return launch<NativeFn<T, MaxOp>, D>(a, st);
+    case ddlBand:
+    case ddlBor:
+    case ddlBxor:
+      if constexpr (std::is_integral_v<T>) {
+        if (a.op == ddlBand) return launch<NativeFn<T, BandOp>, D>(a, st);
+        if (a.op == ddlBor) return launch<NativeFn<T, BorOp>, D>(a, st);
+        return launch<NativeFn<T, BxorOp>, D>(a, st);
+      }
+      return cudaErrorInvalidValue;
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t launchNodeCollective(const node::Args& a, cudaStream_t stream) {
+  if (a.nranks < 1 || a.nranks > node::kMaxRanks || a.elem != typeSize(a.type)) return cudaErrorInvalidValue;
+  if (a.kind == node::Kind::kAllGather || a.kind == node::Kind::kBroadcast) {
+    // Nothing is reduced: one kernel for every type, moving bytes (elem stays the type's size).
+    return launch<NativeFn<uint8_t, SumOp>, DivideFn<uint8_t>>(a, stream);
+  }
+  if (!opTakesType(a.op, a.type)) return cudaErrorInvalidValue;
+  switch (a.type) {
+    case ddlInt8: return dispatchOp<int8_t>(a, stream);
+    case ddlUint8: return dispatchOp<uint8_t>(a, stream);
+    case ddlInt32: return dispatchOp<int32_t>(a, stream);
+    case ddlUint32: return dispatchOp<uint32_t>(a, stream);
+    case ddlInt64: return dispatchOp<int64_t>(a, stream);
+    case ddlUint64: return dispatchOp<uint64_t>(a, stream);
+    case ddlFloat16: return dispatchOp16<HalfFn, HalfDivideFn>(a, stream);
+    case ddlBfloat16: return dispatchOp16<Bfloat16Fn, Bfloat16DivideFn>(a, stream);
+    case ddlFloat32: return dispatchOp<float>(a, stream);
+    case ddlFloat64: return dispatchOp<double>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace ddl::cuda

@@ -1,0 +1,270 @@
+// The node kernel: one collective of the ranks of one node on their GPUs, with no host in the data path.
+//
+// Written once for two executors: the CUDA kernel (comm/cuda/node_kernels.cu, one CTA per block of the
+// algorithm, its threads striding over the elements) and the host emulation the tests run on every machine
+// (tests/unit/fake_device.h, the blocks one after the other on the rank's thread). The executor X gives the
+// thread shape, the memory-model operations and the copies and reductions over element ranges; everything
+// else (the layout, the chunking, the barriers, the order of reduction, the failure protocol) is here.
+//
+// Memory. Each member of the node owns one region of device memory, exported once through CUDA IPC and
+// mapped by every other member (device/stream_path.h sets this up):
+//
+//   [ flags: kBlocks x kMaxRanks words ][ counters ][ in slot 0 | in slot 1 | out slot 0 | out slot 1 ]
+//
+// flags[b][p] is written by member p's block b only (its epoch, see below), read by the region's owner.
+// The counters (epochs and rounds of each block) are the owner's own. Data moves through the slots: a member
+// copies its input into its own in slot, the members meet, and each reads the others' slots directly (over
+// NVLink or PCIe peer to peer, or the same HBM where ranks share a GPU).
+//
+// Barriers. Block b of every member meets block b of every other member, and no other: each block owns a
+// disjoint share of every chunk (the same share on every member), so a block only ever reads what the same
+// block of its peers wrote. To meet, a block raises its epoch e (one more than at its last barrier) and writes
+// it into every member's flags[b][me] with a system-scope release (after a CTA barrier, so that the whole
+// block's writes are ordered before it), then waits until its own flags[b][p] >= e for every p with a
+// system-scope acquire. Epochs only rise, and are kept in device memory between launches, so a kernel
+// captured in a CUDA graph and replayed reads the epoch it needs from memory, not from its arguments.
+//
+// Slots alternate by round (a block's chunk count, also kept in memory): round r uses slot r mod 2. A member
+// writes slot k again at round r + 2 only after the first barrier of round r + 1, which every member reaches
+// only after finishing round r (its kernels run in order on one stream), so nothing still reads what is
+// overwritten. No barrier is needed at the end of a collective.
+//
+// Order. Every reduction folds the members in member order (((x0 op x1) op x2) ...) on every member, so all
+// members get the same bits, and the same bits as libddl's host path for the same fold.
+//
+// Failures. A wait is bounded by the timeout (the GPU's global timer) and polls the communicator's abort
+// word in pinned host memory. A block that fails writes kPoison into every member's flags of every block, and
+// the failure code into the rank's error word (pinned host memory the host reads): the blocks of every member
+// then fail at their next wait instead of running into the timeout. After a failure epochs disagree, so the
+// communicator is broken for good (the host sees the error word).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ddl/ddl.h"
+
+#if defined(__CUDACC__)
+#define DDL_NODE_FN __device__ inline
+#else
+#define DDL_NODE_FN inline
+#endif
+
+namespace ddl::node {
+
+constexpr int kMaxRanks = 16;   // members of a node the kernel serves; more take the host-paced path
+constexpr int kBlocks = 32;     // blocks (CTAs) of every launch, the same on every member
+constexpr int kThreads = 512;   // threads of a CTA
+constexpr uint64_t kPoison = ~uint64_t{0};
+constexpr size_t kUnitBytes = 16;  // shares are cut in 16-byte units, so vectors stay aligned
+
+enum class Kind : int {
+  kAllReduceOneShot = 0,  // every member reduces the whole chunk from every slot: one barrier, n reads
+  kAllReduceTwoShot = 1,  // each reduces its slice, pushes it to its out slot, all gather: two barriers
+  kReduceScatter = 2,
+  kAllGather = 3,
+  kBroadcast = 4,
+  kReduce = 5,
+};
+
+// What the error word holds after a failure.
+enum ErrorCode : uint32_t { kNoError = 0, kTimedOut = 1, kAborted = 2, kPeerFailed = 3 };
+
+// A member's region.
+struct Layout {
+  static constexpr size_t kFlagsBytes = size_t{kBlocks} * kMaxRanks * sizeof(uint64_t);
+  static constexpr size_t kCountersOffset = kFlagsBytes;  // epochs[kBlocks], then rounds[kBlocks]
+  static constexpr size_t kDataOffset = 64 * 1024;
+  static_assert(kCountersOffset + 2 * kBlocks * sizeof(uint64_t) <= kDataOffset);
+  static constexpr size_t bytes(size_t slot_bytes) { return kDataOffset + 4 * slot_bytes; }
+};
+
+struct Args {
+  Kind kind;
+  int nranks;  // members, at most kMaxRanks
+  int rank;    // this member
+  int root;    // broadcast and reduce: the root member
+  ddlDataType_t type;
+  ddlRedOp_t op;
+  int avg_divisor;  // > 0: the reduced values are divided by it (ddlAvg)
+  size_t elem;      // bytes per element
+  const void* send;
+  void* recv;
+  // Elements: the message (allreduce, broadcast, reduce), each rank's block (reduce-scatter: recvcount,
+  // allgather: sendcount).
+  size_t count;
+  char* regions[kMaxRanks];  // every member's region as this member sees it
+  size_t slot_bytes;         // a multiple of kUnitBytes
+  const volatile uint32_t* abort;  // nonzero: stop (pinned host memory)
+  uint32_t* error;                 // the first failure's ErrorCode (pinned host memory)
+  uint64_t timeout_ns;             // a wait longer than this fails
+};
+
+DDL_NODE_FN uint64_t* flagOf(char* region, int block, int from) {
+  return reinterpret_cast<uint64_t*>(region) + static_cast<size_t>(block) * kMaxRanks + from;
+}
+DDL_NODE_FN uint64_t* countersOf(char* region) { return reinterpret_cast<uint64_t*>(region + Layout::kCountersOffset); }
+DDL_NODE_FN char* inSlot(const Args& a, int member, uint64_t round) {
+  return a.regions[member] + Layout::kDataOffset + (round & 1) * a.slot_bytes;
+}
+DDL_NODE_FN char* outSlot(const Args& a, int member, uint64_t round) {
+  return a.regions[member] + Layout::kDataOffset + (2 + (round & 1)) * a.slot_bytes;
+}
+
+// Elements per 16-byte unit.
+DDL_NODE_FN size_t unitElems(size_t elem) { return elem >= kUnitBytes ? 1 : kUnitBytes / elem; }
+
+// Share i of g of n elements, cut in whole units of u elements (the last shares may be empty).
+DDL_NODE_FN void share(size_t n, int g, int i, size_t u, size_t* lo, size_t* hi) {
+  const size_t units = (n + u - 1) / u;
+  const size_t per = (units + g - 1) / g;
+  const size_t a = per * u * static_cast<size_t>(i), b = a + per * u;
+  *lo = a < n ? a : n;
+  *hi = b < n ? b : n;
+}
+
+// The elements a chunk of the kind holds per slot: what fits, in whole units.
+DDL_NODE_FN size_t chunkElems(const Args& a) {
+  const size_t per_slot = a.kind == Kind::kReduceScatter ? a.slot_bytes / static_cast<size_t>(a.nranks)
+                                                         : a.slot_bytes;
+  const size_t u = unitElems(a.elem);
+  const size_t c = per_slot / a.elem / u * u;
+  return c > 0 ? c : u;
+}
+
+template <class X>
+DDL_NODE_FN void failAll(const Args& a, uint32_t code, X& x) {
+  x.setError(a.error, code);
+  for (int p = 0; p < a.nranks; ++p)
+    for (int b = 0; b < kBlocks; ++b) x.signal(flagOf(a.regions[p], b, a.rank), kPoison);
+}
+
+// Block b's meeting with block b of every member at epoch e. False (the block must stop) on a failure.
+template <class X>
+DDL_NODE_FN bool meet(const Args& a, int b, uint64_t e, X& x) {
+  x.sync();  // the block's writes before any of its flags goes up
+  for (int p = x.tid(); p < a.nranks; p += x.nthreads()) x.signal(flagOf(a.regions[p], b, a.rank), e);
+  uint32_t code = kNoError;
+  for (int p = x.tid(); p < a.nranks && code == kNoError; p += x.nthreads()) {
+    const uint64_t* f = flagOf(a.regions[a.rank], b, p);
+    const uint64_t start = x.nowNs();
+    for (uint32_t spins = 0;; ++spins) {
+      const uint64_t v = x.poll(f);
+      if (v == kPoison) {
+        code = kPeerFailed;
+        break;
+      }
+      if (v >= e) break;
+      if ((spins & 1023) == 1023) {
+        if (*a.abort) {
+          code = kAborted;
+          break;
+        }
+        if (x.nowNs() - start > a.timeout_ns) {
+          code = kTimedOut;
+          break;
+        }
+        x.pause();
+      }
+    }
+  }
+  if (code != kNoError) failAll(a, code, x);
+  return !x.any(code != kNoError);
+}
+
+// One block's part of the collective a describes.
+template <class X>
+DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
+  uint64_t* counters = countersOf(a.regions[a.rank]);
+  uint64_t epoch = counters[b];
+  uint64_t round = counters[kBlocks + b];
+  const size_t es = a.elem, u = unitElems(es), chunk = chunkElems(a);
+  const int n = a.nranks, me = a.rank;
+  const char* send = static_cast<const char*>(a.send);
+  char* recv = static_cast<char*>(a.recv);
+  const char* srcs[kMaxRanks];
+  bool ok = true;
+  for (size_t c0 = 0; ok && c0 < a.count; c0 += chunk, ++round) {
+    const size_t m = a.count - c0 < chunk ? a.count - c0 : chunk;
+    size_t lo, hi;
+    switch (a.kind) {
+      case Kind::kAllReduceOneShot:
+      case Kind::kReduce: {
+        share(m, kBlocks, b, u, &lo, &hi);
+        x.copy(inSlot(a, me, round) + lo * es, send + (c0 + lo) * es, hi - lo);
+        if (!(ok = meet(a, b, ++epoch, x))) break;
+        if (a.kind == Kind::kReduce && me != a.root) break;
+        for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round) + lo * es;
+        x.reduce(recv + (c0 + lo) * es, nullptr, srcs, n, hi - lo, a.avg_divisor);
+        break;
+      }
+      case Kind::kAllReduceTwoShot: {
+        // Slice s of the chunk is member s's to reduce; this block takes share b of every slice.
+        for (int s = 0; s < n; ++s) {
+          size_t s_lo, s_hi;
+          share(m, n, s, u, &s_lo, &s_hi);
+          share(s_hi - s_lo, kBlocks, b, u, &lo, &hi);
+          x.copy(inSlot(a, me, round) + (s_lo + lo) * es, send + (c0 + s_lo + lo) * es, hi - lo);
+        }
+        if (!(ok = meet(a, b, ++epoch, x))) break;
+        size_t s_lo, s_hi;
+        share(m, n, me, u, &s_lo, &s_hi);
+        share(s_hi - s_lo, kBlocks, b, u, &lo, &hi);
+        for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round) + (s_lo + lo) * es;
+        x.reduce(outSlot(a, me, round) + (s_lo + lo) * es, recv + (c0 + s_lo + lo) * es, srcs, n, hi - lo,
+                 a.avg_divisor);
+        if (!(ok = meet(a, b, ++epoch, x))) break;
+        for (int s = 0; s < n; ++s) {
+          if (s == me) continue;
+          share(m, n, s, u, &s_lo, &s_hi);
+          share(s_hi - s_lo, kBlocks, b, u, &lo, &hi);
+          x.copy(recv + (c0 + s_lo + lo) * es, outSlot(a, s, round) + (s_lo + lo) * es, hi - lo);
+        }
+        break;
+      }
+      case Kind::kReduceScatter: {
+        // The slot holds the chunk of every member's block, block s at s * chunk.
+        share(m, kBlocks, b, u, &lo, &hi);
+        for (int s = 0; s < n; ++s) {
+          x.copy(inSlot(a, me, round) + (s * chunk + lo) * es, send + (s * a.count + c0 + lo) * es, hi - lo);
+        }
+        if (!(ok = meet(a, b, ++epoch, x))) break;
+        for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round) + (me * chunk + lo) * es;
+        x.reduce(recv + (c0 + lo) * es, nullptr, srcs, n, hi - lo, a.avg_divisor);
+        break;
+      }
+      case Kind::kAllGather: {
+        share(m, kBlocks, b, u, &lo, &hi);
+        x.copy(inSlot(a, me, round) + lo * es, send + (c0 + lo) * es, hi - lo);
+        if (!(ok = meet(a, b, ++epoch, x))) break;
+        for (int s = 0; s < n; ++s) {
+          char* dst = recv + (s * a.count + c0 + lo) * es;
+          if (s != me) {
+            x.copy(dst, inSlot(a, s, round) + lo * es, hi - lo);
+          } else if (dst != send + (c0 + lo) * es) {
+            x.copy(dst, send + (c0 + lo) * es, hi - lo);
+          }
+        }
+        break;
+      }
+      case Kind::kBroadcast: {
+        share(m, kBlocks, b, u, &lo, &hi);
+        if (me == a.root) x.copy(inSlot(a, me, round) + lo * es, send + (c0 + lo) * es, hi - lo);
+        if (!(ok = meet(a, b, ++epoch, x))) break;
+        if (me != a.root) {
+          x.copy(recv + (c0 + lo) * es, inSlot(a, a.root, round) + lo * es, hi - lo);
+        } else if (recv != send) {
+          x.copy(recv + (c0 + lo) * es, send + (c0 + lo) * es, hi - lo);
+        }
+        break;
+      }
+    }
+  }
+  x.sync();  // every thread has read the counters before they move on
+  if (ok && x.tid() == 0) {
+    counters[b] = epoch;
+    counters[kBlocks + b] = round;
+  }
+}
+
+}  // namespace ddl::node

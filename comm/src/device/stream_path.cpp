@@ -1,0 +1,306 @@
+// StreamPath (stream_path.h): the node kernel's setup and launches, and the host-paced scheme's hand-over.
+#include "device/stream_path.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "error.h"
+
+namespace ddl {
+namespace {
+
+// A member's record in the setup exchange (kNodeRecordBytes):
+//   [0] 1: offers its region, 0: refuses (why at kTextAt)   [1] MPS serves its GPU
+//   [4..8) pid   [8..10) identity length   [10..12) handle length
+//   [16..80) the GPU's identity   [96..) the IPC handle, or why it refuses
+constexpr size_t kIdentAt = 16, kIdentMax = 64, kTextAt = 96, kTextMax = kNodeRecordBytes - kTextAt;
+
+struct Record {
+  bool ok = false;
+  bool mps = false;
+  int32_t pid = 0;
+  std::string ident, text;  // text: the handle, or why not
+};
+
+std::string encode(const Record& r) {
+  std::string b(kNodeRecordBytes, '\0');
+  b[0] = r.ok ? 1 : 0;
+  b[1] = r.mps ? 1 : 0;
+  std::memcpy(&b[4], &r.pid, sizeof r.pid);
+  const uint16_t il = static_cast<uint16_t>(std::min(r.ident.size(), kIdentMax));
+  const uint16_t tl = static_cast<uint16_t>(std::min(r.text.size(), kTextMax));
+  std::memcpy(&b[8], &il, 2);
+  std::memcpy(&b[10], &tl, 2);
+  std::memcpy(&b[kIdentAt], r.ident.data(), il);
+  std::memcpy(&b[kTextAt], r.text.data(), tl);
+  return b;
+}
+
+bool decode(const char* b, Record* r) {
+  uint16_t il = 0, tl = 0;
+  std::memcpy(&il, b + 8, 2);
+  std::memcpy(&tl, b + 10, 2);
+  if (il > kIdentMax || tl > kTextMax || (b[0] != 0 && b[0] != 1)) return false;
+  r->ok = b[0] == 1;
+  r->mps = b[1] == 1;
+  std::memcpy(&r->pid, b + 4, sizeof r->pid);
+  r->ident.assign(b + kIdentAt, il);
+  r->text.assign(b + kTextAt, tl);
+  return true;
+}
+
+bool debug() { return !getEnv("DDL_DEBUG").empty(); }
+
+}  // namespace
+
+size_t nodeOneShotBytes(int nranks) {
+  if (nranks <= 2) return size_t{512} << 10;
+  if (nranks <= 4) return size_t{256} << 10;
+  return size_t{128} << 10;
+}
+
+StreamPath::StreamPath(DeviceRuntime& rt, int rank, int timeout_ms, DeviceScheme forced, size_t slot_bytes)
+    : rt_(rt),
+      rank_(rank),
+      timeout_ms_(timeout_ms),
+      forced_(forced),
+      slot_bytes_(std::max<size_t>(node::kUnitBytes, (slot_bytes ? slot_bytes : kNodeSlotBytes) / 16 * 16)) {}
+
+StreamPath::~StreamPath() { release(); }
+
+void StreamPath::closePeers() noexcept {
+  if (stream_) {
+    // Nothing of ours may still run when the regions go: an abort ends a kernel stuck waiting for a peer.
+    void* done = nullptr;
+    try {
+      done = rt_.newEvent(dev_);
+      rt_.recordOn(stream_, done);
+      const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+      while (!rt_.eventDone(done)) {
+        if (std::chrono::steady_clock::now() > end) abort();
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    } catch (const Error&) {
+    }
+    if (done) rt_.deleteEvent(done);
+  }
+  for (size_t m = 0; m < regions_.size(); ++m)
+    if (regions_[m] && regions_[m] != own_) rt_.closeMemory(regions_[m]);
+  regions_.clear();
+  ready_ = false;
+}
+
+void StreamPath::release() noexcept {
+  closePeers();
+  if (own_) rt_.freeDevice(own_);
+  own_ = nullptr;
+  if (stream_) rt_.deleteStream(stream_);
+  if (fork_) rt_.deleteEvent(fork_);
+  if (join_) rt_.deleteEvent(join_);
+  stream_ = fork_ = join_ = nullptr;
+  abort_word_.store(nullptr);
+  error_word_.store(nullptr);
+  if (words_host_) rt_.freeMapped(words_host_);
+  words_host_ = words_dev_ = nullptr;
+  ready_ = false;
+  region_bytes_ = 0;
+}
+
+bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
+  release();
+  dev_ = dev;
+  members_ = ex.members;
+  me_ = ex.me;
+  Record mine;
+  mine.pid = static_cast<int32_t>(rt_.processId());
+  if (forced_ == DeviceScheme::kHost) {
+    mine.text = "DDL_DEVICE_SCHEME=host";
+  } else if (members_ > node::kMaxRanks) {
+    mine.text = "the node kernel serves up to " + std::to_string(node::kMaxRanks) + " ranks per node";
+  } else {
+    try {
+      mine.ident = rt_.deviceIdentity(dev);
+      mine.mps = rt_.sharedByMps(dev);
+      region_bytes_ = node::Layout::bytes(slot_bytes_);
+      rt_.bind(dev);
+      own_ = rt_.allocDevice(region_bytes_);
+      rt_.zeroDevice(own_, node::Layout::kDataOffset);  // flags and counters start at 0 on every member
+      mine.text = rt_.exportMemory(own_);
+      if (mine.text.size() > kTextMax) fail(ddlCudaError, "the runtime's IPC handle is too long");
+      mine.ok = true;
+    } catch (const Error& e) {
+      mine.ok = false;
+      mine.text = e.what();
+    }
+  }
+  std::vector<char> all(kNodeRecordBytes * static_cast<size_t>(members_));
+  const std::string enc = encode(mine);
+  std::memcpy(all.data() + static_cast<size_t>(me_) * kNodeRecordBytes, enc.data(), kNodeRecordBytes);
+  ex.allgather(all, kNodeRecordBytes);
+
+  // Every member reaches the same decision from the same records (the openings below aside, which the
+  // agreement covers).
+  std::vector<Record> recs(members_);
+  bool ok = true;
+  for (int m = 0; m < members_ && ok; ++m) {
+    if (!decode(all.data() + static_cast<size_t>(m) * kNodeRecordBytes, &recs[m])) {
+      *why = "member " + std::to_string(m) + " sent a malformed record";
+      ok = false;
+    } else if (!recs[m].ok) {
+      *why = m == me_ ? recs[m].text : "member " + std::to_string(m) + ": " + recs[m].text;
+      ok = false;
+    }
+  }
+  for (int m = 0; m < members_ && ok; ++m) {
+    for (int k = m + 1; k < members_ && ok; ++k) {
+      if (recs[m].ident == recs[k].ident && recs[m].pid != recs[k].pid && !(recs[m].mps && recs[k].mps) &&
+          forced_ != DeviceScheme::kKernel) {
+        *why = "members " + std::to_string(m) + " and " + std::to_string(k) +
+               " share one GPU without the MPS daemon, so their kernels take turns (start "
+               "nvidia-cuda-mps-control -d, or give each rank a GPU of its own)";
+        ok = false;
+      }
+    }
+  }
+  if (ok) {
+    regions_.assign(members_, nullptr);
+    try {
+      for (int m = 0; m < members_; ++m) {
+        regions_[m] = m == me_ ? static_cast<char*>(own_) : static_cast<char*>(rt_.importMemory(recs[m].text));
+      }
+      stream_ = rt_.newStream(dev);
+      fork_ = rt_.newEvent(dev);
+      join_ = rt_.newEvent(dev);
+      words_host_ = rt_.allocMapped(2 * sizeof(uint32_t), &words_dev_);
+    } catch (const Error& e) {
+      *why = std::string("setting up the node kernel: ") + e.what();
+      ok = false;
+    }
+  }
+  // Every rank of the communicator agrees; then every member closes the others' regions before any frees
+  // its own (the agreement is also that meeting).
+  const bool agreed = ex.agree(ok);
+  if (!agreed) {
+    if (ok) *why = "another rank could not set up the node kernel (its DDL_DEBUG output says why)";
+    closePeers();
+    ex.agree(true);
+    release();
+    if (debug()) {
+      std::fprintf(stderr, "ddl: rank %d: stream-ordered device collectives are host-paced: %s\n", rank_,
+                   why->c_str());
+    }
+    return false;
+  }
+  auto* words = static_cast<uint32_t*>(words_host_);
+  abort_word_.store(words);
+  error_word_.store(words + 1);
+  if (aborted_.load()) abort();
+  ready_ = true;
+  if (debug()) {
+    bool shared = false;
+    for (int m = 1; m < members_; ++m) shared = shared || recs[m].ident == recs[0].ident;
+    std::fprintf(stderr,
+                 "ddl: rank %d: stream-ordered device collectives run the node kernel (%s) among the node's %d "
+                 "ranks%s, %zu MiB of device memory per rank\n",
+                 rank_, rt_.name(), members_,
+                 shared ? (recs[0].mps ? " sharing a GPU under MPS" : " sharing a GPU (forced)") : "",
+                 region_bytes_ >> 20);
+  }
+  return true;
+}
+
+void StreamPath::launch(void* stream, node::Args a) {
+  DDL_ASSERT(ready_);
+  a.nranks = members_;
+  a.rank = me_;
+  for (int m = 0; m < node::kMaxRanks; ++m) a.regions[m] = m < members_ ? regions_[m] : nullptr;
+  a.slot_bytes = slot_bytes_;
+  auto* words_dev = static_cast<uint32_t*>(words_dev_);
+  a.abort = words_dev;
+  a.error = words_dev + 1;
+  a.timeout_ns = static_cast<uint64_t>(timeout_ms_) * 1000000;
+  rt_.recordOn(stream, fork_);
+  rt_.waitOn(stream_, fork_);
+  rt_.launchNode(stream_, a);
+  rt_.recordOn(stream_, join_);
+  rt_.waitOn(stream, join_);
+}
+
+void StreamPath::HostJob::holdStream(void* p) {
+  auto* holder = static_cast<std::shared_ptr<HostJob>*>(p);
+  {
+    HostJob& job = **holder;
+    std::unique_lock<std::mutex> lk(job.mu);
+    job.cv.wait(lk, [&] { return job.done; });  // finish() comes: every collective ends within its timeout
+  }
+  delete holder;
+}
+
+void StreamPath::HostJob::finish() {
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    done = true;
+  }
+  cv.notify_all();
+  if (ready) rt->deleteEvent(ready);
+  ready = nullptr;
+}
+
+std::shared_ptr<StreamPath::HostJob> StreamPath::hostPaced(void* stream, int dev) {
+  auto job = std::make_shared<HostJob>();
+  job->rt = &rt_;
+  job->ready = rt_.newEvent(dev);
+  try {
+    rt_.recordOn(stream, job->ready);
+    auto* holder = new std::shared_ptr<HostJob>(job);
+    try {
+      rt_.hostCall(stream, &HostJob::holdStream, holder);
+    } catch (...) {
+      delete holder;
+      throw;
+    }
+  } catch (...) {
+    rt_.deleteEvent(job->ready);
+    job->ready = nullptr;
+    throw;
+  }
+  return job;
+}
+
+void StreamPath::awaitReady(HostJob& job) {
+  // Poll: briefly at full speed (the stream is often there already), then with short sleeps.
+  for (int i = 0; !rt_.eventDone(job.ready); ++i) {
+    if (aborted_.load()) fail(ddlAborted, "communicator aborted by ddlCommAbort");
+    if (i < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+void StreamPath::abort() {
+  aborted_.store(true);
+  if (uint32_t* w = abort_word_.load()) reinterpret_cast<volatile uint32_t*>(w)[0] = 1;
+}
+
+uint32_t StreamPath::gpuError() const {
+  const uint32_t* w = error_word_.load();
+  return w ? reinterpret_cast<const volatile uint32_t*>(w)[0] : node::kNoError;
+}
+
+std::string StreamPath::describeGpuError(uint32_t code) {
+  switch (code) {
+    case node::kTimedOut:
+      return "a stream-ordered collective's kernel waited past the timeout for a rank of its node (DDL_TIMEOUT_MS)";
+    case node::kAborted: return "communicator aborted by ddlCommAbort (a stream-ordered kernel stopped)";
+    case node::kPeerFailed:
+      return "a rank of the node failed inside a stream-ordered collective's kernel (timeout or abort there)";
+    default: return "the node kernel reported failure " + std::to_string(code);
+  }
+}
+
+}  // namespace ddl

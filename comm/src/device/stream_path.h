@@ -1,0 +1,140 @@
+// StreamPath: what stream-ordered device collectives (ddlAllReduceOnStream and the others) need beside a
+// communicator's host machinery, for one rank. Comm owns one where it has a DeviceRuntime.
+//
+// A stream-ordered collective is enqueued on the caller's stream and the call returns at once; the stream's
+// later work sees the result. Two schemes carry it:
+//
+//  - The node kernel (device/node_kernel.h), where every rank is on one node and shares memory with the others
+//    and each has a GPU of its own, or several share one GPU under the MPS daemon (then their kernels run at
+//    once). One kernel per collective and rank on a stream of libddl's own, forked from the caller's stream
+//    and joined back to it with events: the caller's collectives run in call order even when it uses several
+//    streams, and the fork and join are captured into a CUDA graph like any stream work. Each rank's region
+//    (node_kernel.h's layout) is allocated, exported over CUDA IPC and opened by every other member once, at
+//    the first stream-ordered collective (setupNode: a host collective, so that one must not be captured).
+//    No host takes part after that.
+//  - Host-paced, everywhere else (ranks on several nodes, no CUDA IPC, or ranks sharing one GPU without MPS,
+//    whose kernels would take turns on the GPU and so could not wait for each other inside a kernel): the
+//    call records an event on the stream and enqueues a host function there that holds the stream until the
+//    communicator's own thread has run the collective with the host-blocking device path (device_path.h) once
+//    that event completed (hostPaced, awaitReady, HostJob::finish). The caller's thread does not wait; the
+//    stream does. Not capturable.
+//
+// Failures found on the GPU (a timeout or an abort inside the kernel, or a peer's) land in the error word;
+// Comm reads it (gpuError) and breaks the communicator. abort() sets the abort word, which every wait of the
+// kernel polls, so work already on the GPU ends too.
+//
+// Threads: setupNode, launch and hostPaced on the thread calling the communicator's collectives;
+// awaitReady on the communicator's thread; abort and gpuError on any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ddl/ddl.h"
+#include "device/node_kernel.h"
+#include "device_runtime.h"
+#include "env.h"
+
+namespace ddl {
+
+// A node kernel slot (node_kernel.h): 4 of them per rank, 32 MiB of device memory with the default.
+constexpr size_t kNodeSlotBytes = size_t{8} << 20;
+// The size of a rank's record in the node kernel's setup exchange.
+constexpr size_t kNodeRecordBytes = 512;
+
+// Up to this many bytes an allreduce of the node kernel is one-shot (every rank reads every rank's whole
+// message: one barrier), above it two-shot (each rank reduces its slice: twice the barriers, each byte read
+// once). A function of its arguments only: every rank chooses the same.
+size_t nodeOneShotBytes(int nranks);
+
+class StreamPath {
+ public:
+  StreamPath(DeviceRuntime& rt, int rank, int timeout_ms, DeviceScheme forced, size_t slot_bytes);
+  ~StreamPath();
+  StreamPath(const StreamPath&) = delete;
+  StreamPath& operator=(const StreamPath&) = delete;
+
+  // The node's exchange for setupNode: allgather fills all (members x record bytes, this member's record at
+  // its place) on every member; agree returns whether every member (of the whole communicator) said yes.
+  struct Exchange {
+    int members = 0;
+    int me = 0;
+    std::function<void(std::vector<char>& all, size_t record_bytes)> allgather;
+    std::function<bool(bool ok)> agree;
+  };
+  // Every member of the node, at its first stream-ordered collective on a device: decides the scheme and,
+  // for the kernel, sets up the regions. Returns whether the node kernel serves the node; *why says why not.
+  // Throws what the exchange throws (the communicator is then broken).
+  bool setupNode(int dev, const Exchange& ex, std::string* why);
+  bool kernelReady() const { return ready_; }
+  int kernelDevice() const { return dev_; }
+
+  // Enqueues a collective of the node kernel on stream (on kernelDevice()). a's kind, counts, buffers, type,
+  // op, root and divisor are the caller's; the rest comes from here.
+  void launch(void* stream, node::Args a);
+
+  // The host-paced scheme's hand-over between the caller's stream and the communicator's thread.
+  class HostJob {
+   public:
+    // The communicator's thread, once the collective ran (or failed): lets the stream go on.
+    void finish();
+
+   private:
+    friend class StreamPath;
+    static void holdStream(void* job);  // the host function on the caller's stream
+    void* ready = nullptr;              // recorded on the caller's stream at the call
+    DeviceRuntime* rt = nullptr;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  // Records the stream's readiness and enqueues the host function that holds it until job->finish().
+  std::shared_ptr<HostJob> hostPaced(void* stream, int dev);
+  // The communicator's thread: waits until the work the caller queued before the job completed. Polls, so
+  // that an abort ends the wait (then throws ddlAborted).
+  void awaitReady(HostJob& job);
+
+  // Any thread.
+  void abort();
+  // The kernel's failure (node::ErrorCode), kNoError while all is well.
+  uint32_t gpuError() const;
+  static std::string describeGpuError(uint32_t code);
+
+  // The memory this rank's region took (0 before setupNode chose the kernel), for tests and DDL_DEBUG.
+  size_t regionBytes() const { return region_bytes_; }
+  // Waits for the node kernel's stream (aborting it past the timeout) and closes the other members' regions:
+  // every member, before the communicator's last barrier, so that no region is freed while open.
+  void closePeers() noexcept;
+  // closePeers, then frees this rank's region and the rest.
+  void release() noexcept;
+
+ private:
+  DeviceRuntime& rt_;
+  const int rank_;
+  const int timeout_ms_;
+  const DeviceScheme forced_;
+  const size_t slot_bytes_;
+  bool ready_ = false;
+  int dev_ = -1;
+  int members_ = 0, me_ = 0;
+  size_t region_bytes_ = 0;
+  void* own_ = nullptr;                   // this rank's region
+  std::vector<char*> regions_;            // every member's, as this rank sees it
+  void* stream_ = nullptr;                // the node kernel's
+  void* fork_ = nullptr;                  // events: the caller's stream to ours, and back
+  void* join_ = nullptr;
+  void* words_host_ = nullptr;            // [abort, error] words, pinned and mapped
+  void* words_dev_ = nullptr;
+  std::atomic<uint32_t*> abort_word_{nullptr};
+  std::atomic<uint32_t*> error_word_{nullptr};
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace ddl

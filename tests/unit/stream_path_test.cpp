@@ -1,0 +1,406 @@
+// Stream-ordered device collectives (device/stream_path.h, node_kernel.h) on the emulated GPU
+// (fake_device.h), ranks as threads: every build runs these, GPU or not. The emulation's streams run only when
+// waited for, so a collective that does not order itself on the caller's stream gives wrong results here,
+// and the node kernel's algorithm (the same code the CUDA kernel runs) meets its peers through real flags.
+//
+// - the node kernel: every collective, types and ops, one-shot and two-shot, many chunks, in place, many
+//   calls in a row (rising epochs, alternating slots), against the host path's expected values;
+// - the call returns before the result exists: the stream's later work sees it;
+// - the scheme: ranks that share a GPU as processes without MPS, or on several nodes, are host-paced (and
+//   still correct); with MPS, the kernel; DDL_DEVICE_SCHEME forces either;
+// - capture: allowed on the kernel after a first call, refused on the first call and when host-paced;
+// - failures: an abort ends a kernel waiting for a peer that never comes, a peer that never comes times out,
+//   both break the communicator (ddlCommGetAsyncError); bad buffers are argument errors that break nothing.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm.h"
+#include "device/node_kernel.h"
+#include "device/stream_path.h"
+#include "dtype.h"
+#include "error.h"
+#include "fake_device.h"
+#include "store.h"
+#include "test_values.h"
+#include "thread_ranks.h"
+
+namespace ddl {
+namespace {
+
+using test_util::expectAllOk;
+using test_util::FakeBuffer;
+using test_util::FakeCounters;
+using test_util::FakeRuntime;
+using test_util::FakeStream;
+using test_util::makeExpected;
+using test_util::makeInput;
+using test_util::RankResult;
+
+struct Rig {
+  std::shared_ptr<FakeCounters> counters = std::make_shared<FakeCounters>();
+  std::vector<FakeRuntime*> runtimes;
+  bool processes = false;  // each rank claims a process of its own
+  bool mps = false;
+  DeviceScheme scheme = DeviceScheme::kAuto;
+  size_t slot_bytes = 0;
+  int timeout_ms = 30000;
+};
+
+std::vector<RankResult> runRanks(int nranks, Rig& setup, bool one_node, const std::function<void(Comm&)>& body) {
+  Options o;
+  o.topology = parseTopology("", nranks);
+  o.timeout_ms = setup.timeout_ms;
+  o.device_scheme = setup.scheme;
+  o.node_slot_bytes = setup.slot_bytes;
+  setup.runtimes.assign(nranks, nullptr);
+  o.device_runtime = [&setup](int rank) {
+    test_util::Faults f;
+    f.mps = setup.mps;
+    f.pid = setup.processes ? 100000 + rank : 0;
+    auto rt = std::make_unique<FakeRuntime>(setup.counters, f);
+    setup.runtimes[rank] = rt.get();
+    return rt;
+  };
+  return test_util::runRanks(nranks, o, body, nullptr, one_node ? makeMemoryStore() : nullptr);
+}
+
+void put(void* d, const std::vector<char>& h) { std::memcpy(d, h.data(), h.size()); }
+std::vector<char> get(const void* d, size_t bytes) {
+  std::vector<char> v(bytes);
+  std::memcpy(v.data(), d, bytes);
+  return v;
+}
+void expectSame(const std::vector<char>& got, const std::vector<char>& want, const std::string& what) {
+  if (got != want) fail(ddlInternalError, what + ": the result differs from the expected one");
+}
+
+// Every stream-ordered collective once, checked, on the caller's stream.
+void everyCollective(Comm& comm, ddlDataType_t type, ddlRedOp_t op, size_t count) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t es = typeSize(type), bytes = count * es;
+  FakeStream stream;
+  const std::string tag = std::string(typeName(type)) + "/" + opName(op) + " x" + std::to_string(count);
+  {  // allreduce, out of place and in place
+    FakeBuffer a(bytes), b(bytes);
+    put(a.p, makeInput(type, op, r, count));
+    comm.allReduceOnStream(a.p, b.p, count, type, op, &stream);
+    comm.allReduceOnStream(a.p, a.p, count, type, op, &stream);
+    stream.sync();
+    expectSame(get(b.p, bytes), makeExpected(type, op, n, count), "allreduce " + tag);
+    expectSame(get(a.p, bytes), makeExpected(type, op, n, count), "allreduce in place " + tag);
+  }
+  {  // reduce-scatter: count elements per rank
+    FakeBuffer in(bytes * n), out(bytes);
+    put(in.p, makeInput(type, op, r, count * n));
+    comm.reduceScatterOnStream(in.p, out.p, count, type, op, &stream);
+    stream.sync();
+    auto want = makeExpected(type, op, n, count * n);
+    expectSame(get(out.p, bytes), std::vector<char>(want.begin() + r * bytes, want.begin() + (r + 1) * bytes),
+               "reduce-scatter " + tag);
+  }
+  {  // allgather, in place
+    FakeBuffer all(bytes * n);
+    put(static_cast<char*>(all.p) + r * bytes, makeInput(type, ddlSum, r, count));
+    comm.allGatherOnStream(static_cast<char*>(all.p) + r * bytes, all.p, count, type, &stream);
+    stream.sync();
+    std::vector<char> want;
+    for (int s = 0; s < n; ++s) {
+      auto v = makeInput(type, ddlSum, s, count);
+      want.insert(want.end(), v.begin(), v.end());
+    }
+    expectSame(get(all.p, bytes * n), want, "allgather " + tag);
+  }
+  {  // broadcast and reduce from the last rank
+    const int root = n - 1;
+    FakeBuffer a(bytes), b(bytes);
+    put(a.p, makeInput(type, op, r, count));
+    comm.broadcastOnStream(a.p, b.p, count, type, root, &stream);
+    comm.reduceOnStream(a.p, a.p, count, type, op, root, &stream);
+    stream.sync();
+    expectSame(get(b.p, bytes), makeInput(type, op, root, count), "broadcast " + tag);
+    expectSame(get(a.p, bytes), r == root ? makeExpected(type, op, n, count) : makeInput(type, op, r, count),
+               "reduce " + tag);
+  }
+}
+
+TEST(StreamPath, NodeKernelEveryCollective) {
+  for (int nranks : {2, 3, 4}) {
+    SCOPED_TRACE(std::to_string(nranks) + " ranks");
+    Rig setup;
+    expectAllOk(runRanks(nranks, setup, true, [&](Comm& comm) {
+      // 1: one element; 1000: one-shot; 300001: two-shot (float32: 1.2 MB), odd counts throughout.
+      everyCollective(comm, ddlFloat32, ddlSum, 1);
+      EXPECT_EQ(comm.streamScheme(), "kernel");
+      everyCollective(comm, ddlFloat32, ddlAvg, 1000);
+      everyCollective(comm, ddlFloat32, ddlSum, 300001);
+      everyCollective(comm, ddlInt32, ddlMax, 999);
+      everyCollective(comm, ddlBfloat16, ddlMin, 77);
+    }));
+    EXPECT_GT(setup.counters->node_kernels.load(), 0);
+    EXPECT_EQ(setup.counters->host_calls.load(), 0) << "no host in the node kernel's path";
+  }
+}
+
+TEST(StreamPath, NodeKernelTypesOpsAndManyChunks) {
+  Rig setup;
+  setup.slot_bytes = 4096;  // a few elements per chunk: hundreds of rounds, both slots, rising epochs
+  expectAllOk(runRanks(3, setup, true, [&](Comm& comm) {
+    for (int t = 0; t < ddlNumTypes; ++t) {
+      for (int o = 0; o < ddlNumOps; ++o) {
+        const auto type = static_cast<ddlDataType_t>(t);
+        const auto op = static_cast<ddlRedOp_t>(o);
+        if (!opTakesType(op, type)) continue;
+        everyCollective(comm, type, op, 2049);
+      }
+    }
+  }));
+}
+
+TEST(StreamPath, CallReturnsBeforeTheResultAndTheStreamSeesIt) {
+  Rig setup;
+  expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
+    constexpr size_t kCount = 5000;
+    FakeBuffer a(kCount * 4), b(kCount * 4);
+    put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), kCount));
+    FakeStream stream;
+    comm.allReduceOnStream(a.p, b.p, kCount, ddlFloat32, ddlSum, &stream);  // sets the kernel up
+    stream.sync();
+    std::memset(b.p, 0, kCount * 4);
+    comm.allReduceOnStream(a.p, b.p, kCount, ddlFloat32, ddlSum, &stream);
+    // Nothing ran yet: the collective is queued behind the stream.
+    EXPECT_EQ(get(b.p, kCount * 4), std::vector<char>(kCount * 4, 0));
+    // The stream's later work (a copy here) sees the result.
+    FakeBuffer c(kCount * 4);
+    stream.push([&] { std::memcpy(c.p, b.p, kCount * 4); });
+    stream.sync();
+    expectSame(get(c.p, kCount * 4), makeExpected(ddlFloat32, ddlSum, 2, kCount), "after the stream");
+  }));
+}
+
+TEST(StreamPath, SharedGpuWithoutMpsIsHostPacedWithMpsTheKernel) {
+  for (bool mps : {false, true}) {
+    SCOPED_TRACE(mps ? "MPS" : "no MPS");
+    Rig setup;
+    setup.processes = true;  // one emulated GPU, ranks as processes of their own
+    setup.mps = mps;
+    expectAllOk(runRanks(3, setup, true, [&](Comm& comm) {
+      everyCollective(comm, ddlFloat32, ddlSum, 1001);
+      everyCollective(comm, ddlInt64, ddlProd, 300001);
+      EXPECT_EQ(comm.streamScheme(), mps ? "kernel" : "host");
+    }));
+    if (mps) {
+      EXPECT_EQ(setup.counters->host_calls.load(), 0);
+    } else {
+      EXPECT_EQ(setup.counters->node_kernels.load(), 0);
+      EXPECT_GT(setup.counters->host_calls.load(), 0);
+    }
+  }
+}
+
+TEST(StreamPath, ForcedSchemes) {
+  for (auto scheme : {DeviceScheme::kHost, DeviceScheme::kKernel}) {
+    Rig setup;
+    setup.processes = true;  // auto would be host-paced
+    setup.scheme = scheme;
+    expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
+      everyCollective(comm, ddlFloat64, ddlMax, 4097);
+      EXPECT_EQ(comm.streamScheme(), scheme == DeviceScheme::kHost ? "host" : "kernel");
+    }));
+  }
+}
+
+TEST(StreamPath, SeveralNodesAreHostPaced) {
+  Rig setup;
+  expectAllOk(runRanks(3, setup, false, [&](Comm& comm) {
+    everyCollective(comm, ddlFloat32, ddlSum, 3001);
+    EXPECT_EQ(comm.streamScheme(), "host");
+  }));
+  EXPECT_EQ(setup.counters->node_kernels.load(), 0);
+}
+
+TEST(StreamPath, HostPacedKeepsOrderWithBlockingCalls) {
+  Rig setup;
+  setup.scheme = DeviceScheme::kHost;
+  expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
+    constexpr size_t kCount = 1000;
+    FakeStream stream;
+    FakeBuffer a(kCount * 4);
+    put(a.p, makeInput(ddlInt32, ddlSum, comm.rank(), kCount));
+    comm.allReduceOnStream(a.p, a.p, kCount, ddlInt32, ddlSum, &stream);
+    // A blocking host collective after it runs after it on the wire (the stream is driven meanwhile).
+    std::thread drive([&] { stream.sync(); });
+    std::vector<int32_t> h(4, comm.rank() + 1), out(4);
+    comm.allReduce(h.data(), out.data(), 4, ddlInt32, ddlSum);
+    drive.join();
+    EXPECT_EQ(out[0], 3);
+    expectSame(get(a.p, kCount * 4), makeExpected(ddlInt32, ddlSum, 2, kCount), "host-paced");
+  }));
+}
+
+TEST(StreamPath, CaptureNeedsAFirstCallAndTheKernel) {
+  for (bool host : {false, true}) {
+    Rig setup;
+    setup.scheme = host ? DeviceScheme::kHost : DeviceScheme::kAuto;
+    expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
+      FakeRuntime& rt = *setup.runtimes[comm.rank()];
+      FakeStream stream;
+      FakeBuffer a(4096);
+      rt.setCapturing(&stream);
+      try {
+        comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+        ADD_FAILURE() << "a first call under capture was taken";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ddlInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find("warm-up"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(comm.asyncError(), ddlSuccess) << "an argument error breaks nothing";
+      rt.setCapturing(nullptr);
+      put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), 1024));
+      comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+      stream.sync();
+      rt.setCapturing(&stream);
+      put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), 1024));
+      if (host) {
+        try {
+          comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+          ADD_FAILURE() << "a host-paced call under capture was taken";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ddlInvalidArgument);
+          EXPECT_NE(std::string(e.what()).find("captured"), std::string::npos) << e.what();
+        }
+      } else {
+        comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+        stream.sync();
+        expectSame(get(a.p, 4096), makeExpected(ddlFloat32, ddlSum, 2, 1024), "captured");
+      }
+      rt.setCapturing(nullptr);
+    }));
+  }
+}
+
+TEST(StreamPath, BadBuffersAreArgumentErrors) {
+  Rig setup;
+  expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
+    FakeStream stream;
+    std::vector<float> host(16);
+    FakeBuffer other(64, 1);  // another device than the stream's (0)
+    FakeBuffer a(64);
+    auto expectRefused = [&](const std::function<void()>& call, const char* says) {
+      try {
+        call();
+        ADD_FAILURE() << "taken: " << says;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ddlInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      }
+    };
+    expectRefused([&] { comm.allReduceOnStream(host.data(), host.data(), 16, ddlFloat32, ddlSum, &stream); },
+                  "host memory");
+    expectRefused([&] { comm.allReduceOnStream(other.p, a.p, 16, ddlFloat32, ddlSum, &stream); }, "device 1");
+    expectRefused([&] { comm.allReduceOnStream(a.p, a.p, 16, ddlFloat32, ddlBand, &stream); }, "integer");
+    EXPECT_EQ(comm.asyncError(), ddlSuccess);
+    // Still usable.
+    put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), 16));
+    comm.allReduceOnStream(a.p, a.p, 16, ddlFloat32, ddlSum, &stream);
+    stream.sync();
+    expectSame(get(a.p, 64), makeExpected(ddlFloat32, ddlSum, 2, 16), "after refusals");
+  }));
+}
+
+// Rank 1 never makes the second call: rank 0's kernel waits inside the GPU for it.
+TEST(StreamPath, AbortEndsAKernelWaitingForAPeer) {
+  Rig setup;
+  std::atomic<bool> rank0_done{false};
+  const auto results = runRanks(2, setup, true, [&](Comm& comm) {
+    FakeStream stream;
+    FakeBuffer a(4096);
+    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+    stream.sync();
+    if (comm.rank() == 1) {
+      while (!rank0_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      comm.abort();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    stream.sync();  // runs the kernel, which waits for rank 1 until the abort
+    aborter.join();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+    EXPECT_EQ(comm.asyncError(), ddlAborted);
+    rank0_done.store(true);
+    try {
+      comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+      ADD_FAILURE() << "an aborted communicator took a call";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ddlAborted);
+    }
+  });
+  EXPECT_EQ(results[1].code, ddlSuccess) << results[1].what;
+}
+
+TEST(StreamPath, APeerThatNeverComesTimesOutAndBreaksTheCommunicator) {
+  Rig setup;
+  setup.timeout_ms = 300;
+  std::atomic<bool> rank0_done{false};
+  runRanks(2, setup, true, [&](Comm& comm) {
+    FakeStream stream;
+    FakeBuffer a(4096);
+    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+    stream.sync();
+    if (comm.rank() == 1) {
+      while (!rank0_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+    stream.sync();
+    EXPECT_EQ(comm.asyncError(), ddlTimeout);
+    rank0_done.store(true);
+    try {
+      std::vector<float> h(4);
+      comm.allReduce(h.data(), h.data(), 4, ddlFloat32, ddlSum);
+      ADD_FAILURE() << "a broken communicator took a blocking call";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ddlTimeout);
+      EXPECT_NE(std::string(e.what()).find("stream-ordered"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// The algorithm alone, on the host: shares cover every element once, in whole units, and chunks fit a slot.
+TEST(NodeKernel, SharesAndChunks) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{1000}, size_t{123457}}) {
+    for (int g : {1, 3, 32}) {
+      size_t covered = 0, prev_hi = 0;
+      for (int i = 0; i < g; ++i) {
+        size_t lo, hi;
+        node::share(n, g, i, 4, &lo, &hi);
+        EXPECT_EQ(lo, prev_hi);
+        EXPECT_TRUE(lo % 4 == 0 || lo == n);
+        covered += hi - lo;
+        prev_hi = hi;
+      }
+      EXPECT_EQ(covered, n);
+    }
+  }
+  node::Args a{};
+  a.kind = node::Kind::kReduceScatter;
+  a.nranks = 3;
+  a.elem = 2;
+  a.slot_bytes = 4096;
+  EXPECT_LE(node::chunkElems(a) * 3 * 2, a.slot_bytes);
+  EXPECT_EQ(node::chunkElems(a) % 8, 0u);
+  EXPECT_EQ(nodeOneShotBytes(2), size_t{512} << 10);
+  EXPECT_GE(nodeOneShotBytes(2), nodeOneShotBytes(8));
+}
+
+}  // namespace
+}  // namespace ddl
