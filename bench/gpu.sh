@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
 # Everything libddl's GPU work waits to have measured, in one run on a machine with a GPU (docs/benchmarks.md,
-# "GPU"): the CUDA tests, ddl-cuda-bench, and ddl-bench on device buffers next to host buffers at 2, 4 and 8
-# ranks (ranks share the GPUs, device = local rank mod GPUs), each rank pinned to a core of its own. Writes the
-# outputs and JSON under --out and prints where.
+# "GPU"): the CUDA tests, ddl-cuda-bench, and ddl-bench at 2, 4 and 8 ranks (ranks share the GPUs, device =
+# local rank mod GPUs), each rank pinned to a core of its own: host buffers, then device buffers stream-ordered
+# (64 KiB to --max; and 8 B to 1 MiB for the small-message latency), CUDA-graph replay and the host-blocking
+# call, each without and with the MPS daemon (--mps). Writes the outputs and JSON under --out, a summary of the
+# figures in summary.txt, and prints where.
 #
-# Usage: bench/gpu.sh [--out DIR] [--bin DIR] [--ranks "2 4 8"] [--max SIZE] [--iters N]
+# Usage: bench/gpu.sh [--out DIR] [--bin DIR] [--build DIR] [--ranks "2 4 8"] [--max SIZE] [--iters N]
+#                     [--mps "off on"]
 # Exit status: 0 done, 1 a step failed (the others still ran), 2 bad usage, 77 no GPU here (nothing to measure).
 set -uo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$script_dir/.." && pwd)
-OUT=gpu-results BIN=$repo/build/bin RANKS="2 4 8" MAX=256M ITERS=20
+OUT=gpu-results BIN=$repo/build/bin BUILD="" RANKS="2 4 8" MAX=256M ITERS=20 MPS="off on"
 while (($#)); do
   case $1 in
     --out) OUT=${2:?--out needs a directory}; shift 2 ;;
     --bin) BIN=${2:?--bin needs a directory}; shift 2 ;;
+    --build) BUILD=${2:?--build needs a directory}; shift 2 ;;
+    --mps) MPS=${2:?--mps needs "off", "on" or "off on"}; shift 2 ;;
     --ranks) RANKS=${2:?--ranks needs a list}; shift 2 ;;
     --max) MAX=${2:?--max needs a size}; shift 2 ;;
     --iters) ITERS=${2:?--iters needs a count}; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu.sh: unknown argument '$1' (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -39,18 +44,47 @@ step() {  # step NAME command...: runs it, output to OUT/NAME.txt, and says how 
 
 nvidia-smi -L >"$OUT/gpus.txt" 2>&1
 nvidia-smi topo -m >>"$OUT/gpus.txt" 2>&1 || true
-step cuda-tests ctest --test-dir "$repo/build" -R 'Cuda|UcxDevice|DevicePath' --output-on-failure
+[[ -n $BUILD ]] || BUILD=$(cd "$BIN/.." && pwd)
+step cuda-tests ctest --test-dir "$BUILD" -R 'Cuda|UcxDevice|DevicePath|StreamPath|NodeKernel' --output-on-failure
 step cuda-bench "$BIN/ddl-cuda-bench" -b 64M -e 1G
+mps() {  # mps on|off: starts or stops the MPS control daemon; false where it cannot
+  if [[ $1 == on ]]; then
+    command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d && sleep 1
+  else
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+    sleep 1
+    return 0
+  fi
+}
+bench() {  # bench NAME RANKS flags...: ddl-bench on RANKS ranks, rank r on core r
+  local name=$1 n=$2; shift 2
+  # ddlrun binds nothing itself: taskset gives rank r core r through the launcher's DDL_LOCAL_RANK.
+  step "$name" "$BIN/ddlrun" -np "$n" -x DDL_DEBUG=1 -- bash -c \
+    'exec taskset -c "$DDL_LOCAL_RANK" "$0" "$@"' "$BIN/ddl-bench" "$@" --json "$OUT/$name.json"
+}
 cores=$(nproc)
 for n in $RANKS; do
-  if ((n > cores)); then echo "== $n ranks: skipped, $cores cores here"; continue; fi
-  for kind in host device; do
-    flags=(-b 64K -e "$MAX" -n "$ITERS" --json "$OUT/ddl-bench-$kind-$n.json")
-    [[ $kind == device ]] && flags+=(--device)
-    # ddlrun binds nothing itself: taskset gives rank r core r through the launcher's DDL_LOCAL_RANK.
-    step "ddl-bench-$kind-$n" "$BIN/ddlrun" -np "$n" -- bash -c \
-      'exec taskset -c "$DDL_LOCAL_RANK" "$0" "$@"' "$BIN/ddl-bench" "${flags[@]}"
+  ((n > cores)) || bench "ddl-bench-host-$n" "$n" -b 64K -e "$MAX" -n "$ITERS"
+done
+for m in $MPS; do
+  if ! mps "$m"; then echo "== MPS $m: skipped, the MPS daemon cannot be started here"; continue; fi
+  for n in $RANKS; do
+    if ((n > cores)); then echo "== $n ranks: skipped, $cores cores here"; continue; fi
+    bench "ddl-bench-stream-mps$m-$n" "$n" --device -b 64K -e "$MAX" -n "$ITERS"
+    bench "ddl-bench-small-mps$m-$n" "$n" --device -b 8 -e 1M -f 4 -n 200 -w 20
+    bench "ddl-bench-graph-mps$m-$n" "$n" --device --graph -b 8 -e 1M -f 4 -n 200 -w 20
+    bench "ddl-bench-blocking-mps$m-$n" "$n" --device --blocking -b 64K -e "$MAX" -n "$ITERS"
   done
 done
+mps off
+# One line per run: the 64 KiB time and the best bus bandwidth at 64 MiB and above (out of place).
+for f in "$OUT"/ddl-bench-*.txt; do
+  awk -v run="$(basename "$f" .txt)" '
+    $1 == "[0]" && $2 ~ /^[0-9]+$/ { size = $2; t = $7; bw = $9
+      if (size == 65536) small = t
+      if (size == 8) tiny = t
+      if (size >= 67108864 && bw > best) best = bw }
+    END { printf "%-32s 8 B: %8s us   64 KiB: %8s us   busbw >= 64 MiB: %s GB/s\n", run, tiny, small, best }' "$f"
+done | tee "$OUT/summary.txt"
 echo "results in $OUT"
 exit $status

@@ -1,5 +1,6 @@
 // ddl-bench --device: a rank's send and receive buffers in CUDA device memory, on device DDL_LOCAL_RANK (else
-// 0) modulo the GPUs the process sees. Built with CUDA only (DDL_BENCH_CUDA); elsewhere --device is refused
+// 0) modulo the GPUs the process sees, and the stream the stream-ordered collectives are enqueued on (with it
+// a CUDA graph of one collective, for --graph). Built with CUDA only (DDL_BENCH_CUDA); elsewhere --device is refused
 // when the flags are parsed and this is an empty shell. Every call returns "" or what went wrong.
 #pragma once
 
@@ -16,12 +17,15 @@ namespace ddlbench {
 struct DeviceBuffers {
   void* send = nullptr;
   void* recv = nullptr;
-  std::string where;  // "GPU 1 of 4: NVIDIA H100 80GB HBM3"
+  void* stream = nullptr;  // a cudaStream_t
+  std::string where;       // "GPU 1 of 4: NVIDIA H100 80GB HBM3"
 
 #ifdef DDL_BENCH_CUDA
   ~DeviceBuffers() {
+    dropGraph();
     if (send) cudaFree(send);
     if (recv) cudaFree(recv);
+    if (stream) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
   }
   std::string open(size_t bytes) {
     int n = 0;
@@ -38,7 +42,36 @@ struct DeviceBuffers {
       where = "GPU " + std::to_string(dev) + " of " + std::to_string(n) + ": " + prop.name;
     if (cudaError_t e = cudaMalloc(&send, bytes); e != cudaSuccess) return what("cudaMalloc", e);
     if (cudaError_t e = cudaMalloc(&recv, bytes); e != cudaSuccess) return what("cudaMalloc", e);
+    cudaStream_t s = nullptr;
+    if (cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess)
+      return what("cudaStreamCreate", e);
+    stream = s;
     return "";
+  }
+  std::string sync() {
+    cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    return e == cudaSuccess ? "" : what("cudaStreamSynchronize", e);
+  }
+  // Captures what enqueue() puts on the stream into a graph (replacing the last one); enqueue returns false
+  // after reporting a failure of its own.
+  template <class F>
+  std::string capture(F&& enqueue) {
+    dropGraph();
+    auto s = static_cast<cudaStream_t>(stream);
+    if (cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal); e != cudaSuccess)
+      return what("cudaStreamBeginCapture", e);
+    const bool enqueued = enqueue();
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamEndCapture(s, &g);
+    if (!enqueued) return "the collective could not be captured";
+    if (e != cudaSuccess) return what("cudaStreamEndCapture", e);
+    graph_ = g;
+    if (e = cudaGraphInstantiate(&exec_, g, 0); e != cudaSuccess) return what("cudaGraphInstantiate", e);
+    return "";
+  }
+  std::string replay() {
+    cudaError_t e = cudaGraphLaunch(exec_, static_cast<cudaStream_t>(stream));
+    return e == cudaSuccess ? "" : what("cudaGraphLaunch", e);
   }
   std::string copy(void* dst, const void* src, size_t bytes) {
     cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
@@ -49,9 +82,24 @@ struct DeviceBuffers {
   static std::string what(const char* call, cudaError_t e) {
     return std::string(call) + " failed: " + cudaGetErrorString(e);
   }
+  void dropGraph() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    exec_ = nullptr;
+    graph_ = nullptr;
+  }
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 #else
-  std::string open(size_t) { return "this ddl-bench was built without the CUDA Toolkit"; }
-  std::string copy(void*, const void*, size_t) { return "this ddl-bench was built without the CUDA Toolkit"; }
+  static constexpr const char* kNoCuda = "this ddl-bench was built without the CUDA Toolkit";
+  std::string open(size_t) { return kNoCuda; }
+  std::string copy(void*, const void*, size_t) { return kNoCuda; }
+  std::string sync() { return kNoCuda; }
+  template <class F>
+  std::string capture(F&&) {
+    return kNoCuda;
+  }
+  std::string replay() { return kNoCuda; }
 #endif
 };
 

@@ -309,6 +309,9 @@ struct Options {
   std::string json_path;
   std::string tune_path;  // --tune: explore and write a tuning table instead of the table
   bool device = false;    // --device: the buffers are CUDA device memory
+  // With --device, how the collective is called: enqueued on a stream (ddlAllReduceOnStream), host-blocking
+  // (--blocking: ddlAllReduce), or one stream-ordered call captured in a CUDA graph and replayed (--graph).
+  enum class Mode { kStream, kBlocking, kGraph } mode = Mode::kStream;
 };
 
 constexpr const char* kUsage =
@@ -323,7 +326,10 @@ constexpr const char* kUsage =
     "      --tune FILE          time every algorithm and segment size per size and write the fastest as a\n"
     "                           tuning table for DDL_TUNE_FILE (rules for other rank counts in FILE are "
     "kept)\n"
-    "      --device             CUDA device buffers (device DDL_LOCAL_RANK mod the GPUs; builds with CUDA)\n"
+    "      --device             CUDA device buffers (device DDL_LOCAL_RANK mod the GPUs; builds with CUDA),\n"
+    "                           stream-ordered: ddlAllReduceOnStream, N calls on a stream, then one sync\n"
+    "      --blocking           with --device: the host-blocking ddlAllReduce instead\n"
+    "      --graph              with --device: one ddlAllReduceOnStream captured in a CUDA graph, replayed\n"
     "  -h, --help               this text\n"
     "      --version            print ddl-bench's version\n"
     "Exit status: 0 all results right, 1 wrong values, 2 bad flags, 3 a libddl error.\n";
@@ -338,7 +344,7 @@ constexpr const char* kUsage =
 }
 
 Options parseOptions(int argc, char** argv) {
-  enum { kJsonOption = 256, kTuneOption, kVersionOption, kDeviceOption };
+  enum { kJsonOption = 256, kTuneOption, kVersionOption, kDeviceOption, kBlockingOption, kGraphOption };
   static const option kLongOptions[] = {
       BENCH_SWEEP_LONG_OPTIONS,
       {"datatype", required_argument, nullptr, 'd'},
@@ -347,6 +353,8 @@ Options parseOptions(int argc, char** argv) {
       {"json", required_argument, nullptr, kJsonOption},
       {"tune", required_argument, nullptr, kTuneOption},
       {"device", no_argument, nullptr, kDeviceOption},
+      {"blocking", no_argument, nullptr, kBlockingOption},
+      {"graph", no_argument, nullptr, kGraphOption},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersionOption},
       {nullptr, 0, nullptr, 0},
@@ -405,6 +413,12 @@ Options parseOptions(int argc, char** argv) {
 #endif
         o.device = true;
         break;
+      case kBlockingOption:
+        o.mode = Options::Mode::kBlocking;
+        break;
+      case kGraphOption:
+        o.mode = Options::Mode::kGraph;
+        break;
       case 'h':
         std::fputs(kUsage, stdout);
         std::exit(kExitOk);
@@ -429,6 +443,8 @@ Options parseOptions(int argc, char** argv) {
   if (!o.tune_path.empty() && !o.algo.empty()) badFlag("-a", "cannot be combined with --tune, which tries them all");
   if (!o.tune_path.empty() && o.device)
     badFlag("--device", "cannot be combined with --tune (host buffers only)");
+  if (o.mode != Options::Mode::kStream && !o.device)
+    badFlag(o.mode == Options::Mode::kGraph ? "--graph" : "--blocking", "needs --device");
   return o;
 }
 
@@ -568,14 +584,60 @@ class Bench {
     return v;
   }
 
+  bool streamOrdered() const { return opt_.device && opt_.mode != Options::Mode::kBlocking; }
+
+  // One collective as the mode calls it: stream-ordered ones are enqueued only (deviceOk(device_.sync()) waits).
+  void allReduceOnce(const void* send, void* recv, size_t count) {
+    if (streamOrdered()) {
+      ok(ddlAllReduceOnStream(send, recv, count, opt_.type, opt_.op, comm_, device_.stream));
+    } else {
+      ok(ddlAllReduce(send, recv, count, opt_.type, opt_.op, comm_));
+    }
+  }
+
   // Barrier, warmup, barrier, then the mean time of -n iterations, the slowest rank's.
   double timeAllReduce(const void* send, void* recv, size_t count) {
+    if (streamOrdered()) return timeOnStream(send, recv, count);
     const double us = ddlbench::timeAllReduce(comm_, "rank " + std::to_string(rank_), send, recv, count, opt_.type,
                                               opt_.op, opt_.sweep.warmup_iters, opt_.sweep.iters);
     if (us < 0) {  // already reported
       ddlCommAbort(comm_);
       std::exit(kExitDdlError);
     }
+    return us;
+  }
+
+  // The stream-ordered forms: -n calls (or graph replays) enqueued, then one synchronisation, as nccl-tests
+  // time NCCL. The first warmup call sets the communicator's GPU memory up.
+  double timeOnStream(const void* send, void* recv, size_t count) {
+    ok(ddlBarrier(comm_));
+    for (int i = 0; i < std::max(1, opt_.sweep.warmup_iters); ++i) allReduceOnce(send, recv, count);
+    deviceOk(device_.sync());
+    const bool graph = opt_.mode == Options::Mode::kGraph;
+    if (graph) {
+      deviceOk(device_.capture([&] {
+        return ddlAllReduceOnStream(send, recv, count, opt_.type, opt_.op, comm_, device_.stream) == ddlSuccess;
+      }));
+      ok(ddlCommGetAsyncError(comm_, &async_));
+      ok(async_);
+      deviceOk(device_.replay());  // the graph's first launch uploads it: not timed
+      deviceOk(device_.sync());
+    }
+    ok(ddlBarrier(comm_));
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < opt_.sweep.iters; ++i) {
+      if (graph) {
+        deviceOk(device_.replay());
+      } else {
+        allReduceOnce(send, recv, count);
+      }
+    }
+    deviceOk(device_.sync());
+    const auto end = std::chrono::steady_clock::now();
+    ok(ddlCommGetAsyncError(comm_, &async_));
+    ok(async_);
+    double us = std::chrono::duration<double, std::micro>(end - start).count() / opt_.sweep.iters;
+    ok(ddlAllReduce(&us, &us, 1, ddlFloat64, ddlMax, comm_));
     return us;
   }
 
@@ -595,7 +657,8 @@ class Bench {
       }
       upload(recv, bytes);
       const void* send = in_place ? recvBuf() : sendBuf();
-      ok(ddlAllReduce(send, recvBuf(), count, opt_.type, opt_.op, comm_));
+      allReduceOnce(send, recvBuf(), count);
+      if (streamOrdered()) deviceOk(device_.sync());
       if (opt_.device) deviceOk(device_.copy(recv, device_.recv, bytes));
       wrong = countWrong(opt_.type, recv, count, ref.expected, ref.tolerance);
       ok(ddlAllReduce(&wrong, &wrong, 1, ddlUint64, ddlSum, comm_));
@@ -619,7 +682,12 @@ class Bench {
     bench_print_sweep(&opt_.sweep);
     std::printf("# algo: %s%s\n", algo_.c_str(),
                 algo_ == "auto" ? " (libddl picks one per message size)" : "");
-    if (opt_.device) std::printf("# buffers: CUDA device memory (%s)\n", device_.where.c_str());
+    if (opt_.device) {
+      const char* how = opt_.mode == Options::Mode::kBlocking ? "host-blocking ddlAllReduce"
+                        : opt_.mode == Options::Mode::kGraph  ? "ddlAllReduceOnStream in a CUDA graph, replayed"
+                                                              : "ddlAllReduceOnStream, enqueued then synchronised";
+      std::printf("# buffers: CUDA device memory (%s); %s\n", device_.where.c_str(), how);
+    }
     bench_print_table_head(lines.data(), nranks_);
   }
 
@@ -634,6 +702,7 @@ class Bench {
   Buffer send_;
   Buffer recv_;
   ddlbench::DeviceBuffers device_;  // --device only
+  ddlResult_t async_ = ddlSuccess;
 };
 
 }  // namespace

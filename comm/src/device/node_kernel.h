@@ -33,7 +33,7 @@
 // members get the same bits, and the same bits as libddl's host path for the same fold.
 //
 // Failures. A wait is bounded by the timeout (the GPU's global timer) and polls the communicator's abort
-// word in pinned host memory. A block that fails writes kPoison into every member's flags of every block, and
+// word and the rank's error word in pinned host memory. A block that fails writes kPoison into every member's flags of every block, and
 // the failure code into the rank's error word (pinned host memory the host reads): the blocks of every member
 // then fail at their next wait instead of running into the timeout. After a failure epochs disagree, so the
 // communicator is broken for good (the host sees the error word).
@@ -158,6 +158,10 @@ DDL_NODE_FN bool meet(const Args& a, int b, uint64_t e, X& x) {
       if ((spins & 1023) == 1023) {
         if (*a.abort) {
           code = kAborted;
+          break;
+        }
+        if (*static_cast<const volatile uint32_t*>(a.error) != kNoError) {  // another block of this rank failed
+          code = kPeerFailed;
           break;
         }
         if (x.nowNs() - start > a.timeout_ns) {
