@@ -30,8 +30,8 @@
 #include "comm.h"
 #include "env.h"
 #include "error.h"
-#include "store.h"
-#include "ucx_transport.h"
+#include "rendezvous/store.h"
+#include "transport/ucx_transport.h"
 
 namespace {
 

@@ -19,7 +19,7 @@
 
 #include "device/node_kernel.h"
 #include "device_reduce.h"
-#include "device_runtime.h"
+#include "device/device_runtime.h"
 #include "error.h"
 
 namespace ddl {

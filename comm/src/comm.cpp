@@ -11,7 +11,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "reduce.h"
-#include "ucx_transport.h"
+#include "transport/ucx_transport.h"
 
 namespace ddl {
 

@@ -31,14 +31,14 @@
 #include "async_op.h"
 #include "ddl/ddl.h"
 #include "device/stream_path.h"
-#include "device_path.h"
+#include "device/device_path.h"
 #include "env.h"
 #include "p2p.h"
 #include "session.h"
-#include "shm_node.h"
-#include "store.h"
+#include "transport/shm_node.h"
+#include "rendezvous/store.h"
 #include "telemetry.h"
-#include "transport.h"
+#include "transport/transport.h"
 
 namespace ddl {
 

@@ -6,7 +6,7 @@
 
 #include "algo/tune.h"
 #include "error.h"
-#include "store.h"
+#include "rendezvous/store.h"
 
 namespace ddl {
 

@@ -32,7 +32,7 @@
 
 #include "ddl/ddl.h"
 #include "deadline.h"
-#include "transport.h"
+#include "transport/transport.h"
 
 namespace ddl {
 

@@ -21,9 +21,9 @@
 
 #include "comm.h"
 #include "error.h"
-#include "node_key.h"
-#include "store.h"
-#include "ucx_transport.h"
+#include "transport/node_key.h"
+#include "rendezvous/store.h"
+#include "transport/ucx_transport.h"
 
 namespace ddl {
 namespace {

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "store_protocol.h"
+#include "rendezvous/store_protocol.h"
 
 using namespace ddl::store_wire;
 

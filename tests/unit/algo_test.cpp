@@ -20,7 +20,7 @@
 #include "comm.h"
 #include "dtype.h"
 #include "error.h"
-#include "local_transport.h"
+#include "transport/local_transport.h"
 #include "reduce.h"
 #include "test_values.h"
 #include "thread_ranks.h"

@@ -14,7 +14,7 @@
 #include "comm.h"
 #include "dtype.h"
 #include "error.h"
-#include "local_transport.h"
+#include "transport/local_transport.h"
 #include "test_values.h"
 #include "thread_ranks.h"
 

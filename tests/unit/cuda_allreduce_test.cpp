@@ -1,4 +1,4 @@
-// Collectives on CUDA device buffers (comm/src/device_path.h over comm/cuda/cuda_runtime.cpp) with ranks as
+// Collectives on CUDA device buffers (comm/src/device/device_path.h over comm/cuda/cuda_runtime.cpp) with ranks as
 // threads over LocalTransport: every type and op against the host path on the same data, many staged chunks
 // with device, host and mixed buffers, messages large enough to pipeline, ddlIallReduce, the IPC path of one
 // node with the GPU reducing, and the other collectives. device_path_test.cpp runs the same logic on an
@@ -19,12 +19,12 @@
 
 #include "comm.h"
 #include "cuda_test_util.h"
-#include "device_path.h"
+#include "device/device_path.h"
 #include "device_reduce.h"
-#include "device_runtime.h"
+#include "device/device_runtime.h"
 #include "dtype.h"
 #include "error.h"
-#include "local_transport.h"
+#include "transport/local_transport.h"
 #include "reduce.h"
 #include "staged_placements.h"
 #include "test_values.h"

@@ -22,7 +22,7 @@
 #include "cuda_test_util.h"
 #include "dtype.h"
 #include "error.h"
-#include "store.h"
+#include "rendezvous/store.h"
 #include "test_values.h"
 #include "thread_ranks.h"
 

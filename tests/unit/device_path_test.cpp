@@ -1,4 +1,4 @@
-// The device path (comm/src/device_path.h) on an emulated GPU (fake_device.h), ranks as threads: every build
+// The device path (comm/src/device/device_path.h) on an emulated GPU (fake_device.h), ranks as threads: every build
 // runs these, GPU or not. The emulation's queues run only when waited for, so a missing wait in the path
 // gives wrong results here.
 //
@@ -10,7 +10,7 @@
 // - ranks on separate nodes: everything staged, the CPU reducing;
 // - a rank that cannot share its memory sends the node to the staged path; a device failure breaks the
 //   communicator on every rank; point-to-point refuses device buffers.
-#include "device_path.h"
+#include "device/device_path.h"
 
 #include <gtest/gtest.h>
 
@@ -25,10 +25,10 @@
 #include "dtype.h"
 #include "error.h"
 #include "fake_device.h"
-#include "local_transport.h"
+#include "transport/local_transport.h"
 #include "reduce.h"
 #include "staged_placements.h"
-#include "store.h"
+#include "rendezvous/store.h"
 #include "test_values.h"
 #include "thread_ranks.h"
 

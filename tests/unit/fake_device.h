@@ -41,7 +41,7 @@
 #include <string>
 
 #include "device/node_kernel.h"
-#include "device_runtime.h"
+#include "device/device_runtime.h"
 #include "error.h"
 #include "reduce.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "comm.h"
-#include "device_path.h"
+#include "device/device_path.h"
 #include "dtype.h"
 #include "error.h"
 #include "reduce.h"

@@ -3,7 +3,7 @@
 // server that goes away under a waiting client, and garbage on the server's port. Time bounds are loose (they
 // catch hangs, not slowness); every wait is bounded by a deadline so a broken store fails the test instead of
 // hanging.
-#include "store.h"
+#include "rendezvous/store.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

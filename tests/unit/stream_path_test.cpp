@@ -26,7 +26,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "fake_device.h"
-#include "store.h"
+#include "rendezvous/store.h"
 #include "test_values.h"
 #include "thread_ranks.h"
 

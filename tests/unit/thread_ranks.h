@@ -12,8 +12,8 @@
 
 #include "comm.h"
 #include "error.h"
-#include "local_transport.h"
-#include "store.h"
+#include "transport/local_transport.h"
+#include "rendezvous/store.h"
 
 namespace ddl::test_util {
 

@@ -14,7 +14,7 @@
 #include <cstring>
 
 #include "algo/algo.h"
-#include "shm_node.h"
+#include "transport/shm_node.h"
 
 namespace ddl {
 namespace {

@@ -20,7 +20,7 @@
 
 #include "algo/algo.h"
 #include "reduce.h"
-#include "shm_node.h"
+#include "transport/shm_node.h"
 
 namespace ddl {
 namespace {

@@ -39,7 +39,7 @@
 
 #include "ddl/ddl.h"
 #include "device/node_kernel.h"
-#include "device_runtime.h"
+#include "device/device_runtime.h"
 #include "env.h"
 
 namespace ddl {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "error.h"
-#include "store.h"
+#include "rendezvous/store.h"
 
 namespace ddl {
 namespace {

@@ -90,8 +90,8 @@
 #include <vector>
 
 #include "error.h"
-#include "store.h"
-#include "store_protocol.h"
+#include "rendezvous/store.h"
+#include "rendezvous/store_protocol.h"
 
 namespace ddl {
 namespace {

@@ -31,7 +31,7 @@
 
 #include "algo/algo.h"
 #include "ddl/ddl.h"
-#include "device_runtime.h"
+#include "device/device_runtime.h"
 
 namespace ddl {
 

@@ -14,7 +14,7 @@
 
 #include "ddl/ddl.h"
 #include "deadline.h"
-#include "store_protocol.h"
+#include "rendezvous/store_protocol.h"
 
 namespace ddl {
 

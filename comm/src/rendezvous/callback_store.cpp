@@ -9,7 +9,7 @@
 #include <string>
 
 #include "error.h"
-#include "store.h"
+#include "rendezvous/store.h"
 
 namespace ddl {
 namespace {

@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "deadline.h"
-#include "store.h"
+#include "rendezvous/store.h"
 
 namespace ddl {
 

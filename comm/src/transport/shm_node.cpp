@@ -1,4 +1,4 @@
-#include "shm_node.h"
+#include "transport/shm_node.h"
 
 #include <dirent.h>
 #include <fcntl.h>

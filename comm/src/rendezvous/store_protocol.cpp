@@ -1,4 +1,4 @@
-#include "store_protocol.h"
+#include "rendezvous/store_protocol.h"
 
 #include <arpa/inet.h>
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "transport.h"
+#include "transport/transport.h"
 
 namespace ddl {
 

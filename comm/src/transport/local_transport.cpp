@@ -1,4 +1,4 @@
-#include "local_transport.h"
+#include "transport/local_transport.h"
 
 #include <sched.h>
 
@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "error.h"
-#include "node_key.h"
+#include "transport/node_key.h"
 
 namespace ddl {
 

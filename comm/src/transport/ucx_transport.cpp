@@ -1,4 +1,4 @@
-#include "ucx_transport.h"
+#include "transport/ucx_transport.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -18,7 +18,7 @@
 
 #include "env.h"
 #include "error.h"
-#include "node_key.h"
+#include "transport/node_key.h"
 
 namespace ddl {
 namespace {

@@ -26,8 +26,8 @@
 #include <string>
 
 #include "deadline.h"
-#include "store.h"
-#include "transport.h"
+#include "rendezvous/store.h"
+#include "transport/transport.h"
 
 namespace ddl {
 

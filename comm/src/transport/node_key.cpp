@@ -1,4 +1,4 @@
-#include "node_key.h"
+#include "transport/node_key.h"
 
 #include <sys/stat.h>
 

@@ -19,7 +19,7 @@
 // only on the message size. A rank that passes host buffers where the others pass device buffers runs one
 // collective instead of several; below 512 KiB that is the same collective and works, above it the ranks'
 // calls disagree, which the communicator detects and reports as a mismatch.
-#include "device_path.h"
+#include "device/device_path.h"
 
 #include <algorithm>
 #include <cstdio>
