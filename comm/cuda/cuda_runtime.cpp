@@ -256,8 +256,14 @@ class CudaRuntime final : public DeviceRuntime {
   }
   void freeMapped(void* host) noexcept override { freeHost(host); }
   void zeroDevice(void* p, size_t bytes) override {
-    check(cudaMemset(p, 0, bytes), "cudaMemset");
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset");
+    // On a stream of its own and waiting for it alone: a device-wide synchronisation would also wait for
+    // streams that other ranks of this process hold (the host-paced scheme), which may need this rank.
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaError_t e = cudaMemsetAsync(p, 0, bytes, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    check(e, "cudaMemsetAsync");
   }
   std::string deviceIdentity(int dev) override {
     cudaDeviceProp prop{};

@@ -67,16 +67,23 @@ struct GpuExec {
   }
 
   // n elements of elem bytes.
+  // Where dst and src agree modulo 16, the bytes before the first 16-byte boundary and after the last go one
+  // by one and the rest in vectors; otherwise all go one by one.
   __device__ void copy(char* dst, const char* src, size_t n) const {
     const size_t bytes = n * elem;
-    if (aligned16(dst) && aligned16(src) && bytes % 16 == 0) {
-      const size_t nv = bytes / 16;
-      auto* d = reinterpret_cast<uint4*>(dst);
-      const auto* s = reinterpret_cast<const uint4*>(src);
-      for (size_t i = threadIdx.x; i < nv; i += blockDim.x) __stcg(d + i, loadCg(s + i));
-    } else {
+    const uintptr_t mis = reinterpret_cast<uintptr_t>(dst) & 15;
+    if (mis != (reinterpret_cast<uintptr_t>(src) & 15)) {
       for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = loadCg(src + i);
+      return;
     }
+    size_t head = (16 - mis) & 15;
+    if (head > bytes) head = bytes;
+    const size_t nv = (bytes - head) / 16, tail = head + nv * 16;
+    if (threadIdx.x < head) dst[threadIdx.x] = loadCg(src + threadIdx.x);
+    for (size_t i = tail + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = loadCg(src + i);
+    auto* d = reinterpret_cast<uint4*>(dst + head);
+    const auto* s = reinterpret_cast<const uint4*>(src + head);
+    for (size_t i = threadIdx.x; i < nv; i += blockDim.x) __stcg(d + i, loadCg(s + i));
   }
 
   // dst[i] (and dst2[i] where dst2 is set) = srcs[0][i] op srcs[1][i] op ..., folded in member order, then

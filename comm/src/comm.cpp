@@ -114,6 +114,18 @@ void Comm::setTopology(const Topology& topology) {
   mdring_grid_ = mdringGrid(options_.topology);
   topology_str_ = options_.topology.str();
   has_grid_ = mdring_grid_.nontrivialDims() >= 2;
+  refreshShape();
+}
+
+void Comm::refreshShape() {
+  shape_.nranks = size_;
+  shape_.shm_all = shm_ && shm_all_;
+  shape_.shm_dim0 = shm_ && !shm_all_;
+  shape_.forced_algo = options_.algo;
+  shape_.forced_segment = options_.segment_bytes;
+  shape_.tune = options_.tune.get();
+  shape_.topology = topology_str_;
+  shape_.has_grid = has_grid_;
 }
 
 namespace {
@@ -192,6 +204,7 @@ void Comm::joinNode(Store& store, const Deadline& deadline) {
     shm_->setWaitPolicy(1 << 17, 64);
   }
   shm_all_ = one_node;  // else shm_'s members are mdring's dim-0 ring
+  refreshShape();
 }
 
 std::string Comm::intraNodePath() const {
@@ -207,9 +220,12 @@ void Comm::shutdown() {
     // Every member closes the others' IPC scratch before the barrier, so that none is freed while open.
     if (device_) {
       device_->ipcClosePeers();
-      ipc_ = Ipc::kOff;
+      shape_.ipc = Setup::kOff;
       noteGpuError();
-      if (broken_.load() != ddlSuccess) stream_->abort();  // a kernel waiting for a failed peer ends now
+      if (broken_.load() != ddlSuccess) {
+        stream_->abort();    // a kernel waiting for a failed peer ends now
+        stream_->abandon();  // a peer's kernel may still write into this rank's region: never free it
+      }
       stream_->closePeers();
     }
     if (broken_.load() == ddlSuccess && p2p_->broken().first == ddlSuccess && size_ > 1) {
@@ -372,14 +388,6 @@ size_t checkedBytes(size_t count, size_t elem, size_t factor = 1) {
 }
 }  // namespace
 
-AllReduceChoice Comm::allReduceChoice(size_t bytes) const {
-  if (shmServes()) return AllReduceChoice{Algo::kShm, 0};
-  // DDL_ALGO=shm where joinNode found nothing to share (a single rank; a communicator built without a store).
-  if (options_.algo == Algo::kShm) return AllReduceChoice{Algo::kRing, selectSegmentBytes(options_.segment_bytes)};
-  return chooseAllReduce(options_.algo, options_.segment_bytes, options_.tune.get(), topology_str_, has_grid_,
-                         size_, bytes);
-}
-
 void Comm::allReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
   checkType("datatype", type);
   checkOp(op, type);
@@ -415,13 +423,8 @@ void Comm::deviceCall(const std::function<void()>& body) {
   }
 }
 
-NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs, bool across_nodes) {
-  // One node: where shared memory serves the collective. Several: where the node is mdring's dim 0 (shm_
-  // exists only then) and DDL_ALGO leaves mdring a choice, for allreduce (across_nodes).
-  const bool usable =
-      shm_all_ ? shmServes()
-               : across_nodes && shm_ && (options_.algo == Algo::kAuto || options_.algo == Algo::kMdRing);
-  if (!usable || ipc_ == Ipc::kOff) return nullptr;
+NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs) {
+  if (shape_.ipc == Setup::kOff) return nullptr;
   int dev = -1;
   for (const void* b : bufs) {
     if (!b) continue;
@@ -430,7 +433,7 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs, bool acros
     dev = d;
   }
   if (dev < 0) return nullptr;
-  if (ipc_ == Ipc::kReady) return dev == device_->ipcDevice() ? &device_->ipcMemory() : nullptr;
+  if (shape_.ipc == Setup::kReady) return dev == device_->ipcDevice() ? &device_->ipcMemory() : nullptr;
   // The first device collective on the node: every member offers its scratch, opens the others', and they
   // agree; any member that cannot sends them all to the staged path, for good. Both steps are shared-memory
   // collectives with a signature of their own, so a member that runs anything else meanwhile (host buffers
@@ -464,7 +467,7 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs, bool acros
     run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kIpcSetupVariant,
         [&](Session& s) { shmAllReduce(s, *shm_, flag_spec, &ok, &done, 1, 0); });
     device_->ipcRelease();
-    ipc_ = Ipc::kOff;
+    shape_.ipc = Setup::kOff;
     if (!getEnv("DDL_DEBUG").empty()) {
       std::fprintf(
           stderr,
@@ -473,7 +476,7 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs, bool acros
     }
     return nullptr;
   }
-  ipc_ = Ipc::kReady;
+  shape_.ipc = Setup::kReady;
   if (!getEnv("DDL_DEBUG").empty()) {
     std::fprintf(
         stderr,
@@ -486,10 +489,15 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs, bool acros
 void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
   if (count == 0 || !onDevice({sendbuf, recvbuf})) return allReduceNow(sendbuf, recvbuf, count, type, op);
   deviceCall([&] {
+    const size_t bytes = count * typeSize(type);
+    const AllReducePlan plan = planAllReduce(shape_, bytes, Buffers::kDevice);
     // Only recvbuff decides (as for every collective over IPC): a sendbuff elsewhere (host memory, another
-    // device) is copied into recvbuff first and the allreduce runs in place.
-    if (NodeMemory* mem = deviceNode({recvbuf})) {
-      const size_t bytes = count * typeSize(type);
+    // device) is copied into recvbuff first and the allreduce runs in place. Where recvbuff is not on the
+    // node's IPC device (or the setup fails), the call is staged.
+    NodeMemory* mem = plan.path == AllReducePath::kIpc || plan.path == AllReducePath::kIpcAcrossNodes
+                          ? deviceNode({recvbuf})
+                          : nullptr;
+    if (mem && plan.path == AllReducePath::kIpc) {
       const DataSpec d = spec(type, op, bytes);
       run(CollKind::kAllReduce, type, op, count, 0, kDeviceVariant, [&](Session& s) {
         const void* src = ipcInput(*mem, sendbuf, recvbuf, bytes);
@@ -498,8 +506,7 @@ void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDat
       });
       return;
     }
-    if (NodeMemory* mem = deviceNode({recvbuf}, true))
-      return allReduceAcrossNodes(sendbuf, recvbuf, count, type, op, *mem);
+    if (mem) return allReduceAcrossNodes(sendbuf, recvbuf, count, type, op, *mem);
     device_->stagedAllReduce(sendbuf, recvbuf, count, type, [&](const void* src, void* dst, size_t n) {
       allReduceNow(src, dst, n, type, op);
     });
@@ -569,7 +576,7 @@ void Comm::refuseDevice(const void* sendbuf, const void* recvbuf) const {
 void Comm::allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
   if (count == 0) return;
   const size_t bytes = count * typeSize(type);
-  const AllReduceChoice choice = allReduceChoice(bytes);
+  const AllReduceChoice choice = planAllReduce(shape_, bytes, Buffers::kHost).algo;
   const DataSpec d{type, op, typeSize(type), choice.segment_bytes};
   const Algo algo = choice.algo;
   run(CollKind::kAllReduce, type, op, count, 0, static_cast<int>(algo), [&](Session& s) {
@@ -609,7 +616,7 @@ void Comm::broadcast(const void* sendbuf, void* recvbuf, size_t count, ddlDataTy
   if (!onDevice({in, recvbuf})) return host(in, recvbuf);
   deviceCall([&] {
     // Only recvbuff decides (the others cannot see the root's sendbuff); a host sendbuff is copied from.
-    if (NodeMemory* mem = deviceNode({recvbuf})) return over_shm(in, recvbuf, mem, kDeviceVariant);
+    if (NodeMemory* mem = shmServes() ? deviceNode({recvbuf}) : nullptr) return over_shm(in, recvbuf, mem, kDeviceVariant);
     device_->stage({{in, bytes}}, {{recvbuf, bytes}}, [&](auto& i, auto& o) { host(i[0], o[0]); });
   });
 }
@@ -639,7 +646,7 @@ void Comm::allGather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDa
   if (!onDevice({sendbuf, recvbuf})) return host(sendbuf, recvbuf);
   deviceCall([&] {
     // Only recvbuff decides: nothing is reduced, so a host sendbuff is simply copied from.
-    if (NodeMemory* mem = deviceNode({recvbuf})) return over_shm(sendbuf, recvbuf, mem, kDeviceVariant);
+    if (NodeMemory* mem = shmServes() ? deviceNode({recvbuf}) : nullptr) return over_shm(sendbuf, recvbuf, mem, kDeviceVariant);
     device_->stage({{sendbuf, sendcount * d.elem}}, {{recvbuf, bytes}},
                    [&](auto& i, auto& o) { host(i[0], o[0]); });
   });
@@ -668,7 +675,7 @@ void Comm::reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, d
   };
   if (!onDevice({sendbuf, recvbuf})) return host(sendbuf, recvbuf);
   deviceCall([&] {
-    if (NodeMemory* mem = deviceNode({recvbuf})) {
+    if (NodeMemory* mem = shmServes() ? deviceNode({recvbuf}) : nullptr) {
       // The GPU reduces straight from sendbuff: one elsewhere (host memory, another device) is copied next to
       // the scratch first.
       if (device_->runtime().deviceOf(sendbuf) == device_->ipcDevice()) {
@@ -982,9 +989,9 @@ constexpr int kNodeKernelSetupVariant = 0xD0;
 }  // namespace
 
 std::string Comm::streamScheme() const {
-  switch (node_kernel_) {
-    case NodeKernel::kReady: return "kernel";
-    case NodeKernel::kOff: return "host";
+  switch (shape_.node_kernel) {
+    case Setup::kReady: return "kernel";
+    case Setup::kOff: return "host";
     default: return "unset";
   }
 }
@@ -1015,8 +1022,8 @@ void Comm::setupNodeKernel(void* stream, int dev) {
     return all == 1;
   };
   std::string why;
-  node_kernel_ = stream_->setupNode(dev, ex, &why) ? NodeKernel::kReady : NodeKernel::kOff;
-  if (node_kernel_ == NodeKernel::kOff) host_paced_why_ = why;
+  shape_.node_kernel = stream_->setupNode(dev, ex, &why) ? Setup::kReady : Setup::kOff;
+  if (shape_.node_kernel == Setup::kOff) host_paced_why_ = why;
 }
 
 void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
@@ -1044,43 +1051,66 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
     }
   }
   if (args.count == 0) return;
-  if (node_kernel_ == NodeKernel::kUntried) {
-    if (shm_all_ && shmServes() && size_ > 1) {
-      setupNodeKernel(stream, dev);
-    } else {
-      node_kernel_ = NodeKernel::kOff;
-      host_paced_why_ = size_ == 1 ? "a single rank"
-                                   : "the ranks are on several nodes, or do not share memory (" + intraNodePath() + ")";
-      if (!getEnv("DDL_DEBUG").empty()) {
-        std::fprintf(stderr, "ddl: rank %d: stream-ordered device collectives are host-paced: %s\n", rank_,
-                     host_paced_why_.c_str());
-      }
+  if (nodeKernelServes(shape_) && shape_.node_kernel == Setup::kUntried) setupNodeKernel(stream, dev);
+  if (!nodeKernelServes(shape_) && host_paced_why_.empty()) {
+    shape_.node_kernel = Setup::kOff;
+    host_paced_why_ = size_ == 1 ? "a single rank"
+                                 : "the ranks are on several nodes, or do not share memory (" + intraNodePath() + ")";
+    if (!getEnv("DDL_DEBUG").empty()) {
+      std::fprintf(stderr, "ddl: rank %d: stream-ordered device collectives are host-paced: %s\n", rank_,
+                   host_paced_why_.c_str());
     }
   }
-  if (node_kernel_ == NodeKernel::kReady && dev == stream_->kernelDevice()) {
-    failIfBroken();
-    stream_->launch(stream, args);
+  const bool kernel = nodeKernelServes(shape_) && shape_.node_kernel == Setup::kReady;
+  if (kernel && dev == stream_->kernelDevice()) {
+    try {
+      stream_->launch(stream, args);
+    } catch (const Error& e) {
+      // The peers' kernels of this collective are on their way and this rank's is not: out of step for good.
+      breakWith(e.code(), e.what());
+      auto lk = lockOp();
+      noteBrokenLocked();  // tells the peers
+      throw;
+    }
     return;
+  }
+  if (!stream) {
+    // The hold below would stop the legacy stream, which the communicator's own copies (blocking streams)
+    // wait for: they could never run.
+    fail(ddlInvalidArgument, "this stream-ordered collective is host-paced (" + host_paced_why_ +
+                                 "), which needs a stream of the caller's own (cudaStreamCreateWithFlags with "
+                                 "cudaStreamNonBlocking), not the legacy default stream (NULL)");
   }
   if (rt.capturing(stream)) {
     fail(ddlInvalidArgument, "this stream-ordered collective is host-paced (" +
-                                 (node_kernel_ == NodeKernel::kReady
-                                      ? "its device is not the one the node kernel was set up on"
-                                      : host_paced_why_) +
+                                 (kernel ? std::string("its device is not the one the node kernel was set up on")
+                                         : host_paced_why_) +
                                  ") and cannot be captured into a CUDA graph");
   }
   std::shared_ptr<StreamPath::HostJob> job = stream_->hostPaced(stream, dev);
-  enqueue([this, job, host = std::move(host)] {
-    try {
-      stream_->awaitReady(*job);
-      host();
-    } catch (const Error& e) {
-      breakWith(e.code(), e.what());  // the caller learns it from ddlCommGetAsyncError or its next call
-    } catch (const std::exception& e) {
-      breakWith(ddlInternalError, e.what());
-    }
-    job->finish();
-  });
+  try {
+    enqueue([this, job, host = std::move(host)] {
+      bool failed = false;
+      try {
+        stream_->awaitReady(*job);
+        host();
+      } catch (const Error& e) {
+        failed = true;
+        breakWith(e.code(), e.what());  // the caller learns it from ddlCommGetAsyncError or its next call
+      } catch (const std::exception& e) {
+        failed = true;
+        breakWith(ddlInternalError, e.what());
+      }
+      if (failed) {
+        auto lk = lockOp();
+        noteBrokenLocked();  // the peers learn it now, not at their timeout
+      }
+      job->finish();
+    });
+  } catch (...) {
+    job->finish();  // the stream must not stay held
+    throw;
+  }
 }
 
 namespace {
@@ -1106,8 +1136,9 @@ void Comm::allReduceOnStream(const void* sendbuf, void* recvbuf, size_t count, d
   checkOp(op, type);
   checkBuffers(sendbuf, recvbuf, count);
   const size_t bytes = checkedBytes(count, typeSize(type));
-  const node::Kind kind =
-      bytes <= nodeOneShotBytes(size_) ? node::Kind::kAllReduceOneShot : node::Kind::kAllReduceTwoShot;
+  const node::Kind kind = planAllReduce(shape_, bytes, Buffers::kDeviceOnStream).one_shot
+                              ? node::Kind::kAllReduceOneShot
+                              : node::Kind::kAllReduceTwoShot;
   onStream(stream, nodeArgs(kind, sendbuf, recvbuf, count, type, op, 0, size_), {sendbuf, recvbuf},
            [=, this] { allReduce(sendbuf, recvbuf, count, type, op); });
 }

@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "algo/algo.h"
+#include "algo/plan.h"
 #include "async_op.h"
 #include "ddl/ddl.h"
 #include "device/stream_path.h"
@@ -119,8 +120,6 @@ class Comm {
   // connects every rank over UCX. where names the rendezvous for messages.
   static std::unique_ptr<Comm> bootstrap(int nranks, int rank, Store& store, bool claim, const std::string& where,
                                          const Options& options, const Deadline& deadline);
-  // The algorithm and segment size an allreduce of bytes uses (forced settings, then the tuning table).
-  AllReduceChoice allReduceChoice(size_t bytes) const;
   void run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant,
            const std::function<void(Session&)>& body);
   // Host or device buffers: the device path when device_ handles them, else allReduceNow.
@@ -136,8 +135,9 @@ class Comm {
   // An allreduce's input as the GPU may read it over IPC: sendbuf where it is on the scratch's device (or in
   // place), else a copy of it queued into recvbuf (bytes long), which the allreduce then runs on in place.
   const void* ipcInput(NodeMemory& mem, const void* sendbuf, void* recvbuf, size_t bytes);
-  // across_nodes (allreduce): also where the node is mdring's dim 0 of a communicator of several nodes.
-  NodeMemory* deviceNode(std::initializer_list<const void*> bufs, bool across_nodes = false);
+  // The caller has decided that the node's IPC path may serve (planAllReduce for allreduce; shmServes() for
+  // the others): null where IPC is off or the buffers are not all on its device.
+  NodeMemory* deviceNode(std::initializer_list<const void*> bufs);
   // Allreduce of device buffers over several nodes: the node's dim over IPC on the GPUs, the other dims on
   // this rank's block staged through pinned memory, back over IPC.
   void allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
@@ -178,8 +178,10 @@ class Comm {
   void failIfBroken() const;
 
   void setTopology(const Topology& topology);
+  // shape_ from the members it mirrors (topology, segment membership): after any of them changes.
+  void refreshShape();
   // Whether the shared-memory forms serve collectives that DDL_ALGO does not send elsewhere.
-  bool shmServes() const { return shm_all_ && (options_.algo == Algo::kAuto || options_.algo == Algo::kShm); }
+  bool shmServes() const { return ddl::shmServes(shape_); }
 
   Options options_;
   int rank_, size_;
@@ -192,9 +194,10 @@ class Comm {
   std::unique_ptr<Store> store_;
   std::unique_ptr<Channel> channel_;
   std::unique_ptr<DevicePath> device_;  // null without a device runtime (no CUDA, or no GPU)
-  enum class Ipc { kUntried, kReady, kOff } ipc_ = Ipc::kUntried;
   std::unique_ptr<StreamPath> stream_;  // with device_
-  enum class NodeKernel { kUntried, kReady, kOff } node_kernel_ = NodeKernel::kUntried;
+  // What planAllReduce decides from; the one home of the IPC and node kernel setups' outcome (ipc,
+  // node_kernel).
+  AllReduceShape shape_;
   std::string host_paced_why_;          // why stream-ordered collectives are host-paced
   std::unique_ptr<PointToPoint> p2p_;         // goes before channel_, whose transport it uses
 

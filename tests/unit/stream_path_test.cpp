@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "algo/plan.h"
 #include "comm.h"
 #include "device/node_kernel.h"
 #include "device/stream_path.h"
@@ -149,15 +150,28 @@ TEST(StreamPath, NodeKernelEveryCollective) {
 
 TEST(StreamPath, NodeKernelTypesOpsAndManyChunks) {
   Rig setup;
-  setup.slot_bytes = 4096;  // a few elements per chunk: hundreds of rounds, both slots, rising epochs
+  setup.slot_bytes = kMinNodeSlotBytes;  // 256-byte sub-slots: several chunks per block, both slots
   expectAllOk(runRanks(3, setup, true, [&](Comm& comm) {
     for (int t = 0; t < ddlNumTypes; ++t) {
       for (int o = 0; o < ddlNumOps; ++o) {
         const auto type = static_cast<ddlDataType_t>(t);
         const auto op = static_cast<ddlRedOp_t>(o);
         if (!opTakesType(op, type)) continue;
-        everyCollective(comm, type, op, 2049);
+        everyCollective(comm, type, op, 4099);
       }
+    }
+  }));
+}
+
+// Two-shot allreduces of many chunks per block, then collectives of other kinds and chunk lengths in a row:
+// each block keeps to its own sub-slot whatever the kind, and its rounds and epochs carry over.
+TEST(StreamPath, TwoShotManyChunksThenOtherKinds) {
+  Rig setup;
+  setup.slot_bytes = 64 << 10;  // 2 KiB sub-slots
+  expectAllOk(runRanks(3, setup, true, [&](Comm& comm) {
+    for (int i = 0; i < 2; ++i) {
+      everyCollective(comm, ddlFloat32, ddlSum, 300001);  // two-shot: about 19 chunks per block
+      everyCollective(comm, ddlFloat64, ddlMax, 1234);
     }
   }));
 }
@@ -173,7 +187,7 @@ TEST(StreamPath, CallReturnsBeforeTheResultAndTheStreamSeesIt) {
     stream.sync();
     std::memset(b.p, 0, kCount * 4);
     comm.allReduceOnStream(a.p, b.p, kCount, ddlFloat32, ddlSum, &stream);
-    // Nothing ran yet: the collective is queued behind the stream.
+    // The call returned with nothing run (the emulated stream runs when driven; a real one may be anywhere).
     EXPECT_EQ(get(b.p, kCount * 4), std::vector<char>(kCount * 4, 0));
     // The stream's later work (a copy here) sees the result.
     FakeBuffer c(kCount * 4);
@@ -395,9 +409,13 @@ TEST(NodeKernel, SharesAndChunks) {
   a.kind = node::Kind::kReduceScatter;
   a.nranks = 3;
   a.elem = 2;
-  a.slot_bytes = 4096;
-  EXPECT_LE(node::chunkElems(a) * 3 * 2, a.slot_bytes);
+  a.slot_bytes = kMinNodeSlotBytes;
+  EXPECT_GT(node::chunkElems(a), 0u);
+  EXPECT_LE(node::chunkElems(a) * 3 * 2, node::subSlotBytes(a));
   EXPECT_EQ(node::chunkElems(a) % 8, 0u);
+  a.nranks = node::kMaxRanks;
+  a.elem = 8;
+  EXPECT_GT(node::chunkElems(a), 0u) << "the smallest slot still holds a unit from every member";
   EXPECT_EQ(nodeOneShotBytes(2), size_t{512} << 10);
   EXPECT_GE(nodeOneShotBytes(2), nodeOneShotBytes(8));
 }

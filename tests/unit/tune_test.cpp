@@ -12,6 +12,7 @@
 #include <string>
 
 #include "algo/algo.h"
+#include "algo/plan.h"
 #include "algo/tune.h"
 #include "error.h"
 #include "topology.h"
@@ -214,6 +215,81 @@ TEST(ChooseAllReduce, ForcedSettingsWinThenTheTableThenTheBuiltIn) {
   c = choose(Algo::kAuto, 0, nullptr, flat3, 3, 1 << 20);
   EXPECT_EQ(c.algo, Algo::kRing);
   EXPECT_EQ(c.segment_bytes, size_t{64} << 10);
+}
+
+}  // namespace
+}  // namespace ddl
+
+// planAllReduce (algo/plan.h): the one place an allreduce's path is chosen.
+namespace ddl {
+namespace {
+
+AllReduceShape oneNode(int n) {
+  AllReduceShape s;
+  s.nranks = n;
+  s.shm_all = true;
+  s.topology = std::to_string(n);
+  return s;
+}
+
+TEST(PlanAllReduce, HostBuffersTakeTheHostAlgorithm) {
+  EXPECT_EQ(planAllReduce(oneNode(4), 1 << 20, Buffers::kHost).algo.algo, Algo::kShm);
+  AllReduceShape ring = oneNode(4);
+  ring.forced_algo = Algo::kRing;
+  ring.forced_segment = 4096;
+  const AllReducePlan p = planAllReduce(ring, 1 << 20, Buffers::kHost);
+  EXPECT_EQ(p.path, AllReducePath::kHost);
+  EXPECT_EQ(p.algo.algo, Algo::kRing);
+  EXPECT_EQ(p.algo.segment_bytes, 4096u);
+  AllReduceShape lone;  // DDL_ALGO=shm with nothing to share: the ring
+  lone.forced_algo = Algo::kShm;
+  EXPECT_EQ(planAllReduce(lone, 64, Buffers::kHost).algo.algo, Algo::kRing);
+}
+
+TEST(PlanAllReduce, DeviceBuffersPreferIpcThenStaged) {
+  AllReduceShape s = oneNode(2);
+  AllReducePlan p = planAllReduce(s, 1 << 20, Buffers::kDevice);
+  EXPECT_EQ(p.path, AllReducePath::kIpc);
+  EXPECT_TRUE(p.setup);
+  s.ipc = Setup::kReady;
+  EXPECT_FALSE(planAllReduce(s, 1 << 20, Buffers::kDevice).setup);
+  s.ipc = Setup::kOff;
+  EXPECT_EQ(planAllReduce(s, 1 << 20, Buffers::kDevice).path, AllReducePath::kStaged);
+  AllReduceShape nodes;  // 2 nodes x 2 ranks, the node is dim 0
+  nodes.nranks = 4;
+  nodes.shm_dim0 = true;
+  nodes.topology = "2x2";
+  nodes.has_grid = true;
+  EXPECT_EQ(planAllReduce(nodes, 1 << 20, Buffers::kDevice).path, AllReducePath::kIpcAcrossNodes);
+  nodes.forced_algo = Algo::kRing;  // a forced ring leaves mdring's node dim out
+  EXPECT_EQ(planAllReduce(nodes, 1 << 20, Buffers::kDevice).path, AllReducePath::kStaged);
+  AllReduceShape apart;  // one rank per node
+  apart.nranks = 3;
+  apart.topology = "3";
+  EXPECT_EQ(planAllReduce(apart, 1 << 20, Buffers::kDevice).path, AllReducePath::kStaged);
+}
+
+TEST(PlanAllReduce, StreamOrderedTakesTheNodeKernelElseHostPaced) {
+  AllReduceShape s = oneNode(2);
+  AllReducePlan p = planAllReduce(s, 64 << 10, Buffers::kDeviceOnStream);
+  EXPECT_EQ(p.path, AllReducePath::kNodeKernel);
+  EXPECT_TRUE(p.one_shot);
+  EXPECT_TRUE(p.setup);
+  EXPECT_FALSE(planAllReduce(s, 64 << 20, Buffers::kDeviceOnStream).one_shot);
+  EXPECT_TRUE(planAllReduce(oneNode(8), nodeOneShotBytes(8), Buffers::kDeviceOnStream).one_shot);
+  EXPECT_FALSE(planAllReduce(oneNode(8), nodeOneShotBytes(8) + 1, Buffers::kDeviceOnStream).one_shot);
+  s.node_kernel = Setup::kOff;  // e.g. ranks sharing a GPU without MPS
+  p = planAllReduce(s, 64 << 10, Buffers::kDeviceOnStream);
+  EXPECT_EQ(p.path, AllReducePath::kHostPaced);
+  EXPECT_EQ(p.host_paced, AllReducePath::kIpc);
+  AllReduceShape apart;
+  apart.nranks = 2;
+  apart.topology = "2";
+  p = planAllReduce(apart, 64 << 10, Buffers::kDeviceOnStream);
+  EXPECT_EQ(p.path, AllReducePath::kHostPaced);
+  EXPECT_EQ(p.host_paced, AllReducePath::kStaged);
+  EXPECT_FALSE(nodeKernelServes(oneNode(1))) << "a single rank has no peers to meet";
+  EXPECT_STREQ(pathName(AllReducePath::kNodeKernel), "node-kernel");
 }
 
 }  // namespace

@@ -223,7 +223,10 @@ ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const 
  * exchange among the ranks). Elsewhere (several nodes, ranks sharing a GPU without MPS, DDL_DEVICE_SCHEME=host)
  * the collective is "host-paced": the stream waits, in a host function, while the communicator's own thread
  * runs the blocking collective once the stream's earlier work is complete; the caller's thread does not wait,
- * and capture is refused. DDL_DEBUG=1 says which scheme runs.
+ * capture is refused, and the stream must be one of the caller's own (non-blocking, not NULL). While it waits,
+ * device-wide synchronisations elsewhere in the process (cudaDeviceSynchronize, cudaFree) wait for it too.
+ * DDL_DEBUG=1 says which scheme runs. A graph's collectives are ordered by the stream the graph is launched
+ * on: launch it where the communicator's other stream-ordered calls are ordered (the same stream).
  *
  * An error in the arguments is returned at once. A failure found later (a dead peer, a timeout, an abort)
  * breaks the communicator: ddlCommGetAsyncError returns it, and so does every later call. ddlCommAbort also

@@ -16,18 +16,21 @@
 // copies its input into its own in slot, the members meet, and each reads the others' slots directly (over
 // NVLink or PCIe peer to peer, or the same HBM where ranks share a GPU).
 //
-// Barriers. Block b of every member meets block b of every other member, and no other: each block owns a
-// disjoint share of every chunk (the same share on every member), so a block only ever reads what the same
-// block of its peers wrote. To meet, a block raises its epoch e (one more than at its last barrier) and writes
+// Barriers. Block b of every member meets block b of every other member, and no other. Each block owns a
+// fixed share of the message (share b of kBlocks, the same on every member) and a fixed sub-slot of every slot
+// (the b-th kBlocks-th of it), and moves its share through its sub-slot in chunks of its own: a block only
+// ever reads what the same block of its peers wrote, in the same sub-slot, whatever the kind of collective or
+// the length of its chunks. To meet, a block raises its epoch e (one more than at its last barrier) and writes
 // it into every member's flags[b][me] with a system-scope release (after a CTA barrier, so that the whole
 // block's writes are ordered before it), then waits until its own flags[b][p] >= e for every p with a
 // system-scope acquire. Epochs only rise, and are kept in device memory between launches, so a kernel
 // captured in a CUDA graph and replayed reads the epoch it needs from memory, not from its arguments.
 //
-// Slots alternate by round (a block's chunk count, also kept in memory): round r uses slot r mod 2. A member
-// writes slot k again at round r + 2 only after the first barrier of round r + 1, which every member reaches
-// only after finishing round r (its kernels run in order on one stream), so nothing still reads what is
-// overwritten. No barrier is needed at the end of a collective.
+// Slots alternate by round (a block's chunk count, also kept in memory): round r uses slot r mod 2. Block b
+// of a member writes its sub-slot of slot k again at round r + 2 only after the first barrier of its round
+// r + 1, which block b of every member reaches only after finishing its round r (a member's kernels run in
+// order on one stream), so nothing still reads what is overwritten. No barrier is needed at the end of a
+// collective.
 //
 // Order. Every reduction folds the members in member order (((x0 op x1) op x2) ...) on every member, so all
 // members get the same bits, and the same bits as libddl's host path for the same fold.
@@ -94,7 +97,7 @@ struct Args {
   // allgather: sendcount).
   size_t count;
   char* regions[kMaxRanks];  // every member's region as this member sees it
-  size_t slot_bytes;         // a multiple of kUnitBytes
+  size_t slot_bytes;         // a multiple of kUnitBytes * kBlocks
   const volatile uint32_t* abort;  // nonzero: stop (pinned host memory)
   uint32_t* error;                 // the first failure's ErrorCode (pinned host memory)
   uint64_t timeout_ns;             // a wait longer than this fails
@@ -104,11 +107,13 @@ DDL_NODE_FN uint64_t* flagOf(char* region, int block, int from) {
   return reinterpret_cast<uint64_t*>(region) + static_cast<size_t>(block) * kMaxRanks + from;
 }
 DDL_NODE_FN uint64_t* countersOf(char* region) { return reinterpret_cast<uint64_t*>(region + Layout::kCountersOffset); }
-DDL_NODE_FN char* inSlot(const Args& a, int member, uint64_t round) {
-  return a.regions[member] + Layout::kDataOffset + (round & 1) * a.slot_bytes;
+// Block b's sub-slot of a member's in and out slots of a round.
+DDL_NODE_FN size_t subSlotBytes(const Args& a) { return a.slot_bytes / kBlocks / kUnitBytes * kUnitBytes; }
+DDL_NODE_FN char* inSlot(const Args& a, int member, uint64_t round, int b) {
+  return a.regions[member] + Layout::kDataOffset + (round & 1) * a.slot_bytes + b * subSlotBytes(a);
 }
-DDL_NODE_FN char* outSlot(const Args& a, int member, uint64_t round) {
-  return a.regions[member] + Layout::kDataOffset + (2 + (round & 1)) * a.slot_bytes;
+DDL_NODE_FN char* outSlot(const Args& a, int member, uint64_t round, int b) {
+  return a.regions[member] + Layout::kDataOffset + (2 + (round & 1)) * a.slot_bytes + b * subSlotBytes(a);
 }
 
 // Elements per 16-byte unit.
@@ -123,13 +128,13 @@ DDL_NODE_FN void share(size_t n, int g, int i, size_t u, size_t* lo, size_t* hi)
   *hi = b < n ? b : n;
 }
 
-// The elements a chunk of the kind holds per slot: what fits, in whole units.
+// The elements of a block's chunk: what fits its sub-slot (reduce-scatter: one chunk per member), in whole
+// units. StreamPath keeps sub-slots large enough for a unit of any type from every member.
 DDL_NODE_FN size_t chunkElems(const Args& a) {
-  const size_t per_slot = a.kind == Kind::kReduceScatter ? a.slot_bytes / static_cast<size_t>(a.nranks)
-                                                         : a.slot_bytes;
+  const size_t per = a.kind == Kind::kReduceScatter ? subSlotBytes(a) / static_cast<size_t>(a.nranks)
+                                                    : subSlotBytes(a);
   const size_t u = unitElems(a.elem);
-  const size_t c = per_slot / a.elem / u * u;
-  return c > 0 ? c : u;
+  return per / a.elem / u * u;
 }
 
 template <class X>
@@ -187,78 +192,67 @@ DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
   const char* send = static_cast<const char*>(a.send);
   char* recv = static_cast<char*>(a.recv);
   const char* srcs[kMaxRanks];
-  bool ok = true;
-  for (size_t c0 = 0; ok && c0 < a.count; c0 += chunk, ++round) {
-    const size_t m = a.count - c0 < chunk ? a.count - c0 : chunk;
-    size_t lo, hi;
+  // This block's share of the message (of each member's block, for reduce-scatter and allgather).
+  size_t first, last;
+  share(a.count, kBlocks, b, u, &first, &last);
+  bool ok = chunk > 0;
+  for (size_t c0 = first; ok && c0 < last; c0 += chunk, ++round) {
+    const size_t m = last - c0 < chunk ? last - c0 : chunk;
+    char* const mine = inSlot(a, me, round, b);
     switch (a.kind) {
       case Kind::kAllReduceOneShot:
       case Kind::kReduce: {
-        share(m, kBlocks, b, u, &lo, &hi);
-        x.copy(inSlot(a, me, round) + lo * es, send + (c0 + lo) * es, hi - lo);
+        x.copy(mine, send + c0 * es, m);
         if (!(ok = meet(a, b, ++epoch, x))) break;
         if (a.kind == Kind::kReduce && me != a.root) break;
-        for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round) + lo * es;
-        x.reduce(recv + (c0 + lo) * es, nullptr, srcs, n, hi - lo, a.avg_divisor);
+        for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round, b);
+        x.reduce(recv + c0 * es, nullptr, srcs, n, m, a.avg_divisor);
         break;
       }
       case Kind::kAllReduceTwoShot: {
-        // Slice s of the chunk is member s's to reduce; this block takes share b of every slice.
-        for (int s = 0; s < n; ++s) {
-          size_t s_lo, s_hi;
-          share(m, n, s, u, &s_lo, &s_hi);
-          share(s_hi - s_lo, kBlocks, b, u, &lo, &hi);
-          x.copy(inSlot(a, me, round) + (s_lo + lo) * es, send + (c0 + s_lo + lo) * es, hi - lo);
-        }
+        // Slice s of the chunk is member s's to reduce.
+        x.copy(mine, send + c0 * es, m);
         if (!(ok = meet(a, b, ++epoch, x))) break;
-        size_t s_lo, s_hi;
-        share(m, n, me, u, &s_lo, &s_hi);
-        share(s_hi - s_lo, kBlocks, b, u, &lo, &hi);
-        for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round) + (s_lo + lo) * es;
-        x.reduce(outSlot(a, me, round) + (s_lo + lo) * es, recv + (c0 + s_lo + lo) * es, srcs, n, hi - lo,
-                 a.avg_divisor);
+        size_t lo, hi;
+        share(m, n, me, u, &lo, &hi);
+        for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round, b) + lo * es;
+        x.reduce(outSlot(a, me, round, b) + lo * es, recv + (c0 + lo) * es, srcs, n, hi - lo, a.avg_divisor);
         if (!(ok = meet(a, b, ++epoch, x))) break;
         for (int s = 0; s < n; ++s) {
           if (s == me) continue;
-          share(m, n, s, u, &s_lo, &s_hi);
-          share(s_hi - s_lo, kBlocks, b, u, &lo, &hi);
-          x.copy(recv + (c0 + s_lo + lo) * es, outSlot(a, s, round) + (s_lo + lo) * es, hi - lo);
+          share(m, n, s, u, &lo, &hi);
+          x.copy(recv + (c0 + lo) * es, outSlot(a, s, round, b) + lo * es, hi - lo);
         }
         break;
       }
       case Kind::kReduceScatter: {
-        // The slot holds the chunk of every member's block, block s at s * chunk.
-        share(m, kBlocks, b, u, &lo, &hi);
-        for (int s = 0; s < n; ++s) {
-          x.copy(inSlot(a, me, round) + (s * chunk + lo) * es, send + (s * a.count + c0 + lo) * es, hi - lo);
-        }
+        // The sub-slot holds this chunk of every member's block, block s at s * chunk.
+        for (int s = 0; s < n; ++s) x.copy(mine + s * chunk * es, send + (s * a.count + c0) * es, m);
         if (!(ok = meet(a, b, ++epoch, x))) break;
-        for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round) + (me * chunk + lo) * es;
-        x.reduce(recv + (c0 + lo) * es, nullptr, srcs, n, hi - lo, a.avg_divisor);
+        for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round, b) + me * chunk * es;
+        x.reduce(recv + c0 * es, nullptr, srcs, n, m, a.avg_divisor);
         break;
       }
       case Kind::kAllGather: {
-        share(m, kBlocks, b, u, &lo, &hi);
-        x.copy(inSlot(a, me, round) + lo * es, send + (c0 + lo) * es, hi - lo);
+        x.copy(mine, send + c0 * es, m);
         if (!(ok = meet(a, b, ++epoch, x))) break;
         for (int s = 0; s < n; ++s) {
-          char* dst = recv + (s * a.count + c0 + lo) * es;
+          char* dst = recv + (s * a.count + c0) * es;
           if (s != me) {
-            x.copy(dst, inSlot(a, s, round) + lo * es, hi - lo);
-          } else if (dst != send + (c0 + lo) * es) {
-            x.copy(dst, send + (c0 + lo) * es, hi - lo);
+            x.copy(dst, inSlot(a, s, round, b), m);
+          } else if (dst != send + c0 * es) {
+            x.copy(dst, send + c0 * es, m);
           }
         }
         break;
       }
       case Kind::kBroadcast: {
-        share(m, kBlocks, b, u, &lo, &hi);
-        if (me == a.root) x.copy(inSlot(a, me, round) + lo * es, send + (c0 + lo) * es, hi - lo);
+        if (me == a.root) x.copy(mine, send + c0 * es, m);
         if (!(ok = meet(a, b, ++epoch, x))) break;
         if (me != a.root) {
-          x.copy(recv + (c0 + lo) * es, inSlot(a, a.root, round) + lo * es, hi - lo);
+          x.copy(recv + c0 * es, inSlot(a, a.root, round, b), m);
         } else if (recv != send) {
-          x.copy(recv + (c0 + lo) * es, send + (c0 + lo) * es, hi - lo);
+          x.copy(recv + c0 * es, send + c0 * es, m);
         }
         break;
       }

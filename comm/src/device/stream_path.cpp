@@ -56,18 +56,15 @@ bool debug() { return !getEnv("DDL_DEBUG").empty(); }
 
 }  // namespace
 
-size_t nodeOneShotBytes(int nranks) {
-  if (nranks <= 2) return size_t{512} << 10;
-  if (nranks <= 4) return size_t{256} << 10;
-  return size_t{128} << 10;
-}
-
 StreamPath::StreamPath(DeviceRuntime& rt, int rank, int timeout_ms, DeviceScheme forced, size_t slot_bytes)
     : rt_(rt),
       rank_(rank),
       timeout_ms_(timeout_ms),
       forced_(forced),
-      slot_bytes_(std::max<size_t>(node::kUnitBytes, (slot_bytes ? slot_bytes : kNodeSlotBytes) / 16 * 16)) {}
+      // Every block's sub-slot holds a 16-byte unit from each of up to kMaxRanks members (reduce-scatter).
+      slot_bytes_(std::max<size_t>(kMinNodeSlotBytes, (slot_bytes ? slot_bytes : kNodeSlotBytes) /
+                                                          (node::kUnitBytes * node::kBlocks) *
+                                                          (node::kUnitBytes * node::kBlocks))) {}
 
 StreamPath::~StreamPath() { release(); }
 
@@ -95,7 +92,7 @@ void StreamPath::closePeers() noexcept {
 
 void StreamPath::release() noexcept {
   closePeers();
-  if (own_) rt_.freeDevice(own_);
+  if (own_ && !abandoned_) rt_.freeDevice(own_);
   own_ = nullptr;
   if (stream_) rt_.deleteStream(stream_);
   if (fork_) rt_.deleteEvent(fork_);
@@ -222,6 +219,7 @@ void StreamPath::launch(void* stream, node::Args a) {
   a.abort = words_dev;
   a.error = words_dev + 1;
   a.timeout_ns = static_cast<uint64_t>(timeout_ms_) * 1000000;
+  DDL_ASSERT(node::chunkElems(a) > 0);
   rt_.recordOn(stream, fork_);
   rt_.waitOn(stream_, fork_);
   rt_.launchNode(stream_, a);

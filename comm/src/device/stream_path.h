@@ -46,13 +46,9 @@ namespace ddl {
 
 // A node kernel slot (node_kernel.h): 4 of them per rank, 32 MiB of device memory with the default.
 constexpr size_t kNodeSlotBytes = size_t{8} << 20;
+constexpr size_t kMinNodeSlotBytes = node::kUnitBytes * node::kMaxRanks * node::kBlocks;  // 8 KiB
 // The size of a rank's record in the node kernel's setup exchange.
 constexpr size_t kNodeRecordBytes = 512;
-
-// Up to this many bytes an allreduce of the node kernel is one-shot (every rank reads every rank's whole
-// message: one barrier), above it two-shot (each rank reduces its slice: twice the barriers, each byte read
-// once). A function of its arguments only: every rank chooses the same.
-size_t nodeOneShotBytes(int nranks);
 
 class StreamPath {
  public:
@@ -114,6 +110,9 @@ class StreamPath {
   void closePeers() noexcept;
   // closePeers, then frees this rank's region and the rest.
   void release() noexcept;
+  // After a failure: release() leaves this rank's region allocated (a peer's kernel may still write its poison
+  // into it; 4 slots of device memory lost until the process ends).
+  void abandon() { abandoned_ = true; }
 
  private:
   DeviceRuntime& rt_;
@@ -135,6 +134,7 @@ class StreamPath {
   std::atomic<uint32_t*> abort_word_{nullptr};
   std::atomic<uint32_t*> error_word_{nullptr};
   std::atomic<bool> aborted_{false};
+  bool abandoned_ = false;
 };
 
 }  // namespace ddl

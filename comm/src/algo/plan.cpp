@@ -1,0 +1,83 @@
+// planAllReduce (plan.h): the allreduce's path, from the communicator's shape, the size and the buffers.
+#include "algo/plan.h"
+
+namespace ddl {
+
+const char* pathName(AllReducePath p) {
+  switch (p) {
+    case AllReducePath::kHost: return "host";
+    case AllReducePath::kIpc: return "ipc";
+    case AllReducePath::kIpcAcrossNodes: return "ipc+staged";
+    case AllReducePath::kStaged: return "staged";
+    case AllReducePath::kNodeKernel: return "node-kernel";
+    case AllReducePath::kHostPaced: return "host-paced";
+  }
+  return "invalid";
+}
+
+bool shmServes(const AllReduceShape& s) {
+  return s.shm_all && (s.forced_algo == Algo::kAuto || s.forced_algo == Algo::kShm);
+}
+
+bool nodeKernelServes(const AllReduceShape& s) {
+  return shmServes(s) && s.nranks > 1 && s.node_kernel != Setup::kOff;
+}
+
+size_t nodeOneShotBytes(int nranks) {
+  if (nranks <= 2) return size_t{512} << 10;
+  if (nranks <= 4) return size_t{256} << 10;
+  return size_t{128} << 10;
+}
+
+namespace {
+
+AllReduceChoice hostAlgo(const AllReduceShape& s, size_t bytes) {
+  if (shmServes(s)) return AllReduceChoice{Algo::kShm, 0};
+  // DDL_ALGO=shm where there is nothing to share (a single rank; a communicator built without a store).
+  if (s.forced_algo == Algo::kShm) return AllReduceChoice{Algo::kRing, selectSegmentBytes(s.forced_segment)};
+  return chooseAllReduce(s.forced_algo, s.forced_segment, s.tune, s.topology, s.has_grid, s.nranks, bytes);
+}
+
+AllReducePlan devicePlan(const AllReduceShape& s, size_t bytes) {
+  AllReducePlan p;
+  p.algo = hostAlgo(s, bytes);
+  if (s.ipc != Setup::kOff && shmServes(s)) {
+    p.path = AllReducePath::kIpc;
+  } else if (s.ipc != Setup::kOff && s.shm_dim0 &&
+             (s.forced_algo == Algo::kAuto || s.forced_algo == Algo::kMdRing)) {
+    p.path = AllReducePath::kIpcAcrossNodes;
+  } else {
+    p.path = AllReducePath::kStaged;
+    return p;
+  }
+  p.setup = s.ipc == Setup::kUntried;
+  return p;
+}
+
+}  // namespace
+
+AllReducePlan planAllReduce(const AllReduceShape& s, size_t bytes, Buffers buffers) {
+  switch (buffers) {
+    case Buffers::kHost: {
+      AllReducePlan p;
+      p.algo = hostAlgo(s, bytes);
+      return p;
+    }
+    case Buffers::kDevice: return devicePlan(s, bytes);
+    case Buffers::kDeviceOnStream: break;
+  }
+  if (nodeKernelServes(s)) {
+    AllReducePlan p;
+    p.path = AllReducePath::kNodeKernel;
+    p.one_shot = bytes <= nodeOneShotBytes(s.nranks);
+    p.setup = s.node_kernel == Setup::kUntried;
+    return p;
+  }
+  AllReducePlan p = devicePlan(s, bytes);
+  p.host_paced = p.path;
+  p.path = AllReducePath::kHostPaced;
+  p.setup = false;  // the host-blocking call sets its own path up when it runs
+  return p;
+}
+
+}  // namespace ddl

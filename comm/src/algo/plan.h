@@ -1,0 +1,73 @@
+// planAllReduce: how an allreduce runs, decided in one place. A pure function of what the communicator knows
+// of itself (AllReduceShape), the message's size and where its buffers are: Comm asks it for every allreduce,
+// host, device or stream-ordered, and acts on the answer; tests ask it without a communicator.
+//
+// The paths, in the order they are preferred:
+//  - host buffers: the host algorithm (chooseAllReduce below: DDL_ALGO, the tuning table, or the node's
+//    shared-memory segment where every rank is in it);
+//  - device buffers, host-blocking (device/device_path.h): over CUDA IPC on one node; the node's dim over IPC
+//    and the rest staged where the node is mdring's dim 0; else staged through pinned memory around the host
+//    algorithm;
+//  - device buffers on a stream (device/stream_path.h): the node kernel where every rank is on one node and
+//    shares its segment, one-shot up to nodeOneShotBytes, two-shot above; else host-paced, running the
+//    host-blocking device path on the communicator's thread.
+// A path with a setup (the IPC scratch, the node kernel's regions) is planned while its setup has not been
+// tried (`setup`); Comm then runs the setup, and a failed one (Setup::kOff) makes the next plan choose the
+// next path. Checks that need the buffers themselves (on which device they are) stay with Comm.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "algo/algo.h"
+#include "env.h"
+
+namespace ddl {
+
+class TuneTable;
+
+enum class Setup { kUntried, kReady, kOff };
+enum class Buffers { kHost, kDevice, kDeviceOnStream };
+
+struct AllReduceShape {
+  int nranks = 1;
+  bool shm_all = false;   // every rank is a member of this node's shared-memory segment
+  bool shm_dim0 = false;  // the segment holds the node, mdring's dim 0 across several nodes
+  Algo forced_algo = Algo::kAuto;
+  size_t forced_segment = 0;
+  const TuneTable* tune = nullptr;
+  std::string topology;   // Topology::str()
+  bool has_grid = false;  // mdringGrid(topology) has two or more non-trivial dims
+  Setup ipc = Setup::kUntried;          // the host-blocking device path's IPC scratch
+  Setup node_kernel = Setup::kUntried;  // the stream-ordered node kernel's regions
+};
+
+enum class AllReducePath {
+  kHost,            // `algo` on host buffers
+  kIpc,             // device, one node: algo/shm.cpp over CUDA IPC, the GPU reducing
+  kIpcAcrossNodes,  // device, the node is dim 0: the node's dim over IPC, the other dims staged
+  kStaged,          // device elsewhere: `algo` on chunks staged through pinned memory
+  kNodeKernel,      // on a stream, one node: one kernel per rank
+  kHostPaced,       // on a stream elsewhere: `host_paced` (a host-blocking device path) on the executor
+};
+const char* pathName(AllReducePath p);
+
+struct AllReducePlan {
+  AllReducePath path = AllReducePath::kHost;
+  AllReduceChoice algo{Algo::kRing, 0};  // the host algorithm: kHost, kStaged (and kHostPaced's staged path)
+  bool one_shot = false;                 // kNodeKernel: every rank reduces the whole message
+  bool setup = false;                    // the path's setup has not been tried yet
+  AllReducePath host_paced = AllReducePath::kStaged;  // kHostPaced: the path it runs
+};
+
+AllReducePlan planAllReduce(const AllReduceShape& shape, size_t bytes, Buffers buffers);
+
+// Whether the node's shared-memory forms serve collectives that DDL_ALGO does not send elsewhere.
+bool shmServes(const AllReduceShape& shape);
+// Whether stream-ordered collectives (all of them, not only allreduce) may run the node kernel.
+bool nodeKernelServes(const AllReduceShape& shape);
+// Up to this many bytes the node kernel's allreduce is one-shot (every rank reads every rank's whole message:
+// one barrier), above it two-shot (each rank reduces its slice: two barriers, each byte read once).
+size_t nodeOneShotBytes(int nranks);
+
+}  // namespace ddl
