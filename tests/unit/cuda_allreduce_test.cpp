@@ -34,18 +34,8 @@ namespace ddl {
 namespace {
 
 
-// Inside rank threads: throw, so that the failure is reported with the rank.
-void cudaOk(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail(ddlCudaError, std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-struct DeviceBuffer {
-  explicit DeviceBuffer(size_t bytes) { cudaOk(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc"); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* p = nullptr;
-};
+using test_util::cudaOk;
+using test_util::DeviceBuffer;
 
 void toDevice(void* dst, const void* src, size_t bytes) {
   cudaOk(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");

@@ -33,17 +33,8 @@ using test_util::expectAllOk;
 using test_util::makeExpected;
 using test_util::makeInput;
 
-void cudaOk(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail(ddlCudaError, std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-struct DeviceBuffer {
-  explicit DeviceBuffer(size_t bytes) { cudaOk(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc"); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* p = nullptr;
-};
+using test_util::cudaOk;
+using test_util::DeviceBuffer;
 
 struct Stream {
   Stream() { cudaOk(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"); }
@@ -180,8 +171,10 @@ TEST(CudaStream, AbortEndsAKernelWaitingOnTheGpu) {
     DeviceBuffer a(4096);
     comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, st.s);
     st.sync();
-    if (comm.rank() == 1) {
-      while (!rank0_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (comm.rank() == 1) {  // waits for rank 0 to finish, 60 s at most
+      for (int i = 0; i < 12000 && !rank0_done.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
       return;
     }
     comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, st.s);

@@ -6,7 +6,22 @@
 
 #include <string>
 
+#include "error.h"
+
 namespace ddl::test_util {
+
+// Inside rank threads: throw, so that the failure is reported with the rank.
+inline void cudaOk(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(ddlCudaError, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes) { cudaOk(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* p = nullptr;
+};
 
 inline std::string noDeviceReason() {
   int n = 0;
