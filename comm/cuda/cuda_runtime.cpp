@@ -9,17 +9,20 @@
 // threads of one process (where cudaIpcOpenMemHandle refuses a handle of its own process) use the pointer
 // itself, with peer access enabled where the memory is on another device. Node keys guarantee that the
 // members of a node share a PID namespace, so the process id says which case applies.
+#include <cuda.h>  // the driver's types, for cuStreamWaitValue32 (found at run time, not linked)
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 
+#include "device/device_runtime.h"
 #include "device/node_kernel.h"
 #include "device_reduce.h"
-#include "device/device_runtime.h"
 #include "error.h"
 
 namespace ddl {
@@ -67,6 +70,39 @@ class OnDevice {
 };
 
 cudaStream_t asStream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// cuStreamWaitValue32 from the driver, found once through the runtime (libddl links no libcuda); null where
+// the driver lacks it.
+using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+WaitValueFn waitValue() {
+  static const WaitValueFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      p = nullptr;
+    }
+    return reinterpret_cast<WaitValueFn>(p);
+  }();
+  return fn;
+}
+
+// The fallback hold: polls the word on CUDA's host-function thread.
+struct Hold {
+  const uint32_t* word;
+  uint32_t value;
+  static void run(void* p) {
+    auto* h = static_cast<Hold*>(p);
+    for (int i = 0;; ++i) {
+      const uint32_t now = reinterpret_cast<const volatile uint32_t*>(h->word)[0];
+      if (static_cast<int32_t>(now - h->value) >= 0) break;
+      if (i > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    delete h;
+  }
+};
 cudaEvent_t asEvent(void* e) { return static_cast<cudaEvent_t>(e); }
 
 class CudaRuntime final : public DeviceRuntime {
@@ -239,8 +275,23 @@ class CudaRuntime final : public DeviceRuntime {
     check(e, "the stream's earlier work");
     return true;
   }
-  void hostCall(void* stream, void (*fn)(void*), void* arg) override {
-    check(cudaLaunchHostFunc(asStream(stream), fn, arg), "cudaLaunchHostFunc");
+  void holdUntil(void* stream, const uint32_t* word, uint32_t value) override {
+    if (WaitValueFn wait = waitValue()) {
+      void* dev = nullptr;
+      check(cudaHostGetDevicePointer(&dev, const_cast<uint32_t*>(word), 0), "cudaHostGetDevicePointer");
+      const CUresult r = wait(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(dev), value,
+                              CU_STREAM_WAIT_VALUE_GEQ);
+      if (r != CUDA_SUCCESS) fail(ddlCudaError, "CUDA: cuStreamWaitValue32 failed: error " + std::to_string(r));
+      return;
+    }
+    // Without stream memory operations: a host function that polls (it holds one of CUDA's host-function
+    // threads meanwhile).
+    auto* hold = new Hold{word, value};
+    const cudaError_t e = cudaLaunchHostFunc(asStream(stream), &Hold::run, hold);
+    if (e != cudaSuccess) {
+      delete hold;
+      cudaFail(e, "cudaLaunchHostFunc");
+    }
   }
   void* allocMapped(size_t bytes, void** device) override {
     void* p = nullptr;

@@ -17,8 +17,8 @@
 // - Streams (FakeStream: the application's, and libddl's own) are deferred too, and thread-safe: whichever
 //   thread waits for a stream (a host that synchronises it, an event a host polls or another stream awaits)
 //   runs its work, one operation at a time, in order; a thread that needs work another thread is running
-//   waits for it. An operation may block (a host function holding the stream, the node kernel waiting for
-//   its peers), as on a GPU. eventDone is the exception: it runs nothing, it polls, so a path that polls an
+//   waits for it. An operation may block (a hold on a word, the node kernel waiting for its peers), as on a
+//   GPU. eventDone is the exception: it runs nothing, it polls, so a path that polls an
 //   event nobody drives would wait forever; the tests drive their streams.
 // - The node kernel (device/node_kernel.h) runs on the host: the same algorithm, its blocks one after the
 //   other on the thread that drives the stream, flags and counters as atomics. Devices have an identity
@@ -124,7 +124,7 @@ struct FakeCounters {
   std::atomic<int> closes{0};
   std::atomic<int> exports{0};
   std::atomic<int> node_kernels{0};  // launches of the node kernel
-  std::atomic<int> host_calls{0};    // host functions on streams (the host-paced scheme)
+  std::atomic<int> host_calls{0};    // holds of streams (the host-paced scheme)
 };
 
 struct Faults {
@@ -345,9 +345,14 @@ class FakeRuntime final : public DeviceRuntime {
     const auto [s, index] = static_cast<FakeEvent*>(event)->get();
     return !s || s->reached(index);
   }
-  void hostCall(void* stream, void (*fn)(void*), void* arg) override {
+  void holdUntil(void* stream, const uint32_t* word, uint32_t value) override {
     ++counters_->host_calls;
-    streamOf(stream)->push([fn, arg] { fn(arg); });
+    streamOf(stream)->push([word, value] {
+      auto* w = const_cast<uint32_t*>(word);
+      while (static_cast<int32_t>(std::atomic_ref<uint32_t>(*w).load(std::memory_order_acquire) - value) < 0) {
+        std::this_thread::yield();
+      }
+    });
   }
   void* allocMapped(size_t bytes, void** device) override {
     void* p = FakeDevices::get().alloc(bytes, -1, true);

@@ -221,7 +221,7 @@ ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const 
  * rank with no host in the data path (the "kernel" scheme), and can be captured into a CUDA graph once the
  * communicator has run one stream-ordered collective uncaptured (the first sets its GPU memory up, a blocking
  * exchange among the ranks). Elsewhere (several nodes, ranks sharing a GPU without MPS, DDL_DEVICE_SCHEME=host)
- * the collective is "host-paced": the stream waits, in a host function, while the communicator's own thread
+ * the collective is "host-paced": the stream waits (on a word of pinned memory) while the communicator's thread
  * runs the blocking collective once the stream's earlier work is complete; the caller's thread does not wait,
  * capture is refused, and the stream must be one of the caller's own (non-blocking, not NULL). While it waits,
  * device-wide synchronisations elsewhere in the process (cudaDeviceSynchronize, cudaFree) wait for it too.

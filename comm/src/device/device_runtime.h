@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -96,9 +97,10 @@ class DeviceRuntime {
   virtual void waitOn(void* stream, void* event) = 0;
   // Whether event has completed (the host does not wait).
   virtual bool eventDone(void* event) = 0;
-  // fn(arg) runs on a thread of the runtime once the work queued on stream before it has completed; the
-  // stream's later work waits until it returns. fn must not call the runtime.
-  virtual void hostCall(void* stream, void (*fn)(void*), void* arg) = 0;
+  // The stream's later work waits until the 32-bit word at word (allocMapped's memory: the host's pointer)
+  // reaches value (compared as (int32_t)(*word - value) >= 0, so that it may wrap), without the host waiting:
+  // CUDA's cuStreamWaitValue32 where the driver has it, else a host function that polls the word.
+  virtual void holdUntil(void* stream, const uint32_t* word, uint32_t value) = 0;
   // Pinned host memory that kernels read and write (the abort and error words of the node kernel): the
   // host's pointer, *device the kernels' view of it. Zeroed.
   virtual void* allocMapped(size_t bytes, void** device) = 0;

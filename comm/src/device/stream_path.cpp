@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "error.h"
@@ -54,6 +55,24 @@ bool decode(const char* b, Record* r) {
 
 bool debug() { return !getEnv("DDL_DEBUG").empty(); }
 
+// Hold words of host-paced jobs: one pinned page for the process, never freed, its words handed out in turn.
+// Never freed, because a stream's wait may still read a word after its communicator is gone (the word has
+// its final value by then); a word comes round again only after kHoldWords more communicators.
+constexpr size_t kHoldWords = 1024;
+uint32_t* takeHoldWord(DeviceRuntime& rt) {
+  static std::mutex mu;
+  static uint32_t* page = nullptr;
+  static size_t next = 0;
+  std::lock_guard<std::mutex> lk(mu);
+  if (!page) {
+    void* dev = nullptr;
+    page = static_cast<uint32_t*>(rt.allocMapped(kHoldWords * sizeof(uint32_t), &dev));
+  }
+  uint32_t* w = page + next++ % kHoldWords;
+  std::atomic_ref<uint32_t>(*w).store(0);
+  return w;
+}
+
 }  // namespace
 
 StreamPath::StreamPath(DeviceRuntime& rt, int rank, int timeout_ms, DeviceScheme forced, size_t slot_bytes)
@@ -102,6 +121,7 @@ void StreamPath::release() noexcept {
   error_word_.store(nullptr);
   if (words_host_) rt_.freeMapped(words_host_);
   words_host_ = words_dev_ = nullptr;
+
   ready_ = false;
   region_bytes_ = 0;
 }
@@ -227,39 +247,23 @@ void StreamPath::launch(void* stream, node::Args a) {
   rt_.waitOn(stream, join_);
 }
 
-void StreamPath::HostJob::holdStream(void* p) {
-  auto* holder = static_cast<std::shared_ptr<HostJob>*>(p);
-  {
-    HostJob& job = **holder;
-    std::unique_lock<std::mutex> lk(job.mu);
-    job.cv.wait(lk, [&] { return job.done; });  // finish() comes: every collective ends within its timeout
-  }
-  delete holder;
-}
-
 void StreamPath::HostJob::finish() {
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    done = true;
-  }
-  cv.notify_all();
+  std::atomic_ref<uint32_t>(*word).store(number, std::memory_order_release);
   if (ready) rt->deleteEvent(ready);
   ready = nullptr;
 }
 
 std::shared_ptr<StreamPath::HostJob> StreamPath::hostPaced(void* stream, int dev) {
+  if (!hold_word_) hold_word_ = takeHoldWord(rt_);
   auto job = std::make_shared<HostJob>();
   job->rt = &rt_;
+  job->word = hold_word_;
   job->ready = rt_.newEvent(dev);
   try {
     rt_.recordOn(stream, job->ready);
-    auto* holder = new std::shared_ptr<HostJob>(job);
-    try {
-      rt_.hostCall(stream, &HostJob::holdStream, holder);
-    } catch (...) {
-      delete holder;
-      throw;
-    }
+    job->number = jobs_ + 1;
+    rt_.holdUntil(stream, job->word, job->number);
+    ++jobs_;
   } catch (...) {
     rt_.deleteEvent(job->ready);
     job->ready = nullptr;
