@@ -329,6 +329,10 @@ class CudaRuntime final : public DeviceRuntime {
     }
     return on != 0;
   }
+  int nodeKernelCapacity(int dev) override {
+    OnDevice on(dev);
+    return cuda::nodeKernelResidentBlocks();
+  }
   void launchNode(void* stream, const node::Args& args) override {
     OnDevice on(streamDevice(stream));
     check(cuda::launchNodeCollective(args, asStream(stream)), "the node kernel's launch");

@@ -55,4 +55,7 @@ namespace ddl::cuda {
 // Enqueues the node kernel (comm/src/device/node_kernel.h, node_kernels.cu) on stream, on the current device.
 // cudaErrorInvalidValue for a bad type, op or rank count.
 cudaError_t launchNodeCollective(const node::Args& args, cudaStream_t stream);
+// The node kernel's CTAs the current device keeps resident at once (the float32 sum instantiation's
+// occupancy; the others use about as many registers); 0 where it cannot be asked.
+int nodeKernelResidentBlocks();
 }  // namespace ddl::cuda

@@ -170,6 +170,18 @@ cudaError_t dispatchOp(const node::Args& a, cudaStream_t st) {
 
 }  // namespace
 
+int nodeKernelResidentBlocks() {
+  int dev = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, nodeKernel<NativeFn<float, SumOp>, DivideFn<float>>,
+                                                    node::kThreads, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms * per_sm;
+}
+
 cudaError_t launchNodeCollective(const node::Args& a, cudaStream_t stream) {
   if (a.nranks < 1 || a.nranks > node::kMaxRanks || a.elem != typeSize(a.type)) return cudaErrorInvalidValue;
   if (a.kind == node::Kind::kAllGather || a.kind == node::Kind::kBroadcast) {

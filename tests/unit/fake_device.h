@@ -132,6 +132,7 @@ struct Faults {
   bool refuse_alloc = false;  // allocDevice fails
   bool mps = false;           // sharedByMps says the MPS daemon serves the device
   int pid = 0;                // processId() (0: the real one): ranks as if in processes of their own
+  int capacity = 1 << 20;     // nodeKernelCapacity: the node kernel's CTAs resident at once
 };
 
 // A stream: work runs when a thread waits for it (see above).
@@ -365,6 +366,7 @@ class FakeRuntime final : public DeviceRuntime {
   std::string deviceIdentity(int dev) override { return "emulated GPU " + std::to_string(dev); }
   bool sharedByMps(int) override { return faults_.mps; }
   int processId() override { return faults_.pid ? faults_.pid : DeviceRuntime::processId(); }
+  int nodeKernelCapacity(int) override { return faults_.capacity; }
   void launchNode(void* stream, const node::Args& args) override {
     ++counters_->node_kernels;
     if (fail_at_ > 0 && --fail_at_ == 0) fail(ddlCudaError, "fake device: injected failure");

@@ -48,6 +48,7 @@ struct Rig {
   std::vector<FakeRuntime*> runtimes;
   bool processes = false;  // each rank claims a process of its own
   bool mps = false;
+  int capacity = 1 << 20;
   DeviceScheme scheme = DeviceScheme::kAuto;
   size_t slot_bytes = 0;
   int timeout_ms = 30000;
@@ -64,6 +65,7 @@ std::vector<RankResult> runRanks(int nranks, Rig& setup, bool one_node, const st
     test_util::Faults f;
     f.mps = setup.mps;
     f.pid = setup.processes ? 100000 + rank : 0;
+    f.capacity = setup.capacity;
     auto rt = std::make_unique<FakeRuntime>(setup.counters, f);
     setup.runtimes[rank] = rt.get();
     return rt;
@@ -215,6 +217,22 @@ TEST(StreamPath, SharedGpuWithoutMpsIsHostPacedWithMpsTheKernel) {
       EXPECT_GT(setup.counters->host_calls.load(), 0);
     }
   }
+}
+
+// Ranks sharing a GPU whose resident CTAs cannot hold all of theirs would wait for CTAs never scheduled.
+TEST(StreamPath, ASharedGpuTooSmallForEveryRanksBlocksIsHostPaced) {
+  Rig setup;
+  setup.capacity = 2 * node::kBlocks;  // room for 2 ranks' kernels, not 3
+  expectAllOk(runRanks(3, setup, true, [&](Comm& comm) {
+    everyCollective(comm, ddlFloat32, ddlSum, 1001);
+    EXPECT_EQ(comm.streamScheme(), "host");
+  }));
+  Rig enough;
+  enough.capacity = 3 * node::kBlocks;
+  expectAllOk(runRanks(3, enough, true, [&](Comm& comm) {
+    everyCollective(comm, ddlFloat32, ddlSum, 1001);
+    EXPECT_EQ(comm.streamScheme(), "kernel");
+  }));
 }
 
 TEST(StreamPath, ForcedSchemes) {

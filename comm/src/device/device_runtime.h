@@ -115,6 +115,9 @@ class DeviceRuntime {
   // The process the contexts belong to (ranks that are threads of one process share a context, whose kernels
   // run at once without MPS).
   virtual int processId() { return static_cast<int>(::getpid()); }
+  // How many of the node kernel's CTAs dev keeps resident at once (multiprocessors x CTAs per multiprocessor):
+  // ranks sharing a GPU need all their CTAs resident together, since they wait for each other.
+  virtual int nodeKernelCapacity(int dev) = 0;
   // Enqueues the node kernel (device/node_kernel.h) on stream.
   virtual void launchNode(void* stream, const node::Args& args) = 0;
 };

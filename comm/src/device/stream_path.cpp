@@ -15,7 +15,7 @@ namespace {
 
 // A member's record in the setup exchange (kNodeRecordBytes):
 //   [0] 1: offers its region, 0: refuses (why at kTextAt)   [1] MPS serves its GPU
-//   [4..8) pid   [8..10) identity length   [10..12) handle length
+//   [4..8) pid   [8..10) identity length   [10..12) handle length   [12..16) the GPU's resident CTAs
 //   [16..80) the GPU's identity   [96..) the IPC handle, or why it refuses
 constexpr size_t kIdentAt = 16, kIdentMax = 64, kTextAt = 96, kTextMax = kNodeRecordBytes - kTextAt;
 
@@ -23,6 +23,7 @@ struct Record {
   bool ok = false;
   bool mps = false;
   int32_t pid = 0;
+  int32_t capacity = 0;  // the node kernel's CTAs its GPU keeps resident at once
   std::string ident, text;  // text: the handle, or why not
 };
 
@@ -35,6 +36,7 @@ std::string encode(const Record& r) {
   const uint16_t tl = static_cast<uint16_t>(std::min(r.text.size(), kTextMax));
   std::memcpy(&b[8], &il, 2);
   std::memcpy(&b[10], &tl, 2);
+  std::memcpy(&b[12], &r.capacity, sizeof r.capacity);
   std::memcpy(&b[kIdentAt], r.ident.data(), il);
   std::memcpy(&b[kTextAt], r.text.data(), tl);
   return b;
@@ -48,6 +50,7 @@ bool decode(const char* b, Record* r) {
   r->ok = b[0] == 1;
   r->mps = b[1] == 1;
   std::memcpy(&r->pid, b + 4, sizeof r->pid);
+  std::memcpy(&r->capacity, b + 12, sizeof r->capacity);
   r->ident.assign(b + kIdentAt, il);
   r->text.assign(b + kTextAt, tl);
   return true;
@@ -141,6 +144,7 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
     try {
       mine.ident = rt_.deviceIdentity(dev);
       mine.mps = rt_.sharedByMps(dev);
+      mine.capacity = rt_.nodeKernelCapacity(dev);
       region_bytes_ = node::Layout::bytes(slot_bytes_);
       rt_.bind(dev);
       own_ = rt_.allocDevice(region_bytes_);
@@ -180,6 +184,17 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
                "nvidia-cuda-mps-control -d, or give each rank a GPU of its own)";
         ok = false;
       }
+    }
+  }
+  // Ranks sharing a GPU wait for each other inside the kernel: all their CTAs must be resident at once.
+  for (int m = 0; m < members_ && ok; ++m) {
+    int sharing = 0;
+    for (int k = 0; k < members_; ++k) sharing += recs[k].ident == recs[m].ident;
+    if (sharing > 1 && sharing * node::kBlocks > recs[m].capacity && forced_ != DeviceScheme::kKernel) {
+      *why = std::to_string(sharing) + " ranks share member " + std::to_string(m) + "'s GPU, whose " +
+             std::to_string(recs[m].capacity) + " resident CTAs cannot hold their " +
+             std::to_string(sharing * node::kBlocks) + " at once";
+      ok = false;
     }
   }
   if (ok) {
