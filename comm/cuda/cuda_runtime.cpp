@@ -281,7 +281,8 @@ class CudaRuntime final : public DeviceRuntime {
       check(cudaHostGetDevicePointer(&dev, const_cast<uint32_t*>(word), 0), "cudaHostGetDevicePointer");
       const CUresult r = wait(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(dev), value,
                               CU_STREAM_WAIT_VALUE_GEQ);
-      if (r != CUDA_SUCCESS) fail(ddlCudaError, "CUDA: cuStreamWaitValue32 failed: error " + std::to_string(r));
+      if (r != CUDA_SUCCESS)
+        fail(ddlCudaError, "CUDA: cuStreamWaitValue32 failed: error " + std::to_string(r));
       return;
     }
     // Without stream memory operations: a host function that polls (it holds one of CUDA's host-function

@@ -34,7 +34,9 @@ __device__ __forceinline__ S loadCg(const S* p) {
   }
 }
 
-__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
 
 // F: the element function (ops::NativeFn, HalfFn, Bfloat16Fn) over the stored type F::S; D: its division
 // (ddlAvg's last step).
@@ -88,7 +90,8 @@ struct GpuExec {
 
   // dst[i] (and dst2[i] where dst2 is set) = srcs[0][i] op srcs[1][i] op ..., folded in member order, then
   // divided by divisor where it is > 0.
-  __device__ void reduce(char* dst, char* dst2, const char* const* srcs, int nsrc, size_t n, int divisor) const {
+  __device__ void reduce(char* dst, char* dst2, const char* const* srcs, int nsrc, size_t n,
+                         int divisor) const {
     bool vec = aligned16(dst) && (!dst2 || aligned16(dst2)) && n % kN == 0;
     for (int r = 0; r < nsrc; ++r) vec = vec && aligned16(srcs[r]);
     const F f{};
@@ -138,11 +141,16 @@ template <template <typename> class Fn, class D>
 cudaError_t dispatchOp16(const node::Args& a, cudaStream_t st) {
   switch (a.op) {
     case ddlSum:
-    case ddlAvg: return launch<Fn<SumOp>, D>(a, st);
-    case ddlProd: return launch<Fn<ProdOp>, D>(a, st);
-    case ddlMin: return launch<Fn<MinOp>, D>(a, st);
-    case ddlMax: return launch<Fn<MaxOp>, D>(a, st);
-    default: return cudaErrorInvalidValue;
+    case ddlAvg:
+      return launch<Fn<SumOp>, D>(a, st);
+    case ddlProd:
+      return launch<Fn<ProdOp>, D>(a, st);
+    case ddlMin:
+      return launch<Fn<MinOp>, D>(a, st);
+    case ddlMax:
+      return launch<Fn<MaxOp>, D>(a, st);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -151,10 +159,14 @@ cudaError_t dispatchOp(const node::Args& a, cudaStream_t st) {
   using D = DivideFn<T>;
   switch (a.op) {
     case ddlSum:
-    case ddlAvg: return launch<NativeFn<T, SumOp>, D>(a, st);
-    case ddlProd: return launch<NativeFn<T, ProdOp>, D>(a, st);
-    case ddlMin: return launch<NativeFn<T, MinOp>, D>(a, st);
-    case ddlMax: return launch<NativeFn<T, MaxOp>, D>(a, st);
+    case ddlAvg:
+      return launch<NativeFn<T, SumOp>, D>(a, st);
+    case ddlProd:
+      return launch<NativeFn<T, ProdOp>, D>(a, st);
+    case ddlMin:
+      return launch<NativeFn<T, MinOp>, D>(a, st);
+    case ddlMax:
+      return launch<NativeFn<T, MaxOp>, D>(a, st);
     case ddlBand:
     case ddlBor:
     case ddlBxor:
@@ -164,7 +176,8 @@ cudaError_t dispatchOp(const node::Args& a, cudaStream_t st) {
         return launch<NativeFn<T, BxorOp>, D>(a, st);
       }
       return cudaErrorInvalidValue;
-    default: return cudaErrorInvalidValue;
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -174,8 +187,8 @@ int nodeKernelResidentBlocks() {
   int dev = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, nodeKernel<NativeFn<float, SumOp>, DivideFn<float>>,
-                                                    node::kThreads, 0) != cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, nodeKernel<NativeFn<float, SumOp>, DivideFn<float>>, node::kThreads, 0) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -190,17 +203,28 @@ cudaError_t launchNodeCollective(const node::Args& a, cudaStream_t stream) {
   }
   if (!opTakesType(a.op, a.type)) return cudaErrorInvalidValue;
   switch (a.type) {
-    case ddlInt8: return dispatchOp<int8_t>(a, stream);
-    case ddlUint8: return dispatchOp<uint8_t>(a, stream);
-    case ddlInt32: return dispatchOp<int32_t>(a, stream);
-    case ddlUint32: return dispatchOp<uint32_t>(a, stream);
-    case ddlInt64: return dispatchOp<int64_t>(a, stream);
-    case ddlUint64: return dispatchOp<uint64_t>(a, stream);
-    case ddlFloat16: return dispatchOp16<HalfFn, HalfDivideFn>(a, stream);
-    case ddlBfloat16: return dispatchOp16<Bfloat16Fn, Bfloat16DivideFn>(a, stream);
-    case ddlFloat32: return dispatchOp<float>(a, stream);
-    case ddlFloat64: return dispatchOp<double>(a, stream);
-    default: return cudaErrorInvalidValue;
+    case ddlInt8:
+      return dispatchOp<int8_t>(a, stream);
+    case ddlUint8:
+      return dispatchOp<uint8_t>(a, stream);
+    case ddlInt32:
+      return dispatchOp<int32_t>(a, stream);
+    case ddlUint32:
+      return dispatchOp<uint32_t>(a, stream);
+    case ddlInt64:
+      return dispatchOp<int64_t>(a, stream);
+    case ddlUint64:
+      return dispatchOp<uint64_t>(a, stream);
+    case ddlFloat16:
+      return dispatchOp16<HalfFn, HalfDivideFn>(a, stream);
+    case ddlBfloat16:
+      return dispatchOp16<Bfloat16Fn, Bfloat16DivideFn>(a, stream);
+    case ddlFloat32:
+      return dispatchOp<float>(a, stream);
+    case ddlFloat64:
+      return dispatchOp<double>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

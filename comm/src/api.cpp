@@ -252,14 +252,16 @@ ddlResult_t ddlAllReduceOnStream(const void* sendbuff, void* recvbuff, size_t co
 }
 
 ddlResult_t ddlReduceScatterOnStream(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                     ddlDataType_t datatype, ddlRedOp_t op, ddlComm_t comm, ddlStream_t stream) {
+                                     ddlDataType_t datatype, ddlRedOp_t op, ddlComm_t comm,
+                                     ddlStream_t stream) {
   DDL_CHECK_COMM("ddlReduceScatterOnStream", comm);
-  return guard(comm, "ddlReduceScatterOnStream",
-               [&] { comm->impl->reduceScatterOnStream(sendbuff, recvbuff, recvcount, datatype, op, stream); });
+  return guard(comm, "ddlReduceScatterOnStream", [&] {
+    comm->impl->reduceScatterOnStream(sendbuff, recvbuff, recvcount, datatype, op, stream);
+  });
 }
 
-ddlResult_t ddlAllGatherOnStream(const void* sendbuff, void* recvbuff, size_t sendcount, ddlDataType_t datatype,
-                                 ddlComm_t comm, ddlStream_t stream) {
+ddlResult_t ddlAllGatherOnStream(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                 ddlDataType_t datatype, ddlComm_t comm, ddlStream_t stream) {
   DDL_CHECK_COMM("ddlAllGatherOnStream", comm);
   return guard(comm, "ddlAllGatherOnStream",
                [&] { comm->impl->allGatherOnStream(sendbuff, recvbuff, sendcount, datatype, stream); });

@@ -56,12 +56,12 @@ void Comm::checkRanks(int nranks, int rank) {
 std::unique_ptr<Comm> Comm::bootstrap(int nranks, int rank, Store& store, bool claim, const std::string& where,
                                       const Options& options, const Deadline& deadline) {
   // Every rank must agree on the shape of the communicator, and each rank number must be taken once.
-  const std::string shape = "nranks=" + std::to_string(nranks) + " topology=" + options.topology.str() +
-                            " algo=" + algoName(options.algo) + " segment=" + std::to_string(options.segment_bytes) +
-                            " tune=" + (options.tune ? options.tune->digest() : std::string("built-in")) +
-                            " shm=" + (options.shm ? std::to_string(options.shm_round_bytes) : std::string("off")) +
-                            " device=" + deviceSchemeName(options.device_scheme) + "/" +
-                            std::to_string(options.node_slot_bytes);
+  const std::string shape =
+      "nranks=" + std::to_string(nranks) + " topology=" + options.topology.str() +
+      " algo=" + algoName(options.algo) + " segment=" + std::to_string(options.segment_bytes) +
+      " tune=" + (options.tune ? options.tune->digest() : std::string("built-in")) +
+      " shm=" + (options.shm ? std::to_string(options.shm_round_bytes) : std::string("off")) +
+      " device=" + deviceSchemeName(options.device_scheme) + "/" + std::to_string(options.node_slot_bytes);
   if (claim && store.add("joined/" + std::to_string(rank), 1) != 1) {
     fail(ddlInvalidArgument, "two processes claim rank " + std::to_string(rank) + " of " + where);
   }
@@ -70,11 +70,12 @@ std::unique_ptr<Comm> Comm::bootstrap(int nranks, int rank, Store& store, bool c
   } else {
     std::string root_shape = store.get("shape", deadline);
     if (root_shape != shape) {
-      fail(ddlInvalidArgument, "rank 0 created the communicator with " + root_shape + " but rank " +
-                                   std::to_string(rank) + " has " + shape +
-                                   " (DDL_WORLD_SIZE, DDL_TOPOLOGY, DDL_ALGO, DDL_SEGMENT_BYTES, DDL_SHM, "
-                                   "DDL_SHM_ROUND_BYTES, DDL_DEVICE_SCHEME and DDL_NODE_SLOT_BYTES must be the same "
-                                   "on every rank, and DDL_TUNE_FILE must hold the same rules)");
+      fail(ddlInvalidArgument,
+           "rank 0 created the communicator with " + root_shape + " but rank " + std::to_string(rank) +
+               " has " + shape +
+               " (DDL_WORLD_SIZE, DDL_TOPOLOGY, DDL_ALGO, DDL_SEGMENT_BYTES, DDL_SHM, "
+               "DDL_SHM_ROUND_BYTES, DDL_DEVICE_SCHEME and DDL_NODE_SLOT_BYTES must be the same "
+               "on every rank, and DDL_TUNE_FILE must hold the same rules)");
     }
   }
   // Only share mode blocks on the wakeup fd for long; the others keep UCX as it was measured and tuned.
@@ -102,8 +103,8 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
     device_ = std::make_unique<DevicePath>(
         std::move(rt), rank_,
         options_.staged_chunk_bytes ? options_.staged_chunk_bytes : kMaxStagedChunkBytes);
-    stream_ = std::make_unique<StreamPath>(device_->runtime(), rank_, options_.timeout_ms, options_.device_scheme,
-                                           options_.node_slot_bytes);
+    stream_ = std::make_unique<StreamPath>(device_->runtime(), rank_, options_.timeout_ms,
+                                           options_.device_scheme, options_.node_slot_bytes);
   }
 }
 
@@ -259,10 +260,14 @@ void Comm::shutdown() {
 ddlResult_t Comm::asyncError() const {
   if (const ddlResult_t b = broken_.load(); b != ddlSuccess || !stream_) return b;
   switch (stream_->gpuError()) {
-    case node::kNoError: return ddlSuccess;
-    case node::kAborted: return ddlAborted;
-    case node::kTimedOut: return ddlTimeout;
-    default: return ddlRemoteError;
+    case node::kNoError:
+      return ddlSuccess;
+    case node::kAborted:
+      return ddlAborted;
+    case node::kTimedOut:
+      return ddlTimeout;
+    default:
+      return ddlRemoteError;
   }
 }
 
@@ -270,7 +275,9 @@ void Comm::noteGpuError() {
   if (!stream_) return;
   const uint32_t code = stream_->gpuError();
   if (code == node::kNoError) return;
-  breakWith(code == node::kAborted ? ddlAborted : code == node::kTimedOut ? ddlTimeout : ddlRemoteError,
+  breakWith(code == node::kAborted    ? ddlAborted
+            : code == node::kTimedOut ? ddlTimeout
+                                      : ddlRemoteError,
             StreamPath::describeGpuError(code));
 }
 
@@ -616,7 +623,8 @@ void Comm::broadcast(const void* sendbuf, void* recvbuf, size_t count, ddlDataTy
   if (!onDevice({in, recvbuf})) return host(in, recvbuf);
   deviceCall([&] {
     // Only recvbuff decides (the others cannot see the root's sendbuff); a host sendbuff is copied from.
-    if (NodeMemory* mem = shmServes() ? deviceNode({recvbuf}) : nullptr) return over_shm(in, recvbuf, mem, kDeviceVariant);
+    if (NodeMemory* mem = shmServes() ? deviceNode({recvbuf}) : nullptr)
+      return over_shm(in, recvbuf, mem, kDeviceVariant);
     device_->stage({{in, bytes}}, {{recvbuf, bytes}}, [&](auto& i, auto& o) { host(i[0], o[0]); });
   });
 }
@@ -646,7 +654,8 @@ void Comm::allGather(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDa
   if (!onDevice({sendbuf, recvbuf})) return host(sendbuf, recvbuf);
   deviceCall([&] {
     // Only recvbuff decides: nothing is reduced, so a host sendbuff is simply copied from.
-    if (NodeMemory* mem = shmServes() ? deviceNode({recvbuf}) : nullptr) return over_shm(sendbuf, recvbuf, mem, kDeviceVariant);
+    if (NodeMemory* mem = shmServes() ? deviceNode({recvbuf}) : nullptr)
+      return over_shm(sendbuf, recvbuf, mem, kDeviceVariant);
     device_->stage({{sendbuf, sendcount * d.elem}}, {{recvbuf, bytes}},
                    [&](auto& i, auto& o) { host(i[0], o[0]); });
   });
@@ -990,18 +999,22 @@ constexpr int kNodeKernelSetupVariant = 0xD0;
 
 std::string Comm::streamScheme() const {
   switch (shape_.node_kernel) {
-    case Setup::kReady: return "kernel";
-    case Setup::kOff: return "host";
-    default: return "unset";
+    case Setup::kReady:
+      return "kernel";
+    case Setup::kOff:
+      return "host";
+    default:
+      return "unset";
   }
 }
 
 void Comm::setupNodeKernel(void* stream, int dev) {
   DeviceRuntime& rt = device_->runtime();
   if (rt.capturing(stream)) {
-    fail(ddlInvalidArgument,
-         "the first stream-ordered collective of a communicator sets up its GPU memory and cannot be captured "
-         "into a CUDA graph: run one before capturing (a warm-up iteration)");
+    fail(
+        ddlInvalidArgument,
+        "the first stream-ordered collective of a communicator sets up its GPU memory and cannot be captured "
+        "into a CUDA graph: run one before capturing (a warm-up iteration)");
   }
   drainAsync();
   DevicePath::KeepDevice keep(rt);
@@ -1030,7 +1043,8 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
                     std::function<void()> host) {
   if (!device_) {
     fail(ddlInvalidArgument,
-         "stream-ordered collectives take CUDA device buffers, and this libddl has no GPU runtime (built without "
+         "stream-ordered collectives take CUDA device buffers, and this libddl has no GPU runtime (built "
+         "without "
          "the CUDA Toolkit, or no GPU found): use the blocking calls (ddlAllReduce, ...) for host memory");
   }
   noteGpuError();
@@ -1041,9 +1055,10 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
     if (!b) continue;
     const int d = rt.deviceOf(b);
     if (d < 0) {
-      fail(ddlInvalidArgument,
-           "a buffer of a stream-ordered collective is host memory: these take device buffers on the stream's "
-           "device (the blocking calls, ddlAllReduce and the others, take host memory)");
+      fail(
+          ddlInvalidArgument,
+          "a buffer of a stream-ordered collective is host memory: these take device buffers on the stream's "
+          "device (the blocking calls, ddlAllReduce and the others, take host memory)");
     }
     if (d != dev) {
       fail(ddlInvalidArgument, "a buffer is on device " + std::to_string(d) + " but the stream on device " +
@@ -1054,8 +1069,9 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   if (nodeKernelServes(shape_) && shape_.node_kernel == Setup::kUntried) setupNodeKernel(stream, dev);
   if (!nodeKernelServes(shape_) && host_paced_why_.empty()) {
     shape_.node_kernel = Setup::kOff;
-    host_paced_why_ = size_ == 1 ? "a single rank"
-                                 : "the ranks are on several nodes, or do not share memory (" + intraNodePath() + ")";
+    host_paced_why_ =
+        size_ == 1 ? "a single rank"
+                   : "the ranks are on several nodes, or do not share memory (" + intraNodePath() + ")";
     if (!getEnv("DDL_DEBUG").empty()) {
       std::fprintf(stderr, "ddl: rank %d: stream-ordered device collectives are host-paced: %s\n", rank_,
                    host_paced_why_.c_str());
@@ -1077,15 +1093,17 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   if (!stream) {
     // The hold below would stop the legacy stream, which the communicator's own copies (blocking streams)
     // wait for: they could never run.
-    fail(ddlInvalidArgument, "this stream-ordered collective is host-paced (" + host_paced_why_ +
-                                 "), which needs a stream of the caller's own (cudaStreamCreateWithFlags with "
-                                 "cudaStreamNonBlocking), not the legacy default stream (NULL)");
+    fail(ddlInvalidArgument,
+         "this stream-ordered collective is host-paced (" + host_paced_why_ +
+             "), which needs a stream of the caller's own (cudaStreamCreateWithFlags with "
+             "cudaStreamNonBlocking), not the legacy default stream (NULL)");
   }
   if (rt.capturing(stream)) {
-    fail(ddlInvalidArgument, "this stream-ordered collective is host-paced (" +
-                                 (kernel ? std::string("its device is not the one the node kernel was set up on")
-                                         : host_paced_why_) +
-                                 ") and cannot be captured into a CUDA graph");
+    fail(ddlInvalidArgument,
+         "this stream-ordered collective is host-paced (" +
+             (kernel ? std::string("its device is not the one the node kernel was set up on")
+                     : host_paced_why_) +
+             ") and cannot be captured into a CUDA graph");
   }
   std::shared_ptr<StreamPath::HostJob> job = stream_->hostPaced(stream, dev);
   try {
@@ -1130,8 +1148,8 @@ node::Args nodeArgs(node::Kind kind, const void* sendbuf, void* recvbuf, size_t 
 }
 }  // namespace
 
-void Comm::allReduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op,
-                             void* stream) {
+void Comm::allReduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
+                             ddlRedOp_t op, void* stream) {
   checkType("datatype", type);
   checkOp(op, type);
   checkBuffers(sendbuf, recvbuf, count);

@@ -31,14 +31,14 @@
 #include "algo/plan.h"
 #include "async_op.h"
 #include "ddl/ddl.h"
-#include "device/stream_path.h"
 #include "device/device_path.h"
+#include "device/stream_path.h"
 #include "env.h"
 #include "p2p.h"
-#include "session.h"
-#include "transport/shm_node.h"
 #include "rendezvous/store.h"
+#include "session.h"
 #include "telemetry.h"
+#include "transport/shm_node.h"
 #include "transport/transport.h"
 
 namespace ddl {
@@ -90,7 +90,8 @@ class Comm {
                          void* stream);
   void reduceScatterOnStream(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type,
                              ddlRedOp_t op, void* stream);
-  void allGatherOnStream(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type, void* stream);
+  void allGatherOnStream(const void* sendbuf, void* recvbuf, size_t sendcount, ddlDataType_t type,
+                         void* stream);
   void broadcastOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, int root,
                          void* stream);
   void reduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op,
@@ -118,8 +119,9 @@ class Comm {
   static void checkRanks(int nranks, int rank);
   // Agrees on the communicator's shape through store, claims the rank (when claim: needs store.add) and
   // connects every rank over UCX. where names the rendezvous for messages.
-  static std::unique_ptr<Comm> bootstrap(int nranks, int rank, Store& store, bool claim, const std::string& where,
-                                         const Options& options, const Deadline& deadline);
+  static std::unique_ptr<Comm> bootstrap(int nranks, int rank, Store& store, bool claim,
+                                         const std::string& where, const Options& options,
+                                         const Deadline& deadline);
   void run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant,
            const std::function<void(Session&)>& body);
   // Host or device buffers: the device path when device_ handles them, else allReduceNow.
@@ -198,7 +200,7 @@ class Comm {
   // What planAllReduce decides from; the one home of the IPC and node kernel setups' outcome (ipc,
   // node_kernel).
   AllReduceShape shape_;
-  std::string host_paced_why_;          // why stream-ordered collectives are host-paced
+  std::string host_paced_why_;                // why stream-ordered collectives are host-paced
   std::unique_ptr<PointToPoint> p2p_;         // goes before channel_, whose transport it uses
 
   std::mutex op_mu_;  // one collective at a time on the channel

@@ -23,9 +23,12 @@ const char* algoName(Algo a) {
 
 const char* deviceSchemeName(DeviceScheme s) {
   switch (s) {
-    case DeviceScheme::kAuto: return "auto";
-    case DeviceScheme::kKernel: return "kernel";
-    case DeviceScheme::kHost: return "host";
+    case DeviceScheme::kAuto:
+      return "auto";
+    case DeviceScheme::kKernel:
+      return "kernel";
+    case DeviceScheme::kHost:
+      return "host";
   }
   return "invalid";
 }
@@ -134,7 +137,8 @@ Options resolveOptions(const ddlConfig_t* config, int nranks) {
     }
   }
   if (auto v = getEnv("DDL_NODE_SLOT_BYTES"); !v.empty()) {
-    o.node_slot_bytes = static_cast<size_t>(parseByteCount(v, "DDL_NODE_SLOT_BYTES", 64 << 10, 1LL << 30)) / 16 * 16;
+    o.node_slot_bytes =
+        static_cast<size_t>(parseByteCount(v, "DDL_NODE_SLOT_BYTES", 64 << 10, 1LL << 30)) / 16 * 16;
   }
   if (o.algo == Algo::kShm && !o.shm) {
     fail(ddlInvalidArgument, std::string(algo_source) + "=shm needs shared memory, but DDL_SHM is off");

@@ -21,8 +21,9 @@ constexpr int kDefaultTimeoutMs = 300000;
 
 class TuneTable;
 
-// How stream-ordered device collectives of one node meet (device/stream_path.h): kAuto chooses the node kernel
-// where every rank has a GPU of its own or MPS shares one, else the host-paced path; the others force one.
+// How stream-ordered device collectives of one node meet (device/stream_path.h): kAuto chooses the node
+// kernel where every rank has a GPU of its own or MPS shares one, else the host-paced path; the others force
+// one.
 enum class DeviceScheme { kAuto, kKernel, kHost };
 const char* deviceSchemeName(DeviceScheme s);
 

@@ -5,7 +5,10 @@
 //
 // - every collective, several types and ops, one-shot, two-shot and many chunks, in place, on the kernel and
 //   forced host-paced, against the host path's expected values;
-// - a device allreduce captured in a CUDA graph replays correctly 1,000 times (inputs changed between replays);
+// - a device allreduce captured in a CUDA graph replays correctly 1,000 times (inputs changed between
+// replays),
+//   and a two-shot one captured in global mode replays between eager calls;
+// - many chunks per CTA with kinds and chunk lengths changing between collectives;
 // - an abort ends a kernel that waits on the GPU for a rank that never comes.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -56,16 +59,20 @@ void expectSame(const std::vector<char>& got, const std::vector<char>& want, con
   if (got != want) fail(ddlInternalError, what + ": the device result differs from the expected one");
 }
 
-std::vector<test_util::RankResult> runRanks(int nranks, DeviceScheme scheme, const std::function<void(Comm&)>& body,
-                                            int timeout_ms = 30000) {
+std::vector<test_util::RankResult> runRanks(int nranks, DeviceScheme scheme,
+                                            const std::function<void(Comm&)>& body, size_t slot_bytes = 0) {
   Options o;
   o.topology = parseTopology("", nranks);
-  o.timeout_ms = timeout_ms;
+  o.timeout_ms = 30000;
   o.device_scheme = scheme;
-  return test_util::runRanks(nranks, o, [&](Comm& comm) {
-    cudaOk(cudaSetDevice(0), "cudaSetDevice");
-    body(comm);
-  }, nullptr, makeMemoryStore());
+  o.node_slot_bytes = slot_bytes;
+  return test_util::runRanks(
+      nranks, o,
+      [&](Comm& comm) {
+        cudaOk(cudaSetDevice(0), "cudaSetDevice");
+        body(comm);
+      },
+      nullptr, makeMemoryStore());
 }
 
 void everyCollective(Comm& comm, ddlDataType_t type, ddlRedOp_t op, size_t count) {
@@ -115,11 +122,26 @@ TEST(CudaStream, EveryCollectiveOnTheNodeKernel) {
       if (comm.streamScheme() != "kernel") fail(ddlInternalError, "scheme " + comm.streamScheme());
       everyCollective(comm, ddlFloat32, ddlAvg, 1001);
       everyCollective(comm, ddlFloat16, ddlSum, 300001);
-      everyCollective(comm, ddlBfloat16, ddlMax, 3000007);  // two-shot, several 8 MiB chunks of the slot
+      everyCollective(comm, ddlBfloat16, ddlMax, 3000007);  // two-shot
       everyCollective(comm, ddlInt64, ddlProd, 77777);
       everyCollective(comm, ddlUint8, ddlBxor, 12345);
     }));
   }
+}
+
+// 64 KiB slots: 2 KiB per CTA, so every collective here runs many chunks per CTA, both slots, and kinds and
+// chunk lengths change from one collective to the next.
+TEST(CudaStream, ManyChunksPerBlockAndChangingKinds) {
+  SKIP_WITHOUT_GPU();
+  expectAllOk(runRanks(
+      3, DeviceScheme::kAuto,
+      [&](Comm& comm) {
+        for (int i = 0; i < 3; ++i) {
+          everyCollective(comm, ddlFloat32, ddlSum, 1000003);  // two-shot, about 16 chunks per CTA
+          everyCollective(comm, ddlBfloat16, ddlAvg, 4097);
+        }
+      },
+      size_t{64} << 10));
 }
 
 TEST(CudaStream, EveryCollectiveHostPaced) {
@@ -155,7 +177,46 @@ TEST(CudaStream, GraphReplaysAThousandTimes) {
       st.sync();
       for (size_t i = 0; i < kCount; i += 251) {
         const float want = static_cast<float>(2 * ((i + it) % 97) + 1);
-        if (got[i] != want) fail(ddlInternalError, "replay " + std::to_string(it) + " element " + std::to_string(i));
+        if (got[i] != want)
+          fail(ddlInternalError, "replay " + std::to_string(it) + " element " + std::to_string(i));
+      }
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }));
+}
+
+// Global capture mode (torch.cuda.graph's default), a two-shot message of several chunks per CTA, and eager
+// calls between the replays on the same stream: epochs and rounds carry over between graph and eager kernels.
+TEST(CudaStream, GraphInGlobalModeBetweenEagerCalls) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kCount = 1 << 20;  // 4 MiB of float32: two-shot
+  expectAllOk(runRanks(2, DeviceScheme::kAuto, [&](Comm& comm) {
+    Stream st;
+    DeviceBuffer in(kCount * 4), out(kCount * 4), eager(kCount * 4);
+    comm.allReduceOnStream(in.p, out.p, kCount, ddlFloat32, ddlSum, st.s);
+    st.sync();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaOk(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+    comm.allReduceOnStream(in.p, out.p, kCount, ddlFloat32, ddlSum, st.s);
+    cudaOk(cudaStreamEndCapture(st.s, &graph), "cudaStreamEndCapture");
+    cudaOk(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    std::vector<float> host(kCount), got(kCount);
+    for (int it = 0; it < 20; ++it) {
+      for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>((i * 7 + it) % 61 + comm.rank());
+      cudaOk(cudaMemcpyAsync(in.p, host.data(), kCount * 4, cudaMemcpyHostToDevice, st.s), "cudaMemcpyAsync");
+      cudaOk(cudaGraphLaunch(exec, st.s), "cudaGraphLaunch");
+      comm.allReduceOnStream(in.p, eager.p, kCount, ddlFloat32, ddlSum, st.s);
+      st.sync();
+      for (void* p : {out.p, eager.p}) {
+        cudaOk(cudaMemcpy(got.data(), p, kCount * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        for (size_t i = 0; i < kCount; i += 4099) {
+          const float want = static_cast<float>(2 * ((i * 7 + it) % 61) + 1);
+          if (got[i] != want) {
+            fail(ddlInternalError, "iteration " + std::to_string(it) + " element " + std::to_string(i));
+          }
+        }
       }
     }
     cudaGraphExecDestroy(exec);

@@ -30,7 +30,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <thread>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -39,9 +38,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
-#include "device/node_kernel.h"
 #include "device/device_runtime.h"
+#include "device/node_kernel.h"
 #include "error.h"
 #include "reduce.h"
 
@@ -205,7 +205,9 @@ struct HostNodeExec {
   void sync() const {}
   bool any(bool v) const { return v; }
   void pause() const { std::this_thread::yield(); }
-  void signal(uint64_t* p, uint64_t v) const { std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release); }
+  void signal(uint64_t* p, uint64_t v) const {
+    std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release);
+  }
   uint64_t poll(const uint64_t* p) const {
     return std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(p)).load(std::memory_order_acquire);
   }
@@ -350,7 +352,8 @@ class FakeRuntime final : public DeviceRuntime {
     ++counters_->host_calls;
     streamOf(stream)->push([word, value] {
       auto* w = const_cast<uint32_t*>(word);
-      while (static_cast<int32_t>(std::atomic_ref<uint32_t>(*w).load(std::memory_order_acquire) - value) < 0) {
+      while (static_cast<int32_t>(std::atomic_ref<uint32_t>(*w).load(std::memory_order_acquire) - value) <
+             0) {
         std::this_thread::yield();
       }
     });

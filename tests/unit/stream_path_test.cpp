@@ -1,7 +1,8 @@
 // Stream-ordered device collectives (device/stream_path.h, node_kernel.h) on the emulated GPU
-// (fake_device.h), ranks as threads: every build runs these, GPU or not. The emulation's streams run only when
-// waited for, so a collective that does not order itself on the caller's stream gives wrong results here,
-// and the node kernel's algorithm (the same code the CUDA kernel runs) meets its peers through real flags.
+// (fake_device.h), ranks as threads: every build runs these, GPU or not. The emulation's streams run only
+// when waited for, so a collective that does not order itself on the caller's stream gives wrong results
+// here, and the node kernel's algorithm (the same code the CUDA kernel runs) meets its peers through real
+// flags.
 //
 // - the node kernel: every collective, types and ops, one-shot and two-shot, many chunks, in place, many
 //   calls in a row (rising epochs, alternating slots), against the host path's expected values;
@@ -11,6 +12,8 @@
 // - capture: allowed on the kernel after a first call, refused on the first call and when host-paced;
 // - failures: an abort ends a kernel waiting for a peer that never comes, a peer that never comes times out,
 //   both break the communicator (ddlCommGetAsyncError); bad buffers are argument errors that break nothing.
+#include "device/stream_path.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -23,7 +26,6 @@
 #include "algo/plan.h"
 #include "comm.h"
 #include "device/node_kernel.h"
-#include "device/stream_path.h"
 #include "dtype.h"
 #include "error.h"
 #include "fake_device.h"
@@ -54,7 +56,8 @@ struct Rig {
   int timeout_ms = 30000;
 };
 
-std::vector<RankResult> runRanks(int nranks, Rig& setup, bool one_node, const std::function<void(Comm&)>& body) {
+std::vector<RankResult> runRanks(int nranks, Rig& setup, bool one_node,
+                                 const std::function<void(Comm&)>& body) {
   Options o;
   o.topology = parseTopology("", nranks);
   o.timeout_ms = setup.timeout_ms;
@@ -346,8 +349,8 @@ TEST(StreamPath, BadBuffersAreArgumentErrors) {
 }
 
 // Both ranks make a first stream-ordered allreduce (the setup); then rank 1 makes no more calls and waits
-// (60 s at most) while rank 0 runs second(comm, stream, buffer of 1024 floats): its kernel waits inside the GPU
-// for a rank that never comes.
+// (60 s at most) while rank 0 runs second(comm, stream, buffer of 1024 floats): its kernel waits inside the
+// GPU for a rank that never comes.
 std::vector<RankResult> withAbsentPeer(Rig& setup,
                                        const std::function<void(Comm&, FakeStream&, FakeBuffer&)>& second) {
   std::atomic<bool> rank0_done{false};

@@ -1,7 +1,8 @@
 // Tuning tables (comm/src/algo/tune.h): the file format, its errors, rule lookup and how a table, the built-in
 // one and forced settings combine into an allreduce's algorithm and segment size.
-#include <gtest/gtest.h>
+#include "algo/tune.h"
 
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,7 +14,6 @@
 
 #include "algo/algo.h"
 #include "algo/plan.h"
-#include "algo/tune.h"
 #include "error.h"
 #include "topology.h"
 

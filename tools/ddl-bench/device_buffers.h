@@ -1,7 +1,7 @@
 // ddl-bench --device: a rank's send and receive buffers in CUDA device memory, on device DDL_LOCAL_RANK (else
 // 0) modulo the GPUs the process sees, and the stream the stream-ordered collectives are enqueued on (with it
-// a CUDA graph of one collective, for --graph). Built with CUDA only (DDL_BENCH_CUDA); elsewhere --device is refused
-// when the flags are parsed and this is an empty shell. Every call returns "" or what went wrong.
+// a CUDA graph of one collective, for --graph). Built with CUDA only (DDL_BENCH_CUDA); elsewhere --device is
+// refused when the flags are parsed and this is an empty shell. Every call returns "" or what went wrong.
 #pragma once
 
 #include <cstddef>

@@ -586,7 +586,8 @@ class Bench {
 
   bool streamOrdered() const { return opt_.device && opt_.mode != Options::Mode::kBlocking; }
 
-  // One collective as the mode calls it: stream-ordered ones are enqueued only (deviceOk(device_.sync()) waits).
+  // One collective as the mode calls it: stream-ordered ones are enqueued only (deviceOk(device_.sync())
+  // waits).
   void allReduceOnce(const void* send, void* recv, size_t count) {
     if (streamOrdered()) {
       ok(ddlAllReduceOnStream(send, recv, count, opt_.type, opt_.op, comm_, device_.stream));
@@ -616,7 +617,8 @@ class Bench {
     const bool graph = opt_.mode == Options::Mode::kGraph;
     if (graph) {
       deviceOk(device_.capture([&] {
-        return ddlAllReduceOnStream(send, recv, count, opt_.type, opt_.op, comm_, device_.stream) == ddlSuccess;
+        return ddlAllReduceOnStream(send, recv, count, opt_.type, opt_.op, comm_, device_.stream) ==
+               ddlSuccess;
       }));
       ok(ddlCommGetAsyncError(comm_, &async_));
       ok(async_);
@@ -684,8 +686,9 @@ class Bench {
                 algo_ == "auto" ? " (libddl picks one per message size)" : "");
     if (opt_.device) {
       const char* how = opt_.mode == Options::Mode::kBlocking ? "host-blocking ddlAllReduce"
-                        : opt_.mode == Options::Mode::kGraph  ? "ddlAllReduceOnStream in a CUDA graph, replayed"
-                                                              : "ddlAllReduceOnStream, enqueued then synchronised";
+                        : opt_.mode == Options::Mode::kGraph
+                            ? "ddlAllReduceOnStream in a CUDA graph, replayed"
+                            : "ddlAllReduceOnStream, enqueued then synchronised";
       std::printf("# buffers: CUDA device memory (%s); %s\n", device_.where.c_str(), how);
     }
     bench_print_table_head(lines.data(), nranks_);

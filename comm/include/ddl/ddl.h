@@ -220,13 +220,14 @@ ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const 
  * each rank on a GPU of its own or several sharing one under the MPS daemon, a collective is one kernel per
  * rank with no host in the data path (the "kernel" scheme), and can be captured into a CUDA graph once the
  * communicator has run one stream-ordered collective uncaptured (the first sets its GPU memory up, a blocking
- * exchange among the ranks). Elsewhere (several nodes, ranks sharing a GPU without MPS, DDL_DEVICE_SCHEME=host)
- * the collective is "host-paced": the stream waits (on a word of pinned memory) while the communicator's thread
- * runs the blocking collective once the stream's earlier work is complete; the caller's thread does not wait,
- * capture is refused, and the stream must be one of the caller's own (non-blocking, not NULL). While it waits,
- * device-wide synchronisations elsewhere in the process (cudaDeviceSynchronize, cudaFree) wait for it too.
- * DDL_DEBUG=1 says which scheme runs. A graph's collectives are ordered by the stream the graph is launched
- * on: launch it where the communicator's other stream-ordered calls are ordered (the same stream).
+ * exchange among the ranks). Elsewhere (several nodes, ranks sharing a GPU without MPS,
+ * DDL_DEVICE_SCHEME=host) the collective is "host-paced": the stream waits (on a word of pinned memory) while
+ * the communicator's thread runs the blocking collective once the stream's earlier work is complete; the
+ * caller's thread does not wait, capture is refused, and the stream must be one of the caller's own
+ * (non-blocking, not NULL). While it waits, device-wide synchronisations elsewhere in the process
+ * (cudaDeviceSynchronize, cudaFree) wait for it too. DDL_DEBUG=1 says which scheme runs. A graph's
+ * collectives are ordered by the stream the graph is launched on: launch it where the communicator's other
+ * stream-ordered calls are ordered (the same stream).
  *
  * An error in the arguments is returned at once. A failure found later (a dead peer, a timeout, an abort)
  * breaks the communicator: ddlCommGetAsyncError returns it, and so does every later call. ddlCommAbort also
@@ -234,9 +235,10 @@ ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const 
 ddlResult_t ddlAllReduceOnStream(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                                  ddlRedOp_t op, ddlComm_t comm, ddlStream_t stream);
 ddlResult_t ddlReduceScatterOnStream(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                     ddlDataType_t datatype, ddlRedOp_t op, ddlComm_t comm, ddlStream_t stream);
-ddlResult_t ddlAllGatherOnStream(const void* sendbuff, void* recvbuff, size_t sendcount, ddlDataType_t datatype,
-                                 ddlComm_t comm, ddlStream_t stream);
+                                     ddlDataType_t datatype, ddlRedOp_t op, ddlComm_t comm,
+                                     ddlStream_t stream);
+ddlResult_t ddlAllGatherOnStream(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                 ddlDataType_t datatype, ddlComm_t comm, ddlStream_t stream);
 ddlResult_t ddlBroadcastOnStream(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                                  int root, ddlComm_t comm, ddlStream_t stream);
 ddlResult_t ddlReduceOnStream(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,

@@ -5,12 +5,18 @@ namespace ddl {
 
 const char* pathName(AllReducePath p) {
   switch (p) {
-    case AllReducePath::kHost: return "host";
-    case AllReducePath::kIpc: return "ipc";
-    case AllReducePath::kIpcAcrossNodes: return "ipc+staged";
-    case AllReducePath::kStaged: return "staged";
-    case AllReducePath::kNodeKernel: return "node-kernel";
-    case AllReducePath::kHostPaced: return "host-paced";
+    case AllReducePath::kHost:
+      return "host";
+    case AllReducePath::kIpc:
+      return "ipc";
+    case AllReducePath::kIpcAcrossNodes:
+      return "ipc+staged";
+    case AllReducePath::kStaged:
+      return "staged";
+    case AllReducePath::kNodeKernel:
+      return "node-kernel";
+    case AllReducePath::kHostPaced:
+      return "host-paced";
   }
   return "invalid";
 }
@@ -63,8 +69,10 @@ AllReducePlan planAllReduce(const AllReduceShape& s, size_t bytes, Buffers buffe
       p.algo = hostAlgo(s, bytes);
       return p;
     }
-    case Buffers::kDevice: return devicePlan(s, bytes);
-    case Buffers::kDeviceOnStream: break;
+    case Buffers::kDevice:
+      return devicePlan(s, bytes);
+    case Buffers::kDeviceOnStream:
+      break;
   }
   if (nodeKernelServes(s)) {
     AllReducePlan p;

@@ -36,8 +36,8 @@ struct AllReduceShape {
   Algo forced_algo = Algo::kAuto;
   size_t forced_segment = 0;
   const TuneTable* tune = nullptr;
-  std::string topology;   // Topology::str()
-  bool has_grid = false;  // mdringGrid(topology) has two or more non-trivial dims
+  std::string topology;                 // Topology::str()
+  bool has_grid = false;                // mdringGrid(topology) has two or more non-trivial dims
   Setup ipc = Setup::kUntried;          // the host-blocking device path's IPC scratch
   Setup node_kernel = Setup::kUntried;  // the stream-ordered node kernel's regions
 };

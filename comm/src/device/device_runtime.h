@@ -10,9 +10,9 @@
 // pageable, pinned or device, cudaMemcpyDefault); reductions need device or pinned memory.
 //
 // Threads: an instance belongs to one rank of one communicator. The queue calls (bind .. importMemory) are
-// made by one thread at a time; the stream-ordered calls (streamDevice .. launchNode) touch no queue and may be
-// made by the thread that calls the communicator while the communicator's own thread uses the queues. Every
-// call that can fail throws ddl::Error with ddlCudaError and names the call.
+// made by one thread at a time; the stream-ordered calls (streamDevice .. launchNode) touch no queue and may
+// be made by the thread that calls the communicator while the communicator's own thread uses the queues.
+// Every call that can fail throws ddl::Error with ddlCudaError and names the call.
 #pragma once
 
 #include <unistd.h>
@@ -115,8 +115,9 @@ class DeviceRuntime {
   // The process the contexts belong to (ranks that are threads of one process share a context, whose kernels
   // run at once without MPS).
   virtual int processId() { return static_cast<int>(::getpid()); }
-  // How many of the node kernel's CTAs dev keeps resident at once (multiprocessors x CTAs per multiprocessor):
-  // ranks sharing a GPU need all their CTAs resident together, since they wait for each other.
+  // How many of the node kernel's CTAs dev keeps resident at once (multiprocessors x CTAs per
+  // multiprocessor): ranks sharing a GPU need all their CTAs resident together, since they wait for each
+  // other.
   virtual int nodeKernelCapacity(int dev) = 0;
   // Enqueues the node kernel (device/node_kernel.h) on stream.
   virtual void launchNode(void* stream, const node::Args& args) = 0;

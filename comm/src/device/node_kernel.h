@@ -17,14 +17,14 @@
 // NVLink or PCIe peer to peer, or the same HBM where ranks share a GPU).
 //
 // Barriers. Block b of every member meets block b of every other member, and no other. Each block owns a
-// fixed share of the message (share b of kBlocks, the same on every member) and a fixed sub-slot of every slot
-// (the b-th kBlocks-th of it), and moves its share through its sub-slot in chunks of its own: a block only
-// ever reads what the same block of its peers wrote, in the same sub-slot, whatever the kind of collective or
-// the length of its chunks. To meet, a block raises its epoch e (one more than at its last barrier) and writes
-// it into every member's flags[b][me] with a system-scope release (after a CTA barrier, so that the whole
-// block's writes are ordered before it), then waits until its own flags[b][p] >= e for every p with a
-// system-scope acquire. Epochs only rise, and are kept in device memory between launches, so a kernel
-// captured in a CUDA graph and replayed reads the epoch it needs from memory, not from its arguments.
+// fixed share of the message (share b of kBlocks, the same on every member) and a fixed sub-slot of every
+// slot (the b-th kBlocks-th of it), and moves its share through its sub-slot in chunks of its own: a block
+// only ever reads what the same block of its peers wrote, in the same sub-slot, whatever the kind of
+// collective or the length of its chunks. To meet, a block raises its epoch e (one more than at its last
+// barrier) and writes it into every member's flags[b][me] with a system-scope release (after a CTA barrier,
+// so that the whole block's writes are ordered before it), then waits until its own flags[b][p] >= e for
+// every p with a system-scope acquire. Epochs only rise, and are kept in device memory between launches, so a
+// kernel captured in a CUDA graph and replayed reads the epoch it needs from memory, not from its arguments.
 //
 // Slots alternate by round (a block's chunk count, also kept in memory): round r uses slot r mod 2. Block b
 // of a member writes its sub-slot of slot k again at round r + 2 only after the first barrier of its round
@@ -36,10 +36,10 @@
 // members get the same bits, and the same bits as libddl's host path for the same fold.
 //
 // Failures. A wait is bounded by the timeout (the GPU's global timer) and polls the communicator's abort
-// word and the rank's error word in pinned host memory. A block that fails writes kPoison into every member's flags of every block, and
-// the failure code into the rank's error word (pinned host memory the host reads): the blocks of every member
-// then fail at their next wait instead of running into the timeout. After a failure epochs disagree, so the
-// communicator is broken for good (the host sees the error word).
+// word and the rank's error word in pinned host memory. A block that fails writes kPoison into every member's
+// flags of every block, and the failure code into the rank's error word (pinned host memory the host reads):
+// the blocks of every member then fail at their next wait instead of running into the timeout. After a
+// failure epochs disagree, so the communicator is broken for good (the host sees the error word).
 #pragma once
 
 #include <cstddef>
@@ -55,9 +55,9 @@
 
 namespace ddl::node {
 
-constexpr int kMaxRanks = 16;   // members of a node the kernel serves; more take the host-paced path
-constexpr int kBlocks = 32;     // blocks (CTAs) of every launch, the same on every member
-constexpr int kThreads = 512;   // threads of a CTA
+constexpr int kMaxRanks = 16;  // members of a node the kernel serves; more take the host-paced path
+constexpr int kBlocks = 32;    // blocks (CTAs) of every launch, the same on every member
+constexpr int kThreads = 512;  // threads of a CTA
 constexpr uint64_t kPoison = ~uint64_t{0};
 constexpr size_t kUnitBytes = 16;  // shares are cut in 16-byte units, so vectors stay aligned
 
@@ -96,8 +96,8 @@ struct Args {
   // Elements: the message (allreduce, broadcast, reduce), each rank's block (reduce-scatter: recvcount,
   // allgather: sendcount).
   size_t count;
-  char* regions[kMaxRanks];  // every member's region as this member sees it
-  size_t slot_bytes;         // a multiple of kUnitBytes * kBlocks
+  char* regions[kMaxRanks];        // every member's region as this member sees it
+  size_t slot_bytes;               // a multiple of kUnitBytes * kBlocks
   const volatile uint32_t* abort;  // nonzero: stop (pinned host memory)
   uint32_t* error;                 // the first failure's ErrorCode (pinned host memory)
   uint64_t timeout_ns;             // a wait longer than this fails
@@ -106,7 +106,9 @@ struct Args {
 DDL_NODE_FN uint64_t* flagOf(char* region, int block, int from) {
   return reinterpret_cast<uint64_t*>(region) + static_cast<size_t>(block) * kMaxRanks + from;
 }
-DDL_NODE_FN uint64_t* countersOf(char* region) { return reinterpret_cast<uint64_t*>(region + Layout::kCountersOffset); }
+DDL_NODE_FN uint64_t* countersOf(char* region) {
+  return reinterpret_cast<uint64_t*>(region + Layout::kCountersOffset);
+}
 // Block b's sub-slot of a member's in and out slots of a round.
 DDL_NODE_FN size_t subSlotBytes(const Args& a) { return a.slot_bytes / kBlocks / kUnitBytes * kUnitBytes; }
 DDL_NODE_FN char* inSlot(const Args& a, int member, uint64_t round, int b) {
@@ -131,8 +133,8 @@ DDL_NODE_FN void share(size_t n, int g, int i, size_t u, size_t* lo, size_t* hi)
 // The elements of a block's chunk: what fits its sub-slot (reduce-scatter: one chunk per member), in whole
 // units. StreamPath keeps sub-slots large enough for a unit of any type from every member.
 DDL_NODE_FN size_t chunkElems(const Args& a) {
-  const size_t per = a.kind == Kind::kReduceScatter ? subSlotBytes(a) / static_cast<size_t>(a.nranks)
-                                                    : subSlotBytes(a);
+  const size_t per =
+      a.kind == Kind::kReduceScatter ? subSlotBytes(a) / static_cast<size_t>(a.nranks) : subSlotBytes(a);
   const size_t u = unitElems(a.elem);
   return per / a.elem / u * u;
 }
@@ -165,7 +167,8 @@ DDL_NODE_FN bool meet(const Args& a, int b, uint64_t e, X& x) {
           code = kAborted;
           break;
         }
-        if (*static_cast<const volatile uint32_t*>(a.error) != kNoError) {  // another block of this rank failed
+        if (*static_cast<const volatile uint32_t*>(a.error) !=
+            kNoError) {  // another block of this rank failed
           code = kPeerFailed;
           break;
         }

@@ -23,7 +23,7 @@ struct Record {
   bool ok = false;
   bool mps = false;
   int32_t pid = 0;
-  int32_t capacity = 0;  // the node kernel's CTAs its GPU keeps resident at once
+  int32_t capacity = 0;     // the node kernel's CTAs its GPU keeps resident at once
   std::string ident, text;  // text: the handle, or why not
 };
 
@@ -201,7 +201,8 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
     regions_.assign(members_, nullptr);
     try {
       for (int m = 0; m < members_; ++m) {
-        regions_[m] = m == me_ ? static_cast<char*>(own_) : static_cast<char*>(rt_.importMemory(recs[m].text));
+        regions_[m] =
+            m == me_ ? static_cast<char*>(own_) : static_cast<char*>(rt_.importMemory(recs[m].text));
       }
       stream_ = rt_.newStream(dev);
       fork_ = rt_.newEvent(dev);
@@ -234,12 +235,13 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
   if (debug()) {
     bool shared = false;
     for (int m = 1; m < members_; ++m) shared = shared || recs[m].ident == recs[0].ident;
-    std::fprintf(stderr,
-                 "ddl: rank %d: stream-ordered device collectives run the node kernel (%s) among the node's %d "
-                 "ranks%s, %zu MiB of device memory per rank\n",
-                 rank_, rt_.name(), members_,
-                 shared ? (recs[0].mps ? " sharing a GPU under MPS" : " sharing a GPU (forced)") : "",
-                 region_bytes_ >> 20);
+    std::fprintf(
+        stderr,
+        "ddl: rank %d: stream-ordered device collectives run the node kernel (%s) among the node's %d "
+        "ranks%s, %zu MiB of device memory per rank\n",
+        rank_, rt_.name(), members_,
+        shared ? (recs[0].mps ? " sharing a GPU under MPS" : " sharing a GPU (forced)") : "",
+        region_bytes_ >> 20);
   }
   return true;
 }
@@ -312,11 +314,14 @@ uint32_t StreamPath::gpuError() const {
 std::string StreamPath::describeGpuError(uint32_t code) {
   switch (code) {
     case node::kTimedOut:
-      return "a stream-ordered collective's kernel waited past the timeout for a rank of its node (DDL_TIMEOUT_MS)";
-    case node::kAborted: return "communicator aborted by ddlCommAbort (a stream-ordered kernel stopped)";
+      return "a stream-ordered collective's kernel waited past the timeout for a rank of its node "
+             "(DDL_TIMEOUT_MS)";
+    case node::kAborted:
+      return "communicator aborted by ddlCommAbort (a stream-ordered kernel stopped)";
     case node::kPeerFailed:
       return "a rank of the node failed inside a stream-ordered collective's kernel (timeout or abort there)";
-    default: return "the node kernel reported failure " + std::to_string(code);
+    default:
+      return "the node kernel reported failure " + std::to_string(code);
   }
 }
 

@@ -4,7 +4,8 @@
 // A stream-ordered collective is enqueued on the caller's stream and the call returns at once; the stream's
 // later work sees the result. Two schemes carry it:
 //
-//  - The node kernel (device/node_kernel.h), where every rank is on one node and shares memory with the others
+//  - The node kernel (device/node_kernel.h), where every rank is on one node and shares memory with the
+//  others
 //    and each has a GPU of its own, or several share one GPU under the MPS daemon (then their kernels run at
 //    once). One kernel per collective and rank on a stream of libddl's own, forked from the caller's stream
 //    and joined back to it with events: the caller's collectives run in call order even when it uses several
@@ -14,9 +15,9 @@
 //    No host takes part after that.
 //  - Host-paced, everywhere else (ranks on several nodes, no CUDA IPC, or ranks sharing one GPU without MPS,
 //    whose kernels would take turns on the GPU and so could not wait for each other inside a kernel): the
-//    call records an event on the stream and holds the stream (a wait on a word of pinned memory, in the GPU's
-//    front end: DeviceRuntime::holdUntil) until the communicator's own thread has run the collective with the
-//    host-blocking device path (device_path.h) once that event completed (hostPaced, awaitReady,
+//    call records an event on the stream and holds the stream (a wait on a word of pinned memory, in the
+//    GPU's front end: DeviceRuntime::holdUntil) until the communicator's own thread has run the collective
+//    with the host-blocking device path (device_path.h) once that event completed (hostPaced, awaitReady,
 //    HostJob::finish). The caller's thread does not wait; the stream does. Not capturable.
 //
 // Failures found on the GPU (a timeout or an abort inside the kernel, or a peer's) land in the error word;
@@ -37,8 +38,8 @@
 #include <vector>
 
 #include "ddl/ddl.h"
-#include "device/node_kernel.h"
 #include "device/device_runtime.h"
+#include "device/node_kernel.h"
 #include "env.h"
 
 namespace ddl {
@@ -109,8 +110,8 @@ class StreamPath {
   void closePeers() noexcept;
   // closePeers, then frees this rank's region and the rest.
   void release() noexcept;
-  // After a failure: release() leaves this rank's region allocated (a peer's kernel may still write its poison
-  // into it; 4 slots of device memory lost until the process ends).
+  // After a failure: release() leaves this rank's region allocated (a peer's kernel may still write its
+  // poison into it; 4 slots of device memory lost until the process ends).
   void abandon() { abandoned_ = true; }
 
  private:
@@ -123,12 +124,12 @@ class StreamPath {
   int dev_ = -1;
   int members_ = 0, me_ = 0;
   size_t region_bytes_ = 0;
-  void* own_ = nullptr;                   // this rank's region
-  std::vector<char*> regions_;            // every member's, as this rank sees it
-  void* stream_ = nullptr;                // the node kernel's
-  void* fork_ = nullptr;                  // events: the caller's stream to ours, and back
+  void* own_ = nullptr;         // this rank's region
+  std::vector<char*> regions_;  // every member's, as this rank sees it
+  void* stream_ = nullptr;      // the node kernel's
+  void* fork_ = nullptr;        // events: the caller's stream to ours, and back
   void* join_ = nullptr;
-  void* words_host_ = nullptr;            // [abort, error] words, pinned and mapped
+  void* words_host_ = nullptr;  // [abort, error] words, pinned and mapped
   void* words_dev_ = nullptr;
   std::atomic<uint32_t*> abort_word_{nullptr};
   std::atomic<uint32_t*> error_word_{nullptr};
