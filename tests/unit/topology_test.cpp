@@ -128,6 +128,23 @@ TEST(Options, ByteCountsTakeSuffixesAndSayTheirRange) {
   unsetenv("DDL_SEGMENT_BYTES");
 }
 
+// The stream-ordered collectives' settings: a typo is named, a slot is rounded to 16 bytes.
+TEST(Options, DeviceSchemeAndNodeSlot) {
+  EXPECT_EQ(resolveOptions(nullptr, 2).device_scheme, DeviceScheme::kAuto);
+  setenv("DDL_DEVICE_SCHEME", "host", 1);
+  EXPECT_EQ(resolveOptions(nullptr, 2).device_scheme, DeviceScheme::kHost);
+  setenv("DDL_DEVICE_SCHEME", "kernal", 1);
+  std::string e = errorOf([] { resolveOptions(nullptr, 2); });
+  EXPECT_NE(e.find("DDL_DEVICE_SCHEME must be auto, kernel or host, got 'kernal'"), std::string::npos) << e;
+  unsetenv("DDL_DEVICE_SCHEME");
+  setenv("DDL_NODE_SLOT_BYTES", "100007", 1);
+  EXPECT_EQ(resolveOptions(nullptr, 2).node_slot_bytes, 100000u);
+  setenv("DDL_NODE_SLOT_BYTES", "1K", 1);
+  e = errorOf([] { resolveOptions(nullptr, 2); });
+  EXPECT_NE(e.find("DDL_NODE_SLOT_BYTES"), std::string::npos) << e;
+  unsetenv("DDL_NODE_SLOT_BYTES");
+}
+
 TEST(Options, WaitModeFromConfigOrDdlWait) {
   EXPECT_EQ(resolveOptions(nullptr, 2).wait, ddlWaitAuto);
   setenv("DDL_WAIT", "share", 1);
