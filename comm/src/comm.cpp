@@ -1044,8 +1044,8 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   if (!device_) {
     fail(ddlInvalidArgument,
          "stream-ordered collectives take CUDA device buffers, and this libddl has no GPU runtime (built "
-         "without "
-         "the CUDA Toolkit, or no GPU found): use the blocking calls (ddlAllReduce, ...) for host memory");
+         "without the CUDA Toolkit, or no GPU found): use the blocking calls (ddlAllReduce, ...) for host "
+         "memory");
   }
   noteGpuError();
   failIfBroken();
@@ -1090,20 +1090,17 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
     }
     return;
   }
+  const std::string why = kernel ? "its device is not the one the node kernel was set up on" : host_paced_why_;
   if (!stream) {
     // The hold below would stop the legacy stream, which the communicator's own copies (blocking streams)
     // wait for: they could never run.
-    fail(ddlInvalidArgument,
-         "this stream-ordered collective is host-paced (" + host_paced_why_ +
-             "), which needs a stream of the caller's own (cudaStreamCreateWithFlags with "
-             "cudaStreamNonBlocking), not the legacy default stream (NULL)");
+    fail(ddlInvalidArgument, "this stream-ordered collective is host-paced (" + why +
+                                 "), which needs a stream of the caller's own (cudaStreamCreateWithFlags with "
+                                 "cudaStreamNonBlocking), not the legacy default stream (NULL)");
   }
   if (rt.capturing(stream)) {
     fail(ddlInvalidArgument,
-         "this stream-ordered collective is host-paced (" +
-             (kernel ? std::string("its device is not the one the node kernel was set up on")
-                     : host_paced_why_) +
-             ") and cannot be captured into a CUDA graph");
+         "this stream-ordered collective is host-paced (" + why + ") and cannot be captured into a CUDA graph");
   }
   std::shared_ptr<StreamPath::HostJob> job = stream_->hostPaced(stream, dev);
   try {

@@ -348,6 +348,26 @@ TEST(StreamPath, BadBuffersAreArgumentErrors) {
   }));
 }
 
+// Without a GPU runtime (a CPU-only build, or no GPU): a clear argument error, and the host path still works.
+TEST(StreamPath, WithoutAGpuRuntimeTheCallSaysSo) {
+  Options o;
+  o.topology = parseTopology("", 2);
+  o.timeout_ms = 30000;
+  o.device_runtime = [](int) { return std::unique_ptr<DeviceRuntime>(); };
+  expectAllOk(test_util::runRanks(2, o, [&](Comm& comm) {
+    std::vector<float> h(8, 1.0f);
+    try {
+      comm.allReduceOnStream(h.data(), h.data(), 8, ddlFloat32, ddlSum, nullptr);
+      ADD_FAILURE() << "taken without a GPU runtime";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ddlInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("no GPU runtime"), std::string::npos) << e.what();
+    }
+    comm.allReduce(h.data(), h.data(), 8, ddlFloat32, ddlSum);
+    EXPECT_EQ(h[0], 2.0f);
+  }));
+}
+
 // Both ranks make a first stream-ordered allreduce (the setup); then rank 1 makes no more calls and waits
 // (60 s at most) while rank 0 runs second(comm, stream, buffer of 1024 floats): its kernel waits inside the
 // GPU for a rank that never comes.
