@@ -14,11 +14,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <set>
 #include <string>
-#include <thread>
 
 #include "device/device_runtime.h"
 #include "device/node_kernel.h"
@@ -78,9 +76,13 @@ WaitValueFn waitValue() {
   static const WaitValueFn fn = [] {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
+#if CUDART_VERSION >= 12050
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &q);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuStreamWaitValue32", &p, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
       cudaGetLastError();
       p = nullptr;
     }
@@ -89,20 +91,6 @@ WaitValueFn waitValue() {
   return fn;
 }
 
-// The fallback hold: polls the word on CUDA's host-function thread.
-struct Hold {
-  const uint32_t* word;
-  uint32_t value;
-  static void run(void* p) {
-    auto* h = static_cast<Hold*>(p);
-    for (int i = 0;; ++i) {
-      const uint32_t now = reinterpret_cast<const volatile uint32_t*>(h->word)[0];
-      if (static_cast<int32_t>(now - h->value) >= 0) break;
-      if (i > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-    delete h;
-  }
-};
 cudaEvent_t asEvent(void* e) { return static_cast<cudaEvent_t>(e); }
 
 class CudaRuntime final : public DeviceRuntime {
@@ -276,23 +264,20 @@ class CudaRuntime final : public DeviceRuntime {
     return true;
   }
   void holdUntil(void* stream, const uint32_t* word, uint32_t value) override {
-    if (WaitValueFn wait = waitValue()) {
-      void* dev = nullptr;
-      check(cudaHostGetDevicePointer(&dev, const_cast<uint32_t*>(word), 0), "cudaHostGetDevicePointer");
+    void* dev = nullptr;
+    check(cudaHostGetDevicePointer(&dev, const_cast<uint32_t*>(word), 0), "cudaHostGetDevicePointer");
+    if (WaitValueFn wait = waitValue(); wait && !no_wait_value_) {
       const CUresult r = wait(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(dev), value,
                               CU_STREAM_WAIT_VALUE_GEQ);
-      if (r != CUDA_SUCCESS)
+      if (r == CUDA_SUCCESS) return;
+      if (r != CUDA_ERROR_NOT_SUPPORTED) {
         fail(ddlCudaError, "CUDA: cuStreamWaitValue32 failed: error " + std::to_string(r));
-      return;
+      }
+      no_wait_value_ = true;  // a driver without stream memory operations: the kernel below from now on
     }
-    // Without stream memory operations: a host function that polls (it holds one of CUDA's host-function
-    // threads meanwhile).
-    auto* hold = new Hold{word, value};
-    const cudaError_t e = cudaLaunchHostFunc(asStream(stream), &Hold::run, hold);
-    if (e != cudaSuccess) {
-      delete hold;
-      cudaFail(e, "cudaLaunchHostFunc");
-    }
+    // A one-thread kernel that polls the word: it takes one CTA slot meanwhile, but no thread of the host.
+    check(cuda::launchHold(static_cast<const uint32_t*>(dev), value, asStream(stream)),
+          "the hold kernel's launch");
   }
   void* allocMapped(size_t bytes, void** device) override {
     void* p = nullptr;
@@ -371,6 +356,7 @@ class CudaRuntime final : public DeviceRuntime {
   cudaStream_t streams_[kQueues] = {};
   cudaEvent_t events_[kEvents] = {};
   std::set<void*> opened_;  // what cudaIpcOpenMemHandle opened, to close
+  bool no_wait_value_ = false;  // cuStreamWaitValue32 said it is not supported here
 };
 
 }  // namespace

@@ -183,16 +183,51 @@ cudaError_t dispatchOp(const node::Args& a, cudaStream_t st) {
 
 }  // namespace
 
-int nodeKernelResidentBlocks() {
-  int dev = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, nodeKernel<NativeFn<float, SumOp>, DivideFn<float>>, node::kThreads, 0) != cudaSuccess) {
+namespace {
+
+template <class F, class D>
+int perSm() {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, nodeKernel<F, D>, node::kThreads, 0) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
+  return n;
+}
+
+__global__ void holdKernel(const volatile uint32_t* word, uint32_t value) {
+  while (static_cast<int32_t>(*word - value) < 0) __nanosleep(1000);
+}
+
+}  // namespace
+
+int nodeKernelResidentBlocks() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  // The instantiations differ in registers: the least resident one decides (wide types, the 16-bit types'
+  // conversions, the copying kinds' byte kernel).
+  const int counts[] = {
+      perSm<NativeFn<float, SumOp>, DivideFn<float>>(),
+      perSm<NativeFn<double, ProdOp>, DivideFn<double>>(),
+      perSm<NativeFn<int64_t, ProdOp>, DivideFn<int64_t>>(),
+      perSm<NativeFn<uint64_t, BxorOp>, DivideFn<uint64_t>>(),
+      perSm<HalfFn<SumOp>, HalfDivideFn>(),
+      perSm<Bfloat16Fn<MaxOp>, Bfloat16DivideFn>(),
+      perSm<NativeFn<int8_t, SumOp>, DivideFn<int8_t>>(),
+      perSm<NativeFn<uint8_t, SumOp>, DivideFn<uint8_t>>(),
+  };
+  int per_sm = counts[0];
+  for (int n : counts) per_sm = n < per_sm ? n : per_sm;
   return sms * per_sm;
+}
+
+cudaError_t launchHold(const uint32_t* word, uint32_t value, cudaStream_t stream) {
+  holdKernel<<<1, 1, 0, stream>>>(word, value);
+  return cudaGetLastError();
 }
 
 cudaError_t launchNodeCollective(const node::Args& a, cudaStream_t stream) {

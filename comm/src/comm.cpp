@@ -1091,7 +1091,7 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
     return;
   }
   const std::string why = kernel ? "its device is not the one the node kernel was set up on" : host_paced_why_;
-  if (!stream) {
+  if (!stream || stream == reinterpret_cast<void*>(1) /* cudaStreamLegacy */) {
     // The hold below would stop the legacy stream, which the communicator's own copies (blocking streams)
     // wait for: they could never run.
     fail(ddlInvalidArgument, "this stream-ordered collective is host-paced (" + why +

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "error.h"
 
@@ -58,22 +59,36 @@ bool decode(const char* b, Record* r) {
 
 bool debug() { return !getEnv("DDL_DEBUG").empty(); }
 
-// Hold words of host-paced jobs: one pinned page for the process, never freed, its words handed out in turn.
-// Never freed, because a stream's wait may still read a word after its communicator is gone (the word has
-// its final value by then); a word comes round again only after kHoldWords more communicators.
+// Hold words of host-paced jobs, in pinned pages of kHoldWords that live as long as the process: a stream's
+// wait may still read its word after its communicator is gone. A communicator takes a word at its first
+// host-paced call and gives it back when it goes; a word taken again keeps its value (the next owner counts
+// on from it), so a late wait of the previous owner stays satisfied. Pages are added only while every word is
+// held by a live communicator.
 constexpr size_t kHoldWords = 1024;
+struct HoldWords {
+  std::mutex mu;
+  std::vector<uint32_t*> free;
+};
+HoldWords& holdWords() {
+  static HoldWords* w = new HoldWords;  // never destroyed: streams may outlive every communicator
+  return *w;
+}
 uint32_t* takeHoldWord(DeviceRuntime& rt) {
-  static std::mutex mu;
-  static uint32_t* page = nullptr;
-  static size_t next = 0;
-  std::lock_guard<std::mutex> lk(mu);
-  if (!page) {
+  HoldWords& w = holdWords();
+  std::lock_guard<std::mutex> lk(w.mu);
+  if (w.free.empty()) {
     void* dev = nullptr;
-    page = static_cast<uint32_t*>(rt.allocMapped(kHoldWords * sizeof(uint32_t), &dev));
+    auto* page = static_cast<uint32_t*>(rt.allocMapped(kHoldWords * sizeof(uint32_t), &dev));
+    for (size_t i = kHoldWords; i-- > 0;) w.free.push_back(page + i);
   }
-  uint32_t* w = page + next++ % kHoldWords;
-  std::atomic_ref<uint32_t>(*w).store(0);
-  return w;
+  uint32_t* word = w.free.back();
+  w.free.pop_back();
+  return word;
+}
+void giveHoldWord(uint32_t* word) {
+  HoldWords& w = holdWords();
+  std::lock_guard<std::mutex> lk(w.mu);
+  w.free.push_back(word);
 }
 
 }  // namespace
@@ -88,7 +103,10 @@ StreamPath::StreamPath(DeviceRuntime& rt, int rank, int timeout_ms, DeviceScheme
                                                           (node::kUnitBytes * node::kBlocks) *
                                                           (node::kUnitBytes * node::kBlocks))) {}
 
-StreamPath::~StreamPath() { release(); }
+StreamPath::~StreamPath() {
+  release();
+  if (hold_word_) giveHoldWord(hold_word_);  // the communicator ran every job it made (drained)
+}
 
 void StreamPath::closePeers() noexcept {
   if (stream_) {
@@ -271,7 +289,10 @@ void StreamPath::HostJob::finish() {
 }
 
 std::shared_ptr<StreamPath::HostJob> StreamPath::hostPaced(void* stream, int dev) {
-  if (!hold_word_) hold_word_ = takeHoldWord(rt_);
+  if (!hold_word_) {
+    hold_word_ = takeHoldWord(rt_);
+    jobs_ = std::atomic_ref<uint32_t>(*hold_word_).load(std::memory_order_acquire);
+  }
   auto job = std::make_shared<HostJob>();
   job->rt = &rt_;
   job->word = hold_word_;
