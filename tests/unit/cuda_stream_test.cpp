@@ -46,6 +46,30 @@ struct Stream {
   cudaStream_t s = nullptr;
 };
 
+// One stream-ordered allreduce captured from st into a CUDA graph (mode: cudaStreamCaptureMode*), replayed on
+// st by launch().
+struct CapturedAllReduce {
+  CapturedAllReduce(Comm& comm, const Stream& st, const void* in, void* out, size_t count,
+                    cudaStreamCaptureMode mode)
+      : stream(st.s) {
+    cudaOk(cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture");
+    comm.allReduceOnStream(in, out, count, ddlFloat32, ddlSum, stream);
+    cudaOk(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    cudaOk(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  }
+  ~CapturedAllReduce() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+  CapturedAllReduce(const CapturedAllReduce&) = delete;
+  CapturedAllReduce& operator=(const CapturedAllReduce&) = delete;
+  void launch() const { cudaOk(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); }
+
+  cudaStream_t stream;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+};
+
 void put(void* d, const std::vector<char>& h, cudaStream_t s) {
   cudaOk(cudaMemcpyAsync(d, h.data(), h.size(), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
   cudaOk(cudaStreamSynchronize(s), "cudaStreamSynchronize");  // h is pageable and may go
@@ -162,17 +186,12 @@ TEST(CudaStream, GraphReplaysAThousandTimes) {
     DeviceBuffer in(kCount * 4), out(kCount * 4);
     comm.allReduceOnStream(in.p, out.p, kCount, ddlFloat32, ddlSum, st.s);  // the first call sets up
     st.sync();
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    cudaOk(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    comm.allReduceOnStream(in.p, out.p, kCount, ddlFloat32, ddlSum, st.s);
-    cudaOk(cudaStreamEndCapture(st.s, &graph), "cudaStreamEndCapture");
-    cudaOk(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    const CapturedAllReduce graph(comm, st, in.p, out.p, kCount, cudaStreamCaptureModeThreadLocal);
     std::vector<float> host(kCount), got(kCount);
     for (int it = 0; it < kReplays; ++it) {
       for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>((i + it) % 97 + comm.rank());
       cudaOk(cudaMemcpyAsync(in.p, host.data(), kCount * 4, cudaMemcpyHostToDevice, st.s), "cudaMemcpyAsync");
-      cudaOk(cudaGraphLaunch(exec, st.s), "cudaGraphLaunch");
+      graph.launch();
       cudaOk(cudaMemcpyAsync(got.data(), out.p, kCount * 4, cudaMemcpyDeviceToHost, st.s), "cudaMemcpyAsync");
       st.sync();
       for (size_t i = 0; i < kCount; i += 251) {
@@ -181,8 +200,6 @@ TEST(CudaStream, GraphReplaysAThousandTimes) {
           fail(ddlInternalError, "replay " + std::to_string(it) + " element " + std::to_string(i));
       }
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   }));
 }
 
@@ -196,17 +213,12 @@ TEST(CudaStream, GraphInGlobalModeBetweenEagerCalls) {
     DeviceBuffer in(kCount * 4), out(kCount * 4), eager(kCount * 4);
     comm.allReduceOnStream(in.p, out.p, kCount, ddlFloat32, ddlSum, st.s);
     st.sync();
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    cudaOk(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
-    comm.allReduceOnStream(in.p, out.p, kCount, ddlFloat32, ddlSum, st.s);
-    cudaOk(cudaStreamEndCapture(st.s, &graph), "cudaStreamEndCapture");
-    cudaOk(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    const CapturedAllReduce graph(comm, st, in.p, out.p, kCount, cudaStreamCaptureModeGlobal);
     std::vector<float> host(kCount), got(kCount);
     for (int it = 0; it < 20; ++it) {
       for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>((i * 7 + it) % 61 + comm.rank());
       cudaOk(cudaMemcpyAsync(in.p, host.data(), kCount * 4, cudaMemcpyHostToDevice, st.s), "cudaMemcpyAsync");
-      cudaOk(cudaGraphLaunch(exec, st.s), "cudaGraphLaunch");
+      graph.launch();
       comm.allReduceOnStream(in.p, eager.p, kCount, ddlFloat32, ddlSum, st.s);
       st.sync();
       for (void* p : {out.p, eager.p}) {
@@ -219,8 +231,6 @@ TEST(CudaStream, GraphInGlobalModeBetweenEagerCalls) {
         }
       }
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   }));
 }
 

@@ -351,9 +351,11 @@ class FakeRuntime final : public DeviceRuntime {
   void holdUntil(void* stream, const uint32_t* word, uint32_t value) override {
     ++counters_->host_calls;
     streamOf(stream)->push([word, value] {
+      // A job always finishes within its timeout; 120 s means the path forgot one.
       auto* w = const_cast<uint32_t*>(word);
-      while (static_cast<int32_t>(std::atomic_ref<uint32_t>(*w).load(std::memory_order_acquire) - value) <
-             0) {
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (static_cast<int32_t>(std::atomic_ref<uint32_t>(*w).load(std::memory_order_acquire) - value) < 0) {
+        if (std::chrono::steady_clock::now() > end) fail(ddlInternalError, "fake device: a hold never released");
         std::this_thread::yield();
       }
     });
