@@ -327,7 +327,8 @@ class FakeRuntime final : public DeviceRuntime {
   void closeMemory(void*) noexcept override { ++counters_->closes; }
 
   // ---- streams ----
-  int streamDevice(void* stream) override { return stream ? stream_dev_ : threadDevice(); }
+  // The application's streams (tests make them) are on device 0.
+  int streamDevice(void* stream) override { return stream ? 0 : threadDevice(); }
   bool capturing(void* stream) override { return stream && stream == capturing_; }
   void* newStream(int) override { return new FakeStream; }
   void deleteStream(void* s) noexcept override { delete static_cast<FakeStream*>(s); }
@@ -380,11 +381,8 @@ class FakeRuntime final : public DeviceRuntime {
       for (int b = 0; b < node::kBlocks; ++b) node::runBlock(args, b, x);
     });
   }
-  // The device the application's streams are on (tests make them), and the one stream "being captured".
-  void setStreamDevice(int dev) { stream_dev_ = dev; }
+  // The one stream "being captured" (tests).
   void setCapturing(void* stream) { capturing_ = stream; }
-  // The legacy default stream's emulation.
-  FakeStream& defaultStream() { return default_stream_; }
 
  private:
   struct Mark {
@@ -420,7 +418,6 @@ class FakeRuntime final : public DeviceRuntime {
   std::shared_ptr<FakeCounters> counters_;
   const Faults faults_;
   FakeStream default_stream_;
-  int stream_dev_ = 0;
   void* capturing_ = nullptr;
   int dev_ = -1;
   int fail_at_ = 0;

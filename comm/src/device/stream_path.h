@@ -69,7 +69,6 @@ class StreamPath {
   // for the kernel, sets up the regions. Returns whether the node kernel serves the node; *why says why not.
   // Throws what the exchange throws (the communicator is then broken).
   bool setupNode(int dev, const Exchange& ex, std::string* why);
-  bool kernelReady() const { return ready_; }
   int kernelDevice() const { return dev_; }
 
   // Enqueues a collective of the node kernel on stream (on kernelDevice()). a's kind, counts, buffers, type,
@@ -103,8 +102,6 @@ class StreamPath {
   uint32_t gpuError() const;
   static std::string describeGpuError(uint32_t code);
 
-  // The memory this rank's region took (0 before setupNode chose the kernel), for tests and DDL_DEBUG.
-  size_t regionBytes() const { return region_bytes_; }
   // Waits for the node kernel's stream (aborting it past the timeout) and closes the other members' regions:
   // every member, before the communicator's last barrier, so that no region is freed while open.
   void closePeers() noexcept;
