@@ -115,14 +115,24 @@ void StreamPath::closePeers() noexcept {
     try {
       done = rt_.newEvent(dev_);
       rt_.recordOn(stream_, done);
-      const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
-      while (!rt_.eventDone(done)) {
+      // A timeout, then an abort, then one more timeout at most. A stream that still has not drained (its
+      // kernel waits behind caller's work that never ends) keeps everything it may touch: abandoned.
+      const auto timeout = std::chrono::milliseconds(timeout_ms_);
+      const auto end = std::chrono::steady_clock::now() + timeout;
+      bool drained = false;
+      while (!(drained = rt_.eventDone(done)) && std::chrono::steady_clock::now() < end + timeout) {
         if (std::chrono::steady_clock::now() > end) abort();
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
+      if (!drained) abandoned_ = true;
     } catch (const Error&) {
     }
     if (done) rt_.deleteEvent(done);
+  }
+  if (abandoned_) {
+    regions_.clear();  // left open, as this rank's region is left allocated
+    ready_ = false;
+    return;
   }
   for (size_t m = 0; m < regions_.size(); ++m)
     if (regions_[m] && regions_[m] != own_) rt_.closeMemory(regions_[m]);
@@ -132,7 +142,13 @@ void StreamPath::closePeers() noexcept {
 
 void StreamPath::release() noexcept {
   closePeers();
-  if (own_ && !abandoned_) rt_.freeDevice(own_);
+  if (abandoned_) {  // a peer's kernel, or a kernel of ours not yet run, may still use all of it
+    own_ = stream_ = fork_ = join_ = words_host_ = words_dev_ = nullptr;
+    abort_word_.store(nullptr);
+    error_word_.store(nullptr);
+    return;
+  }
+  if (own_) rt_.freeDevice(own_);
   own_ = nullptr;
   if (stream_) rt_.deleteStream(stream_);
   if (fork_) rt_.deleteEvent(fork_);
@@ -142,8 +158,6 @@ void StreamPath::release() noexcept {
   error_word_.store(nullptr);
   if (words_host_) rt_.freeMapped(words_host_);
   words_host_ = words_dev_ = nullptr;
-
-  ready_ = false;
   region_bytes_ = 0;
 }
 

@@ -107,8 +107,9 @@ class StreamPath {
   void closePeers() noexcept;
   // closePeers, then frees this rank's region and the rest.
   void release() noexcept;
-  // After a failure: release() leaves this rank's region allocated (a peer's kernel may still write its
-  // poison into it; 4 slots of device memory lost until the process ends).
+  // After a failure: release() leaves this rank's region, the peers' mappings, its stream and words as they
+  // are (a peer's kernel may still write its poison into the region; about 32 MiB of device memory lost until
+  // the process ends). closePeers abandons them too when its stream does not drain.
   void abandon() { abandoned_ = true; }
 
  private:
