@@ -1,6 +1,7 @@
 // torch_ddl._C: the Python side of ProcessGroupDDL. torch_ddl/__init__.py registers the backend "ddl" with
 // torch.distributed, whose init_process_group and new_group then call ProcessGroupDDL(store, rank, size,
-// timeout) for every group.
+// timeout) for every group. Built against the pybind11 of the torch at hand (python/torch_probe.py), so that
+// torch's classes (Backend or ProcessGroup, Store, Work) are the ones it derives from.
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
@@ -11,9 +12,9 @@ namespace py = pybind11;
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch.distributed backend 'ddl' over libddl";
-  // The base classes (ProcessGroup, Store, Work) are torch's: registered when torch.distributed loads.
+  // The base classes (Backend or ProcessGroup, Store, Work) are torch's: registered when torch.distributed loads.
   py::module::import("torch.distributed");
-  py::class_<torch_ddl::ProcessGroupDDL, c10d::ProcessGroup, c10::intrusive_ptr<torch_ddl::ProcessGroupDDL>>(
+  py::class_<torch_ddl::ProcessGroupDDL, torch_ddl::GroupBase, c10::intrusive_ptr<torch_ddl::ProcessGroupDDL>>(
       m, "ProcessGroupDDL",
       "A torch.distributed process group over libddl. Made by torch.distributed.init_process_group('ddl') and "
       "new_group(backend='ddl') once torch_ddl is imported.")
@@ -26,7 +27,11 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("topology", &torch_ddl::ProcessGroupDDL::topology,
                              "The multi-dimensional ring libddl runs on, e.g. '2x2' (DDL_TOPOLOGY), or the rank count")
       .def_property_readonly("blocking", &torch_ddl::ProcessGroupDDL::blocking,
-                             "True when TORCH_DDL_BLOCKING=1 runs collectives on the calling thread");
+                             "True when TORCH_DDL_BLOCKING=1 runs collectives on the calling thread")
+      .def_property_readonly_static(
+          "stream_ordered", [](py::object) { return torch_ddl::ProcessGroupDDL::streamOrdered(); },
+          "True where collectives on CUDA tensors are enqueued on a CUDA stream (torch >= 2.0 and a libddl built "
+          "with CUDA) instead of staged through host memory");
   m.def(
       "libddl_version",
       [] {

@@ -4,6 +4,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#if TORCH_DDL_STREAM_ORDERED
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#endif
 
 #include <sys/prctl.h>
 
@@ -271,6 +275,102 @@ bool P2PWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+std::string CommRef::asyncError() {
+  std::lock_guard<std::mutex> lk(mu);
+  if (!comm) return "";
+  ddlResult_t r = ddlSuccess;
+  if (ddlCommGetAsyncError(comm, &r) != ddlSuccess || r == ddlSuccess) return "";
+  return ddlGetLastError(comm);
+}
+
+#if TORCH_DDL_STREAM_ORDERED
+
+StreamWork::StreamWork(int rank, c10d::OpType type, const char* profiling_title, std::vector<at::Tensor> outputs,
+                       std::vector<at::Tensor> inputs, c10::Device device, std::shared_ptr<CommRef> comm,
+                       bool blocking)
+    : c10d::Work(rank, type, profiling_title, c10::optional<std::vector<at::Tensor>>(inputs)),
+      outputs_(std::move(outputs)),
+      inputs_(std::move(inputs)),
+      device_(device),
+      comm_(std::move(comm)),
+      blocking_(blocking),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::vector<c10::Device>{device})) {}
+
+void StreamWork::launched(const c10::Stream& stream) {
+  c10::Event done(device_.type());
+  done.record(stream);
+  // The Future's own events are recorded on the current streams: the group's, set by the caller.
+  future_->markCompleted(c10::IValue(outputs_));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    done_.emplace(std::move(done));
+    settled_ = true;
+  }
+  cv_.notify_all();
+  finish();  // the profiler's range ends at the enqueue, as ProcessGroupNCCL's does without timing
+}
+
+void StreamWork::failed(std::exception_ptr error) {
+  future_->setError(error);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    error_ = error;
+    settled_ = true;
+  }
+  cv_.notify_all();
+  finish(error);
+}
+
+void StreamWork::awaitLaunch(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto settled = [&] { return settled_; };
+  if (timeout == kNoTimeout) {
+    cv_.wait(lk, settled);
+  } else if (!cv_.wait_for(lk, timeout, settled)) {
+    throw std::runtime_error("ddl: " + c10d::opTypeToString(retrieveOpType()) + " was not enqueued within " +
+                             std::to_string(timeout.count()) + " ms (collectives queued before it still run)");
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool StreamWork::isCompleted() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return settled_ && (error_ || done_->query());
+}
+
+bool StreamWork::isSuccess() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return settled_ && !error_ && done_->query() && comm_->asyncError().empty();
+}
+
+std::exception_ptr StreamWork::exception() const {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (error_) return error_;
+  }
+  const std::string broken = comm_->asyncError();
+  return broken.empty() ? nullptr : std::make_exception_ptr(std::runtime_error("ddl: " + broken));
+}
+
+void StreamWork::synchronize() {
+  awaitLaunch(kNoTimeout);
+  const auto* impl = c10::impl::getDeviceGuardImpl(device_.type());
+  std::lock_guard<std::mutex> lk(mu_);
+  done_->block(impl->getStream(device_));
+  if (blocking_) waitEvent(*done_);
+}
+
+bool StreamWork::wait(std::chrono::milliseconds timeout) {
+  awaitLaunch(timeout);
+  synchronize();
+  // A failure the GPU met by now (a peer gone, a timeout): raised here; later ones by the next call.
+  if (auto e = exception()) std::rethrow_exception(e);
+  return true;
+}
+
+#endif  // TORCH_DDL_STREAM_ORDERED
+
 // ---- the process group ----
 
 namespace {
@@ -345,7 +445,7 @@ bool envFlag(const char* name) {
 
 ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                  std::chrono::milliseconds timeout)
-    : c10d::ProcessGroup(rank, size), blocking_(envFlag("TORCH_DDL_BLOCKING")) {
+    : GroupBase(rank, size), blocking_(envFlag("TORCH_DDL_BLOCKING")) {
   StoreAdapter adapter{store, {}};
   ddlStore_t api = adapter.api();
   ddlConfig_t config = DDL_CONFIG_INITIALIZER;
@@ -359,6 +459,7 @@ ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, i
     throw std::runtime_error(std::string("ddl: cannot create the communicator of rank ") + std::to_string(rank) +
                              " of " + std::to_string(size) + ": " + ddlGetLastError(nullptr));
   }
+  comm_ref_->comm = comm_;
   if (!blocking_) {
     worker_ = std::thread([this] {
       // Sleeps in libddl's waits end within microseconds of their time, not the default 50 us later.
@@ -369,10 +470,13 @@ ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, i
   init();
 }
 
-ProcessGroupDDL::~ProcessGroupDDL() {
+ProcessGroupDDL::~ProcessGroupDDL() { close(); }
+
+void ProcessGroupDDL::close() {
   GilReleased no_gil;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    if (closed_.exchange(true)) return;
     stop_ = true;
   }
   cv_.notify_all();
@@ -385,12 +489,25 @@ ProcessGroupDDL::~ProcessGroupDDL() {
       worker_.join();  // what is queued runs first; each call is bounded by the timeout
     }
   }
+  // Works that outlive the group no longer ask the communicator.
+  {
+    std::lock_guard<std::mutex> lk(comm_ref_->mu);
+    comm_ref_->comm = nullptr;
+  }
   // Destroy first: it meets the peers, so sends and receives still pending can complete, and fails what is left
   // at once (a receive whose send never comes would otherwise hold this for the whole timeout). The requests
   // stay valid after it.
   ddlCommDestroy(comm_);
   reapP2P(true);
 }
+
+#if TORCH_DDL_BACKEND
+void ProcessGroupDDL::abort() {
+  // Any thread: every blocked and later libddl call of this group (and kernels on the GPU) ends with ddlAborted.
+  std::lock_guard<std::mutex> lk(comm_ref_->mu);
+  if (comm_ref_->comm) ddlCommAbort(comm_ref_->comm);
+}
+#endif
 
 std::string ProcessGroupDDL::topology() const {
   char buf[256] = {};
@@ -400,33 +517,115 @@ std::string ProcessGroupDDL::topology() const {
 
 void ProcessGroupDDL::check(ddlResult_t r, const char* what) const {
   // This thread's last error: the communicator's may already be another thread's (a send failing meanwhile).
-  if (r != ddlSuccess) throw std::runtime_error(std::string("ddl: ") + ddlGetLastError(nullptr));
+  if (r == ddlSuccess) return;
+  const std::string message = std::string("ddl: ") + ddlGetLastError(nullptr);
+  // An argument libddl refused without breaking the communicator (a stream-ordered call captured before the
+  // group's first call, say) is the caller's ValueError; a mismatch between ranks breaks it: RuntimeError.
+  if (r == ddlInvalidArgument && comm_ref_->asyncError().empty()) throw std::invalid_argument(message);
+  throw std::runtime_error(message);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::enqueue(c10d::OpType type, const char* title,
-                                                        std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs,
-                                                        std::function<void()> run) {
-  auto work = c10::make_intrusive<CollectiveWork>(rank_, type, title, std::move(outputs),
-                                                  c10::optional<std::vector<at::Tensor>>(inputs));
-  Entry entry{work, std::move(run)};
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submit(c10d::OpType type, const char* title, Call call) {
+  if (closed_.load()) refuse("the process group was shut down");
+#if TORCH_DDL_STREAM_ORDERED
+  // Stream-ordered where every tensor is on one CUDA device.
+  if (call.stream) {
+    std::optional<c10::Device> device;
+    bool one_gpu = true;
+    for (const auto* list : {&call.inputs, &call.outputs}) {
+      for (const auto& t : *list) {
+        if (!t.defined()) continue;
+        if (!t.is_cuda() || (device && t.device() != *device)) one_gpu = false;
+        device = t.device();
+      }
+    }
+    if (one_gpu && device) return submitStream(type, title, std::move(call), *device);
+  }
+#endif
+  return submitHost(type, title, std::move(call));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submitHost(c10d::OpType type, const char* title, Call call) {
+  auto work = c10::make_intrusive<CollectiveWork>(rank_, type, title, call.outputs,
+                                                  c10::optional<std::vector<at::Tensor>>(call.inputs));
+  Entry entry{std::move(call.host), [work](std::exception_ptr e) { work->complete(e); }};
   // CUDA producers: the worker first waits for what is queued on the tensors' streams now (CPU tensors: none).
-  if (auto ready = readyEvents(inputs); !ready.empty()) {
+  if (auto ready = readyEvents(call.inputs); !ready.empty()) {
     auto events = std::make_shared<std::vector<c10::Event>>(std::move(ready));
     entry.run = [events, body = std::move(entry.run)] {
       for (const auto& ev : *events) waitEvent(ev);
       body();
     };
   }
+  enqueue(std::move(entry), /*here_ok=*/false);
+  return work;
+}
+
+#if TORCH_DDL_STREAM_ORDERED
+c10::Stream ProcessGroupDDL::streamFor(c10::Device device) {
+  std::lock_guard<std::mutex> lk(stream_mu_);
+  if (stream_ && stream_->device() != device) {
+    refuse("this group runs on " + stream_->device().str() + " and got tensors on " + device.str() +
+           " (one device per process, as NCCL)");
+  }
+  if (!stream_) stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
+  return *stream_;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submitStream(c10d::OpType type, const char* title, Call call,
+                                                             c10::Device device) {
+  const c10::Stream own = streamFor(device);
+  const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
+  // The group's stream starts where the caller's current stream is now.
+  auto ready = std::make_shared<c10::Event>(device.type());
+  ready->record(impl->getStream(device));
+  auto work = c10::make_intrusive<StreamWork>(rank_, type, title, call.outputs, call.inputs, device, comm_ref_,
+                                              blocking_);
+  std::vector<at::Tensor> tensors = call.inputs;
+  tensors.insert(tensors.end(), call.outputs.begin(), call.outputs.end());
+  Entry entry;
+  entry.run = [this, own, ready, tensors, body = std::move(call.stream), work] {
+    // An earlier failure on the GPU breaks the communicator: say so here, naming the peer.
+    if (std::string broken = comm_ref_->asyncError(); !broken.empty()) throw std::runtime_error("ddl: " + broken);
+    c10::StreamGuard on_own(own);  // the copies the body makes run on the group's stream too
+    ready->block(own);
+    body(own.native_handle());
+    // The caching allocator must not hand the tensors' memory to others before the group's stream is done.
+    const auto* impl = c10::impl::getDeviceGuardImpl(own.device_type());
+    for (const auto& t : tensors) {
+      if (t.defined() && t.has_storage()) impl->recordDataPtrOnStream(t.storage().data_ptr(), own);
+    }
+    work->launched(own);
+  };
+  entry.finish = [work](std::exception_ptr e) {
+    if (e) work->failed(e);
+  };
+  enqueue(std::move(entry), /*here_ok=*/true);
+  if (blocking_) {
+    try {
+      work->synchronize();  // the host waits for the result; a failure is raised by wait()
+    } catch (const std::exception&) {
+    }
+  }
+  return work;
+}
+#endif
+
+void ProcessGroupDDL::enqueue(Entry entry, bool here_ok) {
   if (blocking_) {
     execute(entry);
-    return work;
+    return;
   }
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    queue_.push_back(std::move(entry));
+  std::unique_lock<std::mutex> lk(mu_);
+  if (here_ok && queue_.empty() && !busy_) {
+    // Nothing ahead of it: run on this thread (the lock keeps the worker from starting another meanwhile), so
+    // that a stream-ordered call is on its stream when the call returns.
+    execute(entry);
+    return;
   }
+  queue_.push_back(std::move(entry));
+  lk.unlock();
   cv_.notify_one();
-  return work;
 }
 
 void ProcessGroupDDL::execute(Entry& entry) {
@@ -436,7 +635,7 @@ void ProcessGroupDDL::execute(Entry& entry) {
   } catch (...) {
     error = std::current_exception();
   }
-  entry.work->complete(error);
+  entry.finish(error);
 }
 
 void ProcessGroupDDL::workerLoop() {
@@ -446,25 +645,59 @@ void ProcessGroupDDL::workerLoop() {
     if (queue_.empty()) return;  // stop_ and nothing left
     Entry entry = std::move(queue_.front());
     queue_.pop_front();
+    busy_ = true;
     lk.unlock();
     execute(entry);
     entry = Entry{};  // drop the tensors before taking the lock again
     lk.lock();
+    busy_ = false;
   }
 }
 
 // ---- collectives ----
+//
+// Each builds a Call: its host body (on the worker, through host memory where libddl takes no device memory
+// for it) and, where libddl has a stream-ordered form, its stream body (run with the group's stream current,
+// so that the contiguous copies and slices it makes are ordered on that stream too).
+
+namespace {
+
+// A contiguous tensor with t's data (t itself when it is one); made on the current stream.
+at::Tensor dense(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// The bytes of flat (uint8) from offset on, as a tensor shaped like `like` (for copying into it).
+at::Tensor bytesAs(const at::Tensor& flat, size_t offset, const at::Tensor& like) {
+  at::Tensor bytes = flat.narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(like.nbytes()));
+  return bytes.view(like.scalar_type()).view(like.sizes());
+}
+
+// tensors laid end to end as bytes, in one new tensor on their device (the current stream's copies).
+at::Tensor catBytes(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : tensors) flat.push_back(dense(t).view({-1}).view(at::kByte));
+  return at::cat(flat);
+}
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   at::Tensor t = single(tensors, "all_reduce");
   const auto [type, factor] = reduceTypeOf(t);
   const ddlRedOp_t op = reduceOpOf(opts.reduceOp, t);
-  return enqueue(c10d::OpType::ALLREDUCE, "ddl:all_reduce", {t}, {t}, [this, t, type = type, factor = factor, op] {
+  Call call{{t}, {t}};
+  call.host = [this, t, type = type, factor = factor, op] {
     Staged s = stage(t, /*device_ok=*/kLibddlTakesDeviceBuffers, /*read_input=*/true);
     check(ddlAllReduce(s.buf.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_), "all_reduce");
     unstage(s);
-  });
+  };
+  call.stream = [this, t, type = type, factor = factor, op](ddlStream_t stream) mutable {
+    at::Tensor buf = dense(t);
+    check(ddlAllReduceOnStream(buf.data_ptr(), buf.data_ptr(), buf.numel() * factor, type, op, comm_, stream),
+          "all_reduce");
+    if (!buf.is_same(t)) t.copy_(buf);
+  };
+  return submit(c10d::OpType::ALLREDUCE, "ddl:all_reduce", std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -478,25 +711,46 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(std::vector<
   const auto [type, factor] = reduceTypeOf(tensors[0]);
   const ddlRedOp_t op = reduceOpOf(opts.reduceOp, tensors[0]);
   std::vector<at::Tensor> ts = tensors;
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "ddl:all_reduce_coalesced", ts, ts,
-                 [this, ts, type = type, factor = factor, op]() mutable {
-                   std::vector<size_t> offsets;
-                   at::Tensor flat = flatBytes(ts, &offsets);
-                   const size_t count = flat.nbytes() / ts[0].element_size() * factor;
-                   check(ddlAllReduce(flat.data_ptr(), flat.data_ptr(), count, type, op, comm_), "all_reduce_coalesced");
-                   for (size_t i = 0; i < ts.size(); ++i) copyOut(ts[i], flat, offsets[i]);
-                 });
+  const size_t elem = ts[0].element_size();
+  Call call{ts, ts};
+  call.host = [this, ts, type = type, factor = factor, op, elem]() mutable {
+    std::vector<size_t> offsets;
+    at::Tensor flat = flatBytes(ts, &offsets);
+    check(ddlAllReduce(flat.data_ptr(), flat.data_ptr(), flat.nbytes() / elem * factor, type, op, comm_),
+          "all_reduce_coalesced");
+    for (size_t i = 0; i < ts.size(); ++i) copyOut(ts[i], flat, offsets[i]);
+  };
+  call.stream = [this, ts, type = type, factor = factor, op, elem](ddlStream_t stream) mutable {
+    at::Tensor flat = catBytes(ts);
+    check(ddlAllReduceOnStream(flat.data_ptr(), flat.data_ptr(), flat.nbytes() / elem * factor, type, op, comm_,
+                               stream),
+          "all_reduce_coalesced");
+    size_t offset = 0;
+    for (auto& t : ts) {
+      t.copy_(bytesAs(flat, offset, t));
+      offset += t.nbytes();
+    }
+  };
+  return submit(c10d::OpType::ALLREDUCE_COALESCED, "ddl:all_reduce_coalesced", std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
   at::Tensor t = single(tensors, "broadcast");
   const int root = static_cast<int>(opts.rootRank);
-  return enqueue(c10d::OpType::BROADCAST, "ddl:broadcast", {t}, {t}, [this, t, root] {
+  Call call{{t}, {t}};
+  call.host = [this, t, root] {
     Staged s = stage(t, /*device_ok=*/false, /*read_input=*/rank_ == root);
     check(ddlBroadcast(s.buf.data_ptr(), s.buf.data_ptr(), s.buf.nbytes(), ddlUint8, root, comm_), "broadcast");
     unstage(s);
-  });
+  };
+  call.stream = [this, t, root](ddlStream_t stream) mutable {
+    at::Tensor buf = dense(t);
+    check(ddlBroadcastOnStream(buf.data_ptr(), buf.data_ptr(), buf.nbytes(), ddlUint8, root, comm_, stream),
+          "broadcast");
+    if (!buf.is_same(t)) t.copy_(buf);
+  };
+  return submit(c10d::OpType::BROADCAST, "ddl:broadcast", std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& tensors,
@@ -505,13 +759,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& 
   const auto [type, factor] = reduceTypeOf(t);
   const ddlRedOp_t op = reduceOpOf(opts.reduceOp, t);
   const int root = static_cast<int>(opts.rootRank);
-  return enqueue(c10d::OpType::REDUCE, "ddl:reduce", {t}, {t}, [this, t, type = type, factor = factor, op, root] {
+  Call call{{t}, {t}};
+  call.host = [this, t, type = type, factor = factor, op, root] {
     Staged s = stage(t, /*device_ok=*/false, /*read_input=*/true);
     check(ddlReduce(s.buf.data_ptr(), rank_ == root ? s.buf.data_ptr() : nullptr, s.buf.numel() * factor, type, op,
                     root, comm_),
           "reduce");
     if (rank_ == root) unstage(s);
-  });
+  };
+  call.stream = [this, t, type = type, factor = factor, op, root](ddlStream_t stream) mutable {
+    at::Tensor buf = dense(t);
+    check(ddlReduceOnStream(buf.data_ptr(), rank_ == root ? buf.data_ptr() : nullptr, buf.numel() * factor, type,
+                            op, root, comm_, stream),
+          "reduce");
+    if (rank_ == root && !buf.is_same(t)) t.copy_(buf);
+  };
+  return submit(c10d::OpType::REDUCE, "ddl:reduce", std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -520,28 +783,50 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather(std::vector<std::vecto
   at::Tensor in = single(inputs, "all_gather");
   std::vector<at::Tensor> outs = groupList(outputs, size_, "all_gather", "output");
   checkSameBytes(outs, in.nbytes(), "all_gather");
-  return enqueue(c10d::OpType::ALLGATHER, "ddl:all_gather", {in}, outs, [this, in, outs]() mutable {
+  Call call{{in}, outs};
+  call.host = [this, in, outs]() mutable {
     at::Tensor src = in.to(at::kCPU).contiguous();
     at::Tensor flat = at::empty({static_cast<int64_t>(src.nbytes() * size_)}, at::TensorOptions().dtype(at::kByte));
     check(ddlAllGather(src.data_ptr(), flat.data_ptr(), src.nbytes(), ddlUint8, comm_), "all_gather");
     for (int r = 0; r < size_; ++r) copyOut(outs[r], flat, r * src.nbytes());
-  });
+  };
+  call.stream = [this, in, outs](ddlStream_t stream) mutable {
+    at::Tensor src = dense(in);
+    at::Tensor flat = at::empty({static_cast<int64_t>(src.nbytes() * size_)}, src.options().dtype(at::kByte));
+    check(ddlAllGatherOnStream(src.data_ptr(), flat.data_ptr(), src.nbytes(), ddlUint8, comm_, stream), "all_gather");
+    for (int r = 0; r < size_; ++r) outs[r].copy_(bytesAs(flat, r * src.nbytes(), outs[r]));
+  };
+  return submit(c10d::OpType::ALLGATHER, "ddl:all_gather", std::move(call));
+}
+
+Call ProcessGroupDDL::allgatherIntoTensor(const at::Tensor& output, const at::Tensor& input, const char* what) {
+  if (output.nbytes() != input.nbytes() * size_) {
+    refuse(std::string(what) + ": the output must hold the group's size (" + std::to_string(size_) +
+           ") times the input's " + std::to_string(input.nbytes()) + " bytes, it has " +
+           std::to_string(output.nbytes()));
+  }
+  if (output.scalar_type() != input.scalar_type()) refuse(std::string(what) + ": input and output dtypes differ");
+  at::Tensor in = input, out = output;
+  Call call{{in}, {out}};
+  call.host = [this, in, out, what] {
+    at::Tensor src = in.to(at::kCPU).contiguous();
+    Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
+    check(ddlAllGather(src.data_ptr(), s.buf.data_ptr(), src.nbytes(), ddlUint8, comm_), what);
+    unstage(s);
+  };
+  call.stream = [this, in, out, what](ddlStream_t stream) mutable {
+    at::Tensor src = dense(in);
+    at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+    check(ddlAllGatherOnStream(src.data_ptr(), dst.data_ptr(), src.nbytes(), ddlUint8, comm_, stream), what);
+    if (!dst.is_same(out)) out.copy_(dst);
+  };
+  return call;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::AllgatherOptions& opts) {
-  if (output.nbytes() != input.nbytes() * size_) {
-    refuse("_allgather_base: the output must hold the group's size (" + std::to_string(size_) + ") times the input's " +
-           std::to_string(input.nbytes()) + " bytes, it has " + std::to_string(output.nbytes()));
-  }
-  if (output.scalar_type() != input.scalar_type()) refuse("_allgather_base: input and output dtypes differ");
-  at::Tensor in = input, out = output;
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, "ddl:_all_gather_base", {in}, {out}, [this, in, out] {
-    at::Tensor src = in.to(at::kCPU).contiguous();
-    Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
-    check(ddlAllGather(src.data_ptr(), s.buf.data_ptr(), src.nbytes(), ddlUint8, comm_), "_allgather_base");
-    unstage(s);
-  });
+  return submit(c10d::OpType::_ALLGATHER_BASE, "ddl:_all_gather_base",
+                allgatherIntoTensor(output, input, "_allgather_base"));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -551,14 +836,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::gather(std::vector<std::vector<a
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> outs = rootList(outputs, size_, rank_, root, "gather", "output");
   checkSameBytes(outs, in.nbytes(), "gather");
-  return enqueue(c10d::OpType::GATHER, "ddl:gather", {in}, outs, [this, in, outs, root]() mutable {
+  Call call{{in}, outs};
+  call.host = [this, in, outs, root]() mutable {
     at::Tensor src = in.to(at::kCPU).contiguous();
     at::Tensor flat;
     if (rank_ == root) flat = at::empty({static_cast<int64_t>(src.nbytes() * size_)}, at::TensorOptions().dtype(at::kByte));
     check(ddlGather(src.data_ptr(), rank_ == root ? flat.data_ptr() : nullptr, src.nbytes(), ddlUint8, root, comm_),
           "gather");
     for (int r = 0; r < static_cast<int>(outs.size()); ++r) copyOut(outs[r], flat, r * src.nbytes());
-  });
+  };
+  return submit(c10d::OpType::GATHER, "ddl:gather", std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::scatter(std::vector<at::Tensor>& outputs,
@@ -568,7 +855,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::scatter(std::vector<at::Tensor>&
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> ins = rootList(inputs, size_, rank_, root, "scatter", "input");
   checkSameBytes(ins, out.nbytes(), "scatter");
-  return enqueue(c10d::OpType::SCATTER, "ddl:scatter", ins, {out}, [this, ins, out, root] {
+  Call call{ins, {out}};
+  call.host = [this, ins, out, root] {
     std::vector<size_t> offsets;
     at::Tensor flat = rank_ == root ? flatBytes(ins, &offsets) : at::Tensor();
     Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
@@ -576,7 +864,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::scatter(std::vector<at::Tensor>&
                      comm_),
           "scatter");
     unstage(s);
-  });
+  };
+  return submit(c10d::OpType::SCATTER, "ddl:scatter", std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -590,37 +879,138 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(std::vector<at::T
   }
   const auto [type, factor] = reduceTypeOf(out);
   const ddlRedOp_t op = reduceOpOf(opts.reduceOp, out);
-  return enqueue(c10d::OpType::REDUCE_SCATTER, "ddl:reduce_scatter", ins, {out},
-                 [this, ins, out, type = type, factor = factor, op] {
-                   std::vector<size_t> offsets;
-                   at::Tensor flat = flatBytes(ins, &offsets);
-                   Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
-                   check(ddlReduceScatter(flat.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_),
-                         "reduce_scatter");
-                   unstage(s);
-                 });
+  Call call{ins, {out}};
+  call.host = [this, ins, out, type = type, factor = factor, op] {
+    std::vector<size_t> offsets;
+    at::Tensor flat = flatBytes(ins, &offsets);
+    Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
+    check(ddlReduceScatter(flat.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_),
+          "reduce_scatter");
+    unstage(s);
+  };
+  call.stream = [this, ins, out, type = type, factor = factor, op](ddlStream_t stream) mutable {
+    at::Tensor flat = catBytes(ins);
+    at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+    check(ddlReduceScatterOnStream(flat.data_ptr(), dst.data_ptr(), dst.numel() * factor, type, op, comm_, stream),
+          "reduce_scatter");
+    if (!dst.is_same(out)) out.copy_(dst);
+  };
+  return submit(c10d::OpType::REDUCE_SCATTER, "ddl:reduce_scatter", std::move(call));
+}
+
+Call ProcessGroupDDL::reduceScatterTensor(const at::Tensor& output, const at::Tensor& input,
+                                          const c10d::ReduceOp& reduce_op, const char* what) {
+  if (input.nbytes() != output.nbytes() * size_) {
+    refuse(std::string(what) + ": the input must hold the group's size (" + std::to_string(size_) +
+           ") times the output's " + std::to_string(output.nbytes()) + " bytes, it has " +
+           std::to_string(input.nbytes()));
+  }
+  if (output.scalar_type() != input.scalar_type()) refuse(std::string(what) + ": input and output dtypes differ");
+  const auto [type, factor] = reduceTypeOf(output);
+  const ddlRedOp_t op = reduceOpOf(reduce_op, output);
+  at::Tensor in = input, out = output;
+  Call call{{in}, {out}};
+  call.host = [this, in, out, type = type, factor = factor, op, what] {
+    at::Tensor src = in.to(at::kCPU).contiguous();
+    Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
+    check(ddlReduceScatter(src.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_), what);
+    unstage(s);
+  };
+  call.stream = [this, in, out, type = type, factor = factor, op, what](ddlStream_t stream) mutable {
+    at::Tensor src = dense(in);
+    at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+    check(ddlReduceScatterOnStream(src.data_ptr(), dst.data_ptr(), dst.numel() * factor, type, op, comm_, stream),
+          what);
+    if (!dst.is_same(out)) out.copy_(dst);
+  };
+  return call;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                      const c10d::ReduceScatterOptions& opts) {
-  if (input.nbytes() != output.nbytes() * size_) {
-    refuse("_reduce_scatter_base: the input must hold the group's size (" + std::to_string(size_) +
-           ") times the output's " + std::to_string(output.nbytes()) + " bytes, it has " +
-           std::to_string(input.nbytes()));
-  }
-  if (output.scalar_type() != input.scalar_type()) refuse("_reduce_scatter_base: input and output dtypes differ");
-  const auto [type, factor] = reduceTypeOf(output);
-  const ddlRedOp_t op = reduceOpOf(opts.reduceOp, output);
-  at::Tensor in = input, out = output;
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "ddl:_reduce_scatter_base", {in}, {out},
-                 [this, in, out, type = type, factor = factor, op] {
-                   at::Tensor src = in.to(at::kCPU).contiguous();
-                   Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
-                   check(ddlReduceScatter(src.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_),
-                         "_reduce_scatter_base");
-                   unstage(s);
-                 });
+  return submit(c10d::OpType::_REDUCE_SCATTER_BASE, "ddl:_reduce_scatter_base",
+                reduceScatterTensor(output, input, opts.reduceOp, "_reduce_scatter_base"));
 }
+
+Call ProcessGroupDDL::combine(std::vector<Call> calls) {
+  Call all;
+  bool stream = true;
+  std::vector<std::function<void()>> hosts;
+  std::vector<std::function<void(ddlStream_t)>> streams;
+  for (auto& c : calls) {
+    all.inputs.insert(all.inputs.end(), c.inputs.begin(), c.inputs.end());
+    all.outputs.insert(all.outputs.end(), c.outputs.begin(), c.outputs.end());
+    hosts.push_back(std::move(c.host));
+    stream = stream && c.stream;
+    streams.push_back(std::move(c.stream));
+  }
+  all.host = [hosts] {
+    for (const auto& h : hosts) h();
+  };
+  if (stream) {
+    all.stream = [streams](ddlStream_t s) {
+      for (const auto& f : streams) f(s);
+    };
+  }
+  return all;
+}
+
+#if TORCH_DDL_BACKEND
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                    std::vector<at::Tensor>& inputs,
+                                                                    const c10d::AllgatherOptions& opts) {
+  if (outputs.size() != inputs.size()) {
+    refuse("allgather_coalesced needs one output list per input (" + std::to_string(inputs.size()) + " inputs, " +
+           std::to_string(outputs.size()) + " output lists)");
+  }
+  // Each input's gather into a flat buffer, then copied into its list: as allgather, per input.
+  std::vector<Call> calls;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<at::Tensor> outs = groupList({outputs[i]}, size_, "allgather_coalesced", "output");
+    checkSameBytes(outs, inputs[i].nbytes(), "allgather_coalesced");
+    at::Tensor in = inputs[i];
+    const auto options = in.options().dtype(at::kByte);
+    at::Tensor flat = at::empty({static_cast<int64_t>(in.nbytes() * size_)}, options);
+    Call c = allgatherIntoTensor(flat, in.view({-1}).view(at::kByte), "allgather_coalesced");
+    auto copy_out = [outs, flat, n = in.nbytes()]() mutable {
+      for (size_t r = 0; r < outs.size(); ++r) outs[r].copy_(bytesAs(flat, r * n, outs[r]));
+    };
+    c.host = [body = std::move(c.host), copy_out, outs]() mutable {
+      body();
+      copy_out();
+      for (const auto& t : outs) syncDevice(t);
+    };
+    c.stream = [body = std::move(c.stream), copy_out](ddlStream_t s) mutable {
+      body(s);
+      copy_out();
+    };
+    c.outputs.insert(c.outputs.end(), outs.begin(), outs.end());
+    calls.push_back(std::move(c));
+  }
+  return submit(c10d::OpType::ALLGATHER_COALESCED, "ddl:allgather_coalesced", combine(std::move(calls)));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                std::vector<at::Tensor>& inputs,
+                                                                                const c10d::AllgatherOptions& opts) {
+  if (outputs.size() != inputs.size()) refuse("allgather_into_tensor_coalesced needs one output per input");
+  std::vector<Call> calls;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    calls.push_back(allgatherIntoTensor(outputs[i], inputs[i], "allgather_into_tensor_coalesced"));
+  }
+  return submit(c10d::OpType::COALESCED, "ddl:allgather_into_tensor_coalesced", combine(std::move(calls)));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  if (outputs.size() != inputs.size()) refuse("reduce_scatter_tensor_coalesced needs one output per input");
+  std::vector<Call> calls;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    calls.push_back(reduceScatterTensor(outputs[i], inputs[i], opts.reduceOp, "reduce_scatter_tensor_coalesced"));
+  }
+  return submit(c10d::OpType::COALESCED, "ddl:reduce_scatter_tensor_coalesced", combine(std::move(calls)));
+}
+#endif
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& output_split_sizes,
@@ -652,15 +1042,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall_base(at::Tensor& output
   auto [sc, sd] = counts(input, input_split_sizes, "input");
   auto [rc, rd] = counts(output, output_split_sizes, "output");
   at::Tensor in = input, out = output;
-  return enqueue(c10d::OpType::ALLTOALL_BASE, "ddl:all_to_all", {in}, {out},
-                 [this, in, out, sc = sc, sd = sd, rc = rc, rd = rd] {
+  Call call{{in}, {out}};
+  call.host = [this, in, out, sc = sc, sd = sd, rc = rc, rd = rd] {
                    at::Tensor src = in.to(at::kCPU).contiguous();
                    Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
                    check(ddlAllToAllv(src.data_ptr(), sc.data(), sd.data(), s.buf.data_ptr(), rc.data(), rd.data(),
                                       ddlUint8, comm_),
                          "all_to_all_single");
                    unstage(s);
-                 });
+  };
+  return submit(c10d::OpType::ALLTOALL_BASE, "ddl:all_to_all", std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall(std::vector<at::Tensor>& outputs,
@@ -671,7 +1062,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall(std::vector<at::Tensor>
            " output tensors (the group's size)");
   }
   std::vector<at::Tensor> ins = inputs, outs = outputs;
-  return enqueue(c10d::OpType::ALLTOALL, "ddl:all_to_all", ins, outs, [this, ins, outs]() mutable {
+  Call call{ins, outs};
+  call.host = [this, ins, outs]() mutable {
     std::vector<size_t> sd, rd, sc, rc;
     at::Tensor src = flatBytes(ins, &sd);
     size_t total = 0;
@@ -685,11 +1077,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall(std::vector<at::Tensor>
     check(ddlAllToAllv(src.data_ptr(), sc.data(), sd.data(), dst.data_ptr(), rc.data(), rd.data(), ddlUint8, comm_),
           "all_to_all");
     for (int r = 0; r < size_; ++r) copyOut(outs[r], dst, rd[r]);
-  });
+  };
+  return submit(c10d::OpType::ALLTOALL, "ddl:all_to_all", std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(c10d::OpType::BARRIER, "ddl:barrier", {}, {}, [this] { check(ddlBarrier(comm_), "barrier"); });
+  Call call;
+  call.host = [this] { check(ddlBarrier(comm_), "barrier"); };
+  return submit(c10d::OpType::BARRIER, "ddl:barrier", std::move(call));
 }
 
 // ---- point-to-point ----
@@ -750,11 +1145,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recv(std::vector<at::Tensor>& te
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   refuse("recv from any source is not supported: pass src (ddl matches each send to the receive for its sender)");
-}
-
-c10::intrusive_ptr<c10d::ProcessGroup> createProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                             int size, std::chrono::milliseconds timeout) {
-  return c10::make_intrusive<ProcessGroupDDL>(store, rank, size, timeout);
 }
 
 }  // namespace torch_ddl

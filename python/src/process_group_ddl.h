@@ -1,12 +1,28 @@
-// ProcessGroupDDL: torch.distributed's backend "ddl" (torch 1.13's c10d::ProcessGroup) over libddl's C API.
+// ProcessGroupDDL: torch.distributed's backend "ddl" over libddl's C API. One source for two torches: with
+// torch >= 2.0 it is a c10d::Backend, which torch's ProcessGroup routes to for CPU and CUDA tensors; with
+// torch 1.13 (Debian's python3-torch) it is the c10d::ProcessGroup itself.
 //
-// Asynchronous like ProcessGroupMPI and ProcessGroupNCCL: every collective returns at once with a Work whose
-// Future completes when the data is in place, and runs on the group's own worker thread, in call order, as
-// one blocking libddl call. So DDP's gradient buckets travel while backward computes the next ones, and every
-// rank issues the same calls in the same order, which libddl checks (a mismatch is an error, not a hang).
-// TORCH_DDL_BLOCKING=1 runs each collective on the calling thread instead (for comparison and debugging).
-// libddl's waits run in ddlWaitShare mode (poll briefly, then sleep) so that they leave the cores to the
-// training step's threads; DDL_WAIT=spin (or auto) overrides.
+// CPU tensors (and CUDA tensors where the stream-ordered path does not apply): asynchronous like
+// ProcessGroupGloo. Every collective returns at once with a Work whose Future completes when the data is in
+// place, and runs on the group's own worker thread, in call order, as one blocking libddl call. So DDP's
+// gradient buckets travel while backward computes the next ones, and every rank issues the same calls in the
+// same order, which libddl checks (a mismatch is an error, not a hang). TORCH_DDL_BLOCKING=1 runs each
+// collective on the calling thread instead (for comparison and debugging). libddl's waits run in ddlWaitShare
+// mode (poll briefly, then sleep) so that they leave the cores to the training step's threads; DDL_WAIT=spin
+// (or auto) overrides.
+//
+// CUDA tensors, stream-ordered (torch >= 2.0 and a libddl built with CUDA; all of a call's tensors on one
+// GPU), as ProcessGroupNCCL: the group's own CUDA stream (one from torch's pool) waits for the caller's
+// current stream through an event, libddl's *OnStream call is enqueued on it, and the call returns; the host
+// never waits for the GPU. Work.wait() and synchronize() make the caller's current stream wait for the
+// group's; the Future is CUDA-aware (then() callbacks run on streams that wait for it). The tensors are kept
+// by the Work and recorded on the group's stream in torch's caching allocator, so freeing them early is safe.
+// The enqueue runs on the calling thread when nothing is queued ahead of it, else on the worker in call order
+// (wait() then first waits on the host for that enqueue). all_to_all, gather, scatter and send/recv of CUDA
+// tensors go through host memory on the worker. TORCH_DDL_BLOCKING=1 makes the caller wait for the result.
+// A failure found on the GPU later (a dead peer, a timeout) breaks the communicator: the next call, and
+// wait(), raise it. A collective can be captured in a CUDA graph once the group has run one before the
+// capture (libddl maps its peers at the first call); the capture must also take in the Work's wait().
 //
 // Rendezvous: the communicator meets through the store torch built for the group (ddlCommInitRankWithStore),
 // so no port is chosen; every group, new_group's included, is a libddl communicator of its own.
@@ -14,23 +30,41 @@
 // Tensors: one tensor per list (one device per process, as NCCL). Reductions map torch's dtypes onto libddl's
 // (bool: SUM is MAX and PRODUCT is MIN, as NCCL does; complex: SUM and AVG on the real view); collectives that
 // only move data move bytes, so they take every dtype. Non-contiguous tensors go through a contiguous copy.
-// CUDA tensors: all_reduce hands the device pointers to libddl's device path (libddl built with CUDA); the
-// other collectives stage through host memory on the worker, after waiting for the producing stream.
 //
 // Errors: a failed libddl call (dead peer, timeout, mismatch, abort) fails the Work with libddl's message,
 // which names the peer rank and host; wait() raises it as a RuntimeError in Python. Every libddl wait is
 // bounded by the group's timeout, so nothing hangs. The communicator is unusable after the first error.
 //
 // Threads: the public methods are called by torch from any thread; entries run on worker_ in order, and the
-// Futures' callbacks (DDP's, comm hooks, then()) run there too, as with ProcessGroupGloo: a callback must not
-// wait for another collective of the same group. Point-to-point (send/recv, tag 0 only: ddl matches them in
-// call order per pair) bypasses the queue: libddl takes them from any thread and moves them on by itself.
+// Futures' callbacks (DDP's, comm hooks, then()) of CPU collectives run there too, as with ProcessGroupGloo:
+// a callback must not wait for another collective of the same group. Point-to-point (send/recv, tag 0 only:
+// ddl matches them in call order per pair) bypasses the queue: libddl takes them from any thread and moves
+// them on by itself.
 #pragma once
 
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#define TORCH_DDL_BACKEND 1
+#else
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#define TORCH_DDL_BACKEND 0
+#endif
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+// CUDA tensors stream-ordered: torch's generic stream API (c10::Stream::native_handle, torch >= 2.0) and a
+// libddl that takes CUDA streams.
+#if TORCH_DDL_BACKEND && defined(DDL_LIBDDL_CUDA)
+#define TORCH_DDL_STREAM_ORDERED 1
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <optional>
+#else
+#define TORCH_DDL_STREAM_ORDERED 0
+#endif
+
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -46,7 +80,22 @@
 
 namespace torch_ddl {
 
-// The Work of one collective: completed by the worker; its Future holds the output tensors.
+#if TORCH_DDL_BACKEND
+using GroupBase = c10d::Backend;
+#else
+using GroupBase = c10d::ProcessGroup;
+#endif
+
+// The communicator as the Works see it: a Work may outlive its group, so it asks for the communicator's
+// async error through this, which the group empties (under mu) before destroying the communicator.
+struct CommRef {
+  std::mutex mu;
+  ddlComm_t comm = nullptr;
+  // Any thread: libddl's message when the communicator is broken (a dead peer, a timeout, an abort), else "".
+  std::string asyncError();
+};
+
+// The Work of one collective on the worker: completed by it; its Future holds the output tensors.
 class CollectiveWork : public c10d::Work {
  public:
   CollectiveWork(int rank, c10d::OpType type, const char* profiling_title, std::vector<at::Tensor> outputs,
@@ -60,6 +109,45 @@ class CollectiveWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
+
+#if TORCH_DDL_STREAM_ORDERED
+// The Work of a stream-ordered collective: enqueued on the group's stream (launched), done once that stream
+// passes its event. See the header comment.
+class StreamWork : public c10d::Work {
+ public:
+  StreamWork(int rank, c10d::OpType type, const char* profiling_title, std::vector<at::Tensor> outputs,
+             std::vector<at::Tensor> inputs, c10::Device device, std::shared_ptr<CommRef> comm, bool blocking);
+  // On the thread that enqueued it, the group's stream current: records the done event, completes the Future.
+  void launched(const c10::Stream& stream);
+  // The enqueue failed: the Work fails with error.
+  void failed(std::exception_ptr error);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  // The caller's current stream waits for the collective (the host does not, unless TORCH_DDL_BLOCKING=1).
+  void synchronize() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  // Waits on the host until launched or failed (at once when run on the caller's thread); rethrows a failure.
+  void awaitLaunch(std::chrono::milliseconds timeout) const;
+
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> inputs_;  // kept until the Work goes (the GPU may still read them)
+  c10::Device device_;
+  std::shared_ptr<CommRef> comm_;
+  bool blocking_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool settled_ = false;  // launched or failed
+  std::exception_ptr error_;
+  std::optional<c10::Event> done_;
+};
+#endif
 
 // One pending send or receive, shared by its Work and the process group (which waits for what is still
 // pending when it goes, so that no buffer is freed under libddl).
@@ -88,7 +176,16 @@ class P2PWork : public c10d::Work {
   std::shared_ptr<P2PState> state_;
 };
 
-class ProcessGroupDDL : public c10d::ProcessGroup {
+// One collective as the group runs it: on the worker through host memory (host), or, where every tensor is
+// on one CUDA device and libddl takes streams, enqueued on the group's stream (stream, the stream current).
+struct Call {
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> outputs;
+  std::function<void()> host;
+  std::function<void(ddlStream_t)> stream;  // empty: host only
+};
+
+class ProcessGroupDDL : public GroupBase {
  public:
   ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                   std::chrono::milliseconds timeout);
@@ -130,40 +227,71 @@ class ProcessGroupDDL : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+#if TORCH_DDL_BACKEND
+  // torch 2.x: the coalesced forms (FSDP, _coalescing_manager) as one Work each; shutdown and abort.
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  void shutdown() override { close(); }
+  void abort() override;
+#endif
 
   // The topology libddl uses for this group ("4", "2x2"), for users and tests.
   std::string topology() const;
   bool blocking() const { return blocking_; }
+  // True where CUDA tensors take the stream-ordered path (torch >= 2.0, libddl built with CUDA).
+  static bool streamOrdered() { return TORCH_DDL_STREAM_ORDERED != 0; }
 
  private:
   struct Entry {
-    c10::intrusive_ptr<CollectiveWork> work;
-    std::function<void()> run;  // throws on failure
+    std::function<void()> run;                         // throws on failure
+    std::function<void(std::exception_ptr)> finish;    // after run, with its failure or null
   };
-  // Queues run (or runs it now in blocking mode) and returns its Work, whose Future completes with outputs.
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title, std::vector<at::Tensor> inputs,
-                                         std::vector<at::Tensor> outputs, std::function<void()> run);
+  // Runs call as one Work: stream-ordered where call.stream is set and its tensors allow, else on the worker.
+  c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title, Call call);
+  c10::intrusive_ptr<c10d::Work> submitHost(c10d::OpType type, const char* title, Call call);
+  // Queues entry (or runs it now: blocking mode, or here_ok with nothing queued or running).
+  void enqueue(Entry entry, bool here_ok);
   void workerLoop();
-  void execute(Entry& entry);
+  static void execute(Entry& entry);
+  // Stops the worker and destroys the communicator (meets the peers); idempotent.
+  void close();
   // Throws a std::runtime_error with libddl's message when r is not ddlSuccess.
   void check(ddlResult_t r, const char* what) const;
   c10::intrusive_ptr<c10d::Work> p2p(std::vector<at::Tensor>& tensors, int peer, bool is_recv);
   void reapP2P(bool wait_all);
+  // The calls behind the public collectives, so that the coalesced forms can run several as one Work.
+  Call allgatherIntoTensor(const at::Tensor& output, const at::Tensor& input, const char* what);
+  Call reduceScatterTensor(const at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,
+                           const char* what);
+  static Call combine(std::vector<Call> calls);
+#if TORCH_DDL_STREAM_ORDERED
+  c10::intrusive_ptr<c10d::Work> submitStream(c10d::OpType type, const char* title, Call call, c10::Device device);
+  c10::Stream streamFor(c10::Device device);
+  std::mutex stream_mu_;
+  std::optional<c10::Stream> stream_;  // the group's stream (one device per process)
+#endif
 
   ddlComm_t comm_ = nullptr;
+  std::shared_ptr<CommRef> comm_ref_ = std::make_shared<CommRef>();
   bool blocking_ = false;
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Entry> queue_;
+  bool busy_ = false;  // the worker runs an entry
   bool stop_ = false;
+  std::atomic<bool> closed_{false};
   std::thread worker_;
 
   std::mutex p2p_mu_;
   std::list<std::shared_ptr<P2PState>> p2p_pending_;
 };
-
-c10::intrusive_ptr<c10d::ProcessGroup> createProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                             int size, std::chrono::milliseconds timeout);
 
 }  // namespace torch_ddl

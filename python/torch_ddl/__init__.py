@@ -3,11 +3,16 @@
     import torch_ddl                       # registers the backend
     torch.distributed.init_process_group("ddl")   # env://, tcp://, file:// or store=..., as with gloo
 
-Every collective runs asynchronously on the group's own thread, in call order, so DistributedDataParallel
-overlaps gradient communication with the backward pass. Errors (a dead peer, a timeout, ranks calling
-different collectives) raise RuntimeError naming the peer rank and host, within the group's timeout.
-TORCH_DDL_BLOCKING=1 runs each collective on the calling thread instead.
+Works with torch 1.13 (a ProcessGroup) and torch 2.x (a Backend for CPU and CUDA tensors). Collectives on CPU
+tensors run asynchronously on the group's own thread, in call order, so DistributedDataParallel overlaps
+gradient communication with the backward pass. Collectives on CUDA tensors (torch 2.x) are stream-ordered, as
+NCCL's: enqueued on a CUDA stream of the group's, they return at once, and Work.wait() makes the current stream
+wait without blocking the host. Errors (a dead peer, a timeout, ranks calling different collectives) raise
+RuntimeError naming the peer rank and host, within the group's timeout. TORCH_DDL_BLOCKING=1 runs each
+collective on the calling thread and waits for its result instead.
 """
+
+import inspect
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 import torch.distributed as dist
@@ -24,5 +29,14 @@ def _create_process_group(store, rank, world_size, timeout):
     return ProcessGroupDDL(store, rank, world_size, timeout)
 
 
-if BACKEND.upper() not in dist.Backend._plugins:
-    dist.Backend.register_backend(BACKEND, _create_process_group)
+def _register():
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+        # torch >= 2.0: one backend object serves the group's CPU and CUDA tensors.
+        dist.Backend.register_backend(BACKEND, _create_process_group, devices=["cpu", "cuda"])
+    else:  # torch 1.13
+        dist.Backend.register_backend(BACKEND, _create_process_group)
+
+
+_register()
