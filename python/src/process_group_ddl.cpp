@@ -577,19 +577,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submitStream(c10d::OpType type, 
   const c10::Stream own = streamFor(device);
   const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
   // The group's stream starts where the caller's current stream is now.
+  const c10::Stream caller = impl->getStream(device);
   auto ready = std::make_shared<c10::Event>(device.type());
-  ready->record(impl->getStream(device));
+  ready->record(caller);
   auto work = c10::make_intrusive<StreamWork>(rank_, type, title, call.outputs, call.inputs, device, comm_ref_,
                                               blocking_);
   std::vector<at::Tensor> tensors = call.inputs;
   tensors.insert(tensors.end(), call.outputs.begin(), call.outputs.end());
   Entry entry;
-  entry.run = [this, own, ready, tensors, body = std::move(call.stream), work] {
+  entry.run = [this, own, caller, ready, tensors, body = std::move(call.stream), work] {
     // An earlier failure on the GPU breaks the communicator: say so here, naming the peer.
     if (std::string broken = comm_ref_->asyncError(); !broken.empty()) throw std::runtime_error("ddl: " + broken);
     c10::StreamGuard on_own(own);  // the copies the body makes run on the group's stream too
     ready->block(own);
-    body(own.native_handle());
+    try {
+      body(own.native_handle());
+    } catch (...) {
+      // The caller's stream joins the group's again, so that a CUDA graph capture it was in can still end.
+      c10::Event joined(own.device_type());
+      joined.record(own);
+      joined.block(caller);
+      throw;
+    }
     // The caching allocator must not hand the tensors' memory to others before the group's stream is done.
     const auto* impl = c10::impl::getDeviceGuardImpl(own.device_type());
     for (const auto& t : tensors) {

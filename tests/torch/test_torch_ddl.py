@@ -111,12 +111,30 @@ class Failures(Case):
 
 
 class Cuda(Case):
-    def test_cuda_tensors(self):
-        results = harness.run_ranks(2, "cuda", timeout=120)
+    """CUDA tensors (torch 2.x: stream-ordered); skipped where torch sees no GPU."""
+
+    def run_cuda(self, n, scenario, *args):
+        results = harness.run_ranks(n, scenario, *args, timeout=300)
         if all(r.code == 77 for r in results):
             self.skipTest(results[0].output.strip().splitlines()[-1])
-        for r in results:
+        return results
+
+    def test_cuda_tensors_2_ranks(self):
+        for r in self.run_cuda(2, "cuda"):
+            self.assertEqual(r.code, 0, r)
+            self.assertIn("OK cuda", r.output)
+
+    def test_cuda_tensors_3_ranks(self):
+        for r in self.run_cuda(3, "cuda"):
+            self.assertEqual(r.code, 0, r)
+            self.assertIn("OK cuda", r.output)
+
+    def test_killed_rank_makes_the_others_raise(self):
+        results = self.run_cuda(3, "kill", "cuda")
+        self.assertEqual(results[2].code, -9, harness.describe(results))
+        for r in results[:2]:
             self.assertEqual(r.code, 0, harness.describe(results))
+            self.assertIn("OK kill", r.output, harness.describe(results))
 
 
 if __name__ == "__main__":
