@@ -1,0 +1,64 @@
+"""Builds torch_ddl (the torch.distributed backend "ddl") for the torch of the running interpreter.
+
+    pip install --no-build-isolation ./python          # from a ddl checkout, in the venv or conda env of torch
+
+libddl comes from pkg-config (`ddl.pc`: the libddl package installs it in /usr/lib/pkgconfig, a
+`cmake --install` in <prefix>/lib/pkgconfig, a build tree in build/pkgconfig; PKG_CONFIG_PATH points at the
+latter two), or from DDL_PREFIX (<prefix>/include/ddl/ddl.h and <prefix>/lib/libddl.so). The extension
+records libddl's directory as its run path, so no LD_LIBRARY_PATH is needed. Where libddl was built with CUDA
+(`pkg-config --variable=cuda ddl` is yes), collectives on CUDA tensors are stream-ordered (torch >= 2.0).
+The CMake build (python/CMakeLists.txt) compiles the same sources for the torches it finds.
+"""
+
+import os
+import shlex
+import subprocess
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+
+
+
+def pkg_config(*args):
+    return subprocess.run(["pkg-config", *args, "ddl"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def libddl():
+    """(include dirs, library dirs, libraries, takes CUDA) of the libddl to build against."""
+    prefix = os.environ.get("DDL_PREFIX")
+    if prefix:
+        cuda = os.environ.get("DDL_LIBDDL_CUDA", "no") == "yes"
+        return [os.path.join(prefix, "include")], [os.path.join(prefix, "lib")], ["ddl"], cuda
+    try:
+        cflags, libs = shlex.split(pkg_config("--cflags")), shlex.split(pkg_config("--libs"))
+        cuda = pkg_config("--variable=cuda") == "yes"
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit("torch_ddl: libddl not found: pkg-config ddl failed (%s). Install the libddl package, or "
+                         "set PKG_CONFIG_PATH to <prefix>/lib/pkgconfig of a `cmake --install` (or a build tree's "
+                         "build/pkgconfig), or DDL_PREFIX to its prefix." % e)
+    includes = [f[2:] for f in cflags if f.startswith("-I")]
+    libdirs = [f[2:] for f in libs if f.startswith("-L")]
+    names = [f[2:] for f in libs if f.startswith("-l")]
+    return includes, libdirs, names, cuda
+
+
+includes, libdirs, libraries, cuda = libddl()
+setup(
+    name="torch-ddl",
+    packages=["torch_ddl"],
+    package_dir={"torch_ddl": "torch_ddl"},
+    ext_modules=[
+        CppExtension(
+            "torch_ddl._C",
+            ["src/process_group_ddl.cpp", "src/module.cpp"],
+            include_dirs=["src"] + includes,
+            library_dirs=libdirs,
+            libraries=libraries,
+            runtime_library_dirs=libdirs,
+            define_macros=[("DDL_LIBDDL_CUDA", None)] if cuda else [],
+            extra_compile_args=["-std=c++17", "-Wno-unused-parameter"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# torch_ddl installed the way torch users install extensions (ctest label deploy): libddl installed as its
+# package would (`cmake --install BUILD --component libddl --prefix TMP`), then `pip install --no-build-isolation`
+# of a copy of python/ with PKG_CONFIG_PATH=TMP/lib/pkgconfig, into a folder of its own, by the interpreter of a
+# torch (the torch 2.x venv). Checks that the extension loads TMP's libddl.so.0 with no LD_LIBRARY_PATH, and that
+# 2 ranks importing it from there pass tests/torch's collectives scenario.
+#
+# Usage: pip_test.sh SOURCE_DIR BUILD_DIR PYTHON   (BUILD_DIR built: libddl)
+# Exit status: 0 passed, 1 failed, 77 skipped (PYTHON has no torch or pip; the reason is printed).
+set -euo pipefail
+
+SRC=$(cd "${1:?usage: pip_test.sh SOURCE_DIR BUILD_DIR PYTHON}" && pwd)
+BUILD=$(cd "${2:?no BUILD_DIR}" && pwd)
+PY=${3:?no PYTHON}
+CMAKE=${CMAKE:-cmake}
+
+log() { printf '[pip %s] %s\n' "$(date +%T)" "$*"; }
+skip() { log "skipped: $*"; exit 77; }
+fail() { log "FAIL: $*" >&2; exit 1; }
+
+[[ -x $PY ]] || skip "$PY does not exist (scripts/bootstrap makes the torch 2.x venv)"
+"$PY" -c "import torch, pip, wheel" 2>/dev/null || skip "$PY lacks torch, pip or wheel"
+command -v pkg-config >/dev/null || skip "pkg-config is absent"
+
+tmp=$(mktemp -d /tmp/ddl-pip-test.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+unset PKG_CONFIG_PATH LD_LIBRARY_PATH PYTHONPATH
+
+log "installing libddl into $tmp/prefix"
+"$CMAKE" --install "$BUILD" --component libddl --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 ||
+  { cat "$tmp/install.log"; fail "cmake --install of libddl failed"; }
+cp -r "$SRC/python" "$tmp/src"  # pip builds in the tree it is given: a copy keeps the checkout clean
+rm -rf "$tmp/src/build" "$tmp/src"/*.egg-info
+
+log "pip install --no-build-isolation (torch $("$PY" -c 'import torch; print(torch.__version__)'))"
+PKG_CONFIG_PATH=$tmp/prefix/lib/pkgconfig timeout 600 "$PY" -m pip install --quiet --disable-pip-version-check \
+  --no-build-isolation --no-deps --no-index --target "$tmp/site" "$tmp/src" >"$tmp/pip.log" 2>&1 ||
+  { cat "$tmp/pip.log"; fail "pip install failed"; }
+
+ext=$(compgen -G "$tmp/site/torch_ddl/_C*.so") || fail "no extension in $tmp/site/torch_ddl"
+ldd "$ext" | grep -q "libddl.so.0 => $tmp/prefix/lib/libddl.so.0 " ||
+  fail "$ext does not load $tmp/prefix/lib/libddl.so.0: $(ldd "$ext" | grep libddl || echo 'no libddl at all')"
+
+log "2 ranks of the collectives scenario importing the installed torch_ddl"
+PYTHONPATH=$tmp/site DDL_TEST_PYTHON=$PY timeout 300 "$PY" "$SRC/tests/torch/harness.py" 2 collectives \
+  >"$tmp/run.log" 2>&1 || { cat "$tmp/run.log"; fail "the collectives scenario failed"; }
+[[ $(grep -c '^OK collectives' "$tmp/run.log") == 2 ]] || { cat "$tmp/run.log"; fail "not every rank said OK"; }
+log "passed"
