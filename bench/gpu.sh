@@ -3,17 +3,19 @@
 # "GPU"): the CUDA tests, ddl-cuda-bench, and ddl-bench at 2, 4 and 8 ranks (ranks share the GPUs, device =
 # local rank mod GPUs), each rank pinned to a core of its own: host buffers, then device buffers stream-ordered
 # (64 KiB to --max; and 8 B to 1 MiB for the small-message latency), CUDA-graph replay and the host-blocking
-# call, each without and with the MPS daemon (--mps). Writes the outputs and JSON under --out, a summary of the
+# call, each without and with the MPS daemon (--mps). With --torch DIR (the folder holding a torch_ddl built for
+# python3's torch 2.x, e.g. build/python-torch2): tests/torch's CUDA tests and bench/torch_ddp.py's DDP on CUDA
+# tensors at 2 ranks, also without and with MPS. Writes the outputs and JSON under --out, a summary of the
 # figures in summary.txt, and prints where.
 #
 # Usage: bench/gpu.sh [--out DIR] [--bin DIR] [--build DIR] [--ranks "2 4 8"] [--max SIZE] [--iters N]
-#                     [--mps "off on"]
+#                     [--mps "off on"] [--torch DIR]
 # Exit status: 0 done, 1 a step failed (the others still ran), 2 bad usage, 77 no GPU here (nothing to measure).
 set -uo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$script_dir/.." && pwd)
-OUT=gpu-results BIN=$repo/build/bin BUILD="" RANKS="2 4 8" MAX=256M ITERS=20 MPS="off on"
+OUT=gpu-results BIN=$repo/build/bin BUILD="" RANKS="2 4 8" MAX=256M ITERS=20 MPS="off on" TORCH=""
 while (($#)); do
   case $1 in
     --out) OUT=${2:?--out needs a directory}; shift 2 ;;
@@ -23,7 +25,8 @@ while (($#)); do
     --ranks) RANKS=${2:?--ranks needs a list}; shift 2 ;;
     --max) MAX=${2:?--max needs a size}; shift 2 ;;
     --iters) ITERS=${2:?--iters needs a count}; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --torch) TORCH=$(cd "${2:?--torch needs the folder holding torch_ddl}" && pwd) || exit 2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -uo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu.sh: unknown argument '$1' (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -77,6 +80,18 @@ for m in $MPS; do
   done
 done
 mps off
+if [[ -n $TORCH ]]; then
+  py=$(command -v python3)
+  for m in $MPS; do
+    if ! mps "$m"; then continue; fi
+    step "torch-cuda-tests-mps$m" env -C "$repo/tests/torch" PYTHONPATH="$TORCH" DDL_TEST_PYTHON="$py" \
+      "$py" -m unittest -v test_torch_ddl.Cuda
+    step "torch-ddp-cuda-mps$m" env DDL_BUILD_DIR="$BUILD" DDL_TORCH_PYTHONPATH="$TORCH" "$py" \
+      "$repo/bench/torch_ddp.py" ddp --device cuda --ranks 2 --model mlp,cnn --reps 2 --python "$py" \
+      --json "$OUT/torch-ddp-cuda-mps$m.json"
+  done
+  mps off
+fi
 # One line per run: the 64 KiB time and the best bus bandwidth at 64 MiB and above (out of place).
 for f in "$OUT"/ddl-bench-*.txt; do
   awk -v run="$(basename "$f" .txt)" '

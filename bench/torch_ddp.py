@@ -2,6 +2,7 @@
 """DDP training and torch.distributed.all_reduce over ddl and gloo, on this machine.
 
     bench/torch_ddp.py ddp [--ranks 1,2,3,4] [--model cnn,mlp] [--reps 3] [--json FILE]
+    bench/torch_ddp.py ddp --device cuda [--ranks 2,4]     # GPUs: torch 2.x (.venv/torch2), CUDA tensors
     bench/torch_ddp.py allreduce [--ranks 2,4] [--min 4K] [--max 64M] [--reps 3] [--json FILE]
 
 ddp: examples/fashion_mnist/train.py's models (and a communication-bound one, embed), DistributedDataParallel,
@@ -10,7 +11,10 @@ step time (median over the repetitions of each run's per-step median, averaged o
 the job, and the time a step is exposed on communication: step time minus the same step under DDP's
 no_sync() (which skips the gradient all_reduce), the two measured in alternating blocks within each run. Backend "ddl-blocking" is ddl with TORCH_DDL_BLOCKING=1: each collective runs
 on the calling thread, so DDP cannot overlap it with the backward pass; its exposed time against ddl's shows
-the overlap.
+the overlap. --device cuda runs the same on CUDA tensors (one GPU per rank where there are enough, ranks
+sharing GPUs otherwise; start the MPS daemon for figures when they share one) with the torch 2.x of --python
+(default .venv/torch2/bin/python): ddl stream-ordered, ddl-blocking waiting on the host for every collective,
+gloo through host memory; each timed step ends with torch.cuda.synchronize(), so it includes its GPU work.
 
 allreduce: torch.distributed.all_reduce (float32 sum, in place) through ddl and through gloo, sizes 4 KiB to
 64 MiB, busbw = bytes/time * 2(n-1)/n as nccl-tests defines it; next to it raw ddl-bench (its in-place
@@ -36,7 +40,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("DDL_BUILD_DIR", os.path.join(ROOT, "build"))
 DDLRUN = os.path.join(BUILD, "bin", "ddlrun")
 DDL_BENCH = os.path.join(BUILD, "bin", "ddl-bench")
-PYTHON = "/usr/bin/python3"
+PYTHON = "/usr/bin/python3"  # Debian's torch 1.13 (build/python)
+VENV_PYTHON = os.path.join(ROOT, ".venv", "torch2", "bin", "python")  # scripts/bootstrap's torch 2.x
+
+
+def torch_build_dir(python):
+    """Where the build put the torch_ddl for python's torch (python/CMakeLists.txt: build/python for Debian's
+    torch 1.13, build/python-torch2 for a torch 2.x); DDL_TORCH_PYTHONPATH says it instead."""
+    if os.environ.get("DDL_TORCH_PYTHONPATH"):
+        return os.environ["DDL_TORCH_PYTHONPATH"]
+    r = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True)
+    if r.returncode != 0:
+        sys.exit("%s cannot import torch" % python)
+    return os.path.join(BUILD, "python" if r.stdout.startswith("1.") else "python-torch2")
 
 
 # ---- the rank side ----
@@ -49,6 +66,12 @@ def worker(args):
     if backend.startswith("ddl"):
         import torch_ddl  # noqa: F401
     torch.set_num_threads(1)
+    cuda = args.device == "cuda"
+    device = torch.device("cpu")
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     dist.init_process_group("ddl" if backend.startswith("ddl") else backend, timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
@@ -67,7 +90,8 @@ def worker(args):
             model = train.make_model(args.model)
             x = torch.randn(args.batch, 1, 28, 28, generator=gen)
         y = torch.randint(0, 10, (args.batch,), generator=gen)
-        ddp = DDP(model)
+        model, x, y = model.to(device), x.to(device), y.to(device)
+        ddp = DDP(model, device_ids=[device] if cuda else None)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
 
         def step(sync):
@@ -81,6 +105,8 @@ def worker(args):
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
             opt.step()
+            if cuda:
+                torch.cuda.synchronize()  # the step's time includes its GPU work
 
         # Blocks of --block steps, synchronised and not in turn, each step timed on its own: both modes see
         # the same machine, and the medians shrug off the odd slow step. A barrier before each block lines
@@ -97,9 +123,9 @@ def worker(args):
                 step(mode == "sync")
                 times[mode].append(time.perf_counter() - t0)
         med = torch.tensor([statistics.median(times["sync"]), statistics.median(times["nosync"])],
-                           dtype=torch.float64)
+                           dtype=torch.float64, device=device)
         dist.all_reduce(med)  # the mean over the ranks (sum, then /world)
-        out["sync"], out["nosync"] = (med / world).tolist()
+        out["sync"], out["nosync"] = (med / world).cpu().tolist()
         out["params"] = sum(p.numel() for p in model.parameters())
     else:
         for size in args.sizes:
@@ -159,14 +185,14 @@ def launch_hosts(hosts, env, worker_cmd, timeout):
     return code, out
 
 
-def launch(n, backend, what, extra, timeout=900, hosts=None):
+def launch(n, backend, what, extra, timeout=900, hosts=None, python=PYTHON):
     fd, path = tempfile.mkstemp(prefix="torch-bench-", suffix=".json")
     os.close(fd)
-    env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=torch_build_dir(python), OMP_NUM_THREADS="1")
     env.pop("TORCH_DDL_BLOCKING", None)
     if backend == "ddl-blocking":
         env["TORCH_DDL_BLOCKING"] = "1"
-    worker_cmd = [PYTHON, os.path.abspath(__file__), "--worker", what, "--backend", backend, "--out", path] + extra
+    worker_cmd = [python, os.path.abspath(__file__), "--worker", what, "--backend", backend, "--out", path] + extra
     if hosts:
         code, output = launch_hosts(hosts, env, worker_cmd, timeout)
     else:
@@ -207,12 +233,14 @@ def run_ddp(args):
     for i, (m, n, b) in enumerate(runs, 1):
         print("[%d/%d] %s %d ranks %s" % (i, len(runs), m, n, b), file=sys.stderr, flush=True)
         extra = ["--model", m, "--batch", str(args.batch), "--steps", str(args.steps), "--block", str(args.block),
-                 "--warmup", str(args.warmup)]
-        raw.setdefault((m, n, b), []).append(launch(n, b, "ddp", extra, hosts=hosts))
+                 "--warmup", str(args.warmup), "--device", args.device]
+        raw.setdefault((m, n, b), []).append(launch(n, b, "ddp", extra, hosts=hosts, python=args.python))
     where = ("one rank per host, %d hosts (network namespaces), links: %s" % (len(hosts), args.link) if hosts
              else "ranks on this machine, shared memory")
-    result = {"what": "ddp", "where": where, "batch_per_rank": args.batch, "steps": args.steps,
-              "warmup": args.warmup, "reps": args.reps, "cases": []}
+    if args.device == "cuda":
+        where += ", CUDA tensors"
+    result = {"what": "ddp", "where": where, "device": args.device, "batch_per_rank": args.batch,
+              "steps": args.steps, "warmup": args.warmup, "reps": args.reps, "cases": []}
     for m in models:
         print("\n## %s, %s: DDP step over %s, batch %d per rank, median of %d runs of %d steps (ms; samples/s of "
               "the job)" % (m, where, ", ".join(backends), args.batch, args.reps, args.steps))
@@ -298,6 +326,9 @@ def main():
                    help="cnn, mlp: examples/fashion_mnist/train.py's; embed: a 6.4 M-parameter EmbeddingBag text "
                         "classifier (communication-bound)")
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="ddp: where the model and data live")
+    p.add_argument("--python", default="", help="the ranks' interpreter (default: Debian's python3; with "
+                                                "--device cuda, .venv/torch2/bin/python)")
     p.add_argument("--steps", type=int, default=24, help="timed steps per mode")
     p.add_argument("--block", type=int, default=4, help="steps per block; sync and no_sync blocks alternate")
     p.add_argument("--warmup", type=int, default=3)
@@ -328,7 +359,14 @@ def main():
         return print_allreduce(saved)
     if args.ranks is None:
         args.ranks = "1,2,3,4" if args.what == "ddp" else "2,4"
-    for f in (DDLRUN, DDL_BENCH, os.path.join(BUILD, "python", "torch_ddl", "__init__.py")):
+    if not args.python:
+        args.python = VENV_PYTHON if args.device == "cuda" else PYTHON
+    if args.device == "cuda":
+        r = subprocess.run([args.python, "-c", "import torch; print(torch.cuda.device_count())"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        if r.returncode != 0 or int(r.stdout.strip() or 0) == 0:
+            sys.exit("--device cuda: the torch of %s sees no CUDA GPU" % args.python)
+    for f in (DDLRUN, DDL_BENCH, args.python, os.path.join(torch_build_dir(args.python), "torch_ddl", "__init__.py")):
         if not os.path.exists(f):
             sys.exit("%s is missing: build first (./scripts/build)" % f)
     t0 = time.time()

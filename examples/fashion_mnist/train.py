@@ -9,12 +9,18 @@ ddl appears below but `import torch_ddl`.
         /usr/bin/python3 examples/fashion_mnist/train.py --checkpoint-dir /shared/fmnist
     ddlrun -np 4 -- /usr/bin/python3 examples/fashion_mnist/train.py --epochs 2
     /usr/bin/python3 examples/fashion_mnist/train.py --backend gloo        # one process, no launcher
+    ddlrun -np 2 -- .venv/torch2/bin/python examples/fashion_mnist/train.py --device cuda   # torch 2.x, GPUs
 
 Every rank trains on its own shard of each epoch's shuffled training set; DDP averages the gradients. After
 each epoch rank 0 prints the mean training loss, the test accuracy (the test set split over the ranks and
 summed) and the samples per second of the whole job, and writes a checkpoint (model, optimizer, epoch)
 atomically. Started again with the same --checkpoint-dir (as `ddlctl submit --max-restarts` does after a
 failure), it resumes after the last finished epoch instead of starting over.
+
+--device cuda trains on GPUs (torch 2.x with CUDA): rank LOCAL_RANK takes GPU LOCAL_RANK modulo the GPUs it
+sees, so one GPU per rank where there are enough (ddl-agent's CUDA_VISIBLE_DEVICES shows each rank its own) and
+ranks sharing GPUs otherwise. The data sit on the GPU, and nothing in a step waits for the GPU on the host:
+DDP's gradient all-reduces are enqueued on a CUDA stream of ddl's and overlap the backward pass.
 
 Data: Debian's dataset-fashion-mnist package (/usr/share/datasets/fashion-mnist), IDX files read with numpy.
 """
@@ -45,6 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--model", default="cnn", choices=["cnn", "mlp"],
                    help="cnn: two conv layers and two dense ones (0.42 M parameters); mlp: three wide dense "
                         "layers (4.3 M parameters, little compute per parameter: communication-bound)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: one GPU per rank where there are enough, ranks sharing GPUs otherwise")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
@@ -167,7 +175,7 @@ def shard(n, epoch, rank, world, batch):
 def evaluate(model, images, labels, rank, world):
     model.eval()
     lo, hi = rank * len(images) // world, (rank + 1) * len(images) // world
-    correct = torch.zeros(2, dtype=torch.int64)
+    correct = torch.zeros(2, dtype=torch.int64, device=images.device)
     with torch.no_grad():
         for s in range(lo, hi, 1000):
             e = min(s + 1000, hi)
@@ -179,27 +187,42 @@ def evaluate(model, images, labels, rank, world):
     return correct[0].item() / max(1, correct[1].item())
 
 
+def pick_device(name):
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: this torch %s sees no CUDA GPU (torch.cuda.is_available() is False)" %
+                         torch.__version__)
+    local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+    device = torch.device("cuda", local % torch.cuda.device_count())
+    torch.cuda.set_device(device)  # before the process group: its CUDA stream lives on this GPU
+    return device
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
     rank, world = init_distributed(args.backend, args.timeout)
     log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
 
-    train_x, train_y = load_split(args.data, "train", args.train_samples)
-    test_x, test_y = load_split(args.data, "t10k", args.test_samples)
-    model = make_model(args.model)
+    train_x, train_y = (t.to(device) for t in load_split(args.data, "train", args.train_samples))
+    test_x, test_y = (t.to(device) for t in load_split(args.data, "t10k", args.test_samples))
+    model = make_model(args.model).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     start_epoch, history = load_checkpoint(args.checkpoint_dir, model, optimizer)
-    ddp = DDP(model)  # broadcasts rank 0's weights: every rank starts alike, resumed or not
+    # Broadcasts rank 0's weights: every rank starts alike, resumed or not.
+    ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None)
     if start_epoch:
         log("resuming from the checkpoint of epoch %d in %s" % (start_epoch, args.checkpoint_dir))
-    log("training %s on %d images (%d per step) with backend %s on %d rank%s" %
-        (args.model, len(train_x), args.batch_size * world, args.backend, world, "" if world == 1 else "s"))
+    log("training %s on %d images (%d per step) with backend %s on %d rank%s (%s)" %
+        (args.model, len(train_x), args.batch_size * world, args.backend, world, "" if world == 1 else "s",
+         args.device))
 
     attempt = int(os.environ.get("DDL_JOB_ATTEMPT", "1"))
     for epoch in range(start_epoch + 1, args.epochs + 1):
-        idx = shard(len(train_x), epoch, rank, world, args.batch_size)
-        loss_sum = torch.zeros(2, dtype=torch.float64)
+        idx = shard(len(train_x), epoch, rank, world, args.batch_size).to(device)
+        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # summed where the loss is: no host wait
         t0 = time.monotonic()
         for s in range(0, len(idx), args.batch_size):
             b = idx[s:s + args.batch_size]
@@ -207,9 +230,12 @@ def main(argv=None):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            loss_sum += torch.tensor([loss.item(), 1.0], dtype=torch.float64)
-        seconds = time.monotonic() - t0
+            loss_sum[0] += loss.detach()
+            loss_sum[1] += 1
         dist.all_reduce(loss_sum)
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # the epoch's time includes its GPU work
+        seconds = time.monotonic() - t0
         accuracy = evaluate(model, test_x, test_y, rank, world)
         record = {"epoch": epoch, "loss": loss_sum[0].item() / max(1.0, loss_sum[1].item()),
                   "test_accuracy": accuracy, "samples_per_s": len(idx) * world / seconds, "seconds": seconds,
@@ -225,7 +251,8 @@ def main(argv=None):
                   flush=True)
             os._exit(3)
 
-    result = {"backend": args.backend, "model": args.model, "ranks": world, "epochs": history}
+    result = {"backend": args.backend, "model": args.model, "device": args.device, "ranks": world,
+              "epochs": history}
     if history:
         last = history[-1]
         log("done: test accuracy %.2f%%, %.0f samples/s (last epoch), %d ranks over %s" %
