@@ -112,6 +112,9 @@ class CudaRuntime final : public DeviceRuntime {
     dev_ = dev;  // so that destroy() frees what a failure below leaves half made
     try {
       for (auto& s : streams_) check(cudaStreamCreateWithFlags(&s, cudaStreamDefault), "cudaStreamCreate");
+      for (auto& s : detached_streams_) {
+        check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+      }
       for (auto& e : events_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     } catch (...) {
       destroy();
@@ -152,10 +155,13 @@ class CudaRuntime final : public DeviceRuntime {
     check(cudaStreamSynchronize(stream(q)), "waiting for a device copy or kernel");
   }
   void drain() noexcept override {
-    for (auto& s : streams_)
-      if (s) cudaStreamSynchronize(s);
+    for (auto* set : {streams_, detached_streams_}) {
+      for (int q = 0; q < kQueues; ++q)
+        if (set[q]) cudaStreamSynchronize(set[q]);
+    }
     cudaGetLastError();
   }
+  void detachFromLegacyStream(bool on) override { detached_ = on; }
 
   void* allocHost(size_t bytes) override {
     void* p = nullptr;
@@ -327,7 +333,7 @@ class CudaRuntime final : public DeviceRuntime {
  private:
   cudaStream_t stream(int q) const {
     DDL_ASSERT(dev_ >= 0 && q >= 0 && q < kQueues);
-    return streams_[q];
+    return detached_ ? detached_streams_[q] : streams_[q];
   }
   cudaEvent_t event(int e) const {
     DDL_ASSERT(dev_ >= 0 && e >= 0 && e < kEvents);
@@ -339,9 +345,11 @@ class CudaRuntime final : public DeviceRuntime {
     int prev = -1;
     const bool switched =
         cudaGetDevice(&prev) == cudaSuccess && prev != dev_ && cudaSetDevice(dev_) == cudaSuccess;
-    for (auto& s : streams_) {
-      if (s) cudaStreamDestroy(s);
-      s = nullptr;
+    for (auto* set : {streams_, detached_streams_}) {
+      for (int q = 0; q < kQueues; ++q) {
+        if (set[q]) cudaStreamDestroy(set[q]);
+        set[q] = nullptr;
+      }
     }
     for (auto& e : events_) {
       if (e) cudaEventDestroy(e);
@@ -353,7 +361,11 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   int dev_ = -1;
+  // The queues: blocking (they also wait for the legacy stream), and non-blocking for the host-paced jobs
+  // (detachFromLegacyStream).
   cudaStream_t streams_[kQueues] = {};
+  cudaStream_t detached_streams_[kQueues] = {};
+  bool detached_ = false;
   cudaEvent_t events_[kEvents] = {};
   std::set<void*> opened_;  // what cudaIpcOpenMemHandle opened, to close
   bool no_wait_value_ = false;  // cuStreamWaitValue32 said it is not supported here

@@ -1104,10 +1104,17 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   }
   std::shared_ptr<StreamPath::HostJob> job = stream_->hostPaced(stream, dev);
   try {
-    enqueue([this, job, host = std::move(host)] {
+    enqueue([this, &rt, job, host = std::move(host)] {
       bool failed = false;
       try {
         stream_->awaitReady(*job);
+        // The caller's stream is held until this job ends: the job's copies must not wait for the legacy
+        // stream, which may itself wait (through an event) for the held stream.
+        struct Detached {
+          DeviceRuntime& rt;
+          explicit Detached(DeviceRuntime& r) : rt(r) { rt.detachFromLegacyStream(true); }
+          ~Detached() { rt.detachFromLegacyStream(false); }
+        } detached(rt);
         host();
       } catch (const Error& e) {
         failed = true;

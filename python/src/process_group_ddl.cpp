@@ -300,25 +300,26 @@ StreamWork::StreamWork(int rank, c10d::OpType type, const char* profiling_title,
 void StreamWork::launched(const c10::Stream& stream) {
   c10::Event done(device_.type());
   done.record(stream);
-  // The Future's own events are recorded on the current streams: the group's, set by the caller.
-  future_->markCompleted(c10::IValue(outputs_));
   {
     std::lock_guard<std::mutex> lk(mu_);
     done_.emplace(std::move(done));
     settled_ = true;
   }
   cv_.notify_all();
+  // Then the Future, whose callbacks run now (those attached while the entry was queued) and may wait() on
+  // this Work. Its own events are recorded on the current streams: the group's, set by the caller.
+  future_->markCompleted(c10::IValue(outputs_));
   finish();  // the profiler's range ends at the enqueue, as ProcessGroupNCCL's does without timing
 }
 
 void StreamWork::failed(std::exception_ptr error) {
-  future_->setError(error);
   {
     std::lock_guard<std::mutex> lk(mu_);
     error_ = error;
     settled_ = true;
   }
   cv_.notify_all();
+  future_->setError(error);
   finish(error);
 }
 
@@ -364,6 +365,9 @@ void StreamWork::synchronize() {
 bool StreamWork::wait(std::chrono::milliseconds timeout) {
   awaitLaunch(timeout);
   synchronize();
+  // The Future is completed right after the launch (on the thread that launched it): once wait() returns,
+  // get_future().value() must be there. Future::wait() blocks the host only for that moment.
+  future_->wait();
   // A failure the GPU met by now (a peer gone, a timeout): raised here; later ones by the next call.
   if (auto e = exception()) std::rethrow_exception(e);
   return true;
@@ -436,6 +440,9 @@ class GilReleased {
   PyThreadState* state_ = nullptr;
 };
 
+// Set on a worker thread whose group was closed from one of its entries' callbacks (close() detached it).
+thread_local bool t_worker_detached = false;
+
 bool envFlag(const char* name) {
   const char* v = std::getenv(name);
   return v && *v && std::string(v) != "0";
@@ -466,6 +473,7 @@ ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, i
       prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
       workerLoop();
     });
+    worker_id_ = worker_.get_id();
   }
   init();
 }
@@ -482,8 +490,18 @@ void ProcessGroupDDL::close() {
   cv_.notify_all();
   if (worker_.joinable()) {
     if (worker_.get_id() == std::this_thread::get_id()) {
-      // The last reference went in a Future callback on the worker itself: it cannot join itself. It has
-      // nothing left to run once it returns (stop_ is set, and this group is going).
+      // Closed in a Future callback on the worker itself (the last reference went, or shutdown()): it cannot
+      // join itself. What is still queued fails now (the communicator goes below), and the worker returns
+      // without touching this object again once the callback is done (t_worker_detached).
+      std::deque<Entry> left;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        left.swap(queue_);
+      }
+      for (auto& e : left) {
+        e.finish(std::make_exception_ptr(std::runtime_error("ddl: the process group was shut down")));
+      }
+      t_worker_detached = true;
       worker_.detach();
     } else {
       worker_.join();  // what is queued runs first; each call is bounded by the timeout
@@ -499,9 +517,10 @@ void ProcessGroupDDL::close() {
   // stay valid after it.
   ddlCommDestroy(comm_);
   reapP2P(true);
+  comm_ = nullptr;  // topology(), send and recv refuse from now on
 }
 
-#if TORCH_DDL_BACKEND
+#if TORCH_DDL_AT_LEAST(2, 7)
 void ProcessGroupDDL::abort() {
   // Any thread: every blocked and later libddl call of this group (and kernels on the GPU) ends with ddlAborted.
   std::lock_guard<std::mutex> lk(comm_ref_->mu);
@@ -510,6 +529,7 @@ void ProcessGroupDDL::abort() {
 #endif
 
 std::string ProcessGroupDDL::topology() const {
+  if (closed_.load()) refuse("the process group was shut down");
   char buf[256] = {};
   ddlCommGetTopology(comm_, buf, sizeof(buf));
   return buf;
@@ -550,7 +570,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submitHost(c10d::OpType type, co
                                                   c10::optional<std::vector<at::Tensor>>(call.inputs));
   Entry entry{std::move(call.host), [work](std::exception_ptr e) { work->complete(e); }};
   // CUDA producers: the worker first waits for what is queued on the tensors' streams now (CPU tensors: none).
-  if (auto ready = readyEvents(call.inputs); !ready.empty()) {
+  std::vector<at::Tensor> touched = call.inputs;  // outputs too: the caller's stream may still read them
+  touched.insert(touched.end(), call.outputs.begin(), call.outputs.end());
+  if (auto ready = readyEvents(touched); !ready.empty()) {
     auto events = std::make_shared<std::vector<c10::Event>>(std::move(ready));
     entry.run = [events, body = std::move(entry.run)] {
       for (const auto& ev : *events) waitEvent(ev);
@@ -590,6 +612,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submitStream(c10d::OpType type, 
     if (std::string broken = comm_ref_->asyncError(); !broken.empty()) throw std::runtime_error("ddl: " + broken);
     c10::StreamGuard on_own(own);  // the copies the body makes run on the group's stream too
     ready->block(own);
+    // The caching allocator must not hand the tensors' memory to others before the group's stream is done
+    // with them (recorded first: a body that fails part-way may have enqueued work already).
+    const auto* impl = c10::impl::getDeviceGuardImpl(own.device_type());
+    for (const auto& t : tensors) {
+      if (t.defined() && t.has_storage()) impl->recordDataPtrOnStream(t.storage().data_ptr(), own);
+    }
     try {
       body(own.native_handle());
     } catch (...) {
@@ -598,11 +626,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submitStream(c10d::OpType type, 
       joined.record(own);
       joined.block(caller);
       throw;
-    }
-    // The caching allocator must not hand the tensors' memory to others before the group's stream is done.
-    const auto* impl = c10::impl::getDeviceGuardImpl(own.device_type());
-    for (const auto& t : tensors) {
-      if (t.defined() && t.has_storage()) impl->recordDataPtrOnStream(t.storage().data_ptr(), own);
     }
     work->launched(own);
   };
@@ -621,12 +644,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submitStream(c10d::OpType type, 
 #endif
 
 void ProcessGroupDDL::enqueue(Entry entry, bool here_ok) {
-  if (blocking_) {
-    execute(entry);
+  std::unique_lock<std::mutex> lk(mu_);
+  if (stop_) {
+    // Shut down meanwhile (another thread): the communicator is going or gone.
+    lk.unlock();
+    entry.finish(std::make_exception_ptr(std::runtime_error("ddl: the process group was shut down")));
     return;
   }
-  std::unique_lock<std::mutex> lk(mu_);
-  if (here_ok && queue_.empty() && !busy_) {
+  if (blocking_) {
+    execute(entry);  // under the lock: close() cannot destroy the communicator meanwhile
+    return;
+  }
+  // On the worker itself, from a Future callback of the entry it runs (whose libddl call has returned): what
+  // is queued would wait for this callback, so a stream-ordered entry runs here when nothing is queued.
+  const bool on_worker = std::this_thread::get_id() == worker_id_;
+  if (here_ok && queue_.empty() && (!busy_ || on_worker)) {
     // Nothing ahead of it: run on this thread (the lock keeps the worker from starting another meanwhile), so
     // that a stream-ordered call is on its stream when the call returns.
     execute(entry);
@@ -658,6 +690,7 @@ void ProcessGroupDDL::workerLoop() {
     lk.unlock();
     execute(entry);
     entry = Entry{};  // drop the tensors before taking the lock again
+    if (t_worker_detached) return;  // the group was closed from this entry's callback: it may be gone
     lk.lock();
     busy_ = false;
   }
@@ -1100,6 +1133,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::barrier(const c10d::BarrierOptio
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::p2p(std::vector<at::Tensor>& tensors, int peer, bool is_recv) {
   const at::Tensor& t = single(tensors, is_recv ? "recv" : "send");
+  if (closed_.load()) refuse("the process group was shut down");
   if (peer < 0 || peer >= size_ || peer == rank_) {
     refuse(std::string(is_recv ? "recv: src " : "send: dst ") + std::to_string(peer) +
            " is not another rank of this group of " + std::to_string(size_));

@@ -11,7 +11,7 @@
 // mode (poll briefly, then sleep) so that they leave the cores to the training step's threads; DDL_WAIT=spin
 // (or auto) overrides.
 //
-// CUDA tensors, stream-ordered (torch >= 2.0 and a libddl built with CUDA; all of a call's tensors on one
+// CUDA tensors, stream-ordered (torch >= 2.10 and a libddl built with CUDA; all of a call's tensors on one
 // GPU), as ProcessGroupNCCL: the group's own CUDA stream (one from torch's pool) waits for the caller's
 // current stream through an event, libddl's *OnStream call is enqueued on it, and the call returns; the host
 // never waits for the GPU. Work.wait() and synchronize() make the caller's current stream wait for the
@@ -28,8 +28,9 @@
 // so no port is chosen; every group, new_group's included, is a libddl communicator of its own.
 //
 // Tensors: one tensor per list (one device per process, as NCCL). Reductions map torch's dtypes onto libddl's
-// (bool: SUM is MAX and PRODUCT is MIN, as NCCL does; complex: SUM and AVG on the real view); collectives that
-// only move data move bytes, so they take every dtype. Non-contiguous tensors go through a contiguous copy.
+// (bool: SUM is MAX and PRODUCT is MIN, as NCCL does; complex: SUM and AVG on the real view); collectives
+// that only move data move bytes, so they take every dtype. Non-contiguous tensors go through a contiguous
+// copy.
 //
 // Errors: a failed libddl call (dead peer, timeout, mismatch, abort) fails the Work with libddl's message,
 // which names the peer rank and host; wait() raises it as a RuntimeError in Python. Every libddl wait is
@@ -43,6 +44,8 @@
 #pragma once
 
 #include <torch/version.h>
+#define TORCH_DDL_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #define TORCH_DDL_BACKEND 1
@@ -53,9 +56,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-// CUDA tensors stream-ordered: torch's generic stream API (c10::Stream::native_handle, torch >= 2.0) and a
-// libddl that takes CUDA streams.
-#if TORCH_DDL_BACKEND && defined(DDL_LIBDDL_CUDA)
+// CUDA tensors stream-ordered: torch's generic stream API (c10::Stream::native_handle, torch >= 2.10) and a
+// libddl that takes CUDA streams. Older torch 2.x stage CUDA tensors through host memory, as torch 1.13 does.
+#if TORCH_DDL_AT_LEAST(2, 10) && defined(DDL_LIBDDL_CUDA)
 #define TORCH_DDL_STREAM_ORDERED 1
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
@@ -179,6 +182,10 @@ class P2PWork : public c10d::Work {
 // One collective as the group runs it: on the worker through host memory (host), or, where every tensor is
 // on one CUDA device and libddl takes streams, enqueued on the group's stream (stream, the stream current).
 struct Call {
+  Call() = default;
+  Call(std::vector<at::Tensor> in, std::vector<at::Tensor> out)
+      : inputs(std::move(in)), outputs(std::move(out)) {}
+
   std::vector<at::Tensor> inputs;
   std::vector<at::Tensor> outputs;
   std::function<void()> host;
@@ -228,7 +235,7 @@ class ProcessGroupDDL : public GroupBase {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
 #if TORCH_DDL_BACKEND
-  // torch 2.x: the coalesced forms (FSDP, _coalescing_manager) as one Work each; shutdown and abort.
+  // torch 2.x: the coalesced forms (FSDP, _coalescing_manager) as one Work each.
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
@@ -238,6 +245,8 @@ class ProcessGroupDDL : public GroupBase {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+#endif
+#if TORCH_DDL_AT_LEAST(2, 7)  // Backend::shutdown and abort (destroy_process_group, _abort_process_group)
   void shutdown() override { close(); }
   void abort() override;
 #endif
@@ -245,7 +254,7 @@ class ProcessGroupDDL : public GroupBase {
   // The topology libddl uses for this group ("4", "2x2"), for users and tests.
   std::string topology() const;
   bool blocking() const { return blocking_; }
-  // True where CUDA tensors take the stream-ordered path (torch >= 2.0, libddl built with CUDA).
+  // True where CUDA tensors take the stream-ordered path (torch >= 2.10, libddl built with CUDA).
   static bool streamOrdered() { return TORCH_DDL_STREAM_ORDERED != 0; }
 
  private:
@@ -289,6 +298,7 @@ class ProcessGroupDDL : public GroupBase {
   bool stop_ = false;
   std::atomic<bool> closed_{false};
   std::thread worker_;
+  std::thread::id worker_id_;  // set once, before any call can reach enqueue
 
   std::mutex p2p_mu_;
   std::list<std::shared_ptr<P2PState>> p2p_pending_;

@@ -443,6 +443,20 @@ def scenario_groups():
     same(t, torch.tensor([float(WORLD)]), "world all_reduce after new_group")
     if RANK in evens:
         dist.destroy_process_group(g)
+    if TORCH2:
+        # A group shut down from a Future callback, which runs on the group's own thread: it ends there, and the
+        # collectives queued behind fail instead of running on a destroyed communicator.
+        g2 = dist.new_group(list(range(WORLD)))
+        t = torch.ones(10)
+        w = dist.all_reduce(t, group=g2, async_op=True)
+        later = dist.all_reduce(torch.ones(1 << 16), group=g2, async_op=True)
+        fut = w.get_future().then(lambda f: dist.destroy_process_group(g2))
+        fut.wait()
+        same(t, torch.full((10,), float(WORLD)), "all_reduce before a shutdown in its callback")
+        try:
+            later.wait()
+        except RuntimeError as e:
+            check("shut down" in str(e), "unexpected error of a collective cut short by shutdown: %s" % e)
     dist.barrier()
     dist.destroy_process_group()
     del solo

@@ -141,6 +141,7 @@ class DevicePath {
   bool reported_ = false;
   char* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
+  std::vector<char*> retired_pinned_;  // outgrown buffers, freed by releasePinned (see pinned())
   int ipc_dev_ = -1;
   size_t ipc_round_bytes_ = 0;
   int ipc_buffers_ = 0;

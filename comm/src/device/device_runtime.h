@@ -66,6 +66,11 @@ class DeviceRuntime {
   // After a failure: waits for every queue, swallowing errors, so that nothing still writes to memory the
   // caller is about to reuse or free.
   virtual void drain() noexcept = 0;
+  // While on: the queues do not wait for the legacy default stream (CUDA: non-blocking streams). A host-paced
+  // stream-ordered job turns it on for its run: the caller's stream is held until the job ends, and anything
+  // made to wait for that stream (the legacy stream, say, through an event) must not be waited for by the
+  // job's own copies. Off (the blocking calls), the queues also wait for the legacy stream's earlier work.
+  virtual void detachFromLegacyStream(bool on) { (void)on; }
 
   // Pinned host memory (device copies run at full speed, kernels may read it); device memory on the bound
   // device.
