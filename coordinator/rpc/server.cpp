@@ -1,8 +1,13 @@
 #include "rpc/server.h"
 
+#include <netdb.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <mutex>
@@ -561,6 +566,38 @@ Status RpcServer::checkTlsFiles(const std::string& pki_dir) {
   return Status::ok();
 }
 
+namespace {
+
+// Why gRPC could not listen on `where` (it says only that it could not): a plain bind() of the same address
+// tells "in use" (another process listens there: a second coordinator, say) from "not an address of this host".
+std::string whyNoListen(const HostPort& where) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(where.host.c_str(), std::to_string(where.port).c_str(), &hints, &res) != 0 || !res) {
+    return "cannot resolve host '" + where.host + "'";
+  }
+  std::string why = "gRPC refused it";
+  const int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
+      const int err = errno;
+      why = err == EADDRINUSE ? "address in use: another process (another ddl-coordinator?) listens on port " +
+                                    std::to_string(where.port) + "; stop it or choose another --listen port"
+            : err == EADDRNOTAVAIL ? "'" + where.host + "' is not an address of this host"
+                                   : std::string(strerror(err));
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return why;
+}
+
+}  // namespace
+
 Status RpcServer::start(const std::string& listen, std::string* bound) {
   auto where = parseHostPort(listen);
   if (!where) {
@@ -579,6 +616,9 @@ Status RpcServer::start(const std::string& listen, std::string* bound) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, credentials, &port);
+  // gRPC sets SO_REUSEPORT by default: a second coordinator on this port would then start beside the first and
+  // the kernel would deal the clients out between the two. The port is this coordinator's alone.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(agent_service_.get());
   builder.RegisterService(user_service_.get());
   // Agents keep their stream open for days; let them ping it so a dead peer is noticed on either side.
@@ -591,8 +631,7 @@ Status RpcServer::start(const std::string& listen, std::string* bound) {
   server_ = builder.BuildAndStart();
   if (!server_ || port == 0) {
     server_.reset();
-    return Status::unavailable("cannot listen on " + listen +
-                               " (address in use, or not an address of this host?)");
+    return Status::unavailable("cannot listen on " + listen + ": " + whyNoListen(*where));
   }
   *bound = formatHostPort(where->host, port);
   return Status::ok();

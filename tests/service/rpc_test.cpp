@@ -107,6 +107,26 @@ class RpcTest : public ::testing::Test {
   std::unique_ptr<v1::UserService::Stub> user_;
 };
 
+TEST_F(RpcTest, ASecondServerOnTheSamePortIsRefusedAsAddressInUse) {
+  // gRPC's default SO_REUSEPORT let a second coordinator start on a port in use, and the kernel then dealt the
+  // clients out between the two at random.
+  state::SqliteStore::Options o;
+  o.path = (dir_ / "second.db").string();
+  auto store = state::SqliteStore::open(o);
+  ASSERT_TRUE(store) << store.status().toString();
+  Coordinator second(**store, CoordinatorOptions());
+  SecurityOptions security;
+  security.insecure = true;
+  RpcServer server(second, security);
+  std::string bound;
+  Status st = server.start(address_, &bound);
+  ASSERT_FALSE(st) << "a second server started on " << address_ << " (" << bound << ")";
+  EXPECT_NE(st.message().find("address in use"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(address_), std::string::npos) << st.message();
+  // The first still answers alone.
+  EXPECT_EQ(nodes().size(), 0u);
+}
+
 TEST_F(RpcTest, AgentsRegisterAndAJobRunsToSucceeded) {
   FakeAgent a(address_, "n1", 2), b(address_, "n2", 2);
   ASSERT_EQ(a.connect(), "");
