@@ -950,7 +950,8 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   std::string out = renderTable(rows);
 
   if (job.ranks_size() > 0) {
-    // What libddl last reported per rank; the slowest last collective is marked, it sets everyone's pace.
+    // What libddl last reported per rank; the straggler is marked (the least time in collectives over the run:
+    // the others wait for it there).
     const int slowest = slowestRank(job);
     // PID is the program's own when the agent knows it (else its ddl-rank-shim's); EXIT is the exit code or
     // the signal of an ended rank.
@@ -980,7 +981,7 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
         char bw[32];
         std::snprintf(bw, sizeof(bw), "%.2f", lastBusBwGBps(p));
         row.insert(row.end(), {std::to_string(p.collectives()), last, bw, dims.empty() ? "-" : join(dims, ","),
-                               r.rank() == slowest && job.ranks_size() > 1 ? "<- slowest" : ""});
+                               r.rank() == slowest ? "<- straggler" : ""});
       } else {
         row.insert(row.end(), {"-", "-", "-", "-", ""});
       }

@@ -384,7 +384,7 @@ async function series(){
   plot(document.getElementById('chart-busy'),lines('busy_fraction'),{fmt:v=>(v*100).toFixed(0)+'%',max:1,empty:none});
   const slow=document.getElementById('slow');
   slow.className=s.slow_rank>=0?'slowline':'muted';
-  slow.textContent=s.slow_rank>=0?'Slow rank: '+s.slow_why:'No slow rank named: fewer than two ranks have figures.';
+  slow.textContent=s.slow_rank>=0?'Slow rank: '+s.slow_why:'No slow rank named: '+(s.slow_why||'fewer than two ranks have figures.');
   SLOW=s.slow_rank;markSlow();
  }catch(e){document.getElementById('slow').textContent='series not available: '+e;}
 }
@@ -453,7 +453,7 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
        "</h3><div id='chart-busy'></div></div></div><p id='slow' class='muted'>loading the series...</p>";
 
   o << "<div id='bottom'>";
-  // Ranks by node and GPU, with what libddl last reported; the slowest last collective is highlighted.
+  // Ranks by node and GPU, with what libddl last reported; the straggler (slowestRank) is highlighted.
   std::map<int, const v1::RankStatus*> status;
   for (const auto& r : job.ranks()) status[r.rank()] = &r;
   const int slowest = slowestRank(job);
@@ -463,7 +463,7 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
     for (const auto& slot : ring->ranks()) {
       auto it = status.find(slot.rank());
       const v1::RankStatus* st = it == status.end() ? nullptr : it->second;
-      o << "<tr" << (slot.rank() == slowest && job.ranks_size() > 1 ? " class='slow' title='slowest rank'" : "")
+      o << "<tr" << (slot.rank() == slowest ? " class='slow' title='the straggler: least time in collectives'" : "")
         << "><td>" << slot.rank() << "</td><td>" << htmlEscape(slot.node()) << "</td><td>" << slot.gpu()
         << "</td><td>" << (st ? v1::RankStatus::State_Name(st->state()) : "-") << "</td>";
       if (st && st->has_progress()) {

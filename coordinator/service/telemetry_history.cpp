@@ -197,20 +197,34 @@ int slowRankOf(const std::vector<RankSeries>& ranks, std::string* why) {
   }
   why->clear();
   if (figures.size() < 2) return -1;
-  double lo = figures[0].bytes_per_s, hi = lo;
+  double lo = figures[0].bytes_per_s, hi = lo, least_busy = figures[0].busy, most_busy = least_busy;
   for (const auto& f : figures) {
     lo = std::min(lo, f.bytes_per_s);
     hi = std::max(hi, f.bytes_per_s);
+    least_busy = std::min(least_busy, f.busy);
+    most_busy = std::max(most_busy, f.busy);
   }
-  const bool lockstep = hi <= 0 || (hi - lo) <= 0.1 * hi;
+  if (hi <= 0) {
+    *why = "no rank ran collectives over its latest samples";
+    return -1;
+  }
+  const bool lockstep = (hi - lo) <= 0.1 * hi;
+  // In lockstep every rank waits inside each collective for the last one to arrive: the straggler is the rank
+  // that waits least, i.e. spends the least time in collectives. Within 10 points of each other, none is named.
+  if (lockstep && most_busy - least_busy < 0.1) {
+    *why = "ranks alike: throughput " + rate(hi) + ", " + percent(least_busy) + " to " + percent(most_busy) +
+           " of their time in collectives";
+    return -1;
+  }
   const Figure* slow = &figures[0];
   for (const auto& f : figures) {
-    if (lockstep ? f.busy > slow->busy : f.bytes_per_s < slow->bytes_per_s) slow = &f;
+    if (lockstep ? f.busy < slow->busy : f.bytes_per_s < slow->bytes_per_s) slow = &f;
   }
   const std::string r = "rank " + std::to_string(slow->rank);
   if (lockstep) {
-    *why = r + " spent the most time in collectives (" + percent(slow->busy) + ") over its latest samples; " +
-           "throughput is alike on every rank (" + rate(hi) + ")";
+    *why = r + " spent the least time in collectives (" + percent(slow->busy) + " against up to " +
+           percent(most_busy) + ") over its latest samples: the others wait for it there; throughput is alike " +
+           "on every rank (" + rate(hi) + ")";
   } else {
     *why = r + " has the lowest collective throughput over its latest samples: " + rate(slow->bytes_per_s) +
            " against up to " + rate(hi) + " (" + percent(slow->busy) + " of its time in collectives)";

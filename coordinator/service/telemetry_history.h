@@ -139,8 +139,9 @@ class TelemetryHistory {
 
 // The slow rank among `ranks` from their latest kSlowWindow intervals: the lowest collective throughput;
 // where throughputs are within 10% of each other (ranks in lockstep move the same bytes; reports carry a
-// second of jitter), the highest time in collectives. -1 with fewer than two ranks that have figures. `why`
-// says so.
+// second of jitter), the least time in collectives (the others wait for it inside each collective). -1 with
+// fewer than two ranks that have figures, when none moved bytes (idle), or in lockstep with times in
+// collectives within 10 points of each other; `why` says which (empty for the first).
 int slowRankOf(const std::vector<RankSeries>& ranks, std::string* why);
 
 }  // namespace ddl::coordinator

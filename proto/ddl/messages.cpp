@@ -24,15 +24,20 @@ double lastBusBwGBps(const v1::RankProgress& p) {
 }
 
 int slowestRank(const v1::Job& job) {
-  int slowest = -1;
-  double worst = 0;
+  // Every rank waits inside each collective for the last to arrive, so the straggler is the rank that spent
+  // the least time in collectives over the run; named only where it is clear (20% below the most).
+  int straggler = -1, ranks = 0;
+  double least = 0, most = 0;
   for (const auto& r : job.ranks()) {
-    if (r.has_progress() && r.progress().last_us() > worst) {
-      worst = r.progress().last_us();
-      slowest = r.rank();
+    if (!r.has_progress() || r.progress().collectives() <= 0) continue;
+    const double s = r.progress().seconds();
+    if (ranks++ == 0 || s < least) {
+      least = s;
+      straggler = r.rank();
     }
+    most = std::max(most, s);
   }
-  return slowest;
+  return ranks >= 2 && least < 0.8 * most ? straggler : -1;
 }
 
 }  // namespace ddl

@@ -18,7 +18,9 @@ std::string toJson(const google::protobuf::Message& message);
 // for other collectives algbw. 0 when nothing was timed.
 double lastBusBwGBps(const v1::RankProgress& progress);
 
-// The rank whose last collective took longest (it sets everyone's pace), or -1 when no rank reported one.
+// The straggler: the rank that spent the least time in collectives over the run (every other rank waits for it
+// inside each collective), where that is at least 20% below the most; -1 when fewer than two ranks ran
+// collectives or none stands out.
 int slowestRank(const v1::Job& job);
 
 }  // namespace ddl

@@ -109,7 +109,8 @@ web, job = sys.argv[1], sys.argv[2]
 s = json.load(urllib.request.urlopen(web + "/api/v1/jobs/" + job + "/series", timeout=5))
 c = json.load(urllib.request.urlopen(web + "/api/v1/cluster/series", timeout=5))
 ok = len(s["ranks"]) == 4 and all(len(r["t_ms"]) >= 3 and r["bytes_per_s"][-1] > 0 for r in s["ranks"])
-sys.exit(0 if ok and len(c["t_ms"]) >= 3 and c["gpus_used"][-1] == 4 and s["slow_rank"] >= 0 else 1)
+# Ranks of one ddl-bench are alike: a slow rank is named only where one stands out; the reason is there always.
+sys.exit(0 if ok and len(c["t_ms"]) >= 3 and c["gpus_used"][-1] == 4 and s["slow_why"] else 1)
 PY
 }
 for _ in $(seq 150); do series_ready && break; sleep 0.2; done
@@ -122,7 +123,7 @@ for want in "n1" "n2" "$job" "dash-bench" "2/2" "<polyline" "in use" "RUNNING"; 
   grep -q -- "$want" <<<"$index" || fail "/ as rendered by Chromium lacks '$want'"
 done
 page=$(chrome --dump-dom "$web/jobs/$job")
-for want in "<svg" ">r3<" "Ring layout" "crosses switches" "slowest rank" "Using ranks" "<polyline" "Slow rank: rank" \
+for want in "<svg" ">r3<" "Ring layout" "crosses switches" "low rank" "Using ranks" "<polyline" \
   "class=\"log\""; do
   grep -q -- "$want" <<<"$page" || fail "/jobs/$job lacks '$want'"
 done

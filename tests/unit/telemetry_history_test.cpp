@@ -1,5 +1,6 @@
 // TelemetryHistory: rates derived from cumulative counters, its bounds (samples, ranks, jobs, cluster
 // points), thinning that keeps rates exact, retirement of ended jobs, and the slow rank.
+#include "ddl/messages.h"
 #include "service/telemetry_history.h"
 
 #include <gtest/gtest.h>
@@ -158,7 +159,7 @@ TEST(TelemetryHistory, FiguresSumTheRanksAndCountThoseReporting) {
   EXPECT_EQ(h.figures("j-2", 1, 60000).bytes, 0);
 }
 
-TEST(TelemetryHistory, TheSlowRankIsTheSlowestOrTheBusiest) {
+TEST(TelemetryHistory, TheSlowRankIsTheSlowestOrTheOneTheOthersWaitFor) {
   TelemetryHistory h;
   for (int i = 0; i < 5; ++i) {
     for (int rank = 0; rank < 4; ++rank) {
@@ -171,20 +172,64 @@ TEST(TelemetryHistory, TheSlowRankIsTheSlowestOrTheBusiest) {
   EXPECT_NE(s.slow_why.find("rank 2"), std::string::npos) << s.slow_why;
   EXPECT_NE(s.slow_why.find("lowest"), std::string::npos) << s.slow_why;
 
-  TelemetryHistory lockstep;  // the same bytes everywhere: the busiest rank is named
+  // Lockstep (the same bytes everywhere), as when rank 1 sleeps before every all_reduce: rank 1 arrives last
+  // and hardly waits (5% of its time in collectives), the others wait for it (94%). Rank 1 is named.
+  TelemetryHistory lockstep;
   for (int i = 0; i < 5; ++i) {
     for (int rank = 0; rank < 3; ++rank) {
-      lockstep.recordRank("j-1", 1, rank, progress(1000000 * i, (rank == 1 ? 0.9 : 0.3) * i, i), i * 1000);
+      lockstep.recordRank("j-1", 1, rank, progress(1000000 * i, (rank == 1 ? 0.05 : 0.94) * i, i), i * 1000);
     }
   }
   s = lockstep.jobSeries("j-1");
-  EXPECT_EQ(s.slow_rank, 1);
-  EXPECT_NE(s.slow_why.find("90%"), std::string::npos) << s.slow_why;
+  EXPECT_EQ(s.slow_rank, 1) << s.slow_why;
+  EXPECT_NE(s.slow_why.find("least time in collectives (5%"), std::string::npos) << s.slow_why;
+
+  // Ranks alike (within 10 points): none is named, and why.
+  TelemetryHistory alike;
+  for (int i = 0; i < 5; ++i) {
+    for (int rank = 0; rank < 3; ++rank) {
+      alike.recordRank("j-1", 1, rank, progress(1000000 * i, (0.5 + 0.02 * rank) * i, i), i * 1000);
+    }
+  }
+  s = alike.jobSeries("j-1");
+  EXPECT_EQ(s.slow_rank, -1) << s.slow_why;
+  EXPECT_NE(s.slow_why.find("alike"), std::string::npos) << s.slow_why;
+
+  // Idle: the counters stand still (between phases, after the last collective): no slow rank.
+  TelemetryHistory idle;
+  for (int i = 0; i < 5; ++i) {
+    for (int rank = 0; rank < 3; ++rank) {
+      const int k = std::min(i, 1);  // one collective, then nothing
+      idle.recordRank("j-1", 1, rank, progress(1000000 * k, (rank == 1 ? 0.1 : 0.9) * k, k), i * 1000);
+    }
+  }
+  s = idle.jobSeries("j-1");
+  EXPECT_EQ(s.slow_rank, -1) << s.slow_why;
+  EXPECT_NE(s.slow_why.find("no rank ran collectives"), std::string::npos) << s.slow_why;
 
   TelemetryHistory one;
   one.recordRank("j-1", 1, 0, progress(1, 1, 1), 1000);
   one.recordRank("j-1", 1, 0, progress(2, 2, 2), 2000);
   EXPECT_EQ(one.jobSeries("j-1").slow_rank, -1);
+}
+
+TEST(Messages, TheStragglerIsTheRankThatSpentTheLeastTimeInCollectives) {
+  auto job = [](std::vector<double> seconds) {
+    v1::Job j;
+    for (size_t r = 0; r < seconds.size(); ++r) {
+      v1::RankStatus* s = j.add_ranks();
+      s->set_rank(static_cast<int>(r));
+      if (seconds[r] < 0) continue;  // no progress reported
+      s->mutable_progress()->set_collectives(100);
+      s->mutable_progress()->set_seconds(seconds[r]);
+      s->mutable_progress()->set_last_us(r == 0 ? 900 : 10);  // the last collective's time does not decide
+    }
+    return j;
+  };
+  EXPECT_EQ(slowestRank(job({28.0, 1.5, 27.9})), 1);  // rank 1 slept before every collective
+  EXPECT_EQ(slowestRank(job({10.0, 9.5, 9.8})), -1);  // alike: nobody stands out
+  EXPECT_EQ(slowestRank(job({10.0})), -1);
+  EXPECT_EQ(slowestRank(job({10.0, -1})), -1);
 }
 
 }  // namespace
