@@ -1074,6 +1074,7 @@ struct CommandLine {
   std::vector<std::string> targets;  // wait, cancel, hold, release, requeue: JOB...
   bool wait = false;                 // submit --wait
   double waitTimeoutS = 0;           // --wait-timeout; 0 = until the job ends
+  double reconnectS = 600;           // --reconnect-timeout: how long wait/logs -f ride out a lost coordinator
   std::string array;                 // submit --array
   std::string signal;                // cancel --signal, as given
   std::string reason;                // drain --reason
@@ -1177,6 +1178,11 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
       ->type_name("SECONDS")
       ->check(CLI::NonNegativeNumber)
       ->take_last();
+  submit
+      ->add_option("--reconnect-timeout", cl.reconnectS,
+                   "with --wait: ride out a coordinator that stops answering (a restart) for up to SECONDS "
+                   "(default 600)")
+      ->check(CLI::Range(0.0, 86400.0));
   // The command arrives through the split at "--" in runDdlctl(), or as a script: the first word that is not
   // a flag or a flag's value ends submit's flags (expandEnvValues() splits there, before CLI11 parses).
 
@@ -1236,6 +1242,9 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   wait->add_option("--wait-timeout", cl.waitTimeoutS, "give up after SECONDS (exit 8)")
       ->type_name("SECONDS")
       ->check(CLI::NonNegativeNumber);
+  wait->add_option("--reconnect-timeout", cl.reconnectS,
+                   "ride out a coordinator that stops answering (a restart) for up to SECONDS (default 600)")
+      ->check(CLI::Range(0.0, 86400.0));
   app.add_subcommand("hold", "keep pending jobs from being placed until released")
       ->add_option("JOB", cl.targets, jobHelp + " (several allowed)")
       ->required();
@@ -1264,6 +1273,10 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   logs->add_option("--wait-timeout", cl.waitTimeoutS, "with -f: give up after SECONDS (exit 8)")
       ->type_name("SECONDS")
       ->check(CLI::NonNegativeNumber);
+  logs->add_option(
+          "--reconnect-timeout", cl.reconnectS,
+          "with -f: ride out a coordinator that stops answering (a restart) for up to SECONDS (default 600)")
+      ->check(CLI::Range(0.0, 86400.0));
   CLI::App* nodes =
       app.add_subcommand("nodes", "list nodes; 'nodes remove NAME' forgets a node that is gone");
   nodes->add_subcommand("remove", "forget node NAME for good (admins only; it must be DOWN with no live job)")
@@ -1316,6 +1329,7 @@ class Session {
         timeoutS_(cl.timeoutS),
         json_(cl.output == "json"),
         insecure_(cl.insecure),
+        reconnectS_(cl.reconnectS),
         credentials_(credentials),
         out_(out),
         err_(err) {}
@@ -1351,13 +1365,59 @@ class Session {
         tls::addChannelArgs(&args);
         channel_credentials = tls::channelCredentials({credentials_.ca, "", ""});
       }
+      // After a lost connection gRPC waits up to 2 minutes between reconnects by default: a coordinator that
+      // is back after a restart would go unnoticed that long by the verbs that wait.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
       stub_ = v1::UserService::NewStub(grpc::CreateCustomChannel(address_, channel_credentials, args));
     }
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(static_cast<int64_t>(timeoutS_ * 1000)));
     if (!credentials_.token.empty()) context.AddMetadata("authorization", "Bearer " + credentials_.token);
-    return rpc(*stub_, &context);
+    grpc::Status status = rpc(*stub_, &context);
+    if (status.ok()) reached_ = true;
+    return status;
+  }
+
+  // For the verbs that wait (wait, submit --wait, logs -f): as callQuiet, but once the coordinator has
+  // answered in this session, a call it cannot answer (UNAVAILABLE or no answer in time: a restart, an
+  // upgrade, its machine rebooting) is tried again, 0.2 s apart doubling to 5 s, for up to
+  // --reconnect-timeout seconds, said on stderr when the outage starts and ends. Jobs run on meanwhile; only
+  // reads are repeated.
+  grpc::Status callRidingOut(
+      const std::function<grpc::Status(v1::UserService::Stub&, grpc::ClientContext*)>& rpc, int* usage) {
+    grpc::Status status = callQuiet(rpc, usage);
+    if (!reached_ || !outage(status) || reconnectS_ <= 0) return status;
+    const int64_t start = steadyNowMs();
+    const int64_t deadline = start + static_cast<int64_t>(reconnectS_ * 1000);
+    err_ << "ddlctl: lost the coordinator at " << address_ << " ("
+         << escapeForTerminal(
+                describeRpcError(status.error_code(), status.error_message(), address_, timeoutS_).message)
+         << "); trying again for up to " << formatSeconds(reconnectS_) << " s (--reconnect-timeout)\n";
+    err_.flush();
+    int64_t delay = 200;
+    for (int64_t rounds = static_cast<int64_t>(reconnectS_ * 1000) / 200 + 2; rounds > 0; --rounds) {
+      const int64_t left = deadline - steadyNowMs();
+      if (left <= 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(delay, left)));
+      delay = std::min<int64_t>(delay * 2, 5000);
+      status = callQuiet(rpc, usage);
+      if (!outage(status)) {
+        err_ << "ddlctl: the coordinator at " << address_ << " answers again (after "
+             << formatSeconds((steadyNowMs() - start) / 1000.0) << " s)\n";
+        err_.flush();
+        return status;
+      }
+    }
+    return status;  // still out: the caller reports it as any failure
+  }
+  // callRidingOut, then report() as call() does.
+  int callWaiting(const std::function<grpc::Status(v1::UserService::Stub&, grpc::ClientContext*)>& rpc) {
+    int usage = kExitOk;
+    grpc::Status status = callRidingOut(rpc, &usage);
+    if (usage != kExitOk) return usage;
+    return report(status);
   }
 
   // Prints a failed call's error as call() does and returns its exit status; kExitOk for an OK status.
@@ -1377,6 +1437,19 @@ class Session {
 
   bool json() const { return json_; }
 
+ private:
+  // A failure that a restarting coordinator gives (not a TLS or authentication refusal, which repeat).
+  static bool outage(const grpc::Status& status) {
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return false;
+    }
+    const std::string m = upper(status.error_message());
+    return m.find("HANDSHAKE") == std::string::npos && m.find("SSL") == std::string::npos &&
+           m.find("CERTIFICATE") == std::string::npos;
+  }
+
+ public:
   // Prints the answer: the message as JSON, or `text` for people.
   int print(const google::protobuf::Message& message, const std::string& text) {
     out_ << (json_ ? toJson(message) : text);
@@ -1388,6 +1461,8 @@ class Session {
   double timeoutS_;
   bool json_;
   bool insecure_;
+  double reconnectS_;
+  bool reached_ = false;  // a call was answered: later outages are ridden out by callRidingOut
   Credentials credentials_;
   std::unique_ptr<v1::UserService::Stub> stub_;
   std::ostream& out_;
@@ -1449,7 +1524,8 @@ int waitForJobs(Session& s, const std::vector<std::string>& ids, Pacer& pacer, s
       if (done[i]) continue;
       v1::GetJobRequest req;
       req.set_id(ids[i]);
-      if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetJob(c, req, &(*jobs)[i]); })) return rc;
+      if (int rc = s.callWaiting([&](Stub& stub, Ctx* c) { return stub.GetJob(c, req, &(*jobs)[i]); }))
+        return rc;
       if (isFinalState((*jobs)[i].state())) {
         done[i] = true;
         if (!s.json()) s.out() << describeEnd((*jobs)[i]);
@@ -1501,10 +1577,15 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
   const std::string id = normalizeJobId(cl.target);
   Pacer pacer(cl.waitTimeoutS);
   v1::Job job;
+  // -f rides out a coordinator restart (Session::callRidingOut); a single read does not.
+  auto quiet = [&](const std::function<grpc::Status(Stub&, Ctx*)>& rpc, int* usage) {
+    return cl.follow ? s.callRidingOut(rpc, usage) : s.callQuiet(rpc, usage);
+  };
   auto getJob = [&] {
     v1::GetJobRequest get;
     get.set_id(id);
-    return s.call([&](Stub& stub, Ctx* c) { return stub.GetJob(c, get, &job); });
+    auto rpc = [&](Stub& stub, Ctx* c) { return stub.GetJob(c, get, &job); };
+    return cl.follow ? s.callWaiting(rpc) : s.call(rpc);
   };
   auto gaveUp = [&] {
     err << "ddlctl: gave up waiting after " << pacer.limit() << " s; " << escapeForTerminal(id) << " is "
@@ -1588,8 +1669,7 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
     probe.set_max_bytes(1);
     v1::GetLogsResponse latest;
     int usage = kExitOk;
-    grpc::Status st =
-        s.callQuiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, probe, &latest); }, &usage);
+    grpc::Status st = quiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, probe, &latest); }, &usage);
     *rc = usage;
     if (st.ok()) return latest.attempt();
     return st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ? 0 : -1;
@@ -1637,7 +1717,7 @@ int runLogs(CommandLine& cl, Session& s, std::ostream& err) {
         req.set_offset(offsets[i]);
         v1::GetLogsResponse resp;
         int usage = kExitOk;
-        grpc::Status st = s.callQuiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, req, &resp); }, &usage);
+        grpc::Status st = quiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, req, &resp); }, &usage);
         if (usage != kExitOk) return usage;
         if (!st.ok()) {
           // Requeued and waiting again: the coordinator has no launched attempt to read from just now.

@@ -637,4 +637,53 @@ TEST_F(ClusterTest, CoordinatorKilledMidJobRestartsAndTheJobStillSucceeds) {
   EXPECT_EQ(list.jobs_size(), 1);
 }
 
+// What a CI step `ddlctl submit --wait && next` meets at an upgrade: the coordinator is killed and started
+// again five times while the job runs. submit --wait and logs -f ride each outage out (saying so) and end
+// with the job's true result and its whole output.
+TEST_F(ClusterTest, SubmitWaitAndLogsFollowRideOutFiveCoordinatorRestarts) {
+  const std::string ctl = this->ctl((dir_ / "root.token").string());
+  const fs::path wait_out = dir_ / "wait.out", logs_out = dir_ / "logs.out";
+  const pid_t waiter =
+      spawn({"/bin/sh", "-c",
+             ctl + " submit --wait --nodes 2 --gpus-per-node 1 -- /bin/sh -c "
+                   "'for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do echo tick $i; sleep 1; done'"},
+            wait_out);
+  std::string id;
+  ASSERT_TRUE(waitFor(
+      [&] {
+        const std::string text = slurp(wait_out);
+        if (text.rfind("j-", 0) != 0 || text.find('\n') == std::string::npos) return false;
+        id = text.substr(0, text.find('\n'));
+        return true;
+      },
+      20000))
+      << slurp(wait_out);
+  ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000)) << job(id).DebugString();
+  const pid_t follower = spawn({"/bin/sh", "-c", ctl + " logs -f --rank 0 " + id}, logs_out);
+  for (int restart = 0; restart < 5; ++restart) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    kill(coordinator_, SIGKILL);
+    waitpid(coordinator_, nullptr, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    startCoordinator(address_);  // same port and data dir
+  }
+  int status = -1;
+  auto ended = [&](pid_t pid) {
+    return waitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, 90000) && WIFEXITED(status)
+               ? WEXITSTATUS(status)
+               : -1;
+  };
+  EXPECT_EQ(ended(waiter), 0) << slurp(wait_out);
+  const std::string waited = slurp(wait_out);
+  EXPECT_NE(waited.find("lost the coordinator at " + address_), std::string::npos) << waited;
+  EXPECT_NE(waited.find("answers again"), std::string::npos) << waited;
+  EXPECT_NE(waited.find(id + " SUCCEEDED"), std::string::npos) << waited;
+  EXPECT_EQ(ended(follower), 0) << slurp(logs_out);
+  const std::string followed = slurp(logs_out);
+  for (int i = 1; i <= 14; ++i) {
+    EXPECT_NE(followed.find("tick " + std::to_string(i) + "\n"), std::string::npos) << i << ":\n" << followed;
+  }
+  EXPECT_EQ(job(id).state(), ddl::v1::SUCCEEDED) << job(id).DebugString();
+}
+
 }  // namespace
