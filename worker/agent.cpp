@@ -81,6 +81,12 @@ Agent::Agent(AgentConfig config, Inventory inventory)
       run_as_job_user_(geteuid() == 0),
       agent_user_(userName(geteuid())) {
   address_ = config_.address.empty() ? localAddressToward(config_.coordinator) : config_.address;
+  {
+    std::random_device rd;
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "%d-%08x%08x", static_cast<int>(getpid()), rd(), rd());
+    instance_ = buf;
+  }
   grpc::ChannelArguments args;
   // Notice a coordinator that vanished without closing the connection (host down, cable pulled).
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
@@ -221,6 +227,7 @@ std::string Agent::session(int* failures) {
   req.set_port_first(config_.port_first);
   req.set_port_last(config_.port_last);
   req.set_agent_version("0.1.0");
+  req.set_instance(instance_);
 
   v1::RegisterResponse resp;
   {

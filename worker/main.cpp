@@ -1,8 +1,10 @@
 // ddl-agent: one per GPU node. Reads its settings (worker/agent_config.h), takes the node's inventory, and
 // serves the coordinator over mutual TLS until SIGTERM or SIGINT (worker/agent.h). `ddl-agent join` gets the
 // node's certificate with a one-time join token (worker/join.h).
+#include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +25,35 @@
 #endif
 
 using namespace ddl::worker;
+
+namespace {
+
+// One ddl-agent per data dir: it holds the rank states, the logs and agent.sock, which a second agent would
+// adopt, interleave and unlink. An exclusive lock on DIR/agent.lock for the process's life (the kernel drops
+// it when the process ends, however it ends); the file names the holder. "" when taken, else why not.
+std::string lockDataDir(const std::string& dir) {
+  const std::string path = dir + "/agent.lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return "cannot open " + path + ": " + std::strerror(errno);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[32] = {};
+    const ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+    close(fd);
+    if (err != EWOULDBLOCK) return "cannot lock " + path + ": " + std::strerror(err);
+    std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+    pid.erase(pid.find_last_not_of(" \n") + 1);
+    return "another ddl-agent" + (pid.empty() ? std::string() : " (pid " + pid + ")") +
+           " uses the data dir " + dir + ": stop it, or give this one a --data-dir of its own";
+  }
+  const std::string mine = std::to_string(getpid()) + "\n";
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, mine.data(), mine.size(), 0) < 0) {
+    spdlog::warn("cannot write the pid into {}: {}", path, std::strerror(errno));
+  }
+  return "";  // fd stays open: the lock lasts as long as this process
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ddl-agent: registers this node with ddl-coordinator and runs the ranks it is given"};
@@ -128,6 +159,7 @@ int main(int argc, char** argv) {
   std::error_code ec;
   std::filesystem::create_directories(config.data_dir + "/logs", ec);
   if (ec) return fail("cannot create " + config.data_dir + "/logs: " + ec.message());
+  if (std::string why = lockDataDir(config.data_dir); !why.empty()) return fail(why);
 
   sigset_t stop_signals;
   sigemptyset(&stop_signals);

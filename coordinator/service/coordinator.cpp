@@ -1011,6 +1011,24 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
   }
 
   const int64_t now = now_ms_();
+  // Another live agent already holds this node (its stream is attached, or it registered within the last two
+  // heartbeat intervals): a second ddl-agent with the same --node, a cloned machine or a copied certificate.
+  // Refused, naming both, instead of the two taking turns. An agent that restarts is another instance too:
+  // its predecessor's stream closed when it died, so it is let in (at worst after two heartbeat intervals).
+  if (auto it = nodes_.find(req.node()); it != nodes_.end() && !req.instance().empty() &&
+                                         !it->second.instance.empty() &&
+                                         it->second.instance != req.instance()) {
+    const NodeEntry& held = it->second;
+    const int64_t silent = now - held.last_seen_ms;
+    if (held.link || silent < 2 * options_.heartbeat_interval_ms) {
+      return Status::failedPrecondition(
+          "register: node " + req.node() + " is held by another live ddl-agent (at " + held.registered_from +
+          ", heard from " + seconds(silent) + " ago); this one (at " + req.address() +
+          ") is refused. Two agents claim one node name: give each machine its own --node and certificate, "
+          "or "
+          "stop one; a restarted agent is let in once its predecessor's connection is gone");
+    }
+  }
   NodeEntry& node = nodes_[req.node()];
   state::NodeRecord record = node.record;
   record.name = req.node();
@@ -1032,6 +1050,8 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
   node.port_last = last;
   node.last_seen_ms = now;
   node.session = req.node() + "-" + std::to_string(wall_ms_()) + "-" + std::to_string(++session_counter_);
+  node.instance = req.instance();
+  node.registered_from = req.address();
   node.ranks.clear();
 
   std::set<std::pair<std::string, int>> stale;

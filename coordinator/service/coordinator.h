@@ -236,6 +236,8 @@ class Coordinator {
     int port_first = 0;
     int port_last = 0;
     std::string session;                      // the current registration; "" before the first one
+    std::string instance;                     // its agent's RegisterRequest.instance
+    std::string registered_from;              // that agent's address (for the refusal of a second agent)
     std::shared_ptr<AgentLink> link;          // null while no stream is attached
     int64_t last_seen_ms = 0;                 // in memory only: heartbeats are not written to the store
     std::map<RankKey, v1::RankStatus> ranks;  // what the agent last reported, any attempt

@@ -618,6 +618,67 @@ TEST_F(ClusterTest, TrainingExampleThroughDdlctlResumesFromItsCheckpointAfterAFa
 #endif
 }
 
+// Two agents for one node: a second ddl-agent on n1's data dir exits at once naming the first (it would adopt
+// n1's ranks and unlink its agent.sock); one with a data dir of its own but n1's name and certificate (a
+// cloned machine) is refused by the coordinator, naming both, and n1 stays registered from its first agent
+// throughout.
+TEST_F(ClusterTest, ASecondAgentForOneNodeOrOneDataDirIsRefused) {
+  const std::string agent = std::string(DDL_BIN_DIR) + "/ddl-agent";
+  auto argv = [&](const fs::path& data) {
+    return std::vector<std::string>{agent,
+                                    "--coordinator",
+                                    address_,
+                                    "--node",
+                                    "n1",
+                                    "--address",
+                                    "127.0.0.2",
+                                    "--virtual-gpus",
+                                    "2",
+                                    "--force-virtual",
+                                    "--data-dir",
+                                    data.string(),
+                                    "--port-range",
+                                    "31200-31299",
+                                    "--pki-dir",
+                                    (dir_ / "n1-pki").string()};
+  };
+  const fs::path same_dir_log = dir_ / "agent-dup-dir.log";
+  pid_t dup = spawn(argv(dir_ / "n1"), same_dir_log);
+  int status = 0;
+  const bool exited = waitFor([&] { return waitpid(dup, &status, WNOHANG) == dup; }, 10000);
+  if (!exited) stop(dup);
+  EXPECT_TRUE(exited && WIFEXITED(status) && WEXITSTATUS(status) != 0)
+      << "a second agent ran on n1's data dir";
+  EXPECT_NE(slurp(same_dir_log)
+                .find("another ddl-agent (pid " + std::to_string(agents_["n1"]) + ") uses the data dir"),
+            std::string::npos)
+      << slurp(same_dir_log);
+  EXPECT_TRUE(fs::exists(dir_ / "n1" / "agent.sock")) << "the refused agent removed the first one's socket";
+
+  const fs::path clone_log = dir_ / "agent-clone.log";
+  pid_t clone = spawn(argv(dir_ / "n1-clone"), clone_log);
+  EXPECT_TRUE(waitFor(
+      [&] { return slurp(clone_log).find("held by another live ddl-agent") != std::string::npos; }, 15000))
+      << slurp(clone_log);
+  const std::string refused = slurp(clone_log);
+  EXPECT_NE(refused.find("127.0.0.1"), std::string::npos) << refused;  // the first agent's address
+  EXPECT_NE(refused.find("127.0.0.2"), std::string::npos) << refused;  // its own
+  // n1 keeps its first agent: registered from 127.0.0.1, never from the clone.
+  for (int i = 0; i < 20; ++i) {
+    ddl::v1::ListNodesResponse nodes;
+    grpc::ClientContext ctx;
+    authorize(&ctx);
+    ASSERT_TRUE(user_->ListNodes(&ctx, {}, &nodes).ok());
+    for (const auto& n : nodes.nodes()) {
+      if (n.name() == "n1") EXPECT_EQ(n.address(), "127.0.0.1") << "n1 flapped to the clone";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  stop(clone);
+  std::string id = submit(2, 2, {"/bin/true"});
+  EXPECT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 30000)) << job(id).DebugString();
+}
+
 TEST_F(ClusterTest, CoordinatorKilledMidJobRestartsAndTheJobStillSucceeds) {
   std::string id = submit(2, 2, {"/bin/sleep", "4"});
   ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000));

@@ -520,6 +520,44 @@ TEST_F(CoordinatorTest, StaleSessionAndUnknownNodeAreRefused) {
   EXPECT_EQ(coordinator->registerAgent(bad).status().code(), state::StatusCode::kInvalidArgument);
 }
 
+// Two ddl-agents claiming one node name (a second agent with the same --node, a cloned machine): the second
+// is refused, naming both addresses, while the first is live; they no longer take turns. The same agent
+// registering again (a reconnect) and a restarted agent whose predecessor's stream is gone are let in.
+TEST_F(CoordinatorTest, ASecondLiveAgentForOneNodeIsRefusedNamingBoth) {
+  auto request = [](const std::string& instance, const std::string& address) {
+    v1::RegisterRequest req;
+    req.set_node("n1");
+    req.set_address(address);
+    req.set_instance(instance);
+    req.add_gpus()->set_index(0);
+    return req;
+  };
+  auto first = coordinator->registerAgent(request("100-aaaa", "10.0.0.1"));
+  ASSERT_TRUE(first) << first.status().toString();
+  auto link = std::make_shared<RecordingLink>();
+  ASSERT_TRUE(coordinator->attachAgent("n1", first->session(), link));
+
+  auto second = coordinator->registerAgent(request("200-bbbb", "10.0.0.2"));
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.status().code(), state::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("10.0.0.1"), std::string::npos) << second.status().message();
+  EXPECT_NE(second.status().message().find("10.0.0.2"), std::string::npos) << second.status().message();
+  EXPECT_FALSE(link->closed) << "the live agent's stream was cut by the refused one";
+  EXPECT_EQ(coordinator->listNodes()[0].address(), "10.0.0.1");
+
+  // The same agent again (its stream broke and it reconnects): let in.
+  auto again = coordinator->registerAgent(request("100-aaaa", "10.0.0.1"));
+  ASSERT_TRUE(again) << again.status().toString();
+  auto link2 = std::make_shared<RecordingLink>();
+  ASSERT_TRUE(coordinator->attachAgent("n1", again->session(), link2));
+
+  // It dies: its stream closes. A restarted agent (another instance) is let in two heartbeat intervals later.
+  coordinator->detachAgent("n1", again->session(), link2);
+  now += 2 * options.heartbeat_interval_ms;
+  auto restarted = coordinator->registerAgent(request("300-cccc", "10.0.0.1"));
+  ASSERT_TRUE(restarted) << restarted.status().toString();
+}
+
 TEST_F(CoordinatorTest, ALateDetachOfAReplacedStreamKeepsTheNewOne) {
   std::string session = addNode("n1", 1);
   auto old_link = links["n1"];
