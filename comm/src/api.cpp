@@ -1,5 +1,7 @@
 // The C ABI of libddl (include/ddl/ddl.h). Every entry point converts exceptions into a ddlResult_t and keeps
 // the message for ddlGetLastError: no exception ever crosses into the caller.
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -10,6 +12,7 @@
 #include "ddl/ddl.h"
 #include "env.h"
 #include "error.h"
+#include "rendezvous/launch_env.h"
 
 namespace {
 // A communicator's last error, shared with its requests: a request may be finished (ddlWait, ddlTest) after
@@ -164,23 +167,28 @@ ddlResult_t ddlCommInitRankWithStore(ddlComm_t* comm, int nranks, int rank, cons
 }
 
 ddlResult_t ddlCommInitFromEnv(ddlComm_t* comm, const ddlConfig_t* config) {
-  int nranks = 0, rank = 0;
-  std::string root;
+  ddl::LaunchEnv env;
   ddlResult_t r = guard(nullptr, "ddlCommInitFromEnv", [&] {
-    std::string size_s = ddl::getEnv("DDL_WORLD_SIZE"), rank_s = ddl::getEnv("DDL_RANK");
-    root = ddl::getEnv("DDL_ROOT");
-    if (size_s.empty() || rank_s.empty() || root.empty()) {
-      ddl::fail(ddlInvalidArgument,
-                "DDL_WORLD_SIZE, DDL_RANK and DDL_ROOT must be set (launch ranks with ddlrun or ddl-agent)");
+    env = ddl::launchEnvironment([](const char* name) { return ddl::getEnv(name); });
+    // ddlrun and ddl-agent give every job a secret; under the other launchers the store is open unless the
+    // user sets one (rank 0's store answers whoever reaches its port).
+    const bool config_secret = config && config->version >= 3 &&
+                               config->size >= offsetof(ddlConfig_t, secret) + sizeof(const char*) &&
+                               config->secret && config->secret[0] != '\0';
+    if (env.source != "ddl" && !config_secret && ddl::getEnv("DDL_JOB_SECRET").empty() && env.rank == 0) {
+      std::fprintf(
+          stderr,
+          "ddl: started from %s's variables without DDL_JOB_SECRET: rank 0's rendezvous store at %s answers "
+          "anyone who reaches it; set DDL_JOB_SECRET to the same random string on every rank "
+          "(docs/user-guide.md, \"The job's secret\")\n",
+          env.source.c_str(), env.root.c_str());
     }
-    nranks = static_cast<int>(ddl::parseInt(size_s, "DDL_WORLD_SIZE", 1, 1 << 15));
-    rank = static_cast<int>(ddl::parseInt(rank_s, "DDL_RANK", 0, nranks - 1));
   });
   if (r != ddlSuccess) {
     if (comm) *comm = nullptr;
     return r;
   }
-  return initRank(comm, nranks, rank, root, config, "ddlCommInitFromEnv");
+  return initRank(comm, env.size, env.rank, env.root, config, "ddlCommInitFromEnv");
 }
 
 ddlResult_t ddlCommDestroy(ddlComm_t comm) {

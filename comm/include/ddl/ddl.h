@@ -146,8 +146,14 @@ typedef struct {
 ddlResult_t ddlCommInitRankWithStore(ddlComm_t* comm, int nranks, int rank, const ddlStore_t* store,
                                      const ddlConfig_t* config);
 
-/* Same as ddlCommInitRank, reading DDL_RANK, DDL_WORLD_SIZE and DDL_ROOT (and the optional DDL_* settings,
- * DDL_JOB_SECRET among them) from the environment, as set by ddlrun and ddl-agent. */
+/* Same as ddlCommInitRank, with the rank, the rank count and rank 0's address from the launcher's variables,
+ * in this order (the first launcher whose rank and size are both set decides): DDL_RANK, DDL_WORLD_SIZE,
+ * DDL_ROOT (ddlrun, ddl-agent); RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun): libddl's store on
+ * MASTER_PORT + 1, or DDL_PORT; SLURM_PROCID, SLURM_NTASKS, the first host of SLURM_JOB_NODELIST (srun): port
+ * DDL_PORT, else 29400 + SLURM_JOB_ID mod 500; OMPI_COMM_WORLD_RANK/SIZE (Open MPI) or PMI_RANK/SIZE (MPICH
+ * hydra), with DDL_ROOT (mpirun -x DDL_ROOT=...). DDL_ROOT, where set, names rank 0's store under any
+ * launcher. The optional DDL_* settings (DDL_JOB_SECRET among them) apply as always; outside ddlrun and
+ * ddl-agent rank 0 warns on stderr when no secret is set. */
 ddlResult_t ddlCommInitFromEnv(ddlComm_t* comm, const ddlConfig_t* config);
 
 /* Frees the communicator. Call it on every rank; it first waits (bounded by the timeout) for peers to finish. */
