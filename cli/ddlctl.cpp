@@ -10,14 +10,16 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cmath>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <deque>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -606,8 +608,25 @@ Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs) {
 
 // ---- RPC failures -----------------------------------------------------------------------------------------
 
+bool isTransportFailure(const std::string& message) {
+  const std::string m = upper(message);
+  for (const char* sign :
+       {"FAILED TO CONNECT", "CONNECTION REFUSED", "SOCKET CLOSED", "CONNECTION RESET", "DNS RESOLUTION",
+        "BROKEN PIPE", "TRANSPORT", "CONNECTIONS TO ALL BACKENDS", "GOAWAY", "ENDPOINT", "HANDSHAKE", "SSL",
+        "CERTIFICATE", "CONNECTION CLOSED", "EOF", "SHUTTING DOWN", "GOING DOWN"}) {
+    if (m.find(sign) != std::string::npos) return true;
+  }
+  return m.empty() || m == "UNAVAILABLE";
+}
+
 RpcError describeRpcError(grpc::StatusCode code, const std::string& message, const std::string& address,
-                          double timeoutS) {
+                          double timeoutS, bool insecure) {
+  if (code == grpc::StatusCode::UNAVAILABLE && !isTransportFailure(message)) {
+    // The coordinator answered: it is running, but could not do it (its disk is full, its store failed).
+    return {kExitUnreachable, "the coordinator at " + address + " is running but could not do it: " + message,
+            "see its log (journalctl -u ddl-coordinator): a full disk or an unwritable data dir stops every "
+            "change"};
+  }
   if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
     std::string why;
     if (code == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -623,6 +642,15 @@ RpcError describeRpcError(grpc::StatusCode code, const std::string& message, con
       return {kExitUnreachable, "cannot reach coordinator at " + address + ": the TLS handshake failed (" + why + ")",
               "give the cluster's CA with --ca or DDL_CA; a coordinator run with --insecure needs --insecure here"};
     }
+    if (insecure &&
+        (lower.find("SOCKET CLOSED") != std::string::npos ||
+         lower.find("CONNECTION RESET") != std::string::npos ||
+         lower.find("CONNECTION CLOSED") != std::string::npos || lower.find("EOF") != std::string::npos)) {
+      return {
+          kExitUnreachable, "cannot reach coordinator at " + address + ": it closed the plaintext connection",
+          "a coordinator that uses TLS (every one not started with --insecure) closes plaintext connections: "
+          "drop --insecure and give its CA with --ca or DDL_CA"};
+    }
     return {kExitUnreachable, "cannot reach coordinator at " + address + ": " + why,
             "is ddl-coordinator running? set --coordinator or DDL_COORDINATOR"};
   }
@@ -635,6 +663,24 @@ RpcError describeRpcError(grpc::StatusCode code, const std::string& message, con
   if (!message.empty()) return {kExitRefused, message, ""};
   return {kExitRefused, "the coordinator refused the request (gRPC status " + std::to_string(int(code)) + ")",
           ""};
+}
+
+std::string checkCa(const std::string& path) {
+  std::string error;
+  const auto pem = pki::readFile(path, &error);
+  if (!pem) return "cannot read the CA certificate: " + error;
+  const auto info = pki::inspectCertificate(*pem, &error);
+  if (!info) return path + " is not a CA certificate (PEM): " + error;
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  if (now > info->not_after_s) {
+    return "the CA certificate " + path + " expired on " +
+           formatLocalTime(info->not_after_s * 1000).substr(0, 10);
+  }
+  if (now < info->not_before_s) {
+    return "the CA certificate " + path + " is not valid before " +
+           formatLocalTime(info->not_before_s * 1000).substr(0, 10) + " (is this machine's clock right?)";
+  }
+  return "";
 }
 
 std::string findCredentials(const std::string& ca_flag, const std::string& token_file_flag, Credentials* out) {
@@ -660,7 +706,10 @@ std::string findCredentials(const std::string& ca_flag, const std::string& token
   if (!given) file = home.empty() ? "" : home + "token";
   if (file.empty()) return "";
   std::ifstream in(file);
-  if (!in) return given ? "cannot read the token file " + file : "";  // no default file: call without a token
+  if (!in) {
+    // No default file: call without a token. A file the user named must be there and readable.
+    return given ? "cannot read the token file " + file + ": " + std::strerror(errno) : "";
+  }
   std::getline(in, out->token);
   while (!out->token.empty() && std::isspace(static_cast<unsigned char>(out->token.back()))) out->token.pop_back();
   if (out->token.empty()) return "the token file " + file + " is empty";
@@ -1362,6 +1411,13 @@ class Session {
                                         "development coordinator on loopback)");
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no CA certificate");
         }
+        // A CA file that is not a certificate, or one that expired, fails every handshake with gRPC's own log
+        // lines and "unavailable": say what is wrong with it instead, before connecting.
+        if (std::string why = checkCa(credentials_.ca); !why.empty()) {
+          *usage = kExitUnauthenticated;
+          err_ << "ddlctl: " << why << "\nhint: give the cluster's ca.crt with --ca or DDL_CA\n";
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why);
+        }
         tls::addChannelArgs(&args);
         channel_credentials = tls::channelCredentials({credentials_.ca, "", ""});
       }
@@ -1423,7 +1479,8 @@ class Session {
   // Prints a failed call's error as call() does and returns its exit status; kExitOk for an OK status.
   int report(const grpc::Status& status) {
     if (status.ok()) return kExitOk;
-    RpcError e = describeRpcError(status.error_code(), status.error_message(), address_, timeoutS_);
+    RpcError e =
+        describeRpcError(status.error_code(), status.error_message(), address_, timeoutS_, insecure_);
     if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && e.hint.empty()) {
       e.hint = "the answer was larger than gRPC allows; for list, ask for smaller pages with --page-size";
     }
@@ -2389,7 +2446,17 @@ int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
   if (parsed.rc == kExitUsage) return usageError(err, parsed.error);
   if (parsed.rc != -1) return parsed.rc;
   if (cl.verb == "submit" && !parsed.rest.empty()) {
-    if (sawDashDash || !isScript(parsed.rest.front())) {
+    const std::string& first = parsed.rest.front();
+    std::error_code missing;
+    if (!sawDashDash && !std::filesystem::exists(first, missing) &&
+        (first.find('/') != std::string::npos || first.find('.') != std::string::npos)) {
+      // Meant as a job script, by its look (train.sh, ./run, jobs/a.sbatch): a typo, most likely.
+      return usageError(err, "no such file: " + first +
+                                 " (a job script must be an existing file that starts "
+                                 "with #!; a command goes after --, as in: ddlctl submit --gpus 4 -- " +
+                                 shellJoin(parsed.rest) + ")");
+    }
+    if (sawDashDash || !isScript(first)) {
       return usageError(err, "put the job's command after --, as in: ddlctl submit --gpus 4 -- " +
                                  shellJoin(parsed.rest) + " (or give a script that starts with #!)");
     }
@@ -2448,7 +2515,10 @@ int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
     if (std::string why = tls::checkInsecure(cl.coordinator, "ddlctl"); !why.empty()) return usageError(err, why);
   }
   Credentials credentials;
-  if (std::string why = findCredentials(cl.ca, cl.tokenFile, &credentials); !why.empty()) return usageError(err, why);
+  if (std::string why = findCredentials(cl.ca, cl.tokenFile, &credentials); !why.empty()) {
+    err << "ddlctl: " << why << "\nhint: give your token with --token-file, DDL_TOKEN_FILE or DDL_TOKEN\n";
+    return kExitUnauthenticated;
+  }
   Session session(cl, credentials, out, err);
   return runVerb(cl, session, err);
 }

@@ -156,10 +156,19 @@ struct RpcError {
 };
 
 // Maps a failed RPC to what the user sees: UNAVAILABLE and DEADLINE_EXCEEDED mean the coordinator could not
-// be reached (exit 3; a failed TLS handshake says so); UNAUTHENTICATED is exit 4 and PERMISSION_DENIED exit 5;
-// every other code is the coordinator refusing the request (exit 1, its own message).
+// be reached (exit 3; a failed TLS handshake says so, and a plaintext connection closed by a TLS coordinator,
+// with `insecure`, says to drop --insecure), except an UNAVAILABLE that the coordinator itself answered (its
+// store failing: a full disk), which says it runs but could not do it (exit 3 too); UNAUTHENTICATED is exit 4
+// and PERMISSION_DENIED exit 5; every other code is the coordinator refusing the request (exit 1, its own
+// message).
 RpcError describeRpcError(grpc::StatusCode code, const std::string& message, const std::string& address,
-                          double timeoutS);
+                          double timeoutS, bool insecure = false);
+// True for an UNAVAILABLE message that gRPC's transport wrote (no connection, a closed socket, a failed
+// handshake), false for one the coordinator answered with.
+bool isTransportFailure(const std::string& message);
+// "" when `path` holds a CA certificate valid now, else what is wrong with it (unreadable, not a certificate,
+// expired, not yet valid).
+std::string checkCa(const std::string& path);
 
 // ---- Formatting (pure; `nowMs` is unix milliseconds) ------------------------------------------------------
 

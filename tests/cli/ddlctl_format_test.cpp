@@ -291,6 +291,17 @@ TEST(DdlctlFormat, RpcErrors) {
   EXPECT_EQ(e.message, "job j-000404 not found");
   EXPECT_EQ(e.hint, "");
   EXPECT_EQ(describeRpcError(grpc::StatusCode::FAILED_PRECONDITION, "", "h:1", 10).exitCode, kExitRefused);
+  // The coordinator answered UNAVAILABLE itself (its store failing): running, not unreachable.
+  e = describeRpcError(grpc::StatusCode::UNAVAILABLE, "store: database or disk is full", "h:1", 10);
+  EXPECT_EQ(e.message,
+            "the coordinator at h:1 is running but could not do it: store: database or disk is full");
+  EXPECT_EQ(e.hint.find("is ddl-coordinator running"), std::string::npos) << e.hint;
+  // --insecure against a TLS coordinator: it closes the plaintext connection.
+  e = describeRpcError(grpc::StatusCode::UNAVAILABLE, "Socket closed", "h:1", 10, /*insecure=*/true);
+  EXPECT_NE(e.hint.find("drop --insecure"), std::string::npos) << e.hint;
+  EXPECT_FALSE(isTransportFailure("store: database or disk is full"));
+  EXPECT_TRUE(isTransportFailure("Socket closed"));
+  EXPECT_TRUE(isTransportFailure(""));
 }
 
 TEST(DdlctlFormat, JobTable) {
@@ -649,7 +660,7 @@ TEST(DdlctlCli, UsageErrorsExit2WithoutSending) {
   }
 }
 
-TEST(DdlctlCli, SecurityMistakesAreUsageErrors) {
+TEST(DdlctlCli, SecurityMistakesAreNamedBeforeAnythingIsSent) {
   // Plaintext only toward loopback.
   Result r = ddlctl({"--coordinator", "198.18.0.1:7070", "nodes"});
   EXPECT_EQ(r.rc, kExitUsage) << r.err;
@@ -658,10 +669,13 @@ TEST(DdlctlCli, SecurityMistakesAreUsageErrors) {
   r = ddlctl({"--coordinator", "127.0.0.1:1", "--ca", "/nonexistent/ca.crt", "nodes"}, /*insecure=*/false);
   EXPECT_EQ(r.rc, kExitUsage) << r.err;
   EXPECT_NE(r.err.find("no CA certificate at /nonexistent/ca.crt"), std::string::npos) << r.err;
-  // A token file that cannot be read is not silently replaced by no token.
+  // A token file that cannot be read is not silently replaced by no token: an identity problem (exit 4), with
+  // the reason.
   r = ddlctl({"--coordinator", "127.0.0.1:1", "--token-file", "/nonexistent/token", "nodes"});
-  EXPECT_EQ(r.rc, kExitUsage) << r.err;
-  EXPECT_NE(r.err.find("cannot read the token file /nonexistent/token"), std::string::npos) << r.err;
+  EXPECT_EQ(r.rc, kExitUnauthenticated) << r.err;
+  EXPECT_NE(r.err.find("cannot read the token file /nonexistent/token: No such file or directory"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(DdlctlCli, RefusalsHaveTheirOwnExitCodes) {

@@ -273,6 +273,65 @@ TEST_F(DdlctlTest, BadInputGivesClearErrorsAndExitCodes) {
   EXPECT_EQ(from_env.code, 0) << from_env.err;
 }
 
+// What a new user's mistakes print: each says what happened and what to do, with its own exit status, and no
+// raw gRPC log line and no "is ddl-coordinator running?" where it is running.
+TEST_F(DdlctlTest, MistakesSayWhatHappenedAndWhatToDo) {
+  const std::string garbage = (data_ / "garbage-ca.crt").string();
+  std::string error;
+  ASSERT_TRUE(ddl::pki::writeFile(garbage, "not a certificate\n", 0644, &error)) << error;
+  const std::string expired = (data_ / "expired-ca.crt").string();
+  {
+    auto key = ddl::pki::newPrivateKey(&error);
+    ASSERT_TRUE(key) << error;
+    const int64_t now = std::time(nullptr);
+    auto cert = ddl::pki::makeCertificate({"old-ca", {}, {}, ddl::pki::Usage::kCa}, *key, "", "",
+                                          now - 86400 * 10, now - 86400, &error);
+    ASSERT_TRUE(cert) << error;
+    ASSERT_TRUE(ddl::pki::writeFile(expired, *cert, 0644, &error)) << error;
+  }
+  const std::string script_dir = (data_ / "scripts").string();
+  fs::create_directories(script_dir);
+  struct Case {
+    const char* what;
+    std::vector<std::string> argv;
+    int code;
+    std::string needle;
+  };
+  const std::string admin = pki_ + "/admin.token";
+  const std::vector<Case> cases = {
+      {"--insecure against a TLS coordinator",
+       {"ddlctl", "--coordinator", address_, "--insecure", "--timeout", "5", "list"},
+       3,
+       "drop --insecure"},
+      {"a CA file that is no certificate",
+       {"ddlctl", "--coordinator", address_, "--ca", garbage, "--token-file", admin, "list"},
+       4,
+       "is not a CA certificate"},
+      {"an expired CA",
+       {"ddlctl", "--coordinator", address_, "--ca", expired, "--token-file", admin, "list"},
+       4,
+       "expired on"},
+      {"a token file that is not there",
+       {"ddlctl", "--coordinator", address_, "--ca", pki_ + "/ca.crt", "--token-file", "/nonexistent/token",
+        "list"},
+       4,
+       "cannot read the token file /nonexistent/token: No such file or directory"},
+      {"a typo in a job script's name",
+       {"ddlctl", "--coordinator", address_, "--ca", pki_ + "/ca.crt", "--token-file", admin, "submit",
+        "--gpus", "1", script_dir + "/tarin.sh"},
+       2,
+       "no such file: " + script_dir + "/tarin.sh"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Result r = runProgram(c.argv);
+    EXPECT_EQ(r.code, c.code) << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("is ddl-coordinator running"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("ssl_transport_security"), std::string::npos) << "raw gRPC log lines:\n" << r.err;
+  }
+}
+
 // The limits of validateJobSpec reach the user through the real coordinator as exit 1 with the limit named
 // and the hostile bytes escaped; list pages through whatever the coordinator answers (one page, or many);
 // nodes remove is an admin verb the coordinator answers (refused for an UP node, or UNIMPLEMENTED before its
