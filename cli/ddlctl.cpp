@@ -1559,7 +1559,10 @@ class Pacer {
 std::string describeEnd(const v1::Job& job) {
   std::string line = escapeForTerminal(job.id()) + " " + stateName(job.state());
   if (job.state() == v1::FAILED && job.has_failure()) {
-    line += " (" + escapeForTerminal(describeFailure(job.failure())) + ")";
+    // A rank that could not start (a missing account, an unreadable workdir) "exits" 127: its reason says
+    // what happened, the exit code would not.
+    const bool not_started = job.reason().find(" could not start: ") != std::string::npos;
+    line += " (" + escapeForTerminal(not_started ? job.reason() : describeFailure(job.failure())) + ")";
   } else if (job.state() != v1::SUCCEEDED && !job.reason().empty()) {
     line += " (" + escapeForTerminal(job.reason()) + ")";
   }

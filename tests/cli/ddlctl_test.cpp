@@ -332,6 +332,27 @@ TEST_F(DdlctlTest, MistakesSayWhatHappenedAndWhatToDo) {
   }
 }
 
+// A rank that could not start (the agent's error, exit 127 by convention): wait's line says why, not "exit
+// code 127".
+TEST_F(DdlctlTest, WaitSaysWhyARankCouldNotStart) {
+  const std::string id = submit({"--gpus", "1", "--", "true"});
+  {
+    ddl::v1::StartRanks start;
+    FakeAgent* where = nullptr;
+    for (int round = 0; round < 100 && !where; ++round) {  // at most 10 s
+      for (auto& a : agents_) {
+        if (!where && a->waitStart(id, &start, 50)) where = a.get();
+      }
+    }
+    ASSERT_NE(where, nullptr) << "no agent got the job";
+    ASSERT_TRUE(where->exitRank(id, 0, 127, false, "user ddlt-gone does not exist on node " + where->node()));
+  }
+  Result r = ctl({"wait", id, "--wait-timeout", "20"});
+  EXPECT_EQ(r.code, 127) << r.err;
+  EXPECT_NE(r.out.find("could not start: user ddlt-gone does not exist on node"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("exit code 127"), std::string::npos) << r.out;
+}
+
 // The limits of validateJobSpec reach the user through the real coordinator as exit 1 with the limit named
 // and the hostile bytes escaped; list pages through whatever the coordinator answers (one page, or many);
 // nodes remove is an admin verb the coordinator answers (refused for an UP node, or UNIMPLEMENTED before its

@@ -183,7 +183,7 @@ bool FakeAgent::waitStop(const std::string& job, int timeout_ms) {
   });
 }
 
-bool FakeAgent::exitRank(const std::string& job, int rank, int code, bool signal) {
+bool FakeAgent::exitRank(const std::string& job, int rank, int code, bool signal, const std::string& error) {
   v1::AgentMessage msg;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -196,6 +196,7 @@ bool FakeAgent::exitRank(const std::string& job, int rank, int code, bool signal
       it->second.set_exit_code(code);
     }
     it->second.set_exited_ms(nowMs());
+    if (!error.empty()) it->second.set_error(error);  // as the agent reports a rank that could not start
     *msg.mutable_rank_event() = it->second;
   }
   return write(msg);

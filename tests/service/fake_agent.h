@@ -40,7 +40,8 @@ class FakeAgent {
   bool waitStart(const std::string& job, v1::StartRanks* out, int timeout_ms = 5000);
   bool waitStop(const std::string& job, int timeout_ms = 5000);
   // Makes a held rank exit with a code (or signal when `signal` is true) and reports it at once.
-  bool exitRank(const std::string& job, int rank, int code, bool signal = false);
+  bool exitRank(const std::string& job, int rank, int code, bool signal = false,
+                const std::string& error = "");
   // Every held rank of the job exits with code 0.
   bool exitAll(const std::string& job);
   // Ranks still held (running or exited but not yet released by a StopJob).
