@@ -1604,8 +1604,48 @@ int waitForJobs(Session& s, const std::vector<std::string>& ids, Pacer& pacer, s
   }
 }
 
+// A FAILED job's failing rank: its last lines (at most 10, from the last 4 KiB of its log), on `err`, so that
+// whoever waited sees why without a second command. Best effort: a log that cannot be read (its node down)
+// is skipped silently; two GetLogs calls at most.
+void printFailingRankTail(Session& s, const v1::Job& job, std::ostream& err) {
+  using Stub = v1::UserService::Stub;
+  using Ctx = grpc::ClientContext;
+  if (job.state() != v1::FAILED || !job.has_failure()) return;
+  if (job.reason().find(" could not start: ") != std::string::npos) return;  // no output: the reason says why
+  constexpr int64_t kTailBytes = 4096;
+  constexpr size_t kTailLines = 10;
+  v1::GetLogsRequest req;
+  req.set_id(job.id());
+  req.set_rank(job.failure().rank());
+  req.set_max_bytes(1);
+  v1::GetLogsResponse probe;
+  int usage = kExitOk;
+  if (!s.callQuiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, req, &probe); }, &usage).ok()) return;
+  if (probe.size() <= 0) return;
+  req.set_attempt(probe.attempt());
+  req.set_offset(std::max<int64_t>(0, probe.size() - kTailBytes));
+  req.set_max_bytes(static_cast<int32_t>(kTailBytes));
+  v1::GetLogsResponse tail;
+  if (!s.callQuiet([&](Stub& stub, Ctx* c) { return stub.GetLogs(c, req, &tail); }, &usage).ok()) return;
+  std::vector<std::string> lines;
+  std::string_view data = tail.data();
+  while (!data.empty()) {
+    const size_t nl = data.find('\n');
+    lines.emplace_back(data.substr(0, nl));
+    data = nl == std::string_view::npos ? std::string_view() : data.substr(nl + 1);
+  }
+  if (req.offset() > 0 && !lines.empty()) lines.erase(lines.begin());  // cut mid-line
+  if (lines.size() > kTailLines) lines.erase(lines.begin(), lines.end() - kTailLines);
+  if (lines.empty()) return;
+  err << "--- the last lines of rank " << job.failure().rank() << " of " << escapeForTerminal(job.id())
+      << " (ddlctl logs " << escapeForTerminal(job.id()) << " --rank " << job.failure().rank()
+      << " for all):\n";
+  for (const std::string& l : lines) err << "  " << escapeForTerminal(l) << "\n";
+  err.flush();
+}
+
 // Waits for the jobs to end (submit --wait, wait) and exits with their result (worstJobExit); -o json prints
-// the final jobs as one list.
+// the final jobs as one list; text also shows each failed job's failing rank's last lines.
 int waitAndReport(const CommandLine& cl, Session& s, const std::vector<std::string>& ids, std::ostream& err) {
   Pacer pacer(cl.waitTimeoutS);
   std::vector<v1::Job> jobs;
@@ -1615,6 +1655,8 @@ int waitAndReport(const CommandLine& cl, Session& s, const std::vector<std::stri
     v1::ListJobsResponse all;
     for (const v1::Job& j : jobs) *all.add_jobs() = j;
     s.print(all, "");
+  } else {
+    for (const v1::Job& j : jobs) printFailingRankTail(s, j, err);
   }
   return rc == kExitWaitTimeout ? rc : worstJobExit(jobs);
 }
@@ -2167,7 +2209,9 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
     req.set_id(normalizeJobId(cl.target));
     v1::Job job;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetJob(c, req, &job); })) return rc;
-    return s.print(job, formatJobDetail(job, now));
+    s.print(job, formatJobDetail(job, now));
+    if (!s.json()) printFailingRankTail(s, job, err);
+    return kExitOk;
   }
   if (cl.verb == "cancel") return runCancel(cl, s, err);
   if (cl.verb == "wait") return runWait(cl, s, err);

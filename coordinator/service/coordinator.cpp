@@ -1011,16 +1011,16 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
   }
 
   const int64_t now = now_ms_();
-  // Another live agent already holds this node (its stream is attached, or it registered within the last two
-  // heartbeat intervals): a second ddl-agent with the same --node, a cloned machine or a copied certificate.
+  // Another live agent already holds this node (its stream is attached, or it registered moments ago and is
+  // about to attach): a second ddl-agent with the same --node, a cloned machine or a copied certificate.
   // Refused, naming both, instead of the two taking turns. An agent that restarts is another instance too:
-  // its predecessor's stream closed when it died, so it is let in (at worst after two heartbeat intervals).
+  // its predecessor's stream closed when it stopped or died, so it is let in at once.
   if (auto it = nodes_.find(req.node()); it != nodes_.end() && !req.instance().empty() &&
                                          !it->second.instance.empty() &&
                                          it->second.instance != req.instance()) {
     const NodeEntry& held = it->second;
     const int64_t silent = now - held.last_seen_ms;
-    if (held.link || silent < 2 * options_.heartbeat_interval_ms) {
+    if (held.link || (!held.attached && now - held.registered_ms < 2 * options_.heartbeat_interval_ms)) {
       return Status::failedPrecondition(
           "register: node " + req.node() + " is held by another live ddl-agent (at " + held.registered_from +
           ", heard from " + seconds(silent) + " ago); this one (at " + req.address() +
@@ -1052,6 +1052,8 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
   node.session = req.node() + "-" + std::to_string(wall_ms_()) + "-" + std::to_string(++session_counter_);
   node.instance = req.instance();
   node.registered_from = req.address();
+  node.registered_ms = now;
+  node.attached = false;
   node.ranks.clear();
 
   std::set<std::pair<std::string, int>> stale;
@@ -1127,6 +1129,7 @@ Status Coordinator::attachAgentOnLoop(const std::string& node, const std::string
   if (!entry) return error;
   if (entry->link && entry->link != link) entry->link->close();
   entry->link = std::move(link);
+  entry->attached = true;
   entry->last_seen_ms = now_ms_();
   // Queued commands were durable when they were queued: they go out first, in order, ahead of newer ones that
   // still wait for the store.

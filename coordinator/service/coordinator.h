@@ -238,6 +238,8 @@ class Coordinator {
     std::string session;                      // the current registration; "" before the first one
     std::string instance;                     // its agent's RegisterRequest.instance
     std::string registered_from;              // that agent's address (for the refusal of a second agent)
+    int64_t registered_ms = 0;                // when (monotonic), and whether its stream attached since
+    bool attached = false;
     std::shared_ptr<AgentLink> link;          // null while no stream is attached
     int64_t last_seen_ms = 0;                 // in memory only: heartbeats are not written to the store
     std::map<RankKey, v1::RankStatus> ranks;  // what the agent last reported, any attempt

@@ -438,7 +438,11 @@ TEST_F(ClusterTest, LogsAreReadThroughTheCoordinator) {
 
 TEST_F(ClusterTest, FailingRankFailsTheJobAndTheOtherRanksAreStopped) {
   const std::string marker = "61." + std::to_string(getpid());
-  std::string id = submit(2, 2, {"/bin/sh", "-c", "if [ \"$DDL_RANK\" = 3 ]; then sleep 0.5; exit 7; fi; exec sleep " + marker});
+  std::string id = submit(2, 2,
+                          {"/bin/sh", "-c",
+                           "if [ \"$DDL_RANK\" = 3 ]; then echo out of memory in step 12; "
+                           "sleep 0.5; exit 7; fi; exec sleep " +
+                               marker});
   ASSERT_TRUE(reaches(id, ddl::v1::FAILED, 30000)) << job(id).DebugString();
   auto j = job(id);
   EXPECT_EQ(j.failure().rank(), 3);
@@ -446,6 +450,21 @@ TEST_F(ClusterTest, FailingRankFailsTheJobAndTheOtherRanksAreStopped) {
   // Rank 3 is the second GPU of the second node in ring order.
   EXPECT_EQ(j.failure().host(), j.allocation(1).node());
   EXPECT_TRUE(waitFor([&] { return !processWithMarker(marker); }, 15000)) << "ranks of the failed job survive";
+  // wait and status show the failing rank's last lines (on stderr), so nobody needs a second command to see
+  // why.
+  const fs::path err = dir_ / "wait.err";
+  EXPECT_EQ(
+      std::system((ctl((dir_ / "root.token").string()) + " wait " + id + " > /dev/null 2> " + err.string())
+                      .c_str()) >>
+          8,
+      7);
+  EXPECT_NE(slurp(err).find("the last lines of rank 3 of " + id), std::string::npos) << slurp(err);
+  EXPECT_NE(slurp(err).find("  out of memory in step 12\n"), std::string::npos) << slurp(err);
+  EXPECT_EQ(
+      std::system((ctl((dir_ / "root.token").string()) + " status " + id + " > /dev/null 2> " + err.string())
+                      .c_str()),
+      0);
+  EXPECT_NE(slurp(err).find("out of memory in step 12"), std::string::npos) << slurp(err);
 }
 
 TEST_F(ClusterTest, CancelLeavesNoProcessOfTheJob) {
