@@ -608,6 +608,24 @@ Parsed<int64_t> parseTimeBound(std::string_view text, int64_t nowMs) {
 
 // ---- RPC failures -----------------------------------------------------------------------------------------
 
+namespace {
+
+// A TLS handshake that failed: it fails the same way on every try.
+bool isTlsFailure(const std::string& message) {
+  const std::string m = upper(message);
+  return m.find("HANDSHAKE") != std::string::npos || m.find("SSL") != std::string::npos ||
+         m.find("CERTIFICATE") != std::string::npos;
+}
+
+// A failure that a restarting coordinator gives, which the verbs that wait ride out.
+bool outage(const grpc::Status& status) {
+  return (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+         !isTlsFailure(status.error_message());
+}
+
+}  // namespace
+
 bool isTransportFailure(const std::string& message) {
   const std::string m = upper(message);
   for (const char* sign :
@@ -637,8 +655,7 @@ RpcError describeRpcError(grpc::StatusCode code, const std::string& message, con
       why = message.empty() ? "unavailable" : message;
     }
     const std::string lower = upper(message);
-    if (lower.find("HANDSHAKE") != std::string::npos || lower.find("SSL") != std::string::npos ||
-        lower.find("CERTIFICATE") != std::string::npos) {
+    if (isTlsFailure(message)) {
       return {kExitUnreachable, "cannot reach coordinator at " + address + ": the TLS handshake failed (" + why + ")",
               "give the cluster's CA with --ca or DDL_CA; a coordinator run with --insecure needs --insecure here"};
     }
@@ -1494,19 +1511,6 @@ class Session {
 
   bool json() const { return json_; }
 
- private:
-  // A failure that a restarting coordinator gives (not a TLS or authentication refusal, which repeat).
-  static bool outage(const grpc::Status& status) {
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
-        status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return false;
-    }
-    const std::string m = upper(status.error_message());
-    return m.find("HANDSHAKE") == std::string::npos && m.find("SSL") == std::string::npos &&
-           m.find("CERTIFICATE") == std::string::npos;
-  }
-
- public:
   // Prints the answer: the message as JSON, or `text` for people.
   int print(const google::protobuf::Message& message, const std::string& text) {
     out_ << (json_ ? toJson(message) : text);
