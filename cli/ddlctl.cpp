@@ -34,6 +34,7 @@
 #include "common/host_port.h"
 #include "common/job_id.h"
 #include "common/pki.h"
+#include "common/resources.h"
 #include "common/version.h"
 #include "ddl/messages.h"
 #include "ddl/tls.h"
@@ -435,6 +436,13 @@ std::string checkSubmitValues(const SubmitArgs& args) {
   }
   if (args.maxRestarts < 0)
     return "--max-restarts must be 0 or more, got " + std::to_string(args.maxRestarts);
+  if (args.cpusPerRank && (*args.cpusPerRank < 1 || *args.cpusPerRank > 4096))
+    return "--cpus-per-rank must be 1 to 4096, got " + std::to_string(*args.cpusPerRank);
+  if (!args.memPerRank.empty()) {
+    int64_t bytes = 0;
+    if (std::string why = parseByteSize(args.memPerRank, &bytes); !why.empty())
+      return "--mem-per-rank '" + args.memPerRank + "': " + why;
+  }
   if (!args.topology.empty() && !isTopology(args.topology)) {
     return "--topology '" + args.topology + "' is not a list of positive numbers joined by x, like 4x2";
   }
@@ -492,6 +500,12 @@ Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
   }
   for (const std::string& e : args.env) spec.add_env(e);
   if (!args.timeLimit.empty()) spec.set_time_limit_s(*parseTimeLimit(args.timeLimit).value);
+  if (args.cpusPerRank) spec.set_cpus_per_rank(*args.cpusPerRank);
+  if (!args.memPerRank.empty()) {
+    int64_t bytes = 0;
+    parseByteSize(args.memPerRank, &bytes);
+    spec.set_memory_per_rank_bytes(bytes);
+  }
   for (auto [given, field] : {std::pair{&args.afterOk, spec.mutable_after_ok()},
                               std::pair{&args.afterAny, spec.mutable_after_any()}}) {
     for (const std::string& arg : *given) {
@@ -944,20 +958,37 @@ std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
   const bool reasons = std::any_of(nodes.nodes().begin(), nodes.nodes().end(),
                                    [](const v1::Node& n) { return !n.drain_reason().empty(); });
   std::vector<std::vector<std::string>> rows = {
-      {"NAME", "STATE", "GPUS", "ADDRESS", "LABELS", "HEARTBEAT", "JOBS"}};
+      {"NAME", "STATE", "GPUS", "CPUS", "MEMORY", "ADDRESS", "LABELS", "HEARTBEAT", "JOBS"}};
   if (reasons) rows[0].push_back("REASON");
   for (const v1::Node& n : nodes.nodes()) {
     std::string labels = formatLabels(n.labels());
     std::vector<std::string> jobs(n.jobs().begin(), n.jobs().end());
-    rows.push_back({cell(n.name(), kMaxNameColumn), cell(nodeState(n), kMaxNameColumn),
-                    std::to_string(n.gpus_used_size()) + "/" + std::to_string(n.gpus_size()),
-                    n.address().empty() ? "-" : cell(n.address(), kMaxNameColumn + 24),
-                    labels.empty() ? "-" : cell(labels, kMaxWideColumn),
-                    n.last_heartbeat_ms() > 0 ? formatAge(nowMs - n.last_heartbeat_ms()) : "never",
-                    jobs.empty() ? "-" : cell(join(jobs, ","), kMaxWideColumn)});
+    rows.push_back(
+        {cell(n.name(), kMaxNameColumn), cell(nodeState(n), kMaxNameColumn),
+         std::to_string(n.gpus_used_size()) + "/" + std::to_string(n.gpus_size()),
+         n.cpus_size() ? std::to_string(n.cpus_used_size()) + "/" + std::to_string(n.cpus_size()) : "-",
+         n.memory_bytes() > 0 ? formatBytes(n.memory_used_bytes()) + "/" + formatBytes(n.memory_bytes())
+                              : "-",
+         n.address().empty() ? "-" : cell(n.address(), kMaxNameColumn + 24),
+         labels.empty() ? "-" : cell(labels, kMaxWideColumn),
+         n.last_heartbeat_ms() > 0 ? formatAge(nowMs - n.last_heartbeat_ms()) : "never",
+         jobs.empty() ? "-" : cell(join(jobs, ","), kMaxWideColumn)});
     if (reasons) rows.back().push_back(n.drain_reason().empty() ? "-" : cell(n.drain_reason(), kMaxWideColumn));
   }
-  return renderTable(rows);
+  // Where ranks that ask for CPUs or memory are not held to them by cgroups, say so under the table, once
+  // per distinct reason.
+  std::vector<std::pair<std::string, std::vector<std::string>>> unconfined;
+  for (const v1::Node& n : nodes.nodes()) {
+    if (n.confinement().empty() || n.confinement().rfind("cgroups v2", 0) == 0) continue;
+    auto it = std::find_if(unconfined.begin(), unconfined.end(),
+                           [&](const auto& u) { return u.first == n.confinement(); });
+    if (it == unconfined.end()) it = unconfined.insert(unconfined.end(), {n.confinement(), {}});
+    it->second.push_back(n.name());
+  }
+  std::string out = renderTable(rows);
+  for (const auto& [why, names] : unconfined)
+    out += "note: " + escapeForTerminal(join(names, ", ")) + ": " + escapeForTerminal(why) + "\n";
+  return out;
 }
 
 std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
@@ -972,6 +1003,14 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   add("Workdir", spec.workdir());
   std::string request = describeRequest(spec);
   if (spec.total_gpus() == 0) request += " (" + std::to_string(requestedGpus(spec)) + " GPUs)";
+  if (spec.cpus_per_rank() > 0 || spec.memory_per_rank_bytes() > 0) {
+    std::string each;
+    if (spec.cpus_per_rank() > 0)
+      each = std::to_string(spec.cpus_per_rank()) + (spec.cpus_per_rank() == 1 ? " CPU" : " CPUs");
+    if (spec.memory_per_rank_bytes() > 0)
+      each += (each.empty() ? "" : " and ") + formatBytes(spec.memory_per_rank_bytes());
+    request += ", " + each + " per rank";
+  }
   add("Request", request);
   if (!spec.required_labels().empty()) add("Labels", formatLabels(spec.required_labels()));
   if (!spec.env().empty()) add("Env", shellJoin({spec.env().begin(), spec.env().end()}));
@@ -1196,6 +1235,17 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
       ->add_option_function<int>(
           "--gpus", [&s](const int& t) { s.gpus = t; }, "total GPUs, on any nodes")
       ->type_name("T")
+      ->take_last();
+  submit
+      ->add_option_function<int>(
+          "--cpus-per-rank", [&s](const int& c) { s.cpusPerRank = c; },
+          "CPUs for each rank (a rank is a GPU), counted by placement and enforced on the node")
+      ->type_name("C")
+      ->take_last();
+  submit
+      ->add_option("--mem-per-rank", s.memPerRank,
+                   "memory for each rank, such as 8G (binary units); a rank that uses more is killed")
+      ->type_name("SIZE")
       ->take_last();
   submit->add_option("--topology", s.topology, "ring dims override, e.g. 4x2")->take_last();
   submit->add_option("--priority", s.priority, "higher runs first (default 0)")->take_last();

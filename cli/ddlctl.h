@@ -122,6 +122,8 @@ struct SubmitArgs {
   std::string exportSpec = "NONE";    // --export
   std::vector<std::string> environ;   // the submitter's environment, for --export
   std::string cwd;                    // the submitter's current directory
+  std::optional<int> cpusPerRank;     // --cpus-per-rank
+  std::string memPerRank;             // --mem-per-rank, as given ("8G")
 };
 
 // The JobSpec for a submit, or the usage error. Shapes: --gpus T alone (a total, placed on as few nodes as

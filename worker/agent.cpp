@@ -1,6 +1,7 @@
 #include "worker/agent.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -15,8 +17,10 @@
 #include <thread>
 
 #include "common/clock.h"
+#include "common/fd.h"
 #include "common/host_port.h"
 #include "common/pki.h"
+#include "common/resources.h"
 #include "common/signals.h"
 #include "worker/log_retention.h"
 #include "worker/rank_status.h"
@@ -78,9 +82,14 @@ tls::Files tlsFiles(const AgentConfig& config) {
 Agent::Agent(AgentConfig config, Inventory inventory)
     : config_(std::move(config)),
       inventory_(std::move(inventory)),
+      confinement_(Confinement::Options{config_.cgroup_root}),
       run_as_job_user_(geteuid() == 0),
       agent_user_(userName(geteuid())) {
   address_ = config_.address.empty() ? localAddressToward(config_.coordinator) : config_.address;
+  if (confinement_.cpuset() && confinement_.memory())
+    spdlog::info("ranks that ask for CPUs or memory: {}", confinement_.describe());
+  else
+    spdlog::warn("ranks that ask for CPUs or memory: {}", confinement_.describe());
   {
     std::random_device rd;
     char buf[40];
@@ -228,6 +237,9 @@ std::string Agent::session(int* failures) {
   req.set_port_last(config_.port_last);
   req.set_agent_version("0.1.0");
   req.set_instance(instance_);
+  for (int c : inventory_.cpus) req.add_cpus(c);
+  req.set_memory_bytes(inventory_.memory_bytes);
+  req.set_confinement(confinement_.describe());
 
   v1::RegisterResponse resp;
   {
@@ -400,11 +412,21 @@ void Agent::startRanks(const v1::StartRanks& start) {
     spec.env.emplace_back("DDL_GPU", std::to_string(launch.gpu()));
     if (telemetry_) spec.env.emplace_back("DDL_AGENT_SOCKET", telemetry_->path());
     spec.run_as = account;
+    spec.cpus.assign(launch.cpus().begin(), launch.cpus().end());
     std::string error;
     if (!refusal.empty()) {
       supervisor_->reject(spec, refusal, &error);  // recorded as an exit, which onRankExit reports
       continue;
     }
+    std::string confine_error;
+    Fd cgroup(confinement_.prepare(Confinement::rankName(spec.job_id, spec.attempt, spec.rank), spec.cpus,
+                                   launch.memory_bytes(), &confine_error));
+    if (!confine_error.empty()) {
+      spdlog::error("job {} rank {}: {}", start.job_id(), launch.rank(), confine_error);
+      supervisor_->reject(spec, confine_error + "; the rank does not run unconfined", &error);
+      continue;
+    }
+    spec.cgroup_procs_fd = cgroup.get();
     RankState state = supervisor_->start(spec, &error);
     if (!error.empty()) {
       spdlog::error("job {} rank {}: {}", start.job_id(), launch.rank(), error);
@@ -417,6 +439,19 @@ void Agent::startRanks(const v1::StartRanks& start) {
 }
 
 void Agent::onRankExit(const RankState& state) {
+  // Before the report: a user who reads the rank's last lines (ddlctl wait, status) sees why it died.
+  if (const int64_t kills =
+          confinement_.finish(Confinement::rankName(state.job_id, state.attempt, state.rank));
+      kills > 0) {
+    const std::string line = "ddl-agent: the kernel's OOM killer ended this rank (" + std::to_string(kills) +
+                             (kills == 1 ? " process" : " processes") +
+                             "): it used more memory than its job asked for per rank (--mem-per-rank)\n";
+    spdlog::warn("job {} attempt {} rank {}: out of memory in its cgroup", state.job_id, state.attempt,
+                 state.rank);
+    Fd log(open(logPath(state.job_id, state.attempt, state.rank).c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
+    if (log.get() >= 0 && ::write(log.get(), line.data(), line.size()) < 0)
+      spdlog::warn("cannot add the OOM note to the rank's log: {}", std::strerror(errno));
+  }
   spdlog::info("job {} attempt {} rank {} (pid {}) {}", state.job_id, state.attempt, state.rank, state.pid,
                !state.error.empty() ? "could not start: " + state.error
                : state.signal       ? "killed by signal " + std::to_string(*state.signal)

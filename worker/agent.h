@@ -31,6 +31,7 @@
 #include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 #include "worker/agent_config.h"
+#include "worker/confinement.h"
 #include "worker/inventory.h"
 #include "worker/supervisor.h"
 #include "worker/telemetry_listener.h"
@@ -68,6 +69,7 @@ class Agent {
 
   const AgentConfig config_;
   const Inventory inventory_;
+  const Confinement confinement_;  // ranks' cgroups (or why there are none)
   // Whether ranks run as their job's user: only an agent running as root can switch users.
   const bool run_as_job_user_;
   const std::string agent_user_;  // the agent's own user, which ranks run as otherwise

@@ -4,13 +4,14 @@
 
 #include "common/host_port.h"
 #include "common/json_config.h"
+#include "common/resources.h"
 
 namespace ddl::worker {
 
 // The keys, in the order the unknown-key message lists them.
 DDL_JSON_CONFIG(AgentConfig, coordinator, node, address, labels, virtual_gpus, force_virtual, data_dir,
                 log_retention_hours, log_max_mb, port_first, port_last, stop_grace_s, stop_ranks_on_exit,
-                log_level, pki_dir, insecure, tls_refresh_s)
+                log_level, pki_dir, insecure, tls_refresh_s, cpus, memory, cgroup_root)
 
 namespace {
 
@@ -26,6 +27,9 @@ const ConfigHints& hints() {
       {"port_last", "an integer port"},
       {"stop_grace_s", "a number of seconds"},
       {"tls_refresh_s", "a number of seconds"},
+      {"cpus", "a string, a CPU list (\"2-31\")"},
+      {"memory", "a string, a size (\"200G\")"},
+      {"cgroup_root", "a string (a cgroup directory, or \"none\")"},
   };
   return kHints;
 }
@@ -70,6 +74,13 @@ Status validateAgentConfig(const AgentConfig& c) {
   if (c.log_max_mb < 0) return bad("log_max_mb must be >= 0 (0: no bound)");
   if (c.pki_dir.empty() && !c.insecure) return bad("pki_dir is empty");
   if (!(c.tls_refresh_s >= 1 && c.tls_refresh_s <= 86400)) return bad("tls_refresh_s must be between 1 and 86400");
+  std::vector<int> cpus;
+  if (std::string why = parseCpuList(c.cpus, &cpus); !why.empty())
+    return bad("cpus '" + c.cpus + "': " + why);
+  int64_t memory = 0;
+  if (!c.memory.empty())
+    if (std::string why = parseByteSize(c.memory, &memory); !why.empty())
+      return bad("memory '" + c.memory + "': " + why);
   return Status::ok();
 }
 

@@ -38,11 +38,17 @@ struct AgentConfig {
   std::string pki_dir = "/etc/ddl/pki";
   bool insecure = false;
   double tls_refresh_s = 60;  // how often the certificate files are re-read (rotation without a restart)
+  // What ranks may use, for jobs that ask for CPUs or memory per rank: a CPU list ("2-31": keep 0-1 for the
+  // system) and a size ("200G"); "" = the agent's affinity and MemTotal.
+  std::string cpus;
+  std::string memory;
+  // Where ranks' cgroups live (worker/confinement.h): "" = the agent's own cgroup, "none" = no cgroups.
+  std::string cgroup_root;
 };
 
 // Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of
 // strings), virtual_gpus, force_virtual, data_dir, log_retention_hours, log_max_mb, port_first, port_last,
-// stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s.
+// stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s, cpus, memory, cgroup_root.
 Status loadAgentConfig(const std::string& path, AgentConfig* config);
 Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config);
 // "rack=r1,switch=s1" into labels.

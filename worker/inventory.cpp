@@ -1,9 +1,14 @@
 #include "worker/inventory.h"
 
 #include <dlfcn.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+
+#include "common/resources.h"
 
 namespace ddl::worker {
 
@@ -115,6 +120,48 @@ Inventory takeInventory(const std::string& node, int virtual_gpus, bool force_vi
   }
   inv.nics = nics();
   return inv;
+}
+
+std::string offerCpusAndMemory(const std::string& cpus, const std::string& memory, Inventory* inventory,
+                               const std::string& meminfo) {
+  std::vector<int> allowed;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) allowed.push_back(c);
+  }
+  if (cpus.empty()) {
+    inventory->cpus = allowed;
+  } else {
+    std::vector<int> chosen;
+    if (std::string why = parseCpuList(cpus, &chosen); !why.empty()) return "cpus '" + cpus + "': " + why;
+    for (int c : chosen) {
+      if (!std::binary_search(allowed.begin(), allowed.end(), c))
+        return "cpus '" + cpus + "': CPU " + std::to_string(c) + " is not one the agent may run on (" +
+               formatCpuList(allowed) + ")";
+    }
+    inventory->cpus = std::move(chosen);
+  }
+  int64_t total = 0;
+  std::ifstream in(meminfo);
+  std::string key;
+  int64_t kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") total = kib * 1024;
+    in.ignore(1 << 10, '\n');
+  }
+  if (memory.empty()) {
+    inventory->memory_bytes = total;
+  } else {
+    int64_t bytes = 0;
+    if (std::string why = parseByteSize(memory, &bytes); !why.empty())
+      return "memory '" + memory + "': " + why;
+    if (total > 0 && bytes > total)
+      return "memory '" + memory + "' is more than the machine has (" + formatBytes(total) + ")";
+    inventory->memory_bytes = bytes;
+  }
+  return "";
 }
 
 }  // namespace ddl::worker

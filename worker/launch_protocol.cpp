@@ -131,7 +131,8 @@ bool parseReport(const void* data, size_t size, Failure* failure, pid_t* program
     *program_pid = static_cast<pid_t>(record.err);
     return true;
   }
-  if (record.stage < kStageSetup || record.stage > kStageUserKept) return false;
+  if ((record.stage < kStageSetup || record.stage > kStageUserKept) && record.stage != kStageConfine)
+    return false;
   *failure = record;
   *program_pid = 0;
   return true;

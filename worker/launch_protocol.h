@@ -40,6 +40,9 @@ enum Stage : int {
   kStageUserKept = 6,
   // Not a failure: the shim's report that the program exec'd; Failure::err then holds the program's pid.
   kStageStarted = 7,
+  // The rank could not enter its cgroup or be pinned to its CPUs (Confinement); err is the errno. Written by
+  // the agent's child before exec, never by the shim.
+  kStageConfine = 8,
 };
 
 // The shim's environment variable naming the report protocol the agent reads: "2" asks for kStageStarted.
@@ -52,7 +55,7 @@ struct Failure {
 };
 
 // What the report pipe carried up to end-of-file (at most sizeof(Failure) bytes are read): nothing (the
-// program exec'd; who it is is not told), a Failure with stage 1..6, or {kStageStarted, pid > 0}. Sets
+// program exec'd; who it is is not told), a Failure with stage 1..6 or 8, or {kStageStarted, pid > 0}. Sets
 // *failure ({0, 0} unless it failed) and *program_pid (0 unless told); false for anything else (a torn
 // record, an unknown stage, a pid <= 0), leaving both as they were.
 bool parseReport(const void* data, size_t size, Failure* failure, pid_t* program_pid);

@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
   std::optional<double> log_retention_hours;
   std::optional<int64_t> log_max_mb;
   bool force_virtual = false, stop_ranks_on_exit = false;
+  std::optional<std::string> cpus, memory, cgroup_root;
   app.add_option("--config", config_path, "JSON config file (e.g. /etc/ddl/agent.json)");
   app.add_option("--coordinator", coordinator, "ddl-coordinator's HOST:PORT (default 127.0.0.1:7070)");
   app.add_option("--node", node, "this node's name (default: the host name)");
@@ -82,6 +83,13 @@ int main(int argc, char** argv) {
                "stop this node's ranks when the agent exits (default: leave them running for the next agent to "
                "adopt)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error (default info)");
+  app.add_option("--cpus", cpus,
+                 "the CPUs ranks may use, a list such as 2-31 (default: all the agent may run on)");
+  app.add_option("--memory", memory, "the memory ranks may use in all, such as 200G (default: MemTotal)");
+  app.add_option(
+      "--cgroup-root", cgroup_root,
+      "the cgroup v2 directory for ranks' cgroups (default: the agent's own, delegated by systemd); "
+      "none: pin CPUs only");
   std::optional<std::string> pki_dir;
   bool insecure = false;
   app.add_option("--pki-dir", pki_dir, "ca.crt, node.crt and node.key of this node (default /etc/ddl/pki)");
@@ -126,6 +134,9 @@ int main(int argc, char** argv) {
   }
   if (pki_dir) config.pki_dir = *pki_dir;
   if (insecure) config.insecure = true;
+  if (cpus) config.cpus = *cpus;
+  if (memory) config.memory = *memory;
+  if (cgroup_root) config.cgroup_root = *cgroup_root;
   if (config.node.empty()) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
@@ -171,6 +182,8 @@ int main(int argc, char** argv) {
   if (inventory.gpus.empty()) {
     spdlog::warn("no GPU found ({}); give --virtual-gpus N to offer virtual ones", inventory.gpu_source);
   }
+  if (std::string why = offerCpusAndMemory(config.cpus, config.memory, &inventory); !why.empty())
+    return fail("bad setting: " + why);
   Agent agent(config, inventory);
   spdlog::info("ddl-agent {} for coordinator {}, advertising {}", config.node, config.coordinator, agent.address());
   std::thread waiter([&] {

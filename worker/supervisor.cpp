@@ -18,10 +18,11 @@
 #include "supervisor.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -34,10 +35,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <system_error>
 
 #include "common/clock.h"
 #include "common/fd.h"
+#include "common/resources.h"
 #include "launch_protocol.h"
 
 extern char** environ;
@@ -95,6 +98,9 @@ struct ChildPlan {
   // With via_shim: the rank's environment in a memfd the shim inherits (--env-fd); the shim itself, root, runs
   // with kShimEnvironment only, so nothing of the job's (LD_PRELOAD, LD_LIBRARY_PATH...) reaches it.
   int env_fd;
+  int cgroup_procs_fd;    // -1: stay in the agent's cgroup
+  const cpu_set_t* cpus;  // nullptr: keep the agent's affinity
+  size_t cpus_size;
 };
 
 // The shim's own environment: a fixed PATH, and the report protocol that this supervisor reads.
@@ -111,6 +117,14 @@ const char* const kShimEnvironment[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", la
 // Runs in the forked child: async-signal-safe calls only.
 [[noreturn]] void runChild(const ChildPlan& plan) {
   setsid();  // Cannot fail: a fresh child is never a process group leader.
+  // Into the rank's cgroup ("0" is the writer itself) and onto its CPUs before anything of the rank runs, so
+  // every process it ever starts is inside.
+  if (plan.cgroup_procs_fd >= 0 && write(plan.cgroup_procs_fd, "0", 1) != 1) {
+    childFail(plan.report_fd, launch::kStageConfine, errno);
+  }
+  if (plan.cpus != nullptr && sched_setaffinity(0, plan.cpus_size, plan.cpus) != 0) {
+    childFail(plan.report_fd, launch::kStageConfine, errno);
+  }
   if (dup2(plan.stdin_fd, 0) < 0 || dup2(plan.log_fd, 1) < 0 || dup2(plan.log_fd, 2) < 0) {
     childFail(plan.report_fd, kStageSetup, errno);
   }
@@ -431,7 +445,21 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
                  log_fd.get(),
                  report_write.get(),
                  via_shim,
-                 env_fd.get()};
+                 env_fd.get(),
+                 spec.cgroup_procs_fd,
+                 nullptr,
+                 0};
+  // CPU_ALLOC: ids may exceed CPU_SETSIZE (1024) on big machines.
+  std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> cpu_set(nullptr, [](cpu_set_t* s) { CPU_FREE(s); });
+  if (!spec.cpus.empty()) {
+    const int max_id = *std::max_element(spec.cpus.begin(), spec.cpus.end());
+    cpu_set.reset(CPU_ALLOC(max_id + 1));
+    if (!cpu_set) return failRecorded("cannot allocate a CPU set: " + errnoText(errno));
+    plan.cpus_size = CPU_ALLOC_SIZE(max_id + 1);
+    CPU_ZERO_S(plan.cpus_size, cpu_set.get());
+    for (int c : spec.cpus) CPU_SET_S(c, plan.cpus_size, cpu_set.get());
+    plan.cpus = cpu_set.get();
+  }
   state.started_ms = unixNowMs();
   pid_t pid = fork();
   if (pid == 0) runChild(plan);
@@ -474,6 +502,9 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
     } else if (failure.stage == kStageUserKept && spec.run_as) {
       why = "cannot switch to " + describeAccount(*spec.run_as) +
             ": root privileges were not dropped (setuid(0) still succeeds afterwards); the rank does not run";
+    } else if (failure.stage == launch::kStageConfine) {
+      why = "cannot confine the rank to its CPUs " + formatCpuList(spec.cpus) +
+            " and memory: " + errnoText(failure.err) + " (are those CPUs in the agent's cpuset?)";
     } else if (failure.stage == kStageChdir) {
       why = "cannot change to the working directory " + spec.workdir + ": " + errnoText(failure.err);
     } else if (failure.stage == kStageExec) {

@@ -104,6 +104,11 @@ struct RankSpec {
   std::string log_path;
   // The account the program runs as (see the process model above). Unset: the agent's own user.
   std::optional<Account> run_as;
+  // The CPUs the rank is pinned to (sched_setaffinity, before exec); empty: the agent's own affinity.
+  std::vector<int> cpus;
+  // An open cgroup.procs of the rank's cgroup (Confinement::prepare), which the child writes itself into
+  // before exec; -1: none. Owned by the caller.
+  int cgroup_procs_fd = -1;
 };
 
 struct RankState {

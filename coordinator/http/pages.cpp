@@ -187,7 +187,7 @@ std::string renderIndexPage() {
          R"(</head><body><h1>ddl cluster</h1><div class="muted" id="updated">loading...</div>
 <div class="charts"><div class="chart"><h3>GPUs in use</h3><div id="chart-gpus"></div></div>
 <div class="chart"><h3>Jobs by state</h3><div id="chart-jobs"></div></div></div>
-<h2>Nodes</h2><table id="nodes"><thead><tr><th>NAME</th><th>STATE</th><th>GPUS USED/TOTAL</th><th>LABELS</th>
+<h2>Nodes</h2><table id="nodes"><thead><tr><th>NAME</th><th>STATE</th><th>GPUS USED/TOTAL</th><th>CPUS</th><th>MEMORY</th><th>LABELS</th>
 <th>LAST HEARTBEAT</th><th>JOBS</th></tr></thead><tbody></tbody></table>
 <h2>Live jobs</h2><table id="live"><thead><tr><th>ID</th><th>NAME</th><th>USER</th><th>STATE</th><th>SUBMITTED</th>
 <th>RUNNING FOR</th><th>GPUS</th><th>NODES OR REASON</th></tr></thead><tbody></tbody></table>
@@ -206,6 +206,8 @@ const sel=document.querySelector('#filters select');
 STATES.forEach(s=>{const o=document.createElement('option');o.value=s.toLowerCase();o.textContent=s.toLowerCase();sel.appendChild(o);});
 sel.value=(q.get('state')||'').toLowerCase();
 for(const k of ['user','name'])document.querySelector('#filters [name='+k+']').value=q.get(k)||'';
+function hbytes(b){b=Number(b)||0;const u=['B','KiB','MiB','GiB','TiB','PiB'];let i=0;while(i<5&&b>=1024){b/=1024;i++;}
+ return (i&&Math.abs(b-Math.round(b))>=0.05?b.toFixed(1):Math.round(b))+' '+u[i];}
 function ago(ms){return ms>0?hdur(Date.now()-ms)+' ago':'-';}
 function started(x){if(Number(x.start_ms||0)>0)return Number(x.start_ms);const t=(x.transitions||[]).filter(t=>t.to==='RUNNING').pop();return t?Number(t.at_ms):0;}
 function ran(x){const s=started(x),e=Number(x.end_ms||0);return s>0?hdur((e>0?e:Date.now())-s):'-';}
@@ -224,6 +226,9 @@ async function refresh(){
   document.querySelector('#nodes tbody').innerHTML=(n.nodes||[]).map(x=>row([esc(x.name),
    '<span class="'+esc(x.state)+'">'+esc(x.state)+(x.drained&&x.state==='DOWN'?' (drained)':'')+(x.connected?'':' (disconnected)')+'</span>',
    (x.gpus_used||[]).length+'/'+(x.gpus||[]).length,
+   ((x.cpus||[]).length?(x.cpus_used||[]).length+'/'+(x.cpus||[]).length:'-')+
+    (x.confinement&&!x.confinement.startsWith('cgroups v2')?' <span class="muted" title="'+esc(x.confinement)+'">(no cgroups)</span>':''),
+   Number(x.memory_bytes)>0?hbytes(x.memory_used_bytes)+'/'+hbytes(x.memory_bytes):'-',
    esc(Object.entries(x.labels||{}).sort((a,b)=>a[0]<b[0]?-1:a[0]>b[0]?1:0).map(([k,v])=>k+'='+v).join(',')),
    x.last_heartbeat_ms>0?ago(Number(x.last_heartbeat_ms)):'never',
    (x.jobs||[]).map(id=>'<a href="/jobs/'+esc(id)+'">'+esc(id)+'</a>').join(' ')])).join('');

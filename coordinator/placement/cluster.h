@@ -32,10 +32,18 @@ struct Node {
   std::vector<bool> used;                     // used[i]: GPU i is held by a running job; empty = all free
   std::map<std::string, std::string> labels;  // "rack", "switch", and anything else ("gpu": "a100")
   NodeState state = NodeState::kUp;
+  // CPUs and memory its agent offers ranks, and what live jobs hold of them. Only jobs that ask for CPUs or
+  // memory per rank count them; a node that offers none can host only jobs that ask for none.
+  std::vector<int> cpus;      // CPU ids, ascending
+  std::vector<bool> cpuUsed;  // cpuUsed[i]: cpus[i] is held; empty = all free
+  int64_t memoryBytes = 0;
+  int64_t memoryUsed = 0;
 
   bool isUsed(int gpu) const { return gpu < static_cast<int>(used.size()) && used[gpu]; }
   int freeGpus() const;
   std::vector<int> freeGpuIndices() const;  // ascending
+  bool isCpuUsed(size_t i) const { return i < cpuUsed.size() && cpuUsed[i]; }
+  std::vector<int> freeCpus() const;  // ids, ascending
   // The label's value, or "" when the node has no such label.
   const std::string& label(const std::string& key) const;
 };
@@ -61,15 +69,26 @@ struct JobRequest {
   int totalGpus = 0;
   std::map<std::string, std::string> requiredLabels;  // every one must match the node's label exactly
   std::string topology;  // user override of the ring dims ("4x2"); empty = derived from the allocation
+  int cpusPerRank = 0;   // per GPU (a rank); 0: not asked for
+  int64_t memoryPerRank = 0;  // bytes per GPU; 0: not asked for
 
   bool isShape() const { return nodes > 0 || gpusPerNode > 0; }
   int gpuCount() const { return isShape() ? nodes * gpusPerNode : totalGpus; }
-  std::string describe() const;  // "4 nodes x 2 GPUs" / "6 GPUs", plus " with gpu=a100" for labels
+  // "4 nodes x 2 GPUs" / "6 GPUs", plus " with 4 CPUs and 8 GiB each" for a request and " with gpu=a100"
+  // for labels.
+  std::string describe() const;
+  // How many of its ranks the node could run: with `now`, on what is free; without, were it idle.
+  int ranksFitting(const Node& node, bool now) const;
 };
 
 struct NodeAllocation {
   std::string node;
   std::vector<int> gpus;  // ascending GPU indices on that node
+  std::vector<int> cpus;  // cpusPerRank per GPU, in the order of gpus; empty when the job asks for none
+  int64_t memoryBytes = 0;  // memoryPerRank times the GPUs
+
+  // The CPUs of the rank on `gpu`: the slice of cpus in the place of gpu in gpus; empty if it has none.
+  std::vector<int> cpusOf(int gpu) const;
 
   bool operator==(const NodeAllocation&) const = default;
 };
@@ -79,13 +98,15 @@ struct Allocation {
 
   int totalGpus() const;
   bool empty() const { return nodes.empty(); }
-  std::string str() const;  // "n1[0,1] n2[0,1]"
+  std::string str() const;  // "n1[0,1] n2[0,1]", plus " cpus 0-7" per node that has CPUs
+  const NodeAllocation* find(const std::string& node) const;  // nullptr if the job has nothing there
 };
 
 // Name order for people: digit runs compare as numbers, so "n2" < "n10". Used for every tie and listing.
 bool naturalLess(const std::string& a, const std::string& b);
 
-// Marks the allocation's GPUs as used in the cluster (a job starts). Asserts that they were free.
+// Marks the allocation's GPUs, CPUs and memory as used in the cluster (a job starts). Asserts that they were
+// free.
 void applyAllocation(Cluster& cluster, const Allocation& allocation);
 
 }  // namespace ddl::placement

@@ -57,6 +57,7 @@
 #include <map>
 #include <numeric>
 
+#include "common/resources.h"
 #include "placement/ring_layout.h"
 
 namespace ddl::placement {
@@ -85,6 +86,13 @@ std::vector<int> Node::freeGpuIndices() const {
   std::vector<int> out;
   for (int i = 0; i < gpus; ++i)
     if (!isUsed(i)) out.push_back(i);
+  return out;
+}
+
+std::vector<int> Node::freeCpus() const {
+  std::vector<int> out;
+  for (size_t i = 0; i < cpus.size(); ++i)
+    if (!isCpuUsed(i)) out.push_back(cpus[i]);
   return out;
 }
 
@@ -130,11 +138,57 @@ std::string nameList(const std::vector<std::string>& names) {
 
 }  // namespace
 
+namespace {
+
+// "4 CPUs and 8 GiB", "4 CPUs", or "" for a job that asks for neither.
+std::string perRankCore(const JobRequest& job) {
+  std::string s;
+  if (job.cpusPerRank > 0) s = plural(job.cpusPerRank, "CPU", "CPUs");
+  if (job.memoryPerRank > 0) s += (s.empty() ? "" : " and ") + formatBytes(job.memoryPerRank);
+  return s;
+}
+
+// " with 4 CPUs and 8 GiB each" or "".
+std::string perRankText(const JobRequest& job) {
+  return perRankCore(job).empty() ? "" : " with " + perRankCore(job) + " each";
+}
+
+}  // namespace
+
 std::string JobRequest::describe() const {
   std::string s = isShape() ? plural(nodes, "node", "nodes") + " x " + plural(gpusPerNode, "GPU", "GPUs")
                             : plural(totalGpus, "GPU", "GPUs");
-  if (!requiredLabels.empty()) s += " with " + labelsText(requiredLabels);
+  s += perRankText(*this);
+  if (!requiredLabels.empty())
+    s += (perRankText(*this).empty() ? " with " : ", on nodes with ") + labelsText(requiredLabels);
   return s;
+}
+
+int JobRequest::ranksFitting(const Node& node, bool now) const {
+  long long fit = now ? node.freeGpus() : node.gpus;
+  if (cpusPerRank > 0) {
+    const long long cpus = now ? static_cast<long long>(node.freeCpus().size()) : node.cpus.size();
+    fit = std::min(fit, cpus / cpusPerRank);
+  }
+  if (memoryPerRank > 0) {
+    const int64_t memory = now ? std::max<int64_t>(0, node.memoryBytes - node.memoryUsed) : node.memoryBytes;
+    fit = std::min<long long>(fit, memory / memoryPerRank);
+  }
+  return static_cast<int>(fit);
+}
+
+std::vector<int> NodeAllocation::cpusOf(int gpu) const {
+  auto it = std::find(gpus.begin(), gpus.end(), gpu);
+  if (it == gpus.end() || gpus.empty() || cpus.size() % gpus.size() != 0) return {};
+  const size_t per = cpus.size() / gpus.size();
+  const size_t at = static_cast<size_t>(it - gpus.begin()) * per;
+  return {cpus.begin() + at, cpus.begin() + at + per};
+}
+
+const NodeAllocation* Allocation::find(const std::string& node) const {
+  for (const NodeAllocation& a : nodes)
+    if (a.node == node) return &a;
+  return nullptr;
 }
 
 int Allocation::totalGpus() const {
@@ -150,6 +204,7 @@ std::string Allocation::str() const {
     s += a.node + "[";
     for (size_t i = 0; i < a.gpus.size(); ++i) s += (i ? "," : "") + std::to_string(a.gpus[i]);
     s += "]";
+    if (!a.cpus.empty()) s += " cpus " + formatCpuList(a.cpus);
   }
   return s;
 }
@@ -197,6 +252,18 @@ void applyAllocation(Cluster& cluster, const Allocation& allocation) {
       }
       node->used[g] = true;
     }
+    if (node->cpuUsed.size() < node->cpus.size()) node->cpuUsed.resize(node->cpus.size(), false);
+    for (int c : a.cpus) {
+      auto it = std::lower_bound(node->cpus.begin(), node->cpus.end(), c);
+      const size_t i = static_cast<size_t>(it - node->cpus.begin());
+      if (it == node->cpus.end() || *it != c || node->cpuUsed[i]) {
+        std::fprintf(stderr, "ddl placement: allocation takes CPU %d of node %s, which is not free\n", c,
+                     a.node.c_str());
+        std::abort();
+      }
+      node->cpuUsed[i] = true;
+    }
+    node->memoryUsed += a.memoryBytes;
   }
 }
 
@@ -212,7 +279,8 @@ bool labelsMatch(const Node& node, const JobRequest& job) {
 
 // Whether the node could ever hold its share of the job (ignoring its state and current use).
 bool canEverHost(const Node& node, const JobRequest& job) {
-  return labelsMatch(node, job) && (job.isShape() ? node.gpus >= job.gpusPerNode : node.gpus > 0);
+  const int fit = job.ranksFitting(node, /*now=*/false);
+  return labelsMatch(node, job) && (job.isShape() ? fit >= job.gpusPerNode : fit > 0);
 }
 
 std::string switchKey(const Node& node) {
@@ -238,7 +306,7 @@ std::vector<Candidate> candidatesNow(const Cluster& cluster, const JobRequest& j
   std::vector<Candidate> out;
   for (const Node& n : cluster.nodes) {
     if (n.state != NodeState::kUp || !labelsMatch(n, job)) continue;
-    const int free = n.freeGpus();
+    const int free = job.ranksFitting(n, /*now=*/true);
     if (job.isShape()) {
       if (free >= job.gpusPerNode) out.push_back({&n, 1, free - job.gpusPerNode});
     } else if (free > 0) {
@@ -368,7 +436,13 @@ Allocation placeNow(const Cluster& cluster, const JobRequest& job) {
     std::vector<int> free = node->freeGpuIndices();
     assert(static_cast<int>(free.size()) >= count);
     free.resize(count);
-    alloc.nodes.push_back({node->name, std::move(free)});
+    std::vector<int> cpus;
+    if (job.cpusPerRank > 0) {
+      cpus = node->freeCpus();  // the lowest ids, so that a job's CPUs are close together
+      assert(cpus.size() >= static_cast<size_t>(count) * job.cpusPerRank);
+      cpus.resize(static_cast<size_t>(count) * job.cpusPerRank);
+    }
+    alloc.nodes.push_back({node->name, std::move(free), std::move(cpus), job.memoryPerRank * count});
   }
   std::sort(alloc.nodes.begin(), alloc.nodes.end(),
             [](const NodeAllocation& a, const NodeAllocation& b) { return naturalLess(a.node, b.node); });
@@ -390,6 +464,8 @@ std::string validateRequest(const JobRequest& job) {
   if (shape && static_cast<long long>(job.nodes) * job.gpusPerNode > (1 << 24)) {
     return who + "asks for more than " + std::to_string(1 << 24) + " GPUs";
   }
+  if (job.cpusPerRank < 0 || job.memoryPerRank < 0)
+    return who + "asks for a negative number of CPUs or bytes";
   return "";
 }
 
@@ -406,7 +482,7 @@ std::vector<std::string> hostsIn(const Cluster& cluster, const JobRequest& job, 
 long long unitsIn(const Cluster& cluster, const JobRequest& job, NodeState state) {
   long long units = 0;
   for (const Node& n : cluster.nodes)
-    if (n.state == state && canEverHost(n, job)) units += job.isShape() ? 1 : n.gpus;
+    if (n.state == state && canEverHost(n, job)) units += job.isShape() ? 1 : job.ranksFitting(n, false);
   return units;
 }
 
@@ -468,8 +544,24 @@ bool fitsCountingDown(const Cluster& cluster, const JobRequest& job) {
     return false;
   long long units = 0;
   for (const Node& n : cluster.nodes)
-    if (canEverHost(n, job)) units += job.isShape() ? 1 : n.gpus;
+    if (canEverHost(n, job)) units += job.isShape() ? 1 : job.ranksFitting(n, false);
   return units >= unitsNeeded(job);
+}
+
+// For a job that asks for CPUs or memory: what the biggest node offers, so that the user sees which of the
+// three falls short. "the largest UP or DRAINING node (n1) has 8 GPUs, 64 CPUs and 512 GiB".
+std::string largestText(const Cluster& cluster, const JobRequest& job) {
+  const Node* best = nullptr;
+  for (const Node& n : cluster.nodes) {
+    if (n.state == NodeState::kDown || !labelsMatch(n, job)) continue;
+    if (!best || job.ranksFitting(n, false) > job.ranksFitting(*best, false) ||
+        (job.ranksFitting(n, false) == job.ranksFitting(*best, false) && n.gpus > best->gpus))
+      best = &n;
+  }
+  if (!best) return "no UP or DRAINING node carries its labels";
+  return "the largest UP or DRAINING node (" + best->name + ") has " + plural(best->gpus, "GPU", "GPUs") +
+         ", " + plural(static_cast<long long>(best->cpus.size()), "CPU", "CPUs") + " and " +
+         formatBytes(best->memoryBytes) + " for ranks";
 }
 
 }  // namespace
@@ -494,6 +586,9 @@ std::string checkFeasible(const Cluster& cluster, const JobRequest& job) {
   const long long have = unitsIn(cluster, job, NodeState::kUp) + unitsIn(cluster, job, NodeState::kDraining);
   if (job.isShape()) {
     if (have == 0) {
+      if (!perRankText(job).empty())
+        return who + "asks for " + plural(job.gpusPerNode, "GPU", "GPUs") + perRankText(job) +
+               " per node but " + largestText(cluster, job) + downNote(cluster, job);
       int largest = 0;
       for (const Node& n : cluster.nodes)
         if (n.state != NodeState::kDown && labelsMatch(n, job)) largest = std::max(largest, n.gpus);
@@ -507,6 +602,10 @@ std::string checkFeasible(const Cluster& cluster, const JobRequest& job) {
              plural(job.gpusPerNode, "GPU", "GPUs") + downNote(cluster, job);
     }
   } else if (have < job.totalGpus) {
+    if (!perRankText(job).empty())
+      return who + "asks for " + job.describe() + " but the UP and DRAINING nodes" + with +
+             " can hold only " + plural(have, "such rank", "such ranks") + " in all (" +
+             largestText(cluster, job) + ")" + downNote(cluster, job);
     return who + "asks for " + job.describe() + " but the UP and DRAINING nodes" + with + " have only " +
            plural(have, "GPU", "GPUs") + " in all" + downNote(cluster, job);
   }
@@ -523,10 +622,15 @@ std::string pendingReason(const Cluster& cluster, const JobRequest& job) {
     // Enough UP hardware: it waits for running jobs to end.
     if (job.isShape()) {
       return "waiting for " + plural(job.nodes, "node", "nodes") + with + " with " +
-             plural(job.gpusPerNode, "free GPU", "free GPUs") + (job.nodes == 1 ? "" : " each") + ": " +
+             plural(job.gpusPerNode, "free GPU", "free GPUs") + (job.nodes == 1 ? "" : " each") +
+             (perRankCore(job).empty() ? "" : " (and " + perRankCore(job) + " per GPU)") + ": " +
              std::to_string(freeNow) + " of the " + plural(up, "eligible UP node", "eligible UP nodes") +
              (freeNow == 1 ? " has" : " have") + " them now, the others are running jobs";
     }
+    if (!perRankText(job).empty())
+      return "waiting for " + plural(job.totalGpus, "GPU", "GPUs") + perRankText(job) + with +
+             ": the eligible UP nodes could hold " + std::to_string(up) + " such ranks and have room for " +
+             std::to_string(freeNow) + " now, the rest is held by running jobs";
     return "waiting for " + plural(job.totalGpus, "GPU", "GPUs") + with + ": " + std::to_string(freeNow) +
            " of the " + plural(up, "eligible UP GPU", "eligible UP GPUs") + (freeNow == 1 ? " is" : " are") +
            " free now, the others are running jobs";
@@ -568,15 +672,32 @@ std::vector<std::string> ScheduleResult::started() const {
 namespace {
 
 // The cluster as backfill jobs see it while `head` waits: the rule at the top of this file.
+// CPUs and memory follow the GPUs' rule: a shape head's share on a node that can give it now (GPUs, CPUs and
+// memory together), otherwise everything free that the head would use, so no backfill job can take what
+// might be the piece it lacks.
 Cluster reserveFor(const Cluster& cluster, const JobRequest& head) {
   Cluster view = cluster;
   for (Node& n : view.nodes) {
     if (n.state != NodeState::kUp || !canEverHost(n, head)) continue;
+    const bool share = head.isShape() && head.ranksFitting(n, /*now=*/true) >= head.gpusPerNode;
     std::vector<int> free = n.freeGpuIndices();
-    size_t reserve = free.size();
-    if (head.isShape() && free.size() >= static_cast<size_t>(head.gpusPerNode)) reserve = head.gpusPerNode;
+    const size_t reserve = share ? static_cast<size_t>(head.gpusPerNode) : free.size();
     n.used.resize(n.gpus, false);
-    for (size_t i = 0; i < reserve; ++i) n.used[free[i]] = true;
+    for (size_t i = 0; i < reserve && i < free.size(); ++i) n.used[free[i]] = true;
+    if (head.cpusPerRank > 0) {
+      size_t cpus = share ? static_cast<size_t>(head.gpusPerNode) * head.cpusPerRank : n.cpus.size();
+      n.cpuUsed.resize(n.cpus.size(), false);
+      for (size_t i = 0; i < n.cpus.size() && cpus > 0; ++i) {
+        if (!n.cpuUsed[i]) {
+          n.cpuUsed[i] = true;
+          --cpus;
+        }
+      }
+    }
+    if (head.memoryPerRank > 0) {
+      const int64_t free_memory = std::max<int64_t>(0, n.memoryBytes - n.memoryUsed);
+      n.memoryUsed += share ? std::min(free_memory, head.memoryPerRank * head.gpusPerNode) : free_memory;
+    }
   }
   return view;
 }

@@ -34,6 +34,8 @@ state::JobSpec fromProto(const v1::JobSpec& spec) {
   s.array_id = spec.array_id();
   s.array_index = spec.array_index();
   s.array_max_running = spec.array_max_running();
+  s.cpus_per_rank = spec.cpus_per_rank();
+  s.memory_per_rank_bytes = spec.memory_per_rank_bytes();
   return s;
 }
 
@@ -57,6 +59,8 @@ void toProto(const state::JobSpec& spec, v1::JobSpec* out) {
   out->set_array_id(spec.array_id);
   out->set_array_index(spec.array_index);
   out->set_array_max_running(spec.array_max_running);
+  out->set_cpus_per_rank(spec.cpus_per_rank);
+  out->set_memory_per_rank_bytes(spec.memory_per_rank_bytes);
 }
 
 void toProto(const state::RankResult& r, v1::RankStatus* out) {
@@ -129,13 +133,13 @@ void toProto(const state::Failure& failure, v1::Failure* out) {
 
 std::vector<state::NodeAllocation> toState(const placement::Allocation& allocation) {
   std::vector<state::NodeAllocation> out;
-  for (const auto& n : allocation.nodes) out.push_back({n.node, n.gpus});
+  for (const auto& n : allocation.nodes) out.push_back({n.node, n.gpus, n.cpus, n.memoryBytes});
   return out;
 }
 
 placement::Allocation toPlacement(const std::vector<state::NodeAllocation>& allocation) {
   placement::Allocation out;
-  for (const auto& n : allocation) out.nodes.push_back({n.node, n.gpus});
+  for (const auto& n : allocation) out.nodes.push_back({n.node, n.gpus, n.cpus, n.memory_bytes});
   return out;
 }
 
@@ -149,6 +153,8 @@ placement::JobRequest requestOf(const std::string& id, const state::JobSpec& spe
   r.totalGpus = spec.total_gpus;
   r.requiredLabels = spec.required_labels;
   r.topology = spec.topology_override;
+  r.cpusPerRank = spec.cpus_per_rank;
+  r.memoryPerRank = spec.memory_per_rank_bytes;
   return r;
 }
 

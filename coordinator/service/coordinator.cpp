@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -11,6 +10,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <cassert>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <future>
@@ -19,6 +19,7 @@
 
 #include "common/array_spec.h"
 #include "common/clock.h"
+#include "common/resources.h"
 #include "common/signals.h"
 #include "placement/placement.h"
 #include "service/convert.h"
@@ -104,6 +105,8 @@ v1::Job jobToProto(const state::Job& job) {
     v1::NodeAllocation* p = out.add_allocation();
     p->set_node(a.node);
     for (int g : a.gpus) p->add_gpus(g);
+    for (int c : a.cpus) p->add_cpus(c);
+    p->set_memory_bytes(a.memory_bytes);
   }
   out.set_topology(job.topology);
   if (!job.transitions.empty()) out.set_reason(job.transitions.back().reason);
@@ -733,7 +736,10 @@ void Coordinator::schedulePassOnLoop() {
     }
     if (!job.spec.array_id.empty()) ++array_running[job.spec.array_id];
     launchOnLoop(d.jobId, d.allocation, layout);
-    for (const auto& a : d.allocation.nodes) usage[a.node].gpus.insert(a.gpus.begin(), a.gpus.end());
+    for (const auto& a : d.allocation.nodes) {
+      usage[a.node].gpus.insert(a.gpus.begin(), a.gpus.end());
+      usage[a.node].cpus.insert(a.cpus.begin(), a.cpus.end());
+    }
   }
 }
 
@@ -780,6 +786,9 @@ void Coordinator::launchOnLoop(const std::string& id, const placement::Allocatio
     launch->set_rank(slot.rank);
     launch->set_gpu(slot.gpu);
     launch->set_local_rank(slot.localRank);
+    if (const placement::NodeAllocation* a = allocation.find(slot.node))
+      for (int c : a->cpusOf(slot.gpu)) launch->add_cpus(c);
+    launch->set_memory_bytes(job.spec.memory_per_rank_bytes);
     auto add = [&](const std::string& k, const std::string& v) {
       v1::EnvVar* e = launch->add_env();
       e->set_name(k);
@@ -1001,6 +1010,14 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
                                      "; list GPUs by index 0..n-1");
     }
   }
+  std::vector<int> cpus(req.cpus().begin(), req.cpus().end());
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  if (!cpus.empty() && (cpus.front() < 0 || cpus.back() > kMaxCpuId))
+    return Status::invalidArgument("register: node " + req.node() + ": CPU ids must lie in 0-" +
+                                   std::to_string(kMaxCpuId));
+  if (req.memory_bytes() < 0)
+    return Status::invalidArgument("register: node " + req.node() + ": negative memory");
   int first = req.port_first(), last = req.port_last();
   if (first == 0 && last == 0) {
     first = options_.port_first;
@@ -1036,6 +1053,8 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
   record.gpus.clear();
   for (const auto& g : req.gpus()) record.gpus.push_back({g.index(), g.uuid(), g.model(), g.memory_bytes()});
   record.labels = {req.labels().begin(), req.labels().end()};
+  record.cpus = std::move(cpus);
+  record.memory_bytes = req.memory_bytes();
   if (record.state == state::NodeState::kDown) {
     record.state = record.drained ? state::NodeState::kDraining : state::NodeState::kUp;
   }
@@ -1046,6 +1065,7 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
   node.outbox.clear();  // commands for the old stream are lost with it; reconciliation below decides
   node.record = record;
   node.nics.assign(req.nics().begin(), req.nics().end());
+  node.confinement = req.confinement().substr(0, 1024);
   node.port_first = first;
   node.port_last = last;
   node.last_seen_ms = now;
@@ -1336,6 +1356,8 @@ std::map<std::string, Coordinator::NodeUsage> Coordinator::usageOnLoop() const {
     for (const auto& a : job.allocation) {
       NodeUsage& u = usage[a.node];
       u.gpus.insert(a.gpus.begin(), a.gpus.end());
+      u.cpus.insert(a.cpus.begin(), a.cpus.end());
+      u.memory_bytes += a.memory_bytes;
       u.jobs.push_back(id);
     }
   }
@@ -1358,6 +1380,10 @@ bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation,
     for (int g : a.gpus) {
       if (used.count(g)) return false;
     }
+    const auto& cpus_used = usage[a.node].cpus;
+    for (int c : a.cpus) {
+      if (cpus_used.count(c)) return false;
+    }
   }
   return true;
 }
@@ -1376,11 +1402,16 @@ placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling) const {
     // ever fit" (it is probably reconnecting).
     if (for_scheduling && !entry.link) n.state = placement::NodeState::kDown;
     n.used.assign(n.gpus, false);
+    n.cpus = entry.record.cpus;
+    n.cpuUsed.assign(n.cpus.size(), false);
+    n.memoryBytes = entry.record.memory_bytes;
     auto u = usage.find(name);
     if (u != usage.end()) {
       for (int g : u->second.gpus) {
         if (g >= 0 && g < n.gpus) n.used[g] = true;
       }
+      for (size_t i = 0; i < n.cpus.size(); ++i) n.cpuUsed[i] = u->second.cpus.count(n.cpus[i]) > 0;
+      n.memoryUsed = u->second.memory_bytes;
     }
     cluster.nodes.push_back(std::move(n));
   }
@@ -2117,6 +2148,11 @@ v1::Node Coordinator::nodeToProtoOnLoop(const NodeEntry& node, const NodeUsage& 
     p->set_memory_bytes(g.memory_bytes);
   }
   for (int g : usage.gpus) out.add_gpus_used(g);
+  for (int c : node.record.cpus) out.add_cpus(c);
+  for (int c : usage.cpus) out.add_cpus_used(c);
+  out.set_memory_bytes(node.record.memory_bytes);
+  out.set_memory_used_bytes(usage.memory_bytes);
+  out.set_confinement(node.confinement);
   for (const auto& [k, v] : node.record.labels) (*out.mutable_labels())[k] = v;
   out.set_last_heartbeat_ms(node.record.last_heartbeat_ms);
   out.set_connected(node.link != nullptr);

@@ -233,6 +233,7 @@ class Coordinator {
   struct NodeEntry {
     state::NodeRecord record;
     std::vector<v1::Nic> nics;
+    std::string confinement;  // RegisterRequest.confinement, in memory only (each registration sends it)
     int port_first = 0;
     int port_last = 0;
     std::string session;                      // the current registration; "" before the first one
@@ -298,6 +299,8 @@ class Coordinator {
   // One pass over jobs and nodes, so listings and snapshots stay linear in the cluster's size.
   struct NodeUsage {
     std::set<int> gpus;
+    std::set<int> cpus;
+    int64_t memory_bytes = 0;
     std::vector<std::string> jobs;
   };
   std::map<std::string, NodeUsage> usageOnLoop() const;

@@ -130,6 +130,9 @@ struct JobSpec {
   std::string array_id;                  // the array's first job; "" for a job outside an array
   int array_index = 0;
   int array_max_running = 0;             // 0: no limit
+  // Per rank (a rank is a GPU), counted by placement and enforced by the agent; 0: not asked for.
+  int cpus_per_rank = 0;
+  int64_t memory_per_rank_bytes = 0;
 
   bool operator==(const JobSpec&) const = default;
 };
@@ -154,10 +157,13 @@ struct Transition {
   bool operator==(const Transition&) const = default;
 };
 
-// The GPUs a job holds on one node, by local index.
+// What a job holds on one node: GPUs by local index, the CPUs its ranks are confined to (cpus_per_rank per
+// GPU, in the order of gpus) and the memory of all its ranks there.
 struct NodeAllocation {
   std::string node;
   std::vector<int> gpus;
+  std::vector<int> cpus;
+  int64_t memory_bytes = 0;
 
   bool operator==(const NodeAllocation&) const = default;
 };
@@ -263,6 +269,8 @@ struct NodeRecord {
   // UP, so a node drained for maintenance gets no jobs when it reboots.
   bool drained = false;
   int64_t last_heartbeat_ms = 0;
+  std::vector<int> cpus;     // the CPU ids its agent offers ranks, ascending
+  int64_t memory_bytes = 0;  // the memory its agent offers ranks
 
   bool operator==(const NodeRecord&) const = default;
 };
@@ -297,6 +305,8 @@ inline constexpr size_t kMaxDependencies = 64;  // after_ok and after_any togeth
 inline constexpr int64_t kMaxTimeLimitS = 365LL * 24 * 3600;
 inline constexpr size_t kMaxDrainReasonBytes = 256;
 inline constexpr size_t kMaxRankDims = 8;  // RankResult::dims_us kept
+inline constexpr int kMaxCpusPerRank = 4096;
+inline constexpr int64_t kMaxMemoryPerRankBytes = int64_t{1} << 50;  // 1 PiB
 
 // The offset of the first control character in `text`, or npos: C0 (bytes 0x00-0x1f), DEL (0x7f), and the C1
 // controls U+0080-U+009F in their UTF-8 form (0xc2 0x80-0x9f). Such bytes in a name would move a terminal's
@@ -371,6 +381,12 @@ inline Status validateJobSpec(const JobSpec& spec) {
   if (spec.nodes < 0 || spec.gpus_per_node < 0 || spec.total_gpus < 0)
     return bad("GPU and node counts must be >= 0");
   if (spec.max_restarts < 0) return bad("max_restarts must be >= 0");
+  if (spec.cpus_per_rank < 0 || spec.cpus_per_rank > kMaxCpusPerRank)
+    return bad("cpus_per_rank is " + std::to_string(spec.cpus_per_rank) + "; give 1 to " +
+               std::to_string(kMaxCpusPerRank) + " (0: not asked for)");
+  if (spec.memory_per_rank_bytes < 0 || spec.memory_per_rank_bytes > kMaxMemoryPerRankBytes)
+    return bad("memory_per_rank is " + std::to_string(spec.memory_per_rank_bytes) +
+               " bytes; give 1 byte to 1 PiB (0: not asked for)");
   if (spec.time_limit_s < 0 || spec.time_limit_s > kMaxTimeLimitS)
     return bad("the time limit is " + std::to_string(spec.time_limit_s) + " s; give 1 s to 365 days (0: none)");
   if (spec.after_ok.size() + spec.after_any.size() > kMaxDependencies)

@@ -165,11 +165,19 @@ CREATE INDEX jobs_by_user ON jobs (user_name);
 CREATE INDEX jobs_by_end ON jobs (end_ms) WHERE end_ms > 0;
 ALTER TABLE nodes ADD COLUMN drain_reason TEXT NOT NULL DEFAULT '';
 )sql",
+    // 6 -> 7: CPUs and memory. A placed job's CPUs and memory per node (empty and 0 for jobs placed before,
+    // which asked for none), and what each node's agent offers (read again when the agent registers).
+    R"sql(
+ALTER TABLE job_allocation ADD COLUMN cpus TEXT NOT NULL DEFAULT '';
+ALTER TABLE job_allocation ADD COLUMN memory_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN cpus TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN memory_bytes INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kMigrationCount == SqliteStore::kSchemaVersion, "one migration per schema version");
 
-std::string encodeGpus(const std::vector<int>& gpus) {
+std::string encodeIndices(const std::vector<int>& gpus) {
   std::string out;
   for (size_t i = 0; i < gpus.size(); ++i) {
     if (i > 0) out += ',';
@@ -178,7 +186,7 @@ std::string encodeGpus(const std::vector<int>& gpus) {
   return out;
 }
 
-std::optional<std::vector<int>> decodeGpus(const std::string& text) {
+std::optional<std::vector<int>> decodeIndices(const std::string& text) {
   std::vector<int> out;
   if (text.empty()) return out;
   const char* p = text.data();
@@ -208,6 +216,8 @@ std::string encodeExtra(const Job& job) {
     j["array_index"] = s.array_index;
     j["array_max_running"] = s.array_max_running;
   }
+  if (s.cpus_per_rank) j["cpus_per_rank"] = s.cpus_per_rank;
+  if (s.memory_per_rank_bytes) j["memory_per_rank_bytes"] = s.memory_per_rank_bytes;
   if (job.held) j["held"] = true;
   if (job.held_by_admin) j["held_by_admin"] = true;
   if (!job.waiting_for.empty()) j["waiting_for"] = job.waiting_for;
@@ -280,6 +290,8 @@ void decodeExtra(const std::string& text, Job& job) {
   s.array_id = field(j, "array_id", std::string());
   s.array_index = field(j, "array_index", 0);
   s.array_max_running = field(j, "array_max_running", 0);
+  s.cpus_per_rank = field(j, "cpus_per_rank", 0);
+  s.memory_per_rank_bytes = field<int64_t>(j, "memory_per_rank_bytes", 0);
   job.held = field(j, "held", false);
   job.held_by_admin = field(j, "held_by_admin", false);
   job.waiting_for = stringList(j, "waiting_for");
@@ -738,12 +750,16 @@ StatusOr<std::vector<Job>> SqliteStore::loadJobsLocked(const std::string& where,
         job.transitions.push_back(Transition{*from, *to, q.i64(3), q.text(4), q.failure(5)});
         return Status::ok();
       }));
-  DDL_RETURN_IF_ERROR(
-      each("SELECT job_seq, node, gpus FROM job_allocation", "job allocations", [](Job& job, Stmt& q) {
-        std::optional<std::vector<int>> gpus = decodeGpus(q.text(2));
+  DDL_RETURN_IF_ERROR(each(
+      "SELECT job_seq, node, gpus, cpus, memory_bytes FROM job_allocation", "job allocations",
+      [](Job& job, Stmt& q) {
+        std::optional<std::vector<int>> gpus = decodeIndices(q.text(2));
         if (!gpus)
           return Status::dataLoss("job " + job.id + ": bad GPU list '" + q.text(2) + "' in allocation");
-        job.allocation.push_back(NodeAllocation{q.text(1), std::move(*gpus)});
+        std::optional<std::vector<int>> cpus = decodeIndices(q.text(3));
+        if (!cpus)
+          return Status::dataLoss("job " + job.id + ": bad CPU list '" + q.text(3) + "' in allocation");
+        job.allocation.push_back(NodeAllocation{q.text(1), std::move(*gpus), std::move(*cpus), q.i64(4)});
         return Status::ok();
       }));
   return jobs;
@@ -846,15 +862,7 @@ Status SqliteStore::setAllocation(const std::string& id, const std::vector<NodeA
     q.bind(1, *seq);
     DDL_STEP_DONE(q, "replacing the allocation of job " + id);
   }
-  {
-    DDL_PREPARE(q, "INSERT INTO job_allocation (job_seq, ord, node, gpus) VALUES (?, ?, ?, ?)");
-    for (size_t i = 0; i < allocation.size(); ++i) {
-      q.bind(1, *seq).bind(2, static_cast<int64_t>(i)).bind(3, allocation[i].node);
-      q.bind(4, encodeGpus(allocation[i].gpus));
-      DDL_STEP_DONE(q, "storing the allocation of job " + id);
-      q.reset();
-    }
-  }
+  DDL_RETURN_IF_ERROR(insertAllocationLocked(*seq, id, allocation));
   {
     DDL_PREPARE(q, "UPDATE jobs SET topology = ?, root_port = ? WHERE seq = ?");
     q.bind(1, topology).bind(2, int64_t{root_port}).bind(3, *seq);
@@ -876,11 +884,13 @@ Status SqliteStore::upsertNode(const NodeRecord& node) {
 
 Status SqliteStore::upsertNodeLocked(const NodeRecord& node) {
   {
-    DDL_PREPARE(q,
-                "INSERT OR REPLACE INTO nodes (name, address, state, last_heartbeat_ms, drained, drain_reason) "
-                "VALUES (?, ?, ?, ?, ?, ?)");
+    DDL_PREPARE(
+        q,
+        "INSERT OR REPLACE INTO nodes (name, address, state, last_heartbeat_ms, drained, drain_reason,"
+        " cpus, memory_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
     q.bind(1, node.name).bind(2, node.address).bind(3, std::string(toString(node.state)));
     q.bind(4, node.last_heartbeat_ms).bind(5, int64_t{node.drained ? 1 : 0}).bind(6, node.drain_reason);
+    q.bind(7, encodeIndices(node.cpus)).bind(8, node.memory_bytes);
     DDL_STEP_DONE(q, "storing node " + node.name);
   }
   for (const char* table : {"node_gpus", "node_labels"}) {
@@ -917,8 +927,10 @@ StatusOr<std::vector<NodeRecord>> SqliteStore::loadNodesLocked(const std::string
   std::vector<NodeRecord> nodes;
   std::map<std::string, size_t> index;
   {
-    DDL_PREPARE(q, "SELECT name, address, state, last_heartbeat_ms, drained, drain_reason FROM nodes" + where +
-                       " ORDER BY name");
+    DDL_PREPARE(q,
+                "SELECT name, address, state, last_heartbeat_ms, drained, drain_reason, cpus, memory_bytes"
+                " FROM nodes" +
+                    where + " ORDER BY name");
     if (name) q.bind(1, *name);
     int rc;
     while ((rc = q.step()) == SQLITE_ROW) {
@@ -931,6 +943,10 @@ StatusOr<std::vector<NodeRecord>> SqliteStore::loadNodesLocked(const std::string
       n.last_heartbeat_ms = q.i64(3);
       n.drained = q.i64(4) != 0;
       n.drain_reason = q.text(5);
+      std::optional<std::vector<int>> cpus = decodeIndices(q.text(6));
+      if (!cpus) return Status::dataLoss("node " + n.name + ": bad CPU list '" + q.text(6) + "'");
+      n.cpus = std::move(*cpus);
+      n.memory_bytes = q.i64(7);
       index[n.name] = nodes.size();
       nodes.push_back(std::move(n));
     }
@@ -1053,14 +1069,20 @@ Status SqliteStore::putJobLocked(const Write& w) {
       q.reset();
     }
   }
-  {
-    DDL_PREPARE(q, "INSERT INTO job_allocation (job_seq, ord, node, gpus) VALUES (?, ?, ?, ?)");
-    for (size_t k = 0; k < job.allocation.size(); ++k) {
-      q.bind(1, *seq).bind(2, static_cast<int64_t>(k)).bind(3, job.allocation[k].node);
-      q.bind(4, encodeGpus(job.allocation[k].gpus));
-      DDL_STEP_DONE(q, "storing the allocation of job " + job.id);
-      q.reset();
-    }
+  return insertAllocationLocked(*seq, job.id, job.allocation);
+}
+
+Status SqliteStore::insertAllocationLocked(int64_t seq, const std::string& id,
+                                           const std::vector<NodeAllocation>& allocation) {
+  DDL_PREPARE(
+      q,
+      "INSERT INTO job_allocation (job_seq, ord, node, gpus, cpus, memory_bytes) VALUES (?, ?, ?, ?, ?, ?)");
+  for (size_t k = 0; k < allocation.size(); ++k) {
+    q.bind(1, seq).bind(2, static_cast<int64_t>(k)).bind(3, allocation[k].node);
+    q.bind(4, encodeIndices(allocation[k].gpus)).bind(5, encodeIndices(allocation[k].cpus));
+    q.bind(6, allocation[k].memory_bytes);
+    DDL_STEP_DONE(q, "storing the allocation of job " + id);
+    q.reset();
   }
   return Status::ok();
 }

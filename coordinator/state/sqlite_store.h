@@ -38,7 +38,7 @@ namespace ddl::state {
 
 class SqliteStore : public Store {
  public:
-  static constexpr int kSchemaVersion = 6;
+  static constexpr int kSchemaVersion = 7;
 
   struct Options {
     std::string path;  // The database file. Its directory must exist (creating it is the caller's job).
@@ -101,6 +101,8 @@ class SqliteStore : public Store {
   StatusOr<std::vector<NodeRecord>> loadNodesLocked(const std::string* name);
   Status upsertNodeLocked(const NodeRecord& node);
   Status putJobLocked(const Write& write);
+  Status insertAllocationLocked(int64_t seq, const std::string& id,
+                                const std::vector<NodeAllocation>& allocation);
 
   Options options_;
   std::mutex mu_;

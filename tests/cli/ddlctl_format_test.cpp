@@ -238,6 +238,14 @@ TEST(DdlctlFormat, JobSpec) {
   EXPECT_EQ(spec.value->nodes(), 0);
   EXPECT_EQ(spec.value->name(), "big");
 
+  SubmitArgs resources = a;
+  resources.cpusPerRank = 6;
+  resources.memPerRank = "1.5G";
+  spec = buildJobSpec(resources);
+  ASSERT_TRUE(spec.ok()) << spec.error;
+  EXPECT_EQ(spec.value->cpus_per_rank(), 6);
+  EXPECT_EQ(spec.value->memory_per_rank_bytes(), int64_t{3} << 29);
+
   auto error = [&](auto edit) {
     SubmitArgs b = a;
     edit(b);
@@ -245,6 +253,9 @@ TEST(DdlctlFormat, JobSpec) {
     EXPECT_FALSE(r.ok());
     return r.error;
   };
+  EXPECT_EQ(error([](SubmitArgs& b) { b.cpusPerRank = 0; }), "--cpus-per-rank must be 1 to 4096, got 0");
+  EXPECT_EQ(error([](SubmitArgs& b) { b.memPerRank = "8X"; }),
+            "--mem-per-rank '8X': give a size such as 512M, 8G or 1.5T (binary units, as Slurm's --mem)");
   EXPECT_NE(error([](SubmitArgs& b) { b.command.clear(); }).find("needs a command after --"),
             std::string::npos);
   EXPECT_EQ(error([](SubmitArgs& b) { b.nodes = 0; }), "--nodes must be at least 1, got 0");
@@ -515,16 +526,34 @@ TEST(DdlctlFormat, NodeListOrReason) {
 
 TEST(DdlctlFormat, NodeTable) {
   EXPECT_EQ(formatNodeTable(sampleNodes(), kNow),
-            "NAME  STATE     GPUS  ADDRESS   LABELS             HEARTBEAT  JOBS\n"
-            "n1    UP        2/4   10.0.0.1  rack=r1,switch=s1  2s         j-000001\n"
-            "n2    DRAINING  0/4   10.0.0.2  -                  never      -\n");
+            "NAME  STATE     GPUS  CPUS  MEMORY  ADDRESS   LABELS             HEARTBEAT  JOBS\n"
+            "n1    UP        2/4   -     -       10.0.0.1  rack=r1,switch=s1  2s         j-000001\n"
+            "n2    DRAINING  0/4   -     -       10.0.0.2  -                  never      -\n");
   // The operator's reason with a drain, in its own column once some node has one.
   v1::ListNodesResponse nodes = sampleNodes();
   nodes.mutable_nodes(1)->set_drain_reason("bad DIMM\x1b[2J");
   EXPECT_EQ(formatNodeTable(nodes, kNow),
-            "NAME  STATE     GPUS  ADDRESS   LABELS             HEARTBEAT  JOBS      REASON\n"
-            "n1    UP        2/4   10.0.0.1  rack=r1,switch=s1  2s         j-000001  -\n"
-            "n2    DRAINING  0/4   10.0.0.2  -                  never      -         bad DIMM\\x1b[2J\n");
+            "NAME  STATE     GPUS  CPUS  MEMORY  ADDRESS   LABELS             HEARTBEAT  JOBS      REASON\n"
+            "n1    UP        2/4   -     -       10.0.0.1  rack=r1,switch=s1  2s         j-000001  -\n"
+            "n2    DRAINING  0/4   -     -       10.0.0.2  -                  never      -         bad "
+            "DIMM\\x1b[2J\n");
+}
+
+TEST(DdlctlFormat, NodeTableShowsCpusAndMemoryAndWhereRanksAreNotConfined) {
+  v1::ListNodesResponse nodes = sampleNodes();
+  v1::Node* n1 = nodes.mutable_nodes(0);
+  for (int c = 0; c < 32; ++c) n1->add_cpus(c);
+  for (int c = 0; c < 8; ++c) n1->add_cpus_used(c);
+  n1->set_memory_bytes(int64_t{256} << 30);
+  n1->set_memory_used_bytes(int64_t{64} << 30);
+  n1->set_confinement(
+      "cgroups v2 under /sys/fs/cgroup/system.slice/ddl-agent.service/ranks: cpuset, memory.max");
+  nodes.mutable_nodes(1)->set_confinement("not confined by cgroups: no cgroup2 file system is mounted");
+  EXPECT_EQ(formatNodeTable(nodes, kNow),
+            "NAME  STATE     GPUS  CPUS  MEMORY          ADDRESS   LABELS             HEARTBEAT  JOBS\n"
+            "n1    UP        2/4   8/32  64 GiB/256 GiB  10.0.0.1  rack=r1,switch=s1  2s         j-000001\n"
+            "n2    DRAINING  0/4   -     -               10.0.0.2  -                  never      -\n"
+            "note: n2: not confined by cgroups: no cgroup2 file system is mounted\n");
 }
 
 TEST(DdlctlFormat, NodeTableSaysWhenADownNodeIsDrained) {
@@ -535,10 +564,10 @@ TEST(DdlctlFormat, NodeTableSaysWhenADownNodeIsDrained) {
   n3->set_name("n3");
   n3->set_state("DOWN");
   EXPECT_EQ(formatNodeTable(nodes, kNow),
-            "NAME  STATE           GPUS  ADDRESS   LABELS             HEARTBEAT  JOBS\n"
-            "n1    UP              2/4   10.0.0.1  rack=r1,switch=s1  2s         j-000001\n"
-            "n2    DOWN (drained)  0/4   10.0.0.2  -                  never      -\n"
-            "n3    DOWN            0/0   -         -                  never      -\n");
+            "NAME  STATE           GPUS  CPUS  MEMORY  ADDRESS   LABELS             HEARTBEAT  JOBS\n"
+            "n1    UP              2/4   -     -       10.0.0.1  rack=r1,switch=s1  2s         j-000001\n"
+            "n2    DOWN (drained)  0/4   -     -       10.0.0.2  -                  never      -\n"
+            "n3    DOWN            0/0   -     -       -         -                  never      -\n");
 }
 
 TEST(DdlctlFormat, JobDetail) {
@@ -1430,8 +1459,8 @@ TEST_F(DdlctlServerTest, NodesRingDrain) {
   Result r = run({"nodes"});
   EXPECT_EQ(r.rc, 0) << r.err;
   // Heartbeat ages are taken against the real clock here, so only the columns before them are compared.
-  EXPECT_EQ(r.out.rfind("NAME  STATE     GPUS  ADDRESS   LABELS", 0), 0u) << r.out;
-  EXPECT_NE(r.out.find("n2    DRAINING  0/4   10.0.0.2"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.rfind("NAME  STATE     GPUS  CPUS  MEMORY  ADDRESS   LABELS", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("n2    DRAINING  0/4   -     -       10.0.0.2"), std::string::npos) << r.out;
   r = run({"nodes", "-o", "json"});
   EXPECT_EQ(r.out.rfind("{\"nodes\":[", 0), 0u) << r.out;
 

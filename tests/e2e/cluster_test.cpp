@@ -7,19 +7,21 @@
 // Every wait is bounded; every process started here is stopped at the end of each test.
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <pwd.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "ddl/tls.h"
@@ -550,6 +552,62 @@ TEST_F(ClusterTest, GangJobWaitsForGpusThenRuns) {
   ASSERT_TRUE(reaches(first, ddl::v1::SUCCEEDED, 30000));
   ASSERT_TRUE(reaches(second, ddl::v1::SUCCEEDED, 30000)) << job(second).DebugString();
   EXPECT_GE(transitionMs(job(second), ddl::v1::SCHEDULED), transitionMs(job(first), ddl::v1::SUCCEEDED));
+}
+
+// Issue 28 item 7: a job asks for CPUs and memory per rank; placement counts them, each rank is pinned to its
+// own CPUs (and, where the node has cgroups v2 for the agent, confined by cpuset and memory.max), and nodes
+// show what is held. What cannot be held is refused at submit.
+TEST_F(ClusterTest, RanksGetTheCpusTheirJobAskedForAndNodesShowWhatIsHeld) {
+  cpu_set_t mine;
+  ASSERT_EQ(sched_getaffinity(0, sizeof mine, &mine), 0);
+  if (CPU_COUNT(&mine) < 2) GTEST_SKIP() << "skipped: needs 2 CPUs to give 2 ranks one each";
+  const std::string out = (dir_ / "submit.txt").string();
+  ASSERT_EQ(std::system((ctl((dir_ / "root.token").string()) +
+                         " submit --nodes 1 --gpus-per-node 2 --cpus-per-rank 1 --mem-per-rank 64M -- "
+                         "/bin/sh -c 'grep Cpus_allowed_list /proc/self/status; sleep 3' > " +
+                         out)
+                            .c_str()),
+            0);
+  std::string id = slurp(out);
+  id.erase(id.find_last_not_of("\n") + 1);
+  ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000)) << job(id).DebugString();
+  const std::string node = job(id).allocation(0).node();
+  ddl::v1::ListNodesResponse nodes;
+  {
+    grpc::ClientContext ctx;
+    authorize(&ctx);
+    ASSERT_TRUE(user_->ListNodes(&ctx, {}, &nodes).ok());
+  }
+  for (const auto& n : nodes.nodes()) {
+    EXPECT_EQ(n.cpus_size(), CPU_COUNT(&mine)) << n.name();
+    EXPECT_GT(n.memory_bytes(), 0) << n.name();
+    EXPECT_FALSE(n.confinement().empty()) << n.name();
+    EXPECT_EQ(n.cpus_used_size(), n.name() == node ? 2 : 0) << n.name();
+    EXPECT_EQ(n.memory_used_bytes(), n.name() == node ? int64_t{128} << 20 : 0) << n.name();
+  }
+  ASSERT_EQ(std::system((ctl() + " nodes > " + (dir_ / "nodes.txt").string()).c_str()), 0);
+  const std::string table = slurp(dir_ / "nodes.txt");
+  EXPECT_NE(table.find("CPUS  MEMORY"), std::string::npos) << table;
+  EXPECT_NE(table.find("2/" + std::to_string(CPU_COUNT(&mine))), std::string::npos) << table;
+  ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 30000)) << job(id).DebugString();
+  // Each rank saw exactly one CPU, and not the same one.
+  std::set<std::string> seen;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string log = (dir_ / ("rank" + std::to_string(rank) + ".txt")).string();
+    ASSERT_EQ(std::system((ctl() + " logs " + id + " --rank " + std::to_string(rank) + " > " + log).c_str()),
+              0);
+    std::string line = slurp(log);
+    ASSERT_EQ(line.rfind("Cpus_allowed_list:\t", 0), 0u) << line;
+    line = line.substr(19);
+    line.erase(line.find_last_not_of("\n") + 1);
+    EXPECT_EQ(line.find_first_not_of("0123456789"), std::string::npos) << "one CPU, got " << line;
+    seen.insert(line);
+  }
+  EXPECT_EQ(seen.size(), 2u);
+  // More CPUs than any node offers: refused at submit, saying what the nodes have.
+  const std::string err = (dir_ / "err.txt").string();
+  EXPECT_NE(std::system((ctl() + " submit --gpus 1 --cpus-per-rank 4096 -- /bin/true 2> " + err).c_str()), 0);
+  EXPECT_NE(slurp(err).find("CPUs and"), std::string::npos) << slurp(err);
 }
 
 TEST_F(ClusterTest, KilledAgentMarksNodeDownAndFailsOnlyItsJob) {

@@ -82,6 +82,9 @@ class CoordinatorTest : public ::testing::Test {
     }
     for (auto& [k, v] : labels) (*req.mutable_labels())[k] = v;
     for (auto& r : ranks) *req.add_ranks() = r;
+    for (int c : node_cpus) req.add_cpus(c);
+    req.set_memory_bytes(node_memory);
+    req.set_confinement(node_confinement);
     auto resp = coordinator->registerAgent(req);
     EXPECT_TRUE(resp) << resp.status().toString();
     links[name] = std::make_shared<RecordingLink>();
@@ -140,6 +143,9 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   int64_t now = 1'000'000;
+  std::vector<int> node_cpus;  // what addNode's agents offer ranks
+  int64_t node_memory = 0;
+  std::string node_confinement;
   CoordinatorOptions options;
   std::unique_ptr<state::Store> store_;
   std::unique_ptr<Coordinator> coordinator;
@@ -1156,5 +1162,70 @@ TEST_F(CoordinatorRestartTest, DependenciesHoldsAndRankResultsSurviveARestart) {
   ASSERT_EQ(done->ranks_size(), 1);
   EXPECT_EQ(done->ranks(0).exit_code(), 0);
 }
+}  // namespace
+}  // namespace ddl::coordinator
+
+namespace ddl::coordinator {
+namespace {
+
+TEST_F(CoordinatorRestartTest, CpusAndMemoryArePlacedGivenToEachRankAndKeptAcrossARestart) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  node_cpus = {0, 1, 2, 3, 4, 5, 6, 7};
+  node_memory = 32 * kGiB;
+  node_confinement = "cgroups v2 under /sys/fs/cgroup/ddl/ranks: cpuset, memory.max";
+  addNode("n1", 4);
+  v1::JobSpec a = spec(1, 2);
+  a.set_cpus_per_rank(2);
+  a.set_memory_per_rank_bytes(8 * kGiB);
+  const std::string id = submit(a);
+  v1::JobSpec b = spec(1, 2);
+  b.set_cpus_per_rank(3);  // 2 GPUs are free beside a, but 4 CPUs are not 2 x 3
+  const std::string waiting = submit(b);
+  coordinator->tick();
+  ASSERT_EQ(stateOf(id), v1::STARTING);
+  const v1::StartRanks start = starts("n1", id).at(0);
+  ASSERT_EQ(start.ranks_size(), 2);
+  EXPECT_EQ(std::vector<int>(start.ranks(0).cpus().begin(), start.ranks(0).cpus().end()),
+            (std::vector<int>{0, 1}));
+  EXPECT_EQ(std::vector<int>(start.ranks(1).cpus().begin(), start.ranks(1).cpus().end()),
+            (std::vector<int>{2, 3}));
+  EXPECT_EQ(start.ranks(1).memory_bytes(), 8 * kGiB);
+  EXPECT_EQ(stateOf(waiting), v1::PENDING);
+  EXPECT_NE(coordinator->getJob(waiting)->reason().find("(and 3 CPUs per GPU)"), std::string::npos)
+      << coordinator->getJob(waiting)->reason();
+  auto node = coordinator->listNodes().at(0);
+  EXPECT_EQ(node.cpus_size(), 8);
+  EXPECT_EQ(node.cpus_used_size(), 4);
+  EXPECT_EQ(node.memory_bytes(), 32 * kGiB);
+  EXPECT_EQ(node.memory_used_bytes(), 16 * kGiB);
+  EXPECT_EQ(node.confinement(), node_confinement);
+  const v1::Job job = *coordinator->getJob(id);
+  EXPECT_EQ(job.spec().cpus_per_rank(), 2);
+  EXPECT_EQ(job.allocation(0).cpus_size(), 4);
+  EXPECT_EQ(job.allocation(0).memory_bytes(), 16 * kGiB);
+  runAll("n1", id);
+
+  reopen();  // the allocation's CPUs and memory, and the node's, come back from the store
+  std::vector<v1::RankStatus> held;
+  for (const auto& r : start.ranks()) held.push_back(rankStatus(id, start.attempt(), r.rank(), r.gpu()));
+  addNode("n1", 4, {}, held);
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  EXPECT_EQ(stateOf(waiting), v1::PENDING);
+  EXPECT_EQ(coordinator->listNodes().at(0).cpus_used_size(), 4);
+  EXPECT_EQ(coordinator->getJob(id)->spec().memory_per_rank_bytes(), 8 * kGiB);
+  exitRanks("n1", start);
+  coordinator->tick();
+  ASSERT_EQ(stateOf(waiting), v1::STARTING);
+  EXPECT_EQ(starts("n1", waiting).at(0).ranks(1).cpus_size(), 3);
+  // A job that can never get its CPUs is refused at submit, naming what the node has.
+  v1::JobSpec huge = spec(1, 1);
+  huge.set_cpus_per_rank(9);
+  auto refused = coordinator->submit(huge);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.status().message().find("has 4 GPUs, 8 CPUs and 32 GiB for ranks"), std::string::npos)
+      << refused.status().message();
+}
+
 }  // namespace
 }  // namespace ddl::coordinator

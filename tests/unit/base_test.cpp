@@ -15,11 +15,59 @@
 #include "common/fd.h"
 #include "common/host_port.h"
 #include "common/json_config.h"
+#include "common/resources.h"
 #include "common/signals.h"
 #include "common/status.h"
 
 namespace ddl {
 namespace {
+
+// --- resources
+
+TEST(Resources, CpuListsParseAndFormatAsTheKernelWritesThem) {
+  std::vector<int> cpus;
+  EXPECT_EQ(parseCpuList("0-3,8,10-11\n", &cpus), "");
+  EXPECT_EQ(cpus, (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(formatCpuList(cpus), "0-3,8,10-11");
+  EXPECT_EQ(formatCpuList({9, 1, 2, 0, 2}), "0-2,9");
+  EXPECT_EQ(parseCpuList("", &cpus), "");
+  EXPECT_TRUE(cpus.empty());
+  EXPECT_EQ(formatCpuList({}), "");
+  for (const char* bad : {"a", "3-1", "0-", "-2", "1,,2", "1,", "70000", "0-99999999"}) {
+    std::vector<int> untouched{42};
+    EXPECT_NE(parseCpuList(bad, &untouched), "") << bad;
+    EXPECT_EQ(untouched, (std::vector<int>{42})) << bad;
+  }
+}
+
+TEST(Resources, ByteSizesAreBinaryAsSlurmsMem) {
+  struct Case {
+    const char* text;
+    int64_t bytes;
+  } cases[] = {{"512M", int64_t{512} << 20},
+               {"8G", int64_t{8} << 30},
+               {"8GiB", int64_t{8} << 30},
+               {"8gb", int64_t{8} << 30},
+               {"1.5T", int64_t{3} << 39},
+               {"4096", 4096},
+               {"2K", 2048},
+               {"1 G", int64_t{1} << 30}};
+  for (const Case& c : cases) {
+    int64_t bytes = 0;
+    EXPECT_EQ(parseByteSize(c.text, &bytes), "") << c.text;
+    EXPECT_EQ(bytes, c.bytes) << c.text;
+  }
+  for (const char* bad : {"", "G", "8X", "1.5", "0", "0.0001K", "2P", "1.2.3G", "-1G"}) {
+    int64_t bytes = 7;
+    EXPECT_NE(parseByteSize(bad, &bytes), "") << bad;
+    EXPECT_EQ(bytes, 7) << bad;
+  }
+  EXPECT_EQ(formatBytes(int64_t{8} << 30), "8 GiB");
+  EXPECT_EQ(formatBytes(int64_t{3} << 29), "1.5 GiB");
+  EXPECT_EQ(formatBytes(int64_t{512} << 20), "512 MiB");
+  EXPECT_EQ(formatBytes(100), "100 B");
+  EXPECT_EQ(formatBytes(0), "0 B");
+}
 
 // --- host_port
 

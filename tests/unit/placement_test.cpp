@@ -327,17 +327,58 @@ TEST(Schedule, InfeasibleJobsAreRefusedAndJobsWaitingForNodesDoNotBlock) {
   EXPECT_FALSE(s.find("small")->backfilled);
 }
 
-// The property itself, on random small clusters: for every way the jobs running before the pass could end, if
-// the head could start without the backfilled jobs it can also start with them.
+// One job running before a scheduling pass: what it holds, freed when it ends.
+struct Running {
+  int node;
+  std::vector<int> gpus;
+  std::vector<size_t> cpus = {};  // indices into the node's cpus
+  int64_t memory = 0;
+};
+
+// The backfill property on one cluster and queue: for every way the running jobs could end, if the head could
+// start without the backfilled jobs it can also start with them. Counts heads and backfills seen.
+void expectBackfillNeverDelaysTheHead(const Cluster& c, const std::vector<JobRequest>& queue,
+                                      const std::vector<Running>& running, int round, int* heads,
+                                      int* backfills) {
+  ScheduleResult s = schedule(c, queue);
+  if (s.headJob.empty()) return;
+  ++*heads;
+  const JobRequest* head = nullptr;
+  for (const JobRequest& j : queue)
+    if (j.id == s.headJob) head = &j;
+  Cluster before = c, withBackfill;  // "before": plus the jobs started ahead of the head
+  for (const Decision& d : s.decisions)
+    if (d.action == Decision::Action::kStart && !d.backfilled) applyAllocation(before, d.allocation);
+  withBackfill = before;
+  for (const Decision& d : s.decisions) {
+    if (d.action == Decision::Action::kStart && d.backfilled) {
+      applyAllocation(withBackfill, d.allocation);
+      ++*backfills;
+    }
+  }
+  for (uint32_t ended = 0; ended < (1u << running.size()); ++ended) {
+    Cluster a = before, b = withBackfill;
+    for (size_t k = 0; k < running.size(); ++k) {
+      if (!(ended & (1u << k))) continue;
+      for (Cluster* x : {&a, &b}) {
+        Node& n = x->nodes[running[k].node];
+        for (int g : running[k].gpus) n.used[g] = false;
+        for (size_t i : running[k].cpus) n.cpuUsed[i] = false;
+        n.memoryUsed -= running[k].memory;
+      }
+    }
+    if (place(a, *head).ok()) {
+      ASSERT_TRUE(place(b, *head).ok()) << "round " << round << ": backfill delayed head " << head->id;
+    }
+  }
+}
+
+// The property itself, on random small clusters.
 TEST(Schedule, RandomisedBackfillNeverDelaysTheHead) {
   std::mt19937 rng(12345);
   int heads = 0, backfills = 0;
   for (int round = 0; round < 400; ++round) {
     Cluster c;
-    struct Running {
-      int node;
-      std::vector<int> gpus;
-    };
     std::vector<Running> running;
     const int nodes = 2 + rng() % 5;
     for (int i = 0; i < nodes; ++i) {
@@ -363,36 +404,140 @@ TEST(Schedule, RandomisedBackfillNeverDelaysTheHead) {
       if (rng() % 5 == 0) job.requiredLabels["pool"] = "b";
       queue.push_back(job);
     }
-    ScheduleResult s = schedule(c, queue);
-    if (s.headJob.empty()) continue;
-    ++heads;
-    const JobRequest* head = nullptr;
-    for (const JobRequest& j : queue)
-      if (j.id == s.headJob) head = &j;
-    Cluster before = c, withBackfill;  // "before": plus the jobs started ahead of the head
-    for (const Decision& d : s.decisions)
-      if (d.action == Decision::Action::kStart && !d.backfilled) applyAllocation(before, d.allocation);
-    withBackfill = before;
-    for (const Decision& d : s.decisions) {
-      if (d.action == Decision::Action::kStart && d.backfilled) {
-        applyAllocation(withBackfill, d.allocation);
-        ++backfills;
-      }
-    }
-    for (uint32_t ended = 0; ended < (1u << running.size()); ++ended) {
-      Cluster a = before, b = withBackfill;
-      for (size_t k = 0; k < running.size(); ++k) {
-        if (!(ended & (1u << k))) continue;
-        for (int g : running[k].gpus)
-          a.nodes[running[k].node].used[g] = b.nodes[running[k].node].used[g] = false;
-      }
-      if (place(a, *head).ok()) {
-        ASSERT_TRUE(place(b, *head).ok()) << "round " << round << ": backfill delayed head " << head->id;
-      }
-    }
+    expectBackfillNeverDelaysTheHead(c, queue, running, round, &heads, &backfills);
+    if (HasFatalFailure()) return;
   }
   EXPECT_GT(heads, 50);      // the test exercised the rule...
   EXPECT_GT(backfills, 20);  // ...including real backfills
+}
+
+// ---- CPUs and memory per rank
+// ------------------------------------------------------------------------------
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+Node withCpus(Node n, int cpus, int64_t memory) {
+  for (int c = 0; c < cpus; ++c) n.cpus.push_back(c);
+  n.memoryBytes = memory;
+  return n;
+}
+
+JobRequest withRequest(JobRequest j, int cpus, int64_t memory) {
+  j.cpusPerRank = cpus;
+  j.memoryPerRank = memory;
+  return j;
+}
+
+TEST(Resources, PlacementGivesEachRankItsCpusAndCountsMemory) {
+  Cluster c{{withCpus(makeNode("n1", 4), 16, 64 * kGiB)}};
+  PlacementResult r = place(c, withRequest(shapeJob("a", 1, 2), 4, 8 * kGiB));
+  ASSERT_TRUE(r.ok()) << r.reason();
+  const NodeAllocation& a = r.allocation().nodes[0];
+  EXPECT_EQ(a.gpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(a.cpus, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(a.memoryBytes, 16 * kGiB);
+  EXPECT_EQ(a.cpusOf(1), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_TRUE(a.cpusOf(3).empty());  // not the job's GPU
+  EXPECT_EQ(r.allocation().str(), "n1[0,1] cpus 0-7");
+  applyAllocation(c, r.allocation());
+  EXPECT_EQ(c.nodes[0].freeCpus(), (std::vector<int>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(c.nodes[0].memoryUsed, 16 * kGiB);
+  // Two GPUs are still free, but 8 CPUs are not enough for 2 ranks of 5: it waits, and says for what.
+  PlacementResult w = place(c, withRequest(shapeJob("b", 1, 2), 5, 0));
+  ASSERT_TRUE(w.isPending());
+  EXPECT_EQ(w.reason(),
+            "waiting for 1 node with 2 free GPUs (and 5 CPUs per GPU): 0 of the 1 eligible UP node have them "
+            "now, the others are running jobs");
+  // Memory binds the same way: 48 GiB left holds one rank of 30 GiB, not two.
+  EXPECT_TRUE(place(c, withRequest(shapeJob("m", 1, 1), 0, 30 * kGiB)).ok());
+  EXPECT_TRUE(place(c, withRequest(shapeJob("m2", 1, 2), 0, 30 * kGiB)).isPending());
+  EXPECT_TRUE(place(c, withRequest(shapeJob("m3", 1, 2), 0, 40 * kGiB)).isInfeasible());  // 80 of 64 GiB
+  // A job that asks for neither ignores CPUs and memory, as before.
+  EXPECT_EQ(allocOf(c, shapeJob("plain", 1, 2)), "n1[2,3]");
+}
+
+TEST(Resources, PlacementPrefersTheNodeWhoseCpusFit) {
+  // n1 has the most free GPUs but too few CPUs for the job; n2 has fewer GPUs and enough CPUs.
+  Cluster c{{withCpus(makeNode("n1", 8), 4, 64 * kGiB), withCpus(makeNode("n2", 2), 32, 64 * kGiB)}};
+  EXPECT_EQ(allocOf(c, withRequest(shapeJob("a", 1, 2), 8, 0)), "n2[0,1] cpus 0-15");
+  // A total job counts each node's ranks by what binds there: n1 holds 1 rank of 4 CPUs, n2 two.
+  EXPECT_EQ(allocOf(c, withRequest(totalJob("t", 3), 4, 0)), "n1[0] cpus 0-3 n2[0,1] cpus 0-7");
+}
+
+TEST(Resources, RefusesWhatNoNodeCanHoldAndNamesTheShortfall) {
+  Cluster c{{withCpus(makeNode("n1", 4), 8, 32 * kGiB), withCpus(makeNode("n2", 4), 8, 16 * kGiB)}};
+  EXPECT_EQ(checkFeasible(c, withRequest(shapeJob("a", 1, 4), 4, 0)),
+            "job a asks for 4 GPUs with 4 CPUs each per node but the largest UP or DRAINING node (n1) has "
+            "4 GPUs, 8 CPUs and 32 GiB for ranks");
+  EXPECT_EQ(checkFeasible(c, withRequest(totalJob("t", 6), 0, 16 * kGiB)),
+            "job t asks for 6 GPUs with 16 GiB each but the UP and DRAINING nodes can hold only 3 such ranks "
+            "in all (the largest UP or DRAINING node (n1) has 4 GPUs, 8 CPUs and 32 GiB for ranks)");
+  EXPECT_EQ(checkFeasible(c, withRequest(totalJob("t", 3), 0, 16 * kGiB)), "");
+  // A node whose agent offers no CPUs (an older agent) hosts only jobs that ask for none.
+  Cluster old{{makeNode("n1", 4)}};
+  EXPECT_FALSE(checkFeasible(old, withRequest(shapeJob("a", 1, 1), 1, 0)).empty());
+  EXPECT_EQ(checkFeasible(old, shapeJob("a", 1, 1)), "");
+}
+
+TEST(Resources, BackfillMayNotTakeTheCpusTheHeadNeeds) {
+  // n1: 4 GPUs, 2 in use; 8 CPUs, 6 held. The head wants 2 GPUs x 4 CPUs there, which n1 lacks only in CPUs
+  // today. A small job for 1 GPU and 2 CPUs would fit, but those CPUs may be the ones the head is missing.
+  Node n1 = withCpus(makeNode("n1", 4, "s1", {0, 1}), 8, 64 * kGiB);
+  n1.cpuUsed = {true, true, true, true, true, true, false, false};
+  Cluster c{{n1}};
+  ScheduleResult s = schedule(c, {withRequest(shapeJob("head", 1, 2, 10, 1), 4, 0),
+                                  withRequest(shapeJob("small", 1, 1, 0, 2), 2, 0)});
+  EXPECT_EQ(s.headJob, "head");
+  EXPECT_TRUE(s.started().empty());
+  EXPECT_CONTAINS(s.find("small")->reason, "waiting behind job head");
+  // A job that asks for no CPUs takes a GPU beside the head's share: GPUs 2 and 3 are all the head could
+  // use, though, so not even that.
+  EXPECT_TRUE(schedule(c, {withRequest(shapeJob("head", 1, 2, 10, 1), 4, 0), shapeJob("gpu", 1, 1, 0, 2)})
+                  .started()
+                  .empty());
+}
+
+// The backfill property of Schedule.RandomisedBackfillNeverDelaysTheHead, with CPUs and memory as well.
+TEST(Resources, RandomisedBackfillNeverDelaysTheHead) {
+  std::mt19937 rng(777);
+  int heads = 0, backfills = 0;
+  for (int round = 0; round < 400; ++round) {
+    Cluster c;
+    std::vector<Running> running;
+    const int nodes = 2 + rng() % 4;
+    for (int i = 0; i < nodes; ++i) {
+      const int gpus = 1 + rng() % 6;
+      Node n = withCpus(makeNode("n" + std::to_string(i), gpus, "s" + std::to_string(rng() % 2)),
+                        2 + rng() % 12, (4 + rng() % 12) * kGiB);
+      n.cpuUsed.assign(n.cpus.size(), false);
+      c.nodes.push_back(n);
+      size_t nextCpu = 0;
+      for (int g = 0; g < gpus; ++g) {
+        if (rng() % 2 || running.size() >= 8) continue;
+        Running r{i, {g}, {}, static_cast<int64_t>(rng() % 3) * kGiB};
+        const size_t cpus = rng() % 3;
+        for (size_t k = 0; k < cpus && nextCpu < n.cpus.size(); ++k) r.cpus.push_back(nextCpu++);
+        if (c.nodes[i].memoryUsed + r.memory > c.nodes[i].memoryBytes) r.memory = 0;
+        c.nodes[i].used[g] = true;
+        for (size_t k : r.cpus) c.nodes[i].cpuUsed[k] = true;
+        c.nodes[i].memoryUsed += r.memory;
+        running.push_back(r);
+      }
+    }
+    std::vector<JobRequest> queue;
+    for (int j = 0; j < 6; ++j) {
+      JobRequest job = rng() % 3
+                           ? shapeJob("j" + std::to_string(j), 1 + rng() % 3, 1 + rng() % 3, rng() % 3, j)
+                           : totalJob("j" + std::to_string(j), 1 + rng() % 8, rng() % 3, j);
+      job.cpusPerRank = rng() % 3;
+      job.memoryPerRank = static_cast<int64_t>(rng() % 3) * kGiB;
+      queue.push_back(job);
+    }
+    expectBackfillNeverDelaysTheHead(c, queue, running, round, &heads, &backfills);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GT(heads, 50);
+  EXPECT_GT(backfills, 10);
 }
 
 // ---- ring layout ------------------------------------------------------------------------------------------

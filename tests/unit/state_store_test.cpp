@@ -737,14 +737,21 @@ TEST(SqliteStore, ReopenKeepsEveryJobAndNode) {
   std::vector<Job> jobs;
   std::vector<NodeRecord> nodes = {sampleNode("a", 8), sampleNode("b", 0)};
   nodes[1].state = NodeState::kDown;
+  nodes[0].cpus = {0, 1, 2, 3, 8, 9};
+  nodes[0].memory_bytes = int64_t{512} << 30;
   {
     auto store = openOrDie(path, clock.fn());
     ASSERT_NE(store, nullptr);
     for (const NodeRecord& n : nodes) ASSERT_TRUE(store->upsertNode(n).isOk());
     JobSpec spec = sampleSpec();
     spec.max_restarts = 3;
+    spec.cpus_per_rank = 2;
+    spec.memory_per_rank_bytes = int64_t{8} << 30;
     for (int i = 0; i < 6; ++i) ASSERT_TRUE(store->createJob(spec).isOk());
-    ASSERT_TRUE(store->setAllocation("j-000002", {{"a", {0, 1}}, {"b", {7}}}, "ring a b", 29500).isOk());
+    ASSERT_TRUE(store
+                    ->setAllocation("j-000002", {{"a", {0, 1}, {0, 1, 2, 3}, int64_t{16} << 30}, {"b", {7}}},
+                                    "ring a b", 29500)
+                    .isOk());
     ASSERT_TRUE(store->transition("j-000002", JobState::kScheduled, "placed").isOk());
     for (JobState s : {JobState::kScheduled, JobState::kStarting, JobState::kRunning}) {
       ASSERT_TRUE(store->transition("j-000003", s, "").isOk());
@@ -762,6 +769,9 @@ TEST(SqliteStore, ReopenKeepsEveryJobAndNode) {
   }
   ASSERT_EQ(jobs.size(), 6u);
   ASSERT_EQ(jobs[0].spec.required_labels, sampleSpec().required_labels);
+  ASSERT_EQ(jobs[1].allocation.at(0).cpus,
+            (std::vector<int>{0, 1, 2, 3}));  // read back before the reopen too
+  ASSERT_EQ(jobs[1].spec.cpus_per_rank, 2);
   auto store = openOrDie(path, clock.fn());
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(*store->listJobs(), jobs);
@@ -803,6 +813,10 @@ TEST(SqliteStore, VersionOneDatabaseIsUpgradedInPlace) {
   EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN end_ms"), "<done>");
   EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN extra"), "<done>");
   EXPECT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drain_reason"), "<done>");
+  for (const char* v7 :
+       {"ALTER TABLE job_allocation DROP COLUMN cpus", "ALTER TABLE job_allocation DROP COLUMN memory_bytes",
+        "ALTER TABLE nodes DROP COLUMN cpus", "ALTER TABLE nodes DROP COLUMN memory_bytes"})
+    ASSERT_EQ(rawQuery(path, v7), "<done>");  // version 7's columns
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 1"), "<done>");
   ASSERT_EQ(rawQuery(path, "SELECT version FROM schema_version"), "1");
   ASSERT_EQ(rawQuery(path, "SELECT count(*) FROM sqlite_master WHERE name = 'job_labels'"), "0");
@@ -854,6 +868,10 @@ TEST(SqliteStore, VersionTwoDrainingNodesAreDrainedAfterTheUpgrade) {
   EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN end_ms"), "<done>");
   EXPECT_EQ(rawQuery(path, "ALTER TABLE jobs DROP COLUMN extra"), "<done>");
   EXPECT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drain_reason"), "<done>");
+  for (const char* v7 :
+       {"ALTER TABLE job_allocation DROP COLUMN cpus", "ALTER TABLE job_allocation DROP COLUMN memory_bytes",
+        "ALTER TABLE nodes DROP COLUMN cpus", "ALTER TABLE nodes DROP COLUMN memory_bytes"})
+    ASSERT_EQ(rawQuery(path, v7), "<done>");  // version 7's columns
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 2"), "<done>");
 
   auto store = openOrDie(path, clock.fn());
@@ -1186,6 +1204,10 @@ TEST(SqliteStore, VersionFiveDatabaseGetsTimeoutAndKeepsItsIdCounter) {
   jobs.pop_back();
   ASSERT_EQ(rawQuery(path, "UPDATE sqlite_sequence SET seq = 3 WHERE name = 'jobs'"), "<done>");
   ASSERT_EQ(rawQuery(path, "ALTER TABLE nodes DROP COLUMN drain_reason"), "<done>");
+  for (const char* v7 :
+       {"ALTER TABLE job_allocation DROP COLUMN cpus", "ALTER TABLE job_allocation DROP COLUMN memory_bytes",
+        "ALTER TABLE nodes DROP COLUMN cpus", "ALTER TABLE nodes DROP COLUMN memory_bytes"})
+    ASSERT_EQ(rawQuery(path, v7), "<done>");  // version 7's columns
   ASSERT_EQ(rawQuery(path, "UPDATE schema_version SET version = 5"), "<done>");
 
   auto store = openOrDie(path, clock.fn());

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -23,6 +24,8 @@
 #include <sstream>
 #include <thread>
 
+#include "common/fd.h"
+#include "common/resources.h"
 #include "launch_protocol.h"
 #include "run_as.h"
 #include "test_accounts.h"
@@ -188,6 +191,43 @@ TEST_P(SupervisorTest, ReportsExitCodeAndAppendsOutputToLog) {
   EXPECT_EQ(log.rfind("earlier attempt\n", 0), 0u) << log;
   EXPECT_NE(log.find("out\n"), std::string::npos) << log;
   EXPECT_NE(log.find("err\n"), std::string::npos) << log;
+}
+
+TEST_P(SupervisorTest, PinsTheRankToItsCpusAndMovesItIntoItsCgroup) {
+  // The CPU the agent itself may run on last; a rank's Cpus_allowed_list shows what it was pinned to.
+  cpu_set_t mine;
+  ASSERT_EQ(sched_getaffinity(0, sizeof mine, &mine), 0);
+  int cpu = -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mine)) cpu = c;
+  ASSERT_GE(cpu, 0);
+  RankSpec spec = shell("jc", 0, "grep Cpus_allowed_list /proc/self/status");
+  spec.cpus = {cpu};
+  // A plain file stands in for the cgroup's cgroup.procs: the child writes "0" (itself) into it.
+  const fs::path procs = dir_ / "cgroup.procs";
+  Fd fd(open(procs.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+  ASSERT_GE(fd.get(), 0);
+  spec.cgroup_procs_fd = fd.get();
+  mustStart(spec);
+  auto exit = recorder_.waitFor("jc", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_NE(readFile(spec.log_path).find("Cpus_allowed_list:\t" + std::to_string(cpu) + "\n"),
+            std::string::npos)
+      << readFile(spec.log_path);
+  EXPECT_EQ(readFile(procs.string()), "0");
+}
+
+TEST_P(SupervisorTest, ACpuTheAgentMayNotUseFailsTheRankAndSaysWhy) {
+  RankSpec spec = shell("jx", 0, "true");
+  spec.cpus = {kMaxCpuId};  // no machine that runs this suite has 65536 CPUs
+  std::string error;
+  RankState state = sup_->start(spec, &error);
+  EXPECT_FALSE(state.running);
+  EXPECT_NE(error.find("cannot confine the rank to its CPUs 65535"), std::string::npos) << error;
+  auto exit = recorder_.waitFor("jx", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_NE(exit->error.find("Invalid argument"), std::string::npos) << exit->error;
 }
 
 TEST_P(SupervisorTest, AppliesEnvironmentInOrderAndWorkdir) {
@@ -785,7 +825,7 @@ TEST(LaunchProtocol, ParseReport) {
   failure = Failure{1, 1};
   program_pid = 1;
   for (const Failure& bad : {Failure{launch::kStageStarted, 0}, Failure{launch::kStageStarted, -5},
-                             Failure{0, 0}, Failure{8, 1}, Failure{-1, 1}}) {
+                             Failure{0, 0}, Failure{9, 1}, Failure{-1, 1}}) {
     EXPECT_FALSE(launch::parseReport(&bad, sizeof bad, &failure, &program_pid))
         << bad.stage << " " << bad.err;
   }

@@ -1,0 +1,140 @@
+// Confinement (worker/confinement.h) over a directory tree shaped like a delegated cgroup v2 (the files are
+// plain files here, so what the agent writes can be read back), and the probe's answers where cgroups cannot
+// be used. The kernel's side (a real cgroup2 with cpuset and memory) is exercised where the machine has one.
+#include "worker/confinement.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace ddl::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class ConfinementTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ddl-confinement-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void write(const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  }
+  fs::path dir_;
+};
+
+TEST_F(ConfinementTest, DelegatedCgroupGetsAgentAndRanksAndEachRankItsLimits) {
+  const fs::path root = dir_ / "ddl-agent.service";
+  write(root / "cgroup.controllers", "cpuset cpu io memory pids\n");
+  write(root / "cgroup.procs", std::to_string(getpid()) + "\n");
+  Confinement c(Confinement::Options{root.string()});
+  EXPECT_TRUE(c.cpuset());
+  EXPECT_TRUE(c.memory());
+  EXPECT_EQ(c.describe(), "cgroups v2 under " + root.string() + "/ranks: cpuset, memory.max");
+  EXPECT_EQ(slurp(root / "agent" / "cgroup.procs"), std::to_string(getpid()));  // the agent left ROOT
+  EXPECT_EQ(slurp(root / "cgroup.subtree_control"), "+cpuset +memory");
+  EXPECT_EQ(slurp(root / "ranks" / "cgroup.subtree_control"), "+cpuset +memory");
+
+  const std::string name = Confinement::rankName("j-000007", 2, 3);
+  EXPECT_EQ(name, "j-000007-a2-r3");
+  std::string error = "not cleared";
+  const int fd = c.prepare(name, {4, 5, 6, 7, 9}, int64_t{8} << 30, &error);
+  EXPECT_EQ(error, "");
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const fs::path rank = root / "ranks" / name;
+  EXPECT_EQ(slurp(rank / "cpuset.cpus"), "4-7,9");
+  EXPECT_EQ(slurp(rank / "memory.max"), "8589934592");
+  EXPECT_EQ(slurp(rank / "memory.oom.group"), "1");
+  EXPECT_TRUE(fs::exists(rank / "cgroup.procs"));
+
+  // The kernel's count of OOM kills is what finish() reports.
+  write(rank / "memory.events", "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\noom_group_kill 1\n");
+  EXPECT_EQ(c.finish(name), 2);
+  EXPECT_EQ(c.finish("j-000008-a1-r0"), 0);  // never made
+  // A rank that asks for nothing gets no cgroup.
+  EXPECT_EQ(c.prepare("j-000009-a1-r0", {}, 0, &error), -1);
+  EXPECT_EQ(error, "");
+  EXPECT_FALSE(fs::exists(root / "ranks" / "j-000009-a1-r0"));
+}
+
+TEST_F(ConfinementTest, OnlyTheControllersOfferedAreUsed) {
+  const fs::path root = dir_ / "cg";
+  write(root / "cgroup.controllers", "cpu io memory pids\n");
+  Confinement c(Confinement::Options{root.string()});
+  EXPECT_FALSE(c.cpuset());
+  EXPECT_TRUE(c.memory());
+  EXPECT_NE(c.describe().find("CPUs pinned with sched_setaffinity (no cpuset controller), memory.max"),
+            std::string::npos)
+      << c.describe();
+  std::string error;
+  const int fd = c.prepare("r", {1}, 1 << 20, &error);
+  ASSERT_GE(fd, 0) << error;
+  close(fd);
+  EXPECT_FALSE(fs::exists(root / "ranks" / "r" / "cpuset.cpus"));
+  EXPECT_EQ(slurp(root / "ranks" / "r" / "memory.max"), "1048576");
+}
+
+TEST_F(ConfinementTest, SaysWhyWhereCgroupsCannotBeUsed) {
+  // cgroup v1 holds cpuset and memory (a hybrid host): the v2 tree offers neither.
+  const fs::path hybrid = dir_ / "unified";
+  write(hybrid / "cgroup.controllers", "hugetlb\n");
+  Confinement a(Confinement::Options{hybrid.string()});
+  EXPECT_FALSE(a.cpuset() || a.memory());
+  EXPECT_NE(
+      a.describe().find("offers neither the cpuset nor the memory controller (it has: hugetlb; cgroup v1 "
+                        "may hold them); ranks are pinned to their CPUs with sched_setaffinity, their "
+                        "memory is not limited"),
+      std::string::npos)
+      << a.describe();
+  std::string error;
+  EXPECT_EQ(a.prepare("r", {0}, 1 << 20, &error), -1);
+  EXPECT_EQ(error, "");  // nothing to do: the supervisor pins CPUs, memory goes unlimited
+
+  // The agent in the root cgroup (not started by systemd with Delegate=yes).
+  write(dir_ / "mountinfo", "30 1 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n");
+  write(dir_ / "self", "0::/\n");
+  Confinement b(Confinement::Options{"", (dir_ / "mountinfo").string(), (dir_ / "self").string()});
+  EXPECT_NE(
+      b.describe().find("the agent runs in the root cgroup of /sys/fs/cgroup; run it as the systemd unit "
+                        "with Delegate=yes"),
+      std::string::npos)
+      << b.describe();
+  // No cgroup2 mount at all.
+  write(dir_ / "mountinfo1", "25 1 0:21 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n");
+  Confinement d(Confinement::Options{"", (dir_ / "mountinfo1").string(), (dir_ / "self").string()});
+  EXPECT_NE(d.describe().find("no cgroup2 file system is mounted"), std::string::npos) << d.describe();
+  // Switched off.
+  EXPECT_EQ(
+      Confinement(Confinement::Options{"none"}).describe(),
+      "cgroups not used (--cgroup-root none); ranks are pinned to their CPUs with sched_setaffinity, their "
+      "memory is not limited");
+  // A root the agent cannot write: probed, refused, said.
+  if (geteuid() != 0) {
+    const fs::path ro = dir_ / "ro";
+    write(ro / "cgroup.controllers", "cpuset memory\n");
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+    Confinement e(Confinement::Options{ro.string()});
+    EXPECT_NE(e.describe().find("not confined by cgroups: cannot create " + ro.string() + "/agent"),
+              std::string::npos)
+        << e.describe();
+    fs::permissions(ro, fs::perms::owner_all);
+  }
+}
+
+}  // namespace
+}  // namespace ddl::worker
