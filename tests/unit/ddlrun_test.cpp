@@ -486,6 +486,97 @@ TEST_F(DdlrunTest, VersionPrintsIt) {
   EXPECT_EQ(result.err, "");
 }
 
+// ---- across machines (-H, --hostfile)
+// -----------------------------------------------------------------------
+// --rsh is a stand-in for ssh that runs the host's command here and logs the host and its arguments, so the
+// whole path (one ddlrun per host, the secret on its stdin, global ranks, stopping) runs on one machine. The
+// same over real ssh between network-namespace hosts: tests/comm/ddlrun_hosts_test.sh.
+std::string readAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+class DdlrunHostsTest : public DdlrunTest {
+ protected:
+  void SetUp() override {
+    DdlrunTest::SetUp();
+    rsh_ = dir_ + "/rsh";
+    std::ofstream(rsh_) << "#!/bin/sh\n"
+                           "host=$1; shift\n"
+                           "printf '%s|%s\\n' \"$host\" \"$*\" >> " +
+                               dir_ +
+                               "/rsh.log\n"
+                               "exec sh -c \"$*\"\n";
+    std::filesystem::permissions(rsh_, std::filesystem::perms::owner_all);
+  }
+  std::vector<std::string> across(const std::string& hosts, const std::string& script,
+                                  std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"-H", hosts, "--rsh", rsh_};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--", "/bin/sh", "-c", script});
+    return args;
+  }
+  std::string rsh_;
+};
+
+TEST_F(DdlrunHostsTest, RanksFillEachHostsSlotsWithGlobalRanksAndOneSecret) {
+  RunResult result = runDdlrun(across("h1:2,h2:1",
+                                      "echo \"$DDL_RANK/$DDL_WORLD_SIZE $DDL_LOCAL_RANK/$DDL_LOCAL_SIZE "
+                                      "$DDL_ROOT $MASTER_ADDR:$MASTER_PORT $DDL_JOB_SECRET $PWD\"",
+                                      {"--root", "h1:29601"}));
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.status, 0) << result.err;
+  std::vector<std::string> out = lines(result.out);
+  std::sort(out.begin(), out.end());
+  ASSERT_EQ(out.size(), 3u) << result.out;
+  const std::string secret = out[0].substr(out[0].find("h1:29602 ") + 9, 64);
+  EXPECT_EQ(secret.size(), 64u);
+  const std::string cwd = std::filesystem::current_path().string();
+  EXPECT_EQ(out[0], "[0] 0/3 0/2 h1:29601 h1:29602 " + secret + " " + cwd);
+  EXPECT_EQ(out[1], "[1] 1/3 1/2 h1:29601 h1:29602 " + secret + " " + cwd);
+  EXPECT_EQ(out[2], "[2] 2/3 0/1 h1:29601 h1:29602 " + secret + " " + cwd);
+  // One connection per host, in order; the secret is on none of the command lines.
+  const std::string log = readAll(dir_ + "/rsh.log");
+  ASSERT_EQ(lines(log).size(), 2u) << log;
+  EXPECT_EQ(lines(log)[0].rfind("h1|cd ", 0), 0u) << log;
+  EXPECT_EQ(lines(log)[1].rfind("h2|cd ", 0), 0u) << log;
+  EXPECT_TRUE(contains(log, "--host-part 2,3,29602 -np 1 --root h1:29601")) << log;
+  EXPECT_FALSE(contains(log, secret)) << log;
+}
+
+TEST_F(DdlrunHostsTest, AHostfileAndANpBelowTheSlots) {
+  std::ofstream(dir_ + "/hosts") << "# the rack\nh1 slots=2 max_slots=4\n\nh2:3  # two more\nh3\n";
+  RunResult result = runDdlrun({"--hostfile", dir_ + "/hosts", "-np", "3", "--rsh", rsh_, "--", "/bin/sh",
+                                "-c", "echo $DDL_RANK $DDL_LOCAL_SIZE"});
+  EXPECT_EQ(result.status, 0) << result.err;
+  std::vector<std::string> out = lines(result.out);
+  std::sort(out.begin(), out.end());
+  EXPECT_EQ(out, (std::vector<std::string>{"[0] 0 2", "[1] 1 2", "[2] 2 1"}));
+  EXPECT_EQ(lines(readAll(dir_ + "/rsh.log")).size(), 2u) << "h3 has no rank, so no connection";
+}
+
+TEST_F(DdlrunHostsTest, AFailingRankOnOneHostStopsEveryHostAndGivesItsStatus) {
+  const auto start = Clock::now();
+  RunResult result = runDdlrun(across("h1:2,h2:2",
+                                      "echo $$ >> " + dir_ +
+                                          "/pids; if [ $DDL_RANK = 3 ]; then sleep 0.5; exit 7; fi; "
+                                          "exec sleep 60",
+                                      {"--grace-ms", "1000"}));
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.status, 7) << result.err;
+  EXPECT_TRUE(contains(result.err, "ddlrun: host h2 (ranks 2-3)")) << result.err;
+  EXPECT_TRUE(contains(result.err, "exited with status 7; stopping the other hosts")) << result.err;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
+  EXPECT_TRUE(survivors(readPids(pidFile())).empty()) << "a rank outlived the run";
+}
+
+TEST_F(DdlrunHostsTest, ALauncherKilledOutrightLeavesNoRankOnAnyHost) {
+  Ddlrun run(across("h1:1,h2:1", "echo $$ >> " + dir_ + "/pids; exec sleep 60"));
+  ASSERT_TRUE(waitForPids(pidFile(), 2));
+  ASSERT_EQ(kill(run.pid(), SIGKILL), 0);
+  EXPECT_TRUE(survivors(readPids(pidFile()), 10000).empty()) << "each host's ddlrun must stop its ranks";
+}
+
 struct BadArgs {
   std::vector<std::string> args;
   std::string message;
@@ -532,6 +623,14 @@ INSTANTIATE_TEST_SUITE_P(
                 "ddlrun: --algo needs one of auto, ring, mdring, rhd, shm (got 'bogus')"},
         BadArgs{{"-np", "2", "--root", "localhost", "--", "true"}, "--root must be HOST:PORT"},
         BadArgs{{"-np", "2", "--root", "host:99999", "--", "true"}, "--root must be HOST:PORT"},
-        BadArgs{{"-np", "2", "-x", "=v", "--", "true"}, "-x needs VAR=VALUE"}));
+        BadArgs{{"-np", "2", "-x", "=v", "--", "true"}, "-x needs VAR=VALUE"},
+        BadArgs{{"-H", "a:2,b:1", "-np", "4", "--", "true"},
+                "ddlrun: -np 4 but the hosts have 3 slots; give more with HOST:SLOTS"},
+        BadArgs{{"-H", "a:0", "--", "true"}, "must be HOST or HOST:SLOTS with SLOTS from 1 to 1024"},
+        BadArgs{{"-H", "a,,b", "--", "true"}, "has an empty host"},
+        BadArgs{{"-H", "-a", "--", "true"}, "'-a' is not a host name or address"},
+        BadArgs{{"--hostfile", "/nonexistent/hosts", "--", "true"},
+                "cannot read the hostfile /nonexistent/hosts"},
+        BadArgs{{"--rsh", " ", "-H", "a", "--", "true"}, "--rsh needs a command"}));
 
 }  // namespace

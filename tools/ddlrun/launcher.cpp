@@ -17,11 +17,6 @@
 // rank's pending output is printed before ddlrun's message about it.
 #include "launcher.h"
 
-#include "common/host_port.h"
-#include "common/rank_env.h"
-#include "common/signals.h"
-#include "free_port.h"
-
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -37,9 +32,16 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <unordered_map>
 #include <utility>
+
+#include "common/host_port.h"
+#include "common/rank_env.h"
+#include "common/signals.h"
+#include "free_port.h"
 
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -63,7 +65,8 @@ constexpr long long kMaxTimeoutMs = 2147483647;  // ddlConfig_t::timeoutMs is an
 
 constexpr const char kUsageSynopsis[] =
     "usage: ddlrun -np N [--topology AxB...] [--algo A] [--timeout-ms T] [--root HOST:PORT]\n"
-    "              [--tag-output|--no-tag-output] [--grace-ms MS] [-x VAR=VALUE]... -- PROGRAM [ARGS...]\n";
+    "              [--tag-output|--no-tag-output] [--grace-ms MS] [-x VAR=VALUE]... -- PROGRAM [ARGS...]\n"
+    "       ddlrun -H HOST:SLOTS,... | --hostfile FILE [-np N] [--rsh CMD] [options] -- PROGRAM [ARGS...]\n";
 
 constexpr const char kUsage[] =
     "usage: ddlrun -np N [options] -- PROGRAM [ARGS...]\n"
@@ -78,11 +81,25 @@ constexpr const char kUsage[] =
     "answers only processes that hold it.\n"
     "\n"
     "options:\n"
-    "  -np N, -n N         number of ranks, 1 to 1024 (required)\n"
+    "  -np N, -n N         number of ranks, 1 to 1024 (required on one machine; with hosts, default: every "
+    "slot)\n"
+    "  -H, --host LIST     run across machines: HOST:SLOTS,... (a host named again gets one more slot), as\n"
+    "                      mpirun -H; ranks fill each host's slots in order. Every host runs ddlrun (see\n"
+    "                      --remote-path) reached with --rsh, starts in this directory, and reaches the "
+    "first\n"
+    "                      host at the name given here: DDL_ROOT is FIRST_HOST:PORT, MASTER_PORT is PORT+1\n"
+    "  --hostfile FILE     the hosts from a file: a line per host, HOST slots=N (Open MPI's form), HOST:N "
+    "or\n"
+    "                      HOST; # starts a comment\n"
+    "  --rsh CMD           how to run a command on a host (default ssh -o BatchMode=yes; e.g. \"ssh -p "
+    "2222\"); it\n"
+    "                      gets HOST and one shell command, and must pass its stdin on (ssh does)\n"
+    "  --remote-path PATH  ddlrun on the hosts (default: this ddlrun's own path)\n"
     "  --topology AxB...   exported as DDL_TOPOLOGY; the dimensions must multiply to N\n"
     "  --algo NAME         exported as DDL_ALGO (auto, ring, mdring, rhd, shm)\n"
     "  --timeout-ms T      exported as DDL_TIMEOUT_MS\n"
-    "  --root HOST:PORT    rendezvous address (DDL_ROOT); default 127.0.0.1 and a free port\n"
+    "  --root HOST:PORT    rendezvous address (DDL_ROOT); default 127.0.0.1 and a free port (with hosts:\n"
+    "                      the first host and a port from 29400-29899)\n"
     "  -x VAR=VALUE        set VAR in every rank's environment; repeatable, the last one for a VAR wins\n"
     "                      (-x VAR alone is accepted: ranks inherit ddlrun's environment anyway)\n"
     "  --tag-output        prefix every output line with \"[rank] \" (the default)\n"
@@ -123,8 +140,9 @@ bool isEnvName(std::string_view name) {
 }
 
 bool takesValue(const std::string& name) {
-  static const char* const kValueOptions[] = {"-np",    "-n",           "--np",       "--topology", "--algo",
-                                              "--root", "--timeout-ms", "--grace-ms", "-x"};
+  static const char* const kValueOptions[] = {
+      "-np", "-n", "--np",   "--topology", "--algo", "--root",        "--timeout-ms", "--grace-ms",
+      "-x",  "-H", "--host", "--hostfile", "--rsh",  "--remote-path", "--host-part"};
   return std::any_of(std::begin(kValueOptions), std::end(kValueOptions),
                      [&](const char* option) { return name == option; });
 }
@@ -169,6 +187,36 @@ std::string applyOption(const std::string& name, const std::string& value, Optio
       return "ddlrun: -x needs VAR=VALUE with VAR a variable name, got '" + value + "'";
     }
     options->env.push_back(value);
+  } else if (name == "-H" || name == "--host") {
+    return parseHostList(value, &options->hosts);
+  } else if (name == "--hostfile") {
+    std::ifstream in(value);
+    if (!in) return "ddlrun: cannot read the hostfile " + value + ": " + std::strerror(errno);
+    std::stringstream text;
+    text << in.rdbuf();
+    return parseHostfile(text.str(), value, &options->hosts);
+  } else if (name == "--rsh") {
+    if (value.find_first_not_of(" \t") == std::string::npos)
+      return "ddlrun: --rsh needs a command, as in --rsh ssh";
+    options->rsh = value;
+  } else if (name == "--remote-path") {
+    if (value.empty()) return "ddlrun: --remote-path needs ddlrun's path on the hosts";
+    options->remote_path = value;
+  } else if (name == "--host-part") {
+    // OFFSET,WORLD,MASTER_PORT: written by the launcher (hostCommand), not by people.
+    long long offset = 0, world = 0, port = 0;
+    std::istringstream in(value);
+    std::string a, b, c;
+    if (!std::getline(in, a, ',') || !std::getline(in, b, ',') || !std::getline(in, c) ||
+        !parseBoundedInt(a, kMaxRanks - 1, &offset) || !parseBoundedInt(b, kMaxRanks, &world) || world < 1 ||
+        !parseBoundedInt(c, 65535, &port) || port < 1) {
+      return "ddlrun: --host-part is OFFSET,WORLD,MASTER_PORT (the launcher's own option), got '" + value +
+             "'";
+    }
+    options->host_part = true;
+    options->rank_offset = static_cast<int>(offset);
+    options->world_size = static_cast<int>(world);
+    options->master_port = static_cast<int>(port);
   }
   return "";
 }
@@ -220,16 +268,20 @@ struct Stream {
   LineTagger tagger;
 };
 
+// One process ddlrun supervises: a rank, or (across machines) one host's ddlrun reached over --rsh.
 struct Rank {
-  Rank(int r, bool tag)
-      : out(STDOUT_FILENO, LineTagger("[" + std::to_string(r) + "] ", tag)),
-        err(STDERR_FILENO, LineTagger("[" + std::to_string(r) + "] ", tag)) {}
+  Rank(int global_rank, bool tag, std::string what)
+      : label(std::move(what)),
+        out(STDOUT_FILENO, LineTagger("[" + std::to_string(global_rank) + "] ", tag)),
+        err(STDERR_FILENO, LineTagger("[" + std::to_string(global_rank) + "] ", tag)) {}
   bool pipesOpen() const { return out.fd >= 0 || err.fd >= 0; }
   // Its process group may still hold processes: signalling it is meaningful.
   bool groupMayLive() const { return running || pipesOpen(); }
 
+  std::string label;  // "rank 3", or "host b (ranks 4-7)"
   pid_t pid = -1;
   bool running = false;  // forked and not yet reaped
+  int stdin_fd = -1;     // a host's: the write end of its stdin (the secret, then open while the run lasts)
   Stream out;
   Stream err;
 };
@@ -257,7 +309,9 @@ class Launcher {
   void tearDown();
   void launchAll();
   bool launchRank(int r);
-  [[noreturn]] void execRank(int r, int out_fd, int err_fd, char** argv, char** envp, const sigset_t& mask);
+  // in_fd: what becomes its stdin; -1 keeps ddlrun's.
+  [[noreturn]] void execRank(int in_fd, int out_fd, int err_fd, char** argv, char** envp,
+                             const sigset_t& mask);
   void superviseLoop();
   bool takeSignals();
   void onSignalReceived(int sig);
@@ -272,6 +326,9 @@ class Launcher {
   void closeStream(Stream& stream);
   void emit(int fd, std::string_view text);
   std::vector<int> ranksWhere(bool (*predicate)(const Rank&)) const;
+  std::string listOf(const std::vector<int>& indices) const;
+  bool across() const { return !options_.hosts.empty(); }
+  void onLauncherGone();
 
   const Options& options_;
   std::vector<Rank> ranks_;
@@ -298,14 +355,68 @@ class Launcher {
   bool nofile_raised_ = false;
   std::vector<std::string> base_env_;
   std::string secret_;  // DDL_JOB_SECRET of this run
+  // Across machines: the hosts' parts, ddlrun's path there, and the directory their ranks start in.
+  std::vector<HostPart> parts_;
+  std::string remote_ddlrun_;
+  std::string cwd_;
+  // A host's part: its stdin comes from the launcher; at EOF the launcher is gone and the ranks stop.
+  bool watch_stdin_ = false;
 };
+
+// Across machines the launcher gives each host's ddlrun this much beyond the grace period to stop its ranks
+// (it closed their stdin) before it kills the connection.
+constexpr int kHostStopExtraMs = 3000;
+
+// One line from fd (the launcher's secret on a host part's stdin), at most 256 bytes, within timeout_ms.
+bool readLine(int fd, int timeout_ms, std::string* line) {
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  line->clear();
+  while (line->size() < 256) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, msUntil(deadline, Clock::now())) <= 0) return false;
+    char c = 0;
+    const ssize_t n = read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    if (c == '\n') return true;
+    *line += c;
+  }
+  return false;
+}
 
 bool Launcher::setUp() {
   // A rank's pipe must not land on fd 0-2 (dup2 onto itself would keep FD_CLOEXEC): fill any that is closed.
   for (int fd = 0; fd <= 2; ++fd) {
     if (fcntl(fd, F_GETFD) == -1 && errno == EBADF) open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
   }
-  if (options_.root.empty()) {
+  if (options_.host_part) {
+    // Everything comes from the launcher: the root and MASTER_PORT as arguments, the secret on stdin.
+    root_ = options_.root;
+    master_port_ = options_.master_port;
+    if (!readLine(STDIN_FILENO, 30000, &secret_) || secret_.empty()) {
+      emit(STDERR_FILENO, "ddlrun: --host-part: no job secret on stdin from the launcher within 30 s\n");
+      return false;
+    }
+    watch_stdin_ = true;
+  } else if (across()) {
+    parts_ = planHosts(options_.hosts, options_.np);
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    remote_ddlrun_ = !options_.remote_path.empty() ? options_.remote_path
+                     : n > 0                       ? std::string(self, static_cast<size_t>(n))
+                                                   : std::string("ddlrun");
+    char cwd[4096];
+    cwd_ = getcwd(cwd, sizeof(cwd)) != nullptr ? cwd : "/";
+    // Rank 0 binds the port on the first host, which ddlrun cannot probe from here: one from a range that
+    // varies with the run, as torchrun's fixed 29500 would clash between runs; --root chooses another.
+    const int port = 29400 + static_cast<int>(getpid() % 500);
+    const std::string& first = parts_.front().host;
+    const bool v6 = first.find(':') != std::string::npos && first.front() != '[';
+    root_ =
+        options_.root.empty() ? (v6 ? "[" + first + "]" : first) + ":" + std::to_string(port) : options_.root;
+    const StatusOr<HostPort> root = parseHostPort(root_);
+    master_port_ = root && root->port < 65535 ? root->port + 1 : root ? root->port - 1 : 0;
+  } else if (options_.root.empty()) {
     std::string error;
     int port = tools::findFreePort(INADDR_LOOPBACK, &error);  // rank 0 binds it moments later
     if (port < 0) {
@@ -320,7 +431,9 @@ bool Launcher::setUp() {
   // torch.distributed's store (MASTER_PORT) gets a port of its own: a program may run both stores at once.
   const StatusOr<HostPort> root = parseHostPort(root_);  // checked by parseArgs, or made above
   const int root_port = root ? root->port : 0;
-  for (int attempt = 0; attempt < 8 && (master_port_ <= 0 || master_port_ == root_port); ++attempt) {
+  for (int attempt = 0;
+       !across() && !options_.host_part && attempt < 8 && (master_port_ <= 0 || master_port_ == root_port);
+       ++attempt) {
     std::string error;
     master_port_ = tools::findFreePort(INADDR_ANY, &error);
     if (master_port_ < 0) {
@@ -331,7 +444,7 @@ bool Launcher::setUp() {
   }
 
   // One secret per run: the ranks' rendezvous store then answers no other process.
-  secret_ = newJobSecret();
+  if (!options_.host_part) secret_ = newJobSecret();
   if (secret_.empty()) {
     emit(STDERR_FILENO, "ddlrun: cannot read random bytes for the job's secret (DDL_JOB_SECRET)\n");
     return false;
@@ -356,7 +469,7 @@ bool Launcher::setUp() {
     emit(STDERR_FILENO, std::string("ddlrun: cannot open /dev/null: ") + std::strerror(errno) + "\n");
     return false;
   }
-  rank0_reads_stdin_ = !isatty(STDIN_FILENO);
+  rank0_reads_stdin_ = !isatty(STDIN_FILENO) && !options_.host_part && !across();
   ddlrun_pid_ = getpid();
 
   g_signal_pipe_write = signal_pipe_[1];
@@ -381,6 +494,8 @@ void Launcher::tearDown() {
   for (Rank& rank : ranks_) {
     closeStream(rank.out);
     closeStream(rank.err);
+    if (rank.stdin_fd >= 0) close(rank.stdin_fd);
+    rank.stdin_fd = -1;
   }
   if (actions_installed_) {
     for (size_t i = 0; i < kNumHandledSignals; ++i) {
@@ -397,9 +512,20 @@ void Launcher::tearDown() {
 }
 
 void Launcher::launchAll() {
-  ranks_.reserve(options_.np);
-  for (int r = 0; r < options_.np; ++r) {
-    ranks_.emplace_back(r, options_.tag_output);
+  const int count = across() ? static_cast<int>(parts_.size()) : options_.np;
+  ranks_.reserve(count);
+  for (int r = 0; r < count; ++r) {
+    if (across()) {
+      // Each host's ddlrun tags its own ranks' lines; this one passes them on as they come.
+      const HostPart& part = parts_[r];
+      const std::string span = part.ranks == 1 ? "rank " + std::to_string(part.first_rank)
+                                               : "ranks " + std::to_string(part.first_rank) + "-" +
+                                                     std::to_string(part.first_rank + part.ranks - 1);
+      ranks_.emplace_back(r, false, "host " + part.host + " (" + span + ")");
+    } else {
+      const int global = options_.rank_offset + r;
+      ranks_.emplace_back(global, options_.tag_output, "rank " + std::to_string(global));
+    }
     if (!launchRank(r)) {
       status_ = kLaunchFailureStatus;
       beginStop(SIGTERM);
@@ -426,12 +552,26 @@ bool Launcher::launchRank(int r) {
     return false;
   }
 
+  // A host's ddlrun reads the secret on its stdin, then watches it: a pipe whose write end stays here.
+  int in_pipe[2] = {-1, -1};
+  if (across() && pipe2(in_pipe, O_CLOEXEC) != 0) {
+    const int error = errno;
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
+    emit(STDERR_FILENO,
+         "ddlrun: cannot create the stdin pipe of " + rank.label + ": " + std::strerror(error) + "\n");
+    return false;
+  }
+  const int in_fd = across() ? in_pipe[0] : (r == 0 && rank0_reads_stdin_) ? -1 : null_fd_;
+
   // Everything the child needs is built before fork(): between fork and exec it only makes system calls.
-  std::vector<std::string> env = rankEnvironment(options_, r, root_, master_port_, secret_, base_env_);
+  std::vector<std::string> env =
+      across() ? base_env_ : rankEnvironment(options_, r, root_, master_port_, secret_, base_env_);
   std::vector<char*> envp;
   for (std::string& entry : env) envp.push_back(entry.data());
   envp.push_back(nullptr);
-  std::vector<std::string> command = options_.command;
+  std::vector<std::string> command =
+      across() ? hostCommand(options_, parts_[r], root_, master_port_, remote_ddlrun_, cwd_, base_env_)
+               : options_.command;
   std::vector<char*> argv;
   for (std::string& arg : command) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -444,17 +584,26 @@ bool Launcher::launchRank(int r) {
   for (int sig : kHandledSignals) sigaddset(&blocked, sig);
   sigprocmask(SIG_BLOCK, &blocked, &old_mask);
   pid_t pid = fork();
-  if (pid == 0) execRank(r, out_pipe[1], err_pipe[1], argv.data(), envp.data(), old_mask);
+  if (pid == 0) execRank(in_fd, out_pipe[1], err_pipe[1], argv.data(), envp.data(), old_mask);
   int fork_error = errno;
   sigprocmask(SIG_SETMASK, &old_mask, nullptr);
   close(out_pipe[1]);
   close(err_pipe[1]);
+  if (in_pipe[0] >= 0) close(in_pipe[0]);
   if (pid < 0) {
     close(out_pipe[0]);
     close(err_pipe[0]);
-    emit(STDERR_FILENO, "ddlrun: cannot start rank " + std::to_string(r) +
-                            ": fork failed: " + std::strerror(fork_error) + "\n");
+    if (in_pipe[1] >= 0) close(in_pipe[1]);
+    emit(STDERR_FILENO,
+         "ddlrun: cannot start " + rank.label + ": fork failed: " + std::strerror(fork_error) + "\n");
     return false;
+  }
+  if (in_pipe[1] >= 0) {
+    // Far below the pipe's buffer: this write never blocks, even before the host reads it.
+    const std::string line = secret_ + "\n";
+    ssize_t ignored = write(in_pipe[1], line.data(), line.size());
+    (void)ignored;
+    rank.stdin_fd = in_pipe[1];
   }
   // The child does this too; whichever runs first wins, so the group exists before we ever signal it.
   setpgid(pid, pid);
@@ -467,14 +616,14 @@ bool Launcher::launchRank(int r) {
   return true;
 }
 
-void Launcher::execRank(int r, int out_fd, int err_fd, char** argv, char** envp, const sigset_t& mask) {
+void Launcher::execRank(int in_fd, int out_fd, int err_fd, char** argv, char** envp, const sigset_t& mask) {
   setpgid(0, 0);
 #ifdef __linux__
   // If ddlrun dies without stopping us (SIGKILL, OOM), the rank must not live on as an orphan.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != ddlrun_pid_) _exit(kLaunchFailureStatus);  // it died before prctl took effect
 #endif
-  if (r != 0 || !rank0_reads_stdin_) dup2(null_fd_, STDIN_FILENO);
+  if (in_fd >= 0) dup2(in_fd, STDIN_FILENO);
   dup2(out_fd, STDOUT_FILENO);
   dup2(err_fd, STDERR_FILENO);
   // Back to the dispositions ddlrun started with: a signal ddlrun ignores would otherwise stay ignored.
@@ -519,7 +668,7 @@ void Launcher::superviseLoop() {
       if (!drain_deadline_) drain_deadline_ = now + std::chrono::milliseconds(kDrainMs);
       if (now >= *drain_deadline_) {
         emit(STDERR_FILENO, "ddlrun: every rank has exited, but processes started by " +
-                                rankList(ranksWhere([](const Rank& rank) { return rank.pipesOpen(); })) +
+                                listOf(ranksWhere([](const Rank& rank) { return rank.pipesOpen(); })) +
                                 " still hold the output pipes open; stopping them\n");
         beginStop(SIGTERM);
         continue;
@@ -596,9 +745,12 @@ void Launcher::onRankExit(int r, int wait_status) {
   drainRank(rank);  // its last words first, then ours
   bool others_running =
       std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& other) { return other.running; });
-  emit(STDERR_FILENO, "ddlrun: rank " + std::to_string(r) + " (pid " + std::to_string(rank.pid) + ") " +
-                          describeExit(wait_status) + (others_running ? "; stopping the other ranks" : "") +
-                          "\n");
+  const bool ssh_failed = across() && WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 255;
+  emit(STDERR_FILENO,
+       "ddlrun: " + rank.label + " (pid " + std::to_string(rank.pid) + ") " + describeExit(wait_status) +
+           (ssh_failed ? " (255: '" + options_.rsh + "' could not reach it? see its message above)" : "") +
+           (others_running ? across() ? "; stopping the other hosts" : "; stopping the other ranks" : "") +
+           "\n");
   status_ = exitCodeOf(wait_status);
   beginStop(SIGTERM);
 }
@@ -606,10 +758,28 @@ void Launcher::onRankExit(int r, int wait_status) {
 void Launcher::beginStop(int sig) {
   stopping_ = true;
   stop_signal_ = sig;
-  kill_at_ = Clock::now() + std::chrono::milliseconds(options_.grace_ms);
-  for (const Rank& rank : ranks_) {
-    if (rank.pid > 0 && rank.groupMayLive()) killpg(rank.pid, sig);
+  kill_at_ = Clock::now() + std::chrono::milliseconds(options_.grace_ms + (across() ? kHostStopExtraMs : 0));
+  for (Rank& rank : ranks_) {
+    if (across()) {
+      // A host's ddlrun stops its ranks (with the same grace) once its stdin closes; its connection is
+      // killed only if it has not ended by kill_at_.
+      if (rank.stdin_fd >= 0) close(rank.stdin_fd);
+      rank.stdin_fd = -1;
+    } else if (rank.pid > 0 && rank.groupMayLive()) {
+      killpg(rank.pid, sig);
+    }
   }
+}
+
+void Launcher::onLauncherGone() {
+  watch_stdin_ = false;
+  if (stopping_) return;
+  status_ = 128 + SIGHUP;
+  emit(STDERR_FILENO,
+       "ddlrun: the launcher closed its connection to this host (it stopped, or another host failed); "
+       "stopping this host's ranks (SIGKILL after " +
+           std::to_string(options_.grace_ms) + " ms)\n");
+  beginStop(SIGTERM);
 }
 
 void Launcher::sendKill(const std::string& reason) {
@@ -617,9 +787,9 @@ void Launcher::sendKill(const std::string& reason) {
   give_up_at_ = Clock::now() + std::chrono::milliseconds(kAfterKillMs);
   std::vector<int> running = ranksWhere([](const Rank& rank) { return rank.running; });
   std::vector<int> holding = ranksWhere([](const Rank& rank) { return !rank.running && rank.pipesOpen(); });
-  if (!running.empty()) emit(STDERR_FILENO, "ddlrun: " + rankList(running) + " " + reason + "\n");
+  if (!running.empty()) emit(STDERR_FILENO, "ddlrun: " + listOf(running) + " " + reason + "\n");
   if (!holding.empty()) {
-    emit(STDERR_FILENO, "ddlrun: processes started by " + rankList(holding) + " " + reason + "\n");
+    emit(STDERR_FILENO, "ddlrun: processes started by " + listOf(holding) + " " + reason + "\n");
   }
   for (const Rank& rank : ranks_) {
     if (rank.pid > 0 && rank.groupMayLive()) killpg(rank.pid, SIGKILL);
@@ -630,7 +800,7 @@ void Launcher::giveUp() {
   for (size_t r = 0; r < ranks_.size(); ++r) {
     Rank& rank = ranks_[r];
     if (rank.running) {
-      emit(STDERR_FILENO, "ddlrun: rank " + std::to_string(r) + " (pid " + std::to_string(rank.pid) +
+      emit(STDERR_FILENO, "ddlrun: " + rank.label + " (pid " + std::to_string(rank.pid) +
                               ") has not exited " + std::to_string(kAfterKillMs) +
                               " ms after SIGKILL; giving up on it\n");
     }
@@ -645,6 +815,11 @@ void Launcher::pollOnce(int timeout_ms) {
   std::vector<Stream*> streams;
   fds.push_back({signal_pipe_[0], POLLIN, 0});
   streams.push_back(nullptr);
+  const bool stdin_polled = watch_stdin_;
+  if (stdin_polled) {
+    fds.push_back({STDIN_FILENO, POLLIN, 0});
+    streams.push_back(nullptr);
+  }
   for (Rank& rank : ranks_) {
     for (Stream* stream : {&rank.out, &rank.err}) {
       if (stream->fd < 0) continue;
@@ -655,7 +830,13 @@ void Launcher::pollOnce(int timeout_ms) {
   int ready = poll(fds.data(), fds.size(), timeout_ms);
   if (ready <= 0) return;  // timeout, or EINTR: the caller re-checks signals and deadlines
   // One read per stream per round keeps a chatty rank from starving the others.
-  for (size_t i = 1; i < fds.size(); ++i) {
+  const size_t first_stream = stdin_polled ? 2 : 1;
+  if (stdin_polled && fds[1].revents != 0) {
+    char buffer[256];
+    const ssize_t n = read(STDIN_FILENO, buffer, sizeof(buffer));  // the launcher sends nothing more
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) onLauncherGone();
+  }
+  for (size_t i = first_stream; i < fds.size(); ++i) {
     if (fds[i].revents != 0) readStream(*streams[i]);
   }
 }
@@ -706,6 +887,18 @@ void Launcher::emit(int fd, std::string_view text) {
       return;
     }
   }
+}
+
+// "rank 3", "ranks 0, 2, 5" (global ranks), or the hosts' labels across machines.
+std::string Launcher::listOf(const std::vector<int>& indices) const {
+  if (!across()) {
+    std::vector<int> global;
+    for (int i : indices) global.push_back(options_.rank_offset + i);
+    return rankList(global);
+  }
+  std::string text;
+  for (size_t i = 0; i < indices.size(); ++i) text += (i ? ", " : "") + ranks_[indices[i]].label;
+  return text;
 }
 
 std::vector<int> Launcher::ranksWhere(bool (*predicate)(const Rank&)) const {
@@ -764,13 +957,28 @@ ParseResult parseArgs(const std::vector<std::string>& args) {
     std::string error = applyOption(name, *value, &options);
     if (!error.empty()) return failure(error);
   }
-  if (options.np == 0) return failure("ddlrun: missing -np N, the number of ranks to launch");
+  if (!options.hosts.empty()) {
+    if (options.host_part) return failure("ddlrun: --host-part runs one host's ranks; it takes no -H");
+    const int slots = totalSlots(options.hosts);
+    if (options.np == 0) options.np = std::min(slots, kMaxRanks);
+    if (options.np > slots) {
+      return failure("ddlrun: -np " + std::to_string(options.np) + " but the hosts have " +
+                     std::to_string(slots) + (slots == 1 ? " slot" : " slots") +
+                     "; give more with HOST:SLOTS (-H node1:4,node2:4)");
+    }
+  }
+  if (options.np == 0) return failure("ddlrun: missing -np N, the number of ranks to launch (or -H hosts)");
+  if (options.host_part) {
+    if (options.root.empty()) return failure("ddlrun: --host-part needs --root");
+    if (options.rank_offset + options.np > options.world_size)
+      return failure("ddlrun: --host-part's ranks go past its world size");
+  }
   if (!saw_separator) return failure("ddlrun: missing '--' and the program to run after it");
   if (options.command.empty() || options.command[0].empty()) {
     return failure("ddlrun: missing the program to run after '--'");
   }
   if (!options.topology.empty()) {
-    std::string error = checkTopology(options.topology, options.np);
+    std::string error = checkTopology(options.topology, options.host_part ? options.world_size : options.np);
     if (!error.empty()) return failure(error);
   }
   return result;
@@ -822,8 +1030,10 @@ std::vector<std::string> rankEnvironment(const Options& options, int rank, const
   const StatusOr<HostPort> root_address = parseHostPort(root);  // checked by parseArgs, or made by ddlrun
   const HostPort host_port = root_address ? *root_address : HostPort{};
   RankEnvSpec spec;
-  spec.rank = spec.local_rank = rank;
-  spec.world_size = spec.local_size = options.np;
+  spec.rank = options.rank_offset + rank;
+  spec.local_rank = rank;
+  spec.world_size = options.host_part ? options.world_size : options.np;
+  spec.local_size = options.np;
   spec.topology = options.topology;
   spec.root_host = host_port.host;
   spec.root_port = host_port.port;
@@ -900,6 +1110,48 @@ std::string describeExit(int wait_status) {
     return text;
   }
   return "ended with wait status " + std::to_string(wait_status);
+}
+
+std::vector<std::string> hostCommand(const Options& options, const HostPart& part, const std::string& root,
+                                     int master_port, const std::string& remote_ddlrun,
+                                     const std::string& wdir, const std::vector<std::string>& base_env) {
+  std::vector<std::string> argv;
+  std::istringstream words(options.rsh);
+  for (std::string word; words >> word;) argv.push_back(word);
+  argv.push_back(part.host);
+  std::vector<std::string> remote = {
+      remote_ddlrun,
+      "--host-part",
+      std::to_string(part.first_rank) + "," + std::to_string(options.np) + "," + std::to_string(master_port),
+      "-np",
+      std::to_string(part.ranks),
+      "--root",
+      root,
+      "--grace-ms",
+      std::to_string(options.grace_ms)};
+  if (!options.topology.empty()) remote.insert(remote.end(), {"--topology", options.topology});
+  if (!options.algo.empty()) remote.insert(remote.end(), {"--algo", options.algo});
+  if (!options.timeout_ms.empty()) remote.insert(remote.end(), {"--timeout-ms", options.timeout_ms});
+  if (!options.tag_output) remote.push_back("--no-tag-output");
+  for (const std::string& entry : options.env) {
+    if (entry.find('=') != std::string::npos) {
+      remote.insert(remote.end(), {"-x", entry});
+      continue;
+    }
+    // -x VAR: this machine's value goes to every host, as mpirun -x does.
+    for (const std::string& have : base_env) {
+      if (have.size() > entry.size() && have.compare(0, entry.size(), entry) == 0 &&
+          have[entry.size()] == '=') {
+        remote.insert(remote.end(), {"-x", have});
+      }
+    }
+  }
+  remote.push_back("--");
+  remote.insert(remote.end(), options.command.begin(), options.command.end());
+  std::string shell = "cd " + shellQuote(wdir) + " && exec";
+  for (const std::string& word : remote) shell += " " + shellQuote(word);
+  argv.push_back(shell);
+  return argv;
 }
 
 int run(const Options& options) {

@@ -1,4 +1,8 @@
-// ddlrun's launcher: runs N ranks of a program on this machine, the way mpirun or torchrun would on one node.
+// ddlrun's launcher: runs N ranks of a program on this machine, the way mpirun or torchrun would on one node,
+// or across machines (-H node1:4,node2:4, --hostfile): then it starts one ddlrun per host over ssh (--rsh),
+// which runs that host's ranks as below, and supervises those as it would ranks. The job's secret travels on
+// each ssh's stdin, never on a command line; a host's ddlrun stops its ranks when that stdin closes (the
+// launcher stopped, or the connection died), so no rank outlives the launcher on any host.
 //
 // Each rank is a forked process in its own process group, with the DDL_* rendezvous variables that
 // ddlCommInitFromEnv reads (and the torchrun names, so PyTorch-style programs work unchanged). Its stdout and
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "common/signals.h"
+#include "hosts.h"
 
 namespace ddl::launcher {
 
@@ -42,6 +47,19 @@ struct Options {
   int grace_ms = kDefaultGraceMs;
   std::vector<std::string> env;      // -x VAR=VALUE, in order; a later one for the same VAR wins
   std::vector<std::string> command;  // PROGRAM ARGS...
+  // Across machines: -H / --hostfile; empty: every rank on this machine.
+  std::vector<HostSlots> hosts;
+  // --rsh: how to run a command on a host. BatchMode: a host without a key fails at once instead of asking
+  // for a password nobody can type (ssh reads it from the terminal, not from the stdin ddlrun gives it).
+  std::string rsh = "ssh -o BatchMode=yes";
+  std::string remote_path;  // --remote-path: ddlrun on the hosts; "": this ddlrun's own path
+  // Set by the launcher on each host's ddlrun (--host-part), not by people: this host's ranks are global
+  // ranks rank_offset.. of world_size; the root, MASTER_PORT, working directory and (on stdin) the secret are
+  // given.
+  bool host_part = false;
+  int rank_offset = 0;
+  int world_size = 0;
+  int master_port = 0;
   bool help = false;                 // --help: print usage() and exit 0, ignore the rest
   bool version = false;              // --version: print "ddlrun <version>" and exit 0, ignore the rest
 };
@@ -54,6 +72,14 @@ struct ParseResult {
 
 // Parses the arguments after argv[0].
 ParseResult parseArgs(const std::vector<std::string>& args);
+
+// The command that starts one host's part of a run across machines: the --rsh words, the host, and one shell
+// command (quoted for the host's shell) running remote_ddlrun with --host-part and the run's settings. The
+// secret is not in it: it goes to the command's stdin. root is DDL_ROOT ("HOST:PORT"), wdir the directory the
+// host's ranks start in.
+std::vector<std::string> hostCommand(const Options& options, const HostPart& part, const std::string& root,
+                                     int master_port, const std::string& remote_ddlrun,
+                                     const std::string& wdir, const std::vector<std::string>& base_env);
 
 // The full --help text, and the one-line reminder printed after an argument error.
 const char* usage();
