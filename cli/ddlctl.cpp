@@ -1238,12 +1238,12 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
       ->take_last();
   submit
       ->add_option_function<int>(
-          "--cpus-per-rank", [&s](const int& c) { s.cpusPerRank = c; },
+          "--cpus-per-rank,--cpus-per-gpu", [&s](const int& c) { s.cpusPerRank = c; },
           "CPUs for each rank (a rank is a GPU), counted by placement and enforced on the node")
       ->type_name("C")
       ->take_last();
   submit
-      ->add_option("--mem-per-rank", s.memPerRank,
+      ->add_option("--mem-per-rank,--mem-per-gpu", s.memPerRank,
                    "memory for each rank, such as 8G (binary units); a rank that uses more is killed")
       ->type_name("SIZE")
       ->take_last();
@@ -1431,8 +1431,10 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   join->add_option("--ttl", cl.ttlS, "seconds the token stays valid (default 3600)")->check(CLI::Range(1, 604800));
 }
 
-int usageError(std::ostream& err, const std::string& message) {
-  err << "ddlctl: " << message << "\nrun 'ddlctl --help' for usage\n";
+int usageError(std::ostream& err, const std::string& message, const std::string& verb = "") {
+  err << "ddlctl: " << message << "\n"
+      << (verb.empty() ? "run 'ddlctl --help' for usage" : "run 'ddlctl " + verb + " --help' for its options")
+      << "\n";
   return kExitUsage;
 }
 
@@ -2402,8 +2404,103 @@ std::vector<std::string> expandEnvValues(CLI::App& app, const std::vector<std::s
 struct ParseResult {
   int rc = -1;        // -1: parsed, go on; else the exit status (help and --version print and give 0)
   std::string error;  // a usage error, unprinted
+  std::string verb;   // with an error: the verb it is about ("submit", "admin add-user"), "" for ddlctl's own
   std::vector<std::string> rest;  // submit: the command words given without "--" (a script and its args)
 };
+
+// Edit distance with a swap of neighbours counted as one (Damerau), for "did you mean".
+size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// The candidate nearest to `given`: within 2 edits (1 for short words), or one that starts with it; "" if
+// none.
+std::string nearest(const std::string& given, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = given.size() <= 4 ? 2 : 3;
+  for (const std::string& c : candidates) {
+    size_t distance = editDistance(given, c);
+    // A word cut short ("--gpus-per" for --gpus-per-node) is near too, but a closer spelling goes first.
+    if (given.size() >= 3 && c.rfind(given, 0) == 0) distance = std::min<size_t>(distance, 2);
+    if (distance < best_distance) {
+      best = c;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+// Every long flag of the verb and of ddlctl itself ("--gpus"), for "did you mean".
+std::vector<std::string> flagNames(const CLI::App& app, const CLI::App* verb) {
+  std::vector<std::string> names;
+  for (const CLI::App* scope : {verb, &app}) {
+    if (scope == nullptr) continue;
+    for (const CLI::Option* option : scope->get_options()) {
+      for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+    }
+  }
+  return names;
+}
+
+constexpr const char* kVerbs[] = {"submit", "list",    "status",  "wait",   "cancel",
+                                  "hold",   "release", "requeue", "ring",   "logs",
+                                  "nodes",  "drain",   "undrain", "whoami", "admin"};
+
+// What CLI11 reports, said for a person: which flag of which verb, the nearest real flag, what a value must
+// be.
+std::string describeParseError(const CLI::App& app, const CLI::App* verb, const CLI::ParseError& e) {
+  const std::string of = verb != nullptr ? " for " + verb->get_name() : "";
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    std::vector<std::string> extras = verb != nullptr ? verb->remaining() : app.remaining();
+    if (verb != nullptr)
+      for (const std::string& w : app.remaining()) extras.push_back(w);
+    for (const std::string& word : extras) {
+      if (word.size() > 1 && word[0] == '-') {
+        const std::string name = word.substr(0, word.find('='));
+        const std::string guess = nearest(name, flagNames(app, verb));
+        const std::vector<std::string> own = flagNames(app, nullptr);  // ddlctl's, before the verb
+        const bool global = std::find(own.begin(), own.end(), guess) != own.end();
+        return "unknown option " + escapeForTerminal(name) + (global ? "" : of) +
+               (guess.empty() ? "" : "; did you mean " + guess + "?");
+      }
+    }
+    if (!extras.empty()) {
+      return "unexpected argument '" + escapeForTerminal(extras.front()) + "'" + of +
+             (verb != nullptr && verb->get_name() == "submit" ? " (the job's command goes after --)" : "");
+    }
+  }
+  const std::string what = e.what();
+  if (dynamic_cast<const CLI::ConversionError*>(&e) != nullptr) {
+    // "Could not convert: --nodes = two"
+    const size_t colon = what.find(": "), equals = what.find(" = ");
+    if (colon != std::string::npos && equals != std::string::npos && equals > colon) {
+      return what.substr(colon + 2, equals - colon - 2) + " takes a whole number, got '" +
+             escapeForTerminal(what.substr(equals + 3)) + "'";
+    }
+  }
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr) {
+    // "--gpus: 1 required T missing"
+    const size_t colon = what.find(": ");
+    if (colon != std::string::npos && what.find(" missing") != std::string::npos)
+      return what.substr(0, colon) + " needs a value" + of;
+  }
+  if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && verb != nullptr) {
+    // "JOB is required"
+    const size_t is = what.find(" is required");
+    if (is != std::string::npos) return verb->get_name() + " needs " + what.substr(0, is);
+  }
+  return escapeForTerminal(what);
+}
 
 // Parses `words` (words[0] is the program) into `cl`. `inSubmit`: the words are submit's flags only (a
 // script's directives), checked on their own.
@@ -2451,14 +2548,26 @@ ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, b
       return result;
     }
     result.rc = kExitUsage;
+    // The innermost verb the words reached (admin's verbs are one level down).
+    const CLI::App* verb = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
+    if (verb != nullptr && !verb->get_subcommands().empty()) verb = verb->get_subcommands().front();
+    if (verb != nullptr) {
+      result.verb = verb->get_name();
+      if (verb->get_parent() != nullptr && verb->get_parent() != &app)
+        result.verb = verb->get_parent()->get_name() + " " + result.verb;
+    }
     if (app.get_subcommands().empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
       std::vector<std::string> rest = app.remaining();
-      std::string what = rest.empty() ? "say what to do" : "unknown verb '" + rest.front() + "'; use one of";
+      std::string guess = rest.empty() ? "" : nearest(rest.front(), {std::begin(kVerbs), std::end(kVerbs)});
+      std::string what = rest.empty()
+                             ? "say what to do"
+                             : "unknown verb '" + escapeForTerminal(rest.front()) + "'" +
+                                   (guess.empty() ? "" : " (did you mean " + guess + "?)") + "; use one of";
       result.error = what +
                      ": submit, list, status, wait, cancel, hold, release, requeue, ring, logs, nodes, drain, "
                      "undrain, whoami or admin";
     } else {
-      result.error = e.what();
+      result.error = describeParseError(app, verb, e);
     }
     return result;
   }
@@ -2544,7 +2653,7 @@ int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
 
   CommandLine cl;
   ParseResult parsed = parseWords(words, cl, false, out, err);
-  if (parsed.rc == kExitUsage) return usageError(err, parsed.error);
+  if (parsed.rc == kExitUsage) return usageError(err, parsed.error, parsed.verb);
   if (parsed.rc != -1) return parsed.rc;
   if (cl.verb == "submit" && !parsed.rest.empty()) {
     const std::string& first = parsed.rest.front();
@@ -2589,7 +2698,7 @@ int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
     flags.insert(verbAt + 1, directives.begin(), directives.end());
     cl = CommandLine{};
     parsed = parseWords(flags, cl, false, out, err);
-    if (parsed.rc == kExitUsage) return usageError(err, parsed.error);
+    if (parsed.rc == kExitUsage) return usageError(err, parsed.error, parsed.verb);
     if (parsed.rc != -1) return parsed.rc;
     std::error_code ec;
     command = rest;

@@ -669,8 +669,8 @@ TEST(DdlctlCli, UsageErrorsExit2WithoutSending) {
       {{"submit", "--", "true"}, "say how many GPUs"},
       {{"list", "--state", "runing"}, "valid states: PENDING, SCHEDULED"},
       {{"list", "--", "x"}, "only submit takes a command after --"},
-      {{"status"}, "JOB is required"},
-      {{"drain"}, "NODE is required"},
+      {{"status"}, "status needs JOB"},
+      {{"drain"}, "drain needs NODE"},
       {{"-o", "yaml", "list"}, "yaml"},
       {{"--timeout", "0", "list"}, "--timeout must be a positive number of seconds"},
       {{"--coordinator", "head", "list"}, "invalid coordinator address 'head': no port"},
@@ -686,6 +686,52 @@ TEST(DdlctlCli, UsageErrorsExit2WithoutSending) {
     EXPECT_EQ(r.out, "") << shown;
     EXPECT_EQ(r.err.rfind("ddlctl: ", 0), 0u) << shown << r.err;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << shown << "\n" << r.err;
+  }
+}
+
+// Issue 28 item 5: CLI11's own words ("The following argument was not expected", "Could not convert") become
+// what went wrong, the nearest real flag or verb, and the help of the verb at hand.
+TEST(DdlctlCli, UsageErrorsNameTheVerbAndTheNearestFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+    const char* help;
+  };
+  const std::vector<Case> cases = {
+      {{"submit", "--gpu", "2", "--", "true"},
+       "unknown option --gpu for submit; did you mean --gpus?",
+       "run 'ddlctl submit --help' for its options"},
+      {{"submit", "--gpus-per", "2", "--", "true"}, "did you mean --gpus-per-node?", "ddlctl submit --help"},
+      {{"submit", "--mem-per-rnak", "8G", "--", "true"},
+       "did you mean --mem-per-rank?",
+       "ddlctl submit --help"},
+      {{"list", "--stat", "running"},
+       "unknown option --stat for list; did you mean --state?",
+       "run 'ddlctl list --help' for its options"},
+      {{"sumbit", "--gpus", "1"},
+       "unknown verb 'sumbit' (did you mean submit?)",
+       "run 'ddlctl --help' for usage"},
+      {{"canel", "3"}, "unknown verb 'canel' (did you mean cancel?)", "ddlctl --help"},
+      {{"submit", "--nodes", "two", "--", "true"},
+       "--nodes takes a whole number, got 'two'",
+       "ddlctl submit --help"},
+      {{"submit", "--gpus"}, "--gpus needs a value for submit", "ddlctl submit --help"},
+      {{"logs"}, "logs needs JOB", "run 'ddlctl logs --help' for its options"},
+      {{"status", "j-1", "extra"}, "unexpected argument 'extra' for status", "ddlctl status --help"},
+      {{"admin", "add-user"}, "add-user needs NAME", "run 'ddlctl admin add-user --help' for its options"},
+      {{"--tiemout", "5", "list"}, "unknown option --tiemout; did you mean --timeout?", "ddlctl list --help"},
+      {{"nodes", "--frobnicate"}, "unknown option --frobnicate for nodes\n", "ddlctl nodes --help"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"--coordinator", "127.0.0.1:1"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    Result r = ddlctl(args);
+    std::string shown;
+    for (const std::string& a : c.args) shown += a + " ";
+    EXPECT_EQ(r.rc, kExitUsage) << shown << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << shown << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.help), std::string::npos) << shown << "\n" << r.err;
+    EXPECT_EQ(r.err.find("The following"), std::string::npos) << "CLI11's own words: " << r.err;
   }
 }
 
@@ -1016,9 +1062,9 @@ TEST(DdlctlCli, NewFlagsUsageErrors) {
       {{"cancel", "5", "--user", "bob"}, "not both"},
       {{"cancel", "5", "--signal", "USR9"}, "--signal 'USR9' is not a signal"},
       {{"cancel", "--state", "runing"}, "--state: unknown job state"},
-      {{"wait"}, "JOB is required"},
-      {{"hold"}, "JOB is required"},
-      {{"requeue"}, "JOB is required"},
+      {{"wait"}, "wait needs JOB"},
+      {{"hold"}, "hold needs JOB"},
+      {{"requeue"}, "requeue needs JOB"},
       {{"logs", "5", "--tail", "-1"}, "--tail"},
       {{"undrain", "n1", "--reason", "x"}, "--reason"},
   };
@@ -1375,6 +1421,18 @@ TEST_F(DdlctlServerTest, SubmitPrintsTheIdAndSendsTheSpec) {
   EXPECT_EQ(std::vector<std::string>(spec.command().begin(), spec.command().end()),
             (std::vector<std::string>{"python", "t.py", "--lr", "0.1"}));
   EXPECT_EQ(spec.required_labels().at("gpu"), "a100");
+}
+
+// CPUs and memory per rank, under ddl's names and under Slurm's (a rank is a GPU).
+TEST_F(DdlctlServerTest, SubmitSendsCpusAndMemoryPerRank) {
+  Result r = run({"submit", "--gpus", "2", "--cpus-per-rank", "4", "--mem-per-rank", "1.5G", "--", "true"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(service_.lastSpec().cpus_per_rank(), 4);
+  EXPECT_EQ(service_.lastSpec().memory_per_rank_bytes(), int64_t{3} << 29);
+  r = run({"submit", "--gpus", "2", "--cpus-per-gpu", "8", "--mem-per-gpu", "64G", "--", "true"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(service_.lastSpec().cpus_per_rank(), 8);
+  EXPECT_EQ(service_.lastSpec().memory_per_rank_bytes(), int64_t{64} << 30);
 }
 
 TEST_F(DdlctlServerTest, SubmitJsonIsOneJobDocument) {
