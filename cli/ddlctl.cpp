@@ -975,17 +975,22 @@ std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
          jobs.empty() ? "-" : cell(join(jobs, ","), kMaxWideColumn)});
     if (reasons) rows.back().push_back(n.drain_reason().empty() ? "-" : cell(n.drain_reason(), kMaxWideColumn));
   }
-  // Where ranks that ask for CPUs or memory are not held to them by cgroups, say so under the table, once
-  // per distinct reason.
-  std::vector<std::pair<std::string, std::vector<std::string>>> unconfined;
+  // Under the table, once per distinct text: what is wrong on a node now (a full log disk), and where ranks
+  // that ask for CPUs or memory are not held to them by cgroups.
+  std::vector<std::pair<std::string, std::vector<std::string>>> warnings, unconfined;
+  auto note = [](auto& list, const std::string& text, const std::string& name) {
+    auto it = std::find_if(list.begin(), list.end(), [&](const auto& u) { return u.first == text; });
+    if (it == list.end()) it = list.insert(list.end(), {text, {}});
+    it->second.push_back(name);
+  };
   for (const v1::Node& n : nodes.nodes()) {
-    if (n.confinement().empty() || n.confinement().rfind("cgroups v2", 0) == 0) continue;
-    auto it = std::find_if(unconfined.begin(), unconfined.end(),
-                           [&](const auto& u) { return u.first == n.confinement(); });
-    if (it == unconfined.end()) it = unconfined.insert(unconfined.end(), {n.confinement(), {}});
-    it->second.push_back(n.name());
+    if (!n.warning().empty()) note(warnings, n.warning(), n.name());
+    if (!n.confinement().empty() && n.confinement().rfind("cgroups v2", 0) != 0)
+      note(unconfined, n.confinement(), n.name());
   }
   std::string out = renderTable(rows);
+  for (const auto& [why, names] : warnings)
+    out += "warning: " + escapeForTerminal(join(names, ", ")) + ": " + escapeForTerminal(why) + "\n";
   for (const auto& [why, names] : unconfined)
     out += "note: " + escapeForTerminal(join(names, ", ")) + ": " + escapeForTerminal(why) + "\n";
   return out;

@@ -279,6 +279,19 @@ std::string Agent::session(int* failures) {
       v1::AgentMessage hb;
       for (const auto& r : supervisor_->ranks()) *hb.mutable_heartbeat()->add_ranks() = toProto(r);
       hb.mutable_heartbeat()->set_sent_ms(unixNowMs());
+      const std::string warning =
+          config_.log_disk_min_free_mb > 0
+              ? logDiskWarning(config_.data_dir + "/logs", static_cast<uint64_t>(config_.log_disk_min_free_mb)
+                                                               << 20)
+              : "";
+      if (warning != last_warning_) {  // once per change, not every heartbeat
+        if (!warning.empty())
+          spdlog::warn("{}", warning);
+        else
+          spdlog::info("the rank logs' disk has room again");
+        last_warning_ = warning;
+      }
+      hb.mutable_heartbeat()->set_warning(warning);
       write(hb);
       lock.lock();
       cv_.wait_for(lock, interval, [&] { return session_over || stopping_; });

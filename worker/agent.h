@@ -75,6 +75,7 @@ class Agent {
   const std::string agent_user_;  // the agent's own user, which ranks run as otherwise
   std::string address_;
   std::string instance_;  // random per process (RegisterRequest.instance)
+  std::string last_warning_;  // the heartbeat thread's: the last Heartbeat.warning, logged when it changes
   std::unique_ptr<v1::AgentService::Stub> stub_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<TelemetryListener> telemetry_;  // null when its socket could not be made

@@ -10,8 +10,8 @@ namespace ddl::worker {
 
 // The keys, in the order the unknown-key message lists them.
 DDL_JSON_CONFIG(AgentConfig, coordinator, node, address, labels, virtual_gpus, force_virtual, data_dir,
-                log_retention_hours, log_max_mb, port_first, port_last, stop_grace_s, stop_ranks_on_exit,
-                log_level, pki_dir, insecure, tls_refresh_s, cpus, memory, cgroup_root)
+                log_retention_hours, log_max_mb, log_disk_min_free_mb, port_first, port_last, stop_grace_s,
+                stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s, cpus, memory, cgroup_root)
 
 namespace {
 
@@ -22,6 +22,7 @@ const ConfigHints& hints() {
       {"data_dir", "a string (a directory)"},
       {"log_retention_hours", "a number of hours"},
       {"log_max_mb", "an integer number of MiB"},
+      {"log_disk_min_free_mb", "an integer number of MiB"},
       {"pki_dir", "a string (a directory)"},
       {"port_first", "an integer port"},
       {"port_last", "an integer port"},
@@ -72,6 +73,7 @@ Status validateAgentConfig(const AgentConfig& c) {
     return bad("log_retention_hours must be between 0 (keep forever) and 87600 (ten years)");
   }
   if (c.log_max_mb < 0) return bad("log_max_mb must be >= 0 (0: no bound)");
+  if (c.log_disk_min_free_mb < 0) return bad("log_disk_min_free_mb must be >= 0 (0: no warning)");
   if (c.pki_dir.empty() && !c.insecure) return bad("pki_dir is empty");
   if (!(c.tls_refresh_s >= 1 && c.tls_refresh_s <= 86400)) return bad("tls_refresh_s must be between 1 and 86400");
   std::vector<int> cpus;

@@ -25,6 +25,9 @@ struct AgentConfig {
   // worker/log_retention.h.
   double log_retention_hours = 7 * 24;
   int64_t log_max_mb = 0;
+  // Below this much free space on the logs' disk the agent warns that ranks' output is being cut
+  // (worker/log_retention.h logDiskWarning); 0: never.
+  int64_t log_disk_min_free_mb = 256;
   int port_first = 29500;   // rendezvous ports for jobs whose rank 0 runs here
   int port_last = 29999;
   double stop_grace_s = 10;  // SIGTERM -> SIGKILL for ranks when the agent itself stops them
@@ -47,7 +50,8 @@ struct AgentConfig {
 };
 
 // Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of
-// strings), virtual_gpus, force_virtual, data_dir, log_retention_hours, log_max_mb, port_first, port_last,
+// strings), virtual_gpus, force_virtual, data_dir, log_retention_hours, log_max_mb, log_disk_min_free_mb,
+// port_first, port_last,
 // stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s, cpus, memory, cgroup_root.
 Status loadAgentConfig(const std::string& path, AgentConfig* config);
 Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config);

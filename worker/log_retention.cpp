@@ -1,8 +1,11 @@
 #include "worker/log_retention.h"
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -43,6 +46,17 @@ bool scan(JobDir& dir, std::vector<std::string>& errors) {
 }
 
 }  // namespace
+
+std::string logDiskWarning(const std::string& logs_dir, uint64_t min_free_bytes) {
+  struct statvfs st {};
+  if (statvfs(logs_dir.c_str(), &st) != 0)
+    return "cannot check the free space of " + logs_dir + ": " + std::strerror(errno);
+  const uint64_t free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  if (free_bytes >= min_free_bytes) return "";
+  return "the rank logs' disk is full (" + std::to_string(free_bytes >> 20) + " MiB free in " + logs_dir +
+         ", under " + std::to_string(min_free_bytes >> 20) +
+         " MiB): ranks' output is being cut; free space there, or lower log_max_mb or log_retention_hours";
+}
 
 LogCleanup cleanRankLogs(const std::string& logs_dir, const LogRetention& retention,
                          const std::set<std::string>& live_jobs, std::chrono::system_clock::time_point now) {

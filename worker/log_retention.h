@@ -42,4 +42,10 @@ struct LogCleanup {
 LogCleanup cleanRankLogs(const std::string& logs_dir, const LogRetention& retention,
                          const std::set<std::string>& live_jobs, std::chrono::system_clock::time_point now);
 
+// A rank writes its output straight into its log, so on a full disk its lines are lost without a word: the
+// agent checks the logs' file system every heartbeat and says so (its log, `ddlctl nodes`, the dashboard).
+// "" while at least min_free_bytes are free to unprivileged writers (ranks run as their users); else the
+// warning, naming the directory and what is free.
+std::string logDiskWarning(const std::string& logs_dir, uint64_t min_free_bytes);
+
 }  // namespace ddl::worker

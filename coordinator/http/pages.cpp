@@ -224,7 +224,8 @@ async function refresh(){
    fetch('/api/v1/jobs?state=pending,scheduled,starting,running').then(r=>r.json()),
    fetch('/api/v1/jobs?'+h).then(r=>r.json()),fetch('/api/v1/cluster/series').then(r=>r.json())]);
   document.querySelector('#nodes tbody').innerHTML=(n.nodes||[]).map(x=>row([esc(x.name),
-   '<span class="'+esc(x.state)+'">'+esc(x.state)+(x.drained&&x.state==='DOWN'?' (drained)':'')+(x.connected?'':' (disconnected)')+'</span>',
+   '<span class="'+esc(x.state)+'">'+esc(x.state)+(x.drained&&x.state==='DOWN'?' (drained)':'')+(x.connected?'':' (disconnected)')+'</span>'+
+    (x.warning?' <span class="FAILED" title="'+esc(x.warning)+'">(warning: '+esc(x.warning.split(':')[0])+')</span>':''),
    (x.gpus_used||[]).length+'/'+(x.gpus||[]).length,
    ((x.cpus||[]).length?(x.cpus_used||[]).length+'/'+(x.cpus||[]).length:'-')+
     (x.confinement&&!x.confinement.startsWith('cgroups v2')?' <span class="muted" title="'+esc(x.confinement)+'">(no cgroups)</span>':''),

@@ -1305,6 +1305,10 @@ Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& 
   if (!entry) return error;
   entry->last_seen_ms = now_ms_();
   entry->record.last_heartbeat_ms = wall_ms_();
+  if (hb.warning() != entry->warning) {
+    if (!hb.warning().empty()) spdlog::warn("node {}: {}", node, hb.warning().substr(0, 1024));
+    entry->warning = hb.warning().substr(0, 1024);
+  }
   // A heartbeat lists every rank the agent holds, so it replaces what we knew.
   std::map<RankKey, v1::RankStatus> previous;
   previous.swap(entry->ranks);
@@ -2153,6 +2157,7 @@ v1::Node Coordinator::nodeToProtoOnLoop(const NodeEntry& node, const NodeUsage& 
   out.set_memory_bytes(node.record.memory_bytes);
   out.set_memory_used_bytes(usage.memory_bytes);
   out.set_confinement(node.confinement);
+  out.set_warning(node.warning);
   for (const auto& [k, v] : node.record.labels) (*out.mutable_labels())[k] = v;
   out.set_last_heartbeat_ms(node.record.last_heartbeat_ms);
   out.set_connected(node.link != nullptr);

@@ -234,6 +234,7 @@ class Coordinator {
     state::NodeRecord record;
     std::vector<v1::Nic> nics;
     std::string confinement;  // RegisterRequest.confinement, in memory only (each registration sends it)
+    std::string warning;      // the last Heartbeat.warning, in memory only
     int port_first = 0;
     int port_last = 0;
     std::string session;                      // the current registration; "" before the first one

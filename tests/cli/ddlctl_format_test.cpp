@@ -549,10 +549,12 @@ TEST(DdlctlFormat, NodeTableShowsCpusAndMemoryAndWhereRanksAreNotConfined) {
   n1->set_confinement(
       "cgroups v2 under /sys/fs/cgroup/system.slice/ddl-agent.service/ranks: cpuset, memory.max");
   nodes.mutable_nodes(1)->set_confinement("not confined by cgroups: no cgroup2 file system is mounted");
+  nodes.mutable_nodes(0)->set_warning("the rank logs' disk is full (0 MiB free in /l, under 256 MiB)");
   EXPECT_EQ(formatNodeTable(nodes, kNow),
             "NAME  STATE     GPUS  CPUS  MEMORY          ADDRESS   LABELS             HEARTBEAT  JOBS\n"
             "n1    UP        2/4   8/32  64 GiB/256 GiB  10.0.0.1  rack=r1,switch=s1  2s         j-000001\n"
             "n2    DRAINING  0/4   -     -               10.0.0.2  -                  never      -\n"
+            "warning: n1: the rank logs' disk is full (0 MiB free in /l, under 256 MiB)\n"
             "note: n2: not confined by cgroups: no cgroup2 file system is mounted\n");
 }
 

@@ -1229,3 +1229,19 @@ TEST_F(CoordinatorRestartTest, CpusAndMemoryArePlacedGivenToEachRankAndKeptAcros
 
 }  // namespace
 }  // namespace ddl::coordinator
+
+namespace ddl::coordinator {
+namespace {
+
+TEST_F(CoordinatorTest, ANodesWarningIsShownUntilItsAgentNoLongerSendsIt) {
+  addNode("n1", 1);
+  v1::Heartbeat hb;
+  hb.set_warning("the rank logs' disk is full (0 MiB free in /var/lib/ddl/agent/logs, under 256 MiB)");
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], hb));
+  EXPECT_EQ(coordinator->listNodes().at(0).warning(), hb.warning());
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat{}));
+  EXPECT_EQ(coordinator->listNodes().at(0).warning(), "");
+}
+
+}  // namespace
+}  // namespace ddl::coordinator

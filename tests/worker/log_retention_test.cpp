@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -132,6 +133,28 @@ TEST(AgentConfigLogRetention, KeysParseAndAreChecked) {
   c.log_max_mb = -5;
   EXPECT_NE(validateAgentConfig(c).message().find("log_max_mb"), std::string::npos);
   EXPECT_FALSE(parseAgentConfig(R"({"log_retention_hours": "a week"})", "test", &c).isOk());
+}
+
+// Issue 28 item 5: a full log disk cuts ranks' output silently; the agent says so. A tmpfs of 1 MiB filled
+// up (where this runs as root) is a real full disk; the bounds around it are checked on any machine.
+TEST_F(LogRetentionTest, AFullLogDiskIsSaid) {
+  EXPECT_EQ(logDiskWarning(logs_.string(), 0), "");
+  const std::string full = logDiskWarning(logs_.string(), uint64_t{1} << 62);
+  EXPECT_NE(full.find("the rank logs' disk is full ("), std::string::npos) << full;
+  EXPECT_NE(full.find(" MiB free in " + logs_.string() + ", under "), std::string::npos) << full;
+  EXPECT_NE(full.find("ranks' output is being cut"), std::string::npos) << full;
+  EXPECT_NE(logDiskWarning((root_ / "missing").string(), 1).find("cannot check the free space of"),
+            std::string::npos);
+  const fs::path small = root_ / "tmpfs";
+  fs::create_directories(small);
+  if (geteuid() != 0 ||
+      std::system(("mount -t tmpfs -o size=1m ddl-test " + small.string() + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "skipped: the full-disk case needs root to mount a small tmpfs";
+  EXPECT_EQ(logDiskWarning(small.string(), 512 << 10), "");              // 1 MiB empty
+  { std::ofstream(small / "rank-0.log") << std::string(1 << 20, 'x'); }  // fills it (the write is cut)
+  EXPECT_NE(logDiskWarning(small.string(), 512 << 10).find("(0 MiB free in " + small.string()),
+            std::string::npos);
+  EXPECT_EQ(std::system(("umount " + small.string()).c_str()), 0);
 }
 
 }  // namespace
