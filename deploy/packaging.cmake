@@ -25,6 +25,9 @@ if(TARGET ddl-coordinator AND TARGET ddl-agent AND TARGET ddlctl)
   set(DDL_SYSTEMD_UNIT_DIR /lib/systemd/system CACHE PATH "where install puts the systemd units")
   set(DDL_SYSCONF_DIR /etc CACHE PATH "where install puts ddl/coordinator.json and ddl/agent.json")
 
+  # ddl-ranks.service: the delegated cgroup the agent confines ranks under (see the unit's comment).
+  install(FILES ${CMAKE_CURRENT_LIST_DIR}/systemd/ddl-ranks.service DESTINATION ${DDL_SYSTEMD_UNIT_DIR}
+          COMPONENT agent)
   foreach(daemon coordinator agent)
     install(FILES ${CMAKE_CURRENT_LIST_DIR}/systemd/ddl-${daemon}.service DESTINATION ${DDL_SYSTEMD_UNIT_DIR}
             COMPONENT ${daemon})

@@ -145,9 +145,35 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   if (config_.log_retention_hours > 0 || config_.log_max_mb > 0) {
     log_cleaner_ = std::thread([this] { cleanLogsUntilStopped(); });
   }
+  if (config_.log_disk_min_free_mb > 0) {
+    std::thread([watch = disk_watch_, dir = config_.data_dir + "/logs",
+                 min = static_cast<uint64_t>(config_.log_disk_min_free_mb) << 20] {
+      std::string last;
+      while (true) {
+        const std::string warning = logDiskWarning(dir, min);
+        if (warning != last) {  // once per change
+          if (!warning.empty())
+            spdlog::warn("{}", warning);
+          else
+            spdlog::info("the rank logs' disk has room again");
+          last = warning;
+        }
+        {
+          std::lock_guard<std::mutex> lock(watch->mu);
+          if (watch->stop) return;
+          watch->warning = warning;
+        }
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+      }
+    }).detach();
+  }
 }
 
 Agent::~Agent() {
+  {
+    std::lock_guard<std::mutex> lock(disk_watch_->mu);
+    disk_watch_->stop = true;
+  }
   stop(static_cast<int>(config_.stop_grace_s * 1000));
   if (log_cleaner_.joinable()) log_cleaner_.join();
 }
@@ -279,19 +305,10 @@ std::string Agent::session(int* failures) {
       v1::AgentMessage hb;
       for (const auto& r : supervisor_->ranks()) *hb.mutable_heartbeat()->add_ranks() = toProto(r);
       hb.mutable_heartbeat()->set_sent_ms(unixNowMs());
-      const std::string warning =
-          config_.log_disk_min_free_mb > 0
-              ? logDiskWarning(config_.data_dir + "/logs", static_cast<uint64_t>(config_.log_disk_min_free_mb)
-                                                               << 20)
-              : "";
-      if (warning != last_warning_) {  // once per change, not every heartbeat
-        if (!warning.empty())
-          spdlog::warn("{}", warning);
-        else
-          spdlog::info("the rank logs' disk has room again");
-        last_warning_ = warning;
+      {
+        std::lock_guard<std::mutex> disk_lock(disk_watch_->mu);
+        hb.mutable_heartbeat()->set_warning(disk_watch_->warning);
       }
-      hb.mutable_heartbeat()->set_warning(warning);
       write(hb);
       lock.lock();
       cv_.wait_for(lock, interval, [&] { return session_over || stopping_; });
@@ -453,9 +470,10 @@ void Agent::startRanks(const v1::StartRanks& start) {
 
 void Agent::onRankExit(const RankState& state) {
   // Before the report: a user who reads the rank's last lines (ddlctl wait, status) sees why it died.
-  if (const int64_t kills =
-          confinement_.finish(Confinement::rankName(state.job_id, state.attempt, state.rank));
-      kills > 0) {
+  const Confinement::Finished confined =
+      confinement_.finish(Confinement::rankName(state.job_id, state.attempt, state.rank));
+  if (!confined.error.empty()) spdlog::warn("job {} rank {}: {}", state.job_id, state.rank, confined.error);
+  if (const int64_t kills = confined.oom_kills; kills > 0) {
     const std::string line = "ddl-agent: the kernel's OOM killer ended this rank (" + std::to_string(kills) +
                              (kills == 1 ? " process" : " processes") +
                              "): it used more memory than its job asked for per rank (--mem-per-rank)\n";

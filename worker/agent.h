@@ -75,7 +75,14 @@ class Agent {
   const std::string agent_user_;  // the agent's own user, which ranks run as otherwise
   std::string address_;
   std::string instance_;  // random per process (RegisterRequest.instance)
-  std::string last_warning_;  // the heartbeat thread's: the last Heartbeat.warning, logged when it changes
+  // The logs' disk, checked every few seconds by a thread of its own (detached: a hung file system must stop
+  // neither heartbeats nor the agent's exit); the heartbeat sends the latest warning.
+  struct DiskWatch {
+    std::mutex mu;
+    std::string warning;
+    bool stop = false;
+  };
+  std::shared_ptr<DiskWatch> disk_watch_ = std::make_shared<DiskWatch>();
   std::unique_ptr<v1::AgentService::Stub> stub_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<TelemetryListener> telemetry_;  // null when its socket could not be made

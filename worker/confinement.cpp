@@ -85,22 +85,33 @@ Confinement::Confinement(Options options) {
     describe_ = "cgroups not used (--cgroup-root none)" + fallback;
     return;
   }
+  const std::string mount = cgroup2Mount(options.mountinfo);
+  const std::string own = ownCgroup(options.self_cgroup);
   std::string root = options.root;
   if (root.empty()) {
-    const std::string mount = cgroup2Mount(options.mountinfo);
-    const std::string own = ownCgroup(options.self_cgroup);
     if (mount.empty()) {
       describe_ = "not confined by cgroups: no cgroup2 file system is mounted" + fallback;
       return;
     }
-    if (own.empty() || own == "/") {
-      describe_ = "not confined by cgroups: the agent runs in the root cgroup of " + mount +
-                  "; run it as the systemd unit with Delegate=yes (deploy/systemd/ddl-agent.service) or give "
-                  "--cgroup-root" +
+    root = mount + "/system.slice/ddl-ranks.service";
+    struct stat st {};
+    if (stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      describe_ = "not confined by cgroups: no delegated cgroup for ranks (" + root +
+                  " is missing: start ddl-ranks.service from deploy/systemd, or give --cgroup-root)" +
                   fallback;
       return;
     }
-    root = mount + own;
+  }
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  // Never the agent's own cgroup or one above it: it would have to leave it, and systemd could not start the
+  // next agent there while confined ranks live.
+  if (!mount.empty() && !own.empty()) {
+    const std::string mine = own == "/" ? mount : mount + own;
+    if (mine == root || mine.rfind(root + "/", 0) == 0) {
+      describe_ = "not confined by cgroups: " + root +
+                  " holds the agent itself; give a cgroup dedicated to ranks (ddl-ranks.service)" + fallback;
+      return;
+    }
   }
   const std::string controllers = readFile(root + "/cgroup.controllers");
   const bool want_cpuset = hasWord(controllers, "cpuset"), want_memory = hasWord(controllers, "memory");
@@ -114,19 +125,18 @@ Confinement::Confinement(Options options) {
   }
   const std::string enable = std::string(want_cpuset ? "+cpuset" : "") +
                              (want_cpuset && want_memory ? " " : "") + (want_memory ? "+memory" : "");
-  // The agent leaves ROOT for ROOT/agent: a cgroup that hands controllers to children holds no processes.
+  // What runs in ROOT itself (the unit's placeholder) leaves for ROOT/holder: a cgroup that hands controllers
+  // to its children holds no process.
   std::string why;
-  if (mkdir((root + "/agent").c_str(), 0755) != 0 && errno != EEXIST) {
-    why = "cannot create " + root + "/agent: " + std::strerror(errno);
+  if (mkdir((root + "/holder").c_str(), 0755) != 0 && errno != EEXIST) {
+    why = "cannot create " + root + "/holder: " + std::strerror(errno);
   }
   if (why.empty()) {
     std::istringstream procs(readFile(root + "/cgroup.procs"));
-    std::string pid;
-    while (why.empty() && procs >> pid) {
-      std::string err = writeFile(root + "/agent/cgroup.procs", pid);
-      if (!err.empty() && pid == std::to_string(getpid())) why = err;  // others may have exited meanwhile
+    for (int pid = 0; why.empty() && procs >> pid;) {
+      std::string err = writeFile(root + "/holder/cgroup.procs", std::to_string(pid));
+      if (!err.empty() && kill(pid, 0) == 0) why = err;  // one that has exited meanwhile is fine
     }
-    if (why.empty()) why = writeFile(root + "/agent/cgroup.procs", std::to_string(getpid()));
   }
   if (why.empty()) why = writeFile(root + "/cgroup.subtree_control", enable);
   if (why.empty() && mkdir((root + "/ranks").c_str(), 0755) != 0 && errno != EEXIST)
@@ -149,14 +159,29 @@ int Confinement::prepare(const std::string& name, const std::vector<int>& cpus, 
                          std::string* error) const {
   error->clear();
   if (root_.empty() || (cpus.empty() && memory_bytes <= 0)) return -1;
-  const std::string dir = root_ + "/ranks/" + name;
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    *error = "cannot create the rank's cgroup " + dir + ": " + std::strerror(errno);
+  if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos) {
+    *error = "'" + name + "' cannot name a cgroup";
     return -1;
+  }
+  const std::string dir = root_ + "/ranks/" + name;
+  if (mkdir(dir.c_str(), 0755) != 0) {
+    if (errno != EEXIST) {
+      *error = "cannot create the rank's cgroup " + dir + ": " + std::strerror(errno);
+      return -1;
+    }
+    // Left by an earlier start of this rank that has ended: reusable. One with processes is a running rank's.
+    if (readFile(dir + "/cgroup.events").find("populated 1") != std::string::npos) {
+      *error = "the rank's cgroup " + dir + " holds processes already (is the rank running?)";
+      return -1;
+    }
   }
   if (cpuset_ && !cpus.empty()) *error = writeFile(dir + "/cpuset.cpus", formatCpuList(cpus));
   if (error->empty() && memory_ && memory_bytes > 0) {
     *error = writeFile(dir + "/memory.max", std::to_string(memory_bytes));
+    // Over its memory a rank is killed rather than swapped (where the kernel accounts swap at all).
+    struct stat st {};
+    if (error->empty() && stat((dir + "/memory.swap.max").c_str(), &st) == 0)
+      *error = writeFile(dir + "/memory.swap.max", "0");
     // One OOM kills the rank's whole cgroup, as a rank is useless to its job with a process missing.
     if (error->empty()) writeFile(dir + "/memory.oom.group", "1");
   }
@@ -169,24 +194,30 @@ int Confinement::prepare(const std::string& name, const std::vector<int>& cpus, 
   return fd;
 }
 
-int64_t Confinement::finish(const std::string& name) const {
-  if (root_.empty()) return 0;
+Confinement::Finished Confinement::finish(const std::string& name) const {
+  Finished done;
+  if (root_.empty() || name.empty() || name[0] == '.' || name.find('/') != std::string::npos) return done;
   const std::string dir = root_ + "/ranks/" + name;
   struct stat st {};
-  if (stat(dir.c_str(), &st) != 0) return 0;
-  int64_t oom_kills = 0;
+  if (stat(dir.c_str(), &st) != 0) return done;
   std::istringstream events(readFile(dir + "/memory.events"));
   std::string key;
   int64_t value = 0;
   while (events >> key >> value)
-    if (key == "oom_kill") oom_kills = value;
+    if (key == "oom_kill") done.oom_kills = value;
   // A process that left the rank's session (a daemonised helper) is still in its cgroup: end it with the
-  // rank.
-  if (rmdir(dir.c_str()) != 0 && errno == EBUSY) {
-    writeFile(dir + "/cgroup.kill", "1");
-    for (int i = 0; i < 20 && rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i) usleep(5000);
+  // rank. cgroup.kill where the kernel has it (5.14), else SIGKILL to each process listed; bounded, then left
+  // for the next start of a rank of that name (prepare() reuses an empty one).
+  for (int round = 0; round < 20 && rmdir(dir.c_str()) != 0 && errno == EBUSY; ++round) {
+    if (round == 0 && !writeFile(dir + "/cgroup.kill", "1").empty()) {
+      std::istringstream procs(readFile(dir + "/cgroup.procs"));
+      for (int pid = 0; procs >> pid;)
+        if (pid > 0) kill(pid, SIGKILL);
+    }
+    usleep(5000);
   }
-  return oom_kills;
+  if (stat(dir.c_str(), &st) == 0) done.error = "cannot remove " + dir + ": " + std::strerror(errno);
+  return done;
 }
 
 }  // namespace ddl::worker

@@ -1,17 +1,20 @@
 // Confinement: holds each rank to the CPUs and memory its job asked for (JobSpec.cpus_per_rank,
 // memory_per_rank_bytes), as Slurm's task/cgroup does.
 //
-// With cgroups v2 the agent needs a cgroup of its own that it may write (a systemd unit with Delegate=yes, as
-// deploy/systemd/ddl-agent.service has, or --cgroup-root). In it, ROOT:
-//   ROOT/agent            the agent itself (a cgroup with children may hold no processes of its own)
-//   ROOT/ranks/<rank>     one per rank, "<job>-a<attempt>-r<rank>": cpuset.cpus, memory.max, memory.oom.group
+// With cgroups v2 the agent needs a cgroup dedicated to ranks and delegated to it, ROOT: the cgroup of
+// deploy/systemd/ddl-ranks.service (Delegate=yes), found by default, or --cgroup-root. Not the agent's own: a
+// cgroup that hands controllers to its children may hold no process, so systemd could not start a new agent
+// in it while confined ranks outlive the old one. In ROOT:
+//   ROOT/holder           whatever ran in ROOT itself (ddl-ranks.service's placeholder), moved there
+//   ROOT/ranks/<rank>     one per rank, "<job>-a<attempt>-r<rank>": cpuset.cpus, memory.max, memory.swap.max
+//                         (0: over its memory a rank is killed, not swapped), memory.oom.group
 // The rank's first process moves itself there between fork and exec, so everything it starts is inside. When
-// the rank has exited, what is left in its cgroup is killed (cgroup.kill) and the cgroup removed.
+// the rank has exited, what is left in its cgroup is killed (cgroup.kill, else SIGKILL to each process) and
+// the cgroup removed.
 //
-// Where cgroups v2 cannot be used (no cgroup2 mount, the controllers held by cgroup v1, the agent in the root
-// cgroup, nothing writable), describe() says why, once at start and on every `ddlctl nodes -v`; ranks are
-// then still pinned to their CPUs with sched_setaffinity (by the supervisor), but their memory is not
-// limited.
+// Where cgroups v2 cannot be used (no cgroup2 mount, the controllers held by cgroup v1, no delegated cgroup
+// for ranks, nothing writable), describe() says why, once at start and under `ddlctl nodes`; ranks are then
+// still pinned to their CPUs with sched_setaffinity (by the supervisor), but their memory is not limited.
 //
 // Threads: the constructor probes; prepare() and finish() may be called from any thread (they touch only
 // the files of the rank they are given).
@@ -26,8 +29,9 @@ namespace ddl::worker {
 class Confinement {
  public:
   struct Options {
-    // "": the agent's own cgroup, found through mountinfo and self_cgroup; "none": cgroups are not used;
-    // anything else: that directory (a delegated cgroup, or a plain directory tree in tests).
+    // "": ddl-ranks.service's cgroup (system.slice/ddl-ranks.service under the cgroup2 mount found through
+    // mountinfo), where it exists; "none": cgroups are not used; anything else: that directory (a delegated
+    // cgroup dedicated to ranks, or a plain directory tree in tests). Never a cgroup the agent is in.
     std::string root;
     std::string mountinfo = "/proc/self/mountinfo";
     std::string self_cgroup = "/proc/self/cgroup";
@@ -42,14 +46,19 @@ class Confinement {
 
   // Makes the rank's cgroup with its limits and returns an open descriptor of its cgroup.procs, into which
   // the rank's first process writes itself; the caller closes it. -1 with *error empty: nothing to do (no
-  // cgroups here, or the rank asks for nothing); -1 with *error set: the limits could not be applied, and the
-  // rank must not run unconfined.
+  // cgroups here, or the rank asks for nothing); -1 with *error set: the limits could not be applied (or the
+  // cgroup holds processes already: that rank runs), and the rank must not run unconfined.
   int prepare(const std::string& name, const std::vector<int>& cpus, int64_t memory_bytes,
               std::string* error) const;
 
-  // After the rank's exit: kills what is left in its cgroup and removes it. Returns how many processes the
-  // kernel's OOM killer killed in it (memory.events oom_kill), so that the caller can say so.
-  int64_t finish(const std::string& name) const;
+  // After the rank's exit: kills what is left in its cgroup and removes it. oom_kills: how many processes the
+  // kernel's OOM killer killed in it (memory.events oom_kill), so that the caller can say so; error: why the
+  // cgroup is left behind ("" once removed).
+  struct Finished {
+    int64_t oom_kills = 0;
+    std::string error;
+  };
+  Finished finish(const std::string& name) const;
 
   static std::string rankName(const std::string& job, int attempt, int rank);
 

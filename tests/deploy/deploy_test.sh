@@ -107,13 +107,22 @@ test_units() {
     sed "s|^ExecStart=/usr/bin/|ExecStart=$BIN/|" "$SRC/deploy/systemd/$u.service" >"$tmp/$u.service"
   done
   local out rc=0
-  out=$(systemd-analyze verify --man=no "$tmp/ddl-coordinator.service" "$tmp/ddl-agent.service" 2>&1) || rc=$?
+  # The cgroup ddl-agent confines ranks under is a unit of its own (a cgroup with controllers delegated below it
+  # can hold no process: systemd could not restart the agent in it while confined ranks live).
+  grep -q '^Delegate=' "$SRC/deploy/systemd/ddl-agent.service" &&
+    fail "ddl-agent.service must not be delegated: its restarts would fail while confined ranks live"
+  grep -qx 'Delegate=yes' "$SRC/deploy/systemd/ddl-ranks.service" || fail "ddl-ranks.service: not Delegate=yes"
+  grep -qx 'KillMode=process' "$SRC/deploy/systemd/ddl-ranks.service" ||
+    fail "ddl-ranks.service must keep KillMode=process (stopping it must not kill ranks)"
+  cp "$SRC/deploy/systemd/ddl-ranks.service" "$tmp/ddl-ranks.service"
+  out=$(systemd-analyze verify --man=no "$tmp/ddl-coordinator.service" "$tmp/ddl-agent.service" \
+    "$tmp/ddl-ranks.service" 2>&1) || rc=$?
   printf '%s\n' "$out" | sed '/^$/d; s/^/  verify: /'
   ((rc == 0)) || fail "systemd-analyze verify exited $rc"
-  if grep -q -e 'ddl-coordinator\.service' -e 'ddl-agent\.service' <<<"$out"; then
+  if grep -q -e 'ddl-coordinator\.service' -e 'ddl-agent\.service' -e 'ddl-ranks\.service' <<<"$out"; then
     fail "systemd-analyze verify complained about the units (above)"
   fi
-  log "systemd-analyze verify: both units clean"
+  log "systemd-analyze verify: the three units clean"
 }
 
 # ---- configs -----------------------------------------------------------------------------------------------
@@ -256,7 +265,7 @@ test_packages() {
 
   declare -A files=(
     [ddl-coordinator]="usr/bin/ddl-coordinator lib/systemd/system/ddl-coordinator.service etc/ddl/coordinator.json"
-    [ddl-agent]="usr/bin/ddl-agent usr/libexec/ddl/ddl-rank-shim lib/systemd/system/ddl-agent.service etc/ddl/agent.json"
+    [ddl-agent]="usr/bin/ddl-agent usr/libexec/ddl/ddl-rank-shim lib/systemd/system/ddl-agent.service lib/systemd/system/ddl-ranks.service etc/ddl/agent.json"
     [ddlctl]="usr/bin/ddlctl"
     [libddl]="usr/include/ddl/ddl.h usr/bin/ddlrun usr/bin/ddl-bench usr/bin/ddl-sim usr/lib/pkgconfig/ddl.pc
               usr/lib/cmake/ddl/ddlConfig.cmake usr/lib/cmake/ddl/ddlConfigVersion.cmake

@@ -37,15 +37,15 @@ class ConfinementTest : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(ConfinementTest, DelegatedCgroupGetsAgentAndRanksAndEachRankItsLimits) {
-  const fs::path root = dir_ / "ddl-agent.service";
+TEST_F(ConfinementTest, DelegatedCgroupGetsHolderAndRanksAndEachRankItsLimits) {
+  const fs::path root = dir_ / "ddl-ranks.service";
   write(root / "cgroup.controllers", "cpuset cpu io memory pids\n");
-  write(root / "cgroup.procs", std::to_string(getpid()) + "\n");
+  write(root / "cgroup.procs", std::to_string(getppid()) + "\n");  // the unit's placeholder
   Confinement c(Confinement::Options{root.string()});
   EXPECT_TRUE(c.cpuset());
   EXPECT_TRUE(c.memory());
   EXPECT_EQ(c.describe(), "cgroups v2 under " + root.string() + "/ranks: cpuset, memory.max");
-  EXPECT_EQ(slurp(root / "agent" / "cgroup.procs"), std::to_string(getpid()));  // the agent left ROOT
+  EXPECT_EQ(slurp(root / "holder" / "cgroup.procs"), std::to_string(getppid()));  // the placeholder left ROOT
   EXPECT_EQ(slurp(root / "cgroup.subtree_control"), "+cpuset +memory");
   EXPECT_EQ(slurp(root / "ranks" / "cgroup.subtree_control"), "+cpuset +memory");
 
@@ -60,12 +60,31 @@ TEST_F(ConfinementTest, DelegatedCgroupGetsAgentAndRanksAndEachRankItsLimits) {
   EXPECT_EQ(slurp(rank / "cpuset.cpus"), "4-7,9");
   EXPECT_EQ(slurp(rank / "memory.max"), "8589934592");
   EXPECT_EQ(slurp(rank / "memory.oom.group"), "1");
+  EXPECT_FALSE(fs::exists(rank / "memory.swap.max"));  // a kernel without swap accounting has none
   EXPECT_TRUE(fs::exists(rank / "cgroup.procs"));
+
+  // With swap accounting, a rank over its memory is killed rather than swapped.
+  const std::string swapped = Confinement::rankName("j-000007", 2, 4);
+  write(root / "ranks" / swapped / "memory.swap.max", "max");
+  const int fd2 = c.prepare(swapped, {}, 1 << 20, &error);
+  ASSERT_GE(fd2, 0) << error;
+  close(fd2);
+  EXPECT_EQ(slurp(root / "ranks" / swapped / "memory.swap.max"), "0");
+  // A cgroup that holds processes is a running rank's: a second start of that rank does not touch it.
+  write(rank / "cgroup.events", "populated 1\nfrozen 0\n");
+  EXPECT_EQ(c.prepare(name, {1}, 0, &error), -1);
+  EXPECT_NE(error.find("holds processes already"), std::string::npos) << error;
+  EXPECT_EQ(slurp(rank / "cpuset.cpus"), "4-7,9");
+  EXPECT_EQ(c.prepare("../escape", {1}, 0, &error), -1);
+  EXPECT_NE(error.find("cannot name a cgroup"), std::string::npos) << error;
 
   // The kernel's count of OOM kills is what finish() reports.
   write(rank / "memory.events", "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\noom_group_kill 1\n");
-  EXPECT_EQ(c.finish(name), 2);
-  EXPECT_EQ(c.finish("j-000008-a1-r0"), 0);  // never made
+  EXPECT_EQ(c.finish(name).oom_kills, 2);
+  EXPECT_NE(c.finish(name).error.find("cannot remove " + rank.string()),
+            std::string::npos);                        // files in it here
+  EXPECT_EQ(c.finish("j-000008-a1-r0").oom_kills, 0);  // never made
+  EXPECT_EQ(c.finish("j-000008-a1-r0").error, "");
   // A rank that asks for nothing gets no cgroup.
   EXPECT_EQ(c.prepare("j-000009-a1-r0", {}, 0, &error), -1);
   EXPECT_EQ(error, "");
@@ -105,15 +124,24 @@ TEST_F(ConfinementTest, SaysWhyWhereCgroupsCannotBeUsed) {
   EXPECT_EQ(a.prepare("r", {0}, 1 << 20, &error), -1);
   EXPECT_EQ(error, "");  // nothing to do: the supervisor pins CPUs, memory goes unlimited
 
-  // The agent in the root cgroup (not started by systemd with Delegate=yes).
-  write(dir_ / "mountinfo", "30 1 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n");
-  write(dir_ / "self", "0::/\n");
+  // By default, ddl-ranks.service's cgroup; where that unit does not run, no cgroups, and why.
+  write(dir_ / "mountinfo", "30 1 0:26 / " + (dir_ / "cg2").string() + " rw,nosuid - cgroup2 cgroup2 rw\n");
+  write(dir_ / "self", "0::/user.slice/session-1.scope\n");
   Confinement b(Confinement::Options{"", (dir_ / "mountinfo").string(), (dir_ / "self").string()});
-  EXPECT_NE(
-      b.describe().find("the agent runs in the root cgroup of /sys/fs/cgroup; run it as the systemd unit "
-                        "with Delegate=yes"),
-      std::string::npos)
+  EXPECT_NE(b.describe().find("no delegated cgroup for ranks (" + (dir_ / "cg2").string() +
+                              "/system.slice/ddl-ranks.service is missing: start ddl-ranks.service"),
+            std::string::npos)
       << b.describe();
+  write(dir_ / "cg2" / "system.slice" / "ddl-ranks.service" / "cgroup.controllers", "cpuset memory\n");
+  Confinement found(Confinement::Options{"", (dir_ / "mountinfo").string(), (dir_ / "self").string()});
+  EXPECT_TRUE(found.cpuset() && found.memory()) << found.describe();
+  // Never the agent's own cgroup, nor one above it: the agent would have to leave it, and systemd could not
+  // start the next agent there while confined ranks live. Nothing of it is touched.
+  write(dir_ / "cg2" / "user.slice" / "cgroup.controllers", "cpuset memory\n");
+  Confinement own(Confinement::Options{(dir_ / "cg2" / "user.slice").string(), (dir_ / "mountinfo").string(),
+                                       (dir_ / "self").string()});
+  EXPECT_NE(own.describe().find("holds the agent itself"), std::string::npos) << own.describe();
+  EXPECT_FALSE(fs::exists(dir_ / "cg2" / "user.slice" / "holder"));
   // No cgroup2 mount at all.
   write(dir_ / "mountinfo1", "25 1 0:21 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n");
   Confinement d(Confinement::Options{"", (dir_ / "mountinfo1").string(), (dir_ / "self").string()});
@@ -129,7 +157,7 @@ TEST_F(ConfinementTest, SaysWhyWhereCgroupsCannotBeUsed) {
     write(ro / "cgroup.controllers", "cpuset memory\n");
     fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
     Confinement e(Confinement::Options{ro.string()});
-    EXPECT_NE(e.describe().find("not confined by cgroups: cannot create " + ro.string() + "/agent"),
+    EXPECT_NE(e.describe().find("not confined by cgroups: cannot create " + ro.string() + "/holder"),
               std::string::npos)
         << e.describe();
     fs::permissions(ro, fs::perms::owner_all);
