@@ -7,7 +7,11 @@
 // layout build + validate for the placed job, each over --runs runs (median, p99, max); and schedule() of a
 // queue of 1,000 pending jobs of mixed shapes and priorities over --queue-runs runs.
 //
-// Usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--seed S] [--json FILE]  (--nodes: 1000)
+// With --cpus-per-rank C every node also offers 64 CPUs and 512 GiB (a busy GPU holds C of them and 16 GiB),
+// and every job asks for C CPUs and 16 GiB per rank: the cost of placing CPUs and memory as well.
+//
+// Usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--seed S] [--cpus-per-rank C] [--json FILE]
+//        (--nodes: 1000)
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -26,7 +30,9 @@ using namespace ddl::placement;
 
 namespace {
 
-Cluster makeCluster(uint32_t seed, int nodes) {
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+Cluster makeCluster(uint32_t seed, int nodes, int cpusPerRank) {
   std::mt19937 rng(seed);
   Cluster c;
   for (int i = 0; i < nodes; ++i) {
@@ -41,17 +47,26 @@ Cluster makeCluster(uint32_t seed, int nodes) {
     if (roll < 30) {
       const int busy = 1 + rng() % 4;
       for (int g = 0; g < busy; ++g) n.used[g] = true;
+      if (cpusPerRank > 0) {
+        n.cpuUsed.assign(64, false);
+        for (int c = 0; c < busy * cpusPerRank && c < 64; ++c) n.cpuUsed[c] = true;
+        n.memoryUsed = busy * 16 * kGiB;
+      }
     } else if (roll < 32) {
       n.state = NodeState::kDraining;
     } else if (roll < 33) {
       n.state = NodeState::kDown;
+    }
+    if (cpusPerRank > 0) {
+      for (int cpu = 0; cpu < 64; ++cpu) n.cpus.push_back(cpu);
+      n.memoryBytes = 512 * kGiB;
     }
     c.nodes.push_back(std::move(n));
   }
   return c;
 }
 
-std::vector<JobRequest> makeQueue(uint32_t seed, int count) {
+std::vector<JobRequest> makeQueue(uint32_t seed, int count, int cpusPerRank) {
   std::mt19937 rng(seed + 1);
   std::vector<JobRequest> q;
   for (int i = 0; i < count; ++i) {
@@ -65,6 +80,10 @@ std::vector<JobRequest> makeQueue(uint32_t seed, int count) {
       static const int kNodes[] = {1, 1, 1, 2, 2, 4, 8, 16, 32, 64};
       j.nodes = kNodes[rng() % 10];
       j.gpusPerNode = 1 + rng() % 4;
+    }
+    if (cpusPerRank > 0) {
+      j.cpusPerRank = cpusPerRank;
+      j.memoryPerRank = 16 * kGiB;
     }
     q.push_back(std::move(j));
   }
@@ -101,7 +120,7 @@ Stats timeIt(const std::string& name, int runs, const std::function<void()>& f) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int runs = 100, queueRuns = 10, nodes = 1000;
+  int runs = 100, queueRuns = 10, nodes = 1000, cpusPerRank = 0;
   uint32_t seed = 42;
   const char* jsonPath = nullptr;
   for (int i = 1; i < argc; ++i) {
@@ -122,13 +141,18 @@ int main(int argc, char** argv) {
       nodes = std::clamp(std::atoi(value()), 64, 100000);
     else if (!std::strcmp(argv[i], "--json"))
       jsonPath = value();
+    else if (!std::strcmp(argv[i], "--cpus-per-rank"))
+      cpusPerRank = std::clamp(std::atoi(value()), 0, 16);
     else {
-      std::fprintf(stderr, "usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--seed S] [--json FILE]\n");
+      std::fprintf(
+          stderr,
+          "usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--seed S] [--cpus-per-rank C] "
+          "[--json FILE]\n");
       return 2;
     }
   }
 
-  const Cluster cluster = makeCluster(seed, nodes);
+  const Cluster cluster = makeCluster(seed, nodes, cpusPerRank);
   int up = 0, draining = 0, down = 0, freeGpus = 0, wholeFree = 0;
   for (const Node& n : cluster.nodes) {
     up += n.state == NodeState::kUp;
@@ -151,6 +175,14 @@ int main(int argc, char** argv) {
   JobRequest total;
   total.id = "big-total";
   total.totalGpus = 256;
+  if (cpusPerRank > 0) {
+    std::printf("every node offers 64 CPUs and 512 GiB; every job asks for %d CPUs and 16 GiB per rank\n",
+                cpusPerRank);
+    for (JobRequest* j : {&shape, &total}) {
+      j->cpusPerRank = cpusPerRank;
+      j->memoryPerRank = 16 * kGiB;
+    }
+  }
 
   PlacementResult placed = place(cluster, shape);
   if (!placed.ok()) {
@@ -177,7 +209,7 @@ int main(int argc, char** argv) {
     keep(validateRingLayout(l).size());
   }));
 
-  const std::vector<JobRequest> queue = makeQueue(seed, 1000);
+  const std::vector<JobRequest> queue = makeQueue(seed, 1000, cpusPerRank);
   ScheduleResult first = schedule(cluster, queue);
   int started = 0, backfilled = 0, refused = 0;
   for (const Decision& d : first.decisions) {
@@ -199,8 +231,8 @@ int main(int argc, char** argv) {
     }
     std::fprintf(f,
                  "{\n  \"snapshot\": {\"nodes\": %d, \"gpus_per_node\": 4, \"switches\": 32, \"seed\": %u, "
-                 "\"up\": %d, \"draining\": %d, \"down\": %d, \"free_gpus\": %d},\n",
-                 nodes, seed, up, draining, down, freeGpus);
+                 "\"up\": %d, \"draining\": %d, \"down\": %d, \"free_gpus\": %d, \"cpus_per_rank\": %d},\n",
+                 nodes, seed, up, draining, down, freeGpus, cpusPerRank);
     std::fprintf(f, "  \"job_topology\": \"%s\",\n", layout.topology().c_str());
     std::fprintf(f,
                  "  \"schedule\": {\"jobs\": 1000, \"started\": %d, \"backfilled\": %d, \"refused\": %d},\n",

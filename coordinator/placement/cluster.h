@@ -44,6 +44,7 @@ struct Node {
   std::vector<int> freeGpuIndices() const;  // ascending
   bool isCpuUsed(size_t i) const { return i < cpuUsed.size() && cpuUsed[i]; }
   std::vector<int> freeCpus() const;  // ids, ascending
+  int freeCpuCount() const;
   // The label's value, or "" when the node has no such label.
   const std::string& label(const std::string& key) const;
 };
@@ -101,6 +102,10 @@ struct Allocation {
   std::string str() const;  // "n1[0,1] n2[0,1]", plus " cpus 0-7" per node that has CPUs
   const NodeAllocation* find(const std::string& node) const;  // nullptr if the job has nothing there
 };
+
+// The CPUs of the rank on `gpu` when a node's share of a job is `gpus` and `cpus` (as many per GPU, in the
+// order of gpus): the slice of cpus in the place of gpu; empty if gpu is not there or there are no CPUs.
+std::vector<int> cpusOfGpu(const std::vector<int>& gpus, const std::vector<int>& cpus, int gpu);
 
 // Name order for people: digit runs compare as numbers, so "n2" < "n10". Used for every tie and listing.
 bool naturalLess(const std::string& a, const std::string& b);

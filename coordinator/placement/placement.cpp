@@ -96,6 +96,12 @@ std::vector<int> Node::freeCpus() const {
   return out;
 }
 
+int Node::freeCpuCount() const {
+  int n = 0;
+  for (size_t i = 0; i < cpus.size(); ++i) n += !isCpuUsed(i);
+  return n;
+}
+
 const std::string& Node::label(const std::string& key) const {
   static const std::string kNone;
   auto it = labels.find(key);
@@ -167,7 +173,7 @@ std::string JobRequest::describe() const {
 int JobRequest::ranksFitting(const Node& node, bool now) const {
   long long fit = now ? node.freeGpus() : node.gpus;
   if (cpusPerRank > 0) {
-    const long long cpus = now ? static_cast<long long>(node.freeCpus().size()) : node.cpus.size();
+    const long long cpus = now ? node.freeCpuCount() : static_cast<long long>(node.cpus.size());
     fit = std::min(fit, cpus / cpusPerRank);
   }
   if (memoryPerRank > 0) {
@@ -177,13 +183,15 @@ int JobRequest::ranksFitting(const Node& node, bool now) const {
   return static_cast<int>(fit);
 }
 
-std::vector<int> NodeAllocation::cpusOf(int gpu) const {
+std::vector<int> cpusOfGpu(const std::vector<int>& gpus, const std::vector<int>& cpus, int gpu) {
   auto it = std::find(gpus.begin(), gpus.end(), gpu);
   if (it == gpus.end() || gpus.empty() || cpus.size() % gpus.size() != 0) return {};
   const size_t per = cpus.size() / gpus.size();
   const size_t at = static_cast<size_t>(it - gpus.begin()) * per;
   return {cpus.begin() + at, cpus.begin() + at + per};
 }
+
+std::vector<int> NodeAllocation::cpusOf(int gpu) const { return cpusOfGpu(gpus, cpus, gpu); }
 
 const NodeAllocation* Allocation::find(const std::string& node) const {
   for (const NodeAllocation& a : nodes)
@@ -599,7 +607,9 @@ std::string checkFeasible(const Cluster& cluster, const JobRequest& job) {
     if (have < job.nodes) {
       return who + "asks for " + job.describe() + " but the cluster has only " +
              plural(have, "UP or DRAINING node", "UP or DRAINING nodes") + with + " with at least " +
-             plural(job.gpusPerNode, "GPU", "GPUs") + downNote(cluster, job);
+             plural(job.gpusPerNode, "GPU", "GPUs") +
+             (perRankCore(job).empty() ? "" : " and " + perRankCore(job) + " for each") +
+             downNote(cluster, job);
     }
   } else if (have < job.totalGpus) {
     if (!perRankText(job).empty())

@@ -739,6 +739,7 @@ void Coordinator::schedulePassOnLoop() {
     for (const auto& a : d.allocation.nodes) {
       usage[a.node].gpus.insert(a.gpus.begin(), a.gpus.end());
       usage[a.node].cpus.insert(a.cpus.begin(), a.cpus.end());
+      usage[a.node].memory_bytes += a.memoryBytes;
     }
   }
 }
@@ -1365,9 +1366,21 @@ std::map<std::string, Coordinator::NodeUsage> Coordinator::usageOnLoop() const {
       u.jobs.push_back(id);
     }
   }
+  // Ranks still dying after a stop hold their GPU, and the CPUs and memory their job's allocation gave them
+  // (kept once the job is final; a requeued job's earlier attempt is known by its GPU only).
   for (const auto& [name, node] : nodes_) {
     for (const auto& [key, r] : node.ranks) {
-      if (r.state() == v1::RankStatus::RUNNING) usage[name].gpus.insert(r.gpu());  // still dying after a stop
+      if (r.state() != v1::RankStatus::RUNNING) continue;
+      NodeUsage& u = usage[name];
+      u.gpus.insert(r.gpu());
+      auto job = jobs_.find(key.job);
+      if (job == jobs_.end() || isLive(job->second.state)) continue;  // a live job's allocation counts above
+      for (const auto& a : job->second.allocation) {
+        if (a.node != name) continue;
+        const std::vector<int> cpus = placement::cpusOfGpu(a.gpus, a.cpus, r.gpu());
+        u.cpus.insert(cpus.begin(), cpus.end());
+        u.memory_bytes += job->second.spec.memory_per_rank_bytes;
+      }
     }
   }
   return usage;
@@ -1387,6 +1400,9 @@ bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation,
     const auto& cpus_used = usage[a.node].cpus;
     for (int c : a.cpus) {
       if (cpus_used.count(c)) return false;
+    }
+    if (a.memoryBytes > 0 && usage[a.node].memory_bytes + a.memoryBytes > node->second.record.memory_bytes) {
+      return false;
     }
   }
   return true;

@@ -1245,3 +1245,41 @@ TEST_F(CoordinatorTest, ANodesWarningIsShownUntilItsAgentNoLongerSendsIt) {
 
 }  // namespace
 }  // namespace ddl::coordinator
+
+namespace ddl::coordinator {
+namespace {
+
+// A cancelled job's ranks still dying hold their CPUs and memory, not only their GPUs: another job gets them
+// only once the agent stops reporting those ranks running.
+TEST_F(CoordinatorTest, DyingRanksHoldTheirCpusAndMemoryUntilTheyAreGone) {
+  node_cpus = {0, 1, 2, 3};
+  node_memory = int64_t{8} << 30;
+  addNode("n1", 2);
+  v1::JobSpec a = spec(1, 1);
+  a.set_cpus_per_rank(4);
+  a.set_memory_per_rank_bytes(int64_t{6} << 30);
+  const std::string first = submit(a);
+  coordinator->tick();
+  runAll("n1", first);
+  ASSERT_TRUE(coordinator->cancel(first));
+  v1::Heartbeat hb;
+  *hb.add_ranks() = rankStatus(first, 1, 0, 0);  // still dying
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], hb));
+  EXPECT_EQ(coordinator->listNodes().at(0).cpus_used_size(), 4);
+  EXPECT_EQ(coordinator->listNodes().at(0).memory_used_bytes(), int64_t{6} << 30);
+  v1::JobSpec b = spec(1, 1);  // GPU 1 is free; the CPUs are not
+  b.set_cpus_per_rank(1);
+  const std::string cpus = submit(b);
+  v1::JobSpec m = spec(1, 1);
+  m.set_memory_per_rank_bytes(int64_t{4} << 30);  // 2 GiB left
+  const std::string memory = submit(m);
+  coordinator->tick();
+  EXPECT_EQ(stateOf(cpus), v1::PENDING);
+  EXPECT_EQ(stateOf(memory), v1::PENDING);
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(cpus), v1::STARTING);
+}
+
+}  // namespace
+}  // namespace ddl::coordinator
