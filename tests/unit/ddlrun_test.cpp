@@ -535,11 +535,14 @@ TEST_F(DdlrunHostsTest, RanksFillEachHostsSlotsWithGlobalRanksAndOneSecret) {
   EXPECT_EQ(out[0], "[0] 0/3 0/2 h1:29601 h1:29602 " + secret + " " + cwd);
   EXPECT_EQ(out[1], "[1] 1/3 1/2 h1:29601 h1:29602 " + secret + " " + cwd);
   EXPECT_EQ(out[2], "[2] 2/3 0/1 h1:29601 h1:29602 " + secret + " " + cwd);
-  // One connection per host, in order; the secret is on none of the command lines.
+  // One connection per host (the two start at once, so their log lines come in either order); the secret is
+  // on none of the command lines.
   const std::string log = readAll(dir_ + "/rsh.log");
-  ASSERT_EQ(lines(log).size(), 2u) << log;
-  EXPECT_EQ(lines(log)[0].rfind("h1|cd ", 0), 0u) << log;
-  EXPECT_EQ(lines(log)[1].rfind("h2|cd ", 0), 0u) << log;
+  std::vector<std::string> connections = lines(log);
+  std::sort(connections.begin(), connections.end());
+  ASSERT_EQ(connections.size(), 2u) << log;
+  EXPECT_EQ(connections[0].rfind("h1|cd ", 0), 0u) << log;
+  EXPECT_EQ(connections[1].rfind("h2|cd ", 0), 0u) << log;
   EXPECT_TRUE(contains(log, "--host-part 2,3,29602 -np 1 --root h1:29601")) << log;
   EXPECT_FALSE(contains(log, secret)) << log;
 }
@@ -575,6 +578,26 @@ TEST_F(DdlrunHostsTest, ALauncherKilledOutrightLeavesNoRankOnAnyHost) {
   ASSERT_TRUE(waitForPids(pidFile(), 2));
   ASSERT_EQ(kill(run.pid(), SIGKILL), 0);
   EXPECT_TRUE(survivors(readPids(pidFile()), 10000).empty()) << "each host's ddlrun must stop its ranks";
+}
+
+// A network gone without a word leaves ssh open for hours: a host's ddlrun that hears no keepalive from its
+// launcher stops its ranks (here the "launcher" is a shell that sends the secret and then nothing).
+TEST_F(DdlrunHostsTest, AHostWhoseLauncherFallsSilentStopsItsRanks) {
+  const std::string fifo = dir_ + "/launcher";
+  const std::string script = "mkfifo " + fifo + "; (echo 0123456789abcdef; exec sleep 30) > " + fifo +
+                             " & " DDL_BIN_DIR
+                             "/ddlrun --host-part 0,1,29999 --host-silence-ms 500 --grace-ms 200 "
+                             "-np 1 --root 127.0.0.1:29998 -- /bin/sh -c 'echo $$ >> " +
+                             dir_ + "/pids; exec sleep 60' < " + fifo + "; echo status=$?; kill $!";
+  const auto start = Clock::now();
+  RunResult result = runDdlrun({"-np", "1", "--", "/bin/sh", "-c", script});
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_TRUE(contains(result.out, "status=129")) << result.out << result.err;
+  EXPECT_TRUE(
+      contains(result.err, "the launcher has not been heard from for 500 ms; stopping this host's ranks"))
+      << result.err;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
+  EXPECT_TRUE(survivors(readPids(pidFile())).empty());
 }
 
 struct BadArgs {

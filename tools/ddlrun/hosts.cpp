@@ -40,6 +40,8 @@ std::string addHost(const std::string& host, int slots, std::vector<HostSlots>* 
 std::string parseEntry(const std::string& entry, int default_slots, std::vector<HostSlots>* hosts) {
   const size_t colon = entry.rfind(':');
   const bool bracketed = !entry.empty() && entry[0] == '[';
+  if (!bracketed && colon != std::string::npos && entry.find(':') != colon)
+    return "ddlrun: host '" + entry + "': write an IPv6 address in brackets, as in [fe80::10]:4";
   if (colon == std::string::npos || (bracketed && colon < entry.find(']'))) {
     return addHost(entry, default_slots, hosts);
   }

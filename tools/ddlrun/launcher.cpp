@@ -91,9 +91,11 @@ constexpr const char kUsage[] =
     "  --hostfile FILE     the hosts from a file: a line per host, HOST slots=N (Open MPI's form), HOST:N "
     "or\n"
     "                      HOST; # starts a comment\n"
-    "  --rsh CMD           how to run a command on a host (default ssh -o BatchMode=yes; e.g. \"ssh -p "
-    "2222\"); it\n"
-    "                      gets HOST and one shell command, and must pass its stdin on (ssh does)\n"
+    "  --rsh CMD           how to run a command on a host (default: ssh -o BatchMode=yes, with\n"
+    "                      ServerAliveInterval=10 and ServerAliveCountMax=3); it gets HOST and one shell\n"
+    "                      command, and must pass its stdin on (ssh does). A host whose launcher is silent "
+    "for\n"
+    "                      30 s (a network gone) stops its ranks\n"
     "  --remote-path PATH  ddlrun on the hosts (default: this ddlrun's own path)\n"
     "  --topology AxB...   exported as DDL_TOPOLOGY; the dimensions must multiply to N\n"
     "  --algo NAME         exported as DDL_ALGO (auto, ring, mdring, rhd, shm)\n"
@@ -142,7 +144,7 @@ bool isEnvName(std::string_view name) {
 bool takesValue(const std::string& name) {
   static const char* const kValueOptions[] = {
       "-np", "-n", "--np",   "--topology", "--algo", "--root",        "--timeout-ms", "--grace-ms",
-      "-x",  "-H", "--host", "--hostfile", "--rsh",  "--remote-path", "--host-part"};
+      "-x",  "-H", "--host", "--hostfile", "--rsh",  "--remote-path", "--host-part",  "--host-silence-ms"};
   return std::any_of(std::begin(kValueOptions), std::end(kValueOptions),
                      [&](const char* option) { return name == option; });
 }
@@ -202,6 +204,10 @@ std::string applyOption(const std::string& name, const std::string& value, Optio
   } else if (name == "--remote-path") {
     if (value.empty()) return "ddlrun: --remote-path needs ddlrun's path on the hosts";
     options->remote_path = value;
+  } else if (name == "--host-silence-ms") {  // the launcher's own option too (tests shorten it)
+    if (!parseBoundedInt(value, 3600 * 1000, &number) || number < 100)
+      return "ddlrun: --host-silence-ms must be 100 to 3600000, got '" + value + "'";
+    options->launcher_silence_ms = static_cast<int>(number);
   } else if (name == "--host-part") {
     // OFFSET,WORLD,MASTER_PORT: written by the launcher (hostCommand), not by people.
     long long offset = 0, world = 0, port = 0;
@@ -328,7 +334,7 @@ class Launcher {
   std::vector<int> ranksWhere(bool (*predicate)(const Rank&)) const;
   std::string listOf(const std::vector<int>& indices) const;
   bool across() const { return !options_.hosts.empty(); }
-  void onLauncherGone();
+  void onLauncherGone(const std::string& how = "closed");
 
   const Options& options_;
   std::vector<Rank> ranks_;
@@ -359,13 +365,20 @@ class Launcher {
   std::vector<HostPart> parts_;
   std::string remote_ddlrun_;
   std::string cwd_;
-  // A host's part: its stdin comes from the launcher; at EOF the launcher is gone and the ranks stop.
+  // A host's part: its stdin comes from the launcher; at EOF, or after kLauncherSilenceMs of silence, the
+  // launcher is gone and the ranks stop.
   bool watch_stdin_ = false;
+  Clock::time_point heard_from_launcher_;
+  Clock::time_point next_keepalive_;  // the launcher's, across machines
 };
 
 // Across machines the launcher gives each host's ddlrun this much beyond the grace period to stop its ranks
 // (it closed their stdin) before it kills the connection.
 constexpr int kHostStopExtraMs = 3000;
+// A network that drops without a word (no FIN) leaves ssh's connection open for hours: the launcher writes a
+// byte to each host every kKeepaliveMs, and a host's ddlrun that has heard nothing for kLauncherSilenceMs
+// stops its ranks. Its own output is dropped when it cannot be written for as long.
+constexpr int kKeepaliveMs = 5000;
 
 // One line from fd (the launcher's secret on a host part's stdin), at most 256 bytes, within timeout_ms.
 bool readLine(int fd, int timeout_ms, std::string* line) {
@@ -398,6 +411,9 @@ bool Launcher::setUp() {
       return false;
     }
     watch_stdin_ = true;
+    heard_from_launcher_ = Clock::now();
+    // Output to the launcher goes through ssh: bounded writes (see emit), never a hang on a dead channel.
+    for (int fd : {STDOUT_FILENO, STDERR_FILENO}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   } else if (across()) {
     parts_ = planHosts(options_.hosts, options_.np);
     char self[4096];
@@ -603,6 +619,7 @@ bool Launcher::launchRank(int r) {
     const std::string line = secret_ + "\n";
     ssize_t ignored = write(in_pipe[1], line.data(), line.size());
     (void)ignored;
+    fcntl(in_pipe[1], F_SETFL, O_NONBLOCK);  // keepalives never block the launcher
     rank.stdin_fd = in_pipe[1];
   }
   // The child does this too; whichever runs first wins, so the group exists before we ever signal it.
@@ -675,12 +692,32 @@ void Launcher::superviseLoop() {
       }
     }
 
+    if (watch_stdin_ &&
+        now - heard_from_launcher_ >= std::chrono::milliseconds(options_.launcher_silence_ms)) {
+      onLauncherGone("has not been heard from for " + std::to_string(options_.launcher_silence_ms) + " ms");
+      continue;
+    }
+    if (across() && !stopping_ && now >= next_keepalive_) {
+      for (const Rank& rank : ranks_) {
+        if (rank.stdin_fd < 0) continue;
+        ssize_t ignored = write(rank.stdin_fd, "\n", 1);  // non-blocking: a full pipe already says enough
+        (void)ignored;
+      }
+      next_keepalive_ = now + std::chrono::milliseconds(kKeepaliveMs);
+    }
+
     int timeout_ms = -1;
     if (stopping_) {
       timeout_ms = msUntil(killed_ ? give_up_at_ : kill_at_, now);
     } else if (drain_deadline_) {
       timeout_ms = msUntil(*drain_deadline_, now);
     }
+    auto sooner = [&](Clock::time_point when) {
+      const int ms = msUntil(when, now);
+      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    };
+    if (watch_stdin_) sooner(heard_from_launcher_ + std::chrono::milliseconds(options_.launcher_silence_ms));
+    if (across() && !stopping_) sooner(next_keepalive_);
     pollOnce(timeout_ms);
   }
 }
@@ -708,7 +745,8 @@ void Launcher::onSignalReceived(int sig) {
   if (!stopping_) {
     status_ = 128 + sig;
     emit(STDERR_FILENO, "ddlrun: received " + signalName(sig) +
-                            "; forwarding it to the ranks (SIGKILL after " +
+                            (across() ? "; stopping every host's ranks (SIGTERM, SIGKILL after "
+                                      : "; forwarding it to the ranks (SIGKILL after ") +
                             std::to_string(options_.grace_ms) + " ms)\n");
     beginStop(sig);
   } else if (!killed_) {
@@ -771,10 +809,15 @@ void Launcher::beginStop(int sig) {
   }
 }
 
-void Launcher::onLauncherGone() {
+void Launcher::onLauncherGone(const std::string& how) {
   watch_stdin_ = false;
   if (stopping_) return;
   status_ = 128 + SIGHUP;
+  if (how != "closed") {
+    emit(STDERR_FILENO, "ddlrun: the launcher " + how + "; stopping this host's ranks\n");
+    beginStop(SIGTERM);
+    return;
+  }
   emit(STDERR_FILENO,
        "ddlrun: the launcher closed its connection to this host (it stopped, or another host failed); "
        "stopping this host's ranks (SIGKILL after " +
@@ -833,7 +876,8 @@ void Launcher::pollOnce(int timeout_ms) {
   const size_t first_stream = stdin_polled ? 2 : 1;
   if (stdin_polled && fds[1].revents != 0) {
     char buffer[256];
-    const ssize_t n = read(STDIN_FILENO, buffer, sizeof(buffer));  // the launcher sends nothing more
+    const ssize_t n = read(STDIN_FILENO, buffer, sizeof(buffer));  // keepalives
+    if (n > 0) heard_from_launcher_ = Clock::now();
     if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) onLauncherGone();
   }
   for (size_t i = first_stream; i < fds.size(); ++i) {
@@ -880,8 +924,13 @@ void Launcher::emit(int fd, std::string_view text) {
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd writable{fd, POLLOUT, 0};  // our stdout was handed to us non-blocking: wait for the reader
-      poll(&writable, 1, -1);
+      // Our stdout was handed to us non-blocking: wait for the reader. A host's part waits a bounded time
+      // (its reader is ssh), then drops its output rather than stop watching its ranks and its launcher.
+      pollfd writable{fd, POLLOUT, 0};
+      if (poll(&writable, 1, options_.host_part ? options_.launcher_silence_ms : -1) == 0) {
+        output_broken_[fd] = true;
+        return;
+      }
     } else {
       output_broken_[fd] = true;  // EPIPE and the like: keep running the job, drop what would go there
       return;

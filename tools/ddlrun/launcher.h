@@ -51,7 +51,8 @@ struct Options {
   std::vector<HostSlots> hosts;
   // --rsh: how to run a command on a host. BatchMode: a host without a key fails at once instead of asking
   // for a password nobody can type (ssh reads it from the terminal, not from the stdin ddlrun gives it).
-  std::string rsh = "ssh -o BatchMode=yes";
+  // ServerAlive: ssh gives up on a host that stopped answering within 30 s instead of TCP's hours.
+  std::string rsh = "ssh -o BatchMode=yes -o ServerAliveInterval=10 -o ServerAliveCountMax=3";
   std::string remote_path;  // --remote-path: ddlrun on the hosts; "": this ddlrun's own path
   // Set by the launcher on each host's ddlrun (--host-part), not by people: this host's ranks are global
   // ranks rank_offset.. of world_size; the root, MASTER_PORT, working directory and (on stdin) the secret are
@@ -60,6 +61,7 @@ struct Options {
   int rank_offset = 0;
   int world_size = 0;
   int master_port = 0;
+  int launcher_silence_ms = 30000;   // --host-silence-ms: a host part stops its ranks after this much silence
   bool help = false;                 // --help: print usage() and exit 0, ignore the rest
   bool version = false;              // --version: print "ddlrun <version>" and exit 0, ignore the rest
 };
