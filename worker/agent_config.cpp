@@ -73,7 +73,8 @@ Status validateAgentConfig(const AgentConfig& c) {
     return bad("log_retention_hours must be between 0 (keep forever) and 87600 (ten years)");
   }
   if (c.log_max_mb < 0) return bad("log_max_mb must be >= 0 (0: no bound)");
-  if (c.log_disk_min_free_mb < 0) return bad("log_disk_min_free_mb must be >= 0 (0: no warning)");
+  if (c.log_disk_min_free_mb < 0 || c.log_disk_min_free_mb > (int64_t{1} << 30))
+    return bad("log_disk_min_free_mb must be 0 (no warning) to 1073741824 (1 PiB)");
   if (c.pki_dir.empty() && !c.insecure) return bad("pki_dir is empty");
   if (!(c.tls_refresh_s >= 1 && c.tls_refresh_s <= 86400)) return bad("tls_refresh_s must be between 1 and 86400");
   std::vector<int> cpus;

@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -124,12 +125,20 @@ Inventory takeInventory(const std::string& node, int virtual_gpus, bool force_vi
 
 std::string offerCpusAndMemory(const std::string& cpus, const std::string& memory, Inventory* inventory,
                                const std::string& meminfo) {
+  // The affinity, in a set grown until the kernel's CPU ids fit (more than CPU_SETSIZE, 1024, on big hosts).
   std::vector<int> allowed;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) allowed.push_back(c);
+  for (int ids = CPU_SETSIZE; ids <= (kMaxCpuId + 1) && allowed.empty(); ids *= 2) {
+    cpu_set_t* set = CPU_ALLOC(ids);
+    if (set == nullptr) break;
+    const size_t bytes = CPU_ALLOC_SIZE(ids);
+    CPU_ZERO_S(bytes, set);
+    const bool got = sched_getaffinity(0, bytes, set) == 0;
+    if (got) {
+      for (int c = 0; c < ids; ++c)
+        if (CPU_ISSET_S(c, bytes, set)) allowed.push_back(c);
+    }
+    CPU_FREE(set);
+    if (!got && errno != EINVAL) break;
   }
   if (cpus.empty()) {
     inventory->cpus = allowed;

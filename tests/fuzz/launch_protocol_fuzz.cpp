@@ -48,7 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (parseReport(data + 1, size - 1, &failure, &program_pid)) {
       check(size - 1 == 0 || size - 1 == sizeof(Failure), "a report of another size accepted");
       check(program_pid >= 0, "negative program pid");
-      check(failure.stage == 0 || (failure.stage >= kStageSetup && failure.stage <= kStageUserKept),
+      check(failure.stage == 0 || (failure.stage >= kStageSetup && failure.stage <= kStageUserKept) ||
+                failure.stage == kStageConfine,
             "unknown stage accepted");
       check(failure.stage == 0 || program_pid == 0, "both a failure and a program pid");
     } else {
