@@ -35,14 +35,14 @@ struct Node {
   // CPUs and memory its agent offers ranks, and what live jobs hold of them. Only jobs that ask for CPUs or
   // memory per rank count them; a node that offers none can host only jobs that ask for none.
   std::vector<int> cpus;      // CPU ids, ascending
-  std::vector<bool> cpuUsed;  // cpuUsed[i]: cpus[i] is held; empty = all free
+  std::vector<uint8_t> cpuUsed;  // cpuUsed[i] != 0: cpus[i] is held; empty = all free (bytes: counted fast)
   int64_t memoryBytes = 0;
   int64_t memoryUsed = 0;
 
   bool isUsed(int gpu) const { return gpu < static_cast<int>(used.size()) && used[gpu]; }
   int freeGpus() const;
   std::vector<int> freeGpuIndices() const;  // ascending
-  bool isCpuUsed(size_t i) const { return i < cpuUsed.size() && cpuUsed[i]; }
+  bool isCpuUsed(size_t i) const { return i < cpuUsed.size() && cpuUsed[i] != 0; }
   std::vector<int> freeCpus() const;  // ids, ascending
   int freeCpuCount() const;
   // The label's value, or "" when the node has no such label.

@@ -97,9 +97,12 @@ std::vector<int> Node::freeCpus() const {
 }
 
 int Node::freeCpuCount() const {
-  int n = 0;
-  for (size_t i = 0; i < cpus.size(); ++i) n += !isCpuUsed(i);
-  return n;
+  const size_t held = cpuUsed.size() <= cpus.size()
+                          ? static_cast<size_t>(std::count_if(cpuUsed.begin(), cpuUsed.end(),
+                                                              [](uint8_t u) { return u != 0; }))
+                          : static_cast<size_t>(std::count_if(cpuUsed.begin(), cpuUsed.begin() + cpus.size(),
+                                                              [](uint8_t u) { return u != 0; }));
+  return static_cast<int>(cpus.size() - held);
 }
 
 const std::string& Node::label(const std::string& key) const {
@@ -172,6 +175,7 @@ std::string JobRequest::describe() const {
 
 int JobRequest::ranksFitting(const Node& node, bool now) const {
   long long fit = now ? node.freeGpus() : node.gpus;
+  if (fit == 0) return 0;  // most nodes of a busy cluster: no need to count their CPUs
   if (cpusPerRank > 0) {
     const long long cpus = now ? node.freeCpuCount() : static_cast<long long>(node.cpus.size());
     fit = std::min(fit, cpus / cpusPerRank);
