@@ -86,6 +86,8 @@ Agent::Agent(AgentConfig config, Inventory inventory)
       run_as_job_user_(geteuid() == 0),
       agent_user_(userName(geteuid())) {
   address_ = config_.address.empty() ? localAddressToward(config_.coordinator) : config_.address;
+  if (const int swept = confinement_.sweep(); swept > 0)
+    spdlog::info("removed {} empty rank cgroups left by earlier ranks", swept);
   if (confinement_.cpuset() && confinement_.memory())
     spdlog::info("ranks that ask for CPUs or memory: {}", confinement_.describe());
   else
@@ -146,24 +148,25 @@ Agent::Agent(AgentConfig config, Inventory inventory)
     log_cleaner_ = std::thread([this] { cleanLogsUntilStopped(); });
   }
   if (config_.log_disk_min_free_mb > 0) {
-    std::thread([watch = disk_watch_, dir = config_.data_dir + "/logs",
+    // The logger is held by the thread, so a last line after the agent is gone still has one.
+    std::thread([watch = disk_watch_, logger = spdlog::default_logger(), dir = config_.data_dir + "/logs",
                  min = static_cast<uint64_t>(config_.log_disk_min_free_mb) << 20] {
       std::string last;
-      while (true) {
-        const std::string warning = logDiskWarning(dir, min);
+      std::unique_lock<std::mutex> lock(watch->mu);
+      while (!watch->stop) {
+        lock.unlock();
+        const std::string warning = logDiskWarning(dir, min);  // may hang on a dead file system: unlocked
+        lock.lock();
+        if (watch->stop) return;
         if (warning != last) {  // once per change
           if (!warning.empty())
-            spdlog::warn("{}", warning);
+            logger->warn("{}", warning);
           else
-            spdlog::info("the rank logs' disk has room again");
+            logger->info("the rank logs' disk has room again");
           last = warning;
         }
-        {
-          std::lock_guard<std::mutex> lock(watch->mu);
-          if (watch->stop) return;
-          watch->warning = warning;
-        }
-        std::this_thread::sleep_for(std::chrono::seconds(5));
+        watch->warning = warning;
+        watch->cv.wait_for(lock, std::chrono::seconds(5), [&] { return watch->stop; });
       }
     }).detach();
   }
@@ -174,6 +177,7 @@ Agent::~Agent() {
     std::lock_guard<std::mutex> lock(disk_watch_->mu);
     disk_watch_->stop = true;
   }
+  disk_watch_->cv.notify_all();
   stop(static_cast<int>(config_.stop_grace_s * 1000));
   if (log_cleaner_.joinable()) log_cleaner_.join();
 }

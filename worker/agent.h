@@ -79,6 +79,7 @@ class Agent {
   // neither heartbeats nor the agent's exit); the heartbeat sends the latest warning.
   struct DiskWatch {
     std::mutex mu;
+    std::condition_variable cv;
     std::string warning;
     bool stop = false;
   };

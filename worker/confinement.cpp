@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -125,6 +126,22 @@ Confinement::Confinement(Options options) {
   }
   const std::string enable = std::string(want_cpuset ? "+cpuset" : "") +
                              (want_cpuset && want_memory ? " " : "") + (want_memory ? "+memory" : "");
+  std::string why = setUpRoot(root, enable);
+  if (!why.empty()) {
+    describe_ = "not confined by cgroups: " + why + fallback;
+    return;
+  }
+  root_ = root;
+  enable_ = enable;
+  cpuset_ = want_cpuset;
+  memory_ = want_memory;
+  describe_ =
+      "cgroups v2 under " + root + "/ranks: " +
+      (cpuset_ ? std::string("cpuset") : "CPUs pinned with sched_setaffinity (no cpuset controller)") +
+      (memory_ ? ", memory.max" : ", memory not limited (no memory controller)");
+}
+
+std::string Confinement::setUpRoot(const std::string& root, const std::string& enable) const {
   // What runs in ROOT itself (the unit's placeholder) leaves for ROOT/holder: a cgroup that hands controllers
   // to its children holds no process.
   std::string why;
@@ -142,17 +159,17 @@ Confinement::Confinement(Options options) {
   if (why.empty() && mkdir((root + "/ranks").c_str(), 0755) != 0 && errno != EEXIST)
     why = "cannot create " + root + "/ranks: " + std::strerror(errno);
   if (why.empty()) why = writeFile(root + "/ranks/cgroup.subtree_control", enable);
-  if (!why.empty()) {
-    describe_ = "not confined by cgroups: " + why + fallback;
-    return;
+  return why;
+}
+
+int Confinement::sweep() const {
+  if (root_.empty()) return 0;
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root_ + "/ranks", ec)) {
+    if (entry.is_directory(ec) && !entry.is_symlink(ec) && rmdir(entry.path().c_str()) == 0) ++removed;
   }
-  root_ = root;
-  cpuset_ = want_cpuset;
-  memory_ = want_memory;
-  describe_ =
-      "cgroups v2 under " + root + "/ranks: " +
-      (cpuset_ ? std::string("cpuset") : "CPUs pinned with sched_setaffinity (no cpuset controller)") +
-      (memory_ ? ", memory.max" : ", memory not limited (no memory controller)");
+  return removed;
 }
 
 int Confinement::prepare(const std::string& name, const std::vector<int>& cpus, int64_t memory_bytes,
@@ -164,7 +181,17 @@ int Confinement::prepare(const std::string& name, const std::vector<int>& cpus, 
     return -1;
   }
   const std::string dir = root_ + "/ranks/" + name;
-  if (mkdir(dir.c_str(), 0755) != 0) {
+  int made = mkdir(dir.c_str(), 0755);
+  if (made != 0 && errno == ENOENT) {
+    // ROOT/ranks is gone: ROOT was made afresh (its unit restarted with no rank left). Set it up again.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::string why = setUpRoot(root_, enable_); !why.empty()) {
+      *error = "the cgroup for ranks was made afresh and cannot be set up again: " + why;
+      return -1;
+    }
+    made = mkdir(dir.c_str(), 0755);
+  }
+  if (made != 0) {
     if (errno != EEXIST) {
       *error = "cannot create the rank's cgroup " + dir + ": " + std::strerror(errno);
       return -1;

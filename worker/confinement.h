@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -62,7 +63,19 @@ class Confinement {
 
   static std::string rankName(const std::string& job, int attempt, int rank);
 
+  // Removes the rank cgroups under ROOT/ranks that hold no process: those a previous agent left (a rank that
+  // took longer to die than finish() waits). Call before any rank starts (a cgroup prepare() just made is
+  // empty too). Returns how many it removed.
+  int sweep() const;
+
  private:
+  // Makes ROOT ready (holder, controllers, ranks/): at start, and again from prepare() where ROOT was made
+  // afresh meanwhile (ddl-ranks.service stopped and started, and systemd trimmed its empty cgroups). "" or
+  // why.
+  std::string setUpRoot(const std::string& root, const std::string& enable) const;
+
+  mutable std::mutex mu_;  // setUpRoot from prepare() on any thread
+  std::string enable_;     // "+cpuset +memory", or what ROOT offers of them
   std::string root_;  // "" when cgroups are not used
   bool cpuset_ = false;
   bool memory_ = false;

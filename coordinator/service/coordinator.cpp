@@ -1376,7 +1376,8 @@ std::map<std::string, Coordinator::NodeUsage> Coordinator::usageOnLoop() const {
       auto job = jobs_.find(key.job);
       if (job == jobs_.end() || isLive(job->second.state)) continue;  // a live job's allocation counts above
       for (const auto& a : job->second.allocation) {
-        if (a.node != name) continue;
+        // The final allocation's own ranks only (a rank of an earlier attempt may have had another GPU).
+        if (a.node != name || std::find(a.gpus.begin(), a.gpus.end(), r.gpu()) == a.gpus.end()) continue;
         const std::vector<int> cpus = placement::cpusOfGpu(a.gpus, a.cpus, r.gpu());
         u.cpus.insert(cpus.begin(), cpus.end());
         u.memory_bytes += job->second.spec.memory_per_rank_bytes;

@@ -584,7 +584,7 @@ TEST_F(DdlrunHostsTest, ALauncherKilledOutrightLeavesNoRankOnAnyHost) {
 // launcher stops its ranks (here the "launcher" is a shell that sends the secret and then nothing).
 TEST_F(DdlrunHostsTest, AHostWhoseLauncherFallsSilentStopsItsRanks) {
   const std::string fifo = dir_ + "/launcher";
-  const std::string script = "mkfifo " + fifo + "; (echo 0123456789abcdef; exec sleep 30) > " + fifo +
+  const std::string script = "mkfifo " + fifo + "; (echo 0123456789abcdef; echo; exec sleep 30) > " + fifo +
                              " & " DDL_BIN_DIR
                              "/ddlrun --host-part 0,1,29999 --host-silence-ms 500 --grace-ms 200 "
                              "-np 1 --root 127.0.0.1:29998 -- /bin/sh -c 'echo $$ >> " +
@@ -598,6 +598,21 @@ TEST_F(DdlrunHostsTest, AHostWhoseLauncherFallsSilentStopsItsRanks) {
       << result.err;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
   EXPECT_TRUE(survivors(readPids(pidFile())).empty());
+}
+
+// Silence counts only once a keepalive came: a launcher from before keepalives sends none, and its hosts'
+// ranks must run to their end.
+TEST_F(DdlrunHostsTest, ALauncherThatSendsNoKeepalivesIsNotTakenForGone) {
+  const std::string fifo = dir_ + "/launcher";
+  const std::string script = "mkfifo " + fifo + "; (echo 0123456789abcdef; exec sleep 30) > " + fifo +
+                             " & " DDL_BIN_DIR
+                             "/ddlrun --host-part 0,1,29999 --host-silence-ms 200 -np 1 "
+                             "--root 127.0.0.1:29998 -- /bin/sh -c 'sleep 1; echo done' < " +
+                             fifo + "; echo status=$?; kill $!";
+  RunResult result = runDdlrun({"-np", "1", "--", "/bin/sh", "-c", script});
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_TRUE(contains(result.out, "[0] done")) << result.out << result.err;
+  EXPECT_TRUE(contains(result.out, "status=0")) << result.out << result.err;
 }
 
 struct BadArgs {
@@ -654,6 +669,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{{"-H", "-a", "--", "true"}, "'-a' is not a host name or address"},
         BadArgs{{"--hostfile", "/nonexistent/hosts", "--", "true"},
                 "cannot read the hostfile /nonexistent/hosts"},
-        BadArgs{{"--rsh", " ", "-H", "a", "--", "true"}, "--rsh needs a command"}));
+        BadArgs{{"--rsh", " ", "-H", "a", "--", "true"}, "--rsh needs a command"},
+        BadArgs{{"-H", "fe80::10", "--", "true"}, "write an IPv6 address in brackets"},
+        BadArgs{{"-np", "1", "--host-silence-ms", "500", "--", "true"},
+                "--host-silence-ms goes with --host-part"}));
 
 }  // namespace

@@ -85,6 +85,22 @@ TEST_F(ConfinementTest, DelegatedCgroupGetsHolderAndRanksAndEachRankItsLimits) {
             std::string::npos);                        // files in it here
   EXPECT_EQ(c.finish("j-000008-a1-r0").oom_kills, 0);  // never made
   EXPECT_EQ(c.finish("j-000008-a1-r0").error, "");
+  // ddl-ranks.service stopped and started with no rank left: systemd trimmed the empty cgroups and made ROOT
+  // afresh. The next rank sets it up again instead of failing.
+  fs::remove_all(root / "ranks");
+  fs::remove_all(root / "holder");
+  fs::remove(root / "cgroup.subtree_control");
+  const int again = c.prepare(Confinement::rankName("j-000010", 1, 0), {2}, 0, &error);
+  ASSERT_GE(again, 0) << error;
+  close(again);
+  EXPECT_EQ(slurp(root / "cgroup.subtree_control"), "+cpuset +memory");
+  EXPECT_EQ(slurp(root / "ranks" / "cgroup.subtree_control"), "+cpuset +memory");
+  EXPECT_EQ(slurp(root / "ranks" / "j-000010-a1-r0" / "cpuset.cpus"), "2");
+  // Empty rank cgroups a previous agent left are swept at start; one in use (here: with files) stays.
+  fs::create_directories(root / "ranks" / "j-000003-a1-r0");
+  EXPECT_EQ(c.sweep(), 1);
+  EXPECT_FALSE(fs::exists(root / "ranks" / "j-000003-a1-r0"));
+  EXPECT_TRUE(fs::exists(root / "ranks" / "j-000010-a1-r0"));
   // A rank that asks for nothing gets no cgroup.
   EXPECT_EQ(c.prepare("j-000009-a1-r0", {}, 0, &error), -1);
   EXPECT_EQ(error, "");

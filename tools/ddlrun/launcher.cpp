@@ -30,11 +30,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -302,6 +305,7 @@ class Launcher {
   int run() {
     if (setUp()) {
       launchAll();
+      if (across()) startKeepalives();
       superviseLoop();
     } else {
       status_ = kLaunchFailureStatus;
@@ -335,6 +339,9 @@ class Launcher {
   std::string listOf(const std::vector<int>& indices) const;
   bool across() const { return !options_.hosts.empty(); }
   void onLauncherGone(const std::string& how = "closed");
+  void readLauncher(int timeout_ms);
+  void startKeepalives();
+  void stopKeepalives();
 
   const Options& options_;
   std::vector<Rank> ranks_;
@@ -369,7 +376,14 @@ class Launcher {
   // launcher is gone and the ranks stop.
   bool watch_stdin_ = false;
   Clock::time_point heard_from_launcher_;
-  Clock::time_point next_keepalive_;  // the launcher's, across machines
+  bool heard_keepalive_ = false;  // silence is watched only once the launcher has sent a keepalive
+  size_t dropped_writes_ = 0;     // a host part's output it could not send in time
+  // Across machines: the keepalive thread and its own descriptors of the hosts' stdin.
+  std::thread keepalive_;
+  std::mutex keepalive_mu_;
+  std::condition_variable keepalive_cv_;
+  bool keepalive_stop_ = false;
+  std::vector<int> keepalive_fds_;
 };
 
 // Across machines the launcher gives each host's ddlrun this much beyond the grace period to stop its ranks
@@ -507,6 +521,7 @@ bool Launcher::setUp() {
 }
 
 void Launcher::tearDown() {
+  stopKeepalives();
   for (Rank& rank : ranks_) {
     closeStream(rank.out);
     closeStream(rank.err);
@@ -692,18 +707,16 @@ void Launcher::superviseLoop() {
       }
     }
 
-    if (watch_stdin_ &&
+    // Silence counts only once a keepalive came (a launcher of a ddlrun before keepalives sends none), and
+    // only after what already waits on stdin is read (this loop may have been held up writing output).
+    if (watch_stdin_ && heard_keepalive_ &&
         now - heard_from_launcher_ >= std::chrono::milliseconds(options_.launcher_silence_ms)) {
-      onLauncherGone("has not been heard from for " + std::to_string(options_.launcher_silence_ms) + " ms");
-      continue;
-    }
-    if (across() && !stopping_ && now >= next_keepalive_) {
-      for (const Rank& rank : ranks_) {
-        if (rank.stdin_fd < 0) continue;
-        ssize_t ignored = write(rank.stdin_fd, "\n", 1);  // non-blocking: a full pipe already says enough
-        (void)ignored;
+      readLauncher(0);
+      if (watch_stdin_ &&
+          Clock::now() - heard_from_launcher_ >= std::chrono::milliseconds(options_.launcher_silence_ms)) {
+        onLauncherGone("has not been heard from for " + std::to_string(options_.launcher_silence_ms) + " ms");
       }
-      next_keepalive_ = now + std::chrono::milliseconds(kKeepaliveMs);
+      continue;
     }
 
     int timeout_ms = -1;
@@ -716,8 +729,8 @@ void Launcher::superviseLoop() {
       const int ms = msUntil(when, now);
       timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
     };
-    if (watch_stdin_) sooner(heard_from_launcher_ + std::chrono::milliseconds(options_.launcher_silence_ms));
-    if (across() && !stopping_) sooner(next_keepalive_);
+    if (watch_stdin_ && heard_keepalive_)
+      sooner(heard_from_launcher_ + std::chrono::milliseconds(options_.launcher_silence_ms));
     pollOnce(timeout_ms);
   }
 }
@@ -797,6 +810,7 @@ void Launcher::beginStop(int sig) {
   stopping_ = true;
   stop_signal_ = sig;
   kill_at_ = Clock::now() + std::chrono::milliseconds(options_.grace_ms + (across() ? kHostStopExtraMs : 0));
+  stopKeepalives();
   for (Rank& rank : ranks_) {
     if (across()) {
       // A host's ddlrun stops its ranks (with the same grace) once its stdin closes; its connection is
@@ -874,12 +888,7 @@ void Launcher::pollOnce(int timeout_ms) {
   if (ready <= 0) return;  // timeout, or EINTR: the caller re-checks signals and deadlines
   // One read per stream per round keeps a chatty rank from starving the others.
   const size_t first_stream = stdin_polled ? 2 : 1;
-  if (stdin_polled && fds[1].revents != 0) {
-    char buffer[256];
-    const ssize_t n = read(STDIN_FILENO, buffer, sizeof(buffer));  // keepalives
-    if (n > 0) heard_from_launcher_ = Clock::now();
-    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) onLauncherGone();
-  }
+  if (stdin_polled && fds[1].revents != 0) readLauncher(0);
   for (size_t i = first_stream; i < fds.size(); ++i) {
     if (fds[i].revents != 0) readStream(*streams[i]);
   }
@@ -914,9 +923,59 @@ void Launcher::closeStream(Stream& stream) {
   stream.fd = -1;
 }
 
+// A host's part: reads what its launcher sent (keepalives) if any waits within timeout_ms; EOF or an error
+// means the launcher is gone.
+void Launcher::readLauncher(int timeout_ms) {
+  pollfd p{STDIN_FILENO, POLLIN, 0};
+  if (!watch_stdin_ || poll(&p, 1, timeout_ms) <= 0) return;
+  char buffer[256];
+  const ssize_t n = read(STDIN_FILENO, buffer, sizeof(buffer));
+  if (n > 0) {
+    heard_from_launcher_ = Clock::now();
+    heard_keepalive_ = true;
+  }
+  if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) onLauncherGone();
+}
+
+// The launcher's keepalives, from a thread of its own: the main loop may wait on ddlrun's own output (a
+// paused terminal, a pager) for as long as the reader likes, and the hosts must not take that for silence.
+void Launcher::startKeepalives() {
+  for (const Rank& rank : ranks_) {
+    if (rank.stdin_fd < 0) continue;
+    const int fd = fcntl(rank.stdin_fd, F_DUPFD_CLOEXEC, 3);  // closed by stopKeepalives(), not by beginStop
+    if (fd >= 0) keepalive_fds_.push_back(fd);
+  }
+  keepalive_ = std::thread([this] {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);  // signals are the main thread's
+    std::unique_lock<std::mutex> lock(keepalive_mu_);
+    while (!keepalive_cv_.wait_for(lock, std::chrono::milliseconds(kKeepaliveMs),
+                                   [&] { return keepalive_stop_; })) {
+      for (int fd : keepalive_fds_) {
+        ssize_t ignored = write(fd, "\n", 1);  // non-blocking: a full pipe already says enough
+        (void)ignored;
+      }
+    }
+  });
+}
+
+void Launcher::stopKeepalives() {
+  if (!keepalive_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(keepalive_mu_);
+    keepalive_stop_ = true;
+  }
+  keepalive_cv_.notify_all();
+  keepalive_.join();
+  for (int fd : keepalive_fds_) close(fd);
+  keepalive_fds_.clear();
+}
+
 // Writes all of text to ddlrun's fd 1 or 2 (whole lines, so ranks never mix mid-line).
 void Launcher::emit(int fd, std::string_view text) {
   if (text.empty() || output_broken_[fd]) return;
+  std::optional<Clock::time_point> emit_deadline;
   while (!text.empty()) {
     ssize_t n = write(fd, text.data(), text.size());
     if (n > 0) {
@@ -926,9 +985,17 @@ void Launcher::emit(int fd, std::string_view text) {
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       // Our stdout was handed to us non-blocking: wait for the reader. A host's part waits a bounded time
       // (its reader is ssh), then drops its output rather than stop watching its ranks and its launcher.
+      // A host part drops what it cannot write within a third of the silence limit (this text only: later
+      // lines go out again once the reader is back), so that it goes back to its ranks and its launcher.
       pollfd writable{fd, POLLOUT, 0};
-      if (poll(&writable, 1, options_.host_part ? options_.launcher_silence_ms : -1) == 0) {
-        output_broken_[fd] = true;
+      if (!options_.host_part) {
+        poll(&writable, 1, -1);
+        continue;
+      }
+      if (!emit_deadline)
+        emit_deadline = Clock::now() + std::chrono::milliseconds(options_.launcher_silence_ms / 3);
+      if (poll(&writable, 1, msUntil(*emit_deadline, Clock::now())) == 0 && Clock::now() >= *emit_deadline) {
+        ++dropped_writes_;
         return;
       }
     } else {
@@ -1017,6 +1084,8 @@ ParseResult parseArgs(const std::vector<std::string>& args) {
     }
   }
   if (options.np == 0) return failure("ddlrun: missing -np N, the number of ranks to launch (or -H hosts)");
+  if (options.launcher_silence_ms != 30000 && !options.host_part)
+    return failure("ddlrun: --host-silence-ms goes with --host-part (each host's own option)");
   if (options.host_part) {
     if (options.root.empty()) return failure("ddlrun: --host-part needs --root");
     if (options.rank_offset + options.np > options.world_size)
