@@ -1306,9 +1306,10 @@ Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& 
   if (!entry) return error;
   entry->last_seen_ms = now_ms_();
   entry->record.last_heartbeat_ms = wall_ms_();
-  if (hb.warning() != entry->warning) {
-    if (!hb.warning().empty()) spdlog::warn("node {}: {}", node, hb.warning().substr(0, 1024));
-    entry->warning = hb.warning().substr(0, 1024);
+  // Kept bounded; compared as kept, so an over-long warning is logged once, not at every heartbeat.
+  if (std::string warning = hb.warning().substr(0, 1024); warning != entry->warning) {
+    if (!warning.empty()) spdlog::warn("node {}: {}", node, warning);
+    entry->warning = std::move(warning);
   }
   // A heartbeat lists every rank the agent holds, so it replaces what we knew.
   std::map<RankKey, v1::RankStatus> previous;

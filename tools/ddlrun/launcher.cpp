@@ -377,7 +377,6 @@ class Launcher {
   bool watch_stdin_ = false;
   Clock::time_point heard_from_launcher_;
   bool heard_keepalive_ = false;  // silence is watched only once the launcher has sent a keepalive
-  size_t dropped_writes_ = 0;     // a host part's output it could not send in time
   // Across machines: the keepalive thread and its own descriptors of the hosts' stdin.
   std::thread keepalive_;
   std::mutex keepalive_mu_;
@@ -995,7 +994,6 @@ void Launcher::emit(int fd, std::string_view text) {
       if (!emit_deadline)
         emit_deadline = Clock::now() + std::chrono::milliseconds(options_.launcher_silence_ms / 3);
       if (poll(&writable, 1, msUntil(*emit_deadline, Clock::now())) == 0 && Clock::now() >= *emit_deadline) {
-        ++dropped_writes_;
         return;
       }
     } else {
