@@ -652,6 +652,23 @@ TEST(DdlctlFormat, JsonKeepsProtoNamesAndDefaults) {
 
 // ---- The command line, no server --------------------------------------------------------------------------
 
+// The words, space-separated, for a failure message.
+std::string words(const std::vector<std::string>& args) {
+  std::string out;
+  for (const std::string& a : args) out += (out.empty() ? "" : " ") + a;
+  return out;
+}
+
+// ddlctl with `args` toward a coordinator nobody listens on; a usage error (exit 2) is expected, and
+// returned.
+Result usageError(const std::vector<std::string>& args) {
+  std::vector<std::string> all = {"--coordinator", "127.0.0.1:1"};
+  all.insert(all.end(), args.begin(), args.end());
+  Result r = ddlctl(all);
+  EXPECT_EQ(r.rc, kExitUsage) << words(args) << ": " << r.err;
+  return r;
+}
+
 TEST(DdlctlCli, UsageErrorsExit2WithoutSending) {
   struct Case {
     std::vector<std::string> args;
@@ -679,12 +696,8 @@ TEST(DdlctlCli, UsageErrorsExit2WithoutSending) {
       {{"--coordinator", "head:99999", "nodes"}, "out of range"},
   };
   for (const Case& c : cases) {
-    std::vector<std::string> args = {"--coordinator", "127.0.0.1:1"};
-    args.insert(args.end(), c.args.begin(), c.args.end());
-    Result r = ddlctl(args);
-    std::string shown;
-    for (const std::string& a : c.args) shown += a + " ";
-    EXPECT_EQ(r.rc, kExitUsage) << shown << r.err;
+    const std::string shown = words(c.args) + " ";
+    const Result r = usageError(c.args);
     EXPECT_EQ(r.out, "") << shown;
     EXPECT_EQ(r.err.rfind("ddlctl: ", 0), 0u) << shown << r.err;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << shown << "\n" << r.err;
@@ -725,12 +738,8 @@ TEST(DdlctlCli, UsageErrorsNameTheVerbAndTheNearestFlag) {
       {{"nodes", "--frobnicate"}, "unknown option --frobnicate for nodes\n", "ddlctl nodes --help"},
   };
   for (const Case& c : cases) {
-    std::vector<std::string> args = {"--coordinator", "127.0.0.1:1"};
-    args.insert(args.end(), c.args.begin(), c.args.end());
-    Result r = ddlctl(args);
-    std::string shown;
-    for (const std::string& a : c.args) shown += a + " ";
-    EXPECT_EQ(r.rc, kExitUsage) << shown << r.err;
+    const std::string shown = words(c.args) + " ";
+    const Result r = usageError(c.args);
     EXPECT_NE(r.err.find(c.message), std::string::npos) << shown << "\n" << r.err;
     EXPECT_NE(r.err.find(c.help), std::string::npos) << shown << "\n" << r.err;
     EXPECT_EQ(r.err.find("The following"), std::string::npos) << "CLI11's own words: " << r.err;
@@ -1071,12 +1080,8 @@ TEST(DdlctlCli, NewFlagsUsageErrors) {
       {{"undrain", "n1", "--reason", "x"}, "--reason"},
   };
   for (const Case& c : cases) {
-    std::vector<std::string> args = {"--coordinator", "127.0.0.1:1"};
-    args.insert(args.end(), c.args.begin(), c.args.end());
-    Result r = ddlctl(args);
-    std::string shown;
-    for (const std::string& a : c.args) shown += a + " ";
-    EXPECT_EQ(r.rc, kExitUsage) << shown << r.err;
+    const std::string shown = words(c.args) + " ";
+    const Result r = usageError(c.args);
     EXPECT_NE(r.err.find(c.message), std::string::npos) << shown << "\n" << r.err;
   }
 }

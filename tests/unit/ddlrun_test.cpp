@@ -509,6 +509,19 @@ class DdlrunHostsTest : public DdlrunTest {
                                "exec sh -c \"$*\"\n";
     std::filesystem::permissions(rsh_, std::filesystem::perms::owner_all);
   }
+  // ddlrun's arguments for a shell that plays a host's launcher: it sends the secret, then runs `after` (a
+  // keepalive: echo; none: true) and stays silent, while a --host-part ddlrun with `options` runs one rank of
+  // `rank_script`. The shell prints the host part's status as status=N.
+  std::vector<std::string> hostPartWithLauncher(const std::string& after, const std::string& options,
+                                                const std::string& rank_script) {
+    const std::string fifo = dir_ + "/launcher";
+    const std::string script = "mkfifo " + fifo + "; (echo 0123456789abcdef; " + after +
+                               "; exec sleep 30) > " + fifo +
+                               " & " DDL_BIN_DIR "/ddlrun --host-part 0,1,29999 " + options +
+                               " -np 1 --root 127.0.0.1:29998 -- /bin/sh -c '" + rank_script + "' < " + fifo +
+                               "; echo status=$?; kill $!";
+    return {"-np", "1", "--", "/bin/sh", "-c", script};
+  }
   std::vector<std::string> across(const std::string& hosts, const std::string& script,
                                   std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {"-H", hosts, "--rsh", rsh_};
@@ -583,14 +596,9 @@ TEST_F(DdlrunHostsTest, ALauncherKilledOutrightLeavesNoRankOnAnyHost) {
 // A network gone without a word leaves ssh open for hours: a host's ddlrun that hears no keepalive from its
 // launcher stops its ranks (here the "launcher" is a shell that sends the secret and then nothing).
 TEST_F(DdlrunHostsTest, AHostWhoseLauncherFallsSilentStopsItsRanks) {
-  const std::string fifo = dir_ + "/launcher";
-  const std::string script = "mkfifo " + fifo + "; (echo 0123456789abcdef; echo; exec sleep 30) > " + fifo +
-                             " & " DDL_BIN_DIR
-                             "/ddlrun --host-part 0,1,29999 --host-silence-ms 500 --grace-ms 200 "
-                             "-np 1 --root 127.0.0.1:29998 -- /bin/sh -c 'echo $$ >> " +
-                             dir_ + "/pids; exec sleep 60' < " + fifo + "; echo status=$?; kill $!";
   const auto start = Clock::now();
-  RunResult result = runDdlrun({"-np", "1", "--", "/bin/sh", "-c", script});
+  RunResult result = runDdlrun(hostPartWithLauncher("echo", "--host-silence-ms 500 --grace-ms 200",
+                                                    "echo $$ >> " + dir_ + "/pids; exec sleep 60"));
   ASSERT_FALSE(result.timed_out);
   EXPECT_TRUE(contains(result.out, "status=129")) << result.out << result.err;
   EXPECT_TRUE(
@@ -603,13 +611,7 @@ TEST_F(DdlrunHostsTest, AHostWhoseLauncherFallsSilentStopsItsRanks) {
 // Silence counts only once a keepalive came: a launcher from before keepalives sends none, and its hosts'
 // ranks must run to their end.
 TEST_F(DdlrunHostsTest, ALauncherThatSendsNoKeepalivesIsNotTakenForGone) {
-  const std::string fifo = dir_ + "/launcher";
-  const std::string script = "mkfifo " + fifo + "; (echo 0123456789abcdef; exec sleep 30) > " + fifo +
-                             " & " DDL_BIN_DIR
-                             "/ddlrun --host-part 0,1,29999 --host-silence-ms 200 -np 1 "
-                             "--root 127.0.0.1:29998 -- /bin/sh -c 'sleep 1; echo done' < " +
-                             fifo + "; echo status=$?; kill $!";
-  RunResult result = runDdlrun({"-np", "1", "--", "/bin/sh", "-c", script});
+  RunResult result = runDdlrun(hostPartWithLauncher("true", "--host-silence-ms 200", "sleep 1; echo done"));
   ASSERT_FALSE(result.timed_out);
   EXPECT_TRUE(contains(result.out, "[0] done")) << result.out << result.err;
   EXPECT_TRUE(contains(result.out, "status=0")) << result.out << result.err;
