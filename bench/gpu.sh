@@ -6,16 +6,20 @@
 # call, each without and with the MPS daemon (--mps). With --torch DIR (the folder holding a torch_ddl built for
 # python3's torch 2.x, e.g. build/python-torch2): tests/torch's CUDA tests and bench/torch_ddp.py's DDP on CUDA
 # tensors at 2 ranks, also without and with MPS. Writes the outputs and JSON under --out, a summary of the
-# figures in summary.txt, and prints where.
+# figures in summary.txt, and prints where. Every step ends within --step-timeout seconds (a hang is a failed
+# step, not a lost run); --skip leaves out groups of steps (tests cuda-bench host stream small graph blocking
+# torch), e.g. to spend a short lease on what matters first.
 #
 # Usage: bench/gpu.sh [--out DIR] [--bin DIR] [--build DIR] [--ranks "2 4 8"] [--max SIZE] [--iters N]
-#                     [--mps "off on"] [--torch DIR]
+#                     [--mps "off on"] [--torch DIR] [--step-timeout S] [--skip "GROUP ..."]
 # Exit status: 0 done, 1 a step failed (the others still ran), 2 bad usage, 77 no GPU here (nothing to measure).
 set -uo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$script_dir/.." && pwd)
-OUT=gpu-results BIN=$repo/build/bin BUILD="" RANKS="2 4 8" MAX=256M ITERS=20 MPS="off on" TORCH=""
+OUT=gpu-results BIN=$repo/build/bin BUILD="" RANKS="2 4 8" MAX=256M ITERS=20 MPS="off on" TORCH="" STEP_TIMEOUT=300
+SKIP=""
+groups=" tests cuda-bench host stream small graph blocking torch "
 while (($#)); do
   case $1 in
     --out) OUT=${2:?--out needs a directory}; shift 2 ;;
@@ -25,11 +29,18 @@ while (($#)); do
     --ranks) RANKS=${2:?--ranks needs a list}; shift 2 ;;
     --max) MAX=${2:?--max needs a size}; shift 2 ;;
     --iters) ITERS=${2:?--iters needs a count}; shift 2 ;;
+    --step-timeout) STEP_TIMEOUT=${2:?--step-timeout needs seconds}; shift 2 ;;
+    --skip) SKIP=${2?--skip needs a list of groups}; shift 2 ;;
     --torch) TORCH=$(cd "${2:?--torch needs the folder holding torch_ddl}" && pwd) || exit 2; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu.sh: unknown argument '$1' (--help lists them)" >&2; exit 2 ;;
   esac
 done
+[[ $STEP_TIMEOUT =~ ^[1-9][0-9]*$ ]] || { echo "gpu.sh: --step-timeout must be a whole number of seconds" >&2; exit 2; }
+for g in $SKIP; do
+  [[ $groups == *" $g "* ]] || { echo "gpu.sh: --skip: no group '$g' (groups:$groups)" >&2; exit 2; }
+done
+skipped() { [[ " $SKIP " == *" $1 "* ]]; }
 for tool in ddl-bench ddlrun ddl-cuda-bench; do
   [[ -x $BIN/$tool ]] || { echo "gpu.sh: $BIN/$tool is missing: build with the CUDA Toolkit first" >&2; exit 2; }
 done
@@ -39,17 +50,26 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 mkdir -p "$OUT"
 status=0
-step() {  # step NAME command...: runs it, output to OUT/NAME.txt, and says how it ended
-  local name=$1; shift
+step() {  # step NAME command...: runs it for at most STEP_TIMEOUT s, output to OUT/NAME.txt, says how it ended
+  local name=$1 rc=0 t0=$SECONDS; shift
   echo "== $name: $*"
-  if "$@" >"$OUT/$name.txt" 2>&1; then echo "   ok ($OUT/$name.txt)"; else echo "   FAILED: exit $? ($OUT/$name.txt)"; status=1; fi
+  timeout -k 10 "$STEP_TIMEOUT" "$@" >"$OUT/$name.txt" 2>&1 || rc=$?
+  if ((rc == 0)); then
+    echo "   ok in $((SECONDS - t0)) s ($OUT/$name.txt)"
+  elif ((rc == 124 || rc == 137)); then
+    echo "   TIMED OUT after $STEP_TIMEOUT s ($OUT/$name.txt)"; status=1
+  else
+    echo "   FAILED: exit $rc in $((SECONDS - t0)) s ($OUT/$name.txt)"; status=1
+  fi
 }
 
 nvidia-smi -L >"$OUT/gpus.txt" 2>&1
 nvidia-smi topo -m >>"$OUT/gpus.txt" 2>&1 || true
 [[ -n $BUILD ]] || BUILD=$(cd "$BIN/.." && pwd)
-step cuda-tests ctest --test-dir "$BUILD" -R 'Cuda|UcxDevice|DevicePath|StreamPath|NodeKernel' --output-on-failure
-step cuda-bench "$BIN/ddl-cuda-bench" -b 64M -e 1G
+skipped tests ||
+  step cuda-tests ctest --test-dir "$BUILD" -R 'Cuda|UcxDevice|DevicePath|StreamPath|NodeKernel' --timeout 120 \
+    --output-on-failure
+skipped cuda-bench || step cuda-bench "$BIN/ddl-cuda-bench" -b 64M -e 1G
 mps() {  # mps on|off: starts or stops the MPS control daemon; false where it cannot
   if [[ $1 == on ]]; then
     command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d && sleep 1
@@ -59,28 +79,30 @@ mps() {  # mps on|off: starts or stops the MPS control daemon; false where it ca
     return 0
   fi
 }
-bench() {  # bench NAME RANKS flags...: ddl-bench on RANKS ranks, rank r on core r
-  local name=$1 n=$2; shift 2
+bench() {  # bench GROUP NAME RANKS flags...: ddl-bench on RANKS ranks, rank r on core r, unless GROUP is skipped
+  local name=$2 n=$3
+  skipped "$1" && return 0
+  shift 3
   # ddlrun binds nothing itself: taskset gives rank r core r through the launcher's DDL_LOCAL_RANK.
   step "$name" "$BIN/ddlrun" -np "$n" -x DDL_DEBUG=1 -- bash -c \
     'exec taskset -c "$DDL_LOCAL_RANK" "$0" "$@"' "$BIN/ddl-bench" "$@" --json "$OUT/$name.json"
 }
 cores=$(nproc)
 for n in $RANKS; do
-  ((n > cores)) || bench "ddl-bench-host-$n" "$n" -b 64K -e "$MAX" -n "$ITERS"
+  ((n > cores)) || bench host "ddl-bench-host-$n" "$n" -b 64K -e "$MAX" -n "$ITERS"
 done
 for m in $MPS; do
   if ! mps "$m"; then echo "== MPS $m: skipped, the MPS daemon cannot be started here"; continue; fi
   for n in $RANKS; do
     if ((n > cores)); then echo "== $n ranks: skipped, $cores cores here"; continue; fi
-    bench "ddl-bench-stream-mps$m-$n" "$n" --device -b 64K -e "$MAX" -n "$ITERS"
-    bench "ddl-bench-small-mps$m-$n" "$n" --device -b 8 -e 1M -f 4 -n 200 -w 20
-    bench "ddl-bench-graph-mps$m-$n" "$n" --device --graph -b 8 -e 1M -f 4 -n 200 -w 20
-    bench "ddl-bench-blocking-mps$m-$n" "$n" --device --blocking -b 64K -e "$MAX" -n "$ITERS"
+    bench stream "ddl-bench-stream-mps$m-$n" "$n" --device -b 64K -e "$MAX" -n "$ITERS"
+    bench small "ddl-bench-small-mps$m-$n" "$n" --device -b 8 -e 1M -f 4 -n 200 -w 20
+    bench graph "ddl-bench-graph-mps$m-$n" "$n" --device --graph -b 8 -e 1M -f 4 -n 200 -w 20
+    bench blocking "ddl-bench-blocking-mps$m-$n" "$n" --device --blocking -b 64K -e "$MAX" -n "$ITERS"
   done
 done
 mps off
-if [[ -n $TORCH ]]; then
+if [[ -n $TORCH ]] && ! skipped torch; then
   py=$(command -v python3)
   for m in $MPS; do
     if ! mps "$m"; then continue; fi
