@@ -52,18 +52,22 @@ struct DeviceBuffers {
     cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
     return e == cudaSuccess ? "" : what("cudaStreamSynchronize", e);
   }
-  // Captures what enqueue() puts on the stream into a graph (replacing the last one); enqueue returns false
-  // after reporting a failure of its own.
+  // Captures what enqueue(&why) puts on the stream into a graph (replacing the last one); enqueue returns
+  // false and says why when it fails.
   template <class F>
   std::string capture(F&& enqueue) {
     dropGraph();
     auto s = static_cast<cudaStream_t>(stream);
     if (cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal); e != cudaSuccess)
       return what("cudaStreamBeginCapture", e);
-    const bool enqueued = enqueue();
+    std::string why;
+    const bool enqueued = enqueue(&why);
     cudaGraph_t g = nullptr;
     cudaError_t e = cudaStreamEndCapture(s, &g);
-    if (!enqueued) return "the collective could not be captured";
+    if (!enqueued) {
+      if (g) cudaGraphDestroy(g);
+      return "the collective could not be captured: " + why;
+    }
     if (e != cudaSuccess) return what("cudaStreamEndCapture", e);
     graph_ = g;
     if (e = cudaGraphInstantiate(&exec_, g, 0); e != cudaSuccess) return what("cudaGraphInstantiate", e);
@@ -73,9 +77,14 @@ struct DeviceBuffers {
     cudaError_t e = cudaGraphLaunch(exec_, static_cast<cudaStream_t>(stream));
     return e == cudaSuccess ? "" : what("cudaGraphLaunch", e);
   }
+  // On the collectives' stream, then waited for: a plain cudaMemcpy runs on the legacy stream, which a
+  // non-blocking stream does not wait for, and from pageable memory it may return before the data is on the
+  // device, so a collective enqueued next could read the buffer's old contents.
   std::string copy(void* dst, const void* src, size_t bytes) {
-    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
-    return e == cudaSuccess ? "" : what("cudaMemcpy", e);
+    auto s = static_cast<cudaStream_t>(stream);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    return e == cudaSuccess ? "" : what("cudaMemcpyAsync", e);
   }
 
  private:

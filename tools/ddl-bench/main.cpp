@@ -616,9 +616,11 @@ class Bench {
     deviceOk(device_.sync());
     const bool graph = opt_.mode == Options::Mode::kGraph;
     if (graph) {
-      deviceOk(device_.capture([&] {
-        return ddlAllReduceOnStream(send, recv, count, opt_.type, opt_.op, comm_, device_.stream) ==
-               ddlSuccess;
+      deviceOk(device_.capture([&](std::string* why) {
+        if (ddlAllReduceOnStream(send, recv, count, opt_.type, opt_.op, comm_, device_.stream) == ddlSuccess)
+          return true;
+        *why = ddlGetLastError(comm_);
+        return false;
       }));
       ok(ddlCommGetAsyncError(comm_, &async_));
       ok(async_);
