@@ -52,10 +52,14 @@ struct CapturedAllReduce {
   CapturedAllReduce(Comm& comm, const Stream& st, const void* in, void* out, size_t count,
                     cudaStreamCaptureMode mode)
       : stream(st.s) {
+    // Ranks are threads here: in the global mode, another rank's unsafe call (a cudaMemcpy, a cudaMalloc)
+    // during this capture would invalidate it, so the ranks capture between barriers.
+    comm.barrier();
     cudaOk(cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture");
     comm.allReduceOnStream(in, out, count, ddlFloat32, ddlSum, stream);
     cudaOk(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
     cudaOk(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    comm.barrier();
   }
   ~CapturedAllReduce() {
     if (exec) cudaGraphExecDestroy(exec);
@@ -99,12 +103,23 @@ std::vector<test_util::RankResult> runRanks(int nranks, DeviceScheme scheme,
       nullptr, makeMemoryStore());
 }
 
+void everyCollectiveOnce(Comm& comm, ddlDataType_t type, ddlRedOp_t op, size_t count);
+
+// The ranks are threads of one process, so one rank's cudaMalloc or cudaFree (which may wait for the whole
+// device) must never come while another rank's kernel waits on the GPU for it: every rank allocates, works
+// and frees between host barriers (ranks in processes of their own have no such coupling).
 void everyCollective(Comm& comm, ddlDataType_t type, ddlRedOp_t op, size_t count) {
+  everyCollectiveOnce(comm, type, op, count);
+  comm.barrier();  // no rank's next kernel waits for a rank still freeing
+}
+
+void everyCollectiveOnce(Comm& comm, ddlDataType_t type, ddlRedOp_t op, size_t count) {
   const int n = comm.size(), r = comm.rank();
   const size_t es = typeSize(type), bytes = count * es;
   Stream st;
   const std::string tag = std::string(typeName(type)) + "/" + opName(op) + " x" + std::to_string(count);
   DeviceBuffer a(bytes), b(bytes), many(bytes * n), out(bytes);
+  comm.barrier();  // every rank has allocated
   put(a.p, makeInput(type, op, r, count), st.s);
   comm.allReduceOnStream(a.p, b.p, count, type, op, st.s);
   comm.allReduceOnStream(a.p, a.p, count, type, op, st.s);
@@ -135,6 +150,7 @@ void everyCollective(Comm& comm, ddlDataType_t type, ddlRedOp_t op, size_t count
   comm.reduceOnStream(a.p, b.p, count, type, op, 0, st.s);
   st.sync();
   if (r == 0) expectSame(get(b.p, bytes), makeExpected(type, op, n, count), "reduce " + tag);
+  comm.barrier();  // every rank's kernels are done before any frees
 }
 
 TEST(CudaStream, EveryCollectiveOnTheNodeKernel) {
