@@ -9,14 +9,15 @@
 // threads of one process (where cudaIpcOpenMemHandle refuses a handle of its own process) use the pointer
 // itself, with peer access enabled where the memory is on another device. Node keys guarantee that the
 // members of a node share a PID namespace, so the process id says which case applies.
-#include <cuda.h>  // the driver's types, for cuStreamWaitValue32 (found at run time, not linked)
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "device/device_runtime.h"
 #include "device/node_kernel.h"
@@ -69,28 +70,6 @@ class OnDevice {
 
 cudaStream_t asStream(void* s) { return static_cast<cudaStream_t>(s); }
 
-// cuStreamWaitValue32 from the driver, found once through the runtime (libddl links no libcuda); null where
-// the driver lacks it.
-using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-WaitValueFn waitValue() {
-  static const WaitValueFn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    const cudaError_t e =
-        cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &q);
-#else
-    const cudaError_t e = cudaGetDriverEntryPoint("cuStreamWaitValue32", &p, cudaEnableDefault, &q);
-#endif
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      p = nullptr;
-    }
-    return reinterpret_cast<WaitValueFn>(p);
-  }();
-  return fn;
-}
-
 cudaEvent_t asEvent(void* e) { return static_cast<cudaEvent_t>(e); }
 
 class CudaRuntime final : public DeviceRuntime {
@@ -112,9 +91,6 @@ class CudaRuntime final : public DeviceRuntime {
     dev_ = dev;  // so that destroy() frees what a failure below leaves half made
     try {
       for (auto& s : streams_) check(cudaStreamCreateWithFlags(&s, cudaStreamDefault), "cudaStreamCreate");
-      for (auto& s : detached_streams_) {
-        check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-      }
       for (auto& e : events_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     } catch (...) {
       destroy();
@@ -155,13 +131,10 @@ class CudaRuntime final : public DeviceRuntime {
     check(cudaStreamSynchronize(stream(q)), "waiting for a device copy or kernel");
   }
   void drain() noexcept override {
-    for (auto* set : {streams_, detached_streams_}) {
-      for (int q = 0; q < kQueues; ++q)
-        if (set[q]) cudaStreamSynchronize(set[q]);
-    }
+    for (int q = 0; q < kQueues; ++q)
+      if (streams_[q]) cudaStreamSynchronize(streams_[q]);
     cudaGetLastError();
   }
-  void detachFromLegacyStream(bool on) override { detached_ = on; }
 
   void* allocHost(size_t bytes) override {
     void* p = nullptr;
@@ -222,9 +195,14 @@ class CudaRuntime final : public DeviceRuntime {
 
   int streamDevice(void* stream) override {
     int dev = -1;
-    if (stream) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (stream && cudaStreamIsCapturing(asStream(stream), &st) == cudaSuccess &&
+        st == cudaStreamCaptureStatusNone) {
       check(cudaStreamGetDevice(asStream(stream), &dev), "cudaStreamGetDevice (is the stream valid?)");
     } else {
+      // The null stream is the current device's; and CUDA refuses cudaStreamGetDevice on a stream being
+      // captured (seen on an H200, CUDA 13): work is captured from the device it is launched on, the current.
+      cudaGetLastError();
       check(cudaGetDevice(&dev), "cudaGetDevice");
     }
     return dev;
@@ -233,6 +211,16 @@ class CudaRuntime final : public DeviceRuntime {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     check(cudaStreamIsCapturing(asStream(stream), &st), "cudaStreamIsCapturing");
     return st != cudaStreamCaptureStatusNone;
+  }
+  int relaxCapture() override {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+    return static_cast<int>(mode);
+  }
+  void restoreCapture(int mode) noexcept override {
+    auto m = static_cast<cudaStreamCaptureMode>(mode);
+    cudaThreadExchangeStreamCaptureMode(&m);
+    cudaGetLastError();
   }
   void* newStream(int dev) override {
     OnDevice on(dev);
@@ -269,21 +257,24 @@ class CudaRuntime final : public DeviceRuntime {
     check(e, "the stream's earlier work");
     return true;
   }
-  void holdUntil(void* stream, const uint32_t* word, uint32_t value) override {
-    void* dev = nullptr;
-    check(cudaHostGetDevicePointer(&dev, const_cast<uint32_t*>(word), 0), "cudaHostGetDevicePointer");
-    if (WaitValueFn wait = waitValue(); wait && !no_wait_value_) {
-      const CUresult r = wait(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(dev), value,
-                              CU_STREAM_WAIT_VALUE_GEQ);
-      if (r == CUDA_SUCCESS) return;
-      if (r != CUDA_ERROR_NOT_SUPPORTED) {
-        fail(ddlCudaError, "CUDA: cuStreamWaitValue32 failed: error " + std::to_string(r));
+  void waitForStream(void* stream, int dev, const std::function<bool()>& aborted) override {
+    // An event polled rather than cudaStreamSynchronize, so that an abort ends the wait.
+    void* done = newEvent(dev);
+    try {
+      recordOn(stream, done);
+      for (int i = 0; !eventDone(done); ++i) {
+        if (aborted()) fail(ddlAborted, "communicator aborted by ddlCommAbort");
+        if (i < 64) {
+          std::this_thread::yield();  // briefly at full speed: the stream is often there already
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
       }
-      no_wait_value_ = true;  // a driver without stream memory operations: the kernel below from now on
+    } catch (...) {
+      deleteEvent(done);
+      throw;
     }
-    // A one-thread kernel that polls the word: it takes one CTA slot meanwhile, but no thread of the host.
-    check(cuda::launchHold(static_cast<const uint32_t*>(dev), value, asStream(stream)),
-          "the hold kernel's launch");
+    deleteEvent(done);
   }
   void* allocMapped(size_t bytes, void** device) override {
     void* p = nullptr;
@@ -325,15 +316,15 @@ class CudaRuntime final : public DeviceRuntime {
     OnDevice on(dev);
     return cuda::nodeKernelResidentBlocks();
   }
-  void launchNode(void* stream, const node::Args& args) override {
-    OnDevice on(streamDevice(stream));
+  void launchNode(void* stream, int dev, const node::Args& args) override {
+    OnDevice on(dev);
     check(cuda::launchNodeCollective(args, asStream(stream)), "the node kernel's launch");
   }
 
  private:
   cudaStream_t stream(int q) const {
     DDL_ASSERT(dev_ >= 0 && q >= 0 && q < kQueues);
-    return detached_ ? detached_streams_[q] : streams_[q];
+    return streams_[q];
   }
   cudaEvent_t event(int e) const {
     DDL_ASSERT(dev_ >= 0 && e >= 0 && e < kEvents);
@@ -345,11 +336,9 @@ class CudaRuntime final : public DeviceRuntime {
     int prev = -1;
     const bool switched =
         cudaGetDevice(&prev) == cudaSuccess && prev != dev_ && cudaSetDevice(dev_) == cudaSuccess;
-    for (auto* set : {streams_, detached_streams_}) {
-      for (int q = 0; q < kQueues; ++q) {
-        if (set[q]) cudaStreamDestroy(set[q]);
-        set[q] = nullptr;
-      }
+    for (auto& s : streams_) {
+      if (s) cudaStreamDestroy(s);
+      s = nullptr;
     }
     for (auto& e : events_) {
       if (e) cudaEventDestroy(e);
@@ -361,14 +350,10 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   int dev_ = -1;
-  // The queues: blocking (they also wait for the legacy stream), and non-blocking for the host-paced jobs
-  // (detachFromLegacyStream).
+  // The queues: blocking streams (they also wait for the legacy stream's earlier work).
   cudaStream_t streams_[kQueues] = {};
-  cudaStream_t detached_streams_[kQueues] = {};
-  bool detached_ = false;
   cudaEvent_t events_[kEvents] = {};
   std::set<void*> opened_;  // what cudaIpcOpenMemHandle opened, to close
-  bool no_wait_value_ = false;  // cuStreamWaitValue32 said it is not supported here
 };
 
 }  // namespace

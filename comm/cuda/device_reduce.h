@@ -59,7 +59,4 @@ cudaError_t launchNodeCollective(const node::Args& args, cudaStream_t stream);
 // The node kernel's CTAs the current device keeps resident at once (the float32 sum instantiation's
 // occupancy; the others use about as many registers); 0 where it cannot be asked.
 int nodeKernelResidentBlocks();
-// Enqueues a one-thread kernel that returns once (int32_t)(*word - value) >= 0 (word: pinned host memory, as
-// the device sees it): the hold of a stream where the driver has no cuStreamWaitValue32.
-cudaError_t launchHold(const uint32_t* word, uint32_t value, cudaStream_t stream);
 }  // namespace ddl::cuda

@@ -195,10 +195,6 @@ int perSm() {
   return n;
 }
 
-__global__ void holdKernel(const volatile uint32_t* word, uint32_t value) {
-  while (static_cast<int32_t>(*word - value) < 0) __nanosleep(1000);
-}
-
 }  // namespace
 
 int nodeKernelResidentBlocks() {
@@ -223,11 +219,6 @@ int nodeKernelResidentBlocks() {
   int per_sm = counts[0];
   for (int n : counts) per_sm = n < per_sm ? n : per_sm;
   return sms * per_sm;
-}
-
-cudaError_t launchHold(const uint32_t* word, uint32_t value, cudaStream_t stream) {
-  holdKernel<<<1, 1, 0, stream>>>(word, value);
-  return cudaGetLastError();
 }
 
 cudaError_t launchNodeCollective(const node::Args& a, cudaStream_t stream) {

@@ -246,6 +246,17 @@ ddlResult_t ddlCommGetIntraNodePath(ddlComm_t comm, char* buf, size_t len) {
   return ddlSuccess;
 }
 
+ddlResult_t ddlCommGetStreamScheme(ddlComm_t comm, char* buf, size_t len) {
+  DDL_CHECK_COMM("ddlCommGetStreamScheme", comm);
+  const std::string s = comm->impl->streamScheme();
+  if (!buf || len <= s.size()) {
+    record(comm, "ddlCommGetStreamScheme: buffer too small for '" + s + "'");
+    return ddlInvalidArgument;
+  }
+  std::memcpy(buf, s.c_str(), s.size() + 1);
+  return ddlSuccess;
+}
+
 ddlResult_t ddlAllReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                          ddlRedOp_t op, ddlComm_t comm) {
   DDL_CHECK_COMM("ddlAllReduce", comm);

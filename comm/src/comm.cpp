@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "algo/tune.h"
 #include "dtype.h"
@@ -302,7 +303,8 @@ void Comm::abort() {
   std::unique_lock<std::mutex> lk(op_mu_, std::try_to_lock);
   if (lk.owns_lock()) channel_->notifyPeers("communicator aborted by ddlCommAbort");
   if (shm_) shm_->markFailed("communicator aborted by ddlCommAbort");  // any thread: wakes the node's waits
-  if (stream_) stream_->abort();  // kernels on the GPU stop waiting, host-paced jobs stop waiting for streams
+  if (stream_)
+    stream_->abort();  // kernels on the GPU stop waiting, host-paced calls stop waiting for streams
   // Pending point-to-point operations fail on the executor's next poll.
   { std::lock_guard<std::mutex> q(q_mu_); }
   q_cv_.notify_all();
@@ -986,7 +988,7 @@ void Comm::driveP2P() {
 
 void Comm::drainAsync() {
   std::unique_lock<std::mutex> lk(q_mu_);
-  // A host-paced stream collective runs the blocking call on the executor: it has nothing to wait for.
+  // A call from the executor itself (a callback of an asynchronous operation) has nothing to wait for.
   if (executor_.joinable() && std::this_thread::get_id() == executor_.get_id()) return;
   q_cv_.wait(lk, [&] { return in_flight_ == 0; });
 }
@@ -1050,6 +1052,17 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   noteGpuError();
   failIfBroken();
   DeviceRuntime& rt = device_->runtime();
+  // What is asked of the runtime here (which device the stream and the buffers are on) must not invalidate a
+  // capture of the caller's: CUDA may count such queries as unsafe in the global and thread-local modes.
+  struct RelaxedCapture {
+    DeviceRuntime& rt;
+    int mode;
+    explicit RelaxedCapture(DeviceRuntime& r) : rt(r), mode(r.relaxCapture()) {}
+    ~RelaxedCapture() { rt.restoreCapture(mode); }
+    RelaxedCapture(const RelaxedCapture&) = delete;
+    RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+  };
+  std::optional<RelaxedCapture> relaxed(std::in_place, rt);
   const int dev = rt.streamDevice(stream);
   for (const void* b : bufs) {
     if (!b) continue;
@@ -1065,6 +1078,7 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
                                    std::to_string(dev) + ": a stream-ordered collective works on one device");
     }
   }
+  relaxed.reset();
   if (args.count == 0) return;
   if (nodeKernelServes(shape_) && shape_.node_kernel == Setup::kUntried) setupNodeKernel(stream, dev);
   if (!nodeKernelServes(shape_) && host_paced_why_.empty()) {
@@ -1090,49 +1104,18 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
     }
     return;
   }
-  const std::string why = kernel ? "its device is not the one the node kernel was set up on" : host_paced_why_;
-  if (!stream || stream == reinterpret_cast<void*>(1) /* cudaStreamLegacy */) {
-    // The hold below would stop the legacy stream, which the communicator's own copies (blocking streams)
-    // wait for: they could never run.
-    fail(ddlInvalidArgument, "this stream-ordered collective is host-paced (" + why +
-                                 "), which needs a stream of the caller's own (cudaStreamCreateWithFlags with "
-                                 "cudaStreamNonBlocking), not the legacy default stream (NULL)");
-  }
+  const std::string why =
+      kernel ? "its device is not the one the node kernel was set up on" : host_paced_why_;
   if (rt.capturing(stream)) {
     fail(ddlInvalidArgument,
          "this stream-ordered collective is host-paced (" + why + ") and cannot be captured into a CUDA graph");
   }
-  std::shared_ptr<StreamPath::HostJob> job = stream_->hostPaced(stream, dev);
-  try {
-    enqueue([this, &rt, job, host = std::move(host)] {
-      bool failed = false;
-      try {
-        stream_->awaitReady(*job);
-        // The caller's stream is held until this job ends: the job's copies must not wait for the legacy
-        // stream, which may itself wait (through an event) for the held stream.
-        struct Detached {
-          DeviceRuntime& rt;
-          explicit Detached(DeviceRuntime& r) : rt(r) { rt.detachFromLegacyStream(true); }
-          ~Detached() { rt.detachFromLegacyStream(false); }
-        } detached(rt);
-        host();
-      } catch (const Error& e) {
-        failed = true;
-        breakWith(e.code(), e.what());  // the caller learns it from ddlCommGetAsyncError or its next call
-      } catch (const std::exception& e) {
-        failed = true;
-        breakWith(ddlInternalError, e.what());
-      }
-      if (failed) {
-        auto lk = lockOp();
-        noteBrokenLocked();  // the peers learn it now, not at their timeout
-      }
-      job->finish();
-    });
-  } catch (...) {
-    job->finish();  // the stream must not stay held
-    throw;
-  }
+  // Host-paced: the call waits until the work queued on the stream so far is done, runs the host-blocking
+  // collective, and returns once the result is in place, so that the stream's later work sees it. (Holding
+  // the stream on the GPU while the communicator's thread ran the collective hung on an H200: a stream held
+  // on the GPU stalls a hardware queue that the collective's own copies may share.)
+  stream_->waitForStream(stream, dev);
+  host();
 }
 
 namespace {

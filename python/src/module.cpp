@@ -14,9 +14,11 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch.distributed backend 'ddl' over libddl";
   // The base classes (Backend or ProcessGroup, Store, Work) are torch's: registered when torch.distributed loads.
   py::module::import("torch.distributed");
-  py::class_<torch_ddl::ProcessGroupDDL, torch_ddl::GroupBase, c10::intrusive_ptr<torch_ddl::ProcessGroupDDL>>(
+  py::class_<torch_ddl::ProcessGroupDDL, torch_ddl::GroupBase,
+             c10::intrusive_ptr<torch_ddl::ProcessGroupDDL>>(
       m, "ProcessGroupDDL",
-      "A torch.distributed process group over libddl. Made by torch.distributed.init_process_group('ddl') and "
+      "A torch.distributed process group over libddl. Made by torch.distributed.init_process_group('ddl') "
+      "and "
       "new_group(backend='ddl') once torch_ddl is imported.")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout) {
@@ -24,13 +26,20 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("topology", &torch_ddl::ProcessGroupDDL::topology,
-                             "The multi-dimensional ring libddl runs on, e.g. '2x2' (DDL_TOPOLOGY), or the rank count")
+      .def_property_readonly(
+          "topology", &torch_ddl::ProcessGroupDDL::topology,
+          "The multi-dimensional ring libddl runs on, e.g. '2x2' (DDL_TOPOLOGY), or the rank count")
+      .def_property_readonly(
+          "stream_scheme", &torch_ddl::ProcessGroupDDL::streamScheme,
+          "How libddl runs this group's collectives on CUDA tensors: 'kernel' (enqueued, one "
+          "kernel per collective), 'host' (host-paced: each call waits for the stream and "
+          "returns once done) or 'unset' (before the first)")
       .def_property_readonly("blocking", &torch_ddl::ProcessGroupDDL::blocking,
                              "True when TORCH_DDL_BLOCKING=1 runs collectives on the calling thread")
       .def_property_readonly_static(
           "stream_ordered", [](py::object) { return torch_ddl::ProcessGroupDDL::streamOrdered(); },
-          "True where collectives on CUDA tensors are enqueued on a CUDA stream (torch >= 2.0 and a libddl built "
+          "True where collectives on CUDA tensors are enqueued on a CUDA stream (torch >= 2.0 and a libddl "
+          "built "
           "with CUDA) instead of staged through host memory");
   m.def(
       "libddl_version",

@@ -535,6 +535,13 @@ std::string ProcessGroupDDL::topology() const {
   return buf;
 }
 
+std::string ProcessGroupDDL::streamScheme() const {
+  if (closed_.load()) refuse("the process group was shut down");
+  char buf[64] = {};
+  check(ddlCommGetStreamScheme(comm_, buf, sizeof(buf)), "ddlCommGetStreamScheme");
+  return buf;
+}
+
 void ProcessGroupDDL::check(ddlResult_t r, const char* what) const {
   // This thread's last error: the communicator's may already be another thread's (a send failing meanwhile).
   if (r == ddlSuccess) return;

@@ -292,6 +292,8 @@ def coalesced():
     pg = dist.distributed_c10d._get_default_group()
     backend = pg._get_backend(torch.device(DEV))
     check(type(backend).__name__ == "ProcessGroupDDL", "the %s backend is %s" % (DEV, type(backend).__name__))
+    if DEV == "cpu":
+        check(backend.stream_scheme == "unset", "CPU collectives chose a stream scheme: %r" % backend.stream_scheme)
 
 
 def scenario_async():
@@ -601,7 +603,11 @@ def scenario_cuda():
 
 
 def no_host_synchronisation():
-    """A collective on CUDA tensors returns, and wait() too, before the GPU work it waits for has finished."""
+    """A collective on CUDA tensors returns, and wait() too, before the GPU work it waits for has finished
+    (the kernel scheme; host-paced, the call waits for the stream and returns with the result in place)."""
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
+    scheme = backend.stream_scheme
+    check(scheme in ("kernel", "host"), "stream_scheme after CUDA collectives is %r" % scheme)
     x = torch.ones(1 << 20, device="cuda")
     torch.cuda.synchronize()
     torch.cuda._sleep(int(2e9))  # about a second of GPU time on the current stream, before x is ready
@@ -612,9 +618,11 @@ def no_host_synchronisation():
     pending = not w.is_completed()
     torch.cuda.synchronize()
     total = time.monotonic() - t0
-    print("all_reduce + wait() returned after %.4f s; the GPU finished after %.3f s" % (returned, total))
-    check(pending, "the collective was complete before the GPU work it waits for had run")
-    check(returned < total / 2, "the call waited for the GPU: %.3f s of %.3f s" % (returned, total))
+    print("%s scheme: all_reduce + wait() returned after %.4f s; the GPU finished after %.3f s"
+          % (scheme, returned, total))
+    if scheme == "kernel":
+        check(pending, "the collective was complete before the GPU work it waits for had run")
+        check(returned < total / 2, "the call waited for the GPU: %.3f s of %.3f s" % (returned, total))
     same(x, torch.full((1 << 20,), float(WORLD)), "all_reduce after a busy stream")
 
 
@@ -623,13 +631,16 @@ def graph_capture():
     y = torch.ones(4096, device="cuda")
     dist.all_reduce(y)
     torch.cuda.synchronize()
+    scheme = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda")).stream_scheme
     g = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(g):
             dist.all_reduce(y)
     except (ValueError, RuntimeError) as e:
         # The host-paced scheme (ranks sharing a GPU without MPS) cannot be captured: said so, nothing broken.
-        check("captur" in str(e), "unexpected error from a captured all_reduce: %s" % e)
+        # The kernel scheme must capture (a CUDA error that merely mentions capturing is a failure).
+        check(scheme == "host" and "host-paced" in str(e),
+              "unexpected error from a captured all_reduce (%s scheme): %s" % (scheme, e))
         print("NOTE capture refused by this scheme: %s" % e)
         t = torch.ones(3, device="cuda")
         dist.all_reduce(t)

@@ -39,6 +39,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "device/device_runtime.h"
 #include "device/node_kernel.h"
@@ -124,7 +125,10 @@ struct FakeCounters {
   std::atomic<int> closes{0};
   std::atomic<int> exports{0};
   std::atomic<int> node_kernels{0};  // launches of the node kernel
-  std::atomic<int> host_calls{0};    // holds of streams (the host-paced scheme)
+  std::atomic<int> host_calls{0};    // the host-paced scheme's waits for a stream
+  // Queries (deviceOf, streamDevice) made while a stream is being captured and the calling thread is not in
+  // the relaxed capture mode: CUDA may count them as unsafe and invalidate the capture.
+  std::atomic<int> strict_capture_queries{0};
 };
 
 struct Faults {
@@ -251,7 +255,10 @@ class FakeRuntime final : public DeviceRuntime {
   void failAt(int n) { fail_at_ = n; }
 
   const char* name() const override { return "emulated"; }
-  int deviceOf(const void* p) override { return p ? FakeDevices::get().deviceOf(p) : -1; }
+  int deviceOf(const void* p) override {
+    noteQuery();
+    return p ? FakeDevices::get().deviceOf(p) : -1;
+  }
   void bind(int dev) override {
     if (dev < 0) fail(ddlInternalError, "fake device: bind to a negative device");
     dev_ = dev;
@@ -328,8 +335,14 @@ class FakeRuntime final : public DeviceRuntime {
 
   // ---- streams ----
   // The application's streams (tests make them) are on device 0.
-  int streamDevice(void* stream) override { return stream ? 0 : threadDevice(); }
+  int streamDevice(void* stream) override {
+    noteQuery();
+    return stream ? 0 : threadDevice();
+  }
   bool capturing(void* stream) override { return stream && stream == capturing_; }
+  // The calling thread's capture mode as CUDA numbers them (2: relaxed).
+  int relaxCapture() override { return std::exchange(captureMode(), 2); }
+  void restoreCapture(int mode) noexcept override { captureMode() = mode; }
   void* newStream(int) override { return new FakeStream; }
   void deleteStream(void* s) noexcept override { delete static_cast<FakeStream*>(s); }
   void* newEvent(int) override { return new FakeEvent; }
@@ -349,17 +362,11 @@ class FakeRuntime final : public DeviceRuntime {
     const auto [s, index] = static_cast<FakeEvent*>(event)->get();
     return !s || s->reached(index);
   }
-  void holdUntil(void* stream, const uint32_t* word, uint32_t value) override {
+  // The host-paced scheme's wait: runs the stream's work so far (a real GPU runs it on its own).
+  void waitForStream(void* stream, int, const std::function<bool()>& aborted) override {
     ++counters_->host_calls;
-    streamOf(stream)->push([word, value] {
-      // A job always finishes within its timeout; 120 s means the path forgot one.
-      auto* w = const_cast<uint32_t*>(word);
-      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-      while (static_cast<int32_t>(std::atomic_ref<uint32_t>(*w).load(std::memory_order_acquire) - value) < 0) {
-        if (std::chrono::steady_clock::now() > end) fail(ddlInternalError, "fake device: a hold never released");
-        std::this_thread::yield();
-      }
-    });
+    if (aborted()) fail(ddlAborted, "communicator aborted by ddlCommAbort");
+    streamOf(stream)->sync();
   }
   void* allocMapped(size_t bytes, void** device) override {
     void* p = FakeDevices::get().alloc(bytes, -1, true);
@@ -373,7 +380,7 @@ class FakeRuntime final : public DeviceRuntime {
   bool sharedByMps(int) override { return faults_.mps; }
   int processId() override { return faults_.pid ? faults_.pid : DeviceRuntime::processId(); }
   int nodeKernelCapacity(int) override { return faults_.capacity; }
-  void launchNode(void* stream, const node::Args& args) override {
+  void launchNode(void* stream, int, const node::Args& args) override {
     ++counters_->node_kernels;
     if (fail_at_ > 0 && --fail_at_ == 0) fail(ddlCudaError, "fake device: injected failure");
     streamOf(stream)->push([args] {
@@ -411,6 +418,14 @@ class FakeRuntime final : public DeviceRuntime {
       ++Q.ran;
       op();
     }
+  }
+
+  static int& captureMode() {
+    thread_local int mode = 0;  // global, CUDA's default
+    return mode;
+  }
+  void noteQuery() {
+    if (capturing_ && captureMode() != 2) ++counters_->strict_capture_queries;
   }
 
   FakeStream* streamOf(void* stream) { return stream ? static_cast<FakeStream*>(stream) : &default_stream_; }

@@ -310,7 +310,10 @@ TEST(StreamPath, CaptureNeedsAFirstCallAndTheKernel) {
           EXPECT_NE(std::string(e.what()).find("captured"), std::string::npos) << e.what();
         }
       } else {
+        const int strict = setup.counters->strict_capture_queries.load();
         comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+        EXPECT_EQ(setup.counters->strict_capture_queries.load(), strict)
+            << "the call asked the runtime questions in a mode that could invalidate the capture";
         stream.sync();
         expectSame(get(a.p, 4096), makeExpected(ddlFloat32, ddlSum, 2, 1024), "captured");
       }

@@ -177,6 +177,11 @@ ddlResult_t ddlCommGetTopology(ddlComm_t comm, char* buf, size_t len);
  * "ucx" (UCX only: DDL_SHM=off, one rank per node, a layout whose dim 0 is not the node, a forced ring or
  * rhd, or a forced mdring among ranks that all share one node). */
 ddlResult_t ddlCommGetIntraNodePath(ddlComm_t comm, char* buf, size_t len);
+/* How this communicator's stream-ordered collectives (the *OnStream calls below) run: "kernel" (one kernel
+ * per collective and rank, enqueued; the call returns at once), "host" (host-paced: the call waits for the
+ * stream and runs the collective before it returns) or "unset" (no stream-ordered collective has run yet; the
+ * first decides). */
+ddlResult_t ddlCommGetStreamScheme(ddlComm_t comm, char* buf, size_t len);
 
 /* Collectives. sendbuff == recvbuff is in-place. Every rank must make the same calls in the same order with
  * the same count, type, op and root; a mismatch that libddl detects gives ddlInvalidArgument on the ranks
@@ -218,20 +223,20 @@ ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const 
 
 /* Stream-ordered collectives of CUDA device buffers (libddl built with the CUDA Toolkit). Arguments and
  * semantics as the blocking calls above; both buffers are device memory on the stream's device. The call
- * enqueues the collective on stream and returns at once: work queued on stream after it sees the result, and
- * the buffers must not be freed or rewritten until then. Every rank makes the same calls in the same order,
- * on whatever stream; a communicator runs its collectives in call order, blocking and stream-ordered alike.
+ * enqueues the collective on stream and returns at once (but see "host-paced" below): work queued on stream
+ * after it sees the result, and the buffers must not be freed or rewritten until then. Every rank makes the
+ * same calls in the same order, on whatever stream; a communicator runs its collectives in call order,
+ * blocking and stream-ordered alike.
  *
  * Among ranks that all share one node (ddlCommGetIntraNodePath "shm") with CUDA IPC between their GPUs, and
  * each rank on a GPU of its own or several sharing one under the MPS daemon, a collective is one kernel per
  * rank with no host in the data path (the "kernel" scheme), and can be captured into a CUDA graph once the
  * communicator has run one stream-ordered collective uncaptured (the first sets its GPU memory up, a blocking
  * exchange among the ranks). Elsewhere (several nodes, ranks sharing a GPU without MPS,
- * DDL_DEVICE_SCHEME=host) the collective is "host-paced": the stream waits (on a word of pinned memory) while
- * the communicator's thread runs the blocking collective once the stream's earlier work is complete; the
- * caller's thread does not wait, capture is refused, and the stream must be one of the caller's own
- * (non-blocking, not NULL). While it waits, device-wide synchronisations elsewhere in the process
- * (cudaDeviceSynchronize, cudaFree) wait for it too. DDL_DEBUG=1 says which scheme runs. A graph's
+ * DDL_DEVICE_SCHEME=host) the collective is "host-paced": the call waits until the stream's earlier work is
+ * complete, runs the blocking collective and returns once the result is in place, so it does not return at
+ * once and overlaps nothing; capture is refused. ddlCommGetStreamScheme and DDL_DEBUG=1 say which scheme
+ * runs. A graph's
  * collectives are ordered by the stream the graph is launched on: launch it where the communicator's other
  * stream-ordered calls are ordered (the same stream).
  *

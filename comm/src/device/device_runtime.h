@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -66,11 +67,6 @@ class DeviceRuntime {
   // After a failure: waits for every queue, swallowing errors, so that nothing still writes to memory the
   // caller is about to reuse or free.
   virtual void drain() noexcept = 0;
-  // While on: the queues do not wait for the legacy default stream (CUDA: non-blocking streams). A host-paced
-  // stream-ordered job turns it on for its run: the caller's stream is held until the job ends, and anything
-  // made to wait for that stream (the legacy stream, say, through an event) must not be waited for by the
-  // job's own copies. Off (the blocking calls), the queues also wait for the legacy stream's earlier work.
-  virtual void detachFromLegacyStream(bool on) { (void)on; }
 
   // Pinned host memory (device copies run at full speed, kernels may read it); device memory on the bound
   // device.
@@ -91,6 +87,12 @@ class DeviceRuntime {
   virtual int streamDevice(void* stream) = 0;
   // Whether work queued on stream now is being captured into a CUDA graph.
   virtual bool capturing(void* stream) = 0;
+  // Puts the calling thread in the relaxed capture mode and returns its mode before, for restoreCapture.
+  // A stream-ordered collective enqueued during a capture asks questions the capture has no part in (which
+  // device a pointer or a stream is on); in the global and thread-local modes CUDA may count such calls as
+  // unsafe and invalidate the caller's capture.
+  virtual int relaxCapture() { return 0; }
+  virtual void restoreCapture(int mode) noexcept { (void)mode; }
   // A stream of libddl's own on dev, which does not wait for the legacy default stream.
   virtual void* newStream(int dev) = 0;
   virtual void deleteStream(void* stream) noexcept = 0;
@@ -102,10 +104,9 @@ class DeviceRuntime {
   virtual void waitOn(void* stream, void* event) = 0;
   // Whether event has completed (the host does not wait).
   virtual bool eventDone(void* event) = 0;
-  // The stream's later work waits until the 32-bit word at word (allocMapped's memory: the host's pointer)
-  // reaches value (compared as (int32_t)(*word - value) >= 0, so that it may wrap), without the host waiting:
-  // CUDA's cuStreamWaitValue32 where the driver has it, else a host function that polls the word.
-  virtual void holdUntil(void* stream, const uint32_t* word, uint32_t value) = 0;
+  // Returns once the work queued on stream (on dev) so far is done; throws ddlAborted once aborted() says
+  // so (it is asked while waiting).
+  virtual void waitForStream(void* stream, int dev, const std::function<bool()>& aborted) = 0;
   // Pinned host memory that kernels read and write (the abort and error words of the node kernel): the
   // host's pointer, *device the kernels' view of it. Zeroed.
   virtual void* allocMapped(size_t bytes, void** device) = 0;
@@ -125,7 +126,7 @@ class DeviceRuntime {
   // other.
   virtual int nodeKernelCapacity(int dev) = 0;
   // Enqueues the node kernel (device/node_kernel.h) on stream.
-  virtual void launchNode(void* stream, const node::Args& args) = 0;
+  virtual void launchNode(void* stream, int dev, const node::Args& args) = 0;
 };
 
 // CUDA's runtime, in builds with the CUDA Toolkit (null in others). Creates nothing on a device until used.

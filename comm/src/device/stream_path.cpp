@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -59,38 +58,6 @@ bool decode(const char* b, Record* r) {
 
 bool debug() { return !getEnv("DDL_DEBUG").empty(); }
 
-// Hold words of host-paced jobs, in pinned pages of kHoldWords that live as long as the process: a stream's
-// wait may still read its word after its communicator is gone. A communicator takes a word at its first
-// host-paced call and gives it back when it goes; a word taken again keeps its value (the next owner counts
-// on from it), so a late wait of the previous owner stays satisfied. Pages are added only while every word is
-// held by a live communicator.
-constexpr size_t kHoldWords = 1024;
-struct HoldWords {
-  std::mutex mu;
-  std::vector<uint32_t*> free;
-};
-HoldWords& holdWords() {
-  static HoldWords* w = new HoldWords;  // never destroyed: streams may outlive every communicator
-  return *w;
-}
-uint32_t* takeHoldWord(DeviceRuntime& rt) {
-  HoldWords& w = holdWords();
-  std::lock_guard<std::mutex> lk(w.mu);
-  if (w.free.empty()) {
-    void* dev = nullptr;
-    auto* page = static_cast<uint32_t*>(rt.allocMapped(kHoldWords * sizeof(uint32_t), &dev));
-    for (size_t i = kHoldWords; i-- > 0;) w.free.push_back(page + i);
-  }
-  uint32_t* word = w.free.back();
-  w.free.pop_back();
-  return word;
-}
-void giveHoldWord(uint32_t* word) {
-  HoldWords& w = holdWords();
-  std::lock_guard<std::mutex> lk(w.mu);
-  w.free.push_back(word);
-}
-
 }  // namespace
 
 StreamPath::StreamPath(DeviceRuntime& rt, int rank, int timeout_ms, DeviceScheme forced, size_t slot_bytes)
@@ -103,10 +70,7 @@ StreamPath::StreamPath(DeviceRuntime& rt, int rank, int timeout_ms, DeviceScheme
                                                           (node::kUnitBytes * node::kBlocks) *
                                                           (node::kUnitBytes * node::kBlocks))) {}
 
-StreamPath::~StreamPath() {
-  release();
-  if (hold_word_) giveHoldWord(hold_word_);  // the communicator ran every job it made (drained)
-}
+StreamPath::~StreamPath() { release(); }
 
 void StreamPath::closePeers() noexcept {
   if (stream_) {
@@ -291,49 +255,13 @@ void StreamPath::launch(void* stream, node::Args a) {
   DDL_ASSERT(node::chunkElems(a) > 0);
   rt_.recordOn(stream, fork_);
   rt_.waitOn(stream_, fork_);
-  rt_.launchNode(stream_, a);
+  rt_.launchNode(stream_, dev_, a);
   rt_.recordOn(stream_, join_);
   rt_.waitOn(stream, join_);
 }
 
-void StreamPath::HostJob::finish() {
-  std::atomic_ref<uint32_t>(*word).store(number, std::memory_order_release);
-  if (ready) rt->deleteEvent(ready);
-  ready = nullptr;
-}
-
-std::shared_ptr<StreamPath::HostJob> StreamPath::hostPaced(void* stream, int dev) {
-  if (!hold_word_) {
-    hold_word_ = takeHoldWord(rt_);
-    jobs_ = std::atomic_ref<uint32_t>(*hold_word_).load(std::memory_order_acquire);
-  }
-  auto job = std::make_shared<HostJob>();
-  job->rt = &rt_;
-  job->word = hold_word_;
-  job->ready = rt_.newEvent(dev);
-  try {
-    rt_.recordOn(stream, job->ready);
-    job->number = jobs_ + 1;
-    rt_.holdUntil(stream, job->word, job->number);
-    ++jobs_;
-  } catch (...) {
-    rt_.deleteEvent(job->ready);
-    job->ready = nullptr;
-    throw;
-  }
-  return job;
-}
-
-void StreamPath::awaitReady(HostJob& job) {
-  // Poll: briefly at full speed (the stream is often there already), then with short sleeps.
-  for (int i = 0; !rt_.eventDone(job.ready); ++i) {
-    if (aborted_.load()) fail(ddlAborted, "communicator aborted by ddlCommAbort");
-    if (i < 64) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-  }
+void StreamPath::waitForStream(void* stream, int dev) {
+  rt_.waitForStream(stream, dev, [this] { return aborted_.load(); });
 }
 
 void StreamPath::abort() {

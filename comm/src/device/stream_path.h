@@ -15,25 +15,25 @@
 //    No host takes part after that.
 //  - Host-paced, everywhere else (ranks on several nodes, no CUDA IPC, or ranks sharing one GPU without MPS,
 //    whose kernels would take turns on the GPU and so could not wait for each other inside a kernel): the
-//    call records an event on the stream and holds the stream (a wait on a word of pinned memory, in the
-//    GPU's front end: DeviceRuntime::holdUntil) until the communicator's own thread has run the collective
-//    with the host-blocking device path (device_path.h) once that event completed (hostPaced, awaitReady,
-//    HostJob::finish). The caller's thread does not wait; the stream does. Not capturable.
+//    call waits until the stream's earlier work is done (waitForStream, polling an event so that an abort
+//    ends the wait) and runs the collective with the host-blocking device path (device_path.h) on the
+//    caller's thread. It returns once the result is in place, so it overlaps nothing; it cannot be captured.
+//    A version that held the stream on the GPU (a wait on a word of pinned memory) while the communicator's
+//    thread ran the collective hung on an H200: a stream waiting on the GPU stalls a hardware queue, which
+//    the collective's own copies may share.
 //
 // Failures found on the GPU (a timeout or an abort inside the kernel, or a peer's) land in the error word;
 // Comm reads it (gpuError) and breaks the communicator. abort() sets the abort word, which every wait of the
 // kernel polls, so work already on the GPU ends too.
 //
-// Threads: setupNode, launch and hostPaced on the thread calling the communicator's collectives;
-// awaitReady on the communicator's thread; abort and gpuError on any thread.
+// Threads: setupNode, launch and waitForStream on the thread calling the communicator's collectives; abort
+// and gpuError on any thread.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -75,26 +75,9 @@ class StreamPath {
   // op, root and divisor are the caller's; the rest comes from here.
   void launch(void* stream, node::Args a);
 
-  // The host-paced scheme's hand-over between the caller's stream and the communicator's thread: the stream
-  // waits (DeviceRuntime::holdUntil) until the job's number is in the hold word, which finish() writes. Jobs
-  // finish in the order they were made (the communicator's thread runs them in order).
-  class HostJob {
-   public:
-    // The communicator's thread, once the collective ran (or failed): lets the stream go on.
-    void finish();
-
-   private:
-    friend class StreamPath;
-    void* ready = nullptr;  // recorded on the caller's stream at the call
-    DeviceRuntime* rt = nullptr;
-    uint32_t* word = nullptr;  // the hold word (pinned)
-    uint32_t number = 0;
-  };
-  // Records the stream's readiness and holds the stream until job->finish().
-  std::shared_ptr<HostJob> hostPaced(void* stream, int dev);
-  // The communicator's thread: waits until the work the caller queued before the job completed. Polls, so
-  // that an abort ends the wait (then throws ddlAborted).
-  void awaitReady(HostJob& job);
+  // The host-paced scheme: returns once the work queued on stream (on dev) so far is done. Polls, so that an
+  // abort ends the wait (then throws ddlAborted).
+  void waitForStream(void* stream, int dev);
 
   // Any thread.
   void abort();
@@ -133,8 +116,6 @@ class StreamPath {
   std::atomic<uint32_t*> error_word_{nullptr};
   std::atomic<bool> aborted_{false};
   bool abandoned_ = false;
-  uint32_t* hold_word_ = nullptr;  // host-paced jobs' hold word (pinned), taken at the first
-  uint32_t jobs_ = 0;              // host-paced jobs made
 };
 
 }  // namespace ddl
