@@ -195,16 +195,13 @@ class CudaRuntime final : public DeviceRuntime {
 
   int streamDevice(void* stream) override {
     int dev = -1;
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    if (stream && cudaStreamIsCapturing(asStream(stream), &st) == cudaSuccess &&
-        st == cudaStreamCaptureStatusNone) {
-      check(cudaStreamGetDevice(asStream(stream), &dev), "cudaStreamGetDevice (is the stream valid?)");
-    } else {
-      // The null stream is the current device's; and CUDA refuses cudaStreamGetDevice on a stream being
-      // captured (seen on an H200, CUDA 13): work is captured from the device it is launched on, the current.
-      cudaGetLastError();
+    if (!stream) {
       check(cudaGetDevice(&dev), "cudaGetDevice");
+      return dev;
     }
+    // CUDA refuses cudaStreamGetDevice on a stream being captured (seen on an H200, CUDA 13): -1 then.
+    if (capturing(stream)) return -1;
+    check(cudaStreamGetDevice(asStream(stream), &dev), "cudaStreamGetDevice (is the stream valid?)");
     return dev;
   }
   bool capturing(void* stream) override {
@@ -291,7 +288,7 @@ class CudaRuntime final : public DeviceRuntime {
   void freeMapped(void* host) noexcept override { freeHost(host); }
   void zeroDevice(void* p, size_t bytes) override {
     // On a stream of its own and waiting for it alone: a device-wide synchronisation would also wait for
-    // streams that other ranks of this process hold (the host-paced scheme), which may need this rank.
+    // other ranks of this process (threads) whose kernels may wait on the GPU for this rank.
     cudaStream_t s = nullptr;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
     cudaError_t e = cudaMemsetAsync(p, 0, bytes, s);

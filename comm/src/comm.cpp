@@ -988,7 +988,7 @@ void Comm::driveP2P() {
 
 void Comm::drainAsync() {
   std::unique_lock<std::mutex> lk(q_mu_);
-  // A call from the executor itself (a callback of an asynchronous operation) has nothing to wait for.
+  // Defensive: nothing the executor runs calls back into a collective, but if it did it must not wait here.
   if (executor_.joinable() && std::this_thread::get_id() == executor_.get_id()) return;
   q_cv_.wait(lk, [&] { return in_flight_ == 0; });
 }
@@ -1000,7 +1000,7 @@ constexpr int kNodeKernelSetupVariant = 0xD0;
 }  // namespace
 
 std::string Comm::streamScheme() const {
-  switch (shape_.node_kernel) {
+  switch (static_cast<Setup>(stream_scheme_.load())) {
     case Setup::kReady:
       return "kernel";
     case Setup::kOff:
@@ -1038,6 +1038,7 @@ void Comm::setupNodeKernel(void* stream, int dev) {
   };
   std::string why;
   shape_.node_kernel = stream_->setupNode(dev, ex, &why) ? Setup::kReady : Setup::kOff;
+  stream_scheme_.store(static_cast<int>(shape_.node_kernel));
   if (shape_.node_kernel == Setup::kOff) host_paced_why_ = why;
 }
 
@@ -1063,7 +1064,12 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
     RelaxedCapture& operator=(const RelaxedCapture&) = delete;
   };
   std::optional<RelaxedCapture> relaxed(std::in_place, rt);
-  const int dev = rt.streamDevice(stream);
+  int dev = rt.streamDevice(stream);
+  if (dev < 0) {  // a stream being captured: CUDA does not say its device, which must be the buffers'
+    for (const void* b : bufs) {
+      if (b && (dev = rt.deviceOf(b)) >= 0) break;
+    }
+  }
   for (const void* b : bufs) {
     if (!b) continue;
     const int d = rt.deviceOf(b);
@@ -1083,6 +1089,7 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   if (nodeKernelServes(shape_) && shape_.node_kernel == Setup::kUntried) setupNodeKernel(stream, dev);
   if (!nodeKernelServes(shape_) && host_paced_why_.empty()) {
     shape_.node_kernel = Setup::kOff;
+    stream_scheme_.store(static_cast<int>(Setup::kOff));
     host_paced_why_ =
         size_ == 1 ? "a single rank"
                    : "the ranks are on several nodes, or do not share memory (" + intraNodePath() + ")";
@@ -1114,7 +1121,18 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   // collective, and returns once the result is in place, so that the stream's later work sees it. (Holding
   // the stream on the GPU while the communicator's thread ran the collective hung on an H200: a stream held
   // on the GPU stalls a hardware queue that the collective's own copies may share.)
-  stream_->waitForStream(stream, dev);
+  try {
+    stream_->waitForStream(stream, dev);
+  } catch (const Error& e) {
+    // The peers are in this collective already: a rank that leaves it here is out of step for good (an
+    // abort has told them already).
+    if (e.code() != ddlAborted) {
+      breakWith(e.code(), e.what());
+      auto lk = lockOp();
+      noteBrokenLocked();
+    }
+    throw;
+  }
   host();
 }
 

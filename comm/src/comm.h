@@ -144,14 +144,14 @@ class Comm {
   // this rank's block staged through pinned memory, back over IPC.
   void allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
                             ddlRedOp_t op, NodeMemory& mem);
-  // A stream-ordered collective (the *OnStream calls): the node kernel where it serves, else host (the
-  // blocking device collective, run host-paced on the executor). args holds the kernel's kind, buffers,
-  // count, type, op, root and divisor; bufs the device buffers to check.
+  // A stream-ordered collective (the *OnStream calls): the node kernel where it serves, else host
+  // (host-paced: waits for the stream, then runs the blocking device collective on the calling thread). args
+  // holds the kernel's kind, buffers, count, type, op, root and divisor; bufs the device buffers to check.
   void onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
                 std::function<void()> host);
   // The first stream-ordered collective on one node: sets the node kernel up, or not, on every rank.
   void setupNodeKernel(void* stream, int dev);
-  // Runs task on the executor after the queued ones (iallReduce, host-paced stream collectives).
+  // Runs task on the executor after the queued ones (iallReduce).
   void enqueue(std::function<void()> task);
   // A failure the node kernel reported breaks the communicator.
   void noteGpuError();
@@ -200,6 +200,7 @@ class Comm {
   // What planAllReduce decides from; the one home of the IPC and node kernel setups' outcome (ipc,
   // node_kernel).
   AllReduceShape shape_;
+  std::atomic<int> stream_scheme_{static_cast<int>(Setup::kUntried)};  // shape_.node_kernel, for any thread
   std::string host_paced_why_;                // why stream-ordered collectives are host-paced
   std::unique_ptr<PointToPoint> p2p_;         // goes before channel_, whose transport it uses
 

@@ -464,6 +464,12 @@ TEST(CApi, SingleRankCommunicatorAndBadArguments) {
   char topo[16];
   EXPECT_EQ(ddlCommGetTopology(comm, topo, sizeof(topo)), ddlSuccess);
   EXPECT_STREQ(topo, "1");
+  char scheme[8];  // no stream-ordered call yet: "unset"; too small a buffer is an argument error
+  EXPECT_EQ(ddlCommGetStreamScheme(comm, scheme, sizeof(scheme)), ddlSuccess);
+  EXPECT_STREQ(scheme, "unset");
+  EXPECT_EQ(ddlCommGetStreamScheme(comm, scheme, 5), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(comm)).find("buffer too small for 'unset'"), std::string::npos);
+  EXPECT_EQ(ddlCommGetStreamScheme(nullptr, scheme, sizeof(scheme)), ddlInvalidArgument);
   ddlResult_t async = ddlInternalError;
   EXPECT_EQ(ddlCommGetAsyncError(comm, &async), ddlSuccess);
   EXPECT_EQ(async, ddlSuccess);

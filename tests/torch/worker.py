@@ -623,6 +623,9 @@ def no_host_synchronisation():
     if scheme == "kernel":
         check(pending, "the collective was complete before the GPU work it waits for had run")
         check(returned < total / 2, "the call waited for the GPU: %.3f s of %.3f s" % (returned, total))
+    else:  # host-paced: the group's worker waits for the stream, and wait() for the worker
+        check(returned > total / 2, "host-paced, wait() returned before the stream's work: %.3f s of %.3f s"
+              % (returned, total))
     same(x, torch.full((1 << 20,), float(WORLD)), "all_reduce after a busy stream")
 
 
@@ -646,6 +649,7 @@ def graph_capture():
         dist.all_reduce(t)
         same(t, torch.full((3,), float(WORLD)), "all_reduce after a refused capture")
         return
+    check(scheme == "kernel", "the %s scheme let a collective be captured" % scheme)
     y.fill_(1)
     for _ in range(3):
         g.replay()

@@ -17,9 +17,11 @@
 // - Streams (FakeStream: the application's, and libddl's own) are deferred too, and thread-safe: whichever
 //   thread waits for a stream (a host that synchronises it, an event a host polls or another stream awaits)
 //   runs its work, one operation at a time, in order; a thread that needs work another thread is running
-//   waits for it. An operation may block (a hold on a word, the node kernel waiting for its peers), as on a
-//   GPU. eventDone is the exception: it runs nothing, it polls, so a path that polls an
-//   event nobody drives would wait forever; the tests drive their streams.
+//   waits for it. An operation may block (the node kernel waiting for its peers), as on a GPU. eventDone is
+//   the exception: it runs nothing, it polls, so a path that polls an event nobody drives would wait
+//   forever; the tests drive their streams. waitForStream (the host-paced scheme's wait) runs the stream.
+// - Capture: setCapturing(stream) makes stream "captured": streamDevice will not say its device (as CUDA),
+//   and queries made on a thread not in the relaxed capture mode are counted (strict_capture_queries).
 // - The node kernel (device/node_kernel.h) runs on the host: the same algorithm, its blocks one after the
 //   other on the thread that drives the stream, flags and counters as atomics. Devices have an identity
 //   (shared by ranks on one emulated device) and MPS can be switched on (Faults::mps).
@@ -337,6 +339,7 @@ class FakeRuntime final : public DeviceRuntime {
   // The application's streams (tests make them) are on device 0.
   int streamDevice(void* stream) override {
     noteQuery();
+    if (stream && stream == capturing_) return -1;  // as CUDA, which will not say while capturing
     return stream ? 0 : threadDevice();
   }
   bool capturing(void* stream) override { return stream && stream == capturing_; }
@@ -390,6 +393,8 @@ class FakeRuntime final : public DeviceRuntime {
   }
   // The one stream "being captured" (tests).
   void setCapturing(void* stream) { capturing_ = stream; }
+  // The calling thread's capture mode (0: CUDA's default, global; 2: relaxed).
+  static int threadCaptureMode() { return captureMode(); }
 
  private:
   struct Mark {

@@ -268,14 +268,32 @@ TEST(StreamPath, HostPacedKeepsOrderWithBlockingCalls) {
     FakeBuffer a(kCount * 4);
     put(a.p, makeInput(ddlInt32, ddlSum, comm.rank(), kCount));
     comm.allReduceOnStream(a.p, a.p, kCount, ddlInt32, ddlSum, &stream);
-    // A blocking host collective after it runs after it on the wire (the stream is driven meanwhile).
-    std::thread drive([&] { stream.sync(); });
+    // A blocking host collective after it runs after it on the wire.
     std::vector<int32_t> h(4, comm.rank() + 1), out(4);
     comm.allReduce(h.data(), out.data(), 4, ddlInt32, ddlSum);
-    drive.join();
     EXPECT_EQ(out[0], 3);
     expectSame(get(a.p, kCount * 4), makeExpected(ddlInt32, ddlSum, 2, kCount), "host-paced");
   }));
+}
+
+// Host-paced, the call itself waits for the stream's earlier work (here: the write of its input, queued and
+// not yet run) before the collective reads the buffer, and returns with the result in place.
+TEST(StreamPath, HostPacedWaitsForTheStreamsEarlierWork) {
+  Rig setup;
+  setup.scheme = DeviceScheme::kHost;
+  expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
+    constexpr size_t kCount = 3000;
+    FakeStream stream;
+    FakeBuffer a(kCount * 4), b(kCount * 4);
+    comm.allReduceOnStream(a.p, b.p, kCount, ddlFloat32, ddlSum, &stream);  // the first call sets up
+    const std::vector<char> input = makeInput(ddlFloat32, ddlSum, comm.rank(), kCount);
+    std::memset(a.p, 0, kCount * 4);
+    stream.push([&] { std::memcpy(a.p, input.data(), input.size()); });
+    comm.allReduceOnStream(a.p, b.p, kCount, ddlFloat32, ddlSum, &stream);
+    expectSame(get(b.p, kCount * 4), makeExpected(ddlFloat32, ddlSum, 2, kCount), "host-paced");
+    EXPECT_EQ(comm.streamScheme(), "host");
+  }));
+  EXPECT_GT(setup.counters->host_calls.load(), 0);
 }
 
 TEST(StreamPath, CaptureNeedsAFirstCallAndTheKernel) {
@@ -314,6 +332,7 @@ TEST(StreamPath, CaptureNeedsAFirstCallAndTheKernel) {
         comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
         EXPECT_EQ(setup.counters->strict_capture_queries.load(), strict)
             << "the call asked the runtime questions in a mode that could invalidate the capture";
+        EXPECT_EQ(FakeRuntime::threadCaptureMode(), 0) << "the caller's capture mode was not given back";
         stream.sync();
         expectSame(get(a.p, 4096), makeExpected(ddlFloat32, ddlSum, 2, 1024), "captured");
       }

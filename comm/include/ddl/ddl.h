@@ -4,8 +4,9 @@
  * NCCL-shaped: an opaque communicator, one result type, a versioned config struct. Every call returns a
  * ddlResult_t; no C++ exception ever crosses this boundary. Buffers are host memory; in a libddl built with
  * the CUDA Toolkit, the collectives also take CUDA device memory:
- *  - stream-ordered (the *OnStream calls, as NCCL's): enqueued on a CUDA stream, they return at once and the
- *    stream's later work sees the result;
+ *  - stream-ordered (the *OnStream calls, as NCCL's): enqueued on a CUDA stream, they return at once (where
+ *    libddl's node kernel serves; "host-paced" elsewhere, they return once done) and the stream's later work
+ *    sees the result;
  *  - host-blocking (the others, either buffer or both on a device): device data must be complete (its stream
  *    synchronised) when the call is made; the result is in recvbuff when the call (or ddlWait) returns.
  * Point-to-point calls take host memory only.

@@ -10,7 +10,7 @@
 //    algorithm;
 //  - device buffers on a stream (device/stream_path.h): the node kernel where every rank is on one node and
 //    shares its segment, one-shot up to nodeOneShotBytes, two-shot above; else host-paced, running the
-//    host-blocking device path on the communicator's thread.
+//    host-blocking device path on the calling thread once the stream's earlier work is done.
 // A path with a setup (the IPC scratch, the node kernel's regions) is planned while its setup has not been
 // tried (`setup`); Comm then runs the setup, and a failed one (Setup::kOff) makes the next plan choose the
 // next path. Checks that need the buffers themselves (on which device they are) stay with Comm.
@@ -48,7 +48,7 @@ enum class AllReducePath {
   kIpcAcrossNodes,  // device, the node is dim 0: the node's dim over IPC, the other dims staged
   kStaged,          // device elsewhere: `algo` on chunks staged through pinned memory
   kNodeKernel,      // on a stream, one node: one kernel per rank
-  kHostPaced,       // on a stream elsewhere: `host_paced` (a host-blocking device path) on the executor
+  kHostPaced,       // on a stream elsewhere: `host_paced` (a host-blocking device path) after the stream
 };
 const char* pathName(AllReducePath p);
 

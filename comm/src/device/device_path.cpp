@@ -107,8 +107,8 @@ bool DevicePath::handles(std::initializer_list<const void*> ptrs) {
 char* DevicePath::pinned(size_t bytes) {
   if (pinned_bytes_ < bytes) {
     // The smaller buffer is kept until release: freeing pinned memory synchronises the whole device, which
-    // inside a host-paced job would wait for the caller's stream that the job itself holds. Doubling bounds
-    // what is kept to the size of the last buffer.
+    // would also wait for other ranks' kernels where ranks are threads of one process. Doubling bounds what
+    // is kept to the size of the last buffer.
     const size_t grown = std::max(bytes, 2 * pinned_bytes_);
     char* bigger = static_cast<char*>(rt_->allocHost(grown));
     if (pinned_) retired_pinned_.push_back(pinned_);

@@ -83,7 +83,8 @@ class DeviceRuntime {
 
   // ---- Stream-ordered work (device/stream_path.h) ----
   // A stream is the application's (a cudaStream_t; null: the legacy default stream) or one of newStream's.
-  // The device a stream works on (the null stream: the calling thread's current device).
+  // The device a stream works on (the null stream: the calling thread's current device); -1 while the stream
+  // is being captured into a CUDA graph (CUDA does not say it then).
   virtual int streamDevice(void* stream) = 0;
   // Whether work queued on stream now is being captured into a CUDA graph.
   virtual bool capturing(void* stream) = 0;

@@ -1,8 +1,8 @@
 // StreamPath: what stream-ordered device collectives (ddlAllReduceOnStream and the others) need beside a
 // communicator's host machinery, for one rank. Comm owns one where it has a DeviceRuntime.
 //
-// A stream-ordered collective is enqueued on the caller's stream and the call returns at once; the stream's
-// later work sees the result. Two schemes carry it:
+// A stream-ordered collective is ordered on the caller's stream: the stream's later work sees the result. Two
+// schemes carry it (the first returns at once, the second once the collective is done):
 //
 //  - The node kernel (device/node_kernel.h), where every rank is on one node and shares memory with the
 //  others
