@@ -35,6 +35,7 @@
 #include "common/job_id.h"
 #include "common/pki.h"
 #include "common/resources.h"
+#include "common/topology_dims.h"
 #include "common/version.h"
 #include "ddl/messages.h"
 #include "ddl/tls.h"
@@ -155,19 +156,6 @@ std::optional<std::pair<std::string, std::string>> splitKeyValue(const std::stri
   size_t eq = s.find('=');
   if (eq == std::string::npos || eq == 0) return std::nullopt;
   return std::make_pair(s.substr(0, eq), s.substr(eq + 1));
-}
-
-bool isTopology(const std::string& s) {
-  std::istringstream in(s);
-  std::string dim;
-  int dims = 0;
-  while (std::getline(in, dim, 'x')) {
-    if (!isDigits(dim) || dim.size() > 6 || std::stoi(dim) < 1) {
-      return false;
-    }
-    ++dims;
-  }
-  return dims > 0 && s.back() != 'x';
 }
 
 }  // namespace
@@ -443,8 +431,21 @@ std::string checkSubmitValues(const SubmitArgs& args) {
     if (std::string why = parseByteSize(args.memPerRank, &bytes); !why.empty())
       return "--mem-per-rank '" + args.memPerRank + "': " + why;
   }
-  if (!args.topology.empty() && !isTopology(args.topology)) {
-    return "--topology '" + args.topology + "' is not a list of positive numbers joined by x, like 4x2";
+  if (!args.topology.empty()) {
+    std::vector<int> dims;
+    if (std::string why = parseTopologyDims(args.topology, &dims); !why.empty()) {
+      return "--topology '" + args.topology + "': " + why +
+             " (expected positive numbers joined by x, like 4x2)";
+    }
+    // The ranks are the job's GPUs: --gpus, or --nodes x --gpus-per-node (default 1).
+    const long long ranks = topologyRanks(dims);
+    const long long gpus = args.gpus    ? *args.gpus
+                           : args.nodes ? static_cast<long long>(*args.nodes) * args.gpusPerNode.value_or(1)
+                                        : ranks;
+    if (ranks != gpus) {
+      return "--topology " + args.topology + " has " + std::to_string(ranks) + " ranks but the job has " +
+             std::to_string(gpus) + " GPUs; the dims must multiply to the GPU count";
+    }
   }
   if (Parsed<std::vector<std::string>> exported = exportedEnv(args.exportSpec, args.environ);
       !exported.ok()) {

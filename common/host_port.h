@@ -1,6 +1,6 @@
 // "HOST:PORT" addresses: the one parser and formatter of ddl's programs (the coordinator's listen and http
-// settings, the agent's coordinator address, ddlctl's --coordinator, ddlrun's --root, TLS's loopback check).
-// libddl keeps its own (comm/src), as it links nothing of ddl's.
+// settings, the agent's coordinator address, ddlctl's --coordinator, ddlrun's --root, TLS's loopback check,
+// and libddl's rendezvous address, DDL_ROOT: libddl compiles this file into its own objects).
 //
 // Forms: "name:7070", "10.0.0.1:7070", "[fd00::1]:7070". An IPv6 address must be in brackets: "::1:7070" is
 // refused rather than guessed. Threads: pure functions.

@@ -1,8 +1,6 @@
 #include "topology.h"
 
-#include <cerrno>
-#include <cstdlib>
-
+#include "common/topology_dims.h"
 #include "error.h"
 
 namespace ddl {
@@ -13,14 +11,7 @@ int Topology::size() const {
   return p;
 }
 
-std::string Topology::str() const {
-  std::string s;
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (i) s += 'x';
-    s += std::to_string(dims[i]);
-  }
-  return s;
-}
+std::string Topology::str() const { return formatTopologyDims(dims); }
 
 int Topology::stride(int dim) const {
   int s = 1;
@@ -45,31 +36,14 @@ Topology parseTopology(const std::string& text, int nranks) {
     t.dims = {nranks};
     return t;
   }
-  auto bad = [&](const std::string& why) {
+  if (std::string why = parseTopologyDims(text, &t.dims); !why.empty()) {
     fail(ddlInvalidArgument, "invalid topology '" + text + "': " + why +
                                  " (expected dims like 2x2 or 4x8x2 whose product is the rank count)");
-  };
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t end = text.find_first_of("xX", pos);
-    if (end == std::string::npos) end = text.size();
-    std::string part = text.substr(pos, end - pos);
-    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos) bad("'" + part + "' is not a positive integer");
-    errno = 0;
-    long v = std::strtol(part.c_str(), nullptr, 10);
-    if (errno || v <= 0 || v > (1 << 20)) bad("'" + part + "' is not a positive integer");
-    t.dims.push_back(static_cast<int>(v));
-    if (t.dims.size() > 16) bad("more than 16 dimensions");
-    pos = end + 1;
   }
-  long long product = 1;
-  for (int d : t.dims) {
-    product *= d;
-    if (product > (1LL << 31)) bad("the product is too large");
-  }
-  if (product != nranks) {
-    fail(ddlInvalidArgument, "topology " + text + " has " + std::to_string(product) + " ranks but the communicator has " +
-                                 std::to_string(nranks) + "; the product of the dims must equal the rank count");
+  if (const long long product = topologyRanks(t.dims); product != nranks) {
+    fail(ddlInvalidArgument, "topology " + text + " has " + std::to_string(product) +
+                                 " ranks but the communicator has " + std::to_string(nranks) +
+                                 "; the product of the dims must equal the rank count");
   }
   return t;
 }

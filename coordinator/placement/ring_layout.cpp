@@ -26,6 +26,8 @@
 #include <map>
 #include <set>
 
+#include "common/topology_dims.h"
+
 namespace ddl::placement {
 
 namespace {
@@ -49,11 +51,7 @@ int nextAlong(const std::vector<int>& dims, int rank, int d) {
 
 }  // namespace
 
-std::string dimsString(const std::vector<int>& dims) {
-  std::string s;
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? "x" : "") + std::to_string(dims[i]);
-  return s;
-}
+std::string dimsString(const std::vector<int>& dims) { return formatTopologyDims(dims); }
 
 std::string RingLayout::topology() const { return dimsString(dims); }
 
@@ -62,25 +60,11 @@ std::string parseTopologyOverride(const std::string& text, int nranks, std::vect
       " (expected positive integers joined by 'x', like 4x2 or 4x8x2, whose product is " +
       std::to_string(nranks) + ", the job's GPU count)";
   std::vector<int> out;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t end = text.find_first_of("xX", pos);
-    if (end == std::string::npos) end = text.size();
-    const std::string part = text.substr(pos, end - pos);
-    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 7 ||
-        std::atoi(part.c_str()) <= 0) {
-      return "topology '" + text + "' is malformed: '" + part + "' is not a positive integer" + expect;
-    }
-    out.push_back(std::atoi(part.c_str()));
-    if (out.size() > 16) return "topology '" + text + "' has more than 16 dims" + expect;
-    pos = end + 1;
+  if (std::string why = parseTopologyDims(text, &out); !why.empty()) {
+    return "topology '" + text + "' is malformed: " + why + expect;
   }
-  constexpr long long kHuge = 1LL << 40;  // stays the product once reached: no overflow, however many dims
-  long long product = 1;
-  for (int d : out) product = product > kHuge / d ? kHuge : product * d;
-  if (product != nranks) {
-    return "topology " + text + " has " + (product == kHuge ? "too many" : std::to_string(product)) +
-           " ranks but the job has " +
+  if (const long long product = topologyRanks(out); product != nranks) {
+    return "topology " + text + " has " + std::to_string(product) + " ranks but the job has " +
            std::to_string(nranks) + " GPUs; the dims must multiply to the GPU count";
   }
   *dims = std::move(out);

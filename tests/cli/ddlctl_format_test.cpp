@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "../unit/topology_cases.h"
 #include "common/version.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 #include "ddlctl.h"
@@ -208,6 +209,31 @@ TEST(DdlctlFormat, CoordinatorAddress) {
     EXPECT_NE(why.find(c.why), std::string::npos) << c.address << " -> " << why;
     EXPECT_NE(why.find("expected HOST:PORT"), std::string::npos) << why;
   }
+}
+
+// ddlctl's side of the one topology grammar (tests/unit/topology_cases.h): --gpus is the rank count.
+TEST(DdlctlFormat, TheSharedTopologyCases) {
+  for (const TopologyCase& c : kTopologyCases) {
+    SubmitArgs a;
+    a.command = {"/bin/true"};
+    a.gpus = c.ranks;
+    a.topology = c.text;
+    const std::string why = checkSubmitValues(a);
+    EXPECT_EQ(why.empty(), c.ok) << "'" << c.text << "' for " << c.ranks << " GPUs: " << why;
+  }
+  SubmitArgs shape;  // --nodes x --gpus-per-node is the rank count too
+  shape.command = {"/bin/true"};
+  shape.nodes = 2;
+  shape.gpusPerNode = 4;
+  shape.topology = "4X2";
+  EXPECT_EQ(checkSubmitValues(shape), "");
+  shape.topology = "4x4";
+  EXPECT_EQ(checkSubmitValues(shape),
+            "--topology 4x4 has 16 ranks but the job has 8 GPUs; the dims must multiply to the GPU count");
+  shape.topology = "4x";
+  EXPECT_EQ(
+      checkSubmitValues(shape),
+      "--topology '4x': '' is not a positive integer (expected positive numbers joined by x, like 4x2)");
 }
 
 TEST(DdlctlFormat, JobSpec) {

@@ -1,9 +1,9 @@
 // Fuzzes the two parsers of a topology string: libddl's DDL_TOPOLOGY (comm/src/topology.h) and the
-// coordinator's --topology override (coordinator/placement/ring_layout.h), which must agree on what a job's ranks
-// get. Input: two bytes of rank count (little end first), then the text.
+// coordinator's --topology override (coordinator/placement/ring_layout.h), which must agree on what a job's
+// ranks get. Input: two bytes of rank count (little end first), then the text.
 //
-// Checks: a parsed topology multiplies to the rank count and prints back as an equivalent string; where both
-// parsers accept, their dims are the same.
+// Checks: a parsed topology multiplies to the rank count and prints back as an equivalent string; the two
+// accept the same texts (both use common/topology_dims.h), with the same dims.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -54,6 +54,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   std::vector<int> dims;
   const std::string error = ddl::placement::parseTopologyOverride(text, nranks, &dims);
+  if (!text.empty() && nranks > 0) {
+    check(error.empty() == comm_ok, "the coordinator and libddl disagree on whether a topology is valid");
+  }
   if (error.empty() && comm_ok && !text.empty()) {
     check(dims == topo.dims, "the coordinator and libddl parse the same topology differently");
   }

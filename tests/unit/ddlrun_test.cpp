@@ -27,6 +27,7 @@
 
 #include "common/version.h"
 #include "gtest/gtest.h"
+#include "topology_cases.h"
 
 #ifndef DDL_BIN_DIR
 #error "DDL_BIN_DIR must name the directory that holds the ddlrun binary"
@@ -471,6 +472,15 @@ TEST_F(DdlrunTest, ManyRanks) {
   EXPECT_EQ(out, expected);
 }
 
+// ddlrun's side of the one topology grammar (topology_cases.h): -np is the rank count.
+TEST_F(DdlrunTest, TheSharedTopologyCases) {
+  for (const TopologyCase& c : kTopologyCases) {
+    RunResult r = runDdlrun({"-np", std::to_string(c.ranks), "--topology", c.text, "--", "/bin/true"});
+    EXPECT_EQ(r.status == 0, c.ok) << "'" << c.text << "' for " << c.ranks << " ranks: " << r.err;
+    if (!c.ok) EXPECT_NE(r.err.find("--topology"), std::string::npos) << r.err;
+  }
+}
+
 TEST_F(DdlrunTest, HelpPrintsUsage) {
   RunResult result = runDdlrun({"--help"});
   EXPECT_EQ(result.status, 0);
@@ -649,7 +659,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{{"-np", "2", "--tag-output=1", "--", "true"}, "takes no value"},
         BadArgs{{"-np", "4", "--topology", "2x3", "--", "true"},
                 "ddlrun: --topology 2x3 has 6 ranks but -np is 4"},
-        BadArgs{{"-np", "4", "--topology", "2048x2048x2048", "--", "true"}, "has more than 1024 ranks"},
+        BadArgs{{"-np", "4", "--topology", "2048x2048x2048", "--", "true"},
+                "multiply to more than 2^31 ranks"},
         BadArgs{{"-np", "4", "--topology", "2x", "--", "true"}, "is not of the form AxBxC"},
         BadArgs{{"-np", "4", "--topology", "x4", "--", "true"}, "is not of the form AxBxC"},
         BadArgs{{"-np", "4", "--topology", "2xx2", "--", "true"}, "is not of the form AxBxC"},

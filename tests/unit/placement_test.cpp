@@ -8,6 +8,7 @@
 #include <random>
 
 #include "placement/ring_layout.h"
+#include "topology_cases.h"
 
 namespace ddl::placement {
 namespace {
@@ -667,6 +668,15 @@ TEST(RingLayout, FromAPlacementAcrossSwitches) {
   RingLayout l = layoutOf(r.allocation(), c);
   EXPECT_EQ(l.topology(), "2x6");  // 4 + 2 nodes per switch: uneven, so dim 1 spans both switches
   EXPECT_EQ(l.ranks[8].node, "n5");
+}
+
+// The coordinator's side of the one topology grammar (tests/unit/topology_cases.h).
+TEST(RingLayout, TheSharedTopologyCases) {
+  for (const TopologyCase& c : kTopologyCases) {
+    std::vector<int> dims;
+    const std::string why = parseTopologyOverride(c.text, c.ranks, &dims);
+    EXPECT_EQ(why.empty(), c.ok) << "'" << c.text << "' for " << c.ranks << " GPUs: " << why;
+  }
 }
 
 }  // namespace

@@ -1,11 +1,16 @@
 // Topology strings and option resolution: what users type in DDL_TOPOLOGY / DDL_ALGO and the errors they see.
+#include "topology.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
+#include "common/topology_dims.h"
 #include "env.h"
 #include "error.h"
-#include "topology.h"
+#include "topology_cases.h"
 
 namespace ddl {
 namespace {
@@ -62,6 +67,41 @@ TEST(Topology, MalformedStringsAreRejected) {
     std::string e = errorOf([&] { parseTopology(bad, 4); });
     EXPECT_NE(e.find("invalid topology"), std::string::npos) << bad << ": " << e;
   }
+}
+
+// libddl's side of the one grammar: the shared cases, and the grammar's own answers.
+TEST(Topology, TheSharedCasesAsEveryCallerSeesThem) {
+  for (const TopologyCase& c : kTopologyCases) {
+    SCOPED_TRACE(std::string("'") + c.text + "' for " + std::to_string(c.ranks) + " ranks");
+    bool took = true;
+    try {
+      ddl::parseTopology(c.text, c.ranks);
+    } catch (const ddl::Error& e) {
+      took = false;
+      EXPECT_EQ(e.code(), ddlInvalidArgument);
+    }
+    EXPECT_EQ(took, c.ok);
+    std::vector<int> dims;
+    const std::string why = ddl::parseTopologyDims(c.text, &dims);
+    if (c.ok) {
+      EXPECT_EQ(why, "");
+      EXPECT_EQ(ddl::topologyRanks(dims), c.ranks);
+    }
+  }
+}
+
+TEST(Topology, TheGrammarSaysWhy) {
+  std::vector<int> dims = {7};
+  EXPECT_EQ(ddl::parseTopologyDims("4xy", &dims), "'y' is not a positive integer");
+  EXPECT_EQ(dims, std::vector<int>{7}) << "a refused text leaves dims alone";
+  EXPECT_EQ(ddl::parseTopologyDims("", &dims), "'' is not a positive integer");
+  EXPECT_EQ(ddl::parseTopologyDims("2x1048577", &dims), "dimension '1048577' is larger than 1048576");
+  EXPECT_EQ(ddl::parseTopologyDims("1048576x1048576", &dims),
+            "the dimensions multiply to more than 2^31 ranks");
+  EXPECT_EQ(ddl::parseTopologyDims("1x1x1x1x1x1x1x1x1x1x1x1x1x1x1x1x1", &dims), "more than 16 dimensions");
+  EXPECT_EQ(ddl::parseTopologyDims("4X2x3", &dims), "");
+  EXPECT_EQ(dims, (std::vector<int>{4, 2, 3}));
+  EXPECT_EQ(ddl::formatTopologyDims(dims), "4x2x3");
 }
 
 TEST(Options, ConfigWinsOverEnvironmentWhichWinsOverDefaults) {

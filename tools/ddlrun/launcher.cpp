@@ -44,6 +44,7 @@
 #include "common/host_port.h"
 #include "common/rank_env.h"
 #include "common/signals.h"
+#include "common/topology_dims.h"
 #include "free_port.h"
 
 #ifdef __linux__
@@ -1104,25 +1105,14 @@ const char* usage() { return kUsage; }
 const char* usageSynopsis() { return kUsageSynopsis; }
 
 std::string checkTopology(const std::string& topology, int np) {
-  std::string form_error = "ddlrun: --topology '" + topology +
-                           "' is not of the form AxBxC with positive integers (e.g. 2x4 for 8 ranks)";
-  long long product = 1;
-  size_t start = 0;
-  while (true) {
-    size_t end = topology.find('x', start);
-    std::string dim = topology.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    if (dim.empty() || dim.find_first_not_of("0123456789") != std::string::npos) return form_error;
-    // Saturate: any dimension or product beyond kMaxRanks already cannot match -np.
-    long long value = dim.size() > 5 ? kMaxRanks + 1 : std::stoll(dim);
-    if (value == 0) return form_error;
-    product = std::min<long long>(product * std::min<long long>(value, kMaxRanks + 1), kMaxRanks + 1);
-    if (end == std::string::npos) break;
-    start = end + 1;
+  std::vector<int> dims;
+  if (std::string why = parseTopologyDims(topology, &dims); !why.empty()) {
+    return "ddlrun: --topology '" + topology + "' is not of the form AxBxC with positive integers (" + why +
+           "; e.g. 2x4 for 8 ranks)";
   }
-  if (product != np) {
-    std::string count =
-        product > kMaxRanks ? "more than " + std::to_string(kMaxRanks) : std::to_string(product);
-    return "ddlrun: --topology " + topology + " has " + count + " ranks but -np is " + std::to_string(np);
+  if (const long long product = topologyRanks(dims); product != np) {
+    return "ddlrun: --topology " + topology + " has " + std::to_string(product) + " ranks but -np is " +
+           std::to_string(np);
   }
   return "";
 }

@@ -1,5 +1,6 @@
 #include "rendezvous/launch_env.h"
 
+#include "common/host_port.h"
 #include "env.h"
 #include "error.h"
 
@@ -33,10 +34,7 @@ int portOf(const std::string& text, const char* what) {
   return static_cast<int>(parseInt(text, what, 1, 65535));
 }
 
-std::string hostPort(const std::string& host, int port) {
-  return host.find(':') != std::string::npos ? "[" + host + "]:" + std::to_string(port)
-                                             : host + ":" + std::to_string(port);
-}
+std::string hostPort(const std::string& host, int port) { return formatHostPort(host, port); }
 
 }  // namespace
 

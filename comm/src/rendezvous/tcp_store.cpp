@@ -89,6 +89,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/fd.h"
+#include "common/host_port.h"
 #include "error.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_protocol.h"
@@ -157,32 +159,6 @@ std::string encodeI64(int64_t v) {
 int64_t decodeI64(const char* p) {
   return static_cast<int64_t>((static_cast<uint64_t>(getU32(p)) << 32) | getU32(p + 4));
 }
-
-// Owns one file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(other.release()) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) reset(other.release());
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 using Nonce = std::array<unsigned char, kNonceBytes>;
 using Mac = std::array<unsigned char, kMacBytes>;
@@ -1409,29 +1385,13 @@ std::unique_ptr<Store> connectTcpStore(const std::string& host, int port, const 
 
 void parseHostPort(const std::string& addr, std::string* host, int* port) {
   DDL_ASSERT(host != nullptr && port != nullptr);
-  auto invalid = [&addr]() {
-    fail(ddlInvalidArgument,
-         "invalid rendezvous address '" + addr + "': expected host:port (e.g. node0:29500 or [::1]:29500)");
-  };
-  std::string h, p;
-  if (!addr.empty() && addr[0] == '[') {  // [IPv6 literal]:port
-    size_t close = addr.find(']');
-    if (close == std::string::npos || close + 1 >= addr.size() || addr[close + 1] != ':') invalid();
-    h = addr.substr(1, close - 1);
-    p = addr.substr(close + 2);
-  } else {
-    size_t colon = addr.rfind(':');
-    if (colon == std::string::npos) invalid();
-    h = addr.substr(0, colon);
-    p = addr.substr(colon + 1);
-    if (h.find(':') != std::string::npos) invalid();  // a bare IPv6 literal is ambiguous: it needs brackets
+  StatusOr<HostPort> parsed = parseHostPort(std::string_view(addr));  // common/host_port.h, ddl's one parser
+  if (!parsed) {
+    fail(ddlInvalidArgument, "invalid rendezvous address '" + addr + "': " + parsed.status().message() +
+                                 " (expected host:port, e.g. node0:29500 or [::1]:29500)");
   }
-  if (h.empty() || h.find_first_of("[]/ \t\r\n") != std::string::npos) invalid();
-  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) invalid();
-  int value = std::stoi(p);
-  if (value > 65535) invalid();
-  *host = h;
-  *port = value;
+  *host = parsed->host;
+  *port = parsed->port;
 }
 
 }  // namespace ddl
