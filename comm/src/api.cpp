@@ -224,37 +224,31 @@ ddlResult_t ddlCommUserRank(ddlComm_t comm, int* rank) {
   return ddlSuccess;
 }
 
-ddlResult_t ddlCommGetTopology(ddlComm_t comm, char* buf, size_t len) {
-  DDL_CHECK_COMM("ddlCommGetTopology", comm);
-  std::string t = comm->impl->options().topology.str();
-  if (!buf || len <= t.size()) {
-    record(comm, "ddlCommGetTopology: buffer too small for '" + t + "'");
-    return ddlInvalidArgument;
-  }
-  std::memcpy(buf, t.c_str(), t.size() + 1);
-  return ddlSuccess;
-}
-
-ddlResult_t ddlCommGetIntraNodePath(ddlComm_t comm, char* buf, size_t len) {
-  DDL_CHECK_COMM("ddlCommGetIntraNodePath", comm);
-  const std::string p = comm->impl->intraNodePath();
-  if (!buf || len <= p.size()) {
-    record(comm, "ddlCommGetIntraNodePath: buffer too small for '" + p + "'");
-    return ddlInvalidArgument;
-  }
-  std::memcpy(buf, p.c_str(), p.size() + 1);
-  return ddlSuccess;
-}
-
-ddlResult_t ddlCommGetStreamScheme(ddlComm_t comm, char* buf, size_t len) {
-  DDL_CHECK_COMM("ddlCommGetStreamScheme", comm);
-  const std::string s = comm->impl->streamScheme();
+namespace {
+// The getters' answer copied into the caller's buffer, NUL included; too small a buffer is an argument error.
+ddlResult_t copyOut(ddlComm* comm, const char* fn, const std::string& s, char* buf, size_t len) {
   if (!buf || len <= s.size()) {
-    record(comm, "ddlCommGetStreamScheme: buffer too small for '" + s + "'");
+    record(comm, std::string(fn) + ": buffer too small for '" + s + "'");
     return ddlInvalidArgument;
   }
   std::memcpy(buf, s.c_str(), s.size() + 1);
   return ddlSuccess;
+}
+}  // namespace
+
+ddlResult_t ddlCommGetTopology(ddlComm_t comm, char* buf, size_t len) {
+  DDL_CHECK_COMM("ddlCommGetTopology", comm);
+  return copyOut(comm, "ddlCommGetTopology", comm->impl->options().topology.str(), buf, len);
+}
+
+ddlResult_t ddlCommGetIntraNodePath(ddlComm_t comm, char* buf, size_t len) {
+  DDL_CHECK_COMM("ddlCommGetIntraNodePath", comm);
+  return copyOut(comm, "ddlCommGetIntraNodePath", comm->impl->intraNodePath(), buf, len);
+}
+
+ddlResult_t ddlCommGetStreamScheme(ddlComm_t comm, char* buf, size_t len) {
+  DDL_CHECK_COMM("ddlCommGetStreamScheme", comm);
+  return copyOut(comm, "ddlCommGetStreamScheme", comm->impl->streamScheme(), buf, len);
 }
 
 ddlResult_t ddlAllReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
