@@ -33,6 +33,20 @@ std::vector<std::pair<std::string, std::string>> rankEnvironment(const RankEnvSp
   return env;
 }
 
+std::vector<std::pair<std::string, std::string>> arrayEnvironment(const std::string& array_id,
+                                                                  int array_index) {
+  if (array_id.empty()) return {};
+  return {{"DDL_ARRAY_JOB_ID", array_id}, {"DDL_ARRAY_INDEX", std::to_string(array_index)}};
+}
+
+std::vector<std::pair<std::string, std::string>> nodeEnvironment(const RankNodeSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> env;
+  if (!spec.gpu_uuid.empty()) env.emplace_back("CUDA_VISIBLE_DEVICES", spec.gpu_uuid);
+  env.emplace_back("DDL_GPU", std::to_string(spec.gpu));
+  if (!spec.agent_socket.empty()) env.emplace_back("DDL_AGENT_SOCKET", spec.agent_socket);
+  return env;
+}
+
 std::string newJobSecret() {
   unsigned char bytes[32];
   size_t got = 0;

@@ -1,11 +1,12 @@
 // The environment of one rank: the one place that says which variables a rank process gets, used by ddlrun
-// (ranks on this machine) and by ddl-coordinator (ranks of a job, through ddl-agent).
+// (ranks on this machine), by ddl-coordinator (ranks of a job: rankEnvironment and arrayEnvironment) and by
+// ddl-agent (what only the node knows: nodeEnvironment).
 //
 // A rank gets libddl's DDL_* rendezvous variables (what ddlCommInitFromEnv reads) and the torchrun names that
 // torch.distributed's env:// init reads, so existing training scripts run unchanged. Both rendezvous servers
 // run on rank 0's host at once when a script uses torch.distributed and libddl directly, so they get two
-// different ports: DDL_ROOT's for libddl's store and MASTER_PORT for torch's TCPStore. (torch_ddl itself needs
-// neither port of libddl: its communicators meet through torch's own store.)
+// different ports: DDL_ROOT's for libddl's store and MASTER_PORT for torch's TCPStore. (torch_ddl itself
+// needs neither port of libddl: its communicators meet through torch's own store.)
 #pragma once
 
 #include <string>
@@ -34,6 +35,21 @@ struct RankEnvSpec {
 // DDL_ROOT, DDL_TOPOLOGY (when set), DDL_JOB_ID and DDL_JOB_ATTEMPT (when set), DDL_JOB_SECRET (when set), then RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 std::vector<std::pair<std::string, std::string>> rankEnvironment(const RankEnvSpec& spec);
+
+// A job of an array (ddlctl submit --array): DDL_ARRAY_JOB_ID and DDL_ARRAY_INDEX; nothing for another job
+// (array_id empty).
+std::vector<std::pair<std::string, std::string>> arrayEnvironment(const std::string& array_id,
+                                                                  int array_index);
+
+// What the rank's node adds: CUDA_VISIBLE_DEVICES (the GPU's UUID, where gpu_uuid is set: not the index,
+// which CUDA_DEVICE_ORDER may renumber), DDL_GPU (the index the agent gave the rank) and DDL_AGENT_SOCKET
+// (the agent's telemetry socket, where it listens).
+struct RankNodeSpec {
+  int gpu = -1;
+  std::string gpu_uuid;      // empty: CUDA_VISIBLE_DEVICES is not set (a node of virtual GPUs)
+  std::string agent_socket;  // empty: not set
+};
+std::vector<std::pair<std::string, std::string>> nodeEnvironment(const RankNodeSpec& spec);
 
 // A fresh job secret: 32 bytes from the system's random source, as 64 hex digits. Empty if the source fails.
 std::string newJobSecret();

@@ -20,6 +20,7 @@
 #include "common/fd.h"
 #include "common/host_port.h"
 #include "common/pki.h"
+#include "common/rank_env.h"
 #include "common/resources.h"
 #include "common/signals.h"
 #include "worker/log_retention.h"
@@ -439,12 +440,13 @@ void Agent::startRanks(const v1::StartRanks& start) {
     spec.workdir = start.workdir();
     spec.log_path = logPath(start.job_id(), start.attempt(), launch.rank());
     for (const auto& e : launch.env()) spec.env.emplace_back(e.name(), e.value());
-    if (!inventory_.virtual_gpus && launch.gpu() >= 0 && launch.gpu() < static_cast<int>(inventory_.gpus.size())) {
-      // The UUID, not the index: indices can be renumbered by CUDA_DEVICE_ORDER, UUIDs cannot.
-      spec.env.emplace_back("CUDA_VISIBLE_DEVICES", inventory_.gpus[launch.gpu()].uuid());
-    }
-    spec.env.emplace_back("DDL_GPU", std::to_string(launch.gpu()));
-    if (telemetry_) spec.env.emplace_back("DDL_AGENT_SOCKET", telemetry_->path());
+    RankNodeSpec node;
+    node.gpu = launch.gpu();
+    if (!inventory_.virtual_gpus && launch.gpu() >= 0 &&
+        launch.gpu() < static_cast<int>(inventory_.gpus.size()))
+      node.gpu_uuid = inventory_.gpus[launch.gpu()].uuid();
+    if (telemetry_) node.agent_socket = telemetry_->path();
+    for (auto& kv : nodeEnvironment(node)) spec.env.push_back(std::move(kv));
     spec.run_as = account;
     spec.cpus.assign(launch.cpus().begin(), launch.cpus().end());
     std::string error;

@@ -19,6 +19,7 @@
 
 #include "common/array_spec.h"
 #include "common/clock.h"
+#include "common/rank_env.h"
 #include "common/resources.h"
 #include "common/signals.h"
 #include "placement/placement.h"
@@ -808,10 +809,7 @@ void Coordinator::launchOnLoop(const std::string& id, const placement::Allocatio
     spec.attempt = rt.attempt;
     spec.secret = secret;
     for (const auto& [k, v] : rankEnvironment(spec)) add(k, v);
-    if (!job.spec.array_id.empty()) {
-      add("DDL_ARRAY_JOB_ID", job.spec.array_id);
-      add("DDL_ARRAY_INDEX", std::to_string(job.spec.array_index));
-    }
+    for (const auto& [k, v] : arrayEnvironment(job.spec.array_id, job.spec.array_index)) add(k, v);
   }
   // The results kept are the latest attempt's; each rank's node is known from now on, so only that node's
   // agent can report it.

@@ -1,11 +1,14 @@
 // common/rank_env: the variables every rank gets, from ddlrun and from the coordinator alike.
+#include "common/rank_env.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/host_port.h"
-#include "common/rank_env.h"
 
 namespace ddl {
 namespace {
@@ -64,6 +67,23 @@ TEST(RankEnv, JobSecretsAreFreshAndHex) {
   ASSERT_EQ(a.size(), 64u);
   EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
   EXPECT_NE(a, b);
+}
+
+// The variables added beside rankEnvironment's: a job of an array's (the coordinator) and the node's (the
+// agent), so that every variable a rank gets is named in common/rank_env.
+TEST(RankEnv, ArrayAndNodeVariables) {
+  EXPECT_TRUE(arrayEnvironment("", 3).empty()) << "a job outside an array gets no array variables";
+  using Env = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(arrayEnvironment("j-000040", 3),
+            (Env{{"DDL_ARRAY_JOB_ID", "j-000040"}, {"DDL_ARRAY_INDEX", "3"}}));
+  RankNodeSpec node;
+  node.gpu = 2;
+  EXPECT_EQ(nodeEnvironment(node), (Env{{"DDL_GPU", "2"}})) << "virtual GPUs: no CUDA_VISIBLE_DEVICES";
+  node.gpu_uuid = "GPU-8c1b";
+  node.agent_socket = "/run/ddl/telemetry.sock";
+  EXPECT_EQ(nodeEnvironment(node), (Env{{"CUDA_VISIBLE_DEVICES", "GPU-8c1b"},
+                                        {"DDL_GPU", "2"},
+                                        {"DDL_AGENT_SOCKET", "/run/ddl/telemetry.sock"}}));
 }
 
 }  // namespace
