@@ -259,8 +259,11 @@ TEST_F(DdlctlTest, BadInputGivesClearErrorsAndExitCodes) {
   Result too_big = ctl({"submit", "--gpus", "64", "--", "x"});
   EXPECT_EQ(too_big.code, 1);
   EXPECT_NE(too_big.err.find("refused"), std::string::npos) << too_big.err;
+  // ddlctl knows the job's GPUs: a topology that does not multiply to them is a usage error, before any RPC.
   Result bad_topology = ctl({"submit", "--gpus", "4", "--topology", "3x3", "--", "x"});
-  EXPECT_EQ(bad_topology.code, 1) << bad_topology.err;
+  EXPECT_EQ(bad_topology.code, 2) << bad_topology.err;
+  EXPECT_NE(bad_topology.err.find("--topology 3x3 has 9 ranks but the job has 4 GPUs"), std::string::npos)
+      << bad_topology.err;
   Result bad_verb = ctl({"frobnicate"});
   EXPECT_EQ(bad_verb.code, 2);
   Result unreachable = runProgram(
