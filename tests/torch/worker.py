@@ -458,7 +458,11 @@ def scenario_groups():
         try:
             later.wait()
         except RuntimeError as e:
-            check("shut down" in str(e), "unexpected error of a collective cut short by shutdown: %s" % e)
+            # Where w completed before then() attached the callback, the callback ran on this thread and the
+            # worker may have started `later` already: it then fails as a peer's group goes away (a peer gone,
+            # or a mismatch with the peer's next call), which is libddl's error all the same, not a hang.
+            check("shut down" in str(e) or str(e).startswith("ddl: "),
+                  "unexpected error of a collective cut short by shutdown: %s" % e)
     dist.barrier()
     dist.destroy_process_group()
     del solo
