@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <optional>
 
 #include "algo/tune.h"
 #include "dtype.h"
@@ -303,8 +302,8 @@ void Comm::abort() {
   std::unique_lock<std::mutex> lk(op_mu_, std::try_to_lock);
   if (lk.owns_lock()) channel_->notifyPeers("communicator aborted by ddlCommAbort");
   if (shm_) shm_->markFailed("communicator aborted by ddlCommAbort");  // any thread: wakes the node's waits
-  if (stream_)
-    stream_->abort();  // kernels on the GPU stop waiting, host-paced calls stop waiting for streams
+  // Kernels on the GPU stop waiting, and so do host-paced calls waiting for their streams.
+  if (stream_) stream_->abort();
   // Pending point-to-point operations fail on the executor's next poll.
   { std::lock_guard<std::mutex> q(q_mu_); }
   q_cv_.notify_all();
@@ -988,8 +987,8 @@ void Comm::driveP2P() {
 
 void Comm::drainAsync() {
   std::unique_lock<std::mutex> lk(q_mu_);
-  // Defensive: nothing the executor runs calls back into a collective, but if it did it must not wait here.
-  if (executor_.joinable() && std::this_thread::get_id() == executor_.get_id()) return;
+  // The executor runs no blocking collective: waiting here for what it runs would never end.
+  DDL_ASSERT(!executor_.joinable() || std::this_thread::get_id() != executor_.get_id());
   q_cv_.wait(lk, [&] { return in_flight_ == 0; });
 }
 
@@ -998,6 +997,11 @@ void Comm::drainAsync() {
 namespace {
 constexpr int kNodeKernelSetupVariant = 0xD0;
 }  // namespace
+
+void Comm::setNodeKernel(Setup s) {
+  shape_.node_kernel = s;
+  stream_scheme_.store(static_cast<int>(s));
+}
 
 std::string Comm::streamScheme() const {
   switch (static_cast<Setup>(stream_scheme_.load())) {
@@ -1037,33 +1041,15 @@ void Comm::setupNodeKernel(void* stream, int dev) {
     return all == 1;
   };
   std::string why;
-  shape_.node_kernel = stream_->setupNode(dev, ex, &why) ? Setup::kReady : Setup::kOff;
-  stream_scheme_.store(static_cast<int>(shape_.node_kernel));
+  setNodeKernel(stream_->setupNode(dev, ex, &why) ? Setup::kReady : Setup::kOff);
   if (shape_.node_kernel == Setup::kOff) host_paced_why_ = why;
 }
 
-void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
-                    std::function<void()> host) {
-  if (!device_) {
-    fail(ddlInvalidArgument,
-         "stream-ordered collectives take CUDA device buffers, and this libddl has no GPU runtime (built "
-         "without the CUDA Toolkit, or no GPU found): use the blocking calls (ddlAllReduce, ...) for host "
-         "memory");
-  }
-  noteGpuError();
-  failIfBroken();
+int Comm::streamDeviceOf(void* stream, std::initializer_list<const void*> bufs) {
   DeviceRuntime& rt = device_->runtime();
-  // What is asked of the runtime here (which device the stream and the buffers are on) must not invalidate a
-  // capture of the caller's: CUDA may count such queries as unsafe in the global and thread-local modes.
-  struct RelaxedCapture {
-    DeviceRuntime& rt;
-    int mode;
-    explicit RelaxedCapture(DeviceRuntime& r) : rt(r), mode(r.relaxCapture()) {}
-    ~RelaxedCapture() { rt.restoreCapture(mode); }
-    RelaxedCapture(const RelaxedCapture&) = delete;
-    RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-  };
-  std::optional<RelaxedCapture> relaxed(std::in_place, rt);
+  // These questions must not invalidate a capture of the caller's (nor, in the global mode, another
+  // thread's): CUDA may count them as unsafe outside the relaxed capture mode.
+  DeviceRuntime::RelaxedCapture relaxed(rt);
   int dev = rt.streamDevice(stream);
   if (dev < 0) {  // a stream being captured: CUDA does not say its device, which must be the buffers'
     for (const void* b : bufs) {
@@ -1084,12 +1070,25 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
                                    std::to_string(dev) + ": a stream-ordered collective works on one device");
     }
   }
-  relaxed.reset();
+  return dev;
+}
+
+void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
+                    std::function<void()> host) {
+  if (!device_) {
+    fail(ddlInvalidArgument,
+         "stream-ordered collectives take CUDA device buffers, and this libddl has no GPU runtime (built "
+         "without the CUDA Toolkit, or no GPU found): use the blocking calls (ddlAllReduce, ...) for host "
+         "memory");
+  }
+  noteGpuError();
+  failIfBroken();
+  DeviceRuntime& rt = device_->runtime();
+  const int dev = streamDeviceOf(stream, bufs);
   if (args.count == 0) return;
   if (nodeKernelServes(shape_) && shape_.node_kernel == Setup::kUntried) setupNodeKernel(stream, dev);
   if (!nodeKernelServes(shape_) && host_paced_why_.empty()) {
-    shape_.node_kernel = Setup::kOff;
-    stream_scheme_.store(static_cast<int>(Setup::kOff));
+    setNodeKernel(Setup::kOff);
     host_paced_why_ =
         size_ == 1 ? "a single rank"
                    : "the ranks are on several nodes, or do not share memory (" + intraNodePath() + ")";

@@ -149,6 +149,10 @@ class Comm {
   // holds the kernel's kind, buffers, count, type, op, root and divisor; bufs the device buffers to check.
   void onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
                 std::function<void()> host);
+  // The device of a stream-ordered call's stream, checking that every buffer is device memory on it.
+  int streamDeviceOf(void* stream, std::initializer_list<const void*> bufs);
+  // Sets shape_.node_kernel and what streamScheme() reads from any thread.
+  void setNodeKernel(Setup s);
   // The first stream-ordered collective on one node: sets the node kernel up, or not, on every rank.
   void setupNodeKernel(void* stream, int dev);
   // Runs task on the executor after the queued ones (iallReduce).
@@ -200,7 +204,7 @@ class Comm {
   // What planAllReduce decides from; the one home of the IPC and node kernel setups' outcome (ipc,
   // node_kernel).
   AllReduceShape shape_;
-  std::atomic<int> stream_scheme_{static_cast<int>(Setup::kUntried)};  // shape_.node_kernel, for any thread
+  std::atomic<int> stream_scheme_{static_cast<int>(Setup::kUntried)};  // shape_.node_kernel (setNodeKernel)
   std::string host_paced_why_;                // why stream-ordered collectives are host-paced
   std::unique_ptr<PointToPoint> p2p_;         // goes before channel_, whose transport it uses
 

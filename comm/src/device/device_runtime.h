@@ -94,6 +94,18 @@ class DeviceRuntime {
   // unsafe and invalidate the caller's capture.
   virtual int relaxCapture() { return 0; }
   virtual void restoreCapture(int mode) noexcept { (void)mode; }
+  // relaxCapture for a scope.
+  class RelaxedCapture {
+   public:
+    explicit RelaxedCapture(DeviceRuntime& rt) : rt_(rt), mode_(rt.relaxCapture()) {}
+    ~RelaxedCapture() { rt_.restoreCapture(mode_); }
+    RelaxedCapture(const RelaxedCapture&) = delete;
+    RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+   private:
+    DeviceRuntime& rt_;
+    int mode_;
+  };
   // A stream of libddl's own on dev, which does not wait for the legacy default stream.
   virtual void* newStream(int dev) = 0;
   virtual void deleteStream(void* stream) noexcept = 0;
