@@ -1,6 +1,8 @@
 // The topology grammar (topology_dims.h).
 #include "common/topology_dims.h"
 
+#include <algorithm>
+
 namespace ddl {
 
 std::string parseTopologyDims(std::string_view text, std::vector<int>* dims) {
@@ -14,12 +16,9 @@ std::string parseTopologyDims(std::string_view text, std::vector<int>* dims) {
     long long value = 0;
     bool digits = !part.empty();
     for (char c : part) {
-      if (c < '0' || c > '9') {
-        digits = false;
-        break;
-      }
-      value = value * 10 + (c - '0');
-      if (value > kMaxTopologyDim) break;  // stays above the cap: no overflow however long the part
+      digits = digits && c >= '0' && c <= '9';
+      // Held just above the cap once past it: no overflow however long the part.
+      if (digits) value = std::min<long long>(value * 10 + (c - '0'), kMaxTopologyDim + 1LL);
     }
     if (!digits || value < 1) return "'" + std::string(part) + "' is not a positive integer";
     if (value > kMaxTopologyDim) {

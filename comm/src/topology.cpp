@@ -5,11 +5,7 @@
 
 namespace ddl {
 
-int Topology::size() const {
-  int p = 1;
-  for (int d : dims) p *= d;
-  return p;
-}
+int Topology::size() const { return static_cast<int>(topologyRanks(dims)); }
 
 std::string Topology::str() const { return formatTopologyDims(dims); }
 

@@ -51,9 +51,7 @@ int nextAlong(const std::vector<int>& dims, int rank, int d) {
 
 }  // namespace
 
-std::string dimsString(const std::vector<int>& dims) { return formatTopologyDims(dims); }
-
-std::string RingLayout::topology() const { return dimsString(dims); }
+std::string RingLayout::topology() const { return formatTopologyDims(dims); }
 
 std::string parseTopologyOverride(const std::string& text, int nranks, std::vector<int>* dims) {
   const std::string expect =

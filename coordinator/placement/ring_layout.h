@@ -34,9 +34,6 @@ struct RingLayout {
   std::string topology() const;  // "2x4": the value of DDL_TOPOLOGY
 };
 
-// "2x4" from {2, 4}.
-std::string dimsString(const std::vector<int>& dims);
-
 // Parses a user's topology ("4x2", 'x' or 'X' between positive integers) for a job of nranks ranks. On
 // success fills dims and returns ""; otherwise returns a sentence that says what is wrong and what would be
 // right.

@@ -96,6 +96,8 @@ TEST(Topology, TheGrammarSaysWhy) {
   EXPECT_EQ(dims, std::vector<int>{7}) << "a refused text leaves dims alone";
   EXPECT_EQ(ddl::parseTopologyDims("", &dims), "'' is not a positive integer");
   EXPECT_EQ(ddl::parseTopologyDims("2x1048577", &dims), "dimension '1048577' is larger than 1048576");
+  EXPECT_EQ(ddl::parseTopologyDims("99999999a", &dims), "'99999999a' is not a positive integer")
+      << "a part with a letter is not a number, however large its digits";
   EXPECT_EQ(ddl::parseTopologyDims("1048576x1048576", &dims),
             "the dimensions multiply to more than 2^31 ranks");
   EXPECT_EQ(ddl::parseTopologyDims("1x1x1x1x1x1x1x1x1x1x1x1x1x1x1x1x1", &dims), "more than 16 dimensions");

@@ -34,8 +34,6 @@ int portOf(const std::string& text, const char* what) {
   return static_cast<int>(parseInt(text, what, 1, 65535));
 }
 
-std::string hostPort(const std::string& host, int port) { return formatHostPort(host, port); }
-
 }  // namespace
 
 std::string firstSlurmHost(const std::string& nodelist) {
@@ -89,7 +87,7 @@ LaunchEnv launchEnvironment(const std::function<std::string(const char*)>& get) 
       // torch's own store listens on MASTER_PORT: libddl's takes the next one unless DDL_PORT says.
       const int p_store = ddl_port.empty() ? portOf(port, "MASTER_PORT") + 1 : portOf(ddl_port, "DDL_PORT");
       if (p_store > 65535) fail(ddlInvalidArgument, "MASTER_PORT is 65535: set DDL_PORT for libddl's store");
-      env.root = hostPort(addr, p_store);
+      env.root = formatHostPort(addr, p_store);
     }
     return env;
   }
@@ -112,7 +110,7 @@ LaunchEnv launchEnvironment(const std::function<std::string(const char*)>& get) 
         const long long id = job.empty() ? 0 : parseInt(job, "SLURM_JOB_ID", 0, (1LL << 62));
         port = 29400 + static_cast<int>(id % 500);
       }
-      env.root = hostPort(host, port);
+      env.root = formatHostPort(host, port);
     }
     return env;
   }
@@ -124,7 +122,8 @@ LaunchEnv launchEnvironment(const std::function<std::string(const char*)>& get) 
       env = {p.rank, p.size, get("DDL_ROOT"), name};
       if (env.root.empty() && !get("MASTER_ADDR").empty()) {
         const std::string port = ddl_port.empty() ? get("MASTER_PORT") : ddl_port;
-        if (!port.empty()) env.root = hostPort(get("MASTER_ADDR"), portOf(port, "DDL_PORT or MASTER_PORT"));
+        if (!port.empty())
+          env.root = formatHostPort(get("MASTER_ADDR"), portOf(port, "DDL_PORT or MASTER_PORT"));
       }
       if (env.root.empty()) {
         fail(ddlInvalidArgument,
