@@ -18,8 +18,7 @@ PYBIND11_MODULE(_C, m) {
              c10::intrusive_ptr<torch_ddl::ProcessGroupDDL>>(
       m, "ProcessGroupDDL",
       "A torch.distributed process group over libddl. Made by torch.distributed.init_process_group('ddl') "
-      "and "
-      "new_group(backend='ddl') once torch_ddl is imported.")
+      "and new_group(backend='ddl') once torch_ddl is imported.")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout) {
              return c10::make_intrusive<torch_ddl::ProcessGroupDDL>(store, rank, size, timeout);
@@ -39,8 +38,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly_static(
           "stream_ordered", [](py::object) { return torch_ddl::ProcessGroupDDL::streamOrdered(); },
           "True where collectives on CUDA tensors are enqueued on a CUDA stream (torch >= 2.0 and a libddl "
-          "built "
-          "with CUDA) instead of staged through host memory");
+          "built with CUDA) instead of staged through host memory");
   m.def(
       "libddl_version",
       [] {

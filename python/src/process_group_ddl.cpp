@@ -643,10 +643,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submitStream(c10d::OpType type, 
   // Host-paced (libddl's scheme where its node kernel cannot serve: several nodes, a GPU shared without MPS),
   // a call waits for its stream and runs the whole collective before it returns: the worker makes it, so that
   // the caller (under DDP, the autograd thread) goes on queueing GPU work meanwhile.
-  char scheme[16] = {};
-  const bool host_paced =
-      ddlCommGetStreamScheme(comm_, scheme, sizeof(scheme)) == ddlSuccess && std::strcmp(scheme, "host") == 0;
-  enqueue(std::move(entry), /*here_ok=*/!host_paced);
+  enqueue(std::move(entry), /*here_ok=*/streamScheme() != "host");  // submit() refused a closed group
   if (blocking_) {
     try {
       work->synchronize();  // the host waits for the result; a failure is raised by wait()

@@ -599,11 +599,15 @@ def scenario_cuda():
     print("OK cuda")
 
 
+def cuda_scheme():
+    """How libddl runs the default group's CUDA collectives: "kernel", "host" or "unset"."""
+    return dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda")).stream_scheme
+
+
 def no_host_synchronisation():
     """A collective on CUDA tensors returns, and wait() too, before the GPU work it waits for has finished
     (the kernel scheme; host-paced, the call waits for the stream and returns with the result in place)."""
-    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
-    scheme = backend.stream_scheme
+    scheme = cuda_scheme()
     check(scheme in ("kernel", "host"), "stream_scheme after CUDA collectives is %r" % scheme)
     x = torch.ones(1 << 20, device="cuda")
     torch.cuda.synchronize()
@@ -631,7 +635,7 @@ def graph_capture():
     y = torch.ones(4096, device="cuda")
     dist.all_reduce(y)
     torch.cuda.synchronize()
-    scheme = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda")).stream_scheme
+    scheme = cuda_scheme()
     g = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(g):
