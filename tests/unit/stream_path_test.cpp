@@ -259,33 +259,23 @@ TEST(StreamPath, SeveralNodesAreHostPaced) {
   EXPECT_EQ(setup.counters->node_kernels.load(), 0);
 }
 
-TEST(StreamPath, HostPacedKeepsOrderWithBlockingCalls) {
-  Rig setup;
-  setup.scheme = DeviceScheme::kHost;
-  expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
-    constexpr size_t kCount = 1000;
-    FakeStream stream;
-    FakeBuffer a(kCount * 4);
-    put(a.p, makeInput(ddlInt32, ddlSum, comm.rank(), kCount));
-    comm.allReduceOnStream(a.p, a.p, kCount, ddlInt32, ddlSum, &stream);
-    // A blocking host collective after it runs after it on the wire.
-    std::vector<int32_t> h(4, comm.rank() + 1), out(4);
-    comm.allReduce(h.data(), out.data(), 4, ddlInt32, ddlSum);
-    EXPECT_EQ(out[0], 3);
-    expectSame(get(a.p, kCount * 4), makeExpected(ddlInt32, ddlSum, 2, kCount), "host-paced");
-  }));
-}
-
-// Host-paced, the call itself waits for the stream's earlier work (here: the write of its input, queued and
-// not yet run) before the collective reads the buffer, and returns with the result in place.
-TEST(StreamPath, HostPacedWaitsForTheStreamsEarlierWork) {
+// Host-paced, the call itself waits for the stream's earlier work (the write of its input, queued and not yet
+// run) before the collective reads the buffer, and returns with the result in place; a blocking host
+// collective after it runs after it on the wire.
+TEST(StreamPath, HostPacedWaitsForTheStreamAndKeepsOrderWithBlockingCalls) {
   Rig setup;
   setup.scheme = DeviceScheme::kHost;
   expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
     constexpr size_t kCount = 3000;
     FakeStream stream;
     FakeBuffer a(kCount * 4), b(kCount * 4);
-    comm.allReduceOnStream(a.p, b.p, kCount, ddlFloat32, ddlSum, &stream);  // the first call sets up
+    put(a.p, makeInput(ddlInt32, ddlSum, comm.rank(), kCount));
+    comm.allReduceOnStream(a.p, a.p, kCount, ddlInt32, ddlSum, &stream);  // the first call sets up
+    std::vector<int32_t> h(4, comm.rank() + 1), out(4);
+    comm.allReduce(h.data(), out.data(), 4, ddlInt32, ddlSum);
+    EXPECT_EQ(out[0], 3);
+    expectSame(get(a.p, kCount * 4), makeExpected(ddlInt32, ddlSum, 2, kCount), "host-paced in place");
+
     const std::vector<char> input = makeInput(ddlFloat32, ddlSum, comm.rank(), kCount);
     std::memset(a.p, 0, kCount * 4);
     stream.push([&] { std::memcpy(a.p, input.data(), input.size()); });
