@@ -15,6 +15,7 @@
 #include <cstring>
 #include <future>
 #include <limits>
+#include <string_view>
 #include <thread>
 
 #include "common/array_spec.h"
@@ -1305,9 +1306,9 @@ Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& 
   entry->last_seen_ms = now_ms_();
   entry->record.last_heartbeat_ms = wall_ms_();
   // Kept bounded; compared as kept, so an over-long warning is logged once, not at every heartbeat.
-  if (std::string warning = hb.warning().substr(0, 1024); warning != entry->warning) {
+  if (const std::string_view warning = std::string_view(hb.warning()).substr(0, 1024); warning != entry->warning) {
     if (!warning.empty()) spdlog::warn("node {}: {}", node, warning);
-    entry->warning = std::move(warning);
+    entry->warning.assign(warning);
   }
   // A heartbeat lists every rank the agent holds, so it replaces what we knew.
   std::map<RankKey, v1::RankStatus> previous;
