@@ -61,10 +61,11 @@
 #include <thread>
 #include <vector>
 
-#include "e2e_helpers.h"
 #include "common/pki.h"
 #include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
+#include "e2e_helpers.h"
+#include "state/direct_store.h"
 #include "state/sqlite_store.h"
 
 namespace {
@@ -766,8 +767,9 @@ int runHistory(Options o, const fs::path& dir) {
   } else {
     state::SqliteStore::Options so;
     so.path = shm + "/state.db";
-    auto store = state::SqliteStore::open(so);
-    if (!store) die(store.status().toString());
+    auto sqlite = state::SqliteStore::open(so);
+    if (!sqlite) die(sqlite.status().toString());
+    state::DirectStore store(**sqlite);
     state::JobSpec spec;
     spec.name = "history";
     spec.user = "bench";
@@ -776,11 +778,11 @@ int runHistory(Options o, const fs::path& dir) {
     spec.total_gpus = 1;
     spec.command = {"/bin/true"};
     for (long i = 0; i < o.history; ++i) {
-      auto job = (*store)->createJob(spec);
+      auto job = store.createJob(spec);
       if (!job) die(job.status().toString());
       for (auto to : {state::JobState::kScheduled, state::JobState::kStarting, state::JobState::kRunning,
                       state::JobState::kSucceeded}) {
-        if (auto t = (*store)->transition(job->id, to, "history"); !t) die(t.status().toString());
+        if (auto t = store.transition(job->id, to, "history"); !t) die(t.status().toString());
       }
       if ((i + 1) % 100000 == 0) {
         std::printf("# %ld jobs written (%.0f s)\n", i + 1, secondsSince(t0));

@@ -1,11 +1,13 @@
 // store_bench: what durability costs in the coordinator's SQLite state store.
 //
 // Measures, against a fresh database in a temporary directory (or --dir):
-//  - submit-to-acknowledge latency: the time createJob() takes to return, which is when a submit may be
-//    acknowledged (the row is committed and the WAL fsync'ed, synchronous=FULL); median and p99;
+//  - submit-to-acknowledge latency: the time a one-job batch (DirectStore::createJob) takes to return, which
+//    is when a submit may be acknowledged (the row is committed and the WAL fsync'ed, synchronous=FULL);
+//    median and p99;
 //  - submits per second, from one thread and from --threads threads at once (calls are serialised inside the
 //    store, so more threads mostly measure contention);
-//  - list latency: listJobs() over --list-jobs jobs (all of them, and a state filter matching 100).
+//  - list latency: DirectStore::listJobs() over --list-jobs jobs (all of them, and a state filter matching
+//  100).
 // The figures depend mostly on the disk's fsync latency; run it on the disk the coordinator will use. It is a
 // tool that prints numbers, not a test: nothing here asserts on time.
 //
@@ -21,10 +23,12 @@
 #include <thread>
 #include <vector>
 
+#include "state/direct_store.h"
 #include "state/sqlite_store.h"
 
 namespace {
 
+using ddl::state::DirectStore;
 using ddl::state::JobSpec;
 using ddl::state::SqliteStore;
 using Clock = std::chrono::steady_clock;
@@ -62,7 +66,7 @@ struct SubmitResult {
 };
 
 // `threads` threads each submit `per_thread` jobs; every call's latency is recorded.
-SubmitResult benchSubmits(SqliteStore& store, int threads, int per_thread) {
+SubmitResult benchSubmits(DirectStore& store, int threads, int per_thread) {
   std::vector<std::vector<double>> lat(threads);
   std::vector<std::thread> pool;
   auto t0 = Clock::now();
@@ -99,7 +103,7 @@ struct ListResult {
   double median_us = 0, p99_us = 0;
 };
 
-ListResult benchList(SqliteStore& store, const std::string& what, const ddl::state::JobFilter& filter,
+ListResult benchList(DirectStore& store, const std::string& what, const ddl::state::JobFilter& filter,
                      int reps) {
   std::vector<double> lat;
   ListResult r;
@@ -119,7 +123,16 @@ ListResult benchList(SqliteStore& store, const std::string& what, const ddl::sta
   return r;
 }
 
-std::unique_ptr<SqliteStore> openStore(const std::string& path) {
+// An SQLite store driven one change at a time (DirectStore: each submit is a batch of one, committed and
+// fsync'ed before it returns, as the coordinator's group commit does for a batch).
+struct BenchStore {
+  std::unique_ptr<SqliteStore> sqlite;
+  std::unique_ptr<DirectStore> calls;
+  DirectStore* operator->() { return calls.get(); }
+  DirectStore& operator*() { return *calls; }
+};
+
+BenchStore openStore(const std::string& path) {
   SqliteStore::Options o;
   o.path = path;
   auto s = SqliteStore::open(o);
@@ -127,7 +140,9 @@ std::unique_ptr<SqliteStore> openStore(const std::string& path) {
     std::fprintf(stderr, "%s\n", s.status().toString().c_str());
     std::exit(1);
   }
-  return std::move(s).value();
+  BenchStore store{std::move(s).value(), nullptr};
+  store.calls = std::make_unique<DirectStore>(*store.sqlite);
+  return store;
 }
 
 }  // namespace

@@ -1515,21 +1515,16 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
   v1::SubmitResponse response;
   const int64_t now = wall_ms_();
   for (size_t i = 0; i < count; ++i) {
-    state::Job job;
-    job.id = state::formatJobId(++last_job_number_);
-    job.spec = spec;
+    state::Job job = state::newJob(state::formatJobId(++last_job_number_), spec, now,
+                                   spec.hold ? "submitted held" : "submitted");
     if (!array.indices.empty()) {
       job.spec.array_id = response.array_jobs().empty() ? job.id : response.array_jobs(0);
       job.spec.array_index = array.indices[i];
       job.spec.array_max_running = array.max_running;
       response.add_array_jobs(job.id);
     }
-    job.state = JobState::kPending;
     job.held = spec.hold;
     job.waiting_for = waiting_for;
-    job.submit_ms = now;
-    job.transitions.push_back(state::Transition{JobState::kPending, JobState::kPending, job.submit_ms,
-                                                spec.hold ? "submitted held" : "submitted", {}});
     for (const auto& dep : waiting_for) dependents_[dep].insert(job.id);
     jobs_[job.id] = job;
     putJobOnLoop(job, /*new_job=*/true);  // the answer waits for it: only a durable job is acknowledged

@@ -6,19 +6,19 @@
 //
 // and every move is recorded as a Transition (from, to, unix time in ms, reason, and for failures the first
 // failing rank, its host and its exit code or signal). The legal moves are decided in exactly one place,
-// allowedTransition(); applyTransition() is the one routine every Store uses to check and apply a move, so
-// the in-memory and SQLite stores cannot disagree about the state machine.
+// allowedTransition(); applyTransition() is the one routine that checks and applies a move, used by the
+// coordinator on its working copy and by DirectStore (direct_store.h), so nothing else decides the machine.
 //
 // Job ids are strings "j-000042": the prefix makes them unmistakable in logs and on the command line, the
 // number is a store-assigned sequence that is never reused (not even after a restart), and the zero padding
 // makes the common case sort as text the way it sorts as a number. Past 999999 the number simply grows wider
 // ("j-1000000"); compare ids with jobIdNumber(), not as text.
 //
-// These are values with no behaviour beyond validation; any thread may use them.
+// These are values with no behaviour beyond validation and the state machine (job.cpp); any thread may use
+// them.
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <optional>
 #include <string>
@@ -40,35 +40,10 @@ inline constexpr JobState kAllJobStates[] = {JobState::kPending,  JobState::kSch
                                              JobState::kRunning,  JobState::kSucceeded, JobState::kFailed,
                                              JobState::kCancelled, JobState::kTimeout};
 
-inline const char* toString(JobState s) {
-  switch (s) {
-    case JobState::kPending:
-      return "PENDING";
-    case JobState::kScheduled:
-      return "SCHEDULED";
-    case JobState::kStarting:
-      return "STARTING";
-    case JobState::kRunning:
-      return "RUNNING";
-    case JobState::kSucceeded:
-      return "SUCCEEDED";
-    case JobState::kFailed:
-      return "FAILED";
-    case JobState::kCancelled:
-      return "CANCELLED";
-    case JobState::kTimeout:
-      return "TIMEOUT";
-  }
-  return "UNKNOWN";
-}
+const char* toString(JobState s);
 
 // Inverse of toString(JobState); exact, upper case. nullopt for anything else.
-inline std::optional<JobState> parseJobState(std::string_view text) {
-  for (JobState s : kAllJobStates) {
-    if (text == toString(s)) return s;
-  }
-  return std::nullopt;
-}
+std::optional<JobState> parseJobState(std::string_view text);
 
 inline bool isTerminal(JobState s) {
   return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled ||
@@ -81,24 +56,7 @@ inline bool isTerminal(JobState s) {
 //    STARTING); it does not count as a restart;
 //  - STARTING | RUNNING -> PENDING is a requeue to restart the job (max_restarts); it counts as a restart and
 //    applyTransition() refuses it once the job's restarts reach max_restarts.
-inline bool allowedTransition(JobState from, JobState to) {
-  using S = JobState;
-  if (isTerminal(from) || from == to) return false;
-  if (to == S::kFailed || to == S::kCancelled) return true;
-  if (to == S::kTimeout) return from == S::kStarting || from == S::kRunning;
-  switch (from) {
-    case S::kPending:
-      return to == S::kScheduled;
-    case S::kScheduled:
-      return to == S::kStarting || to == S::kPending;
-    case S::kStarting:
-      return to == S::kRunning || to == S::kPending;
-    case S::kRunning:
-      return to == S::kSucceeded || to == S::kPending;
-    default:
-      return false;
-  }
-}
+bool allowedTransition(JobState from, JobState to);
 
 // True for the moves that restart a job that was (being) launched, and so consume one of max_restarts.
 inline bool isRequeue(JobState from, JobState to) {
@@ -230,24 +188,9 @@ struct Job {
 
 enum class NodeState { kUp, kDown, kDraining };
 
-inline const char* toString(NodeState s) {
-  switch (s) {
-    case NodeState::kUp:
-      return "UP";
-    case NodeState::kDown:
-      return "DOWN";
-    case NodeState::kDraining:
-      return "DRAINING";
-  }
-  return "UNKNOWN";
-}
+const char* toString(NodeState s);
 
-inline std::optional<NodeState> parseNodeState(std::string_view text) {
-  for (NodeState s : {NodeState::kUp, NodeState::kDown, NodeState::kDraining}) {
-    if (text == toString(s)) return s;
-  }
-  return std::nullopt;
-}
+std::optional<NodeState> parseNodeState(std::string_view text);
 
 struct GpuInfo {
   int index = 0;
@@ -312,186 +255,30 @@ inline constexpr int64_t kMaxMemoryPerRankBytes = int64_t{1} << 50;  // 1 PiB
 // controls U+0080-U+009F in their UTF-8 form (0xc2 0x80-0x9f). Such bytes in a name would move a terminal's
 // cursor, end a table row or start an escape sequence wherever the name is printed. Bytes 0x80-0x9f on their
 // own are continuation bytes of ordinary UTF-8 characters and are allowed.
-inline size_t findControlCharacter(std::string_view text) {
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f) return i;
-    if (c == 0xc2 && i + 1 < text.size()) {
-      const auto next = static_cast<unsigned char>(text[i + 1]);
-      if (next >= 0x80 && next <= 0x9f) return i;
-    }
-  }
-  return std::string_view::npos;
-}
+size_t findControlCharacter(std::string_view text);
 
 // `text` as it may appear inside an error message: control characters as \xNN and at most `max` bytes (then
 // "...(N bytes)"), so a refusal of a huge or hostile value is itself short and safe to print.
-inline std::string quoteForMessage(std::string_view text, size_t max = 64) {
-  std::string out;
-  for (size_t i = 0; i < text.size() && i < max; ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f ||
-        (c >= 0x80 && c <= 0x9f && i > 0 && static_cast<unsigned char>(text[i - 1]) == 0xc2)) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (text.size() > max) out += "...(" + std::to_string(text.size()) + " bytes)";
-  return out;
-}
+std::string quoteForMessage(std::string_view text, size_t max = 64);
 
 // What a store refuses at submit. Placement decides later whether the request fits the cluster.
-inline Status validateJobSpec(const JobSpec& spec) {
-  // The name is echoed in every refusal, so only a name that passes its own checks is echoed whole.
-  const bool name_ok =
-      spec.name.size() <= kMaxJobNameBytes && findControlCharacter(spec.name) == std::string::npos;
-  auto bad = [&](const std::string& what) {
-    return Status::invalidArgument(
-        "job spec" + (spec.name.empty() ? "" : " '" + quoteForMessage(spec.name, kMaxJobNameBytes) + "'") +
-        ": " + what);
-  };
-  auto size = [](size_t n) { return std::to_string(n); };
-  auto controlAt = [](std::string_view text) {
-    const size_t at = findControlCharacter(text);
-    return "a control character (" + quoteForMessage(text.substr(at, text[at] == '\xc2' ? 2 : 1)) +
-           ") at byte " + std::to_string(at);
-  };
-  if (!name_ok) {
-    if (spec.name.size() > kMaxJobNameBytes)
-      return bad("the name is " + size(spec.name.size()) + " bytes; the limit is " + size(kMaxJobNameBytes));
-    return bad("the name contains " + controlAt(spec.name) + "; names may not contain control characters");
-  }
-  if (spec.user.size() > kMaxUserBytes)
-    return bad("the user name is " + size(spec.user.size()) + " bytes; the limit is " + size(kMaxUserBytes));
-  if (findControlCharacter(spec.user) != std::string::npos)
-    return bad("the user name contains " + controlAt(spec.user) +
-               "; user names may not contain control characters");
-  if (spec.command.empty() || spec.command[0].empty())
-    return bad("command is empty; give the program to run");
-  if (spec.command.size() > kMaxArgs)
-    return bad("the command has " + size(spec.command.size()) + " arguments; the limit is " + size(kMaxArgs));
-  size_t argv_bytes = 0;
-  for (const std::string& arg : spec.command) argv_bytes += arg.size();
-  if (argv_bytes > kMaxArgvBytes)
-    return bad("the command's arguments total " + size(argv_bytes) + " bytes; the limit is " +
-               size(kMaxArgvBytes) + " (pass large inputs in a file)");
-  if (spec.nodes < 0 || spec.gpus_per_node < 0 || spec.total_gpus < 0)
-    return bad("GPU and node counts must be >= 0");
-  if (spec.max_restarts < 0) return bad("max_restarts must be >= 0");
-  if (spec.cpus_per_rank < 0 || spec.cpus_per_rank > kMaxCpusPerRank)
-    return bad("cpus_per_rank is " + std::to_string(spec.cpus_per_rank) + "; give 1 to " +
-               std::to_string(kMaxCpusPerRank) + " (0: not asked for)");
-  if (spec.memory_per_rank_bytes < 0 || spec.memory_per_rank_bytes > kMaxMemoryPerRankBytes)
-    return bad("memory_per_rank is " + std::to_string(spec.memory_per_rank_bytes) +
-               " bytes; give 1 byte to 1 PiB (0: not asked for)");
-  if (spec.time_limit_s < 0 || spec.time_limit_s > kMaxTimeLimitS)
-    return bad("the time limit is " + std::to_string(spec.time_limit_s) + " s; give 1 s to 365 days (0: none)");
-  if (spec.after_ok.size() + spec.after_any.size() > kMaxDependencies)
-    return bad("the job depends on " + size(spec.after_ok.size() + spec.after_any.size()) +
-               " jobs; the limit is " + size(kMaxDependencies));
-  for (const auto* deps : {&spec.after_ok, &spec.after_any}) {
-    for (const std::string& dep : *deps) {
-      if (!jobIdNumber(dep))
-        return bad("dependency '" + quoteForMessage(dep) + "' is not a job id (like j-000042)");
-    }
-  }
-  if (spec.array_index < 0 || spec.array_max_running < 0) return bad("array index and limit must be >= 0");
-  if (spec.workdir.size() > kMaxWorkdirBytes)
-    return bad("the workdir is " + size(spec.workdir.size()) + " bytes; the limit is " +
-               size(kMaxWorkdirBytes));
-  if (spec.topology_override.size() > kMaxTopologyBytes)
-    return bad("the topology is " + size(spec.topology_override.size()) + " bytes; the limit is " +
-               size(kMaxTopologyBytes));
-  if (spec.env.size() > kMaxEnvEntries)
-    return bad("the environment has " + size(spec.env.size()) + " entries; the limit is " +
-               size(kMaxEnvEntries));
-  size_t env_bytes = 0;
-  for (const std::string& kv : spec.env) {
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0)
-      return bad("env entry '" + quoteForMessage(kv) + "' is not KEY=VALUE");
-    if (kv.size() > kMaxEnvEntryBytes)
-      return bad("env entry " + quoteForMessage(kv.substr(0, eq)) + " is " + size(kv.size()) +
-                 " bytes; the limit is " + size(kMaxEnvEntryBytes));
-    env_bytes += kv.size();
-  }
-  if (env_bytes > kMaxEnvBytes)
-    return bad("the environment totals " + size(env_bytes) + " bytes; the limit is " + size(kMaxEnvBytes));
-  if (spec.required_labels.size() > kMaxLabels)
-    return bad("the job requires " + size(spec.required_labels.size()) + " labels; the limit is " +
-               size(kMaxLabels));
-  // Labels are written out as comma-separated key=value lists (placement's messages do), so '=', ',' or
-  // whitespace in a key or value would make that text ambiguous; refuse them at submit, not misread later.
-  constexpr std::string_view kLabelSeparators = "=, \t\n\v\f\r";
-  for (const auto& [key, value] : spec.required_labels) {
-    if (key.empty()) return bad("label with value '" + quoteForMessage(value) + "' has an empty key");
-    if (key.size() > kMaxLabelKeyBytes)
-      return bad("label key '" + quoteForMessage(key) + "' is " + size(key.size()) + " bytes; the limit is " +
-                 size(kMaxLabelKeyBytes));
-    if (key.find_first_of(kLabelSeparators) != std::string::npos)
-      return bad("label '" + quoteForMessage(key) + "': the key may not contain '=', ',' or whitespace");
-    if (findControlCharacter(key) != std::string::npos)
-      return bad("label '" + quoteForMessage(key) + "': the key contains " + controlAt(key));
-    if (value.size() > kMaxLabelValueBytes)
-      return bad("label '" + key + "': the value is " + size(value.size()) + " bytes; the limit is " +
-                 size(kMaxLabelValueBytes));
-    if (value.find_first_of(kLabelSeparators) != std::string::npos)
-      return bad("label '" + key + "': the value '" + quoteForMessage(value) +
-                 "' may not contain '=', ',' or whitespace");
-    if (findControlCharacter(value) != std::string::npos)
-      return bad("label '" + key + "': the value contains " + controlAt(value));
-  }
-  return Status::ok();
-}
+Status validateJobSpec(const JobSpec& spec);
 
-inline Status validateFailure(const Failure& f) {
-  if (f.rank < 0) return Status::invalidArgument("failure: rank must be >= 0");
-  if (f.exit_code.has_value() == f.signal.has_value()) {
-    return Status::invalidArgument("failure of rank " + std::to_string(f.rank) +
-                                   ": give exactly one of exit_code and signal");
-  }
-  return Status::ok();
-}
+Status validateFailure(const Failure& f);
+
+// A job as it is submitted: PENDING, stamped now_ms, with its first transition (PENDING -> PENDING,
+// `reason`). The id is the caller's (the coordinator counts them; Store::lastJobNumber() says where it left
+// off).
+Job newJob(std::string id, JobSpec spec, int64_t now_ms, std::string reason = "submitted");
+
+// OK while the job may be given an allocation (PENDING or SCHEDULED); FAILED_PRECONDITION naming its state
+// otherwise.
+Status checkAllocationAllowed(const Job& job);
 
 // Checks a move of `job` to `to` and applies it in memory: state, restarts, failure, allocation, and a new
-// Transition stamped now_ms. On error the job is unchanged. Every Store calls this under its own lock (or
-// transaction), which is what makes transition() an atomic compare-and-set. A requeue the user asked for
-// (ddlctl requeue: counts_as_restart false) uses none of max_restarts.
-inline Status applyTransition(Job& job, JobState to, std::string reason, std::optional<Failure> failure,
-                              int64_t now_ms, bool counts_as_restart = true) {
-  const JobState from = job.state;
-  if (!allowedTransition(from, to)) {
-    std::string msg = "job " + job.id + ": cannot go from " + toString(from) + " to " + toString(to);
-    if (isTerminal(from)) msg += " (" + std::string(toString(from)) + " is final)";
-    return Status::failedPrecondition(std::move(msg));
-  }
-  if (failure) {
-    if (to != JobState::kFailed && !isRequeue(from, to)) {
-      return Status::invalidArgument("job " + job.id + ": failure info given for " + toString(from) + " -> " +
-                                     toString(to) + "; only FAILED or a requeue carries one");
-    }
-    Status st = validateFailure(*failure);
-    if (!st) return Status::invalidArgument("job " + job.id + ": " + st.message());
-  }
-  if (isRequeue(from, to) && counts_as_restart && job.restarts >= job.spec.max_restarts) {
-    return Status::failedPrecondition("job " + job.id + ": cannot requeue, " + std::to_string(job.restarts) +
-                                      " restarts already used of max_restarts " +
-                                      std::to_string(job.spec.max_restarts) + "; fail the job instead");
-  }
-  job.state = to;
-  if (isRequeue(from, to) && counts_as_restart) job.restarts++;
-  if (to == JobState::kPending) {
-    job.allocation.clear();
-    job.topology.clear();
-    job.root_port = 0;
-    job.failure.reset();
-  }
-  if (to == JobState::kFailed) job.failure = failure;
-  job.transitions.push_back(Transition{from, to, now_ms, std::move(reason), std::move(failure)});
-  return Status::ok();
-}
+// Transition stamped now_ms. On error the job is unchanged. A requeue the user asked for (ddlctl requeue:
+// counts_as_restart false) uses none of max_restarts.
+Status applyTransition(Job& job, JobState to, std::string reason, std::optional<Failure> failure,
+                       int64_t now_ms, bool counts_as_restart = true);
 
 }  // namespace ddl::state

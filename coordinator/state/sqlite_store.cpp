@@ -5,333 +5,37 @@
 // - synchronous=FULL: in WAL mode, NORMAL syncs only at checkpoints, so an acknowledged commit survives
 //   kill -9 (the data is in the OS page cache) but not an OS crash or power loss: the last transactions can
 //   roll back. The issue asks that an acknowledged submit be durable, so FULL: the WAL is fsync'ed at every
-//   commit. The price is one fsync per mutating call (bench/store_bench.cpp measures it on a given disk).
-// - Every mutating call is one BEGIN IMMEDIATE ... COMMIT transaction under mu_; reads run under mu_ too, on
+//   commit. The price is one fsync per batch (bench/store_bench.cpp measures it on a given disk).
+// - Every batch (and purge) is one BEGIN IMMEDIATE ... COMMIT transaction under mu_; reads run under mu_ too,
+// on
 //   the same connection, so a caller never sees a half-applied change.
 // - Lists (env, argv, transitions, allocation, GPUs) are child tables keyed by (owner, ord); maps (a job's
 //   required labels, a node's labels) by (owner, key). Loading many jobs takes six queries in all, whatever
 //   the number of jobs.
 // - What no query ever filters on (time limit, dependencies, array, hold, each rank's result) is one JSON
-//   document per job in jobs.extra (schema 6): a job's record grows without a new table per field.
+//   document per job in jobs.extra (schema 6, sqlite_codec.h): a job's record grows without a new table per
+//   field.
 #include "state/sqlite_store.h"
 
 #include <sqlite3.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <limits>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <variant>
 
+#include "state/sqlite_codec.h"
+#include "state/sqlite_schema.h"
 
 namespace ddl::state {
-namespace {
 
-// PRAGMA application_id marks the file as ours ("ddl1"), so an unrelated SQLite database is refused, not
-// altered.
-constexpr int32_t kApplicationId = 0x64646c31;
-
-// kMigrations[i] brings the schema from version i to i + 1. Append only; never edit a released entry.
-const char* const kMigrations[] = {
-    // 0 -> 1: the initial schema.
-    R"sql(
-CREATE TABLE jobs (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- The number in the job id; AUTOINCREMENT: never reused.
-  name TEXT NOT NULL,
-  user_name TEXT NOT NULL,
-  nodes INTEGER NOT NULL,
-  gpus_per_node INTEGER NOT NULL,
-  total_gpus INTEGER NOT NULL,
-  topology_override TEXT NOT NULL,
-  priority INTEGER NOT NULL,
-  max_restarts INTEGER NOT NULL,
-  workdir TEXT NOT NULL,
-  state TEXT NOT NULL CHECK (state IN ('PENDING', 'SCHEDULED', 'STARTING', 'RUNNING', 'SUCCEEDED', 'FAILED',
-                                       'CANCELLED')),
-  restarts INTEGER NOT NULL,
-  submit_ms INTEGER NOT NULL,
-  fail_rank INTEGER,  -- NULL: no failure recorded.
-  fail_host TEXT,
-  fail_exit_code INTEGER,
-  fail_signal INTEGER,
-  topology TEXT NOT NULL
-);
-CREATE INDEX jobs_by_state ON jobs (state);
-CREATE INDEX jobs_by_user ON jobs (user_name);
-CREATE TABLE job_env (
-  job_seq INTEGER NOT NULL, ord INTEGER NOT NULL, value TEXT NOT NULL, PRIMARY KEY (job_seq, ord)
-) WITHOUT ROWID;
-CREATE TABLE job_argv (
-  job_seq INTEGER NOT NULL, ord INTEGER NOT NULL, value TEXT NOT NULL, PRIMARY KEY (job_seq, ord)
-) WITHOUT ROWID;
-CREATE TABLE job_transitions (
-  job_seq INTEGER NOT NULL, ord INTEGER NOT NULL,
-  from_state TEXT NOT NULL, to_state TEXT NOT NULL, at_ms INTEGER NOT NULL, reason TEXT NOT NULL,
-  fail_rank INTEGER, fail_host TEXT, fail_exit_code INTEGER, fail_signal INTEGER,
-  PRIMARY KEY (job_seq, ord)
-) WITHOUT ROWID;
-CREATE TABLE job_allocation (
-  job_seq INTEGER NOT NULL, ord INTEGER NOT NULL,
-  node TEXT NOT NULL, gpus TEXT NOT NULL,  -- gpus: local indices, decimal, comma-separated ("0,1,2,3").
-  PRIMARY KEY (job_seq, ord)
-) WITHOUT ROWID;
-CREATE TABLE nodes (
-  name TEXT NOT NULL PRIMARY KEY, address TEXT NOT NULL,
-  state TEXT NOT NULL CHECK (state IN ('UP', 'DOWN', 'DRAINING')), last_heartbeat_ms INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE node_gpus (
-  node TEXT NOT NULL, ord INTEGER NOT NULL,
-  idx INTEGER NOT NULL, uuid TEXT NOT NULL, model TEXT NOT NULL, memory_bytes INTEGER NOT NULL,
-  PRIMARY KEY (node, ord)
-) WITHOUT ROWID;
-CREATE TABLE node_labels (
-  node TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (node, key)
-) WITHOUT ROWID;
-)sql",
-    // 1 -> 2: a job's required node labels. Jobs from version 1 have none, which is what an empty table says.
-    R"sql(
-CREATE TABLE job_labels (
-  job_seq INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (job_seq, key)
-) WITHOUT ROWID;
-)sql",
-    // 2 -> 3: the operator's drain, apart from the state, so that it outlives DOWN. Before, a drain was the
-    // DRAINING state alone.
-    R"sql(
-ALTER TABLE nodes ADD COLUMN drained INTEGER NOT NULL DEFAULT 0 CHECK (drained IN (0, 1));
-UPDATE nodes SET drained = 1 WHERE state = 'DRAINING';
-)sql",
-    // 3 -> 4: a placed job's rendezvous port. Jobs placed by version 3 have 0 (unknown): a restarted
-    // coordinator derives their port again, as version 3 did.
-    R"sql(
-ALTER TABLE jobs ADD COLUMN root_port INTEGER NOT NULL DEFAULT 0;
-)sql",
-    // 4 -> 5: when a final job ended, so that history past its retention can be purged by an index.
-    R"sql(
-ALTER TABLE jobs ADD COLUMN end_ms INTEGER NOT NULL DEFAULT 0;
-UPDATE jobs SET end_ms = (SELECT MAX(at_ms) FROM job_transitions WHERE job_seq = seq)
-  WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
-CREATE INDEX jobs_by_end ON jobs (end_ms) WHERE end_ms > 0;
-)sql",
-    // 5 -> 6: the TIMEOUT state (the state column's CHECK is part of the table, so the table is rebuilt, with
-    // its AUTOINCREMENT counter kept: ids are never reused), jobs.extra (a JSON document: see the file
-    // comment) and a drain's reason.
-    R"sql(
-CREATE TEMP TABLE saved_job_seq AS SELECT seq FROM sqlite_sequence WHERE name = 'jobs';
-CREATE TABLE jobs_v6 (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
-  name TEXT NOT NULL,
-  user_name TEXT NOT NULL,
-  nodes INTEGER NOT NULL,
-  gpus_per_node INTEGER NOT NULL,
-  total_gpus INTEGER NOT NULL,
-  topology_override TEXT NOT NULL,
-  priority INTEGER NOT NULL,
-  max_restarts INTEGER NOT NULL,
-  workdir TEXT NOT NULL,
-  state TEXT NOT NULL CHECK (state IN ('PENDING', 'SCHEDULED', 'STARTING', 'RUNNING', 'SUCCEEDED', 'FAILED',
-                                       'CANCELLED', 'TIMEOUT')),
-  restarts INTEGER NOT NULL,
-  submit_ms INTEGER NOT NULL,
-  fail_rank INTEGER,
-  fail_host TEXT,
-  fail_exit_code INTEGER,
-  fail_signal INTEGER,
-  topology TEXT NOT NULL,
-  root_port INTEGER NOT NULL DEFAULT 0,
-  end_ms INTEGER NOT NULL DEFAULT 0,
-  extra TEXT NOT NULL DEFAULT '{}'
-);
-INSERT INTO jobs_v6 (seq, name, user_name, nodes, gpus_per_node, total_gpus, topology_override, priority,
-                     max_restarts, workdir, state, restarts, submit_ms, fail_rank, fail_host, fail_exit_code,
-                     fail_signal, topology, root_port, end_ms)
-  SELECT seq, name, user_name, nodes, gpus_per_node, total_gpus, topology_override, priority, max_restarts,
-         workdir, state, restarts, submit_ms, fail_rank, fail_host, fail_exit_code, fail_signal, topology,
-         root_port, end_ms FROM jobs;
-DROP TABLE jobs;
-ALTER TABLE jobs_v6 RENAME TO jobs;
-UPDATE sqlite_sequence SET seq = MAX(seq, COALESCE((SELECT MAX(seq) FROM temp.saved_job_seq), 0))
-  WHERE name = 'jobs';
-INSERT INTO sqlite_sequence (name, seq)
-  SELECT 'jobs', seq FROM temp.saved_job_seq
-  WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'jobs');
-DROP TABLE temp.saved_job_seq;
-CREATE INDEX jobs_by_state ON jobs (state);
-CREATE INDEX jobs_by_user ON jobs (user_name);
-CREATE INDEX jobs_by_end ON jobs (end_ms) WHERE end_ms > 0;
-ALTER TABLE nodes ADD COLUMN drain_reason TEXT NOT NULL DEFAULT '';
-)sql",
-    // 6 -> 7: CPUs and memory. A placed job's CPUs and memory per node (empty and 0 for jobs placed before,
-    // which asked for none), and what each node's agent offers (read again when the agent registers).
-    R"sql(
-ALTER TABLE job_allocation ADD COLUMN cpus TEXT NOT NULL DEFAULT '';
-ALTER TABLE job_allocation ADD COLUMN memory_bytes INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE nodes ADD COLUMN cpus TEXT NOT NULL DEFAULT '';
-ALTER TABLE nodes ADD COLUMN memory_bytes INTEGER NOT NULL DEFAULT 0;
-)sql",
-};
-constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
-static_assert(kMigrationCount == SqliteStore::kSchemaVersion, "one migration per schema version");
-
-std::string encodeIndices(const std::vector<int>& gpus) {
-  std::string out;
-  for (size_t i = 0; i < gpus.size(); ++i) {
-    if (i > 0) out += ',';
-    out += std::to_string(gpus[i]);
-  }
-  return out;
-}
-
-std::optional<std::vector<int>> decodeIndices(const std::string& text) {
-  std::vector<int> out;
-  if (text.empty()) return out;
-  const char* p = text.data();
-  const char* end = p + text.size();
-  while (true) {
-    int v = 0;
-    auto [next, ec] = std::from_chars(p, end, v);
-    if (ec != std::errc()) return std::nullopt;
-    out.push_back(v);
-    if (next == end) return out;
-    if (*next != ',') return std::nullopt;
-    p = next + 1;
-  }
-}
-
-// jobs.extra: the fields of a job that no query filters on, as JSON (see the file comment). Absent keys are
-// defaults, so a record written before a field existed reads as it did.
-std::string encodeExtra(const Job& job) {
-  nlohmann::json j = nlohmann::json::object();
-  const JobSpec& s = job.spec;
-  if (s.time_limit_s) j["time_limit_s"] = s.time_limit_s;
-  if (!s.after_ok.empty()) j["after_ok"] = s.after_ok;
-  if (!s.after_any.empty()) j["after_any"] = s.after_any;
-  if (s.hold) j["hold"] = true;
-  if (!s.array_id.empty()) {
-    j["array_id"] = s.array_id;
-    j["array_index"] = s.array_index;
-    j["array_max_running"] = s.array_max_running;
-  }
-  if (s.cpus_per_rank) j["cpus_per_rank"] = s.cpus_per_rank;
-  if (s.memory_per_rank_bytes) j["memory_per_rank_bytes"] = s.memory_per_rank_bytes;
-  if (job.held) j["held"] = true;
-  if (job.held_by_admin) j["held_by_admin"] = true;
-  if (!job.waiting_for.empty()) j["waiting_for"] = job.waiting_for;
-  if (!job.ranks.empty()) {
-    nlohmann::json ranks = nlohmann::json::array();
-    for (const RankResult& r : job.ranks) {
-      const RankFigures& f = r.figures;
-      nlohmann::json o = {{"rank", r.rank},         {"attempt", r.attempt},       {"node", r.node},
-                          {"gpu", r.gpu},           {"pid", r.pid},               {"program_pid", r.program_pid},
-                          {"exited", r.exited},     {"started_ms", r.started_ms}, {"exited_ms", r.exited_ms},
-                          {"collectives", f.collectives}, {"bytes", f.bytes},     {"seconds", f.seconds},
-                          {"updated_ms", f.updated_ms}};
-      if (r.exit_code) o["exit_code"] = *r.exit_code;
-      if (r.signal) o["signal"] = *r.signal;
-      if (!r.error.empty()) o["error"] = r.error;
-      if (!f.last_op.empty()) o["last_op"] = f.last_op;
-      if (f.last_bytes) o["last_bytes"] = f.last_bytes;
-      if (f.last_us != 0) o["last_us"] = f.last_us;
-      if (!f.last_algo.empty()) o["last_algo"] = f.last_algo;
-      if (!f.dims_us.empty()) o["dims_us"] = f.dims_us;
-      if (f.world_size) o["world_size"] = f.world_size;
-      ranks.push_back(std::move(o));
-    }
-    j["ranks"] = std::move(ranks);
-  }
-  // Replace, not throw, on bytes that are not UTF-8 (an agent's error text): the record must be storable.
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
-// Tolerant by design: a field of the wrong type (or a record that is not JSON at all) reads as its default and
-// is logged, so one damaged record cannot keep the coordinator from loading the rest.
-template <class T>
-T field(const nlohmann::json& o, const char* key, T fallback) {
-  auto it = o.find(key);
-  if (it == o.end()) return fallback;
-  if constexpr (std::is_same_v<T, bool>) {
-    return it->is_boolean() ? it->get<bool>() : fallback;
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    return it->is_string() ? it->get<std::string>() : fallback;
-  } else if constexpr (std::is_floating_point_v<T>) {
-    return it->is_number() ? it->get<T>() : fallback;
-  } else {
-    if (!it->is_number_integer()) return fallback;
-    const auto v = it->get<int64_t>();
-    return v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max() ? fallback : static_cast<T>(v);
-  }
-}
-
-std::vector<std::string> stringList(const nlohmann::json& o, const char* key) {
-  std::vector<std::string> out;
-  auto it = o.find(key);
-  if (it == o.end() || !it->is_array()) return out;
-  for (const auto& v : *it) {
-    if (v.is_string()) out.push_back(v.get<std::string>());
-  }
-  return out;
-}
-
-void decodeExtra(const std::string& text, Job& job) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) {
-    std::fprintf(stderr, "ddl state: job %s: its extra record is not a JSON object; read as empty\n", job.id.c_str());
-    return;
-  }
-  JobSpec& s = job.spec;
-  s.time_limit_s = field<int64_t>(j, "time_limit_s", 0);
-  s.after_ok = stringList(j, "after_ok");
-  s.after_any = stringList(j, "after_any");
-  s.hold = field(j, "hold", false);
-  s.array_id = field(j, "array_id", std::string());
-  s.array_index = field(j, "array_index", 0);
-  s.array_max_running = field(j, "array_max_running", 0);
-  s.cpus_per_rank = field(j, "cpus_per_rank", 0);
-  s.memory_per_rank_bytes = field<int64_t>(j, "memory_per_rank_bytes", 0);
-  job.held = field(j, "held", false);
-  job.held_by_admin = field(j, "held_by_admin", false);
-  job.waiting_for = stringList(j, "waiting_for");
-  auto ranks = j.find("ranks");
-  if (ranks == j.end() || !ranks->is_array()) return;
-  for (const auto& o : *ranks) {
-    if (!o.is_object()) continue;
-    RankResult r;
-    r.rank = field(o, "rank", 0);
-    r.attempt = field(o, "attempt", 0);
-    r.node = field(o, "node", std::string());
-    r.gpu = field(o, "gpu", 0);
-    r.pid = field(o, "pid", 0);
-    r.program_pid = field(o, "program_pid", 0);
-    r.exited = field(o, "exited", false);
-    if (o.contains("exit_code")) r.exit_code = field(o, "exit_code", 0);
-    if (o.contains("signal")) r.signal = field(o, "signal", 0);
-    r.started_ms = field<int64_t>(o, "started_ms", 0);
-    r.exited_ms = field<int64_t>(o, "exited_ms", 0);
-    r.error = field(o, "error", std::string());
-    RankFigures& f = r.figures;
-    f.collectives = field<int64_t>(o, "collectives", 0);
-    f.bytes = field<int64_t>(o, "bytes", 0);
-    f.seconds = field(o, "seconds", 0.0);
-    f.last_op = field(o, "last_op", std::string());
-    f.last_bytes = field<int64_t>(o, "last_bytes", 0);
-    f.last_us = field(o, "last_us", 0.0);
-    f.last_algo = field(o, "last_algo", std::string());
-    if (auto d = o.find("dims_us"); d != o.end() && d->is_array()) {
-      for (const auto& v : *d) {
-        if (v.is_number() && f.dims_us.size() < kMaxRankDims) f.dims_us.push_back(v.get<double>());
-      }
-    }
-    f.world_size = field(o, "world_size", 0);
-    f.updated_ms = field<int64_t>(o, "updated_ms", 0);
-    job.ranks.push_back(std::move(r));
-  }
-}
-
-}  // namespace
+using sqlite_codec::decodeExtra;
+using sqlite_codec::decodeIndices;
+using sqlite_codec::encodeExtra;
+using sqlite_codec::encodeIndices;
+using sqlite_schema::kApplicationId;
 
 // A cached prepared statement in use: binds and reads columns, and resets itself when it goes out of scope so
 // the cache never holds a statement mid-step or bound to freed strings.
@@ -442,9 +146,7 @@ class SqliteStore::Txn {
 
 // ---- Open, schema -----------------------------------------------------------------------------------------
 
-SqliteStore::SqliteStore(Options options) : options_(std::move(options)) {
-  if (!options_.now_ms) options_.now_ms = systemNowMs;
-}
+SqliteStore::SqliteStore(Options options) : options_(std::move(options)) {}
 
 SqliteStore::~SqliteStore() {
   for (auto& [sql, stmt] : stmts_) sqlite3_finalize(stmt);
@@ -528,7 +230,7 @@ Status SqliteStore::migrateLocked() {
   }
   if (version == kSchemaVersion) return Status::ok();  // Rolls back the empty transaction.
   for (int64_t v = version; v < kSchemaVersion; ++v) {
-    Status st = exec(kMigrations[v]);
+    Status st = exec(sqlite_schema::migration(v));
     if (!st)
       return Status(st.code(), "migrating to schema version " + std::to_string(v + 1) + ": " + st.message());
   }
@@ -607,66 +309,6 @@ void SqliteStore::hook(std::string_view point) {
 }
 
 // ---- Jobs -------------------------------------------------------------------------------------------------
-
-StatusOr<Job> SqliteStore::createJob(const JobSpec& spec) {
-  DDL_RETURN_IF_ERROR(validateJobSpec(spec));
-  std::lock_guard<std::mutex> lock(mu_);
-  Job job;
-  job.spec = spec;
-  job.state = JobState::kPending;
-  job.submit_ms = options_.now_ms();
-  job.transitions.push_back(
-      Transition{JobState::kPending, JobState::kPending, job.submit_ms, "submitted", {}});
-
-  Txn txn(this);
-  DDL_RETURN_IF_ERROR(txn.begin());
-  {
-    DDL_PREPARE(
-        q,
-        "INSERT INTO jobs (name, user_name, nodes, gpus_per_node, total_gpus, topology_override, priority,"
-        " max_restarts, workdir, state, restarts, submit_ms, topology, extra)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, '', ?)");
-    q.bind(1, spec.name).bind(2, spec.user).bind(3, int64_t{spec.nodes}).bind(4, int64_t{spec.gpus_per_node});
-    q.bind(5, int64_t{spec.total_gpus}).bind(6, spec.topology_override).bind(7, int64_t{spec.priority});
-    q.bind(8, int64_t{spec.max_restarts}).bind(9, spec.workdir).bind(10, std::string(toString(job.state)));
-    q.bind(11, job.submit_ms).bind(12, encodeExtra(job));
-    DDL_STEP_DONE(q, "inserting a job");
-  }
-  const int64_t seq = sqlite3_last_insert_rowid(db_);
-  job.id = formatJobId(seq);
-  for (auto [table, list] : {std::pair{"job_env", &spec.env}, std::pair{"job_argv", &spec.command}}) {
-    DDL_PREPARE(q, std::string("INSERT INTO ") + table + " (job_seq, ord, value) VALUES (?, ?, ?)");
-    for (size_t i = 0; i < list->size(); ++i) {
-      q.bind(1, seq).bind(2, static_cast<int64_t>(i)).bind(3, (*list)[i]);
-      DDL_STEP_DONE(q, "inserting " + std::string(table) + " of job " + job.id);
-      q.reset();
-    }
-  }
-  {
-    DDL_PREPARE(q, "INSERT INTO job_labels (job_seq, key, value) VALUES (?, ?, ?)");
-    for (const auto& [key, value] : spec.required_labels) {
-      q.bind(1, seq).bind(2, key).bind(3, value);
-      DDL_STEP_DONE(q, "inserting the labels of job " + job.id);
-      q.reset();
-    }
-  }
-  {
-    const Transition& t = job.transitions.back();
-    DDL_PREPARE(q,
-                "INSERT INTO job_transitions (job_seq, ord, from_state, to_state, at_ms, reason, fail_rank,"
-                " fail_host, fail_exit_code, fail_signal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-    q.bind(1, seq)
-        .bind(2, int64_t{0})
-        .bind(3, std::string(toString(t.from)))
-        .bind(4, std::string(toString(t.to)));
-    q.bind(5, t.at_ms).bind(6, t.reason).bindFailure(7, t.failure);
-    DDL_STEP_DONE(q, "recording the submit of job " + job.id);
-  }
-  hook("createJob:before-commit");
-  DDL_RETURN_IF_ERROR(txn.commit());
-  hook("createJob:after-commit");
-  return job;
-}
 
 // Loads the jobs matching `where` (a condition on the jobs table with ? placeholders for args), in seq order.
 StatusOr<std::vector<Job>> SqliteStore::loadJobsLocked(const std::string& where,
@@ -779,108 +421,7 @@ StatusOr<Job> SqliteStore::getJob(const std::string& id) {
   return loadJobLocked(id);
 }
 
-StatusOr<std::vector<Job>> SqliteStore::listJobs(const JobFilter& filter) {
-  std::string where = "1";
-  std::vector<Arg> args;
-  if (!filter.states.empty()) {
-    where += " AND state IN (";
-    for (JobState s : filter.states) {
-      where += args.empty() ? "?" : ", ?";
-      args.push_back(std::string(toString(s)));
-    }
-    where += ")";
-  }
-  if (filter.user) {
-    where += " AND user_name = ?";
-    args.push_back(*filter.user);
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  return loadJobsLocked(where, args);
-}
-
-StatusOr<Job> SqliteStore::transition(const std::string& id, JobState to, const std::string& reason,
-                                      const std::optional<Failure>& failure) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Txn txn(this);
-  DDL_RETURN_IF_ERROR(txn.begin());
-  StatusOr<Job> loaded = loadJobLocked(id);
-  if (!loaded) return loaded.status();
-  Job job = std::move(loaded).value();
-  const bool had_allocation = !job.allocation.empty();
-  DDL_RETURN_IF_ERROR(applyTransition(job, to, reason, failure, options_.now_ms()));
-  const int64_t seq = *jobIdNumber(job.id);
-  {
-    DDL_PREPARE(q,
-                "UPDATE jobs SET state = ?, restarts = ?, fail_rank = ?, fail_host = ?, fail_exit_code = ?,"
-                " fail_signal = ?, topology = ?, root_port = ?, end_ms = ? WHERE seq = ?");
-    q.bind(1, std::string(toString(job.state))).bind(2, int64_t{job.restarts}).bindFailure(3, job.failure);
-    q.bind(7, job.topology).bind(8, int64_t{job.root_port}).bind(9, endedAtMs(job)).bind(10, seq);
-    DDL_STEP_DONE(q, "updating job " + id);
-  }
-  if (had_allocation && job.allocation.empty()) {
-    DDL_PREPARE(q, "DELETE FROM job_allocation WHERE job_seq = ?");
-    q.bind(1, seq);
-    DDL_STEP_DONE(q, "clearing the allocation of job " + id);
-  }
-  {
-    const Transition& t = job.transitions.back();
-    DDL_PREPARE(q,
-                "INSERT INTO job_transitions (job_seq, ord, from_state, to_state, at_ms, reason, fail_rank,"
-                " fail_host, fail_exit_code, fail_signal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-    q.bind(1, seq).bind(2, static_cast<int64_t>(job.transitions.size() - 1));
-    q.bind(3, std::string(toString(t.from))).bind(4, std::string(toString(t.to)));
-    q.bind(5, t.at_ms).bind(6, t.reason).bindFailure(7, t.failure);
-    DDL_STEP_DONE(q, "recording a transition of job " + id);
-  }
-  hook("transition:before-commit");
-  DDL_RETURN_IF_ERROR(txn.commit());
-  return job;
-}
-
-Status SqliteStore::setAllocation(const std::string& id, const std::vector<NodeAllocation>& allocation,
-                                  const std::string& topology, int root_port) {
-  std::optional<int64_t> seq = jobIdNumber(id);
-  if (!seq) return jobNotFound(id);
-  std::lock_guard<std::mutex> lock(mu_);
-  Txn txn(this);
-  DDL_RETURN_IF_ERROR(txn.begin());
-  {
-    DDL_PREPARE(q, "SELECT state FROM jobs WHERE seq = ?");
-    q.bind(1, *seq);
-    int rc = q.step();
-    if (rc == SQLITE_DONE) return jobNotFound(id);
-    if (rc != SQLITE_ROW) return error("reading job " + id, rc);
-    Job job;
-    job.id = id;
-    std::optional<JobState> state = parseJobState(q.text(0));
-    if (!state) return Status::dataLoss("job " + id + " has unknown state '" + q.text(0) + "'");
-    job.state = *state;
-    DDL_RETURN_IF_ERROR(checkAllocationAllowed(job));
-  }
-  {
-    DDL_PREPARE(q, "DELETE FROM job_allocation WHERE job_seq = ?");
-    q.bind(1, *seq);
-    DDL_STEP_DONE(q, "replacing the allocation of job " + id);
-  }
-  DDL_RETURN_IF_ERROR(insertAllocationLocked(*seq, id, allocation));
-  {
-    DDL_PREPARE(q, "UPDATE jobs SET topology = ?, root_port = ? WHERE seq = ?");
-    q.bind(1, topology).bind(2, int64_t{root_port}).bind(3, *seq);
-    DDL_STEP_DONE(q, "storing the topology of job " + id);
-  }
-  return txn.commit();
-}
-
 // ---- Nodes ------------------------------------------------------------------------------------------------
-
-Status SqliteStore::upsertNode(const NodeRecord& node) {
-  if (node.name.empty()) return Status::invalidArgument("node record has an empty name");
-  std::lock_guard<std::mutex> lock(mu_);
-  Txn txn(this);
-  DDL_RETURN_IF_ERROR(txn.begin());
-  DDL_RETURN_IF_ERROR(upsertNodeLocked(node));
-  return txn.commit();
-}
 
 Status SqliteStore::upsertNodeLocked(const NodeRecord& node) {
   {
@@ -977,26 +518,9 @@ StatusOr<std::vector<NodeRecord>> SqliteStore::loadNodesLocked(const std::string
   return nodes;
 }
 
-StatusOr<NodeRecord> SqliteStore::getNode(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto nodes = loadNodesLocked(&name);
-  if (!nodes) return nodes.status();
-  if (nodes->empty()) return nodeNotFound(name);
-  return std::move(nodes->front());
-}
-
 StatusOr<std::vector<NodeRecord>> SqliteStore::listNodes() {
   std::lock_guard<std::mutex> lock(mu_);
   return loadNodesLocked(nullptr);
-}
-
-Status SqliteStore::setNodeState(const std::string& name, NodeState state) {
-  std::lock_guard<std::mutex> lock(mu_);
-  DDL_PREPARE(q, "UPDATE nodes SET state = ? WHERE name = ?");
-  q.bind(1, std::string(toString(state))).bind(2, name);
-  DDL_STEP_DONE(q, "setting the state of node " + name);
-  if (sqlite3_changes(db_) == 0) return nodeNotFound(name);
-  return Status::ok();
 }
 
 // ---- Batches (the coordinator's group commit) ---------------------------------------------------------------
@@ -1112,7 +636,9 @@ Status SqliteStore::applyBatch(const std::vector<Write>& batch) {
     }
   }
   hook("applyBatch:before-commit");
-  return txn.commit();
+  DDL_RETURN_IF_ERROR(txn.commit());
+  hook("applyBatch:after-commit");
+  return Status::ok();
 }
 
 StatusOr<int64_t> SqliteStore::lastJobNumber() {

@@ -1,6 +1,6 @@
 // SqliteStore: the embedded default Store, one SQLite database file in WAL mode.
 //
-// Durability: every mutating call is one transaction, committed with synchronous=FULL before the call
+// Durability: every batch is one transaction, committed with synchronous=FULL before the call
 // returns, so an acknowledged submit survives kill -9, an OS crash and power loss. A process killed in the
 // middle of a call leaves the database as it was before that call (SQLite ignores WAL frames without a commit
 // record).
@@ -10,9 +10,10 @@
 // (owner, key). Strings are bound with explicit lengths and read back the same way, so argv and env
 // round-trip arbitrary bytes ('=', newlines, NUL, invalid UTF-8) with no escaping to get wrong.
 //
-// Schema: a schema_version table and an ordered list of migrations, applied in one transaction on open; a
-// fresh file gets all of them. A database written by a newer version, or an SQLite file that is not a ddl
-// state database, is refused with DATA_LOSS rather than modified.
+// Schema (sqlite_schema.h): a schema_version table and an ordered list of migrations, applied in one
+// transaction on open; a fresh file gets all of them. Index lists and jobs.extra: sqlite_codec.h. A database
+// written by a newer version, or an SQLite file that is not a ddl state database, is refused with DATA_LOSS
+// rather than modified.
 //
 // Threads: thread-safe; any thread may call. One connection behind one mutex — calls are serialised, which
 // costs nothing measurable next to the fsync each commit does anyway. Do not share an instance across fork();
@@ -29,6 +30,7 @@
 #include <variant>
 #include <vector>
 
+#include "state/sqlite_schema.h"
 #include "state/store.h"
 
 struct sqlite3;
@@ -38,15 +40,14 @@ namespace ddl::state {
 
 class SqliteStore : public Store {
  public:
-  static constexpr int kSchemaVersion = 7;
+  static constexpr int kSchemaVersion = sqlite_schema::kSchemaVersion;
 
   struct Options {
     std::string path;  // The database file. Its directory must exist (creating it is the caller's job).
     int busy_timeout_ms =
         5000;  // How long to wait for a lock held by another connection (e.g. a sqlite3 shell).
-    std::function<int64_t()> now_ms;  // Stamps submits and transitions (unix ms). Default: the system clock.
-    // Tests only: called at named points inside mutating calls, e.g. "createJob:before-commit" and
-    // "createJob:after-commit", so a test can kill the process exactly there.
+    // Tests only: called at named points inside applyBatch, "applyBatch:before-commit" and
+    // "applyBatch:after-commit", so a test can kill the process exactly there.
     std::function<void(std::string_view point)> test_hook;
   };
 
@@ -58,18 +59,9 @@ class SqliteStore : public Store {
   SqliteStore(const SqliteStore&) = delete;
   SqliteStore& operator=(const SqliteStore&) = delete;
 
-  StatusOr<Job> createJob(const JobSpec& spec) override;
-  StatusOr<Job> getJob(const std::string& id) override;
-  StatusOr<std::vector<Job>> listJobs(const JobFilter& filter = {}) override;
-  StatusOr<Job> transition(const std::string& id, JobState to, const std::string& reason,
-                           const std::optional<Failure>& failure = std::nullopt) override;
-  Status setAllocation(const std::string& id, const std::vector<NodeAllocation>& allocation,
-                       const std::string& topology, int root_port) override;
-  Status upsertNode(const NodeRecord& node) override;
-  StatusOr<NodeRecord> getNode(const std::string& name) override;
-  StatusOr<std::vector<NodeRecord>> listNodes() override;
-  Status setNodeState(const std::string& name, NodeState state) override;
   Status applyBatch(const std::vector<Write>& batch) override;
+  StatusOr<Job> getJob(const std::string& id) override;
+  StatusOr<std::vector<NodeRecord>> listNodes() override;
   StatusOr<int64_t> lastJobNumber() override;
   StatusOr<std::vector<Job>> listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
                                           bool newest_first = false) override;

@@ -9,10 +9,11 @@
 // Contract for every implementation:
 //  - Thread-safe: any thread may call any method, concurrently. Each call is atomic: another caller sees
 //    all of it or none of it.
-//  - A call that returns OK has made its change durable (for SqliteStore: synced to disk) before
-//    returning, so a submit may be acknowledged to the user as soon as createJob() returns.
+//  - applyBatch() returns OK only once every write in it is durable (for SqliteStore: synced to disk), so
+//    the coordinator acknowledges a submit as soon as the batch holding it is applied.
 //  - No exceptions cross the interface; errors are Status values whose message names the job or node.
-//  - State rules live in job.h (allowedTransition / applyTransition), not in the implementations.
+//  - State rules live in job.h (allowedTransition / applyTransition), applied by the store's callers; a store
+//    keeps what it is given.
 #pragma once
 
 #include <chrono>
@@ -57,43 +58,21 @@ struct Write {
   }
 };
 
+// The durable state as the coordinator's event loop uses it: it keeps jobs and nodes itself, in memory, and
+// stores them in batches (LevelDB's shape: a single change is a batch of one). Reads are for recovery at
+// start and for pages of old jobs no longer kept in memory. One-change-at-a-time calls (create a job, move
+// it, register a node) are helpers over these in direct_store.h, for tests, benches and tools.
 class Store {
  public:
   virtual ~Store() = default;
 
-  // Validates spec, assigns a new id (never reused), records the job as PENDING with a submit transition, and
-  // returns it once it is durable.
-  virtual StatusOr<Job> createJob(const JobSpec& spec) = 0;
-
-  virtual StatusOr<Job> getJob(const std::string& id) = 0;
-
-  // Jobs matching the filter, in submit order (ascending id).
-  virtual StatusOr<std::vector<Job>> listJobs(const JobFilter& filter = {}) = 0;
-
-  // Atomically checks that the job's current state may move to `to` (applyTransition in job.h) and applies
-  // it. Errors: NOT_FOUND for an unknown id; FAILED_PRECONDITION for an illegal move or an exhausted restart
-  // budget (the job is unchanged); INVALID_ARGUMENT for failure info that does not belong to the move.
-  // Returns the updated job.
-  virtual StatusOr<Job> transition(const std::string& id, JobState to, const std::string& reason,
-                                   const std::optional<Failure>& failure = std::nullopt) = 0;
-
-  // Records where the job is placed and the ring layout it will use. Allowed while PENDING or SCHEDULED (set
-  // it before moving to SCHEDULED, so a crash in between leaves a PENDING job that is simply placed again);
-  // FAILED_PRECONDITION otherwise. Replaces any previous allocation.
-  virtual Status setAllocation(const std::string& id, const std::vector<NodeAllocation>& allocation,
-                               const std::string& topology, int root_port) = 0;
-
-  // Inserts or replaces the whole record for node.name.
-  virtual Status upsertNode(const NodeRecord& node) = 0;
-  virtual StatusOr<NodeRecord> getNode(const std::string& name) = 0;
-  // All nodes, by name.
-  virtual StatusOr<std::vector<NodeRecord>> listNodes() = 0;
-  virtual Status setNodeState(const std::string& name, NodeState state) = 0;
-
-  // ---- What the coordinator's event loop uses: it keeps the state itself and stores it in batches. ----
-
   // Applies every write in one transaction: all of them become durable, or none (the error says why).
   virtual Status applyBatch(const std::vector<Write>& batch) = 0;
+
+  // NOT_FOUND (jobNotFound) for an id that is not a job id or was never stored (or was purged).
+  virtual StatusOr<Job> getJob(const std::string& id) = 0;
+  // All nodes, by name.
+  virtual StatusOr<std::vector<NodeRecord>> listNodes() = 0;
   // The highest job number ever stored (0 for none); never goes down, not even when old jobs are purged.
   virtual StatusOr<int64_t> lastJobNumber() = 0;
   // At most `limit` jobs matching the filter whose number is above `after_number`, in ascending order; or,
@@ -119,11 +98,6 @@ inline Status jobNotFound(const std::string& id) {
 }
 inline Status nodeNotFound(const std::string& name) {
   return Status::notFound("node " + name + " not found; it has never registered");
-}
-inline Status checkAllocationAllowed(const Job& job) {
-  if (job.state == JobState::kPending || job.state == JobState::kScheduled) return Status::ok();
-  return Status::failedPrecondition("job " + job.id + ": cannot set an allocation while " +
-                                    toString(job.state) + "; only a PENDING or SCHEDULED job is placed");
 }
 inline bool matches(const JobFilter& filter, const Job& job) {
   return (filter.states.empty() || filter.states.count(job.state) > 0) &&

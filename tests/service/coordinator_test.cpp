@@ -55,7 +55,7 @@ v1::RankStatus rankStatus(const std::string& job, int attempt, int rank, int gpu
 
 class CoordinatorTest : public ::testing::Test {
  protected:
-  void SetUp() override { makeCoordinator(std::make_unique<state::MemoryStore>([this] { return now; })); }
+  void SetUp() override { makeCoordinator(std::make_unique<state::MemoryStore>()); }
 
   void makeCoordinator(std::unique_ptr<state::Store> store) {
     coordinator.reset();
@@ -581,7 +581,6 @@ TEST_F(CoordinatorTest, ALateDetachOfAReplacedStreamKeepsTheNewOne) {
 // A store whose batches fail while `failing` is set (a full disk), to check that nothing is lost or stuck.
 class FlakyStore : public state::MemoryStore {
  public:
-  using MemoryStore::MemoryStore;
   Status applyBatch(const std::vector<state::Write>& batch) override {
     if (failing) return Status::unavailable("disk full (injected)");
     return MemoryStore::applyBatch(batch);
@@ -596,7 +595,7 @@ bool waitHealth(Coordinator& c, bool ok) {
 }
 
 TEST_F(CoordinatorTest, AFailedWriteIsRetriedAndNothingWaitsForeverOrLeaksGpus) {
-  auto flaky = std::make_unique<FlakyStore>([this] { return now; });
+  auto flaky = std::make_unique<FlakyStore>();
   FlakyStore* store = flaky.get();
   makeCoordinator(std::move(flaky));
   addNode("n1", 2);
@@ -626,7 +625,7 @@ TEST_F(CoordinatorTest, AFailedWriteIsRetriedAndNothingWaitsForeverOrLeaksGpus) 
 
 TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAndAreReadFromTheStore) {
   options.max_finished_in_memory = 2;
-  makeCoordinator(std::make_unique<state::MemoryStore>([this] { return now; }));
+  makeCoordinator(std::make_unique<state::MemoryStore>());
   addNode("n1", 1);
   std::vector<std::string> ids;
   for (int i = 0; i < 5; ++i) {
@@ -672,7 +671,7 @@ TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAndAreReadFromTheStore) {
 // the page must go on past them to the stored jobs behind (it used to end early, with no token, losing them).
 TEST_F(CoordinatorTest, AHistoryPageGoesOnPastJobsThatMemoryHoldsDifferently) {
   options.max_finished_in_memory = 0;  // a final job leaves memory as soon as it is stored
-  auto flaky = std::make_unique<FlakyStore>([this] { return now; });
+  auto flaky = std::make_unique<FlakyStore>();
   FlakyStore* store = flaky.get();
   makeCoordinator(std::move(flaky));
   addNode("n1", 3);
@@ -764,7 +763,6 @@ class CoordinatorRestartTest : public CoordinatorTest {
     store_.reset();
     state::SqliteStore::Options o;
     o.path = (dir / "state.db").string();
-    o.now_ms = [this] { return now; };
     auto s = state::SqliteStore::open(o);
     ASSERT_TRUE(s) << s.status().toString();
     makeCoordinator(std::move(*s));

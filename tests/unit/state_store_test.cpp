@@ -9,8 +9,6 @@
 // are bounded by deadlines; temporary directories are removed.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-
-#include <limits>
 #include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -23,6 +21,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <random>
 #include <set>
@@ -30,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "state/direct_store.h"
 #include "state/job.h"
 #include "state/memory_store.h"
 #include "state/sqlite_store.h"
@@ -91,17 +91,30 @@ JobSpec sampleSpec(const std::string& name = "resnet50", const std::string& user
   return s;
 }
 
-SqliteStore::Options sqliteOptions(const std::string& path, std::function<int64_t()> clock = nullptr) {
+SqliteStore::Options sqliteOptions(const std::string& path) {
   SqliteStore::Options o;
   o.path = path;
-  o.now_ms = std::move(clock);
   return o;
 }
 
-std::unique_ptr<SqliteStore> openOrDie(const std::string& path, std::function<int64_t()> clock = nullptr) {
-  auto s = SqliteStore::open(sqliteOptions(path, std::move(clock)));
+// An SQLite store as these tests use it: the one-change calls of DirectStore, and the SQLite store's own
+// checks.
+class OpenSqlite : public DirectStore {
+ public:
+  OpenSqlite(std::unique_ptr<SqliteStore> sqlite, std::function<int64_t()> clock)
+      : DirectStore(*sqlite, std::move(clock)), sqlite_(std::move(sqlite)) {}
+  Status integrityCheck() { return sqlite_->integrityCheck(); }
+  int schemaVersion() { return sqlite_->schemaVersion(); }
+  const std::string& path() const { return sqlite_->path(); }
+
+ private:
+  std::unique_ptr<SqliteStore> sqlite_;
+};
+
+std::unique_ptr<OpenSqlite> openOrDie(const std::string& path, std::function<int64_t()> clock = nullptr) {
+  auto s = SqliteStore::open(sqliteOptions(path));
   EXPECT_TRUE(s.isOk()) << s.status().toString();
-  return s.isOk() ? std::move(s).value() : nullptr;
+  return s.isOk() ? std::make_unique<OpenSqlite>(std::move(s).value(), std::move(clock)) : nullptr;
 }
 
 bool contains(const std::string& text, const std::string& part) {
@@ -255,13 +268,13 @@ TEST(JobRules, ControlCharactersInNamesAreRefused) {
 // ---- Both stores ------------------------------------------------------------------------------------------
 
 struct MemoryKind {
-  static std::unique_ptr<Store> make(const TempDir&, std::function<int64_t()> clock) {
-    return std::make_unique<MemoryStore>(std::move(clock));
-  }
+  static std::unique_ptr<Store> make(const TempDir&) { return std::make_unique<MemoryStore>(); }
 };
 struct SqliteKind {
-  static std::unique_ptr<Store> make(const TempDir& dir, std::function<int64_t()> clock) {
-    return openOrDie(dir.file("state.db"), std::move(clock));
+  static std::unique_ptr<Store> make(const TempDir& dir) {
+    auto s = SqliteStore::open(sqliteOptions(dir.file("state.db")));
+    EXPECT_TRUE(s.isOk()) << s.status().toString();
+    return s.isOk() ? std::move(s).value() : nullptr;
   }
 };
 struct KindName {
@@ -275,8 +288,9 @@ template <typename Kind>
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    store_ = Kind::make(dir_, clock_.fn());
-    ASSERT_NE(store_, nullptr);
+    backing_ = Kind::make(dir_);
+    ASSERT_NE(backing_, nullptr);
+    store_ = std::make_unique<DirectStore>(*backing_, clock_.fn());
   }
   // Creates a job and walks it to `state` along the forward path.
   Job jobIn(JobState state, JobSpec spec = sampleSpec()) {
@@ -292,7 +306,8 @@ class StoreTest : public ::testing::Test {
 
   TempDir dir_;
   FakeClock clock_;
-  std::unique_ptr<Store> store_;
+  std::unique_ptr<Store> backing_;
+  std::unique_ptr<DirectStore> store_;  // The store under test, one change at a time.
 };
 
 using Kinds = ::testing::Types<MemoryKind, SqliteKind>;
@@ -959,7 +974,7 @@ TEST(SqliteStore, DamagedDatabaseGivesErrorsNotCrashes) {
   } else {
     auto& store = *r;
     if (Status st = store->integrityCheck(); !st) errors.push_back(st);
-    if (auto l = store->listJobs(); !l) errors.push_back(l.status());
+    if (auto l = DirectStore(*store).listJobs(); !l) errors.push_back(l.status());
     if (auto g = store->getJob("j-000150"); !g) errors.push_back(g.status());
   }
   ASSERT_FALSE(errors.empty()) << "damage went unnoticed";
@@ -1003,10 +1018,11 @@ std::pair<pid_t, int> spawnSubmitter(const std::string& path, const std::string&
     ::close(fds[0]);
     SqliteStore::Options o = sqliteOptions(path);
     o.test_hook = std::move(hook);
-    auto store = SqliteStore::open(o);
-    if (!store.isOk()) ::_exit(3);
+    auto sqlite = SqliteStore::open(o);
+    if (!sqlite.isOk()) ::_exit(3);
+    DirectStore store(**sqlite);
     for (int i = 0; i < count; ++i) {
-      auto job = (*store)->createJob(sampleSpec(tag + "-" + std::to_string(i)));
+      auto job = store.createJob(sampleSpec(tag + "-" + std::to_string(i)));
       if (!job.isOk()) ::_exit(4);
       std::string line = job->id + "\n";
       if (::write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) ::_exit(5);
@@ -1034,7 +1050,7 @@ int reap(pid_t pid, std::chrono::seconds limit = std::chrono::seconds(30)) {
 }
 
 // Checks that the database opens cleanly and every job in it is complete and consistent.
-void expectConsistent(SqliteStore& store) {
+void expectConsistent(OpenSqlite& store) {
   ASSERT_TRUE(store.integrityCheck().isOk());
   auto jobs = store.listJobs();
   ASSERT_TRUE(jobs.isOk()) << jobs.status().toString();
@@ -1102,7 +1118,7 @@ std::vector<std::string> crashAt(const std::string& path, const std::string& poi
 TEST(SqliteStoreCrash, KilledAfterTheWriteBeforeTheAcknowledgement) {
   TempDir dir;
   const std::string path = dir.file("state.db");
-  EXPECT_EQ(crashAt(path, "createJob:after-commit"), (std::vector<std::string>{"j-000001", "j-000002"}));
+  EXPECT_EQ(crashAt(path, "applyBatch:after-commit"), (std::vector<std::string>{"j-000001", "j-000002"}));
   auto store = openOrDie(path);
   ASSERT_NE(store, nullptr);
   expectConsistent(*store);
@@ -1117,7 +1133,7 @@ TEST(SqliteStoreCrash, KilledAfterTheWriteBeforeTheAcknowledgement) {
 TEST(SqliteStoreCrash, KilledBeforeTheCommitLeavesNoTrace) {
   TempDir dir;
   const std::string path = dir.file("state.db");
-  EXPECT_EQ(crashAt(path, "createJob:before-commit"), (std::vector<std::string>{"j-000001", "j-000002"}));
+  EXPECT_EQ(crashAt(path, "applyBatch:before-commit"), (std::vector<std::string>{"j-000001", "j-000002"}));
   auto store = openOrDie(path);
   ASSERT_NE(store, nullptr);
   expectConsistent(*store);
@@ -1141,10 +1157,11 @@ TEST(SqliteStoreCrash, KilledMidTransitionLeavesTheOldState) {
   if (pid == 0) {
     SqliteStore::Options o = sqliteOptions(path);
     o.test_hook = [](std::string_view p) {
-      if (p == "transition:before-commit") ::raise(SIGKILL);
+      if (p == "applyBatch:before-commit") ::raise(SIGKILL);
     };
-    auto store = SqliteStore::open(o);
-    if (store.isOk()) (void)(*store)->transition("j-000001", JobState::kScheduled, "never lands");
+    auto sqlite = SqliteStore::open(o);
+    if (sqlite.isOk())
+      (void)DirectStore(**sqlite).transition("j-000001", JobState::kScheduled, "never lands");
     ::_exit(0);
   }
   int status = reap(pid);

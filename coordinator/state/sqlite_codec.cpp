@@ -1,0 +1,177 @@
+// How SqliteStore writes the parts of a record that are not plain columns: see sqlite_codec.h.
+#include "state/sqlite_codec.h"
+
+#include <charconv>
+#include <nlohmann/json.hpp>
+#include <type_traits>
+#include <utility>
+
+namespace ddl::state::sqlite_codec {
+
+std::string encodeIndices(const std::vector<int>& gpus) {
+  std::string out;
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(gpus[i]);
+  }
+  return out;
+}
+
+std::optional<std::vector<int>> decodeIndices(const std::string& text) {
+  std::vector<int> out;
+  if (text.empty()) return out;
+  const char* p = text.data();
+  const char* end = p + text.size();
+  while (true) {
+    int v = 0;
+    auto [next, ec] = std::from_chars(p, end, v);
+    if (ec != std::errc()) return std::nullopt;
+    out.push_back(v);
+    if (next == end) return out;
+    if (*next != ',') return std::nullopt;
+    p = next + 1;
+  }
+}
+
+std::string encodeExtra(const Job& job) {
+  nlohmann::json j = nlohmann::json::object();
+  const JobSpec& s = job.spec;
+  if (s.time_limit_s) j["time_limit_s"] = s.time_limit_s;
+  if (!s.after_ok.empty()) j["after_ok"] = s.after_ok;
+  if (!s.after_any.empty()) j["after_any"] = s.after_any;
+  if (s.hold) j["hold"] = true;
+  if (!s.array_id.empty()) {
+    j["array_id"] = s.array_id;
+    j["array_index"] = s.array_index;
+    j["array_max_running"] = s.array_max_running;
+  }
+  if (s.cpus_per_rank) j["cpus_per_rank"] = s.cpus_per_rank;
+  if (s.memory_per_rank_bytes) j["memory_per_rank_bytes"] = s.memory_per_rank_bytes;
+  if (job.held) j["held"] = true;
+  if (job.held_by_admin) j["held_by_admin"] = true;
+  if (!job.waiting_for.empty()) j["waiting_for"] = job.waiting_for;
+  if (!job.ranks.empty()) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const RankResult& r : job.ranks) {
+      const RankFigures& f = r.figures;
+      nlohmann::json o = {{"rank", r.rank},
+                          {"attempt", r.attempt},
+                          {"node", r.node},
+                          {"gpu", r.gpu},
+                          {"pid", r.pid},
+                          {"program_pid", r.program_pid},
+                          {"exited", r.exited},
+                          {"started_ms", r.started_ms},
+                          {"exited_ms", r.exited_ms},
+                          {"collectives", f.collectives},
+                          {"bytes", f.bytes},
+                          {"seconds", f.seconds},
+                          {"updated_ms", f.updated_ms}};
+      if (r.exit_code) o["exit_code"] = *r.exit_code;
+      if (r.signal) o["signal"] = *r.signal;
+      if (!r.error.empty()) o["error"] = r.error;
+      if (!f.last_op.empty()) o["last_op"] = f.last_op;
+      if (f.last_bytes) o["last_bytes"] = f.last_bytes;
+      if (f.last_us != 0) o["last_us"] = f.last_us;
+      if (!f.last_algo.empty()) o["last_algo"] = f.last_algo;
+      if (!f.dims_us.empty()) o["dims_us"] = f.dims_us;
+      if (f.world_size) o["world_size"] = f.world_size;
+      ranks.push_back(std::move(o));
+    }
+    j["ranks"] = std::move(ranks);
+  }
+  // Replace, not throw, on bytes that are not UTF-8 (an agent's error text): the record must be storable.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+namespace {
+
+// Tolerant by design: a field of the wrong type (or a record that is not JSON at all) reads as its default
+// and is logged, so one damaged record cannot keep the coordinator from loading the rest.
+template <class T>
+T field(const nlohmann::json& o, const char* key, T fallback) {
+  auto it = o.find(key);
+  if (it == o.end()) return fallback;
+  if constexpr (std::is_same_v<T, bool>) {
+    return it->is_boolean() ? it->get<bool>() : fallback;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return it->is_string() ? it->get<std::string>() : fallback;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return it->is_number() ? it->get<T>() : fallback;
+  } else {
+    if (!it->is_number_integer()) return fallback;
+    const auto v = it->get<int64_t>();
+    return v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max() ? fallback
+                                                                                  : static_cast<T>(v);
+  }
+}
+
+std::vector<std::string> stringList(const nlohmann::json& o, const char* key) {
+  std::vector<std::string> out;
+  auto it = o.find(key);
+  if (it == o.end() || !it->is_array()) return out;
+  for (const auto& v : *it) {
+    if (v.is_string()) out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+}  // namespace
+
+void decodeExtra(const std::string& text, Job& job) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    std::fprintf(stderr, "ddl state: job %s: its extra record is not a JSON object; read as empty\n",
+                 job.id.c_str());
+    return;
+  }
+  JobSpec& s = job.spec;
+  s.time_limit_s = field<int64_t>(j, "time_limit_s", 0);
+  s.after_ok = stringList(j, "after_ok");
+  s.after_any = stringList(j, "after_any");
+  s.hold = field(j, "hold", false);
+  s.array_id = field(j, "array_id", std::string());
+  s.array_index = field(j, "array_index", 0);
+  s.array_max_running = field(j, "array_max_running", 0);
+  s.cpus_per_rank = field(j, "cpus_per_rank", 0);
+  s.memory_per_rank_bytes = field<int64_t>(j, "memory_per_rank_bytes", 0);
+  job.held = field(j, "held", false);
+  job.held_by_admin = field(j, "held_by_admin", false);
+  job.waiting_for = stringList(j, "waiting_for");
+  auto ranks = j.find("ranks");
+  if (ranks == j.end() || !ranks->is_array()) return;
+  for (const auto& o : *ranks) {
+    if (!o.is_object()) continue;
+    RankResult r;
+    r.rank = field(o, "rank", 0);
+    r.attempt = field(o, "attempt", 0);
+    r.node = field(o, "node", std::string());
+    r.gpu = field(o, "gpu", 0);
+    r.pid = field(o, "pid", 0);
+    r.program_pid = field(o, "program_pid", 0);
+    r.exited = field(o, "exited", false);
+    if (o.contains("exit_code")) r.exit_code = field(o, "exit_code", 0);
+    if (o.contains("signal")) r.signal = field(o, "signal", 0);
+    r.started_ms = field<int64_t>(o, "started_ms", 0);
+    r.exited_ms = field<int64_t>(o, "exited_ms", 0);
+    r.error = field(o, "error", std::string());
+    RankFigures& f = r.figures;
+    f.collectives = field<int64_t>(o, "collectives", 0);
+    f.bytes = field<int64_t>(o, "bytes", 0);
+    f.seconds = field(o, "seconds", 0.0);
+    f.last_op = field(o, "last_op", std::string());
+    f.last_bytes = field<int64_t>(o, "last_bytes", 0);
+    f.last_us = field(o, "last_us", 0.0);
+    f.last_algo = field(o, "last_algo", std::string());
+    if (auto d = o.find("dims_us"); d != o.end() && d->is_array()) {
+      for (const auto& v : *d) {
+        if (v.is_number() && f.dims_us.size() < kMaxRankDims) f.dims_us.push_back(v.get<double>());
+      }
+    }
+    f.world_size = field(o, "world_size", 0);
+    f.updated_ms = field<int64_t>(o, "updated_ms", 0);
+    job.ranks.push_back(std::move(r));
+  }
+}
+
+}  // namespace ddl::state::sqlite_codec
