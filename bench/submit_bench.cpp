@@ -22,7 +22,7 @@
 
 #include "ddl/v1/ddl.grpc.pb.h"
 #include "rpc/server.h"
-#include "service/coordinator.h"
+#include "service/blocking_coordinator.h"
 #include "state/sqlite_store.h"
 
 namespace {
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   }
   coordinator::CoordinatorOptions options;
   options.heartbeat_grace_ms = 3600 * 1000;  // the fake nodes never heartbeat
-  coordinator::Coordinator coord(**store, options);
+  coordinator::BlockingCoordinator coord(**store, options);
   if (!coord.recover()) return 1;
   for (int n = 0; n < nodes; ++n) {
     v1::RegisterRequest req;

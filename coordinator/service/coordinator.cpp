@@ -296,6 +296,10 @@ void Coordinator::setHealth(bool ok, const std::string& message) {
   health_.message = message;
 }
 
+void Coordinator::whenDurable(std::function<void()> done) {
+  post([this, done = std::move(done)]() mutable { afterCommitOnLoop(std::move(done)); });
+}
+
 Coordinator::Health Coordinator::health() const {
   std::lock_guard<std::mutex> lock(health_mu_);
   return health_;
@@ -319,14 +323,6 @@ void Coordinator::evictFinishedOnLoop() {
     }
     finished_.pop_front();
   }
-}
-
-// The synchronous form of an asynchronous call: starts it and waits for its answer (never on the loop).
-template <class T, class Start>
-StatusOr<T> awaitAnswer(Start start) {
-  std::promise<StatusOr<T>> promise;
-  start([&](StatusOr<T> answer) { promise.set_value(std::move(answer)); });
-  return promise.get_future().get();
 }
 
 // ---- Lifecycle
@@ -984,10 +980,6 @@ void Coordinator::loseNodeJobsOnLoop(const std::string& node, const std::string&
   for (const auto& id : victims) failJobOnLoop(id, reason, std::nullopt);
 }
 
-StatusOr<v1::RegisterResponse> Coordinator::registerAgent(const v1::RegisterRequest& req) {
-  return callSync<StatusOr<v1::RegisterResponse>>([&] { return registerAgentOnLoop(req); });
-}
-
 void Coordinator::registerAgent(const v1::RegisterRequest& req,
                                 std::function<void(StatusOr<v1::RegisterResponse>)> done) {
   post([this, req, done = std::move(done)] {
@@ -1128,11 +1120,6 @@ Coordinator::NodeEntry* Coordinator::checkSessionOnLoop(const std::string& node,
     return nullptr;
   }
   return &it->second;
-}
-
-Status Coordinator::attachAgent(const std::string& node, const std::string& session,
-                                std::shared_ptr<AgentLink> link) {
-  return callSync<Status>([&] { return attachAgentOnLoop(node, session, link); });
 }
 
 void Coordinator::attachAgent(const std::string& node, const std::string& session,
@@ -1289,10 +1276,6 @@ void Coordinator::stopStaleOnLoop(const std::string& node,
   }
 }
 
-Status Coordinator::heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& hb) {
-  return callSync<Status>([&] { return heartbeatOnLoop(node, session, hb); });
-}
-
 void Coordinator::heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& hb,
                             StatusDone done) {
   post([this, node, session, hb, done = std::move(done)] { done(heartbeatOnLoop(node, session, hb)); });
@@ -1331,10 +1314,6 @@ Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& 
   }
   stopStaleOnLoop(node, stale);
   return Status::ok();
-}
-
-Status Coordinator::rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& r) {
-  return callSync<Status>([&] { return rankEventOnLoop(node, session, r); });
 }
 
 void Coordinator::rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& r,
@@ -1561,16 +1540,8 @@ void Coordinator::submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::S
   }
 }
 
-StatusOr<v1::SubmitResponse> Coordinator::submit(const v1::SubmitRequest& request) {
-  return awaitAnswer<v1::SubmitResponse>([&](Done<v1::SubmitResponse> done) { submit(request, std::move(done)); });
-}
-
 void Coordinator::submit(const v1::SubmitRequest& request, Done<v1::SubmitResponse> done) {
   post([this, request, done = std::move(done)] { submitAsyncOnLoop(request, done); });
-}
-
-StatusOr<v1::Job> Coordinator::submit(const v1::JobSpec& spec) {
-  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { submit(spec, std::move(done)); });
 }
 
 void Coordinator::submit(const v1::JobSpec& spec, Done<v1::Job> done) {
@@ -1593,10 +1564,6 @@ void Coordinator::withJobOnLoop(const std::string& id, std::function<void(Status
     post([fn, job = std::move(job)] { fn(job); });
   });
   if (!queued) fn(Status::unavailable("too many reads of job history at once; try again"));
-}
-
-StatusOr<v1::Job> Coordinator::getJob(const std::string& id) {
-  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { getJob(id, std::move(done)); });
 }
 
 void Coordinator::getJob(const std::string& id, Done<v1::Job> done) {
@@ -1706,11 +1673,6 @@ void Coordinator::listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::Li
   if (!queued) done(Status::unavailable("too many reads of job history at once; try again"));
 }
 
-StatusOr<v1::ListJobsResponse> Coordinator::listJobs(const v1::ListJobsRequest& request) {
-  return awaitAnswer<v1::ListJobsResponse>(
-      [&](Done<v1::ListJobsResponse> done) { listJobs(request, std::move(done)); });
-}
-
 void Coordinator::listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done) {
   post([this, request, done = std::move(done)] { listJobsOnLoop(request, done); });
 }
@@ -1791,22 +1753,10 @@ void Coordinator::jobCallOnLoop(const std::string& id, Done<v1::Job> done,
   });
 }
 
-StatusOr<v1::Job> Coordinator::cancel(const std::string& id) { return cancel(id, 0); }
-
-void Coordinator::cancel(const std::string& id, Done<v1::Job> done) { cancel(id, 0, std::move(done)); }
-
-StatusOr<v1::Job> Coordinator::cancel(const std::string& id, int signal) {
-  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { cancel(id, signal, std::move(done)); });
-}
-
 void Coordinator::cancel(const std::string& id, int signal, Done<v1::Job> done) {
   post([this, id, signal, done = std::move(done)] {
     jobCallOnLoop(id, done, [this, signal](const state::Job& job) { return cancelOnLoop(job, signal); });
   });
-}
-
-StatusOr<v1::Job> Coordinator::hold(const std::string& id, bool hold_it, bool by_admin) {
-  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { hold(id, hold_it, by_admin, std::move(done)); });
 }
 
 void Coordinator::hold(const std::string& id, bool hold_it, bool by_admin, Done<v1::Job> done) {
@@ -1814,10 +1764,6 @@ void Coordinator::hold(const std::string& id, bool hold_it, bool by_admin, Done<
     jobCallOnLoop(id, done,
                   [this, hold_it, by_admin](const state::Job& job) { return holdOnLoop(job, hold_it, by_admin); });
   });
-}
-
-StatusOr<v1::Job> Coordinator::requeue(const std::string& id) {
-  return awaitAnswer<v1::Job>([&](Done<v1::Job> done) { requeue(id, std::move(done)); });
 }
 
 void Coordinator::requeue(const std::string& id, Done<v1::Job> done) {
@@ -1840,10 +1786,6 @@ std::vector<v1::Node> Coordinator::listNodesOnLoop() {
     out.push_back(nodeToProtoOnLoop(*n, u != usage.end() ? u->second : NodeUsage{}));
   }
   return out;
-}
-
-std::vector<v1::Node> Coordinator::listNodes() {
-  return callSync<std::vector<v1::Node>>([this] { return listNodesOnLoop(); }, false);
 }
 
 void Coordinator::listNodes(Done<std::vector<v1::Node>> done) {
@@ -1875,14 +1817,6 @@ StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain,
   }
   auto usage = usageOnLoop();
   return nodeToProtoOnLoop(node, usage[name]);
-}
-
-StatusOr<v1::Node> Coordinator::drain(const std::string& name, bool drain_it, const std::string& reason) {
-  return callSync<StatusOr<v1::Node>>([&] { return drainOnLoop(name, drain_it, reason); });
-}
-
-void Coordinator::drain(const std::string& name, bool drain_it, Done<v1::Node> done) {
-  drain(name, drain_it, "", std::move(done));
 }
 
 void Coordinator::drain(const std::string& name, bool drain_it, const std::string& reason, Done<v1::Node> done) {
@@ -1918,10 +1852,6 @@ StatusOr<v1::Node> Coordinator::removeNodeOnLoop(const std::string& name) {
   dirty_[w.key()] = std::move(w);
   spdlog::info("node {} removed", name);
   return out;
-}
-
-StatusOr<v1::Node> Coordinator::removeNode(const std::string& name) {
-  return callSync<StatusOr<v1::Node>>([&] { return removeNodeOnLoop(name); });
 }
 
 void Coordinator::removeNode(const std::string& name, Done<v1::Node> done) {
@@ -2024,11 +1954,6 @@ void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetL
   });
 }
 
-StatusOr<v1::GetLogsResponse> Coordinator::readLog(const v1::GetLogsRequest& request) {
-  return awaitAnswer<v1::GetLogsResponse>(
-      [&](Done<v1::GetLogsResponse> done) { readLog(request, std::move(done)); });
-}
-
 void Coordinator::readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) {
   post([this, request, done = std::move(done)] { readLogOnLoop(request, done); });
 }
@@ -2056,10 +1981,6 @@ Status Coordinator::logDataOnLoop(const std::string& node, const std::string& se
   resp.set_node(node);
   wait->done(std::move(resp));
   return Status::ok();
-}
-
-Status Coordinator::logData(const std::string& node, const std::string& session, const v1::LogData& data) {
-  return callSync<Status>([&] { return logDataOnLoop(node, session, data); }, false);
 }
 
 void Coordinator::logData(const std::string& node, const std::string& session, const v1::LogData& data,
@@ -2092,10 +2013,6 @@ MetricsSnapshot Coordinator::metricsOnLoop() {
   return m;
 }
 
-MetricsSnapshot Coordinator::metrics() {
-  return callSync<MetricsSnapshot>([this] { return metricsOnLoop(); }, false);
-}
-
 void Coordinator::metrics(std::function<void(MetricsSnapshot)> done) {
   post([this, done = std::move(done)] { done(metricsOnLoop()); });
 }
@@ -2123,10 +2040,6 @@ StatusOr<v1::RingLayout> Coordinator::ringOnLoop(const state::Job& job) {
   toProto(layout, &out);
   out.set_job_id(id);
   return out;
-}
-
-StatusOr<v1::RingLayout> Coordinator::ring(const std::string& id) {
-  return awaitAnswer<v1::RingLayout>([&](Done<v1::RingLayout> done) { ring(id, std::move(done)); });
 }
 
 void Coordinator::ring(const std::string& id, Done<v1::RingLayout> done) {

@@ -142,78 +142,61 @@ class Coordinator {
   // jobs are placed. Called by the ticker; tests call it directly.
   void tick();
 
-  // ---- Agents ---- (synchronous and asynchronous forms as for users, below)
+  // ---- Agents ---- (answers as for users, below)
   using StatusDone = std::function<void(Status)>;
-  StatusOr<v1::RegisterResponse> registerAgent(const v1::RegisterRequest& request);
   void registerAgent(const v1::RegisterRequest& request,
                      std::function<void(StatusOr<v1::RegisterResponse>)> done);
   // The agent's stream said hello: commands for the node go to `link` from now on.
-  Status attachAgent(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link);
   void attachAgent(const std::string& node, const std::string& session, std::shared_ptr<AgentLink> link,
                    StatusDone done);
   // The stream that carried `link` ended. The node is not DOWN yet: that takes the heartbeat grace. A link
   // that has already been replaced (the agent connected again) is ignored. Returns at once.
   void detachAgent(const std::string& node, const std::string& session,
                    const std::shared_ptr<AgentLink>& link);
-  Status heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& heartbeat);
   void heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& heartbeat,
                  StatusDone done);
-  Status rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& rank);
   void rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& rank,
                  StatusDone done);
-  Status logData(const std::string& node, const std::string& session, const v1::LogData& data);
   void logData(const std::string& node, const std::string& session, const v1::LogData& data, StatusDone done);
 
   // ---- Users ----
-  // Each call comes twice. The asynchronous form never blocks its caller: `done` is called exactly once,
-  // after every change the call made is durable, on a coordinator thread; it must not block (hand the answer
-  // to your own executor). The synchronous form waits for that answer (tests, tools); never call it from a
-  // `done`.
+  // No call blocks its caller: `done` is called exactly once, on a coordinator thread, and must not block
+  // (hand the answer to your own executor). A success is answered once every change the call made is durable;
+  // the agents' calls above that change nothing users wait for (attach, heartbeat, rank events, log data) are
+  // answered at once. blocking_coordinator.h has a synchronous form of each call, for tests and tools.
   template <class T>
   using Done = std::function<void(StatusOr<T>)>;
 
-  StatusOr<v1::Job> submit(const v1::JobSpec& spec);
   void submit(const v1::JobSpec& spec, Done<v1::Job> done);
   // A job or a job array (SubmitRequest.array), all or nothing.
-  StatusOr<v1::SubmitResponse> submit(const v1::SubmitRequest& request);
   void submit(const v1::SubmitRequest& request, Done<v1::SubmitResponse> done);
-  StatusOr<v1::Job> getJob(const std::string& id);
   void getJob(const std::string& id, Done<v1::Job> done);
   // A page of jobs in submit order (see ListJobsRequest).
-  StatusOr<v1::ListJobsResponse> listJobs(const v1::ListJobsRequest& request);
   void listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done);
-  StatusOr<v1::Job> cancel(const std::string& id);
-  void cancel(const std::string& id, Done<v1::Job> done);
   // signal 0 cancels; 1..64 only sends that signal to the running ranks (CancelJobRequest).
-  StatusOr<v1::Job> cancel(const std::string& id, int signal);
   void cancel(const std::string& id, int signal, Done<v1::Job> done);
   // Holds a PENDING job (hold = true) or releases it. An admin's hold on another user's job (by_admin) is
   // released only by an admin.
-  StatusOr<v1::Job> hold(const std::string& id, bool hold, bool by_admin = false);
   void hold(const std::string& id, bool hold, bool by_admin, Done<v1::Job> done);
   // Stops a live job's ranks and puts it back in the queue, without using one of its max_restarts.
-  StatusOr<v1::Job> requeue(const std::string& id);
   void requeue(const std::string& id, Done<v1::Job> done);
-  std::vector<v1::Node> listNodes();
   void listNodes(Done<std::vector<v1::Node>> done);
-  StatusOr<v1::Node> drain(const std::string& node, bool drain, const std::string& reason = "");
-  void drain(const std::string& node, bool drain, Done<v1::Node> done);
   void drain(const std::string& node, bool drain, const std::string& reason, Done<v1::Node> done);
   // Forgets a DOWN node with no live job placed on it (RemoveNodeRequest); the answer is the removed node.
-  StatusOr<v1::Node> removeNode(const std::string& node);
   void removeNode(const std::string& node, Done<v1::Node> done);
-  StatusOr<v1::RingLayout> ring(const std::string& id);
   void ring(const std::string& id, Done<v1::RingLayout> done);
   // Reads a piece of a rank's log from its node: sends ReadLog on the agent's stream; the answer comes when
   // the agent's LogData does, or UNAVAILABLE after log_timeout_ms.
-  StatusOr<v1::GetLogsResponse> readLog(const v1::GetLogsRequest& request);
   void readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done);
-  MetricsSnapshot metrics();
   void metrics(std::function<void(MetricsSnapshot)> done);
   // What the dashboard plots (telemetry_history.h): one job's per-rank series (empty when none is kept), and
   // the cluster's GPUs and jobs by state over time.
   void jobSeries(const std::string& id, Done<JobSeries> done);
   void clusterSeries(Done<ClusterSeries> done);
+
+  // Calls `done` once every change made before this call is durable and the commands that waited for those
+  // changes have been sent: a barrier, for tools and tests.
+  void whenDurable(std::function<void()> done);
 
   // Whether the coordinator can store its state. Any thread; never blocks. While !ok, /healthz fails, new
   // submits are refused, and the unstored changes are retried until the store works again.

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "http/http_server.h"
-#include "service/coordinator.h"
+#include "service/blocking_coordinator.h"
 #include "state/memory_store.h"
 
 namespace {
@@ -32,7 +32,7 @@ struct World {
     coordinator::CoordinatorOptions o;
     o.log_timeout_ms = 1;  // nobody answers log reads here
     o.max_finished_in_memory = 8;
-    c = std::make_unique<coordinator::Coordinator>(store, o, [this] { return now; });
+    c = std::make_unique<coordinator::BlockingCoordinator>(store, o, [this] { return now; });
     (void)c->recover();
     v1::RegisterRequest r;
     r.set_node("n1");
@@ -46,7 +46,7 @@ struct World {
   }
   int64_t now = 1'000'000;
   state::MemoryStore store{[this] { return now; }};
-  std::unique_ptr<coordinator::Coordinator> c;
+  std::unique_ptr<coordinator::BlockingCoordinator> c;
   std::shared_ptr<NullLink> link = std::make_shared<NullLink>();
   std::string session;
 };

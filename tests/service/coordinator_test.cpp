@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "service/coordinator.h"
-#include "state/memory_store.h"
+#include "service/blocking_coordinator.h"
 #include "state/data_dir_lock.h"
+#include "state/memory_store.h"
 #include "state/sqlite_store.h"
 
 namespace ddl::coordinator {
@@ -62,7 +62,7 @@ class CoordinatorTest : public ::testing::Test {
     store_ = std::move(store);
     CoordinatorOptions o = options;
     o.heartbeat_grace_ms = 10000;
-    coordinator = std::make_unique<Coordinator>(*store_, o, [this] { return now; });
+    coordinator = std::make_unique<BlockingCoordinator>(*store_, o, [this] { return now; });
     ASSERT_TRUE(coordinator->recover());
   }
 
@@ -148,7 +148,7 @@ class CoordinatorTest : public ::testing::Test {
   std::string node_confinement;
   CoordinatorOptions options;
   std::unique_ptr<state::Store> store_;
-  std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<BlockingCoordinator> coordinator;
   std::map<std::string, std::shared_ptr<RecordingLink>> links;
   std::map<std::string, std::string> sessions;
 };
@@ -425,7 +425,8 @@ TEST_F(CoordinatorTest, AWallClockStepMarksNoNodeDown) {
   coordinator.reset();
   CoordinatorOptions o;
   o.heartbeat_grace_ms = 10000;
-  coordinator = std::make_unique<Coordinator>(*store_, o, [this] { return now; }, [&wall] { return wall; });
+  coordinator = std::make_unique<BlockingCoordinator>(
+      *store_, o, [this] { return now; }, [&wall] { return wall; });
   ASSERT_TRUE(coordinator->recover());
   addNode("n1", 2);
   EXPECT_EQ(coordinator->listNodes()[0].last_heartbeat_ms(), wall);
@@ -589,7 +590,7 @@ class FlakyStore : public state::MemoryStore {
 };
 
 // Waits (bounded) until the coordinator's health is `ok`.
-bool waitHealth(Coordinator& c, bool ok) {
+bool waitHealth(BlockingCoordinator& c, bool ok) {
   for (int i = 0; i < 500 && c.health().ok != ok; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   return c.health().ok == ok;
 }

@@ -29,6 +29,7 @@
 #include "daemon/config.h"
 #include "http/http_server.h"
 #include "http/pages.h"
+#include "service/blocking_coordinator.h"
 #include "state/memory_store.h"
 
 namespace ddl::coordinator::http {
@@ -45,7 +46,7 @@ class HttpTest : public ::testing::Test {
   void SetUp() override {
     CoordinatorOptions o;
     o.log_timeout_ms = 50;  // the fake agents never answer log reads
-    coordinator = std::make_unique<Coordinator>(store, o);
+    coordinator = std::make_unique<BlockingCoordinator>(store, o);
     ASSERT_TRUE(coordinator->recover());
     for (const char* name : {"n1", "n2"}) {
       v1::RegisterRequest req;
@@ -70,7 +71,7 @@ class HttpTest : public ::testing::Test {
     coordinator->tick();
   }
   state::MemoryStore store;
-  std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<BlockingCoordinator> coordinator;
   std::string job;
 };
 
@@ -161,7 +162,7 @@ class SeriesTest : public ::testing::Test {
     CoordinatorOptions o;
     o.log_timeout_ms = 50;
     // Liveness runs on the real monotonic clock (no node goes DOWN while the test moves the wall clock).
-    coordinator = std::make_unique<Coordinator>(store, o, nullptr, [this] { return wall.load(); });
+    coordinator = std::make_unique<BlockingCoordinator>(store, o, nullptr, [this] { return wall.load(); });
     ASSERT_TRUE(coordinator->recover());
     for (const char* name : {"n1", "n2"}) {
       v1::RegisterRequest req;
@@ -208,7 +209,7 @@ class SeriesTest : public ::testing::Test {
   }
   std::atomic<int64_t> wall{1000000};
   state::MemoryStore store;
-  std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<BlockingCoordinator> coordinator;
   std::map<std::string, std::string> sessions;
   std::map<int, std::string> rank_node;
   std::string job;

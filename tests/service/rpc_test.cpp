@@ -10,7 +10,7 @@
 
 #include "ddl/v1/ddl.grpc.pb.h"
 #include "rpc/server.h"
-#include "service/coordinator.h"
+#include "service/blocking_coordinator.h"
 #include "service/fake_agent.h"
 #include "state/sqlite_store.h"
 
@@ -51,7 +51,7 @@ class RpcTest : public ::testing::Test {
     CoordinatorOptions options;
     options.heartbeat_grace_ms = 1500;
     options.tick_ms = 50;
-    coordinator_ = std::make_unique<Coordinator>(*store_, options);
+    coordinator_ = std::make_unique<BlockingCoordinator>(*store_, options);
     ASSERT_TRUE(coordinator_->recover());
     SecurityOptions security;
     security.insecure = true;  // a unit test of the service over loopback (security_test covers TLS)
@@ -101,7 +101,7 @@ class RpcTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::unique_ptr<state::Store> store_;
-  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<BlockingCoordinator> coordinator_;
   std::unique_ptr<RpcServer> server_;
   std::string address_;
   std::unique_ptr<v1::UserService::Stub> user_;
