@@ -24,6 +24,7 @@
 #include "common/resources.h"
 #include "common/signals.h"
 #include "placement/placement.h"
+#include "service/actor.h"
 #include "service/convert.h"
 
 namespace ddl::coordinator {
@@ -128,16 +129,6 @@ v1::Job jobToProto(const state::Job& job) {
 
 }  // namespace
 
-// The loop: one io_context run by one thread, and the ticker's timer.
-struct Coordinator::Loop {
-  boost::asio::io_context io;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
-  boost::asio::steady_timer ticker{io};
-  bool ticking = false;
-  std::thread thread;
-  std::atomic<std::thread::id> id{};
-};
-
 struct Coordinator::LogWait {
   Done<v1::GetLogsResponse> done;
   v1::ReadLog read;
@@ -158,97 +149,37 @@ Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::f
   counters_.scheduling_bounds_s = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
                                    2.5,   5,    10,    30,   60,  300,  1800};
   counters_.scheduling_buckets.assign(counters_.scheduling_bounds_s.size() + 1, 0);
-  loop_ = std::make_unique<Loop>();
   GroupCommitter::Options co;
   co.retry_max_ms = options_.store_retry_max_ms;
   co.retention_ms = options_.history_retention_ms;
   co.wall_ms = wall_ms_;
-  committer_ = std::make_unique<GroupCommitter>(store_, co, [this](uint64_t seq, const Status& st) {
-    // On the committer's thread: health now (so /healthz does not wait for a busy loop), the rest on the
-    // loop.
-    setHealth(st.isOk(), st.isOk() ? ""
-                                   : "cannot store the coordinator's state: " + st.message() +
-                                         "; retrying (new submits are refused until it works)");
-    post([this, seq, st] { committedOnLoop(seq, st); });
-  });
+  actor_ = std::make_unique<Actor>(store_, co, [this] { evictFinishedOnLoop(); });
   reader_ = std::make_unique<StoreReader>();
-  loop_->thread = std::thread([this] {
-    loop_->id = std::this_thread::get_id();
-    loop_->io.run();
-  });
-  // The loop's id is set before it runs anything; wait for it so onLoop() is right from here on.
-  callSync<bool>([] { return true; });
 }
 
 Coordinator::~Coordinator() {
   stop();
   reader_->stop();
-  loop_->work.reset();
-  loop_->io.stop();
-  if (loop_->thread.joinable()) loop_->thread.join();
+  actor_->stopLoop();
+  log_waits_.clear();  // their timers go before the loop's io_context
 }
 
-bool Coordinator::onLoop() const { return std::this_thread::get_id() == loop_->id; }
+bool Coordinator::onLoop() const { return actor_->onLoop(); }
 
-void Coordinator::post(std::function<void()> fn) {
-  boost::asio::post(loop_->io, [this, fn = std::move(fn)] {
-    fn();
-    flushOnLoop();
-  });
-}
+void Coordinator::post(std::function<void()> fn) { actor_->post(std::move(fn)); }
 
-namespace {
-template <class T>
-bool succeeded(const StatusOr<T>& r) {
-  return r.isOk();
-}
-bool succeeded(const Status& s) { return s.isOk(); }
-template <class R>
-bool succeeded(const R&) {
-  return true;
-}
-}  // namespace
-
-template <class R>
-R Coordinator::callSync(std::function<R()> fn, bool wait_for_commit) {
-  assert(!onLoop() && "a synchronous Coordinator call from the loop would wait for itself");
-  std::promise<R> promise;
-  auto future = promise.get_future();
-  post([&] {
-    auto result = std::make_shared<R>(fn());
-    if (!wait_for_commit) return promise.set_value(std::move(*result));
-    replyOnLoop([&promise, result] { promise.set_value(std::move(*result)); }, succeeded(*result));
-  });
-  return future.get();
+void Coordinator::whenDurable(std::function<void()> done) {
+  post([this, done = std::move(done)]() mutable { actor_->afterCommit(std::move(done)); });
 }
 
-void Coordinator::afterCommitOnLoop(std::function<void()> effect) {
-  assert(onLoop());
-  turn_effects_.push_back(std::move(effect));
-}
-
-void Coordinator::replyOnLoop(std::function<void()> reply, bool ok) {
-  assert(onLoop());
-  // A refusal waits for nothing; a success only when everything it may report is already durable.
-  if (!ok || (dirty_.empty() && committed_seq_ == issued_seq_)) {
-    turn_replies_.push_back(std::move(reply));  // nothing to wait for: after this turn's commands, at once
-  } else {
-    afterCommitOnLoop(std::move(reply));
-  }
-}
+Coordinator::Health Coordinator::health() const { return actor_->health(); }
 
 void Coordinator::putJobOnLoop(const state::Job& job, bool new_job) {
   state::Write w;
   w.kind = state::Write::Kind::kPutJob;
   w.job = job;
   w.new_job = new_job;
-  std::string key = w.key();
-  auto it = dirty_.find(key);
-  if (it == dirty_.end()) {
-    dirty_.emplace(std::move(key), std::move(w));
-  } else {
-    it->second.supersede(std::move(w));
-  }
+  actor_->put(std::move(w));
 }
 
 void Coordinator::putNodeOnLoop(const state::NodeRecord& record) {
@@ -256,53 +187,7 @@ void Coordinator::putNodeOnLoop(const state::NodeRecord& record) {
   state::Write w;
   w.kind = state::Write::Kind::kPutNode;
   w.node = record;
-  dirty_[w.key()] = std::move(w);
-}
-
-void Coordinator::flushOnLoop() {
-  if (!dirty_.empty()) {
-    std::vector<state::Write> batch;
-    batch.reserve(dirty_.size());
-    for (auto& [key, w] : dirty_) batch.push_back(std::move(w));
-    dirty_.clear();
-    committer_->write(++issued_seq_, std::move(batch));
-  }
-  for (auto& e : turn_effects_) effects_.emplace_back(issued_seq_, std::move(e));
-  turn_effects_.clear();
-  while (!effects_.empty() && effects_.front().first <= committed_seq_) {
-    auto effect = std::move(effects_.front().second);
-    effects_.pop_front();
-    effect();
-  }
-  std::vector<std::function<void()>> replies;
-  replies.swap(turn_replies_);
-  for (auto& reply : replies) reply();
-}
-
-void Coordinator::committedOnLoop(uint64_t seq, const Status& st) {
-  if (!st) {
-    spdlog::error("storing state (batch {}): {}; retrying", seq, st.toString());
-    return;
-  }
-  committed_seq_ = std::max(committed_seq_, seq);
-  evictFinishedOnLoop();
-  // flushOnLoop (after this turn) runs the effects that were waiting for it.
-}
-
-void Coordinator::setHealth(bool ok, const std::string& message) {
-  std::lock_guard<std::mutex> lock(health_mu_);
-  if (ok && !health_.ok) spdlog::info("storing state works again");
-  health_.ok = ok;
-  health_.message = message;
-}
-
-void Coordinator::whenDurable(std::function<void()> done) {
-  post([this, done = std::move(done)]() mutable { afterCommitOnLoop(std::move(done)); });
-}
-
-Coordinator::Health Coordinator::health() const {
-  std::lock_guard<std::mutex> lock(health_mu_);
-  return health_;
+  actor_->put(std::move(w));
 }
 
 void Coordinator::evictFinishedOnLoop() {
@@ -311,9 +196,9 @@ void Coordinator::evictFinishedOnLoop() {
     const Finished& f = finished_.front();
     const bool over = finished_.size() > options_.max_finished_in_memory ||
                       now - f.ended_ms > options_.finished_in_memory_ms;
-    if (!over || f.seq > committed_seq_) break;
+    if (!over || f.seq > actor_->committedBatch()) break;
     if (auto re = rewritten_final_.find(f.id); re != rewritten_final_.end()) {
-      if (re->second > committed_seq_) break;  // its latest write is not durable yet
+      if (re->second > actor_->committedBatch()) break;  // its latest write is not durable yet
       rewritten_final_.erase(re);
     }
     auto it = jobs_.find(f.id);
@@ -329,7 +214,7 @@ void Coordinator::evictFinishedOnLoop() {
 // ---------------------------------------------------------------------------------------------
 
 Status Coordinator::recover() {
-  return callSync<Status>([this] { return recoverOnLoop(); });
+  return actor_->call<Status>([this] { return recoverOnLoop(); });
 }
 
 Status Coordinator::recoverOnLoop() {
@@ -418,30 +303,21 @@ Status Coordinator::recoverOnLoop() {
 
 void Coordinator::start() {
   post([this] {
-    if (loop_->ticking || stopping_) return;
-    loop_->ticking = true;
-    auto tick = std::make_shared<std::function<void()>>();
-    *tick = [this, tick] {
-      loop_->ticker.expires_after(std::chrono::milliseconds(options_.tick_ms));
-      loop_->ticker.async_wait([this, tick](const boost::system::error_code& ec) {
-        if (ec || stopping_) return;
-        housekeepingOnLoop();
-        schedulePassOnLoop();
-        evictFinishedOnLoop();
-        flushOnLoop();
-        (*tick)();
-      });
-    };
-    (*tick)();
+    if (stopping_) return;
+    actor_->startTicker(options_.tick_ms, [this] {
+      housekeepingOnLoop();
+      schedulePassOnLoop();
+      evictFinishedOnLoop();
+    });
   });
 }
 
 void Coordinator::closeAgents() {
-  if (!loop_ || onLoop() || !loop_->thread.joinable() || loop_->io.stopped()) return;
-  callSync<bool>(
+  if (!actor_ || onLoop() || actor_->io().stopped()) return;
+  actor_->call<bool>(
       [this] {
         stopping_ = true;
-        loop_->ticker.cancel();
+        actor_->stopTicker();
         for (auto& [name, node] : nodes_) {
           if (node.link) node.link->close();
           node.link.reset();
@@ -453,13 +329,13 @@ void Coordinator::closeAgents() {
 }
 
 void Coordinator::stop() {
-  if (!loop_ || !committer_) return;
+  if (!actor_) return;
   closeAgents();
-  committer_->stop();  // stores what is left
+  actor_->stopCommitter();  // stores what is left
 }
 
 void Coordinator::tick() {
-  callSync<bool>([this] {
+  actor_->call<bool>([this] {
     housekeepingOnLoop();
     schedulePassOnLoop();
     evictFinishedOnLoop();
@@ -550,7 +426,8 @@ Status Coordinator::recordTransitionOnLoop(const std::string& id, JobState to, c
   found->second = std::move(job);
   putJobOnLoop(found->second);
   if (state::isTerminal(found->second.state)) {
-    finished_.push_back({id, issued_seq_ + 1, state::endedAtMs(found->second)});  // the batch this turn makes
+    finished_.push_back(
+        {id, actor_->nextBatch(), state::endedAtMs(found->second)});  // the batch this turn makes
   }
   if (!isLive(found->second.state)) runtime_.erase(id);
   if (found->second.state != JobState::kPending) pending_reason_.erase(id);
@@ -858,7 +735,7 @@ int Coordinator::pickPortOnLoop(const std::string& node, const std::string& job)
 void Coordinator::sendOnLoop(const std::string& node, const v1::Command& command) {
   if (nodes_.find(node) == nodes_.end()) return;
   // Commands go out once what led to them is durable (a StartRanks never leaves before STARTING is stored).
-  afterCommitOnLoop([this, node, command] {
+  actor_->afterCommit([this, node, command] {
     auto it = nodes_.find(node);
     if (it == nodes_.end()) return;
     if (it->second.link) {
@@ -984,7 +861,7 @@ void Coordinator::registerAgent(const v1::RegisterRequest& req,
                                 std::function<void(StatusOr<v1::RegisterResponse>)> done) {
   post([this, req, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::RegisterResponse>>(registerAgentOnLoop(req));
-    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
+    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
   });
 }
 
@@ -1257,7 +1134,8 @@ void Coordinator::recordRankResultOnLoop(const std::string& node, const v1::Rank
   }
   if (store) {
     putJobOnLoop(job);
-    if (state::isTerminal(job.state)) rewritten_final_[job.id] = issued_seq_ + 1;  // the batch this turn makes
+    if (state::isTerminal(job.state))
+      rewritten_final_[job.id] = actor_->nextBatch();  // the batch this turn makes
   }
 }
 
@@ -1528,7 +1406,7 @@ void Coordinator::submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::S
   auto known = std::make_shared<std::map<std::string, JobState>>();
   auto finish = [this, request, done, known] {
     auto result = std::make_shared<StatusOr<v1::SubmitResponse>>(submitOnLoop(request, *known));
-    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
+    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
   };
   if (unknown.empty()) return finish();
   auto left = std::make_shared<size_t>(unknown.size());
@@ -1749,7 +1627,7 @@ void Coordinator::jobCallOnLoop(const std::string& id, Done<v1::Job> done,
   withJobOnLoop(id, [this, done, fn](StatusOr<state::Job> job) {
     if (!job) return done(job.status());
     auto result = std::make_shared<StatusOr<v1::Job>>(fn(*job));
-    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
+    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
   });
 }
 
@@ -1822,7 +1700,7 @@ StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain,
 void Coordinator::drain(const std::string& name, bool drain_it, const std::string& reason, Done<v1::Node> done) {
   post([this, name, drain_it, reason, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::Node>>(drainOnLoop(name, drain_it, reason));
-    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
+    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
   });
 }
 
@@ -1849,7 +1727,7 @@ StatusOr<v1::Node> Coordinator::removeNodeOnLoop(const std::string& name) {
   state::Write w;
   w.kind = state::Write::Kind::kDeleteNode;
   w.name = name;
-  dirty_[w.key()] = std::move(w);
+  actor_->put(std::move(w));
   spdlog::info("node {} removed", name);
   return out;
 }
@@ -1857,7 +1735,7 @@ StatusOr<v1::Node> Coordinator::removeNodeOnLoop(const std::string& name) {
 void Coordinator::removeNode(const std::string& name, Done<v1::Node> done) {
   post([this, name, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::Node>>(removeNodeOnLoop(name));
-    replyOnLoop([done, result] { done(std::move(*result)); }, result->isOk());
+    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
   });
 }
 
@@ -1928,7 +1806,7 @@ void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetL
     return done(Status::unavailable("too many log reads wait for agents now; try again"));
   }
   const std::string rid = "log-" + std::to_string(++log_requests_);
-  auto wait = std::make_shared<LogWait>(loop_->io);
+  auto wait = std::make_shared<LogWait>(actor_->io());
   wait->done = std::move(done);
   wait->node = node;
   wait->where = where;
@@ -2004,7 +1882,7 @@ MetricsSnapshot Coordinator::metricsOnLoop() {
   }
   for (const auto& [id, job] : jobs_) m.jobs_by_state[toString(job.state)]++;
   m.store_healthy = health().ok;
-  m.store_backlog = committer_->backlog();
+  m.store_backlog = actor_->backlog();
   m.jobs_in_memory = jobs_.size();
   for (const auto& [id, job] : jobs_) {
     if (!isLive(job.state) || m.jobs.size() >= MetricsSnapshot::kMaxJobFigures) continue;

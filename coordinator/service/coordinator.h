@@ -26,14 +26,14 @@
 // node that was UP has reconnected or the grace period has passed, so GPUs still held by running ranks are
 // not handed out twice. Agents re-register with the ranks they run; those reports reconcile the jobs.
 //
-// Threads: the coordinator is an actor. All of its state belongs to one event-loop thread (an Asio
-// io_context, started by the constructor); every public method posts its work there and answers through a
-// callback, or waits for that answer in its synchronous form. Methods named *OnLoop run on that thread only
-// (they assert it). Nothing on the loop touches the disk: changes are collected per turn of the loop and
-// handed to a GroupCommitter thread (persistence.h) that stores them in batches; answers to the callers and
-// commands to agents that depend on a change leave only once its batch is durable, in the order they were
-// made. Reads answer from memory at once; jobs that left memory are read from the store on a StoreReader
-// thread. A failed commit is retried until it works; meanwhile health() says why and new submits are refused.
+// Threads: the coordinator is an actor (actor.h: the loop and the group commit). All of its state belongs to
+// one event-loop thread, started by the constructor; every public method posts its work there and answers
+// through a callback. Methods named *OnLoop run on that thread only (they assert it). Nothing on the loop
+// touches the disk: changes are collected per turn of the loop and handed to a GroupCommitter thread
+// (persistence.h) that stores them in batches; answers to the callers and commands to agents that depend on
+// a change leave only once its batch is durable, in the order they were made. Reads answer from memory at
+// once; jobs that left memory are read from the store on a StoreReader thread. A failed commit is retried
+// until it works; meanwhile health() says why and new submits are refused.
 //
 // Bounds: live jobs stay in memory; final ones leave after max_finished_in_memory of them or
 // finished_in_memory_ms, and leave the store after history_retention_ms. Log reads in flight are capped.
@@ -45,7 +45,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -61,6 +60,7 @@
 
 namespace ddl::coordinator {
 
+class Actor;
 using state::Status;
 using state::StatusOr;
 
@@ -200,10 +200,7 @@ class Coordinator {
 
   // Whether the coordinator can store its state. Any thread; never blocks. While !ok, /healthz fails, new
   // submits are refused, and the unstored changes are retried until the store works again.
-  struct Health {
-    bool ok = true;
-    std::string message;  // why not, for /healthz and the log
-  };
+  using Health = StoreHealth;
   Health health() const;
 
  private:
@@ -302,27 +299,12 @@ class Coordinator {
 
   static constexpr size_t kMaxOutbox = 10000;
 
-  // ---- The loop ----
-  struct Loop;  // the io_context, its thread and the ticker (coordinator.cpp)
+  // ---- The loop (actor.h) ----
   struct LogWait;
   bool onLoop() const;
-  // Runs fn on the loop; then this turn's changes go to the committer.
   void post(std::function<void()> fn);
-  // Runs fn on the loop and waits for its answer and for the changes it made to be durable.
-  template <class R>
-  R callSync(std::function<R()> fn, bool wait_for_commit = true);
-  // Runs `effect` on the loop once this turn's changes (and all earlier ones) are durable, in order.
-  void afterCommitOnLoop(std::function<void()> effect);
-  // An answer to a caller: a refusal (!ok) at the end of the turn, never behind a store that is failing; a
-  // success at once only when nothing is waiting to be stored, else after the commit (it may report an
-  // earlier turn's change, e.g. a second drain of a node).
-  void replyOnLoop(std::function<void()> reply, bool ok);
-  // The end of a turn: hands the changes to the committer, runs the effects that may run.
-  void flushOnLoop();
-  void committedOnLoop(uint64_t seq, const Status& status);
   void putJobOnLoop(const state::Job& job, bool new_job = false);
   void putNodeOnLoop(const state::NodeRecord& record);
-  void setHealth(bool ok, const std::string& message);
   // Final jobs leave memory past the count or age limit, once their last change is durable.
   void evictFinishedOnLoop();
   // The job from memory, or from the store (read on the reader thread) for one that left memory; `fn` runs on
@@ -354,6 +336,9 @@ class Coordinator {
   Status logDataOnLoop(const std::string& node, const std::string& session, const v1::LogData& data);
 
   state::Store& store_;
+  // The loop and the group commit. First of the members that hold loop state, so it is destroyed after them;
+  // the destructor stops its thread before any of them goes.
+  std::unique_ptr<Actor> actor_;
   const CoordinatorOptions options_;
   std::function<int64_t()> now_ms_;   // liveness: last_seen_ms, recovery_until_ms_
   std::function<int64_t()> wall_ms_;  // NodeRecord::last_heartbeat_ms, transitions
@@ -390,21 +375,8 @@ class Coordinator {
   uint64_t log_requests_ = 0;
   std::map<std::string, std::shared_ptr<LogWait>> log_waits_;  // by request id; at most kMaxLogReads
 
-  // Group commit (loop side).
-  std::map<std::string, state::Write> dirty_;        // this turn's changes, by key
-  std::vector<std::function<void()>> turn_effects_;  // this turn's effects
-  std::vector<std::function<void()>> turn_replies_;  // this turn's answers that wait for nothing
-  std::deque<std::pair<uint64_t, std::function<void()>>> effects_;  // waiting for their batch, in order
-  uint64_t issued_seq_ = 0;                                         // the last batch handed to the committer
-  uint64_t committed_seq_ = 0;                                      // the last batch known durable
-  bool stopping_ = false;
-
-  mutable std::mutex health_mu_;
-  Health health_;
-
-  std::unique_ptr<GroupCommitter> committer_;
+  bool stopping_ = false;  // closeAgents() ran: no ticker starts again
   std::unique_ptr<StoreReader> reader_;
-  std::unique_ptr<Loop> loop_;  // last: its thread is joined first
 };
 
 }  // namespace ddl::coordinator

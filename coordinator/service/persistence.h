@@ -28,6 +28,12 @@
 
 namespace ddl::coordinator {
 
+// Whether the coordinator can store its state (the last commit worked), and if not, why.
+struct StoreHealth {
+  bool ok = true;
+  std::string message;  // why not, for /healthz and the log
+};
+
 class GroupCommitter {
  public:
   struct Options {

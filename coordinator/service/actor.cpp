@@ -1,0 +1,167 @@
+// Actor: see actor.h.
+#include "service/actor.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <thread>
+
+namespace ddl::coordinator {
+
+// The loop: one io_context run by one thread, and the ticker's timer.
+struct Actor::Loop {
+  boost::asio::io_context io;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
+  boost::asio::steady_timer ticker{io};
+  bool ticking = false;
+  bool ticker_stopped = false;
+  std::thread thread;
+  std::atomic<std::thread::id> id{};
+};
+
+Actor::Actor(state::Store& store, GroupCommitter::Options options, std::function<void()> committed)
+    : loop_(std::make_unique<Loop>()), committed_(std::move(committed)) {
+  committer_ =
+      std::make_unique<GroupCommitter>(store, options, [this](uint64_t seq, const state::Status& st) {
+        // On the committer's thread: health now (so /healthz does not wait for a busy loop), the rest on the
+        // loop.
+        setHealth(st.isOk(), st.isOk() ? ""
+                                       : "cannot store the coordinator's state: " + st.message() +
+                                             "; retrying (new submits are refused until it works)");
+        post([this, seq, st] { committedOnLoop(seq, st); });
+      });
+  loop_->thread = std::thread([this] {
+    loop_->id = std::this_thread::get_id();
+    loop_->io.run();
+  });
+  // The loop's id is set before it runs anything; wait for it so onLoop() is right from here on.
+  call<bool>([] { return true; }, /*wait_for_commit=*/false);
+}
+
+Actor::~Actor() {
+  stopCommitter();
+  stopLoop();
+}
+
+bool Actor::onLoop() const { return std::this_thread::get_id() == loop_->id; }
+
+boost::asio::io_context& Actor::io() { return loop_->io; }
+
+void Actor::post(std::function<void()> fn) {
+  boost::asio::post(loop_->io, [this, fn = std::move(fn)] {
+    fn();
+    flush();
+  });
+}
+
+void Actor::put(state::Write w) {
+  assert(onLoop());
+  std::string key = w.key();
+  auto it = dirty_.find(key);
+  if (it == dirty_.end()) {
+    dirty_.emplace(std::move(key), std::move(w));
+  } else {
+    it->second.supersede(std::move(w));
+  }
+}
+
+void Actor::afterCommit(std::function<void()> effect) {
+  assert(onLoop());
+  turn_effects_.push_back(std::move(effect));
+}
+
+void Actor::reply(std::function<void()> reply, bool ok) {
+  assert(onLoop());
+  // A refusal waits for nothing; a success only when everything it may report is already durable.
+  if (!ok || (dirty_.empty() && committed_seq_ == issued_seq_)) {
+    turn_replies_.push_back(std::move(reply));  // nothing to wait for: after this turn's commands, at once
+  } else {
+    afterCommit(std::move(reply));
+  }
+}
+
+void Actor::flush() {
+  if (!dirty_.empty()) {
+    std::vector<state::Write> batch;
+    batch.reserve(dirty_.size());
+    for (auto& [key, w] : dirty_) batch.push_back(std::move(w));
+    dirty_.clear();
+    committer_->write(++issued_seq_, std::move(batch));
+  }
+  for (auto& e : turn_effects_) effects_.emplace_back(issued_seq_, std::move(e));
+  turn_effects_.clear();
+  while (!effects_.empty() && effects_.front().first <= committed_seq_) {
+    auto effect = std::move(effects_.front().second);
+    effects_.pop_front();
+    effect();
+  }
+  std::vector<std::function<void()>> replies;
+  replies.swap(turn_replies_);
+  for (auto& reply : replies) reply();
+}
+
+void Actor::committedOnLoop(uint64_t seq, const state::Status& st) {
+  if (!st) {
+    spdlog::error("storing state (batch {}): {}; retrying", seq, st.toString());
+    return;
+  }
+  committed_seq_ = std::max(committed_seq_, seq);
+  if (committed_) committed_();
+  // flush() (after this turn) runs the effects that were waiting for it.
+}
+
+void Actor::startTicker(int64_t period_ms, std::function<void()> tick) {
+  assert(onLoop());
+  if (loop_->ticking || loop_->ticker_stopped) return;
+  loop_->ticking = true;
+  auto arm = std::make_shared<std::function<void()>>();
+  *arm = [this, period_ms, tick = std::move(tick), arm] {
+    loop_->ticker.expires_after(std::chrono::milliseconds(period_ms));
+    loop_->ticker.async_wait([this, tick, arm](const boost::system::error_code& ec) {
+      if (ec || loop_->ticker_stopped) {
+        *arm = nullptr;  // ends the cycle of the closure holding itself
+        return;
+      }
+      tick();
+      flush();
+      (*arm)();
+    });
+  };
+  (*arm)();
+}
+
+void Actor::stopTicker() {
+  assert(onLoop());
+  loop_->ticker_stopped = true;
+  loop_->ticker.cancel();
+}
+
+void Actor::setHealth(bool ok, const std::string& message) {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  if (ok && !health_.ok) spdlog::info("storing state works again");
+  health_.ok = ok;
+  health_.message = message;
+}
+
+Actor::Health Actor::health() const {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  return health_;
+}
+
+void Actor::stopCommitter() {
+  if (committer_) committer_->stop();
+}
+
+void Actor::stopLoop() {
+  assert(!onLoop());
+  loop_->work.reset();
+  loop_->io.stop();
+  if (loop_->thread.joinable()) loop_->thread.join();
+}
+
+}  // namespace ddl::coordinator
