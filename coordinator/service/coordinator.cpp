@@ -26,6 +26,7 @@
 #include "placement/placement.h"
 #include "service/actor.h"
 #include "service/convert.h"
+#include "service/launch_plan.h"
 
 namespace ddl::coordinator {
 
@@ -646,59 +647,12 @@ void Coordinator::launchOnLoop(const std::string& id, const placement::Allocatio
     if (!back) spdlog::error("launch: {}", back.toString());
     return;
   }
-  std::map<std::string, v1::Command> commands;  // by node
-  for (const auto& slot : layout.ranks) {
-    v1::Command& cmd = commands[slot.node];
-    v1::StartRanks* start = cmd.mutable_start();
-    if (start->job_id().empty()) {
-      start->set_job_id(id);
-      start->set_attempt(rt.attempt);
-      for (const auto& a : job.spec.command) start->add_command(a);
-      start->set_workdir(job.spec.workdir);
-      start->set_user(job.spec.user);
-      start->set_allow_root(options_.allow_root_jobs);
-    }
-    v1::RankLaunch* launch = start->add_ranks();
-    launch->set_rank(slot.rank);
-    launch->set_gpu(slot.gpu);
-    launch->set_local_rank(slot.localRank);
-    if (const placement::NodeAllocation* a = allocation.find(slot.node))
-      for (int c : a->cpusOf(slot.gpu)) launch->add_cpus(c);
-    launch->set_memory_bytes(job.spec.memory_per_rank_bytes);
-    auto add = [&](const std::string& k, const std::string& v) {
-      v1::EnvVar* e = launch->add_env();
-      e->set_name(k);
-      e->set_value(v);
-    };
-    // The user's variables first; ddl's own come after and win, so a stray RANK cannot break the job.
-    for (const auto& kv : job.spec.env) {
-      size_t eq = kv.find('=');
-      add(kv.substr(0, eq), kv.substr(eq + 1));
-    }
-    RankEnvSpec spec = placement::rankEnvSpec(layout, slot.rank);
-    spec.root_host = root_addr;
-    spec.root_port = rt.port;
-    spec.master_port = rt.port + 1;  // ports are handed out in pairs (pickPortOnLoop)
-    spec.job_id = id;
-    spec.attempt = rt.attempt;
-    spec.secret = secret;
-    for (const auto& [k, v] : rankEnvironment(spec)) add(k, v);
-    for (const auto& [k, v] : arrayEnvironment(job.spec.array_id, job.spec.array_index)) add(k, v);
-  }
+  const std::map<std::string, v1::Command> commands =
+      startCommands(job, allocation, layout,
+                    LaunchTarget{rt.attempt, root_addr, rt.port, secret, options_.allow_root_jobs});
   // The results kept are the latest attempt's; each rank's node is known from now on, so only that node's
   // agent can report it.
-  auto& results = jobs_[id].ranks;
-  results.clear();
-  for (const auto& slot : layout.ranks) {
-    state::RankResult r;
-    r.rank = slot.rank;
-    r.attempt = rt.attempt;
-    r.node = slot.node;
-    r.gpu = slot.gpu;
-    results.push_back(std::move(r));
-  }
-  std::sort(results.begin(), results.end(),
-            [](const state::RankResult& a, const state::RankResult& b) { return a.rank < b.rank; });
+  jobs_[id].ranks = placedRanks(layout, rt.attempt);
   // STARTING is written before anything is sent: a job whose start may have gone out is never silently
   // rescheduled. If the write fails, nothing was sent and the job goes back to the queue.
   Status st = recordTransitionOnLoop(
@@ -718,18 +672,11 @@ int Coordinator::pickPortOnLoop(const std::string& node, const std::string& job)
   auto it = nodes_.find(node);
   int first = it != nodes_.end() && it->second.port_first ? it->second.port_first : options_.port_first;
   int last = it != nodes_.end() && it->second.port_last ? it->second.port_last : options_.port_last;
-  const int slots = std::max(1, (last - first + 1) / 2);
-  // Start from a slot derived from the job id, so a restarted coordinator computes the same port for a job
-  // that is still running, then skip slots that live jobs rooted on the same node hold.
-  const int start = static_cast<int>(state::jobIdNumber(job).value_or(0) % slots);
-  for (int i = 0; i < slots; ++i) {
-    int port = first + 2 * ((start + i) % slots);
-    bool taken = std::any_of(runtime_.begin(), runtime_.end(), [&](const auto& kv) {
+  return rootPort(job, first, last, [&](int port) {
+    return std::any_of(runtime_.begin(), runtime_.end(), [&](const auto& kv) {
       return kv.first != job && kv.second.root_node == node && kv.second.port == port;
     });
-    if (!taken) return port;
-  }
-  return first + 2 * start;  // every slot taken: more live jobs than ports; the store reports the clash
+  });
 }
 
 void Coordinator::sendOnLoop(const std::string& node, const v1::Command& command) {
