@@ -1,6 +1,7 @@
 #include "service/convert.h"
 
 #include <cmath>
+#include <cstdio>
 
 namespace ddl::coordinator {
 
@@ -172,6 +173,12 @@ void toProto(const placement::RingLayout& layout, v1::RingLayout* out) {
     s->set_switch_name(slot.switchName);
   }
   out->set_text(placement::renderRingLayout(layout));
+}
+
+std::string secondsText(int64_t ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(ms) / 1000.0);
+  return buf;
 }
 
 }  // namespace ddl::coordinator

@@ -2,6 +2,7 @@
 // functions; any thread.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,5 +30,8 @@ placement::Allocation toPlacement(const std::vector<state::NodeAllocation>& allo
 placement::JobRequest requestOf(const std::string& id, const state::JobSpec& spec);
 
 void toProto(const placement::RingLayout& layout, v1::RingLayout* out);
+
+// A duration in the coordinator's messages: 1500 ms -> "1.5 s".
+std::string secondsText(int64_t ms);
 
 }  // namespace ddl::coordinator

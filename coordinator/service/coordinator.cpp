@@ -27,6 +27,7 @@
 #include "service/actor.h"
 #include "service/convert.h"
 #include "service/launch_plan.h"
+#include "service/log_relay.h"
 
 namespace ddl::coordinator {
 
@@ -42,12 +43,6 @@ bool isValidName(const std::string& name) {
   if (name.empty() || name.size() > 253) return false;
   return std::all_of(name.begin(), name.end(),
                      [](unsigned char c) { return std::isalnum(c) || c == '-' || c == '_' || c == '.'; });
-}
-
-std::string seconds(int64_t ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(ms) / 1000.0);
-  return buf;
 }
 
 std::string describeExit(const v1::RankStatus& r) {
@@ -130,15 +125,6 @@ v1::Job jobToProto(const state::Job& job) {
 
 }  // namespace
 
-struct Coordinator::LogWait {
-  Done<v1::GetLogsResponse> done;
-  v1::ReadLog read;
-  std::string node;
-  std::string where;
-  boost::asio::steady_timer timer;
-  explicit LogWait(boost::asio::io_context& io) : timer(io) {}
-};
-
 Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::function<int64_t()> now_ms,
                          std::function<int64_t()> wall_ms)
     : store_(store),
@@ -155,6 +141,7 @@ Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::f
   co.retention_ms = options_.history_retention_ms;
   co.wall_ms = wall_ms_;
   actor_ = std::make_unique<Actor>(store_, co, [this] { evictFinishedOnLoop(); });
+  logs_ = std::make_unique<LogRelay>(actor_->io(), options_.log_timeout_ms, CoordinatorOptions::kMaxLogReads);
   reader_ = std::make_unique<StoreReader>();
 }
 
@@ -162,7 +149,7 @@ Coordinator::~Coordinator() {
   stop();
   reader_->stop();
   actor_->stopLoop();
-  log_waits_.clear();  // their timers go before the loop's io_context
+  logs_.reset();  // its timers go before the loop's io_context
 }
 
 bool Coordinator::onLoop() const { return actor_->onLoop(); }
@@ -323,7 +310,7 @@ void Coordinator::closeAgents() {
           if (node.link) node.link->close();
           node.link.reset();
         }
-        for (auto& [rid, wait] : log_waits_) wait->timer.cancel();
+        logs_->cancelTimers();
         return true;
       },
       /*wait_for_commit=*/false);
@@ -382,9 +369,9 @@ void Coordinator::enforceTimeLimitsOnLoop() {
     const state::Job& job = jobs_[id];
     const int attempt = runtime_[id].attempt;
     const auto allocation = job.allocation;
-    const std::string reason = "ran past its time limit of " + seconds(job.spec.time_limit_s * 1000) +
+    const std::string reason = "ran past its time limit of " + secondsText(job.spec.time_limit_s * 1000) +
                                " (--time); its ranks were sent SIGTERM, and SIGKILL after " +
-                               seconds(options_.stop_grace_ms);
+                               secondsText(options_.stop_grace_ms);
     Status st = recordTransitionOnLoop(id, JobState::kTimeout, reason);
     if (!st) {
       spdlog::error("job {}: {}", id, st.toString());
@@ -555,8 +542,8 @@ void Coordinator::schedulePassOnLoop() {
   if (queue.empty()) return;
   if (recoveringOnLoop(now)) {
     for (const auto& r : queue) {
-      pending_reason_[r.id] = "coordinator restarted; waiting up to " + seconds(recovery_until_ms_ - now) +
-                              " for agents to reconnect";
+      pending_reason_[r.id] = "coordinator restarted; waiting up to " +
+                              secondsText(recovery_until_ms_ - now) + " for agents to reconnect";
     }
     return;
   }
@@ -761,8 +748,8 @@ void Coordinator::checkHeartbeatsOnLoop(int64_t now) {
     if (node.record.state == state::NodeState::kDown) continue;
     if (now - node.last_seen_ms <= options_.heartbeat_grace_ms) continue;
     const std::string reason = "node_lost: node " + name + " sent no heartbeat for " +
-                               seconds(now - node.last_seen_ms) + " (grace " +
-                               seconds(options_.heartbeat_grace_ms) + ")";
+                               secondsText(now - node.last_seen_ms) + " (grace " +
+                               secondsText(options_.heartbeat_grace_ms) + ")";
     spdlog::warn("{}; marking it DOWN", reason);
     node.record.state = state::NodeState::kDown;
     putNodeOnLoop(node.record);
@@ -856,7 +843,7 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
     if (held.link || (!held.attached && now - held.registered_ms < 2 * options_.heartbeat_interval_ms)) {
       return Status::failedPrecondition(
           "register: node " + req.node() + " is held by another live ddl-agent (at " + held.registered_from +
-          ", heard from " + seconds(silent) + " ago); this one (at " + req.address() +
+          ", heard from " + secondsText(silent) + " ago); this one (at " + req.address() +
           ") is refused. Two agents claim one node name: give each machine its own --node and certificate, "
           "or "
           "stop one; a restarted agent is let in once its predecessor's connection is gone");
@@ -977,7 +964,7 @@ void Coordinator::detachAgent(const std::string& node, const std::string& sessio
     if (it == nodes_.end() || it->second.session != session || it->second.link != link) return;
     it->second.link.reset();
     spdlog::info("node {}: agent stream closed; DOWN unless it is back within {}", node,
-                 seconds(options_.heartbeat_grace_ms));
+                 secondsText(options_.heartbeat_grace_ms));
   });
 }
 
@@ -1749,34 +1736,15 @@ void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetL
                                     std::to_string(request.rank()) + ".log"));
   }
   if (Health h = health(); !h.ok) return done(Status::unavailable("log reads wait until " + h.message));
-  if (log_waits_.size() >= CoordinatorOptions::kMaxLogReads) {
-    return done(Status::unavailable("too many log reads wait for agents now; try again"));
-  }
-  const std::string rid = "log-" + std::to_string(++log_requests_);
-  auto wait = std::make_shared<LogWait>(actor_->io());
-  wait->done = std::move(done);
-  wait->node = node;
-  wait->where = where;
-  v1::Command cmd;
-  v1::ReadLog* read = cmd.mutable_read_log();
-  read->set_request(rid);
-  read->set_job_id(job.id);
-  read->set_attempt(attempt);
-  read->set_rank(request.rank());
-  read->set_offset(std::max<int64_t>(0, request.offset()));
-  read->set_max_bytes(request.max_bytes() <= 0 ? kDefaultChunk : std::min(request.max_bytes(), kMaxChunk));
-  wait->read = *read;
-  log_waits_[rid] = wait;
-  sendOnLoop(node, cmd);
-  wait->timer.expires_after(std::chrono::milliseconds(options_.log_timeout_ms));
-  wait->timer.async_wait([this, rid](const boost::system::error_code&) {
-    auto w = log_waits_.find(rid);
-    if (w == log_waits_.end()) return;  // answered
-    auto waiting = w->second;
-    log_waits_.erase(w);
-    waiting->done(Status::unavailable(waiting->where + ", which did not answer within " +
-                                      seconds(options_.log_timeout_ms)));
-  });
+  v1::ReadLog read;
+  read.set_job_id(job.id);
+  read.set_attempt(attempt);
+  read.set_rank(request.rank());
+  read.set_offset(std::max<int64_t>(0, request.offset()));
+  read.set_max_bytes(request.max_bytes() <= 0 ? kDefaultChunk : std::min(request.max_bytes(), kMaxChunk));
+  StatusOr<v1::Command> cmd = logs_->start(node, where, std::move(read), done);
+  if (!cmd) return done(cmd.status());
+  sendOnLoop(node, *cmd);
 }
 
 void Coordinator::readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) {
@@ -1789,22 +1757,10 @@ Status Coordinator::logDataOnLoop(const std::string& node, const std::string& se
   NodeEntry* entry = checkSessionOnLoop(node, session, &error);
   if (!entry) return error;
   entry->last_seen_ms = now_ms_();
-  auto it = log_waits_.find(data.request());
-  if (it == log_waits_.end() || it->second->node != node) return Status::ok();  // the reader gave up already
-  auto wait = it->second;
-  log_waits_.erase(it);
-  wait->timer.cancel();
-  if (!data.error().empty())
-    return wait->done(Status::notFound(wait->where + ": " + data.error())), Status::ok();
-  v1::GetLogsResponse resp;
-  resp.set_data(data.data());
-  resp.set_next_offset(wait->read.offset() + static_cast<int64_t>(data.data().size()));
-  resp.set_size(data.size());
-  auto job = jobs_.find(wait->read.job_id());
-  resp.set_job_ended(job == jobs_.end() || state::isTerminal(job->second.state));
-  resp.set_attempt(wait->read.attempt());
-  resp.set_node(node);
-  wait->done(std::move(resp));
+  logs_->answer(node, data, [this](const std::string& job_id) {
+    auto job = jobs_.find(job_id);
+    return job == jobs_.end() || state::isTerminal(job->second.state);
+  });
   return Status::ok();
 }
 

@@ -61,6 +61,7 @@
 namespace ddl::coordinator {
 
 class Actor;
+class LogRelay;
 using state::Status;
 using state::StatusOr;
 
@@ -300,7 +301,6 @@ class Coordinator {
   static constexpr size_t kMaxOutbox = 10000;
 
   // ---- The loop (actor.h) ----
-  struct LogWait;
   bool onLoop() const;
   void post(std::function<void()> fn);
   void putJobOnLoop(const state::Job& job, bool new_job = false);
@@ -372,8 +372,8 @@ class Coordinator {
 
   MetricsSnapshot counters_;  // the counters and the histogram; the gauges are filled by metrics()
   TelemetryHistory telemetry_;  // the dashboard's plots; bounded (its header)
-  uint64_t log_requests_ = 0;
-  std::map<std::string, std::shared_ptr<LogWait>> log_waits_;  // by request id; at most kMaxLogReads
+  std::unique_ptr<LogRelay>
+      logs_;  // reads of rank logs waiting for agents (log_relay.h); at most kMaxLogReads
 
   bool stopping_ = false;  // closeAgents() ran: no ticker starts again
   std::unique_ptr<StoreReader> reader_;
