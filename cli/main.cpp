@@ -1,4 +1,5 @@
-// ddlctl: the user CLI of ddl. Everything but main() lives in ddlctl.cpp, where tests can reach it.
+// ddlctl: the user CLI of ddl. Everything but main() lives in ddlctl_lib (the other files of cli/), where
+// tests can reach it.
 #include <iostream>
 
 #include "ddlctl.h"

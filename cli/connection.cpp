@@ -1,0 +1,252 @@
+// How ddlctl reaches the coordinator, and what it says when that fails. The credentials come from flags, the
+// environment or the user's files (findCredentials); Session holds the one channel a runDdlctl() call makes,
+// lazily, so that a verb's own checks come before a missing CA certificate is reported; every failed RPC
+// becomes an exit status, a message and perhaps a hint (describeRpcError), the contract scripts rely on.
+// The verbs that wait ride out a coordinator restart here (Session::callRidingOut), repeating reads only.
+#include <grpcpp/grpcpp.h>
+
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/pki.h"
+#include "ddl/tls.h"
+#include "ddlctl_internal.h"
+
+namespace ddl::cli {
+
+namespace {
+
+// A TLS handshake that failed: it fails the same way on every try.
+bool isTlsFailure(const std::string& message) {
+  const std::string m = upper(message);
+  return m.find("HANDSHAKE") != std::string::npos || m.find("SSL") != std::string::npos ||
+         m.find("CERTIFICATE") != std::string::npos;
+}
+
+// A failure that a restarting coordinator gives, which the verbs that wait ride out.
+bool outage(const grpc::Status& status) {
+  return (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+         !isTlsFailure(status.error_message());
+}
+
+}  // namespace
+
+bool isTransportFailure(const std::string& message) {
+  const std::string m = upper(message);
+  for (const char* sign :
+       {"FAILED TO CONNECT", "CONNECTION REFUSED", "SOCKET CLOSED", "CONNECTION RESET", "DNS RESOLUTION",
+        "BROKEN PIPE", "TRANSPORT", "CONNECTIONS TO ALL BACKENDS", "GOAWAY", "ENDPOINT", "HANDSHAKE", "SSL",
+        "CERTIFICATE", "CONNECTION CLOSED", "EOF", "SHUTTING DOWN", "GOING DOWN"}) {
+    if (m.find(sign) != std::string::npos) return true;
+  }
+  return m.empty() || m == "UNAVAILABLE";
+}
+
+RpcError describeRpcError(grpc::StatusCode code, const std::string& message, const std::string& address,
+                          double timeoutS, bool insecure) {
+  if (code == grpc::StatusCode::UNAVAILABLE && !isTransportFailure(message)) {
+    // The coordinator answered: it is running, but could not do it (its disk is full, its store failed).
+    return {kExitUnreachable, "the coordinator at " + address + " is running but could not do it: " + message,
+            "see its log (journalctl -u ddl-coordinator): a full disk or an unwritable data dir stops every "
+            "change"};
+  }
+  if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::string why;
+    if (code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      why = "no answer within " + formatSeconds(timeoutS) + " s";
+    } else if (upper(message).find("CONNECTION REFUSED") != std::string::npos) {
+      why = "connection refused";  // gRPC's text buries this under "failed to connect to all addresses; ..."
+    } else {
+      why = message.empty() ? "unavailable" : message;
+    }
+    const std::string lower = upper(message);
+    if (isTlsFailure(message)) {
+      return {kExitUnreachable,
+              "cannot reach coordinator at " + address + ": the TLS handshake failed (" + why + ")",
+              "give the cluster's CA with --ca or DDL_CA; a coordinator run with --insecure needs --insecure "
+              "here"};
+    }
+    if (insecure &&
+        (lower.find("SOCKET CLOSED") != std::string::npos ||
+         lower.find("CONNECTION RESET") != std::string::npos ||
+         lower.find("CONNECTION CLOSED") != std::string::npos || lower.find("EOF") != std::string::npos)) {
+      return {
+          kExitUnreachable, "cannot reach coordinator at " + address + ": it closed the plaintext connection",
+          "a coordinator that uses TLS (every one not started with --insecure) closes plaintext connections: "
+          "drop --insecure and give its CA with --ca or DDL_CA"};
+    }
+    return {kExitUnreachable, "cannot reach coordinator at " + address + ": " + why,
+            "is ddl-coordinator running? set --coordinator or DDL_COORDINATOR"};
+  }
+  if (code == grpc::StatusCode::UNAUTHENTICATED) {
+    return {kExitUnauthenticated, message.empty() ? "not authenticated" : message, ""};
+  }
+  if (code == grpc::StatusCode::PERMISSION_DENIED) {
+    return {kExitDenied, message.empty() ? "permission denied" : message, ""};
+  }
+  if (!message.empty()) return {kExitRefused, message, ""};
+  return {kExitRefused, "the coordinator refused the request (gRPC status " + std::to_string(int(code)) + ")",
+          ""};
+}
+
+std::string checkCa(const std::string& path) {
+  std::string error;
+  const auto pem = pki::readFile(path, &error);
+  if (!pem) return "cannot read the CA certificate: " + error;
+  const auto info = pki::inspectCertificate(*pem, &error);
+  if (!info) return path + " is not a CA certificate (PEM): " + error;
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  if (now > info->not_after_s) {
+    return "the CA certificate " + path + " expired on " +
+           formatLocalTime(info->not_after_s * 1000).substr(0, 10);
+  }
+  if (now < info->not_before_s) {
+    return "the CA certificate " + path + " is not valid before " +
+           formatLocalTime(info->not_before_s * 1000).substr(0, 10) + " (is this machine's clock right?)";
+  }
+  return "";
+}
+
+std::string findCredentials(const std::string& ca_flag, const std::string& token_file_flag,
+                            Credentials* out) {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  const char* home_env = std::getenv("HOME");
+  const std::string home = home_env && *home_env ? std::string(home_env) + "/.config/ddl/" : "";
+  std::error_code ec;
+  out->ca = !ca_flag.empty()                                                ? ca_flag
+            : !env("DDL_CA").empty()                                        ? env("DDL_CA")
+            : !home.empty() && std::filesystem::exists(home + "ca.crt", ec) ? home + "ca.crt"
+                                                                            : "/etc/ddl/pki/ca.crt";
+  // An explicit --token-file wins, then $DDL_TOKEN, then $DDL_TOKEN_FILE, then the default file.
+  std::string file = token_file_flag;
+  if (file.empty()) {
+    out->token = env("DDL_TOKEN");
+    if (!out->token.empty()) return "";
+    file = env("DDL_TOKEN_FILE");
+  }
+  const bool given = !file.empty();
+  if (!given) file = home.empty() ? "" : home + "token";
+  if (file.empty()) return "";
+  std::ifstream in(file);
+  if (!in) {
+    // No default file: call without a token. A file the user named must be there and readable.
+    return given ? "cannot read the token file " + file + ": " + std::strerror(errno) : "";
+  }
+  std::getline(in, out->token);
+  while (!out->token.empty() && std::isspace(static_cast<unsigned char>(out->token.back())))
+    out->token.pop_back();
+  if (out->token.empty()) return "the token file " + file + " is empty";
+  return "";
+}
+
+int Session::call(const Rpc& rpc) {
+  int usage = kExitOk;
+  grpc::Status status = callQuiet(rpc, &usage);
+  if (usage != kExitOk) return usage;
+  return report(status);
+}
+
+grpc::Status Session::callQuiet(const Rpc& rpc, int* usage) {
+  if (!stub_) {
+    grpc::ChannelArguments args;
+    std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+    if (insecure_) {
+      channel_credentials = grpc::InsecureChannelCredentials();
+    } else {
+      std::error_code ec;
+      if (!std::filesystem::exists(credentials_.ca, ec)) {
+        *usage = usageError(err_, "no CA certificate at " + credentials_.ca +
+                                      ": give the cluster's ca.crt with --ca or DDL_CA (--insecure for a "
+                                      "development coordinator on loopback)");
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no CA certificate");
+      }
+      // A CA file that is not a certificate, or one that expired, fails every handshake with gRPC's own log
+      // lines and "unavailable": say what is wrong with it instead, before connecting.
+      if (std::string why = checkCa(credentials_.ca); !why.empty()) {
+        *usage = kExitUnauthenticated;
+        err_ << "ddlctl: " << why << "\nhint: give the cluster's ca.crt with --ca or DDL_CA\n";
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why);
+      }
+      tls::addChannelArgs(&args);
+      channel_credentials = tls::channelCredentials({credentials_.ca, "", ""});
+    }
+    // After a lost connection gRPC waits up to 2 minutes between reconnects by default: a coordinator that
+    // is back after a restart would go unnoticed that long by the verbs that wait.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    stub_ = v1::UserService::NewStub(grpc::CreateCustomChannel(address_, channel_credentials, args));
+  }
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(timeoutS_ * 1000)));
+  if (!credentials_.token.empty()) context.AddMetadata("authorization", "Bearer " + credentials_.token);
+  grpc::Status status = rpc(*stub_, &context);
+  if (status.ok()) reached_ = true;
+  return status;
+}
+
+grpc::Status Session::callRidingOut(const Rpc& rpc, int* usage) {
+  grpc::Status status = callQuiet(rpc, usage);
+  if (!reached_ || !outage(status) || reconnectS_ <= 0) return status;
+  const int64_t start = steadyNowMs();
+  const int64_t deadline = start + static_cast<int64_t>(reconnectS_ * 1000);
+  err_ << "ddlctl: lost the coordinator at " << address_ << " ("
+       << escapeForTerminal(
+              describeRpcError(status.error_code(), status.error_message(), address_, timeoutS_).message)
+       << "); trying again for up to " << formatSeconds(reconnectS_) << " s (--reconnect-timeout)\n";
+  err_.flush();
+  int64_t delay = 200;
+  for (int64_t rounds = static_cast<int64_t>(reconnectS_ * 1000) / 200 + 2; rounds > 0; --rounds) {
+    const int64_t left = deadline - steadyNowMs();
+    if (left <= 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(delay, left)));
+    delay = std::min<int64_t>(delay * 2, 5000);
+    status = callQuiet(rpc, usage);
+    if (!outage(status)) {
+      err_ << "ddlctl: the coordinator at " << address_ << " answers again (after "
+           << formatSeconds((steadyNowMs() - start) / 1000.0) << " s)\n";
+      err_.flush();
+      return status;
+    }
+  }
+  return status;  // still out: the caller reports it as any failure
+}
+
+int Session::callWaiting(const Rpc& rpc) {
+  int usage = kExitOk;
+  grpc::Status status = callRidingOut(rpc, &usage);
+  if (usage != kExitOk) return usage;
+  return report(status);
+}
+
+int Session::report(const grpc::Status& status) {
+  if (status.ok()) return kExitOk;
+  RpcError e = describeRpcError(status.error_code(), status.error_message(), address_, timeoutS_, insecure_);
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && e.hint.empty()) {
+    e.hint = "the answer was larger than gRPC allows; for list, ask for smaller pages with --page-size";
+  }
+  if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED && e.hint.empty()) {
+    e.hint = "the coordinator is older than this ddlctl; upgrade it for this verb";
+  }
+  err_ << "ddlctl: " << escapeForTerminal(e.message) << "\n";
+  if (!e.hint.empty()) err_ << "hint: " << e.hint << "\n";
+  return e.exitCode;
+}
+
+int Session::print(const google::protobuf::Message& message, const std::string& text) {
+  out_ << (json_ ? toJson(message) : text);
+  return kExitOk;
+}
+}  // namespace ddl::cli
