@@ -50,7 +50,10 @@ Job ids may be short: 5, 000005 and j-5 all mean j-000005.
 
 Output: text for people; -o json prints exactly one JSON document on stdout (proto field names).)";
 
-void declareCommandLine(CLI::App& app, CommandLine& cl) {
+constexpr const char* kJobHelp = "job id (j-000005, or just 5)";
+
+// ddlctl's own options, given before or after the verb, and the help's footer.
+void declareGlobalOptions(CLI::App& app, CommandLine& cl) {
   app.footer(kFooter);
   app.require_subcommand(1);
   app.fallthrough();  // so global options work after the verb too: ddlctl list -o json
@@ -76,7 +79,10 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
       ->type_name("FILE")
       ->take_last();
   app.add_flag("--insecure", cl.insecure, "plaintext, for a coordinator run with --insecure on loopback");
+}
 
+// submit: the job's shape, resources, environment, dependencies, and --wait.
+void declareSubmit(CLI::App& app, CommandLine& cl) {
   SubmitArgs& s = cl.submit;
   CLI::App* submit = app.add_subcommand(
       "submit",
@@ -173,7 +179,10 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
       ->check(CLI::Range(0.0, 86400.0));
   // The command arrives through the split at "--" in runDdlctl(), or as a script: the first word that is not
   // a flag or a flag's value ends submit's flags (expandEnvValues() splits there, before CLI11 parses).
+}
 
+// list: which jobs, and how many a page.
+void declareList(CLI::App& app, CommandLine& cl) {
   CLI::App* list = app.add_subcommand("list", "list jobs (default: PENDING, SCHEDULED, STARTING, RUNNING)");
   list->add_option("--state", cl.states, "only jobs in these states (repeatable, comma-separated)")
       ->type_name("STATE")
@@ -193,8 +202,11 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
                    "jobs per request (default: the coordinator's, 500); ddlctl fetches page after page")
       ->type_name("N")
       ->check(CLI::Range(1, 5000));
+}
 
-  const std::string jobHelp = "job id (j-000005, or just 5)";
+// The verbs on jobs by id (logs aside): status, cancel (or by filter), wait, hold, release, requeue, ring.
+void declareJobVerbs(CLI::App& app, CommandLine& cl) {
+  const std::string jobHelp = kJobHelp;
   app.add_subcommand("status", "one job in detail, with its transitions")
       ->add_option("JOB", cl.target, jobHelp)
       ->required();
@@ -247,6 +259,11 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   app.add_subcommand("ring", "a job's ring layout (rank order and dims)")
       ->add_option("JOB", cl.target, jobHelp)
       ->required();
+}
+
+// logs: which rank and attempt, how much, and -f's waiting.
+void declareLogs(CLI::App& app, CommandLine& cl) {
+  const std::string jobHelp = kJobHelp;
   CLI::App* logs =
       app.add_subcommand("logs", "the ranks' output, read from their nodes (lines prefixed [rank])");
   logs->add_option("JOB", cl.target, jobHelp)->required();
@@ -268,6 +285,10 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
           "--reconnect-timeout", cl.reconnectS,
           "with -f: ride out a coordinator that stops answering (a restart) for up to SECONDS (default 600)")
       ->check(CLI::Range(0.0, 86400.0));
+}
+
+// nodes (and nodes remove), drain, undrain.
+void declareNodeVerbs(CLI::App& app, CommandLine& cl) {
   CLI::App* nodes =
       app.add_subcommand("nodes", "list nodes; 'nodes remove NAME' forgets a node that is gone");
   nodes->add_subcommand("remove", "forget node NAME for good (admins only; it must be DOWN with no live job)")
@@ -280,6 +301,10 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   app.add_subcommand("undrain", "place jobs on a drained node again")
       ->add_option("NODE", cl.target, "node name")
       ->required();
+}
+
+// whoami, and admin's verbs on users and node certificates.
+void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
   app.add_subcommand("whoami", "who the coordinator takes you for (user and role)");
 
   CLI::App* admin = app.add_subcommand("admin", "users and node certificates (admins only)");
@@ -307,6 +332,17 @@ void declareCommandLine(CLI::App& app, CommandLine& cl) {
   join->add_option("NAME", cl.target, "node name")->required();
   join->add_option("--ttl", cl.ttlS, "seconds the token stays valid (default 3600)")
       ->check(CLI::Range(1, 604800));
+}
+
+// Every verb and flag, in the order --help lists them.
+void declareCommandLine(CLI::App& app, CommandLine& cl) {
+  declareGlobalOptions(app, cl);
+  declareSubmit(app, cl);
+  declareList(app, cl);
+  declareJobVerbs(app, cl);
+  declareLogs(app, cl);
+  declareNodeVerbs(app, cl);
+  declareAccountVerbs(app, cl);
 }
 
 // "--env A=1 B=2" becomes "--env A=1 --env B=2" in submit's flags: several values may follow one --env, and
