@@ -8,6 +8,7 @@
 //   format.cpp        the tables, detail views and JSON
 //   command_line.cpp  CommandLine's flags (CLI11) and the parse errors said for a person
 //   verbs.cpp         one function per verb, and the polling of the verbs that wait
+//   logs.cpp          ddlctl logs, -f's following of a job through its attempts
 //   ddlctl.cpp        runDdlctl(): the job command after "--", a job script's #DDL lines, the checks before
 //                     any RPC
 //
@@ -18,22 +19,25 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 #include "ddlctl.h"
 
 namespace ddl::cli {
 
-// ---- Text helpers
-// ------------------------------------------------------------------------------------------
+// ---- Text helpers -----------------------------------------------------------------------------------------
 
 inline bool isDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -82,8 +86,7 @@ std::vector<std::string> processEnvironment();
 // returns kExitUsage (command_line.cpp).
 int usageError(std::ostream& err, const std::string& message, const std::string& verb = "");
 
-// ---- The command line (command_line.cpp)
-// -------------------------------------------------------------------
+// ---- The command line (command_line.cpp) ------------------------------------------------------------------
 
 // Everything the command line said; CLI11 fills it while parsing.
 struct CommandLine {
@@ -138,8 +141,7 @@ struct ParseResult {
 ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, bool inSubmit,
                        std::ostream& out, std::ostream& err);
 
-// ---- The connection (connection.cpp)
-// -----------------------------------------------------------------------
+// ---- The connection (connection.cpp) ----------------------------------------------------------------------
 
 // One channel to the coordinator and the per-call deadline; every verb makes exactly one call through it.
 // The channel connects lazily, on the first call.
@@ -197,10 +199,40 @@ class Session {
   std::ostream& err_;
 };
 
-// ---- The verbs (verbs.cpp)
-// ---------------------------------------------------------------------------------
+// ---- The verbs (verbs.cpp, logs.cpp) ----------------------------------------------------------------------
+
+// The pace and the bound of the verbs that wait (wait, submit --wait, logs -f): a poll every 200 ms at first,
+// doubling to 1 s while nothing changes, until --wait-timeout (0: a year, so that no loop is unbounded). The
+// rounds are counted too (the limit over the shortest sleep), so a clock that stands still ends the loop.
+class Pacer {
+ public:
+  static constexpr int64_t kMinDelayMs = 200, kMaxDelayMs = 1000;
+  static constexpr double kMaxWaitS = 366.0 * 86400;
+  explicit Pacer(double limitS)
+      : limitS_(limitS > 0 ? std::min(limitS, kMaxWaitS) : kMaxWaitS),
+        deadlineMs_(steadyNowMs() + static_cast<int64_t>(limitS_ * 1000)),
+        roundsLeft_(static_cast<int64_t>(limitS_ * 1000) / kMinDelayMs + 2) {}
+  // False once the time or the rounds are spent; else sleeps (never past the deadline) and says true.
+  bool sleep() {
+    const int64_t left = deadlineMs_ - steadyNowMs();
+    if (left <= 0 || --roundsLeft_ <= 0) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(delayMs_, left)));
+    delayMs_ = std::min(delayMs_ * 2, kMaxDelayMs);
+    return true;
+  }
+  void reset() { delayMs_ = kMinDelayMs; }  // something changed: look again soon
+  std::string limit() const { return formatSeconds(limitS_); }
+
+ private:
+  double limitS_;
+  int64_t deadlineMs_;
+  int64_t roundsLeft_;
+  int64_t delayMs_ = kMinDelayMs;
+};
 
 // The verb's one RPC and its output; local checks first, so a usage error sends nothing.
 int runVerb(CommandLine& cl, Session& s, std::ostream& err);
+// ddlctl logs (logs.cpp).
+int runLogs(CommandLine& cl, Session& s, std::ostream& err);
 
 }  // namespace ddl::cli
