@@ -334,6 +334,70 @@ std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
   return out;
 }
 
+namespace {
+
+// The detail view's Ranks section, for a job with ranks.
+std::string rankTable(const v1::Job& job) {
+  // What libddl last reported per rank; the straggler is marked (the least time in collectives over the
+  // run: the others wait for it there).
+  const int slowest = slowestRank(job);
+  // PID is the program's own when the agent knows it (else its ddl-rank-shim's); EXIT is the exit code or
+  // the signal of an ended rank.
+  std::vector<std::vector<std::string>> ranks = {{"  RANK", "NODE", "STATE", "PID", "EXIT", "START", "END",
+                                                  "COLLECTIVES", "LAST", "BUSBW(GB/s)", "DIMS(us)", ""}};
+  auto clock = [](int64_t ms) { return ms > 0 ? formatLocalTime(ms).substr(11, 8) : std::string("-"); };
+  for (const v1::RankStatus& r : job.ranks()) {
+    std::string exit = r.has_signal()      ? signalName(r.signal())
+                       : r.has_exit_code() ? std::to_string(r.exit_code())
+                                           : "-";
+    std::vector<std::string> row = {"  " + std::to_string(r.rank()),
+                                    r.node().empty() ? "-" : cell(r.node(), kMaxNameColumn),
+                                    v1::RankStatus::State_Name(r.state()),
+                                    std::to_string(r.program_pid() > 0 ? r.program_pid() : r.pid()),
+                                    exit,
+                                    clock(r.started_ms()),
+                                    clock(r.exited_ms())};
+    if (r.has_progress()) {
+      const v1::RankProgress& p = r.progress();
+      std::vector<std::string> dims;
+      for (double d : p.dims_us()) {
+        dims.push_back(
+            std::to_string(static_cast<int64_t>(std::isfinite(d) ? std::clamp(d, -1e15, 1e15) : 0)));
+      }
+      char last[96];
+      std::snprintf(last, sizeof(last), "%s %lld B %.1f us", p.last_op().c_str(),
+                    static_cast<long long>(p.last_bytes()), p.last_us());
+      char bw[32];
+      std::snprintf(bw, sizeof(bw), "%.2f", lastBusBwGBps(p));
+      row.insert(row.end(), {std::to_string(p.collectives()), last, bw, dims.empty() ? "-" : join(dims, ","),
+                             r.rank() == slowest ? "<- straggler" : ""});
+    } else {
+      row.insert(row.end(), {"-", "-", "-", "-", ""});
+    }
+    ranks.push_back(row);
+  }
+  return "Ranks (last reported by libddl):\n" + renderTable(ranks);
+}
+
+// The detail view's Transitions section: one line each, or "(none)".
+std::string transitionTable(const v1::Job& job) {
+  std::vector<std::vector<std::string>> lines;
+  for (const v1::Transition& t : job.transitions()) {
+    std::string move = t.from() == v1::JOB_STATE_UNSPECIFIED
+                           ? stateName(t.to())
+                           : stateName(t.from()) + " -> " + stateName(t.to());
+    std::string reason = t.reason();
+    if (t.has_failure()) {
+      reason += (reason.empty() ? "" : " ") + std::string("[") + describeFailure(t.failure()) + "]";
+    }
+    lines.push_back({"  " + formatLocalTime(t.at_ms()), move, reason});
+  }
+  if (lines.empty()) lines.push_back({"  (none)"});
+  return "Transitions:\n" + renderTable(lines);
+}
+
+}  // namespace
+
 std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   const v1::JobSpec& spec = job.spec();
   std::vector<std::vector<std::string>> rows;
@@ -399,62 +463,8 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   add("Running", formatDuration(spent[v1::RUNNING]));
   std::string out = renderTable(rows);
 
-  if (job.ranks_size() > 0) {
-    // What libddl last reported per rank; the straggler is marked (the least time in collectives over the
-    // run: the others wait for it there).
-    const int slowest = slowestRank(job);
-    // PID is the program's own when the agent knows it (else its ddl-rank-shim's); EXIT is the exit code or
-    // the signal of an ended rank.
-    std::vector<std::vector<std::string>> ranks = {{"  RANK", "NODE", "STATE", "PID", "EXIT", "START", "END",
-                                                    "COLLECTIVES", "LAST", "BUSBW(GB/s)", "DIMS(us)", ""}};
-    auto clock = [](int64_t ms) { return ms > 0 ? formatLocalTime(ms).substr(11, 8) : std::string("-"); };
-    for (const v1::RankStatus& r : job.ranks()) {
-      std::string exit = r.has_signal()      ? signalName(r.signal())
-                         : r.has_exit_code() ? std::to_string(r.exit_code())
-                                             : "-";
-      std::vector<std::string> row = {"  " + std::to_string(r.rank()),
-                                      r.node().empty() ? "-" : cell(r.node(), kMaxNameColumn),
-                                      v1::RankStatus::State_Name(r.state()),
-                                      std::to_string(r.program_pid() > 0 ? r.program_pid() : r.pid()),
-                                      exit,
-                                      clock(r.started_ms()),
-                                      clock(r.exited_ms())};
-      if (r.has_progress()) {
-        const v1::RankProgress& p = r.progress();
-        std::vector<std::string> dims;
-        for (double d : p.dims_us()) {
-          dims.push_back(
-              std::to_string(static_cast<int64_t>(std::isfinite(d) ? std::clamp(d, -1e15, 1e15) : 0)));
-        }
-        char last[96];
-        std::snprintf(last, sizeof(last), "%s %lld B %.1f us", p.last_op().c_str(),
-                      static_cast<long long>(p.last_bytes()), p.last_us());
-        char bw[32];
-        std::snprintf(bw, sizeof(bw), "%.2f", lastBusBwGBps(p));
-        row.insert(row.end(),
-                   {std::to_string(p.collectives()), last, bw, dims.empty() ? "-" : join(dims, ","),
-                    r.rank() == slowest ? "<- straggler" : ""});
-      } else {
-        row.insert(row.end(), {"-", "-", "-", "-", ""});
-      }
-      ranks.push_back(row);
-    }
-    out += "Ranks (last reported by libddl):\n" + renderTable(ranks);
-  }
-  out += "Transitions:\n";
-  std::vector<std::vector<std::string>> lines;
-  for (const v1::Transition& t : job.transitions()) {
-    std::string move = t.from() == v1::JOB_STATE_UNSPECIFIED
-                           ? stateName(t.to())
-                           : stateName(t.from()) + " -> " + stateName(t.to());
-    std::string reason = t.reason();
-    if (t.has_failure()) {
-      reason += (reason.empty() ? "" : " ") + std::string("[") + describeFailure(t.failure()) + "]";
-    }
-    lines.push_back({"  " + formatLocalTime(t.at_ms()), move, reason});
-  }
-  if (lines.empty()) lines.push_back({"  (none)"});
-  return out + renderTable(lines);
+  if (job.ranks_size() > 0) out += rankTable(job);
+  return out + transitionTable(job);
 }
 
 std::string toJson(const google::protobuf::Message& message) { return ddl::toJson(message) + "\n"; }
