@@ -1,7 +1,7 @@
 // ddlctl's insides that its source files share, and nothing more: the parsed command line (CommandLine), the
 // connection every verb calls through (Session), and the small text helpers used in more than one file. Not
-// installed and not a contract: ddlctl.h is the one tests and main.cpp rely on. Each file of cli/ holds one
-// of ddlctl.h's sections:
+// installed and not a contract: ddlctl.h is the one tests and main.cpp rely on. The files of cli/, the first
+// three along ddlctl.h's sections:
 //
 //   arguments.cpp     the argument checks (no I/O)
 //   connection.cpp    RPC failures, credentials, and Session
