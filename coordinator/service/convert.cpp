@@ -175,6 +175,69 @@ void toProto(const placement::RingLayout& layout, v1::RingLayout* out) {
   out->set_text(placement::renderRingLayout(layout));
 }
 
+// When the latest attempt reached `state` (STARTING: launched; RUNNING: what a time limit counts from); 0 if
+// it never did, or the job was requeued since.
+int64_t latestAttemptReached(const state::Job& job, state::JobState state) {
+  for (auto t = job.transitions.rbegin(); t != job.transitions.rend(); ++t) {
+    if (t->to == state) return t->at_ms;
+    if (t->to == state::JobState::kPending && t->from != state::JobState::kPending)
+      return 0;  // requeued since
+  }
+  return 0;
+}
+
+placement::NodeState toPlacement(state::NodeState s) {
+  switch (s) {
+    case state::NodeState::kUp:
+      return placement::NodeState::kUp;
+    case state::NodeState::kDraining:
+      return placement::NodeState::kDraining;
+    case state::NodeState::kDown:
+      return placement::NodeState::kDown;
+  }
+  return placement::NodeState::kDown;
+}
+
+// A job as users see it, from its record alone (the loop adds what only it knows: toProtoOnLoop).
+v1::Job jobToProto(const state::Job& job) {
+  v1::Job out;
+  out.set_id(job.id);
+  toProto(job.spec, out.mutable_spec());
+  out.set_state(toProto(job.state));
+  out.set_restarts(job.restarts);
+  out.set_submit_ms(job.submit_ms);
+  for (const auto& t : job.transitions) {
+    v1::Transition* p = out.add_transitions();
+    p->set_from(toProto(t.from));
+    p->set_to(toProto(t.to));
+    p->set_at_ms(t.at_ms);
+    p->set_reason(t.reason);
+    if (t.failure) toProto(*t.failure, p->mutable_failure());
+  }
+  if (job.failure) toProto(*job.failure, out.mutable_failure());
+  for (const auto& a : job.allocation) {
+    v1::NodeAllocation* p = out.add_allocation();
+    p->set_node(a.node);
+    for (int g : a.gpus) p->add_gpus(g);
+    for (int c : a.cpus) p->add_cpus(c);
+    p->set_memory_bytes(a.memory_bytes);
+  }
+  out.set_topology(job.topology);
+  if (!job.transitions.empty()) out.set_reason(job.transitions.back().reason);
+  out.set_gpus(requestOf(job.id, job.spec).gpuCount());
+  out.set_held(job.held);
+  out.set_held_by_admin(job.held_by_admin);
+  out.set_start_ms(latestAttemptReached(job, state::JobState::kStarting));
+  out.set_end_ms(state::endedAtMs(job));
+  for (const auto& r : job.ranks) {
+    if (r.pid == 0 && r.started_ms == 0 && !r.exited) continue;  // placed, never reported
+    v1::RankStatus* rank = out.add_ranks();
+    toProto(r, rank);
+    rank->set_job_id(job.id);
+  }
+  return out;
+}
+
 std::string secondsText(int64_t ms) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(ms) / 1000.0);

@@ -31,6 +31,16 @@ placement::JobRequest requestOf(const std::string& id, const state::JobSpec& spe
 
 void toProto(const placement::RingLayout& layout, v1::RingLayout* out);
 
+// A node's state as placement sees it.
+placement::NodeState toPlacement(state::NodeState s);
+
+// When the latest attempt of a job reached `state` (STARTING: launched; RUNNING: what a time limit counts
+// from); 0 if it never did, or the job was requeued since.
+int64_t latestAttemptReached(const state::Job& job, state::JobState state);
+
+// A job as users see it, from its record alone (the coordinator adds what only its loop knows).
+v1::Job jobToProto(const state::Job& job);
+
 // A duration in the coordinator's messages: 1500 ms -> "1.5 s".
 std::string secondsText(int64_t ms);
 

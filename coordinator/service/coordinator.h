@@ -35,6 +35,11 @@
 // once; jobs that left memory are read from the store on a StoreReader thread. A failed commit is retried
 // until it works; meanwhile health() says why and new submits are refused.
 //
+// Files: the loop and the group commit are an Actor (actor.h); the launch plan (launch_plan.h) and the log
+// reads waiting for agents (log_relay.h) are parts of their own; the Coordinator's own methods are in
+// coordinator.cpp (lifecycle, recovery, transitions, scheduling, launch), agents.cpp (the node registry and
+// the agents' reports) and user_calls.cpp (the users' calls and queries).
+//
 // Bounds: live jobs stay in memory; final ones leave after max_finished_in_memory of them or
 // finished_in_memory_ms, and leave the store after history_retention_ms. Log reads in flight are capped.
 #pragma once

@@ -249,6 +249,10 @@ Status applyTransition(Job& job, JobState to, std::string reason, std::optional<
   return Status::ok();
 }
 
+int64_t endedAtMs(const Job& job) {
+  return isTerminal(job.state) && !job.transitions.empty() ? job.transitions.back().at_ms : 0;
+}
+
 Status checkAllocationAllowed(const Job& job) {
   if (job.state == JobState::kPending || job.state == JobState::kScheduled) return Status::ok();
   return Status::failedPrecondition("job " + job.id + ": cannot set an allocation while " +

@@ -271,6 +271,9 @@ Status validateFailure(const Failure& f);
 // off).
 Job newJob(std::string id, JobSpec spec, int64_t now_ms, std::string reason = "submitted");
 
+// When a job ended (its last transition), or 0 while it is not final.
+int64_t endedAtMs(const Job& job);
+
 // OK while the job may be given an allocation (PENDING or SCHEDULED); FAILED_PRECONDITION naming its state
 // otherwise.
 Status checkAllocationAllowed(const Job& job);

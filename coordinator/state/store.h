@@ -84,11 +84,6 @@ class Store {
   virtual StatusOr<int> purgeFinished(int64_t ended_before_ms, int limit) = 0;
 };
 
-// When a job ended (its last transition), or 0 while it is not final.
-inline int64_t endedAtMs(const Job& job) {
-  return isTerminal(job.state) && !job.transitions.empty() ? job.transitions.back().at_ms : 0;
-}
-
 // The system clock as unix milliseconds: the default clock of the stores.
 inline int64_t systemNowMs() { return unixNowMs(); }
 

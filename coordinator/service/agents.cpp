@@ -1,0 +1,543 @@
+// The Coordinator's node registry and the agents' side: registration, the agent's stream, heartbeats, rank
+// reports, the GPUs, CPUs and memory in use per node, and the cluster snapshot placement works on. See
+// coordinator.h for the whole object; the other parts are in coordinator.cpp and user_calls.cpp.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <limits>
+#include <string_view>
+
+#include "common/array_spec.h"
+#include "common/clock.h"
+#include "common/rank_env.h"
+#include "common/resources.h"
+#include "common/signals.h"
+#include "placement/placement.h"
+#include "service/actor.h"
+#include "service/convert.h"
+#include "service/coordinator.h"
+#include "service/coordinator_internal.h"
+#include "service/launch_plan.h"
+#include "service/log_relay.h"
+
+namespace ddl::coordinator {
+namespace {
+
+bool isValidName(const std::string& name) {
+  if (name.empty() || name.size() > 253) return false;
+  return std::all_of(name.begin(), name.end(),
+                     [](unsigned char c) { return std::isalnum(c) || c == '-' || c == '_' || c == '.'; });
+}
+
+std::string describeExit(const v1::RankStatus& r) {
+  if (r.has_signal()) {
+    const char* name = signalAbbrev(r.signal());
+    return "was killed by signal " + (name ? std::string(name) : std::to_string(r.signal()));
+  }
+  std::string text = "exited with code " + std::to_string(r.exit_code());
+  // A shell's codes for a program that could not be run (the agent reports its own error text when it knows).
+  if (r.exit_code() == 127) text += " (the program was not found: could not be executed)";
+  if (r.exit_code() == 126)
+    text += " (the program could not be executed: permission denied or not a program)";
+  return text;
+}
+
+}  // namespace
+
+// ---- Nodes and agents
+// ----------------------------------------------------------------------------------------
+
+void Coordinator::checkHeartbeatsOnLoop(int64_t now) {
+  for (auto& [name, node] : nodes_) {
+    if (node.record.state == state::NodeState::kDown) continue;
+    if (now - node.last_seen_ms <= options_.heartbeat_grace_ms) continue;
+    const std::string reason = "node_lost: node " + name + " sent no heartbeat for " +
+                               secondsText(now - node.last_seen_ms) + " (grace " +
+                               secondsText(options_.heartbeat_grace_ms) + ")";
+    spdlog::warn("{}; marking it DOWN", reason);
+    node.record.state = state::NodeState::kDown;
+    putNodeOnLoop(node.record);
+    if (node.link) node.link->close();
+    node.link.reset();
+    node.outbox.clear();
+    loseNodeJobsOnLoop(name, reason);
+    node.ranks.clear();
+    schedule_wanted_ = true;
+  }
+}
+
+void Coordinator::sweepLostJobsOnLoop() {
+  std::vector<std::pair<std::string, std::string>> victims;  // (job, node)
+  for (const auto& [id, job] : jobs_) {
+    if (!isLive(job.state)) continue;
+    for (const auto& a : job.allocation) {
+      auto node = nodes_.find(a.node);
+      if (node == nodes_.end() || node->second.record.state == state::NodeState::kDown) {
+        victims.emplace_back(id, a.node);
+        break;
+      }
+    }
+  }
+  for (const auto& [id, node] : victims) {
+    failJobOnLoop(id, "node_lost: node " + node + " is DOWN", std::nullopt);
+  }
+}
+
+void Coordinator::loseNodeJobsOnLoop(const std::string& node, const std::string& reason,
+                                     const std::string& only_job) {
+  std::vector<std::string> victims;
+  for (const auto& [id, job] : jobs_) {
+    if (!isLive(job.state) || (!only_job.empty() && id != only_job)) continue;
+    for (const auto& a : job.allocation) {
+      if (a.node == node) victims.push_back(id);
+    }
+  }
+  for (const auto& id : victims) failJobOnLoop(id, reason, std::nullopt);
+}
+
+void Coordinator::registerAgent(const v1::RegisterRequest& req,
+                                std::function<void(StatusOr<v1::RegisterResponse>)> done) {
+  post([this, req, done = std::move(done)] {
+    auto result = std::make_shared<StatusOr<v1::RegisterResponse>>(registerAgentOnLoop(req));
+    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
+  });
+}
+
+StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::RegisterRequest& req) {
+  if (!isValidName(req.node())) {
+    return Status::invalidArgument("register: node name '" + req.node() +
+                                   "' is empty or has characters other than letters, digits, '-', '_', '.'");
+  }
+  if (req.address().empty())
+    return Status::invalidArgument("register: node " + req.node() + " gave no address");
+  for (int i = 0; i < req.gpus_size(); ++i) {
+    if (req.gpus(i).index() != i) {
+      return Status::invalidArgument("register: node " + req.node() + ": GPU " + std::to_string(i) +
+                                     " has index " + std::to_string(req.gpus(i).index()) +
+                                     "; list GPUs by index 0..n-1");
+    }
+  }
+  std::vector<int> cpus(req.cpus().begin(), req.cpus().end());
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  if (!cpus.empty() && (cpus.front() < 0 || cpus.back() > kMaxCpuId))
+    return Status::invalidArgument("register: node " + req.node() + ": CPU ids must lie in 0-" +
+                                   std::to_string(kMaxCpuId));
+  if (req.memory_bytes() < 0)
+    return Status::invalidArgument("register: node " + req.node() + ": negative memory");
+  int first = req.port_first(), last = req.port_last();
+  if (first == 0 && last == 0) {
+    first = options_.port_first;
+    last = options_.port_last;
+  } else if (first < 1024 || last > 65535 || last <= first) {
+    return Status::invalidArgument("register: node " + req.node() + ": port range " + std::to_string(first) +
+                                   "-" + std::to_string(last) + " must lie in 1024-65535 and hold 2 ports");
+  }
+
+  const int64_t now = now_ms_();
+  // Another live agent already holds this node (its stream is attached, or it registered moments ago and is
+  // about to attach): a second ddl-agent with the same --node, a cloned machine or a copied certificate.
+  // Refused, naming both, instead of the two taking turns. An agent that restarts is another instance too:
+  // its predecessor's stream closed when it stopped or died, so it is let in at once.
+  if (auto it = nodes_.find(req.node()); it != nodes_.end() && !req.instance().empty() &&
+                                         !it->second.instance.empty() &&
+                                         it->second.instance != req.instance()) {
+    const NodeEntry& held = it->second;
+    const int64_t silent = now - held.last_seen_ms;
+    if (held.link || (!held.attached && now - held.registered_ms < 2 * options_.heartbeat_interval_ms)) {
+      return Status::failedPrecondition(
+          "register: node " + req.node() + " is held by another live ddl-agent (at " + held.registered_from +
+          ", heard from " + secondsText(silent) + " ago); this one (at " + req.address() +
+          ") is refused. Two agents claim one node name: give each machine its own --node and certificate, "
+          "or "
+          "stop one; a restarted agent is let in once its predecessor's connection is gone");
+    }
+  }
+  NodeEntry& node = nodes_[req.node()];
+  state::NodeRecord record = node.record;
+  record.name = req.node();
+  record.address = req.address();
+  record.gpus.clear();
+  for (const auto& g : req.gpus()) record.gpus.push_back({g.index(), g.uuid(), g.model(), g.memory_bytes()});
+  record.labels = {req.labels().begin(), req.labels().end()};
+  record.cpus = std::move(cpus);
+  record.memory_bytes = req.memory_bytes();
+  if (record.state == state::NodeState::kDown) {
+    record.state = record.drained ? state::NodeState::kDraining : state::NodeState::kUp;
+  }
+  record.last_heartbeat_ms = wall_ms_();
+  putNodeOnLoop(record);
+  if (node.link) node.link->close();
+  node.link.reset();
+  node.outbox.clear();  // commands for the old stream are lost with it; reconciliation below decides
+  node.record = record;
+  node.nics.assign(req.nics().begin(), req.nics().end());
+  node.confinement = req.confinement().substr(0, 1024);
+  node.port_first = first;
+  node.port_last = last;
+  node.last_seen_ms = now;
+  node.session = req.node() + "-" + std::to_string(wall_ms_()) + "-" + std::to_string(++session_counter_);
+  node.instance = req.instance();
+  node.registered_from = req.address();
+  node.registered_ms = now;
+  node.attached = false;
+  node.ranks.clear();
+
+  std::set<std::pair<std::string, int>> stale;
+  for (const auto& r : req.ranks()) applyRankReportOnLoop(node, r, &stale);
+  // Ranks this node should run but no longer has (the agent restarted without them, or never got the start).
+  std::vector<std::pair<std::string, int>>
+      lost;  // (job, rank); failing a job edits runtime_, so collect first
+  for (const auto& [id, rt] : runtime_) {
+    for (const auto& [rank, where] : rt.rank_node) {
+      if (where != req.node()) continue;
+      auto known = rt.ranks.find(rank);
+      bool reported = node.ranks.count(RankKey{id, rt.attempt, rank}) > 0;
+      if (!reported && (known == rt.ranks.end() || !exitedCleanly(known->second))) {
+        stale.erase({id, rt.attempt});
+        lost.emplace_back(id, rank);
+        break;
+      }
+    }
+  }
+  for (const auto& [id, rank] : lost) {
+    loseNodeJobsOnLoop(req.node(),
+                       "rank " + std::to_string(rank) + " of job " + id + " is gone from node " + req.node() +
+                           " (its agent registered again without it)",
+                       id);
+  }
+  stopStaleOnLoop(req.node(), stale);
+  schedule_wanted_ = true;
+  spdlog::info("node {} registered from {} with {} GPUs, {} ranks running", req.node(), req.address(),
+               req.gpus_size(), req.ranks_size());
+
+  v1::RegisterResponse resp;
+  resp.set_session(node.session);
+  resp.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval_ms));
+  resp.set_heartbeat_grace_ms(static_cast<int32_t>(options_.heartbeat_grace_ms));
+  return resp;
+}
+
+Coordinator::NodeEntry* Coordinator::checkSessionOnLoop(const std::string& node, const std::string& session,
+                                                        Status* error) {
+  auto it = nodes_.find(node);
+  if (it == nodes_.end() || it->second.session.empty()) {
+    *error = Status::notFound("node " + node + " has not registered; call Register first");
+    return nullptr;
+  }
+  if (it->second.session != session) {
+    *error = Status::failedPrecondition("node " + node + ": session " + session +
+                                        " is no longer current (the node registered again); register again");
+    return nullptr;
+  }
+  if (it->second.record.state == state::NodeState::kDown) {
+    *error = Status::failedPrecondition("node " + node + " was marked DOWN; register again");
+    return nullptr;
+  }
+  return &it->second;
+}
+
+void Coordinator::attachAgent(const std::string& node, const std::string& session,
+                              std::shared_ptr<AgentLink> link, StatusDone done) {
+  post([this, node, session, link = std::move(link), done = std::move(done)] {
+    done(attachAgentOnLoop(node, session, link));
+  });
+}
+
+Status Coordinator::attachAgentOnLoop(const std::string& node, const std::string& session,
+                                      std::shared_ptr<AgentLink> link) {
+  Status error;
+  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
+  if (!entry) return error;
+  if (entry->link && entry->link != link) entry->link->close();
+  entry->link = std::move(link);
+  entry->attached = true;
+  entry->last_seen_ms = now_ms_();
+  // Queued commands were durable when they were queued: they go out first, in order, ahead of newer ones that
+  // still wait for the store.
+  for (const auto& cmd : entry->outbox) entry->link->send(cmd);
+  entry->outbox.clear();
+  schedule_wanted_ = true;
+  return Status::ok();
+}
+
+void Coordinator::detachAgent(const std::string& node, const std::string& session,
+                              const std::shared_ptr<AgentLink>& link) {
+  post([this, node, session, link] {
+    auto it = nodes_.find(node);
+    if (it == nodes_.end() || it->second.session != session || it->second.link != link) return;
+    it->second.link.reset();
+    spdlog::info("node {}: agent stream closed; DOWN unless it is back within {}", node,
+                 secondsText(options_.heartbeat_grace_ms));
+  });
+}
+
+void Coordinator::applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& r,
+                                        std::set<std::pair<std::string, int>>* stale) {
+  if (r.attempt() <= 0)
+    return;  // not a launch this coordinator made; a stop for attempt 0 would stop them all
+  v1::RankStatus report = r;
+  if (report.state() == v1::RankStatus::EXITED && !report.has_exit_code() && !report.has_signal()) {
+    report.set_exit_code(255);  // an exit with no status is not a success
+  }
+  RankKey key{r.job_id(), r.attempt(), r.rank()};
+  auto prev = node.ranks.find(key);
+  if (prev != node.ranks.end() && prev->second.state() == v1::RankStatus::EXITED) return;  // an exit is final
+  if (report.state() == v1::RankStatus::EXITED) schedule_wanted_ = true;  // its GPU may be free now
+  node.ranks[key] = report;
+  recordRankResultOnLoop(node.record.name, report);
+
+  auto job = jobs_.find(r.job_id());
+  auto rt = runtime_.find(r.job_id());
+  if (job == jobs_.end() || !isLive(job->second.state) || rt == runtime_.end() ||
+      r.attempt() < rt->second.attempt) {
+    stale->insert({r.job_id(), r.attempt()});  // an ended job or an older attempt: stop what is left of it
+    return;
+  }
+  auto placed = rt->second.rank_node.find(r.rank());
+  if (r.attempt() > rt->second.attempt || placed == rt->second.rank_node.end() ||
+      placed->second != node.record.name) {
+    spdlog::warn(
+        "node {}: ignoring a report of job {} attempt {} rank {} that this coordinator did not place there",
+        node.record.name, r.job_id(), r.attempt(), r.rank());
+    return;
+  }
+  if (r.state() == v1::RankStatus::STATE_UNSPECIFIED) return;
+  auto& known = rt->second.ranks[r.rank()];
+  if (known.state() == v1::RankStatus::EXITED) return;  // an exit is final; a late RUNNING changes nothing
+  if (report.has_progress()) {
+    telemetry_.recordRank(r.job_id(), r.attempt(), r.rank(), report.progress(), wall_ms_());
+    // Totals for /metrics: what this rank did since its previous report (its counters only grow).
+    const auto& before = known.progress();
+    const auto& now = report.progress();
+    if (before.bytes() >= 0 && now.bytes() >= before.bytes() && std::isfinite(now.seconds()) &&
+        std::isfinite(before.seconds()) && now.seconds() >= before.seconds()) {
+      counters_.collective_bytes_total += static_cast<double>(now.bytes() - before.bytes());
+      counters_.collective_seconds_total += now.seconds() - before.seconds();
+    }
+  }
+  if (known.has_progress() && !report.has_progress()) *report.mutable_progress() = known.progress();
+  known = report;
+  if (report.state() == v1::RankStatus::EXITED && !exitedCleanly(report)) {
+    state::Failure failure;
+    failure.rank = r.rank();
+    failure.host = node.record.name;
+    if (report.has_signal()) {
+      failure.signal = report.signal();
+    } else {
+      failure.exit_code = report.exit_code();
+    }
+    const std::string rank = "rank " + std::to_string(r.rank()) + " on node " + node.record.name;
+    failJobOnLoop(r.job_id(),
+                  report.error().empty() ? rank + " " + describeExit(report)
+                                         : rank + " could not start: " + report.error(),
+                  failure);
+    return;
+  }
+  maybeCompleteOnLoop(r.job_id());
+}
+
+void Coordinator::recordRankResultOnLoop(const std::string& node, const v1::RankStatus& report) {
+  auto it = jobs_.find(report.job_id());
+  if (it == jobs_.end() || report.state() == v1::RankStatus::STATE_UNSPECIFIED) return;
+  state::Job& job = it->second;
+  if (report.attempt() != attemptOf(job) || report.rank() < 0) return;
+  state::RankResult next = rankResultOf(report, node);
+  auto pos = std::lower_bound(job.ranks.begin(), job.ranks.end(), next.rank,
+                              [](const state::RankResult& r, int rank) { return r.rank < rank; });
+  bool known = pos != job.ranks.end() && pos->rank == next.rank;
+  // Only the node the rank was placed on speaks for it (the launch listed every rank with its node).
+  if (known && pos->node != node) return;
+  if (!known) {
+    // A job launched before ranks were kept (a coordinator upgrade): its layout says where each rank runs.
+    auto rt = runtime_.find(job.id);
+    if (rt == runtime_.end()) return;
+    auto placed = rt->second.rank_node.find(next.rank);
+    if (placed == rt->second.rank_node.end() || placed->second != node) return;
+  }
+  if (known && pos->exited) return;                                  // an exit is final
+  if (known && !report.has_progress()) next.figures = pos->figures;  // an exit report may carry none
+  if (known) {  // an exit report may leave out what the start said
+    if (next.pid == 0) next.pid = pos->pid;
+    if (next.program_pid == 0) next.program_pid = pos->program_pid;
+    if (next.started_ms == 0) next.started_ms = pos->started_ms;
+  }
+  // A start or an exit is stored; progress stays in memory until the next write of the job.
+  const bool store = !known || pos->exited != next.exited || pos->pid != next.pid ||
+                     pos->program_pid != next.program_pid || pos->started_ms != next.started_ms;
+  if (known) {
+    *pos = std::move(next);
+  } else {
+    job.ranks.insert(pos, std::move(next));
+  }
+  if (store) {
+    putJobOnLoop(job);
+    if (state::isTerminal(job.state))
+      rewritten_final_[job.id] = actor_->nextBatch();  // the batch this turn makes
+  }
+}
+
+void Coordinator::stopStaleOnLoop(const std::string& node,
+                                  const std::set<std::pair<std::string, int>>& stale) {
+  // While the store fails, commands wait for it; a stale rank is reported again with every heartbeat, so its
+  // stop is left for then instead of piling up a copy per heartbeat.
+  if (stale.empty() || !health().ok) return;  // the common heartbeat has nothing stale: no lock taken
+  for (const auto& [job, attempt] : stale) {
+    auto it = jobs_.find(job);
+    sendOnLoop(node,
+               stopCommand(job, attempt,
+                           it == jobs_.end() ? "the coordinator knows no job " + job
+                                             : "job " + job + " attempt " + std::to_string(attempt) +
+                                                   " is not running (" + toString(it->second.state) + ")"));
+  }
+}
+
+void Coordinator::heartbeat(const std::string& node, const std::string& session, const v1::Heartbeat& hb,
+                            StatusDone done) {
+  post([this, node, session, hb, done = std::move(done)] { done(heartbeatOnLoop(node, session, hb)); });
+}
+
+Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& session,
+                                    const v1::Heartbeat& hb) {
+  Status error;
+  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
+  if (!entry) return error;
+  entry->last_seen_ms = now_ms_();
+  entry->record.last_heartbeat_ms = wall_ms_();
+  // Kept bounded; compared as kept, so an over-long warning is logged once, not at every heartbeat.
+  if (const std::string_view warning = std::string_view(hb.warning()).substr(0, 1024);
+      warning != entry->warning) {
+    if (!warning.empty()) spdlog::warn("node {}: {}", node, warning);
+    entry->warning.assign(warning);
+  }
+  // A heartbeat lists every rank the agent holds, so it replaces what we knew.
+  std::map<RankKey, v1::RankStatus> previous;
+  previous.swap(entry->ranks);
+  std::set<std::pair<std::string, int>> stale;
+  for (const auto& r : hb.ranks()) applyRankReportOnLoop(*entry, r, &stale);
+  if (entry->ranks.size() != previous.size()) schedule_wanted_ = true;  // ranks released: GPUs may be free
+  // A rank of a live launch that was running and is simply gone (never reported as exited) is lost.
+  std::vector<std::pair<std::string, int>> lost;
+  for (const auto& [key, r] : previous) {
+    if (r.state() != v1::RankStatus::RUNNING || entry->ranks.count(key)) continue;
+    auto rt = runtime_.find(key.job);
+    if (rt != runtime_.end() && rt->second.attempt == key.attempt) lost.emplace_back(key.job, key.rank);
+  }
+  for (const auto& [job, rank] : lost) {
+    loseNodeJobsOnLoop(node,
+                       "rank " + std::to_string(rank) + " of job " + job + " vanished from node " + node +
+                           " without an exit status",
+                       job);
+  }
+  stopStaleOnLoop(node, stale);
+  return Status::ok();
+}
+
+void Coordinator::rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& r,
+                            StatusDone done) {
+  post([this, node, session, r, done = std::move(done)] { done(rankEventOnLoop(node, session, r)); });
+}
+
+Status Coordinator::rankEventOnLoop(const std::string& node, const std::string& session,
+                                    const v1::RankStatus& r) {
+  Status error;
+  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
+  if (!entry) return error;
+  entry->last_seen_ms = now_ms_();
+  std::set<std::pair<std::string, int>> stale;
+  applyRankReportOnLoop(*entry, r, &stale);
+  stopStaleOnLoop(node, stale);
+  return Status::ok();
+}
+
+std::map<std::string, Coordinator::NodeUsage> Coordinator::usageOnLoop() const {
+  std::map<std::string, NodeUsage> usage;
+  for (const auto& [id, job] : jobs_) {
+    if (!isLive(job.state)) continue;
+    for (const auto& a : job.allocation) {
+      NodeUsage& u = usage[a.node];
+      u.gpus.insert(a.gpus.begin(), a.gpus.end());
+      u.cpus.insert(a.cpus.begin(), a.cpus.end());
+      u.memory_bytes += a.memory_bytes;
+      u.jobs.push_back(id);
+    }
+  }
+  // Ranks still dying after a stop hold their GPU, and the CPUs and memory their job's allocation gave them
+  // (kept once the job is final; a requeued job's earlier attempt is known by its GPU only).
+  for (const auto& [name, node] : nodes_) {
+    for (const auto& [key, r] : node.ranks) {
+      if (r.state() != v1::RankStatus::RUNNING) continue;
+      NodeUsage& u = usage[name];
+      u.gpus.insert(r.gpu());
+      auto job = jobs_.find(key.job);
+      if (job == jobs_.end() || isLive(job->second.state)) continue;  // a live job's allocation counts above
+      for (const auto& a : job->second.allocation) {
+        // The final allocation's own ranks only (a rank of an earlier attempt may have had another GPU).
+        if (a.node != name || std::find(a.gpus.begin(), a.gpus.end(), r.gpu()) == a.gpus.end()) continue;
+        const std::vector<int> cpus = placement::cpusOfGpu(a.gpus, a.cpus, r.gpu());
+        u.cpus.insert(cpus.begin(), cpus.end());
+        u.memory_bytes += job->second.spec.memory_per_rank_bytes;
+      }
+    }
+  }
+  return usage;
+}
+
+bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation,
+                                  std::map<std::string, NodeUsage>& usage) const {
+  for (const auto& a : allocation.nodes) {
+    auto node = nodes_.find(a.node);
+    if (node == nodes_.end() || node->second.record.state != state::NodeState::kUp || !node->second.link) {
+      return false;
+    }
+    const auto& used = usage[a.node].gpus;
+    for (int g : a.gpus) {
+      if (used.count(g)) return false;
+    }
+    const auto& cpus_used = usage[a.node].cpus;
+    for (int c : a.cpus) {
+      if (cpus_used.count(c)) return false;
+    }
+    if (a.memoryBytes > 0 && usage[a.node].memory_bytes + a.memoryBytes > node->second.record.memory_bytes) {
+      return false;
+    }
+  }
+  return true;
+}
+
+placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling) const {
+  const auto usage = usageOnLoop();
+  placement::Cluster cluster;
+  cluster.nodes.reserve(nodes_.size());
+  for (const auto& [name, entry] : nodes_) {
+    placement::Node n;
+    n.name = name;
+    n.gpus = static_cast<int>(entry.record.gpus.size());
+    n.labels = entry.record.labels;
+    n.state = toPlacement(entry.record.state);
+    // A node whose agent is not connected can take no new work now, but still counts for "could this job
+    // ever fit" (it is probably reconnecting).
+    if (for_scheduling && !entry.link) n.state = placement::NodeState::kDown;
+    n.used.assign(n.gpus, false);
+    n.cpus = entry.record.cpus;
+    n.cpuUsed.assign(n.cpus.size(), false);
+    n.memoryBytes = entry.record.memory_bytes;
+    auto u = usage.find(name);
+    if (u != usage.end()) {
+      for (int g : u->second.gpus) {
+        if (g >= 0 && g < n.gpus) n.used[g] = true;
+      }
+      for (size_t i = 0; i < n.cpus.size(); ++i) n.cpuUsed[i] = u->second.cpus.count(n.cpus[i]) > 0;
+      n.memoryUsed = u->second.memory_bytes;
+    }
+    cluster.nodes.push_back(std::move(n));
+  }
+  return cluster;
+}
+
+}  // namespace ddl::coordinator

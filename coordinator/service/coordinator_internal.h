@@ -1,0 +1,22 @@
+// What the files of the Coordinator's implementation share (coordinator.cpp: lifecycle, recovery, scheduling
+// and launch; agents.cpp: the node registry and the agents' reports; user_calls.cpp: the users' calls and
+// queries). Not for other code: the Coordinator's interface is coordinator.h.
+#pragma once
+
+#include "ddl/v1/ddl.pb.h"
+#include "state/job.h"
+
+namespace ddl::coordinator {
+
+using state::JobState;
+
+// Placed and not ended: SCHEDULED, STARTING or RUNNING.
+inline bool isLive(JobState s) {
+  return s == JobState::kScheduled || s == JobState::kStarting || s == JobState::kRunning;
+}
+
+inline bool exitedCleanly(const v1::RankStatus& r) {
+  return r.state() == v1::RankStatus::EXITED && !r.has_signal() && r.exit_code() == 0;
+}
+
+}  // namespace ddl::coordinator

@@ -1,0 +1,683 @@
+// The Coordinator's users' side: submit, the job calls (cancel, hold, release, requeue), listings and their
+// pages of history, nodes (drain, remove), logs, ring layouts, metrics and the plots, and the messages users
+// see. See coordinator.h for the whole object; the other parts are in coordinator.cpp and agents.cpp.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <limits>
+#include <string_view>
+
+#include "common/array_spec.h"
+#include "common/clock.h"
+#include "common/rank_env.h"
+#include "common/resources.h"
+#include "common/signals.h"
+#include "placement/placement.h"
+#include "service/actor.h"
+#include "service/convert.h"
+#include "service/coordinator.h"
+#include "service/coordinator_internal.h"
+#include "service/launch_plan.h"
+#include "service/log_relay.h"
+
+namespace ddl::coordinator {
+
+// ---- Users
+// -------------------------------------------------------------------------------------------------
+
+namespace {
+
+// An array's jobs are whole copies of its spec, all in memory while they wait: their bytes together are
+// bounded, so one submit cannot take the coordinator's memory (10,000 jobs of 6 KiB; 100 of 640 KiB).
+constexpr size_t kMaxArrayBytes = 64 << 20;
+
+}  // namespace
+
+StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& request,
+                                                       const std::map<std::string, state::JobState>& known) {
+  state::JobSpec spec = fromProto(request.spec());
+  if (spec.user.empty()) spec.user = "unknown";
+  spec.array_id.clear();  // set here, never by the caller
+  spec.array_index = 0;
+  spec.array_max_running = 0;
+  Status st = state::validateJobSpec(spec);
+  if (!st) return st;
+  ArraySpec array;
+  if (!request.array().empty()) {
+    if (std::string why = parseArraySpec(request.array(), &array); !why.empty()) {
+      return Status::invalidArgument("array '" + state::quoteForMessage(request.array()) + "': " + why +
+                                     " (" + kArrayForms + ")");
+    }
+  }
+  if (Health h = health(); !h.ok) return Status::unavailable("job refused: " + h.message);
+  // Dependencies: each must exist; one that already ended is met now (or can never be, for --after-ok).
+  std::vector<std::string> waiting_for;
+  for (const auto* deps : {&spec.after_ok, &spec.after_any}) {
+    const bool needs_success = deps == &spec.after_ok;
+    for (const std::string& dep : *deps) {
+      auto number = state::jobIdNumber(dep);
+      if (!number || *number > last_job_number_)
+        return Status::notFound("dependency " + dep + " does not exist; list jobs to see the ids that exist");
+      std::optional<JobState> dep_state;
+      if (auto it = jobs_.find(dep); it != jobs_.end())
+        dep_state = it->second.state;
+      else if (auto k = known.find(dep); k != known.end())
+        dep_state = k->second;
+      else if (needs_success)
+        return Status::notFound("dependency " + dep + " is no longer in the job history");
+      else
+        dep_state = JobState::kCancelled;  // left memory, so it ended; --after-any needs no more
+      if (!state::isTerminal(*dep_state)) {
+        if (std::find(waiting_for.begin(), waiting_for.end(), dep) == waiting_for.end())
+          waiting_for.push_back(dep);
+      } else if (needs_success && *dep_state != JobState::kSucceeded) {
+        return Status::failedPrecondition("dependency " + dep + " ended " + toString(*dep_state) +
+                                          "; a job submitted with --after-ok " + dep + " could never start");
+      }
+    }
+  }
+  // Not stored yet, so no id: the message names the job by its name.
+  // The nodes as "could this ever fit" sees them (GPU counts, labels; DOWN nodes count, as in the queue: a
+  // node that reboots must not break a script's submit): rebuilt only when a node record changed, not for
+  // every submit (2,000 nodes at 1,000 submits a second).
+  if (feasibility_epoch_ != node_epoch_ || !feasibility_cluster_) {
+    feasibility_cluster_ = std::make_unique<placement::Cluster>(snapshotOnLoop(false));
+    feasibility_epoch_ = node_epoch_;
+  }
+  std::string never = placement::neverFits(*feasibility_cluster_,
+                                           requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec));
+  if (!never.empty()) return Status::invalidArgument("job refused: " + never);
+  const size_t count = array.indices.empty() ? 1 : array.indices.size();
+  if (count > 1) {
+    size_t spec_bytes = 1024 + spec.name.size() + spec.workdir.size();
+    for (const auto& a : spec.command) spec_bytes += a.size() + 32;
+    for (const auto& e : spec.env) spec_bytes += e.size() + 32;
+    for (const auto& [k, v] : spec.required_labels) spec_bytes += k.size() + v.size() + 64;
+    if (spec_bytes * count > kMaxArrayBytes)
+      return Status::invalidArgument("array of " + std::to_string(count) + " jobs of about " +
+                                     std::to_string(spec_bytes / 1024 + 1) + " KiB each: more than " +
+                                     std::to_string(kMaxArrayBytes >> 20) +
+                                     " MiB in all; make the array smaller or pass large inputs in a file");
+  }
+  v1::SubmitResponse response;
+  const int64_t now = wall_ms_();
+  for (size_t i = 0; i < count; ++i) {
+    state::Job job = state::newJob(state::formatJobId(++last_job_number_), spec, now,
+                                   spec.hold ? "submitted held" : "submitted");
+    if (!array.indices.empty()) {
+      job.spec.array_id = response.array_jobs().empty() ? job.id : response.array_jobs(0);
+      job.spec.array_index = array.indices[i];
+      job.spec.array_max_running = array.max_running;
+      response.add_array_jobs(job.id);
+    }
+    job.held = spec.hold;
+    job.waiting_for = waiting_for;
+    for (const auto& dep : waiting_for) dependents_[dep].insert(job.id);
+    jobs_[job.id] = job;
+    putJobOnLoop(job, /*new_job=*/true);  // the answer waits for it: only a durable job is acknowledged
+    ++counters_.jobs_submitted_total;
+    if (i == 0) *response.mutable_job() = toProtoOnLoop(job);
+  }
+  spdlog::info("job {} submitted by {}: {}{}", response.job().id(), spec.user,
+               requestOf(response.job().id(), spec).describe(),
+               count > 1 ? " (an array of " + std::to_string(count) + " jobs)" : "");
+  schedule_wanted_ = true;
+  return response;
+}
+
+void Coordinator::submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::SubmitResponse> done) {
+  // An --after-ok dependency that left memory is read back first (a final job: did it succeed?).
+  std::vector<std::string> unknown;
+  for (const auto& dep : request.spec().after_ok()) {
+    auto number = state::jobIdNumber(dep);
+    if (number && *number <= last_job_number_ && !jobs_.count(dep) &&
+        unknown.size() < state::kMaxDependencies)
+      unknown.push_back(dep);
+  }
+  auto known = std::make_shared<std::map<std::string, JobState>>();
+  auto finish = [this, request, done, known] {
+    auto result = std::make_shared<StatusOr<v1::SubmitResponse>>(submitOnLoop(request, *known));
+    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
+  };
+  if (unknown.empty()) return finish();
+  auto left = std::make_shared<size_t>(unknown.size());
+  for (const auto& dep : unknown) {
+    withJobOnLoop(dep, [known, left, finish, dep](StatusOr<state::Job> job) {
+      if (job) (*known)[dep] = job->state;
+      if (--*left == 0) finish();
+    });
+  }
+}
+
+void Coordinator::submit(const v1::SubmitRequest& request, Done<v1::SubmitResponse> done) {
+  post([this, request, done = std::move(done)] { submitAsyncOnLoop(request, done); });
+}
+
+void Coordinator::submit(const v1::JobSpec& spec, Done<v1::Job> done) {
+  v1::SubmitRequest request;
+  *request.mutable_spec() = spec;
+  submit(request, [done = std::move(done)](StatusOr<v1::SubmitResponse> r) {
+    if (!r) return done(r.status());
+    done(std::move(*r->mutable_job()));
+  });
+}
+
+void Coordinator::withJobOnLoop(const std::string& id, std::function<void(StatusOr<state::Job>)> fn) {
+  auto it = jobs_.find(id);
+  if (it != jobs_.end()) return fn(it->second);
+  auto number = state::jobIdNumber(id);
+  if (!number || *number > last_job_number_ || *number <= 0) return fn(state::jobNotFound(id));
+  // A job that left memory: its final state is durable (it leaves only then), so the store has it.
+  const bool queued = reader_->run([this, id, fn] {
+    auto job = store_.getJob(id);
+    post([fn, job = std::move(job)] { fn(job); });
+  });
+  if (!queued) fn(Status::unavailable("too many reads of job history at once; try again"));
+}
+
+void Coordinator::getJob(const std::string& id, Done<v1::Job> done) {
+  post([this, id, done = std::move(done)] {
+    withJobOnLoop(id, [this, done](StatusOr<state::Job> job) {
+      if (!job) return done(job.status());
+      done(toProtoOnLoop(*job));
+    });
+  });
+}
+
+namespace {
+
+constexpr int kDefaultPageSize = 500, kMaxPageSize = 5000;
+constexpr size_t kMaxPageBytes = 3 << 20;
+
+bool onlyOpenStates(const state::JobFilter& filter) {
+  return !filter.states.empty() && std::none_of(filter.states.begin(), filter.states.end(),
+                                                [](JobState s) { return state::isTerminal(s); });
+}
+
+}  // namespace
+
+void Coordinator::listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done) {
+  state::JobFilter filter;
+  for (int s : request.states()) {
+    auto state = fromProto(static_cast<v1::JobState>(s));
+    if (!state) return done(Status::invalidArgument("list: unknown job state " + std::to_string(s)));
+    filter.states.insert(*state);
+  }
+  if (!request.user().empty()) filter.user = request.user();
+  if (!request.name().empty()) filter.name = request.name();
+  filter.since_ms = std::max<int64_t>(0, request.since_ms());
+  filter.until_ms = std::max<int64_t>(0, request.until_ms());
+  if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
+    return done(Status::invalidArgument("list: page size " + std::to_string(request.page_size()) +
+                                        " is outside 0.." + std::to_string(kMaxPageSize) +
+                                        " (0: " + std::to_string(kDefaultPageSize) + ")"));
+  }
+  const int limit = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
+  int64_t after = 0;
+  if (!request.page_token().empty()) {
+    auto n = state::jobIdNumber("j-" + request.page_token());
+    if (!n)
+      return done(Status::invalidArgument("list: page token '" + request.page_token() +
+                                          "' is not one this coordinator gave; start again without it"));
+    after = *n;
+  }
+  // Memory: every open job and the recent final ones, as they are now (newer than the store).
+  std::vector<const state::Job*> mine;
+  std::set<int64_t> in_memory;
+  for (const auto& [id, job] : jobs_) {
+    const int64_t n = state::jobIdNumber(id).value_or(0);
+    if (n <= after) continue;
+    in_memory.insert(n);
+    if (state::matches(filter, job)) mine.push_back(&job);
+  }
+  std::sort(mine.begin(), mine.end(), [](const state::Job* a, const state::Job* b) {
+    return state::jobIdNumber(a->id) < state::jobIdNumber(b->id);
+  });
+  if (mine.size() > static_cast<size_t>(limit) + 1) mine.resize(limit + 1);
+  std::vector<v1::Job> page;
+  page.reserve(mine.size());
+  for (const state::Job* job : mine) page.push_back(toProtoOnLoop(*job));
+  auto finish = [limit](std::vector<v1::Job> jobs, Done<v1::ListJobsResponse> done) {
+    std::sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
+      return state::jobIdNumber(a.id()) < state::jobIdNumber(b.id());
+    });
+    // A page ends at `limit` jobs or at kMaxPageBytes (clients take 4 MiB answers by default, and one job at
+    // every limit of validateJobSpec is about 270 KiB), whichever comes first; it always holds one job.
+    v1::ListJobsResponse resp;
+    size_t bytes = 0, i = 0;
+    for (; i < jobs.size() && i < static_cast<size_t>(limit); ++i) {
+      bytes += jobs[i].ByteSizeLong();
+      if (i > 0 && bytes > kMaxPageBytes) break;
+      *resp.add_jobs() = std::move(jobs[i]);
+    }
+    if (i < jobs.size()) {
+      resp.set_next_page_token(
+          std::to_string(state::jobIdNumber(resp.jobs(resp.jobs_size() - 1).id()).value_or(0)));
+    }
+    done(std::move(resp));
+  };
+  // Open jobs are all in memory: no need for the store.
+  if (onlyOpenStates(filter)) return finish(std::move(page), std::move(done));
+  // Final jobs may have left memory: the store has those (committed), the memory wins where it has the job.
+  const bool queued = reader_->run([this, filter, after, limit, page = std::move(page),
+                                    in_memory = std::move(in_memory), finish, done]() mutable {
+    // limit + 1 stored jobs that memory does not hold (the ones it holds are skipped, not counted), or as
+    // many as there are: each round starts after the last row of the one before, at most 64 rounds.
+    int64_t from = after;
+    size_t taken = 0;
+    for (int round = 0; round < 64 && taken < static_cast<size_t>(limit) + 1; ++round) {
+      auto stored = store_.listJobsPage(filter, from, limit + 1);
+      if (!stored) return done(stored.status());
+      for (const auto& job : *stored) {
+        const int64_t n = state::jobIdNumber(job.id).value_or(0);
+        from = std::max(from, n);
+        if (in_memory.count(n)) continue;
+        page.push_back(jobToProto(job));
+        ++taken;
+      }
+      if (stored->size() < static_cast<size_t>(limit) + 1) break;  // the store has no more
+    }
+    finish(std::move(page), std::move(done));
+  });
+  if (!queued) done(Status::unavailable("too many reads of job history at once; try again"));
+}
+
+void Coordinator::listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done) {
+  post([this, request, done = std::move(done)] { listJobsOnLoop(request, done); });
+}
+
+StatusOr<v1::Job> Coordinator::cancelOnLoop(const state::Job& found, int signal) {
+  const std::string id = found.id;
+  if (signal != 0) {
+    if (signal < 1 || signal > 64)
+      return Status::invalidArgument("signal " + std::to_string(signal) +
+                                     " is not a signal number (1 to 64)");
+    if (found.state != JobState::kRunning)
+      return Status::failedPrecondition("job " + id + " is " + toString(found.state) +
+                                        "; only the ranks of a RUNNING job can be signalled");
+    v1::Command cmd;
+    v1::SignalJob* sig = cmd.mutable_signal();
+    sig->set_job_id(id);
+    sig->set_attempt(runtime_.count(id) ? runtime_[id].attempt : attemptOf(found));
+    sig->set_signal(signal);
+    for (const auto& a : found.allocation) sendOnLoop(a.node, cmd);
+    spdlog::info("job {}: signal {} sent to its ranks", id, signal);
+    return toProtoOnLoop(found);
+  }
+  if (state::isTerminal(found.state)) {
+    return Status::failedPrecondition("job " + id + " already ended " + toString(found.state) +
+                                      "; nothing to cancel");
+  }
+  if (Health h = health(); !h.ok) return Status::unavailable("cancel refused: " + h.message);
+  const int attempt = runtime_.count(id) ? runtime_[id].attempt : 0;
+  const bool launched = isLive(found.state);
+  Status st = recordTransitionOnLoop(id, JobState::kCancelled, "cancelled by user");
+  if (!st) return st;
+  if (launched) stopJobEverywhereOnLoop(id, attempt, "job cancelled", jobs_[id].allocation);
+  return toProtoOnLoop(jobs_[id]);
+}
+
+StatusOr<v1::Job> Coordinator::holdOnLoop(const state::Job& found, bool hold, bool by_admin) {
+  const std::string id = found.id;
+  if (found.state != JobState::kPending)
+    return Status::failedPrecondition("job " + id + " is " + toString(found.state) +
+                                      "; only a PENDING job can be " + (hold ? "held" : "released"));
+  if (!hold && found.held_by_admin && !by_admin)
+    return Status::permissionDenied("job " + id + " was held by an admin; only an admin releases it");
+  if (found.held != hold || (hold && by_admin && !found.held_by_admin)) {
+    if (Health h = health(); !h.ok)
+      return Status::unavailable((hold ? "hold" : "release") + std::string(" refused: ") + h.message);
+    state::Job& job = jobs_[id];
+    job.held = hold;
+    job.held_by_admin = hold && (by_admin || job.held_by_admin);
+    putJobOnLoop(job);
+    pending_reason_.erase(id);
+    schedule_wanted_ = true;
+    spdlog::info("job {} {}", id, hold ? "held" : "released");
+  }
+  return toProtoOnLoop(jobs_[id]);
+}
+
+StatusOr<v1::Job> Coordinator::requeueOnLoop(const state::Job& found) {
+  const std::string id = found.id;
+  if (!isLive(found.state)) {
+    return Status::failedPrecondition(
+        "job " + id + " is " + toString(found.state) +
+        "; only a SCHEDULED, STARTING or RUNNING job is requeued" +
+        (state::isTerminal(found.state) ? " (submit it again)" : " (it is already in the queue)"));
+  }
+  if (Health h = health(); !h.ok) return Status::unavailable("requeue refused: " + h.message);
+  const int attempt = runtime_.count(id) ? runtime_[id].attempt : attemptOf(found);
+  const auto allocation = found.allocation;  // the requeue clears it; the stops need it
+  Status st = recordTransitionOnLoop(id, JobState::kPending, "requeued by user", std::nullopt,
+                                     /*counts_as_restart=*/false);
+  if (!st) return st;
+  stopJobEverywhereOnLoop(id, attempt, "job requeued", allocation);
+  return toProtoOnLoop(jobs_[id]);
+}
+
+void Coordinator::jobCallOnLoop(const std::string& id, Done<v1::Job> done,
+                                std::function<StatusOr<v1::Job>(const state::Job&)> fn) {
+  withJobOnLoop(id, [this, done, fn](StatusOr<state::Job> job) {
+    if (!job) return done(job.status());
+    auto result = std::make_shared<StatusOr<v1::Job>>(fn(*job));
+    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
+  });
+}
+
+void Coordinator::cancel(const std::string& id, int signal, Done<v1::Job> done) {
+  post([this, id, signal, done = std::move(done)] {
+    jobCallOnLoop(id, done, [this, signal](const state::Job& job) { return cancelOnLoop(job, signal); });
+  });
+}
+
+void Coordinator::hold(const std::string& id, bool hold_it, bool by_admin, Done<v1::Job> done) {
+  post([this, id, hold_it, by_admin, done = std::move(done)] {
+    jobCallOnLoop(id, done, [this, hold_it, by_admin](const state::Job& job) {
+      return holdOnLoop(job, hold_it, by_admin);
+    });
+  });
+}
+
+void Coordinator::requeue(const std::string& id, Done<v1::Job> done) {
+  post([this, id, done = std::move(done)] {
+    jobCallOnLoop(id, done, [this](const state::Job& job) { return requeueOnLoop(job); });
+  });
+}
+
+std::vector<v1::Node> Coordinator::listNodesOnLoop() {
+  std::vector<const NodeEntry*> sorted;
+  for (const auto& [name, entry] : nodes_) sorted.push_back(&entry);
+  std::sort(sorted.begin(), sorted.end(), [](const NodeEntry* a, const NodeEntry* b) {
+    return placement::naturalLess(a->record.name, b->record.name);
+  });
+  const auto usage = usageOnLoop();
+  std::vector<v1::Node> out;
+  out.reserve(sorted.size());
+  for (const NodeEntry* n : sorted) {
+    auto u = usage.find(n->record.name);
+    out.push_back(nodeToProtoOnLoop(*n, u != usage.end() ? u->second : NodeUsage{}));
+  }
+  return out;
+}
+
+void Coordinator::listNodes(Done<std::vector<v1::Node>> done) {
+  post([this, done = std::move(done)] { done(listNodesOnLoop()); });
+}
+
+StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain, const std::string& reason) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return state::nodeNotFound(name);
+  if (reason.size() > state::kMaxDrainReasonBytes || state::findControlCharacter(reason) != std::string::npos)
+    return Status::invalidArgument("drain reason: at most " + std::to_string(state::kMaxDrainReasonBytes) +
+                                   " bytes and no control characters");
+  NodeEntry& node = it->second;
+  // A DOWN node stays DOWN until its agent is back; the drain is kept for then.
+  state::NodeRecord want = node.record;
+  want.drained = drain;
+  want.drain_reason = drain ? reason : "";
+  if (want.state != state::NodeState::kDown)
+    want.state = drain ? state::NodeState::kDraining : state::NodeState::kUp;
+  if (want != node.record) {
+    if (Health h = health(); !h.ok) return Status::unavailable("drain refused: " + h.message);
+    node.record = want;
+    putNodeOnLoop(want);
+    spdlog::info("node {} is now {}{}", name, toString(want.state),
+                 want.state == state::NodeState::kDown
+                     ? (drain ? ", drained for when it is back" : ", undrained")
+                     : "");
+    schedule_wanted_ = true;
+  }
+  auto usage = usageOnLoop();
+  return nodeToProtoOnLoop(node, usage[name]);
+}
+
+void Coordinator::drain(const std::string& name, bool drain_it, const std::string& reason,
+                        Done<v1::Node> done) {
+  post([this, name, drain_it, reason, done = std::move(done)] {
+    auto result = std::make_shared<StatusOr<v1::Node>>(drainOnLoop(name, drain_it, reason));
+    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
+  });
+}
+
+StatusOr<v1::Node> Coordinator::removeNodeOnLoop(const std::string& name) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return state::nodeNotFound(name);
+  NodeEntry& node = it->second;
+  if (node.record.state != state::NodeState::kDown || node.link) {
+    return Status::failedPrecondition(
+        "node " + name + " is " + toString(node.record.state) +
+        (node.link ? " with its agent connected" : "") +
+        "; only a DOWN node is removed (stop its agent, wait for DOWN, or drain it)");
+  }
+  auto usage = usageOnLoop();
+  if (!usage[name].jobs.empty()) {
+    return Status::failedPrecondition(
+        "node " + name + " still has live jobs placed on it: " + usage[name].jobs[0] +
+        (usage[name].jobs.size() > 1 ? " and more" : "") + "; cancel them first");
+  }
+  if (Health h = health(); !h.ok) return Status::unavailable("remove refused: " + h.message);
+  v1::Node out = nodeToProtoOnLoop(node, usage[name]);
+  nodes_.erase(it);
+  ++node_epoch_;
+  state::Write w;
+  w.kind = state::Write::Kind::kDeleteNode;
+  w.name = name;
+  actor_->put(std::move(w));
+  spdlog::info("node {} removed", name);
+  return out;
+}
+
+void Coordinator::removeNode(const std::string& name, Done<v1::Node> done) {
+  post([this, name, done = std::move(done)] {
+    auto result = std::make_shared<StatusOr<v1::Node>>(removeNodeOnLoop(name));
+    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
+  });
+}
+
+std::string Coordinator::layoutOfOnLoop(const state::Job& job, placement::RingLayout* layout) const {
+  // The layout the ranks were given: derived from the allocation as at placement (then its `why` says how),
+  // unless that no longer matches the recorded topology (an override, or labels changed since).
+  const placement::Cluster cluster = snapshotOnLoop(false);
+  const placement::Allocation allocation = toPlacement(job.allocation);
+  std::string err = placement::buildRingLayout(allocation, cluster, job.spec.topology_override, layout);
+  if (err.empty() && layout->topology() != job.topology) {
+    err = placement::buildRingLayout(allocation, cluster, job.topology, layout);
+    layout->why = "as recorded at placement (" + job.topology + "); the nodes' labels have changed since";
+  }
+  return err;
+}
+
+void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) {
+  constexpr int kDefaultChunk = 256 << 10, kMaxChunk = 1 << 20;
+  auto it = jobs_.find(request.id());
+  if (it == jobs_.end()) {
+    // Ended long ago (or unknown): look it up, then come back here with the job in hand.
+    return withJobOnLoop(request.id(), [this, request, done](StatusOr<state::Job> job) {
+      if (!job) return done(job.status());
+      if (jobs_.count(job->id) == 0 &&
+          jobs_.size() < options_.max_finished_in_memory + runtime_.size() + 1024) {
+        jobs_[job->id] =
+            *job;  // briefly back in memory, to read its logs; it leaves again with the next eviction
+        finished_.push_back({job->id, 0, 0});
+      }
+      if (jobs_.count(job->id) == 0) return done(Status::unavailable("too many jobs in memory; try again"));
+      readLogOnLoop(request, done);
+    });
+  }
+  const state::Job& job = it->second;
+  const int latest = attemptOf(job);
+  if (latest == 0 || job.allocation.empty()) {
+    return done(Status::failedPrecondition(state::isTerminal(job.state)
+                                               ? "job " + job.id + " ended " + toString(job.state) +
+                                                     " before it was launched, so it has no logs"
+                                               : "job " + job.id + " is " + toString(job.state) +
+                                                     " and has not been launched, so it has no logs yet"));
+  }
+  const int attempt = request.attempt() == 0 ? latest : request.attempt();
+  if (attempt < 0 || attempt > latest) {
+    return done(
+        Status::invalidArgument("job " + job.id + " has launch attempts 1.." + std::to_string(latest)));
+  }
+  placement::RingLayout layout;
+  std::string err = layoutOfOnLoop(job, &layout);
+  if (!err.empty())
+    return done(Status::internal("job " + job.id + ": cannot rebuild its ring layout: " + err));
+  if (request.rank() < 0 || request.rank() >= layout.size()) {
+    return done(
+        Status::invalidArgument("job " + job.id + " has ranks 0.." + std::to_string(layout.size() - 1)));
+  }
+  const std::string node = layout.ranks[request.rank()].node;
+  auto n = nodes_.find(node);
+  const std::string where = "rank " + std::to_string(request.rank()) + "'s log (attempt " +
+                            std::to_string(attempt) + ") is on node " + node;
+  if (n == nodes_.end() || !n->second.link) {
+    return done(Status::unavailable(where +
+                                    ", whose agent is not connected; read it there under the agent's "
+                                    "data directory: logs/" +
+                                    job.id + "/attempt-" + std::to_string(attempt) + "/rank-" +
+                                    std::to_string(request.rank()) + ".log"));
+  }
+  if (Health h = health(); !h.ok) return done(Status::unavailable("log reads wait until " + h.message));
+  v1::ReadLog read;
+  read.set_job_id(job.id);
+  read.set_attempt(attempt);
+  read.set_rank(request.rank());
+  read.set_offset(std::max<int64_t>(0, request.offset()));
+  read.set_max_bytes(request.max_bytes() <= 0 ? kDefaultChunk : std::min(request.max_bytes(), kMaxChunk));
+  StatusOr<v1::Command> cmd = logs_->start(node, where, std::move(read), done);
+  if (!cmd) return done(cmd.status());
+  sendOnLoop(node, *cmd);
+}
+
+void Coordinator::readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) {
+  post([this, request, done = std::move(done)] { readLogOnLoop(request, done); });
+}
+
+Status Coordinator::logDataOnLoop(const std::string& node, const std::string& session,
+                                  const v1::LogData& data) {
+  Status error;
+  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
+  if (!entry) return error;
+  entry->last_seen_ms = now_ms_();
+  logs_->answer(node, data, [this](const std::string& job_id) {
+    auto job = jobs_.find(job_id);
+    return job == jobs_.end() || state::isTerminal(job->second.state);
+  });
+  return Status::ok();
+}
+
+void Coordinator::logData(const std::string& node, const std::string& session, const v1::LogData& data,
+                          StatusDone done) {
+  post([this, node, session, data, done = std::move(done)] { done(logDataOnLoop(node, session, data)); });
+}
+
+MetricsSnapshot Coordinator::metricsOnLoop() {
+  MetricsSnapshot m = counters_;
+  const int64_t now = now_ms_();
+  for (const char* s : {"UP", "DOWN", "DRAINING"}) m.nodes_by_state[s] = 0;
+  for (state::JobState s : state::kAllJobStates) m.jobs_by_state[toString(s)] = 0;
+  const auto usage = usageOnLoop();
+  for (const auto& [name, node] : nodes_) {
+    m.nodes_by_state[toString(node.record.state)]++;
+    if (node.record.state == state::NodeState::kDown) continue;
+    m.gpus_total += static_cast<int>(node.record.gpus.size());
+    auto u = usage.find(name);
+    if (u != usage.end()) m.gpus_allocated += static_cast<int>(u->second.gpus.size());
+    m.heartbeat_lag_max_s = std::max(m.heartbeat_lag_max_s, (now - node.last_seen_ms) / 1000.0);
+  }
+  for (const auto& [id, job] : jobs_) m.jobs_by_state[toString(job.state)]++;
+  m.store_healthy = health().ok;
+  m.store_backlog = actor_->backlog();
+  m.jobs_in_memory = jobs_.size();
+  for (const auto& [id, job] : jobs_) {
+    if (!isLive(job.state) || m.jobs.size() >= MetricsSnapshot::kMaxJobFigures) continue;
+    m.jobs.push_back(telemetry_.figures(id, requestOf(job.id, job.spec).gpuCount(), wall_ms_()));
+  }
+  return m;
+}
+
+void Coordinator::metrics(std::function<void(MetricsSnapshot)> done) {
+  post([this, done = std::move(done)] { done(metricsOnLoop()); });
+}
+
+void Coordinator::jobSeries(const std::string& id, Done<JobSeries> done) {
+  post([this, id, done = std::move(done)] { done(telemetry_.jobSeries(id)); });
+}
+
+void Coordinator::clusterSeries(Done<ClusterSeries> done) {
+  post([this, done = std::move(done)] { done(telemetry_.clusterSeries()); });
+}
+
+StatusOr<v1::RingLayout> Coordinator::ringOnLoop(const state::Job& job) {
+  const std::string& id = job.id;
+  if (job.allocation.empty()) {
+    std::string why =
+        job.state == JobState::kPending && pending_reason_.count(id) ? ": " + pending_reason_[id] : "";
+    return Status::failedPrecondition("job " + id + " is " + toString(job.state) +
+                                      " and has not been placed, so it has no ring layout yet" + why);
+  }
+  placement::RingLayout layout;
+  std::string err = layoutOfOnLoop(job, &layout);
+  if (!err.empty()) return Status::internal("job " + id + ": cannot rebuild its ring layout: " + err);
+  v1::RingLayout out;
+  toProto(layout, &out);
+  out.set_job_id(id);
+  return out;
+}
+
+void Coordinator::ring(const std::string& id, Done<v1::RingLayout> done) {
+  post([this, id, done = std::move(done)] {
+    withJobOnLoop(id, [this, done](StatusOr<state::Job> job) {
+      if (!job) return done(job.status());
+      done(ringOnLoop(*job));
+    });
+  });
+}
+
+v1::Job Coordinator::toProtoOnLoop(const state::Job& job) const {
+  v1::Job out = jobToProto(job);
+  if (job.state == JobState::kPending && (job.held || !job.waiting_for.empty())) {
+    out.set_reason(notYetOnLoop(job, {}));  // as it is now, not as at the last pass
+  } else if (job.state == JobState::kPending) {
+    auto it = pending_reason_.find(job.id);
+    out.set_reason(it != pending_reason_.end() ? it->second : "waiting for the next scheduling pass");
+  }
+  return out;
+}
+
+v1::Node Coordinator::nodeToProtoOnLoop(const NodeEntry& node, const NodeUsage& usage) const {
+  v1::Node out;
+  out.set_name(node.record.name);
+  out.set_address(node.record.address);
+  out.set_state(toString(node.record.state));
+  out.set_drained(node.record.drained);
+  out.set_drain_reason(node.record.drain_reason);
+  for (const auto& g : node.record.gpus) {
+    v1::Gpu* p = out.add_gpus();
+    p->set_index(g.index);
+    p->set_uuid(g.uuid);
+    p->set_model(g.model);
+    p->set_memory_bytes(g.memory_bytes);
+  }
+  for (int g : usage.gpus) out.add_gpus_used(g);
+  for (int c : node.record.cpus) out.add_cpus(c);
+  for (int c : usage.cpus) out.add_cpus_used(c);
+  out.set_memory_bytes(node.record.memory_bytes);
+  out.set_memory_used_bytes(usage.memory_bytes);
+  out.set_confinement(node.confinement);
+  out.set_warning(node.warning);
+  for (const auto& [k, v] : node.record.labels) (*out.mutable_labels())[k] = v;
+  out.set_last_heartbeat_ms(node.record.last_heartbeat_ms);
+  out.set_connected(node.link != nullptr);
+  for (const auto& id : usage.jobs) out.add_jobs(id);
+  for (const auto& nic : node.nics) *out.add_nics() = nic;
+  return out;
+}
+
+}  // namespace ddl::coordinator
