@@ -43,101 +43,172 @@ int fail(const std::string& message) {
   return 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"ddl-coordinator: places gang-scheduled jobs on GPU nodes and tracks them durably"};
+// The command line: the daemon's flags (each overrides the config file) and the PKI tools.
+struct Flags {
   std::string config_path;
-  std::optional<std::string> listen, http_listen, data_dir, log_level;
+  std::optional<std::string> listen, http_listen, data_dir, log_level, pki_dir;
   std::optional<double> grace;
-  app.add_option("--config", config_path, "JSON config file (e.g. /etc/ddl/coordinator.json)");
-  app.add_option("--listen", listen, "gRPC address HOST:PORT for agents and ddlctl (default 127.0.0.1:7070)");
-  app.add_option("--http", http_listen, "dashboard, JSON API and /metrics HOST:PORT (default 127.0.0.1:7080; any "
-                                        "other address serves HTTPS and needs tokens)");
-  bool http_tls = false, http_auth = false;
-  app.add_flag("--http-tls", http_tls, "dashboard over HTTPS with tokens on a loopback address too");
-  app.add_flag("--http-auth", http_auth, "dashboard tokens on a loopback address too, over plain HTTP");
-  app.add_option("--data-dir", data_dir, "directory for the state database (default /var/lib/ddl/coordinator)");
-  app.add_option("--heartbeat-grace", grace, "seconds without a heartbeat before a node is DOWN (default 10)");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn or error (default info)");
-  std::optional<std::string> pki_dir;
-  bool insecure = false, allow_root = false;
-  app.add_option("--pki-dir", pki_dir, "the cluster's certificates and users (default /etc/ddl/pki)");
-  app.add_flag("--insecure", insecure,
-               "plaintext gRPC with no authentication: development only, refused on any address but loopback");
-  app.add_flag("--allow-root-jobs", allow_root, "let jobs of root run (ranks as uid 0); refused by default");
-
+  bool http_tls = false, http_auth = false, insecure = false, allow_root = false;
   // PKI tools: each runs, prints, and exits.
   auth::InitPkiOptions init;
   int days = 365;
   std::string node_name, out_dir;
   std::vector<std::string> names;
-  CLI::App* init_pki = app.add_subcommand("init-pki", "make the cluster CA, the coordinator's certificate and the "
-                                                      "first admin's token in DIR");
-  init_pki->add_option("DIR", init.dir, "directory (e.g. /etc/ddl/pki)")->required();
-  init_pki->add_option("--name", init.names, "another DNS name or IP address for the coordinator's certificate "
-                                             "(repeatable; ddl-coordinator, localhost and this host are always in)");
-  init_pki->add_option("--days", init.cert_days, "the coordinator certificate's validity (default 365)");
-  init_pki->add_option("--ca-days", init.ca_days, "the CA's validity (default 3650)");
-  init_pki->add_option("--admin", init.admin, "the first admin user's name (default admin)");
-  CLI::App* renew = app.add_subcommand("renew-cert", "a new certificate for the coordinator, from the CA in "
-                                                     "--pki-dir; the running coordinator picks it up");
-  renew->add_option("--name", names, "another DNS name or IP address (repeatable)");
-  renew->add_option("--days", days, "validity (default 365)");
-  CLI::App* issue = app.add_subcommand("issue-node", "sign a node certificate with the CA in --pki-dir and write "
-                                                     "ca.crt, node.crt and node.key into --out");
-  issue->add_option("NAME", node_name, "the node's name (as ddl-agent --node gives it)")->required();
-  issue->add_option("--out", out_dir, "directory for the node's files")->required();
-  issue->add_option("--days", days, "validity (default 365)");
-  app.set_version_flag("--version", std::string("ddl-coordinator ") + ddl::kVersion, "print the version and exit");
-  app.require_subcommand(0, 1);
-  CLI11_PARSE(app, argc, argv);
+  CLI::App* init_pki = nullptr;
+  CLI::App* renew = nullptr;
+  CLI::App* issue = nullptr;
+};
 
-  const std::string pki = pki_dir.value_or(DaemonConfig{}.pki_dir);
-  if (init_pki->parsed()) {
-    auto token = auth::initPki(init);
+void declareDaemonFlags(CLI::App& app, Flags& f) {
+  app.add_option("--config", f.config_path, "JSON config file (e.g. /etc/ddl/coordinator.json)");
+  app.add_option("--listen", f.listen,
+                 "gRPC address HOST:PORT for agents and ddlctl (default 127.0.0.1:7070)");
+  app.add_option("--http", f.http_listen,
+                 "dashboard, JSON API and /metrics HOST:PORT (default 127.0.0.1:7080; any "
+                 "other address serves HTTPS and needs tokens)");
+  app.add_flag("--http-tls", f.http_tls, "dashboard over HTTPS with tokens on a loopback address too");
+  app.add_flag("--http-auth", f.http_auth, "dashboard tokens on a loopback address too, over plain HTTP");
+  app.add_option("--data-dir", f.data_dir,
+                 "directory for the state database (default /var/lib/ddl/coordinator)");
+  app.add_option("--heartbeat-grace", f.grace,
+                 "seconds without a heartbeat before a node is DOWN (default 10)");
+  app.add_option("--log-level", f.log_level, "trace, debug, info, warn or error (default info)");
+  app.add_option("--pki-dir", f.pki_dir, "the cluster's certificates and users (default /etc/ddl/pki)");
+  app.add_flag(
+      "--insecure", f.insecure,
+      "plaintext gRPC with no authentication: development only, refused on any address but loopback");
+  app.add_flag("--allow-root-jobs", f.allow_root,
+               "let jobs of root run (ranks as uid 0); refused by default");
+}
+
+void declarePkiTools(CLI::App& app, Flags& f) {
+  f.init_pki = app.add_subcommand("init-pki",
+                                  "make the cluster CA, the coordinator's certificate and the "
+                                  "first admin's token in DIR");
+  f.init_pki->add_option("DIR", f.init.dir, "directory (e.g. /etc/ddl/pki)")->required();
+  f.init_pki->add_option("--name", f.init.names,
+                         "another DNS name or IP address for the coordinator's certificate "
+                         "(repeatable; ddl-coordinator, localhost and this host are always in)");
+  f.init_pki->add_option("--days", f.init.cert_days, "the coordinator certificate's validity (default 365)");
+  f.init_pki->add_option("--ca-days", f.init.ca_days, "the CA's validity (default 3650)");
+  f.init_pki->add_option("--admin", f.init.admin, "the first admin user's name (default admin)");
+  f.renew = app.add_subcommand("renew-cert",
+                               "a new certificate for the coordinator, from the CA in "
+                               "--pki-dir; the running coordinator picks it up");
+  f.renew->add_option("--name", f.names, "another DNS name or IP address (repeatable)");
+  f.renew->add_option("--days", f.days, "validity (default 365)");
+  f.issue = app.add_subcommand("issue-node",
+                               "sign a node certificate with the CA in --pki-dir and write "
+                               "ca.crt, node.crt and node.key into --out");
+  f.issue->add_option("NAME", f.node_name, "the node's name (as ddl-agent --node gives it)")->required();
+  f.issue->add_option("--out", f.out_dir, "directory for the node's files")->required();
+  f.issue->add_option("--days", f.days, "validity (default 365)");
+}
+
+// Runs the PKI tool the command line named, if any: its exit status, or nullopt to run the daemon.
+std::optional<int> runPkiTool(const Flags& f) {
+  const std::string pki = f.pki_dir.value_or(DaemonConfig{}.pki_dir);
+  if (f.init_pki->parsed()) {
+    auto token = auth::initPki(f.init);
     if (!token) return fail(token.status().message());
-    std::printf("made the cluster CA and the coordinator's certificate in %s\n"
-                "first admin: %s, token in %s/%s (give it to ddlctl: --token-file, $DDL_TOKEN or "
-                "~/.config/ddl/token)\n"
-                "keep %s/%s secret: whoever holds it can make node certificates\n",
-                init.dir.c_str(), init.admin.c_str(), init.dir.c_str(), ddl::pki::kAdminToken, init.dir.c_str(),
-                ddl::pki::kCaKey);
+    std::printf(
+        "made the cluster CA and the coordinator's certificate in %s\n"
+        "first admin: %s, token in %s/%s (give it to ddlctl: --token-file, $DDL_TOKEN or "
+        "~/.config/ddl/token)\n"
+        "keep %s/%s secret: whoever holds it can make node certificates\n",
+        f.init.dir.c_str(), f.init.admin.c_str(), f.init.dir.c_str(), ddl::pki::kAdminToken,
+        f.init.dir.c_str(), ddl::pki::kCaKey);
     return 0;
   }
-  if (renew->parsed()) {
-    if (auto st = auth::renewCoordinatorCert(pki, names, days); !st) return fail(st.message());
+  if (f.renew->parsed()) {
+    if (auto st = auth::renewCoordinatorCert(pki, f.names, f.days); !st) return fail(st.message());
     std::printf("renewed %s/%s; a running coordinator serves it within its tls_refresh_s\n", pki.c_str(),
                 ddl::pki::kCoordinatorCert);
     return 0;
   }
-  if (issue->parsed()) {
-    if (auto st = auth::issueNodeFiles(pki, node_name, days, out_dir); !st) return fail(st.message());
-    std::printf("wrote %s/{ca.crt,node.crt,node.key} for node %s\n", out_dir.c_str(), node_name.c_str());
+  if (f.issue->parsed()) {
+    if (auto st = auth::issueNodeFiles(pki, f.node_name, f.days, f.out_dir); !st) return fail(st.message());
+    std::printf("wrote %s/{ca.crt,node.crt,node.key} for node %s\n", f.out_dir.c_str(), f.node_name.c_str());
     return 0;
   }
+  return std::nullopt;
+}
 
-  DaemonConfig config;
-  if (!config_path.empty()) {
-    auto st = loadConfigFile(config_path, &config);
-    if (!st) return fail(st.message());
+// The settings: the config file's, then the flags over them. "" or why they are refused.
+std::string loadSettings(const Flags& f, DaemonConfig* config) {
+  if (!f.config_path.empty()) {
+    if (auto st = loadConfigFile(f.config_path, config); !st) return st.message();
   }
-  if (listen) config.listen = *listen;
-  if (http_listen) config.http = *http_listen;
-  if (http_tls) config.http_tls = true;
-  if (http_auth) config.http_auth = true;
-  if (data_dir) config.data_dir = *data_dir;
-  if (grace) config.heartbeat_grace_s = *grace;
-  if (log_level) config.log_level = *log_level;
-  if (pki_dir) config.pki_dir = *pki_dir;
-  if (insecure) config.insecure = true;
-  if (allow_root) config.allow_root_jobs = true;
-  if (grace && config.heartbeat_interval_s >= config.heartbeat_grace_s) {
-    config.heartbeat_interval_s = config.heartbeat_grace_s / 4;  // keep the default ratio for short graces
+  if (f.listen) config->listen = *f.listen;
+  if (f.http_listen) config->http = *f.http_listen;
+  if (f.http_tls) config->http_tls = true;
+  if (f.http_auth) config->http_auth = true;
+  if (f.data_dir) config->data_dir = *f.data_dir;
+  if (f.grace) config->heartbeat_grace_s = *f.grace;
+  if (f.log_level) config->log_level = *f.log_level;
+  if (f.pki_dir) config->pki_dir = *f.pki_dir;
+  if (f.insecure) config->insecure = true;
+  if (f.allow_root) config->allow_root_jobs = true;
+  if (f.grace && config->heartbeat_interval_s >= config->heartbeat_grace_s) {
+    config->heartbeat_interval_s = config->heartbeat_grace_s / 4;  // keep the default ratio for short graces
   }
-  if (auto st = validateConfig(config); !st) return fail("bad setting: " + st.message());
-  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  if (auto st = validateConfig(*config); !st) return "bad setting: " + st.message();
+  return "";
+}
 
+CoordinatorOptions coordinatorOptions(const DaemonConfig& config) {
+  CoordinatorOptions options;
+  options.heartbeat_grace_ms = static_cast<int64_t>(config.heartbeat_grace_s * 1000);
+  options.heartbeat_interval_ms = static_cast<int64_t>(config.heartbeat_interval_s * 1000);
+  options.stop_grace_ms = static_cast<int64_t>(config.stop_grace_s * 1000);
+  options.port_first = config.port_first;
+  options.port_last = config.port_last;
+  options.allow_root_jobs = config.allow_root_jobs;
+  options.history_retention_ms = static_cast<int64_t>(config.history_retention_days * 86400000.0);
+  options.max_finished_in_memory = static_cast<size_t>(config.finished_jobs_in_memory);
+  return options;
+}
+
+// Users are read when there is a PKI directory (an --insecure coordinator may still have one: tokens then
+// name their users, and calls without one are anonymous). Null when there is none.
+ddl::state::StatusOr<std::unique_ptr<auth::UserRegistry>> openUsers(const DaemonConfig& config) {
+  std::error_code ec;
+  if (config.insecure && !std::filesystem::exists(config.pki_dir + "/" + ddl::pki::kUsersFile, ec)) {
+    return std::unique_ptr<auth::UserRegistry>();
+  }
+  auto users = auth::UserRegistry::open(config.pki_dir + "/" + ddl::pki::kUsersFile);
+  if (!users) return users.status();
+  if (!config.insecure && (*users)->size() == 0) {
+    spdlog::warn(
+        "{}/{} has no users: nobody can submit jobs (ddl-coordinator init-pki makes the first admin)",
+        config.pki_dir, ddl::pki::kUsersFile);
+  }
+  return std::move(*users);
+}
+
+SecurityOptions securityOptions(const DaemonConfig& config, auth::UserRegistry* users) {
+  SecurityOptions security;
+  security.insecure = config.insecure;
+  security.pki_dir = config.pki_dir;
+  security.users = users;
+  security.allow_root_jobs = config.allow_root_jobs;
+  security.node_cert_days = config.node_cert_days;
+  security.refresh_s = static_cast<unsigned>(config.tls_refresh_s);
+  return security;
+}
+
+// Writes `text` to `path` whole: through a temporary file renamed over it, so a reader never sees half.
+void writeWhole(const std::string& path, const std::string& text) {
+  {
+    std::ofstream out(path + ".tmp");
+    out << text << "\n";
+  }
+  std::error_code ec;
+  std::filesystem::rename(path + ".tmp", path, ec);
+}
+
+// The daemon from its settings to its shutdown; the exit status.
+int runDaemon(const DaemonConfig& config) {
   // Security first: a coordinator that cannot serve TLS says so before it touches its state.
   if (config.insecure) {
     if (auto why = ddl::tls::checkInsecure(config.listen, "ddl-coordinator"); !why.empty()) return fail(why);
@@ -161,61 +232,27 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  CoordinatorOptions options;
-  options.heartbeat_grace_ms = static_cast<int64_t>(config.heartbeat_grace_s * 1000);
-  options.heartbeat_interval_ms = static_cast<int64_t>(config.heartbeat_interval_s * 1000);
-  options.stop_grace_ms = static_cast<int64_t>(config.stop_grace_s * 1000);
-  options.port_first = config.port_first;
-  options.port_last = config.port_last;
-  options.allow_root_jobs = config.allow_root_jobs;
-  options.history_retention_ms = static_cast<int64_t>(config.history_retention_days * 86400000.0);
-  options.max_finished_in_memory = static_cast<size_t>(config.finished_jobs_in_memory);
-  Coordinator coordinator(**store, options);
+  Coordinator coordinator(**store, coordinatorOptions(config));
   if (auto st = coordinator.recover(); !st) return fail("recovering state from " + store_options.path + ": " + st.message());
-
-  // Users are read when there is a PKI directory (an --insecure coordinator may still have one: tokens then
-  // name their users, and calls without one are anonymous).
-  std::unique_ptr<auth::UserRegistry> users;
-  std::error_code pki_ec;
-  if (!config.insecure || std::filesystem::exists(config.pki_dir + "/" + ddl::pki::kUsersFile, pki_ec)) {
-    auto opened = auth::UserRegistry::open(config.pki_dir + "/" + ddl::pki::kUsersFile);
-    if (!opened) return fail(opened.status().message());
-    users = std::move(*opened);
-    if (!config.insecure && users->size() == 0) {
-      spdlog::warn("{}/{} has no users: nobody can submit jobs (ddl-coordinator init-pki makes the first admin)",
-                   config.pki_dir, ddl::pki::kUsersFile);
-    }
-  }
-  SecurityOptions security;
-  security.insecure = config.insecure;
-  security.pki_dir = config.pki_dir;
-  security.users = users.get();
-  security.allow_root_jobs = config.allow_root_jobs;
-  security.node_cert_days = config.node_cert_days;
-  security.refresh_s = static_cast<unsigned>(config.tls_refresh_s);
+  auto users = openUsers(config);
+  if (!users) return fail(users.status().message());
   if (config.insecure) {
     spdlog::warn("--insecure: plaintext gRPC and no authentication; any local process can act as any user");
   }
-  RpcServer server(coordinator, security);
+  RpcServer server(coordinator, securityOptions(config, users->get()));
   std::string bound;
   if (auto st = server.start(config.listen, &bound); !st) return fail(st.message());
   ddl::coordinator::http::HttpServer dashboard(
-      coordinator, {config.http_tls.value_or(false), config.http_auth.value_or(false), config.pki_dir, users.get()});
+      coordinator,
+      {config.http_tls.value_or(false), config.http_auth.value_or(false), config.pki_dir, users->get()});
   std::string http_bound;
   if (auto st = dashboard.start(config.http, &http_bound); !st) return fail(st.message());
   coordinator.start();
-  {
-    std::ofstream out(config.data_dir + "/coordinator.http");
-    out << http_bound << "\n";
-  }
+  writeWhole(config.data_dir + "/coordinator.http", http_bound);
   spdlog::info("dashboard on {}://{}/ (JSON API /api/v1, Prometheus /metrics)", dashboard.scheme(), http_bound);
   // Scripts and tests that asked for port 0 read the real address here.
   const std::string addr_file = config.data_dir + "/coordinator.addr";
-  {
-    std::ofstream out(addr_file + ".tmp");
-    out << bound << "\n";
-  }
-  std::filesystem::rename(addr_file + ".tmp", addr_file, ec);
+  writeWhole(addr_file, bound);
   spdlog::info("ddl-coordinator listening on {} (state in {})", bound, store_options.path);
 #ifdef DDL_HAVE_SYSTEMD
   sd_notify(0, "READY=1");  // Type=notify unit (deploy/systemd/); a no-op outside systemd
@@ -237,4 +274,22 @@ int main(int argc, char** argv) {
   std::filesystem::remove(config.data_dir + "/coordinator.http", ec);
   spdlog::info("stopped");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddl-coordinator: places gang-scheduled jobs on GPU nodes and tracks them durably"};
+  Flags flags;
+  declareDaemonFlags(app, flags);
+  declarePkiTools(app, flags);
+  app.set_version_flag("--version", std::string("ddl-coordinator ") + ddl::kVersion,
+                       "print the version and exit");
+  app.require_subcommand(0, 1);
+  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> status = runPkiTool(flags)) return *status;
+  DaemonConfig config;
+  if (std::string why = loadSettings(flags, &config); !why.empty()) return fail(why);
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  return runDaemon(config);
 }

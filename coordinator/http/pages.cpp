@@ -409,10 +409,12 @@ setInterval(()=>{if(document.body.dataset.live==='1'){series();reload();}},4000)
 
 }  // namespace
 
-std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const std::map<int, std::string>& logs,
-                          int64_t now_ms, bool details_hidden) {
-  static const char* kHidden = "<span class='muted'>(shown to the job's owner and admins only)</span>";
-  std::ostringstream o;
+namespace {
+
+constexpr const char* kHidden = "<span class='muted'>(shown to the job's owner and admins only)</span>";
+
+// The page's head and the job's summary: state, the first failure, user, command, GPUs, times.
+void writeJobSummary(std::ostream& o, const v1::Job& job, int64_t now_ms, bool details_hidden) {
   const std::string state = v1::JobState_Name(job.state());
   o << "<!doctype html><html><head><meta charset='utf-8'><title>" << htmlEscape(job.id()) << "</title>"
     << kStyle << kChartScript << "</head><body data-job='" << htmlEscape(job.id()) << "' data-live='"
@@ -451,42 +453,39 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
   if (job.end_ms() > 0)
     o << "<tr><th>ended</th><td>" << humanDuration(now_ms - job.end_ms()) << " ago</td></tr>";
   o << "</table></div>";
+}
 
-  o << "<h2>Collectives over time</h2><div class='charts'><div class='chart'><h3>Throughput per rank "
-       "(collective "
-       "bytes per second)</h3><div id='chart-bw'></div></div><div class='chart'><h3>Time in collectives per "
-       "rank"
-       "</h3><div id='chart-busy'></div></div></div><p id='slow' class='muted'>loading the series...</p>";
-
-  o << "<div id='bottom'>";
-  // Ranks by node and GPU, with what libddl last reported; the straggler (slowestRank) is highlighted.
-  std::map<int, const v1::RankStatus*> status;
-  for (const auto& r : job.ranks()) status[r.rank()] = &r;
+// Ranks by node and GPU, with what libddl last reported; the straggler (slowestRank) is highlighted.
+void writeRankFigures(std::ostream& o, const v1::Job& job, const v1::RingLayout& ring,
+                      const std::map<int, const v1::RankStatus*>& status) {
   const int slowest = slowestRank(job);
-  if (ring && ring->ranks_size() > 0) {
-    o << "<h2>Ranks</h2><table id='ranks'><tr><th>rank</th><th>node</th><th>GPU</th><th>state</th>"
-      << "<th>collectives</th><th>last</th><th>time</th><th>busbw GB/s</th><th>per dim (us)</th></tr>";
-    for (const auto& slot : ring->ranks()) {
-      auto it = status.find(slot.rank());
-      const v1::RankStatus* st = it == status.end() ? nullptr : it->second;
-      o << "<tr" << (slot.rank() == slowest ? " class='slow' title='the straggler: least time in collectives'" : "")
-        << "><td>" << slot.rank() << "</td><td>" << htmlEscape(slot.node()) << "</td><td>" << slot.gpu()
-        << "</td><td>" << (st ? v1::RankStatus::State_Name(st->state()) : "-") << "</td>";
-      if (st && st->has_progress()) {
-        const auto& p = st->progress();
-        std::string dims;
-        for (double d : p.dims_us()) dims += (dims.empty() ? "" : ", ") + fixed(d, 0);
-        o << "<td>" << p.collectives() << "</td><td>" << htmlEscape(p.last_op()) << " " << p.last_bytes()
-          << " B (" << htmlEscape(p.last_algo()) << ")</td><td>" << fixed(p.last_us(), 1) << " us</td><td>"
-          << fixed(lastBusBwGBps(p), 2) << "</td><td>" << (dims.empty() ? "-" : dims) << "</td>";
-      } else {
-        o << "<td colspan='5' class='muted'>no report</td>";
-      }
-      o << "</tr>";
+  o << "<h2>Ranks</h2><table id='ranks'><tr><th>rank</th><th>node</th><th>GPU</th><th>state</th>"
+    << "<th>collectives</th><th>last</th><th>time</th><th>busbw GB/s</th><th>per dim (us)</th></tr>";
+  for (const auto& slot : ring.ranks()) {
+    auto it = status.find(slot.rank());
+    const v1::RankStatus* st = it == status.end() ? nullptr : it->second;
+    o << "<tr"
+      << (slot.rank() == slowest ? " class='slow' title='the straggler: least time in collectives'" : "")
+      << "><td>" << slot.rank() << "</td><td>" << htmlEscape(slot.node()) << "</td><td>" << slot.gpu()
+      << "</td><td>" << (st ? v1::RankStatus::State_Name(st->state()) : "-") << "</td>";
+    if (st && st->has_progress()) {
+      const auto& p = st->progress();
+      std::string dims;
+      for (double d : p.dims_us()) dims += (dims.empty() ? "" : ", ") + fixed(d, 0);
+      o << "<td>" << p.collectives() << "</td><td>" << htmlEscape(p.last_op()) << " " << p.last_bytes()
+        << " B (" << htmlEscape(p.last_algo()) << ")</td><td>" << fixed(p.last_us(), 1) << " us</td><td>"
+        << fixed(lastBusBwGBps(p), 2) << "</td><td>" << (dims.empty() ? "-" : dims) << "</td>";
+    } else {
+      o << "<td colspan='5' class='muted'>no report</td>";
     }
-    o << "</table>";
+    o << "</tr>";
   }
-  // The rank processes as the coordinator keeps them (after the job ended too): whatever fields are there.
+  o << "</table>";
+}
+
+// The rank processes as the coordinator keeps them (after the job ended too): whatever fields are there.
+void writeRankProcesses(std::ostream& o, const v1::Job& job, const v1::RingLayout* ring,
+                        const std::map<int, const v1::RankStatus*>& status, int64_t now_ms) {
   std::map<int, std::string> ring_node;  // where Job.ranks has no node yet
   if (ring) {
     for (const auto& slot : ring->ranks()) ring_node[slot.rank()] = slot.node();
@@ -530,6 +529,25 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring, const 
   } else if (isFinal(job.state())) {
     o << "<h2>Rank processes</h2><p class='muted'>no rank records were kept for this job</p>";
   }
+}
+
+}  // namespace
+
+std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring,
+                          const std::map<int, std::string>& logs, int64_t now_ms, bool details_hidden) {
+  std::ostringstream o;
+  writeJobSummary(o, job, now_ms, details_hidden);
+  o << "<h2>Collectives over time</h2><div class='charts'><div class='chart'><h3>Throughput per rank "
+       "(collective "
+       "bytes per second)</h3><div id='chart-bw'></div></div><div class='chart'><h3>Time in collectives per "
+       "rank"
+       "</h3><div id='chart-busy'></div></div></div><p id='slow' class='muted'>loading the series...</p>";
+
+  o << "<div id='bottom'>";
+  std::map<int, const v1::RankStatus*> status;
+  for (const auto& r : job.ranks()) status[r.rank()] = &r;
+  if (ring && ring->ranks_size() > 0) writeRankFigures(o, job, *ring, status);
+  writeRankProcesses(o, job, ring, status, now_ms);
   if (ring && ring->ranks_size() > 0) o << "<h2>Ring layout</h2>" << renderRingSvg(*ring);
   if (details_hidden) o << "<h2>Logs</h2><p>" << kHidden << "</p>";
   for (const auto& [rank, text] : logs) {
