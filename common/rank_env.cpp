@@ -47,6 +47,13 @@ std::vector<std::pair<std::string, std::string>> nodeEnvironment(const RankNodeS
   return env;
 }
 
+RankAccountEnvironment accountEnvironment(const RankAccountSpec& spec) {
+  RankAccountEnvironment env;
+  if (!spec.shell.empty()) env.defaults.emplace_back("SHELL", spec.shell);
+  env.identity = {{"HOME", spec.home}, {"USER", spec.name}, {"LOGNAME", spec.name}};
+  return env;
+}
+
 std::string newJobSecret() {
   unsigned char bytes[32];
   size_t got = 0;

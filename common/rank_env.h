@@ -1,6 +1,6 @@
 // The environment of one rank: the one place that says which variables a rank process gets, used by ddlrun
 // (ranks on this machine), by ddl-coordinator (ranks of a job: rankEnvironment and arrayEnvironment) and by
-// ddl-agent (what only the node knows: nodeEnvironment).
+// ddl-agent (what only the node knows: nodeEnvironment; the account a rank runs as: accountEnvironment).
 //
 // A rank gets libddl's DDL_* rendezvous variables (what ddlCommInitFromEnv reads) and the torchrun names that
 // torch.distributed's env:// init reads, so existing training scripts run unchanged. Both rendezvous servers
@@ -50,6 +50,22 @@ struct RankNodeSpec {
   std::string agent_socket;  // empty: not set
 };
 std::vector<std::pair<std::string, std::string>> nodeEnvironment(const RankNodeSpec& spec);
+
+// What the account a rank runs as says of itself (ddl-agent running ranks as their users). SHELL, where the
+// account has one, is a default that the job's env may override (a preference, not an identity: service
+// accounts often have nologin); HOME, USER and LOGNAME are the account's whatever the job's env says (a
+// program must be able to trust them to say who it runs as). The agent applies `defaults` before the job's
+// env and `identity` after it.
+struct RankAccountSpec {
+  std::string name;
+  std::string home;
+  std::string shell;  // empty: SHELL is left as it is
+};
+struct RankAccountEnvironment {
+  std::vector<std::pair<std::string, std::string>> defaults;  // SHELL (when set)
+  std::vector<std::pair<std::string, std::string>> identity;  // HOME, USER, LOGNAME
+};
+RankAccountEnvironment accountEnvironment(const RankAccountSpec& spec);
 
 // A fresh job secret: 32 bytes from the system's random source, as 64 hex digits. Empty if the source fails.
 std::string newJobSecret();

@@ -40,6 +40,7 @@
 
 #include "common/clock.h"
 #include "common/fd.h"
+#include "common/rank_env.h"
 #include "common/resources.h"
 #include "launch_protocol.h"
 
@@ -340,13 +341,12 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
       env_strings.push_back(prefix + value);
     }
   };
-  if (spec.run_as && !spec.run_as->shell.empty()) setEnv("SHELL", spec.run_as->shell);
+  RankAccountEnvironment account_env;
+  if (spec.run_as)
+    account_env = accountEnvironment({spec.run_as->name, spec.run_as->home, spec.run_as->shell});
+  for (const auto& [name, value] : account_env.defaults) setEnv(name, value);
   for (const auto& [name, value] : spec.env) setEnv(name, value);
-  if (spec.run_as) {
-    setEnv("HOME", spec.run_as->home);
-    setEnv("USER", spec.run_as->name);
-    setEnv("LOGNAME", spec.run_as->name);
-  }
+  for (const auto& [name, value] : account_env.identity) setEnv(name, value);
   std::string search_path = "/usr/local/bin:/usr/bin:/bin";
   for (const auto& s : env_strings) {
     if (s.compare(0, 5, "PATH=") == 0) search_path = s.substr(5);

@@ -86,5 +86,21 @@ TEST(RankEnv, ArrayAndNodeVariables) {
                                         {"DDL_AGENT_SOCKET", "/run/ddl/telemetry.sock"}}));
 }
 
+// The account a rank runs as: SHELL is a default (the job may pick another), HOME, USER and LOGNAME its
+// identity (applied after the job's env, so the job cannot claim another).
+TEST(RankEnv, AccountVariables) {
+  using Env = std::vector<std::pair<std::string, std::string>>;
+  RankAccountSpec account;
+  account.name = "alice";
+  account.home = "/home/alice";
+  RankAccountEnvironment env = accountEnvironment(account);
+  EXPECT_TRUE(env.defaults.empty()) << "an account without a shell leaves SHELL alone";
+  EXPECT_EQ(env.identity, (Env{{"HOME", "/home/alice"}, {"USER", "alice"}, {"LOGNAME", "alice"}}));
+  account.shell = "/bin/zsh";
+  env = accountEnvironment(account);
+  EXPECT_EQ(env.defaults, (Env{{"SHELL", "/bin/zsh"}}));
+  EXPECT_EQ(env.identity, (Env{{"HOME", "/home/alice"}, {"USER", "alice"}, {"LOGNAME", "alice"}}));
+}
+
 }  // namespace
 }  // namespace ddl
