@@ -73,6 +73,10 @@ std::optional<Account> lookupAccount(const std::string& name, const std::string&
   return fail("cannot list the groups of " + who + " on node " + node + ": the count kept changing");
 }
 
+std::string describeAccount(const Account& account) {
+  return "user " + account.name + " (uid " + std::to_string(account.uid) + ")";
+}
+
 std::string userName(uid_t uid) {
   std::vector<char> buffer(16384);
   passwd entry{};

@@ -40,6 +40,9 @@ constexpr size_t kMaxGroups = 65536;
 std::optional<Account> lookupAccount(const std::string& name, const std::string& node, bool allow_root,
                                      std::string* error);
 
+// "user bob (uid 1001)": the account as messages name it.
+std::string describeAccount(const Account& account);
+
 // The name of the account with this uid, or "uid N" where the node has none.
 std::string userName(uid_t uid);
 

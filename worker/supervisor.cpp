@@ -1,13 +1,14 @@
 // Supervisor: fork/exec of ranks and the reaper thread. The process model is described in supervisor.h; this
 // file explains the mechanics.
 //
-// start() prepares everything the child needs (argv, the merged environment, the PATH candidates, open file
-// descriptors, the run-as ids) before fork, because the agent is multi-threaded: between fork and exec the
-// child may only make async-signal-safe calls, so no allocation, no locks, no logging. The child reports a
-// failed user switch, chdir or exec by writing {stage, errno} into a close-on-exec pipe; a successful exec
-// closes the pipe, so the parent reads either eight bytes or end-of-file and knows the outcome before start()
-// returns. With the shim, the child execs the shim as the agent's user and the shim's own child does the
-// switch, the chdir and the exec (launch::execProgram, the same code), forwarding its report.
+// start() prepares everything the child needs (argv, the merged environment, the PATH candidates: the launch
+// plan, launch_plan.h; the log and other open file descriptors, the run-as ids) before fork, because the
+// agent is multi-threaded: between fork and exec the child may only make async-signal-safe calls, so no
+// allocation, no locks, no logging. The child reports a failed user switch, chdir or exec by writing {stage,
+// errno} into a close-on-exec pipe; a successful exec closes the pipe, so the parent reads either eight bytes
+// or end-of-file and knows the outcome before start() returns. With the shim, the child execs the shim as the
+// agent's user and the shim's own child does the switch, the chdir and the exec (launch::execProgram, the
+// same code), forwarding its report.
 //
 // The reaper thread polls the pidfds of the running ranks plus an eventfd that the public methods write to
 // when the set of things to wait for changes. Its poll timeout is the nearest stop deadline, the polling
@@ -42,6 +43,7 @@
 #include "common/fd.h"
 #include "common/rank_env.h"
 #include "common/resources.h"
+#include "launch_plan.h"
 #include "launch_protocol.h"
 
 extern char** environ;
@@ -63,17 +65,6 @@ using launch::kStageUserKept;
 using ChildFailure = launch::Failure;
 
 std::string errnoText(int err) { return std::system_category().message(err); }
-
-// Moves fd above 0..2: if the agent runs with a standard stream closed, a fresh descriptor can be 0, 1 or 2,
-// and the child's dup2 onto the standard streams would then clobber it or leave it close-on-exec.
-int aboveStdio(int fd) {
-  if (fd < 0 || fd > 2) return fd;
-  int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-  int saved = errno;
-  close(fd);
-  errno = saved;
-  return moved;
-}
 
 int pidfdOpen(pid_t pid) {
 #ifdef SYS_pidfd_open
@@ -158,9 +149,191 @@ const char* const kShimEnvironment[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", la
   childFail(plan.report_fd, failure.stage, failure.err);
 }
 
-// "user bob (uid 1001)"
-std::string describeAccount(const Account& account) {
-  return "user " + account.name + " (uid " + std::to_string(account.uid) + ")";
+// argv or envp for exec: pointers into strings, then nullptr. The strings must outlive the result.
+std::vector<const char*> nullTerminated(const std::vector<std::string>& strings) {
+  std::vector<const char*> out;
+  for (const auto& s : strings) out.push_back(s.c_str());
+  out.push_back(nullptr);
+  return out;
+}
+
+// The CPUs a rank is pinned to, as sched_setaffinity takes them. CPU_ALLOC: ids may exceed CPU_SETSIZE (1024)
+// on big machines. Empty (get() is nullptr): keep the agent's affinity.
+class CpuSet {
+ public:
+  // false (errno set) when the set cannot be allocated.
+  bool assign(const std::vector<int>& cpus) {
+    const int max_id = *std::max_element(cpus.begin(), cpus.end());
+    set_.reset(CPU_ALLOC(max_id + 1));
+    if (!set_) return false;
+    size_ = CPU_ALLOC_SIZE(max_id + 1);
+    CPU_ZERO_S(size_, set_.get());
+    for (int c : cpus) CPU_SET_S(c, size_, set_.get());
+    return true;
+  }
+  const cpu_set_t* get() const { return set_.get(); }
+  size_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> set_{nullptr, [](cpu_set_t* s) { CPU_FREE(s); }};
+  size_t size_ = 0;
+};
+
+// The rank's environment for the shim (see ChildPlan::env_fd): a memfd holding env NUL-separated, rewound.
+StatusOr<Fd> environmentFile(const std::vector<std::string>& env) {
+  Fd env_fd(aboveStdio(static_cast<int>(syscall(SYS_memfd_create, "ddl-rank-env", MFD_CLOEXEC))));
+  if (env_fd.get() < 0) {
+    return Status::internal("cannot create the rank's environment file: " + errnoText(errno));
+  }
+  std::string block;
+  for (const auto& e : env) block.append(e).push_back('\0');
+  for (size_t done = 0; done < block.size();) {
+    const ssize_t n = write(env_fd.get(), block.data() + done, block.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::internal("cannot write the rank's environment: " + errnoText(errno));
+    done += static_cast<size_t>(n);
+  }
+  if (lseek(env_fd.get(), 0, SEEK_SET) != 0) return Status::internal("cannot rewind the rank's environment");
+  return env_fd;
+}
+
+// Reads the child's launch report from the pipe until size bytes or end-of-file; returns how many came.
+size_t readReport(int fd, char* report, size_t size) {
+  size_t got = 0;
+  while (got < size) {
+    ssize_t n = read(fd, report + got, size - got);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  return got;
+}
+
+// Why the child could not start the rank, from its report. A PATH search that met a closed directory is
+// reported as not found where the program is nowhere (failure.err becomes ENOENT, see below).
+std::string explainFailure(ChildFailure& failure, const RankSpec& spec, const LaunchPlan& plan,
+                           const std::string& shim_path) {
+  const std::string& program = spec.argv[0];
+  std::string why;
+  if (failure.stage == kStageShim) {
+    why = "cannot execute the rank shim " + shim_path + ": " + errnoText(failure.err);
+  } else if (failure.stage == kStageUser && spec.run_as) {
+    why = "cannot switch to " + describeAccount(*spec.run_as) + ": " + errnoText(failure.err);
+  } else if (failure.stage == kStageUserKept && spec.run_as) {
+    why = "cannot switch to " + describeAccount(*spec.run_as) +
+          ": root privileges were not dropped (setuid(0) still succeeds afterwards); the rank does not run";
+  } else if (failure.stage == launch::kStageConfine) {
+    why = "cannot confine the rank to its CPUs " + formatCpuList(spec.cpus) +
+          " and memory: " + errnoText(failure.err) + " (are those CPUs in the agent's cpuset?)";
+  } else if (failure.stage == kStageChdir) {
+    why = "cannot change to the working directory " + spec.workdir + ": " + errnoText(failure.err);
+  } else if (failure.stage == kStageExec) {
+    // A PATH search that met a directory the rank's user may not enter (root's PATH into /root) fails with
+    // EACCES, as execvp does, even when the program is nowhere: the agent (which sees every directory) says
+    // which it is.
+    bool nowhere = false;
+    if (failure.err == EACCES && program.find('/') == std::string::npos) {
+      nowhere = std::none_of(plan.program_candidates.begin(), plan.program_candidates.end(),
+                             [](const std::string& c) { return access(c.c_str(), F_OK) == 0; });
+    }
+    why = "cannot execute '" + program + "': " + errnoText(nowhere ? ENOENT : failure.err);
+    if ((failure.err == ENOENT || nowhere) && program.find('/') == std::string::npos) {
+      why += " (searched PATH=" + plan.search_path +
+             (nowhere ? "; some of its directories are closed to the rank's user" : "") + ")";
+    }
+    if (nowhere) failure.err = ENOENT;
+    if (failure.err == ENOEXEC) why += " (a script needs a #! line)";
+  } else {
+    why = "cannot redirect stdin, stdout and stderr: " + errnoText(failure.err);
+  }
+  return why;
+}
+
+// What launch holds from before fork until the child's report is in: the plan, the strings the child's
+// pointers point into, and the descriptors the child inherits.
+struct PreparedLaunch {
+  LaunchPlan plan;
+  bool via_shim = false;
+  Fd log_fd, env_fd, stdin_fd, report_read, report_write;
+  std::vector<std::string> exec_argv;        // the program's, or the shim's command line
+  std::vector<std::string> exec_candidates;  // where exec_argv[0] is looked for
+  std::vector<const char*> argv_ptrs, env_ptrs, candidates;
+  std::optional<launch::Identity> identity;
+  CpuSet cpus;
+
+  ChildPlan child(const RankSpec& spec) const {
+    return ChildPlan{argv_ptrs.data(),
+                     env_ptrs.data(),
+                     &candidates,
+                     spec.workdir.empty() ? nullptr : spec.workdir.c_str(),
+                     identity ? &*identity : nullptr,
+                     stdin_fd.get(),
+                     log_fd.get(),
+                     report_write.get(),
+                     via_shim,
+                     env_fd.get(),
+                     spec.cgroup_procs_fd,
+                     cpus.get(),
+                     cpus.size()};
+  }
+};
+
+// Everything the child needs, in the order its failures are explained: the log first (so that the failures
+// after it are written there), the caller's refusal, the launch plan, the shim's record directory and
+// environment file, stdin, the report pipe and the CPU set. On failure returns why; out->log_fd may be open.
+Status prepareLaunch(const RankSpec& spec, const std::string* refusal, const std::string& shim_path,
+                     const std::string& record_dir, const std::string& exit_record, PreparedLaunch* out) {
+  if (Status opened = openRankLog(spec.log_path, spec.run_as, &out->log_fd); !opened) return opened;
+  if (refusal != nullptr) return Status::failedPrecondition(*refusal);
+  std::vector<std::string> agent_env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) agent_env.emplace_back(*e);
+  StatusOr<LaunchPlan> planned = planLaunch(spec, agent_env);
+  if (!planned) return planned.status();
+  out->plan = std::move(planned).value();
+
+  // Through the shim: it is exec'd instead, with the rank's environment in a file (see ChildPlan::env_fd).
+  out->via_shim = !shim_path.empty();
+  if (out->via_shim) {
+    std::error_code ec;
+    std::filesystem::create_directories(record_dir, ec);
+    if (ec) return Status::internal("cannot create " + record_dir + ": " + ec.message());
+    std::filesystem::remove(exit_record, ec);  // a previous run of the same rank
+    StatusOr<Fd> written = environmentFile(out->plan.env);
+    if (!written) return written.status();
+    out->env_fd = std::move(written).value();
+  }
+
+  out->stdin_fd.reset(aboveStdio(open("/dev/null", O_RDONLY | O_CLOEXEC)));
+  if (out->stdin_fd.get() < 0) return Status::internal("cannot open /dev/null: " + errnoText(errno));
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return Status::internal("cannot create a pipe: " + errnoText(errno));
+  out->report_read.reset(aboveStdio(pipe_fds[0]));
+  out->report_write.reset(aboveStdio(pipe_fds[1]));
+  if (out->report_read.get() < 0 || out->report_write.get() < 0) {
+    return Status::internal("cannot create a pipe: " + errnoText(errno));
+  }
+
+  if (out->via_shim) {
+    out->exec_argv = shimCommandLine(shim_path, spec, out->plan.program_candidates,
+                                     {exit_record, out->env_fd.get(), out->report_write.get()});
+    out->exec_candidates = {shim_path};
+  } else {
+    out->exec_argv = spec.argv;
+    out->exec_candidates = out->plan.program_candidates;
+  }
+  out->argv_ptrs = nullTerminated(out->exec_argv);
+  out->env_ptrs = nullTerminated(out->plan.env);
+  for (const auto& c : out->exec_candidates) out->candidates.push_back(c.c_str());
+  if (spec.run_as) {
+    out->identity = launch::Identity{spec.run_as->uid, spec.run_as->gid, spec.run_as->groups.data(),
+                                     spec.run_as->groups.size()};
+  }
+  if (!spec.cpus.empty() && !out->cpus.assign(spec.cpus)) {
+    return Status::internal("cannot allocate a CPU set: " + errnoText(errno));
+  }
+  return Status::ok();
 }
 
 std::string describeRank(const std::string& job_id, int attempt, int rank) {
@@ -267,217 +440,30 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
 
   // From here on every failure is recorded and reported as an exit, so the coordinator hears about a rank
   // that never ran the same way as about one that failed at once, and nobody waits for it.
-  Fd log_fd;
+  PreparedLaunch prepared;
   auto failRecorded = [&](const std::string& why) {
-    if (!state.exit_code && !state.signal) state.exit_code = kExitCodeNotFound;
-    state.running = false;
-    state.exited_ms = unixNowMs();
-    state.error = why;
-    if (log_fd.get() >= 0) {
-      std::string line = "ddl-agent: " + who + ": " + why + "; exit code " +
-                         std::to_string(state.exit_code.value_or(kExitCodeUnknown)) + "\n";
-      ssize_t ignored = write(log_fd.get(), line.data(), line.size());
-      (void)ignored;
-    }
-    {
-      std::lock_guard lock(mu_);
-      Entry& entry = entries_[key];
-      state.stop_requested = entry.state.stop_requested;
-      entry.state = state;
-      entry.starting = false;
-      reports_.push_back(state);
-    }
-    wake();
+    recordStartFailure(key, who, why, prepared.log_fd.get(), state);
     return fail(why);
   };
 
-  // The log first, so that the failures below are explained in it.
-  if (spec.log_path.empty()) {
-    log_fd.reset(aboveStdio(open("/dev/null", O_WRONLY | O_CLOEXEC)));
-    if (log_fd.get() < 0) return failRecorded("cannot open /dev/null: " + errnoText(errno));
-  } else {
-    std::filesystem::path parent = std::filesystem::path(spec.log_path).parent_path();
-    std::error_code ec;
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    if (ec) return failRecorded("cannot create the log directory " + parent.string() + ": " + ec.message());
-    // O_NOFOLLOW: it is about to be given away and chmod'ed, so it must be the file it seems to be.
-    log_fd.reset(aboveStdio(
-        open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600)));
-    if (log_fd.get() < 0) {
-      return failRecorded("cannot open the log " + spec.log_path + ": " + errnoText(errno));
-    }
-    // The owner's only, also when it was there before (an earlier start of the same rank).
-    struct stat st {};
-    if (fstat(log_fd.get(), &st) == 0 && S_ISREG(st.st_mode)) {
-      if (spec.run_as && (st.st_uid != spec.run_as->uid || st.st_gid != spec.run_as->gid) &&
-          fchown(log_fd.get(), spec.run_as->uid, spec.run_as->gid) != 0) {
-        return failRecorded("cannot give the log " + spec.log_path + " to " + describeAccount(*spec.run_as) +
-                            ": " + errnoText(errno));
-      }
-      if ((st.st_mode & 07777) != 0600 && fchmod(log_fd.get(), 0600) != 0) {
-        return failRecorded("cannot make the log " + spec.log_path + " private (0600): " + errnoText(errno));
-      }
-    }
+  if (Status ready =
+          prepareLaunch(spec, refusal, options_.shim_path, recordDir(key), exitRecordPath(key), &prepared);
+      !ready) {
+    return failRecorded(ready.message());
   }
-  if (refusal != nullptr) return failRecorded(*refusal);
-  if (spec.argv.empty() || spec.argv[0].empty()) return failRecorded("empty command line");
-  for (const auto& [name, value] : spec.env) {
-    if (name.empty() || name.find('=') != std::string::npos) {
-      return failRecorded("invalid environment variable name '" + name + "'");
-    }
-  }
-
-  // The environment: the agent's, then the run-as account's SHELL, the spec's entries in order, and the
-  // account's HOME, USER and LOGNAME, which nothing overrides (see supervisor.h).
-  std::vector<std::string> env_strings;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env_strings.emplace_back(*e);
-  auto setEnv = [&](const std::string& name, const std::string& value) {
-    std::string prefix = name + "=";
-    auto it = std::find_if(env_strings.begin(), env_strings.end(),
-                           [&](const std::string& s) { return s.compare(0, prefix.size(), prefix) == 0; });
-    if (it != env_strings.end()) {
-      *it = prefix + value;
-    } else {
-      env_strings.push_back(prefix + value);
-    }
-  };
-  RankAccountEnvironment account_env;
-  if (spec.run_as)
-    account_env = accountEnvironment({spec.run_as->name, spec.run_as->home, spec.run_as->shell});
-  for (const auto& [name, value] : account_env.defaults) setEnv(name, value);
-  for (const auto& [name, value] : spec.env) setEnv(name, value);
-  for (const auto& [name, value] : account_env.identity) setEnv(name, value);
-  std::string search_path = "/usr/local/bin:/usr/bin:/bin";
-  for (const auto& s : env_strings) {
-    if (s.compare(0, 5, "PATH=") == 0) search_path = s.substr(5);
-  }
-
-  const std::string& program = spec.argv[0];
-  std::vector<std::string> candidate_strings;
-  if (program.find('/') != std::string::npos) {
-    candidate_strings.push_back(program);
-  } else {
-    size_t begin = 0;
-    while (true) {
-      size_t end = search_path.find(':', begin);
-      std::string dir = search_path.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
-      candidate_strings.push_back((dir.empty() ? "." : dir) + "/" + program);
-      if (end == std::string::npos) break;
-      begin = end + 1;
-    }
-  }
-
-  const std::vector<std::string> program_candidates = candidate_strings;  // the shim's path replaces them below
-
-  // Through the shim: it is exec'd instead, with the run-as ids, the working directory, the program's
-  // candidates and argv as its arguments (rank_shim.cpp gives the layout).
-  const bool via_shim = !options_.shim_path.empty();
-  std::vector<std::string> shim_args;
-  size_t report_fd_arg = 0;  // shim_args' index of REPORT_FD, filled in once the pipe exists
-  Fd env_fd;                 // the rank's environment for the shim (see ChildPlan::env_fd)
-  if (via_shim) {
-    std::error_code ec;
-    std::filesystem::create_directories(recordDir(key), ec);
-    if (ec) return failRecorded("cannot create " + recordDir(key) + ": " + ec.message());
-    std::filesystem::remove(exitRecordPath(key), ec);  // a previous run of the same rank
-    shim_args = {options_.shim_path};
-    if (spec.run_as) {
-      shim_args.insert(shim_args.end(), {"--user", launch::formatIdentity(spec.run_as->uid, spec.run_as->gid,
-                                                                          spec.run_as->groups)});
-    }
-    if (!spec.workdir.empty()) shim_args.insert(shim_args.end(), {"--workdir", spec.workdir});
-    env_fd.reset(aboveStdio(static_cast<int>(syscall(SYS_memfd_create, "ddl-rank-env", MFD_CLOEXEC))));
-    if (env_fd.get() < 0) return failRecorded("cannot create the rank's environment file: " + errnoText(errno));
-    std::string block;
-    for (const auto& e : env_strings) block.append(e).push_back('\0');
-    for (size_t done = 0; done < block.size();) {
-      const ssize_t n = write(env_fd.get(), block.data() + done, block.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return failRecorded("cannot write the rank's environment: " + errnoText(errno));
-      done += static_cast<size_t>(n);
-    }
-    if (lseek(env_fd.get(), 0, SEEK_SET) != 0) return failRecorded("cannot rewind the rank's environment");
-    shim_args.insert(shim_args.end(), {"--env-fd", std::to_string(env_fd.get())});
-    shim_args.push_back(exitRecordPath(key));
-    report_fd_arg = shim_args.size();
-    shim_args.insert(shim_args.end(), {"", std::to_string(candidate_strings.size())});
-    shim_args.insert(shim_args.end(), candidate_strings.begin(), candidate_strings.end());
-    shim_args.push_back("--");
-    candidate_strings.assign(1, options_.shim_path);
-  }
-  std::vector<const char*> argv_ptrs;
-  for (const auto& a : shim_args) argv_ptrs.push_back(a.c_str());
-  for (const auto& a : spec.argv) argv_ptrs.push_back(a.c_str());
-  argv_ptrs.push_back(nullptr);
-  std::vector<const char*> env_ptrs;
-  for (const auto& e : env_strings) env_ptrs.push_back(e.c_str());
-  env_ptrs.push_back(nullptr);
-  std::vector<const char*> candidates;
-  for (const auto& c : candidate_strings) candidates.push_back(c.c_str());
-
-  Fd stdin_fd(aboveStdio(open("/dev/null", O_RDONLY | O_CLOEXEC)));
-  if (stdin_fd.get() < 0) return failRecorded("cannot open /dev/null: " + errnoText(errno));
-
-  int pipe_fds[2];
-  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return failRecorded("cannot create a pipe: " + errnoText(errno));
-  Fd report_read(aboveStdio(pipe_fds[0]));
-  Fd report_write(aboveStdio(pipe_fds[1]));
-  if (report_read.get() < 0 || report_write.get() < 0) {
-    return failRecorded("cannot create a pipe: " + errnoText(errno));
-  }
-
-  if (via_shim) {
-    shim_args[report_fd_arg] = std::to_string(report_write.get());
-    argv_ptrs[report_fd_arg] = shim_args[report_fd_arg].c_str();
-  }
-
-  std::optional<launch::Identity> identity;
-  if (spec.run_as) {
-    identity = launch::Identity{spec.run_as->uid, spec.run_as->gid, spec.run_as->groups.data(),
-                                spec.run_as->groups.size()};
-  }
-  ChildPlan plan{argv_ptrs.data(),
-                 env_ptrs.data(),
-                 &candidates,
-                 spec.workdir.empty() ? nullptr : spec.workdir.c_str(),
-                 identity ? &*identity : nullptr,
-                 stdin_fd.get(),
-                 log_fd.get(),
-                 report_write.get(),
-                 via_shim,
-                 env_fd.get(),
-                 spec.cgroup_procs_fd,
-                 nullptr,
-                 0};
-  // CPU_ALLOC: ids may exceed CPU_SETSIZE (1024) on big machines.
-  std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> cpu_set(nullptr, [](cpu_set_t* s) { CPU_FREE(s); });
-  if (!spec.cpus.empty()) {
-    const int max_id = *std::max_element(spec.cpus.begin(), spec.cpus.end());
-    cpu_set.reset(CPU_ALLOC(max_id + 1));
-    if (!cpu_set) return failRecorded("cannot allocate a CPU set: " + errnoText(errno));
-    plan.cpus_size = CPU_ALLOC_SIZE(max_id + 1);
-    CPU_ZERO_S(plan.cpus_size, cpu_set.get());
-    for (int c : spec.cpus) CPU_SET_S(c, plan.cpus_size, cpu_set.get());
-    plan.cpus = cpu_set.get();
-  }
+  const bool via_shim = prepared.via_shim;
+  const ChildPlan child = prepared.child(spec);
   state.started_ms = unixNowMs();
   pid_t pid = fork();
-  if (pid == 0) runChild(plan);
+  if (pid == 0) runChild(child);
   int fork_errno = errno;
-  report_write.reset();  // Now only the child holds the write end: end-of-file means it exec'd or died.
+  prepared.report_write
+      .reset();  // Now only the child holds the write end: end-of-file means it exec'd or died.
   if (pid < 0) return failRecorded("fork failed: " + errnoText(fork_errno));
   state.pid = pid;
 
   char report[sizeof(ChildFailure)];
-  size_t got = 0;
-  while (got < sizeof report) {
-    ssize_t n = read(report_read.get(), report + got, sizeof report - got);
-    if (n > 0) {
-      got += static_cast<size_t>(n);
-    } else if (n == 0 || errno != EINTR) {
-      break;
-    }
-  }
+  const size_t got = readReport(prepared.report_read.get(), report, sizeof report);
   ChildFailure failure{};
   pid_t program_pid = 0;
   if (!launch::parseReport(report, got, &failure, &program_pid)) {
@@ -494,37 +480,7 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
   }
 
   if (failure.stage != 0) {
-    std::string why;
-    if (failure.stage == kStageShim) {
-      why = "cannot execute the rank shim " + options_.shim_path + ": " + errnoText(failure.err);
-    } else if (failure.stage == kStageUser && spec.run_as) {
-      why = "cannot switch to " + describeAccount(*spec.run_as) + ": " + errnoText(failure.err);
-    } else if (failure.stage == kStageUserKept && spec.run_as) {
-      why = "cannot switch to " + describeAccount(*spec.run_as) +
-            ": root privileges were not dropped (setuid(0) still succeeds afterwards); the rank does not run";
-    } else if (failure.stage == launch::kStageConfine) {
-      why = "cannot confine the rank to its CPUs " + formatCpuList(spec.cpus) +
-            " and memory: " + errnoText(failure.err) + " (are those CPUs in the agent's cpuset?)";
-    } else if (failure.stage == kStageChdir) {
-      why = "cannot change to the working directory " + spec.workdir + ": " + errnoText(failure.err);
-    } else if (failure.stage == kStageExec) {
-      // A PATH search that met a directory the rank's user may not enter (root's PATH into /root) fails with
-      // EACCES, as execvp does, even when the program is nowhere: the agent (which sees every directory) says
-      // which it is.
-      bool nowhere = false;
-      if (failure.err == EACCES && program.find('/') == std::string::npos) {
-        nowhere = std::none_of(program_candidates.begin(), program_candidates.end(),
-                               [](const std::string& c) { return access(c.c_str(), F_OK) == 0; });
-      }
-      why = "cannot execute '" + program + "': " + errnoText(nowhere ? ENOENT : failure.err);
-      if ((failure.err == ENOENT || nowhere) && program.find('/') == std::string::npos) {
-        why += " (searched PATH=" + search_path + (nowhere ? "; some of its directories are closed to the rank's user" : "") + ")";
-      }
-      if (nowhere) failure.err = ENOENT;
-      if (failure.err == ENOEXEC) why += " (a script needs a #! line)";
-    } else {
-      why = "cannot redirect stdin, stdout and stderr: " + errnoText(failure.err);
-    }
+    const std::string why = explainFailure(failure, spec, prepared.plan, options_.shim_path);
     // The child exits right after writing the report, so this wait is short.
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -555,6 +511,29 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
   }
   wake();
   return state;
+}
+
+void Supervisor::recordStartFailure(const Key& key, const std::string& who, const std::string& why,
+                                    int log_fd, RankState& state) {
+  if (!state.exit_code && !state.signal) state.exit_code = kExitCodeNotFound;
+  state.running = false;
+  state.exited_ms = unixNowMs();
+  state.error = why;
+  if (log_fd >= 0) {
+    std::string line = "ddl-agent: " + who + ": " + why + "; exit code " +
+                       std::to_string(state.exit_code.value_or(kExitCodeUnknown)) + "\n";
+    ssize_t ignored = write(log_fd, line.data(), line.size());
+    (void)ignored;
+  }
+  {
+    std::lock_guard lock(mu_);
+    Entry& entry = entries_[key];
+    state.stop_requested = entry.state.stop_requested;
+    entry.state = state;
+    entry.starting = false;
+    reports_.push_back(state);
+  }
+  wake();
 }
 
 void Supervisor::signalStopLocked(Entry& entry, int grace_ms) {

@@ -233,6 +233,10 @@ class Supervisor {
 
   // start() and reject(): with `refusal`, records the failure once the log is open instead of forking.
   RankState launch(const RankSpec& spec, const std::string* refusal, std::string* error);
+  // Records a rank that could not be started (state as far as launch got): exit code 127 unless already set,
+  // `why` in RankState::error and as a line in the log (log_fd, where >= 0), then reports it.
+  void recordStartFailure(const Key& key, const std::string& who, const std::string& why, int log_fd,
+                          RankState& state);
   void reaperLoop();
   // Whether the running entry's leader has exited; pidfd_ready: its pidfd polled readable.
   bool leaderExitedLocked(Entry& entry, bool pidfd_ready);
