@@ -93,67 +93,121 @@ void writeRecord(const char* path, const std::string& text) {
   std::exit(2);
 }
 
-}  // namespace
+// The command line: [--user UID:GID:GROUPS] [--workdir DIR] [--env-fd FD] EXIT_RECORD REPORT_FD N
+// CANDIDATE... -- ARGV...
+struct ShimArgs {
+  ShimArgs() = default;
+  ShimArgs(const ShimArgs&) = delete;  // identity points into groups
+  ShimArgs& operator=(const ShimArgs&) = delete;
 
-int main(int argc, char** argv) {
-  int i = 1;
-  std::optional<ddl::worker::launch::Identity> identity;
+  std::optional<ddl::worker::launch::Identity> identity;  // points into groups
   std::vector<gid_t> groups;
   const char* workdir = nullptr;
   int env_fd = -1;
+  const char* record = nullptr;
+  long report_fd = -1;
+  long n = 0;  // how many candidates
+  char** candidates = nullptr;
+  char** program = nullptr;
+};
+
+// Parses argv into *args (in place: identity points into args->groups); usage() on anything else.
+void parseArgs(int argc, char** argv, ShimArgs* args) {
+  int i = 1;
   while (i + 1 < argc && (std::strcmp(argv[i], "--user") == 0 || std::strcmp(argv[i], "--workdir") == 0 ||
                           std::strcmp(argv[i], "--env-fd") == 0)) {
     if (argv[i][2] == 'e') {
       char* end = nullptr;
       const long fd = std::strtol(argv[i + 1], &end, 10);
       if (*end != '\0' || fd < 0 || fd > INT32_MAX) usage();
-      env_fd = static_cast<int>(fd);
+      args->env_fd = static_cast<int>(fd);
     } else if (argv[i][2] == 'u') {
       uid_t uid = 0;
       gid_t gid = 0;
-      if (!ddl::worker::launch::parseIdentity(argv[i + 1], &uid, &gid, &groups)) usage();
-      identity = ddl::worker::launch::Identity{uid, gid, groups.data(), groups.size()};
+      if (!ddl::worker::launch::parseIdentity(argv[i + 1], &uid, &gid, &args->groups)) usage();
+      args->identity = ddl::worker::launch::Identity{uid, gid, args->groups.data(), args->groups.size()};
     } else {
-      workdir = argv[i + 1];
+      args->workdir = argv[i + 1];
     }
     i += 2;
   }
   // EXIT_RECORD REPORT_FD N CANDIDATE... -- ARGV...: at least six.
   if (argc - i < 6) usage();
-  const char* record = argv[i];
+  args->record = argv[i];
   char* end = nullptr;
-  const long report_fd = std::strtol(argv[i + 1], &end, 10);
-  if (*end != '\0' || report_fd < 0) usage();
+  args->report_fd = std::strtol(argv[i + 1], &end, 10);
+  if (*end != '\0' || args->report_fd < 0) usage();
   const long n = std::strtol(argv[i + 2], &end, 10);
   if (*end != '\0' || n < 1 || n > argc - i - 5) usage();
-  char** candidates = argv + i + 3;
+  args->n = n;
+  args->candidates = argv + i + 3;
   if (std::strcmp(argv[i + 3 + n], "--") != 0 || argv[i + 4 + n] == nullptr) usage();
-  char** program = argv + i + 4 + n;
+  args->program = argv + i + 4 + n;
+}
 
-  // The program's environment: from --env-fd (NUL-separated; the shim itself was started with a fixed one, so
-  // nothing of the job's, such as LD_PRELOAD, ran in this root process), else the shim's own.
+// The program's environment: from --env-fd (NUL-separated; the shim itself was started with a fixed one, so
+// nothing of the job's, such as LD_PRELOAD, ran in this root process), else the shim's own. *block and *ptrs
+// hold what the result points into.
+char** programEnvironment(int env_fd, std::string* block, std::vector<char*>* ptrs) {
+  if (env_fd < 0) return environ;
+  std::string& env_block = *block;
+  std::vector<char*>& env_ptrs = *ptrs;
+  char buf[65536];
+  for (int reads = 0; reads < 4096; ++reads) {  // at most 256 MiB
+    const ssize_t r = read(env_fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    env_block.append(buf, static_cast<size_t>(r));
+  }
+  close(env_fd);
+  for (size_t at = 0; at < env_block.size();) {
+    env_ptrs.push_back(&env_block[at]);
+    const size_t nul = env_block.find('\0', at);
+    if (nul == std::string::npos) break;  // the writer ends every entry with NUL; a torn one is dropped below
+    at = nul + 1;
+  }
+  if (!env_block.empty() && env_block.back() != '\0') env_ptrs.pop_back();
+  env_ptrs.push_back(nullptr);
+  return env_ptrs.data();
+}
+
+// Waits for the program, writes how it ended into the exit record and ends the same way.
+int endLikeProgram(pid_t child, const char* record) {
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0) {
+    if (errno != EINTR) {
+      writeRecord(record, ddl::worker::launch::formatExitRecord(255, std::nullopt));
+      return 255;
+    }
+  }
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    writeRecord(record, ddl::worker::launch::formatExitRecord(std::nullopt, sig));
+    // End by the same signal, without a second core dump, so our own parent sees what the program saw.
+    rlimit no_core{0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    signal(sig, SIG_DFL);
+    sigset_t just;
+    sigemptyset(&just);
+    sigaddset(&just, sig);
+    sigprocmask(SIG_UNBLOCK, &just, nullptr);
+    raise(sig);
+    _exit(128 + sig);  // a signal that does not kill by default (SIGCHLD, ...): only an exit code is left
+  }
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 255;
+  writeRecord(record, ddl::worker::launch::formatExitRecord(code, std::nullopt));
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ShimArgs args;
+  parseArgs(argc, argv, &args);
+  const long report_fd = args.report_fd;
   std::string env_block;
   std::vector<char*> env_ptrs;
-  char** program_env = environ;
-  if (env_fd >= 0) {
-    char buf[65536];
-    for (int reads = 0; reads < 4096; ++reads) {  // at most 256 MiB
-      const ssize_t r = read(env_fd, buf, sizeof buf);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) break;
-      env_block.append(buf, static_cast<size_t>(r));
-    }
-    close(env_fd);
-    for (size_t at = 0; at < env_block.size();) {
-      env_ptrs.push_back(&env_block[at]);
-      const size_t nul = env_block.find('\0', at);
-      if (nul == std::string::npos) break;  // the writer ends every entry with NUL; a torn one is dropped below
-      at = nul + 1;
-    }
-    if (!env_block.empty() && env_block.back() != '\0') env_ptrs.pop_back();
-    env_ptrs.push_back(nullptr);
-    program_env = env_ptrs.data();
-  }
+  char** program_env = programEnvironment(args.env_fd, &env_block, &env_ptrs);
 
   // Whether the agent reads {kStageStarted, pid} (launch_protocol.h); an older one takes it for a failure.
   const char* protocol = std::getenv(ddl::worker::launch::kShimProtocolEnv);
@@ -176,7 +230,8 @@ int main(int argc, char** argv) {
   if (child == 0) {
     sigprocmask(SIG_SETMASK, &none, nullptr);
     const Failure failure = ddl::worker::launch::execProgram(
-        identity ? &*identity : nullptr, workdir, candidates, static_cast<size_t>(n), program, program_env);
+        args.identity ? &*args.identity : nullptr, args.workdir, args.candidates, static_cast<size_t>(args.n),
+        args.program, program_env);
     writeAll(pipe_fds[1], &failure, sizeof failure);
     _exit(ddl::worker::launch::exitCodeFor(failure.stage, failure.err));
   }
@@ -205,29 +260,5 @@ int main(int argc, char** argv) {
     writeAll(static_cast<int>(report_fd), &started, sizeof started);
   }
   close(static_cast<int>(report_fd));  // end-of-file: the supervisor's start() returns
-
-  int status = 0;
-  while (waitpid(child, &status, 0) < 0) {
-    if (errno != EINTR) {
-      writeRecord(record, ddl::worker::launch::formatExitRecord(255, std::nullopt));
-      return 255;
-    }
-  }
-  if (WIFSIGNALED(status)) {
-    const int sig = WTERMSIG(status);
-    writeRecord(record, ddl::worker::launch::formatExitRecord(std::nullopt, sig));
-    // End by the same signal, without a second core dump, so our own parent sees what the program saw.
-    rlimit no_core{0, 0};
-    setrlimit(RLIMIT_CORE, &no_core);
-    signal(sig, SIG_DFL);
-    sigset_t just;
-    sigemptyset(&just);
-    sigaddset(&just, sig);
-    sigprocmask(SIG_UNBLOCK, &just, nullptr);
-    raise(sig);
-    _exit(128 + sig);  // a signal that does not kill by default (SIGCHLD, ...): only an exit code is left
-  }
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 255;
-  writeRecord(record, ddl::worker::launch::formatExitRecord(code, std::nullopt));
-  return code;
+  return endLikeProgram(child, args.record);
 }
