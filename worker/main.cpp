@@ -53,10 +53,9 @@ std::string lockDataDir(const std::string& dir) {
   return "";  // fd stays open: the lock lasts as long as this process
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"ddl-agent: registers this node with ddl-coordinator and runs the ranks it is given"};
+// The command line: each setting's flag, unset (or empty, or false) where not given, so that the settings
+// file or the default stands; and `join`'s own.
+struct Flags {
   std::string config_path, labels;
   std::optional<std::string> coordinator, node, address, data_dir, log_level, port_range;
   std::optional<int> virtual_gpus;
@@ -64,98 +63,123 @@ int main(int argc, char** argv) {
   std::optional<int64_t> log_max_mb;
   bool force_virtual = false, stop_ranks_on_exit = false;
   std::optional<std::string> cpus, memory, cgroup_root;
-  app.add_option("--config", config_path, "JSON config file (e.g. /etc/ddl/agent.json)");
-  app.add_option("--coordinator", coordinator, "ddl-coordinator's HOST:PORT (default 127.0.0.1:7070)");
-  app.add_option("--node", node, "this node's name (default: the host name)");
-  app.add_option("--address", address, "address other nodes reach this node's ranks at (default: the local "
-                                       "address toward the coordinator)");
-  app.add_option("--labels", labels, "node labels, e.g. rack=r1,switch=s1");
-  app.add_option("--virtual-gpus", virtual_gpus, "GPUs to make up where NVML finds none (development, tests)");
-  app.add_flag("--force-virtual", force_virtual, "use the virtual GPUs even where NVML finds real ones");
-  app.add_option("--data-dir", data_dir, "directory for rank logs (default /var/lib/ddl/agent)");
-  app.add_option("--log-retention-hours", log_retention_hours,
-                 "delete a finished job's rank logs this long after their last write (default 168; 0: keep)");
-  app.add_option("--log-max-mb", log_max_mb,
-                 "delete the oldest finished jobs' rank logs while all exceed this "
-                 "(default 0: no bound)");
-  app.add_option("--port-range", port_range, "rendezvous ports for jobs rooted here, FIRST-LAST (default 29500-29999)");
-  app.add_flag("--stop-ranks-on-exit", stop_ranks_on_exit,
-               "stop this node's ranks when the agent exits (default: leave them running for the next agent to "
-               "adopt)");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn or error (default info)");
-  app.add_option("--cpus", cpus,
-                 "the CPUs ranks may use, a list such as 2-31 (default: all the agent may run on)");
-  app.add_option("--memory", memory, "the memory ranks may use in all, such as 200G (default: MemTotal)");
-  app.add_option(
-      "--cgroup-root", cgroup_root,
-      "the cgroup v2 directory for ranks' cgroups (default: the agent's own, delegated by systemd); "
-      "none: pin CPUs only");
   std::optional<std::string> pki_dir;
   bool insecure = false;
-  app.add_option("--pki-dir", pki_dir, "ca.crt, node.crt and node.key of this node (default /etc/ddl/pki)");
-  app.add_flag("--insecure", insecure, "plaintext toward a coordinator on loopback run with --insecure "
-                                       "(development only)");
   JoinOptions join;
   std::string token_file;
+};
+
+// Declares ddl-agent's flags into *flags; returns the join subcommand.
+CLI::App* declareFlags(CLI::App& app, Flags* flags) {
+  Flags& f = *flags;
+  app.add_option("--config", f.config_path, "JSON config file (e.g. /etc/ddl/agent.json)");
+  app.add_option("--coordinator", f.coordinator, "ddl-coordinator's HOST:PORT (default 127.0.0.1:7070)");
+  app.add_option("--node", f.node, "this node's name (default: the host name)");
+  app.add_option("--address", f.address,
+                 "address other nodes reach this node's ranks at (default: the local "
+                 "address toward the coordinator)");
+  app.add_option("--labels", f.labels, "node labels, e.g. rack=r1,switch=s1");
+  app.add_option("--virtual-gpus", f.virtual_gpus,
+                 "GPUs to make up where NVML finds none (development, tests)");
+  app.add_flag("--force-virtual", f.force_virtual, "use the virtual GPUs even where NVML finds real ones");
+  app.add_option("--data-dir", f.data_dir, "directory for rank logs (default /var/lib/ddl/agent)");
+  app.add_option("--log-retention-hours", f.log_retention_hours,
+                 "delete a finished job's rank logs this long after their last write (default 168; 0: keep)");
+  app.add_option("--log-max-mb", f.log_max_mb,
+                 "delete the oldest finished jobs' rank logs while all exceed this "
+                 "(default 0: no bound)");
+  app.add_option("--port-range", f.port_range,
+                 "rendezvous ports for jobs rooted here, FIRST-LAST (default 29500-29999)");
+  app.add_flag(
+      "--stop-ranks-on-exit", f.stop_ranks_on_exit,
+      "stop this node's ranks when the agent exits (default: leave them running for the next agent to "
+      "adopt)");
+  app.add_option("--log-level", f.log_level, "trace, debug, info, warn or error (default info)");
+  app.add_option("--cpus", f.cpus,
+                 "the CPUs ranks may use, a list such as 2-31 (default: all the agent may run on)");
+  app.add_option("--memory", f.memory, "the memory ranks may use in all, such as 200G (default: MemTotal)");
+  app.add_option(
+      "--cgroup-root", f.cgroup_root,
+      "the cgroup v2 directory for ranks' cgroups (default: the agent's own, delegated by systemd); "
+      "none: pin CPUs only");
+  app.add_option("--pki-dir", f.pki_dir, "ca.crt, node.crt and node.key of this node (default /etc/ddl/pki)");
+  app.add_flag("--insecure", f.insecure,
+               "plaintext toward a coordinator on loopback run with --insecure "
+               "(development only)");
   CLI::App* join_cmd = app.add_subcommand("join", "get this node's certificate with a one-time join token "
                                                   "(ddlctl admin join-token), then exit");
-  join_cmd->add_option("--token-file", token_file, "file holding the join token (never on the command line)")
+  join_cmd
+      ->add_option("--token-file", f.token_file, "file holding the join token (never on the command line)")
       ->required();
-  join_cmd->add_option("--ca-sha256", join.ca_sha256, "the cluster CA's SHA-256, printed with the token")->required();
+  join_cmd->add_option("--ca-sha256", f.join.ca_sha256, "the cluster CA's SHA-256, printed with the token")
+      ->required();
   app.set_version_flag("--version", std::string("ddl-agent ") + ddl::kVersion, "print the version and exit");
   app.require_subcommand(0, 1);
-  CLI11_PARSE(app, argc, argv);
+  return join_cmd;
+}
 
-  AgentConfig config;
-  auto fail = [](const std::string& message) {
-    spdlog::critical("{}", message);
-    return 1;
-  };
-  if (!config_path.empty()) {
-    if (auto st = loadAgentConfig(config_path, &config); !st) return fail(st.message());
+int fail(const std::string& message) {
+  spdlog::critical("{}", message);
+  return 1;
+}
+
+// The settings: the file's (--config), then each flag given over it, and the host name for an unnamed node.
+// "" when they could be read, else why not.
+std::string loadSettings(const Flags& f, AgentConfig* config) {
+  if (!f.config_path.empty()) {
+    if (auto st = loadAgentConfig(f.config_path, config); !st) return st.message();
   }
-  if (coordinator) config.coordinator = *coordinator;
-  if (node) config.node = *node;
-  if (address) config.address = *address;
-  if (!labels.empty()) {
-    if (auto st = parseLabels(labels, &config.labels); !st) return fail(st.message());
+  if (f.coordinator) config->coordinator = *f.coordinator;
+  if (f.node) config->node = *f.node;
+  if (f.address) config->address = *f.address;
+  if (!f.labels.empty()) {
+    if (auto st = parseLabels(f.labels, &config->labels); !st) return st.message();
   }
-  if (virtual_gpus) config.virtual_gpus = *virtual_gpus;
-  if (force_virtual) config.force_virtual = true;
-  if (stop_ranks_on_exit) config.stop_ranks_on_exit = true;
-  if (data_dir) config.data_dir = *data_dir;
-  if (log_retention_hours) config.log_retention_hours = *log_retention_hours;
-  if (log_max_mb) config.log_max_mb = *log_max_mb;
-  if (log_level) config.log_level = *log_level;
-  if (port_range) {
-    if (std::sscanf(port_range->c_str(), "%d-%d", &config.port_first, &config.port_last) != 2) {
-      return fail("--port-range '" + *port_range + "' is not FIRST-LAST (e.g. 29500-29999)");
+  if (f.virtual_gpus) config->virtual_gpus = *f.virtual_gpus;
+  if (f.force_virtual) config->force_virtual = true;
+  if (f.stop_ranks_on_exit) config->stop_ranks_on_exit = true;
+  if (f.data_dir) config->data_dir = *f.data_dir;
+  if (f.log_retention_hours) config->log_retention_hours = *f.log_retention_hours;
+  if (f.log_max_mb) config->log_max_mb = *f.log_max_mb;
+  if (f.log_level) config->log_level = *f.log_level;
+  if (f.port_range) {
+    if (std::sscanf(f.port_range->c_str(), "%d-%d", &config->port_first, &config->port_last) != 2) {
+      return "--port-range '" + *f.port_range + "' is not FIRST-LAST (e.g. 29500-29999)";
     }
   }
-  if (pki_dir) config.pki_dir = *pki_dir;
-  if (insecure) config.insecure = true;
-  if (cpus) config.cpus = *cpus;
-  if (memory) config.memory = *memory;
-  if (cgroup_root) config.cgroup_root = *cgroup_root;
-  if (config.node.empty()) {
+  if (f.pki_dir) config->pki_dir = *f.pki_dir;
+  if (f.insecure) config->insecure = true;
+  if (f.cpus) config->cpus = *f.cpus;
+  if (f.memory) config->memory = *f.memory;
+  if (f.cgroup_root) config->cgroup_root = *f.cgroup_root;
+  if (config->node.empty()) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
-    config.node = host;
+    config->node = host;
   }
-  if (join_cmd->parsed()) {
-    std::string error;
-    auto token = ddl::pki::readFile(token_file, &error);
-    if (!token) return fail(error);
-    while (!token->empty() && std::isspace(static_cast<unsigned char>(token->back()))) token->pop_back();
-    join.coordinator = config.coordinator;
-    join.node = config.node;
-    join.token = *token;
-    join.pki_dir = config.pki_dir;
-    if (auto st = joinCluster(join); !st) return fail("join: " + st.message());
-    std::printf("node %s joined: its certificate and key are in %s; start ddl-agent\n", config.node.c_str(),
-                config.pki_dir.c_str());
-    return 0;
-  }
+  return "";
+}
+
+// ddl-agent join: the node's certificate for a one-time token, then exit.
+int runJoin(const Flags& f, const AgentConfig& config) {
+  JoinOptions join = f.join;
+  std::string error;
+  auto token = ddl::pki::readFile(f.token_file, &error);
+  if (!token) return fail(error);
+  while (!token->empty() && std::isspace(static_cast<unsigned char>(token->back()))) token->pop_back();
+  join.coordinator = config.coordinator;
+  join.node = config.node;
+  join.token = *token;
+  join.pki_dir = config.pki_dir;
+  if (auto st = joinCluster(join); !st) return fail("join: " + st.message());
+  std::printf("node %s joined: its certificate and key are in %s; start ddl-agent\n", config.node.c_str(),
+              config.pki_dir.c_str());
+  return 0;
+}
+
+// The agent itself: checks the settings and the node's certificate, takes the data dir and the inventory,
+// and serves the coordinator until SIGTERM or SIGINT.
+int serve(const AgentConfig& config) {
   if (auto st = validateAgentConfig(config); !st) return fail("bad setting: " + st.message());
   if (config.insecure) {
     if (auto why = ddl::tls::checkInsecure(config.coordinator, "ddl-agent"); !why.empty()) return fail(why);
@@ -206,4 +230,18 @@ int main(int argc, char** argv) {
   waiter.join();
   spdlog::info("stopped");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddl-agent: registers this node with ddl-coordinator and runs the ranks it is given"};
+  Flags flags;
+  CLI::App* join_cmd = declareFlags(app, &flags);
+  CLI11_PARSE(app, argc, argv);
+
+  AgentConfig config;
+  if (std::string why = loadSettings(flags, &config); !why.empty()) return fail(why);
+  if (join_cmd->parsed()) return runJoin(flags, config);
+  return serve(config);
 }
