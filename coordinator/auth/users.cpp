@@ -1,11 +1,9 @@
 #include "auth/users.h"
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
-#include "common/clock.h"
 #include "common/pki.h"
 
 namespace ddl::coordinator::auth {
@@ -45,8 +43,9 @@ std::string checkUserName(const std::string& name) {
   return "";
 }
 
-StatusOr<std::unique_ptr<UserRegistry>> UserRegistry::open(const std::string& path) {
-  std::unique_ptr<UserRegistry> registry(new UserRegistry(path));
+StatusOr<std::unique_ptr<UserRegistry>> UserRegistry::open(const std::string& path,
+                                                           std::function<int64_t()> now_s) {
+  std::unique_ptr<UserRegistry> registry(new UserRegistry(path, std::move(now_s)));
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return registry;
   std::string error;
@@ -102,7 +101,7 @@ StatusOr<std::string> UserRegistry::add(const std::string& name, Role role, bool
   const auto saved_users = users_;
   const auto saved_hashes = by_hash_;
   if (it != users_.end()) by_hash_.erase(it->second.token_sha256);
-  users_[name] = User{role, hash, unixNowS()};
+  users_[name] = User{role, hash, now_s_()};
   by_hash_[hash] = name;
   if (Status st = saveLocked(); !st) {
     users_ = saved_users;  // what is in memory matches the file: a token that was not saved does not work
@@ -159,7 +158,7 @@ StatusOr<std::string> UserRegistry::createJoinToken(const std::string& node, int
   const std::string secret = pki::randomHex(32);
   if (secret.empty()) return Status::internal("no random bytes for a token");
   const std::string token = kJoinTokenPrefix + secret;
-  const int64_t now = unixNowS();
+  const int64_t now = now_s_();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = join_tokens_.begin(); it != join_tokens_.end();) {
     it = it->second.expires_s < now ? join_tokens_.erase(it) : std::next(it);
@@ -176,7 +175,7 @@ Status UserRegistry::redeemJoinToken(const std::string& token, const std::string
   std::lock_guard<std::mutex> lock(mu_);
   auto it = join_tokens_.find(pki::sha256Hex(token));
   if (it == join_tokens_.end()) return Status::unauthenticated("unknown or used join token");
-  if (it->second.expires_s < unixNowS()) {
+  if (it->second.expires_s < now_s_()) {
     join_tokens_.erase(it);
     return Status::unauthenticated("the join token has expired; make another with 'ddlctl admin join-token'");
   }

@@ -10,12 +10,14 @@
 // (read-only: listings and the dashboard).
 //
 // Join tokens (CreateJoinToken, AgentService.Join) are kept in memory only: each names one node, works once,
-// and expires; a coordinator restart forgets them (make another). At most kMaxJoinTokens are live.
+// and expires; a coordinator restart forgets them (make another). At most kMaxJoinTokens are live. Their
+// expiry and the users' creation times come from the clock given to open() (tests drive it).
 //
 // Threads: every method may be called from any thread (one mutex).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 
 namespace ddl::coordinator::auth {
@@ -51,8 +54,9 @@ class UserRegistry {
   static constexpr const char* kTokenPrefix = "ddl_";
   static constexpr const char* kJoinTokenPrefix = "ddlj_";
 
-  // Reads `path` (users.json); a missing file is an empty registry that add() creates.
-  static StatusOr<std::unique_ptr<UserRegistry>> open(const std::string& path);
+  // Reads `path` (users.json); a missing file is an empty registry that add() creates. now_s: unix seconds.
+  static StatusOr<std::unique_ptr<UserRegistry>> open(const std::string& path,
+                                                      std::function<int64_t()> now_s = unixNowS);
 
   // The user holding `token`, or nullopt.
   std::optional<Identity> authenticate(const std::string& token) const;
@@ -70,7 +74,8 @@ class UserRegistry {
   Status redeemJoinToken(const std::string& token, const std::string& node);
 
  private:
-  explicit UserRegistry(std::string path) : path_(std::move(path)) {}
+  UserRegistry(std::string path, std::function<int64_t()> now_s)
+      : path_(std::move(path)), now_s_(std::move(now_s)) {}
   Status saveLocked() const;
 
   struct User {
@@ -84,6 +89,7 @@ class UserRegistry {
   };
 
   const std::string path_;
+  const std::function<int64_t()> now_s_;
   mutable std::mutex mu_;
   std::map<std::string, User> users_;               // by name
   std::map<std::string, std::string> by_hash_;      // token SHA-256 -> name

@@ -170,16 +170,29 @@ TEST(UserRegistry, TokensAreHashedPersistedRotatedAndRemoved) {
 
 TEST(UserRegistry, JoinTokensWorkOnceForTheirNodeOnly) {
   TempDir dir;
-  auto users = auth::UserRegistry::open(dir / "users.json");
+  int64_t now = 1'700'000'000;
+  auto users = auth::UserRegistry::open(dir / "users.json", [&now] { return now; });
   ASSERT_TRUE(users);
   int64_t expires = 0;
   auto token = (*users)->createJoinToken("n5", 60, &expires);
   ASSERT_TRUE(token);
+  EXPECT_EQ(expires, now + 60);
   EXPECT_EQ((*users)->redeemJoinToken(*token, "n6").code(), state::StatusCode::kPermissionDenied);
   EXPECT_TRUE((*users)->redeemJoinToken(*token, "n5"));
   EXPECT_EQ((*users)->redeemJoinToken(*token, "n5").code(), state::StatusCode::kUnauthenticated);
   EXPECT_FALSE((*users)->createJoinToken("n5", 0, &expires));
   EXPECT_FALSE((*users)->createJoinToken("bad name", 60, &expires));
+  // A token works through the second it expires at, and is gone (not merely refused) after it.
+  auto last_second = (*users)->createJoinToken("n5", 60, &expires);
+  auto too_late = (*users)->createJoinToken("n5", 60, &expires);
+  ASSERT_TRUE(last_second && too_late);
+  now += 60;
+  EXPECT_TRUE((*users)->redeemJoinToken(*last_second, "n5"));
+  now += 1;
+  auto expired = (*users)->redeemJoinToken(*too_late, "n5");
+  EXPECT_EQ(expired.code(), state::StatusCode::kUnauthenticated);
+  EXPECT_NE(expired.message().find("expired"), std::string::npos) << expired.message();
+  EXPECT_EQ((*users)->redeemJoinToken(*too_late, "n5").message(), "unknown or used join token");
 }
 
 TEST(Access, RulesForUsersViewersNodesAndInsecure) {
