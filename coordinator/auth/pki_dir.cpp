@@ -111,18 +111,35 @@ Status writeNodeIdentity(const std::string& out_dir, const std::string& ca_pem, 
 
 Status issueNodeFiles(const std::string& dir, const std::string& node, int days, const std::string& out_dir) {
   if (auto why = pki::checkNodeName(node); !why.empty()) return Status::invalidArgument(why);
-  if (days < 1 || days > 3650) return Status::invalidArgument("--days must be between 1 and 3650");
+  if (days < 1 || days > kMaxNodeCertDays)
+    return Status::invalidArgument("--days must be between 1 and 3650");
   std::string error;
   auto ca = pki::readFile(at(dir, pki::kCaCert), &error);
   auto ca_key = ca ? pki::readFile(at(dir, pki::kCaKey), &error) : std::nullopt;
   if (!ca || !ca_key) return Status::failedPrecondition(error);
   auto key = pki::newPrivateKey(&error);
   if (!key) return Status::internal(error);
-  const int64_t now = static_cast<int64_t>(std::time(nullptr));
-  auto cert = pki::makeCertificate({node, {node}, {}, pki::Usage::kClient}, *key, *ca, *ca_key, now - 300,
-                                   now + int64_t{days} * 86400, &error);
+  auto cert = signNodeCertificate(node, *key, *ca, *ca_key, days, static_cast<int64_t>(std::time(nullptr)));
+  if (!cert) return cert.status();
+  return writeNodeIdentity(out_dir, *ca, cert->pem, *key);
+}
+
+StatusOr<NodeCertificate> signNodeCertificate(const std::string& node, const std::string& public_key_source,
+                                              const std::string& ca_cert_pem, const std::string& ca_key_pem,
+                                              int days, int64_t now_s) {
+  if (auto why = pki::checkNodeName(node); !why.empty()) return Status::invalidArgument(why);
+  if (days < 1 || days > kMaxNodeCertDays) {
+    return Status::invalidArgument("a node certificate is valid for 1 to 3650 days, not " +
+                                   std::to_string(days));
+  }
+  NodeCertificate out;
+  out.not_after_s = now_s + int64_t{days} * 86400;
+  std::string error;
+  auto cert = pki::makeCertificate({node, {node}, {}, pki::Usage::kClient}, public_key_source, ca_cert_pem,
+                                   ca_key_pem, now_s - 300, out.not_after_s, &error);
   if (!cert) return Status::invalidArgument(error);
-  return writeNodeIdentity(out_dir, *ca, *cert, *key);
+  out.pem = std::move(*cert);
+  return out;
 }
 
 }  // namespace ddl::coordinator::auth

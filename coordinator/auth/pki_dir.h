@@ -9,9 +9,13 @@
 //   DIR/admin.token       the first admin's token, for ddlctl on this host   0600
 // and on a node: DIR/ca.crt, DIR/node.crt, DIR/node.key (0600).
 //
+// Every node certificate, whichever way it is made (issue-node here, ddlctl admin issue-node and
+// AgentService.Join through the coordinator's auth/admin.h), is signed by signNodeCertificate.
+//
 // Threads: plain functions; callers serialise calls on one directory.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -41,5 +45,23 @@ state::Status writeNodeIdentity(const std::string& out_dir, const std::string& c
                                 const std::string& key_pem);
 // Signs a node certificate with DIR's CA and writes it (and a new key) into out_dir.
 state::Status issueNodeFiles(const std::string& dir, const std::string& node, int days, const std::string& out_dir);
+
+// The longest validity of a node certificate, in days.
+inline constexpr int kMaxNodeCertDays = 3650;
+
+struct NodeCertificate {
+  std::string pem;
+  int64_t not_after_s = 0;  // unix seconds
+};
+// A node's client certificate: CN and DNS SAN are `node` (the name the coordinator takes as the agent's
+// identity), for the public key in public_key_source (the node's private key or its CSR, PEM), signed by the
+// CA (ca_cert_pem, ca_key_pem), valid from 5 minutes before now_s (a node whose clock is a little behind can
+// use it at once) for `days` days. Refuses a name pki::checkNodeName refuses and days
+// outside 1..kMaxNodeCertDays; callers check both first, in their users' words, so these refusals are a last
+// line.
+state::StatusOr<NodeCertificate> signNodeCertificate(const std::string& node,
+                                                     const std::string& public_key_source,
+                                                     const std::string& ca_cert_pem,
+                                                     const std::string& ca_key_pem, int days, int64_t now_s);
 
 }  // namespace ddl::coordinator::auth

@@ -13,11 +13,12 @@
 #include <mutex>
 #include <thread>
 
+#include "auth/access.h"
+#include "auth/pki_dir.h"
 #include "common/host_port.h"
 #include "common/pki.h"
 #include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
-#include "auth/access.h"
 
 namespace ddl::coordinator {
 
@@ -52,16 +53,14 @@ StatusOr<std::string> signNode(const SecurityOptions& security, const std::strin
                                std::string* ca_pem) {
   if (auto why = pki::checkNodeName(node); !why.empty()) return Status::invalidArgument(why);
   if (days <= 0) days = security.node_cert_days;
-  if (days > 3650) return Status::invalidArgument("a node certificate is valid for at most 3650 days");
+  if (days > auth::kMaxNodeCertDays)
+    return Status::invalidArgument("a node certificate is valid for at most 3650 days");
   std::string ca_key;
   if (Status st = readCa(security, ca_pem, &ca_key); !st) return st;
-  std::string error;
-  const int64_t now = nowS();
-  *not_after_s = now + int64_t{days} * 86400;
-  auto cert = pki::makeCertificate({node, {node}, {}, pki::Usage::kClient}, public_key_source, *ca_pem, ca_key,
-                                   now - 300, *not_after_s, &error);
-  if (!cert) return Status::invalidArgument(error);
-  return *cert;
+  auto cert = auth::signNodeCertificate(node, public_key_source, *ca_pem, ca_key, days, nowS());
+  if (!cert) return cert.status();
+  *not_after_s = cert->not_after_s;
+  return std::move(cert->pem);
 }
 
 }  // namespace

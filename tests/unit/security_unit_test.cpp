@@ -138,6 +138,37 @@ TEST(PkiDir, InitMakesPrivateFilesAndNeverOverwritesACa) {
   EXPECT_FALSE(auth::issueNodeFiles(options.dir, "ddl-coordinator", 30, dir / "x"));
 }
 
+// The one signing rule behind issue-node, ddlctl admin issue-node and Join.
+TEST(PkiDir, NodeCertificatesNameTheNodeAndLastTheirDays) {
+  std::string error;
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  auto ca_key = pki::newPrivateKey(&error);
+  auto ca = pki::makeCertificate({"test CA", {}, {}, pki::Usage::kCa}, *ca_key, "", "", now - 60,
+                                 now + 86400 * 40, &error);
+  ASSERT_TRUE(ca) << error;
+  auto csr = pki::makeCsr(*pki::newPrivateKey(&error), "n7", &error);
+  ASSERT_TRUE(csr) << error;
+  auto cert = auth::signNodeCertificate("n7", *csr, *ca, *ca_key, 30, now);
+  ASSERT_TRUE(cert) << cert.status().toString();
+  EXPECT_EQ(cert->not_after_s, now + 30 * 86400);
+  auto info = pki::inspectCertificate(cert->pem, &error);
+  ASSERT_TRUE(info) << error;
+  EXPECT_EQ(info->common_name, "n7");
+  EXPECT_EQ(info->dns_names, std::vector<std::string>{"n7"});
+  EXPECT_EQ(info->issuer_common_name, "test CA");
+  EXPECT_EQ(info->not_before_s, now - 300);
+  EXPECT_EQ(info->not_after_s, now + 30 * 86400);
+  EXPECT_TRUE(pki::verifyCertificate(cert->pem, *ca, now, &error)) << error;
+
+  EXPECT_EQ(auth::signNodeCertificate("ddl-coordinator", *csr, *ca, *ca_key, 30, now).status().code(),
+            state::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(auth::signNodeCertificate("n7", *csr, *ca, *ca_key, 0, now));
+  EXPECT_FALSE(auth::signNodeCertificate("n7", *csr, *ca, *ca_key, auth::kMaxNodeCertDays + 1, now));
+  EXPECT_TRUE(auth::signNodeCertificate("n7", *csr, *ca, *ca_key, auth::kMaxNodeCertDays, now));
+  EXPECT_FALSE(
+      auth::signNodeCertificate("n7", *csr, *ca, *pki::newPrivateKey(&error), 30, now));  // not the CA's key
+}
+
 TEST(UserRegistry, TokensAreHashedPersistedRotatedAndRemoved) {
   TempDir dir;
   const std::string path = dir / "users.json";
