@@ -7,10 +7,11 @@
 #include <ctime>
 #include <filesystem>
 
+#include "auth/access.h"
 #include "auth/pki_dir.h"
 #include "auth/users.h"
 #include "common/pki.h"
-#include "auth/access.h"
+#include "temp_dir.h"
 
 namespace ddl::coordinator {
 namespace {
@@ -19,18 +20,7 @@ namespace fs = std::filesystem;
 using auth::Identity;
 using auth::Role;
 
-class TempDir {
- public:
-  TempDir() : path_(fs::temp_directory_path() / ("ddl-sec-" + std::to_string(getpid()) + "-" + pki::randomHex(4))) {
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
+using test_util::TempDir;
 
 unsigned modeOf(const std::string& path) {
   struct stat st {};
