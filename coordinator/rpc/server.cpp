@@ -8,13 +8,11 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <ctime>
 #include <deque>
 #include <mutex>
 #include <thread>
 
 #include "auth/access.h"
-#include "auth/pki_dir.h"
 #include "common/host_port.h"
 #include "common/pki.h"
 #include "ddl/tls.h"
@@ -27,43 +25,6 @@ grpc::Status toGrpc(const Status& status) {
   // state::StatusCode values are gRPC's codes by construction.
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
 }
-
-namespace {
-
-int64_t nowS() { return static_cast<int64_t>(std::time(nullptr)); }
-
-// The CA's certificate and key from the PKI directory, to sign node certificates with.
-Status readCa(const SecurityOptions& security, std::string* cert, std::string* key) {
-  std::string error;
-  auto c = pki::readFile(security.pki_dir + "/" + pki::kCaCert, &error);
-  if (!c) return Status::failedPrecondition(error);
-  auto k = pki::readFile(security.pki_dir + "/" + pki::kCaKey, &error);
-  if (!k) {
-    return Status::failedPrecondition("this coordinator cannot issue certificates: " + error +
-                                      " (the CA key stays with whoever ran init-pki)");
-  }
-  *cert = std::move(*c);
-  *key = std::move(*k);
-  return Status::ok();
-}
-
-// A node's client certificate (CN and DNS SAN = the node) for the key or request in public_key_source.
-StatusOr<std::string> signNode(const SecurityOptions& security, const std::string& node,
-                               const std::string& public_key_source, int days, int64_t* not_after_s,
-                               std::string* ca_pem) {
-  if (auto why = pki::checkNodeName(node); !why.empty()) return Status::invalidArgument(why);
-  if (days <= 0) days = security.node_cert_days;
-  if (days > auth::kMaxNodeCertDays)
-    return Status::invalidArgument("a node certificate is valid for at most 3650 days");
-  std::string ca_key;
-  if (Status st = readCa(security, ca_pem, &ca_key); !st) return st;
-  auto cert = auth::signNodeCertificate(node, public_key_source, *ca_pem, ca_key, days, nowS());
-  if (!cert) return cert.status();
-  *not_after_s = cert->not_after_s;
-  return std::move(cert->pem);
-}
-
-}  // namespace
 
 // One agent's Connect stream (gRPC's callback API: no thread waits on it). Reads one message at a time: the
 // next read starts once the coordinator's loop has handled the last message, so an agent can never queue more
@@ -235,7 +196,8 @@ class ConnectStream final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
 
 class RpcServer::AgentServiceImpl final : public v1::AgentService::CallbackService {
  public:
-  AgentServiceImpl(Coordinator& c, const SecurityOptions& security) : coordinator_(c), security_(security) {}
+  AgentServiceImpl(Coordinator& c, const SecurityOptions& security, auth::Admin& admin)
+      : coordinator_(c), security_(security), admin_(admin) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
                                      v1::RegisterResponse* response) override {
@@ -262,52 +224,27 @@ class RpcServer::AgentServiceImpl final : public v1::AgentService::CallbackServi
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context, const v1::JoinRequest* request,
                                  v1::JoinResponse* response) override {
     auto* reactor = context->DefaultReactor();
-    reactor->Finish(join(request, response));
+    auto joined = admin_.join(*request);
+    if (joined) *response = std::move(*joined);
+    reactor->Finish(toGrpc(joined.status()));
     return reactor;
   }
 
  private:
-  grpc::Status join(const v1::JoinRequest* request, v1::JoinResponse* response) {
-    if (security_.insecure) {
-      return toGrpc(Status::failedPrecondition("this coordinator runs --insecure: there is no CA to join"));
-    }
-    std::string error;
-    auto ca = pki::readFile(security_.pki_dir + "/" + pki::kCaCert, &error);
-    if (!ca) return toGrpc(Status::unavailable(error));
-    response->set_ca_pem(*ca);
-    if (request->token().empty()) return grpc::Status::OK;
-    auto cn = pki::csrCommonName(request->csr_pem(), &error);
-    if (!cn) return toGrpc(Status::invalidArgument(error));
-    if (*cn != request->node()) {
-      return toGrpc(Status::invalidArgument("the request's common name '" + *cn + "' is not the node '" +
-                                            request->node() + "'"));
-    }
-    if (Status st = security_.users->redeemJoinToken(request->token(), request->node()); !st) {
-      spdlog::warn("join refused for node {}: {}", request->node(), st.message());
-      return toGrpc(st);
-    }
-    int64_t not_after = 0;
-    std::string ca_pem;
-    auto cert = signNode(security_, request->node(), request->csr_pem(), 0, &not_after, &ca_pem);
-    if (!cert) return toGrpc(cert.status());
-    response->set_certificate_pem(*cert);
-    response->set_not_after_ms(not_after * 1000);
-    spdlog::info("node {} joined with a join token; its certificate is valid until {}", request->node(), not_after);
-    return grpc::Status::OK;
-  }
-
   Coordinator& coordinator_;
   const SecurityOptions& security_;
+  auth::Admin& admin_;
 };
 
 // The user service. Calls that reach the coordinator answer from its callbacks (on its loop thread, after the
-// change is durable); the rest (users, certificates: rare and quick) answer at once.
+// change is durable); the rest (users, certificates: rare and quick, in auth::Admin) answer at once.
 class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService {
   using Ctx = grpc::CallbackServerContext;
   using Reactor = grpc::ServerUnaryReactor;
 
  public:
-  UserServiceImpl(Coordinator& c, const SecurityOptions& security) : coordinator_(c), security_(security) {}
+  UserServiceImpl(Coordinator& c, const SecurityOptions& security, auth::Admin& admin)
+      : coordinator_(c), security_(security), admin_(admin) {}
 
   Reactor* Submit(Ctx* ctx, const v1::SubmitRequest* req, v1::SubmitResponse* resp) override {
     auto* r = ctx->DefaultReactor();
@@ -412,21 +349,35 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     return now(ctx->DefaultReactor(), whoAmI(ctx, req, resp));
   }
   Reactor* AddUser(Ctx* ctx, const v1::AddUserRequest* req, v1::AddUserResponse* resp) override {
-    return now(ctx->DefaultReactor(), addUser(ctx, req, resp));
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, "adding users"); !st.ok()) return now(r, st);
+    fill(r, resp)(admin_.addUser(*req));
+    return r;
   }
-  Reactor* RemoveUser(Ctx* ctx, const v1::RemoveUserRequest* req, v1::RemoveUserResponse* resp) override {
-    return now(ctx->DefaultReactor(), removeUser(ctx, req, resp));
+  Reactor* RemoveUser(Ctx* ctx, const v1::RemoveUserRequest* req, v1::RemoveUserResponse*) override {
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, "removing users"); !st.ok()) return now(r, st);
+    return finish(r, admin_.removeUser(*req));
   }
-  Reactor* ListUsers(Ctx* ctx, const v1::ListUsersRequest* req, v1::ListUsersResponse* resp) override {
-    return now(ctx->DefaultReactor(), listUsers(ctx, req, resp));
+  Reactor* ListUsers(Ctx* ctx, const v1::ListUsersRequest*, v1::ListUsersResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, "listing users"); !st.ok()) return now(r, st);
+    *resp = admin_.listUsers();
+    return now(r, grpc::Status::OK);
   }
   Reactor* IssueNodeCertificate(Ctx* ctx, const v1::IssueNodeCertificateRequest* req,
                                 v1::IssueNodeCertificateResponse* resp) override {
-    return now(ctx->DefaultReactor(), issueNodeCertificate(ctx, req, resp));
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, "issuing node certificates"); !st.ok()) return now(r, st);
+    fill(r, resp)(admin_.issueNodeCertificate(*req));
+    return r;
   }
   Reactor* CreateJoinToken(Ctx* ctx, const v1::CreateJoinTokenRequest* req,
                            v1::CreateJoinTokenResponse* resp) override {
-    return now(ctx->DefaultReactor(), createJoinToken(ctx, req, resp));
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, "making join tokens"); !st.ok()) return now(r, st);
+    fill(r, resp)(admin_.createJoinToken(*req));
+    return r;
   }
 
  private:
@@ -450,68 +401,6 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     resp->set_name(who->name);
     resp->set_role(auth::roleName(who->role));
     resp->set_via(who->via);
-    return grpc::Status::OK;
-  }
-  grpc::Status addUser(grpc::ServerContextBase* ctx, const v1::AddUserRequest* req, v1::AddUserResponse* resp) {
-    if (auto st = admin(ctx, "adding users"); !st.ok()) return st;
-    auto role = auth::parseUserRole(req->role());
-    if (!role) return toGrpc(Status::invalidArgument("role '" + req->role() + "' is not admin, user or viewer"));
-    auto token = security_.users->add(req->name(), *role, req->rotate());
-    if (!token) return toGrpc(token.status());
-    spdlog::info("user {} ({}) {}", req->name(), auth::roleName(*role), req->rotate() ? "has a new token" : "added");
-    resp->set_name(req->name());
-    resp->set_role(auth::roleName(*role));
-    resp->set_token(*token);
-    return grpc::Status::OK;
-  }
-  grpc::Status removeUser(grpc::ServerContextBase* ctx, const v1::RemoveUserRequest* req,
-                          v1::RemoveUserResponse*) {
-    if (auto st = admin(ctx, "removing users"); !st.ok()) return st;
-    if (Status st = security_.users->remove(req->name()); !st) return toGrpc(st);
-    spdlog::info("user {} removed", req->name());
-    return grpc::Status::OK;
-  }
-  grpc::Status listUsers(grpc::ServerContextBase* ctx, const v1::ListUsersRequest*, v1::ListUsersResponse* resp) {
-    if (auto st = admin(ctx, "listing users"); !st.ok()) return st;
-    for (const auto& u : security_.users->list()) {
-      v1::Identity* out = resp->add_users();
-      out->set_name(u.name);
-      out->set_role(auth::roleName(u.role));
-      out->set_via(u.via);
-    }
-    return grpc::Status::OK;
-  }
-  grpc::Status issueNodeCertificate(grpc::ServerContextBase* ctx, const v1::IssueNodeCertificateRequest* req,
-                                    v1::IssueNodeCertificateResponse* resp) {
-    if (auto st = admin(ctx, "issuing node certificates"); !st.ok()) return st;
-    std::string error;
-    auto key = pki::newPrivateKey(&error);
-    if (!key) return toGrpc(Status::internal(error));
-    int64_t not_after = 0;
-    std::string ca_pem;
-    auto cert = signNode(security_, req->node(), *key, req->days(), &not_after, &ca_pem);
-    if (!cert) return toGrpc(cert.status());
-    resp->set_certificate_pem(*cert);
-    resp->set_private_key_pem(*key);
-    resp->set_ca_pem(ca_pem);
-    resp->set_not_after_ms(not_after * 1000);
-    spdlog::info("issued a certificate for node {}, valid until {}", req->node(), not_after);
-    return grpc::Status::OK;
-  }
-  grpc::Status createJoinToken(grpc::ServerContextBase* ctx, const v1::CreateJoinTokenRequest* req,
-                               v1::CreateJoinTokenResponse* resp) {
-    if (auto st = admin(ctx, "making join tokens"); !st.ok()) return st;
-    std::string ca_pem, ca_key;
-    if (Status st = readCa(security_, &ca_pem, &ca_key); !st) return toGrpc(st);
-    int64_t expires = 0;
-    auto token = security_.users->createJoinToken(req->node(), req->ttl_s() > 0 ? req->ttl_s() : 3600, &expires);
-    if (!token) return toGrpc(token.status());
-    std::string error;
-    auto info = pki::inspectCertificate(ca_pem, &error);
-    if (!info) return toGrpc(Status::internal(error));
-    resp->set_token(*token);
-    resp->set_expires_ms(expires * 1000);
-    resp->set_ca_sha256(info->sha256);
     return grpc::Status::OK;
   }
 
@@ -542,13 +431,15 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
 
   Coordinator& coordinator_;
   const SecurityOptions& security_;
+  auth::Admin& admin_;
 };
 
 RpcServer::RpcServer(Coordinator& coordinator, SecurityOptions security)
     : coordinator_(coordinator),
       security_(std::move(security)),
-      agent_service_(std::make_unique<AgentServiceImpl>(coordinator, security_)),
-      user_service_(std::make_unique<UserServiceImpl>(coordinator, security_)) {}
+      admin_(security_.users, security_.pki_dir, security_.node_cert_days, security_.insecure),
+      agent_service_(std::make_unique<AgentServiceImpl>(coordinator, security_, admin_)),
+      user_service_(std::make_unique<UserServiceImpl>(coordinator, security_, admin_)) {}
 
 RpcServer::~RpcServer() { shutdown(); }
 

@@ -1,7 +1,8 @@
 // The coordinator's gRPC face: AgentService and UserService from proto/ddl/v1/ddl.proto, each handler a thin
-// translation onto Coordinator (service/coordinator.h). Uses gRPC's synchronous server: every agent stream
-// holds one server thread for reading and one writer thread for commands, which is plenty for hundreds of
-// nodes; a callback-API server is the path beyond that.
+// translation onto Coordinator (service/coordinator.h), or onto auth::Admin (auth/admin.h) for the admin
+// verbs and Join. Uses gRPC's synchronous server: every agent stream holds one server thread for reading and
+// one writer thread for commands, which is plenty for hundreds of nodes; a callback-API server is the path
+// beyond that.
 //
 // Security (docs/security.md): TLS with the cluster's certificates, every call's identity established and
 // checked against auth/access.h's rules before it reaches Coordinator. Plaintext only with `insecure`, which
@@ -15,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "auth/admin.h"
 #include "auth/users.h"
 #include "service/coordinator.h"
 
@@ -52,6 +54,7 @@ class RpcServer {
 
   Coordinator& coordinator_;
   const SecurityOptions security_;
+  auth::Admin admin_;  // the admin verbs and Join, over security_'s registry and PKI directory
   std::unique_ptr<AgentServiceImpl> agent_service_;
   std::unique_ptr<UserServiceImpl> user_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -1,0 +1,138 @@
+// The admin verbs (admin.h): what rpc/server.cpp's handlers did after checking the caller, moved here
+// unchanged in their checks, messages and log lines.
+#include "auth/admin.h"
+
+#include <spdlog/spdlog.h>
+
+#include "common/pki.h"
+
+namespace ddl::coordinator::auth {
+
+Admin::Admin(UserRegistry* users, std::string pki_dir, int node_cert_days, bool insecure,
+             std::function<int64_t()> now_s)
+    : users_(users),
+      pki_dir_(std::move(pki_dir)),
+      node_cert_days_(node_cert_days),
+      insecure_(insecure),
+      now_s_(std::move(now_s)) {}
+
+StatusOr<v1::AddUserResponse> Admin::addUser(const v1::AddUserRequest& request) {
+  auto role = parseUserRole(request.role());
+  if (!role) return Status::invalidArgument("role '" + request.role() + "' is not admin, user or viewer");
+  auto token = users_->add(request.name(), *role, request.rotate());
+  if (!token) return token.status();
+  spdlog::info("user {} ({}) {}", request.name(), roleName(*role),
+               request.rotate() ? "has a new token" : "added");
+  v1::AddUserResponse response;
+  response.set_name(request.name());
+  response.set_role(roleName(*role));
+  response.set_token(*token);
+  return response;
+}
+
+Status Admin::removeUser(const v1::RemoveUserRequest& request) {
+  if (Status st = users_->remove(request.name()); !st) return st;
+  spdlog::info("user {} removed", request.name());
+  return Status::ok();
+}
+
+v1::ListUsersResponse Admin::listUsers() const {
+  v1::ListUsersResponse response;
+  for (const auto& u : users_->list()) {
+    v1::Identity* out = response.add_users();
+    out->set_name(u.name);
+    out->set_role(roleName(u.role));
+    out->set_via(u.via);
+  }
+  return response;
+}
+
+StatusOr<v1::IssueNodeCertificateResponse> Admin::issueNodeCertificate(
+    const v1::IssueNodeCertificateRequest& request) {
+  std::string error;
+  auto key = pki::newPrivateKey(&error);
+  if (!key) return Status::internal(error);
+  std::string ca_pem;
+  auto cert = signNode(request.node(), *key, request.days(), &ca_pem);
+  if (!cert) return cert.status();
+  v1::IssueNodeCertificateResponse response;
+  response.set_certificate_pem(cert->pem);
+  response.set_private_key_pem(*key);
+  response.set_ca_pem(ca_pem);
+  response.set_not_after_ms(cert->not_after_s * 1000);
+  spdlog::info("issued a certificate for node {}, valid until {}", request.node(), cert->not_after_s);
+  return response;
+}
+
+StatusOr<v1::CreateJoinTokenResponse> Admin::createJoinToken(const v1::CreateJoinTokenRequest& request) {
+  std::string ca_pem, ca_key;
+  if (Status st = readCa(&ca_pem, &ca_key); !st) return st;
+  int64_t expires = 0;
+  auto token =
+      users_->createJoinToken(request.node(), request.ttl_s() > 0 ? request.ttl_s() : 3600, &expires);
+  if (!token) return token.status();
+  std::string error;
+  auto info = pki::inspectCertificate(ca_pem, &error);
+  if (!info) return Status::internal(error);
+  v1::CreateJoinTokenResponse response;
+  response.set_token(*token);
+  response.set_expires_ms(expires * 1000);
+  response.set_ca_sha256(info->sha256);
+  return response;
+}
+
+StatusOr<v1::JoinResponse> Admin::join(const v1::JoinRequest& request) {
+  if (insecure_)
+    return Status::failedPrecondition("this coordinator runs --insecure: there is no CA to join");
+  std::string error;
+  auto ca = pki::readFile(pki_dir_ + "/" + pki::kCaCert, &error);
+  if (!ca) return Status::unavailable(error);
+  v1::JoinResponse response;
+  response.set_ca_pem(*ca);
+  if (request.token().empty()) return response;
+  auto cn = pki::csrCommonName(request.csr_pem(), &error);
+  if (!cn) return Status::invalidArgument(error);
+  if (*cn != request.node()) {
+    return Status::invalidArgument("the request's common name '" + *cn + "' is not the node '" +
+                                   request.node() + "'");
+  }
+  if (Status st = users_->redeemJoinToken(request.token(), request.node()); !st) {
+    spdlog::warn("join refused for node {}: {}", request.node(), st.message());
+    return st;
+  }
+  std::string ca_pem;
+  auto cert = signNode(request.node(), request.csr_pem(), 0, &ca_pem);
+  if (!cert) return cert.status();
+  response.set_certificate_pem(cert->pem);
+  response.set_not_after_ms(cert->not_after_s * 1000);
+  spdlog::info("node {} joined with a join token; its certificate is valid until {}", request.node(),
+               cert->not_after_s);
+  return response;
+}
+
+Status Admin::readCa(std::string* cert, std::string* key) const {
+  std::string error;
+  auto c = pki::readFile(pki_dir_ + "/" + pki::kCaCert, &error);
+  if (!c) return Status::failedPrecondition(error);
+  auto k = pki::readFile(pki_dir_ + "/" + pki::kCaKey, &error);
+  if (!k) {
+    return Status::failedPrecondition("this coordinator cannot issue certificates: " + error +
+                                      " (the CA key stays with whoever ran init-pki)");
+  }
+  *cert = std::move(*c);
+  *key = std::move(*k);
+  return Status::ok();
+}
+
+StatusOr<NodeCertificate> Admin::signNode(const std::string& node, const std::string& public_key_source,
+                                          int days, std::string* ca_pem) const {
+  if (auto why = pki::checkNodeName(node); !why.empty()) return Status::invalidArgument(why);
+  if (days <= 0) days = node_cert_days_;
+  if (days > kMaxNodeCertDays)
+    return Status::invalidArgument("a node certificate is valid for at most 3650 days");
+  std::string ca_key;
+  if (Status st = readCa(ca_pem, &ca_key); !st) return st;
+  return signNodeCertificate(node, public_key_source, *ca_pem, ca_key, days, now_s_());
+}
+
+}  // namespace ddl::coordinator::auth
