@@ -16,7 +16,15 @@ Admin::Admin(UserRegistry* users, std::string pki_dir, int node_cert_days, bool 
       insecure_(insecure),
       now_s_(std::move(now_s)) {}
 
+Status Admin::needUsers() const {
+  if (users_) return Status::ok();
+  return Status::failedPrecondition("this coordinator keeps no users: it runs --insecure without " +
+                                    pki_dir_ + "/" + pki::kUsersFile +
+                                    " (ddl-coordinator init-pki makes one)");
+}
+
 StatusOr<v1::AddUserResponse> Admin::addUser(const v1::AddUserRequest& request) {
+  if (Status st = needUsers(); !st) return st;
   auto role = parseUserRole(request.role());
   if (!role) return Status::invalidArgument("role '" + request.role() + "' is not admin, user or viewer");
   auto token = users_->add(request.name(), *role, request.rotate());
@@ -31,12 +39,14 @@ StatusOr<v1::AddUserResponse> Admin::addUser(const v1::AddUserRequest& request) 
 }
 
 Status Admin::removeUser(const v1::RemoveUserRequest& request) {
+  if (Status st = needUsers(); !st) return st;
   if (Status st = users_->remove(request.name()); !st) return st;
   spdlog::info("user {} removed", request.name());
   return Status::ok();
 }
 
-v1::ListUsersResponse Admin::listUsers() const {
+StatusOr<v1::ListUsersResponse> Admin::listUsers() const {
+  if (Status st = needUsers(); !st) return st;
   v1::ListUsersResponse response;
   for (const auto& u : users_->list()) {
     v1::Identity* out = response.add_users();
@@ -65,6 +75,7 @@ StatusOr<v1::IssueNodeCertificateResponse> Admin::issueNodeCertificate(
 }
 
 StatusOr<v1::CreateJoinTokenResponse> Admin::createJoinToken(const v1::CreateJoinTokenRequest& request) {
+  if (Status st = needUsers(); !st) return st;
   std::string ca_pem, ca_key;
   if (Status st = readCa(&ca_pem, &ca_key); !st) return st;
   int64_t expires = 0;
@@ -96,6 +107,10 @@ StatusOr<v1::JoinResponse> Admin::join(const v1::JoinRequest& request) {
     return Status::invalidArgument("the request's common name '" + *cn + "' is not the node '" +
                                    request.node() + "'");
   }
+  if (Status st = needUsers(); !st) return st;
+  // The CA's key is checked before the token is used up, so a coordinator that cannot sign keeps the token.
+  std::string ca_cert, ca_key;
+  if (Status st = readCa(&ca_cert, &ca_key); !st) return st;
   if (Status st = users_->redeemJoinToken(request.token(), request.node()); !st) {
     spdlog::warn("join refused for node {}: {}", request.node(), st.message());
     return st;

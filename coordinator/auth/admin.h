@@ -27,7 +27,7 @@ namespace ddl::coordinator::auth {
 class Admin {
  public:
   // users: not owned, outlives this. It is null on an --insecure coordinator started without users.json; the
-  // user and join-token verbs must not be called then (nothing refuses them yet: they would dereference it).
+  // user and join-token verbs then refuse with FAILED_PRECONDITION.
   // node_cert_days: the validity of a certificate whose request says 0 days. now_s: unix seconds, for
   // certificates' validity.
   Admin(UserRegistry* users, std::string pki_dir, int node_cert_days, bool insecure,
@@ -36,7 +36,7 @@ class Admin {
   // A new user and its token, or (rotate) a new token and role for an existing one.
   StatusOr<v1::AddUserResponse> addUser(const v1::AddUserRequest& request);
   Status removeUser(const v1::RemoveUserRequest& request);
-  v1::ListUsersResponse listUsers() const;
+  StatusOr<v1::ListUsersResponse> listUsers() const;
 
   // A new key and its certificate for the node, made here and returned (with the CA) to the admin.
   StatusOr<v1::IssueNodeCertificateResponse> issueNodeCertificate(
@@ -49,6 +49,8 @@ class Admin {
   StatusOr<v1::JoinResponse> join(const v1::JoinRequest& request);
 
  private:
+  // OK when there is a user registry, else why the verb cannot run.
+  Status needUsers() const;
   // The CA's certificate and key, to sign node certificates with.
   Status readCa(std::string* cert, std::string* key) const;
   // A node's certificate for the key or CSR in public_key_source; days <= 0: node_cert_days_.

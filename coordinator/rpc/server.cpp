@@ -362,8 +362,8 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
   Reactor* ListUsers(Ctx* ctx, const v1::ListUsersRequest*, v1::ListUsersResponse* resp) override {
     auto* r = ctx->DefaultReactor();
     if (auto st = admin(ctx, "listing users"); !st.ok()) return now(r, st);
-    *resp = admin_.listUsers();
-    return now(r, grpc::Status::OK);
+    fill(r, resp)(admin_.listUsers());
+    return r;
   }
   Reactor* IssueNodeCertificate(Ctx* ctx, const v1::IssueNodeCertificateRequest* req,
                                 v1::IssueNodeCertificateResponse* resp) override {

@@ -109,7 +109,7 @@ TEST_F(AdminTest, UsersAreAddedRotatedListedAndRemoved) {
   auto bob = admin_->addUser(addUser("bob", "viewer"));
   ASSERT_TRUE(bob);
   EXPECT_EQ(bob->role(), "viewer");
-  EXPECT_EQ(listed(admin_->listUsers()),
+  EXPECT_EQ(listed(admin_->listUsers().value()),
             (std::vector<std::string>{"admin:admin:token", "alice:user:token", "bob:viewer:token"}));
 
   // A second add is refused; a rotation replaces the token and the role, and the old token stops working.
@@ -130,7 +130,8 @@ TEST_F(AdminTest, UsersAreAddedRotatedListedAndRemoved) {
 
   ASSERT_TRUE(admin_->removeUser(removeUser("alice")));
   EXPECT_FALSE(users_->authenticate(rotated->token()));
-  EXPECT_EQ(listed(admin_->listUsers()), (std::vector<std::string>{"admin:admin:token", "bob:viewer:token"}));
+  EXPECT_EQ(listed(admin_->listUsers().value()),
+            (std::vector<std::string>{"admin:admin:token", "bob:viewer:token"}));
   auto again = admin_->removeUser(removeUser("alice"));
   EXPECT_EQ(again.code(), StatusCode::kNotFound);
   EXPECT_EQ(again.message(), "no user 'alice'");
@@ -144,7 +145,8 @@ TEST_F(AdminTest, BadUserNamesAndRolesAreRefused) {
     auto made = admin_->addUser(addUser(name, "user"));
     EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument) << "'" << name << "'";
   }
-  EXPECT_EQ(listed(admin_->listUsers()), std::vector<std::string>{"admin:admin:token"});  // nothing was added
+  EXPECT_EQ(listed(admin_->listUsers().value()),
+            std::vector<std::string>{"admin:admin:token"});  // nothing was added
 }
 
 TEST_F(AdminTest, NodeCertificatesAreSignedByTheCaForTheNodeAndItsDays) {
@@ -249,6 +251,7 @@ TEST_F(AdminTest, JoinTokensWorkOnceForTheirNodeUntilTheyExpire) {
 
 TEST_F(AdminTest, WithoutTheCaKeyNothingIsSignedAndInsecureHasNothingToJoin) {
   const std::string token = joinToken("n6");
+  ASSERT_TRUE(std::filesystem::copy_file(pki_ + "/ca.key", dir_ / "ca.key.saved"));
   std::filesystem::remove(pki_ + "/ca.key");
   v1::IssueNodeCertificateRequest issue;
   issue.set_node("n6");
@@ -262,11 +265,40 @@ TEST_F(AdminTest, WithoutTheCaKeyNothingIsSignedAndInsecureHasNothingToJoin) {
   // The CA certificate is still served; a token made before the key went gets no certificate.
   EXPECT_TRUE(admin_->join(joinRequest("n6", "", "n6")));
   EXPECT_EQ(admin_->join(joinRequest("n6", token, "n6")).status().code(), StatusCode::kFailedPrecondition);
+  // That refusal kept the token: once the key is back, the node joins with it.
+  ASSERT_TRUE(std::filesystem::copy_file(dir_ / "ca.key.saved", pki_ + "/ca.key"));
+  auto joined = admin_->join(joinRequest("n6", token, "n6"));
+  EXPECT_TRUE(joined) << joined.status().toString();
 
   Admin insecure(users_.get(), pki_, kDefaultDays, /*insecure=*/true);
   auto join = insecure.join(joinRequest("n6", "", "n6"));
   EXPECT_EQ(join.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(join.status().message(), "this coordinator runs --insecure: there is no CA to join");
+}
+
+// An --insecure coordinator started without users.json has no user registry: the verbs that need one refuse,
+// they do not crash the coordinator.
+TEST_F(AdminTest, WithoutAUserRegistryTheUserAndTokenVerbsRefuse) {
+  Admin none(nullptr, pki_, kDefaultDays, /*insecure=*/false, [this] { return now_; });
+  v1::AddUserRequest add;
+  add.set_name("bob");
+  add.set_role("user");
+  auto added = none.addUser(add);
+  EXPECT_EQ(added.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(added.status().message().find("keeps no users"), std::string::npos) << added.status().message();
+  v1::RemoveUserRequest remove;
+  remove.set_name("bob");
+  EXPECT_EQ(none.removeUser(remove).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(none.listUsers().status().code(), StatusCode::kFailedPrecondition);
+  v1::CreateJoinTokenRequest create;
+  create.set_node("n7");
+  EXPECT_EQ(none.createJoinToken(create).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(none.join(joinRequest("n7", "ddlj_x", "n7")).status().code(), StatusCode::kFailedPrecondition);
+  // What needs no registry still works: the CA for a joining node, and an admin's node certificate.
+  EXPECT_TRUE(none.join(joinRequest("n7", "", "n7")));
+  v1::IssueNodeCertificateRequest issue;
+  issue.set_node("n7");
+  EXPECT_TRUE(none.issueNodeCertificate(issue));
 }
 
 }  // namespace
