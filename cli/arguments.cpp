@@ -15,6 +15,7 @@
 #include "common/array_spec.h"
 #include "common/host_port.h"
 #include "common/job_id.h"
+#include "common/rank_env.h"
 #include "common/resources.h"
 #include "common/topology_dims.h"
 #include "ddlctl_internal.h"
@@ -169,11 +170,7 @@ namespace {
 // Variables --export ALL leaves out: ddlctl's credentials, and what the rank environment sets itself
 // (common/rank_env.h), which a copy of the submitter's shell (say, inside another job) would clobber.
 bool neverExported(std::string_view name) {
-  static const char* const kNames[] = {"DDL_TOKEN",  "DDL_TOKEN_FILE", "CUDA_VISIBLE_DEVICES", "RANK",
-                                       "WORLD_SIZE", "LOCAL_RANK",     "LOCAL_WORLD_SIZE",     "MASTER_ADDR",
-                                       "MASTER_PORT"};
-  if (name.substr(0, 4) == "DDL_") return true;
-  return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
+  return name == "DDL_TOKEN" || name == "DDL_TOKEN_FILE" || isRankVariable(name);
 }
 bool isCredential(std::string_view name) { return name == "DDL_TOKEN" || name == "DDL_TOKEN_FILE"; }
 }  // namespace

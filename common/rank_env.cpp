@@ -54,6 +54,24 @@ RankAccountEnvironment accountEnvironment(const RankAccountSpec& spec) {
   return env;
 }
 
+bool isRankVariable(std::string_view name) {
+  if (name.substr(0, 4) == "DDL_") return true;
+  // The names the functions above write, read from them, so this list cannot fall behind theirs.
+  RankEnvSpec rank;
+  rank.topology = "1";
+  rank.job_id = "j-1";
+  rank.secret = "s";
+  RankNodeSpec node;
+  node.gpu_uuid = "GPU-0";
+  node.agent_socket = "s";
+  for (const auto& env : {rankEnvironment(rank), nodeEnvironment(node), arrayEnvironment("j-1", 0)}) {
+    for (const auto& [key, value] : env) {
+      if (key == name) return true;
+    }
+  }
+  return false;
+}
+
 std::string newJobSecret() {
   unsigned char bytes[32];
   size_t got = 0;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -66,6 +67,12 @@ struct RankAccountEnvironment {
   std::vector<std::pair<std::string, std::string>> identity;  // HOME, USER, LOGNAME
 };
 RankAccountEnvironment accountEnvironment(const RankAccountSpec& spec);
+
+// True for a variable ddl sets in a rank's environment itself: every DDL_* name, and the torchrun and CUDA
+// names of rankEnvironment and nodeEnvironment (RANK ... MASTER_PORT, CUDA_VISIBLE_DEVICES). A copy of a
+// submitter's shell (ddlctl submit --export ALL, say inside another job) must not carry them in. Not the
+// account's variables: those are the agent's to set whatever a job's env says.
+bool isRankVariable(std::string_view name);
 
 // A fresh job secret: 32 bytes from the system's random source, as 64 hex digits. Empty if the source fails.
 std::string newJobSecret();

@@ -103,4 +103,17 @@ TEST(RankEnv, AccountVariables) {
 }
 
 }  // namespace
+// What ddl sets itself, which a copied shell environment must not carry into a rank (ddlctl --export ALL).
+TEST(RankEnv, RankVariablesAreTheOnesDdlSets) {
+  for (const char* name : {"DDL_RANK", "DDL_ROOT", "DDL_JOB_SECRET", "DDL_GPU", "DDL_ARRAY_INDEX",
+                           "DDL_ANYTHING", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                           "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"}) {
+    EXPECT_TRUE(isRankVariable(name)) << name;
+  }
+  for (const char* name : {"PATH", "HOME", "USER", "SHELL", "LOGNAME", "CUDA_DEVICE_ORDER", "NCCL_DEBUG",
+                           "ddl_rank", "RANKS", "", "DDL"}) {
+    EXPECT_FALSE(isRankVariable(name)) << name;
+  }
+}
+
 }  // namespace ddl
