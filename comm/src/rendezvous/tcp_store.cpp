@@ -217,11 +217,6 @@ std::string requestFrame(uint8_t op, uint32_t id, std::string_view key, std::str
   return frame;
 }
 
-std::string formatHostPort(const std::string& host, int port) {
-  bool ipv6 = host.find(':') != std::string::npos;
-  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
 // -----------------------------------------------------------------------------------------------------------
 // Server
 
