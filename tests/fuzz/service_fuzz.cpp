@@ -45,7 +45,7 @@ struct World {
     }
   }
   int64_t now = 1'000'000;
-  state::MemoryStore store{[this] { return now; }};
+  state::MemoryStore store;
   std::unique_ptr<coordinator::BlockingCoordinator> c;
   std::shared_ptr<NullLink> link = std::make_shared<NullLink>();
   std::string session;
