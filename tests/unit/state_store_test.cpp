@@ -27,9 +27,14 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "state/direct_store.h"
+#ifdef DDL_HAVE_ETCD
+#include "etcd_for_test.h"
+#include "state/etcd_store.h"
+#endif
 #include "state/job.h"
 #include "state/memory_store.h"
 #include "state/sqlite_store.h"
@@ -277,10 +282,69 @@ struct SqliteKind {
     return s.isOk() ? std::move(s).value() : nullptr;
   }
 };
+#ifdef DDL_HAVE_ETCD
+// An EtcdStore over an etcd member of its own, which goes with it.
+class EtcdBacked : public Store {
+ public:
+  // Starts etcd and connects (bounded: 10 s); nullptr with *why set when it cannot.
+  static std::unique_ptr<EtcdBacked> start(std::string* why, EtcdStore::Options options = {}) {
+    auto backed = std::make_unique<EtcdBacked>();
+    if (std::string err = backed->etcd_.start(); !err.empty()) {
+      *why = err;
+      return nullptr;
+    }
+    options.endpoints = {backed->etcd_.endpoint()};
+    options.timeout_ms = 1000;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      auto store = EtcdStore::open(options);
+      if (store) {
+        backed->store_ = std::move(*store);
+        return backed;
+      }
+      *why = store.status().toString();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return nullptr;
+  }
+  Status applyBatch(const std::vector<Write>& batch) override { return store_->applyBatch(batch); }
+  StatusOr<Job> getJob(const std::string& id) override { return store_->getJob(id); }
+  StatusOr<std::vector<NodeRecord>> listNodes() override { return store_->listNodes(); }
+  StatusOr<int64_t> lastJobNumber() override { return store_->lastJobNumber(); }
+  StatusOr<std::vector<Job>> listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
+                                          bool newest_first) override {
+    return store_->listJobsPage(filter, after_number, limit, newest_first);
+  }
+  StatusOr<int> purgeFinished(int64_t ended_before_ms, int limit) override {
+    return store_->purgeFinished(ended_before_ms, limit);
+  }
+  EtcdStore& etcd() { return *store_; }
+  const std::string endpoint() const { return etcd_.endpoint(); }
+
+ private:
+  test_util::EtcdForTest etcd_;
+  std::unique_ptr<EtcdStore> store_;
+};
+
+struct EtcdKind {
+  static std::unique_ptr<Store> make(const TempDir&) {
+    std::string why;
+    auto backed = EtcdBacked::start(&why);
+    if (!backed) skip_reason() = why;
+    return backed;
+  }
+  static std::string& skip_reason() {
+    static std::string reason;
+    return reason;
+  }
+};
+#endif
+
 struct KindName {
   template <typename T>
   static std::string GetName(int) {
-    return std::is_same_v<T, MemoryKind> ? "Memory" : "Sqlite";
+    if (std::is_same_v<T, MemoryKind>) return "Memory";
+    if (std::is_same_v<T, SqliteKind>) return "Sqlite";
+    return "Etcd";
   }
 };
 
@@ -289,6 +353,11 @@ class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
     backing_ = Kind::make(dir_);
+#ifdef DDL_HAVE_ETCD
+    if constexpr (std::is_same_v<Kind, EtcdKind>) {
+      if (!backing_ && test_util::EtcdForTest::binary().empty()) GTEST_SKIP() << EtcdKind::skip_reason();
+    }
+#endif
     ASSERT_NE(backing_, nullptr);
     store_ = std::make_unique<DirectStore>(*backing_, clock_.fn());
   }
@@ -310,7 +379,11 @@ class StoreTest : public ::testing::Test {
   std::unique_ptr<DirectStore> store_;  // The store under test, one change at a time.
 };
 
+#ifdef DDL_HAVE_ETCD
+using Kinds = ::testing::Types<MemoryKind, SqliteKind, EtcdKind>;
+#else
 using Kinds = ::testing::Types<MemoryKind, SqliteKind>;
+#endif
 TYPED_TEST_SUITE(StoreTest, Kinds, KindName);
 
 TYPED_TEST(StoreTest, CreateThenGetRoundTripsEveryField) {
@@ -692,6 +765,109 @@ TYPED_TEST(StoreTest, ConcurrentCallersGetUniqueIdsAndOneWinnerPerRace) {
   EXPECT_EQ(refusals.load(), kPerThread * (kThreads - 1));
   for (const std::string& id : ids[0]) EXPECT_EQ(this->store_->getJob(id)->transitions.size(), 2u);
 }
+
+#ifdef DDL_HAVE_ETCD
+// ---- etcd only
+// ---------------------------------------------------------------------------------------------
+
+// Starts etcd for one test, or skips it (no binary) with the reason.
+#define START_ETCD(var, options)                                                   \
+  std::string why_##var;                                                           \
+  auto var = EtcdBacked::start(&why_##var, options);                               \
+  if (!var && test_util::EtcdForTest::binary().empty()) GTEST_SKIP() << why_##var; \
+  ASSERT_NE(var, nullptr) << why_##var
+
+// A batch larger than etcd takes in one transaction goes in several, and all of it lands; pages cross the
+// store's read chunks; job numbers never go back after a purge.
+TEST(EtcdStore, LargeBatchesPagesAndPurgesKeepEveryRule) {
+  EtcdStore::Options options;
+  options.max_txn_ops = 16;
+  options.page_jobs = 7;
+  START_ETCD(backed, options);
+  FakeClock clock;
+  DirectStore store(*backed, clock.fn());
+  std::vector<Write> batch;
+  for (int n = 1; n <= 100; ++n) {
+    Write w;
+    w.job = newJob(formatJobId(n), sampleSpec("b" + std::to_string(n)), 1000 + n);
+    w.new_job = true;
+    batch.push_back(w);
+  }
+  ASSERT_TRUE(store.applyBatch(batch));
+  EXPECT_EQ(*store.lastJobNumber(), 100);
+  auto all = store.listJobs();
+  ASSERT_TRUE(all) << all.status().toString();
+  ASSERT_EQ(all->size(), 100u);
+  EXPECT_EQ(all->front().spec, sampleSpec("b1"));
+  EXPECT_EQ(all->back().id, "j-000100");
+  // Pages in both directions, with a filter that skips most jobs.
+  auto up = store.listJobsPage({}, 40, 5);
+  ASSERT_TRUE(up);
+  ASSERT_EQ(up->size(), 5u);
+  EXPECT_EQ(up->front().id, "j-000041");
+  auto down = store.listJobsPage({}, 40, 5, /*newest_first=*/true);
+  ASSERT_TRUE(down);
+  ASSERT_EQ(down->size(), 5u);
+  EXPECT_EQ(down->front().id, "j-000035");
+  EXPECT_EQ(down->back().id, "j-000039");
+  JobFilter named;
+  named.name = "b77";
+  auto found = store.listJobsPage(named, 0, 10);
+  ASSERT_TRUE(found);
+  ASSERT_EQ(found->size(), 1u);
+  EXPECT_EQ(found->front().id, "j-000077");
+  // End the first 30 and purge them: the numbers stay used.
+  for (int n = 1; n <= 30; ++n) ASSERT_TRUE(store.transition(formatJobId(n), JobState::kCancelled, "done"));
+  auto purged = store.purgeFinished(std::numeric_limits<int64_t>::max(), 1000);
+  ASSERT_TRUE(purged);
+  EXPECT_EQ(*purged, 30);
+  EXPECT_EQ(store.listJobs()->size(), 70u);
+  for (int n = 71; n <= 100; ++n) ASSERT_TRUE(store.transition(formatJobId(n), JobState::kCancelled, "done"));
+  EXPECT_EQ(*store.purgeFinished(std::numeric_limits<int64_t>::max(), 1000), 30);
+  EXPECT_EQ(*store.lastJobNumber(), 100);  // the newest job is gone; meta/last_job keeps its number
+  EXPECT_EQ(store.createJob(sampleSpec())->id, "j-000101");
+}
+
+// A layout written by a newer ddl is refused, not rewritten; so is a schema key holding something else. The
+// keys are set with etcdctl, as an operator (or a newer coordinator) would.
+TEST(EtcdStore, ANewerOrForeignLayoutIsRefused) {
+  START_ETCD(backed, EtcdStore::Options{});
+  const std::string etcdctl =
+      std::filesystem::path(test_util::EtcdForTest::binary()).parent_path().string() + "/etcdctl";
+  if (::access(etcdctl.c_str(), X_OK) != 0)
+    GTEST_SKIP() << "no etcdctl beside " << test_util::EtcdForTest::binary();
+  auto put = [&](const std::string& key, const std::string& value) {
+    const std::string cmd = "ETCDCTL_API=3 " + etcdctl + " --endpoints=" + backed->endpoint() + " put '" +
+                            key + "' '" + value + "' >/dev/null";
+    return std::system(cmd.c_str()) == 0;
+  };
+  EtcdStore::Options o;
+  o.endpoints = {backed->endpoint()};
+  for (const auto& [prefix, value, message] :
+       {std::tuple<std::string, std::string, std::string>{"/newer/", "2", "has layout version 2, newer than"},
+        {"/foreign/", "hello", "holds 'hello', not a ddl layout version"}}) {
+    ASSERT_TRUE(put(prefix + "meta/schema", value));
+    o.prefix = prefix;
+    auto refused = EtcdStore::open(o);
+    ASSERT_FALSE(refused) << prefix;
+    EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss);
+    EXPECT_TRUE(contains(refused.status().message(), message)) << refused.status().message();
+  }
+  // A prefix of its own is initialised, and a second store on it agrees.
+  o.prefix = "/fresh/";
+  ASSERT_TRUE(EtcdStore::open(o));
+  ASSERT_TRUE(EtcdStore::open(o));
+  // No etcd at the endpoint: UNAVAILABLE naming it, within the timeout.
+  EtcdStore::Options nobody;
+  nobody.endpoints = {"127.0.0.1:1"};
+  nobody.timeout_ms = 500;
+  auto none = EtcdStore::open(nobody);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(contains(none.status().message(), "127.0.0.1:1")) << none.status().message();
+}
+
+#endif
 
 // ---- SQLite only ------------------------------------------------------------------------------------------
 

@@ -1,0 +1,308 @@
+// EtcdStore: see etcd_store.h.
+#include "state/etcd_store.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <utility>
+
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "state/record_codec.h"
+
+namespace ddl::state {
+namespace {
+
+namespace pb = etcdserverpb;
+
+// The smallest key greater than every key that starts with `prefix` (etcd's range_end for a prefix).
+std::string prefixEnd(std::string prefix) {
+  while (!prefix.empty()) {
+    auto& c = prefix.back();
+    if (static_cast<unsigned char>(c) < 0xff) {
+      ++c;
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+}  // namespace
+
+// The connection: one channel and stub per endpoint; a call goes to the endpoint that answered last, and on
+// UNAVAILABLE or a deadline to the next ones in turn.
+class EtcdStore::Client {
+ public:
+  Client(const std::vector<std::string>& endpoints, int64_t timeout_ms) : timeout_ms_(timeout_ms) {
+    for (const std::string& e : endpoints) {
+      auto channel = grpc::CreateChannel(e, grpc::InsecureChannelCredentials());
+      endpoints_.push_back({e, pb::KV::NewStub(channel)});
+    }
+  }
+
+  template <class Request, class Response>
+  Status call(grpc::Status (pb::KV::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+              const Request& request, Response* response, const std::string& what) {
+    std::string errors;
+    const size_t n = endpoints_.size();
+    const size_t first = current_.load();
+    for (size_t i = 0; i < n; ++i) {
+      const size_t k = (first + i) % n;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
+      grpc::Status st = (endpoints_[k].stub.get()->*method)(&ctx, request, response);
+      if (st.ok()) {
+        current_ = k;
+        return Status::ok();
+      }
+      const std::string text = endpoints_[k].address + ": " + st.error_message();
+      if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
+          st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        // etcd answered and refused (too many operations, a request too large): no other member would differ.
+        return Status::failedPrecondition(what + ": etcd at " + text);
+      }
+      errors += (errors.empty() ? "" : "; ") + text;
+    }
+    return Status::unavailable(what + ": no etcd endpoint answered (" + errors + ")");
+  }
+
+ private:
+  struct Endpoint {
+    std::string address;
+    std::unique_ptr<pb::KV::Stub> stub;
+  };
+  std::vector<Endpoint> endpoints_;
+  std::atomic<size_t> current_{0};
+  const int64_t timeout_ms_;
+};
+
+EtcdStore::EtcdStore(Options options) : options_(std::move(options)) {}
+EtcdStore::~EtcdStore() = default;
+
+StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::open(Options options) {
+  if (options.endpoints.empty()) return Status::invalidArgument("etcd store: give at least one endpoint");
+  if (options.max_txn_ops < 2) return Status::invalidArgument("etcd store: max_txn_ops must be at least 2");
+  std::unique_ptr<EtcdStore> store(new EtcdStore(std::move(options)));
+  store->client_ = std::make_unique<Client>(store->options_.endpoints, store->options_.timeout_ms);
+  const std::string key = store->options_.prefix + "meta/schema";
+  pb::RangeRequest get;
+  get.set_key(key);
+  pb::RangeResponse got;
+  if (Status st = store->client_->call(&pb::KV::Stub::Range, get, &got, "reading " + key); !st) return st;
+  if (got.kvs_size() == 0) {
+    // A new prefix: write the version unless another coordinator just did (create revision 0: absent).
+    pb::TxnRequest txn;
+    pb::Compare* absent = txn.add_compare();
+    absent->set_key(key);
+    absent->set_target(pb::Compare::CREATE);
+    absent->set_result(pb::Compare::EQUAL);
+    absent->set_create_revision(0);
+    pb::RequestOp* put = txn.add_success();
+    put->mutable_request_put()->set_key(key);
+    put->mutable_request_put()->set_value(std::to_string(kSchemaVersion));
+    pb::TxnResponse done;
+    if (Status st = store->client_->call(&pb::KV::Stub::Txn, txn, &done, "writing " + key); !st) return st;
+    return store;
+  }
+  const std::string& value = got.kvs(0).value();
+  int version = 0;
+  if (std::sscanf(value.c_str(), "%d", &version) != 1 || version < 1) {
+    return Status::dataLoss("etcd key " + key + " holds '" + value + "', not a ddl layout version");
+  }
+  if (version > kSchemaVersion) {
+    return Status::dataLoss("the ddl state under " + store->options_.prefix + " in etcd has layout version " +
+                            std::to_string(version) + ", newer than this coordinator's " +
+                            std::to_string(kSchemaVersion) + "; run a newer ddl-coordinator");
+  }
+  return store;
+}
+
+std::string EtcdStore::jobKey(int64_t n) const {
+  char digits[32];
+  std::snprintf(digits, sizeof(digits), "%020lld", static_cast<long long>(n));
+  return options_.prefix + "jobs/" + digits;
+}
+
+std::string EtcdStore::nodeKey(const std::string& name) const { return options_.prefix + "nodes/" + name; }
+
+Status EtcdStore::applyBatch(const std::vector<Write>& batch) {
+  if (batch.empty()) return Status::ok();
+  std::vector<pb::RequestOp> ops;
+  int64_t highest = 0;
+  for (const Write& w : batch) {
+    pb::RequestOp op;
+    switch (w.kind) {
+      case Write::Kind::kPutJob: {
+        std::optional<int64_t> n = jobIdNumber(w.job.id);
+        if (!n) return Status::invalidArgument("cannot store job '" + w.job.id + "': not a job id");
+        if (w.new_job) {
+          if (Status st = validateJobSpec(w.job.spec); !st) return st;
+        }
+        highest = std::max(highest, *n);
+        op.mutable_request_put()->set_key(jobKey(*n));
+        op.mutable_request_put()->set_value(record_codec::encodeJob(w.job));
+        break;
+      }
+      case Write::Kind::kPutNode:
+        if (w.node.name.empty()) return Status::invalidArgument("node record has an empty name");
+        op.mutable_request_put()->set_key(nodeKey(w.node.name));
+        op.mutable_request_put()->set_value(record_codec::encodeNode(w.node));
+        break;
+      case Write::Kind::kDeleteNode:
+        op.mutable_request_delete_range()->set_key(nodeKey(w.name));
+        break;
+    }
+    ops.push_back(std::move(op));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (highest > 0) {
+    StatusOr<int64_t> last = lastJobNumber();
+    if (!last) return last.status();
+    if (highest > *last) {
+      pb::RequestOp op;
+      op.mutable_request_put()->set_key(options_.prefix + "meta/last_job");
+      op.mutable_request_put()->set_value(std::to_string(highest));
+      ops.insert(ops.begin(), std::move(op));  // first: see the file comment
+    }
+  }
+  for (size_t at = 0; at < ops.size(); at += static_cast<size_t>(options_.max_txn_ops)) {
+    pb::TxnRequest txn;
+    const size_t end = std::min(ops.size(), at + static_cast<size_t>(options_.max_txn_ops));
+    for (size_t i = at; i < end; ++i) *txn.add_success() = std::move(ops[i]);
+    pb::TxnResponse done;
+    if (Status st = client_->call(&pb::KV::Stub::Txn, txn, &done,
+                                  "storing a batch of " + std::to_string(batch.size()) + " writes");
+        !st) {
+      return st;
+    }
+  }
+  return Status::ok();
+}
+
+StatusOr<Job> EtcdStore::getJob(const std::string& id) {
+  std::optional<int64_t> n = jobIdNumber(id);
+  if (!n) return jobNotFound(id);
+  pb::RangeRequest get;
+  get.set_key(jobKey(*n));
+  pb::RangeResponse got;
+  if (Status st = client_->call(&pb::KV::Stub::Range, get, &got, "reading job " + id); !st) return st;
+  if (got.kvs_size() == 0) return jobNotFound(id);
+  return record_codec::decodeJob(formatJobId(*n), got.kvs(0).value());
+}
+
+StatusOr<std::vector<NodeRecord>> EtcdStore::listNodes() {
+  const std::string prefix = options_.prefix + "nodes/";
+  pb::RangeRequest get;
+  get.set_key(prefix);
+  get.set_range_end(prefixEnd(prefix));
+  pb::RangeResponse got;
+  if (Status st = client_->call(&pb::KV::Stub::Range, get, &got, "reading the nodes"); !st) return st;
+  std::vector<NodeRecord> nodes;
+  for (const auto& kv : got.kvs()) {
+    auto node = record_codec::decodeNode(kv.key().substr(prefix.size()), kv.value());
+    if (!node) return node.status();
+    nodes.push_back(std::move(*node));
+  }
+  return nodes;  // etcd returns keys in byte order: by name
+}
+
+StatusOr<int64_t> EtcdStore::lastJobNumber() {
+  pb::RangeRequest meta;
+  meta.set_key(options_.prefix + "meta/last_job");
+  pb::RangeResponse got_meta;
+  if (Status st = client_->call(&pb::KV::Stub::Range, meta, &got_meta, "reading the last job number"); !st) {
+    return st;
+  }
+  int64_t last = 0;
+  if (got_meta.kvs_size() > 0) last = std::strtoll(got_meta.kvs(0).value().c_str(), nullptr, 10);
+  // The newest job's key as well, so a meta key lost or behind cannot make a number go round again.
+  const std::string prefix = options_.prefix + "jobs/";
+  pb::RangeRequest newest;
+  newest.set_key(prefix);
+  newest.set_range_end(prefixEnd(prefix));
+  newest.set_sort_order(pb::RangeRequest::DESCEND);
+  newest.set_sort_target(pb::RangeRequest::KEY);
+  newest.set_limit(1);
+  newest.set_keys_only(true);
+  pb::RangeResponse got;
+  if (Status st = client_->call(&pb::KV::Stub::Range, newest, &got, "reading the newest job"); !st) return st;
+  if (got.kvs_size() > 0) {
+    last = std::max<int64_t>(last, std::strtoll(got.kvs(0).key().substr(prefix.size()).c_str(), nullptr, 10));
+  }
+  return last;
+}
+
+StatusOr<std::vector<Job>> EtcdStore::listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
+                                                   bool newest_first) {
+  std::vector<Job> out;
+  if (limit <= 0) return out;
+  const std::string prefix = options_.prefix + "jobs/";
+  // The part of the key space still to read: [from, to).
+  std::string from = newest_first ? prefix : jobKey(after_number + 1);
+  std::string to = newest_first && after_number > 0 ? jobKey(after_number) : prefixEnd(prefix);
+  while (static_cast<int>(out.size()) < limit && from < to) {
+    pb::RangeRequest get;
+    get.set_key(from);
+    get.set_range_end(to);
+    get.set_limit(options_.page_jobs);
+    get.set_sort_target(pb::RangeRequest::KEY);
+    get.set_sort_order(newest_first ? pb::RangeRequest::DESCEND : pb::RangeRequest::ASCEND);
+    pb::RangeResponse got;
+    if (Status st = client_->call(&pb::KV::Stub::Range, get, &got, "reading jobs"); !st) return st;
+    for (const auto& kv : got.kvs()) {
+      const int64_t n = std::strtoll(kv.key().substr(prefix.size()).c_str(), nullptr, 10);
+      auto job = record_codec::decodeJob(formatJobId(n), kv.value());
+      if (!job) return job.status();
+      if (matches(filter, *job)) out.push_back(std::move(*job));
+      if (static_cast<int>(out.size()) >= limit) break;
+    }
+    if (!got.more() || got.kvs_size() == 0) break;
+    const std::string& last = got.kvs(got.kvs_size() - 1).key();
+    if (newest_first) {
+      to = last;  // below the last key read
+    } else {
+      from = last + '\0';  // just above it
+    }
+  }
+  if (newest_first) std::reverse(out.begin(), out.end());
+  return out;
+}
+
+StatusOr<int> EtcdStore::purgeFinished(int64_t ended_before_ms, int limit) {
+  const std::string prefix = options_.prefix + "jobs/";
+  std::vector<std::string> victims;
+  std::string from = prefix;
+  const std::string to = prefixEnd(prefix);
+  while (static_cast<int>(victims.size()) < limit) {
+    pb::RangeRequest get;
+    get.set_key(from);
+    get.set_range_end(to);
+    get.set_limit(options_.page_jobs);
+    pb::RangeResponse got;
+    if (Status st = client_->call(&pb::KV::Stub::Range, get, &got, "reading jobs to purge"); !st) return st;
+    for (const auto& kv : got.kvs()) {
+      auto job = record_codec::decodeJob(kv.key().substr(prefix.size()), kv.value());
+      if (!job) continue;  // a damaged record is not purged by guesswork
+      const int64_t ended = endedAtMs(*job);
+      if (ended > 0 && ended < ended_before_ms) victims.push_back(kv.key());
+      if (static_cast<int>(victims.size()) >= limit) break;
+    }
+    if (!got.more() || got.kvs_size() == 0) break;
+    from = got.kvs(got.kvs_size() - 1).key() + '\0';
+  }
+  for (size_t at = 0; at < victims.size(); at += static_cast<size_t>(options_.max_txn_ops)) {
+    pb::TxnRequest txn;
+    for (size_t i = at; i < std::min(victims.size(), at + static_cast<size_t>(options_.max_txn_ops)); ++i) {
+      txn.add_success()->mutable_request_delete_range()->set_key(victims[i]);
+    }
+    pb::TxnResponse done;
+    if (Status st = client_->call(&pb::KV::Stub::Txn, txn, &done, "purging old jobs"); !st) return st;
+  }
+  return static_cast<int>(victims.size());
+}
+
+}  // namespace ddl::state

@@ -1,0 +1,71 @@
+// EtcdStore: the Store in etcd (v3 API over gRPC), for several coordinators that share their state.
+//
+// Layout under a prefix (default "/ddl/"):
+//   meta/schema          the layout's version ("1"); a newer one is refused, as SqliteStore refuses a newer
+//   file meta/last_job        the highest job number ever stored, so numbers are never reused after a purge
+//   jobs/<20 digits>     one job, its whole record (record_codec.h); the zero-padded number sorts as a number
+//   nodes/<name>         one node
+// A batch is one etcd transaction, so every write the coordinator acknowledges is replicated by the cluster's
+// quorum first. etcd refuses a transaction of more than --max-txn-ops operations (128 unless its operator
+// raised it): a larger batch is written as several transactions of max_txn_ops, in order, the one raising
+// meta/last_job first, so a failure part-way can leave some of the batch's records newer than others (each is
+// whole; the coordinator retries the rest) but never a job number that could be handed out again.
+//
+// etcd has no secondary index: listJobsPage and purgeFinished read the jobs in key order, a page at a time,
+// and filter here. What is fast is what the coordinator does often: batches, and reading one job.
+//
+// Not yet: leader election and the fencing of writes by the leader's key, TLS and client certificates to etcd
+// (issue 30's later steps). Endpoints are tried in turn; the first that answers serves the call.
+//
+// Threads: thread-safe (gRPC stubs are); calls may run concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "state/store.h"
+
+namespace ddl::state {
+
+class EtcdStore : public Store {
+ public:
+  static constexpr int kSchemaVersion = 1;
+
+  struct Options {
+    std::vector<std::string> endpoints;  // HOST:PORT of etcd's client URLs (plaintext for now)
+    std::string prefix = "/ddl/";
+    int max_txn_ops = 128;      // etcd's --max-txn-ops
+    int64_t timeout_ms = 5000;  // per call
+    int page_jobs = 256;        // jobs read per range request when scanning
+  };
+
+  // Connects, then reads (or, on an empty prefix, writes) the layout's version. UNAVAILABLE when no endpoint
+  // answers; DATA_LOSS for a newer layout.
+  static StatusOr<std::unique_ptr<EtcdStore>> open(Options options);
+  ~EtcdStore() override;
+
+  Status applyBatch(const std::vector<Write>& batch) override;
+  StatusOr<Job> getJob(const std::string& id) override;
+  StatusOr<std::vector<NodeRecord>> listNodes() override;
+  StatusOr<int64_t> lastJobNumber() override;
+  StatusOr<std::vector<Job>> listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
+                                          bool newest_first = false) override;
+  StatusOr<int> purgeFinished(int64_t ended_before_ms, int limit) override;
+
+  // The key of job number n and of node `name` (for tests and tools).
+  std::string jobKey(int64_t n) const;
+  std::string nodeKey(const std::string& name) const;
+
+ private:
+  class Client;
+  explicit EtcdStore(Options options);
+
+  Options options_;
+  std::unique_ptr<Client> client_;
+  std::mutex mu_;  // serialises applyBatch, so meta/last_job only grows
+};
+
+}  // namespace ddl::state

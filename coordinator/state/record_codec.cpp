@@ -1,0 +1,222 @@
+// Whole records as MessagePack: see record_codec.h.
+#include "state/record_codec.h"
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "state/sqlite_codec.h"
+
+namespace ddl::state::record_codec {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kVersion = 1;
+
+json failureDoc(const Failure& f) {
+  json o = {{"rank", f.rank}, {"host", f.host}};
+  if (f.exit_code) o["exit_code"] = *f.exit_code;
+  if (f.signal) o["signal"] = *f.signal;
+  return o;
+}
+
+// Readers that give the default for a missing key or a value of the wrong type.
+int64_t num(const json& o, const char* key) {
+  auto it = o.find(key);
+  return it != o.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+}
+std::string str(const json& o, const char* key) {
+  auto it = o.find(key);
+  return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+bool flag(const json& o, const char* key) {
+  auto it = o.find(key);
+  return it != o.end() && it->is_boolean() && it->get<bool>();
+}
+std::vector<std::string> strings(const json& o, const char* key) {
+  std::vector<std::string> out;
+  auto it = o.find(key);
+  if (it == o.end() || !it->is_array()) return out;
+  for (const auto& v : *it) {
+    if (v.is_string()) out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+std::vector<int> ints(const json& o, const char* key) {
+  std::vector<int> out;
+  auto it = o.find(key);
+  if (it == o.end() || !it->is_array()) return out;
+  for (const auto& v : *it) {
+    if (v.is_number_integer()) out.push_back(v.get<int>());
+  }
+  return out;
+}
+std::map<std::string, std::string> stringMap(const json& o, const char* key) {
+  std::map<std::string, std::string> out;
+  auto it = o.find(key);
+  if (it == o.end() || !it->is_object()) return out;
+  for (const auto& [k, v] : it->items()) {
+    if (v.is_string()) out[k] = v.get<std::string>();
+  }
+  return out;
+}
+std::optional<Failure> failureOf(const json& o, const char* key) {
+  auto it = o.find(key);
+  if (it == o.end() || !it->is_object()) return std::nullopt;
+  Failure f;
+  f.rank = static_cast<int>(num(*it, "rank"));
+  f.host = str(*it, "host");
+  if (it->contains("exit_code")) f.exit_code = static_cast<int>(num(*it, "exit_code"));
+  if (it->contains("signal")) f.signal = static_cast<int>(num(*it, "signal"));
+  return f;
+}
+
+// The document of `bytes`, or DATA_LOSS naming `what` when it is not one of ours.
+StatusOr<json> parse(const std::string& what, const std::string& bytes) {
+  json doc = json::from_msgpack(bytes, /*strict=*/true, /*allow_exceptions=*/false);
+  if (!doc.is_object() || num(doc, "v") != kVersion) {
+    return Status::dataLoss(what + ": the stored value is not a version " + std::to_string(kVersion) +
+                            " record");
+  }
+  return doc;
+}
+
+std::string pack(const json& doc) {
+  std::vector<uint8_t> bytes = json::to_msgpack(doc);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+}  // namespace
+
+std::string encodeJob(const Job& job) {
+  const JobSpec& s = job.spec;
+  json doc = {{"v", kVersion},
+              {"name", s.name},
+              {"user", s.user},
+              {"nodes", s.nodes},
+              {"gpus_per_node", s.gpus_per_node},
+              {"total_gpus", s.total_gpus},
+              {"topology_override", s.topology_override},
+              {"priority", s.priority},
+              {"max_restarts", s.max_restarts},
+              {"env", s.env},
+              {"workdir", s.workdir},
+              {"command", s.command},
+              {"labels", s.required_labels},
+              {"state", toString(job.state)},
+              {"restarts", job.restarts},
+              {"submit_ms", job.submit_ms},
+              {"topology", job.topology},
+              {"root_port", job.root_port},
+              {"end_ms", endedAtMs(job)},
+              {"extra", sqlite_codec::encodeExtra(job)}};
+  if (job.failure) doc["failure"] = failureDoc(*job.failure);
+  json transitions = json::array();
+  for (const Transition& t : job.transitions) {
+    json o = {{"from", toString(t.from)}, {"to", toString(t.to)}, {"at_ms", t.at_ms}, {"reason", t.reason}};
+    if (t.failure) o["failure"] = failureDoc(*t.failure);
+    transitions.push_back(std::move(o));
+  }
+  doc["transitions"] = std::move(transitions);
+  json allocation = json::array();
+  for (const NodeAllocation& a : job.allocation) {
+    allocation.push_back(
+        {{"node", a.node}, {"gpus", a.gpus}, {"cpus", a.cpus}, {"memory_bytes", a.memory_bytes}});
+  }
+  doc["allocation"] = std::move(allocation);
+  return pack(doc);
+}
+
+StatusOr<Job> decodeJob(const std::string& id, const std::string& bytes) {
+  StatusOr<json> parsed = parse("job " + id, bytes);
+  if (!parsed) return parsed.status();
+  const json& doc = *parsed;
+  Job job;
+  job.id = id;
+  JobSpec& s = job.spec;
+  s.name = str(doc, "name");
+  s.user = str(doc, "user");
+  s.nodes = static_cast<int>(num(doc, "nodes"));
+  s.gpus_per_node = static_cast<int>(num(doc, "gpus_per_node"));
+  s.total_gpus = static_cast<int>(num(doc, "total_gpus"));
+  s.topology_override = str(doc, "topology_override");
+  s.priority = static_cast<int>(num(doc, "priority"));
+  s.max_restarts = static_cast<int>(num(doc, "max_restarts"));
+  s.env = strings(doc, "env");
+  s.workdir = str(doc, "workdir");
+  s.command = strings(doc, "command");
+  s.required_labels = stringMap(doc, "labels");
+  std::optional<JobState> state = parseJobState(str(doc, "state"));
+  if (!state) return Status::dataLoss("job " + id + " has unknown state '" + str(doc, "state") + "'");
+  job.state = *state;
+  job.restarts = static_cast<int>(num(doc, "restarts"));
+  job.submit_ms = num(doc, "submit_ms");
+  job.failure = failureOf(doc, "failure");
+  job.topology = str(doc, "topology");
+  job.root_port = static_cast<int>(num(doc, "root_port"));
+  if (auto it = doc.find("transitions"); it != doc.end() && it->is_array()) {
+    for (const auto& o : *it) {
+      std::optional<JobState> from = parseJobState(str(o, "from")), to = parseJobState(str(o, "to"));
+      if (!from || !to) return Status::dataLoss("job " + id + " has a transition with an unknown state");
+      job.transitions.push_back(
+          Transition{*from, *to, num(o, "at_ms"), str(o, "reason"), failureOf(o, "failure")});
+    }
+  }
+  if (auto it = doc.find("allocation"); it != doc.end() && it->is_array()) {
+    for (const auto& o : *it) {
+      job.allocation.push_back(
+          NodeAllocation{str(o, "node"), ints(o, "gpus"), ints(o, "cpus"), num(o, "memory_bytes")});
+    }
+  }
+  sqlite_codec::decodeExtra(str(doc, "extra"), job);
+  return job;
+}
+
+std::string encodeNode(const NodeRecord& node) {
+  json gpus = json::array();
+  for (const GpuInfo& g : node.gpus) {
+    gpus.push_back(
+        {{"index", g.index}, {"uuid", g.uuid}, {"model", g.model}, {"memory_bytes", g.memory_bytes}});
+  }
+  return pack({{"v", kVersion},
+               {"address", node.address},
+               {"gpus", std::move(gpus)},
+               {"labels", node.labels},
+               {"state", toString(node.state)},
+               {"drain_reason", node.drain_reason},
+               {"drained", node.drained},
+               {"last_heartbeat_ms", node.last_heartbeat_ms},
+               {"cpus", node.cpus},
+               {"memory_bytes", node.memory_bytes}});
+}
+
+StatusOr<NodeRecord> decodeNode(const std::string& name, const std::string& bytes) {
+  StatusOr<json> parsed = parse("node " + name, bytes);
+  if (!parsed) return parsed.status();
+  const json& doc = *parsed;
+  NodeRecord n;
+  n.name = name;
+  n.address = str(doc, "address");
+  if (auto it = doc.find("gpus"); it != doc.end() && it->is_array()) {
+    for (const auto& o : *it) {
+      n.gpus.push_back(GpuInfo{static_cast<int>(num(o, "index")), str(o, "uuid"), str(o, "model"),
+                               num(o, "memory_bytes")});
+    }
+  }
+  n.labels = stringMap(doc, "labels");
+  std::optional<NodeState> state = parseNodeState(str(doc, "state"));
+  if (!state) return Status::dataLoss("node " + name + " has unknown state '" + str(doc, "state") + "'");
+  n.state = *state;
+  n.drain_reason = str(doc, "drain_reason");
+  n.drained = flag(doc, "drained");
+  n.last_heartbeat_ms = num(doc, "last_heartbeat_ms");
+  n.cpus = ints(doc, "cpus");
+  n.memory_bytes = num(doc, "memory_bytes");
+  return n;
+}
+
+}  // namespace ddl::state::record_codec
