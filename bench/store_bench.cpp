@@ -11,7 +11,16 @@
 // The figures depend mostly on the disk's fsync latency; run it on the disk the coordinator will use. It is a
 // tool that prints numbers, not a test: nothing here asserts on time.
 //
-//   store_bench [--submits N] [--threads T] [--list-jobs N] [--dir DIR] [--json FILE]
+//  - group commit: batches of --batch jobs in one applyBatch (what the coordinator does under load): the
+//    batch's latency and jobs per second.
+// With --etcd HOST:PORT[,HOST:PORT...] the same figures for EtcdStore over that etcd cluster (each part under
+// a prefix of its own, /ddl-store-bench-PID-PART/, left there; the list part is skipped as slow by design:
+// etcd has no index). Start a member with .cache/etcd/usr/bin/etcd (scripts/bootstrap unpacks it).
+//
+//   store_bench [--submits N] [--threads T] [--list-jobs N] [--batch N] [--dir DIR] [--etcd ENDPOINTS]
+//               [--json FILE]
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +34,9 @@
 
 #include "state/direct_store.h"
 #include "state/sqlite_store.h"
+#ifdef DDL_HAVE_ETCD
+#include "state/etcd_store.h"
+#endif
 
 namespace {
 
@@ -123,33 +135,86 @@ ListResult benchList(DirectStore& store, const std::string& what, const ddl::sta
   return r;
 }
 
-// An SQLite store driven one change at a time (DirectStore: each submit is a batch of one, committed and
-// fsync'ed before it returns, as the coordinator's group commit does for a batch).
+// A store driven one change at a time (DirectStore: each submit is a batch of one, committed, and for SQLite
+// fsync'ed, before it returns, as the coordinator's group commit does for a batch).
 struct BenchStore {
-  std::unique_ptr<SqliteStore> sqlite;
+  std::unique_ptr<ddl::state::Store> backing;
   std::unique_ptr<DirectStore> calls;
   DirectStore* operator->() { return calls.get(); }
   DirectStore& operator*() { return *calls; }
 };
 
-BenchStore openStore(const std::string& path) {
-  SqliteStore::Options o;
-  o.path = path;
-  auto s = SqliteStore::open(o);
-  if (!s.isOk()) {
-    std::fprintf(stderr, "%s\n", s.status().toString().c_str());
-    std::exit(1);
+// The store for one part of the run: a file of its own in `dir`, or a prefix of its own in etcd.
+BenchStore openStore(const fs::path& dir, const std::string& part, const std::vector<std::string>& etcd) {
+  BenchStore store;
+  if (etcd.empty()) {
+    SqliteStore::Options o;
+    o.path = (dir / (part + ".db")).string();
+    auto s = SqliteStore::open(o);
+    if (!s.isOk()) {
+      std::fprintf(stderr, "%s\n", s.status().toString().c_str());
+      std::exit(1);
+    }
+    store.backing = std::move(s).value();
+  } else {
+#ifdef DDL_HAVE_ETCD
+    ddl::state::EtcdStore::Options o;
+    o.endpoints = etcd;
+    o.prefix = "/ddl-store-bench-" + std::to_string(::getpid()) + "-" + part + "/";
+    auto s = ddl::state::EtcdStore::open(o);
+    if (!s.isOk()) {
+      std::fprintf(stderr, "%s\n", s.status().toString().c_str());
+      std::exit(1);
+    }
+    store.backing = std::move(s).value();
+#endif
   }
-  BenchStore store{std::move(s).value(), nullptr};
-  store.calls = std::make_unique<DirectStore>(*store.sqlite);
+  store.calls = std::make_unique<DirectStore>(*store.backing);
   return store;
+}
+
+struct BatchResult {
+  int batch = 0;
+  int batches = 0;
+  double median_ms = 0, p99_ms = 0, jobs_per_second = 0;
+};
+
+// `batches` batches of `per_batch` new jobs, each one applyBatch, as the coordinator's group commit writes
+// them.
+BatchResult benchBatches(DirectStore& store, int batches, int per_batch) {
+  std::vector<double> lat;
+  int64_t next = store.lastJobNumber().value() + 1;
+  const auto t0 = Clock::now();
+  for (int b = 0; b < batches; ++b) {
+    std::vector<ddl::state::Write> batch;
+    for (int i = 0; i < per_batch; ++i) {
+      ddl::state::Write w;
+      w.job = ddl::state::newJob(ddl::state::formatJobId(next++), benchSpec(i), 0);
+      w.new_job = true;
+      batch.push_back(std::move(w));
+    }
+    const auto s = Clock::now();
+    if (auto st = store.applyBatch(batch); !st.isOk()) {
+      std::fprintf(stderr, "applyBatch failed: %s\n", st.toString().c_str());
+      std::exit(1);
+    }
+    lat.push_back(usSince(s) / 1000);
+  }
+  BatchResult r;
+  r.batch = per_batch;
+  r.batches = batches;
+  r.median_ms = percentile(lat, 0.5);
+  r.p99_ms = percentile(lat, 0.99);
+  r.jobs_per_second = batches * per_batch / (usSince(t0) / 1e6);
+  return r;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int submits = 2000, threads = 4, list_jobs = 10000;
+  int submits = 2000, threads = 4, list_jobs = 10000, batch = 100;
   std::string dir_arg, json_path;
+  std::vector<std::string> etcd;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -169,15 +234,29 @@ int main(int argc, char** argv) {
       dir_arg = next();
     else if (a == "--json")
       json_path = next();
-    else {
+    else if (a == "--batch")
+      batch = std::atoi(next().c_str());
+    else if (a == "--etcd") {
+      std::string list = next();
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        if (comma > at) etcd.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
+#ifndef DDL_HAVE_ETCD
+      std::fprintf(stderr, "--etcd: this build has no etcd client (scripts/bootstrap fetches it)\n");
+      return 2;
+#endif
+    } else {
       std::fprintf(stderr,
-                   "usage: %s [--submits N] [--threads T] [--list-jobs N] [--dir DIR] [--json FILE]\n",
+                   "usage: %s [--submits N] [--threads T] [--list-jobs N] [--batch N] [--dir DIR] "
+                   "[--etcd HOST:PORT[,...]] [--json FILE]\n",
                    argv[0]);
       return 2;
     }
   }
-  if (submits < threads || threads < 1 || list_jobs < 100) {
-    std::fprintf(stderr, "need --submits >= --threads >= 1 and --list-jobs >= 100\n");
+  if (submits < threads || threads < 1 || list_jobs < 100 || batch < 1) {
+    std::fprintf(stderr, "need --submits >= --threads >= 1, --list-jobs >= 100 and --batch >= 1\n");
     return 2;
   }
 
@@ -188,15 +267,20 @@ int main(int argc, char** argv) {
     return 1;
   }
   const fs::path dir = tmpl;
-  std::printf("# SqliteStore benchmark in %s (WAL, synchronous=FULL)\n", dir.c_str());
+  if (etcd.empty()) {
+    std::printf("# SqliteStore benchmark in %s (WAL, synchronous=FULL)\n", dir.c_str());
+  } else {
+    std::printf("# EtcdStore benchmark against %s (prefixes /ddl-store-bench-%d-*/)\n", etcd.front().c_str(),
+                static_cast<int>(::getpid()));
+  }
 
   std::vector<SubmitResult> submit_results;
   {
-    auto store = openStore((dir / "single.db").string());
+    auto store = openStore(dir, "single", etcd);
     submit_results.push_back(benchSubmits(*store, 1, submits));
   }
   {
-    auto store = openStore((dir / "multi.db").string());
+    auto store = openStore(dir, "multi", etcd);
     submit_results.push_back(benchSubmits(*store, threads, submits / threads));
   }
   std::printf("%-8s %8s %14s %14s %12s\n", "threads", "submits", "median_us", "p99_us", "submits/s");
@@ -204,9 +288,18 @@ int main(int argc, char** argv) {
     std::printf("%-8d %8d %14.1f %14.1f %12.0f\n", r.threads, r.submits, r.median_us, r.p99_us, r.per_second);
   }
 
-  std::vector<ListResult> list_results;
+  BatchResult batched;
   {
-    auto store = openStore((dir / "list.db").string());
+    auto store = openStore(dir, "batch", etcd);
+    batched = benchBatches(*store, std::max(5, submits / batch), batch);
+  }
+  std::printf("%-8s %8s %14s %14s %12s\n", "batch", "batches", "median_ms", "p99_ms", "jobs/s");
+  std::printf("%-8d %8d %14.2f %14.2f %12.0f\n", batched.batch, batched.batches, batched.median_ms,
+              batched.p99_ms, batched.jobs_per_second);
+
+  std::vector<ListResult> list_results;
+  if (etcd.empty()) {
+    auto store = openStore(dir, "list", etcd);
     std::printf("# filling %d jobs for the list benchmark...\n", list_jobs);
     std::fflush(stdout);
     benchSubmits(*store, 1, list_jobs);
@@ -232,8 +325,11 @@ int main(int argc, char** argv) {
 
   if (!json_path.empty()) {
     std::ofstream out(json_path);
-    out << "{\n  \"store\": \"sqlite\", \"journal_mode\": \"wal\", \"synchronous\": \"full\",\n  \"submit\": "
-           "[\n";
+    out << "{\n  \"store\": \"" << (etcd.empty() ? "sqlite" : "etcd") << "\""
+        << (etcd.empty() ? ", \"journal_mode\": \"wal\", \"synchronous\": \"full\"" : "")
+        << ",\n  \"batched\": {\"batch\": " << batched.batch << ", \"batches\": " << batched.batches
+        << ", \"median_ms\": " << batched.median_ms << ", \"p99_ms\": " << batched.p99_ms
+        << ", \"jobs_per_s\": " << batched.jobs_per_second << "},\n  \"submit\": [\n";
     for (size_t i = 0; i < submit_results.size(); ++i) {
       const auto& r = submit_results[i];
       out << "    {\"threads\": " << r.threads << ", \"submits\": " << r.submits

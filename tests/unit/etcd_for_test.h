@@ -1,6 +1,7 @@
-// An etcd server for a test: one member on loopback ports chosen at run time, its data in a directory of its
-// own, stopped (SIGKILL) and removed with the object. The binary is the one scripts/bootstrap unpacks into
-// .cache/etcd (DDL_ETCD_BINARY), else `etcd` on PATH; without either, start() says why and tests skip.
+// An etcd cluster for a test: one or more members on loopback ports chosen at run time, their data in a
+// directory of their own, stopped (SIGKILL) and removed with the object. The binary is the one
+// scripts/bootstrap unpacks into .cache/etcd (DDL_ETCD_BINARY), else `etcd` in /usr/bin or /usr/local/bin;
+// without either, start() says why and tests skip.
 #pragma once
 
 #include <netinet/in.h>
@@ -9,11 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace ddl::test_util {
@@ -24,10 +23,7 @@ class EtcdForTest {
   EtcdForTest(const EtcdForTest&) = delete;
   EtcdForTest& operator=(const EtcdForTest&) = delete;
   ~EtcdForTest() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
+    for (size_t i = 0; i < members_.size(); ++i) kill(i);
     std::error_code ec;
     if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
   }
@@ -44,52 +40,85 @@ class EtcdForTest {
     return "";
   }
 
-  // Starts the member; "" or why not. The caller waits until it answers (EtcdStore::open in a bounded loop).
-  std::string start() {
+  // Starts a cluster of `members`; "" or why not. The caller waits until it answers (EtcdStore::open in a
+  // bounded loop).
+  std::string start(int members = 1) {
     const std::string etcd = binary();
     if (etcd.empty()) return "no etcd binary (scripts/bootstrap unpacks one into .cache/etcd)";
     char tmpl[] = "/tmp/ddl-etcd-XXXXXX";
     if (!::mkdtemp(tmpl)) return "cannot make a temporary directory";
     dir_ = tmpl;
-    client_port_ = freePort();
-    const int peer_port = freePort();
-    if (client_port_ <= 0 || peer_port <= 0) return "no free loopback port";
-    const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
-    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port);
-    std::vector<std::string> args = {etcd,
-                                     "--name",
-                                     "m0",
-                                     "--data-dir",
-                                     dir_ + "/data",
-                                     "--listen-client-urls",
-                                     client,
-                                     "--advertise-client-urls",
-                                     client,
-                                     "--listen-peer-urls",
-                                     peer,
-                                     "--initial-advertise-peer-urls",
-                                     peer,
-                                     "--initial-cluster",
-                                     "m0=" + peer,
-                                     "--logger",
-                                     "zap",
-                                     "--log-outputs",
-                                     dir_ + "/etcd.log"};
-    pid_ = ::fork();
-    if (pid_ < 0) return "fork failed";
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
+    std::string cluster;
+    for (int i = 0; i < members; ++i) {
+      Member m;
+      m.name = "m" + std::to_string(i);
+      m.client_port = freePort();
+      m.peer_port = freePort();
+      if (m.client_port <= 0 || m.peer_port <= 0) return "no free loopback port";
+      cluster += (i ? "," : "") + m.name + "=http://127.0.0.1:" + std::to_string(m.peer_port);
+      members_.push_back(m);
+    }
+    for (Member& m : members_) {
+      const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+      const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
+      std::vector<std::string> args = {etcd,
+                                       "--name",
+                                       m.name,
+                                       "--data-dir",
+                                       dir_ + "/" + m.name,
+                                       "--listen-client-urls",
+                                       client,
+                                       "--advertise-client-urls",
+                                       client,
+                                       "--listen-peer-urls",
+                                       peer,
+                                       "--initial-advertise-peer-urls",
+                                       peer,
+                                       "--initial-cluster",
+                                       cluster,
+                                       "--initial-cluster-state",
+                                       "new",
+                                       "--logger",
+                                       "zap",
+                                       "--log-outputs",
+                                       dir_ + "/" + m.name + ".log"};
+      m.pid = ::fork();
+      if (m.pid < 0) return "fork failed";
+      if (m.pid == 0) {
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        ::execv(argv[0], argv.data());
+        ::_exit(127);
+      }
     }
     return "";
   }
 
-  std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+  // Member i's client address, and all of them.
+  std::string endpoint(size_t i = 0) const { return "127.0.0.1:" + std::to_string(members_[i].client_port); }
+  std::vector<std::string> endpoints() const {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < members_.size(); ++i) out.push_back(endpoint(i));
+    return out;
+  }
+  // kill -9 of member i.
+  void kill(size_t i) {
+    if (members_[i].pid > 0) {
+      ::kill(members_[i].pid, SIGKILL);
+      ::waitpid(members_[i].pid, nullptr, 0);
+      members_[i].pid = -1;
+    }
+  }
 
  private:
+  struct Member {
+    std::string name;
+    int client_port = 0;
+    int peer_port = 0;
+    pid_t pid = -1;
+  };
+
   static int freePort() {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return -1;
@@ -107,8 +136,7 @@ class EtcdForTest {
   }
 
   std::string dir_;
-  pid_t pid_ = -1;
-  int client_port_ = 0;
+  std::vector<Member> members_;
 };
 
 }  // namespace ddl::test_util

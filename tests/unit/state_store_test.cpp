@@ -287,13 +287,14 @@ struct SqliteKind {
 class EtcdBacked : public Store {
  public:
   // Starts etcd and connects (bounded: 10 s); nullptr with *why set when it cannot.
-  static std::unique_ptr<EtcdBacked> start(std::string* why, EtcdStore::Options options = {}) {
+  static std::unique_ptr<EtcdBacked> start(std::string* why, EtcdStore::Options options = {},
+                                           int members = 1) {
     auto backed = std::make_unique<EtcdBacked>();
-    if (std::string err = backed->etcd_.start(); !err.empty()) {
+    if (std::string err = backed->etcd_.start(members); !err.empty()) {
       *why = err;
       return nullptr;
     }
-    options.endpoints = {backed->etcd_.endpoint()};
+    options.endpoints = backed->etcd_.endpoints();
     options.timeout_ms = 1000;
     for (int attempt = 0; attempt < 100; ++attempt) {
       auto store = EtcdStore::open(options);
@@ -318,7 +319,8 @@ class EtcdBacked : public Store {
     return store_->purgeFinished(ended_before_ms, limit);
   }
   EtcdStore& etcd() { return *store_; }
-  const std::string endpoint() const { return etcd_.endpoint(); }
+  std::string endpoint() const { return etcd_.endpoint(); }
+  void killMember(size_t i) { etcd_.kill(i); }
 
  private:
   test_util::EtcdForTest etcd_;
@@ -771,9 +773,9 @@ TYPED_TEST(StoreTest, ConcurrentCallersGetUniqueIdsAndOneWinnerPerRace) {
 // ---------------------------------------------------------------------------------------------
 
 // Starts etcd for one test, or skips it (no binary) with the reason.
-#define START_ETCD(var, options)                                                   \
+#define START_ETCD(var, options, members)                                          \
   std::string why_##var;                                                           \
-  auto var = EtcdBacked::start(&why_##var, options);                               \
+  auto var = EtcdBacked::start(&why_##var, options, members);                      \
   if (!var && test_util::EtcdForTest::binary().empty()) GTEST_SKIP() << why_##var; \
   ASSERT_NE(var, nullptr) << why_##var
 
@@ -783,7 +785,7 @@ TEST(EtcdStore, LargeBatchesPagesAndPurgesKeepEveryRule) {
   EtcdStore::Options options;
   options.max_txn_ops = 16;
   options.page_jobs = 7;
-  START_ETCD(backed, options);
+  START_ETCD(backed, options, 1);
   FakeClock clock;
   DirectStore store(*backed, clock.fn());
   std::vector<Write> batch;
@@ -831,7 +833,7 @@ TEST(EtcdStore, LargeBatchesPagesAndPurgesKeepEveryRule) {
 // A layout written by a newer ddl is refused, not rewritten; so is a schema key holding something else. The
 // keys are set with etcdctl, as an operator (or a newer coordinator) would.
 TEST(EtcdStore, ANewerOrForeignLayoutIsRefused) {
-  START_ETCD(backed, EtcdStore::Options{});
+  START_ETCD(backed, EtcdStore::Options{}, 1);
   const std::string etcdctl =
       std::filesystem::path(test_util::EtcdForTest::binary()).parent_path().string() + "/etcdctl";
   if (::access(etcdctl.c_str(), X_OK) != 0)
@@ -865,6 +867,34 @@ TEST(EtcdStore, ANewerOrForeignLayoutIsRefused) {
   ASSERT_FALSE(none);
   EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
   EXPECT_TRUE(contains(none.status().message(), "127.0.0.1:1")) << none.status().message();
+}
+
+// Three members: every acknowledged batch is on a quorum, so kill -9 of the member the store talks to loses
+// nothing, and the store goes on through the others.
+TEST(EtcdStore, AThreeMemberClusterLosesNothingWhenAMemberDies) {
+  START_ETCD(backed, EtcdStore::Options{}, 3);
+  DirectStore store(*backed);
+  std::vector<std::string> acked;
+  for (int i = 0; i < 20; ++i) {
+    auto job = store.createJob(sampleSpec("before-" + std::to_string(i)));
+    ASSERT_TRUE(job) << job.status().toString();
+    acked.push_back(job->id);
+  }
+  backed->killMember(0);  // the endpoint every call went to so far
+  // Calls go on through the other members (the first may wait out an election: bounded by the timeouts).
+  for (int i = 0; i < 20; ++i) {
+    StatusOr<Job> job = Status::unavailable("not tried");
+    for (int attempt = 0; attempt < 20 && !job; ++attempt)
+      job = store.createJob(sampleSpec("after-" + std::to_string(i)));
+    ASSERT_TRUE(job) << job.status().toString();
+    acked.push_back(job->id);
+  }
+  auto all = store.listJobs();
+  ASSERT_TRUE(all) << all.status().toString();
+  std::set<std::string> present;
+  for (const Job& j : *all) present.insert(j.id);
+  for (const std::string& id : acked) EXPECT_TRUE(present.count(id)) << "acknowledged job " << id << " lost";
+  EXPECT_EQ(present.size(), acked.size());
 }
 
 #endif
