@@ -1,8 +1,6 @@
 // EtcdStore: see etcd_store.h.
 #include "state/etcd_store.h"
 
-#include <grpcpp/grpcpp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,7 +8,7 @@
 #include <limits>
 #include <utility>
 
-#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "state/etcd_client.h"
 #include "state/record_codec.h"
 
 namespace ddl::state {
@@ -33,53 +31,6 @@ std::string prefixEnd(std::string prefix) {
 
 }  // namespace
 
-// The connection: one channel and stub per endpoint; a call goes to the endpoint that answered last, and on
-// UNAVAILABLE or a deadline to the next ones in turn.
-class EtcdStore::Client {
- public:
-  Client(const std::vector<std::string>& endpoints, int64_t timeout_ms) : timeout_ms_(timeout_ms) {
-    for (const std::string& e : endpoints) {
-      auto channel = grpc::CreateChannel(e, grpc::InsecureChannelCredentials());
-      endpoints_.push_back({e, pb::KV::NewStub(channel)});
-    }
-  }
-
-  template <class Request, class Response>
-  Status call(grpc::Status (pb::KV::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
-              const Request& request, Response* response, const std::string& what) {
-    std::string errors;
-    const size_t n = endpoints_.size();
-    const size_t first = current_.load();
-    for (size_t i = 0; i < n; ++i) {
-      const size_t k = (first + i) % n;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
-      grpc::Status st = (endpoints_[k].stub.get()->*method)(&ctx, request, response);
-      if (st.ok()) {
-        current_ = k;
-        return Status::ok();
-      }
-      const std::string text = endpoints_[k].address + ": " + st.error_message();
-      if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
-          st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-        // etcd answered and refused (too many operations, a request too large): no other member would differ.
-        return Status::failedPrecondition(what + ": etcd at " + text);
-      }
-      errors += (errors.empty() ? "" : "; ") + text;
-    }
-    return Status::unavailable(what + ": no etcd endpoint answered (" + errors + ")");
-  }
-
- private:
-  struct Endpoint {
-    std::string address;
-    std::unique_ptr<pb::KV::Stub> stub;
-  };
-  std::vector<Endpoint> endpoints_;
-  std::atomic<size_t> current_{0};
-  const int64_t timeout_ms_;
-};
-
 EtcdStore::EtcdStore(Options options) : options_(std::move(options)) {}
 EtcdStore::~EtcdStore() = default;
 
@@ -87,12 +38,12 @@ StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::open(Options options) {
   if (options.endpoints.empty()) return Status::invalidArgument("etcd store: give at least one endpoint");
   if (options.max_txn_ops < 2) return Status::invalidArgument("etcd store: max_txn_ops must be at least 2");
   std::unique_ptr<EtcdStore> store(new EtcdStore(std::move(options)));
-  store->client_ = std::make_unique<Client>(store->options_.endpoints, store->options_.timeout_ms);
+  store->client_ = std::make_unique<EtcdClient>(store->options_.endpoints, store->options_.timeout_ms);
   const std::string key = store->options_.prefix + "meta/schema";
   pb::RangeRequest get;
   get.set_key(key);
   pb::RangeResponse got;
-  if (Status st = store->client_->call(&pb::KV::Stub::Range, get, &got, "reading " + key); !st) return st;
+  if (Status st = store->client_->kv(&pb::KV::Stub::Range, get, &got, "reading " + key); !st) return st;
   if (got.kvs_size() == 0) {
     // A new prefix: write the version unless another coordinator just did (create revision 0: absent).
     pb::TxnRequest txn;
@@ -105,7 +56,7 @@ StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::open(Options options) {
     put->mutable_request_put()->set_key(key);
     put->mutable_request_put()->set_value(std::to_string(kSchemaVersion));
     pb::TxnResponse done;
-    if (Status st = store->client_->call(&pb::KV::Stub::Txn, txn, &done, "writing " + key); !st) return st;
+    if (Status st = store->client_->kv(&pb::KV::Stub::Txn, txn, &done, "writing " + key); !st) return st;
     return store;
   }
   const std::string& value = got.kvs(0).value();
@@ -120,6 +71,31 @@ StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::open(Options options) {
   }
   return store;
 }
+
+void EtcdStore::fence(const std::string& key, int64_t revision) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fence_key_ = key;
+  fence_revision_ = revision;
+}
+
+namespace {
+
+// Adds the fence's check to a transaction (the caller holds mu_).
+void addFence(pb::TxnRequest* txn, const std::string& key, int64_t revision) {
+  if (revision == 0) return;
+  pb::Compare* reign = txn->add_compare();
+  reign->set_key(key);
+  reign->set_target(pb::Compare::CREATE);
+  reign->set_result(pb::Compare::EQUAL);
+  reign->set_create_revision(revision);
+}
+
+Status fenced(const std::string& key, int64_t revision) {
+  return Status::failedPrecondition("not written: " + key + " is no longer at revision " +
+                                    std::to_string(revision) + ", so another coordinator leads now");
+}
+
+}  // namespace
 
 std::string EtcdStore::jobKey(int64_t n) const {
   char digits[32];
@@ -171,14 +147,16 @@ Status EtcdStore::applyBatch(const std::vector<Write>& batch) {
   }
   for (size_t at = 0; at < ops.size(); at += static_cast<size_t>(options_.max_txn_ops)) {
     pb::TxnRequest txn;
+    addFence(&txn, fence_key_, fence_revision_);
     const size_t end = std::min(ops.size(), at + static_cast<size_t>(options_.max_txn_ops));
     for (size_t i = at; i < end; ++i) *txn.add_success() = std::move(ops[i]);
     pb::TxnResponse done;
-    if (Status st = client_->call(&pb::KV::Stub::Txn, txn, &done,
-                                  "storing a batch of " + std::to_string(batch.size()) + " writes");
+    if (Status st = client_->kv(&pb::KV::Stub::Txn, txn, &done,
+                                "storing a batch of " + std::to_string(batch.size()) + " writes");
         !st) {
       return st;
     }
+    if (!done.succeeded()) return fenced(fence_key_, fence_revision_);
   }
   return Status::ok();
 }
@@ -189,7 +167,7 @@ StatusOr<Job> EtcdStore::getJob(const std::string& id) {
   pb::RangeRequest get;
   get.set_key(jobKey(*n));
   pb::RangeResponse got;
-  if (Status st = client_->call(&pb::KV::Stub::Range, get, &got, "reading job " + id); !st) return st;
+  if (Status st = client_->kv(&pb::KV::Stub::Range, get, &got, "reading job " + id); !st) return st;
   if (got.kvs_size() == 0) return jobNotFound(id);
   return record_codec::decodeJob(formatJobId(*n), got.kvs(0).value());
 }
@@ -200,7 +178,7 @@ StatusOr<std::vector<NodeRecord>> EtcdStore::listNodes() {
   get.set_key(prefix);
   get.set_range_end(prefixEnd(prefix));
   pb::RangeResponse got;
-  if (Status st = client_->call(&pb::KV::Stub::Range, get, &got, "reading the nodes"); !st) return st;
+  if (Status st = client_->kv(&pb::KV::Stub::Range, get, &got, "reading the nodes"); !st) return st;
   std::vector<NodeRecord> nodes;
   for (const auto& kv : got.kvs()) {
     auto node = record_codec::decodeNode(kv.key().substr(prefix.size()), kv.value());
@@ -214,7 +192,7 @@ StatusOr<int64_t> EtcdStore::lastJobNumber() {
   pb::RangeRequest meta;
   meta.set_key(options_.prefix + "meta/last_job");
   pb::RangeResponse got_meta;
-  if (Status st = client_->call(&pb::KV::Stub::Range, meta, &got_meta, "reading the last job number"); !st) {
+  if (Status st = client_->kv(&pb::KV::Stub::Range, meta, &got_meta, "reading the last job number"); !st) {
     return st;
   }
   int64_t last = 0;
@@ -229,7 +207,7 @@ StatusOr<int64_t> EtcdStore::lastJobNumber() {
   newest.set_limit(1);
   newest.set_keys_only(true);
   pb::RangeResponse got;
-  if (Status st = client_->call(&pb::KV::Stub::Range, newest, &got, "reading the newest job"); !st) return st;
+  if (Status st = client_->kv(&pb::KV::Stub::Range, newest, &got, "reading the newest job"); !st) return st;
   if (got.kvs_size() > 0) {
     last = std::max<int64_t>(last, std::strtoll(got.kvs(0).key().substr(prefix.size()).c_str(), nullptr, 10));
   }
@@ -252,7 +230,7 @@ StatusOr<std::vector<Job>> EtcdStore::listJobsPage(const JobFilter& filter, int6
     get.set_sort_target(pb::RangeRequest::KEY);
     get.set_sort_order(newest_first ? pb::RangeRequest::DESCEND : pb::RangeRequest::ASCEND);
     pb::RangeResponse got;
-    if (Status st = client_->call(&pb::KV::Stub::Range, get, &got, "reading jobs"); !st) return st;
+    if (Status st = client_->kv(&pb::KV::Stub::Range, get, &got, "reading jobs"); !st) return st;
     for (const auto& kv : got.kvs()) {
       const int64_t n = std::strtoll(kv.key().substr(prefix.size()).c_str(), nullptr, 10);
       auto job = record_codec::decodeJob(formatJobId(n), kv.value());
@@ -283,7 +261,7 @@ StatusOr<int> EtcdStore::purgeFinished(int64_t ended_before_ms, int limit) {
     get.set_range_end(to);
     get.set_limit(options_.page_jobs);
     pb::RangeResponse got;
-    if (Status st = client_->call(&pb::KV::Stub::Range, get, &got, "reading jobs to purge"); !st) return st;
+    if (Status st = client_->kv(&pb::KV::Stub::Range, get, &got, "reading jobs to purge"); !st) return st;
     for (const auto& kv : got.kvs()) {
       auto job = record_codec::decodeJob(kv.key().substr(prefix.size()), kv.value());
       if (!job) continue;  // a damaged record is not purged by guesswork
@@ -296,11 +274,14 @@ StatusOr<int> EtcdStore::purgeFinished(int64_t ended_before_ms, int limit) {
   }
   for (size_t at = 0; at < victims.size(); at += static_cast<size_t>(options_.max_txn_ops)) {
     pb::TxnRequest txn;
+    std::lock_guard<std::mutex> lock(mu_);
+    addFence(&txn, fence_key_, fence_revision_);
     for (size_t i = at; i < std::min(victims.size(), at + static_cast<size_t>(options_.max_txn_ops)); ++i) {
       txn.add_success()->mutable_request_delete_range()->set_key(victims[i]);
     }
     pb::TxnResponse done;
-    if (Status st = client_->call(&pb::KV::Stub::Txn, txn, &done, "purging old jobs"); !st) return st;
+    if (Status st = client_->kv(&pb::KV::Stub::Txn, txn, &done, "purging old jobs"); !st) return st;
+    if (!done.succeeded()) return fenced(fence_key_, fence_revision_);
   }
   return static_cast<int>(victims.size());
 }

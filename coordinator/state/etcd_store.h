@@ -14,8 +14,9 @@
 // etcd has no secondary index: listJobsPage and purgeFinished read the jobs in key order, a page at a time,
 // and filter here. What is fast is what the coordinator does often: batches, and reading one job.
 //
-// Not yet: leader election and the fencing of writes by the leader's key, TLS and client certificates to etcd
-// (issue 30's later steps). Endpoints are tried in turn; the first that answers serves the call.
+// Several coordinators: one leads (etcd_election.h) and fences its writes with its reign (fence()), so a
+// deposed leader writes nothing. Not yet: TLS and client certificates to etcd (issue 30's later steps).
+// Endpoints are tried in turn; the first that answers serves the call.
 //
 // Threads: thread-safe (gRPC stubs are); calls may run concurrently.
 #pragma once
@@ -29,6 +30,8 @@
 #include "state/store.h"
 
 namespace ddl::state {
+
+class EtcdClient;
 
 class EtcdStore : public Store {
  public:
@@ -55,17 +58,23 @@ class EtcdStore : public Store {
                                           bool newest_first = false) override;
   StatusOr<int> purgeFinished(int64_t ended_before_ms, int limit) override;
 
+  // Fences every later write with a reign (etcd_election.h): each transaction also checks that `key` still
+  // has create revision `revision`, and is refused with FAILED_PRECONDITION, writing nothing, when it does
+  // not (another coordinator leads now). revision 0 lifts the fence.
+  void fence(const std::string& key, int64_t revision);
+
   // The key of job number n and of node `name` (for tests and tools).
   std::string jobKey(int64_t n) const;
   std::string nodeKey(const std::string& name) const;
 
  private:
-  class Client;
   explicit EtcdStore(Options options);
 
   Options options_;
-  std::unique_ptr<Client> client_;
-  std::mutex mu_;  // serialises applyBatch, so meta/last_job only grows
+  std::unique_ptr<EtcdClient> client_;
+  std::mutex mu_;  // serialises applyBatch, so meta/last_job only grows; guards the fence
+  std::string fence_key_;
+  int64_t fence_revision_ = 0;
 };
 
 }  // namespace ddl::state

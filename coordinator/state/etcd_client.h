@@ -1,0 +1,80 @@
+// The connection to an etcd cluster that EtcdStore and EtcdElection share: one gRPC channel per endpoint with
+// its KV and Lease stubs. A call goes to the endpoint that answered last and, when that one is unreachable
+// (UNAVAILABLE, a deadline), to the others in turn; a refusal etcd answered with (too many operations, a
+// request too large) ends the call, since no other member would decide differently. Internal to
+// ddl_state_etcd.
+//
+// Threads: thread-safe; calls may run concurrently.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+
+namespace ddl::state {
+
+class EtcdClient {
+ public:
+  struct Endpoint {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<etcdserverpb::KV::Stub> kv;
+    std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+  };
+
+  EtcdClient(const std::vector<std::string>& endpoints, int64_t timeout_ms) : timeout_ms_(timeout_ms) {
+    for (const std::string& e : endpoints) {
+      auto channel = grpc::CreateChannel(e, grpc::InsecureChannelCredentials());
+      endpoints_.push_back(
+          {e, channel, etcdserverpb::KV::NewStub(channel), etcdserverpb::Lease::NewStub(channel)});
+    }
+  }
+
+  // Runs fn(endpoint, context) on the endpoints in turn until one answers; `what` names the call in errors.
+  template <class Fn>
+  Status call(const std::string& what, Fn fn) {
+    std::string errors;
+    const size_t n = endpoints_.size();
+    const size_t first = current_.load();
+    for (size_t i = 0; i < n; ++i) {
+      const size_t k = (first + i) % n;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
+      grpc::Status st = fn(endpoints_[k], &ctx);
+      if (st.ok()) {
+        current_ = k;
+        return Status::ok();
+      }
+      const std::string text = endpoints_[k].address + ": " + st.error_message();
+      if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
+          st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        return Status::failedPrecondition(what + ": etcd at " + text);
+      }
+      errors += (errors.empty() ? "" : "; ") + text;
+    }
+    return Status::unavailable(what + ": no etcd endpoint answered (" + errors + ")");
+  }
+
+  // The KV calls by method: client.kv(&KV::Stub::Range, request, &response, "reading ...").
+  template <class Request, class Response>
+  Status kv(grpc::Status (etcdserverpb::KV::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+            const Request& request, Response* response, const std::string& what) {
+    return call(what, [&](Endpoint& e, grpc::ClientContext* ctx) {
+      return (e.kv.get()->*method)(ctx, request, response);
+    });
+  }
+
+ private:
+  std::vector<Endpoint> endpoints_;
+  std::atomic<size_t> current_{0};
+  const int64_t timeout_ms_;
+};
+
+}  // namespace ddl::state
