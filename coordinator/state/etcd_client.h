@@ -1,8 +1,9 @@
 // The connection to an etcd cluster that EtcdStore and EtcdElection share: one gRPC channel per endpoint with
 // its KV and Lease stubs. A call goes to the endpoint that answered last and, when that one is unreachable
-// (UNAVAILABLE, a deadline), to the others in turn; a refusal etcd answered with (too many operations, a
-// request too large) ends the call, since no other member would decide differently. Internal to
-// ddl_state_etcd.
+// (UNAVAILABLE, a deadline, too many requests), to the others in turn. A refusal etcd answered with ends the
+// call, since no other member would decide differently: INVALID_ARGUMENT (too many operations, a request too
+// large), INTERNAL for the rest. FAILED_PRECONDITION is left to the callers: it means a fence that failed.
+// Internal to ddl_state_etcd.
 //
 // Threads: thread-safe; calls may run concurrently.
 #pragma once
@@ -31,7 +32,9 @@ class EtcdClient {
 
   EtcdClient(const std::vector<std::string>& endpoints, int64_t timeout_ms) : timeout_ms_(timeout_ms) {
     for (const std::string& e : endpoints) {
-      auto channel = grpc::CreateChannel(e, grpc::InsecureChannelCredentials());
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(-1);  // a page of large job records may pass gRPC's default 4 MiB
+      auto channel = grpc::CreateCustomChannel(e, grpc::InsecureChannelCredentials(), args);
       endpoints_.push_back(
           {e, channel, etcdserverpb::KV::NewStub(channel), etcdserverpb::Lease::NewStub(channel)});
     }
@@ -53,9 +56,16 @@ class EtcdClient {
         return Status::ok();
       }
       const std::string text = endpoints_[k].address + ": " + st.error_message();
-      if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
-          st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-        return Status::failedPrecondition(what + ": etcd at " + text);
+      switch (st.error_code()) {
+        case grpc::StatusCode::UNAVAILABLE:
+        case grpc::StatusCode::DEADLINE_EXCEEDED:
+        case grpc::StatusCode::RESOURCE_EXHAUSTED:  // "too many requests": another member may take it
+          break;
+        case grpc::StatusCode::INVALID_ARGUMENT:
+        case grpc::StatusCode::OUT_OF_RANGE:
+          return Status::invalidArgument(what + ": etcd at " + text);
+        default:
+          return Status::internal(what + ": etcd at " + text);
       }
       errors += (errors.empty() ? "" : "; ") + text;
     }

@@ -61,10 +61,10 @@ StatusOr<bool> EtcdElection::campaign() {
   put->set_value(options_.id);
   put->set_lease(lease_);
   pb::TxnResponse done;
-  if (Status put_st = client_->kv(&pb::KV::Stub::Txn, txn, &done, "campaigning for " + key); !put_st) {
-    lease_ = 0;
+  // On an error the lease is kept: the put may have landed, and the next campaign then finds the key under
+  // it.
+  if (Status put_st = client_->kv(&pb::KV::Stub::Txn, txn, &done, "campaigning for " + key); !put_st)
     return put_st;
-  }
   if (!done.succeeded()) return false;   // another candidate was quicker
   revision_ = done.header().revision();  // the put's revision is the key's create revision
   return true;

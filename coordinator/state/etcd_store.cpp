@@ -145,11 +145,17 @@ Status EtcdStore::applyBatch(const std::vector<Write>& batch) {
       ops.insert(ops.begin(), std::move(op));  // first: see the file comment
     }
   }
-  for (size_t at = 0; at < ops.size(); at += static_cast<size_t>(options_.max_txn_ops)) {
+  // Transactions of at most max_txn_ops operations and max_txn_bytes (an operation larger than that goes
+  // alone).
+  for (size_t at = 0; at < ops.size();) {
     pb::TxnRequest txn;
     addFence(&txn, fence_key_, fence_revision_);
-    const size_t end = std::min(ops.size(), at + static_cast<size_t>(options_.max_txn_ops));
-    for (size_t i = at; i < end; ++i) *txn.add_success() = std::move(ops[i]);
+    size_t bytes = 0;
+    while (at < ops.size() && txn.success_size() < options_.max_txn_ops &&
+           (txn.success_size() == 0 || bytes + ops[at].ByteSizeLong() <= options_.max_txn_bytes)) {
+      bytes += ops[at].ByteSizeLong();
+      *txn.add_success() = std::move(ops[at++]);
+    }
     pb::TxnResponse done;
     if (Status st = client_->kv(&pb::KV::Stub::Txn, txn, &done,
                                 "storing a batch of " + std::to_string(batch.size()) + " writes");
@@ -189,29 +195,14 @@ StatusOr<std::vector<NodeRecord>> EtcdStore::listNodes() {
 }
 
 StatusOr<int64_t> EtcdStore::lastJobNumber() {
+  // meta/last_job is raised in the first transaction of every batch that stores a higher number, so it is
+  // never behind a stored job (and stays when that job is purged).
   pb::RangeRequest meta;
   meta.set_key(options_.prefix + "meta/last_job");
-  pb::RangeResponse got_meta;
-  if (Status st = client_->kv(&pb::KV::Stub::Range, meta, &got_meta, "reading the last job number"); !st) {
-    return st;
-  }
-  int64_t last = 0;
-  if (got_meta.kvs_size() > 0) last = std::strtoll(got_meta.kvs(0).value().c_str(), nullptr, 10);
-  // The newest job's key as well, so a meta key lost or behind cannot make a number go round again.
-  const std::string prefix = options_.prefix + "jobs/";
-  pb::RangeRequest newest;
-  newest.set_key(prefix);
-  newest.set_range_end(prefixEnd(prefix));
-  newest.set_sort_order(pb::RangeRequest::DESCEND);
-  newest.set_sort_target(pb::RangeRequest::KEY);
-  newest.set_limit(1);
-  newest.set_keys_only(true);
   pb::RangeResponse got;
-  if (Status st = client_->kv(&pb::KV::Stub::Range, newest, &got, "reading the newest job"); !st) return st;
-  if (got.kvs_size() > 0) {
-    last = std::max<int64_t>(last, std::strtoll(got.kvs(0).key().substr(prefix.size()).c_str(), nullptr, 10));
-  }
-  return last;
+  if (Status st = client_->kv(&pb::KV::Stub::Range, meta, &got, "reading the last job number"); !st)
+    return st;
+  return got.kvs_size() > 0 ? std::strtoll(got.kvs(0).value().c_str(), nullptr, 10) : int64_t{0};
 }
 
 StatusOr<std::vector<Job>> EtcdStore::listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
@@ -219,34 +210,54 @@ StatusOr<std::vector<Job>> EtcdStore::listJobsPage(const JobFilter& filter, int6
   std::vector<Job> out;
   if (limit <= 0) return out;
   const std::string prefix = options_.prefix + "jobs/";
-  // The part of the key space still to read: [from, to).
-  std::string from = newest_first ? prefix : jobKey(after_number + 1);
-  std::string to = newest_first && after_number > 0 ? jobKey(after_number) : prefixEnd(prefix);
-  while (static_cast<int>(out.size()) < limit && from < to) {
-    pb::RangeRequest get;
-    get.set_key(from);
-    get.set_range_end(to);
-    get.set_limit(options_.page_jobs);
-    get.set_sort_target(pb::RangeRequest::KEY);
-    get.set_sort_order(newest_first ? pb::RangeRequest::DESCEND : pb::RangeRequest::ASCEND);
-    pb::RangeResponse got;
-    if (Status st = client_->kv(&pb::KV::Stub::Range, get, &got, "reading jobs"); !st) return st;
-    for (const auto& kv : got.kvs()) {
-      const int64_t n = std::strtoll(kv.key().substr(prefix.size()).c_str(), nullptr, 10);
-      auto job = record_codec::decodeJob(formatJobId(n), kv.value());
-      if (!job) return job.status();
-      if (matches(filter, *job)) out.push_back(std::move(*job));
-      if (static_cast<int>(out.size()) >= limit) break;
+  // Reads [from, to) in key order, a page at a time, keeping matches until `enough`; etcd's sorted ranges
+  // read the whole range before they apply a limit (3.4), so no range here is sorted.
+  auto scan = [&](std::string from, const std::string& to, std::vector<Job>* into, size_t enough) -> Status {
+    while (into->size() < enough && from < to) {
+      pb::RangeRequest get;
+      get.set_key(from);
+      get.set_range_end(to);
+      get.set_limit(options_.page_jobs);
+      pb::RangeResponse got;
+      if (Status st = client_->kv(&pb::KV::Stub::Range, get, &got, "reading jobs"); !st) return st;
+      for (const auto& kv : got.kvs()) {
+        const int64_t n = std::strtoll(kv.key().substr(prefix.size()).c_str(), nullptr, 10);
+        auto job = record_codec::decodeJob(formatJobId(n), kv.value());
+        if (!job) return job.status();
+        if (matches(filter, *job)) into->push_back(std::move(*job));
+        if (into->size() >= enough) break;
+      }
+      if (!got.more() || got.kvs_size() == 0) break;
+      from = got.kvs(got.kvs_size() - 1).key() + '\0';  // just above the last key read
     }
-    if (!got.more() || got.kvs_size() == 0) break;
-    const std::string& last = got.kvs(got.kvs_size() - 1).key();
-    if (newest_first) {
-      to = last;  // below the last key read
-    } else {
-      from = last + '\0';  // just above it
+    return Status::ok();
+  };
+  if (!newest_first) {
+    if (Status st = scan(jobKey(after_number + 1), prefixEnd(prefix), &out, static_cast<size_t>(limit));
+        !st) {
+      return st;
     }
+    return out;
   }
-  if (newest_first) std::reverse(out.begin(), out.end());
+  // Newest first: windows of page_jobs numbers going down from below after_number (or the newest), each read
+  // in key order; the matches of a window come before those of the windows below it.
+  int64_t hi = after_number;
+  if (hi <= 0) {
+    StatusOr<int64_t> last = lastJobNumber();
+    if (!last) return last.status();
+    hi = *last + 1;
+  }
+  std::vector<Job> newest;  // descending
+  while (hi > 1 && static_cast<int>(newest.size()) < limit) {
+    const int64_t lo = std::max<int64_t>(1, hi - options_.page_jobs);
+    std::vector<Job> window;
+    if (Status st = scan(jobKey(lo), jobKey(hi), &window, std::numeric_limits<size_t>::max()); !st) return st;
+    for (auto it = window.rbegin(); it != window.rend() && static_cast<int>(newest.size()) < limit; ++it) {
+      newest.push_back(std::move(*it));
+    }
+    hi = lo;
+  }
+  out.assign(std::make_move_iterator(newest.rbegin()), std::make_move_iterator(newest.rend()));
   return out;
 }
 

@@ -7,7 +7,8 @@
 //   nodes/<name>         one node
 // A batch is one etcd transaction, so every write the coordinator acknowledges is replicated by the cluster's
 // quorum first. etcd refuses a transaction of more than --max-txn-ops operations (128 unless its operator
-// raised it): a larger batch is written as several transactions of max_txn_ops, in order, the one raising
+// raised it) or --max-request-bytes (1.5 MiB): a larger batch is written as several transactions of at most
+// max_txn_ops operations and max_txn_bytes, in order, the one raising
 // meta/last_job first, so a failure part-way can leave some of the batch's records newer than others (each is
 // whole; the coordinator retries the rest) but never a job number that could be handed out again.
 //
@@ -41,6 +42,8 @@ class EtcdStore : public Store {
     std::vector<std::string> endpoints;  // HOST:PORT of etcd's client URLs (plaintext for now)
     std::string prefix = "/ddl/";
     int max_txn_ops = 128;      // etcd's --max-txn-ops
+    size_t max_txn_bytes =
+        1 << 20;                // under etcd's --max-request-bytes (1.5 MiB unless its operator raised it)
     int64_t timeout_ms = 5000;  // per call
     int page_jobs = 256;        // jobs read per range request when scanning
   };

@@ -75,8 +75,8 @@ class Store {
   virtual StatusOr<std::vector<NodeRecord>> listNodes() = 0;
   // The highest job number ever stored (0 for none); never goes down, not even when old jobs are purged.
   virtual StatusOr<int64_t> lastJobNumber() = 0;
-  // At most `limit` jobs matching the filter whose number is above `after_number`, in ascending order; or,
-  // with newest_first, the newest ones below `after_number` (0: from the newest), in descending order.
+  // At most `limit` jobs matching the filter whose number is above `after_number`; or, with newest_first, the
+  // newest ones below `after_number` (0: from the newest). Either way in ascending order.
   virtual StatusOr<std::vector<Job>> listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
                                                   bool newest_first = false) = 0;
   // Removes at most `limit` jobs that ended (SUCCEEDED, FAILED, CANCELLED) before ended_before_ms; returns
