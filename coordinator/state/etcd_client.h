@@ -87,4 +87,15 @@ class EtcdClient {
   const int64_t timeout_ms_;
 };
 
+// Makes `txn` apply its success operations only while `key` has create revision `revision` (0: the key is
+// absent). The one condition ddl's transactions use: create-if-absent, and a leader's fence
+// (etcd_election.h).
+inline void requireCreateRevision(etcdserverpb::TxnRequest* txn, const std::string& key, int64_t revision) {
+  etcdserverpb::Compare* compare = txn->add_compare();
+  compare->set_key(key);
+  compare->set_target(etcdserverpb::Compare::CREATE);
+  compare->set_result(etcdserverpb::Compare::EQUAL);
+  compare->set_create_revision(revision);
+}
+
 }  // namespace ddl::state

@@ -51,11 +51,7 @@ StatusOr<bool> EtcdElection::campaign() {
   if (!granted.error().empty()) return Status::unavailable("etcd refused a lease: " + granted.error());
   lease_ = granted.id();
   pb::TxnRequest txn;
-  pb::Compare* absent = txn.add_compare();
-  absent->set_key(key);
-  absent->set_target(pb::Compare::CREATE);
-  absent->set_result(pb::Compare::EQUAL);
-  absent->set_create_revision(0);
+  requireCreateRevision(&txn, key, 0);
   pb::PutRequest* put = txn.add_success()->mutable_request_put();
   put->set_key(key);
   put->set_value(options_.id);

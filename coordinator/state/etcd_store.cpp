@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -47,11 +48,7 @@ StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::open(Options options) {
   if (got.kvs_size() == 0) {
     // A new prefix: write the version unless another coordinator just did (create revision 0: absent).
     pb::TxnRequest txn;
-    pb::Compare* absent = txn.add_compare();
-    absent->set_key(key);
-    absent->set_target(pb::Compare::CREATE);
-    absent->set_result(pb::Compare::EQUAL);
-    absent->set_create_revision(0);
+    requireCreateRevision(&txn, key, 0);
     pb::RequestOp* put = txn.add_success();
     put->mutable_request_put()->set_key(key);
     put->mutable_request_put()->set_value(std::to_string(kSchemaVersion));
@@ -82,12 +79,7 @@ namespace {
 
 // Adds the fence's check to a transaction (the caller holds mu_).
 void addFence(pb::TxnRequest* txn, const std::string& key, int64_t revision) {
-  if (revision == 0) return;
-  pb::Compare* reign = txn->add_compare();
-  reign->set_key(key);
-  reign->set_target(pb::Compare::CREATE);
-  reign->set_result(pb::Compare::EQUAL);
-  reign->set_create_revision(revision);
+  if (revision != 0) requireCreateRevision(txn, key, revision);
 }
 
 Status fenced(const std::string& key, int64_t revision) {
@@ -209,31 +201,23 @@ StatusOr<std::vector<Job>> EtcdStore::listJobsPage(const JobFilter& filter, int6
                                                    bool newest_first) {
   std::vector<Job> out;
   if (limit <= 0) return out;
-  const std::string prefix = options_.prefix + "jobs/";
-  // Reads [from, to) in key order, a page at a time, keeping matches until `enough`; etcd's sorted ranges
-  // read the whole range before they apply a limit (3.4), so no range here is sorted.
-  auto scan = [&](std::string from, const std::string& to, std::vector<Job>* into, size_t enough) -> Status {
-    while (into->size() < enough && from < to) {
-      pb::RangeRequest get;
-      get.set_key(from);
-      get.set_range_end(to);
-      get.set_limit(options_.page_jobs);
-      pb::RangeResponse got;
-      if (Status st = client_->kv(&pb::KV::Stub::Range, get, &got, "reading jobs"); !st) return st;
-      for (const auto& kv : got.kvs()) {
-        const int64_t n = std::strtoll(kv.key().substr(prefix.size()).c_str(), nullptr, 10);
-        auto job = record_codec::decodeJob(formatJobId(n), kv.value());
-        if (!job) return job.status();
-        if (matches(filter, *job)) into->push_back(std::move(*job));
-        if (into->size() >= enough) break;
+  // Reads [from, to), keeping the jobs that match until `enough`.
+  auto scan = [&](const std::string& from, const std::string& to, std::vector<Job>* into, size_t enough) {
+    Status decoded = Status::ok();
+    Status read = scanJobs(from, to, [&](int64_t n, const std::string& value) {
+      auto job = record_codec::decodeJob(formatJobId(n), value);
+      if (!job) {
+        decoded = job.status();
+        return false;
       }
-      if (!got.more() || got.kvs_size() == 0) break;
-      from = got.kvs(got.kvs_size() - 1).key() + '\0';  // just above the last key read
-    }
-    return Status::ok();
+      if (matches(filter, *job)) into->push_back(std::move(*job));
+      return into->size() < enough;
+    });
+    return read.isOk() ? decoded : read;
   };
   if (!newest_first) {
-    if (Status st = scan(jobKey(after_number + 1), prefixEnd(prefix), &out, static_cast<size_t>(limit));
+    if (Status st = scan(jobKey(after_number + 1), prefixEnd(options_.prefix + "jobs/"), &out,
+                         static_cast<size_t>(limit));
         !st) {
       return st;
     }
@@ -261,28 +245,36 @@ StatusOr<std::vector<Job>> EtcdStore::listJobsPage(const JobFilter& filter, int6
   return out;
 }
 
-StatusOr<int> EtcdStore::purgeFinished(int64_t ended_before_ms, int limit) {
-  const std::string prefix = options_.prefix + "jobs/";
-  std::vector<std::string> victims;
-  std::string from = prefix;
-  const std::string to = prefixEnd(prefix);
-  while (static_cast<int>(victims.size()) < limit) {
-    pb::RangeRequest get;
+Status EtcdStore::scanJobs(std::string from, const std::string& to,
+                           const std::function<bool(int64_t number, const std::string& value)>& each) {
+  const size_t digits = options_.prefix.size() + std::string("jobs/").size();
+  while (from < to) {
+    pb::RangeRequest get;  // never sorted: etcd 3.4 reads a sorted range whole before it applies the limit
     get.set_key(from);
     get.set_range_end(to);
     get.set_limit(options_.page_jobs);
     pb::RangeResponse got;
-    if (Status st = client_->kv(&pb::KV::Stub::Range, get, &got, "reading jobs to purge"); !st) return st;
+    if (Status st = client_->kv(&pb::KV::Stub::Range, get, &got, "reading jobs"); !st) return st;
     for (const auto& kv : got.kvs()) {
-      auto job = record_codec::decodeJob(kv.key().substr(prefix.size()), kv.value());
-      if (!job) continue;  // a damaged record is not purged by guesswork
-      const int64_t ended = endedAtMs(*job);
-      if (ended > 0 && ended < ended_before_ms) victims.push_back(kv.key());
-      if (static_cast<int>(victims.size()) >= limit) break;
+      if (!each(std::strtoll(kv.key().c_str() + digits, nullptr, 10), kv.value())) return Status::ok();
     }
-    if (!got.more() || got.kvs_size() == 0) break;
-    from = got.kvs(got.kvs_size() - 1).key() + '\0';
+    if (!got.more() || got.kvs_size() == 0) return Status::ok();
+    from = got.kvs(got.kvs_size() - 1).key() + '\0';  // just above the last key read
   }
+  return Status::ok();
+}
+
+StatusOr<int> EtcdStore::purgeFinished(int64_t ended_before_ms, int limit) {
+  std::vector<std::string> victims;
+  if (limit <= 0) return 0;
+  const std::string prefix = options_.prefix + "jobs/";
+  Status read = scanJobs(prefix, prefixEnd(prefix), [&](int64_t n, const std::string& value) {
+    auto job = record_codec::decodeJob(formatJobId(n), value);
+    const int64_t ended = job ? endedAtMs(*job) : 0;  // a damaged record is not purged by guesswork
+    if (ended > 0 && ended < ended_before_ms) victims.push_back(jobKey(n));
+    return static_cast<int>(victims.size()) < limit;
+  });
+  if (!read) return read;
   for (size_t at = 0; at < victims.size(); at += static_cast<size_t>(options_.max_txn_ops)) {
     pb::TxnRequest txn;
     std::lock_guard<std::mutex> lock(mu_);

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -72,6 +73,10 @@ class EtcdStore : public Store {
 
  private:
   explicit EtcdStore(Options options);
+  // Reads the job keys in [from, to) in key order, a page at a time, calling each(number, value) until it
+  // returns false.
+  Status scanJobs(std::string from, const std::string& to,
+                  const std::function<bool(int64_t number, const std::string& value)>& each);
 
   Options options_;
   std::unique_ptr<EtcdClient> client_;
