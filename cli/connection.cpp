@@ -201,18 +201,13 @@ grpc::Status Session::callRidingOut(const Rpc& rpc, int* usage) {
   grpc::Status status = callQuiet(rpc, usage);
   if (!reached_ || !outage(status) || reconnectS_ <= 0) return status;
   const int64_t start = steadyNowMs();
-  const int64_t deadline = start + static_cast<int64_t>(reconnectS_ * 1000);
   err_ << "ddlctl: lost the coordinator at " << address_ << " ("
        << escapeForTerminal(
               describeRpcError(status.error_code(), status.error_message(), address_, timeoutS_).message)
        << "); trying again for up to " << formatSeconds(reconnectS_) << " s (--reconnect-timeout)\n";
   err_.flush();
-  int64_t delay = 200;
-  for (int64_t rounds = static_cast<int64_t>(reconnectS_ * 1000) / 200 + 2; rounds > 0; --rounds) {
-    const int64_t left = deadline - steadyNowMs();
-    if (left <= 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(delay, left)));
-    delay = std::min<int64_t>(delay * 2, 5000);
+  Pacer pacer(reconnectS_, /*maxDelayMs=*/5000);
+  while (pacer.sleep()) {
     status = callQuiet(rpc, usage);
     if (!outage(status)) {
       err_ << "ddlctl: the coordinator at " << address_ << " answers again (after "

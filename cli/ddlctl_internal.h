@@ -208,8 +208,10 @@ class Pacer {
  public:
   static constexpr int64_t kMinDelayMs = 200, kMaxDelayMs = 1000;
   static constexpr double kMaxWaitS = 366.0 * 86400;
-  explicit Pacer(double limitS)
-      : limitS_(limitS > 0 ? std::min(limitS, kMaxWaitS) : kMaxWaitS),
+  // Waits of kMinDelayMs doubling up to maxDelayMs, for at most limitS (<= 0: kMaxWaitS).
+  explicit Pacer(double limitS, int64_t maxDelayMs = kMaxDelayMs)
+      : maxDelayMs_(maxDelayMs),
+        limitS_(limitS > 0 ? std::min(limitS, kMaxWaitS) : kMaxWaitS),
         deadlineMs_(steadyNowMs() + static_cast<int64_t>(limitS_ * 1000)),
         roundsLeft_(static_cast<int64_t>(limitS_ * 1000) / kMinDelayMs + 2) {}
   // False once the time or the rounds are spent; else sleeps (never past the deadline) and says true.
@@ -217,13 +219,14 @@ class Pacer {
     const int64_t left = deadlineMs_ - steadyNowMs();
     if (left <= 0 || --roundsLeft_ <= 0) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(delayMs_, left)));
-    delayMs_ = std::min(delayMs_ * 2, kMaxDelayMs);
+    delayMs_ = std::min(delayMs_ * 2, maxDelayMs_);
     return true;
   }
   void reset() { delayMs_ = kMinDelayMs; }  // something changed: look again soon
   std::string limit() const { return formatSeconds(limitS_); }
 
  private:
+  int64_t maxDelayMs_;
   double limitS_;
   int64_t deadlineMs_;
   int64_t roundsLeft_;
