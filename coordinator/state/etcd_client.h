@@ -1,6 +1,7 @@
 // The connection to an etcd cluster that EtcdStore and EtcdElection share: one gRPC channel per endpoint with
 // its KV and Lease stubs. A call goes to the endpoint that answered last and, when that one is unreachable
-// (UNAVAILABLE, a deadline, too many requests), to the others in turn. A refusal etcd answered with ends the
+// (UNAVAILABLE, a deadline, too many requests), to the others in turn. Plaintext, or TLS with the files
+// of etcd_tls.h. A refusal etcd answered with ends the
 // call, since no other member would decide differently: INVALID_ARGUMENT (too many operations, a request too
 // large), INTERNAL for the rest. FAILED_PRECONDITION is left to the callers: it means a fence that failed.
 // Internal to ddl_state_etcd.
@@ -11,13 +12,19 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "state/etcd_tls.h"
 
 namespace ddl::state {
 
@@ -30,14 +37,40 @@ class EtcdClient {
     std::unique_ptr<etcdserverpb::Lease::Stub> lease;
   };
 
-  EtcdClient(const std::vector<std::string>& endpoints, int64_t timeout_ms) : timeout_ms_(timeout_ms) {
+  // One channel per endpoint, over TLS when tls names a CA (its files are read here: INVALID_ARGUMENT names
+  // one that cannot be read). Connecting happens on the first call.
+  static StatusOr<std::unique_ptr<EtcdClient>> create(const std::vector<std::string>& endpoints,
+                                                      const EtcdTls& tls, int64_t timeout_ms) {
+    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+    if (tls.enabled()) {
+      if (tls.cert.empty() != tls.key.empty()) {
+        return Status::invalidArgument("etcd TLS: give the client certificate and its key together");
+      }
+      grpc::SslCredentialsOptions ssl;
+      std::string error;
+      for (auto [path, into] :
+           {std::pair{&tls.ca, &ssl.pem_root_certs}, std::pair{&tls.cert, &ssl.pem_cert_chain},
+            std::pair{&tls.key, &ssl.pem_private_key}}) {
+        if (path->empty()) continue;
+        std::ifstream in(*path, std::ios::binary);
+        std::ostringstream text;
+        text << in.rdbuf();
+        if (!in || text.str().empty()) {
+          return Status::invalidArgument("etcd TLS: cannot read " + *path + ": " + std::strerror(errno));
+        }
+        *into = text.str();
+      }
+      credentials = grpc::SslCredentials(ssl);
+    }
+    std::unique_ptr<EtcdClient> client(new EtcdClient(timeout_ms));
     for (const std::string& e : endpoints) {
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(-1);  // a page of large job records may pass gRPC's default 4 MiB
-      auto channel = grpc::CreateCustomChannel(e, grpc::InsecureChannelCredentials(), args);
-      endpoints_.push_back(
+      auto channel = grpc::CreateCustomChannel(e, credentials, args);
+      client->endpoints_.push_back(
           {e, channel, etcdserverpb::KV::NewStub(channel), etcdserverpb::Lease::NewStub(channel)});
     }
+    return client;
   }
 
   // Runs fn(endpoint, context) on the endpoints in turn until one answers; `what` names the call in errors.
@@ -82,6 +115,8 @@ class EtcdClient {
   }
 
  private:
+  explicit EtcdClient(int64_t timeout_ms) : timeout_ms_(timeout_ms) {}
+
   std::vector<Endpoint> endpoints_;
   std::atomic<size_t> current_{0};
   const int64_t timeout_ms_;

@@ -17,8 +17,10 @@ StatusOr<std::unique_ptr<EtcdElection>> EtcdElection::create(Options options) {
   if (options.id.empty()) return Status::invalidArgument("etcd election: the candidate needs an id");
   if (options.ttl_s < 1) return Status::invalidArgument("etcd election: the lease must last at least 1 s");
   std::unique_ptr<EtcdElection> election(new EtcdElection(std::move(options)));
-  election->client_ =
-      std::make_unique<EtcdClient>(election->options_.endpoints, election->options_.timeout_ms);
+  auto client =
+      EtcdClient::create(election->options_.endpoints, election->options_.tls, election->options_.timeout_ms);
+  if (!client) return client.status();
+  election->client_ = std::move(*client);
   return election;
 }
 

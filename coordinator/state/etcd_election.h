@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "state/etcd_tls.h"
 
 namespace ddl::state {
 
@@ -32,6 +33,7 @@ class EtcdElection {
  public:
   struct Options {
     std::vector<std::string> endpoints;  // HOST:PORT of etcd's client URLs
+    EtcdTls tls;                         // plaintext unless it names a CA
     std::string prefix = "/ddl/";        // the same as the coordinators' EtcdStore
     std::string id;                      // this candidate: its address, for followers to name the leader
     int ttl_s = 3;                       // the lease; etcd grants at least its minimum (2 s here)

@@ -39,7 +39,10 @@ StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::open(Options options) {
   if (options.endpoints.empty()) return Status::invalidArgument("etcd store: give at least one endpoint");
   if (options.max_txn_ops < 2) return Status::invalidArgument("etcd store: max_txn_ops must be at least 2");
   std::unique_ptr<EtcdStore> store(new EtcdStore(std::move(options)));
-  store->client_ = std::make_unique<EtcdClient>(store->options_.endpoints, store->options_.timeout_ms);
+  auto client =
+      EtcdClient::create(store->options_.endpoints, store->options_.tls, store->options_.timeout_ms);
+  if (!client) return client.status();
+  store->client_ = std::move(*client);
   const std::string key = store->options_.prefix + "meta/schema";
   pb::RangeRequest get;
   get.set_key(key);
@@ -82,12 +85,15 @@ void addFence(pb::TxnRequest* txn, const std::string& key, int64_t revision) {
   if (revision != 0) requireCreateRevision(txn, key, revision);
 }
 
-Status fenced(const std::string& key, int64_t revision) {
-  return Status::failedPrecondition("not written: " + key + " is no longer at revision " +
-                                    std::to_string(revision) + ", so another coordinator leads now");
-}
-
 }  // namespace
+
+Status EtcdStore::fenced() {
+  Status refused =
+      Status::failedPrecondition("not written: " + fence_key_ + " is no longer at revision " +
+                                 std::to_string(fence_revision_) + ", so another coordinator leads now");
+  if (options_.on_fenced) options_.on_fenced(refused.message());
+  return refused;
+}
 
 std::string EtcdStore::jobKey(int64_t n) const {
   char digits[32];
@@ -154,7 +160,7 @@ Status EtcdStore::applyBatch(const std::vector<Write>& batch) {
         !st) {
       return st;
     }
-    if (!done.succeeded()) return fenced(fence_key_, fence_revision_);
+    if (!done.succeeded()) return fenced();
   }
   return Status::ok();
 }
@@ -284,7 +290,7 @@ StatusOr<int> EtcdStore::purgeFinished(int64_t ended_before_ms, int limit) {
     }
     pb::TxnResponse done;
     if (Status st = client_->kv(&pb::KV::Stub::Txn, txn, &done, "purging old jobs"); !st) return st;
-    if (!done.succeeded()) return fenced(fence_key_, fence_revision_);
+    if (!done.succeeded()) return fenced();
   }
   return static_cast<int>(victims.size());
 }

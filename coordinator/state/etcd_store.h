@@ -16,7 +16,7 @@
 // and filter here. What is fast is what the coordinator does often: batches, and reading one job.
 //
 // Several coordinators: one leads (etcd_election.h) and fences its writes with its reign (fence()), so a
-// deposed leader writes nothing. Not yet: TLS and client certificates to etcd (issue 30's later steps).
+// deposed leader writes nothing. TLS and client certificates to etcd: etcd_tls.h.
 // Endpoints are tried in turn; the first that answers serves the call.
 //
 // Threads: thread-safe (gRPC stubs are); calls may run concurrently.
@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "state/etcd_tls.h"
 #include "state/store.h"
 
 namespace ddl::state {
@@ -40,13 +41,17 @@ class EtcdStore : public Store {
   static constexpr int kSchemaVersion = 1;
 
   struct Options {
-    std::vector<std::string> endpoints;  // HOST:PORT of etcd's client URLs (plaintext for now)
+    std::vector<std::string> endpoints;  // HOST:PORT of etcd's client URLs
+    EtcdTls tls;                         // plaintext unless it names a CA
     std::string prefix = "/ddl/";
     int max_txn_ops = 128;      // etcd's --max-txn-ops
     size_t max_txn_bytes =
         1 << 20;                // under etcd's --max-request-bytes (1.5 MiB unless its operator raised it)
     int64_t timeout_ms = 5000;  // per call
     int page_jobs = 256;        // jobs read per range request when scanning
+    // Called (on the writing thread, before the refusal returns) when the fence refused a write: the
+    // daemon stops at once, since another coordinator leads.
+    std::function<void(const std::string& why)> on_fenced;
   };
 
   // Connects, then reads (or, on an empty prefix, writes) the layout's version. UNAVAILABLE when no endpoint
@@ -77,6 +82,9 @@ class EtcdStore : public Store {
   // returns false.
   Status scanJobs(std::string from, const std::string& to,
                   const std::function<bool(int64_t number, const std::string& value)>& each);
+
+  // The refusal of a fenced write (mu_ held); tells on_fenced.
+  Status fenced();
 
   Options options_;
   std::unique_ptr<EtcdClient> client_;
