@@ -413,6 +413,24 @@ void route(DashboardBackend& b, const Request& request, const Access& gate, cons
       });
     });
   }
+  if (path == "/api/v1/state") {
+    return b.metrics([&b, reply](StatusOr<MetricsSnapshot> m) {
+      reply.guard([&] {
+        if (!m) return reply(error(httpStatus(m.status()), m.status().message()));
+        const Coordinator::Health health = b.health();
+        nlohmann::json state = {{"store_healthy", health.ok}, {"store_error", health.message}};
+        if (m->state) {
+          state["store"] = m->state->store;
+          if (m->state->reign > 0) {
+            state["leader_reign"] = m->state->reign;
+            state["lease_age_s"] = m->state->lease_age_s;
+            state["lease_s"] = m->state->lease_ttl_s;
+          }
+        }
+        reply(json(200, state));
+      });
+    });
+  }
   if (path == "/" || path == "/index.html") return reply({200, "text/html; charset=utf-8", renderIndexPage()});
   if (path == "/api/v1/nodes") {
     return b.listNodes([reply](StatusOr<std::vector<v1::Node>> nodes) {

@@ -152,6 +152,21 @@ std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
   o << "ddl_collective_seconds_total " << num(m.collective_seconds_total) << "\n";
   head("ddl_coordinator_store_healthy", "gauge", "1 while the coordinator can store its state, else 0 (see /healthz).");
   o << "ddl_coordinator_store_healthy " << (store_healthy ? 1 : 0) << "\n";
+  if (m.state) {
+    head("ddl_coordinator_store_info", "gauge", "Where the state lives (label store); always 1.");
+    o << "ddl_coordinator_store_info{store=\"" << labelValue(m.state->store) << "\"} 1\n";
+    if (m.state->reign > 0) {
+      // Only a leader serves /metrics: standbys hold no port open.
+      head("ddl_coordinator_leader_reign", "gauge",
+           "The etcd revision that made this coordinator the leader (changes with every failover).");
+      o << "ddl_coordinator_leader_reign " << m.state->reign << "\n";
+      head("ddl_coordinator_etcd_lease_age_seconds", "gauge",
+           "Seconds since the leader's etcd lease was renewed; near the lease means etcd is unreachable.");
+      o << "ddl_coordinator_etcd_lease_age_seconds " << num(m.state->lease_age_s) << "\n";
+      head("ddl_coordinator_etcd_lease_seconds", "gauge", "The leader's etcd lease.");
+      o << "ddl_coordinator_etcd_lease_seconds " << m.state->lease_ttl_s << "\n";
+    }
+  }
   // Per placed job (SCHEDULED, STARTING, RUNNING): one label, the job id, for at most
   // MetricsSnapshot::kMaxJobFigures (500) jobs, the oldest first, so a scrape
   // stays small and the series end with their job.
@@ -184,7 +199,7 @@ std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
 std::string renderIndexPage() {
   return std::string(R"(<!doctype html><html><head><meta charset="utf-8"><title>ddl cluster</title>)") +
          kStyle + kChartScript +
-         R"(</head><body><h1>ddl cluster</h1><div class="muted" id="updated">loading...</div>
+         R"(</head><body><h1>ddl cluster</h1><div class="muted" id="updated">loading...</div><div class="muted" id="state"></div>
 <div class="charts"><div class="chart"><h3>GPUs in use</h3><div id="chart-gpus"></div></div>
 <div class="chart"><h3>Jobs by state</h3><div id="chart-jobs"></div></div></div>
 <h2>Nodes</h2><table id="nodes"><thead><tr><th>NAME</th><th>STATE</th><th>GPUS USED/TOTAL</th><th>CPUS</th><th>MEMORY</th><th>LABELS</th>
@@ -197,7 +212,8 @@ std::string renderIndexPage() {
 <table id="jobs"><thead><tr><th>ID</th><th>NAME</th><th>USER</th><th>STATE</th><th>SUBMITTED</th><th>RAN FOR</th>
 <th>GPUS</th><th>NODES OR REASON</th></tr></thead><tbody></tbody></table><p id="pager"></p>
 <p class="muted">JSON: <a href="/api/v1/nodes">/api/v1/nodes</a> <a href="/api/v1/jobs">/api/v1/jobs</a>
-<a href="/api/v1/cluster/series">/api/v1/cluster/series</a> &middot; <a href="/metrics">/metrics</a></p>
+<a href="/api/v1/cluster/series">/api/v1/cluster/series</a> <a href="/api/v1/state">/api/v1/state</a> &middot;
+<a href="/metrics">/metrics</a></p>
 <script>
 const STATES=['PENDING','SCHEDULED','STARTING','RUNNING','SUCCEEDED','FAILED','CANCELLED','TIMEOUT'];
 const SCOLOR={PENDING:'#d97706',SCHEDULED:'#0891b2',STARTING:'#7c3aed',RUNNING:'#16a34a',SUCCEEDED:'#2563eb',FAILED:'#dc2626',CANCELLED:'#6b7280',TIMEOUT:'#db2777'};
@@ -247,6 +263,9 @@ async function refresh(){
   plot(document.getElementById('chart-jobs'),Object.keys(js).sort((a,b)=>STATES.indexOf(a)-STATES.indexOf(b)).filter(k=>js[k].some(v=>v>0))
    .map(k=>({name:k,color:SCOLOR[k]||'#111',bold:k==='RUNNING',pts:t.map((x,i)=>[x,js[k][i]])})),{fmt:v=>v.toFixed(0),counts:true,empty:'the first point comes within 5 s'});
   document.getElementById('updated').textContent='updated '+new Date().toLocaleTimeString();
+  fetch('/api/v1/state').then(r=>r.json()).then(st=>{document.getElementById('state').textContent='state: '+(st.store||'')+
+   (st.leader_reign?', leading (reign '+st.leader_reign+'), etcd lease renewed '+Number(st.lease_age_s).toFixed(1)+' s ago of '+st.lease_s:'')+
+   (st.store_healthy?'':' - cannot store: '+st.store_error);}).catch(()=>{});
  }catch(e){document.getElementById('updated').textContent='cannot reach the coordinator: '+e;}
 }
 refresh();setInterval(refresh,3000);

@@ -70,6 +70,15 @@ class LogRelay;
 using state::Status;
 using state::StatusOr;
 
+// Where the state lives and, on etcd, this coordinator's lead (daemon/state_backend.h), for /metrics and the
+// dashboard.
+struct StateStatus {
+  std::string store;        // "SQLite /var/lib/ddl/coordinator/state.db", "etcd a:2379,b:2379 (/ddl/)"
+  int64_t reign = 0;        // etcd: the leader key's create revision; 0 on SQLite
+  double lease_age_s = -1;  // etcd: seconds since the leader's lease was last renewed; -1 on SQLite
+  int64_t lease_ttl_s = 0;  // etcd: the lease
+};
+
 struct CoordinatorOptions {
   int64_t heartbeat_grace_ms = 10000;    // a node silent this long is DOWN
   int64_t heartbeat_interval_ms = 1000;  // what agents are told to use
@@ -84,6 +93,8 @@ struct CoordinatorOptions {
   int64_t history_retention_ms = 30LL * 24 * 3600000;  // final jobs leave the store after this; 0: never
   int64_t store_retry_max_ms = 5000;            // longest wait between attempts to store after a failure
   static constexpr size_t kMaxLogReads = 1024;  // log reads waiting for agents at once
+  // What MetricsSnapshot::state says; called from the loop, so it must not block. Unset: nothing is said.
+  std::function<StateStatus()> state_status;
 };
 
 // The way down to one connected agent. The rpc layer implements it over the Connect stream.
@@ -115,6 +126,7 @@ struct MetricsSnapshot {
   bool store_healthy = true;  // the last attempt to store state worked
   size_t store_backlog = 0;   // writes waiting to be stored
   size_t jobs_in_memory = 0;  // open jobs and the recent final ones (jobs_by_state counts these)
+  std::optional<StateStatus> state;  // CoordinatorOptions::state_status's answer
   // Placed jobs' (SCHEDULED, STARTING, RUNNING) collective totals for ddl_job_*, in job id order; at most
   // kMaxJobFigures of them, the oldest first, so the label set stays bounded.
   static constexpr size_t kMaxJobFigures = 500;

@@ -579,6 +579,7 @@ void Coordinator::logData(const std::string& node, const std::string& session, c
 
 MetricsSnapshot Coordinator::metricsOnLoop() {
   MetricsSnapshot m = counters_;
+  if (options_.state_status) m.state = options_.state_status();
   const int64_t now = now_ms_();
   for (const char* s : {"UP", "DOWN", "DRAINING"}) m.nodes_by_state[s] = 0;
   for (state::JobState s : state::kAllJobStates) m.jobs_by_state[toString(s)] = 0;

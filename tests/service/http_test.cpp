@@ -86,6 +86,37 @@ TEST_F(HttpTest, MetricsReflectTheCluster) {
                            "ddl_coordinator_store_healthy 1\n"}) {
     EXPECT_NE(r.body.find(line), std::string::npos) << line << " missing in\n" << r.body;
   }
+  EXPECT_EQ(r.body.find("ddl_coordinator_leader_reign"), std::string::npos)
+      << "no lead without a state_status";
+}
+
+// Issue 30: where the state lives and the lead, as the daemon's state_status says, in /metrics and
+// /api/v1/state; nothing of it without one (the metrics above).
+TEST(HttpStateTest, TheStoreAndTheLeadAreInMetricsAndTheApi) {
+  state::MemoryStore store;
+  CoordinatorOptions o;
+  o.state_status = [] {
+    StateStatus s;
+    s.store = "etcd a:2379,b:2379 (/ddl/)";
+    s.reign = 944;
+    s.lease_age_s = 0.5;
+    s.lease_ttl_s = 3;
+    return s;
+  };
+  BlockingCoordinator coordinator(store, o);
+  ASSERT_TRUE(coordinator.recover());
+  Response r = handleRequest(coordinator, "GET", "/metrics");
+  for (const char* line :
+       {"ddl_coordinator_store_info{store=\"etcd a:2379,b:2379 (/ddl/)\"} 1\n",
+        "ddl_coordinator_leader_reign 944\n", "ddl_coordinator_etcd_lease_age_seconds 0.5\n",
+        "ddl_coordinator_etcd_lease_seconds 3\n"}) {
+    EXPECT_NE(r.body.find(line), std::string::npos) << line << " missing in\n" << r.body;
+  }
+  auto state = nlohmann::json::parse(handleRequest(coordinator, "GET", "/api/v1/state").body);
+  EXPECT_EQ(state["store"], "etcd a:2379,b:2379 (/ddl/)");
+  EXPECT_EQ(state["leader_reign"], 944);
+  EXPECT_EQ(state["lease_s"], 3);
+  EXPECT_EQ(state["store_healthy"], true);
 }
 
 TEST_F(HttpTest, ApiAnswersJson) {
