@@ -8,6 +8,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -33,5 +34,10 @@ std::string hostOf(std::string_view text);
 // Whether hostOf(text) is "localhost", an address in 127.0.0.0/8 or ::1: where plaintext (--insecure) and an
 // open dashboard are allowed. A name other than localhost is not loopback, whatever it resolves to.
 bool isLoopback(std::string_view text);
+
+// A list of addresses, "a:1,b:2" (several coordinators that share an etcd store: clients try them in turn);
+// the parts as written, empty ones included, so that a checker can name them. One part for text without a
+// comma.
+std::vector<std::string> splitAddressList(std::string_view text);
 
 }  // namespace ddl

@@ -1,7 +1,10 @@
-// ddl-coordinator: the cluster daemon. Reads its settings (daemon/config.h), opens the SQLite state in the data
-// directory, recovers jobs and nodes, serves gRPC over TLS (docs/security.md), and runs until SIGTERM or SIGINT,
-// then shuts down cleanly: agent streams end, calls in flight finish, the store closes. Running ranks are not
-// touched: agents keep them and report them to the next coordinator.
+// ddl-coordinator: the cluster daemon. Reads its settings (daemon/config.h), opens its state (SQLite in the
+// data directory, or etcd shared with other coordinators: then it waits as a standby until it leads),
+// recovers jobs and nodes, serves gRPC over TLS (docs/security.md), and runs until SIGTERM or SIGINT, then
+// shuts down cleanly: agent streams end, calls in flight finish, the store closes, the lead is given up.
+// Running ranks are not touched: agents keep them and report them to the next coordinator. A leader that
+// loses its lead (its etcd lease, or a write refused by another's reign) exits at once with status 75, for
+// systemd to restart it as a standby.
 //
 // Its PKI tools are subcommands: init-pki DIR (the CA, the coordinator's certificate, the first admin),
 // renew-cert (a new coordinator certificate, picked up by the running daemon) and issue-node NAME (a node's
@@ -12,9 +15,11 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
-#include <cstring>
-#include <filesystem>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 
 #include "auth/pki_dir.h"
@@ -22,13 +27,13 @@
 #include "common/pki.h"
 #include "common/signals.h"
 #include "common/version.h"
-#include "ddl/tls.h"
 #include "daemon/config.h"
+#include "daemon/state_backend.h"
+#include "ddl/tls.h"
 #include "http/http_server.h"
 #include "rpc/server.h"
 #include "service/coordinator.h"
 #include "state/data_dir_lock.h"
-#include "state/sqlite_store.h"
 
 #ifdef DDL_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -37,6 +42,9 @@
 using namespace ddl::coordinator;
 
 namespace {
+
+// The exit status of a leader that lost its lead (EX_TEMPFAIL): systemd restarts it, as a standby.
+constexpr int kExitLostLead = 75;
 
 int fail(const std::string& message) {
   spdlog::critical("{}", message);
@@ -49,6 +57,9 @@ struct Flags {
   std::optional<std::string> listen, http_listen, data_dir, log_level, pki_dir;
   std::optional<double> grace;
   bool http_tls = false, http_auth = false, insecure = false, allow_root = false;
+  std::optional<std::string> store, etcd_ca, etcd_cert, etcd_key, advertise;
+  std::optional<int> leader_lease;
+  bool etcd_insecure = false;
   // PKI tools: each runs, prints, and exits.
   auth::InitPkiOptions init;
   int days = 365;
@@ -57,6 +68,7 @@ struct Flags {
   CLI::App* init_pki = nullptr;
   CLI::App* renew = nullptr;
   CLI::App* issue = nullptr;
+  CLI::App* migrate = nullptr;
 };
 
 void declareDaemonFlags(CLI::App& app, Flags& f) {
@@ -79,6 +91,18 @@ void declareDaemonFlags(CLI::App& app, Flags& f) {
       "plaintext gRPC with no authentication: development only, refused on any address but loopback");
   app.add_flag("--allow-root-jobs", f.allow_root,
                "let jobs of root run (ranks as uid 0); refused by default");
+  app.add_option("--store", f.store,
+                 "sqlite (default: a file in --data-dir) or etcd://HOST:PORT,HOST:PORT/PREFIX, shared by "
+                 "several coordinators of which one leads");
+  app.add_option("--etcd-ca", f.etcd_ca, "the CA certificate (PEM) of etcd's servers");
+  app.add_option("--etcd-cert", f.etcd_cert, "this coordinator's client certificate for etcd (PEM)");
+  app.add_option("--etcd-key", f.etcd_key, "its private key (PEM)");
+  app.add_flag("--etcd-insecure", f.etcd_insecure, "plaintext to etcd: development only, loopback only");
+  app.add_option("--leader-lease", f.leader_lease,
+                 "seconds a leader's etcd lease lasts: a dead leader is replaced after about this long "
+                 "(default 3)");
+  app.add_option("--advertise", f.advertise,
+                 "HOST:PORT the other coordinators name this one by while it leads (default --listen)");
 }
 
 void declarePkiTools(CLI::App& app, Flags& f) {
@@ -103,6 +127,11 @@ void declarePkiTools(CLI::App& app, Flags& f) {
   f.issue->add_option("NAME", f.node_name, "the node's name (as ddl-agent --node gives it)")->required();
   f.issue->add_option("--out", f.out_dir, "directory for the node's files")->required();
   f.issue->add_option("--days", f.days, "validity (default 365)");
+  f.migrate =
+      app.add_subcommand("migrate-to-etcd",
+                         "copy the SQLite state in --data-dir (its coordinator stopped) into the empty "
+                         "etcd store that --store names, for several coordinators to share");
+  f.migrate->fallthrough();  // the daemon's --data-dir, --store and --etcd-* flags, after the word too
 }
 
 // Runs the PKI tool the command line named, if any: its exit status, or nullopt to run the daemon.
@@ -134,6 +163,17 @@ std::optional<int> runPkiTool(const Flags& f) {
   return std::nullopt;
 }
 
+// migrate-to-etcd: the SQLite state of --data-dir copied into --store's etcd.
+int runMigration(const DaemonConfig& config) {
+  auto lock = ddl::state::DataDirLock::acquire(config.data_dir);  // no coordinator may write it meanwhile
+  if (!lock) return fail(lock.status().message());
+  auto copied = migrateSqliteToEtcd(config.data_dir + "/state.db", config);
+  if (!copied) return fail("migrate-to-etcd: " + copied.status().message());
+  std::printf("%s\nstart the coordinators with --store %s (and the same etcd settings)\n", copied->c_str(),
+              config.store.c_str());
+  return 0;
+}
+
 // The settings: the config file's, then the flags over them. "" or why they are refused.
 std::string loadSettings(const Flags& f, DaemonConfig* config) {
   if (!f.config_path.empty()) {
@@ -149,6 +189,13 @@ std::string loadSettings(const Flags& f, DaemonConfig* config) {
   if (f.pki_dir) config->pki_dir = *f.pki_dir;
   if (f.insecure) config->insecure = true;
   if (f.allow_root) config->allow_root_jobs = true;
+  if (f.store) config->store = *f.store;
+  if (f.etcd_ca) config->etcd_ca = *f.etcd_ca;
+  if (f.etcd_cert) config->etcd_cert = *f.etcd_cert;
+  if (f.etcd_key) config->etcd_key = *f.etcd_key;
+  if (f.etcd_insecure) config->etcd_insecure = true;
+  if (f.leader_lease) config->leader_lease_s = *f.leader_lease;
+  if (f.advertise) config->advertise = *f.advertise;
   if (f.grace && config->heartbeat_interval_s >= config->heartbeat_grace_s) {
     config->heartbeat_interval_s = config->heartbeat_grace_s / 4;  // keep the default ratio for short graces
   }
@@ -220,10 +267,21 @@ int runDaemon(const DaemonConfig& config) {
   if (ec) return fail("cannot create data directory " + config.data_dir + ": " + ec.message());
   auto lock = ddl::state::DataDirLock::acquire(config.data_dir);  // held until exit: one writer per data dir
   if (!lock) return fail(lock.status().message());
-  ddl::state::SqliteStore::Options store_options;
-  store_options.path = config.data_dir + "/state.db";
-  auto store = ddl::state::SqliteStore::open(store_options);
-  if (!store) return fail(store.status().message());
+  const std::string addr_file = config.data_dir + "/coordinator.addr";
+  const std::string http_file = config.data_dir + "/coordinator.http";
+  // Losing the lead ends the process at once: nothing it would do after it may overlap the next leader's.
+  auto lost_lead = [addr_file, http_file](const std::string& why) {
+    spdlog::critical("no longer the leader: {}; exiting (status {}) without another write", why,
+                     kExitLostLead);
+    spdlog::default_logger()->flush();
+    std::error_code ignored;
+    std::filesystem::remove(addr_file, ignored);
+    std::filesystem::remove(http_file, ignored);
+    std::_Exit(kExitLostLead);
+  };
+  auto backend =
+      StateBackend::open(config, config.advertise.empty() ? config.listen : config.advertise, lost_lead);
+  if (!backend) return fail(backend.status().message());
 
   // Block the stop signals in every thread; the main thread waits for them below.
   sigset_t stop_signals;
@@ -231,9 +289,40 @@ int runDaemon(const DaemonConfig& config) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  int sig = 0;
+  // A stop signal within ms, or 0 (ms <= 0: wait for one without end).
+  auto waitSignal = [&](int64_t ms) {
+    if (ms <= 0) return sigwait(&stop_signals, &sig) == 0 ? sig : 0;
+    const timespec pause{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000};
+    const int got = sigtimedwait(&stop_signals, nullptr, &pause);
+    return got > 0 ? (sig = got) : 0;
+  };
+#ifdef DDL_HAVE_SYSTEMD
+  // A standby is up (systemd's start must not time out while it waits to lead); its status says which it is.
+  if ((*backend)->keepIntervalMs() > 0) sd_notify(0, "READY=1\nSTATUS=standby: waiting to lead");
+#endif
+  auto leading = (*backend)->awaitLead([&](int64_t ms) { return waitSignal(ms) != 0; });
+  if (!leading) return fail(leading.status().message());
+  if (!*leading) {
+    spdlog::info("{}: stopped while standing by", ddl::signalName(sig));
+    return 0;
+  }
 
-  Coordinator coordinator(**store, coordinatorOptions(config));
-  if (auto st = coordinator.recover(); !st) return fail("recovering state from " + store_options.path + ": " + st.message());
+  CoordinatorOptions options = coordinatorOptions(config);
+  options.state_status = [b = backend->get()] {
+    StateStatus status;
+    status.store = b->describe();
+    if (auto lead = b->lead()) {
+      status.reign = lead->reign;
+      status.lease_age_s = lead->renewed_ms_ago / 1000.0;
+      status.lease_ttl_s = lead->ttl_s;
+    }
+    return status;
+  };
+  Coordinator coordinator((*backend)->store(), options);
+  if (auto st = coordinator.recover(); !st) {
+    return fail("recovering state from " + (*backend)->describe() + ": " + st.message());
+  }
   auto users = openUsers(config);
   if (!users) return fail(users.status().message());
   if (config.insecure) {
@@ -248,30 +337,34 @@ int runDaemon(const DaemonConfig& config) {
   std::string http_bound;
   if (auto st = dashboard.start(config.http, &http_bound); !st) return fail(st.message());
   coordinator.start();
-  writeWhole(config.data_dir + "/coordinator.http", http_bound);
+  writeWhole(http_file, http_bound);
   spdlog::info("dashboard on {}://{}/ (JSON API /api/v1, Prometheus /metrics)", dashboard.scheme(), http_bound);
   // Scripts and tests that asked for port 0 read the real address here.
-  const std::string addr_file = config.data_dir + "/coordinator.addr";
   writeWhole(addr_file, bound);
-  spdlog::info("ddl-coordinator listening on {} (state in {})", bound, store_options.path);
+  spdlog::info("ddl-coordinator listening on {} (state in {})", bound, (*backend)->describe());
 #ifdef DDL_HAVE_SYSTEMD
   sd_notify(0, "READY=1");  // Type=notify unit (deploy/systemd/); a no-op outside systemd
+  if ((*backend)->keepIntervalMs() > 0) sd_notify(0, "STATUS=leading");
 #endif
 
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
+  // Until a stop signal, renewing the lead where there is one to renew.
+  const int64_t keep_ms = (*backend)->keepIntervalMs();
+  while (waitSignal(keep_ms) == 0) {
+    if (std::string why = (*backend)->keep(); !why.empty()) lost_lead(why);
+  }
   spdlog::info("{}: shutting down", ddl::signalName(sig));
 #ifdef DDL_HAVE_SYSTEMD
   sd_notify(0, "STOPPING=1");
 #endif
   // Agent streams first, then callers (their calls finish while the coordinator still answers and stores),
-  // then the coordinator, which stores what is left.
+  // then the coordinator, which stores what is left; then the lead goes to a standby at once.
   coordinator.closeAgents();
   server.shutdown();
   dashboard.stop();
   coordinator.stop();
+  (*backend)->resign();
   std::filesystem::remove(addr_file, ec);
-  std::filesystem::remove(config.data_dir + "/coordinator.http", ec);
+  std::filesystem::remove(http_file, ec);
   spdlog::info("stopped");
   return 0;
 }
@@ -291,5 +384,6 @@ int main(int argc, char** argv) {
   DaemonConfig config;
   if (std::string why = loadSettings(flags, &config); !why.empty()) return fail(why);
   spdlog::set_level(spdlog::level::from_str(config.log_level));
+  if (flags.migrate->parsed()) return runMigration(config);
   return runDaemon(config);
 }

@@ -9,8 +9,9 @@ using state::Status;
 
 // The keys, in the order the unknown-key message lists them.
 DDL_JSON_CONFIG(DaemonConfig, listen, http, data_dir, heartbeat_grace_s, heartbeat_interval_s, stop_grace_s,
-                port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs, node_cert_days, tls_refresh_s,
-                http_tls, http_auth, history_retention_days, finished_jobs_in_memory)
+                port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs, node_cert_days,
+                tls_refresh_s, http_tls, http_auth, history_retention_days, finished_jobs_in_memory, store,
+                etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s, advertise)
 
 namespace {
 
@@ -31,6 +32,13 @@ const ConfigHints& hints() {
       {"tls_refresh_s", "a number of seconds"},
       {"history_retention_days", "a number of days (0: keep forever)"},
       {"finished_jobs_in_memory", "an integer count of jobs"},
+      {"store", "a string: \"sqlite\" or \"etcd://HOST:PORT,HOST:PORT/PREFIX\""},
+      {"etcd_ca", "a string (a PEM file)"},
+      {"etcd_cert", "a string (a PEM file)"},
+      {"etcd_key", "a string (a PEM file)"},
+      {"etcd_insecure", "true or false"},
+      {"leader_lease_s", "an integer number of seconds"},
+      {"advertise", "a string \"HOST:PORT\""},
   };
   return kHints;
 }
@@ -42,6 +50,72 @@ Status parseConfig(const std::string& text, const std::string& origin, DaemonCon
 }
 
 Status loadConfigFile(const std::string& path, DaemonConfig* config) { return loadJsonConfig(path, config, hints()); }
+
+StatusOr<StoreUrl> parseStoreUrl(const std::string& text) {
+  StoreUrl url;
+  if (text == "sqlite") return url;
+  const std::string scheme = "etcd://";
+  const auto bad = [&](const std::string& why) {
+    return Status::invalidArgument("store '" + text + "': " + why +
+                                   " (give \"sqlite\" or \"etcd://HOST:PORT,HOST:PORT/PREFIX\")");
+  };
+  if (text.compare(0, scheme.size(), scheme) != 0) return bad("unknown kind of store");
+  url.etcd = true;
+  std::string rest = text.substr(scheme.size());
+  if (const size_t slash = rest.find('/'); slash != std::string::npos) {
+    std::string prefix = rest.substr(slash);
+    rest.resize(slash);
+    if (prefix.size() > 1) url.prefix = prefix.back() == '/' ? prefix : prefix + "/";
+  }
+  for (const std::string& endpoint : splitAddressList(rest)) {
+    StatusOr<HostPort> hp = parseHostPort(endpoint);
+    if (!hp || hp->port == 0) {
+      return bad("'" + endpoint + "' is not an etcd member's HOST:PORT" +
+                 (hp ? std::string(" (port 0)") : ": " + hp.status().message()));
+    }
+    url.endpoints.push_back(endpoint);
+  }
+  return url;
+}
+
+namespace {
+
+// The etcd settings against the store they serve: TLS unless told otherwise, and plaintext only to loopback.
+Status checkEtcdSettings(const DaemonConfig& c) {
+  auto bad = [](const std::string& m) { return Status::invalidArgument(m); };
+  StatusOr<StoreUrl> url = parseStoreUrl(c.store);
+  if (!url) return url.status();
+  const bool any_file = !c.etcd_ca.empty() || !c.etcd_cert.empty() || !c.etcd_key.empty();
+  if (!url->etcd) {
+    if (any_file || c.etcd_insecure) return bad("etcd_* settings are given, but store is \"sqlite\"");
+    return Status::ok();
+  }
+  if (c.leader_lease_s < 2 || c.leader_lease_s > 60)
+    return bad("leader_lease_s must be between 2 and 60 seconds");
+  if (!c.advertise.empty()) {
+    if (StatusOr<HostPort> a = parseHostPort(c.advertise); !a || a->port == 0) {
+      return bad("advertise '" + c.advertise + "' is not HOST:PORT with a port");
+    }
+  }
+  if (c.etcd_cert.empty() != c.etcd_key.empty()) return bad("etcd_cert and etcd_key go together");
+  if (c.etcd_insecure) {
+    if (any_file) return bad("etcd_insecure is set, and so are etcd TLS files: choose one");
+    for (const std::string& e : url->endpoints) {
+      if (!isLoopback(e)) {
+        return bad("etcd_insecure is refused for '" + e +
+                   "', which is not a loopback address: give etcd_ca " +
+                   "(and etcd_cert, etcd_key) to reach etcd over TLS");
+      }
+    }
+  } else if (c.etcd_ca.empty()) {
+    return bad(
+        "the etcd store needs etcd_ca (--etcd-ca: the CA of etcd's certificates, and etcd_cert/etcd_key " +
+        std::string("where etcd checks clients); etcd_insecure allows plaintext toward loopback"));
+  }
+  return Status::ok();
+}
+
+}  // namespace
 
 Status validateConfig(const DaemonConfig& c) {
   auto bad = [](const std::string& m) { return Status::invalidArgument(m); };
@@ -86,7 +160,7 @@ Status validateConfig(const DaemonConfig& c) {
   bool known = false;
   for (const char* l : levels) known = known || c.log_level == l;
   if (!known) return bad("log_level '" + c.log_level + "' is not one of trace, debug, info, warn, error");
-  return Status::ok();
+  return checkEtcdSettings(c);
 }
 
 }  // namespace ddl::coordinator

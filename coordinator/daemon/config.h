@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -37,11 +38,31 @@ struct DaemonConfig {
   double tls_refresh_s = 60;      // how often certificate files are re-read (rotation without a restart)
   double history_retention_days = 30;   // finished jobs leave the database after this; 0 keeps them forever
   int finished_jobs_in_memory = 10000;  // the most recent finished jobs kept in memory; older ones are read back
+  // Where the state lives (parseStoreUrl): "sqlite", a file in data_dir (one coordinator), or
+  // "etcd://HOST:PORT,HOST:PORT/PREFIX", an etcd cluster that several coordinators share (one leads, the
+  // others wait: docs/operations.md, "Several coordinators"). etcd is reached over TLS with etcd_ca (and the
+  // client certificate etcd_cert/etcd_key where etcd checks clients); plaintext only with etcd_insecure,
+  // toward loopback.
+  std::string store = "sqlite";
+  std::string etcd_ca, etcd_cert, etcd_key;
+  bool etcd_insecure = false;
+  int leader_lease_s = 3;  // the leader's etcd lease: a dead leader is replaced after about this long
+  std::string advertise;   // HOST:PORT other coordinators name this one by when it leads ("" = listen)
 };
+
+// A parsed `store` setting.
+struct StoreUrl {
+  bool etcd = false;
+  std::vector<std::string> endpoints;  // HOST:PORT each
+  std::string prefix = "/ddl/";        // every key lives under it; ends in '/'
+};
+// "sqlite", or "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]"; INVALID_ARGUMENT says what is wrong.
+state::StatusOr<StoreUrl> parseStoreUrl(const std::string& text);
 
 // Reads the JSON object at `path` over `config`. Keys: listen, http, data_dir, heartbeat_grace_s,
 // heartbeat_interval_s, stop_grace_s, port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs,
-// node_cert_days, tls_refresh_s, http_tls, http_auth, history_retention_days, finished_jobs_in_memory.
+// node_cert_days, tls_refresh_s, http_tls, http_auth, history_retention_days, finished_jobs_in_memory, store,
+// etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s, advertise.
 state::Status loadConfigFile(const std::string& path, DaemonConfig* config);
 // Parses JSON text (what loadConfigFile reads); `origin` names it in errors.
 state::Status parseConfig(const std::string& text, const std::string& origin, DaemonConfig* config);

@@ -48,6 +48,59 @@ TEST(CoordinatorConfig, DefaultsAreValidAndEveryKeyIsRead) {
   EXPECT_TRUE(coordinator::validateConfig(c)) << messageOf(coordinator::validateConfig(c));
 }
 
+// Issue 30: the store setting and etcd's. Plaintext to etcd only when asked and only toward loopback.
+TEST(CoordinatorConfig, StoreUrlsAndEtcdSettings) {
+  auto url = coordinator::parseStoreUrl("etcd://127.0.0.1:2379,[::1]:2380,etcd-3:2379/team-a");
+  ASSERT_TRUE(url) << url.status().message();
+  EXPECT_TRUE(url->etcd);
+  EXPECT_EQ(url->endpoints, (std::vector<std::string>{"127.0.0.1:2379", "[::1]:2380", "etcd-3:2379"}));
+  EXPECT_EQ(url->prefix, "/team-a/");
+  EXPECT_EQ(coordinator::parseStoreUrl("etcd://h:1")->prefix, "/ddl/");
+  EXPECT_EQ(coordinator::parseStoreUrl("etcd://h:1/")->prefix, "/ddl/");
+  EXPECT_FALSE(coordinator::parseStoreUrl("sqlite")->etcd);
+  for (const char* bad :
+       {"", "etcd://", "etcd://h", "etcd://h:1,,h:2", "etcd://h:0", "postgres://h:1", "SQLITE"}) {
+    auto parsed = coordinator::parseStoreUrl(bad);
+    EXPECT_FALSE(parsed) << bad;
+    if (!parsed)
+      EXPECT_NE(parsed.status().message().find("store '"), std::string::npos) << parsed.status().message();
+  }
+
+  DaemonConfig c;
+  Status st = coordinator::parseConfig(R"({"store": "etcd://10.0.0.5:2379", "etcd_ca": "/e/ca.crt",
+      "etcd_cert": "/e/c.crt", "etcd_key": "/e/c.key", "leader_lease_s": 5, "advertise": "10.0.0.9:7070"})",
+                                       "c.json", &c);
+  ASSERT_TRUE(st) << st.message();
+  EXPECT_EQ(c.store, "etcd://10.0.0.5:2379");
+  EXPECT_EQ(c.etcd_ca, "/e/ca.crt");
+  EXPECT_EQ(c.etcd_cert, "/e/c.crt");
+  EXPECT_EQ(c.etcd_key, "/e/c.key");
+  EXPECT_EQ(c.leader_lease_s, 5);
+  EXPECT_EQ(c.advertise, "10.0.0.9:7070");
+  EXPECT_TRUE(coordinator::validateConfig(c)) << messageOf(coordinator::validateConfig(c));
+
+  auto refusal = [](void (*change)(DaemonConfig&)) {
+    DaemonConfig d;
+    d.store = "etcd://127.0.0.1:2379";
+    d.etcd_ca = "/ca";
+    change(d);
+    return messageOf(coordinator::validateConfig(d));
+  };
+  EXPECT_EQ(refusal([](DaemonConfig&) {}), "");
+  EXPECT_NE(refusal([](DaemonConfig& d) { d.etcd_ca.clear(); }).find("needs etcd_ca"), std::string::npos);
+  EXPECT_EQ(refusal([](DaemonConfig& d) { d.etcd_ca.clear(), d.etcd_insecure = true; }), "");
+  EXPECT_NE(refusal([](DaemonConfig& d) {
+              d.etcd_ca.clear(), d.etcd_insecure = true, d.store = "etcd://127.0.0.1:1,10.1.1.1:2";
+            }).find("'10.1.1.1:2', which is not a loopback"),
+            std::string::npos);
+  EXPECT_NE(refusal([](DaemonConfig& d) { d.etcd_insecure = true; }).find("choose one"), std::string::npos);
+  EXPECT_NE(refusal([](DaemonConfig& d) { d.etcd_cert = "/c"; }).find("go together"), std::string::npos);
+  EXPECT_NE(refusal([](DaemonConfig& d) { d.leader_lease_s = 1; }).find("leader_lease_s"), std::string::npos);
+  EXPECT_NE(refusal([](DaemonConfig& d) { d.advertise = "nohost"; }).find("advertise"), std::string::npos);
+  EXPECT_NE(refusal([](DaemonConfig& d) { d.store = "sqlite"; }).find("store is \"sqlite\""),
+            std::string::npos);
+}
+
 TEST(CoordinatorConfig, AnOutOfRangeNumberIsAnErrorNotACrash) {
   // Found by fuzzing (tests/fuzz/corpus/config/number_overflow): nlohmann/json throws out_of_range, not
   // parse_error, for a number too large for a double.
@@ -179,6 +232,13 @@ TEST(AgentConfig, UnknownKeysWrongTypesAndBadCoordinatorAddresses) {
               std::string::npos)
         << bad << " -> " << messageOf(worker::validateAgentConfig(a));
   }
+  AgentConfig several;
+  several.coordinator = "ctl-1:7070,ctl-2:7070";
+  EXPECT_TRUE(worker::validateAgentConfig(several)) << messageOf(worker::validateAgentConfig(several));
+  several.coordinator = "ctl-1:7070,ctl-2";
+  EXPECT_NE(messageOf(worker::validateAgentConfig(several)).find("coordinator 'ctl-2' is not HOST:PORT"),
+            std::string::npos)
+      << messageOf(worker::validateAgentConfig(several));
 }
 
 }  // namespace

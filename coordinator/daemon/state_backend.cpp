@@ -1,0 +1,259 @@
+// StateBackend: see state_backend.h.
+#include "daemon/state_backend.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <utility>
+
+#include "common/job_id.h"
+#include "state/sqlite_store.h"
+#ifdef DDL_HAVE_ETCD
+#include "state/etcd_election.h"
+#include "state/etcd_store.h"
+#endif
+
+namespace ddl::coordinator {
+
+namespace {
+
+int64_t steadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// One coordinator on its own file: it always leads.
+class SqliteBackend : public StateBackend {
+ public:
+  explicit SqliteBackend(std::unique_ptr<state::SqliteStore> store, std::string path)
+      : store_(std::move(store)), path_(std::move(path)) {}
+  state::Store& store() override { return *store_; }
+  std::string describe() const override { return "SQLite " + path_; }
+  state::StatusOr<bool> awaitLead(const std::function<bool(int64_t)>&) override { return true; }
+  int64_t keepIntervalMs() const override { return 0; }
+  std::string keep() override { return ""; }
+  void resign() override {}
+  std::optional<Lead> lead() const override { return std::nullopt; }
+
+ private:
+  std::unique_ptr<state::SqliteStore> store_;
+  std::string path_;
+};
+
+#ifdef DDL_HAVE_ETCD
+class EtcdBackend : public StateBackend {
+ public:
+  EtcdBackend(state::EtcdStore::Options store_options, std::unique_ptr<state::EtcdElection> election,
+              std::string where, int ttl_s)
+      : store_options_(std::move(store_options)),
+        election_(std::move(election)),
+        where_(std::move(where)),
+        ttl_ms_(ttl_s * 1000) {}
+
+  state::Store& store() override { return *store_; }
+  std::string describe() const override { return where_; }
+
+  state::StatusOr<bool> awaitLead(const std::function<bool(int64_t)>& wait) override {
+    std::string last;
+    while (true) {
+      std::string now;
+      if (!store_) {
+        auto store = state::EtcdStore::open(store_options_);
+        if (store) {
+          store_ = std::move(*store);
+        } else if (store.status().code() != state::StatusCode::kUnavailable) {
+          return state::Status(store.status().code(), where_ + ": " + store.status().message());
+        } else {
+          now = "cannot reach etcd: " + store.status().message();
+        }
+      }
+      if (store_) {
+        const int64_t started = steadyMs();
+        state::StatusOr<bool> won = election_->campaign();
+        if (won && *won) {
+          renewed_ms_ = started;
+          reign_ = election_->revision();
+          store_->fence(election_->key(), reign_);
+          spdlog::info("leading the coordinators on {} (reign {})", where_, reign_.load());
+          return true;
+        }
+        if (!won) {
+          now = "cannot campaign: " + won.status().message();
+        } else {
+          auto leader = election_->leader();
+          now = leader && !leader->id.empty() ? "standby: " + leader->id + " leads" : "standby: campaigning";
+        }
+      }
+      if (now != last) spdlog::info("{}; trying again every {} ms", now, campaignPauseMs());
+      last = now;
+      if (wait(campaignPauseMs())) return false;
+    }
+  }
+
+  int64_t keepIntervalMs() const override { return std::max<int64_t>(ttl_ms_ / 3, 200); }
+
+  std::string keep() override {
+    const int64_t sent = steadyMs();
+    state::Status st = election_->keepAlive();
+    if (st) {
+      renewed_ms_ = sent;  // etcd counts the lease from when it got the renewal, never before it was sent
+      return "";
+    }
+    if (st.code() == state::StatusCode::kFailedPrecondition) return st.message();
+    // Unreachable: the lease runs out ttl after the last renewal etcd saw. Stop a renewal interval before
+    // that, so that nothing this coordinator does overlaps a successor's reign.
+    const int64_t since = steadyMs() - renewed_ms_;
+    if (since >= ttl_ms_ - keepIntervalMs()) {
+      return "cannot renew the leader's lease for " + std::to_string(since) + " ms of its " +
+             std::to_string(ttl_ms_) + " (" + st.message() + ")";
+    }
+    spdlog::warn("renewing the leader's lease: {} ({} ms since the last renewal)", st.message(), since);
+    return "";
+  }
+
+  void resign() override {
+    if (state::Status st = election_->resign(); !st) spdlog::warn("giving up the lead: {}", st.message());
+  }
+
+  std::optional<Lead> lead() const override {
+    return Lead{reign_.load(), steadyMs() - renewed_ms_.load(), static_cast<int>(ttl_ms_ / 1000)};
+  }
+
+ private:
+  // A standby campaigns a few times per lease, so it takes over soon after the lease runs out.
+  int64_t campaignPauseMs() const { return std::max<int64_t>(ttl_ms_ / 6, 100); }
+
+  state::EtcdStore::Options store_options_;
+  std::unique_ptr<state::EtcdStore> store_;  // opened by awaitLead()
+  std::unique_ptr<state::EtcdElection> election_;
+  std::string where_;
+  int64_t ttl_ms_;
+  std::atomic<int64_t> renewed_ms_{0};  // steady clock; written by main's thread, read by /metrics
+  std::atomic<int64_t> reign_{0};
+};
+#endif
+
+}  // namespace
+
+namespace {
+
+#ifdef DDL_HAVE_ETCD
+state::EtcdStore::Options etcdOptions(const StoreUrl& url, const DaemonConfig& config) {
+  state::EtcdStore::Options options;
+  options.endpoints = url.endpoints;
+  options.tls = {config.etcd_ca, config.etcd_cert, config.etcd_key};
+  options.prefix = url.prefix;
+  return options;
+}
+#endif
+
+const char* kNoEtcd =
+    "this ddl-coordinator was built without the etcd client (scripts/bootstrap unpacks etcd's protocol "
+    "files; "
+    "rebuild)";
+
+}  // namespace
+
+state::StatusOr<std::string> migrateSqliteToEtcd(const std::string& sqlite_path, const DaemonConfig& config) {
+  state::StatusOr<StoreUrl> url = parseStoreUrl(config.store);
+  if (!url) return url.status();
+  if (!url->etcd)
+    return state::Status::invalidArgument("give the etcd store to copy into: --store etcd://...");
+#ifdef DDL_HAVE_ETCD
+  std::error_code ec;
+  if (!std::filesystem::exists(sqlite_path, ec))
+    return state::Status::notFound("no state file at " + sqlite_path);
+  state::SqliteStore::Options from_options;
+  from_options.path = sqlite_path;
+  auto from = state::SqliteStore::open(from_options);
+  if (!from) return from.status();
+  auto to = state::EtcdStore::open(etcdOptions(*url, config));
+  if (!to) return to.status();
+  auto last = (*to)->lastJobNumber();
+  auto nodes = (*to)->listNodes();
+  if (!last || !nodes) return !last ? last.status() : nodes.status();
+  if (*last > 0 || !nodes->empty()) {
+    return state::Status::failedPrecondition(
+        config.store + " holds a state already (" + std::to_string(*last) + " jobs numbered, " +
+        std::to_string(nodes->size()) + " nodes): copy only into an empty prefix");
+  }
+  size_t jobs = 0;
+  for (int64_t after = 0;;) {
+    auto page = (*from)->listJobsPage({}, after, 500);
+    if (!page) return page.status();
+    if (page->empty()) break;
+    std::vector<state::Write> batch;
+    for (state::Job& job : *page) {
+      state::Write w;
+      w.kind = state::Write::Kind::kPutJob;
+      w.new_job = true;
+      w.job = std::move(job);
+      batch.push_back(std::move(w));
+    }
+    after = jobIdNumber(batch.back().job.id).value_or(after + 1);
+    if (state::Status st = (*to)->applyBatch(batch); !st) {
+      return state::Status(st.code(), "after " + std::to_string(jobs) + " jobs: " + st.message());
+    }
+    jobs += batch.size();
+  }
+  auto from_nodes = (*from)->listNodes();
+  if (!from_nodes) return from_nodes.status();
+  std::vector<state::Write> batch;
+  for (state::NodeRecord& node : *from_nodes) {
+    state::Write w;
+    w.kind = state::Write::Kind::kPutNode;
+    w.node = std::move(node);
+    batch.push_back(std::move(w));
+  }
+  if (state::Status st = (*to)->applyBatch(batch); !st) return st;
+  return "copied " + std::to_string(jobs) + " jobs and " + std::to_string(batch.size()) + " nodes from " +
+         sqlite_path + " into " + config.store;
+#else
+  (void)sqlite_path;
+  return state::Status::invalidArgument(kNoEtcd);
+#endif
+}
+
+state::StatusOr<std::unique_ptr<StateBackend>> StateBackend::open(const DaemonConfig& config,
+                                                                  const std::string& self,
+                                                                  LostLead lost_lead) {
+  state::StatusOr<StoreUrl> url = parseStoreUrl(config.store);
+  if (!url) return url.status();
+  if (!url->etcd) {
+    state::SqliteStore::Options options;
+    options.path = config.data_dir + "/state.db";
+    auto store = state::SqliteStore::open(options);
+    if (!store) return store.status();
+    return std::unique_ptr<StateBackend>(new SqliteBackend(std::move(*store), options.path));
+  }
+#ifdef DDL_HAVE_ETCD
+  std::string where = "etcd ";
+  for (size_t i = 0; i < url->endpoints.size(); ++i) where += (i ? "," : "") + url->endpoints[i];
+  where += " (" + url->prefix + ")";
+  state::EtcdStore::Options store_options = etcdOptions(*url, config);
+  store_options.on_fenced = std::move(lost_lead);
+  state::EtcdElection::Options election_options;
+  election_options.endpoints = url->endpoints;
+  election_options.tls = store_options.tls;
+  election_options.prefix = url->prefix;
+  election_options.id = self;
+  election_options.ttl_s = config.leader_lease_s;
+  // A renewal must be settled within its interval, whichever members answer: each gets its share.
+  election_options.timeout_ms =
+      std::max<int64_t>(100, config.leader_lease_s * 1000 / 3 / static_cast<int64_t>(url->endpoints.size()));
+  auto election = state::EtcdElection::create(election_options);
+  if (!election) return election.status();
+  return std::unique_ptr<StateBackend>(
+      new EtcdBackend(std::move(store_options), std::move(*election), where, config.leader_lease_s));
+#else
+  (void)self;
+  (void)lost_lead;
+  return state::Status::invalidArgument("store '" + config.store + "': " + kNoEtcd);
+#endif
+}
+
+}  // namespace ddl::coordinator

@@ -1,0 +1,66 @@
+// StateBackend: the coordinator's Store as its settings name it (daemon/config.h, `store`) and, on etcd, the
+// lead among the coordinators that share it.
+//
+// SQLite: the file DATA_DIR/state.db; this coordinator always leads.
+// etcd: an EtcdStore shared with other coordinators, and an EtcdElection. Only the leader serves (main.cpp
+// starts the Coordinator, gRPC and the dashboard once awaitLead() returns); every write it makes is fenced
+// with its reign, so once another coordinator leads its writes are refused. A leader that cannot renew its
+// lease must stop before the lease can run out: keep() says so, leaving ttl/3 of margin, and so does the
+// store's fenced-write callback; the daemon then exits at once (its ranks are the agents', and keep running),
+// and systemd starts it again as a standby.
+//
+// Threads: store() and lead() from any thread; awaitLead, keep and resign from one (main's).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "daemon/config.h"
+#include "state/store.h"
+
+namespace ddl::coordinator {
+
+class StateBackend {
+ public:
+  // Called (from the thread that wrote) when etcd refused a write because another coordinator leads.
+  using LostLead = std::function<void(const std::string& why)>;
+
+  // Opens what `config.store` names. `self` is this coordinator's address (HOST:PORT) for the others' logs.
+  static state::StatusOr<std::unique_ptr<StateBackend>> open(const DaemonConfig& config,
+                                                             const std::string& self, LostLead lost_lead);
+  virtual ~StateBackend() = default;
+
+  // The store: on etcd, once awaitLead() has returned OK.
+  virtual state::Store& store() = 0;
+  // What and where, for the log: "SQLite /var/lib/ddl/coordinator/state.db", "etcd a:2379,b:2379 (/ddl/)".
+  virtual std::string describe() const = 0;
+  // Blocks until this coordinator leads (true), or until wait(ms) returns true (false: a stop signal came),
+  // or etcd refuses the store for good (its error: a newer layout, say). wait is called between tries with
+  // the pause to take. etcd that cannot be reached yet (a standby started before it) is tried again.
+  virtual state::StatusOr<bool> awaitLead(const std::function<bool(int64_t ms)>& wait) = 0;
+  // How often keep() must run while leading; 0 when there is nothing to keep (SQLite).
+  virtual int64_t keepIntervalMs() const = 0;
+  // Renews the lead: "" while it holds, or why this coordinator must stop leading now.
+  virtual std::string keep() = 0;
+  // Gives the lead up (a clean shutdown), so that a standby takes over without waiting for the lease.
+  virtual void resign() = 0;
+
+  // The lead as it stands, for /metrics (any thread, never blocks): nullopt on SQLite.
+  struct Lead {
+    int64_t reign = 0;           // the leader key's create revision
+    int64_t renewed_ms_ago = 0;  // since the lease was last renewed (counted from the renewal's sending)
+    int ttl_s = 0;
+  };
+  virtual std::optional<Lead> lead() const = 0;
+};
+
+// Copies a coordinator's SQLite state (sqlite_path, whose coordinator is stopped) into the etcd store that
+// `config.store` names, which must hold no jobs and no nodes yet: every job (its spec, state, transitions and
+// attempts) and every node, in batches. Says what it copied, or why not.
+state::StatusOr<std::string> migrateSqliteToEtcd(const std::string& sqlite_path, const DaemonConfig& config);
+
+}  // namespace ddl::coordinator
