@@ -25,10 +25,12 @@ namespace ddl::cli {
 std::string checkCoordinatorAddress(std::string_view address) {
   auto bad = [&](const std::string& why) {
     return "invalid coordinator address '" + std::string(address) + "': " + why +
-           " (expected HOST:PORT, e.g. 127.0.0.1:7070)";
+           " (expected HOST:PORT, e.g. 127.0.0.1:7070, or several: HOST:PORT,HOST:PORT)";
   };
-  StatusOr<HostPort> parsed = parseHostPort(address, 1);
-  if (!parsed) return bad(parsed.status().message());
+  for (const std::string& one : splitAddressList(address)) {
+    StatusOr<HostPort> parsed = parseHostPort(one, 1);
+    if (!parsed) return bad((one == address ? "" : "'" + one + "': ") + parsed.status().message());
+  }
   return "";
 }
 

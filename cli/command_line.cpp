@@ -40,7 +40,8 @@ constexpr const char* kFooter = R"(Exit status:
  (a job's own exit code may be any number; `ddlctl status JOB` tells them apart)
 
 Environment:
-  DDL_COORDINATOR  HOST:PORT of the coordinator when --coordinator is not given (default 127.0.0.1:7070)
+  DDL_COORDINATOR  HOST:PORT of the coordinator when --coordinator is not given (default 127.0.0.1:7070);
+                   HOST:PORT,HOST:PORT,... for several that share an etcd store (the leader answers)
   DDL_CA           the cluster's CA certificate when --ca is not given (default ~/.config/ddl/ca.crt if it
                    exists, else /etc/ddl/pki/ca.crt)
   DDL_TOKEN        your token when --token-file is not given (else read from $DDL_TOKEN_FILE or
@@ -58,8 +59,10 @@ void declareGlobalOptions(CLI::App& app, CommandLine& cl) {
   app.require_subcommand(1);
   app.fallthrough();  // so global options work after the verb too: ddlctl list -o json
   // A global given twice: the last one wins, so wrapper scripts can set a default that users override.
-  app.add_option("--coordinator", cl.coordinator,
-                 "the coordinator (default: $DDL_COORDINATOR, else 127.0.0.1:7070)")
+  app.add_option(
+         "--coordinator", cl.coordinator,
+         "the coordinator's HOST:PORT, or several as HOST:PORT,HOST:PORT (default: $DDL_COORDINATOR, else "
+         "127.0.0.1:7070)")
       ->type_name("HOST:PORT")
       ->take_last();
   app.add_option("-o,--output", cl.output, "text or json")

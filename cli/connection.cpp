@@ -158,42 +158,60 @@ int Session::call(const Rpc& rpc) {
   return report(status);
 }
 
-grpc::Status Session::callQuiet(const Rpc& rpc, int* usage) {
-  if (!stub_) {
-    grpc::ChannelArguments args;
-    std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
-    if (insecure_) {
-      channel_credentials = grpc::InsecureChannelCredentials();
-    } else {
-      std::error_code ec;
-      if (!std::filesystem::exists(credentials_.ca, ec)) {
-        *usage = usageError(err_, "no CA certificate at " + credentials_.ca +
-                                      ": give the cluster's ca.crt with --ca or DDL_CA (--insecure for a "
-                                      "development coordinator on loopback)");
-        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no CA certificate");
-      }
-      // A CA file that is not a certificate, or one that expired, fails every handshake with gRPC's own log
-      // lines and "unavailable": say what is wrong with it instead, before connecting.
-      if (std::string why = checkCa(credentials_.ca); !why.empty()) {
-        *usage = kExitUnauthenticated;
-        err_ << "ddlctl: " << why << "\nhint: give the cluster's ca.crt with --ca or DDL_CA\n";
-        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why);
-      }
-      tls::addChannelArgs(&args);
-      channel_credentials = tls::channelCredentials({credentials_.ca, "", ""});
+v1::UserService::Stub* Session::stub(size_t i, int* usage) {
+  if (stubs_.empty()) stubs_.resize(addresses_.size());
+  if (stubs_[i]) return stubs_[i].get();
+  grpc::ChannelArguments args;
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  if (insecure_) {
+    channel_credentials = grpc::InsecureChannelCredentials();
+  } else {
+    std::error_code ec;
+    if (!std::filesystem::exists(credentials_.ca, ec)) {
+      *usage = usageError(err_, "no CA certificate at " + credentials_.ca +
+                                    ": give the cluster's ca.crt with --ca or DDL_CA (--insecure for a "
+                                    "development coordinator on loopback)");
+      return nullptr;
     }
-    // After a lost connection gRPC waits up to 2 minutes between reconnects by default: a coordinator that
-    // is back after a restart would go unnoticed that long by the verbs that wait.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-    stub_ = v1::UserService::NewStub(grpc::CreateCustomChannel(address_, channel_credentials, args));
+    // A CA file that is not a certificate, or one that expired, fails every handshake with gRPC's own log
+    // lines and "unavailable": say what is wrong with it instead, before connecting.
+    if (std::string why = checkCa(credentials_.ca); !why.empty()) {
+      *usage = kExitUnauthenticated;
+      err_ << "ddlctl: " << why << "\nhint: give the cluster's ca.crt with --ca or DDL_CA\n";
+      return nullptr;
+    }
+    tls::addChannelArgs(&args);
+    channel_credentials = tls::channelCredentials({credentials_.ca, "", ""});
   }
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(static_cast<int64_t>(timeoutS_ * 1000)));
-  if (!credentials_.token.empty()) context.AddMetadata("authorization", "Bearer " + credentials_.token);
-  grpc::Status status = rpc(*stub_, &context);
-  if (status.ok()) reached_ = true;
+  // After a lost connection gRPC waits up to 2 minutes between reconnects by default: a coordinator that
+  // is back after a restart would go unnoticed that long by the verbs that wait.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  stubs_[i] = v1::UserService::NewStub(grpc::CreateCustomChannel(addresses_[i], channel_credentials, args));
+  return stubs_[i].get();
+}
+
+grpc::Status Session::callQuiet(const Rpc& rpc, int* usage) {
+  grpc::Status status;
+  // Each address once, starting with the one that answered last. Only a call that never connected moves on
+  // (a standby does not listen): one that reached a coordinator may have done its work there.
+  for (size_t tried = 0; tried < addresses_.size(); ++tried) {
+    const size_t i = (current_ + tried) % addresses_.size();
+    v1::UserService::Stub* s = stub(i, usage);
+    if (!s) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no usable CA certificate");
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(static_cast<int64_t>(timeoutS_ * 1000)));
+    if (!credentials_.token.empty()) context.AddMetadata("authorization", "Bearer " + credentials_.token);
+    status = rpc(*s, &context);
+    const bool not_connected = status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                               upper(status.error_message()).find("CONNECT") != std::string::npos;
+    if (!not_connected) {
+      current_ = i;
+      if (status.ok()) reached_ = true;
+      return status;
+    }
+  }
   return status;
 }
 

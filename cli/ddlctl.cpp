@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/host_port.h"
 #include "ddl/tls.h"
 #include "ddlctl_internal.h"
 
@@ -160,7 +161,9 @@ int runDdlctl(int argc, char** argv, std::ostream& out, std::ostream& err) {
     return usageError(err, why + from);
 
   if (cl.insecure) {
-    if (std::string why = tls::checkInsecure(cl.coordinator, "ddlctl"); !why.empty()) return usageError(err, why);
+    for (const std::string& address : splitAddressList(cl.coordinator)) {
+      if (std::string why = tls::checkInsecure(address, "ddlctl"); !why.empty()) return usageError(err, why);
+    }
   }
   Credentials credentials;
   if (std::string why = findCredentials(cl.ca, cl.tokenFile, &credentials); !why.empty()) {

@@ -67,7 +67,8 @@ std::string findCredentials(const std::string& ca_flag, const std::string& token
 
 // ---- Argument checks (no I/O) ----------------------------------------------------------------------------
 
-// "" when `address` is HOST:PORT (IPv6 in brackets: [::1]:7070, port 1..65535), else why not.
+// "" when `address` is HOST:PORT (IPv6 in brackets: [::1]:7070, port 1..65535), or several of them separated
+// by commas (coordinators that share an etcd store: ddlctl finds the one that leads), else why not.
 std::string checkCoordinatorAddress(std::string_view address);
 
 // Job state names, case-insensitive, each argument repeatable and comma-separated ("running,pending").

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/host_port.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 #include "ddlctl.h"
 
@@ -144,13 +145,16 @@ ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, b
 // ---- The connection (connection.cpp) ----------------------------------------------------------------------
 
 // One channel to the coordinator and the per-call deadline; every verb makes exactly one call through it.
-// The channel connects lazily, on the first call.
+// The channel connects lazily, on the first call. Several addresses (coordinators sharing an etcd store, of
+// which only the leader listens): a call that cannot connect to one goes to the next, and the one that
+// answered is asked first from then on.
 class Session {
  public:
   using Rpc = std::function<grpc::Status(v1::UserService::Stub&, grpc::ClientContext*)>;
 
   Session(const CommandLine& cl, const Credentials& credentials, std::ostream& out, std::ostream& err)
       : address_(cl.coordinator),
+        addresses_(splitAddressList(cl.coordinator)),
         timeoutS_(cl.timeoutS),
         json_(cl.output == "json"),
         insecure_(cl.insecure),
@@ -187,6 +191,9 @@ class Session {
   int print(const google::protobuf::Message& message, const std::string& text);
 
  private:
+  // The stub toward addresses_[i]; null (usage set) when there is no usable CA certificate.
+  v1::UserService::Stub* stub(size_t i, int* usage);
+
   std::string address_;
   double timeoutS_;
   bool json_;
@@ -194,7 +201,9 @@ class Session {
   double reconnectS_;
   bool reached_ = false;  // a call was answered: later outages are ridden out by callRidingOut
   Credentials credentials_;
-  std::unique_ptr<v1::UserService::Stub> stub_;
+  std::vector<std::string> addresses_;
+  size_t current_ = 0;                                         // the address that answered last
+  std::vector<std::unique_ptr<v1::UserService::Stub>> stubs_;  // one per address, made on first use
   std::ostream& out_;
   std::ostream& err_;
 };

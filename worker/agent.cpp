@@ -86,7 +86,8 @@ Agent::Agent(AgentConfig config, Inventory inventory)
       confinement_(Confinement::Options{config_.cgroup_root}),
       run_as_job_user_(geteuid() == 0),
       agent_user_(userName(geteuid())) {
-  address_ = config_.address.empty() ? localAddressToward(config_.coordinator) : config_.address;
+  coordinators_ = splitAddressList(config_.coordinator);
+  address_ = config_.address.empty() ? localAddressToward(coordinators_.front()) : config_.address;
   if (const int swept = confinement_.sweep(); swept > 0)
     spdlog::info("removed {} empty rank cgroups left by earlier ranks", swept);
   if (confinement_.cpuset() && confinement_.memory())
@@ -99,26 +100,27 @@ Agent::Agent(AgentConfig config, Inventory inventory)
     std::snprintf(buf, sizeof(buf), "%d-%08x%08x", static_cast<int>(getpid()), rd(), rd());
     instance_ = buf;
   }
-  grpc::ChannelArguments args;
   // Notice a coordinator that vanished without closing the connection (host down, cable pulled).
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  channel_args_.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  channel_args_.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  channel_args_.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // Reconnect attempts are paced by run(); keep gRPC's own backoff short so a restarted coordinator is found fast.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  channel_args_.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as the least time a connection attempt gets, the TLS
+  // handshake included, and 100 ms cut handshakes short on a loaded machine.
+  channel_args_.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A channel of its own each time (connect()): not one of gRPC's shared connections, whose backoff would
+  // outlast it.
+  channel_args_.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   if (config_.insecure) {
-    credentials = grpc::InsecureChannelCredentials();  // main() checked that the coordinator is on loopback
+    credentials_ = grpc::InsecureChannelCredentials();  // main() checked that the coordinator is on loopback
   } else {
     // The node certificate proves this node's name; the files are re-read, so a renewed certificate is used
     // from the next connection on without restarting the agent or its ranks.
-    tls::addChannelArgs(&args);
-    credentials = tls::channelCredentials(tlsFiles(config_), static_cast<unsigned>(config_.tls_refresh_s));
+    tls::addChannelArgs(&channel_args_);
+    credentials_ = tls::channelCredentials(tlsFiles(config_), static_cast<unsigned>(config_.tls_refresh_s));
   }
-  auto channel = grpc::CreateCustomChannel(config_.coordinator, credentials, args);
-  stub_ = v1::AgentService::NewStub(channel);
+  stubs_.resize(coordinators_.size());
   Supervisor::Options options;
   options.state_dir = config_.data_dir + "/ranks";
   options.shim_path = findRankShim();
@@ -222,11 +224,16 @@ void Agent::run() {
     std::string why = session(&failures);
     std::unique_lock<std::mutex> lock(mu_);
     if (stopping_) return;
-    // Exponential backoff from 250 ms to 8 s with +-50% jitter, so a restarted coordinator is not hit by every
-    // agent of the cluster in the same millisecond.
-    const int base = std::min(8000, 250 << std::min(failures, 5));
+    // Exponential backoff from 250 ms to 8 s with +-50% jitter, so a restarted coordinator is not hit by
+    // every agent of the cluster in the same millisecond. Several coordinators (one leads, the others do not
+    // listen): the next try goes to the next one, and the backoff grows once per round of them, not per
+    // refusal.
+    const int rounds = failures / static_cast<int>(coordinators_.size());
+    const bool round_left = failures % static_cast<int>(coordinators_.size()) != 0;
+    const int base = round_left ? 100 : std::min(8000, 250 << std::min(rounds, 5));
     const int delay = std::uniform_int_distribution<int>(base / 2, base * 3 / 2)(rng);
-    spdlog::warn("coordinator {}: {}; retrying in {} ms", config_.coordinator, why, delay);
+    spdlog::warn("coordinator {}: {}; retrying in {} ms", coordinators_[current_], why, delay);
+    current_ = (current_ + 1) % coordinators_.size();
     cv_.wait_for(lock, std::chrono::milliseconds(delay), [&] { return stopping_; });
   }
 }
@@ -276,19 +283,27 @@ std::string Agent::session(int* failures) {
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    ctx.set_wait_for_ready(true);  // ride out the channel's reconnect backoff instead of failing at once
-    grpc::Status st = stub_->Register(&ctx, req, &resp);
+    // One coordinator: one channel, riding out its reconnect backoff instead of failing at once. Several: a
+    // standby refuses the connection, so each try is a fresh channel's first connection, which fails at once
+    // there (and the next coordinator is tried) but is not refused for a connection that failed earlier.
+    const bool several = coordinators_.size() > 1;
+    if (several || !stubs_[current_]) {
+      stubs_[current_] = v1::AgentService::NewStub(
+          grpc::CreateCustomChannel(coordinators_[current_], credentials_, channel_args_));
+    }
+    ctx.set_wait_for_ready(!several);
+    grpc::Status st = stubs_[current_]->Register(&ctx, req, &resp);
     if (!st.ok()) {
       ++*failures;
       return "register failed: " + st.error_message();
     }
   }
   *failures = 0;
-  spdlog::info("registered as {} ({}), {} GPUs ({}), {} ranks held", config_.node, address_,
-               inventory_.gpus.size(), inventory_.gpu_source, req.ranks_size());
+  spdlog::info("registered with {} as {} ({}), {} GPUs ({}), {} ranks held", coordinators_[current_],
+               config_.node, address_, inventory_.gpus.size(), inventory_.gpu_source, req.ranks_size());
 
   grpc::ClientContext context;
-  auto stream = stub_->Connect(&context);
+  auto stream = stubs_[current_]->Connect(&context);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return "stopping";

@@ -84,7 +84,11 @@ class Agent {
     bool stop = false;
   };
   std::shared_ptr<DiskWatch> disk_watch_ = std::make_shared<DiskWatch>();
-  std::unique_ptr<v1::AgentService::Stub> stub_;
+  std::vector<std::string> coordinators_;  // config_.coordinator's addresses (several share an etcd store)
+  std::vector<std::unique_ptr<v1::AgentService::Stub>> stubs_;  // per address, made by session()
+  grpc::ChannelArguments channel_args_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  size_t current_ = 0;  // the one run() tries now; only run()'s thread touches it
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<TelemetryListener> telemetry_;  // null when its socket could not be made
   // Deletes old rank logs (log_retention_hours, log_max_mb) every few minutes until stop(); see

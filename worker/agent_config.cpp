@@ -17,7 +17,7 @@ namespace {
 
 const ConfigHints& hints() {
   static const ConfigHints kHints = {
-      {"coordinator", "a string \"HOST:PORT\""},
+      {"coordinator", "a string \"HOST:PORT\" (or several: \"HOST:PORT,HOST:PORT\")"},
       {"labels", "an object of strings ({\"rack\": \"r1\"})"},
       {"data_dir", "a string (a directory)"},
       {"log_retention_hours", "a number of hours"},
@@ -59,9 +59,11 @@ Status parseLabels(const std::string& text, std::map<std::string, std::string>* 
 
 Status validateAgentConfig(const AgentConfig& c) {
   auto bad = [](const std::string& m) { return Status::invalidArgument(m); };
-  if (StatusOr<HostPort> coordinator = parseHostPort(c.coordinator, 1); !coordinator) {
-    return bad("coordinator '" + c.coordinator + "' is not HOST:PORT: " + coordinator.status().message() +
-               " (e.g. 10.0.0.1:7070)");
+  for (const std::string& one : splitAddressList(c.coordinator)) {
+    if (StatusOr<HostPort> coordinator = parseHostPort(one, 1); !coordinator) {
+      return bad("coordinator '" + one + "' is not HOST:PORT: " + coordinator.status().message() +
+                 " (e.g. 10.0.0.1:7070, or several: HOST:PORT,HOST:PORT)");
+    }
   }
   if (c.virtual_gpus < 0 || c.virtual_gpus > 64) return bad("virtual_gpus must be 0..64");
   if (c.port_first < 1024 || c.port_last > 65535 || c.port_last <= c.port_first) {

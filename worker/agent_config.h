@@ -13,7 +13,7 @@
 namespace ddl::worker {
 
 struct AgentConfig {
-  std::string coordinator = "127.0.0.1:7070";  // HOST:PORT of ddl-coordinator
+  std::string coordinator = "127.0.0.1:7070";  // HOST:PORT of ddl-coordinator; several sharing etcd: A,B,C
   std::string node;                            // "" = this host's name
   std::string address;     // where other nodes reach this one's ranks; "" = the local address toward the coordinator
   std::map<std::string, std::string> labels;   // rack=r1, switch=s1, ...

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/host_port.h"
 #include "common/pki.h"
 #include "common/signals.h"
 #include "common/version.h"
@@ -73,7 +74,9 @@ struct Flags {
 CLI::App* declareFlags(CLI::App& app, Flags* flags) {
   Flags& f = *flags;
   app.add_option("--config", f.config_path, "JSON config file (e.g. /etc/ddl/agent.json)");
-  app.add_option("--coordinator", f.coordinator, "ddl-coordinator's HOST:PORT (default 127.0.0.1:7070)");
+  app.add_option("--coordinator", f.coordinator,
+                 "ddl-coordinator's HOST:PORT (default 127.0.0.1:7070), or several sharing an etcd store: "
+                 "HOST:PORT,HOST:PORT");
   app.add_option("--node", f.node, "this node's name (default: the host name)");
   app.add_option("--address", f.address,
                  "address other nodes reach this node's ranks at (default: the local "
@@ -167,11 +170,17 @@ int runJoin(const Flags& f, const AgentConfig& config) {
   auto token = ddl::pki::readFile(f.token_file, &error);
   if (!token) return fail(error);
   while (!token->empty() && std::isspace(static_cast<unsigned char>(token->back()))) token->pop_back();
-  join.coordinator = config.coordinator;
   join.node = config.node;
   join.token = *token;
   join.pki_dir = config.pki_dir;
-  if (auto st = joinCluster(join); !st) return fail("join: " + st.message());
+  // Several coordinators: the one that leads answers; the others do not listen.
+  ddl::Status st;
+  for (const std::string& coordinator : ddl::splitAddressList(config.coordinator)) {
+    join.coordinator = coordinator;
+    st = joinCluster(join);
+    if (st || st.code() != ddl::StatusCode::kUnavailable) break;
+  }
+  if (!st) return fail("join: " + st.message());
   std::printf("node %s joined: its certificate and key are in %s; start ddl-agent\n", config.node.c_str(),
               config.pki_dir.c_str());
   return 0;
@@ -182,7 +191,9 @@ int runJoin(const Flags& f, const AgentConfig& config) {
 int serve(const AgentConfig& config) {
   if (auto st = validateAgentConfig(config); !st) return fail("bad setting: " + st.message());
   if (config.insecure) {
-    if (auto why = ddl::tls::checkInsecure(config.coordinator, "ddl-agent"); !why.empty()) return fail(why);
+    for (const std::string& coordinator : ddl::splitAddressList(config.coordinator)) {
+      if (auto why = ddl::tls::checkInsecure(coordinator, "ddl-agent"); !why.empty()) return fail(why);
+    }
     spdlog::warn("--insecure: plaintext toward the coordinator; this node is not authenticated");
   } else if (auto why = ddl::tls::checkFiles(tlsFiles(config),
                                              "make them with 'ddlctl admin issue-node " + config.node +

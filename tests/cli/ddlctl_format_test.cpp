@@ -193,18 +193,19 @@ TEST(DdlctlFormat, States) {
 }
 
 TEST(DdlctlFormat, CoordinatorAddress) {
-  for (const char* ok : {"127.0.0.1:7070", "head-node:1", "[::1]:7070", "ctl.example.org:65535"}) {
+  for (const char* ok : {"127.0.0.1:7070", "head-node:1", "[::1]:7070", "ctl.example.org:65535",
+                         "ctl-1:7070,ctl-2:7070,[::1]:7070"}) {
     EXPECT_EQ(checkCoordinatorAddress(ok), "") << ok;
   }
   struct Case {
     const char* address;
     const char* why;
   };
-  for (Case c :
-       {Case{"", "empty"}, Case{"head", "no port"}, Case{"head:", "no port"}, Case{":7070", "no host"},
-        Case{"head:0", "port 0 is out of range 1-65535"}, Case{"head:70000", "out of range"},
-        Case{"head:7o70", "is not a number"}, Case{"::1:7070", "brackets"}, Case{"[::1]", "no port"},
-        Case{"http://head:7070", "scheme"}}) {
+  for (Case c : {Case{"", "empty"}, Case{"head", "no port"}, Case{"head:", "no port"},
+                 Case{":7070", "no host"}, Case{"head:0", "port 0 is out of range 1-65535"},
+                 Case{"head:70000", "out of range"}, Case{"head:7o70", "is not a number"},
+                 Case{"::1:7070", "brackets"}, Case{"[::1]", "no port"}, Case{"http://head:7070", "scheme"},
+                 Case{"ctl-1:7070,ctl-2", "'ctl-2': no port"}, Case{"ctl-1:7070,", "'': it is empty"}}) {
     std::string why = checkCoordinatorAddress(c.address);
     EXPECT_NE(why.find(c.why), std::string::npos) << c.address << " -> " << why;
     EXPECT_NE(why.find("expected HOST:PORT"), std::string::npos) << why;
