@@ -1,33 +1,34 @@
-// load_bench: the coordinator under a cluster's load, through its real gRPC services. A tool that prints figures
-// (a table, and JSON with --json), not a test.
+// load_bench: the coordinator under a cluster's load, through its real gRPC services. A tool that prints
+// figures (a table, and JSON with --json), not a test.
 //
-// Load mode (default): the bench starts a ddl-coordinator process (or attaches to one with --attach), then in this
-// one process --nodes simulated agents each Register and hold the real Connect stream: mutual TLS with one node
-// certificate per node name, all signed by the CA of a PKI made with `ddl-coordinator init-pki` (or plaintext on
-// loopback with --insecure). They heartbeat at --heartbeat-hz with every rank they hold, report ranks RUNNING as
-// soon as a StartRanks comes and EXITED (code 0) --job-ms later, so jobs complete. A few submitter threads submit
-// 1-GPU jobs at --rate per second (open loop: each send is due at a fixed time; a late thread sends at once) and
-// time each acknowledgement. Threads stay bounded: gRPC's callback API drives every stream from its own small
-// pool; one thread sends heartbeats, one sends rank exits, a few submit.
+// Load mode (default): the bench starts a ddl-coordinator process (or attaches to one with --attach), then in
+// this one process --nodes simulated agents each Register and hold the real Connect stream: mutual TLS with
+// one node certificate per node name, all signed by the CA of a PKI made with `ddl-coordinator init-pki` (or
+// plaintext on loopback with --insecure). They heartbeat at --heartbeat-hz with every rank they hold, report
+// ranks RUNNING as soon as a StartRanks comes and EXITED (code 0) --job-ms later, so jobs complete. A few
+// submitter threads submit 1-GPU jobs at --rate per second (open loop: each send is due at a fixed time; a
+// late thread sends at once) and time each acknowledgement. Threads stay bounded: gRPC's callback API drives
+// every stream from its own small pool; one thread sends heartbeats, one sends rank exits, a few submit.
 //
 // Measured:
 //  - submit acknowledgement latency (median, p99, max) and the rate reached;
 //  - heartbeat handling: the protocol does not answer heartbeats, so (a) the coordinator's
-//    ddl_heartbeat_lag_seconds from /metrics, sampled every second (at 1 Hz a healthy value stays near 1 s; more
-//    means heartbeats wait to be handled or nodes go quiet), and (b) the stream's handling time end to end: from
-//    a sampled job's rank EXITED event leaving the agent to the job's SUCCEEDED transition (both clocks are this
-//    machine's);
+//    ddl_heartbeat_lag_seconds from /metrics, sampled every second (at 1 Hz a healthy value stays near 1 s;
+//    more means heartbeats wait to be handled or nodes go quiet), and (b) the stream's handling time end to
+//    end: from a sampled job's rank EXITED event leaving the agent to the job's SUCCEEDED transition (both
+//    clocks are this machine's);
 //  - the coordinator's CPU (utime+stime from /proc/PID/stat over the load phase) and RSS (VmRSS, VmHWM);
 //  - placement under load: a 256-GPU job (32 nodes x 8 GPUs), submit to SCHEDULED from its transitions;
 //  - small jobs' submit to SCHEDULED, from the transitions of the sampled jobs.
 //
 // History mode (--history N): N finished jobs are written straight into a state file through ddl_state's
-// SqliteStore (on /dev/shm, where a commit's fsync is free, then moved to --dir), then a coordinator is started
-// on it: time from exec to serving (its address file written and a ListJobs answered), its RSS, and the latency
-// of a ListJobs page (the server's default page, all states).
+// SqliteStore (on /dev/shm, where a commit's fsync is free, then moved to --dir), then a coordinator is
+// started on it: time from exec to serving (its address file written and a ListJobs answered), its RSS, and
+// the latency of a ListJobs page (the server's default page, all states).
 //
 //   load-bench [--nodes 2000] [--gpus 8] [--heartbeat-hz 1] [--rate 1000] [--duration 30] [--submitters 16]
 //              [--job-ms 2000] [--insecure] [--coordinator-bin PATH] [--dir DIR] [--json FILE]
+//              [--store etcd://127.0.0.1:PORT,...]   (the state in an etcd on loopback, plaintext: issue 30)
 //              [--attach HOST:PORT --pid PID --http HOST:PORT (--pki-dir DIR | --insecure)]
 //   load-bench --history 1000000 [--coordinator-bin PATH] [--dir DIR] [--json FILE]
 //   load-bench --history-db STATE.DB ...   (an earlier run's state file instead of writing one)
@@ -102,6 +103,8 @@ struct Options {
   bool insecure = false;
   long history = 0;
   std::string coordinator_bin, dir, json, attach, http, pki_dir, history_db;
+  std::string
+      store;  // the coordinator's --store ("" = its default, SQLite); etcd on loopback only, plaintext
   pid_t pid = 0;
 };
 
@@ -191,6 +194,10 @@ Coordinator startCoordinator(const Options& o, const fs::path& data_dir, const f
     argv.push_back("--insecure");
   } else {
     argv.insert(argv.end(), {"--pki-dir", o.pki_dir});
+  }
+  if (!o.store.empty()) {
+    argv.insert(argv.end(), {"--store", o.store});
+    if (o.store.rfind("etcd://", 0) == 0) argv.push_back("--etcd-insecure");
   }
   fs::remove(data_dir / "coordinator.addr");
   auto t0 = Clock::now();
@@ -868,13 +875,15 @@ int runHistory(Options o, const fs::path& dir) {
 }
 
 void usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s [--nodes N] [--gpus G] [--heartbeat-hz HZ] [--rate JOBS_PER_S] [--duration S]\n"
-               "          [--submitters T] [--job-ms MS] [--big-jobs N] [--insecure] [--coordinator-bin PATH]\n"
-               "          [--dir DIR] [--json FILE]\n"
-               "          [--attach HOST:PORT --pid PID [--http HOST:PORT] (--pki-dir DIR | --insecure)]\n"
-               "       %s (--history N | --history-db STATE.DB) [--coordinator-bin PATH] [--dir DIR] [--json FILE]\n",
-               argv0, argv0);
+  std::fprintf(
+      stderr,
+      "usage: %s [--nodes N] [--gpus G] [--heartbeat-hz HZ] [--rate JOBS_PER_S] [--duration S]\n"
+      "          [--submitters T] [--job-ms MS] [--big-jobs N] [--insecure] [--coordinator-bin PATH]\n"
+      "          [--store etcd://127.0.0.1:PORT,...] (the coordinator's state in an etcd on loopback)\n"
+      "          [--dir DIR] [--json FILE]\n"
+      "          [--attach HOST:PORT --pid PID [--http HOST:PORT] (--pki-dir DIR | --insecure)]\n"
+      "       %s (--history N | --history-db STATE.DB) [--coordinator-bin PATH] [--dir DIR] [--json FILE]\n",
+      argv0, argv0);
 }
 
 }  // namespace
@@ -924,6 +933,8 @@ int main(int argc, char** argv) {
     else if (a == "--http") o.http = v;
     else if (a == "--pki-dir") o.pki_dir = v;
     else if (a == "--history-db") o.history_db = v;
+    else if (a == "--store")
+      o.store = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       usage(argv[0]);

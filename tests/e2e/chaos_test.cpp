@@ -1,18 +1,26 @@
 // Chaos: a real ddl-coordinator and two real ddl-agents (two virtual GPUs each) over mutual TLS, as in
 // cluster_test, with jobs flowing (through the UserService and through ddlctl, some with --max-restarts, some
 // cancelled) while the coordinator, the agents and the ranks are killed (SIGKILL) or frozen (SIGSTOP, SIGCONT
-// later) at random points. A seeded RNG picks everything; the seed is printed, and DDL_CHAOS_SEED=N replays it.
+// later) at random points. A seeded RNG picks everything; the seed is printed, and DDL_CHAOS_SEED=N replays
+// it.
 //
 // What the ranks really did is written by the ranks themselves: each rank (a shell) writes
-// DIR/runs/JOB/aATTEMPT-rRANK.start when it starts (and .dup if that file was already there: the same attempt's
-// rank started twice) and .exit with its exit code when it ends normally. After the chaos, with every process
-// running again and the cluster settled, the test checks that:
+// DIR/runs/JOB/aATTEMPT-rRANK.start when it starts (and .dup if that file was already there: the same
+// attempt's rank started twice) and .exit with its exit code when it ends normally. After the chaos, with
+// every process running again and the cluster settled, the test checks that:
 //  - every acknowledged job (Submit answered an id, or ddlctl printed one) exists and has ended;
 //  - a SUCCEEDED job had an attempt whose ranks all exited 0 (by their own .exit files);
 //  - no attempt of any job ran a rank twice (.dup);
 //  - no GPU is left allocated (ListNodes: gpus_used empty on every node) and both nodes are UP;
 //  - no rank process is left (the ranks carry a marker in their command line).
-// The chaos phase is bounded in rounds (60) and time (60 s), the settling in time (120 s); every wait is bounded.
+// The chaos phase is bounded in rounds (60) and time (60 s), the settling in time (120 s); every wait is
+// bounded.
+//
+// HaChaosTest runs the same with three coordinators sharing a 3-member etcd cluster (issue 30): ddlctl and
+// the agents are given all three addresses, the coordinator that is killed or frozen is the leader (a standby
+// takes over; the killed one comes back as a standby, one that finds its lease gone exits and is started
+// again), and etcd members are killed and started again one at a time. The invariants are the same: no
+// acknowledged job lost, no attempt's rank started twice, nothing left held.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -33,6 +41,10 @@
 #include "ddl/tls.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 #include "e2e_helpers.h"
+#ifdef DDL_HAVE_ETCD
+#include "../unit/etcd_for_test.h"
+#include "state/etcd_store.h"
+#endif
 
 namespace {
 
@@ -79,10 +91,14 @@ class ChaosTest : public ::testing::Test {
     }
     admin_token_ = slurp(dir_ / "pki" / "admin.token");
     admin_token_.erase(admin_token_.find_last_not_of("\n") + 1);
-    startCoordinator("127.0.0.1:0");
-    if (HasFatalFailure()) return;
-    // Later starts reuse the first port, so that the agents find the coordinator again.
-    listen_ = address_;
+    if (ha_) {
+      startHaCluster();
+    } else {
+      startCoordinator("127.0.0.1:0");
+      // Later starts reuse the first port, so that the agents find the coordinator again.
+      listen_ = address_;
+    }
+    if (HasFatalFailure() || IsSkipped()) return;
     // The ranks are root's where the test runs as root (the coordinator then needs --allow-root-jobs): the
     // account exists on every machine.
     const std::string out = (dir_ / "root.json").string();
@@ -98,9 +114,15 @@ class ChaosTest : public ::testing::Test {
 
   void TearDown() override {
     for (auto& [name, pid] : agents_) stop(pid);
+    if (ha_) coordinator_ = -1;  // one of coordinators_
     stop(coordinator_);
+    for (pid_t& pid : coordinators_) stop(pid);
     for (pid_t p : processesWithMarker(marker_)) kill(p, SIGKILL);  // only after a failure: the test checks none is left
     if (HasFailure()) {
+      for (size_t i = 0; i < coordinators_.size(); ++i) {
+        std::cerr << "--- coordinator " << i << " log (tail)\n"
+                  << tail(dir_ / ("coordinator-" + std::to_string(i) + ".log"));
+      }
       std::cerr << "chaos seed " << seed_ << "\n--- coordinator log (tail)\n" << tail(dir_ / "coordinator.log")
                 << "--- agent n1 log (tail)\n" << tail(dir_ / "agent-n1.log") << "--- agent n2 log (tail)\n"
                 << tail(dir_ / "agent-n2.log");
@@ -146,6 +168,77 @@ class ChaosTest : public ::testing::Test {
     user_ = v1::UserService::NewStub(
         grpc::CreateCustomChannel(address_, ddl::tls::channelCredentials({pki() + "/ca.crt", "", ""}), args));
   }
+  // HA: a 3-member etcd cluster and three coordinators on it, of which one leads.
+  void startHaCluster() {
+#ifdef DDL_HAVE_ETCD
+    if (std::string why = etcd_.start(3); !why.empty()) GTEST_SKIP() << why;
+    std::string endpoints;
+    for (const std::string& e : etcd_.endpoints()) endpoints += (endpoints.empty() ? "" : ",") + e;
+    store_url_ = "etcd://" + endpoints + "/chaos/";
+    ddl::state::EtcdStore::Options options;
+    options.endpoints = etcd_.endpoints();
+    options.prefix = "/chaos/";
+    ASSERT_TRUE(waitFor([&] { return static_cast<bool>(ddl::state::EtcdStore::open(options)); }, 30000))
+        << "etcd never answered";
+    for (int i = 0; i < 3; ++i) {
+      const int port = ddl::test_util::EtcdForTest::freePort();
+      ASSERT_GT(port, 0);
+      listens_.push_back("127.0.0.1:" + std::to_string(port));
+      listen_ += (i ? "," : "") + listens_.back();
+      coordinators_.push_back(-1);
+      startHaCoordinator(i);
+    }
+    ASSERT_TRUE(waitFor([&] { return followLeader(); }, 20000)) << "no coordinator leads";
+#else
+    GTEST_SKIP() << "built without the etcd client";
+#endif
+  }
+  void startHaCoordinator(size_t i) {
+    const fs::path data = dir_ / ("coordinator-" + std::to_string(i));
+    fs::remove(data / "coordinator.addr");
+    coordinators_[i] =
+        spawn({std::string(DDL_BIN_DIR) + "/ddl-coordinator", "--listen", listens_[i], "--http",
+               "127.0.0.1:0", "--data-dir", data.string(), "--heartbeat-grace", "3", "--pki-dir", pki(),
+               "--allow-root-jobs", "--store", store_url_, "--etcd-insecure", "--leader-lease", "3"},
+              dir_ / ("coordinator-" + std::to_string(i) + ".log"));
+  }
+  // HA: points the test's own stub at the coordinator that leads now (the newest address file of a live one);
+  // false when none leads.
+  bool followLeader() {
+    if (!ha_) return true;
+    int best = -1;
+    fs::file_time_type newest;
+    for (size_t i = 0; i < coordinators_.size(); ++i) {
+      std::error_code ec;
+      const fs::path addr = dir_ / ("coordinator-" + std::to_string(i)) / "coordinator.addr";
+      const auto t = fs::last_write_time(addr, ec);
+      if (ec || coordinators_[i] <= 0 || frozen_.count(coordinators_[i])) continue;
+      if (best < 0 || t > newest) best = static_cast<int>(i), newest = t;
+    }
+    if (best < 0) return false;
+    coordinator_ = coordinators_[best];
+    leader_ = best;
+    std::string address = listens_[best];
+    if (address != address_ || !user_) {
+      address_ = address;
+      grpc::ChannelArguments args;
+      ddl::tls::addChannelArgs(&args);
+      user_ = v1::UserService::NewStub(grpc::CreateCustomChannel(
+          address_, ddl::tls::channelCredentials({pki() + "/ca.crt", "", ""}), args));
+    }
+    return true;
+  }
+  // HA: coordinators that exited (one that found its lease gone) start again, as standbys.
+  void reviveCoordinators() {
+    for (size_t i = 0; i < coordinators_.size(); ++i) {
+      int status = 0;
+      if (coordinators_[i] > 0 && waitpid(coordinators_[i], &status, WNOHANG) == coordinators_[i]) {
+        coordinators_[i] = -1;
+      }
+      if (coordinators_[i] <= 0) startHaCoordinator(i);
+    }
+  }
+
   void startAgent(int i) {
     const std::string node = "n" + std::to_string(i);
     const std::string ports = i == 1 ? "31200-31299" : "31300-31399";
@@ -155,18 +248,8 @@ class ChaosTest : public ::testing::Test {
                            "--pki-dir", (dir_ / (node + "-pki")).string()},
                           dir_ / ("agent-" + node + ".log"));
   }
-  // SIGCONT (it may be frozen), SIGTERM, then SIGKILL after 15 s.
-  static void stop(pid_t& pid) {
-    if (pid <= 0) return;
-    kill(pid, SIGCONT);
-    kill(pid, SIGTERM);
-    int status = 0;
-    if (!waitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, 15000)) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-    }
-    pid = -1;
-  }
+  static void stop(pid_t& pid) { ddl::e2e::stopProcess(pid); }
+
   static void killNow(pid_t& pid) {
     if (pid <= 0) return;
     kill(pid, SIGKILL);
@@ -180,6 +263,7 @@ class ChaosTest : public ::testing::Test {
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
   }
   std::optional<v1::ListNodesResponse> nodes() {
+    followLeader();
     v1::ListNodesResponse resp;
     grpc::ClientContext ctx;
     authorize(&ctx, admin_token_);
@@ -194,6 +278,7 @@ class ChaosTest : public ::testing::Test {
     return up;
   }
   std::optional<v1::Job> job(const std::string& id) {
+    followLeader();
     v1::GetJobRequest req;
     req.set_id(id);
     v1::Job out;
@@ -239,6 +324,7 @@ class ChaosTest : public ::testing::Test {
       if (id.empty()) return;
       a.id = id;
     } else {
+      followLeader();
       v1::SubmitRequest req;
       auto* spec = req.mutable_spec();
       spec->set_nodes(nodes);
@@ -256,6 +342,7 @@ class ChaosTest : public ::testing::Test {
 
   void cancelOne() {
     if (acked_.empty()) return;
+    followLeader();
     std::uniform_int_distribution<size_t> pick(0, acked_.size() - 1);
     v1::CancelJobRequest req;
     req.set_id(acked_[pick(rng_)].id);
@@ -270,11 +357,18 @@ class ChaosTest : public ::testing::Test {
     std::uniform_int_distribution<int> what(0, 9), node(1, 2);
     const int w = what(rng_);
     const std::string n = "n" + std::to_string(node(rng_));
-    if (w == 0) {
+    if (w == 0 && ha_) {
+      followLeader();
+      log << "SIGKILL the leader (coordinator " << leader_ << "); ";
+      killNow(coordinators_[leader_]);
+      coordinator_ = -1;
+      startHaCoordinator(leader_);  // back as a standby
+    } else if (w == 0) {
       log << "SIGKILL coordinator; ";
       killNow(coordinator_);
       startCoordinator(listen_);
     } else if (w == 1) {
+      followLeader();
       log << "SIGSTOP coordinator; ";
       if (coordinator_ > 0) kill(coordinator_, SIGSTOP);
       frozen_.insert(coordinator_);
@@ -292,13 +386,47 @@ class ChaosTest : public ::testing::Test {
       std::uniform_int_distribution<size_t> pick(0, ranks.size() - 1);
       log << "SIGKILL a rank; ";
       kill(ranks[pick(rng_)], SIGKILL);
+    } else if (ha_) {
+      disruptEtcd(log);
     }
+  }
+  // HA: kills an etcd member, or starts the killed one again: never more than one down, so a quorum stays.
+  void disruptEtcd(std::ostream& log) {
+#ifdef DDL_HAVE_ETCD
+    for (size_t i = 0; i < etcd_.size(); ++i) {
+      if (!etcd_.running(i)) {
+        log << "etcd member " << i << " back; ";
+        etcd_.restart(i);
+        return;
+      }
+    }
+    std::uniform_int_distribution<size_t> pick(0, etcd_.size() - 1);
+    const size_t i = pick(rng_);
+    log << "SIGKILL etcd member " << i << "; ";
+    etcd_.kill(i);
+#else
+    (void)log;
+#endif
+  }
+  void restartEtcd() {
+#ifdef DDL_HAVE_ETCD
+    for (size_t i = 0; i < etcd_.size(); ++i) etcd_.restart(i);
+#endif
   }
   void thaw() {
     for (pid_t p : frozen_) kill(p, SIGCONT);
     frozen_.clear();
   }
+  void runChaos();  // the chaos, then the checks (below)
 
+  bool ha_ = false;  // set by HaChaosTest's constructor
+  std::string store_url_;
+  std::vector<pid_t> coordinators_;  // HA: the three, by index; listens_ their addresses
+  std::vector<std::string> listens_;
+  int leader_ = -1;
+#ifdef DDL_HAVE_ETCD
+  ddl::test_util::EtcdForTest etcd_;
+#endif
   uint64_t seed_ = 0;
   std::mt19937_64 rng_;
   std::string marker_;
@@ -314,7 +442,12 @@ class ChaosTest : public ::testing::Test {
 
 bool isFinal(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
 
-TEST_F(ChaosTest, JobsSurviveKillsOfCoordinatorAgentsAndRanks) {
+class HaChaosTest : public ChaosTest {
+ protected:
+  HaChaosTest() { ha_ = true; }
+};
+
+void ChaosTest::runChaos() {
   std::uniform_int_distribution<int> jobs(0, 2), pause_ms(100, 1500), coin(0, 9);
   const auto t0 = Clock::now();
   std::ostringstream log;
@@ -325,11 +458,24 @@ TEST_F(ChaosTest, JobsSurviveKillsOfCoordinatorAgentsAndRanks) {
     if (coin(rng_) < 4) disrupt(log);
     std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms(rng_)));
     if (coin(rng_) < 6) thaw();  // a frozen process stays frozen across some rounds (longer than the grace)
+    if (ha_) reviveCoordinators();
     log << "\n";
   }
   thaw();
   std::cout << log.str() << "acknowledged " << acked_.size() << " jobs" << std::endl;
-  if (coordinator_ <= 0) startCoordinator(listen_);
+  if (ha_) {
+    restartEtcd();
+    // A thawed leader finds its lease gone and exits; every coordinator runs again, one of them leading.
+    ASSERT_TRUE(waitFor(
+        [&] {
+          reviveCoordinators();
+          return followLeader();
+        },
+        30000))
+        << "no coordinator leads after the chaos";
+  } else if (coordinator_ <= 0) {
+    startCoordinator(listen_);
+  }
   for (auto& [node, pid] : agents_) {
     if (pid <= 0) startAgent(node == "n1" ? 1 : 2);
   }
@@ -362,6 +508,7 @@ TEST_F(ChaosTest, JobsSurviveKillsOfCoordinatorAgentsAndRanks) {
         v1::ListJobsResponse resp;
         grpc::ClientContext ctx;
         authorize(&ctx, admin_token_);
+        followLeader();
         return user_->ListJobs(&ctx, req, &resp).ok() && resp.jobs_size() == 0;
       },
       kSettleSeconds * 1000));
@@ -412,5 +559,10 @@ TEST_F(ChaosTest, JobsSurviveKillsOfCoordinatorAgentsAndRanks) {
   EXPECT_TRUE(waitFor([&] { return processesWithMarker(marker_).empty(); }, 15000))
       << processesWithMarker(marker_).size() << " rank processes left";
 }
+
+TEST_F(ChaosTest, JobsSurviveKillsOfCoordinatorAgentsAndRanks) { runChaos(); }
+
+// Issue 30's failover and chaos test: the leader killed or frozen while jobs flow, etcd members killed.
+TEST_F(HaChaosTest, JobsSurviveLeaderKillsAndEtcdMemberKills) { runChaos(); }
 
 }  // namespace

@@ -127,18 +127,7 @@ class ClusterTest : public ::testing::Test {
     if (stop_ranks_on_exit) argv.push_back("--stop-ranks-on-exit");
     agents_[node] = spawn(argv, dir_ / ("agent-" + node + ".log"));
   }
-  // SIGTERM, then SIGKILL after 15 s: a clean stop is part of what is tested, but never hang.
-  static void stop(pid_t& pid) {
-    if (pid <= 0) return;
-    kill(pid, SIGTERM);
-    int status = 0;
-    bool gone = waitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, 15000);
-    if (!gone) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-    }
-    pid = -1;
-  }
+  static void stop(pid_t& pid) { ddl::e2e::stopProcess(pid); }
 
   int upNodes() {
     if (!user_) return -1;

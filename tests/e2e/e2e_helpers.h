@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,6 +79,20 @@ bool waitFor(Pred pred, int timeout_ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return pred();
+}
+
+// Stops a child: SIGCONT (it may be frozen), SIGTERM, then SIGKILL after 15 s (a clean stop is part of what
+// the tests check, but nothing may hang); pid is -1 afterwards. Nothing for pid <= 0.
+inline void stopProcess(pid_t& pid) {
+  if (pid <= 0) return;
+  kill(pid, SIGCONT);
+  kill(pid, SIGTERM);
+  int status = 0;
+  if (!waitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, 15000)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  pid = -1;
 }
 
 }  // namespace ddl::e2e

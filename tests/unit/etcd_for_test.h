@@ -42,7 +42,12 @@ class EtcdForTest {
 
   // Starts a cluster of `members`; "" or why not. The caller waits until it answers (EtcdStore::open in a
   // bounded loop).
-  std::string start(int members = 1) {
+  // With tls (PEM files: etcd's server certificate and key, and the CA its clients' certificates must come
+  // from), clients speak TLS and must show a certificate (--client-cert-auth); peers stay plaintext.
+  struct Tls {
+    std::string ca, cert, key;
+  };
+  std::string start(int members = 1, const Tls& tls = {}) {
     const std::string etcd = binary();
     if (etcd.empty()) return "no etcd binary (scripts/bootstrap unpacks one into .cache/etcd)";
     char tmpl[] = "/tmp/ddl-etcd-XXXXXX";
@@ -59,7 +64,8 @@ class EtcdForTest {
       members_.push_back(m);
     }
     for (Member& m : members_) {
-      const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+      const std::string client =
+          (tls.ca.empty() ? "http://127.0.0.1:" : "https://127.0.0.1:") + std::to_string(m.client_port);
       const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
       std::vector<std::string> args = {etcd,
                                        "--name",
@@ -82,17 +88,42 @@ class EtcdForTest {
                                        "zap",
                                        "--log-outputs",
                                        dir_ + "/" + m.name + ".log"};
-      m.pid = ::fork();
-      if (m.pid < 0) return "fork failed";
-      if (m.pid == 0) {
-        std::vector<char*> argv;
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        ::execv(argv[0], argv.data());
-        ::_exit(127);
+      if (!tls.ca.empty()) {
+        for (const std::string& a : {"--cert-file", tls.cert.c_str(), "--key-file", tls.key.c_str(),
+                                     "--trusted-ca-file", tls.ca.c_str(), "--client-cert-auth"}) {
+          args.push_back(a);
+        }
       }
+      m.args = args;
+      if (std::string why = launch(m); !why.empty()) return why;
     }
     return "";
+  }
+
+  // Starts member i again after kill(i): it rejoins the cluster from its data directory.
+  std::string restart(size_t i) {
+    if (members_[i].pid > 0) return "";
+    return launch(members_[i]);
+  }
+  bool running(size_t i) const { return members_[i].pid > 0; }
+  pid_t pid(size_t i) const { return members_[i].pid; }
+  size_t size() const { return members_.size(); }
+
+  // A loopback TCP port free at the time of the call (another process may take it before it is used).
+  static int freePort() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    int port = -1;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port = ntohs(addr.sin_port);
+    }
+    ::close(fd);
+    return port;
   }
 
   // Member i's client address, and all of them.
@@ -117,22 +148,20 @@ class EtcdForTest {
     int client_port = 0;
     int peer_port = 0;
     pid_t pid = -1;
+    std::vector<std::string> args;
   };
 
-  static int freePort() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    int port = -1;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      port = ntohs(addr.sin_port);
+  static std::string launch(Member& m) {
+    m.pid = ::fork();
+    if (m.pid < 0) return "fork failed";
+    if (m.pid == 0) {
+      std::vector<char*> argv;
+      for (auto& a : m.args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
     }
-    ::close(fd);
-    return port;
+    return "";
   }
 
   std::string dir_;

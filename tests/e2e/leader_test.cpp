@@ -1,0 +1,280 @@
+// Several ddl-coordinator processes on one etcd store (issue 30): one leads and serves, the others wait; a
+// standby takes over when the leader stops (SIGTERM: it resigns) or dies (SIGKILL: its lease runs out), with
+// every acknowledged job there and no job number used twice; a leader cut off from etcd exits (status 75) by
+// its own clock before its lease can run out; etcd over TLS with client certificates. Real processes on
+// loopback ports; an etcd member started by the test (skipped without the binary). Every wait is bounded.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "../unit/etcd_for_test.h"
+#include "common/pki.h"
+#include "e2e_helpers.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ddl::e2e::slurp;
+using ddl::e2e::spawn;
+using ddl::e2e::waitFor;
+using ddl::test_util::EtcdForTest;
+
+class LeaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ddl-leader-test-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    stop(agent_);
+    for (auto& c : coordinators_) stop(c.pid);
+    if (HasFailure()) {
+      for (size_t i = 0; i < coordinators_.size(); ++i)
+        std::cerr << "--- coordinator " << i << "\n" << log(i);
+      std::cerr << "--- ddlctl's errors\n"
+                << slurp(dir_ / "ctl.err") << "--- agent\n"
+                << slurp(dir_ / "agent.log");
+    }
+    fs::remove_all(dir_);
+  }
+
+  // Starts etcd (one member, plaintext unless tls) and says whether it answers; skips without etcd.
+  bool startEtcd(const EtcdForTest::Tls& tls = {}) {
+    if (std::string why = etcd_.start(1, tls); !why.empty()) {
+      skip_ = why;
+      return false;
+    }
+    store_ = "etcd://" + etcd_.endpoint() + "/leader-test/";
+    return true;
+  }
+
+  // Coordinator i (a new one when i is the count so far), plaintext gRPC on loopback, its state in etcd
+  // unless extra names another --store.
+  size_t startCoordinator(size_t i, std::vector<std::string> extra = {"--etcd-insecure"}) {
+    if (i == coordinators_.size()) {
+      coordinators_.push_back({-1, "127.0.0.1:" + std::to_string(EtcdForTest::freePort())});
+    }
+    const fs::path data = dir_ / ("c" + std::to_string(i));
+    fs::remove(data / "coordinator.addr");
+    std::vector<std::string> argv = {std::string(DDL_BIN_DIR) + "/ddl-coordinator",
+                                     "--insecure",
+                                     "--listen",
+                                     coordinators_[i].listen,
+                                     "--http",
+                                     "127.0.0.1:0",
+                                     "--data-dir",
+                                     data.string(),
+                                     "--leader-lease",
+                                     "3",
+                                     "--allow-root-jobs"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    if (std::find(extra.begin(), extra.end(), "--store") == extra.end()) {
+      argv.insert(argv.end(), {"--store", store_});
+    }
+    coordinators_[i].pid = spawn(argv, dir_ / ("c" + std::to_string(i) + ".log"));
+    return i;
+  }
+  bool serving(size_t i) const { return fs::exists(dir_ / ("c" + std::to_string(i)) / "coordinator.addr"); }
+  std::string log(size_t i) const { return slurp(dir_ / ("c" + std::to_string(i) + ".log")); }
+  // The exit status of coordinator i once it has exited within ms, else -1.
+  int exitStatus(size_t i, int ms) {
+    int status = 0;
+    if (!waitFor([&] { return waitpid(coordinators_[i].pid, &status, WNOHANG) == coordinators_[i].pid; },
+                 ms)) {
+      return -1;
+    }
+    coordinators_[i].pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  // A node with one virtual GPU whose agent is given every coordinator's address; true once the leader has it
+  // UP.
+  bool startAgent() {
+    std::string list;
+    for (const auto& c : coordinators_) list += (list.empty() ? "" : ",") + c.listen;
+    agent_ = spawn({std::string(DDL_BIN_DIR) + "/ddl-agent", "--insecure", "--coordinator", list, "--node",
+                    "n1", "--address", "127.0.0.1", "--virtual-gpus", "1", "--force-virtual", "--data-dir",
+                    (dir_ / "n1").string()},
+                   dir_ / "agent.log");
+    return nodeUp();
+  }
+  bool nodeUp() {
+    return waitFor([&] { return ctl("nodes").find(" UP") != std::string::npos; }, 20000);
+  }
+
+  // ddlctl against every coordinator's address, as a user would give them; its stdout, or "" when it failed.
+  std::string ctl(const std::string& words) {
+    std::string list;
+    for (const auto& c : coordinators_) list += (list.empty() ? "" : ",") + c.listen;
+    const std::string out = (dir_ / "ctl.out").string();
+    const std::string cmd = std::string(DDL_BIN_DIR) + "/ddlctl --insecure --timeout 5 --coordinator " +
+                            list + " " + words + " > " + out + " 2>> " + (dir_ / "ctl.err").string();
+    if (std::system(cmd.c_str()) != 0) return "";
+    std::string text = slurp(out);
+    text.erase(text.find_last_not_of("\n ") + 1);
+    return text;
+  }
+  // Submits a job that stays PENDING (held); its id, or "".
+  std::string submit() { return ctl("submit --hold --gpus 1 -- /bin/true"); }
+
+  static void stop(pid_t& pid) { ddl::e2e::stopProcess(pid); }
+
+  struct Coordinator {
+    pid_t pid;
+    std::string listen;
+  };
+  fs::path dir_;
+  pid_t agent_ = -1;
+  EtcdForTest etcd_;
+  std::string store_, skip_;
+  std::vector<Coordinator> coordinators_;
+};
+
+TEST_F(LeaderTest, AStandbyTakesOverWhenTheLeaderStopsOrDiesAndNothingIsLost) {
+  if (!startEtcd()) GTEST_SKIP() << skip_;
+  startCoordinator(0);
+  ASSERT_TRUE(waitFor([&] { return serving(0); }, 30000)) << "the first coordinator never led";
+  startCoordinator(1);
+  ASSERT_TRUE(waitFor(
+      [&] { return log(1).find("standby: " + coordinators_[0].listen + " leads") != std::string::npos; },
+      15000));
+  EXPECT_FALSE(serving(1)) << "a standby must not serve";
+  ASSERT_TRUE(startAgent()) << "the agent did not find the leader";
+  const std::string first = submit();
+  ASSERT_EQ(first, "j-000001");
+
+  // SIGTERM: the leader resigns, the standby leads with the job there.
+  stop(coordinators_[0].pid);
+  ASSERT_TRUE(waitFor([&] { return serving(1); }, 15000)) << "the standby did not take over";
+  EXPECT_NE(log(0).find("stopped"), std::string::npos);
+  startCoordinator(0);  // back, as a standby
+  EXPECT_TRUE(nodeUp()) << "the agent did not follow the new leader";
+  EXPECT_NE(ctl("list").find(first), std::string::npos) << "the acknowledged job is lost";
+  const std::string second = submit();
+  EXPECT_EQ(second, "j-000002") << "a job number used twice, or the submit failed";
+
+  // SIGKILL: the lease runs out, the other one leads.
+  kill(coordinators_[1].pid, SIGKILL);
+  EXPECT_EQ(exitStatus(1, 5000), 128 + SIGKILL);
+  ASSERT_TRUE(waitFor([&] { return serving(0); }, 20000)) << "no takeover after the leader died";
+  EXPECT_TRUE(nodeUp()) << "the agent did not follow the new leader";
+  const std::string list = ctl("list");
+  EXPECT_NE(list.find(first), std::string::npos) << list;
+  EXPECT_NE(list.find(second), std::string::npos) << list;
+  EXPECT_EQ(submit(), "j-000003");
+}
+
+TEST_F(LeaderTest, ALeaderCutOffFromEtcdExitsBeforeItsLeaseRunsOut) {
+  if (!startEtcd()) GTEST_SKIP() << skip_;
+  startCoordinator(0);
+  ASSERT_TRUE(waitFor([&] { return serving(0); }, 30000));
+  // etcd frozen: no renewal answers. The leader must give up by its own clock, before its 3 s lease ends.
+  ::kill(etcd_.pid(0), SIGSTOP);
+  const int status = exitStatus(0, 20000);
+  ::kill(etcd_.pid(0), SIGCONT);
+  ASSERT_EQ(status, 75) << "the leader kept running without its lease";
+  std::smatch m;
+  const std::string text = log(0);
+  ASSERT_TRUE(
+      std::regex_search(text, m, std::regex("cannot renew the leader's lease for ([0-9]+) ms of its 3000")))
+      << text;
+  EXPECT_LT(std::stoi(m[1]), 3000) << "it stopped after its lease could have run out";
+  EXPECT_FALSE(serving(0)) << "its address file outlived it";
+}
+
+TEST_F(LeaderTest, ASqliteStateMigratesToEtcd) {
+  if (!startEtcd()) GTEST_SKIP() << skip_;
+  // One coordinator on SQLite, with a node and two jobs.
+  startCoordinator(0, {"--store", "sqlite"});
+  ASSERT_TRUE(waitFor([&] { return serving(0); }, 30000));
+  ASSERT_TRUE(startAgent());
+  ASSERT_EQ(submit(), "j-000001");
+  ASSERT_EQ(submit(), "j-000002");
+  stop(agent_);
+  stop(coordinators_[0].pid);
+  const std::string bin = std::string(DDL_BIN_DIR) + "/ddl-coordinator";
+  const std::string data = (dir_ / "c0").string();
+  ASSERT_EQ(
+      ddl::e2e::runToEnd({bin, "migrate-to-etcd", "--data-dir", data, "--store", store_, "--etcd-insecure"},
+                         dir_ / "migrate.log"),
+      0)
+      << slurp(dir_ / "migrate.log");
+  EXPECT_NE(slurp(dir_ / "migrate.log").find("copied 2 jobs and 1 nodes"), std::string::npos)
+      << slurp(dir_ / "migrate.log");
+  // Only into an empty prefix: a second copy is refused.
+  EXPECT_EQ(
+      ddl::e2e::runToEnd({bin, "migrate-to-etcd", "--data-dir", data, "--store", store_, "--etcd-insecure"},
+                         dir_ / "again.log"),
+      1);
+  EXPECT_NE(slurp(dir_ / "again.log").find("holds a state already"), std::string::npos)
+      << slurp(dir_ / "again.log");
+
+  // A coordinator on etcd has both jobs and the node, and numbers on.
+  startCoordinator(0);
+  ASSERT_TRUE(waitFor([&] { return serving(0); }, 30000)) << log(0);
+  const std::string list = ctl("list");
+  EXPECT_NE(list.find("j-000001"), std::string::npos) << list;
+  EXPECT_NE(list.find("j-000002"), std::string::npos) << list;
+  EXPECT_NE(ctl("nodes").find("n1"), std::string::npos);
+  ASSERT_TRUE(startAgent());
+  EXPECT_EQ(submit(), "j-000003");
+}
+
+TEST_F(LeaderTest, EtcdOverTlsWithAClientCertificate) {
+  // A CA, etcd's server certificate for 127.0.0.1 and a client certificate, all from ddl's own PKI code.
+  std::string error;
+  const auto now = static_cast<int64_t>(std::time(nullptr));
+  auto write = [&](const std::string& name, const std::string& pem) {
+    ASSERT_TRUE(ddl::pki::writeFile((dir_ / name).string(), pem, 0600, &error)) << error;
+  };
+  auto ca_key = ddl::pki::newPrivateKey(&error);
+  ASSERT_TRUE(ca_key) << error;
+  auto ca = ddl::pki::makeCertificate({"etcd-ca", {}, {}, ddl::pki::Usage::kCa}, *ca_key, "", "", now - 60,
+                                      now + 86400, &error);
+  ASSERT_TRUE(ca) << error;
+  auto server_key = ddl::pki::newPrivateKey(&error);
+  auto server = ddl::pki::makeCertificate({"etcd", {"localhost"}, {"127.0.0.1"}, ddl::pki::Usage::kServer},
+                                          *server_key, *ca, *ca_key, now - 60, now + 86400, &error);
+  ASSERT_TRUE(server) << error;
+  auto client_key = ddl::pki::newPrivateKey(&error);
+  auto client = ddl::pki::makeCertificate({"ddl-coordinator", {}, {}, ddl::pki::Usage::kClient}, *client_key,
+                                          *ca, *ca_key, now - 60, now + 86400, &error);
+  ASSERT_TRUE(client) << error;
+  write("ca.crt", *ca);
+  write("etcd.crt", *server);
+  write("etcd.key", *server_key);
+  write("client.crt", *client);
+  write("client.key", *client_key);
+  if (!startEtcd({(dir_ / "ca.crt").string(), (dir_ / "etcd.crt").string(), (dir_ / "etcd.key").string()})) {
+    GTEST_SKIP() << skip_;
+  }
+  const std::vector<std::string> tls = {"--etcd-ca",   (dir_ / "ca.crt").string(),
+                                        "--etcd-cert", (dir_ / "client.crt").string(),
+                                        "--etcd-key",  (dir_ / "client.key").string()};
+  startCoordinator(0, tls);
+  ASSERT_TRUE(waitFor([&] { return serving(0); }, 30000)) << "no lead over TLS";
+  ASSERT_TRUE(startAgent());
+  EXPECT_EQ(submit(), "j-000001");
+
+  // Without the client certificate etcd refuses the connection, and so it does a plaintext coordinator: each
+  // says it cannot reach etcd, keeps trying (as a standby started before etcd does) and serves nothing.
+  startCoordinator(1, {"--etcd-ca", (dir_ / "ca.crt").string()});
+  startCoordinator(2);
+  for (size_t i : {1, 2}) {
+    EXPECT_TRUE(waitFor([&] { return log(i).find("cannot reach etcd") != std::string::npos; }, 30000))
+        << log(i);
+    EXPECT_FALSE(serving(i));
+  }
+}
+
+}  // namespace
