@@ -299,7 +299,7 @@ int runDaemon(const DaemonConfig& config) {
   };
 #ifdef DDL_HAVE_SYSTEMD
   // A standby is up (systemd's start must not time out while it waits to lead); its status says which it is.
-  if ((*backend)->keepIntervalMs() > 0) sd_notify(0, "READY=1\nSTATUS=standby: waiting to lead");
+  if ((*backend)->shared()) sd_notify(0, "READY=1\nSTATUS=standby: waiting to lead");
 #endif
   auto leading = (*backend)->awaitLead([&](int64_t ms) { return waitSignal(ms) != 0; });
   if (!leading) return fail(leading.status().message());
@@ -307,6 +307,7 @@ int runDaemon(const DaemonConfig& config) {
     spdlog::info("{}: stopped while standing by", ddl::signalName(sig));
     return 0;
   }
+  (*backend)->keepLeading();  // from now until resign(): recovery, serving and shutdown under a live lease
 
   CoordinatorOptions options = coordinatorOptions(config);
   options.state_status = [b = backend->get()] {
@@ -344,14 +345,10 @@ int runDaemon(const DaemonConfig& config) {
   spdlog::info("ddl-coordinator listening on {} (state in {})", bound, (*backend)->describe());
 #ifdef DDL_HAVE_SYSTEMD
   sd_notify(0, "READY=1");  // Type=notify unit (deploy/systemd/); a no-op outside systemd
-  if ((*backend)->keepIntervalMs() > 0) sd_notify(0, "STATUS=leading");
+  if ((*backend)->shared()) sd_notify(0, "STATUS=leading");
 #endif
 
-  // Until a stop signal, renewing the lead where there is one to renew.
-  const int64_t keep_ms = (*backend)->keepIntervalMs();
-  while (waitSignal(keep_ms) == 0) {
-    if (std::string why = (*backend)->keep(); !why.empty()) lost_lead(why);
-  }
+  waitSignal(0);
   spdlog::info("{}: shutting down", ddl::signalName(sig));
 #ifdef DDL_HAVE_SYSTEMD
   sd_notify(0, "STOPPING=1");

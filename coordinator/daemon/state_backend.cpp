@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "common/job_id.h"
@@ -34,8 +37,8 @@ class SqliteBackend : public StateBackend {
   state::Store& store() override { return *store_; }
   std::string describe() const override { return "SQLite " + path_; }
   state::StatusOr<bool> awaitLead(const std::function<bool(int64_t)>&) override { return true; }
-  int64_t keepIntervalMs() const override { return 0; }
-  std::string keep() override { return ""; }
+  bool shared() const override { return false; }
+  void keepLeading() override {}
   void resign() override {}
   std::optional<Lead> lead() const override { return std::nullopt; }
 
@@ -48,11 +51,13 @@ class SqliteBackend : public StateBackend {
 class EtcdBackend : public StateBackend {
  public:
   EtcdBackend(state::EtcdStore::Options store_options, std::unique_ptr<state::EtcdElection> election,
-              std::string where, int ttl_s)
+              std::string where, int ttl_s, LostLead lost_lead)
       : store_options_(std::move(store_options)),
         election_(std::move(election)),
         where_(std::move(where)),
-        ttl_ms_(ttl_s * 1000) {}
+        ttl_ms_(ttl_s * 1000),
+        lost_lead_(std::move(lost_lead)) {}
+  ~EtcdBackend() override { stopKeeping(); }
 
   state::Store& store() override { return *store_; }
   std::string describe() const override { return where_; }
@@ -72,10 +77,12 @@ class EtcdBackend : public StateBackend {
         }
       }
       if (store_) {
-        const int64_t started = steadyMs();
         state::StatusOr<bool> won = election_->campaign();
-        if (won && *won) {
-          renewed_ms_ = started;
+        // Renewed at once: the lease may be one an earlier campaign took (its answer lost), so its time left
+        // is known only from a renewal sent now.
+        const int64_t sent = steadyMs();
+        if (won && *won && election_->keepAlive()) {
+          renewed_ms_ = sent;
           reign_ = election_->revision();
           store_->fence(election_->key(), reign_);
           spdlog::info("leading the coordinators on {} (reign {})", where_, reign_.load());
@@ -94,28 +101,16 @@ class EtcdBackend : public StateBackend {
     }
   }
 
-  int64_t keepIntervalMs() const override { return std::max<int64_t>(ttl_ms_ / 3, 200); }
+  bool shared() const override { return true; }
 
-  std::string keep() override {
-    const int64_t sent = steadyMs();
-    state::Status st = election_->keepAlive();
-    if (st) {
-      renewed_ms_ = sent;  // etcd counts the lease from when it got the renewal, never before it was sent
-      return "";
-    }
-    if (st.code() == state::StatusCode::kFailedPrecondition) return st.message();
-    // Unreachable: the lease runs out ttl after the last renewal etcd saw. Stop a renewal interval before
-    // that, so that nothing this coordinator does overlaps a successor's reign.
-    const int64_t since = steadyMs() - renewed_ms_;
-    if (since >= ttl_ms_ - keepIntervalMs()) {
-      return "cannot renew the leader's lease for " + std::to_string(since) + " ms of its " +
-             std::to_string(ttl_ms_) + " (" + st.message() + ")";
-    }
-    spdlog::warn("renewing the leader's lease: {} ({} ms since the last renewal)", st.message(), since);
-    return "";
+  void keepLeading() override {
+    stop_ = false;
+    keeper_ = std::thread([this] { renewUntilStopped(); });
+    watchdog_ = std::thread([this] { watchUntilStopped(); });
   }
 
   void resign() override {
+    stopKeeping();
     if (state::Status st = election_->resign(); !st) spdlog::warn("giving up the lead: {}", st.message());
   }
 
@@ -126,14 +121,78 @@ class EtcdBackend : public StateBackend {
  private:
   // A standby campaigns a few times per lease, so it takes over soon after the lease runs out.
   int64_t campaignPauseMs() const { return std::max<int64_t>(ttl_ms_ / 6, 100); }
+  // The leader renews three times per lease; it stops one renewal interval before the lease can run out.
+  int64_t renewIntervalMs() const { return std::max<int64_t>(ttl_ms_ / 3, 200); }
+
+  // The keeper: a renewal every interval, counted from when the last one was sent.
+  void renewUntilStopped() {
+    std::unique_lock<std::mutex> lock(mu_);
+    int64_t next = renewed_ms_ + renewIntervalMs();
+    while (!stop_) {
+      if (cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(0, next - steadyMs())),
+                       [&] { return stop_; })) {
+        return;
+      }
+      lock.unlock();
+      const int64_t sent = steadyMs();
+      next = sent + renewIntervalMs();
+      state::Status st = election_->keepAlive();
+      lock.lock();
+      if (st) {
+        renewed_ms_ = sent;  // etcd counts the lease from when it got the renewal, never before it was sent
+        last_error_.clear();
+      } else if (st.code() == state::StatusCode::kFailedPrecondition) {
+        lock.unlock();
+        lost_lead_(st.message());  // ends the process
+        return;
+      } else {
+        last_error_ = st.message();
+        spdlog::warn("renewing the leader's lease: {} ({} ms since the last renewal)", st.message(),
+                     steadyMs() - renewed_ms_);
+      }
+    }
+  }
+
+  // The watchdog: whatever the keeper is blocked in, no renewal for the lease minus one interval ends the
+  // lead, so that nothing this coordinator does overlaps a successor's reign.
+  void watchUntilStopped() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stop_; })) {
+      const int64_t since = steadyMs() - renewed_ms_;
+      if (since >= ttl_ms_ - renewIntervalMs()) {
+        const std::string why = "cannot renew the leader's lease for " + std::to_string(since) +
+                                " ms of its " + std::to_string(ttl_ms_) +
+                                (last_error_.empty() ? std::string() : " (" + last_error_ + ")");
+        lock.unlock();
+        lost_lead_(why);  // ends the process
+        return;
+      }
+    }
+  }
+
+  void stopKeeping() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (keeper_.joinable()) keeper_.join();
+    if (watchdog_.joinable()) watchdog_.join();
+  }
 
   state::EtcdStore::Options store_options_;
   std::unique_ptr<state::EtcdStore> store_;  // opened by awaitLead()
   std::unique_ptr<state::EtcdElection> election_;
   std::string where_;
   int64_t ttl_ms_;
-  std::atomic<int64_t> renewed_ms_{0};  // steady clock; written by main's thread, read by /metrics
+  LostLead lost_lead_;
+  std::atomic<int64_t> renewed_ms_{0};  // steady clock, when the last renewal that worked was sent
   std::atomic<int64_t> reign_{0};
+  std::mutex mu_;  // guards stop_ and last_error_; the keeper's and the watchdog's waits
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::string last_error_;  // of the renewals failing since the last that worked
+  std::thread keeper_, watchdog_;
 };
 #endif
 
@@ -151,7 +210,7 @@ state::EtcdStore::Options etcdOptions(const StoreUrl& url, const DaemonConfig& c
 }
 #endif
 
-const char* kNoEtcd =
+[[maybe_unused]] const char* kNoEtcd =
     "this ddl-coordinator was built without the etcd client (scripts/bootstrap unpacks etcd's protocol "
     "files; "
     "rebuild)";
@@ -210,8 +269,12 @@ state::StatusOr<std::string> migrateSqliteToEtcd(const std::string& sqlite_path,
     batch.push_back(std::move(w));
   }
   if (state::Status st = (*to)->applyBatch(batch); !st) return st;
+  // Numbers of jobs purged from SQLite are used up too.
+  auto from_last = (*from)->lastJobNumber();
+  if (!from_last) return from_last.status();
+  if (state::Status st = (*to)->raiseLastJobNumber(*from_last); !st) return st;
   return "copied " + std::to_string(jobs) + " jobs and " + std::to_string(batch.size()) + " nodes from " +
-         sqlite_path + " into " + config.store;
+         sqlite_path + " into " + config.store + "; job numbers go on after " + std::to_string(*from_last);
 #else
   (void)sqlite_path;
   return state::Status::invalidArgument(kNoEtcd);
@@ -235,7 +298,7 @@ state::StatusOr<std::unique_ptr<StateBackend>> StateBackend::open(const DaemonCo
   for (size_t i = 0; i < url->endpoints.size(); ++i) where += (i ? "," : "") + url->endpoints[i];
   where += " (" + url->prefix + ")";
   state::EtcdStore::Options store_options = etcdOptions(*url, config);
-  store_options.on_fenced = std::move(lost_lead);
+  store_options.on_fenced = lost_lead;
   state::EtcdElection::Options election_options;
   election_options.endpoints = url->endpoints;
   election_options.tls = store_options.tls;
@@ -247,8 +310,8 @@ state::StatusOr<std::unique_ptr<StateBackend>> StateBackend::open(const DaemonCo
       std::max<int64_t>(100, config.leader_lease_s * 1000 / 3 / static_cast<int64_t>(url->endpoints.size()));
   auto election = state::EtcdElection::create(election_options);
   if (!election) return election.status();
-  return std::unique_ptr<StateBackend>(
-      new EtcdBackend(std::move(store_options), std::move(*election), where, config.leader_lease_s));
+  return std::unique_ptr<StateBackend>(new EtcdBackend(std::move(store_options), std::move(*election), where,
+                                                       config.leader_lease_s, std::move(lost_lead)));
 #else
   (void)self;
   (void)lost_lead;

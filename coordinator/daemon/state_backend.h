@@ -5,11 +5,11 @@
 // etcd: an EtcdStore shared with other coordinators, and an EtcdElection. Only the leader serves (main.cpp
 // starts the Coordinator, gRPC and the dashboard once awaitLead() returns); every write it makes is fenced
 // with its reign, so once another coordinator leads its writes are refused. A leader that cannot renew its
-// lease must stop before the lease can run out: keep() says so, leaving ttl/3 of margin, and so does the
-// store's fenced-write callback; the daemon then exits at once (its ranks are the agents', and keep running),
-// and systemd starts it again as a standby.
+// lease must stop before the lease can run out: keepLeading()'s watchdog says so a renewal interval (ttl/3)
+// before, and so does the store's fenced-write callback; the daemon then exits at once (its ranks are the
+// agents', and keep running), and systemd starts it again as a standby.
 //
-// Threads: store() and lead() from any thread; awaitLead, keep and resign from one (main's).
+// Threads: store() and lead() from any thread; awaitLead, keepLeading and resign from one (main's).
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,9 @@ namespace ddl::coordinator {
 
 class StateBackend {
  public:
-  // Called (from the thread that wrote) when etcd refused a write because another coordinator leads.
+  // Called when this coordinator no longer leads: etcd refused a write (on the writing thread) or the lease
+  // (on keepLeading()'s threads). It must end the process: nothing the coordinator does after may overlap the
+  // next leader's reign.
   using LostLead = std::function<void(const std::string& why)>;
 
   // Opens what `config.store` names. `self` is this coordinator's address (HOST:PORT) for the others' logs.
@@ -34,7 +36,7 @@ class StateBackend {
                                                              const std::string& self, LostLead lost_lead);
   virtual ~StateBackend() = default;
 
-  // The store: on etcd, once awaitLead() has returned OK.
+  // The store: on etcd, once awaitLead() has returned true.
   virtual state::Store& store() = 0;
   // What and where, for the log: "SQLite /var/lib/ddl/coordinator/state.db", "etcd a:2379,b:2379 (/ddl/)".
   virtual std::string describe() const = 0;
@@ -42,11 +44,14 @@ class StateBackend {
   // or etcd refuses the store for good (its error: a newer layout, say). wait is called between tries with
   // the pause to take. etcd that cannot be reached yet (a standby started before it) is tried again.
   virtual state::StatusOr<bool> awaitLead(const std::function<bool(int64_t ms)>& wait) = 0;
-  // How often keep() must run while leading; 0 when there is nothing to keep (SQLite).
-  virtual int64_t keepIntervalMs() const = 0;
-  // Renews the lead: "" while it holds, or why this coordinator must stop leading now.
-  virtual std::string keep() = 0;
-  // Gives the lead up (a clean shutdown), so that a standby takes over without waiting for the lease.
+  // Whether other coordinators may share this store (etcd): then this one may have to wait to lead.
+  virtual bool shared() const = 0;
+  // Once awaitLead() returned true: keeps the lead from now until resign(), from threads of its own (so that
+  // recovery, serving and shutdown all run under a live lease). When a renewal is refused, or none has worked
+  // for the lease minus one renewal interval, it calls the LostLead given to open().
+  virtual void keepLeading() = 0;
+  // Stops keeping the lead and gives it up (a clean shutdown), so that a standby takes over without waiting
+  // for the lease.
   virtual void resign() = 0;
 
   // The lead as it stands, for /metrics (any thread, never blocks): nullopt on SQLite.

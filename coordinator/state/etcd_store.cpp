@@ -192,6 +192,22 @@ StatusOr<std::vector<NodeRecord>> EtcdStore::listNodes() {
   return nodes;  // etcd returns keys in byte order: by name
 }
 
+Status EtcdStore::raiseLastJobNumber(int64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  StatusOr<int64_t> last = lastJobNumber();
+  if (!last) return last.status();
+  if (n <= *last) return Status::ok();
+  pb::TxnRequest txn;
+  addFence(&txn, fence_key_, fence_revision_);
+  pb::PutRequest* put = txn.add_success()->mutable_request_put();
+  put->set_key(options_.prefix + "meta/last_job");
+  put->set_value(std::to_string(n));
+  pb::TxnResponse done;
+  if (Status st = client_->kv(&pb::KV::Stub::Txn, txn, &done, "raising meta/last_job"); !st) return st;
+  if (!done.succeeded()) return fenced();
+  return Status::ok();
+}
+
 StatusOr<int64_t> EtcdStore::lastJobNumber() {
   // meta/last_job is raised in the first transaction of every batch that stores a higher number, so it is
   // never behind a stored job (and stays when that job is purged).

@@ -72,6 +72,10 @@ class EtcdStore : public Store {
   // not (another coordinator leads now). revision 0 lifts the fence.
   void fence(const std::string& key, int64_t revision);
 
+  // Raises meta/last_job to n if it is lower (fenced as every write): for a migration whose newest jobs were
+  // purged before it, so that their numbers are not handed out again.
+  Status raiseLastJobNumber(int64_t n);
+
   // The key of job number n and of node `name` (for tests and tools).
   std::string jobKey(int64_t n) const;
   std::string nodeKey(const std::string& name) const;
