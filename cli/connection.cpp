@@ -187,31 +187,56 @@ v1::UserService::Stub* Session::stub(size_t i, int* usage) {
   // is back after a restart would go unnoticed that long by the verbs that wait.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  stubs_[i] = v1::UserService::NewStub(grpc::CreateCustomChannel(addresses_[i], channel_credentials, args));
+  channels_.resize(addresses_.size());
+  channels_[i] = grpc::CreateCustomChannel(addresses_[i], channel_credentials, args);
+  stubs_[i] = v1::UserService::NewStub(channels_[i]);
   return stubs_[i].get();
 }
 
+namespace {
+
+// Whether `channel` gets a connection (TLS included) before `deadline`; false as soon as an attempt failed
+// (a standby refuses the connection) or the deadline passed (a host that is down drops the packets).
+bool connects(grpc::Channel& channel, std::chrono::system_clock::time_point deadline) {
+  grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY) {
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) return false;
+    if (!channel.WaitForStateChange(state, deadline)) return false;
+    state = channel.GetState(true);
+  }
+  return true;
+}
+
+}  // namespace
+
 grpc::Status Session::callQuiet(const Rpc& rpc, int* usage) {
-  grpc::Status status;
-  // Each address once, starting with the one that answered last. Only a call that never connected moves on
-  // (a standby does not listen): one that reached a coordinator may have done its work there.
-  for (size_t tried = 0; tried < addresses_.size(); ++tried) {
-    const size_t i = (current_ + tried) % addresses_.size();
-    v1::UserService::Stub* s = stub(i, usage);
-    if (!s) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no usable CA certificate");
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::milliseconds(static_cast<int64_t>(timeoutS_ * 1000)));
-    if (!credentials_.token.empty()) context.AddMetadata("authorization", "Bearer " + credentials_.token);
-    status = rpc(*s, &context);
-    const bool not_connected = status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-                               upper(status.error_message()).find("CONNECT") != std::string::npos;
-    if (!not_connected) {
-      current_ = i;
-      if (status.ok()) reached_ = true;
-      return status;
+  // Several coordinators (one leads; the others hold no port open): the first, from the one that answered
+  // last, that a connection can be made to gets the call. Only a connection is tried on the others, never a
+  // call: one that reached a coordinator may have done its work there. None: the call goes to the one that
+  // answered last, and its failure is reported.
+  size_t target = current_;
+  if (addresses_.size() > 1) {
+    const auto deadline = std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(std::min(timeoutS_, 3.0) * 1000));
+    for (size_t tried = 0; tried < addresses_.size(); ++tried) {
+      const size_t i = (current_ + tried) % addresses_.size();
+      if (!stub(i, usage))
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no usable CA certificate");
+      if (connects(*channels_[i], deadline)) {
+        target = i;
+        break;
+      }
     }
   }
+  v1::UserService::Stub* s = stub(target, usage);
+  if (!s) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no usable CA certificate");
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(timeoutS_ * 1000)));
+  if (!credentials_.token.empty()) context.AddMetadata("authorization", "Bearer " + credentials_.token);
+  grpc::Status status = rpc(*s, &context);
+  current_ = target;
+  if (status.ok()) reached_ = true;
   return status;
 }
 

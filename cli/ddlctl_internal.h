@@ -146,20 +146,20 @@ ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, b
 
 // One channel to the coordinator and the per-call deadline; every verb makes exactly one call through it.
 // The channel connects lazily, on the first call. Several addresses (coordinators sharing an etcd store, of
-// which only the leader listens): a call that cannot connect to one goes to the next, and the one that
-// answered is asked first from then on.
+// which only the leader listens): the call goes to the first one a connection can be made to (within 3 s),
+// from the one that answered last; it is never sent twice.
 class Session {
  public:
   using Rpc = std::function<grpc::Status(v1::UserService::Stub&, grpc::ClientContext*)>;
 
   Session(const CommandLine& cl, const Credentials& credentials, std::ostream& out, std::ostream& err)
       : address_(cl.coordinator),
-        addresses_(splitAddressList(cl.coordinator)),
         timeoutS_(cl.timeoutS),
         json_(cl.output == "json"),
         insecure_(cl.insecure),
         reconnectS_(cl.reconnectS),
         credentials_(credentials),
+        addresses_(splitAddressList(cl.coordinator)),
         out_(out),
         err_(err) {}
 
@@ -203,7 +203,8 @@ class Session {
   Credentials credentials_;
   std::vector<std::string> addresses_;
   size_t current_ = 0;                                         // the address that answered last
-  std::vector<std::unique_ptr<v1::UserService::Stub>> stubs_;  // one per address, made on first use
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;       // one per address, made on first use
+  std::vector<std::unique_ptr<v1::UserService::Stub>> stubs_;  // over them
   std::ostream& out_;
   std::ostream& err_;
 };
