@@ -358,25 +358,22 @@ class ChaosTest : public ::testing::Test {
     const int w = what(rng_);
     const std::string n = "n" + std::to_string(node(rng_));
     if (w == 0 && ha_) {
-      followLeader();
-      log << "SIGKILL the leader (coordinator " << leader_ << "); ";
-      killNow(coordinators_[leader_]);
-      coordinator_ = -1;
-      startHaCoordinator(leader_);  // back as a standby
+      killLeader(log);
     } else if (w == 0) {
       log << "SIGKILL coordinator; ";
       killNow(coordinator_);
       startCoordinator(listen_);
     } else if (w == 1) {
-      followLeader();
+      if (!followLeader() || coordinator_ <= 0) return;  // HA: none leads this moment
       log << "SIGSTOP coordinator; ";
-      if (coordinator_ > 0) kill(coordinator_, SIGSTOP);
+      kill(coordinator_, SIGSTOP);
       frozen_.insert(coordinator_);
     } else if (w == 2 || w == 3) {
       log << "SIGKILL agent " << n << "; ";
       killNow(agents_[n]);
       startAgent(n == "n1" ? 1 : 2);
     } else if (w == 4) {
+      if (agents_[n] <= 0) return;
       log << "SIGSTOP agent " << n << "; ";
       kill(agents_[n], SIGSTOP);
       frozen_.insert(agents_[n]);
@@ -389,6 +386,15 @@ class ChaosTest : public ::testing::Test {
     } else if (ha_) {
       disruptEtcd(log);
     }
+  }
+  // HA: SIGKILL of the coordinator that leads now (if one does), started again at once as a standby.
+  void killLeader(std::ostream& log) {
+    if (!followLeader()) return;
+    log << "SIGKILL the leader (coordinator " << leader_ << "); ";
+    killNow(coordinators_[leader_]);
+    coordinator_ = -1;
+    startHaCoordinator(leader_);
+    ++leader_kills_;
   }
   // HA: kills an etcd member, or starts the killed one again: never more than one down, so a quorum stays.
   void disruptEtcd(std::ostream& log) {
@@ -414,7 +420,9 @@ class ChaosTest : public ::testing::Test {
 #endif
   }
   void thaw() {
-    for (pid_t p : frozen_) kill(p, SIGCONT);
+    for (pid_t p : frozen_) {
+      if (p > 0) kill(p, SIGCONT);  // never -1: that would signal every process
+    }
     frozen_.clear();
   }
   void runChaos();  // the chaos, then the checks (below)
@@ -424,6 +432,7 @@ class ChaosTest : public ::testing::Test {
   std::vector<pid_t> coordinators_;  // HA: the three, by index; listens_ their addresses
   std::vector<std::string> listens_;
   int leader_ = -1;
+  int leader_kills_ = 0;
 #ifdef DDL_HAVE_ETCD
   ddl::test_util::EtcdForTest etcd_;
 #endif
@@ -460,6 +469,15 @@ void ChaosTest::runChaos() {
     if (coin(rng_) < 6) thaw();  // a frozen process stays frozen across some rounds (longer than the grace)
     if (ha_) reviveCoordinators();
     log << "\n";
+  }
+  if (ha_ && leader_kills_ == 0) {
+    // The dice may have killed no leader: a failover while jobs run is what this test is for.
+    thaw();
+    ASSERT_TRUE(waitFor([&] { return followLeader(); }, 30000)) << "no coordinator leads";
+    log << "at the end: ";
+    killLeader(log);
+    log << "\n";
+    EXPECT_EQ(leader_kills_, 1);
   }
   thaw();
   std::cout << log.str() << "acknowledged " << acked_.size() << " jobs" << std::endl;

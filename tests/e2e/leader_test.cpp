@@ -211,6 +211,8 @@ TEST_F(LeaderTest, ASqliteStateMigratesToEtcd) {
       << slurp(dir_ / "migrate.log");
   EXPECT_NE(slurp(dir_ / "migrate.log").find("copied 2 jobs and 1 nodes"), std::string::npos)
       << slurp(dir_ / "migrate.log");
+  EXPECT_NE(slurp(dir_ / "migrate.log").find("job numbers go on after 2"), std::string::npos)
+      << slurp(dir_ / "migrate.log");
   // Only into an empty prefix: a second copy is refused.
   EXPECT_EQ(
       ddl::e2e::runToEnd({bin, "migrate-to-etcd", "--data-dir", data, "--store", store_, "--etcd-insecure"},

@@ -89,8 +89,8 @@ class EtcdForTest {
                                        "--log-outputs",
                                        dir_ + "/" + m.name + ".log"};
       if (!tls.ca.empty()) {
-        for (const std::string& a : {"--cert-file", tls.cert.c_str(), "--key-file", tls.key.c_str(),
-                                     "--trusted-ca-file", tls.ca.c_str(), "--client-cert-auth"}) {
+        for (const char* a : {"--cert-file", tls.cert.c_str(), "--key-file", tls.key.c_str(),
+                              "--trusted-ca-file", tls.ca.c_str(), "--client-cert-auth"}) {
           args.push_back(a);
         }
       }
