@@ -38,8 +38,11 @@ PKG_CONFIG_PATH=$tmp/prefix/lib/pkgconfig timeout 600 "$PY" -m pip install --qui
   { cat "$tmp/pip.log"; fail "pip install failed"; }
 
 ext=$(compgen -G "$tmp/site/torch_ddl/_C*.so") || fail "no extension in $tmp/site/torch_ddl"
-ldd "$ext" | grep -q "libddl.so.0 => $tmp/prefix/lib/libddl.so.0 " ||
-  fail "$ext does not load $tmp/prefix/lib/libddl.so.0: $(ldd "$ext" | grep libddl || echo 'no libddl at all')"
+# ldd's output whole first: `ldd | grep -q` fails under pipefail when grep stops reading early and ldd, still
+# writing a longer list (torch 2.11's), dies of SIGPIPE.
+deps=$(ldd "$ext")
+grep -q "libddl.so.0 => $tmp/prefix/lib/libddl.so.0 " <<<"$deps" ||
+  fail "$ext does not load $tmp/prefix/lib/libddl.so.0: $(grep libddl <<<"$deps" || echo 'no libddl at all')"
 
 log "2 ranks of the collectives scenario importing the installed torch_ddl"
 PYTHONPATH=$tmp/site DDL_TEST_PYTHON=$PY timeout 300 "$PY" "$SRC/tests/torch/harness.py" 2 collectives \
