@@ -237,11 +237,13 @@ def main():
         # Every acknowledged job must end; then count what was lost or started twice.
         final = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"}
         deadline = time.time() + 180
-        states = {}
+        states, reasons = {}, {}
         while time.time() < deadline:
             out = cluster.ctl("-o", "json", "list", "--all", "--page-size", "5000", timeout=30)
             if out.returncode == 0:
-                states = {j["id"]: j["state"] for j in json.loads(out.stdout).get("jobs", [])}
+                listed = json.loads(out.stdout).get("jobs", [])
+                states = {j["id"]: j["state"] for j in listed}
+                reasons = {j["id"]: j.get("reason", "") for j in listed}
                 if all(states.get(j) in final for j in acked):
                     break
             time.sleep(1)
@@ -261,6 +263,9 @@ def main():
             "not_ended": len(unended),
             "started_twice": len(dups),
             "succeeded": sum(1 for j in acked if states.get(j) == "SUCCEEDED"),
+            # Every rank sleeps and exits 0: any other end is a job the failovers hurt.
+            "not_succeeded": {j: "%s: %s" % (states[j], reasons.get(j, "")) for j in acked
+                              if j in states and states[j] != "SUCCEEDED"},
             "ddlctl_submit_round_trip_ms": {"median": 1000 * statistics.median(round_trips) if round_trips else None,
                                             "p99": 1000 * percentile(round_trips, 0.99) if round_trips else None},
         }
@@ -268,9 +273,9 @@ def main():
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=2)
-        if lost or dups or unended:
-            print("failover: lost %s, not ended %s, started twice %s (work dir %s kept)"
-                  % (lost[:10], unended[:10], dups[:10], work))
+        if lost or dups or unended or result["not_succeeded"]:
+            print("failover: lost %s, not ended %s, started twice %s, not succeeded %s (work dir %s kept)"
+                  % (lost[:10], unended[:10], dups[:10], list(result["not_succeeded"])[:10], work))
             args.keep = True
     finally:
         stop.set()
