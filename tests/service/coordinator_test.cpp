@@ -821,6 +821,30 @@ TEST_F(CoordinatorRestartTest, RanksGoneAfterRestartFailTheJob) {
   EXPECT_NE(job->reason().find("gone from node n1"), std::string::npos) << job->reason();
 }
 
+// A start that was stored but never reached the node (the coordinator died between its commit and the send;
+// a failover): the node registers with nothing of the job, and no rank of it was ever reported, so nothing
+// ran and nothing failed. The job is placed again without counting a restart, and runs.
+TEST_F(CoordinatorRestartTest, AStartThatNeverArrivedIsPlacedAgainNotFailed) {
+  addNode("n1", 1);
+  std::string id = submit(spec(1, 1));
+  coordinator->tick();
+  ASSERT_EQ(stateOf(id), v1::STARTING);
+  reopen();          // the start was stored; the agent never got it
+  addNode("n1", 1);  // registers with no rank
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::PENDING) << job->reason();
+  EXPECT_EQ(job->restarts(), 0);
+  ASSERT_GT(job->transitions_size(), 0);
+  const auto& last = job->transitions(job->transitions_size() - 1);
+  EXPECT_EQ(last.to(), v1::PENDING);
+  EXPECT_NE(last.reason().find("never reached node n1"), std::string::npos) << last.reason();
+  coordinator->tick();
+  ASSERT_EQ(stateOf(id), v1::STARTING);
+  runAll("n1", id);
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  EXPECT_EQ(starts("n1", id).back().attempt(), 2);
+}
+
 // A job's rendezvous port is recorded with its placement: after a restart, a job placed on the same node gets
 // another port, also where the agent has a port range of its own (which a restarted coordinator does not know
 // until the agent registers again).
