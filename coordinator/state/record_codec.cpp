@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "state/json_fields.h"
 #include "state/sqlite_codec.h"
 
 namespace ddl::state::record_codec {
@@ -24,37 +25,9 @@ json failureDoc(const Failure& f) {
   return o;
 }
 
-// Readers that give the default for a missing key or a value of the wrong type.
-int64_t num(const json& o, const char* key) {
-  auto it = o.find(key);
-  return it != o.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
-}
-std::string str(const json& o, const char* key) {
-  auto it = o.find(key);
-  return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-bool flag(const json& o, const char* key) {
-  auto it = o.find(key);
-  return it != o.end() && it->is_boolean() && it->get<bool>();
-}
-std::vector<std::string> strings(const json& o, const char* key) {
-  std::vector<std::string> out;
-  auto it = o.find(key);
-  if (it == o.end() || !it->is_array()) return out;
-  for (const auto& v : *it) {
-    if (v.is_string()) out.push_back(v.get<std::string>());
-  }
-  return out;
-}
-std::vector<int> ints(const json& o, const char* key) {
-  std::vector<int> out;
-  auto it = o.find(key);
-  if (it == o.end() || !it->is_array()) return out;
-  for (const auto& v : *it) {
-    if (v.is_number_integer()) out.push_back(v.get<int>());
-  }
-  return out;
-}
+// Readers that give the default for a missing key or a value of the wrong type (json_fields.h).
+int64_t num(const json& o, const char* key) { return json_fields::field<int64_t>(o, key, 0); }
+std::string str(const json& o, const char* key) { return json_fields::field<std::string>(o, key, ""); }
 std::map<std::string, std::string> stringMap(const json& o, const char* key) {
   std::map<std::string, std::string> out;
   auto it = o.find(key);
@@ -146,9 +119,9 @@ StatusOr<Job> decodeJob(const std::string& id, const std::string& bytes) {
   s.topology_override = str(doc, "topology_override");
   s.priority = static_cast<int>(num(doc, "priority"));
   s.max_restarts = static_cast<int>(num(doc, "max_restarts"));
-  s.env = strings(doc, "env");
+  s.env = json_fields::list<std::string>(doc, "env");
   s.workdir = str(doc, "workdir");
-  s.command = strings(doc, "command");
+  s.command = json_fields::list<std::string>(doc, "command");
   s.required_labels = stringMap(doc, "labels");
   std::optional<JobState> state = parseJobState(str(doc, "state"));
   if (!state) return Status::dataLoss("job " + id + " has unknown state '" + str(doc, "state") + "'");
@@ -168,8 +141,8 @@ StatusOr<Job> decodeJob(const std::string& id, const std::string& bytes) {
   }
   if (auto it = doc.find("allocation"); it != doc.end() && it->is_array()) {
     for (const auto& o : *it) {
-      job.allocation.push_back(
-          NodeAllocation{str(o, "node"), ints(o, "gpus"), ints(o, "cpus"), num(o, "memory_bytes")});
+      job.allocation.push_back(NodeAllocation{str(o, "node"), json_fields::list<int>(o, "gpus"),
+                                              json_fields::list<int>(o, "cpus"), num(o, "memory_bytes")});
     }
   }
   sqlite_codec::decodeExtra(str(doc, "extra"), job);
@@ -212,9 +185,9 @@ StatusOr<NodeRecord> decodeNode(const std::string& name, const std::string& byte
   if (!state) return Status::dataLoss("node " + name + " has unknown state '" + str(doc, "state") + "'");
   n.state = *state;
   n.drain_reason = str(doc, "drain_reason");
-  n.drained = flag(doc, "drained");
+  n.drained = json_fields::field<bool>(doc, "drained", false);
   n.last_heartbeat_ms = num(doc, "last_heartbeat_ms");
-  n.cpus = ints(doc, "cpus");
+  n.cpus = json_fields::list<int>(doc, "cpus");
   n.memory_bytes = num(doc, "memory_bytes");
   return n;
 }

@@ -3,8 +3,9 @@
 
 #include <charconv>
 #include <nlohmann/json.hpp>
-#include <type_traits>
 #include <utility>
+
+#include "state/json_fields.h"
 
 namespace ddl::state::sqlite_codec {
 
@@ -84,39 +85,7 @@ std::string encodeExtra(const Job& job) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-namespace {
-
-// Tolerant by design: a field of the wrong type (or a record that is not JSON at all) reads as its default
-// and is logged, so one damaged record cannot keep the coordinator from loading the rest.
-template <class T>
-T field(const nlohmann::json& o, const char* key, T fallback) {
-  auto it = o.find(key);
-  if (it == o.end()) return fallback;
-  if constexpr (std::is_same_v<T, bool>) {
-    return it->is_boolean() ? it->get<bool>() : fallback;
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    return it->is_string() ? it->get<std::string>() : fallback;
-  } else if constexpr (std::is_floating_point_v<T>) {
-    return it->is_number() ? it->get<T>() : fallback;
-  } else {
-    if (!it->is_number_integer()) return fallback;
-    const auto v = it->get<int64_t>();
-    return v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max() ? fallback
-                                                                                  : static_cast<T>(v);
-  }
-}
-
-std::vector<std::string> stringList(const nlohmann::json& o, const char* key) {
-  std::vector<std::string> out;
-  auto it = o.find(key);
-  if (it == o.end() || !it->is_array()) return out;
-  for (const auto& v : *it) {
-    if (v.is_string()) out.push_back(v.get<std::string>());
-  }
-  return out;
-}
-
-}  // namespace
+using json_fields::field;
 
 void decodeExtra(const std::string& text, Job& job) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -127,8 +96,8 @@ void decodeExtra(const std::string& text, Job& job) {
   }
   JobSpec& s = job.spec;
   s.time_limit_s = field<int64_t>(j, "time_limit_s", 0);
-  s.after_ok = stringList(j, "after_ok");
-  s.after_any = stringList(j, "after_any");
+  s.after_ok = json_fields::list<std::string>(j, "after_ok");
+  s.after_any = json_fields::list<std::string>(j, "after_any");
   s.hold = field(j, "hold", false);
   s.array_id = field(j, "array_id", std::string());
   s.array_index = field(j, "array_index", 0);
@@ -137,7 +106,7 @@ void decodeExtra(const std::string& text, Job& job) {
   s.memory_per_rank_bytes = field<int64_t>(j, "memory_per_rank_bytes", 0);
   job.held = field(j, "held", false);
   job.held_by_admin = field(j, "held_by_admin", false);
-  job.waiting_for = stringList(j, "waiting_for");
+  job.waiting_for = json_fields::list<std::string>(j, "waiting_for");
   auto ranks = j.find("ranks");
   if (ranks == j.end() || !ranks->is_array()) return;
   for (const auto& o : *ranks) {
