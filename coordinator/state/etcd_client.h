@@ -12,16 +12,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <fstream>
 #include <memory>
-#include <sstream>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/pki.h"
 #include "common/status.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "state/etcd_tls.h"
@@ -47,18 +45,15 @@ class EtcdClient {
         return Status::invalidArgument("etcd TLS: give the client certificate and its key together");
       }
       grpc::SslCredentialsOptions ssl;
-      std::string error;
       for (auto [path, into] :
            {std::pair{&tls.ca, &ssl.pem_root_certs}, std::pair{&tls.cert, &ssl.pem_cert_chain},
             std::pair{&tls.key, &ssl.pem_private_key}}) {
         if (path->empty()) continue;
-        std::ifstream in(*path, std::ios::binary);
-        std::ostringstream text;
-        text << in.rdbuf();
-        if (!in || text.str().empty()) {
-          return Status::invalidArgument("etcd TLS: cannot read " + *path + ": " + std::strerror(errno));
-        }
-        *into = text.str();
+        std::string error;
+        std::optional<std::string> pem = pki::readFile(*path, &error);
+        if (!pem) return Status::invalidArgument("etcd TLS: " + error);
+        if (pem->empty()) return Status::invalidArgument("etcd TLS: " + *path + " is empty");
+        *into = std::move(*pem);
       }
       credentials = grpc::SslCredentials(ssl);
     }
