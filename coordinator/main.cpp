@@ -254,6 +254,18 @@ void writeWhole(const std::string& path, const std::string& text) {
   std::filesystem::rename(path + ".tmp", path, ec);
 }
 
+// Where the state lives and the lead, for /metrics and the dashboard.
+StateStatus stateStatus(const StateBackend& backend) {
+  StateStatus status;
+  status.store = backend.describe();
+  if (auto lead = backend.lead()) {
+    status.reign = lead->reign;
+    status.lease_age_s = lead->renewed_ms_ago / 1000.0;
+    status.lease_ttl_s = lead->ttl_s;
+  }
+  return status;
+}
+
 // The daemon from its settings to its shutdown; the exit status.
 int runDaemon(const DaemonConfig& config) {
   // Security first: a coordinator that cannot serve TLS says so before it touches its state.
@@ -310,16 +322,7 @@ int runDaemon(const DaemonConfig& config) {
   (*backend)->keepLeading();  // from now until resign(): recovery, serving and shutdown under a live lease
 
   CoordinatorOptions options = coordinatorOptions(config);
-  options.state_status = [b = backend->get()] {
-    StateStatus status;
-    status.store = b->describe();
-    if (auto lead = b->lead()) {
-      status.reign = lead->reign;
-      status.lease_age_s = lead->renewed_ms_ago / 1000.0;
-      status.lease_ttl_s = lead->ttl_s;
-    }
-    return status;
-  };
+  options.state_status = [b = backend->get()] { return stateStatus(*b); };
   Coordinator coordinator((*backend)->store(), options);
   if (auto st = coordinator.recover(); !st) {
     return fail("recovering state from " + (*backend)->describe() + ": " + st.message());

@@ -100,6 +100,24 @@ void Coordinator::loseNodeJobsOnLoop(const std::string& node, const std::string&
   for (const auto& id : victims) failJobOnLoop(id, reason, std::nullopt);
 }
 
+bool Coordinator::placeAgainIfNeverStartedOnLoop(const std::string& id, const std::string& node) {
+  auto rt = runtime_.find(id);
+  if (jobs_[id].state != JobState::kStarting || rt == runtime_.end() || !rt->second.ranks.empty())
+    return false;
+  // No rank of this launch was ever reported anywhere, and `node` has none: its start never got there (the
+  // coordinator that stored it stopped before sending it: a restart, a failover). Nothing ran, so nothing
+  // failed: placed again, not counted as a restart.
+  const int attempt = rt->second.attempt;
+  const auto allocation = jobs_[id].allocation;
+  const std::string reason = "its start never reached node " + node +
+                             " (the coordinator stopped before sending it); placing it again";
+  Status st =
+      recordTransitionOnLoop(id, JobState::kPending, reason, std::nullopt, /*counts_as_restart=*/false);
+  if (!st) spdlog::error("job {}: {}", id, st.toString());
+  stopJobEverywhereOnLoop(id, attempt, reason, allocation);
+  return true;
+}
+
 void Coordinator::registerAgent(const v1::RegisterRequest& req,
                                 std::function<void(StatusOr<v1::RegisterResponse>)> done) {
   post([this, req, done = std::move(done)] {
@@ -206,21 +224,7 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
     }
   }
   for (const auto& [id, rank] : lost) {
-    auto rt = runtime_.find(id);
-    if (jobs_[id].state == JobState::kStarting && rt != runtime_.end() && rt->second.ranks.empty()) {
-      // No rank of this launch was ever reported anywhere, and this node has none: its start never got here
-      // (the coordinator that stored it stopped before sending it: a restart, a failover). Nothing ran, so
-      // nothing failed: placed again, not counted as a restart.
-      const int attempt = rt->second.attempt;
-      const auto allocation = jobs_[id].allocation;
-      const std::string reason = "its start never reached node " + req.node() +
-                                 " (the coordinator stopped before sending it); placing it again";
-      Status st =
-          recordTransitionOnLoop(id, JobState::kPending, reason, std::nullopt, /*counts_as_restart=*/false);
-      if (!st) spdlog::error("job {}: {}", id, st.toString());
-      stopJobEverywhereOnLoop(id, attempt, reason, allocation);
-      continue;
-    }
+    if (placeAgainIfNeverStartedOnLoop(id, req.node())) continue;
     loseNodeJobsOnLoop(req.node(),
                        "rank " + std::to_string(rank) + " of job " + id + " is gone from node " + req.node() +
                            " (its agent registered again without it)",

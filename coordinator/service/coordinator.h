@@ -336,6 +336,9 @@ class Coordinator {
   StatusOr<v1::Job> cancelOnLoop(const state::Job& job, int signal = 0);
   StatusOr<v1::Job> holdOnLoop(const state::Job& job, bool hold, bool by_admin);
   StatusOr<v1::Job> requeueOnLoop(const state::Job& job);
+  // A STARTING job none of whose ranks was ever reported, found missing on `node` as it registers: placed
+  // again (its start was lost with the coordinator that stored it). False, doing nothing, otherwise.
+  bool placeAgainIfNeverStartedOnLoop(const std::string& id, const std::string& node);
   // Runs `fn` (on the loop) with the job, if it is known, and replies with its answer after the commit.
   void jobCallOnLoop(const std::string& id, Done<v1::Job> done,
                      std::function<StatusOr<v1::Job>(const state::Job&)> fn);
