@@ -109,8 +109,8 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as the least time a connection attempt gets, the TLS
   // handshake included, and 100 ms cut handshakes short on a loaded machine.
   channel_args_.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // A channel of its own each time (connect()): not one of gRPC's shared connections, whose backoff would
-  // outlast it.
+  // Channels of their own (session() makes one per try where there are several coordinators): not gRPC's
+  // shared connections, whose backoff after a refusal would outlast the channel.
   channel_args_.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   if (config_.insecure) {
     credentials_ = grpc::InsecureChannelCredentials();  // main() checked that the coordinator is on loopback

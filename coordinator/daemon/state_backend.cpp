@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/clock.h"
 #include "common/job_id.h"
 #include "state/sqlite_store.h"
 #ifdef DDL_HAVE_ETCD
@@ -22,12 +23,6 @@
 namespace ddl::coordinator {
 
 namespace {
-
-int64_t steadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // One coordinator on its own file: it always leads.
 class SqliteBackend : public StateBackend {
@@ -80,7 +75,7 @@ class EtcdBackend : public StateBackend {
         state::StatusOr<bool> won = election_->campaign();
         // Renewed at once: the lease may be one an earlier campaign took (its answer lost), so its time left
         // is known only from a renewal sent now.
-        const int64_t sent = steadyMs();
+        const int64_t sent = steadyNowMs();
         if (won && *won && election_->keepAlive()) {
           renewed_ms_ = sent;
           reign_ = election_->revision();
@@ -115,7 +110,7 @@ class EtcdBackend : public StateBackend {
   }
 
   std::optional<Lead> lead() const override {
-    return Lead{reign_.load(), steadyMs() - renewed_ms_.load(), static_cast<int>(ttl_ms_ / 1000)};
+    return Lead{reign_.load(), steadyNowMs() - renewed_ms_.load(), static_cast<int>(ttl_ms_ / 1000)};
   }
 
  private:
@@ -129,12 +124,12 @@ class EtcdBackend : public StateBackend {
     std::unique_lock<std::mutex> lock(mu_);
     int64_t next = renewed_ms_ + renewIntervalMs();
     while (!stop_) {
-      if (cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(0, next - steadyMs())),
+      if (cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(0, next - steadyNowMs())),
                        [&] { return stop_; })) {
         return;
       }
       lock.unlock();
-      const int64_t sent = steadyMs();
+      const int64_t sent = steadyNowMs();
       next = sent + renewIntervalMs();
       state::Status st = election_->keepAlive();
       lock.lock();
@@ -148,7 +143,7 @@ class EtcdBackend : public StateBackend {
       } else {
         last_error_ = st.message();
         spdlog::warn("renewing the leader's lease: {} ({} ms since the last renewal)", st.message(),
-                     steadyMs() - renewed_ms_);
+                     steadyNowMs() - renewed_ms_);
       }
     }
   }
@@ -158,7 +153,7 @@ class EtcdBackend : public StateBackend {
   void watchUntilStopped() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stop_; })) {
-      const int64_t since = steadyMs() - renewed_ms_;
+      const int64_t since = steadyNowMs() - renewed_ms_;
       if (since >= ttl_ms_ - renewIntervalMs()) {
         const std::string why = "cannot renew the leader's lease for " + std::to_string(since) +
                                 " ms of its " + std::to_string(ttl_ms_) +
