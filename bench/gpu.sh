@@ -3,12 +3,13 @@
 # "GPU"): the CUDA tests, ddl-cuda-bench, and ddl-bench at 2, 4 and 8 ranks (ranks share the GPUs, device =
 # local rank mod GPUs), each rank pinned to a core of its own: host buffers, then device buffers stream-ordered
 # (64 KiB to --max; and 8 B to 1 MiB for the small-message latency), CUDA-graph replay and the host-blocking
-# call, each without and with the MPS daemon (--mps). With --torch DIR (the folder holding a torch_ddl built for
+# call, each without and with the MPS daemon (--mps); and 4 ranks split into two nodes of 2 (DDL_NODE_TAG:
+# the allreduce across nodes, stream-ordered and blocking, the GPU folding what crossed). With --torch DIR (the folder holding a torch_ddl built for
 # python3's torch 2.x, e.g. build/python-torch2): tests/torch's CUDA tests and bench/torch_ddp.py's DDP on CUDA
 # tensors at 2 ranks, also without and with MPS. Writes the outputs and JSON under --out, a summary of the
 # figures in summary.txt, and prints where. Every step ends within --step-timeout seconds (a hang is a failed
 # step, not a lost run); --skip leaves out groups of steps (tests cuda-bench host stream small graph blocking
-# torch), e.g. to spend a short lease on what matters first.
+# nodes torch), e.g. to spend a short lease on what matters first.
 #
 # Usage: bench/gpu.sh [--out DIR] [--bin DIR] [--build DIR] [--ranks "2 4 8"] [--max SIZE] [--iters N]
 #                     [--mps "off on"] [--torch DIR] [--step-timeout S] [--skip "GROUP ..."]
@@ -19,7 +20,7 @@ script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$script_dir/.." && pwd)
 OUT=gpu-results BIN=$repo/build/bin BUILD="" RANKS="2 4 8" MAX=256M ITERS=20 MPS="off on" TORCH="" STEP_TIMEOUT=300
 SKIP=""
-groups=" tests cuda-bench host stream small graph blocking torch "
+groups=" tests cuda-bench host stream small graph blocking nodes torch "
 while (($#)); do
   case $1 in
     --out) OUT=${2:?--out needs a directory}; shift 2 ;;
@@ -79,13 +80,17 @@ mps() {  # mps on|off: starts or stops the MPS control daemon; false where it ca
     return 0
   fi
 }
-bench() {  # bench GROUP NAME RANKS flags...: ddl-bench on RANKS ranks, rank r on core r, unless GROUP is skipped
-  local name=$2 n=$3
+# bench GROUP NAME RANKS flags...: ddl-bench on RANKS ranks, rank r on core r, unless GROUP is skipped. With
+# PER_NODE=k set, the ranks count as nodes of k (DDL_NODE_TAG = local rank / k).
+bench() {
+  local name=$2 n=$3 split=()
   skipped "$1" && return 0
   shift 3
+  [[ -z ${PER_NODE:-} ]] || split=(-x "DDL_BENCH_PER_NODE=$PER_NODE")
   # ddlrun binds nothing itself: taskset gives rank r core r through the launcher's DDL_LOCAL_RANK.
-  step "$name" "$BIN/ddlrun" -np "$n" -x DDL_DEBUG=1 -- bash -c \
-    'exec taskset -c "$DDL_LOCAL_RANK" "$0" "$@"' "$BIN/ddl-bench" "$@" --json "$OUT/$name.json"
+  step "$name" "$BIN/ddlrun" -np "$n" -x DDL_DEBUG=1 "${split[@]}" -- bash -c \
+    '[[ -z ${DDL_BENCH_PER_NODE:-} ]] || export DDL_NODE_TAG=$((DDL_LOCAL_RANK / DDL_BENCH_PER_NODE))
+     exec taskset -c "$DDL_LOCAL_RANK" "$0" "$@"' "$BIN/ddl-bench" "$@" --json "$OUT/$name.json"
 }
 cores=$(nproc)
 for n in $RANKS; do
@@ -100,6 +105,10 @@ for m in $MPS; do
     bench graph "ddl-bench-graph-mps$m-$n" "$n" --device --graph -b 8 -e 1M -f 4 -n 200 -w 20
     bench blocking "ddl-bench-blocking-mps$m-$n" "$n" --device --blocking -b 64K -e "$MAX" -n "$ITERS"
   done
+  if ((cores >= 4)); then
+    PER_NODE=2 bench nodes "ddl-bench-nodes-mps$m-4" 4 --device -b 64K -e "$MAX" -n "$ITERS"
+    PER_NODE=2 bench nodes "ddl-bench-nodes-blocking-mps$m-4" 4 --device --blocking -b 64K -e "$MAX" -n "$ITERS"
+  fi
 done
 mps off
 if [[ -n $TORCH ]] && ! skipped torch; then

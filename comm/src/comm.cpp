@@ -543,15 +543,28 @@ void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count
     shmReduceScatter(s, *shm_, d, src, out + lo * es, count, 0, &mem);
     mem.fence();
     const auto t1 = Clock::now();
-    // Across nodes, the block alone through pinned memory (the wire needs host memory; the CPU reduces here),
-    // in the staged pipeline's chunks, so that copies down and up overlap the wire. All the chunks are phases
-    // of this one collective: at most as many as the session's phases allow. The ranks that meet across nodes
-    // (one dim-0 coordinate) hold equal blocks, so they cut them alike.
-    if (n == 0) {
+    // Across nodes, the block alone through pinned memory (the wire needs host memory). The ranks that meet
+    // across nodes (one dim-0 coordinate) hold equal blocks, so they cut them alike. With one dim above the
+    // node (GPUs x nodes), the GPU folds what arrives (wireAllReduce). With more, mdring's levels keep the
+    // slower links' bytes down and the CPU reduces, in the staged pipeline's chunks, so that copies down and
+    // up overlap the wire; all the chunks are phases of this one collective: at most as many as the session's
+    // phases allow.
+    int levels = 0;
+    for (size_t k = 1; k < mdring_grid_.dims.size(); ++k) levels += mdring_grid_.dims[k] > 1;
+    if (levels == 1) {
+      Group across;  // member `me` of every node, in node order
+      for (int r = me; r < size_; r += members) across.ranks.push_back(r);
+      across.me = rank_ / members;
+      const auto t = Clock::now();
+      device_->wireAllReduce(s, across, out + lo * es, n, type, op, op == ddlAvg ? size_ : 0);
+      s.dim_seconds.assign(mdring_grid_.dims.size(), 0.0);
+      for (size_t k = 1; k < mdring_grid_.dims.size(); ++k) {
+        if (mdring_grid_.dims[k] > 1)
+          s.dim_seconds[k] = std::chrono::duration<double>(Clock::now() - t).count();
+      }
+    } else if (n == 0) {
       mdringAboveDim0(s, d, mdring_grid_, out + lo * es, lo, 0);
     } else {
-      int levels = 0;
-      for (size_t k = 1; k < mdring_grid_.dims.size(); ++k) levels += mdring_grid_.dims[k] > 1;
       const size_t max_chunks = std::max<size_t>(1, (tag::kMaxPhases - 1) / (2 * std::max(levels, 1)));
       size_t done = 0;
       device_->stagedAllReduce(
@@ -996,6 +1009,7 @@ void Comm::drainAsync() {
 
 namespace {
 constexpr int kNodeKernelSetupVariant = 0xD0;
+constexpr int kNodeKernelAcrossVariant = 0xE0 | static_cast<int>(Algo::kMdRing);
 }  // namespace
 
 void Comm::setNodeKernel(Setup s) {
@@ -1006,7 +1020,7 @@ void Comm::setNodeKernel(Setup s) {
 std::string Comm::streamScheme() const {
   switch (static_cast<Setup>(stream_scheme_.load())) {
     case Setup::kReady:
-      return "kernel";
+      return shm_all_ ? "kernel" : "kernel+wire";
     case Setup::kOff:
       return "host";
     default:
@@ -1036,13 +1050,26 @@ void Comm::setupNodeKernel(void* stream, int dev) {
     const int32_t mine = ok ? 1 : 0;
     int32_t all = 0;
     const DataSpec d = spec(ddlInt32, ddlMin, sizeof mine);
-    run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kNodeKernelSetupVariant,
-        [&](Session& s) { shmAllReduce(s, *shm_, d, &mine, &all, 1, 0); });
+    // Every rank agrees, not only the node's: across nodes the flag goes round every rank.
+    run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kNodeKernelSetupVariant, [&](Session& s) {
+      if (shm_all_) {
+        shmAllReduce(s, *shm_, d, &mine, &all, 1, 0);
+      } else {
+        ringAllReduce(s, d, &mine, &all, 1);
+      }
+    });
     return all == 1;
   };
   std::string why;
   setNodeKernel(stream_->setupNode(dev, ex, &why) ? Setup::kReady : Setup::kOff);
   if (shape_.node_kernel == Setup::kOff) host_paced_why_ = why;
+  if (shape_.node_kernel == Setup::kReady && !shm_all_ && !getEnv("DDL_DEBUG").empty()) {
+    std::fprintf(stderr,
+                 "ddl: rank %d: stream-ordered allreduce across nodes: the node kernel's reduce-scatter and "
+                 "allgather on each node, each rank's block over the network through pinned memory, folded "
+                 "on the GPU; the other stream-ordered collectives across nodes are host-paced\n",
+                 rank_);
+  }
 }
 
 int Comm::streamDeviceOf(void* stream, std::initializer_list<const void*> bufs) {
@@ -1086,8 +1113,13 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   DeviceRuntime& rt = device_->runtime();
   const int dev = streamDeviceOf(stream, bufs);
   if (args.count == 0) return;
-  if (nodeKernelServes(shape_) && shape_.node_kernel == Setup::kUntried) setupNodeKernel(stream, dev);
-  if (!nodeKernelServes(shape_) && host_paced_why_.empty()) {
+  const bool allreduce =
+      args.kind == node::Kind::kAllReduceOneShot || args.kind == node::Kind::kAllReduceTwoShot;
+  const bool across = allreduce && nodeKernelAcrossServes(shape_);
+  if ((nodeKernelServes(shape_) || across) && shape_.node_kernel == Setup::kUntried) {
+    setupNodeKernel(stream, dev);
+  }
+  if (!nodeKernelServes(shape_) && !nodeKernelAcrossServes(shape_) && host_paced_why_.empty()) {
     setNodeKernel(Setup::kOff);
     host_paced_why_ =
         size_ == 1 ? "a single rank"
@@ -1097,21 +1129,15 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
                    host_paced_why_.c_str());
     }
   }
+  const bool ready = shape_.node_kernel == Setup::kReady && dev == stream_->kernelDevice();
+  if (ready && across) return allReduceAcrossOnStream(stream, args);
   const bool kernel = nodeKernelServes(shape_) && shape_.node_kernel == Setup::kReady;
-  if (kernel && dev == stream_->kernelDevice()) {
-    try {
-      stream_->launch(stream, args);
-    } catch (const Error& e) {
-      // The peers' kernels of this collective are on their way and this rank's is not: out of step for good.
-      breakWith(e.code(), e.what());
-      auto lk = lockOp();
-      noteBrokenLocked();  // tells the peers
-      throw;
-    }
-    return;
-  }
-  const std::string why =
-      kernel ? "its device is not the one the node kernel was set up on" : host_paced_why_;
+  if (kernel && ready) return launchNodeKernel(stream, args);
+  const std::string why = kernel || (across && shape_.node_kernel == Setup::kReady)
+                              ? "its device is not the one the node kernel was set up on"
+                          : nodeKernelAcrossServes(shape_) && !allreduce
+                              ? "across nodes only allreduce runs the node kernel"
+                              : host_paced_why_;
   if (rt.capturing(stream)) {
     fail(ddlInvalidArgument,
          "this stream-ordered collective is host-paced (" + why + ") and cannot be captured into a CUDA graph");
@@ -1133,6 +1159,64 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
     throw;
   }
   host();
+}
+
+void Comm::launchNodeKernel(void* stream, const node::Args& args) {
+  try {
+    stream_->launch(stream, args);
+  } catch (const Error& e) {
+    // The peers' kernels of this collective are on their way and this rank's is not: out of step for good.
+    breakWith(e.code(), e.what());
+    auto lk = lockOp();
+    noteBrokenLocked();  // tells the peers
+    throw;
+  }
+}
+
+void Comm::allReduceAcrossOnStream(void* stream, const node::Args& a) {
+  DeviceRuntime& rt = device_->runtime();
+  if (rt.capturing(stream)) {
+    fail(ddlInvalidArgument,
+         "a stream-ordered allreduce across nodes cannot be captured into a CUDA graph: the host waits for "
+         "the "
+         "node's reduce-scatter and sends each rank's block over the network");
+  }
+  // The node's blocks: member m's is [m * per, (m + 1) * per) of the message, cut at its end; whole 16-byte
+  // units, so that the kernel's vector loads stay aligned. The ranks that meet across nodes (one member of
+  // each node, the same m) hold equal blocks.
+  const int members = shm_->size(), m = shm_->me();
+  const size_t es = a.elem, u = node::unitElems(es);
+  const size_t per = ((a.count + members - 1) / members + u - 1) / u * u;
+  const size_t lo = std::min(a.count, static_cast<size_t>(m) * per);
+  const size_t n = std::min(per, a.count - lo);
+  char* const block = static_cast<char*>(a.recv) + lo * es;
+  node::Args rs = a;  // the node's sum (ddlAvg divides once, after the nodes' fold)
+  rs.kind = node::Kind::kReduceScatter;
+  rs.recv = block;
+  rs.count = per;
+  rs.total = a.count;
+  rs.avg_divisor = 0;
+  launchNodeKernel(stream, rs);
+  try {
+    stream_->waitForKernels();
+  } catch (const Error& e) {  // an abort (which has told the peers); run() below reports a kernel's failure
+    if (e.code() != ddlAborted) breakWith(e.code(), e.what());
+    throw;
+  }
+  Group across;  // member m of every node, in node order
+  for (int r = m; r < size_; r += members) across.ranks.push_back(r);
+  across.me = rank_ / members;
+  deviceCall([&] {
+    run(CollKind::kAllReduce, a.type, a.op, a.count, 0, kNodeKernelAcrossVariant, [&](Session& s) {
+      device_->wireAllReduce(s, across, block, n, a.type, a.op, a.op == ddlAvg ? size_ : 0);
+    });
+  });
+  node::Args ag = a;
+  ag.kind = node::Kind::kAllGather;
+  ag.send = block;
+  ag.count = per;
+  ag.total = a.count;
+  launchNodeKernel(stream, ag);
 }
 
 namespace {

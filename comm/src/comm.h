@@ -149,11 +149,19 @@ class Comm {
   // holds the kernel's kind, buffers, count, type, op, root and divisor; bufs the device buffers to check.
   void onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
                 std::function<void()> host);
+  // A stream-ordered allreduce on several nodes (AllReducePath::kNodeKernelAcrossNodes; the node kernel is
+  // ready on dev): the node kernel's reduce-scatter into this rank's block, the block across the nodes with
+  // the GPU folding what arrives (DevicePath::wireAllReduce), the node kernel's allgather. Returns once the
+  // allgather is queued. a: allReduceOnStream's arguments.
+  void allReduceAcrossOnStream(void* stream, const node::Args& a);
+  // Enqueues the node kernel; a failure to do so breaks the communicator.
+  void launchNodeKernel(void* stream, const node::Args& args);
   // The device of a stream-ordered call's stream, checking that every buffer is device memory on it.
   int streamDeviceOf(void* stream, std::initializer_list<const void*> bufs);
   // Sets shape_.node_kernel and what streamScheme() reads from any thread.
   void setNodeKernel(Setup s);
-  // The first stream-ordered collective on one node: sets the node kernel up, or not, on every rank.
+  // The first stream-ordered collective that may run the node kernel (on one node; an allreduce where the
+  // node is mdring's dim 0): sets the node kernel up, or not, on every rank.
   void setupNodeKernel(void* stream, int dev);
   // Runs task on the executor after the queued ones (iallReduce).
   void enqueue(std::function<void()> task);

@@ -641,9 +641,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submitStream(c10d::OpType type, 
     if (e) work->failed(e);
   };
   // Host-paced (libddl's scheme where its node kernel cannot serve: several nodes, a GPU shared without MPS),
-  // a call waits for its stream and runs the whole collective before it returns: the worker makes it, so that
-  // the caller (under DDP, the autograd thread) goes on queueing GPU work meanwhile.
-  enqueue(std::move(entry), /*here_ok=*/streamScheme() != "host");  // submit() refused a closed group
+  // a call waits for its stream and runs the whole collective before it returns; across nodes
+  // ("kernel+wire") an allreduce waits for its node's reduce-scatter and the network. The worker makes such
+  // calls, so that the caller (under DDP, the autograd thread) goes on queueing GPU work meanwhile.
+  // submit() refused a closed group.
+  const std::string scheme = streamScheme();
+  enqueue(std::move(entry), /*here_ok=*/scheme == "kernel" || scheme == "unset");
   if (blocking_) {
     try {
       work->synchronize();  // the host waits for the result; a failure is raised by wait()

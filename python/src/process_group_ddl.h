@@ -253,8 +253,9 @@ class ProcessGroupDDL : public GroupBase {
 
   // The topology libddl uses for this group ("4", "2x2"), for users and tests.
   std::string topology() const;
-  // How libddl runs this group's stream-ordered collectives: "kernel", "host" (host-paced: each call waits
-  // for its stream and returns once done) or "unset" (before the first).
+  // How libddl runs this group's stream-ordered collectives: "kernel", "kernel+wire" (several nodes: the
+  // allreduce's call waits for its node's kernel and the network), "host" (host-paced: each call waits for
+  // its stream and returns once done) or "unset" (before the first).
   std::string streamScheme() const;
   bool blocking() const { return blocking_; }
   // True where CUDA tensors take the stream-ordered path (torch >= 2.10, libddl built with CUDA).

@@ -232,10 +232,27 @@ void runDevice(ddlComm_t comm, int rank, int n) {
       for (int r = 0; r < n; ++r) want = std::max(want, static_cast<float>((i + r) % 5));
       if (out[i] != want) wrong("device iallreduce max at " + std::to_string(i));
     }
+    // Stream-ordered, in place, after work queued on the stream (the input's upload).
+    cudaStream_t stream = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaMemcpyAsync(send, in.data(), count * sizeof(float), cudaMemcpyHostToDevice, stream));
+    CHECK(comm, ddlAllReduceOnStream(send, send, count, ddlFloat32, ddlSum, comm, stream));
+    CUDA_CHECK(cudaMemcpyAsync(out.data(), send, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += static_cast<float>((i + r) % 5);
+      if (out[i] != want)
+        wrong("stream-ordered allreduce count " + std::to_string(count) + " at " + std::to_string(i));
+    }
     CUDA_CHECK(cudaFree(send));
     CUDA_CHECK(cudaFree(recv));
   }
-  std::printf("OK device rank %d of %d\n", rank, n);
+  char path[32] = {}, scheme[32] = {};
+  CHECK(comm, ddlCommGetIntraNodePath(comm, path, sizeof(path)));
+  CHECK(comm, ddlCommGetStreamScheme(comm, scheme, sizeof(scheme)));
+  std::printf("OK device rank %d of %d path %s scheme %s\n", rank, n, path, scheme);
 }
 #else
 void runDevice(ddlComm_t, int, int) {}

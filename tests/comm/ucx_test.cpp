@@ -57,11 +57,13 @@ std::string readFile(const std::string& path) {
 }
 
 // A set of rank processes of one communicator. env is set over the DDL_* variables (so it may change them);
-// after_rank0, when given, runs once rank 0 is started and before the others are, with DDL_ROOT's port.
+// after_rank0, when given, runs once rank 0 is started and before the others are, with DDL_ROOT's port;
+// per_rank, when given, adds a rank's own variables.
+using PerRankEnv = std::function<std::map<std::string, std::string>(int rank)>;
 class Ranks {
  public:
   Ranks(int n, const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-        const std::function<void(int root_port)>& after_rank0 = nullptr)
+        const std::function<void(int root_port)>& after_rank0 = nullptr, const PerRankEnv& per_rank = nullptr)
       : n_(n) {
     char dir[] = "/tmp/ddl-ucx-test-XXXXXX";
     dir_ = mkdtemp(dir);
@@ -79,6 +81,9 @@ class Ranks {
         setenv("DDL_WORLD_SIZE", std::to_string(n).c_str(), 1);
         setenv("DDL_ROOT", root.c_str(), 1);
         for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+        if (per_rank) {
+          for (auto& [k, v] : per_rank(r)) setenv(k.c_str(), v.c_str(), 1);
+        }
         std::vector<char*> argv;
         std::string prog = kBin + "/comm_worker";
         argv.push_back(prog.data());
@@ -174,6 +179,21 @@ TEST_P(UcxCollectives, EveryCollectiveIsCorrect) {
 std::string ucxCaseName(const testing::TestParamInfo<std::tuple<TransportCase, int, std::string>>& info) {
   return std::get<0>(info.param).name + "_" + std::to_string(std::get<1>(info.param)) + "ranks_" +
          std::get<2>(info.param);
+}
+
+// DDL_NODE_TAG splits this machine into two nodes of two ranks: each node's ranks share libddl's segment
+// (mdring's dim 0), the nodes talk over UCX, and every collective is right.
+TEST(UcxNodes, ANodeTagSplitsTheMachineIntoNodes) {
+  Ranks ranks(4, {"all"}, {{"UCX_TLS", "sm,self"}, {"DDL_TIMEOUT_MS", "60000"}}, nullptr, [](int r) {
+    return std::map<std::string, std::string>{{"DDL_NODE_TAG", std::to_string(r / 2)}};
+  });
+  ASSERT_TRUE(ranks.waitAll(240s)) << "ranks did not finish:\n" << ranks.describe();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(ranks.exitCode(r), 0) << ranks.describe();
+    EXPECT_NE(ranks.output(r).find("OK all rank " + std::to_string(r) + " of 4 path shm+ucx\n"),
+              std::string::npos)
+        << ranks.describe();
+  }
 }
 
 // UCX over TCP and over its shared-memory transports (libddl's segment off, so UCX carries every byte), and
@@ -328,6 +348,23 @@ TEST(UcxDevice, DeviceBufferAllReduceAcrossProcesses) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(ranks.exitCode(r), 0) << ranks.describe();
     EXPECT_NE(ranks.output(r).find("OK device rank " + std::to_string(r)), std::string::npos) << ranks.describe();
+  }
+}
+
+// The same across two nodes of two ranks on this machine (DDL_NODE_TAG): the node's dim over CUDA IPC, the
+// blocks across the nodes folded by the GPU, blocking and stream-ordered (the node kernel around the wire
+// where the ranks' GPUs allow it: a GPU each, or MPS; host-paced otherwise).
+TEST(UcxDevice, DeviceBufferAllReduceAcrossTwoNodesOfOneMachine) {
+  Ranks ranks(4, {"device"}, {{"UCX_TLS", "sm,self"}, {"DDL_TIMEOUT_MS", "60000"}}, nullptr, [](int r) {
+    return std::map<std::string, std::string>{{"DDL_NODE_TAG", std::to_string(r / 2)}};
+  });
+  ASSERT_TRUE(ranks.waitAll(240s)) << "ranks did not finish:\n" << ranks.describe();
+  if (ranks.exitCode(0) == 77) GTEST_SKIP() << ranks.output(0);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(ranks.exitCode(r), 0) << ranks.describe();
+    EXPECT_NE(ranks.output(r).find("OK device rank " + std::to_string(r) + " of 4 path shm+ucx"),
+              std::string::npos)
+        << ranks.describe();
   }
 }
 

@@ -50,11 +50,7 @@ using test_util::runRanks;
 std::vector<RankResult> runOnNodes(int nranks, int per_node, const Options& opts,
                                    const std::function<void(Comm&)>& body) {
   if (per_node == 0) return runRanks(nranks, opts, body);
-  auto fabric = std::make_shared<LocalFabric>(nranks);
-  std::vector<std::string> nodes;
-  for (int r = 0; r < nranks; ++r) nodes.push_back("node" + std::to_string(r / per_node));
-  fabric->setNodes(nodes);
-  return runRanks(nranks, opts, body, fabric, makeMemoryStore());
+  return runRanks(nranks, opts, body, test_util::nodesOf(nranks, per_node), makeMemoryStore());
 }
 
 using test_util::makeExpected;

@@ -5,6 +5,8 @@
 //
 // - every collective, several types and ops, one-shot, two-shot and many chunks, in place, on the kernel and
 //   forced host-paced, against the host path's expected values;
+// - across two emulated nodes (LocalFabric): the allreduce on the node kernel around the GPU's fold of what
+//   crossed the wire;
 // - a device allreduce captured in a CUDA graph replays correctly 1,000 times (inputs changed between
 // replays),
 //   and a two-shot one captured in global mode replays between eager calls;
@@ -12,6 +14,7 @@
 // - an abort ends a kernel that waits on the GPU for a rank that never comes.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
@@ -31,6 +34,12 @@
 
 namespace ddl {
 namespace {
+
+// Ranks as threads share one CUDA context and its hardware queues (8 by default): a stream of one rank that
+// shares a queue with another rank's kernel waiting on the GPU for a peer would wait behind it. Across nodes
+// a rank's copies and fold must finish before it launches the allgather its node's peers wait for, so give
+// every stream here a queue of its own (read when the context is made, before any test runs).
+const bool kOwnQueues = ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0;
 
 using test_util::expectAllOk;
 using test_util::makeExpected;
@@ -87,8 +96,11 @@ void expectSame(const std::vector<char>& got, const std::vector<char>& want, con
   if (got != want) fail(ddlInternalError, what + ": the device result differs from the expected one");
 }
 
+// per_node > 0: the ranks on nodes of per_node consecutive ranks (each node its shared memory; the node is
+// mdring's dim 0), all on GPU 0.
 std::vector<test_util::RankResult> runRanks(int nranks, DeviceScheme scheme,
-                                            const std::function<void(Comm&)>& body, size_t slot_bytes = 0) {
+                                            const std::function<void(Comm&)>& body, size_t slot_bytes = 0,
+                                            int per_node = 0) {
   Options o;
   o.topology = parseTopology("", nranks);
   o.timeout_ms = 30000;
@@ -100,7 +112,7 @@ std::vector<test_util::RankResult> runRanks(int nranks, DeviceScheme scheme,
         cudaOk(cudaSetDevice(0), "cudaSetDevice");
         body(comm);
       },
-      nullptr, makeMemoryStore());
+      per_node > 0 ? test_util::nodesOf(nranks, per_node) : nullptr, makeMemoryStore());
 }
 
 void everyCollectiveOnce(Comm& comm, ddlDataType_t type, ddlRedOp_t op, size_t count);
@@ -182,6 +194,25 @@ TEST(CudaStream, ManyChunksPerBlockAndChangingKinds) {
         }
       },
       size_t{64} << 10));
+}
+
+// Two nodes of two ranks: the allreduce runs the node kernel's reduce-scatter and allgather on each node and
+// the GPU folds the blocks that crossed the nodes (read from pinned memory); the other collectives are
+// host-paced. Uneven blocks (odd counts), 16-bit types, many wire chunks (24 MiB of float32).
+TEST(CudaStream, AcrossNodesTheNodeKernelAndTheGpuFold) {
+  SKIP_WITHOUT_GPU();
+  expectAllOk(runRanks(
+      4, DeviceScheme::kAuto,
+      [&](Comm& comm) {
+        everyCollective(comm, ddlFloat32, ddlSum, 1);
+        if (comm.streamScheme() != "kernel+wire") fail(ddlInternalError, "scheme " + comm.streamScheme());
+        everyCollective(comm, ddlFloat32, ddlAvg, 1001);
+        everyCollective(comm, ddlFloat16, ddlSum, 300001);
+        everyCollective(comm, ddlBfloat16, ddlMax, 3000007);
+        everyCollective(comm, ddlInt64, ddlProd, 77777);
+        everyCollective(comm, ddlFloat32, ddlSum, size_t{6} << 20);
+      },
+      0, 2));
 }
 
 TEST(CudaStream, EveryCollectiveHostPaced) {

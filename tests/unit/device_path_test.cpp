@@ -184,13 +184,9 @@ TEST(DevicePath, OneNodeAllReduceGoesOverIpcAndReducesOnTheDevice) {
 // ranks per node x the nodes.
 std::vector<RankResult> runOnNodes(int nranks, int per_node, Fakes& setup, const std::string& topology,
                                    const std::function<void(Comm&)>& body) {
-  auto fabric = std::make_shared<LocalFabric>(nranks);
-  std::vector<std::string> nodes;
-  for (int r = 0; r < nranks; ++r) nodes.push_back("node" + std::to_string(r / per_node));
-  fabric->setNodes(nodes);
   Options o = makeOptions(nranks, setup);
   o.topology = parseTopology(topology, nranks);
-  return test_util::runRanks(nranks, o, body, fabric, makeMemoryStore());
+  return test_util::runRanks(nranks, o, body, test_util::nodesOf(nranks, per_node), makeMemoryStore());
 }
 
 // Allreduce of device buffers, checked: odd and tiny counts (ranks with empty blocks), three ops, out of
@@ -214,8 +210,9 @@ void checkAllReduces(Comm& comm, const std::vector<int>& host_send = {}) {
   }
 }
 
-// Several nodes: the node's ranks reduce over IPC on their GPUs, the blocks cross the nodes staged, and come
-// back over IPC. Two and three ranks per node; three dims (two levels above the node); host sendbuffs.
+// Several nodes: the node's ranks reduce over IPC on their GPUs, the blocks cross the nodes (one dim above
+// the node: folded by the GPU; two: staged around mdring's levels), and come back over IPC. Two and three
+// ranks per node; three dims; host sendbuffs.
 TEST(DevicePath, AcrossNodesTheNodesDimRunsOverIpcOnTheGpus) {
   struct Layout {
     int nranks, per_node;
@@ -233,12 +230,17 @@ TEST(DevicePath, AcrossNodesTheNodesDimRunsOverIpcOnTheGpus) {
     }));
     EXPECT_EQ(setup.counters->exports.load(), l.nranks);
     EXPECT_GT(setup.counters->reductions.load(), 0) << "the node's dim reduces on the GPUs";
+    if (l.topology.empty()) {
+      EXPECT_GT(setup.counters->pinned_reductions.load(), 0) << "the GPU folds what crossed the wire";
+    } else {
+      EXPECT_EQ(setup.counters->pinned_reductions.load(), 0) << "mdring's levels, the CPU reducing";
+    }
   }
 }
 
-// Across nodes the block crosses in the staged pipeline's chunks, as many as one collective's phases allow
-// (4 KiB chunks would be ~150: 31 with one dim above the node, 15 with two), every chunk its own mdring
-// phases.
+// Across nodes the block crosses in chunks: with one dim above the node, wireAllReduce's (4 KiB: ~150 of
+// them, the GPU folding what arrives); with two, the staged pipeline's, as many as one collective's phases
+// allow (15), every chunk its own mdring phases.
 TEST(DevicePath, AcrossNodesTheBlockCrossesInChunks) {
   for (const std::string topology : {"", "2x2x2"}) {
     const int nranks = topology.empty() ? 4 : 8;

@@ -123,6 +123,7 @@ struct FakeBuffer {
 // What every FakeRuntime of a test did, summed.
 struct FakeCounters {
   std::atomic<int> reductions{0};
+  std::atomic<int> pinned_reductions{0};  // of them, reading pinned host memory (what crossed the wire)
   std::atomic<int> imports{0};
   std::atomic<int> closes{0};
   std::atomic<int> exports{0};
@@ -279,6 +280,7 @@ class FakeRuntime final : public DeviceRuntime {
       fail(ddlInternalError, "fake device: a reduction on pageable host memory (a GPU kernel would fault)");
     }
     ++counters_->reductions;
+    if (reg.deviceOf(a) < 0 || reg.deviceOf(b) < 0) ++counters_->pinned_reductions;
     push(q, [=] { ddl::reduce(dst, a, b, count, type, op); });
   }
   void finishAvg(int q, void* buf, size_t count, ddlDataType_t type, int divisor) override {

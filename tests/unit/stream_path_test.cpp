@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -54,12 +55,17 @@ struct Rig {
   DeviceScheme scheme = DeviceScheme::kAuto;
   size_t slot_bytes = 0;
   int timeout_ms = 30000;
+  int per_node = 0;               // > 0: nodes of per_node consecutive ranks, with shared memory each
+  std::string topology;           // "": the ranks per node x the nodes
+  size_t staged_chunk_bytes = 0;  // 0: the default
+  std::vector<int> refuse_ipc;    // ranks whose exportMemory fails
 };
 
 std::vector<RankResult> runRanks(int nranks, Rig& setup, bool one_node,
                                  const std::function<void(Comm&)>& body) {
   Options o;
-  o.topology = parseTopology("", nranks);
+  o.topology = parseTopology(setup.topology, nranks);
+  o.staged_chunk_bytes = setup.staged_chunk_bytes;
   o.timeout_ms = setup.timeout_ms;
   o.device_scheme = setup.scheme;
   o.node_slot_bytes = setup.slot_bytes;
@@ -69,10 +75,16 @@ std::vector<RankResult> runRanks(int nranks, Rig& setup, bool one_node,
     f.mps = setup.mps;
     f.pid = setup.processes ? 100000 + rank : 0;
     f.capacity = setup.capacity;
+    f.refuse_ipc =
+        std::find(setup.refuse_ipc.begin(), setup.refuse_ipc.end(), rank) != setup.refuse_ipc.end();
     auto rt = std::make_unique<FakeRuntime>(setup.counters, f);
     setup.runtimes[rank] = rt.get();
     return rt;
   };
+  if (setup.per_node > 0) {
+    return test_util::runRanks(nranks, o, body, test_util::nodesOf(nranks, setup.per_node),
+                               makeMemoryStore());
+  }
   return test_util::runRanks(nranks, o, body, nullptr, one_node ? makeMemoryStore() : nullptr);
 }
 
@@ -257,6 +269,103 @@ TEST(StreamPath, SeveralNodesAreHostPaced) {
     EXPECT_EQ(comm.streamScheme(), "host");
   }));
   EXPECT_EQ(setup.counters->node_kernels.load(), 0);
+}
+
+// Several nodes whose ranks share memory (the node is mdring's dim 0): a stream-ordered allreduce runs the
+// node kernel's reduce-scatter and allgather on each node, and in between each rank's block crosses the
+// nodes with the emulated GPU folding what arrives. Uneven blocks (counts that the node's ranks do not
+// divide; ranks with empty blocks), three ops, in place; the other collectives are host-paced and right.
+TEST(StreamPath, AcrossNodesTheNodeKernelRunsAndTheGpuFoldsWhatArrives) {
+  struct Layout {
+    int nranks, per_node;
+    std::string topology;
+  };
+  for (const Layout& l : {Layout{4, 2, ""}, Layout{6, 3, ""}, Layout{8, 2, "2x2x2"}, Layout{8, 4, ""}}) {
+    SCOPED_TRACE(std::to_string(l.nranks) + " ranks, " + std::to_string(l.per_node) +
+                 " per node, topology '" + l.topology + "'");
+    Rig setup;
+    setup.per_node = l.per_node;
+    setup.topology = l.topology;
+    expectAllOk(runRanks(l.nranks, setup, false, [&](Comm& comm) {
+      if (comm.intraNodePath() != "shm+ucx") fail(ddlInternalError, "path " + comm.intraNodePath());
+      FakeStream stream;
+      for (size_t count : {size_t{1}, size_t{2}, size_t{3001}, size_t{100003}}) {
+        for (auto [t, op] :
+             {std::pair{ddlFloat32, ddlSum}, std::pair{ddlInt32, ddlMax}, std::pair{ddlFloat32, ddlAvg}}) {
+          const std::string what = std::to_string(count) + " " + typeName(t) + " " + opName(op);
+          const size_t bytes = count * typeSize(t);
+          FakeBuffer a(bytes), b(bytes);
+          put(a.p, makeInput(t, op, comm.rank(), count));
+          comm.allReduceOnStream(a.p, b.p, count, t, op, &stream);
+          comm.allReduceOnStream(a.p, a.p, count, t, op, &stream);
+          stream.sync();
+          expectSame(get(b.p, bytes), makeExpected(t, op, l.nranks, count), what + ": out of place");
+          expectSame(get(a.p, bytes), makeExpected(t, op, l.nranks, count), what + ": in place");
+        }
+      }
+      EXPECT_EQ(comm.streamScheme(), "kernel+wire");
+      everyCollective(comm, ddlFloat32, ddlSum, 1001);
+    }));
+    EXPECT_GT(setup.counters->node_kernels.load(), 0);
+    EXPECT_EQ(setup.counters->exports.load(), l.nranks) << "the node kernel's regions, and no IPC scratch";
+    EXPECT_GT(setup.counters->pinned_reductions.load(), 0) << "the GPU folds what crossed the wire";
+  }
+}
+
+// The block crosses in many chunks (4 KiB: the pipeline's slots and events turn over many times), and the
+// input the caller's stream writes (queued, not yet run) is what the node kernel reads.
+TEST(StreamPath, AcrossNodesTheBlockCrossesInChunksAfterTheStreamsEarlierWork) {
+  Rig setup;
+  setup.per_node = 2;
+  setup.staged_chunk_bytes = 4096;
+  expectAllOk(runRanks(6, setup, false, [&](Comm& comm) {
+    constexpr size_t kCount = 300007;
+    FakeStream stream;
+    for (ddlRedOp_t op : {ddlSum, ddlAvg}) {
+      FakeBuffer d(kCount * 4);
+      const auto in = makeInput(ddlFloat32, op, comm.rank(), kCount);
+      stream.push([&] { put(d.p, in); });
+      comm.allReduceOnStream(d.p, d.p, kCount, ddlFloat32, op, &stream);
+      stream.sync();
+      expectSame(get(d.p, d.bytes), makeExpected(ddlFloat32, op, 6, kCount), opName(op));
+    }
+  }));
+}
+
+// A rank of the second node cannot export its memory: no node runs the kernel (the agreement spans the
+// nodes), every stream-ordered call is host-paced, and the results are right. And a call under capture
+// across nodes is refused (the host takes part), breaking nothing.
+TEST(StreamPath, AcrossNodesAFailedSetupAnywhereIsHostPacedEverywhereAndCaptureIsRefused) {
+  Rig refused;
+  refused.per_node = 2;
+  refused.refuse_ipc = {3};
+  expectAllOk(runRanks(4, refused, false, [&](Comm& comm) {
+    everyCollective(comm, ddlFloat32, ddlSum, 3001);
+    EXPECT_EQ(comm.streamScheme(), "host");
+  }));
+  EXPECT_EQ(refused.counters->node_kernels.load(), 0);
+
+  Rig setup;
+  setup.per_node = 2;
+  expectAllOk(runRanks(4, setup, false, [&](Comm& comm) {
+    FakeRuntime& rt = *setup.runtimes[comm.rank()];
+    FakeStream stream;
+    FakeBuffer a(4096);
+    put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), 1024));
+    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+    stream.sync();
+    rt.setCapturing(&stream);
+    try {
+      comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+      ADD_FAILURE() << "a call across nodes under capture was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ddlInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("across nodes"), std::string::npos) << e.what();
+    }
+    rt.setCapturing(nullptr);
+    EXPECT_EQ(comm.asyncError(), ddlSuccess) << "an argument error breaks nothing";
+    expectSame(get(a.p, 4096), makeExpected(ddlFloat32, ddlSum, 4, 1024), "before the capture");
+  }));
 }
 
 // Host-paced, the call itself waits for the stream's earlier work (the write of its input, queued and not yet

@@ -47,6 +47,15 @@ inline std::vector<RankResult> runRanks(int nranks, const Options& opts, const s
   return results;
 }
 
+// A fabric whose ranks are on nodes of per_node consecutive ranks ("node0", "node1", ...).
+inline std::shared_ptr<LocalFabric> nodesOf(int nranks, int per_node) {
+  auto fabric = std::make_shared<LocalFabric>(nranks);
+  std::vector<std::string> nodes;
+  for (int r = 0; r < nranks; ++r) nodes.push_back("node" + std::to_string(r / per_node));
+  fabric->setNodes(nodes);
+  return fabric;
+}
+
 inline void expectAllOk(const std::vector<RankResult>& results) {
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_EQ(results[r].code, ddlSuccess) << "rank " << r << ": " << results[r].what;

@@ -292,5 +292,32 @@ TEST(PlanAllReduce, StreamOrderedTakesTheNodeKernelElseHostPaced) {
   EXPECT_STREQ(pathName(AllReducePath::kNodeKernel), "node-kernel");
 }
 
+TEST(PlanAllReduce, StreamOrderedAcrossNodesRunsTheNodeKernelAroundTheWire) {
+  AllReduceShape nodes;  // 2 nodes x 4 ranks, the node is dim 0
+  nodes.nranks = 8;
+  nodes.shm_dim0 = true;
+  nodes.topology = "4x2";
+  nodes.has_grid = true;
+  AllReducePlan p = planAllReduce(nodes, 1 << 20, Buffers::kDeviceOnStream);
+  EXPECT_EQ(p.path, AllReducePath::kNodeKernelAcrossNodes);
+  EXPECT_TRUE(p.setup);
+  EXPECT_FALSE(nodeKernelServes(nodes)) << "the other collectives across nodes are host-paced";
+  nodes.node_kernel = Setup::kReady;
+  EXPECT_FALSE(planAllReduce(nodes, 1 << 20, Buffers::kDeviceOnStream).setup);
+  nodes.forced_algo = Algo::kMdRing;
+  EXPECT_EQ(planAllReduce(nodes, 1 << 20, Buffers::kDeviceOnStream).path,
+            AllReducePath::kNodeKernelAcrossNodes);
+  nodes.forced_algo = Algo::kRing;  // a forced ring leaves the node out
+  p = planAllReduce(nodes, 1 << 20, Buffers::kDeviceOnStream);
+  EXPECT_EQ(p.path, AllReducePath::kHostPaced);
+  EXPECT_EQ(p.host_paced, AllReducePath::kStaged);
+  nodes.forced_algo = Algo::kAuto;
+  nodes.node_kernel = Setup::kOff;  // a rank could not set it up
+  p = planAllReduce(nodes, 1 << 20, Buffers::kDeviceOnStream);
+  EXPECT_EQ(p.path, AllReducePath::kHostPaced);
+  EXPECT_EQ(p.host_paced, AllReducePath::kIpcAcrossNodes);
+  EXPECT_STREQ(pathName(AllReducePath::kNodeKernelAcrossNodes), "node-kernel+wire");
+}
+
 }  // namespace
 }  // namespace ddl

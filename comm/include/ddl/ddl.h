@@ -179,9 +179,11 @@ ddlResult_t ddlCommGetTopology(ddlComm_t comm, char* buf, size_t len);
  * rhd, or a forced mdring among ranks that all share one node). */
 ddlResult_t ddlCommGetIntraNodePath(ddlComm_t comm, char* buf, size_t len);
 /* How this communicator's stream-ordered collectives (the *OnStream calls below) run: "kernel" (one kernel
- * per collective and rank, enqueued; the call returns at once), "host" (host-paced: the call waits for the
- * stream and runs the collective before it returns) or "unset" (no stream-ordered collective has run yet; the
- * first decides). */
+ * per collective and rank, enqueued; the call returns at once), "kernel+wire" (several nodes: an allreduce
+ * runs the node kernel on each node and the call sends each rank's block across the nodes, the GPU reducing
+ * what arrives, and returns once the blocks have crossed, with the node's last step enqueued; the other
+ * collectives are host-paced), "host" (host-paced: the call waits for the stream and runs the collective
+ * before it returns) or "unset" (no stream-ordered collective has run yet; the first decides). */
 ddlResult_t ddlCommGetStreamScheme(ddlComm_t comm, char* buf, size_t len);
 
 /* Collectives. sendbuff == recvbuff is in-place. Every rank must make the same calls in the same order with
@@ -233,8 +235,12 @@ ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const 
  * each rank on a GPU of its own or several sharing one under the MPS daemon, a collective is one kernel per
  * rank with no host in the data path (the "kernel" scheme), and can be captured into a CUDA graph once the
  * communicator has run one stream-ordered collective uncaptured (the first sets its GPU memory up, a blocking
- * exchange among the ranks). Elsewhere (several nodes, ranks sharing a GPU without MPS,
- * DDL_DEVICE_SCHEME=host) the collective is "host-paced": the call waits until the stream's earlier work is
+ * exchange among the ranks). Across nodes whose ranks share memory (ddlCommGetIntraNodePath "shm+ucx"), an
+ * allreduce runs that kernel's reduce-scatter on each node, waits for it on the host, sends each rank's block
+ * across the nodes through pinned memory with the GPU reducing what arrives, and returns with the node's
+ * allgather enqueued ("kernel+wire"; it cannot be captured). Elsewhere (one rank per node, the other
+ * collectives across nodes, ranks sharing a GPU without MPS, DDL_DEVICE_SCHEME=host) the collective is
+ * "host-paced": the call waits until the stream's earlier work is
  * complete, runs the blocking collective and returns once the result is in place, so it does not return at
  * once and overlaps nothing; capture is refused. ddlCommGetStreamScheme and DDL_DEBUG=1 say which scheme
  * runs. A graph's

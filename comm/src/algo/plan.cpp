@@ -15,6 +15,8 @@ const char* pathName(AllReducePath p) {
       return "staged";
     case AllReducePath::kNodeKernel:
       return "node-kernel";
+    case AllReducePath::kNodeKernelAcrossNodes:
+      return "node-kernel+wire";
     case AllReducePath::kHostPaced:
       return "host-paced";
   }
@@ -27,6 +29,11 @@ bool shmServes(const AllReduceShape& s) {
 
 bool nodeKernelServes(const AllReduceShape& s) {
   return shmServes(s) && s.nranks > 1 && s.node_kernel != Setup::kOff;
+}
+
+bool nodeKernelAcrossServes(const AllReduceShape& s) {
+  return s.shm_dim0 && s.nranks > 1 && s.node_kernel != Setup::kOff &&
+         (s.forced_algo == Algo::kAuto || s.forced_algo == Algo::kMdRing);
 }
 
 size_t nodeOneShotBytes(int nranks) {
@@ -78,6 +85,12 @@ AllReducePlan planAllReduce(const AllReduceShape& s, size_t bytes, Buffers buffe
     AllReducePlan p;
     p.path = AllReducePath::kNodeKernel;
     p.one_shot = bytes <= nodeOneShotBytes(s.nranks);
+    p.setup = s.node_kernel == Setup::kUntried;
+    return p;
+  }
+  if (nodeKernelAcrossServes(s)) {
+    AllReducePlan p;
+    p.path = AllReducePath::kNodeKernelAcrossNodes;
     p.setup = s.node_kernel == Setup::kUntried;
     return p;
   }

@@ -9,8 +9,10 @@
 //    and the rest staged where the node is mdring's dim 0; else staged through pinned memory around the host
 //    algorithm;
 //  - device buffers on a stream (device/stream_path.h): the node kernel where every rank is on one node and
-//    shares its segment, one-shot up to nodeOneShotBytes, two-shot above; else host-paced, running the
-//    host-blocking device path on the calling thread once the stream's earlier work is done.
+//    shares its segment, one-shot up to nodeOneShotBytes, two-shot above; where the node is mdring's dim 0
+//    across several nodes, the node kernel's reduce-scatter and allgather around each rank's block crossing
+//    the wire, folded by the GPU (DevicePath::wireAllReduce); else host-paced, running the host-blocking
+//    device path on the calling thread once the stream's earlier work is done.
 // A path with a setup (the IPC scratch, the node kernel's regions) is planned while its setup has not been
 // tried (`setup`); Comm then runs the setup, and a failed one (Setup::kOff) makes the next plan choose the
 // next path. Checks that need the buffers themselves (on which device they are) stay with Comm.
@@ -43,12 +45,13 @@ struct AllReduceShape {
 };
 
 enum class AllReducePath {
-  kHost,            // `algo` on host buffers
-  kIpc,             // device, one node: algo/shm.cpp over CUDA IPC, the GPU reducing
-  kIpcAcrossNodes,  // device, the node is dim 0: the node's dim over IPC, the other dims staged
-  kStaged,          // device elsewhere: `algo` on chunks staged through pinned memory
-  kNodeKernel,      // on a stream, one node: one kernel per rank
-  kHostPaced,       // on a stream elsewhere: `host_paced` (a host-blocking device path) after the stream
+  kHost,                   // `algo` on host buffers
+  kIpc,                    // device, one node: algo/shm.cpp over CUDA IPC, the GPU reducing
+  kIpcAcrossNodes,         // device, the node is dim 0: the node's dim over IPC, the other dims staged
+  kStaged,                 // device elsewhere: `algo` on chunks staged through pinned memory
+  kNodeKernel,             // on a stream, one node: one kernel per rank
+  kNodeKernelAcrossNodes,  // on a stream, the node is dim 0: node kernels around the block on the wire
+  kHostPaced,  // on a stream elsewhere: `host_paced` (a host-blocking device path) after the stream
 };
 const char* pathName(AllReducePath p);
 
@@ -66,6 +69,10 @@ AllReducePlan planAllReduce(const AllReduceShape& shape, size_t bytes, Buffers b
 bool shmServes(const AllReduceShape& shape);
 // Whether stream-ordered collectives (all of them, not only allreduce) may run the node kernel.
 bool nodeKernelServes(const AllReduceShape& shape);
+// Whether a stream-ordered allreduce on several nodes may run the node kernel on each
+// (kNodeKernelAcrossNodes): the node is mdring's dim 0 and DDL_ALGO leaves it to mdring. The other
+// stream-ordered collectives across nodes are host-paced.
+bool nodeKernelAcrossServes(const AllReduceShape& shape);
 // Up to this many bytes the node kernel's allreduce is one-shot (every rank reads every rank's whole message:
 // one barrier), above it two-shot (each rank reduces its slice: two barriers, each byte read once).
 size_t nodeOneShotBytes(int nranks);

@@ -194,6 +194,138 @@ void DevicePath::stagedAllReduce(const void* sendbuf, void* recvbuf, size_t coun
   }
 }
 
+namespace {
+// wireAllReduce's events: slot k's chunk fetched, slot k's chunk folded, slot k's pieces back on the device.
+constexpr int kWireSlots = 2;
+constexpr int wireFetched(int k) { return k; }
+constexpr int wireFolded(int k) { return kWireSlots + k; }
+constexpr int wireReturned(int k) { return 2 * kWireSlots + k; }
+static_assert(3 * kWireSlots <= DeviceRuntime::kEvents);
+size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+}  // namespace
+
+// wireAllReduce: chunk c lives in slot c mod 2 of pinned memory ([ the chunk | the pieces that arrive ]) and
+// goes through four steps: fetch (the chunk comes down, queue 0), scatter (piece j to member j, this member's
+// piece in from every other), fold (queue 1: the GPU folds the arrived pieces into the block and copies the
+// folded piece down) and gather (the folded piece out to every member, theirs in and up, queue 1). Round c
+// posts chunk c's scatter, then runs chunk c-1's gather (waiting for its fold), then fetches chunk c+1 into
+// the slot chunk c-1 has just left, then folds chunk c once its scatter is in:
+//
+//     wire:        [scatter c  |  gather c-1 ]            [scatter c+1 | gather c ]
+//     GPU fold:                                 [fold c]
+//     copies:      [up c-1 ]                  [down c+1]  [up c      ]
+//
+// so a chunk's fold overlaps the next chunk's scatter, and the copies overlap the wire. A slot is fetched
+// into again only once its gather has gone up (the fetch waits for that on the device) and its fold has
+// finished (the round before waited for it).
+void DevicePath::wireAllReduce(Session& s, const Group& g, void* block, size_t n, ddlDataType_t type,
+                               ddlRedOp_t op, int avg_divisor) {
+  const uint32_t unit0 = s.phase();  // every member starts it, with data or not
+  if (n == 0) return;
+  const int k = g.size(), me = g.me;
+  const size_t es = typeSize(type);
+  char* const dev = static_cast<char*>(block);
+  rt_->bind(rt_->deviceOf(block));
+  if (k == 1) {
+    if (avg_divisor > 0) {
+      rt_->finishAvg(kUp, block, n, type, avg_divisor);
+      rt_->syncQueue(kUp);
+    }
+    return;
+  }
+  // Two units of the phase per chunk: at most tag::kMaxUnits / 2 chunks.
+  size_t chunk = stagedChunkBytes(n * es, max_chunk_bytes_) / es;
+  chunk = std::max(chunk, (n + tag::kMaxUnits / 2 - 1) / (tag::kMaxUnits / 2));
+  const size_t nchunks = (n + chunk - 1) / chunk;
+  const size_t piece_bytes = round64(blockCount(std::min(chunk, n), k, 0) * es);  // the largest piece
+  const size_t chunk_bytes = round64(std::min(chunk, n) * es);
+  const size_t slot_bytes = chunk_bytes + static_cast<size_t>(k) * piece_bytes;
+  char* const pool = pinned(kWireSlots * slot_bytes);
+  auto slotIndex = [](size_t c) { return static_cast<int>(c % kWireSlots); };
+  auto length = [&](size_t c) { return std::min(chunk, n - c * chunk); };
+  auto onDevice = [&](size_t c) { return dev + c * chunk * es; };
+  auto pinnedCopy = [&](size_t c) { return pool + static_cast<size_t>(slotIndex(c)) * slot_bytes; };
+  auto arrived = [&](size_t c, int j) {
+    return pinnedCopy(c) + chunk_bytes + static_cast<size_t>(j) * piece_bytes;
+  };
+  auto pieceAt = [&](size_t c, int j) { return blockBegin(length(c), k, j) * es; };
+  auto pieceBytes = [&](size_t c, int j) { return blockCount(length(c), k, j) * es; };
+  auto unit = [&](size_t c, int step) { return unit0 + static_cast<uint32_t>(2 * c + step); };
+
+  auto fetch = [&](size_t c) {
+    if (c >= kWireSlots) rt_->await(kDown, wireReturned(slotIndex(c)));
+    rt_->copy(kDown, pinnedCopy(c), onDevice(c), length(c) * es);
+    rt_->record(kDown, wireFetched(slotIndex(c)));
+  };
+  std::vector<Request*> scattering;
+  auto scatter = [&](size_t c) {
+    rt_->sync(wireFetched(slotIndex(c)));
+    scattering.clear();
+    for (int j = 0; j < k; ++j) {
+      if (j == me) continue;
+      if (const size_t b = pieceBytes(c, me))
+        scattering.push_back(s.recv(g.ranks[j], unit(c, 0), arrived(c, j), b));
+      if (const size_t b = pieceBytes(c, j)) {
+        scattering.push_back(s.send(g.ranks[j], unit(c, 0), pinnedCopy(c) + pieceAt(c, j), b));
+      }
+    }
+  };
+  // In member order ((x0 op x1) op x2) ...: into the first arrived piece until this member's own (in the
+  // block) joins, then into the block.
+  auto fold = [&](size_t c) {
+    for (Request* r : scattering) s.wait(r);
+    if (const size_t b = pieceBytes(c, me)) {
+      const size_t pn = b / es;
+      char* const mine = onDevice(c) + pieceAt(c, me);
+      auto x = [&](int j) -> const void* { return j == me ? mine : arrived(c, j); };
+      const void* acc = x(0);
+      for (int j = 1; j < k; ++j) {
+        void* out = j >= me ? static_cast<void*>(mine) : arrived(c, 0);
+        rt_->reduce(kUp, out, acc, x(j), pn, type, op);
+        acc = out;
+      }
+      if (avg_divisor > 0) rt_->finishAvg(kUp, mine, pn, type, avg_divisor);
+      rt_->copy(kUp, pinnedCopy(c) + pieceAt(c, me), mine, b);
+    }
+    rt_->record(kUp, wireFolded(slotIndex(c)));
+  };
+  std::vector<Request*> gathering;
+  auto gather = [&](size_t c) {
+    rt_->sync(wireFolded(slotIndex(c)));
+    gathering.clear();
+    for (int j = 0; j < k; ++j) {
+      if (j == me) continue;
+      if (const size_t b = pieceBytes(c, j)) {
+        gathering.push_back(s.recv(g.ranks[j], unit(c, 1), pinnedCopy(c) + pieceAt(c, j), b));
+      }
+      if (const size_t b = pieceBytes(c, me)) {
+        gathering.push_back(s.send(g.ranks[j], unit(c, 1), pinnedCopy(c) + pieceAt(c, me), b));
+      }
+    }
+    for (Request* r : gathering) s.wait(r);
+    for (int j = 0; j < k; ++j) {
+      if (const size_t b = pieceBytes(c, j); j != me && b) {
+        rt_->copy(kUp, onDevice(c) + pieceAt(c, j), pinnedCopy(c) + pieceAt(c, j), b);
+      }
+    }
+    rt_->record(kUp, wireReturned(slotIndex(c)));
+  };
+
+  try {
+    fetch(0);
+    for (size_t c = 0; c <= nchunks; ++c) {
+      if (c < nchunks) scatter(c);
+      if (c >= 1) gather(c - 1);
+      if (c + 1 < nchunks) fetch(c + 1);
+      if (c < nchunks) fold(c);
+    }
+    rt_->syncQueue(kUp);
+  } catch (...) {
+    rt_->drain();  // nothing may still copy into the block or the pool once we return
+    throw;
+  }
+}
+
 void DevicePath::stage(
     const std::vector<Span>& inputs, const std::vector<Span>& outputs,
     const std::function<void(const std::vector<const void*>& in, const std::vector<void*>& out)>& body) {

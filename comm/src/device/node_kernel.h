@@ -96,6 +96,10 @@ struct Args {
   // Elements: the message (allreduce, broadcast, reduce), each rank's block (reduce-scatter: recvcount,
   // allgather: sendcount).
   size_t count;
+  // Reduce-scatter and allgather: 0, or the elements of the whole message, where the blocks (member s's at
+  // s * count) cut it unevenly: the blocks end at total, the last ones shorter or empty. The stream-ordered
+  // allreduce across nodes cuts the message into the node's blocks this way (Comm::allReduceAcrossOnStream).
+  size_t total;
   char* regions[kMaxRanks];        // every member's region as this member sees it
   size_t slot_bytes;               // a multiple of kUnitBytes * kBlocks
   const volatile uint32_t* abort;  // nonzero: stop (pinned host memory)
@@ -137,6 +141,14 @@ DDL_NODE_FN size_t chunkElems(const Args& a) {
       a.kind == Kind::kReduceScatter ? subSlotBytes(a) / static_cast<size_t>(a.nranks) : subSlotBytes(a);
   const size_t u = unitElems(a.elem);
   return per / a.elem / u * u;
+}
+
+// The elements of member s's block, from element c0 of it on, up to m, that lie inside the message (total).
+DDL_NODE_FN size_t blockPart(const Args& a, int s, size_t c0, size_t m) {
+  if (a.total == 0) return m;
+  const size_t at = static_cast<size_t>(s) * a.count + c0;
+  if (at >= a.total) return 0;
+  return a.total - at < m ? a.total - at : m;
 }
 
 template <class X>
@@ -230,21 +242,22 @@ DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
       }
       case Kind::kReduceScatter: {
         // The sub-slot holds this chunk of every member's block, block s at s * chunk.
-        for (int s = 0; s < n; ++s) x.copy(mine + s * chunk * es, send + (s * a.count + c0) * es, m);
+        for (int s = 0; s < n; ++s)
+          x.copy(mine + s * chunk * es, send + (s * a.count + c0) * es, blockPart(a, s, c0, m));
         if (!(ok = meet(a, b, ++epoch, x))) break;
         for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round, b) + me * chunk * es;
-        x.reduce(recv + c0 * es, nullptr, srcs, n, m, a.avg_divisor);
+        x.reduce(recv + c0 * es, nullptr, srcs, n, blockPart(a, me, c0, m), a.avg_divisor);
         break;
       }
       case Kind::kAllGather: {
-        x.copy(mine, send + c0 * es, m);
+        x.copy(mine, send + c0 * es, blockPart(a, me, c0, m));
         if (!(ok = meet(a, b, ++epoch, x))) break;
         for (int s = 0; s < n; ++s) {
           char* dst = recv + (s * a.count + c0) * es;
           if (s != me) {
-            x.copy(dst, inSlot(a, s, round, b), m);
+            x.copy(dst, inSlot(a, s, round, b), blockPart(a, s, c0, m));
           } else if (dst != send + c0 * es) {
-            x.copy(dst, send + c0 * es, m);
+            x.copy(dst, send + c0 * es, blockPart(a, s, c0, m));
           }
         }
         break;

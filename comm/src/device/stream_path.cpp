@@ -264,6 +264,11 @@ void StreamPath::waitForStream(void* stream, int dev) {
   rt_.waitForStream(stream, dev, [this] { return aborted_.load(); });
 }
 
+void StreamPath::waitForKernels() {
+  DDL_ASSERT(ready_);
+  rt_.waitForStream(stream_, dev_, [this] { return aborted_.load(); });
+}
+
 void StreamPath::abort() {
   aborted_.store(true);
   if (uint32_t* w = abort_word_.load()) reinterpret_cast<volatile uint32_t*>(w)[0] = 1;

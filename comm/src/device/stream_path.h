@@ -78,6 +78,9 @@ class StreamPath {
   // The host-paced scheme: returns once the work queued on stream (on dev) so far is done. Polls, so that an
   // abort ends the wait (then throws ddlAborted).
   void waitForStream(void* stream, int dev);
+  // Returns once the node kernels launched so far are done (the allreduce across nodes waits for its node's
+  // reduce-scatter before the block goes on the wire). Polls, as waitForStream.
+  void waitForKernels();
 
   // Any thread.
   void abort();

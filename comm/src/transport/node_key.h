@@ -12,8 +12,10 @@
 
 namespace ddl {
 
-// This process's node key ("<boot id>/<ipc ns>/<mnt ns>/<net ns>/<pid ns>"); parts that cannot be read are left empty,
-// so the key stays stable for the process's life.
+// This process's node key ("<boot id>/<ipc ns>/<mnt ns>/<net ns>/<pid ns>", then "/tag:<DDL_NODE_TAG>" where
+// that is set); parts that cannot be read are left empty, so the key stays stable for the process's life.
+// DDL_NODE_TAG: ranks of one machine with different tags count as different nodes (the paths across nodes,
+// tested and measured on one machine); it cannot make ranks of two machines one node.
 std::string localNodeKey();
 
 }  // namespace ddl
