@@ -368,6 +368,43 @@ TEST(StreamPath, AcrossNodesAFailedSetupAnywhereIsHostPacedEverywhereAndCaptureI
   }));
 }
 
+// A CUDA failure in one rank's part on the wire (the copies and the fold of its block): that rank fails with
+// ddlCudaError, its partner across the nodes with a remote error naming it, and the other two ranks either so
+// (the report reaches them inside the wire's collective) or by their allgather kernel's timeout; none waits
+// longer.
+TEST(StreamPath, AcrossNodesAFailureOnTheWireBreaksEveryRankAndNothingHangs) {
+  Rig setup;
+  setup.per_node = 2;
+  setup.timeout_ms = 1500;
+  setup.staged_chunk_bytes = 4096;
+  constexpr size_t kCount = 100003;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto results = runRanks(4, setup, false, [&](Comm& comm) {
+    FakeStream stream;
+    FakeBuffer d(kCount * 4);
+    put(d.p, makeInput(ddlFloat32, ddlSum, comm.rank(), kCount));
+    comm.allReduceOnStream(d.p, d.p, kCount, ddlFloat32, ddlSum, &stream);  // sets the kernel up
+    stream.sync();
+    if (comm.rank() == 2) setup.runtimes[2]->failAt(6);  // past the node kernel's launch, on the wire
+    comm.allReduceOnStream(d.p, d.p, kCount, ddlFloat32, ddlSum, &stream);
+    // Ranks 1 and 3 meet each other on the wire, not rank 2: were they through before its report came, their
+    // node's allgather kernel times out instead, since ranks 0 and 2 never launch theirs.
+    stream.sync();
+    if (const ddlResult_t e = comm.asyncError(); e != ddlSuccess) fail(e, "after the stream");
+    fail(ddlInternalError, "the failure went unnoticed");
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20))
+      << "a rank waited past the timeout";
+  EXPECT_EQ(results[2].code, ddlCudaError) << results[2].what;
+  EXPECT_NE(results[2].what.find("injected failure"), std::string::npos) << results[2].what;
+  EXPECT_EQ(results[0].code, ddlRemoteError) << results[0].what;
+  EXPECT_NE(results[0].what.find("rank 2"), std::string::npos) << results[0].what;
+  for (int r : {1, 3}) {
+    EXPECT_TRUE(results[r].code == ddlRemoteError || results[r].code == ddlTimeout)
+        << "rank " << r << ": " << results[r].what;
+  }
+}
+
 // Host-paced, the call itself waits for the stream's earlier work (the write of its input, queued and not yet
 // run) before the collective reads the buffer, and returns with the result in place; a blocking host
 // collective after it runs after it on the wire.
