@@ -35,11 +35,13 @@ int deviceOf(const void* ptr);
 inline bool isDevicePointer(const void* ptr) { return deviceOf(ptr) >= 0; }
 
 // Enqueues dst[i] = a[i] (op) b[i], i < count, on stream. dst may alias a or b exactly, never partially.
-// The pointers must be device memory of the current device, each aligned to the element size; any alignment
-// beyond that is fine (16-byte vector loads where all three agree modulo 16, element loads otherwise).
-// Returns the launch's error: cudaErrorInvalidValue for a bad type or op (a bitwise op takes integer types only)
-// or a partial overlap,
-// cudaErrorMisalignedAddress for a pointer not aligned to its element size; cudaSuccess with count == 0.
+// The pointers must be device memory of the current device or pinned host memory (cudaHostAlloc: with unified
+// addressing, which every GPU that CUDA 13 supports has, the kernel reads it by the same pointer, over PCIe;
+// the fold of what crossed the wire reads it so), each aligned to the element size; any alignment beyond that
+// is fine (16-byte vector loads where all three agree modulo 16, element loads otherwise). Returns the
+// launch's error: cudaErrorInvalidValue for a bad type or op (a bitwise op takes integer types only) or a
+// partial overlap, cudaErrorMisalignedAddress for a pointer not aligned to its element size; cudaSuccess with
+// count == 0.
 cudaError_t reduce(void* dst, const void* a, const void* b, size_t count, ddlDataType_t type, ddlRedOp_t op,
                    cudaStream_t stream);
 

@@ -127,6 +127,8 @@ void Comm::refreshShape() {
   shape_.tune = options_.tune.get();
   shape_.topology = topology_str_;
   shape_.has_grid = has_grid_;
+  shape_.dims_above_node = 0;
+  for (size_t k = 1; k < mdring_grid_.dims.size(); ++k) shape_.dims_above_node += mdring_grid_.dims[k] > 1;
 }
 
 namespace {
@@ -229,6 +231,7 @@ void Comm::shutdown() {
       }
       stream_->closePeers();
     }
+    bool met = size_ == 1;
     if (broken_.load() == ddlSuccess && p2p_->broken().first == ddlSuccess && size_ > 1) {
       // Peers may still be reading our last messages: meet them once more before the endpoints go. Point-to-
       // point operations still pending move on meanwhile (the peer's matching call may come before its own
@@ -236,10 +239,14 @@ void Comm::shutdown() {
       try {
         Session s(*channel_, CollKind::kBarrier, ddlUint8, ddlSum, 0, 0, 0, std::min(options_.timeout_ms, 10000));
         ddl::barrier(s);
+        met = true;
       } catch (const Error&) {
         // Best effort: a peer that left first is no reason to fail the teardown.
       }
     }
+    // Without that meeting, a peer's node kernel may still read this rank's region (this rank's last
+    // collective done, the peer's not yet): never free it.
+    if (!met && stream_) stream_->abandon();
     p2p_->shutdown(ddlAborted, "the communicator was destroyed");
   }
   {
@@ -549,8 +556,7 @@ void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count
     // slower links' bytes down and the CPU reduces, in the staged pipeline's chunks, so that copies down and
     // up overlap the wire; all the chunks are phases of this one collective: at most as many as the session's
     // phases allow.
-    int levels = 0;
-    for (size_t k = 1; k < mdring_grid_.dims.size(); ++k) levels += mdring_grid_.dims[k] > 1;
+    const int levels = shape_.dims_above_node;
     if (levels == 1) {
       Group across;  // member `me` of every node, in node order
       for (int r = me; r < size_; r += members) across.ranks.push_back(r);
@@ -1115,8 +1121,9 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   if (args.count == 0) return;
   const bool allreduce =
       args.kind == node::Kind::kAllReduceOneShot || args.kind == node::Kind::kAllReduceTwoShot;
-  const bool across = allreduce && nodeKernelAcrossServes(shape_);
-  if ((nodeKernelServes(shape_) || across) && shape_.node_kernel == Setup::kUntried) {
+  // Across nodes only an allreduce runs the kernel, but the first stream-ordered call of any kind sets it up,
+  // so that the scheme is known from then on.
+  if ((nodeKernelServes(shape_) || nodeKernelAcrossServes(shape_)) && shape_.node_kernel == Setup::kUntried) {
     setupNodeKernel(stream, dev);
   }
   if (!nodeKernelServes(shape_) && !nodeKernelAcrossServes(shape_) && host_paced_why_.empty()) {
@@ -1130,14 +1137,17 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
     }
   }
   const bool ready = shape_.node_kernel == Setup::kReady && dev == stream_->kernelDevice();
+  const bool across =
+      allreduce && planAllReduce(shape_, args.count * args.elem, Buffers::kDeviceOnStream).path ==
+                       AllReducePath::kNodeKernelAcrossNodes;
   if (ready && across) return allReduceAcrossOnStream(stream, args);
   const bool kernel = nodeKernelServes(shape_) && shape_.node_kernel == Setup::kReady;
   if (kernel && ready) return launchNodeKernel(stream, args);
-  const std::string why = kernel || (across && shape_.node_kernel == Setup::kReady)
+  const bool across_ready = nodeKernelAcrossServes(shape_) && shape_.node_kernel == Setup::kReady;
+  const std::string why = kernel || (across_ready && allreduce)
                               ? "its device is not the one the node kernel was set up on"
-                          : nodeKernelAcrossServes(shape_) && !allreduce
-                              ? "across nodes only allreduce runs the node kernel"
-                              : host_paced_why_;
+                          : across_ready ? "across nodes only allreduce runs the node kernel"
+                                         : host_paced_why_;
   if (rt.capturing(stream)) {
     fail(ddlInvalidArgument,
          "this stream-ordered collective is host-paced (" + why + ") and cannot be captured into a CUDA graph");
@@ -1149,16 +1159,17 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   try {
     stream_->waitForStream(stream, dev);
   } catch (const Error& e) {
-    // The peers are in this collective already: a rank that leaves it here is out of step for good (an
-    // abort has told them already).
-    if (e.code() != ddlAborted) {
-      breakWith(e.code(), e.what());
-      auto lk = lockOp();
-      noteBrokenLocked();
-    }
+    breakAndTell(e);  // the peers are in this collective already
     throw;
   }
   host();
+}
+
+void Comm::breakAndTell(const Error& e) {
+  if (e.code() == ddlAborted) return;  // an abort has told the peers already
+  breakWith(e.code(), e.what());
+  auto lk = lockOp();
+  noteBrokenLocked();
 }
 
 void Comm::launchNodeKernel(void* stream, const node::Args& args) {
@@ -1166,9 +1177,9 @@ void Comm::launchNodeKernel(void* stream, const node::Args& args) {
     stream_->launch(stream, args);
   } catch (const Error& e) {
     // The peers' kernels of this collective are on their way and this rank's is not: out of step for good.
-    breakWith(e.code(), e.what());
-    auto lk = lockOp();
-    noteBrokenLocked();  // tells the peers
+    // Its flags poisoned, they fail now rather than at the timeout.
+    stream_->poisonFlags();
+    breakAndTell(e);
     throw;
   }
 }
@@ -1181,6 +1192,7 @@ void Comm::allReduceAcrossOnStream(void* stream, const node::Args& a) {
          "the "
          "node's reduce-scatter and sends each rank's block over the network");
   }
+  drainAsync();  // the wire's collective and the device queues come after the non-blocking calls before it
   // The node's blocks: member m's is [m * per, (m + 1) * per) of the message, cut at its end; whole 16-byte
   // units, so that the kernel's vector loads stay aligned. The ranks that meet across nodes (one member of
   // each node, the same m) hold equal blocks.
@@ -1197,20 +1209,28 @@ void Comm::allReduceAcrossOnStream(void* stream, const node::Args& a) {
   rs.total = a.count;
   rs.avg_divisor = 0;
   launchNodeKernel(stream, rs);
-  try {
-    stream_->waitForKernels();
-  } catch (const Error& e) {  // an abort (which has told the peers); run() below reports a kernel's failure
-    if (e.code() != ddlAborted) breakWith(e.code(), e.what());
-    throw;
-  }
   Group across;  // member m of every node, in node order
   for (int r = m; r < size_; r += members) across.ranks.push_back(r);
   across.me = rank_ / members;
-  deviceCall([&] {
-    run(CollKind::kAllReduce, a.type, a.op, a.count, 0, kNodeKernelAcrossVariant, [&](Session& s) {
-      device_->wireAllReduce(s, across, block, n, a.type, a.op, a.op == ddlAvg ? size_ : 0);
+  try {
+    try {
+      stream_->waitForKernels();
+    } catch (const Error& e) {
+      breakAndTell(e);
+      throw;
+    }
+    // A failure of the reduce-scatter's kernel breaks the communicator in run(), which tells the peers.
+    deviceCall([&] {
+      run(CollKind::kAllReduce, a.type, a.op, a.count, 0, kNodeKernelAcrossVariant, [&](Session& s) {
+        device_->wireAllReduce(s, across, block, n, a.type, a.op, a.op == ddlAvg ? size_ : 0);
+      });
     });
-  });
+  } catch (const Error&) {
+    // This rank's allgather will never come: the node's kernels that wait for it fail now, not at the
+    // timeout.
+    stream_->poisonFlags();
+    throw;
+  }
   node::Args ag = a;
   ag.kind = node::Kind::kAllGather;
   ag.send = block;

@@ -34,6 +34,7 @@
 #include "device/device_path.h"
 #include "device/stream_path.h"
 #include "env.h"
+#include "error.h"
 #include "p2p.h"
 #include "rendezvous/store.h"
 #include "session.h"
@@ -154,6 +155,9 @@ class Comm {
   // the GPU folding what arrives (DevicePath::wireAllReduce), the node kernel's allgather. Returns once the
   // allgather is queued. a: allReduceOnStream's arguments.
   void allReduceAcrossOnStream(void* stream, const node::Args& a);
+  // This rank leaves a collective its peers are in, or on their way to: out of step for good. Breaks the
+  // communicator and tells them, unless e is an abort (which has told them).
+  void breakAndTell(const Error& e);
   // Enqueues the node kernel; a failure to do so breaks the communicator.
   void launchNodeKernel(void* stream, const node::Args& args);
   // The device of a stream-ordered call's stream, checking that every buffer is device memory on it.

@@ -33,6 +33,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -57,18 +59,33 @@ class FakeDevices {
     static FakeDevices d;
     return d;
   }
+  // Every allocation is followed by kGuardBytes of a pattern that free() checks: a write past the end (a
+  // kernel's copy that ignores a block's end) aborts the test there.
+  static constexpr size_t kGuardBytes = 64;
+  static constexpr unsigned char kGuard = 0x5A;
   void* alloc(size_t bytes, int dev, bool pinned = false) {
-    char* p = new char[bytes ? bytes : 1];
+    char* p = new char[(bytes ? bytes : 1) + kGuardBytes];
     std::memset(p, 0xA5, bytes);
+    std::memset(p + (bytes ? bytes : 1), kGuard, kGuardBytes);
     std::lock_guard<std::mutex> lk(mu_);
     blocks_[p] = Block{bytes ? bytes : 1, pinned ? -1 : dev, pinned};
     return p;
   }
   void free(void* p) {
+    size_t bytes = 0;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (!blocks_.erase(static_cast<char*>(p)))
-        fail(ddlInternalError, "fake device: free of an unknown pointer");
+      auto it = blocks_.find(static_cast<char*>(p));
+      if (it == blocks_.end()) fail(ddlInternalError, "fake device: free of an unknown pointer");
+      bytes = it->second.bytes;
+      blocks_.erase(it);
+    }
+    const char* guard = static_cast<const char*>(p) + bytes;
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      if (static_cast<unsigned char>(guard[i]) != kGuard) {
+        std::fprintf(stderr, "fake device: a write past the end of a %zu-byte allocation\n", bytes);
+        std::abort();
+      }
     }
     delete[] static_cast<char*>(p);
   }
@@ -254,6 +271,11 @@ class FakeRuntime final : public DeviceRuntime {
   }
   ~FakeRuntime() override { drain(); }
 
+  // This rank's reductions that read pinned host memory (FakeCounters::pinned_reductions counts every
+  // rank's).
+  int pinnedReductions() const { return pinned_reductions_; }
+  // Operations queued so far (what failAt counts: queue work and node kernel launches).
+  int queuedOps() const { return ops_; }
   // The n-th operation queued from now on throws (n >= 1); 0: none.
   void failAt(int n) { fail_at_ = n; }
 
@@ -280,7 +302,10 @@ class FakeRuntime final : public DeviceRuntime {
       fail(ddlInternalError, "fake device: a reduction on pageable host memory (a GPU kernel would fault)");
     }
     ++counters_->reductions;
-    if (reg.deviceOf(a) < 0 || reg.deviceOf(b) < 0) ++counters_->pinned_reductions;
+    if (reg.deviceOf(a) < 0 || reg.deviceOf(b) < 0) {
+      ++counters_->pinned_reductions;
+      ++pinned_reductions_;
+    }
     push(q, [=] { ddl::reduce(dst, a, b, count, type, op); });
   }
   void finishAvg(int q, void* buf, size_t count, ddlDataType_t type, int divisor) override {
@@ -387,6 +412,7 @@ class FakeRuntime final : public DeviceRuntime {
   int nodeKernelCapacity(int) override { return faults_.capacity; }
   void launchNode(void* stream, int, const node::Args& args) override {
     ++counters_->node_kernels;
+    ++ops_;
     if (fail_at_ > 0 && --fail_at_ == 0) fail(ddlCudaError, "fake device: injected failure");
     streamOf(stream)->push([args] {
       HostNodeExec x{args.elem, args.type, args.op};
@@ -413,6 +439,7 @@ class FakeRuntime final : public DeviceRuntime {
   void push(int q, std::function<void()> op) {
     checkQueue(q);
     if (dev_ < 0) fail(ddlInternalError, "fake device: work queued before bind()");
+    ++ops_;
     if (fail_at_ > 0 && --fail_at_ == 0) fail(ddlCudaError, "fake device: injected failure");
     queues_[q].ops.push_back(std::move(op));
     ++queues_[q].pushed;
@@ -443,6 +470,8 @@ class FakeRuntime final : public DeviceRuntime {
   void* capturing_ = nullptr;
   int dev_ = -1;
   int fail_at_ = 0;
+  int pinned_reductions_ = 0;
+  int ops_ = 0;
   Queue queues_[kQueues];
   std::array<Mark, kEvents> events_{};
 };

@@ -278,17 +278,23 @@ TEST(StreamPath, SeveralNodesAreHostPaced) {
 TEST(StreamPath, AcrossNodesTheNodeKernelRunsAndTheGpuFoldsWhatArrives) {
   struct Layout {
     int nranks, per_node;
-    std::string topology;
   };
-  for (const Layout& l : {Layout{4, 2, ""}, Layout{6, 3, ""}, Layout{8, 2, "2x2x2"}, Layout{8, 4, ""}}) {
-    SCOPED_TRACE(std::to_string(l.nranks) + " ranks, " + std::to_string(l.per_node) +
-                 " per node, topology '" + l.topology + "'");
+  for (const Layout& l : {Layout{4, 2}, Layout{6, 3}, Layout{8, 4}}) {
+    SCOPED_TRACE(std::to_string(l.nranks) + " ranks, " + std::to_string(l.per_node) + " per node");
     Rig setup;
     setup.per_node = l.per_node;
-    setup.topology = l.topology;
     expectAllOk(runRanks(l.nranks, setup, false, [&](Comm& comm) {
       if (comm.intraNodePath() != "shm+ucx") fail(ddlInternalError, "path " + comm.intraNodePath());
       FakeStream stream;
+      {  // The first stream-ordered call, a broadcast (host-paced across nodes), sets the kernel up.
+        FakeBuffer a(4096);
+        put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), 1024));
+        comm.broadcastOnStream(a.p, a.p, 1024, ddlFloat32, 0, &stream);
+        stream.sync();
+        expectSame(get(a.p, 4096), makeInput(ddlFloat32, ddlSum, 0, 1024), "broadcast");
+        EXPECT_EQ(comm.streamScheme(), "kernel+wire");
+      }
+      const int folds = setup.runtimes[comm.rank()]->pinnedReductions();
       for (size_t count : {size_t{1}, size_t{2}, size_t{3001}, size_t{100003}}) {
         for (auto [t, op] :
              {std::pair{ddlFloat32, ddlSum}, std::pair{ddlInt32, ddlMax}, std::pair{ddlFloat32, ddlAvg}}) {
@@ -303,13 +309,50 @@ TEST(StreamPath, AcrossNodesTheNodeKernelRunsAndTheGpuFoldsWhatArrives) {
           expectSame(get(a.p, bytes), makeExpected(t, op, l.nranks, count), what + ": in place");
         }
       }
-      EXPECT_EQ(comm.streamScheme(), "kernel+wire");
+      EXPECT_GT(setup.runtimes[comm.rank()]->pinnedReductions(), folds)
+          << "this rank's GPU folds what crossed the wire";
       everyCollective(comm, ddlFloat32, ddlSum, 1001);
     }));
     EXPECT_GT(setup.counters->node_kernels.load(), 0);
     EXPECT_EQ(setup.counters->exports.load(), l.nranks) << "the node kernel's regions, and no IPC scratch";
-    EXPECT_GT(setup.counters->pinned_reductions.load(), 0) << "the GPU folds what crossed the wire";
   }
+}
+
+// With racks above the nodes (2 ranks per node x 2 x 2), mdring's levels keep the slower links' bytes down:
+// the stream-ordered allreduce is host-paced (the blocking path: the node over IPC, the CPU across levels).
+TEST(StreamPath, AcrossNodesWithTwoLevelsAboveTheNodeIsHostPaced) {
+  Rig setup;
+  setup.per_node = 2;
+  setup.topology = "2x2x2";
+  expectAllOk(runRanks(8, setup, false, [&](Comm& comm) {
+    everyCollective(comm, ddlFloat32, ddlAvg, 3001);
+    EXPECT_EQ(comm.streamScheme(), "host");
+  }));
+  EXPECT_EQ(setup.counters->node_kernels.load(), 0);
+  EXPECT_EQ(setup.counters->pinned_reductions.load(), 0);
+}
+
+// A non-blocking device allreduce still running when a stream-ordered one across nodes comes: the latter
+// waits for it (both use the wire and the device queues), and both are right.
+TEST(StreamPath, AcrossNodesAfterANonBlockingAllReduce) {
+  Rig setup;
+  setup.per_node = 2;
+  expectAllOk(runRanks(4, setup, false, [&](Comm& comm) {
+    constexpr size_t kCount = 200003;
+    FakeStream stream;
+    FakeBuffer a(kCount * 4), b(kCount * 4);
+    for (int i = 0; i < 3; ++i) {
+      put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), kCount));
+      put(b.p, makeInput(ddlFloat32, ddlMax, comm.rank(), kCount));
+      auto pending = comm.iallReduce(b.p, b.p, kCount, ddlFloat32, ddlMax);
+      comm.allReduceOnStream(a.p, a.p, kCount, ddlFloat32, ddlSum, &stream);
+      pending->done.wait(false);
+      if (pending->result != ddlSuccess) fail(pending->result, pending->error);
+      stream.sync();
+      expectSame(get(a.p, a.bytes), makeExpected(ddlFloat32, ddlSum, 4, kCount), "stream-ordered");
+      expectSame(get(b.p, b.bytes), makeExpected(ddlFloat32, ddlMax, 4, kCount), "non-blocking");
+    }
+  }));
 }
 
 // The block crosses in many chunks (4 KiB: the pipeline's slots and events turn over many times), and the
@@ -369,9 +412,10 @@ TEST(StreamPath, AcrossNodesAFailedSetupAnywhereIsHostPacedEverywhereAndCaptureI
 }
 
 // A CUDA failure in one rank's part on the wire (the copies and the fold of its block): that rank fails with
-// ddlCudaError, its partner across the nodes with a remote error naming it, and the other two ranks either so
-// (the report reaches them inside the wire's collective) or by their allgather kernel's timeout; none waits
-// longer.
+// ddlCudaError, its partner across the nodes with a remote error naming it, and the other two with a remote
+// error too, long before the timeout: either the report reaches them inside the wire's collective, or their
+// node's allgather kernel, waiting for a failed rank that never launches its own, finds that rank's flags
+// poisoned (StreamPath::poisonFlags).
 TEST(StreamPath, AcrossNodesAFailureOnTheWireBreaksEveryRankAndNothingHangs) {
   Rig setup;
   setup.per_node = 2;
@@ -388,7 +432,7 @@ TEST(StreamPath, AcrossNodesAFailureOnTheWireBreaksEveryRankAndNothingHangs) {
     if (comm.rank() == 2) setup.runtimes[2]->failAt(6);  // past the node kernel's launch, on the wire
     comm.allReduceOnStream(d.p, d.p, kCount, ddlFloat32, ddlSum, &stream);
     // Ranks 1 and 3 meet each other on the wire, not rank 2: were they through before its report came, their
-    // node's allgather kernel times out instead, since ranks 0 and 2 never launch theirs.
+    // node's allgather kernel fails on the failed ranks' poisoned flags.
     stream.sync();
     if (const ddlResult_t e = comm.asyncError(); e != ddlSuccess) fail(e, "after the stream");
     fail(ddlInternalError, "the failure went unnoticed");
@@ -399,9 +443,42 @@ TEST(StreamPath, AcrossNodesAFailureOnTheWireBreaksEveryRankAndNothingHangs) {
   EXPECT_NE(results[2].what.find("injected failure"), std::string::npos) << results[2].what;
   EXPECT_EQ(results[0].code, ddlRemoteError) << results[0].what;
   EXPECT_NE(results[0].what.find("rank 2"), std::string::npos) << results[0].what;
-  for (int r : {1, 3}) {
-    EXPECT_TRUE(results[r].code == ddlRemoteError || results[r].code == ddlTimeout)
-        << "rank " << r << ": " << results[r].what;
+  for (int r : {1, 3}) EXPECT_EQ(results[r].code, ddlRemoteError) << "rank " << r << ": " << results[r].what;
+}
+
+// One rank fails at its last step on the wire (its last copy up), after every byte has crossed: its partner
+// across the nodes completes, but its node's other rank, whose allgather kernel waits for it, fails at once
+// on its poisoned flags (a remote error), not at the timeout.
+TEST(StreamPath, AcrossNodesALateFailurePoisonsTheFlagsItsNodeWaitsFor) {
+  Rig setup;
+  setup.per_node = 2;
+  setup.timeout_ms = 20000;
+  constexpr size_t kCount = 100003;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto results = runRanks(4, setup, false, [&](Comm& comm) {
+    FakeStream stream;
+    FakeBuffer d(kCount * 4);
+    FakeRuntime& rt = *setup.runtimes[comm.rank()];
+    comm.allReduceOnStream(d.p, d.p, kCount, ddlFloat32, ddlSum, &stream);  // sets the kernel up
+    stream.sync();
+    const int before = rt.queuedOps();
+    comm.allReduceOnStream(d.p, d.p, kCount, ddlFloat32, ddlSum, &stream);
+    stream.sync();
+    // The call's operations: the reduce-scatter's launch, the wire's copies and folds, the allgather's
+    // launch.
+    const int per_call = rt.queuedOps() - before;
+    comm.barrier();
+    if (comm.rank() == 2) rt.failAt(per_call - 1);
+    comm.allReduceOnStream(d.p, d.p, kCount, ddlFloat32, ddlSum, &stream);
+    stream.sync();
+    if (const ddlResult_t e = comm.asyncError(); e != ddlSuccess) fail(e, "after the stream");
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15))
+      << "a rank waited for the timeout";
+  EXPECT_EQ(results[2].code, ddlCudaError) << results[2].what;
+  EXPECT_EQ(results[3].code, ddlRemoteError) << results[3].what;
+  for (int r : {0, 1}) {  // the other node's allgather completes; the report may reach them on the wire
+    EXPECT_TRUE(results[r].code == ddlSuccess || results[r].code == ddlRemoteError) << results[r].what;
   }
 }
 

@@ -298,6 +298,7 @@ TEST(PlanAllReduce, StreamOrderedAcrossNodesRunsTheNodeKernelAroundTheWire) {
   nodes.shm_dim0 = true;
   nodes.topology = "4x2";
   nodes.has_grid = true;
+  nodes.dims_above_node = 1;
   AllReducePlan p = planAllReduce(nodes, 1 << 20, Buffers::kDeviceOnStream);
   EXPECT_EQ(p.path, AllReducePath::kNodeKernelAcrossNodes);
   EXPECT_TRUE(p.setup);
@@ -312,6 +313,11 @@ TEST(PlanAllReduce, StreamOrderedAcrossNodesRunsTheNodeKernelAroundTheWire) {
   EXPECT_EQ(p.path, AllReducePath::kHostPaced);
   EXPECT_EQ(p.host_paced, AllReducePath::kStaged);
   nodes.forced_algo = Algo::kAuto;
+  nodes.dims_above_node = 2;  // racks above the nodes: mdring's levels, host-paced
+  p = planAllReduce(nodes, 1 << 20, Buffers::kDeviceOnStream);
+  EXPECT_EQ(p.path, AllReducePath::kHostPaced);
+  EXPECT_EQ(p.host_paced, AllReducePath::kIpcAcrossNodes);
+  nodes.dims_above_node = 1;
   nodes.node_kernel = Setup::kOff;  // a rank could not set it up
   p = planAllReduce(nodes, 1 << 20, Buffers::kDeviceOnStream);
   EXPECT_EQ(p.path, AllReducePath::kHostPaced);

@@ -235,17 +235,16 @@ ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const 
  * each rank on a GPU of its own or several sharing one under the MPS daemon, a collective is one kernel per
  * rank with no host in the data path (the "kernel" scheme), and can be captured into a CUDA graph once the
  * communicator has run one stream-ordered collective uncaptured (the first sets its GPU memory up, a blocking
- * exchange among the ranks). Across nodes whose ranks share memory (ddlCommGetIntraNodePath "shm+ucx"), an
- * allreduce runs that kernel's reduce-scatter on each node, waits for it on the host, sends each rank's block
- * across the nodes through pinned memory with the GPU reducing what arrives, and returns with the node's
- * allgather enqueued ("kernel+wire"; it cannot be captured). Elsewhere (one rank per node, the other
- * collectives across nodes, ranks sharing a GPU without MPS, DDL_DEVICE_SCHEME=host) the collective is
- * "host-paced": the call waits until the stream's earlier work is
- * complete, runs the blocking collective and returns once the result is in place, so it does not return at
- * once and overlaps nothing; capture is refused. ddlCommGetStreamScheme and DDL_DEBUG=1 say which scheme
- * runs. A graph's
- * collectives are ordered by the stream the graph is launched on: launch it where the communicator's other
- * stream-ordered calls are ordered (the same stream).
+ * exchange among the ranks). Across nodes whose ranks share memory (ddlCommGetIntraNodePath "shm+ucx", a
+ * topology of GPUs x nodes with no level above), an allreduce runs that kernel's reduce-scatter on each node,
+ * waits for it on the host, sends each rank's block across the nodes through pinned memory with the GPU
+ * reducing what arrives, and returns with the node's allgather enqueued ("kernel+wire"; it cannot be
+ * captured). Elsewhere (one rank per node, racks above the nodes, the other collectives across nodes, ranks
+ * sharing a GPU without MPS, DDL_DEVICE_SCHEME=host) the collective is "host-paced": the call waits until the
+ * stream's earlier work is complete, runs the blocking collective and returns once the result is in place, so
+ * it does not return at once and overlaps nothing; capture is refused. ddlCommGetStreamScheme and DDL_DEBUG=1
+ * say which scheme runs. A graph's collectives are ordered by the stream the graph is launched on: launch it
+ * where the communicator's other stream-ordered calls are ordered (the same stream).
  *
  * An error in the arguments is returned at once. A failure found later (a dead peer, a timeout, an abort)
  * breaks the communicator: ddlCommGetAsyncError returns it, and so does every later call. ddlCommAbort also

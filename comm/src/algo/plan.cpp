@@ -32,7 +32,7 @@ bool nodeKernelServes(const AllReduceShape& s) {
 }
 
 bool nodeKernelAcrossServes(const AllReduceShape& s) {
-  return s.shm_dim0 && s.nranks > 1 && s.node_kernel != Setup::kOff &&
+  return s.shm_dim0 && s.dims_above_node == 1 && s.nranks > 1 && s.node_kernel != Setup::kOff &&
          (s.forced_algo == Algo::kAuto || s.forced_algo == Algo::kMdRing);
 }
 

@@ -40,6 +40,7 @@ struct AllReduceShape {
   const TuneTable* tune = nullptr;
   std::string topology;                 // Topology::str()
   bool has_grid = false;                // mdringGrid(topology) has two or more non-trivial dims
+  int dims_above_node = 0;              // shm_dim0: the non-trivial dims of mdring's grid above dim 0
   Setup ipc = Setup::kUntried;          // the host-blocking device path's IPC scratch
   Setup node_kernel = Setup::kUntried;  // the stream-ordered node kernel's regions
 };
@@ -70,7 +71,8 @@ bool shmServes(const AllReduceShape& shape);
 // Whether stream-ordered collectives (all of them, not only allreduce) may run the node kernel.
 bool nodeKernelServes(const AllReduceShape& shape);
 // Whether a stream-ordered allreduce on several nodes may run the node kernel on each
-// (kNodeKernelAcrossNodes): the node is mdring's dim 0 and DDL_ALGO leaves it to mdring. The other
+// (kNodeKernelAcrossNodes): the node is mdring's dim 0 with one dim above it (GPUs x nodes; with racks above,
+// mdring's levels keep the slower links' bytes down, host-paced), and DDL_ALGO leaves it to mdring. The other
 // stream-ordered collectives across nodes are host-paced.
 bool nodeKernelAcrossServes(const AllReduceShape& shape);
 // Up to this many bytes the node kernel's allreduce is one-shot (every rank reads every rank's whole message:

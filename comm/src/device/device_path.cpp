@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "device/node_kernel.h"
 #include "dtype.h"
 #include "env.h"
 #include "error.h"
@@ -237,7 +238,15 @@ void DevicePath::wireAllReduce(Session& s, const Group& g, void* block, size_t n
   size_t chunk = stagedChunkBytes(n * es, max_chunk_bytes_) / es;
   chunk = std::max(chunk, (n + tag::kMaxUnits / 2 - 1) / (tag::kMaxUnits / 2));
   const size_t nchunks = (n + chunk - 1) / chunk;
-  const size_t piece_bytes = round64(blockCount(std::min(chunk, n), k, 0) * es);  // the largest piece
+  // Pieces in whole 16-byte units (node::share), so that the fold's vector loads stay aligned; the first is
+  // the largest.
+  const size_t u = node::unitElems(es);
+  auto piece = [&](size_t len, int j) {
+    size_t lo = 0, hi = 0;
+    node::share(len, k, j, u, &lo, &hi);
+    return std::pair{lo, hi - lo};
+  };
+  const size_t piece_bytes = round64(piece(std::min(chunk, n), 0).second * es);
   const size_t chunk_bytes = round64(std::min(chunk, n) * es);
   const size_t slot_bytes = chunk_bytes + static_cast<size_t>(k) * piece_bytes;
   char* const pool = pinned(kWireSlots * slot_bytes);
@@ -248,8 +257,8 @@ void DevicePath::wireAllReduce(Session& s, const Group& g, void* block, size_t n
   auto arrived = [&](size_t c, int j) {
     return pinnedCopy(c) + chunk_bytes + static_cast<size_t>(j) * piece_bytes;
   };
-  auto pieceAt = [&](size_t c, int j) { return blockBegin(length(c), k, j) * es; };
-  auto pieceBytes = [&](size_t c, int j) { return blockCount(length(c), k, j) * es; };
+  auto pieceAt = [&](size_t c, int j) { return piece(length(c), j).first * es; };
+  auto pieceBytes = [&](size_t c, int j) { return piece(length(c), j).second * es; };
   auto unit = [&](size_t c, int step) { return unit0 + static_cast<uint32_t>(2 * c + step); };
 
   auto fetch = [&](size_t c) {
@@ -270,19 +279,15 @@ void DevicePath::wireAllReduce(Session& s, const Group& g, void* block, size_t n
       }
     }
   };
-  // In member order ((x0 op x1) op x2) ...: into the first arrived piece until this member's own (in the
-  // block) joins, then into the block.
+  // Into this member's own piece in the block (device memory), the others in member order. Each piece is
+  // folded by one member only and then gathered, so every member gets the same bits.
   auto fold = [&](size_t c) {
     for (Request* r : scattering) s.wait(r);
     if (const size_t b = pieceBytes(c, me)) {
       const size_t pn = b / es;
       char* const mine = onDevice(c) + pieceAt(c, me);
-      auto x = [&](int j) -> const void* { return j == me ? mine : arrived(c, j); };
-      const void* acc = x(0);
-      for (int j = 1; j < k; ++j) {
-        void* out = j >= me ? static_cast<void*>(mine) : arrived(c, 0);
-        rt_->reduce(kUp, out, acc, x(j), pn, type, op);
-        acc = out;
+      for (int j = 0; j < k; ++j) {
+        if (j != me) rt_->reduce(kUp, mine, mine, arrived(c, j), pn, type, op);
       }
       if (avg_divisor > 0) rt_->finishAvg(kUp, mine, pn, type, avg_divisor);
       rt_->copy(kUp, pinnedCopy(c) + pieceAt(c, me), mine, b);

@@ -10,9 +10,10 @@
 //    out. The data never leaves the GPUs; the node's ShmNode counters in host shared memory pace the rounds,
 //    each published once the GPU work behind it has completed.
 //  - Allreduce on several nodes whose ranks share memory (the node is mdring's dim 0): the node's
-//    reduce-scatter and allgather over IPC as above, and in between only this rank's block staged (stage())
-//    for the other dims. The stream-ordered allreduce there runs the node kernel's reduce-scatter and
-//    allgather instead (stream_path.h), and its block crosses with wireAllReduce: the GPU folds what arrives.
+//    reduce-scatter and allgather over IPC as above, and in between only this rank's block crosses the
+//    nodes: with wireAllReduce (the GPU folds what arrives) where one dim is above the node, else staged
+//    around mdring's other dims (the CPU reduces). The stream-ordered allreduce there runs the node kernel's
+//    reduce-scatter and allgather instead (stream_path.h) around wireAllReduce.
 //  - Allreduce otherwise: stagedAllReduce, a pipeline of chunks through pinned host memory, each chunk one
 //    host allreduce, so that copies down, the wire and copies up overlap.
 //  - The other collectives otherwise: stage(), whole messages through pinned host memory around the host
@@ -102,10 +103,11 @@ class DevicePath {
   // Allreduce of block (n elements on a device) among the members of g, which hold equal blocks (one rank
   // per node, the same block of each node's reduce-scatter), within s: only the bytes cross the host, the
   // GPU reduces what arrives. Chunk by chunk (stagedChunkBytes), through pinned memory: a direct
-  // reduce-scatter (member j gets piece j of the chunk from every member and folds them in member order, so
-  // every member gets the same bits) and a direct allgather of the folded pieces. The next chunk's copy down
-  // and the last chunk's copies up overlap the wire. avg_divisor > 0 divides the folded pieces by it
-  // (ddlAvg). One phase of s, whether or not this rank has data. Throws what s throws, or ddlCudaError.
+  // reduce-scatter (member j gets piece j of the chunk from every member and the GPU folds them, read from
+  // pinned memory, into its own piece) and a direct allgather of the folded pieces: each piece is folded by
+  // one member, so every member gets the same bits. A chunk's fold overlaps the next chunk's scatter; copies
+  // overlap the wire. avg_divisor > 0 divides the folded pieces by it (ddlAvg). One phase of s, whether or
+  // not this rank has data. Throws what s throws, or ddlCudaError.
   void wireAllReduce(Session& s, const Group& g, void* block, size_t n, ddlDataType_t type, ddlRedOp_t op,
                      int avg_divisor);
 

@@ -107,7 +107,7 @@ void StreamPath::closePeers() noexcept {
 void StreamPath::release() noexcept {
   closePeers();
   if (abandoned_) {  // a peer's kernel, or a kernel of ours not yet run, may still use all of it
-    own_ = stream_ = fork_ = join_ = words_host_ = words_dev_ = nullptr;
+    own_ = stream_ = fork_ = join_ = words_host_ = words_dev_ = poison_ = nullptr;
     abort_word_.store(nullptr);
     error_word_.store(nullptr);
     return;
@@ -122,6 +122,8 @@ void StreamPath::release() noexcept {
   error_word_.store(nullptr);
   if (words_host_) rt_.freeMapped(words_host_);
   words_host_ = words_dev_ = nullptr;
+  if (poison_) rt_.freeHost(poison_);
+  poison_ = nullptr;
   region_bytes_ = 0;
 }
 
@@ -204,6 +206,8 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
       fork_ = rt_.newEvent(dev);
       join_ = rt_.newEvent(dev);
       words_host_ = rt_.allocMapped(2 * sizeof(uint32_t), &words_dev_);
+      poison_ = rt_.allocHost(node::kBlocks * sizeof(uint64_t));
+      std::fill_n(static_cast<uint64_t*>(poison_), node::kBlocks, node::kPoison);
     } catch (const Error& e) {
       *why = std::string("setting up the node kernel: ") + e.what();
       ok = false;
@@ -267,6 +271,19 @@ void StreamPath::waitForStream(void* stream, int dev) {
 void StreamPath::waitForKernels() {
   DDL_ASSERT(ready_);
   rt_.waitForStream(stream_, dev_, [this] { return aborted_.load(); });
+}
+
+void StreamPath::poisonFlags() noexcept {
+  if (!ready_ || !poison_) return;
+  try {
+    rt_.bind(dev_);
+    const auto* words = static_cast<const uint64_t*>(poison_);
+    for (int p = 0; p < members_; ++p)
+      for (int b = 0; b < node::kBlocks; ++b) rt_.copy(0, node::flagOf(regions_[p], b, me_), words + b, 8);
+    rt_.syncQueue(0);
+  } catch (const Error&) {
+    rt_.drain();
+  }
 }
 
 void StreamPath::abort() {

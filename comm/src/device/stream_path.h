@@ -82,6 +82,11 @@ class StreamPath {
   // reduce-scatter before the block goes on the wire). Polls, as waitForStream.
   void waitForKernels();
 
+  // After a failure that keeps this rank from launching a kernel its node's members launch (the allreduce
+  // across nodes failed on the wire): writes kPoison into this rank's flags in every member's region, so
+  // that their kernels waiting for it fail now (node::kPeerFailed) instead of at the timeout. Best effort.
+  void poisonFlags() noexcept;
+
   // Any thread.
   void abort();
   // The kernel's failure (node::ErrorCode), kNoError while all is well.
@@ -114,6 +119,7 @@ class StreamPath {
   void* fork_ = nullptr;        // events: the caller's stream to ours, and back
   void* join_ = nullptr;
   void* words_host_ = nullptr;  // [abort, error] words, pinned and mapped
+  void* poison_ = nullptr;      // kBlocks words of node::kPoison, pinned (poisonFlags' source)
   void* words_dev_ = nullptr;
   std::atomic<uint32_t*> abort_word_{nullptr};
   std::atomic<uint32_t*> error_word_{nullptr};
