@@ -558,16 +558,12 @@ void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count
     // phases allow.
     const int levels = shape_.dims_above_node;
     if (levels == 1) {
-      Group across;  // member `me` of every node, in node order
-      for (int r = me; r < size_; r += members) across.ranks.push_back(r);
-      across.me = rank_ / members;
+      const int k = dimAboveNode();
       const auto t = Clock::now();
-      device_->wireAllReduce(s, across, out + lo * es, n, type, op, op == ddlAvg ? size_ : 0);
+      device_->wireAllReduce(s, groupAlong(mdring_grid_, rank_, k), out + lo * es, n, type, op,
+                             op == ddlAvg ? size_ : 0);
       s.dim_seconds.assign(mdring_grid_.dims.size(), 0.0);
-      for (size_t k = 1; k < mdring_grid_.dims.size(); ++k) {
-        if (mdring_grid_.dims[k] > 1)
-          s.dim_seconds[k] = std::chrono::duration<double>(Clock::now() - t).count();
-      }
+      s.dim_seconds[k] = std::chrono::duration<double>(Clock::now() - t).count();
     } else if (n == 0) {
       mdringAboveDim0(s, d, mdring_grid_, out + lo * es, lo, 0);
     } else {
@@ -589,6 +585,13 @@ void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count
       s.dim_seconds[0] += std::chrono::duration<double>(t1 - t0 + (Clock::now() - t2)).count();
     }
   });
+}
+
+int Comm::dimAboveNode() const {
+  for (size_t k = 1; k < mdring_grid_.dims.size(); ++k)
+    if (mdring_grid_.dims[k] > 1) return static_cast<int>(k);
+  DDL_ASSERT(false && "a dim above the node");
+  return 0;
 }
 
 void Comm::refuseDevice(const void* sendbuf, const void* recvbuf) const {
@@ -1188,9 +1191,9 @@ void Comm::allReduceAcrossOnStream(void* stream, const node::Args& a) {
   DeviceRuntime& rt = device_->runtime();
   if (rt.capturing(stream)) {
     fail(ddlInvalidArgument,
-         "a stream-ordered allreduce across nodes cannot be captured into a CUDA graph: the host waits for "
-         "the "
-         "node's reduce-scatter and sends each rank's block over the network");
+         "a stream-ordered allreduce across nodes cannot be captured into a CUDA graph (the host waits for "
+         "the node's reduce-scatter and sends each rank's block over the network): run it outside the "
+         "capture; on one node it can be captured");
   }
   drainAsync();  // the wire's collective and the device queues come after the non-blocking calls before it
   // The node's blocks: member m's is [m * per, (m + 1) * per) of the message, cut at its end; whole 16-byte
@@ -1209,9 +1212,7 @@ void Comm::allReduceAcrossOnStream(void* stream, const node::Args& a) {
   rs.total = a.count;
   rs.avg_divisor = 0;
   launchNodeKernel(stream, rs);
-  Group across;  // member m of every node, in node order
-  for (int r = m; r < size_; r += members) across.ranks.push_back(r);
-  across.me = rank_ / members;
+  const Group across = groupAlong(mdring_grid_, rank_, dimAboveNode());  // member m of every node
   try {
     try {
       stream_->waitForKernels();

@@ -158,6 +158,8 @@ class Comm {
   // This rank leaves a collective its peers are in, or on their way to: out of step for good. Breaks the
   // communicator and tells them, unless e is an abort (which has told them).
   void breakAndTell(const Error& e);
+  // The dim of mdring's grid above the node, where there is one (shape_.dims_above_node == 1).
+  int dimAboveNode() const;
   // Enqueues the node kernel; a failure to do so breaks the communicator.
   void launchNodeKernel(void* stream, const node::Args& args);
   // The device of a stream-ordered call's stream, checking that every buffer is device memory on it.

@@ -24,6 +24,9 @@ struct Group {
   int size() const { return static_cast<int>(ranks.size()); }
 };
 Group flatGroup(int nranks, int rank);
+// The d_k ranks that share every coordinate of `rank` except dimension k of topo, in coordinate order
+// (mdring's rings; where the node is dim 0 and one dim is above it, the ranks that meet across the nodes).
+Group groupAlong(const Topology& topo, int rank, int k);
 
 // Element range [begin, begin + count) of block i when count elements are split into g blocks
 // as evenly as possible (the first count % g blocks get one more).

@@ -17,9 +17,7 @@
 #include "transport/shm_node.h"
 
 namespace ddl {
-namespace {
 
-// The d_k ranks that share every coordinate of `rank` except dimension k, in coordinate order.
 Group groupAlong(const Topology& topo, int rank, int k) {
   Group g;
   const int stride = topo.stride(k), c = topo.coord(rank, k);
@@ -28,8 +26,6 @@ Group groupAlong(const Topology& topo, int rank, int k) {
   g.me = c;
   return g;
 }
-
-}  // namespace
 
 namespace {
 
