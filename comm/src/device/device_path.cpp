@@ -224,16 +224,10 @@ void DevicePath::wireAllReduce(Session& s, const Group& g, void* block, size_t n
   const uint32_t unit0 = s.phase();  // every member starts it, with data or not
   if (n == 0) return;
   const int k = g.size(), me = g.me;
+  DDL_ASSERT(k >= 2);
   const size_t es = typeSize(type);
   char* const dev = static_cast<char*>(block);
   rt_->bind(rt_->deviceOf(block));
-  if (k == 1) {
-    if (avg_divisor > 0) {
-      rt_->finishAvg(kUp, block, n, type, avg_divisor);
-      rt_->syncQueue(kUp);
-    }
-    return;
-  }
   // Two units of the phase per chunk: at most tag::kMaxUnits / 2 chunks.
   size_t chunk = stagedChunkBytes(n * es, max_chunk_bytes_) / es;
   chunk = std::max(chunk, (n + tag::kMaxUnits / 2 - 1) / (tag::kMaxUnits / 2));

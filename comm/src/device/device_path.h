@@ -100,9 +100,9 @@ class DevicePath {
   void stagedAllReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
                        const HostAllReduce& host, size_t max_chunks = SIZE_MAX);
 
-  // Allreduce of block (n elements on a device) among the members of g, which hold equal blocks (one rank
-  // per node, the same block of each node's reduce-scatter), within s: only the bytes cross the host, the
-  // GPU reduces what arrives. Chunk by chunk (stagedChunkBytes), through pinned memory: a direct
+  // Allreduce of block (n elements on a device) among the members of g (two or more), which hold equal blocks
+  // (one rank per node, the same block of each node's reduce-scatter), within s: only the bytes cross the
+  // host, the GPU reduces what arrives. Chunk by chunk (stagedChunkBytes), through pinned memory: a direct
   // reduce-scatter (member j gets piece j of the chunk from every member and the GPU folds them, read from
   // pinned memory, into its own piece) and a direct allgather of the folded pieces: each piece is folded by
   // one member, so every member gets the same bits. A chunk's fold overlaps the next chunk's scatter; copies
