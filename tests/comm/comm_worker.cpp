@@ -215,13 +215,17 @@ void runDevice(ddlComm_t comm, int rank, int n) {
     CUDA_CHECK(cudaMalloc(&send, count * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&recv, count * sizeof(float)));
     CUDA_CHECK(cudaMemcpy(send, in.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+    // out holds every rank's sum, else the rank exits naming what.
+    auto expectSum = [&](const std::string& what) {
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int r = 0; r < n; ++r) want += static_cast<float>((i + r) % 5);
+        if (out[i] != want) wrong(what + " count " + std::to_string(count) + " at " + std::to_string(i));
+      }
+    };
     CHECK(comm, ddlAllReduce(send, recv, count, ddlFloat32, ddlSum, comm));
     CUDA_CHECK(cudaMemcpy(out.data(), recv, count * sizeof(float), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < count; ++i) {
-      float want = 0;
-      for (int r = 0; r < n; ++r) want += static_cast<float>((i + r) % 5);
-      if (out[i] != want) wrong("device allreduce count " + std::to_string(count) + " at " + std::to_string(i));
-    }
+    expectSum("device allreduce");
     // Non-blocking, in place.
     ddlRequest_t req;
     CHECK(comm, ddlIallReduce(send, send, count, ddlFloat32, ddlMax, comm, &req));
@@ -240,12 +244,7 @@ void runDevice(ddlComm_t comm, int rank, int n) {
     CUDA_CHECK(cudaMemcpyAsync(out.data(), send, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     CUDA_CHECK(cudaStreamDestroy(stream));
-    for (size_t i = 0; i < count; ++i) {
-      float want = 0;
-      for (int r = 0; r < n; ++r) want += static_cast<float>((i + r) % 5);
-      if (out[i] != want)
-        wrong("stream-ordered allreduce count " + std::to_string(count) + " at " + std::to_string(i));
-    }
+    expectSum("stream-ordered allreduce");
     CUDA_CHECK(cudaFree(send));
     CUDA_CHECK(cudaFree(recv));
   }
