@@ -16,7 +16,13 @@ Then, with the cluster left alone, every acknowledged job must end, and the run 
   - ddlctl submit round trips (a process start, TLS and the RPC; not the coordinator's acknowledgement alone:
     load-bench --attach measures that).
 
-  bench/failover.py [--kills 20] [--interval 6] [--lease 3] [--rate 5] [--bin build/bin] [--json FILE]
+With --waiters, a long job is also followed the whole run by `ddlctl submit --wait`, `ddlctl wait` and
+`ddlctl logs -f`, and the run reports for each leader change how long after a fresh call's success each of them
+said `answers again` (the goal: within 5 s), and whether each ended with the job's result. --signal term stops
+the leader cleanly (SIGTERM: it resigns, and cuts the calls in flight) instead of killing it; both alternates.
+
+  bench/failover.py [--kills 20] [--interval 6] [--lease 3] [--rate 5] [--signal kill|term|both] [--waiters]
+                    [--bin build/bin] [--json FILE]
 """
 import argparse
 import json
@@ -174,6 +180,37 @@ class Cluster:
         subprocess.run(["pkill", "-KILL", "-f", self.marker])
 
 
+class Waiter:
+    """A ddlctl that waits (submit --wait, wait, logs -f), its stderr lines timestamped as they come."""
+
+    def __init__(self, name, argv):
+        self.name = name
+        self.lines = []  # (monotonic time, line)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.first_out = threading.Event()
+        self.out = []
+        threading.Thread(target=self._read, args=(self.proc.stderr, self.lines), daemon=True).start()
+        threading.Thread(target=self._read_out, daemon=True).start()
+
+    @staticmethod
+    def _read(stream, into):
+        for line in stream:
+            into.append((time.monotonic(), line.rstrip("\n")))
+
+    def _read_out(self):
+        for line in self.proc.stdout:
+            self.out.append(line.rstrip("\n"))
+            self.first_out.set()
+
+    def back_after(self, t_kill, t_fresh):
+        """Seconds from t_fresh (a fresh call's success after the kill at t_kill) to this waiter's next
+        `answers again`; None when it never lost the coordinator after t_kill."""
+        for t, line in self.lines:
+            if t >= t_kill and "answers again" in line:
+                return t - t_fresh
+        return None
+
+
 def percentile(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
@@ -185,6 +222,10 @@ def main():
     ap.add_argument("--interval", type=float, default=6.0, help="seconds between kills")
     ap.add_argument("--lease", type=int, default=3, help="the leaders' etcd lease (seconds)")
     ap.add_argument("--rate", type=float, default=5.0, help="jobs submitted per second by the background thread")
+    ap.add_argument("--signal", choices=("kill", "term", "both"), default="kill",
+                    help="how the leader is stopped: SIGKILL, SIGTERM, or the two in turn")
+    ap.add_argument("--waiters", action="store_true",
+                    help="follow a long job with submit --wait, wait and logs -f through the kills")
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--etcd", default=os.path.join(ROOT, ".cache", "etcd", "usr", "bin", "etcd"))
     ap.add_argument("--json", help="write the figures here too")
@@ -196,8 +237,23 @@ def main():
     cluster = Cluster(args, work)
     acked, round_trips, stop = [], [], threading.Event()
     failovers = []
+    kills_at, fresh_at, signals = [], [], []
+    waiters = []
     try:
         cluster.start()
+        if args.waiters:
+            base = [os.path.join(args.bin, "ddlctl"), "--coordinator", ",".join(cluster.listens), "--ca",
+                    os.path.join(cluster.pki, "ca.crt"), "--token-file", cluster.token_file, "--timeout", "3"]
+            length = int(args.kills * args.interval + 30)
+            waiters.append(Waiter("submit --wait", base + ["submit", "--wait", "--nodes", "1", "--gpus-per-node",
+                                                          "1", "--", "/bin/sh", "-c",
+                                                          "for i in $(seq %d); do echo tick $i; sleep 1; done"
+                                                          % length, cluster.marker]))
+            if not waiters[0].first_out.wait(30):
+                sys.exit("failover: submit --wait printed no job id in 30 s")
+            job = waiters[0].out[0]
+            waiters.append(Waiter("wait", base + ["wait", job]))
+            waiters.append(Waiter("logs -f", base + ["logs", "-f", job]))
 
         def submitter():
             while not stop.is_set():
@@ -216,8 +272,12 @@ def main():
             if victim is None:
                 print("kill %d: no leader to kill" % k, flush=True)
                 continue
-            os.killpg(cluster.coordinators[victim].pid, signal.SIGKILL)
+            sig = signal.SIGKILL if args.signal == "kill" or (args.signal == "both" and k % 2 == 0) \
+                else signal.SIGTERM
             t0 = time.monotonic()
+            os.killpg(cluster.coordinators[victim].pid, sig)
+            kills_at.append(t0)
+            signals.append(signal.Signals(sig).name)
             cluster.coordinators[victim].wait()
             cluster.start_coordinator(victim)  # back as a standby
             while True:
@@ -229,8 +289,9 @@ def main():
                     break
                 time.sleep(0.05)
             failovers.append(time.monotonic() - t0)
-            print("kill %d: coordinator %d; a submit was acknowledged %.2f s later (leader now %s)"
-                  % (k + 1, victim, failovers[-1], cluster.leader()), flush=True)
+            fresh_at.append(time.monotonic())
+            print("kill %d (%s): coordinator %d; a submit was acknowledged %.2f s later (leader now %s)"
+                  % (k + 1, signals[-1], victim, failovers[-1], cluster.leader()), flush=True)
         stop.set()
         thread.join()
 
@@ -269,6 +330,26 @@ def main():
             "ddlctl_submit_round_trip_ms": {"median": 1000 * statistics.median(round_trips) if round_trips else None,
                                             "p99": 1000 * percentile(round_trips, 0.99) if round_trips else None},
         }
+        if waiters:
+            for w in waiters:
+                try:
+                    w.proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    w.proc.kill()
+                    w.proc.wait()
+            per = {}
+            for w in waiters:
+                backs = [w.back_after(t_kill, t_fresh) for t_kill, t_fresh in zip(kills_at, fresh_at)]
+                seen = [b for b in backs if b is not None]
+                per[w.name] = {"exit": w.proc.returncode,
+                               "outages_ridden_out": sum(1 for _, l in w.lines if "lost the coordinator" in l),
+                               "back_after_fresh_call_s": {"max": round(max(seen), 2) if seen else None,
+                                                           "median": round(statistics.median(seen), 2)
+                                                           if seen else None,
+                                                           "all": [None if b is None else round(b, 2)
+                                                                   for b in backs]}}
+            result["signals"] = signals
+            result["waiters"] = per
         print(json.dumps(result, indent=2))
         if args.json:
             with open(args.json, "w") as f:

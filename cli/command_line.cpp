@@ -8,6 +8,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "common/flag_errors.h"
 #include "common/version.h"
 #include "ddlctl_internal.h"
 
@@ -169,6 +170,13 @@ void declareSubmit(CLI::App& app, CommandLine& cl) {
                    "environment sent to the ranks besides --env: NONE (default), ALL (yours, but DDL_* "
                    "variables, credentials and what ddl sets itself), or VAR[,VAR=value...]")
       ->type_name("WHAT")
+      ->take_last();
+  submit
+      ->add_option(
+          "--request-id", cl.requestId,
+          "this submit's id (at most 128 letters, digits and . _ : -): a submit repeating it gets the "
+          "job it made back, never a second one (default: a new one each time)")
+      ->type_name("ID")
       ->take_last();
   submit->add_flag("--wait", cl.wait, "wait until the job ended and exit with its result (see Exit status)");
   submit->add_option("--wait-timeout", cl.waitTimeoutS, "with --wait: give up after SECONDS (exit 8)")
@@ -409,36 +417,9 @@ std::vector<std::string> expandEnvValues(CLI::App& app, const std::vector<std::s
   return out;
 }
 
-// Edit distance with a swap of neighbours counted as one (Damerau), for "did you mean".
-size_t editDistance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  }
-  return d[a.size()][b.size()];
-}
-
-// The candidate nearest to `given`: within 2 edits (1 for short words), or one that starts with it; "" if
-// none.
+// "did you mean": common/flag_errors.h, shared with the daemons.
 std::string nearest(const std::string& given, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_distance = given.size() <= 4 ? 2 : 3;
-  for (const std::string& c : candidates) {
-    size_t distance = editDistance(given, c);
-    // A word cut short ("--gpus-per" for --gpus-per-node) is near too, but a closer spelling goes first.
-    if (given.size() >= 3 && c.rfind(given, 0) == 0) distance = std::min<size_t>(distance, 2);
-    if (distance < best_distance) {
-      best = c;
-      best_distance = distance;
-    }
-  }
-  return best;
+  return nearestWord(given, candidates);
 }
 
 // Every long flag of the verb and of ddlctl itself ("--gpus"), for "did you mean".

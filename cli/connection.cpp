@@ -2,7 +2,8 @@
 // environment or the user's files (findCredentials); Session holds the one channel a runDdlctl() call makes,
 // lazily, so that a verb's own checks come before a missing CA certificate is reported; every failed RPC
 // becomes an exit status, a message and perhaps a hint (describeRpcError), the contract scripts rely on.
-// The verbs that wait ride out a coordinator restart here (Session::callRidingOut), repeating reads only.
+// The verbs that wait ride out a coordinator restart here (Session::callRidingOut), repeating reads only; a
+// submit, which carries a request id, is repeated too (Session::callIdempotent).
 #include <grpcpp/grpcpp.h>
 
 #include <cctype>
@@ -31,14 +32,43 @@ bool isTlsFailure(const std::string& message) {
          m.find("CERTIFICATE") != std::string::npos;
 }
 
-// A failure that a restarting coordinator gives, which the verbs that wait ride out.
-bool outage(const grpc::Status& status) {
-  return (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
-         !isTlsFailure(status.error_message());
+// A handshake that did not finish in time: a coordinator starting, stopping or stopped, not a wrong CA.
+bool isTlsTimeout(const std::string& message) {
+  const std::string m = upper(message);
+  return m.find("HANDSHAKE") != std::string::npos &&
+         (m.find("TIMED OUT") != std::string::npos || m.find("TIMEOUT") != std::string::npos ||
+          m.find("DEADLINE") != std::string::npos);
+}
+
+// The outage as stderr tells it.
+std::string describeOutage(const grpc::Status& status, const std::string& address, double timeoutS) {
+  if (status.error_code() == grpc::StatusCode::CANCELLED)
+    return "it ended the call, as a coordinator that is shutting down (a restart, an upgrade, a new leader) "
+           "does";
+  return describeRpcError(status.error_code(), status.error_message(), address, timeoutS).message;
 }
 
 }  // namespace
+
+// A failure that a restarting coordinator gives, which the verbs that wait ride out: no answer (UNAVAILABLE,
+// DEADLINE_EXCEEDED), or the call cut by a coordinator shutting down (SIGTERM, an upgrade, an etcd leader
+// handing over), which gRPC reports as CANCELLED: ddlctl never cancels a call of its own. A handshake that
+// timed out is one too (a coordinator going or coming); any other TLS failure fails the same way each time.
+bool outage(const grpc::Status& status) {
+  const grpc::StatusCode code = status.error_code();
+  if (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED &&
+      code != grpc::StatusCode::CANCELLED)
+    return false;
+  return !isTlsFailure(status.error_message()) || isTlsTimeout(status.error_message());
+}
+
+// No connection could be made, so the call never left: the coordinator did nothing.
+bool neverSent(const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+  const std::string m = upper(status.error_message());
+  return m.find("FAILED TO CONNECT") != std::string::npos ||
+         m.find("CONNECTION REFUSED") != std::string::npos || m.find("DNS RESOLUTION") != std::string::npos;
+}
 
 bool isTransportFailure(const std::string& message) {
   const std::string m = upper(message);
@@ -187,6 +217,9 @@ v1::UserService::Stub* Session::stub(size_t i, int* usage) {
   // is back after a restart would go unnoticed that long by the verbs that wait.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // Its own connections: a new channel after an outage must not share the old one's (gRPC pools them per
+  // process), which may be waiting out a backoff or a handshake that will never end.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   channels_.resize(addresses_.size());
   channels_[i] = grpc::CreateCustomChannel(addresses_[i], channel_credentials, args);
   stubs_[i] = v1::UserService::NewStub(channels_[i]);
@@ -242,14 +275,32 @@ grpc::Status Session::callQuiet(const Rpc& rpc, int* usage) {
 grpc::Status Session::callRidingOut(const Rpc& rpc, int* usage) {
   grpc::Status status = callQuiet(rpc, usage);
   if (!reached_ || !outage(status) || reconnectS_ <= 0) return status;
+  return rideOut(rpc, usage, status, "trying again");
+}
+
+grpc::Status Session::callIdempotent(const Rpc& rpc, int* usage, const std::string& again) {
+  grpc::Status status = callQuiet(rpc, usage);
+  // An UNAVAILABLE that is not the transport's is the coordinator's own refusal (it cannot store): an answer.
+  const bool answered =
+      status.error_code() == grpc::StatusCode::UNAVAILABLE && !isTransportFailure(status.error_message());
+  if (answered || !outage(status) || reconnectS_ <= 0) return status;
+  if (!reached_ && neverSent(status) && addresses_.size() == 1) return status;
+  return rideOut(rpc, usage, status, again);
+}
+
+grpc::Status Session::rideOut(const Rpc& rpc, int* usage, const grpc::Status& first,
+                              const std::string& again) {
+  grpc::Status status = first;
   const int64_t start = steadyNowMs();
   err_ << "ddlctl: lost the coordinator at " << address_ << " ("
-       << escapeForTerminal(
-              describeRpcError(status.error_code(), status.error_message(), address_, timeoutS_).message)
-       << "); trying again for up to " << formatSeconds(reconnectS_) << " s (--reconnect-timeout)\n";
+       << escapeForTerminal(describeOutage(status, address_, timeoutS_)) << "); " << again << " for up to "
+       << formatSeconds(reconnectS_) << " s (--reconnect-timeout)\n";
   err_.flush();
-  Pacer pacer(reconnectS_, /*maxDelayMs=*/5000);
+  // A try at least every second: back within about a second of the coordinator (or a new leader) answering.
+  Pacer pacer(reconnectS_);
   while (pacer.sleep()) {
+    channels_.clear();  // a fresh connection each time (see rideOut's comment)
+    stubs_.clear();
     status = callQuiet(rpc, usage);
     if (!outage(status)) {
       err_ << "ddlctl: the coordinator at " << address_ << " answers again (after "

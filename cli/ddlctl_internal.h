@@ -83,6 +83,12 @@ std::string nodeState(const v1::Node& n);    // "UP", "DRAINING", "DOWN", or "DO
 // This process's environment, for --export (verbs.cpp).
 std::vector<std::string> processEnvironment();
 
+// What a failed call's status says of the call (connection.cpp): the coordinator could not be reached and
+// nothing was sent; or it was not answered (no answer in time, a lost connection, a coordinator shutting
+// down: the call may or may not have been done), which the verbs that wait ride out.
+bool neverSent(const grpc::Status& status);
+bool outage(const grpc::Status& status);
+
 // Prints "ddlctl: <message>" and where to find the usage (the verb's own --help when `verb` is given);
 // returns kExitUsage (command_line.cpp).
 int usageError(std::ostream& err, const std::string& message, const std::string& verb = "");
@@ -126,6 +132,7 @@ struct CommandLine {
   double waitTimeoutS = 0;           // --wait-timeout; 0 = until the job ends
   double reconnectS = 600;           // --reconnect-timeout: how long wait/logs -f ride out a lost coordinator
   std::string array;                 // submit --array
+  std::string requestId;             // submit --request-id; "" = ddlctl makes one
   std::string signal;                // cancel --signal, as given
   std::string reason;                // drain --reason
 };
@@ -181,6 +188,11 @@ class Session {
   grpc::Status callRidingOut(const Rpc& rpc, int* usage);
   // callRidingOut, then report() as call() does.
   int callWaiting(const Rpc& rpc);
+  // For a call that its request id makes safe to repeat (submit): as callRidingOut, from the first call on,
+  // except where nothing can have been sent and there is nowhere else to try (a refused connection to the one
+  // coordinator given: a wrong address, or none running). An answer, a refusal included, is never repeated.
+  // `again` says on stderr what the repeats do.
+  grpc::Status callIdempotent(const Rpc& rpc, int* usage, const std::string& again);
 
   // Prints a failed call's error as call() does and returns its exit status; kExitOk for an OK status.
   int report(const grpc::Status& status);
@@ -193,6 +205,11 @@ class Session {
  private:
   // The stub toward addresses_[i]; null (usage set) when there is no usable CA certificate.
   v1::UserService::Stub* stub(size_t i, int* usage);
+  // Repeats `rpc` after an outage (`first`, said on stderr with `again`) until it is answered or
+  // --reconnect-timeout has passed; each try on new channels, so a connection (and its TLS handshake) is
+  // made afresh: a channel that lost its coordinator may take many seconds to try again, or never finish a
+  // handshake with the one that took over.
+  grpc::Status rideOut(const Rpc& rpc, int* usage, const grpc::Status& first, const std::string& again);
 
   std::string address_;
   double timeoutS_;

@@ -11,15 +11,29 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <tuple>
 
 #include "common/clock.h"
+#include "common/job_id.h"
 #include "common/pki.h"
 #include "common/signals.h"
 #include "ddlctl_internal.h"
 
 namespace ddl::cli {
 namespace {
+
+// A request id for one submit: "ddlctl-" and 128 random bits in hex.
+std::string newRequestId() {
+  std::random_device random;  // /dev/urandom
+  std::string id = "ddlctl-";
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t word = random();
+    for (int b = 0; b < 8; ++b) id += kHex[(word >> (4 * b)) & 0xf];
+  }
+  return id;
+}
 
 // The submitting user as the coordinator should record it: the effective uid's name, as ps and squeue show.
 // getpwuid_r, not getpwuid: runDdlctl() may run on several threads at once.
@@ -410,11 +424,35 @@ int runSubmit(CommandLine& cl, Session& s, std::ostream& err) {
     if (!count.ok()) return usageError(err, count.error);
   }
   if (cl.waitTimeoutS > 0 && !cl.wait) return usageError(err, "--wait-timeout goes with --wait");
+  if (std::string why = requestIdProblem(cl.requestId); !why.empty())
+    return usageError(err, "--request-id '" + escapeForTerminal(cl.requestId) + "': " + why);
+  const bool ownId = !cl.requestId.empty();
   v1::SubmitRequest req;
   *req.mutable_spec() = *spec.value;
   req.set_array(cl.array);
+  req.set_request_id(ownId ? cl.requestId : newRequestId());
   v1::SubmitResponse resp;
-  if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.Submit(c, req, &resp); })) return rc;
+  int usage = kExitOk;
+  // The request id makes a repeat safe: an answer lost to a restart or a failover is asked for again.
+  const grpc::Status st =
+      s.callIdempotent([&](Stub& stub, Ctx* c) { return stub.Submit(c, req, &resp); }, &usage,
+                       "submitting again with request id " + req.request_id() + " (never a second job)");
+  if (usage != kExitOk) return usage;
+  if (!st.ok()) {
+    const int rc = s.report(st);
+    if (neverSent(st)) {
+      err << "note: nothing was submitted (no connection was made): the same command is safe to run again\n";
+    } else if (outage(st)) {
+      err << "note: the job may have been submitted: 'ddlctl list' shows it; 'ddlctl submit --request-id "
+          << req.request_id() << " ...' with the same job submits it only if it was not\n";
+    }
+    return rc;
+  }
+  if (resp.existing() && ownId) {
+    err << "ddlctl: request id " << escapeForTerminal(cl.requestId)
+        << " was submitted before: " << escapeForTerminal(resp.job().id()) << " is what it made ("
+        << stateName(resp.job().state()) << "); nothing new was submitted\n";
+  }
   std::vector<std::string> ids(resp.array_jobs().begin(), resp.array_jobs().end());
   if (ids.empty()) ids.push_back(resp.job().id());
   if (!s.json()) {

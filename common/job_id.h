@@ -1,10 +1,12 @@
-// Job ids, "j-000042": the one definition the coordinator, the dashboard and ddlctl share (header-only).
+// Job ids, "j-000042": the one definition the coordinator, the dashboard and ddlctl share (header-only); and
+// the rule for a submit's request id, which ddlctl checks before sending and the coordinator on arrival.
 //
 // The number is a store-assigned sequence that is never reused; the zero padding makes the common case sort
 // as text the way it sorts as a number. Past 999999 the number simply grows wider ("j-1000000"): compare ids
 // with jobIdNumber(), not as text.
 #pragma once
 
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -45,6 +47,24 @@ inline std::optional<std::string> canonicalJobId(std::string_view text) {
   auto n = job_id_detail::positiveNumber(text);
   if (!n) return std::nullopt;
   return formatJobId(*n);
+}
+
+// A submit's request id (SubmitRequest.request_id): at most kMaxRequestIdBytes of letters, digits and . _ : -
+// ("" is none).
+inline constexpr size_t kMaxRequestIdBytes = 128;
+
+// Why `id` is not a request id, or "".
+inline std::string requestIdProblem(std::string_view id) {
+  if (id.size() > kMaxRequestIdBytes)
+    return "the request id is " + std::to_string(id.size()) + " bytes; the limit is " +
+           std::to_string(kMaxRequestIdBytes);
+  for (size_t i = 0; i < id.size(); ++i) {
+    const char c = id[i];
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != ':' && c != '-')
+      return "the request id has a character other than letters, digits and . _ : - at byte " +
+             std::to_string(i);
+  }
+  return "";
 }
 
 }  // namespace ddl

@@ -1,10 +1,11 @@
 #include "common/rank_env.h"
 
-#include "common/host_port.h"
-
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
+
+#include "common/host_port.h"
 
 namespace ddl {
 
@@ -70,6 +71,37 @@ bool isRankVariable(std::string_view name) {
     }
   }
   return false;
+}
+
+std::string agentEnvEntryProblem(std::string_view entry) {
+  std::string_view name = entry;
+  if (!name.empty() && name.back() == '*') name.remove_suffix(1);
+  const bool ok =
+      !name.empty() && !(name[0] >= '0' && name[0] <= '9') &&
+      std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+      });
+  if (ok) return "";
+  return "'" + std::string(entry) + "' is not a variable name, or a name's prefix followed by '*' (UCX_*)";
+}
+
+std::vector<std::string> inheritedEnvironment(const std::vector<std::string>& environ,
+                                              const std::vector<std::string>& allowed) {
+  auto listed = [&](std::string_view name) {
+    return std::any_of(allowed.begin(), allowed.end(), [&](const std::string& entry) {
+      if (!entry.empty() && entry.back() == '*')
+        return name.substr(0, entry.size() - 1) == std::string_view(entry).substr(0, entry.size() - 1);
+      return name == entry;
+    });
+  };
+  std::vector<std::string> out;
+  for (const std::string& e : environ) {
+    const size_t eq = e.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    const std::string_view name = std::string_view(e).substr(0, eq);
+    if (listed(name) && name != "DDL_TOKEN" && name != "DDL_TOKEN_FILE") out.push_back(e);
+  }
+  return out;
 }
 
 std::string newJobSecret() {

@@ -74,6 +74,25 @@ RankAccountEnvironment accountEnvironment(const RankAccountSpec& spec);
 // account's variables: those are the agent's to set whatever a job's env says.
 bool isRankVariable(std::string_view name);
 
+// What of ddl-agent's own environment its ranks inherit. The agent's environment is not the job's: it may
+// hold its operator's credentials (DDL_TOKEN, a cloud key exported in the shell that started it). So a rank
+// gets only the variables an allow-list names: kAgentEnvAllowed (the system's basics, the transports' and
+// CUDA's settings, libddl's own settings such as DDL_TUNE_FILE, which operators set for every rank of a node
+// in /etc/default/ddl-agent), and the operator's additions (agent.json rank_env, --rank-env). An entry is a
+// name, or a prefix ending in '*'. ddlctl's credentials (DDL_TOKEN, DDL_TOKEN_FILE) never pass, whatever the
+// list.
+inline const std::vector<std::string> kAgentEnvAllowed = {
+    "PATH", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "HOME", "USER", "LOGNAME", "SHELL", "LD_LIBRARY_PATH",
+    "UCX_*", "CUDA_*", "NCCL_*", "OMP_NUM_THREADS",
+    // libddl's settings (README, "Settings"), not the ones a rank's launch sets (rankEnvironment).
+    "DDL_ALGO", "DDL_DEBUG", "DDL_DEVICE_SCHEME", "DDL_KEEPALIVE_MS", "DDL_NODE_SLOT_BYTES",
+    "DDL_SEGMENT_BYTES", "DDL_SHM", "DDL_SHM_ROUND_BYTES", "DDL_TIMEOUT_MS", "DDL_TUNE_FILE", "DDL_WAIT"};
+// Why `entry` cannot be an allow-list entry (a variable name, or one's prefix then '*'), or "".
+std::string agentEnvEntryProblem(std::string_view entry);
+// The entries of `environ` ("NAME=value") that `allowed` lets through, in their order.
+std::vector<std::string> inheritedEnvironment(const std::vector<std::string>& environ,
+                                              const std::vector<std::string>& allowed);
+
 // A fresh job secret: 32 bytes from the system's random source, as 64 hex digits. Empty if the source fails.
 std::string newJobSecret();
 

@@ -24,6 +24,7 @@
 
 #include "auth/pki_dir.h"
 #include "auth/users.h"
+#include "common/flag_errors.h"
 #include "common/pki.h"
 #include "common/signals.h"
 #include "common/version.h"
@@ -309,13 +310,38 @@ int runDaemon(const DaemonConfig& config) {
     const int got = sigtimedwait(&stop_signals, nullptr, &pause);
     return got > 0 ? (sig = got) : 0;
   };
+  auto users = openUsers(config);
+  if (!users) return fail(users.status().message());
+  const ddl::coordinator::http::HttpOptions http_options{
+      config.http_tls.value_or(false), config.http_auth.value_or(false), config.pki_dir, users->get()};
+  // A standby serves /metrics and /healthz while it waits (Prometheus scrapes every coordinator; the answer
+  // says it stands by), then hands the port to the leader's dashboard.
+  std::unique_ptr<ddl::coordinator::http::StandbyBackend> standby_backend;
+  std::unique_ptr<ddl::coordinator::http::HttpServer> standby_http;
+  if ((*backend)->shared()) {
+    standby_backend = std::make_unique<ddl::coordinator::http::StandbyBackend>(
+        (*backend)->describe(), [b = backend->get()] { return b->standbyStatus(); });
+    standby_http = std::make_unique<ddl::coordinator::http::HttpServer>(*standby_backend, http_options);
+    std::string standby_bound;
+    if (auto st = standby_http->start(config.http, &standby_bound); !st) {
+      spdlog::warn("standby dashboard: {}; going on without it", st.message());
+      standby_http.reset();
+    } else {
+      writeWhole(http_file, standby_bound);
+      spdlog::info("standby dashboard on {}://{}/ (/metrics and /healthz)", standby_http->scheme(),
+                   standby_bound);
+    }
+  }
 #ifdef DDL_HAVE_SYSTEMD
   // A standby is up (systemd's start must not time out while it waits to lead); its status says which it is.
   if ((*backend)->shared()) sd_notify(0, "READY=1\nSTATUS=standby: waiting to lead");
 #endif
   auto leading = (*backend)->awaitLead([&](int64_t ms) { return waitSignal(ms) != 0; });
+  if (standby_http) standby_http->stop();
+  standby_http.reset();
   if (!leading) return fail(leading.status().message());
   if (!*leading) {
+    std::filesystem::remove(http_file, ec);
     spdlog::info("{}: stopped while standing by", ddl::signalName(sig));
     return 0;
   }
@@ -327,17 +353,13 @@ int runDaemon(const DaemonConfig& config) {
   if (auto st = coordinator.recover(); !st) {
     return fail("recovering state from " + (*backend)->describe() + ": " + st.message());
   }
-  auto users = openUsers(config);
-  if (!users) return fail(users.status().message());
   if (config.insecure) {
     spdlog::warn("--insecure: plaintext gRPC and no authentication; any local process can act as any user");
   }
   RpcServer server(coordinator, securityOptions(config, users->get()));
   std::string bound;
   if (auto st = server.start(config.listen, &bound); !st) return fail(st.message());
-  ddl::coordinator::http::HttpServer dashboard(
-      coordinator,
-      {config.http_tls.value_or(false), config.http_auth.value_or(false), config.pki_dir, users->get()});
+  ddl::coordinator::http::HttpServer dashboard(coordinator, http_options);
   std::string http_bound;
   if (auto st = dashboard.start(config.http, &http_bound); !st) return fail(st.message());
   coordinator.start();
@@ -379,7 +401,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("ddl-coordinator ") + ddl::kVersion,
                        "print the version and exit");
   app.require_subcommand(0, 1);
-  CLI11_PARSE(app, argc, argv);
+  // Mistakes are said for a person, with the nearest real flag (common/flag_errors.h), as ddlctl does.
+  if (const int parsed = ddl::parseFlags(app, argc, argv); parsed >= 0) return parsed;
   if (std::optional<int> status = runPkiTool(flags)) return *status;
   DaemonConfig config;
   if (std::string why = loadSettings(flags, &config); !why.empty()) return fail(why);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -124,6 +125,7 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   Supervisor::Options options;
   options.state_dir = config_.data_dir + "/ranks";
   options.shim_path = findRankShim();
+  options.env_allowed.insert(options.env_allowed.end(), config_.rank_env.begin(), config_.rank_env.end());
   if (options.shim_path.empty()) {
     spdlog::warn("ddl-rank-shim not found next to ddl-agent or in ../libexec/ddl: ranks run without it, and the "
                  "exit code of a rank adopted after an agent restart will be unknown (255)");
@@ -227,10 +229,13 @@ void Agent::run() {
     // Exponential backoff from 250 ms to 8 s with +-50% jitter, so a restarted coordinator is not hit by
     // every agent of the cluster in the same millisecond. Several coordinators (one leads, the others do not
     // listen): the next try goes to the next one, and the backoff grows once per round of them, not per
-    // refusal.
+    // refusal. Never past a quarter of the coordinator's heartbeat grace (as its last answer gave it): a
+    // coordinator that comes back (a restart, a new leader) waits that long for its nodes before it marks
+    // them DOWN and fails their jobs, and an agent asleep through it would lose them.
     const int rounds = failures / static_cast<int>(coordinators_.size());
     const bool round_left = failures % static_cast<int>(coordinators_.size()) != 0;
-    const int base = round_left ? 100 : std::min(8000, 250 << std::min(rounds, 5));
+    const int most = std::clamp(grace_ms_ / 4, 250, 8000);
+    const int base = round_left ? 100 : std::min(most, 250 << std::min(rounds, 5));
     const int delay = std::uniform_int_distribution<int>(base / 2, base * 3 / 2)(rng);
     spdlog::warn("coordinator {}: {}; retrying in {} ms", coordinators_[current_], why, delay);
     current_ = (current_ + 1) % coordinators_.size();
@@ -315,6 +320,7 @@ std::string Agent::session(int* failures) {
   hello.mutable_hello()->set_session(resp.session());
   write(hello);
 
+  if (resp.heartbeat_grace_ms() > 0) grace_ms_ = resp.heartbeat_grace_ms();
   // Heartbeats: the full state of every rank held, every interval the coordinator asked for.
   bool session_over = false;
   std::thread heartbeats([&] {
@@ -329,6 +335,7 @@ std::string Agent::session(int* failures) {
         std::lock_guard<std::mutex> disk_lock(disk_watch_->mu);
         hb.mutable_heartbeat()->set_warning(disk_watch_->warning);
       }
+      noteDiskInRankLogs(hb.heartbeat().warning());
       write(hb);
       lock.lock();
       cv_.wait_for(lock, interval, [&] { return session_over || stopping_; });
@@ -489,6 +496,27 @@ void Agent::startRanks(const v1::StartRanks& start) {
   }
 }
 
+void Agent::noteDiskInRankLogs(const std::string& warning) {
+  if (warning == disk_noted_) return;
+  // The logs' disk filled up (or has room again): each running rank's log says so where its output may be
+  // cut, so that a log that ends mid-line is not taken for the rank's own last words.
+  char when[32] = "";
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  if (localtime_r(&now, &local) != nullptr) std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &local);
+  const std::string note =
+      !warning.empty() ? "[ddl-agent " + std::string(when) + ": " + warning +
+                             ": this rank's output from here on may be lost]"
+                       : "[ddl-agent " + std::string(when) +
+                             ": the logs' disk has room again; output since the note above may be missing]";
+  disk_noted_ = warning;
+  for (const RankState& r : supervisor_->ranks()) {
+    if (!r.running) continue;
+    if (std::string why = appendLogNote(logPath(r.job_id, r.attempt, r.rank), note); !why.empty())
+      spdlog::warn("job {} rank {}: {}", r.job_id, r.rank, why);
+  }
+}
+
 void Agent::onRankExit(const RankState& state) {
   // Before the report: a user who reads the rank's last lines (ddlctl wait, status) sees why it died.
   const Confinement::Finished confined =
@@ -500,9 +528,8 @@ void Agent::onRankExit(const RankState& state) {
                              "): it used more memory than its job asked for per rank (--mem-per-rank)\n";
     spdlog::warn("job {} attempt {} rank {}: out of memory in its cgroup", state.job_id, state.attempt,
                  state.rank);
-    Fd log(open(logPath(state.job_id, state.attempt, state.rank).c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
-    if (log.get() >= 0 && ::write(log.get(), line.data(), line.size()) < 0)
-      spdlog::warn("cannot add the OOM note to the rank's log: {}", std::strerror(errno));
+    if (std::string why = appendLogNote(logPath(state.job_id, state.attempt, state.rank), line); !why.empty())
+      spdlog::warn("cannot add the OOM note to the rank's log: {}", why);
   }
   spdlog::info("job {} attempt {} rank {} (pid {}) {}", state.job_id, state.attempt, state.rank, state.pid,
                !state.error.empty() ? "could not start: " + state.error

@@ -62,6 +62,8 @@ class Agent {
   void readLog(const v1::ReadLog& read);
   void signalJob(const v1::SignalJob& command);
   void onRankExit(const RankState& state);
+  // Tells the running ranks' logs when the logs' disk warning changes (a heartbeat's work).
+  void noteDiskInRankLogs(const std::string& warning);
   void forgetIfGone(const std::string& job);
   bool write(const v1::AgentMessage& message);
   v1::RankStatus toProto(const RankState& state) const;
@@ -84,11 +86,13 @@ class Agent {
     bool stop = false;
   };
   std::shared_ptr<DiskWatch> disk_watch_ = std::make_shared<DiskWatch>();
+  std::string disk_noted_;  // the disk warning the running ranks' logs were last told of (heartbeat thread)
   std::vector<std::string> coordinators_;  // config_.coordinator's addresses (several share an etcd store)
   std::vector<std::unique_ptr<v1::AgentService::Stub>> stubs_;  // per address, made by session()
   grpc::ChannelArguments channel_args_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   size_t current_ = 0;  // the one run() tries now; only run()'s thread touches it
+  int grace_ms_ = 10000;  // the coordinator's heartbeat grace, from its last answer (run()'s thread)
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<TelemetryListener> telemetry_;  // null when its socket could not be made
   // Deletes old rank logs (log_retention_hours, log_max_mb) every few minutes until stop(); see

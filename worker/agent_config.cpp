@@ -4,6 +4,7 @@
 
 #include "common/host_port.h"
 #include "common/json_config.h"
+#include "common/rank_env.h"
 #include "common/resources.h"
 
 namespace ddl::worker {
@@ -11,7 +12,8 @@ namespace ddl::worker {
 // The keys, in the order the unknown-key message lists them.
 DDL_JSON_CONFIG(AgentConfig, coordinator, node, address, labels, virtual_gpus, force_virtual, data_dir,
                 log_retention_hours, log_max_mb, log_disk_min_free_mb, port_first, port_last, stop_grace_s,
-                stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s, cpus, memory, cgroup_root)
+                stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s, cpus, memory, cgroup_root,
+                rank_env)
 
 namespace {
 
@@ -31,6 +33,7 @@ const ConfigHints& hints() {
       {"cpus", "a string, a CPU list (\"2-31\")"},
       {"memory", "a string, a size (\"200G\")"},
       {"cgroup_root", "a string (a cgroup directory, or \"none\")"},
+      {"rank_env", "a list of variable names or prefixes ([\"HTTPS_PROXY\", \"SLURM_*\"])"},
   };
   return kHints;
 }
@@ -82,6 +85,9 @@ Status validateAgentConfig(const AgentConfig& c) {
   std::vector<int> cpus;
   if (std::string why = parseCpuList(c.cpus, &cpus); !why.empty())
     return bad("cpus '" + c.cpus + "': " + why);
+  for (const std::string& entry : c.rank_env) {
+    if (std::string why = agentEnvEntryProblem(entry); !why.empty()) return bad("rank_env: " + why);
+  }
   int64_t memory = 0;
   if (!c.memory.empty())
     if (std::string why = parseByteSize(c.memory, &memory); !why.empty())

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -47,12 +48,16 @@ struct AgentConfig {
   std::string memory;
   // Where ranks' cgroups live (worker/confinement.h): "" = the agent's own cgroup, "none" = no cgroups.
   std::string cgroup_root;
+  // Variables of the agent's own environment that ranks inherit besides common/rank_env.h's kAgentEnvAllowed
+  // (names, or prefixes ending in '*': "HTTPS_PROXY", "SLURM_*"). Nothing else of it reaches a rank.
+  std::vector<std::string> rank_env;
 };
 
 // Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of
 // strings), virtual_gpus, force_virtual, data_dir, log_retention_hours, log_max_mb, log_disk_min_free_mb,
 // port_first, port_last,
-// stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s, cpus, memory, cgroup_root.
+// stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s, cpus, memory, cgroup_root,
+// rank_env (a list of strings).
 Status loadAgentConfig(const std::string& path, AgentConfig* config);
 Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config);
 // "rack=r1,switch=s1" into labels.

@@ -1,5 +1,6 @@
 #include "worker/log_retention.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
@@ -8,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <system_error>
+
+#include "common/fd.h"
 
 namespace ddl::worker {
 namespace {
@@ -111,6 +114,23 @@ LogCleanup cleanRankLogs(const std::string& logs_dir, const LogRetention& retent
   }
   result.bytes_kept = total;
   return result;
+}
+
+std::string appendLogNote(const std::string& path, const std::string& note) {
+  Fd log(open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC | O_NOFOLLOW));
+  if (log.get() < 0) return "cannot open " + path + ": " + std::strerror(errno);
+  std::string text = note;
+  if (text.empty() || text.back() != '\n') text += '\n';
+  struct stat st {};
+  char last = '\n';
+  if (fstat(log.get(), &st) == 0 && st.st_size > 0 && pread(log.get(), &last, 1, st.st_size - 1) == 1 &&
+      last != '\n') {
+    text.insert(text.begin(), '\n');
+  }
+  const ssize_t n = ::write(log.get(), text.data(), text.size());
+  if (n != static_cast<ssize_t>(text.size()))
+    return "cannot write to " + path + ": " + (n < 0 ? std::strerror(errno) : std::string("short write"));
+  return "";
 }
 
 }  // namespace ddl::worker

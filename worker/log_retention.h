@@ -48,4 +48,10 @@ LogCleanup cleanRankLogs(const std::string& logs_dir, const LogRetention& retent
 // warning, naming the directory and what is free.
 std::string logDiskWarning(const std::string& logs_dir, uint64_t min_free_bytes);
 
+// Appends `note` to the rank log at `path` as a line of its own, after a newline where the log ends mid-line
+// (as one cut by a full disk does): the agent's words in a rank's output (an OOM kill; output lost while the
+// logs' disk was full, said when the agent sees it fill and again when it has room). The agent writes as
+// root, so the file system's reserve may take a note the rank itself could no longer write. "" or why not.
+std::string appendLogNote(const std::string& path, const std::string& note);
+
 }  // namespace ddl::worker

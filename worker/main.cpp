@@ -8,12 +8,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <thread>
 
+#include "common/flag_errors.h"
 #include "common/host_port.h"
 #include "common/pki.h"
 #include "common/signals.h"
@@ -64,6 +66,7 @@ struct Flags {
   std::optional<int64_t> log_max_mb;
   bool force_virtual = false, stop_ranks_on_exit = false;
   std::optional<std::string> cpus, memory, cgroup_root;
+  std::string rank_env;
   std::optional<std::string> pki_dir;
   bool insecure = false;
   JoinOptions join;
@@ -105,6 +108,9 @@ CLI::App* declareFlags(CLI::App& app, Flags* flags) {
       "--cgroup-root", f.cgroup_root,
       "the cgroup v2 directory for ranks' cgroups (default: the agent's own, delegated by systemd); "
       "none: pin CPUs only");
+  app.add_option("--rank-env", f.rank_env,
+                 "more of the agent's environment for ranks, besides PATH, locale, UCX_*, CUDA_*, libddl's "
+                 "settings...: names or prefixes, comma-separated (HTTPS_PROXY,SLURM_*)");
   app.add_option("--pki-dir", f.pki_dir, "ca.crt, node.crt and node.key of this node (default /etc/ddl/pki)");
   app.add_flag("--insecure", f.insecure,
                "plaintext toward a coordinator on loopback run with --insecure "
@@ -155,6 +161,11 @@ std::string loadSettings(const Flags& f, AgentConfig* config) {
   if (f.cpus) config->cpus = *f.cpus;
   if (f.memory) config->memory = *f.memory;
   if (f.cgroup_root) config->cgroup_root = *f.cgroup_root;
+  for (size_t at = 0; at < f.rank_env.size();) {
+    const size_t comma = std::min(f.rank_env.find(',', at), f.rank_env.size());
+    if (comma > at) config->rank_env.push_back(f.rank_env.substr(at, comma - at));
+    at = comma + 1;
+  }
   if (config->node.empty()) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
@@ -249,7 +260,8 @@ int main(int argc, char** argv) {
   CLI::App app{"ddl-agent: registers this node with ddl-coordinator and runs the ranks it is given"};
   Flags flags;
   CLI::App* join_cmd = declareFlags(app, &flags);
-  CLI11_PARSE(app, argc, argv);
+  // Mistakes are said for a person, with the nearest real flag (common/flag_errors.h), as ddlctl does.
+  if (const int parsed = ddl::parseFlags(app, argc, argv); parsed >= 0) return parsed;
 
   AgentConfig config;
   if (std::string why = loadSettings(flags, &config); !why.empty()) return fail(why);

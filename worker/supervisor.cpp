@@ -283,13 +283,14 @@ struct PreparedLaunch {
 // Everything the child needs, in the order its failures are explained: the log first (so that the failures
 // after it are written there), the caller's refusal, the launch plan, the shim's record directory and
 // environment file, stdin, the report pipe and the CPU set. On failure returns why; out->log_fd may be open.
-Status prepareLaunch(const RankSpec& spec, const std::string* refusal, const std::string& shim_path,
+Status prepareLaunch(const RankSpec& spec, const std::string* refusal, const Supervisor::Options& options,
                      const std::string& record_dir, const std::string& exit_record, PreparedLaunch* out) {
   if (Status opened = openRankLog(spec.log_path, spec.run_as, &out->log_fd); !opened) return opened;
   if (refusal != nullptr) return Status::failedPrecondition(*refusal);
+  const std::string& shim_path = options.shim_path;
   std::vector<std::string> agent_env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) agent_env.emplace_back(*e);
-  StatusOr<LaunchPlan> planned = planLaunch(spec, agent_env);
+  StatusOr<LaunchPlan> planned = planLaunch(spec, inheritedEnvironment(agent_env, options.env_allowed));
   if (!planned) return planned.status();
   out->plan = std::move(planned).value();
 
@@ -446,8 +447,7 @@ RankState Supervisor::launch(const RankSpec& spec, const std::string* refusal, s
     return fail(why);
   };
 
-  if (Status ready =
-          prepareLaunch(spec, refusal, options_.shim_path, recordDir(key), exitRecordPath(key), &prepared);
+  if (Status ready = prepareLaunch(spec, refusal, options_, recordDir(key), exitRecordPath(key), &prepared);
       !ready) {
     return failRecorded(ready.message());
   }

@@ -82,6 +82,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/rank_env.h"
 #include "run_as.h"
 
 namespace ddl::worker {
@@ -153,6 +154,9 @@ class Supervisor {
     // Where run and exit records live ("": none are written, recover() finds nothing). Job ids must then be
     // usable as a directory name.
     std::string state_dir;
+    // What of this process's environment ranks inherit (common/rank_env.h inheritedEnvironment): never the
+    // agent's credentials.
+    std::vector<std::string> env_allowed = kAgentEnvAllowed;
   };
 
   using ExitCallback = std::function<void(const RankState&)>;

@@ -1,6 +1,22 @@
 #include "auth/access.h"
 
+#include <pwd.h>
+
+#include <vector>
+
 namespace ddl::coordinator::access {
+
+namespace {
+
+// Whether this host knows the account `name` (getpwnam_r: calls come on several threads).
+bool accountExists(const std::string& name) {
+  passwd pw{};
+  passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  return getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr;
+}
+
+}  // namespace
 
 using auth::Role;
 
@@ -56,6 +72,14 @@ StatusOr<v1::JobSpec> ownSpec(const Identity& who, v1::JobSpec spec, bool allow_
   if (spec.user() == "root" && !allow_root) {
     return Status::permissionDenied("jobs of root are refused: ranks never run as root unless the coordinator's "
                                     "config sets allow_root_jobs");
+  }
+  // init-pki's first admin is named "admin" unless told otherwise: an identity for running the cluster, not
+  // an account its ranks could run as. Its jobs would be accepted and then fail on every node.
+  if (spec.user() == kBuiltinAdmin && who.role == Role::kAdmin && !accountExists(kBuiltinAdmin)) {
+    return Status::permissionDenied(
+        "'admin' is the cluster's built-in administrator, not an account on its nodes, so its jobs cannot "
+        "run: "
+        "submit with a user's token ('ddlctl admin add-user NAME' makes one for the account NAME)");
   }
   return spec;
 }

@@ -42,8 +42,12 @@ Status mayTouchJob(const Identity& who, const v1::Job& job, const char* verb);
 Status maySubmit(const Identity& who);
 Status mustBeAdmin(const Identity& who, const char* what);
 
+// init-pki's default name for the first admin.
+inline constexpr const char* kBuiltinAdmin = "admin";
+
 // The spec as the coordinator records it: the user from the identity (the request's is ignored), root refused
-// unless allow_root. Insecure callers without a token keep the request's user.
+// unless allow_root, the built-in admin refused where no account of that name exists (it would fail on every
+// node). Insecure callers without a token keep the request's user.
 StatusOr<v1::JobSpec> ownSpec(const Identity& who, v1::JobSpec spec, bool allow_root);
 
 // What a listing shows `who` of `job`: others' jobs lose command, env and workdir unless `who` is an admin.

@@ -90,7 +90,13 @@ class EtcdBackend : public StateBackend {
           now = leader && !leader->id.empty() ? "standby: " + leader->id + " leads" : "standby: campaigning";
         }
       }
-      if (now != last) spdlog::info("{}; trying again every {} ms", now, campaignPauseMs());
+      if (now != last) {
+        {
+          std::lock_guard<std::mutex> lock(status_mu_);
+          status_ = now;
+        }
+        spdlog::info("{}; trying again every {} ms", now, campaignPauseMs());
+      }
       last = now;
       if (wait(campaignPauseMs())) return false;
     }
@@ -107,6 +113,11 @@ class EtcdBackend : public StateBackend {
   void resign() override {
     stopKeeping();
     if (state::Status st = election_->resign(); !st) spdlog::warn("giving up the lead: {}", st.message());
+  }
+
+  std::string standbyStatus() const override {
+    std::lock_guard<std::mutex> lock(status_mu_);
+    return status_;
   }
 
   std::optional<Lead> lead() const override {
@@ -183,6 +194,8 @@ class EtcdBackend : public StateBackend {
   LostLead lost_lead_;
   std::atomic<int64_t> renewed_ms_{0};  // steady clock, when the last renewal that worked was sent
   std::atomic<int64_t> reign_{0};
+  mutable std::mutex status_mu_;
+  std::string status_ = "standby: campaigning";  // awaitLead's last word
   std::mutex mu_;  // guards stop_ and last_error_; the keeper's and the watchdog's waits
   std::condition_variable cv_;
   bool stop_ = false;

@@ -61,6 +61,9 @@ class StateBackend {
     int ttl_s = 0;
   };
   virtual std::optional<Lead> lead() const = 0;
+  // While awaitLead() waits: what this coordinator is ("standby: HOST:PORT leads", "standby: cannot reach
+  // etcd: ..."), for its standby dashboard (any thread, never blocks).
+  virtual std::string standbyStatus() const { return "standby"; }
 };
 
 // Copies a coordinator's SQLite state (sqlite_path, whose coordinator is stopped) into the etcd store that

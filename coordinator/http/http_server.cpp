@@ -146,6 +146,10 @@ std::string listJobsRequest(const std::string& query, int64_t now_ms, v1::ListJo
     req->set_page_size(std::stoi(size));
   }
   req->set_page_token(percentDecode(queryParam(query, "page_token")));
+  if (const std::string order = queryParam(query, "order"); !order.empty()) {
+    if (order != "newest" && order != "oldest") return "order='" + order + "' is neither newest nor oldest";
+    req->set_newest_first(order == "newest");
+  }
   return "";
 }
 
@@ -372,7 +376,10 @@ void route(DashboardBackend& b, const Request& request, const Access& gate, cons
   const std::string query = q == std::string::npos ? "" : target.substr(q + 1);
   if (path == "/healthz") {
     const Coordinator::Health health = b.health();
-    if (!health.ok) return reply({503, "text/plain; charset=utf-8", "unhealthy: " + health.message + "\n"});
+    if (!health.ok) {
+      return reply(
+          {503, "text/plain; charset=utf-8", (health.standby ? "" : "unhealthy: ") + health.message + "\n"});
+    }
     return reply({200, "text/plain; charset=utf-8", "ok\n"});
   }
 
@@ -405,6 +412,12 @@ void route(DashboardBackend& b, const Request& request, const Access& gate, cons
     who = *found;
   }
 
+  if (const Coordinator::Health health = b.health(); health.standby && path != "/metrics") {
+    return reply({503, "text/plain; charset=utf-8",
+                  health.message +
+                      ": the dashboard and the API are the leader's (this one serves /metrics and "
+                      "/healthz, and takes over when the leader stops)\n"});
+  }
   if (path == "/metrics") {
     return b.metrics([&b, reply](StatusOr<MetricsSnapshot> m) {
       reply.guard([&] {
@@ -492,6 +505,25 @@ void CoordinatorBackend::metrics(Done<MetricsSnapshot> done) {
   c_.metrics([done = std::move(done)](MetricsSnapshot m) { done(std::move(m)); });
 }
 Coordinator::Health CoordinatorBackend::health() { return c_.health(); }
+
+void StandbyBackend::listJobs(const v1::ListJobsRequest&, Done<v1::ListJobsResponse> done) {
+  done(unavailable());
+}
+void StandbyBackend::listNodes(Done<std::vector<v1::Node>> done) { done(unavailable()); }
+void StandbyBackend::getJob(const std::string&, Done<v1::Job> done) { done(unavailable()); }
+void StandbyBackend::ring(const std::string&, Done<v1::RingLayout> done) { done(unavailable()); }
+void StandbyBackend::readLog(const v1::GetLogsRequest&, Done<v1::GetLogsResponse> done) {
+  done(unavailable());
+}
+void StandbyBackend::metrics(Done<MetricsSnapshot> done) {
+  MetricsSnapshot m;
+  m.state = StateStatus{};
+  m.state->store = store_;
+  m.state->standby = true;
+  done(std::move(m));
+}
+Coordinator::Health StandbyBackend::health() { return {false, status_(), true}; }
+Status StandbyBackend::unavailable() const { return Status::unavailable(status_()); }
 
 void handleRequest(DashboardBackend& backend, const Request& request, const Access& access, Respond respond) {
   const Reply reply(std::move(respond), request);

@@ -6,13 +6,15 @@
 //   GET /jobs/ID           one job: ranks by node and GPU, ring picture, log tails, failure on top
 //   GET /api/v1/nodes      {"nodes": [Node...]}
 //   GET /api/v1/jobs       {"jobs": [Job...], "next_page_token": T}: a page in submit order; filters
-//                          state=failed,running (any case, comma-separated), user=, name=, since=/until= (unix ms,
-//                          or an age such as 90s, 30m, 12h, 7d), page_size= (1..5000, default 500), page_token=
+//                          state=failed,running (any case, comma-separated), user=, name=, since=/until=
+//                          (unix ms, or an age such as 90s, 30m, 12h, 7d), page_size= (1..5000, default 500),
+//                          page_token=
 //   GET /api/v1/jobs/ID    {"job": Job, "ring": RingLayout}
-//   GET /api/v1/jobs/ID/series   the job's per-rank throughput and time in collectives over time (series_json.h)
-//   GET /api/v1/cluster/series   GPUs in use and jobs by state over time
-//   GET /metrics           Prometheus text format
-//   GET /healthz           "ok", or 503 and why while the coordinator cannot store its state
+//   GET /api/v1/jobs/ID/series   the job's per-rank throughput and time in collectives over time
+//   (series_json.h) GET /api/v1/cluster/series   GPUs in use and jobs by state over time GET /metrics
+//   Prometheus text format GET /healthz           "ok", or 503 and why while the coordinator cannot store its
+//   state
+// A standby (StandbyBackend) serves /metrics (ddl_coordinator_leader 0) and answers 503 to everything else.
 //   GET /login?token=T     sets the token cookie and redirects to / (for browsers, where tokens are needed)
 // Anything else is 404; methods other than GET and HEAD are 405 with `Allow: GET, HEAD` (nothing here changes
 // state); a bad request never takes the server down.
@@ -28,13 +30,14 @@
 // Threads. The server runs on one Asio io_context served by one thread of its own (the "io thread"): it
 // accepts, reads, routes, renders and writes for every connection, and nothing on it blocks. Each request's
 // header must arrive whole within HttpOptions::request_timeout_ms of its first byte (a client that dribbles a
-// line at a time is cut off then, not given a fresh wait per byte); a connection waits idle_timeout_ms for the
-// next request; writes get write_timeout_ms. At most max_connections are open: a new one past that evicts the
-// oldest connection that is only waiting for a request (idle, or still sending its header), so slow or idle
-// clients can never lock out /healthz; when every connection is busy with a request, the new one is answered
-// 503 (plain HTTP) or closed (HTTPS) at once. Coordinator calls are the asynchronous forms; their answers are
-// posted back to the io thread, and each is bounded by backend_timeout_ms (a log read whose agent never answers
-// leaves that log "not available" on the page, the page still renders). start()/stop() from the owning thread.
+// line at a time is cut off then, not given a fresh wait per byte); a connection waits idle_timeout_ms for
+// the next request; writes get write_timeout_ms. At most max_connections are open: a new one past that evicts
+// the oldest connection that is only waiting for a request (idle, or still sending its header), so slow or
+// idle clients can never lock out /healthz; when every connection is busy with a request, the new one is
+// answered 503 (plain HTTP) or closed (HTTPS) at once. Coordinator calls are the asynchronous forms; their
+// answers are posted back to the io thread, and each is bounded by backend_timeout_ms (a log read whose agent
+// never answers leaves that log "not available" on the page, the page still renders). start()/stop() from the
+// owning thread.
 #pragma once
 
 #include <functional>
@@ -107,6 +110,27 @@ class CoordinatorBackend : public DashboardBackend {
 
  private:
   Coordinator& c_;
+};
+
+// A standby coordinator's dashboard (several coordinators on etcd, this one waiting to lead): /metrics says
+// ddl_coordinator_leader 0, so Prometheus scrapes every coordinator, and /healthz and every other path answer
+// 503 with `status` ("standby: HOST:PORT leads"). `status` is called on the io thread and must not block.
+class StandbyBackend : public DashboardBackend {
+ public:
+  StandbyBackend(std::string store, std::function<std::string()> status)
+      : store_(std::move(store)), status_(std::move(status)) {}
+  void listJobs(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done) override;
+  void listNodes(Done<std::vector<v1::Node>> done) override;
+  void getJob(const std::string& id, Done<v1::Job> done) override;
+  void ring(const std::string& id, Done<v1::RingLayout> done) override;
+  void readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) override;
+  void metrics(Done<MetricsSnapshot> done) override;
+  Coordinator::Health health() override;
+
+ private:
+  Status unavailable() const;
+  const std::string store_;
+  const std::function<std::string()> status_;
 };
 
 using Respond = std::function<void(Response)>;

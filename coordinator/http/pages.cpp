@@ -34,7 +34,7 @@ pre{background:#f7f7f7;padding:.6em;max-height:18em;overflow:auto;font-size:.8em
 .chart{flex:1 1 560px;min-width:320px;max-width:900px}.legend span{margin-right:.9em;font-size:.8em;white-space:nowrap}
 .legend i{display:inline-block;width:.8em;height:.8em;margin-right:.25em;vertical-align:middle}
 .slowline{background:#fde8e8;padding:.3em .6em;display:inline-block}form input,form select{margin-right:.6em}
-.TIMEOUT,.CANCELLED{color:#6b7280}</style>)";
+.TIMEOUT,.CANCELLED{color:#6b7280}td:first-child{white-space:nowrap}</style>)";
 
 // The charts' script, shared by both pages: plot(el, lines, opts) draws lines of [t_ms, value] points as an
 // inline SVG (no library, no network), with a value axis, the time span, and a legend (24 names at most).
@@ -123,6 +123,16 @@ std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
   auto head = [&](const char* name, const char* type, const char* help) {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
   };
+  // Every coordinator answers a scrape; only the leader has a cluster to tell of (sum or max over targets).
+  const bool standby = m.state && m.state->standby;
+  head("ddl_coordinator_leader", "gauge",
+       "1 on the coordinator that leads (always, on SQLite), 0 on a standby waiting to take over.");
+  o << "ddl_coordinator_leader " << (standby ? 0 : 1) << "\n";
+  if (standby) {
+    head("ddl_coordinator_store_info", "gauge", "Where the state lives (label store); always 1.");
+    o << "ddl_coordinator_store_info{store=\"" << labelValue(m.state->store) << "\"} 1\n";
+    return o.str();
+  }
   head("ddl_nodes", "gauge", "Nodes by state.");
   for (const auto& [state, n] : m.nodes_by_state) o << "ddl_nodes{state=\"" << state << "\"} " << n << "\n";
   head("ddl_gpus", "gauge", "GPUs on UP and DRAINING nodes.");
@@ -156,7 +166,6 @@ std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
     head("ddl_coordinator_store_info", "gauge", "Where the state lives (label store); always 1.");
     o << "ddl_coordinator_store_info{store=\"" << labelValue(m.state->store) << "\"} 1\n";
     if (m.state->reign > 0) {
-      // Only a leader serves /metrics: standbys hold no port open.
       head("ddl_coordinator_leader_reign", "gauge",
            "The etcd revision that made this coordinator the leader (changes with every failover).");
       o << "ddl_coordinator_leader_reign " << m.state->reign << "\n";
@@ -235,7 +244,7 @@ function historyQuery(token){const p=new URLSearchParams();for(const k of ['stat
  if(token)p.set('page_token',token);return p;}
 async function refresh(){
  try{
-  const h=historyQuery(q.get('page_token'));h.set('page_size','50');
+  const h=historyQuery(q.get('page_token'));h.set('page_size','50');h.set('order','newest');
   const [n,live,hist,cs]=await Promise.all([fetch('/api/v1/nodes').then(r=>r.json()),
    fetch('/api/v1/jobs?state=pending,scheduled,starting,running').then(r=>r.json()),
    fetch('/api/v1/jobs?'+h).then(r=>r.json()),fetch('/api/v1/cluster/series').then(r=>r.json())]);

@@ -72,7 +72,13 @@ void Actor::put(state::Write w) {
 
 void Actor::afterCommit(std::function<void()> effect) {
   assert(onLoop());
-  turn_effects_.push_back(std::move(effect));
+  turn_effects_.push_back({0, std::move(effect), nullptr});
+}
+
+void Actor::replyUnlessLost(std::function<void()> reply, std::function<void(const state::Status&)> lost) {
+  assert(onLoop());
+  if (dirty_.empty() && committed_seq_ == issued_seq_) return replyNow(std::move(reply));
+  turn_effects_.push_back({0, std::move(reply), std::move(lost)});
 }
 
 void Actor::reply(std::function<void()> reply, bool ok) {
@@ -93,10 +99,13 @@ void Actor::flush() {
     dirty_.clear();
     committer_->write(++issued_seq_, std::move(batch));
   }
-  for (auto& e : turn_effects_) effects_.emplace_back(issued_seq_, std::move(e));
+  for (auto& e : turn_effects_) {
+    e.seq = issued_seq_;
+    effects_.push_back(std::move(e));
+  }
   turn_effects_.clear();
-  while (!effects_.empty() && effects_.front().first <= committed_seq_) {
-    auto effect = std::move(effects_.front().second);
+  while (!effects_.empty() && effects_.front().seq <= committed_seq_) {
+    auto effect = std::move(effects_.front().run);
     effects_.pop_front();
     effect();
   }
@@ -108,6 +117,11 @@ void Actor::flush() {
 void Actor::committedOnLoop(uint64_t seq, const state::Status& st) {
   if (!st) {
     spdlog::error("storing state (batch {}): {}; retrying", seq, st.toString());
+    // The answers that must not wait behind a failing store: every batch up to `seq` failed this time.
+    std::deque<Effect> lost, kept;
+    for (auto& e : effects_) (e.lost && e.seq <= seq ? lost : kept).push_back(std::move(e));
+    effects_.swap(kept);
+    for (auto& e : lost) e.lost(st);
     return;
   }
   committed_seq_ = std::max(committed_seq_, seq);

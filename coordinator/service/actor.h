@@ -7,7 +7,9 @@
 //  - afterCommit() runs an effect (a command to an agent, an answer) on the loop once this turn's batch and
 //    every earlier one are durable, in the order the effects were made;
 //  - reply() answers a caller: a refusal at the end of the turn (never behind a failing store), a success at
-//    once only when nothing is waiting to be stored, else after the commit.
+//    once only when nothing is waiting to be stored, else after the commit;
+//  - replyUnlessLost() is reply() for a success that must not wait behind a failing store (a submit): if the
+//    first attempt to store its turn's batch fails, `lost` runs instead, at once, with the store's error.
 // A failed commit is retried by the committer until it works; meanwhile health() says why.
 //
 // The coordinator (coordinator.h) keeps its state in the turns it posts here; its *OnLoop methods assert
@@ -61,6 +63,12 @@ class Actor {
   void put(state::Write write);
   void afterCommit(std::function<void()> effect);
   void reply(std::function<void()> reply, bool ok);
+  // An answer that reports nothing this turn changed (a read): at the end of the turn, whatever waits.
+  void replyNow(std::function<void()> reply) { turn_replies_.push_back(std::move(reply)); }
+  // A success that leaves once everything up to this turn's batch is durable; if an attempt to store that
+  // batch fails first, `lost` runs instead (on the loop, once, with the error) and `reply` never does. The
+  // changes themselves stay queued and are stored when the store works again: `lost` undoes what it must.
+  void replyUnlessLost(std::function<void()> reply, std::function<void(const state::Status&)> lost);
   // The end of a turn: hands the changes to the committer, runs the effects and answers that may run. post()
   // does this after every turn; a timer's handler calls it itself.
   void flush();
@@ -87,9 +95,15 @@ class Actor {
   std::unique_ptr<Loop> loop_;
   std::function<void()> committed_;
   std::map<std::string, state::Write> dirty_;        // this turn's changes, by key
-  std::vector<std::function<void()>> turn_effects_;  // this turn's effects
+  // An effect waiting for its batch; `lost` set: it is dropped, and `lost` run, if that batch fails once.
+  struct Effect {
+    uint64_t seq = 0;
+    std::function<void()> run;
+    std::function<void(const state::Status&)> lost;
+  };
+  std::vector<Effect> turn_effects_;                 // this turn's effects (seq not yet known)
   std::vector<std::function<void()>> turn_replies_;  // this turn's answers that wait for nothing
-  std::deque<std::pair<uint64_t, std::function<void()>>> effects_;  // waiting for their batch, in order
+  std::deque<Effect> effects_;                       // waiting for their batch, in order
   uint64_t issued_seq_ = 0;                                         // the last batch handed to the committer
   uint64_t committed_seq_ = 0;                                      // the last batch known durable
   mutable std::mutex health_mu_;

@@ -37,6 +37,7 @@ state::JobSpec fromProto(const v1::JobSpec& spec) {
   s.array_max_running = spec.array_max_running();
   s.cpus_per_rank = spec.cpus_per_rank();
   s.memory_per_rank_bytes = spec.memory_per_rank_bytes();
+  s.request_id = spec.request_id();
   return s;
 }
 
@@ -62,6 +63,7 @@ void toProto(const state::JobSpec& spec, v1::JobSpec* out) {
   out->set_array_max_running(spec.array_max_running);
   out->set_cpus_per_rank(spec.cpus_per_rank);
   out->set_memory_per_rank_bytes(spec.memory_per_rank_bytes);
+  out->set_request_id(spec.request_id);
 }
 
 void toProto(const state::RankResult& r, v1::RankStatus* out) {

@@ -40,7 +40,7 @@ Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::f
   co.retry_max_ms = options_.store_retry_max_ms;
   co.retention_ms = options_.history_retention_ms;
   co.wall_ms = wall_ms_;
-  actor_ = std::make_unique<Actor>(store_, co, [this] { evictFinishedOnLoop(); });
+  actor_ = std::make_unique<Actor>(store_, co, [this] { committedOnLoop(); });
   logs_ = std::make_unique<LogRelay>(actor_->io(), options_.log_timeout_ms, CoordinatorOptions::kMaxLogReads);
   reader_ = std::make_unique<StoreReader>();
 }
@@ -78,6 +78,19 @@ void Coordinator::putNodeOnLoop(const state::NodeRecord& record) {
   actor_->put(std::move(w));
 }
 
+void Coordinator::committedOnLoop() {
+  evictFinishedOnLoop();
+  const uint64_t durable = actor_->committedBatch();
+  for (auto it = unstored_submits_.begin(); it != unstored_submits_.end();) {
+    if (it->second > durable) {
+      ++it;
+      continue;
+    }
+    it = unstored_submits_.erase(it);
+    schedule_wanted_ = true;  // placeable from now on
+  }
+}
+
 void Coordinator::evictFinishedOnLoop() {
   const int64_t now = wall_ms_();
   while (!finished_.empty()) {
@@ -91,6 +104,10 @@ void Coordinator::evictFinishedOnLoop() {
     }
     auto it = jobs_.find(f.id);
     if (it != jobs_.end() && state::isTerminal(it->second.state)) {
+      const state::JobSpec& spec = it->second.spec;
+      if (auto r = request_ids_.find({spec.user, spec.request_id});
+          r != request_ids_.end() && r->second == f.id)
+        request_ids_.erase(r);
       jobs_.erase(it);
       pending_reason_.erase(f.id);
     }
@@ -143,6 +160,10 @@ Status Coordinator::recoverOnLoop() {
   });
   for (const state::Job* job : finished) finished_.push_back({job->id, 0, state::endedAtMs(*job)});
   for (auto& job : *live) jobs_[job.id] = job;
+  for (const auto& [id, job] : jobs_) {  // a submit repeated across a restart finds its job
+    if (!job.spec.request_id.empty() && (job.spec.array_id.empty() || job.spec.array_id == id))
+      request_ids_[{job.spec.user, job.spec.request_id}] = id;
+  }
   std::vector<std::string> ended_deps;  // dependencies that ended without their dependents being told (none
                                         // unless a crash came between): resolved below, once all is loaded
   for (auto& job : *live) {
@@ -432,6 +453,10 @@ void Coordinator::schedulePassOnLoop() {
   std::map<std::string, int> array_slots = array_running;
   for (const auto& [id, job] : jobs_) {
     if (job.state != JobState::kPending) continue;
+    if (unstored_submits_.count(id)) {
+      pending_reason_[id] = "its submit is being stored";
+      continue;
+    }
     if (std::string why = notYetOnLoop(job, array_slots); !why.empty()) {
       pending_reason_[id] = why;
       continue;

@@ -77,6 +77,7 @@ struct StateStatus {
   int64_t reign = 0;        // etcd: the leader key's create revision; 0 on SQLite
   double lease_age_s = -1;  // etcd: seconds since the leader's lease was last renewed; -1 on SQLite
   int64_t lease_ttl_s = 0;  // etcd: the lease
+  bool standby = false;     // a standby's dashboard: it leads nothing yet
 };
 
 struct CoordinatorOptions {
@@ -329,6 +330,13 @@ class Coordinator {
   void withJobOnLoop(const std::string& id, std::function<void(StatusOr<state::Job>)> fn);
   void listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::ListJobsResponse> done);
   void readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done);
+  // After each durable batch: final jobs leave memory, submits now stored may be placed.
+  void committedOnLoop();
+  // A submit whose batch could not be stored: its jobs are CANCELLED (never placed, so nothing ran) and
+  // their request id forgotten, so that the caller, refused with `why`, may submit again.
+  void withdrawSubmitOnLoop(const std::vector<std::string>& ids, const Status& why);
+  // What a submit that repeats a request id gets: the jobs its first submit made, as they are now.
+  v1::SubmitResponse existingSubmitOnLoop(const state::Job& first) const;
   // `known` holds the final states of after_ok dependencies that had left memory (read from the store).
   StatusOr<v1::SubmitResponse> submitOnLoop(const v1::SubmitRequest& request,
                                             const std::map<std::string, state::JobState>& known);
@@ -386,6 +394,13 @@ class Coordinator {
     int64_t ended_ms = 0;
   };
   std::deque<Finished> finished_;  // final jobs in memory, oldest first
+  // (user, request id) -> the job (an array's first) that submit made: one entry per such job in memory,
+  // erased when it leaves memory, so bounded by the jobs in memory.
+  std::map<std::pair<std::string, std::string>, std::string> request_ids_;
+  // Jobs whose submit is not known durable yet -> the batch holding it. They are not placed until it is: a
+  // submit the store cannot take is withdrawn, and nothing of it may have run. Bounded by the submits in
+  // flight; erased once their batch is durable (committedOnLoop) or they are withdrawn.
+  std::map<std::string, uint64_t> unstored_submits_;
   // Final jobs written again after their end (a rank's exit after a cancel): the batch holding that write, so
   // that they leave memory only once it is durable. At most one entry per final job in memory.
   std::map<std::string, uint64_t> rewritten_final_;

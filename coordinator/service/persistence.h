@@ -32,6 +32,9 @@ namespace ddl::coordinator {
 struct StoreHealth {
   bool ok = true;
   std::string message;  // why not, for /healthz and the log
+  // A standby coordinator's dashboard (not ok, message "standby: ... leads"): it serves /healthz and /metrics
+  // only, saying so, and stores nothing.
+  bool standby = false;
 };
 
 class GroupCommitter {

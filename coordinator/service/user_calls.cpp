@@ -45,8 +45,16 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
   spec.array_id.clear();  // set here, never by the caller
   spec.array_index = 0;
   spec.array_max_running = 0;
+  spec.request_id = request.request_id();  // set here, from the request, never from its spec
   Status st = state::validateJobSpec(spec);
   if (!st) return st;
+  // A submit that repeats its request id (a retry after a lost answer) gets what the first one made.
+  if (!spec.request_id.empty()) {
+    if (auto r = request_ids_.find({spec.user, spec.request_id}); r != request_ids_.end()) {
+      if (auto first = jobs_.find(r->second); first != jobs_.end())
+        return existingSubmitOnLoop(first->second);
+    }
+  }
   ArraySpec array;
   if (!request.array().empty()) {
     if (std::string why = parseArraySpec(request.array(), &array); !why.empty()) {
@@ -121,8 +129,10 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
     jobs_[job.id] = job;
     putJobOnLoop(job, /*new_job=*/true);  // the answer waits for it: only a durable job is acknowledged
     ++counters_.jobs_submitted_total;
+    unstored_submits_[job.id] = actor_->nextBatch();
     if (i == 0) *response.mutable_job() = toProtoOnLoop(job);
   }
+  if (!spec.request_id.empty()) request_ids_[{spec.user, spec.request_id}] = response.job().id();
   spdlog::info("job {} submitted by {}: {}{}", response.job().id(), spec.user,
                requestOf(response.job().id(), spec).describe(),
                count > 1 ? " (an array of " + std::to_string(count) + " jobs)" : "");
@@ -142,7 +152,26 @@ void Coordinator::submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::S
   auto known = std::make_shared<std::map<std::string, JobState>>();
   auto finish = [this, request, done, known] {
     auto result = std::make_shared<StatusOr<v1::SubmitResponse>>(submitOnLoop(request, *known));
-    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
+    if (!result->isOk()) return actor_->reply([done, result] { done(std::move(*result)); }, false);
+    std::vector<std::string> ids((*result)->array_jobs().begin(), (*result)->array_jobs().end());
+    if (ids.empty()) ids.push_back((*result)->job().id());
+    // Jobs already durable (a repeated request id) are answered at once; new ones once stored, or, if the
+    // store cannot take them, withdrawn and refused at once with its reason: never a job the caller was
+    // told was refused, and never a caller left waiting behind a full disk.
+    const bool stored = std::none_of(ids.begin(), ids.end(), [&](const std::string& id) {
+      auto u = unstored_submits_.find(id);
+      return u != unstored_submits_.end() && u->second > actor_->committedBatch();
+    });
+    if (stored) return actor_->replyNow([done, result] { done(std::move(*result)); });
+    const bool made_here = !(*result)->existing();
+    actor_->replyUnlessLost(
+        [done, result] { done(std::move(*result)); },
+        [this, done, ids, made_here](const Status& why) {
+          if (made_here) withdrawSubmitOnLoop(ids, why);
+          done(Status::unavailable("job refused: the coordinator cannot store it (" + why.message() +
+                                   "); nothing was submitted and nothing will run: submit again once the "
+                                   "coordinator can store its state (its /healthz says when)"));
+        });
   };
   if (unknown.empty()) return finish();
   auto left = std::make_shared<size_t>(unknown.size());
@@ -151,6 +180,40 @@ void Coordinator::submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::S
       if (job) (*known)[dep] = job->state;
       if (--*left == 0) finish();
     });
+  }
+}
+
+v1::SubmitResponse Coordinator::existingSubmitOnLoop(const state::Job& first) const {
+  v1::SubmitResponse response;
+  *response.mutable_job() = toProtoOnLoop(first);
+  response.set_existing(true);
+  if (!first.spec.array_id.empty()) {
+    // An array's jobs have consecutive numbers; those still in memory are listed (all of a live array).
+    response.add_array_jobs(first.id);
+    const int64_t number = state::jobIdNumber(first.id).value_or(0);
+    for (int64_t n = number + 1; n <= last_job_number_ && n - number < 1000000; ++n) {
+      auto it = jobs_.find(state::formatJobId(n));
+      if (it == jobs_.end() || it->second.spec.array_id != first.id) break;
+      response.add_array_jobs(it->first);
+    }
+  }
+  return response;
+}
+
+void Coordinator::withdrawSubmitOnLoop(const std::vector<std::string>& ids, const Status& why) {
+  for (const std::string& id : ids) {
+    unstored_submits_.erase(id);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    const state::JobSpec& spec = it->second.spec;
+    if (auto r = request_ids_.find({spec.user, spec.request_id}); r != request_ids_.end() && r->second == id)
+      request_ids_.erase(r);
+    if (state::isTerminal(it->second.state)) continue;  // cancelled meanwhile
+    // Never placed (unstored_submits_ keeps it out of placement), so nothing of it ran.
+    Status st = recordTransitionOnLoop(
+        id, JobState::kCancelled,
+        "the submit was refused: the coordinator could not store it (" + why.message() + ")");
+    if (!st) spdlog::error("withdrawing job {}: {}", id, st.toString());
   }
 }
 
@@ -218,33 +281,38 @@ void Coordinator::listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::Li
                                         " (0: " + std::to_string(kDefaultPageSize) + ")"));
   }
   const int limit = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
-  int64_t after = 0;
+  // The page's order (ascending job numbers, or descending with newest_first) and its bound: the previous
+  // page's last number (0: none), which this page's numbers come after in that order.
+  const bool newest = request.newest_first();
+  int64_t bound = 0;
   if (!request.page_token().empty()) {
     auto n = state::jobIdNumber("j-" + request.page_token());
     if (!n)
       return done(Status::invalidArgument("list: page token '" + request.page_token() +
                                           "' is not one this coordinator gave; start again without it"));
-    after = *n;
+    bound = *n;
   }
+  auto beyond = [newest, bound](int64_t n) { return bound == 0 || (newest ? n < bound : n > bound); };
+  auto before = [newest](int64_t a, int64_t b) { return newest ? a > b : a < b; };
   // Memory: every open job and the recent final ones, as they are now (newer than the store).
   std::vector<const state::Job*> mine;
   std::set<int64_t> in_memory;
   for (const auto& [id, job] : jobs_) {
     const int64_t n = state::jobIdNumber(id).value_or(0);
-    if (n <= after) continue;
+    if (!beyond(n)) continue;
     in_memory.insert(n);
     if (state::matches(filter, job)) mine.push_back(&job);
   }
-  std::sort(mine.begin(), mine.end(), [](const state::Job* a, const state::Job* b) {
-    return state::jobIdNumber(a->id) < state::jobIdNumber(b->id);
+  std::sort(mine.begin(), mine.end(), [&](const state::Job* a, const state::Job* b) {
+    return before(state::jobIdNumber(a->id).value_or(0), state::jobIdNumber(b->id).value_or(0));
   });
   if (mine.size() > static_cast<size_t>(limit) + 1) mine.resize(limit + 1);
   std::vector<v1::Job> page;
   page.reserve(mine.size());
   for (const state::Job* job : mine) page.push_back(toProtoOnLoop(*job));
-  auto finish = [limit](std::vector<v1::Job> jobs, Done<v1::ListJobsResponse> done) {
-    std::sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
-      return state::jobIdNumber(a.id()) < state::jobIdNumber(b.id());
+  auto finish = [limit, before](std::vector<v1::Job> jobs, Done<v1::ListJobsResponse> done) {
+    std::sort(jobs.begin(), jobs.end(), [&](const v1::Job& a, const v1::Job& b) {
+      return before(state::jobIdNumber(a.id()).value_or(0), state::jobIdNumber(b.id()).value_or(0));
     });
     // A page ends at `limit` jobs or at kMaxPageBytes (clients take 4 MiB answers by default, and one job at
     // every limit of validateJobSpec is about 270 KiB), whichever comes first; it always holds one job.
@@ -264,18 +332,18 @@ void Coordinator::listJobsOnLoop(const v1::ListJobsRequest& request, Done<v1::Li
   // Open jobs are all in memory: no need for the store.
   if (onlyOpenStates(filter)) return finish(std::move(page), std::move(done));
   // Final jobs may have left memory: the store has those (committed), the memory wins where it has the job.
-  const bool queued = reader_->run([this, filter, after, limit, page = std::move(page),
+  const bool queued = reader_->run([this, filter, bound, newest, limit, page = std::move(page),
                                     in_memory = std::move(in_memory), finish, done]() mutable {
     // limit + 1 stored jobs that memory does not hold (the ones it holds are skipped, not counted), or as
-    // many as there are: each round starts after the last row of the one before, at most 64 rounds.
-    int64_t from = after;
+    // many as there are: each round starts beyond the last row of the one before, at most 64 rounds.
+    int64_t from = bound;
     size_t taken = 0;
     for (int round = 0; round < 64 && taken < static_cast<size_t>(limit) + 1; ++round) {
-      auto stored = store_.listJobsPage(filter, from, limit + 1);
+      auto stored = store_.listJobsPage(filter, from, limit + 1, newest);
       if (!stored) return done(stored.status());
       for (const auto& job : *stored) {
         const int64_t n = state::jobIdNumber(job.id).value_or(0);
-        from = std::max(from, n);
+        from = newest ? (from == 0 ? n : std::min(from, n)) : std::max(from, n);
         if (in_memory.count(n)) continue;
         page.push_back(jobToProto(job));
         ++taken;

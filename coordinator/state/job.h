@@ -91,6 +91,9 @@ struct JobSpec {
   // Per rank (a rank is a GPU), counted by placement and enforced by the agent; 0: not asked for.
   int cpus_per_rank = 0;
   int64_t memory_per_rank_bytes = 0;
+  // The submitter's request id (SubmitRequest.request_id): a submit that repeats it gets this job back
+  // instead of a second one, while the job is in the coordinator's memory. "" when none was given.
+  std::string request_id;
 
   bool operator==(const JobSpec&) const = default;
 };

@@ -24,6 +24,7 @@
 #include "common/version.h"
 #include "ddl/v1/ddl.grpc.pb.h"
 #include "ddlctl.h"
+#include "ddlctl_internal.h"
 #include "gtest/gtest.h"
 
 namespace {
@@ -340,6 +341,30 @@ TEST(DdlctlFormat, RpcErrors) {
   EXPECT_FALSE(isTransportFailure("store: database or disk is full"));
   EXPECT_TRUE(isTransportFailure("Socket closed"));
   EXPECT_TRUE(isTransportFailure(""));
+}
+
+// Which failures the verbs that wait ride out (issue 39: a coordinator stopped by SIGTERM cuts the calls in
+// flight with CANCELLED, which used to end every waiting command), and which prove nothing was sent.
+TEST(DdlctlFormat, OutagesAndCallsNeverSent) {
+  using grpc::Status;
+  using grpc::StatusCode;
+  EXPECT_TRUE(outage(Status(StatusCode::CANCELLED, "Cancelled")));
+  EXPECT_TRUE(outage(Status(StatusCode::UNAVAILABLE, "Socket closed")));
+  EXPECT_TRUE(outage(Status(StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded")));
+  EXPECT_TRUE(outage(Status(StatusCode::UNAVAILABLE,
+                            "failed to connect to all addresses; last error: "
+                            "UNKNOWN: Handshake timed out")));
+  EXPECT_FALSE(outage(Status(StatusCode::UNAVAILABLE,
+                             "failed to connect to all addresses; last error: "
+                             "UNKNOWN: SSL_ERROR_SSL: CERTIFICATE_VERIFY_FAILED")));
+  EXPECT_FALSE(outage(Status(StatusCode::NOT_FOUND, "job j-000001 not found")));
+  EXPECT_FALSE(outage(Status(StatusCode::PERMISSION_DENIED, "no")));
+  EXPECT_TRUE(neverSent(Status(StatusCode::UNAVAILABLE,
+                               "failed to connect to all addresses; last error: "
+                               "UNAVAILABLE: ipv4:127.0.0.1:1: Connection refused")));
+  EXPECT_FALSE(neverSent(Status(StatusCode::UNAVAILABLE, "Socket closed")));
+  EXPECT_FALSE(neverSent(Status(StatusCode::CANCELLED, "Cancelled")));
+  EXPECT_FALSE(neverSent(Status(StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded")));
 }
 
 TEST(DdlctlFormat, JobTable) {

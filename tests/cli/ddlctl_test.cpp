@@ -68,7 +68,9 @@ class DdlctlTest : public ::testing::Test {
     fs::remove_all(data_);
     fs::create_directories(data_);
     pki_ = (data_ / "pki").string();
-    Result init = runProgram({"ddl-coordinator", "init-pki", pki_});
+    // The first admin is named after an account every Debian system has, so that the jobs it submits are
+    // accepted: init-pki's default name, admin, is no account, and its jobs are refused (they could not run).
+    Result init = runProgram({"ddl-coordinator", "init-pki", pki_, "--admin", "nobody"});
     ASSERT_EQ(init.code, 0) << init.err;
     for (const char* name : {"n1", "n2"}) {
       Result issued = runProgram({"ddl-coordinator", "--pki-dir", pki_, "issue-node", name, "--out",
@@ -163,6 +165,29 @@ TEST_F(DdlctlTest, VersionOfCoordinatorAndDdlctl) {
   Result coordinator = runProgram({"ddl-coordinator", "--version"});
   EXPECT_EQ(coordinator.code, 0) << coordinator.err;
   EXPECT_EQ(coordinator.out, "ddl-coordinator " + version);
+}
+
+// The daemons' flag typos are said as ddlctl's are: the nearest real flag, exit 2, no CLI11 text dump.
+TEST_F(DdlctlTest, DaemonFlagTyposNameTheNearestFlag) {
+  struct Case {
+    std::vector<std::string> argv;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {{"ddl-agent", "--coordinater", "127.0.0.1:1"},
+       "ddl-agent: unknown option --coordinater; did you mean --coordinator?"},
+      {{"ddl-coordinator", "--listne", "127.0.0.1:0"},
+       "ddl-coordinator: unknown option --listne; did you mean --listen?"},
+      {{"ddl-coordinator", "init-pki", "/tmp/x", "--nmae", "h"},
+       "unknown option --nmae for init-pki; did you mean --name?"},
+      {{"ddl-agent", "--virtual-gpus", "two"}, "--virtual-gpus takes a number, got 'two'"},
+  };
+  for (const Case& c : cases) {
+    Result r = runProgram(c.argv);
+    EXPECT_EQ(r.code, 2) << c.argv[1] << ": " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--help"), std::string::npos) << r.err;
+  }
 }
 
 TEST_F(DdlctlTest, NodesListsBothAgents) {

@@ -595,7 +595,10 @@ TEST_F(ClusterTest, RanksGetTheCpusTheirJobAskedForAndNodesShowWhatIsHeld) {
   EXPECT_EQ(seen.size(), 2u);
   // More CPUs than any node offers: refused at submit, saying what the nodes have.
   const std::string err = (dir_ / "err.txt").string();
-  EXPECT_NE(std::system((ctl() + " submit --gpus 1 --cpus-per-rank 4096 -- /bin/true 2> " + err).c_str()), 0);
+  EXPECT_NE(std::system((ctl((dir_ / "root.token").string()) +
+                         " submit --gpus 1 --cpus-per-rank 4096 -- /bin/true 2> " + err)
+                            .c_str()),
+            0);
   EXPECT_NE(slurp(err).find("CPUs and"), std::string::npos) << slurp(err);
 }
 
@@ -764,17 +767,17 @@ TEST_F(ClusterTest, CoordinatorKilledMidJobRestartsAndTheJobStillSucceeds) {
   EXPECT_EQ(list.jobs_size(), 1);
 }
 
-// What a CI step `ddlctl submit --wait && next` meets at an upgrade: the coordinator is killed and started
-// again five times while the job runs. submit --wait and logs -f ride each outage out (saying so) and end
-// with the job's true result and its whole output.
+// What a CI step `ddlctl submit --wait && next` meets at an upgrade: the coordinator is stopped and started
+// again six times while the job runs, by SIGKILL and by SIGTERM in turn (a clean stop cuts the calls in
+// flight: they end CANCELLED, which used to end every waiting command). submit --wait, wait and logs -f ride
+// each outage out (saying so) and end with the job's true result and its whole output.
 TEST_F(ClusterTest, SubmitWaitAndLogsFollowRideOutFiveCoordinatorRestarts) {
   const std::string ctl = this->ctl((dir_ / "root.token").string());
   const fs::path wait_out = dir_ / "wait.out", logs_out = dir_ / "logs.out";
-  const pid_t waiter =
-      spawn({"/bin/sh", "-c",
-             ctl + " submit --wait --nodes 2 --gpus-per-node 1 -- /bin/sh -c "
-                   "'for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do echo tick $i; sleep 1; done'"},
-            wait_out);
+  const pid_t waiter = spawn({"/bin/sh", "-c",
+                              ctl + " submit --wait --nodes 2 --gpus-per-node 1 -- /bin/sh -c "
+                                    "'for i in $(seq 1 16); do echo tick $i; sleep 1; done'"},
+                             wait_out);
   std::string id;
   ASSERT_TRUE(waitFor(
       [&] {
@@ -787,10 +790,16 @@ TEST_F(ClusterTest, SubmitWaitAndLogsFollowRideOutFiveCoordinatorRestarts) {
       << slurp(wait_out);
   ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000)) << job(id).DebugString();
   const pid_t follower = spawn({"/bin/sh", "-c", ctl + " logs -f --rank 0 " + id}, logs_out);
-  for (int restart = 0; restart < 5; ++restart) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-    kill(coordinator_, SIGKILL);
-    waitpid(coordinator_, nullptr, 0);
+  const fs::path waited_out = dir_ / "waited.out";
+  const pid_t wait_verb = spawn({"/bin/sh", "-c", ctl + " wait " + id}, waited_out);
+  for (int restart = 0; restart < 6; ++restart) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    if (restart % 2 == 0) {
+      kill(coordinator_, SIGKILL);
+      waitpid(coordinator_, nullptr, 0);
+    } else {
+      stop(coordinator_);  // SIGTERM, and wait for it to end
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     startCoordinator(address_);  // same port and data dir
   }
@@ -805,9 +814,12 @@ TEST_F(ClusterTest, SubmitWaitAndLogsFollowRideOutFiveCoordinatorRestarts) {
   EXPECT_NE(waited.find("lost the coordinator at " + address_), std::string::npos) << waited;
   EXPECT_NE(waited.find("answers again"), std::string::npos) << waited;
   EXPECT_NE(waited.find(id + " SUCCEEDED"), std::string::npos) << waited;
+  EXPECT_EQ(waited.find("CANCELLED"), std::string::npos) << waited;
+  EXPECT_EQ(ended(wait_verb), 0) << slurp(waited_out);
+  EXPECT_NE(slurp(waited_out).find(id + " SUCCEEDED"), std::string::npos) << slurp(waited_out);
   EXPECT_EQ(ended(follower), 0) << slurp(logs_out);
   const std::string followed = slurp(logs_out);
-  for (int i = 1; i <= 14; ++i) {
+  for (int i = 1; i <= 16; ++i) {
     EXPECT_NE(followed.find("tick " + std::to_string(i) + "\n"), std::string::npos) << i << ":\n" << followed;
   }
   EXPECT_EQ(job(id).state(), ddl::v1::SUCCEEDED) << job(id).DebugString();

@@ -1,10 +1,14 @@
-// Helpers shared by the end-to-end tests (cluster_test, chaos_test), which run real ddl-coordinator and ddl-agent
-// processes on 127.0.0.1: start a program with its output in a log, read a file, find processes by a marker in
-// their command line, and wait for a condition with a bound.
+// Helpers shared by the end-to-end tests (cluster_test, chaos_test), which run real ddl-coordinator and
+// ddl-agent processes on 127.0.0.1: start a program with its output in a log, read a file, find processes by
+// a marker in their command line, wait for a condition with a bound, and GET a page over plain HTTP.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -93,6 +97,37 @@ inline void stopProcess(pid_t& pid) {
     waitpid(pid, &status, 0);
   }
   pid = -1;
+}
+
+// GET http://HOST:PORT`path` (an IPv4 loopback dashboard); the whole answer (status line, header and body),
+// or
+// "" when it could not be read within 5 s.
+inline std::string httpGet(const std::string& host_port, const std::string& path) {
+  const size_t colon = host_port.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
+  if (inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr) != 1) return "";
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  timeval limit{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+  std::string answer;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request =
+        "GET " + path + " HTTP/1.1\r\nHost: " + host_port + "\r\nConnection: close\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      for (int i = 0; i < 4096; ++i) {  // at most 16 MiB
+        const ssize_t n = read(fd, buf, sizeof(buf));
+        if (n <= 0) break;
+        answer.append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  close(fd);
+  return answer;
 }
 
 }  // namespace ddl::e2e

@@ -67,7 +67,7 @@ class LeaderTest : public ::testing::Test {
     const fs::path data = dir_ / ("c" + std::to_string(i));
     fs::remove(data / "coordinator.addr");
     std::vector<std::string> argv = {std::string(DDL_BIN_DIR) + "/ddl-coordinator",
-                                     "--insecure",
+                                     tls_ ? "--pki-dir" : "--insecure",
                                      "--listen",
                                      coordinators_[i].listen,
                                      "--http",
@@ -77,6 +77,7 @@ class LeaderTest : public ::testing::Test {
                                      "--leader-lease",
                                      "3",
                                      "--allow-root-jobs"};
+    if (tls_) argv.insert(argv.begin() + 2, pki());
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (std::find(extra.begin(), extra.end(), "--store") == extra.end()) {
       argv.insert(argv.end(), {"--store", store_});
@@ -102,23 +103,41 @@ class LeaderTest : public ::testing::Test {
   bool startAgent() {
     std::string list;
     for (const auto& c : coordinators_) list += (list.empty() ? "" : ",") + c.listen;
-    agent_ = spawn({std::string(DDL_BIN_DIR) + "/ddl-agent", "--insecure", "--coordinator", list, "--node",
-                    "n1", "--address", "127.0.0.1", "--virtual-gpus", "1", "--force-virtual", "--data-dir",
-                    (dir_ / "n1").string()},
-                   dir_ / "agent.log");
+    std::vector<std::string> argv = {std::string(DDL_BIN_DIR) + "/ddl-agent",
+                                     "--insecure",
+                                     "--coordinator",
+                                     list,
+                                     "--node",
+                                     "n1",
+                                     "--address",
+                                     "127.0.0.1",
+                                     "--virtual-gpus",
+                                     "1",
+                                     "--force-virtual",
+                                     "--data-dir",
+                                     (dir_ / "n1").string()};
+    if (tls_)
+      argv.insert(argv.begin() + 1, {"--pki-dir", (dir_ / "n1-pki").string(), "--stop-ranks-on-exit"});
+    if (tls_) argv.erase(std::find(argv.begin(), argv.end(), "--insecure"));
+    agent_ = spawn(argv, dir_ / "agent.log");
     return nodeUp();
   }
   bool nodeUp() {
     return waitFor([&] { return ctl("nodes").find(" UP") != std::string::npos; }, 20000);
   }
 
-  // ddlctl against every coordinator's address, as a user would give them; its stdout, or "" when it failed.
-  std::string ctl(const std::string& words) {
+  // ddlctl against every coordinator's address, as a user would give them, as a shell command's start.
+  std::string ctlCommand() const {
     std::string list;
     for (const auto& c : coordinators_) list += (list.empty() ? "" : ",") + c.listen;
+    return std::string(DDL_BIN_DIR) + "/ddlctl " +
+           (tls_ ? "--ca " + pki() + "/ca.crt --token-file " + pki() + "/admin.token" : "--insecure") +
+           " --timeout 5 --coordinator " + list;
+  }
+  // ddlctl's stdout, or "" when it failed.
+  std::string ctl(const std::string& words) {
     const std::string out = (dir_ / "ctl.out").string();
-    const std::string cmd = std::string(DDL_BIN_DIR) + "/ddlctl --insecure --timeout 5 --coordinator " +
-                            list + " " + words + " > " + out + " 2>> " + (dir_ / "ctl.err").string();
+    const std::string cmd = ctlCommand() + " " + words + " > " + out + " 2>> " + (dir_ / "ctl.err").string();
     if (std::system(cmd.c_str()) != 0) return "";
     std::string text = slurp(out);
     text.erase(text.find_last_not_of("\n ") + 1);
@@ -129,6 +148,21 @@ class LeaderTest : public ::testing::Test {
 
   static void stop(pid_t& pid) { ddl::e2e::stopProcess(pid); }
 
+  // gRPC over TLS from here on (coordinators, agent, ddlctl): a cluster PKI whose first admin is root (its
+  // jobs run as root: --allow-root-jobs) and the agent's node certificate.
+  bool useTls() {
+    const std::string bin = std::string(DDL_BIN_DIR) + "/ddl-coordinator";
+    if (ddl::e2e::runToEnd({bin, "init-pki", pki(), "--name", "127.0.0.1", "--admin", "root"},
+                           dir_ / "pki.log") != 0 ||
+        ddl::e2e::runToEnd({bin, "--pki-dir", pki(), "issue-node", "n1", "--out", (dir_ / "n1-pki").string()},
+                           dir_ / "pki.log") != 0) {
+      return false;
+    }
+    tls_ = true;
+    return true;
+  }
+  std::string pki() const { return (dir_ / "pki").string(); }
+
   struct Coordinator {
     pid_t pid;
     std::string listen;
@@ -138,6 +172,7 @@ class LeaderTest : public ::testing::Test {
   EtcdForTest etcd_;
   std::string store_, skip_;
   std::vector<Coordinator> coordinators_;
+  bool tls_ = false;
 };
 
 TEST_F(LeaderTest, AStandbyTakesOverWhenTheLeaderStopsOrDiesAndNothingIsLost) {
@@ -149,6 +184,21 @@ TEST_F(LeaderTest, AStandbyTakesOverWhenTheLeaderStopsOrDiesAndNothingIsLost) {
       [&] { return log(1).find("standby: " + coordinators_[0].listen + " leads") != std::string::npos; },
       15000));
   EXPECT_FALSE(serving(1)) << "a standby must not serve";
+  // ...but its dashboard answers: Prometheus scrapes every coordinator, and each says whether it leads.
+  const std::string standby_http = slurp(dir_ / "c1" / "coordinator.http");
+  ASSERT_FALSE(standby_http.empty()) << log(1);
+  const std::string metrics = ddl::e2e::httpGet(standby_http.substr(0, standby_http.find('\n')), "/metrics");
+  EXPECT_NE(metrics.find("200 OK"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("ddl_coordinator_leader 0"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("ddl_jobs"), std::string::npos) << "a standby has no cluster to tell of:\n"
+                                                         << metrics;
+  const std::string health = ddl::e2e::httpGet(standby_http.substr(0, standby_http.find('\n')), "/healthz");
+  EXPECT_NE(health.find("503"), std::string::npos) << health;
+  EXPECT_NE(health.find("standby: " + coordinators_[0].listen + " leads"), std::string::npos) << health;
+  const std::string leader_http = slurp(dir_ / "c0" / "coordinator.http");
+  EXPECT_NE(ddl::e2e::httpGet(leader_http.substr(0, leader_http.find('\n')), "/metrics")
+                .find("ddl_coordinator_leader 1"),
+            std::string::npos);
   ASSERT_TRUE(startAgent()) << "the agent did not find the leader";
   const std::string first = submit();
   ASSERT_EQ(first, "j-000001");
@@ -277,6 +327,73 @@ TEST_F(LeaderTest, EtcdOverTlsWithAClientCertificate) {
         << log(i);
     EXPECT_FALSE(serving(i));
   }
+}
+
+// Issue 39: what a user waiting on a job meets when the leader changes: submit --wait, wait and logs -f over
+// TLS ride out five leader changes (SIGKILL and SIGTERM in turn), each on a fresh connection to the new
+// leader (the old channel's handshake was never driven), and end with the job's true result and its whole
+// output. How soon each is back after a fresh call would be is bench/failover.py --waiters' figure, not
+// asserted here.
+TEST_F(LeaderTest, WaitersRideOutLeaderChangesOverTls) {
+  if (!startEtcd()) GTEST_SKIP() << skip_;
+  ASSERT_TRUE(useTls()) << slurp(dir_ / "pki.log");
+  startCoordinator(0);
+  ASSERT_TRUE(waitFor([&] { return serving(0); }, 30000)) << log(0);
+  startCoordinator(1);
+  ASSERT_TRUE(waitFor([&] { return log(1).find("standby: ") != std::string::npos; }, 15000)) << log(1);
+  ASSERT_TRUE(startAgent()) << slurp(dir_ / "agent.log") << slurp(dir_ / "ctl.err");
+  const fs::path wait_out = dir_ / "submit-wait.out", logs_out = dir_ / "logs.out",
+                 waited_out = dir_ / "wait.out";
+  const pid_t submitter = spawn({"/bin/sh", "-c",
+                                 ctlCommand() + " submit --wait --gpus 1 -- /bin/sh -c "
+                                                "'for i in $(seq 1 40); do echo tick $i; sleep 1; done'"},
+                                wait_out);
+  std::string id;
+  ASSERT_TRUE(waitFor(
+      [&] {
+        const std::string text = slurp(wait_out);
+        if (text.rfind("j-", 0) != 0 || text.find('\n') == std::string::npos) return false;
+        id = text.substr(0, text.find('\n'));
+        return true;
+      },
+      20000))
+      << slurp(wait_out);
+  ASSERT_TRUE(waitFor([&] { return ctl("status " + id).find("RUNNING") != std::string::npos; }, 30000));
+  const pid_t follower = spawn({"/bin/sh", "-c", ctlCommand() + " logs -f " + id}, logs_out);
+  const pid_t waiter = spawn({"/bin/sh", "-c", ctlCommand() + " wait " + id}, waited_out);
+  for (int change = 0; change < 5; ++change) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    const size_t leader = serving(0) ? 0 : 1, standby = 1 - leader;
+    if (change % 2 == 0) {
+      kill(coordinators_[leader].pid, SIGKILL);
+      exitStatus(leader, 5000);
+    } else {
+      stop(coordinators_[leader].pid);  // SIGTERM: it resigns, the calls in flight are cut
+    }
+    ASSERT_TRUE(waitFor([&] { return serving(standby); }, 20000)) << "no takeover at change " << change;
+    startCoordinator(leader);  // back, as a standby
+  }
+  int status = -1;
+  auto ended = [&](pid_t pid) {
+    return waitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, 120000) && WIFEXITED(status)
+               ? WEXITSTATUS(status)
+               : -1;
+  };
+  EXPECT_EQ(ended(submitter), 0) << slurp(wait_out);
+  EXPECT_EQ(ended(waiter), 0) << slurp(waited_out);
+  EXPECT_EQ(ended(follower), 0) << slurp(logs_out);
+  for (const fs::path& out : {wait_out, waited_out}) {
+    const std::string text = slurp(out);
+    EXPECT_NE(text.find("lost the coordinator"), std::string::npos) << text;
+    EXPECT_NE(text.find("answers again"), std::string::npos) << text;
+    EXPECT_NE(text.find(id + " SUCCEEDED"), std::string::npos) << text;
+    EXPECT_EQ(text.find("CANCELLED"), std::string::npos) << text;
+  }
+  const std::string followed = slurp(logs_out);
+  for (int i = 1; i <= 40; ++i) {
+    EXPECT_NE(followed.find("tick " + std::to_string(i) + "\n"), std::string::npos) << i << ":\n" << followed;
+  }
+  EXPECT_EQ(followed.find("Handshake"), std::string::npos) << "gRPC's own log lines:\n" << followed;
 }
 
 }  // namespace

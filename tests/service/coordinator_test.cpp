@@ -624,6 +624,92 @@ TEST_F(CoordinatorTest, AFailedWriteIsRetriedAndNothingWaitsForeverOrLeaksGpus) 
   EXPECT_EQ(coordinator->metrics().gpus_allocated, 0);
 }
 
+// A submit retried with its request id (ddlctl repeats one whose answer was lost to a restart or a failover)
+// gets the job the first made, also after a coordinator restart; another user's same id is theirs; an array
+// comes back whole; a malformed id is refused.
+TEST_F(CoordinatorTest, ARepeatedRequestIdGetsTheSameJobNeverASecond) {
+  addNode("n1", 2);
+  v1::SubmitRequest req;
+  *req.mutable_spec() = spec(1, 1);
+  req.set_request_id("ci-1234:try.1");
+  auto first = coordinator->submit(req);
+  ASSERT_TRUE(first) << first.status().toString();
+  EXPECT_FALSE(first->existing());
+  auto again = coordinator->submit(req);
+  ASSERT_TRUE(again) << again.status().toString();
+  EXPECT_TRUE(again->existing());
+  EXPECT_EQ(again->job().id(), first->job().id());
+  v1::SubmitRequest bobs = req;
+  bobs.mutable_spec()->set_user("bob");
+  auto other = coordinator->submit(bobs);
+  ASSERT_TRUE(other);
+  EXPECT_NE(other->job().id(), first->job().id());  // request ids are per user
+  v1::SubmitRequest array = req;
+  array.set_request_id("sweep-7");
+  array.set_array("0-3");
+  auto made = coordinator->submit(array);
+  ASSERT_TRUE(made);
+  ASSERT_EQ(made->array_jobs_size(), 4);
+  // The coordinator restarts: the ids come back with the jobs from the store.
+  makeCoordinator(std::move(store_));
+  addNode("n1", 2);
+  auto after = coordinator->submit(req);
+  ASSERT_TRUE(after);
+  EXPECT_TRUE(after->existing());
+  EXPECT_EQ(after->job().id(), first->job().id());
+  auto array_again = coordinator->submit(array);
+  ASSERT_TRUE(array_again);
+  EXPECT_TRUE(array_again->existing());
+  EXPECT_EQ(std::vector<std::string>(array_again->array_jobs().begin(), array_again->array_jobs().end()),
+            std::vector<std::string>(made->array_jobs().begin(), made->array_jobs().end()));
+  v1::ListJobsRequest all;
+  EXPECT_EQ(coordinator->listJobs(all)->jobs_size(), 6);  // 1 + bob's 1 + 4: no repeat made a job
+  req.set_request_id("has space");
+  EXPECT_EQ(coordinator->submit(req).status().code(), state::StatusCode::kInvalidArgument);
+}
+
+// A submit whose batch the store cannot take (a full disk) is refused at once with the store's reason, not
+// left waiting past the caller's deadline; its job is withdrawn (CANCELLED, never placed) so that it does not
+// run once space is back, and a retry with the same request id makes a new job then.
+TEST_F(CoordinatorTest, ASubmitTheStoreCannotTakeIsRefusedAtOnceAndNeverRuns) {
+  auto flaky = std::make_unique<FlakyStore>();
+  FlakyStore* store = flaky.get();
+  makeCoordinator(std::move(flaky));
+  addNode("n1", 2);
+  store->failing =
+      true;  // the disk filled up; nothing has failed yet, so the coordinator still looks healthy
+  v1::SubmitRequest req;
+  *req.mutable_spec() = spec(1, 1);
+  req.set_request_id("nightly-42");
+  // Scheduling passes meanwhile must not place it (a tick waits for what it stores: its own thread).
+  std::thread ticker([&] {
+    for (int i = 0; i < 5; ++i) coordinator->tick();
+  });
+  auto refused = coordinator->submit(req);  // bounded: answered at the first failed commit
+  store->failing = false;                   // space is back
+  ticker.join();
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.status().code(), state::StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("disk full (injected)"), std::string::npos)
+      << refused.status().toString();
+  EXPECT_NE(refused.status().message().find("nothing was submitted"), std::string::npos);
+  ASSERT_TRUE(waitHealth(*coordinator, true));
+  coordinator->tick();
+  EXPECT_TRUE(links["n1"]->commands.empty()) << "a refused submit's job was started";
+  auto stored = store->listJobsPage({}, 0, 100);
+  ASSERT_TRUE(stored);
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ(stored->front().state, state::JobState::kCancelled);  // withdrawn, in the history with the reason
+  EXPECT_NE(stored->front().transitions.back().reason.find("the submit was refused"), std::string::npos);
+  // The same request id again: a new job (the refused one made nothing), which runs.
+  auto retried = coordinator->submit(req);
+  ASSERT_TRUE(retried) << retried.status().toString();
+  EXPECT_FALSE(retried->existing());
+  EXPECT_NE(retried->job().id(), stored->front().id);
+  coordinator->tick();
+  EXPECT_EQ(starts("n1", retried->job().id()).size(), 1u);
+}
+
 TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAndAreReadFromTheStore) {
   options.max_finished_in_memory = 2;
   makeCoordinator(std::make_unique<state::MemoryStore>());
@@ -654,6 +740,20 @@ TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAndAreReadFromTheStore) {
     req.set_page_token(resp->next_page_token());
   }
   EXPECT_EQ(seen, ids);
+  // Newest first (the dashboard's history), the pages going back in time, across memory and the store.
+  std::vector<std::string> back;
+  v1::ListJobsRequest newest;
+  newest.set_page_size(2);
+  newest.set_newest_first(true);
+  for (int page = 0; page < 10; ++page) {
+    auto resp = coordinator->listJobs(newest);
+    ASSERT_TRUE(resp) << resp.status().toString();
+    EXPECT_LE(resp->jobs_size(), 2);
+    for (const auto& j : resp->jobs()) back.push_back(j.id());
+    if (resp->next_page_token().empty()) break;
+    newest.set_page_token(resp->next_page_token());
+  }
+  EXPECT_EQ(back, std::vector<std::string>(ids.rbegin(), ids.rend()));
   req.set_page_token("nonsense");
   EXPECT_EQ(coordinator->listJobs(req).status().code(), state::StatusCode::kInvalidArgument);
   req.clear_page_token();

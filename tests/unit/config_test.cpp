@@ -185,9 +185,10 @@ TEST(AgentConfig, DefaultsAreValidAndEveryKeyIsRead) {
       worker::parseAgentConfig(R"({"coordinator": "[fd00::1]:7070", "node": "n1", "address": "10.0.0.2",
       "labels": {"rack": "r1"}, "virtual_gpus": 4, "force_virtual": true, "data_dir": "/d", "log_retention_hours": 24, "log_max_mb": 500, "port_first": 30000,
       "port_last": 30010, "stop_grace_s": 2.5, "stop_ranks_on_exit": true, "log_level": "warn", "pki_dir": "/p",
-      "insecure": false, "tls_refresh_s": 30})",
+      "insecure": false, "tls_refresh_s": 30, "rank_env": ["HTTPS_PROXY", "SLURM_*"]})",
                                "a.json", &c);
   ASSERT_TRUE(st) << st.message();
+  EXPECT_EQ(c.rank_env, (std::vector<std::string>{"HTTPS_PROXY", "SLURM_*"}));
   EXPECT_EQ(c.coordinator, "[fd00::1]:7070");
   EXPECT_EQ(c.node, "n1");
   EXPECT_EQ(c.address, "10.0.0.2");
@@ -232,6 +233,11 @@ TEST(AgentConfig, UnknownKeysWrongTypesAndBadCoordinatorAddresses) {
               std::string::npos)
         << bad << " -> " << messageOf(worker::validateAgentConfig(a));
   }
+  AgentConfig env;
+  env.rank_env = {"GOOD", "BAD-NAME"};
+  EXPECT_NE(messageOf(worker::validateAgentConfig(env)).find("rank_env: 'BAD-NAME' is not a variable name"),
+            std::string::npos)
+      << messageOf(worker::validateAgentConfig(env));
   AgentConfig several;
   several.coordinator = "ctl-1:7070,ctl-2:7070";
   EXPECT_TRUE(worker::validateAgentConfig(several)) << messageOf(worker::validateAgentConfig(several));

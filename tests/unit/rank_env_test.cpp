@@ -117,3 +117,32 @@ TEST(RankEnv, RankVariablesAreTheOnesDdlSets) {
 }
 
 }  // namespace ddl
+
+namespace ddl {
+namespace {
+
+// ddl-agent's environment reaches its ranks through an allow-list (issue 39: an agent started from a shell
+// with DDL_TOKEN exported passed it to every user's ranks).
+TEST(RankEnv, RanksInheritOnlyWhatTheAgentsAllowListNames) {
+  const std::vector<std::string> agent = {"PATH=/usr/bin",    "LC_ALL=C.UTF-8",
+                                          "UCX_TLS=rc,sm",    "DDL_TUNE_FILE=/etc/t",
+                                          "DDL_TOKEN=ddl_x",  "DDL_TOKEN_FILE=/t",
+                                          "AWS_SECRET_KEY=k", "HTTPS_PROXY=http://p",
+                                          "SLURM_JOB_ID=7",   "=odd",
+                                          "NOEQUALS"};
+  EXPECT_EQ(
+      inheritedEnvironment(agent, kAgentEnvAllowed),
+      (std::vector<std::string>{"PATH=/usr/bin", "LC_ALL=C.UTF-8", "UCX_TLS=rc,sm", "DDL_TUNE_FILE=/etc/t"}));
+  std::vector<std::string> more = kAgentEnvAllowed;
+  more.insert(more.end(), {"HTTPS_PROXY", "SLURM_*", "DDL_*"});  // an operator's additions; credentials never
+  EXPECT_EQ(inheritedEnvironment(agent, more),
+            (std::vector<std::string>{"PATH=/usr/bin", "LC_ALL=C.UTF-8", "UCX_TLS=rc,sm",
+                                      "DDL_TUNE_FILE=/etc/t", "HTTPS_PROXY=http://p", "SLURM_JOB_ID=7"}));
+  EXPECT_EQ(agentEnvEntryProblem("SLURM_*"), "");
+  EXPECT_EQ(agentEnvEntryProblem("HTTPS_PROXY"), "");
+  for (const char* bad : {"", "*", "A-B", "1X", "A*B", "A B"})
+    EXPECT_NE(agentEnvEntryProblem(bad), "") << bad;
+}
+
+}  // namespace
+}  // namespace ddl

@@ -1,6 +1,7 @@
 // The pieces of ddl's security without a network: the PKI (common/pki), the user registry and join tokens
 // (coordinator/auth/users), the PKI directory tools (auth/pki_dir) and the access rules (auth/access).
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -250,6 +251,14 @@ TEST(Access, RulesForUsersViewersNodesAndInsecure) {
             state::StatusCode::kPermissionDenied);
   EXPECT_TRUE(access::ownSpec(Identity{"root", Role::kUser, "token"}, claimed, true));
   EXPECT_EQ(access::ownSpec(anyone, claimed, false)->user(), "alice");  // insecure: as the request says
+  // init-pki's built-in "admin" is no account on the nodes: its jobs would fail everywhere, so they are
+  // refused at submit, naming what to do (unless this host has an account of that name).
+  if (getpwnam("admin") == nullptr) {
+    auto refused = access::ownSpec(Identity{"admin", Role::kAdmin, "token"}, claimed, false);
+    EXPECT_EQ(refused.status().code(), state::StatusCode::kPermissionDenied);
+    EXPECT_NE(refused.status().message().find("add-user"), std::string::npos) << refused.status().message();
+  }
+  EXPECT_TRUE(access::ownSpec(Identity{"ops", Role::kAdmin, "token"}, claimed, false));  // a named admin may
 
   EXPECT_EQ(access::identifyUser("", nullptr, false).status().code(), state::StatusCode::kUnauthenticated);
   EXPECT_EQ(access::identifyUser("", nullptr, true)->role, Role::kInsecure);

@@ -1005,6 +1005,7 @@ TEST(SqliteStore, ReopenKeepsEveryJobAndNode) {
     spec.max_restarts = 3;
     spec.cpus_per_rank = 2;
     spec.memory_per_rank_bytes = int64_t{8} << 30;
+    spec.request_id = "ci-42:build_7.1";
     for (int i = 0; i < 6; ++i) ASSERT_TRUE(store->createJob(spec).isOk());
     ASSERT_TRUE(store
                     ->setAllocation("j-000002", {{"a", {0, 1}, {0, 1, 2, 3}, int64_t{16} << 30}, {"b", {7}}},
@@ -1030,6 +1031,7 @@ TEST(SqliteStore, ReopenKeepsEveryJobAndNode) {
   ASSERT_EQ(jobs[1].allocation.at(0).cpus,
             (std::vector<int>{0, 1, 2, 3}));  // read back before the reopen too
   ASSERT_EQ(jobs[1].spec.cpus_per_rank, 2);
+  ASSERT_EQ(jobs[1].spec.request_id, "ci-42:build_7.1");
   auto store = openOrDie(path, clock.fn());
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(*store->listJobs(), jobs);

@@ -157,4 +157,17 @@ TEST_F(LogRetentionTest, AFullLogDiskIsSaid) {
   EXPECT_EQ(std::system(("umount " + small.string()).c_str()), 0);
 }
 
+// Issue 39: a rank log cut by a full disk ended mid-line with no word; the agent's note goes on a line of its
+// own after the cut, and after a whole line without an empty one.
+TEST_F(LogRetentionTest, TheAgentsNotesStartALineOfTheirOwn) {
+  const fs::path log = logs_ / "rank-0.log";
+  { std::ofstream(log) << "epoch 3 loss 0.41\nepoch 4 lo"; }  // cut mid-line
+  EXPECT_EQ(appendLogNote(log.string(), "[ddl-agent: the disk is full]"), "");
+  EXPECT_EQ(appendLogNote(log.string(), "[ddl-agent: room again]\n"), "");
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "epoch 3 loss 0.41\nepoch 4 lo\n[ddl-agent: the disk is full]\n[ddl-agent: room again]\n");
+  EXPECT_NE(appendLogNote((logs_ / "missing.log").string(), "x").find("cannot open"), std::string::npos);
+}
+
 }  // namespace

@@ -230,18 +230,26 @@ TEST_P(SupervisorTest, ACpuTheAgentMayNotUseFailsTheRankAndSaysWhy) {
   EXPECT_NE(exit->error.find("Invalid argument"), std::string::npos) << exit->error;
 }
 
+// The agent's environment reaches ranks through its allow-list only: a node-wide libddl setting does, the
+// operator's ddlctl credentials and anything unlisted (a cloud key in the shell that started it) do not.
 TEST_P(SupervisorTest, AppliesEnvironmentInOrderAndWorkdir) {
   fs::create_directories(dir_ / "wd");
-  RankSpec spec = shell("j1", 0, "echo $FOO; echo $DDL_KEPT; pwd -P");
+  RankSpec spec =
+      shell("j1", 0,
+            "echo $FOO; echo $DDL_TUNE_FILE; echo x${DDL_TOKEN}${DDL_TOKEN_FILE}${AWS_SECRET_KEY}x; "
+            "pwd -P");
   spec.env = {{"FOO", "bar"}, {"FOO", "baz"}};
   spec.workdir = (dir_ / "wd").string();
-  setenv("DDL_KEPT", "from-agent", 1);
+  setenv("DDL_TUNE_FILE", "from-agent", 1);
+  setenv("DDL_TOKEN", "ddl_secret", 1);
+  setenv("DDL_TOKEN_FILE", "/root/.config/ddl/token", 1);
+  setenv("AWS_SECRET_KEY", "s3cr3t", 1);
   mustStart(spec);
   auto exit = recorder_.waitFor("j1", 1, 0);
-  unsetenv("DDL_KEPT");
+  for (const char* name : {"DDL_TUNE_FILE", "DDL_TOKEN", "DDL_TOKEN_FILE", "AWS_SECRET_KEY"}) unsetenv(name);
   ASSERT_TRUE(exit.has_value());
   EXPECT_EQ(exit->exit_code, 0);
-  EXPECT_EQ(readFile(spec.log_path), "baz\nfrom-agent\n" + (dir_ / "wd").string() + "\n");
+  EXPECT_EQ(readFile(spec.log_path), "baz\nfrom-agent\nxx\n" + (dir_ / "wd").string() + "\n");
 }
 
 TEST_P(SupervisorTest, MissingProgramFailsStartAndIsRecordedAs127) {
