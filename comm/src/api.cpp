@@ -377,6 +377,18 @@ ddlResult_t ddlIrecv(void* recvbuff, size_t count, ddlDataType_t datatype, int p
   return startRequest(comm, "ddlIrecv", request, [&] { return comm->impl->irecv(recvbuff, count, datatype, peer); });
 }
 
+ddlResult_t ddlIsendTagged(const void* sendbuff, size_t count, ddlDataType_t datatype, int peer, int tag,
+                           ddlComm_t comm, ddlRequest_t* request) {
+  return startRequest(comm, "ddlIsendTagged", request,
+                      [&] { return comm->impl->isendTagged(sendbuff, count, datatype, peer, tag); });
+}
+
+ddlResult_t ddlIrecvTagged(void* recvbuff, size_t count, ddlDataType_t datatype, int peer, int tag,
+                           ddlComm_t comm, int* source, ddlRequest_t* request) {
+  return startRequest(comm, "ddlIrecvTagged", request,
+                      [&] { return comm->impl->irecvTagged(recvbuff, count, datatype, peer, tag, source); });
+}
+
 static ddlResult_t finish(ddlRequest_t request) {
   ddlResult_t r = request->op->result;
   if (r != ddlSuccess) recordIn(request->errors.get(), std::string(request->fn) + ": " + request->op->error);

@@ -872,9 +872,10 @@ void Comm::checkPeer(int peer) const {
   }
 }
 
-std::shared_ptr<AsyncOp> Comm::submitP2P(bool is_recv, void* buf, size_t count, ddlDataType_t type, int peer) {
+std::shared_ptr<AsyncOp> Comm::submitP2P(bool is_recv, void* buf, size_t count, ddlDataType_t type, int peer,
+                                         int tag, int* source) {
   checkType("datatype", type);
-  checkPeer(peer);
+  if (!(is_recv && tag >= 0 && peer == DDL_ANY_SOURCE)) checkPeer(peer);
   if (count && !buf) fail(ddlInvalidArgument, std::string(is_recv ? "recvbuff" : "sendbuff") + " is NULL");
   if (count) refuseDevice(is_recv ? nullptr : buf, is_recv ? buf : nullptr);
   checkedBytes(count, typeSize(type));
@@ -885,6 +886,8 @@ std::shared_ptr<AsyncOp> Comm::submitP2P(bool is_recv, void* buf, size_t count, 
   op->buf = buf;
   op->count = count;
   op->type = type;
+  op->tag = tag;
+  op->source = source;
   std::shared_ptr<AsyncOp> result = op->result;
   p2p_->submit(std::move(op));
   {
@@ -903,6 +906,25 @@ std::shared_ptr<AsyncOp> Comm::isend(const void* buf, size_t count, ddlDataType_
 
 std::shared_ptr<AsyncOp> Comm::irecv(void* buf, size_t count, ddlDataType_t type, int peer) {
   return submitP2P(true, buf, count, type, peer);
+}
+
+namespace {
+void checkTag(int tag) {
+  if (tag < 0 || tag > DDL_MAX_TAG) {
+    fail(ddlInvalidArgument, "tag " + std::to_string(tag) + " is not between 0 and DDL_MAX_TAG");
+  }
+}
+}  // namespace
+
+std::shared_ptr<AsyncOp> Comm::isendTagged(const void* buf, size_t count, ddlDataType_t type, int peer, int tag) {
+  checkTag(tag);
+  return submitP2P(false, const_cast<void*>(buf), count, type, peer, tag);
+}
+
+std::shared_ptr<AsyncOp> Comm::irecvTagged(void* buf, size_t count, ddlDataType_t type, int peer, int tag,
+                                           int* source) {
+  checkTag(tag);
+  return submitP2P(true, buf, count, type, peer, tag, source);
 }
 
 namespace {

@@ -106,6 +106,11 @@ class Comm {
   std::shared_ptr<AsyncOp> irecv(void* buf, size_t count, ddlDataType_t type, int peer);
   void send(const void* buf, size_t count, ddlDataType_t type, int peer);
   void recv(void* buf, size_t count, ddlDataType_t type, int peer);
+  // Tagged (ddlIsendTagged, ddlIrecvTagged): matched by tag; a receive's peer may be DDL_ANY_SOURCE, and
+  // *source (if not null) gets the sender's rank before the operation is done.
+  std::shared_ptr<AsyncOp> isendTagged(const void* buf, size_t count, ddlDataType_t type, int peer, int tag);
+  std::shared_ptr<AsyncOp> irecvTagged(void* buf, size_t count, ddlDataType_t type, int peer, int tag,
+                                       int* source);
 
   // Any thread. Blocked and later calls fail with ddlAborted; peers are told.
   void abort();
@@ -180,7 +185,9 @@ class Comm {
   void checkBuffers(const void* sendbuf, const void* recvbuf, size_t count) const;
   void checkRoot(int root) const;
   void checkPeer(int peer) const;
-  std::shared_ptr<AsyncOp> submitP2P(bool is_recv, void* buf, size_t count, ddlDataType_t type, int peer);
+  // tag < 0: the sequenced (untagged) form.
+  std::shared_ptr<AsyncOp> submitP2P(bool is_recv, void* buf, size_t count, ddlDataType_t type, int peer,
+                                     int tag = -1, int* source = nullptr);
   // The executor's share of point-to-point progress, while no collective runs (see executorLoop).
   void driveP2P();
   // After a point-to-point failure, an abort or a failed collective: breaks the communicator (if not yet),

@@ -40,7 +40,9 @@ void PointToPoint::updateActive() {
 
 std::string PointToPoint::describe(const P2POp& op) const {
   return std::string(op.is_recv ? "receive of " : "send of ") + std::to_string(op.count) + " " +
-         typeName(op.type) + (op.is_recv ? " from " : " to ") + ch_.peerName(op.peer);
+         typeName(op.type) + (op.is_recv ? " from " : " to ") +
+         (op.peer == DDL_ANY_SOURCE ? std::string("any rank") : ch_.peerName(op.peer)) +
+         (op.tag >= 0 ? " with tag " + std::to_string(op.tag) : std::string());
 }
 
 void PointToPoint::post(P2POp& op) {
@@ -50,6 +52,18 @@ void PointToPoint::post(P2POp& op) {
   op.deadline.emplace(ch_.timeoutMs());
   op.req.reset();
   op.req.posted_len = bytes;
+  if (op.tag >= 0) {  // tagged: no sequence number; any source masks the sender out
+    const uint64_t user = tag::userTagBits(static_cast<uint32_t>(op.tag));
+    if (op.is_recv) {
+      const bool any = peer == DDL_ANY_SOURCE;
+      const uint64_t t = tag::kP2P | user | (any ? 0 : static_cast<uint64_t>(peer) << tag::kSrcShift);
+      ch_.transport().recv(op.req, peer, t, any ? tag::kMatchMask & ~tag::kSrcMask : tag::kMatchMask, op.buf, bytes);
+    } else {
+      const uint64_t t = tag::kP2P | user | op.sig_bits | (static_cast<uint64_t>(ch_.rank()) << tag::kSrcShift);
+      ch_.transport().send(op.req, peer, t, op.buf, bytes);
+    }
+    return;
+  }
   if (op.is_recv) {
     op.seq = recv_seq_[peer]++;
     const uint64_t t = tag::kP2P | (static_cast<uint64_t>(op.seq & tag::kSeqValues) << tag::kSeqShift) |
@@ -93,22 +107,27 @@ bool PointToPoint::settle(P2POp& op) {
     return true;
   }
   if (r.done.load(std::memory_order_acquire)) {
+    // The sender, from the matched tag (a receive from DDL_ANY_SOURCE learns it only now).
+    const int sender = r.is_recv && (r.ok || r.truncated)
+                           ? static_cast<int>((r.sender_tag & tag::kSrcMask) >> tag::kSrcShift)
+                           : op.peer;
     if (!r.ok) {
       if (r.is_recv && r.truncated) {
         failOp(op, ddlInvalidArgument,
-               "point-to-point mismatch: " + ch_.peerName(op.peer) + " sent more data than this rank's " +
+               "point-to-point mismatch: " + ch_.peerName(sender) + " sent more data than this rank's " +
                    describe(op) + " expects (a send and its receive must have the same count and type)");
       } else {
-        std::string why = ch_.transport().peerError(op.peer);
+        std::string why = op.peer >= 0 ? ch_.transport().peerError(op.peer) : std::string();
         if (why.empty()) why = r.error;
         failOp(op, ddlRemoteError,
                describe(op) + " failed: " + why + " (the peer process may have died or lost its network)");
       }
     } else if (r.is_recv && ((r.sender_tag & tag::kSigMask) != op.sig_bits || r.length != r.posted_len)) {
       failOp(op, ddlInvalidArgument,
-             "point-to-point mismatch: " + ch_.peerName(op.peer) + " sent another type or count than this rank's " +
+             "point-to-point mismatch: " + ch_.peerName(sender) + " sent another type or count than this rank's " +
                  describe(op) + " expects (a send and its receive must have the same count and type)");
     } else {
+      if (op.source) *op.source = sender;
       op.result->finish();
       return true;
     }
@@ -125,7 +144,8 @@ bool PointToPoint::settle(P2POp& op) {
     return false;
   }
   if (polls_ % kCheckEvery == 0) {
-    const std::string why = ch_.transport().peerError(op.peer);
+    // A receive from any rank has no one peer to watch: only its deadline bounds it.
+    const std::string why = op.peer >= 0 ? ch_.transport().peerError(op.peer) : std::string();
     if (!why.empty()) {
       failOp(op, ddlRemoteError, ch_.peerName(op.peer) + " failed during " + describe(op) + ": " + why);
     } else if (op.deadline->expired()) {

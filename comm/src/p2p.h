@@ -1,10 +1,16 @@
 // Point-to-point sends and receives beside the collectives: ddlSend, ddlRecv, ddlIsend, ddlIrecv.
 //
-// Matching: p2p messages carry tag::kP2P, so they never match a collective's receive (nor the reverse), and a
-// sequence number per ordered pair of ranks: the k-th send from a to b matches the k-th receive on b from a,
-// MPI's non-overtaking order. The tag's signature covers the type and count, so a receive whose type or count
-// differs from the send's fails as a mismatch naming the peer, as a collective's does, instead of reading
-// garbage or waiting for ever.
+// Matching: p2p messages carry tag::kP2P, so they never match a collective's receive (nor the reverse). An
+// untagged operation (ddlIsend, ddlIrecv) carries a sequence number per ordered pair of ranks: the k-th send
+// from a to b matches the k-th receive on b from a, MPI's non-overtaking order. A tagged one (ddlIsendTagged,
+// ddlIrecvTagged) carries the user's tag instead (tag::kUserTag in the unit, its bits spread over the unit and
+// the sequence field; see userTagBits) and no sequence number: a receive matches the first message from its
+// peer with its tag, or, from DDL_ANY_SOURCE, from any rank (the sender bits masked out; the sender is read
+// back from the matched tag). Messages of one pair and tag keep their order because the transport matches in
+// arrival order per sender (UCX's tag matching, LocalTransport's queue). The unit bit keeps the two kinds
+// apart. Either way the tag's signature covers the type and count, so a receive whose type or count differs
+// from the send's fails as a mismatch naming the peer, as a collective's does, instead of reading garbage or
+// waiting for ever.
 //
 // Progress: operations are submitted from any thread and wait in `incoming_`; the thread that drives the
 // transport posts them and completes what finished: a collective's Session between its rounds (so a send
@@ -39,6 +45,8 @@ struct P2POp {
   void* buf = nullptr;  // a send only reads it
   size_t count = 0;
   ddlDataType_t type = ddlUint8;
+  int tag = -1;            // >= 0: tagged; then a receive's peer may be DDL_ANY_SOURCE
+  int* source = nullptr;   // a tagged receive: gets the sender's rank before result finishes
   std::shared_ptr<AsyncOp> result = std::make_shared<AsyncOp>();
   // Filled in when posted.
   Request req;

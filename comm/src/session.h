@@ -15,8 +15,9 @@
 // Tag layout (64 bits): [63] control | [62] p2p | [61:47] sequence | [46:39] signature | [38:24] sender |
 // [23:0] unit. Receives match the control and p2p bits, sequence, sender and unit; the signature is checked
 // after the message arrives. Collectives carry p2p = 0 and the communicator's collective sequence number;
-// point-to-point messages (p2p.h) p2p = 1 and a sequence number of their own per pair of ranks, so the two
-// never match each other's receives whatever order they are called in.
+// point-to-point messages (p2p.h) p2p = 1 and a sequence number of their own per pair of ranks (tagged ones the
+// user's tag, kUserTag below, instead), so the two never match each other's receives whatever order they are
+// called in.
 //
 // Threads: a Channel and its Sessions are used by one thread at a time (the communicator serialises its
 // callers); `aborted` may be set from any thread.
@@ -53,6 +54,12 @@ constexpr uint32_t kMaxPhases = 1U << 6;
 constexpr uint32_t kMaxUnits = 1U << kPhaseShift;  // per phase
 // What a receive matches on: everything but the signature.
 constexpr uint64_t kMatchMask = kControl | kP2P | kSeqMask | kSrcMask | kUnitMask;
+// A tagged point-to-point message (p2p.h): this unit bit set, the user's 32-bit tag in the unit's other 23 bits
+// and the low 9 bits of the sequence field.
+constexpr uint64_t kUserTag = 1ULL << 23;
+inline uint64_t userTagBits(uint32_t user_tag) {
+  return kUserTag | (user_tag & 0x7FFFFFULL) | (static_cast<uint64_t>(user_tag >> 23) << kSeqShift);
+}
 }  // namespace tag
 
 enum class CollKind : uint8_t {

@@ -2,7 +2,8 @@
 // DDL_* environment (ddlrun or the test's own launcher sets it), runs one scenario, and reports on stdout:
 // "OK" lines on success, "ERROR <code> <message>" and exit status 3 on a ddl failure.
 //
-//   comm_worker all        every collective, several sizes and algorithms, results checked
+//   comm_worker all        every collective, several sizes and algorithms, and tagged point-to-point (any
+//                          source too), results checked
 //   comm_worker loop N     N allreduces of 1 MiB, printing "iter k" (the kill-a-rank test)
 //   comm_worker p2ploop N  N rounds of 1 MiB sent to the right neighbour and received from the left, printing
 //                          "iter k" (the kill-a-rank test for point-to-point)
@@ -158,6 +159,42 @@ void runAll(ddlComm_t comm, int rank, int n) {
     CHECK(comm, ddlWait(rreq));
     for (size_t i = 0; i < count; ++i)
       if (from_left[i] != static_cast<float>(left)) wrong("p2p from rank " + std::to_string(left));
+  }
+  // Tagged point-to-point over the real transport: every other rank sends rank 0 a large (rendezvous) then a
+  // small message with tag 9 and one with tag 4; rank 0 takes the tag-4 messages first, from any source, then
+  // each rank's two tag-9 messages in order (the large receive would refuse the small message).
+  if (n > 1) {
+    const size_t big = 1 << 18;
+    if (rank != 0) {
+      std::vector<int32_t> large(big, rank * 10 + 1), small(3, rank * 10 + 2), four(1, rank * 10 + 3);
+      ddlRequest_t reqs[3];
+      CHECK(comm, ddlIsendTagged(large.data(), big, ddlInt32, 0, 9, comm, &reqs[0]));
+      CHECK(comm, ddlIsendTagged(small.data(), 3, ddlInt32, 0, 9, comm, &reqs[1]));
+      CHECK(comm, ddlIsendTagged(four.data(), 1, ddlInt32, 0, 4, comm, &reqs[2]));
+      for (auto* q : reqs) CHECK(comm, ddlWait(q));
+    } else {
+      std::vector<int> seen(n, 0);
+      for (int k = 1; k < n; ++k) {
+        int32_t v = -1;
+        int from = -1;
+        ddlRequest_t q;
+        CHECK(comm, ddlIrecvTagged(&v, 1, ddlInt32, DDL_ANY_SOURCE, 4, comm, &from, &q));
+        CHECK(comm, ddlWait(q));
+        if (from < 1 || from >= n || v != from * 10 + 3) wrong("tag 4 from any source: " + std::to_string(v));
+        ++seen[from];
+      }
+      for (int r = 1; r < n; ++r) {
+        if (seen[r] != 1) wrong("any-source receives saw rank " + std::to_string(r) + " " + std::to_string(seen[r]));
+        std::vector<int32_t> large(big, -1), small(3, -1);
+        int from = -1;
+        ddlRequest_t q[2];
+        CHECK(comm, ddlIrecvTagged(large.data(), big, ddlInt32, r, 9, comm, &from, &q[0]));
+        CHECK(comm, ddlIrecvTagged(small.data(), 3, ddlInt32, r, 9, comm, nullptr, &q[1]));
+        CHECK(comm, ddlWait(q[0]));
+        CHECK(comm, ddlWait(q[1]));
+        if (from != r || large.back() != r * 10 + 1 || small[0] != r * 10 + 2) wrong("tag 9 order");
+      }
+    }
   }
   // Non-blocking, two in flight.
   std::vector<float> a(100000, 1.0f), b(100000, 2.0f);

@@ -375,5 +375,137 @@ TEST(PointToPoint, DestroyFailsWhatIsStillPending) {
   EXPECT_NE(op->error.find("destroyed"), std::string::npos) << op->error;
 }
 
+// ---- Tagged point-to-point ----
+
+// Rank 0 sends two messages with tag 7, one with tag 5 and one with the largest tag, then an untagged one and
+// one with tag 0; rank 1 posts its receives in another order. Each receive takes the first message of its
+// tag (large and small, eager and rendezvous: the order within a tag holds), and untagged and tagged
+// messages never match each other.
+TEST(TaggedPointToPoint, ReceivesMatchByTagInSendOrderWithinATag) {
+  auto results = runRanks(2, makeOptions(), [&](Comm& c) {
+    std::vector<int32_t> big7(100003, 71), small7(3, 72), m5(5, 50), mmax(1, 99), untagged(2, 1), zero(2, 2);
+    if (c.rank() == 0) {
+      std::vector<std::shared_ptr<AsyncOp>> ops{
+          c.isendTagged(big7.data(), big7.size(), ddlInt32, 1, 7),
+          c.isendTagged(small7.data(), small7.size(), ddlInt32, 1, 7),
+          c.isendTagged(m5.data(), m5.size(), ddlInt32, 1, 5),
+          c.isendTagged(mmax.data(), mmax.size(), ddlInt32, 1, DDL_MAX_TAG),
+          c.isend(untagged.data(), untagged.size(), ddlInt32, 1),
+          c.isendTagged(zero.data(), zero.size(), ddlInt32, 1, 0)};
+      for (auto& op : ops) {
+        op->done.wait(false);
+        if (op->result != ddlSuccess) wrong(op->error);
+      }
+      return;
+    }
+    std::vector<int32_t> got_max(1), got5(5), got_big(big7.size()), got_small(3), got_zero(2), got_untagged(2);
+    int src_max = -1, src5 = -1, src_big = -1, src_small = -1, src_zero = -1;
+    std::vector<std::shared_ptr<AsyncOp>> ops{
+        c.irecvTagged(got_max.data(), 1, ddlInt32, 0, DDL_MAX_TAG, &src_max),
+        c.irecvTagged(got_zero.data(), 2, ddlInt32, DDL_ANY_SOURCE, 0, &src_zero),
+        c.irecv(got_untagged.data(), 2, ddlInt32, 0),
+        c.irecvTagged(got5.data(), 5, ddlInt32, 0, 5, &src5),
+        c.irecvTagged(got_big.data(), got_big.size(), ddlInt32, 0, 7, &src_big),
+        c.irecvTagged(got_small.data(), 3, ddlInt32, DDL_ANY_SOURCE, 7, &src_small)};
+    for (auto& op : ops) {
+      op->done.wait(false);
+      if (op->result != ddlSuccess) wrong(op->error);
+    }
+    if (got_max != mmax || got5 != m5 || got_big != big7 || got_small != small7) wrong("tagged data");
+    if (got_zero != zero || got_untagged != untagged) wrong("tagged and untagged messages were mixed up");
+    for (int src : {src_max, src5, src_big, src_small, src_zero})
+      if (src != 0) wrong("source " + std::to_string(src));
+  });
+  expectAllOk(results);
+}
+
+// Every other rank sends rank 0 its rank with tag 3; rank 0 receives them all from any source and learns who
+// sent each. Then rank 0 answers each sender, which receives from any source too.
+TEST(TaggedPointToPoint, AnySourceReceivesReportTheSender) {
+  for (int n : {2, 3, 4, 7}) {
+    auto results = runRanks(n, makeOptions(), [&](Comm& c) {
+      if (c.rank() != 0) {
+        int32_t mine = c.rank() * 10, answer = -1;
+        int from = -1;
+        auto s = c.isendTagged(&mine, 1, ddlInt32, 0, 3);
+        auto r = c.irecvTagged(&answer, 1, ddlInt32, DDL_ANY_SOURCE, 4, &from);
+        for (auto* op : {&s, &r}) {
+          (*op)->done.wait(false);
+          if ((*op)->result != ddlSuccess) wrong((*op)->error);
+        }
+        if (from != 0 || answer != c.rank() + 1000) wrong("answer " + std::to_string(answer));
+        return;
+      }
+      std::vector<int32_t> got(n - 1, -1);
+      std::vector<int> from(n - 1, -1);
+      std::vector<std::shared_ptr<AsyncOp>> ops;
+      for (int k = 0; k < n - 1; ++k) ops.push_back(c.irecvTagged(&got[k], 1, ddlInt32, DDL_ANY_SOURCE, 3, &from[k]));
+      std::vector<int> seen(n, 0);
+      for (int k = 0; k < n - 1; ++k) {
+        ops[k]->done.wait(false);
+        if (ops[k]->result != ddlSuccess) wrong(ops[k]->error);
+        if (from[k] < 1 || from[k] >= n || got[k] != from[k] * 10) wrong("message " + std::to_string(got[k]));
+        ++seen[from[k]];
+      }
+      for (int r = 1; r < n; ++r)
+        if (seen[r] != 1) wrong("rank " + std::to_string(r) + " seen " + std::to_string(seen[r]) + " times");
+      std::vector<int32_t> answers(n);
+      for (int r = 1; r < n; ++r) {
+        answers[r] = r + 1000;
+        auto op = c.isendTagged(&answers[r], 1, ddlInt32, r, 4);
+        op->done.wait(false);
+        if (op->result != ddlSuccess) wrong(op->error);
+      }
+    });
+    expectAllOk(results);
+  }
+}
+
+TEST(TaggedPointToPoint, BadTagsAndPeersAreRefusedAndBreakNothing) {
+  auto results = runRanks(2, makeOptions(), [&](Comm& c) {
+    int32_t v = c.rank();
+    auto refused = [&](const char* what, auto&& call) {
+      try {
+        call();
+      } catch (const Error& e) {
+        if (e.code() != ddlInvalidArgument) wrong(std::string(what) + ": code " + std::to_string(e.code()));
+        return;
+      }
+      wrong(std::string(what) + " was accepted");
+    };
+    refused("a negative tag", [&] { c.isendTagged(&v, 1, ddlInt32, 1 - c.rank(), -1); });
+    refused("a send to any source", [&] { c.isendTagged(&v, 1, ddlInt32, DDL_ANY_SOURCE, 1); });
+    refused("an untagged receive from any source", [&] { c.irecv(&v, 1, ddlInt32, DDL_ANY_SOURCE); });
+    refused("a receive from this rank", [&] { c.irecvTagged(&v, 1, ddlInt32, c.rank(), 1, nullptr); });
+    // Nothing broke: a tagged exchange and a collective still work.
+    int32_t got = -1;
+    auto r = c.irecvTagged(&got, 1, ddlInt32, 1 - c.rank(), 11, nullptr);
+    auto s = c.isendTagged(&v, 1, ddlInt32, 1 - c.rank(), 11);
+    for (auto* op : {&s, &r}) {
+      (*op)->done.wait(false);
+      if ((*op)->result != ddlSuccess) wrong((*op)->error);
+    }
+    if (got != 1 - c.rank()) wrong("value after refusals");
+    c.barrier();
+  });
+  expectAllOk(results);
+}
+
+// A receive from any source that nobody answers ends with the timeout, naming what it waited for.
+TEST(TaggedPointToPoint, UnansweredAnySourceReceiveTimesOut) {
+  auto results = runRanks(3, makeOptions(500), [&](Comm& c) {
+    if (c.rank() != 0) return;
+    float v = 0;
+    auto op = c.irecvTagged(&v, 1, ddlFloat32, DDL_ANY_SOURCE, 8, nullptr);
+    const auto t0 = std::chrono::steady_clock::now();
+    op->done.wait(false);
+    if (std::chrono::steady_clock::now() - t0 > 10s) wrong("the timeout took too long");
+    if (op->result != ddlTimeout) wrong("result " + std::to_string(op->result) + ": " + op->error);
+    if (op->error.find("receive of 1 float32 from any rank with tag 8 timed out") == std::string::npos)
+      wrong(op->error);
+  });
+  expectAllOk(results);
+}
+
 }  // namespace
 }  // namespace ddl

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define DDL_MAJOR 0
-#define DDL_MINOR 1
+#define DDL_MINOR 2
 #define DDL_PATCH 0
 #define DDL_VERSION_CODE (DDL_MAJOR * 10000 + DDL_MINOR * 100 + DDL_PATCH)
 
@@ -276,6 +276,21 @@ ddlResult_t ddlIsend(const void* sendbuff, size_t count, ddlDataType_t datatype,
                      ddlRequest_t* request);
 ddlResult_t ddlIrecv(void* recvbuff, size_t count, ddlDataType_t datatype, int peer, ddlComm_t comm,
                      ddlRequest_t* request);
+
+/* Tagged point-to-point (libddl >= 0.2, DDL_VERSION_CODE >= 200), as MPI's: a tagged send to peer matches the
+ * first tagged receive that peer posts for this rank, or for DDL_ANY_SOURCE, with the same tag; messages of
+ * one pair of ranks and one tag are matched in the order they were sent. Tagged and untagged (ddlIsend,
+ * ddlIrecv) operations never match each other. tag is 0 to DDL_MAX_TAG. A receive from DDL_ANY_SOURCE takes
+ * a message with its tag from whichever rank sends first; source, when not NULL, gets the rank the message
+ * came from once the receive has finished (before ddlTest reports done or ddlWait returns), for either kind
+ * of peer. Everything else (threads, progress, count and type checks, failures, teardown) as ddlIsend and
+ * ddlIrecv; a receive from DDL_ANY_SOURCE is bounded by the timeout alone, not by any one peer's death. */
+#define DDL_ANY_SOURCE (-1)
+#define DDL_MAX_TAG 0x7FFFFFFF
+ddlResult_t ddlIsendTagged(const void* sendbuff, size_t count, ddlDataType_t datatype, int peer, int tag,
+                           ddlComm_t comm, ddlRequest_t* request);
+ddlResult_t ddlIrecvTagged(void* recvbuff, size_t count, ddlDataType_t datatype, int peer, int tag,
+                           ddlComm_t comm, int* source, ddlRequest_t* request);
 
 /* Non-blocking allreduce: returns at once with a request; the buffers must stay valid until it completes.
  * Collectives on one communicator run in the order they were called, blocking or not. */
