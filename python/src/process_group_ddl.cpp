@@ -11,6 +11,7 @@
 
 #include <sys/prctl.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -85,10 +86,66 @@ ddlRedOp_t reduceOpOf(const c10d::ReduceOp& op, const at::Tensor& t) {
     case c10d::ReduceOp::BXOR:
       if (!is_integral) refuse("bitwise reductions take integer and bool tensors, not " + name());
       return op.op_ == c10d::ReduceOp::BAND ? ddlBand : op.op_ == c10d::ReduceOp::BOR ? ddlBor : ddlBxor;
+    case c10d::ReduceOp::PREMUL_SUM:
+      if (!at::isFloatingType(t.scalar_type()) && !is_complex) {
+        refuse("ReduceOp.PREMUL_SUM takes floating-point and complex tensors, not " + name());
+      }
+      return ddlSum;  // of the inputs times the factor (PreMul)
     default:
       refuse("ReduceOp " + std::to_string(static_cast<int>(op.op_)) +
-             " is not supported (PREMUL_SUM is NCCL's own; use SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR or BXOR)");
+             " is not supported (use SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR or PREMUL_SUM)");
   }
+}
+
+// The factor tensor of a PREMUL_SUM: torch 2.x keeps one tensor, torch 1.13 a list (one per device).
+template <class S>
+auto factorTensor(const S& s, int) -> decltype(s.tensor_factor) {
+  return s.tensor_factor;
+}
+template <class S>
+at::Tensor factorTensor(const S& s, long) {
+  return s.tensor_factors.empty() ? at::Tensor() : s.tensor_factors[0];
+}
+
+// ReduceOp.PREMUL_SUM (torch.distributed._make_nccl_premul_sum; FSDP's gradient divide factor): every rank's
+// input times the factor (a number or a one-element tensor), then summed. The inputs are scaled into new
+// buffers: the caller's tensors change only where the result goes.
+struct PreMul {
+  bool active = false;
+  double scalar = 1.0;
+  at::Tensor tensor;
+
+  // input times the factor, as a new contiguous tensor on input's device (made on the current stream).
+  at::Tensor scaled(const at::Tensor& input) const {
+    if (tensor.defined()) return input.mul(tensor.to(input.device(), input.scalar_type())).contiguous();
+    return input.mul(scalar).contiguous();
+  }
+  // input itself when there is no factor, else scaled(input); dense (contiguous) either way.
+  at::Tensor apply(const at::Tensor& input) const {
+    return active ? scaled(input) : input.is_contiguous() ? input : input.contiguous();
+  }
+  std::vector<at::Tensor> apply(const std::vector<at::Tensor>& inputs) const {
+    if (!active) return inputs;
+    std::vector<at::Tensor> out;
+    for (const auto& t : inputs) out.push_back(scaled(t));
+    return out;
+  }
+};
+
+PreMul preMulOf(const c10d::ReduceOp& op) {
+  PreMul p;
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return p;
+  // torch makes PREMUL_SUM only with this supplement (_make_nccl_premul_sum).
+  const auto* s = static_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  if (!s) refuse("ReduceOp.PREMUL_SUM without its factor: make it with torch.distributed._make_nccl_premul_sum");
+  p.active = true;
+  p.tensor = factorTensor(*s, 0);
+  if (p.tensor.defined() && p.tensor.numel() != 1) {
+    refuse("ReduceOp.PREMUL_SUM: the factor tensor must have one element, it has " +
+           std::to_string(p.tensor.numel()));
+  }
+  p.scalar = s->double_factor;
+  return p;
 }
 
 // ---- buffers ----
@@ -257,6 +314,13 @@ std::exception_ptr P2PWork::exception() const {
   std::lock_guard<std::mutex> lk(state_->mu);
   if (state_->request != nullptr || state_->result == ddlSuccess) return nullptr;
   return std::make_exception_ptr(std::runtime_error("ddl: " + state_->error));
+}
+
+int P2PWork::sourceRank() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  if (!state_->is_recv) refuse("source rank: only a receive has one");
+  if (state_->request != nullptr || state_->result != ddlSuccess) refuse("source rank: the receive has not finished");
+  return state_->source;
 }
 
 bool P2PWork::wait(std::chrono::milliseconds timeout) {
@@ -453,7 +517,7 @@ bool envFlag(const char* name) {
 
 ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                  std::chrono::milliseconds timeout)
-    : GroupBase(rank, size), blocking_(envFlag("TORCH_DDL_BLOCKING")) {
+    : GroupBase(rank, size), blocking_(envFlag("TORCH_DDL_BLOCKING")), timeout_(timeout) {
   StoreAdapter adapter{store, {}};
   ddlStore_t api = adapter.api();
   ddlConfig_t config = DDL_CONFIG_INITIALIZER;
@@ -546,7 +610,10 @@ std::string ProcessGroupDDL::streamScheme() const {
 void ProcessGroupDDL::check(ddlResult_t r, const char* what) const {
   // This thread's last error: the communicator's may already be another thread's (a send failing meanwhile).
   if (r == ddlSuccess) return;
-  const std::string message = std::string("ddl: ") + ddlGetLastError(nullptr);
+  // "Timed out" first, as gloo's and NCCL's timeouts say (scripts and torch's tests look for it).
+  const std::string message =
+      std::string("ddl: ") + (r == ddlTimeout ? "Timed out in " + std::string(what) + ": " : "") +
+      ddlGetLastError(nullptr);
   // An argument libddl refused without breaking the communicator (a stream-ordered call captured before the
   // group's first call, say) is the caller's ValueError; a mismatch between ranks breaks it: RuntimeError.
   if (r == ddlInvalidArgument && comm_ref_->asyncError().empty()) throw std::invalid_argument(message);
@@ -555,6 +622,7 @@ void ProcessGroupDDL::check(ddlResult_t r, const char* what) const {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submit(c10d::OpType type, const char* title, Call call) {
   if (closed_.load()) refuse("the process group was shut down");
+  seq_++;
 #if TORCH_DDL_STREAM_ORDERED
   // Stream-ordered where every tensor is on one CUDA device.
   if (call.stream) {
@@ -739,16 +807,23 @@ at::Tensor catBytes(const std::vector<at::Tensor>& tensors) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   at::Tensor t = single(tensors, "all_reduce");
+  if (t.is_sparse()) return submit(c10d::OpType::ALLREDUCE, "ddl:all_reduce_sparse", sparseAllreduce(t, opts));
   const auto [type, factor] = reduceTypeOf(t);
   const ddlRedOp_t op = reduceOpOf(opts.reduceOp, t);
+  const PreMul pre = preMulOf(opts.reduceOp);
   Call call{{t}, {t}};
-  call.host = [this, t, type = type, factor = factor, op] {
+  call.host = [this, t, type = type, factor = factor, op, pre] {
     Staged s = stage(t, /*device_ok=*/kLibddlTakesDeviceBuffers, /*read_input=*/true);
+    if (pre.active) {
+      s.buf = pre.scaled(s.buf);
+      s.copy_back = true;
+      syncDevice(s.buf);  // libddl's blocking device path reads it now
+    }
     check(ddlAllReduce(s.buf.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_), "all_reduce");
     unstage(s);
   };
-  call.stream = [this, t, type = type, factor = factor, op](ddlStream_t stream) mutable {
-    at::Tensor buf = dense(t);
+  call.stream = [this, t, type = type, factor = factor, op, pre](ddlStream_t stream) mutable {
+    at::Tensor buf = pre.apply(t);
     check(ddlAllReduceOnStream(buf.data_ptr(), buf.data_ptr(), buf.numel() * factor, type, op, comm_, stream),
           "all_reduce");
     if (!buf.is_same(t)) t.copy_(buf);
@@ -766,18 +841,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(std::vector<
   }
   const auto [type, factor] = reduceTypeOf(tensors[0]);
   const ddlRedOp_t op = reduceOpOf(opts.reduceOp, tensors[0]);
+  const PreMul pre = preMulOf(opts.reduceOp);
   std::vector<at::Tensor> ts = tensors;
   const size_t elem = ts[0].element_size();
   Call call{ts, ts};
-  call.host = [this, ts, type = type, factor = factor, op, elem]() mutable {
+  call.host = [this, ts, type = type, factor = factor, op, elem, pre]() mutable {
     std::vector<size_t> offsets;
-    at::Tensor flat = flatBytes(ts, &offsets);
+    at::Tensor flat = flatBytes(pre.apply(ts), &offsets);
     check(ddlAllReduce(flat.data_ptr(), flat.data_ptr(), flat.nbytes() / elem * factor, type, op, comm_),
           "all_reduce_coalesced");
     for (size_t i = 0; i < ts.size(); ++i) copyOut(ts[i], flat, offsets[i]);
   };
-  call.stream = [this, ts, type = type, factor = factor, op, elem](ddlStream_t stream) mutable {
-    at::Tensor flat = catBytes(ts);
+  call.stream = [this, ts, type = type, factor = factor, op, elem, pre](ddlStream_t stream) mutable {
+    at::Tensor flat = catBytes(pre.apply(ts));
     check(ddlAllReduceOnStream(flat.data_ptr(), flat.data_ptr(), flat.nbytes() / elem * factor, type, op, comm_,
                                stream),
           "all_reduce_coalesced");
@@ -788,6 +864,64 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(std::vector<
     }
   };
   return submit(c10d::OpType::ALLREDUCE_COALESCED, "ddl:all_reduce_coalesced", std::move(call));
+}
+
+// Sparse all_reduce, as gloo does it: the ranks gather each other's shape and number of entries, then every
+// rank's indices and values (padded to the largest count, so that one allgather moves each), add the sparse
+// tensors up and coalesce the sum into the caller's tensor. Moves p * max(nnz) entries to every rank; SUM only.
+Call ProcessGroupDDL::sparseAllreduce(const at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
+  if (opts.reduceOp != c10d::ReduceOp::SUM) refuse("sparse all_reduce takes ReduceOp.SUM only");
+  at::Tensor t = tensor;
+  Call call{{t}, {t}};
+  call.host = [this, t]() mutable {
+    const char* what = "all_reduce (sparse)";
+    at::Tensor input = t.to(at::kCPU).coalesce();
+    const int64_t ndim = input.dim(), sparse_dim = input.sparse_dim(), nnz = input._nnz();
+    // Shapes: every rank must hold a tensor of the same sizes (checked on every rank alike: all raise).
+    std::vector<int64_t> meta{ndim, sparse_dim, nnz}, all_meta(3 * size_);
+    check(ddlAllGather(meta.data(), all_meta.data(), 3, ddlInt64, comm_), what);
+    int64_t max_nnz = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (all_meta[3 * r] != ndim || all_meta[3 * r + 1] != sparse_dim) {
+        throw std::runtime_error("ddl: sparse all_reduce: rank " + std::to_string(r) + " has a tensor of " +
+                                 std::to_string(all_meta[3 * r]) + " dimensions (" +
+                                 std::to_string(all_meta[3 * r + 1]) + " sparse), rank " + std::to_string(rank_) +
+                                 " one of " + std::to_string(ndim) + " (" + std::to_string(sparse_dim) + " sparse)");
+      }
+      max_nnz = std::max(max_nnz, all_meta[3 * r + 2]);
+    }
+    std::vector<int64_t> sizes = input.sizes().vec(), all_sizes(ndim * size_);
+    check(ddlAllGather(sizes.data(), all_sizes.data(), ndim, ddlInt64, comm_), what);
+    for (int r = 0; r < size_; ++r) {
+      if (!std::equal(sizes.begin(), sizes.end(), all_sizes.begin() + r * ndim)) {
+        throw std::runtime_error("ddl: sparse all_reduce: rank " + std::to_string(r) +
+                                 "'s tensor has other sizes than rank " + std::to_string(rank_) + "'s");
+      }
+    }
+    // Indices and values, each rank's padded to max_nnz entries.
+    const auto long_options = at::TensorOptions().dtype(at::kLong);
+    at::Tensor indices = at::zeros({sparse_dim, max_nnz}, long_options);
+    indices.narrow(1, 0, nnz).copy_(input._indices());
+    std::vector<int64_t> value_shape = input._values().sizes().vec();
+    value_shape[0] = max_nnz;
+    at::Tensor values = at::zeros(value_shape, input._values().options());
+    values.narrow(0, 0, nnz).copy_(input._values());
+    std::vector<int64_t> all_value_shape = value_shape;
+    all_value_shape.insert(all_value_shape.begin(), size_);
+    at::Tensor all_indices = at::empty({size_, sparse_dim, max_nnz}, long_options);
+    at::Tensor all_values = at::empty(all_value_shape, values.options());
+    check(ddlAllGather(indices.data_ptr(), all_indices.data_ptr(), indices.numel(), ddlInt64, comm_), what);
+    check(ddlAllGather(values.data_ptr(), all_values.data_ptr(), values.nbytes(), ddlUint8, comm_), what);
+    at::Tensor sum;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t n = all_meta[3 * r + 2];
+      at::Tensor part = at::sparse_coo_tensor(all_indices[r].narrow(1, 0, n), all_values[r].narrow(0, 0, n),
+                                              sizes, input.options());
+      sum = r == 0 ? part : sum + part;
+    }
+    t.copy_(sum.coalesce());  // copy_ of a sparse tensor takes the sum's indices and values
+  };
+  return call;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::broadcast(std::vector<at::Tensor>& tensors,
@@ -814,17 +948,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& 
   at::Tensor t = single(tensors, "reduce");
   const auto [type, factor] = reduceTypeOf(t);
   const ddlRedOp_t op = reduceOpOf(opts.reduceOp, t);
+  const PreMul pre = preMulOf(opts.reduceOp);
   const int root = static_cast<int>(opts.rootRank);
   Call call{{t}, {t}};
-  call.host = [this, t, type = type, factor = factor, op, root] {
+  call.host = [this, t, type = type, factor = factor, op, root, pre] {
     Staged s = stage(t, /*device_ok=*/false, /*read_input=*/true);
+    if (pre.active) {
+      s.buf = pre.scaled(s.buf);
+      s.copy_back = true;
+    }
     check(ddlReduce(s.buf.data_ptr(), rank_ == root ? s.buf.data_ptr() : nullptr, s.buf.numel() * factor, type, op,
                     root, comm_),
           "reduce");
     if (rank_ == root) unstage(s);
   };
-  call.stream = [this, t, type = type, factor = factor, op, root](ddlStream_t stream) mutable {
-    at::Tensor buf = dense(t);
+  call.stream = [this, t, type = type, factor = factor, op, root, pre](ddlStream_t stream) mutable {
+    at::Tensor buf = pre.apply(t);
     check(ddlReduceOnStream(buf.data_ptr(), rank_ == root ? buf.data_ptr() : nullptr, buf.numel() * factor, type,
                             op, root, comm_, stream),
           "reduce");
@@ -935,17 +1074,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(std::vector<at::T
   }
   const auto [type, factor] = reduceTypeOf(out);
   const ddlRedOp_t op = reduceOpOf(opts.reduceOp, out);
+  const PreMul pre = preMulOf(opts.reduceOp);
   Call call{ins, {out}};
-  call.host = [this, ins, out, type = type, factor = factor, op] {
+  call.host = [this, ins, out, type = type, factor = factor, op, pre] {
     std::vector<size_t> offsets;
-    at::Tensor flat = flatBytes(ins, &offsets);
+    at::Tensor flat = flatBytes(pre.apply(ins), &offsets);
     Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
     check(ddlReduceScatter(flat.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_),
           "reduce_scatter");
     unstage(s);
   };
-  call.stream = [this, ins, out, type = type, factor = factor, op](ddlStream_t stream) mutable {
-    at::Tensor flat = catBytes(ins);
+  call.stream = [this, ins, out, type = type, factor = factor, op, pre](ddlStream_t stream) mutable {
+    at::Tensor flat = catBytes(pre.apply(ins));
     at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
     check(ddlReduceScatterOnStream(flat.data_ptr(), dst.data_ptr(), dst.numel() * factor, type, op, comm_, stream),
           "reduce_scatter");
@@ -964,16 +1104,17 @@ Call ProcessGroupDDL::reduceScatterTensor(const at::Tensor& output, const at::Te
   if (output.scalar_type() != input.scalar_type()) refuse(std::string(what) + ": input and output dtypes differ");
   const auto [type, factor] = reduceTypeOf(output);
   const ddlRedOp_t op = reduceOpOf(reduce_op, output);
+  const PreMul pre = preMulOf(reduce_op);
   at::Tensor in = input, out = output;
   Call call{{in}, {out}};
-  call.host = [this, in, out, type = type, factor = factor, op, what] {
-    at::Tensor src = in.to(at::kCPU).contiguous();
+  call.host = [this, in, out, type = type, factor = factor, op, what, pre] {
+    at::Tensor src = pre.apply(in.to(at::kCPU));
     Staged s = stage(out, /*device_ok=*/false, /*read_input=*/false);
     check(ddlReduceScatter(src.data_ptr(), s.buf.data_ptr(), s.buf.numel() * factor, type, op, comm_), what);
     unstage(s);
   };
-  call.stream = [this, in, out, type = type, factor = factor, op, what](ddlStream_t stream) mutable {
-    at::Tensor src = dense(in);
+  call.stream = [this, in, out, type = type, factor = factor, op, what, pre](ddlStream_t stream) mutable {
+    at::Tensor src = pre.apply(in);
     at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
     check(ddlReduceScatterOnStream(src.data_ptr(), dst.data_ptr(), dst.numel() * factor, type, op, comm_, stream),
           what);
@@ -1015,15 +1156,24 @@ Call ProcessGroupDDL::combine(std::vector<Call> calls) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions& opts) {
-  if (outputs.size() != inputs.size()) {
-    refuse("allgather_coalesced needs one output list per input (" + std::to_string(inputs.size()) + " inputs, " +
-           std::to_string(outputs.size()) + " output lists)");
+  // torch's order: outputs[r][i] receives rank r's inputs[i].
+  if (outputs.size() != static_cast<size_t>(size_)) {
+    refuse("all_gather_coalesced needs one output list per rank (" + std::to_string(size_) + "), got " +
+           std::to_string(outputs.size()));
   }
-  // Each input's gather into a flat buffer, then copied into its list: as allgather, per input.
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    if (outputs[r].size() != inputs.size()) {
+      refuse("all_gather_coalesced: the output list of rank " + std::to_string(r) + " has " +
+             std::to_string(outputs[r].size()) + " tensors, one per input (" + std::to_string(inputs.size()) +
+             ") is needed");
+    }
+  }
+  // Each input's gather into a flat buffer, then copied into every rank's list: as allgather, per input.
   std::vector<Call> calls;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    std::vector<at::Tensor> outs = groupList({outputs[i]}, size_, "allgather_coalesced", "output");
-    checkSameBytes(outs, inputs[i].nbytes(), "allgather_coalesced");
+    std::vector<at::Tensor> outs;
+    for (const auto& list : outputs) outs.push_back(list[i]);
+    checkSameBytes(outs, inputs[i].nbytes(), "all_gather_coalesced");
     at::Tensor in = inputs[i];
     const auto options = in.options().dtype(at::kByte);
     at::Tensor flat = at::empty({static_cast<int64_t>(in.nbytes() * size_)}, options);
@@ -1145,28 +1295,56 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::barrier(const c10d::BarrierOptio
 
 // ---- point-to-point ----
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::p2p(std::vector<at::Tensor>& tensors, int peer, bool is_recv) {
+namespace {
+// monitoredBarrier's messages: two tags per call, from the top of libddl's tag range down, kept from users.
+constexpr int kMonitoredBarrierTags = 1 << 20;
+constexpr int kFirstReservedTag = DDL_MAX_TAG - kMonitoredBarrierTags + 1;
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::p2p(std::vector<at::Tensor>& tensors, int peer, int tag,
+                                                    bool is_recv) {
   const at::Tensor& t = single(tensors, is_recv ? "recv" : "send");
   if (closed_.load()) refuse("the process group was shut down");
-  if (peer < 0 || peer >= size_ || peer == rank_) {
+  if (!(is_recv && peer == DDL_ANY_SOURCE) && (peer < 0 || peer >= size_ || peer == rank_)) {
     refuse(std::string(is_recv ? "recv: src " : "send: dst ") + std::to_string(peer) +
            " is not another rank of this group of " + std::to_string(size_));
+  }
+  if (tag < 0 || tag >= kFirstReservedTag) {
+    refuse(std::string(is_recv ? "recv" : "send") + ": tag " + std::to_string(tag) + " is not between 0 and " +
+           std::to_string(kFirstReservedTag - 1) + " (the tags above are torch_ddl's own)");
   }
   reapP2P(false);
   auto state = std::make_shared<P2PState>();
   state->tensor = t;
+  state->is_recv = is_recv;
   syncDevice(t);
   Staged s = stage(t, /*device_ok=*/false, /*read_input=*/!is_recv);
   state->staged = s.buf;
   state->copy_back = is_recv && s.copy_back;
-  ddlResult_t r = is_recv ? ddlIrecv(s.buf.data_ptr(), s.buf.nbytes(), ddlUint8, peer, comm_, &state->request)
-                          : ddlIsend(s.buf.data_ptr(), s.buf.nbytes(), ddlUint8, peer, comm_, &state->request);
+  ddlResult_t r = is_recv ? ddlIrecvTagged(s.buf.data_ptr(), s.buf.nbytes(), ddlUint8, peer, tag, comm_,
+                                           &state->source, &state->request)
+                          : ddlIsendTagged(s.buf.data_ptr(), s.buf.nbytes(), ddlUint8, peer, tag, comm_,
+                                           &state->request);
   check(r, is_recv ? "recv" : "send");
   {
     std::lock_guard<std::mutex> lk(p2p_mu_);
     p2p_pending_.push_back(state);
   }
   return c10::make_intrusive<P2PWork>(rank_, is_recv ? c10d::OpType::RECV : c10d::OpType::SEND, std::move(state));
+}
+
+std::shared_ptr<P2PState> ProcessGroupDDL::controlMessage(int peer, int tag, bool is_recv) {
+  auto state = std::make_shared<P2PState>();
+  state->is_recv = is_recv;
+  state->tensor = at::full({1}, static_cast<int64_t>(rank_), at::TensorOptions().dtype(at::kLong));
+  state->staged = state->tensor;
+  void* buf = state->tensor.data_ptr();
+  check(is_recv ? ddlIrecvTagged(buf, 1, ddlInt64, peer, tag, comm_, &state->source, &state->request)
+                : ddlIsendTagged(buf, 1, ddlInt64, peer, tag, comm_, &state->request),
+        "monitored_barrier");
+  std::lock_guard<std::mutex> lk(p2p_mu_);
+  p2p_pending_.push_back(state);
+  return state;
 }
 
 void ProcessGroupDDL::reapP2P(bool wait_all) {
@@ -1180,28 +1358,103 @@ void ProcessGroupDDL::reapP2P(bool wait_all) {
   }
 }
 
-namespace {
-void refuseTag(int tag, const char* what) {
-  if (tag != 0) {
-    refuse(std::string(what) + " with tag " + std::to_string(tag) +
-           ": ddl matches sends and receives in call order per pair of ranks, as NCCL does, and has no tags; "
-           "pass tag=0 (the default) and post them in the order the peer does");
-  }
-}
-}  // namespace
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  refuseTag(tag, "send");
-  return p2p(tensors, dst_rank, /*is_recv=*/false);
+  return p2p(tensors, dst_rank, tag, /*is_recv=*/false);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  refuseTag(tag, "recv");
-  return p2p(tensors, src_rank, /*is_recv=*/true);
+  return p2p(tensors, src_rank, tag, /*is_recv=*/true);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  refuse("recv from any source is not supported: pass src (ddl matches each send to the receive for its sender)");
+  return p2p(tensors, DDL_ANY_SOURCE, tag, /*is_recv=*/true);
+}
+
+// ---- monitored_barrier ----
+//
+// gloo's protocol and messages (torch's tests match them): every other rank sends rank 0 a message and waits
+// for its answer; rank 0 waits for each rank's message within what is left of the timeout (or, waitAllRanks,
+// the whole timeout for each, to name every rank that did not come), then answers them all. Only rank 0
+// enforces the timeout, so that it is rank 0 that names the missing rank; the others wait up to the group's
+// timeout (libddl's bound on every receive). A rank that fails leaves its receives posted: libddl fails them
+// at the group's timeout or teardown, and the next call uses other tags.
+
+namespace {
+std::string joinRanks(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+}  // namespace
+
+void ProcessGroupDDL::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  if (closed_.load()) refuse("the process group was shut down");
+  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+  const uint32_t call = monitored_barriers_++;
+  const int to_root = kFirstReservedTag + static_cast<int>((2 * call) % kMonitoredBarrierTags);
+  const int from_root = to_root + 1;
+  if (rank_ != 0) {
+    try {
+      auto sent = controlMessage(0, to_root, /*is_recv=*/false);
+      auto answer = controlMessage(0, from_root, /*is_recv=*/true);
+      for (auto* st : {&sent, &answer}) {
+        (*st)->settle(/*wait=*/true);
+        if ((*st)->result != ddlSuccess) throw std::runtime_error((*st)->error);
+      }
+    } catch (const std::exception& e) {
+      throw std::runtime_error("Rank " + std::to_string(rank_) +
+                               " successfully reached monitoredBarrier, but received errors while waiting for "
+                               "send/recv from rank 0. Please check rank 0 logs for faulty rank.\n Original "
+                               "exception: \n" + std::string(e.what()));
+    }
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  // Waits for each message in rank order; returns the ranks that answered.
+  auto waitLoop = [&](const std::vector<std::pair<int, std::shared_ptr<P2PState>>>& messages) {
+    std::vector<int> answered;
+    for (const auto& [peer, state] : messages) {
+      const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                              start);
+      const auto left = waitAllRanks ? timeout : timeout - spent;
+      if (!waitAllRanks && left.count() <= 0) {  // gloo's rule: no time left is a timeout of rank 0
+        throw std::runtime_error(
+            "Rank 0 timed out in monitoredBarrier after " + std::to_string(timeout.count()) + " ms.\n" +
+            (answered.empty() ? std::string("No ranks successfully processed in monitoredBarrier.")
+                              : "Successfully processed ranks: " + joinRanks(answered)));
+      }
+      const auto end = std::chrono::steady_clock::now() + left;
+      bool done = state->settle(false);
+      while (!done && std::chrono::steady_clock::now() < end) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        done = state->settle(false);
+      }
+      if (done && state->result == ddlSuccess) {
+        answered.push_back(peer);
+        continue;
+      }
+      const std::string error = "[Rank 0]: Rank " + std::to_string(peer) + " failed to pass monitoredBarrier in " +
+                                std::to_string(timeout.count()) + " ms";
+      if (!waitAllRanks) {
+        throw std::runtime_error(error + "\n Original exception: \n" +
+                                 (done ? state->error : "ddl: no message within the timeout"));
+      }
+    }
+    if (waitAllRanks && answered.size() != messages.size()) {
+      std::vector<int> failed;
+      for (const auto& m : messages) {
+        if (std::find(answered.begin(), answered.end(), m.first) == answered.end()) failed.push_back(m.first);
+      }
+      throw std::runtime_error("[Rank 0]: Ranks " + joinRanks(failed) + " failed to pass monitoredBarrier in " +
+                               std::to_string(timeout.count()) + " ms");
+    }
+  };
+  std::vector<std::pair<int, std::shared_ptr<P2PState>>> arrivals, answers;
+  for (int r = 1; r < size_; ++r) arrivals.emplace_back(r, controlMessage(r, to_root, /*is_recv=*/true));
+  waitLoop(arrivals);
+  // Everyone came: release them all, so that either every rank passes or none does.
+  for (int r = 1; r < size_; ++r) answers.emplace_back(r, controlMessage(r, from_root, /*is_recv=*/false));
+  waitLoop(answers);
 }
 
 }  // namespace torch_ddl

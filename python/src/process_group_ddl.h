@@ -30,17 +30,23 @@
 // Tensors: one tensor per list (one device per process, as NCCL). Reductions map torch's dtypes onto libddl's
 // (bool: SUM is MAX and PRODUCT is MIN, as NCCL does; complex: SUM and AVG on the real view); collectives
 // that only move data move bytes, so they take every dtype. Non-contiguous tensors go through a contiguous
-// copy.
+// copy. ReduceOp.PREMUL_SUM (FSDP's gradient divide factor) multiplies each rank's input by its factor into a
+// new buffer, then sums. Sparse all_reduce is gloo's: gather every rank's indices and values, add, coalesce.
 //
 // Errors: a failed libddl call (dead peer, timeout, mismatch, abort) fails the Work with libddl's message,
-// which names the peer rank and host; wait() raises it as a RuntimeError in Python. Every libddl wait is
+// which names the peer rank and host (a timeout's starts "Timed out", as gloo's and NCCL's do); wait() raises
+// it as a RuntimeError in Python. Every libddl wait is
 // bounded by the group's timeout, so nothing hangs. The communicator is unusable after the first error.
+//
+// Point-to-point: libddl's tagged sends and receives (ddlIsendTagged, ddlIrecvTagged): a receive takes the
+// first message of its tag from its peer, or from any rank (recv without src: the Work's source rank is the
+// sender), as gloo's; messages of one pair and tag keep their order. It bypasses the queue: libddl takes them
+// from any thread and moves them on by itself. monitored_barrier is gloo's protocol over tagged messages with
+// tags of torch_ddl's own (kMonitoredBarrierTags, refused to users).
 //
 // Threads: the public methods are called by torch from any thread; entries run on worker_ in order, and the
 // Futures' callbacks (DDP's, comm hooks, then()) of CPU collectives run there too, as with ProcessGroupGloo:
-// a callback must not wait for another collective of the same group. Point-to-point (send/recv, tag 0 only:
-// ddl matches them in call order per pair) bypasses the queue: libddl takes them from any thread and moves
-// them on by itself.
+// a callback must not wait for another collective of the same group.
 #pragma once
 
 #include <torch/version.h>
@@ -162,6 +168,8 @@ struct P2PState {
   at::Tensor tensor;   // the user's tensor
   at::Tensor staged;   // the contiguous (host) buffer libddl reads or writes, when not the tensor itself
   bool copy_back = false;  // a receive into staged: copied into tensor once done
+  bool is_recv = false;
+  int source = -1;     // a receive: the sender's rank, written by libddl before the request is done
   // Finishes the request when done (wait: blocking); true once finished.
   bool settle(bool wait);
 };
@@ -174,6 +182,8 @@ class P2PWork : public c10d::Work {
   std::exception_ptr exception() const override;
   bool wait(std::chrono::milliseconds timeout) override;
   std::vector<at::Tensor> result() override { return {state_->tensor}; }
+  // A finished receive: the rank its message came from (recv from any source asks).
+  int sourceRank() const override;
 
  private:
   std::shared_ptr<P2PState> state_;
@@ -234,6 +244,20 @@ class ProcessGroupDDL : public GroupBase {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  // gloo's protocol: every rank reports to rank 0, which names the first rank (or, waitAllRanks, every rank)
+  // that did not report within opts.timeout, then releases them. Blocks the caller, as gloo's does.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+  // Sequence numbers (torch's desync checks, c10d's logging): agreed at 0 when the group is made and counted
+  // up by every collective, as gloo's.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+#if TORCH_DDL_AT_LEAST(2, 1)
+  // torch >= 2.1 asks a backend for sparse all_reduce here (gloo's algorithm: see allreduce).
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override {
+    return allreduce(tensors, opts);
+  }
+#endif
 #if TORCH_DDL_BACKEND
   // torch 2.x: the coalesced forms (FSDP, _coalescing_manager) as one Work each.
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
@@ -277,7 +301,11 @@ class ProcessGroupDDL : public GroupBase {
   void close();
   // Throws a std::runtime_error with libddl's message when r is not ddlSuccess.
   void check(ddlResult_t r, const char* what) const;
-  c10::intrusive_ptr<c10d::Work> p2p(std::vector<at::Tensor>& tensors, int peer, bool is_recv);
+  c10::intrusive_ptr<c10d::Work> p2p(std::vector<at::Tensor>& tensors, int peer, int tag, bool is_recv);
+  // Sends or receives one int64 with a tag of torch_ddl's own (monitoredBarrier).
+  std::shared_ptr<P2PState> controlMessage(int peer, int tag, bool is_recv);
+  // Sparse all_reduce (SUM): gloo's algorithm over libddl's allgather.
+  Call sparseAllreduce(const at::Tensor& tensor, const c10d::AllreduceOptions& opts);
   void reapP2P(bool wait_all);
   // The calls behind the public collectives, so that the coalesced forms can run several as one Work.
   Call allgatherIntoTensor(const at::Tensor& output, const at::Tensor& input, const char* what);
@@ -294,6 +322,9 @@ class ProcessGroupDDL : public GroupBase {
   ddlComm_t comm_ = nullptr;
   std::shared_ptr<CommRef> comm_ref_ = std::make_shared<CommRef>();
   bool blocking_ = false;
+  std::chrono::milliseconds timeout_;
+  std::atomic<uint64_t> seq_{0};            // collectives called so far (getSequenceNumberForGroup)
+  uint32_t monitored_barriers_ = 0;         // monitoredBarrier calls so far: picks its pair of tags
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -110,6 +110,24 @@ class Failures(Case):
         self.run_ok(2, "errors")
 
 
+class Fsdp(Case):
+    """FSDP2 with mixed precision and a gradient divide factor (ReduceOp.PREMUL_SUM) against a single process."""
+
+    def run_fsdp(self, n):
+        results = harness.run_ranks(n, "fsdp", timeout=300)
+        if all(r.code == 77 for r in results):
+            self.skipTest(results[0].output.strip().splitlines()[-1])
+        for r in results:
+            self.assertEqual(r.code, 0, harness.describe(results))
+            self.assertIn("OK fsdp", r.output, harness.describe(results))
+
+    def test_2_ranks_same_weights_as_one_process(self):
+        self.run_fsdp(2)
+
+    def test_3_ranks_same_weights_as_one_process(self):
+        self.run_fsdp(3)
+
+
 class Cuda(Case):
     """CUDA tensors (torch 2.x: stream-ordered); skipped where torch sees no GPU."""
 

@@ -10,6 +10,8 @@ passed; any failed check raises, so the process exits non-zero with the tracebac
     worker.py stall             rank 1 stops calling: the others raise a timeout within the group's timeout
     worker.py mismatch          rank 1 all_reduces another size: every rank raises a mismatch, fast
     worker.py errors            bad arguments raise ValueError and break nothing
+    worker.py fsdp              FSDP2 with mixed precision and a gradient divide factor (PREMUL_SUM) against a
+                                single-process reference (torch 2.x; skipped, exit 77, elsewhere)
     worker.py cuda              CUDA tensors: every collective, no host synchronisation, a CUDA graph, DDP
                                 against gloo (skipped, exit 77, without a GPU)
     worker.py kill cuda         the kill scenario with CUDA tensors (skipped, exit 77, without a GPU)
@@ -249,9 +251,127 @@ def collectives():
         for w in reqs:
             w.wait()
         same(strided, torch.arange(6.) + left, "strided irecv")
+    if WORLD > 1:
+        tagged_point_to_point()
+        monitored_barrier()
+    premul_sum_collectives()
+    sparse_all_reduce()
+    sequence_numbers()
     if TORCH2:
         coalesced()
     dist.barrier()
+
+
+def tagged_point_to_point():
+    """Tags and receives from any source, as gloo has them: every other rank sends rank 0 two messages with
+    tag 3 and one with tag 9; rank 0 takes the tag-9 ones first, from any source, then tag 3 per rank in order."""
+    if RANK == 0:
+        senders = set()
+        for _ in range(WORLD - 1):
+            got = torch.zeros(4, device=DEV)
+            src = dist.recv(got, tag=9)  # any source: returns the sender
+            same(got, torch.full((4,), 900. + src), "recv from any source with tag 9")
+            senders.add(src)
+        check(senders == set(range(1, WORLD)), "any-source senders %s" % senders)
+        for q in range(1, WORLD):
+            first, second = torch.zeros(2, device=DEV), torch.zeros(2, device=DEV)
+            works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, first, q, tag=3),
+                                            dist.P2POp(dist.irecv, second, q, tag=3)])
+            for w in works:
+                w.wait()
+            same(first, torch.full((2,), 300. + q), "first tag-3 message from %d" % q)
+            same(second, torch.full((2,), 310. + q), "second tag-3 message from %d" % q)
+        # A receive from any source through the Work: its source rank.
+        w = dist.irecv(torch.zeros(1, device=DEV), tag=11)
+        w.wait()
+        check(w._source_rank() in range(1, WORLD), "irecv source rank %s" % w._source_rank())
+    else:
+        reqs = [dist.isend(torch.full((2,), 300. + RANK, device=DEV), 0, tag=3),
+                dist.isend(torch.full((2,), 310. + RANK, device=DEV), 0, tag=3),
+                dist.isend(torch.full((4,), 900. + RANK, device=DEV), 0, tag=9)]
+        if RANK == 1:
+            reqs.append(dist.isend(torch.ones(1, device=DEV), 0, tag=11))
+        for w in reqs:
+            w.wait()
+
+
+def monitored_barrier():
+    """gloo's monitored barrier: passes when every rank comes; rank 0 names the rank that does not."""
+    pg = dist.distributed_c10d._get_default_group()
+    pg.monitored_barrier(datetime.timedelta(seconds=30))
+    pg.monitored_barrier(datetime.timedelta(seconds=30), wait_all_ranks=True)
+    if RANK == 0:  # the others skip it (one that came would wait for rank 0's answer until the group's timeout)
+        t0 = time.monotonic()
+        try:
+            pg.monitored_barrier(datetime.timedelta(seconds=1))
+            raise AssertionError("a monitored barrier that the other ranks skipped passed")
+        except RuntimeError as e:
+            check("Rank 1 failed to pass monitoredBarrier in 1000 ms" in str(e), str(e))
+        check(0.9 < time.monotonic() - t0 < 10, "the monitored barrier failed after %.1f s" % (time.monotonic() - t0))
+    # The group still works after a failed monitored barrier (its messages do not match later ones).
+    t = torch.ones(3, device=DEV)
+    dist.all_reduce(t)
+    same(t, torch.full((3,), float(WORLD)), "all_reduce after a monitored barrier")
+
+
+def premul_sum(factor):
+    if isinstance(factor, torch.Tensor) and not TORCH2:
+        factor = [factor]  # torch 1.13 takes a list of tensors (one per device)
+    return dist._make_nccl_premul_sum(factor)
+
+
+def premul_sum_collectives():
+    """ReduceOp.PREMUL_SUM, with a number and with a one-element tensor: each rank's input times the factor, summed."""
+    for factor in (0.25, torch.tensor([3.0], device=DEV)):
+        f = float(factor)
+        mine = on_dev(value(torch.float32, "SUM", RANK))
+        want = sum(value(torch.float32, "SUM", q) * f for q in range(WORLD))
+        t = mine.clone()
+        dist.all_reduce(t, op=premul_sum(factor))
+        same(t, want, "all_reduce PREMUL_SUM %s" % f)
+        t = mine.clone()
+        dist.reduce(t, dst=0, op=premul_sum(factor))
+        if RANK == 0:
+            same(t, want, "reduce PREMUL_SUM %s" % f)
+        else:
+            same(t, mine, "reduce PREMUL_SUM leaves a non-root's input alone")
+        ts = [mine.clone(), (mine * 2).clone()]
+        dist.all_reduce_coalesced(ts, op=premul_sum(factor))
+        same(ts[1], want * 2, "all_reduce_coalesced PREMUL_SUM %s" % f)
+        full = on_dev(value(torch.float32, "SUM", RANK, 4 * WORLD))
+        out = torch.zeros(4, device=DEV)
+        dist.reduce_scatter_tensor(out, full, op=premul_sum(factor))
+        want_rs = sum(value(torch.float32, "SUM", q, 4 * WORLD) * f for q in range(WORLD))[4 * RANK:4 * RANK + 4]
+        same(out, want_rs, "reduce_scatter_tensor PREMUL_SUM %s" % f)
+        same(full, on_dev(value(torch.float32, "SUM", RANK, 4 * WORLD)), "PREMUL_SUM leaves the input alone")
+        out = torch.zeros(4, device=DEV)
+        dist.reduce_scatter(out, list(full.chunk(WORLD)), op=premul_sum(factor))
+        same(out, want_rs, "reduce_scatter PREMUL_SUM %s" % f)
+
+
+def sparse_all_reduce():
+    """Sparse COO tensors of different numbers of entries on each rank: summed and coalesced, as gloo does."""
+    idx = torch.tensor([[RANK, RANK + 1, 0], [0, 1, RANK]])
+    val = torch.tensor([[1., 2.], [3., 4.], [5., 6.]]) * (RANK + 1)
+    t = torch.sparse_coo_tensor(idx[:, :1 + RANK % 3], val[:1 + RANK % 3], (WORLD + 1, WORLD, 2))
+    want = functools.reduce(torch.add, [
+        torch.sparse_coo_tensor(torch.tensor([[q, q + 1, 0], [0, 1, q]])[:, :1 + q % 3],
+                                (torch.tensor([[1., 2.], [3., 4.], [5., 6.]]) * (q + 1))[:1 + q % 3],
+                                (WORLD + 1, WORLD, 2)) for q in range(WORLD)]).coalesce()
+    dist.all_reduce(t)
+    check(t.is_sparse and t.is_coalesced(), "sparse all_reduce result is not a coalesced sparse tensor")
+    same(t.to_dense(), want.to_dense(), "sparse all_reduce")
+
+
+def sequence_numbers():
+    """The group's sequence number counts its collectives (torch's desync checks read it)."""
+    if not TORCH2:
+        return
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device(DEV))
+    before = backend._get_sequence_number_for_group()
+    dist.all_reduce(torch.ones(1, device=DEV))
+    dist.barrier()
+    check(backend._get_sequence_number_for_group() == before + 2, "sequence number did not count two collectives")
 
 
 
@@ -542,8 +662,8 @@ def scenario_errors():
         (lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND), "bitwise"),
         (lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool), op=dist.ReduceOp.AVG), "AVG"),
         (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)), "cannot reduce tensors of dtype Short"),
-        (lambda: dist.recv(torch.ones(2)), "any source"),
-        (lambda: dist.send(torch.ones(2), (RANK + 1) % max(WORLD, 2), tag=7), "tag 7"),
+        (lambda: dist.send(torch.ones(2), (RANK + 1) % max(WORLD, 2), tag=2 ** 31 - 1), "torch_ddl's own"),
+        (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=premul_sum(0.5)), "PREMUL_SUM takes"),
         (lambda: dist.all_to_all_single(torch.ones(WORLD * 2 + 1), torch.ones(WORLD * 2 + 1)), "split"),
     ]:
         try:
@@ -570,6 +690,66 @@ def scenario_errors():
         except RuntimeError as e:
             check("destroyed" in str(e), "unexpected error for a receive cut short by destroy: %s" % e)
     print("OK errors")
+
+
+def scenario_fsdp():
+    """FSDP2 (fully_shard, torch 2.x) over ddl on CPU, parameters in bfloat16 and gradients reduced in float32
+    (MixedPrecisionPolicy), with a gradient divide factor that is not the world size: FSDP reduce-scatters with
+    ReduceOp.PREMUL_SUM(1 / factor). After a few SGD steps the weights equal those of a single-process reference
+    that does the same arithmetic: each rank's batch through a bfloat16 copy of the model, the gradients in
+    float32 times 1 / factor, summed."""
+    import copy
+
+    try:
+        if not TORCH2:
+            raise ImportError  # (importing torch 1.13's FSDP fails under Python 3.11)
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        print("SKIP this torch (%s) has no FSDP2 (torch.distributed.fsdp.fully_shard)" % torch.__version__)
+        sys.exit(77)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    init()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    ref = copy.deepcopy(model)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    factor = 3.0 * WORLD
+    for layer in (model[0], model[2]):  # each FSDP unit reduces its own gradients
+        layer.set_gradient_divide_factor(factor)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(1)
+    for step in range(4):
+        batches = [torch.randn(4, 16, generator=data) for _ in range(WORLD)]  # every rank draws all of them
+        model(batches[RANK]).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        grads = None
+        for q in range(WORLD):
+            low = copy.deepcopy(ref).to(torch.bfloat16)
+            low(batches[q].to(torch.bfloat16)).square().mean().backward()
+            g = [p.grad.float() * (1 / factor) for p in low.parameters()]
+            grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+        for p, g in zip(ref.parameters(), grads):
+            p.grad = g
+        ref_opt.step()
+        ref_opt.zero_grad()
+    for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+        full = p.full_tensor().detach()
+        check(full.dtype == torch.float32, "%s is %s" % (name, full.dtype))
+        check(torch.allclose(full, r.detach(), rtol=1e-5, atol=1e-6),
+              "%s differs from the reference by %g" % (name, (full - r.detach()).abs().max()))
+    # The steps did something: the weights left their start.
+    torch.manual_seed(0)
+    start = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    check(not torch.allclose(ref[0].weight, start[0].weight), "the reference did not train")
+    dist.barrier()
+    print("OK fsdp")
 
 
 def skip_without_cuda():
@@ -661,7 +841,7 @@ def graph_capture():
 SCENARIOS = {
     "collectives": scenario_collectives, "async": scenario_async, "ddp": scenario_ddp, "init": scenario_init,
     "groups": scenario_groups, "kill": scenario_kill, "stall": scenario_stall, "mismatch": scenario_mismatch,
-    "errors": scenario_errors, "cuda": scenario_cuda,
+    "errors": scenario_errors, "cuda": scenario_cuda, "fsdp": scenario_fsdp,
 }
 
 if __name__ == "__main__":
