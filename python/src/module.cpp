@@ -39,6 +39,18 @@ PYBIND11_MODULE(_C, m) {
           "stream_ordered", [](py::object) { return torch_ddl::ProcessGroupDDL::streamOrdered(); },
           "True where collectives on CUDA tensors are enqueued on a CUDA stream (torch >= 2.0 and a libddl "
           "built with CUDA) instead of staged through host memory");
+#if TORCH_DDL_NAMED_GROUP
+  py::class_<torch_ddl::NamedProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<torch_ddl::NamedProcessGroup>>(
+      m, "NamedProcessGroup",
+      "torch's ProcessGroup over a ProcessGroupDDL for CPU and CUDA tensors, named 'ddl' (torch names a plugin's "
+      "group 'custom'); what torch_ddl's creator returns to torch >= 2.1")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       const c10::intrusive_ptr<torch_ddl::ProcessGroupDDL>& backend) {
+             return c10::make_intrusive<torch_ddl::NamedProcessGroup>(store, rank, size, backend);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("backend"));
+#endif
+  m.attr("has_named_group") = py::bool_(TORCH_DDL_NAMED_GROUP != 0);
   m.def(
       "libddl_version",
       [] {

@@ -1457,4 +1457,15 @@ void ProcessGroupDDL::monitoredBarrier(const c10d::BarrierOptions& opts, bool wa
   waitLoop(answers);
 }
 
+#if TORCH_DDL_NAMED_GROUP
+NamedProcessGroup::NamedProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                     c10::intrusive_ptr<ProcessGroupDDL> backend)
+    : c10d::ProcessGroup(store, rank, size), backend_(std::move(backend)) {
+  for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
+    setBackend(device, BackendType::CUSTOM, backend_);
+  }
+  setDefaultBackend(BackendType::CUSTOM);
+}
+#endif
+
 }  // namespace torch_ddl

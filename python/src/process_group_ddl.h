@@ -54,6 +54,7 @@
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #define TORCH_DDL_BACKEND 1
 #else
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -61,6 +62,9 @@
 #endif
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+
+// torch >= 2.1: NamedProcessGroup (below) gives the group its name.
+#define TORCH_DDL_NAMED_GROUP TORCH_DDL_AT_LEAST(2, 1)
 
 // CUDA tensors stream-ordered: torch's generic stream API (c10::Stream::native_handle, torch >= 2.10) and a
 // libddl that takes CUDA streams. Older torch 2.x stage CUDA tensors through host memory, as torch 1.13 does.
@@ -338,5 +342,24 @@ class ProcessGroupDDL : public GroupBase {
   std::mutex p2p_mu_;
   std::list<std::shared_ptr<P2PState>> p2p_pending_;
 };
+
+#if TORCH_DDL_NAMED_GROUP
+// The process group torch_ddl hands torch (torch >= 2.1, outside TORCH_DISTRIBUTED_DEBUG=DETAIL): torch's own
+// ProcessGroup with the group's ProcessGroupDDL as its backend for CPU and CUDA tensors, as torch would build
+// it, but named "ddl": torch's ProcessGroup names a plugin's group "custom" (DDP's logging data, pg.name(),
+// its messages) and refuses it sequence numbers, which this one forwards to the backend. torch keeps a
+// ProcessGroup that its creator returns as it is (the path PythonProcessGroups take).
+class NamedProcessGroup : public c10d::ProcessGroup {
+ public:
+  NamedProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    c10::intrusive_ptr<ProcessGroupDDL> backend);
+  const std::string getBackendName() const override { return "ddl"; }
+  void setSequenceNumberForGroup() override { backend_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return backend_->getSequenceNumberForGroup(); }
+
+ private:
+  c10::intrusive_ptr<ProcessGroupDDL> backend_;
+};
+#endif
 
 }  // namespace torch_ddl

@@ -26,7 +26,13 @@ BACKEND = "ddl"
 
 
 def _create_process_group(store, rank, world_size, timeout):
-    return ProcessGroupDDL(store, rank, world_size, timeout)
+    backend = ProcessGroupDDL(store, rank, world_size, timeout)
+    # torch >= 2.1: a ProcessGroup named "ddl" around the backend (torch names a plugin's group "custom", in
+    # DDP's logging data too). Under TORCH_DISTRIBUTED_DEBUG=DETAIL the plain backend, which torch wraps in
+    # its checking wrapper only when it builds the ProcessGroup itself.
+    if _C.has_named_group and dist.get_debug_level() != dist.DebugLevel.DETAIL:
+        return _C.NamedProcessGroup(store, rank, world_size, backend)
+    return backend
 
 
 def _register():

@@ -372,6 +372,12 @@ def sequence_numbers():
     dist.all_reduce(torch.ones(1, device=DEV))
     dist.barrier()
     check(backend._get_sequence_number_for_group() == before + 2, "sequence number did not count two collectives")
+    # torch >= 2.1: the group torch holds is named ddl (torch names a plugin's group "custom") and answers
+    # sequence numbers itself (torch refuses them for a plugin's group).
+    pg = dist.distributed_c10d._get_default_group()
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 1):
+        check(pg.name() == "ddl", "the group is named %r" % pg.name())
+        check(pg._get_sequence_number_for_group() == before + 2, "the group's sequence number")
 
 
 
