@@ -5,7 +5,9 @@
 libddl comes from pkg-config (`ddl.pc`: the libddl package installs it in /usr/lib/pkgconfig, a
 `cmake --install` in <prefix>/lib/pkgconfig, a build tree in build/pkgconfig; PKG_CONFIG_PATH points at the
 latter two), or from DDL_PREFIX (<prefix>/include/ddl/ddl.h and <prefix>/lib/libddl.so). The extension
-records libddl's directory as its run path, so no LD_LIBRARY_PATH is needed. Where libddl was built with CUDA
+records where libddl is installed as its run path (ddl.pc's installlibdir), so no LD_LIBRARY_PATH is needed:
+an installed libddl's own directory; for a build tree, where `cmake --install` of that build puts libddl (its
+CMAKE_INSTALL_PREFIX/lib), never the build tree itself, which a user removes or rebuilds. Where libddl was built with CUDA
 (`pkg-config --variable=cuda ddl` is yes), collectives on CUDA tensors are stream-ordered (torch >= 2.0).
 The CMake build (python/CMakeLists.txt) compiles the same sources for the torches it finds.
 """
@@ -25,14 +27,16 @@ def pkg_config(*args):
 
 
 def libddl():
-    """(include dirs, library dirs, libraries, takes CUDA) of the libddl to build against."""
+    """(include dirs, library dirs, libraries, run path, takes CUDA) of the libddl to build against."""
     prefix = os.environ.get("DDL_PREFIX")
     if prefix:
         cuda = os.environ.get("DDL_LIBDDL_CUDA", "no") == "yes"
-        return [os.path.join(prefix, "include")], [os.path.join(prefix, "lib")], ["ddl"], cuda
+        lib = os.path.join(prefix, "lib")
+        return [os.path.join(prefix, "include")], [lib], ["ddl"], [lib], cuda
     try:
         cflags, libs = shlex.split(pkg_config("--cflags")), shlex.split(pkg_config("--libs"))
         cuda = pkg_config("--variable=cuda") == "yes"
+        installed = pkg_config("--variable=installlibdir")  # empty in a ddl.pc older than libddl 0.2
     except (OSError, subprocess.CalledProcessError) as e:
         raise SystemExit("torch_ddl: libddl not found: pkg-config ddl failed (%s). Install the libddl package, or "
                          "set PKG_CONFIG_PATH to <prefix>/lib/pkgconfig of a `cmake --install` (or a build tree's "
@@ -40,10 +44,15 @@ def libddl():
     includes = [f[2:] for f in cflags if f.startswith("-I")]
     libdirs = [f[2:] for f in libs if f.startswith("-L")]
     names = [f[2:] for f in libs if f.startswith("-l")]
-    return includes, libdirs, names, cuda
+    runpath = [installed] if installed else libdirs
+    if runpath != libdirs:
+        print("torch_ddl: linking against the libddl of a build tree (%s); the extension will load libddl from "
+              "%s, where `cmake --install` of that build puts it (or from LD_LIBRARY_PATH)"
+              % (" ".join(libdirs), " ".join(runpath)))
+    return includes, libdirs, names, runpath, cuda
 
 
-includes, libdirs, libraries, cuda = libddl()
+includes, libdirs, libraries, runpath, cuda = libddl()
 setup(
     name="torch-ddl",
     packages=["torch_ddl"],
@@ -55,7 +64,7 @@ setup(
             include_dirs=["src"] + includes,
             library_dirs=libdirs,
             libraries=libraries,
-            runtime_library_dirs=libdirs,
+            runtime_library_dirs=runpath,
             define_macros=[("DDL_LIBDDL_CUDA", None)] if cuda else [],
             extra_compile_args=["-std=c++17", "-Wno-unused-parameter"],
         )

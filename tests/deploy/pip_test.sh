@@ -2,8 +2,9 @@
 # torch_ddl installed the way torch users install extensions (ctest label deploy): libddl installed as its
 # package would (`cmake --install BUILD --component libddl --prefix TMP`), then `pip install --no-build-isolation`
 # of a copy of python/ with PKG_CONFIG_PATH=TMP/lib/pkgconfig, into a folder of its own, by the interpreter of a
-# torch (the torch 2.x venv). Checks that the extension loads TMP's libddl.so.0 with no LD_LIBRARY_PATH, and that
-# 2 ranks importing it from there pass tests/torch's collectives scenario.
+# torch (the torch 2.x venv). Checks that the extension loads TMP's libddl.so.0 with no LD_LIBRARY_PATH, that one
+# built against the build tree's ddl.pc has no run path into the build tree (but libddl's install dir), and
+# that 2 ranks importing the first pass tests/torch's collectives scenario.
 #
 # Usage: pip_test.sh SOURCE_DIR BUILD_DIR PYTHON   (BUILD_DIR built: libddl)
 # Exit status: 0 passed, 1 failed, 77 skipped (PYTHON has no torch or pip; the reason is printed).
@@ -21,6 +22,7 @@ fail() { log "FAIL: $*" >&2; exit 1; }
 [[ -x $PY ]] || skip "$PY does not exist (scripts/bootstrap makes the torch 2.x venv)"
 "$PY" -c "import torch, pip, wheel" 2>/dev/null || skip "$PY lacks torch, pip or wheel"
 command -v pkg-config >/dev/null || skip "pkg-config is absent"
+command -v readelf >/dev/null || skip "readelf is absent"
 
 tmp=$(mktemp -d /tmp/ddl-pip-test.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
@@ -43,6 +45,20 @@ ext=$(compgen -G "$tmp/site/torch_ddl/_C*.so") || fail "no extension in $tmp/sit
 deps=$(ldd "$ext")
 grep -q "libddl.so.0 => $tmp/prefix/lib/libddl.so.0 " <<<"$deps" ||
   fail "$ext does not load $tmp/prefix/lib/libddl.so.0: $(grep libddl <<<"$deps" || echo 'no libddl at all')"
+
+# Against a build tree's ddl.pc the extension links BUILD's libddl, but its run path must not point into the
+# tree (a user removes or rebuilds it): it names where `cmake --install` of that build puts libddl.
+log "pip install against the build tree's ddl.pc: the run path leaves the build tree out"
+cp -r "$SRC/python" "$tmp/src-tree"
+rm -rf "$tmp/src-tree/build" "$tmp/src-tree"/*.egg-info
+PKG_CONFIG_PATH=$BUILD/pkgconfig timeout 600 "$PY" -m pip install --quiet --disable-pip-version-check \
+  --no-build-isolation --no-deps --no-index --target "$tmp/site-tree" "$tmp/src-tree" >"$tmp/pip-tree.log" 2>&1 ||
+  { cat "$tmp/pip-tree.log"; fail "pip install against the build tree failed"; }
+ext_tree=$(compgen -G "$tmp/site-tree/torch_ddl/_C*.so") || fail "no extension in $tmp/site-tree/torch_ddl"
+runpath=$(readelf -d "$ext_tree" | grep -E '\((RUN)?PATH\)' || true)
+want=$(PKG_CONFIG_PATH=$BUILD/pkgconfig pkg-config --variable=installlibdir ddl)
+[[ $runpath != *"$BUILD"* ]] || fail "the extension's run path points into the build tree: $runpath"
+[[ -n $want && $runpath == *"[$want"* ]] || fail "the extension's run path is not libddl's install dir $want: $runpath"
 
 log "2 ranks of the collectives scenario importing the installed torch_ddl"
 PYTHONPATH=$tmp/site DDL_TEST_PYTHON=$PY timeout 300 "$PY" "$SRC/tests/torch/harness.py" 2 collectives \
