@@ -14,7 +14,8 @@ submits met: how many tries, how many refusals for the full disk, how many outag
 
 Needs root (to mount the tmpfs).
 
-  bench/submit_retry.py [--submits 100] [--parallel 4] [--interval 3] [--bin build/bin] [--json FILE] [--keep]
+  bench/submit_retry.py [--submits 100] [--parallel 4] [--pace 1] [--interval 2] [--bin build/bin]
+                       [--json FILE] [--keep]
 """
 import argparse
 import collections
@@ -116,7 +117,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--submits", type=int, default=100)
     ap.add_argument("--parallel", type=int, default=4, help="submitting scripts at once")
-    ap.add_argument("--interval", type=float, default=3.0, help="seconds between chaos events")
+    ap.add_argument("--interval", type=float, default=2.0, help="seconds between chaos events")
+    ap.add_argument("--pace", type=float, default=1.0,
+                    help="seconds each script waits between its submits, so that they meet the chaos")
     ap.add_argument("--disk-mb", type=int, default=48, help="the coordinator's tmpfs")
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--json", help="write the figures here too")
@@ -154,6 +157,7 @@ def main():
         def submitter(ks):
             for k in ks:
                 submit_one(k)
+                time.sleep(args.pace)
 
         threads = [threading.Thread(target=submitter, args=(range(i, args.submits, args.parallel),))
                    for i in range(args.parallel)]

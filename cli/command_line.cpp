@@ -185,8 +185,9 @@ void declareSubmit(CLI::App& app, CommandLine& cl) {
       ->take_last();
   submit
       ->add_option("--reconnect-timeout", cl.reconnectS,
-                   "with --wait: ride out a coordinator that stops answering (a restart) for up to SECONDS "
-                   "(default 600)")
+                   "ride out a coordinator that stops answering (a restart, a new leader) for up to SECONDS "
+                   "(default 600): the submit itself, which its request id makes safe to repeat, and with "
+                   "--wait the waiting")
       ->check(CLI::Range(0.0, 86400.0));
   // The command arrives through the split at "--" in runDdlctl(), or as a script: the first word that is not
   // a flag or a flag's value ends submit's flags (expandEnvValues() splits there, before CLI11 parses).

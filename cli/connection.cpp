@@ -18,6 +18,7 @@
 
 #include "common/clock.h"
 #include "common/pki.h"
+#include "common/status.h"
 #include "ddl/tls.h"
 #include "ddlctl_internal.h"
 
@@ -59,7 +60,13 @@ bool outage(const grpc::Status& status) {
   if (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED &&
       code != grpc::StatusCode::CANCELLED)
     return false;
+  if (isStoreRefusal(status)) return false;  // an answer: not now, and nothing was done
   return !isTlsFailure(status.error_message()) || isTlsTimeout(status.error_message());
+}
+
+bool isStoreRefusal(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         status.error_message().find(kCannotStoreState) != std::string::npos;
 }
 
 // No connection could be made, so the call never left: the coordinator did nothing.
@@ -269,6 +276,7 @@ grpc::Status Session::callQuiet(const Rpc& rpc, int* usage) {
   grpc::Status status = rpc(*s, &context);
   current_ = target;
   if (status.ok()) reached_ = true;
+  if (!neverSent(status)) maybeSent_ = true;
   return status;
 }
 
@@ -280,9 +288,9 @@ grpc::Status Session::callRidingOut(const Rpc& rpc, int* usage) {
 
 grpc::Status Session::callIdempotent(const Rpc& rpc, int* usage, const std::string& again) {
   grpc::Status status = callQuiet(rpc, usage);
-  // An UNAVAILABLE that is not the transport's is the coordinator's own refusal (it cannot store): an answer.
-  const bool answered =
-      status.error_code() == grpc::StatusCode::UNAVAILABLE && !isTransportFailure(status.error_message());
+  // An UNAVAILABLE that is not the transport's is the coordinator's own answer (it cannot store): no outage.
+  const bool answered = isStoreRefusal(status) || (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                                                   !isTransportFailure(status.error_message()));
   if (answered || !outage(status) || reconnectS_ <= 0) return status;
   if (!reached_ && neverSent(status) && addresses_.size() == 1) return status;
   return rideOut(rpc, usage, status, again);

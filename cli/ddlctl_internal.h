@@ -88,6 +88,9 @@ std::vector<std::string> processEnvironment();
 // down: the call may or may not have been done), which the verbs that wait ride out.
 bool neverSent(const grpc::Status& status);
 bool outage(const grpc::Status& status);
+// The coordinator's answer that it cannot store its state (common/status.h kCannotStoreState): nothing was
+// done.
+bool isStoreRefusal(const grpc::Status& status);
 
 // Prints "ddlctl: <message>" and where to find the usage (the verb's own --help when `verb` is given);
 // returns kExitUsage (command_line.cpp).
@@ -193,6 +196,9 @@ class Session {
   // coordinator given: a wrong address, or none running). An answer, a refusal included, is never repeated.
   // `again` says on stderr what the repeats do.
   grpc::Status callIdempotent(const Rpc& rpc, int* usage, const std::string& again);
+  // Whether any call of this session may have reached a coordinator (it was not refused a connection): a
+  // submit that ends in an outage may then have made its job.
+  bool maybeSent() const { return maybeSent_; }
 
   // Prints a failed call's error as call() does and returns its exit status; kExitOk for an OK status.
   int report(const grpc::Status& status);
@@ -216,7 +222,8 @@ class Session {
   bool json_;
   bool insecure_;
   double reconnectS_;
-  bool reached_ = false;  // a call was answered: later outages are ridden out by callRidingOut
+  bool reached_ = false;    // a call was answered: later outages are ridden out by callRidingOut
+  bool maybeSent_ = false;  // a call may have reached a coordinator (maybeSent())
   Credentials credentials_;
   std::vector<std::string> addresses_;
   size_t current_ = 0;                                         // the address that answered last

@@ -440,7 +440,8 @@ int runSubmit(CommandLine& cl, Session& s, std::ostream& err) {
   if (usage != kExitOk) return usage;
   if (!st.ok()) {
     const int rc = s.report(st);
-    if (neverSent(st)) {
+    // The last try's status says little of the first ones: one that was cut may have made the job.
+    if (!s.maybeSent()) {
       err << "note: nothing was submitted (no connection was made): the same command is safe to run again\n";
     } else if (outage(st)) {
       err << "note: the job may have been submitted: 'ddlctl list' shows it; 'ddlctl submit --request-id "

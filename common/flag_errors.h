@@ -26,7 +26,7 @@ std::vector<std::string> longFlagNames(const CLI::App& scope);
 const CLI::App& innermostSubcommand(const CLI::App& app);
 
 // `e` (from app.parse) said for a person: "unknown option --nmae; did you mean --name?", "--port takes a
-// whole number, got 'x'", or CLI11's own words.
+// number, got 'x'", or CLI11's own words.
 std::string describeFlagError(const CLI::App& app, const CLI::ParseError& e);
 
 // Parses a daemon's command line: -1 to go on; 0 after --help or --version (printed); 2 after a mistake,

@@ -55,8 +55,7 @@ RankAccountEnvironment accountEnvironment(const RankAccountSpec& spec) {
   return env;
 }
 
-bool isRankVariable(std::string_view name) {
-  if (name.substr(0, 4) == "DDL_") return true;
+std::vector<std::string> launchVariableNames() {
   // The names the functions above write, read from them, so this list cannot fall behind theirs.
   RankEnvSpec rank;
   rank.topology = "1";
@@ -65,12 +64,17 @@ bool isRankVariable(std::string_view name) {
   RankNodeSpec node;
   node.gpu_uuid = "GPU-0";
   node.agent_socket = "s";
+  std::vector<std::string> names;
   for (const auto& env : {rankEnvironment(rank), nodeEnvironment(node), arrayEnvironment("j-1", 0)}) {
-    for (const auto& [key, value] : env) {
-      if (key == name) return true;
-    }
+    for (const auto& kv : env) names.push_back(kv.first);
   }
-  return false;
+  return names;
+}
+
+bool isRankVariable(std::string_view name) {
+  if (name.substr(0, 4) == "DDL_") return true;
+  const std::vector<std::string> names = launchVariableNames();
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 std::string agentEnvEntryProblem(std::string_view entry) {
@@ -86,7 +90,8 @@ std::string agentEnvEntryProblem(std::string_view entry) {
 }
 
 std::vector<std::string> inheritedEnvironment(const std::vector<std::string>& environ,
-                                              const std::vector<std::string>& allowed) {
+                                              const std::vector<std::string>& allowed,
+                                              std::vector<std::string>* withheld) {
   auto listed = [&](std::string_view name) {
     return std::any_of(allowed.begin(), allowed.end(), [&](const std::string& entry) {
       if (!entry.empty() && entry.back() == '*')
@@ -99,7 +104,11 @@ std::vector<std::string> inheritedEnvironment(const std::vector<std::string>& en
     const size_t eq = e.find('=');
     if (eq == std::string::npos || eq == 0) continue;
     const std::string_view name = std::string_view(e).substr(0, eq);
-    if (listed(name) && name != "DDL_TOKEN" && name != "DDL_TOKEN_FILE") out.push_back(e);
+    if (listed(name) && name != "DDL_TOKEN" && name != "DDL_TOKEN_FILE") {
+      out.push_back(e);
+    } else if (withheld) {
+      withheld->emplace_back(name);
+    }
   }
   return out;
 }

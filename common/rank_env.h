@@ -73,6 +73,8 @@ RankAccountEnvironment accountEnvironment(const RankAccountSpec& spec);
 // submitter's shell (ddlctl submit --export ALL, say inside another job) must not carry them in. Not the
 // account's variables: those are the agent's to set whatever a job's env says.
 bool isRankVariable(std::string_view name);
+// Every name rankEnvironment, nodeEnvironment and arrayEnvironment may write.
+std::vector<std::string> launchVariableNames();
 
 // What of ddl-agent's own environment its ranks inherit. The agent's environment is not the job's: it may
 // hold its operator's credentials (DDL_TOKEN, a cloud key exported in the shell that started it). So a rank
@@ -83,15 +85,20 @@ bool isRankVariable(std::string_view name);
 // list.
 inline const std::vector<std::string> kAgentEnvAllowed = {
     "PATH", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "HOME", "USER", "LOGNAME", "SHELL", "LD_LIBRARY_PATH",
-    "UCX_*", "CUDA_*", "NCCL_*", "OMP_NUM_THREADS",
-    // libddl's settings (README, "Settings"), not the ones a rank's launch sets (rankEnvironment).
-    "DDL_ALGO", "DDL_DEBUG", "DDL_DEVICE_SCHEME", "DDL_KEEPALIVE_MS", "DDL_NODE_SLOT_BYTES",
+    "UCX_*", "CUDA_*", "NCCL_*", "NVIDIA_*", "OMP_NUM_THREADS", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    // A site's proxies, in both spellings programs read.
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+    // libddl's settings (README, "Settings": rank_env_test checks that every one there is here, but those a
+    // rank's launch sets itself).
+    "DDL_ALGO", "DDL_DEBUG", "DDL_DEVICE_SCHEME", "DDL_KEEPALIVE_MS", "DDL_NODE_SLOT_BYTES", "DDL_NODE_TAG",
     "DDL_SEGMENT_BYTES", "DDL_SHM", "DDL_SHM_ROUND_BYTES", "DDL_TIMEOUT_MS", "DDL_TUNE_FILE", "DDL_WAIT"};
 // Why `entry` cannot be an allow-list entry (a variable name, or one's prefix then '*'), or "".
 std::string agentEnvEntryProblem(std::string_view entry);
-// The entries of `environ` ("NAME=value") that `allowed` lets through, in their order.
+// The entries of `environ` ("NAME=value") that `allowed` lets through, in their order; with `withheld`, the
+// names of the others (for the agent's log: names only, never values).
 std::vector<std::string> inheritedEnvironment(const std::vector<std::string>& environ,
-                                              const std::vector<std::string>& allowed);
+                                              const std::vector<std::string>& allowed,
+                                              std::vector<std::string>* withheld = nullptr);
 
 // A fresh job secret: 32 bytes from the system's random source, as 64 hex digits. Empty if the source fails.
 std::string newJobSecret();

@@ -17,6 +17,11 @@
 
 namespace ddl {
 
+// Every refusal of a coordinator that cannot store its state (a full disk, etcd unreachable) is UNAVAILABLE
+// and says this, so that a client tells the coordinator's answer ("not now, and nothing was done") from an
+// outage (no answer: maybe done, ask again).
+inline constexpr const char* kCannotStoreState = "cannot store the coordinator's state";
+
 enum class StatusCode {
   kOk = 0,
   kInvalidArgument = 3,     // The request itself is malformed (empty command, bad failure info).

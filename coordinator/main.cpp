@@ -234,6 +234,59 @@ ddl::state::StatusOr<std::unique_ptr<auth::UserRegistry>> openUsers(const Daemon
   return std::move(*users);
 }
 
+// Writes `text` to `path` whole: through a temporary file renamed over it, so a reader never sees half.
+void writeWhole(const std::string& path, const std::string& text) {
+  {
+    std::ofstream out(path + ".tmp");
+    out << text << "\n";
+  }
+  std::error_code ec;
+  std::filesystem::rename(path + ".tmp", path, ec);
+}
+
+ddl::coordinator::http::HttpOptions httpOptions(const DaemonConfig& config, const auth::UserRegistry* users) {
+  return {config.http_tls.value_or(false), config.http_auth.value_or(false), config.pki_dir, users};
+}
+
+// A standby's dashboard while it waits to lead (several coordinators on etcd): /metrics says it stands by, so
+// Prometheus scrapes every coordinator, and /healthz and every other path answer 503 naming the leader
+// (http::StandbyBackend). It has its own copy of the users, for tokens; the leader reads users.json again.
+class StandbyDashboard {
+ public:
+  // Serves config.http (writing its address to http_file), or says why not in the log and serves nothing:
+  // a standby that cannot show its state still stands by. An unreadable users.json is an error.
+  static ddl::state::StatusOr<std::unique_ptr<StandbyDashboard>> start(const DaemonConfig& config,
+                                                                       const StateBackend& backend,
+                                                                       const std::string& http_file) {
+    auto users = openUsers(config);
+    if (!users) return users.status();
+    auto d = std::unique_ptr<StandbyDashboard>(new StandbyDashboard);
+    d->users_ = std::move(*users);
+    d->backend_ = std::make_unique<ddl::coordinator::http::StandbyBackend>(
+        backend.describe(), [&backend] { return backend.standbyStatus(); });
+    d->server_ = std::make_unique<ddl::coordinator::http::HttpServer>(*d->backend_,
+                                                                      httpOptions(config, d->users_.get()));
+    std::string bound;
+    if (auto st = d->server_->start(config.http, &bound); !st) {
+      spdlog::warn("standby dashboard: {}; going on without it", st.message());
+      d->server_.reset();
+    } else {
+      writeWhole(http_file, bound);
+      spdlog::info("standby dashboard on {}://{}/ (/metrics and /healthz)", d->server_->scheme(), bound);
+    }
+    return d;
+  }
+  ~StandbyDashboard() {
+    if (server_) server_->stop();
+  }
+
+ private:
+  StandbyDashboard() = default;
+  std::unique_ptr<auth::UserRegistry> users_;
+  std::unique_ptr<ddl::coordinator::http::StandbyBackend> backend_;
+  std::unique_ptr<ddl::coordinator::http::HttpServer> server_;  // after what it serves: stopped first
+};
+
 SecurityOptions securityOptions(const DaemonConfig& config, auth::UserRegistry* users) {
   SecurityOptions security;
   security.insecure = config.insecure;
@@ -243,16 +296,6 @@ SecurityOptions securityOptions(const DaemonConfig& config, auth::UserRegistry* 
   security.node_cert_days = config.node_cert_days;
   security.refresh_s = static_cast<unsigned>(config.tls_refresh_s);
   return security;
-}
-
-// Writes `text` to `path` whole: through a temporary file renamed over it, so a reader never sees half.
-void writeWhole(const std::string& path, const std::string& text) {
-  {
-    std::ofstream out(path + ".tmp");
-    out << text << "\n";
-  }
-  std::error_code ec;
-  std::filesystem::rename(path + ".tmp", path, ec);
 }
 
 // Where the state lives and the lead, for /metrics and the dashboard.
@@ -310,35 +353,19 @@ int runDaemon(const DaemonConfig& config) {
     const int got = sigtimedwait(&stop_signals, nullptr, &pause);
     return got > 0 ? (sig = got) : 0;
   };
-  auto users = openUsers(config);
-  if (!users) return fail(users.status().message());
-  const ddl::coordinator::http::HttpOptions http_options{
-      config.http_tls.value_or(false), config.http_auth.value_or(false), config.pki_dir, users->get()};
-  // A standby serves /metrics and /healthz while it waits (Prometheus scrapes every coordinator; the answer
-  // says it stands by), then hands the port to the leader's dashboard.
-  std::unique_ptr<ddl::coordinator::http::StandbyBackend> standby_backend;
-  std::unique_ptr<ddl::coordinator::http::HttpServer> standby_http;
+  // A standby serves /metrics and /healthz while it waits (standby_dashboard.h), then hands the port over.
+  std::unique_ptr<StandbyDashboard> standby;
   if ((*backend)->shared()) {
-    standby_backend = std::make_unique<ddl::coordinator::http::StandbyBackend>(
-        (*backend)->describe(), [b = backend->get()] { return b->standbyStatus(); });
-    standby_http = std::make_unique<ddl::coordinator::http::HttpServer>(*standby_backend, http_options);
-    std::string standby_bound;
-    if (auto st = standby_http->start(config.http, &standby_bound); !st) {
-      spdlog::warn("standby dashboard: {}; going on without it", st.message());
-      standby_http.reset();
-    } else {
-      writeWhole(http_file, standby_bound);
-      spdlog::info("standby dashboard on {}://{}/ (/metrics and /healthz)", standby_http->scheme(),
-                   standby_bound);
-    }
+    auto started = StandbyDashboard::start(config, **backend, http_file);
+    if (!started) return fail(started.status().message());
+    standby = std::move(*started);
   }
 #ifdef DDL_HAVE_SYSTEMD
   // A standby is up (systemd's start must not time out while it waits to lead); its status says which it is.
   if ((*backend)->shared()) sd_notify(0, "READY=1\nSTATUS=standby: waiting to lead");
 #endif
   auto leading = (*backend)->awaitLead([&](int64_t ms) { return waitSignal(ms) != 0; });
-  if (standby_http) standby_http->stop();
-  standby_http.reset();
+  standby.reset();
   if (!leading) return fail(leading.status().message());
   if (!*leading) {
     std::filesystem::remove(http_file, ec);
@@ -353,13 +380,16 @@ int runDaemon(const DaemonConfig& config) {
   if (auto st = coordinator.recover(); !st) {
     return fail("recovering state from " + (*backend)->describe() + ": " + st.message());
   }
+  // Read now, at the lead, not when the process started: operators copy users.json to the standbys.
+  auto users = openUsers(config);
+  if (!users) return fail(users.status().message());
   if (config.insecure) {
     spdlog::warn("--insecure: plaintext gRPC and no authentication; any local process can act as any user");
   }
   RpcServer server(coordinator, securityOptions(config, users->get()));
   std::string bound;
   if (auto st = server.start(config.listen, &bound); !st) return fail(st.message());
-  ddl::coordinator::http::HttpServer dashboard(coordinator, http_options);
+  ddl::coordinator::http::HttpServer dashboard(coordinator, httpOptions(config, users->get()));
   std::string http_bound;
   if (auto st = dashboard.start(config.http, &http_bound); !st) return fail(st.message());
   coordinator.start();

@@ -28,6 +28,8 @@
 #include "worker/rank_status.h"
 #include "worker/run_as.h"
 
+extern char** environ;
+
 namespace ddl::worker {
 
 namespace {
@@ -126,6 +128,18 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   options.state_dir = config_.data_dir + "/ranks";
   options.shim_path = findRankShim();
   options.env_allowed.insert(options.env_allowed.end(), config_.rank_env.begin(), config_.rank_env.end());
+  {
+    // Said once: what of the agent's own environment its ranks will not see (names, never values).
+    std::vector<std::string> own, withheld;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) own.emplace_back(*e);
+    inheritedEnvironment(own, options.env_allowed, &withheld);
+    if (!withheld.empty()) {
+      std::string names;
+      for (const std::string& n : withheld) names += (names.empty() ? "" : ", ") + n;
+      spdlog::info("not passed on to ranks from the agent's environment: {} (agent.json rank_env adds names)",
+                   names);
+    }
+  }
   if (options.shim_path.empty()) {
     spdlog::warn("ddl-rank-shim not found next to ddl-agent or in ../libexec/ddl: ranks run without it, and the "
                  "exit code of a rank adopted after an agent restart will be unknown (255)");
@@ -497,7 +511,9 @@ void Agent::startRanks(const v1::StartRanks& start) {
 }
 
 void Agent::noteDiskInRankLogs(const std::string& warning) {
-  if (warning == disk_noted_) return;
+  // Once when the warning comes and once when it goes, not at each change of the free space it names.
+  if (warning.empty() == disk_noted_.empty()) return;
+  disk_noted_ = warning;
   // The logs' disk filled up (or has room again): each running rank's log says so where its output may be
   // cut, so that a log that ends mid-line is not taken for the rank's own last words.
   char when[32] = "";
@@ -509,12 +525,16 @@ void Agent::noteDiskInRankLogs(const std::string& warning) {
                              ": this rank's output from here on may be lost]"
                        : "[ddl-agent " + std::string(when) +
                              ": the logs' disk has room again; output since the note above may be missing]";
-  disk_noted_ = warning;
+  std::vector<std::string> logs;
   for (const RankState& r : supervisor_->ranks()) {
-    if (!r.running) continue;
-    if (std::string why = appendLogNote(logPath(r.job_id, r.attempt, r.rank), note); !why.empty())
-      spdlog::warn("job {} rank {}: {}", r.job_id, r.rank, why);
+    if (r.running) logs.push_back(logPath(r.job_id, r.attempt, r.rank));
   }
+  // Written on a thread of its own: a file system that hangs must not hold the heartbeats up.
+  std::thread([logs = std::move(logs), note, logger = spdlog::default_logger()] {
+    for (const std::string& log : logs) {
+      if (std::string why = appendLogNote(log, note); !why.empty()) logger->warn("{}", why);
+    }
+  }).detach();
 }
 
 void Agent::onRankExit(const RankState& state) {

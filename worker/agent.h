@@ -86,7 +86,8 @@ class Agent {
     bool stop = false;
   };
   std::shared_ptr<DiskWatch> disk_watch_ = std::make_shared<DiskWatch>();
-  std::string disk_noted_;  // the disk warning the running ranks' logs were last told of (heartbeat thread)
+  std::string
+      disk_noted_;  // the disk warning the running ranks' logs were told of, "" none (heartbeat thread)
   std::vector<std::string> coordinators_;  // config_.coordinator's addresses (several share an etcd store)
   std::vector<std::unique_ptr<v1::AgentService::Stub>> stubs_;  // per address, made by session()
   grpc::ChannelArguments channel_args_;

@@ -33,7 +33,7 @@ const ConfigHints& hints() {
       {"cpus", "a string, a CPU list (\"2-31\")"},
       {"memory", "a string, a size (\"200G\")"},
       {"cgroup_root", "a string (a cgroup directory, or \"none\")"},
-      {"rank_env", "a list of variable names or prefixes ([\"HTTPS_PROXY\", \"SLURM_*\"])"},
+      {"rank_env", "a list of variable names or prefixes ([\"SITE_SCRATCH\", \"SLURM_*\"])"},
   };
   return kHints;
 }

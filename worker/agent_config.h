@@ -49,7 +49,7 @@ struct AgentConfig {
   // Where ranks' cgroups live (worker/confinement.h): "" = the agent's own cgroup, "none" = no cgroups.
   std::string cgroup_root;
   // Variables of the agent's own environment that ranks inherit besides common/rank_env.h's kAgentEnvAllowed
-  // (names, or prefixes ending in '*': "HTTPS_PROXY", "SLURM_*"). Nothing else of it reaches a rank.
+  // (names, or prefixes ending in '*': "SITE_SCRATCH", "SLURM_*"). Nothing else of it reaches a rank.
   std::vector<std::string> rank_env;
 };
 

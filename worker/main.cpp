@@ -66,7 +66,7 @@ struct Flags {
   std::optional<int64_t> log_max_mb;
   bool force_virtual = false, stop_ranks_on_exit = false;
   std::optional<std::string> cpus, memory, cgroup_root;
-  std::string rank_env;
+  std::vector<std::string> rank_env;
   std::optional<std::string> pki_dir;
   bool insecure = false;
   JoinOptions join;
@@ -110,7 +110,8 @@ CLI::App* declareFlags(CLI::App& app, Flags* flags) {
       "none: pin CPUs only");
   app.add_option("--rank-env", f.rank_env,
                  "more of the agent's environment for ranks, besides PATH, locale, UCX_*, CUDA_*, libddl's "
-                 "settings...: names or prefixes, comma-separated (HTTPS_PROXY,SLURM_*)");
+                 "settings...: names or prefixes, comma-separated (SITE_SCRATCH,SLURM_*)")
+      ->delimiter(',');
   app.add_option("--pki-dir", f.pki_dir, "ca.crt, node.crt and node.key of this node (default /etc/ddl/pki)");
   app.add_flag("--insecure", f.insecure,
                "plaintext toward a coordinator on loopback run with --insecure "
@@ -161,11 +162,7 @@ std::string loadSettings(const Flags& f, AgentConfig* config) {
   if (f.cpus) config->cpus = *f.cpus;
   if (f.memory) config->memory = *f.memory;
   if (f.cgroup_root) config->cgroup_root = *f.cgroup_root;
-  for (size_t at = 0; at < f.rank_env.size();) {
-    const size_t comma = std::min(f.rank_env.find(',', at), f.rank_env.size());
-    if (comma > at) config->rank_env.push_back(f.rank_env.substr(at, comma - at));
-    at = comma + 1;
-  }
+  config->rank_env.insert(config->rank_env.end(), f.rank_env.begin(), f.rank_env.end());
   if (config->node.empty()) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);

@@ -5,17 +5,19 @@
 //   GET /                  the cluster at a glance (refreshes itself)
 //   GET /jobs/ID           one job: ranks by node and GPU, ring picture, log tails, failure on top
 //   GET /api/v1/nodes      {"nodes": [Node...]}
-//   GET /api/v1/jobs       {"jobs": [Job...], "next_page_token": T}: a page in submit order; filters
-//                          state=failed,running (any case, comma-separated), user=, name=, since=/until=
-//                          (unix ms, or an age such as 90s, 30m, 12h, 7d), page_size= (1..5000, default 500),
-//                          page_token=
+//   GET /api/v1/jobs       {"jobs": [Job...], "next_page_token": T}: a page in submit order (order=newest:
+//                          newest first); filters state=failed,running (any case, comma-separated), user=,
+//                          name=, since=/until= (unix ms, or an age such as 90s, 30m, 12h, 7d), page_size=
+//                          (1..5000, default 500), page_token=
 //   GET /api/v1/jobs/ID    {"job": Job, "ring": RingLayout}
-//   GET /api/v1/jobs/ID/series   the job's per-rank throughput and time in collectives over time
-//   (series_json.h) GET /api/v1/cluster/series   GPUs in use and jobs by state over time GET /metrics
-//   Prometheus text format GET /healthz           "ok", or 503 and why while the coordinator cannot store its
-//   state
-// A standby (StandbyBackend) serves /metrics (ddl_coordinator_leader 0) and answers 503 to everything else.
+//   GET /api/v1/jobs/ID/series    the job's per-rank throughput and time in collectives over time
+//                                 (series_json.h)
+//   GET /api/v1/cluster/series    GPUs in use and jobs by state over time
+//   GET /metrics           Prometheus text format
+//   GET /healthz           "ok", or 503 and why while the coordinator cannot store its state
 //   GET /login?token=T     sets the token cookie and redirects to / (for browsers, where tokens are needed)
+// A standby coordinator's server (StandbyBackend) serves /metrics (ddl_coordinator_leader 0) and answers 503,
+// naming the leader, to everything else.
 // Anything else is 404; methods other than GET and HEAD are 405 with `Allow: GET, HEAD` (nothing here changes
 // state); a bad request never takes the server down.
 //

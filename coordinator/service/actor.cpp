@@ -26,14 +26,14 @@ struct Actor::Loop {
 
 Actor::Actor(state::Store& store, GroupCommitter::Options options, std::function<void()> committed)
     : loop_(std::make_unique<Loop>()), committed_(std::move(committed)) {
-  committer_ =
-      std::make_unique<GroupCommitter>(store, options, [this](uint64_t seq, const state::Status& st) {
+  committer_ = std::make_unique<GroupCommitter>(
+      store, options, [this](uint64_t seq, const state::Status& st, bool unapplied) {
         // On the committer's thread: health now (so /healthz does not wait for a busy loop), the rest on the
         // loop.
         setHealth(st.isOk(), st.isOk() ? ""
-                                       : "cannot store the coordinator's state: " + st.message() +
+                                       : std::string(kCannotStoreState) + ": " + st.message() +
                                              "; retrying (new submits are refused until it works)");
-        post([this, seq, st] { committedOnLoop(seq, st); });
+        post([this, seq, st, unapplied] { committedOnLoop(seq, st, unapplied); });
       });
   loop_->thread = std::thread([this] {
     loop_->id = std::this_thread::get_id();
@@ -114,9 +114,12 @@ void Actor::flush() {
   for (auto& reply : replies) reply();
 }
 
-void Actor::committedOnLoop(uint64_t seq, const state::Status& st) {
+void Actor::committedOnLoop(uint64_t seq, const state::Status& st, bool unapplied) {
   if (!st) {
     spdlog::error("storing state (batch {}): {}; retrying", seq, st.toString());
+    // A failure that may have been applied (etcd's answer lost) decides nothing: the answers wait for the
+    // retry, as every other success does.
+    if (!unapplied) return;
     // The answers that must not wait behind a failing store: every batch up to `seq` failed this time.
     std::deque<Effect> lost, kept;
     for (auto& e : effects_) (e.lost && e.seq <= seq ? lost : kept).push_back(std::move(e));

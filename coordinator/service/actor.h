@@ -9,7 +9,8 @@
 //  - reply() answers a caller: a refusal at the end of the turn (never behind a failing store), a success at
 //    once only when nothing is waiting to be stored, else after the commit;
 //  - replyUnlessLost() is reply() for a success that must not wait behind a failing store (a submit): if the
-//    first attempt to store its turn's batch fails, `lost` runs instead, at once, with the store's error.
+//    first attempt to store its turn's batch fails, known unapplied (Store::knownUnapplied: a failed SQLite
+//    transaction; not an etcd request whose answer was lost), `lost` runs instead, at once, with the error.
 // A failed commit is retried by the committer until it works; meanwhile health() says why.
 //
 // The coordinator (coordinator.h) keeps its state in the turns it posts here; its *OnLoop methods assert
@@ -89,7 +90,7 @@ class Actor {
 
  private:
   struct Loop;  // the io_context, its thread and the ticker (actor.cpp)
-  void committedOnLoop(uint64_t seq, const state::Status& status);
+  void committedOnLoop(uint64_t seq, const state::Status& status, bool unapplied);
   void setHealth(bool ok, const std::string& message);
 
   std::unique_ptr<Loop> loop_;

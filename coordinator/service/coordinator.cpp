@@ -91,6 +91,14 @@ void Coordinator::committedOnLoop() {
   }
 }
 
+void Coordinator::dropRequestIdOnLoop(const state::Job& job, bool forget) {
+  if (job.spec.request_id.empty()) return;
+  auto r = request_ids_.find({job.spec.user, job.spec.request_id});
+  const int64_t n = state::jobIdNumber(job.id).value_or(0);
+  if (r == request_ids_.end() || n < r->second.first || n > r->second.last) return;
+  if (forget || --r->second.in_memory <= 0) request_ids_.erase(r);
+}
+
 void Coordinator::evictFinishedOnLoop() {
   const int64_t now = wall_ms_();
   while (!finished_.empty()) {
@@ -104,10 +112,7 @@ void Coordinator::evictFinishedOnLoop() {
     }
     auto it = jobs_.find(f.id);
     if (it != jobs_.end() && state::isTerminal(it->second.state)) {
-      const state::JobSpec& spec = it->second.spec;
-      if (auto r = request_ids_.find({spec.user, spec.request_id});
-          r != request_ids_.end() && r->second == f.id)
-        request_ids_.erase(r);
+      dropRequestIdOnLoop(it->second, /*forget=*/false);
       jobs_.erase(it);
       pending_reason_.erase(f.id);
     }
@@ -160,9 +165,18 @@ Status Coordinator::recoverOnLoop() {
   });
   for (const state::Job* job : finished) finished_.push_back({job->id, 0, state::endedAtMs(*job)});
   for (auto& job : *live) jobs_[job.id] = job;
-  for (const auto& [id, job] : jobs_) {  // a submit repeated across a restart finds its job
-    if (!job.spec.request_id.empty() && (job.spec.array_id.empty() || job.spec.array_id == id))
-      request_ids_[{job.spec.user, job.spec.request_id}] = id;
+  for (const auto& [id, job] : jobs_) {  // a submit repeated across a restart finds its jobs
+    if (job.spec.request_id.empty()) continue;
+    const int64_t n = state::jobIdNumber(id).value_or(0);
+    const int64_t first = state::jobIdNumber(job.spec.array_id.empty() ? id : job.spec.array_id).value_or(n);
+    Submitted& made = request_ids_[{job.spec.user, job.spec.request_id}];
+    if (made.in_memory > 0 && made.first != first) {
+      if (first < made.first) continue;  // an id used again after its jobs left memory: the newer wins
+      made = {};
+    }
+    made.first = first;
+    made.last = std::max(made.last, n);
+    ++made.in_memory;
   }
   std::vector<std::string> ended_deps;  // dependencies that ended without their dependents being told (none
                                         // unless a crash came between): resolved below, once all is loaded

@@ -7,7 +7,10 @@
 // state::Status values whose codes map one to one onto gRPC's.
 //
 // Lifecycle of a job (each step durable before the next action):
-//   submit: validated, refused at once when it can never fit, else stored PENDING and acknowledged;
+//   submit: validated, refused at once when it can never fit, else stored PENDING and acknowledged (a
+//   submit that repeats its caller's request id gets the job that id made instead; one whose batch the store
+//   cannot take is refused at once and its jobs withdrawn, CANCELLED; a job is placed only once its submit is
+//   durable, so a withdrawn one never ran);
 //   schedule pass (tick): placement picks GPUs -> setAllocation -> SCHEDULED -> StartRanks sent to each
 //   node -> STARTING; every rank reported RUNNING -> RUNNING; every rank exited 0 -> SUCCEEDED; the first
 //   rank that exits non-zero or by a signal -> FAILED naming it (or requeued while restarts remain), and the
@@ -16,8 +19,8 @@
 //   limit -> TIMEOUT and ranks stopped (SIGTERM, SIGKILL after stop_grace_ms).
 // A PENDING job is not placed while it is held (hold/release), while a job it depends on has not ended
 // (after_any) or succeeded (after_ok; a dependency that ends otherwise cancels it, naming the dependency), or
-// while its array already runs array_max_running of its jobs. Each rank of the latest attempt is kept with the
-// job (node, GPU, pids, exit, times, last collective figures), stored when it starts and when it ends.
+// while its array already runs array_max_running of its jobs. Each rank of the latest attempt is kept with
+// the job (node, GPU, pids, exit, times, last collective figures), stored when it starts and when it ends.
 // Launch attempts are numbered (the job's count of SCHEDULED transitions, so it survives restarts); reports
 // about an older attempt, or about a job that has ended, are answered with a StopJob so nothing is orphaned.
 //
@@ -33,7 +36,8 @@
 // (persistence.h) that stores them in batches; answers to the callers and commands to agents that depend on
 // a change leave only once its batch is durable, in the order they were made. Reads answer from memory at
 // once; jobs that left memory are read from the store on a StoreReader thread. A failed commit is retried
-// until it works; meanwhile health() says why and new submits are refused.
+// until it works; meanwhile health() says why and new submits are refused (a submit already waiting for the
+// failed batch is refused too, at the first failure: Actor::replyUnlessLost).
 //
 // Files: the loop and the group commit are an Actor (actor.h); the launch plan (launch_plan.h) and the log
 // reads waiting for agents (log_relay.h) are parts of their own; the Coordinator's own methods are in
@@ -223,6 +227,13 @@ class Coordinator {
   Health health() const;
 
  private:
+  // What a request id's submit made: jobs first..last (by number; one job, or an array's), `in_memory` of
+  // them still in jobs_. The entry goes when the last of them leaves memory: bounded by the jobs in memory.
+  struct Submitted {
+    int64_t first = 0;
+    int64_t last = 0;
+    int in_memory = 0;
+  };
   struct RankKey {
     std::string job;
     int attempt = 0;
@@ -335,8 +346,9 @@ class Coordinator {
   // A submit whose batch could not be stored: its jobs are CANCELLED (never placed, so nothing ran) and
   // their request id forgotten, so that the caller, refused with `why`, may submit again.
   void withdrawSubmitOnLoop(const std::vector<std::string>& ids, const Status& why);
-  // What a submit that repeats a request id gets: the jobs its first submit made, as they are now.
-  v1::SubmitResponse existingSubmitOnLoop(const state::Job& first) const;
+  // What a submit that repeats a request id gets: the jobs its first submit made, as they are now; refused
+  // when the repeat asks for another job (a request id used twice by mistake).
+  StatusOr<v1::SubmitResponse> existingSubmitOnLoop(const Submitted& made, const state::JobSpec& asked) const;
   // `known` holds the final states of after_ok dependencies that had left memory (read from the store).
   StatusOr<v1::SubmitResponse> submitOnLoop(const v1::SubmitRequest& request,
                                             const std::map<std::string, state::JobState>& known);
@@ -394,9 +406,9 @@ class Coordinator {
     int64_t ended_ms = 0;
   };
   std::deque<Finished> finished_;  // final jobs in memory, oldest first
-  // (user, request id) -> the job (an array's first) that submit made: one entry per such job in memory,
-  // erased when it leaves memory, so bounded by the jobs in memory.
-  std::map<std::pair<std::string, std::string>, std::string> request_ids_;
+  std::map<std::pair<std::string, std::string>, Submitted> request_ids_;  // by (user, request id)
+  // A job leaves the request id index (it left memory, or its submit was withdrawn: `forget` all of it).
+  void dropRequestIdOnLoop(const state::Job& job, bool forget);
   // Jobs whose submit is not known durable yet -> the batch holding it. They are not placed until it is: a
   // submit the store cannot take is withdrawn, and nothing of it may have run. Bounded by the submits in
   // flight; erased once their batch is durable (committedOnLoop) or they are withdrawn.

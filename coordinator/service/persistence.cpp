@@ -67,7 +67,7 @@ void GroupCommitter::run() {
       writes.reserve(batch.size());
       for (auto& [key, w] : batch) writes.push_back(std::move(w));
       state::Status st = store_.applyBatch(writes);
-      committed_(seq, st);
+      committed_(seq, st, !st && store_.knownUnapplied(st));
       lock.lock();
       if (st) {
         backoff_ms = 0;

@@ -4,9 +4,10 @@
 // GroupCommitter: one thread that stores batches of writes. Batches handed over while a commit is running are
 // folded together (by key: a later write of a job or node replaces an earlier one), so at 1,000 submits a
 // second the disk sees one transaction and one fsync per commit time, not one per change. After each attempt
-// it calls `committed(seq, status)` on its own thread: OK means every batch up to `seq` is durable; an error
-// means nothing new is, and the same writes (plus any newer) are tried again after a backoff, for as long as
-// it takes. What waits is bounded by the coordinator's state: one write per job and node at most. It also
+// it calls `committed(seq, status, unapplied)` on its own thread: OK means every batch up to `seq` is
+// durable; an error means nothing new is known durable (`unapplied`: and none of it is,
+// Store::knownUnapplied), and the same writes (plus any newer) are tried again after a backoff, for as long
+// as it takes. What waits is bounded by the coordinator's state: one write per job and node at most. It also
 // purges final jobs past their retention from the store, a chunk at a time, between commits.
 //
 // StoreReader: one thread that runs reads of history (jobs no longer kept in memory) with a bounded queue, so
@@ -46,7 +47,7 @@ class GroupCommitter {
     int64_t purge_interval_ms = 60000;  // how often to look for them
     std::function<int64_t()> wall_ms;   // unix ms, for the retention
   };
-  using Committed = std::function<void(uint64_t seq, const state::Status& status)>;
+  using Committed = std::function<void(uint64_t seq, const state::Status& status, bool unapplied)>;
 
   GroupCommitter(state::Store& store, Options options, Committed committed);
   ~GroupCommitter();

@@ -50,10 +50,8 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
   if (!st) return st;
   // A submit that repeats its request id (a retry after a lost answer) gets what the first one made.
   if (!spec.request_id.empty()) {
-    if (auto r = request_ids_.find({spec.user, spec.request_id}); r != request_ids_.end()) {
-      if (auto first = jobs_.find(r->second); first != jobs_.end())
-        return existingSubmitOnLoop(first->second);
-    }
+    if (auto r = request_ids_.find({spec.user, spec.request_id}); r != request_ids_.end())
+      return existingSubmitOnLoop(r->second, spec);
   }
   ArraySpec array;
   if (!request.array().empty()) {
@@ -132,7 +130,10 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
     unstored_submits_[job.id] = actor_->nextBatch();
     if (i == 0) *response.mutable_job() = toProtoOnLoop(job);
   }
-  if (!spec.request_id.empty()) request_ids_[{spec.user, spec.request_id}] = response.job().id();
+  if (!spec.request_id.empty()) {
+    request_ids_[{spec.user, spec.request_id}] = {state::jobIdNumber(response.job().id()).value_or(0),
+                                                  last_job_number_, static_cast<int>(count)};
+  }
   spdlog::info("job {} submitted by {}: {}{}", response.job().id(), spec.user,
                requestOf(response.job().id(), spec).describe(),
                count > 1 ? " (an array of " + std::to_string(count) + " jobs)" : "");
@@ -168,9 +169,9 @@ void Coordinator::submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::S
         [done, result] { done(std::move(*result)); },
         [this, done, ids, made_here](const Status& why) {
           if (made_here) withdrawSubmitOnLoop(ids, why);
-          done(Status::unavailable("job refused: the coordinator cannot store it (" + why.message() +
-                                   "); nothing was submitted and nothing will run: submit again once the "
-                                   "coordinator can store its state (its /healthz says when)"));
+          done(Status::unavailable("job refused: " + std::string(kCannotStoreState) + " (" + why.message() +
+                                   "); nothing was submitted and nothing will run: submit again once it can "
+                                   "(its /healthz says when)"));
         });
   };
   if (unknown.empty()) return finish();
@@ -183,19 +184,33 @@ void Coordinator::submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::S
   }
 }
 
-v1::SubmitResponse Coordinator::existingSubmitOnLoop(const state::Job& first) const {
+StatusOr<v1::SubmitResponse> Coordinator::existingSubmitOnLoop(const Submitted& made,
+                                                               const state::JobSpec& asked) const {
+  // The first of its jobs still in memory (the entry lives while one is).
+  const state::Job* found = nullptr;
+  for (int64_t n = made.first; n <= made.last && !found; ++n) {
+    if (auto it = jobs_.find(state::formatJobId(n)); it != jobs_.end()) found = &it->second;
+  }
+  if (!found) return Status::internal("request id " + asked.request_id + ": its jobs left memory");
+  // The repeat must ask for what the first asked for (what the coordinator sets itself aside): a request id
+  // used for two different jobs is a mistake to say, not to answer with the wrong job.
+  state::JobSpec mine = found->spec, theirs = asked;
+  for (state::JobSpec* s : {&mine, &theirs}) {
+    s->array_id.clear();
+    s->array_index = 0;
+    s->array_max_running = 0;
+  }
+  if (mine != theirs) {
+    return Status::failedPrecondition("request id " + asked.request_id + " already made " +
+                                      state::formatJobId(made.first) +
+                                      ", with another job spec; give this job a request id of its own");
+  }
   v1::SubmitResponse response;
-  *response.mutable_job() = toProtoOnLoop(first);
+  *response.mutable_job() = toProtoOnLoop(*found);
   response.set_existing(true);
-  if (!first.spec.array_id.empty()) {
-    // An array's jobs have consecutive numbers; those still in memory are listed (all of a live array).
-    response.add_array_jobs(first.id);
-    const int64_t number = state::jobIdNumber(first.id).value_or(0);
-    for (int64_t n = number + 1; n <= last_job_number_ && n - number < 1000000; ++n) {
-      auto it = jobs_.find(state::formatJobId(n));
-      if (it == jobs_.end() || it->second.spec.array_id != first.id) break;
-      response.add_array_jobs(it->first);
-    }
+  if (!found->spec.array_id.empty()) {
+    // An array's jobs have consecutive numbers, made in one turn; those that left memory are in the store.
+    for (int64_t n = made.first; n <= made.last; ++n) response.add_array_jobs(state::formatJobId(n));
   }
   return response;
 }
@@ -205,10 +220,13 @@ void Coordinator::withdrawSubmitOnLoop(const std::vector<std::string>& ids, cons
     unstored_submits_.erase(id);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
-    const state::JobSpec& spec = it->second.spec;
-    if (auto r = request_ids_.find({spec.user, spec.request_id}); r != request_ids_.end() && r->second == id)
-      request_ids_.erase(r);
-    if (state::isTerminal(it->second.state)) continue;  // cancelled meanwhile
+    dropRequestIdOnLoop(it->second, /*forget=*/true);
+    // Its record forgets the id too, so a restart does not bring it back for the caller's next try.
+    it->second.spec.request_id.clear();
+    if (state::isTerminal(it->second.state)) {  // cancelled meanwhile
+      putJobOnLoop(it->second);
+      continue;
+    }
     // Never placed (unstored_submits_ keeps it out of placement), so nothing of it ran.
     Status st = recordTransitionOnLoop(
         id, JobState::kCancelled,

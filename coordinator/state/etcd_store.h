@@ -60,6 +60,12 @@ class EtcdStore : public Store {
   ~EtcdStore() override;
 
   Status applyBatch(const std::vector<Write>& batch) override;
+  // Only a batch refused before it was sent (a malformed write) or by the fence is known unapplied: a request
+  // that timed out or lost its connection may have been applied by etcd.
+  bool knownUnapplied(const Status& failure) const override {
+    return failure.code() == StatusCode::kInvalidArgument ||
+           failure.code() == StatusCode::kFailedPrecondition;
+  }
   StatusOr<Job> getJob(const std::string& id) override;
   StatusOr<std::vector<NodeRecord>> listNodes() override;
   StatusOr<int64_t> lastJobNumber() override;

@@ -68,6 +68,9 @@ class Store {
 
   // Applies every write in one transaction: all of them become durable, or none (the error says why).
   virtual Status applyBatch(const std::vector<Write>& batch) = 0;
+  // Whether a batch that failed with `failure` is known not to have been applied. By default it is (a local
+  // transaction that failed was rolled back); a remote store whose answer was lost cannot say (etcd).
+  virtual bool knownUnapplied(const Status& failure) const { return true; }
 
   // NOT_FOUND (jobNotFound) for an id that is not a job id or was never stored (or was purged).
   virtual StatusOr<Job> getJob(const std::string& id) = 0;

@@ -328,7 +328,7 @@ class ProcessGroupDDL : public GroupBase {
   bool blocking_ = false;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> seq_{0};            // collectives called so far (getSequenceNumberForGroup)
-  uint32_t monitored_barriers_ = 0;         // monitoredBarrier calls so far: picks its pair of tags
+  std::atomic<uint32_t> monitored_barriers_{0};  // monitoredBarrier calls so far: picks its pair of tags
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -365,6 +365,64 @@ TEST(DdlctlFormat, OutagesAndCallsNeverSent) {
   EXPECT_FALSE(neverSent(Status(StatusCode::UNAVAILABLE, "Socket closed")));
   EXPECT_FALSE(neverSent(Status(StatusCode::CANCELLED, "Cancelled")));
   EXPECT_FALSE(neverSent(Status(StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded")));
+  // The coordinator's own answer that it cannot store (a full disk) is no outage, whatever its store said.
+  const Status refused(StatusCode::UNAVAILABLE,
+                       "job refused: cannot store the coordinator's state (etcd: failed to connect to all "
+                       "addresses; Socket closed)");
+  EXPECT_TRUE(isStoreRefusal(refused));
+  EXPECT_FALSE(outage(refused));
+  EXPECT_FALSE(isStoreRefusal(Status(StatusCode::UNAVAILABLE, "Socket closed")));
+}
+
+// A submit whose first try was cut (it may have made the job) and whose later tries were refused a connection
+// (the coordinator still down) must not be said to have sent nothing: the same command would make a second
+// job. callIdempotent rides the outage out on its own clock (--reconnect-timeout) and remembers the first
+// try.
+TEST(DdlctlFormat, ASubmitCutMidCallMayHaveBeenSentWhateverItsLastTrySaid) {
+  CommandLine cl;
+  cl.coordinator = "127.0.0.1:1";
+  cl.insecure = true;
+  cl.reconnectS = 0.5;
+  std::ostringstream out, err;
+  Session s(cl, Credentials{}, out, err);
+  int tries = 0;
+  int usage = kExitOk;
+  const grpc::Status last = s.callIdempotent(
+      [&](v1::UserService::Stub&, grpc::ClientContext*) {
+        return ++tries == 1 ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded")
+                            : grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                           "failed to connect to all addresses; Connection refused");
+      },
+      &usage, "submitting again");
+  EXPECT_EQ(usage, kExitOk);
+  EXPECT_GE(tries, 2) << err.str();
+  EXPECT_TRUE(neverSent(last));
+  EXPECT_TRUE(s.maybeSent()) << "the first try may have made the job";
+  EXPECT_NE(err.str().find("lost the coordinator"), std::string::npos) << err.str();
+  // A session whose every try was refused a connection sent nothing; one refused by the store is not
+  // repeated.
+  Session refusedAll(cl, Credentials{}, out, err);
+  tries = 0;
+  refusedAll.callIdempotent(
+      [&](v1::UserService::Stub&, grpc::ClientContext*) {
+        ++tries;
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "failed to connect to all addresses; Connection refused");
+      },
+      &usage, "submitting again");
+  EXPECT_FALSE(refusedAll.maybeSent());
+  EXPECT_EQ(tries, 1) << "one coordinator refusing connections: nothing to ride out";
+  Session full(cl, Credentials{}, out, err);
+  tries = 0;
+  const grpc::Status answer = full.callIdempotent(
+      [&](v1::UserService::Stub&, grpc::ClientContext*) {
+        ++tries;
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "job refused: cannot store the coordinator's state (disk full)");
+      },
+      &usage, "submitting again");
+  EXPECT_EQ(tries, 1);
+  EXPECT_TRUE(isStoreRefusal(answer));
 }
 
 TEST(DdlctlFormat, JobTable) {

@@ -778,16 +778,8 @@ TEST_F(ClusterTest, SubmitWaitAndLogsFollowRideOutFiveCoordinatorRestarts) {
                               ctl + " submit --wait --nodes 2 --gpus-per-node 1 -- /bin/sh -c "
                                     "'for i in $(seq 1 16); do echo tick $i; sleep 1; done'"},
                              wait_out);
-  std::string id;
-  ASSERT_TRUE(waitFor(
-      [&] {
-        const std::string text = slurp(wait_out);
-        if (text.rfind("j-", 0) != 0 || text.find('\n') == std::string::npos) return false;
-        id = text.substr(0, text.find('\n'));
-        return true;
-      },
-      20000))
-      << slurp(wait_out);
+  const std::string id = ddl::e2e::submittedId(wait_out, 20000);
+  ASSERT_FALSE(id.empty()) << slurp(wait_out);
   ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000)) << job(id).DebugString();
   const pid_t follower = spawn({"/bin/sh", "-c", ctl + " logs -f --rank 0 " + id}, logs_out);
   const fs::path waited_out = dir_ / "waited.out";

@@ -99,6 +99,20 @@ inline void stopProcess(pid_t& pid) {
   pid = -1;
 }
 
+// The job id a `ddlctl submit` prints first into `out` (a file it writes as it runs), within ms; "" if none.
+inline std::string submittedId(const fs::path& out, int ms) {
+  std::string id;
+  waitFor(
+      [&] {
+        const std::string text = slurp(out);
+        if (text.rfind("j-", 0) != 0 || text.find('\n') == std::string::npos) return false;
+        id = text.substr(0, text.find('\n'));
+        return true;
+      },
+      ms);
+  return id;
+}
+
 // GET http://HOST:PORT`path` (an IPv4 loopback dashboard); the whole answer (status line, header and body),
 // or
 // "" when it could not be read within 5 s.

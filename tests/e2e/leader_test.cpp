@@ -348,16 +348,8 @@ TEST_F(LeaderTest, WaitersRideOutLeaderChangesOverTls) {
                                  ctlCommand() + " submit --wait --gpus 1 -- /bin/sh -c "
                                                 "'for i in $(seq 1 40); do echo tick $i; sleep 1; done'"},
                                 wait_out);
-  std::string id;
-  ASSERT_TRUE(waitFor(
-      [&] {
-        const std::string text = slurp(wait_out);
-        if (text.rfind("j-", 0) != 0 || text.find('\n') == std::string::npos) return false;
-        id = text.substr(0, text.find('\n'));
-        return true;
-      },
-      20000))
-      << slurp(wait_out);
+  const std::string id = ddl::e2e::submittedId(wait_out, 20000);
+  ASSERT_FALSE(id.empty()) << slurp(wait_out);
   ASSERT_TRUE(waitFor([&] { return ctl("status " + id).find("RUNNING") != std::string::npos; }, 30000));
   const pid_t follower = spawn({"/bin/sh", "-c", ctlCommand() + " logs -f " + id}, logs_out);
   const pid_t waiter = spawn({"/bin/sh", "-c", ctlCommand() + " wait " + id}, waited_out);

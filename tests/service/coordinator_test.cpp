@@ -666,6 +666,37 @@ TEST_F(CoordinatorTest, ARepeatedRequestIdGetsTheSameJobNeverASecond) {
   EXPECT_EQ(coordinator->listJobs(all)->jobs_size(), 6);  // 1 + bob's 1 + 4: no repeat made a job
   req.set_request_id("has space");
   EXPECT_EQ(coordinator->submit(req).status().code(), state::StatusCode::kInvalidArgument);
+  // The same id for another job is a mistake said as such, not answered with the first job.
+  v1::SubmitRequest other_job = array;
+  other_job.mutable_spec()->add_command("--lr=0.1");
+  auto mismatch = coordinator->submit(other_job);
+  EXPECT_EQ(mismatch.status().code(), state::StatusCode::kFailedPrecondition) << mismatch.status().toString();
+  EXPECT_NE(mismatch.status().message().find("another job spec"), std::string::npos);
+}
+
+// An array's request id holds while any of its jobs is in memory, not only its first (which may end and leave
+// memory first), and the answer lists the whole array.
+TEST_F(CoordinatorTest, AnArraysRequestIdOutlivesItsFirstJobInMemory) {
+  options.max_finished_in_memory = 0;  // a final job leaves memory once stored
+  makeCoordinator(std::make_unique<state::MemoryStore>());
+  addNode("n1", 1);
+  v1::SubmitRequest req;
+  *req.mutable_spec() = spec(1, 1);
+  req.set_request_id("sweep-1");
+  req.set_array("0-2");
+  auto made = coordinator->submit(req);
+  ASSERT_TRUE(made);
+  const std::string first = made->array_jobs(0);
+  coordinator->tick();
+  runAll("n1", first);
+  exitAll("n1", first);
+  ASSERT_EQ(stateOf(first), v1::SUCCEEDED);
+  coordinator->tick();  // evicted from memory (read back from the store)
+  auto again = coordinator->submit(req);
+  ASSERT_TRUE(again) << again.status().toString();
+  EXPECT_TRUE(again->existing());
+  EXPECT_EQ(again->array_jobs_size(), 3);
+  EXPECT_EQ(again->job().id(), made->array_jobs(1));  // the first of them still in memory
 }
 
 // A submit whose batch the store cannot take (a full disk) is refused at once with the store's reason, not
@@ -701,7 +732,10 @@ TEST_F(CoordinatorTest, ASubmitTheStoreCannotTakeIsRefusedAtOnceAndNeverRuns) {
   ASSERT_EQ(stored->size(), 1u);
   EXPECT_EQ(stored->front().state, state::JobState::kCancelled);  // withdrawn, in the history with the reason
   EXPECT_NE(stored->front().transitions.back().reason.find("the submit was refused"), std::string::npos);
-  // The same request id again: a new job (the refused one made nothing), which runs.
+  // The same request id again, after a restart too: a new job (the refused one made nothing), which runs.
+  makeCoordinator(std::move(store_));
+  addNode("n1", 2);
+  coordinator->tick();  // every node is back: the recovery window ends
   auto retried = coordinator->submit(req);
   ASSERT_TRUE(retried) << retried.status().toString();
   EXPECT_FALSE(retried->existing());

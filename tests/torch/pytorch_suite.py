@@ -249,6 +249,9 @@ def main():
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--shard", type=parse_shard, help="I/N: every N-th test from the I-th (1-based)")
     p.add_argument("-k", dest="pattern", help="only tests whose name matches this regular expression")
+    p.add_argument("--min-passed", type=int, default=1,
+                   help="(check) fewer tests passed than this fails the check: a run where nothing could pass "
+                        "(a torch upgrade that breaks the harness, every test skipped) proves nothing")
     p.add_argument("--json", help="(run) write every test's outcome, time and failure here")
     args = p.parse_args()
     if args.world_size < 2:
@@ -319,6 +322,9 @@ def check(args):
         c = counts(plugin)
         print("plugin ddl, %d ranks: %d passed, %d skipped, %d failed or errors%s" % (
             args.world_size, c["pass"], c["skip"], len(bad), (": " + ", ".join(bad)) if bad else ""))
+        if c["pass"] < args.min_passed:
+            print("FAILED: %d passed, fewer than --min-passed %d" % (c["pass"], args.min_passed))
+            return 1
         return 1 if bad else 0
     if args.mode != "ddl":
         print("check takes --mode ddl (against gloo) or plugin")
@@ -340,6 +346,10 @@ def check(args):
         print("  FAILED with ddl where gloo passes: %s (%s) %s" % (n, ddl.get(n, {}).get("outcome", "not run"),
                                                                  ddl.get(n, {}).get("detail", "")[:500]))
     print("%d passed, %d failed" % (ddl_passed, len(missing)))
+    if len(gloo_passed) < args.min_passed:
+        print("FAILED: gloo passed %d tests, fewer than --min-passed %d: the reference run proves nothing"
+              % (len(gloo_passed), args.min_passed))
+        return 1
     return 1 if missing else 0
 
 

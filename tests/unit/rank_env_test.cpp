@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
+#include <regex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,24 +127,59 @@ namespace {
 // ddl-agent's environment reaches its ranks through an allow-list (issue 39: an agent started from a shell
 // with DDL_TOKEN exported passed it to every user's ranks).
 TEST(RankEnv, RanksInheritOnlyWhatTheAgentsAllowListNames) {
-  const std::vector<std::string> agent = {"PATH=/usr/bin",    "LC_ALL=C.UTF-8",
-                                          "UCX_TLS=rc,sm",    "DDL_TUNE_FILE=/etc/t",
-                                          "DDL_TOKEN=ddl_x",  "DDL_TOKEN_FILE=/t",
-                                          "AWS_SECRET_KEY=k", "HTTPS_PROXY=http://p",
-                                          "SLURM_JOB_ID=7",   "=odd",
+  const std::vector<std::string> agent = {"PATH=/usr/bin",
+                                          "LC_ALL=C.UTF-8",
+                                          "UCX_TLS=rc,sm",
+                                          "DDL_TUNE_FILE=/etc/t",
+                                          "DDL_TOKEN=ddl_x",
+                                          "DDL_TOKEN_FILE=/t",
+                                          "AWS_SECRET_KEY=k",
+                                          "SITE_SCRATCH=/scr",
+                                          "SLURM_JOB_ID=7",
+                                          "https_proxy=http://p",
+                                          "=odd",
                                           "NOEQUALS"};
-  EXPECT_EQ(
-      inheritedEnvironment(agent, kAgentEnvAllowed),
-      (std::vector<std::string>{"PATH=/usr/bin", "LC_ALL=C.UTF-8", "UCX_TLS=rc,sm", "DDL_TUNE_FILE=/etc/t"}));
-  std::vector<std::string> more = kAgentEnvAllowed;
-  more.insert(more.end(), {"HTTPS_PROXY", "SLURM_*", "DDL_*"});  // an operator's additions; credentials never
-  EXPECT_EQ(inheritedEnvironment(agent, more),
+  std::vector<std::string> withheld;
+  EXPECT_EQ(inheritedEnvironment(agent, kAgentEnvAllowed, &withheld),
             (std::vector<std::string>{"PATH=/usr/bin", "LC_ALL=C.UTF-8", "UCX_TLS=rc,sm",
-                                      "DDL_TUNE_FILE=/etc/t", "HTTPS_PROXY=http://p", "SLURM_JOB_ID=7"}));
+                                      "DDL_TUNE_FILE=/etc/t", "https_proxy=http://p"}));
+  EXPECT_EQ(withheld, (std::vector<std::string>{"DDL_TOKEN", "DDL_TOKEN_FILE", "AWS_SECRET_KEY",
+                                                "SITE_SCRATCH", "SLURM_JOB_ID"}));
+  std::vector<std::string> more = kAgentEnvAllowed;
+  more.insert(more.end(),
+              {"SITE_SCRATCH", "SLURM_*", "DDL_*"});  // an operator's additions; credentials never
+  EXPECT_EQ(
+      inheritedEnvironment(agent, more),
+      (std::vector<std::string>{"PATH=/usr/bin", "LC_ALL=C.UTF-8", "UCX_TLS=rc,sm", "DDL_TUNE_FILE=/etc/t",
+                                "SITE_SCRATCH=/scr", "SLURM_JOB_ID=7", "https_proxy=http://p"}));
   EXPECT_EQ(agentEnvEntryProblem("SLURM_*"), "");
   EXPECT_EQ(agentEnvEntryProblem("HTTPS_PROXY"), "");
   for (const char* bad : {"", "*", "A-B", "1X", "A*B", "A B"})
     EXPECT_NE(agentEnvEntryProblem(bad), "") << bad;
+}
+
+// Every libddl setting README's table names reaches the ranks from the agent (an operator sets them for every
+// rank of a node in /etc/default/ddl-agent), but those a rank's launch sets itself: one list, kept with
+// README's.
+TEST(RankEnv, EveryLibddlSettingInReadmePassesFromTheAgent) {
+  std::ifstream in(std::string(DDL_SOURCE_DIR) + "/README.md");
+  ASSERT_TRUE(in) << "cannot read README.md";
+  const std::regex setting("^\\| `(DDL_[A-Z_]+)");
+  std::set<std::string> names;
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, setting)) names.insert(m[1]);
+  }
+  ASSERT_GE(names.size(), 8u) << "README's settings table was not found";
+  // What a rank's launch sets itself (DDL_TOPOLOGY, DDL_AGENT_SOCKET, DDL_JOB_SECRET...) overrides the
+  // agent's.
+  const std::vector<std::string> launch = launchVariableNames();
+  const std::set<std::string> launched(launch.begin(), launch.end());
+  for (const std::string& name : names) {
+    if (launched.count(name)) continue;
+    EXPECT_EQ(inheritedEnvironment({name + "=x"}, kAgentEnvAllowed).size(), 1u)
+        << name << " is a libddl setting in README that ranks would not get from the agent";
+  }
 }
 
 }  // namespace
