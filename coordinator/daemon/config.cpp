@@ -11,7 +11,8 @@ using state::Status;
 DDL_JSON_CONFIG(DaemonConfig, listen, http, data_dir, heartbeat_grace_s, heartbeat_interval_s, stop_grace_s,
                 port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs, node_cert_days,
                 tls_refresh_s, http_tls, http_auth, history_retention_days, finished_jobs_in_memory, store,
-                etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s, advertise)
+                etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s, etcd_max_txn_ops,
+                etcd_max_txn_bytes, advertise)
 
 namespace {
 
@@ -38,6 +39,8 @@ const ConfigHints& hints() {
       {"etcd_key", "a string (a PEM file)"},
       {"etcd_insecure", "true or false"},
       {"leader_lease_s", "an integer number of seconds"},
+      {"etcd_max_txn_ops", "an integer (etcd's --max-txn-ops)"},
+      {"etcd_max_txn_bytes", "an integer number of bytes (under etcd's --max-request-bytes)"},
       {"advertise", "a string \"HOST:PORT\""},
   };
   return kHints;
@@ -92,6 +95,10 @@ Status checkEtcdSettings(const DaemonConfig& c) {
   }
   if (c.leader_lease_s < 2 || c.leader_lease_s > 60)
     return bad("leader_lease_s must be between 2 and 60 seconds");
+  if (c.etcd_max_txn_ops < 2 || c.etcd_max_txn_ops > 1000000)
+    return bad("etcd_max_txn_ops must be between 2 and 1000000 (etcd's --max-txn-ops)");
+  if (c.etcd_max_txn_bytes < 65536 || c.etcd_max_txn_bytes > (int64_t{2} << 30))
+    return bad("etcd_max_txn_bytes must be between 65536 and 2 GiB (under etcd's --max-request-bytes)");
   if (!c.advertise.empty()) {
     if (StatusOr<HostPort> a = parseHostPort(c.advertise); !a || a->port == 0) {
       return bad("advertise '" + c.advertise + "' is not HOST:PORT with a port");

@@ -47,6 +47,11 @@ struct DaemonConfig {
   std::string etcd_ca, etcd_cert, etcd_key;
   bool etcd_insecure = false;
   int leader_lease_s = 3;  // the leader's etcd lease: a dead leader is replaced after about this long
+  // What one etcd transaction may take: etcd's --max-txn-ops and (less gRPC's own) --max-request-bytes. A
+  // batch of the coordinator's is one transaction: an array of more jobs than this, or a job whose record
+  // could pass it, is refused at submit. Raise both here and in etcd for larger arrays and jobs.
+  int etcd_max_txn_ops = 128;
+  int64_t etcd_max_txn_bytes = (3 << 19) - (32 << 10);
   std::string advertise;   // HOST:PORT other coordinators name this one by when it leads ("" = listen)
 };
 
@@ -62,7 +67,8 @@ state::StatusOr<StoreUrl> parseStoreUrl(const std::string& text);
 // Reads the JSON object at `path` over `config`. Keys: listen, http, data_dir, heartbeat_grace_s,
 // heartbeat_interval_s, stop_grace_s, port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs,
 // node_cert_days, tls_refresh_s, http_tls, http_auth, history_retention_days, finished_jobs_in_memory, store,
-// etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s, advertise.
+// etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s, etcd_max_txn_ops, etcd_max_txn_bytes,
+// advertise.
 state::Status loadConfigFile(const std::string& path, DaemonConfig* config);
 // Parses JSON text (what loadConfigFile reads); `origin` names it in errors.
 state::Status parseConfig(const std::string& text, const std::string& origin, DaemonConfig* config);

@@ -214,6 +214,8 @@ state::EtcdStore::Options etcdOptions(const StoreUrl& url, const DaemonConfig& c
   options.endpoints = url.endpoints;
   options.tls = {config.etcd_ca, config.etcd_cert, config.etcd_key};
   options.prefix = url.prefix;
+  options.max_txn_ops = config.etcd_max_txn_ops;
+  options.max_txn_bytes = static_cast<size_t>(config.etcd_max_txn_bytes);
   return options;
 }
 #endif
@@ -248,6 +250,27 @@ state::StatusOr<std::string> migrateSqliteToEtcd(const std::string& sqlite_path,
         config.store + " holds a state already (" + std::to_string(*last) + " jobs numbered, " +
         std::to_string(nodes->size()) + " nodes): copy only into an empty prefix");
   }
+  // The copy goes in as many transactions as the store's limits need (an offline copy into an empty prefix:
+  // one that fails part-way leaves a prefix to clear, as the docs say).
+  auto apply = [&](std::vector<state::Write>& writes) -> state::Status {
+    const state::Store::BatchLimits limits = (*to)->batchLimits();
+    std::vector<state::Write> part;
+    size_t bytes = 0;
+    for (size_t i = 0; i <= writes.size(); ++i) {
+      const size_t b = i < writes.size() ? (*to)->writeBytes(writes[i]) : 0;
+      if (i == writes.size() ||
+          (!part.empty() && (part.size() + 1 > limits.max_writes || bytes + b > limits.max_bytes))) {
+        if (state::Status st = (*to)->applyBatch(part); !st) return st;
+        part.clear();
+        bytes = 0;
+      }
+      if (i < writes.size()) {
+        part.push_back(std::move(writes[i]));
+        bytes += b;
+      }
+    }
+    return state::Status::ok();
+  };
   size_t jobs = 0;
   for (int64_t after = 0;;) {
     auto page = (*from)->listJobsPage({}, after, 500);
@@ -262,10 +285,11 @@ state::StatusOr<std::string> migrateSqliteToEtcd(const std::string& sqlite_path,
       batch.push_back(std::move(w));
     }
     after = jobIdNumber(batch.back().job.id).value_or(after + 1);
-    if (state::Status st = (*to)->applyBatch(batch); !st) {
+    const size_t copied = batch.size();
+    if (state::Status st = apply(batch); !st) {
       return state::Status(st.code(), "after " + std::to_string(jobs) + " jobs: " + st.message());
     }
-    jobs += batch.size();
+    jobs += copied;
   }
   auto from_nodes = (*from)->listNodes();
   if (!from_nodes) return from_nodes.status();
@@ -276,12 +300,13 @@ state::StatusOr<std::string> migrateSqliteToEtcd(const std::string& sqlite_path,
     w.node = std::move(node);
     batch.push_back(std::move(w));
   }
-  if (state::Status st = (*to)->applyBatch(batch); !st) return st;
+  const size_t node_count = batch.size();
+  if (state::Status st = apply(batch); !st) return st;
   // Numbers of jobs purged from SQLite are used up too.
   auto from_last = (*from)->lastJobNumber();
   if (!from_last) return from_last.status();
   if (state::Status st = (*to)->raiseLastJobNumber(*from_last); !st) return st;
-  return "copied " + std::to_string(jobs) + " jobs and " + std::to_string(batch.size()) + " nodes from " +
+  return "copied " + std::to_string(jobs) + " jobs and " + std::to_string(node_count) + " nodes from " +
          sqlite_path + " into " + config.store + "; job numbers go on after " + std::to_string(*from_last);
 #else
   (void)sqlite_path;

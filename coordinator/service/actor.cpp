@@ -25,7 +25,10 @@ struct Actor::Loop {
 };
 
 Actor::Actor(state::Store& store, GroupCommitter::Options options, std::function<void()> committed)
-    : loop_(std::make_unique<Loop>()), committed_(std::move(committed)) {
+    : loop_(std::make_unique<Loop>()),
+      store_(store),
+      limits_(store.batchLimits()),
+      committed_(std::move(committed)) {
   committer_ = std::make_unique<GroupCommitter>(
       store, options, [this](uint64_t seq, const state::Status& st, bool unapplied) {
         // On the committer's thread: health now (so /healthz does not wait for a busy loop), the rest on the
@@ -62,13 +65,34 @@ void Actor::post(std::function<void()> fn) {
 void Actor::put(state::Write w) {
   assert(onLoop());
   std::string key = w.key();
+  const size_t bytes = store_.writeBytes(w);
   auto it = dirty_.find(key);
-  if (it == dirty_.end()) {
-    dirty_.emplace(std::move(key), std::move(w));
-  } else {
-    it->second.supersede(std::move(w));
+  // A batch never passes what one transaction of the store takes: a write that would make it do so starts the
+  // next batch (each batch is whole records; what must be stored together reserve()s its room first).
+  const size_t writes_after = dirty_.size() + (it == dirty_.end() ? 1 : 0);
+  const size_t bytes_after = dirty_bytes_ - (it == dirty_.end() ? 0 : it->second.bytes) + bytes;
+  if (!dirty_.empty() && (writes_after > limits_.max_writes || bytes_after > limits_.max_bytes)) {
+    issueBatch();
+    it = dirty_.end();
   }
+  if (it == dirty_.end()) {
+    dirty_.emplace(std::move(key), Dirty{std::move(w), bytes});
+  } else {
+    dirty_bytes_ -= it->second.bytes;
+    it->second.write.supersede(std::move(w));
+    it->second.bytes = bytes;
+  }
+  dirty_bytes_ += bytes;
 }
+
+bool Actor::reserve(size_t writes, size_t bytes) {
+  assert(onLoop());
+  if (!fitsOneBatch(writes, bytes)) return false;
+  if (dirty_.size() + writes > limits_.max_writes || dirty_bytes_ + bytes > limits_.max_bytes) issueBatch();
+  return true;
+}
+
+size_t Actor::bytesOf(const state::Write& w) const { return store_.writeBytes(w); }
 
 void Actor::afterCommit(std::function<void()> effect) {
   assert(onLoop());
@@ -91,12 +115,13 @@ void Actor::reply(std::function<void()> reply, bool ok) {
   }
 }
 
-void Actor::flush() {
+void Actor::issueBatch() {
   if (!dirty_.empty()) {
     std::vector<state::Write> batch;
     batch.reserve(dirty_.size());
-    for (auto& [key, w] : dirty_) batch.push_back(std::move(w));
+    for (auto& [key, d] : dirty_) batch.push_back(std::move(d.write));
     dirty_.clear();
+    dirty_bytes_ = 0;
     committer_->write(++issued_seq_, std::move(batch));
   }
   for (auto& e : turn_effects_) {
@@ -104,6 +129,10 @@ void Actor::flush() {
     effects_.push_back(std::move(e));
   }
   turn_effects_.clear();
+}
+
+void Actor::flush() {
+  issueBatch();
   while (!effects_.empty() && effects_.front().seq <= committed_seq_) {
     auto effect = std::move(effects_.front().run);
     effects_.pop_front();

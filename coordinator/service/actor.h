@@ -3,7 +3,9 @@
 // One thread runs an Asio io_context. Work reaches it through post(): each posted function is one turn of the
 // loop, and turns never overlap, so the state they touch needs no lock. Nothing on the loop touches the disk:
 //  - put() records a change (a whole job or node record, state::Write) during a turn; at the end of the turn
-//    the turn's changes, one per key, go to the GroupCommitter (persistence.h) as one batch;
+//    the turn's changes, one per key, go to the GroupCommitter (persistence.h) as one batch, or as several
+//    when they would pass what one transaction of the store takes (Store::batchLimits): a put that would
+//    starts the next one; reserve() keeps changes that must be stored together in one;
 //  - afterCommit() runs an effect (a command to an agent, an answer) on the loop once this turn's batch and
 //    every earlier one are durable, in the order the effects were made;
 //  - reply() answers a caller: a refusal at the end of the turn (never behind a failing store), a success at
@@ -62,6 +64,16 @@ class Actor {
 
   // ---- On the loop ----
   void put(state::Write write);
+  // Makes room in the current batch for changes that must be stored together (an array's jobs): false when
+  // `writes` writes of `bytes` (Store::writeBytes) could never fit one transaction of the store; else true,
+  // having started a new batch first when the current one could not take them.
+  bool reserve(size_t writes, size_t bytes);
+  // Whether `writes` writes of `bytes` fit one transaction of the store at all.
+  bool fitsOneBatch(size_t writes, size_t bytes) const {
+    return writes <= limits_.max_writes && bytes <= limits_.max_bytes;
+  }
+  // What `write` counts for in a batch (Store::writeBytes).
+  size_t bytesOf(const state::Write& write) const;
   void afterCommit(std::function<void()> effect);
   void reply(std::function<void()> reply, bool ok);
   // An answer that reports nothing this turn changed (a read): at the end of the turn, whatever waits.
@@ -93,9 +105,19 @@ class Actor {
   void committedOnLoop(uint64_t seq, const state::Status& status, bool unapplied);
   void setHealth(bool ok, const std::string& message);
 
+  // Hands this turn's changes so far to the committer as one batch, and its effects so far to wait for it.
+  void issueBatch();
+
+  struct Dirty {
+    state::Write write;
+    size_t bytes = 0;  // Store::writeBytes
+  };
   std::unique_ptr<Loop> loop_;
+  state::Store& store_;
+  const state::Store::BatchLimits limits_;
   std::function<void()> committed_;
-  std::map<std::string, state::Write> dirty_;        // this turn's changes, by key
+  std::map<std::string, Dirty> dirty_;  // this turn's changes since its last batch, by key
+  size_t dirty_bytes_ = 0;
   // An effect waiting for its batch; `lost` set: it is dropped, and `lost` run, if that batch fails once.
   struct Effect {
     uint64_t seq = 0;

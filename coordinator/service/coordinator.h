@@ -349,6 +349,9 @@ class Coordinator {
   // What a submit that repeats a request id gets: the jobs its first submit made, as they are now; refused
   // when the repeat asks for another job (a request id used twice by mistake).
   StatusOr<v1::SubmitResponse> existingSubmitOnLoop(const Submitted& made, const state::JobSpec& asked) const;
+  // Whether a submit of `count` jobs of `spec` fits the store: all of them in one transaction, and each job's
+  // record, ranks and all, in one; room is made for them in the current batch.
+  Status fitsTheStoreOnLoop(const state::JobSpec& spec, size_t count, int64_t now);
   // `known` holds the final states of after_ok dependencies that had left memory (read from the store).
   StatusOr<v1::SubmitResponse> submitOnLoop(const v1::SubmitRequest& request,
                                             const std::map<std::string, state::JobState>& known);

@@ -17,23 +17,65 @@ GroupCommitter::~GroupCommitter() { stop(); }
 void GroupCommitter::write(uint64_t seq, std::vector<state::Write> batch) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    Batch b;
+    b.seq = seq;
     for (auto& w : batch) {
       std::string key = w.key();
-      auto it = pending_.find(key);
-      if (it == pending_.end()) {
-        pending_.emplace(std::move(key), std::move(w));
+      auto it = b.writes.find(key);
+      if (it == b.writes.end()) {
+        b.writes.emplace(std::move(key), std::move(w));
       } else {
         it->second.supersede(std::move(w));
       }
     }
-    pending_seq_ = std::max(pending_seq_, seq);
+    pending_writes_ += b.writes.size();
+    pending_.push_back(std::move(b));
   }
   cv_.notify_one();
 }
 
 size_t GroupCommitter::backlog() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return pending_.size();
+  return pending_writes_;
+}
+
+std::map<std::string, state::Write> GroupCommitter::takeGroup(uint64_t* seq) {
+  const state::Store::BatchLimits limits = store_.batchLimits();
+  std::map<std::string, state::Write> group;
+  std::map<std::string, size_t> bytes_of;  // per key in the group, as Store::writeBytes counts
+  size_t bytes = 0;
+  while (!pending_.empty()) {
+    Batch& next = pending_.front();
+    // What the group would hold with `next` folded in: its new keys and bytes, a replaced key's new bytes.
+    size_t writes_after = group.size(), bytes_after = bytes;
+    std::vector<std::pair<const std::string*, size_t>> sizes;
+    for (const auto& [key, w] : next.writes) {
+      const size_t b = store_.writeBytes(w);
+      sizes.emplace_back(&key, b);
+      auto old = bytes_of.find(key);
+      if (old == bytes_of.end()) {
+        ++writes_after;
+        bytes_after += b;
+      } else {
+        bytes_after = bytes_after - old->second + b;
+      }
+    }
+    if (!group.empty() && (writes_after > limits.max_writes || bytes_after > limits.max_bytes)) break;
+    for (auto& [key, b] : sizes) bytes_of[*key] = b;
+    bytes = bytes_after;
+    for (auto& [key, w] : next.writes) {
+      auto it = group.find(key);
+      if (it == group.end()) {
+        group.emplace(key, std::move(w));
+      } else {
+        it->second.supersede(std::move(w));
+      }
+    }
+    pending_writes_ -= next.writes.size();
+    *seq = next.seq;
+    pending_.pop_front();
+  }
+  return group;
 }
 
 void GroupCommitter::stop() {
@@ -58,37 +100,34 @@ void GroupCommitter::run() {
     cv_.wait_until(lock, wake, [&] { return stopping_ || (backoff_ms == 0 && !pending_.empty()); });
     const bool last = stopping_;
     if (!pending_.empty() && (backoff_ms == 0 || Clock::now() >= wake || last)) {
-      // Take everything queued so far: one transaction for all of it.
-      std::map<std::string, state::Write> batch;
-      batch.swap(pending_);
-      const uint64_t seq = pending_seq_;
+      // The oldest batches that fit one transaction together: one commit for all of them.
+      uint64_t seq = 0;
+      std::map<std::string, state::Write> group = takeGroup(&seq);
       lock.unlock();
       std::vector<state::Write> writes;
-      writes.reserve(batch.size());
-      for (auto& [key, w] : batch) writes.push_back(std::move(w));
+      writes.reserve(group.size());
+      for (auto& [key, w] : group) writes.push_back(std::move(w));
       state::Status st = store_.applyBatch(writes);
       committed_(seq, st, !st && store_.knownUnapplied(st));
       lock.lock();
       if (st) {
+        // More may be waiting that did not fit this group: at once, no backoff.
         backoff_ms = 0;
       } else {
-        // Put the writes back under anything newer for the same keys, and try again later.
-        for (auto& w : writes) {
-          std::string key = w.key();
-          auto it = pending_.find(key);
-          if (it == pending_.end())
-            pending_.emplace(std::move(key), std::move(w));
-          else {
-            state::Write newer = std::move(it->second);
-            it->second = std::move(w);
-            it->second.supersede(std::move(newer));
-          }
-        }
+        // The group back in front, whole (it fits), to be tried again later before anything newer.
+        Batch again;
+        again.seq = seq;
+        for (auto& w : writes) again.writes.emplace(w.key(), std::move(w));
+        pending_writes_ += again.writes.size();
+        pending_.push_front(std::move(again));
         backoff_ms =
             backoff_ms == 0 ? options_.retry_min_ms : std::min(backoff_ms * 2, options_.retry_max_ms);
       }
     }
-    if (last) return;
+    // Stopping: what is left, group after group while they are stored; one failure ends it (the state on
+    // disk is then what was acknowledged, and a restarted coordinator recovers from it).
+    if (last && (pending_.empty() || backoff_ms > 0)) return;
+    if (last) continue;
     if (options_.retention_ms > 0 && backoff_ms == 0 && pending_.empty() && Clock::now() >= next_purge) {
       next_purge = Clock::now() + std::chrono::milliseconds(options_.purge_interval_ms);
       lock.unlock();

@@ -3,7 +3,10 @@
 //
 // GroupCommitter: one thread that stores batches of writes. Batches handed over while a commit is running are
 // folded together (by key: a later write of a job or node replaces an earlier one), so at 1,000 submits a
-// second the disk sees one transaction and one fsync per commit time, not one per change. After each attempt
+// second the disk sees one transaction and one fsync per commit time, not one per change. The group is built
+// of whole batches within what one transaction of the store takes (Store::batchLimits, as LevelDB's
+// BuildBatchGroup caps its group): a batch is never split, so each is stored whole or not at all. The loop
+// hands over batches within those limits (Actor::put cuts a turn that would pass them). After each attempt
 // it calls `committed(seq, status, unapplied)` on its own thread: OK means every batch up to `seq` is
 // durable; an error means nothing new is known durable (`unapplied`: and none of it is,
 // Store::knownUnapplied), and the same writes (plus any newer) are tried again after a backoff, for as long
@@ -69,8 +72,16 @@ class GroupCommitter {
   const Committed committed_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, state::Write> pending_;  // by Write::key(); bounded by the jobs and nodes in memory
-  uint64_t pending_seq_ = 0;
+  // A batch as the loop handed it over (or a failed group, put back whole), oldest first; bounded by the jobs
+  // and nodes in memory, since the loop makes at most one write per key per batch and folding happens here.
+  struct Batch {
+    uint64_t seq = 0;
+    std::map<std::string, state::Write> writes;  // by Write::key()
+  };
+  // The oldest batches, folded by key while they fit one transaction (at least the first); their last seq.
+  std::map<std::string, state::Write> takeGroup(uint64_t* seq);
+  std::deque<Batch> pending_;
+  size_t pending_writes_ = 0;
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -110,8 +110,9 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
                                      std::to_string(kMaxArrayBytes >> 20) +
                                      " MiB in all; make the array smaller or pass large inputs in a file");
   }
-  v1::SubmitResponse response;
   const int64_t now = wall_ms_();
+  if (Status fits = fitsTheStoreOnLoop(spec, count, now); !fits) return fits;
+  v1::SubmitResponse response;
   for (size_t i = 0; i < count; ++i) {
     state::Job job = state::newJob(state::formatJobId(++last_job_number_), spec, now,
                                    spec.hold ? "submitted held" : "submitted");
@@ -182,6 +183,37 @@ void Coordinator::submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::S
       if (--*left == 0) finish();
     });
   }
+}
+
+Status Coordinator::fitsTheStoreOnLoop(const state::JobSpec& spec, size_t count, int64_t now) {
+  // A submit is stored whole in one transaction of the store (etcd takes 127 writes of 1 MiB in one unless
+  // its operator raised --max-txn-ops and --max-request-bytes): an array that could never be is refused here,
+  // and one that can starts a batch of its own when the current one could not take it.
+  state::Write one;
+  one.job = state::newJob(state::formatJobId(last_job_number_ + static_cast<int64_t>(count)), spec, now);
+  one.new_job = true;
+  const size_t each = actor_->bytesOf(one);
+  const std::string how =
+      "etcd's --max-txn-ops and --max-request-bytes, and the coordinator's etcd_max_txn_ops and "
+      "etcd_max_txn_bytes, raise it";
+  if (!actor_->reserve(count, each * count)) {
+    return Status::invalidArgument("an array of " + std::to_string(count) + " jobs (" +
+                                   std::to_string(each * count / 1024 + 1) +
+                                   " KiB) is more than the coordinator's store takes in one transaction (" +
+                                   how + "); submit it in smaller arrays");
+  }
+  // A job's record grows with its ranks once placed (their node, pids, ends and figures), and every write of
+  // it is one transaction too.
+  const int64_t gpus = spec.total_gpus > 0 ? spec.total_gpus : int64_t{spec.nodes} * spec.gpus_per_node;
+  one.job.ranks.resize(static_cast<size_t>(std::clamp<int64_t>(gpus, 0, 1 << 20)));
+  for (state::RankResult& r : one.job.ranks) r.node = std::string(64, 'n');
+  if (!actor_->fitsOneBatch(1, actor_->bytesOf(one))) {
+    return Status::invalidArgument("a job of " + std::to_string(gpus) +
+                                   " ranks keeps a record larger than the coordinator's store takes in one "
+                                   "transaction (" +
+                                   how + ")");
+  }
+  return Status::ok();
 }
 
 StatusOr<v1::SubmitResponse> Coordinator::existingSubmitOnLoop(const Submitted& made,

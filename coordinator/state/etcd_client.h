@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,6 +77,8 @@ class EtcdClient {
   // Runs fn(endpoint, context) on the endpoints in turn until one answers; `what` names the call in errors.
   template <class Fn>
   Status call(const std::string& what, Fn fn) {
+    requests_.fetch_add(1);
+    if (gate_ && !gate_()) return Status::unavailable(what + ": not sent (the test's gate is closed)");
     std::string errors;
     const size_t n = endpoints_.size();
     const size_t first = current_.load();
@@ -114,9 +117,17 @@ class EtcdClient {
     });
   }
 
+  // Requests made so far (each call(), whichever endpoint answered).
+  int64_t requests() const { return requests_.load(); }
+  // For crash tests: called before every request; false and the request is not sent (UNAVAILABLE), as if this
+  // process had died just then. Set before the client is shared.
+  void setGate(std::function<bool()> gate) { gate_ = std::move(gate); }
+
  private:
   explicit EtcdClient(int64_t timeout_ms) : timeout_ms_(timeout_ms) {}
 
+  std::function<bool()> gate_;
+  std::atomic<int64_t> requests_{0};
   std::vector<Endpoint> endpoints_;
   std::atomic<size_t> current_{0};
   const int64_t timeout_ms_;

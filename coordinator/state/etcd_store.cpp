@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "state/etcd_client.h"
@@ -38,11 +39,14 @@ EtcdStore::~EtcdStore() = default;
 StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::open(Options options) {
   if (options.endpoints.empty()) return Status::invalidArgument("etcd store: give at least one endpoint");
   if (options.max_txn_ops < 2) return Status::invalidArgument("etcd store: max_txn_ops must be at least 2");
+  if (options.max_txn_bytes < 64 * 1024)
+    return Status::invalidArgument("etcd store: max_txn_bytes must be at least 65536");
   std::unique_ptr<EtcdStore> store(new EtcdStore(std::move(options)));
   auto client =
       EtcdClient::create(store->options_.endpoints, store->options_.tls, store->options_.timeout_ms);
   if (!client) return client.status();
   store->client_ = std::move(*client);
+  if (store->options_.gate) store->client_->setGate(store->options_.gate);
   const std::string key = store->options_.prefix + "meta/schema";
   pb::RangeRequest get;
   get.set_key(key);
@@ -76,6 +80,7 @@ void EtcdStore::fence(const std::string& key, int64_t revision) {
   std::lock_guard<std::mutex> lock(mu_);
   fence_key_ = key;
   fence_revision_ = revision;
+  last_job_.reset();  // a new reign reads what the last one stored
 }
 
 namespace {
@@ -95,6 +100,8 @@ Status EtcdStore::fenced() {
   return refused;
 }
 
+int64_t EtcdStore::requests() const { return client_->requests(); }
+
 std::string EtcdStore::jobKey(int64_t n) const {
   char digits[32];
   std::snprintf(digits, sizeof(digits), "%020lld", static_cast<long long>(n));
@@ -103,12 +110,31 @@ std::string EtcdStore::jobKey(int64_t n) const {
 
 std::string EtcdStore::nodeKey(const std::string& name) const { return options_.prefix + "nodes/" + name; }
 
+Store::BatchLimits EtcdStore::batchLimits() const {
+  // One operation and some bytes of every transaction are the store's own: meta/last_job's put and the fence.
+  return {static_cast<size_t>(options_.max_txn_ops - 1), options_.max_txn_bytes - kOwnBytes};
+}
+
+size_t EtcdStore::writeBytes(const Write& w) const {
+  const size_t key = options_.prefix.size() + 32;
+  switch (w.kind) {
+    case Write::Kind::kPutJob:
+      return key + record_codec::jobBytesBound(w.job);
+    case Write::Kind::kPutNode:
+      return key + w.node.name.size() + record_codec::nodeBytesBound(w.node);
+    case Write::Kind::kDeleteNode:
+      return key + w.name.size();
+  }
+  return key;
+}
+
 Status EtcdStore::applyBatch(const std::vector<Write>& batch) {
   if (batch.empty()) return Status::ok();
-  std::vector<pb::RequestOp> ops;
+  pb::TxnRequest txn;
   int64_t highest = 0;
+  size_t bytes = 0;
   for (const Write& w : batch) {
-    pb::RequestOp op;
+    pb::RequestOp* op = txn.add_success();
     switch (w.kind) {
       case Write::Kind::kPutJob: {
         std::optional<int64_t> n = jobIdNumber(w.job.id);
@@ -117,51 +143,56 @@ Status EtcdStore::applyBatch(const std::vector<Write>& batch) {
           if (Status st = validateJobSpec(w.job.spec); !st) return st;
         }
         highest = std::max(highest, *n);
-        op.mutable_request_put()->set_key(jobKey(*n));
-        op.mutable_request_put()->set_value(record_codec::encodeJob(w.job));
+        op->mutable_request_put()->set_key(jobKey(*n));
+        op->mutable_request_put()->set_value(record_codec::encodeJob(w.job));
         break;
       }
       case Write::Kind::kPutNode:
         if (w.node.name.empty()) return Status::invalidArgument("node record has an empty name");
-        op.mutable_request_put()->set_key(nodeKey(w.node.name));
-        op.mutable_request_put()->set_value(record_codec::encodeNode(w.node));
+        op->mutable_request_put()->set_key(nodeKey(w.node.name));
+        op->mutable_request_put()->set_value(record_codec::encodeNode(w.node));
         break;
       case Write::Kind::kDeleteNode:
-        op.mutable_request_delete_range()->set_key(nodeKey(w.name));
+        op->mutable_request_delete_range()->set_key(nodeKey(w.name));
         break;
     }
-    ops.push_back(std::move(op));
+    bytes += op->ByteSizeLong();
+  }
+  // One batch, one transaction: all of it or nothing, whatever happens to this process between requests. A
+  // batch etcd would refuse is refused here, whole, before anything is sent.
+  const BatchLimits limits = batchLimits();
+  if (batch.size() > limits.max_writes || bytes > options_.max_txn_bytes - kOwnBytes) {
+    return Status::invalidArgument(
+        "a batch of " + std::to_string(batch.size()) + " writes (" + std::to_string(bytes) +
+        " bytes) is more than one etcd transaction takes (" + std::to_string(limits.max_writes) +
+        " writes, " + std::to_string(options_.max_txn_bytes - kOwnBytes) +
+        " bytes: etcd's --max-txn-ops and --max-request-bytes, the coordinator's etcd_max_txn_ops and "
+        "etcd_max_txn_bytes); a batch is never split");
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (highest > 0) {
+  // meta/last_job: the leader is the only writer while its fence holds, so the number it last stored is
+  // known here (read once per reign), and raising it costs no request of its own.
+  if (highest > 0 && !last_job_) {
     StatusOr<int64_t> last = lastJobNumber();
     if (!last) return last.status();
-    if (highest > *last) {
-      pb::RequestOp op;
-      op.mutable_request_put()->set_key(options_.prefix + "meta/last_job");
-      op.mutable_request_put()->set_value(std::to_string(highest));
-      ops.insert(ops.begin(), std::move(op));  // first: see the file comment
-    }
+    last_job_ = *last;
   }
-  // Transactions of at most max_txn_ops operations and max_txn_bytes (an operation larger than that goes
-  // alone).
-  for (size_t at = 0; at < ops.size();) {
-    pb::TxnRequest txn;
-    addFence(&txn, fence_key_, fence_revision_);
-    size_t bytes = 0;
-    while (at < ops.size() && txn.success_size() < options_.max_txn_ops &&
-           (txn.success_size() == 0 || bytes + ops[at].ByteSizeLong() <= options_.max_txn_bytes)) {
-      bytes += ops[at].ByteSizeLong();
-      *txn.add_success() = std::move(ops[at++]);
-    }
-    pb::TxnResponse done;
-    if (Status st = client_->kv(&pb::KV::Stub::Txn, txn, &done,
-                                "storing a batch of " + std::to_string(batch.size()) + " writes");
-        !st) {
-      return st;
-    }
-    if (!done.succeeded()) return fenced();
+  const bool raise = highest > 0 && highest > *last_job_;
+  if (raise) {
+    pb::PutRequest* put = txn.add_success()->mutable_request_put();
+    put->set_key(options_.prefix + "meta/last_job");
+    put->set_value(std::to_string(highest));
   }
+  addFence(&txn, fence_key_, fence_revision_);
+  pb::TxnResponse done;
+  ++requests_;
+  if (Status st = client_->kv(&pb::KV::Stub::Txn, txn, &done,
+                              "storing a batch of " + std::to_string(batch.size()) + " writes");
+      !st) {
+    return st;
+  }
+  if (!done.succeeded()) return fenced();
+  if (raise) last_job_ = highest;  // only once it is stored: a failed batch is tried again whole
   return Status::ok();
 }
 
@@ -205,6 +236,7 @@ Status EtcdStore::raiseLastJobNumber(int64_t n) {
   pb::TxnResponse done;
   if (Status st = client_->kv(&pb::KV::Stub::Txn, txn, &done, "raising meta/last_job"); !st) return st;
   if (!done.succeeded()) return fenced();
+  last_job_ = n;
   return Status::ok();
 }
 

@@ -6,11 +6,12 @@
 //   jobs/<20 digits>     one job, its whole record (record_codec.h); the zero-padded number sorts as a number
 //   nodes/<name>         one node
 // A batch is one etcd transaction, so every write the coordinator acknowledges is replicated by the cluster's
-// quorum first. etcd refuses a transaction of more than --max-txn-ops operations (128 unless its operator
-// raised it) or --max-request-bytes (1.5 MiB): a larger batch is written as several transactions of at most
-// max_txn_ops operations and max_txn_bytes, in order, the one raising
-// meta/last_job first, so a failure part-way can leave some of the batch's records newer than others (each is
-// whole; the coordinator retries the rest) but never a job number that could be handed out again.
+// quorum first, and a batch is there whole or not at all, however its leader dies. etcd refuses a transaction
+// of more than --max-txn-ops operations (128 unless its operator raised it) or --max-request-bytes (1.5 MiB);
+// batchLimits() says what is left of that for the coordinator's writes (max_txn_ops and max_txn_bytes, less
+// the store's own operation and bytes), the group commit builds batches within it, and a larger batch is
+// refused whole, never split. The same transaction raises meta/last_job when it stores a higher job number:
+// the leader knows the number it last stored (read once per reign), so that costs no request of its own.
 //
 // etcd has no secondary index: listJobsPage and purgeFinished read the jobs in key order, a page at a time,
 // and filter here. What is fast is what the coordinator does often: batches, and reading one job.
@@ -22,10 +23,12 @@
 // Threads: thread-safe (gRPC stubs are); calls may run concurrently.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,13 +48,15 @@ class EtcdStore : public Store {
     EtcdTls tls;                         // plaintext unless it names a CA
     std::string prefix = "/ddl/";
     int max_txn_ops = 128;      // etcd's --max-txn-ops
-    size_t max_txn_bytes =
-        1 << 20;                // under etcd's --max-request-bytes (1.5 MiB unless its operator raised it)
+    // Under etcd's --max-request-bytes (1.5 MiB unless its operator raised it), leaving room for gRPC's own.
+    size_t max_txn_bytes = (3 << 19) - (32 << 10);
     int64_t timeout_ms = 5000;  // per call
     int page_jobs = 256;        // jobs read per range request when scanning
     // Called (on the writing thread, before the refusal returns) when the fence refused a write: the
     // daemon stops at once, since another coordinator leads.
     std::function<void(const std::string& why)> on_fenced;
+    // Crash tests only: called before every request to etcd; false and it is not sent (UNAVAILABLE).
+    std::function<bool()> gate;
   };
 
   // Connects, then reads (or, on an empty prefix, writes) the layout's version. UNAVAILABLE when no endpoint
@@ -60,6 +65,8 @@ class EtcdStore : public Store {
   ~EtcdStore() override;
 
   Status applyBatch(const std::vector<Write>& batch) override;
+  BatchLimits batchLimits() const override;
+  size_t writeBytes(const Write& w) const override;
   // Only a batch refused before it was sent (a malformed write) or by the fence is known unapplied: a request
   // that timed out or lost its connection may have been applied by etcd.
   bool knownUnapplied(const Status& failure) const override {
@@ -82,6 +89,10 @@ class EtcdStore : public Store {
   // purged before it, so that their numbers are not handed out again.
   Status raiseLastJobNumber(int64_t n);
 
+  // Transactions applyBatch has sent, and requests to etcd of every kind (store-bench: one per batch).
+  int64_t batchRequests() const { return requests_.load(); }
+  int64_t requests() const;
+
   // The key of job number n and of node `name` (for tests and tools).
   std::string jobKey(int64_t n) const;
   std::string nodeKey(const std::string& name) const;
@@ -96,11 +107,16 @@ class EtcdStore : public Store {
   // The refusal of a fenced write (mu_ held); tells on_fenced.
   Status fenced();
 
+  // What of max_txn_bytes a transaction's own parts take: meta/last_job's put and the fence's compare.
+  static constexpr size_t kOwnBytes = 1024;
+
   Options options_;
   std::unique_ptr<EtcdClient> client_;
-  std::mutex mu_;  // serialises applyBatch, so meta/last_job only grows; guards the fence
+  std::mutex mu_;  // serialises applyBatch, so meta/last_job only grows; guards the fence and last_job_
   std::string fence_key_;
   int64_t fence_revision_ = 0;
+  std::optional<int64_t> last_job_;  // meta/last_job as this store last stored or read it; unknown: read
+  std::atomic<int64_t> requests_{0};
 };
 
 }  // namespace ddl::state

@@ -104,6 +104,44 @@ std::string encodeJob(const Job& job) {
   return pack(doc);
 }
 
+size_t jobBytesBound(const Job& job) {
+  // Per field or element: its name (at most 24 bytes) and MessagePack's or JSON's framing (at most 16).
+  constexpr size_t kField = 40;
+  auto strings = [](const std::vector<std::string>& v, size_t times) {
+    size_t n = 0;
+    for (const std::string& s : v) n += times * s.size() + kField;
+    return n;
+  };
+  const JobSpec& s = job.spec;
+  size_t n = 40 * kField;  // the fixed fields, numbers at most 9 bytes each
+  n += s.name.size() + s.user.size() + s.topology_override.size() + s.workdir.size() + job.topology.size();
+  n += strings(s.env, 1) + strings(s.command, 1);
+  for (const auto& [k, v] : s.required_labels) n += k.size() + v.size() + kField;
+  // "extra" is a JSON document inside: its strings escaped at worst six bytes for one.
+  n += strings(s.after_ok, 6) + strings(s.after_any, 6) + strings(job.waiting_for, 6);
+  n += 6 * (s.array_id.size() + s.request_id.size()) + 20 * kField;
+  for (const RankResult& r : job.ranks) {
+    // 22 fields of at most 39 bytes in JSON (a 13-byte key, a 24-byte number), the node's name (a node name
+    // needs no escaping) and the free texts escaped at worst.
+    n += 900 + r.node.size() + 6 * (r.error.size() + r.figures.last_op.size() + r.figures.last_algo.size()) +
+         r.figures.dims_us.size() * 32;
+  }
+  for (const Transition& t : job.transitions)
+    n += 8 * kField + t.reason.size() + (t.failure ? t.failure->host.size() : 0);
+  if (job.failure) n += 5 * kField + job.failure->host.size();
+  for (const NodeAllocation& a : job.allocation)
+    n += 5 * kField + a.node.size() + 9 * (a.gpus.size() + a.cpus.size());
+  return n;
+}
+
+size_t nodeBytesBound(const NodeRecord& node) {
+  constexpr size_t kField = 40;
+  size_t n = 12 * kField + node.address.size() + node.drain_reason.size() + 9 * node.cpus.size();
+  for (const GpuInfo& g : node.gpus) n += 5 * kField + g.uuid.size() + g.model.size();
+  for (const auto& [k, v] : node.labels) n += k.size() + v.size() + kField;
+  return n;
+}
+
 StatusOr<Job> decodeJob(const std::string& id, const std::string& bytes) {
   StatusOr<json> parsed = parse("job " + id, bytes);
   if (!parsed) return parsed.status();

@@ -9,6 +9,7 @@
 // as sqlite_codec is. Pure functions; any thread.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "common/status.h"
@@ -19,6 +20,11 @@ namespace ddl::state::record_codec {
 std::string encodeJob(const Job& job);
 // `id` is the job's id (the key's); the record does not repeat it.
 StatusOr<Job> decodeJob(const std::string& id, const std::string& bytes);
+
+// Upper bounds of encodeJob's and encodeNode's sizes, from the records' own sizes without encoding them (a
+// string inside "extra" counted six times over, as JSON may escape each byte as \u00XX).
+size_t jobBytesBound(const Job& job);
+size_t nodeBytesBound(const NodeRecord& node);
 
 std::string encodeNode(const NodeRecord& node);
 StatusOr<NodeRecord> decodeNode(const std::string& name, const std::string& bytes);

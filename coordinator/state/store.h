@@ -4,7 +4,7 @@
 // restart (a crash or kill -9 included) every job and node comes back as it was. Implementations:
 //  - SqliteStore (sqlite_store.h): the embedded default, one file in WAL mode;
 //  - MemoryStore (memory_store.h): no persistence, for tests of higher layers;
-//  - an etcd store for several coordinators is planned behind the same interface.
+//  - EtcdStore (etcd_store.h): etcd's v3 API, shared by several coordinators of which one leads.
 //
 // Contract for every implementation:
 //  - Thread-safe: any thread may call any method, concurrently. Each call is atomic: another caller sees
@@ -17,6 +17,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -24,8 +25,8 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "state/job.h"
 #include "common/status.h"
+#include "state/job.h"
 
 namespace ddl::state {
 
@@ -66,8 +67,20 @@ class Store {
  public:
   virtual ~Store() = default;
 
-  // Applies every write in one transaction: all of them become durable, or none (the error says why).
+  // Applies every write in one transaction: all of them become durable, or none (the error says why). A
+  // batch beyond batchLimits() is refused (INVALID_ARGUMENT), never split: callers build batches within them.
   virtual Status applyBatch(const std::vector<Write>& batch) = 0;
+  // What one transaction takes: at most max_writes writes of at most max_bytes in all, as writeBytes counts.
+  // The coordinator's group commit builds every batch within them, and a change that could never fit one is
+  // refused where it is made. Unbounded by default (SQLite).
+  struct BatchLimits {
+    size_t max_writes = SIZE_MAX;
+    size_t max_bytes = SIZE_MAX;
+  };
+  virtual BatchLimits batchLimits() const { return {}; }
+  // An upper bound of the bytes `w` takes in a batch, cheap enough for every change (no encoding); 0 where
+  // the store counts no bytes.
+  virtual size_t writeBytes(const Write& w) const { return 0; }
   // Whether a batch that failed with `failure` is known not to have been applied. By default it is (a local
   // transaction that failed was rolled back); a remote store whose answer was lost cannot say (etcd).
   virtual bool knownUnapplied(const Status& failure) const { return true; }

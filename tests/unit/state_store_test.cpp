@@ -37,6 +37,7 @@
 #endif
 #include "state/job.h"
 #include "state/memory_store.h"
+#include "state/record_codec.h"
 #include "state/sqlite_store.h"
 #include "state/store.h"
 
@@ -308,6 +309,9 @@ class EtcdBacked : public Store {
     return nullptr;
   }
   Status applyBatch(const std::vector<Write>& batch) override { return store_->applyBatch(batch); }
+  BatchLimits batchLimits() const override { return store_->batchLimits(); }
+  size_t writeBytes(const Write& w) const override { return store_->writeBytes(w); }
+  bool knownUnapplied(const Status& failure) const override { return store_->knownUnapplied(failure); }
   StatusOr<Job> getJob(const std::string& id) override { return store_->getJob(id); }
   StatusOr<std::vector<NodeRecord>> listNodes() override { return store_->listNodes(); }
   StatusOr<int64_t> lastJobNumber() override { return store_->lastJobNumber(); }
@@ -779,8 +783,27 @@ TYPED_TEST(StoreTest, ConcurrentCallersGetUniqueIdsAndOneWinnerPerRace) {
   if (!var && test_util::EtcdForTest::binary().empty()) GTEST_SKIP() << why_##var; \
   ASSERT_NE(var, nullptr) << why_##var
 
-// A batch larger than etcd takes in one transaction goes in several, and all of it lands; pages cross the
-// store's read chunks; job numbers never go back after a purge.
+// `writes` as batches of at most what one transaction of `store` takes, in order; the first failure.
+Status applyWithinLimits(Store& store, const std::vector<Write>& writes) {
+  const Store::BatchLimits limits = store.batchLimits();
+  std::vector<Write> part;
+  size_t bytes = 0;
+  for (const Write& w : writes) {
+    const size_t b = store.writeBytes(w);
+    if (!part.empty() && (part.size() + 1 > limits.max_writes || bytes + b > limits.max_bytes)) {
+      if (Status st = store.applyBatch(part); !st) return st;
+      part.clear();
+      bytes = 0;
+    }
+    part.push_back(w);
+    bytes += b;
+  }
+  return part.empty() ? Status::ok() : store.applyBatch(part);
+}
+
+// One batch is one transaction: a batch larger than etcd takes in one is refused whole, with nothing of it
+// stored, never split (a leader that died between two parts left half a batch for the next); batches within
+// the limits land; pages cross the store's read chunks; job numbers never go back after a purge.
 TEST(EtcdStore, LargeBatchesPagesAndPurgesKeepEveryRule) {
   EtcdStore::Options options;
   options.max_txn_ops = 16;
@@ -788,6 +811,7 @@ TEST(EtcdStore, LargeBatchesPagesAndPurgesKeepEveryRule) {
   START_ETCD(backed, options, 1);
   FakeClock clock;
   DirectStore store(*backed, clock.fn());
+  EXPECT_EQ(backed->batchLimits().max_writes, 15u);  // one operation is the store's own (meta/last_job)
   std::vector<Write> batch;
   for (int n = 1; n <= 100; ++n) {
     Write w;
@@ -795,7 +819,12 @@ TEST(EtcdStore, LargeBatchesPagesAndPurgesKeepEveryRule) {
     w.new_job = true;
     batch.push_back(w);
   }
-  ASSERT_TRUE(store.applyBatch(batch));
+  const Status whole = store.applyBatch(batch);
+  EXPECT_EQ(whole.code(), StatusCode::kInvalidArgument) << whole.toString();
+  EXPECT_TRUE(contains(whole.message(), "never split")) << whole.message();
+  EXPECT_EQ(*store.lastJobNumber(), 0);
+  EXPECT_TRUE(store.listJobs()->empty()) << "part of a refused batch was stored";
+  ASSERT_TRUE(applyWithinLimits(*backed, batch));
   EXPECT_EQ(*store.lastJobNumber(), 100);
   auto all = store.listJobs();
   ASSERT_TRUE(all) << all.status().toString();
@@ -880,9 +909,10 @@ TEST(EtcdStore, ANewerOrForeignLayoutIsRefused) {
   EXPECT_TRUE(contains(none.status().message(), "127.0.0.1:1")) << none.status().message();
 }
 
-// Records near the spec's limits: a batch of them is more than etcd takes in one request (1.5 MiB), so it
-// is written in several; a page of them is more than gRPC's default 4 MiB answer, and is read whole.
-TEST(EtcdStore, LargeRecordsAreSplitByBytesAndReadBack) {
+// Records near the spec's limits: a batch of them is more than etcd takes in one request (1.5 MiB), so it is
+// refused whole; in batches within the limits they land; a page of them is more than gRPC's default 4 MiB
+// answer, and is read whole.
+TEST(EtcdStore, LargeRecordsAreRefusedWholeAndFitInBatchesWithinTheLimits) {
   START_ETCD(backed, EtcdStore::Options{}, 1);
   DirectStore store(*backed);
   JobSpec big = sampleSpec("big");
@@ -895,7 +925,11 @@ TEST(EtcdStore, LargeRecordsAreSplitByBytesAndReadBack) {
     w.new_job = true;
     batch.push_back(w);
   }
-  ASSERT_TRUE(store.applyBatch(batch));
+  EXPECT_EQ(store.applyBatch(batch).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(store.listJobs()->empty());
+  // What writeBytes counts is an upper bound of what is sent: a batch built within the limits is taken.
+  for (const Write& w : batch) EXPECT_GE(backed->writeBytes(w), record_codec::encodeJob(w.job).size());
+  ASSERT_TRUE(applyWithinLimits(*backed, batch));
   auto all = store.listJobs();
   ASSERT_TRUE(all) << all.status().toString();
   ASSERT_EQ(all->size(), 60u);
@@ -903,6 +937,31 @@ TEST(EtcdStore, LargeRecordsAreSplitByBytesAndReadBack) {
   auto newest = store.listJobsPage({}, 0, 60, /*newest_first=*/true);
   ASSERT_TRUE(newest) << newest.status().toString();
   EXPECT_EQ(newest->size(), 60u);
+}
+
+// A batch that stores a new job raises meta/last_job in its own transaction: the leader knows the number it
+// last stored (read once per reign), so each such batch is one request to etcd, not two.
+TEST(EtcdStore, TheJobCounterCostsNoRequestOfItsOwn) {
+  START_ETCD(backed, EtcdStore::Options{}, 1);
+  EtcdStore& etcd = backed->etcd();
+  auto one = [&](int n) {
+    Write w;
+    w.job = newJob(formatJobId(n), sampleSpec("c" + std::to_string(n)), 1000 + n);
+    w.new_job = true;
+    return std::vector<Write>{w};
+  };
+  ASSERT_TRUE(etcd.applyBatch(one(1)));  // reads meta/last_job once
+  for (int n = 2; n <= 11; ++n) {
+    const int64_t before = etcd.requests();
+    ASSERT_TRUE(etcd.applyBatch(one(n)));
+    EXPECT_EQ(etcd.requests() - before, 1) << "batch " << n;
+  }
+  EXPECT_EQ(*etcd.lastJobNumber(), 11);
+  etcd.fence("", 0);  // a new reign reads it again, once
+  const int64_t before = etcd.requests();
+  ASSERT_TRUE(etcd.applyBatch(one(12)));
+  EXPECT_EQ(etcd.requests() - before, 2);
+  EXPECT_EQ(*etcd.lastJobNumber(), 12);
 }
 
 // Three members: every acknowledged batch is on a quorum, so kill -9 of the member the store talks to loses
@@ -1521,5 +1580,66 @@ TEST(SqliteStore, VersionFiveDatabaseGetsTimeoutAndKeepsItsIdCounter) {
   EXPECT_DOUBLE_EQ(back.ranks[0].figures.seconds, 1.5);
   EXPECT_EQ(endedAtMs(back), 4);
 }
+}  // namespace
+}  // namespace ddl::state
+
+namespace ddl::state {
+namespace {
+
+// record_codec's size bounds (what a batch's bytes are counted by) are never below what the encoding makes,
+// for records at their worst: every optional field, numbers at their widest, free texts that JSON escapes.
+TEST(RecordCodec, TheSizeBoundsAreNeverBelowTheEncoding) {
+  Job job = newJob("j-000001", sampleSpec(), 1000);
+  job.spec.request_id = std::string(128, '-');
+  job.spec.array_id = "j-000001";
+  job.spec.after_ok = {"j-000002", "j-999999999999"};
+  job.waiting_for = job.spec.after_ok;
+  job.topology = "4x8x2";
+  const std::string controls(200, '\x01');  // six bytes each in JSON
+  for (int i = 0; i < 50; ++i) {
+    RankResult r;
+    r.rank = std::numeric_limits<int>::min();
+    r.attempt = std::numeric_limits<int>::max();
+    r.node = std::string(63, 'n');
+    r.gpu = -1;
+    r.pid = std::numeric_limits<int>::max();
+    r.program_pid = std::numeric_limits<int>::min();
+    r.exited = true;
+    r.exit_code = std::numeric_limits<int>::min();
+    r.signal = std::numeric_limits<int>::min();
+    r.started_ms = std::numeric_limits<int64_t>::min();
+    r.exited_ms = std::numeric_limits<int64_t>::min();
+    r.error = controls;
+    r.figures.collectives = std::numeric_limits<int64_t>::min();
+    r.figures.bytes = std::numeric_limits<int64_t>::min();
+    r.figures.seconds = -1.2345678901234567e+300;
+    r.figures.last_op = controls;
+    r.figures.last_bytes = std::numeric_limits<int64_t>::min();
+    r.figures.last_us = -9.876543210987654e-300;
+    r.figures.last_algo = controls;
+    r.figures.dims_us = {-1.2345678901234567e+300, 2.5e-310, 3.0};
+    r.figures.world_size = std::numeric_limits<int>::min();
+    r.figures.updated_ms = std::numeric_limits<int64_t>::min();
+    job.ranks.push_back(r);
+  }
+  for (int i = 0; i < 20; ++i) {
+    Transition t;
+    t.reason = controls;
+    t.failure = Failure{std::numeric_limits<int>::min(), std::string(63, 'h'),
+                        std::numeric_limits<int>::min(), std::nullopt};
+    job.transitions.push_back(t);
+  }
+  job.allocation = {{std::string(63, 'a'), {0, 1, 2, 3, 4, 5, 6, 7}, std::vector<int>(64, 1 << 30), -1}};
+  job.failure = Failure{1, std::string(63, 'h'), std::nullopt, 9};
+  EXPECT_GE(record_codec::jobBytesBound(job), record_codec::encodeJob(job).size());
+  const Job plain = newJob("j-000002", sampleSpec(), 1000);
+  EXPECT_GE(record_codec::jobBytesBound(plain), record_codec::encodeJob(plain).size());
+  NodeRecord node = sampleNode("n1", 8);
+  node.drain_reason = std::string(256, 'd');
+  node.cpus = std::vector<int>(256, 1 << 30);
+  node.last_heartbeat_ms = std::numeric_limits<int64_t>::min();
+  EXPECT_GE(record_codec::nodeBytesBound(node), record_codec::encodeNode(node).size());
+}
+
 }  // namespace
 }  // namespace ddl::state
