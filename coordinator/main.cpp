@@ -299,8 +299,8 @@ SecurityOptions securityOptions(const DaemonConfig& config, auth::UserRegistry* 
 }
 
 // Where the state lives and the lead, for /metrics and the dashboard.
-StateStatus stateStatus(const StateBackend& backend) {
-  StateStatus status;
+StoreInfo storeInfo(const StateBackend& backend) {
+  StoreInfo status;
   status.store = backend.describe();
   if (auto lead = backend.lead()) {
     status.reign = lead->reign;
@@ -375,7 +375,7 @@ int runDaemon(const DaemonConfig& config) {
   (*backend)->keepLeading();  // from now until resign(): recovery, serving and shutdown under a live lease
 
   CoordinatorOptions options = coordinatorOptions(config);
-  options.state_status = [b = backend->get()] { return stateStatus(*b); };
+  options.store_info = [b = backend->get()] { return storeInfo(*b); };
   Coordinator coordinator((*backend)->store(), options);
   if (auto st = coordinator.recover(); !st) {
     return fail("recovering state from " + (*backend)->describe() + ": " + st.message());

@@ -1,3 +1,5 @@
+// The Agent (agent.h): registration and the Connect stream, heartbeats, commands (start, stop, signal, read
+// a log), rank exits, log retention and the logs' disk watch.
 #include "worker/agent.h"
 
 #include <arpa/inet.h>

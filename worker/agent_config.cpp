@@ -1,3 +1,4 @@
+// ddl-agent's settings file and its checks (agent_config.h).
 #include "worker/agent_config.h"
 
 #include <sstream>

@@ -1,3 +1,5 @@
+// Confinement (confinement.h): each rank's cgroup v2 (cpuset, memory) under the delegated root, or CPU
+// affinity alone where there is none.
 #include "worker/confinement.h"
 
 #include <fcntl.h>

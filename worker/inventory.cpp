@@ -1,3 +1,4 @@
+// The node's inventory (inventory.h): GPUs through NVML loaded at run time, or virtual ones; NICs from sysfs.
 #include "worker/inventory.h"
 
 #include <dlfcn.h>

@@ -1,3 +1,5 @@
+// ddl-agent join (join.h): a key pair and a CSR made here, traded with a one-time token for the node's
+// certificate.
 #include "worker/join.h"
 
 #include <grpcpp/grpcpp.h>

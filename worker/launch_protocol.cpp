@@ -1,3 +1,5 @@
+// What the supervisor and ddl-rank-shim share (launch_protocol.h): the report pipe's and the records'
+// formats.
 #include "launch_protocol.h"
 
 #include <sys/syscall.h>

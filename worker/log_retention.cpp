@@ -1,3 +1,5 @@
+// Rank log retention and the logs' disk (log_retention.h): whole job directories removed by age and size,
+// the full-disk warning, and the agent's notes in rank logs.
 #include "worker/log_retention.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// A Supervisor RankState as the RankStatus message the coordinator receives (rank_status.h).
 #include "worker/rank_status.h"
 
 namespace ddl::worker {

@@ -1,3 +1,4 @@
+// The account a rank runs as (run_as.h), resolved through NSS on this node.
 #include "run_as.h"
 
 #include <grp.h>

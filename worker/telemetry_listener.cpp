@@ -1,3 +1,5 @@
+// The agent's end of DDL_AGENT_SOCKET (telemetry_listener.h): rank reports, kept per rank, believed only
+// from the rank's own processes.
 #include "worker/telemetry_listener.h"
 
 #include <fcntl.h>

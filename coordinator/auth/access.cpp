@@ -1,3 +1,5 @@
+// The access rules of the coordinator's gRPC services (access.h): identities from tokens and certificates,
+// and what each may do.
 #include "auth/access.h"
 
 #include <pwd.h>

@@ -1,3 +1,5 @@
+// The cluster's PKI directory (pki_dir.h): init-pki, renew-cert and issue-node, over common/pki's OpenSSL
+// calls.
 #include "auth/pki_dir.h"
 
 #include <arpa/inet.h>

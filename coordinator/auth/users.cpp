@@ -1,3 +1,4 @@
+// The user registry (users.h): users.json with token hashes, and the one-time join tokens in memory.
 #include "auth/users.h"
 
 #include <chrono>

@@ -1,3 +1,4 @@
+// ddl-coordinator's settings file and its checks (config.h), and the store URL's grammar.
 #include "daemon/config.h"
 
 #include "common/host_port.h"

@@ -1,4 +1,5 @@
-// StateBackend: see state_backend.h.
+// Where the coordinator's state lives (state_backend.h): SQLite, or etcd with the lead (awaitLead, the
+// keeper and the watchdog); and the copy of a SQLite state into etcd.
 #include "daemon/state_backend.h"
 
 #include <spdlog/spdlog.h>

@@ -93,7 +93,7 @@ class DashboardBackend {
   // The plots' series; a backend without them answers UNAVAILABLE.
   virtual void jobSeries(const std::string& id, Done<JobSeries> done);
   virtual void clusterSeries(Done<ClusterSeries> done);
-  virtual Coordinator::Health health() = 0;
+  virtual StoreHealth health() = 0;
 };
 
 // The Coordinator as a DashboardBackend: its asynchronous forms, as they are.
@@ -108,7 +108,7 @@ class CoordinatorBackend : public DashboardBackend {
   void metrics(Done<MetricsSnapshot> done) override;
   void jobSeries(const std::string& id, Done<JobSeries> done) override;
   void clusterSeries(Done<ClusterSeries> done) override;
-  Coordinator::Health health() override;
+  StoreHealth health() override;
 
  private:
   Coordinator& c_;
@@ -127,7 +127,7 @@ class StandbyBackend : public DashboardBackend {
   void ring(const std::string& id, Done<v1::RingLayout> done) override;
   void readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) override;
   void metrics(Done<MetricsSnapshot> done) override;
-  Coordinator::Health health() override;
+  StoreHealth health() override;
 
  private:
   Status unavailable() const;

@@ -1,3 +1,4 @@
+// The dashboard's renderings (pages.h): Prometheus text, the API's JSON, the HTML pages and the ring's SVG.
 #include "http/pages.h"
 
 #include <algorithm>

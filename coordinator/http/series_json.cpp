@@ -1,3 +1,4 @@
+// The plots' JSON (series_json.h): a job's per-rank series and the cluster's, as column arrays.
 #include "http/series_json.h"
 
 #include <cmath>

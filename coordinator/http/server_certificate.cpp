@@ -1,3 +1,5 @@
+// The dashboard's HTTPS context (server_certificate.h): the coordinator's certificate and key, re-read when
+// the files change.
 #include "http/server_certificate.h"
 
 #include <openssl/ssl.h>

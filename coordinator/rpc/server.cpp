@@ -1,3 +1,5 @@
+// The coordinator's gRPC services (server.h): each handler identifies its caller (auth/access.h) and
+// translates the call onto the Coordinator or auth::Admin.
 #include "rpc/server.h"
 
 #include <netdb.h>

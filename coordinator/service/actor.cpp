@@ -1,4 +1,5 @@
-// Actor: see actor.h.
+// The coordinator's event loop and its group commit (actor.h): turns, batches within the store's limits,
+// effects and answers released as their batches become durable.
 #include "service/actor.h"
 
 #include <spdlog/spdlog.h>
@@ -194,7 +195,7 @@ void Actor::setHealth(bool ok, const std::string& message) {
   health_.message = message;
 }
 
-Actor::Health Actor::health() const {
+StoreHealth Actor::health() const {
   std::lock_guard<std::mutex> lock(health_mu_);
   return health_;
 }

@@ -42,8 +42,6 @@ namespace ddl::coordinator {
 
 class Actor {
  public:
-  using Health = StoreHealth;
-
   // Starts the loop thread. `committed` runs on the loop after each batch that became durable, before the
   // effects it releases (the coordinator lets final jobs leave memory there).
   Actor(state::Store& store, GroupCommitter::Options options, std::function<void()> committed);
@@ -93,7 +91,7 @@ class Actor {
   void stopTicker();
 
   // ---- Any thread ----
-  Health health() const;
+  StoreHealth health() const;
   size_t backlog() const { return committer_->backlog(); }
   // Tries once more to store what is waiting, then ends the committer's thread (the daemon's shutdown).
   void stopCommitter();
@@ -130,7 +128,7 @@ class Actor {
   uint64_t issued_seq_ = 0;                                         // the last batch handed to the committer
   uint64_t committed_seq_ = 0;                                      // the last batch known durable
   mutable std::mutex health_mu_;
-  Health health_;
+  StoreHealth health_;
   std::unique_ptr<GroupCommitter> committer_;  // after loop_: destroyed first, its callback posts to the loop
 };
 

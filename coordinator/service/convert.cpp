@@ -1,3 +1,4 @@
+// Conversions between the coordinator's records (state/, placement/) and the ddl.v1 messages (convert.h).
 #include "service/convert.h"
 
 #include <cmath>

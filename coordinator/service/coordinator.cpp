@@ -1,3 +1,6 @@
+// The Coordinator's own part (the class: coordinator.h): its lifecycle and recovery, job transitions and
+// dependencies, the scheduling pass, the launch and the commands to agents. The agents' side is agents.cpp,
+// the users' user_calls.cpp.
 #include "service/coordinator.h"
 
 #include <spdlog/spdlog.h>
@@ -60,7 +63,7 @@ void Coordinator::whenDurable(std::function<void()> done) {
   post([this, done = std::move(done)]() mutable { actor_->afterCommit(std::move(done)); });
 }
 
-Coordinator::Health Coordinator::health() const { return actor_->health(); }
+StoreHealth Coordinator::health() const { return actor_->health(); }
 
 void Coordinator::putJobOnLoop(const state::Job& job, bool new_job) {
   state::Write w;

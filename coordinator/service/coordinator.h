@@ -76,7 +76,7 @@ using state::StatusOr;
 
 // Where the state lives and, on etcd, this coordinator's lead (daemon/state_backend.h), for /metrics and the
 // dashboard.
-struct StateStatus {
+struct StoreInfo {
   std::string store;        // "SQLite /var/lib/ddl/coordinator/state.db", "etcd a:2379,b:2379 (/ddl/)"
   int64_t reign = 0;        // etcd: the leader key's create revision; 0 on SQLite
   double lease_age_s = -1;  // etcd: seconds since the leader's lease was last renewed; -1 on SQLite
@@ -99,7 +99,7 @@ struct CoordinatorOptions {
   int64_t store_retry_max_ms = 5000;            // longest wait between attempts to store after a failure
   static constexpr size_t kMaxLogReads = 1024;  // log reads waiting for agents at once
   // What MetricsSnapshot::state says; called from the loop, so it must not block. Unset: nothing is said.
-  std::function<StateStatus()> state_status;
+  std::function<StoreInfo()> store_info;
 };
 
 // The way down to one connected agent. The rpc layer implements it over the Connect stream.
@@ -131,7 +131,7 @@ struct MetricsSnapshot {
   bool store_healthy = true;  // the last attempt to store state worked
   size_t store_backlog = 0;   // writes waiting to be stored
   size_t jobs_in_memory = 0;  // open jobs and the recent final ones (jobs_by_state counts these)
-  std::optional<StateStatus> state;  // CoordinatorOptions::state_status's answer
+  std::optional<StoreInfo> state;  // CoordinatorOptions::store_info's answer
   // Placed jobs' (SCHEDULED, STARTING, RUNNING) collective totals for ddl_job_*, in job id order; at most
   // kMaxJobFigures of them, the oldest first, so the label set stays bounded.
   static constexpr size_t kMaxJobFigures = 500;
@@ -223,8 +223,7 @@ class Coordinator {
 
   // Whether the coordinator can store its state. Any thread; never blocks. While !ok, /healthz fails, new
   // submits are refused, and the unstored changes are retried until the store works again.
-  using Health = StoreHealth;
-  Health health() const;
+  StoreHealth health() const;
 
  private:
   // What a request id's submit made: jobs first..last (by number; one job, or an array's), `in_memory` of

@@ -1,4 +1,5 @@
-// The launch plan: see launch_plan.h.
+// The launch plan of a placed job (launch_plan.h): each node's StartRanks, with every rank's environment,
+// as pure functions.
 #include "service/launch_plan.h"
 
 #include <algorithm>

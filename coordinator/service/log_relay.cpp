@@ -1,4 +1,4 @@
-// LogRelay: see log_relay.h.
+// The log reads waiting for agents (log_relay.h): each with its timer on the loop, capped in number.
 #include "service/log_relay.h"
 
 #include <boost/asio/steady_timer.hpp>

@@ -1,3 +1,4 @@
+// The coordinator's store threads (persistence.h): the GroupCommitter and the StoreReader.
 #include "service/persistence.h"
 
 #include <spdlog/spdlog.h>

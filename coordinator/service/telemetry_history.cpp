@@ -1,3 +1,4 @@
+// What the dashboard plots (telemetry_history.h), kept and thinned as rank reports arrive.
 #include "service/telemetry_history.h"
 
 #include <algorithm>

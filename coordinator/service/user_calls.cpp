@@ -60,7 +60,7 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
                                      " (" + kArrayForms + ")");
     }
   }
-  if (Health h = health(); !h.ok) return Status::unavailable("job refused: " + h.message);
+  if (StoreHealth h = health(); !h.ok) return Status::unavailable("job refused: " + h.message);
   // Dependencies: each must exist; one that already ended is met now (or can never be, for --after-ok).
   std::vector<std::string> waiting_for;
   for (const auto* deps : {&spec.after_ok, &spec.after_any}) {
@@ -431,7 +431,7 @@ StatusOr<v1::Job> Coordinator::cancelOnLoop(const state::Job& found, int signal)
     return Status::failedPrecondition("job " + id + " already ended " + toString(found.state) +
                                       "; nothing to cancel");
   }
-  if (Health h = health(); !h.ok) return Status::unavailable("cancel refused: " + h.message);
+  if (StoreHealth h = health(); !h.ok) return Status::unavailable("cancel refused: " + h.message);
   const int attempt = runtime_.count(id) ? runtime_[id].attempt : 0;
   const bool launched = isLive(found.state);
   Status st = recordTransitionOnLoop(id, JobState::kCancelled, "cancelled by user");
@@ -448,7 +448,7 @@ StatusOr<v1::Job> Coordinator::holdOnLoop(const state::Job& found, bool hold, bo
   if (!hold && found.held_by_admin && !by_admin)
     return Status::permissionDenied("job " + id + " was held by an admin; only an admin releases it");
   if (found.held != hold || (hold && by_admin && !found.held_by_admin)) {
-    if (Health h = health(); !h.ok)
+    if (StoreHealth h = health(); !h.ok)
       return Status::unavailable((hold ? "hold" : "release") + std::string(" refused: ") + h.message);
     state::Job& job = jobs_[id];
     job.held = hold;
@@ -469,7 +469,7 @@ StatusOr<v1::Job> Coordinator::requeueOnLoop(const state::Job& found) {
         "; only a SCHEDULED, STARTING or RUNNING job is requeued" +
         (state::isTerminal(found.state) ? " (submit it again)" : " (it is already in the queue)"));
   }
-  if (Health h = health(); !h.ok) return Status::unavailable("requeue refused: " + h.message);
+  if (StoreHealth h = health(); !h.ok) return Status::unavailable("requeue refused: " + h.message);
   const int attempt = runtime_.count(id) ? runtime_[id].attempt : attemptOf(found);
   const auto allocation = found.allocation;  // the requeue clears it; the stops need it
   Status st = recordTransitionOnLoop(id, JobState::kPending, "requeued by user", std::nullopt,
@@ -542,7 +542,7 @@ StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain,
   if (want.state != state::NodeState::kDown)
     want.state = drain ? state::NodeState::kDraining : state::NodeState::kUp;
   if (want != node.record) {
-    if (Health h = health(); !h.ok) return Status::unavailable("drain refused: " + h.message);
+    if (StoreHealth h = health(); !h.ok) return Status::unavailable("drain refused: " + h.message);
     node.record = want;
     putNodeOnLoop(want);
     spdlog::info("node {} is now {}{}", name, toString(want.state),
@@ -579,7 +579,7 @@ StatusOr<v1::Node> Coordinator::removeNodeOnLoop(const std::string& name) {
         "node " + name + " still has live jobs placed on it: " + usage[name].jobs[0] +
         (usage[name].jobs.size() > 1 ? " and more" : "") + "; cancel them first");
   }
-  if (Health h = health(); !h.ok) return Status::unavailable("remove refused: " + h.message);
+  if (StoreHealth h = health(); !h.ok) return Status::unavailable("remove refused: " + h.message);
   v1::Node out = nodeToProtoOnLoop(node, usage[name]);
   nodes_.erase(it);
   ++node_epoch_;
@@ -661,7 +661,7 @@ void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetL
                                     job.id + "/attempt-" + std::to_string(attempt) + "/rank-" +
                                     std::to_string(request.rank()) + ".log"));
   }
-  if (Health h = health(); !h.ok) return done(Status::unavailable("log reads wait until " + h.message));
+  if (StoreHealth h = health(); !h.ok) return done(Status::unavailable("log reads wait until " + h.message));
   v1::ReadLog read;
   read.set_job_id(job.id);
   read.set_attempt(attempt);
@@ -697,7 +697,7 @@ void Coordinator::logData(const std::string& node, const std::string& session, c
 
 MetricsSnapshot Coordinator::metricsOnLoop() {
   MetricsSnapshot m = counters_;
-  if (options_.state_status) m.state = options_.state_status();
+  if (options_.store_info) m.state = options_.store_info();
   const int64_t now = now_ms_();
   for (const char* s : {"UP", "DOWN", "DRAINING"}) m.nodes_by_state[s] = 0;
   for (state::JobState s : state::kAllJobStates) m.jobs_by_state[toString(s)] = 0;

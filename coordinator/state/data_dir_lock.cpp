@@ -1,3 +1,4 @@
+// One coordinator per data directory (data_dir_lock.h): the flock on DATA_DIR/coordinator.lock.
 #include "state/data_dir_lock.h"
 
 #include <fcntl.h>

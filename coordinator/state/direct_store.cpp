@@ -1,4 +1,5 @@
-// DirectStore: see direct_store.h.
+// A Store used one change at a time (direct_store.h): create a job, move it, register a node, each a batch
+// of one, for tests, benches and tools.
 #include "state/direct_store.h"
 
 #include <algorithm>

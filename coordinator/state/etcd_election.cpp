@@ -1,4 +1,5 @@
-// EtcdElection: see etcd_election.h.
+// The leader election among coordinators on etcd (etcd_election.h): a create-if-absent key under a lease,
+// campaigned for, kept alive and resigned.
 #include "state/etcd_election.h"
 
 #include <utility>

@@ -1,4 +1,5 @@
-// EtcdStore: see etcd_store.h.
+// The Store in etcd (etcd_store.h): one transaction per batch within etcd's limits, fenced by the leader's
+// reign; job and node records whole under their keys.
 #include "state/etcd_store.h"
 
 #include <algorithm>

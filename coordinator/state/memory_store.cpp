@@ -1,4 +1,4 @@
-// MemoryStore: see memory_store.h.
+// The Store in memory (memory_store.h), for tests of the layers above it.
 #include "state/memory_store.h"
 
 #include <algorithm>

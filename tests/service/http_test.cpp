@@ -86,17 +86,16 @@ TEST_F(HttpTest, MetricsReflectTheCluster) {
                            "ddl_coordinator_store_healthy 1\n"}) {
     EXPECT_NE(r.body.find(line), std::string::npos) << line << " missing in\n" << r.body;
   }
-  EXPECT_EQ(r.body.find("ddl_coordinator_leader_reign"), std::string::npos)
-      << "no lead without a state_status";
+  EXPECT_EQ(r.body.find("ddl_coordinator_leader_reign"), std::string::npos) << "no lead without a store_info";
 }
 
-// Issue 30: where the state lives and the lead, as the daemon's state_status says, in /metrics and
+// Issue 30: where the state lives and the lead, as the daemon's store_info says, in /metrics and
 // /api/v1/state; nothing of it without one (the metrics above).
 TEST(HttpStateTest, TheStoreAndTheLeadAreInMetricsAndTheApi) {
   state::MemoryStore store;
   CoordinatorOptions o;
-  o.state_status = [] {
-    StateStatus s;
+  o.store_info = [] {
+    StoreInfo s;
     s.store = "etcd a:2379,b:2379 (/ddl/)";
     s.reign = 944;
     s.lease_age_s = 0.5;
@@ -903,11 +902,11 @@ class SilentLogsBackend : public CoordinatorBackend {
     unanswered_.push_back(std::move(done));  // kept, never called
     cv_.notify_all();
   }
-  Coordinator::Health health() override {
+  StoreHealth health() override {
     std::lock_guard<std::mutex> lock(mu_);
     return health_;
   }
-  void setHealth(Coordinator::Health h) {
+  void setHealth(StoreHealth h) {
     std::lock_guard<std::mutex> lock(mu_);
     health_ = std::move(h);
   }
@@ -921,7 +920,7 @@ class SilentLogsBackend : public CoordinatorBackend {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Done<v1::GetLogsResponse>> unanswered_;
-  Coordinator::Health health_;
+  StoreHealth health_;
 };
 
 int connectTo(int port) {
