@@ -516,39 +516,32 @@ int64_t transitionMs(const v1::Job& j, v1::JobState to) {
 
 // ---- load mode ------------------------------------------------------------------------------------------------
 
-int runLoad(Options o, const fs::path& dir) {
+// The cluster's PKI for a run (init-pki into `dir` unless --pki-dir gave one); nothing under --insecure.
+Pki loadPki(Options& o, const fs::path& dir) {
   Pki pki;
-  Coordinator coord;
-  if (!o.attach.empty()) {
-    coord.address = o.attach;
-    coord.pid = o.pid;
-    coord.http = o.http;
+  if (o.insecure) return pki;
+  if (o.pki_dir.empty()) {
+    o.pki_dir = (dir / "pki").string();
+    const fs::path log = dir / "init-pki.log";
+    pid_t p = spawn({o.coordinator_bin, "init-pki", o.pki_dir}, log);
+    int status = 0;
+    waitpid(p, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("init-pki failed:\n" + slurp(log));
   }
-  if (!o.insecure) {
-    if (o.pki_dir.empty()) {
-      o.pki_dir = (dir / "pki").string();
-      const fs::path log = dir / "init-pki.log";
-      pid_t p = spawn({o.coordinator_bin, "init-pki", o.pki_dir}, log);
-      int status = 0;
-      waitpid(p, &status, 0);
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("init-pki failed:\n" + slurp(log));
-    }
-    pki.ca = slurp(o.pki_dir + "/ca.crt");
-    pki.ca_key = slurp(o.pki_dir + "/ca.key");
-    pki.token = firstLine(o.pki_dir + "/admin.token");
-    if (pki.ca.empty() || pki.ca_key.empty() || pki.token.empty()) {
-      die(o.pki_dir + " lacks ca.crt, ca.key or admin.token (node certificates are signed here with the CA key)");
-    }
+  pki.ca = slurp(o.pki_dir + "/ca.crt");
+  pki.ca_key = slurp(o.pki_dir + "/ca.key");
+  pki.token = firstLine(o.pki_dir + "/admin.token");
+  if (pki.ca.empty() || pki.ca_key.empty() || pki.token.empty()) {
+    die(o.pki_dir + " lacks ca.crt, ca.key or admin.token (node certificates are signed here with the CA key)");
   }
-  if (o.attach.empty()) coord = startCoordinator(o, dir / "coordinator", dir / "coordinator.log");
-  auto user = v1::UserService::NewStub(userChannel(o, coord.address));
-  std::vector<Row> rows;
-  const ProcSample idle = sampleProc(coord.pid);
-  rows.push_back({"coordinator_rss_idle_mib", "MiB", idle.rss_kb / 1024.0});
+  return pki;
+}
 
-  // Agents: certificates made first (not timed), then Register + Connect with at most 64 registrations in flight.
-  Shared shared;
-  shared.job_ms = o.job_ms;
+// Agents: certificates made first (not timed), then Register + Connect with at most 64 registrations in
+// flight, until every node is UP; their time and the coordinator's memory go into `rows`.
+std::vector<std::unique_ptr<SimAgent>> connectAgents(const Options& o, const Pki& pki, const Coordinator& coord,
+                                                     Shared& shared, v1::UserService::Stub& user,
+                                                     std::vector<Row>& rows) {
   std::vector<std::unique_ptr<SimAgent>> agents;
   auto t_certs = Clock::now();
   for (int i = 0; i < o.nodes; ++i) {
@@ -581,61 +574,157 @@ int runLoad(Options o, const fs::path& dir) {
   }
   if (failed > 0) die(std::to_string(failed) + " registrations failed");
   int up = 0;
-  for (int i = 0; i < 600 && (up = upNodes(*user, pki.token)) < o.nodes; ++i) {
+  for (int i = 0; i < 600 && (up = upNodes(user, pki.token)) < o.nodes; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   const double connect_s = secondsSince(t_reg);
   if (up < o.nodes) die("only " + std::to_string(up) + " of " + std::to_string(o.nodes) + " nodes UP after 60 s");
   rows.push_back({"agents_register_and_connect_s", "s", connect_s});
-  const ProcSample connected = sampleProc(coord.pid);
-  rows.push_back({"coordinator_rss_with_agents_mib", "MiB", connected.rss_kb / 1024.0});
+  rows.push_back({"coordinator_rss_with_agents_mib", "MiB", sampleProc(coord.pid).rss_kb / 1024.0});
+  return agents;
+}
 
-  // Heartbeats: agent i is due at (k + i/N) / hz.
-  std::atomic<bool> running{true};
-  std::thread heartbeater([&] {
-    const auto t0 = Clock::now();
-    const double period = 1.0 / o.heartbeat_hz;
-    long next = 0;  // heartbeats sent so far over all agents
-    while (running) {
-      const double elapsed = secondsSince(t0);
-      const long due = static_cast<long>(elapsed / period * o.nodes);
-      for (; next < due && running; ++next) agents[next % o.nodes]->heartbeat();
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  });
-  std::thread exiter([&] {
-    std::unique_lock<std::mutex> lock(shared.mu);
-    while (!shared.stopping) {
-      if (shared.exits.empty()) {
-        shared.cv.wait_for(lock, std::chrono::milliseconds(100));
-        continue;
+// What runs beside the load: the agents' heartbeats (agent i due at (k + i/N) / hz), the rank exits they
+// owe, and the heartbeat-lag gauge sampled every second. stop() ends them.
+class Background {
+ public:
+  Background(const Options& o, const Coordinator& coord, Shared& shared,
+             std::vector<std::unique_ptr<SimAgent>>& agents)
+      : shared_(shared) {
+    heartbeater_ = std::thread([&, hz = o.heartbeat_hz, nodes = o.nodes] {
+      const auto t0 = Clock::now();
+      const double period = 1.0 / hz;
+      long next = 0;  // heartbeats sent so far over all agents
+      while (running_) {
+        const long due = static_cast<long>(secondsSince(t0) / period * nodes);
+        for (; next < due && running_; ++next) agents[next % nodes]->heartbeat();
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
-      Exit e = shared.exits.top();
-      if (e.due > Clock::now()) {
-        shared.cv.wait_until(lock, e.due);
-        continue;
+    });
+    exiter_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(shared_.mu);
+      while (!shared_.stopping) {
+        if (shared_.exits.empty()) {
+          shared_.cv.wait_for(lock, std::chrono::milliseconds(100));
+          continue;
+        }
+        Exit e = shared_.exits.top();
+        if (e.due > Clock::now()) {
+          shared_.cv.wait_until(lock, e.due);
+          continue;
+        }
+        shared_.exits.pop();
+        lock.unlock();
+        e.agent->exitRanks(e.job, e.attempt);
+        lock.lock();
       }
-      shared.exits.pop();
-      lock.unlock();
-      e.agent->exitRanks(e.job, e.attempt);
-      lock.lock();
+    });
+    sampler_ = std::thread([this, http = coord.http, hz = o.heartbeat_hz] {
+      // From two heartbeat periods on: before that the gauge still counts the time since registration.
+      const auto from = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(2.0 / hz));
+      while (running_ && Clock::now() < from) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      while (running_) {
+        if (!http.empty()) {
+          if (auto v = metric(httpGet(http, "/metrics"), "ddl_heartbeat_lag_seconds")) lag_.push_back(*v);
+        }
+        for (int i = 0; i < 10 && running_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+  }
+  // Ends the threads; the lag samples seen.
+  std::vector<double> stop() {
+    running_ = false;
+    heartbeater_.join();
+    sampler_.join();
+    {
+      std::lock_guard<std::mutex> lock(shared_.mu);
+      shared_.stopping = true;
     }
-  });
+    shared_.cv.notify_all();
+    exiter_.join();
+    return lag_;
+  }
 
-  // Metrics sampler: the heartbeat lag gauge every second.
-  std::vector<double> lag;
-  std::thread sampler([&] {
-    // From two heartbeat periods on: before that the gauge still counts the time since registration.
-    const auto from = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                         std::chrono::duration<double>(2.0 / o.heartbeat_hz));
-    while (running && Clock::now() < from) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    while (running) {
-      if (!coord.http.empty()) {
-        if (auto v = metric(httpGet(coord.http, "/metrics"), "ddl_heartbeat_lag_seconds")) lag.push_back(*v);
+ private:
+  Shared& shared_;
+  std::atomic<bool> running_{true};
+  std::vector<double> lag_;
+  std::thread heartbeater_, exiter_, sampler_;
+};
+
+// Placement of a 256-GPU job under load, o.big_jobs times across the run: submit to SCHEDULED (ms) each.
+std::vector<double> placeBigJobs(const Options& o, const Pki& pki, v1::UserService::Stub& user) {
+  std::vector<double> big;
+  for (int b = 0; b < o.big_jobs; ++b) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(o.duration_s * 1000 / (o.big_jobs + 1)));
+    v1::SubmitRequest req;
+    req.mutable_spec()->set_name("big");
+    req.mutable_spec()->set_nodes(32);
+    req.mutable_spec()->set_gpus_per_node(8);
+    req.mutable_spec()->set_priority(10);
+    req.mutable_spec()->add_command("/bin/true");
+    v1::SubmitResponse resp;
+    if (o.gpus < 8 || o.nodes < 32) break;
+    if (!call(pki.token, [&](grpc::ClientContext* c) { return user.Submit(c, req, &resp); }).ok()) continue;
+    for (int i = 0; i < 600; ++i) {
+      v1::GetJobRequest g;
+      g.set_id(resp.job().id());
+      v1::Job j;
+      call(pki.token, [&](grpc::ClientContext* c) { return user.GetJob(c, g, &j); });
+      if (int64_t at = transitionMs(j, v1::SCHEDULED); at > 0) {
+        big.push_back(static_cast<double>(at - j.submit_ms()));
+        break;
       }
-      for (int i = 0; i < 10 && running; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-  });
+  }
+  return big;
+}
+
+// End to end for the sampled small jobs (at most 300): submit -> SCHEDULED, and the rank exit leaving the
+// agent -> SUCCEEDED, into `rows`.
+void endToEndRows(const Pki& pki, Shared& shared, v1::UserService::Stub& user, std::vector<Row>& rows) {
+  std::map<std::string, int64_t> sampled;
+  {
+    std::lock_guard<std::mutex> lock(shared.sample_mu);
+    sampled = shared.exit_sent_ms;
+  }
+  std::vector<double> sched, exit_to_done;
+  int n = 0;
+  for (const auto& [id, sent] : sampled) {
+    if (++n > 300) break;
+    v1::GetJobRequest g;
+    g.set_id(id);
+    v1::Job j;
+    if (!call(pki.token, [&](grpc::ClientContext* c) { return user.GetJob(c, g, &j); }).ok()) continue;
+    if (int64_t at = transitionMs(j, v1::SCHEDULED); at > 0) sched.push_back(static_cast<double>(at - j.submit_ms()));
+    if (int64_t at = transitionMs(j, v1::SUCCEEDED); at > 0) exit_to_done.push_back(static_cast<double>(at - sent));
+  }
+  const Dist sd = dist(sched), ed = dist(exit_to_done);
+  rows.push_back({"small_job_submit_to_scheduled_median_ms", "ms", sd.median});
+  rows.push_back({"small_job_submit_to_scheduled_p99_ms", "ms", sd.p99});
+  rows.push_back({"rank_exit_event_to_succeeded_median_ms", "ms", ed.median});
+  rows.push_back({"rank_exit_event_to_succeeded_p99_ms", "ms", ed.p99});
+  rows.push_back({"rank_exit_samples", "jobs", static_cast<double>(ed.n)});
+}
+
+int runLoad(Options o, const fs::path& dir) {
+  Coordinator coord;
+  if (!o.attach.empty()) {
+    coord.address = o.attach;
+    coord.pid = o.pid;
+    coord.http = o.http;
+  }
+  const Pki pki = loadPki(o, dir);
+  if (o.attach.empty()) coord = startCoordinator(o, dir / "coordinator", dir / "coordinator.log");
+  auto user = v1::UserService::NewStub(userChannel(o, coord.address));
+  std::vector<Row> rows;
+  rows.push_back({"coordinator_rss_idle_mib", "MiB", sampleProc(coord.pid).rss_kb / 1024.0});
+  Shared shared;
+  shared.job_ms = o.job_ms;
+  std::vector<std::unique_ptr<SimAgent>> agents = connectAgents(o, pki, coord, shared, *user, rows);
+  Background background(o, coord, shared, agents);
 
   // Submitters, open loop.
   const ProcSample before = sampleProc(coord.pid);
@@ -664,46 +753,13 @@ int runLoad(Options o, const fs::path& dir) {
       }
     });
   }
-
-  // Placement of a 256-GPU job under load, a few times across the run.
-  std::vector<double> big;
-  for (int b = 0; b < o.big_jobs; ++b) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(o.duration_s * 1000 / (o.big_jobs + 1)));
-    v1::SubmitRequest req;
-    req.mutable_spec()->set_name("big");
-    req.mutable_spec()->set_nodes(32);
-    req.mutable_spec()->set_gpus_per_node(8);
-    req.mutable_spec()->set_priority(10);
-    req.mutable_spec()->add_command("/bin/true");
-    v1::SubmitResponse resp;
-    if (o.gpus < 8 || o.nodes < 32) break;
-    if (!call(pki.token, [&](grpc::ClientContext* c) { return user->Submit(c, req, &resp); }).ok()) continue;
-    for (int i = 0; i < 600; ++i) {
-      v1::GetJobRequest g;
-      g.set_id(resp.job().id());
-      v1::Job j;
-      call(pki.token, [&](grpc::ClientContext* c) { return user->GetJob(c, g, &j); });
-      if (int64_t at = transitionMs(j, v1::SCHEDULED); at > 0) {
-        big.push_back(static_cast<double>(at - j.submit_ms()));
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
+  const std::vector<double> big = placeBigJobs(o, pki, *user);
   for (auto& th : pool) th.join();
   const double load_s = secondsSince(t_load);
   const ProcSample after = sampleProc(coord.pid);
   // Let the last jobs finish before the end-to-end samples are read.
   std::this_thread::sleep_for(std::chrono::milliseconds(o.job_ms + 2000));
-  running = false;
-  heartbeater.join();
-  sampler.join();
-  {
-    std::lock_guard<std::mutex> lock(shared.mu);
-    shared.stopping = true;
-  }
-  shared.cv.notify_all();
-  exiter.join();
+  const std::vector<double> lag = background.stop();
 
   std::vector<double> all;
   long nrejected = 0;
@@ -729,30 +785,7 @@ int runLoad(Options o, const fs::path& dir) {
   rows.push_back({"place_256gpu_job_submit_to_scheduled_median_ms", "ms", bd.median});
   rows.push_back({"place_256gpu_job_submit_to_scheduled_max_ms", "ms", bd.max});
   rows.push_back({"place_256gpu_job_samples", "jobs", static_cast<double>(bd.n)});
-
-  // End to end for the sampled small jobs: submit -> SCHEDULED, and the rank exit leaving the agent -> SUCCEEDED.
-  std::map<std::string, int64_t> sampled;
-  {
-    std::lock_guard<std::mutex> lock(shared.sample_mu);
-    sampled = shared.exit_sent_ms;
-  }
-  std::vector<double> sched, exit_to_done;
-  int n = 0;
-  for (const auto& [id, sent] : sampled) {
-    if (++n > 300) break;
-    v1::GetJobRequest g;
-    g.set_id(id);
-    v1::Job j;
-    if (!call(pki.token, [&](grpc::ClientContext* c) { return user->GetJob(c, g, &j); }).ok()) continue;
-    if (int64_t at = transitionMs(j, v1::SCHEDULED); at > 0) sched.push_back(static_cast<double>(at - j.submit_ms()));
-    if (int64_t at = transitionMs(j, v1::SUCCEEDED); at > 0) exit_to_done.push_back(static_cast<double>(at - sent));
-  }
-  const Dist sd = dist(sched), ed = dist(exit_to_done);
-  rows.push_back({"small_job_submit_to_scheduled_median_ms", "ms", sd.median});
-  rows.push_back({"small_job_submit_to_scheduled_p99_ms", "ms", sd.p99});
-  rows.push_back({"rank_exit_event_to_succeeded_median_ms", "ms", ed.median});
-  rows.push_back({"rank_exit_event_to_succeeded_p99_ms", "ms", ed.p99});
-  rows.push_back({"rank_exit_samples", "jobs", static_cast<double>(ed.n)});
+  endToEndRows(pki, shared, *user, rows);
 
   report(rows, "load", o);
   for (auto& a2 : agents) a2->cancel();
