@@ -11,6 +11,7 @@
 #include "comm.h"
 #include "ddl/ddl.h"
 #include "env.h"
+#include "options.h"
 #include "error.h"
 #include "rendezvous/launch_env.h"
 

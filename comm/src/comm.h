@@ -33,7 +33,7 @@
 #include "ddl/ddl.h"
 #include "device/device_path.h"
 #include "device/stream_path.h"
-#include "env.h"
+#include "options.h"
 #include "error.h"
 #include "p2p.h"
 #include "rendezvous/store.h"

@@ -60,19 +60,17 @@ struct P2POp {
   std::optional<Deadline> cancel_deadline;
 };
 
-class PointToPoint {
+// active() and poll() are P2PProgress's (session.h), through which Sessions drive it.
+class PointToPoint final : public P2PProgress {
  public:
   explicit PointToPoint(Channel& ch);
   ~PointToPoint();
 
   // Queues op for posting. Any thread.
   void submit(std::unique_ptr<P2POp> op);
-  // Operations are waiting to be posted or to finish. Any thread; one relaxed load.
-  bool active() const { return active_.load(std::memory_order_relaxed); }
 
-  // Posts what was submitted, completes what finished, fails what is late, aborted or talks to a failed
-  // peer. Returns true when any operation made progress. After a failure, broken() holds the first one.
-  bool poll();
+  // After a failure, broken() holds the first one.
+  bool poll() override;
   // The failure that broke point-to-point traffic: {ddlSuccess, ""} while there is none. Any thread.
   std::pair<ddlResult_t, std::string> broken() const;
   // Whether there is one: a lock-free load, for the paths every collective takes. Any thread.
@@ -98,7 +96,6 @@ class PointToPoint {
   // Operations finished (failed) while the transport still held their request: kept alive until teardown.
   std::list<std::unique_ptr<P2POp>> abandoned_;
   int polls_ = 0;
-  std::atomic<bool> active_{false};
   std::atomic<bool> failed_{false};  // broken_code_ != ddlSuccess
   ddlResult_t broken_code_ = ddlSuccess;
   std::string broken_why_;

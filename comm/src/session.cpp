@@ -1,3 +1,5 @@
+// Channel and Session (session.h): tags and signatures, waits under a deadline, the failure reports ranks send
+// each other, and the request pool a collective draws from.
 #include "session.h"
 
 #include <sched.h>
@@ -6,7 +8,6 @@
 
 #include "dtype.h"
 #include "error.h"
-#include "p2p.h"
 
 namespace ddl {
 

@@ -34,6 +34,7 @@
 #include "ddl/ddl.h"
 #include "deadline.h"
 #include "transport/transport.h"
+#include "transport/wait_context.h"
 
 namespace ddl {
 
@@ -83,7 +84,20 @@ bool collHasOp(CollKind k);
 // 8 bits that differ, with probability 255/256, between calls that differ in any argument; part of every tag.
 uint64_t signature(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant);
 
-class PointToPoint;
+// What a Session moves on between its own rounds besides its collective: the communicator's point-to-point
+// operations. PointToPoint (p2p.h, a floor up) is the one implementation; the communicator sets Channel::p2p.
+class P2PProgress {
+ public:
+  // Operations are waiting to be posted or to finish. Any thread; one relaxed load.
+  bool active() const { return active_.load(std::memory_order_relaxed); }
+  // Posts what was submitted, completes what finished, fails what is late, aborted or talks to a failed
+  // peer. Returns true when any operation made progress. Only the thread that holds the transport.
+  virtual bool poll() = 0;
+
+ protected:
+  ~P2PProgress() = default;
+  std::atomic<bool> active_{false};
+};
 
 class Channel {
  public:
@@ -141,7 +155,7 @@ class Channel {
 
   // Point-to-point operations waiting beside the collectives, which Sessions drive between their own rounds.
   // Set by the communicator.
-  PointToPoint* p2p = nullptr;
+  P2PProgress* p2p = nullptr;
   // Keeps p alive until the transport is gone: for requests the transport may still complete after their
   // owner gave up on them.
   void keepUntilTransportGoes(std::shared_ptr<void> p) { kept_.push_back(std::move(p)); }
@@ -168,7 +182,8 @@ class Channel {
   std::vector<std::shared_ptr<void>> kept_;  // destroyed after the transport (see ~Channel)
 };
 
-class Session {
+// The WaitContext of waits outside the transport (the node's shared memory).
+class Session final : public WaitContext {
  public:
   // Starts a collective: takes the next sequence number. The timeout counts from the collective's first wait
   // that finds nothing to do (no clock read for collectives that never wait).
@@ -200,12 +215,13 @@ class Session {
   void progress();
   // For waits outside the transport (shared memory): one round of transport progress and the checks, without
   // idling; the deadline starts at the first call. waiting_for names the awaited rank in a timeout's message.
-  void poll(int waiting_for);
+  void poll(int waiting_for) override;
+  std::string peerName(int rank) const override { return ch_.peerName(rank); }
   // 64 bits that differ between collectives with different arguments or sequence numbers (the tag's
   // signature is only 8 bits of it).
   uint64_t fingerprint() const { return fingerprint_; }
   // "allreduce #12 (float32 sum, count 1024)", for messages.
-  std::string describe() const;
+  std::string describe() const override;
 
  private:
   void progress(Request* waiting_for);

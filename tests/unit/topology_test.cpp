@@ -9,6 +9,7 @@
 
 #include "common/topology_dims.h"
 #include "env.h"
+#include "options.h"
 #include "error.h"
 #include "topology_cases.h"
 

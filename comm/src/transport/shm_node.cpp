@@ -1,3 +1,5 @@
+// ShmNode (shm_node.h): the node's segment made, announced and mapped; the members' counters, signatures and
+// failure word; waits that spin, yield and sleep on a futex, polling the collective and the awaited member.
 #include "transport/shm_node.h"
 
 #include <dirent.h>
@@ -20,7 +22,6 @@
 #include <random>
 
 #include "error.h"
-#include "session.h"
 
 namespace ddl {
 
@@ -300,7 +301,7 @@ void ShmNode::markFailed(const std::string& why) noexcept {
     for (auto& c : line(m).counter) futexWakeAll(&c);
 }
 
-void ShmNode::checkPeer(Session& s, int member) {
+void ShmNode::checkPeer(WaitContext& s, int member) {
   s.poll(rankOf(member));
   auto* h = reinterpret_cast<Header*>(base_);
   const uint32_t failed = h->failed.load(std::memory_order_acquire);
@@ -310,12 +311,12 @@ void ShmNode::checkPeer(Session& s, int member) {
     }
     const int who = static_cast<int>(failed) - 1;
     if (who != rankOf(me_)) {
-      fail(ddlRemoteError, s.channel().peerName(who) + " failed: " + std::string(h->why) +
+      fail(ddlRemoteError, s.peerName(who) + " failed: " + std::string(h->why) +
                                " (reported through shared memory)");
     }
   }
   if (!alive(member)) {
-    fail(ddlRemoteError, s.channel().peerName(rankOf(member)) + " died: its process " +
+    fail(ddlRemoteError, s.peerName(rankOf(member)) + " died: its process " +
                              std::to_string(line(member).pid.load()) + " ended (noticed through shared memory)");
   }
 }
@@ -345,7 +346,7 @@ bool ShmNode::alive(int member) {
   return !(kill(pid, 0) != 0 && errno == ESRCH);
 }
 
-void ShmNode::waitOne(Session& s, int member, Counter c, uint32_t target) {
+void ShmNode::waitOne(WaitContext& s, int member, Counter c, uint32_t target) {
   auto& word = line(member).counter[c];
   auto reached = [target](uint32_t v) { return static_cast<int32_t>(v - target) >= 0; };
   if (reached(word.load(std::memory_order_acquire))) return;
@@ -374,7 +375,7 @@ void ShmNode::waitOne(Session& s, int member, Counter c, uint32_t target) {
   }
 }
 
-void ShmNode::waitAll(Session& s, Counter c, uint32_t target) {
+void ShmNode::waitAll(WaitContext& s, Counter c, uint32_t target) {
   // Targets at or before this collective's first round were reached in an earlier collective: a member may
   // not have begun this one yet, so its signature is not looked at.
   const bool this_collective = static_cast<int32_t>(target - start_round_) > 0;
@@ -383,7 +384,7 @@ void ShmNode::waitAll(Session& s, Counter c, uint32_t target) {
     waitOne(s, m, c, target);
     if (this_collective &&
         line(m).signature[collective_ % kSignatures].load(std::memory_order_acquire) != signature_) {
-      fail(ddlInvalidArgument, "collective mismatch: " + s.channel().peerName(rankOf(m)) +
+      fail(ddlInvalidArgument, "collective mismatch: " + s.peerName(rankOf(m)) +
                                    " called a different collective, count, type, op or algorithm than this rank's " +
                                    s.describe() + " (shared memory); every rank must make the same calls in the "
                                    "same order");

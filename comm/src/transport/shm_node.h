@@ -10,10 +10,11 @@
 // collectives.
 //
 // Waits spin briefly, then yield or block on a futex on the counter (a publisher wakes only when someone
-// sleeps), so ranks that share cores give them up. No wait is unbounded: every wait polls the Session (abort,
-// peers' failure reports, the deadline), the segment's failure word (a member that fails sets it and wakes
-// everyone), and whether the awaited member's process still exists. A member's collective signature sits
-// beside its counters, so members that called different collectives fail with a mismatch, not a hang.
+// sleeps), so ranks that share cores give them up. No wait is unbounded: every wait polls the collective's
+// WaitContext (wait_context.h, the Session: abort, peers' failure reports, the deadline), the segment's
+// failure word (a member that fails sets it and wakes everyone), and whether the awaited member's process
+// still exists. A member's collective signature sits beside its counters, so members that called different
+// collectives fail with a mismatch, not a hang.
 //
 // The segment is created by the node's first member with a random name, announced through the bootstrap
 // store, and unlinked as soon as every member has mapped it, so once a communicator is up nothing is left in
@@ -35,10 +36,9 @@
 
 #include "deadline.h"
 #include "rendezvous/store.h"
+#include "transport/wait_context.h"
 
 namespace ddl {
-
-class Session;
 
 class ShmNode {
  public:
@@ -76,7 +76,7 @@ class ShmNode {
   void publish(Counter c, uint32_t value);
   // Waits until every other member's counter c reached target (wrap-safe), then checks that it runs this
   // collective. Throws ddl::Error: abort, timeout, a peer's failure report, a dead member, a mismatch.
-  void waitAll(Session& s, Counter c, uint32_t target);
+  void waitAll(WaitContext& s, Counter c, uint32_t target);
   // Opens a handle on every member's process (once every member has attached), so that a later death, even
   // with its pid reused, is seen. alive() calls it when it has not been.
   void watchMembers();
@@ -95,8 +95,8 @@ class ShmNode {
  private:
   ShmNode() = default;
   Line& line(int member) const;
-  void waitOne(Session& s, int member, Counter c, uint32_t target);
-  void checkPeer(Session& s, int member);
+  void waitOne(WaitContext& s, int member, Counter c, uint32_t target);
+  void checkPeer(WaitContext& s, int member);
   bool alive(int member);  // false once the member's process has ended
 
   std::vector<int> members_;
