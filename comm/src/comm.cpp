@@ -1,3 +1,7 @@
+// Comm (comm.h): the bootstrap and the node's segment, the checks of every call's arguments, the blocking
+// collectives on host and device buffers (each planned by planAllReduce or shmServes, run in a Session by
+// run()), the error state, abort and teardown. Its calls that return before they are done, and the executor,
+// are in comm_async.cpp; the stream-ordered calls' orchestration is StreamCalls' (device/stream_calls.h).
 #include "comm.h"
 
 #include <algorithm>
@@ -105,6 +109,8 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
         options_.staged_chunk_bytes ? options_.staged_chunk_bytes : kMaxStagedChunkBytes);
     stream_ = std::make_unique<StreamPath>(device_->runtime(), rank_, options_.timeout_ms,
                                            options_.device_scheme, options_.node_slot_bytes);
+    StreamCalls::Owner& owner = *this;
+    streams_ = std::make_unique<StreamCalls>(owner, *device_, *stream_, shape_, shm_, mdring_grid_, rank_);
   }
 }
 
@@ -210,10 +216,7 @@ void Comm::joinNode(Store& store, const Deadline& deadline) {
   refreshShape();
 }
 
-std::string Comm::intraNodePath() const {
-  if (!shm_) return "ucx";
-  return shm_all_ ? "shm" : "shm+ucx";
-}
+std::string Comm::intraNodePath() const { return intraNodePathName(shape_); }
 
 void Comm::shutdown() {
   if (!channel_) return;
@@ -393,15 +396,8 @@ void Comm::checkBuffers(const void* sendbuf, const void* recvbuf, size_t count) 
 }
 
 DataSpec Comm::spec(ddlDataType_t type, ddlRedOp_t op, size_t bytes) const {
-  return DataSpec{type, op, typeSize(type), selectSegmentBytes(options_.segment_bytes)};
+  return dataSpec(type, op, options_.segment_bytes);
 }
-
-namespace {
-size_t checkedBytes(size_t count, size_t elem, size_t factor = 1) {
-  if (count > SIZE_MAX / elem / factor) fail(ddlInvalidArgument, "count " + std::to_string(count) + " is too large");
-  return count * elem * factor;
-}
-}  // namespace
 
 void Comm::allReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {
   checkType("datatype", type);
@@ -558,7 +554,7 @@ void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count
     // phases allow.
     const int levels = shape_.dims_above_node;
     if (levels == 1) {
-      const int k = dimAboveNode();
+      const int k = dimAboveNode(mdring_grid_);
       const auto t = Clock::now();
       device_->wireAllReduce(s, groupAlong(mdring_grid_, rank_, k), out + lo * es, n, type, op,
                              op == ddlAvg ? size_ : 0);
@@ -585,13 +581,6 @@ void Comm::allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count
       s.dim_seconds[0] += std::chrono::duration<double>(t1 - t0 + (Clock::now() - t2)).count();
     }
   });
-}
-
-int Comm::dimAboveNode() const {
-  for (size_t k = 1; k < mdring_grid_.dims.size(); ++k)
-    if (mdring_grid_.dims[k] > 1) return static_cast<int>(k);
-  DDL_ASSERT(false && "a dim above the node");
-  return 0;
 }
 
 void Comm::refuseDevice(const void* sendbuf, const void* recvbuf) const {
@@ -865,271 +854,9 @@ void Comm::allToAllv(const void* sendbuf, const size_t* sendcounts, const size_t
   });
 }
 
-void Comm::checkPeer(int peer) const {
-  if (peer < 0 || peer >= size_ || peer == rank_) {
-    fail(ddlInvalidArgument, "peer " + std::to_string(peer) + " is not another rank of this communicator (rank " +
-                                 std::to_string(rank_) + " of " + std::to_string(size_) + ")");
-  }
-}
+// ---- Stream-ordered collectives (their orchestration: device/stream_calls.h) ----
 
-std::shared_ptr<AsyncOp> Comm::submitP2P(bool is_recv, void* buf, size_t count, ddlDataType_t type, int peer,
-                                         int tag, int* source) {
-  checkType("datatype", type);
-  if (!(is_recv && tag >= 0 && peer == DDL_ANY_SOURCE)) checkPeer(peer);
-  if (count && !buf) fail(ddlInvalidArgument, std::string(is_recv ? "recvbuff" : "sendbuff") + " is NULL");
-  if (count) refuseDevice(is_recv ? nullptr : buf, is_recv ? buf : nullptr);
-  checkedBytes(count, typeSize(type));
-  failIfBroken();
-  auto op = std::make_unique<P2POp>();
-  op->is_recv = is_recv;
-  op->peer = peer;
-  op->buf = buf;
-  op->count = count;
-  op->type = type;
-  op->tag = tag;
-  op->source = source;
-  std::shared_ptr<AsyncOp> result = op->result;
-  p2p_->submit(std::move(op));
-  {
-    // Under q_mu_: the executor's wait predicate reads p2p_->active() with it held, so no wakeup is lost.
-    std::lock_guard<std::mutex> lk(q_mu_);
-    startExecutorLocked();
-  }
-  q_cv_.notify_all();
-  channel_->transport().wake();  // a thread blocked in an idle wait posts it now
-  return result;
-}
-
-std::shared_ptr<AsyncOp> Comm::isend(const void* buf, size_t count, ddlDataType_t type, int peer) {
-  return submitP2P(false, const_cast<void*>(buf), count, type, peer);  // a send only reads buf
-}
-
-std::shared_ptr<AsyncOp> Comm::irecv(void* buf, size_t count, ddlDataType_t type, int peer) {
-  return submitP2P(true, buf, count, type, peer);
-}
-
-namespace {
-void checkTag(int tag) {
-  if (tag < 0 || tag > DDL_MAX_TAG) {
-    fail(ddlInvalidArgument, "tag " + std::to_string(tag) + " is not between 0 and DDL_MAX_TAG");
-  }
-}
-}  // namespace
-
-std::shared_ptr<AsyncOp> Comm::isendTagged(const void* buf, size_t count, ddlDataType_t type, int peer, int tag) {
-  checkTag(tag);
-  return submitP2P(false, const_cast<void*>(buf), count, type, peer, tag);
-}
-
-std::shared_ptr<AsyncOp> Comm::irecvTagged(void* buf, size_t count, ddlDataType_t type, int peer, int tag,
-                                           int* source) {
-  checkTag(tag);
-  return submitP2P(true, buf, count, type, peer, tag, source);
-}
-
-namespace {
-void waitFor(const AsyncOp& op) {
-  op.done.wait(false, std::memory_order_acquire);  // every operation ends within its timeout
-  if (op.result != ddlSuccess) fail(op.result, op.error);
-}
-}  // namespace
-
-void Comm::send(const void* buf, size_t count, ddlDataType_t type, int peer) { waitFor(*isend(buf, count, type, peer)); }
-
-void Comm::recv(void* buf, size_t count, ddlDataType_t type, int peer) { waitFor(*irecv(buf, count, type, peer)); }
-
-std::shared_ptr<AsyncOp> Comm::iallReduce(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
-                                          ddlRedOp_t op) {
-  checkType("datatype", type);
-  checkOp(op, type);
-  checkBuffers(sendbuf, recvbuf, count);
-  checkedBytes(count, typeSize(type));
-  auto result = std::make_shared<AsyncOp>();
-  enqueue([this, result, sendbuf, recvbuf, count, type, op] {
-    try {
-      allReduceAny(sendbuf, recvbuf, count, type, op);
-    } catch (const Error& e) {
-      result->result = e.code();
-      result->error = e.what();
-    } catch (const std::exception& e) {
-      result->result = ddlInternalError;
-      result->error = e.what();
-    }
-    result->finish(result->result, std::move(result->error));
-  });
-  return result;
-}
-
-void Comm::enqueue(std::function<void()> task) {
-  {
-    std::lock_guard<std::mutex> lk(q_mu_);
-    startExecutorLocked();
-    ++in_flight_;
-    ++queued_;
-    queue_.push_back(std::move(task));
-  }
-  q_cv_.notify_all();
-  channel_->transport().wake();  // the executor may be blocked driving point-to-point operations
-}
-
-void Comm::startExecutorLocked() {
-  if (!executor_.joinable()) executor_ = std::thread([this] { executorLoop(); });
-}
-
-void Comm::executorLoop() {
-  std::unique_lock<std::mutex> lk(q_mu_);
-  for (;;) {
-    q_cv_.wait(lk, [&] { return stop_ || !queue_.empty() || p2p_->active(); });
-    if (!queue_.empty()) {
-      auto task = std::move(queue_.front());
-      queue_.pop_front();
-      --queued_;
-      lk.unlock();
-      task();
-      lk.lock();
-      --in_flight_;
-      q_cv_.notify_all();
-    } else if (p2p_->active()) {
-      lk.unlock();
-      driveP2P();
-      lk.lock();
-    } else {
-      return;  // stop_ and nothing left
-    }
-  }
-}
-
-namespace {
-constexpr auto kP2PSlice = std::chrono::milliseconds(1);
-}  // namespace
-
-void Comm::driveP2P() {
-  // Never in the way of a collective: not when one waits for the transport or is queued, and one that holds
-  // the transport moves the point-to-point operations on between its own rounds meanwhile.
-  auto busy = [&] { return op_waiters_.load() > 0 || queued_.load() > 0; };
-  std::unique_lock<std::mutex> op(op_mu_, std::defer_lock);
-  if (busy() || !op.try_lock()) {
-    std::unique_lock<std::mutex> lk(q_mu_);
-    q_cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stop_ || !queue_.empty(); });
-    return;
-  }
-  Transport& t = channel_->transport();
-  const auto end = std::chrono::steady_clock::now() + kP2PSlice;
-  // A slice at most, then back to the queue; at once when a collective wants the transport (lockOp and
-  // iallReduce wake an idle wait).
-  while (p2p_->active() && !busy() && std::chrono::steady_clock::now() < end) {
-    bool any = t.progress();
-    any = p2p_->poll() || any;
-    if (any) {
-      p2p_idle_ = 0;
-    } else {
-      channel_->idle(++p2p_idle_);  // a Session's wait policy
-    }
-  }
-  noteBrokenLocked();
-}
-
-void Comm::drainAsync() {
-  std::unique_lock<std::mutex> lk(q_mu_);
-  // The executor runs no blocking collective: waiting here for what it runs would never end.
-  DDL_ASSERT(!executor_.joinable() || std::this_thread::get_id() != executor_.get_id());
-  q_cv_.wait(lk, [&] { return in_flight_ == 0; });
-}
-
-// ---- Stream-ordered collectives (device/stream_path.h) ----
-
-namespace {
-constexpr int kNodeKernelSetupVariant = 0xD0;
-constexpr int kNodeKernelAcrossVariant = 0xE0 | static_cast<int>(Algo::kMdRing);
-}  // namespace
-
-void Comm::setNodeKernel(Setup s) {
-  shape_.node_kernel = s;
-  stream_scheme_.store(static_cast<int>(s));
-}
-
-std::string Comm::streamScheme() const {
-  switch (static_cast<Setup>(stream_scheme_.load())) {
-    case Setup::kReady:
-      return shm_all_ ? "kernel" : "kernel+wire";
-    case Setup::kOff:
-      return "host";
-    default:
-      return "unset";
-  }
-}
-
-void Comm::setupNodeKernel(void* stream, int dev) {
-  DeviceRuntime& rt = device_->runtime();
-  if (rt.capturing(stream)) {
-    fail(
-        ddlInvalidArgument,
-        "the first stream-ordered collective of a communicator sets up its GPU memory and cannot be captured "
-        "into a CUDA graph: run one before capturing (a warm-up iteration)");
-  }
-  drainAsync();
-  DevicePath::KeepDevice keep(rt);
-  StreamPath::Exchange ex;
-  ex.members = shm_->size();
-  ex.me = shm_->me();
-  ex.allgather = [&](std::vector<char>& all, size_t record_bytes) {
-    const DataSpec d = spec(ddlUint8, ddlSum, all.size());
-    run(CollKind::kAllGather, ddlUint8, ddlSum, record_bytes, 0, kNodeKernelSetupVariant,
-        [&](Session& s) { shmAllGather(s, *shm_, d, all.data(), all.size()); });
-  };
-  ex.agree = [&](bool ok) {
-    const int32_t mine = ok ? 1 : 0;
-    int32_t all = 0;
-    const DataSpec d = spec(ddlInt32, ddlMin, sizeof mine);
-    // Every rank agrees, not only the node's: across nodes the flag goes round every rank.
-    run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kNodeKernelSetupVariant, [&](Session& s) {
-      if (shm_all_) {
-        shmAllReduce(s, *shm_, d, &mine, &all, 1, 0);
-      } else {
-        ringAllReduce(s, d, &mine, &all, 1);
-      }
-    });
-    return all == 1;
-  };
-  std::string why;
-  setNodeKernel(stream_->setupNode(dev, ex, &why) ? Setup::kReady : Setup::kOff);
-  if (shape_.node_kernel == Setup::kOff) host_paced_why_ = why;
-  if (shape_.node_kernel == Setup::kReady && !shm_all_ && !getEnv("DDL_DEBUG").empty()) {
-    std::fprintf(stderr,
-                 "ddl: rank %d: stream-ordered allreduce across nodes: the node kernel's reduce-scatter and "
-                 "allgather on each node, each rank's block over the network through pinned memory, folded "
-                 "on the GPU; the other stream-ordered collectives across nodes are host-paced\n",
-                 rank_);
-  }
-}
-
-int Comm::streamDeviceOf(void* stream, std::initializer_list<const void*> bufs) {
-  DeviceRuntime& rt = device_->runtime();
-  // These questions must not invalidate a capture of the caller's (nor, in the global mode, another
-  // thread's): CUDA may count them as unsafe outside the relaxed capture mode.
-  DeviceRuntime::RelaxedCapture relaxed(rt);
-  int dev = rt.streamDevice(stream);
-  if (dev < 0) {  // a stream being captured: CUDA does not say its device, which must be the buffers'
-    for (const void* b : bufs) {
-      if (b && (dev = rt.deviceOf(b)) >= 0) break;
-    }
-  }
-  for (const void* b : bufs) {
-    if (!b) continue;
-    const int d = rt.deviceOf(b);
-    if (d < 0) {
-      fail(
-          ddlInvalidArgument,
-          "a buffer of a stream-ordered collective is host memory: these take device buffers on the stream's "
-          "device (the blocking calls, ddlAllReduce and the others, take host memory)");
-    }
-    if (d != dev) {
-      fail(ddlInvalidArgument, "a buffer is on device " + std::to_string(d) + " but the stream on device " +
-                                   std::to_string(dev) + ": a stream-ordered collective works on one device");
-    }
-  }
-  return dev;
-}
+std::string Comm::streamScheme() const { return streams_ ? streams_->scheme() : "unset"; }
 
 void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
                     std::function<void()> host) {
@@ -1141,53 +868,7 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   }
   noteGpuError();
   failIfBroken();
-  DeviceRuntime& rt = device_->runtime();
-  const int dev = streamDeviceOf(stream, bufs);
-  if (args.count == 0) return;
-  const bool allreduce =
-      args.kind == node::Kind::kAllReduceOneShot || args.kind == node::Kind::kAllReduceTwoShot;
-  // Across nodes only an allreduce runs the kernel, but the first stream-ordered call of any kind sets it up,
-  // so that the scheme is known from then on.
-  if ((nodeKernelServes(shape_) || nodeKernelAcrossServes(shape_)) && shape_.node_kernel == Setup::kUntried) {
-    setupNodeKernel(stream, dev);
-  }
-  if (!nodeKernelServes(shape_) && !nodeKernelAcrossServes(shape_) && host_paced_why_.empty()) {
-    setNodeKernel(Setup::kOff);
-    host_paced_why_ =
-        size_ == 1 ? "a single rank"
-                   : "the ranks are on several nodes, or do not share memory (" + intraNodePath() + ")";
-    if (!getEnv("DDL_DEBUG").empty()) {
-      std::fprintf(stderr, "ddl: rank %d: stream-ordered device collectives are host-paced: %s\n", rank_,
-                   host_paced_why_.c_str());
-    }
-  }
-  const bool ready = shape_.node_kernel == Setup::kReady && dev == stream_->kernelDevice();
-  const bool across =
-      allreduce && planAllReduce(shape_, args.count * args.elem, Buffers::kDeviceOnStream).path ==
-                       AllReducePath::kNodeKernelAcrossNodes;
-  if (ready && across) return allReduceAcrossOnStream(stream, args);
-  const bool kernel = nodeKernelServes(shape_) && shape_.node_kernel == Setup::kReady;
-  if (kernel && ready) return launchNodeKernel(stream, args);
-  const bool across_ready = nodeKernelAcrossServes(shape_) && shape_.node_kernel == Setup::kReady;
-  const std::string why = kernel || (across_ready && allreduce)
-                              ? "its device is not the one the node kernel was set up on"
-                          : across_ready ? "across nodes only allreduce runs the node kernel"
-                                         : host_paced_why_;
-  if (rt.capturing(stream)) {
-    fail(ddlInvalidArgument,
-         "this stream-ordered collective is host-paced (" + why + ") and cannot be captured into a CUDA graph");
-  }
-  // Host-paced: the call waits until the work queued on the stream so far is done, runs the host-blocking
-  // collective, and returns once the result is in place, so that the stream's later work sees it. (Holding
-  // the stream on the GPU while the communicator's thread ran the collective hung on an H200: a stream held
-  // on the GPU stalls a hardware queue that the collective's own copies may share.)
-  try {
-    stream_->waitForStream(stream, dev);
-  } catch (const Error& e) {
-    breakAndTell(e);  // the peers are in this collective already
-    throw;
-  }
-  host();
+  streams_->call(stream, args, bufs, host);
 }
 
 void Comm::breakAndTell(const Error& e) {
@@ -1196,88 +877,6 @@ void Comm::breakAndTell(const Error& e) {
   auto lk = lockOp();
   noteBrokenLocked();
 }
-
-void Comm::launchNodeKernel(void* stream, const node::Args& args) {
-  try {
-    stream_->launch(stream, args);
-  } catch (const Error& e) {
-    // The peers' kernels of this collective are on their way and this rank's is not: out of step for good.
-    // Its flags poisoned, they fail now rather than at the timeout.
-    stream_->poisonFlags();
-    breakAndTell(e);
-    throw;
-  }
-}
-
-void Comm::allReduceAcrossOnStream(void* stream, const node::Args& a) {
-  DeviceRuntime& rt = device_->runtime();
-  if (rt.capturing(stream)) {
-    fail(ddlInvalidArgument,
-         "a stream-ordered allreduce across nodes cannot be captured into a CUDA graph (the host waits for "
-         "the node's reduce-scatter and sends each rank's block over the network): run it outside the "
-         "capture; on one node it can be captured");
-  }
-  drainAsync();  // the wire's collective and the device queues come after the non-blocking calls before it
-  // The node's blocks: member m's is [m * per, (m + 1) * per) of the message, cut at its end; whole 16-byte
-  // units, so that the kernel's vector loads stay aligned. The ranks that meet across nodes (one member of
-  // each node, the same m) hold equal blocks.
-  const int members = shm_->size(), m = shm_->me();
-  const size_t es = a.elem, u = node::unitElems(es);
-  const size_t per = ((a.count + members - 1) / members + u - 1) / u * u;
-  const size_t lo = std::min(a.count, static_cast<size_t>(m) * per);
-  const size_t n = std::min(per, a.count - lo);
-  char* const block = static_cast<char*>(a.recv) + lo * es;
-  node::Args rs = a;  // the node's sum (ddlAvg divides once, after the nodes' fold)
-  rs.kind = node::Kind::kReduceScatter;
-  rs.recv = block;
-  rs.count = per;
-  rs.total = a.count;
-  rs.avg_divisor = 0;
-  launchNodeKernel(stream, rs);
-  const Group across = groupAlong(mdring_grid_, rank_, dimAboveNode());  // member m of every node
-  try {
-    try {
-      stream_->waitForKernels();
-    } catch (const Error& e) {
-      breakAndTell(e);
-      throw;
-    }
-    // A failure of the reduce-scatter's kernel breaks the communicator in run(), which tells the peers.
-    deviceCall([&] {
-      run(CollKind::kAllReduce, a.type, a.op, a.count, 0, kNodeKernelAcrossVariant, [&](Session& s) {
-        device_->wireAllReduce(s, across, block, n, a.type, a.op, a.op == ddlAvg ? size_ : 0);
-      });
-    });
-  } catch (const Error&) {
-    // This rank's allgather will never come: the node's kernels that wait for it fail now, not at the
-    // timeout.
-    stream_->poisonFlags();
-    throw;
-  }
-  node::Args ag = a;
-  ag.kind = node::Kind::kAllGather;
-  ag.send = block;
-  ag.count = per;
-  ag.total = a.count;
-  launchNodeKernel(stream, ag);
-}
-
-namespace {
-node::Args nodeArgs(node::Kind kind, const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
-                    ddlRedOp_t op, int root, int avg_divisor) {
-  node::Args a{};
-  a.kind = kind;
-  a.send = sendbuf;
-  a.recv = recvbuf;
-  a.count = count;
-  a.type = type;
-  a.op = op;
-  a.root = root;
-  a.elem = typeSize(type);
-  a.avg_divisor = op == ddlAvg ? avg_divisor : 0;
-  return a;
-}
-}  // namespace
 
 void Comm::allReduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
                              ddlRedOp_t op, void* stream) {
@@ -1288,7 +887,7 @@ void Comm::allReduceOnStream(const void* sendbuf, void* recvbuf, size_t count, d
   const node::Kind kind = planAllReduce(shape_, bytes, Buffers::kDeviceOnStream).one_shot
                               ? node::Kind::kAllReduceOneShot
                               : node::Kind::kAllReduceTwoShot;
-  onStream(stream, nodeArgs(kind, sendbuf, recvbuf, count, type, op, 0, size_), {sendbuf, recvbuf},
+  onStream(stream, StreamCalls::args(kind, sendbuf, recvbuf, count, type, op, 0, size_), {sendbuf, recvbuf},
            [=, this] { allReduce(sendbuf, recvbuf, count, type, op); });
 }
 
@@ -1298,7 +897,8 @@ void Comm::reduceScatterOnStream(const void* sendbuf, void* recvbuf, size_t recv
   checkOp(op, type);
   checkBuffers(sendbuf, recvbuf, recvcount);
   checkedBytes(recvcount, typeSize(type), size_);
-  onStream(stream, nodeArgs(node::Kind::kReduceScatter, sendbuf, recvbuf, recvcount, type, op, 0, size_),
+  onStream(stream,
+           StreamCalls::args(node::Kind::kReduceScatter, sendbuf, recvbuf, recvcount, type, op, 0, size_),
            {sendbuf, recvbuf}, [=, this] { reduceScatter(sendbuf, recvbuf, recvcount, type, op); });
 }
 
@@ -1307,7 +907,7 @@ void Comm::allGatherOnStream(const void* sendbuf, void* recvbuf, size_t sendcoun
   checkType("datatype", type);
   checkBuffers(sendbuf, recvbuf, sendcount);
   checkedBytes(sendcount, typeSize(type), size_);
-  onStream(stream, nodeArgs(node::Kind::kAllGather, sendbuf, recvbuf, sendcount, type, ddlSum, 0, 0),
+  onStream(stream, StreamCalls::args(node::Kind::kAllGather, sendbuf, recvbuf, sendcount, type, ddlSum, 0, 0),
            {sendbuf, recvbuf}, [=, this] { allGather(sendbuf, recvbuf, sendcount, type); });
 }
 
@@ -1319,8 +919,8 @@ void Comm::broadcastOnStream(const void* sendbuf, void* recvbuf, size_t count, d
   if (count && rank_ == root && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL on the root");
   checkedBytes(count, typeSize(type));
   const void* in = rank_ == root ? sendbuf : nullptr;
-  onStream(stream, nodeArgs(node::Kind::kBroadcast, in, recvbuf, count, type, ddlSum, root, 0), {in, recvbuf},
-           [=, this] { broadcast(in, recvbuf, count, type, root); });
+  onStream(stream, StreamCalls::args(node::Kind::kBroadcast, in, recvbuf, count, type, ddlSum, root, 0),
+           {in, recvbuf}, [=, this] { broadcast(in, recvbuf, count, type, root); });
 }
 
 void Comm::reduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op,
@@ -1332,8 +932,8 @@ void Comm::reduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlD
   if (count && rank_ == root && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL on the root");
   checkedBytes(count, typeSize(type));
   void* out = rank_ == root ? recvbuf : nullptr;
-  onStream(stream, nodeArgs(node::Kind::kReduce, sendbuf, out, count, type, op, root, size_), {sendbuf, out},
-           [=, this] { reduce(sendbuf, out, count, type, op, root); });
+  onStream(stream, StreamCalls::args(node::Kind::kReduce, sendbuf, out, count, type, op, root, size_),
+           {sendbuf, out}, [=, this] { reduce(sendbuf, out, count, type, op, root); });
 }
 
 }  // namespace ddl

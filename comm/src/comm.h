@@ -12,10 +12,20 @@
 // which gives the transport back as soon as a collective wants it. abort() and asyncError() may be called
 // from any thread.
 //
-// Device buffers (builds with CUDA): every collective takes them, through the DevicePath (device_path.h):
-// over CUDA IPC with the GPU reducing where all ranks share a node and shared memory, else staged through
-// pinned host memory around the host collective. Point-to-point operations refuse them with an argument
-// error.
+// Device buffers (builds with CUDA): every blocking collective takes them, through the DevicePath
+// (device_path.h): over CUDA IPC with the GPU reducing where all ranks share a node and shared memory; where
+// the node is mdring's dim 0, the node's dim over IPC and this rank's block across the nodes through pinned
+// memory; else staged through pinned host memory around the host collective. Point-to-point operations refuse
+// them with an argument error. The stream-ordered collectives (the *OnStream calls) are enqueued on the
+// caller's CUDA stream, and StreamCalls (device/stream_calls.h) runs each by one of three schemes, which
+// streamScheme() names: "kernel" (the node kernel, every rank on one node), "kernel+wire" (an allreduce across
+// nodes: the node kernel's reduce-scatter and allgather around each rank's block on the wire; planAllReduce
+// calls it AllReducePath::kNodeKernelAcrossNodes, "node-kernel+wire") and "host" (host-paced: the blocking
+// device collective once the stream's earlier work is done).
+//
+// Files: comm.cpp (bootstrap, the node's segment, argument checks, the blocking collectives, errors,
+// teardown), comm_async.cpp (point-to-point, ddlIallReduce and the executor), device/stream_calls.cpp (what
+// onStream hands over).
 #pragma once
 
 #include <atomic>
@@ -32,9 +42,10 @@
 #include "async_op.h"
 #include "ddl/ddl.h"
 #include "device/device_path.h"
+#include "device/stream_calls.h"
 #include "device/stream_path.h"
-#include "options.h"
 #include "error.h"
+#include "options.h"
 #include "p2p.h"
 #include "rendezvous/store.h"
 #include "session.h"
@@ -45,7 +56,7 @@
 namespace ddl {
 
 
-class Comm {
+class Comm final : private StreamCalls::Owner {
  public:
   // The real thing: bootstraps through the TCP store at root ("host:port"; rank 0 serves it) and connects
   // every rank over UCX. Throws ddl::Error naming what failed (root unreachable, a rank missing, ...).
@@ -97,7 +108,8 @@ class Comm {
                          void* stream);
   void reduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op,
                       int root, void* stream);
-  // "kernel", "host" (host-paced) or "unset" (no stream-ordered collective yet), for tools and tests.
+  // "kernel", "kernel+wire", "host" (host-paced) or "unset" (no stream-ordered collective yet), for tools
+  // and tests. Any thread.
   std::string streamScheme() const;
 
   // Point-to-point, any thread (see p2p.h). The i-forms return at once; the others wait for the operation
@@ -129,7 +141,7 @@ class Comm {
                                          const std::string& where, const Options& options,
                                          const Deadline& deadline);
   void run(CollKind kind, ddlDataType_t type, ddlRedOp_t op, size_t count, int root, int variant,
-           const std::function<void(Session&)>& body);
+           const std::function<void(Session&)>& body) override;
   // Host or device buffers: the device path when device_ handles them, else allReduceNow.
   void allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op);
   void allReduceNow(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op);
@@ -137,43 +149,28 @@ class Comm {
   bool onDevice(std::initializer_list<const void*> bufs) const { return device_ && device_->handles(bufs); }
   // Runs a collective of device buffers: a failure outside run() (a device copy between chunks) breaks the
   // communicator and tells the peers as run() does; no device work is left running once it throws.
-  void deviceCall(const std::function<void()>& body);
-  // The IPC memory of the node when the shared-memory path serves every rank and all of bufs (null ones
-  // aside) are on one device, setting it up (collectives) the first time; else null: stage the call.
+  void deviceCall(const std::function<void()>& body) override;
   // An allreduce's input as the GPU may read it over IPC: sendbuf where it is on the scratch's device (or in
   // place), else a copy of it queued into recvbuf (bytes long), which the allreduce then runs on in place.
   const void* ipcInput(NodeMemory& mem, const void* sendbuf, void* recvbuf, size_t bytes);
-  // The caller has decided that the node's IPC path may serve (planAllReduce for allreduce; shmServes() for
-  // the others): null where IPC is off or the buffers are not all on its device.
+  // The node's IPC memory when all of bufs (null ones aside) are on its device, setting it up the first time
+  // (every member offers its scratch and opens the others', and they agree: collectives); else null (IPC is
+  // off, or the buffers are elsewhere): stage the call. The caller has decided that the node's IPC path may
+  // serve (planAllReduce for allreduce; shmServes() for the others).
   NodeMemory* deviceNode(std::initializer_list<const void*> bufs);
   // Allreduce of device buffers over several nodes: the node's dim over IPC on the GPUs, the other dims on
   // this rank's block staged through pinned memory, back over IPC.
   void allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
                             ddlRedOp_t op, NodeMemory& mem);
-  // A stream-ordered collective (the *OnStream calls): the node kernel where it serves, else host
-  // (host-paced: waits for the stream, then runs the blocking device collective on the calling thread). args
-  // holds the kernel's kind, buffers, count, type, op, root and divisor; bufs the device buffers to check.
+  // A stream-ordered collective (the *OnStream calls), once its arguments are checked: streams_ runs it
+  // (the node kernel, kernel+wire, or host-paced: host, the blocking device collective, on this thread once
+  // the stream's earlier work is done). args holds the kernel's kind, buffers, count, type, op, root and
+  // divisor; bufs the device buffers to check.
   void onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
                 std::function<void()> host);
-  // A stream-ordered allreduce on several nodes (AllReducePath::kNodeKernelAcrossNodes; the node kernel is
-  // ready on dev): the node kernel's reduce-scatter into this rank's block, the block across the nodes with
-  // the GPU folding what arrives (DevicePath::wireAllReduce), the node kernel's allgather. Returns once the
-  // allgather is queued. a: allReduceOnStream's arguments.
-  void allReduceAcrossOnStream(void* stream, const node::Args& a);
   // This rank leaves a collective its peers are in, or on their way to: out of step for good. Breaks the
   // communicator and tells them, unless e is an abort (which has told them).
-  void breakAndTell(const Error& e);
-  // The dim of mdring's grid above the node, where there is one (shape_.dims_above_node == 1).
-  int dimAboveNode() const;
-  // Enqueues the node kernel; a failure to do so breaks the communicator.
-  void launchNodeKernel(void* stream, const node::Args& args);
-  // The device of a stream-ordered call's stream, checking that every buffer is device memory on it.
-  int streamDeviceOf(void* stream, std::initializer_list<const void*> bufs);
-  // Sets shape_.node_kernel and what streamScheme() reads from any thread.
-  void setNodeKernel(Setup s);
-  // The first stream-ordered collective that may run the node kernel (on one node; an allreduce where the
-  // node is mdring's dim 0): sets the node kernel up, or not, on every rank.
-  void setupNodeKernel(void* stream, int dev);
+  void breakAndTell(const Error& e) override;
   // Runs task on the executor after the queued ones (iallReduce).
   void enqueue(std::function<void()> task);
   // A failure the node kernel reported breaks the communicator.
@@ -197,7 +194,7 @@ class Comm {
   // The op lock, announced so that the executor's point-to-point loop lets go of it at once.
   std::unique_lock<std::mutex> lockOp();
   DataSpec spec(ddlDataType_t type, ddlRedOp_t op, size_t bytes) const;
-  void drainAsync();
+  void drainAsync() override;
   std::unique_ptr<Telemetry> telemetry_;  // null unless DDL_AGENT_SOCKET names a listening agent
   void executorLoop();
   void breakWith(ddlResult_t code, const std::string& why);
@@ -225,8 +222,7 @@ class Comm {
   // What planAllReduce decides from; the one home of the IPC and node kernel setups' outcome (ipc,
   // node_kernel).
   AllReduceShape shape_;
-  std::atomic<int> stream_scheme_{static_cast<int>(Setup::kUntried)};  // shape_.node_kernel (setNodeKernel)
-  std::string host_paced_why_;                // why stream-ordered collectives are host-paced
+  std::unique_ptr<StreamCalls> streams_;  // with device_: the stream-ordered calls' orchestration
   std::unique_ptr<PointToPoint> p2p_;         // goes before channel_, whose transport it uses
 
   std::mutex op_mu_;  // one collective at a time on the channel

@@ -6,6 +6,8 @@
 #include "dtype.h"
 
 #include <array>
+#include <cstdint>
+#include <string>
 #include <utility>
 
 #include "error.h"
@@ -64,6 +66,11 @@ std::optional<ddlRedOp_t> parseOp(std::string_view name) {
     if (name == kOpNames[op]) return static_cast<ddlRedOp_t>(op);
   }
   return std::nullopt;
+}
+
+size_t checkedBytes(size_t count, size_t elem, size_t factor) {
+  if (count > SIZE_MAX / elem / factor) fail(ddlInvalidArgument, "count " + std::to_string(count) + " is too large");
+  return count * elem * factor;
 }
 
 }  // namespace ddl

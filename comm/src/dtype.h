@@ -23,5 +23,8 @@ const char* opName(ddlRedOp_t op);      // "sum", ...; "invalid" when out of ran
 // bfloat16, float, double, float16, bf16, fp16, fp32, fp64).
 std::optional<ddlDataType_t> parseType(std::string_view name);
 std::optional<ddlRedOp_t> parseOp(std::string_view name);
+// The bytes of count elements of elem bytes, factor times over (a buffer of every rank's block); throws
+// ddlInvalidArgument when they do not fit in a size_t.
+size_t checkedBytes(size_t count, size_t elem, size_t factor = 1);
 
 }  // namespace ddl

@@ -27,6 +27,9 @@ Group flatGroup(int nranks, int rank);
 // The d_k ranks that share every coordinate of `rank` except dimension k of topo, in coordinate order
 // (mdring's rings; where the node is dim 0 and one dim is above it, the ranks that meet across the nodes).
 Group groupAlong(const Topology& topo, int rank, int k);
+// The first dim of grid above dim 0 with more than one rank: where the node is dim 0 with one dim above it
+// (GPUs x nodes), the dim along which the nodes meet. There must be one.
+int dimAboveNode(const Topology& grid);
 
 // Element range [begin, begin + count) of block i when count elements are split into g blocks
 // as evenly as possible (the first count % g blocks get one more).
@@ -40,6 +43,8 @@ struct DataSpec {
   size_t elem;          // bytes per element
   size_t segment_bytes; // pipeline segment size
 };
+// The DataSpec of a collective that no tuning rule sizes: forced_segment (0: the default) as its segment.
+DataSpec dataSpec(ddlDataType_t type, ddlRedOp_t op, size_t forced_segment);
 
 // Ring phases over `count` elements split into g blocks (block b at blockBegin(count, g, b)).
 //

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "algo/algo.h"
+#include "error.h"
 #include "transport/shm_node.h"
 
 namespace ddl {
@@ -25,6 +26,13 @@ Group groupAlong(const Topology& topo, int rank, int k) {
   for (int i = 0; i < topo.dims[k]; ++i) g.ranks.push_back(origin + i * stride);
   g.me = c;
   return g;
+}
+
+int dimAboveNode(const Topology& grid) {
+  for (size_t k = 1; k < grid.dims.size(); ++k)
+    if (grid.dims[k] > 1) return static_cast<int>(k);
+  DDL_ASSERT(false && "a dim above the node");
+  return 0;
 }
 
 namespace {

@@ -23,6 +23,10 @@ const char* pathName(AllReducePath p) {
   return "invalid";
 }
 
+const char* intraNodePathName(const AllReduceShape& s) {
+  return s.shm_all ? "shm" : s.shm_dim0 ? "shm+ucx" : "ucx";
+}
+
 bool shmServes(const AllReduceShape& s) {
   return s.shm_all && (s.forced_algo == Algo::kAuto || s.forced_algo == Algo::kShm);
 }

@@ -66,6 +66,10 @@ struct AllReducePlan {
 
 AllReducePlan planAllReduce(const AllReduceShape& shape, size_t bytes, Buffers buffers);
 
+// How ranks of one node reach each other: "shm" (every rank in the node's segment), "shm+ucx" (the segment
+// holds mdring's dim 0, UCX the rest) or "ucx" (ddlCommGetIntraNodePath).
+const char* intraNodePathName(const AllReduceShape& shape);
+
 // Whether the node's shared-memory forms serve collectives that DDL_ALGO does not send elsewhere.
 bool shmServes(const AllReduceShape& shape);
 // Whether stream-ordered collectives (all of them, not only allreduce) may run the node kernel.

@@ -3,6 +3,7 @@
 // built-in one in tune.cpp): see algo/tune.h.
 #include "algo/algo.h"
 #include "algo/tune.h"
+#include "dtype.h"
 
 namespace ddl {
 namespace {
@@ -46,5 +47,9 @@ Topology mdringGrid(const Topology& configured) {
 }
 
 size_t selectSegmentBytes(size_t forced_bytes) { return forced_bytes > 0 ? forced_bytes : kDefaultSegmentBytes; }
+
+DataSpec dataSpec(ddlDataType_t type, ddlRedOp_t op, size_t forced_segment) {
+  return DataSpec{type, op, typeSize(type), selectSegmentBytes(forced_segment)};
+}
 
 }  // namespace ddl

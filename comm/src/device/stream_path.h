@@ -1,20 +1,27 @@
 // StreamPath: what stream-ordered device collectives (ddlAllReduceOnStream and the others) need beside a
-// communicator's host machinery, for one rank. Comm owns one where it has a DeviceRuntime.
+// communicator's host machinery, for one rank. Comm owns one where it has a DeviceRuntime; StreamCalls
+// (stream_calls.h) decides per call which scheme runs it and drives this.
 //
-// A stream-ordered collective is ordered on the caller's stream: the stream's later work sees the result. Two
-// schemes carry it (the first returns at once, the second once the collective is done):
+// A stream-ordered collective is ordered on the caller's stream: the stream's later work sees the result. Three
+// schemes carry it:
 //
-//  - The node kernel (device/node_kernel.h), where every rank is on one node and shares memory with the
-//  others
+//  - The node kernel (device/node_kernel.h), where every rank is on one node and shares memory with the others
 //    and each has a GPU of its own, or several share one GPU under the MPS daemon (then their kernels run at
 //    once). One kernel per collective and rank on a stream of libddl's own, forked from the caller's stream
 //    and joined back to it with events: the caller's collectives run in call order even when it uses several
 //    streams, and the fork and join are captured into a CUDA graph like any stream work. Each rank's region
 //    (node_kernel.h's layout) is allocated, exported over CUDA IPC and opened by every other member once, at
 //    the first stream-ordered collective (setupNode: a host collective, so that one must not be captured).
-//    No host takes part after that.
-//  - Host-paced, everywhere else (ranks on several nodes, no CUDA IPC, or ranks sharing one GPU without MPS,
-//    whose kernels would take turns on the GPU and so could not wait for each other inside a kernel): the
+//    No host takes part after that; the call returns at once.
+//  - The node kernel around the wire (kernel+wire): an allreduce across nodes whose ranks share memory, the node
+//    being mdring's dim 0 with one dim above it. The node kernel (set up on each node as above) reduce-scatters
+//    into this rank's block; the host waits for it (waitForKernels), sends the block across the nodes with the
+//    GPU folding what arrives (DevicePath::wireAllReduce), and launches the node kernel's allgather, which
+//    spreads the result over the node while the call returns. A rank that fails before its allgather is on its
+//    way poisons its flags (poisonFlags), so that its node's kernels waiting for it end. It cannot be captured.
+//  - Host-paced, everywhere else (the other collectives across nodes, an allreduce with two or more dims above
+//    the node, ranks on several nodes that do not share memory, no CUDA IPC, or ranks sharing one GPU without
+//    MPS, whose kernels would take turns on the GPU and so could not wait for each other inside a kernel): the
 //    call waits until the stream's earlier work is done (waitForStream, polling an event so that an abort
 //    ends the wait) and runs the collective with the host-blocking device path (device_path.h) on the
 //    caller's thread. It returns once the result is in place, so it overlaps nothing; it cannot be captured.

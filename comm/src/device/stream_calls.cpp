@@ -1,0 +1,249 @@
+// StreamCalls (stream_calls.h): which scheme runs each stream-ordered collective, the node kernel's setup at
+// the first one, its launches, and kernel+wire's allreduce across nodes.
+#include "device/stream_calls.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "dtype.h"
+#include "env.h"
+
+namespace ddl {
+
+namespace {
+// The signature variants of the node kernel's setup exchange and of kernel+wire's collective on the wire.
+constexpr int kNodeKernelSetupVariant = 0xD0;
+constexpr int kNodeKernelAcrossVariant = 0xE0 | static_cast<int>(Algo::kMdRing);
+}  // namespace
+
+StreamCalls::StreamCalls(Owner& owner, DevicePath& device, StreamPath& path, AllReduceShape& shape,
+                         const std::unique_ptr<ShmNode>& shm, const Topology& grid, int rank)
+    : owner_(owner), device_(device), path_(path), shape_(shape), shm_(shm), grid_(grid), rank_(rank) {}
+
+node::Args StreamCalls::args(node::Kind kind, const void* sendbuf, void* recvbuf, size_t count,
+                             ddlDataType_t type, ddlRedOp_t op, int root, int avg_divisor) {
+  node::Args a{};
+  a.kind = kind;
+  a.send = sendbuf;
+  a.recv = recvbuf;
+  a.count = count;
+  a.type = type;
+  a.op = op;
+  a.root = root;
+  a.elem = typeSize(type);
+  a.avg_divisor = op == ddlAvg ? avg_divisor : 0;
+  return a;
+}
+
+DataSpec StreamCalls::spec(ddlDataType_t type, ddlRedOp_t op) const {
+  return dataSpec(type, op, shape_.forced_segment);
+}
+
+void StreamCalls::setNodeKernel(Setup s) {
+  shape_.node_kernel = s;
+  scheme_.store(static_cast<int>(s));
+}
+
+std::string StreamCalls::scheme() const {
+  switch (static_cast<Setup>(scheme_.load())) {
+    case Setup::kReady:
+      return shape_.shm_all ? "kernel" : "kernel+wire";
+    case Setup::kOff:
+      return "host";
+    default:
+      return "unset";
+  }
+}
+
+void StreamCalls::setupNodeKernel(void* stream, int dev) {
+  DeviceRuntime& rt = device_.runtime();
+  if (rt.capturing(stream)) {
+    fail(
+        ddlInvalidArgument,
+        "the first stream-ordered collective of a communicator sets up its GPU memory and cannot be captured "
+        "into a CUDA graph: run one before capturing (a warm-up iteration)");
+  }
+  owner_.drainAsync();
+  DevicePath::KeepDevice keep(rt);
+  StreamPath::Exchange ex;
+  ex.members = shm_->size();
+  ex.me = shm_->me();
+  ex.allgather = [&](std::vector<char>& all, size_t record_bytes) {
+    const DataSpec d = spec(ddlUint8, ddlSum);
+    owner_.run(CollKind::kAllGather, ddlUint8, ddlSum, record_bytes, 0, kNodeKernelSetupVariant,
+               [&](Session& s) { shmAllGather(s, *shm_, d, all.data(), all.size()); });
+  };
+  ex.agree = [&](bool ok) {
+    const int32_t mine = ok ? 1 : 0;
+    int32_t all = 0;
+    const DataSpec d = spec(ddlInt32, ddlMin);
+    // Every rank agrees, not only the node's: across nodes the flag goes round every rank.
+    owner_.run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kNodeKernelSetupVariant, [&](Session& s) {
+      if (shape_.shm_all) {
+        shmAllReduce(s, *shm_, d, &mine, &all, 1, 0);
+      } else {
+        ringAllReduce(s, d, &mine, &all, 1);
+      }
+    });
+    return all == 1;
+  };
+  std::string why;
+  setNodeKernel(path_.setupNode(dev, ex, &why) ? Setup::kReady : Setup::kOff);
+  if (shape_.node_kernel == Setup::kOff) host_paced_why_ = why;
+  if (shape_.node_kernel == Setup::kReady && !shape_.shm_all && !getEnv("DDL_DEBUG").empty()) {
+    std::fprintf(stderr,
+                 "ddl: rank %d: stream-ordered allreduce across nodes: the node kernel's reduce-scatter and "
+                 "allgather on each node, each rank's block over the network through pinned memory, folded "
+                 "on the GPU; the other stream-ordered collectives across nodes are host-paced\n",
+                 rank_);
+  }
+}
+
+int StreamCalls::streamDeviceOf(void* stream, std::initializer_list<const void*> bufs) {
+  DeviceRuntime& rt = device_.runtime();
+  // These questions must not invalidate a capture of the caller's (nor, in the global mode, another
+  // thread's): CUDA may count them as unsafe outside the relaxed capture mode.
+  DeviceRuntime::RelaxedCapture relaxed(rt);
+  int dev = rt.streamDevice(stream);
+  if (dev < 0) {  // a stream being captured: CUDA does not say its device, which must be the buffers'
+    for (const void* b : bufs) {
+      if (b && (dev = rt.deviceOf(b)) >= 0) break;
+    }
+  }
+  for (const void* b : bufs) {
+    if (!b) continue;
+    const int d = rt.deviceOf(b);
+    if (d < 0) {
+      fail(
+          ddlInvalidArgument,
+          "a buffer of a stream-ordered collective is host memory: these take device buffers on the stream's "
+          "device (the blocking calls, ddlAllReduce and the others, take host memory)");
+    }
+    if (d != dev) {
+      fail(ddlInvalidArgument, "a buffer is on device " + std::to_string(d) + " but the stream on device " +
+                                   std::to_string(dev) + ": a stream-ordered collective works on one device");
+    }
+  }
+  return dev;
+}
+
+void StreamCalls::call(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
+                       const std::function<void()>& host) {
+  DeviceRuntime& rt = device_.runtime();
+  const int dev = streamDeviceOf(stream, bufs);
+  if (args.count == 0) return;
+  const bool allreduce =
+      args.kind == node::Kind::kAllReduceOneShot || args.kind == node::Kind::kAllReduceTwoShot;
+  // Across nodes only an allreduce runs the kernel, but the first stream-ordered call of any kind sets it up,
+  // so that the scheme is known from then on.
+  if ((nodeKernelServes(shape_) || nodeKernelAcrossServes(shape_)) && shape_.node_kernel == Setup::kUntried) {
+    setupNodeKernel(stream, dev);
+  }
+  if (!nodeKernelServes(shape_) && !nodeKernelAcrossServes(shape_) && host_paced_why_.empty()) {
+    setNodeKernel(Setup::kOff);
+    host_paced_why_ = shape_.nranks == 1 ? "a single rank"
+                                         : "the ranks are on several nodes, or do not share memory (" +
+                                               std::string(intraNodePathName(shape_)) + ")";
+    if (!getEnv("DDL_DEBUG").empty()) {
+      std::fprintf(stderr, "ddl: rank %d: stream-ordered device collectives are host-paced: %s\n", rank_,
+                   host_paced_why_.c_str());
+    }
+  }
+  const bool ready = shape_.node_kernel == Setup::kReady && dev == path_.kernelDevice();
+  const bool across =
+      allreduce && planAllReduce(shape_, args.count * args.elem, Buffers::kDeviceOnStream).path ==
+                       AllReducePath::kNodeKernelAcrossNodes;
+  if (ready && across) return allReduceAcross(stream, args);
+  const bool kernel = nodeKernelServes(shape_) && shape_.node_kernel == Setup::kReady;
+  if (kernel && ready) return launchNodeKernel(stream, args);
+  const bool across_ready = nodeKernelAcrossServes(shape_) && shape_.node_kernel == Setup::kReady;
+  const std::string why = kernel || (across_ready && allreduce)
+                              ? "its device is not the one the node kernel was set up on"
+                          : across_ready ? "across nodes only allreduce runs the node kernel"
+                                         : host_paced_why_;
+  if (rt.capturing(stream)) {
+    fail(ddlInvalidArgument, "this stream-ordered collective is host-paced (" + why +
+                                 ") and cannot be captured into a CUDA graph");
+  }
+  // Host-paced: the call waits until the work queued on the stream so far is done, runs the host-blocking
+  // collective, and returns once the result is in place, so that the stream's later work sees it. (Holding
+  // the stream on the GPU while the communicator's thread ran the collective hung on an H200: a stream held
+  // on the GPU stalls a hardware queue that the collective's own copies may share.)
+  try {
+    path_.waitForStream(stream, dev);
+  } catch (const Error& e) {
+    owner_.breakAndTell(e);  // the peers are in this collective already
+    throw;
+  }
+  host();
+}
+
+void StreamCalls::launchNodeKernel(void* stream, const node::Args& args) {
+  try {
+    path_.launch(stream, args);
+  } catch (const Error& e) {
+    // The peers' kernels of this collective are on their way and this rank's is not: out of step for good.
+    // Its flags poisoned, they fail now rather than at the timeout.
+    path_.poisonFlags();
+    owner_.breakAndTell(e);
+    throw;
+  }
+}
+
+void StreamCalls::allReduceAcross(void* stream, const node::Args& a) {
+  DeviceRuntime& rt = device_.runtime();
+  if (rt.capturing(stream)) {
+    fail(ddlInvalidArgument,
+         "a stream-ordered allreduce across nodes cannot be captured into a CUDA graph (the host waits for "
+         "the node's reduce-scatter and sends each rank's block over the network): run it outside the "
+         "capture; on one node it can be captured");
+  }
+  // The wire's collective and the device queues come after the non-blocking calls before it.
+  owner_.drainAsync();
+  // The node's blocks: member m's is [m * per, (m + 1) * per) of the message, cut at its end; whole 16-byte
+  // units, so that the kernel's vector loads stay aligned. The ranks that meet across nodes (one member of
+  // each node, the same m) hold equal blocks.
+  const int members = shm_->size(), m = shm_->me();
+  const size_t es = a.elem, u = node::unitElems(es);
+  const size_t per = ((a.count + members - 1) / members + u - 1) / u * u;
+  const size_t lo = std::min(a.count, static_cast<size_t>(m) * per);
+  const size_t n = std::min(per, a.count - lo);
+  char* const block = static_cast<char*>(a.recv) + lo * es;
+  node::Args rs = a;  // the node's sum (ddlAvg divides once, after the nodes' fold)
+  rs.kind = node::Kind::kReduceScatter;
+  rs.recv = block;
+  rs.count = per;
+  rs.total = a.count;
+  rs.avg_divisor = 0;
+  launchNodeKernel(stream, rs);
+  const Group across = groupAlong(grid_, rank_, dimAboveNode(grid_));  // member m of every node
+  try {
+    try {
+      path_.waitForKernels();
+    } catch (const Error& e) {
+      owner_.breakAndTell(e);
+      throw;
+    }
+    // A failure of the reduce-scatter's kernel breaks the communicator in run(), which tells the peers.
+    owner_.deviceCall([&] {
+      owner_.run(CollKind::kAllReduce, a.type, a.op, a.count, 0, kNodeKernelAcrossVariant, [&](Session& s) {
+        device_.wireAllReduce(s, across, block, n, a.type, a.op, a.op == ddlAvg ? shape_.nranks : 0);
+      });
+    });
+  } catch (const Error&) {
+    // This rank's allgather will never come: the node's kernels that wait for it fail now, not at the
+    // timeout.
+    path_.poisonFlags();
+    throw;
+  }
+  node::Args ag = a;
+  ag.kind = node::Kind::kAllGather;
+  ag.send = block;
+  ag.count = per;
+  ag.total = a.count;
+  launchNodeKernel(stream, ag);
+}
+
+}  // namespace ddl
