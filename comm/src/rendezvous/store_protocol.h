@@ -1,6 +1,6 @@
 // The rendezvous store's wire format and data, without sockets: what the TcpStoreServer's loop thread does
 // with the bytes a client sends (tcp_store.cpp gives the format and the handshake) and with the keys it holds.
-// tcp_store.cpp's server runs every received byte through parseStoreFrame and every request through
+// tcp_store_server.cpp's server runs every received byte through parseStoreFrame and every request through
 // StoreData; the fuzz target tests/fuzz/store_protocol_fuzz.cpp drives the same two with arbitrary bytes.
 //
 // Threads: plain functions; a StoreData belongs to one thread (the server's loop).
@@ -34,9 +34,9 @@ constexpr size_t kReplyHeaderBytes = 9;
 constexpr uint32_t kMaxKeyBytes = 64 * 1024;
 constexpr uint32_t kMaxValueBytes = 16 * 1024 * 1024;
 // A GETMANY names at most this many keys in at most this many bytes (its key list), waits at most this long,
-// and its answer carries at most kMaxManyReplyBytes. The TCP store's client asks for at most 4,096 keys at a time
-// (tcp_store.cpp), so that the answers of a bootstrap of kMaxRanks (32,768) ranks with records of a few KiB
-// stay well within it.
+// and its answer carries at most kMaxManyReplyBytes. The TCP store's client asks for at most 4,096 keys at a
+// time (tcp_store_client.cpp), so that the answers of a bootstrap of kMaxRanks (32,768) ranks with records of a
+// few KiB stay well within it.
 constexpr uint32_t kMaxManyKeys = 64 * 1024;
 constexpr uint32_t kMaxManyRequestBytes = 1024 * 1024;
 constexpr uint32_t kMaxManyWaitMs = 24 * 3600 * 1000;
