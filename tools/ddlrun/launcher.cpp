@@ -1,10 +1,16 @@
-// ddlrun's launcher: argument parsing, the rank environment, and the loop that supervises the ranks.
+// ddlrun's launcher: the rank environment, the launch of the ranks (across machines: of each host's ddlrun,
+// which remote_hosts.h plans and keeps alive), and the loop that supervises them. The command line is
+// options.cpp's.
 //
-// The supervisor is one thread around one poll(): the read ends of every rank's stdout and stderr pipes plus
-// a self-pipe that the SIGCHLD/SIGINT/SIGTERM/SIGHUP handlers write the signal number into. Output is written
-// only as whole lines (LineTagger), so a single writer suffices to keep ranks' lines apart, and no thread
-// ever blocks on one rank while another's pipe fills up. Child exits are collected with waitpid(pid, WNOHANG)
-// after a SIGCHLD byte arrives, so ddlrun waits only for its own ranks.
+// The supervisor is one loop around one poll() on the main thread: the read ends of every rank's stdout and
+// stderr pipes, a self-pipe that the SIGCHLD/SIGINT/SIGTERM/SIGHUP handlers write the signal number into, and
+// on a host's part (--host-part) its stdin from the launcher, whose end or silence stops its ranks. Output is
+// written only as whole lines (LineTagger), so a single writer suffices to keep ranks' lines apart, and no
+// thread ever blocks on one rank while another's pipe fills up. Child exits are collected with
+// waitpid(pid, WNOHANG) after a SIGCHLD byte arrives, so ddlrun waits only for its own ranks. Across machines
+// a second thread writes the keepalives (Keepalives), to its own copies of the hosts' stdin pipes: the loop
+// may be held up writing output for as long as ddlrun's reader likes, and the hosts must not take that for
+// silence.
 //
 // Stopping is a small state machine with deadlines, which is what keeps ddlrun from hanging:
 //   running --(rank fails / ddlrun signalled / launch fails)--> stopping: stop signal sent to every group
@@ -30,22 +36,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <mutex>
 #include <optional>
-#include <sstream>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 
 #include "common/host_port.h"
 #include "common/rank_env.h"
 #include "common/signals.h"
-#include "common/topology_dims.h"
 #include "free_port.h"
+#include "remote_hosts.h"
 
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -64,179 +65,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int kDrainMs = 1000;
 // After SIGKILL, how long to wait for ranks to be reaped and pipes to close before giving up on them.
 constexpr int kAfterKillMs = 2000;
-constexpr int kMaxGraceMs = 3600 * 1000;
-constexpr long long kMaxTimeoutMs = 2147483647;  // ddlConfig_t::timeoutMs is an int
-
-constexpr const char kUsageSynopsis[] =
-    "usage: ddlrun -np N [--topology AxB...] [--algo A] [--timeout-ms T] [--root HOST:PORT]\n"
-    "              [--tag-output|--no-tag-output] [--grace-ms MS] [-x VAR=VALUE]... -- PROGRAM [ARGS...]\n"
-    "       ddlrun -H HOST:SLOTS,... | --hostfile FILE [-np N] [--rsh CMD] [options] -- PROGRAM [ARGS...]\n";
-
-constexpr const char kUsage[] =
-    "usage: ddlrun -np N [options] -- PROGRAM [ARGS...]\n"
-    "\n"
-    "Runs N ranks of PROGRAM on this machine as one ddl job. Rank r gets DDL_RANK=r, DDL_WORLD_SIZE=N,\n"
-    "DDL_LOCAL_RANK=r, DDL_LOCAL_SIZE=N and DDL_ROOT=HOST:PORT (what ddlCommInitFromEnv reads), and the\n"
-    "torchrun names RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. "
-    "MASTER_PORT\n"
-    "(torch.distributed's store) is another free port than DDL_ROOT's (libddl's), so a program may use "
-    "both.\n"
-    "Every rank also gets DDL_JOB_SECRET, made afresh for each run: libddl's rendezvous store at DDL_ROOT\n"
-    "answers only processes that hold it.\n"
-    "\n"
-    "options:\n"
-    "  -np N, -n N         number of ranks, 1 to 1024 (required on one machine; with hosts, default: every "
-    "slot)\n"
-    "  -H, --host LIST     run across machines: HOST:SLOTS,... (a host named again gets one more slot), as\n"
-    "                      mpirun -H; ranks fill each host's slots in order. Every host runs ddlrun (see\n"
-    "                      --remote-path) reached with --rsh, starts in this directory, and reaches the "
-    "first\n"
-    "                      host at the name given here: DDL_ROOT is FIRST_HOST:PORT, MASTER_PORT is PORT+1\n"
-    "  --hostfile FILE     the hosts from a file: a line per host, HOST slots=N (Open MPI's form), HOST:N "
-    "or\n"
-    "                      HOST; # starts a comment\n"
-    "  --rsh CMD           how to run a command on a host (default: ssh -o BatchMode=yes, with\n"
-    "                      ServerAliveInterval=10 and ServerAliveCountMax=3); it gets HOST and one shell\n"
-    "                      command, and must pass its stdin on (ssh does). A host whose launcher is silent "
-    "for\n"
-    "                      30 s (a network gone) stops its ranks\n"
-    "  --remote-path PATH  ddlrun on the hosts (default: this ddlrun's own path)\n"
-    "  --topology AxB...   exported as DDL_TOPOLOGY; the dimensions must multiply to N\n"
-    "  --algo NAME         exported as DDL_ALGO (auto, ring, mdring, rhd, shm)\n"
-    "  --timeout-ms T      exported as DDL_TIMEOUT_MS\n"
-    "  --root HOST:PORT    rendezvous address (DDL_ROOT); default 127.0.0.1 and a free port (with hosts:\n"
-    "                      the first host and a port from 29400-29899)\n"
-    "  -x VAR=VALUE        set VAR in every rank's environment; repeatable, the last one for a VAR wins\n"
-    "                      (-x VAR alone is accepted: ranks inherit ddlrun's environment anyway)\n"
-    "  --tag-output        prefix every output line with \"[rank] \" (the default)\n"
-    "  --no-tag-output     pass output through unprefixed, still a whole line at a time\n"
-    "  --grace-ms MS       when stopping ranks, wait MS after SIGTERM before SIGKILL (default 5000)\n"
-    "  -h, --help          print this help\n"
-    "  --version           print ddlrun's version\n"
-    "Long options also take --option=VALUE.\n"
-    "\n"
-    "Each rank runs in its own process group. Its stdout and stderr go to ddlrun's stdout and\n"
-    "stderr a whole line at a time. Rank 0 reads ddlrun's stdin unless that is a terminal; the other\n"
-    "ranks read /dev/null.\n"
-    "\n"
-    "Exit status: 0 if every rank exits 0. When a rank exits non-zero or is killed, ddlrun sends\n"
-    "SIGTERM to the other ranks' process groups, SIGKILL after the grace period, and exits with the\n"
-    "first failing rank's status (128+S for signal S). SIGINT, SIGTERM or SIGHUP sent to ddlrun is\n"
-    "forwarded to the ranks the same way and ddlrun exits 128+signal; a second one sends SIGKILL at\n"
-    "once. 2: bad arguments; 125: ddlrun could not launch the ranks; 127: PROGRAM could not be executed.\n";
-
-// Digits only, no sign, at most max; false for anything else.
-bool parseBoundedInt(const std::string& text, long long max, long long* value) {
-  if (text.empty() || text.size() > 12) return false;
-  long long v = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return false;
-    v = v * 10 + (c - '0');
-  }
-  if (v > max) return false;
-  *value = v;
-  return true;
-}
-
-bool isEnvName(std::string_view name) {
-  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-  });
-}
-
-bool takesValue(const std::string& name) {
-  static const char* const kValueOptions[] = {
-      "-np", "-n", "--np",   "--topology", "--algo", "--root",        "--timeout-ms", "--grace-ms",
-      "-x",  "-H", "--host", "--hostfile", "--rsh",  "--remote-path", "--host-part",  "--host-silence-ms"};
-  return std::any_of(std::begin(kValueOptions), std::end(kValueOptions),
-                     [&](const char* option) { return name == option; });
-}
-
-// Sets option `name` (one takesValue() accepts) from `value`; returns the error line or "".
-std::string applyOption(const std::string& name, const std::string& value, Options* options) {
-  long long number = 0;
-  if (name == "-np" || name == "-n" || name == "--np") {
-    if (!parseBoundedInt(value, kMaxRanks, &number) || number < 1) {
-      return "ddlrun: -np must be an integer from 1 to " + std::to_string(kMaxRanks) + ", got '" + value +
-             "'";
-    }
-    options->np = static_cast<int>(number);
-  } else if (name == "--topology") {
-    if (value.empty()) return checkTopology(value, kMaxRanks);  // the form error; the count is checked later
-    options->topology = value;
-  } else if (name == "--algo") {
-    static const char* const kAlgos[] = {"auto", "ring", "mdring", "rhd", "shm"};
-    if (std::find(std::begin(kAlgos), std::end(kAlgos), value) == std::end(kAlgos)) {
-      return "ddlrun: --algo needs one of auto, ring, mdring, rhd, shm (got '" + value + "')";
-    }
-    options->algo = value;
-  } else if (name == "--timeout-ms") {
-    if (!parseBoundedInt(value, kMaxTimeoutMs, &number) || number < 1) {
-      return "ddlrun: --timeout-ms must be a positive integer of milliseconds, got '" + value + "'";
-    }
-    options->timeout_ms = std::to_string(number);
-  } else if (name == "--grace-ms") {
-    if (!parseBoundedInt(value, kMaxGraceMs, &number)) {
-      return "ddlrun: --grace-ms must be an integer from 0 to " + std::to_string(kMaxGraceMs) + ", got '" +
-             value + "'";
-    }
-    options->grace_ms = static_cast<int>(number);
-  } else if (name == "--root") {
-    if (StatusOr<HostPort> root = parseHostPort(value, 1); !root) {
-      return "ddlrun: --root must be HOST:PORT with a port from 1 to 65535, got '" + value +
-             "': " + root.status().message();
-    }
-    options->root = value;
-  } else if (name == "-x") {
-    if (!isEnvName(std::string_view(value).substr(0, value.find('=')))) {
-      return "ddlrun: -x needs VAR=VALUE with VAR a variable name, got '" + value + "'";
-    }
-    options->env.push_back(value);
-  } else if (name == "-H" || name == "--host") {
-    return parseHostList(value, &options->hosts);
-  } else if (name == "--hostfile") {
-    std::ifstream in(value);
-    if (!in) return "ddlrun: cannot read the hostfile " + value + ": " + std::strerror(errno);
-    std::stringstream text;
-    text << in.rdbuf();
-    return parseHostfile(text.str(), value, &options->hosts);
-  } else if (name == "--rsh") {
-    if (value.find_first_not_of(" \t") == std::string::npos)
-      return "ddlrun: --rsh needs a command, as in --rsh ssh";
-    options->rsh = value;
-  } else if (name == "--remote-path") {
-    if (value.empty()) return "ddlrun: --remote-path needs ddlrun's path on the hosts";
-    options->remote_path = value;
-  } else if (name == "--host-silence-ms") {  // the launcher's own option too (tests shorten it)
-    if (!parseBoundedInt(value, 3600 * 1000, &number) || number < 100)
-      return "ddlrun: --host-silence-ms must be 100 to 3600000, got '" + value + "'";
-    options->launcher_silence_ms = static_cast<int>(number);
-  } else if (name == "--host-part") {
-    // OFFSET,WORLD,MASTER_PORT: written by the launcher (hostCommand), not by people.
-    long long offset = 0, world = 0, port = 0;
-    std::istringstream in(value);
-    std::string a, b, c;
-    if (!std::getline(in, a, ',') || !std::getline(in, b, ',') || !std::getline(in, c) ||
-        !parseBoundedInt(a, kMaxRanks - 1, &offset) || !parseBoundedInt(b, kMaxRanks, &world) || world < 1 ||
-        !parseBoundedInt(c, 65535, &port) || port < 1) {
-      return "ddlrun: --host-part is OFFSET,WORLD,MASTER_PORT (the launcher's own option), got '" + value +
-             "'";
-    }
-    options->host_part = true;
-    options->rank_offset = static_cast<int>(offset);
-    options->world_size = static_cast<int>(world);
-    options->master_port = static_cast<int>(port);
-  }
-  return "";
-}
-
-ParseResult failure(std::string error) {
-  ParseResult result;
-  result.error = std::move(error);
-  return result;
-}
-
 // "rank 3" or "ranks 0, 2, 5" (the first few of a long list, then how many in all).
 std::string rankList(const std::vector<int>& ranks) {
   constexpr size_t kShown = 8;
@@ -306,7 +134,7 @@ class Launcher {
   int run() {
     if (setUp()) {
       launchAll();
-      if (across()) startKeepalives();
+      if (across()) keepalives_.start(hostStdins());
       superviseLoop();
     } else {
       status_ = kLaunchFailureStatus;
@@ -341,8 +169,8 @@ class Launcher {
   bool across() const { return !options_.hosts.empty(); }
   void onLauncherGone(const std::string& how = "closed");
   void readLauncher(int timeout_ms);
-  void startKeepalives();
-  void stopKeepalives();
+  // Across machines: the write ends of the hosts' stdin, for the keepalives.
+  std::vector<int> hostStdins() const;
 
   const Options& options_;
   std::vector<Rank> ranks_;
@@ -370,29 +198,19 @@ class Launcher {
   std::vector<std::string> base_env_;
   std::string secret_;  // DDL_JOB_SECRET of this run
   // Across machines: the hosts' parts, ddlrun's path there, and the directory their ranks start in.
-  std::vector<HostPart> parts_;
-  std::string remote_ddlrun_;
-  std::string cwd_;
+  RemoteRun remote_;
   // A host's part: its stdin comes from the launcher; at EOF, or after kLauncherSilenceMs of silence, the
   // launcher is gone and the ranks stop.
   bool watch_stdin_ = false;
   Clock::time_point heard_from_launcher_;
   bool heard_keepalive_ = false;  // silence is watched only once the launcher has sent a keepalive
-  // Across machines: the keepalive thread and its own descriptors of the hosts' stdin.
-  std::thread keepalive_;
-  std::mutex keepalive_mu_;
-  std::condition_variable keepalive_cv_;
-  bool keepalive_stop_ = false;
-  std::vector<int> keepalive_fds_;
+  // Across machines: the keepalives to the hosts, from a thread of their own.
+  Keepalives keepalives_;
 };
 
 // Across machines the launcher gives each host's ddlrun this much beyond the grace period to stop its ranks
 // (it closed their stdin) before it kills the connection.
 constexpr int kHostStopExtraMs = 3000;
-// A network that drops without a word (no FIN) leaves ssh's connection open for hours: the launcher writes a
-// byte to each host every kKeepaliveMs, and a host's ddlrun that has heard nothing for kLauncherSilenceMs
-// stops its ranks. Its own output is dropped when it cannot be written for as long.
-constexpr int kKeepaliveMs = 5000;
 
 // One line from fd (the launcher's secret on a host part's stdin), at most 256 bytes, within timeout_ms.
 bool readLine(int fd, int timeout_ms, std::string* line) {
@@ -429,23 +247,9 @@ bool Launcher::setUp() {
     // Output to the launcher goes through ssh: bounded writes (see emit), never a hang on a dead channel.
     for (int fd : {STDOUT_FILENO, STDERR_FILENO}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   } else if (across()) {
-    parts_ = planHosts(options_.hosts, options_.np);
-    char self[4096];
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    remote_ddlrun_ = !options_.remote_path.empty() ? options_.remote_path
-                     : n > 0                       ? std::string(self, static_cast<size_t>(n))
-                                                   : std::string("ddlrun");
-    char cwd[4096];
-    cwd_ = getcwd(cwd, sizeof(cwd)) != nullptr ? cwd : "/";
-    // Rank 0 binds the port on the first host, which ddlrun cannot probe from here: one from a range that
-    // varies with the run, as torchrun's fixed 29500 would clash between runs; --root chooses another.
-    const int port = 29400 + static_cast<int>(getpid() % 500);
-    const std::string& first = parts_.front().host;
-    const bool v6 = first.find(':') != std::string::npos && first.front() != '[';
-    root_ =
-        options_.root.empty() ? (v6 ? "[" + first + "]" : first) + ":" + std::to_string(port) : options_.root;
-    const StatusOr<HostPort> root = parseHostPort(root_);
-    master_port_ = root && root->port < 65535 ? root->port + 1 : root ? root->port - 1 : 0;
+    remote_ = planRemoteRun(options_);
+    root_ = remote_.root;
+    master_port_ = remote_.master_port;
   } else if (options_.root.empty()) {
     std::string error;
     int port = tools::findFreePort(INADDR_LOOPBACK, &error);  // rank 0 binds it moments later
@@ -521,7 +325,7 @@ bool Launcher::setUp() {
 }
 
 void Launcher::tearDown() {
-  stopKeepalives();
+  keepalives_.stop();
   for (Rank& rank : ranks_) {
     closeStream(rank.out);
     closeStream(rank.err);
@@ -543,12 +347,12 @@ void Launcher::tearDown() {
 }
 
 void Launcher::launchAll() {
-  const int count = across() ? static_cast<int>(parts_.size()) : options_.np;
+  const int count = across() ? static_cast<int>(remote_.parts.size()) : options_.np;
   ranks_.reserve(count);
   for (int r = 0; r < count; ++r) {
     if (across()) {
       // Each host's ddlrun tags its own ranks' lines; this one passes them on as they come.
-      const HostPart& part = parts_[r];
+      const HostPart& part = remote_.parts[r];
       const std::string span = part.ranks == 1 ? "rank " + std::to_string(part.first_rank)
                                                : "ranks " + std::to_string(part.first_rank) + "-" +
                                                      std::to_string(part.first_rank + part.ranks - 1);
@@ -601,7 +405,8 @@ bool Launcher::launchRank(int r) {
   for (std::string& entry : env) envp.push_back(entry.data());
   envp.push_back(nullptr);
   std::vector<std::string> command =
-      across() ? hostCommand(options_, parts_[r], root_, master_port_, remote_ddlrun_, cwd_, base_env_)
+      across() ? hostCommand(options_, remote_.parts[r], root_, master_port_, remote_.remote_ddlrun, remote_.cwd,
+                             base_env_)
                : options_.command;
   std::vector<char*> argv;
   for (std::string& arg : command) argv.push_back(arg.data());
@@ -810,7 +615,7 @@ void Launcher::beginStop(int sig) {
   stopping_ = true;
   stop_signal_ = sig;
   kill_at_ = Clock::now() + std::chrono::milliseconds(options_.grace_ms + (across() ? kHostStopExtraMs : 0));
-  stopKeepalives();
+  keepalives_.stop();
   for (Rank& rank : ranks_) {
     if (across()) {
       // A host's ddlrun stops its ranks (with the same grace) once its stdin closes; its connection is
@@ -937,39 +742,12 @@ void Launcher::readLauncher(int timeout_ms) {
   if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) onLauncherGone();
 }
 
-// The launcher's keepalives, from a thread of its own: the main loop may wait on ddlrun's own output (a
-// paused terminal, a pager) for as long as the reader likes, and the hosts must not take that for silence.
-void Launcher::startKeepalives() {
+std::vector<int> Launcher::hostStdins() const {
+  std::vector<int> fds;
   for (const Rank& rank : ranks_) {
-    if (rank.stdin_fd < 0) continue;
-    const int fd = fcntl(rank.stdin_fd, F_DUPFD_CLOEXEC, 3);  // closed by stopKeepalives(), not by beginStop
-    if (fd >= 0) keepalive_fds_.push_back(fd);
+    if (rank.stdin_fd >= 0) fds.push_back(rank.stdin_fd);
   }
-  keepalive_ = std::thread([this] {
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, nullptr);  // signals are the main thread's
-    std::unique_lock<std::mutex> lock(keepalive_mu_);
-    while (!keepalive_cv_.wait_for(lock, std::chrono::milliseconds(kKeepaliveMs),
-                                   [&] { return keepalive_stop_; })) {
-      for (int fd : keepalive_fds_) {
-        ssize_t ignored = write(fd, "\n", 1);  // non-blocking: a full pipe already says enough
-        (void)ignored;
-      }
-    }
-  });
-}
-
-void Launcher::stopKeepalives() {
-  if (!keepalive_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(keepalive_mu_);
-    keepalive_stop_ = true;
-  }
-  keepalive_cv_.notify_all();
-  keepalive_.join();
-  for (int fd : keepalive_fds_) close(fd);
-  keepalive_fds_.clear();
+  return fds;
 }
 
 // Writes all of text to ddlrun's fd 1 or 2 (whole lines, so ranks never mix mid-line).
@@ -1025,97 +803,6 @@ std::vector<int> Launcher::ranksWhere(bool (*predicate)(const Rank&)) const {
 }
 
 }  // namespace
-
-ParseResult parseArgs(const std::vector<std::string>& args) {
-  ParseResult result;
-  Options& options = result.options;
-  bool saw_separator = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--") {
-      saw_separator = true;
-      options.command.assign(args.begin() + i + 1, args.end());
-      break;
-    }
-    if (arg == "-h" || arg == "--help") {
-      options.help = true;
-      return result;
-    }
-    if (arg == "--version") {
-      options.version = true;
-      return result;
-    }
-    std::string name = arg;
-    std::optional<std::string> value;
-    size_t equals = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && equals != std::string::npos) {
-      name = arg.substr(0, equals);
-      value = arg.substr(equals + 1);
-    }
-    if (name == "--tag-output" || name == "--no-tag-output") {
-      if (value) return failure("ddlrun: option '" + name + "' takes no value; see ddlrun --help");
-      options.tag_output = name == "--tag-output";
-      continue;
-    }
-    if (!takesValue(name)) {
-      if (arg.empty() || arg[0] != '-') {
-        return failure("ddlrun: unexpected argument '" + arg +
-                       "'; put '--' before the program to run: ddlrun -np N [options] -- PROGRAM [ARGS...]");
-      }
-      return failure("ddlrun: unknown option '" + name + "'; see ddlrun --help");
-    }
-    if (!value) {
-      if (i + 1 >= args.size())
-        return failure("ddlrun: option '" + name + "' needs a value; see ddlrun --help");
-      value = args[++i];
-    }
-    std::string error = applyOption(name, *value, &options);
-    if (!error.empty()) return failure(error);
-  }
-  if (!options.hosts.empty()) {
-    if (options.host_part) return failure("ddlrun: --host-part runs one host's ranks; it takes no -H");
-    const int slots = totalSlots(options.hosts);
-    if (options.np == 0) options.np = std::min(slots, kMaxRanks);
-    if (options.np > slots) {
-      return failure("ddlrun: -np " + std::to_string(options.np) + " but the hosts have " +
-                     std::to_string(slots) + (slots == 1 ? " slot" : " slots") +
-                     "; give more with HOST:SLOTS (-H node1:4,node2:4)");
-    }
-  }
-  if (options.np == 0) return failure("ddlrun: missing -np N, the number of ranks to launch (or -H hosts)");
-  if (options.launcher_silence_ms != 30000 && !options.host_part)
-    return failure("ddlrun: --host-silence-ms goes with --host-part (each host's own option)");
-  if (options.host_part) {
-    if (options.root.empty()) return failure("ddlrun: --host-part needs --root");
-    if (options.rank_offset + options.np > options.world_size)
-      return failure("ddlrun: --host-part's ranks go past its world size");
-  }
-  if (!saw_separator) return failure("ddlrun: missing '--' and the program to run after it");
-  if (options.command.empty() || options.command[0].empty()) {
-    return failure("ddlrun: missing the program to run after '--'");
-  }
-  if (!options.topology.empty()) {
-    std::string error = checkTopology(options.topology, options.host_part ? options.world_size : options.np);
-    if (!error.empty()) return failure(error);
-  }
-  return result;
-}
-
-const char* usage() { return kUsage; }
-const char* usageSynopsis() { return kUsageSynopsis; }
-
-std::string checkTopology(const std::string& topology, int np) {
-  std::vector<int> dims;
-  if (std::string why = parseTopologyDims(topology, &dims); !why.empty()) {
-    return "ddlrun: --topology '" + topology + "' is not of the form AxBxC with positive integers (" + why +
-           "; e.g. 2x4 for 8 ranks)";
-  }
-  if (const long long product = topologyRanks(dims); product != np) {
-    return "ddlrun: --topology " + topology + " has " + std::to_string(product) + " ranks but -np is " +
-           std::to_string(np);
-  }
-  return "";
-}
 
 std::vector<std::string> rankEnvironment(const Options& options, int rank, const std::string& root,
                                          int master_port, const std::string& secret,
@@ -1216,48 +903,6 @@ std::string describeExit(int wait_status) {
     return text;
   }
   return "ended with wait status " + std::to_string(wait_status);
-}
-
-std::vector<std::string> hostCommand(const Options& options, const HostPart& part, const std::string& root,
-                                     int master_port, const std::string& remote_ddlrun,
-                                     const std::string& wdir, const std::vector<std::string>& base_env) {
-  std::vector<std::string> argv;
-  std::istringstream words(options.rsh);
-  for (std::string word; words >> word;) argv.push_back(word);
-  argv.push_back(part.host);
-  std::vector<std::string> remote = {
-      remote_ddlrun,
-      "--host-part",
-      std::to_string(part.first_rank) + "," + std::to_string(options.np) + "," + std::to_string(master_port),
-      "-np",
-      std::to_string(part.ranks),
-      "--root",
-      root,
-      "--grace-ms",
-      std::to_string(options.grace_ms)};
-  if (!options.topology.empty()) remote.insert(remote.end(), {"--topology", options.topology});
-  if (!options.algo.empty()) remote.insert(remote.end(), {"--algo", options.algo});
-  if (!options.timeout_ms.empty()) remote.insert(remote.end(), {"--timeout-ms", options.timeout_ms});
-  if (!options.tag_output) remote.push_back("--no-tag-output");
-  for (const std::string& entry : options.env) {
-    if (entry.find('=') != std::string::npos) {
-      remote.insert(remote.end(), {"-x", entry});
-      continue;
-    }
-    // -x VAR: this machine's value goes to every host, as mpirun -x does.
-    for (const std::string& have : base_env) {
-      if (have.size() > entry.size() && have.compare(0, entry.size(), entry) == 0 &&
-          have[entry.size()] == '=') {
-        remote.insert(remote.end(), {"-x", have});
-      }
-    }
-  }
-  remote.push_back("--");
-  remote.insert(remote.end(), options.command.begin(), options.command.end());
-  std::string shell = "cd " + shellQuote(wdir) + " && exec";
-  for (const std::string& word : remote) shell += " " + shellQuote(word);
-  argv.push_back(shell);
-  return argv;
 }
 
 int run(const Options& options) {

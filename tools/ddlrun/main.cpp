@@ -1,5 +1,6 @@
 // ddlrun: the local launcher of ddl jobs (ddlrun -np N -- PROGRAM ARGS...). This file only maps the command
-// line to an exit status; parsing and supervising the ranks live in launcher.cpp, where tests can reach them.
+// line to an exit status; parsing lives in options.cpp and supervising the ranks in launcher.cpp, where tests
+// can reach them.
 #include <cstdio>
 #include <string>
 #include <vector>
