@@ -1,3 +1,5 @@
+// ddl-bench --tune (tune.h): times every allreduce candidate at each size of the sweep, one communicator per
+// candidate, and writes the winners as a tuning table's rules for this rank count and topology.
 #include "tune.h"
 
 #include "common/host_port.h"
@@ -75,6 +77,52 @@ bool writeTable(const std::string& path, int nranks, const std::string& topology
   const bool ok = std::fclose(f) == 0 && std::rename(tmp.c_str(), path.c_str()) == 0;
   if (!ok) std::fprintf(stderr, "ddl-bench: cannot write the tuning table %s: %s\n", path.c_str(), std::strerror(errno));
   return ok;
+}
+
+// Prints every candidate's time at each size, the winner of each size starred, and returns the winners as
+// rules: one per run of sizes with the same winner, the last one up to "inf". us[k][i]: candidate k, size i.
+std::vector<std::string> chooseRules(const std::vector<Candidate>& candidates, const std::vector<size_t>& sizes,
+                                     const std::vector<std::vector<double>>& us, int nranks,
+                                     const std::string& topology, int iters) {
+  // The winner per size, then runs of equal winners as rules.
+  std::printf("# ddl-bench --tune  ranks %d  topology %s  iters %d  (time in us per allreduce; * = chosen)\n",
+              nranks, topology.c_str(), iters);
+  std::printf("%10s", "size");
+  for (const auto& c : candidates) std::printf(" %12s", describe(c).c_str());
+  std::printf("\n");
+  std::vector<size_t> winner(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    size_t best = 0;
+    for (size_t k = 1; k < candidates.size(); ++k) {
+      if (us[k][i] < us[best][i]) best = k;
+    }
+    if (i > 0 && us[winner[i - 1]][i] <= us[best][i] * kStickiness) best = winner[i - 1];
+    winner[i] = best;
+    std::printf("%10s", human(sizes[i]).c_str());
+    for (size_t k = 0; k < candidates.size(); ++k) std::printf(" %11.1f%c", us[k][i], k == best ? '*' : ' ');
+    std::printf("\n");
+  }
+  std::vector<std::string> rules;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i + 1 < sizes.size() && winner[i + 1] == winner[i]) continue;
+    const Candidate& c = candidates[winner[i]];
+    const std::string limit = i + 1 == sizes.size() ? "inf" : human(sizes[i]);
+    rules.push_back("allreduce " + std::to_string(nranks) + " " + topology + " " + limit + " " + c.algo + " " +
+                    (c.segment ? human(c.segment) : "0"));
+  }
+  return rules;
+}
+
+// The comment above a table's rules: what measured them, where and when.
+std::string tableHeader(int nranks, const std::string& topology, int iters) {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  char when[64] = {};
+  const std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", std::localtime(&now));
+  const char* tls = std::getenv("UCX_TLS");
+  return "# " + std::to_string(nranks) + " ranks, topology " + topology + ": ddl-bench --tune on " + host + " at " +
+         when + ", UCX_TLS=" + (tls != nullptr ? tls : "(unset)") + ", " + std::to_string(iters) + " iters\n";
 }
 
 }  // namespace
@@ -190,41 +238,8 @@ int runTune(const TuneOptions& o) {
   if (comm != nullptr) ddlCommDestroy(comm);
   if (rank != 0) return 0;
 
-  // The winner per size, then runs of equal winners as rules.
-  std::printf("# ddl-bench --tune  ranks %d  topology %s  iters %d  (time in us per allreduce; * = chosen)\n",
-              nranks, topology.c_str(), o.sweep.iters);
-  std::printf("%10s", "size");
-  for (const auto& c : candidates) std::printf(" %12s", describe(c).c_str());
-  std::printf("\n");
-  std::vector<size_t> winner(sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    size_t best = 0;
-    for (size_t k = 1; k < candidates.size(); ++k) {
-      if (us[k][i] < us[best][i]) best = k;
-    }
-    if (i > 0 && us[winner[i - 1]][i] <= us[best][i] * kStickiness) best = winner[i - 1];
-    winner[i] = best;
-    std::printf("%10s", human(sizes[i]).c_str());
-    for (size_t k = 0; k < candidates.size(); ++k) std::printf(" %11.1f%c", us[k][i], k == best ? '*' : ' ');
-    std::printf("\n");
-  }
-  std::vector<std::string> rules;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (i + 1 < sizes.size() && winner[i + 1] == winner[i]) continue;
-    const Candidate& c = candidates[winner[i]];
-    const std::string limit = i + 1 == sizes.size() ? "inf" : human(sizes[i]);
-    rules.push_back("allreduce " + std::to_string(nranks) + " " + topology + " " + limit + " " + c.algo + " " +
-                    (c.segment ? human(c.segment) : "0"));
-  }
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  char when[64] = {};
-  const std::time_t now = std::time(nullptr);
-  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", std::localtime(&now));
-  const char* tls = std::getenv("UCX_TLS");
-  const std::string header = "# " + std::to_string(nranks) + " ranks, topology " + topology +
-                             ": ddl-bench --tune on " + host + " at " + when + ", UCX_TLS=" +
-                             (tls != nullptr ? tls : "(unset)") + ", " + std::to_string(o.sweep.iters) + " iters\n";
+  const std::vector<std::string> rules = chooseRules(candidates, sizes, us, nranks, topology, o.sweep.iters);
+  const std::string header = tableHeader(nranks, topology, o.sweep.iters);
   if (!writeTable(o.path, nranks, topology, rules, header)) return kExitUsage;
   std::printf("# wrote %zu rules to %s (use it with DDL_TUNE_FILE=%s):\n", rules.size(), o.path.c_str(),
               o.path.c_str());

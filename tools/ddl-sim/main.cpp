@@ -250,6 +250,90 @@ double measureReduceBps() {
   return best;
 }
 
+// calibrate --hierarchy: each link class's alpha and beta from bench/hierarchy.sh's ucx_perftest runs in dir
+// (intra: shared memory; node and switch: the host link), marked in have[]; what was used goes to *sources.
+Status linksFromHierarchy(const std::string& dir, Calibration* c, bool* have,
+                          std::vector<std::string>* sources) {
+  StatusOr<HierarchyRun> h = loadHierarchy(dir);
+  if (!h.isOk()) return h.status();
+  for (const std::string& w : h->warnings)
+    std::fprintf(stderr, "ddl-sim: warning: %s (skipped)\n", w.c_str());
+  auto pick = [&](const std::string& test, bool bw) {
+    std::vector<double> v;
+    for (const Perftest& p : h->perftest[test]) v.push_back(bw ? p.bw_Bps : p.p50_us * 1e-6);
+    return median(v);
+  };
+  const double net_a = pick("net-lat", false), net_b = pick("net-bw", true);
+  const double shm_a = pick("shm-lat", false), shm_b = pick("shm-bw", true);
+  if (net_b > 0 && net_a > 0) {
+    c->machine.links[1] = c->machine.links[2] = {net_a, net_b};
+    c->from[1] = c->from[2] =
+        "ucx_perftest tcp over the host link: tag_lat 8 B p50, tag_bw 4 MiB (median of " +
+        std::to_string(h->perftest["net-bw"].size()) + " reps)";
+    have[1] = have[2] = true;
+  }
+  if (shm_b > 0 && shm_a > 0) {
+    c->machine.links[0] = {shm_a, shm_b};
+    c->from[0] = "ucx_perftest sm inside a host: tag_lat 8 B p50, tag_bw 4 MiB best of runs (median of " +
+                 std::to_string(h->perftest["shm-bw"].size()) + " reps)";
+    have[0] = true;
+  }
+  sources->push_back("bench/hierarchy.sh results in " + dir + " (" + std::to_string(h->reps) + " reps)");
+  return Status::ok();
+}
+
+// calibrate --fit CLASS=FILE (and --fit-min): each named class's alpha and beta fitted to a flat ring's
+// ddl-bench times, marked in have[]; a fitted node class serves the switch class too unless that has its own.
+Status linksFromFits(const Args& a, Calibration* c, bool* have) {
+  double fit_min = 64 * 1024;
+  if (a.has("fit-min")) {
+    StatusOr<double> v = parseSize(a.get("fit-min"), "--fit-min");
+    if (!v.isOk()) return v.status();
+    fit_min = *v;
+  }
+  std::map<int, std::vector<std::pair<std::string, BenchRun>>> fits;  // class -> runs
+  if (a.has("fit")) {
+    for (const std::string& spec : a.values.at("fit")) {
+      const size_t eq = spec.find('=');
+      if (eq == std::string::npos)
+        return Status::invalidArgument("--fit wants CLASS=FILE, not '" + spec + "'");
+      const std::string cls = spec.substr(0, eq), path = spec.substr(eq + 1);
+      int k = cls == "intra" ? 0 : cls == "node" ? 1 : cls == "switch" ? 2 : -1;
+      if (k < 0)
+        return Status::invalidArgument("--fit: unknown link class '" + cls + "' (intra, node, switch)");
+      StatusOr<std::string> text = readTextFile(path);
+      if (!text.isOk()) return text.status();
+      StatusOr<BenchRun> run = parseBenchJson(*text, path);
+      if (!run.isOk()) return run.status();
+      if (run->algo != "ring") {
+        return Status::invalidArgument(path + ": the fit models a flat ring, but this run's algo is '" +
+                                       run->algo + "' (run ddl-bench -a ring)");
+      }
+      fits[k].push_back({path, std::move(*run)});
+    }
+  }
+  for (auto& [k, runs] : fits) {
+    std::vector<BenchRun> rs;
+    for (auto& r : runs) rs.push_back(r.second);
+    StatusOr<LinkFit> f = fitRing(rs, fit_min);
+    if (!f.isOk())
+      return Status::invalidArgument("--fit " + std::string(linkClassName(LinkClass(k))) + ": " +
+                                     f.status().message());
+    c->machine.links[k] = f->link;
+    c->from[k] = "least-squares fit of a flat ring's times (" + std::to_string(f->points) +
+                 " points >= " + human(fit_min) + " B, rms error " + fixed(f->rms_rel_error * 100, 1) +
+                 "%) from " + runs.front().first +
+                 (runs.size() > 1 ? " and " + std::to_string(runs.size() - 1) + " more" : "");
+    have[k] = true;
+    if (k == 1 && !fits.count(2)) {
+      c->machine.links[2] = c->machine.links[1];
+      c->from[2] = c->from[1];
+      have[2] = true;
+    }
+  }
+  return Status::ok();
+}
+
 int cmdCalibrate(int argc, char** argv) {
   StatusOr<Args> args =
       parseArgs(argc, argv, 2,
@@ -280,80 +364,9 @@ int cmdCalibrate(int argc, char** argv) {
   std::vector<std::string> sources;
 
   if (a.has("hierarchy")) {
-    StatusOr<HierarchyRun> h = loadHierarchy(a.get("hierarchy"));
-    if (!h.isOk()) return fail(h.status());
-    for (const std::string& w : h->warnings)
-      std::fprintf(stderr, "ddl-sim: warning: %s (skipped)\n", w.c_str());
-    auto pick = [&](const std::string& test, bool bw) {
-      std::vector<double> v;
-      for (const Perftest& p : h->perftest[test]) v.push_back(bw ? p.bw_Bps : p.p50_us * 1e-6);
-      return median(v);
-    };
-    const double net_a = pick("net-lat", false), net_b = pick("net-bw", true);
-    const double shm_a = pick("shm-lat", false), shm_b = pick("shm-bw", true);
-    if (net_b > 0 && net_a > 0) {
-      m.links[1] = m.links[2] = {net_a, net_b};
-      c.from[1] = c.from[2] =
-          "ucx_perftest tcp over the host link: tag_lat 8 B p50, tag_bw 4 MiB (median of " +
-          std::to_string(h->perftest["net-bw"].size()) + " reps)";
-      have[1] = have[2] = true;
-    }
-    if (shm_b > 0 && shm_a > 0) {
-      m.links[0] = {shm_a, shm_b};
-      c.from[0] = "ucx_perftest sm inside a host: tag_lat 8 B p50, tag_bw 4 MiB best of runs (median of " +
-                  std::to_string(h->perftest["shm-bw"].size()) + " reps)";
-      have[0] = true;
-    }
-    sources.push_back("bench/hierarchy.sh results in " + a.get("hierarchy") + " (" + std::to_string(h->reps) +
-                      " reps)");
+    if (Status s = linksFromHierarchy(a.get("hierarchy"), &c, have, &sources); !s.isOk()) return fail(s);
   }
-
-  double fit_min = 64 * 1024;
-  if (a.has("fit-min")) {
-    StatusOr<double> v = parseSize(a.get("fit-min"), "--fit-min");
-    if (!v.isOk()) return fail(v.status());
-    fit_min = *v;
-  }
-  std::map<int, std::vector<std::pair<std::string, BenchRun>>> fits;  // class -> runs
-  if (a.has("fit")) {
-    for (const std::string& spec : a.values.at("fit")) {
-      const size_t eq = spec.find('=');
-      if (eq == std::string::npos)
-        return fail(Status::invalidArgument("--fit wants CLASS=FILE, not '" + spec + "'"));
-      const std::string cls = spec.substr(0, eq), path = spec.substr(eq + 1);
-      int k = cls == "intra" ? 0 : cls == "node" ? 1 : cls == "switch" ? 2 : -1;
-      if (k < 0)
-        return fail(Status::invalidArgument("--fit: unknown link class '" + cls + "' (intra, node, switch)"));
-      StatusOr<std::string> text = readTextFile(path);
-      if (!text.isOk()) return fail(text.status());
-      StatusOr<BenchRun> run = parseBenchJson(*text, path);
-      if (!run.isOk()) return fail(run.status());
-      if (run->algo != "ring") {
-        return fail(Status::invalidArgument(path + ": the fit models a flat ring, but this run's algo is '" +
-                                            run->algo + "' (run ddl-bench -a ring)"));
-      }
-      fits[k].push_back({path, std::move(*run)});
-    }
-  }
-  for (auto& [k, runs] : fits) {
-    std::vector<BenchRun> rs;
-    for (auto& r : runs) rs.push_back(r.second);
-    StatusOr<LinkFit> f = fitRing(rs, fit_min);
-    if (!f.isOk())
-      return fail(Status::invalidArgument("--fit " + std::string(linkClassName(LinkClass(k))) + ": " +
-                                          f.status().message()));
-    m.links[k] = f->link;
-    c.from[k] = "least-squares fit of a flat ring's times (" + std::to_string(f->points) +
-                " points >= " + human(fit_min) + " B, rms error " + fixed(f->rms_rel_error * 100, 1) +
-                "%) from " + runs.front().first +
-                (runs.size() > 1 ? " and " + std::to_string(runs.size() - 1) + " more" : "");
-    have[k] = true;
-    if (k == 1 && !fits.count(2)) {
-      m.links[2] = m.links[1];
-      c.from[2] = c.from[1];
-      have[2] = true;
-    }
-  }
+  if (Status s = linksFromFits(a, &c, have); !s.isOk()) return fail(s);
   for (int k = 0; k < kLinkClasses; ++k) {
     if (!have[k]) {
       return fail(Status::invalidArgument(std::string("no figures for link class ") +
@@ -385,6 +398,113 @@ int cmdCalibrate(int argc, char** argv) {
 
 // ---- check
 // ---------------------------------------------------------------------------------------------------
+
+// check's table: per size, each system's measured time, the model's prediction and the error (auto predicted
+// as libddl's built-in table picks: rhd up to 4 KiB, mdring above); its rows as JSON, and each system's worst
+// error.
+Status checkSizes(const Args& a, HierarchyRun& h, const Machine& m, const std::vector<std::string>& systems,
+                  const std::set<double>& sizes, int ranks, const std::vector<int>& dims, std::string* table,
+                  json* rows, std::map<std::string, double>* worst) {
+  *table = "size";
+  for (const std::string& s : systems) {
+    if (h.bench[s].empty()) continue;
+    *table += "  | " + s + ": measured  predicted   error";
+  }
+  *table += "\n";
+  for (double n : sizes) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%4s", human(n).c_str());
+    *table += buf;
+    json row = {{"bytes", n}};
+    for (const std::string& s : systems) {
+      if (h.bench[s].empty()) continue;
+      const std::map<double, double> t = medianTimes(h.bench[s]);
+      const Algo algo = s == "ring"     ? Algo::kRing
+                        : s == "rhd"    ? Algo::kRhd
+                        : s == "mdring" ? Algo::kMdRing
+                        : n <= 4096     ? Algo::kRhd
+                                        : Algo::kMdRing;
+      StatusOr<RingParams> rp = ringParams(a, algo);
+      if (!rp.isOk()) return rp.status();
+      StatusOr<Prediction> pr =
+          predict(m, algo, ranks, n, *rp, algo == Algo::kMdRing ? dims : std::vector<int>{});
+      if (!pr.isOk()) return pr.status();
+      auto it = t.find(n);
+      const std::string pad = std::string(s.size() > 4 ? s.size() - 4 : 0, ' ');
+      if (it == t.end()) {
+        std::snprintf(buf, sizeof buf, "  | %s%10s %10.1f %7s", pad.c_str(), "-", pr->seconds * 1e6, "-");
+        *table += buf;
+        continue;
+      }
+      const double err = (pr->seconds - it->second) / it->second;
+      (*worst)[s] = std::max((*worst)[s], std::fabs(err));
+      std::snprintf(buf, sizeof buf, "  | %s%10.1f %10.1f %+6.1f%%", pad.c_str(), it->second * 1e6,
+                    pr->seconds * 1e6, err * 100);
+      *table += buf;
+      row[s] = {{"measured_us", it->second * 1e6}, {"predicted_us", pr->seconds * 1e6}, {"error", err}};
+    }
+    *table += "\n";
+    rows->push_back(row);
+  }
+  return Status::ok();
+}
+
+// check's mdring rows per dimension, printed to text where there are any: libddl's telemetry samples a rank's
+// latest call, so long calls are sampled more often; its shares (not its absolute times) are applied to the
+// measured mean, as the hierarchy report does.
+Status checkMdringDims(const Args& a, HierarchyRun& h, const Machine& m, int ranks,
+                       const std::vector<int>& dims, double min, FILE* text, json* dims_rows) {
+  if (h.mdring_dims_us.empty() || h.bench["mdring"].empty()) return Status::ok();
+  const std::map<double, double> t = medianTimes(h.bench["mdring"]);
+  std::string dt = "\nmdring per dimension (libddl's telemetry: each dim's share of the measured time), us\n";
+  dt += "size  samples";
+  for (size_t k = 0; k < dims.size(); ++k) {
+    dt += "  | dim " + std::to_string(k) + " (" +
+          linkClassName(LinkClass(std::min<int>(k, kLinkClasses - 1))) + "): measured  predicted   error";
+  }
+  dt += "\n";
+  bool any = false;
+  for (const auto& [n, samples] : h.mdring_dims_us) {
+    auto it = t.find(n);
+    if (n < min || it == t.end()) continue;
+    std::vector<double> med(dims.size(), 0.0);
+    double sum = 0;
+    for (size_t k = 0; k < dims.size(); ++k) {
+      std::vector<double> v;
+      for (const auto& d : samples)
+        if (k < d.size()) v.push_back(d[k]);
+      med[k] = median(v);
+      sum += med[k];
+    }
+    if (sum <= 0) continue;
+    StatusOr<RingParams> rp = ringParams(a, Algo::kMdRing);
+    if (!rp.isOk()) return rp.status();
+    StatusOr<Prediction> pr = predict(m, Algo::kMdRing, ranks, n, *rp, dims);
+    if (!pr.isOk()) return pr.status();
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%4s %8zu", human(n).c_str(), samples.size());
+    dt += buf;
+    json row = {{"bytes", n}, {"samples", samples.size()}};
+    for (size_t k = 0; k < dims.size(); ++k) {
+      const std::string prefix = "dim " + std::to_string(k) + " ";
+      double predicted = 0;
+      for (const Phase& ph : pr->phases)
+        if (ph.what.rfind(prefix, 0) == 0) predicted += ph.seconds;
+      const double measured = it->second * med[k] / sum;
+      const double err = measured > 0 ? predicted / measured - 1 : 0;
+      std::snprintf(buf, sizeof buf, "  | %*s%10.1f %10.1f %+6.1f%%", 15, "", measured * 1e6, predicted * 1e6,
+                    err * 100);
+      dt += buf;
+      row["dim" + std::to_string(k)] = {
+          {"measured_us", measured * 1e6}, {"predicted_us", predicted * 1e6}, {"error", err}};
+    }
+    dt += "\n";
+    dims_rows->push_back(row);
+    any = true;
+  }
+  if (any) std::fputs(dt.c_str(), text);
+  return Status::ok();
+}
 
 int cmdCheck(int argc, char** argv) {
   StatusOr<Args> args =
@@ -434,47 +554,9 @@ int cmdCheck(int argc, char** argv) {
   const Machine& m = cal->machine;
   json rows = json::array();
   std::map<std::string, double> worst;
-  std::string table = "size";
-  for (const std::string& s : systems) {
-    if (h->bench[s].empty()) continue;
-    table += "  | " + s + ": measured  predicted   error";
-  }
-  table += "\n";
-  for (double n : sizes) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%4s", human(n).c_str());
-    table += buf;
-    json row = {{"bytes", n}};
-    for (const std::string& s : systems) {
-      if (h->bench[s].empty()) continue;
-      const std::map<double, double> t = medianTimes(h->bench[s]);
-      const Algo algo = s == "ring"     ? Algo::kRing
-                        : s == "rhd"    ? Algo::kRhd
-                        : s == "mdring" ? Algo::kMdRing
-                        : n <= 4096     ? Algo::kRhd
-                                        : Algo::kMdRing;
-      StatusOr<RingParams> rp = ringParams(a, algo);
-      if (!rp.isOk()) return fail(rp.status());
-      StatusOr<Prediction> pr =
-          predict(m, algo, ranks, n, *rp, algo == Algo::kMdRing ? dims : std::vector<int>{});
-      if (!pr.isOk()) return fail(pr.status());
-      auto it = t.find(n);
-      const std::string pad = std::string(s.size() > 4 ? s.size() - 4 : 0, ' ');
-      if (it == t.end()) {
-        std::snprintf(buf, sizeof buf, "  | %s%10s %10.1f %7s", pad.c_str(), "-", pr->seconds * 1e6, "-");
-        table += buf;
-        continue;
-      }
-      const double err = (pr->seconds - it->second) / it->second;
-      worst[s] = std::max(worst[s], std::fabs(err));
-      std::snprintf(buf, sizeof buf, "  | %s%10.1f %10.1f %+6.1f%%", pad.c_str(), it->second * 1e6,
-                    pr->seconds * 1e6, err * 100);
-      table += buf;
-      row[s] = {{"measured_us", it->second * 1e6}, {"predicted_us", pr->seconds * 1e6}, {"error", err}};
-    }
-    table += "\n";
-    rows.push_back(row);
-  }
+  std::string table;
+  if (Status s = checkSizes(a, *h, m, systems, sizes, ranks, dims, &table, &rows, &worst); !s.isOk())
+    return fail(s);
   std::fprintf(text, "# ddl-sim check: %s (%d reps) against %s\n", a.get("hierarchy").c_str(), h->reps,
                a.get("calibration").c_str());
   std::fprintf(
@@ -497,61 +579,9 @@ int cmdCheck(int argc, char** argv) {
       "#   reduction %.2f GB/s; auto predicted as libddl's built-in table picks: rhd <= 4K, mdring above\n",
       m.reduce_Bps / 1e9);
   std::fputs(table.c_str(), text);
-  // mdring per dimension: libddl's telemetry samples a rank's latest call, so long calls are sampled more
-  // often; its shares (not its absolute times) are applied to the measured mean, as the hierarchy report
-  // does.
+  // mdring per dimension, from libddl's telemetry.
   json dims_rows = json::array();
-  if (!h->mdring_dims_us.empty() && !h->bench["mdring"].empty()) {
-    const std::map<double, double> t = medianTimes(h->bench["mdring"]);
-    std::string dt =
-        "\nmdring per dimension (libddl's telemetry: each dim's share of the measured time), us\n";
-    dt += "size  samples";
-    for (size_t k = 0; k < dims.size(); ++k) {
-      dt += "  | dim " + std::to_string(k) + " (" +
-            linkClassName(LinkClass(std::min<int>(k, kLinkClasses - 1))) + "): measured  predicted   error";
-    }
-    dt += "\n";
-    bool any = false;
-    for (const auto& [n, samples] : h->mdring_dims_us) {
-      auto it = t.find(n);
-      if (n < *min || it == t.end()) continue;
-      std::vector<double> med(dims.size(), 0.0);
-      double sum = 0;
-      for (size_t k = 0; k < dims.size(); ++k) {
-        std::vector<double> v;
-        for (const auto& d : samples)
-          if (k < d.size()) v.push_back(d[k]);
-        med[k] = median(v);
-        sum += med[k];
-      }
-      if (sum <= 0) continue;
-      StatusOr<RingParams> rp = ringParams(a, Algo::kMdRing);
-      if (!rp.isOk()) return fail(rp.status());
-      StatusOr<Prediction> pr = predict(m, Algo::kMdRing, ranks, n, *rp, dims);
-      if (!pr.isOk()) return fail(pr.status());
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "%4s %8zu", human(n).c_str(), samples.size());
-      dt += buf;
-      json row = {{"bytes", n}, {"samples", samples.size()}};
-      for (size_t k = 0; k < dims.size(); ++k) {
-        const std::string prefix = "dim " + std::to_string(k) + " ";
-        double predicted = 0;
-        for (const Phase& ph : pr->phases)
-          if (ph.what.rfind(prefix, 0) == 0) predicted += ph.seconds;
-        const double measured = it->second * med[k] / sum;
-        const double err = measured > 0 ? predicted / measured - 1 : 0;
-        std::snprintf(buf, sizeof buf, "  | %*s%10.1f %10.1f %+6.1f%%", 15, "", measured * 1e6,
-                      predicted * 1e6, err * 100);
-        dt += buf;
-        row["dim" + std::to_string(k)] = {
-            {"measured_us", measured * 1e6}, {"predicted_us", predicted * 1e6}, {"error", err}};
-      }
-      dt += "\n";
-      dims_rows.push_back(row);
-      any = true;
-    }
-    if (any) std::fputs(dt.c_str(), text);
-  }
+  if (Status s = checkMdringDims(a, *h, m, ranks, dims, *min, text, &dims_rows); !s.isOk()) return fail(s);
   bool met = true;
   json summary = json::object();
   for (auto& [s, w] : worst) {
@@ -591,6 +621,57 @@ void appendf(std::string* out, const char* fmt, A... args) {
   out->pop_back();  // snprintf's terminating NUL
 }
 
+// scale's clusters, by name: the built-in ones of --config, or --calibration's (which needs --compute-ms).
+StatusOr<std::vector<std::pair<std::string, Config>>> scaleConfigs(const Args& a) {
+  std::vector<std::pair<std::string, Config>> configs;
+  if (a.has("calibration")) {
+    if (a.has("config")) return Status::invalidArgument("give --config or --calibration, not both");
+    if (!a.has("compute-ms")) return Status::invalidArgument("--calibration needs --compute-ms");
+    StatusOr<Calibration> cal = loadCalibration(a.get("calibration"));
+    if (!cal.isOk()) return cal.status();
+    const std::string title = "calibration " + a.get("calibration") + ": " + cal->source;
+    configs.push_back({a.get("calibration"), Config{cal->machine, title}});
+  } else {
+    for (const std::string& name : splitList(a.get("config", "2017,h100"))) {
+      StatusOr<Config> c = builtinConfig(name);
+      if (!c.isOk()) return c.status();
+      configs.push_back({name, *c});
+    }
+    if (configs.empty()) return Status::invalidArgument("--config: empty list");
+  }
+  return configs;
+}
+
+// One case of scale's JSON: the cluster, GPUs, network and algorithm, the prediction with its phases, and the
+// efficiencies without and with overlap.
+json scaleRow(const std::string& config, int gpus, const Network& net, double bytes, Algo algo,
+              const Prediction& pr, double compute, double e0, double overlap, double e1) {
+  json phases = json::array();
+  for (const Phase& ph : pr.phases) {
+    phases.push_back({{"what", ph.what},
+                      {"steps", ph.steps},
+                      {"bytes_per_step", ph.bytes_per_step},
+                      {"link", linkClassName(ph.link)},
+                      {"flows", ph.flows},
+                      {"seconds", ph.seconds}});
+  }
+  json row = {{"config", config},
+              {"gpus", gpus},
+              {"network", net.name},
+              {"params", net.params},
+              {"bytes", bytes},
+              {"algo", algoName(algo)},
+              {"dims", pr.dims},
+              {"steps", pr.steps},
+              {"allreduce_s", pr.seconds},
+              {"compute_s", compute},
+              {"efficiency", e0},
+              {"overlap", overlap},
+              {"efficiency_overlap", e1},
+              {"phases", phases}};
+  return row;
+}
+
 int cmdScale(int argc, char** argv) {
   StatusOr<Args> args = parseArgs(argc, argv, 2,
                                   {"config", "calibration", "gpus", "network", "algo", "compute-ms",
@@ -599,22 +680,8 @@ int cmdScale(int argc, char** argv) {
   const Args& a = *args;
   // With --json - the JSON owns stdout: the table goes to stderr.
   FILE* text = a.has("json") && a.get("json") == "-" ? stderr : stdout;
-  std::vector<std::pair<std::string, Config>> configs;
-  if (a.has("calibration")) {
-    if (a.has("config")) return fail(Status::invalidArgument("give --config or --calibration, not both"));
-    if (!a.has("compute-ms")) return fail(Status::invalidArgument("--calibration needs --compute-ms"));
-    StatusOr<Calibration> cal = loadCalibration(a.get("calibration"));
-    if (!cal.isOk()) return fail(cal.status());
-    const std::string title = "calibration " + a.get("calibration") + ": " + cal->source;
-    configs.push_back({a.get("calibration"), Config{cal->machine, title}});
-  } else {
-    for (const std::string& name : splitList(a.get("config", "2017,h100"))) {
-      StatusOr<Config> c = builtinConfig(name);
-      if (!c.isOk()) return fail(c.status());
-      configs.push_back({name, *c});
-    }
-    if (configs.empty()) return fail(Status::invalidArgument("--config: empty list"));
-  }
+  StatusOr<std::vector<std::pair<std::string, Config>>> configs = scaleConfigs(a);
+  if (!configs.isOk()) return fail(configs.status());
   StatusOr<std::vector<int>> gpus = parseIntList(a.get("gpus", "256,1024,4096"), ',', "--gpus");
   if (!gpus.isOk()) return fail(gpus.status());
   std::vector<Network> networks;
@@ -645,7 +712,7 @@ int cmdScale(int argc, char** argv) {
   // Everything is predicted before anything is printed: a case that cannot be laid out prints nothing.
   std::string table;
   json out = json::array();
-  for (const auto& [cname, cfg] : configs) {
+  for (const auto& [cname, cfg] : *configs) {
     appendf(&table, "\n## %s\n", cfg.summary.c_str());
     appendf(&table, "%6s  %-10s %-9s %-8s %10s %8s %8s   %s\n", "GPUs", "network", "compute", "algo",
             "allreduce", "eff", "eff+ovl", "layout (mdring)");
@@ -671,29 +738,7 @@ int cmdScale(int argc, char** argv) {
           for (size_t i = 0; i < pr->dims.size(); ++i) layout += (i ? "x" : "") + std::to_string(pr->dims[i]);
           appendf(&table, "%6d  %-10s %6.0f ms %-8s %7.2f ms %7.1f%% %7.1f%%   %s\n", p, net.name.c_str(),
                   compute * 1e3, algoName(algo), pr->seconds * 1e3, e0 * 100, e1 * 100, layout.c_str());
-          json phases = json::array();
-          for (const Phase& ph : pr->phases) {
-            phases.push_back({{"what", ph.what},
-                              {"steps", ph.steps},
-                              {"bytes_per_step", ph.bytes_per_step},
-                              {"link", linkClassName(ph.link)},
-                              {"flows", ph.flows},
-                              {"seconds", ph.seconds}});
-          }
-          out.push_back({{"config", cname},
-                         {"gpus", p},
-                         {"network", net.name},
-                         {"params", net.params},
-                         {"bytes", bytes},
-                         {"algo", algoName(algo)},
-                         {"dims", pr->dims},
-                         {"steps", pr->steps},
-                         {"allreduce_s", pr->seconds},
-                         {"compute_s", compute},
-                         {"efficiency", e0},
-                         {"overlap", *overlap},
-                         {"efficiency_overlap", e1},
-                         {"phases", phases}});
+          out.push_back(scaleRow(cname, p, net, bytes, algo, *pr, compute, e0, *overlap, e1));
         }
       }
     }
