@@ -150,12 +150,15 @@ TEST(TuneTable, InsaneRulesAreRefusedNamingTheLine) {
   expect("allreduce * * inf ring 1023", "SEGMENT '1023'");
   expect("allreduce * * inf ring 2G", "SEGMENT '2G'");
   expect("allreduce * * 0 ring 0", "MAX_BYTES '0' is not a byte count above 0");
-  expect("allreduce * x inf ring 0", "topology 'x' has an empty, zero or oversized dim");
+  expect("allreduce * x inf ring 0", "topology 'x' is not a topology: '' is not a positive integer");
   expect("allreduce * 2xx2 inf ring 0", "topology '2xx2'");
   expect("allreduce * 0x4 inf ring 0", "topology '0x4'");
   expect("allreduce * 2x inf ring 0", "topology '2x'");
   expect("allreduce * 99999999 inf ring 0", "topology '99999999'");
-  expect("allreduce * 2x2x2x2x2x2x2x2x2x2x2x2x2x2x2x2x2 inf ring 0", "more than 16 dims");
+  expect("allreduce * 2x2x2x2x2x2x2x2x2x2x2x2x2x2x2x2x2 inf ring 0", "more than 16 dimensions");
+  // The grammar takes these; a rule must be written as ddlCommGetTopology prints, or it would never match.
+  expect("allreduce * 2X2 inf ring 0", "topology '2X2' is not written as ddlCommGetTopology prints it");
+  expect("allreduce * 02x2 inf ring 0", "topology '02x2' is not written as ddlCommGetTopology prints it");
   expect("allreduce 4 2x3 inf ring 0", "topology '2x3' has 6 ranks but the rule is for 4");
   expect("allreduce * * inf ring 0 " + std::string(5000, ' '), "a rule takes at most 4096");
   // What stays valid: 1K segments, 0 (default), a topology for any rank count.

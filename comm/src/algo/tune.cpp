@@ -1,3 +1,4 @@
+// Tuning tables (tune.h): the file format's parser and writer, the built-in table, and rule lookup.
 #include "algo/tune.h"
 
 #include <fcntl.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/topology_dims.h"
 #include "error.h"
 
 namespace ddl {
@@ -57,27 +59,17 @@ bool parseBytes(const std::string& text, size_t* out) {
   return true;
 }
 
-// TOPOLOGY as ddlCommGetTopology prints it: positive dims joined by 'x' ("4", "2x2"), at most 16 of them; with
-// a rank count, their product must be it (a rule that can never match is a mistake in the file).
+// TOPOLOGY as ddlCommGetTopology prints it: ddl's topology grammar (common/topology_dims.h), written as
+// Topology::str() writes it ("2x2", not "2X2" or "02x2": find() compares the text); with a rank count, the dims'
+// product must be it (a rule that can never match is a mistake in the file).
 void checkTopology(const std::string& text, int nranks, const std::string& where) {
   auto bad = [&](const std::string& why) {
     fail(ddlInvalidArgument, where + "topology '" + text + "' " + why + " (expected dims like 2x2 or 4, flat, or *)");
   };
-  long long product = 1;
-  int dims = 0;
-  size_t start = 0;
-  for (size_t i = 0; i <= text.size(); ++i) {
-    if (i < text.size() && text[i] != 'x') {
-      if (text[i] < '0' || text[i] > '9') bad("has a character other than digits and 'x'");
-      continue;
-    }
-    const std::string dim = text.substr(start, i - start);
-    if (dim.empty() || dim.size() > 7 || dim[0] == '0') bad("has an empty, zero or oversized dim");
-    if (++dims > 16) bad("has more than 16 dims");
-    product = std::min(product * std::stoll(dim), 1LL << 31);  // at most 2^31 * 10^7: no overflow
-    start = i + 1;
-  }
-  if (nranks > 0 && product != nranks) {
+  std::vector<int> dims;
+  if (std::string why = parseTopologyDims(text, &dims); !why.empty()) bad("is not a topology: " + why);
+  if (formatTopologyDims(dims) != text) bad("is not written as ddlCommGetTopology prints it");
+  if (const long long product = topologyRanks(dims); nranks > 0 && product != nranks) {
     bad("has " + std::to_string(product) + " ranks but the rule is for " + std::to_string(nranks));
   }
 }
