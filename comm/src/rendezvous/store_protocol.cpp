@@ -1,3 +1,5 @@
+// The rendezvous store's frames and data without sockets (store_protocol.h): parseStoreFrame, the GETMANY
+// encodings, and StoreData's bounded keys and values.
 #include "rendezvous/store_protocol.h"
 
 #include <arpa/inet.h>
@@ -6,7 +8,6 @@
 #include <cstring>
 
 namespace ddl::store_wire {
-namespace {
 
 uint32_t getU32(const char* p) {
   uint32_t n;
@@ -18,6 +19,8 @@ void putU32(std::string* s, uint32_t v) {
   uint32_t n = htonl(v);
   s->append(reinterpret_cast<const char*>(&n), 4);
 }
+
+namespace {
 
 // Reads a u32 length and that many bytes from the front of *in; false when *in is too short.
 bool takeBytes(std::string_view* in, std::string_view* out) {

@@ -85,6 +85,10 @@ bool decodeGetMany(std::string_view value, uint32_t* wait_ms, std::vector<std::s
 std::string encodeValues(const std::vector<const std::string*>& values);
 bool decodeValues(std::string_view payload, size_t expected, std::vector<std::string>* values);
 
+// A u32 on the wire, in network byte order: appended to *s, or read from the 4 bytes at p.
+void putU32(std::string* s, uint32_t v);
+uint32_t getU32(const char* p);
+
 // A key as messages show it: whole when short and printable, else its length.
 std::string shownKey(std::string_view key);
 

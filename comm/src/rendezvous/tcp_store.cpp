@@ -48,7 +48,6 @@
 // a secret refuses such a store (it cannot prove the secret), and a server with one refuses clients without.
 #include "rendezvous/tcp_store.h"
 
-#include <arpa/inet.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -75,15 +74,6 @@ std::string errnoString(int err) {
 
 int pollMs(int64_t ms) { return static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX)); }
 
-void putU32(std::string* s, uint32_t v) {
-  uint32_t n = htonl(v);
-  s->append(reinterpret_cast<const char*>(&n), 4);
-}
-uint32_t getU32(const char* p) {
-  uint32_t n;
-  std::memcpy(&n, p, 4);
-  return ntohl(n);
-}
 std::string encodeI64(int64_t v) {
   std::string s;
   uint64_t u = static_cast<uint64_t>(v);

@@ -1,5 +1,5 @@
 // What the TCP store's two ends share (the server: tcp_store_server.cpp; the client: tcp_store_client.cpp):
-// the frame's integers, the request frame, the handshake's nonces and proofs, and the socket helpers both use.
+// the i64 of ADD, the request frame, the handshake's nonces and proofs, and the socket helpers both use.
 // The wire format and the handshake are described at the top of tcp_store.cpp, which defines these.
 //
 // Threads: plain functions.
@@ -33,9 +33,7 @@ std::string_view bytesOf(const std::array<unsigned char, N>& a) {
 std::string errnoString(int err);
 // Milliseconds for poll(): never negative, never past INT_MAX.
 int pollMs(int64_t ms);
-// Integers on the wire: network byte order.
-void putU32(std::string* s, uint32_t v);
-uint32_t getU32(const char* p);
+// An i64 on the wire: two u32 (putU32, store_protocol.h), the high one first.
 std::string encodeI64(int64_t v);
 int64_t decodeI64(const char* p);
 
