@@ -1,3 +1,5 @@
+// PointToPoint (p2p.h): point-to-point operations queued, posted with their tags (a sequence number per pair,
+// or the user's tag), completed, and failed on a timeout, a dead peer, an abort or a mismatch.
 #include "p2p.h"
 
 #include "dtype.h"

@@ -1,3 +1,5 @@
+// Telemetry (telemetry.h): one datagram per collective to the node agent's socket, when DDL_AGENT_SOCKET names
+// one; never blocking the caller.
 #include "telemetry.h"
 
 #include <fcntl.h>

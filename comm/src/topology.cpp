@@ -1,3 +1,5 @@
+// Topology (topology.h): strides and coordinates of the grid, and DDL_TOPOLOGY read with ddl's topology grammar
+// (common/topology_dims.h) against the rank count.
 #include "topology.h"
 
 #include "common/topology_dims.h"

@@ -1,3 +1,5 @@
+// launchEnvironment (launch_env.h): a rank's rank, world size and rendezvous address from whichever launcher
+// started it (ddl, torchrun, Slurm, Open MPI or PMI), in the header's order.
 #include "rendezvous/launch_env.h"
 
 #include "common/host_port.h"

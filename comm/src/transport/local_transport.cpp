@@ -1,3 +1,5 @@
+// LocalTransport and LocalFabric (local_transport.h): tagged sends and receives between threads, eager below
+// the rendezvous size, with kill() for tests of dead peers.
 #include "transport/local_transport.h"
 
 #include <sched.h>

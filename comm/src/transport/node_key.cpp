@@ -1,3 +1,4 @@
+// localNodeKey (node_key.h): the boot id and the namespaces' inodes that tell which ranks share a node.
 #include "transport/node_key.h"
 
 #include <sys/stat.h>

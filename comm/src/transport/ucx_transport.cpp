@@ -1,3 +1,5 @@
+// UcxTransport (ucx_transport.h): UCX's context, worker and lazy endpoints, the bootstrap record gathered
+// through the store, tagged sends and receives, peer errors, the wakeup fd, and libddl's UCX settings.
 #include "transport/ucx_transport.h"
 
 #include <arpa/inet.h>
