@@ -19,6 +19,10 @@
 // user's tag, kUserTag below, instead), so the two never match each other's receives whatever order they are
 // called in.
 //
+// What these need of the floors around them comes through small interfaces: a Session is the WaitContext of
+// the waits on the node's shared memory (transport/wait_context.h), and the communicator's point-to-point
+// operations, which Sessions move on between their rounds, are a P2PProgress (below; PointToPoint, p2p.h).
+//
 // Threads: a Channel and its Sessions are used by one thread at a time (the communicator serialises its
 // callers); `aborted` may be set from any thread.
 #pragma once

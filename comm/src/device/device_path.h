@@ -1,7 +1,7 @@
 // DevicePath: collectives on GPU device buffers, for one rank of a communicator (Comm owns one where it has a
 // DeviceRuntime: builds with CUDA, or a test's emulation).
 //
-// Comm picks one of three ways for a call whose buffers are device memory:
+// Comm picks one of four ways for a call whose buffers are device memory:
 //  - On one node whose ranks all share memory (Comm's shared-memory path): CUDA IPC. Each rank allocates a
 //    device scratch of ShmNode::buffers() rounds and the other members of the node open it (ipcOffer,
 //    ipcAccept). algo/shm.cpp's allreduce, reduce-scatter, allgather and broadcast then run on it with the
@@ -12,8 +12,8 @@
 //  - Allreduce on several nodes whose ranks share memory (the node is mdring's dim 0): the node's
 //    reduce-scatter and allgather over IPC as above, and in between only this rank's block crosses the
 //    nodes: with wireAllReduce (the GPU folds what arrives) where one dim is above the node, else staged
-//    around mdring's other dims (the CPU reduces). The stream-ordered allreduce there runs the node kernel's
-//    reduce-scatter and allgather instead (stream_path.h) around wireAllReduce.
+//    around mdring's other dims (the CPU reduces). The stream-ordered allreduce there (kernel+wire:
+//    stream_calls.h) runs the node kernel's reduce-scatter and allgather instead, around wireAllReduce.
 //  - Allreduce otherwise: stagedAllReduce, a pipeline of chunks through pinned host memory, each chunk one
 //    host allreduce, so that copies down, the wire and copies up overlap.
 //  - The other collectives otherwise: stage(), whole messages through pinned host memory around the host
