@@ -9,9 +9,10 @@ records where libddl is installed as its run path (ddl.pc's installlibdir), so n
 an installed libddl's own directory; for a build tree, where `cmake --install` of that build puts libddl (its
 CMAKE_INSTALL_PREFIX/lib), never the build tree itself, which a user removes or rebuilds. Where libddl was built with CUDA
 (`pkg-config --variable=cuda ddl` is yes), collectives on CUDA tensors are stream-ordered (torch >= 2.0).
-The CMake build (python/CMakeLists.txt) compiles the same sources for the torches it finds.
+The CMake build (python/CMakeLists.txt) compiles the same sources (every src/*.cpp) for the torches it finds.
 """
 
+import glob
 import os
 import shlex
 import subprocess
@@ -60,7 +61,7 @@ setup(
     ext_modules=[
         CppExtension(
             "torch_ddl._C",
-            ["src/process_group_ddl.cpp", "src/module.cpp"],
+            sorted(glob.glob("src/*.cpp")),  # every source of src/, as python/CMakeLists.txt
             include_dirs=["src"] + includes,
             library_dirs=libdirs,
             libraries=libraries,

@@ -1,6 +1,20 @@
-// ProcessGroupDDL: torch.distributed's backend "ddl" over libddl's C API. One source for two torches: with
-// torch >= 2.0 it is a c10d::Backend, which torch's ProcessGroup routes to for CPU and CUDA tensors; with
-// torch 1.13 (Debian's python3-torch) it is the c10d::ProcessGroup itself.
+// process_group_ddl.h: ProcessGroupDDL, torch.distributed's backend "ddl" over libddl's C API, and
+// NamedProcessGroup, the torch ProcessGroup that names it "ddl" (torch >= 2.1). One source for the torches
+// torch_compat.h names: with torch >= 2.0 ProcessGroupDDL is a c10d::Backend, which torch's ProcessGroup routes
+// to for CPU and CUDA tensors; with torch 1.13 (Debian's python3-torch) it is the c10d::ProcessGroup itself.
+//
+// The class is cut by concern over python/src:
+//   process_group_ddl.cpp  the group's life: rendezvous, the communicator, the worker and its queue, the path
+//                          each call takes (submit), teardown; NamedProcessGroup.
+//   collectives.cpp        each collective as a Call: its argument checks, its host body, its stream body.
+//   staged.h, staged.cpp   the staged path: host bodies on the worker over contiguous (host) buffers.
+//   stream_ordered.cpp     the stream-ordered path: stream bodies enqueued on the group's CUDA stream.
+//   point_to_point.cpp     send, recv and monitored_barrier over libddl's tagged messages.
+//   work.h, work.cpp       the three kinds of Work the calls return.
+//   reduce_ops.h/.cpp      torch's dtypes and ReduceOps as libddl's; PREMUL_SUM.
+//   arguments.h/.cpp       refusals at the call (ValueError) and the list checks collectives share.
+//   torch_compat.h         every difference between the torches, as named features.
+//   module.cpp             torch_ddl._C, the Python side.
 //
 // CPU tensors (and CUDA tensors where the stream-ordered path does not apply): asynchronous like
 // ProcessGroupGloo. Every collective returns at once with a Work whose Future completes when the data is in
@@ -11,71 +25,32 @@
 // mode (poll briefly, then sleep) so that they leave the cores to the training step's threads; DDL_WAIT=spin
 // (or auto) overrides.
 //
-// CUDA tensors, stream-ordered (torch >= 2.10 and a libddl built with CUDA; all of a call's tensors on one
-// GPU), as ProcessGroupNCCL: the group's own CUDA stream (one from torch's pool) waits for the caller's
-// current stream through an event, libddl's *OnStream call is enqueued on it, and the call returns; the host
-// never waits for the GPU. Work.wait() and synchronize() make the caller's current stream wait for the
-// group's; the Future is CUDA-aware (then() callbacks run on streams that wait for it). The tensors are kept
-// by the Work and recorded on the group's stream in torch's caching allocator, so freeing them early is safe.
-// The enqueue runs on the calling thread when nothing is queued ahead of it, else on the worker in call order
-// (wait() then first waits on the host for that enqueue). all_to_all, gather, scatter and send/recv of CUDA
-// tensors go through host memory on the worker. TORCH_DDL_BLOCKING=1 makes the caller wait for the result.
-// A failure found on the GPU later (a dead peer, a timeout) breaks the communicator: the next call, and
-// wait(), raise it. A collective can be captured in a CUDA graph once the group has run one before the
-// capture (libddl maps its peers at the first call); the capture must also take in the Work's wait().
+// CUDA tensors, where TORCH_DDL_STREAM_ORDERED and all of a call's tensors are on one GPU: stream-ordered, as
+// ProcessGroupNCCL (stream_ordered.cpp says how); the host never waits for the GPU. all_to_all, gather,
+// scatter and send/recv of CUDA tensors go through host memory on the worker.
 //
 // Rendezvous: the communicator meets through the store torch built for the group (ddlCommInitRankWithStore),
 // so no port is chosen; every group, new_group's included, is a libddl communicator of its own.
 //
 // Tensors: one tensor per list (one device per process, as NCCL). Reductions map torch's dtypes onto libddl's
-// (bool: SUM is MAX and PRODUCT is MIN, as NCCL does; complex: SUM and AVG on the real view); collectives
-// that only move data move bytes, so they take every dtype. Non-contiguous tensors go through a contiguous
-// copy. ReduceOp.PREMUL_SUM (FSDP's gradient divide factor) multiplies each rank's input by its factor into a
-// new buffer, then sums. Sparse all_reduce is gloo's: gather every rank's indices and values, add, coalesce.
+// (reduce_ops.h); collectives that only move data move bytes, so they take every dtype. Non-contiguous
+// tensors go through a contiguous copy. Sparse all_reduce is gloo's: gather every rank's indices and values,
+// add, coalesce.
 //
 // Errors: a failed libddl call (dead peer, timeout, mismatch, abort) fails the Work with libddl's message,
 // which names the peer rank and host (a timeout's starts "Timed out", as gloo's and NCCL's do); wait() raises
-// it as a RuntimeError in Python. Every libddl wait is
-// bounded by the group's timeout, so nothing hangs. The communicator is unusable after the first error.
+// it as a RuntimeError in Python. Every libddl wait is bounded by the group's timeout, so nothing hangs. The
+// communicator is unusable after the first error. Bad arguments raise ValueError at the call (arguments.h).
 //
-// Point-to-point: libddl's tagged sends and receives (ddlIsendTagged, ddlIrecvTagged): a receive takes the
-// first message of its tag from its peer, or from any rank (recv without src: the Work's source rank is the
-// sender), as gloo's; messages of one pair and tag keep their order. It bypasses the queue: libddl takes them
-// from any thread and moves them on by itself. monitored_barrier is gloo's protocol over tagged messages with
-// tags of torch_ddl's own (kMonitoredBarrierTags, refused to users).
+// Point-to-point bypasses the queue: libddl takes tagged sends and receives from any thread and moves them on
+// by itself (point_to_point.cpp).
 //
 // Threads: the public methods are called by torch from any thread; entries run on worker_ in order, and the
 // Futures' callbacks (DDP's, comm hooks, then()) of CPU collectives run there too, as with ProcessGroupGloo:
 // a callback must not wait for another collective of the same group.
 #pragma once
 
-#include <torch/version.h>
-#define TORCH_DDL_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
-#if TORCH_VERSION_MAJOR >= 2
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#define TORCH_DDL_BACKEND 1
-#else
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#define TORCH_DDL_BACKEND 0
-#endif
-#include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
-
-// torch >= 2.1: NamedProcessGroup (below) gives the group its name.
-#define TORCH_DDL_NAMED_GROUP TORCH_DDL_AT_LEAST(2, 1)
-
-// CUDA tensors stream-ordered: torch's generic stream API (c10::Stream::native_handle, torch >= 2.10) and a
-// libddl that takes CUDA streams. Older torch 2.x stage CUDA tensors through host memory, as torch 1.13 does.
-#if TORCH_DDL_AT_LEAST(2, 10) && defined(DDL_LIBDDL_CUDA)
-#define TORCH_DDL_STREAM_ORDERED 1
-#include <c10/core/Event.h>
-#include <c10/core/Stream.h>
-#include <optional>
-#else
-#define TORCH_DDL_STREAM_ORDERED 0
-#endif
+#include "torch_compat.h"
 
 #include <atomic>
 #include <chrono>
@@ -90,108 +65,9 @@
 #include <vector>
 
 #include "ddl/ddl.h"
+#include "work.h"
 
 namespace torch_ddl {
-
-#if TORCH_DDL_BACKEND
-using GroupBase = c10d::Backend;
-#else
-using GroupBase = c10d::ProcessGroup;
-#endif
-
-// The communicator as the Works see it: a Work may outlive its group, so it asks for the communicator's
-// async error through this, which the group empties (under mu) before destroying the communicator.
-struct CommRef {
-  std::mutex mu;
-  ddlComm_t comm = nullptr;
-  // Any thread: libddl's message when the communicator is broken (a dead peer, a timeout, an abort), else "".
-  std::string asyncError();
-};
-
-// The Work of one collective on the worker: completed by it; its Future holds the output tensors.
-class CollectiveWork : public c10d::Work {
- public:
-  CollectiveWork(int rank, c10d::OpType type, const char* profiling_title, std::vector<at::Tensor> outputs,
-                 const c10::optional<std::vector<at::Tensor>>& inputs);
-  std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  // On the worker: marks the Work done (or failed) and completes the Future, which runs its callbacks.
-  void complete(std::exception_ptr error);
-
- private:
-  std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
-#if TORCH_DDL_STREAM_ORDERED
-// The Work of a stream-ordered collective: enqueued on the group's stream (launched), done once that stream
-// passes its event. See the header comment.
-class StreamWork : public c10d::Work {
- public:
-  StreamWork(int rank, c10d::OpType type, const char* profiling_title, std::vector<at::Tensor> outputs,
-             std::vector<at::Tensor> inputs, c10::Device device, std::shared_ptr<CommRef> comm, bool blocking);
-  // On the thread that enqueued it, the group's stream current: records the done event, completes the Future.
-  void launched(const c10::Stream& stream);
-  // The enqueue failed: the Work fails with error.
-  void failed(std::exception_ptr error);
-
-  bool isCompleted() override;
-  bool isSuccess() const override;
-  std::exception_ptr exception() const override;
-  // The caller's current stream waits for the collective (the host does not, unless TORCH_DDL_BLOCKING=1).
-  void synchronize() override;
-  bool wait(std::chrono::milliseconds timeout) override;
-  std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-
- private:
-  // Waits on the host until launched or failed (at once when run on the caller's thread); rethrows a failure.
-  void awaitLaunch(std::chrono::milliseconds timeout) const;
-
-  std::vector<at::Tensor> outputs_;
-  std::vector<at::Tensor> inputs_;  // kept until the Work goes (the GPU may still read them)
-  c10::Device device_;
-  std::shared_ptr<CommRef> comm_;
-  bool blocking_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool settled_ = false;  // launched or failed
-  std::exception_ptr error_;
-  std::optional<c10::Event> done_;
-};
-#endif
-
-// One pending send or receive, shared by its Work and the process group (which waits for what is still
-// pending when it goes, so that no buffer is freed under libddl).
-struct P2PState {
-  std::mutex mu;
-  ddlRequest_t request = nullptr;  // null once finished
-  ddlResult_t result = ddlSuccess;
-  std::string error;
-  at::Tensor tensor;   // the user's tensor
-  at::Tensor staged;   // the contiguous (host) buffer libddl reads or writes, when not the tensor itself
-  bool copy_back = false;  // a receive into staged: copied into tensor once done
-  bool is_recv = false;
-  int source = -1;     // a receive: the sender's rank, written by libddl before the request is done
-  // Finishes the request when done (wait: blocking); true once finished.
-  bool settle(bool wait);
-};
-
-class P2PWork : public c10d::Work {
- public:
-  P2PWork(int rank, c10d::OpType type, std::shared_ptr<P2PState> state);
-  bool isCompleted() override;
-  bool isSuccess() const override;
-  std::exception_ptr exception() const override;
-  bool wait(std::chrono::milliseconds timeout) override;
-  std::vector<at::Tensor> result() override { return {state_->tensor}; }
-  // A finished receive: the rank its message came from (recv from any source asks).
-  int sourceRank() const override;
-
- private:
-  std::shared_ptr<P2PState> state_;
-};
 
 // One collective as the group runs it: on the worker through host memory (host), or, where every tensor is
 // on one CUDA device and libddl takes streams, enqueued on the group's stream (stream, the stream current).
@@ -255,7 +131,7 @@ class ProcessGroupDDL : public GroupBase {
   // up by every collective, as gloo's.
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
-#if TORCH_DDL_AT_LEAST(2, 1)
+#if TORCH_DDL_SPARSE_HOOK
   // torch >= 2.1 asks a backend for sparse all_reduce here (gloo's algorithm: see allreduce).
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override {
@@ -274,7 +150,7 @@ class ProcessGroupDDL : public GroupBase {
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
 #endif
-#if TORCH_DDL_AT_LEAST(2, 7)  // Backend::shutdown and abort (destroy_process_group, _abort_process_group)
+#if TORCH_DDL_SHUTDOWN  // Backend::shutdown and abort (destroy_process_group, _abort_process_group)
   void shutdown() override { close(); }
   void abort() override;
 #endif
@@ -294,9 +170,9 @@ class ProcessGroupDDL : public GroupBase {
     std::function<void()> run;                         // throws on failure
     std::function<void(std::exception_ptr)> finish;    // after run, with its failure or null
   };
+  // process_group_ddl.cpp: the group's life and its queue.
   // Runs call as one Work: stream-ordered where call.stream is set and its tensors allow, else on the worker.
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title, Call call);
-  c10::intrusive_ptr<c10d::Work> submitHost(c10d::OpType type, const char* title, Call call);
   // Queues entry (or runs it now: blocking mode, or here_ok with nothing queued or running).
   void enqueue(Entry entry, bool here_ok);
   void workerLoop();
@@ -305,23 +181,33 @@ class ProcessGroupDDL : public GroupBase {
   void close();
   // Throws a std::runtime_error with libddl's message when r is not ddlSuccess.
   void check(ddlResult_t r, const char* what) const;
-  c10::intrusive_ptr<c10d::Work> p2p(std::vector<at::Tensor>& tensors, int peer, int tag, bool is_recv);
-  // Sends or receives one int64 with a tag of torch_ddl's own (monitoredBarrier).
-  std::shared_ptr<P2PState> controlMessage(int peer, int tag, bool is_recv);
-  // Sparse all_reduce (SUM): gloo's algorithm over libddl's allgather.
-  Call sparseAllreduce(const at::Tensor& tensor, const c10d::AllreduceOptions& opts);
-  void reapP2P(bool wait_all);
-  // The calls behind the public collectives, so that the coalesced forms can run several as one Work.
-  Call allgatherIntoTensor(const at::Tensor& output, const at::Tensor& input, const char* what);
-  Call reduceScatterTensor(const at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,
-                           const char* what);
-  static Call combine(std::vector<Call> calls);
+
+  // staged.cpp: call.host on the worker, after the streams that produce its CUDA tensors.
+  c10::intrusive_ptr<c10d::Work> submitHost(c10d::OpType type, const char* title, Call call);
+
 #if TORCH_DDL_STREAM_ORDERED
+  // stream_ordered.cpp: call.stream enqueued on the group's stream.
   c10::intrusive_ptr<c10d::Work> submitStream(c10d::OpType type, const char* title, Call call, c10::Device device);
   c10::Stream streamFor(c10::Device device);
   std::mutex stream_mu_;
   std::optional<c10::Stream> stream_;  // the group's stream (one device per process)
 #endif
+
+  // collectives.cpp: the calls behind the public collectives, so that the coalesced forms can run several as
+  // one Work.
+  Call allgatherIntoTensor(const at::Tensor& output, const at::Tensor& input, const char* what);
+  Call reduceScatterTensor(const at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,
+                           const char* what);
+  // Sparse all_reduce (SUM): gloo's algorithm over libddl's allgather.
+  Call sparseAllreduce(const at::Tensor& tensor, const c10d::AllreduceOptions& opts);
+  static Call combine(std::vector<Call> calls);
+
+  // point_to_point.cpp.
+  c10::intrusive_ptr<c10d::Work> p2p(std::vector<at::Tensor>& tensors, int peer, int tag, bool is_recv);
+  // Sends or receives one int64 with a tag of torch_ddl's own (monitoredBarrier).
+  std::shared_ptr<P2PState> controlMessage(int peer, int tag, bool is_recv);
+  // Finishes the sends and receives that are done (wait_all: waits for all of them).
+  void reapP2P(bool wait_all);
 
   ddlComm_t comm_ = nullptr;
   std::shared_ptr<CommRef> comm_ref_ = std::make_shared<CommRef>();
