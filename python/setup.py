@@ -8,19 +8,23 @@ latter two), or from DDL_PREFIX (<prefix>/include/ddl/ddl.h and <prefix>/lib/lib
 records where libddl is installed as its run path (ddl.pc's installlibdir), so no LD_LIBRARY_PATH is needed:
 an installed libddl's own directory; for a build tree, where `cmake --install` of that build puts libddl (its
 CMAKE_INSTALL_PREFIX/lib), never the build tree itself, which a user removes or rebuilds. Where libddl was built with CUDA
-(`pkg-config --variable=cuda ddl` is yes), collectives on CUDA tensors are stream-ordered (torch >= 2.0).
+(`pkg-config --variable=cuda ddl` is yes), collectives on CUDA tensors are stream-ordered (torch >= 2.10).
 The CMake build (python/CMakeLists.txt) compiles the same sources (every src/*.cpp) for the torches it finds.
+Like it, the build records the torch it is for in torch_ddl/_built_for.py, which `import torch_ddl` checks.
 """
 
 import glob
 import os
 import shlex
 import subprocess
+import sys
 
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import torch_probe  # noqa: E402  (python/torch_probe.py: what this torch is, as the CMake build reads it)
 
 
 def pkg_config(*args):
@@ -53,6 +57,17 @@ def libddl():
     return includes, libdirs, names, runpath, cuda
 
 
+class BuildExtensionRecorded(BuildExtension):
+    """torch's BuildExtension, which then writes torch_ddl/_built_for.py next to the extension: the torch it
+    was built for, which `import torch_ddl` checks before it loads the extension (torch_ddl/_abi.py)."""
+
+    def run(self):
+        super().run()
+        package = os.path.dirname(self.get_ext_fullpath("torch_ddl._C"))
+        torch_probe.write_record(os.path.join(package, "_built_for.py"), torch_probe.torch_build_info(),
+                                 os.path.dirname(HERE))
+
+
 includes, libdirs, libraries, runpath, cuda = libddl()
 setup(
     name="torch-ddl",
@@ -70,5 +85,5 @@ setup(
             extra_compile_args=["-std=c++17", "-Wno-unused-parameter"],
         )
     ],
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildExtensionRecorded},
 )

@@ -4,16 +4,56 @@ Run by python/CMakeLists.txt once per interpreter (Debian's /usr/bin/python3 wit
 2.x) and by setup.py's build. Reads torch's own answers instead of TorchConfig.cmake, so that several torches
 can be built for in one CMake tree. Exits non-zero with one line on stderr when this interpreter cannot
 build it (no torch, no torch.distributed, no Python headers, no pybind11).
+
+What it reads of the torch a build is for (BUILT_FOR: torch_ddl/_abi.py's describe(); PYBIND11) goes into the
+built package's torch_ddl/_built_for.py, which `import torch_ddl` checks: CMake fills built_for.py.in with
+configure_file, setup.py with write_record() below.
 """
 
+import importlib.util
 import os
+import re
 import sys
 import sysconfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def fail(why):
     sys.stderr.write(why + "\n")
     sys.exit(1)
+
+
+def abi_module():
+    """torch_ddl/_abi.py, loaded by its path (importing the package would load the extension)."""
+    spec = importlib.util.spec_from_file_location("torch_ddl_abi", os.path.join(HERE, "torch_ddl", "_abi.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pybind11_version(include):
+    """The version of the pybind11 headers in include, as "3.0.1" (empty where they do not say)."""
+    try:
+        with open(os.path.join(include, "pybind11", "detail", "common.h")) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    parts = [re.search(r"#\s*define\s+PYBIND11_VERSION_%s\s+(\d+)" % p, text) for p in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(m.group(1) for m in parts) if all(parts) else ""
+
+
+def write_record(path, info, source_dir):
+    """Writes torch_ddl/_built_for.py at path for setup.py's build, from info (torch_build_info()) and the
+    template python/CMakeLists.txt fills for its own builds."""
+    with open(os.path.join(HERE, "built_for.py.in")) as f:
+        text = f.read()
+    for key, value in (("BUILT_FOR", info["BUILT_FOR"]), ("PYBIND11", info["PYBIND11"]), ("BUILT_BY", "setup.py"),
+                       ("SOURCE_DIR", source_dir), ("PACKAGE_DIR", ""), ("BUILD_DIR", ""), ("TORCH_PYTHONS", ""),
+                       ("SIBLINGS", "")):
+        text = text.replace("@%s@" % key, value)
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def torch_build_info():
@@ -43,6 +83,7 @@ def torch_build_info():
     python_include = sysconfig.get_paths()["include"]
     if not os.path.isfile(os.path.join(python_include, "Python.h")):
         fail("no Python headers in %s (install python3-dev)" % python_include)
+    built_for = abi_module().describe(torch)
     version = torch.__version__.split("+")[0]
     major, minor = (int(x) for x in version.split(".")[:2])
     return {
@@ -53,9 +94,11 @@ def torch_build_info():
         "PYBIND11_INCLUDE": pybind11_include,
         "PYTHON_INCLUDE": python_include,
         "LIB_DIRS": ";".join(ext.library_paths()),
-        "CXX11_ABI": "1" if torch._C._GLIBCXX_USE_CXX11_ABI else "0",
+        "CXX11_ABI": "1" if built_for["cxx11_abi"] else "0",
         "EXT_SUFFIX": sysconfig.get_config_var("EXT_SUFFIX"),
         "CUDA": "1" if torch.version.cuda else "0",
+        "BUILT_FOR": repr(built_for),
+        "PYBIND11": pybind11_version(pybind11_include),
     }
 
 

@@ -10,14 +10,28 @@ NCCL's: enqueued on a CUDA stream of the group's, they return at once, and Work.
 wait without blocking the host. Errors (a dead peer, a timeout, ranks calling different collectives) raise
 RuntimeError naming the peer rank and host, within the group's timeout. TORCH_DDL_BLOCKING=1 runs each
 collective on the calling thread and waits for its result instead.
+
+A torch_ddl runs only in the torch it was built for: imported into another, it raises ImportError naming both
+torches and the command that builds the right one (_abi.py).
 """
 
 import inspect
+import os
+import sys
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 import torch.distributed as dist
 
-from . import _C
+from . import _abi
+
+try:
+    from . import _built_for
+except ImportError:
+    _built_for = None
+# Before the extension loads: one built for another torch refuses here, naming both (it would crash later).
+_abi.check(torch, _built_for, sys.executable, os.path.dirname(os.path.abspath(__file__)))
+
+from . import _C  # noqa: E402
 from ._C import ProcessGroupDDL, libddl_version
 
 __all__ = ["ProcessGroupDDL", "libddl_version", "BACKEND"]

@@ -3,8 +3,9 @@
 # package would (`cmake --install BUILD --component libddl --prefix TMP`), then `pip install --no-build-isolation`
 # of a copy of python/ with PKG_CONFIG_PATH=TMP/lib/pkgconfig, into a folder of its own, by the interpreter of a
 # torch (the torch 2.x venv). Checks that the extension loads TMP's libddl.so.0 with no LD_LIBRARY_PATH, that one
-# built against the build tree's ddl.pc has no run path into the build tree (but libddl's install dir), and
-# that 2 ranks importing the first pass tests/torch's collectives scenario.
+# built against the build tree's ddl.pc has no run path into the build tree (but libddl's install dir), that
+# it records the torch it was built for (another torch's import refuses it), and that 2 ranks importing the
+# first pass tests/torch's collectives scenario.
 #
 # Usage: pip_test.sh SOURCE_DIR BUILD_DIR PYTHON   (BUILD_DIR built: libddl)
 # Exit status: 0 passed, 1 failed, 77 skipped (PYTHON has no torch or pip; the reason is printed).
@@ -59,6 +60,24 @@ runpath=$(readelf -d "$ext_tree" | grep -E '\((RUN)?PATH\)' || true)
 want=$(PKG_CONFIG_PATH=$BUILD/pkgconfig pkg-config --variable=installlibdir ddl)
 [[ $runpath != *"$BUILD"* ]] || fail "the extension's run path points into the build tree: $runpath"
 [[ -n $want && $runpath == *"[$want"* ]] || fail "the extension's run path is not libddl's install dir $want: $runpath"
+
+# pip's build records its torch as the CMake build does (torch_ddl/_built_for.py), and another torch (Debian's
+# /usr/bin/python3, where its torch is another) refuses it naming both and pip.
+[[ -f $tmp/site/torch_ddl/_built_for.py ]] || fail "pip's build wrote no torch_ddl/_built_for.py"
+grep -q '^BUILT_BY = "setup.py"$' "$tmp/site/torch_ddl/_built_for.py" ||
+  fail "_built_for.py: $(cat "$tmp/site/torch_ddl/_built_for.py")"
+have=$("$PY" -c 'import torch; print(torch.__version__)')
+other=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+if [[ -n $other && $other != "$have" ]]; then
+  log "torch $other (/usr/bin/python3) refuses the build for torch $have"
+  if PYTHONPATH=$tmp/site /usr/bin/python3 -c 'import torch_ddl' >"$tmp/other.log" 2>&1; then
+    fail "/usr/bin/python3 (torch $other) imported the torch_ddl built for torch $have"
+  fi
+  grep -q "ImportError: torch_ddl in .* was built for torch $have .* runs torch $other .*pip install" \
+    "$tmp/other.log" || { cat "$tmp/other.log"; fail "the ImportError does not name both torches and pip"; }
+else
+  log "no other torch in /usr/bin/python3: the refusal is not tried"
+fi
 
 log "2 ranks of the collectives scenario importing the installed torch_ddl"
 PYTHONPATH=$tmp/site DDL_TEST_PYTHON=$PY timeout 300 "$PY" "$SRC/tests/torch/harness.py" 2 collectives \
