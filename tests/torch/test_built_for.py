@@ -66,7 +66,7 @@ class BuiltFor(unittest.TestCase):
         cls.builds = [b for b in (Build(e) for e in entries) if b.torch]
         if len({b.torch for b in cls.builds}) < 2:
             raise unittest.SkipTest(
-                "needs torch_ddl built for two torches (Debian's python3-torch and the .venv/torch2 that "
+                "needs torch_ddl built for two torches (the python3-torch of Debian and the .venv/torch2 that "
                 "scripts/bootstrap makes); this tree built for: %s" % (cls.builds or "none"))
 
     def pairs(self):
