@@ -139,31 +139,9 @@ ProcSample sampleProc(pid_t pid) {
   return s;
 }
 
-// GET http://HOST:PORT/path over plain HTTP/1.0 (the coordinator's dashboard on loopback needs no token); the body or "".
+// GET http://HOST:PORT/path (the coordinator's dashboard on loopback needs no token): the body, or "".
 std::string httpGet(const std::string& host_port, const std::string& path) {
-  const size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::atoi(host_port.c_str() + colon + 1)));
-  if (inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr) != 1) return "";
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return "";
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: " + host_port + "\r\n\r\n";
-    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[65536];
-      for (int i = 0; i < 10000; ++i) {
-        ssize_t n = read(fd, buf, sizeof buf);
-        if (n <= 0) break;
-        out.append(buf, static_cast<size_t>(n));
-      }
-    }
-  }
-  close(fd);
+  const std::string out = ddl::e2e::httpGet(host_port, path);
   const size_t body = out.find("\r\n\r\n");
   return body == std::string::npos ? "" : out.substr(body + 4);
 }
