@@ -119,10 +119,15 @@ Stats timeIt(const std::string& name, int runs, const std::function<void()>& f) 
 
 }  // namespace
 
-int main(int argc, char** argv) {
+struct Args {
   int runs = 100, queueRuns = 10, nodes = 1000, cpusPerRank = 0;
   uint32_t seed = 42;
   const char* jsonPath = nullptr;
+};
+
+// The command line; exits with 2 on a mistake.
+Args parseArgs(int argc, char** argv) {
+  Args a;
   for (int i = 1; i < argc; ++i) {
     auto value = [&]() -> const char* {
       if (i + 1 >= argc) {
@@ -132,26 +137,33 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (!std::strcmp(argv[i], "--runs"))
-      runs = std::max(1, std::atoi(value()));
+      a.runs = std::max(1, std::atoi(value()));
     else if (!std::strcmp(argv[i], "--queue-runs"))
-      queueRuns = std::max(1, std::atoi(value()));
+      a.queueRuns = std::max(1, std::atoi(value()));
     else if (!std::strcmp(argv[i], "--seed"))
-      seed = static_cast<uint32_t>(std::strtoul(value(), nullptr, 10));
+      a.seed = static_cast<uint32_t>(std::strtoul(value(), nullptr, 10));
     else if (!std::strcmp(argv[i], "--nodes"))
-      nodes = std::clamp(std::atoi(value()), 64, 100000);
+      a.nodes = std::clamp(std::atoi(value()), 64, 100000);
     else if (!std::strcmp(argv[i], "--json"))
-      jsonPath = value();
+      a.jsonPath = value();
     else if (!std::strcmp(argv[i], "--cpus-per-rank"))
-      cpusPerRank = std::clamp(std::atoi(value()), 0, 16);
+      a.cpusPerRank = std::clamp(std::atoi(value()), 0, 16);
     else {
       std::fprintf(
           stderr,
           "usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--seed S] [--cpus-per-rank C] "
           "[--json FILE]\n");
-      return 2;
+      std::exit(2);
     }
   }
+  return a;
+}
 
+int main(int argc, char** argv) {
+  const Args args = parseArgs(argc, argv);
+  const int runs = args.runs, queueRuns = args.queueRuns, nodes = args.nodes, cpusPerRank = args.cpusPerRank;
+  const uint32_t seed = args.seed;
+  const char* jsonPath = args.jsonPath;
   const Cluster cluster = makeCluster(seed, nodes, cpusPerRank);
   int up = 0, draining = 0, down = 0, freeGpus = 0, wholeFree = 0;
   for (const Node& n : cluster.nodes) {

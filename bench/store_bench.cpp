@@ -215,6 +215,55 @@ BatchResult benchBatches(
   return r;
 }
 
+// The listing figures over SQLite: list_jobs jobs, 100 of them SCHEDULED, read all and by state.
+std::vector<ListResult> benchListing(const fs::path& dir, int list_jobs) {
+  std::vector<ListResult> list_results;
+  auto store = openStore(dir, "list", {});
+  std::printf("# filling %d jobs for the list benchmark...\n", list_jobs);
+  std::fflush(stdout);
+  benchSubmits(*store, 1, list_jobs);
+  for (int i = 1; i <= 100; ++i) {
+    auto r = store->transition(ddl::state::formatJobId(i * (list_jobs / 100)),
+                               ddl::state::JobState::kScheduled, "bench");
+    if (!r.isOk()) {
+      std::fprintf(stderr, "%s\n", r.status().toString().c_str());
+      std::exit(1);
+    }
+  }
+  list_results.push_back(benchList(*store, "all", {}, 20));
+  list_results.push_back(benchList(*store, "state=SCHEDULED", {{ddl::state::JobState::kScheduled}, {}}, 50));
+  return list_results;
+}
+
+// The figures as JSON in `path`; false (said on stderr) when it cannot be written.
+bool writeJson(const std::string& path, bool on_etcd, const BatchResult& batched,
+               const std::vector<SubmitResult>& submit_results, const std::vector<ListResult>& list_results,
+               int list_jobs) {
+  std::ofstream out(path);
+  out << "{\n  \"store\": \"" << (on_etcd ? "etcd" : "sqlite") << "\""
+      << (on_etcd ? "" : ", \"journal_mode\": \"wal\", \"synchronous\": \"full\"")
+      << ",\n  \"batched\": {\"batch\": " << batched.batch << ", \"batches\": " << batched.batches
+      << ", \"median_ms\": " << batched.median_ms << ", \"p99_ms\": " << batched.p99_ms
+      << ", \"jobs_per_s\": " << batched.jobs_per_second
+      << ", \"requests_per_batch\": " << batched.requests_per_batch << "},\n  \"submit\": [\n";
+  for (size_t i = 0; i < submit_results.size(); ++i) {
+    const auto& r = submit_results[i];
+    out << "    {\"threads\": " << r.threads << ", \"submits\": " << r.submits
+        << ", \"median_us\": " << r.median_us << ", \"p99_us\": " << r.p99_us
+        << ", \"submits_per_s\": " << r.per_second << "}" << (i + 1 < submit_results.size() ? ",\n" : "\n");
+  }
+  out << "  ],\n  \"list\": [\n";
+  for (size_t i = 0; i < list_results.size(); ++i) {
+    const auto& r = list_results[i];
+    out << "    {\"filter\": \"" << r.what << "\", \"total_jobs\": " << list_jobs
+        << ", \"jobs_returned\": " << r.jobs_returned << ", \"median_us\": " << r.median_us
+        << ", \"p99_us\": " << r.p99_us << "}" << (i + 1 < list_results.size() ? ",\n" : "\n");
+  }
+  out << "  ]\n}\n";
+  if (!out) std::fprintf(stderr, "cannot write %s\n", path.c_str());
+  return static_cast<bool>(out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -313,24 +362,8 @@ int main(int argc, char** argv) {
   std::printf("%-8d %8d %14.2f %14.2f %12.0f %14.2f\n", batched.batch, batched.batches, batched.median_ms,
               batched.p99_ms, batched.jobs_per_second, batched.requests_per_batch);
 
-  std::vector<ListResult> list_results;
-  if (etcd.empty()) {
-    auto store = openStore(dir, "list", etcd);
-    std::printf("# filling %d jobs for the list benchmark...\n", list_jobs);
-    std::fflush(stdout);
-    benchSubmits(*store, 1, list_jobs);
-    for (int i = 1; i <= 100; ++i) {
-      auto r = store->transition(ddl::state::formatJobId(i * (list_jobs / 100)),
-                                 ddl::state::JobState::kScheduled, "bench");
-      if (!r.isOk()) {
-        std::fprintf(stderr, "%s\n", r.status().toString().c_str());
-        return 1;
-      }
-    }
-    list_results.push_back(benchList(*store, "all", {}, 20));
-    list_results.push_back(
-        benchList(*store, "state=SCHEDULED", {{ddl::state::JobState::kScheduled}, {}}, 50));
-  }
+  const std::vector<ListResult> list_results =
+      etcd.empty() ? benchListing(dir, list_jobs) : std::vector<ListResult>{};
   std::printf("%-16s %8s %14s %14s\n", "list", "jobs", "median_us", "p99_us");
   for (const auto& r : list_results) {
     std::printf("%-16s %8zu %14.1f %14.1f\n", r.what.c_str(), r.jobs_returned, r.median_us, r.p99_us);
@@ -339,32 +372,8 @@ int main(int argc, char** argv) {
   std::error_code ec;
   fs::remove_all(dir, ec);
 
-  if (!json_path.empty()) {
-    std::ofstream out(json_path);
-    out << "{\n  \"store\": \"" << (etcd.empty() ? "sqlite" : "etcd") << "\""
-        << (etcd.empty() ? ", \"journal_mode\": \"wal\", \"synchronous\": \"full\"" : "")
-        << ",\n  \"batched\": {\"batch\": " << batched.batch << ", \"batches\": " << batched.batches
-        << ", \"median_ms\": " << batched.median_ms << ", \"p99_ms\": " << batched.p99_ms
-        << ", \"jobs_per_s\": " << batched.jobs_per_second
-        << ", \"requests_per_batch\": " << batched.requests_per_batch << "},\n  \"submit\": [\n";
-    for (size_t i = 0; i < submit_results.size(); ++i) {
-      const auto& r = submit_results[i];
-      out << "    {\"threads\": " << r.threads << ", \"submits\": " << r.submits
-          << ", \"median_us\": " << r.median_us << ", \"p99_us\": " << r.p99_us
-          << ", \"submits_per_s\": " << r.per_second << "}" << (i + 1 < submit_results.size() ? ",\n" : "\n");
-    }
-    out << "  ],\n  \"list\": [\n";
-    for (size_t i = 0; i < list_results.size(); ++i) {
-      const auto& r = list_results[i];
-      out << "    {\"filter\": \"" << r.what << "\", \"total_jobs\": " << list_jobs
-          << ", \"jobs_returned\": " << r.jobs_returned << ", \"median_us\": " << r.median_us
-          << ", \"p99_us\": " << r.p99_us << "}" << (i + 1 < list_results.size() ? ",\n" : "\n");
-    }
-    out << "  ]\n}\n";
-    if (!out) {
-      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-  }
+  if (!json_path.empty() &&
+      !writeJson(json_path, !etcd.empty(), batched, submit_results, list_results, list_jobs))
+    return 1;
   return 0;
 }
