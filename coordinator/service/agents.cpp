@@ -1,6 +1,8 @@
-// The Coordinator's node registry and the agents' side: registration, the agent's stream, heartbeats, rank
-// reports, the GPUs, CPUs and memory in use per node, and the cluster snapshot placement works on. See
-// coordinator.h for the whole object; the other parts are in coordinator.cpp and user_calls.cpp.
+// The job side of the agents' calls: what a registration, a heartbeat or a rank event means for jobs (ranks
+// reconciled, stale ranks stopped, jobs of lost nodes failed or requeued), and what the jobs hold on each
+// node (the usage and the snapshot placement works on). The nodes themselves are the NodeRegistry's
+// (node_registry.h). See coordinator.h for the whole object; the other parts are in coordinator.cpp and
+// user_calls.cpp.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -28,12 +30,6 @@
 namespace ddl::coordinator {
 namespace {
 
-bool isValidName(const std::string& name) {
-  if (name.empty() || name.size() > 253) return false;
-  return std::all_of(name.begin(), name.end(),
-                     [](unsigned char c) { return std::isalnum(c) || c == '-' || c == '_' || c == '.'; });
-}
-
 std::string describeExit(const v1::RankStatus& r) {
   if (r.has_signal()) {
     const char* name = signalAbbrev(r.signal());
@@ -52,32 +48,13 @@ std::string describeExit(const v1::RankStatus& r) {
 // ---- Nodes and agents
 // ----------------------------------------------------------------------------------------
 
-void Coordinator::checkHeartbeatsOnLoop(int64_t now) {
-  for (auto& [name, node] : nodes_) {
-    if (node.record.state == state::NodeState::kDown) continue;
-    if (now - node.last_seen_ms <= options_.heartbeat_grace_ms) continue;
-    const std::string reason = "node_lost: node " + name + " sent no heartbeat for " +
-                               secondsText(now - node.last_seen_ms) + " (grace " +
-                               secondsText(options_.heartbeat_grace_ms) + ")";
-    spdlog::warn("{}; marking it DOWN", reason);
-    node.record.state = state::NodeState::kDown;
-    putNodeOnLoop(node.record);
-    if (node.link) node.link->close();
-    node.link.reset();
-    node.outbox.clear();
-    loseNodeJobsOnLoop(name, reason);
-    node.ranks.clear();
-    schedule_wanted_ = true;
-  }
-}
-
 void Coordinator::sweepLostJobsOnLoop() {
   std::vector<std::pair<std::string, std::string>> victims;  // (job, node)
   for (const auto& [id, job] : jobs_) {
     if (!isLive(job.state)) continue;
     for (const auto& a : job.allocation) {
-      auto node = nodes_.find(a.node);
-      if (node == nodes_.end() || node->second.record.state == state::NodeState::kDown) {
+      const Node* node = registry_->find(a.node);
+      if (!node || node->record.state == state::NodeState::kDown) {
         victims.emplace_back(id, a.node);
         break;
       }
@@ -127,85 +104,9 @@ void Coordinator::registerAgent(const v1::RegisterRequest& req,
 }
 
 StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::RegisterRequest& req) {
-  if (!isValidName(req.node())) {
-    return Status::invalidArgument("register: node name '" + req.node() +
-                                   "' is empty or has characters other than letters, digits, '-', '_', '.'");
-  }
-  if (req.address().empty())
-    return Status::invalidArgument("register: node " + req.node() + " gave no address");
-  for (int i = 0; i < req.gpus_size(); ++i) {
-    if (req.gpus(i).index() != i) {
-      return Status::invalidArgument("register: node " + req.node() + ": GPU " + std::to_string(i) +
-                                     " has index " + std::to_string(req.gpus(i).index()) +
-                                     "; list GPUs by index 0..n-1");
-    }
-  }
-  std::vector<int> cpus(req.cpus().begin(), req.cpus().end());
-  std::sort(cpus.begin(), cpus.end());
-  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
-  if (!cpus.empty() && (cpus.front() < 0 || cpus.back() > kMaxCpuId))
-    return Status::invalidArgument("register: node " + req.node() + ": CPU ids must lie in 0-" +
-                                   std::to_string(kMaxCpuId));
-  if (req.memory_bytes() < 0)
-    return Status::invalidArgument("register: node " + req.node() + ": negative memory");
-  int first = req.port_first(), last = req.port_last();
-  if (first == 0 && last == 0) {
-    first = options_.port_first;
-    last = options_.port_last;
-  } else if (first < 1024 || last > 65535 || last <= first) {
-    return Status::invalidArgument("register: node " + req.node() + ": port range " + std::to_string(first) +
-                                   "-" + std::to_string(last) + " must lie in 1024-65535 and hold 2 ports");
-  }
-
-  const int64_t now = now_ms_();
-  // Another live agent already holds this node (its stream is attached, or it registered moments ago and is
-  // about to attach): a second ddl-agent with the same --node, a cloned machine or a copied certificate.
-  // Refused, naming both, instead of the two taking turns. An agent that restarts is another instance too:
-  // its predecessor's stream closed when it stopped or died, so it is let in at once.
-  if (auto it = nodes_.find(req.node()); it != nodes_.end() && !req.instance().empty() &&
-                                         !it->second.instance.empty() &&
-                                         it->second.instance != req.instance()) {
-    const NodeEntry& held = it->second;
-    const int64_t silent = now - held.last_seen_ms;
-    if (held.link || (!held.attached && now - held.registered_ms < 2 * options_.heartbeat_interval_ms)) {
-      return Status::failedPrecondition(
-          "register: node " + req.node() + " is held by another live ddl-agent (at " + held.registered_from +
-          ", heard from " + secondsText(silent) + " ago); this one (at " + req.address() +
-          ") is refused. Two agents claim one node name: give each machine its own --node and certificate, "
-          "or "
-          "stop one; a restarted agent is let in once its predecessor's connection is gone");
-    }
-  }
-  NodeEntry& node = nodes_[req.node()];
-  state::NodeRecord record = node.record;
-  record.name = req.node();
-  record.address = req.address();
-  record.gpus.clear();
-  for (const auto& g : req.gpus()) record.gpus.push_back({g.index(), g.uuid(), g.model(), g.memory_bytes()});
-  record.labels = {req.labels().begin(), req.labels().end()};
-  record.cpus = std::move(cpus);
-  record.memory_bytes = req.memory_bytes();
-  if (record.state == state::NodeState::kDown) {
-    record.state = record.drained ? state::NodeState::kDraining : state::NodeState::kUp;
-  }
-  record.last_heartbeat_ms = wall_ms_();
-  putNodeOnLoop(record);
-  if (node.link) node.link->close();
-  node.link.reset();
-  node.outbox.clear();  // commands for the old stream are lost with it; reconciliation below decides
-  node.record = record;
-  node.nics.assign(req.nics().begin(), req.nics().end());
-  node.confinement = req.confinement().substr(0, 1024);
-  node.port_first = first;
-  node.port_last = last;
-  node.last_seen_ms = now;
-  node.session = req.node() + "-" + std::to_string(wall_ms_()) + "-" + std::to_string(++session_counter_);
-  node.instance = req.instance();
-  node.registered_from = req.address();
-  node.registered_ms = now;
-  node.attached = false;
-  node.ranks.clear();
-
+  StatusOr<Node*> registered = registry_->registerOnLoop(req);
+  if (!registered) return registered.status();
+  Node& node = **registered;
   std::set<std::pair<std::string, int>> stale;
   for (const auto& r : req.ranks()) applyRankReportOnLoop(node, r, &stale);
   // Ranks this node should run but no longer has (the agent restarted without them, or never got the start).
@@ -242,25 +143,6 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
   return resp;
 }
 
-Coordinator::NodeEntry* Coordinator::checkSessionOnLoop(const std::string& node, const std::string& session,
-                                                        Status* error) {
-  auto it = nodes_.find(node);
-  if (it == nodes_.end() || it->second.session.empty()) {
-    *error = Status::notFound("node " + node + " has not registered; call Register first");
-    return nullptr;
-  }
-  if (it->second.session != session) {
-    *error = Status::failedPrecondition("node " + node + ": session " + session +
-                                        " is no longer current (the node registered again); register again");
-    return nullptr;
-  }
-  if (it->second.record.state == state::NodeState::kDown) {
-    *error = Status::failedPrecondition("node " + node + " was marked DOWN; register again");
-    return nullptr;
-  }
-  return &it->second;
-}
-
 void Coordinator::attachAgent(const std::string& node, const std::string& session,
                               std::shared_ptr<AgentLink> link, StatusDone done) {
   post([this, node, session, link = std::move(link), done = std::move(done)] {
@@ -270,33 +152,17 @@ void Coordinator::attachAgent(const std::string& node, const std::string& sessio
 
 Status Coordinator::attachAgentOnLoop(const std::string& node, const std::string& session,
                                       std::shared_ptr<AgentLink> link) {
-  Status error;
-  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
-  if (!entry) return error;
-  if (entry->link && entry->link != link) entry->link->close();
-  entry->link = std::move(link);
-  entry->attached = true;
-  entry->last_seen_ms = now_ms_();
-  // Queued commands were durable when they were queued: they go out first, in order, ahead of newer ones that
-  // still wait for the store.
-  for (const auto& cmd : entry->outbox) entry->link->send(cmd);
-  entry->outbox.clear();
-  schedule_wanted_ = true;
-  return Status::ok();
+  Status st = registry_->attachOnLoop(node, session, std::move(link));
+  if (st) schedule_wanted_ = true;
+  return st;
 }
 
 void Coordinator::detachAgent(const std::string& node, const std::string& session,
                               const std::shared_ptr<AgentLink>& link) {
-  post([this, node, session, link] {
-    auto it = nodes_.find(node);
-    if (it == nodes_.end() || it->second.session != session || it->second.link != link) return;
-    it->second.link.reset();
-    spdlog::info("node {}: agent stream closed; DOWN unless it is back within {}", node,
-                 secondsText(options_.heartbeat_grace_ms));
-  });
+  post([this, node, session, link] { registry_->detachOnLoop(node, session, link); });
 }
 
-void Coordinator::applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& r,
+void Coordinator::applyRankReportOnLoop(Node& node, const v1::RankStatus& r,
                                         std::set<std::pair<std::string, int>>* stale) {
   if (r.attempt() <= 0)
     return;  // not a launch this coordinator made; a stop for attempt 0 would stop them all
@@ -408,11 +274,11 @@ void Coordinator::stopStaleOnLoop(const std::string& node,
   if (stale.empty() || !health().ok) return;  // the common heartbeat has nothing stale: no lock taken
   for (const auto& [job, attempt] : stale) {
     auto it = jobs_.find(job);
-    sendOnLoop(node,
-               stopCommand(job, attempt,
-                           it == jobs_.end() ? "the coordinator knows no job " + job
-                                             : "job " + job + " attempt " + std::to_string(attempt) +
-                                                   " is not running (" + toString(it->second.state) + ")"));
+    registry_->sendOnLoop(
+        node, stopCommand(job, attempt,
+                          it == jobs_.end() ? "the coordinator knows no job " + job
+                                            : "job " + job + " attempt " + std::to_string(attempt) +
+                                                  " is not running (" + toString(it->second.state) + ")"));
   }
 }
 
@@ -424,16 +290,9 @@ void Coordinator::heartbeat(const std::string& node, const std::string& session,
 Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& session,
                                     const v1::Heartbeat& hb) {
   Status error;
-  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
+  Node* entry = registry_->sessionOnLoop(node, session, &error);
   if (!entry) return error;
-  entry->last_seen_ms = now_ms_();
-  entry->record.last_heartbeat_ms = wall_ms_();
-  // Kept bounded; compared as kept, so an over-long warning is logged once, not at every heartbeat.
-  if (const std::string_view warning = std::string_view(hb.warning()).substr(0, 1024);
-      warning != entry->warning) {
-    if (!warning.empty()) spdlog::warn("node {}: {}", node, warning);
-    entry->warning.assign(warning);
-  }
+  registry_->heardFromOnLoop(*entry, &hb.warning());
   // A heartbeat lists every rank the agent holds, so it replaces what we knew.
   std::map<RankKey, v1::RankStatus> previous;
   previous.swap(entry->ranks);
@@ -465,16 +324,16 @@ void Coordinator::rankEvent(const std::string& node, const std::string& session,
 Status Coordinator::rankEventOnLoop(const std::string& node, const std::string& session,
                                     const v1::RankStatus& r) {
   Status error;
-  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
+  Node* entry = registry_->sessionOnLoop(node, session, &error);
   if (!entry) return error;
-  entry->last_seen_ms = now_ms_();
+  registry_->heardFromOnLoop(*entry);
   std::set<std::pair<std::string, int>> stale;
   applyRankReportOnLoop(*entry, r, &stale);
   stopStaleOnLoop(node, stale);
   return Status::ok();
 }
 
-std::map<std::string, Coordinator::NodeUsage> Coordinator::usageOnLoop() const {
+std::map<std::string, NodeUsage> Coordinator::usageOnLoop() const {
   std::map<std::string, NodeUsage> usage;
   for (const auto& [id, job] : jobs_) {
     if (!isLive(job.state)) continue;
@@ -488,7 +347,7 @@ std::map<std::string, Coordinator::NodeUsage> Coordinator::usageOnLoop() const {
   }
   // Ranks still dying after a stop hold their GPU, and the CPUs and memory their job's allocation gave them
   // (kept once the job is final; a requeued job's earlier attempt is known by its GPU only).
-  for (const auto& [name, node] : nodes_) {
+  for (const auto& [name, node] : registry_->all()) {
     for (const auto& [key, r] : node.ranks) {
       if (r.state() != v1::RankStatus::RUNNING) continue;
       NodeUsage& u = usage[name];
@@ -510,10 +369,8 @@ std::map<std::string, Coordinator::NodeUsage> Coordinator::usageOnLoop() const {
 bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation,
                                   std::map<std::string, NodeUsage>& usage) const {
   for (const auto& a : allocation.nodes) {
-    auto node = nodes_.find(a.node);
-    if (node == nodes_.end() || node->second.record.state != state::NodeState::kUp || !node->second.link) {
-      return false;
-    }
+    const Node* node = registry_->find(a.node);
+    if (!node || node->record.state != state::NodeState::kUp || !node->link) return false;
     const auto& used = usage[a.node].gpus;
     for (int g : a.gpus) {
       if (used.count(g)) return false;
@@ -522,7 +379,7 @@ bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation,
     for (int c : a.cpus) {
       if (cpus_used.count(c)) return false;
     }
-    if (a.memoryBytes > 0 && usage[a.node].memory_bytes + a.memoryBytes > node->second.record.memory_bytes) {
+    if (a.memoryBytes > 0 && usage[a.node].memory_bytes + a.memoryBytes > node->record.memory_bytes) {
       return false;
     }
   }
@@ -532,8 +389,8 @@ bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation,
 placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling) const {
   const auto usage = usageOnLoop();
   placement::Cluster cluster;
-  cluster.nodes.reserve(nodes_.size());
-  for (const auto& [name, entry] : nodes_) {
+  cluster.nodes.reserve(registry_->all().size());
+  for (const auto& [name, entry] : registry_->all()) {
     placement::Node n;
     n.name = name;
     n.gpus = static_cast<int>(entry.record.gpus.size());

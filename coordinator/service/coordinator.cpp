@@ -44,6 +44,16 @@ Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::f
   co.retention_ms = options_.history_retention_ms;
   co.wall_ms = wall_ms_;
   actor_ = std::make_unique<Actor>(store_, co, [this] { committedOnLoop(); });
+  registry_ = std::make_unique<NodeRegistry>(
+      *actor_,
+      NodeRegistry::Options{options_.heartbeat_grace_ms, options_.heartbeat_interval_ms, options_.port_first,
+                            options_.port_last},
+      now_ms_, wall_ms_);
+  // A node lost: its jobs' ranks are lost with it (failed, or requeued), and its GPUs are free again.
+  registry_->onNodeLost([this](const std::string& node, const std::string& reason) {
+    loseNodeJobsOnLoop(node, reason);
+    schedule_wanted_ = true;
+  });
   logs_ = std::make_unique<LogRelay>(actor_->io(), options_.log_timeout_ms, CoordinatorOptions::kMaxLogReads);
   reader_ = std::make_unique<StoreReader>();
 }
@@ -70,14 +80,6 @@ void Coordinator::putJobOnLoop(const state::Job& job, bool new_job) {
   w.kind = state::Write::Kind::kPutJob;
   w.job = job;
   w.new_job = new_job;
-  actor_->put(std::move(w));
-}
-
-void Coordinator::putNodeOnLoop(const state::NodeRecord& record) {
-  ++node_epoch_;
-  state::Write w;
-  w.kind = state::Write::Kind::kPutNode;
-  w.node = record;
   actor_->put(std::move(w));
 }
 
@@ -131,17 +133,9 @@ Status Coordinator::recover() {
 }
 
 Status Coordinator::recoverOnLoop() {
-  const int64_t now = now_ms_();
   auto nodes = store_.listNodes();
   if (!nodes) return nodes.status();
-  for (auto& record : *nodes) {
-    NodeEntry& entry = nodes_[record.name];
-    entry.record = record;
-    entry.port_first = options_.port_first;
-    entry.port_last = options_.port_last;
-    entry.last_seen_ms = now;  // every node gets a full grace period to reconnect
-    if (record.state != state::NodeState::kDown) recovery_until_ms_ = now + options_.heartbeat_grace_ms;
-  }
+  registry_->loadOnLoop(*nodes);
   auto last = store_.lastJobNumber();
   if (!last) return last.status();
   last_job_number_ = *last;
@@ -223,7 +217,7 @@ Status Coordinator::recoverOnLoop() {
     }
   }
   spdlog::info("recovered {} open and {} recent final jobs and {} nodes from the store (last job number {})",
-               live->size(), recent->size(), nodes_.size(), last_job_number_);
+               live->size(), recent->size(), registry_->all().size(), last_job_number_);
   return Status::ok();
 }
 
@@ -244,10 +238,7 @@ void Coordinator::closeAgents() {
       [this] {
         stopping_ = true;
         actor_->stopTicker();
-        for (auto& [name, node] : nodes_) {
-          if (node.link) node.link->close();
-          node.link.reset();
-        }
+        registry_->closeAllOnLoop();
         logs_->cancelTimers();
         return true;
       },
@@ -271,7 +262,7 @@ void Coordinator::tick() {
 
 void Coordinator::housekeepingOnLoop() {
   const int64_t now = now_ms_();
-  checkHeartbeatsOnLoop(now);
+  registry_->checkHeartbeatsOnLoop(now);
   sweepLostJobsOnLoop();
   enforceTimeLimitsOnLoop();
   if (const int64_t wall = wall_ms_(); telemetry_.clusterDue(wall)) {  // the dashboard's cluster plot
@@ -282,16 +273,7 @@ void Coordinator::housekeepingOnLoop() {
                                return job != jobs_.end() && isLive(job->second.state);
                              });
   }
-  if (recovery_until_ms_ != 0) {
-    bool all_back = std::all_of(nodes_.begin(), nodes_.end(), [](const auto& kv) {
-      return kv.second.record.state == state::NodeState::kDown || kv.second.link != nullptr;
-    });
-    if (all_back || now >= recovery_until_ms_) {
-      spdlog::info("recovery over: {}", all_back ? "every node reconnected" : "grace period passed");
-      recovery_until_ms_ = 0;
-      schedule_wanted_ = true;
-    }
-  }
+  if (registry_->endRecoveryOnLoop(now)) schedule_wanted_ = true;
 }
 
 void Coordinator::enforceTimeLimitsOnLoop() {
@@ -317,10 +299,6 @@ void Coordinator::enforceTimeLimitsOnLoop() {
     }
     stopJobEverywhereOnLoop(id, attempt, "time limit reached", allocation);
   }
-}
-
-bool Coordinator::recoveringOnLoop(int64_t now) const {
-  return recovery_until_ms_ != 0 && now < recovery_until_ms_;
 }
 
 // ---- Jobs: transitions, scheduling, launch
@@ -482,10 +460,10 @@ void Coordinator::schedulePassOnLoop() {
     queue.push_back(requestOf(id, job.spec));
   }
   if (queue.empty()) return;
-  if (recoveringOnLoop(now)) {
+  if (registry_->recoveringOnLoop(now)) {
     for (const auto& r : queue) {
       pending_reason_[r.id] = "coordinator restarted; waiting up to " +
-                              secondsText(recovery_until_ms_ - now) + " for agents to reconnect";
+                              secondsText(registry_->recoveryLeftMs(now)) + " for agents to reconnect";
     }
     return;
   }
@@ -564,7 +542,8 @@ void Coordinator::launchOnLoop(const std::string& id, const placement::Allocatio
   const state::Job& job = jobs_[id];
   buildRuntimeOnLoop(job, layout);
   const JobRuntime& rt = runtime_[id];
-  const std::string root_addr = nodes_[rt.root_node].record.address;
+  const NodeRegistry::Node* root = registry_->find(rt.root_node);
+  const std::string root_addr = root ? root->record.address : "";
 
   // One secret per launch: every rank of this attempt holds it, no other process does (it travels in
   // StartRanks over the agents' TLS streams and lives in the ranks' environments, readable only by the job's
@@ -594,35 +573,17 @@ void Coordinator::launchOnLoop(const std::string& id, const placement::Allocatio
     if (!back) spdlog::error("launch: {}", back.toString());
     return;
   }
-  for (const auto& [node, cmd] : commands) sendOnLoop(node, cmd);
+  for (const auto& [node, cmd] : commands) registry_->sendOnLoop(node, cmd);
 }
 
 int Coordinator::pickPortOnLoop(const std::string& node, const std::string& job) const {
-  auto it = nodes_.find(node);
-  int first = it != nodes_.end() && it->second.port_first ? it->second.port_first : options_.port_first;
-  int last = it != nodes_.end() && it->second.port_last ? it->second.port_last : options_.port_last;
+  const NodeRegistry::Node* n = registry_->find(node);
+  int first = n && n->port_first ? n->port_first : options_.port_first;
+  int last = n && n->port_last ? n->port_last : options_.port_last;
   return rootPort(job, first, last, [&](int port) {
     return std::any_of(runtime_.begin(), runtime_.end(), [&](const auto& kv) {
       return kv.first != job && kv.second.root_node == node && kv.second.port == port;
     });
-  });
-}
-
-void Coordinator::sendOnLoop(const std::string& node, const v1::Command& command) {
-  if (nodes_.find(node) == nodes_.end()) return;
-  // Commands go out once what led to them is durable (a StartRanks never leaves before STARTING is stored).
-  actor_->afterCommit([this, node, command] {
-    auto it = nodes_.find(node);
-    if (it == nodes_.end()) return;
-    if (it->second.link) {
-      it->second.link->send(command);
-    } else if (it->second.outbox.size() < kMaxOutbox) {
-      it->second.outbox.push_back(command);
-    } else {
-      spdlog::warn(
-          "node {}: {} commands wait for its agent; dropping one (the agent reconciles when it is back)",
-          node, kMaxOutbox);
-    }
   });
 }
 
@@ -639,7 +600,7 @@ v1::Command Coordinator::stopCommand(const std::string& id, int attempt, const s
 void Coordinator::stopJobEverywhereOnLoop(const std::string& id, int attempt, const std::string& reason,
                                           const std::vector<state::NodeAllocation>& allocation) {
   const v1::Command cmd = stopCommand(id, attempt, reason);
-  for (const auto& a : allocation) sendOnLoop(a.node, cmd);
+  for (const auto& a : allocation) registry_->sendOnLoop(a.node, cmd);
 }
 
 void Coordinator::failJobOnLoop(const std::string& id, const std::string& reason,

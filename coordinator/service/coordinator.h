@@ -39,10 +39,13 @@
 // until it works; meanwhile health() says why and new submits are refused (a submit already waiting for the
 // failed batch is refused too, at the first failure: Actor::replyUnlessLost).
 //
-// Files: the loop and the group commit are an Actor (actor.h); the launch plan (launch_plan.h) and the log
-// reads waiting for agents (log_relay.h) are parts of their own; the Coordinator's own methods are in
-// coordinator.cpp (lifecycle, recovery, transitions, scheduling, launch), agents.cpp (the node registry and
-// the agents' reports) and user_calls.cpp (the users' calls and queries).
+// Rooms: the loop and the group commit are an Actor (actor.h); the nodes and their agents' sessions a
+// NodeRegistry (node_registry.h), which owns node state and tells this job side when a node is lost; the
+// launch plan (launch_plan.h) and the log reads waiting for agents (log_relay.h) are parts of their own. The
+// Coordinator itself is the job side, and wires the rooms: its methods are in coordinator.cpp (lifecycle,
+// recovery, transitions, scheduling, launch), agents.cpp (what the agents' reports mean for jobs: ranks
+// reconciled, jobs of lost nodes, the usage and snapshot placement reads) and user_calls.cpp (the users'
+// calls and queries).
 //
 // Bounds: live jobs stay in memory; final ones leave after max_finished_in_memory of them or
 // finished_in_memory_ms, and leave the store after history_retention_ms. Log reads in flight are capped.
@@ -63,6 +66,7 @@
 #include "ddl/v1/ddl.pb.h"
 #include "placement/cluster.h"
 #include "placement/ring_layout.h"
+#include "service/node_registry.h"
 #include "service/persistence.h"
 #include "service/telemetry_history.h"
 #include "state/store.h"
@@ -100,16 +104,6 @@ struct CoordinatorOptions {
   static constexpr size_t kMaxLogReads = 1024;  // log reads waiting for agents at once
   // What MetricsSnapshot::state says; called from the loop, so it must not block. Unset: nothing is said.
   std::function<StoreInfo()> store_info;
-};
-
-// The way down to one connected agent. The rpc layer implements it over the Connect stream.
-class AgentLink {
- public:
-  virtual ~AgentLink() = default;
-  // Queues a command; must not block. Commands reach the agent in the order they were sent.
-  virtual void send(const v1::Command& command) = 0;
-  // Ends the stream (the node registered again on another stream, or the coordinator stops).
-  virtual void close() = 0;
 };
 
 // What /metrics exposes, copied under the lock (counters count since this coordinator process started).
@@ -233,29 +227,7 @@ class Coordinator {
     int64_t last = 0;
     int in_memory = 0;
   };
-  struct RankKey {
-    std::string job;
-    int attempt = 0;
-    int rank = 0;
-    auto operator<=>(const RankKey&) const = default;
-  };
-  struct NodeEntry {
-    state::NodeRecord record;
-    std::vector<v1::Nic> nics;
-    std::string confinement;  // RegisterRequest.confinement, in memory only (each registration sends it)
-    std::string warning;      // the last Heartbeat.warning, in memory only
-    int port_first = 0;
-    int port_last = 0;
-    std::string session;                      // the current registration; "" before the first one
-    std::string instance;                     // its agent's RegisterRequest.instance
-    std::string registered_from;              // that agent's address (for the refusal of a second agent)
-    int64_t registered_ms = 0;                // when (monotonic), and whether its stream attached since
-    bool attached = false;
-    std::shared_ptr<AgentLink> link;          // null while no stream is attached
-    int64_t last_seen_ms = 0;                 // in memory only: heartbeats are not written to the store
-    std::map<RankKey, v1::RankStatus> ranks;  // what the agent last reported, any attempt
-    std::vector<v1::Command> outbox;          // commands queued while no stream is attached (kMaxOutbox)
-  };
+  using Node = NodeRegistry::Node;
   struct JobRuntime {
     int attempt = 0;
     int port = 0;           // rendezvous port on rank 0's node (DDL_ROOT), port + 1 for MASTER_PORT
@@ -281,7 +253,6 @@ class Coordinator {
   void schedulePassOnLoop();
   void launchOnLoop(const std::string& id, const placement::Allocation& allocation,
                     const placement::RingLayout& layout);
-  void checkHeartbeatsOnLoop(int64_t now);
   // Fails live jobs placed on a node that is DOWN or unknown (a crash between marking the node DOWN and
   // failing its jobs, or a failed write, must not leave a job running forever).
   void sweepLostJobsOnLoop();
@@ -294,25 +265,17 @@ class Coordinator {
   // Sends the job's StopJob to every node of `allocation` (passed in: a requeue clears the job's own).
   void stopJobEverywhereOnLoop(const std::string& id, int attempt, const std::string& reason,
                                const std::vector<state::NodeAllocation>& allocation);
-  void sendOnLoop(const std::string& node, const v1::Command& command);
   // Records a rank report. A report about an ended job or an older attempt goes into `stale` (job, attempt)
   // so the caller sends one StopJob for it.
-  void applyRankReportOnLoop(NodeEntry& node, const v1::RankStatus& rank,
+  void applyRankReportOnLoop(Node& node, const v1::RankStatus& rank,
                              std::set<std::pair<std::string, int>>* stale);
   void stopStaleOnLoop(const std::string& node, const std::set<std::pair<std::string, int>>& stale);
   // Fills runtime_[id] from the job's allocation (rank order, root node, port).
   void buildRuntimeOnLoop(const state::Job& job, const placement::RingLayout& layout);
   void maybeCompleteOnLoop(const std::string& id);
-  NodeEntry* checkSessionOnLoop(const std::string& node, const std::string& session, Status* error);
   placement::Cluster snapshotOnLoop(bool for_scheduling) const;
   // Per node: the GPUs held by live jobs or by ranks still running there, and the live jobs placed there.
   // One pass over jobs and nodes, so listings and snapshots stay linear in the cluster's size.
-  struct NodeUsage {
-    std::set<int> gpus;
-    std::set<int> cpus;
-    int64_t memory_bytes = 0;
-    std::vector<std::string> jobs;
-  };
   std::map<std::string, NodeUsage> usageOnLoop() const;
   // Applying a decision re-checks that its GPUs are free (a cheap guard against a placement bug).
   bool stillFreeOnLoop(const placement::Allocation& allocation,
@@ -320,19 +283,14 @@ class Coordinator {
   int pickPortOnLoop(const std::string& node, const std::string& job) const;
   static int attemptOf(const state::Job& job);
   v1::Job toProtoOnLoop(const state::Job& job) const;
-  v1::Node nodeToProtoOnLoop(const NodeEntry& node, const NodeUsage& usage) const;
-  bool recoveringOnLoop(int64_t now) const;
   // The ring layout a placed job's ranks were given; "" or why it cannot be rebuilt.
   std::string layoutOfOnLoop(const state::Job& job, placement::RingLayout* layout) const;
   void housekeepingOnLoop();  // heartbeat grace and the end of recovery
-
-  static constexpr size_t kMaxOutbox = 10000;
 
   // ---- The loop (actor.h) ----
   bool onLoop() const;
   void post(std::function<void()> fn);
   void putJobOnLoop(const state::Job& job, bool new_job = false);
-  void putNodeOnLoop(const state::NodeRecord& record);
   // Final jobs leave memory past the count or age limit, once their last change is durable.
   void evictFinishedOnLoop();
   // The job from memory, or from the store (read on the reader thread) for one that left memory; `fn` runs on
@@ -382,8 +340,11 @@ class Coordinator {
   // the destructor stops its thread before any of them goes.
   std::unique_ptr<Actor> actor_;
   const CoordinatorOptions options_;
-  std::function<int64_t()> now_ms_;   // liveness: last_seen_ms, recovery_until_ms_
+  std::function<int64_t()> now_ms_;   // liveness: last_seen_ms, the recovery window
   std::function<int64_t()> wall_ms_;  // NodeRecord::last_heartbeat_ms, transitions
+  // The nodes and their agents' sessions: a room of its own on the loop, which tells this job side of a node
+  // lost through its listener.
+  std::unique_ptr<NodeRegistry> registry_;
 
   // Loop state: touched on the loop thread only.
   std::map<std::string, state::Job> jobs_;             // live jobs and the most recent final ones
@@ -393,12 +354,8 @@ class Coordinator {
   std::map<std::string, std::set<std::string>> dependents_;
   std::deque<std::string> ended_for_dependents_;  // final jobs whose dependents are still to be resolved
   bool resolving_dependents_ = false;
-  std::map<std::string, NodeEntry> nodes_;
-  int64_t recovery_until_ms_ = 0;  // scheduling waits for reconnecting agents until then
-  uint64_t session_counter_ = 0;
   bool schedule_wanted_ = true;
   int64_t last_job_number_ = 0;  // the highest job number handed out
-  uint64_t node_epoch_ = 0;      // grows with every change of a node record
   uint64_t feasibility_epoch_ = 0;
   std::unique_ptr<placement::Cluster>
       feasibility_cluster_;  // submit's "could it ever fit" view, at that epoch

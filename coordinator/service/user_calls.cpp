@@ -91,9 +91,9 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
   // The nodes as "could this ever fit" sees them (GPU counts, labels; DOWN nodes count, as in the queue: a
   // node that reboots must not break a script's submit): rebuilt only when a node record changed, not for
   // every submit (2,000 nodes at 1,000 submits a second).
-  if (feasibility_epoch_ != node_epoch_ || !feasibility_cluster_) {
+  if (feasibility_epoch_ != registry_->epoch() || !feasibility_cluster_) {
     feasibility_cluster_ = std::make_unique<placement::Cluster>(snapshotOnLoop(false));
-    feasibility_epoch_ = node_epoch_;
+    feasibility_epoch_ = registry_->epoch();
   }
   std::string never = placement::neverFits(*feasibility_cluster_,
                                            requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec));
@@ -423,7 +423,7 @@ StatusOr<v1::Job> Coordinator::cancelOnLoop(const state::Job& found, int signal)
     sig->set_job_id(id);
     sig->set_attempt(runtime_.count(id) ? runtime_[id].attempt : attemptOf(found));
     sig->set_signal(signal);
-    for (const auto& a : found.allocation) sendOnLoop(a.node, cmd);
+    for (const auto& a : found.allocation) registry_->sendOnLoop(a.node, cmd);
     spdlog::info("job {}: signal {} sent to its ranks", id, signal);
     return toProtoOnLoop(found);
   }
@@ -509,17 +509,17 @@ void Coordinator::requeue(const std::string& id, Done<v1::Job> done) {
 }
 
 std::vector<v1::Node> Coordinator::listNodesOnLoop() {
-  std::vector<const NodeEntry*> sorted;
-  for (const auto& [name, entry] : nodes_) sorted.push_back(&entry);
-  std::sort(sorted.begin(), sorted.end(), [](const NodeEntry* a, const NodeEntry* b) {
+  std::vector<const Node*> sorted;
+  for (const auto& [name, node] : registry_->all()) sorted.push_back(&node);
+  std::sort(sorted.begin(), sorted.end(), [](const Node* a, const Node* b) {
     return placement::naturalLess(a->record.name, b->record.name);
   });
   const auto usage = usageOnLoop();
   std::vector<v1::Node> out;
   out.reserve(sorted.size());
-  for (const NodeEntry* n : sorted) {
+  for (const Node* n : sorted) {
     auto u = usage.find(n->record.name);
-    out.push_back(nodeToProtoOnLoop(*n, u != usage.end() ? u->second : NodeUsage{}));
+    out.push_back(registry_->toProto(*n, u != usage.end() ? u->second : NodeUsage{}));
   }
   return out;
 }
@@ -529,30 +529,12 @@ void Coordinator::listNodes(Done<std::vector<v1::Node>> done) {
 }
 
 StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain, const std::string& reason) {
-  auto it = nodes_.find(name);
-  if (it == nodes_.end()) return state::nodeNotFound(name);
-  if (reason.size() > state::kMaxDrainReasonBytes || state::findControlCharacter(reason) != std::string::npos)
-    return Status::invalidArgument("drain reason: at most " + std::to_string(state::kMaxDrainReasonBytes) +
-                                   " bytes and no control characters");
-  NodeEntry& node = it->second;
-  // A DOWN node stays DOWN until its agent is back; the drain is kept for then.
-  state::NodeRecord want = node.record;
-  want.drained = drain;
-  want.drain_reason = drain ? reason : "";
-  if (want.state != state::NodeState::kDown)
-    want.state = drain ? state::NodeState::kDraining : state::NodeState::kUp;
-  if (want != node.record) {
-    if (StoreHealth h = health(); !h.ok) return Status::unavailable("drain refused: " + h.message);
-    node.record = want;
-    putNodeOnLoop(want);
-    spdlog::info("node {} is now {}{}", name, toString(want.state),
-                 want.state == state::NodeState::kDown
-                     ? (drain ? ", drained for when it is back" : ", undrained")
-                     : "");
-    schedule_wanted_ = true;
-  }
+  const StoreHealth h = health();
+  StatusOr<Node*> node = registry_->drainOnLoop(name, drain, reason, h.ok ? "" : h.message);
+  if (!node) return node.status();
+  schedule_wanted_ = true;
   auto usage = usageOnLoop();
-  return nodeToProtoOnLoop(node, usage[name]);
+  return registry_->toProto(**node, usage[name]);
 }
 
 void Coordinator::drain(const std::string& name, bool drain_it, const std::string& reason,
@@ -564,15 +546,7 @@ void Coordinator::drain(const std::string& name, bool drain_it, const std::strin
 }
 
 StatusOr<v1::Node> Coordinator::removeNodeOnLoop(const std::string& name) {
-  auto it = nodes_.find(name);
-  if (it == nodes_.end()) return state::nodeNotFound(name);
-  NodeEntry& node = it->second;
-  if (node.record.state != state::NodeState::kDown || node.link) {
-    return Status::failedPrecondition(
-        "node " + name + " is " + toString(node.record.state) +
-        (node.link ? " with its agent connected" : "") +
-        "; only a DOWN node is removed (stop its agent, wait for DOWN, or drain it)");
-  }
+  if (Status st = registry_->removableOnLoop(name); !st) return st;
   auto usage = usageOnLoop();
   if (!usage[name].jobs.empty()) {
     return Status::failedPrecondition(
@@ -580,14 +554,8 @@ StatusOr<v1::Node> Coordinator::removeNodeOnLoop(const std::string& name) {
         (usage[name].jobs.size() > 1 ? " and more" : "") + "; cancel them first");
   }
   if (StoreHealth h = health(); !h.ok) return Status::unavailable("remove refused: " + h.message);
-  v1::Node out = nodeToProtoOnLoop(node, usage[name]);
-  nodes_.erase(it);
-  ++node_epoch_;
-  state::Write w;
-  w.kind = state::Write::Kind::kDeleteNode;
-  w.name = name;
-  actor_->put(std::move(w));
-  spdlog::info("node {} removed", name);
+  v1::Node out = registry_->toProto(*registry_->find(name), usage[name]);
+  if (Status st = registry_->removeOnLoop(name); !st) return st;
   return out;
 }
 
@@ -651,10 +619,10 @@ void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetL
         Status::invalidArgument("job " + job.id + " has ranks 0.." + std::to_string(layout.size() - 1)));
   }
   const std::string node = layout.ranks[request.rank()].node;
-  auto n = nodes_.find(node);
+  const Node* n = registry_->find(node);
   const std::string where = "rank " + std::to_string(request.rank()) + "'s log (attempt " +
                             std::to_string(attempt) + ") is on node " + node;
-  if (n == nodes_.end() || !n->second.link) {
+  if (!n || !n->link) {
     return done(Status::unavailable(where +
                                     ", whose agent is not connected; read it there under the agent's "
                                     "data directory: logs/" +
@@ -670,7 +638,7 @@ void Coordinator::readLogOnLoop(const v1::GetLogsRequest& request, Done<v1::GetL
   read.set_max_bytes(request.max_bytes() <= 0 ? kDefaultChunk : std::min(request.max_bytes(), kMaxChunk));
   StatusOr<v1::Command> cmd = logs_->start(node, where, std::move(read), done);
   if (!cmd) return done(cmd.status());
-  sendOnLoop(node, *cmd);
+  registry_->sendOnLoop(node, *cmd);
 }
 
 void Coordinator::readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsResponse> done) {
@@ -680,9 +648,9 @@ void Coordinator::readLog(const v1::GetLogsRequest& request, Done<v1::GetLogsRes
 Status Coordinator::logDataOnLoop(const std::string& node, const std::string& session,
                                   const v1::LogData& data) {
   Status error;
-  NodeEntry* entry = checkSessionOnLoop(node, session, &error);
+  Node* entry = registry_->sessionOnLoop(node, session, &error);
   if (!entry) return error;
-  entry->last_seen_ms = now_ms_();
+  registry_->heardFromOnLoop(*entry);
   logs_->answer(node, data, [this](const std::string& job_id) {
     auto job = jobs_.find(job_id);
     return job == jobs_.end() || state::isTerminal(job->second.state);
@@ -702,7 +670,7 @@ MetricsSnapshot Coordinator::metricsOnLoop() {
   for (const char* s : {"UP", "DOWN", "DRAINING"}) m.nodes_by_state[s] = 0;
   for (state::JobState s : state::kAllJobStates) m.jobs_by_state[toString(s)] = 0;
   const auto usage = usageOnLoop();
-  for (const auto& [name, node] : nodes_) {
+  for (const auto& [name, node] : registry_->all()) {
     m.nodes_by_state[toString(node.record.state)]++;
     if (node.record.state == state::NodeState::kDown) continue;
     m.gpus_total += static_cast<int>(node.record.gpus.size());
@@ -767,35 +735,6 @@ v1::Job Coordinator::toProtoOnLoop(const state::Job& job) const {
     auto it = pending_reason_.find(job.id);
     out.set_reason(it != pending_reason_.end() ? it->second : "waiting for the next scheduling pass");
   }
-  return out;
-}
-
-v1::Node Coordinator::nodeToProtoOnLoop(const NodeEntry& node, const NodeUsage& usage) const {
-  v1::Node out;
-  out.set_name(node.record.name);
-  out.set_address(node.record.address);
-  out.set_state(toString(node.record.state));
-  out.set_drained(node.record.drained);
-  out.set_drain_reason(node.record.drain_reason);
-  for (const auto& g : node.record.gpus) {
-    v1::Gpu* p = out.add_gpus();
-    p->set_index(g.index);
-    p->set_uuid(g.uuid);
-    p->set_model(g.model);
-    p->set_memory_bytes(g.memory_bytes);
-  }
-  for (int g : usage.gpus) out.add_gpus_used(g);
-  for (int c : node.record.cpus) out.add_cpus(c);
-  for (int c : usage.cpus) out.add_cpus_used(c);
-  out.set_memory_bytes(node.record.memory_bytes);
-  out.set_memory_used_bytes(usage.memory_bytes);
-  out.set_confinement(node.confinement);
-  out.set_warning(node.warning);
-  for (const auto& [k, v] : node.record.labels) (*out.mutable_labels())[k] = v;
-  out.set_last_heartbeat_ms(node.record.last_heartbeat_ms);
-  out.set_connected(node.link != nullptr);
-  for (const auto& id : usage.jobs) out.add_jobs(id);
-  for (const auto& nic : node.nics) *out.add_nics() = nic;
   return out;
 }
 
