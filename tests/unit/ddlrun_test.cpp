@@ -50,11 +50,13 @@ struct RunResult {
 // A ddlrun process started by the test; finish() collects what it printed and how it ended.
 class Ddlrun {
  public:
-  explicit Ddlrun(const std::vector<std::string>& args) : start_(Clock::now()) {
+  // program: the path ddlrun is started by (a link to it, say).
+  explicit Ddlrun(const std::vector<std::string>& args, const std::string& program = DDL_BIN_DIR "/ddlrun")
+      : start_(Clock::now()) {
     int out[2];
     int err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) std::abort();
-    std::vector<std::string> argv_strings = {DDL_BIN_DIR "/ddlrun"};
+    std::vector<std::string> argv_strings = {program};
     argv_strings.insert(argv_strings.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& arg : argv_strings) argv.push_back(arg.data());
@@ -568,6 +570,27 @@ TEST_F(DdlrunHostsTest, RanksFillEachHostsSlotsWithGlobalRanksAndOneSecret) {
   EXPECT_EQ(connections[1].rfind("h2|cd ", 0), 0u) << log;
   EXPECT_TRUE(contains(log, "--host-part 2,3,29602 -np 1 --root h1:29601")) << log;
   EXPECT_FALSE(contains(log, secret)) << log;
+}
+
+// The hosts run ddlrun by the path it was started by, not the file it resolves to: a link (or an emulator's
+// wrapper, which scripts/cross-ppc64el's runs depend on) stays as the user ran it.
+TEST_F(DdlrunHostsTest, TheHostsRunDdlrunByThePathItWasStartedBy) {
+  const std::string link = dir_ + "/ddlrun-link";
+  std::filesystem::create_symlink(DDL_BIN_DIR "/ddlrun", link);
+  RunResult result = Ddlrun(across("h1:1,h2:1", "echo rank $DDL_RANK"), link).finish(kRunTimeoutMs);
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.status, 0) << result.err;
+  const std::string log = readAll(dir_ + "/rsh.log");
+  ASSERT_EQ(lines(log).size(), 2u) << log;
+  for (const std::string& connection : lines(log)) {
+    EXPECT_TRUE(contains(connection, "exec " + link + " --host-part")) << log;
+  }
+  // --remote-path still wins.
+  std::filesystem::remove(dir_ + "/rsh.log");
+  result = runDdlrun(across("h1:1", "true", {"--remote-path", DDL_BIN_DIR "/ddlrun"}));
+  EXPECT_EQ(result.status, 0) << result.err;
+  EXPECT_TRUE(contains(readAll(dir_ + "/rsh.log"), "exec " DDL_BIN_DIR "/ddlrun --host-part"))
+      << readAll(dir_ + "/rsh.log");
 }
 
 TEST_F(DdlrunHostsTest, AHostfileAndANpBelowTheSlots) {

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n%s", parsed.error.c_str(), ddl::launcher::usageSynopsis());
     return 2;
   }
+  parsed.options.started_as = argv[0] != nullptr ? argv[0] : "";
   if (parsed.options.help) {
     std::fputs(ddl::launcher::usage(), stdout);
     return 0;

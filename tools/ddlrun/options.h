@@ -29,7 +29,10 @@ struct Options {
   // for a password nobody can type (ssh reads it from the terminal, not from the stdin ddlrun gives it).
   // ServerAlive: ssh gives up on a host that stopped answering within 30 s instead of TCP's hours.
   std::string rsh = "ssh -o BatchMode=yes -o ServerAliveInterval=10 -o ServerAliveCountMax=3";
-  std::string remote_path;  // --remote-path: ddlrun on the hosts; "": this ddlrun's own path
+  std::string remote_path;  // --remote-path: ddlrun on the hosts; "": the path this ddlrun was started by
+  // Not an option: argv[0], set by main(). With a '/' it is the path the hosts' part is started by (a wrapper
+  // or link as the user ran it, e.g. an emulator's wrapper); without, the hosts get /proc/self/exe.
+  std::string started_as;
   // Set by the launcher on each host's ddlrun (--host-part), not by people: this host's ranks are global
   // ranks rank_offset.. of world_size; the root, MASTER_PORT, working directory and (on stdin) the secret are
   // given.

@@ -62,16 +62,22 @@ std::vector<std::string> hostCommand(const Options& options, const HostPart& par
   return argv;
 }
 
+std::string selfPath(const std::string& started_as, const std::string& cwd) {
+  if (started_as.find('/') != std::string::npos) {
+    return started_as.front() == '/' ? started_as : cwd + (cwd.back() == '/' ? "" : "/") + started_as;
+  }
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  return n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string("ddlrun");
+}
+
 RemoteRun planRemoteRun(const Options& options) {
   RemoteRun run;
   run.parts = planHosts(options.hosts, options.np);
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  run.remote_ddlrun = !options.remote_path.empty() ? options.remote_path
-                      : n > 0                      ? std::string(self, static_cast<size_t>(n))
-                                                   : std::string("ddlrun");
   char cwd[4096];
   run.cwd = getcwd(cwd, sizeof(cwd)) != nullptr ? cwd : "/";
+  run.remote_ddlrun =
+      !options.remote_path.empty() ? options.remote_path : selfPath(options.started_as, run.cwd);
   // Rank 0 binds the port on the first host, which ddlrun cannot probe from here: one from a range that
   // varies with the run, as torchrun's fixed 29500 would clash between runs; --root chooses another.
   const int port = 29400 + static_cast<int>(getpid() % 500);

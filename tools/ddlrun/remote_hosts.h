@@ -28,12 +28,16 @@ std::vector<std::string> hostCommand(const Options& options, const HostPart& par
 // What the launcher starts across machines, worked out before the first host is started.
 struct RemoteRun {
   std::vector<HostPart> parts;  // each host's ranks, in rank order
-  std::string remote_ddlrun;    // ddlrun's path on the hosts: --remote-path, else this ddlrun's own
+  std::string remote_ddlrun;    // ddlrun's path on the hosts: --remote-path, else selfPath()
   std::string cwd;              // the directory the hosts' ranks start in: this one
   std::string root;             // DDL_ROOT: --root, else the first host and a port from 29400-29899
   int master_port = 0;          // torch's MASTER_PORT: DDL_ROOT's port + 1 (- 1 at 65535)
 };
 RemoteRun planRemoteRun(const Options& options);
+// The path this ddlrun was started by: started_as ("" or argv[0]) made absolute against cwd when it holds a
+// '/' (a link or a wrapper stays as the user ran it: an emulator's wrapper runs the hosts' parts under the
+// same emulator), else this process's executable, else "ddlrun" (found on the hosts' PATH).
+std::string selfPath(const std::string& started_as, const std::string& cwd);
 
 // The launcher's keepalives: a byte to each host every kKeepaliveMs (remote_hosts.cpp), from a thread of its
 // own, so that a host's ddlrun, which stops its ranks after --host-silence-ms of silence, does not take a
