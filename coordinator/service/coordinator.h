@@ -340,7 +340,7 @@ class Coordinator {
   // the destructor stops its thread before any of them goes.
   std::unique_ptr<Actor> actor_;
   const CoordinatorOptions options_;
-  std::function<int64_t()> now_ms_;   // liveness: last_seen_ms, the recovery window
+  std::function<int64_t()> now_ms_;   // monotonic: the registry's liveness and recovery window, housekeeping
   std::function<int64_t()> wall_ms_;  // NodeRecord::last_heartbeat_ms, transitions
   // The nodes and their agents' sessions: a room of its own on the loop, which tells this job side of a node
   // lost through its listener.

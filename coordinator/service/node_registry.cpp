@@ -70,6 +70,7 @@ void NodeRegistry::loadOnLoop(const std::vector<state::NodeRecord>& records) {
     node.last_seen_ms = now;  // every node gets a full grace period to reconnect
     if (record.state != state::NodeState::kDown) recovery_until_ms_ = now + options_.heartbeat_grace_ms;
   }
+  ++epoch_;  // what the job side derived from the nodes is stale
 }
 
 bool NodeRegistry::endRecoveryOnLoop(int64_t now) {

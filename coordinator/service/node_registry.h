@@ -6,8 +6,9 @@
 // job: the job side (the Coordinator) reconciles the ranks an agent reports and hears through onNodeLost()
 // when a node goes DOWN; it asks the registry for nodes and sends agents commands through sendOnLoop().
 //
-// Threads: the coordinator's loop only (every method asserts it through the Actor). Node pointers it hands
-// out are valid for the rest of the turn.
+// Threads: the coordinator's loop only (the methods that change state assert it through the Actor; the reads
+// rely on their callers, which are on the loop). Node pointers it hands out are valid for the rest of the
+// turn.
 #pragma once
 
 #include <cstdint>
@@ -80,7 +81,8 @@ class NodeRegistry {
     std::map<RankKey, v1::RankStatus> ranks;  // what the agent last reported, any attempt
     std::vector<v1::Command> outbox;          // commands queued while no stream is attached (kMaxOutbox)
   };
-  // A node went DOWN (its agent silent past the grace): its jobs' ranks are lost. Called during the turn.
+  // A node went DOWN (its agent silent past the grace): its jobs' ranks are lost. Called during the turn,
+  // while the registry walks its nodes: the listener must not add or remove nodes (it may send commands).
   using NodeLost = std::function<void(const std::string& node, const std::string& reason)>;
 
   static constexpr size_t kMaxOutbox = 10000;

@@ -64,7 +64,10 @@ std::vector<std::string> hostCommand(const Options& options, const HostPart& par
 
 std::string selfPath(const std::string& started_as, const std::string& cwd) {
   if (started_as.find('/') != std::string::npos) {
-    return started_as.front() == '/' ? started_as : cwd + (cwd.back() == '/' ? "" : "/") + started_as;
+    // argv[0] is whatever the caller set: taken only when it names an executable file here.
+    std::string path = started_as;
+    if (path.front() != '/') path = cwd.empty() ? "" : cwd + (cwd.back() == '/' ? "" : "/") + path;
+    if (!path.empty() && access(path.c_str(), X_OK) == 0) return path;
   }
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
