@@ -42,37 +42,46 @@ size_t GroupCommitter::backlog() const {
 
 std::map<std::string, state::Write> GroupCommitter::takeGroup(uint64_t* seq) {
   const state::Store::BatchLimits limits = store_.batchLimits();
+  // An unbounded store (SQLite) takes everything queued: no sizes to count.
+  const bool bounded = limits.max_writes != SIZE_MAX || limits.max_bytes != SIZE_MAX;
   std::map<std::string, state::Write> group;
   std::map<std::string, size_t> bytes_of;  // per key in the group, as Store::writeBytes counts
   size_t bytes = 0;
   while (!pending_.empty()) {
     Batch& next = pending_.front();
-    // What the group would hold with `next` folded in: its new keys and bytes, a replaced key's new bytes.
-    size_t writes_after = group.size(), bytes_after = bytes;
-    std::vector<std::pair<const std::string*, size_t>> sizes;
-    for (const auto& [key, w] : next.writes) {
-      const size_t b = store_.writeBytes(w);
-      sizes.emplace_back(&key, b);
-      auto old = bytes_of.find(key);
-      if (old == bytes_of.end()) {
-        ++writes_after;
-        bytes_after += b;
-      } else {
-        bytes_after = bytes_after - old->second + b;
+    const size_t count = next.writes.size();
+    if (bounded) {
+      // What the group would hold with `next` folded in: its new keys and bytes, a replaced key's new bytes.
+      size_t writes_after = group.size(), bytes_after = bytes;
+      std::vector<std::pair<const std::string*, size_t>> sizes;
+      for (const auto& [key, w] : next.writes) {
+        const size_t b = store_.writeBytes(w);
+        sizes.emplace_back(&key, b);
+        auto old = bytes_of.find(key);
+        if (old == bytes_of.end()) {
+          ++writes_after;
+          bytes_after += b;
+        } else {
+          bytes_after = bytes_after - old->second + b;
+        }
+      }
+      if (!group.empty() && (writes_after > limits.max_writes || bytes_after > limits.max_bytes)) break;
+      for (auto& [key, b] : sizes) bytes_of[*key] = b;
+      bytes = bytes_after;
+    }
+    if (group.empty()) {
+      group = std::move(next.writes);  // the common case: one batch waiting, taken whole
+    } else {
+      for (auto& [key, w] : next.writes) {
+        auto it = group.find(key);
+        if (it == group.end()) {
+          group.emplace(key, std::move(w));
+        } else {
+          it->second.supersede(std::move(w));
+        }
       }
     }
-    if (!group.empty() && (writes_after > limits.max_writes || bytes_after > limits.max_bytes)) break;
-    for (auto& [key, b] : sizes) bytes_of[*key] = b;
-    bytes = bytes_after;
-    for (auto& [key, w] : next.writes) {
-      auto it = group.find(key);
-      if (it == group.end()) {
-        group.emplace(key, std::move(w));
-      } else {
-        it->second.supersede(std::move(w));
-      }
-    }
-    pending_writes_ -= next.writes.size();
+    pending_writes_ -= count;
     *seq = next.seq;
     pending_.pop_front();
   }
