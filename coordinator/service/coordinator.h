@@ -97,6 +97,7 @@ struct CoordinatorOptions {
   int port_last = 29999;
   int64_t log_timeout_ms = 5000;  // how long readLog waits for the agent
   bool allow_root_jobs = false;   // jobs of the user "root" are refused, and agents refuse uid 0 ranks
+  size_t max_nodes = 100000;      // nodes the coordinator knows; a new one beyond is refused
   size_t max_finished_in_memory = 10000;    // final jobs kept in memory (the rest are read from the store)
   int64_t finished_in_memory_ms = 3600000;  // and for at most this long after they end
   int64_t history_retention_ms = 30LL * 24 * 3600000;  // final jobs leave the store after this; 0: never

@@ -113,6 +113,12 @@ StatusOr<NodeRegistry::Node*> NodeRegistry::registerOnLoop(const v1::RegisterReq
           "or stop one; a restarted agent is let in once its predecessor's connection is gone");
     }
   }
+  if (nodes_.size() >= options_.max_nodes && nodes_.find(req.node()) == nodes_.end()) {
+    return Status::failedPrecondition(
+        "register: node " + req.node() + ": the coordinator knows " + std::to_string(nodes_.size()) +
+        " nodes, its limit; forget nodes that are gone with 'ddlctl nodes remove NAME' (a DOWN node with no "
+        "live job)");
+  }
   std::vector<int> cpus(req.cpus().begin(), req.cpus().end());
   std::sort(cpus.begin(), cpus.end());
   cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());

@@ -63,6 +63,7 @@ class NodeRegistry {
     int64_t heartbeat_interval_ms = 1000;
     int port_first = 29500;  // for agents that give no port range
     int port_last = 29999;
+    size_t max_nodes = 100000;  // nodes known (UP, DOWN or DRAINING): a new one beyond is refused
   };
   struct Node {
     state::NodeRecord record;
@@ -99,7 +100,8 @@ class NodeRegistry {
   int64_t recoveryLeftMs(int64_t now) const { return recovery_until_ms_ - now; }
   // Ends the recovery window once every node is back or its grace passed; true when it just ended.
   bool endRecoveryOnLoop(int64_t now);
-  // An agent registers: checked (its name, GPUs, CPUs, ports; no second live agent for the node), its record
+  // An agent registers: checked (its name, GPUs, CPUs, ports; no second live agent for the node; a new node
+  // only while fewer than max_nodes are known), its record
   // updated and stored (a DOWN node comes back UP, or DRAINING when drained), a new session; the node's
   // former stream closed, its queued commands and reported ranks dropped (the caller applies the new report).
   StatusOr<Node*> registerOnLoop(const v1::RegisterRequest& request);

@@ -864,6 +864,31 @@ TEST_F(CoordinatorTest, OnlyADownNodeWithNoLiveJobIsRemoved) {
   EXPECT_EQ(stateOf(a), v1::FAILED);
 }
 
+// Every map is bounded: the nodes too. A node known already registers again at the limit; a new one is
+// refused, naming the way out, until a node that is gone is removed.
+TEST_F(CoordinatorTest, ANewNodeBeyondTheLimitIsRefusedUntilAGoneOneIsRemoved) {
+  options.max_nodes = 2;
+  makeCoordinator(std::make_unique<state::MemoryStore>());
+  addNode("n1", 1);
+  addNode("n2", 1);
+  v1::RegisterRequest third;
+  third.set_node("n3");
+  third.set_address("10.0.0.3");
+  auto refused = coordinator->registerAgent(third);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.status().code(), state::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("knows 2 nodes"), std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("ddlctl nodes remove"), std::string::npos);
+  addNode("n2", 1);  // a known node comes back at the limit
+  EXPECT_EQ(store_->listNodes()->size(), 2u);
+  coordinator->detachAgent("n1", sessions["n1"], links["n1"]);
+  now += 20000;
+  coordinator->tick();  // n1 DOWN (n2 too: the test's clock moved past its grace)
+  ASSERT_TRUE(coordinator->removeNode("n1"));
+  EXPECT_TRUE(coordinator->registerAgent(third));
+}
+
 TEST(DataDirLockTest, ASecondHolderIsRefusedWithTheFirstOnesPid) {
   auto dir = std::filesystem::temp_directory_path() / ("ddl-lock-test-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
