@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -51,9 +52,16 @@ inline int runToEnd(const std::vector<std::string>& argv, const fs::path& log) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// A file's bytes; "" for one that cannot be read. A /proc/PID file of a process that ends while it is read
+// fails the read with ESRCH, which libstdc++'s filebuf throws ("basic_filebuf::underflow error reading the
+// file: No such process"): that process is gone, and so is its command line.
 inline std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  try {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  } catch (const std::exception&) {
+    return "";
+  }
 }
 
 // The pids of processes whose command line contains `marker` (each test's ranks carry a unique one), leaving out
