@@ -81,10 +81,7 @@ int64_t nowMs() {
 }
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using ddl::e2e::slurp;  // "" for a file that cannot be read (a /proc file of a process that just ended)
 std::string firstLine(const fs::path& p) {
   std::ifstream in(p);
   std::string line;
@@ -501,10 +498,9 @@ Pki loadPki(Options& o, const fs::path& dir) {
   if (o.pki_dir.empty()) {
     o.pki_dir = (dir / "pki").string();
     const fs::path log = dir / "init-pki.log";
-    pid_t p = spawn({o.coordinator_bin, "init-pki", o.pki_dir}, log);
-    int status = 0;
-    waitpid(p, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("init-pki failed:\n" + slurp(log));
+    if (ddl::e2e::runToEnd({o.coordinator_bin, "init-pki", o.pki_dir}, log) != 0) {
+      die("init-pki failed:\n" + slurp(log));
+    }
   }
   pki.ca = slurp(o.pki_dir + "/ca.crt");
   pki.ca_key = slurp(o.pki_dir + "/ca.key");

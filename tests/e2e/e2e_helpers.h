@@ -122,13 +122,13 @@ inline std::string submittedId(const fs::path& out, int ms) {
 }
 
 // GET http://HOST:PORT`path` (an IPv4 loopback dashboard); the whole answer (status line, header and body),
-// or
-// "" when it could not be read within 5 s.
+// or "" when HOST:PORT is no such address or the answer could not be read within 5 s.
 inline std::string httpGet(const std::string& host_port, const std::string& path) {
   const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) return "";
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
+  addr.sin_port = htons(static_cast<uint16_t>(std::atoi(host_port.c_str() + colon + 1)));
   if (inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr) != 1) return "";
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return "";
