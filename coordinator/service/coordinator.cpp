@@ -46,8 +46,11 @@ Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::f
   actor_ = std::make_unique<Actor>(store_, co, [this] { committedOnLoop(); });
   registry_ = std::make_unique<NodeRegistry>(
       *actor_,
-      NodeRegistry::Options{options_.heartbeat_grace_ms, options_.heartbeat_interval_ms, options_.port_first,
-                            options_.port_last, options_.max_nodes},
+      NodeRegistry::Options{.heartbeat_grace_ms = options_.heartbeat_grace_ms,
+                            .heartbeat_interval_ms = options_.heartbeat_interval_ms,
+                            .port_first = options_.port_first,
+                            .port_last = options_.port_last,
+                            .max_nodes = options_.max_nodes},
       now_ms_, wall_ms_);
   // A node lost: its jobs' ranks are lost with it (failed, or requeued), and its GPUs are free again.
   registry_->onNodeLost([this](const std::string& node, const std::string& reason) {

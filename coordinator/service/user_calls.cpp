@@ -530,9 +530,10 @@ void Coordinator::listNodes(Done<std::vector<v1::Node>> done) {
 
 StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain, const std::string& reason) {
   const StoreHealth h = health();
+  const uint64_t epoch = registry_->epoch();
   StatusOr<Node*> node = registry_->drainOnLoop(name, drain, reason, h.ok ? "" : h.message);
   if (!node) return node.status();
-  schedule_wanted_ = true;
+  if (registry_->epoch() != epoch) schedule_wanted_ = true;  // the record changed (a repeated drain does not)
   auto usage = usageOnLoop();
   return registry_->toProto(**node, usage[name]);
 }
