@@ -585,12 +585,14 @@ TEST_F(DdlrunHostsTest, TheHostsRunDdlrunByThePathItWasStartedBy) {
   for (const std::string& connection : lines(log)) {
     EXPECT_TRUE(contains(connection, "exec " + link + " --host-part")) << log;
   }
-  // --remote-path still wins.
+  // --remote-path still wins (started through the link, so the link's path would show if it did not).
   std::filesystem::remove(dir_ + "/rsh.log");
-  result = runDdlrun(across("h1:1", "true", {"--remote-path", DDL_BIN_DIR "/ddlrun"}));
+  result =
+      Ddlrun(across("h1:1", "true", {"--remote-path", DDL_BIN_DIR "/ddlrun"}), link).finish(kRunTimeoutMs);
   EXPECT_EQ(result.status, 0) << result.err;
   EXPECT_TRUE(contains(readAll(dir_ + "/rsh.log"), "exec " DDL_BIN_DIR "/ddlrun --host-part"))
       << readAll(dir_ + "/rsh.log");
+  EXPECT_FALSE(contains(readAll(dir_ + "/rsh.log"), link)) << readAll(dir_ + "/rsh.log");
 }
 
 TEST_F(DdlrunHostsTest, AHostfileAndANpBelowTheSlots) {

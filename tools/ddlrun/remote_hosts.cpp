@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <sstream>
 
 #include "common/host_port.h"
@@ -65,9 +66,8 @@ std::vector<std::string> hostCommand(const Options& options, const HostPart& par
 std::string selfPath(const std::string& started_as, const std::string& cwd) {
   if (started_as.find('/') != std::string::npos) {
     // argv[0] is whatever the caller set: taken only when it names an executable file here.
-    std::string path = started_as;
-    if (path.front() != '/') path = cwd.empty() ? "" : cwd + (cwd.back() == '/' ? "" : "/") + path;
-    if (!path.empty() && access(path.c_str(), X_OK) == 0) return path;
+    const std::string path = (std::filesystem::path(cwd) / started_as).string();  // an absolute one stays
+    if (access(path.c_str(), X_OK) == 0) return path;
   }
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);

@@ -34,7 +34,7 @@ struct RemoteRun {
   int master_port = 0;          // torch's MASTER_PORT: DDL_ROOT's port + 1 (- 1 at 65535)
 };
 RemoteRun planRemoteRun(const Options& options);
-// The path this ddlrun was started by: started_as ("" or argv[0]) made absolute against cwd ("": unknown)
+// The path this ddlrun was started by: started_as ("" or argv[0]) made absolute against cwd
 // when it holds a '/' and names an executable file (a link or a wrapper stays as the user ran it: an
 // emulator's wrapper runs the hosts' parts under the same emulator), else this process's executable, else
 // "ddlrun" (found on the hosts' PATH).
