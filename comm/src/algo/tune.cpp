@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -68,7 +67,9 @@ void checkTopology(const std::string& text, int nranks, const std::string& where
   };
   std::vector<int> dims;
   if (std::string why = parseTopologyDims(text, &dims); !why.empty()) bad("is not a topology: " + why);
-  if (formatTopologyDims(dims) != text) bad("is not written as ddlCommGetTopology prints it");
+  if (formatTopologyDims(dims) != text) {
+    bad("is not written as ddlCommGetTopology prints it; write it " + formatTopologyDims(dims));
+  }
   if (const long long product = topologyRanks(dims); nranks > 0 && product != nranks) {
     bad("has " + std::to_string(product) + " ranks but the rule is for " + std::to_string(nranks));
   }
