@@ -127,6 +127,8 @@ void declareSubmit(CLI::App& app, CommandLine& cl) {
       ->take_last();
   submit->add_option("--topology", s.topology, "ring dims override, e.g. 4x2")->take_last();
   submit->add_option("--priority", s.priority, "higher runs first (default 0)")->take_last();
+  submit->add_option("--account", s.account, "the account to charge (default: your own; others: admins only)")
+      ->take_last();
   submit->add_option("--max-restarts", s.maxRestarts, "requeue after a failure up to R times (default 0)")
       ->take_last();
   // One value per flag (allow_extra_args(false)): a vector option would otherwise swallow the words after it.
@@ -317,19 +319,32 @@ void declareNodeVerbs(CLI::App& app, CommandLine& cl) {
 
 // whoami, and admin's verbs on users and node certificates.
 void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
-  app.add_subcommand("whoami", "who the coordinator takes you for (user and role)");
+  app.add_subcommand("whoami", "who the coordinator takes you for (user, role and account)");
+  app.add_subcommand("accounts", "the accounts jobs are charged to: their tree, shares and users");
 
-  CLI::App* admin = app.add_subcommand("admin", "users and node certificates (admins only)");
+  CLI::App* admin = app.add_subcommand("admin", "users, accounts and node certificates (admins only)");
   admin->require_subcommand(1);
   CLI::App* add = admin->add_subcommand("add-user", "make a user and print its token (shown once)");
   add->add_option("NAME", cl.target, "user name (the account ranks run as on the nodes)")->required();
   add->add_option("--role", cl.role, "user, admin or viewer (default user)")
       ->check(CLI::IsMember({"user", "admin", "viewer"}));
   add->add_flag("--rotate", cl.rotate, "give an existing user a new token (the old one stops working)");
+  add->add_option("--account", cl.account,
+                  "the account the user's jobs are charged to (default root; with "
+                  "--rotate, the user's own)");
+  CLI::App* account = admin->add_subcommand("add-account", "make an account (or, with --update, change one)");
+  account->add_option("NAME", cl.target, "account name")->required();
+  account->add_option("--parent", cl.parent, "the account it lies under (default root)");
+  account->add_option("--share", cl.share, "its share against its siblings' (default 1)")
+      ->check(CLI::Range(1, 1000000));
+  account->add_flag("--update", cl.update, "change an existing account's share or parent");
+  admin->add_subcommand("remove-account", "remove an account that holds no users and no accounts")
+      ->add_option("NAME", cl.target, "account name")
+      ->required();
   admin->add_subcommand("remove-user", "remove a user (its token stops working)")
       ->add_option("NAME", cl.target, "user name")
       ->required();
-  admin->add_subcommand("users", "list users and roles");
+  admin->add_subcommand("users", "list users, roles and accounts");
   CLI::App* issue = admin->add_subcommand("issue-node",
                                           "a certificate for a node, written to --out as ca.crt, "
                                           "node.crt and node.key (install them in the node's "
@@ -435,9 +450,9 @@ std::vector<std::string> flagNames(const CLI::App& app, const CLI::App* verb) {
   return names;
 }
 
-constexpr const char* kVerbs[] = {"submit", "list",    "status",  "wait",   "cancel",
-                                  "hold",   "release", "requeue", "ring",   "logs",
-                                  "nodes",  "drain",   "undrain", "whoami", "admin"};
+constexpr const char* kVerbs[] = {"submit",  "list",    "status",   "wait", "cancel", "hold",
+                                  "release", "requeue", "ring",     "logs", "nodes",  "drain",
+                                  "undrain", "whoami",  "accounts", "admin"};
 
 // What CLI11 reports, said for a person: which flag of which verb, the nearest real flag, what a value must
 // be.
@@ -553,7 +568,7 @@ ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, b
       result.error =
           what +
           ": submit, list, status, wait, cancel, hold, release, requeue, ring, logs, nodes, drain, "
-          "undrain, whoami or admin";
+          "undrain, whoami, accounts or admin";
     } else {
       result.error = describeParseError(app, verb, e);
     }

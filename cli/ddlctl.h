@@ -110,6 +110,7 @@ struct SubmitArgs {
   std::optional<int> gpus;
   std::string topology;
   int priority = 0;
+  std::string account;  // "": the user's own
   int maxRestarts = 0;
   std::vector<std::string> env;     // KEY=VALUE
   std::vector<std::string> labels;  // KEY=VALUE, required node labels
@@ -208,6 +209,9 @@ class JobTableWriter {
   std::vector<size_t> width_;
 };
 std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs);
+// The account tree, each account under its parent, with its share, its normalised share (its part of the
+// whole cluster: its share over its siblings' times its parent's part, as sshare's NormShares) and its users.
+std::string formatAccountTree(const v1::ListAccountsResponse& accounts);
 std::string formatJobDetail(const v1::Job& job, int64_t nowMs);
 
 // The message as JSON (proto field names, default values printed), with a trailing newline.

@@ -107,6 +107,10 @@ struct CommandLine {
   std::string adminVerb;  // admin's subcommand
   std::string role = "user";
   bool rotate = false;
+  std::string account;  // admin add-user --account
+  std::string parent;   // admin add-account --parent
+  int64_t share = 0;    // admin add-account --share; 0: not given
+  bool update = false;  // admin add-account --update
   std::string outDir;
   int days = 0;
   int ttlS = 3600;

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "common/resources.h"
@@ -290,6 +292,42 @@ std::string JobTableWriter::page(const v1::ListJobsResponse& jobs, int64_t nowMs
   return out;
 }
 
+std::string formatAccountTree(const v1::ListAccountsResponse& accounts) {
+  std::map<std::string, std::vector<const v1::Account*>> children;  // by parent, in the listing's order
+  for (const v1::Account& a : accounts.accounts()) children[a.parent()].push_back(&a);
+  std::vector<std::vector<std::string>> rows = {{"ACCOUNT", "SHARE", "NORM", "USERS"}};
+  std::set<std::string> seen;  // a listing is a tree; this keeps a malformed one from looping
+  std::function<void(const std::string&, int, double)> walk = [&](const std::string& parent, int depth,
+                                                                  double part) {
+    int64_t total = 0;
+    for (const v1::Account* a : children[parent]) total += std::max<int64_t>(a->share(), 1);
+    for (const v1::Account* a : children[parent]) {
+      if (!seen.insert(a->name()).second) continue;
+      const double norm = parent.empty() ? 1.0 : part * std::max<int64_t>(a->share(), 1) / total;
+      char normText[32];
+      std::snprintf(normText, sizeof(normText), "%.3f", norm);
+      rows.push_back({std::string(2 * depth, ' ') + escapeForTerminal(a->name()),
+                      parent.empty() ? "-" : std::to_string(a->share()), normText,
+                      std::to_string(a->users())});
+      walk(a->name(), depth + 1, norm);
+    }
+  };
+  walk("", 0, 1.0);
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) {
+      const std::string pad(width[c] - row[c].size(), ' ');
+      out += c == 0 ? row[c] + pad : "  " + pad + row[c];  // names left, numbers right
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
   // REASON (the operator's words with a drain) only when some node has one.
   const bool reasons = std::any_of(nodes.nodes().begin(), nodes.nodes().end(),
@@ -422,6 +460,7 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   if (!spec.required_labels().empty()) add("Labels", formatLabels(spec.required_labels()));
   if (!spec.env().empty()) add("Env", shellJoin({spec.env().begin(), spec.env().end()}));
   add("Priority", std::to_string(spec.priority()));
+  if (!spec.account().empty()) add("Account", spec.account());
   if (job.held()) {
     add("Held", job.held_by_admin()
                     ? "yes, by an admin (an admin releases it: ddlctl release " + job.id() + ")"

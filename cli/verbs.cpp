@@ -355,10 +355,12 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     req.set_name(cl.target);
     req.set_role(cl.role);
     req.set_rotate(cl.rotate);
+    req.set_account(cl.account);
     v1::AddUserResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.AddUser(c, req, &resp); })) return rc;
     return s.print(resp, "user " + escapeForTerminal(resp.name()) + " (" + escapeForTerminal(resp.role()) +
-                             "), token:\n" + escapeForTerminal(resp.token()) +
+                             ", account " + escapeForTerminal(resp.account()) + "), token:\n" +
+                             escapeForTerminal(resp.token()) +
                              "\n(shown once; the user puts it in ~/.config/ddl/token, mode 0600)\n");
   }
   if (cl.adminVerb == "remove-user") {
@@ -372,9 +374,30 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     v1::ListUsersResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListUsers(c, {}, &resp); })) return rc;
     std::string text;
-    for (const auto& u : resp.users())
-      text += escapeForTerminal(u.name()) + " " + escapeForTerminal(u.role()) + "\n";
+    for (const auto& u : resp.users()) {
+      text += escapeForTerminal(u.name()) + " " + escapeForTerminal(u.role()) + " " +
+              escapeForTerminal(u.account()) + "\n";
+    }
     return s.print(resp, text);
+  }
+  if (cl.adminVerb == "add-account") {
+    v1::AddAccountRequest req;
+    req.set_name(cl.target);
+    req.set_parent(cl.parent);
+    req.set_share(cl.share);
+    req.set_update(cl.update);
+    v1::Account resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.AddAccount(c, req, &resp); })) return rc;
+    return s.print(resp, std::string(cl.update ? "changed" : "made") + " account " +
+                             escapeForTerminal(resp.name()) + " under " + escapeForTerminal(resp.parent()) +
+                             ", share " + std::to_string(resp.share()) + "\n");
+  }
+  if (cl.adminVerb == "remove-account") {
+    v1::RemoveAccountRequest req;
+    req.set_name(cl.target);
+    v1::RemoveAccountResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.RemoveAccount(c, req, &resp); })) return rc;
+    return s.print(resp, "removed account " + escapeForTerminal(cl.target) + "\n");
   }
   if (cl.adminVerb == "issue-node") {
     v1::IssueNodeCertificateRequest req;
@@ -541,8 +564,14 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
     v1::Identity who;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.WhoAmI(c, {}, &who); })) return rc;
     return s.print(who, (who.name().empty() ? std::string("(anonymous)") : escapeForTerminal(who.name())) +
-                            " " + escapeForTerminal(who.role()) + " (" + escapeForTerminal(who.via()) +
-                            ")\n");
+                            " " + escapeForTerminal(who.role()) + " (" + escapeForTerminal(who.via()) + ")" +
+                            (who.account().empty() ? "" : ", account " + escapeForTerminal(who.account())) +
+                            "\n");
+  }
+  if (cl.verb == "accounts") {
+    v1::ListAccountsResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListAccounts(c, {}, &resp); })) return rc;
+    return s.print(resp, formatAccountTree(resp));
   }
   if (cl.verb == "admin") return runAdmin(cl, s, err);
   if (cl.verb == "nodes" && cl.nodesVerb == "remove") {

@@ -217,18 +217,16 @@ CoordinatorOptions coordinatorOptions(const DaemonConfig& config) {
   return options;
 }
 
-// Users are read when there is a PKI directory (an --insecure coordinator may still have one: tokens then
-// name their users, and calls without one are anonymous). Null when there is none.
-ddl::state::StatusOr<std::unique_ptr<auth::UserRegistry>> openUsers(const DaemonConfig& config) {
-  std::error_code ec;
-  if (config.insecure && !std::filesystem::exists(config.pki_dir + "/" + ddl::pki::kUsersFile, ec)) {
-    return std::unique_ptr<auth::UserRegistry>();
-  }
-  auto users = auth::UserRegistry::open(config.pki_dir + "/" + ddl::pki::kUsersFile);
+// The users, accounts and join tokens in the store (users.json imported the first time: auth/users.h). An
+// --insecure coordinator keeps them too: tokens then name their users, and calls without one are anonymous.
+ddl::state::StatusOr<std::unique_ptr<auth::UserRegistry>> openUsers(const DaemonConfig& config,
+                                                                    ddl::state::Store& store) {
+  auto users = auth::UserRegistry::open(store, config.pki_dir + "/" + ddl::pki::kUsersFile);
   if (!users) return users.status();
   if (!config.insecure && (*users)->size() == 0) {
     spdlog::warn(
-        "{}/{} has no users: nobody can submit jobs (ddl-coordinator init-pki makes the first admin)",
+        "the state store has no users: nobody can submit jobs (ddl-coordinator init-pki makes the "
+        "first admin in {}/{}, imported at the next start)",
         config.pki_dir, ddl::pki::kUsersFile);
   }
   return std::move(*users);
@@ -250,7 +248,8 @@ ddl::coordinator::http::HttpOptions httpOptions(const DaemonConfig& config, cons
 
 // A standby's dashboard while it waits to lead (several coordinators on etcd): /metrics says it stands by, so
 // Prometheus scrapes every coordinator, and /healthz and every other path answer 503 naming the leader
-// (http::StandbyBackend). It has its own copy of the users, for tokens; the leader reads users.json again.
+// (http::StandbyBackend). It checks tokens against users.json (it has no store until it leads): users added
+// since with ddlctl are known to the leader.
 class StandbyDashboard {
  public:
   // Serves config.http (writing its address to http_file), or says why not in the log and serves nothing:
@@ -258,7 +257,7 @@ class StandbyDashboard {
   static ddl::state::StatusOr<std::unique_ptr<StandbyDashboard>> start(const DaemonConfig& config,
                                                                        const StateBackend& backend,
                                                                        const std::string& http_file) {
-    auto users = openUsers(config);
+    auto users = auth::UserRegistry::readOnly(config.pki_dir + "/" + ddl::pki::kUsersFile);
     if (!users) return users.status();
     auto d = std::unique_ptr<StandbyDashboard>(new StandbyDashboard);
     d->users_ = std::move(*users);
@@ -380,8 +379,8 @@ int runDaemon(const DaemonConfig& config) {
   if (auto st = coordinator.recover(); !st) {
     return fail("recovering state from " + (*backend)->describe() + ": " + st.message());
   }
-  // Read now, at the lead, not when the process started: operators copy users.json to the standbys.
-  auto users = openUsers(config);
+  // Read at the lead: the store holds what the last leader changed.
+  auto users = openUsers(config, (*backend)->store());
   if (!users) return fail(users.status().message());
   if (config.insecure) {
     spdlog::warn("--insecure: plaintext gRPC and no authentication; any local process can act as any user");

@@ -69,8 +69,22 @@ Status mustBeAdmin(const Identity& who, const char* what) {
                                   auth::roleName(who.role));
 }
 
-StatusOr<v1::JobSpec> ownSpec(const Identity& who, v1::JobSpec spec, bool allow_root) {
+StatusOr<v1::JobSpec> ownSpec(const Identity& who, v1::JobSpec spec, bool allow_root,
+                              const auth::UserRegistry* users) {
   if (who.role != Role::kInsecure || !who.name.empty()) spec.set_user(who.name);
+  // The account charged: the user's own unless an admin names another that exists.
+  const std::string own = who.account.empty() ? auth::kRootAccount : who.account;
+  if (spec.account().empty() || spec.account() == own) {
+    spec.set_account(own);
+  } else if (!who.isAdmin()) {
+    return Status::permissionDenied((who.name.empty() ? std::string("this caller") : who.name) +
+                                    " is in account " + own + " and may not charge account " +
+                                    spec.account() +
+                                    " (an admin moves a user "
+                                    "with 'ddlctl admin add-user NAME --rotate --account A')");
+  } else if (users && !users->hasAccount(spec.account())) {
+    return Status::notFound("no account '" + spec.account() + "' (ddlctl accounts lists them)");
+  }
   if (spec.user() == "root" && !allow_root) {
     return Status::permissionDenied("jobs of root are refused: ranks never run as root unless the coordinator's "
                                     "config sets allow_root_jobs");

@@ -47,8 +47,11 @@ inline constexpr const char* kBuiltinAdmin = "admin";
 
 // The spec as the coordinator records it: the user from the identity (the request's is ignored), root refused
 // unless allow_root, the built-in admin refused where no account of that name exists (it would fail on every
-// node). Insecure callers without a token keep the request's user.
-StatusOr<v1::JobSpec> ownSpec(const Identity& who, v1::JobSpec spec, bool allow_root);
+// node). Insecure callers without a token keep the request's user. The account charged is the user's own
+// (root for an anonymous caller); only an admin may name another, which must exist in `users` (when there is
+// a registry).
+StatusOr<v1::JobSpec> ownSpec(const Identity& who, v1::JobSpec spec, bool allow_root,
+                              const auth::UserRegistry* users = nullptr);
 
 // What a listing shows `who` of `job`: others' jobs lose command, env and workdir unless `who` is an admin.
 void redactFor(const Identity& who, v1::Job* job);

@@ -18,23 +18,24 @@ Admin::Admin(UserRegistry* users, std::string pki_dir, int node_cert_days, bool 
 
 Status Admin::needUsers() const {
   if (users_) return Status::ok();
-  return Status::failedPrecondition("this coordinator keeps no users: it runs --insecure without " +
-                                    pki_dir_ + "/" + pki::kUsersFile +
-                                    " (ddl-coordinator init-pki makes one)");
+  return Status::failedPrecondition("this coordinator keeps no users (it was given no user registry)");
 }
 
 StatusOr<v1::AddUserResponse> Admin::addUser(const v1::AddUserRequest& request) {
   if (Status st = needUsers(); !st) return st;
   auto role = parseUserRole(request.role());
   if (!role) return Status::invalidArgument("role '" + request.role() + "' is not admin, user or viewer");
-  auto token = users_->add(request.name(), *role, request.rotate());
+  auto token = users_->add(request.name(), *role, request.rotate(), request.account());
   if (!token) return token.status();
-  spdlog::info("user {} ({}) {}", request.name(), roleName(*role),
+  auto who = users_->authenticate(*token);
+  const std::string account = who ? who->account : request.account();
+  spdlog::info("user {} ({}, account {}) {}", request.name(), roleName(*role), account,
                request.rotate() ? "has a new token" : "added");
   v1::AddUserResponse response;
   response.set_name(request.name());
   response.set_role(roleName(*role));
   response.set_token(*token);
+  response.set_account(account);
   return response;
 }
 
@@ -53,6 +54,44 @@ StatusOr<v1::ListUsersResponse> Admin::listUsers() const {
     out->set_name(u.name);
     out->set_role(roleName(u.role));
     out->set_via(u.via);
+    out->set_account(u.account);
+  }
+  return response;
+}
+
+StatusOr<v1::Account> Admin::addAccount(const v1::AddAccountRequest& request) {
+  if (Status st = needUsers(); !st) return st;
+  const int64_t share = request.share() == 0 && !request.update() ? 1 : request.share();
+  if (Status st = users_->addAccount(request.name(), request.parent(), share, request.update()); !st)
+    return st;
+  auto listed = listAccounts();
+  if (!listed) return listed.status();
+  for (const v1::Account& a : listed->accounts()) {
+    if (a.name() != request.name()) continue;
+    spdlog::info("account {} (parent {}, share {}) {}", a.name(), a.parent(), a.share(),
+                 request.update() ? "updated" : "added");
+    return a;
+  }
+  return Status::internal("account " + request.name() + " was stored but is not listed");
+}
+
+Status Admin::removeAccount(const v1::RemoveAccountRequest& request) {
+  if (Status st = needUsers(); !st) return st;
+  if (Status st = users_->removeAccount(request.name()); !st) return st;
+  spdlog::info("account {} removed", request.name());
+  return Status::ok();
+}
+
+StatusOr<v1::ListAccountsResponse> Admin::listAccounts() const {
+  if (Status st = needUsers(); !st) return st;
+  v1::ListAccountsResponse response;
+  for (const AccountInfo& a : users_->accounts()) {
+    v1::Account* out = response.add_accounts();
+    out->set_name(a.name);
+    out->set_parent(a.parent);
+    out->set_share(a.share);
+    out->set_users(a.users);
+    out->set_created_ms(a.created_s * 1000);
   }
   return response;
 }

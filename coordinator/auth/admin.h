@@ -1,9 +1,9 @@
-// The coordinator's admin verbs as a plain object: users (UserService AddUser, RemoveUser, ListUsers), node
-// certificates (IssueNodeCertificate) and join tokens (CreateJoinToken, and AgentService.Join, which trades
-// one for a certificate). It takes and returns ddl.v1 messages and Status, over the UserRegistry and the PKI
-// directory, with no gRPC, so every rule here is unit-tested (tests/unit/admin_test.cpp); rpc/server.cpp
-// checks who calls (auth/access.h: these are admin-only, except Join, which its token authorises) and only
-// translates.
+// The coordinator's admin verbs as a plain object: users (UserService AddUser, RemoveUser, ListUsers),
+// accounts (AddAccount, RemoveAccount, ListAccounts), node certificates (IssueNodeCertificate) and join
+// tokens (CreateJoinToken, and AgentService.Join, which trades one for a certificate). It takes and returns
+// ddl.v1 messages and Status, over the UserRegistry and the PKI directory, with no gRPC, so every rule here
+// is unit-tested (tests/unit/admin_test.cpp); rpc/server.cpp checks who calls (auth/access.h: these are
+// admin-only, except Join, which its token authorises) and only translates.
 //
 // Certificates are signed by pki_dir.h's signNodeCertificate, as ddl-coordinator issue-node's are, with the
 // CA from PKI_DIR (ca.crt, ca.key: a coordinator without ca.key refuses to issue certificates and join
@@ -26,8 +26,8 @@ namespace ddl::coordinator::auth {
 
 class Admin {
  public:
-  // users: not owned, outlives this. It is null on an --insecure coordinator started without users.json; the
-  // user and join-token verbs then refuse with FAILED_PRECONDITION.
+  // users: not owned, outlives this. The daemon always gives one; where it is null, the user, account and
+  // join-token verbs refuse with FAILED_PRECONDITION.
   // node_cert_days: the validity of a certificate whose request says 0 days. now_s: unix seconds, for
   // certificates' validity.
   Admin(UserRegistry* users, std::string pki_dir, int node_cert_days, bool insecure,
@@ -37,6 +37,10 @@ class Admin {
   StatusOr<v1::AddUserResponse> addUser(const v1::AddUserRequest& request);
   Status removeUser(const v1::RemoveUserRequest& request);
   StatusOr<v1::ListUsersResponse> listUsers() const;
+  // Accounts (users.h): make or (update) change one, remove an empty one, list them all.
+  StatusOr<v1::Account> addAccount(const v1::AddAccountRequest& request);
+  Status removeAccount(const v1::RemoveAccountRequest& request);
+  StatusOr<v1::ListAccountsResponse> listAccounts() const;
 
   // A new key and its certificate for the node, made here and returned (with the CA) to the admin.
   StatusOr<v1::IssueNodeCertificateResponse> issueNodeCertificate(

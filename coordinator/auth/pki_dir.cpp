@@ -74,11 +74,7 @@ StatusOr<std::string> initPki(const InitPkiOptions& o) {
   if (Status st = write(at(o.dir, pki::kCaKey), *ca_key, 0600); !st) return st;
   if (Status st = write(at(o.dir, pki::kCaCert), *ca, 0644); !st) return st;
   if (Status st = renewCoordinatorCert(o.dir, o.names, o.cert_days); !st) return st;
-  auto users = UserRegistry::open(at(o.dir, pki::kUsersFile));
-  if (!users) return users.status();
-  bool exists = false;
-  for (const auto& u : (*users)->list()) exists = exists || u.name == o.admin;
-  auto token = (*users)->add(o.admin, Role::kAdmin, /*rotate=*/exists);
+  auto token = addToUsersFile(at(o.dir, pki::kUsersFile), o.admin, Role::kAdmin);
   if (!token) return token.status();
   if (Status st = write(at(o.dir, pki::kAdminToken), *token + "\n", 0600); !st) return st;
   return *token;

@@ -1,13 +1,92 @@
-// The user registry (users.h): users.json with token hashes, and the one-time join tokens in memory.
+// The user registry (users.h): users, accounts and join tokens as Store entries, a copy in memory for token
+// checks, and users.json imported once.
 #include "auth/users.h"
 
-#include <chrono>
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "common/pki.h"
+#include "state/direct_store.h"
 
 namespace ddl::coordinator::auth {
+
+namespace {
+
+constexpr const char* kUsersTable = "users";
+constexpr const char* kAccountsTable = "accounts";
+constexpr const char* kJoinTokensTable = "join_tokens";
+constexpr const char* kImportsTable = "imports";
+constexpr const char* kUsersFileImport = "users.json";
+
+using state::Write;
+
+nlohmann::json userJson(const UserRegistry::User& u) {
+  return {{"role", roleName(u.role)},
+          {"token_sha256", u.token_sha256},
+          {"created_s", u.created_s},
+          {"account", u.account}};
+}
+
+// A user from its JSON (an entry's value or one of users.json's), or why it is not one.
+StatusOr<UserRegistry::User> userFromJson(const std::string& name, const nlohmann::json& j) {
+  UserRegistry::User u;
+  try {
+    auto role = parseUserRole(j.at("role").get<std::string>());
+    u.token_sha256 = j.at("token_sha256").get<std::string>();
+    u.created_s = j.value("created_s", int64_t{0});
+    u.account = j.value("account", std::string(kRootAccount));
+    if (!role || u.token_sha256.size() != 64 || !checkUserName(name).empty() || u.account.empty()) {
+      return Status::dataLoss("bad record for user '" + name + "'");
+    }
+    u.role = *role;
+  } catch (const nlohmann::json::exception& e) {
+    return Status::dataLoss("bad record for user '" + name + "' (" + e.what() + ")");
+  }
+  return u;
+}
+
+// users.json's users by name; a missing file has none.
+StatusOr<std::map<std::string, UserRegistry::User>> readUsersFile(const std::string& path,
+                                                                  std::string* text) {
+  std::map<std::string, UserRegistry::User> users;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return users;
+  std::string error;
+  auto read = pki::readFile(path, &error);
+  if (!read) return Status::unavailable(error);
+  if (text) *text = *read;
+  try {
+    const auto doc = nlohmann::json::parse(*read);
+    for (const auto& j : doc.at("users")) {
+      const std::string name = j.at("name").get<std::string>();
+      auto user = userFromJson(name, j);
+      if (!user) return Status::invalidArgument(path + ": " + user.status().message());
+      if (users.size() >= UserRegistry::kMaxUsers)
+        return Status::invalidArgument(path + ": more than 10000 users");
+      users[name] = *user;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Status::invalidArgument(path + ": not a users file (" + std::string(e.what()) + ")");
+  }
+  return users;
+}
+
+// A new token and its hash.
+StatusOr<std::pair<std::string, std::string>> newToken(const char* prefix) {
+  const std::string secret = pki::randomHex(32);
+  if (secret.empty()) return Status::internal("no random bytes for a token");
+  const std::string token = prefix + secret;
+  return std::make_pair(token, pki::sha256Hex(token));
+}
+
+Status checkRole(Role role) {
+  if (role == Role::kAdmin || role == Role::kUser || role == Role::kViewer) return Status::ok();
+  return Status::invalidArgument("a user's role is admin, user or viewer");
+}
+
+}  // namespace
 
 const char* roleName(Role role) {
   switch (role) {
@@ -30,46 +109,138 @@ std::optional<Role> parseUserRole(const std::string& name) {
   return std::nullopt;
 }
 
-std::string checkUserName(const std::string& name) {
-  if (name.empty() || name.size() > 32) return "a user name has 1 to 32 characters";
+namespace {
+
+// The name rules of users and accounts; `what` is "user" or "account".
+std::string checkName(const std::string& what, const std::string& name) {
+  const std::string article = what == "account" ? "an " : "a ";
+  if (name.empty() || name.size() > 32) return article + what + " name has 1 to 32 characters";
   if (!(std::islower(static_cast<unsigned char>(name[0])) || name[0] == '_')) {
-    return "user name '" + name + "' must start with a lower-case letter or '_'";
+    return what + " name '" + name + "' must start with a lower-case letter or '_'";
   }
   for (char c : name) {
     if (!std::islower(static_cast<unsigned char>(c)) && !std::isdigit(static_cast<unsigned char>(c)) && c != '_' &&
         c != '-' && c != '.') {
-      return "user name '" + name + "' may hold only a-z, 0-9, '_', '-' and '.' (it names an account on the nodes)";
+      return what + " name '" + name + "' may hold only a-z, 0-9, '_', '-' and '.'" +
+             (what == "user" ? " (it names an account on the nodes)" : "");
     }
   }
   return "";
 }
 
-StatusOr<std::unique_ptr<UserRegistry>> UserRegistry::open(const std::string& path,
+}  // namespace
+
+std::string checkUserName(const std::string& name) { return checkName("user", name); }
+std::string checkAccountName(const std::string& name) { return checkName("account", name); }
+
+// ---- Opening ----------------------------------------------------------------------------------------------
+
+StatusOr<std::unique_ptr<UserRegistry>> UserRegistry::open(state::Store& store, const std::string& users_json,
                                                            std::function<int64_t()> now_s) {
-  std::unique_ptr<UserRegistry> registry(new UserRegistry(path, std::move(now_s)));
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return registry;
-  std::string error;
-  auto text = pki::readFile(path, &error);
-  if (!text) return Status::unavailable(error);
-  try {
-    const auto doc = nlohmann::json::parse(*text);
-    for (const auto& u : doc.at("users")) {
-      const std::string name = u.at("name").get<std::string>();
-      auto role = parseUserRole(u.at("role").get<std::string>());
-      const std::string hash = u.at("token_sha256").get<std::string>();
-      if (!checkUserName(name).empty() || !role || hash.size() != 64) {
-        return Status::invalidArgument(path + ": bad entry for user '" + name + "'");
-      }
-      if (registry->users_.size() >= kMaxUsers) return Status::invalidArgument(path + ": more than 10000 users");
-      registry->users_[name] = User{*role, hash, u.value("created_s", int64_t{0})};
-      registry->by_hash_[hash] = name;
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return Status::invalidArgument(path + ": not a users file (" + std::string(e.what()) + ")");
-  }
+  std::unique_ptr<UserRegistry> registry(new UserRegistry(&store, std::move(now_s)));
+  if (Status st = registry->importOnce(users_json); !st) return st;
+  if (Status st = registry->load(); !st) return st;
   return registry;
 }
+
+StatusOr<std::unique_ptr<UserRegistry>> UserRegistry::readOnly(const std::string& users_json) {
+  std::unique_ptr<UserRegistry> registry(new UserRegistry(nullptr, unixNowS));
+  auto users = readUsersFile(users_json, nullptr);
+  if (!users) return users.status();
+  registry->users_ = std::move(*users);
+  for (const auto& [name, user] : registry->users_) registry->by_hash_[user.token_sha256] = name;
+  return registry;
+}
+
+Status UserRegistry::importOnce(const std::string& users_json) {
+  auto imports = store_->listEntries(kImportsTable);
+  if (!imports) return imports.status();
+  std::string text;
+  auto users = readUsersFile(users_json, &text);
+  if (!users) return users.status();
+  const std::string file_sha256 = text.empty() ? "" : pki::sha256Hex(text);
+  for (const state::Entry& e : *imports) {
+    if (e.key != kUsersFileImport) continue;
+    const auto marker = nlohmann::json::parse(e.value, nullptr, false);
+    const auto sha256 = marker.is_object() ? marker.find("sha256") : marker.end();
+    if (!file_sha256.empty() && sha256 != marker.end() && *sha256 != file_sha256) {
+      spdlog::warn(
+          "{} has changed since it was imported; it is not read again: users live in the state store "
+          "now (ddlctl admin add-user, remove-user, users)",
+          users_json);
+    }
+    return Status::ok();
+  }
+  if (text.empty()) return Status::ok();  // no file: nothing to import yet
+  std::vector<Write> writes;
+  for (const auto& [name, user] : *users) {
+    writes.push_back(Write::putEntry({kUsersTable, name, userJson(user).dump()}));
+  }
+  // The marker last: an import cut short is done again whole on the next open.
+  const nlohmann::json marker = {{"sha256", file_sha256}, {"at_s", now_s_()}, {"users", users->size()}};
+  writes.push_back(Write::putEntry({kImportsTable, kUsersFileImport, marker.dump()}));
+  if (Status st = state::applyInBatches(*store_, std::move(writes)); !st) {
+    return Status(st.code(), "importing " + users_json + " into the state store: " + st.message());
+  }
+  spdlog::info("imported {} users from {} into the state store; users are managed there from now on",
+               users->size(), users_json);
+  return Status::ok();
+}
+
+Status UserRegistry::load() {
+  auto users = store_->listEntries(kUsersTable);
+  auto accounts = users ? store_->listEntries(kAccountsTable) : users;
+  auto tokens = accounts ? store_->listEntries(kJoinTokensTable) : accounts;
+  if (!tokens) return tokens.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    return loadLocked(*users, *accounts, *tokens);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::dataLoss(std::string("the state store's users, accounts or join tokens: ") + e.what());
+  }
+}
+
+Status UserRegistry::loadLocked(const std::vector<state::Entry>& users,
+                                const std::vector<state::Entry>& accounts,
+                                const std::vector<state::Entry>& tokens) {
+  for (const state::Entry& e : users) {
+    auto user = userFromJson(e.key, nlohmann::json::parse(e.value, nullptr, false));
+    if (!user)
+      return Status::dataLoss("the state store's entry users/" + e.key + ": " + user.status().message());
+    users_[e.key] = *user;
+    by_hash_[user->token_sha256] = e.key;
+  }
+  for (const state::Entry& e : accounts) {
+    const auto j = nlohmann::json::parse(e.value, nullptr, false);
+    Account a;
+    if (j.is_object()) {
+      a.parent = j.value("parent", std::string(kRootAccount));
+      a.share = j.value("share", int64_t{1});
+      a.created_s = j.value("created_s", int64_t{0});
+    }
+    if (!j.is_object() || !checkAccountName(e.key).empty() || a.parent.empty() || a.share < 1) {
+      return Status::dataLoss("the state store's entry accounts/" + e.key + " is not an account");
+    }
+    accounts_[e.key] = a;
+  }
+  for (const state::Entry& e : tokens) {
+    const auto j = nlohmann::json::parse(e.value, nullptr, false);
+    if (!j.is_object()) continue;  // a token that cannot be read admits nobody
+    join_tokens_[e.key] = JoinToken{j.value("node", ""), j.value("expires_s", int64_t{0})};
+  }
+  return Status::ok();
+}
+
+Status UserRegistry::commit(const std::vector<Write>& batch) {
+  if (!store_) {
+    return Status::failedPrecondition(
+        "this coordinator is a standby: users, accounts and join tokens change "
+        "on the leader");
+  }
+  return store_->applyBatch(batch);
+}
+
+// ---- Users ------------------------------------------------------------------------------------------------
 
 std::optional<Identity> UserRegistry::authenticate(const std::string& token) const {
   if (token.empty()) return std::nullopt;
@@ -78,19 +249,17 @@ std::optional<Identity> UserRegistry::authenticate(const std::string& token) con
   auto it = by_hash_.find(hash);
   if (it == by_hash_.end()) return std::nullopt;
   // The map lookup compared hashes of a secret; that leaks nothing about the token itself.
-  return Identity{it->second, users_.at(it->second).role, "token"};
+  const User& user = users_.at(it->second);
+  return Identity{it->second, user.role, "token", user.account};
 }
 
-StatusOr<std::string> UserRegistry::add(const std::string& name, Role role, bool rotate) {
+StatusOr<std::string> UserRegistry::add(const std::string& name, Role role, bool rotate,
+                                        const std::string& account) {
   if (auto why = checkUserName(name); !why.empty()) return Status::invalidArgument(why);
-  if (role != Role::kAdmin && role != Role::kUser && role != Role::kViewer) {
-    return Status::invalidArgument("a user's role is admin, user or viewer");
-  }
-  const std::string secret = pki::randomHex(32);
-  if (secret.empty()) return Status::internal("no random bytes for a token");
-  const std::string token = kTokenPrefix + secret;
-  const std::string hash = pki::sha256Hex(token);
-  std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = checkRole(role); !st) return st;
+  auto token = newToken(kTokenPrefix);
+  if (!token) return token.status();
+  std::lock_guard<std::mutex> writing(write_mu_);  // the copy changes only under it: read freely
   auto it = users_.find(name);
   if (it != users_.end() && !rotate) {
     return Status::failedPrecondition("user '" + name + "' exists (give --rotate for a new token)");
@@ -99,38 +268,57 @@ StatusOr<std::string> UserRegistry::add(const std::string& name, Role role, bool
   if (it == users_.end() && users_.size() >= kMaxUsers) {
     return Status::failedPrecondition("the registry holds 10000 users already");
   }
-  const auto saved_users = users_;
-  const auto saved_hashes = by_hash_;
-  if (it != users_.end()) by_hash_.erase(it->second.token_sha256);
-  users_[name] = User{role, hash, now_s_()};
-  by_hash_[hash] = name;
-  if (Status st = saveLocked(); !st) {
-    users_ = saved_users;  // what is in memory matches the file: a token that was not saved does not work
-    by_hash_ = saved_hashes;
-    return st;
+  if (!account.empty() && account != kRootAccount && !accounts_.count(account)) {
+    return Status::notFound("no account '" + account +
+                            "' (an admin makes one with 'ddlctl admin add-account " + account + "')");
   }
-  return token;
+  User user;
+  if (it != users_.end()) {
+    user = it->second;
+    if (user.role == Role::kAdmin && role != Role::kAdmin) {
+      size_t admins = 0;
+      for (const auto& [n, u] : users_) admins += u.role == Role::kAdmin;
+      if (admins == 1)
+        return Status::failedPrecondition("'" + name + "' is the last admin; it stays an admin");
+    }
+  } else {
+    user.created_s = now_s_();
+  }
+  user.role = role;
+  user.token_sha256 = token->second;
+  if (!account.empty()) user.account = account;
+  if (Status st = commit({Write::putEntry({kUsersTable, name, userJson(user).dump()})}); !st) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (it != users_.end()) by_hash_.erase(it->second.token_sha256);
+  users_[name] = user;
+  by_hash_[user.token_sha256] = name;
+  return token->first;
 }
 
 Status UserRegistry::remove(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> writing(write_mu_);
   auto it = users_.find(name);
   if (it == users_.end()) return Status::notFound("no user '" + name + "'");
-  const User saved = it->second;
-  by_hash_.erase(saved.token_sha256);
-  users_.erase(it);
-  if (Status st = saveLocked(); !st) {
-    users_[name] = saved;
-    by_hash_[saved.token_sha256] = name;
-    return st;
+  if (it->second.role == Role::kAdmin) {
+    size_t admins = 0;
+    for (const auto& [n, u] : users_) admins += u.role == Role::kAdmin;
+    if (admins == 1) {
+      return Status::failedPrecondition("'" + name +
+                                        "' is the last admin and cannot be removed (make another "
+                                        "admin first)");
+    }
   }
+  if (Status st = commit({Write::deleteEntry(kUsersTable, name)}); !st) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  by_hash_.erase(it->second.token_sha256);
+  users_.erase(it);
   return Status::ok();
 }
 
 std::vector<Identity> UserRegistry::list() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Identity> out;
-  for (const auto& [name, user] : users_) out.push_back(Identity{name, user.role, "token"});
+  for (const auto& [name, user] : users_) out.push_back(Identity{name, user.role, "token", user.account});
   return out;
 }
 
@@ -139,50 +327,171 @@ size_t UserRegistry::size() const {
   return users_.size();
 }
 
-Status UserRegistry::saveLocked() const {
-  nlohmann::json users = nlohmann::json::array();
-  for (const auto& [name, user] : users_) {
-    users.push_back({{"name", name},
-                     {"role", roleName(user.role)},
-                     {"token_sha256", user.token_sha256},
-                     {"created_s", user.created_s}});
+StatusOr<std::string> addToUsersFile(const std::string& users_json, const std::string& name, Role role) {
+  if (auto why = checkUserName(name); !why.empty()) return Status::invalidArgument(why);
+  if (Status st = checkRole(role); !st) return st;
+  auto users = readUsersFile(users_json, nullptr);
+  if (!users) return users.status();
+  auto token = newToken(UserRegistry::kTokenPrefix);
+  if (!token) return token.status();
+  UserRegistry::User& user = (*users)[name];
+  if (user.token_sha256.empty()) user.created_s = unixNowS();
+  user.role = role;
+  user.token_sha256 = token->second;
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [n, u] : *users) {
+    nlohmann::json j = userJson(u);
+    j["name"] = n;
+    list.push_back(j);
   }
-  nlohmann::json doc = {{"users", users}};
   std::string error;
-  if (!pki::writeFile(path_, doc.dump(2) + "\n", 0600, &error)) return Status::internal(error);
+  if (!pki::writeFile(users_json, nlohmann::json({{"users", list}}).dump(2) + "\n", 0600, &error)) {
+    return Status::internal(error);
+  }
+  return token->first;
+}
+
+// ---- Accounts ---------------------------------------------------------------------------------------------
+
+bool UserRegistry::within(const std::string& account, const std::string& ancestor) const {
+  std::string at = account;
+  for (size_t depth = 0; depth <= accounts_.size() + 1; ++depth) {  // bounded: a tree has no longer path
+    if (at == ancestor) return true;
+    auto it = accounts_.find(at);
+    if (it == accounts_.end()) return false;  // root (or unknown): the top
+    at = it->second.parent;
+  }
+  return false;
+}
+
+Status UserRegistry::addAccount(const std::string& name, const std::string& parent, int64_t share,
+                                bool update) {
+  if (auto why = checkAccountName(name); !why.empty()) return Status::invalidArgument(why);
+  if (name == kRootAccount)
+    return Status::invalidArgument("'root' is the top of the account tree and has no share");
+  if (share < 0 || share > kMaxShare || (share == 0 && !update)) {
+    return Status::invalidArgument("a share is 1 to " + std::to_string(kMaxShare));
+  }
+  std::lock_guard<std::mutex> writing(write_mu_);
+  auto it = accounts_.find(name);
+  if (it != accounts_.end() && !update) {
+    return Status::failedPrecondition("account '" + name +
+                                      "' exists (give --update to change its share or parent)");
+  }
+  if (it == accounts_.end() && update) return Status::notFound("no account '" + name + "' to update");
+  if (it == accounts_.end() && accounts_.size() >= kMaxAccounts) {
+    return Status::failedPrecondition("the registry holds 10000 accounts already");
+  }
+  Account account = it != accounts_.end() ? it->second : Account{kRootAccount, share, now_s_()};
+  if (share > 0) account.share = share;
+  if (!parent.empty()) {
+    if (parent != kRootAccount && !accounts_.count(parent)) {
+      return Status::notFound("no parent account '" + parent + "'");
+    }
+    if (within(parent, name)) {
+      return Status::invalidArgument("account '" + parent + "' lies under '" + name +
+                                     "', so it cannot be its parent");
+    }
+    account.parent = parent;
+  }
+  const nlohmann::json value = {
+      {"parent", account.parent}, {"share", account.share}, {"created_s", account.created_s}};
+  if (Status st = commit({Write::putEntry({kAccountsTable, name, value.dump()})}); !st) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  accounts_[name] = account;
   return Status::ok();
 }
+
+Status UserRegistry::removeAccount(const std::string& name) {
+  if (name == kRootAccount)
+    return Status::invalidArgument("'root' is the top of the account tree and always exists");
+  std::lock_guard<std::mutex> writing(write_mu_);
+  if (!accounts_.count(name)) return Status::notFound("no account '" + name + "'");
+  std::vector<std::string> holding;
+  for (const auto& [n, a] : accounts_) {
+    if (a.parent == name) holding.push_back("account " + n);
+  }
+  for (const auto& [n, u] : users_) {
+    if (u.account == name) holding.push_back("user " + n);
+  }
+  if (!holding.empty()) {
+    std::string some;
+    for (size_t i = 0; i < holding.size() && i < 3; ++i) some += (i ? ", " : "") + holding[i];
+    if (holding.size() > 3) some += " and " + std::to_string(holding.size() - 3) + " more";
+    return Status::failedPrecondition("account '" + name + "' still holds " + some +
+                                      "; move or remove them first");
+  }
+  if (Status st = commit({Write::deleteEntry(kAccountsTable, name)}); !st) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  accounts_.erase(name);
+  return Status::ok();
+}
+
+std::vector<AccountInfo> UserRegistry::accounts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, int> users;
+  for (const auto& [n, u] : users_) ++users[u.account];
+  std::vector<AccountInfo> out{{kRootAccount, "", 1, users[kRootAccount], 0}};
+  for (const auto& [n, a] : accounts_) out.push_back({n, a.parent, a.share, users[n], a.created_s});
+  return out;
+}
+
+bool UserRegistry::hasAccount(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return name == kRootAccount || accounts_.count(name) > 0;
+}
+
+// ---- Join tokens ------------------------------------------------------------------------------------------
 
 StatusOr<std::string> UserRegistry::createJoinToken(const std::string& node, int64_t ttl_s, int64_t* expires_s) {
   if (auto why = pki::checkNodeName(node); !why.empty()) return Status::invalidArgument(why);
   if (ttl_s <= 0 || ttl_s > 7 * 86400) return Status::invalidArgument("a join token lives 1 s to 7 days");
-  const std::string secret = pki::randomHex(32);
-  if (secret.empty()) return Status::internal("no random bytes for a token");
-  const std::string token = kJoinTokenPrefix + secret;
+  auto token = newToken(kJoinTokenPrefix);
+  if (!token) return token.status();
   const int64_t now = now_s_();
+  std::lock_guard<std::mutex> writing(write_mu_);
+  std::vector<Write> batch;  // the expired ones go with it
+  for (const auto& [hash, t] : join_tokens_) {
+    if (t.expires_s < now) batch.push_back(Write::deleteEntry(kJoinTokensTable, hash));
+  }
+  if (join_tokens_.size() - batch.size() >= kMaxJoinTokens) {
+    return Status::failedPrecondition(
+        "1024 join tokens are live already; wait for some to be used or expire");
+  }
+  const JoinToken made{node, now + ttl_s};
+  batch.push_back(Write::putEntry({kJoinTokensTable, token->second,
+                                   nlohmann::json({{"node", node}, {"expires_s", made.expires_s}}).dump()}));
+  if (Status st = commit(batch); !st) return st;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = join_tokens_.begin(); it != join_tokens_.end();) {
     it = it->second.expires_s < now ? join_tokens_.erase(it) : std::next(it);
   }
-  if (join_tokens_.size() >= kMaxJoinTokens) {
-    return Status::failedPrecondition("1024 join tokens are live already; wait for some to be used or expire");
-  }
-  join_tokens_[pki::sha256Hex(token)] = JoinToken{node, now + ttl_s};
-  *expires_s = now + ttl_s;
-  return token;
+  join_tokens_[token->second] = made;
+  *expires_s = made.expires_s;
+  return token->first;
 }
 
 Status UserRegistry::redeemJoinToken(const std::string& token, const std::string& node) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = join_tokens_.find(pki::sha256Hex(token));
+  const std::string hash = pki::sha256Hex(token);
+  std::lock_guard<std::mutex> writing(write_mu_);
+  auto it = join_tokens_.find(hash);
   if (it == join_tokens_.end()) return Status::unauthenticated("unknown or used join token");
   if (it->second.expires_s < now_s_()) {
-    join_tokens_.erase(it);
+    if (commit({Write::deleteEntry(kJoinTokensTable, hash)})) {
+      std::lock_guard<std::mutex> lock(mu_);
+      join_tokens_.erase(it);
+    }
     return Status::unauthenticated("the join token has expired; make another with 'ddlctl admin join-token'");
   }
   if (it->second.node != node) {
     return Status::permissionDenied("the join token is for node '" + it->second.node + "', not '" + node + "'");
   }
+  // Used up once that is durable: a token whose use was not recorded admits nobody now, but works again after
+  // a failover, so it must not admit the node now either.
+  if (Status st = commit({Write::deleteEntry(kJoinTokensTable, hash)}); !st) {
+    return Status(st.code(), "cannot record the join token's use: " + st.message());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
   join_tokens_.erase(it);
   return Status::ok();
 }

@@ -1,19 +1,42 @@
-// Who may call the coordinator: users with bearer tokens, and one-time join tokens for new nodes.
+// Who may call the coordinator, and whom their jobs are charged to: users with bearer tokens, accounts in a
+// tree with shares, and one-time join tokens for new nodes.
 //
-// Users live in a JSON file in the PKI directory (users.json, mode 0600): name, role and the SHA-256 of the
-// token. The token itself is shown once, when it is made (ddl-coordinator init-pki for the first admin,
-// ddlctl admin add-user after that), and never stored, so a copy of the file lets nobody in. Tokens are 32
-// random bytes, so a plain SHA-256 is as good as a slow hash here.
+// All of it lives in the coordinator's Store as entries (state/store.h), so every coordinator that shares an
+// etcd store sees the same users, and a restart or a failover keeps them:
+//   users/<name>          role, the SHA-256 of the token, creation time, account
+//   accounts/<name>       parent, share, creation time
+//   join_tokens/<sha256>  the node it admits, its expiry
+//   imports/users.json    that users.json was imported, and the file's SHA-256 then
+// The registry keeps a copy in memory, which every token check reads. A change is written to the store first
+// and reaches the copy only once it is durable: a token that was returned works after a restart or a
+// failover, and a user removed stays removed. The leader opens the registry when it takes the lead; a deposed
+// leader ends at once (StateBackend), so the copy of the one that serves is never behind the store.
 //
-// Roles: admin (everything: other users' jobs, drain, users, node certificates), user (submit; see, cancel
-// and read the logs of their own jobs; list everyone's jobs without their commands and environments), viewer
-// (read-only: listings and the dashboard).
+// users.json (mode 0600 in the PKI directory, written by ddl-coordinator init-pki with the first admin) is
+// imported once: the first open() whose store has no imports/users.json copies its users in, the marker last.
+// The file is not read after that (open() warns when it has changed since): users are managed with ddlctl
+// admin. A standby's dashboard, which has no store until it leads, checks tokens against the file
+// (readOnly()).
 //
-// Join tokens (CreateJoinToken, AgentService.Join) are kept in memory only: each names one node, works once,
-// and expires; a coordinator restart forgets them (make another). At most kMaxJoinTokens are live. Their
-// expiry and the users' creation times come from the clock given to open() (tests drive it).
+// Tokens are 32 random bytes, shown once when made and never stored (only their SHA-256, which is as good as
+// a slow hash for so long a secret), so a copy of the store or the file lets nobody in.
 //
-// Threads: every method may be called from any thread (one mutex).
+// Roles: admin (everything: other users' jobs, drain, users, accounts, node certificates), user (submit; see,
+// cancel and read the logs of their own jobs; list everyone's jobs without their commands and environments),
+// viewer (read-only: listings and the dashboard). At least one admin always remains.
+//
+// Accounts (Slurm's associations, reduced to a tree): "root" always exists, with no parent; every other
+// account has a parent and a share (1 .. kMaxShare) of what its parent's subtree gets. Every user is in one
+// account (root unless given), which its jobs are charged to. An account with sub-accounts or users cannot be
+// removed, and a parent cannot become its own descendant.
+//
+// Join tokens (CreateJoinToken, AgentService.Join) each name one node, work once and expire.
+//
+// Limits: kMaxUsers, kMaxAccounts, kMaxJoinTokens live at once. Creation times and expiry come from the clock
+// given to open() (tests drive it).
+//
+// Threads: every method may be called from any thread. Token checks take a short lock on the copy; changes
+// are serialised by a second lock held across the store's write, so checks never wait for a disk or etcd.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +50,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "state/store.h"
 
 namespace ddl::coordinator::auth {
 
@@ -37,67 +61,116 @@ enum class Role { kAdmin, kUser, kViewer, kInsecure };
 const char* roleName(Role role);
 std::optional<Role> parseUserRole(const std::string& name);  // "admin", "user", "viewer"
 
+inline constexpr const char* kRootAccount = "root";
+
 // Who a call comes from, as the rpc layer established it.
 struct Identity {
   std::string name;  // the user; "" for an anonymous caller of an --insecure coordinator
   Role role = Role::kViewer;
-  std::string via;   // "token" or "insecure"
+  std::string via;      // "token" or "insecure"
+  std::string account;  // the user's account; "" for an anonymous caller
 
   bool isAdmin() const { return role == Role::kAdmin || role == Role::kInsecure; }
   bool isUser() const { return role == Role::kAdmin || role == Role::kUser || role == Role::kInsecure; }
 };
 
+struct AccountInfo {
+  std::string name;
+  std::string parent;  // "" for root
+  int64_t share = 1;
+  int users = 0;  // users in it (not in its sub-accounts)
+  int64_t created_s = 0;
+};
+
 class UserRegistry {
  public:
   static constexpr size_t kMaxUsers = 10000;
+  static constexpr size_t kMaxAccounts = 10000;
   static constexpr size_t kMaxJoinTokens = 1024;
+  static constexpr int64_t kMaxShare = 1000000;
   static constexpr const char* kTokenPrefix = "ddl_";
   static constexpr const char* kJoinTokenPrefix = "ddlj_";
 
-  // Reads `path` (users.json); a missing file is an empty registry that add() creates. now_s: unix seconds.
-  static StatusOr<std::unique_ptr<UserRegistry>> open(const std::string& path,
+  // Reads the users, accounts and join tokens from `store` (not owned; outlives the registry), first
+  // importing users_json when the store has never imported it (a missing file imports nothing). now_s: unix
+  // seconds.
+  static StatusOr<std::unique_ptr<UserRegistry>> open(state::Store& store, const std::string& users_json,
                                                       std::function<int64_t()> now_s = unixNowS);
+  // The users of users_json alone, for token checks where there is no store (a standby's dashboard); every
+  // change is refused. A missing file is an empty registry.
+  static StatusOr<std::unique_ptr<UserRegistry>> readOnly(const std::string& users_json);
 
   // The user holding `token`, or nullopt.
   std::optional<Identity> authenticate(const std::string& token) const;
 
-  // Makes user `name` with `role` and returns the new token; with rotate, replaces an existing user's token
-  // (and role). The file is rewritten before the answer, so a token that was returned survives a restart.
-  StatusOr<std::string> add(const std::string& name, Role role, bool rotate);
+  // Makes user `name` with `role` in `account` ("": root) and returns the new token; with rotate, gives an
+  // existing user a new token and role (and account, unless "": it keeps its own).
+  StatusOr<std::string> add(const std::string& name, Role role, bool rotate, const std::string& account = "");
   Status remove(const std::string& name);
   std::vector<Identity> list() const;
   size_t size() const;
+
+  // Makes account `name` under `parent` ("": root) with `share`; with update, changes an existing one's share
+  // and (unless "") parent.
+  Status addAccount(const std::string& name, const std::string& parent, int64_t share, bool update);
+  Status removeAccount(const std::string& name);
+  // Every account, root first, then by name.
+  std::vector<AccountInfo> accounts() const;
+  bool hasAccount(const std::string& name) const;
 
   // A one-time token for node `node`, valid for ttl_s seconds.
   StatusOr<std::string> createJoinToken(const std::string& node, int64_t ttl_s, int64_t* expires_s);
   // Uses up `token` if it is live and names `node`; the reason otherwise.
   Status redeemJoinToken(const std::string& token, const std::string& node);
 
- private:
-  UserRegistry(std::string path, std::function<int64_t()> now_s)
-      : path_(std::move(path)), now_s_(std::move(now_s)) {}
-  Status saveLocked() const;
-
   struct User {
-    Role role;
+    Role role = Role::kUser;
     std::string token_sha256;
+    int64_t created_s = 0;
+    std::string account = kRootAccount;
+  };
+  struct Account {
+    std::string parent;
+    int64_t share = 1;
     int64_t created_s = 0;
   };
   struct JoinToken {
     std::string node;
-    int64_t expires_s;
+    int64_t expires_s = 0;
   };
 
-  const std::string path_;
+ private:
+  UserRegistry(state::Store* store, std::function<int64_t()> now_s)
+      : store_(store), now_s_(std::move(now_s)) {}
+  // Loads the store's entries into the copy.
+  Status load();
+  Status loadLocked(const std::vector<state::Entry>& users, const std::vector<state::Entry>& accounts,
+                    const std::vector<state::Entry>& tokens);
+  // Copies users_json's users into the store unless it has done so before.
+  Status importOnce(const std::string& users_json);
+  // Writes `batch` to the store (write_mu_ held); OK once it is durable.
+  Status commit(const std::vector<state::Write>& batch);
+  // Whether `account` is `ancestor` or lies below it (write_mu_ or mu_ held).
+  bool within(const std::string& account, const std::string& ancestor) const;
+
+  state::Store* const store_;  // null: read-only
   const std::function<int64_t()> now_s_;
-  mutable std::mutex mu_;
-  std::map<std::string, User> users_;               // by name
-  std::map<std::string, std::string> by_hash_;      // token SHA-256 -> name
-  std::map<std::string, JoinToken> join_tokens_;    // token SHA-256 -> what it admits
+  std::mutex write_mu_;    // serialises changes, across the store's write
+  mutable std::mutex mu_;  // guards the copy below; a change holds it only to apply what was stored
+  std::map<std::string, User> users_;             // by name
+  std::map<std::string, std::string> by_hash_;    // token SHA-256 -> name
+  std::map<std::string, Account> accounts_;       // by name; root is not stored
+  std::map<std::string, JoinToken> join_tokens_;  // token SHA-256 -> what it admits
 };
 
-// Name rules for users: 1..32 characters of [a-z0-9_-] starting with a letter or '_' (what useradd accepts by
-// default), since ranks run as the account of that name. "" if fine, else why not.
+// users.json as init-pki writes it: adds (or, when it is there, gives a new token to) user `name` with `role`
+// and returns the token. The coordinator imports the file once (UserRegistry::open).
+StatusOr<std::string> addToUsersFile(const std::string& users_json, const std::string& name, Role role);
+
+// Name rules for users: 1..32 characters of [a-z0-9_-.] starting with a letter or '_' (what useradd accepts
+// by default), since ranks run as the account of that name. "" if fine, else why not. Accounts follow the
+// same rules.
 std::string checkUserName(const std::string& name);
+std::string checkAccountName(const std::string& name);
 
 }  // namespace ddl::coordinator::auth

@@ -15,6 +15,7 @@
 
 #include "common/clock.h"
 #include "common/job_id.h"
+#include "state/direct_store.h"
 #include "state/sqlite_store.h"
 #ifdef DDL_HAVE_ETCD
 #include "state/etcd_election.h"
@@ -253,24 +254,8 @@ state::StatusOr<std::string> migrateSqliteToEtcd(const std::string& sqlite_path,
   }
   // The copy goes in as many transactions as the store's limits need (an offline copy into an empty prefix:
   // one that fails part-way leaves a prefix to clear, as the docs say).
-  auto apply = [&](std::vector<state::Write>& writes) -> state::Status {
-    const state::Store::BatchLimits limits = (*to)->batchLimits();
-    std::vector<state::Write> part;
-    size_t bytes = 0;
-    for (size_t i = 0; i <= writes.size(); ++i) {
-      const size_t b = i < writes.size() ? (*to)->writeBytes(writes[i]) : 0;
-      if (i == writes.size() ||
-          (!part.empty() && (part.size() + 1 > limits.max_writes || bytes + b > limits.max_bytes))) {
-        if (state::Status st = (*to)->applyBatch(part); !st) return st;
-        part.clear();
-        bytes = 0;
-      }
-      if (i < writes.size()) {
-        part.push_back(std::move(writes[i]));
-        bytes += b;
-      }
-    }
-    return state::Status::ok();
+  auto apply = [&](std::vector<state::Write>& writes) {
+    return state::applyInBatches(**to, std::move(writes));
   };
   size_t jobs = 0;
   for (int64_t after = 0;;) {
@@ -303,12 +288,20 @@ state::StatusOr<std::string> migrateSqliteToEtcd(const std::string& sqlite_path,
   }
   const size_t node_count = batch.size();
   if (state::Status st = apply(batch); !st) return st;
+  // Users, accounts and join tokens.
+  auto entries = (*from)->listEntries("");
+  if (!entries) return entries.status();
+  batch.clear();
+  for (state::Entry& e : *entries) batch.push_back(state::Write::putEntry(std::move(e)));
+  const size_t entry_count = batch.size();
+  if (state::Status st = apply(batch); !st) return st;
   // Numbers of jobs purged from SQLite are used up too.
   auto from_last = (*from)->lastJobNumber();
   if (!from_last) return from_last.status();
   if (state::Status st = (*to)->raiseLastJobNumber(*from_last); !st) return st;
-  return "copied " + std::to_string(jobs) + " jobs and " + std::to_string(node_count) + " nodes from " +
-         sqlite_path + " into " + config.store + "; job numbers go on after " + std::to_string(*from_last);
+  return "copied " + std::to_string(jobs) + " jobs, " + std::to_string(node_count) + " nodes and " +
+         std::to_string(entry_count) + " entries (users, accounts, join tokens) from " + sqlite_path +
+         " into " + config.store + "; job numbers go on after " + std::to_string(*from_last);
 #else
   (void)sqlite_path;
   return state::Status::invalidArgument(kNoEtcd);

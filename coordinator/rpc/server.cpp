@@ -253,7 +253,7 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     auto who = identify(ctx);
     if (!who) return finish(r, who.status());
     if (Status st = access::maySubmit(*who); !st) return finish(r, st);
-    auto spec = access::ownSpec(*who, req->spec(), security_.allow_root_jobs);
+    auto spec = access::ownSpec(*who, req->spec(), security_.allow_root_jobs, security_.users);
     if (!spec) return finish(r, spec.status());
     v1::SubmitRequest request = *req;
     *request.mutable_spec() = std::move(*spec);
@@ -367,6 +367,26 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     fill(r, resp)(admin_.listUsers());
     return r;
   }
+  Reactor* AddAccount(Ctx* ctx, const v1::AddAccountRequest* req, v1::Account* resp) override {
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, req->update() ? "changing accounts" : "adding accounts"); !st.ok())
+      return now(r, st);
+    fill(r, resp)(admin_.addAccount(*req));
+    return r;
+  }
+  Reactor* RemoveAccount(Ctx* ctx, const v1::RemoveAccountRequest* req, v1::RemoveAccountResponse*) override {
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, "removing accounts"); !st.ok()) return now(r, st);
+    return finish(r, admin_.removeAccount(*req));
+  }
+  // Anyone who may call sees the accounts and their shares (as sshare shows them to every user).
+  Reactor* ListAccounts(Ctx* ctx, const v1::ListAccountsRequest*, v1::ListAccountsResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    auto who = identify(ctx);
+    if (!who) return finish(r, who.status());
+    fill(r, resp)(admin_.listAccounts());
+    return r;
+  }
   Reactor* IssueNodeCertificate(Ctx* ctx, const v1::IssueNodeCertificateRequest* req,
                                 v1::IssueNodeCertificateResponse* resp) override {
     auto* r = ctx->DefaultReactor();
@@ -403,6 +423,7 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     resp->set_name(who->name);
     resp->set_role(auth::roleName(who->role));
     resp->set_via(who->via);
+    resp->set_account(who->account);
     return grpc::Status::OK;
   }
 

@@ -39,6 +39,7 @@ state::JobSpec fromProto(const v1::JobSpec& spec) {
   s.cpus_per_rank = spec.cpus_per_rank();
   s.memory_per_rank_bytes = spec.memory_per_rank_bytes();
   s.request_id = spec.request_id();
+  s.account = spec.account();
   return s;
 }
 
@@ -65,6 +66,7 @@ void toProto(const state::JobSpec& spec, v1::JobSpec* out) {
   out->set_cpus_per_rank(spec.cpus_per_rank);
   out->set_memory_per_rank_bytes(spec.memory_per_rank_bytes);
   out->set_request_id(spec.request_id);
+  out->set_account(spec.account);
 }
 
 void toProto(const state::RankResult& r, v1::RankStatus* out) {

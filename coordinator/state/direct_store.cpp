@@ -8,6 +8,26 @@
 
 namespace ddl::state {
 
+Status applyInBatches(Store& store, std::vector<Write> writes) {
+  const Store::BatchLimits limits = store.batchLimits();
+  std::vector<Write> part;
+  size_t bytes = 0;
+  for (size_t i = 0; i <= writes.size(); ++i) {
+    const size_t b = i < writes.size() ? store.writeBytes(writes[i]) : 0;
+    if (!part.empty() &&
+        (i == writes.size() || part.size() + 1 > limits.max_writes || bytes + b > limits.max_bytes)) {
+      if (Status st = store.applyBatch(part); !st) return st;
+      part.clear();
+      bytes = 0;
+    }
+    if (i < writes.size()) {
+      part.push_back(std::move(writes[i]));
+      bytes += b;
+    }
+  }
+  return Status::ok();
+}
+
 DirectStore::DirectStore(Store& store, std::function<int64_t()> now_ms)
     : store_(store), now_ms_(now_ms ? std::move(now_ms) : std::function<int64_t()>(systemNowMs)) {}
 

@@ -22,6 +22,11 @@
 
 namespace ddl::state {
 
+// Applies `writes` in as few batches as the store's limits allow, in order, each one atomic; stops at the
+// first that fails (the earlier ones stay applied). For copies and imports whose parts may land apart (a
+// migration into an empty prefix, users.json's users), never for the coordinator's own changes.
+Status applyInBatches(Store& store, std::vector<Write> writes);
+
 class DirectStore {
  public:
   // now_ms stamps submits and transitions (unix ms); tests pass a fake. Default: the system clock.

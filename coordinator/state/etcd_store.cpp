@@ -125,6 +125,9 @@ size_t EtcdStore::writeBytes(const Write& w) const {
       return key + w.node.name.size() + record_codec::nodeBytesBound(w.node);
     case Write::Kind::kDeleteNode:
       return key + w.name.size();
+    case Write::Kind::kPutEntry:
+    case Write::Kind::kDeleteEntry:
+      return key + w.entry.table.size() + w.entry.key.size() + w.entry.value.size();
   }
   return key;
 }
@@ -155,6 +158,15 @@ Status EtcdStore::applyBatch(const std::vector<Write>& batch) {
         break;
       case Write::Kind::kDeleteNode:
         op->mutable_request_delete_range()->set_key(nodeKey(w.name));
+        break;
+      case Write::Kind::kPutEntry:
+        if (Status st = entryRefused(w.entry); !st) return st;
+        op->mutable_request_put()->set_key(entryKey(w.entry));
+        op->mutable_request_put()->set_value(w.entry.value);
+        break;
+      case Write::Kind::kDeleteEntry:
+        if (Status st = entryRefused(w.entry, false); !st) return st;
+        op->mutable_request_delete_range()->set_key(entryKey(w.entry));
         break;
     }
     bytes += op->ByteSizeLong();
@@ -222,6 +234,43 @@ StatusOr<std::vector<NodeRecord>> EtcdStore::listNodes() {
     nodes.push_back(std::move(*node));
   }
   return nodes;  // etcd returns keys in byte order: by name
+}
+
+StatusOr<std::vector<Entry>> EtcdStore::listEntries(const std::string& table) {
+  // Every table is a prefix of its own. "" reads them all a page at a time, stepping over the layout's own
+  // jobs/ and nodes/ (a range each) and meta/.
+  const std::string from = options_.prefix + (table.empty() ? "" : table + "/");
+  const std::string end = prefixEnd(from);
+  std::vector<Entry> out;
+  std::string next = from;
+  while (next < end) {
+    pb::RangeRequest get;
+    get.set_key(next);
+    get.set_range_end(end);
+    get.set_limit(options_.page_jobs);
+    pb::RangeResponse got;
+    if (Status st = client_->kv(&pb::KV::Stub::Range, get, &got,
+                                "reading the entries of " + (table.empty() ? "every table" : table));
+        !st) {
+      return st;
+    }
+    if (got.kvs_size() == 0) break;
+    next = got.kvs(got.kvs_size() - 1).key() + std::string(1, '\0');
+    for (const auto& kv : got.kvs()) {
+      const std::string rest = kv.key().substr(options_.prefix.size());
+      const size_t slash = rest.find('/');
+      Entry e{rest.substr(0, slash), slash == std::string::npos ? "" : rest.substr(slash + 1), kv.value()};
+      if (!checkEntry(e, false).empty()) {
+        // jobs/, nodes/, meta/: not entries. A page that ends in one jumps over the rest of its range.
+        if (&kv == &got.kvs(got.kvs_size() - 1))
+          next = std::max(next, prefixEnd(options_.prefix + e.table + "/"));
+        continue;
+      }
+      out.push_back(std::move(e));
+    }
+    if (!got.more()) break;
+  }
+  return out;
 }
 
 Status EtcdStore::raiseLastJobNumber(int64_t n) {

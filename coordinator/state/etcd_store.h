@@ -5,6 +5,8 @@
 //   file meta/last_job        the highest job number ever stored, so numbers are never reused after a purge
 //   jobs/<20 digits>     one job, its whole record (record_codec.h); the zero-padded number sorts as a number
 //   nodes/<name>         one node
+//   <table>/<key>        one entry (store.h: users/alice, accounts/physics, join_tokens/<hash>), its value as
+//                        given
 // A batch is one etcd transaction, so every write the coordinator acknowledges is replicated by the cluster's
 // quorum first, and a batch is there whole or not at all, however its leader dies. etcd refuses a transaction
 // of more than --max-txn-ops operations (128 unless its operator raised it) or --max-request-bytes (1.5 MiB);
@@ -75,6 +77,7 @@ class EtcdStore : public Store {
   }
   StatusOr<Job> getJob(const std::string& id) override;
   StatusOr<std::vector<NodeRecord>> listNodes() override;
+  StatusOr<std::vector<Entry>> listEntries(const std::string& table) override;
   StatusOr<int64_t> lastJobNumber() override;
   StatusOr<std::vector<Job>> listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
                                           bool newest_first = false) override;
@@ -96,6 +99,7 @@ class EtcdStore : public Store {
   // The key of job number n and of node `name` (for tests and tools).
   std::string jobKey(int64_t n) const;
   std::string nodeKey(const std::string& name) const;
+  std::string entryKey(const Entry& e) const { return options_.prefix + e.table + "/" + e.key; }
 
  private:
   explicit EtcdStore(Options options);

@@ -146,6 +146,9 @@ Status validateJobSpec(const JobSpec& spec) {
     return bad("memory_per_rank is " + std::to_string(spec.memory_per_rank_bytes) +
                " bytes; give 1 byte to 1 PiB (0: not asked for)");
   if (std::string why = requestIdProblem(spec.request_id); !why.empty()) return bad(why);
+  if (spec.account.size() > 32 || findControlCharacter(spec.account) != std::string::npos)
+    return bad("account '" + quoteForMessage(spec.account) +
+               "' is not an account name (at most 32 characters)");
   if (spec.time_limit_s < 0 || spec.time_limit_s > kMaxTimeLimitS)
     return bad("the time limit is " + std::to_string(spec.time_limit_s) +
                " s; give 1 s to 365 days (0: none)");

@@ -94,6 +94,8 @@ struct JobSpec {
   // The submitter's request id (SubmitRequest.request_id): a submit that repeats it gets this job back
   // instead of a second one, while the job is in the coordinator's memory. "" when none was given.
   std::string request_id;
+  // The account the job is charged to (auth/users.h), set at submit; "" for jobs stored before accounts.
+  std::string account;
 
   bool operator==(const JobSpec&) const = default;
 };

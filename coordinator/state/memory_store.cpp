@@ -21,6 +21,16 @@ StatusOr<std::vector<NodeRecord>> MemoryStore::listNodes() {
   return out;
 }
 
+StatusOr<std::vector<Entry>> MemoryStore::listEntries(const std::string& table) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Entry> out;
+  for (auto it = entries_.lower_bound({table, ""}); it != entries_.end(); ++it) {
+    if (!table.empty() && it->first.first != table) break;
+    out.push_back(Entry{it->first.first, it->first.second, it->second});
+  }
+  return out;
+}
+
 Status MemoryStore::applyBatch(const std::vector<Write>& batch) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Write& w : batch) {  // Checked first: all or nothing, as in SqliteStore.
@@ -34,6 +44,9 @@ Status MemoryStore::applyBatch(const std::vector<Write>& batch) {
     }
     if (w.kind == Write::Kind::kPutNode && w.node.name.empty()) {
       return Status::invalidArgument("node record has an empty name");
+    }
+    if (w.kind == Write::Kind::kPutEntry || w.kind == Write::Kind::kDeleteEntry) {
+      if (Status st = entryRefused(w.entry, w.kind == Write::Kind::kPutEntry); !st) return st;
     }
   }
   for (const Write& w : batch) {
@@ -49,6 +62,12 @@ Status MemoryStore::applyBatch(const std::vector<Write>& batch) {
         break;
       case Write::Kind::kDeleteNode:
         nodes_.erase(w.name);
+        break;
+      case Write::Kind::kPutEntry:
+        entries_[{w.entry.table, w.entry.key}] = w.entry.value;
+        break;
+      case Write::Kind::kDeleteEntry:
+        entries_.erase({w.entry.table, w.entry.key});
         break;
     }
   }

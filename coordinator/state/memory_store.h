@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "state/store.h"
@@ -19,6 +20,7 @@ class MemoryStore : public Store {
   Status applyBatch(const std::vector<Write>& batch) override;
   StatusOr<Job> getJob(const std::string& id) override;
   StatusOr<std::vector<NodeRecord>> listNodes() override;
+  StatusOr<std::vector<Entry>> listEntries(const std::string& table) override;
   StatusOr<int64_t> lastJobNumber() override;
   StatusOr<std::vector<Job>> listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
                                           bool newest_first = false) override;
@@ -29,6 +31,7 @@ class MemoryStore : public Store {
   int64_t next_id_ = 1;
   std::map<int64_t, Job> jobs_;  // By id number, so iteration is submit order.
   std::map<std::string, NodeRecord> nodes_;
+  std::map<std::pair<std::string, std::string>, std::string> entries_;  // (table, key) -> value
 };
 
 }  // namespace ddl::state

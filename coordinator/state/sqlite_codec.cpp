@@ -49,6 +49,7 @@ std::string encodeExtra(const Job& job) {
   if (s.cpus_per_rank) j["cpus_per_rank"] = s.cpus_per_rank;
   if (s.memory_per_rank_bytes) j["memory_per_rank_bytes"] = s.memory_per_rank_bytes;
   if (!s.request_id.empty()) j["request_id"] = s.request_id;
+  if (!s.account.empty()) j["account"] = s.account;
   if (job.held) j["held"] = true;
   if (job.held_by_admin) j["held_by_admin"] = true;
   if (!job.waiting_for.empty()) j["waiting_for"] = job.waiting_for;
@@ -106,6 +107,7 @@ void decodeExtra(const std::string& text, Job& job) {
   s.cpus_per_rank = field(j, "cpus_per_rank", 0);
   s.memory_per_rank_bytes = field<int64_t>(j, "memory_per_rank_bytes", 0);
   s.request_id = field(j, "request_id", std::string());
+  s.account = field(j, "account", std::string());
   job.held = field(j, "held", false);
   job.held_by_admin = field(j, "held_by_admin", false);
   job.waiting_for = json_fields::list<std::string>(j, "waiting_for");

@@ -141,6 +141,12 @@ ALTER TABLE job_allocation ADD COLUMN memory_bytes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE nodes ADD COLUMN cpus TEXT NOT NULL DEFAULT '';
 ALTER TABLE nodes ADD COLUMN memory_bytes INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // 7 -> 8: entries (store.h): users, accounts and join tokens, each a value its owner encodes.
+    R"sql(
+CREATE TABLE entries (
+  tbl TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (tbl, key)
+) WITHOUT ROWID;
+)sql",
 };
 
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);

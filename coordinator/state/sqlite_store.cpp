@@ -523,6 +523,22 @@ StatusOr<std::vector<NodeRecord>> SqliteStore::listNodes() {
   return loadNodesLocked(nullptr);
 }
 
+// ---- Entries
+// -----------------------------------------------------------------------------------------------
+
+StatusOr<std::vector<Entry>> SqliteStore::listEntries(const std::string& table) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DDL_PREPARE(q, table.empty() ? "SELECT tbl, key, value FROM entries ORDER BY tbl, key"
+                               : "SELECT tbl, key, value FROM entries WHERE tbl = ? ORDER BY key");
+  if (!table.empty()) q.bind(1, table);
+  std::vector<Entry> out;
+  int rc;
+  while ((rc = q.step()) == SQLITE_ROW) out.push_back(Entry{q.text(0), q.text(1), q.text(2)});
+  if (rc != SQLITE_DONE)
+    return error("reading the entries of " + (table.empty() ? "every table" : table), rc);
+  return out;
+}
+
 // ---- Batches (the coordinator's group commit) ---------------------------------------------------------------
 
 Status SqliteStore::putJobLocked(const Write& w) {
@@ -633,6 +649,20 @@ Status SqliteStore::applyBatch(const std::vector<Write>& batch) {
           DDL_STEP_DONE(d, "removing node " + w.name);
         }
         break;
+      case Write::Kind::kPutEntry: {
+        DDL_RETURN_IF_ERROR(entryRefused(w.entry));
+        DDL_PREPARE(q, "INSERT OR REPLACE INTO entries (tbl, key, value) VALUES (?, ?, ?)");
+        q.bind(1, w.entry.table).bind(2, w.entry.key).bind(3, w.entry.value);
+        DDL_STEP_DONE(q, "storing entry " + w.entry.table + "/" + w.entry.key);
+        break;
+      }
+      case Write::Kind::kDeleteEntry: {
+        DDL_RETURN_IF_ERROR(entryRefused(w.entry, false));
+        DDL_PREPARE(q, "DELETE FROM entries WHERE tbl = ? AND key = ?");
+        q.bind(1, w.entry.table).bind(2, w.entry.key);
+        DDL_STEP_DONE(q, "removing entry " + w.entry.table + "/" + w.entry.key);
+        break;
+      }
     }
   }
   hook("applyBatch:before-commit");

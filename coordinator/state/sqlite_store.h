@@ -7,8 +7,9 @@
 //
 // Encoding: every field is a column; the lists (env, argv, transitions, allocation, GPUs) are child tables
 // keyed by (owner, position), the label maps (a job's required labels, a node's labels) child tables keyed by
-// (owner, key). Strings are bound with explicit lengths and read back the same way, so argv and env
-// round-trip arbitrary bytes ('=', newlines, NUL, invalid UTF-8) with no escaping to get wrong.
+// (owner, key); entries one table keyed by (table, key). Strings are bound with explicit lengths and read
+// back the same way, so argv and env round-trip arbitrary bytes ('=', newlines, NUL, invalid UTF-8) with no
+// escaping to get wrong.
 //
 // Schema (sqlite_schema.h): a schema_version table and an ordered list of migrations, applied in one
 // transaction on open; a fresh file gets all of them. Index lists and jobs.extra: sqlite_codec.h. A database
@@ -62,6 +63,7 @@ class SqliteStore : public Store {
   Status applyBatch(const std::vector<Write>& batch) override;
   StatusOr<Job> getJob(const std::string& id) override;
   StatusOr<std::vector<NodeRecord>> listNodes() override;
+  StatusOr<std::vector<Entry>> listEntries(const std::string& table) override;
   StatusOr<int64_t> lastJobNumber() override;
   StatusOr<std::vector<Job>> listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
                                           bool newest_first = false) override;

@@ -1,4 +1,5 @@
-// Store: the coordinator's durable state — jobs with their lifecycle, and the node registry.
+// Store: the coordinator's durable state — jobs with their lifecycle, the node registry, and entries: small
+// keyed records whose owners above the store encode them (users, accounts and join tokens: auth/users.h).
 //
 // The coordinator keeps its working copy in memory and writes every change through a Store, so that after a
 // restart (a crash or kill -9 included) every job and node comes back as it was. Implementations:
@@ -38,18 +39,62 @@ struct JobFilter {
   int64_t until_ms = 0;             // 0: no bound; else submitted before (unix ms).
 };
 
+// A value under (table, key) that the store keeps as given: what the coordinator's other records are (users,
+// accounts, join tokens) without a table, a codec and a migration each in every store. Its owner encodes the
+// value and bounds how many a table holds. Table names are a-z and '_' (1 to 32; not "jobs", "nodes" or
+// "meta", which EtcdStore's layout uses); keys are 1 to 256 bytes without '/' or control characters; values
+// at most 64 KiB. checkEntry says why one is refused.
+struct Entry {
+  std::string table;
+  std::string key;
+  std::string value;
+
+  bool operator==(const Entry&) const = default;
+};
+inline constexpr size_t kMaxEntryValueBytes = 64 * 1024;
+// "" when `e` may be stored (its value is not looked at when value_too); else why not.
+inline std::string checkEntry(const Entry& e, bool value_too = true);
+inline Status entryRefused(const Entry& e,
+                           bool value_too = true);  // INVALID_ARGUMENT with checkEntry's reason, or OK
+
 // One change in a batch (Store::applyBatch). Records are stored whole; a later write of the same key()
-// replaces an earlier one that has not been applied yet, so a batch holds at most one write per job and node.
+// replaces an earlier one that has not been applied yet, so a batch holds at most one write per job, node and
+// entry.
 struct Write {
-  enum class Kind { kPutJob, kPutNode, kDeleteNode };
+  enum class Kind { kPutJob, kPutNode, kDeleteNode, kPutEntry, kDeleteEntry };
   Kind kind = Kind::kPutJob;
   Job job;               // kPutJob: the job as it is now.
   bool new_job = false;  // kPutJob: the job's first write, so its spec (which never changes) is written too.
   NodeRecord node;       // kPutNode.
   std::string name;      // kDeleteNode: the node's name.
+  Entry entry;           // kPutEntry; kDeleteEntry: its table and key.
+
+  static Write putEntry(Entry e) {
+    Write w;
+    w.kind = Kind::kPutEntry;
+    w.entry = std::move(e);
+    return w;
+  }
+  static Write deleteEntry(std::string table, std::string key) {
+    Write w;
+    w.kind = Kind::kDeleteEntry;
+    w.entry = {std::move(table), std::move(key), ""};
+    return w;
+  }
 
   std::string key() const {
-    return kind == Kind::kPutJob ? "j:" + job.id : "n:" + (kind == Kind::kPutNode ? node.name : name);
+    switch (kind) {
+      case Kind::kPutJob:
+        return "j:" + job.id;
+      case Kind::kPutNode:
+        return "n:" + node.name;
+      case Kind::kDeleteNode:
+        return "n:" + name;
+      case Kind::kPutEntry:
+      case Kind::kDeleteEntry:
+        return "e:" + entry.table + "/" + entry.key;
+    }
+    return "";
   }
   // Folds a later write of the same key into this one.
   void supersede(Write later) {
@@ -89,6 +134,8 @@ class Store {
   virtual StatusOr<Job> getJob(const std::string& id) = 0;
   // All nodes, by name.
   virtual StatusOr<std::vector<NodeRecord>> listNodes() = 0;
+  // Every entry of `table` by key ("": of every table, by table and key).
+  virtual StatusOr<std::vector<Entry>> listEntries(const std::string& table) = 0;
   // The highest job number ever stored (0 for none); never goes down, not even when old jobs are purged.
   virtual StatusOr<int64_t> lastJobNumber() = 0;
   // At most `limit` jobs matching the filter whose number is above `after_number`; or, with newest_first, the
@@ -110,6 +157,29 @@ inline Status jobNotFound(const std::string& id) {
 inline Status nodeNotFound(const std::string& name) {
   return Status::notFound("node " + name + " not found; it has never registered");
 }
+inline std::string checkEntry(const Entry& e, bool value_too) {
+  if (e.table.empty() || e.table.size() > 32) return "an entry's table has 1 to 32 characters";
+  for (char c : e.table) {
+    if (!(c >= 'a' && c <= 'z') && c != '_') return "entry table '" + e.table + "' may hold only a-z and '_'";
+  }
+  if (e.table == "jobs" || e.table == "nodes" || e.table == "meta")
+    return "entry table '" + e.table + "' is reserved";
+  if (e.key.empty() || e.key.size() > 256) return "an entry's key has 1 to 256 bytes";
+  for (char c : e.key) {
+    if (c == '/' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return "entry key in '" + e.table + "' holds '/' or a control character";
+    }
+  }
+  if (value_too && e.value.size() > kMaxEntryValueBytes) {
+    return "entry " + e.table + "/" + e.key + " is over 64 KiB";
+  }
+  return "";
+}
+inline Status entryRefused(const Entry& e, bool value_too) {
+  const std::string why = checkEntry(e, value_too);
+  return why.empty() ? Status::ok() : Status::invalidArgument("cannot store an entry: " + why);
+}
+
 inline bool matches(const JobFilter& filter, const Job& job) {
   return (filter.states.empty() || filter.states.count(job.state) > 0) &&
          (!filter.user || *filter.user == job.spec.user) && (!filter.name || *filter.name == job.spec.name) &&

@@ -501,17 +501,17 @@ TEST_F(DdlctlTest, SecurityNoTokenOrAWrongOneIsRefused) {
   Result drain = ctl({"drain", "n1"}, carol);
   EXPECT_EQ(drain.code, 5) << drain.err;
   Result who = ctl({"whoami"}, carol);
-  EXPECT_EQ(who.out, "carol user (token)\n");
+  EXPECT_EQ(who.out, "carol user (token), account root\n");
   // A rotated token: the old one stops working.
   auto rotated = json({"admin", "add-user", "carol", "--rotate"});
   EXPECT_EQ(ctl({"whoami"}, carol).code, 4);
   EXPECT_TRUE(rotated["token"].get<std::string>().rfind("ddl_", 0) == 0);
-  // Tokens are stored hashed: the users file never holds one.
-  std::string error;
-  auto users = ddl::pki::readFile(pki_ + "/users.json", &error);
-  ASSERT_TRUE(users) << error;
-  EXPECT_EQ(users->find(rotated["token"].get<std::string>()), std::string::npos);
-  EXPECT_NE(users->find(ddl::pki::sha256Hex(rotated["token"].get<std::string>())), std::string::npos);
+  // Tokens are stored hashed: the state store never holds one.
+  std::string error, users;
+  for (const char* f : {"state.db", "state.db-wal"})
+    users += ddl::pki::readFile(data_ / f, &error).value_or("");
+  EXPECT_EQ(users.find(rotated["token"].get<std::string>()), std::string::npos);
+  EXPECT_NE(users.find(ddl::pki::sha256Hex(rotated["token"].get<std::string>())), std::string::npos);
 }
 
 TEST_F(DdlctlTest, SecurityAUserTouchesOnlyItsOwnJobsAndAnAdminAnyJob) {
@@ -547,6 +547,47 @@ TEST_F(DdlctlTest, SecurityAUserTouchesOnlyItsOwnJobsAndAnAdminAnyJob) {
   Result cancel = ctl({"cancel", id});
   EXPECT_EQ(cancel.code, 0) << cancel.err;
   EXPECT_TRUE(reaches(id, "CANCELLED"));
+}
+
+// Accounts through ddlctl: an admin builds the tree and puts a user in it; everyone may list it; a job is
+// charged to its user's account, another only at an admin's word.
+TEST_F(DdlctlTest, AccountsChargeJobsToTheirUsers) {
+  ASSERT_EQ(ctl({"admin", "add-account", "lab", "--share", "2"}).code, 0);
+  Result made = ctl({"admin", "add-account", "vision", "--parent", "lab", "--share", "3"});
+  ASSERT_EQ(made.code, 0) << made.err;
+  EXPECT_EQ(made.out, "made account vision under lab, share 3\n");
+  auto added = json({"admin", "add-user", "dora", "--account", "vision"});
+  EXPECT_EQ(added["account"], "vision");
+  const std::string dora = (data_ / "dora.token").string();
+  std::string error;
+  ASSERT_TRUE(ddl::pki::writeFile(dora, added["token"].get<std::string>() + "\n", 0600, &error)) << error;
+  EXPECT_EQ(ctl({"whoami"}, dora).out, "dora user (token), account vision\n");
+  // The tree as anyone sees it: vision has all of lab, which has all of what root gives out.
+  Result tree = ctl({"accounts"}, dora);
+  ASSERT_EQ(tree.code, 0) << tree.err;
+  EXPECT_NE(tree.out.find("  lab   "), std::string::npos) << tree.out;
+  EXPECT_NE(tree.out.find("    vision      3  1.000      1"), std::string::npos) << tree.out;
+
+  Result job = ctl({"submit", "--hold", "--gpus", "1", "--", "/bin/true"}, dora);
+  ASSERT_EQ(job.code, 0) << job.err;
+  const std::string id = job.out.substr(0, job.out.find('\n'));
+  EXPECT_EQ(json({"status", id})["spec"]["account"], "vision");
+  Result other = ctl({"submit", "--hold", "--account", "lab", "--gpus", "1", "--", "/bin/true"}, dora);
+  EXPECT_EQ(other.code, 5) << other.err;
+  EXPECT_NE(other.err.find("may not charge account lab"), std::string::npos) << other.err;
+  const std::string charged = submit({"--hold", "--account", "lab", "--gpus", "1", "--", "/bin/true"});
+  EXPECT_EQ(json({"status", charged})["spec"]["account"], "lab");
+  Result missing = ctl({"submit", "--hold", "--account", "nowhere", "--gpus", "1", "--", "/bin/true"});
+  EXPECT_EQ(missing.code, 1) << missing.err;  // refused: NOT_FOUND
+  ctl({"cancel", id, charged});
+
+  // Only an empty account goes, and only at an admin's word.
+  Result refused = ctl({"admin", "remove-account", "vision"});
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.err.find("user dora"), std::string::npos) << refused.err;
+  EXPECT_EQ(ctl({"admin", "add-account", "x"}, dora).code, 5);
+  ASSERT_EQ(ctl({"admin", "remove-user", "dora"}).code, 0);
+  EXPECT_EQ(ctl({"admin", "remove-account", "vision"}).code, 0);
 }
 
 TEST_F(DdlctlTest, SecurityJobsOfRootAreRefused) {

@@ -259,7 +259,7 @@ TEST_F(LeaderTest, ASqliteStateMigratesToEtcd) {
                          dir_ / "migrate.log"),
       0)
       << slurp(dir_ / "migrate.log");
-  EXPECT_NE(slurp(dir_ / "migrate.log").find("copied 2 jobs and 1 nodes"), std::string::npos)
+  EXPECT_NE(slurp(dir_ / "migrate.log").find("copied 2 jobs, 1 nodes and 0 entries"), std::string::npos)
       << slurp(dir_ / "migrate.log");
   EXPECT_NE(slurp(dir_ / "migrate.log").find("job numbers go on after 2"), std::string::npos)
       << slurp(dir_ / "migrate.log");
@@ -327,6 +327,67 @@ TEST_F(LeaderTest, EtcdOverTlsWithAClientCertificate) {
         << log(i);
     EXPECT_FALSE(serving(i));
   }
+}
+
+// Issue 41: users, accounts and join tokens live in etcd, not in one coordinator's users.json or memory. A
+// user added on the leader works after a failover (SIGKILL: no resignation), one removed stays removed, an
+// account made there is there, and a join token made before the failover is good after it, once.
+TEST_F(LeaderTest, UsersAccountsAndJoinTokensOutliveAFailover) {
+  if (!startEtcd()) GTEST_SKIP() << skip_;
+  ASSERT_TRUE(useTls()) << slurp(dir_ / "pki.log");
+  startCoordinator(0);
+  ASSERT_TRUE(waitFor([&] { return serving(0); }, 30000)) << log(0);
+  startCoordinator(1);
+  ASSERT_TRUE(waitFor([&] { return log(1).find("standby: ") != std::string::npos; }, 15000)) << log(1);
+  EXPECT_NE(log(0).find("imported 1 users"), std::string::npos) << log(0);
+  ASSERT_NE(ctl("admin add-account physics --share 2"), "");
+  // A token per user, in a file of its own.
+  auto addUser = [&](const std::string& name) {
+    const std::string out = ctl("admin add-user " + name + " --account physics");
+    const std::string token = out.substr(out.rfind("ddl_"), 68);
+    const fs::path file = dir_ / (name + ".token");
+    std::string error;
+    EXPECT_TRUE(ddl::pki::writeFile(file.string(), token + "\n", 0600, &error)) << error << out;
+    return file.string();
+  };
+  const std::string alice = addUser("alice"), bob = addUser("bob");
+  ASSERT_NE(ctl("admin remove-user bob"), "");
+  const std::string join = ctl("admin join-token n9");
+  const std::string join_token = join.substr(join.rfind("ddlj_"));
+  ASSERT_EQ(join_token.size(), 69u) << join;
+
+  kill(coordinators_[0].pid, SIGKILL);
+  EXPECT_EQ(exitStatus(0, 5000), 128 + SIGKILL);
+  ASSERT_TRUE(waitFor([&] { return serving(1); }, 20000)) << "no takeover after the leader died";
+  EXPECT_EQ(log(1).find("imported"), std::string::npos) << "users.json was imported twice:\n" << log(1);
+  // As each user would call, with its own token.
+  auto whoami = [&](const std::string& token_file) {
+    const std::string out = (dir_ / "who.out").string();
+    const std::string cmd = std::string(DDL_BIN_DIR) + "/ddlctl --ca " + pki() + "/ca.crt --token-file " +
+                            token_file + " --timeout 5 --coordinator " + coordinators_[1].listen +
+                            " whoami > " + out + " 2>> " + (dir_ / "ctl.err").string();
+    return std::system(cmd.c_str()) == 0 ? slurp(out) : "";
+  };
+  EXPECT_EQ(whoami(alice), "alice user (token), account physics\n");
+  EXPECT_EQ(whoami(bob), "") << "a removed user is back";
+  EXPECT_NE(ctl("accounts").find("physics"), std::string::npos) << ctl("accounts");
+  // The join token made on the old leader admits n9 on the new one, once.
+  const std::string agent = std::string(DDL_BIN_DIR) + "/ddl-agent";
+  const std::string token_file = (dir_ / "join.token").string();
+  std::string error;
+  ASSERT_TRUE(ddl::pki::writeFile(token_file, join_token + "\n", 0600, &error)) << error;
+  const std::string ca_sha256 = join.substr(join.find("--ca-sha256 ") + 12, 64);
+  auto joined = [&](const std::string& out) {
+    return ddl::e2e::runToEnd(
+        {agent, "--node", "n9", "--coordinator", coordinators_[1].listen, "--pki-dir",
+         (dir_ / "n9-pki").string(), "join", "--ca-sha256", ca_sha256, "--token-file", token_file},
+        dir_ / out);
+  };
+  EXPECT_EQ(joined("join1.log"), 0) << slurp(dir_ / "join1.log");
+  EXPECT_TRUE(fs::exists(dir_ / "n9-pki" / "node.crt"));
+  EXPECT_NE(joined("join2.log"), 0) << "a join token worked twice";
+  EXPECT_NE(slurp(dir_ / "join2.log").find("unknown or used join token"), std::string::npos)
+      << slurp(dir_ / "join2.log");
 }
 
 // Issue 39: what a user waiting on a job meets when the leader changes: submit --wait, wait and logs -f over

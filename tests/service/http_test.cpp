@@ -508,7 +508,7 @@ class SecureHttpTest : public HttpTest {
     auto admin = auth::initPki(init);
     ASSERT_TRUE(admin) << admin.status().toString();
     admin_token = *admin;
-    auto opened = auth::UserRegistry::open(init.dir + "/" + pki::kUsersFile);
+    auto opened = auth::UserRegistry::open(user_store, init.dir + "/" + pki::kUsersFile);
     ASSERT_TRUE(opened);
     users = std::move(*opened);
     viewer_token = *users->add("val", auth::Role::kViewer, false);
@@ -534,6 +534,7 @@ class SecureHttpTest : public HttpTest {
   }
 
   std::string dir;
+  state::MemoryStore user_store;
   std::unique_ptr<auth::UserRegistry> users;
   std::string admin_token, viewer_token, owner_token, other_token, ca_pem;
 };

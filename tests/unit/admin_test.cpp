@@ -13,6 +13,7 @@
 #include "auth/pki_dir.h"
 #include "auth/users.h"
 #include "common/pki.h"
+#include "state/memory_store.h"
 #include "temp_dir.h"
 
 namespace ddl::coordinator {
@@ -30,7 +31,7 @@ class AdminTest : public ::testing::Test {
     options.dir = pki_;
     auto token = auth::initPki(options);
     ASSERT_TRUE(token) << token.status().toString();
-    auto users = auth::UserRegistry::open(pki_ + "/users.json", [this] { return now_; });
+    auto users = auth::UserRegistry::open(store_, pki_ + "/users.json", [this] { return now_; });
     ASSERT_TRUE(users) << users.status().toString();
     users_ = std::move(*users);
     admin_ = std::make_unique<Admin>(users_.get(), pki_, kDefaultDays, /*insecure=*/false,
@@ -76,6 +77,7 @@ class AdminTest : public ::testing::Test {
   test_util::TempDir dir_;
   const std::string pki_ = dir_ / "pki";
   int64_t now_ = static_cast<int64_t>(std::time(nullptr));
+  state::MemoryStore store_;
   std::unique_ptr<auth::UserRegistry> users_;
   std::unique_ptr<Admin> admin_;
   std::string ca_pem_;
@@ -123,8 +125,8 @@ TEST_F(AdminTest, UsersAreAddedRotatedListedAndRemoved) {
   EXPECT_EQ(admin_->addUser(addUser("carol", "user", /*rotate=*/true)).status().code(),
             StatusCode::kNotFound);
 
-  // What was answered is on disk: a restarted coordinator knows the rotated token.
-  auto reopened = auth::UserRegistry::open(pki_ + "/users.json");
+  // What was answered is in the store: a restarted coordinator knows the rotated token.
+  auto reopened = auth::UserRegistry::open(store_, pki_ + "/users.json");
   ASSERT_TRUE(reopened);
   EXPECT_EQ((*reopened)->authenticate(rotated->token()).value_or(auth::Identity{}).name, "alice");
 
@@ -276,8 +278,59 @@ TEST_F(AdminTest, WithoutTheCaKeyNothingIsSignedAndInsecureHasNothingToJoin) {
   EXPECT_EQ(join.status().message(), "this coordinator runs --insecure: there is no CA to join");
 }
 
-// An --insecure coordinator started without users.json has no user registry: the verbs that need one refuse,
-// they do not crash the coordinator.
+// Accounts through the admin verbs: made with a share under a parent, listed with their users, changed,
+// removed once empty; a user is added into one and listed with it.
+TEST_F(AdminTest, AccountsAreAddedListedChangedAndRemoved) {
+  v1::AddAccountRequest science;
+  science.set_name("science");
+  science.set_share(3);
+  auto made = admin_->addAccount(science);
+  ASSERT_TRUE(made) << made.status().toString();
+  EXPECT_EQ(made->parent(), "root");
+  EXPECT_EQ(made->share(), 3);
+  v1::AddAccountRequest physics;
+  physics.set_name("physics");
+  physics.set_parent("science");  // share 0: 1
+  ASSERT_TRUE(admin_->addAccount(physics));
+  v1::AddUserRequest alice = addUser("alice", "user");
+  alice.set_account("physics");
+  auto added = admin_->addUser(alice);
+  ASSERT_TRUE(added) << added.status().toString();
+  EXPECT_EQ(added->account(), "physics");
+  alice.set_name("bob");
+  alice.set_account("nowhere");
+  EXPECT_EQ(admin_->addUser(alice).status().code(), StatusCode::kNotFound);
+
+  auto list = admin_->listAccounts();
+  ASSERT_TRUE(list);
+  std::vector<std::string> seen;
+  for (const auto& a : list->accounts()) {
+    seen.push_back(a.name() + "<" + a.parent() + ":" + std::to_string(a.share()) + "/" +
+                   std::to_string(a.users()));
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"root<:1/1", "physics<science:1/1", "science<root:3/0"}));
+  bool listed_alice = false;
+  const v1::ListUsersResponse users = admin_->listUsers().value();
+  for (const auto& u : users.users()) listed_alice |= u.name() == "alice" && u.account() == "physics";
+  EXPECT_TRUE(listed_alice);
+
+  physics.set_update(true);
+  physics.set_share(7);
+  physics.clear_parent();
+  auto changed = admin_->addAccount(physics);
+  ASSERT_TRUE(changed);
+  EXPECT_EQ(changed->share(), 7);
+  EXPECT_EQ(changed->parent(), "science");
+  v1::RemoveAccountRequest remove;
+  remove.set_name("physics");
+  EXPECT_EQ(admin_->removeAccount(remove).code(), StatusCode::kFailedPrecondition);  // alice is in it
+  ASSERT_TRUE(admin_->removeUser(removeUser("alice")));
+  ASSERT_TRUE(admin_->removeAccount(remove));
+  EXPECT_EQ(admin_->listAccounts()->accounts_size(), 2);
+}
+
+// An Admin without a user registry (the daemon always has one; a caller that has none): the verbs that need
+// one refuse, they do not crash.
 TEST_F(AdminTest, WithoutAUserRegistryTheUserAndTokenVerbsRefuse) {
   Admin none(nullptr, pki_, kDefaultDays, /*insecure=*/false, [this] { return now_; });
   v1::AddUserRequest add;
@@ -286,6 +339,10 @@ TEST_F(AdminTest, WithoutAUserRegistryTheUserAndTokenVerbsRefuse) {
   auto added = none.addUser(add);
   EXPECT_EQ(added.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(added.status().message().find("keeps no users"), std::string::npos) << added.status().message();
+  v1::AddAccountRequest account;
+  account.set_name("physics");
+  EXPECT_EQ(none.addAccount(account).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(none.listAccounts().status().code(), StatusCode::kFailedPrecondition);
   v1::RemoveUserRequest remove;
   remove.set_name("bob");
   EXPECT_EQ(none.removeUser(remove).code(), StatusCode::kFailedPrecondition);

@@ -12,6 +12,8 @@
 #include "auth/pki_dir.h"
 #include "auth/users.h"
 #include "common/pki.h"
+#include "state/memory_store.h"
+#include "state/sqlite_store.h"
 #include "temp_dir.h"
 
 namespace ddl::coordinator {
@@ -107,7 +109,7 @@ TEST(PkiDir, InitMakesPrivateFilesAndNeverOverwritesACa) {
   ASSERT_TRUE(coordinator) << error;
   EXPECT_NE(std::find(coordinator->dns_names.begin(), coordinator->dns_names.end(), "ddl-coordinator"),
             coordinator->dns_names.end());
-  auto users = auth::UserRegistry::open(options.dir + "/users.json");
+  auto users = auth::UserRegistry::readOnly(options.dir + "/users.json");
   ASSERT_TRUE(users);
   auto admin = (*users)->authenticate(*token);
   ASSERT_TRUE(admin);
@@ -160,25 +162,43 @@ TEST(PkiDir, NodeCertificatesNameTheNodeAndLastTheirDays) {
       auth::signNodeCertificate("n7", *csr, *ca, *pki::newPrivateKey(&error), 30, now));  // not the CA's key
 }
 
-TEST(UserRegistry, TokensAreHashedPersistedRotatedAndRemoved) {
+// Every byte of the SQLite state files of `dir` (the database and its WAL), to look for a secret in.
+std::string stateBytes(const TempDir& dir) {
+  std::string bytes, error;
+  for (const char* f : {"state.db", "state.db-wal"}) bytes += pki::readFile(dir / f, &error).value_or("");
+  return bytes;
+}
+
+std::unique_ptr<state::SqliteStore> openSqlite(const TempDir& dir) {
+  state::SqliteStore::Options options;
+  options.path = dir / "state.db";
+  auto store = state::SqliteStore::open(options);
+  EXPECT_TRUE(store) << store.status().toString();
+  return store ? std::move(*store) : nullptr;
+}
+
+TEST(UserRegistry, TokensAreHashedStoredRotatedAndRemoved) {
   TempDir dir;
-  const std::string path = dir / "users.json";
-  auto users = auth::UserRegistry::open(path);
-  ASSERT_TRUE(users);
+  auto store = openSqlite(dir);
+  auto users = auth::UserRegistry::open(*store, dir / "users.json");
+  ASSERT_TRUE(users) << users.status().toString();
+  auto root = (*users)->add("ops", Role::kAdmin, false);
   auto alice = (*users)->add("alice", Role::kUser, false);
-  ASSERT_TRUE(alice);
+  ASSERT_TRUE(root && alice);
   EXPECT_EQ(alice->rfind("ddl_", 0), 0u);
   EXPECT_FALSE((*users)->add("alice", Role::kUser, false));      // exists
   EXPECT_FALSE((*users)->add("Alice", Role::kUser, false));      // not an account name
   EXPECT_FALSE((*users)->add("bob", Role::kUser, /*rotate=*/true));  // nothing to rotate
-  std::string error;
-  const std::string file = *pki::readFile(path, &error);
-  EXPECT_EQ(file.find(*alice), std::string::npos) << "the token itself is stored";
-  EXPECT_EQ(modeOf(path), 0600u);
+  EXPECT_EQ(stateBytes(dir).find(*alice), std::string::npos) << "the token itself is stored";
+  EXPECT_NE(stateBytes(dir).find(pki::sha256Hex(*alice)), std::string::npos);
 
-  auto reopened = auth::UserRegistry::open(path);
+  // Another registry over the same file (a restarted coordinator) knows what was stored.
+  users->reset();
+  store = openSqlite(dir);
+  auto reopened = auth::UserRegistry::open(*store, dir / "users.json");
   ASSERT_TRUE(reopened);
   EXPECT_EQ((*reopened)->authenticate(*alice).value_or(Identity{}).name, "alice");
+  EXPECT_EQ((*reopened)->authenticate(*alice)->account, "root");
   EXPECT_FALSE((*reopened)->authenticate(*alice + "x"));
   EXPECT_FALSE((*reopened)->authenticate(""));
   auto rotated = (*reopened)->add("alice", Role::kAdmin, true);
@@ -188,20 +208,161 @@ TEST(UserRegistry, TokensAreHashedPersistedRotatedAndRemoved) {
   ASSERT_TRUE((*reopened)->remove("alice"));
   EXPECT_FALSE((*reopened)->authenticate(*rotated));
   EXPECT_FALSE((*reopened)->remove("alice"));
+  // The last admin stays: neither removed nor made a user.
+  EXPECT_EQ((*reopened)->remove("ops").code(), state::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*reopened)->add("ops", Role::kUser, true).status().code(),
+            state::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*reopened)->authenticate(*root)->role, Role::kAdmin);
+  reopened->reset();
+  store = openSqlite(dir);
+  auto third = auth::UserRegistry::open(*store, dir / "users.json");
+  ASSERT_TRUE(third);
+  EXPECT_FALSE((*third)->authenticate(*rotated)) << "a removed user came back";
+  EXPECT_EQ((*third)->size(), 1u);
 }
 
-TEST(UserRegistry, JoinTokensWorkOnceForTheirNodeOnly) {
+// init-pki's users.json goes into the store once; later edits of the file are not read (users live in the
+// store), and a user removed from the store does not come back from the file.
+TEST(UserRegistry, UsersJsonIsImportedOnceIntoTheStore) {
+  TempDir dir;
+  const std::string file = dir / "users.json";
+  auto admin = auth::addToUsersFile(file, "admin", Role::kAdmin);
+  auto alice = auth::addToUsersFile(file, "alice", Role::kUser);
+  ASSERT_TRUE(admin && alice);
+  EXPECT_EQ(modeOf(file), 0600u);
+  state::MemoryStore store;
+  auto users = auth::UserRegistry::open(store, file);
+  ASSERT_TRUE(users) << users.status().toString();
+  EXPECT_EQ((*users)->authenticate(*alice).value_or(Identity{}).name, "alice");
+  EXPECT_EQ(store.listEntries("users")->size(), 2u);
+  EXPECT_EQ(store.listEntries("imports")->size(), 1u);
+  ASSERT_TRUE((*users)->remove("alice"));
+  auto bob = auth::addToUsersFile(file, "bob", Role::kUser);  // an edit after the import
+  ASSERT_TRUE(bob);
+  auto again = auth::UserRegistry::open(store, file);
+  ASSERT_TRUE(again);
+  EXPECT_FALSE((*again)->authenticate(*alice)) << "removed in the store, back from the file";
+  EXPECT_FALSE((*again)->authenticate(*bob)) << "the file was read again";
+  EXPECT_TRUE((*again)->authenticate(*admin));
+  // A file that is not a users file is refused, naming it; no file imports nothing (and marks nothing).
+  state::MemoryStore fresh;
+  ASSERT_TRUE(pki::writeFile(dir / "bad.json", "{\"users\": 7}", 0600, nullptr));
+  auto bad = auth::UserRegistry::open(fresh, dir / "bad.json");
+  EXPECT_EQ(bad.status().code(), state::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("bad.json"), std::string::npos) << bad.status().message();
+  ASSERT_TRUE(auth::UserRegistry::open(fresh, dir / "missing.json"));
+  EXPECT_TRUE(fresh.listEntries("")->empty());
+}
+
+// A store that refuses every batch once told to: a change it refuses changes nothing in memory either.
+class RefusingStore : public state::MemoryStore {
+ public:
+  state::Status applyBatch(const std::vector<state::Write>& batch) override {
+    if (refuse) return state::Status::unavailable("the disk is full");
+    return MemoryStore::applyBatch(batch);
+  }
+  bool refuse = false;
+};
+
+TEST(UserRegistry, AChangeTheStoreRefusesChangesNothing) {
+  TempDir dir;
+  RefusingStore store;
+  auto users = auth::UserRegistry::open(store, dir / "users.json");
+  ASSERT_TRUE(users);
+  auto alice = (*users)->add("alice", Role::kUser, false);
+  ASSERT_TRUE((*users)->add("ops", Role::kAdmin, false));
+  ASSERT_TRUE(alice && (*users)->addAccount("physics", "", 2, false));
+  store.refuse = true;
+  EXPECT_EQ((*users)->add("bob", Role::kUser, false).status().code(), state::StatusCode::kUnavailable);
+  EXPECT_FALSE((*users)->add("alice", Role::kUser, true));
+  EXPECT_FALSE((*users)->remove("alice"));
+  EXPECT_FALSE((*users)->addAccount("chem", "", 1, false));
+  EXPECT_FALSE((*users)->removeAccount("physics"));
+  int64_t expires = 0;
+  EXPECT_FALSE((*users)->createJoinToken("n1", 60, &expires));
+  EXPECT_TRUE((*users)->authenticate(*alice)) << "a rotation the store refused took the old token";
+  EXPECT_EQ((*users)->size(), 2u);
+  EXPECT_EQ((*users)->accounts().size(), 2u);
+  store.refuse = false;
+  auto token = (*users)->createJoinToken("n1", 60, &expires);
+  ASSERT_TRUE(token);
+  store.refuse = true;  // a join whose use cannot be recorded admits nobody, and the token stays good
+  EXPECT_EQ((*users)->redeemJoinToken(*token, "n1").code(), state::StatusCode::kUnavailable);
+  store.refuse = false;
+  EXPECT_TRUE((*users)->redeemJoinToken(*token, "n1"));
+}
+
+// Accounts: a tree under root with shares; users in one account each; no cycles; only empty accounts go.
+TEST(UserRegistry, AccountsFormATreeWithSharesAndHoldUsers) {
+  TempDir dir;
+  state::MemoryStore store;
+  auto users = auth::UserRegistry::open(store, dir / "users.json");
+  ASSERT_TRUE(users);
+  ASSERT_TRUE((*users)->addAccount("science", "", 2, false));
+  ASSERT_TRUE((*users)->addAccount("physics", "science", 3, false));
+  ASSERT_TRUE((*users)->addAccount("ops", "root", 1, false));
+  EXPECT_EQ((*users)->addAccount("physics", "", 1, false).code(), state::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*users)->addAccount("chem", "nowhere", 1, false).code(), state::StatusCode::kNotFound);
+  EXPECT_EQ((*users)->addAccount("chem", "", 0, false).code(), state::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*users)->addAccount("chem", "", auth::UserRegistry::kMaxShare + 1, false).code(),
+            state::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*users)->addAccount("Chem", "", 1, false).code(), state::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*users)->addAccount("root", "", 1, false).code(), state::StatusCode::kInvalidArgument);
+  // No account may move under itself.
+  EXPECT_EQ((*users)->addAccount("science", "physics", 0, true).code(), state::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*users)->addAccount("science", "science", 0, true).code(), state::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*users)->addAccount("physics", "", 5, true));     // the share changes, the parent stays
+  ASSERT_TRUE((*users)->addAccount("physics", "ops", 0, true));  // the parent changes, the share stays
+  EXPECT_EQ((*users)->addAccount("nobody", "", 1, true).code(), state::StatusCode::kNotFound);
+
+  auto alice = (*users)->add("alice", Role::kUser, false, "physics");
+  ASSERT_TRUE(alice);
+  EXPECT_EQ((*users)->authenticate(*alice)->account, "physics");
+  EXPECT_EQ((*users)->add("bob", Role::kUser, false, "nowhere").status().code(),
+            state::StatusCode::kNotFound);
+  auto rotated = (*users)->add("alice", Role::kUser, true);  // keeps its account
+  ASSERT_TRUE(rotated);
+  EXPECT_EQ((*users)->authenticate(*rotated)->account, "physics");
+
+  auto removed = (*users)->removeAccount("ops");
+  EXPECT_EQ(removed.code(), state::StatusCode::kFailedPrecondition);
+  EXPECT_NE(removed.message().find("account physics"), std::string::npos) << removed.message();
+  removed = (*users)->removeAccount("physics");
+  EXPECT_NE(removed.message().find("user alice"), std::string::npos) << removed.message();
+  EXPECT_EQ((*users)->removeAccount("root").code(), state::StatusCode::kInvalidArgument);
+
+  // As a second coordinator reads them from the store.
+  auto other = auth::UserRegistry::open(store, dir / "users.json");
+  ASSERT_TRUE(other);
+  std::vector<std::string> seen;
+  for (const auth::AccountInfo& a : (*other)->accounts()) {
+    seen.push_back(a.name + "<" + a.parent + ":" + std::to_string(a.share) + "/" + std::to_string(a.users));
+  }
+  EXPECT_EQ(seen,
+            (std::vector<std::string>{"root<:1/0", "ops<root:1/0", "physics<ops:5/1", "science<root:2/0"}));
+  ASSERT_TRUE((*other)->add("alice", Role::kUser, true, "science"));
+  ASSERT_TRUE((*other)->removeAccount("physics"));
+  EXPECT_FALSE((*other)->hasAccount("physics"));
+  EXPECT_TRUE((*other)->hasAccount("root"));
+}
+
+TEST(UserRegistry, JoinTokensWorkOnceForTheirNodeOnlyAndOutliveARestart) {
   TempDir dir;
   int64_t now = 1'700'000'000;
-  auto users = auth::UserRegistry::open(dir / "users.json", [&now] { return now; });
+  state::MemoryStore store;
+  auto users = auth::UserRegistry::open(store, dir / "users.json", [&now] { return now; });
   ASSERT_TRUE(users);
   int64_t expires = 0;
   auto token = (*users)->createJoinToken("n5", 60, &expires);
   ASSERT_TRUE(token);
   EXPECT_EQ(expires, now + 60);
   EXPECT_EQ((*users)->redeemJoinToken(*token, "n6").code(), state::StatusCode::kPermissionDenied);
-  EXPECT_TRUE((*users)->redeemJoinToken(*token, "n5"));
-  EXPECT_EQ((*users)->redeemJoinToken(*token, "n5").code(), state::StatusCode::kUnauthenticated);
+  // A token made before a restart (or a failover) works after it, once.
+  auto after = auth::UserRegistry::open(store, dir / "users.json", [&now] { return now; });
+  ASSERT_TRUE(after);
+  EXPECT_TRUE((*after)->redeemJoinToken(*token, "n5"));
+  EXPECT_EQ((*after)->redeemJoinToken(*token, "n5").code(), state::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(store.listEntries("join_tokens")->empty());
   EXPECT_FALSE((*users)->createJoinToken("n5", 0, &expires));
   EXPECT_FALSE((*users)->createJoinToken("bad name", 60, &expires));
   // A token works through the second it expires at, and is gone (not merely refused) after it.
@@ -215,6 +376,12 @@ TEST(UserRegistry, JoinTokensWorkOnceForTheirNodeOnly) {
   EXPECT_EQ(expired.code(), state::StatusCode::kUnauthenticated);
   EXPECT_NE(expired.message().find("expired"), std::string::npos) << expired.message();
   EXPECT_EQ((*users)->redeemJoinToken(*too_late, "n5").message(), "unknown or used join token");
+  // Expired tokens leave the store when the next one is made.
+  auto stale = (*users)->createJoinToken("n7", 1, &expires);
+  ASSERT_TRUE(stale);
+  now += 5;
+  ASSERT_TRUE((*users)->createJoinToken("n8", 60, &expires));
+  EXPECT_EQ(store.listEntries("join_tokens")->size(), 1u);
 }
 
 TEST(Access, RulesForUsersViewersNodesAndInsecure) {
@@ -259,6 +426,22 @@ TEST(Access, RulesForUsersViewersNodesAndInsecure) {
     EXPECT_NE(refused.status().message().find("add-user"), std::string::npos) << refused.status().message();
   }
   EXPECT_TRUE(access::ownSpec(Identity{"ops", Role::kAdmin, "token"}, claimed, false));  // a named admin may
+  // The account charged: the user's own; another only by an admin, and only one that exists.
+  const Identity carol{"carol", Role::kUser, "token", "physics"}, ops{"ops", Role::kAdmin, "token", "root"};
+  EXPECT_EQ(access::ownSpec(carol, claimed, false)->account(), "physics");
+  EXPECT_EQ(access::ownSpec(anyone, claimed, false)->account(), "root");
+  claimed.set_account("chem");
+  auto charged = access::ownSpec(carol, claimed, false);
+  EXPECT_EQ(charged.status().code(), state::StatusCode::kPermissionDenied);
+  EXPECT_NE(charged.status().message().find("carol is in account physics"), std::string::npos)
+      << charged.status().message();
+  state::MemoryStore store;
+  TempDir dir;
+  auto users = auth::UserRegistry::open(store, dir / "users.json");
+  ASSERT_TRUE(users && (*users)->addAccount("chem", "", 1, false));
+  EXPECT_EQ(access::ownSpec(ops, claimed, false, users->get())->account(), "chem");
+  claimed.set_account("nowhere");
+  EXPECT_EQ(access::ownSpec(ops, claimed, false, users->get()).status().code(), state::StatusCode::kNotFound);
 
   EXPECT_EQ(access::identifyUser("", nullptr, false).status().code(), state::StatusCode::kUnauthenticated);
   EXPECT_EQ(access::identifyUser("", nullptr, true)->role, Role::kInsecure);

@@ -314,6 +314,9 @@ class EtcdBacked : public Store {
   bool knownUnapplied(const Status& failure) const override { return store_->knownUnapplied(failure); }
   StatusOr<Job> getJob(const std::string& id) override { return store_->getJob(id); }
   StatusOr<std::vector<NodeRecord>> listNodes() override { return store_->listNodes(); }
+  StatusOr<std::vector<Entry>> listEntries(const std::string& table) override {
+    return store_->listEntries(table);
+  }
   StatusOr<int64_t> lastJobNumber() override { return store_->lastJobNumber(); }
   StatusOr<std::vector<Job>> listJobsPage(const JobFilter& filter, int64_t after_number, int limit,
                                           bool newest_first) override {
@@ -734,6 +737,44 @@ TYPED_TEST(StoreTest, NodesUpsertGetListAndState) {
   EXPECT_EQ(this->store_->upsertNode(NodeRecord{}).code(), StatusCode::kInvalidArgument);
 }
 
+// Entries (users, accounts, join tokens above the store): put, replace and delete in batches with jobs and
+// nodes, listed by table in key order, every table at once without the jobs and nodes, bad names refused
+// whole.
+TYPED_TEST(StoreTest, EntriesArePutReplacedDeletedAndListedByTable) {
+  Store& store = *this->backing_;
+  ASSERT_TRUE(this->store_->upsertNode(sampleNode("n1")).isOk());
+  ASSERT_TRUE(this->store_->createJob(sampleSpec()).isOk());
+  const std::string binary("v\0\n{\"x\":1}\xff", 12);
+  ASSERT_TRUE(
+      store
+          .applyBatch({Write::putEntry({"users", "bob", "b1"}), Write::putEntry({"users", "alice", binary}),
+                       Write::putEntry({"accounts", "root", "r"}), Write::putEntry({"zeta", "k", "z"})})
+          .isOk());
+  EXPECT_EQ(*store.listEntries("users"),
+            (std::vector<Entry>{{"users", "alice", binary}, {"users", "bob", "b1"}}));
+  EXPECT_EQ(*store.listEntries("user"), std::vector<Entry>{});  // a table's name is whole, not a prefix
+  // A later put replaces; a delete of a missing key is no error.
+  ASSERT_TRUE(
+      store
+          .applyBatch({Write::putEntry({"users", "bob", "b2"}), Write::deleteEntry("accounts", "root"),
+                       Write::deleteEntry("accounts", "nobody")})
+          .isOk());
+  EXPECT_EQ(*store.listEntries(""),
+            (std::vector<Entry>{{"users", "alice", binary}, {"users", "bob", "b2"}, {"zeta", "k", "z"}}));
+  // Refused whole: nothing of the batch is stored.
+  for (const Entry& bad : std::vector<Entry>{{"jobs", "x", "v"},
+                                             {"Users", "x", "v"},
+                                             {"users", "a/b", "v"},
+                                             {"users", "", "v"},
+                                             {"users", "big", std::string(kMaxEntryValueBytes + 1, 'x')}}) {
+    Status st = store.applyBatch({Write::putEntry({"users", "carol", "c"}), Write::putEntry(bad)});
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument)
+        << bad.table << "/" << bad.key << ": " << st.toString();
+  }
+  EXPECT_EQ(store.listEntries("users")->size(), 2u);
+  EXPECT_EQ(store.listNodes()->size(), 1u);
+}
+
 TYPED_TEST(StoreTest, ConcurrentCallersGetUniqueIdsAndOneWinnerPerRace) {
   constexpr int kThreads = 4, kPerThread = 25;
   std::vector<std::vector<std::string>> ids(kThreads);
@@ -1136,6 +1177,7 @@ TEST(SqliteStore, VersionOneDatabaseIsUpgradedInPlace) {
        {"ALTER TABLE job_allocation DROP COLUMN cpus", "ALTER TABLE job_allocation DROP COLUMN memory_bytes",
         "ALTER TABLE nodes DROP COLUMN cpus", "ALTER TABLE nodes DROP COLUMN memory_bytes"})
     ASSERT_EQ(rawQuery(path, v7), "<done>");  // version 7's columns
+  ASSERT_EQ(rawQuery(path, "DROP TABLE entries"), "<done>");  // version 8's
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 1"), "<done>");
   ASSERT_EQ(rawQuery(path, "SELECT version FROM schema_version"), "1");
   ASSERT_EQ(rawQuery(path, "SELECT count(*) FROM sqlite_master WHERE name = 'job_labels'"), "0");
@@ -1191,6 +1233,7 @@ TEST(SqliteStore, VersionTwoDrainingNodesAreDrainedAfterTheUpgrade) {
        {"ALTER TABLE job_allocation DROP COLUMN cpus", "ALTER TABLE job_allocation DROP COLUMN memory_bytes",
         "ALTER TABLE nodes DROP COLUMN cpus", "ALTER TABLE nodes DROP COLUMN memory_bytes"})
     ASSERT_EQ(rawQuery(path, v7), "<done>");  // version 7's columns
+  ASSERT_EQ(rawQuery(path, "DROP TABLE entries"), "<done>");  // version 8's
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 2"), "<done>");
 
   auto store = openOrDie(path, clock.fn());
@@ -1529,6 +1572,7 @@ TEST(SqliteStore, VersionFiveDatabaseGetsTimeoutAndKeepsItsIdCounter) {
        {"ALTER TABLE job_allocation DROP COLUMN cpus", "ALTER TABLE job_allocation DROP COLUMN memory_bytes",
         "ALTER TABLE nodes DROP COLUMN cpus", "ALTER TABLE nodes DROP COLUMN memory_bytes"})
     ASSERT_EQ(rawQuery(path, v7), "<done>");  // version 7's columns
+  ASSERT_EQ(rawQuery(path, "DROP TABLE entries"), "<done>");  // version 8's
   ASSERT_EQ(rawQuery(path, "UPDATE schema_version SET version = 5"), "<done>");
 
   auto store = openOrDie(path, clock.fn());
