@@ -5,12 +5,16 @@
 // fixed-seed RNG: about 30% of nodes have 1-4 GPUs in use, 2% are DRAINING, 1% DOWN.
 // Figures: place() of a 256-GPU job (64 nodes x 4 GPUs, and 256 GPUs as a total), checkFeasible(), ring
 // layout build + validate for the placed job, each over --runs runs (median, p99, max); and schedule() of a
-// queue of 1,000 pending jobs of mixed shapes and priorities over --queue-runs runs.
+// queue of 1,000 pending jobs of mixed shapes and priorities over --queue-runs runs; and a whole fair-share
+// pass, prioritize() then schedule(), of --fair-jobs (10,000) pending jobs from 1,000 users in 100 accounts
+// (10 groups of 10 under root, random shares and usage), as the coordinator runs it.
 //
 // With --cpus-per-rank C every node also offers 64 CPUs and 512 GiB (a busy GPU holds C of them and 16 GiB),
 // and every job asks for C CPUs and 16 GiB per rank: the cost of placing CPUs and memory as well.
 //
-// Usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--seed S] [--cpus-per-rank C] [--json FILE]
+// Usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--fair-jobs N] [--seed S] [--cpus-per-rank
+// C]
+//                        [--json FILE]
 //        (--nodes: 1000)
 #include <algorithm>
 #include <cerrno>
@@ -23,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "placement/fair_share.h"
 #include "placement/placement.h"
 #include "placement/ring_layout.h"
 
@@ -120,7 +125,7 @@ Stats timeIt(const std::string& name, int runs, const std::function<void()>& f) 
 }  // namespace
 
 struct Args {
-  int runs = 100, queueRuns = 10, nodes = 1000, cpusPerRank = 0;
+  int runs = 100, queueRuns = 10, nodes = 1000, cpusPerRank = 0, fairJobs = 10000;
   uint32_t seed = 42;
   const char* jsonPath = nullptr;
 };
@@ -140,6 +145,8 @@ Args parseArgs(int argc, char** argv) {
       a.runs = std::max(1, std::atoi(value()));
     else if (!std::strcmp(argv[i], "--queue-runs"))
       a.queueRuns = std::max(1, std::atoi(value()));
+    else if (!std::strcmp(argv[i], "--fair-jobs"))
+      a.fairJobs = std::max(1, std::atoi(value()));
     else if (!std::strcmp(argv[i], "--seed"))
       a.seed = static_cast<uint32_t>(std::strtoul(value(), nullptr, 10));
     else if (!std::strcmp(argv[i], "--nodes"))
@@ -151,8 +158,8 @@ Args parseArgs(int argc, char** argv) {
     else {
       std::fprintf(
           stderr,
-          "usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--seed S] [--cpus-per-rank C] "
-          "[--json FILE]\n");
+          "usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--fair-jobs N] [--seed S] "
+          "[--cpus-per-rank C] [--json FILE]\n");
       std::exit(2);
     }
   }
@@ -234,6 +241,39 @@ int main(int argc, char** argv) {
               first.headJob.empty() ? "-" : first.headJob.c_str());
   stats.push_back(timeIt("schedule 1000 pending jobs", queueRuns,
                          [&] { keep(schedule(cluster, queue).decisions.size()); }));
+
+  // The fair-share pass: 100 accounts in 10 groups, 1,000 users, each with decayed usage; the queue's jobs
+  // spread over the users.
+  std::mt19937 fairRng(seed + 1);
+  ShareTree tree;
+  UsageLedger usage;
+  for (int g = 0; g < 10; ++g)
+    tree.accounts["g" + std::to_string(g)] = {kRootAccount, 1 + int64_t(fairRng() % 5)};
+  for (int a = 0; a < 100; ++a) {
+    tree.accounts["a" + std::to_string(a)] = {"g" + std::to_string(a / 10), 1 + int64_t(fairRng() % 10)};
+  }
+  for (int u = 0; u < 1000; ++u) {
+    usage.charge("a" + std::to_string(u / 10), "u" + std::to_string(u), double(fairRng() % 100000));
+  }
+  std::vector<JobRequest> fairQueue = makeQueue(seed + 2, args.fairJobs, cpusPerRank);
+  for (size_t i = 0; i < fairQueue.size(); ++i) {
+    const int u = static_cast<int>(fairRng() % 1000);
+    fairQueue[i].user = "u" + std::to_string(u);
+    fairQueue[i].account = "a" + std::to_string(u / 10);
+    fairQueue[i].submitMs = int64_t(i) * 1000;
+  }
+  const int64_t fairNow = int64_t(fairQueue.size()) * 1000;
+  stats.push_back(
+      timeIt("fair-share pass " + std::to_string(fairQueue.size()) + " jobs (1000 users)", queueRuns, [&] {
+        std::vector<JobRequest> q = fairQueue;
+        prioritize(q, tree, usage, PriorityWeights{}, fairNow);
+        keep(schedule(cluster, q).decisions.size());
+      }));
+  stats.push_back(timeIt("  of which prioritize()", queueRuns, [&] {
+    std::vector<JobRequest> q = fairQueue;
+    prioritize(q, tree, usage, PriorityWeights{}, fairNow);
+    keep(q.size());
+  }));
 
   if (jsonPath) {
     FILE* f = std::fopen(jsonPath, "w");

@@ -126,7 +126,11 @@ void declareSubmit(CLI::App& app, CommandLine& cl) {
       ->type_name("SIZE")
       ->take_last();
   submit->add_option("--topology", s.topology, "ring dims override, e.g. 4x2")->take_last();
-  submit->add_option("--priority", s.priority, "higher runs first (default 0)")->take_last();
+  submit
+      ->add_option("--priority", s.priority,
+                   "orders your own jobs: higher first (default 0); the queue is "
+                   "ordered by fair-share (ddlctl shares)")
+      ->take_last();
   submit->add_option("--account", s.account, "the account to charge (default: your own; others: admins only)")
       ->take_last();
   submit->add_option("--max-restarts", s.maxRestarts, "requeue after a failure up to R times (default 0)")
@@ -321,6 +325,7 @@ void declareNodeVerbs(CLI::App& app, CommandLine& cl) {
 void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
   app.add_subcommand("whoami", "who the coordinator takes you for (user, role and account)");
   app.add_subcommand("accounts", "the accounts jobs are charged to: their tree, shares and users");
+  app.add_subcommand("shares", "each account's share, decayed GPU usage and fair-share factor (as sshare)");
 
   CLI::App* admin = app.add_subcommand("admin", "users, accounts and node certificates (admins only)");
   admin->require_subcommand(1);
@@ -450,9 +455,9 @@ std::vector<std::string> flagNames(const CLI::App& app, const CLI::App* verb) {
   return names;
 }
 
-constexpr const char* kVerbs[] = {"submit",  "list",    "status",   "wait", "cancel", "hold",
-                                  "release", "requeue", "ring",     "logs", "nodes",  "drain",
-                                  "undrain", "whoami",  "accounts", "admin"};
+constexpr const char* kVerbs[] = {"submit",  "list",    "status",   "wait",   "cancel", "hold",
+                                  "release", "requeue", "ring",     "logs",   "nodes",  "drain",
+                                  "undrain", "whoami",  "accounts", "shares", "admin"};
 
 // What CLI11 reports, said for a person: which flag of which verb, the nearest real flag, what a value must
 // be.
@@ -568,7 +573,7 @@ ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, b
       result.error =
           what +
           ": submit, list, status, wait, cancel, hold, release, requeue, ring, logs, nodes, drain, "
-          "undrain, whoami, accounts or admin";
+          "undrain, whoami, accounts, shares or admin";
     } else {
       result.error = describeParseError(app, verb, e);
     }

@@ -243,7 +243,11 @@ std::string nodeListOrReason(const v1::Job& job) {
   for (const v1::NodeAllocation& a : job.allocation()) nodes.push_back(a.node());
   bool showReason = job.state() == v1::PENDING || (job.state() == v1::FAILED && !job.reason().empty()) ||
                     (nodes.empty() && !job.reason().empty());
-  if (showReason) return "(" + (job.reason().empty() ? std::string("queued") : job.reason()) + ")";
+  if (showReason) {
+    const std::string code = job.state() == v1::PENDING ? job.reason_code() : "";
+    return "(" + (code.empty() ? "" : code + (job.reason().empty() ? "" : ": ")) +
+           (job.reason().empty() && code.empty() ? std::string("queued") : job.reason()) + ")";
+  }
   return join(nodes, ",");
 }
 
@@ -306,26 +310,33 @@ std::string formatAccountTree(const v1::ListAccountsResponse& accounts) {
       const double norm = parent.empty() ? 1.0 : part * std::max<int64_t>(a->share(), 1) / total;
       char normText[32];
       std::snprintf(normText, sizeof(normText), "%.3f", norm);
-      rows.push_back({std::string(2 * depth, ' ') + escapeForTerminal(a->name()),
+      rows.push_back({std::string(2 * depth, ' ') + a->name(),
                       parent.empty() ? "-" : std::to_string(a->share()), normText,
                       std::to_string(a->users())});
       walk(a->name(), depth + 1, norm);
     }
   };
   walk("", 0, 1.0);
-  std::vector<size_t> width(rows[0].size(), 0);
-  for (const auto& row : rows) {
-    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  return renderTable(std::move(rows));
+}
+
+std::string formatShares(const v1::GetSharesResponse& shares) {
+  std::vector<std::vector<std::string>> rows = {
+      {"ACCOUNT", "SHARE", "NORM SHARE", "GPU-HOURS", "NORM USAGE", "FAIRSHARE"}};
+  auto fixed = [](double v, int digits) {
+    char text[48];
+    std::snprintf(text, sizeof(text), "%.*f", digits, v);
+    return std::string(text);
+  };
+  for (const v1::ShareRow& r : shares.accounts()) {
+    rows.push_back({std::string(2 * std::clamp(r.depth(), 0, 32), ' ') + r.account(),
+                    r.depth() == 0 ? "-" : std::to_string(r.share()), fixed(r.norm_share(), 3),
+                    fixed(r.usage_gpu_s() / 3600, 2), fixed(r.norm_usage(), 3), fixed(r.factor(), 3)});
   }
-  std::string out;
-  for (const auto& row : rows) {
-    for (size_t c = 0; c < row.size(); ++c) {
-      const std::string pad(width[c] - row[c].size(), ' ');
-      out += c == 0 ? row[c] + pad : "  " + pad + row[c];  // names left, numbers right
-    }
-    out += "\n";
-  }
-  return out;
+  const std::string out = renderTable(std::move(rows));
+  char half[64];
+  std::snprintf(half, sizeof(half), "(usage halves every %.3g days)\n", shares.half_life_s() / 86400);
+  return out + half;
 }
 
 std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
@@ -482,7 +493,10 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   add("Topology", topology);
   add("Allocation", job.allocation().empty() ? "-" : formatAllocation(job));
   add("Restarts", std::to_string(job.restarts()) + " of " + std::to_string(spec.max_restarts()) + " allowed");
-  if (!job.reason().empty()) add("Reason", job.reason());
+  if (!job.reason().empty()) {
+    add("Reason", (job.state() == v1::PENDING && !job.reason_code().empty() ? job.reason_code() + ": " : "") +
+                      job.reason());
+  }
   if (job.has_failure()) add("Failure", describeFailure(job.failure()));
   add("Submitted", formatLocalTime(job.submit_ms()) + " (" + formatAge(nowMs - job.submit_ms()) + " ago)");
   if (job.start_ms() > 0) add("Started", formatLocalTime(job.start_ms()));

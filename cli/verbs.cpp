@@ -568,6 +568,11 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
                             (who.account().empty() ? "" : ", account " + escapeForTerminal(who.account())) +
                             "\n");
   }
+  if (cl.verb == "shares") {
+    v1::GetSharesResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetShares(c, {}, &resp); })) return rc;
+    return s.print(resp, formatShares(resp));
+  }
   if (cl.verb == "accounts") {
     v1::ListAccountsResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListAccounts(c, {}, &resp); })) return rc;

@@ -385,6 +385,18 @@ int runDaemon(const DaemonConfig& config) {
   if (config.insecure) {
     spdlog::warn("--insecure: plaintext gRPC and no authentication; any local process can act as any user");
   }
+  // The scheduler orders the queue by the accounts' shares: it gets them now and after every change.
+  auto shareTree = [](const std::vector<auth::AccountInfo>& accounts) {
+    ddl::placement::ShareTree tree;
+    for (const auto& a : accounts) {
+      if (!a.parent.empty()) tree.accounts[a.name] = {a.parent, a.share};
+    }
+    return tree;
+  };
+  coordinator.setAccounts(shareTree((*users)->accounts()));
+  (*users)->onAccountsChanged([&coordinator, shareTree](const std::vector<auth::AccountInfo>& accounts) {
+    coordinator.setAccounts(shareTree(accounts));
+  });
   RpcServer server(coordinator, securityOptions(config, users->get()));
   std::string bound;
   if (auto st = server.start(config.listen, &bound); !st) return fail(st.message());

@@ -397,8 +397,11 @@ Status UserRegistry::addAccount(const std::string& name, const std::string& pare
   const nlohmann::json value = {
       {"parent", account.parent}, {"share", account.share}, {"created_s", account.created_s}};
   if (Status st = commit({Write::putEntry({kAccountsTable, name, value.dump()})}); !st) return st;
-  std::lock_guard<std::mutex> lock(mu_);
-  accounts_[name] = account;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    accounts_[name] = account;
+  }
+  if (accounts_changed_) accounts_changed_(accounts());
   return Status::ok();
 }
 
@@ -422,8 +425,11 @@ Status UserRegistry::removeAccount(const std::string& name) {
                                       "; move or remove them first");
   }
   if (Status st = commit({Write::deleteEntry(kAccountsTable, name)}); !st) return st;
-  std::lock_guard<std::mutex> lock(mu_);
-  accounts_.erase(name);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    accounts_.erase(name);
+  }
+  if (accounts_changed_) accounts_changed_(accounts());
   return Status::ok();
 }
 

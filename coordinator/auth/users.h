@@ -116,6 +116,11 @@ class UserRegistry {
   Status removeAccount(const std::string& name);
   // Every account, root first, then by name.
   std::vector<AccountInfo> accounts() const;
+  // Called with every account after each change to them (on the changing thread, once it is durable), so the
+  // scheduler's copy follows. Set it before the registry is shared.
+  void onAccountsChanged(std::function<void(const std::vector<AccountInfo>&)> listener) {
+    accounts_changed_ = std::move(listener);
+  }
   bool hasAccount(const std::string& name) const;
 
   // A one-time token for node `node`, valid for ttl_s seconds.
@@ -161,6 +166,7 @@ class UserRegistry {
   std::map<std::string, std::string> by_hash_;    // token SHA-256 -> name
   std::map<std::string, Account> accounts_;       // by name; root is not stored
   std::map<std::string, JoinToken> join_tokens_;  // token SHA-256 -> what it admits
+  std::function<void(const std::vector<AccountInfo>&)> accounts_changed_;
 };
 
 // users.json as init-pki writes it: adds (or, when it is there, gives a new token to) user `name` with `role`

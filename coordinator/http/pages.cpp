@@ -240,7 +240,7 @@ function ran(x){const s=started(x),e=Number(x.end_ms||0);return s>0?hdur((e>0?e:
 function row(cells){return '<tr>'+cells.map(c=>'<td>'+c+'</td>').join('')+'</tr>';}
 function jobRow(x){return row(['<a href="/jobs/'+esc(x.id)+'">'+esc(x.id)+'</a>',esc(x.spec.name),esc(x.spec.user),
  '<span class="'+esc(x.state)+'">'+esc(x.state)+(x.held?' (held)':'')+'</span>',ago(Number(x.submit_ms)),ran(x),x.gpus,
- (x.allocation||[]).length&&x.state!=='FAILED'?esc(x.allocation.map(a=>a.node).join(',')):'('+esc(x.reason)+')']);}
+ (x.allocation||[]).length&&x.state!=='FAILED'?esc(x.allocation.map(a=>a.node).join(',')):'('+esc((x.reason_code?x.reason_code+': ':'')+x.reason)+')']);}
 function historyQuery(token){const p=new URLSearchParams();for(const k of ['state','user','name'])if(q.get(k))p.set(k,q.get(k));
  if(token)p.set('page_token',token);return p;}
 async function refresh(){
@@ -467,7 +467,9 @@ void writeJobSummary(std::ostream& o, const v1::Job& job, int64_t now_ms, bool d
     o << "</code>";
   }
   o << "</td></tr><tr><th>GPUs</th><td>" << job.gpus() << "</td></tr><tr><th>topology</th><td>"
-    << htmlEscape(job.topology()) << "</td></tr><tr><th>reason</th><td>" << htmlEscape(job.reason())
+    << htmlEscape(job.topology()) << "</td></tr><tr><th>account</th><td>" << htmlEscape(job.spec().account())
+    << "</td></tr><tr><th>reason</th><td>"
+    << htmlEscape(job.reason_code().empty() ? job.reason() : job.reason_code() + ": " + job.reason())
     << "</td></tr><tr><th>submitted</th><td>" << humanDuration(now_ms - job.submit_ms()) << " ago</td></tr>";
   // Job.start_ms where the coordinator fills it, else the latest move to RUNNING.
   int64_t start_ms = job.start_ms();

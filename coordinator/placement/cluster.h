@@ -51,6 +51,9 @@ struct Node {
 
 struct Cluster {
   std::vector<Node> nodes;  // names are unique
+  // The nodes are in naturalLess order of their names (schedule() sorts its working copies so): find() is a
+  // binary search, and placement need not sort what it gathers from them.
+  bool byName = false;
 
   const Node* find(const std::string& name) const;  // nullptr if absent
   Node* find(const std::string& name);
@@ -63,8 +66,12 @@ struct Cluster {
 //                         placement can manage.
 struct JobRequest {
   std::string id;
-  int priority = 0;        // higher runs first
+  int priority = 0;        // --priority: orders a user's own jobs (fair_share.h); higher runs first
   uint64_t submitSeq = 0;  // submit order; lower runs first among equal priorities
+  std::string user;        // who the job's GPU-seconds are charged to, in `account`
+  std::string account;
+  int64_t submitMs = 0;  // unix ms, for the age factor
+  double order = 0;  // fair_share.h's prioritize(): higher runs first; ties go by priority, then submitSeq
   int nodes = 0;
   int gpusPerNode = 0;
   int totalGpus = 0;

@@ -25,7 +25,10 @@
 // schedule() only if it could not fit even with the DOWN nodes back: a job whose nodes went DOWN after submit
 // stays pending with a reason that names them, rather than being thrown out during a reboot.
 //
-// Queue. schedule() sorts the queue by priority (higher first), then submit order, then id, and starts jobs
+// Queue. schedule() sorts the queue by its order (fair_share.h's prioritize(): fair-share and age, each
+// user's
+// --priority as nice; 0 where it was not called), then --priority (higher first), then submit order, then id,
+// and starts jobs
 // in that order until one cannot start: that job is the head. A job that cannot start even if every UP node
 // were idle (it waits for DRAINING or DOWN nodes to come back, not for jobs to end) does not become the head;
 // it stays pending with its reason and the pass goes on, so one such job cannot stall the whole queue.
@@ -56,6 +59,7 @@
 #include <cstdlib>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "common/resources.h"
 #include "placement/ring_layout.h"
@@ -112,6 +116,12 @@ const std::string& Node::label(const std::string& key) const {
 }
 
 const Node* Cluster::find(const std::string& name) const {
+  if (byName) {
+    auto it = std::lower_bound(nodes.begin(), nodes.end(), name, [](const Node& n, const std::string& key) {
+      return naturalLess(n.name, key);
+    });
+    return it != nodes.end() && it->name == name ? &*it : nullptr;
+  }
   for (const Node& n : nodes)
     if (n.name == name) return &n;
   return nullptr;
@@ -325,9 +335,11 @@ std::vector<Candidate> candidatesNow(const Cluster& cluster, const JobRequest& j
       out.push_back({&n, free, 0});
     }
   }
-  // Name order makes every later tie deterministic.
-  std::sort(out.begin(), out.end(),
-            [](const Candidate& a, const Candidate& b) { return naturalLess(a.node->name, b.node->name); });
+  // Name order makes every later tie deterministic (the nodes' own order where the cluster keeps them so).
+  if (!cluster.byName) {
+    std::sort(out.begin(), out.end(),
+              [](const Candidate& a, const Candidate& b) { return naturalLess(a.node->name, b.node->name); });
+  }
   return out;
 }
 
@@ -718,10 +730,28 @@ Cluster reserveFor(const Cluster& cluster, const JobRequest& head) {
 
 }  // namespace
 
+// A job's priority as people read it: the fair-share order where it was set, else --priority.
+std::string priorityText(const JobRequest& job) {
+  if (job.order == 0) return std::to_string(job.priority);
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.0f", job.order);
+  return text;
+}
+
+// What placement reads of a job: jobs that ask alike are placed alike on the same cluster (the memo below).
+std::string requestKey(const JobRequest& job) {
+  std::string key = std::to_string(job.nodes) + "x" + std::to_string(job.gpusPerNode) + "/" +
+                    std::to_string(job.totalGpus) + "/" + std::to_string(job.cpusPerRank) + "/" +
+                    std::to_string(job.memoryPerRank) + "/" + job.topology;
+  for (const auto& [k, v] : job.requiredLabels) key += "\n" + k + "=" + v;
+  return key;
+}
+
 ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& queue) {
   std::vector<const JobRequest*> order;
   for (const JobRequest& j : queue) order.push_back(&j);
   std::stable_sort(order.begin(), order.end(), [](const JobRequest* a, const JobRequest* b) {
+    if (a->order != b->order) return a->order > b->order;
     if (a->priority != b->priority) return a->priority > b->priority;
     if (a->submitSeq != b->submitSeq) return a->submitSeq < b->submitSeq;
     return a->id < b->id;
@@ -729,29 +759,66 @@ ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& q
 
   ScheduleResult result;
   Cluster work = cluster;  // free GPUs as the pass starts jobs
+  if (!work.byName) {
+    std::sort(work.nodes.begin(), work.nodes.end(),
+              [](const Node& a, const Node& b) { return naturalLess(a.name, b.name); });
+    work.byName = true;
+  }
   Cluster view;            // `work` minus the GPUs reserved for the head, once there is one
   const JobRequest* head = nullptr;
+  // Memos, by requestKey. Placement is a function of the request and the cluster, and a start only takes
+  // GPUs away: a request that could not start cannot start later in the pass either (until the head is
+  // chosen, which changes the cluster it is tried in), so a queue of thousands of jobs asking for a few
+  // shapes costs a few placements, not one per job. Why it waits is said as of the last start (the counts in
+  // it change). Feasibility ignores what is in use, so a feasible request stays feasible for the whole pass.
+  std::set<std::string> feasible;
+  std::set<std::string> failed;              // requests that cannot start in this phase
+  std::map<std::string, std::string> waits;  // request -> why it cannot start; cleared at every start
+  auto why = [&](const JobRequest& job) {
+    if (!head) return pendingReason(work, job);
+    if (!placeNow(work, job).empty()) {
+      return "waiting behind job " + head->id + " (priority " + priorityText(*head) +
+             "): it would fit now, but only on GPUs that job " + head->id + " needs to start";
+    }
+    return pendingReason(work, job);
+  };
   for (const JobRequest* job : order) {
     Decision d;
     d.jobId = job->id;
-    if (std::string never = neverFits(work, *job); !never.empty()) {
-      d.action = Decision::Action::kRefused;
-      d.reason = never;
-      result.decisions.push_back(std::move(d));
-      continue;
+    const std::string key = requestKey(*job);
+    if (!feasible.count(key)) {
+      if (std::string never = neverFits(work, *job); !never.empty()) {
+        d.action = Decision::Action::kRefused;
+        d.reason = never;
+        result.decisions.push_back(std::move(d));
+        continue;
+      }
+      feasible.insert(key);
     }
-    if (!head) {
+    if (failed.count(key)) {
+      auto known = waits.find(key);
+      d.reason = known != waits.end() ? known->second : (waits[key] = why(*job));
+      d.code = head ? "Priority" : "ReqNodeNotAvail";
+    } else if (!head) {
       d.allocation = placeNow(work, *job);
       if (!d.allocation.empty()) {
         d.action = Decision::Action::kStart;
         applyAllocation(work, d.allocation);
+        waits.clear();
       } else {
         d.reason = pendingReason(work, *job);
+        d.code = "ReqNodeNotAvail";
         // It becomes the head only if it waits for running jobs, not for nodes to come back.
         if (unitsIn(work, *job, NodeState::kUp) >= unitsNeeded(*job)) {
+          d.code = "Resources";
           head = job;
           result.headJob = job->id;
           view = reserveFor(work, *job);
+          failed.clear();  // from here on a request is tried in the view
+          waits.clear();
+        } else {
+          failed.insert(key);
+          waits[key] = d.reason;
         }
       }
     } else {
@@ -761,11 +828,12 @@ ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& q
         d.backfilled = true;
         applyAllocation(work, d.allocation);
         applyAllocation(view, d.allocation);
-      } else if (!placeNow(work, *job).empty()) {
-        d.reason = "waiting behind job " + head->id + " (priority " + std::to_string(head->priority) +
-                   "): it would fit now, but only on GPUs that job " + head->id + " needs to start";
+        waits.clear();
       } else {
-        d.reason = pendingReason(work, *job);
+        d.reason = why(*job);
+        d.code = "Priority";
+        failed.insert(key);
+        waits[key] = d.reason;
       }
     }
     result.decisions.push_back(std::move(d));

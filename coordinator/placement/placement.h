@@ -75,6 +75,9 @@ struct Decision {
   Action action = Action::kPending;
   Allocation allocation;    // kStart only
   std::string reason;       // kPending / kRefused
+  // kPending: why it waits, as squeue's REASON says it: "Resources" (the first job that waits: for GPUs to
+  // free), "Priority" (behind it), "ReqNodeNotAvail" (only DOWN or draining nodes could take it).
+  std::string code;
   bool backfilled = false;  // kStart behind a blocked head job
 };
 

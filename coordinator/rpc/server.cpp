@@ -387,6 +387,13 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     fill(r, resp)(admin_.listAccounts());
     return r;
   }
+  Reactor* GetShares(Ctx* ctx, const v1::GetSharesRequest*, v1::GetSharesResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    auto who = identify(ctx);
+    if (!who) return finish(r, who.status());
+    coordinator_.shares(fill(r, resp));
+    return r;
+  }
   Reactor* IssueNodeCertificate(Ctx* ctx, const v1::IssueNodeCertificateRequest* req,
                                 v1::IssueNodeCertificateResponse* resp) override {
     auto* r = ctx->DefaultReactor();

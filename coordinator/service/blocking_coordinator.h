@@ -40,6 +40,7 @@ class BlockingCoordinator : public Coordinator {
   using Coordinator::removeNode;
   using Coordinator::requeue;
   using Coordinator::ring;
+  using Coordinator::shares;
   using Coordinator::submit;
 
   // ---- Agents ----
@@ -94,6 +95,9 @@ class BlockingCoordinator : public Coordinator {
   }
   StatusOr<v1::Node> removeNode(const std::string& node) {
     return await<v1::Node>([&](auto done) { removeNode(node, std::move(done)); });
+  }
+  StatusOr<v1::GetSharesResponse> shares() {
+    return await<v1::GetSharesResponse>([&](auto done) { shares(std::move(done)); });
   }
   StatusOr<v1::RingLayout> ring(const std::string& id) {
     return await<v1::RingLayout>([&](auto done) { ring(id, std::move(done)); });

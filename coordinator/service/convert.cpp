@@ -153,6 +153,8 @@ placement::JobRequest requestOf(const std::string& id, const state::JobSpec& spe
   placement::JobRequest r;
   r.id = id;
   r.priority = spec.priority;
+  r.user = spec.user;
+  r.account = spec.account;
   r.submitSeq = id.empty() ? 0 : static_cast<uint64_t>(state::jobIdNumber(id).value_or(0));
   r.nodes = spec.nodes;
   r.gpusPerNode = spec.gpus_per_node;

@@ -58,6 +58,7 @@ Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::f
     schedule_wanted_ = true;
   });
   logs_ = std::make_unique<LogRelay>(actor_->io(), options_.log_timeout_ms, CoordinatorOptions::kMaxLogReads);
+  shares_ = std::make_unique<ShareKeeper>(*actor_, options_.shares);
   reader_ = std::make_unique<StoreReader>();
 }
 
@@ -138,6 +139,7 @@ Status Coordinator::recover() {
 Status Coordinator::recoverOnLoop() {
   auto nodes = store_.listNodes();
   if (!nodes) return nodes.status();
+  if (Status st = shares_->loadOnLoop(store_, wall_ms_()); !st) return st;
   registry_->loadOnLoop(*nodes);
   auto last = store_.lastJobNumber();
   if (!last) return last.status();
@@ -241,6 +243,8 @@ void Coordinator::closeAgents() {
       [this] {
         stopping_ = true;
         actor_->stopTicker();
+        chargeUsageOnLoop();
+        shares_->saveOnLoop(wall_ms_());  // a clean stop loses no usage (a crash: at most save_interval_ms)
         registry_->closeAllOnLoop();
         logs_->cancelTimers();
         return true;
@@ -268,6 +272,7 @@ void Coordinator::housekeepingOnLoop() {
   registry_->checkHeartbeatsOnLoop(now);
   sweepLostJobsOnLoop();
   enforceTimeLimitsOnLoop();
+  chargeUsageOnLoop();
   if (const int64_t wall = wall_ms_(); telemetry_.clusterDue(wall)) {  // the dashboard's cluster plot
     const MetricsSnapshot m = metricsOnLoop();
     telemetry_.recordCluster(wall, m.gpus_allocated, m.gpus_total, m.jobs_by_state,
@@ -277,6 +282,25 @@ void Coordinator::housekeepingOnLoop() {
                              });
   }
   if (registry_->endRecoveryOnLoop(now)) schedule_wanted_ = true;
+}
+
+void Coordinator::chargeUsageOnLoop() {
+  std::vector<ShareKeeper::Holder> holders;
+  for (const auto& [id, rt] : runtime_) {  // the launched jobs: they hold their GPUs until they end
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || !isLive(it->second.state)) continue;
+    int gpus = 0;
+    for (const auto& a : it->second.allocation) gpus += static_cast<int>(a.gpus.size());
+    holders.push_back({it->second.spec.account, it->second.spec.user, gpus});
+  }
+  shares_->chargeOnLoop(wall_ms_(), holders);
+}
+
+void Coordinator::setAccounts(placement::ShareTree tree) {
+  post([this, tree = std::move(tree)]() mutable {
+    shares_->setTreeOnLoop(std::move(tree));
+    schedule_wanted_ = true;
+  });
 }
 
 void Coordinator::enforceTimeLimitsOnLoop() {
@@ -412,6 +436,13 @@ std::string Coordinator::notYetOnLoop(const state::Job& job, const std::map<std:
   return "";
 }
 
+std::string Coordinator::notYetCode(const state::Job& job) {
+  if (job.held_by_admin) return "JobHeldAdmin";
+  if (job.held) return "JobHeldUser";
+  if (!job.waiting_for.empty()) return "Dependency";
+  return "JobArrayTaskLimit";
+}
+
 int Coordinator::attemptOf(const state::Job& job) {
   return static_cast<int>(std::count_if(job.transitions.begin(), job.transitions.end(),
                                         [](const auto& t) { return t.to == JobState::kScheduled; }));
@@ -452,25 +483,28 @@ void Coordinator::schedulePassOnLoop() {
   for (const auto& [id, job] : jobs_) {
     if (job.state != JobState::kPending) continue;
     if (unstored_submits_.count(id)) {
-      pending_reason_[id] = "its submit is being stored";
+      pending_reason_[id] = {"Submitting", "its submit is being stored"};
       continue;
     }
     if (std::string why = notYetOnLoop(job, array_slots); !why.empty()) {
-      pending_reason_[id] = why;
+      pending_reason_[id] = {notYetCode(job), why};
       continue;
     }
     if (!job.spec.array_id.empty()) ++array_slots[job.spec.array_id];
     queue.push_back(requestOf(id, job.spec));
+    queue.back().submitMs = job.submit_ms;
   }
   if (queue.empty()) return;
   if (registry_->recoveringOnLoop(now)) {
     for (const auto& r : queue) {
-      pending_reason_[r.id] = "coordinator restarted; waiting up to " +
-                              secondsText(registry_->recoveryLeftMs(now)) + " for agents to reconnect";
+      pending_reason_[r.id].code = "Recovering";
+      pending_reason_[r.id].text = "coordinator restarted; waiting up to " +
+                                   secondsText(registry_->recoveryLeftMs(now)) + " for agents to reconnect";
     }
     return;
   }
   placement::Cluster cluster = snapshotOnLoop(true);
+  shares_->prioritizeOnLoop(queue, wall_ms_());
   placement::ScheduleResult result = placement::schedule(cluster, queue);
   // The GPUs in use, once for the pass (not once per decision: that was quadratic at thousands of jobs),
   // with each start added as it is applied.
@@ -480,7 +514,7 @@ void Coordinator::schedulePassOnLoop() {
     if (it == jobs_.end() || it->second.state != JobState::kPending) continue;  // cancelled meanwhile
     const state::Job& job = it->second;
     if (d.action == placement::Decision::Action::kPending) {
-      pending_reason_[d.jobId] = d.reason;
+      pending_reason_[d.jobId] = {d.code, d.reason};
       continue;
     }
     if (d.action == placement::Decision::Action::kRefused) {
@@ -494,7 +528,8 @@ void Coordinator::schedulePassOnLoop() {
       continue;
     }
     if (std::string why = notYetOnLoop(job, array_running); !why.empty()) {
-      pending_reason_[d.jobId] = why;  // its array reached its limit earlier in this pass
+      pending_reason_[d.jobId] = {"JobArrayTaskLimit",
+                                  why};  // its array reached its limit earlier in this pass
       continue;
     }
     placement::RingLayout layout;
@@ -517,7 +552,8 @@ void Coordinator::schedulePassOnLoop() {
     }
     if (!st) {
       spdlog::error("schedule: job {}: {}; it stays pending", d.jobId, st.toString());
-      pending_reason_[d.jobId] = "the coordinator could not record its placement: " + st.message();
+      pending_reason_[d.jobId] = {"StoreError",
+                                  "the coordinator could not record its placement: " + st.message()};
       continue;
     }
     if (!job.spec.array_id.empty()) ++array_running[job.spec.array_id];

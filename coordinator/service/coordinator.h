@@ -68,6 +68,7 @@
 #include "placement/ring_layout.h"
 #include "service/node_registry.h"
 #include "service/persistence.h"
+#include "service/share_keeper.h"
 #include "service/telemetry_history.h"
 #include "state/store.h"
 
@@ -105,6 +106,7 @@ struct CoordinatorOptions {
   static constexpr size_t kMaxLogReads = 1024;  // log reads waiting for agents at once
   // What MetricsSnapshot::state says; called from the loop, so it must not block. Unset: nothing is said.
   std::function<StoreInfo()> store_info;
+  ShareOptions shares;  // fair-share: usage half-life and the priority's weights (share_keeper.h)
 };
 
 // What /metrics exposes, copied under the lock (counters count since this coordinator process started).
@@ -198,6 +200,11 @@ class Coordinator {
   void hold(const std::string& id, bool hold, bool by_admin, Done<v1::Job> done);
   // Stops a live job's ranks and puts it back in the queue, without using one of its max_restarts.
   void requeue(const std::string& id, Done<v1::Job> done);
+  // The accounts and their shares, as the user registry has them now (auth/users.h); the queue is ordered by
+  // them from the next pass on.
+  void setAccounts(placement::ShareTree tree);
+  // Every account's share, decayed usage and fair-share factor (ddlctl shares).
+  void shares(Done<v1::GetSharesResponse> done);
   void listNodes(Done<std::vector<v1::Node>> done);
   void drain(const std::string& node, bool drain, const std::string& reason, Done<v1::Node> done);
   // Forgets a DOWN node with no live job placed on it (RemoveNodeRequest); the answer is the removed node.
@@ -246,6 +253,8 @@ class Coordinator {
   void resolveDependentsOnLoop(const std::string& id);
   // Why a PENDING job may not be placed now (held, dependencies, its array's limit), or "".
   std::string notYetOnLoop(const state::Job& job, const std::map<std::string, int>& array_running) const;
+  // notYetOnLoop's reason in a word (v1::Job.reason_code), for a job it holds back.
+  static std::string notYetCode(const state::Job& job);
   // A rank's report into the job's kept results (stored when it starts or ends; figures in memory).
   void recordRankResultOnLoop(const std::string& node, const v1::RankStatus& report);
   void enforceTimeLimitsOnLoop();
@@ -287,6 +296,7 @@ class Coordinator {
   // The ring layout a placed job's ranks were given; "" or why it cannot be rebuilt.
   std::string layoutOfOnLoop(const state::Job& job, placement::RingLayout* layout) const;
   void housekeepingOnLoop();  // heartbeat grace and the end of recovery
+  void chargeUsageOnLoop();   // the GPUs of launched live jobs, to their users' accounts
 
   // ---- The loop (actor.h) ----
   bool onLoop() const;
@@ -346,11 +356,17 @@ class Coordinator {
   // The nodes and their agents' sessions: a room of its own on the loop, which tells this job side of a node
   // lost through its listener.
   std::unique_ptr<NodeRegistry> registry_;
+  // The account tree and the usage charged to it; orders the queue (fair-share).
+  std::unique_ptr<ShareKeeper> shares_;
 
   // Loop state: touched on the loop thread only.
   std::map<std::string, state::Job> jobs_;             // live jobs and the most recent final ones
   std::map<std::string, JobRuntime> runtime_;          // live jobs that have been launched
-  std::map<std::string, std::string> pending_reason_;  // from the last schedule pass
+  struct Waiting {
+    std::string code;  // v1::Job.reason_code
+    std::string text;
+  };
+  std::map<std::string, Waiting> pending_reason_;  // from the last schedule pass
   // dependency -> the PENDING jobs waiting for it (their waiting_for); at most 64 entries per pending job.
   std::map<std::string, std::set<std::string>> dependents_;
   std::deque<std::string> ended_for_dependents_;  // final jobs whose dependents are still to be resolved

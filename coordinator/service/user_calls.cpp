@@ -706,7 +706,7 @@ StatusOr<v1::RingLayout> Coordinator::ringOnLoop(const state::Job& job) {
   const std::string& id = job.id;
   if (job.allocation.empty()) {
     std::string why =
-        job.state == JobState::kPending && pending_reason_.count(id) ? ": " + pending_reason_[id] : "";
+        job.state == JobState::kPending && pending_reason_.count(id) ? ": " + pending_reason_[id].text : "";
     return Status::failedPrecondition("job " + id + " is " + toString(job.state) +
                                       " and has not been placed, so it has no ring layout yet" + why);
   }
@@ -717,6 +717,25 @@ StatusOr<v1::RingLayout> Coordinator::ringOnLoop(const state::Job& job) {
   toProto(layout, &out);
   out.set_job_id(id);
   return out;
+}
+
+void Coordinator::shares(Done<v1::GetSharesResponse> done) {
+  post([this, done = std::move(done)] {
+    v1::GetSharesResponse out;
+    out.set_half_life_s(options_.shares.half_life_s);
+    for (const placement::ShareRow& row : shares_->sharesOnLoop(wall_ms_())) {
+      v1::ShareRow* r = out.add_accounts();
+      r->set_account(row.account);
+      r->set_parent(row.parent);
+      r->set_depth(row.depth);
+      r->set_share(row.share);
+      r->set_norm_share(row.norm_share);
+      r->set_usage_gpu_s(row.usage);
+      r->set_norm_usage(row.norm_usage);
+      r->set_factor(row.factor);
+    }
+    done(std::move(out));
+  });
 }
 
 void Coordinator::ring(const std::string& id, Done<v1::RingLayout> done) {
@@ -732,9 +751,11 @@ v1::Job Coordinator::toProtoOnLoop(const state::Job& job) const {
   v1::Job out = jobToProto(job);
   if (job.state == JobState::kPending && (job.held || !job.waiting_for.empty())) {
     out.set_reason(notYetOnLoop(job, {}));  // as it is now, not as at the last pass
+    out.set_reason_code(notYetCode(job));
   } else if (job.state == JobState::kPending) {
     auto it = pending_reason_.find(job.id);
-    out.set_reason(it != pending_reason_.end() ? it->second : "waiting for the next scheduling pass");
+    out.set_reason(it != pending_reason_.end() ? it->second.text : "waiting for the next scheduling pass");
+    if (it != pending_reason_.end()) out.set_reason_code(it->second.code);
   }
   return out;
 }

@@ -2108,4 +2108,45 @@ TEST_F(DdlctlServerTest, LogsFollowMovesToTheNewAttemptOnOtherNodes) {
   EXPECT_EQ(r.err, "==> attempt 2 (restart 1 of 2) <==\n");
 }
 
+// ddlctl accounts and shares: each account under its parent, the normalised shares worked out down the tree.
+TEST(DdlctlFormat, AccountTreeAndShares) {
+  v1::ListAccountsResponse accounts;
+  auto add = [&](const std::string& name, const std::string& parent, int64_t share, int users) {
+    v1::Account* a = accounts.add_accounts();
+    a->set_name(name);
+    a->set_parent(parent);
+    a->set_share(share);
+    a->set_users(users);
+  };
+  add("root", "", 1, 0);
+  add("ops", "root", 1, 2);
+  add("science", "root", 2, 0);
+  add("physics", "science", 3, 5);
+  const std::string tree = formatAccountTree(accounts);
+  EXPECT_NE(tree.find("\n    physics  3      0.667  5\n"), std::string::npos) << tree;
+  EXPECT_NE(tree.find("\n  ops        1      0.333  2\n"), std::string::npos) << tree;
+
+  v1::GetSharesResponse shares;
+  shares.set_half_life_s(7 * 86400);
+  v1::ShareRow* root = shares.add_accounts();
+  root->set_account("root");
+  root->set_norm_share(1);
+  root->set_usage_gpu_s(7200);
+  root->set_norm_usage(1);
+  root->set_factor(0.5);
+  v1::ShareRow* a = shares.add_accounts();
+  a->set_account("a");
+  a->set_parent("root");
+  a->set_depth(1);
+  a->set_share(2);
+  a->set_norm_share(2.0 / 3);
+  a->set_usage_gpu_s(3600);
+  a->set_norm_usage(0.5);
+  a->set_factor(0.595);
+  const std::string table = formatShares(shares);
+  EXPECT_NE(table.find("\n  a      2      0.667       1.00       0.500       0.595\n"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("(usage halves every 7 days)"), std::string::npos) << table;
+}
+
 }  // namespace

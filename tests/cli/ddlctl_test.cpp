@@ -244,8 +244,20 @@ TEST_F(DdlctlTest, PendingJobShowsItsReasonAndCancelEndsIt) {
   auto pending = json({"status", waits});
   EXPECT_EQ(pending["state"], "PENDING");
   EXPECT_FALSE(pending["reason"].get<std::string>().empty());
+  EXPECT_EQ(pending["reason_code"], "Resources");  // the first job that waits, waiting for GPUs to free
   Result list = ctl({"list"});
-  EXPECT_NE(list.out.find("(" + pending["reason"].get<std::string>().substr(0, 20)), std::string::npos) << list.out;
+  EXPECT_NE(list.out.find("(Resources: " + pending["reason"].get<std::string>().substr(0, 20)),
+            std::string::npos)
+      << list.out;
+  // A job behind it waits for priority; a held one says so.
+  const std::string behind = submit({"--gpus", "4", "--", "sleep", "100"});
+  const std::string held = submit({"--hold", "--gpus", "1", "--", "sleep", "100"});
+  for (int i = 0; i < 100 && json({"status", behind})["reason_code"] != "Priority"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(json({"status", behind})["reason_code"], "Priority");
+  EXPECT_EQ(json({"status", held})["reason_code"], "JobHeldUser");
+  ctl({"cancel", behind, held});
 
   Result cancel = ctl({"cancel", big});
   ASSERT_EQ(cancel.code, 0) << cancel.err;
@@ -565,8 +577,14 @@ TEST_F(DdlctlTest, AccountsChargeJobsToTheirUsers) {
   // The tree as anyone sees it: vision has all of lab, which has all of what root gives out.
   Result tree = ctl({"accounts"}, dora);
   ASSERT_EQ(tree.code, 0) << tree.err;
-  EXPECT_NE(tree.out.find("  lab   "), std::string::npos) << tree.out;
-  EXPECT_NE(tree.out.find("    vision      3  1.000      1"), std::string::npos) << tree.out;
+  EXPECT_NE(tree.out.find("\n  lab "), std::string::npos) << tree.out;
+  const size_t vision = tree.out.find("\n    vision ");
+  ASSERT_NE(vision, std::string::npos) << tree.out;
+  const std::string line = tree.out.substr(vision + 1, tree.out.find('\n', vision + 1) - vision - 1);
+  std::istringstream cells(line);
+  std::string name, share, norm, members;
+  cells >> name >> share >> norm >> members;
+  EXPECT_EQ(share + " " + norm + " " + members, "3 1.000 1") << tree.out;
 
   Result job = ctl({"submit", "--hold", "--gpus", "1", "--", "/bin/true"}, dora);
   ASSERT_EQ(job.code, 0) << job.err;

@@ -1463,5 +1463,66 @@ TEST_F(CoordinatorTest, DyingRanksHoldTheirCpusAndMemoryUntilTheyAreGone) {
   EXPECT_EQ(stateOf(cpus), v1::STARTING);
 }
 
+// Issue 41: the GPUs a job holds are charged to its user in its account as time passes; the account over its
+// share waits behind the one under it, however old its job; the usage is stored and a restarted coordinator
+// (or the next leader) has it.
+TEST_F(CoordinatorTest, UsageIsChargedStoredAndOrdersTheQueueByShare) {
+  placement::ShareTree tree;
+  tree.accounts["a"] = {"root", 1};
+  tree.accounts["b"] = {"root", 1};
+  coordinator->setAccounts(tree);
+  addNode("n1", 1);
+  auto charged = [](const std::string& user, const std::string& account) {
+    v1::JobSpec s = spec(1, 1);
+    s.set_user(user);
+    s.set_account(account);
+    return s;
+  };
+  // Time passes with the node's heartbeats, the job's ranks running.
+  auto pass = [&](int64_t ms, const std::string& job) {
+    for (int64_t left = ms; left > 0; left -= 5000) {
+      now += std::min<int64_t>(left, 5000);
+      ASSERT_TRUE(beat("n1", job));
+      coordinator->tick();
+    }
+  };
+  const std::string first = submit(charged("alice", "a"));
+  coordinator->tick();  // placed; the usage clock starts
+  EXPECT_EQ(stateOf(first), v1::STARTING);
+  pass(100 * 1000, first);  // 100 GPU-seconds to alice in a
+  auto shares = coordinator->shares();
+  ASSERT_TRUE(shares);
+  std::map<std::string, v1::ShareRow> by_account;
+  for (const auto& r : shares->accounts()) by_account[r.account()] = r;
+  EXPECT_NEAR(by_account["a"].usage_gpu_s(), 100, 0.01);
+  EXPECT_NEAR(by_account["root"].usage_gpu_s(), 100, 0.01);
+  EXPECT_NEAR(by_account["a"].factor(), 0.25, 0.001);  // all the usage on half the shares: 2^-2
+  EXPECT_DOUBLE_EQ(by_account["b"].factor(), 1.0);
+
+  const std::string older = submit(charged("alice", "a"));
+  now += 1000;
+  const std::string newer = submit(charged("bob", "b"));
+  exitAll("n1", first);
+  coordinator->tick();
+  EXPECT_EQ(stateOf(newer), v1::STARTING) << "the account under its share goes first";
+  EXPECT_EQ(stateOf(older), v1::PENDING);
+
+  pass(61 * 1000, newer);  // past the save interval: the figures go to the store
+  auto stored = store_->listEntries("usage");
+  ASSERT_TRUE(stored);
+  ASSERT_EQ(stored->size(), 2u);
+  EXPECT_EQ((*stored)[0].key, "a:alice");
+  EXPECT_EQ((*stored)[1].key, "b:bob");
+  coordinator.reset();
+  coordinator = std::make_unique<BlockingCoordinator>(*store_, options, [this] { return now; });
+  ASSERT_TRUE(coordinator->recover());
+  coordinator->setAccounts(tree);
+  shares = coordinator->shares();
+  ASSERT_TRUE(shares);
+  for (const auto& r : shares->accounts()) by_account[r.account()] = r;
+  EXPECT_NEAR(by_account["a"].usage_gpu_s(), 100, 0.1);  // decayed by a 7-day half-life over a minute
+  EXPECT_NEAR(by_account["b"].usage_gpu_s(), 61, 0.1);
+}
+
 }  // namespace
 }  // namespace ddl::coordinator

@@ -284,6 +284,9 @@ TEST(Schedule, BackfillMayNotTakeWhatTheHeadNeeds) {
   EXPECT_EQ(s.find("small")->reason,
             "waiting behind job head (priority 10): it would fit now, but only on GPUs that job head needs "
             "to start");
+  // squeue's words: the head waits for Resources, the job behind it for Priority.
+  EXPECT_EQ(s.find("head")->code, "Resources");
+  EXPECT_EQ(s.find("small")->code, "Priority");
   // Without the head in the queue it starts at once.
   EXPECT_EQ(schedule(c, {shapeJob("small", 1, 2)}).started(), (std::vector<std::string>{"small"}));
 }
@@ -324,6 +327,7 @@ TEST(Schedule, InfeasibleJobsAreRefusedAndJobsWaitingForNodesDoNotBlock) {
   EXPECT_EQ(s.find("big")->action, Decision::Action::kPending);
   EXPECT_EQ(s.find("big")->reason, "node n2 draining: needs 1 node x 8 GPUs and only 0 UP nodes qualify");
   EXPECT_EQ(s.headJob, "");  // "big" waits for the drain to end, not for jobs: it holds nothing back
+  EXPECT_EQ(s.find("big")->code, "ReqNodeNotAvail");
   EXPECT_EQ(s.started(), (std::vector<std::string>{"small"}));
   EXPECT_FALSE(s.find("small")->backfilled);
 }

@@ -1,0 +1,152 @@
+// Fair-share priority (fair_share.h): normalised shares down the account tree, decayed usage up it, the
+// factor 2^(-U/S) per user, and the queue's order from it and age, with each user's --priority as nice.
+#include "placement/fair_share.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <set>
+
+namespace ddl::placement {
+
+namespace {
+
+// Usage this small (a GPU-millisecond) counts as none: such figures are what decay leaves behind.
+constexpr double kNoUsage = 1e-3;
+
+// The account a job or a figure is charged to: its own where the tree knows it, else root.
+std::string chargedAccount(const ShareTree& tree, const std::string& account) {
+  return tree.accounts.count(account) ? account : kRootAccount;
+}
+
+// Users with work or usage in each account: the members an account's share is split among.
+std::map<std::string, std::set<std::string>> activeUsers(const std::vector<JobRequest>& queue,
+                                                         const ShareTree& tree, const UsageLedger& usage) {
+  std::map<std::string, std::set<std::string>> users;
+  for (const JobRequest& job : queue) users[chargedAccount(tree, job.account)].insert(job.user);
+  for (const auto& [key, used] : usage.by_user) {
+    if (used > kNoUsage) users[chargedAccount(tree, key.first)].insert(key.second);
+  }
+  return users;
+}
+
+std::vector<ShareRow> sharesWith(const ShareTree& tree, const UsageLedger& usage,
+                                 const std::map<std::string, std::set<std::string>>& users) {
+  std::map<std::string, std::vector<std::string>> children;  // by parent, names in order
+  for (const auto& [name, account] : tree.accounts) {
+    children[tree.accounts.count(account.parent) ? account.parent : kRootAccount].push_back(name);
+  }
+  std::map<std::string, double> own;  // each account's users' usage
+  for (const auto& [key, used] : usage.by_user) own[chargedAccount(tree, key.first)] += used;
+
+  std::vector<ShareRow> rows;
+  std::set<std::string> seen;
+  // Depth first; returns the subtree's usage. Rows are filled in on the way down (shares) and up (usage).
+  std::function<double(const std::string&, const std::string&, int, int64_t, double)> walk =
+      [&](const std::string& name, const std::string& parent, int depth, int64_t share, double norm) {
+        const size_t at = rows.size();
+        rows.push_back({name, parent, depth, share, norm, 0, 0, 1});
+        double used = own[name];
+        auto kids = children.find(name);
+        if (kids != children.end()) {
+          // Users directly in an account that also has sub-accounts count as one more member of share 1.
+          auto direct = users.find(name);
+          int64_t total = direct != users.end() && !direct->second.empty() ? 1 : 0;
+          for (const std::string& kid : kids->second)
+            total += std::max<int64_t>(tree.accounts.at(kid).share, 1);
+          for (const std::string& kid : kids->second) {
+            if (!seen.insert(kid).second) continue;
+            const int64_t kid_share = std::max<int64_t>(tree.accounts.at(kid).share, 1);
+            used += walk(kid, name, depth + 1, kid_share, norm * kid_share / total);
+          }
+        }
+        rows[at].usage = used;
+        return used;
+      };
+  const double total = walk(kRootAccount, "", 0, 1, 1.0);
+  for (ShareRow& row : rows) {
+    row.norm_usage = total > kNoUsage ? row.usage / total : 0;
+    row.factor = row.norm_share > 0 ? std::exp2(-row.norm_usage / row.norm_share) : 0;
+  }
+  return rows;
+}
+
+}  // namespace
+
+void UsageLedger::decayTo(int64_t now_ms) {
+  if (at_ms == 0 || now_ms <= at_ms || half_life_s <= 0) {
+    at_ms = std::max(at_ms, now_ms);
+    return;
+  }
+  const double keep = std::exp2(-(now_ms - at_ms) / 1000.0 / half_life_s);
+  for (auto& [key, used] : by_user) used *= keep;
+  at_ms = now_ms;
+}
+
+void UsageLedger::charge(const std::string& account, const std::string& user, double gpu_seconds) {
+  if (gpu_seconds > 0) by_user[{account, user}] += gpu_seconds;
+}
+
+void UsageLedger::trim(size_t max_entries) {
+  if (by_user.size() <= max_entries) return;
+  std::vector<std::pair<double, std::pair<std::string, std::string>>> smallest;
+  for (const auto& [key, used] : by_user) smallest.push_back({used, key});
+  std::nth_element(smallest.begin(), smallest.begin() + (by_user.size() - max_entries), smallest.end());
+  for (size_t i = 0; i < by_user.size() - max_entries; ++i) by_user.erase(smallest[i].second);
+}
+
+std::vector<ShareRow> shares(const ShareTree& tree, const UsageLedger& usage) {
+  return sharesWith(tree, usage, activeUsers({}, tree, usage));
+}
+
+void prioritize(std::vector<JobRequest>& queue, const ShareTree& tree, const UsageLedger& usage,
+                const PriorityWeights& weights, int64_t now_ms) {
+  const auto users = activeUsers(queue, tree, usage);
+  std::map<std::string, const ShareRow*> row_of;
+  const std::vector<ShareRow> rows = sharesWith(tree, usage, users);
+  for (const ShareRow& row : rows) row_of[row.account] = &row;
+  const double total = rows.empty() ? 0 : rows.front().usage;
+  // Each user's factor: its account's normalised share split among the account's users (when the account
+  // has sub-accounts, the users' part is what their member of share 1 got: see sharesWith).
+  auto userFactor = [&](const std::string& account, const std::string& user) {
+    const ShareRow& row = *row_of.at(account);
+    double share = row.norm_share;
+    auto kids =
+        std::count_if(rows.begin(), rows.end(), [&](const ShareRow& r) { return r.parent == account; });
+    if (kids > 0) {
+      int64_t sum = 1;
+      for (const ShareRow& r : rows) sum += r.parent == account ? r.share : 0;
+      share = row.norm_share / sum;
+    }
+    const size_t n = std::max<size_t>(users.count(account) ? users.at(account).size() : 1, 1);
+    share /= n;
+    auto used = usage.by_user.find({account, user});
+    const double u = total > kNoUsage && used != usage.by_user.end() ? used->second / total : 0;
+    return share > 0 ? std::exp2(-u / share) : 0.0;
+  };
+  std::map<std::pair<std::string, std::string>, double> factor;  // per (account, user), computed once
+  std::map<std::string, std::vector<JobRequest*>> by_user;
+  for (JobRequest& job : queue) {
+    const std::string account = chargedAccount(tree, job.account);
+    auto [it, fresh] = factor.try_emplace({account, job.user}, 0.0);
+    if (fresh) it->second = userFactor(account, job.user);
+    const double age = weights.age_max_ms > 0 && now_ms > job.submitMs
+                           ? std::min(1.0, double(now_ms - job.submitMs) / weights.age_max_ms)
+                           : 0.0;
+    job.order = weights.fairshare * it->second + weights.age * age;
+    by_user[job.user].push_back(&job);
+  }
+  // Nice: a user's jobs keep the set of priorities they were given, handed out in their --priority order.
+  for (auto& [user, jobs] : by_user) {
+    std::vector<double> orders;
+    for (const JobRequest* job : jobs) orders.push_back(job->order);
+    std::sort(orders.rbegin(), orders.rend());
+    std::stable_sort(jobs.begin(), jobs.end(), [](const JobRequest* a, const JobRequest* b) {
+      if (a->priority != b->priority) return a->priority > b->priority;
+      return a->submitSeq < b->submitSeq;
+    });
+    for (size_t i = 0; i < jobs.size(); ++i) jobs[i]->order = orders[i];
+  }
+}
+
+}  // namespace ddl::placement

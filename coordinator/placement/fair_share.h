@@ -1,0 +1,88 @@
+// Fair-share priority: the order in which the queue is tried, from what each account was given and what it
+// used.
+//
+// This is Slurm's multifactor priority with its classic fair-share factor, reduced to what ddl keeps:
+//  - Accounts form a tree under root (auth/users.h); each has a share of its parent's. Its normalised share S
+//  is
+//    its share over its siblings' times its parent's S (root: 1), what sshare calls NormShares.
+//  - Usage is GPU-seconds, charged to the job's user in the job's account while it holds GPUs, and decayed
+//  with a
+//    half-life (default 7 days), so last month's heavy user is not punished forever. An account's usage is
+//    its own users' plus its sub-accounts'; its normalised usage U is that over the whole cluster's.
+//  - The fair-share factor is F = 2^(-U/S): 1 for an account that used nothing, 0.5 for one that used exactly
+//    its share, towards 0 for one far over it. Inside an account the users split its share evenly among those
+//    with work or usage, and a user's factor is 2^(-U_user / S_user) with S_user = S_account / users.
+//  - A job's priority is w_fairshare * F + w_age * min(1, age / age_max) (weights 10,000 and 1,000 by
+//  default,
+//    so fairness leads and age breaks ties and, in time, lifts a job nobody else wants to run).
+//  - A user's own --priority only orders that user's jobs (as nice): each user's jobs take the priorities
+//  that
+//    user's jobs were given, in their --priority order, so no user can overtake another by asking.
+// prioritize() sets JobRequest::order; placement::schedule() tries the queue in that order, then --priority,
+// then submit order. With no usage anywhere every factor is 1 and the queue is the age order: first come,
+// first served, as before accounts.
+//
+// Pure functions over values; no I/O. Cost: O(A + J log J) for A accounts and J queued jobs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "placement/cluster.h"
+
+namespace ddl::placement {
+
+inline constexpr const char* kRootAccount = "root";
+
+// The accounts as the user registry keeps them; root is implied.
+struct ShareTree {
+  struct Account {
+    std::string parent;  // an account of the tree, or root
+    int64_t share = 1;
+  };
+  std::map<std::string, Account> accounts;  // by name; never root
+};
+
+// Decayed GPU-seconds by account and user. The coordinator charges running jobs and decays as time passes.
+struct UsageLedger {
+  double half_life_s = 7 * 86400.0;
+  int64_t at_ms = 0;                                              // when the figures below were last decayed
+  std::map<std::pair<std::string, std::string>, double> by_user;  // (account, user) -> decayed GPU-seconds
+
+  // Decays every figure from at_ms to now_ms (at_ms 0: starts the clock).
+  void decayTo(int64_t now_ms);
+  void charge(const std::string& account, const std::string& user, double gpu_seconds);
+  // Keeps at most max_entries figures, dropping the smallest (usage that has decayed to nearly nothing).
+  void trim(size_t max_entries);
+};
+
+struct PriorityWeights {
+  double fairshare = 10000;
+  double age = 1000;
+  int64_t age_max_ms = 7 * 86400 * 1000LL;
+};
+
+// One account as `ddlctl shares` shows it (Slurm's sshare columns).
+struct ShareRow {
+  std::string account;
+  std::string parent;     // "" for root
+  int depth = 0;          // 0 for root
+  int64_t share = 1;      // raw, against its siblings
+  double norm_share = 1;  // S
+  double usage = 0;       // decayed GPU-seconds of the account and everything under it
+  double norm_usage = 0;  // U
+  double factor = 1;      // F = 2^(-U/S)
+};
+// Every account of the tree, root first, each followed by its sub-accounts (by name): a depth-first walk. An
+// account whose parent is unknown hangs under root.
+std::vector<ShareRow> shares(const ShareTree& tree, const UsageLedger& usage);
+
+// Sets `order` of every job in the queue (JobRequest::user, account, submitMs) as the file comment says. A
+// job whose account is not in the tree is charged and ranked as root's.
+void prioritize(std::vector<JobRequest>& queue, const ShareTree& tree, const UsageLedger& usage,
+                const PriorityWeights& weights, int64_t now_ms);
+
+}  // namespace ddl::placement

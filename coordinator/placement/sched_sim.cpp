@@ -1,0 +1,111 @@
+// The scheduler's policy in virtual time (sched_sim.h).
+#include "placement/sched_sim.h"
+
+#include <algorithm>
+#include <set>
+
+#include "placement/placement.h"
+
+namespace ddl::placement {
+
+namespace {
+
+struct Running {
+  const SimJob* job = nullptr;
+  Allocation allocation;
+  int64_t end_ms = 0;
+};
+
+void release(Cluster& cluster, const Allocation& allocation) {
+  for (const NodeAllocation& a : allocation.nodes) {
+    Node* node = cluster.find(a.node);
+    for (int g : a.gpus) node->used[g] = false;
+  }
+}
+
+}  // namespace
+
+SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options) {
+  SimResult result;
+  Cluster cluster = options.cluster;
+  int total_gpus = 0;
+  for (const Node& n : cluster.nodes) total_gpus += n.gpus;
+  std::vector<const SimJob*> arrivals;
+  for (const SimJob& job : trace) arrivals.push_back(&job);
+  std::stable_sort(arrivals.begin(), arrivals.end(),
+                   [](const SimJob* a, const SimJob* b) { return a->submit_ms < b->submit_ms; });
+  UsageLedger ledger;
+  ledger.half_life_s = options.half_life_s;
+  std::map<std::string, const SimJob*> queued;  // by id
+  std::map<std::string, uint64_t> seq;          // submit order
+  std::vector<Running> running;
+  std::set<std::string> with_work;  // accounts that submitted something
+  size_t next = 0;
+  const int64_t step = std::max<int64_t>(options.step_ms, 1);
+  for (int64_t now = 0; now <= options.end_ms; now += step) {
+    ledger.decayTo(now);
+    // What ran during the last step: charged for the part of it each job held its GPUs.
+    for (auto it = running.begin(); it != running.end();) {
+      const int64_t held = std::min(it->end_ms, now) - std::max(it->end_ms - it->job->run_ms, now - step);
+      const double gpu_s = it->job->gpus * std::max<int64_t>(held, 0) / 1000.0;
+      ledger.charge(it->job->account, it->job->user, gpu_s);
+      result.gpu_seconds[it->job->account] += gpu_s;
+      if (it->end_ms <= now) {
+        release(cluster, it->allocation);
+        ++result.finished;
+        it = running.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (now == options.end_ms) break;
+    for (; next < arrivals.size() && arrivals[next]->submit_ms <= now; ++next) {
+      queued[arrivals[next]->id] = arrivals[next];
+      seq[arrivals[next]->id] = next + 1;
+      with_work.insert(arrivals[next]->account);
+    }
+    std::vector<JobRequest> queue;
+    for (const auto& [id, job] : queued) {
+      JobRequest r;
+      r.id = id;
+      r.user = job->user;
+      r.account = job->account;
+      r.submitMs = job->submit_ms;
+      r.submitSeq = seq[id];
+      r.totalGpus = job->gpus;
+      queue.push_back(std::move(r));
+    }
+    if (options.fair_share) prioritize(queue, options.tree, ledger, options.weights, now);
+    const ScheduleResult pass = schedule(cluster, queue);
+    for (const Decision& d : pass.decisions) {
+      if (d.action != Decision::Action::kStart) continue;
+      const SimJob* job = queued.at(d.jobId);
+      applyAllocation(cluster, d.allocation);
+      running.push_back({job, d.allocation, now + job->run_ms});
+      result.waits_ms.push_back(now - job->submit_ms);
+      result.first_start_ms.try_emplace(job->account, now);
+      ++result.started;
+      queued.erase(d.jobId);
+    }
+  }
+  double delivered = 0;
+  for (const auto& [account, gpu_s] : result.gpu_seconds) delivered += gpu_s;
+  result.utilisation =
+      options.end_ms > 0 && total_gpus > 0 ? delivered / (total_gpus * options.end_ms / 1000.0) : 0;
+  // Jain's index of delivered / share over the accounts with work, the shares renormalised among them.
+  std::map<std::string, double> share;
+  for (const ShareRow& row : shares(options.tree, UsageLedger{})) {
+    if (with_work.count(row.account)) share[row.account] = row.norm_share;
+  }
+  double sum_share = 0, sum = 0, sum_sq = 0;
+  for (const auto& [account, s] : share) sum_share += s;
+  for (const auto& [account, s] : share) {
+    const double x = sum_share > 0 && s > 0 ? result.gpu_seconds[account] / (s / sum_share) : 0;
+    sum += x;
+    sum_sq += x * x;
+  }
+  result.jain = sum_sq > 0 ? sum * sum / (share.size() * sum_sq) : 0;
+  return result;
+}
+
+}  // namespace ddl::placement

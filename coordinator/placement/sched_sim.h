@@ -1,0 +1,57 @@
+// The scheduler's policy over a job trace in virtual time: what the coordinator's pass does (fair_share.h's
+// prioritize, then placement.h's schedule, with its backfill) on a cluster that exists only here, so that a
+// day of a shared cluster runs in a second and FIFO and fair-share can be compared on the same trace.
+//
+// Time advances in steps of step_ms (the coordinator's pass runs at most that often): at each step the jobs
+// that ended free their GPUs, the running ones are charged their GPU-seconds (decayed with half_life_s), the
+// jobs submitted by then join the queue, and one pass starts what it can. A job holds its GPUs for run_ms
+// from its start. FIFO is the same pass without prioritize() (submit order; --priority is not used by
+// traces).
+//
+// Pure; no I/O. Cost: steps x one pass (placement.h's cost over the queue).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "placement/cluster.h"
+#include "placement/fair_share.h"
+
+namespace ddl::placement {
+
+struct SimJob {
+  std::string id;
+  std::string user;
+  std::string account;
+  int64_t submit_ms = 0;
+  int gpus = 1;  // a total request (JobRequest::totalGpus)
+  int64_t run_ms = 0;
+};
+
+struct SimOptions {
+  Cluster cluster;  // its nodes' GPUs start free
+  ShareTree tree;   // the accounts and their shares
+  PriorityWeights weights;
+  double half_life_s = 7 * 86400.0;
+  bool fair_share = true;  // false: FIFO
+  int64_t step_ms = 1000;
+  int64_t end_ms = 0;  // the simulation stops here (jobs still running are charged up to it)
+};
+
+struct SimResult {
+  std::map<std::string, double> gpu_seconds;      // delivered per account
+  std::map<std::string, int64_t> first_start_ms;  // per account: its first job's start
+  std::vector<int64_t> waits_ms;                  // submit to start, per started job
+  double utilisation = 0;                         // GPU-seconds delivered over GPU-seconds the cluster had
+  // Jain's fairness index over the accounts that had work, of delivered / normalised share: 1 when each got
+  // exactly its share, 1/n when one got everything.
+  double jain = 0;
+  int started = 0;
+  int finished = 0;
+};
+
+SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options);
+
+}  // namespace ddl::placement
