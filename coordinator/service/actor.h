@@ -151,7 +151,9 @@ R Actor::call(std::function<R()> fn, bool wait_for_commit) {
   auto future = promise.get_future();
   post([&] {
     auto result = std::make_shared<R>(fn());
-    if (!wait_for_commit) return promise.set_value(std::move(*result));
+    // Without waiting for the commit, the answer still leaves at the end of the turn, once its changes are
+    // handed to the committer: a stopCommitter() after the call then stores them.
+    if (!wait_for_commit) return replyNow([&promise, result] { promise.set_value(std::move(*result)); });
     reply([&promise, result] { promise.set_value(std::move(*result)); }, detail::succeeded(*result));
   });
   return future.get();
