@@ -343,6 +343,14 @@ void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
   account->add_option("--share", cl.share, "its share against its siblings' (default 1)")
       ->check(CLI::Range(1, 1000000));
   account->add_flag("--update", cl.update, "change an existing account's share or parent");
+  CLI::App* limit = admin->add_subcommand(
+      "set-limit", "what an account (with its sub-accounts) or a user may hold at once; 0 lifts a limit");
+  limit->add_option("--account", cl.limitAccount, "the account");
+  limit->add_option("--user", cl.limitUser, "the user");
+  limit->add_option("--gpus", cl.limitGpus, "GPUs its running jobs hold")->check(CLI::Range(0, 10000000));
+  limit->add_option("--running", cl.limitRunning, "jobs running at once")->check(CLI::Range(0, 10000000));
+  limit->add_option("--pending", cl.limitPending, "jobs waiting in the queue (a submit past it is refused)")
+      ->check(CLI::Range(0, 10000000));
   admin->add_subcommand("remove-account", "remove an account that holds no users and no accounts")
       ->add_option("NAME", cl.target, "account name")
       ->required();

@@ -212,6 +212,8 @@ std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs);
 // The account tree, each account under its parent, with its share, its normalised share (its part of the
 // whole cluster: its share over its siblings' times its parent's part, as sshare's NormShares) and its users.
 std::string formatAccountTree(const v1::ListAccountsResponse& accounts);
+// "at most 8 GPUs, 4 running, 100 pending", "no limits".
+std::string formatLimits(const v1::Limits& limits);
 // ddlctl shares: each account's share, normalised share, decayed usage (GPU-hours), normalised usage and
 // fair-share factor, indented under its parent (Slurm's sshare).
 std::string formatShares(const v1::GetSharesResponse& shares);

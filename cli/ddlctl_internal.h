@@ -111,6 +111,8 @@ struct CommandLine {
   std::string parent;   // admin add-account --parent
   int64_t share = 0;    // admin add-account --share; 0: not given
   bool update = false;  // admin add-account --update
+  std::string limitAccount, limitUser;                       // admin set-limit --account / --user
+  std::optional<int> limitGpus, limitRunning, limitPending;  // admin set-limit: the limits given
   std::string outDir;
   int days = 0;
   int ttlS = 3600;

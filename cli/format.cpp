@@ -296,10 +296,21 @@ std::string JobTableWriter::page(const v1::ListJobsResponse& jobs, int64_t nowMs
   return out;
 }
 
+std::string formatLimits(const v1::Limits& l) {
+  std::vector<std::string> parts;
+  if (l.gpus() > 0) parts.push_back(std::to_string(l.gpus()) + " GPUs");
+  if (l.running_jobs() > 0) parts.push_back(std::to_string(l.running_jobs()) + " running");
+  if (l.pending_jobs() > 0) parts.push_back(std::to_string(l.pending_jobs()) + " pending");
+  if (parts.empty()) return "no limits";
+  std::string out = "at most ";
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i];
+  return out;
+}
+
 std::string formatAccountTree(const v1::ListAccountsResponse& accounts) {
   std::map<std::string, std::vector<const v1::Account*>> children;  // by parent, in the listing's order
   for (const v1::Account& a : accounts.accounts()) children[a.parent()].push_back(&a);
-  std::vector<std::vector<std::string>> rows = {{"ACCOUNT", "SHARE", "NORM", "USERS"}};
+  std::vector<std::vector<std::string>> rows = {{"ACCOUNT", "SHARE", "NORM", "USERS", "LIMITS"}};
   std::set<std::string> seen;  // a listing is a tree; this keeps a malformed one from looping
   std::function<void(const std::string&, int, double)> walk = [&](const std::string& parent, int depth,
                                                                   double part) {
@@ -311,8 +322,8 @@ std::string formatAccountTree(const v1::ListAccountsResponse& accounts) {
       char normText[32];
       std::snprintf(normText, sizeof(normText), "%.3f", norm);
       rows.push_back({std::string(2 * depth, ' ') + a->name(),
-                      parent.empty() ? "-" : std::to_string(a->share()), normText,
-                      std::to_string(a->users())});
+                      parent.empty() ? "-" : std::to_string(a->share()), normText, std::to_string(a->users()),
+                      a->limits().ByteSizeLong() > 0 ? formatLimits(a->limits()) : "-"});
       walk(a->name(), depth + 1, norm);
     }
   };

@@ -376,7 +376,8 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     std::string text;
     for (const auto& u : resp.users()) {
       text += escapeForTerminal(u.name()) + " " + escapeForTerminal(u.role()) + " " +
-              escapeForTerminal(u.account()) + "\n";
+              escapeForTerminal(u.account()) +
+              (u.limits().ByteSizeLong() > 0 ? " (" + formatLimits(u.limits()) + ")" : "") + "\n";
     }
     return s.print(resp, text);
   }
@@ -391,6 +392,26 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     return s.print(resp, std::string(cl.update ? "changed" : "made") + " account " +
                              escapeForTerminal(resp.name()) + " under " + escapeForTerminal(resp.parent()) +
                              ", share " + std::to_string(resp.share()) + "\n");
+  }
+  if (cl.adminVerb == "set-limit") {
+    if (cl.limitAccount.empty() == cl.limitUser.empty()) {
+      return usageError(err, "set-limit: give --account A or --user U", "admin set-limit");
+    }
+    if (!cl.limitGpus && !cl.limitRunning && !cl.limitPending) {
+      return usageError(err, "set-limit: give --gpus, --running or --pending (0 lifts a limit)",
+                        "admin set-limit");
+    }
+    v1::SetLimitRequest req;
+    req.set_account(cl.limitAccount);
+    req.set_user(cl.limitUser);
+    if (cl.limitGpus) req.set_gpus(*cl.limitGpus);
+    if (cl.limitRunning) req.set_running_jobs(*cl.limitRunning);
+    if (cl.limitPending) req.set_pending_jobs(*cl.limitPending);
+    v1::Limits resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.SetLimit(c, req, &resp); })) return rc;
+    return s.print(resp, (cl.limitAccount.empty() ? "user " + escapeForTerminal(cl.limitUser)
+                                                  : "account " + escapeForTerminal(cl.limitAccount)) +
+                             ": " + formatLimits(resp) + "\n");
   }
   if (cl.adminVerb == "remove-account") {
     v1::RemoveAccountRequest req;

@@ -386,15 +386,18 @@ int runDaemon(const DaemonConfig& config) {
     spdlog::warn("--insecure: plaintext gRPC and no authentication; any local process can act as any user");
   }
   // The scheduler orders the queue by the accounts' shares: it gets them now and after every change.
-  auto shareTree = [](const std::vector<auth::AccountInfo>& accounts) {
+  auth::UserRegistry* registry = users->get();
+  auto shareTree = [registry](const std::vector<auth::AccountInfo>& accounts) {
+    auto limits = [](const auth::Limits& l) { return ddl::placement::Limits{l.gpus, l.running, l.pending}; };
     ddl::placement::ShareTree tree;
     for (const auto& a : accounts) {
-      if (!a.parent.empty()) tree.accounts[a.name] = {a.parent, a.share};
+      if (!a.parent.empty()) tree.accounts[a.name] = {a.parent, a.share, limits(a.limits)};
     }
+    for (const auto& [name, l] : registry->userLimits()) tree.users[name] = limits(l);
     return tree;
   };
-  coordinator.setAccounts(shareTree((*users)->accounts()));
-  (*users)->onAccountsChanged([&coordinator, shareTree](const std::vector<auth::AccountInfo>& accounts) {
+  coordinator.setAccounts(shareTree(registry->accounts()));
+  registry->onAccountsChanged([&coordinator, shareTree](const std::vector<auth::AccountInfo>& accounts) {
     coordinator.setAccounts(shareTree(accounts));
   });
   RpcServer server(coordinator, securityOptions(config, users->get()));

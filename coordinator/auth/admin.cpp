@@ -8,6 +8,16 @@
 
 namespace ddl::coordinator::auth {
 
+namespace {
+
+void toProto(const Limits& l, v1::Limits* out) {
+  out->set_gpus(l.gpus);
+  out->set_running_jobs(l.running);
+  out->set_pending_jobs(l.pending);
+}
+
+}  // namespace
+
 Admin::Admin(UserRegistry* users, std::string pki_dir, int node_cert_days, bool insecure,
              std::function<int64_t()> now_s)
     : users_(users),
@@ -49,12 +59,14 @@ Status Admin::removeUser(const v1::RemoveUserRequest& request) {
 StatusOr<v1::ListUsersResponse> Admin::listUsers() const {
   if (Status st = needUsers(); !st) return st;
   v1::ListUsersResponse response;
+  const auto limits = users_->userLimits();
   for (const auto& u : users_->list()) {
     v1::Identity* out = response.add_users();
     out->set_name(u.name);
     out->set_role(roleName(u.role));
     out->set_via(u.via);
     out->set_account(u.account);
+    if (auto l = limits.find(u.name); l != limits.end()) toProto(l->second, out->mutable_limits());
   }
   return response;
 }
@@ -92,8 +104,26 @@ StatusOr<v1::ListAccountsResponse> Admin::listAccounts() const {
     out->set_share(a.share);
     out->set_users(a.users);
     out->set_created_ms(a.created_s * 1000);
+    toProto(a.limits, out->mutable_limits());
   }
   return response;
+}
+
+StatusOr<v1::Limits> Admin::setLimit(const v1::SetLimitRequest& request) {
+  if (Status st = needUsers(); !st) return st;
+  UserRegistry::LimitChange change;
+  if (request.has_gpus()) change.gpus = request.gpus();
+  if (request.has_running_jobs()) change.running = request.running_jobs();
+  if (request.has_pending_jobs()) change.pending = request.pending_jobs();
+  auto set = users_->setLimit(request.account(), request.user(), change);
+  if (!set) return set.status();
+  spdlog::info("{} {} may hold {} GPUs, run {} jobs, queue {} jobs (0: no limit)",
+               request.account().empty() ? "user" : "account",
+               request.account().empty() ? request.user() : request.account(), set->gpus, set->running,
+               set->pending);
+  v1::Limits out;
+  toProto(*set, &out);
+  return out;
 }
 
 StatusOr<v1::IssueNodeCertificateResponse> Admin::issueNodeCertificate(

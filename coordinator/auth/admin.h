@@ -41,6 +41,8 @@ class Admin {
   StatusOr<v1::Account> addAccount(const v1::AddAccountRequest& request);
   Status removeAccount(const v1::RemoveAccountRequest& request);
   StatusOr<v1::ListAccountsResponse> listAccounts() const;
+  // The limits of one account or one user (SetLimitRequest); the limits as they are now.
+  StatusOr<v1::Limits> setLimit(const v1::SetLimitRequest& request);
 
   // A new key and its certificate for the node, made here and returned (with the CA) to the admin.
   StatusOr<v1::IssueNodeCertificateResponse> issueNodeCertificate(

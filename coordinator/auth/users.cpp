@@ -22,11 +22,32 @@ constexpr const char* kUsersFileImport = "users.json";
 
 using state::Write;
 
+nlohmann::json limitsJson(const Limits& l) {
+  return {{"gpus", l.gpus}, {"running", l.running}, {"pending", l.pending}};
+}
+
+Limits limitsFromJson(const nlohmann::json& j) {
+  Limits l;
+  if (!j.is_object()) return l;
+  l.gpus = j.value("gpus", 0);
+  l.running = j.value("running", 0);
+  l.pending = j.value("pending", 0);
+  return l;
+}
+
 nlohmann::json userJson(const UserRegistry::User& u) {
-  return {{"role", roleName(u.role)},
-          {"token_sha256", u.token_sha256},
-          {"created_s", u.created_s},
-          {"account", u.account}};
+  nlohmann::json j = {{"role", roleName(u.role)},
+                      {"token_sha256", u.token_sha256},
+                      {"created_s", u.created_s},
+                      {"account", u.account}};
+  if (u.limits != Limits{}) j["limits"] = limitsJson(u.limits);
+  return j;
+}
+
+nlohmann::json accountJson(const UserRegistry::Account& a) {
+  nlohmann::json j = {{"parent", a.parent}, {"share", a.share}, {"created_s", a.created_s}};
+  if (a.limits != Limits{}) j["limits"] = limitsJson(a.limits);
+  return j;
 }
 
 // A user from its JSON (an entry's value or one of users.json's), or why it is not one.
@@ -37,6 +58,7 @@ StatusOr<UserRegistry::User> userFromJson(const std::string& name, const nlohman
     u.token_sha256 = j.at("token_sha256").get<std::string>();
     u.created_s = j.value("created_s", int64_t{0});
     u.account = j.value("account", std::string(kRootAccount));
+    if (auto l = j.find("limits"); l != j.end()) u.limits = limitsFromJson(*l);
     if (!role || u.token_sha256.size() != 64 || !checkUserName(name).empty() || u.account.empty()) {
       return Status::dataLoss("bad record for user '" + name + "'");
     }
@@ -155,15 +177,14 @@ StatusOr<std::unique_ptr<UserRegistry>> UserRegistry::readOnly(const std::string
 Status UserRegistry::importOnce(const std::string& users_json) {
   auto imports = store_->listEntries(kImportsTable);
   if (!imports) return imports.status();
-  std::string text;
-  auto users = readUsersFile(users_json, &text);
-  if (!users) return users.status();
-  const std::string file_sha256 = text.empty() ? "" : pki::sha256Hex(text);
   for (const state::Entry& e : *imports) {
     if (e.key != kUsersFileImport) continue;
+    // Imported before: the file is not read again, only compared, and one that cannot be read is no error.
+    std::string error;
+    const auto text = pki::readFile(users_json, &error);
     const auto marker = nlohmann::json::parse(e.value, nullptr, false);
     const auto sha256 = marker.is_object() ? marker.find("sha256") : marker.end();
-    if (!file_sha256.empty() && sha256 != marker.end() && *sha256 != file_sha256) {
+    if (text && sha256 != marker.end() && *sha256 != pki::sha256Hex(*text)) {
       spdlog::warn(
           "{} has changed since it was imported; it is not read again: users live in the state store "
           "now (ddlctl admin add-user, remove-user, users)",
@@ -171,6 +192,10 @@ Status UserRegistry::importOnce(const std::string& users_json) {
     }
     return Status::ok();
   }
+  std::string text;
+  auto users = readUsersFile(users_json, &text);
+  if (!users) return users.status();
+  const std::string file_sha256 = text.empty() ? "" : pki::sha256Hex(text);
   if (text.empty()) return Status::ok();  // no file: nothing to import yet
   std::vector<Write> writes;
   for (const auto& [name, user] : *users) {
@@ -217,6 +242,7 @@ Status UserRegistry::loadLocked(const std::vector<state::Entry>& users,
       a.parent = j.value("parent", std::string(kRootAccount));
       a.share = j.value("share", int64_t{1});
       a.created_s = j.value("created_s", int64_t{0});
+      if (auto l = j.find("limits"); l != j.end()) a.limits = limitsFromJson(*l);
     }
     if (!j.is_object() || !checkAccountName(e.key).empty() || a.parent.empty() || a.share < 1) {
       return Status::dataLoss("the state store's entry accounts/" + e.key + " is not an account");
@@ -394,9 +420,8 @@ Status UserRegistry::addAccount(const std::string& name, const std::string& pare
     }
     account.parent = parent;
   }
-  const nlohmann::json value = {
-      {"parent", account.parent}, {"share", account.share}, {"created_s", account.created_s}};
-  if (Status st = commit({Write::putEntry({kAccountsTable, name, value.dump()})}); !st) return st;
+  if (Status st = commit({Write::putEntry({kAccountsTable, name, accountJson(account).dump()})}); !st)
+    return st;
   {
     std::lock_guard<std::mutex> lock(mu_);
     accounts_[name] = account;
@@ -437,8 +462,56 @@ std::vector<AccountInfo> UserRegistry::accounts() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::string, int> users;
   for (const auto& [n, u] : users_) ++users[u.account];
-  std::vector<AccountInfo> out{{kRootAccount, "", 1, users[kRootAccount], 0}};
-  for (const auto& [n, a] : accounts_) out.push_back({n, a.parent, a.share, users[n], a.created_s});
+  std::vector<AccountInfo> out{{{}, kRootAccount, "", 1, users[kRootAccount], 0}};
+  for (const auto& [n, a] : accounts_) out.push_back({a.limits, n, a.parent, a.share, users[n], a.created_s});
+  return out;
+}
+
+StatusOr<Limits> UserRegistry::setLimit(const std::string& account, const std::string& user,
+                                        const LimitChange& change) {
+  if (account.empty() == user.empty()) return Status::invalidArgument("give one account or one user");
+  for (const std::optional<int>* v : {&change.gpus, &change.running, &change.pending}) {
+    if (*v && (**v < 0 || **v > 10000000))
+      return Status::invalidArgument("a limit is 0 (none) to 10,000,000");
+  }
+  auto apply = [&](Limits l) {
+    if (change.gpus) l.gpus = *change.gpus;
+    if (change.running) l.running = *change.running;
+    if (change.pending) l.pending = *change.pending;
+    return l;
+  };
+  std::lock_guard<std::mutex> writing(write_mu_);
+  Limits set;
+  if (!account.empty()) {
+    if (account == kRootAccount)
+      return Status::invalidArgument("root holds the whole cluster; limit its accounts");
+    auto it = accounts_.find(account);
+    if (it == accounts_.end()) return Status::notFound("no account '" + account + "'");
+    Account changed = it->second;
+    changed.limits = set = apply(changed.limits);
+    if (Status st = commit({Write::putEntry({kAccountsTable, account, accountJson(changed).dump()})}); !st)
+      return st;
+    std::lock_guard<std::mutex> lock(mu_);
+    it->second = changed;
+  } else {
+    auto it = users_.find(user);
+    if (it == users_.end()) return Status::notFound("no user '" + user + "'");
+    User changed = it->second;
+    changed.limits = set = apply(changed.limits);
+    if (Status st = commit({Write::putEntry({kUsersTable, user, userJson(changed).dump()})}); !st) return st;
+    std::lock_guard<std::mutex> lock(mu_);
+    it->second = changed;
+  }
+  if (accounts_changed_) accounts_changed_(accounts());
+  return set;
+}
+
+std::map<std::string, Limits> UserRegistry::userLimits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, Limits> out;
+  for (const auto& [n, u] : users_) {
+    if (u.limits != Limits{}) out[n] = u.limits;
+  }
   return out;
 }
 

@@ -74,7 +74,17 @@ struct Identity {
   bool isUser() const { return role == Role::kAdmin || role == Role::kUser || role == Role::kInsecure; }
 };
 
+// What an account (with its sub-accounts) or a user may hold at once; 0: no limit (the scheduler enforces
+// them: placement/fair_share.h).
+struct Limits {
+  int gpus = 0;
+  int running = 0;
+  int pending = 0;
+  bool operator==(const Limits&) const = default;
+};
+
 struct AccountInfo {
+  Limits limits;
   std::string name;
   std::string parent;  // "" for root
   int64_t share = 1;
@@ -122,6 +132,14 @@ class UserRegistry {
     accounts_changed_ = std::move(listener);
   }
   bool hasAccount(const std::string& name) const;
+  // Sets the limits of account `account` or (with account "") user `user`; each field of `limits` that is
+  // given replaces the old value (nullopt keeps it). The listener hears of it as of an account change.
+  struct LimitChange {
+    std::optional<int> gpus, running, pending;
+  };
+  StatusOr<Limits> setLimit(const std::string& account, const std::string& user, const LimitChange& change);
+  // The users that have limits, by name.
+  std::map<std::string, Limits> userLimits() const;
 
   // A one-time token for node `node`, valid for ttl_s seconds.
   StatusOr<std::string> createJoinToken(const std::string& node, int64_t ttl_s, int64_t* expires_s);
@@ -133,11 +151,13 @@ class UserRegistry {
     std::string token_sha256;
     int64_t created_s = 0;
     std::string account = kRootAccount;
+    Limits limits;
   };
   struct Account {
     std::string parent;
     int64_t share = 1;
     int64_t created_s = 0;
+    Limits limits;
   };
   struct JoinToken {
     std::string node;

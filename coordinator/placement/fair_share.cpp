@@ -73,6 +73,79 @@ std::vector<ShareRow> sharesWith(const ShareTree& tree, const UsageLedger& usage
 
 }  // namespace
 
+std::vector<std::string> ShareTree::chain(const std::string& account) const {
+  std::vector<std::string> out;
+  std::string at = accounts.count(account) ? account : kRootAccount;
+  for (size_t depth = 0; depth <= accounts.size() && at != kRootAccount; ++depth) {
+    out.push_back(at);
+    auto it = accounts.find(at);
+    at = it != accounts.end() && accounts.count(it->second.parent) ? it->second.parent : kRootAccount;
+  }
+  out.push_back(kRootAccount);
+  return out;
+}
+
+void LimitTracker::hold(const std::string& account, const std::string& user, int gpus) {
+  for (const std::string& a : tree_.chain(account)) {
+    account_[a].first += gpus;
+    account_[a].second += 1;
+  }
+  user_[user].first += gpus;
+  user_[user].second += 1;
+}
+
+std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const {
+  auto over = [&](const Limits& limits, const std::pair<int, int>& held,
+                  const std::string& who) -> std::string {
+    if (limits.gpus > 0 && held.first + job.gpuCount() > limits.gpus) {
+      return who + " holds " + std::to_string(held.first) + " of its " + std::to_string(limits.gpus) +
+             " GPUs (ddlctl admin set-limit); this job needs " + std::to_string(job.gpuCount()) + " more";
+    }
+    if (limits.running > 0 && held.second + 1 > limits.running) {
+      return who + " runs " + std::to_string(held.second) + " jobs, its limit (ddlctl admin set-limit)";
+    }
+    return "";
+  };
+  if (auto it = tree_.users.find(job.user); it != tree_.users.end()) {
+    auto held = user_.find(job.user);
+    std::string why =
+        over(it->second, held != user_.end() ? held->second : std::make_pair(0, 0), "user " + job.user);
+    if (!why.empty()) {
+      *code = "UserLimit";
+      return why;
+    }
+  }
+  for (const std::string& a : tree_.chain(job.account)) {
+    auto it = tree_.accounts.find(a);
+    if (it == tree_.accounts.end()) continue;
+    auto held = account_.find(a);
+    std::string why =
+        over(it->second.limits, held != account_.end() ? held->second : std::make_pair(0, 0), "account " + a);
+    if (!why.empty()) {
+      *code = "AccountLimit";
+      return why;
+    }
+  }
+  return "";
+}
+
+std::string LimitTracker::never(const JobRequest& job) const {
+  auto it = tree_.users.find(job.user);
+  if (it != tree_.users.end() && it->second.gpus > 0 && job.gpuCount() > it->second.gpus) {
+    return "job asks for " + std::to_string(job.gpuCount()) + " GPUs and user " + job.user +
+           " may hold at most " + std::to_string(it->second.gpus) + " (ddlctl admin set-limit)";
+  }
+  for (const std::string& a : tree_.chain(job.account)) {
+    auto acc = tree_.accounts.find(a);
+    if (acc != tree_.accounts.end() && acc->second.limits.gpus > 0 &&
+        job.gpuCount() > acc->second.limits.gpus) {
+      return "job asks for " + std::to_string(job.gpuCount()) + " GPUs and account " + a +
+             " may hold at most " + std::to_string(acc->second.limits.gpus) + " (ddlctl admin set-limit)";
+    }
+  }
+  return "";
+}
+
 void UsageLedger::decayTo(int64_t now_ms) {
   if (at_ms == 0 || now_ms <= at_ms || half_life_s <= 0) {
     at_ms = std::max(at_ms, now_ms);

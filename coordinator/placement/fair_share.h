@@ -37,13 +37,46 @@ namespace ddl::placement {
 
 inline constexpr const char* kRootAccount = "root";
 
-// The accounts as the user registry keeps them; root is implied.
+// What an account (with everything under it) or a user may hold at once (Slurm's GrpTRES=gres/gpu, GrpJobs
+// and MaxSubmitJobs; MaxTRESPerUser, MaxJobsPerUser, MaxSubmitJobsPerUser). 0: no limit.
+struct Limits {
+  int gpus = 0;     // GPUs held by launched live jobs
+  int running = 0;  // launched live jobs
+  int pending = 0;  // jobs waiting in the queue (checked at submit)
+
+  bool any() const { return gpus > 0 || running > 0 || pending > 0; }
+  bool operator==(const Limits&) const = default;
+};
+
+// The accounts as the user registry keeps them, with the limits of accounts and users; root is implied.
 struct ShareTree {
   struct Account {
     std::string parent;  // an account of the tree, or root
     int64_t share = 1;
+    Limits limits;
   };
   std::map<std::string, Account> accounts;  // by name; never root
+  std::map<std::string, Limits> users;      // by user name, where a user has limits
+  // The account and every account above it (root last), bounded by the tree's size.
+  std::vector<std::string> chain(const std::string& account) const;
+};
+
+// What launched jobs hold against the limits, as a scheduling pass starts more: GPUs and jobs per account
+// (its own jobs and its sub-accounts') and per user.
+class LimitTracker {
+ public:
+  explicit LimitTracker(const ShareTree& tree) : tree_(tree) {}
+  // A job that holds `gpus` now (launched and live), or one the pass starts.
+  void hold(const std::string& account, const std::string& user, int gpus);
+  // "" when the job may start within every limit; else why not, and *code is AccountLimit or UserLimit.
+  std::string blocks(const JobRequest& job, std::string* code) const;
+  // Why the job could never start within its limits (it asks for more GPUs than a limit allows), or "".
+  std::string never(const JobRequest& job) const;
+
+ private:
+  const ShareTree& tree_;
+  std::map<std::string, std::pair<int, int>> account_;  // GPUs, jobs
+  std::map<std::string, std::pair<int, int>> user_;
 };
 
 // Decayed GPU-seconds by account and user. The coordinator charges running jobs and decays as time passes.

@@ -747,7 +747,7 @@ std::string requestKey(const JobRequest& job) {
   return key;
 }
 
-ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& queue) {
+ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& queue, LimitTracker* limits) {
   std::vector<const JobRequest*> order;
   for (const JobRequest& j : queue) order.push_back(&j);
   std::stable_sort(order.begin(), order.end(), [](const JobRequest* a, const JobRequest* b) {
@@ -795,6 +795,13 @@ ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& q
       }
       feasible.insert(key);
     }
+    if (limits) {
+      if (std::string over = limits->blocks(*job, &d.code); !over.empty()) {
+        d.reason = over;  // waits for its own account or user, holding nobody else back
+        result.decisions.push_back(std::move(d));
+        continue;
+      }
+    }
     if (failed.count(key)) {
       auto known = waits.find(key);
       d.reason = known != waits.end() ? known->second : (waits[key] = why(*job));
@@ -804,6 +811,7 @@ ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& q
       if (!d.allocation.empty()) {
         d.action = Decision::Action::kStart;
         applyAllocation(work, d.allocation);
+        if (limits) limits->hold(job->account, job->user, job->gpuCount());
         waits.clear();
       } else {
         d.reason = pendingReason(work, *job);
@@ -828,6 +836,7 @@ ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& q
         d.backfilled = true;
         applyAllocation(work, d.allocation);
         applyAllocation(view, d.allocation);
+        if (limits) limits->hold(job->account, job->user, job->gpuCount());
         waits.clear();
       } else {
         d.reason = why(*job);

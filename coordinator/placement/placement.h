@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "placement/cluster.h"
+#include "placement/fair_share.h"
 
 namespace ddl::placement {
 
@@ -93,6 +94,9 @@ struct ScheduleResult {
 // start in that order until one cannot (the head); later jobs may then start only by backfill, which never
 // delays the head job (rule in placement.cpp). Jobs that can never fit are refused and do not block the
 // queue.
-ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& queue);
+// With `limits` (fair_share.h), a job that would pass an account's or user's limit waits (code AccountLimit
+// or UserLimit) without becoming the head, and every start is counted against them.
+ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& queue,
+                        LimitTracker* limits = nullptr);
 
 }  // namespace ddl::placement

@@ -387,6 +387,12 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     fill(r, resp)(admin_.listAccounts());
     return r;
   }
+  Reactor* SetLimit(Ctx* ctx, const v1::SetLimitRequest* req, v1::Limits* resp) override {
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, "setting limits"); !st.ok()) return now(r, st);
+    fill(r, resp)(admin_.setLimit(*req));
+    return r;
+  }
   Reactor* GetShares(Ctx* ctx, const v1::GetSharesRequest*, v1::GetSharesResponse* resp) override {
     auto* r = ctx->DefaultReactor();
     auto who = identify(ctx);

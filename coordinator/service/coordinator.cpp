@@ -284,7 +284,7 @@ void Coordinator::housekeepingOnLoop() {
   if (registry_->endRecoveryOnLoop(now)) schedule_wanted_ = true;
 }
 
-void Coordinator::chargeUsageOnLoop() {
+std::vector<ShareKeeper::Holder> Coordinator::holdersOnLoop() const {
   std::vector<ShareKeeper::Holder> holders;
   for (const auto& [id, rt] : runtime_) {  // the launched jobs: they hold their GPUs until they end
     auto it = jobs_.find(id);
@@ -293,8 +293,10 @@ void Coordinator::chargeUsageOnLoop() {
     for (const auto& a : it->second.allocation) gpus += static_cast<int>(a.gpus.size());
     holders.push_back({it->second.spec.account, it->second.spec.user, gpus});
   }
-  shares_->chargeOnLoop(wall_ms_(), holders);
+  return holders;
 }
+
+void Coordinator::chargeUsageOnLoop() { shares_->chargeOnLoop(wall_ms_(), holdersOnLoop()); }
 
 void Coordinator::setAccounts(placement::ShareTree tree) {
   post([this, tree = std::move(tree)]() mutable {
@@ -505,7 +507,9 @@ void Coordinator::schedulePassOnLoop() {
   }
   placement::Cluster cluster = snapshotOnLoop(true);
   shares_->prioritizeOnLoop(queue, wall_ms_());
-  placement::ScheduleResult result = placement::schedule(cluster, queue);
+  placement::LimitTracker limits(shares_->tree());
+  for (const ShareKeeper::Holder& h : holdersOnLoop()) limits.hold(h.account, h.user, h.gpus);
+  placement::ScheduleResult result = placement::schedule(cluster, queue, &limits);
   // The GPUs in use, once for the pass (not once per decision: that was quadratic at thousands of jobs),
   // with each start added as it is applied.
   auto usage = usageOnLoop();

@@ -297,6 +297,10 @@ class Coordinator {
   std::string layoutOfOnLoop(const state::Job& job, placement::RingLayout* layout) const;
   void housekeepingOnLoop();  // heartbeat grace and the end of recovery
   void chargeUsageOnLoop();   // the GPUs of launched live jobs, to their users' accounts
+  std::vector<ShareKeeper::Holder> holdersOnLoop() const;  // what launched live jobs hold, and whose
+  // A submit of `count` jobs like `spec` within the limits of its user and account (never more GPUs than one
+  // allows; pending jobs within theirs), else why not.
+  Status withinLimitsOnLoop(const state::JobSpec& spec, size_t count) const;
 
   // ---- The loop (actor.h) ----
   bool onLoop() const;

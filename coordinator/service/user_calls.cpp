@@ -99,6 +99,7 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
                                            requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec));
   if (!never.empty()) return Status::invalidArgument("job refused: " + never);
   const size_t count = array.indices.empty() ? 1 : array.indices.size();
+  if (Status within = withinLimitsOnLoop(spec, count); !within) return within;
   if (count > 1) {
     size_t spec_bytes = 1024 + spec.name.size() + spec.workdir.size();
     for (const auto& a : spec.command) spec_bytes += a.size() + 32;
@@ -140,6 +141,42 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
                count > 1 ? " (an array of " + std::to_string(count) + " jobs)" : "");
   schedule_wanted_ = true;
   return response;
+}
+
+Status Coordinator::withinLimitsOnLoop(const state::JobSpec& spec, size_t count) const {
+  const placement::ShareTree& tree = shares_->tree();
+  const placement::JobRequest request = requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec);
+  if (std::string never = placement::LimitTracker(tree).never(request); !never.empty()) {
+    return Status::invalidArgument("job refused: " + never);
+  }
+  // Pending limits: counted only where one is set (the queue is walked once for this submit).
+  std::vector<std::pair<std::string, int>> limited;  // "user X" / "account A", its limit
+  if (auto u = tree.users.find(spec.user); u != tree.users.end() && u->second.pending > 0) {
+    limited.push_back({"user " + spec.user, u->second.pending});
+  }
+  const std::vector<std::string> chain = tree.chain(spec.account);
+  for (const std::string& a : chain) {
+    auto it = tree.accounts.find(a);
+    if (it != tree.accounts.end() && it->second.limits.pending > 0)
+      limited.push_back({"account " + a, it->second.limits.pending});
+  }
+  if (limited.empty()) return Status::ok();
+  std::map<std::string, int> pending;
+  for (const auto& [id, job] : jobs_) {
+    if (job.state != JobState::kPending) continue;
+    if (job.spec.user == spec.user) ++pending["user " + spec.user];
+    for (const std::string& a : tree.chain(job.spec.account)) {
+      if (std::find(chain.begin(), chain.end(), a) != chain.end()) ++pending["account " + a];
+    }
+  }
+  for (const auto& [who, limit] : limited) {
+    if (pending[who] + static_cast<int>(count) > limit) {
+      return Status::failedPrecondition("job refused: " + who + " has " + std::to_string(pending[who]) +
+                                        " jobs waiting, and may have at most " + std::to_string(limit) +
+                                        " (ddlctl admin set-limit); wait for some to start");
+    }
+  }
+  return Status::ok();
 }
 
 void Coordinator::submitAsyncOnLoop(const v1::SubmitRequest& request, Done<v1::SubmitResponse> done) {

@@ -2123,8 +2123,8 @@ TEST(DdlctlFormat, AccountTreeAndShares) {
   add("science", "root", 2, 0);
   add("physics", "science", 3, 5);
   const std::string tree = formatAccountTree(accounts);
-  EXPECT_NE(tree.find("\n    physics  3      0.667  5\n"), std::string::npos) << tree;
-  EXPECT_NE(tree.find("\n  ops        1      0.333  2\n"), std::string::npos) << tree;
+  EXPECT_NE(tree.find("\n    physics  3      0.667  5      -\n"), std::string::npos) << tree;
+  EXPECT_NE(tree.find("\n  ops        1      0.333  2      -\n"), std::string::npos) << tree;
 
   v1::GetSharesResponse shares;
   shares.set_half_life_s(7 * 86400);

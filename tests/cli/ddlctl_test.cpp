@@ -586,6 +586,20 @@ TEST_F(DdlctlTest, AccountsChargeJobsToTheirUsers) {
   cells >> name >> share >> norm >> members;
   EXPECT_EQ(share + " " + norm + " " + members, "3 1.000 1") << tree.out;
 
+  // Limits: set one at a time, shown with the account and the user.
+  Result limited = ctl({"admin", "set-limit", "--account", "lab", "--gpus", "8", "--pending", "100"});
+  ASSERT_EQ(limited.code, 0) << limited.err;
+  EXPECT_EQ(limited.out, "account lab: at most 8 GPUs, 100 pending\n");
+  EXPECT_EQ(ctl({"admin", "set-limit", "--account", "lab", "--pending", "0"}).out,
+            "account lab: at most 8 GPUs\n");
+  EXPECT_EQ(ctl({"admin", "set-limit", "--user", "dora", "--running", "2"}).out,
+            "user dora: at most 2 running\n");
+  EXPECT_NE(ctl({"accounts"}).out.find("at most 8 GPUs"), std::string::npos) << ctl({"accounts"}).out;
+  EXPECT_NE(ctl({"admin", "users"}).out.find("dora user vision (at most 2 running)"), std::string::npos);
+  EXPECT_EQ(ctl({"admin", "set-limit", "--gpus", "1"}).code, 2);       // neither --account nor --user
+  EXPECT_EQ(ctl({"admin", "set-limit", "--account", "lab"}).code, 2);  // no limit given
+  EXPECT_EQ(ctl({"admin", "set-limit", "--account", "nowhere", "--gpus", "1"}).code, 1);
+
   Result job = ctl({"submit", "--hold", "--gpus", "1", "--", "/bin/true"}, dora);
   ASSERT_EQ(job.code, 0) << job.err;
   const std::string id = job.out.substr(0, job.out.find('\n'));

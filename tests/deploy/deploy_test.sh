@@ -217,7 +217,7 @@ test_configs() {
   timeout 20 "$BIN/ddl-coordinator" --config "$SRC/deploy/etc/ddl/coordinator.json" --pki-dir "$tmp/no-pki" \
     --data-dir "$tmp/no-pki-c" --listen 127.0.0.1:0 "${coord_extra[@]}" >"$tmp/no-pki-c.log" 2>&1 || rc=$?
   ((rc != 0 && rc != 124)) || fail "ddl-coordinator without its PKI files: exit $rc, expected a refusal"
-  # Its last line (before it, a warning that users.json has no users).
+  # Its last line.
   grep -q "$tmp/no-pki/" <<<"$(tail -n1 "$tmp/no-pki-c.log")" ||
     { cat "$tmp/no-pki-c.log"; fail "ddl-coordinator's refusal names no file"; }
   log "ddl-coordinator refuses to start without its PKI: $(tail -n1 "$tmp/no-pki-c.log")"

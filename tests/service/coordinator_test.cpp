@@ -1200,7 +1200,7 @@ TEST_F(CoordinatorTest, AfterOkWaitsForSuccessAndIsCancelledWhenTheDependencyFai
   v1::JobSpec never = spec(1, 1);
   never.add_after_ok(second);
   auto refused = coordinator->submit(never);
-  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().code(), state::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("could never start"), std::string::npos);
   v1::JobSpec bad = spec(1, 1);
   bad.add_after_any("5");
@@ -1522,6 +1522,53 @@ TEST_F(CoordinatorTest, UsageIsChargedStoredAndOrdersTheQueueByShare) {
   for (const auto& r : shares->accounts()) by_account[r.account()] = r;
   EXPECT_NEAR(by_account["a"].usage_gpu_s(), 100, 0.1);  // decayed by a 7-day half-life over a minute
   EXPECT_NEAR(by_account["b"].usage_gpu_s(), 61, 0.1);
+}
+
+// Issue 41: limits. An account limited to 2 GPUs runs 2 of its 1-GPU jobs and the third waits (AccountLimit)
+// while another account's job starts beside them; a job that could never fit the limit is refused at submit
+// naming it; a user past its pending limit is refused at submit. Never more than the limit at any pass.
+TEST_F(CoordinatorTest, LimitsHoldJobsBackAndRefuseWhatCanNeverFit) {
+  placement::ShareTree tree;
+  tree.accounts["a"] = {"root", 1, {2, 0, 0}};
+  tree.accounts["b"] = {"root", 1};
+  tree.users["bob"] = {0, 0, 1};
+  coordinator->setAccounts(tree);
+  addNode("n1", 4);
+  auto charged = [](const std::string& user, const std::string& account, int gpus) {
+    v1::JobSpec s = spec(1, gpus);
+    s.set_user(user);
+    s.set_account(account);
+    return s;
+  };
+  const std::string a1 = submit(charged("alice", "a", 1)), a2 = submit(charged("alice", "a", 1)),
+                    a3 = submit(charged("alice", "a", 1)), b1 = submit(charged("bob", "b", 1));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(a1), v1::STARTING);
+  EXPECT_EQ(stateOf(a2), v1::STARTING);
+  EXPECT_EQ(stateOf(b1), v1::STARTING);
+  auto waiting = coordinator->getJob(a3);
+  ASSERT_TRUE(waiting);
+  EXPECT_EQ(waiting->state(), v1::PENDING);
+  EXPECT_EQ(waiting->reason_code(), "AccountLimit");
+  EXPECT_NE(waiting->reason().find("account a holds 2 of its 2 GPUs"), std::string::npos)
+      << waiting->reason();
+  // Never fits the limit: refused, naming it.
+  auto big = coordinator->submit(charged("alice", "a", 3));
+  EXPECT_EQ(big.status().code(), state::StatusCode::kInvalidArgument);
+  EXPECT_NE(big.status().message().find("account a may hold at most 2"), std::string::npos)
+      << big.status().message();
+  // bob may have one job waiting: the first waits (no GPU left), the second is refused.
+  const std::string b2 = submit(charged("bob", "b", 4));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(b2), v1::PENDING);
+  auto refused = coordinator->submit(charged("bob", "b", 1));
+  EXPECT_EQ(refused.status().code(), state::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("user bob has 1 jobs waiting"), std::string::npos)
+      << refused.status().message();
+  // a's first job ends: its third starts.
+  exitAll("n1", a1);
+  coordinator->tick();
+  EXPECT_EQ(stateOf(a3), v1::STARTING);
 }
 
 }  // namespace

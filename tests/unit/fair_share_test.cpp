@@ -147,6 +147,51 @@ TEST(FairShare, UsersOfAnAccountSplitItsShare) {
   EXPECT_GT(queue[1].order, queue[0].order);
 }
 
+Cluster nodes(int count, int gpus);
+
+// Limits: an account's count its sub-accounts' jobs too; a user's are across accounts; a job over one waits
+// without holding anybody back, and one that could never fit one is named.
+TEST(Limits, AccountsCountTheirSubtreeAndAJobOverALimitWaitsAside) {
+  ShareTree tree = scienceTree();
+  tree.accounts["science"].limits.gpus = 4;
+  tree.accounts["ops"].limits.running = 1;
+  tree.users["carl"].gpus = 2;
+  EXPECT_EQ(tree.chain("physics"), (std::vector<std::string>{"physics", "science", "root"}));
+  EXPECT_EQ(tree.chain("nowhere"), (std::vector<std::string>{"root"}));
+  LimitTracker limits(tree);
+  limits.hold("chem", "bob", 3);  // science holds 3 of its 4
+  std::string code;
+  JobRequest two = job("two", "alice", "physics", 0);
+  two.totalGpus = 2;
+  EXPECT_NE(limits.blocks(two, &code), "");
+  EXPECT_EQ(code, "AccountLimit");
+  EXPECT_EQ(limits.blocks(job("one", "alice", "physics", 0), &code), "");
+  limits.hold("ops", "dora", 1);
+  EXPECT_NE(limits.blocks(job("second", "erin", "ops", 0), &code), "");  // ops runs its one job
+  JobRequest three = job("three", "carl", "ops", 0);
+  three.totalGpus = 3;
+  EXPECT_NE(limits.never(three).find("user carl may hold at most 2"), std::string::npos)
+      << limits.never(three);
+  JobRequest five = job("five", "alice", "physics", 0);
+  five.totalGpus = 5;
+  EXPECT_NE(limits.never(five).find("account science may hold at most 4"), std::string::npos);
+  EXPECT_EQ(limits.never(two), "");
+
+  // In a pass: physics' 2-GPU job waits for its account (not the head), the 1-GPU job and chem's start until
+  // science holds its 4, ops' job starts.
+  LimitTracker pass(tree);
+  Cluster eight = nodes(2, 4);
+  std::vector<JobRequest> queue = {job("p1", "alice", "physics", 1), job("c1", "bob", "chem", 2),
+                                   job("c2", "bob", "chem", 3),      job("p2", "alice", "physics", 4),
+                                   job("c3", "bob", "chem", 5),      job("o1", "dora", "ops", 6)};
+  queue[0].totalGpus = 2;
+  const ScheduleResult s = schedule(eight, queue, &pass);
+  EXPECT_EQ(s.started(), (std::vector<std::string>{"p1", "c1", "c2", "o1"}));
+  EXPECT_EQ(s.find("p2")->code, "AccountLimit");
+  EXPECT_EQ(s.find("c3")->code, "AccountLimit");
+  EXPECT_EQ(s.headJob, "");
+}
+
 Cluster nodes(int count, int gpus) {
   Cluster cluster;
   for (int i = 0; i < count; ++i) {
