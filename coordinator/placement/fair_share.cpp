@@ -45,7 +45,7 @@ std::vector<ShareRow> sharesWith(const ShareTree& tree, const UsageLedger& usage
   std::function<double(const std::string&, const std::string&, int, int64_t, double)> walk =
       [&](const std::string& name, const std::string& parent, int depth, int64_t share, double norm) {
         const size_t at = rows.size();
-        rows.push_back({name, parent, depth, share, norm, 0, 0, 1});
+        rows.push_back({name, parent, depth, share, norm, 0, 0, 1, norm});
         double used = own[name];
         auto kids = children.find(name);
         if (kids != children.end()) {
@@ -54,6 +54,7 @@ std::vector<ShareRow> sharesWith(const ShareTree& tree, const UsageLedger& usage
           int64_t total = direct != users.end() && !direct->second.empty() ? 1 : 0;
           for (const std::string& kid : kids->second)
             total += std::max<int64_t>(tree.accounts.at(kid).share, 1);
+          rows[at].users_share = norm / std::max<int64_t>(total, 1);
           for (const std::string& kid : kids->second) {
             if (!seen.insert(kid).second) continue;
             const int64_t kid_share = std::max<int64_t>(tree.accounts.at(kid).share, 1);
@@ -85,7 +86,15 @@ std::vector<std::string> ShareTree::chain(const std::string& account) const {
   return out;
 }
 
+LimitTracker::LimitTracker(const ShareTree& tree) : tree_(tree) {
+  for (const auto& [name, account] : tree.accounts) {
+    limited_ = limited_ || account.limits.gpus > 0 || account.limits.running > 0;
+  }
+  for (const auto& [name, limits] : tree.users) limited_ = limited_ || limits.gpus > 0 || limits.running > 0;
+}
+
 void LimitTracker::hold(const std::string& account, const std::string& user, int gpus) {
+  if (!limited_) return;  // nothing is counted against
   for (const std::string& a : tree_.chain(account)) {
     account_[a].first += gpus;
     account_[a].second += 1;
@@ -95,6 +104,7 @@ void LimitTracker::hold(const std::string& account, const std::string& user, int
 }
 
 std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const {
+  if (!limited_) return "";
   auto over = [&](const Limits& limits, const std::pair<int, int>& held,
                   const std::string& who) -> std::string {
     if (limits.gpus > 0 && held.first + job.gpuCount() > limits.gpus) {
@@ -179,20 +189,10 @@ void prioritize(std::vector<JobRequest>& queue, const ShareTree& tree, const Usa
   const std::vector<ShareRow> rows = sharesWith(tree, usage, users);
   for (const ShareRow& row : rows) row_of[row.account] = &row;
   const double total = rows.empty() ? 0 : rows.front().usage;
-  // Each user's factor: its account's normalised share split among the account's users (when the account
-  // has sub-accounts, the users' part is what their member of share 1 got: see sharesWith).
+  // Each user's factor: the part of its account's share that the account's users split, split evenly.
   auto userFactor = [&](const std::string& account, const std::string& user) {
-    const ShareRow& row = *row_of.at(account);
-    double share = row.norm_share;
-    auto kids =
-        std::count_if(rows.begin(), rows.end(), [&](const ShareRow& r) { return r.parent == account; });
-    if (kids > 0) {
-      int64_t sum = 1;
-      for (const ShareRow& r : rows) sum += r.parent == account ? r.share : 0;
-      share = row.norm_share / sum;
-    }
     const size_t n = std::max<size_t>(users.count(account) ? users.at(account).size() : 1, 1);
-    share /= n;
+    const double share = row_of.at(account)->users_share / n;
     auto used = usage.by_user.find({account, user});
     const double u = total > kNoUsage && used != usage.by_user.end() ? used->second / total : 0;
     return share > 0 ? std::exp2(-u / share) : 0.0;

@@ -65,7 +65,7 @@ struct ShareTree {
 // (its own jobs and its sub-accounts') and per user.
 class LimitTracker {
  public:
-  explicit LimitTracker(const ShareTree& tree) : tree_(tree) {}
+  explicit LimitTracker(const ShareTree& tree);
   // A job that holds `gpus` now (launched and live), or one the pass starts.
   void hold(const std::string& account, const std::string& user, int gpus);
   // "" when the job may start within every limit; else why not, and *code is AccountLimit or UserLimit.
@@ -75,6 +75,7 @@ class LimitTracker {
 
  private:
   const ShareTree& tree_;
+  bool limited_ = false;  // some account or user has a GPU or running-jobs limit: else nothing blocks
   std::map<std::string, std::pair<int, int>> account_;  // GPUs, jobs
   std::map<std::string, std::pair<int, int>> user_;
 };
@@ -108,6 +109,9 @@ struct ShareRow {
   double usage = 0;       // decayed GPU-seconds of the account and everything under it
   double norm_usage = 0;  // U
   double factor = 1;      // F = 2^(-U/S)
+  // The part of S its own users split among them: S itself without sub-accounts; beside them, what their
+  // one member of share 1 gets (prioritize() divides it by the users with work or usage).
+  double users_share = 1;
 };
 // Every account of the tree, root first, each followed by its sub-accounts (by name): a depth-first walk. An
 // account whose parent is unknown hangs under root.

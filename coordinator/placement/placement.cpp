@@ -28,10 +28,10 @@
 // Queue. schedule() sorts the queue by its order (fair_share.h's prioritize(): fair-share and age, each
 // user's
 // --priority as nice; 0 where it was not called), then --priority (higher first), then submit order, then id,
-// and starts jobs
-// in that order until one cannot start: that job is the head. A job that cannot start even if every UP node
-// were idle (it waits for DRAINING or DOWN nodes to come back, not for jobs to end) does not become the head;
-// it stays pending with its reason and the pass goes on, so one such job cannot stall the whole queue.
+// and starts jobs in that order until one cannot start: that job is the head. A job that cannot start even if
+// every UP node were idle (it waits for DRAINING or DOWN nodes to come back, not for jobs to end) does not
+// become the head; it stays pending with its reason and the pass goes on, so one such job cannot stall the
+// whole queue.
 //
 // Backfill. We know no job runtimes, so EASY backfill's "finishes before the head's reserved start" cannot be
 // computed. We implement the conservative rule instead: after the head H blocks, a later job may start only
@@ -728,8 +728,6 @@ Cluster reserveFor(const Cluster& cluster, const JobRequest& head) {
   return view;
 }
 
-}  // namespace
-
 // A job's priority as people read it: the fair-share order where it was set, else --priority.
 std::string priorityText(const JobRequest& job) {
   if (job.order == 0) return std::to_string(job.priority);
@@ -746,6 +744,8 @@ std::string requestKey(const JobRequest& job) {
   for (const auto& [k, v] : job.requiredLabels) key += "\n" + k + "=" + v;
   return key;
 }
+
+}  // namespace
 
 ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& queue, LimitTracker* limits) {
   std::vector<const JobRequest*> order;
