@@ -170,12 +170,18 @@ void UsageLedger::charge(const std::string& account, const std::string& user, do
   if (gpu_seconds > 0) by_user[{account, user}] += gpu_seconds;
 }
 
-void UsageLedger::trim(size_t max_entries) {
-  if (by_user.size() <= max_entries) return;
+std::vector<std::pair<std::string, std::string>> UsageLedger::trim(size_t max_entries) {
+  std::vector<std::pair<std::string, std::string>> dropped;
+  if (by_user.size() <= max_entries) return dropped;
   std::vector<std::pair<double, std::pair<std::string, std::string>>> smallest;
   for (const auto& [key, used] : by_user) smallest.push_back({used, key});
-  std::nth_element(smallest.begin(), smallest.begin() + (by_user.size() - max_entries), smallest.end());
-  for (size_t i = 0; i < by_user.size() - max_entries; ++i) by_user.erase(smallest[i].second);
+  const size_t excess = by_user.size() - max_entries;
+  std::nth_element(smallest.begin(), smallest.begin() + excess, smallest.end());
+  for (size_t i = 0; i < excess; ++i) {
+    by_user.erase(smallest[i].second);
+    dropped.push_back(smallest[i].second);
+  }
+  return dropped;
 }
 
 std::vector<ShareRow> shares(const ShareTree& tree, const UsageLedger& usage) {

@@ -89,8 +89,9 @@ struct UsageLedger {
   // Decays every figure from at_ms to now_ms (at_ms 0: starts the clock).
   void decayTo(int64_t now_ms);
   void charge(const std::string& account, const std::string& user, double gpu_seconds);
-  // Keeps at most max_entries figures, dropping the smallest (usage that has decayed to nearly nothing).
-  void trim(size_t max_entries);
+  // Keeps at most max_entries figures, dropping the smallest (usage that has decayed to nearly nothing);
+  // returns the keys it dropped.
+  std::vector<std::pair<std::string, std::string>> trim(size_t max_entries);
 };
 
 struct PriorityWeights {

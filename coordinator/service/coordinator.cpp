@@ -296,7 +296,11 @@ std::vector<ShareKeeper::Holder> Coordinator::holdersOnLoop() const {
   return holders;
 }
 
-void Coordinator::chargeUsageOnLoop() { shares_->chargeOnLoop(wall_ms_(), holdersOnLoop()); }
+void Coordinator::chargeUsageOnLoop() {
+  // Every tick comes here; the launched jobs are gathered only when a charge is due (once a second).
+  const int64_t now = wall_ms_();
+  if (shares_->chargeDue(now)) shares_->chargeOnLoop(now, holdersOnLoop());
+}
 
 void Coordinator::setAccounts(placement::ShareTree tree) {
   post([this, tree = std::move(tree)]() mutable {

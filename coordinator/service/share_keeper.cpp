@@ -56,7 +56,7 @@ void ShareKeeper::chargeOnLoop(int64_t now_ms, const std::vector<Holder>& holder
     ledger_.decayTo(now_ms);
     return;
   }
-  if (now_ms - charged_ms_ < options_.charge_interval_ms) return;
+  if (!chargeDue(now_ms)) return;
   const double seconds = (now_ms - charged_ms_) / 1000.0;
   charged_ms_ = now_ms;
   ledger_.decayTo(now_ms);
@@ -71,16 +71,9 @@ void ShareKeeper::chargeOnLoop(int64_t now_ms, const std::vector<Holder>& holder
 void ShareKeeper::saveOnLoop(int64_t now_ms) {
   assert(actor_.onLoop());
   saved_ms_ = now_ms;
-  if (ledger_.by_user.size() > options_.max_users) {
-    std::set<std::pair<std::string, std::string>> before;
-    for (const auto& [key, used] : ledger_.by_user) before.insert(key);
-    ledger_.trim(options_.max_users);
-    for (const auto& key : before) {
-      if (!ledger_.by_user.count(key)) {
-        actor_.put(state::Write::deleteEntry(kUsageTable, usageKey(key.first, key.second)));
-        dirty_.erase(key);
-      }
-    }
+  for (const auto& key : ledger_.trim(options_.max_users)) {
+    actor_.put(state::Write::deleteEntry(kUsageTable, usageKey(key.first, key.second)));
+    dirty_.erase(key);
   }
   for (const auto& key : dirty_) {
     auto it = ledger_.by_user.find(key);
@@ -105,9 +98,8 @@ std::vector<placement::ShareRow> ShareKeeper::sharesOnLoop(int64_t now_ms) {
   return placement::shares(tree_, ledger_);
 }
 
-double ShareKeeper::usageOf(const std::string& account, const std::string& user) const {
-  auto it = ledger_.by_user.find({account, user});
-  return it == ledger_.by_user.end() ? 0 : it->second;
+bool ShareKeeper::chargeDue(int64_t now_ms) const {
+  return charged_ms_ == 0 || now_ms - charged_ms_ >= options_.charge_interval_ms;
 }
 
 }  // namespace ddl::coordinator

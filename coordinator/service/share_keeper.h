@@ -56,8 +56,8 @@ class ShareKeeper {
   void prioritizeOnLoop(std::vector<placement::JobRequest>& queue, int64_t now_ms);
   // Every account's share, usage and factor as of now_ms (ddlctl shares).
   std::vector<placement::ShareRow> sharesOnLoop(int64_t now_ms);
-  // One user's decayed GPU-seconds in an account (0 for none).
-  double usageOf(const std::string& account, const std::string& user) const;
+  // Whether chargeOnLoop(now_ms) would charge (a caller may then skip gathering the holders).
+  bool chargeDue(int64_t now_ms) const;
   // Stores the figures charged since the last save (chargeOnLoop does, every save_interval_ms; a clean stop
   // calls it once more).
   void saveOnLoop(int64_t now_ms);

@@ -49,6 +49,7 @@ TEST(FairShare, SharesNormaliseDownTheTreeAndUsageAddsUpIt) {
   usage.charge("physics", "alice", 300);
   usage.charge("chem", "bob", 100);
   usage.charge("nowhere", "eve", 0);  // nothing charged: no figure
+  EXPECT_FALSE(usage.by_user.count({"nowhere", "eve"}));
   const auto rows = shares(scienceTree(), usage);
   std::vector<std::string> walk;
   for (const ShareRow& r : rows) walk.push_back(std::string(2 * r.depth, ' ') + r.account);
@@ -82,6 +83,13 @@ TEST(FairShare, UsageHalvesEveryHalfLifeAndTheSmallestFiguresGoFirst) {
   usage.trim(2);
   EXPECT_EQ(usage.by_user.size(), 2u);
   EXPECT_FALSE(usage.by_user.count({"b", "v"}));
+  // Several at once: the smallest go, and trim says which (the store forgets them too).
+  usage.charge("d", "x", 1);
+  usage.charge("e", "y", 2);
+  const auto dropped = usage.trim(1);
+  EXPECT_EQ(usage.by_user.size(), 1u);
+  EXPECT_TRUE(usage.by_user.count({"c", "w"}));
+  EXPECT_EQ(dropped.size(), 3u);
 }
 
 // No usage anywhere: every factor is 1, so the queue is first come, first served, as before accounts.
