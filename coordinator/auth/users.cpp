@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -103,6 +104,14 @@ StatusOr<std::pair<std::string, std::string>> newToken(const char* prefix) {
   return std::make_pair(token, pki::sha256Hex(token));
 }
 
+// Why the coordinator cannot start with a damaged entry, and how to take it out.
+std::string badEntry(const std::string& table, const std::string& key, const std::string& what) {
+  return "the state store's entry " + table + "/" + key + " cannot be read (" + what +
+         "); remove it (etcd: etcdctl del PREFIX" + table + "/" + key + "; SQLite, with the coordinator " +
+         "stopped: sqlite3 DATA_DIR/state.db \"DELETE FROM entries WHERE tbl='" + table + "' AND key='" +
+         key + "'\"), start the coordinator and make it again with ddlctl admin";
+}
+
 Status checkRole(Role role) {
   if (role == Role::kAdmin || role == Role::kUser || role == Role::kViewer) return Status::ok();
   return Status::invalidArgument("a user's role is admin, user or viewer");
@@ -195,8 +204,8 @@ Status UserRegistry::importOnce(const std::string& users_json) {
   std::string text;
   auto users = readUsersFile(users_json, &text);
   if (!users) return users.status();
-  const std::string file_sha256 = text.empty() ? "" : pki::sha256Hex(text);
   if (text.empty()) return Status::ok();  // no file: nothing to import yet
+  const std::string file_sha256 = pki::sha256Hex(text);
   std::vector<Write> writes;
   for (const auto& [name, user] : *users) {
     writes.push_back(Write::putEntry({kUsersTable, name, userJson(user).dump()}));
@@ -218,11 +227,7 @@ Status UserRegistry::load() {
   auto tokens = accounts ? store_->listEntries(kJoinTokensTable) : accounts;
   if (!tokens) return tokens.status();
   std::lock_guard<std::mutex> lock(mu_);
-  try {
-    return loadLocked(*users, *accounts, *tokens);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::dataLoss(std::string("the state store's users, accounts or join tokens: ") + e.what());
-  }
+  return loadLocked(*users, *accounts, *tokens);
 }
 
 Status UserRegistry::loadLocked(const std::vector<state::Entry>& users,
@@ -230,29 +235,36 @@ Status UserRegistry::loadLocked(const std::vector<state::Entry>& users,
                                 const std::vector<state::Entry>& tokens) {
   for (const state::Entry& e : users) {
     auto user = userFromJson(e.key, nlohmann::json::parse(e.value, nullptr, false));
-    if (!user)
-      return Status::dataLoss("the state store's entry users/" + e.key + ": " + user.status().message());
+    if (!user) return Status::dataLoss(badEntry("users", e.key, user.status().message()));
     users_[e.key] = *user;
     by_hash_[user->token_sha256] = e.key;
   }
   for (const state::Entry& e : accounts) {
     const auto j = nlohmann::json::parse(e.value, nullptr, false);
     Account a;
-    if (j.is_object()) {
-      a.parent = j.value("parent", std::string(kRootAccount));
-      a.share = j.value("share", int64_t{1});
-      a.created_s = j.value("created_s", int64_t{0});
-      if (auto l = j.find("limits"); l != j.end()) a.limits = limitsFromJson(*l);
+    try {
+      if (j.is_object()) {
+        a.parent = j.value("parent", std::string(kRootAccount));
+        a.share = j.value("share", int64_t{1});
+        a.created_s = j.value("created_s", int64_t{0});
+        if (auto l = j.find("limits"); l != j.end()) a.limits = limitsFromJson(*l);
+      }
+    } catch (const nlohmann::json::exception& x) {
+      return Status::dataLoss(badEntry("accounts", e.key, x.what()));
     }
     if (!j.is_object() || !checkAccountName(e.key).empty() || a.parent.empty() || a.share < 1) {
-      return Status::dataLoss("the state store's entry accounts/" + e.key + " is not an account");
+      return Status::dataLoss(badEntry("accounts", e.key, "not an account"));
     }
     accounts_[e.key] = a;
   }
   for (const state::Entry& e : tokens) {
     const auto j = nlohmann::json::parse(e.value, nullptr, false);
-    if (!j.is_object()) continue;  // a token that cannot be read admits nobody
-    join_tokens_[e.key] = JoinToken{j.value("node", ""), j.value("expires_s", int64_t{0})};
+    try {
+      if (j.is_object())
+        join_tokens_[e.key] = JoinToken{j.value("node", ""), j.value("expires_s", int64_t{0})};
+    } catch (const nlohmann::json::exception&) {
+      // a token that cannot be read admits nobody
+    }
   }
   return Status::ok();
 }
@@ -301,11 +313,8 @@ StatusOr<std::string> UserRegistry::add(const std::string& name, Role role, bool
   User user;
   if (it != users_.end()) {
     user = it->second;
-    if (user.role == Role::kAdmin && role != Role::kAdmin) {
-      size_t admins = 0;
-      for (const auto& [n, u] : users_) admins += u.role == Role::kAdmin;
-      if (admins == 1)
-        return Status::failedPrecondition("'" + name + "' is the last admin; it stays an admin");
+    if (role != Role::kAdmin && lastAdmin(name)) {
+      return Status::failedPrecondition("'" + name + "' is the last admin; it stays an admin");
     }
   } else {
     user.created_s = now_s_();
@@ -325,20 +334,27 @@ Status UserRegistry::remove(const std::string& name) {
   std::lock_guard<std::mutex> writing(write_mu_);
   auto it = users_.find(name);
   if (it == users_.end()) return Status::notFound("no user '" + name + "'");
-  if (it->second.role == Role::kAdmin) {
-    size_t admins = 0;
-    for (const auto& [n, u] : users_) admins += u.role == Role::kAdmin;
-    if (admins == 1) {
-      return Status::failedPrecondition("'" + name +
-                                        "' is the last admin and cannot be removed (make another "
-                                        "admin first)");
-    }
+  if (lastAdmin(name)) {
+    return Status::failedPrecondition("'" + name +
+                                      "' is the last admin and cannot be removed (make another "
+                                      "admin first)");
   }
   if (Status st = commit({Write::deleteEntry(kUsersTable, name)}); !st) return st;
-  std::lock_guard<std::mutex> lock(mu_);
-  by_hash_.erase(it->second.token_sha256);
-  users_.erase(it);
+  const bool had_limits = it->second.limits != Limits{};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    by_hash_.erase(it->second.token_sha256);
+    users_.erase(it);
+  }
+  if (had_limits && accounts_changed_) accounts_changed_(accounts());  // its limits leave the scheduler too
   return Status::ok();
+}
+
+bool UserRegistry::lastAdmin(const std::string& name) const {
+  auto it = users_.find(name);
+  if (it == users_.end() || it->second.role != Role::kAdmin) return false;
+  return std::count_if(users_.begin(), users_.end(),
+                       [](const auto& u) { return u.second.role == Role::kAdmin; }) == 1;
 }
 
 std::vector<Identity> UserRegistry::list() const {

@@ -175,6 +175,8 @@ class UserRegistry {
   Status importOnce(const std::string& users_json);
   // Writes `batch` to the store (write_mu_ held); OK once it is durable.
   Status commit(const std::vector<state::Write>& batch);
+  // Whether `name` is the only admin (write_mu_ held).
+  bool lastAdmin(const std::string& name) const;
   // Whether `account` is `ancestor` or lies below it (write_mu_ or mu_ held).
   bool within(const std::string& account, const std::string& ancestor) const;
 

@@ -346,6 +346,30 @@ TEST(UserRegistry, AccountsFormATreeWithSharesAndHoldUsers) {
   EXPECT_TRUE((*other)->hasAccount("root"));
 }
 
+// A damaged entry stops the coordinator with the entry named and how to take it out; the scheduler hears of a
+// removed user's limits.
+TEST(UserRegistry, ADamagedEntryIsNamedAndARemovedUsersLimitsLeaveTheScheduler) {
+  TempDir dir;
+  state::MemoryStore damaged;
+  ASSERT_TRUE(damaged.applyBatch({state::Write::putEntry({"accounts", "lab", "{\"share\": \"many\"}"})}));
+  auto refused = auth::UserRegistry::open(damaged, dir / "users.json");
+  EXPECT_EQ(refused.status().code(), state::StatusCode::kDataLoss);
+  EXPECT_NE(refused.status().message().find("accounts/lab"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("etcdctl del"), std::string::npos) << refused.status().message();
+
+  state::MemoryStore store;
+  auto users = auth::UserRegistry::open(store, dir / "users.json");
+  ASSERT_TRUE(users);
+  ASSERT_TRUE((*users)->add("ops", Role::kAdmin, false));
+  ASSERT_TRUE((*users)->add("alice", Role::kUser, false));
+  ASSERT_TRUE((*users)->setLimit("", "alice", {.gpus = 4}));
+  int heard = 0;
+  (*users)->onAccountsChanged([&](const std::vector<auth::AccountInfo>&) { ++heard; });
+  ASSERT_TRUE((*users)->remove("alice"));
+  EXPECT_EQ(heard, 1);
+  EXPECT_TRUE((*users)->userLimits().empty());
+}
+
 TEST(UserRegistry, JoinTokensWorkOnceForTheirNodeOnlyAndOutliveARestart) {
   TempDir dir;
   int64_t now = 1'700'000'000;
