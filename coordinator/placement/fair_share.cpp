@@ -112,7 +112,8 @@ std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const
              " GPUs (ddlctl admin set-limit); this job needs " + std::to_string(job.gpuCount()) + " more";
     }
     if (limits.running > 0 && held.second + 1 > limits.running) {
-      return who + " runs " + std::to_string(held.second) + " jobs, its limit (ddlctl admin set-limit)";
+      return who + " runs " + std::to_string(held.second) +
+             " jobs, as many as its limit allows (ddlctl admin " + "set-limit)";
     }
     return "";
   };
