@@ -127,17 +127,21 @@ class LeaderTest : public ::testing::Test {
   }
 
   // ddlctl against every coordinator's address, as a user would give them, as a shell command's start.
-  std::string ctlCommand() const {
+  // With TLS the admin's token unless token_file names another user's.
+  std::string ctlCommand(const std::string& token_file = "") const {
     std::string list;
     for (const auto& c : coordinators_) list += (list.empty() ? "" : ",") + c.listen;
     return std::string(DDL_BIN_DIR) + "/ddlctl " +
-           (tls_ ? "--ca " + pki() + "/ca.crt --token-file " + pki() + "/admin.token" : "--insecure") +
+           (tls_ ? "--ca " + pki() + "/ca.crt --token-file " +
+                       (token_file.empty() ? pki() + "/admin.token" : token_file)
+                 : "--insecure") +
            " --timeout 5 --coordinator " + list;
   }
   // ddlctl's stdout, or "" when it failed.
-  std::string ctl(const std::string& words) {
+  std::string ctl(const std::string& words, const std::string& token_file = "") {
     const std::string out = (dir_ / "ctl.out").string();
-    const std::string cmd = ctlCommand() + " " + words + " > " + out + " 2>> " + (dir_ / "ctl.err").string();
+    const std::string cmd =
+        ctlCommand(token_file) + " " + words + " > " + out + " 2>> " + (dir_ / "ctl.err").string();
     if (std::system(cmd.c_str()) != 0) return "";
     std::string text = slurp(out);
     text.erase(text.find_last_not_of("\n ") + 1);
@@ -162,6 +166,17 @@ class LeaderTest : public ::testing::Test {
     return true;
   }
   std::string pki() const { return (dir_ / "pki").string(); }
+
+  // Over TLS, on etcd: coordinator 0 leads, coordinator 1 stands by. "" or what went wrong.
+  std::string startLeaderAndStandbyOverTls() {
+    if (!useTls()) return "init-pki failed: " + slurp(dir_ / "pki.log");
+    startCoordinator(0);
+    if (!waitFor([&] { return serving(0); }, 30000)) return "coordinator 0 never led:\n" + log(0);
+    startCoordinator(1);
+    if (!waitFor([&] { return log(1).find("standby: ") != std::string::npos; }, 15000))
+      return "coordinator 1 never stood by:\n" + log(1);
+    return "";
+  }
 
   struct Coordinator {
     pid_t pid;
@@ -334,11 +349,7 @@ TEST_F(LeaderTest, EtcdOverTlsWithAClientCertificate) {
 // account made there is there, and a join token made before the failover is good after it, once.
 TEST_F(LeaderTest, UsersAccountsAndJoinTokensOutliveAFailover) {
   if (!startEtcd()) GTEST_SKIP() << skip_;
-  ASSERT_TRUE(useTls()) << slurp(dir_ / "pki.log");
-  startCoordinator(0);
-  ASSERT_TRUE(waitFor([&] { return serving(0); }, 30000)) << log(0);
-  startCoordinator(1);
-  ASSERT_TRUE(waitFor([&] { return log(1).find("standby: ") != std::string::npos; }, 15000)) << log(1);
+  ASSERT_EQ(startLeaderAndStandbyOverTls(), "");
   EXPECT_NE(log(0).find("imported 1 users"), std::string::npos) << log(0);
   ASSERT_NE(ctl("admin add-account physics --share 2"), "");
   // A token per user, in a file of its own.
@@ -361,15 +372,8 @@ TEST_F(LeaderTest, UsersAccountsAndJoinTokensOutliveAFailover) {
   ASSERT_TRUE(waitFor([&] { return serving(1); }, 20000)) << "no takeover after the leader died";
   EXPECT_EQ(log(1).find("imported"), std::string::npos) << "users.json was imported twice:\n" << log(1);
   // As each user would call, with its own token.
-  auto whoami = [&](const std::string& token_file) {
-    const std::string out = (dir_ / "who.out").string();
-    const std::string cmd = std::string(DDL_BIN_DIR) + "/ddlctl --ca " + pki() + "/ca.crt --token-file " +
-                            token_file + " --timeout 5 --coordinator " + coordinators_[1].listen +
-                            " whoami > " + out + " 2>> " + (dir_ / "ctl.err").string();
-    return std::system(cmd.c_str()) == 0 ? slurp(out) : "";
-  };
-  EXPECT_EQ(whoami(alice), "alice user (token), account physics\n");
-  EXPECT_EQ(whoami(bob), "") << "a removed user is back";
+  EXPECT_EQ(ctl("whoami", alice), "alice user (token), account physics");
+  EXPECT_EQ(ctl("whoami", bob), "") << "a removed user is back";
   EXPECT_NE(ctl("accounts").find("physics"), std::string::npos) << ctl("accounts");
   // The join token made on the old leader admits n9 on the new one, once.
   const std::string agent = std::string(DDL_BIN_DIR) + "/ddl-agent";
@@ -397,11 +401,7 @@ TEST_F(LeaderTest, UsersAccountsAndJoinTokensOutliveAFailover) {
 // asserted here.
 TEST_F(LeaderTest, WaitersRideOutLeaderChangesOverTls) {
   if (!startEtcd()) GTEST_SKIP() << skip_;
-  ASSERT_TRUE(useTls()) << slurp(dir_ / "pki.log");
-  startCoordinator(0);
-  ASSERT_TRUE(waitFor([&] { return serving(0); }, 30000)) << log(0);
-  startCoordinator(1);
-  ASSERT_TRUE(waitFor([&] { return log(1).find("standby: ") != std::string::npos; }, 15000)) << log(1);
+  ASSERT_EQ(startLeaderAndStandbyOverTls(), "");
   ASSERT_TRUE(startAgent()) << slurp(dir_ / "agent.log") << slurp(dir_ / "ctl.err");
   const fs::path wait_out = dir_ / "submit-wait.out", logs_out = dir_ / "logs.out",
                  waited_out = dir_ / "wait.out";
