@@ -23,6 +23,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -81,16 +82,6 @@ Args parseArgs(int argc, char** argv) {
   return a;
 }
 
-// Issue 41's scenario: a backlog per account (jobs of 1, 2 and 4 GPUs, 5 to 20 s each).
-void addBacklog(std::vector<SimJob>* trace, const std::string& account, const std::string& user, int count,
-                int64_t at_ms) {
-  for (int i = 0; i < count; ++i) {
-    const int gpus = (i % 3 == 0) ? 4 : (i % 3 == 1 ? 1 : 2);
-    const int64_t run_ms = 5000 + (i * 7919 % 16) * 1000;
-    trace->push_back({account + "-" + std::to_string(i), user, account, at_ms, gpus, run_ms});
-  }
-}
-
 std::vector<SimJob> readTrace(const std::string& path) {
   std::ifstream in(path);
   if (!in) usage(("cannot read " + path + ": " + std::strerror(errno)).c_str());
@@ -135,10 +126,12 @@ int main(int argc, char** argv) {
   std::vector<SimJob> trace;
   if (args.trace.empty()) {
     if (args.shares.empty()) args.shares = {{"a", 2}, {"b", 1}, {"c", 1}};
-    const int backlog = static_cast<int>(args.minutes * 60 * args.nodes * args.gpus / 12) + 10;
-    addBacklog(&trace, "a", "alice", backlog, 0);
-    addBacklog(&trace, "b", "bob", backlog, 0);
-    addBacklog(&trace, "c", "carl", backlog / 2, options.end_ms / 2);
+    const int count = static_cast<int>(args.minutes * 60 * args.nodes * args.gpus / 12) + 10;
+    for (const auto& [account, user, jobs, at_ms] : {std::tuple{"a", "alice", count, int64_t{0}},
+                                                     {"b", "bob", count, int64_t{0}},
+                                                     {"c", "carl", count / 2, options.end_ms / 2}}) {
+      for (SimJob& j : backlog(account, user, jobs, at_ms)) trace.push_back(std::move(j));
+    }
   } else {
     trace = readTrace(args.trace);
   }
@@ -152,30 +145,24 @@ int main(int argc, char** argv) {
 
   std::printf("%d nodes x %d GPUs, %zu jobs, %.1f virtual minutes, usage half-life %.3g days\n", args.nodes,
               args.gpus, trace.size(), args.minutes, args.half_life_days);
-  std::string json = "{\n  \"nodes\": " + std::to_string(args.nodes) +
-                     ", \"gpus_per_node\": " + std::to_string(args.gpus) +
-                     ", \"jobs\": " + std::to_string(trace.size()) +
-                     ", \"minutes\": " + std::to_string(args.minutes) + ",\n  \"policies\": [\n";
-  bool first_policy = true;
+  nlohmann::json json = {{"nodes", args.nodes},
+                         {"gpus_per_node", args.gpus},
+                         {"jobs", trace.size()},
+                         {"minutes", args.minutes},
+                         {"policies", nlohmann::json::array()}};
+  double total_share = 0;
+  for (const auto& [account, share] : args.shares) total_share += share;
   for (bool fair : {false, true}) {
     options.fair_share = fair;
     const SimResult r = simulate(trace, options);
-    double total_share = 0;
-    for (const auto& [account, share] : args.shares) total_share += share;
     double delivered = 0;
     for (const auto& [account, gpu_s] : r.gpu_seconds) delivered += gpu_s;
+    const double p50 = percentile(r.waits_ms, 0.5) / 1000.0, p99 = percentile(r.waits_ms, 0.99) / 1000.0;
     std::printf("\n%s: utilisation %.3f, wait p50 %.1f s, p99 %.1f s, Jain's index %.3f, %d started\n",
-                fair ? "fair-share" : "FIFO", r.utilisation, percentile(r.waits_ms, 0.5) / 1000.0,
-                percentile(r.waits_ms, 0.99) / 1000.0, r.jain, r.started);
+                fair ? "fair-share" : "FIFO", r.utilisation, p50, p99, r.jain, r.started);
     std::printf("  %-10s %6s %12s %10s %10s %16s\n", "ACCOUNT", "SHARE", "GPU-SECONDS", "PART", "OF SHARE",
                 "FIRST START (s)");
-    json += std::string(first_policy ? "" : ",\n") + "    {\"policy\": \"" + (fair ? "fair-share" : "fifo") +
-            "\", \"utilisation\": " + std::to_string(r.utilisation) +
-            ", \"wait_p50_s\": " + std::to_string(percentile(r.waits_ms, 0.5) / 1000.0) +
-            ", \"wait_p99_s\": " + std::to_string(percentile(r.waits_ms, 0.99) / 1000.0) +
-            ", \"jain\": " + std::to_string(r.jain) + ", \"accounts\": [";
-    first_policy = false;
-    bool first_account = true;
+    nlohmann::json accounts = nlohmann::json::array();
     for (const auto& [account, share] : args.shares) {
       auto got = r.gpu_seconds.find(account);
       const double gpu_s = got == r.gpu_seconds.end() ? 0 : got->second;
@@ -185,17 +172,19 @@ int main(int argc, char** argv) {
           started == r.first_start_ms.end() ? -1 : (started->second - first_submit[account]) / 1000.0;
       std::printf("  %-10s %6lld %12.0f %10.3f %10.3f %16.1f\n", account.c_str(),
                   static_cast<long long>(share), gpu_s, part, part / (share / total_share), after_s);
-      json += std::string(first_account ? "" : ", ") + "{\"account\": \"" + account +
-              "\", \"share\": " + std::to_string(share) + ", \"gpu_seconds\": " + std::to_string(gpu_s) +
-              ", \"first_start_after_s\": " + std::to_string(after_s) + "}";
-      first_account = false;
+      accounts.push_back(
+          {{"account", account}, {"share", share}, {"gpu_seconds", gpu_s}, {"first_start_after_s", after_s}});
     }
-    json += "]}";
+    json["policies"].push_back({{"policy", fair ? "fair-share" : "fifo"},
+                                {"utilisation", r.utilisation},
+                                {"wait_p50_s", p50},
+                                {"wait_p99_s", p99},
+                                {"jain", r.jain},
+                                {"accounts", accounts}});
   }
-  json += "\n  ]\n}\n";
   if (!args.json.empty()) {
     std::ofstream out(args.json);
-    out << json;
+    out << json.dump(2) << "\n";
     if (!out) {
       std::fprintf(stderr, "sched-sim: cannot write %s\n", args.json.c_str());
       return 1;

@@ -25,6 +25,16 @@ void release(Cluster& cluster, const Allocation& allocation) {
 
 }  // namespace
 
+std::vector<SimJob> backlog(const std::string& account, const std::string& user, int count, int64_t at_ms) {
+  std::vector<SimJob> jobs;
+  for (int i = 0; i < count; ++i) {
+    const int gpus = (i % 3 == 0) ? 4 : (i % 3 == 1 ? 1 : 2);
+    const int64_t run_ms = 5000 + (i * 7919 % 16) * 1000;
+    jobs.push_back({account + "-" + std::to_string(i), user, account, at_ms, gpus, run_ms});
+  }
+  return jobs;
+}
+
 SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options) {
   SimResult result;
   Cluster cluster = options.cluster;

@@ -54,4 +54,8 @@ struct SimResult {
 
 SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options);
 
+// A backlog of `count` short jobs of one user, all submitted at at_ms: 4, 1 and 2 GPUs in turn, each running
+// 5 to 20 s (a fixed spread, no RNG), ids ACCOUNT-N. Issue 41's scenario (the SchedSim test, sched-sim).
+std::vector<SimJob> backlog(const std::string& account, const std::string& user, int count, int64_t at_ms);
+
 }  // namespace ddl::placement

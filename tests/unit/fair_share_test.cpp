@@ -212,18 +212,6 @@ Cluster nodes(int count, int gpus) {
   return cluster;
 }
 
-// More work than the cluster holds from each account, short jobs of 1, 2 and 4 GPUs: `count` jobs per user,
-// all submitted at `at_ms`.
-std::vector<SimJob> backlog(const std::string& account, const std::string& user, int count, int64_t at_ms) {
-  std::vector<SimJob> jobs;
-  for (int i = 0; i < count; ++i) {
-    const int gpus = (i % 3 == 0) ? 4 : (i % 3 == 1 ? 1 : 2);
-    const int64_t run_ms = 5000 + (i * 7919 % 16) * 1000;  // 5 to 20 s
-    jobs.push_back({account + "-" + std::to_string(i), user, account, at_ms, gpus, run_ms});
-  }
-  return jobs;
-}
-
 // Issue 41's goal on the policy: accounts with shares 2:1 and a backlog each on 2 nodes x 4 GPUs for 10
 // minutes get GPU-seconds within 5% of 2:1; a third account arriving half-way gets its first GPUs within one
 // job's run time. FIFO on the same trace gives what the first submitter's backlog takes.
