@@ -3,8 +3,8 @@
 //
 // All of it lives in the coordinator's Store as entries (state/store.h), so every coordinator that shares an
 // etcd store sees the same users, and a restart or a failover keeps them:
-//   users/<name>          role, the SHA-256 of the token, creation time, account
-//   accounts/<name>       parent, share, creation time
+//   users/<name>          role, the SHA-256 of the token, creation time, account, limits
+//   accounts/<name>       parent, share, creation time, limits
 //   join_tokens/<sha256>  the node it admits, its expiry
 //   imports/users.json    that users.json was imported, and the file's SHA-256 then
 // The registry keeps a copy in memory, which every token check reads. A change is written to the store first
@@ -28,7 +28,9 @@
 // Accounts (Slurm's associations, reduced to a tree): "root" always exists, with no parent; every other
 // account has a parent and a share (1 .. kMaxShare) of what its parent's subtree gets. Every user is in one
 // account (root unless given), which its jobs are charged to. An account with sub-accounts or users cannot be
-// removed, and a parent cannot become its own descendant.
+// removed, and a parent cannot become its own descendant. Accounts and users may carry limits (GPUs, running
+// and pending jobs; setLimit), which the scheduler enforces (placement/fair_share.h); every change to the
+// accounts or to limits reaches it through onAccountsChanged.
 //
 // Join tokens (CreateJoinToken, AgentService.Join) each name one node, work once and expire.
 //
