@@ -424,7 +424,7 @@ Status UserRegistry::addAccount(const std::string& name, const std::string& pare
   if (it == accounts_.end() && accounts_.size() >= kMaxAccounts) {
     return Status::failedPrecondition("the registry holds 10000 accounts already");
   }
-  Account account = it != accounts_.end() ? it->second : Account{kRootAccount, share, now_s_()};
+  Account account = it != accounts_.end() ? it->second : Account{kRootAccount, share, now_s_(), {}};
   if (share > 0) account.share = share;
   if (!parent.empty()) {
     if (parent != kRootAccount && !accounts_.count(parent)) {

@@ -67,6 +67,8 @@ inline constexpr const char* kRootAccount = "root";
 
 // Who a call comes from, as the rpc layer established it.
 struct Identity {
+  Identity(std::string name = "", Role role = Role::kViewer, std::string via = "", std::string account = "")
+      : name(std::move(name)), role(role), via(std::move(via)), account(std::move(account)) {}
   std::string name;  // the user; "" for an anonymous caller of an --insecure coordinator
   Role role = Role::kViewer;
   std::string via;      // "token" or "insecure"

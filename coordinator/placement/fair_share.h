@@ -51,6 +51,8 @@ struct Limits {
 // The accounts as the user registry keeps them, with the limits of accounts and users; root is implied.
 struct ShareTree {
   struct Account {
+    Account(std::string parent = kRootAccount, int64_t share = 1, Limits limits = {})
+        : parent(std::move(parent)), share(share), limits(limits) {}
     std::string parent;  // an account of the tree, or root
     int64_t share = 1;
     Limits limits;

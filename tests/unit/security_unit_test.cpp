@@ -362,7 +362,9 @@ TEST(UserRegistry, ADamagedEntryIsNamedAndARemovedUsersLimitsLeaveTheScheduler) 
   ASSERT_TRUE(users);
   ASSERT_TRUE((*users)->add("ops", Role::kAdmin, false));
   ASSERT_TRUE((*users)->add("alice", Role::kUser, false));
-  ASSERT_TRUE((*users)->setLimit("", "alice", {.gpus = 4}));
+  auth::UserRegistry::LimitChange four_gpus;
+  four_gpus.gpus = 4;
+  ASSERT_TRUE((*users)->setLimit("", "alice", four_gpus));
   int heard = 0;
   (*users)->onAccountsChanged([&](const std::vector<auth::AccountInfo>&) { ++heard; });
   ASSERT_TRUE((*users)->remove("alice"));
