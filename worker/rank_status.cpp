@@ -23,6 +23,8 @@ v1::RankStatus rankStatus(const RankState& s, const std::string& node) {
   r.set_started_ms(s.started_ms);
   r.set_exited_ms(s.exited_ms);
   r.set_error(s.error);
+  r.set_cpu_seconds(s.cpu_s);
+  r.set_max_rss_bytes(s.max_rss_bytes);
   return r;
 }
 

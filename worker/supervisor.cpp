@@ -24,6 +24,7 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -362,14 +363,19 @@ bool adoptedAlive(pid_t pid) {
   return state != 'Z' && state != 'X';
 }
 
-void setExitFromSiginfo(RankState& state, const siginfo_t& info) {
-  if (info.si_code == CLD_EXITED) {
-    state.exit_code = info.si_status;
-  } else if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) {
-    state.signal = info.si_status;
+// How a reaped leader ended (wait4's status) and what it used: the rusage of the leader and of every process
+// it waited for (with the shim, the program), so its CPU time and the largest peak RSS among them.
+void setExitFromWait(RankState& state, int status, const rusage& used) {
+  if (WIFEXITED(status)) {
+    state.exit_code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    state.signal = WTERMSIG(status);
   } else {
     state.exit_code = Supervisor::kExitCodeUnknown;
   }
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  state.cpu_s = seconds(used.ru_utime) + seconds(used.ru_stime);
+  state.max_rss_bytes = static_cast<int64_t>(used.ru_maxrss) * 1024;  // Linux gives KiB
 }
 
 }  // namespace
@@ -793,13 +799,14 @@ void Supervisor::finishLocked(Entry& entry) {
   if (entry.adopted) {
     readExitRecord(Key{entry.state.job_id, entry.state.attempt, entry.state.rank}, entry.state);
   } else {
-    siginfo_t info{};
-    int rc;
+    int status = 0;
+    rusage used{};
+    pid_t rc;
     do {
-      rc = waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG);
+      rc = wait4(pid, &status, WNOHANG, &used);
     } while (rc < 0 && errno == EINTR);
-    if (rc == 0 && info.si_pid == pid) {
-      setExitFromSiginfo(entry.state, info);
+    if (rc == pid) {
+      setExitFromWait(entry.state, status, used);
     } else {
       entry.state.exit_code = kExitCodeUnknown;
     }

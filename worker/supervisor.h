@@ -131,6 +131,10 @@ struct RankState {
   std::optional<int> signal;  // The signal that killed the leader process.
   int64_t started_ms = 0;     // Unix milliseconds; 0 if no process was ever started.
   int64_t exited_ms = 0;      // Unix milliseconds; 0 while running.
+  // Once reaped by this supervisor (not for an adopted rank: 0): the CPU time (user + system) and peak
+  // resident memory of the leader and every process it waited for (with the shim: the program).
+  double cpu_s = 0;
+  int64_t max_rss_bytes = 0;
   // Why it could not be started ("cannot execute 'train.py': No such file or directory"); "" for a rank that
   // was started, whatever became of it.
   std::string error;

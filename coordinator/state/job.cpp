@@ -1,6 +1,7 @@
 // The job model's rules: see job.h.
 #include "state/job.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -219,6 +220,30 @@ Status validateFailure(const Failure& f) {
   return Status::ok();
 }
 
+namespace {
+
+// The usage of `job`'s current attempt, ending now_ms by a move to `to` (the job is still as placed).
+AttemptUsage endedAttempt(const Job& job, JobState to, int64_t now_ms) {
+  AttemptUsage u;
+  for (const Transition& t : job.transitions) {
+    if (t.to != JobState::kScheduled) continue;
+    ++u.attempt;
+    u.start_ms = t.at_ms;
+  }
+  u.end_ms = std::max(now_ms, u.start_ms);
+  for (const NodeAllocation& a : job.allocation) u.gpus += static_cast<int>(a.gpus.size());
+  u.gpu_s = u.gpus * ((u.end_ms - u.start_ms) / 1000.0);
+  for (const RankResult& r : job.ranks) {
+    if (r.attempt != u.attempt) continue;
+    u.cpu_s += r.cpu_s;
+    u.max_rss_bytes = std::max(u.max_rss_bytes, r.max_rss_bytes);
+  }
+  u.end = to == JobState::kPending ? "REQUEUED" : toString(to);
+  return u;
+}
+
+}  // namespace
+
 Status applyTransition(Job& job, JobState to, std::string reason, std::optional<Failure> failure,
                        int64_t now_ms, bool counts_as_restart) {
   const JobState from = job.state;
@@ -239,6 +264,10 @@ Status applyTransition(Job& job, JobState to, std::string reason, std::optional<
     return Status::failedPrecondition("job " + job.id + ": cannot requeue, " + std::to_string(job.restarts) +
                                       " restarts already used of max_restarts " +
                                       std::to_string(job.spec.max_restarts) + "; fail the job instead");
+  }
+  if (endsAttempt(from, to)) {
+    job.attempts.push_back(endedAttempt(job, to, now_ms));
+    if (job.attempts.size() > kMaxAttemptsKept) job.attempts.erase(job.attempts.begin());
   }
   job.state = to;
   if (isRequeue(from, to) && counts_as_restart) job.restarts++;

@@ -58,6 +58,13 @@ inline bool isTerminal(JobState s) {
 //    applyTransition() refuses it once the job's restarts reach max_restarts.
 bool allowedTransition(JobState from, JobState to);
 
+// A move that ends a launch attempt (applyTransition then records its AttemptUsage): from placed to the queue
+// or to an end.
+inline bool endsAttempt(JobState from, JobState to) {
+  const bool placed =
+      from == JobState::kScheduled || from == JobState::kStarting || from == JobState::kRunning;
+  return placed && (to == JobState::kPending || isTerminal(to));
+}
 // True for the moves that restart a job that was (being) launched, and so consume one of max_restarts.
 inline bool isRequeue(JobState from, JobState to) {
   return to == JobState::kPending && (from == JobState::kStarting || from == JobState::kRunning);
@@ -163,9 +170,33 @@ struct RankResult {
   int64_t exited_ms = 0;
   std::string error;  // why it could not be started
   RankFigures figures;  // its collectives when it was last heard from
+  // Once it exited, where its agent measured them (the process and what it waited for, from wait4): the CPU
+  // time it used (user + system) and its peak resident memory; 0: not measured (a rank adopted after an
+  // agent restart, an agent older than these fields).
+  double cpu_s = 0;
+  int64_t max_rss_bytes = 0;
 
   bool operator==(const RankResult&) const = default;
 };
+
+// What one launch attempt used, recorded when it ends (accounting: ddlctl status, ddlctl usage). GPUs count
+// from placement (SCHEDULED: they are the job's from then on, as fair-share charges them) to the attempt's
+// end.
+struct AttemptUsage {
+  int attempt = 0;       // 1 for the first launch
+  int64_t start_ms = 0;  // placed
+  int64_t end_ms = 0;
+  int gpus = 0;
+  double gpu_s = 0;           // gpus x (end_ms - start_ms)
+  double cpu_s = 0;           // the ranks' CPU time, where their agents measured it (RankResult::cpu_s)
+  int64_t max_rss_bytes = 0;  // the largest rank's peak resident memory; 0 unknown
+  // How it ended: the job's final state (SUCCEEDED, FAILED, CANCELLED, TIMEOUT), or REQUEUED (a rank failed
+  // and a restart was left, its node was lost, or it was requeued by hand).
+  std::string end;
+
+  bool operator==(const AttemptUsage&) const = default;
+};
+inline constexpr size_t kMaxAttemptsKept = 64;  // Job::attempts keeps the latest this many
 
 struct Job {
   std::string id;  // "j-000042"; see the file comment.
@@ -187,6 +218,9 @@ struct Job {
   // The dependencies (after_ok, after_any) not yet met, in the spec's order; a job waits while any is left.
   std::vector<std::string> waiting_for;
   std::vector<RankResult> ranks;  // by rank; the latest attempt's (cleared at each launch)
+  // Each ended attempt's usage, oldest first: the latest kMaxAttemptsKept (ddl's daily rollups keep the
+  // totals).
+  std::vector<AttemptUsage> attempts;
 
   bool operator==(const Job&) const = default;
 };

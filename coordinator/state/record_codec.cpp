@@ -121,11 +121,13 @@ size_t jobBytesBound(const Job& job) {
   n += strings(s.after_ok, 6) + strings(s.after_any, 6) + strings(job.waiting_for, 6);
   n += 6 * (s.array_id.size() + s.request_id.size() + s.account.size()) + 21 * kField;
   for (const RankResult& r : job.ranks) {
-    // 22 fields of at most 39 bytes in JSON (a 13-byte key, a 24-byte number), the node's name (a node name
+    // 24 fields of at most 39 bytes in JSON (a 13-byte key, a 24-byte number), the node's name (a node name
     // needs no escaping) and the free texts escaped at worst.
-    n += 900 + r.node.size() + 6 * (r.error.size() + r.figures.last_op.size() + r.figures.last_algo.size()) +
+    n += 1000 + r.node.size() + 6 * (r.error.size() + r.figures.last_op.size() + r.figures.last_algo.size()) +
          r.figures.dims_us.size() * 32;
   }
+  n += job.attempts.size() * 12 *
+       kField;  // eight fields inside "extra" (escaped again), an end word of 9 bytes
   for (const Transition& t : job.transitions)
     n += 8 * kField + t.reason.size() + (t.failure ? t.failure->host.size() : 0);
   if (job.failure) n += 5 * kField + job.failure->host.size();

@@ -79,9 +79,25 @@ std::string encodeExtra(const Job& job) {
       if (!f.last_algo.empty()) o["last_algo"] = f.last_algo;
       if (!f.dims_us.empty()) o["dims_us"] = f.dims_us;
       if (f.world_size) o["world_size"] = f.world_size;
+      if (r.cpu_s != 0) o["cpu_s"] = r.cpu_s;
+      if (r.max_rss_bytes) o["max_rss_bytes"] = r.max_rss_bytes;
       ranks.push_back(std::move(o));
     }
     j["ranks"] = std::move(ranks);
+  }
+  if (!job.attempts.empty()) {
+    nlohmann::json attempts = nlohmann::json::array();
+    for (const AttemptUsage& u : job.attempts) {
+      attempts.push_back({{"attempt", u.attempt},
+                          {"start_ms", u.start_ms},
+                          {"end_ms", u.end_ms},
+                          {"gpus", u.gpus},
+                          {"gpu_s", u.gpu_s},
+                          {"cpu_s", u.cpu_s},
+                          {"max_rss_bytes", u.max_rss_bytes},
+                          {"end", u.end}});
+    }
+    j["attempts"] = std::move(attempts);
   }
   // Replace, not throw, on bytes that are not UTF-8 (an agent's error text): the record must be storable.
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -111,6 +127,15 @@ void decodeExtra(const std::string& text, Job& job) {
   job.held = field(j, "held", false);
   job.held_by_admin = field(j, "held_by_admin", false);
   job.waiting_for = json_fields::list<std::string>(j, "waiting_for");
+  if (auto attempts = j.find("attempts"); attempts != j.end() && attempts->is_array()) {
+    for (const auto& o : *attempts) {
+      if (!o.is_object() || job.attempts.size() >= kMaxAttemptsKept) continue;
+      job.attempts.push_back(AttemptUsage{
+          field(o, "attempt", 0), field<int64_t>(o, "start_ms", 0), field<int64_t>(o, "end_ms", 0),
+          field(o, "gpus", 0), field(o, "gpu_s", 0.0), field(o, "cpu_s", 0.0),
+          field<int64_t>(o, "max_rss_bytes", 0), field(o, "end", std::string())});
+    }
+  }
   auto ranks = j.find("ranks");
   if (ranks == j.end() || !ranks->is_array()) return;
   for (const auto& o : *ranks) {
@@ -143,6 +168,8 @@ void decodeExtra(const std::string& text, Job& job) {
     }
     f.world_size = field(o, "world_size", 0);
     f.updated_ms = field<int64_t>(o, "updated_ms", 0);
+    r.cpu_s = field(o, "cpu_s", 0.0);
+    r.max_rss_bytes = field<int64_t>(o, "max_rss_bytes", 0);
     job.ranks.push_back(std::move(r));
   }
 }

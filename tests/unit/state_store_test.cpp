@@ -159,6 +159,38 @@ TEST(JobRules, AllowedTransitionsAreExactlyTheDocumentedOnes) {
   EXPECT_FALSE(isRequeue(S::kScheduled, S::kPending));
 }
 
+// Issue 41: every move that ends a launch attempt (a requeue, an end) records its usage: numbered as launches
+// are, GPUs from the allocation counted from placement, the latest kMaxAttemptsKept kept.
+TEST(JobRules, EndedAttemptsRecordTheirUsage) {
+  using S = JobState;
+  Job job = newJob("j-000001", sampleSpec(), 0);
+  job.spec.max_restarts = 1000;
+  auto place = [&job](int64_t at) {
+    ASSERT_TRUE(applyTransition(job, S::kScheduled, "placed", std::nullopt, at).isOk());
+    job.allocation = {{"a", {0, 1}, {}, 0}, {"b", {0, 1}, {}, 0}};
+  };
+  place(1000);
+  ASSERT_TRUE(applyTransition(job, S::kStarting, "sent", std::nullopt, 2000).isOk());
+  EXPECT_TRUE(job.attempts.empty()) << "a launch ends no attempt";
+  ASSERT_TRUE(applyTransition(job, S::kPending, "node lost", std::nullopt, 11000).isOk());
+  ASSERT_EQ(job.attempts.size(), 1u);
+  EXPECT_EQ(job.attempts[0], (AttemptUsage{1, 1000, 11000, 4, 40.0, 0, 0, "REQUEUED"}));
+  place(20000);
+  ASSERT_TRUE(applyTransition(job, S::kCancelled, "by alice", std::nullopt, 20500).isOk());
+  ASSERT_EQ(job.attempts.size(), 2u);
+  EXPECT_EQ(job.attempts[1], (AttemptUsage{2, 20000, 20500, 4, 2.0, 0, 0, "CANCELLED"}));
+
+  Job many = newJob("j-000002", sampleSpec(), 0);
+  many.spec.max_restarts = 1000;
+  for (int i = 0; i < 70; ++i) {
+    ASSERT_TRUE(applyTransition(many, S::kScheduled, "placed", std::nullopt, i * 10).isOk());
+    ASSERT_TRUE(applyTransition(many, S::kPending, "node lost", std::nullopt, i * 10 + 5).isOk());
+  }
+  ASSERT_EQ(many.attempts.size(), kMaxAttemptsKept);
+  EXPECT_EQ(many.attempts.front().attempt, 70 - static_cast<int>(kMaxAttemptsKept) + 1);
+  EXPECT_EQ(many.attempts.back().attempt, 70);
+}
+
 TEST(JobRules, JobIds) {
   EXPECT_EQ(formatJobId(42), "j-000042");
   EXPECT_EQ(formatJobId(1234567), "j-1234567");
@@ -1601,6 +1633,8 @@ TEST(SqliteStore, VersionFiveDatabaseGetsTimeoutAndKeepsItsIdCounter) {
   r.signal = 15;
   r.error = "bad \xff byte";  // not UTF-8: stored with a replacement, never refused
   r.figures.seconds = 1.5;
+  r.cpu_s = 2.5;
+  r.max_rss_bytes = int64_t{1} << 30;
   job.ranks = {r};
   ASSERT_TRUE(applyTransition(job, JobState::kScheduled, "placed", std::nullopt, 1).isOk());
   ASSERT_TRUE(applyTransition(job, JobState::kStarting, "sent", std::nullopt, 2).isOk());
@@ -1623,6 +1657,15 @@ TEST(SqliteStore, VersionFiveDatabaseGetsTimeoutAndKeepsItsIdCounter) {
   EXPECT_FALSE(back.ranks[0].exit_code);
   EXPECT_DOUBLE_EQ(back.ranks[0].figures.seconds, 1.5);
   EXPECT_EQ(endedAtMs(back), 4);
+  // The attempt's usage, recorded by the move that ended it, with its rank's CPU time and memory.
+  ASSERT_EQ(back.attempts.size(), 1u);
+  EXPECT_EQ(back.attempts, job.attempts);
+  EXPECT_EQ(back.attempts[0].attempt, 1);
+  EXPECT_EQ(back.attempts[0].start_ms, 1);
+  EXPECT_EQ(back.attempts[0].end_ms, 4);
+  EXPECT_DOUBLE_EQ(back.attempts[0].cpu_s, 2.5);
+  EXPECT_EQ(back.attempts[0].max_rss_bytes, int64_t{1} << 30);
+  EXPECT_EQ(back.attempts[0].end, "TIMEOUT");
 }
 }  // namespace
 }  // namespace ddl::state
@@ -1664,7 +1707,15 @@ TEST(RecordCodec, TheSizeBoundsAreNeverBelowTheEncoding) {
     r.figures.dims_us = {-1.2345678901234567e+300, 2.5e-310, 3.0};
     r.figures.world_size = std::numeric_limits<int>::min();
     r.figures.updated_ms = std::numeric_limits<int64_t>::min();
+    r.cpu_s = -1.2345678901234567e+300;
+    r.max_rss_bytes = std::numeric_limits<int64_t>::min();
     job.ranks.push_back(r);
+  }
+  for (size_t i = 0; i < kMaxAttemptsKept; ++i) {
+    const int64_t lo = std::numeric_limits<int64_t>::min();
+    job.attempts.push_back(AttemptUsage{std::numeric_limits<int>::min(), lo, lo,
+                                        std::numeric_limits<int>::min(), -1.2345678901234567e+300,
+                                        -1.2345678901234567e+300, lo, "CANCELLED"});
   }
   for (int i = 0; i < 20; ++i) {
     Transition t;

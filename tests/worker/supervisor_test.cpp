@@ -193,6 +193,18 @@ TEST_P(SupervisorTest, ReportsExitCodeAndAppendsOutputToLog) {
   EXPECT_NE(log.find("err\n"), std::string::npos) << log;
 }
 
+// Issue 41, accounting: a reaped rank's exit carries what it used, the program's own included where the shim
+// runs it (the shim waits for it, so wait4's figures hold it): CPU time and peak resident memory.
+TEST_P(SupervisorTest, AnExitCarriesTheCpuTimeAndPeakMemoryTheRankUsed) {
+  mustStart(shell("ju", 0, "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"));
+  auto exit = recorder_.waitFor("ju", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_GT(exit->cpu_s, 0.01) << "a loop of 100,000 shell steps takes CPU time";
+  EXPECT_LT(exit->cpu_s, 60.0);
+  EXPECT_GT(exit->max_rss_bytes, 100 * 1024) << "a shell holds more than 100 KiB";
+}
+
 TEST_P(SupervisorTest, PinsTheRankToItsCpusAndMovesItIntoItsCgroup) {
   // The CPU the agent itself may run on last; a rank's Cpus_allowed_list shows what it was pinned to.
   cpu_set_t mine;
