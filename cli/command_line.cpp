@@ -66,8 +66,8 @@ void declareGlobalOptions(CLI::App& app, CommandLine& cl) {
          "127.0.0.1:7070)")
       ->type_name("HOST:PORT")
       ->take_last();
-  app.add_option("-o,--output", cl.output, "text or json")
-      ->check(CLI::IsMember({"text", "json"}))
+  app.add_option("-o,--output", cl.output, "text or json (usage: csv too)")
+      ->check(CLI::IsMember({"text", "json", "csv"}))
       ->take_last();
   app.add_option("--timeout", cl.timeoutS, "deadline of the request, in seconds (default 10)")
       ->type_name("SECONDS")
@@ -326,6 +326,20 @@ void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
   app.add_subcommand("whoami", "who the coordinator takes you for (user, role and account)");
   app.add_subcommand("accounts", "the accounts jobs are charged to: their tree, shares and users");
   app.add_subcommand("shares", "each account's share, decayed GPU usage and fair-share factor (as sshare)");
+  CLI::App* usage = app.add_subcommand(
+      "usage",
+      "GPU- and CPU-hours each account and user used over a period, from daily rollups (as sreport)");
+  usage
+      ->add_option(
+          "--since", cl.since,
+          "from TIME (default 7d): 2026-11-24, 2026-11-24T10:00 (local time), 06:55 (today) or an age "
+          "such as 30d; days are UTC days, and a day the period touches counts whole")
+      ->type_name("TIME");
+  usage->add_option("--until", cl.until, "to TIME (default now; same forms as --since)")->type_name("TIME");
+  usage->add_option("--account", cl.account, "only this account (its own jobs, not its sub-accounts')");
+  usage->add_option("--user", cl.user, "only this user");
+  usage->add_flag("--by-account", cl.byAccount, "one row per account, its users added up");
+  usage->add_flag("--daily", cl.daily, "one row per day too");
 
   CLI::App* admin = app.add_subcommand("admin", "users, accounts and node certificates (admins only)");
   admin->require_subcommand(1);
@@ -465,7 +479,7 @@ std::vector<std::string> flagNames(const CLI::App& app, const CLI::App* verb) {
 
 constexpr const char* kVerbs[] = {"submit",  "list",    "status",   "wait",   "cancel", "hold",
                                   "release", "requeue", "ring",     "logs",   "nodes",  "drain",
-                                  "undrain", "whoami",  "accounts", "shares", "admin"};
+                                  "undrain", "whoami",  "accounts", "shares", "usage",  "admin"};
 
 // What CLI11 reports, said for a person: which flag of which verb, the nearest real flag, what a value must
 // be.
@@ -581,7 +595,7 @@ ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, b
       result.error =
           what +
           ": submit, list, status, wait, cancel, hold, release, requeue, ring, logs, nodes, drain, "
-          "undrain, whoami, accounts, shares or admin";
+          "undrain, whoami, accounts, shares, usage or admin";
     } else {
       result.error = describeParseError(app, verb, e);
     }
@@ -589,6 +603,12 @@ ParseResult parseWords(const std::vector<std::string>& words, CommandLine& cl, b
   }
   CLI::App* verb = app.get_subcommands().front();
   cl.verb = verb->get_name();
+  if (cl.output == "csv" && cl.verb != "usage") {
+    result.rc = kExitUsage;
+    result.verb = cl.verb;
+    result.error = "-o csv goes with usage only; " + cl.verb + " prints text or json";
+    return result;
+  }
   if (cl.verb == "admin") cl.adminVerb = verb->get_subcommands().front()->get_name();
   if (cl.verb == "nodes" && !verb->get_subcommands().empty()) {
     cl.nodesVerb = verb->get_subcommands().front()->get_name();

@@ -217,6 +217,10 @@ std::string formatLimits(const v1::Limits& limits);
 // ddlctl shares: each account's share, normalised share, decayed usage (GPU-hours), normalised usage and
 // fair-share factor, indented under its parent (Slurm's sshare).
 std::string formatShares(const v1::GetSharesResponse& shares);
+// ddlctl usage: a table of the rows (GPU- and CPU-hours, attempts, jobs, failures, requeues, peak memory) and
+// a TOTAL line; or CSV (-o csv) with a header line, hours as plain numbers and memory in bytes.
+std::string formatUsage(const v1::GetUsageResponse& usage);
+std::string formatUsageCsv(const v1::GetUsageResponse& usage);
 std::string formatJobDetail(const v1::Job& job, int64_t nowMs);
 
 // The message as JSON (proto field names, default values printed), with a trailing newline.

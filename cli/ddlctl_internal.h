@@ -144,6 +144,8 @@ struct CommandLine {
   std::string requestId;             // submit --request-id; "" = ddlctl makes one
   std::string signal;                // cancel --signal, as given
   std::string reason;                // drain --reason
+  bool byAccount = false;            // usage --by-account
+  bool daily = false;                // usage --daily
 };
 
 struct ParseResult {

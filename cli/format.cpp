@@ -38,6 +38,13 @@ std::string nodeState(const v1::Node& n) {
 
 namespace {
 
+// Seconds as hours with two decimals ("1.50").
+std::string hoursText(double seconds) {
+  char text[48];
+  std::snprintf(text, sizeof(text), "%.2f", seconds / 3600);
+  return text;
+}
+
 // Proto maps iterate in no fixed order; people and tests want the same text every time.
 std::string formatLabels(const google::protobuf::Map<std::string, std::string>& labels) {
   std::map<std::string, std::string> sorted(labels.begin(), labels.end());
@@ -350,6 +357,65 @@ std::string formatShares(const v1::GetSharesResponse& shares) {
   return out + half;
 }
 
+std::string formatUsage(const v1::GetUsageResponse& usage) {
+  const bool daily = std::any_of(usage.rows().begin(), usage.rows().end(),
+                                 [](const v1::UsageRow& r) { return !r.day().empty(); });
+  const bool users = std::any_of(usage.rows().begin(), usage.rows().end(),
+                                 [](const v1::UsageRow& r) { return !r.user().empty(); });
+  std::vector<std::string> head;
+  if (daily) head.push_back("DAY");
+  head.push_back("ACCOUNT");
+  if (users) head.push_back("USER");
+  for (const char* h : {"GPU-HOURS", "CPU-HOURS", "ATTEMPTS", "JOBS", "FAILED", "REQUEUED", "PEAK MEM"})
+    head.push_back(h);
+  std::vector<std::vector<std::string>> rows = {head};
+  v1::UsageRow total;
+  auto line = [&](const std::string& day, const std::string& account, const std::string& user,
+                  const v1::UsageRow& r) {
+    std::vector<std::string> row;
+    if (daily) row.push_back(day);
+    row.push_back(account);
+    if (users) row.push_back(user);
+    for (std::string v :
+         {hoursText(r.gpu_seconds()), hoursText(r.cpu_seconds()), std::to_string(r.attempts()),
+          std::to_string(r.jobs()), std::to_string(r.failed()), std::to_string(r.requeued()),
+          r.max_rss_bytes() > 0 ? formatBytes(r.max_rss_bytes()) : std::string("-")})
+      row.push_back(std::move(v));
+    rows.push_back(std::move(row));
+  };
+  for (const v1::UsageRow& r : usage.rows()) {
+    line(r.day(), escapeForTerminal(r.account()), escapeForTerminal(r.user()), r);
+    total.set_gpu_seconds(total.gpu_seconds() + r.gpu_seconds());
+    total.set_cpu_seconds(total.cpu_seconds() + r.cpu_seconds());
+    total.set_attempts(total.attempts() + r.attempts());
+    total.set_jobs(total.jobs() + r.jobs());
+    total.set_failed(total.failed() + r.failed());
+    total.set_requeued(total.requeued() + r.requeued());
+    total.set_max_rss_bytes(std::max(total.max_rss_bytes(), r.max_rss_bytes()));
+  }
+  line("", "TOTAL", "", total);
+  std::string out = renderTable(std::move(rows));
+  out += "(" + usage.first_day() + " to " + usage.last_day() + ", UTC days";
+  if (!usage.first_day_kept().empty() && usage.first_day_kept() > usage.first_day()) {
+    out += "; nothing is kept before " + usage.first_day_kept();
+  }
+  return out + ")\n";
+}
+
+std::string formatUsageCsv(const v1::GetUsageResponse& usage) {
+  // Names are a-z, 0-9, '_', '-' and '.': no field needs quoting.
+  std::string out = "day,account,user,gpu_hours,cpu_hours,attempts,jobs,failed,requeued,max_rss_bytes\n";
+  char numbers[160];
+  for (const v1::UsageRow& r : usage.rows()) {
+    std::snprintf(numbers, sizeof(numbers), "%.6f,%.6f,%lld,%lld,%lld,%lld,%lld", r.gpu_seconds() / 3600,
+                  r.cpu_seconds() / 3600, static_cast<long long>(r.attempts()),
+                  static_cast<long long>(r.jobs()), static_cast<long long>(r.failed()),
+                  static_cast<long long>(r.requeued()), static_cast<long long>(r.max_rss_bytes()));
+    out += r.day() + "," + r.account() + "," + r.user() + "," + numbers + "\n";
+  }
+  return out;
+}
+
 std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
   // REASON (the operator's words with a drain) only when some node has one.
   const bool reasons = std::any_of(nodes.nodes().begin(), nodes.nodes().end(),
@@ -456,6 +522,23 @@ std::string transitionTable(const v1::Job& job) {
   return "Transitions:\n" + renderTable(lines);
 }
 
+// Each ended attempt's usage (accounting), with the totals when there are several.
+std::string attemptTable(const v1::Job& job) {
+  std::vector<std::vector<std::string>> lines = {
+      {"  ATTEMPT", "GPUS", "WALL", "GPU-HOURS", "CPU-HOURS", "PEAK MEM", "END"}};
+  double gpu_s = 0, cpu_s = 0;
+  for (const v1::AttemptUsage& a : job.attempts()) {
+    lines.push_back({"  " + std::to_string(a.attempt()), std::to_string(a.gpus()),
+                     formatDuration(a.end_ms() - a.start_ms()), hoursText(a.gpu_seconds()),
+                     hoursText(a.cpu_seconds()), a.max_rss_bytes() > 0 ? formatBytes(a.max_rss_bytes()) : "-",
+                     escapeForTerminal(a.end())});
+    gpu_s += a.gpu_seconds();
+    cpu_s += a.cpu_seconds();
+  }
+  if (job.attempts_size() > 1) lines.push_back({"  all", "", "", hoursText(gpu_s), hoursText(cpu_s), "", ""});
+  return "Usage:\n" + renderTable(lines);
+}
+
 }  // namespace
 
 std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
@@ -528,6 +611,7 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   std::string out = renderTable(rows);
 
   if (job.ranks_size() > 0) out += rankTable(job);
+  if (job.attempts_size() > 0) out += attemptTable(job);
   return out + transitionTable(job);
 }
 

@@ -287,6 +287,44 @@ int runCancel(CommandLine& cl, Session& s, std::ostream& err) {
       });
 }
 
+// --since and --until (list, usage) as unix ms, 0 where not given: "" or why they are refused (a TIME that
+// does not parse, a period that ends before it starts).
+std::string periodOf(const CommandLine& cl, int64_t now, int64_t* since, int64_t* until) {
+  for (auto [flag, text, out] :
+       {std::tuple{"--since", &cl.since, since}, std::tuple{"--until", &cl.until, until}}) {
+    *out = 0;
+    if (text->empty()) continue;
+    Parsed<int64_t> at = parseTimeBound(*text, now);
+    if (!at.ok()) return std::string(flag) + " " + at.error;
+    *out = *at.value;
+  }
+  if (*since > 0 && *since >= (*until > 0 ? *until : now)) {
+    return "--since " + cl.since + " is not before " +
+           (cl.until.empty() ? std::string("now") : "--until " + cl.until);
+  }
+  return "";
+}
+
+// ddlctl usage: GetUsage over --since/--until (the coordinator's default: the last 7 days), as a table, JSON
+// or CSV.
+int runUsage(CommandLine& cl, Session& s, std::ostream& err) {
+  v1::GetUsageRequest req;
+  int64_t since = 0, until = 0;
+  if (std::string why = periodOf(cl, unixNowMs(), &since, &until); !why.empty()) return usageError(err, why);
+  req.set_since_ms(since);
+  req.set_until_ms(until);
+  req.set_account(cl.account);
+  req.set_user(cl.user);
+  req.set_by_account(cl.byAccount);
+  req.set_daily(cl.daily);
+  if (cl.byAccount && !cl.user.empty()) return usageError(err, "--by-account adds users up; drop --user");
+  v1::GetUsageResponse resp;
+  if (int rc = s.call(
+          [&](v1::UserService::Stub& stub, grpc::ClientContext* c) { return stub.GetUsage(c, req, &resp); }))
+    return rc;
+  return s.print(resp, cl.output == "csv" ? formatUsageCsv(resp) : formatUsage(resp));
+}
+
 // ddlctl list: ListJobs page after page, each printed as it arrives (text), or gathered into one document (-o
 // json). Bounded: at most kMaxListPages requests; past that ddlctl says so on stderr and, in JSON, leaves the
 // next page's token in next_page_token. The coordinator may answer everything in one page with no token.
@@ -306,16 +344,10 @@ int runList(CommandLine& cl, Session& s, std::ostream& err) {
   } else if (!cl.all) {
     for (v1::JobState st : {v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}) req.add_states(st);
   }
-  for (auto [flag, text, field] : {std::tuple{"--since", &cl.since, &v1::ListJobsRequest::set_since_ms},
-                                   std::tuple{"--until", &cl.until, &v1::ListJobsRequest::set_until_ms}}) {
-    if (text->empty()) continue;
-    Parsed<int64_t> at = parseTimeBound(*text, now);
-    if (!at.ok()) return usageError(err, std::string(flag) + " " + at.error);
-    (req.*field)(*at.value);
-  }
-  if (req.since_ms() > 0 && req.until_ms() > 0 && req.since_ms() >= req.until_ms()) {
-    return usageError(err, "--since " + cl.since + " is not before --until " + cl.until);
-  }
+  int64_t since = 0, until = 0;
+  if (std::string why = periodOf(cl, now, &since, &until); !why.empty()) return usageError(err, why);
+  req.set_since_ms(since);
+  req.set_until_ms(until);
   const bool json = cl.output == "json";
   v1::ListJobsResponse all;  // -o json: every page's jobs
   JobTableWriter table;
@@ -594,6 +626,7 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.GetShares(c, {}, &resp); })) return rc;
     return s.print(resp, formatShares(resp));
   }
+  if (cl.verb == "usage") return runUsage(cl, s, err);
   if (cl.verb == "accounts") {
     v1::ListAccountsResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListAccounts(c, {}, &resp); })) return rc;

@@ -213,6 +213,7 @@ CoordinatorOptions coordinatorOptions(const DaemonConfig& config) {
   options.port_last = config.port_last;
   options.allow_root_jobs = config.allow_root_jobs;
   options.history_retention_ms = static_cast<int64_t>(config.history_retention_days * 86400000.0);
+  options.accounting.retention_days = config.usage_retention_days;
   options.max_finished_in_memory = static_cast<size_t>(config.finished_jobs_in_memory);
   return options;
 }

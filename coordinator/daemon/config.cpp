@@ -11,9 +11,9 @@ using state::Status;
 // The keys, in the order the unknown-key message lists them.
 DDL_JSON_CONFIG(DaemonConfig, listen, http, data_dir, heartbeat_grace_s, heartbeat_interval_s, stop_grace_s,
                 port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs, node_cert_days,
-                tls_refresh_s, http_tls, http_auth, history_retention_days, finished_jobs_in_memory, store,
-                etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s, etcd_max_txn_ops,
-                etcd_max_txn_bytes, advertise)
+                tls_refresh_s, http_tls, http_auth, history_retention_days, usage_retention_days,
+                finished_jobs_in_memory, store, etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s,
+                etcd_max_txn_ops, etcd_max_txn_bytes, advertise)
 
 namespace {
 
@@ -33,6 +33,7 @@ const ConfigHints& hints() {
       {"node_cert_days", "an integer number of days"},
       {"tls_refresh_s", "a number of seconds"},
       {"history_retention_days", "a number of days (0: keep forever)"},
+      {"usage_retention_days", "an integer number of days"},
       {"finished_jobs_in_memory", "an integer count of jobs"},
       {"store", "a string: \"sqlite\" or \"etcd://HOST:PORT,HOST:PORT/PREFIX\""},
       {"etcd_ca", "a string (a PEM file)"},
@@ -151,6 +152,9 @@ Status validateConfig(const DaemonConfig& c) {
   if (!(c.tls_refresh_s >= 1 && c.tls_refresh_s <= 86400)) return bad("tls_refresh_s must be between 1 and 86400");
   if (!(c.history_retention_days >= 0 && c.history_retention_days <= 36500)) {
     return bad("history_retention_days must be between 0 (keep forever) and 36500");
+  }
+  if (c.usage_retention_days < 1 || c.usage_retention_days > 36500) {
+    return bad("usage_retention_days must be between 1 and 36500");
   }
   if (c.finished_jobs_in_memory < 0 || c.finished_jobs_in_memory > 1000000) {
     return bad("finished_jobs_in_memory must be between 0 and 1000000");

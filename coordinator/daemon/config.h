@@ -37,6 +37,7 @@ struct DaemonConfig {
   int node_cert_days = 365;       // validity of the node certificates the coordinator issues
   double tls_refresh_s = 60;      // how often certificate files are re-read (rotation without a restart)
   double history_retention_days = 30;   // finished jobs leave the database after this; 0 keeps them forever
+  int usage_retention_days = 400;       // daily usage rollups (ddlctl usage) are kept this long
   int finished_jobs_in_memory = 10000;  // the most recent finished jobs kept in memory; older ones are read back
   // Where the state lives (parseStoreUrl): "sqlite", a file in data_dir (one coordinator), or
   // "etcd://HOST:PORT,HOST:PORT/PREFIX", an etcd cluster that several coordinators share (one leads, the
@@ -66,7 +67,8 @@ state::StatusOr<StoreUrl> parseStoreUrl(const std::string& text);
 
 // Reads the JSON object at `path` over `config`. Keys: listen, http, data_dir, heartbeat_grace_s,
 // heartbeat_interval_s, stop_grace_s, port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs,
-// node_cert_days, tls_refresh_s, http_tls, http_auth, history_retention_days, finished_jobs_in_memory, store,
+// node_cert_days, tls_refresh_s, http_tls, http_auth, history_retention_days, usage_retention_days,
+// finished_jobs_in_memory, store,
 // etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s, etcd_max_txn_ops, etcd_max_txn_bytes,
 // advertise.
 state::Status loadConfigFile(const std::string& path, DaemonConfig* config);

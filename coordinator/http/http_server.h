@@ -93,6 +93,8 @@ class DashboardBackend {
   // The plots' series; a backend without them answers UNAVAILABLE.
   virtual void jobSeries(const std::string& id, Done<JobSeries> done);
   virtual void clusterSeries(Done<ClusterSeries> done);
+  // The usage rollups (Coordinator::usage); a backend without them answers UNAVAILABLE.
+  virtual void usage(const v1::GetUsageRequest& request, Done<v1::GetUsageResponse> done);
   virtual StoreHealth health() = 0;
 };
 
@@ -108,6 +110,7 @@ class CoordinatorBackend : public DashboardBackend {
   void metrics(Done<MetricsSnapshot> done) override;
   void jobSeries(const std::string& id, Done<JobSeries> done) override;
   void clusterSeries(Done<ClusterSeries> done) override;
+  void usage(const v1::GetUsageRequest& request, Done<v1::GetUsageResponse> done) override;
   StoreHealth health() override;
 
  private:

@@ -56,8 +56,9 @@ function plot(el,lines,o){
  let s='<svg width="'+W+'" height="'+H+'" font-size="10" font-family="sans-serif">';
  for(let i=0;i<=4;i++){const v=top*i/4,y=Y(v);s+='<line x1="'+L+'" x2="'+(W-R)+'" y1="'+y+'" y2="'+y+'" stroke="#e5e7eb"/>'+
   '<text x="'+(L-5)+'" y="'+(+y+3)+'" text-anchor="end" fill="#555">'+esc(o.fmt(v))+'</text>';}
- s+='<text x="'+L+'" y="'+(H-5)+'" fill="#555">'+esc(new Date(t0).toLocaleTimeString())+'</text><text x="'+(W-R)+'" y="'+(H-5)+
-  '" fill="#555" text-anchor="end">'+esc(new Date(t1).toLocaleTimeString())+' ('+esc(hdur(t1-t0))+' shown)</text>';
+ const tf=o.tfmt||(t=>new Date(t).toLocaleTimeString());
+ s+='<text x="'+L+'" y="'+(H-5)+'" fill="#555">'+esc(tf(t0))+'</text><text x="'+(W-R)+'" y="'+(H-5)+
+  '" fill="#555" text-anchor="end">'+esc(tf(t1))+' ('+esc(hdur(t1-t0))+' shown)</text>';
  for(const l of lines){if(!l.pts.length)continue;s+='<polyline fill="none" stroke="'+l.color+'" stroke-width="'+(l.bold?2.8:1.4)+'"'+
   (l.dash?' stroke-dasharray="5 3"':'')+' points="'+l.pts.map(p=>X(p[0])+','+Y(p[1])).join(' ')+'"><title>'+esc(l.name)+'</title></polyline>';}
  s+='</svg><div class="legend">';
@@ -177,6 +178,18 @@ std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
       o << "ddl_coordinator_etcd_lease_seconds " << m.state->lease_ttl_s << "\n";
     }
   }
+  // Per account (the admins' tree: a bounded label set), since this coordinator started.
+  head("ddl_account_gpu_seconds_total", "counter", "GPU-seconds held by an account's launched jobs.");
+  for (const auto& [account, s] : m.account_gpu_seconds) {
+    o << "ddl_account_gpu_seconds_total{account=\"" << labelValue(account) << "\"} " << num(s) << "\n";
+  }
+  head("ddl_account_attempts_total", "counter",
+       "Launch attempts of an account's jobs that ended, by how (SUCCEEDED, FAILED, CANCELLED, TIMEOUT, "
+       "REQUEUED).");
+  for (const auto& [key, n] : m.account_attempts) {
+    o << "ddl_account_attempts_total{account=\"" << labelValue(key.first) << "\",end=\""
+      << labelValue(key.second) << "\"} " << n << "\n";
+  }
   // Per placed job (SCHEDULED, STARTING, RUNNING): one label, the job id, for at most
   // MetricsSnapshot::kMaxJobFigures (500) jobs, the oldest first, so a scrape
   // stays small and the series end with their job.
@@ -211,7 +224,8 @@ std::string renderIndexPage() {
          kStyle + kChartScript +
          R"(</head><body><h1>ddl cluster</h1><div class="muted" id="updated">loading...</div><div class="muted" id="state"></div>
 <div class="charts"><div class="chart"><h3>GPUs in use</h3><div id="chart-gpus"></div></div>
-<div class="chart"><h3>Jobs by state</h3><div id="chart-jobs"></div></div></div>
+<div class="chart"><h3>Jobs by state</h3><div id="chart-jobs"></div></div>
+<div class="chart"><h3>GPU-hours per account and day (30 days, UTC)</h3><div id="chart-usage"></div></div></div>
 <h2>Nodes</h2><table id="nodes"><thead><tr><th>NAME</th><th>STATE</th><th>GPUS USED/TOTAL</th><th>CPUS</th><th>MEMORY</th><th>LABELS</th>
 <th>LAST HEARTBEAT</th><th>JOBS</th></tr></thead><tbody></tbody></table>
 <h2>Live jobs</h2><table id="live"><thead><tr><th>ID</th><th>NAME</th><th>USER</th><th>STATE</th><th>SUBMITTED</th>
@@ -222,7 +236,8 @@ std::string renderIndexPage() {
 <table id="jobs"><thead><tr><th>ID</th><th>NAME</th><th>USER</th><th>STATE</th><th>SUBMITTED</th><th>RAN FOR</th>
 <th>GPUS</th><th>NODES OR REASON</th></tr></thead><tbody></tbody></table><p id="pager"></p>
 <p class="muted">JSON: <a href="/api/v1/nodes">/api/v1/nodes</a> <a href="/api/v1/jobs">/api/v1/jobs</a>
-<a href="/api/v1/cluster/series">/api/v1/cluster/series</a> <a href="/api/v1/state">/api/v1/state</a> &middot;
+<a href="/api/v1/cluster/series">/api/v1/cluster/series</a> <a href="/api/v1/state">/api/v1/state</a>
+<a href="/api/v1/usage">/api/v1/usage</a> &middot;
 <a href="/metrics">/metrics</a></p>
 <script>
 const STATES=['PENDING','SCHEDULED','STARTING','RUNNING','SUCCEEDED','FAILED','CANCELLED','TIMEOUT'];
@@ -272,6 +287,12 @@ async function refresh(){
   const js=cs.jobs||{};
   plot(document.getElementById('chart-jobs'),Object.keys(js).sort((a,b)=>STATES.indexOf(a)-STATES.indexOf(b)).filter(k=>js[k].some(v=>v>0))
    .map(k=>({name:k,color:SCOLOR[k]||'#111',bold:k==='RUNNING',pts:t.map((x,i)=>[x,js[k][i]])})),{fmt:v=>v.toFixed(0),counts:true,empty:'the first point comes within 5 s'});
+  fetch('/api/v1/usage?days=30').then(r=>r.json()).then(u=>{const by={};
+   for(const r of (u.rows||[])){const d=Date.parse(r.day+'T00:00:00Z');(by[r.account]=by[r.account]||{})[d]=(Number(r.gpu_seconds)||0)/3600;}
+   const d0=Date.parse((u.first_day||'1970-01-01')+'T00:00:00Z'),d1=Date.parse((u.last_day||'1970-01-01')+'T00:00:00Z'),days=[];
+   for(let d=d0;d<=d1&&days.length<400;d+=86400000)days.push(d);
+   plot(document.getElementById('chart-usage'),Object.keys(by).sort().map((a,i)=>({name:a,color:PAL[i%PAL.length],pts:days.map(d=>[d,by[a][d]||0])})),
+    {fmt:v=>v.toFixed(1),tfmt:t=>new Date(t).toISOString().slice(0,10),empty:u.error||'no attempt has ended in 30 days'});}).catch(()=>{});
   document.getElementById('updated').textContent='updated '+new Date().toLocaleTimeString();
   fetch('/api/v1/state').then(r=>r.json()).then(st=>{document.getElementById('state').textContent='state: '+(st.store||'')+
    (st.leader_reign?', leading (reign '+st.leader_reign+'), etcd lease renewed '+Number(st.lease_age_s).toFixed(1)+' s ago of '+st.lease_s:'')+

@@ -478,6 +478,28 @@ void route(DashboardBackend& b, const Request& request, const Access& gate, cons
       });
     });
   }
+  if (path == "/api/v1/usage") {
+    // GPU- and CPU-seconds per account and UTC day (ddlctl usage --by-account --daily) over the last `days`.
+    const std::string days = queryParam(query, "days");
+    if (!days.empty() && (days.size() > 3 || days.find_first_not_of("0123456789") != std::string::npos ||
+                          std::stoi(days) < 1 || std::stoi(days) > 400)) {
+      return reply(error(400, "days='" + days + "' is not a number from 1 to 400"));
+    }
+    v1::GetUsageRequest req;
+    const int64_t now = state::systemNowMs();
+    req.set_until_ms(now);
+    req.set_since_ms(now -
+                     ((days.empty() ? 30 : std::stoi(days)) - 1) * 86400000LL);  // today and the days before
+    req.set_account(percentDecode(queryParam(query, "account")));
+    req.set_by_account(true);
+    req.set_daily(true);
+    return b.usage(req, [reply](StatusOr<v1::GetUsageResponse> usage) {
+      reply.guard([&] {
+        if (!usage) return reply(error(httpStatus(usage.status()), usage.status().message()));
+        reply(json(200, protoJson(*usage)));
+      });
+    });
+  }
   if (path.rfind("/api/v1/jobs/", 0) == 0 || path.rfind("/jobs/", 0) == 0)
     return routeJob(b, path, who, reply);
   reply(error(404, "no such page: " + path));
@@ -506,6 +528,12 @@ void CoordinatorBackend::jobSeries(const std::string& id, Done<JobSeries> done) 
   c_.jobSeries(id, std::move(done));
 }
 void CoordinatorBackend::clusterSeries(Done<ClusterSeries> done) { c_.clusterSeries(std::move(done)); }
+void DashboardBackend::usage(const v1::GetUsageRequest&, Done<v1::GetUsageResponse> done) {
+  done(Status::unavailable("this dashboard keeps no usage"));
+}
+void CoordinatorBackend::usage(const v1::GetUsageRequest& request, Done<v1::GetUsageResponse> done) {
+  c_.usage(request, std::move(done));
+}
 void CoordinatorBackend::metrics(Done<MetricsSnapshot> done) {
   c_.metrics([done = std::move(done)](MetricsSnapshot m) { done(std::move(m)); });
 }

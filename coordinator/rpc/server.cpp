@@ -400,6 +400,14 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     coordinator_.shares(fill(r, resp));
     return r;
   }
+  // Usage rollups (sreport), to anyone who may call, as the shares are.
+  Reactor* GetUsage(Ctx* ctx, const v1::GetUsageRequest* req, v1::GetUsageResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    auto who = identify(ctx);
+    if (!who) return finish(r, who.status());
+    coordinator_.usage(*req, fill(r, resp));
+    return r;
+  }
   Reactor* IssueNodeCertificate(Ctx* ctx, const v1::IssueNodeCertificateRequest* req,
                                 v1::IssueNodeCertificateResponse* resp) override {
     auto* r = ctx->DefaultReactor();

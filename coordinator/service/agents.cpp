@@ -255,6 +255,15 @@ void Coordinator::recordRankResultOnLoop(const std::string& node, const v1::Rank
   // A start or an exit is stored; progress stays in memory until the next write of the job.
   const bool store = !known || pos->exited != next.exited || pos->pid != next.pid ||
                      pos->program_pid != next.program_pid || pos->started_ms != next.started_ms;
+  // A rank that exits after its attempt ended (the others of a failed one): its CPU time and memory are added
+  // to the attempt's usage.
+  if (next.exited && !job.attempts.empty() && job.attempts.back().attempt == next.attempt) {
+    state::AttemptUsage& ended = job.attempts.back();
+    ended.cpu_s += next.cpu_s;
+    ended.max_rss_bytes = std::max(ended.max_rss_bytes, next.max_rss_bytes);
+    usage_book_->bookLateOnLoop(job.spec.account, job.spec.user, ended.end_ms, next.cpu_s,
+                                next.max_rss_bytes);
+  }
   if (known) {
     *pos = std::move(next);
   } else {

@@ -42,6 +42,7 @@ class BlockingCoordinator : public Coordinator {
   using Coordinator::ring;
   using Coordinator::shares;
   using Coordinator::submit;
+  using Coordinator::usage;
 
   // ---- Agents ----
   // attach, heartbeat and rankEvent also wait, after a success, until what they changed is durable and the
@@ -98,6 +99,9 @@ class BlockingCoordinator : public Coordinator {
   }
   StatusOr<v1::GetSharesResponse> shares() {
     return await<v1::GetSharesResponse>([&](auto done) { shares(std::move(done)); });
+  }
+  StatusOr<v1::GetUsageResponse> usage(const v1::GetUsageRequest& request) {
+    return await<v1::GetUsageResponse>([&](auto done) { usage(request, std::move(done)); });
   }
   StatusOr<v1::RingLayout> ring(const std::string& id) {
     return await<v1::RingLayout>([&](auto done) { ring(id, std::move(done)); });

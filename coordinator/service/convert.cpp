@@ -82,6 +82,8 @@ void toProto(const state::RankResult& r, v1::RankStatus* out) {
   out->set_started_ms(r.started_ms);
   out->set_exited_ms(r.exited_ms);
   out->set_error(r.error);
+  out->set_cpu_seconds(r.cpu_s);
+  out->set_max_rss_bytes(r.max_rss_bytes);
   if (r.figures.updated_ms > 0 || r.figures.collectives > 0) {
     v1::RankProgress* p = out->mutable_progress();
     p->set_collectives(r.figures.collectives);
@@ -111,6 +113,8 @@ state::RankResult rankResultOf(const v1::RankStatus& r, const std::string& node)
   out.started_ms = r.started_ms();
   out.exited_ms = r.exited_ms();
   out.error = r.error();
+  if (std::isfinite(r.cpu_seconds()) && r.cpu_seconds() > 0) out.cpu_s = r.cpu_seconds();
+  out.max_rss_bytes = std::max<int64_t>(0, r.max_rss_bytes());
   if (r.has_progress()) {
     out.figures.collectives = r.progress().collectives();
     out.figures.bytes = r.progress().bytes();
@@ -236,6 +240,17 @@ v1::Job jobToProto(const state::Job& job) {
   out.set_held_by_admin(job.held_by_admin);
   out.set_start_ms(latestAttemptReached(job, state::JobState::kStarting));
   out.set_end_ms(state::endedAtMs(job));
+  for (const state::AttemptUsage& u : job.attempts) {
+    v1::AttemptUsage* a = out.add_attempts();
+    a->set_attempt(u.attempt);
+    a->set_start_ms(u.start_ms);
+    a->set_end_ms(u.end_ms);
+    a->set_gpus(u.gpus);
+    a->set_gpu_seconds(u.gpu_s);
+    a->set_cpu_seconds(u.cpu_s);
+    a->set_max_rss_bytes(u.max_rss_bytes);
+    a->set_end(u.end);
+  }
   for (const auto& r : job.ranks) {
     if (r.pid == 0 && r.started_ms == 0 && !r.exited) continue;  // placed, never reported
     v1::RankStatus* rank = out.add_ranks();

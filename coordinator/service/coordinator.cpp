@@ -59,6 +59,7 @@ Coordinator::Coordinator(state::Store& store, CoordinatorOptions options, std::f
   });
   logs_ = std::make_unique<LogRelay>(actor_->io(), options_.log_timeout_ms, CoordinatorOptions::kMaxLogReads);
   shares_ = std::make_unique<ShareKeeper>(*actor_, options_.shares);
+  usage_book_ = std::make_unique<UsageBook>(*actor_, options_.accounting);
   reader_ = std::make_unique<StoreReader>();
 }
 
@@ -140,6 +141,7 @@ Status Coordinator::recoverOnLoop() {
   auto nodes = store_.listNodes();
   if (!nodes) return nodes.status();
   if (Status st = shares_->loadOnLoop(store_, wall_ms_()); !st) return st;
+  if (Status st = usage_book_->loadOnLoop(store_); !st) return st;
   registry_->loadOnLoop(*nodes);
   auto last = store_.lastJobNumber();
   if (!last) return last.status();
@@ -299,7 +301,11 @@ std::vector<ShareKeeper::Holder> Coordinator::holdersOnLoop() const {
 void Coordinator::chargeUsageOnLoop() {
   // Every tick comes here; the launched jobs are gathered only when a charge is due (once a second).
   const int64_t now = wall_ms_();
-  if (shares_->chargeDue(now)) shares_->chargeOnLoop(now, holdersOnLoop());
+  if (!shares_->chargeDue(now)) return;
+  const std::vector<ShareKeeper::Holder> holders = holdersOnLoop();
+  const double seconds = shares_->chargeOnLoop(now, holders);
+  for (const ShareKeeper::Holder& h : holders) usage_book_->chargeOnLoop(h.account, h.gpus * seconds);
+  usage_book_->trimOnLoop(now);
 }
 
 void Coordinator::setAccounts(placement::ShareTree tree) {
@@ -346,6 +352,8 @@ Status Coordinator::recordTransitionOnLoop(const std::string& id, JobState to, c
   const JobState from = job.state;
   Status applied = state::applyTransition(job, to, reason, failure, wall_ms_(), counts_as_restart);
   if (!applied) return applied;
+  if (state::endsAttempt(from, job.state))
+    usage_book_->bookOnLoop(job.spec.account, job.spec.user, job.attempts.back(), job.state);
   spdlog::info("job {}: {} -> {}: {}", id, toString(from), toString(job.state), reason);
   if (to == JobState::kFailed) ++counters_.jobs_failed_total;
   if (to == JobState::kScheduled) {

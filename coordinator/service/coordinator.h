@@ -70,6 +70,7 @@
 #include "service/persistence.h"
 #include "service/share_keeper.h"
 #include "service/telemetry_history.h"
+#include "service/usage_book.h"
 #include "state/store.h"
 
 namespace ddl::coordinator {
@@ -107,6 +108,7 @@ struct CoordinatorOptions {
   // What MetricsSnapshot::state says; called from the loop, so it must not block. Unset: nothing is said.
   std::function<StoreInfo()> store_info;
   ShareOptions shares;  // fair-share: usage half-life and the priority's weights (share_keeper.h)
+  UsageOptions accounting;  // the daily usage rollups' retention (usage_book.h)
 };
 
 // What /metrics exposes, copied under the lock (counters count since this coordinator process started).
@@ -133,6 +135,10 @@ struct MetricsSnapshot {
   // kMaxJobFigures of them, the oldest first, so the label set stays bounded.
   static constexpr size_t kMaxJobFigures = 500;
   std::vector<JobFigures> jobs;
+  // Per account since this coordinator started (usage_book.h): GPU-seconds held, and ended attempts by how
+  // they ended (SUCCEEDED, FAILED, CANCELLED, TIMEOUT, REQUEUED).
+  std::map<std::string, double> account_gpu_seconds;
+  std::map<std::pair<std::string, std::string>, int64_t> account_attempts;
 };
 
 class Coordinator {
@@ -205,6 +211,9 @@ class Coordinator {
   void setAccounts(placement::ShareTree tree);
   // Every account's share, decayed usage and fair-share factor (ddlctl shares).
   void shares(Done<v1::GetSharesResponse> done);
+  // Usage over a period from the daily rollups (ddlctl usage); INVALID_ARGUMENT for a period that ends before
+  // it starts.
+  void usage(const v1::GetUsageRequest& request, Done<v1::GetUsageResponse> done);
   void listNodes(Done<std::vector<v1::Node>> done);
   void drain(const std::string& node, bool drain, const std::string& reason, Done<v1::Node> done);
   // Forgets a DOWN node with no live job placed on it (RemoveNodeRequest); the answer is the removed node.
@@ -362,6 +371,8 @@ class Coordinator {
   std::unique_ptr<NodeRegistry> registry_;
   // The account tree and the usage charged to it; orders the queue (fair-share).
   std::unique_ptr<ShareKeeper> shares_;
+  // Each ended attempt's usage in daily rollups per account and user (accounting).
+  std::unique_ptr<UsageBook> usage_book_;
 
   // Loop state: touched on the loop thread only.
   std::map<std::string, state::Job> jobs_;             // live jobs and the most recent final ones

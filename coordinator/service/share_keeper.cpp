@@ -48,15 +48,15 @@ state::Status ShareKeeper::loadOnLoop(state::Store& store, int64_t now_ms) {
   return state::Status::ok();
 }
 
-void ShareKeeper::chargeOnLoop(int64_t now_ms, const std::vector<Holder>& holders) {
+double ShareKeeper::chargeOnLoop(int64_t now_ms, const std::vector<Holder>& holders) {
   assert(actor_.onLoop());
   if (charged_ms_ == 0) {
     charged_ms_ = now_ms;
     if (saved_ms_ == 0) saved_ms_ = now_ms;
     ledger_.decayTo(now_ms);
-    return;
+    return 0;
   }
-  if (!chargeDue(now_ms)) return;
+  if (!chargeDue(now_ms)) return 0;
   const double seconds = (now_ms - charged_ms_) / 1000.0;
   charged_ms_ = now_ms;
   ledger_.decayTo(now_ms);
@@ -66,6 +66,7 @@ void ShareKeeper::chargeOnLoop(int64_t now_ms, const std::vector<Holder>& holder
     dirty_.insert({account, h.user});
   }
   if (now_ms - saved_ms_ >= options_.save_interval_ms) saveOnLoop(now_ms);
+  return seconds;
 }
 
 void ShareKeeper::saveOnLoop(int64_t now_ms) {

@@ -50,8 +50,9 @@ class ShareKeeper {
     int gpus = 0;
   };
   // Charges the holders for the time since the last charge (at most every charge_interval_ms; the first call
-  // starts the clock) and stores the changed figures every save_interval_ms. now_ms: unix ms.
-  void chargeOnLoop(int64_t now_ms, const std::vector<Holder>& holders);
+  // starts the clock) and stores the changed figures every save_interval_ms. now_ms: unix ms. Returns the
+  // seconds each holder was charged for (0: none).
+  double chargeOnLoop(int64_t now_ms, const std::vector<Holder>& holders);
   // Sets each job's order (placement::prioritize) as of now_ms.
   void prioritizeOnLoop(std::vector<placement::JobRequest>& queue, int64_t now_ms);
   // Every account's share, usage and factor as of now_ms (ddlctl shares).

@@ -720,6 +720,8 @@ MetricsSnapshot Coordinator::metricsOnLoop() {
   m.store_healthy = health().ok;
   m.store_backlog = actor_->backlog();
   m.jobs_in_memory = jobs_.size();
+  m.account_gpu_seconds = usage_book_->liveGpuSeconds();
+  m.account_attempts = usage_book_->attemptsEnded();
   for (const auto& [id, job] : jobs_) {
     if (!isLive(job.state) || m.jobs.size() >= MetricsSnapshot::kMaxJobFigures) continue;
     m.jobs.push_back(telemetry_.figures(id, requestOf(job.id, job.spec).gpuCount(), wall_ms_()));
@@ -770,6 +772,43 @@ void Coordinator::shares(Done<v1::GetSharesResponse> done) {
       r->set_usage_gpu_s(row.usage);
       r->set_norm_usage(row.norm_usage);
       r->set_factor(row.factor);
+    }
+    done(std::move(out));
+  });
+}
+
+void Coordinator::usage(const v1::GetUsageRequest& request, Done<v1::GetUsageResponse> done) {
+  post([this, request, done = std::move(done)] {
+    const int64_t now = wall_ms_();
+    const int64_t until = request.until_ms() > 0 ? request.until_ms() : now;
+    const int64_t since = request.since_ms() > 0 ? request.since_ms() : now - 7 * 86400000LL;
+    if (until <= since) {
+      return done(Status::invalidArgument("the period ends (" + dayText(dayOf(until)) +
+                                          ") before it starts (" + dayText(dayOf(since)) + ")"));
+    }
+    UsageBook::Query q;
+    q.first_day = dayOf(since);
+    q.last_day = dayOf(until - 1);
+    q.account = request.account();
+    q.user = request.user();
+    q.by_account = request.by_account();
+    q.daily = request.daily();
+    v1::GetUsageResponse out;
+    out.set_first_day(dayText(q.first_day));
+    out.set_last_day(dayText(q.last_day));
+    if (const int64_t kept = usage_book_->firstDayKept(); kept >= 0) out.set_first_day_kept(dayText(kept));
+    for (const UsageBook::Row& row : usage_book_->reportOnLoop(q)) {
+      v1::UsageRow* r = out.add_rows();
+      if (row.day >= 0) r->set_day(dayText(row.day));
+      r->set_account(row.account);
+      r->set_user(row.user);
+      r->set_gpu_seconds(row.figures.gpu_s);
+      r->set_cpu_seconds(row.figures.cpu_s);
+      r->set_attempts(row.figures.attempts);
+      r->set_jobs(row.figures.jobs);
+      r->set_failed(row.figures.failed);
+      r->set_requeued(row.figures.requeued);
+      r->set_max_rss_bytes(row.figures.max_rss_bytes);
     }
     done(std::move(out));
   });

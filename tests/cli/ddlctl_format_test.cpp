@@ -2149,4 +2149,45 @@ TEST(DdlctlFormat, AccountTreeAndShares) {
   EXPECT_NE(table.find("(usage halves every 7 days)"), std::string::npos) << table;
 }
 
+// ddlctl usage: hours with two decimals, peak memory in units, a TOTAL line, the period; DAY and USER columns
+// only when the rows have them; CSV with plain numbers.
+TEST(DdlctlFormat, Usage) {
+  v1::GetUsageResponse usage;
+  usage.set_first_day("2026-11-30");
+  usage.set_last_day("2026-12-06");
+  usage.set_first_day_kept("2026-12-01");
+  auto add = [&](const std::string& day, const std::string& account, const std::string& user, double gpu_s) {
+    v1::UsageRow* r = usage.add_rows();
+    r->set_day(day);
+    r->set_account(account);
+    r->set_user(user);
+    r->set_gpu_seconds(gpu_s);
+    r->set_cpu_seconds(gpu_s / 2);
+    r->set_attempts(2);
+    r->set_jobs(1);
+    r->set_requeued(1);
+    r->set_max_rss_bytes(int64_t{3} << 30);
+  };
+  add("2026-12-05", "lab", "dora", 5400);
+  add("2026-12-06", "lab", "dora", 1800);
+  const std::string table = formatUsage(usage);
+  EXPECT_EQ(table,
+            "DAY         ACCOUNT  USER  GPU-HOURS  CPU-HOURS  ATTEMPTS  JOBS  FAILED  REQUEUED  PEAK MEM\n"
+            "2026-12-05  lab      dora  1.50       0.75       2         1     0       1         3 GiB\n"
+            "2026-12-06  lab      dora  0.50       0.25       2         1     0       1         3 GiB\n"
+            "            TOTAL          2.00       1.00       4         2     0       2         3 GiB\n"
+            "(2026-11-30 to 2026-12-06, UTC days; nothing is kept before 2026-12-01)\n");
+  EXPECT_EQ(formatUsageCsv(usage),
+            "day,account,user,gpu_hours,cpu_hours,attempts,jobs,failed,requeued,max_rss_bytes\n"
+            "2026-12-05,lab,dora,1.500000,0.750000,2,1,0,1,3221225472\n"
+            "2026-12-06,lab,dora,0.500000,0.250000,2,1,0,1,3221225472\n");
+  v1::GetUsageResponse empty;
+  empty.set_first_day("2026-12-06");
+  empty.set_last_day("2026-12-06");
+  EXPECT_EQ(formatUsage(empty),
+            "ACCOUNT  GPU-HOURS  CPU-HOURS  ATTEMPTS  JOBS  FAILED  REQUEUED  PEAK MEM\n"
+            "TOTAL    0.00       0.00       0         0     0       0         -\n"
+            "(2026-12-06 to 2026-12-06, UTC days)\n");
+}
+
 }  // namespace

@@ -235,6 +235,30 @@ TEST_F(DdlctlTest, SubmitRunsAndEveryViewShowsTheJob) {
   bool found = false;
   for (const auto& j : done["jobs"]) found = found || j["id"] == id;
   EXPECT_TRUE(found);
+
+  // Its usage: in the job (status) and in the day's rollup (usage, as a table and as CSV).
+  EXPECT_NE(ctl({"status", id}).out.find("Usage:\n  ATTEMPT"), std::string::npos) << ctl({"status", id}).out;
+  auto attempts = json({"status", id})["attempts"];
+  ASSERT_EQ(attempts.size(), 1u);
+  EXPECT_EQ(attempts[0]["gpus"], 4);
+  EXPECT_EQ(attempts[0]["end"], "SUCCEEDED");
+  Result usage = ctl({"usage", "--by-account"});
+  ASSERT_EQ(usage.code, 0) << usage.err;
+  EXPECT_NE(usage.out.find("ACCOUNT  GPU-HOURS"), std::string::npos) << usage.out;
+  EXPECT_NE(usage.out.find("\nroot "), std::string::npos) << usage.out;
+  EXPECT_NE(usage.out.find("\nTOTAL "), std::string::npos) << usage.out;
+  Result csv = ctl({"usage", "-o", "csv", "--since", "1d"});
+  ASSERT_EQ(csv.code, 0) << csv.err;
+  EXPECT_EQ(
+      csv.out.rfind(
+          "day,account,user,gpu_hours,cpu_hours,attempts,jobs,failed,requeued,max_rss_bytes\n,root,", 0),
+      0u)
+      << csv.out;
+  EXPECT_EQ(json({"usage"})["rows"][0]["jobs"], "1");  // int64 in JSON is a string
+  Result bad = ctl({"list", "-o", "csv"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("-o csv goes with usage only"), std::string::npos) << bad.err;
+  EXPECT_EQ(ctl({"usage", "--since", "1d", "--until", "2d"}).code, 2);
 }
 
 TEST_F(DdlctlTest, PendingJobShowsItsReasonAndCancelEndsIt) {

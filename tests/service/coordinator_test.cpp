@@ -1524,6 +1524,151 @@ TEST_F(CoordinatorTest, UsageIsChargedStoredAndOrdersTheQueueByShare) {
   EXPECT_NEAR(by_account["b"].usage_gpu_s(), 61, 0.1);
 }
 
+// Issue 41, accounting: civil days and their text, and an interval's share of each UTC day it touches.
+TEST(UsageDays, DaysAndTheirText) {
+  EXPECT_EQ(dayText(0), "1970-01-01");
+  EXPECT_EQ(dayText(dayOf(1'798'761'600'000)), "2027-01-01");  // 2027-01-01T00:00:00Z
+  EXPECT_EQ(dayText(dayOf(1'798'761'599'999)), "2026-12-31");
+  EXPECT_EQ(dayText(*parseDay("2024-02-29") + 1), "2024-03-01");
+  for (int64_t day = 0; day < 200 * 366; day += 7) EXPECT_EQ(parseDay(dayText(day)), day) << dayText(day);
+  for (const char* bad :
+       {"2026-02-29", "2026-13-01", "2026-1-01", "2026-01-01x", "", "1969-12-31", "yesterday"})
+    EXPECT_FALSE(parseDay(bad)) << bad;
+
+  const int64_t midnight = 20000 * 86400000LL;
+  auto spread = spreadOverDays(midnight - 30000, midnight + 90000);
+  ASSERT_EQ(spread.size(), 2u);
+  EXPECT_EQ(spread[0].first, 19999);
+  EXPECT_DOUBLE_EQ(spread[0].second, 0.25);
+  EXPECT_EQ(spread[1].first, 20000);
+  EXPECT_DOUBLE_EQ(spread[1].second, 0.75);
+  EXPECT_EQ(spreadOverDays(midnight, midnight), (std::vector<std::pair<int64_t, double>>{{20000, 1.0}}));
+  EXPECT_EQ(spreadOverDays(midnight - 86400000LL * 3, midnight).size(), 3u);
+}
+
+// Issue 41, accounting: each ended attempt of a job is recorded in the job (GPU time from placement, the
+// ranks' CPU time and memory, how it ended, a rank that exits after the attempt ended included) and in daily
+// rollups per account and user, spread over the UTC days it spanned, which a restarted coordinator reads back
+// and which are dropped past their retention; /metrics counts GPU-seconds and attempts per account.
+TEST_F(CoordinatorTest, EndedAttemptsGoToDailyRollupsThatOutliveTheJob) {
+  const int64_t midnight = 20000 * 86400000LL;  // 2024-10-04T00:00Z
+  now = midnight - 30000;
+  placement::ShareTree tree;
+  tree.accounts["a"] = {"root", 1};
+  coordinator->setAccounts(tree);
+  addNode("n1", 2);
+  v1::JobSpec s = spec(1, 2, /*max_restarts=*/1);
+  s.set_account("a");
+  const std::string id = submit(s);
+  coordinator->tick();
+  const int64_t placed = now;
+  runAll("n1", id);
+  for (int i = 0; i < 12; ++i) {  // 60 s, half of them after midnight
+    now += 5000;
+    ASSERT_TRUE(beat("n1", id));
+    coordinator->tick();
+  }
+  auto exited = [&](int attempt, int rank, int code, double cpu_s, int64_t rss) {
+    v1::RankStatus r = rankStatus(id, attempt, rank, rank, v1::RankStatus::EXITED, code);
+    r.set_cpu_seconds(cpu_s);
+    r.set_max_rss_bytes(rss);
+    return coordinator->rankEvent("n1", sessions["n1"], r);
+  };
+  ASSERT_TRUE(exited(1, 0, 1, 10, 1 << 20));  // rank 0 fails: requeued (a restart is left)
+  EXPECT_EQ(stateOf(id), v1::PENDING);
+  ASSERT_TRUE(exited(1, 1, 143, 20, 3 << 20));  // rank 1 stopped after the attempt ended: still counted
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::STARTING);
+  runAll("n1", id);
+  now += 40000;
+  ASSERT_TRUE(exited(2, 0, 0, 5, 2 << 20));
+  ASSERT_TRUE(exited(2, 1, 0, 5, 2 << 20));
+  EXPECT_EQ(stateOf(id), v1::SUCCEEDED);
+
+  auto job = coordinator->getJob(id);
+  ASSERT_TRUE(job);
+  ASSERT_EQ(job->attempts_size(), 2);
+  const v1::AttemptUsage& first = job->attempts(0);
+  EXPECT_EQ(first.attempt(), 1);
+  EXPECT_EQ(first.start_ms(), placed);
+  EXPECT_EQ(first.end_ms(), placed + 60000);
+  EXPECT_EQ(first.gpus(), 2);
+  EXPECT_DOUBLE_EQ(first.gpu_seconds(), 120);
+  EXPECT_DOUBLE_EQ(first.cpu_seconds(), 30);
+  EXPECT_EQ(first.max_rss_bytes(), 3 << 20);
+  EXPECT_EQ(first.end(), "REQUEUED");
+  EXPECT_EQ(job->attempts(1).end(), "SUCCEEDED");
+  EXPECT_DOUBLE_EQ(job->attempts(1).gpu_seconds(), 80);
+  EXPECT_DOUBLE_EQ(job->attempts(1).cpu_seconds(), 10);
+
+  v1::GetUsageRequest daily;
+  daily.set_since_ms(midnight - 86400000LL);
+  daily.set_daily(true);
+  auto report = [&](const v1::GetUsageRequest& req) {
+    auto got = coordinator->usage(req);
+    EXPECT_TRUE(got) << got.status().toString();
+    return got ? *got : v1::GetUsageResponse();
+  };
+  auto checkDaily = [&](const v1::GetUsageResponse& r) {
+    ASSERT_EQ(r.rows_size(), 2);
+    EXPECT_EQ(r.rows(0).day(), "2024-10-03");
+    EXPECT_EQ(r.rows(0).account(), "a");
+    EXPECT_EQ(r.rows(0).user(), "alice");
+    EXPECT_NEAR(r.rows(0).gpu_seconds(), 60, 1e-9);  // the first attempt's 30 s before midnight, on 2 GPUs
+    EXPECT_NEAR(r.rows(0).cpu_seconds(), 5, 1e-9);   // its first 10 s of CPU, spread the same way
+    EXPECT_EQ(r.rows(0).attempts(), 0);
+    EXPECT_EQ(r.rows(1).day(), "2024-10-04");
+    EXPECT_NEAR(r.rows(1).gpu_seconds(), 60 + 80, 1e-9);
+    EXPECT_NEAR(r.rows(1).cpu_seconds(), 5 + 20 + 10, 1e-9);
+    EXPECT_EQ(r.rows(1).attempts(), 2);
+    EXPECT_EQ(r.rows(1).jobs(), 1);
+    EXPECT_EQ(r.rows(1).requeued(), 1);
+    EXPECT_EQ(r.rows(1).failed(), 0);
+    EXPECT_EQ(r.rows(1).max_rss_bytes(), 3 << 20);
+  };
+  checkDaily(report(daily));
+  v1::GetUsageRequest by_account;
+  by_account.set_since_ms(midnight - 86400000LL);
+  by_account.set_by_account(true);
+  const auto accounts = report(by_account);
+  ASSERT_EQ(accounts.rows_size(), 1);
+  EXPECT_EQ(accounts.rows(0).user(), "");
+  EXPECT_NEAR(accounts.rows(0).gpu_seconds(), 200, 1e-9);
+  EXPECT_EQ(accounts.first_day(), "2024-10-03");
+  EXPECT_EQ(accounts.last_day(), "2024-10-04");
+  v1::GetUsageRequest backwards;
+  backwards.set_since_ms(now);
+  backwards.set_until_ms(now - 1);
+  EXPECT_EQ(coordinator->usage(backwards).status().code(), state::StatusCode::kInvalidArgument);
+
+  const MetricsSnapshot m = coordinator->metrics();
+  EXPECT_GT(m.account_gpu_seconds.at("a"), 0);  // charged as the GPUs were held, once a second
+  EXPECT_EQ(m.account_attempts.at({"a", "REQUEUED"}), 1);
+  EXPECT_EQ(m.account_attempts.at({"a", "SUCCEEDED"}), 1);
+
+  // The rollups outlive the coordinator and the job's history; past retention they go.
+  coordinator.reset();
+  coordinator = std::make_unique<BlockingCoordinator>(*store_, options, [this] { return now; });
+  ASSERT_TRUE(coordinator->recover());
+  checkDaily(report(daily));
+  coordinator.reset();
+  CoordinatorOptions short_memory = options;
+  short_memory.accounting.retention_days = 2;  // today and yesterday
+  coordinator = std::make_unique<BlockingCoordinator>(*store_, short_memory, [this] { return now; });
+  ASSERT_TRUE(coordinator->recover());
+  now = midnight + 86400000LL + 1000;  // 2024-10-05: 2024-10-03 is past retention
+  coordinator->tick();
+  const auto left = report(daily);
+  ASSERT_EQ(left.rows_size(), 1);
+  EXPECT_EQ(left.rows(0).day(), "2024-10-04");
+  EXPECT_EQ(left.first_day_kept(), "2024-10-04");
+  coordinator.reset();  // its last writes are stored
+  auto stored = store_->listEntries("usage_daily");
+  ASSERT_TRUE(stored);
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ((*stored)[0].key, "2024-10-04:a:alice");
+}
+
 // Issue 41: limits. An account limited to 2 GPUs runs 2 of its 1-GPU jobs and the third waits (AccountLimit)
 // while another account's job starts beside them; a job that could never fit the limit is refused at submit
 // naming it; a user past its pending limit is refused at submit. Never more than the limit at any pass.

@@ -130,6 +130,16 @@ TEST_F(HttpTest, ApiAnswersJson) {
   EXPECT_EQ(one["job"]["id"], job);
   EXPECT_EQ(one["ring"]["topology"], "2x2");
   EXPECT_EQ(handleRequest(*coordinator, "GET", "/api/v1/jobs?state=NOPE").status, 400);
+  // Usage per account and day (nothing has ended yet): the period asked for, 30 days by default.
+  Response usage = handleRequest(*coordinator, "GET", "/api/v1/usage?days=7");
+  ASSERT_EQ(usage.status, 200) << usage.body;
+  auto period = nlohmann::json::parse(usage.body);
+  EXPECT_EQ(period.value("rows", nlohmann::json::array()).size(), 0u);
+  EXPECT_NE(period["first_day"], period["last_day"]);
+  for (const char* bad : {"0", "401", "x", "-1", "1000000"}) {
+    EXPECT_EQ(handleRequest(*coordinator, "GET", std::string("/api/v1/usage?days=") + bad).status, 400)
+        << bad;
+  }
 }
 
 TEST_F(HttpTest, JobPageDrawsTheRingAndEscapesUserText) {
@@ -420,11 +430,26 @@ TEST(Pages, FinishedJobShowsItsRankProcessesInHumanTerms) {
   EXPECT_NE(renderJobPage(job, nullptr, {}, 1126000).find("no rank records were kept"), std::string::npos);
 }
 
+// Issue 41: per-account counters, one series per account (and per way an attempt ended), escaped.
+TEST(Pages, MetricsCountUsagePerAccount) {
+  MetricsSnapshot m;
+  m.account_gpu_seconds = {{"lab", 7.5}, {"root", 2}};
+  m.account_attempts = {{{"lab", "FAILED"}, 2}, {{"lab", "SUCCEEDED"}, 5}};
+  const std::string text = renderMetrics(m, true);
+  for (const char* line : {"# TYPE ddl_account_gpu_seconds_total counter\n",
+                           "ddl_account_gpu_seconds_total{account=\"lab\"} 7.5\n",
+                           "ddl_account_gpu_seconds_total{account=\"root\"} 2\n",
+                           "ddl_account_attempts_total{account=\"lab\",end=\"FAILED\"} 2\n",
+                           "ddl_account_attempts_total{account=\"lab\",end=\"SUCCEEDED\"} 5\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " missing in\n" << text;
+  }
+}
+
 TEST(Pages, IndexHasClusterChartsHistoryFiltersAndPaging) {
   const std::string page = renderIndexPage();
-  for (const char* want :
-       {"id=\"chart-gpus\"", "id=\"chart-jobs\"", "/api/v1/cluster/series", "name=\"state\"", "name=\"user\"",
-        "name=\"name\"", "page_token", "next page", "hdur(", ".sort("}) {
+  for (const char* want : {"id=\"chart-gpus\"", "id=\"chart-jobs\"", "id=\"chart-usage\"",
+                           "/api/v1/usage?days=30", "/api/v1/cluster/series", "name=\"state\"",
+                           "name=\"user\"", "name=\"name\"", "page_token", "next page", "hdur(", ".sort("}) {
     EXPECT_NE(page.find(want), std::string::npos) << want;
   }
   EXPECT_EQ(page.find("http://"), std::string::npos);  // nothing fetched from elsewhere

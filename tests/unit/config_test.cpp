@@ -97,6 +97,8 @@ TEST(CoordinatorConfig, StoreUrlsAndEtcdSettings) {
   EXPECT_NE(refusal([](DaemonConfig& d) { d.etcd_cert = "/c"; }).find("go together"), std::string::npos);
   EXPECT_NE(refusal([](DaemonConfig& d) { d.leader_lease_s = 1; }).find("leader_lease_s"), std::string::npos);
   EXPECT_NE(refusal([](DaemonConfig& d) { d.advertise = "nohost"; }).find("advertise"), std::string::npos);
+  EXPECT_NE(refusal([](DaemonConfig& d) { d.usage_retention_days = 0; }).find("usage_retention_days"),
+            std::string::npos);
   EXPECT_NE(refusal([](DaemonConfig& d) { d.store = "sqlite"; }).find("store is \"sqlite\""),
             std::string::npos);
 }

@@ -1,0 +1,199 @@
+// Accounting: ended attempts in daily rollups per account and user (usage_book.h).
+#include "service/usage_book.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "placement/fair_share.h"
+#include "service/actor.h"
+
+namespace ddl::coordinator {
+
+namespace {
+
+constexpr const char* kDailyTable = "usage_daily";
+constexpr int64_t kDayMs = 86400000;
+
+std::string rowKey(int64_t day, const std::string& account, const std::string& user) {
+  return dayText(day) + ":" + account + ":" + user;
+}
+
+nlohmann::json toJson(const UsageFigures& f) {
+  return {{"gpu_s", f.gpu_s},   {"cpu_s", f.cpu_s},       {"attempts", f.attempts},          {"jobs", f.jobs},
+          {"failed", f.failed}, {"requeued", f.requeued}, {"max_rss_bytes", f.max_rss_bytes}};
+}
+
+}  // namespace
+
+void UsageFigures::add(const UsageFigures& o) {
+  gpu_s += o.gpu_s;
+  cpu_s += o.cpu_s;
+  attempts += o.attempts;
+  jobs += o.jobs;
+  failed += o.failed;
+  requeued += o.requeued;
+  max_rss_bytes = std::max(max_rss_bytes, o.max_rss_bytes);
+}
+
+int64_t dayOf(int64_t unix_ms) {
+  return unix_ms >= 0 ? unix_ms / kDayMs : -((-unix_ms + kDayMs - 1) / kDayMs);
+}
+
+// Civil dates from days since 1970-01-01 and back (proleptic Gregorian calendar, after H. Hinnant's
+// well-known derivation: eras of 400 years, years starting in March).
+std::string dayText(int64_t day) {
+  const int64_t z = day + 719468;
+  const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+  const int64_t doe = z - era * 146097;
+  const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  const int64_t mp = (5 * doy + 2) / 153;
+  const int64_t d = doy - (153 * mp + 2) / 5 + 1;
+  const int64_t m = mp < 10 ? mp + 3 : mp - 9;
+  const int64_t y = yoe + era * 400 + (m <= 2);
+  char text[64];
+  std::snprintf(text, sizeof(text), "%04lld-%02lld-%02lld", static_cast<long long>(y),
+                static_cast<long long>(m), static_cast<long long>(d));
+  return text;
+}
+
+std::optional<int64_t> parseDay(const std::string& text) {
+  int y = 0, m = 0, d = 0;
+  char tail = 0;
+  if (text.size() != 10 || std::sscanf(text.c_str(), "%4d-%2d-%2d%c", &y, &m, &d, &tail) != 3)
+    return std::nullopt;
+  if (y < 1970 || m < 1 || m > 12 || d < 1 || d > 31) return std::nullopt;
+  const int64_t yy = y - (m <= 2);
+  const int64_t era = yy / 400;
+  const int64_t yoe = yy - era * 400;
+  const int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  const int64_t day = era * 146097 + doe - 719468;
+  if (dayText(day) != text) return std::nullopt;  // 2026-02-30 and the like
+  return day;
+}
+
+std::vector<std::pair<int64_t, double>> spreadOverDays(int64_t start_ms, int64_t end_ms) {
+  if (end_ms <= start_ms) return {{dayOf(end_ms), 1.0}};
+  std::vector<std::pair<int64_t, double>> out;
+  const double total = static_cast<double>(end_ms - start_ms);
+  for (int64_t day = dayOf(start_ms); day <= dayOf(end_ms - 1); ++day) {
+    const int64_t from = std::max(start_ms, day * kDayMs), to = std::min(end_ms, (day + 1) * kDayMs);
+    out.push_back({day, (to - from) / total});
+  }
+  return out;
+}
+
+UsageBook::UsageBook(Actor& actor, UsageOptions options) : actor_(actor), options_(options) {}
+
+state::Status UsageBook::loadOnLoop(state::Store& store) {
+  assert(actor_.onLoop());
+  auto entries = store.listEntries(kDailyTable);
+  if (!entries) return entries.status();
+  rows_.clear();
+  for (const state::Entry& e : *entries) {
+    const size_t a = e.key.find(':'), u = a == std::string::npos ? a : e.key.find(':', a + 1);
+    const auto day = a == std::string::npos ? std::nullopt : parseDay(e.key.substr(0, a));
+    const auto j = nlohmann::json::parse(e.value, nullptr, false);
+    if (!day || u == std::string::npos || !j.is_object()) {
+      spdlog::warn("usage_daily entry {} is not a daily rollup; it is ignored", e.key);
+      continue;
+    }
+    auto num = [&j](const char* name) {
+      return j.contains(name) && j[name].is_number() ? j[name].get<double>() : 0;
+    };
+    UsageFigures f;
+    f.gpu_s = num("gpu_s");
+    f.cpu_s = num("cpu_s");
+    f.attempts = static_cast<int64_t>(num("attempts"));
+    f.jobs = static_cast<int64_t>(num("jobs"));
+    f.failed = static_cast<int64_t>(num("failed"));
+    f.requeued = static_cast<int64_t>(num("requeued"));
+    f.max_rss_bytes = static_cast<int64_t>(num("max_rss_bytes"));
+    // The store lists keys in order, mostly the map's: the end is the right place for nearly every one.
+    rows_.insert_or_assign(rows_.end(), Key{*day, e.key.substr(a + 1, u - a - 1), e.key.substr(u + 1)}, f);
+  }
+  return state::Status::ok();
+}
+
+void UsageBook::addOnLoop(const Key& key, const UsageFigures& f) {
+  auto [it, added] = rows_.try_emplace(key);
+  it->second.add(f);
+  const auto& [day, account, user] = key;
+  state::Entry e{kDailyTable, rowKey(day, account, user), toJson(it->second).dump()};
+  if (state::checkEntry(e).empty()) actor_.put(state::Write::putEntry(std::move(e)));
+  // Over the bound: the oldest day's rows go (never the one just written: it is the newest or close to it).
+  while (rows_.size() > options_.max_rows && rows_.begin() != it) dropOnLoop(rows_.begin());
+}
+
+void UsageBook::dropOnLoop(std::map<Key, UsageFigures>::iterator it) {
+  const auto& [day, account, user] = it->first;
+  actor_.put(state::Write::deleteEntry(kDailyTable, rowKey(day, account, user)));
+  rows_.erase(it);
+}
+
+void UsageBook::bookOnLoop(const std::string& account_given, const std::string& user,
+                           const state::AttemptUsage& u, state::JobState to) {
+  assert(actor_.onLoop());
+  const std::string account = account_given.empty() ? placement::kRootAccount : account_given;
+  ended_[{account, u.end}]++;
+  for (const auto& [day, part] : spreadOverDays(u.start_ms, u.end_ms)) {
+    UsageFigures f;
+    f.gpu_s = u.gpu_s * part;
+    f.cpu_s = u.cpu_s * part;
+    if (day == dayOf(u.end_ms)) {
+      f.attempts = 1;
+      f.jobs = state::isTerminal(to);
+      f.failed = to == state::JobState::kFailed || to == state::JobState::kTimeout;
+      f.requeued = to == state::JobState::kPending;
+      f.max_rss_bytes = u.max_rss_bytes;
+    }
+    addOnLoop({day, account, user}, f);
+  }
+}
+
+void UsageBook::bookLateOnLoop(const std::string& account_given, const std::string& user, int64_t end_ms,
+                               double cpu_s, int64_t max_rss_bytes) {
+  assert(actor_.onLoop());
+  if (cpu_s == 0 && max_rss_bytes == 0) return;
+  UsageFigures f;
+  f.cpu_s = cpu_s;
+  f.max_rss_bytes = max_rss_bytes;
+  addOnLoop({dayOf(end_ms), account_given.empty() ? placement::kRootAccount : account_given, user}, f);
+}
+
+void UsageBook::chargeOnLoop(const std::string& account, double gpu_s) {
+  assert(actor_.onLoop());
+  if (gpu_s > 0) live_gpu_s_[account.empty() ? placement::kRootAccount : account] += gpu_s;
+}
+
+void UsageBook::trimOnLoop(int64_t now_ms) {
+  assert(actor_.onLoop());
+  const int64_t today = dayOf(now_ms);
+  if (today == trimmed_day_) return;
+  trimmed_day_ = today;
+  while (!rows_.empty() && std::get<0>(rows_.begin()->first) <= today - options_.retention_days) {
+    dropOnLoop(rows_.begin());
+  }
+}
+
+std::vector<UsageBook::Row> UsageBook::reportOnLoop(const Query& q) const {
+  assert(actor_.onLoop());
+  std::map<std::tuple<int64_t, std::string, std::string>, UsageFigures> sums;
+  for (auto it = rows_.lower_bound({q.first_day, "", ""}); it != rows_.end(); ++it) {
+    const auto& [day, account, user] = it->first;
+    if (day > q.last_day) break;
+    if ((!q.account.empty() && account != q.account) || (!q.user.empty() && user != q.user)) continue;
+    sums[{q.daily ? day : -1, account, q.by_account ? "" : user}].add(it->second);
+  }
+  std::vector<Row> out;
+  out.reserve(sums.size());
+  for (auto& [key, f] : sums) out.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), f});
+  return out;
+}
+
+}  // namespace ddl::coordinator
