@@ -17,6 +17,7 @@
 #include "common/job_id.h"
 #include "common/rank_env.h"
 #include "common/resources.h"
+#include "common/signals.h"
 #include "common/topology_dims.h"
 #include "ddlctl_internal.h"
 
@@ -333,6 +334,9 @@ std::string checkSubmitValues(const SubmitArgs& args) {
   if (!args.timeLimit.empty()) {
     if (Parsed<int> limit = parseTimeLimit(args.timeLimit); !limit.ok()) return limit.error;
   }
+  if (!args.warnSignal.empty()) {
+    if (auto warn = parseWarnSignal(args.warnSignal); !warn.ok()) return warn.error;
+  }
   for (auto [flag, given] :
        {std::pair{"--after-ok", &args.afterOk}, std::pair{"--after-any", &args.afterAny}}) {
     size_t ids = 0;
@@ -345,6 +349,26 @@ std::string checkSubmitValues(const SubmitArgs& args) {
     if (ids > 1000) return std::string(flag) + ": more than 1000 jobs";
   }
   return "";
+}
+
+Parsed<std::pair<int, int>> parseWarnSignal(std::string_view text) {
+  auto fail = [text](const std::string& why) {
+    return Parsed<std::pair<int, int>>{std::nullopt, "--signal '" + std::string(text) + "': " + why};
+  };
+  const size_t at = text.find('@');
+  const std::optional<int> signal = signalNumber(text.substr(0, at));
+  if (!signal) return fail("give a signal name (USR1, SIGUSR1, TERM) or a number 1..64, then @SECONDS");
+  int before = 60;
+  if (at != std::string_view::npos) {
+    const std::string_view seconds = text.substr(at + 1);
+    if (seconds.empty() || seconds.size() > 5 ||
+        seconds.find_first_not_of("0123456789") != std::string_view::npos ||
+        std::stoi(std::string(seconds)) < 1 || std::stoi(std::string(seconds)) > 65535) {
+      return fail("the seconds after @ are a whole number from 1 to 65535");
+    }
+    before = std::stoi(std::string(seconds));
+  }
+  return {std::pair{*signal, before}, ""};
 }
 
 Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
@@ -374,6 +398,19 @@ Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
   }
   for (const std::string& e : args.env) spec.add_env(e);
   if (!args.timeLimit.empty()) spec.set_time_limit_s(*parseTimeLimit(args.timeLimit).value);
+  if (!args.warnSignal.empty()) {
+    const auto [signal, before] = *parseWarnSignal(args.warnSignal).value;
+    if (spec.time_limit_s() == 0) {
+      return fail("--signal " + args.warnSignal + " is sent before the time limit: give --time too");
+    }
+    if (before >= spec.time_limit_s()) {
+      return fail("--signal " + args.warnSignal + " would come " + std::to_string(before) +
+                  " s before a time limit of " + std::to_string(spec.time_limit_s()) +
+                  " s, before the job starts; give fewer seconds or a longer --time");
+    }
+    spec.set_warn_signal(signal);
+    spec.set_warn_before_s(before);
+  }
   if (args.cpusPerRank) spec.set_cpus_per_rank(*args.cpusPerRank);
   if (!args.memPerRank.empty()) {
     int64_t bytes = 0;

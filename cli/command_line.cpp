@@ -153,6 +153,12 @@ void declareSubmit(CLI::App& app, CommandLine& cl) {
       ->type_name("LIMIT")
       ->take_last();
   submit
+      ->add_option("--signal", s.warnSignal,
+                   "send SIG to the running ranks SECONDS (default 60) before the --time limit, so they can "
+                   "checkpoint: USR1@120, SIGTERM, 10@30")
+      ->type_name("SIG[@SECONDS]")
+      ->take_last();
+  submit
       ->add_option(
           "--after-ok", s.afterOk,
           "start only after JOB succeeded (repeatable; several after one --after-ok, or comma-separated)")

@@ -118,6 +118,7 @@ struct SubmitArgs {
   std::string user;
   std::vector<std::string> command;
   std::string timeLimit;              // --time, as given
+  std::string warnSignal;             // --signal SIG[@SECONDS], as given
   std::vector<std::string> afterOk;   // --after-ok, as given (comma-separated, short ids)
   std::vector<std::string> afterAny;  // --after-any
   bool hold = false;
@@ -127,6 +128,10 @@ struct SubmitArgs {
   std::optional<int> cpusPerRank;     // --cpus-per-rank
   std::string memPerRank;             // --mem-per-rank, as given ("8G")
 };
+
+// --signal SIG[@SECONDS] (sbatch's, without its R: and B: options): the signal (a name or a number 1..64) and
+// how long before the time limit (1..65535 s; 60 when not given), or the usage error.
+Parsed<std::pair<int, int>> parseWarnSignal(std::string_view text);
 
 // The JobSpec for a submit, or the usage error. Shapes: --gpus T alone (a total, placed on as few nodes as
 // possible), or --nodes N with --gpus-per-node G (default 1). Neither, or both, is an error. The env is the

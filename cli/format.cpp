@@ -403,7 +403,14 @@ std::string formatUsage(const v1::GetUsageResponse& usage) {
 }
 
 std::string formatUsageCsv(const v1::GetUsageResponse& usage) {
-  // Names are a-z, 0-9, '_', '-' and '.': no field needs quoting.
+  // RFC 4180: a field holding a comma, a quote or a line break is quoted, its quotes doubled (registry names
+  // never need it; an insecure coordinator's users, named by the requests, might).
+  auto field = [](const std::string& text) {
+    if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+    std::string out = "\"";
+    for (char c : text) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return out + "\"";
+  };
   std::string out = "day,account,user,gpu_hours,cpu_hours,attempts,jobs,failed,requeued,max_rss_bytes\n";
   char numbers[160];
   for (const v1::UsageRow& r : usage.rows()) {
@@ -411,7 +418,7 @@ std::string formatUsageCsv(const v1::GetUsageResponse& usage) {
                   r.cpu_seconds() / 3600, static_cast<long long>(r.attempts()),
                   static_cast<long long>(r.jobs()), static_cast<long long>(r.failed()),
                   static_cast<long long>(r.requeued()), static_cast<long long>(r.max_rss_bytes()));
-    out += r.day() + "," + r.account() + "," + r.user() + "," + numbers + "\n";
+    out += field(r.day()) + "," + field(r.account()) + "," + field(r.user()) + "," + numbers + "\n";
   }
   return out;
 }

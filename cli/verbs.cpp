@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <random>
@@ -288,17 +290,34 @@ int runCancel(CommandLine& cl, Session& s, std::ostream& err) {
 }
 
 // --since and --until (list, usage) as unix ms, 0 where not given: "" or why they are refused (a TIME that
-// does not parse, a period that ends before it starts).
-std::string periodOf(const CommandLine& cl, int64_t now, int64_t* since, int64_t* until) {
+// does not parse, a period that ends before it starts). utc_dates (usage, whose days are UTC days): a date
+// alone ("2026-12-01") is that day's UTC midnight rather than local, and a period given only --since ends
+// now.
+std::string periodOf(const CommandLine& cl, int64_t now, bool utc_dates, int64_t* since, int64_t* until) {
   for (auto [flag, text, out] :
        {std::tuple{"--since", &cl.since, since}, std::tuple{"--until", &cl.until, until}}) {
     *out = 0;
     if (text->empty()) continue;
+    std::tm day{};
+    char tail = 0;
+    if (utc_dates && text->size() == 10 &&
+        std::sscanf(text->c_str(), "%4d-%2d-%2d%c", &day.tm_year, &day.tm_mon, &day.tm_mday, &tail) == 3) {
+      const int year = day.tm_year, month = day.tm_mon, mday = day.tm_mday;
+      day.tm_year -= 1900;
+      day.tm_mon -= 1;
+      const time_t t = timegm(&day);  // normalises: 2026-02-30 comes back as a day of March
+      if (t < 0 || day.tm_year + 1900 != year || day.tm_mon + 1 != month || day.tm_mday != mday) {
+        return std::string(flag) + " " + *text + " is not a date";
+      }
+      *out = static_cast<int64_t>(t) * 1000;
+      continue;
+    }
     Parsed<int64_t> at = parseTimeBound(*text, now);
     if (!at.ok()) return std::string(flag) + " " + at.error;
     *out = *at.value;
   }
-  if (*since > 0 && *since >= (*until > 0 ? *until : now)) {
+  const int64_t end = *until > 0 ? *until : utc_dates ? now : 0;
+  if (*since > 0 && end > 0 && *since >= end) {
     return "--since " + cl.since + " is not before " +
            (cl.until.empty() ? std::string("now") : "--until " + cl.until);
   }
@@ -310,7 +329,8 @@ std::string periodOf(const CommandLine& cl, int64_t now, int64_t* since, int64_t
 int runUsage(CommandLine& cl, Session& s, std::ostream& err) {
   v1::GetUsageRequest req;
   int64_t since = 0, until = 0;
-  if (std::string why = periodOf(cl, unixNowMs(), &since, &until); !why.empty()) return usageError(err, why);
+  if (std::string why = periodOf(cl, unixNowMs(), true, &since, &until); !why.empty())
+    return usageError(err, why);
   req.set_since_ms(since);
   req.set_until_ms(until);
   req.set_account(cl.account);
@@ -345,7 +365,7 @@ int runList(CommandLine& cl, Session& s, std::ostream& err) {
     for (v1::JobState st : {v1::PENDING, v1::SCHEDULED, v1::STARTING, v1::RUNNING}) req.add_states(st);
   }
   int64_t since = 0, until = 0;
-  if (std::string why = periodOf(cl, now, &since, &until); !why.empty()) return usageError(err, why);
+  if (std::string why = periodOf(cl, now, false, &since, &until); !why.empty()) return usageError(err, why);
   req.set_since_ms(since);
   req.set_until_ms(until);
   const bool json = cl.output == "json";

@@ -486,10 +486,9 @@ void route(DashboardBackend& b, const Request& request, const Access& gate, cons
       return reply(error(400, "days='" + days + "' is not a number from 1 to 400"));
     }
     v1::GetUsageRequest req;
-    const int64_t now = state::systemNowMs();
-    req.set_until_ms(now);
-    req.set_since_ms(now -
-                     ((days.empty() ? 30 : std::stoi(days)) - 1) * 86400000LL);  // today and the days before
+    const int64_t today = state::systemNowMs() / 86400000;  // UTC days: today and the days before
+    req.set_since_ms((today - ((days.empty() ? 30 : std::stoi(days)) - 1)) * 86400000LL);
+    req.set_until_ms((today + 1) * 86400000LL);
     req.set_account(percentDecode(queryParam(query, "account")));
     req.set_by_account(true);
     req.set_daily(true);

@@ -257,20 +257,21 @@ void Coordinator::recordRankResultOnLoop(const std::string& node, const v1::Rank
                      pos->program_pid != next.program_pid || pos->started_ms != next.started_ms;
   // A rank that exits after its attempt ended (the others of a failed one): its CPU time and memory are added
   // to the attempt's usage.
+  std::vector<state::Write> usage;
   if (next.exited && !job.attempts.empty() && job.attempts.back().attempt == next.attempt) {
     state::AttemptUsage& ended = job.attempts.back();
     ended.cpu_s += next.cpu_s;
     ended.max_rss_bytes = std::max(ended.max_rss_bytes, next.max_rss_bytes);
-    usage_book_->bookLateOnLoop(job.spec.account, job.spec.user, ended.end_ms, next.cpu_s,
-                                next.max_rss_bytes);
+    usage =
+        usage_book_->bookLateOnLoop(job.spec.account, job.spec.user, ended, next.cpu_s, next.max_rss_bytes);
   }
   if (known) {
     *pos = std::move(next);
   } else {
     job.ranks.insert(pos, std::move(next));
   }
-  if (store) {
-    putJobOnLoop(job);
+  if (store || !usage.empty()) {
+    putJobOnLoop(job, false, std::move(usage));
     if (state::isTerminal(job.state))
       rewritten_final_[job.id] = actor_->nextBatch();  // the batch this turn makes
   }

@@ -30,6 +30,8 @@ state::JobSpec fromProto(const v1::JobSpec& spec) {
   s.command.assign(spec.command().begin(), spec.command().end());
   s.required_labels.insert(spec.required_labels().begin(), spec.required_labels().end());
   s.time_limit_s = spec.time_limit_s();
+  s.warn_signal = spec.warn_signal();
+  s.warn_before_s = spec.warn_before_s();
   s.after_ok.assign(spec.after_ok().begin(), spec.after_ok().end());
   s.after_any.assign(spec.after_any().begin(), spec.after_any().end());
   s.hold = spec.hold();
@@ -57,6 +59,8 @@ void toProto(const state::JobSpec& spec, v1::JobSpec* out) {
   for (const auto& a : spec.command) out->add_command(a);
   for (const auto& [k, v] : spec.required_labels) (*out->mutable_required_labels())[k] = v;
   out->set_time_limit_s(static_cast<int32_t>(spec.time_limit_s));
+  out->set_warn_signal(spec.warn_signal);
+  out->set_warn_before_s(static_cast<int32_t>(spec.warn_before_s));
   for (const auto& d : spec.after_ok) out->add_after_ok(d);
   for (const auto& d : spec.after_any) out->add_after_any(d);
   out->set_hold(spec.hold);

@@ -80,12 +80,18 @@ void Coordinator::whenDurable(std::function<void()> done) {
 
 StoreHealth Coordinator::health() const { return actor_->health(); }
 
-void Coordinator::putJobOnLoop(const state::Job& job, bool new_job) {
+void Coordinator::putJobOnLoop(const state::Job& job, bool new_job, std::vector<state::Write> with) {
   state::Write w;
   w.kind = state::Write::Kind::kPutJob;
   w.job = job;
   w.new_job = new_job;
+  if (!with.empty()) {
+    size_t bytes = actor_->bytesOf(w);
+    for (const state::Write& e : with) bytes += actor_->bytesOf(e);
+    actor_->reserve(with.size() + 1, bytes);  // false: more than one transaction holds; the job goes first
+  }
   actor_->put(std::move(w));
+  for (state::Write& e : with) actor_->put(std::move(e));
 }
 
 void Coordinator::committedOnLoop() {
@@ -315,14 +321,32 @@ void Coordinator::setAccounts(placement::ShareTree tree) {
   });
 }
 
+void Coordinator::signalRanksOnLoop(const state::Job& job, int signal) {
+  v1::Command cmd;
+  v1::SignalJob* sig = cmd.mutable_signal();
+  sig->set_job_id(job.id);
+  sig->set_attempt(runtime_.count(job.id) ? runtime_[job.id].attempt : attemptOf(job));
+  sig->set_signal(signal);
+  for (const auto& a : job.allocation) registry_->sendOnLoop(a.node, cmd);
+  spdlog::info("job {}: {} sent to its ranks", job.id, signalName(signal));
+}
+
 void Coordinator::enforceTimeLimitsOnLoop() {
   const int64_t now = wall_ms_();
   std::vector<std::string> over;
-  for (const auto& [id, rt] : runtime_) {  // the launched jobs only
+  for (auto& [id, rt] : runtime_) {  // the launched jobs only
     auto it = jobs_.find(id);
     if (it == jobs_.end() || it->second.state != JobState::kRunning || it->second.spec.time_limit_s <= 0) continue;
+    const state::JobSpec& spec = it->second.spec;
     const int64_t started = latestAttemptReached(it->second, JobState::kRunning);
-    if (started > 0 && now - started >= it->second.spec.time_limit_s * 1000) over.push_back(id);
+    if (started <= 0) continue;
+    if (now - started >= spec.time_limit_s * 1000) {
+      over.push_back(id);
+    } else if (spec.warn_signal > 0 && !rt.warned &&
+               now - started >= (spec.time_limit_s - spec.warn_before_s) * 1000) {
+      rt.warned = true;  // once per attempt (a coordinator restart in the window may send it again)
+      signalRanksOnLoop(it->second, spec.warn_signal);
+    }
   }
   for (const auto& id : over) {
     const state::Job& job = jobs_[id];
@@ -352,8 +376,9 @@ Status Coordinator::recordTransitionOnLoop(const std::string& id, JobState to, c
   const JobState from = job.state;
   Status applied = state::applyTransition(job, to, reason, failure, wall_ms_(), counts_as_restart);
   if (!applied) return applied;
+  std::vector<state::Write> usage;  // the ended attempt's rollups, stored with the move
   if (state::endsAttempt(from, job.state))
-    usage_book_->bookOnLoop(job.spec.account, job.spec.user, job.attempts.back(), job.state);
+    usage = usage_book_->bookOnLoop(job.spec.account, job.spec.user, job.attempts.back(), job.state);
   spdlog::info("job {}: {} -> {}: {}", id, toString(from), toString(job.state), reason);
   if (to == JobState::kFailed) ++counters_.jobs_failed_total;
   if (to == JobState::kScheduled) {
@@ -369,7 +394,7 @@ Status Coordinator::recordTransitionOnLoop(const std::string& id, JobState to, c
     counters_.scheduling_count++;
   }
   found->second = std::move(job);
-  putJobOnLoop(found->second);
+  putJobOnLoop(found->second, false, std::move(usage));
   if (state::isTerminal(found->second.state)) {
     finished_.push_back(
         {id, actor_->nextBatch(), state::endedAtMs(found->second)});  // the batch this turn makes

@@ -251,6 +251,7 @@ class Coordinator {
     std::string root_node;  // rank 0's node
     std::map<int, std::string> rank_node;  // every rank of the layout -> its node
     std::map<int, v1::RankStatus> ranks;   // the current attempt's ranks as reported
+    bool warned = false;                   // JobSpec.warn_signal was sent to this attempt
   };
 
   // The *OnLoop methods run on the loop thread only.
@@ -282,6 +283,8 @@ class Coordinator {
   void failJobOnLoop(const std::string& id, const std::string& reason, std::optional<state::Failure> failure);
   v1::Command stopCommand(const std::string& id, int attempt, const std::string& reason) const;
   // Sends the job's StopJob to every node of `allocation` (passed in: a requeue clears the job's own).
+  // Sends `signal` to the running ranks of the job's current attempt (cancel --signal, --signal SIG@SECONDS).
+  void signalRanksOnLoop(const state::Job& job, int signal);
   void stopJobEverywhereOnLoop(const std::string& id, int attempt, const std::string& reason,
                                const std::vector<state::NodeAllocation>& allocation);
   // Records a rank report. A report about an ended job or an older attempt goes into `stale` (job, attempt)
@@ -314,7 +317,9 @@ class Coordinator {
   // ---- The loop (actor.h) ----
   bool onLoop() const;
   void post(std::function<void()> fn);
-  void putJobOnLoop(const state::Job& job, bool new_job = false);
+  // Stores the job as it is now; `with`: writes that go with it (its attempt's usage rollups), in the same
+  // batch where they fit one transaction together, else in the batches after the job's, never before it.
+  void putJobOnLoop(const state::Job& job, bool new_job = false, std::vector<state::Write> with = {});
   // Final jobs leave memory past the count or age limit, once their last change is durable.
   void evictFinishedOnLoop();
   // The job from memory, or from the store (read on the reader thread) for one that left memory; `fn` runs on

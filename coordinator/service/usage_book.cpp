@@ -18,8 +18,44 @@ namespace {
 constexpr const char* kDailyTable = "usage_daily";
 constexpr int64_t kDayMs = 86400000;
 
+// A name in an entry key: '%', ':' and what a key may not hold ('/', control bytes) as %XX, so that the key
+// splits back at its two ':' whatever the names hold (registry names never need it; an insecure
+// coordinator's users, named by the requests, might).
+std::string keyPart(const std::string& name) {
+  std::string out;
+  for (unsigned char c : name) {
+    if (c == '%' || c == ':' || c == '/' || c < 0x20 || c == 0x7f) {
+      char hex[4];
+      std::snprintf(hex, sizeof(hex), "%%%02X", c);
+      out += hex;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string nameOf(const std::string& part) {
+  std::string out;
+  for (size_t i = 0; i < part.size(); ++i) {
+    unsigned hex = 0;
+    if (part[i] == '%' && i + 2 < part.size() && std::sscanf(part.c_str() + i + 1, "%2x", &hex) == 1) {
+      out += static_cast<char>(hex);
+      i += 2;
+    } else {
+      out += part[i];
+    }
+  }
+  return out;
+}
+
 std::string rowKey(int64_t day, const std::string& account, const std::string& user) {
-  return dayText(day) + ":" + account + ":" + user;
+  return dayText(day) + ":" + keyPart(account) + ":" + keyPart(user);
+}
+
+// The day an attempt's counts go to: the one its last moment falls in.
+int64_t endDay(const state::AttemptUsage& u) {
+  return dayOf(u.end_ms > u.start_ms ? u.end_ms - 1 : u.end_ms);
 }
 
 nlohmann::json toJson(const UsageFigures& f) {
@@ -115,17 +151,22 @@ state::Status UsageBook::loadOnLoop(state::Store& store) {
     f.requeued = static_cast<int64_t>(num("requeued"));
     f.max_rss_bytes = static_cast<int64_t>(num("max_rss_bytes"));
     // The store lists keys in order, mostly the map's: the end is the right place for nearly every one.
-    rows_.insert_or_assign(rows_.end(), Key{*day, e.key.substr(a + 1, u - a - 1), e.key.substr(u + 1)}, f);
+    rows_.insert_or_assign(rows_.end(),
+                           Key{*day, nameOf(e.key.substr(a + 1, u - a - 1)), nameOf(e.key.substr(u + 1))}, f);
   }
   return state::Status::ok();
 }
 
-void UsageBook::addOnLoop(const Key& key, const UsageFigures& f) {
+void UsageBook::addOnLoop(const Key& key, const UsageFigures& f, std::vector<state::Write>* writes) {
   auto [it, added] = rows_.try_emplace(key);
   it->second.add(f);
   const auto& [day, account, user] = key;
   state::Entry e{kDailyTable, rowKey(day, account, user), toJson(it->second).dump()};
-  if (state::checkEntry(e).empty()) actor_.put(state::Write::putEntry(std::move(e)));
+  if (const std::string why = state::checkEntry(e); why.empty()) {
+    writes->push_back(state::Write::putEntry(std::move(e)));
+  } else {
+    spdlog::warn("the usage of {} in {} on {} is kept in memory only: {}", user, account, dayText(day), why);
+  }
   // Over the bound: the oldest day's rows go (never the one just written: it is the newest or close to it).
   while (rows_.size() > options_.max_rows && rows_.begin() != it) dropOnLoop(rows_.begin());
 }
@@ -136,34 +177,40 @@ void UsageBook::dropOnLoop(std::map<Key, UsageFigures>::iterator it) {
   rows_.erase(it);
 }
 
-void UsageBook::bookOnLoop(const std::string& account_given, const std::string& user,
-                           const state::AttemptUsage& u, state::JobState to) {
+std::vector<state::Write> UsageBook::bookOnLoop(const std::string& account_given, const std::string& user,
+                                                const state::AttemptUsage& u, state::JobState to) {
   assert(actor_.onLoop());
   const std::string account = account_given.empty() ? placement::kRootAccount : account_given;
   ended_[{account, u.end}]++;
+  std::vector<state::Write> writes;
   for (const auto& [day, part] : spreadOverDays(u.start_ms, u.end_ms)) {
     UsageFigures f;
     f.gpu_s = u.gpu_s * part;
     f.cpu_s = u.cpu_s * part;
-    if (day == dayOf(u.end_ms)) {
+    if (day == endDay(u)) {
       f.attempts = 1;
       f.jobs = state::isTerminal(to);
       f.failed = to == state::JobState::kFailed || to == state::JobState::kTimeout;
       f.requeued = to == state::JobState::kPending;
       f.max_rss_bytes = u.max_rss_bytes;
     }
-    addOnLoop({day, account, user}, f);
+    addOnLoop({day, account, user}, f, &writes);
   }
+  return writes;
 }
 
-void UsageBook::bookLateOnLoop(const std::string& account_given, const std::string& user, int64_t end_ms,
-                               double cpu_s, int64_t max_rss_bytes) {
+std::vector<state::Write> UsageBook::bookLateOnLoop(const std::string& account_given, const std::string& user,
+                                                    const state::AttemptUsage& ended, double cpu_s,
+                                                    int64_t max_rss_bytes) {
   assert(actor_.onLoop());
-  if (cpu_s == 0 && max_rss_bytes == 0) return;
+  std::vector<state::Write> writes;
+  if (cpu_s == 0 && max_rss_bytes == 0) return writes;
   UsageFigures f;
   f.cpu_s = cpu_s;
   f.max_rss_bytes = max_rss_bytes;
-  addOnLoop({dayOf(end_ms), account_given.empty() ? placement::kRootAccount : account_given, user}, f);
+  addOnLoop({endDay(ended), account_given.empty() ? placement::kRootAccount : account_given, user}, f,
+            &writes);
+  return writes;
 }
 
 void UsageBook::chargeOnLoop(const std::string& account, double gpu_s) {

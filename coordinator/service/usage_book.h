@@ -4,11 +4,12 @@
 // days the attempt spanned, in proportion to its time in each; the counts (attempts, ended jobs, failures,
 // requeues) and the peak memory on the day it ended.
 //
-// Each rollup is a Store entry usage_daily/<YYYY-MM-DD>:<account>:<user> (account and user names hold no
-// ':'), put through the actor in the turn the attempt ended, so it is in the same batch as the job's move (or
-// in the batch after). All of them are read back at recovery. Bounded: days older than retention_days are
-// dropped (from memory and the store) once a day, and at most max_rows rollups are kept (the oldest days go
-// first).
+// Each rollup is a Store entry usage_daily/<YYYY-MM-DD>:<account>:<user> (a '%', ':' or '/' in a name as
+// %XX), written in the turn the attempt ended, in the batch of the job's move where they fit one transaction
+// together, else in the batches after it: never before it, so a crash cannot book an attempt twice (the job
+// would still be placed at recovery, and end again). All of them are read back at recovery. Bounded: days
+// older than retention_days are dropped (from memory and the store) once a day, and at most max_rows rollups
+// are kept (the oldest days go first).
 //
 // It also keeps, since this coordinator started, each account's GPU-seconds as the GPUs are held (charged
 // with fair-share's usage, every second) for /metrics' ddl_account_gpu_seconds_total, and the ended attempts
@@ -68,13 +69,15 @@ class UsageBook {
   state::Status loadOnLoop(state::Store& store);
 
   // Books an ended attempt of a job charged to (account, user); `to`: where the job went (PENDING for a
-  // requeue, else the state it ended in).
-  void bookOnLoop(const std::string& account, const std::string& user, const state::AttemptUsage& u,
-                  state::JobState to);
+  // requeue, else the state it ended in). Returns the rollups' writes, for the caller to store with the job's
+  // move (Coordinator::putJobOnLoop: in its batch where they fit, never before it).
+  std::vector<state::Write> bookOnLoop(const std::string& account, const std::string& user,
+                                       const state::AttemptUsage& u, state::JobState to);
   // A rank's CPU time and peak memory heard of after its attempt was booked (ranks that exited after the
-  // attempt ended: the others of a failed one), added to the day it ended.
-  void bookLateOnLoop(const std::string& account, const std::string& user, int64_t end_ms, double cpu_s,
-                      int64_t max_rss_bytes);
+  // attempt ended: the others of a failed one), added to the day the attempt ended; its writes as above.
+  std::vector<state::Write> bookLateOnLoop(const std::string& account, const std::string& user,
+                                           const state::AttemptUsage& ended, double cpu_s,
+                                           int64_t max_rss_bytes);
   // GPU-seconds as they are held, per account (fair-share's charge), for /metrics.
   void chargeOnLoop(const std::string& account, double gpu_s);
   // Drops what is past retention (at most once a day; housekeeping calls it).
@@ -101,7 +104,7 @@ class UsageBook {
 
  private:
   using Key = std::tuple<int64_t, std::string, std::string>;  // day, account, user
-  void addOnLoop(const Key& key, const UsageFigures& f);
+  void addOnLoop(const Key& key, const UsageFigures& f, std::vector<state::Write>* writes);
   void dropOnLoop(std::map<Key, UsageFigures>::iterator it);
 
   Actor& actor_;

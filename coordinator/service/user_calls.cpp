@@ -455,13 +455,7 @@ StatusOr<v1::Job> Coordinator::cancelOnLoop(const state::Job& found, int signal)
     if (found.state != JobState::kRunning)
       return Status::failedPrecondition("job " + id + " is " + toString(found.state) +
                                         "; only the ranks of a RUNNING job can be signalled");
-    v1::Command cmd;
-    v1::SignalJob* sig = cmd.mutable_signal();
-    sig->set_job_id(id);
-    sig->set_attempt(runtime_.count(id) ? runtime_[id].attempt : attemptOf(found));
-    sig->set_signal(signal);
-    for (const auto& a : found.allocation) registry_->sendOnLoop(a.node, cmd);
-    spdlog::info("job {}: signal {} sent to its ranks", id, signal);
+    signalRanksOnLoop(found, signal);
     return toProtoOnLoop(found);
   }
   if (state::isTerminal(found.state)) {
@@ -781,7 +775,7 @@ void Coordinator::usage(const v1::GetUsageRequest& request, Done<v1::GetUsageRes
   post([this, request, done = std::move(done)] {
     const int64_t now = wall_ms_();
     const int64_t until = request.until_ms() > 0 ? request.until_ms() : now;
-    const int64_t since = request.since_ms() > 0 ? request.since_ms() : now - 7 * 86400000LL;
+    const int64_t since = request.since_ms() > 0 ? request.since_ms() : until - 7 * 86400000LL;
     if (until <= since) {
       return done(Status::invalidArgument("the period ends (" + dayText(dayOf(until)) +
                                           ") before it starts (" + dayText(dayOf(since)) + ")"));

@@ -153,6 +153,18 @@ Status validateJobSpec(const JobSpec& spec) {
   if (spec.time_limit_s < 0 || spec.time_limit_s > kMaxTimeLimitS)
     return bad("the time limit is " + std::to_string(spec.time_limit_s) +
                " s; give 1 s to 365 days (0: none)");
+  if (spec.warn_signal != 0) {
+    if (spec.warn_signal < 1 || spec.warn_signal > 64)
+      return bad("the warning signal is " + std::to_string(spec.warn_signal) +
+                 "; give a signal number 1 to 64");
+    if (spec.time_limit_s <= 0) return bad("a warning signal needs a time limit to be sent before");
+    if (spec.warn_before_s < 1 || spec.warn_before_s >= spec.time_limit_s)
+      return bad("the warning signal is to be sent " + std::to_string(spec.warn_before_s) +
+                 " s before the time limit of " + std::to_string(spec.time_limit_s) +
+                 " s; give 1 s to less than the limit");
+  } else if (spec.warn_before_s != 0) {
+    return bad("a warning time needs a warning signal");
+  }
   if (spec.after_ok.size() + spec.after_any.size() > kMaxDependencies)
     return bad("the job depends on " + size(spec.after_ok.size() + spec.after_any.size()) +
                " jobs; the limit is " + size(kMaxDependencies));

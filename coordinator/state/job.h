@@ -103,6 +103,10 @@ struct JobSpec {
   std::string request_id;
   // The account the job is charged to (auth/users.h), set at submit; "" for jobs stored before accounts.
   std::string account;
+  // sbatch's --signal SIG@SECONDS: the running ranks get warn_signal warn_before_s before the time limit
+  // (needs time_limit_s, and warn_before_s below it); 0: none.
+  int warn_signal = 0;
+  int64_t warn_before_s = 0;
 
   bool operator==(const JobSpec&) const = default;
 };

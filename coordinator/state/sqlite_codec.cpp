@@ -38,6 +38,10 @@ std::string encodeExtra(const Job& job) {
   nlohmann::json j = nlohmann::json::object();
   const JobSpec& s = job.spec;
   if (s.time_limit_s) j["time_limit_s"] = s.time_limit_s;
+  if (s.warn_signal) {
+    j["warn_signal"] = s.warn_signal;
+    j["warn_before_s"] = s.warn_before_s;
+  }
   if (!s.after_ok.empty()) j["after_ok"] = s.after_ok;
   if (!s.after_any.empty()) j["after_any"] = s.after_any;
   if (s.hold) j["hold"] = true;
@@ -114,6 +118,8 @@ void decodeExtra(const std::string& text, Job& job) {
   }
   JobSpec& s = job.spec;
   s.time_limit_s = field<int64_t>(j, "time_limit_s", 0);
+  s.warn_signal = field(j, "warn_signal", 0);
+  s.warn_before_s = field<int64_t>(j, "warn_before_s", 0);
   s.after_ok = json_fields::list<std::string>(j, "after_ok");
   s.after_any = json_fields::list<std::string>(j, "after_any");
   s.hold = field(j, "hold", false);

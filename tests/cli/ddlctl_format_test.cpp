@@ -1077,6 +1077,33 @@ TEST(DdlctlFormat, JobSpecNewFields) {
   EXPECT_EQ(buildJobSpec(a).error, "--after-ok needs a job id");
 }
 
+// Issue 41: --signal SIG[@SECONDS] as sbatch's: a name or number, 60 s by default, only with --time and
+// before it.
+TEST(DdlctlFormat, WarningSignalBeforeTheTimeLimit) {
+  EXPECT_EQ(*parseWarnSignal("USR1@120").value, (std::pair<int, int>{SIGUSR1, 120}));
+  EXPECT_EQ(*parseWarnSignal("SIGTERM").value, (std::pair<int, int>{SIGTERM, 60}));
+  EXPECT_EQ(*parseWarnSignal("10@30").value, (std::pair<int, int>{10, 30}));
+  for (const char* bad : {"", "FOO", "USR1@", "USR1@0", "USR1@65536", "USR1@1m", "@30", "65@10"}) {
+    EXPECT_FALSE(parseWarnSignal(bad).ok()) << bad;
+  }
+  EXPECT_EQ(parseWarnSignal("USR1@x").error,
+            "--signal 'USR1@x': the seconds after @ are a whole number from 1 to 65535");
+  SubmitArgs a;
+  a.command = {"python", "t.py"};
+  a.gpus = 1;
+  a.warnSignal = "USR1@120";
+  EXPECT_EQ(buildJobSpec(a).error, "--signal USR1@120 is sent before the time limit: give --time too");
+  a.timeLimit = "2m";
+  EXPECT_NE(buildJobSpec(a).error.find("give fewer seconds or a longer --time"), std::string::npos);
+  a.timeLimit = "1h";
+  auto spec = buildJobSpec(a);
+  ASSERT_TRUE(spec.ok()) << spec.error;
+  EXPECT_EQ(spec.value->warn_signal(), SIGUSR1);
+  EXPECT_EQ(spec.value->warn_before_s(), 120);
+  a.warnSignal = "";
+  EXPECT_EQ(buildJobSpec(a).value->warn_signal(), 0);
+}
+
 TEST(DdlctlFormat, ScriptDirectives) {
   auto d = parseScriptDirectives(
       "#!/bin/bash\n"
@@ -1200,6 +1227,16 @@ TEST(DdlctlCli, NewFlagsUsageErrors) {
 
 class FakeUserService final : public v1::UserService::Service {
  public:
+  grpc::Status GetUsage(grpc::ServerContext*, const v1::GetUsageRequest* req,
+                        v1::GetUsageResponse*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    lastUsage_ = *req;
+    return grpc::Status::OK;
+  }
+  v1::GetUsageRequest lastUsage() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lastUsage_;
+  }
   grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest* req, v1::SubmitResponse* resp) override {
     std::lock_guard<std::mutex> lock(mu_);
     lastSpec_ = req->spec();
@@ -1470,6 +1507,7 @@ class FakeUserService final : public v1::UserService::Service {
 
  private:
   std::mutex mu_;
+  v1::GetUsageRequest lastUsage_;
   v1::JobSpec lastSpec_;
   v1::ListJobsRequest lastList_;
   std::vector<v1::Job> pagedJobs_;
@@ -2013,6 +2051,31 @@ TEST_F(DdlctlServerTest, CancelSignalByFilterListsRunningJobsOnly) {
 
 // cancel --array ID: every live job whose array_id is ID (a short id too), picked from the listed pages.
 // Fails without --array (exit 2: unknown option).
+// ddlctl usage: a date alone is a UTC day (the rollups' days), other forms as list takes them; a period with
+// only --since ends now, and one that ends before it starts is refused before anything is sent.
+TEST_F(DdlctlServerTest, UsagePeriodsAreUtcDays) {
+  ASSERT_EQ(run({"usage", "--since", "2026-12-01", "--until", "2026-12-03", "--by-account"}).rc, 0);
+  v1::GetUsageRequest sent = service_.lastUsage();
+  EXPECT_EQ(sent.since_ms(), 1796083200000);  // 2026-12-01T00:00:00Z
+  EXPECT_EQ(sent.until_ms(), 1796256000000);  // 2026-12-03T00:00:00Z
+  EXPECT_TRUE(sent.by_account());
+  ASSERT_EQ(run({"usage", "--since", "2d", "--account", "lab", "--daily"}).rc, 0);
+  sent = service_.lastUsage();
+  EXPECT_NEAR(static_cast<double>(sent.since_ms()), static_cast<double>(unixNowMs() - 2 * 86400000LL), 60000);
+  EXPECT_EQ(sent.until_ms(), 0);
+  EXPECT_EQ(sent.account(), "lab");
+  EXPECT_TRUE(sent.daily());
+  Result r = run({"usage", "--since", "2026-02-30"});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_NE(r.err.find("--since 2026-02-30 is not a date"), std::string::npos) << r.err;
+  r = run({"usage", "--since", "2999-01-01"});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_NE(r.err.find("is not before now"), std::string::npos) << r.err;
+  EXPECT_EQ(run({"usage", "--by-account", "--user", "dora"}).rc, kExitUsage);
+  // list keeps its own reading: --since in the future alone is no error (nothing matches yet).
+  EXPECT_EQ(run({"list", "--since", "2999-01-01"}).rc, 0);
+}
+
 TEST_F(DdlctlServerTest, CancelArray) {
   std::vector<v1::Job> jobs;
   for (int i = 78; i <= 83; ++i) {

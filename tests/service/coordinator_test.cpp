@@ -2,6 +2,7 @@
 // in-memory or SQLite store. Covers the job lifecycle, failures, cancel, node loss, requeue, drain, gang
 // waiting, refusal at submit, and a restart that reconciles with the agents.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -1524,6 +1525,49 @@ TEST_F(CoordinatorTest, UsageIsChargedStoredAndOrdersTheQueueByShare) {
   EXPECT_NEAR(by_account["b"].usage_gpu_s(), 61, 0.1);
 }
 
+// Issue 41: --signal USR1@30 with --time 2m: the running ranks get SIGUSR1 once, 30 s before the limit (not
+// before), and the job still ends TIMEOUT at the limit. A spec that asks for it without a limit is refused.
+TEST_F(CoordinatorTest, AWarningSignalComesBeforeTheTimeLimitOnce) {
+  addNode("n1", 1);
+  v1::JobSpec s = spec(1, 1);
+  s.set_time_limit_s(120);
+  s.set_warn_signal(SIGUSR1);
+  s.set_warn_before_s(30);
+  const std::string id = submit(s);
+  coordinator->tick();
+  runAll("n1", id);
+  auto signals = [&] {
+    std::vector<int> out;
+    for (const auto& c : links["n1"]->commands)
+      if (c.has_signal() && c.signal().job_id() == id) out.push_back(c.signal().signal());
+    return out;
+  };
+  for (int i = 0; i < 17; ++i) {  // 85 s
+    now += 5000;
+    ASSERT_TRUE(beat("n1", id));
+    coordinator->tick();
+  }
+  EXPECT_TRUE(signals().empty()) << "35 s before the limit";
+  now += 5000;  // 90 s: 30 s before
+  ASSERT_TRUE(beat("n1", id));
+  coordinator->tick();
+  EXPECT_EQ(signals(), std::vector<int>{SIGUSR1});
+  for (int i = 0; i < 5; ++i) {
+    now += 5000;
+    ASSERT_TRUE(beat("n1", id));
+    coordinator->tick();
+  }
+  EXPECT_EQ(signals(), std::vector<int>{SIGUSR1}) << "once";
+  now += 6000;
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::TIMEOUT);
+
+  v1::JobSpec no_limit = spec(1, 1);
+  no_limit.set_warn_signal(SIGUSR1);
+  no_limit.set_warn_before_s(30);
+  EXPECT_EQ(coordinator->submit(no_limit).status().code(), state::StatusCode::kInvalidArgument);
+}
+
 // Issue 41, accounting: civil days and their text, and an interval's share of each UTC day it touches.
 TEST(UsageDays, DaysAndTheirText) {
   EXPECT_EQ(dayText(0), "1970-01-01");
@@ -1667,6 +1711,48 @@ TEST_F(CoordinatorTest, EndedAttemptsGoToDailyRollupsThatOutliveTheJob) {
   ASSERT_TRUE(stored);
   ASSERT_EQ(stored->size(), 1u);
   EXPECT_EQ((*stored)[0].key, "2024-10-04:a:alice");
+}
+
+// Issue 41, accounting: an attempt that ends exactly at a UTC midnight is counted on the day its time was in,
+// and names the rollups' keys could not hold (an insecure coordinator takes the user from the request) come
+// back whole after a restart.
+TEST_F(CoordinatorTest, RollupsOfAnAttemptEndingAtMidnightAndOfOddNames) {
+  const int64_t midnight = 20000 * 86400000LL;  // 2024-10-04T00:00Z
+  now = midnight - 60000;
+  addNode("n1", 1);
+  v1::JobSpec s = spec(1, 1);
+  s.set_user("ev:e/1%");
+  const std::string id = submit(s);
+  coordinator->tick();
+  runAll("n1", id);
+  now = midnight;
+  ASSERT_TRUE(
+      coordinator->rankEvent("n1", sessions["n1"], rankStatus(id, 1, 0, 0, v1::RankStatus::EXITED, 0)));
+  ASSERT_EQ(stateOf(id), v1::SUCCEEDED);
+  v1::GetUsageRequest daily;
+  daily.set_since_ms(midnight - 86400000LL);
+  daily.set_until_ms(midnight + 86400000LL);
+  daily.set_daily(true);
+  auto check = [&] {
+    auto r = coordinator->usage(daily);
+    ASSERT_TRUE(r) << r.status().toString();
+    ASSERT_EQ(r->rows_size(), 1);
+    EXPECT_EQ(r->rows(0).day(), "2024-10-03");
+    EXPECT_EQ(r->rows(0).user(), "ev:e/1%");
+    EXPECT_EQ(r->rows(0).account(), "root");
+    EXPECT_EQ(r->rows(0).attempts(), 1);
+    EXPECT_EQ(r->rows(0).jobs(), 1);
+    EXPECT_NEAR(r->rows(0).gpu_seconds(), 60, 1e-9);
+  };
+  check();
+  coordinator.reset();
+  coordinator = std::make_unique<BlockingCoordinator>(*store_, options, [this] { return now; });
+  ASSERT_TRUE(coordinator->recover());
+  check();
+  auto stored = store_->listEntries("usage_daily");
+  ASSERT_TRUE(stored);
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ((*stored)[0].key, "2024-10-03:root:ev%3Ae%2F1%25");
 }
 
 // Issue 41: limits. An account limited to 2 GPUs runs 2 of its 1-GPU jobs and the third waits (AccountLimit)

@@ -136,6 +136,10 @@ TEST_F(HttpTest, ApiAnswersJson) {
   auto period = nlohmann::json::parse(usage.body);
   EXPECT_EQ(period.value("rows", nlohmann::json::array()).size(), 0u);
   EXPECT_NE(period["first_day"], period["last_day"]);
+  Response today = handleRequest(*coordinator, "GET", "/api/v1/usage?days=1");
+  ASSERT_EQ(today.status, 200) << today.body;
+  auto single = nlohmann::json::parse(today.body);
+  EXPECT_EQ(single["first_day"], single["last_day"]);
   for (const char* bad : {"0", "401", "x", "-1", "1000000"}) {
     EXPECT_EQ(handleRequest(*coordinator, "GET", std::string("/api/v1/usage?days=") + bad).status, 400)
         << bad;
