@@ -87,6 +87,9 @@ class IoBackend : public DashboardBackend {
   void clusterSeries(Done<ClusterSeries> done) override {
     inner_.clusterSeries(bound(std::move(done), "read the cluster's series"));
   }
+  void usage(const v1::GetUsageRequest& request, Done<v1::GetUsageResponse> done) override {
+    inner_.usage(request, bound(std::move(done), "read the usage"));
+  }
   StoreHealth health() override { return inner_.health(); }
 
  private:

@@ -168,7 +168,10 @@ void UsageBook::addOnLoop(const Key& key, const UsageFigures& f, std::vector<sta
     spdlog::warn("the usage of {} in {} on {} is kept in memory only: {}", user, account, dayText(day), why);
   }
   // Over the bound: the oldest day's rows go (never the one just written: it is the newest or close to it).
-  while (rows_.size() > options_.max_rows && rows_.begin() != it) dropOnLoop(rows_.begin());
+  while (rows_.size() > options_.max_rows && rows_.begin() != it) {
+    capped_through_ = std::max(capped_through_, std::get<0>(rows_.begin()->first));
+    dropOnLoop(rows_.begin());
+  }
 }
 
 void UsageBook::dropOnLoop(std::map<Key, UsageFigures>::iterator it) {

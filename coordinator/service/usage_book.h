@@ -18,6 +18,7 @@
 // Threads: the coordinator's loop only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -95,7 +96,11 @@ class UsageBook {
     UsageFigures figures;
   };
   std::vector<Row> reportOnLoop(const Query& q) const;
-  int64_t firstDayKept() const { return rows_.empty() ? -1 : std::get<0>(rows_.begin()->first); }
+  // The first day whose rollups are all kept as of now_ms: retention's first day, or later where the cap on
+  // rollups dropped days after it.
+  int64_t firstDayKept(int64_t now_ms) const {
+    return std::max(dayOf(now_ms) - options_.retention_days + 1, capped_through_ + 1);
+  }
 
   // For /metrics, since this coordinator started: GPU-seconds held per account, and ended attempts per
   // (account, how they ended).
@@ -111,6 +116,7 @@ class UsageBook {
   const UsageOptions options_;
   std::map<Key, UsageFigures> rows_;  // day first: the oldest are at the front
   int64_t trimmed_day_ = -1;          // the day trimOnLoop last ran
+  int64_t capped_through_ = -1;       // the latest day whose rollups the max_rows cap dropped
   std::map<std::string, double> live_gpu_s_;
   std::map<std::pair<std::string, std::string>, int64_t> ended_;
 };

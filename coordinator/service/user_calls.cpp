@@ -790,7 +790,7 @@ void Coordinator::usage(const v1::GetUsageRequest& request, Done<v1::GetUsageRes
     v1::GetUsageResponse out;
     out.set_first_day(dayText(q.first_day));
     out.set_last_day(dayText(q.last_day));
-    if (const int64_t kept = usage_book_->firstDayKept(); kept >= 0) out.set_first_day_kept(dayText(kept));
+    out.set_first_day_kept(dayText(usage_book_->firstDayKept(now)));
     for (const UsageBook::Row& row : usage_book_->reportOnLoop(q)) {
       v1::UsageRow* r = out.add_rows();
       if (row.day >= 0) r->set_day(dayText(row.day));

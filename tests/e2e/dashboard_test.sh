@@ -167,6 +167,7 @@ def status(method, path):
 for method, path, want in [("GET", "/nope", 404), ("GET", "/jobs/j-999999", 404), ("GET", "/jobs/../../etc/passwd", 404),
                            ("GET", "/api/v1/jobs/xyz", 404), ("GET", "/api/v1/jobs?state=BOGUS", 400),
                            ("GET", "/api/v1/jobs?state=running", 200), ("GET", "/api/v1/cluster/series", 200),
+                           ("GET", "/api/v1/usage?days=2", 200),
                            ("GET", "/api/v1/jobs/" + job + "/series", 200),
                            ("POST", "/", 405), ("GET", "/api/v1/jobs/" + job, 200), ("GET", "/healthz", 200)]:
     got = status(method, path)

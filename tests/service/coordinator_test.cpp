@@ -1755,6 +1755,38 @@ TEST_F(CoordinatorTest, RollupsOfAnAttemptEndingAtMidnightAndOfOddNames) {
   EXPECT_EQ((*stored)[0].key, "2024-10-03:root:ev%3Ae%2F1%25");
 }
 
+// Issue 41, accounting: past the cap on rollups the oldest days go, from memory and the store, and a report
+// says from which day on it is whole.
+TEST_F(CoordinatorTest, TheCapOnRollupsDropsTheOldestDays) {
+  options.accounting.max_rows = 1;
+  makeCoordinator(std::make_unique<state::MemoryStore>());
+  const int64_t midnight = 20000 * 86400000LL;
+  addNode("n1", 1);
+  for (int64_t start : {midnight - 3600000, midnight + 3600000}) {  // one job on each side of midnight
+    now = start;
+    ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+    const std::string id = submit(spec(1, 1));
+    coordinator->tick();
+    runAll("n1", id);
+    now += 1000;
+    exitAll("n1", id);
+    ASSERT_EQ(stateOf(id), v1::SUCCEEDED);
+  }
+  v1::GetUsageRequest daily;
+  daily.set_since_ms(midnight - 86400000LL);
+  daily.set_daily(true);
+  auto r = coordinator->usage(daily);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->rows_size(), 1);
+  EXPECT_EQ(r->rows(0).day(), "2024-10-04");
+  EXPECT_EQ(r->first_day_kept(), "2024-10-04");
+  coordinator->tick();  // the deletion is stored with the next batch
+  auto stored = store_->listEntries("usage_daily");
+  ASSERT_TRUE(stored);
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ((*stored)[0].key.substr(0, 10), "2024-10-04");
+}
+
 // Issue 41: limits. An account limited to 2 GPUs runs 2 of its 1-GPU jobs and the third waits (AccountLimit)
 // while another account's job starts beside them; a job that could never fit the limit is refused at submit
 // naming it; a user past its pending limit is refused at submit. Never more than the limit at any pass.

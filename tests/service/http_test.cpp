@@ -506,6 +506,13 @@ TEST_F(HttpTest, RealServerSurvivesGarbage) {
   EXPECT_EQ(rawRequest(port, "\x01\x02 garbage\r\n\r\n"), "");  // dropped, no crash
   EXPECT_EQ(rawRequest(port, "GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n"), "");  // header too large
   EXPECT_EQ(rawRequest(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
+  // Every API path reaches the coordinator through the server's own backend (its deadline wrapper).
+  for (const char* path : {"/api/v1/usage?days=2", "/api/v1/cluster/series", "/api/v1/nodes"}) {
+    EXPECT_EQ(
+        rawRequest(port, std::string("GET ") + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        "HTTP/1.1 200 OK")
+        << path;
+  }
   // Writes are 405 with Allow on the wire too; a body sent with one is not read, and the connection ends.
   const std::string post = rawReply(port, "POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"a\":1}");
   EXPECT_EQ(post.substr(0, post.find("\r\n")), "HTTP/1.1 405 Method Not Allowed") << post;
