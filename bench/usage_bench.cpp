@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   const double empty_ms = recoverMs(empty_path, nullptr);
 
   // The rollups as the coordinator writes them, a thousand entries a batch, ending today.
-  const int64_t today = coordinator::dayOf(state::systemNowMs());
+  const int64_t today = utcDayOf(state::systemNowMs());
   {
     state::SqliteStore::Options o;
     o.path = full_path;
@@ -111,10 +111,10 @@ int main(int argc, char** argv) {
                                       {"failed", 0},
                                       {"requeued", 1},
                                       {"max_rss_bytes", 1 << 30}};
-        batch.push_back(state::Write::putEntry({"usage_daily",
-                                                coordinator::dayText(today - d) + ":acct" +
-                                                    std::to_string(p % 100) + ":user" + std::to_string(p),
-                                                value.dump()}));
+        batch.push_back(state::Write::putEntry(
+            {"usage_daily",
+             utcDayText(today - d) + ":acct" + std::to_string(p % 100) + ":user" + std::to_string(p),
+             value.dump()}));
         if (batch.size() == 1000) {
           if (auto st = (*store)->applyBatch(batch); !st) {
             std::fprintf(stderr, "%s\n", st.toString().c_str());

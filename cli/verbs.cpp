@@ -20,6 +20,7 @@
 #include "common/job_id.h"
 #include "common/pki.h"
 #include "common/signals.h"
+#include "common/utc_day.h"
 #include "ddlctl_internal.h"
 
 namespace ddl::cli {
@@ -298,18 +299,10 @@ std::string periodOf(const CommandLine& cl, int64_t now, bool utc_dates, int64_t
        {std::tuple{"--since", &cl.since, since}, std::tuple{"--until", &cl.until, until}}) {
     *out = 0;
     if (text->empty()) continue;
-    std::tm day{};
-    char tail = 0;
-    if (utc_dates && text->size() == 10 &&
-        std::sscanf(text->c_str(), "%4d-%2d-%2d%c", &day.tm_year, &day.tm_mon, &day.tm_mday, &tail) == 3) {
-      const int year = day.tm_year, month = day.tm_mon, mday = day.tm_mday;
-      day.tm_year -= 1900;
-      day.tm_mon -= 1;
-      const time_t t = timegm(&day);  // normalises: 2026-02-30 comes back as a day of March
-      if (t < 0 || day.tm_year + 1900 != year || day.tm_mon + 1 != month || day.tm_mday != mday) {
-        return std::string(flag) + " " + *text + " is not a date";
-      }
-      *out = static_cast<int64_t>(t) * 1000;
+    if (utc_dates && text->size() == 10 && (*text)[4] == '-') {  // a date alone: YYYY-MM-DD
+      const std::optional<int64_t> day = parseUtcDay(*text);
+      if (!day) return std::string(flag) + " " + *text + " is not a date";
+      *out = *day * 86400000;
       continue;
     }
     Parsed<int64_t> at = parseTimeBound(*text, now);

@@ -50,12 +50,12 @@ std::string nameOf(const std::string& part) {
 }
 
 std::string rowKey(int64_t day, const std::string& account, const std::string& user) {
-  return dayText(day) + ":" + keyPart(account) + ":" + keyPart(user);
+  return utcDayText(day) + ":" + keyPart(account) + ":" + keyPart(user);
 }
 
 // The day an attempt's counts go to: the one its last moment falls in.
 int64_t endDay(const state::AttemptUsage& u) {
-  return dayOf(u.end_ms > u.start_ms ? u.end_ms - 1 : u.end_ms);
+  return utcDayOf(u.end_ms > u.start_ms ? u.end_ms - 1 : u.end_ms);
 }
 
 nlohmann::json toJson(const UsageFigures& f) {
@@ -75,49 +75,11 @@ void UsageFigures::add(const UsageFigures& o) {
   max_rss_bytes = std::max(max_rss_bytes, o.max_rss_bytes);
 }
 
-int64_t dayOf(int64_t unix_ms) {
-  return unix_ms >= 0 ? unix_ms / kDayMs : -((-unix_ms + kDayMs - 1) / kDayMs);
-}
-
-// Civil dates from days since 1970-01-01 and back (proleptic Gregorian calendar, after H. Hinnant's
-// well-known derivation: eras of 400 years, years starting in March).
-std::string dayText(int64_t day) {
-  const int64_t z = day + 719468;
-  const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
-  const int64_t doe = z - era * 146097;
-  const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-  const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-  const int64_t mp = (5 * doy + 2) / 153;
-  const int64_t d = doy - (153 * mp + 2) / 5 + 1;
-  const int64_t m = mp < 10 ? mp + 3 : mp - 9;
-  const int64_t y = yoe + era * 400 + (m <= 2);
-  char text[64];
-  std::snprintf(text, sizeof(text), "%04lld-%02lld-%02lld", static_cast<long long>(y),
-                static_cast<long long>(m), static_cast<long long>(d));
-  return text;
-}
-
-std::optional<int64_t> parseDay(const std::string& text) {
-  int y = 0, m = 0, d = 0;
-  char tail = 0;
-  if (text.size() != 10 || std::sscanf(text.c_str(), "%4d-%2d-%2d%c", &y, &m, &d, &tail) != 3)
-    return std::nullopt;
-  if (y < 1970 || m < 1 || m > 12 || d < 1 || d > 31) return std::nullopt;
-  const int64_t yy = y - (m <= 2);
-  const int64_t era = yy / 400;
-  const int64_t yoe = yy - era * 400;
-  const int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
-  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  const int64_t day = era * 146097 + doe - 719468;
-  if (dayText(day) != text) return std::nullopt;  // 2026-02-30 and the like
-  return day;
-}
-
 std::vector<std::pair<int64_t, double>> spreadOverDays(int64_t start_ms, int64_t end_ms) {
-  if (end_ms <= start_ms) return {{dayOf(end_ms), 1.0}};
+  if (end_ms <= start_ms) return {{utcDayOf(end_ms), 1.0}};
   std::vector<std::pair<int64_t, double>> out;
   const double total = static_cast<double>(end_ms - start_ms);
-  for (int64_t day = dayOf(start_ms); day <= dayOf(end_ms - 1); ++day) {
+  for (int64_t day = utcDayOf(start_ms); day <= utcDayOf(end_ms - 1); ++day) {
     const int64_t from = std::max(start_ms, day * kDayMs), to = std::min(end_ms, (day + 1) * kDayMs);
     out.push_back({day, (to - from) / total});
   }
@@ -133,7 +95,7 @@ state::Status UsageBook::loadOnLoop(state::Store& store) {
   rows_.clear();
   for (const state::Entry& e : *entries) {
     const size_t a = e.key.find(':'), u = a == std::string::npos ? a : e.key.find(':', a + 1);
-    const auto day = a == std::string::npos ? std::nullopt : parseDay(e.key.substr(0, a));
+    const auto day = a == std::string::npos ? std::nullopt : parseUtcDay(e.key.substr(0, a));
     const auto j = nlohmann::json::parse(e.value, nullptr, false);
     if (!day || u == std::string::npos || !j.is_object()) {
       spdlog::warn("usage_daily entry {} is not a daily rollup; it is ignored", e.key);
@@ -165,7 +127,8 @@ void UsageBook::addOnLoop(const Key& key, const UsageFigures& f, std::vector<sta
   if (const std::string why = state::checkEntry(e); why.empty()) {
     writes->push_back(state::Write::putEntry(std::move(e)));
   } else {
-    spdlog::warn("the usage of {} in {} on {} is kept in memory only: {}", user, account, dayText(day), why);
+    spdlog::warn("the usage of {} in {} on {} is kept in memory only: {}", user, account, utcDayText(day),
+                 why);
   }
   // Over the bound: the oldest day's rows go (never the one just written: it is the newest or close to it).
   while (rows_.size() > options_.max_rows && rows_.begin() != it) {
@@ -223,7 +186,7 @@ void UsageBook::chargeOnLoop(const std::string& account, double gpu_s) {
 
 void UsageBook::trimOnLoop(int64_t now_ms) {
   assert(actor_.onLoop());
-  const int64_t today = dayOf(now_ms);
+  const int64_t today = utcDayOf(now_ms);
   if (today == trimmed_day_) return;
   trimmed_day_ = today;
   while (!rows_.empty() && std::get<0>(rows_.begin()->first) <= today - options_.retention_days) {

@@ -26,6 +26,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/utc_day.h"
 #include "state/job.h"
 #include "state/store.h"
 
@@ -51,12 +52,6 @@ struct UsageFigures {
   void add(const UsageFigures& o);
   bool operator==(const UsageFigures&) const = default;
 };
-
-// Days since 1970-01-01 (UTC) of unix ms, and their text (YYYY-MM-DD); parseDay is the reverse (nullopt for
-// anything else).
-int64_t dayOf(int64_t unix_ms);
-std::string dayText(int64_t day);
-std::optional<int64_t> parseDay(const std::string& text);
 
 // The part of [start_ms, end_ms) in each UTC day it touches: (day, fraction), fractions summing to 1. An
 // empty interval is all in end_ms's day.
@@ -99,7 +94,7 @@ class UsageBook {
   // The first day whose rollups are all kept as of now_ms: retention's first day, or later where the cap on
   // rollups dropped days after it.
   int64_t firstDayKept(int64_t now_ms) const {
-    return std::max(dayOf(now_ms) - options_.retention_days + 1, capped_through_ + 1);
+    return std::max(utcDayOf(now_ms) - options_.retention_days + 1, capped_through_ + 1);
   }
 
   // For /metrics, since this coordinator started: GPU-seconds held per account, and ended attempts per

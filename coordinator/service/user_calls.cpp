@@ -777,23 +777,23 @@ void Coordinator::usage(const v1::GetUsageRequest& request, Done<v1::GetUsageRes
     const int64_t until = request.until_ms() > 0 ? request.until_ms() : now;
     const int64_t since = request.since_ms() > 0 ? request.since_ms() : until - 7 * 86400000LL;
     if (until <= since) {
-      return done(Status::invalidArgument("the period ends (" + dayText(dayOf(until)) +
-                                          ") before it starts (" + dayText(dayOf(since)) + ")"));
+      return done(Status::invalidArgument("the period ends (" + utcDayText(utcDayOf(until)) +
+                                          ") before it starts (" + utcDayText(utcDayOf(since)) + ")"));
     }
     UsageBook::Query q;
-    q.first_day = dayOf(since);
-    q.last_day = dayOf(until - 1);
+    q.first_day = utcDayOf(since);
+    q.last_day = utcDayOf(until - 1);
     q.account = request.account();
     q.user = request.user();
     q.by_account = request.by_account();
     q.daily = request.daily();
     v1::GetUsageResponse out;
-    out.set_first_day(dayText(q.first_day));
-    out.set_last_day(dayText(q.last_day));
-    out.set_first_day_kept(dayText(usage_book_->firstDayKept(now)));
+    out.set_first_day(utcDayText(q.first_day));
+    out.set_last_day(utcDayText(q.last_day));
+    out.set_first_day_kept(utcDayText(usage_book_->firstDayKept(now)));
     for (const UsageBook::Row& row : usage_book_->reportOnLoop(q)) {
       v1::UsageRow* r = out.add_rows();
-      if (row.day >= 0) r->set_day(dayText(row.day));
+      if (row.day >= 0) r->set_day(utcDayText(row.day));
       r->set_account(row.account);
       r->set_user(row.user);
       r->set_gpu_seconds(row.figures.gpu_s);

@@ -1570,14 +1570,15 @@ TEST_F(CoordinatorTest, AWarningSignalComesBeforeTheTimeLimitOnce) {
 
 // Issue 41, accounting: civil days and their text, and an interval's share of each UTC day it touches.
 TEST(UsageDays, DaysAndTheirText) {
-  EXPECT_EQ(dayText(0), "1970-01-01");
-  EXPECT_EQ(dayText(dayOf(1'798'761'600'000)), "2027-01-01");  // 2027-01-01T00:00:00Z
-  EXPECT_EQ(dayText(dayOf(1'798'761'599'999)), "2026-12-31");
-  EXPECT_EQ(dayText(*parseDay("2024-02-29") + 1), "2024-03-01");
-  for (int64_t day = 0; day < 200 * 366; day += 7) EXPECT_EQ(parseDay(dayText(day)), day) << dayText(day);
+  EXPECT_EQ(utcDayText(0), "1970-01-01");
+  EXPECT_EQ(utcDayText(utcDayOf(1'798'761'600'000)), "2027-01-01");  // 2027-01-01T00:00:00Z
+  EXPECT_EQ(utcDayText(utcDayOf(1'798'761'599'999)), "2026-12-31");
+  EXPECT_EQ(utcDayText(*parseUtcDay("2024-02-29") + 1), "2024-03-01");
+  for (int64_t day = 0; day < 200 * 366; day += 7)
+    EXPECT_EQ(parseUtcDay(utcDayText(day)), day) << utcDayText(day);
   for (const char* bad :
        {"2026-02-29", "2026-13-01", "2026-1-01", "2026-01-01x", "", "1969-12-31", "yesterday"})
-    EXPECT_FALSE(parseDay(bad)) << bad;
+    EXPECT_FALSE(parseUtcDay(bad)) << bad;
 
   const int64_t midnight = 20000 * 86400000LL;
   auto spread = spreadOverDays(midnight - 30000, midnight + 90000);
