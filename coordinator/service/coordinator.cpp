@@ -482,10 +482,7 @@ std::string Coordinator::notYetCode(const state::Job& job) {
   return "JobArrayTaskLimit";
 }
 
-int Coordinator::attemptOf(const state::Job& job) {
-  return static_cast<int>(std::count_if(job.transitions.begin(), job.transitions.end(),
-                                        [](const auto& t) { return t.to == JobState::kScheduled; }));
-}
+int Coordinator::attemptOf(const state::Job& job) { return state::launchAttempts(job); }
 
 void Coordinator::readMissingDependenciesOnLoop() {
   // A dependency neither in memory nor live: one that could not be read at recovery. Read it again (a few per

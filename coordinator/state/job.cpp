@@ -232,15 +232,19 @@ Status validateFailure(const Failure& f) {
   return Status::ok();
 }
 
+int launchAttempts(const Job& job) {
+  return static_cast<int>(std::count_if(job.transitions.begin(), job.transitions.end(),
+                                        [](const Transition& t) { return t.to == JobState::kScheduled; }));
+}
+
 namespace {
 
 // The usage of `job`'s current attempt, ending now_ms by a move to `to` (the job is still as placed).
 AttemptUsage endedAttempt(const Job& job, JobState to, int64_t now_ms) {
   AttemptUsage u;
+  u.attempt = launchAttempts(job);
   for (const Transition& t : job.transitions) {
-    if (t.to != JobState::kScheduled) continue;
-    ++u.attempt;
-    u.start_ms = t.at_ms;
+    if (t.to == JobState::kScheduled) u.start_ms = t.at_ms;  // the latest placement
   }
   u.end_ms = std::max(now_ms, u.start_ms);
   for (const NodeAllocation& a : job.allocation) u.gpus += static_cast<int>(a.gpus.size());

@@ -321,6 +321,10 @@ int64_t endedAtMs(const Job& job);
 // otherwise.
 Status checkAllocationAllowed(const Job& job);
 
+// How many times the job was placed: its launch attempts, numbered from 1 (StartRanks.attempt,
+// RankResult::attempt, AttemptUsage::attempt); it survives restarts, being counted from the transitions.
+int launchAttempts(const Job& job);
+
 // Checks a move of `job` to `to` and applies it in memory: state, restarts, failure, allocation, and a new
 // Transition stamped now_ms. On error the job is unchanged. A requeue the user asked for (ddlctl requeue:
 // counts_as_restart false) uses none of max_restarts.
