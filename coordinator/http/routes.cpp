@@ -13,6 +13,7 @@
 #include "auth/access.h"
 #include "common/host_port.h"
 #include "common/pki.h"
+#include "common/utc_day.h"
 #include "ddl/messages.h"
 #include "http/http_server.h"
 #include "http/pages.h"
@@ -98,6 +99,14 @@ int64_t timeBound(const std::string& text, int64_t now_ms) {
   return now_ms - n * unit->second;
 }
 
+// A query's count: decimal digits only, from lo to hi (at most 9 digits); nullopt otherwise.
+std::optional<int> countIn(const std::string& text, int lo, int hi) {
+  if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  const int n = std::stoi(text);
+  return n >= lo && n <= hi ? std::optional<int>(n) : std::nullopt;
+}
+
 // The ListJobsRequest of /api/v1/jobs?QUERY; "" or why the query is refused (a 400). States are matched in
 // any case and may be comma-separated ("failed,cancelled").
 std::string listJobsRequest(const std::string& query, int64_t now_ms, v1::ListJobsRequest* req) {
@@ -132,11 +141,9 @@ std::string listJobsRequest(const std::string& query, int64_t now_ms, v1::ListJo
     std::string(key) == "since" ? req->set_since_ms(ms) : req->set_until_ms(ms);
   }
   if (const std::string size = queryParam(query, "page_size"); !size.empty()) {
-    if (size.size() > 4 || size.find_first_not_of("0123456789") != std::string::npos || std::stoi(size) < 1 ||
-        std::stoi(size) > 5000) {
-      return "page_size='" + size + "' is not a number from 1 to 5000";
-    }
-    req->set_page_size(std::stoi(size));
+    const std::optional<int> n = countIn(size, 1, 5000);
+    if (!n) return "page_size='" + size + "' is not a number from 1 to 5000";
+    req->set_page_size(*n);
   }
   req->set_page_token(percentDecode(queryParam(query, "page_token")));
   if (const std::string order = queryParam(query, "order"); !order.empty()) {
@@ -481,13 +488,11 @@ void route(DashboardBackend& b, const Request& request, const Access& gate, cons
   if (path == "/api/v1/usage") {
     // GPU- and CPU-seconds per account and UTC day (ddlctl usage --by-account --daily) over the last `days`.
     const std::string days = queryParam(query, "days");
-    if (!days.empty() && (days.size() > 3 || days.find_first_not_of("0123456789") != std::string::npos ||
-                          std::stoi(days) < 1 || std::stoi(days) > 400)) {
-      return reply(error(400, "days='" + days + "' is not a number from 1 to 400"));
-    }
+    const std::optional<int> n = days.empty() ? 30 : countIn(days, 1, 400);
+    if (!n) return reply(error(400, "days='" + days + "' is not a number from 1 to 400"));
     v1::GetUsageRequest req;
-    const int64_t today = state::systemNowMs() / 86400000;  // UTC days: today and the days before
-    req.set_since_ms((today - ((days.empty() ? 30 : std::stoi(days)) - 1)) * 86400000LL);
+    const int64_t today = utcDayOf(state::systemNowMs());  // today and the days before
+    req.set_since_ms((today - (*n - 1)) * 86400000LL);
     req.set_until_ms((today + 1) * 86400000LL);
     req.set_account(percentDecode(queryParam(query, "account")));
     req.set_by_account(true);
