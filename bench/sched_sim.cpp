@@ -10,10 +10,13 @@
 //
 // Figures per policy: GPU-seconds delivered per account and their ratio to the shares, utilisation, wait from
 // submit to start (p50, p99), Jain's fairness index of delivered over share, and the first start of each
-// account after its first submit. Fair-share with preemption is not simulated (ddl has no preemption yet).
+// account after its first submit. The third policy is fair-share with preemption: the latecomer's jobs (the
+// built-in trace's account c, or --urgent ACCOUNT) ask for QoS urgent (priority 100), which may preempt
+// normal, whose grace is --grace seconds (5); a victim goes back to the queue with the run time it had left.
+// The figures add the preemptions. In the first two policies those jobs are normal.
 //
 // Usage: sched-sim [--minutes M] [--nodes N] [--gpus G] [--half-life-days D] [--trace FILE]
-//                  [--share ACCOUNT=N]... [--json FILE]
+//                  [--share ACCOUNT=N]... [--urgent ACCOUNT] [--grace S] [--json FILE]
 #include "placement/sched_sim.h"
 
 #include <algorithm>
@@ -38,12 +41,14 @@ struct Args {
   double half_life_days = 7;
   std::string trace, json;
   std::map<std::string, int64_t> shares;
+  std::string urgent;  // the account whose jobs are urgent with preemption; "" c for the built-in trace
+  int64_t grace_s = 5;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "sched-sim: %s\nusage: sched-sim [--minutes M] [--nodes N] [--gpus G] [--half-life-days D] "
-               "[--trace FILE] [--share ACCOUNT=N]... [--json FILE]\n",
+               "[--trace FILE] [--share ACCOUNT=N]... [--urgent ACCOUNT] [--grace S] [--json FILE]\n",
                why);
   std::exit(2);
 }
@@ -66,6 +71,11 @@ Args parseArgs(int argc, char** argv) {
       a.half_life_days = std::atof(value().c_str());
     } else if (flag == "--trace") {
       a.trace = value();
+    } else if (flag == "--urgent") {
+      a.urgent = value();
+    } else if (flag == "--grace") {
+      a.grace_s = std::atoll(value().c_str());
+      if (a.grace_s < 0) usage("--grace wants seconds, 0 or more");
     } else if (flag == "--json") {
       a.json = value();
     } else if (flag == "--share") {
@@ -152,14 +162,27 @@ int main(int argc, char** argv) {
                          {"policies", nlohmann::json::array()}};
   double total_share = 0;
   for (const auto& [account, share] : args.shares) total_share += share;
-  for (bool fair : {false, true}) {
+  if (args.urgent.empty() && args.trace.empty()) args.urgent = "c";
+  options.tree.qos["urgent"] = {100, {kNormalQos}, 60, 0, {}};
+  options.tree.qos[kNormalQos].grace_s = args.grace_s;
+  std::vector<SimJob> urgent_trace = trace;
+  for (SimJob& j : urgent_trace) {
+    if (j.account == args.urgent) j.qos = "urgent";
+  }
+  for (const char* policy : {"fifo", "fair-share", "fair-share+preemption"}) {
+    const bool fair = std::string(policy) != "fifo", preempt = std::string(policy) == "fair-share+preemption";
     options.fair_share = fair;
-    const SimResult r = simulate(trace, options);
+    options.preemption = preempt;
+    const SimResult r = simulate(preempt ? urgent_trace : trace, options);
     double delivered = 0;
     for (const auto& [account, gpu_s] : r.gpu_seconds) delivered += gpu_s;
     const double p50 = percentile(r.waits_ms, 0.5) / 1000.0, p99 = percentile(r.waits_ms, 0.99) / 1000.0;
-    std::printf("\n%s: utilisation %.3f, wait p50 %.1f s, p99 %.1f s, Jain's index %.3f, %d started\n",
-                fair ? "fair-share" : "FIFO", r.utilisation, p50, p99, r.jain, r.started);
+    std::printf("\n%s: utilisation %.3f, wait p50 %.1f s, p99 %.1f s, Jain's index %.3f, %d started",
+                fair ? policy : "FIFO", r.utilisation, p50, p99, r.jain, r.started);
+    if (preempt)
+      std::printf(", %d preemptions (%s's jobs urgent, normal's grace %lld s)", r.preemptions,
+                  args.urgent.c_str(), static_cast<long long>(args.grace_s));
+    std::printf("\n");
     std::printf("  %-10s %6s %12s %10s %10s %16s\n", "ACCOUNT", "SHARE", "GPU-SECONDS", "PART", "OF SHARE",
                 "FIRST START (s)");
     nlohmann::json accounts = nlohmann::json::array();
@@ -175,7 +198,8 @@ int main(int argc, char** argv) {
       accounts.push_back(
           {{"account", account}, {"share", share}, {"gpu_seconds", gpu_s}, {"first_start_after_s", after_s}});
     }
-    json["policies"].push_back({{"policy", fair ? "fair-share" : "fifo"},
+    json["policies"].push_back({{"policy", policy},
+                                {"preemptions", r.preemptions},
                                 {"utilisation", r.utilisation},
                                 {"wait_p50_s", p50},
                                 {"wait_p99_s", p99},

@@ -70,7 +70,9 @@ struct JobRequest {
   uint64_t submitSeq = 0;  // submit order; lower runs first among equal priorities
   std::string user;        // who the job's GPU-seconds are charged to, in `account`
   std::string account;
+  std::string qos;       // its quality of service (fair_share.h's Qos); "" is normal
   int64_t submitMs = 0;  // unix ms, for the age factor
+  int64_t tier = 0;  // its QoS's priority (prioritize() sets it): a higher tier runs first, whatever `order`
   double order = 0;  // fair_share.h's prioritize(): higher runs first; ties go by priority, then submitSeq
   int nodes = 0;
   int gpusPerNode = 0;
@@ -120,5 +122,7 @@ bool naturalLess(const std::string& a, const std::string& b);
 // Marks the allocation's GPUs, CPUs and memory as used in the cluster (a job starts). Asserts that they were
 // free.
 void applyAllocation(Cluster& cluster, const Allocation& allocation);
+// Gives an allocation's GPUs, CPUs and memory back to the cluster (nodes it does not have are skipped).
+void releaseAllocation(Cluster& cluster, const Allocation& allocation);
 
 }  // namespace ddl::placement

@@ -86,14 +86,51 @@ std::vector<std::string> ShareTree::chain(const std::string& account) const {
   return out;
 }
 
+const Qos* ShareTree::findQos(const std::string& name) const {
+  static const Qos normal;
+  const std::string& key = name.empty() ? std::string(kNormalQos) : name;
+  auto it = qos.find(key);
+  if (it != qos.end()) return &it->second;
+  return key == kNormalQos ? &normal : nullptr;
+}
+
+std::string ShareTree::qosProblem(const JobRequest& job) const {
+  const Qos* q = findQos(job.qos);
+  if (!q) {
+    std::string known = kNormalQos;
+    for (const auto& [name, entry] : qos) {
+      if (name != kNormalQos) known += ", " + name;
+    }
+    return "there is no QoS '" + job.qos + "' (there are: " + known + ")";
+  }
+  if (q->accounts.empty()) return "";
+  for (const std::string& a : chain(job.account)) {
+    if (std::find(q->accounts.begin(), q->accounts.end(), a) != q->accounts.end()) return "";
+  }
+  std::string allowed;
+  for (const std::string& a : q->accounts) allowed += (allowed.empty() ? "" : ", ") + a;
+  return "account " + (job.account.empty() ? std::string(kRootAccount) : job.account) + " may not use QoS " +
+         job.qos + " (it is for " + allowed + " and the accounts under them)";
+}
+
+bool ShareTree::mayPreempt(const std::string& by, const std::string& victim) const {
+  const Qos* q = findQos(by);
+  const Qos* v = findQos(victim);
+  if (!q || !v || q->priority <= v->priority) return false;
+  const std::string& name = victim.empty() ? std::string(kNormalQos) : victim;
+  return std::find(q->preempt.begin(), q->preempt.end(), name) != q->preempt.end();
+}
+
 LimitTracker::LimitTracker(const ShareTree& tree) : tree_(tree) {
   for (const auto& [name, account] : tree.accounts) {
     limited_ = limited_ || account.limits.gpus > 0 || account.limits.running > 0;
   }
   for (const auto& [name, limits] : tree.users) limited_ = limited_ || limits.gpus > 0 || limits.running > 0;
+  for (const auto& [name, q] : tree.qos) limited_ = limited_ || q.gpus > 0;
 }
 
-void LimitTracker::hold(const std::string& account, const std::string& user, int gpus) {
+void LimitTracker::hold(const std::string& account, const std::string& user, int gpus,
+                        const std::string& qos) {
   if (!limited_) return;  // nothing is counted against
   for (const std::string& a : tree_.chain(account)) {
     account_[a].first += gpus;
@@ -101,6 +138,7 @@ void LimitTracker::hold(const std::string& account, const std::string& user, int
   }
   user_[user].first += gpus;
   user_[user].second += 1;
+  qos_[qos.empty() ? kNormalQos : qos] += gpus;
 }
 
 std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const {
@@ -117,6 +155,17 @@ std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const
     }
     return "";
   };
+  if (const Qos* q = tree_.findQos(job.qos); q && q->gpus > 0) {
+    auto held = qos_.find(job.qos.empty() ? kNormalQos : job.qos);
+    const int used = held != qos_.end() ? held->second : 0;
+    if (used + job.gpuCount() > q->gpus) {
+      *code = "QoS";
+      return "QoS " + (job.qos.empty() ? std::string(kNormalQos) : job.qos) + " holds " +
+             std::to_string(used) + " of its " + std::to_string(q->gpus) +
+             " GPUs (ddlctl admin add-qos --update); this job needs " + std::to_string(job.gpuCount()) +
+             " more";
+    }
+  }
   if (auto it = tree_.users.find(job.user); it != tree_.users.end()) {
     auto held = user_.find(job.user);
     std::string why =
@@ -141,6 +190,10 @@ std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const
 }
 
 std::string LimitTracker::never(const JobRequest& job) const {
+  if (const Qos* q = tree_.findQos(job.qos); q && q->gpus > 0 && job.gpuCount() > q->gpus) {
+    return "job asks for " + std::to_string(job.gpuCount()) + " GPUs and QoS " + job.qos +
+           " may hold at most " + std::to_string(q->gpus) + " (ddlctl admin add-qos --update)";
+  }
   auto it = tree_.users.find(job.user);
   if (it != tree_.users.end() && it->second.gpus > 0 && job.gpuCount() > it->second.gpus) {
     return "job asks for " + std::to_string(job.gpuCount()) + " GPUs and user " + job.user +
@@ -213,10 +266,14 @@ void prioritize(std::vector<JobRequest>& queue, const ShareTree& tree, const Usa
     const double age = weights.age_max_ms > 0 && now_ms > job.submitMs
                            ? std::min(1.0, double(now_ms - job.submitMs) / weights.age_max_ms)
                            : 0.0;
+    const Qos* q = tree.findQos(job.qos);
+    job.tier = q ? q->priority : 0;
     job.order = weights.fairshare * it->second + weights.age * age;
-    by_user[job.user].push_back(&job);
+    by_user[job.user + '\n' + (job.qos.empty() ? kNormalQos : job.qos)].push_back(
+        &job);  // a user's jobs of one QoS
   }
-  // Nice: a user's jobs keep the set of priorities they were given, handed out in their --priority order.
+  // Nice: a user's jobs (of one QoS) keep the set of priorities they were given, handed out in their
+  // --priority order.
   for (auto& [user, jobs] : by_user) {
     std::vector<double> orders;
     for (const JobRequest* job : jobs) orders.push_back(job->order);

@@ -13,8 +13,11 @@
 //    its share, towards 0 for one far over it. Inside an account the users split its share evenly among those
 //    with work or usage, and a user's factor is 2^(-U_user / S_user) with S_user = S_account / users.
 //  - A job's priority is w_fairshare * F + w_age * min(1, age / age_max) (weights 10,000 and 1,000 by
-//  default,
-//    so fairness leads and age breaks ties and, in time, lifts a job nobody else wants to run).
+//    default), so fairness leads and age breaks ties and, in time, lifts a job nobody else wants to run.
+//  - Its QoS (Qos below) is a strict tier above that: prioritize() sets JobRequest::tier to the QoS's
+//  priority,
+//    and schedule() tries a higher tier first whatever the priorities, so the GPUs a preemption frees go to a
+//    job of the preemptor's tier or above, never back to its victims' tier.
 //  - A user's own --priority only orders that user's jobs (as nice): each user's jobs take the priorities
 //  that
 //    user's jobs were given, in their --priority order, so no user can overtake another by asking.
@@ -36,6 +39,20 @@
 namespace ddl::placement {
 
 inline constexpr const char* kRootAccount = "root";
+inline constexpr const char* kNormalQos = "normal";
+
+// A quality of service (Slurm's QOS): an admin-defined tier a job asks for with --qos. Jobs of a QoS of a
+// higher priority are tried first (JobRequest::tier), it may preempt jobs of the QoS it names (each of lower
+// priority), and a job of it that is preempted gets grace_s seconds to stop. "normal" always exists (priority
+// 0, preempts nothing, 60 s of grace); an admin may change it but not remove it.
+struct Qos {
+  int64_t priority = 0;
+  std::vector<std::string> preempt;   // the QoS whose jobs this one may preempt
+  int64_t grace_s = 60;               // a job of this QoS, preempted, is killed this long after the signal
+  int gpus = 0;                       // GPUs all jobs of this QoS may hold together (GrpTRES); 0: no limit
+  std::vector<std::string> accounts;  // who may use it: these accounts and those under them; empty: everyone
+  bool operator==(const Qos&) const = default;
+};
 
 // What an account (with everything under it) or a user may hold at once (Slurm's GrpTRES=gres/gpu, GrpJobs
 // and MaxSubmitJobs; MaxTRESPerUser, MaxJobsPerUser, MaxSubmitJobsPerUser). 0: no limit.
@@ -59,8 +76,15 @@ struct ShareTree {
   };
   std::map<std::string, Account> accounts;  // by name; never root
   std::map<std::string, Limits> users;      // by user name, where a user has limits
+  std::map<std::string, Qos> qos;           // by name; "normal" is implied where absent
   // The account and every account above it (root last), bounded by the tree's size.
   std::vector<std::string> chain(const std::string& account) const;
+  // The QoS named `name` ("" is normal), or nullptr when there is none.
+  const Qos* findQos(const std::string& name) const;
+  // Why `job` may not ask for its QoS (there is no such QoS, or its account may not use it), or "".
+  std::string qosProblem(const JobRequest& job) const;
+  // Whether a job of QoS `by` may preempt one of QoS `victim`: `by` names it and has a higher priority.
+  bool mayPreempt(const std::string& by, const std::string& victim) const;
 };
 
 // What launched jobs hold against the limits, as a scheduling pass starts more: GPUs and jobs per account
@@ -69,8 +93,8 @@ class LimitTracker {
  public:
   explicit LimitTracker(const ShareTree& tree);
   // A job that holds `gpus` now (launched and live), or one the pass starts.
-  void hold(const std::string& account, const std::string& user, int gpus);
-  // "" when the job may start within every limit; else why not, and *code is AccountLimit or UserLimit.
+  void hold(const std::string& account, const std::string& user, int gpus, const std::string& qos = "");
+  // "" when the job may start within every limit; else why not, and *code is AccountLimit, UserLimit or QoS.
   std::string blocks(const JobRequest& job, std::string* code) const;
   // Why the job could never start within its limits (it asks for more GPUs than a limit allows), or "".
   std::string never(const JobRequest& job) const;
@@ -80,6 +104,7 @@ class LimitTracker {
   bool limited_ = false;  // some account or user has a GPU or running-jobs limit: else nothing blocks
   std::map<std::string, std::pair<int, int>> account_;  // GPUs, jobs
   std::map<std::string, std::pair<int, int>> user_;
+  std::map<std::string, int> qos_;  // GPUs held per QoS that has a GPU limit
 };
 
 // Decayed GPU-seconds by account and user. The coordinator charges running jobs and decays as time passes.

@@ -289,6 +289,22 @@ void applyAllocation(Cluster& cluster, const Allocation& allocation) {
   }
 }
 
+void releaseAllocation(Cluster& cluster, const Allocation& allocation) {
+  for (const NodeAllocation& a : allocation.nodes) {
+    Node* node = cluster.find(a.node);
+    if (!node) continue;  // a node that left the cluster gives nothing back
+    for (int g : a.gpus) {
+      if (g >= 0 && g < static_cast<int>(node->used.size())) node->used[g] = false;
+    }
+    for (int c : a.cpus) {
+      auto it = std::lower_bound(node->cpus.begin(), node->cpus.end(), c);
+      const size_t i = static_cast<size_t>(it - node->cpus.begin());
+      if (it != node->cpus.end() && *it == c && i < node->cpuUsed.size()) node->cpuUsed[i] = 0;
+    }
+    node->memoryUsed = std::max<int64_t>(0, node->memoryUsed - a.memoryBytes);
+  }
+}
+
 // ---- placement --------------------------------------------------------------------------------------------
 
 namespace {
@@ -751,6 +767,7 @@ ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& q
   std::vector<const JobRequest*> order;
   for (const JobRequest& j : queue) order.push_back(&j);
   std::stable_sort(order.begin(), order.end(), [](const JobRequest* a, const JobRequest* b) {
+    if (a->tier != b->tier) return a->tier > b->tier;
     if (a->order != b->order) return a->order > b->order;
     if (a->priority != b->priority) return a->priority > b->priority;
     if (a->submitSeq != b->submitSeq) return a->submitSeq < b->submitSeq;
@@ -811,7 +828,7 @@ ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& q
       if (!d.allocation.empty()) {
         d.action = Decision::Action::kStart;
         applyAllocation(work, d.allocation);
-        if (limits) limits->hold(job->account, job->user, job->gpuCount());
+        if (limits) limits->hold(job->account, job->user, job->gpuCount(), job->qos);
         waits.clear();
       } else {
         d.reason = pendingReason(work, *job);
@@ -836,7 +853,7 @@ ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& q
         d.backfilled = true;
         applyAllocation(work, d.allocation);
         applyAllocation(view, d.allocation);
-        if (limits) limits->hold(job->account, job->user, job->gpuCount());
+        if (limits) limits->hold(job->account, job->user, job->gpuCount(), job->qos);
         waits.clear();
       } else {
         d.reason = why(*job);
@@ -848,6 +865,84 @@ ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& q
     result.decisions.push_back(std::move(d));
   }
   return result;
+}
+
+std::vector<std::string> chooseVictims(const Cluster& cluster, const JobRequest& job,
+                                       std::vector<Preemptible> candidates) {
+  if (candidates.empty() || !neverFits(cluster, job).empty()) return {};
+  std::stable_sort(candidates.begin(), candidates.end(), [](const Preemptible& a, const Preemptible& b) {
+    if (a.qosPriority != b.qosPriority) return a.qosPriority < b.qosPriority;
+    return a.startedMs > b.startedMs;  // the youngest loses the least work
+  });
+  Cluster freed = cluster;
+  if (!freed.byName) {
+    std::sort(freed.nodes.begin(), freed.nodes.end(),
+              [](const Node& a, const Node& b) { return naturalLess(a.name, b.name); });
+    freed.byName = true;
+  }
+  // Only what the cluster's nodes have can be freed: an allocation of an agent that came back with fewer GPUs
+  // or other CPUs gives back what is still there.
+  for (Preemptible& c : candidates) {
+    std::erase_if(c.allocation.nodes, [&](const NodeAllocation& a) { return freed.find(a.node) == nullptr; });
+    for (NodeAllocation& a : c.allocation.nodes) {
+      const Node* node = freed.find(a.node);
+      std::erase_if(a.gpus, [&](int g) { return g < 0 || g >= node->gpus; });
+      std::erase_if(a.cpus,
+                    [&](int cpu) { return !std::binary_search(node->cpus.begin(), node->cpus.end(), cpu); });
+    }
+  }
+  const Cluster before = freed;
+  std::vector<const Preemptible*> chosen;
+  bool fits = false;
+  for (const Preemptible& c : candidates) {
+    releaseAllocation(freed, c.allocation);
+    chosen.push_back(&c);
+    if (!placeNow(freed, job).empty()) {
+      fits = true;
+      break;
+    }
+  }
+  if (!fits) return {};
+  // Spares every victim the job can start without, the one chosen last (the most valuable) first: the cluster
+  // with the others freed, built again from the one before (nothing is marked used twice).
+  for (size_t i = chosen.size(); i-- > 0 && chosen.size() > 1;) {
+    Cluster without = before;
+    for (size_t k = 0; k < chosen.size(); ++k) {
+      if (k != i) releaseAllocation(without, chosen[k]->allocation);
+    }
+    if (!placeNow(without, job).empty()) chosen.erase(chosen.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  std::vector<std::string> ids;
+  for (const Preemptible* c : chosen) ids.push_back(c->id);
+  return ids;
+}
+
+Preemption planPreemption(const ShareTree& tree, const Cluster& live, const std::vector<JobRequest>& queue,
+                          const ScheduleResult& pass, const std::vector<Preemptible>& running) {
+  std::map<std::string, const JobRequest*> request_of;
+  for (const JobRequest& r : queue) request_of[r.id] = &r;
+  // A request (shape and QoS) tried once is not tried again in the pass: thousands of like jobs that cannot
+  // get enough victims cost one try; and at most 64 tries a pass.
+  std::set<std::string> tried;
+  for (const Decision& d : pass.decisions) {
+    if (d.action != Decision::Action::kPending || (d.code != "Resources" && d.code != "Priority")) continue;
+    auto req = request_of.find(d.jobId);
+    const Qos* qos = req == request_of.end() ? nullptr : tree.findQos(req->second->qos);
+    if (!qos || qos->preempt.empty()) continue;
+    if (tried.size() >= 64 || !tried.insert(requestKey(*req->second) + '\n' + req->second->qos).second)
+      continue;
+    if (place(live, *req->second).ok()) continue;
+    std::vector<Preemptible> candidates;
+    for (const Preemptible& r : running) {
+      if (!tree.mayPreempt(req->second->qos, r.qos)) continue;
+      candidates.push_back(r);
+      candidates.back().qosPriority = tree.findQos(r.qos)->priority;
+    }
+    if (candidates.empty()) continue;
+    std::vector<std::string> victims = chooseVictims(live, *req->second, std::move(candidates));
+    if (!victims.empty()) return {d.jobId, std::move(victims)};
+  }
+  return {};
 }
 
 }  // namespace ddl::placement

@@ -2,6 +2,7 @@
 #include "placement/sched_sim.h"
 
 #include <algorithm>
+#include <deque>
 #include <set>
 
 #include "placement/placement.h"
@@ -13,15 +14,11 @@ namespace {
 struct Running {
   const SimJob* job = nullptr;
   Allocation allocation;
+  int64_t start_ms = 0;
   int64_t end_ms = 0;
+  int64_t run_end_ms = 0;  // when it would have ended; beyond end_ms when it was preempted
+  bool preempted = false;
 };
-
-void release(Cluster& cluster, const Allocation& allocation) {
-  for (const NodeAllocation& a : allocation.nodes) {
-    Node* node = cluster.find(a.node);
-    for (int g : a.gpus) node->used[g] = false;
-  }
-}
 
 }  // namespace
 
@@ -48,6 +45,8 @@ SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options) 
   ledger.half_life_s = options.half_life_s;
   std::map<std::string, const SimJob*> queued;  // by id
   std::map<std::string, uint64_t> seq;          // submit order
+  std::deque<SimJob> requeued;                  // preempted jobs with the run time they had left
+  std::set<std::string> ever_started;
   std::vector<Running> running;
   std::set<std::string> with_work;  // accounts that submitted something
   size_t next = 0;
@@ -56,13 +55,20 @@ SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options) 
     ledger.decayTo(now);
     // What ran during the last step: charged for the part of it each job held its GPUs.
     for (auto it = running.begin(); it != running.end();) {
-      const int64_t held = std::min(it->end_ms, now) - std::max(it->end_ms - it->job->run_ms, now - step);
+      const int64_t held = std::min(it->end_ms, now) - std::max(it->start_ms, now - step);
       const double gpu_s = it->job->gpus * std::max<int64_t>(held, 0) / 1000.0;
       ledger.charge(it->job->account, it->job->user, gpu_s);
       result.gpu_seconds[it->job->account] += gpu_s;
       if (it->end_ms <= now) {
-        release(cluster, it->allocation);
-        ++result.finished;
+        releaseAllocation(cluster, it->allocation);
+        if (it->run_end_ms > it->end_ms) {  // preempted: back to the queue with what it had left
+          SimJob rest = *it->job;
+          rest.run_ms = it->run_end_ms - it->end_ms;
+          requeued.push_back(rest);
+          queued[rest.id] = &requeued.back();
+        } else {
+          ++result.finished;
+        }
         it = running.erase(it);
       } else {
         ++it;
@@ -83,6 +89,7 @@ SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options) 
       r.submitMs = job->submit_ms;
       r.submitSeq = seq[id];
       r.totalGpus = job->gpus;
+      r.qos = job->qos;
       queue.push_back(std::move(r));
     }
     if (options.fair_share) prioritize(queue, options.tree, ledger, options.weights, now);
@@ -91,11 +98,28 @@ SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options) 
       if (d.action != Decision::Action::kStart) continue;
       const SimJob* job = queued.at(d.jobId);
       applyAllocation(cluster, d.allocation);
-      running.push_back({job, d.allocation, now + job->run_ms});
-      result.waits_ms.push_back(now - job->submit_ms);
-      result.first_start_ms.try_emplace(job->account, now);
-      ++result.started;
+      running.push_back({job, d.allocation, now, now + job->run_ms, now + job->run_ms});
+      if (ever_started.insert(job->id).second) {  // a job started again after a preemption waited once
+        result.waits_ms.push_back(now - job->submit_ms);
+        result.first_start_ms.try_emplace(job->account, now);
+        ++result.started;
+      }
       queued.erase(d.jobId);
+    }
+    const bool in_flight =
+        std::any_of(running.begin(), running.end(), [](const Running& r) { return r.preempted; });
+    if (options.preemption && pass.started().empty() && !in_flight) {
+      std::vector<Preemptible> candidates;
+      for (const Running& r : running)
+        candidates.push_back({r.job->id, r.allocation, 0, r.start_ms, r.job->qos});
+      const Preemption plan = planPreemption(options.tree, cluster, queue, pass, candidates);
+      for (Running& r : running) {
+        if (std::find(plan.victims.begin(), plan.victims.end(), r.job->id) == plan.victims.end()) continue;
+        const Qos* qos = options.tree.findQos(r.job->qos);
+        r.end_ms = std::min(r.run_end_ms, now + (qos ? qos->grace_s : Qos{}.grace_s) * 1000);
+        r.preempted = true;
+        ++result.preemptions;
+      }
     }
   }
   double delivered = 0;

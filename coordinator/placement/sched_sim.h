@@ -6,7 +6,7 @@
 // that ended free their GPUs, the running ones are charged their GPU-seconds (decayed with half_life_s), the
 // jobs submitted by then join the queue, and one pass starts what it can. A job holds its GPUs for run_ms
 // from its start. FIFO is the same pass without prioritize() (submit order; --priority is not used by
-// traces).
+// traces). With preemption, a job of a QoS that may preempt has running jobs preempted for it.
 //
 // Pure; no I/O. Cost: steps x one pass (placement.h's cost over the queue).
 #pragma once
@@ -28,6 +28,7 @@ struct SimJob {
   int64_t submit_ms = 0;
   int gpus = 1;  // a total request (JobRequest::totalGpus)
   int64_t run_ms = 0;
+  std::string qos;  // "" normal
 };
 
 struct SimOptions {
@@ -36,6 +37,10 @@ struct SimOptions {
   PriorityWeights weights;
   double half_life_s = 7 * 86400.0;
   bool fair_share = true;  // false: FIFO
+  // QoS preemption as the coordinator does it (placement.h's planPreemption, after a pass that started
+  // nothing, one at a time): a victim holds its GPUs for its QoS's grace, then goes back to the queue with
+  // the run time it had left (it checkpointed: no work is lost).
+  bool preemption = false;
   int64_t step_ms = 1000;
   int64_t end_ms = 0;  // the simulation stops here (jobs still running are charged up to it)
 };
@@ -50,6 +55,7 @@ struct SimResult {
   double jain = 0;
   int started = 0;
   int finished = 0;
+  int preemptions = 0;
 };
 
 SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options);

@@ -212,6 +212,90 @@ Cluster nodes(int count, int gpus) {
   return cluster;
 }
 
+// Issue 41, QoS: a higher tier goes first whatever the fair-share says, a user's --priority reorders only
+// that user's jobs of one QoS, a QoS's GPU limit holds its jobs back (code QoS), and who may ask for it.
+TEST(Qos, AHigherTierGoesFirstAndItsLimitAndAccountsHold) {
+  ShareTree tree = scienceTree();
+  tree.qos["urgent"] = {100, {"normal"}, 30, 2, {"science"}};
+  tree.qos["low"] = {0, {}, 10, 0, {}};
+  UsageLedger usage;
+  usage.charge("physics", "alice", 5000);  // physics far over its share: its normal jobs wait behind ops'
+  std::vector<JobRequest> queue = {job("ops-normal", "dora", "ops", 1),
+                                   job("phys-normal", "alice", "physics", 2),
+                                   job("phys-urgent", "alice", "physics", 3, /*priority=*/-5)};
+  queue[2].qos = "urgent";
+  prioritize(queue, tree, usage, PriorityWeights{}, 10);
+  EXPECT_EQ(queue[2].tier, 100);
+  EXPECT_GT(queue[0].order, queue[1].order) << "fair-share within a tier";
+  // The urgent tier goes first, though physics is far over its share and the job's --priority is -5 (which
+  // orders alice's urgent jobs only); then ops' normal job, then physics'.
+  Cluster one = nodes(1, 1);
+  EXPECT_EQ(schedule(one, queue).started(), (std::vector<std::string>{"phys-urgent"}));
+  queue.pop_back();
+  EXPECT_EQ(schedule(one, queue).started(), (std::vector<std::string>{"ops-normal"}));
+
+  EXPECT_EQ(tree.qosProblem(queue[2]), "");
+  JobRequest ops_urgent = job("x", "dora", "ops", 4);
+  ops_urgent.qos = "urgent";
+  EXPECT_NE(tree.qosProblem(ops_urgent).find("account ops may not use QoS urgent"), std::string::npos)
+      << tree.qosProblem(ops_urgent);
+  JobRequest typo = job("y", "dora", "ops", 4);
+  typo.qos = "urgnet";
+  EXPECT_NE(tree.qosProblem(typo).find("there is no QoS 'urgnet' (there are: normal, low, urgent)"),
+            std::string::npos)
+      << tree.qosProblem(typo);
+  EXPECT_TRUE(tree.mayPreempt("urgent", ""));
+  EXPECT_TRUE(tree.mayPreempt("urgent", "normal"));
+  EXPECT_FALSE(tree.mayPreempt("urgent", "low")) << "not named";
+  EXPECT_FALSE(tree.mayPreempt("normal", "urgent"));
+
+  LimitTracker limits(tree);
+  limits.hold("physics", "alice", 2, "urgent");
+  std::string code;
+  EXPECT_NE(limits.blocks(queue[2], &code), "");
+  EXPECT_EQ(code, "QoS");
+  EXPECT_EQ(limits.blocks(queue[1], &code), "") << "normal has no limit";
+  JobRequest big = queue[2];
+  big.totalGpus = 3;
+  EXPECT_NE(limits.never(big).find("QoS urgent may hold at most 2"), std::string::npos) << limits.never(big);
+}
+
+// Issue 41, preemption: the fewest running jobs whose GPUs let the waiting job start, the lowest tier and
+// then the youngest first, and none that it can start without; nothing when even all of them would not do.
+TEST(Qos, VictimsAreTheFewestLowestAndYoungest) {
+  Cluster cluster = nodes(2, 4);
+  auto hold = [&](const std::string& node, std::vector<int> gpus) {
+    Allocation a;
+    a.nodes.push_back({node, gpus, {}, 0});
+    applyAllocation(cluster, a);
+    return a;
+  };
+  // n1: old (2 GPUs, started at 1), young (2 GPUs, started at 5); n2: scavenger (1 GPU), big (3 GPUs).
+  std::vector<Preemptible> running = {{"old", hold("n1", {0, 1}), 0, 1},
+                                      {"young", hold("n1", {2, 3}), 0, 5},
+                                      {"scavenger", hold("n2", {0}), -1, 2},
+                                      {"big", hold("n2", {1, 2, 3}), 0, 3}};
+  // A 4-GPU job on one node: n1 (old + young) or n2 (scavenger + big). The scavenger tier goes first, then
+  // the youngest (young), then big: n2 frees with scavenger and big, and young is spared again.
+  JobRequest four = job("four", "alice", "physics", 9);
+  four.nodes = 1;
+  four.gpusPerNode = 4;
+  four.totalGpus = 0;
+  EXPECT_EQ(chooseVictims(cluster, four, running), (std::vector<std::string>{"scavenger", "big"}));
+  // A 2-GPU job anywhere: the scavenger's one GPU is not enough, young's two are, and the scavenger is
+  // spared.
+  JobRequest two = job("two", "alice", "physics", 9);
+  two.totalGpus = 2;
+  EXPECT_EQ(chooseVictims(cluster, two, running), (std::vector<std::string>{"young"}));
+  // 9 GPUs: there are 8.
+  JobRequest nine = job("nine", "alice", "physics", 9);
+  nine.totalGpus = 9;
+  EXPECT_TRUE(chooseVictims(cluster, nine, running).empty());
+  EXPECT_TRUE(chooseVictims(cluster, two, {}).empty());
+  releaseAllocation(cluster, running[0].allocation);
+  EXPECT_EQ(cluster.find("n1")->freeGpus(), 2);
+}
+
 // Issue 41's goal on the policy: accounts with shares 2:1 and a backlog each on 2 nodes x 4 GPUs for 10
 // minutes get GPU-seconds within 5% of 2:1; a third account arriving half-way gets its first GPUs within one
 // job's run time. FIFO on the same trace gives what the first submitter's backlog takes.
@@ -239,6 +323,38 @@ TEST(SchedSim, FairShareDeliversTheSharesAndANewcomerStartsWithinOneRunTime) {
   const SimResult late = simulate(trace, options);
   ASSERT_TRUE(late.first_start_ms.count("c"));
   EXPECT_LE(late.first_start_ms.at("c") - 300 * 1000, 20 * 1000) << "longer than one job's run time";
+}
+
+// Issue 41's simulator with preemption: jobs of 5 minutes fill 2 nodes x 4 GPUs; a latecomer's urgent jobs
+// (60 s in) start after normal's grace instead of a whole run later, the victims go back to the queue and end
+// later with all their run time (nothing is lost: every job runs its full length), and without preemption the
+// same latecomer waits for a job to end.
+TEST(SchedSim, PreemptionStartsAnUrgentLatecomerAfterTheGraceAndLosesNoWork) {
+  SimOptions options;
+  options.cluster = nodes(2, 4);
+  options.tree.accounts["a"] = {kRootAccount, 1};
+  options.tree.accounts["c"] = {kRootAccount, 1};
+  options.tree.qos["urgent"] = {100, {kNormalQos}, 60, 0, {}};
+  options.tree.qos[kNormalQos].grace_s = 5;
+  options.end_ms = 1800 * 1000;
+  std::vector<SimJob> trace;
+  for (int i = 0; i < 4; ++i) trace.push_back({"a" + std::to_string(i), "alice", "a", 0, 4, 300 * 1000});
+  for (int i = 0; i < 2; ++i)
+    trace.push_back({"c" + std::to_string(i), "carl", "c", 60 * 1000, 4, 60 * 1000});
+  const SimResult waiting = simulate(trace, options);
+  EXPECT_EQ(waiting.preemptions, 0);
+  EXPECT_GE(waiting.first_start_ms.at("c"), 300 * 1000);
+
+  for (SimJob& j : trace) {
+    if (j.account == "c") j.qos = "urgent";
+  }
+  options.preemption = true;
+  const SimResult r = simulate(trace, options);
+  EXPECT_EQ(r.preemptions, 2) << "each urgent job has a node freed for it";
+  EXPECT_LE(r.first_start_ms.at("c"), (60 + 5 + 1) * 1000);
+  EXPECT_EQ(r.finished, 6);
+  EXPECT_NEAR(r.gpu_seconds.at("a"), 4 * 4 * 300, 1) << "the preempted job ran its whole length";
+  EXPECT_NEAR(r.gpu_seconds.at("c"), 2 * 4 * 60, 1);
 }
 
 }  // namespace
