@@ -3,7 +3,7 @@
 
 An ordinary DDP script: the backend is a flag (ddl, or gloo to compare), ranks come from the torchrun
 variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) that ddlrun and ddl-agent set, and nothing else about
-ddl appears below but `import torch_ddl`.
+ddl appears below but `import torch_ddl` and its StopSignal.
 
     ddlctl submit --nodes 2 --gpus-per-node 2 --max-restarts 2 -- \\
         /usr/bin/python3 examples/fashion_mnist/train.py --checkpoint-dir /shared/fmnist
@@ -16,6 +16,18 @@ each epoch rank 0 prints the mean training loss, the test accuracy (the test set
 summed) and the samples per second of the whole job, and writes a checkpoint (model, optimizer, epoch)
 atomically. Started again with the same --checkpoint-dir (as `ddlctl submit --max-restarts` does after a
 failure), it resumes after the last finished epoch instead of starting over.
+
+Preemption and time limits: SIGTERM or SIGUSR1 (what ddl sends before it preempts a job, and `--signal
+USR1@60` before its `--time` limit) on any rank stops every rank after the same step (torch_ddl.StopSignal:
+one one-element all_reduce per step); rank 0 writes a checkpoint of that step (model, optimizer, epoch, step
+within the epoch, history, and each rank's partial loss sum and RNG states), and every rank exits 0 before the
+preemption deadline, so ddl requeues the job. Started again, it resumes at the next step with the same data
+order (each epoch's permutation is drawn from a generator seeded by the epoch), so a run interrupted any
+number of times ends with the weights and test accuracy of an uninterrupted one: bit for bit at 2 ranks (as
+tests/torch checks), at more up to the rounding of sums taken in another order (DDP's first step after a start
+buckets the gradients anew). --step-log FILE (rank 0 appends "attempt epoch step loss" per finished step)
+shows that no step was lost or repeated. A rank killed (SIGKILL, a crash) before such a checkpoint still
+repeats the steps since the last one, and a run stopped without --checkpoint-dir starts over.
 
 --device cuda trains on GPUs (torch 2.x with CUDA): rank LOCAL_RANK takes GPU LOCAL_RANK modulo the GPUs it
 sees, so one GPU per rank where there are enough (ddl-agent's CUDA_VISIBLE_DEVICES shows each rank its own) and
@@ -30,6 +42,7 @@ import datetime
 import gzip
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -64,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--timeout", type=float, default=300, help="process group timeout, seconds")
     p.add_argument("--json", default="", help="rank 0 writes the per-epoch results there")
+    p.add_argument("--step-log", default="", help="rank 0 appends a line \"attempt epoch step loss\" per finished "
+                                                   "step there (with CUDA, each step then waits for the GPU)")
     p.add_argument("--crash-after-epoch", type=int, default=0,
                    help="testing: on the job's first attempt (DDL_JOB_ATTEMPT=1), the last rank exits with "
                         "status 3 right after epoch N's checkpoint, so that a restart has something to resume")
@@ -128,6 +143,46 @@ def free_port():
         return s.getsockname()[1]
 
 
+class LocalStopSignal:
+    """torch_ddl.StopSignal's agreed step, for --backend gloo where torch_ddl cannot be imported: SIGTERM and
+    SIGUSR1 set a flag, and agreed() ORs the ranks' flags with one all_reduce, so that every rank stops after
+    the same step. (It knows no preemption deadline.)"""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {s: signal.signal(s, self._record) for s in (signal.SIGTERM, signal.SIGUSR1)}
+
+    def _record(self, signum, frame):
+        self.requested = True
+
+    def agreed(self):
+        flag = torch.tensor([int(self.requested)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def deadline(self):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def stop_signal(backend):
+    """From here on SIGTERM and SIGUSR1 only ask for a stop: torch_ddl's StopSignal (any backend), or under gloo
+    without torch_ddl the same step written out."""
+    try:
+        from torch_ddl import StopSignal
+    except ImportError:
+        if backend == "ddl":
+            raise
+        return LocalStopSignal()
+    return StopSignal()
+
+
 def init_distributed(backend, timeout_s):
     if "WORLD_SIZE" not in os.environ:  # run by hand: a job of one
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -143,23 +198,52 @@ def checkpoint_path(directory):
     return os.path.join(directory, "checkpoint.pt")
 
 
-def save_checkpoint(directory, model, optimizer, epoch, history):
-    os.makedirs(directory, exist_ok=True)
-    tmp = checkpoint_path(directory) + ".tmp"
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                "history": history}, tmp)
-    os.replace(tmp, checkpoint_path(directory))  # a crash mid-write leaves the previous checkpoint whole
+def rank_state(loss_sum, seconds, device):
+    """What differs between the ranks and a resumed step needs: this rank's loss sum and time so far in the
+    epoch, and its RNG states (nothing below draws from them, but a model with dropout or an augmentation
+    would, and would then resume with the numbers an uninterrupted run draws)."""
+    state = {"loss_sum": loss_sum.cpu(), "seconds": seconds, "rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def load_checkpoint(directory, model, optimizer):
-    """The last finished epoch and the history so far, (0, []) without a checkpoint."""
+def save_checkpoint(directory, model, optimizer, epoch, step, history, mine, rank, world):
+    """Collective (every rank calls it at the same step; rank 0 writes). epoch: the last finished epoch; step:
+    the steps done of the next one (0 at an epoch's end); mine: this rank's rank_state."""
+    ranks = [None] * world
+    dist.all_gather_object(ranks, mine)
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
+        tmp = checkpoint_path(directory) + ".tmp"
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                    "step": step, "history": history, "world": world, "ranks": ranks}, tmp)
+        os.replace(tmp, checkpoint_path(directory))  # a crash mid-write leaves the previous checkpoint whole
+    dist.barrier()  # the checkpoint is on disk before any rank goes on (or fails, or exits)
+
+
+def load_checkpoint(directory, model, optimizer, rank, world, device):
+    """(last finished epoch, steps done of the next, history, this rank's state or None); (0, 0, [], None)
+    without a checkpoint. Restores the model, the optimizer and this rank's RNG states."""
     path = checkpoint_path(directory) if directory else ""
     if not path or not os.path.exists(path):
-        return 0, []
+        return 0, 0, [], None
     state = torch.load(path, map_location="cpu")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    return state["epoch"], state["history"]
+    step, saved_world = state.get("step", 0), state.get("world", world)
+    if saved_world != world:
+        if step:
+            raise SystemExit("the checkpoint in %s stopped at step %d of epoch %d on %d ranks; this run has %d, "
+                             "which deal that epoch's batches otherwise: run it on %d ranks" %
+                             (directory, step, state["epoch"] + 1, saved_world, world, saved_world))
+        return state["epoch"], 0, state["history"], None
+    mine = state["ranks"][rank] if "ranks" in state else None
+    if mine is not None:
+        torch.set_rng_state(mine["rng"])
+        if "cuda_rng" in mine and device.type == "cuda":
+            torch.cuda.set_rng_state(mine["cuda_rng"], device)
+    return state["epoch"], step, state["history"], mine
 
 
 # ---- training ----
@@ -201,6 +285,12 @@ def pick_device(name):
 
 def main(argv=None):
     args = parse_args(argv)
+    # First: a stop signal from here on is a request to stop after a step, not the end of the process.
+    with stop_signal(args.backend) as stop:
+        return train(args, stop)
+
+
+def train(args, stop):
     torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     rank, world = init_distributed(args.backend, args.timeout)
@@ -210,10 +300,14 @@ def main(argv=None):
     test_x, test_y = (t.to(device) for t in load_split(args.data, "t10k", args.test_samples))
     model = make_model(args.model).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    start_epoch, history = load_checkpoint(args.checkpoint_dir, model, optimizer)
+    start_epoch, start_step, history, resumed = load_checkpoint(args.checkpoint_dir, model, optimizer, rank,
+                                                                world, device)
     # Broadcasts rank 0's weights: every rank starts alike, resumed or not.
     ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None)
-    if start_epoch:
+    if start_step:
+        log("resuming after step %d of epoch %d from the checkpoint in %s" %
+            (start_step, start_epoch + 1, args.checkpoint_dir))
+    elif start_epoch:
         log("resuming from the checkpoint of epoch %d in %s" % (start_epoch, args.checkpoint_dir))
     log("training %s on %d images (%d per step) with backend %s on %d rank%s (%s)" %
         (args.model, len(train_x), args.batch_size * world, args.backend, world, "" if world == 1 else "s",
@@ -222,20 +316,33 @@ def main(argv=None):
     attempt = int(os.environ.get("DDL_JOB_ATTEMPT", "1"))
     for epoch in range(start_epoch + 1, args.epochs + 1):
         idx = shard(len(train_x), epoch, rank, world, args.batch_size).to(device)
-        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # summed where the loss is: no host wait
+        first = start_step if epoch == start_epoch + 1 else 0  # steps done before a stop: skipped, same order
+        # Summed where the loss is: no host wait. Resumed mid-epoch, from this rank's sum at the stop.
+        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
+        seconds = 0.0
+        if first and resumed is not None:
+            loss_sum.copy_(resumed["loss_sum"])
+            seconds = resumed["seconds"]
         t0 = time.monotonic()
-        for s in range(0, len(idx), args.batch_size):
-            b = idx[s:s + args.batch_size]
+        for step in range(first + 1, len(idx) // args.batch_size + 1):
+            b = idx[(step - 1) * args.batch_size:step * args.batch_size]
             loss = F.cross_entropy(ddp(normalise(train_x[b])), train_y[b])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             loss_sum[0] += loss.detach()
             loss_sum[1] += 1
+            if args.step_log and rank == 0:  # opened per line: what a killed run did is on disk
+                with open(args.step_log, "a") as f:
+                    f.write("%d %d %d %r\n" % (attempt, epoch, step, loss.item()))
+            if stop.agreed():  # every rank, after this same step
+                stop_after(args, stop, model, optimizer, epoch, step, history,
+                           rank_state(loss_sum, seconds + time.monotonic() - t0, device), rank, world, log)
+                return 0
         dist.all_reduce(loss_sum)
         if device.type == "cuda":
             torch.cuda.synchronize()  # the epoch's time includes its GPU work
-        seconds = time.monotonic() - t0
+        seconds += time.monotonic() - t0
         accuracy = evaluate(model, test_x, test_y, rank, world)
         record = {"epoch": epoch, "loss": loss_sum[0].item() / max(1.0, loss_sum[1].item()),
                   "test_accuracy": accuracy, "samples_per_s": len(idx) * world / seconds, "seconds": seconds,
@@ -243,9 +350,9 @@ def main(argv=None):
         history.append(record)
         log("epoch %d/%d: loss %.4f, test accuracy %.2f%%, %.0f samples/s (%.1f s)" %
             (epoch, args.epochs, record["loss"], 100 * accuracy, record["samples_per_s"], seconds))
-        if args.checkpoint_dir and rank == 0:
-            save_checkpoint(args.checkpoint_dir, model, optimizer, epoch, history)
-        dist.barrier()  # the checkpoint is on disk before any rank goes on (or fails)
+        if args.checkpoint_dir:
+            save_checkpoint(args.checkpoint_dir, model, optimizer, epoch, 0, history,
+                            rank_state(torch.zeros(2, dtype=torch.float64), 0.0, device), rank, world)
         if epoch == args.crash_after_epoch and attempt == 1 and rank == world - 1:
             print("rank %d: exiting with status 3 after epoch %d, as --crash-after-epoch asks" % (rank, epoch),
                   flush=True)
@@ -262,6 +369,24 @@ def main(argv=None):
             json.dump(result, f, indent=1)
     dist.destroy_process_group()
     return 0
+
+
+def stop_after(args, stop, model, optimizer, epoch, step, history, mine, rank, world, log):
+    """The ranks agreed to stop after this step: checkpoint it (collective), leave the group, and return, so
+    the process exits 0 before the preemption deadline and ddl requeues the job."""
+    deadline = stop.deadline()
+    if deadline is None:  # not a preemption: a --time limit's --signal, or a signal by hand; nothing requeues it
+        left = " (no preemption deadline: started again with the same --checkpoint-dir, it goes on from here)"
+    else:
+        left = ", %.1f s before the preemption deadline" % (deadline - time.time())
+    if args.checkpoint_dir:
+        save_checkpoint(args.checkpoint_dir, model, optimizer, epoch - 1, step, history, mine, rank, world)
+        log("stopped by a signal after step %d of epoch %d; checkpoint in %s%s" %
+            (step, epoch, args.checkpoint_dir, left))
+    else:
+        log("stopped by a signal after step %d of epoch %d%s; no --checkpoint-dir: a restart starts over" %
+            (step, epoch, left))
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

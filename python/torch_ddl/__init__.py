@@ -11,6 +11,16 @@ wait without blocking the host. Errors (a dead peer, a timeout, ranks calling di
 RuntimeError naming the peer rank and host, within the group's timeout. TORCH_DDL_BLOCKING=1 runs each
 collective on the calling thread and waits for its result instead.
 
+torch_ddl.StopSignal (preemption.py, plain Python, for any process group) turns a preemption's or a time
+limit's signal, which reaches the ranks at different moments, into one stop after the same step on every rank,
+so that the checkpoint written then is consistent:
+
+    with torch_ddl.StopSignal() as stop:          # SIGTERM and SIGUSR1 now only set a flag
+        for step in ...:
+            train_step()
+            if stop.agreed():                      # collective: True on every rank once any rank got one
+                save_checkpoint(); sys.exit(0)
+
 A torch_ddl runs only in the torch it was built for: imported into another, it raises ImportError naming both
 torches and the command that builds the right one (_abi.py).
 """
@@ -33,8 +43,9 @@ _abi.check(torch, _built_for, sys.executable, os.path.dirname(os.path.abspath(__
 
 from . import _C  # noqa: E402
 from ._C import ProcessGroupDDL, libddl_version
+from .preemption import StopSignal
 
-__all__ = ["ProcessGroupDDL", "libddl_version", "BACKEND"]
+__all__ = ["ProcessGroupDDL", "libddl_version", "BACKEND", "StopSignal"]
 
 BACKEND = "ddl"
 

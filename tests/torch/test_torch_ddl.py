@@ -1,14 +1,18 @@
 """torch_ddl, the torch.distributed backend "ddl", tested with real processes (tests/torch/harness.py).
 
-Each test runs one scenario of worker.py on N ranks and expects every rank to print "OK <scenario>". ctest runs
-each test method as a test of its own (label torch); by hand:
+Each test runs one scenario of worker.py on N ranks and expects every rank to print "OK <scenario>";
+PreemptedTraining runs examples/fashion_mnist/train.py instead. ctest runs each TestCase as a test of its own
+(label torch); by hand:
 
     PYTHONPATH=build/python /usr/bin/python3 -m unittest -v tests/torch/test_torch_ddl.py
 """
 
 import os
 import shutil
+import signal
+import subprocess
 import tempfile
+import time
 import unittest
 
 import harness
@@ -108,6 +112,158 @@ class Failures(Case):
 
     def test_bad_arguments_raise_and_break_nothing(self):
         self.run_ok(2, "errors")
+
+
+class Preemption(Case):
+    """torch_ddl.StopSignal: SIGTERM to one rank alone stops every rank after the same step, within a few steps
+    of it, where the loop would otherwise run 3000; the deadline file is read, a second signal is not fatal,
+    and the handlers are put back."""
+
+    def run_stop(self, n, every):
+        tmp = tempfile.mkdtemp(prefix="torch-ddl-stop-")
+        try:
+            self.run_ok(n, "stop", every, timeout=120,
+                        env={"DDL_PREEMPT_DEADLINE_FILE": os.path.join(tmp, "deadline")})
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_sigterm_to_one_of_2_ranks_stops_both_after_the_same_step(self):
+        self.run_stop(2, 1)
+
+    def test_every_4th_call_communicates_3_ranks(self):
+        self.run_stop(3, 4)
+
+
+TRAIN = os.path.join(harness.HERE, "..", "..", "examples", "fashion_mnist", "train.py")
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist (train.py's default)
+
+
+class PreemptedTraining(unittest.TestCase):
+    """examples/fashion_mnist/train.py on 2 ranks over ddl, stopped by SIGTERM to both ranks (as ddl preempts
+    a job) after a few steps of each attempt and started again with the same --checkpoint-dir until it
+    finishes, ends exactly as an uninterrupted run: the same step log (epoch, step and loss of every step,
+    none lost or repeated), test accuracies and final weights."""
+
+    RANKS = 2
+    ARGS = ["--epochs", "2", "--train-samples", "1024", "--test-samples", "500", "--batch-size", "32",
+            "--timeout", "60"]  # 16 steps per epoch on 2 ranks
+    STEPS = 32
+    INTERRUPTIONS = 3
+    ATTEMPT_TIMEOUT = 120  # seconds, each attempt
+
+    def setUp(self):
+        missing = [f for f in ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz")
+                   if not os.path.exists(os.path.join(FASHION_MNIST, f))]
+        if missing:
+            self.skipTest("no Fashion-MNIST in %s (Debian's dataset-fashion-mnist): %s missing" %
+                          (FASHION_MNIST, ", ".join(missing)))
+        self.tmp = tempfile.mkdtemp(prefix="torch-ddl-preempted-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+
+    def start(self, run_dir, attempt):
+        port = harness.free_port()
+        procs = []
+        for r in range(self.RANKS):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.RANKS), LOCAL_RANK=str(r),
+                       LOCAL_WORLD_SIZE=str(self.RANKS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       OMP_NUM_THREADS="1", DDL_JOB_ATTEMPT=str(attempt),
+                       DDL_PREEMPT_DEADLINE_FILE=os.path.join(run_dir, "deadline-%d" % r))
+            out = open(os.path.join(run_dir, "attempt-%d-rank-%d.log" % (attempt, r)), "w")
+            procs.append(subprocess.Popen(
+                [harness.PYTHON, TRAIN, *self.ARGS, "--checkpoint-dir", os.path.join(run_dir, "checkpoint"),
+                 "--step-log", os.path.join(run_dir, "steps.log"), "--json", os.path.join(run_dir, "result.json")],
+                stdout=out, stderr=subprocess.STDOUT, env=env))
+            out.close()
+        return procs
+
+    def outputs(self, run_dir, attempt):
+        said = []
+        for r in range(self.RANKS):
+            with open(os.path.join(run_dir, "attempt-%d-rank-%d.log" % (attempt, r))) as f:
+                said.append("attempt %d, rank %d:\n%s" % (attempt, r, f.read()))
+        return "\n".join(said)
+
+    def steps(self, run_dir):
+        """The step log's lines as (attempt, epoch, step, loss)."""
+        path = os.path.join(run_dir, "steps.log")
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [tuple(line.split()) for line in f if line.endswith("\n")]
+
+    def wait(self, procs, run_dir, attempt, interrupt_after=None):
+        """Waits for the attempt's ranks; with interrupt_after, once the step log holds that many steps of this
+        attempt, writes each rank's deadline file and sends SIGTERM to every rank. Returns whether it did."""
+        deadline = time.monotonic() + self.ATTEMPT_TIMEOUT
+        sent = False
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            if interrupt_after is not None and not sent and \
+                    sum(1 for s in self.steps(run_dir) if s[0] == str(attempt)) >= interrupt_after:
+                for r, p in enumerate(procs):
+                    with open(os.path.join(run_dir, "deadline-%d" % r), "w") as f:
+                        f.write("%.2f\n" % (time.time() + 60))
+                for p in procs:
+                    p.send_signal(signal.SIGTERM)
+                sent = True
+            time.sleep(0.01)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        codes = [p.returncode for p in procs]
+        self.assertEqual(codes, [0] * self.RANKS, "attempt %d's ranks exited %s (-9: killed after %d s)\n%s" %
+                         (attempt, codes, self.ATTEMPT_TIMEOUT, self.outputs(run_dir, attempt)))
+        return sent
+
+    def test_interrupted_run_ends_as_an_uninterrupted_one(self):
+        import torch  # (the test's own interpreter is the ranks')
+
+        whole = os.path.join(self.tmp, "whole")
+        os.makedirs(whole)
+        self.wait(self.start(whole, 1), whole, 1)
+
+        parts = os.path.join(self.tmp, "interrupted")
+        os.makedirs(parts)
+        stopped, attempt = 0, 0
+        while True:
+            attempt += 1
+            self.assertLessEqual(attempt, self.INTERRUPTIONS + 3, "no end after %d attempts" % (attempt - 1))
+            interrupt = 4 if stopped < self.INTERRUPTIONS else None  # a few steps into each attempt
+            if not self.wait(self.start(parts, attempt), parts, attempt, interrupt):
+                break
+            said = self.outputs(parts, attempt)
+            if "done: test accuracy" in said:  # the signal came after the last step
+                break
+            self.assertIn("stopped by a signal after step", said)
+            self.assertIn("s before the preemption deadline", said)
+            stopped += 1
+        said = self.outputs(parts, attempt)
+        self.assertIn("done: test accuracy", said)
+        self.assertGreaterEqual(stopped, 1, "no attempt was stopped by its SIGTERM")
+
+        want = [s[1:] for s in self.steps(whole)]
+        got = self.steps(parts)
+        self.assertEqual(len(want), self.STEPS)
+        self.assertEqual([s[1:] for s in got], want, "the interrupted run's steps (epoch, step, loss) differ "
+                         "from the uninterrupted run's: lost, repeated or not the same")
+        self.assertGreaterEqual(len({s[0] for s in got}), 2, "every step came from one attempt")
+        print("%d attempts, %d stopped by SIGTERM after steps %s" % (
+            attempt, stopped, [int(got[i][2]) + self.STEPS // 2 * (int(got[i][1]) - 1)
+                               for i in range(len(got) - 1) if got[i][0] != got[i + 1][0]]))
+
+        import json
+        with open(os.path.join(whole, "result.json")) as f:
+            want_epochs = json.load(f)["epochs"]
+        with open(os.path.join(parts, "result.json")) as f:
+            got_epochs = json.load(f)["epochs"]
+        for w, g in zip(want_epochs, got_epochs):
+            self.assertEqual((g["epoch"], g["loss"], g["test_accuracy"]), (w["epoch"], w["loss"], w["test_accuracy"]))
+        self.assertEqual(len(got_epochs), len(want_epochs))
+
+        a = torch.load(os.path.join(whole, "checkpoint", "checkpoint.pt"), map_location="cpu")
+        b = torch.load(os.path.join(parts, "checkpoint", "checkpoint.pt"), map_location="cpu")
+        for name, w in a["model"].items():
+            self.assertTrue(torch.equal(w, b["model"][name]), "weights %s differ" % name)
 
 
 class Fsdp(Case):

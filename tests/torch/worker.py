@@ -10,6 +10,8 @@ passed; any failed check raises, so the process exits non-zero with the tracebac
     worker.py stall             rank 1 stops calling: the others raise a timeout within the group's timeout
     worker.py mismatch          rank 1 all_reduces another size: every rank raises a mismatch, fast
     worker.py errors            bad arguments raise ValueError and break nothing
+    worker.py stop [EVERY]      torch_ddl.StopSignal: rank 0 sends SIGTERM to rank WORLD-1 alone mid-loop; every
+                                rank stops after the same step (a multiple of EVERY), long before the loop's end
     worker.py fsdp              FSDP2 with mixed precision and a gradient divide factor (PREMUL_SUM) against a
                                 single-process reference (torch 2.x; skipped, exit 77, elsewhere)
     worker.py cuda              CUDA tensors: every collective, no host synchronisation, a CUDA graph, DDP
@@ -23,6 +25,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 
 import torch
@@ -698,6 +701,78 @@ def scenario_errors():
     print("OK errors")
 
 
+# ---- preemption: torch_ddl.StopSignal ----
+
+def scenario_stop(every="1"):
+    every = int(every)
+    init()
+    victim, signal_at, limit = WORLD - 1, 20, 3000  # the loop's 3000 steps would take 10 s or more
+    pids = [None] * WORLD
+    dist.all_gather_object(pids, os.getpid())
+    deadline_file = os.environ["DDL_PREEMPT_DEADLINE_FILE"]  # one for all ranks here; ddl gives each its own
+    before = signal.getsignal(signal.SIGTERM)
+    # Refused: from another thread (Python installs handlers only on the main one), and every < 1.
+    refused = []
+
+    def make():
+        try:
+            torch_ddl.StopSignal()
+        except RuntimeError as e:
+            refused.append(str(e))
+    th = threading.Thread(target=make)
+    th.start()
+    th.join()
+    check(refused and "main thread" in refused[0], "a StopSignal made on another thread: %s" % refused)
+    try:
+        torch_ddl.StopSignal(every=0)
+        raise AssertionError("StopSignal(every=0) was taken")
+    except ValueError:
+        pass
+    check(signal.getsignal(signal.SIGTERM) is before, "a refused StopSignal left a handler behind")
+
+    t = torch.ones(1000)
+    with torch_ddl.StopSignal(every=every) as stop:
+        check(signal.getsignal(signal.SIGTERM) is not before, "no SIGTERM handler installed")
+        check(stop.deadline() is None and not stop.requested, "a deadline or a stop before any signal")
+        stopped = None
+        for step in range(1, limit + 1):
+            dist.all_reduce(t)  # the step's work: a collective, as a training step's gradients
+            t.fill_(1)
+            time.sleep(0.002)
+            if step == signal_at and RANK == 0:
+                with open(deadline_file + ".tmp", "w") as f:
+                    f.write("1796600000.25\n")
+                os.replace(deadline_file + ".tmp", deadline_file)  # written before the signal, as the agent does
+                os.kill(pids[victim], signal.SIGTERM)
+            if stop.agreed():
+                stopped = step
+                break
+        check(stopped is not None, "no stop agreed in %d steps; SIGTERM went to rank %d at step %d" %
+              (limit, victim, signal_at))
+        print("stopped after step %d (rank %d got SIGTERM at rank 0's step %d)" % (stopped, victim, signal_at))
+        steps = [None] * WORLD
+        dist.all_gather_object(steps, stopped)
+        check(len(set(steps)) == 1, "the ranks stopped after different steps: %s" % steps)
+        check(stopped >= signal_at and stopped < signal_at + 200, "stopped after step %d" % stopped)
+        check(stopped % every == 0, "stopped after step %d, not a multiple of every=%d" % (stopped, every))
+        check(stop.requested == (RANK == victim), "requested is %s on rank %d" % (stop.requested, RANK))
+        check(stop.signum == (signal.SIGTERM if RANK == victim else None), "signum %s" % stop.signum)
+        # Once agreed, agreed() answers without communicating: rank 0 alone calls it, then every rank a barrier.
+        if RANK == 0:
+            check(stop.agreed(), "agreed() went back to False")
+        dist.barrier()
+        check(stop.deadline() == 1796600000.25, "deadline() is %s" % stop.deadline())
+        # The "checkpoint": a second SIGTERM now is recorded, not fatal.
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        check(stop.requested, "a second SIGTERM was not recorded")
+    check(signal.getsignal(signal.SIGTERM) is before, "close() left SIGTERM's handler %r" %
+          signal.getsignal(signal.SIGTERM))
+    dist.barrier()
+    dist.destroy_process_group()
+    print("OK stop")
+
+
 def scenario_fsdp():
     """FSDP2 (fully_shard, torch 2.x) over ddl on CPU, parameters in bfloat16 and gradients reduced in float32
     (MixedPrecisionPolicy), with a gradient divide factor that is not the world size: FSDP reduce-scatters with
@@ -847,7 +922,7 @@ def graph_capture():
 SCENARIOS = {
     "collectives": scenario_collectives, "async": scenario_async, "ddp": scenario_ddp, "init": scenario_init,
     "groups": scenario_groups, "kill": scenario_kill, "stall": scenario_stall, "mismatch": scenario_mismatch,
-    "errors": scenario_errors, "cuda": scenario_cuda, "fsdp": scenario_fsdp,
+    "errors": scenario_errors, "cuda": scenario_cuda, "fsdp": scenario_fsdp, "stop": scenario_stop,
 }
 
 if __name__ == "__main__":
