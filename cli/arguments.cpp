@@ -446,6 +446,7 @@ Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
   spec.set_topology(args.topology);
   spec.set_priority(args.priority);
   spec.set_account(args.account);
+  spec.set_qos(args.qos);
   spec.set_max_restarts(args.maxRestarts);
   std::filesystem::path workdir =
       args.workdir.empty() ? std::filesystem::path(args.cwd) : std::filesystem::path(args.workdir);

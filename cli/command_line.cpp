@@ -133,6 +133,8 @@ void declareSubmit(CLI::App& app, CommandLine& cl) {
       ->take_last();
   submit->add_option("--account", s.account, "the account to charge (default: your own; others: admins only)")
       ->take_last();
+  submit->add_option("--qos", s.qos, "quality of service (default normal; ddlctl qos lists them)")
+      ->take_last();
   submit->add_option("--max-restarts", s.maxRestarts, "requeue after a failure up to R times (default 0)")
       ->take_last();
   // One value per flag (allow_extra_args(false)): a vector option would otherwise swallow the words after it.
@@ -331,6 +333,7 @@ void declareNodeVerbs(CLI::App& app, CommandLine& cl) {
 void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
   app.add_subcommand("whoami", "who the coordinator takes you for (user, role and account)");
   app.add_subcommand("accounts", "the accounts jobs are charged to: their tree, shares and users");
+  app.add_subcommand("qos", "the qualities of service: priority, what each preempts, grace and limits");
   app.add_subcommand("shares", "each account's share, decayed GPU usage and fair-share factor (as sshare)");
   CLI::App* usage = app.add_subcommand(
       "usage",
@@ -347,7 +350,7 @@ void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
   usage->add_flag("--by-account", cl.byAccount, "one row per account, its users added up");
   usage->add_flag("--daily", cl.daily, "one row per day too");
 
-  CLI::App* admin = app.add_subcommand("admin", "users, accounts and node certificates (admins only)");
+  CLI::App* admin = app.add_subcommand("admin", "users, accounts, QoS and node certificates (admins only)");
   admin->require_subcommand(1);
   CLI::App* add = admin->add_subcommand("add-user", "make a user and print its token (shown once)");
   add->add_option("NAME", cl.target, "user name (the account ranks run as on the nodes)")->required();
@@ -371,6 +374,26 @@ void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
   limit->add_option("--running", cl.limitRunning, "jobs running at once")->check(CLI::Range(0, 10000000));
   limit->add_option("--pending", cl.limitPending, "jobs waiting in the queue (a submit past it is refused)")
       ->check(CLI::Range(0, 10000000));
+  CLI::App* qos =
+      admin->add_subcommand("add-qos", "make a quality of service (or, with --update, change one)");
+  qos->add_option("NAME", cl.target, "QoS name")->required();
+  qos->add_option("--priority", cl.qosPriority, "added to its jobs' priority (0 to 1000000; default 0)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
+  qos->add_option("--preempt", cl.qosPreempt,
+                  "the QoS (comma-separated, each of lower priority) whose running jobs its jobs may preempt")
+      ->type_name("QOS,...");
+  qos->add_option("--grace", cl.qosGraceS,
+                  "seconds a preempted job of this QoS gets between its signal and SIGKILL (default 60)")
+      ->check(CLI::Range(int64_t{0}, int64_t{7 * 86400}));
+  qos->add_option("--gpus", cl.qosGpus, "GPUs its jobs may hold together (0: no limit)")
+      ->check(CLI::Range(0, 10000000));
+  qos->add_option("--accounts", cl.qosAccounts,
+                  "the accounts (comma-separated; and those under them) that may use it (default: all)")
+      ->type_name("ACCOUNT,...");
+  qos->add_flag("--update", cl.update, "change the fields given of an existing QoS");
+  admin->add_subcommand("remove-qos", "remove a QoS that no other QoS preempts")
+      ->add_option("NAME", cl.target, "QoS name")
+      ->required();
   admin->add_subcommand("remove-account", "remove an account that holds no users and no accounts")
       ->add_option("NAME", cl.target, "account name")
       ->required();
@@ -483,9 +506,9 @@ std::vector<std::string> flagNames(const CLI::App& app, const CLI::App* verb) {
   return names;
 }
 
-constexpr const char* kVerbs[] = {"submit",  "list",    "status",   "wait",   "cancel", "hold",
-                                  "release", "requeue", "ring",     "logs",   "nodes",  "drain",
-                                  "undrain", "whoami",  "accounts", "shares", "usage",  "admin"};
+constexpr const char* kVerbs[] = {"submit",   "list",   "status", "wait",  "cancel", "hold",    "release",
+                                  "requeue",  "ring",   "logs",   "nodes", "drain",  "undrain", "whoami",
+                                  "accounts", "shares", "usage",  "admin", "qos"};
 
 // What CLI11 reports, said for a person: which flag of which verb, the nearest real flag, what a value must
 // be.

@@ -111,6 +111,7 @@ struct SubmitArgs {
   std::string topology;
   int priority = 0;
   std::string account;  // "": the user's own
+  std::string qos;      // "": normal
   int maxRestarts = 0;
   std::vector<std::string> env;     // KEY=VALUE
   std::vector<std::string> labels;  // KEY=VALUE, required node labels
@@ -217,6 +218,8 @@ std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs);
 // The account tree, each account under its parent, with its share, its normalised share (its part of the
 // whole cluster: its share over its siblings' times its parent's part, as sshare's NormShares) and its users.
 std::string formatAccountTree(const v1::ListAccountsResponse& accounts);
+// `ddlctl qos`: each QoS's priority, what it preempts, its grace, GPU limit and accounts (sacctmgr show qos).
+std::string formatQos(const v1::ListQosResponse& qos);
 // "at most 8 GPUs, 4 running, 100 pending", "no limits".
 std::string formatLimits(const v1::Limits& limits);
 // ddlctl shares: each account's share, normalised share, decayed usage (GPU-hours), normalised usage and

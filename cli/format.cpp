@@ -357,6 +357,22 @@ std::string formatShares(const v1::GetSharesResponse& shares) {
   return out + half;
 }
 
+std::string formatQos(const v1::ListQosResponse& qos) {
+  std::vector<std::vector<std::string>> rows = {{"QOS", "PRIORITY", "PREEMPTS", "GRACE", "GPUS", "ACCOUNTS"}};
+  auto list = [](const auto& names) {
+    std::string out;
+    for (const std::string& n : names) out += (out.empty() ? "" : ",") + escapeForTerminal(n);
+    return out;
+  };
+  for (const v1::Qos& q : qos.qos()) {
+    rows.push_back({escapeForTerminal(q.name()), std::to_string(q.priority()),
+                    q.preempt().empty() ? "-" : list(q.preempt()), formatDuration(q.grace_s() * 1000),
+                    q.gpus() > 0 ? std::to_string(q.gpus()) : "-",
+                    q.accounts().empty() ? "(all)" : list(q.accounts())});
+  }
+  return renderTable(std::move(rows));
+}
+
 std::string formatUsage(const v1::GetUsageResponse& usage) {
   const bool daily = std::any_of(usage.rows().begin(), usage.rows().end(),
                                  [](const v1::UsageRow& r) { return !r.day().empty(); });
@@ -366,7 +382,8 @@ std::string formatUsage(const v1::GetUsageResponse& usage) {
   if (daily) head.push_back("DAY");
   head.push_back("ACCOUNT");
   if (users) head.push_back("USER");
-  for (const char* h : {"GPU-HOURS", "CPU-HOURS", "ATTEMPTS", "JOBS", "FAILED", "REQUEUED", "PEAK MEM"})
+  for (const char* h :
+       {"GPU-HOURS", "CPU-HOURS", "ATTEMPTS", "JOBS", "FAILED", "REQUEUED", "PREEMPTED", "PEAK MEM"})
     head.push_back(h);
   std::vector<std::vector<std::string>> rows = {head};
   v1::UsageRow total;
@@ -376,10 +393,10 @@ std::string formatUsage(const v1::GetUsageResponse& usage) {
     if (daily) row.push_back(day);
     row.push_back(account);
     if (users) row.push_back(user);
-    for (std::string v :
-         {hoursText(r.gpu_seconds()), hoursText(r.cpu_seconds()), std::to_string(r.attempts()),
-          std::to_string(r.jobs()), std::to_string(r.failed()), std::to_string(r.requeued()),
-          r.max_rss_bytes() > 0 ? formatBytes(r.max_rss_bytes()) : std::string("-")})
+    for (std::string v : {hoursText(r.gpu_seconds()), hoursText(r.cpu_seconds()),
+                          std::to_string(r.attempts()), std::to_string(r.jobs()), std::to_string(r.failed()),
+                          std::to_string(r.requeued()), std::to_string(r.preempted()),
+                          r.max_rss_bytes() > 0 ? formatBytes(r.max_rss_bytes()) : std::string("-")})
       row.push_back(std::move(v));
     rows.push_back(std::move(row));
   };
@@ -391,6 +408,7 @@ std::string formatUsage(const v1::GetUsageResponse& usage) {
     total.set_jobs(total.jobs() + r.jobs());
     total.set_failed(total.failed() + r.failed());
     total.set_requeued(total.requeued() + r.requeued());
+    total.set_preempted(total.preempted() + r.preempted());
     total.set_max_rss_bytes(std::max(total.max_rss_bytes(), r.max_rss_bytes()));
   }
   line("", "TOTAL", "", total);
@@ -411,13 +429,15 @@ std::string formatUsageCsv(const v1::GetUsageResponse& usage) {
     for (char c : text) out += c == '"' ? std::string("\"\"") : std::string(1, c);
     return out + "\"";
   };
-  std::string out = "day,account,user,gpu_hours,cpu_hours,attempts,jobs,failed,requeued,max_rss_bytes\n";
-  char numbers[160];
+  std::string out =
+      "day,account,user,gpu_hours,cpu_hours,attempts,jobs,failed,requeued,max_rss_bytes,preempted\n";
+  char numbers[192];
   for (const v1::UsageRow& r : usage.rows()) {
-    std::snprintf(numbers, sizeof(numbers), "%.6f,%.6f,%lld,%lld,%lld,%lld,%lld", r.gpu_seconds() / 3600,
+    std::snprintf(numbers, sizeof(numbers), "%.6f,%.6f,%lld,%lld,%lld,%lld,%lld,%lld", r.gpu_seconds() / 3600,
                   r.cpu_seconds() / 3600, static_cast<long long>(r.attempts()),
                   static_cast<long long>(r.jobs()), static_cast<long long>(r.failed()),
-                  static_cast<long long>(r.requeued()), static_cast<long long>(r.max_rss_bytes()));
+                  static_cast<long long>(r.requeued()), static_cast<long long>(r.max_rss_bytes()),
+                  static_cast<long long>(r.preempted()));
     out += field(r.day()) + "," + field(r.account()) + "," + field(r.user()) + "," + numbers + "\n";
   }
   return out;
@@ -573,6 +593,12 @@ std::string formatJobDetail(const v1::Job& job, int64_t nowMs) {
   if (!spec.env().empty()) add("Env", shellJoin({spec.env().begin(), spec.env().end()}));
   add("Priority", std::to_string(spec.priority()));
   if (!spec.account().empty()) add("Account", spec.account());
+  if (!spec.qos().empty()) add("QoS", spec.qos());
+  if (!job.preempted_by().empty()) {
+    add("Preempted", "for job " + escapeForTerminal(job.preempted_by()) +
+                         ": its ranks were signalled and are killed at " +
+                         formatLocalTime(job.preempt_deadline_ms()) + " unless they exit first");
+  }
   if (job.held()) {
     add("Held", job.held_by_admin()
                     ? "yes, by an admin (an admin releases it: ddlctl release " + job.id() + ")"

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <tuple>
 
 #include "common/clock.h"
@@ -456,6 +457,43 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
                                                   : "account " + escapeForTerminal(cl.limitAccount)) +
                              ": " + formatLimits(resp) + "\n");
   }
+  if (cl.adminVerb == "add-qos") {
+    auto names = [](const std::string& text) {
+      std::vector<std::string> out;
+      std::stringstream in(text);
+      for (std::string item; std::getline(in, item, ',');) {
+        if (!item.empty()) out.push_back(item);
+      }
+      return out;
+    };
+    v1::AddQosRequest req;
+    req.set_name(cl.target);
+    req.set_update(cl.update);
+    if (cl.qosPriority) req.set_priority(*cl.qosPriority);
+    if (cl.qosGraceS) req.set_grace_s(*cl.qosGraceS);
+    if (cl.qosGpus) req.set_gpus(*cl.qosGpus);
+    if (cl.qosPreempt) {
+      req.set_preempt_given(true);
+      for (const std::string& n : names(*cl.qosPreempt)) req.add_preempt(n);
+    }
+    if (cl.qosAccounts) {
+      req.set_accounts_given(true);
+      for (const std::string& n : names(*cl.qosAccounts)) req.add_accounts(n);
+    }
+    v1::Qos resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.AddQos(c, req, &resp); })) return rc;
+    v1::ListQosResponse one;
+    *one.add_qos() = resp;
+    return s.print(resp, std::string(cl.update ? "changed" : "made") + " QoS " +
+                             escapeForTerminal(resp.name()) + "\n" + formatQos(one));
+  }
+  if (cl.adminVerb == "remove-qos") {
+    v1::RemoveQosRequest req;
+    req.set_name(cl.target);
+    v1::RemoveQosResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.RemoveQos(c, req, &resp); })) return rc;
+    return s.print(resp, "removed QoS " + escapeForTerminal(cl.target) + "\n");
+  }
   if (cl.adminVerb == "remove-account") {
     v1::RemoveAccountRequest req;
     req.set_name(cl.target);
@@ -642,6 +680,11 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
     v1::ListAccountsResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListAccounts(c, {}, &resp); })) return rc;
     return s.print(resp, formatAccountTree(resp));
+  }
+  if (cl.verb == "qos") {
+    v1::ListQosResponse resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListQos(c, {}, &resp); })) return rc;
+    return s.print(resp, formatQos(resp));
   }
   if (cl.verb == "admin") return runAdmin(cl, s, err);
   if (cl.verb == "nodes" && cl.nodesVerb == "remove") {

@@ -45,6 +45,8 @@ std::vector<std::pair<std::string, std::string>> nodeEnvironment(const RankNodeS
   if (!spec.gpu_uuid.empty()) env.emplace_back("CUDA_VISIBLE_DEVICES", spec.gpu_uuid);
   env.emplace_back("DDL_GPU", std::to_string(spec.gpu));
   if (!spec.agent_socket.empty()) env.emplace_back("DDL_AGENT_SOCKET", spec.agent_socket);
+  if (!spec.preempt_deadline_file.empty())
+    env.emplace_back("DDL_PREEMPT_DEADLINE_FILE", spec.preempt_deadline_file);
   return env;
 }
 
@@ -64,6 +66,7 @@ std::vector<std::string> launchVariableNames() {
   RankNodeSpec node;
   node.gpu_uuid = "GPU-0";
   node.agent_socket = "s";
+  node.preempt_deadline_file = "f";
   std::vector<std::string> names;
   for (const auto& env : {rankEnvironment(rank), nodeEnvironment(node), arrayEnvironment("j-1", 0)}) {
     for (const auto& kv : env) names.push_back(kv.first);

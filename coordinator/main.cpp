@@ -395,6 +395,8 @@ int runDaemon(const DaemonConfig& config) {
       if (!a.parent.empty()) tree.accounts[a.name] = {a.parent, a.share, limits(a.limits)};
     }
     for (const auto& [name, l] : registry->userLimits()) tree.users[name] = limits(l);
+    for (const auto& q : registry->qosList())
+      tree.qos[q.name] = {q.priority, q.preempt, q.grace_s, q.gpus, q.accounts};
     return tree;
   };
   coordinator.setAccounts(shareTree(registry->accounts()));

@@ -416,6 +416,16 @@ void Agent::signalJob(const v1::SignalJob& command) {
                  command.attempt(), what);
     return;
   }
+  if (command.preempt_deadline_ms() > 0) {
+    // The deadline first: a rank's handler may read it as soon as the signal comes.
+    const std::string path = preemptDeadlinePath(command.job_id(), command.attempt());
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.3f\n", command.preempt_deadline_ms() / 1000.0);
+    std::string why;
+    if (!pki::writeFile(path, text, 0644, &why))
+      spdlog::warn("job {} attempt {}: cannot write the preemption deadline: {}", command.job_id(),
+                   command.attempt(), why);
+  }
   const int sent = supervisor_->signalJob(command.job_id(), command.attempt(), command.signal());
   if (sent == 0) {
     spdlog::info("job {} attempt {}: {} ignored: no running rank of it on this node", command.job_id(),
@@ -446,6 +456,10 @@ void Agent::readLog(const v1::ReadLog& read) {
     data->set_data(std::move(buf));
   }
   write(reply);
+}
+
+std::string Agent::preemptDeadlinePath(const std::string& job, int attempt) const {
+  return config_.data_dir + "/logs/" + job + "/attempt-" + std::to_string(attempt) + "/preempt-deadline";
 }
 
 std::string Agent::logPath(const std::string& job, int attempt, int rank) const {
@@ -484,6 +498,7 @@ void Agent::startRanks(const v1::StartRanks& start) {
         launch.gpu() < static_cast<int>(inventory_.gpus.size()))
       node.gpu_uuid = inventory_.gpus[launch.gpu()].uuid();
     if (telemetry_) node.agent_socket = telemetry_->path();
+    node.preempt_deadline_file = preemptDeadlinePath(start.job_id(), start.attempt());
     for (auto& kv : nodeEnvironment(node)) spec.env.push_back(std::move(kv));
     spec.run_as = account;
     spec.cpus.assign(launch.cpus().begin(), launch.cpus().end());

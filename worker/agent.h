@@ -68,6 +68,8 @@ class Agent {
   bool write(const v1::AgentMessage& message);
   v1::RankStatus toProto(const RankState& state) const;
   std::string logPath(const std::string& job, int attempt, int rank) const;
+  // Where a preemption's deadline is written for the attempt's ranks (DDL_PREEMPT_DEADLINE_FILE).
+  std::string preemptDeadlinePath(const std::string& job, int attempt) const;
 
   const AgentConfig config_;
   const Inventory inventory_;

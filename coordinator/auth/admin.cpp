@@ -109,6 +109,56 @@ StatusOr<v1::ListAccountsResponse> Admin::listAccounts() const {
   return response;
 }
 
+namespace {
+
+void toProto(const QosInfo& q, v1::Qos* out) {
+  out->set_name(q.name);
+  out->set_priority(q.priority);
+  for (const auto& p : q.preempt) out->add_preempt(p);
+  out->set_grace_s(q.grace_s);
+  out->set_gpus(q.gpus);
+  for (const auto& a : q.accounts) out->add_accounts(a);
+  out->set_created_ms(q.created_s * 1000);
+}
+
+}  // namespace
+
+StatusOr<v1::Qos> Admin::addQos(const v1::AddQosRequest& request) {
+  if (Status st = needUsers(); !st) return st;
+  UserRegistry::QosChange change;
+  if (request.has_priority()) change.priority = request.priority();
+  if (request.has_grace_s()) change.grace_s = request.grace_s();
+  if (request.has_gpus()) change.gpus = request.gpus();
+  if (request.preempt_given() || request.preempt_size() > 0)
+    change.preempt = std::vector<std::string>(request.preempt().begin(), request.preempt().end());
+  if (request.accounts_given() || request.accounts_size() > 0)
+    change.accounts = std::vector<std::string>(request.accounts().begin(), request.accounts().end());
+  auto q = users_->setQos(request.name(), change, request.update());
+  if (!q) return q.status();
+  std::string preempts;
+  for (const auto& p : q->preempt) preempts += (preempts.empty() ? "" : ",") + p;
+  spdlog::info("QoS {} (priority {}, preempts {}, grace {} s, {} GPUs) {}", q->name, q->priority,
+               preempts.empty() ? "nothing" : preempts, q->grace_s, q->gpus,
+               request.update() ? "updated" : "added");
+  v1::Qos out;
+  toProto(*q, &out);
+  return out;
+}
+
+Status Admin::removeQos(const v1::RemoveQosRequest& request) {
+  if (Status st = needUsers(); !st) return st;
+  if (Status st = users_->removeQos(request.name()); !st) return st;
+  spdlog::info("QoS {} removed", request.name());
+  return Status::ok();
+}
+
+StatusOr<v1::ListQosResponse> Admin::listQos() const {
+  if (Status st = needUsers(); !st) return st;
+  v1::ListQosResponse response;
+  for (const QosInfo& q : users_->qosList()) toProto(q, response.add_qos());
+  return response;
+}
+
 StatusOr<v1::Limits> Admin::setLimit(const v1::SetLimitRequest& request) {
   if (Status st = needUsers(); !st) return st;
   UserRegistry::LimitChange change;

@@ -41,6 +41,9 @@ class Admin {
   StatusOr<v1::Account> addAccount(const v1::AddAccountRequest& request);
   Status removeAccount(const v1::RemoveAccountRequest& request);
   StatusOr<v1::ListAccountsResponse> listAccounts() const;
+  StatusOr<v1::Qos> addQos(const v1::AddQosRequest& request);
+  Status removeQos(const v1::RemoveQosRequest& request);
+  StatusOr<v1::ListQosResponse> listQos() const;
   // The limits of one account or one user (SetLimitRequest); the limits as they are now.
   StatusOr<v1::Limits> setLimit(const v1::SetLimitRequest& request);
 

@@ -18,6 +18,8 @@ namespace {
 constexpr const char* kUsersTable = "users";
 constexpr const char* kAccountsTable = "accounts";
 constexpr const char* kJoinTokensTable = "join_tokens";
+constexpr const char* kQosTable = "qos";
+constexpr const char* kNormalQos = "normal";
 constexpr const char* kImportsTable = "imports";
 constexpr const char* kUsersFileImport = "users.json";
 
@@ -49,6 +51,11 @@ nlohmann::json accountJson(const UserRegistry::Account& a) {
   nlohmann::json j = {{"parent", a.parent}, {"share", a.share}, {"created_s", a.created_s}};
   if (a.limits != Limits{}) j["limits"] = limitsJson(a.limits);
   return j;
+}
+
+nlohmann::json qosJson(const QosInfo& q) {
+  return {{"priority", q.priority}, {"preempt", q.preempt},   {"grace_s", q.grace_s},
+          {"gpus", q.gpus},         {"accounts", q.accounts}, {"created_s", q.created_s}};
 }
 
 // A user from its JSON (an entry's value or one of users.json's), or why it is not one.
@@ -225,14 +232,33 @@ Status UserRegistry::load() {
   auto users = store_->listEntries(kUsersTable);
   auto accounts = users ? store_->listEntries(kAccountsTable) : users;
   auto tokens = accounts ? store_->listEntries(kJoinTokensTable) : accounts;
-  if (!tokens) return tokens.status();
+  auto qos = tokens ? store_->listEntries(kQosTable) : tokens;
+  if (!qos) return qos.status();
   std::lock_guard<std::mutex> lock(mu_);
-  return loadLocked(*users, *accounts, *tokens);
+  return loadLocked(*users, *accounts, *tokens, *qos);
 }
 
 Status UserRegistry::loadLocked(const std::vector<state::Entry>& users,
                                 const std::vector<state::Entry>& accounts,
-                                const std::vector<state::Entry>& tokens) {
+                                const std::vector<state::Entry>& tokens,
+                                const std::vector<state::Entry>& qos) {
+  for (const state::Entry& e : qos) {
+    const auto j = nlohmann::json::parse(e.value, nullptr, false);
+    QosInfo q;
+    q.name = e.key;
+    try {
+      if (!j.is_object() || !checkName("QoS", e.key).empty()) throw std::invalid_argument("not a QoS");
+      q.priority = j.value("priority", int64_t{0});
+      q.preempt = j.value("preempt", std::vector<std::string>{});
+      q.grace_s = j.value("grace_s", int64_t{60});
+      q.gpus = j.value("gpus", 0);
+      q.accounts = j.value("accounts", std::vector<std::string>{});
+      q.created_s = j.value("created_s", int64_t{0});
+    } catch (const std::exception& x) {
+      return Status::dataLoss(badEntry("qos", e.key, x.what()));
+    }
+    qos_[e.key] = q;
+  }
   for (const state::Entry& e : users) {
     auto user = userFromJson(e.key, nlohmann::json::parse(e.value, nullptr, false));
     if (!user) return Status::dataLoss(badEntry("users", e.key, user.status().message()));
@@ -458,6 +484,10 @@ Status UserRegistry::removeAccount(const std::string& name) {
   for (const auto& [n, u] : users_) {
     if (u.account == name) holding.push_back("user " + n);
   }
+  for (const auto& [n, q] : qos_) {
+    if (std::count(q.accounts.begin(), q.accounts.end(), name))
+      holding.push_back("QoS " + n + " (--accounts)");
+  }
   if (!holding.empty()) {
     std::string some;
     for (size_t i = 0; i < holding.size() && i < 3; ++i) some += (i ? ", " : "") + holding[i];
@@ -520,6 +550,99 @@ StatusOr<Limits> UserRegistry::setLimit(const std::string& account, const std::s
   }
   if (accounts_changed_) accounts_changed_(accounts());
   return set;
+}
+
+std::vector<QosInfo> UserRegistry::qosList() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<QosInfo> out;
+  auto normal = qos_.find(kNormalQos);
+  if (normal != qos_.end()) {
+    out.push_back(normal->second);
+  } else {
+    out.push_back(QosInfo{});
+    out.back().name = kNormalQos;
+  }
+  for (const auto& [name, q] : qos_) {
+    if (name != kNormalQos) out.push_back(q);
+  }
+  return out;
+}
+
+StatusOr<QosInfo> UserRegistry::setQos(const std::string& name, const QosChange& change, bool update) {
+  if (auto why = checkName("QoS", name); !why.empty()) return Status::invalidArgument(why);
+  if (!store_) return Status::failedPrecondition("this registry is read-only");
+  if (change.priority && (*change.priority < 0 || *change.priority > kMaxQosPriority))
+    return Status::invalidArgument("a QoS priority is 0 to " + std::to_string(kMaxQosPriority));
+  if (change.grace_s && (*change.grace_s < 0 || *change.grace_s > kMaxGraceS))
+    return Status::invalidArgument("a grace time is 0 to " + std::to_string(kMaxGraceS) + " seconds");
+  if (change.gpus && *change.gpus < 0) return Status::invalidArgument("a GPU limit is 0 (none) or more");
+  std::lock_guard<std::mutex> writing(write_mu_);
+  const std::vector<QosInfo> all = qosList();
+  auto existing = std::find_if(all.begin(), all.end(), [&](const QosInfo& q) { return q.name == name; });
+  if (existing != all.end() && !update && name != kNormalQos)
+    return Status::failedPrecondition("QoS '" + name + "' exists (give --update to change it)");
+  if (existing == all.end() && update) return Status::notFound("no QoS '" + name + "' to update");
+  if (existing == all.end() && all.size() > kMaxQos)
+    return Status::failedPrecondition("the registry holds " + std::to_string(kMaxQos) + " QoS already");
+  QosInfo q = existing != all.end() ? *existing : QosInfo{};
+  q.name = name;
+  if (q.created_s == 0) q.created_s = now_s_();
+  if (change.priority) q.priority = *change.priority;
+  if (change.grace_s) q.grace_s = *change.grace_s;
+  if (change.gpus) q.gpus = *change.gpus;
+  if (change.preempt) q.preempt = *change.preempt;
+  if (change.accounts) q.accounts = *change.accounts;
+  std::sort(q.preempt.begin(), q.preempt.end());
+  q.preempt.erase(std::unique(q.preempt.begin(), q.preempt.end()), q.preempt.end());
+  for (const std::string& victim : q.preempt) {
+    auto v = std::find_if(all.begin(), all.end(), [&](const QosInfo& o) { return o.name == victim; });
+    if (v == all.end()) return Status::notFound("no QoS '" + victim + "' to preempt");
+    if (victim == name || v->priority >= q.priority) {
+      return Status::invalidArgument("QoS " + name + " (priority " + std::to_string(q.priority) +
+                                     ") may preempt only QoS of a lower priority; " + victim + " has " +
+                                     std::to_string(v->priority));
+    }
+  }
+  // A QoS that preempts this one must stay above it.
+  for (const QosInfo& o : all) {
+    if (o.name != name && std::count(o.preempt.begin(), o.preempt.end(), name) && o.priority <= q.priority) {
+      return Status::invalidArgument("QoS " + o.name + " (priority " + std::to_string(o.priority) +
+                                     ") preempts " + name + ", whose priority must stay below it");
+    }
+  }
+  for (const std::string& a : q.accounts) {
+    if (a != kRootAccount && !accounts_.count(a)) return Status::notFound("no account '" + a + "'");
+  }
+  if (!q.preempt.empty() && q.accounts.empty()) {
+    return Status::invalidArgument("QoS " + name +
+                                   " preempts others, so it names the accounts that may use it (--accounts; "
+                                   "root: every account)");
+  }
+  if (Status st = commit({Write::putEntry({kQosTable, name, qosJson(q).dump()})}); !st) return st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    qos_[name] = q;
+  }
+  if (accounts_changed_) accounts_changed_(accounts());
+  return q;
+}
+
+Status UserRegistry::removeQos(const std::string& name) {
+  if (name == kNormalQos)
+    return Status::invalidArgument("QoS normal always exists (change it with --update)");
+  std::lock_guard<std::mutex> writing(write_mu_);
+  if (!qos_.count(name)) return Status::notFound("no QoS '" + name + "'");
+  for (const auto& [other, q] : qos_) {
+    if (std::count(q.preempt.begin(), q.preempt.end(), name))
+      return Status::failedPrecondition("QoS " + other + " preempts " + name + "; change it first");
+  }
+  if (Status st = commit({Write::deleteEntry(kQosTable, name)}); !st) return st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    qos_.erase(name);
+  }
+  if (accounts_changed_) accounts_changed_(accounts());
+  return Status::ok();
 }
 
 std::map<std::string, Limits> UserRegistry::userLimits() const {

@@ -5,6 +5,7 @@
 // etcd store sees the same users, and a restart or a failover keeps them:
 //   users/<name>          role, the SHA-256 of the token, creation time, account, limits
 //   accounts/<name>       parent, share, creation time, limits
+//   qos/<name>            priority, the QoS it preempts, grace, GPU limit, accounts allowed, creation time
 //   join_tokens/<sha256>  the node it admits, its expiry
 //   imports/users.json    that users.json was imported, and the file's SHA-256 then
 // The registry keeps a copy in memory, which every token check reads. A change is written to the store first
@@ -96,6 +97,18 @@ struct AccountInfo {
   int64_t created_s = 0;
 };
 
+// A quality of service as the registry keeps it (placement/fair_share.h's Qos says what each field does).
+struct QosInfo {
+  std::string name;
+  int64_t priority = 0;
+  std::vector<std::string> preempt;
+  int64_t grace_s = 60;
+  int gpus = 0;
+  std::vector<std::string> accounts;
+  int64_t created_s = 0;  // 0 for normal while it was never changed
+  bool operator==(const QosInfo&) const = default;
+};
+
 class UserRegistry {
  public:
   static constexpr size_t kMaxUsers = 10000;
@@ -145,6 +158,23 @@ class UserRegistry {
   // The users that have limits, by name.
   std::map<std::string, Limits> userLimits() const;
 
+  // Qualities of service: makes QoS `name` (fields not given take QosInfo's defaults) or, with update,
+  // changes the fields given of an existing one (normal always exists). Each QoS it preempts must exist and
+  // have a lower priority; its accounts must exist. The listener hears of it as of an account change.
+  struct QosChange {
+    std::optional<int64_t> priority, grace_s;
+    std::optional<int> gpus;
+    std::optional<std::vector<std::string>> preempt, accounts;
+  };
+  StatusOr<QosInfo> setQos(const std::string& name, const QosChange& change, bool update);
+  // Refused for normal and for a QoS another one preempts.
+  Status removeQos(const std::string& name);
+  // Every QoS, normal first, then by name.
+  std::vector<QosInfo> qosList() const;
+  static constexpr size_t kMaxQos = 256;
+  static constexpr int64_t kMaxQosPriority = 1000000;
+  static constexpr int64_t kMaxGraceS = 7 * 86400;
+
   // A one-time token for node `node`, valid for ttl_s seconds.
   StatusOr<std::string> createJoinToken(const std::string& node, int64_t ttl_s, int64_t* expires_s);
   // Uses up `token` if it is live and names `node`; the reason otherwise.
@@ -174,7 +204,7 @@ class UserRegistry {
   // Loads the store's entries into the copy.
   Status load();
   Status loadLocked(const std::vector<state::Entry>& users, const std::vector<state::Entry>& accounts,
-                    const std::vector<state::Entry>& tokens);
+                    const std::vector<state::Entry>& tokens, const std::vector<state::Entry>& qos);
   // Copies users_json's users into the store unless it has done so before.
   Status importOnce(const std::string& users_json);
   // Writes `batch` to the store (write_mu_ held); OK once it is durable.
@@ -192,6 +222,7 @@ class UserRegistry {
   std::map<std::string, std::string> by_hash_;    // token SHA-256 -> name
   std::map<std::string, Account> accounts_;       // by name; root is not stored
   std::map<std::string, JoinToken> join_tokens_;  // token SHA-256 -> what it admits
+  std::map<std::string, QosInfo> qos_;            // by name; normal only once it was changed
   std::function<void(const std::vector<AccountInfo>&)> accounts_changed_;
 };
 

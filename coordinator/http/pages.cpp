@@ -147,6 +147,9 @@ std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
   o << "ddl_jobs_submitted_total " << m.jobs_submitted_total << "\n";
   head("ddl_jobs_failed_total", "counter", "Jobs that ended FAILED since the coordinator started.");
   o << "ddl_jobs_failed_total " << m.jobs_failed_total << "\n";
+  head("ddl_preemptions_total", "counter",
+       "Running jobs preempted for a job of a higher QoS since the coordinator started.");
+  o << "ddl_preemptions_total " << m.preemptions_total << "\n";
   head("ddl_scheduling_latency_seconds", "histogram", "Time from entering the queue to SCHEDULED.");
   uint64_t cumulative = 0;
   for (size_t i = 0; i < m.scheduling_buckets.size(); ++i) {

@@ -387,6 +387,25 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     fill(r, resp)(admin_.listAccounts());
     return r;
   }
+  Reactor* AddQos(Ctx* ctx, const v1::AddQosRequest* req, v1::Qos* resp) override {
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, req->update() ? "changing QoS" : "adding QoS"); !st.ok()) return now(r, st);
+    fill(r, resp)(admin_.addQos(*req));
+    return r;
+  }
+  Reactor* RemoveQos(Ctx* ctx, const v1::RemoveQosRequest* req, v1::RemoveQosResponse*) override {
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, "removing QoS"); !st.ok()) return now(r, st);
+    return finish(r, admin_.removeQos(*req));
+  }
+  // Anyone who may call sees the QoS (as sacctmgr show qos).
+  Reactor* ListQos(Ctx* ctx, const v1::ListQosRequest*, v1::ListQosResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    auto who = identify(ctx);
+    if (!who) return finish(r, who.status());
+    fill(r, resp)(admin_.listQos());
+    return r;
+  }
   Reactor* SetLimit(Ctx* ctx, const v1::SetLimitRequest* req, v1::Limits* resp) override {
     auto* r = ctx->DefaultReactor();
     if (auto st = admin(ctx, "setting limits"); !st.ok()) return now(r, st);

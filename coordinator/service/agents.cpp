@@ -208,6 +208,13 @@ void Coordinator::applyRankReportOnLoop(Node& node, const v1::RankStatus& r,
   }
   if (known.has_progress() && !report.has_progress()) *report.mutable_progress() = known.progress();
   known = report;
+  if (!job->second.preempted_by.empty()) {
+    // Being preempted: the ranks stop as they can (a checkpoint, then any exit); the job goes back to the
+    // queue once every one has, or at the deadline.
+    if (report.state() == v1::RankStatus::EXITED && allRanksExitedOnLoop(r.job_id()))
+      endPreemptionOnLoop(r.job_id(), "every rank exited", -1);
+    return;
+  }
   if (report.state() == v1::RankStatus::EXITED && !exitedCleanly(report)) {
     state::Failure failure;
     failure.rank = r.rank();

@@ -32,6 +32,7 @@ state::JobSpec fromProto(const v1::JobSpec& spec) {
   s.time_limit_s = spec.time_limit_s();
   s.warn_signal = spec.warn_signal();
   s.warn_before_s = spec.warn_before_s();
+  s.qos = spec.qos();
   s.after_ok.assign(spec.after_ok().begin(), spec.after_ok().end());
   s.after_any.assign(spec.after_any().begin(), spec.after_any().end());
   s.hold = spec.hold();
@@ -61,6 +62,7 @@ void toProto(const state::JobSpec& spec, v1::JobSpec* out) {
   out->set_time_limit_s(static_cast<int32_t>(spec.time_limit_s));
   out->set_warn_signal(spec.warn_signal);
   out->set_warn_before_s(static_cast<int32_t>(spec.warn_before_s));
+  out->set_qos(spec.qos);
   for (const auto& d : spec.after_ok) out->add_after_ok(d);
   for (const auto& d : spec.after_any) out->add_after_any(d);
   out->set_hold(spec.hold);
@@ -163,6 +165,7 @@ placement::JobRequest requestOf(const std::string& id, const state::JobSpec& spe
   r.priority = spec.priority;
   r.user = spec.user;
   r.account = spec.account;
+  r.qos = spec.qos;
   r.submitSeq = id.empty() ? 0 : static_cast<uint64_t>(state::jobIdNumber(id).value_or(0));
   r.nodes = spec.nodes;
   r.gpusPerNode = spec.gpus_per_node;
@@ -244,6 +247,8 @@ v1::Job jobToProto(const state::Job& job) {
   out.set_held_by_admin(job.held_by_admin);
   out.set_start_ms(latestAttemptReached(job, state::JobState::kStarting));
   out.set_end_ms(state::endedAtMs(job));
+  out.set_preempted_by(job.preempted_by);
+  out.set_preempt_deadline_ms(job.preempt_deadline_ms);
   for (const state::AttemptUsage& u : job.attempts) {
     v1::AttemptUsage* a = out.add_attempts();
     a->set_attempt(u.attempt);

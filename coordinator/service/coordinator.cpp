@@ -280,6 +280,7 @@ void Coordinator::housekeepingOnLoop() {
   registry_->checkHeartbeatsOnLoop(now);
   sweepLostJobsOnLoop();
   enforceTimeLimitsOnLoop();
+  enforcePreemptionsOnLoop();
   chargeUsageOnLoop();
   if (const int64_t wall = wall_ms_(); telemetry_.clusterDue(wall)) {  // the dashboard's cluster plot
     const MetricsSnapshot m = metricsOnLoop();
@@ -299,7 +300,7 @@ std::vector<ShareKeeper::Holder> Coordinator::holdersOnLoop() const {
     if (it == jobs_.end() || !isLive(it->second.state)) continue;
     int gpus = 0;
     for (const auto& a : it->second.allocation) gpus += static_cast<int>(a.gpus.size());
-    holders.push_back({it->second.spec.account, it->second.spec.user, gpus});
+    holders.push_back({it->second.spec.account, it->second.spec.user, gpus, it->second.spec.qos});
   }
   return holders;
 }
@@ -542,7 +543,7 @@ void Coordinator::schedulePassOnLoop() {
   placement::Cluster cluster = snapshotOnLoop(true);
   shares_->prioritizeOnLoop(queue, wall_ms_());
   placement::LimitTracker limits(shares_->tree());
-  for (const ShareKeeper::Holder& h : holdersOnLoop()) limits.hold(h.account, h.user, h.gpus);
+  for (const ShareKeeper::Holder& h : holdersOnLoop()) limits.hold(h.account, h.user, h.gpus, h.qos);
   placement::ScheduleResult result = placement::schedule(cluster, queue, &limits);
   // The GPUs in use, once for the pass (not once per decision: that was quadratic at thousands of jobs),
   // with each start added as it is applied.
@@ -602,6 +603,7 @@ void Coordinator::schedulePassOnLoop() {
       usage[a.node].memory_bytes += a.memoryBytes;
     }
   }
+  preemptForWaitingOnLoop(result, cluster, queue);
 }
 
 void Coordinator::buildRuntimeOnLoop(const state::Job& job, const placement::RingLayout& layout) {
@@ -664,19 +666,21 @@ int Coordinator::pickPortOnLoop(const std::string& node, const std::string& job)
   });
 }
 
-v1::Command Coordinator::stopCommand(const std::string& id, int attempt, const std::string& reason) const {
+v1::Command Coordinator::stopCommand(const std::string& id, int attempt, const std::string& reason,
+                                     int grace_ms) const {
   v1::Command cmd;
   v1::StopJob* stop = cmd.mutable_stop();
   stop->set_job_id(id);
   stop->set_attempt(attempt);
-  stop->set_grace_ms(static_cast<int32_t>(options_.stop_grace_ms));
+  stop->set_grace_ms(static_cast<int32_t>(grace_ms >= 0 ? grace_ms : options_.stop_grace_ms));
   stop->set_reason(reason);
   return cmd;
 }
 
 void Coordinator::stopJobEverywhereOnLoop(const std::string& id, int attempt, const std::string& reason,
-                                          const std::vector<state::NodeAllocation>& allocation) {
-  const v1::Command cmd = stopCommand(id, attempt, reason);
+                                          const std::vector<state::NodeAllocation>& allocation,
+                                          int grace_ms) {
+  const v1::Command cmd = stopCommand(id, attempt, reason, grace_ms);
   for (const auto& a : allocation) registry_->sendOnLoop(a.node, cmd);
 }
 
@@ -684,6 +688,10 @@ void Coordinator::failJobOnLoop(const std::string& id, const std::string& reason
                                 std::optional<state::Failure> failure) {
   state::Job& job = jobs_[id];
   if (!isLive(job.state)) return;
+  if (!job.preempted_by.empty()) {
+    endPreemptionOnLoop(id, reason, -1);  // being preempted: whatever ends it now is the preemption's end
+    return;
+  }
   const int attempt = runtime_.count(id) ? runtime_[id].attempt : attemptOf(job);
   const auto allocation = job.allocation;  // the requeue clears it; the stops need it
   Status st;
@@ -718,6 +726,131 @@ void Coordinator::maybeCompleteOnLoop(const std::string& id) {
   if (!st) spdlog::error("job {}: {}", id, st.toString());
   // Releases the exited ranks on the agents.
   stopJobEverywhereOnLoop(id, attempt, "job succeeded", jobs_[id].allocation);
+}
+
+// ---- Preemption
+// ---------------------------------------------------------------------------------------------
+
+bool Coordinator::allRanksExitedOnLoop(const std::string& id) const {
+  auto rt = runtime_.find(id);
+  if (rt == runtime_.end()) return false;
+  const auto& ranks = rt->second.ranks;
+  return ranks.size() == rt->second.rank_node.size() &&
+         std::all_of(ranks.begin(), ranks.end(),
+                     [](const auto& kv) { return kv.second.state() == v1::RankStatus::EXITED; });
+}
+
+void Coordinator::preemptForWaitingOnLoop(const placement::ScheduleResult& result,
+                                          const placement::Cluster& cluster,
+                                          const std::vector<placement::JobRequest>& queue) {
+  const placement::ShareTree& tree = shares_->tree();
+  // One preemption at a time: the job it is for waits, Preempting, until its victims are gone. A preemption
+  // whose job no longer waits (cancelled, held, started) holds no other back; its victims still stop.
+  std::map<std::string, std::vector<std::string>> in_flight;  // preemptor -> victims
+  int64_t deadline = 0;
+  for (const auto& [id, rt] : runtime_) {
+    const state::Job& job = jobs_[id];
+    auto by = jobs_.find(job.preempted_by);
+    if (job.preempted_by.empty() || by == jobs_.end() || by->second.state != JobState::kPending ||
+        by->second.held)
+      continue;
+    in_flight[job.preempted_by].push_back(id);
+    deadline = std::max(deadline, job.preempt_deadline_ms);
+  }
+  // What the job waits for, as `ddlctl list` says it.
+  auto preempting = [this](const std::vector<std::string>& victims, int64_t until_ms) {
+    std::string names;
+    for (const std::string& v : victims) names += (names.empty() ? "" : ", ") + v;
+    return Waiting{"Preempting", "preempting " + names + ": " +
+                                     (victims.size() == 1 ? "it stops" : "they stop") + " within " +
+                                     secondsText(std::max<int64_t>(0, until_ms - wall_ms_())) +
+                                     " (the grace of its QoS), then this job starts"};
+  };
+  for (const auto& [by, victims] : in_flight) pending_reason_[by] = preempting(victims, deadline);
+  // A new one only after a pass that started nothing: the cluster below is then the one the pass saw.
+  if (!in_flight.empty() || !result.started().empty()) return;
+  // The cluster as the live jobs hold it: GPUs that the ranks of ended or requeued attempts hold while they
+  // stop (a preemption's victims among them) are free in moments, no reason to preempt more.
+  placement::Cluster live = cluster;
+  for (placement::Node& n : live.nodes) {
+    n.used.assign(n.gpus, false);
+    n.cpuUsed.assign(n.cpus.size(), 0);
+    n.memoryUsed = 0;
+  }
+  for (const auto& [id, job] : jobs_) {
+    if (!isLive(job.state)) continue;
+    for (const auto& a : job.allocation) {
+      placement::Node* n = live.find(a.node);
+      if (!n) continue;
+      for (int g : a.gpus) {
+        if (g >= 0 && g < n->gpus) n->used[g] = true;
+      }
+      for (int c : a.cpus) {
+        auto at = std::lower_bound(n->cpus.begin(), n->cpus.end(), c);
+        if (at != n->cpus.end() && *at == c) n->cpuUsed[at - n->cpus.begin()] = 1;
+      }
+      n->memoryUsed += a.memory_bytes;
+    }
+  }
+  std::vector<placement::Preemptible> running;  // what may be preempted: RUNNING (not starting) jobs
+  for (const auto& [id, rt] : runtime_) {
+    const state::Job& job = jobs_[id];
+    if (job.state != JobState::kRunning || !job.preempted_by.empty()) continue;
+    running.push_back(
+        {id, toPlacement(job.allocation), 0, latestAttemptReached(job, JobState::kScheduled), job.spec.qos});
+  }
+  const placement::Preemption plan = placement::planPreemption(tree, live, queue, result, running);
+  if (plan.victims.empty()) return;
+  const int64_t now = wall_ms_();
+  int64_t until = now;
+  for (const std::string& v : plan.victims) {
+    preemptOnLoop(v, plan.jobId, now);
+    until = std::max(until, jobs_[v].preempt_deadline_ms);
+  }
+  pending_reason_[plan.jobId] = preempting(plan.victims, until);
+}
+
+void Coordinator::preemptOnLoop(const std::string& id, const std::string& by, int64_t now_ms) {
+  const JobRuntime& rt = runtime_[id];
+  state::Job& job = jobs_[id];
+  const placement::Qos* qos = shares_->tree().findQos(job.spec.qos);
+  const int64_t grace_s = qos ? qos->grace_s : placement::Qos{}.grace_s;
+  job.preempted_by = by;
+  job.preempt_deadline_ms = now_ms + grace_s * 1000;
+  putJobOnLoop(job);  // before the signal goes: a coordinator restarted meanwhile still requeues it
+  const int signal = job.spec.warn_signal > 0 ? job.spec.warn_signal : SIGTERM;
+  v1::Command cmd;
+  v1::SignalJob* sig = cmd.mutable_signal();
+  sig->set_job_id(id);
+  sig->set_attempt(rt.attempt);
+  sig->set_signal(signal);
+  sig->set_preempt_deadline_ms(job.preempt_deadline_ms);
+  for (const auto& a : job.allocation) registry_->sendOnLoop(a.node, cmd);
+  const std::string by_qos = jobs_.count(by) ? jobs_[by].spec.qos : "";
+  spdlog::info("job {}: preempted for job {} (QoS {}): {} sent to its ranks, killed in {} s unless they exit",
+               id, by, by_qos.empty() ? placement::kNormalQos : by_qos, signalName(signal), grace_s);
+  ++counters_.preemptions_total;
+}
+
+void Coordinator::endPreemptionOnLoop(const std::string& id, const std::string& why, int grace_ms) {
+  if (!isLive(jobs_[id].state)) return;
+  auto rt = runtime_.find(id);  // none for a job that recovery could not rebuild
+  const std::string by = jobs_[id].preempted_by;
+  const int attempt = rt != runtime_.end() ? rt->second.attempt : attemptOf(jobs_[id]);
+  const auto allocation = jobs_[id].allocation;  // the requeue clears it; the stops need it
+  Status st = recordTransitionOnLoop(id, JobState::kPending, "preempted for job " + by + " (" + why + ")",
+                                     std::nullopt, /*counts_as_restart=*/false);
+  if (!st) spdlog::error("job {}: {}", id, st.toString());
+  stopJobEverywhereOnLoop(id, attempt, "job preempted", allocation, grace_ms);
+}
+
+void Coordinator::enforcePreemptionsOnLoop() {
+  const int64_t now = wall_ms_();
+  std::vector<std::string> due;
+  for (const auto& [id, job] : jobs_) {
+    if (isLive(job.state) && !job.preempted_by.empty() && now >= job.preempt_deadline_ms) due.push_back(id);
+  }
+  for (const std::string& id : due) endPreemptionOnLoop(id, "its grace ran out; its ranks were killed", 0);
 }
 
 }  // namespace ddl::coordinator

@@ -65,6 +65,7 @@
 #include "common/status.h"
 #include "ddl/v1/ddl.pb.h"
 #include "placement/cluster.h"
+#include "placement/placement.h"
 #include "placement/ring_layout.h"
 #include "service/node_registry.h"
 #include "service/persistence.h"
@@ -119,6 +120,7 @@ struct MetricsSnapshot {
   std::map<std::string, int> jobs_by_state;  // every state present
   uint64_t jobs_submitted_total = 0;
   uint64_t jobs_failed_total = 0;
+  uint64_t preemptions_total = 0;  // running jobs preempted for a higher QoS
   // Time from entering the queue (submit or requeue) to SCHEDULED, as a histogram.
   std::vector<double> scheduling_bounds_s;
   std::vector<uint64_t> scheduling_buckets;  // not cumulative; one more than bounds (+Inf)
@@ -268,6 +270,20 @@ class Coordinator {
   // A rank's report into the job's kept results (stored when it starts or ends; figures in memory).
   void recordRankResultOnLoop(const std::string& node, const v1::RankStatus& report);
   void enforceTimeLimitsOnLoop();
+  // Preemption (QoS tiers, placement/fair_share.h): after a scheduling pass, the first waiting job whose QoS
+  // may preempt running ones, where freeing the fewest of them lets it start, has them preempted; one such
+  // job at a time. Its reason is Preempting until they are gone.
+  void preemptForWaitingOnLoop(const placement::ScheduleResult& result, const placement::Cluster& cluster,
+                               const std::vector<placement::JobRequest>& queue);
+  // Signals a running job's ranks (its --signal's signal, else SIGTERM) with the deadline its QoS's grace
+  // gives; they are killed then.
+  void preemptOnLoop(const std::string& id, const std::string& by, int64_t now_ms);
+  // Ends a preemption: requeues the job (as PREEMPTED, not a restart) and stops what is left of its ranks
+  // (at once, grace_ms 0, past the deadline).
+  void endPreemptionOnLoop(const std::string& id, const std::string& why, int grace_ms);
+  void enforcePreemptionsOnLoop();
+  // Whether every rank of the job's current attempt has reported its exit.
+  bool allRanksExitedOnLoop(const std::string& id) const;
   void readMissingDependenciesOnLoop();
   // One scheduling pass: placement (a pure function over a snapshot) runs on the loop.
   void schedulePassOnLoop();
@@ -281,12 +297,14 @@ class Coordinator {
                           const std::string& only_job = "");
   // Ends (or requeues) a live job after a rank failure; stops the ranks that remain.
   void failJobOnLoop(const std::string& id, const std::string& reason, std::optional<state::Failure> failure);
-  v1::Command stopCommand(const std::string& id, int attempt, const std::string& reason) const;
+  // grace_ms < 0: the configured stop grace (stop_grace_ms).
+  v1::Command stopCommand(const std::string& id, int attempt, const std::string& reason,
+                          int grace_ms = -1) const;
   // Sends the job's StopJob to every node of `allocation` (passed in: a requeue clears the job's own).
   // Sends `signal` to the running ranks of the job's current attempt (cancel --signal, --signal SIG@SECONDS).
   void signalRanksOnLoop(const state::Job& job, int signal);
   void stopJobEverywhereOnLoop(const std::string& id, int attempt, const std::string& reason,
-                               const std::vector<state::NodeAllocation>& allocation);
+                               const std::vector<state::NodeAllocation>& allocation, int grace_ms = -1);
   // Records a rank report. A report about an ended job or an older attempt goes into `stale` (job, attempt)
   // so the caller sends one StopJob for it.
   void applyRankReportOnLoop(Node& node, const v1::RankStatus& rank,

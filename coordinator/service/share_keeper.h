@@ -48,6 +48,7 @@ class ShareKeeper {
     std::string account;
     std::string user;
     int gpus = 0;
+    std::string qos;  // its QoS ("" normal), for the QoS' GPU limits
   };
   // Charges the holders for the time since the last charge (at most every charge_interval_ms; the first call
   // starts the clock) and stores the changed figures every save_interval_ms. now_ms: unix ms. Returns the

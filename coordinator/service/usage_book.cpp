@@ -59,8 +59,14 @@ int64_t endDay(const state::AttemptUsage& u) {
 }
 
 nlohmann::json toJson(const UsageFigures& f) {
-  return {{"gpu_s", f.gpu_s},   {"cpu_s", f.cpu_s},       {"attempts", f.attempts},          {"jobs", f.jobs},
-          {"failed", f.failed}, {"requeued", f.requeued}, {"max_rss_bytes", f.max_rss_bytes}};
+  return {{"gpu_s", f.gpu_s},
+          {"cpu_s", f.cpu_s},
+          {"attempts", f.attempts},
+          {"jobs", f.jobs},
+          {"failed", f.failed},
+          {"requeued", f.requeued},
+          {"max_rss_bytes", f.max_rss_bytes},
+          {"preempted", f.preempted}};
 }
 
 }  // namespace
@@ -72,6 +78,7 @@ void UsageFigures::add(const UsageFigures& o) {
   jobs += o.jobs;
   failed += o.failed;
   requeued += o.requeued;
+  preempted += o.preempted;
   max_rss_bytes = std::max(max_rss_bytes, o.max_rss_bytes);
 }
 
@@ -111,6 +118,7 @@ state::Status UsageBook::loadOnLoop(state::Store& store) {
     f.jobs = static_cast<int64_t>(num("jobs"));
     f.failed = static_cast<int64_t>(num("failed"));
     f.requeued = static_cast<int64_t>(num("requeued"));
+    f.preempted = static_cast<int64_t>(num("preempted"));
     f.max_rss_bytes = static_cast<int64_t>(num("max_rss_bytes"));
     // The store lists keys in order, mostly the map's: the end is the right place for nearly every one.
     rows_.insert_or_assign(rows_.end(),
@@ -157,7 +165,8 @@ std::vector<state::Write> UsageBook::bookOnLoop(const std::string& account_given
       f.attempts = 1;
       f.jobs = state::isTerminal(to);
       f.failed = to == state::JobState::kFailed || to == state::JobState::kTimeout;
-      f.requeued = to == state::JobState::kPending;
+      f.preempted = u.end == state::kPreemptedEnd;
+      f.requeued = to == state::JobState::kPending && !f.preempted;
       f.max_rss_bytes = u.max_rss_bytes;
     }
     addOnLoop({day, account, user}, f, &writes);

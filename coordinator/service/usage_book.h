@@ -46,7 +46,8 @@ struct UsageFigures {
   int64_t attempts = 0;  // attempts that ended
   int64_t jobs = 0;      // jobs that ended (the attempt was their last)
   int64_t failed = 0;    // jobs that ended FAILED or TIMEOUT
-  int64_t requeued = 0;  // attempts that ended in a requeue
+  int64_t requeued = 0;  // attempts that ended in a requeue (not a preemption)
+  int64_t preempted = 0;  // attempts preempted
   int64_t max_rss_bytes = 0;
 
   void add(const UsageFigures& o);

@@ -146,6 +146,9 @@ StatusOr<v1::SubmitResponse> Coordinator::submitOnLoop(const v1::SubmitRequest& 
 Status Coordinator::withinLimitsOnLoop(const state::JobSpec& spec, size_t count) const {
   const placement::ShareTree& tree = shares_->tree();
   const placement::JobRequest request = requestOf(spec.name.empty() ? "(unnamed)" : spec.name, spec);
+  if (std::string qos = tree.qosProblem(request); !qos.empty()) {
+    return Status::invalidArgument("job refused: " + qos + " (ddlctl qos lists them)");
+  }
   if (std::string never = placement::LimitTracker(tree).never(request); !never.empty()) {
     return Status::invalidArgument("job refused: " + never);
   }
@@ -503,6 +506,7 @@ StatusOr<v1::Job> Coordinator::requeueOnLoop(const state::Job& found) {
   if (StoreHealth h = health(); !h.ok) return Status::unavailable("requeue refused: " + h.message);
   const int attempt = runtime_.count(id) ? runtime_[id].attempt : attemptOf(found);
   const auto allocation = found.allocation;  // the requeue clears it; the stops need it
+  jobs_[id].preempted_by.clear();            // requeued by hand, not preempted
   Status st = recordTransitionOnLoop(id, JobState::kPending, "requeued by user", std::nullopt,
                                      /*counts_as_restart=*/false);
   if (!st) return st;
@@ -802,6 +806,7 @@ void Coordinator::usage(const v1::GetUsageRequest& request, Done<v1::GetUsageRes
       r->set_jobs(row.figures.jobs);
       r->set_failed(row.figures.failed);
       r->set_requeued(row.figures.requeued);
+      r->set_preempted(row.figures.preempted);
       r->set_max_rss_bytes(row.figures.max_rss_bytes);
     }
     done(std::move(out));

@@ -147,6 +147,8 @@ Status validateJobSpec(const JobSpec& spec) {
     return bad("memory_per_rank is " + std::to_string(spec.memory_per_rank_bytes) +
                " bytes; give 1 byte to 1 PiB (0: not asked for)");
   if (std::string why = requestIdProblem(spec.request_id); !why.empty()) return bad(why);
+  if (spec.qos.size() > 32 || findControlCharacter(spec.qos) != std::string::npos)
+    return bad("QoS '" + quoteForMessage(spec.qos) + "' is not a QoS name (at most 32 characters)");
   if (spec.account.size() > 32 || findControlCharacter(spec.account) != std::string::npos)
     return bad("account '" + quoteForMessage(spec.account) +
                "' is not an account name (at most 32 characters)");
@@ -254,7 +256,7 @@ AttemptUsage endedAttempt(const Job& job, JobState to, int64_t now_ms) {
     u.cpu_s += r.cpu_s;
     u.max_rss_bytes = std::max(u.max_rss_bytes, r.max_rss_bytes);
   }
-  u.end = to == JobState::kPending ? "REQUEUED" : toString(to);
+  u.end = to != JobState::kPending ? toString(to) : job.preempted_by.empty() ? "REQUEUED" : kPreemptedEnd;
   return u;
 }
 
@@ -284,6 +286,8 @@ Status applyTransition(Job& job, JobState to, std::string reason, std::optional<
   if (endsAttempt(from, to)) {
     job.attempts.push_back(endedAttempt(job, to, now_ms));
     if (job.attempts.size() > kMaxAttemptsKept) job.attempts.erase(job.attempts.begin());
+    job.preempted_by.clear();
+    job.preempt_deadline_ms = 0;
   }
   job.state = to;
   if (isRequeue(from, to) && counts_as_restart) job.restarts++;

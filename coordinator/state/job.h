@@ -107,6 +107,7 @@ struct JobSpec {
   // (needs time_limit_s, and warn_before_s below it); 0: none.
   int warn_signal = 0;
   int64_t warn_before_s = 0;
+  std::string qos;  // its quality of service (placement/fair_share.h's Qos); "" is normal
 
   bool operator==(const JobSpec&) const = default;
 };
@@ -194,12 +195,13 @@ struct AttemptUsage {
   double gpu_s = 0;           // gpus x (end_ms - start_ms)
   double cpu_s = 0;           // the ranks' CPU time, where their agents measured it (RankResult::cpu_s)
   int64_t max_rss_bytes = 0;  // the largest rank's peak resident memory; 0 unknown
-  // How it ended: the job's final state (SUCCEEDED, FAILED, CANCELLED, TIMEOUT), or REQUEUED (a rank failed
-  // and a restart was left, its node was lost, or it was requeued by hand).
+  // How it ended: the job's final state (SUCCEEDED, FAILED, CANCELLED, TIMEOUT), REQUEUED (a rank failed
+  // and a restart was left, its node was lost, or it was requeued by hand) or PREEMPTED (kPreemptedEnd).
   std::string end;
 
   bool operator==(const AttemptUsage&) const = default;
 };
+inline constexpr const char* kPreemptedEnd = "PREEMPTED";  // AttemptUsage::end of a preempted attempt
 inline constexpr size_t kMaxAttemptsKept = 64;  // Job::attempts keeps the latest this many
 
 struct Job {
@@ -225,6 +227,12 @@ struct Job {
   // Each ended attempt's usage, oldest first: the latest kMaxAttemptsKept (ddl's daily rollups keep the
   // totals).
   std::vector<AttemptUsage> attempts;
+  // Being preempted (a launched job): for job preempted_by, its ranks signalled and killed at
+  // preempt_deadline_ms (unix ms) unless they have all exited first. Stored, so that a coordinator that
+  // restarts meanwhile still requeues it (a preempted job whose ranks exit 0 has not succeeded); cleared when
+  // the attempt ends, which is then PREEMPTED if it goes back to the queue.
+  std::string preempted_by;
+  int64_t preempt_deadline_ms = 0;
 
   bool operator==(const Job&) const = default;
 };

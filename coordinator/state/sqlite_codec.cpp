@@ -38,6 +38,7 @@ std::string encodeExtra(const Job& job) {
   nlohmann::json j = nlohmann::json::object();
   const JobSpec& s = job.spec;
   if (s.time_limit_s) j["time_limit_s"] = s.time_limit_s;
+  if (!s.qos.empty()) j["qos"] = s.qos;
   if (s.warn_signal) {
     j["warn_signal"] = s.warn_signal;
     j["warn_before_s"] = s.warn_before_s;
@@ -56,6 +57,10 @@ std::string encodeExtra(const Job& job) {
   if (!s.account.empty()) j["account"] = s.account;
   if (job.held) j["held"] = true;
   if (job.held_by_admin) j["held_by_admin"] = true;
+  if (!job.preempted_by.empty()) {
+    j["preempted_by"] = job.preempted_by;
+    j["preempt_deadline_ms"] = job.preempt_deadline_ms;
+  }
   if (!job.waiting_for.empty()) j["waiting_for"] = job.waiting_for;
   if (!job.ranks.empty()) {
     nlohmann::json ranks = nlohmann::json::array();
@@ -120,6 +125,7 @@ void decodeExtra(const std::string& text, Job& job) {
   s.time_limit_s = field<int64_t>(j, "time_limit_s", 0);
   s.warn_signal = field(j, "warn_signal", 0);
   s.warn_before_s = field<int64_t>(j, "warn_before_s", 0);
+  s.qos = field(j, "qos", std::string());
   s.after_ok = json_fields::list<std::string>(j, "after_ok");
   s.after_any = json_fields::list<std::string>(j, "after_any");
   s.hold = field(j, "hold", false);
@@ -132,6 +138,8 @@ void decodeExtra(const std::string& text, Job& job) {
   s.account = field(j, "account", std::string());
   job.held = field(j, "held", false);
   job.held_by_admin = field(j, "held_by_admin", false);
+  job.preempted_by = field(j, "preempted_by", std::string());
+  job.preempt_deadline_ms = field<int64_t>(j, "preempt_deadline_ms", 0);
   job.waiting_for = json_fields::list<std::string>(j, "waiting_for");
   if (auto attempts = j.find("attempts"); attempts != j.end() && attempts->is_array()) {
     for (const auto& o : *attempts) {

@@ -2229,28 +2229,57 @@ TEST(DdlctlFormat, Usage) {
     r->set_attempts(2);
     r->set_jobs(1);
     r->set_requeued(1);
+    r->set_preempted(3);
     r->set_max_rss_bytes(int64_t{3} << 30);
   };
   add("2026-12-05", "lab", "dora", 5400);
   add("2026-12-06", "lab", "dora", 1800);
   const std::string table = formatUsage(usage);
-  EXPECT_EQ(table,
-            "DAY         ACCOUNT  USER  GPU-HOURS  CPU-HOURS  ATTEMPTS  JOBS  FAILED  REQUEUED  PEAK MEM\n"
-            "2026-12-05  lab      dora  1.50       0.75       2         1     0       1         3 GiB\n"
-            "2026-12-06  lab      dora  0.50       0.25       2         1     0       1         3 GiB\n"
-            "            TOTAL          2.00       1.00       4         2     0       2         3 GiB\n"
-            "(2026-11-30 to 2026-12-06, UTC days; nothing is kept before 2026-12-01)\n");
+  EXPECT_EQ(
+      table,
+      "DAY         ACCOUNT  USER  GPU-HOURS  CPU-HOURS  ATTEMPTS  JOBS  FAILED  REQUEUED  PREEMPTED  PEAK "
+      "MEM\n"
+      "2026-12-05  lab      dora  1.50       0.75       2         1     0       1         3          3 GiB\n"
+      "2026-12-06  lab      dora  0.50       0.25       2         1     0       1         3          3 GiB\n"
+      "            TOTAL          2.00       1.00       4         2     0       2         6          3 GiB\n"
+      "(2026-11-30 to 2026-12-06, UTC days; nothing is kept before 2026-12-01)\n");
   EXPECT_EQ(formatUsageCsv(usage),
-            "day,account,user,gpu_hours,cpu_hours,attempts,jobs,failed,requeued,max_rss_bytes\n"
-            "2026-12-05,lab,dora,1.500000,0.750000,2,1,0,1,3221225472\n"
-            "2026-12-06,lab,dora,0.500000,0.250000,2,1,0,1,3221225472\n");
+            "day,account,user,gpu_hours,cpu_hours,attempts,jobs,failed,requeued,max_rss_bytes,preempted\n"
+            "2026-12-05,lab,dora,1.500000,0.750000,2,1,0,1,3221225472,3\n"
+            "2026-12-06,lab,dora,0.500000,0.250000,2,1,0,1,3221225472,3\n");
   v1::GetUsageResponse empty;
   empty.set_first_day("2026-12-06");
   empty.set_last_day("2026-12-06");
   EXPECT_EQ(formatUsage(empty),
-            "ACCOUNT  GPU-HOURS  CPU-HOURS  ATTEMPTS  JOBS  FAILED  REQUEUED  PEAK MEM\n"
-            "TOTAL    0.00       0.00       0         0     0       0         -\n"
+            "ACCOUNT  GPU-HOURS  CPU-HOURS  ATTEMPTS  JOBS  FAILED  REQUEUED  PREEMPTED  PEAK MEM\n"
+            "TOTAL    0.00       0.00       0         0     0       0         0          -\n"
             "(2026-12-06 to 2026-12-06, UTC days)\n");
+}
+
+// ddlctl qos: one row per QoS, "-" for nothing preempted and no limit, "(all)" for every account; submit
+// --qos reaches the spec.
+TEST(DdlctlFormat, QosAndSubmitQos) {
+  v1::ListQosResponse qos;
+  v1::Qos* normal = qos.add_qos();
+  normal->set_name("normal");
+  normal->set_grace_s(60);
+  v1::Qos* urgent = qos.add_qos();
+  urgent->set_name("urgent");
+  urgent->set_priority(100);
+  urgent->add_preempt("normal");
+  urgent->add_preempt("scavenger");
+  urgent->set_grace_s(30);
+  urgent->set_gpus(8);
+  urgent->add_accounts("ml");
+  EXPECT_EQ(formatQos(qos),
+            "QOS     PRIORITY  PREEMPTS          GRACE  GPUS  ACCOUNTS\n"
+            "normal  0         -                 1m00s  -     (all)\n"
+            "urgent  100       normal,scavenger  30.0s  8     ml\n");
+  SubmitArgs a;
+  a.gpus = 2;
+  a.qos = "urgent";
+  a.command = {"/usr/bin/python3", "train.py"};
+  EXPECT_EQ(buildJobSpec(a).value->qos(), "urgent");
 }
 
 }  // namespace

@@ -249,10 +249,10 @@ TEST_F(DdlctlTest, SubmitRunsAndEveryViewShowsTheJob) {
   EXPECT_NE(usage.out.find("\nTOTAL "), std::string::npos) << usage.out;
   Result csv = ctl({"usage", "-o", "csv", "--since", "1d"});
   ASSERT_EQ(csv.code, 0) << csv.err;
-  EXPECT_EQ(
-      csv.out.rfind(
-          "day,account,user,gpu_hours,cpu_hours,attempts,jobs,failed,requeued,max_rss_bytes\n,root,", 0),
-      0u)
+  EXPECT_EQ(csv.out.rfind("day,account,user,gpu_hours,cpu_hours,attempts,jobs,failed,requeued,max_rss_bytes,"
+                          "preempted\n,root,",
+                          0),
+            0u)
       << csv.out;
   EXPECT_EQ(json({"usage"})["rows"][0]["jobs"], "1");  // int64 in JSON is a string
   Result bad = ctl({"list", "-o", "csv"});
@@ -640,6 +640,28 @@ TEST_F(DdlctlTest, AccountsChargeJobsToTheirUsers) {
   Result missing = ctl({"submit", "--hold", "--account", "nowhere", "--gpus", "1", "--", "/bin/true"});
   EXPECT_EQ(missing.code, 1) << missing.err;  // refused: NOT_FOUND
   ctl({"cancel", id, charged});
+
+  // QoS: an admin makes one for lab; dora (in vision, under lab) sees it and may ask for it; a name that is
+  // not a QoS is refused naming those there are; a user makes none.
+  Result qos = ctl({"admin", "add-qos", "urgent", "--priority", "100", "--preempt", "normal", "--grace", "30",
+                    "--accounts", "lab"});
+  ASSERT_EQ(qos.code, 0) << qos.err;
+  EXPECT_EQ(qos.out.rfind("made QoS urgent\n", 0), 0u) << qos.out;
+  Result tiers = ctl({"qos"}, dora);
+  ASSERT_EQ(tiers.code, 0) << tiers.err;
+  EXPECT_NE(tiers.out.find("\nurgent  100       normal    30.0s  -     lab\n"), std::string::npos)
+      << tiers.out;
+  Result fast = ctl({"submit", "--hold", "--qos", "urgent", "--gpus", "1", "--", "/bin/true"}, dora);
+  ASSERT_EQ(fast.code, 0) << fast.err;
+  const std::string urgent = fast.out.substr(0, fast.out.find('\n'));
+  EXPECT_EQ(json({"status", urgent})["spec"]["qos"], "urgent");
+  Result typo = ctl({"submit", "--hold", "--qos", "urgnet", "--gpus", "1", "--", "/bin/true"}, dora);
+  EXPECT_NE(typo.code, 0);
+  EXPECT_NE(typo.err.find("there is no QoS 'urgnet' (there are: normal, urgent)"), std::string::npos)
+      << typo.err;
+  EXPECT_EQ(ctl({"admin", "add-qos", "mine", "--priority", "1"}, dora).code, 5);
+  ctl({"cancel", urgent});
+  ASSERT_EQ(ctl({"admin", "remove-qos", "urgent"}).code, 0);
 
   // Only an empty account goes, and only at an admin's word.
   Result refused = ctl({"admin", "remove-account", "vision"});

@@ -1835,5 +1835,146 @@ TEST_F(CoordinatorTest, LimitsHoldJobsBackAndRefuseWhatCanNeverFit) {
   EXPECT_EQ(stateOf(a3), v1::STARTING);
 }
 
+// Issue 41, preemption: a job of a QoS that may preempt, finding no free GPU, has the youngest running job of
+// the lower tier preempted: its ranks get SIGTERM with a deadline (its QoS's grace), the waiting job is
+// Preempting meanwhile; once the ranks have all exited (any code) the job is back in the queue as PREEMPTED,
+// without using a restart, and the GPU goes to the preempting job. A victim whose ranks do not exit is
+// requeued at the deadline and its ranks killed at once (a stop with no grace). A QoS that does not exist, or
+// that the job's account may not use, is refused at submit; a job of normal preempts nothing.
+TEST_F(CoordinatorTest, AHigherQosPreemptsTheYoungestLowerJobWithoutLosingARestart) {
+  coordinator.reset();
+  CoordinatorOptions o;
+  o.heartbeat_grace_ms = 10000;
+  coordinator = std::make_unique<BlockingCoordinator>(
+      *store_, o, [this] { return now; }, [this] { return now; });
+  ASSERT_TRUE(coordinator->recover());
+  placement::ShareTree tree;
+  tree.accounts["ops"] = {"root", 1};
+  tree.qos["urgent"] = {100, {"normal"}, 0, 0, {"root"}};
+  tree.qos["urgent"].grace_s = 30;
+  tree.qos["normal"] = {0, {}, 20, 0, {}};
+  tree.qos["private"] = {50, {}, 60, 0, {"ops"}};
+  coordinator->setAccounts(tree);
+  addNode("n1", 2);
+  const std::string older = submit(spec(1, 1));
+  coordinator->tick();
+  runAll("n1", older);
+  now += 1000;
+  const std::string younger = submit(spec(1, 1));
+  coordinator->tick();
+  runAll("n1", younger);
+  ASSERT_EQ(stateOf(younger), v1::RUNNING);
+
+  v1::JobSpec normal = spec(1, 1);
+  const std::string waiting = submit(normal);
+  coordinator->tick();
+  auto signalsTo = [&](const std::string& job) {
+    std::vector<v1::SignalJob> out;
+    for (const auto& c : links["n1"]->commands)
+      if (c.has_signal() && c.signal().job_id() == job) out.push_back(c.signal());
+    return out;
+  };
+  EXPECT_TRUE(signalsTo(younger).empty()) << "a normal job preempts nothing";
+
+  v1::JobSpec urgent = spec(1, 1);
+  urgent.set_qos("urgent");
+  const std::string first = submit(urgent);
+  coordinator->tick();
+  ASSERT_EQ(signalsTo(younger).size(), 1u);
+  EXPECT_EQ(signalsTo(younger)[0].signal(), SIGTERM);
+  EXPECT_EQ(signalsTo(younger)[0].preempt_deadline_ms(), now + 20000) << "normal's grace";
+  EXPECT_TRUE(signalsTo(older).empty());
+  auto job = coordinator->getJob(first);
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->reason_code(), "Preempting");
+  EXPECT_NE(job->reason().find("preempting " + younger), std::string::npos) << job->reason();
+  EXPECT_EQ(stateOf(younger), v1::RUNNING) << "its ranks have the grace to stop";
+
+  now += 2000;  // the ranks checkpoint and exit (143: the signal's default action is no failure here)
+  exitAll("n1", younger, 143);
+  EXPECT_EQ(stateOf(younger), v1::PENDING);
+  auto requeued = coordinator->getJob(younger);
+  EXPECT_EQ(requeued->restarts(), 0) << "not counted as a restart";
+  ASSERT_EQ(requeued->attempts_size(), 1);
+  EXPECT_EQ(requeued->attempts(0).end(), "PREEMPTED");
+  coordinator->tick();
+  EXPECT_EQ(stateOf(first), v1::STARTING);
+  EXPECT_EQ(stateOf(waiting), v1::PENDING);
+  runAll("n1", first);
+
+  // The older job's ranks ignore the signal: at the deadline it is requeued and its ranks killed at once.
+  const std::string second = submit(urgent);
+  coordinator->tick();
+  ASSERT_EQ(signalsTo(older).size(), 1u);
+  const int stops_before = stops("n1", older);
+  now += 19000;
+  v1::Heartbeat hb;  // both jobs' ranks run on
+  for (const auto& id : {older, first}) {
+    const auto s = starts("n1", id).back();
+    for (const auto& r : s.ranks()) *hb.add_ranks() = rankStatus(id, s.attempt(), r.rank(), r.gpu());
+  }
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], hb));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(older), v1::RUNNING);
+  EXPECT_EQ(coordinator->getJob(second)->reason_code(), "Preempting");
+  now += 1000;
+  coordinator->tick();
+  EXPECT_EQ(stateOf(older), v1::PENDING);
+  EXPECT_EQ(coordinator->getJob(older)->attempts(0).end(), "PREEMPTED");
+  ASSERT_GT(stops("n1", older), stops_before);
+  EXPECT_EQ(links["n1"]->commands.back().stop().grace_ms(), 0) << "killed: the grace is spent";
+  EXPECT_EQ(stateOf(first), v1::RUNNING);
+
+  // Refused at submit: no such QoS, and one the job's account (root) may not use.
+  v1::JobSpec typo = spec(1, 1);
+  typo.set_qos("urgnet");
+  auto refused = coordinator->submit(typo);
+  EXPECT_EQ(refused.status().code(), state::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("there is no QoS 'urgnet'"), std::string::npos)
+      << refused.status().message();
+  typo.set_qos("private");
+  refused = coordinator->submit(typo);
+  EXPECT_NE(refused.status().message().find("may not use QoS private"), std::string::npos)
+      << refused.status().message();
+}
+
+// Issue 41, preemption: a coordinator that restarts while a job is being preempted still requeues it when its
+// ranks exit, even with code 0 (a checkpoint, then a clean exit, is not a success).
+TEST_F(CoordinatorTest, APreemptionOutlivesACoordinatorRestart) {
+  auto restart = [&] {
+    coordinator.reset();
+    CoordinatorOptions o;
+    o.heartbeat_grace_ms = 10000;
+    coordinator = std::make_unique<BlockingCoordinator>(
+        *store_, o, [this] { return now; }, [this] { return now; });
+    ASSERT_TRUE(coordinator->recover());
+  };
+  restart();
+  placement::ShareTree tree;
+  tree.qos["urgent"] = {100, {"normal"}, 30, 0, {}};
+  coordinator->setAccounts(tree);
+  addNode("n1", 1);
+  const std::string victim = submit(spec(1, 1));
+  coordinator->tick();
+  runAll("n1", victim);
+  v1::JobSpec urgent = spec(1, 1);
+  urgent.set_qos("urgent");
+  const std::string first = submit(urgent);
+  coordinator->tick();
+  ASSERT_EQ(coordinator->getJob(first)->reason_code(), "Preempting");
+
+  restart();
+  coordinator->setAccounts(tree);
+  addNode("n1", 1, {}, {rankStatus(victim, 1, 0, 0)});  // the agent comes back, the rank still running
+  coordinator->tick();
+  EXPECT_EQ(stateOf(victim), v1::RUNNING);
+  ASSERT_TRUE(
+      coordinator->rankEvent("n1", sessions["n1"], rankStatus(victim, 1, 0, 0, v1::RankStatus::EXITED, 0)));
+  EXPECT_EQ(stateOf(victim), v1::PENDING);
+  EXPECT_EQ(coordinator->getJob(victim)->attempts(0).end(), "PREEMPTED");
+  coordinator->tick();
+  EXPECT_EQ(stateOf(first), v1::STARTING);
+}
+
 }  // namespace
 }  // namespace ddl::coordinator

@@ -329,6 +329,86 @@ TEST_F(AdminTest, AccountsAreAddedListedChangedAndRemoved) {
   EXPECT_EQ(admin_->listAccounts()->accounts_size(), 2);
 }
 
+// Issue 41, QoS: made, listed (normal first, always there), changed field by field, kept in the store (a
+// registry opened again on it has them), and refused where it would break the tiers: preempting a QoS of the
+// same or a higher priority, lowering one below a QoS it is preempted by, removing normal or a preempted one.
+TEST_F(AdminTest, QosAreMadeChangedKeptAndTheirTiersHold) {
+  auto listed = [&] {
+    std::vector<std::string> out;
+    const auto all = admin_->listQos();
+    EXPECT_TRUE(all);
+    for (const auto& q : all->qos()) {
+      std::string preempts;
+      for (const auto& p : q.preempt()) preempts += "," + p;
+      out.push_back(q.name() + ":" + std::to_string(q.priority()) + preempts + "/" +
+                    std::to_string(q.grace_s()));
+    }
+    return out;
+  };
+  EXPECT_EQ(listed(), (std::vector<std::string>{"normal:0/60"}));
+  v1::AddQosRequest urgent;
+  urgent.set_name("urgent");
+  urgent.set_priority(100);
+  urgent.add_preempt("normal");
+  urgent.set_grace_s(30);
+  urgent.set_gpus(8);
+  urgent.add_accounts("nowhere");
+  EXPECT_EQ(admin_->addQos(urgent).status().code(), StatusCode::kNotFound);  // no such account
+  urgent.clear_accounts();
+  EXPECT_EQ(admin_->addQos(urgent).status().code(), StatusCode::kInvalidArgument);  // preempts, names nobody
+  urgent.add_accounts("root");
+  auto made = admin_->addQos(urgent);
+  ASSERT_TRUE(made) << made.status().toString();
+  EXPECT_EQ(made->gpus(), 8);
+  EXPECT_EQ(admin_->addQos(urgent).status().code(), StatusCode::kFailedPrecondition);  // exists
+
+  v1::AddQosRequest scavenger;
+  scavenger.set_name("scavenger");
+  scavenger.set_priority(0);
+  scavenger.add_preempt("normal");  // the same priority: refused
+  EXPECT_EQ(admin_->addQos(scavenger).status().code(), StatusCode::kInvalidArgument);
+  scavenger.clear_preempt();
+  ASSERT_TRUE(admin_->addQos(scavenger));
+  v1::AddQosRequest lower;  // normal may not rise to urgent's priority while urgent preempts it
+  lower.set_name("normal");
+  lower.set_update(true);
+  lower.set_priority(100);
+  EXPECT_EQ(admin_->addQos(lower).status().code(), StatusCode::kInvalidArgument);
+  lower.set_priority(10);
+  lower.set_grace_s(120);
+  ASSERT_TRUE(admin_->addQos(lower));
+  v1::AddQosRequest change;  // only what is given changes
+  change.set_name("urgent");
+  change.set_update(true);
+  change.set_preempt_given(true);
+  change.add_preempt("normal");
+  change.add_preempt("scavenger");
+  ASSERT_TRUE(admin_->addQos(change));
+  EXPECT_EQ(listed(),
+            (std::vector<std::string>{"normal:10/120", "scavenger:0/60", "urgent:100,normal,scavenger/30"}));
+
+  // Kept: a registry opened again on the same store has them.
+  auto again = auth::UserRegistry::open(store_, pki_ + "/users.json", [this] { return now_; });
+  ASSERT_TRUE(again) << again.status().toString();
+  std::vector<std::string> reread;
+  for (const auto& q : (*again)->qosList()) reread.push_back(q.name + ":" + std::to_string(q.gpus));
+  EXPECT_EQ(reread, (std::vector<std::string>{"normal:0", "scavenger:0", "urgent:8"}));
+
+  v1::RemoveQosRequest remove;
+  remove.set_name("normal");
+  EXPECT_EQ(admin_->removeQos(remove).code(), StatusCode::kInvalidArgument);
+  remove.set_name("scavenger");
+  EXPECT_EQ(admin_->removeQos(remove).code(), StatusCode::kFailedPrecondition);  // urgent preempts it
+  remove.set_name("urgent");
+  ASSERT_TRUE(admin_->removeQos(remove));
+  remove.set_name("scavenger");
+  ASSERT_TRUE(admin_->removeQos(remove));
+  EXPECT_EQ(listed(), (std::vector<std::string>{"normal:10/120"}));
+  v1::AddQosRequest bad;
+  bad.set_name("Urgent!");
+  EXPECT_EQ(admin_->addQos(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
 // An Admin without a user registry (the daemon always has one; a caller that has none): the verbs that need
 // one refuse, they do not crash.
 TEST_F(AdminTest, WithoutAUserRegistryTheUserAndTokenVerbsRefuse) {
