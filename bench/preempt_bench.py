@@ -147,7 +147,8 @@ def main():
     cluster = Cluster(args, work)
     try:
         cluster.start()
-        cluster.ctl("admin", "add-qos", "urgent", "--priority", "100", "--preempt", "normal", "--grace", "5")
+        cluster.ctl("admin", "add-qos", "urgent", "--priority", "100", "--preempt", "normal", "--grace", "5",
+                    "--accounts", "root")
         cluster.ctl("admin", "add-qos", "normal", "--update", "--grace", str(args.grace))
 
         t0 = time.monotonic()
