@@ -377,7 +377,8 @@ void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
   CLI::App* qos =
       admin->add_subcommand("add-qos", "make a quality of service (or, with --update, change one)");
   qos->add_option("NAME", cl.target, "QoS name")->required();
-  qos->add_option("--priority", cl.qosPriority, "added to its jobs' priority (0 to 1000000; default 0)")
+  qos->add_option("--priority", cl.qosPriority,
+                  "its tier (0 to 1000000; default 0): jobs of a higher one are tried first")
       ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
   qos->add_option("--preempt", cl.qosPreempt,
                   "the QoS (comma-separated, each of lower priority) whose running jobs its jobs may preempt")
@@ -387,8 +388,10 @@ void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
       ->check(CLI::Range(int64_t{0}, int64_t{7 * 86400}));
   qos->add_option("--gpus", cl.qosGpus, "GPUs its jobs may hold together (0: no limit)")
       ->check(CLI::Range(0, 10000000));
-  qos->add_option("--accounts", cl.qosAccounts,
-                  "the accounts (comma-separated; and those under them) that may use it (default: all)")
+  qos->add_option(
+         "--accounts", cl.qosAccounts,
+         "the accounts (comma-separated; and those under them) that may use it (default: all; a QoS that "
+         "preempts must name them, root for all)")
       ->type_name("ACCOUNT,...");
   qos->add_flag("--update", cl.update, "change the fields given of an existing QoS");
   admin->add_subcommand("remove-qos", "remove a QoS that no other QoS preempts")
