@@ -486,7 +486,7 @@ Status UserRegistry::removeAccount(const std::string& name) {
   }
   for (const auto& [n, q] : qos_) {
     if (std::count(q.accounts.begin(), q.accounts.end(), name))
-      holding.push_back("QoS " + n + " (--accounts)");
+      holding.push_back("QoS " + n + ", which names it in --accounts");
   }
   if (!holding.empty()) {
     std::string some;

@@ -88,10 +88,9 @@ std::vector<std::string> ShareTree::chain(const std::string& account) const {
 
 const Qos* ShareTree::findQos(const std::string& name) const {
   static const Qos normal;
-  const std::string& key = name.empty() ? std::string(kNormalQos) : name;
-  auto it = qos.find(key);
+  auto it = qos.find(qosName(name));
   if (it != qos.end()) return &it->second;
-  return key == kNormalQos ? &normal : nullptr;
+  return qosName(name) == kNormalQos ? &normal : nullptr;
 }
 
 std::string ShareTree::qosProblem(const JobRequest& job) const {
@@ -117,8 +116,7 @@ bool ShareTree::mayPreempt(const std::string& by, const std::string& victim) con
   const Qos* q = findQos(by);
   const Qos* v = findQos(victim);
   if (!q || !v || q->priority <= v->priority) return false;
-  const std::string& name = victim.empty() ? std::string(kNormalQos) : victim;
-  return std::find(q->preempt.begin(), q->preempt.end(), name) != q->preempt.end();
+  return std::find(q->preempt.begin(), q->preempt.end(), qosName(victim)) != q->preempt.end();
 }
 
 LimitTracker::LimitTracker(const ShareTree& tree) : tree_(tree) {
@@ -138,7 +136,7 @@ void LimitTracker::hold(const std::string& account, const std::string& user, int
   }
   user_[user].first += gpus;
   user_[user].second += 1;
-  qos_[qos.empty() ? kNormalQos : qos] += gpus;
+  qos_[qosName(qos)] += gpus;
 }
 
 std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const {
@@ -156,14 +154,13 @@ std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const
     return "";
   };
   if (const Qos* q = tree_.findQos(job.qos); q && q->gpus > 0) {
-    auto held = qos_.find(job.qos.empty() ? kNormalQos : job.qos);
+    auto held = qos_.find(qosName(job.qos));
     const int used = held != qos_.end() ? held->second : 0;
     if (used + job.gpuCount() > q->gpus) {
       *code = "QoS";
-      return "QoS " + (job.qos.empty() ? std::string(kNormalQos) : job.qos) + " holds " +
-             std::to_string(used) + " of its " + std::to_string(q->gpus) +
-             " GPUs (ddlctl admin add-qos --update); this job needs " + std::to_string(job.gpuCount()) +
-             " more";
+      return "QoS " + qosName(job.qos) + " holds " + std::to_string(used) + " of its " +
+             std::to_string(q->gpus) + " GPUs (ddlctl admin add-qos --update); this job needs " +
+             std::to_string(job.gpuCount()) + " more";
     }
   }
   if (auto it = tree_.users.find(job.user); it != tree_.users.end()) {
@@ -191,7 +188,7 @@ std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const
 
 std::string LimitTracker::never(const JobRequest& job) const {
   if (const Qos* q = tree_.findQos(job.qos); q && q->gpus > 0 && job.gpuCount() > q->gpus) {
-    return "job asks for " + std::to_string(job.gpuCount()) + " GPUs and QoS " + job.qos +
+    return "job asks for " + std::to_string(job.gpuCount()) + " GPUs and QoS " + qosName(job.qos) +
            " may hold at most " + std::to_string(q->gpus) + " (ddlctl admin add-qos --update)";
   }
   auto it = tree_.users.find(job.user);
@@ -269,8 +266,7 @@ void prioritize(std::vector<JobRequest>& queue, const ShareTree& tree, const Usa
     const Qos* q = tree.findQos(job.qos);
     job.tier = q ? q->priority : 0;
     job.order = weights.fairshare * it->second + weights.age * age;
-    by_user[job.user + '\n' + (job.qos.empty() ? kNormalQos : job.qos)].push_back(
-        &job);  // a user's jobs of one QoS
+    by_user[job.user + '\n' + qosName(job.qos)].push_back(&job);  // a user's jobs of one QoS
   }
   // Nice: a user's jobs (of one QoS) keep the set of priorities they were given, handed out in their
   // --priority order.

@@ -40,6 +40,11 @@ namespace ddl::placement {
 
 inline constexpr const char* kRootAccount = "root";
 inline constexpr const char* kNormalQos = "normal";
+// The name a job's QoS goes by: "" (none asked for) is normal.
+inline const std::string& qosName(const std::string& name) {
+  static const std::string normal = kNormalQos;
+  return name.empty() ? normal : name;
+}
 
 // A quality of service (Slurm's QOS): an admin-defined tier a job asks for with --qos. Jobs of a QoS of a
 // higher priority are tried first (JobRequest::tier), it may preempt jobs of the QoS it names (each of lower
