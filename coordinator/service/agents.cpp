@@ -350,7 +350,7 @@ Status Coordinator::rankEventOnLoop(const std::string& node, const std::string& 
   return Status::ok();
 }
 
-std::map<std::string, NodeUsage> Coordinator::usageOnLoop() const {
+std::map<std::string, NodeUsage> Coordinator::usageOnLoop(bool stopping_ranks) const {
   std::map<std::string, NodeUsage> usage;
   for (const auto& [id, job] : jobs_) {
     if (!isLive(job.state)) continue;
@@ -364,6 +364,7 @@ std::map<std::string, NodeUsage> Coordinator::usageOnLoop() const {
   }
   // Ranks still dying after a stop hold their GPU, and the CPUs and memory their job's allocation gave them
   // (kept once the job is final; a requeued job's earlier attempt is known by its GPU only).
+  if (!stopping_ranks) return usage;
   for (const auto& [name, node] : registry_->all()) {
     for (const auto& [key, r] : node.ranks) {
       if (r.state() != v1::RankStatus::RUNNING) continue;
@@ -403,8 +404,8 @@ bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation,
   return true;
 }
 
-placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling) const {
-  const auto usage = usageOnLoop();
+placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling, bool stopping_ranks) const {
+  const auto usage = usageOnLoop(stopping_ranks);
   placement::Cluster cluster;
   cluster.nodes.reserve(registry_->all().size());
   for (const auto& [name, entry] : registry_->all()) {

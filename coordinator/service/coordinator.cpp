@@ -322,12 +322,13 @@ void Coordinator::setAccounts(placement::ShareTree tree) {
   });
 }
 
-void Coordinator::signalRanksOnLoop(const state::Job& job, int signal) {
+void Coordinator::signalRanksOnLoop(const state::Job& job, int signal, int64_t preempt_deadline_ms) {
   v1::Command cmd;
   v1::SignalJob* sig = cmd.mutable_signal();
   sig->set_job_id(job.id);
   sig->set_attempt(runtime_.count(job.id) ? runtime_[job.id].attempt : attemptOf(job));
   sig->set_signal(signal);
+  sig->set_preempt_deadline_ms(preempt_deadline_ms);
   for (const auto& a : job.allocation) registry_->sendOnLoop(a.node, cmd);
   spdlog::info("job {}: {} sent to its ranks", job.id, signalName(signal));
 }
@@ -603,7 +604,7 @@ void Coordinator::schedulePassOnLoop() {
       usage[a.node].memory_bytes += a.memoryBytes;
     }
   }
-  preemptForWaitingOnLoop(result, cluster, queue);
+  preemptForWaitingOnLoop(result, queue);
 }
 
 void Coordinator::buildRuntimeOnLoop(const state::Job& job, const placement::RingLayout& layout) {
@@ -741,7 +742,6 @@ bool Coordinator::allRanksExitedOnLoop(const std::string& id) const {
 }
 
 void Coordinator::preemptForWaitingOnLoop(const placement::ScheduleResult& result,
-                                          const placement::Cluster& cluster,
                                           const std::vector<placement::JobRequest>& queue) {
   const placement::ShareTree& tree = shares_->tree();
   // One preemption at a time: the job it is for waits, Preempting, until its victims are gone. A preemption
@@ -767,31 +767,14 @@ void Coordinator::preemptForWaitingOnLoop(const placement::ScheduleResult& resul
                                      " (the grace of its QoS), then this job starts"};
   };
   for (const auto& [by, victims] : in_flight) pending_reason_[by] = preempting(victims, deadline);
-  // A new one only after a pass that started nothing: the cluster below is then the one the pass saw.
-  if (!in_flight.empty() || !result.started().empty()) return;
+  // A new one only after a pass that started nothing (the cluster is then the one the pass saw), and only
+  // where some QoS may preempt.
+  if (!in_flight.empty() || !result.started().empty() ||
+      std::none_of(tree.qos.begin(), tree.qos.end(), [](const auto& q) { return !q.second.preempt.empty(); }))
+    return;
   // The cluster as the live jobs hold it: GPUs that the ranks of ended or requeued attempts hold while they
   // stop (a preemption's victims among them) are free in moments, no reason to preempt more.
-  placement::Cluster live = cluster;
-  for (placement::Node& n : live.nodes) {
-    n.used.assign(n.gpus, false);
-    n.cpuUsed.assign(n.cpus.size(), 0);
-    n.memoryUsed = 0;
-  }
-  for (const auto& [id, job] : jobs_) {
-    if (!isLive(job.state)) continue;
-    for (const auto& a : job.allocation) {
-      placement::Node* n = live.find(a.node);
-      if (!n) continue;
-      for (int g : a.gpus) {
-        if (g >= 0 && g < n->gpus) n->used[g] = true;
-      }
-      for (int c : a.cpus) {
-        auto at = std::lower_bound(n->cpus.begin(), n->cpus.end(), c);
-        if (at != n->cpus.end() && *at == c) n->cpuUsed[at - n->cpus.begin()] = 1;
-      }
-      n->memoryUsed += a.memory_bytes;
-    }
-  }
+  const placement::Cluster live = snapshotOnLoop(true, /*stopping_ranks=*/false);
   std::vector<placement::Preemptible> running;  // what may be preempted: RUNNING (not starting) jobs
   for (const auto& [id, rt] : runtime_) {
     const state::Job& job = jobs_[id];
@@ -811,24 +794,15 @@ void Coordinator::preemptForWaitingOnLoop(const placement::ScheduleResult& resul
 }
 
 void Coordinator::preemptOnLoop(const std::string& id, const std::string& by, int64_t now_ms) {
-  const JobRuntime& rt = runtime_[id];
   state::Job& job = jobs_[id];
   const placement::Qos* qos = shares_->tree().findQos(job.spec.qos);
   const int64_t grace_s = qos ? qos->grace_s : placement::Qos{}.grace_s;
   job.preempted_by = by;
   job.preempt_deadline_ms = now_ms + grace_s * 1000;
   putJobOnLoop(job);  // before the signal goes: a coordinator restarted meanwhile still requeues it
-  const int signal = job.spec.warn_signal > 0 ? job.spec.warn_signal : SIGTERM;
-  v1::Command cmd;
-  v1::SignalJob* sig = cmd.mutable_signal();
-  sig->set_job_id(id);
-  sig->set_attempt(rt.attempt);
-  sig->set_signal(signal);
-  sig->set_preempt_deadline_ms(job.preempt_deadline_ms);
-  for (const auto& a : job.allocation) registry_->sendOnLoop(a.node, cmd);
-  const std::string by_qos = jobs_.count(by) ? jobs_[by].spec.qos : "";
-  spdlog::info("job {}: preempted for job {} (QoS {}): {} sent to its ranks, killed in {} s unless they exit",
-               id, by, by_qos.empty() ? placement::kNormalQos : by_qos, signalName(signal), grace_s);
+  spdlog::info("job {}: preempted for job {} (QoS {}): its ranks are killed in {} s unless they exit", id, by,
+               placement::qosName(jobs_.count(by) ? jobs_[by].spec.qos : ""), grace_s);
+  signalRanksOnLoop(job, job.spec.warn_signal > 0 ? job.spec.warn_signal : SIGTERM, job.preempt_deadline_ms);
   ++counters_.preemptions_total;
 }
 
@@ -847,8 +821,9 @@ void Coordinator::endPreemptionOnLoop(const std::string& id, const std::string& 
 void Coordinator::enforcePreemptionsOnLoop() {
   const int64_t now = wall_ms_();
   std::vector<std::string> due;
-  for (const auto& [id, job] : jobs_) {
-    if (isLive(job.state) && !job.preempted_by.empty() && now >= job.preempt_deadline_ms) due.push_back(id);
+  for (const auto& [id, rt] : runtime_) {  // every launched job has one (recovery ends a preemption without)
+    const state::Job& job = jobs_[id];
+    if (!job.preempted_by.empty() && now >= job.preempt_deadline_ms) due.push_back(id);
   }
   for (const std::string& id : due) endPreemptionOnLoop(id, "its grace ran out; its ranks were killed", 0);
 }

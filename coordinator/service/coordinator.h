@@ -273,7 +273,7 @@ class Coordinator {
   // Preemption (QoS tiers, placement/fair_share.h): after a scheduling pass, the first waiting job whose QoS
   // may preempt running ones, where freeing the fewest of them lets it start, has them preempted; one such
   // job at a time. Its reason is Preempting until they are gone.
-  void preemptForWaitingOnLoop(const placement::ScheduleResult& result, const placement::Cluster& cluster,
+  void preemptForWaitingOnLoop(const placement::ScheduleResult& result,
                                const std::vector<placement::JobRequest>& queue);
   // Signals a running job's ranks (its --signal's signal, else SIGTERM) with the deadline its QoS's grace
   // gives; they are killed then.
@@ -301,8 +301,9 @@ class Coordinator {
   v1::Command stopCommand(const std::string& id, int attempt, const std::string& reason,
                           int grace_ms = -1) const;
   // Sends the job's StopJob to every node of `allocation` (passed in: a requeue clears the job's own).
-  // Sends `signal` to the running ranks of the job's current attempt (cancel --signal, --signal SIG@SECONDS).
-  void signalRanksOnLoop(const state::Job& job, int signal);
+  // Sends `signal` to the running ranks of the job's current attempt (cancel --signal, --signal SIG@SECONDS,
+  // a preemption, with its deadline).
+  void signalRanksOnLoop(const state::Job& job, int signal, int64_t preempt_deadline_ms = 0);
   void stopJobEverywhereOnLoop(const std::string& id, int attempt, const std::string& reason,
                                const std::vector<state::NodeAllocation>& allocation, int grace_ms = -1);
   // Records a rank report. A report about an ended job or an older attempt goes into `stale` (job, attempt)
@@ -313,10 +314,13 @@ class Coordinator {
   // Fills runtime_[id] from the job's allocation (rank order, root node, port).
   void buildRuntimeOnLoop(const state::Job& job, const placement::RingLayout& layout);
   void maybeCompleteOnLoop(const std::string& id);
-  placement::Cluster snapshotOnLoop(bool for_scheduling) const;
-  // Per node: the GPUs held by live jobs or by ranks still running there, and the live jobs placed there.
-  // One pass over jobs and nodes, so listings and snapshots stay linear in the cluster's size.
-  std::map<std::string, NodeUsage> usageOnLoop() const;
+  // stopping_ranks: whether the GPUs (and CPUs and memory) of ranks still stopping count as used; without,
+  // the
+  // cluster as the live jobs hold it (what preemption weighs).
+  placement::Cluster snapshotOnLoop(bool for_scheduling, bool stopping_ranks = true) const;
+  // Per node: the GPUs held by live jobs or (stopping_ranks) by ranks still running there, and the live jobs
+  // placed there. One pass over jobs and nodes, so listings and snapshots stay linear in the cluster's size.
+  std::map<std::string, NodeUsage> usageOnLoop(bool stopping_ranks = true) const;
   // Applying a decision re-checks that its GPUs are free (a cheap guard against a placement bug).
   bool stillFreeOnLoop(const placement::Allocation& allocation,
                        std::map<std::string, NodeUsage>& usage) const;
