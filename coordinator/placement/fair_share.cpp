@@ -266,10 +266,12 @@ void prioritize(std::vector<JobRequest>& queue, const ShareTree& tree, const Usa
     const Qos* q = tree.findQos(job.qos);
     job.tier = q ? q->priority : 0;
     job.order = weights.fairshare * it->second + weights.age * age;
-    by_user[job.user + '\n' + qosName(job.qos)].push_back(&job);  // a user's jobs of one QoS
+    // A user's jobs in one account and of one QoS: a user who works in several accounts has a factor in
+    // each, and its jobs in one must not take the priorities its jobs in another were given.
+    by_user[job.user + '\n' + account + '\n' + qosName(job.qos)].push_back(&job);
   }
-  // Nice: a user's jobs (of one QoS) keep the set of priorities they were given, handed out in their
-  // --priority order.
+  // Nice: a user's jobs (in one account, of one QoS) keep the set of priorities they were given, handed out
+  // in their --priority order.
   for (auto& [user, jobs] : by_user) {
     std::vector<double> orders;
     for (const JobRequest* job : jobs) orders.push_back(job->order);

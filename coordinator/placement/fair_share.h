@@ -18,9 +18,9 @@
 //  priority,
 //    and schedule() tries a higher tier first whatever the priorities, so the GPUs a preemption frees go to a
 //    job of the preemptor's tier or above, never back to its victims' tier.
-//  - A user's own --priority only orders that user's jobs (as nice): each user's jobs take the priorities
-//  that
-//    user's jobs were given, in their --priority order, so no user can overtake another by asking.
+//  - A user's own --priority only orders that user's jobs (as nice): each user's jobs in one account (and of
+//    one QoS) take the priorities those jobs were given, in their --priority order, so no user can overtake
+//    another by asking, and a user in several accounts cannot lend one account's factor to another.
 // prioritize() sets JobRequest::order; placement::schedule() tries the queue in that order, then --priority,
 // then submit order. With no usage anywhere every factor is 1 and the queue is the age order: first come,
 // first served, as before accounts.

@@ -146,6 +146,29 @@ TEST(FairShare, PriorityOnlyReordersTheUsersOwnJobs) {
   EXPECT_EQ(schedule(one, queue).started(), (std::vector<std::string>{"a2", "b2", "a1", "b1"}));
 }
 
+// A user who charges jobs to two accounts gets each account's factor: its --priority reorders its jobs
+// within one account only, so a job in the account under its share is not handed the priority of an older job
+// in the account over it.
+TEST(FairShare, AUsersJobsInTwoAccountsKeepEachAccountsFactor) {
+  ShareTree tree;
+  tree.accounts["a"] = {kRootAccount, 2};
+  tree.accounts["c"] = {kRootAccount, 1};
+  UsageLedger usage;
+  usage.charge("a", "alice", 900);  // a used everything; c nothing
+  std::vector<JobRequest> queue = {job("a1", "alice", "a", 0), job("a2", "alice", "a", 1000),
+                                   job("c1", "alice", "c", 2000), job("c2", "alice", "c", 3000, 5)};
+  prioritize(queue, tree, usage, PriorityWeights{}, 4000);
+  EXPECT_GT(queue[2].order, queue[0].order);
+  EXPECT_GT(queue[3].order, queue[1].order);
+  EXPECT_GT(queue[3].order, queue[2].order);  // --priority within c
+  Cluster one;
+  one.nodes.push_back(Node{});
+  one.nodes[0].name = "n1";
+  one.nodes[0].gpus = 2;
+  one.nodes[0].used.assign(2, false);
+  EXPECT_EQ(schedule(one, queue).started(), (std::vector<std::string>{"c2", "c1"}));
+}
+
 // Users in one account split its share: the one who used it all waits behind the one who used none.
 TEST(FairShare, UsersOfAnAccountSplitItsShare) {
   UsageLedger usage;
