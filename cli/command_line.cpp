@@ -131,7 +131,9 @@ void declareSubmit(CLI::App& app, CommandLine& cl) {
                    "orders your own jobs: higher first (default 0); the queue is "
                    "ordered by fair-share (ddlctl shares)")
       ->take_last();
-  submit->add_option("--account", s.account, "the account to charge (default: your own; others: admins only)")
+  submit
+      ->add_option("--account", s.account,
+                   "the account to charge (default: your default account; another you are in; admins: any)")
       ->take_last();
   submit->add_option("--qos", s.qos, "quality of service (default normal; ddlctl qos lists them)")
       ->take_last();
@@ -331,7 +333,7 @@ void declareNodeVerbs(CLI::App& app, CommandLine& cl) {
 
 // whoami, and admin's verbs on users and node certificates.
 void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
-  app.add_subcommand("whoami", "who the coordinator takes you for (user, role and account)");
+  app.add_subcommand("whoami", "who the coordinator takes you for (user, role and accounts)");
   app.add_subcommand("accounts", "the accounts jobs are charged to: their tree, shares and users");
   app.add_subcommand("qos", "the qualities of service: priority, what each preempts, grace and limits");
   app.add_subcommand("shares", "each account's share, decayed GPU usage and fair-share factor (as sshare)");
@@ -360,6 +362,16 @@ void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
   add->add_option("--account", cl.account,
                   "the account the user's jobs are charged to (default root; with "
                   "--rotate, the user's own)");
+  CLI::App* member = admin->add_subcommand(
+      "user-accounts", "the accounts a user is in, whose names its jobs may give (submit --account)");
+  member->add_option("NAME", cl.target, "user name")->required();
+  member->add_option("--add", cl.joinAccounts, "join these accounts (comma-separated)")
+      ->type_name("ACCOUNT,...");
+  member->add_option("--remove", cl.leaveAccounts, "leave these accounts (comma-separated; not the default)")
+      ->type_name("ACCOUNT,...");
+  member->add_option("--default", cl.defaultAccount,
+                     "the account its jobs are charged to unless they name another (it joins it; the old "
+                     "default stays one of its accounts)");
   CLI::App* account = admin->add_subcommand("add-account", "make an account (or, with --update, change one)");
   account->add_option("NAME", cl.target, "account name")->required();
   account->add_option("--parent", cl.parent, "the account it lies under (default root)");
@@ -374,6 +386,15 @@ void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
   limit->add_option("--running", cl.limitRunning, "jobs running at once")->check(CLI::Range(0, 10000000));
   limit->add_option("--pending", cl.limitPending, "jobs waiting in the queue (a submit past it is refused)")
       ->check(CLI::Range(0, 10000000));
+  limit
+      ->add_option("--gpu-hours", cl.limitGpuHours,
+                   "GPU-hours its jobs may use each --period: once used, its jobs wait for the next period "
+                   "(running ones run on)")
+      ->check(CLI::Range(0.0, 1e9));
+  limit
+      ->add_option("--period", cl.limitPeriod,
+                   "what --gpu-hours counts over: day, week or month (UTC; default month)")
+      ->check(CLI::IsMember({"day", "week", "month"}));
   CLI::App* qos =
       admin->add_subcommand("add-qos", "make a quality of service (or, with --update, change one)");
   qos->add_option("NAME", cl.target, "QoS name")->required();

@@ -113,10 +113,14 @@ struct CommandLine {
   bool update = false;  // admin add-account --update
   std::string limitAccount, limitUser;                       // admin set-limit --account / --user
   std::optional<int> limitGpus, limitRunning, limitPending;  // admin set-limit: the limits given
+  std::optional<double> limitGpuHours;
+  std::string limitPeriod;
   // admin add-qos: the fields given (preempt and accounts comma-separated; "" clears them)
   std::optional<int64_t> qosPriority, qosGraceS;
   std::optional<int> qosGpus;
   std::optional<std::string> qosPreempt, qosAccounts;
+  std::string joinAccounts, leaveAccounts,
+      defaultAccount;  // admin user-accounts --add / --remove / --default
   std::string outDir;
   int days = 0;
   int ttlS = 3600;

@@ -308,6 +308,12 @@ std::string formatLimits(const v1::Limits& l) {
   if (l.gpus() > 0) parts.push_back(std::to_string(l.gpus()) + " GPUs");
   if (l.running_jobs() > 0) parts.push_back(std::to_string(l.running_jobs()) + " running");
   if (l.pending_jobs() > 0) parts.push_back(std::to_string(l.pending_jobs()) + " pending");
+  if (l.gpu_hours() > 0) {
+    char text[64];
+    std::snprintf(text, sizeof(text), "%g GPU-hours a %s", l.gpu_hours(),
+                  l.period().empty() ? "month" : l.period().c_str());
+    parts.push_back(text);
+  }
   if (parts.empty()) return "no limits";
   std::string out = "at most ";
   for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i];

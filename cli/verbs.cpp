@@ -390,6 +390,23 @@ int runList(CommandLine& cl, Session& s, std::ostream& err) {
   return kExitOk;
 }
 
+// "a,b,,c" -> {a, b, c}.
+std::vector<std::string> commaList(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// A user's accounts as ddlctl prints them: "physics (default), chem".
+std::string userAccounts(const v1::Identity& who) {
+  std::string text = escapeForTerminal(who.account()) + (who.accounts_size() ? " (default)" : "");
+  for (const std::string& a : who.accounts()) text += ", " + escapeForTerminal(a);
+  return text;
+}
+
 // ddlctl admin VERB: one RPC each; what it makes (a token, a node's files) is printed or written once.
 int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
   using Stub = v1::UserService::Stub;
@@ -419,11 +436,24 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListUsers(c, {}, &resp); })) return rc;
     std::string text;
     for (const auto& u : resp.users()) {
-      text += escapeForTerminal(u.name()) + " " + escapeForTerminal(u.role()) + " " +
-              escapeForTerminal(u.account()) +
+      text += escapeForTerminal(u.name()) + " " + escapeForTerminal(u.role()) + " " + userAccounts(u) +
               (u.limits().ByteSizeLong() > 0 ? " (" + formatLimits(u.limits()) + ")" : "") + "\n";
     }
     return s.print(resp, text);
+  }
+  if (cl.adminVerb == "user-accounts") {
+    if (cl.joinAccounts.empty() && cl.leaveAccounts.empty() && cl.defaultAccount.empty()) {
+      return usageError(err, "user-accounts: give --add, --remove or --default", "admin user-accounts");
+    }
+    v1::SetUserAccountsRequest req;
+    req.set_name(cl.target);
+    for (const std::string& a : commaList(cl.joinAccounts)) req.add_add(a);
+    for (const std::string& a : commaList(cl.leaveAccounts)) req.add_remove(a);
+    req.set_default_account(cl.defaultAccount);
+    v1::Identity resp;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.SetUserAccounts(c, req, &resp); })) return rc;
+    return s.print(resp,
+                   "user " + escapeForTerminal(resp.name()) + ": accounts " + userAccounts(resp) + "\n");
   }
   if (cl.adminVerb == "add-account") {
     v1::AddAccountRequest req;
@@ -441,8 +471,9 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     if (cl.limitAccount.empty() == cl.limitUser.empty()) {
       return usageError(err, "set-limit: give --account A or --user U", "admin set-limit");
     }
-    if (!cl.limitGpus && !cl.limitRunning && !cl.limitPending) {
-      return usageError(err, "set-limit: give --gpus, --running or --pending (0 lifts a limit)",
+    if (!cl.limitGpus && !cl.limitRunning && !cl.limitPending && !cl.limitGpuHours &&
+        cl.limitPeriod.empty()) {
+      return usageError(err, "set-limit: give --gpus, --running, --pending or --gpu-hours (0 lifts a limit)",
                         "admin set-limit");
     }
     v1::SetLimitRequest req;
@@ -451,6 +482,8 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     if (cl.limitGpus) req.set_gpus(*cl.limitGpus);
     if (cl.limitRunning) req.set_running_jobs(*cl.limitRunning);
     if (cl.limitPending) req.set_pending_jobs(*cl.limitPending);
+    if (cl.limitGpuHours) req.set_gpu_hours(*cl.limitGpuHours);
+    req.set_period(cl.limitPeriod);
     v1::Limits resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.SetLimit(c, req, &resp); })) return rc;
     return s.print(resp, (cl.limitAccount.empty() ? "user " + escapeForTerminal(cl.limitUser)
@@ -458,14 +491,6 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
                              ": " + formatLimits(resp) + "\n");
   }
   if (cl.adminVerb == "add-qos") {
-    auto names = [](const std::string& text) {
-      std::vector<std::string> out;
-      std::stringstream in(text);
-      for (std::string item; std::getline(in, item, ',');) {
-        if (!item.empty()) out.push_back(item);
-      }
-      return out;
-    };
     v1::AddQosRequest req;
     req.set_name(cl.target);
     req.set_update(cl.update);
@@ -474,11 +499,11 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     if (cl.qosGpus) req.set_gpus(*cl.qosGpus);
     if (cl.qosPreempt) {
       req.set_preempt_given(true);
-      for (const std::string& n : names(*cl.qosPreempt)) req.add_preempt(n);
+      for (const std::string& n : commaList(*cl.qosPreempt)) req.add_preempt(n);
     }
     if (cl.qosAccounts) {
       req.set_accounts_given(true);
-      for (const std::string& n : names(*cl.qosAccounts)) req.add_accounts(n);
+      for (const std::string& n : commaList(*cl.qosAccounts)) req.add_accounts(n);
     }
     v1::Qos resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.AddQos(c, req, &resp); })) return rc;
@@ -667,8 +692,7 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.WhoAmI(c, {}, &who); })) return rc;
     return s.print(who, (who.name().empty() ? std::string("(anonymous)") : escapeForTerminal(who.name())) +
                             " " + escapeForTerminal(who.role()) + " (" + escapeForTerminal(who.via()) + ")" +
-                            (who.account().empty() ? "" : ", account " + escapeForTerminal(who.account())) +
-                            "\n");
+                            (who.account().empty() ? "" : ", account " + userAccounts(who)) + "\n");
   }
   if (cl.verb == "shares") {
     v1::GetSharesResponse resp;

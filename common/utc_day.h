@@ -25,6 +25,22 @@ inline std::string utcDayText(int64_t day) {
   return text;
 }
 
+// The first day of the UTC week (from Monday) and of the calendar month that hold `day`, and the first day of
+// the next month.
+inline int64_t utcWeekStart(int64_t day) {
+  return day - ((day + 3) % 7 + 7) % 7;  // 1970-01-01 (day 0) was a Thursday
+}
+inline int64_t utcMonthStart(int64_t day) {
+  using namespace std::chrono;
+  const year_month_day ymd{sys_days(days(day))};
+  return sys_days(ymd.year() / ymd.month() / std::chrono::day(1)).time_since_epoch().count();
+}
+inline int64_t utcNextMonthStart(int64_t day) {
+  using namespace std::chrono;
+  const year_month_day ymd{sys_days(days(day))};
+  return sys_days(ymd.year() / ymd.month() / std::chrono::day(1) + months(1)).time_since_epoch().count();
+}
+
 // The day of "YYYY-MM-DD" (1970 on); nullopt for anything else, 2026-02-30 included.
 inline std::optional<int64_t> parseUtcDay(const std::string& text) {
   int y = 0;

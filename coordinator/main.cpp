@@ -214,6 +214,9 @@ CoordinatorOptions coordinatorOptions(const DaemonConfig& config) {
   options.allow_root_jobs = config.allow_root_jobs;
   options.history_retention_ms = static_cast<int64_t>(config.history_retention_days * 86400000.0);
   options.accounting.retention_days = config.usage_retention_days;
+  options.shares.half_life_s = config.fairshare_half_life_days * 86400;
+  options.shares.cpu_weight = config.fairshare_cpu_weight;
+  options.shares.mem_weight_per_gib = config.fairshare_mem_weight;
   options.max_finished_in_memory = static_cast<size_t>(config.finished_jobs_in_memory);
   return options;
 }
@@ -389,7 +392,11 @@ int runDaemon(const DaemonConfig& config) {
   // The scheduler orders the queue by the accounts' shares: it gets them now and after every change.
   auth::UserRegistry* registry = users->get();
   auto shareTree = [registry](const std::vector<auth::AccountInfo>& accounts) {
-    auto limits = [](const auth::Limits& l) { return ddl::placement::Limits{l.gpus, l.running, l.pending}; };
+    auto limits = [](const auth::Limits& l) {
+      return ddl::placement::Limits{
+          l.gpus, l.running, l.pending, l.gpu_hours,
+          ddl::placement::parsePeriod(l.period).value_or(ddl::placement::Period::kMonth)};
+    };
     ddl::placement::ShareTree tree;
     for (const auto& a : accounts) {
       if (!a.parent.empty()) tree.accounts[a.name] = {a.parent, a.share, limits(a.limits)};

@@ -72,16 +72,21 @@ Status mustBeAdmin(const Identity& who, const char* what) {
 StatusOr<v1::JobSpec> ownSpec(const Identity& who, v1::JobSpec spec, bool allow_root,
                               const auth::UserRegistry* users) {
   if (who.role != Role::kInsecure || !who.name.empty()) spec.set_user(who.name);
-  // The account charged: the user's own unless an admin names another that exists.
+  // The account charged: the user's default, or another it is in, or (an admin) any that exists.
   const std::string own = who.account.empty() ? auth::kRootAccount : who.account;
   if (spec.account().empty() || spec.account() == own) {
     spec.set_account(own);
+  } else if (who.inAccount(spec.account())) {
+    // one of its accounts: the registry refuses to remove an account a user is in
   } else if (!who.isAdmin()) {
-    return Status::permissionDenied((who.name.empty() ? std::string("this caller") : who.name) +
-                                    " is in account " + own + " and may not charge account " +
-                                    spec.account() +
-                                    " (an admin moves a user "
-                                    "with 'ddlctl admin add-user NAME --rotate --account A')");
+    std::string in = own;
+    for (const std::string& a : who.accounts) in += ", " + a;
+    return Status::permissionDenied(
+        (who.name.empty() ? std::string("this caller") : who.name) + " is in " +
+        (who.accounts.empty() ? "account " : "accounts ") + in + " and may not charge account " +
+        spec.account() +
+        " (an admin adds a user to one with 'ddlctl admin user-accounts NAME --add "
+        "A')");
   } else if (users && !users->hasAccount(spec.account())) {
     return Status::notFound("no account '" + spec.account() + "' (ddlctl accounts lists them)");
   }

@@ -47,9 +47,9 @@ inline constexpr const char* kBuiltinAdmin = "admin";
 
 // The spec as the coordinator records it: the user from the identity (the request's is ignored), root refused
 // unless allow_root, the built-in admin refused where no account of that name exists (it would fail on every
-// node). Insecure callers without a token keep the request's user. The account charged is the user's own
-// (root for an anonymous caller); only an admin may name another, which must exist in `users` (when there is
-// a registry).
+// node). Insecure callers without a token keep the request's user. The account charged is the user's default
+// (root for an anonymous caller) unless the spec names another it is in; only an admin may name any other,
+// which must exist in `users` (when there is a registry).
 StatusOr<v1::JobSpec> ownSpec(const Identity& who, v1::JobSpec spec, bool allow_root,
                               const auth::UserRegistry* users = nullptr);
 

@@ -14,6 +14,10 @@ void toProto(const Limits& l, v1::Limits* out) {
   out->set_gpus(l.gpus);
   out->set_running_jobs(l.running);
   out->set_pending_jobs(l.pending);
+  if (l.gpu_hours > 0) {
+    out->set_gpu_hours(l.gpu_hours);
+    out->set_period(l.period);
+  }
 }
 
 }  // namespace
@@ -66,9 +70,28 @@ StatusOr<v1::ListUsersResponse> Admin::listUsers() const {
     out->set_role(roleName(u.role));
     out->set_via(u.via);
     out->set_account(u.account);
+    for (const std::string& a : u.accounts) out->add_accounts(a);
     if (auto l = limits.find(u.name); l != limits.end()) toProto(l->second, out->mutable_limits());
   }
   return response;
+}
+
+StatusOr<v1::Identity> Admin::setUserAccounts(const v1::SetUserAccountsRequest& request) {
+  if (Status st = needUsers(); !st) return st;
+  const std::vector<std::string> add(request.add().begin(), request.add().end());
+  const std::vector<std::string> remove(request.remove().begin(), request.remove().end());
+  auto who = users_->setUserAccounts(request.name(), add, remove, request.default_account());
+  if (!who) return who.status();
+  std::string others;
+  for (const std::string& a : who->accounts) others += (others.empty() ? "" : ",") + a;
+  spdlog::info("user {}: default account {}, also in [{}]", who->name, who->account, others);
+  v1::Identity out;
+  out.set_name(who->name);
+  out.set_role(roleName(who->role));
+  out.set_via(who->via);
+  out.set_account(who->account);
+  for (const std::string& a : who->accounts) out.add_accounts(a);
+  return out;
 }
 
 StatusOr<v1::Account> Admin::addAccount(const v1::AddAccountRequest& request) {
@@ -165,12 +188,14 @@ StatusOr<v1::Limits> Admin::setLimit(const v1::SetLimitRequest& request) {
   if (request.has_gpus()) change.gpus = request.gpus();
   if (request.has_running_jobs()) change.running = request.running_jobs();
   if (request.has_pending_jobs()) change.pending = request.pending_jobs();
+  if (request.has_gpu_hours()) change.gpu_hours = request.gpu_hours();
+  if (!request.period().empty()) change.period = request.period();
   auto set = users_->setLimit(request.account(), request.user(), change);
   if (!set) return set.status();
-  spdlog::info("{} {} may hold {} GPUs, run {} jobs, queue {} jobs (0: no limit)",
+  spdlog::info("{} {} may hold {} GPUs, run {} jobs, queue {} jobs, use {} GPU-hours a {} (0: no limit)",
                request.account().empty() ? "user" : "account",
                request.account().empty() ? request.user() : request.account(), set->gpus, set->running,
-               set->pending);
+               set->pending, set->gpu_hours, set->period);
   v1::Limits out;
   toProto(*set, &out);
   return out;

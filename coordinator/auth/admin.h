@@ -1,4 +1,5 @@
-// The coordinator's admin verbs as a plain object: users (UserService AddUser, RemoveUser, ListUsers),
+// The coordinator's admin verbs as a plain object: users (UserService AddUser, RemoveUser, ListUsers,
+// SetUserAccounts),
 // accounts (AddAccount, RemoveAccount, ListAccounts), node certificates (IssueNodeCertificate) and join
 // tokens (CreateJoinToken, and AgentService.Join, which trades one for a certificate). It takes and returns
 // ddl.v1 messages and Status, over the UserRegistry and the PKI directory, with no gRPC, so every rule here
@@ -37,6 +38,8 @@ class Admin {
   StatusOr<v1::AddUserResponse> addUser(const v1::AddUserRequest& request);
   Status removeUser(const v1::RemoveUserRequest& request);
   StatusOr<v1::ListUsersResponse> listUsers() const;
+  // The accounts a user is in and its default (users.h's setUserAccounts); the user as it is now.
+  StatusOr<v1::Identity> setUserAccounts(const v1::SetUserAccountsRequest& request);
   // Accounts (users.h): make or (update) change one, remove an empty one, list them all.
   StatusOr<v1::Account> addAccount(const v1::AddAccountRequest& request);
   Status removeAccount(const v1::RemoveAccountRequest& request);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/pki.h"
 #include "state/direct_store.h"
@@ -26,7 +27,18 @@ constexpr const char* kUsersFileImport = "users.json";
 using state::Write;
 
 nlohmann::json limitsJson(const Limits& l) {
-  return {{"gpus", l.gpus}, {"running", l.running}, {"pending", l.pending}};
+  nlohmann::json j = {{"gpus", l.gpus}, {"running", l.running}, {"pending", l.pending}};
+  if (l.gpu_hours > 0) {
+    j["gpu_hours"] = l.gpu_hours;
+    j["period"] = l.period;
+  }
+  return j;
+}
+
+// The periods a GPU-hours limit counts over (placement/fair_share.h's Period).
+bool knownPeriod(const std::string& name) { return name == "day" || name == "week" || name == "month"; }
+bool goodLimits(const Limits& l) {
+  return l.gpus >= 0 && l.running >= 0 && l.pending >= 0 && l.gpu_hours >= 0 && knownPeriod(l.period);
 }
 
 Limits limitsFromJson(const nlohmann::json& j) {
@@ -35,6 +47,8 @@ Limits limitsFromJson(const nlohmann::json& j) {
   l.gpus = j.value("gpus", 0);
   l.running = j.value("running", 0);
   l.pending = j.value("pending", 0);
+  l.gpu_hours = j.value("gpu_hours", 0.0);
+  l.period = j.value("period", std::string("month"));
   return l;
 }
 
@@ -44,6 +58,7 @@ nlohmann::json userJson(const UserRegistry::User& u) {
                       {"created_s", u.created_s},
                       {"account", u.account}};
   if (u.limits != Limits{}) j["limits"] = limitsJson(u.limits);
+  if (!u.accounts.empty()) j["accounts"] = u.accounts;
   return j;
 }
 
@@ -67,7 +82,13 @@ StatusOr<UserRegistry::User> userFromJson(const std::string& name, const nlohman
     u.created_s = j.value("created_s", int64_t{0});
     u.account = j.value("account", std::string(kRootAccount));
     if (auto l = j.find("limits"); l != j.end()) u.limits = limitsFromJson(*l);
-    if (!role || u.token_sha256.size() != 64 || !checkUserName(name).empty() || u.account.empty()) {
+    u.accounts = j.value("accounts", std::vector<std::string>{});
+    const bool bad_accounts = u.accounts.size() > UserRegistry::kMaxAccountsPerUser ||
+                              std::any_of(u.accounts.begin(), u.accounts.end(), [&](const std::string& a) {
+                                return !checkAccountName(a).empty() || a == u.account;
+                              });
+    if (!role || u.token_sha256.size() != 64 || !checkUserName(name).empty() || u.account.empty() ||
+        bad_accounts || !goodLimits(u.limits)) {
       return Status::dataLoss("bad record for user '" + name + "'");
     }
     u.role = *role;
@@ -278,7 +299,8 @@ Status UserRegistry::loadLocked(const std::vector<state::Entry>& users,
     } catch (const nlohmann::json::exception& x) {
       return Status::dataLoss(badEntry("accounts", e.key, x.what()));
     }
-    if (!j.is_object() || !checkAccountName(e.key).empty() || a.parent.empty() || a.share < 1) {
+    if (!j.is_object() || !checkAccountName(e.key).empty() || a.parent.empty() || a.share < 1 ||
+        !goodLimits(a.limits)) {
       return Status::dataLoss(badEntry("accounts", e.key, "not an account"));
     }
     accounts_[e.key] = a;
@@ -313,8 +335,18 @@ std::optional<Identity> UserRegistry::authenticate(const std::string& token) con
   auto it = by_hash_.find(hash);
   if (it == by_hash_.end()) return std::nullopt;
   // The map lookup compared hashes of a secret; that leaks nothing about the token itself.
-  const User& user = users_.at(it->second);
-  return Identity{it->second, user.role, "token", user.account};
+  return identityOf(it->second, users_.at(it->second));
+}
+
+Identity UserRegistry::identityOf(const std::string& name, const User& user) {
+  Identity who{name, user.role, "token", user.account};
+  who.accounts = user.accounts;
+  return who;
+}
+
+bool Identity::inAccount(const std::string& name) const {
+  return name == (account.empty() ? std::string(kRootAccount) : account) ||
+         std::find(accounts.begin(), accounts.end(), name) != accounts.end();
 }
 
 StatusOr<std::string> UserRegistry::add(const std::string& name, Role role, bool rotate,
@@ -347,7 +379,11 @@ StatusOr<std::string> UserRegistry::add(const std::string& name, Role role, bool
   }
   user.role = role;
   user.token_sha256 = token->second;
-  if (!account.empty()) user.account = account;
+  if (!account.empty()) {
+    user.account = account;  // moved: its other accounts stay, the new default is no longer among them
+    user.accounts.erase(std::remove(user.accounts.begin(), user.accounts.end(), account),
+                        user.accounts.end());
+  }
   if (Status st = commit({Write::putEntry({kUsersTable, name, userJson(user).dump()})}); !st) return st;
   std::lock_guard<std::mutex> lock(mu_);
   if (it != users_.end()) by_hash_.erase(it->second.token_sha256);
@@ -386,8 +422,53 @@ bool UserRegistry::lastAdmin(const std::string& name) const {
 std::vector<Identity> UserRegistry::list() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Identity> out;
-  for (const auto& [name, user] : users_) out.push_back(Identity{name, user.role, "token", user.account});
+  for (const auto& [name, user] : users_) out.push_back(identityOf(name, user));
   return out;
+}
+
+StatusOr<Identity> UserRegistry::setUserAccounts(const std::string& name, const std::vector<std::string>& add,
+                                                 const std::vector<std::string>& remove,
+                                                 const std::string& default_account) {
+  std::lock_guard<std::mutex> writing(write_mu_);  // the copy changes only under it: read freely
+  auto it = users_.find(name);
+  if (it == users_.end()) return Status::notFound("no user '" + name + "'");
+  auto exists = [&](const std::string& a) -> Status {
+    if (a == kRootAccount || accounts_.count(a)) return Status::ok();
+    return Status::notFound("no account '" + a + "' (an admin makes one with 'ddlctl admin add-account " + a +
+                            "')");
+  };
+  User user = it->second;
+  std::set<std::string> in(user.accounts.begin(), user.accounts.end());
+  in.insert(user.account);
+  for (const std::string& a : add) {
+    if (Status st = exists(a); !st) return st;
+    in.insert(a);
+  }
+  if (!default_account.empty()) {
+    if (Status st = exists(default_account); !st) return st;
+    in.insert(default_account);  // making it the default joins it
+    user.account = default_account;
+  }
+  for (const std::string& a : remove) {
+    if (a == user.account) {
+      return Status::failedPrecondition("account " + a + " is " + name +
+                                        "'s default; make another the default first (--default)");
+    }
+    if (!in.erase(a)) return Status::notFound("user '" + name + "' is not in account '" + a + "'");
+  }
+  in.erase(user.account);
+  if (in.size() > kMaxAccountsPerUser) {
+    return Status::failedPrecondition("a user is in at most " + std::to_string(kMaxAccountsPerUser + 1) +
+                                      " accounts");
+  }
+  user.accounts.assign(in.begin(), in.end());
+  if (Status st = commit({Write::putEntry({kUsersTable, name, userJson(user).dump()})}); !st) return st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    it->second = user;
+  }
+  if (accounts_changed_) accounts_changed_(accounts());  // the accounts' user counts changed
+  return identityOf(name, user);
 }
 
 size_t UserRegistry::size() const {
@@ -483,6 +564,10 @@ Status UserRegistry::removeAccount(const std::string& name) {
   }
   for (const auto& [n, u] : users_) {
     if (u.account == name) holding.push_back("user " + n);
+    if (std::count(u.accounts.begin(), u.accounts.end(), name)) {
+      holding.push_back("user " + n + " (not by default: 'ddlctl admin user-accounts " + n + " --remove " +
+                        name + "')");
+    }
   }
   for (const auto& [n, q] : qos_) {
     if (std::count(q.accounts.begin(), q.accounts.end(), name))
@@ -507,7 +592,10 @@ Status UserRegistry::removeAccount(const std::string& name) {
 std::vector<AccountInfo> UserRegistry::accounts() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::string, int> users;
-  for (const auto& [n, u] : users_) ++users[u.account];
+  for (const auto& [n, u] : users_) {
+    ++users[u.account];
+    for (const std::string& a : u.accounts) ++users[a];
+  }
   std::vector<AccountInfo> out{{{}, kRootAccount, "", 1, users[kRootAccount], 0}};
   for (const auto& [n, a] : accounts_) out.push_back({a.limits, n, a.parent, a.share, users[n], a.created_s});
   return out;
@@ -520,10 +608,19 @@ StatusOr<Limits> UserRegistry::setLimit(const std::string& account, const std::s
     if (*v && (**v < 0 || **v > 10000000))
       return Status::invalidArgument("a limit is 0 (none) to 10,000,000");
   }
+  if (change.gpu_hours && !(*change.gpu_hours >= 0 && *change.gpu_hours <= 1e9)) {
+    return Status::invalidArgument("a GPU-hours limit is 0 (none) to 1,000,000,000");
+  }
+  if (change.period && !knownPeriod(*change.period)) {
+    return Status::invalidArgument("period '" + *change.period + "' is not day, week or month");
+  }
   auto apply = [&](Limits l) {
     if (change.gpus) l.gpus = *change.gpus;
     if (change.running) l.running = *change.running;
     if (change.pending) l.pending = *change.pending;
+    if (change.gpu_hours) l.gpu_hours = *change.gpu_hours;
+    if (change.period) l.period = *change.period;
+    if (l.gpu_hours == 0) l.period = Limits{}.period;  // no budget: nothing counts over a period
     return l;
   };
   std::lock_guard<std::mutex> writing(write_mu_);

@@ -27,11 +27,12 @@
 // viewer (read-only: listings and the dashboard). At least one admin always remains.
 //
 // Accounts (Slurm's associations, reduced to a tree): "root" always exists, with no parent; every other
-// account has a parent and a share (1 .. kMaxShare) of what its parent's subtree gets. Every user is in one
-// account (root unless given), which its jobs are charged to. An account with sub-accounts or users cannot be
-// removed, and a parent cannot become its own descendant. Accounts and users may carry limits (GPUs, running
-// and pending jobs; setLimit), which the scheduler enforces (placement/fair_share.h); every change to the
-// accounts or to limits reaches it through onAccountsChanged.
+// account has a parent and a share (1 .. kMaxShare) of what its parent's subtree gets. Every user has a
+// default account (root unless given), which its jobs are charged to, and may be in others too
+// (setUserAccounts, as Slurm's associations), which its jobs may name (--account). An account with
+// sub-accounts or users cannot be removed, and a parent cannot become its own descendant. Accounts and users
+// may carry limits (GPUs, running and pending jobs; setLimit), which the scheduler enforces
+// (placement/fair_share.h); every change to the accounts or to limits reaches it through onAccountsChanged.
 //
 // Join tokens (CreateJoinToken, AgentService.Join) each name one node, work once and expire.
 //
@@ -73,8 +74,11 @@ struct Identity {
   std::string name;  // the user; "" for an anonymous caller of an --insecure coordinator
   Role role = Role::kViewer;
   std::string via;      // "token" or "insecure"
-  std::string account;  // the user's account; "" for an anonymous caller
+  std::string account;  // the user's default account; "" for an anonymous caller
+  std::vector<std::string> accounts;  // the other accounts it is in, by name
 
+  // Whether this user's jobs may be charged to `name`: its default account or one of its others.
+  bool inAccount(const std::string& name) const;
   bool isAdmin() const { return role == Role::kAdmin || role == Role::kInsecure; }
   bool isUser() const { return role == Role::kAdmin || role == Role::kUser || role == Role::kInsecure; }
 };
@@ -85,6 +89,8 @@ struct Limits {
   int gpus = 0;
   int running = 0;
   int pending = 0;
+  double gpu_hours = 0;          // in each period
+  std::string period = "month";  // day, week or month (UTC calendar)
   bool operator==(const Limits&) const = default;
 };
 
@@ -93,7 +99,7 @@ struct AccountInfo {
   std::string name;
   std::string parent;  // "" for root
   int64_t share = 1;
-  int users = 0;  // users in it (not in its sub-accounts)
+  int users = 0;  // users in it, by default or not (not in its sub-accounts)
   int64_t created_s = 0;
 };
 
@@ -136,6 +142,13 @@ class UserRegistry {
   Status remove(const std::string& name);
   std::vector<Identity> list() const;
   size_t size() const;
+  // The accounts user `name` is in: joins `add`, leaves `remove`, and makes `default_account` ("":
+  // unchanged) its default (the old default stays one of its accounts). Leaving the default account is
+  // refused; every account must exist. Returns the user as it is now.
+  StatusOr<Identity> setUserAccounts(const std::string& name, const std::vector<std::string>& add,
+                                     const std::vector<std::string>& remove,
+                                     const std::string& default_account);
+  static constexpr size_t kMaxAccountsPerUser = 64;
 
   // Makes account `name` under `parent` ("": root) with `share`; with update, changes an existing one's share
   // and (unless "") parent.
@@ -153,6 +166,8 @@ class UserRegistry {
   // given replaces the old value (nullopt keeps it). The listener hears of it as of an account change.
   struct LimitChange {
     std::optional<int> gpus, running, pending;
+    std::optional<double> gpu_hours;
+    std::optional<std::string> period;
   };
   StatusOr<Limits> setLimit(const std::string& account, const std::string& user, const LimitChange& change);
   // The users that have limits, by name.
@@ -184,7 +199,8 @@ class UserRegistry {
     Role role = Role::kUser;
     std::string token_sha256;
     int64_t created_s = 0;
-    std::string account = kRootAccount;
+    std::string account = kRootAccount;  // the default
+    std::vector<std::string> accounts;   // the others, sorted, without the default
     Limits limits;
   };
   struct Account {
@@ -213,6 +229,7 @@ class UserRegistry {
   bool lastAdmin(const std::string& name) const;
   // Whether `account` is `ancestor` or lies below it (write_mu_ or mu_ held).
   bool within(const std::string& account, const std::string& ancestor) const;
+  static Identity identityOf(const std::string& name, const User& user);
 
   state::Store* const store_;  // null: read-only
   const std::function<int64_t()> now_s_;

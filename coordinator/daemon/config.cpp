@@ -12,8 +12,9 @@ using state::Status;
 DDL_JSON_CONFIG(DaemonConfig, listen, http, data_dir, heartbeat_grace_s, heartbeat_interval_s, stop_grace_s,
                 port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs, node_cert_days,
                 tls_refresh_s, http_tls, http_auth, history_retention_days, usage_retention_days,
-                finished_jobs_in_memory, store, etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s,
-                etcd_max_txn_ops, etcd_max_txn_bytes, advertise)
+                fairshare_half_life_days, fairshare_cpu_weight, fairshare_mem_weight, finished_jobs_in_memory,
+                store, etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s, etcd_max_txn_ops,
+                etcd_max_txn_bytes, advertise)
 
 namespace {
 
@@ -34,6 +35,9 @@ const ConfigHints& hints() {
       {"tls_refresh_s", "a number of seconds"},
       {"history_retention_days", "a number of days (0: keep forever)"},
       {"usage_retention_days", "an integer number of days"},
+      {"fairshare_half_life_days", "a number of days"},
+      {"fairshare_cpu_weight", "a number (GPU-seconds charged per CPU-second)"},
+      {"fairshare_mem_weight", "a number (GPU-seconds charged per GiB-second)"},
       {"finished_jobs_in_memory", "an integer count of jobs"},
       {"store", "a string: \"sqlite\" or \"etcd://HOST:PORT,HOST:PORT/PREFIX\""},
       {"etcd_ca", "a string (a PEM file)"},
@@ -155,6 +159,13 @@ Status validateConfig(const DaemonConfig& c) {
   }
   if (c.usage_retention_days < 1 || c.usage_retention_days > 36500) {
     return bad("usage_retention_days must be between 1 and 36500");
+  }
+  if (!(c.fairshare_half_life_days >= 0.001 && c.fairshare_half_life_days <= 3650)) {
+    return bad("fairshare_half_life_days must be between 0.001 and 3650");
+  }
+  for (const auto& [key, value] : {std::pair{"fairshare_cpu_weight", c.fairshare_cpu_weight},
+                                   std::pair{"fairshare_mem_weight", c.fairshare_mem_weight}}) {
+    if (!(value >= 0 && value <= 1000)) return bad(std::string(key) + " must be between 0 and 1000");
   }
   if (c.finished_jobs_in_memory < 0 || c.finished_jobs_in_memory > 1000000) {
     return bad("finished_jobs_in_memory must be between 0 and 1000000");

@@ -4,10 +4,56 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <set>
 
+#include "common/utc_day.h"
+
 namespace ddl::placement {
+
+const char* periodName(Period period) {
+  switch (period) {
+    case Period::kDay:
+      return "day";
+    case Period::kWeek:
+      return "week";
+    case Period::kMonth:
+      return "month";
+  }
+  return "?";
+}
+
+std::optional<Period> parsePeriod(const std::string& name) {
+  for (Period p : {Period::kDay, Period::kWeek, Period::kMonth}) {
+    if (name == periodName(p)) return p;
+  }
+  return std::nullopt;
+}
+
+int64_t periodStart(Period period, int64_t day) {
+  switch (period) {
+    case Period::kDay:
+      return day;
+    case Period::kWeek:
+      return utcWeekStart(day);
+    case Period::kMonth:
+      return utcMonthStart(day);
+  }
+  return day;
+}
+
+int64_t periodEnd(Period period, int64_t day) {
+  switch (period) {
+    case Period::kDay:
+      return day + 1;
+    case Period::kWeek:
+      return utcWeekStart(day) + 7;
+    case Period::kMonth:
+      return utcNextMonthStart(day);
+  }
+  return day + 1;
+}
 
 namespace {
 
@@ -121,9 +167,12 @@ bool ShareTree::mayPreempt(const std::string& by, const std::string& victim) con
 
 LimitTracker::LimitTracker(const ShareTree& tree) : tree_(tree) {
   for (const auto& [name, account] : tree.accounts) {
-    limited_ = limited_ || account.limits.gpus > 0 || account.limits.running > 0;
+    limited_ =
+        limited_ || account.limits.gpus > 0 || account.limits.running > 0 || account.limits.gpu_hours > 0;
   }
-  for (const auto& [name, limits] : tree.users) limited_ = limited_ || limits.gpus > 0 || limits.running > 0;
+  for (const auto& [name, limits] : tree.users) {
+    limited_ = limited_ || limits.gpus > 0 || limits.running > 0 || limits.gpu_hours > 0;
+  }
   for (const auto& [name, q] : tree.qos) limited_ = limited_ || q.gpus > 0;
 }
 
@@ -139,10 +188,39 @@ void LimitTracker::hold(const std::string& account, const std::string& user, int
   qos_[qosName(qos)] += gpus;
 }
 
+std::vector<Period> LimitTracker::periods() const {
+  std::set<Period> out;
+  for (const auto& [name, account] : tree_.accounts) {
+    if (account.limits.gpu_hours > 0) out.insert(account.limits.period);
+  }
+  for (const auto& [name, limits] : tree_.users) {
+    if (limits.gpu_hours > 0) out.insert(limits.period);
+  }
+  return {out.begin(), out.end()};
+}
+
+void LimitTracker::spent(Period period, const std::string& account, const std::string& user,
+                         double gpu_seconds) {
+  if (!limited_ || gpu_seconds <= 0) return;
+  for (const std::string& a : tree_.chain(account)) account_spent_[{period, a}] += gpu_seconds;
+  user_spent_[{period, user}] += gpu_seconds;
+}
+
 std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const {
   if (!limited_) return "";
-  auto over = [&](const Limits& limits, const std::pair<int, int>& held,
-                  const std::string& who) -> std::string {
+  auto spentIn = [](const std::map<std::pair<Period, std::string>, double>& spent, Period period,
+                    const std::string& who) {
+    auto it = spent.find({period, who});
+    return it != spent.end() ? it->second : 0.0;
+  };
+  auto over = [&](const Limits& limits, const std::pair<int, int>& held, const std::string& who,
+                  double used_s) -> std::string {
+    if (limits.gpu_hours > 0 && used_s >= limits.gpu_hours * 3600) {
+      char text[160];
+      std::snprintf(text, sizeof(text), " used %.1f of its %g GPU-hours this %s (ddlctl admin set-limit)",
+                    used_s / 3600, limits.gpu_hours, periodName(limits.period));
+      return who + text;
+    }
     if (limits.gpus > 0 && held.first + job.gpuCount() > limits.gpus) {
       return who + " holds " + std::to_string(held.first) + " of its " + std::to_string(limits.gpus) +
              " GPUs (ddlctl admin set-limit); this job needs " + std::to_string(job.gpuCount()) + " more";
@@ -165,8 +243,8 @@ std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const
   }
   if (auto it = tree_.users.find(job.user); it != tree_.users.end()) {
     auto held = user_.find(job.user);
-    std::string why =
-        over(it->second, held != user_.end() ? held->second : std::make_pair(0, 0), "user " + job.user);
+    std::string why = over(it->second, held != user_.end() ? held->second : std::make_pair(0, 0),
+                           "user " + job.user, spentIn(user_spent_, it->second.period, job.user));
     if (!why.empty()) {
       *code = "UserLimit";
       return why;
@@ -176,8 +254,8 @@ std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const
     auto it = tree_.accounts.find(a);
     if (it == tree_.accounts.end()) continue;
     auto held = account_.find(a);
-    std::string why =
-        over(it->second.limits, held != account_.end() ? held->second : std::make_pair(0, 0), "account " + a);
+    std::string why = over(it->second.limits, held != account_.end() ? held->second : std::make_pair(0, 0),
+                           "account " + a, spentIn(account_spent_, it->second.limits.period, a));
     if (!why.empty()) {
       *code = "AccountLimit";
       return why;

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,14 +60,25 @@ struct Qos {
   bool operator==(const Qos&) const = default;
 };
 
+// The calendar period (UTC) a GPU-hours limit counts over: the day, the week from Monday, the month.
+enum class Period { kDay, kWeek, kMonth };
+const char* periodName(Period period);  // "day", "week", "month"
+std::optional<Period> parsePeriod(const std::string& name);
+// The first UTC day (days since 1970-01-01) of the period holding `day`, and of the period after it.
+int64_t periodStart(Period period, int64_t day);
+int64_t periodEnd(Period period, int64_t day);
+
 // What an account (with everything under it) or a user may hold at once (Slurm's GrpTRES=gres/gpu, GrpJobs
-// and MaxSubmitJobs; MaxTRESPerUser, MaxJobsPerUser, MaxSubmitJobsPerUser). 0: no limit.
+// and MaxSubmitJobs; MaxTRESPerUser, MaxJobsPerUser, MaxSubmitJobsPerUser), and the GPU-hours it may use in a
+// period (GrpTRESMins=gres/gpu, counted over a calendar period rather than decayed). 0: no limit.
 struct Limits {
   int gpus = 0;     // GPUs held by launched live jobs
   int running = 0;  // launched live jobs
   int pending = 0;  // jobs waiting in the queue (checked at submit)
+  double gpu_hours = 0;  // GPU-hours its jobs used in the current period: none starts past it
+  Period period = Period::kMonth;
 
-  bool any() const { return gpus > 0 || running > 0 || pending > 0; }
+  bool any() const { return gpus > 0 || running > 0 || pending > 0 || gpu_hours > 0; }
   bool operator==(const Limits&) const = default;
 };
 
@@ -93,12 +105,19 @@ struct ShareTree {
 };
 
 // What launched jobs hold against the limits, as a scheduling pass starts more: GPUs and jobs per account
-// (its own jobs and its sub-accounts') and per user.
+// (its own jobs and its sub-accounts') and per user; and the GPU-seconds used in the current period of each
+// GPU-hours limit. A job starts only while its account (and each above it) and its user have used less than
+// their GPU-hours in the period: jobs running when a limit is reached run on (they are not killed), so usage
+// may pass the limit by what they use meanwhile.
 class LimitTracker {
  public:
   explicit LimitTracker(const ShareTree& tree);
   // A job that holds `gpus` now (launched and live), or one the pass starts.
   void hold(const std::string& account, const std::string& user, int gpus, const std::string& qos = "");
+  // The periods some GPU-hours limit counts over (the caller gives spent() for these only).
+  std::vector<Period> periods() const;
+  // GPU-seconds (account, user) used in the current `period`: ended attempts and running ones, so far.
+  void spent(Period period, const std::string& account, const std::string& user, double gpu_seconds);
   // "" when the job may start within every limit; else why not, and *code is AccountLimit, UserLimit or QoS.
   std::string blocks(const JobRequest& job, std::string* code) const;
   // Why the job could never start within its limits (it asks for more GPUs than a limit allows), or "".
@@ -110,6 +129,8 @@ class LimitTracker {
   std::map<std::string, std::pair<int, int>> account_;  // GPUs, jobs
   std::map<std::string, std::pair<int, int>> user_;
   std::map<std::string, int> qos_;  // GPUs held per QoS that has a GPU limit
+  // GPU-seconds used in the current period, per period, by account (with its subtree) and by user.
+  std::map<std::pair<Period, std::string>, double> account_spent_, user_spent_;
 };
 
 // Decayed GPU-seconds by account and user. The coordinator charges running jobs and decays as time passes.

@@ -367,6 +367,12 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     fill(r, resp)(admin_.listUsers());
     return r;
   }
+  Reactor* SetUserAccounts(Ctx* ctx, const v1::SetUserAccountsRequest* req, v1::Identity* resp) override {
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, "changing a user's accounts"); !st.ok()) return now(r, st);
+    fill(r, resp)(admin_.setUserAccounts(*req));
+    return r;
+  }
   Reactor* AddAccount(Ctx* ctx, const v1::AddAccountRequest* req, v1::Account* resp) override {
     auto* r = ctx->DefaultReactor();
     if (auto st = admin(ctx, req->update() ? "changing accounts" : "adding accounts"); !st.ok())
@@ -464,6 +470,7 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     resp->set_role(auth::roleName(who->role));
     resp->set_via(who->via);
     resp->set_account(who->account);
+    for (const std::string& a : who->accounts) resp->add_accounts(a);
     return grpc::Status::OK;
   }
 

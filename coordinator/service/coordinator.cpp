@@ -19,6 +19,7 @@
 #include "common/rank_env.h"
 #include "common/resources.h"
 #include "common/signals.h"
+#include "common/utc_day.h"
 #include "placement/placement.h"
 #include "service/actor.h"
 #include "service/convert.h"
@@ -298,11 +299,41 @@ std::vector<ShareKeeper::Holder> Coordinator::holdersOnLoop() const {
   for (const auto& [id, rt] : runtime_) {  // the launched jobs: they hold their GPUs until they end
     auto it = jobs_.find(id);
     if (it == jobs_.end() || !isLive(it->second.state)) continue;
-    int gpus = 0;
-    for (const auto& a : it->second.allocation) gpus += static_cast<int>(a.gpus.size());
-    holders.push_back({it->second.spec.account, it->second.spec.user, gpus, it->second.spec.qos});
+    ShareKeeper::Holder h{it->second.spec.account, it->second.spec.user, 0, it->second.spec.qos};
+    for (const auto& a : it->second.allocation) {
+      h.gpus += static_cast<int>(a.gpus.size());
+      h.cpus += static_cast<int>(a.cpus.size());
+      h.memory_bytes += a.memory_bytes;
+    }
+    holders.push_back(std::move(h));
   }
   return holders;
+}
+
+void Coordinator::spentOnLoop(placement::LimitTracker& limits) const {
+  const std::vector<placement::Period> periods = limits.periods();
+  if (periods.empty()) return;
+  const int64_t now = wall_ms_();
+  for (placement::Period period : periods) {
+    const int64_t first_day = placement::periodStart(period, utcDayOf(now));
+    for (const auto& [who, gpu_s] : usage_book_->gpuSecondsSinceOnLoop(first_day)) {
+      limits.spent(period, who.first, who.second, gpu_s);
+    }
+    // The launched jobs' attempts so far (their rollups are written when they end).
+    const int64_t from_ms = first_day * 86400000LL;
+    for (const auto& [id, rt] : runtime_) {
+      auto it = jobs_.find(id);
+      if (it == jobs_.end() || !isLive(it->second.state)) continue;
+      const int64_t placed_ms =
+          latestAttemptReached(it->second, JobState::kScheduled);  // as its rollup counts
+      if (placed_ms <= 0) continue;
+      int gpus = 0;
+      for (const auto& a : it->second.allocation) gpus += static_cast<int>(a.gpus.size());
+      const int64_t held_ms = now - std::max(placed_ms, from_ms);
+      if (held_ms > 0)
+        limits.spent(period, it->second.spec.account, it->second.spec.user, gpus * held_ms / 1000.0);
+    }
+  }
 }
 
 void Coordinator::chargeUsageOnLoop() {
@@ -545,6 +576,7 @@ void Coordinator::schedulePassOnLoop() {
   shares_->prioritizeOnLoop(queue, wall_ms_());
   placement::LimitTracker limits(shares_->tree());
   for (const ShareKeeper::Holder& h : holdersOnLoop()) limits.hold(h.account, h.user, h.gpus, h.qos);
+  spentOnLoop(limits);
   placement::ScheduleResult result = placement::schedule(cluster, queue, &limits);
   // The GPUs in use, once for the pass (not once per decision: that was quadratic at thousands of jobs),
   // with each start added as it is applied.

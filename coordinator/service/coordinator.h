@@ -332,6 +332,9 @@ class Coordinator {
   void housekeepingOnLoop();  // heartbeat grace and the end of recovery
   void chargeUsageOnLoop();   // the GPUs of launched live jobs, to their users' accounts
   std::vector<ShareKeeper::Holder> holdersOnLoop() const;  // what launched live jobs hold, and whose
+  // Gives `limits` the GPU-seconds each (account, user) used in the current period of each GPU-hours limit:
+  // the ended attempts' rollups and the launched jobs so far.
+  void spentOnLoop(placement::LimitTracker& limits) const;
   // A submit of `count` jobs like `spec` within the limits of its user and account (never more GPUs than one
   // allows; pending jobs within theirs), else why not.
   Status withinLimitsOnLoop(const state::JobSpec& spec, size_t count) const;

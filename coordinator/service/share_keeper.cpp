@@ -62,7 +62,7 @@ double ShareKeeper::chargeOnLoop(int64_t now_ms, const std::vector<Holder>& hold
   ledger_.decayTo(now_ms);
   for (const Holder& h : holders) {
     const std::string account = h.account.empty() ? placement::kRootAccount : h.account;
-    ledger_.charge(account, h.user, h.gpus * seconds);
+    ledger_.charge(account, h.user, billedPerSecond(h) * seconds);
     dirty_.insert({account, h.user});
   }
   if (now_ms - saved_ms_ >= options_.save_interval_ms) saveOnLoop(now_ms);
@@ -97,6 +97,11 @@ std::vector<placement::ShareRow> ShareKeeper::sharesOnLoop(int64_t now_ms) {
   assert(actor_.onLoop());
   ledger_.decayTo(now_ms);
   return placement::shares(tree_, ledger_);
+}
+
+double ShareKeeper::billedPerSecond(const Holder& h) const {
+  return h.gpus + options_.cpu_weight * h.cpus +
+         options_.mem_weight_per_gib * static_cast<double>(h.memory_bytes) / (1LL << 30);
 }
 
 bool ShareKeeper::chargeDue(int64_t now_ms) const {

@@ -28,6 +28,10 @@ class Actor;
 
 struct ShareOptions {
   double half_life_s = 7 * 86400.0;  // usage halves in this time
+  // What a job is charged per second, in GPU-seconds (Slurm's TRESBillingWeights): each GPU 1, each CPU
+  // cpu_weight, each GiB of memory mem_weight_per_gib. 0 (the default): GPUs alone.
+  double cpu_weight = 0;
+  double mem_weight_per_gib = 0;
   placement::PriorityWeights weights;
   int64_t charge_interval_ms = 1000;  // usage is charged at most this often
   int64_t save_interval_ms = 60000;   // and stored at most this often
@@ -49,10 +53,14 @@ class ShareKeeper {
     std::string user;
     int gpus = 0;
     std::string qos;  // its QoS ("" normal), for the QoS' GPU limits
+    int cpus = 0;     // held for its ranks (--cpus-per-rank), all nodes together
+    int64_t memory_bytes = 0;
   };
-  // Charges the holders for the time since the last charge (at most every charge_interval_ms; the first call
-  // starts the clock) and stores the changed figures every save_interval_ms. now_ms: unix ms. Returns the
-  // seconds each holder was charged for (0: none).
+  // What `h` is charged per second it holds its resources: GPU-seconds, CPUs and memory weighted in.
+  double billedPerSecond(const Holder& h) const;
+  // Charges the holders for the time since the last charge (billedPerSecond each; at most every
+  // charge_interval_ms; the first call starts the clock) and stores the changed figures every
+  // save_interval_ms. now_ms: unix ms. Returns the seconds each holder was charged for (0: none).
   double chargeOnLoop(int64_t now_ms, const std::vector<Holder>& holders);
   // Sets each job's order (placement::prioritize) as of now_ms.
   void prioritizeOnLoop(std::vector<placement::JobRequest>& queue, int64_t now_ms);

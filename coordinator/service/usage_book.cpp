@@ -100,6 +100,7 @@ state::Status UsageBook::loadOnLoop(state::Store& store) {
   auto entries = store.listEntries(kDailyTable);
   if (!entries) return entries.status();
   rows_.clear();
+  ++generation_;
   for (const state::Entry& e : *entries) {
     const size_t a = e.key.find(':'), u = a == std::string::npos ? a : e.key.find(':', a + 1);
     const auto day = a == std::string::npos ? std::nullopt : parseUtcDay(e.key.substr(0, a));
@@ -127,7 +128,21 @@ state::Status UsageBook::loadOnLoop(state::Store& store) {
   return state::Status::ok();
 }
 
+const UsageBook::SpentByUser& UsageBook::gpuSecondsSinceOnLoop(int64_t first_day) const {
+  assert(actor_.onLoop());
+  if (spent_since_.size() > 8) spent_since_.clear();  // periods passed; at most three are in use at once
+  SpentCache& cache = spent_since_[first_day];
+  if (cache.first_day != first_day || cache.generation != generation_) {
+    cache = {first_day, generation_, {}};
+    for (auto it = rows_.lower_bound(Key{first_day, "", ""}); it != rows_.end(); ++it) {
+      cache.spent[{std::get<1>(it->first), std::get<2>(it->first)}] += it->second.gpu_s;
+    }
+  }
+  return cache.spent;
+}
+
 void UsageBook::addOnLoop(const Key& key, const UsageFigures& f, std::vector<state::Write>* writes) {
+  ++generation_;
   auto [it, added] = rows_.try_emplace(key);
   it->second.add(f);
   const auto& [day, account, user] = key;
@@ -146,6 +161,7 @@ void UsageBook::addOnLoop(const Key& key, const UsageFigures& f, std::vector<sta
 }
 
 void UsageBook::dropOnLoop(std::map<Key, UsageFigures>::iterator it) {
+  ++generation_;
   const auto& [day, account, user] = it->first;
   actor_.put(state::Write::deleteEntry(kDailyTable, rowKey(day, account, user)));
   rows_.erase(it);

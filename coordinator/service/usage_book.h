@@ -75,6 +75,11 @@ class UsageBook {
   std::vector<state::Write> bookLateOnLoop(const std::string& account, const std::string& user,
                                            const state::AttemptUsage& ended, double cpu_s,
                                            int64_t max_rss_bytes);
+  // The GPU-seconds of the attempts booked on first_day or later, per (account, user): what GPU-hours limits
+  // count of ended attempts (the caller adds the running ones). Kept until a rollup changes, so a scheduling
+  // pass pays for the walk only after an attempt ended.
+  using SpentByUser = std::map<std::pair<std::string, std::string>, double>;
+  const SpentByUser& gpuSecondsSinceOnLoop(int64_t first_day) const;
   // GPU-seconds as they are held, per account (fair-share's charge), for /metrics.
   void chargeOnLoop(const std::string& account, double gpu_s);
   // Drops what is past retention (at most once a day; housekeeping calls it).
@@ -115,6 +120,13 @@ class UsageBook {
   int64_t capped_through_ = -1;       // the latest day whose rollups the max_rows cap dropped
   std::map<std::string, double> live_gpu_s_;
   std::map<std::pair<std::string, std::string>, int64_t> ended_;
+  uint64_t generation_ = 0;  // bumped whenever a rollup changes
+  struct SpentCache {
+    int64_t first_day = -1;
+    uint64_t generation = 0;
+    SpentByUser spent;
+  };
+  mutable std::map<int64_t, SpentCache> spent_since_;  // by first day: one per period limits count over
 };
 
 }  // namespace ddl::coordinator

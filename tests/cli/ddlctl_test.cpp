@@ -622,6 +622,12 @@ TEST_F(DdlctlTest, AccountsChargeJobsToTheirUsers) {
             "account lab: at most 8 GPUs\n");
   EXPECT_EQ(ctl({"admin", "set-limit", "--user", "dora", "--running", "2"}).out,
             "user dora: at most 2 running\n");
+  EXPECT_EQ(ctl({"admin", "set-limit", "--account", "lab", "--gpu-hours", "100", "--period", "week"}).out,
+            "account lab: at most 8 GPUs, 100 GPU-hours a week\n");
+  EXPECT_EQ(ctl({"admin", "set-limit", "--account", "lab", "--gpu-hours", "0"}).out,
+            "account lab: at most 8 GPUs\n");
+  EXPECT_EQ(ctl({"admin", "set-limit", "--account", "lab", "--gpu-hours", "1", "--period", "fortnight"}).code,
+            2);
   EXPECT_NE(ctl({"accounts"}).out.find("at most 8 GPUs"), std::string::npos) << ctl({"accounts"}).out;
   EXPECT_NE(ctl({"admin", "users"}).out.find("dora user vision (at most 2 running)"), std::string::npos);
   EXPECT_EQ(ctl({"admin", "set-limit", "--gpus", "1"}).code, 2);       // neither --account nor --user
@@ -639,7 +645,21 @@ TEST_F(DdlctlTest, AccountsChargeJobsToTheirUsers) {
   EXPECT_EQ(json({"status", charged})["spec"]["account"], "lab");
   Result missing = ctl({"submit", "--hold", "--account", "nowhere", "--gpus", "1", "--", "/bin/true"});
   EXPECT_EQ(missing.code, 1) << missing.err;  // refused: NOT_FOUND
-  ctl({"cancel", id, charged});
+  // Once an admin puts dora in lab too, her jobs may name it; her default stays vision.
+  Result joined = ctl({"admin", "user-accounts", "dora", "--add", "lab"});
+  ASSERT_EQ(joined.code, 0) << joined.err;
+  EXPECT_EQ(joined.out, "user dora: accounts vision (default), lab\n");
+  EXPECT_EQ(ctl({"whoami"}, dora).out, "dora user (token), account vision (default), lab\n");
+  Result lab_job = ctl({"submit", "--hold", "--account", "lab", "--gpus", "1", "--", "/bin/true"}, dora);
+  ASSERT_EQ(lab_job.code, 0) << lab_job.err;
+  const std::string in_lab = lab_job.out.substr(0, lab_job.out.find('\n'));
+  EXPECT_EQ(json({"status", in_lab})["spec"]["account"], "lab");
+  EXPECT_EQ(ctl({"admin", "user-accounts", "dora"}).code, 2);  // nothing to change
+  Result leave_default = ctl({"admin", "user-accounts", "dora", "--remove", "vision"});
+  EXPECT_EQ(leave_default.code, 1) << leave_default.err;  // refused: FAILED_PRECONDITION
+  EXPECT_NE(leave_default.err.find("default"), std::string::npos) << leave_default.err;
+  ASSERT_EQ(ctl({"admin", "user-accounts", "dora", "--remove", "lab"}).code, 0);
+  ctl({"cancel", id, charged, in_lab});
 
   // QoS: an admin makes one for lab; dora (in vision, under lab) sees it and may ask for it; a name that is
   // not a QoS is refused naming those there are; a user makes none.

@@ -1525,6 +1525,37 @@ TEST_F(CoordinatorTest, UsageIsChargedStoredAndOrdersTheQueueByShare) {
   EXPECT_NEAR(by_account["b"].usage_gpu_s(), 61, 0.1);
 }
 
+// Fair-share's billing weights (TRESBillingWeights): a job holding 2 GPUs, 4 CPUs and 8 GiB is charged, per
+// second, 2 + 0.5 x 4 + 0.25 x 8 = 6 GPU-seconds; the metrics' GPU-seconds stay GPUs alone.
+TEST_F(CoordinatorTest, CpusAndMemoryAreChargedAtTheirWeights) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  options.shares.cpu_weight = 0.5;
+  options.shares.mem_weight_per_gib = 0.25;
+  coordinator.reset();
+  coordinator = std::make_unique<BlockingCoordinator>(*store_, options, [this] { return now; });
+  ASSERT_TRUE(coordinator->recover());
+  node_cpus = {0, 1, 2, 3, 4, 5, 6, 7};
+  node_memory = 32 * kGiB;
+  node_confinement = "cgroups v2 under /sys/fs/cgroup/ddl/ranks: cpuset, memory.max";
+  addNode("n1", 4);
+  v1::JobSpec s = spec(1, 2);
+  s.set_cpus_per_rank(2);
+  s.set_memory_per_rank_bytes(4 * kGiB);
+  s.set_account("root");
+  const std::string id = submit(s);
+  coordinator->tick();  // placed; the usage clock starts
+  ASSERT_EQ(stateOf(id), v1::STARTING);
+  for (int i = 0; i < 20; ++i) {  // 100 s
+    now += 5000;
+    ASSERT_TRUE(beat("n1", id));
+    coordinator->tick();
+  }
+  auto shares = coordinator->shares();
+  ASSERT_TRUE(shares);
+  ASSERT_FALSE(shares->accounts().empty());
+  EXPECT_NEAR(shares->accounts(0).usage_gpu_s(), 600, 0.5);  // root
+}
+
 // Issue 41: --signal USR1@30 with --time 2m: the running ranks get SIGUSR1 once, 30 s before the limit (not
 // before), and the job still ends TIMEOUT at the limit. A spec that asks for it without a limit is refused.
 TEST_F(CoordinatorTest, AWarningSignalComesBeforeTheTimeLimitOnce) {
@@ -1833,6 +1864,47 @@ TEST_F(CoordinatorTest, LimitsHoldJobsBackAndRefuseWhatCanNeverFit) {
   exitAll("n1", a1);
   coordinator->tick();
   EXPECT_EQ(stateOf(a3), v1::STARTING);
+}
+
+// GPU-hours per period: once account a used its 0.1 GPU-hours of the day (its running job counted as it
+// runs, then its rollup once it ended), its next job waits with AccountLimit while b's starts; the next UTC
+// day it starts.
+TEST_F(CoordinatorTest, AGpuHoursLimitHoldsJobsBackUntilTheNextPeriod) {
+  placement::ShareTree tree;
+  tree.accounts["a"] = {"root", 1, {0, 0, 0, 0.1, placement::Period::kDay}};
+  tree.accounts["b"] = {"root", 1};
+  coordinator->setAccounts(tree);
+  addNode("n1", 2);
+  auto charged = [](const std::string& account) {
+    v1::JobSpec s = spec(1, 1);
+    s.set_user("alice");
+    s.set_account(account);
+    return s;
+  };
+  const std::string a1 = submit(charged("a"));
+  coordinator->tick();
+  ASSERT_EQ(stateOf(a1), v1::STARTING);
+  for (int i = 0; i < 80; ++i) {  // 400 s: past 360 GPU-seconds
+    now += 5000;
+    ASSERT_TRUE(beat("n1", a1));
+    coordinator->tick();
+  }
+  const std::string a2 = submit(charged("a")), b1 = submit(charged("b"));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(b1), v1::STARTING);
+  auto waiting = coordinator->getJob(a2);
+  ASSERT_TRUE(waiting);
+  EXPECT_EQ(waiting->state(), v1::PENDING);
+  EXPECT_EQ(waiting->reason_code(), "AccountLimit");
+  EXPECT_NE(waiting->reason().find("account a used 0.1 of its 0.1 GPU-hours this day"), std::string::npos)
+      << waiting->reason();
+  exitAll("n1", a1);  // its attempt goes to the day's rollup, which counts from now on
+  coordinator->tick();
+  EXPECT_EQ(stateOf(a2), v1::PENDING);
+  now = 86400 * 1000 + 1000;  // the next UTC day
+  ASSERT_TRUE(beat("n1", b1));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(a2), v1::STARTING);
 }
 
 // Issue 41, preemption: a job of a QoS that may preempt, finding no free GPU, has the youngest running job of

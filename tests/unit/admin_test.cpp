@@ -313,6 +313,27 @@ TEST_F(AdminTest, AccountsAreAddedListedChangedAndRemoved) {
   const v1::ListUsersResponse users = admin_->listUsers().value();
   for (const auto& u : users.users()) listed_alice |= u.name() == "alice" && u.account() == "physics";
   EXPECT_TRUE(listed_alice);
+  // alice joins science too; listed with both.
+  v1::SetUserAccountsRequest join;
+  join.set_name("alice");
+  join.add_add("science");
+  auto joined = admin_->setUserAccounts(join);
+  ASSERT_TRUE(joined) << joined.status().toString();
+  EXPECT_EQ(joined->account(), "physics");
+  ASSERT_EQ(joined->accounts_size(), 1);
+  EXPECT_EQ(joined->accounts(0), "science");
+  int listed_accounts = -1;
+  const v1::ListUsersResponse with_science = admin_->listUsers().value();
+  for (const auto& u : with_science.users()) {
+    if (u.name() == "alice") listed_accounts = u.accounts_size();
+  }
+  EXPECT_EQ(listed_accounts, 1);
+  join.set_name("nobody");
+  EXPECT_EQ(admin_->setUserAccounts(join).status().code(), StatusCode::kNotFound);
+  v1::SetUserAccountsRequest leave;
+  leave.set_name("alice");
+  leave.add_remove("science");
+  ASSERT_TRUE(admin_->setUserAccounts(leave));
 
   physics.set_update(true);
   physics.set_share(7);

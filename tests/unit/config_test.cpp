@@ -99,6 +99,12 @@ TEST(CoordinatorConfig, StoreUrlsAndEtcdSettings) {
   EXPECT_NE(refusal([](DaemonConfig& d) { d.advertise = "nohost"; }).find("advertise"), std::string::npos);
   EXPECT_NE(refusal([](DaemonConfig& d) { d.usage_retention_days = 0; }).find("usage_retention_days"),
             std::string::npos);
+  EXPECT_NE(refusal([](DaemonConfig& d) { d.fairshare_half_life_days = 0; }).find("fairshare_half_life_days"),
+            std::string::npos);
+  EXPECT_NE(refusal([](DaemonConfig& d) { d.fairshare_cpu_weight = -1; }).find("fairshare_cpu_weight"),
+            std::string::npos);
+  EXPECT_EQ(refusal([](DaemonConfig& d) { d.fairshare_mem_weight = 0.25, d.fairshare_half_life_days = 0.5; }),
+            "");
   EXPECT_NE(refusal([](DaemonConfig& d) { d.store = "sqlite"; }).find("store is \"sqlite\""),
             std::string::npos);
 }

@@ -178,6 +178,48 @@ TEST(FairShare, UsersOfAnAccountSplitItsShare) {
   EXPECT_GT(queue[1].order, queue[0].order);
 }
 
+// GPU-hours per period: what an account (with its subtree) or a user used in the period its limit counts
+// over; once used, its jobs wait (AccountLimit / UserLimit) while others start; a period of another kind does
+// not count.
+TEST(Limits, GpuHoursUsedInThePeriodHoldJobsBack) {
+  ShareTree tree = scienceTree();
+  tree.accounts["science"].limits.gpu_hours = 10;  // a month
+  tree.users["dora"].gpu_hours = 1;
+  tree.users["dora"].period = Period::kDay;
+  LimitTracker limits(tree);
+  EXPECT_EQ(limits.periods(), (std::vector<Period>{Period::kDay, Period::kMonth}));
+  limits.spent(Period::kMonth, "chem", "bob", 9 * 3600);
+  limits.spent(Period::kDay, "chem", "bob", 9 * 3600);  // no day limit on chem or bob
+  std::string code;
+  EXPECT_EQ(limits.blocks(job("p1", "alice", "physics", 0), &code), "");  // science used 9 of its 10
+  limits.spent(Period::kMonth, "physics", "alice", 3600);
+  const std::string why = limits.blocks(job("p2", "alice", "physics", 0), &code);
+  EXPECT_EQ(code, "AccountLimit");
+  EXPECT_EQ(why, "account science used 10.0 of its 10 GPU-hours this month (ddlctl admin set-limit)");
+  EXPECT_EQ(limits.blocks(job("o1", "erin", "ops", 0), &code), "");
+  limits.spent(Period::kMonth, "ops", "dora", 7200);  // a month's usage: dora's limit is a day's
+  EXPECT_EQ(limits.blocks(job("o2", "dora", "ops", 0), &code), "");
+  limits.spent(Period::kDay, "ops", "dora", 3600);
+  EXPECT_NE(limits.blocks(job("o3", "dora", "ops", 0), &code), "");
+  EXPECT_EQ(code, "UserLimit");
+  EXPECT_EQ(limits.never(job("o4", "dora", "ops", 0)), "");  // it waits for the next day; never refused
+}
+
+// The periods: a UTC day, a week from Monday, a calendar month.
+TEST(Limits, PeriodsAreUtcCalendarDaysWeeksAndMonths) {
+  const int64_t day = 20793;  // 2026-12-06, a Sunday
+  EXPECT_EQ(periodStart(Period::kDay, day), day);
+  EXPECT_EQ(periodEnd(Period::kDay, day), day + 1);
+  EXPECT_EQ(periodStart(Period::kWeek, day), day - 6);  // Monday 2026-11-30
+  EXPECT_EQ(periodEnd(Period::kWeek, day), day + 1);
+  EXPECT_EQ(periodStart(Period::kWeek, day + 1), day + 1);
+  EXPECT_EQ(periodStart(Period::kMonth, day), day - 5);  // 2026-12-01
+  EXPECT_EQ(periodEnd(Period::kMonth, day), day + 26);   // 2027-01-01
+  EXPECT_EQ(periodStart(Period::kWeek, 0), -3);          // 1970-01-01 was a Thursday
+  EXPECT_EQ(parsePeriod("week"), Period::kWeek);
+  EXPECT_EQ(parsePeriod("fortnight"), std::nullopt);
+}
+
 Cluster nodes(int count, int gpus);
 
 // Limits: an account's count its sub-accounts' jobs too; a user's are across accounts; a job over one waits

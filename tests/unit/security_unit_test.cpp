@@ -7,6 +7,7 @@
 
 #include <ctime>
 #include <filesystem>
+#include <map>
 
 #include "auth/access.h"
 #include "auth/pki_dir.h"
@@ -292,6 +293,59 @@ TEST(UserRegistry, AChangeTheStoreRefusesChangesNothing) {
   EXPECT_TRUE((*users)->redeemJoinToken(*token, "n1"));
 }
 
+// A user in several accounts (Slurm's associations): one default, others its jobs may name; every account it
+// is in holds it (it cannot be removed under the user), and a second coordinator reads the same.
+TEST(UserRegistry, AUserIsInSeveralAccountsWithOneDefault) {
+  TempDir dir;
+  state::MemoryStore store;
+  auto users = auth::UserRegistry::open(store, dir / "users.json");
+  ASSERT_TRUE(users);
+  for (const char* a : {"physics", "chem", "ops"}) ASSERT_TRUE((*users)->addAccount(a, "", 1, false));
+  auto token = (*users)->add("alice", Role::kUser, false, "physics");
+  ASSERT_TRUE(token);
+  auto who = (*users)->setUserAccounts("alice", {"chem", "ops"}, {}, "");
+  ASSERT_TRUE(who);
+  EXPECT_EQ(who->account, "physics");
+  EXPECT_EQ(who->accounts, (std::vector<std::string>{"chem", "ops"}));
+  EXPECT_TRUE(who->inAccount("chem") && who->inAccount("physics") && !who->inAccount("root"));
+  EXPECT_EQ((*users)->authenticate(*token)->accounts, who->accounts);  // the token's identity follows
+  // Refused: an unknown account, leaving the default, leaving one it is not in, an unknown user.
+  EXPECT_EQ((*users)->setUserAccounts("alice", {"nowhere"}, {}, "").status().code(),
+            state::StatusCode::kNotFound);
+  auto refused = (*users)->setUserAccounts("alice", {}, {"physics"}, "");
+  EXPECT_EQ(refused.status().code(), state::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("default"), std::string::npos) << refused.status().message();
+  EXPECT_EQ((*users)->setUserAccounts("alice", {}, {"root"}, "").status().code(),
+            state::StatusCode::kNotFound);
+  EXPECT_EQ((*users)->setUserAccounts("bob", {"chem"}, {}, "").status().code(), state::StatusCode::kNotFound);
+  EXPECT_EQ((*users)->authenticate(*token)->accounts, who->accounts);  // nothing changed by a refusal
+  // A new default: the old one stays an account of hers; then she may leave it.
+  who = (*users)->setUserAccounts("alice", {}, {}, "chem");
+  ASSERT_TRUE(who);
+  EXPECT_EQ(who->account, "chem");
+  EXPECT_EQ(who->accounts, (std::vector<std::string>{"ops", "physics"}));
+  // An account a user is in, by default or not, holds her.
+  auto removed = (*users)->removeAccount("ops");
+  EXPECT_EQ(removed.code(), state::StatusCode::kFailedPrecondition);
+  EXPECT_NE(removed.message().find("user-accounts alice --remove ops"), std::string::npos)
+      << removed.message();
+  std::map<std::string, int> members;
+  for (const auth::AccountInfo& a : (*users)->accounts()) members[a.name] = a.users;
+  EXPECT_EQ(members, (std::map<std::string, int>{{"root", 0}, {"physics", 1}, {"chem", 1}, {"ops", 1}}));
+  ASSERT_TRUE((*users)->setUserAccounts("alice", {}, {"ops"}, ""));
+  ASSERT_TRUE((*users)->removeAccount("ops"));
+  // As a second coordinator reads them from the store. Moving her (add-user --rotate --account) leaves the
+  // old default.
+  auto other = auth::UserRegistry::open(store, dir / "users.json");
+  ASSERT_TRUE(other);
+  auto rotated = (*other)->add("alice", Role::kUser, true, "physics");
+  ASSERT_TRUE(rotated);
+  auto moved = (*other)->authenticate(*rotated);
+  ASSERT_TRUE(moved);
+  EXPECT_EQ(moved->account, "physics");
+  EXPECT_TRUE(moved->accounts.empty());  // a move: she left chem, and physics is her default, not another
+}
+
 // Accounts: a tree under root with shares; users in one account each; no cycles; only empty accounts go.
 TEST(UserRegistry, AccountsFormATreeWithSharesAndHoldUsers) {
   TempDir dir;
@@ -365,6 +419,22 @@ TEST(UserRegistry, ADamagedEntryIsNamedAndARemovedUsersLimitsLeaveTheScheduler) 
   auth::UserRegistry::LimitChange four_gpus;
   four_gpus.gpus = 4;
   ASSERT_TRUE((*users)->setLimit("", "alice", four_gpus));
+  // A GPU-hours budget per period: kept with the other limits, read back by another coordinator; a period
+  // that is none of day, week, month is refused.
+  auth::UserRegistry::LimitChange budget;
+  budget.gpu_hours = 250.5;
+  budget.period = "week";
+  auto set = (*users)->setLimit("", "alice", budget);
+  ASSERT_TRUE(set);
+  EXPECT_EQ(set->gpus, 4);
+  EXPECT_EQ(set->gpu_hours, 250.5);
+  EXPECT_EQ(set->period, "week");
+  EXPECT_EQ((*auth::UserRegistry::open(store, dir / "users.json"))->userLimits().at("alice"), *set);
+  budget.period = "fortnight";
+  EXPECT_EQ((*users)->setLimit("", "alice", budget).status().code(), state::StatusCode::kInvalidArgument);
+  budget.period.reset();
+  budget.gpu_hours = -1;
+  EXPECT_EQ((*users)->setLimit("", "alice", budget).status().code(), state::StatusCode::kInvalidArgument);
   int heard = 0;
   (*users)->onAccountsChanged([&](const std::vector<auth::AccountInfo>&) { ++heard; });
   ASSERT_TRUE((*users)->remove("alice"));
@@ -461,6 +531,18 @@ TEST(Access, RulesForUsersViewersNodesAndInsecure) {
   EXPECT_EQ(charged.status().code(), state::StatusCode::kPermissionDenied);
   EXPECT_NE(charged.status().message().find("carol is in account physics"), std::string::npos)
       << charged.status().message();
+  // A user in several accounts may charge any of them, and no other.
+  Identity dora{"dora", Role::kUser, "token", "physics"};
+  dora.accounts = {"chem"};
+  EXPECT_EQ(access::ownSpec(dora, claimed, false)->account(), "chem");
+  claimed.set_account("");
+  EXPECT_EQ(access::ownSpec(dora, claimed, false)->account(), "physics");  // its default
+  claimed.set_account("ops");
+  charged = access::ownSpec(dora, claimed, false);
+  EXPECT_EQ(charged.status().code(), state::StatusCode::kPermissionDenied);
+  EXPECT_NE(charged.status().message().find("dora is in accounts physics, chem"), std::string::npos)
+      << charged.status().message();
+  claimed.set_account("chem");
   state::MemoryStore store;
   TempDir dir;
   auto users = auth::UserRegistry::open(store, dir / "users.json");
