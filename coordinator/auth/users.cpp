@@ -623,6 +623,12 @@ StatusOr<Limits> UserRegistry::setLimit(const std::string& account, const std::s
     if (l.gpu_hours == 0) l.period = Limits{}.period;  // no budget: nothing counts over a period
     return l;
   };
+  auto periodAlone = [&](const Limits& l) -> Status {
+    if (change.period && l.gpu_hours == 0 && !(change.gpu_hours && *change.gpu_hours == 0)) {
+      return Status::invalidArgument("a period is what a GPU-hours budget counts over: give --gpu-hours too");
+    }
+    return Status::ok();
+  };
   std::lock_guard<std::mutex> writing(write_mu_);
   Limits set;
   if (!account.empty()) {
@@ -632,6 +638,7 @@ StatusOr<Limits> UserRegistry::setLimit(const std::string& account, const std::s
     if (it == accounts_.end()) return Status::notFound("no account '" + account + "'");
     Account changed = it->second;
     changed.limits = set = apply(changed.limits);
+    if (Status st = periodAlone(set); !st) return st;
     if (Status st = commit({Write::putEntry({kAccountsTable, account, accountJson(changed).dump()})}); !st)
       return st;
     std::lock_guard<std::mutex> lock(mu_);
@@ -641,6 +648,7 @@ StatusOr<Limits> UserRegistry::setLimit(const std::string& account, const std::s
     if (it == users_.end()) return Status::notFound("no user '" + user + "'");
     User changed = it->second;
     changed.limits = set = apply(changed.limits);
+    if (Status st = periodAlone(set); !st) return st;
     if (Status st = commit({Write::putEntry({kUsersTable, user, userJson(changed).dump()})}); !st) return st;
     std::lock_guard<std::mutex> lock(mu_);
     it->second = changed;

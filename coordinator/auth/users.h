@@ -31,7 +31,8 @@
 // default account (root unless given), which its jobs are charged to, and may be in others too
 // (setUserAccounts, as Slurm's associations), which its jobs may name (--account). An account with
 // sub-accounts or users cannot be removed, and a parent cannot become its own descendant. Accounts and users
-// may carry limits (GPUs, running and pending jobs; setLimit), which the scheduler enforces
+// may carry limits (GPUs, running and pending jobs, GPU-hours per UTC day, week or month; setLimit), which
+// the scheduler enforces
 // (placement/fair_share.h); every change to the accounts or to limits reaches it through onAccountsChanged.
 //
 // Join tokens (CreateJoinToken, AgentService.Join) each name one node, work once and expire.

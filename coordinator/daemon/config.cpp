@@ -157,8 +157,10 @@ Status validateConfig(const DaemonConfig& c) {
   if (!(c.history_retention_days >= 0 && c.history_retention_days <= 36500)) {
     return bad("history_retention_days must be between 0 (keep forever) and 36500");
   }
-  if (c.usage_retention_days < 1 || c.usage_retention_days > 36500) {
-    return bad("usage_retention_days must be between 1 and 36500");
+  if (c.usage_retention_days < 32 || c.usage_retention_days > 36500) {
+    return bad(
+        "usage_retention_days must be between 32 (GPU-hours budgets count up to a month of the rollups) "
+        "and 36500");
   }
   if (!(c.fairshare_half_life_days >= 0.001 && c.fairshare_half_life_days <= 3650)) {
     return bad("fairshare_half_life_days must be between 0.001 and 3650");

@@ -12,6 +12,15 @@
 
 namespace ddl::placement {
 
+std::string gpuHoursText(double hours) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.3f", hours);
+  std::string out = text;
+  while (out.back() == '0') out.pop_back();  // "0.100" -> "0.1", "5000.000" -> "5000."
+  if (out.back() == '.') out.pop_back();
+  return out;
+}
+
 const char* periodName(Period period) {
   switch (period) {
     case Period::kDay:
@@ -216,10 +225,16 @@ std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const
   auto over = [&](const Limits& limits, const std::pair<int, int>& held, const std::string& who,
                   double used_s) -> std::string {
     if (limits.gpu_hours > 0 && used_s >= limits.gpu_hours * 3600) {
-      char text[160];
-      std::snprintf(text, sizeof(text), " used %.1f of its %g GPU-hours this %s (ddlctl admin set-limit)",
-                    used_s / 3600, limits.gpu_hours, periodName(limits.period));
-      return who + text;
+      char text[200];
+      std::snprintf(text, sizeof(text), " used %s of its %s GPU-hours %s",
+                    gpuHoursText(used_s / 3600).c_str(), gpuHoursText(limits.gpu_hours).c_str(),
+                    limits.period == Period::kDay    ? "today"
+                    : limits.period == Period::kWeek ? "this week"
+                                                     : "this month");
+      std::string why = who + text;
+      if (today_ >= 0)
+        why += "; its jobs start again on " + utcDayText(periodEnd(limits.period, today_)) + " (UTC)";
+      return why + " (ddlctl admin set-limit)";
     }
     if (limits.gpus > 0 && held.first + job.gpuCount() > limits.gpus) {
       return who + " holds " + std::to_string(held.first) + " of its " + std::to_string(limits.gpus) +

@@ -63,6 +63,8 @@ struct Qos {
 // The calendar period (UTC) a GPU-hours limit counts over: the day, the week from Monday, the month.
 enum class Period { kDay, kWeek, kMonth };
 const char* periodName(Period period);  // "day", "week", "month"
+// A number of GPU-hours as limits print it: "5000", "0.25".
+std::string gpuHoursText(double hours);
 std::optional<Period> parsePeriod(const std::string& name);
 // The first UTC day (days since 1970-01-01) of the period holding `day`, and of the period after it.
 int64_t periodStart(Period period, int64_t day);
@@ -118,6 +120,9 @@ class LimitTracker {
   std::vector<Period> periods() const;
   // GPU-seconds (account, user) used in the current `period`: ended attempts and running ones, so far.
   void spent(Period period, const std::string& account, const std::string& user, double gpu_seconds);
+  // The UTC day (days since 1970-01-01) it is, so that a job held back by GPU-hours is told when the next
+  // period starts; -1 (the default): not told.
+  void setToday(int64_t day) { today_ = day; }
   // "" when the job may start within every limit; else why not, and *code is AccountLimit, UserLimit or QoS.
   std::string blocks(const JobRequest& job, std::string* code) const;
   // Why the job could never start within its limits (it asks for more GPUs than a limit allows), or "".
@@ -131,6 +136,7 @@ class LimitTracker {
   std::map<std::string, int> qos_;  // GPUs held per QoS that has a GPU limit
   // GPU-seconds used in the current period, per period, by account (with its subtree) and by user.
   std::map<std::pair<Period, std::string>, double> account_spent_, user_spent_;
+  int64_t today_ = -1;
 };
 
 // Decayed GPU-seconds by account and user. The coordinator charges running jobs and decays as time passes.

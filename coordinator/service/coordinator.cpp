@@ -292,6 +292,11 @@ void Coordinator::housekeepingOnLoop() {
                              });
   }
   if (registry_->endRecoveryOnLoop(now)) schedule_wanted_ = true;
+  // A new UTC day may begin a GPU-hours limit's period: the jobs its budget held back may start now.
+  if (const int64_t day = utcDayOf(wall_ms_()); day != limits_day_) {
+    limits_day_ = day;
+    schedule_wanted_ = true;
+  }
 }
 
 std::vector<ShareKeeper::Holder> Coordinator::holdersOnLoop() const {
@@ -314,6 +319,7 @@ void Coordinator::spentOnLoop(placement::LimitTracker& limits) const {
   const std::vector<placement::Period> periods = limits.periods();
   if (periods.empty()) return;
   const int64_t now = wall_ms_();
+  limits.setToday(utcDayOf(now));
   for (placement::Period period : periods) {
     const int64_t first_day = placement::periodStart(period, utcDayOf(now));
     for (const auto& [who, gpu_s] : usage_book_->gpuSecondsSinceOnLoop(first_day)) {

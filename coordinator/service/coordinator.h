@@ -417,6 +417,7 @@ class Coordinator {
   std::deque<std::string> ended_for_dependents_;  // final jobs whose dependents are still to be resolved
   bool resolving_dependents_ = false;
   bool schedule_wanted_ = true;
+  int64_t limits_day_ = -1;  // the UTC day of the last housekeeping: a new one may start a GPU-hours period
   int64_t last_job_number_ = 0;  // the highest job number handed out
   uint64_t feasibility_epoch_ = 0;
   std::unique_ptr<placement::Cluster>

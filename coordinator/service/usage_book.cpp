@@ -130,7 +130,10 @@ state::Status UsageBook::loadOnLoop(state::Store& store) {
 
 const UsageBook::SpentByUser& UsageBook::gpuSecondsSinceOnLoop(int64_t first_day) const {
   assert(actor_.onLoop());
-  if (spent_since_.size() > 8) spent_since_.clear();  // periods passed; at most three are in use at once
+  // Periods that passed go, oldest first (at most three are in use at once); never the one asked for.
+  for (auto it = spent_since_.begin(); spent_since_.size() > 8 && it != spent_since_.end();) {
+    it = it->first == first_day ? std::next(it) : spent_since_.erase(it);
+  }
   SpentCache& cache = spent_since_[first_day];
   if (cache.first_day != first_day || cache.generation != generation_) {
     cache = {first_day, generation_, {}};

@@ -1896,12 +1896,16 @@ TEST_F(CoordinatorTest, AGpuHoursLimitHoldsJobsBackUntilTheNextPeriod) {
   ASSERT_TRUE(waiting);
   EXPECT_EQ(waiting->state(), v1::PENDING);
   EXPECT_EQ(waiting->reason_code(), "AccountLimit");
-  EXPECT_NE(waiting->reason().find("account a used 0.1 of its 0.1 GPU-hours this day"), std::string::npos)
+  EXPECT_NE(waiting->reason().find("account a used 0.111 of its 0.1 GPU-hours today; its jobs start again on "
+                                   "1970-01-02 (UTC)"),
+            std::string::npos)
       << waiting->reason();
   exitAll("n1", a1);  // its attempt goes to the day's rollup, which counts from now on
   coordinator->tick();
+  ASSERT_TRUE(beat("n1", b1));  // b1 RUNNING: nothing else changes from here on
+  coordinator->tick();
   EXPECT_EQ(stateOf(a2), v1::PENDING);
-  now = 86400 * 1000 + 1000;  // the next UTC day
+  now = 86400 * 1000 + 1000;  // the next UTC day: the day's change alone brings a pass
   ASSERT_TRUE(beat("n1", b1));
   coordinator->tick();
   EXPECT_EQ(stateOf(a2), v1::STARTING);

@@ -195,7 +195,7 @@ TEST(Limits, GpuHoursUsedInThePeriodHoldJobsBack) {
   limits.spent(Period::kMonth, "physics", "alice", 3600);
   const std::string why = limits.blocks(job("p2", "alice", "physics", 0), &code);
   EXPECT_EQ(code, "AccountLimit");
-  EXPECT_EQ(why, "account science used 10.0 of its 10 GPU-hours this month (ddlctl admin set-limit)");
+  EXPECT_EQ(why, "account science used 10 of its 10 GPU-hours this month (ddlctl admin set-limit)");
   EXPECT_EQ(limits.blocks(job("o1", "erin", "ops", 0), &code), "");
   limits.spent(Period::kMonth, "ops", "dora", 7200);  // a month's usage: dora's limit is a day's
   EXPECT_EQ(limits.blocks(job("o2", "dora", "ops", 0), &code), "");
@@ -218,6 +218,11 @@ TEST(Limits, PeriodsAreUtcCalendarDaysWeeksAndMonths) {
   EXPECT_EQ(periodStart(Period::kWeek, 0), -3);          // 1970-01-01 was a Thursday
   EXPECT_EQ(parsePeriod("week"), Period::kWeek);
   EXPECT_EQ(parsePeriod("fortnight"), std::nullopt);
+  EXPECT_EQ(gpuHoursText(0.1), "0.1");
+  EXPECT_EQ(gpuHoursText(250.5), "250.5");
+  EXPECT_EQ(gpuHoursText(5000), "5000");
+  EXPECT_EQ(gpuHoursText(0.005), "0.005");
+  EXPECT_EQ(gpuHoursText(1e6), "1000000");
 }
 
 Cluster nodes(int count, int gpus);

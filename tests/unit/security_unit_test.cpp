@@ -432,6 +432,10 @@ TEST(UserRegistry, ADamagedEntryIsNamedAndARemovedUsersLimitsLeaveTheScheduler) 
   EXPECT_EQ((*auth::UserRegistry::open(store, dir / "users.json"))->userLimits().at("alice"), *set);
   budget.period = "fortnight";
   EXPECT_EQ((*users)->setLimit("", "alice", budget).status().code(), state::StatusCode::kInvalidArgument);
+  auth::UserRegistry::LimitChange period_alone;  // on an account without a budget: nothing to count
+  period_alone.period = "day";
+  ASSERT_TRUE((*users)->addAccount("lab", "", 1, false));
+  EXPECT_EQ((*users)->setLimit("lab", "", period_alone).status().code(), state::StatusCode::kInvalidArgument);
   budget.period.reset();
   budget.gpu_hours = -1;
   EXPECT_EQ((*users)->setLimit("", "alice", budget).status().code(), state::StatusCode::kInvalidArgument);
