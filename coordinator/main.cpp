@@ -252,8 +252,8 @@ ddl::coordinator::http::HttpOptions httpOptions(const DaemonConfig& config, cons
 
 // A standby's dashboard while it waits to lead (several coordinators on etcd): /metrics says it stands by, so
 // Prometheus scrapes every coordinator, and /healthz and every other path answer 503 naming the leader
-// (http::StandbyBackend). It checks tokens against users.json (it has no store until it leads): users added
-// since with ddlctl are known to the leader.
+// (http::StandbyBackend). It checks tokens against users.json until it can read the store, then against the
+// store's users, read again every kUsersRefreshMs (a user added or removed with ddlctl counts here too).
 class StandbyDashboard {
  public:
   // Serves config.http (writing its address to http_file), or says why not in the log and serves nothing:
@@ -276,15 +276,46 @@ class StandbyDashboard {
     } else {
       writeWhole(http_file, bound);
       spdlog::info("standby dashboard on {}://{}/ (/metrics and /healthz)", d->server_->scheme(), bound);
+      d->refresher_ = std::thread([raw = d.get(), &backend] { raw->refreshUsers(backend); });
     }
     return d;
   }
   ~StandbyDashboard() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (refresher_.joinable()) refresher_.join();
     if (server_) server_->stop();
   }
 
  private:
   StandbyDashboard() = default;
+  static constexpr int64_t kUsersRefreshMs = 5000;
+  // Until stopped: the store's users in place of the file's, every kUsersRefreshMs once the store is open.
+  void refreshUsers(const StateBackend& backend) {
+    std::string last_error;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      if (ddl::state::Store* store = backend.readableStore()) {
+        lock.unlock();
+        const ddl::state::Status st = users_->refreshFrom(*store);
+        lock.lock();
+        const std::string error = st ? "" : st.message();
+        if (error != last_error && !error.empty()) {
+          spdlog::warn("standby dashboard: cannot read the users from the store ({}); the last read stands",
+                       error);
+        }
+        last_error = error;
+      }
+      wake_.wait_for(lock, std::chrono::milliseconds(kUsersRefreshMs), [this] { return stopping_; });
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread refresher_;
   std::unique_ptr<auth::UserRegistry> users_;
   std::unique_ptr<ddl::coordinator::http::StandbyBackend> backend_;
   std::unique_ptr<ddl::coordinator::http::HttpServer> server_;  // after what it serves: stopped first

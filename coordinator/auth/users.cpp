@@ -211,6 +211,24 @@ StatusOr<std::unique_ptr<UserRegistry>> UserRegistry::readOnly(const std::string
   return registry;
 }
 
+Status UserRegistry::refreshFrom(state::Store& store) {
+  auto imports = store.listEntries(kImportsTable);
+  if (!imports) return imports.status();
+  if (std::none_of(imports->begin(), imports->end(),
+                   [](const state::Entry& e) { return e.key == kUsersFileImport; })) {
+    return Status::ok();  // no leader has imported users.json yet: the file is what there is
+  }
+  UserRegistry fresh(&store, now_s_);
+  if (Status st = fresh.load(); !st) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  users_ = std::move(fresh.users_);
+  by_hash_ = std::move(fresh.by_hash_);
+  accounts_ = std::move(fresh.accounts_);
+  join_tokens_ = std::move(fresh.join_tokens_);
+  qos_ = std::move(fresh.qos_);
+  return Status::ok();
+}
+
 Status UserRegistry::importOnce(const std::string& users_json) {
   auto imports = store_->listEntries(kImportsTable);
   if (!imports) return imports.status();

@@ -16,8 +16,9 @@
 // users.json (mode 0600 in the PKI directory, written by ddl-coordinator init-pki with the first admin) is
 // imported once: the first open() whose store has no imports/users.json copies its users in, the marker last.
 // The file is not read after that (open() warns when it has changed since): users are managed with ddlctl
-// admin. A standby's dashboard, which has no store until it leads, checks tokens against the file
-// (readOnly()).
+// admin. A standby's dashboard checks tokens against the file (readOnly()) until it can read the store the
+// leader writes, and from then on against the store's users (refreshFrom(), every few seconds), so that a
+// user added since works there and a removed one stays out.
 //
 // Tokens are 32 random bytes, shown once when made and never stored (only their SHA-256, which is as good as
 // a slow hash for so long a secret), so a copy of the store or the file lets nobody in.
@@ -133,6 +134,10 @@ class UserRegistry {
   // The users of users_json alone, for token checks where there is no store (a standby's dashboard); every
   // change is refused. A missing file is an empty registry.
   static StatusOr<std::unique_ptr<UserRegistry>> readOnly(const std::string& users_json);
+  // A read-only registry takes the users, accounts, QoS and join tokens of `store` (read, never written) in
+  // place of what it has, once the store has imported users.json (before that, a new cluster's, the file's
+  // users stay). The copy changes only when the whole read succeeds.
+  Status refreshFrom(state::Store& store);
 
   // The user holding `token`, or nullopt.
   std::optional<Identity> authenticate(const std::string& token) const;

@@ -67,6 +67,7 @@ class EtcdBackend : public StateBackend {
         auto store = state::EtcdStore::open(store_options_);
         if (store) {
           store_ = std::move(*store);
+          readable_.store(store_.get());
         } else if (store.status().code() != state::StatusCode::kUnavailable) {
           return state::Status(store.status().code(), where_ + ": " + store.status().message());
         } else {
@@ -116,6 +117,8 @@ class EtcdBackend : public StateBackend {
     stopKeeping();
     if (state::Status st = election_->resign(); !st) spdlog::warn("giving up the lead: {}", st.message());
   }
+
+  state::Store* readableStore() const override { return readable_.load(); }
 
   std::string standbyStatus() const override {
     std::lock_guard<std::mutex> lock(status_mu_);
@@ -190,6 +193,7 @@ class EtcdBackend : public StateBackend {
 
   state::EtcdStore::Options store_options_;
   std::unique_ptr<state::EtcdStore> store_;  // opened by awaitLead()
+  std::atomic<state::Store*> readable_{nullptr};  // store_, published to other threads once opened
   std::unique_ptr<state::EtcdElection> election_;
   std::string where_;
   int64_t ttl_ms_;

@@ -64,6 +64,9 @@ class StateBackend {
   // While awaitLead() waits: what this coordinator is ("standby: HOST:PORT leads", "standby: cannot reach
   // etcd: ..."), for its standby dashboard (any thread, never blocks).
   virtual std::string standbyStatus() const { return "standby"; }
+  // While awaitLead() waits: the store, for reading only (a standby's dashboard reads the users from it),
+  // once it could be opened; null before, and on SQLite (any thread).
+  virtual state::Store* readableStore() const { return nullptr; }
 };
 
 // Copies a coordinator's SQLite state (sqlite_path, whose coordinator is stopped) into the etcd store that

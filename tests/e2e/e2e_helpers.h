@@ -121,9 +121,11 @@ inline std::string submittedId(const fs::path& out, int ms) {
   return id;
 }
 
-// GET http://HOST:PORT`path` (an IPv4 loopback dashboard); the whole answer (status line, header and body),
-// or "" when HOST:PORT is no such address or the answer could not be read within 5 s.
-inline std::string httpGet(const std::string& host_port, const std::string& path) {
+// GET http://HOST:PORT`path` (an IPv4 loopback dashboard), with `token` as the bearer where given; the whole
+// answer (status line, header and body), or "" when HOST:PORT is no such address or the answer could not be
+// read within 5 s.
+inline std::string httpGet(const std::string& host_port, const std::string& path,
+                           const std::string& token = "") {
   const size_t colon = host_port.rfind(':');
   if (colon == std::string::npos) return "";
   sockaddr_in addr{};
@@ -137,8 +139,9 @@ inline std::string httpGet(const std::string& host_port, const std::string& path
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
   std::string answer;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request =
-        "GET " + path + " HTTP/1.1\r\nHost: " + host_port + "\r\nConnection: close\r\n\r\n";
+    const std::string request = "GET " + path + " HTTP/1.1\r\nHost: " + host_port +
+                                "\r\nConnection: close\r\n" +
+                                (token.empty() ? "" : "Authorization: Bearer " + token + "\r\n") + "\r\n";
     if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
       char buf[4096];
       for (int i = 0; i < 4096; ++i) {  // at most 16 MiB

@@ -400,6 +400,36 @@ TEST(UserRegistry, AccountsFormATreeWithSharesAndHoldUsers) {
   EXPECT_TRUE((*other)->hasAccount("root"));
 }
 
+// A standby's dashboard: a read-only registry starts from users.json and, once the store has imported it,
+// takes the store's users instead (a user added since works, a removed one is out); a store that never
+// imported the file, or one it cannot read, leaves what it had.
+TEST(UserRegistry, AReadOnlyRegistryFollowsTheStore) {
+  TempDir dir;
+  const std::string file = dir / "users.json";
+  auto admin = auth::addToUsersFile(file, "ops", Role::kAdmin);
+  ASSERT_TRUE(admin);
+  auto standby = auth::UserRegistry::readOnly(file);
+  ASSERT_TRUE(standby);
+  state::MemoryStore never_led;
+  ASSERT_TRUE((*standby)->refreshFrom(never_led));
+  EXPECT_TRUE((*standby)->authenticate(*admin));  // the file's users stay
+
+  state::MemoryStore store;
+  auto leader = auth::UserRegistry::open(store, file);
+  ASSERT_TRUE(leader);
+  auto alice = (*leader)->add("alice", Role::kUser, false);
+  ASSERT_TRUE(alice);
+  EXPECT_FALSE((*standby)->authenticate(*alice));
+  ASSERT_TRUE((*standby)->refreshFrom(store));
+  EXPECT_EQ((*standby)->authenticate(*alice)->name, "alice");
+  EXPECT_TRUE((*standby)->authenticate(*admin));
+  ASSERT_TRUE((*leader)->remove("alice"));
+  ASSERT_TRUE((*standby)->refreshFrom(store));
+  EXPECT_FALSE((*standby)->authenticate(*alice));
+  EXPECT_EQ((*standby)->add("bob", Role::kUser, false).status().code(),
+            state::StatusCode::kFailedPrecondition);
+}
+
 // A damaged entry stops the coordinator with the entry named and how to take it out; the scheduler hears of a
 // removed user's limits.
 TEST(UserRegistry, ADamagedEntryIsNamedAndARemovedUsersLimitsLeaveTheScheduler) {
