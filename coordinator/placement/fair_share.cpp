@@ -300,29 +300,6 @@ std::string LimitTracker::never(const JobRequest& job) const {
   return "";
 }
 
-ShareBalance::ShareBalance(const ShareTree& tree, std::map<std::string, int> held) : held_(std::move(held)) {
-  for (const ShareRow& row : shares(tree, UsageLedger{})) {
-    if (row.depth > 0 && row.users_share > 0) weight_[row.account] = row.users_share;
-  }
-}
-
-double ShareBalance::value(const std::string& account, int delta) const {
-  auto h = held_.find(account);
-  return ((h != held_.end() ? h->second : 0) + delta) / weight_.at(account);
-}
-
-bool ShareBalance::fair(const std::string& account, int gpus,
-                        const std::vector<std::pair<std::string, int>>& victims) const {
-  if (!takesPart(account)) return false;
-  std::map<std::string, int> lost;
-  for (const auto& [a, g] : victims) lost[a] += g;
-  const double mine = value(account, gpus);
-  for (const auto& [a, g] : lost) {
-    if (!takesPart(a) || mine > value(a, -g) + 1e-9) return false;
-  }
-  return true;
-}
-
 void UsageLedger::decayTo(int64_t now_ms) {
   if (at_ms == 0 || now_ms <= at_ms || half_life_s <= 0) {
     at_ms = std::max(at_ms, now_ms);

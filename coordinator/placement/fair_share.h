@@ -96,10 +96,6 @@ struct ShareTree {
   std::map<std::string, Account> accounts;  // by name; never root
   std::map<std::string, Limits> users;      // by user name, where a user has limits
   std::map<std::string, Qos> qos;           // by name; "normal" is implied where absent
-  // Fair-share preemption (placement.h's planPreemption): a job may preempt jobs of accounts served more over
-  // their share than its own would be with it. Off unless the coordinator's config turns it on
-  // (fairshare_preemption).
-  bool share_preemption = false;
   // The account and every account above it (root last), bounded by the tree's size.
   std::vector<std::string> chain(const std::string& account) const;
   // The QoS named `name` ("" is normal), or nullptr when there is none.
@@ -180,26 +176,6 @@ struct ShareRow {
 // Every account of the tree, root first, each followed by its sub-accounts (by name): a depth-first walk. An
 // account whose parent is unknown hangs under root.
 std::vector<ShareRow> shares(const ShareTree& tree, const UsageLedger& usage);
-
-// Fair-share preemption's view of the running jobs (placement.h's planPreemption; Kueue's
-// LessThanOrEqualToFinalShare): each account's weight (the part of the cluster its own users share,
-// ShareRow::users_share) and the GPUs its running jobs hold. An account's value is its GPUs over its weight:
-// how far over its share it is served.
-class ShareBalance {
- public:
-  ShareBalance(const ShareTree& tree, std::map<std::string, int> held);
-  // Whether `account` takes part (an account of the tree with a weight; not root).
-  bool takesPart(const std::string& account) const { return weight_.count(account) > 0; }
-  // Whether `account`, once a job of `gpus` GPUs of it runs, is served no more than each account of `victims`
-  // ((account, GPUs) of each) once it lost them: then none of those accounts can preempt back.
-  bool fair(const std::string& account, int gpus,
-            const std::vector<std::pair<std::string, int>>& victims) const;
-
- private:
-  double value(const std::string& account, int delta) const;  // with `delta` GPUs more (or fewer)
-  std::map<std::string, double> weight_;
-  std::map<std::string, int> held_;
-};
 
 // Sets `order` of every job in the queue (JobRequest::user, account, submitMs) as the file comment says. A
 // job whose account is not in the tree is charged and ranked as root's.

@@ -59,7 +59,6 @@
 #include <cstdlib>
 #include <map>
 #include <numeric>
-#include <optional>
 #include <set>
 
 #include "common/resources.h"
@@ -922,57 +921,26 @@ Preemption planPreemption(const ShareTree& tree, const Cluster& live, const std:
                           const ScheduleResult& pass, const std::vector<Preemptible>& running) {
   std::map<std::string, const JobRequest*> request_of;
   for (const JobRequest& r : queue) request_of[r.id] = &r;
-  std::optional<ShareBalance> ledger;
-  if (tree.share_preemption) {
-    std::map<std::string, int> held;
-    for (const Preemptible& r : running) held[r.account] += r.allocation.totalGpus();
-    ledger.emplace(tree, std::move(held));
-  }
-  // A request (shape, QoS and account) tried once is not tried again in the pass: thousands of like jobs that
-  // cannot get enough victims cost one try; and at most 64 tries a pass.
+  // A request (shape and QoS) tried once is not tried again in the pass: thousands of like jobs that cannot
+  // get enough victims cost one try; and at most 64 tries a pass.
   std::set<std::string> tried;
   for (const Decision& d : pass.decisions) {
     if (d.action != Decision::Action::kPending || (d.code != "Resources" && d.code != "Priority")) continue;
     auto req = request_of.find(d.jobId);
-    if (req == request_of.end()) continue;
-    const JobRequest& job = *req->second;
-    const Qos* qos = tree.findQos(job.qos);
-    const bool by_qos = qos && !qos->preempt.empty();
-    // For its share, only the head job (Resources: the first that waits), so that what the preemption frees
-    // goes to it and not back to a job that fair-share orders before it.
-    const bool by_share = ledger && d.code == "Resources" && ledger->takesPart(job.account);
-    if (!by_qos && !by_share) continue;
-    if (tried.size() >= 64 || !tried.insert(requestKey(job) + '\n' + job.qos + '\n' + job.account).second)
+    const Qos* qos = req == request_of.end() ? nullptr : tree.findQos(req->second->qos);
+    if (!qos || qos->preempt.empty()) continue;
+    if (tried.size() >= 64 || !tried.insert(requestKey(*req->second) + '\n' + req->second->qos).second)
       continue;
-    if (place(live, job).ok()) continue;
+    if (place(live, *req->second).ok()) continue;
     std::vector<Preemptible> candidates;
     for (const Preemptible& r : running) {
-      const Qos* theirs = tree.findQos(r.qos);
-      if (!theirs) continue;
-      const bool qos_allows = by_qos && tree.mayPreempt(job.qos, r.qos);
-      const bool share_allows =
-          by_share && r.account != job.account && theirs->priority <= (qos ? qos->priority : 0) &&
-          ledger->fair(job.account, job.gpuCount(), {{r.account, r.allocation.totalGpus()}});
-      if (!qos_allows && !share_allows) continue;
+      if (!tree.mayPreempt(req->second->qos, r.qos)) continue;
       candidates.push_back(r);
-      candidates.back().qosPriority = theirs->priority;
+      candidates.back().qosPriority = tree.findQos(r.qos)->priority;
     }
     if (candidates.empty()) continue;
-    std::vector<std::string> victims = chooseVictims(live, job, std::move(candidates));
-    if (victims.empty()) continue;
-    // Victims its QoS allows are fine as they are; the others, together, must leave the job's account served
-    // no more than theirs.
-    if (by_share) {
-      std::vector<std::pair<std::string, int>> for_share;  // (account, GPUs) of each
-      for (const std::string& v : victims) {
-        auto r =
-            std::find_if(running.begin(), running.end(), [&](const Preemptible& p) { return p.id == v; });
-        if (r != running.end() && !(by_qos && tree.mayPreempt(job.qos, r->qos)))
-          for_share.push_back({r->account, r->allocation.totalGpus()});
-      }
-      if (!for_share.empty() && !ledger->fair(job.account, job.gpuCount(), for_share)) continue;
-    }
-    return {d.jobId, std::move(victims)};
+    std::vector<std::string> victims = chooseVictims(live, *req->second, std::move(candidates));
+    if (!victims.empty()) return {d.jobId, std::move(victims)};
   }
   return {};
 }

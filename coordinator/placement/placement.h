@@ -106,7 +106,6 @@ struct Preemptible {
   int64_t qosPriority = 0;  // its QoS's priority: lower tiers are preempted first
   int64_t startedMs = 0;    // when it was placed: of one tier, the youngest (least work lost) goes first
   std::string qos;          // its QoS ("" normal)
-  std::string account;      // the account it is charged to, for fair-share preemption
 };
 
 // The fewest of `candidates`, lowest tier and youngest first, whose GPUs (and CPUs and memory) once freed let
@@ -125,13 +124,6 @@ struct Preemption {
 // may preempt, which cannot start on `live` (the cluster as the running jobs hold it, without the GPUs of
 // ranks still stopping) and for which chooseVictims finds victims among the `running` jobs its QoS may
 // preempt (their qosPriority is filled in from `tree`). The coordinator and the simulator both call it.
-//
-// With tree.share_preemption, a job may also preempt to even out the accounts' shares (Kueue's fair sharing,
-// LessThanOrEqualToFinalShare). An account's value is the GPUs its running jobs hold over its weight (the
-// part of the cluster its own users share, ShareRow::users_share). A job may preempt running jobs of no
-// higher QoS tier of other accounts of the tree where its account's value, with the job, is no more than each
-// victim account's value without its victims. No victim's account can then preempt back at once. Jobs charged
-// to root take no part.
 Preemption planPreemption(const ShareTree& tree, const Cluster& live, const std::vector<JobRequest>& queue,
                           const ScheduleResult& pass, const std::vector<Preemptible>& running);
 

@@ -111,7 +111,7 @@ SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options) 
     if (options.preemption && pass.started().empty() && !in_flight) {
       std::vector<Preemptible> candidates;
       for (const Running& r : running)
-        candidates.push_back({r.job->id, r.allocation, 0, r.start_ms, r.job->qos, r.job->account});
+        candidates.push_back({r.job->id, r.allocation, 0, r.start_ms, r.job->qos});
       const Preemption plan = planPreemption(options.tree, cluster, queue, pass, candidates);
       for (Running& r : running) {
         if (std::find(plan.victims.begin(), plan.victims.end(), r.job->id) == plan.victims.end()) continue;

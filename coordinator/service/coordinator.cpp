@@ -806,10 +806,9 @@ void Coordinator::preemptForWaitingOnLoop(const placement::ScheduleResult& resul
   };
   for (const auto& [by, victims] : in_flight) pending_reason_[by] = preempting(victims, deadline);
   // A new one only after a pass that started nothing (the cluster is then the one the pass saw), and only
-  // where some QoS may preempt or fair-share preemption is on.
+  // where some QoS may preempt.
   if (!in_flight.empty() || !result.started().empty() ||
-      (!tree.share_preemption && std::none_of(tree.qos.begin(), tree.qos.end(),
-                                              [](const auto& q) { return !q.second.preempt.empty(); })))
+      std::none_of(tree.qos.begin(), tree.qos.end(), [](const auto& q) { return !q.second.preempt.empty(); }))
     return;
   // The cluster as the live jobs hold it: GPUs that the ranks of ended or requeued attempts hold while they
   // stop (a preemption's victims among them) are free in moments, no reason to preempt more.
@@ -818,8 +817,8 @@ void Coordinator::preemptForWaitingOnLoop(const placement::ScheduleResult& resul
   for (const auto& [id, rt] : runtime_) {
     const state::Job& job = jobs_[id];
     if (job.state != JobState::kRunning || !job.preempted_by.empty()) continue;
-    running.push_back({id, toPlacement(job.allocation), 0, latestAttemptReached(job, JobState::kScheduled),
-                       job.spec.qos, job.spec.account.empty() ? placement::kRootAccount : job.spec.account});
+    running.push_back(
+        {id, toPlacement(job.allocation), 0, latestAttemptReached(job, JobState::kScheduled), job.spec.qos});
   }
   const placement::Preemption plan = placement::planPreemption(tree, live, queue, result, running);
   if (plan.victims.empty()) return;

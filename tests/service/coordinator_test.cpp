@@ -1917,53 +1917,6 @@ TEST_F(CoordinatorTest, AGpuHoursLimitHoldsJobsBackUntilTheNextPeriod) {
 // without using a restart, and the GPU goes to the preempting job. A victim whose ranks do not exit is
 // requeued at the deadline and its ranks killed at once (a stop with no grace). A QoS that does not exist, or
 // that the job's account may not use, is refused at submit; a job of normal preempts nothing.
-// Fair-share preemption (fairshare_preemption): b holds both GPUs; a's job, at the head of the queue,
-// preempts b's younger job (a with it and b without it are served alike), which is requeued as PREEMPTED
-// after normal's grace; nothing preempts it back. Off, nothing is preempted.
-TEST_F(CoordinatorTest, AnAccountUnderItsSharePreemptsOneOverIt) {
-  placement::ShareTree tree;
-  tree.accounts["a"] = {"root", 1};
-  tree.accounts["b"] = {"root", 1};
-  coordinator->setAccounts(tree);
-  addNode("n1", 2);
-  auto charged = [](const std::string& account) {
-    v1::JobSpec s = spec(1, 1);
-    s.set_user(account == "a" ? "alice" : "bob");
-    s.set_account(account);
-    return s;
-  };
-  const std::string b1 = submit(charged("b"));
-  coordinator->tick();
-  runAll("n1", b1);
-  now += 1000;
-  const std::string b2 = submit(charged("b"));
-  coordinator->tick();
-  runAll("n1", b2);
-  const std::string a1 = submit(charged("a"));
-  coordinator->tick();
-  auto signalled = [&](const std::string& job) {
-    return std::count_if(links["n1"]->commands.begin(), links["n1"]->commands.end(),
-                         [&](const auto& c) { return c.has_signal() && c.signal().job_id() == job; });
-  };
-  EXPECT_EQ(signalled(b2), 0) << "off unless the config turns it on";
-  tree.share_preemption = true;
-  coordinator->setAccounts(tree);
-  coordinator->tick();
-  EXPECT_EQ(signalled(b2), 1);
-  EXPECT_EQ(signalled(b1), 0);
-  EXPECT_EQ(coordinator->getJob(a1)->reason_code(), "Preempting");
-  now += 2000;
-  exitAll("n1", b2, 143);
-  EXPECT_EQ(stateOf(b2), v1::PENDING);
-  EXPECT_EQ(coordinator->getJob(b2)->attempts(0).end(), "PREEMPTED");
-  coordinator->tick();
-  EXPECT_EQ(stateOf(a1), v1::STARTING);
-  runAll("n1", a1);
-  coordinator->tick();  // b2 waits: b, with it, would be served more than a without a1
-  EXPECT_EQ(signalled(a1), 0);
-  EXPECT_EQ(stateOf(b2), v1::PENDING);
-}
-
 TEST_F(CoordinatorTest, AHigherQosPreemptsTheYoungestLowerJobWithoutLosingARestart) {
   coordinator.reset();
   CoordinatorOptions o;
