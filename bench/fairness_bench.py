@@ -24,87 +24,33 @@ import json
 import os
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from local_cluster import LocalCluster  # noqa: E402
 SIZES = [1, 1, 2, 2, 3, 4, 6]  # GPUs per job, drawn uniformly
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Cluster:
-    def __init__(self, args, work):
-        self.args, self.work = args, work
-        self.procs = []
-        self.listen = "127.0.0.1:%d" % free_port()
-        self.http = "127.0.0.1:%d" % free_port()
-        self.env = dict(os.environ, DDL_COORDINATOR=self.listen)
-
-    def spawn(self, argv, log):
-        self.procs.append(subprocess.Popen(argv, stdout=open(os.path.join(self.work, log), "ab"),
-                                           stderr=subprocess.STDOUT, start_new_session=True))
-
-    def start(self):
-        b = self.args.bin
-        self.spawn([os.path.join(b, "ddl-coordinator"), "--insecure", "--listen", self.listen, "--http", self.http,
-                    "--allow-root-jobs", "--data-dir", os.path.join(self.work, "c")], "coordinator.log")
-        for node in ("n1", "n2"):
-            self.spawn([os.path.join(b, "ddl-agent"), "--insecure", "--coordinator", self.listen, "--node", node,
-                        "--virtual-gpus", "4", "--data-dir", os.path.join(self.work, node), "--cgroup-root",
-                        "none"], node + ".log")
-        for _ in range(150):  # up to 15 s for both agents to register
-            r = self.ctl("nodes", check=False)
-            if r.returncode == 0 and r.stdout.count(" UP") >= 2:
-                return
-            time.sleep(0.1)
-        raise SystemExit("fairness-bench: the agents did not come UP; see " + self.work)
-
-    def ctl(self, *argv, check=True):
-        r = subprocess.run([os.path.join(self.args.bin, "ddlctl"), "--insecure"] + list(argv), env=self.env,
-                           capture_output=True, text=True, timeout=120)
-        if check and r.returncode != 0:
-            raise SystemExit("fairness-bench: ddlctl %s: %s" % (" ".join(argv), r.stderr.strip()))
-        return r
-
-    def jobs(self):
-        """Every job the coordinator keeps, as its JSON API lists them (oldest first)."""
-        out, token = [], ""
-        for _ in range(100):  # pages of 5,000: far more than a run submits
-            url = "http://%s/api/v1/jobs?page_size=5000&order=oldest" % self.http
-            if token:
-                url += "&page_token=" + token
-            with urllib.request.urlopen(url, timeout=30) as r:
-                page = json.load(r)
-            out += page.get("jobs", [])
-            token = field(page, "next_page_token", "")
-            if not token:
-                return out
-        return out
-
-    def stop(self):
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def field(message, name, default=0):
     """A field of the JSON API's messages, by its proto name or its lowerCamel one."""
     camel = name.split("_")[0] + "".join(w.title() for w in name.split("_")[1:])
     return message.get(name, message.get(camel, default))
+
+
+def all_jobs(cluster):
+    """Every job the coordinator keeps, as its JSON API lists them (oldest first)."""
+    out, token = [], ""
+    for _ in range(100):  # pages of 5,000: far more than a run submits
+        page = cluster.get("/api/v1/jobs?page_size=5000&order=oldest" + ("&page_token=" + token if token else ""))
+        out += page.get("jobs", [])
+        token = field(page, "next_page_token", "")
+        if not token:
+            break
+    return out
 
 
 def intervals(jobs, now_ms):
@@ -158,7 +104,7 @@ def main():
     limits = {"a": ("--running", 4), "b": ("--gpus", 4), "c": ("--gpus", 5)}
     work = tempfile.mkdtemp(prefix="fairness-bench-")
     os.chmod(work, 0o755)
-    cluster = Cluster(args, work)
+    cluster = LocalCluster(args.bin, work, "fairness-bench", nodes=2, gpus=4)
     try:
         cluster.start()
         for name, share in (("a", 2), ("b", 1), ("c", 1)):
@@ -171,9 +117,10 @@ def main():
         end = t0 + args.minutes * 60
         while time.time() < end:
             pending = {"a": 0, "b": 0, "c": 0}
-            for j in cluster.jobs():
+            for j in all_jobs(cluster):
                 if j["state"] == "PENDING":
-                    pending[j["spec"].get("account", "root")] = pending.get(j["spec"].get("account"), 0) + 1
+                    account = j["spec"].get("account", "root")
+                    pending[account] = pending.get(account, 0) + 1
             active = ["a", "b"] + (["c"] if time.time() - t0 >= args.arrive else [])
             for account in active:
                 for _ in range(args.backlog - pending[account]):
@@ -188,7 +135,7 @@ def main():
                     submitted[account] += 1
             time.sleep(1)
         stop_ms = int(time.time() * 1000)
-        jobs = cluster.jobs()
+        jobs = all_jobs(cluster)
         ivs = intervals(jobs, stop_ms)
         t0_ms, arrive_ms = int(t0 * 1000), int(t0 * 1000 + args.arrive * 1000)
 

@@ -28,67 +28,14 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Cluster:
-    def __init__(self, args, work):
-        self.args, self.work = args, work
-        self.procs = []
-        self.listen = "127.0.0.1:%d" % free_port()
-        self.env = dict(os.environ, DDL_COORDINATOR=self.listen)
-
-    def start(self):
-        b = self.args.bin
-        self.coordinator_log = os.path.join(self.work, "coordinator.log")
-        self.procs.append(subprocess.Popen(
-            [os.path.join(b, "ddl-coordinator"), "--insecure", "--listen", self.listen, "--http",
-             "127.0.0.1:%d" % free_port(), "--allow-root-jobs", "--data-dir", os.path.join(self.work, "c")],
-            stdout=open(self.coordinator_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True))
-        self.agent_data = os.path.join(self.work, "a")
-        self.procs.append(subprocess.Popen(
-            [os.path.join(b, "ddl-agent"), "--insecure", "--coordinator", self.listen, "--node", "n1",
-             "--virtual-gpus", "2", "--data-dir", self.agent_data, "--cgroup-root", "none"],
-            stdout=open(os.path.join(self.work, "agent.log"), "ab"), stderr=subprocess.STDOUT,
-            start_new_session=True))
-        for _ in range(100):  # up to 10 s for the agent to register
-            r = self.ctl("nodes", check=False)
-            if r.returncode == 0 and "n1" in r.stdout and "UP" in r.stdout:
-                return
-            time.sleep(0.1)
-        raise SystemExit("preempt-bench: the agent did not come UP; see " + self.work)
-
-    def ctl(self, *argv, check=True):
-        r = subprocess.run([os.path.join(self.args.bin, "ddlctl"), "--insecure"] + list(argv), env=self.env,
-                           capture_output=True, text=True, timeout=120)
-        if check and r.returncode != 0:
-            raise SystemExit("preempt-bench: ddlctl %s: %s" % (" ".join(argv), r.stderr.strip()))
-        return r
-
-    def status(self, job):
-        return json.loads(self.ctl("-o", "json", "status", job).stdout)
-
-    def stop(self):
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from local_cluster import LocalCluster  # noqa: E402
 
 
 def log_ms(line):
@@ -144,7 +91,7 @@ def main():
     args.bin = os.path.abspath(args.bin)
     work = tempfile.mkdtemp(prefix="preempt-bench-")
     os.chmod(work, 0o755)
-    cluster = Cluster(args, work)
+    cluster = LocalCluster(args.bin, work, "preempt-bench", nodes=1, gpus=2)
     try:
         cluster.start()
         cluster.ctl("admin", "add-qos", "urgent", "--priority", "100", "--preempt", "normal", "--grace", "5",
