@@ -74,21 +74,21 @@ StatusOr<v1::JobSpec> ownSpec(const Identity& who, v1::JobSpec spec, bool allow_
   if (who.role != Role::kInsecure || !who.name.empty()) spec.set_user(who.name);
   // The account charged: the user's default, or another it is in, or (an admin) any that exists.
   const std::string own = who.account.empty() ? auth::kRootAccount : who.account;
-  if (spec.account().empty() || spec.account() == own) {
-    spec.set_account(own);
-  } else if (who.inAccount(spec.account())) {
-    // one of its accounts: the registry refuses to remove an account a user is in
-  } else if (!who.isAdmin()) {
-    std::string in = own;
-    for (const std::string& a : who.accounts) in += ", " + a;
-    return Status::permissionDenied(
-        (who.name.empty() ? std::string("this caller") : who.name) + " is in " +
-        (who.accounts.empty() ? "account " : "accounts ") + in + " and may not charge account " +
-        spec.account() +
-        " (an admin adds a user to one with 'ddlctl admin user-accounts NAME --add "
-        "A')");
-  } else if (users && !users->hasAccount(spec.account())) {
-    return Status::notFound("no account '" + spec.account() + "' (ddlctl accounts lists them)");
+  if (spec.account().empty()) spec.set_account(own);
+  if (!who.inAccount(spec.account())) {  // (the registry refuses to remove an account a user is in)
+    if (!who.isAdmin()) {
+      std::string in = own;
+      for (const std::string& a : who.accounts) in += ", " + a;
+      const std::string name = who.name.empty() ? std::string("NAME") : who.name;
+      return Status::permissionDenied(
+          (who.name.empty() ? std::string("this caller") : who.name) + " is in " +
+          (who.accounts.empty() ? "account " : "accounts ") + in + " and may not charge account " +
+          spec.account() + " (an admin adds a user to an account with 'ddlctl admin user-accounts " + name +
+          " --add " + spec.account() + "')");
+    }
+    if (users && !users->hasAccount(spec.account())) {
+      return Status::notFound("no account '" + spec.account() + "' (ddlctl accounts lists them)");
+    }
   }
   if (spec.user() == "root" && !allow_root) {
     return Status::permissionDenied("jobs of root are refused: ranks never run as root unless the coordinator's "

@@ -22,6 +22,14 @@ void toProto(const Limits& l, v1::Limits* out) {
 
 }  // namespace
 
+void toProto(const Identity& who, v1::Identity* out) {
+  out->set_name(who.name);
+  out->set_role(roleName(who.role));
+  out->set_via(who.via);
+  out->set_account(who.account);
+  for (const std::string& a : who.accounts) out->add_accounts(a);
+}
+
 Admin::Admin(UserRegistry* users, std::string pki_dir, int node_cert_days, bool insecure,
              std::function<int64_t()> now_s)
     : users_(users),
@@ -66,11 +74,7 @@ StatusOr<v1::ListUsersResponse> Admin::listUsers() const {
   const auto limits = users_->userLimits();
   for (const auto& u : users_->list()) {
     v1::Identity* out = response.add_users();
-    out->set_name(u.name);
-    out->set_role(roleName(u.role));
-    out->set_via(u.via);
-    out->set_account(u.account);
-    for (const std::string& a : u.accounts) out->add_accounts(a);
+    toProto(u, out);
     if (auto l = limits.find(u.name); l != limits.end()) toProto(l->second, out->mutable_limits());
   }
   return response;
@@ -86,11 +90,7 @@ StatusOr<v1::Identity> Admin::setUserAccounts(const v1::SetUserAccountsRequest& 
   for (const std::string& a : who->accounts) others += (others.empty() ? "" : ",") + a;
   spdlog::info("user {}: default account {}, also in [{}]", who->name, who->account, others);
   v1::Identity out;
-  out.set_name(who->name);
-  out.set_role(roleName(who->role));
-  out.set_via(who->via);
-  out.set_account(who->account);
-  for (const std::string& a : who->accounts) out.add_accounts(a);
+  toProto(*who, &out);
   return out;
 }
 

@@ -1,10 +1,9 @@
 // The coordinator's admin verbs as a plain object: users (UserService AddUser, RemoveUser, ListUsers,
-// SetUserAccounts),
-// accounts (AddAccount, RemoveAccount, ListAccounts), node certificates (IssueNodeCertificate) and join
-// tokens (CreateJoinToken, and AgentService.Join, which trades one for a certificate). It takes and returns
-// ddl.v1 messages and Status, over the UserRegistry and the PKI directory, with no gRPC, so every rule here
-// is unit-tested (tests/unit/admin_test.cpp); rpc/server.cpp checks who calls (auth/access.h: these are
-// admin-only, except Join, which its token authorises) and only translates.
+// SetUserAccounts), accounts (AddAccount, RemoveAccount, ListAccounts), node certificates
+// (IssueNodeCertificate) and join tokens (CreateJoinToken, and AgentService.Join, which trades one for a
+// certificate). It takes and returns ddl.v1 messages and Status, over the UserRegistry and the PKI directory,
+// with no gRPC, so every rule here is unit-tested (tests/unit/admin_test.cpp); rpc/server.cpp checks who
+// calls (auth/access.h: these are admin-only, except Join, which its token authorises) and only translates.
 //
 // Certificates are signed by pki_dir.h's signNodeCertificate, as ddl-coordinator issue-node's are, with the
 // CA from PKI_DIR (ca.crt, ca.key: a coordinator without ca.key refuses to issue certificates and join
@@ -24,6 +23,9 @@
 #include "ddl/v1/ddl.pb.h"
 
 namespace ddl::coordinator::auth {
+
+// An identity as the API gives it (WhoAmI, ListUsers, SetUserAccounts).
+void toProto(const Identity& who, v1::Identity* out);
 
 class Admin {
  public:

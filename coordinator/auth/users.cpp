@@ -382,9 +382,8 @@ StatusOr<std::string> UserRegistry::add(const std::string& name, Role role, bool
   if (it == users_.end() && users_.size() >= kMaxUsers) {
     return Status::failedPrecondition("the registry holds 10000 users already");
   }
-  if (!account.empty() && account != kRootAccount && !accounts_.count(account)) {
-    return Status::notFound("no account '" + account +
-                            "' (an admin makes one with 'ddlctl admin add-account " + account + "')");
+  if (!account.empty()) {
+    if (Status st = accountExists(account); !st) return st;
   }
   User user;
   if (it != users_.end()) {
@@ -430,6 +429,12 @@ Status UserRegistry::remove(const std::string& name) {
   return Status::ok();
 }
 
+Status UserRegistry::accountExists(const std::string& name) const {
+  if (name == kRootAccount || accounts_.count(name)) return Status::ok();
+  return Status::notFound("no account '" + name + "' (an admin makes one with 'ddlctl admin add-account " +
+                          name + "')");
+}
+
 bool UserRegistry::lastAdmin(const std::string& name) const {
   auto it = users_.find(name);
   if (it == users_.end() || it->second.role != Role::kAdmin) return false;
@@ -450,20 +455,15 @@ StatusOr<Identity> UserRegistry::setUserAccounts(const std::string& name, const 
   std::lock_guard<std::mutex> writing(write_mu_);  // the copy changes only under it: read freely
   auto it = users_.find(name);
   if (it == users_.end()) return Status::notFound("no user '" + name + "'");
-  auto exists = [&](const std::string& a) -> Status {
-    if (a == kRootAccount || accounts_.count(a)) return Status::ok();
-    return Status::notFound("no account '" + a + "' (an admin makes one with 'ddlctl admin add-account " + a +
-                            "')");
-  };
   User user = it->second;
   std::set<std::string> in(user.accounts.begin(), user.accounts.end());
   in.insert(user.account);
   for (const std::string& a : add) {
-    if (Status st = exists(a); !st) return st;
+    if (Status st = accountExists(a); !st) return st;
     in.insert(a);
   }
   if (!default_account.empty()) {
-    if (Status st = exists(default_account); !st) return st;
+    if (Status st = accountExists(default_account); !st) return st;
     in.insert(default_account);  // making it the default joins it
     user.account = default_account;
   }

@@ -33,8 +33,8 @@
 // (setUserAccounts, as Slurm's associations), which its jobs may name (--account). An account with
 // sub-accounts or users cannot be removed, and a parent cannot become its own descendant. Accounts and users
 // may carry limits (GPUs, running and pending jobs, GPU-hours per UTC day, week or month; setLimit), which
-// the scheduler enforces
-// (placement/fair_share.h); every change to the accounts or to limits reaches it through onAccountsChanged.
+// the scheduler enforces (placement/fair_share.h); every change to the accounts or to limits reaches it
+// through onAccountsChanged.
 //
 // Join tokens (CreateJoinToken, AgentService.Join) each name one node, work once and expire.
 //
@@ -231,6 +231,8 @@ class UserRegistry {
   Status importOnce(const std::string& users_json);
   // Writes `batch` to the store (write_mu_ held); OK once it is durable.
   Status commit(const std::vector<state::Write>& batch);
+  // OK when account `name` exists (root always does), else NOT_FOUND saying how to make it (write_mu_ held).
+  Status accountExists(const std::string& name) const;
   // Whether `name` is the only admin (write_mu_ held).
   bool lastAdmin(const std::string& name) const;
   // Whether `account` is `ancestor` or lies below it (write_mu_ or mu_ held).

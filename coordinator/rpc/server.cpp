@@ -466,11 +466,7 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
   grpc::Status whoAmI(grpc::ServerContextBase* ctx, const v1::WhoAmIRequest*, v1::Identity* resp) {
     auto who = identify(ctx);
     if (!who) return toGrpc(who.status());
-    resp->set_name(who->name);
-    resp->set_role(auth::roleName(who->role));
-    resp->set_via(who->via);
-    resp->set_account(who->account);
-    for (const std::string& a : who->accounts) resp->add_accounts(a);
+    auth::toProto(*who, resp);
     return grpc::Status::OK;
   }
 
