@@ -119,8 +119,8 @@ struct CommandLine {
   std::optional<int64_t> qosPriority, qosGraceS;
   std::optional<int> qosGpus;
   std::optional<std::string> qosPreempt, qosAccounts;
-  std::string joinAccounts, leaveAccounts,
-      defaultAccount;  // admin user-accounts --add / --remove / --default
+  // admin user-accounts --add / --remove / --default
+  std::string joinAccounts, leaveAccounts, defaultAccount;
   std::string outDir;
   int days = 0;
   int ttlS = 3600;

@@ -309,12 +309,8 @@ std::string formatLimits(const v1::Limits& l) {
   if (l.running_jobs() > 0) parts.push_back(std::to_string(l.running_jobs()) + " running");
   if (l.pending_jobs() > 0) parts.push_back(std::to_string(l.pending_jobs()) + " pending");
   if (l.gpu_hours() > 0) {
-    char text[64];
-    std::snprintf(text, sizeof(text), "%.3f", l.gpu_hours());
-    std::string hours = text;  // "0.25", "5000" (not %g's "1e+06")
-    while (hours.back() == '0') hours.pop_back();
-    if (hours.back() == '.') hours.pop_back();
-    parts.push_back(hours + " GPU-hours a " + (l.period().empty() ? std::string("month") : l.period()));
+    parts.push_back(formatGpuHours(l.gpu_hours()) + " GPU-hours a " +
+                    (l.period().empty() ? std::string("month") : l.period()));
   }
   if (parts.empty()) return "no limits";
   std::string out = "at most ";

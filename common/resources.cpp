@@ -121,4 +121,13 @@ std::string formatBytes(int64_t bytes) {
   return buf;
 }
 
+std::string formatGpuHours(double hours) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.3f", hours);
+  std::string out = text;
+  while (out.back() == '0') out.pop_back();  // "0.100" -> "0.1", "5000.000" -> "5000."
+  if (out.back() == '.') out.pop_back();
+  return out;
+}
+
 }  // namespace ddl

@@ -24,5 +24,8 @@ std::string formatCpuList(std::vector<int> cpus);
 std::string parseByteSize(std::string_view text, int64_t* bytes);
 // "8 GiB", "1.5 GiB", "512 MiB", "100 B": at most one decimal, the largest unit that keeps the number >= 1.
 std::string formatBytes(int64_t bytes);
+// GPU-hours as limits and their wait reasons print them: "5000", "0.25", "1000000" (at most three decimals,
+// never an exponent).
+std::string formatGpuHours(double hours);
 
 }  // namespace ddl

@@ -8,18 +8,10 @@
 #include <functional>
 #include <set>
 
+#include "common/resources.h"
 #include "common/utc_day.h"
 
 namespace ddl::placement {
-
-std::string gpuHoursText(double hours) {
-  char text[64];
-  std::snprintf(text, sizeof(text), "%.3f", hours);
-  std::string out = text;
-  while (out.back() == '0') out.pop_back();  // "0.100" -> "0.1", "5000.000" -> "5000."
-  if (out.back() == '.') out.pop_back();
-  return out;
-}
 
 const char* periodName(Period period) {
   switch (period) {
@@ -227,7 +219,7 @@ std::string LimitTracker::blocks(const JobRequest& job, std::string* code) const
     if (limits.gpu_hours > 0 && used_s >= limits.gpu_hours * 3600) {
       char text[200];
       std::snprintf(text, sizeof(text), " used %s of its %s GPU-hours %s",
-                    gpuHoursText(used_s / 3600).c_str(), gpuHoursText(limits.gpu_hours).c_str(),
+                    formatGpuHours(used_s / 3600).c_str(), formatGpuHours(limits.gpu_hours).c_str(),
                     limits.period == Period::kDay    ? "today"
                     : limits.period == Period::kWeek ? "this week"
                                                      : "this month");

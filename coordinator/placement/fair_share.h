@@ -2,12 +2,11 @@
 // used.
 //
 // This is Slurm's multifactor priority with its classic fair-share factor, reduced to what ddl keeps:
-//  - Accounts form a tree under root (auth/users.h); each has a share of its parent's. Its normalised share S
-//  is
-//    its share over its siblings' times its parent's S (root: 1), what sshare calls NormShares.
-//  - Usage is GPU-seconds, charged to the job's user in the job's account while it holds GPUs, and decayed
-//  with a
-//    half-life (default 7 days), so last month's heavy user is not punished forever. An account's usage is
+//  - Accounts form a tree under root (auth/users.h); each has a share of its parent's. Its normalised share
+//    S is its share over its siblings' times its parent's S (root: 1), what sshare calls NormShares.
+//  - Usage is GPU-seconds (CPUs and memory weighted in where the coordinator's config says), charged to the
+//    job's user in the job's account while it holds them, and decayed with a half-life (default 7 days), so
+//    last month's heavy user is not punished forever. An account's usage is
 //    its own users' plus its sub-accounts'; its normalised usage U is that over the whole cluster's.
 //  - The fair-share factor is F = 2^(-U/S): 1 for an account that used nothing, 0.5 for one that used exactly
 //    its share, towards 0 for one far over it. Inside an account the users split its share evenly among those
@@ -15,9 +14,8 @@
 //  - A job's priority is w_fairshare * F + w_age * min(1, age / age_max) (weights 10,000 and 1,000 by
 //    default), so fairness leads and age breaks ties and, in time, lifts a job nobody else wants to run.
 //  - Its QoS (Qos below) is a strict tier above that: prioritize() sets JobRequest::tier to the QoS's
-//  priority,
-//    and schedule() tries a higher tier first whatever the priorities, so the GPUs a preemption frees go to a
-//    job of the preemptor's tier or above, never back to its victims' tier.
+//    priority, and schedule() tries a higher tier first whatever the priorities, so the GPUs a preemption
+//    frees go to a job of the preemptor's tier or above, never back to its victims' tier.
 //  - A user's own --priority only orders that user's jobs (as nice): each user's jobs in one account (and of
 //    one QoS) take the priorities those jobs were given, in their --priority order, so no user can overtake
 //    another by asking, and a user in several accounts cannot lend one account's factor to another.
@@ -63,8 +61,6 @@ struct Qos {
 // The calendar period (UTC) a GPU-hours limit counts over: the day, the week from Monday, the month.
 enum class Period { kDay, kWeek, kMonth };
 const char* periodName(Period period);  // "day", "week", "month"
-// A number of GPU-hours as limits print it: "5000", "0.25".
-std::string gpuHoursText(double hours);
 std::optional<Period> parsePeriod(const std::string& name);
 // The first UTC day (days since 1970-01-01) of the period holding `day`, and of the period after it.
 int64_t periodStart(Period period, int64_t day);

@@ -305,6 +305,7 @@ std::vector<ShareKeeper::Holder> Coordinator::holdersOnLoop() const {
     auto it = jobs_.find(id);
     if (it == jobs_.end() || !isLive(it->second.state)) continue;
     ShareKeeper::Holder h{it->second.spec.account, it->second.spec.user, 0, it->second.spec.qos};
+    h.placed_ms = latestAttemptReached(it->second, JobState::kScheduled);
     for (const auto& a : it->second.allocation) {
       h.gpus += static_cast<int>(a.gpus.size());
       h.cpus += static_cast<int>(a.cpus.size());
@@ -315,7 +316,8 @@ std::vector<ShareKeeper::Holder> Coordinator::holdersOnLoop() const {
   return holders;
 }
 
-void Coordinator::spentOnLoop(placement::LimitTracker& limits) const {
+void Coordinator::spentOnLoop(placement::LimitTracker& limits,
+                              const std::vector<ShareKeeper::Holder>& holders) const {
   const std::vector<placement::Period> periods = limits.periods();
   if (periods.empty()) return;
   const int64_t now = wall_ms_();
@@ -327,17 +329,9 @@ void Coordinator::spentOnLoop(placement::LimitTracker& limits) const {
     }
     // The launched jobs' attempts so far (their rollups are written when they end).
     const int64_t from_ms = first_day * 86400000LL;
-    for (const auto& [id, rt] : runtime_) {
-      auto it = jobs_.find(id);
-      if (it == jobs_.end() || !isLive(it->second.state)) continue;
-      const int64_t placed_ms =
-          latestAttemptReached(it->second, JobState::kScheduled);  // as its rollup counts
-      if (placed_ms <= 0) continue;
-      int gpus = 0;
-      for (const auto& a : it->second.allocation) gpus += static_cast<int>(a.gpus.size());
-      const int64_t held_ms = now - std::max(placed_ms, from_ms);
-      if (held_ms > 0)
-        limits.spent(period, it->second.spec.account, it->second.spec.user, gpus * held_ms / 1000.0);
+    for (const ShareKeeper::Holder& h : holders) {
+      const int64_t held_ms = h.placed_ms > 0 ? now - std::max(h.placed_ms, from_ms) : 0;
+      if (held_ms > 0) limits.spent(period, h.account, h.user, h.gpus * held_ms / 1000.0);
     }
   }
 }
@@ -581,8 +575,9 @@ void Coordinator::schedulePassOnLoop() {
   placement::Cluster cluster = snapshotOnLoop(true);
   shares_->prioritizeOnLoop(queue, wall_ms_());
   placement::LimitTracker limits(shares_->tree());
-  for (const ShareKeeper::Holder& h : holdersOnLoop()) limits.hold(h.account, h.user, h.gpus, h.qos);
-  spentOnLoop(limits);
+  const std::vector<ShareKeeper::Holder> holders = holdersOnLoop();
+  for (const ShareKeeper::Holder& h : holders) limits.hold(h.account, h.user, h.gpus, h.qos);
+  spentOnLoop(limits, holders);
   placement::ScheduleResult result = placement::schedule(cluster, queue, &limits);
   // The GPUs in use, once for the pass (not once per decision: that was quadratic at thousands of jobs),
   // with each start added as it is applied.

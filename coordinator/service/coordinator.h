@@ -315,8 +315,7 @@ class Coordinator {
   void buildRuntimeOnLoop(const state::Job& job, const placement::RingLayout& layout);
   void maybeCompleteOnLoop(const std::string& id);
   // stopping_ranks: whether the GPUs (and CPUs and memory) of ranks still stopping count as used; without,
-  // the
-  // cluster as the live jobs hold it (what preemption weighs).
+  // the cluster as the live jobs hold it (what preemption weighs).
   placement::Cluster snapshotOnLoop(bool for_scheduling, bool stopping_ranks = true) const;
   // Per node: the GPUs held by live jobs or (stopping_ranks) by ranks still running there, and the live jobs
   // placed there. One pass over jobs and nodes, so listings and snapshots stay linear in the cluster's size.
@@ -333,8 +332,8 @@ class Coordinator {
   void chargeUsageOnLoop();   // the GPUs of launched live jobs, to their users' accounts
   std::vector<ShareKeeper::Holder> holdersOnLoop() const;  // what launched live jobs hold, and whose
   // Gives `limits` the GPU-seconds each (account, user) used in the current period of each GPU-hours limit:
-  // the ended attempts' rollups and the launched jobs so far.
-  void spentOnLoop(placement::LimitTracker& limits) const;
+  // the ended attempts' rollups and the launched jobs (`holders`) so far.
+  void spentOnLoop(placement::LimitTracker& limits, const std::vector<ShareKeeper::Holder>& holders) const;
   // A submit of `count` jobs like `spec` within the limits of its user and account (never more GPUs than one
   // allows; pending jobs within theirs), else why not.
   Status withinLimitsOnLoop(const state::JobSpec& spec, size_t count) const;

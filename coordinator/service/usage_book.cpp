@@ -134,9 +134,10 @@ const UsageBook::SpentByUser& UsageBook::gpuSecondsSinceOnLoop(int64_t first_day
   for (auto it = spent_since_.begin(); spent_since_.size() > 8 && it != spent_since_.end();) {
     it = it->first == first_day ? std::next(it) : spent_since_.erase(it);
   }
-  SpentCache& cache = spent_since_[first_day];
-  if (cache.first_day != first_day || cache.generation != generation_) {
-    cache = {first_day, generation_, {}};
+  auto [at, fresh] = spent_since_.try_emplace(first_day);
+  SpentCache& cache = at->second;
+  if (fresh || cache.generation != generation_) {
+    cache = {generation_, {}};
     for (auto it = rows_.lower_bound(Key{first_day, "", ""}); it != rows_.end(); ++it) {
       cache.spent[{std::get<1>(it->first), std::get<2>(it->first)}] += it->second.gpu_s;
     }

@@ -122,8 +122,7 @@ class UsageBook {
   std::map<std::pair<std::string, std::string>, int64_t> ended_;
   uint64_t generation_ = 0;  // bumped whenever a rollup changes
   struct SpentCache {
-    int64_t first_day = -1;
-    uint64_t generation = 0;
+    uint64_t generation = 0;  // generation_ when `spent` was summed
     SpentByUser spent;
   };
   mutable std::map<int64_t, SpentCache> spent_since_;  // by first day: one per period limits count over

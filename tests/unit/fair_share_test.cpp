@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "common/resources.h"
 #include "placement/placement.h"
 #include "placement/sched_sim.h"
 
@@ -218,11 +219,11 @@ TEST(Limits, PeriodsAreUtcCalendarDaysWeeksAndMonths) {
   EXPECT_EQ(periodStart(Period::kWeek, 0), -3);          // 1970-01-01 was a Thursday
   EXPECT_EQ(parsePeriod("week"), Period::kWeek);
   EXPECT_EQ(parsePeriod("fortnight"), std::nullopt);
-  EXPECT_EQ(gpuHoursText(0.1), "0.1");
-  EXPECT_EQ(gpuHoursText(250.5), "250.5");
-  EXPECT_EQ(gpuHoursText(5000), "5000");
-  EXPECT_EQ(gpuHoursText(0.005), "0.005");
-  EXPECT_EQ(gpuHoursText(1e6), "1000000");
+  EXPECT_EQ(formatGpuHours(0.1), "0.1");
+  EXPECT_EQ(formatGpuHours(250.5), "250.5");
+  EXPECT_EQ(formatGpuHours(5000), "5000");
+  EXPECT_EQ(formatGpuHours(0.005), "0.005");
+  EXPECT_EQ(formatGpuHours(1e6), "1000000");
 }
 
 Cluster nodes(int count, int gpus);
