@@ -265,8 +265,13 @@ TEST_F(DdlctlTest, PendingJobShowsItsReasonAndCancelEndsIt) {
   std::string big = submit({"--nodes", "2", "--gpus-per-node", "2", "--", "sleep", "100"});
   std::string waits = submit({"--gpus", "4", "--", "sleep", "100"});
   ASSERT_TRUE(reaches(big, "RUNNING"));
-  // The second submit's reason is "Submitting" until its store write is durable and a pass has weighed it.
-  for (int i = 0; i < 100 && json({"status", waits})["reason_code"] == "Submitting"; ++i) {
+  // The second submit's reason is "Submitting" until its store write is durable, and "" until a pass has
+  // weighed it.
+  auto weighed = [&] {
+    const auto code = json({"status", waits})["reason_code"];
+    return code != "Submitting" && code != "";
+  };
+  for (int i = 0; i < 100 && !weighed(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   auto pending = json({"status", waits});
