@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -198,11 +197,7 @@ def main():
             (c_wait_s is not None and c_wait_s <= args.max_s)
         return 0 if ok else 1
     finally:
-        cluster.stop()
-        if args.keep:
-            print("work directory kept:", work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        cluster.close(args.keep)
 
 
 if __name__ == "__main__":

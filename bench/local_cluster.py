@@ -4,6 +4,7 @@ benches (preempt_bench.py, fairness_bench.py) import it.
 """
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -71,3 +72,11 @@ class LocalCluster:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+    def close(self, keep):
+        """Stops the cluster and removes its work directory, or (keep) says where it is."""
+        self.stop()
+        if keep:
+            print("work directory kept:", self.work)
+        else:
+            shutil.rmtree(self.work, ignore_errors=True)

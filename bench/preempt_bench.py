@@ -27,7 +27,6 @@ import datetime
 import json
 import os
 import re
-import shutil
 import statistics
 import sys
 import tempfile
@@ -184,11 +183,7 @@ def main():
             out["reference_test_accuracy"] == out["preempted_test_accuracy"]
         return 0 if ok else 1
     finally:
-        cluster.stop()
-        if args.keep:
-            print("work directory kept:", work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        cluster.close(args.keep)
 
 
 if __name__ == "__main__":
