@@ -13,7 +13,9 @@
 // account after its first submit. The third policy is fair-share with preemption: the latecomer's jobs (the
 // built-in trace's account c, or --urgent ACCOUNT) ask for QoS urgent (priority 100), which may preempt
 // normal, whose grace is --grace seconds (5); a victim goes back to the queue with the run time it had left.
-// The figures add the preemptions. In the first two policies those jobs are normal.
+// The figures add the preemptions. In the first two policies those jobs are normal. The fourth is fair-share
+// preemption (fairshare_preemption in the coordinator's config): no QoS, a job of an account under its share
+// preempts jobs of accounts over theirs (preemption.h's planPreemption).
 //
 // Usage: sched-sim [--minutes M] [--nodes N] [--gpus G] [--half-life-days D] [--trace FILE]
 //                  [--share ACCOUNT=N]... [--urgent ACCOUNT] [--grace S] [--json FILE]
@@ -169,10 +171,12 @@ int main(int argc, char** argv) {
   for (SimJob& j : urgent_trace) {
     if (j.account == args.urgent) j.qos = "urgent";
   }
-  for (const char* policy : {"fifo", "fair-share", "fair-share+preemption"}) {
+  for (const char* policy : {"fifo", "fair-share", "fair-share+preemption", "fair-share+share-preemption"}) {
     const bool fair = std::string(policy) != "fifo", preempt = std::string(policy) == "fair-share+preemption";
+    const bool by_share = std::string(policy) == "fair-share+share-preemption";
     options.fair_share = fair;
-    options.preemption = preempt;
+    options.preemption = preempt || by_share;
+    options.tree.share_preemption = by_share;
     const SimResult r = simulate(preempt ? urgent_trace : trace, options);
     double delivered = 0;
     for (const auto& [account, gpu_s] : r.gpu_seconds) delivered += gpu_s;
@@ -182,6 +186,9 @@ int main(int argc, char** argv) {
     if (preempt)
       std::printf(", %d preemptions (%s's jobs urgent, normal's grace %lld s)", r.preemptions,
                   args.urgent.c_str(), static_cast<long long>(args.grace_s));
+    if (by_share)
+      std::printf(", %d preemptions (to even out the shares; normal's grace %lld s)", r.preemptions,
+                  static_cast<long long>(args.grace_s));
     std::printf("\n");
     std::printf("  %-10s %6s %12s %10s %10s %16s\n", "ACCOUNT", "SHARE", "GPU-SECONDS", "PART", "OF SHARE",
                 "FIRST START (s)");

@@ -422,13 +422,15 @@ int runDaemon(const DaemonConfig& config) {
   }
   // The scheduler orders the queue by the accounts' shares: it gets them now and after every change.
   auth::UserRegistry* registry = users->get();
-  auto shareTree = [registry](const std::vector<auth::AccountInfo>& accounts) {
+  auto shareTree = [registry, share_preemption = config.fairshare_preemption](
+                       const std::vector<auth::AccountInfo>& accounts) {
     auto limits = [](const auth::Limits& l) {
       return ddl::placement::Limits{
           l.gpus, l.running, l.pending, l.gpu_hours,
           ddl::placement::parsePeriod(l.period).value_or(ddl::placement::Period::kMonth)};
     };
     ddl::placement::ShareTree tree;
+    tree.share_preemption = share_preemption;
     for (const auto& a : accounts) {
       if (!a.parent.empty()) tree.accounts[a.name] = {a.parent, a.share, limits(a.limits)};
     }

@@ -12,9 +12,9 @@ using state::Status;
 DDL_JSON_CONFIG(DaemonConfig, listen, http, data_dir, heartbeat_grace_s, heartbeat_interval_s, stop_grace_s,
                 port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs, node_cert_days,
                 tls_refresh_s, http_tls, http_auth, history_retention_days, usage_retention_days,
-                fairshare_half_life_days, fairshare_cpu_weight, fairshare_mem_weight, finished_jobs_in_memory,
-                store, etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s, etcd_max_txn_ops,
-                etcd_max_txn_bytes, advertise)
+                fairshare_half_life_days, fairshare_cpu_weight, fairshare_mem_weight, fairshare_preemption,
+                finished_jobs_in_memory, store, etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s,
+                etcd_max_txn_ops, etcd_max_txn_bytes, advertise)
 
 namespace {
 
@@ -38,6 +38,7 @@ const ConfigHints& hints() {
       {"fairshare_half_life_days", "a number of days"},
       {"fairshare_cpu_weight", "a number (GPU-seconds charged per CPU-second)"},
       {"fairshare_mem_weight", "a number (GPU-seconds charged per GiB-second)"},
+      {"fairshare_preemption", "true or false"},
       {"finished_jobs_in_memory", "an integer count of jobs"},
       {"store", "a string: \"sqlite\" or \"etcd://HOST:PORT,HOST:PORT/PREFIX\""},
       {"etcd_ca", "a string (a PEM file)"},

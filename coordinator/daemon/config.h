@@ -43,6 +43,9 @@ struct DaemonConfig {
   double fairshare_half_life_days = 7;
   double fairshare_cpu_weight = 0;
   double fairshare_mem_weight = 0;
+  // The head job may preempt jobs of other accounts where its account, with it, holds no more GPUs for its
+  // share than theirs without them (placement/preemption.h); they get their QoS's grace and are requeued.
+  bool fairshare_preemption = false;
   int finished_jobs_in_memory = 10000;  // the most recent finished jobs kept in memory; older ones are read back
   // Where the state lives (parseStoreUrl): "sqlite", a file in data_dir (one coordinator), or
   // "etcd://HOST:PORT,HOST:PORT/PREFIX", an etcd cluster that several coordinators share (one leads, the
@@ -73,7 +76,8 @@ state::StatusOr<StoreUrl> parseStoreUrl(const std::string& text);
 // Reads the JSON object at `path` over `config`. Keys: listen, http, data_dir, heartbeat_grace_s,
 // heartbeat_interval_s, stop_grace_s, port_first, port_last, log_level, pki_dir, insecure, allow_root_jobs,
 // node_cert_days, tls_refresh_s, http_tls, http_auth, history_retention_days, usage_retention_days,
-// fairshare_half_life_days, fairshare_cpu_weight, fairshare_mem_weight, finished_jobs_in_memory, store,
+// fairshare_half_life_days, fairshare_cpu_weight, fairshare_mem_weight, fairshare_preemption,
+// finished_jobs_in_memory, store,
 // etcd_ca, etcd_cert, etcd_key, etcd_insecure, leader_lease_s, etcd_max_txn_ops, etcd_max_txn_bytes,
 // advertise.
 state::Status loadConfigFile(const std::string& path, DaemonConfig* config);

@@ -292,6 +292,71 @@ std::string LimitTracker::never(const JobRequest& job) const {
   return "";
 }
 
+ShareBalance::ShareBalance(const ShareTree& tree, const std::map<std::string, int>& held,
+                           const std::set<std::string>& waiting)
+    : tree_(&tree) {
+  std::set<std::string> contenders;
+  for (const auto& [account, gpus] : held) {
+    if (gpus <= 0) continue;
+    held_[chargedAccount(tree, account)] += gpus;
+    contenders.insert(chargedAccount(tree, account));
+  }
+  for (const std::string& account : waiting) contenders.insert(chargedAccount(tree, account));
+  contenders.erase(kRootAccount);
+  std::set<std::string> on_path;  // the contenders and every account above one
+  for (const std::string& c : contenders) {
+    for (const std::string& a : tree.chain(c)) on_path.insert(a);
+  }
+  std::map<std::string, std::vector<std::string>> children;  // by parent, of the accounts on a path
+  for (const auto& [name, account] : tree.accounts) {
+    if (on_path.count(name))
+      children[tree.accounts.count(account.parent) ? account.parent : kRootAccount].push_back(name);
+  }
+  // Down the tree from root (each account is some one parent's child, so the walk is bounded by the tree).
+  std::vector<std::pair<std::string, double>> walk = {{kRootAccount, 1.0}};
+  for (size_t i = 0; i < walk.size() && i <= tree.accounts.size(); ++i) {
+    const auto [name, part] = walk[i];
+    const bool own = contenders.count(name) > 0;
+    auto kids = children.find(name);
+    if (kids == children.end()) {
+      if (own) weight_[name] = part;
+      continue;
+    }
+    double total = own ? 1 : 0;
+    for (const std::string& kid : kids->second) total += std::max<int64_t>(tree.accounts.at(kid).share, 1);
+    if (own) weight_[name] = part / total;
+    for (const std::string& kid : kids->second)
+      walk.push_back({kid, part * std::max<int64_t>(tree.accounts.at(kid).share, 1) / total});
+  }
+}
+
+bool ShareBalance::takesPart(const std::string& account) const {
+  return weight_.count(chargedAccount(*tree_, account)) > 0;
+}
+
+double ShareBalance::weight(const std::string& account) const {
+  auto it = weight_.find(chargedAccount(*tree_, account));
+  return it != weight_.end() ? it->second : 0;
+}
+
+double ShareBalance::value(const std::string& account, int delta) const {
+  const std::string charged = chargedAccount(*tree_, account);
+  auto h = held_.find(charged);
+  return ((h != held_.end() ? h->second : 0) + delta) / weight_.at(charged);
+}
+
+bool ShareBalance::fair(const std::string& account, int gpus,
+                        const std::vector<std::pair<std::string, int>>& victims) const {
+  if (!takesPart(account)) return false;
+  std::map<std::string, int> lost;  // by charged account
+  for (const auto& [a, g] : victims) lost[chargedAccount(*tree_, a)] += g;
+  const double mine = value(account, gpus);
+  for (const auto& [a, g] : lost) {
+    if (a == chargedAccount(*tree_, account) || !takesPart(a) || mine > value(a, -g) + 1e-9) return false;
+  }
+  return true;
+}
+
 void UsageLedger::decayTo(int64_t now_ms) {
   if (at_ms == 0 || now_ms <= at_ms || half_life_s <= 0) {
     at_ms = std::max(at_ms, now_ms);

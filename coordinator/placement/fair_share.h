@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,6 +93,10 @@ struct ShareTree {
   std::map<std::string, Account> accounts;  // by name; never root
   std::map<std::string, Limits> users;      // by user name, where a user has limits
   std::map<std::string, Qos> qos;           // by name; "normal" is implied where absent
+  // Fair-share preemption (preemption.h's planPreemption): a job may preempt jobs of accounts served more
+  // over their share than its own would be with it. Off unless the coordinator's config turns it on
+  // (fairshare_preemption).
+  bool share_preemption = false;
   // The account and every account above it (root last), bounded by the tree's size.
   std::vector<std::string> chain(const std::string& account) const;
   // The QoS named `name` ("" is normal), or nullptr when there is none.
@@ -172,6 +177,34 @@ struct ShareRow {
 // Every account of the tree, root first, each followed by its sub-accounts (by name): a depth-first walk. An
 // account whose parent is unknown hangs under root.
 std::vector<ShareRow> shares(const ShareTree& tree, const UsageLedger& usage);
+
+// Fair-share preemption's view of the cluster (preemption.h's planPreemption; Kueue's
+// LessThanOrEqualToFinalShare). The contenders are the accounts whose jobs hold GPUs or wait for them; the
+// cluster is split among them alone, down the tree as shares() splits it among all accounts: an account's
+// part among its contending sub-accounts by their shares, its own jobs counting as one more member of share 1
+// where it has such sub-accounts. An account's value is the GPUs its jobs hold over its part: how far over
+// its share it is served. Accounts are charged as prioritize() charges them (one the tree does not know is
+// root's); root takes no part. `tree` must outlive the balance.
+class ShareBalance {
+ public:
+  // `held`: the GPUs each account's launched jobs hold; `waiting`: the accounts with jobs waiting for GPUs.
+  ShareBalance(const ShareTree& tree, const std::map<std::string, int>& held,
+               const std::set<std::string>& waiting);
+  // Whether `account` takes part (a contender of the tree; not root).
+  bool takesPart(const std::string& account) const;
+  // Whether `account`, once a job of `gpus` GPUs of it runs, is served no more than each account of `victims`
+  // ((account, GPUs) of each) once it lost them: then none of those accounts can preempt back.
+  bool fair(const std::string& account, int gpus,
+            const std::vector<std::pair<std::string, int>>& victims) const;
+  // The part of the cluster `account` is owed among the contenders (0 where it takes no part).
+  double weight(const std::string& account) const;
+
+ private:
+  double value(const std::string& account, int delta) const;  // with `delta` GPUs more (or fewer)
+  const ShareTree* tree_;
+  std::map<std::string, double> weight_;  // by charged account
+  std::map<std::string, int> held_;       // by charged account
+};
 
 // Sets `order` of every job in the queue (JobRequest::user, account, submitMs) as the file comment says. A
 // job whose account is not in the tree is charged and ranked as root's.

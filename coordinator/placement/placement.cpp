@@ -752,7 +752,8 @@ std::string priorityText(const JobRequest& job) {
   return text;
 }
 
-// What placement reads of a job: jobs that ask alike are placed alike on the same cluster (the memo below).
+}  // namespace
+
 std::string requestKey(const JobRequest& job) {
   std::string key = std::to_string(job.nodes) + "x" + std::to_string(job.gpusPerNode) + "/" +
                     std::to_string(job.totalGpus) + "/" + std::to_string(job.cpusPerRank) + "/" +
@@ -760,8 +761,6 @@ std::string requestKey(const JobRequest& job) {
   for (const auto& [k, v] : job.requiredLabels) key += "\n" + k + "=" + v;
   return key;
 }
-
-}  // namespace
 
 ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& queue, LimitTracker* limits) {
   std::vector<const JobRequest*> order;
@@ -915,34 +914,6 @@ std::vector<std::string> chooseVictims(const Cluster& cluster, const JobRequest&
   std::vector<std::string> ids;
   for (const Preemptible* c : chosen) ids.push_back(c->id);
   return ids;
-}
-
-Preemption planPreemption(const ShareTree& tree, const Cluster& live, const std::vector<JobRequest>& queue,
-                          const ScheduleResult& pass, const std::vector<Preemptible>& running) {
-  std::map<std::string, const JobRequest*> request_of;
-  for (const JobRequest& r : queue) request_of[r.id] = &r;
-  // A request (shape and QoS) tried once is not tried again in the pass: thousands of like jobs that cannot
-  // get enough victims cost one try; and at most 64 tries a pass.
-  std::set<std::string> tried;
-  for (const Decision& d : pass.decisions) {
-    if (d.action != Decision::Action::kPending || (d.code != "Resources" && d.code != "Priority")) continue;
-    auto req = request_of.find(d.jobId);
-    const Qos* qos = req == request_of.end() ? nullptr : tree.findQos(req->second->qos);
-    if (!qos || qos->preempt.empty()) continue;
-    if (tried.size() >= 64 || !tried.insert(requestKey(*req->second) + '\n' + req->second->qos).second)
-      continue;
-    if (place(live, *req->second).ok()) continue;
-    std::vector<Preemptible> candidates;
-    for (const Preemptible& r : running) {
-      if (!tree.mayPreempt(req->second->qos, r.qos)) continue;
-      candidates.push_back(r);
-      candidates.back().qosPriority = tree.findQos(r.qos)->priority;
-    }
-    if (candidates.empty()) continue;
-    std::vector<std::string> victims = chooseVictims(live, *req->second, std::move(candidates));
-    if (!victims.empty()) return {d.jobId, std::move(victims)};
-  }
-  return {};
 }
 
 }  // namespace ddl::placement

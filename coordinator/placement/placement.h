@@ -99,6 +99,10 @@ struct ScheduleResult {
 ScheduleResult schedule(const Cluster& cluster, const std::vector<JobRequest>& queue,
                         LimitTracker* limits = nullptr);
 
+// What placement reads of a job: jobs whose keys are equal are placed alike on the same cluster (schedule()
+// memoises by it).
+std::string requestKey(const JobRequest& job);
+
 // A launched job that a waiting one may preempt (its QoS allows it: ShareTree::mayPreempt).
 struct Preemptible {
   std::string id;
@@ -106,6 +110,7 @@ struct Preemptible {
   int64_t qosPriority = 0;  // its QoS's priority: lower tiers are preempted first
   int64_t startedMs = 0;    // when it was placed: of one tier, the youngest (least work lost) goes first
   std::string qos;          // its QoS ("" normal)
+  std::string account;      // the account it is charged to, for fair-share preemption
 };
 
 // The fewest of `candidates`, lowest tier and youngest first, whose GPUs (and CPUs and memory) once freed let
@@ -115,16 +120,5 @@ struct Preemptible {
 // placement per candidate tried and per victim.
 std::vector<std::string> chooseVictims(const Cluster& cluster, const JobRequest& job,
                                        std::vector<Preemptible> candidates);
-
-struct Preemption {
-  std::string jobId;                 // the job it is for; "" when there is none to make
-  std::vector<std::string> victims;  // the running jobs to preempt for it
-};
-// After a pass (`pass`, over `queue`): the first job that waits for GPUs (Resources or Priority) whose QoS
-// may preempt, which cannot start on `live` (the cluster as the running jobs hold it, without the GPUs of
-// ranks still stopping) and for which chooseVictims finds victims among the `running` jobs its QoS may
-// preempt (their qosPriority is filled in from `tree`). The coordinator and the simulator both call it.
-Preemption planPreemption(const ShareTree& tree, const Cluster& live, const std::vector<JobRequest>& queue,
-                          const ScheduleResult& pass, const std::vector<Preemptible>& running);
 
 }  // namespace ddl::placement

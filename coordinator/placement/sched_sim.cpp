@@ -6,6 +6,7 @@
 #include <set>
 
 #include "placement/placement.h"
+#include "placement/preemption.h"
 
 namespace ddl::placement {
 
@@ -48,6 +49,7 @@ SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options) 
   std::deque<SimJob> requeued;                  // preempted jobs with the run time they had left
   std::set<std::string> ever_started;
   std::vector<Running> running;
+  std::string favored;  // the job that preempted for its share, until it starts (preemption.h's favor)
   std::set<std::string> with_work;  // accounts that submitted something
   size_t next = 0;
   const int64_t step = std::max<int64_t>(options.step_ms, 1);
@@ -93,6 +95,8 @@ SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options) 
       queue.push_back(std::move(r));
     }
     if (options.fair_share) prioritize(queue, options.tree, ledger, options.weights, now);
+    if (!queued.count(favored)) favored.clear();  // it started
+    if (!favored.empty()) favor(queue, favored);
     const ScheduleResult pass = schedule(cluster, queue);
     for (const Decision& d : pass.decisions) {
       if (d.action != Decision::Action::kStart) continue;
@@ -111,8 +115,9 @@ SimResult simulate(const std::vector<SimJob>& trace, const SimOptions& options) 
     if (options.preemption && pass.started().empty() && !in_flight) {
       std::vector<Preemptible> candidates;
       for (const Running& r : running)
-        candidates.push_back({r.job->id, r.allocation, 0, r.start_ms, r.job->qos});
+        candidates.push_back({r.job->id, r.allocation, 0, r.start_ms, r.job->qos, r.job->account});
       const Preemption plan = planPreemption(options.tree, cluster, queue, pass, candidates);
+      if (plan.forShare) favored = plan.jobId;
       for (Running& r : running) {
         if (std::find(plan.victims.begin(), plan.victims.end(), r.job->id) == plan.victims.end()) continue;
         const Qos* qos = options.tree.findQos(r.job->qos);

@@ -37,9 +37,9 @@ struct SimOptions {
   PriorityWeights weights;
   double half_life_s = 7 * 86400.0;
   bool fair_share = true;  // false: FIFO
-  // QoS preemption as the coordinator does it (placement.h's planPreemption, after a pass that started
-  // nothing, one at a time): a victim holds its GPUs for its QoS's grace, then goes back to the queue with
-  // the run time it had left (it checkpointed: no work is lost).
+  // Preemption as the coordinator does it (preemption.h's planPreemption, after a pass that started nothing,
+  // one at a time; for shares too where tree.share_preemption is on): a victim holds its GPUs for its QoS's
+  // grace, then goes back to the queue with the run time it had left (it checkpointed: no work is lost).
   bool preemption = false;
   int64_t step_ms = 1000;
   int64_t end_ms = 0;  // the simulation stops here (jobs still running are charged up to it)

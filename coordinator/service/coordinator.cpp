@@ -21,6 +21,7 @@
 #include "common/signals.h"
 #include "common/utc_day.h"
 #include "placement/placement.h"
+#include "placement/preemption.h"
 #include "service/actor.h"
 #include "service/convert.h"
 #include "service/coordinator_internal.h"
@@ -574,6 +575,14 @@ void Coordinator::schedulePassOnLoop() {
   }
   placement::Cluster cluster = snapshotOnLoop(true);
   shares_->prioritizeOnLoop(queue, wall_ms_());
+  if (!favored_.empty()) {
+    const bool waits =
+        std::any_of(queue.begin(), queue.end(), [this](const auto& r) { return r.id == favored_; });
+    if (waits && wall_ms_() < favored_until_ms_)
+      placement::favor(queue, favored_);
+    else
+      favored_.clear();
+  }
   placement::LimitTracker limits(shares_->tree());
   const std::vector<ShareKeeper::Holder> holders = holdersOnLoop();
   for (const ShareKeeper::Holder& h : holders) limits.hold(h.account, h.user, h.gpus, h.qos);
@@ -800,10 +809,14 @@ void Coordinator::preemptForWaitingOnLoop(const placement::ScheduleResult& resul
                                      " (the grace of its QoS), then this job starts"};
   };
   for (const auto& [by, victims] : in_flight) pending_reason_[by] = preempting(victims, deadline);
+  // A coordinator that took over (or restarted) during a preemption favors its job too (a QoS preemptor ranks
+  // first anyway).
+  if (favored_.empty() && !in_flight.empty()) favorOnLoop(in_flight.begin()->first, deadline);
   // A new one only after a pass that started nothing (the cluster is then the one the pass saw), and only
-  // where some QoS may preempt.
+  // where some QoS may preempt or the accounts' shares may.
   if (!in_flight.empty() || !result.started().empty() ||
-      std::none_of(tree.qos.begin(), tree.qos.end(), [](const auto& q) { return !q.second.preempt.empty(); }))
+      (!tree.share_preemption && std::none_of(tree.qos.begin(), tree.qos.end(),
+                                              [](const auto& q) { return !q.second.preempt.empty(); })))
     return;
   // The cluster as the live jobs hold it: GPUs that the ranks of ended or requeued attempts hold while they
   // stop (a preemption's victims among them) are free in moments, no reason to preempt more.
@@ -812,29 +825,54 @@ void Coordinator::preemptForWaitingOnLoop(const placement::ScheduleResult& resul
   for (const auto& [id, rt] : runtime_) {
     const state::Job& job = jobs_[id];
     if (job.state != JobState::kRunning || !job.preempted_by.empty()) continue;
-    running.push_back(
-        {id, toPlacement(job.allocation), 0, latestAttemptReached(job, JobState::kScheduled), job.spec.qos});
+    running.push_back({id, toPlacement(job.allocation), 0, latestAttemptReached(job, JobState::kScheduled),
+                       job.spec.qos, job.spec.account.empty() ? placement::kRootAccount : job.spec.account});
   }
-  const placement::Preemption plan = placement::planPreemption(tree, live, queue, result, running);
+  // GPUs per account of every launched job, the starting ones too; not of victims still stopping (of a
+  // preemptor since cancelled or held): they are as good as gone.
+  std::map<std::string, int> held;
+  for (const auto& [id, rt] : runtime_) {
+    const state::Job& job = jobs_[id];
+    if (!isLive(job.state) || !job.preempted_by.empty()) continue;
+    held[job.spec.account.empty() ? placement::kRootAccount : job.spec.account] +=
+        toPlacement(job.allocation).totalGpus();
+  }
+  const placement::Preemption plan = placement::planPreemption(tree, live, queue, result, running, &held);
   if (plan.victims.empty()) return;
   const int64_t now = wall_ms_();
   int64_t until = now;
   for (const std::string& v : plan.victims) {
-    preemptOnLoop(v, plan.jobId, now);
+    preemptOnLoop(v, plan.jobId, now, plan.forShare);
     until = std::max(until, jobs_[v].preempt_deadline_ms);
   }
   pending_reason_[plan.jobId] = preempting(plan.victims, until);
+  if (plan.forShare) favorOnLoop(plan.jobId, until);
 }
 
-void Coordinator::preemptOnLoop(const std::string& id, const std::string& by, int64_t now_ms) {
+void Coordinator::favorOnLoop(const std::string& id, int64_t deadline_ms) {
+  // Until its victims' ranks have surely stopped (killed at their deadline, then the stop grace) and a
+  // minute more.
+  favored_ = id;
+  favored_until_ms_ = deadline_ms + options_.stop_grace_ms + 60000;
+}
+
+void Coordinator::preemptOnLoop(const std::string& id, const std::string& by, int64_t now_ms,
+                                bool for_share) {
   state::Job& job = jobs_[id];
   const placement::Qos* qos = shares_->tree().findQos(job.spec.qos);
   const int64_t grace_s = qos ? qos->grace_s : placement::Qos{}.grace_s;
   job.preempted_by = by;
   job.preempt_deadline_ms = now_ms + grace_s * 1000;
   putJobOnLoop(job);  // before the signal goes: a coordinator restarted meanwhile still requeues it
-  spdlog::info("job {}: preempted for job {} (QoS {}): its ranks are killed in {} s unless they exit", id, by,
-               placement::qosName(jobs_.count(by) ? jobs_[by].spec.qos : ""), grace_s);
+  const state::Job* for_job = jobs_.count(by) ? &jobs_[by] : nullptr;
+  const std::string why =
+      for_share ? "account " +
+                      (for_job && !for_job->spec.account.empty() ? for_job->spec.account
+                                                                 : std::string(placement::kRootAccount)) +
+                      "'s share"
+                : "QoS " + placement::qosName(for_job ? for_job->spec.qos : "");
+  spdlog::info("job {}: preempted for job {} ({}): its ranks are killed in {} s unless they exit", id, by,
+               why, grace_s);
   signalRanksOnLoop(job, job.spec.warn_signal > 0 ? job.spec.warn_signal : SIGTERM, job.preempt_deadline_ms);
   ++counters_.preemptions_total;
 }

@@ -270,14 +270,18 @@ class Coordinator {
   // A rank's report into the job's kept results (stored when it starts or ends; figures in memory).
   void recordRankResultOnLoop(const std::string& node, const v1::RankStatus& report);
   void enforceTimeLimitsOnLoop();
-  // Preemption (QoS tiers, placement/fair_share.h): after a scheduling pass, the first waiting job whose QoS
-  // may preempt running ones, where freeing the fewest of them lets it start, has them preempted; one such
-  // job at a time. Its reason is Preempting until they are gone.
+  // Preemption (placement/preemption.h: QoS tiers, and accounts' shares where the config turns it on): after
+  // a scheduling pass, the first waiting job that may preempt running ones, where freeing the fewest of them
+  // lets it start, has them preempted; one such job at a time. Its reason is Preempting until they are gone.
   void preemptForWaitingOnLoop(const placement::ScheduleResult& result,
                                const std::vector<placement::JobRequest>& queue);
+  // Orders job `id` first in its tier in the passes until it starts or its victims (their deadline
+  // `deadline_ms`) have surely stopped: favored_.
+  void favorOnLoop(const std::string& id, int64_t deadline_ms);
   // Signals a running job's ranks (its --signal's signal, else SIGTERM) with the deadline its QoS's grace
-  // gives; they are killed then.
-  void preemptOnLoop(const std::string& id, const std::string& by, int64_t now_ms);
+  // gives; they are killed then. `for_share`: for job `by`'s account's share, not its QoS (the log says
+  // which).
+  void preemptOnLoop(const std::string& id, const std::string& by, int64_t now_ms, bool for_share);
   // Ends a preemption: requeues the job (as PREEMPTED, not a restart) and stops what is left of its ranks
   // (at once, grace_ms 0, past the deadline).
   void endPreemptionOnLoop(const std::string& id, const std::string& why, int grace_ms);
@@ -411,6 +415,12 @@ class Coordinator {
     std::string text;
   };
   std::map<std::string, Waiting> pending_reason_;  // from the last schedule pass
+  // The job that preempted for its share: ordered first in its tier (placement::favor) until it starts,
+  // leaves the queue, or favored_until_ms_ (wall clock) passes. In memory: a coordinator that takes over
+  // favors the job of a preemption still in flight (preempted_by), but one whose victims are already requeued
+  // is forgotten; their jobs may then take the GPUs back, and the job preempts once more.
+  std::string favored_;
+  int64_t favored_until_ms_ = 0;
   // dependency -> the PENDING jobs waiting for it (their waiting_for); at most 64 entries per pending job.
   std::map<std::string, std::set<std::string>> dependents_;
   std::deque<std::string> ended_for_dependents_;  // final jobs whose dependents are still to be resolved

@@ -1911,6 +1911,66 @@ TEST_F(CoordinatorTest, AGpuHoursLimitHoldsJobsBackUntilTheNextPeriod) {
   EXPECT_EQ(stateOf(a2), v1::STARTING);
 }
 
+// Fair-share preemption (fairshare_preemption): b holds both GPUs; a's job, at the head of the queue,
+// preempts b's younger job (a with it and b without it are served alike), which is requeued as PREEMPTED
+// after normal's grace. The freed GPU goes to a's job although fair-share orders b's first (a used both GPUs
+// for 10 minutes before; b's job is older), and nothing preempts it back. Off, nothing is preempted.
+TEST_F(CoordinatorTest, AnAccountUnderItsSharePreemptsOneOverIt) {
+  placement::ShareTree tree;
+  tree.accounts["a"] = {"root", 1};
+  tree.accounts["b"] = {"root", 1};
+  coordinator->setAccounts(tree);
+  addNode("n1", 2);
+  auto charged = [](const std::string& account) {
+    v1::JobSpec s = spec(1, 1);
+    s.set_user(account == "a" ? "alice" : "bob");
+    s.set_account(account);
+    return s;
+  };
+  v1::JobSpec both = charged("a");
+  both.set_gpus_per_node(2);
+  const std::string a0 = submit(both);
+  coordinator->tick();
+  runAll("n1", a0);
+  for (int i = 0; i < 60; ++i) {  // 10 minutes: 1200 GPU-seconds for a
+    now += 10000;
+    ASSERT_TRUE(beat("n1", a0));
+    coordinator->tick();
+  }
+  exitAll("n1", a0, 0);
+  ASSERT_EQ(stateOf(a0), v1::SUCCEEDED);
+  const std::string b1 = submit(charged("b"));
+  coordinator->tick();
+  runAll("n1", b1);
+  now += 1000;
+  const std::string b2 = submit(charged("b"));
+  coordinator->tick();
+  runAll("n1", b2);
+  const std::string a1 = submit(charged("a"));
+  coordinator->tick();
+  auto signalled = [&](const std::string& job) {
+    return std::count_if(links["n1"]->commands.begin(), links["n1"]->commands.end(),
+                         [&](const auto& c) { return c.has_signal() && c.signal().job_id() == job; });
+  };
+  EXPECT_EQ(signalled(b2), 0) << "off unless the config turns it on";
+  tree.share_preemption = true;
+  coordinator->setAccounts(tree);
+  coordinator->tick();
+  EXPECT_EQ(signalled(b2), 1);
+  EXPECT_EQ(signalled(b1), 0);
+  EXPECT_EQ(coordinator->getJob(a1)->reason_code(), "Preempting");
+  now += 2000;
+  exitAll("n1", b2, 143);
+  EXPECT_EQ(stateOf(b2), v1::PENDING);
+  EXPECT_EQ(coordinator->getJob(b2)->attempts(0).end(), "PREEMPTED");
+  coordinator->tick();
+  EXPECT_EQ(stateOf(a1), v1::STARTING) << "b2 ranks first by fair-share, but a1 preempted for it";
+  runAll("n1", a1);
+  coordinator->tick();  // b2 waits: b, with it, would be served more than a without a1
+  EXPECT_EQ(signalled(a1), 0);
+  EXPECT_EQ(stateOf(b2), v1::PENDING);
+}
+
 // Issue 41, preemption: a job of a QoS that may preempt, finding no free GPU, has the youngest running job of
 // the lower tier preempted: its ranks get SIGTERM with a deadline (its QoS's grace), the waiting job is
 // Preempting meanwhile; once the ranks have all exited (any code) the job is back in the queue as PREEMPTED,

@@ -105,6 +105,11 @@ TEST(CoordinatorConfig, StoreUrlsAndEtcdSettings) {
             std::string::npos);
   EXPECT_EQ(refusal([](DaemonConfig& d) { d.fairshare_mem_weight = 0.25, d.fairshare_half_life_days = 0.5; }),
             "");
+  DaemonConfig share;
+  ASSERT_TRUE(coordinator::parseConfig(R"({"fairshare_preemption": true, "fairshare_cpu_weight": 0.05})",
+                                       "c.json", &share));
+  EXPECT_TRUE(share.fairshare_preemption);
+  EXPECT_EQ(share.fairshare_cpu_weight, 0.05);
   EXPECT_NE(refusal([](DaemonConfig& d) { d.store = "sqlite"; }).find("store is \"sqlite\""),
             std::string::npos);
 }

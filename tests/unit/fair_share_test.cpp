@@ -9,6 +9,7 @@
 
 #include "common/resources.h"
 #include "placement/placement.h"
+#include "placement/preemption.h"
 #include "placement/sched_sim.h"
 
 namespace ddl::placement {
@@ -367,6 +368,134 @@ TEST(Qos, VictimsAreTheFewestLowestAndYoungest) {
   EXPECT_EQ(cluster.find("n1")->freeGpus(), 2);
 }
 
+// Fair-share preemption: with it on, a job whose account (with it) stays within its share of the GPUs
+// preempts the youngest job of an account over its share, as long as that account keeps its share; never a
+// job of a higher tier, never beyond the preemptor's share, and nothing with it off.
+TEST(Qos, AnAccountUnderItsSharePreemptsOneOverItsWhileThatKeepsItsShare) {
+  Cluster cluster = nodes(2, 4);
+  ShareTree tree;
+  tree.accounts["a"] = {kRootAccount, 1};
+  tree.accounts["b"] = {kRootAccount, 1};  // 4 GPUs each
+  tree.qos["urgent"] = {100, {}, 30, 0, {}};
+  auto hold = [&](const std::string& id, const std::string& node, std::vector<int> gpus, int64_t started,
+                  const std::string& account) {
+    Allocation a;
+    a.nodes.push_back({node, gpus, {}, 0});
+    applyAllocation(cluster, a);
+    return Preemptible{id, a, 0, started, "", account};
+  };
+  std::vector<Preemptible> running = {hold("b1", "n1", {0, 1}, 1, "b"), hold("b2", "n1", {2, 3}, 2, "b"),
+                                      hold("b3", "n2", {0, 1}, 3, "b"), hold("a1", "n2", {2, 3}, 4, "a")};
+  auto plan = [&](const JobRequest& waiting) {
+    const std::vector<JobRequest> queue = {waiting};
+    return planPreemption(tree, cluster, queue, schedule(cluster, queue), running);
+  };
+  JobRequest two = job("two", "alice", "a", 9);
+  two.totalGpus = 2;
+  EXPECT_TRUE(plan(two).victims.empty()) << "off unless the config turns it on";
+  tree.share_preemption = true;
+  // a holds 2 of its 4, b 6 of its 4: b's youngest goes, and b keeps 4.
+  Preemption p = plan(two);
+  EXPECT_EQ(p.jobId, "two");
+  EXPECT_EQ(p.victims, (std::vector<std::string>{"b3"}));
+  // 4 more GPUs would take a past its share; b's job cannot preempt a (b is over its share).
+  JobRequest four = job("four", "alice", "a", 9);
+  four.totalGpus = 4;
+  EXPECT_TRUE(plan(four).victims.empty());
+  JobRequest bs = job("bs", "bob", "b", 8);
+  bs.totalGpus = 2;
+  EXPECT_TRUE(plan(bs).victims.empty());
+  // Only the head job preempts for its share: behind b's older job (the head, which may not), a's waits.
+  const std::vector<JobRequest> behind = {bs, two};
+  EXPECT_TRUE(planPreemption(tree, cluster, behind, schedule(cluster, behind), running).victims.empty());
+  // What a holds counts its starting jobs too (held): with 2 GPUs more starting, a is at its share already.
+  const std::map<std::string, int> starting = {{"a", 4}, {"b", 6}};
+  const std::vector<JobRequest> alone = {two};
+  EXPECT_TRUE(
+      planPreemption(tree, cluster, alone, schedule(cluster, alone), running, &starting).victims.empty());
+  // A victim of a higher tier is never taken for a share.
+  for (Preemptible& r : running) r.qos = r.account == "b" ? "urgent" : "";
+  EXPECT_TRUE(plan(two).victims.empty());
+}
+
+// Where victims its share allows and victims its QoS allows, chosen together, leave the shares unfair, the
+// QoS' victims alone are tried: a's urgent job (a holds 1 GPU, share 2 of 4) needs 2 GPUs; b's two youngest
+// (1 GPU each, b holds 3, share 1 of 4) are each fair to take but not both; c's older 2-GPU job of QoS low,
+// which urgent may preempt, is.
+TEST(Qos, ShareVictimsThatTogetherAreUnfairLeaveTheQosVictimsAlone) {
+  Cluster cluster = nodes(1, 6);
+  ShareTree tree;
+  tree.accounts["a"] = {kRootAccount, 2};
+  tree.accounts["b"] = {kRootAccount, 1};
+  tree.accounts["c"] = {kRootAccount, 1};
+  tree.qos["urgent"] = {100, {"low"}, 30, 0, {}};
+  tree.qos["low"] = {0, {}, 30, 0, {}};
+  tree.share_preemption = true;
+  auto hold = [&](const std::string& id, std::vector<int> gpus, int64_t started, const std::string& account,
+                  const std::string& qos) {
+    Allocation a;
+    a.nodes.push_back({"n1", gpus, {}, 0});
+    applyAllocation(cluster, a);
+    return Preemptible{id, a, 0, started, qos, account};
+  };
+  const std::vector<Preemptible> running = {hold("q1", {0, 1}, 1, "c", "low"), hold("a0", {2}, 2, "a", ""),
+                                            hold("b1", {3}, 3, "b", ""), hold("b2", {4}, 4, "b", ""),
+                                            hold("b3", {5}, 5, "b", "")};
+  JobRequest two = job("two", "alice", "a", 9);
+  two.totalGpus = 2;
+  two.qos = "urgent";
+  const std::vector<JobRequest> queue = {two};
+  const Preemption p = planPreemption(tree, cluster, queue, schedule(cluster, queue), running);
+  EXPECT_EQ(p.victims, (std::vector<std::string>{"q1"}));
+  EXPECT_FALSE(p.forShare);
+  // Without c's job, b3 and b2 would leave b under a: nothing.
+  const std::vector<Preemptible> only_b(running.begin() + 1, running.end());
+  EXPECT_TRUE(planPreemption(tree, cluster, queue, schedule(cluster, queue), only_b).victims.empty());
+}
+
+// The balance splits the cluster among the accounts that hold or want GPUs alone: an idle sibling's share
+// goes to the others, and an account with sub-accounts counts its own jobs as one more member of share 1.
+TEST(FairShare, TheBalanceSplitsTheClusterAmongTheContenders) {
+  const ShareTree tree = scienceTree();  // science 2 (physics 3, chem 1), ops 1
+  const ShareBalance some(tree, {{"physics", 4}}, {"ops"});
+  EXPECT_NEAR(some.weight("physics"), 2.0 / 3, 1e-9) << "chem is idle: science's part is physics'";
+  EXPECT_NEAR(some.weight("ops"), 1.0 / 3, 1e-9);
+  EXPECT_EQ(some.weight("chem"), 0);
+  EXPECT_FALSE(some.takesPart("science")) << "no job of science's own";
+  EXPECT_FALSE(some.takesPart("nowhere")) << "charged to root";
+  const ShareBalance all(tree, {{"physics", 4}, {"science", 1}, {"nowhere", 2}}, {"chem", "ops"});
+  EXPECT_NEAR(all.weight("science"), 2.0 / 3 / 5, 1e-9);
+  EXPECT_NEAR(all.weight("physics"), 2.0 / 3 * 3 / 5, 1e-9);
+  EXPECT_NEAR(all.weight("chem"), 2.0 / 3 / 5, 1e-9);
+  // physics holds 4 of its 0.4; chem with 1 GPU would hold 1 of 0.133: fair to take one of physics' GPUs.
+  EXPECT_TRUE(all.fair("chem", 1, {{"physics", 1}}));
+  EXPECT_FALSE(all.fair("chem", 2, {{"physics", 2}}));
+  EXPECT_FALSE(all.fair("physics", 1, {{"physics", 1}})) << "never its own account";
+  EXPECT_FALSE(all.fair("chem", 1, {{"nowhere", 2}})) << "root takes no part";
+  // Accounts in a cycle of parents hang from nothing that reaches root: they take no part.
+  ShareTree loop = tree;
+  loop.accounts["x"] = {"y", 1};
+  loop.accounts["y"] = {"x", 1};
+  const ShareBalance looped(loop, {{"x", 2}, {"physics", 1}}, {"y"});
+  EXPECT_FALSE(looped.takesPart("x"));
+  EXPECT_FALSE(looped.takesPart("y"));
+  EXPECT_NEAR(looped.weight("physics"), 1.0, 1e-9);
+}
+
+TEST(FairShare, AFavoredJobGoesFirstInItsTier) {
+  std::vector<JobRequest> queue = {job("old", "alice", "physics", 1), job("new", "bob", "chem", 2),
+                                   job("top", "carl", "ops", 3)};
+  prioritize(queue, scienceTree(), UsageLedger{}, PriorityWeights{}, 10);
+  queue[2].tier = 100;
+  favor(queue, "new");
+  favor(queue, "missing");
+  const ScheduleResult pass = schedule(nodes(1, 1), queue);
+  ASSERT_EQ(pass.decisions.size(), 3u);
+  EXPECT_EQ(pass.decisions[0].jobId, "top") << "a higher tier still goes first";
+  EXPECT_EQ(pass.decisions[1].jobId, "new");
+  EXPECT_EQ(pass.decisions[2].jobId, "old");
+}
+
 // Issue 41's goal on the policy: accounts with shares 2:1 and a backlog each on 2 nodes x 4 GPUs for 10
 // minutes get GPU-seconds within 5% of 2:1; a third account arriving half-way gets its first GPUs within one
 // job's run time. FIFO on the same trace gives what the first submitter's backlog takes.
@@ -426,6 +555,32 @@ TEST(SchedSim, PreemptionStartsAnUrgentLatecomerAfterTheGraceAndLosesNoWork) {
   EXPECT_EQ(r.finished, 6);
   EXPECT_NEAR(r.gpu_seconds.at("a"), 4 * 4 * 300, 1) << "the preempted job ran its whole length";
   EXPECT_NEAR(r.gpu_seconds.at("c"), 2 * 4 * 60, 1);
+}
+
+// Fair-share preemption in the simulator: b used the node for 10 minutes and is gone; a, with little usage,
+// takes its 4 GPUs with long 1-GPU jobs; b's new job (at the head: a has none waiting) preempts one of a's
+// (b with 1 GPU and a with 3 are served alike). a's requeued job ranks before b's by fair-share (a used
+// less), yet the freed GPU goes to b's job (favor()): one preemption, not one per grace period. a's job
+// cannot then preempt b's back.
+TEST(SchedSim, ThePreemptorForAShareGetsWhatItFreedAndNothingPreemptsBack) {
+  SimOptions options;
+  options.cluster = nodes(1, 4);
+  options.tree.accounts["a"] = {kRootAccount, 1};
+  options.tree.accounts["b"] = {kRootAccount, 1};
+  options.tree.qos[kNormalQos].grace_s = 5;
+  options.tree.share_preemption = true;
+  options.preemption = true;
+  options.end_ms = 2200 * 1000;
+  std::vector<SimJob> trace = {{"b0", "bob", "b", 0, 4, 600 * 1000}};
+  for (int i = 0; i < 4; ++i)
+    trace.push_back({"a" + std::to_string(i), "alice", "a", 590 * 1000, 1, 1200 * 1000});
+  trace.push_back({"b1", "bob", "b", 650 * 1000, 1, 300 * 1000});
+  const SimResult r = simulate(trace, options);
+  EXPECT_EQ(r.preemptions, 1);
+  ASSERT_EQ(r.waits_ms.size(), 6u);  // b0, a's four, b1: each job's first start, in order
+  EXPECT_LE(r.waits_ms.back(), 6 * 1000) << "b1 started after the grace";
+  EXPECT_EQ(r.finished, 6);
+  EXPECT_NEAR(r.gpu_seconds.at("a"), 4 * 1200, 1) << "the preempted job ran its whole length";
 }
 
 }  // namespace
