@@ -66,6 +66,23 @@ std::string chargedAccount(const ShareTree& tree, const std::string& account) {
   return tree.accounts.count(account) ? account : kRootAccount;
 }
 
+// Each account's sub-accounts (names in order), by parent: an account whose parent is unknown hangs under
+// root. `keep`: only the accounts it says yes to (nullptr: all).
+std::map<std::string, std::vector<std::string>> childrenOf(const ShareTree& tree,
+                                                           const std::set<std::string>* keep = nullptr) {
+  std::map<std::string, std::vector<std::string>> children;
+  for (const auto& [name, account] : tree.accounts) {
+    if (!keep || keep->count(name))
+      children[tree.accounts.count(account.parent) ? account.parent : kRootAccount].push_back(name);
+  }
+  return children;
+}
+
+// An account's weight among its siblings: its share, at least 1.
+int64_t shareOf(const ShareTree& tree, const std::string& account) {
+  return std::max<int64_t>(tree.accounts.at(account).share, 1);
+}
+
 // Users with work or usage in each account: the members an account's share is split among.
 std::map<std::string, std::set<std::string>> activeUsers(const std::vector<JobRequest>& queue,
                                                          const ShareTree& tree, const UsageLedger& usage) {
@@ -79,10 +96,7 @@ std::map<std::string, std::set<std::string>> activeUsers(const std::vector<JobRe
 
 std::vector<ShareRow> sharesWith(const ShareTree& tree, const UsageLedger& usage,
                                  const std::map<std::string, std::set<std::string>>& users) {
-  std::map<std::string, std::vector<std::string>> children;  // by parent, names in order
-  for (const auto& [name, account] : tree.accounts) {
-    children[tree.accounts.count(account.parent) ? account.parent : kRootAccount].push_back(name);
-  }
+  const std::map<std::string, std::vector<std::string>> children = childrenOf(tree);
   std::map<std::string, double> own;  // each account's users' usage
   for (const auto& [key, used] : usage.by_user) own[chargedAccount(tree, key.first)] += used;
 
@@ -99,12 +113,11 @@ std::vector<ShareRow> sharesWith(const ShareTree& tree, const UsageLedger& usage
           // Users directly in an account that also has sub-accounts count as one more member of share 1.
           auto direct = users.find(name);
           int64_t total = direct != users.end() && !direct->second.empty() ? 1 : 0;
-          for (const std::string& kid : kids->second)
-            total += std::max<int64_t>(tree.accounts.at(kid).share, 1);
+          for (const std::string& kid : kids->second) total += shareOf(tree, kid);
           rows[at].users_share = norm / std::max<int64_t>(total, 1);
           for (const std::string& kid : kids->second) {
             if (!seen.insert(kid).second) continue;
-            const int64_t kid_share = std::max<int64_t>(tree.accounts.at(kid).share, 1);
+            const int64_t kid_share = shareOf(tree, kid);
             used += walk(kid, name, depth + 1, kid_share, norm * kid_share / total);
           }
         }
@@ -307,11 +320,7 @@ ShareBalance::ShareBalance(const ShareTree& tree, const std::map<std::string, in
   for (const std::string& c : contenders) {
     for (const std::string& a : tree.chain(c)) on_path.insert(a);
   }
-  std::map<std::string, std::vector<std::string>> children;  // by parent, of the accounts on a path
-  for (const auto& [name, account] : tree.accounts) {
-    if (on_path.count(name))
-      children[tree.accounts.count(account.parent) ? account.parent : kRootAccount].push_back(name);
-  }
+  const std::map<std::string, std::vector<std::string>> children = childrenOf(tree, &on_path);
   // Down the tree from root (each account is some one parent's child, so the walk is bounded by the tree).
   std::vector<std::pair<std::string, double>> walk = {{kRootAccount, 1.0}};
   for (size_t i = 0; i < walk.size() && i <= tree.accounts.size(); ++i) {
@@ -323,10 +332,9 @@ ShareBalance::ShareBalance(const ShareTree& tree, const std::map<std::string, in
       continue;
     }
     double total = own ? 1 : 0;
-    for (const std::string& kid : kids->second) total += std::max<int64_t>(tree.accounts.at(kid).share, 1);
+    for (const std::string& kid : kids->second) total += shareOf(tree, kid);
     if (own) weight_[name] = part / total;
-    for (const std::string& kid : kids->second)
-      walk.push_back({kid, part * std::max<int64_t>(tree.accounts.at(kid).share, 1) / total});
+    for (const std::string& kid : kids->second) walk.push_back({kid, part * shareOf(tree, kid) / total});
   }
 }
 

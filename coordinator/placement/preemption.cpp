@@ -71,18 +71,17 @@ Preemption planPreemption(const ShareTree& tree, const Cluster& live, const std:
       }
       return victims;
     };
-    if (by_share) {
-      std::vector<std::pair<std::string, int>> for_share;
-      std::vector<std::string> victims = choose(true, &for_share);
-      // Each victim alone was fair; together they must be too.
-      if (!victims.empty() && (for_share.empty() || balance->fair(job.account, job.gpuCount(), for_share)))
-        return {d.jobId, std::move(victims), !for_share.empty()};
-    }
-    if (by_qos) {
-      std::vector<std::pair<std::string, int>> none;
-      std::vector<std::string> victims = choose(false, &none);
-      if (!victims.empty()) return {d.jobId, std::move(victims), false};
-    }
+    std::vector<std::pair<std::string, int>> for_share;
+    std::vector<std::string> victims = choose(by_share, &for_share);
+    if (victims.empty()) continue;  // freeing every candidate would not be enough
+    // Each victim taken for the share was fair alone; together they must be too. If not, its QoS' victims
+    // alone, where it has any.
+    if (for_share.empty() || balance->fair(job.account, job.gpuCount(), for_share))
+      return {d.jobId, std::move(victims), !for_share.empty()};
+    if (!by_qos) continue;
+    for_share.clear();
+    victims = choose(false, &for_share);
+    if (!victims.empty()) return {d.jobId, std::move(victims), false};
   }
   return {};
 }
