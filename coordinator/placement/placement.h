@@ -110,7 +110,7 @@ struct Preemptible {
   int64_t qosPriority = 0;  // its QoS's priority: lower tiers are preempted first
   int64_t startedMs = 0;    // when it was placed: of one tier, the youngest (least work lost) goes first
   std::string qos;          // its QoS ("" normal)
-  std::string account;      // the account it is charged to, for fair-share preemption
+  std::string account;      // its account, for fair-share preemption ("" or unknown: charged to root)
 };
 
 // The fewest of `candidates`, lowest tier and youngest first, whose GPUs (and CPUs and memory) once freed let

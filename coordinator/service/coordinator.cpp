@@ -821,21 +821,19 @@ void Coordinator::preemptForWaitingOnLoop(const placement::ScheduleResult& resul
   // The cluster as the live jobs hold it: GPUs that the ranks of ended or requeued attempts hold while they
   // stop (a preemption's victims among them) are free in moments, no reason to preempt more.
   const placement::Cluster live = snapshotOnLoop(true, /*stopping_ranks=*/false);
-  std::vector<placement::Preemptible> running;  // what may be preempted: RUNNING (not starting) jobs
-  for (const auto& [id, rt] : runtime_) {
-    const state::Job& job = jobs_[id];
-    if (job.state != JobState::kRunning || !job.preempted_by.empty()) continue;
-    running.push_back({id, toPlacement(job.allocation), 0, latestAttemptReached(job, JobState::kScheduled),
-                       job.spec.qos, job.spec.account.empty() ? placement::kRootAccount : job.spec.account});
-  }
-  // GPUs per account of every launched job, the starting ones too; not of victims still stopping (of a
-  // preemptor since cancelled or held): they are as good as gone.
+  // What may be preempted: RUNNING (not starting) jobs. What each account holds: every launched job, the
+  // starting ones too, but not victims still stopping (of a preemptor since cancelled or held): they are as
+  // good as gone. Accounts as the jobs give them ("" is root's: the balance charges them as prioritize does).
+  std::vector<placement::Preemptible> running;
   std::map<std::string, int> held;
   for (const auto& [id, rt] : runtime_) {
     const state::Job& job = jobs_[id];
     if (!isLive(job.state) || !job.preempted_by.empty()) continue;
-    held[job.spec.account.empty() ? placement::kRootAccount : job.spec.account] +=
-        toPlacement(job.allocation).totalGpus();
+    placement::Allocation allocation = toPlacement(job.allocation);
+    held[job.spec.account] += allocation.totalGpus();
+    if (job.state == JobState::kRunning)
+      running.push_back({id, std::move(allocation), 0, latestAttemptReached(job, JobState::kScheduled),
+                         job.spec.qos, job.spec.account});
   }
   const placement::Preemption plan = placement::planPreemption(tree, live, queue, result, running, &held);
   if (plan.victims.empty()) return;
@@ -864,13 +862,10 @@ void Coordinator::preemptOnLoop(const std::string& id, const std::string& by, in
   job.preempted_by = by;
   job.preempt_deadline_ms = now_ms + grace_s * 1000;
   putJobOnLoop(job);  // before the signal goes: a coordinator restarted meanwhile still requeues it
-  const state::Job* for_job = jobs_.count(by) ? &jobs_[by] : nullptr;
+  const state::JobSpec& spec = jobs_.count(by) ? jobs_[by].spec : state::JobSpec{};
   const std::string why =
-      for_share ? "account " +
-                      (for_job && !for_job->spec.account.empty() ? for_job->spec.account
-                                                                 : std::string(placement::kRootAccount)) +
-                      "'s share"
-                : "QoS " + placement::qosName(for_job ? for_job->spec.qos : "");
+      for_share ? "account " + (spec.account.empty() ? placement::kRootAccount : spec.account) + "'s share"
+                : "QoS " + placement::qosName(spec.qos);
   spdlog::info("job {}: preempted for job {} ({}): its ranks are killed in {} s unless they exit", id, by,
                why, grace_s);
   signalRanksOnLoop(job, job.spec.warn_signal > 0 ? job.spec.warn_signal : SIGTERM, job.preempt_deadline_ms);
