@@ -40,6 +40,14 @@ v1::JobSpec spec(int nodes, int gpus_per_node, int max_restarts = 0) {
   return s;
 }
 
+// A job of `gpus` GPUs on one node that `user` charges to `account`.
+v1::JobSpec chargedSpec(const std::string& user, const std::string& account, int gpus = 1) {
+  v1::JobSpec s = spec(1, gpus);
+  s.set_user(user);
+  s.set_account(account);
+  return s;
+}
+
 v1::RankStatus rankStatus(const std::string& job, int attempt, int rank, int gpu,
                           v1::RankStatus::State st = v1::RankStatus::RUNNING, std::optional<int> code = {},
                           std::optional<int> sig = {}) {
@@ -1473,12 +1481,6 @@ TEST_F(CoordinatorTest, UsageIsChargedStoredAndOrdersTheQueueByShare) {
   tree.accounts["b"] = {"root", 1};
   coordinator->setAccounts(tree);
   addNode("n1", 1);
-  auto charged = [](const std::string& user, const std::string& account) {
-    v1::JobSpec s = spec(1, 1);
-    s.set_user(user);
-    s.set_account(account);
-    return s;
-  };
   // Time passes with the node's heartbeats, the job's ranks running.
   auto pass = [&](int64_t ms, const std::string& job) {
     for (int64_t left = ms; left > 0; left -= 5000) {
@@ -1487,7 +1489,7 @@ TEST_F(CoordinatorTest, UsageIsChargedStoredAndOrdersTheQueueByShare) {
       coordinator->tick();
     }
   };
-  const std::string first = submit(charged("alice", "a"));
+  const std::string first = submit(chargedSpec("alice", "a"));
   coordinator->tick();  // placed; the usage clock starts
   EXPECT_EQ(stateOf(first), v1::STARTING);
   pass(100 * 1000, first);  // 100 GPU-seconds to alice in a
@@ -1500,9 +1502,9 @@ TEST_F(CoordinatorTest, UsageIsChargedStoredAndOrdersTheQueueByShare) {
   EXPECT_NEAR(by_account["a"].factor(), 0.25, 0.001);  // all the usage on half the shares: 2^-2
   EXPECT_DOUBLE_EQ(by_account["b"].factor(), 1.0);
 
-  const std::string older = submit(charged("alice", "a"));
+  const std::string older = submit(chargedSpec("alice", "a"));
   now += 1000;
-  const std::string newer = submit(charged("bob", "b"));
+  const std::string newer = submit(chargedSpec("bob", "b"));
   exitAll("n1", first);
   coordinator->tick();
   EXPECT_EQ(stateOf(newer), v1::STARTING) << "the account under its share goes first";
@@ -1829,14 +1831,8 @@ TEST_F(CoordinatorTest, LimitsHoldJobsBackAndRefuseWhatCanNeverFit) {
   tree.users["bob"] = {0, 0, 1};
   coordinator->setAccounts(tree);
   addNode("n1", 4);
-  auto charged = [](const std::string& user, const std::string& account, int gpus) {
-    v1::JobSpec s = spec(1, gpus);
-    s.set_user(user);
-    s.set_account(account);
-    return s;
-  };
-  const std::string a1 = submit(charged("alice", "a", 1)), a2 = submit(charged("alice", "a", 1)),
-                    a3 = submit(charged("alice", "a", 1)), b1 = submit(charged("bob", "b", 1));
+  const std::string a1 = submit(chargedSpec("alice", "a", 1)), a2 = submit(chargedSpec("alice", "a", 1)),
+                    a3 = submit(chargedSpec("alice", "a", 1)), b1 = submit(chargedSpec("bob", "b", 1));
   coordinator->tick();
   EXPECT_EQ(stateOf(a1), v1::STARTING);
   EXPECT_EQ(stateOf(a2), v1::STARTING);
@@ -1848,15 +1844,15 @@ TEST_F(CoordinatorTest, LimitsHoldJobsBackAndRefuseWhatCanNeverFit) {
   EXPECT_NE(waiting->reason().find("account a holds 2 of its 2 GPUs"), std::string::npos)
       << waiting->reason();
   // Never fits the limit: refused, naming it.
-  auto big = coordinator->submit(charged("alice", "a", 3));
+  auto big = coordinator->submit(chargedSpec("alice", "a", 3));
   EXPECT_EQ(big.status().code(), state::StatusCode::kInvalidArgument);
   EXPECT_NE(big.status().message().find("account a may hold at most 2"), std::string::npos)
       << big.status().message();
   // bob may have one job waiting: the first waits (no GPU left), the second is refused.
-  const std::string b2 = submit(charged("bob", "b", 4));
+  const std::string b2 = submit(chargedSpec("bob", "b", 4));
   coordinator->tick();
   EXPECT_EQ(stateOf(b2), v1::PENDING);
-  auto refused = coordinator->submit(charged("bob", "b", 1));
+  auto refused = coordinator->submit(chargedSpec("bob", "b", 1));
   EXPECT_EQ(refused.status().code(), state::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("user bob has 1 jobs waiting"), std::string::npos)
       << refused.status().message();
@@ -1875,13 +1871,7 @@ TEST_F(CoordinatorTest, AGpuHoursLimitHoldsJobsBackUntilTheNextPeriod) {
   tree.accounts["b"] = {"root", 1};
   coordinator->setAccounts(tree);
   addNode("n1", 2);
-  auto charged = [](const std::string& account) {
-    v1::JobSpec s = spec(1, 1);
-    s.set_user("alice");
-    s.set_account(account);
-    return s;
-  };
-  const std::string a1 = submit(charged("a"));
+  const std::string a1 = submit(chargedSpec("alice", "a"));
   coordinator->tick();
   ASSERT_EQ(stateOf(a1), v1::STARTING);
   for (int i = 0; i < 80; ++i) {  // 400 s: past 360 GPU-seconds
@@ -1889,7 +1879,7 @@ TEST_F(CoordinatorTest, AGpuHoursLimitHoldsJobsBackUntilTheNextPeriod) {
     ASSERT_TRUE(beat("n1", a1));
     coordinator->tick();
   }
-  const std::string a2 = submit(charged("a")), b1 = submit(charged("b"));
+  const std::string a2 = submit(chargedSpec("alice", "a")), b1 = submit(chargedSpec("alice", "b"));
   coordinator->tick();
   EXPECT_EQ(stateOf(b1), v1::STARTING);
   auto waiting = coordinator->getJob(a2);
@@ -1921,13 +1911,7 @@ TEST_F(CoordinatorTest, AnAccountUnderItsSharePreemptsOneOverIt) {
   tree.accounts["b"] = {"root", 1};
   coordinator->setAccounts(tree);
   addNode("n1", 2);
-  auto charged = [](const std::string& account) {
-    v1::JobSpec s = spec(1, 1);
-    s.set_user(account == "a" ? "alice" : "bob");
-    s.set_account(account);
-    return s;
-  };
-  v1::JobSpec both = charged("a");
+  v1::JobSpec both = chargedSpec("alice", "a");
   both.set_gpus_per_node(2);
   const std::string a0 = submit(both);
   coordinator->tick();
@@ -1939,14 +1923,14 @@ TEST_F(CoordinatorTest, AnAccountUnderItsSharePreemptsOneOverIt) {
   }
   exitAll("n1", a0, 0);
   ASSERT_EQ(stateOf(a0), v1::SUCCEEDED);
-  const std::string b1 = submit(charged("b"));
+  const std::string b1 = submit(chargedSpec("bob", "b"));
   coordinator->tick();
   runAll("n1", b1);
   now += 1000;
-  const std::string b2 = submit(charged("b"));
+  const std::string b2 = submit(chargedSpec("bob", "b"));
   coordinator->tick();
   runAll("n1", b2);
-  const std::string a1 = submit(charged("a"));
+  const std::string a1 = submit(chargedSpec("alice", "a"));
   coordinator->tick();
   auto signalled = [&](const std::string& job) {
     return std::count_if(links["n1"]->commands.begin(), links["n1"]->commands.end(),
