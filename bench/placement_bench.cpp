@@ -12,9 +12,16 @@
 // With --cpus-per-rank C every node also offers 64 CPUs and 512 GiB (a busy GPU holds C of them and 16 GiB),
 // and every job asks for C CPUs and 16 GiB per rank: the cost of placing CPUs and memory as well.
 //
+// With --node-topology s822lc every node reports the topology of a Power S822LC (two NVLink pairs, one per
+// NUMA node): the cost of placing by islands and NUMA nodes (placement/within_node.h). It also prints the
+// fragmentation figures: a random workload (within_node.h's runWorkload: 3,000 arrivals and departures, 5
+// seeds, three quarters of the GPUs held) on 64 s822lc and 64 dgx-h100 nodes, placed by the topology and by
+// the lowest ids: the jobs split across more NVLink islands (NUMA nodes) than they need, and the groups left
+// partly held on average after each event.
+//
 // Usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--fair-jobs N] [--seed S] [--cpus-per-rank
 // C]
-//                        [--json FILE]
+//                        [--node-topology s822lc] [--json FILE]
 //        (--nodes: 1000)
 #include <algorithm>
 #include <cerrno>
@@ -30,6 +37,7 @@
 #include "placement/fair_share.h"
 #include "placement/placement.h"
 #include "placement/ring_layout.h"
+#include "placement/within_node.h"
 
 using namespace ddl::placement;
 
@@ -37,7 +45,24 @@ namespace {
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-Cluster makeCluster(uint32_t seed, int nodes, int cpusPerRank) {
+// A node's insides as its agent's --virtual-topology reports them (worker/topology.cpp), with `cpus` CPUs
+// split between its two NUMA nodes (none: no CPU's node).
+std::shared_ptr<const NodeTopology> topologyOf(const std::string& kind, int cpus) {
+  auto t = std::make_shared<NodeTopology>();
+  if (kind == "s822lc") {
+    t->gpuIsland = {0, 0, 2, 2};
+    t->gpuNuma = {0, 0, 1, 1};
+  } else {  // dgx-h100
+    t->gpuIsland.assign(8, 0);
+    t->gpuNuma = {0, 0, 0, 0, 1, 1, 1, 1};
+  }
+  for (int c = 0; c < cpus; ++c) t->cpuNuma.push_back(c * 2 / cpus);
+  return t;
+}
+
+Cluster makeCluster(uint32_t seed, int nodes, int cpusPerRank, bool s822lc) {
+  const std::shared_ptr<const NodeTopology> topology =
+      s822lc ? topologyOf("s822lc", cpusPerRank > 0 ? 64 : 0) : nullptr;
   std::mt19937 rng(seed);
   Cluster c;
   for (int i = 0; i < nodes; ++i) {
@@ -45,6 +70,7 @@ Cluster makeCluster(uint32_t seed, int nodes, int cpusPerRank) {
     n.name = "n" + std::to_string(i + 1);
     n.gpus = 4;
     n.used.assign(4, false);
+    n.topology = topology;
     const int sw = i * 32 / nodes;  // 32 switches of nodes/32 consecutive nodes
     n.labels[kSwitchLabel] = "s" + std::to_string(sw + 1);
     n.labels[kRackLabel] = "r" + std::to_string(sw / 4 + 1);
@@ -126,6 +152,7 @@ Stats timeIt(const std::string& name, int runs, const std::function<void()>& f) 
 
 struct Args {
   int runs = 100, queueRuns = 10, nodes = 1000, cpusPerRank = 0, fairJobs = 10000;
+  bool s822lc = false;  // --node-topology s822lc
   uint32_t seed = 42;
   const char* jsonPath = nullptr;
 };
@@ -155,11 +182,13 @@ Args parseArgs(int argc, char** argv) {
       a.jsonPath = value();
     else if (!std::strcmp(argv[i], "--cpus-per-rank"))
       a.cpusPerRank = std::clamp(std::atoi(value()), 0, 16);
+    else if (!std::strcmp(argv[i], "--node-topology") && !std::strcmp(value(), "s822lc"))
+      a.s822lc = true;
     else {
       std::fprintf(
           stderr,
           "usage: placement_bench [--nodes N] [--runs N] [--queue-runs N] [--fair-jobs N] [--seed S] "
-          "[--cpus-per-rank C] [--json FILE]\n");
+          "[--cpus-per-rank C] [--node-topology s822lc] [--json FILE]\n");
       std::exit(2);
     }
   }
@@ -171,7 +200,7 @@ int main(int argc, char** argv) {
   const int runs = args.runs, queueRuns = args.queueRuns, nodes = args.nodes, cpusPerRank = args.cpusPerRank;
   const uint32_t seed = args.seed;
   const char* jsonPath = args.jsonPath;
-  const Cluster cluster = makeCluster(seed, nodes, cpusPerRank);
+  const Cluster cluster = makeCluster(seed, nodes, cpusPerRank, args.s822lc);
   int up = 0, draining = 0, down = 0, freeGpus = 0, wholeFree = 0;
   for (const Node& n : cluster.nodes) {
     up += n.state == NodeState::kUp;
@@ -184,8 +213,9 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "snapshot: %d nodes x 4 GPUs, 32 switches, 8 racks, seed %u: %d UP (%d fully free, %d free GPUs), "
-      "%d DRAINING, %d DOWN\n",
-      nodes, seed, up, wholeFree, freeGpus, draining, down);
+      "%d DRAINING, %d DOWN%s\n",
+      nodes, seed, up, wholeFree, freeGpus, draining, down,
+      args.s822lc ? "; every node an S822LC (2 NVLink pairs on 2 NUMA nodes)" : "");
 
   JobRequest shape;
   shape.id = "big";
@@ -275,6 +305,47 @@ int main(int argc, char** argv) {
     keep(q.size());
   }));
 
+  // Fragmentation: the same random workloads placed by the topology and by the lowest ids.
+  struct Fragmentation {
+    std::string kind;
+    double aware = 0, lowest = 0;         // broken groups per node after an event, on average
+    int splitAware = 0, splitLowest = 0;  // jobs split across more groups than they need
+    int violations = 0;
+  };
+  std::vector<Fragmentation> fragmentation;
+  if (args.s822lc) {
+    for (const char* kind : {"s822lc", "dgx-h100"}) {
+      Cluster small;
+      for (int i = 0; i < 64; ++i) {
+        Node n;
+        n.name = "n" + std::to_string(i);
+        n.topology = topologyOf(kind, 0);
+        n.gpus = static_cast<int>(n.topology->gpuIsland.size());
+        small.nodes.push_back(std::move(n));
+      }
+      Fragmentation f{kind};
+      long aware = 0, lowest = 0;
+      for (uint32_t s = 1; s <= 5; ++s) {
+        const WorkloadRun a = runWorkload(small, s, 3000, false), l = runWorkload(small, s, 3000, true);
+        // s822lc: its islands are its NUMA nodes; dgx-h100: one island, so its NUMA nodes are what breaks.
+        aware += std::string(kind) == "s822lc" ? a.brokenIslands : a.brokenNuma;
+        lowest += std::string(kind) == "s822lc" ? l.brokenIslands : l.brokenNuma;
+        f.violations += a.violations;
+        f.splitAware += a.splitJobs;
+        f.splitLowest += l.splitJobs;
+      }
+      f.aware = double(aware) / (5.0 * 3000 * 64);
+      f.lowest = double(lowest) / (5.0 * 3000 * 64);
+      std::printf(
+          "fragmentation on 64 %s nodes, 5 x 3000 events: jobs split across %s: %d by the topology, %d "
+          "by the lowest ids; %s partly held per node: %.3f and %.3f; %d jobs that fitted one group and "
+          "did not get one\n",
+          kind, std::string(kind) == "s822lc" ? "NVLink islands" : "NUMA nodes", f.splitAware, f.splitLowest,
+          std::string(kind) == "s822lc" ? "islands" : "NUMA nodes", f.aware, f.lowest, f.violations);
+      fragmentation.push_back(f);
+    }
+  }
+
   if (jsonPath) {
     FILE* f = std::fopen(jsonPath, "w");
     if (!f) {
@@ -286,6 +357,17 @@ int main(int argc, char** argv) {
                  "\"up\": %d, \"draining\": %d, \"down\": %d, \"free_gpus\": %d, \"cpus_per_rank\": %d},\n",
                  nodes, seed, up, draining, down, freeGpus, cpusPerRank);
     std::fprintf(f, "  \"job_topology\": \"%s\",\n", layout.topology().c_str());
+    std::fprintf(f, "  \"node_topology\": \"%s\",\n", args.s822lc ? "s822lc" : "");
+    std::fprintf(f, "  \"fragmentation\": [");
+    for (size_t i = 0; i < fragmentation.size(); ++i) {
+      std::fprintf(
+          f,
+          "%s{\"kind\": \"%s\", \"broken_per_node_topology\": %.4f, \"broken_per_node_lowest_id\": %.4f, "
+          "\"split_jobs_topology\": %d, \"split_jobs_lowest_id\": %d, \"violations\": %d}",
+          i ? ", " : "", fragmentation[i].kind.c_str(), fragmentation[i].aware, fragmentation[i].lowest,
+          fragmentation[i].splitAware, fragmentation[i].splitLowest, fragmentation[i].violations);
+    }
+    std::fprintf(f, "],\n");
     std::fprintf(f,
                  "  \"schedule\": {\"jobs\": 1000, \"started\": %d, \"backfilled\": %d, \"refused\": %d},\n",
                  started, backfilled, refused);

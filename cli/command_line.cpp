@@ -319,6 +319,10 @@ void declareLogs(CLI::App& app, CommandLine& cl) {
 void declareNodeVerbs(CLI::App& app, CommandLine& cl) {
   CLI::App* nodes =
       app.add_subcommand("nodes", "list nodes; 'nodes remove NAME' forgets a node that is gone");
+  nodes->add_flag(
+      "-v,--verbose", cl.verbose,
+      "also each node's GPUs (NUMA node, CPUs, NVLink island and peers, nearest NIC, PCI address) "
+      "and NICs");
   nodes->add_subcommand("remove", "forget node NAME for good (admins only; it must be DOWN with no live job)")
       ->add_option("NAME", cl.target, "node name")
       ->required();
@@ -425,6 +429,12 @@ void declareAccountVerbs(CLI::App& app, CommandLine& cl) {
       ->add_option("NAME", cl.target, "user name")
       ->required();
   admin->add_subcommand("users", "list users, roles and accounts");
+  CLI::App* gpuOk = admin->add_subcommand(
+      "gpu-ok", "a faulted GPU is fit for work again (reset or replaced): jobs may be placed on it");
+  gpuOk->add_option("NODE", cl.target, "node name")->required();
+  gpuOk->add_option("GPU", cl.gpu, "the GPU's index on the node (ddlctl nodes -v)")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
   CLI::App* issue = admin->add_subcommand("issue-node",
                                           "a certificate for a node, written to --out as ca.crt, "
                                           "node.crt and node.key (install them in the node's "

@@ -215,6 +215,9 @@ class JobTableWriter {
   std::vector<size_t> width_;
 };
 std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs);
+// `ddlctl nodes -v`'s part under the table: per node, a row per GPU (model, memory, NUMA node and its CPUs,
+// NVLink island and peers, nearest NIC, PCI address, and the job holding it) and a line of its NICs.
+std::string formatNodeInsides(const v1::ListNodesResponse& nodes);
 // The account tree, each account under its parent, with its share, its normalised share (its part of the
 // whole cluster: its share over its siblings' times its parent's part, as sshare's NormShares) and its users.
 std::string formatAccountTree(const v1::ListAccountsResponse& accounts);

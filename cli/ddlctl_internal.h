@@ -138,6 +138,7 @@ struct CommandLine {
   std::string until;                 // list --until, as given
   int pageSize = 0;                  // list --page-size; 0 = the coordinator's default
   std::string nodesVerb;             // "" (list nodes) or "remove"
+  bool verbose = false;              // nodes -v: each node's GPUs, where they sit, and its NICs
   std::string target;                // the JOB or NODE argument
   std::optional<int> rank;           // logs: one rank only
   int attempt = 0;                   // logs: 0 = the latest launch
@@ -152,6 +153,7 @@ struct CommandLine {
   std::string requestId;             // submit --request-id; "" = ddlctl makes one
   std::string signal;                // cancel --signal, as given
   std::string reason;                // drain --reason
+  int gpu = -1;                      // admin gpu-ok NODE GPU
   bool byAccount = false;            // usage --by-account
   bool daily = false;                // usage --daily
 };

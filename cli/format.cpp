@@ -459,7 +459,8 @@ std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
     std::vector<std::string> jobs(n.jobs().begin(), n.jobs().end());
     rows.push_back(
         {cell(n.name(), kMaxNameColumn), cell(nodeState(n), kMaxNameColumn),
-         std::to_string(n.gpus_used_size()) + "/" + std::to_string(n.gpus_size()),
+         std::to_string(n.gpus_used_size()) + "/" + std::to_string(n.gpus_size()) +
+             (n.gpu_faults_size() ? " (" + std::to_string(n.gpu_faults_size()) + " faulted)" : ""),
          n.cpus_size() ? std::to_string(n.cpus_used_size()) + "/" + std::to_string(n.cpus_size()) : "-",
          n.memory_bytes() > 0 ? formatBytes(n.memory_used_bytes()) + "/" + formatBytes(n.memory_bytes())
                               : "-",
@@ -488,6 +489,41 @@ std::string formatNodeTable(const v1::ListNodesResponse& nodes, int64_t nowMs) {
     out += "warning: " + escapeForTerminal(join(names, ", ")) + ": " + escapeForTerminal(why) + "\n";
   for (const auto& [why, names] : unconfined)
     out += "note: " + escapeForTerminal(join(names, ", ")) + ": " + escapeForTerminal(why) + "\n";
+  return out;
+}
+
+std::string formatNodeInsides(const v1::ListNodesResponse& nodes) {
+  auto list = [](const auto& ids) {
+    std::string s;
+    for (int i : ids) s += (s.empty() ? "" : ",") + std::to_string(i);
+    return s.empty() ? std::string("-") : s;
+  };
+  auto orDash = [](const std::string& s) { return s.empty() ? std::string("-") : s; };
+  std::string out;
+  for (const v1::Node& n : nodes.nodes()) {
+    out += "\nnode " + escapeForTerminal(n.name()) + "\n";
+    std::vector<std::vector<std::string>> rows = {
+        {"  GPU", "MODEL", "MEMORY", "NUMA", "CPUS", "ISLAND", "NVLINK", "NIC", "PCI", "USED", "HEALTH"}};
+    for (const v1::Gpu& g : n.gpus()) {
+      const bool used =
+          std::find(n.gpus_used().begin(), n.gpus_used().end(), g.index()) != n.gpus_used().end();
+      rows.push_back(
+          {"  " + std::to_string(g.index()), cell(g.model(), kMaxNameColumn),
+           g.memory_bytes() ? formatBytes(g.memory_bytes()) : "-",
+           g.has_numa_node() ? std::to_string(g.numa_node()) : "-", cell(orDash(g.cpus()), kMaxNameColumn),
+           g.has_island() ? std::to_string(g.island()) : "-", list(g.nvlink_peers()),
+           cell(orDash(g.nic()), kMaxNameColumn), orDash(g.pci_bus_id()), used ? "yes" : "-", "ok"});
+      for (const v1::GpuFault& f : n.gpu_faults())
+        if (f.gpu() == g.index()) rows.back().back() = cell("FAULT: " + f.reason(), kMaxWideColumn);
+    }
+    if (n.gpus_size()) out += renderTable(rows);
+    std::string nics;
+    for (const v1::Nic& nic : n.nics()) {
+      nics += (nics.empty() ? "" : ", ") + nic.name() + " (" + nic.transport() +
+              (nic.has_numa_node() ? ", numa " + std::to_string(nic.numa_node()) : "") + ")";
+    }
+    out += "  NICs: " + escapeForTerminal(orDash(nics)) + "\n";
+  }
   return out;
 }
 

@@ -519,6 +519,15 @@ int runAdmin(CommandLine& cl, Session& s, std::ostream& err) {
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.RemoveQos(c, req, &resp); })) return rc;
     return s.print(resp, "removed QoS " + escapeForTerminal(cl.target) + "\n");
   }
+  if (cl.adminVerb == "gpu-ok") {
+    v1::ClearGpuFaultRequest req;
+    req.set_node(cl.target);
+    req.set_gpu(cl.gpu);
+    v1::Node node;
+    if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ClearGpuFault(c, req, &node); })) return rc;
+    return s.print(node, "node " + escapeForTerminal(cl.target) + " GPU " + std::to_string(cl.gpu) +
+                             ": cleared; jobs may be placed on it\n");
+  }
   if (cl.adminVerb == "remove-account") {
     v1::RemoveAccountRequest req;
     req.set_name(cl.target);
@@ -721,7 +730,7 @@ int runVerb(CommandLine& cl, Session& s, std::ostream& err) {
   if (cl.verb == "nodes") {
     v1::ListNodesResponse resp;
     if (int rc = s.call([&](Stub& stub, Ctx* c) { return stub.ListNodes(c, {}, &resp); })) return rc;
-    return s.print(resp, formatNodeTable(resp, now));
+    return s.print(resp, formatNodeTable(resp, now) + (cl.verbose ? formatNodeInsides(resp) : ""));
   }
   // drain or undrain: declareCommandLine() declares no other verb.
   v1::DrainNodeRequest req;

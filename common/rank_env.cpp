@@ -47,6 +47,10 @@ std::vector<std::pair<std::string, std::string>> nodeEnvironment(const RankNodeS
   if (!spec.agent_socket.empty()) env.emplace_back("DDL_AGENT_SOCKET", spec.agent_socket);
   if (!spec.preempt_deadline_file.empty())
     env.emplace_back("DDL_PREEMPT_DEADLINE_FILE", spec.preempt_deadline_file);
+  if (!spec.net_device.empty()) {
+    env.emplace_back("DDL_NET_DEVICE", spec.net_device);
+    if (spec.set_ucx_net_devices) env.emplace_back("UCX_NET_DEVICES", spec.net_device);
+  }
   return env;
 }
 

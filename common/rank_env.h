@@ -45,12 +45,15 @@ std::vector<std::pair<std::string, std::string>> arrayEnvironment(const std::str
 // What the rank's node adds: CUDA_VISIBLE_DEVICES (the GPU's UUID, where gpu_uuid is set: not the index,
 // which CUDA_DEVICE_ORDER may renumber), DDL_GPU (the index the agent gave the rank) and DDL_AGENT_SOCKET
 // (the agent's telemetry socket, where it listens) and DDL_PREEMPT_DEADLINE_FILE (where the agent writes
-// the deadline of a preemption, unix seconds, before it signals the rank: torch_ddl.StopSignal reads it).
+// the deadline of a preemption, unix seconds, before it signals the rank: torch_ddl.StopSignal reads it),
+// DDL_NET_DEVICE (the NIC nearest the rank's GPU) and UCX_NET_DEVICES (the same, where the agent says so).
 struct RankNodeSpec {
   int gpu = -1;
   std::string gpu_uuid;      // empty: CUDA_VISIBLE_DEVICES is not set (a node of virtual GPUs)
   std::string agent_socket;  // empty: not set
   std::string preempt_deadline_file;  // empty: not set
+  std::string net_device;             // the NIC nearest the GPU, as UCX names it ("mlx5_0:1"); empty: not set
+  bool set_ucx_net_devices = false;   // also as UCX_NET_DEVICES (the NIC exists and nobody chose another)
 };
 std::vector<std::pair<std::string, std::string>> nodeEnvironment(const RankNodeSpec& spec);
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -26,9 +27,11 @@
 #include "common/rank_env.h"
 #include "common/resources.h"
 #include "common/signals.h"
+#include "worker/gpu_health.h"
 #include "worker/log_retention.h"
 #include "worker/rank_status.h"
 #include "worker/run_as.h"
+#include "worker/topology.h"
 
 extern char** environ;
 
@@ -99,6 +102,16 @@ Agent::Agent(AgentConfig config, Inventory inventory)
     spdlog::info("ranks that ask for CPUs or memory: {}", confinement_.describe());
   else
     spdlog::warn("ranks that ask for CPUs or memory: {}", confinement_.describe());
+  // The GPUs' faults, read with each heartbeat (real GPUs only), and the site's health check program.
+  if (!inventory_.virtual_gpus) {
+    gpu_health_ = GpuHealth::open(static_cast<int>(inventory_.gpus.size()));
+    if (!gpu_health_) spdlog::warn("NVML cannot be opened to watch the GPUs' health; their faults go unseen");
+  }
+  if (!config_.health_check_program.empty()) {
+    health_check_ = std::make_unique<HealthCheck>(
+        config_.health_check_program, config_.health_check_interval_s, config_.health_check_timeout_s);
+    spdlog::info("health check {} every {} s", config_.health_check_program, config_.health_check_interval_s);
+  }
   {
     std::random_device rd;
     char buf[40];
@@ -297,6 +310,7 @@ std::string Agent::session(int* failures) {
   req.set_agent_version("0.1.0");
   req.set_instance(instance_);
   for (int c : inventory_.cpus) req.add_cpus(c);
+  for (int n : inventory_.cpu_numa) req.add_cpu_numa(n);
   req.set_memory_bytes(inventory_.memory_bytes);
   req.set_confinement(confinement_.describe());
 
@@ -352,6 +366,16 @@ std::string Agent::session(int* failures) {
         hb.mutable_heartbeat()->set_warning(disk_watch_->warning);
       }
       noteDiskInRankLogs(hb.heartbeat().warning());
+      if (gpu_health_) {
+        for (const v1::GpuFault& f : gpu_health_->poll(unixNowMs()))
+          *hb.mutable_heartbeat()->add_gpu_faults() = f;
+        // A slowdown is a warning, beside the logs' disk's (shown under ddlctl nodes).
+        if (const std::string slow = gpu_health_->slowdown(); !slow.empty()) {
+          const std::string disk = hb.heartbeat().warning();
+          hb.mutable_heartbeat()->set_warning(disk.empty() ? slow : disk + "; " + slow);
+        }
+      }
+      if (health_check_) hb.mutable_heartbeat()->set_health_check(health_check_->failure());
       write(hb);
       lock.lock();
       cv_.wait_for(lock, interval, [&] { return session_over || stopping_; });
@@ -406,6 +430,8 @@ void Agent::handle(const v1::Command& command) {
     forgetIfGone(stop.job_id());  // ranks that had exited already are released; nothing more will come
   } else if (command.has_signal()) {
     signalJob(command.signal());
+  } else if (command.has_clear_gpu_fault()) {
+    if (gpu_health_) gpu_health_->clear(command.clear_gpu_fault().gpu());
   }
 }
 
@@ -497,6 +523,14 @@ void Agent::startRanks(const v1::StartRanks& start) {
     if (!inventory_.virtual_gpus && launch.gpu() >= 0 &&
         launch.gpu() < static_cast<int>(inventory_.gpus.size()))
       node.gpu_uuid = inventory_.gpus[launch.gpu()].uuid();
+    if (launch.gpu() >= 0 && launch.gpu() < static_cast<int>(inventory_.gpus.size())) {
+      // The NIC nearest the GPU; UCX is told to use it unless the job or the agent's environment chose.
+      node.net_device = inventory_.gpus[launch.gpu()].nic();
+      node.set_ucx_net_devices = !node.net_device.empty() && std::getenv("UCX_NET_DEVICES") == nullptr &&
+                                 std::none_of(launch.env().begin(), launch.env().end(),
+                                              [](const auto& e) { return e.name() == "UCX_NET_DEVICES"; }) &&
+                                 nicPresent(inventory_.sys, node.net_device);
+    }
     if (telemetry_) node.agent_socket = telemetry_->path();
     node.preempt_deadline_file = preemptDeadlinePath(start.job_id(), start.attempt());
     for (auto& kv : nodeEnvironment(node)) spec.env.push_back(std::move(kv));
@@ -508,8 +542,11 @@ void Agent::startRanks(const v1::StartRanks& start) {
       continue;
     }
     std::string confine_error;
+    // Its memory on its CPUs' NUMA node (placement gives a rank CPUs of its GPU's node where it can).
+    const std::vector<int> mems =
+        memoryNodesOf(spec.cpus, inventory_.cpus, inventory_.cpu_numa, inventory_.sys);
     Fd cgroup(confinement_.prepare(Confinement::rankName(spec.job_id, spec.attempt, spec.rank), spec.cpus,
-                                   launch.memory_bytes(), &confine_error));
+                                   launch.memory_bytes(), &confine_error, mems));
     if (!confine_error.empty()) {
       spdlog::error("job {} rank {}: {}", start.job_id(), launch.rank(), confine_error);
       supervisor_->reject(spec, confine_error + "; the rank does not run unconfined", &error);

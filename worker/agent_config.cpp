@@ -11,10 +11,11 @@
 namespace ddl::worker {
 
 // The keys, in the order the unknown-key message lists them.
-DDL_JSON_CONFIG(AgentConfig, coordinator, node, address, labels, virtual_gpus, force_virtual, data_dir,
-                log_retention_hours, log_max_mb, log_disk_min_free_mb, port_first, port_last, stop_grace_s,
-                stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s, cpus, memory, cgroup_root,
-                rank_env)
+DDL_JSON_CONFIG(AgentConfig, coordinator, node, address, labels, virtual_gpus, virtual_topology,
+                force_virtual, data_dir, log_retention_hours, log_max_mb, log_disk_min_free_mb, port_first,
+                port_last, stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s,
+                cpus, memory, cgroup_root, rank_env, health_check_program, health_check_interval_s,
+                health_check_timeout_s)
 
 namespace {
 
@@ -70,6 +71,14 @@ Status validateAgentConfig(const AgentConfig& c) {
     }
   }
   if (c.virtual_gpus < 0 || c.virtual_gpus > 64) return bad("virtual_gpus must be 0..64");
+  if (!c.health_check_program.empty() && c.health_check_program.front() != '/')
+    return bad("health_check_program must be an absolute path (got '" + c.health_check_program + "')");
+  if (!(c.health_check_interval_s >= 1 && c.health_check_interval_s <= 86400))
+    return bad("health_check_interval_s must be between 1 and 86400");
+  if (!(c.health_check_timeout_s > 0 && c.health_check_timeout_s <= 3600))
+    return bad("health_check_timeout_s must be more than 0 and at most 3600");
+  if (c.virtual_gpus > 0 && !c.virtual_topology.empty())
+    return bad("give virtual_gpus or virtual_topology, not both (the topology says how many GPUs)");
   if (c.port_first < 1024 || c.port_last > 65535 || c.port_last <= c.port_first) {
     return bad("port_first..port_last must lie in 1024..65535 and hold at least 2 ports");
   }

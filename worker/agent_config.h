@@ -19,6 +19,9 @@ struct AgentConfig {
   std::string address;     // where other nodes reach this one's ranks; "" = the local address toward the coordinator
   std::map<std::string, std::string> labels;   // rack=r1, switch=s1, ...
   int virtual_gpus = 0;     // GPUs to make up when NVML finds none
+  // Or virtual GPUs laid out as a built-in kind of node ("s822lc", "dgx-h100") or a JSON file describes
+  // (worker/topology.h): NUMA nodes, NVLink islands and NICs for placement to use without a GPU.
+  std::string virtual_topology;
   bool force_virtual = false;  // use virtual GPUs even where NVML finds real ones
   std::string data_dir = "/var/lib/ddl/agent";  // rank logs live under DATA_DIR/logs
   // Rank logs of jobs with no rank left on this node are deleted once their newest write is this old (0: kept
@@ -51,13 +54,19 @@ struct AgentConfig {
   // Variables of the agent's own environment that ranks inherit besides common/rank_env.h's kAgentEnvAllowed
   // (names, or prefixes ending in '*': "SITE_SCRATCH", "SLURM_*"). Nothing else of it reaches a rank.
   std::vector<std::string> rank_env;
+  // The site's health check (worker/gpu_health.h): a program (absolute path, no arguments) run at start and
+  // every health_check_interval_s, each run at most health_check_timeout_s; a failure drains the node with
+  // its last line as the reason until it passes again. "": none.
+  std::string health_check_program;
+  double health_check_interval_s = 300;
+  double health_check_timeout_s = 60;
 };
 
 // Reads the JSON object in `path` over `config`. Keys: coordinator, node, address, labels (object of
-// strings), virtual_gpus, force_virtual, data_dir, log_retention_hours, log_max_mb, log_disk_min_free_mb,
-// port_first, port_last,
-// stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s, cpus, memory, cgroup_root,
-// rank_env (a list of strings).
+// strings), virtual_gpus, virtual_topology, force_virtual, data_dir, log_retention_hours, log_max_mb,
+// log_disk_min_free_mb, port_first, port_last, stop_grace_s, stop_ranks_on_exit, log_level, pki_dir,
+// insecure, tls_refresh_s, cpus, memory, cgroup_root, rank_env (a list of strings), health_check_program,
+// health_check_interval_s, health_check_timeout_s.
 Status loadAgentConfig(const std::string& path, AgentConfig* config);
 Status parseAgentConfig(const std::string& text, const std::string& origin, AgentConfig* config);
 // "rack=r1,switch=s1" into labels.

@@ -175,7 +175,7 @@ int Confinement::sweep() const {
 }
 
 int Confinement::prepare(const std::string& name, const std::vector<int>& cpus, int64_t memory_bytes,
-                         std::string* error) const {
+                         std::string* error, const std::vector<int>& mems) const {
   error->clear();
   if (root_.empty() || (cpus.empty() && memory_bytes <= 0)) return -1;
   if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos) {
@@ -205,6 +205,8 @@ int Confinement::prepare(const std::string& name, const std::vector<int>& cpus, 
     }
   }
   if (cpuset_ && !cpus.empty()) *error = writeFile(dir + "/cpuset.cpus", formatCpuList(cpus));
+  if (error->empty() && cpuset_ && !mems.empty())
+    *error = writeFile(dir + "/cpuset.mems", formatCpuList(mems));
   if (error->empty() && memory_ && memory_bytes > 0) {
     *error = writeFile(dir + "/memory.max", std::to_string(memory_bytes));
     // Over its memory a rank is killed rather than swapped (where the kernel accounts swap at all).

@@ -49,8 +49,9 @@ class Confinement {
   // the rank's first process writes itself; the caller closes it. -1 with *error empty: nothing to do (no
   // cgroups here, or the rank asks for nothing); -1 with *error set: the limits could not be applied (or the
   // cgroup holds processes already: that rank runs), and the rank must not run unconfined.
-  int prepare(const std::string& name, const std::vector<int>& cpus, int64_t memory_bytes,
-              std::string* error) const;
+  // mems: the NUMA nodes its memory is bound to (cpuset.mems, with the cpuset controller); empty: not bound.
+  int prepare(const std::string& name, const std::vector<int>& cpus, int64_t memory_bytes, std::string* error,
+              const std::vector<int>& mems = {}) const;
 
   // After the rank's exit: kills what is left in its cgroup and removes it. oom_kills: how many processes the
   // kernel's OOM killer killed in it (memory.events oom_kill), so that the caller can say so; error: why the

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/resources.h"
+#include "worker/topology.h"
 
 namespace ddl::worker {
 
@@ -27,6 +28,14 @@ using CountFn = int (*)(unsigned int*);
 using HandleFn = int (*)(unsigned int, NvmlDevice*);
 using StringFn = int (*)(NvmlDevice, char*, unsigned int);
 using MemoryFn = int (*)(NvmlDevice, NvmlMemory*);
+struct NvmlPciInfo {  // nvmlPciInfo_t, as nvmlDeviceGetPciInfo_v3 fills it
+  char busIdLegacy[16];
+  unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+  char busId[32];
+};
+using PciFn = int (*)(NvmlDevice, NvmlPciInfo*);
+using P2pFn = int (*)(NvmlDevice, NvmlDevice, int, int*);  // nvmlDeviceGetP2PStatus
+constexpr int kP2pRead = 0, kP2pNvlink = 2;                // nvmlGpuP2PCapsIndex_t; status 0 = OK
 
 std::vector<v1::Gpu> nvmlGpus(std::string* why) {
   void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -41,7 +50,11 @@ std::vector<v1::Gpu> nvmlGpus(std::string* why) {
   auto name = reinterpret_cast<StringFn>(dlsym(lib, "nvmlDeviceGetName"));
   auto uuid = reinterpret_cast<StringFn>(dlsym(lib, "nvmlDeviceGetUUID"));
   auto memory = reinterpret_cast<MemoryFn>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+  // Topology: optional (a driver that lacks them still gives its GPUs).
+  auto pci = reinterpret_cast<PciFn>(dlsym(lib, "nvmlDeviceGetPciInfo_v3"));
+  auto p2p = reinterpret_cast<P2pFn>(dlsym(lib, "nvmlDeviceGetP2PStatus"));
   std::vector<v1::Gpu> gpus;
+  std::vector<NvmlDevice> devices;
   if (!init || !shutdown || !count || !handle || !name || !uuid || !memory) {
     *why = "libnvidia-ml.so.1 lacks the expected functions";
   } else if (init() != 0) {
@@ -59,7 +72,23 @@ std::vector<v1::Gpu> nvmlGpus(std::string* why) {
       if (uuid(dev, buf, sizeof(buf)) == 0) g.set_uuid(buf);
       NvmlMemory mem{};
       if (memory(dev, &mem) == 0) g.set_memory_bytes(static_cast<int64_t>(mem.total));
+      NvmlPciInfo info{};
+      if (pci && pci(dev, &info) == 0) {
+        info.busId[sizeof(info.busId) - 1] = 0;
+        g.set_pci_bus_id(info.busId);
+      }
       gpus.push_back(g);
+      devices.push_back(dev);
+    }
+    for (size_t a = 0; p2p && a < gpus.size(); ++a) {
+      for (size_t b = 0; b < gpus.size(); ++b) {
+        int status = -1;
+        if (a == b) continue;
+        if (p2p(devices[a], devices[b], kP2pNvlink, &status) == 0 && status == 0)
+          gpus[a].add_nvlink_peers(static_cast<int>(b));
+        if (p2p(devices[a], devices[b], kP2pRead, &status) == 0 && status == 0)
+          gpus[a].add_p2p_peers(static_cast<int>(b));
+      }
     }
     shutdown();
     if (gpus.empty()) *why = "NVML found no GPU";
@@ -75,16 +104,16 @@ std::string readLine(const std::filesystem::path& p) {
   return line;
 }
 
-std::vector<v1::Nic> nics() {
+std::vector<v1::Nic> nics(const std::string& sys) {
   std::vector<v1::Nic> out;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/sys/class/infiniband", ec)) {
+  for (const auto& e : std::filesystem::directory_iterator(sys + "/class/infiniband", ec)) {
     v1::Nic n;
     n.set_name(e.path().filename().string());
     n.set_transport("ib");
     out.push_back(n);
   }
-  for (const auto& e : std::filesystem::directory_iterator("/sys/class/net", ec)) {
+  for (const auto& e : std::filesystem::directory_iterator(sys + "/class/net", ec)) {
     const std::string name = e.path().filename().string();
     if (name == "lo" || readLine(e.path() / "operstate") != "up") continue;
     v1::Nic n;
@@ -103,25 +132,39 @@ std::vector<v1::Nic> nics() {
 
 }  // namespace
 
-Inventory takeInventory(const std::string& node, int virtual_gpus, bool force_virtual) {
+std::string takeInventory(const std::string& node, const InventoryOptions& options, Inventory* out) {
   Inventory inv;
+  inv.sys = options.sys;
   std::string why;
-  if (!force_virtual) inv.gpus = nvmlGpus(&why);
-  if (inv.gpus.empty()) {
+  if (!options.force_virtual) inv.gpus = nvmlGpus(&why);
+  inv.nics = nics(inv.sys);
+  if (!inv.gpus.empty()) {
+    inv.gpu_source = "NVML: " + std::to_string(inv.gpus.size()) + " GPUs";
+    inv.topology = "NVML";
+    setIslands(&inv.gpus);
+    readPciPlacement(inv.sys, &inv.gpus, &inv.nics);
+  } else if (!options.virtual_topology.empty()) {
     inv.virtual_gpus = true;
-    for (int i = 0; i < virtual_gpus; ++i) {
+    if (std::string bad = loadVirtualTopology(options.virtual_topology, node, &inv.gpus, &inv.nics);
+        !bad.empty())
+      return bad;
+    inv.topology = options.virtual_topology;
+    inv.gpu_source = "virtual: " + std::to_string(inv.gpus.size()) + " in topology " +
+                     options.virtual_topology + (options.force_virtual ? " (forced)" : " (" + why + ")");
+  } else {
+    inv.virtual_gpus = true;
+    for (int i = 0; i < options.virtual_gpus; ++i) {
       v1::Gpu g;
       g.set_index(i);
       g.set_uuid("virtual-" + node + "-" + std::to_string(i));
       g.set_model("virtual");
       inv.gpus.push_back(g);
     }
-    inv.gpu_source = "virtual: " + std::to_string(virtual_gpus) + (force_virtual ? " (forced)" : " (" + why + ")");
-  } else {
-    inv.gpu_source = "NVML: " + std::to_string(inv.gpus.size()) + " GPUs";
+    inv.gpu_source = "virtual: " + std::to_string(options.virtual_gpus) +
+                     (options.force_virtual ? " (forced)" : " (" + why + ")");
   }
-  inv.nics = nics();
-  return inv;
+  *out = std::move(inv);
+  return "";
 }
 
 std::string offerCpusAndMemory(const std::string& cpus, const std::string& memory, Inventory* inventory,
@@ -171,6 +214,9 @@ std::string offerCpusAndMemory(const std::string& cpus, const std::string& memor
       return "memory '" + memory + "' is more than the machine has (" + formatBytes(total) + ")";
     inventory->memory_bytes = bytes;
   }
+  inventory->cpu_numa = inventory->virtual_gpus && !inventory->topology.empty()
+                            ? splitCpusAmongNuma(inventory->cpus, &inventory->gpus)
+                            : cpuNumaFromSysfs(inventory->sys, inventory->cpus);
   return "";
 }
 

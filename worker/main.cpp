@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -21,7 +22,9 @@
 #include "common/signals.h"
 #include "common/version.h"
 #include "worker/agent.h"
+#include "worker/gpu_health.h"
 #include "worker/join.h"
+#include "worker/topology.h"
 
 #ifdef DDL_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -62,6 +65,8 @@ struct Flags {
   std::string config_path, labels;
   std::optional<std::string> coordinator, node, address, data_dir, log_level, port_range;
   std::optional<int> virtual_gpus;
+  std::optional<std::string> virtual_topology;
+  bool inventory = false;
   std::optional<double> log_retention_hours;
   std::optional<int64_t> log_max_mb;
   bool force_virtual = false, stop_ranks_on_exit = false;
@@ -87,7 +92,15 @@ CLI::App* declareFlags(CLI::App& app, Flags* flags) {
   app.add_option("--labels", f.labels, "node labels, e.g. rack=r1,switch=s1");
   app.add_option("--virtual-gpus", f.virtual_gpus,
                  "GPUs to make up where NVML finds none (development, tests)");
+  app.add_option("--virtual-topology", f.virtual_topology,
+                 std::string("virtual GPUs laid out as a node of this kind where NVML finds none: ") +
+                     ddl::worker::builtinTopologies() + ", or a JSON file (docs/operations.md)")
+      ->type_name("NAME|FILE");
   app.add_flag("--force-virtual", f.force_virtual, "use the virtual GPUs even where NVML finds real ones");
+  app.add_flag(
+      "--inventory", f.inventory,
+      "print this node's GPUs (with their NUMA nodes, NVLink peers and nearest NICs), NICs and CPUs, "
+      "then exit");
   app.add_option("--data-dir", f.data_dir, "directory for rank logs (default /var/lib/ddl/agent)");
   app.add_option("--log-retention-hours", f.log_retention_hours,
                  "delete a finished job's rank logs this long after their last write (default 168; 0: keep)");
@@ -146,6 +159,7 @@ std::string loadSettings(const Flags& f, AgentConfig* config) {
     if (auto st = parseLabels(f.labels, &config->labels); !st) return st.message();
   }
   if (f.virtual_gpus) config->virtual_gpus = *f.virtual_gpus;
+  if (f.virtual_topology) config->virtual_topology = *f.virtual_topology;
   if (f.force_virtual) config->force_virtual = true;
   if (f.stop_ranks_on_exit) config->stop_ranks_on_exit = true;
   if (f.data_dir) config->data_dir = *f.data_dir;
@@ -194,6 +208,46 @@ int runJoin(const Flags& f, const AgentConfig& config) {
   return 0;
 }
 
+// The node's inventory as the settings shape it: GPUs, NICs, CPUs and memory and where they sit.
+std::string inventoryOf(const AgentConfig& config, Inventory* inventory) {
+  InventoryOptions options;
+  options.virtual_gpus = config.virtual_gpus;
+  options.force_virtual = config.force_virtual;
+  options.virtual_topology = config.virtual_topology;
+  if (const char* sys = std::getenv("DDL_SYSFS_ROOT"); sys && *sys) options.sys = sys;  // tests' own tree
+  if (std::string why = takeInventory(config.node, options, inventory); !why.empty()) return why;
+  return offerCpusAndMemory(config.cpus, config.memory, inventory);
+}
+
+// `ddl-agent --inventory`: what the agent would offer, for a person; 0, or 1 with why it cannot.
+int printInventory(const AgentConfig& config) {
+  Inventory inventory;
+  if (std::string why = inventoryOf(config, &inventory); !why.empty()) return fail("bad setting: " + why);
+  std::string cpus;
+  for (size_t i = 0; i < inventory.cpus.size(); ++i) {
+    cpus += (i ? " " : "") + std::to_string(inventory.cpus[i]);
+    if (i < inventory.cpu_numa.size()) cpus += "@" + std::to_string(inventory.cpu_numa[i]);
+  }
+  std::printf("node %s: %s; topology %s\n%scpus (id@numa): %s\nmemory: %lld bytes\n", config.node.c_str(),
+              inventory.gpu_source.c_str(),
+              inventory.topology.empty() ? "unknown" : inventory.topology.c_str(),
+              describeTopology(inventory.gpus, inventory.nics).c_str(), cpus.c_str(),
+              static_cast<long long>(inventory.memory_bytes));
+  // What NVML says of the GPUs' health now (real GPUs only): the faults the agent would report.
+  if (!inventory.virtual_gpus) {
+    std::unique_ptr<GpuHealth> health = GpuHealth::open(static_cast<int>(inventory.gpus.size()));
+    std::vector<ddl::v1::GpuFault> faults;
+    if (health) faults = health->poll(0);
+    std::printf("health: %s\n", !health          ? "unknown (NVML cannot be opened to watch it)"
+                                : faults.empty() ? "every GPU ok"
+                                                 : "");
+    for (const ddl::v1::GpuFault& f : faults)
+      std::printf("  gpu %d: FAULT: %s\n", f.gpu(), f.reason().c_str());
+    if (health && !health->slowdown().empty()) std::printf("  %s\n", health->slowdown().c_str());
+  }
+  return 0;
+}
+
 // The agent itself: checks the settings and the node's certificate, takes the data dir and the inventory,
 // and serves the coordinator until SIGTERM or SIGINT.
 int serve(const AgentConfig& config) {
@@ -221,12 +275,12 @@ int serve(const AgentConfig& config) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  Inventory inventory = takeInventory(config.node, config.virtual_gpus, config.force_virtual);
+  Inventory inventory;
+  if (std::string why = inventoryOf(config, &inventory); !why.empty()) return fail("bad setting: " + why);
   if (inventory.gpus.empty()) {
-    spdlog::warn("no GPU found ({}); give --virtual-gpus N to offer virtual ones", inventory.gpu_source);
+    spdlog::warn("no GPU found ({}); give --virtual-gpus N or --virtual-topology NAME to offer virtual ones",
+                 inventory.gpu_source);
   }
-  if (std::string why = offerCpusAndMemory(config.cpus, config.memory, &inventory); !why.empty())
-    return fail("bad setting: " + why);
   Agent agent(config, inventory);
   spdlog::info("ddl-agent {} for coordinator {}, advertising {}", config.node, config.coordinator, agent.address());
   std::thread waiter([&] {
@@ -263,5 +317,9 @@ int main(int argc, char** argv) {
   AgentConfig config;
   if (std::string why = loadSettings(flags, &config); !why.empty()) return fail(why);
   if (join_cmd->parsed()) return runJoin(flags, config);
+  if (flags.inventory) {
+    if (auto st = validateAgentConfig(config); !st) return fail("bad setting: " + st.message());
+    return printInventory(config);
+  }
   return serve(config);
 }

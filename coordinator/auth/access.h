@@ -7,7 +7,8 @@
 //   GetJob, CancelJob, GetLogs        yes     own jobs only     no
 //   ListJobs                          yes     yes; others' jobs without command, env, workdir
 //   ListNodes, GetRing, WhoAmI        yes     yes               yes
-//   DrainNode, users, node certs      yes     no                no
+//   DrainNode, ClearGpuFault, users,  yes     no                no
+//   node certs
 // Every UserService call needs a user's token; a node's certificate is no user (agents hold no token).
 // AgentService Register and Connect need a node certificate, and only for that node's name.
 //

@@ -141,6 +141,11 @@ std::string renderMetrics(const MetricsSnapshot& m, bool store_healthy) {
   o << "ddl_gpus " << m.gpus_total << "\n";
   head("ddl_gpus_allocated", "gauge", "GPUs held by live jobs or by ranks still running.");
   o << "ddl_gpus_allocated " << m.gpus_allocated << "\n";
+  head("ddl_gpus_faulted", "gauge", "GPUs taken out of placement by a fault until an admin clears them.");
+  o << "ddl_gpus_faulted " << m.gpus_faulted.size() << "\n";
+  head("ddl_gpu_faulted", "gauge", "1 for each faulted GPU, by node and index.");
+  for (const auto& [node, gpu] : m.gpus_faulted)
+    o << "ddl_gpu_faulted{node=\"" << node << "\",gpu=\"" << gpu << "\"} 1\n";
   head("ddl_jobs", "gauge", "Jobs by state.");
   for (const auto& [state, n] : m.jobs_by_state) o << "ddl_jobs{state=\"" << state << "\"} " << n << "\n";
   head("ddl_jobs_submitted_total", "counter", "Jobs accepted at submit since the coordinator started.");
@@ -270,7 +275,10 @@ async function refresh(){
   document.querySelector('#nodes tbody').innerHTML=(n.nodes||[]).map(x=>row([esc(x.name),
    '<span class="'+esc(x.state)+'">'+esc(x.state)+(x.drained&&x.state==='DOWN'?' (drained)':'')+(x.connected?'':' (disconnected)')+'</span>'+
     (x.warning?' <span class="FAILED" title="'+esc(x.warning)+'">(warning: '+esc(x.warning.split(':')[0])+')</span>':''),
-   (x.gpus_used||[]).length+'/'+(x.gpus||[]).length,
+   (x.gpus_used||[]).length+'/'+(x.gpus||[]).length+((x.gpu_faults||[]).length?' <span class="FAILED" title="'+
+    esc((x.gpu_faults||[]).map(f=>'gpu'+(f.gpu||0)+': '+f.reason).join('\n'))+'">('+(x.gpu_faults||[]).length+' faulted)</span>':'')+((x.gpus||[]).some(g=>g.island!==undefined||g.numa_node!==undefined)?
+    ' <span class="muted" title="'+esc((x.gpus||[]).map(g=>'gpu'+(g.index||0)+': numa '+(g.numa_node??'-')+', NVLink island '+(g.island??'-')+
+    ', nic '+(g.nic||'-')).join('\n'))+'">('+new Set((x.gpus||[]).map(g=>g.island)).size+' NVLink islands)</span>':''),
    ((x.cpus||[]).length?(x.cpus_used||[]).length+'/'+(x.cpus||[]).length:'-')+
     (x.confinement&&!x.confinement.startsWith('cgroups v2')?' <span class="muted" title="'+esc(x.confinement)+'">(no cgroups)</span>':''),
    Number(x.memory_bytes)>0?hbytes(x.memory_used_bytes)+'/'+hbytes(x.memory_bytes):'-',

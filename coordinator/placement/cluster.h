@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,15 @@ namespace ddl::placement {
 // lacks one is treated as alone in its own switch (or rack), never as sharing one with other unlabeled nodes.
 inline constexpr const char* kSwitchLabel = "switch";
 inline constexpr const char* kRackLabel = "rack";
+
+// Where a node's GPUs and CPUs sit inside it, as its agent reports them; each list empty where unknown.
+struct NodeTopology {
+  std::vector<int> gpuIsland;  // gpuIsland[i]: GPU i's NVLink island (the lowest index NVLink joins it to)
+  std::vector<int> gpuNuma;    // gpuNuma[i]: GPU i's NUMA node, -1 unknown
+  std::vector<int> cpuNuma;    // cpuNuma[i]: the NUMA node of Node::cpus[i]
+
+  bool empty() const { return gpuIsland.empty() && gpuNuma.empty(); }
+};
 
 enum class NodeState {
   kUp,        // takes new work
@@ -38,6 +48,9 @@ struct Node {
   std::vector<uint8_t> cpuUsed;  // cpuUsed[i] != 0: cpus[i] is held; empty = all free (bytes: counted fast)
   int64_t memoryBytes = 0;
   int64_t memoryUsed = 0;
+  // Its NVLink islands and NUMA nodes (within_node.h places a job's ranks by them); null when unknown.
+  // Shared: the scheduler copies clusters often, and a node's insides change only when its agent registers.
+  std::shared_ptr<const NodeTopology> topology;
 
   bool isUsed(int gpu) const { return gpu < static_cast<int>(used.size()) && used[gpu]; }
   int freeGpus() const;

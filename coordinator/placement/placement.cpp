@@ -14,10 +14,11 @@
 // cluster), it takes the groups with the most capacity first, so it spans as few as possible, and the last
 // one is the best fit for what is left (the smallest group that covers it). On nodes, a shape job takes the
 // nodes with the least free GPUs beyond its need (best fit: fully free nodes stay free, no node is split
-// needlessly); a total job takes the fullest nodes first and the best-fitting node for the remainder. GPUs on
-// a node are the lowest free indices. Nodes without a `switch` (or `rack`) label are each alone in their own
-// group. Cost: O(N log N) for N nodes per placement (grouping by label strings and sorting); a 256-GPU job on
-// 1,000 nodes takes well under a millisecond (bench/placement_bench.cpp).
+// needlessly); a total job takes the fullest nodes first and the best-fitting node for the remainder. GPUs
+// and CPUs on a node are chosen by its NVLink islands and NUMA nodes (within_node.h). Nodes without a
+// `switch` (or `rack`) label are each alone in their own group. Cost: O(N log N) for N nodes per placement
+// (grouping by label strings and sorting); a 256-GPU job on 1,000 nodes takes well under a millisecond
+// (bench/placement_bench.cpp).
 //
 // Feasibility (checked at submit, see checkFeasible in placement.h): the job never fits when it asks for more
 // than UP and DRAINING nodes carrying its labels could hold with every GPU idle. Such a job is refused with a
@@ -60,9 +61,11 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "common/resources.h"
 #include "placement/ring_layout.h"
+#include "placement/within_node.h"
 
 namespace ddl::placement {
 
@@ -458,12 +461,20 @@ Allocation placeNow(const Cluster& cluster, const JobRequest& job) {
   Picks picks;
   const bool oneNode = job.isShape() ? job.nodes == 1 : false;
   if (oneNode || !job.isShape()) {
-    // The lowest subtree is a single node: the best fit over the whole cluster.
+    // The lowest subtree is a single node: the best fit over the whole cluster. Below a node are its NVLink
+    // islands and NUMA nodes (within_node.h): the best-fitting island first, then NUMA node, then node.
+    const int count = job.isShape() ? job.gpusPerNode : need;
     const Candidate* best = nullptr;
+    std::tuple<int, int, int> bestRank;
     for (const Candidate& c : cands) {
       const int spare = job.isShape() ? c.leftover : c.cap - need;
-      const int bestSpare = best ? (job.isShape() ? best->leftover : best->cap - need) : 0;
-      if (spare >= 0 && (!best || spare < bestSpare)) best = &c;
+      if (spare < 0) continue;
+      const GroupFit fit = groupFit(*c.node, count);
+      const std::tuple<int, int, int> rank{fit.island, fit.numa, spare};
+      if (!best || rank < bestRank) {
+        best = &c;
+        bestRank = rank;
+      }
     }
     if (best) picks.push_back({best->node, job.isShape() ? job.gpusPerNode : need});
   }
@@ -473,16 +484,9 @@ Allocation placeNow(const Cluster& cluster, const JobRequest& job) {
   }
   Allocation alloc;
   for (auto [node, count] : picks) {
-    std::vector<int> free = node->freeGpuIndices();
-    assert(static_cast<int>(free.size()) >= count);
-    free.resize(count);
-    std::vector<int> cpus;
-    if (job.cpusPerRank > 0) {
-      cpus = node->freeCpus();  // the lowest ids, so that a job's CPUs are close together
-      assert(cpus.size() >= static_cast<size_t>(count) * job.cpusPerRank);
-      cpus.resize(static_cast<size_t>(count) * job.cpusPerRank);
-    }
-    alloc.nodes.push_back({node->name, std::move(free), std::move(cpus), job.memoryPerRank * count});
+    WithinNode within = pickWithinNode(*node, count, job.cpusPerRank);
+    alloc.nodes.push_back(
+        {node->name, std::move(within.gpus), std::move(within.cpus), job.memoryPerRank * count});
   }
   std::sort(alloc.nodes.begin(), alloc.nodes.end(),
             [](const NodeAllocation& a, const NodeAllocation& b) { return naturalLess(a.node, b.node); });

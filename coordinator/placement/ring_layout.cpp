@@ -2,9 +2,11 @@
 // uses.
 //
 // Rank order. Nodes are grouped by their `switch` label (a node without one is alone in its group), groups in
-// natural name order ("s2" before "s10"), nodes in natural name order within a group, GPUs in index order
-// within a node. So ranks 0..g-1 are the GPUs of the first node, the next g the second node, and a switch's
-// ranks are contiguous: neighbouring ranks are as close in the fabric as the allocation allows.
+// natural name order ("s2" before "s10"), nodes in natural name order within a group, and within a node the
+// GPUs of one NVLink island together (islands in the order of their lowest GPU, where the node reports them),
+// each island's in index order: the ring inside a node steps along NVLink before it crosses to another
+// island. So ranks 0..g-1 are the GPUs of the first node, the next g the second node, and a switch's ranks
+// are contiguous: neighbouring ranks are as close in the fabric as the allocation allows.
 //
 // Dims (DDL_TOPOLOGY, dim 0 fastest). With G = GPUs per node, N = nodes per switch, S = switches:
 //   - every node has the same G and every switch the same N: G x N x S (4 nodes x 2 GPUs on one switch: 2x4;
@@ -75,13 +77,14 @@ std::string buildRingLayout(const Allocation& allocation, const Cluster& cluster
   struct Host {
     const NodeAllocation* alloc;
     std::string switchName, key;
+    const Node* node;  // null when the cluster does not know it
   };
   std::vector<Host> hosts;
   for (const NodeAllocation& a : allocation.nodes) {
     if (a.gpus.empty()) continue;
     const Node* node = cluster.find(a.node);
     std::string sw = node ? node->label(kSwitchLabel) : "";
-    hosts.push_back({&a, sw, groupKey(sw, a.node)});
+    hosts.push_back({&a, sw, groupKey(sw, a.node), node});
   }
   if (hosts.empty()) return "the allocation has no GPUs, so there are no ranks to lay out";
   std::stable_sort(hosts.begin(), hosts.end(), [](const Host& a, const Host& b) {
@@ -93,11 +96,16 @@ std::string buildRingLayout(const Allocation& allocation, const Cluster& cluster
   std::vector<std::pair<std::string, int>> perSwitch;  // group key, nodes; in rank order
   std::set<int> gpuCounts;
   for (const Host& h : hosts) {
+    const std::vector<int>* islands = h.node && h.node->topology ? &h.node->topology->gpuIsland : nullptr;
+    auto islandOf = [&](int gpu) {
+      return islands && gpu >= 0 && gpu < static_cast<int>(islands->size()) ? (*islands)[gpu] : -1;
+    };
     std::vector<int> gpus = h.alloc->gpus;
-    std::sort(gpus.begin(), gpus.end());
+    std::sort(gpus.begin(), gpus.end(),
+              [&](int a, int b) { return std::make_pair(islandOf(a), a) < std::make_pair(islandOf(b), b); });
     for (size_t i = 0; i < gpus.size(); ++i) {
       out.ranks.push_back({out.size(), h.alloc->node, gpus[i], static_cast<int>(i),
-                           static_cast<int>(gpus.size()), h.switchName});
+                           static_cast<int>(gpus.size()), h.switchName, islandOf(gpus[i])});
     }
     gpuCounts.insert(static_cast<int>(gpus.size()));
     if (perSwitch.empty() || perSwitch.back().first != h.key) perSwitch.push_back({h.key, 0});
@@ -224,9 +232,19 @@ std::string renderRingLayout(const RingLayout& layout) {
       out += "  node " + s.node + ":";
       lastNode = s.node;
     }
-    out += "  gpu" + std::to_string(s.gpu) + "=r" + std::to_string(s.rank);
-    if (s.rank + 1 == layout.size() || layout.ranks[s.rank + 1].node != s.node) out += "\n";
+    // An NVLink island's ranks in brackets, where the node reports islands: "[gpu0=r0 gpu1=r1]".
+    const bool first = s.rank == 0 || layout.ranks[s.rank - 1].node != s.node;
+    const bool last = s.rank + 1 == layout.size() || layout.ranks[s.rank + 1].node != s.node;
+    const bool opens = s.island >= 0 && (first || layout.ranks[s.rank - 1].island != s.island);
+    const bool closes = s.island >= 0 && (last || layout.ranks[s.rank + 1].island != s.island);
+    out += std::string(opens                   ? "  ["
+                       : first || s.island < 0 ? "  "
+                                               : " ") +
+           "gpu" + std::to_string(s.gpu) + "=r" + std::to_string(s.rank) + (closes ? "]" : "");
+    if (last) out += "\n";
   }
+  if (std::any_of(layout.ranks.begin(), layout.ranks.end(), [](const RankSlot& s) { return s.island >= 0; }))
+    out += "  ([...]: the GPUs of one NVLink island)\n";
   const int p = layout.size();
   for (int d = 0; d < static_cast<int>(layout.dims.size()); ++d) {
     if (layout.dims[d] == 1) continue;

@@ -22,10 +22,11 @@ struct RankSlot {
   int localRank = 0;       // position among this job's ranks on the node
   int localSize = 0;       // this job's ranks on the node
   std::string switchName;  // the node's switch label, "" if it has none
+  int island = -1;         // its GPU's NVLink island on the node (cluster.h's NodeTopology); -1 unknown
 };
 
 struct RingLayout {
-  std::vector<RankSlot> ranks;  // ranks[r].rank == r; ordered by switch, node, GPU index
+  std::vector<RankSlot> ranks;  // ranks[r].rank == r; ordered by switch, node, NVLink island, GPU index
   std::vector<int> dims;        // dims[0] fastest; product == ranks.size()
   bool overridden = false;      // dims came from the job's --topology
   std::string why;              // one line: how the dims were chosen (shown by `ddlctl ring`)
@@ -39,7 +40,8 @@ struct RingLayout {
 // right.
 std::string parseTopologyOverride(const std::string& text, int nranks, std::vector<int>* dims);
 
-// Orders the allocation's GPUs into ranks (switch, then node, then GPU index; names in natural order) and
+// Orders the allocation's GPUs into ranks (switch, then node, then NVLink island, then GPU index; names in
+// natural order) and
 // derives the dims, or applies `topologyOverride` when it is not empty. Nodes not in the cluster count as
 // having no switch label. Returns "" on success; otherwise the override's error (the layout is then left
 // empty).

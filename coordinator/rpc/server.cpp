@@ -326,6 +326,12 @@ class RpcServer::UserServiceImpl final : public v1::UserService::CallbackService
     coordinator_.drain(req->node(), req->drain(), req->reason(), fill(r, resp));
     return r;
   }
+  Reactor* ClearGpuFault(Ctx* ctx, const v1::ClearGpuFaultRequest* req, v1::Node* resp) override {
+    auto* r = ctx->DefaultReactor();
+    if (auto st = admin(ctx, "clearing a GPU's fault"); !st.ok()) return now(r, st);
+    coordinator_.clearGpuFault(req->node(), req->gpu(), fill(r, resp));
+    return r;
+  }
   Reactor* RemoveNode(Ctx* ctx, const v1::RemoveNodeRequest* req, v1::RemoveNodeResponse*) override {
     auto* r = ctx->DefaultReactor();
     if (auto st = admin(ctx, "removing nodes"); !st.ok()) return now(r, st);

@@ -310,6 +310,7 @@ Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& 
   Node* entry = registry_->sessionOnLoop(node, session, &error);
   if (!entry) return error;
   registry_->heardFromOnLoop(*entry, &hb.warning());
+  nodeHealthOnLoop(*entry, hb);
   // A heartbeat lists every rank the agent holds, so it replaces what we knew.
   std::map<RankKey, v1::RankStatus> previous;
   previous.swap(entry->ranks);
@@ -331,6 +332,43 @@ Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& 
   }
   stopStaleOnLoop(node, stale);
   return Status::ok();
+}
+
+void Coordinator::nodeHealthOnLoop(Node& entry, const v1::Heartbeat& hb) {
+  const std::string node = entry.record.name;
+  // A new GPU fault: the GPU leaves placement (the snapshot counts it held) and the jobs on it fail, each
+  // requeued where its restarts allow, with the GPU and the fault in the reason.
+  for (const auto& [gpu, fault] : registry_->gpuFaultsOnLoop(entry, hb.gpu_faults())) {
+    schedule_wanted_ = true;
+    std::vector<std::string> victims;
+    for (const auto& [id, job] : jobs_) {
+      if (!isLive(job.state)) continue;
+      for (const auto& a : job.allocation)
+        if (a.node == node && std::find(a.gpus.begin(), a.gpus.end(), gpu) != a.gpus.end())
+          victims.push_back(id);
+    }
+    for (const std::string& id : victims)
+      failJobOnLoop(id, "GPU " + std::to_string(gpu) + " of node " + node + " failed: " + fault.reason,
+                    std::nullopt);
+  }
+  // The site's health check: a failure drains the node with it as the reason; once it passes, the drain it
+  // made (and only that one) ends. Refused while the store is unhealthy: the next heartbeat tries again.
+  static const std::string kPrefix = "health check: ";
+  const std::string& failed = hb.health_check();
+  const bool ours = entry.record.drained && entry.record.drain_reason.rfind(kPrefix, 0) == 0;
+  if (!failed.empty() && (!entry.record.drained || ours)) {
+    std::string reason = kPrefix + failed;
+    for (char& c : reason)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+    reason = reason.substr(0, state::kMaxDrainReasonBytes);
+    if (reason != entry.record.drain_reason) {
+      if (auto st = drainOnLoop(node, true, reason); !st)
+        spdlog::warn("node {}: {}", node, st.status().toString());
+    }
+  } else if (failed.empty() && ours) {
+    if (auto st = drainOnLoop(node, false, ""); !st)
+      spdlog::warn("node {}: {}", node, st.status().toString());
+  }
 }
 
 void Coordinator::rankEvent(const std::string& node, const std::string& session, const v1::RankStatus& r,
@@ -404,6 +442,26 @@ bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation,
   return true;
 }
 
+namespace {
+
+// What placement reads of a node's insides (placement/cluster.h), or null where its agent reported none.
+std::shared_ptr<const placement::NodeTopology> topologyOf(const state::NodeRecord& record) {
+  const bool islands = std::any_of(record.gpus.begin(), record.gpus.end(),
+                                   [](const state::GpuInfo& g) { return g.island >= 0; });
+  const bool numa = std::any_of(record.gpus.begin(), record.gpus.end(),
+                                [](const state::GpuInfo& g) { return g.numa_node >= 0; });
+  if (!islands && !numa) return nullptr;
+  auto t = std::make_shared<placement::NodeTopology>();
+  for (const state::GpuInfo& g : record.gpus) {
+    if (islands) t->gpuIsland.push_back(g.island);
+    if (numa) t->gpuNuma.push_back(g.numa_node);
+  }
+  t->cpuNuma = record.cpu_numa;
+  return t;
+}
+
+}  // namespace
+
 placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling, bool stopping_ranks) const {
   const auto usage = usageOnLoop(stopping_ranks);
   placement::Cluster cluster;
@@ -421,6 +479,9 @@ placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling, bool stoppin
     n.cpus = entry.record.cpus;
     n.cpuUsed.assign(n.cpus.size(), false);
     n.memoryBytes = entry.record.memory_bytes;
+    n.topology = topologyOf(entry.record);
+    for (const auto& [gpu, fault] : entry.record.gpu_faults)
+      if (gpu < n.gpus) n.used[gpu] = true;  // a faulted GPU takes no job until an admin clears it
     auto u = usage.find(name);
     if (u != usage.end()) {
       for (int g : u->second.gpus) {

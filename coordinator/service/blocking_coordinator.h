@@ -26,6 +26,7 @@ class BlockingCoordinator : public Coordinator {
 
   using Coordinator::attachAgent;
   using Coordinator::cancel;
+  using Coordinator::clearGpuFault;
   using Coordinator::drain;
   using Coordinator::getJob;
   using Coordinator::heartbeat;
@@ -93,6 +94,9 @@ class BlockingCoordinator : public Coordinator {
   }
   StatusOr<v1::Node> drain(const std::string& node, bool drain_it, const std::string& reason = "") {
     return await<v1::Node>([&](auto done) { drain(node, drain_it, reason, std::move(done)); });
+  }
+  StatusOr<v1::Node> clearGpuFault(const std::string& node, int gpu) {
+    return await<v1::Node>([&](auto done) { clearGpuFault(node, gpu, std::move(done)); });
   }
   StatusOr<v1::Node> removeNode(const std::string& node) {
     return await<v1::Node>([&](auto done) { removeNode(node, std::move(done)); });

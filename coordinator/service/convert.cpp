@@ -189,6 +189,7 @@ void toProto(const placement::RingLayout& layout, v1::RingLayout* out) {
     s->set_gpu(slot.gpu);
     s->set_local_rank(slot.localRank);
     s->set_switch_name(slot.switchName);
+    if (slot.island >= 0) s->set_island(slot.island);
   }
   out->set_text(placement::renderRingLayout(layout));
 }

@@ -117,6 +117,8 @@ struct MetricsSnapshot {
   std::map<std::string, int> nodes_by_state;  // UP, DOWN, DRAINING (all three present)
   int gpus_total = 0;                         // on UP and DRAINING nodes
   int gpus_allocated = 0;
+  std::vector<std::pair<std::string, int>>
+      gpus_faulted;                          // (node, GPU) of each faulted GPU on a node not DOWN
   std::map<std::string, int> jobs_by_state;  // every state present
   uint64_t jobs_submitted_total = 0;
   uint64_t jobs_failed_total = 0;
@@ -218,6 +220,8 @@ class Coordinator {
   void usage(const v1::GetUsageRequest& request, Done<v1::GetUsageResponse> done);
   void listNodes(Done<std::vector<v1::Node>> done);
   void drain(const std::string& node, bool drain, const std::string& reason, Done<v1::Node> done);
+  // An admin's word that a faulted GPU is fit again (ddlctl admin gpu-ok): jobs may be placed on it.
+  void clearGpuFault(const std::string& node, int gpu, Done<v1::Node> done);
   // Forgets a DOWN node with no live job placed on it (RemoveNodeRequest); the answer is the removed node.
   void removeNode(const std::string& node, Done<v1::Node> done);
   void ring(const std::string& id, Done<v1::RingLayout> done);
@@ -297,6 +301,8 @@ class Coordinator {
   // failing its jobs, or a failed write, must not leave a job running forever).
   void sweepLostJobsOnLoop();
   // A node's ranks are lost (node DOWN, or the agent restarted without them): fail or requeue its jobs.
+  // A heartbeat's GPU faults (their jobs fail) and health check (the node drained, or undrained).
+  void nodeHealthOnLoop(Node& entry, const v1::Heartbeat& heartbeat);
   void loseNodeJobsOnLoop(const std::string& node, const std::string& reason,
                           const std::string& only_job = "");
   // Ends (or requeues) a live job after a rank failure; stops the ranks that remain.
@@ -381,6 +387,7 @@ class Coordinator {
                      std::function<StatusOr<v1::Job>(const state::Job&)> fn);
   std::vector<v1::Node> listNodesOnLoop();
   StatusOr<v1::Node> drainOnLoop(const std::string& node, bool drain, const std::string& reason);
+  StatusOr<v1::Node> clearGpuFaultOnLoop(const std::string& node, int gpu);
   StatusOr<v1::Node> removeNodeOnLoop(const std::string& node);
   StatusOr<v1::RingLayout> ringOnLoop(const state::Job& job);
   MetricsSnapshot metricsOnLoop();

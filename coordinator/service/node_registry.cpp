@@ -20,6 +20,34 @@ bool isValidName(const std::string& name) {
                      [](unsigned char c) { return std::isalnum(c) || c == '-' || c == '_' || c == '.'; });
 }
 
+constexpr int kMaxNumaNode = 1023;
+
+state::GpuInfo gpuInfo(const v1::Gpu& g) {
+  state::GpuInfo out{g.index(), g.uuid(), g.model(), g.memory_bytes()};
+  out.pci_bus_id = g.pci_bus_id();
+  out.numa_node = g.has_numa_node() ? g.numa_node() : -1;
+  out.island = g.has_island() ? g.island() : -1;
+  out.nvlink_peers.assign(g.nvlink_peers().begin(), g.nvlink_peers().end());
+  out.p2p_peers.assign(g.p2p_peers().begin(), g.p2p_peers().end());
+  out.nic = g.nic();
+  out.cpus = g.cpus();
+  return out;
+}
+
+void gpuToProto(const state::GpuInfo& g, v1::Gpu* out) {
+  out->set_index(g.index);
+  out->set_uuid(g.uuid);
+  out->set_model(g.model);
+  out->set_memory_bytes(g.memory_bytes);
+  out->set_pci_bus_id(g.pci_bus_id);
+  if (g.numa_node >= 0) out->set_numa_node(g.numa_node);
+  if (g.island >= 0) out->set_island(g.island);
+  for (int p : g.nvlink_peers) out->add_nvlink_peers(p);
+  for (int p : g.p2p_peers) out->add_p2p_peers(p);
+  out->set_nic(g.nic);
+  out->set_cpus(g.cpus);
+}
+
 // What a registration asks for that it may not: "" or why.
 Status checkRegistration(const v1::RegisterRequest& req) {
   if (!isValidName(req.node())) {
@@ -35,6 +63,24 @@ Status checkRegistration(const v1::RegisterRequest& req) {
                                      "; list GPUs by index 0..n-1");
     }
   }
+  for (const v1::Gpu& g : req.gpus()) {
+    const std::string gpu = "register: node " + req.node() + ": GPU " + std::to_string(g.index());
+    auto outOfRange = [&](int peer) { return peer < 0 || peer >= req.gpus_size() || peer == g.index(); };
+    if (std::any_of(g.nvlink_peers().begin(), g.nvlink_peers().end(), outOfRange) ||
+        std::any_of(g.p2p_peers().begin(), g.p2p_peers().end(), outOfRange) ||
+        (g.has_island() && (g.island() < 0 || g.island() > g.index())))
+      return Status::invalidArgument(
+          gpu + ": its NVLink or P2P peers or its island are not other GPUs of the node");
+    if (g.has_numa_node() && (g.numa_node() < 0 || g.numa_node() > kMaxNumaNode))
+      return Status::invalidArgument(gpu + ": NUMA node " + std::to_string(g.numa_node()) + " is not 0-" +
+                                     std::to_string(kMaxNumaNode));
+    if (g.pci_bus_id().size() > 64 || g.nic().size() > 64 || g.cpus().size() > 4096)
+      return Status::invalidArgument(gpu + ": its PCI address, NIC or CPU list is too long");
+  }
+  if (req.cpu_numa_size() != 0 && req.cpu_numa_size() != req.cpus_size())
+    return Status::invalidArgument("register: node " + req.node() + ": " +
+                                   std::to_string(req.cpu_numa_size()) + " NUMA nodes for " +
+                                   std::to_string(req.cpus_size()) + " CPUs");
   for (int c : req.cpus()) {
     if (c < 0 || c > kMaxCpuId)
       return Status::invalidArgument("register: node " + req.node() + ": CPU ids must lie in 0-" +
@@ -119,17 +165,31 @@ StatusOr<NodeRegistry::Node*> NodeRegistry::registerOnLoop(const v1::RegisterReq
         " nodes, its limit; forget nodes that are gone with 'ddlctl nodes remove NAME' (a DOWN node with no "
         "live job)");
   }
-  std::vector<int> cpus(req.cpus().begin(), req.cpus().end());
-  std::sort(cpus.begin(), cpus.end());
-  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  // The CPUs in order, each with its NUMA node where the agent knows every one (-1 or beyond kMaxNumaNode:
+  // unknown, and then none is kept: placement takes CPUs by id on that node).
+  std::vector<std::pair<int, int>> cpuNuma;
+  for (int i = 0; i < req.cpus_size(); ++i)
+    cpuNuma.push_back({req.cpus(i), req.cpu_numa_size() ? req.cpu_numa(i) : -1});
+  std::sort(cpuNuma.begin(), cpuNuma.end());
+  cpuNuma.erase(std::unique(cpuNuma.begin(), cpuNuma.end(),
+                            [](const auto& a, const auto& b) { return a.first == b.first; }),
+                cpuNuma.end());
+  std::vector<int> cpus, numas;
+  for (auto [cpu, numa] : cpuNuma) {
+    cpus.push_back(cpu);
+    numas.push_back(numa);
+  }
+  if (std::any_of(numas.begin(), numas.end(), [](int n) { return n < 0 || n > kMaxNumaNode; })) numas.clear();
   Node& node = nodes_[req.node()];
   state::NodeRecord record = node.record;
   record.name = req.node();
   record.address = req.address();
   record.gpus.clear();
-  for (const auto& g : req.gpus()) record.gpus.push_back({g.index(), g.uuid(), g.model(), g.memory_bytes()});
+  for (const auto& g : req.gpus()) record.gpus.push_back(gpuInfo(g));
+  std::erase_if(record.gpu_faults, [&](const auto& f) { return f.first >= req.gpus_size(); });
   record.labels = {req.labels().begin(), req.labels().end()};
   record.cpus = std::move(cpus);
+  record.cpu_numa = std::move(numas);
   record.memory_bytes = req.memory_bytes();
   if (record.state == state::NodeState::kDown) {
     record.state = record.drained ? state::NodeState::kDraining : state::NodeState::kUp;
@@ -277,6 +337,56 @@ StatusOr<NodeRegistry::Node*> NodeRegistry::drainOnLoop(const std::string& name,
   return &node;
 }
 
+std::vector<std::pair<int, state::GpuFault>> NodeRegistry::gpuFaultsOnLoop(
+    Node& node, const google::protobuf::RepeatedPtrField<v1::GpuFault>& faults) {
+  assert(actor_.onLoop());
+  std::vector<std::pair<int, state::GpuFault>> fresh;
+  state::NodeRecord want = node.record;
+  for (const v1::GpuFault& f : faults) {
+    const int gpu = f.gpu();
+    if (gpu < 0 || gpu >= static_cast<int>(want.gpus.size()) || want.gpu_faults.count(gpu)) continue;
+    auto cleared = node.cleared_fault_ms.find(gpu);
+    if (cleared != node.cleared_fault_ms.end() && f.at_ms() <= cleared->second) continue;
+    state::GpuFault fault{f.reason().substr(0, state::kMaxDrainReasonBytes), f.xid(), f.at_ms()};
+    want.gpu_faults[gpu] = fault;
+    fresh.emplace_back(gpu, fault);
+    spdlog::error(
+        "node {} GPU {}: {}; no job is placed on it until an admin clears it (ddlctl admin gpu-ok {} {})",
+        want.name, gpu, fault.reason, want.name, gpu);
+  }
+  if (!fresh.empty()) {
+    node.record = want;
+    putOnLoop(want);
+  }
+  return fresh;
+}
+
+StatusOr<NodeRegistry::Node*> NodeRegistry::clearGpuFaultOnLoop(const std::string& name, int gpu,
+                                                                const std::string& refuse) {
+  assert(actor_.onLoop());
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return state::nodeNotFound(name);
+  Node& node = it->second;
+  if (gpu < 0 || gpu >= static_cast<int>(node.record.gpus.size()))
+    return Status::invalidArgument("node " + name + " has no GPU " + std::to_string(gpu) + " (it has " +
+                                   std::to_string(node.record.gpus.size()) + ")");
+  auto fault = node.record.gpu_faults.find(gpu);
+  if (fault == node.record.gpu_faults.end())
+    return Status::failedPrecondition("GPU " + std::to_string(gpu) + " of node " + name +
+                                      " has no fault to clear");
+  if (!refuse.empty()) return Status::unavailable("gpu-ok refused: " + refuse);
+  node.cleared_fault_ms[gpu] = fault->second.at_ms;
+  state::NodeRecord want = node.record;
+  want.gpu_faults.erase(gpu);
+  node.record = want;
+  putOnLoop(want);
+  v1::Command clear;
+  clear.mutable_clear_gpu_fault()->set_gpu(gpu);
+  sendOnLoop(name, clear);
+  spdlog::info("node {} GPU {}: cleared by an admin; jobs may be placed on it again", name, gpu);
+  return &node;
+}
+
 Status NodeRegistry::removableOnLoop(const std::string& name) const {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return state::nodeNotFound(name);
@@ -327,15 +437,17 @@ v1::Node NodeRegistry::toProto(const Node& node, const NodeUsage& usage) const {
   out.set_state(toString(node.record.state));
   out.set_drained(node.record.drained);
   out.set_drain_reason(node.record.drain_reason);
-  for (const auto& g : node.record.gpus) {
-    v1::Gpu* p = out.add_gpus();
-    p->set_index(g.index);
-    p->set_uuid(g.uuid);
-    p->set_model(g.model);
-    p->set_memory_bytes(g.memory_bytes);
+  for (const auto& g : node.record.gpus) gpuToProto(g, out.add_gpus());
+  for (const auto& [gpu, f] : node.record.gpu_faults) {
+    v1::GpuFault* p = out.add_gpu_faults();
+    p->set_gpu(gpu);
+    p->set_reason(f.reason);
+    p->set_xid(f.xid);
+    p->set_at_ms(f.at_ms);
   }
   for (int g : usage.gpus) out.add_gpus_used(g);
   for (int c : node.record.cpus) out.add_cpus(c);
+  for (int n : node.record.cpu_numa) out.add_cpu_numa(n);
   for (int c : usage.cpus) out.add_cpus_used(c);
   out.set_memory_bytes(node.record.memory_bytes);
   out.set_memory_used_bytes(usage.memory_bytes);

@@ -581,6 +581,22 @@ void Coordinator::drain(const std::string& name, bool drain_it, const std::strin
   });
 }
 
+StatusOr<v1::Node> Coordinator::clearGpuFaultOnLoop(const std::string& name, int gpu) {
+  const StoreHealth h = health();
+  StatusOr<Node*> node = registry_->clearGpuFaultOnLoop(name, gpu, h.ok ? "" : h.message);
+  if (!node) return node.status();
+  schedule_wanted_ = true;
+  auto usage = usageOnLoop();
+  return registry_->toProto(**node, usage[name]);
+}
+
+void Coordinator::clearGpuFault(const std::string& name, int gpu, Done<v1::Node> done) {
+  post([this, name, gpu, done = std::move(done)] {
+    auto result = std::make_shared<StatusOr<v1::Node>>(clearGpuFaultOnLoop(name, gpu));
+    actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
+  });
+}
+
 StatusOr<v1::Node> Coordinator::removeNodeOnLoop(const std::string& name) {
   if (Status st = registry_->removableOnLoop(name); !st) return st;
   auto usage = usageOnLoop();
@@ -712,6 +728,7 @@ MetricsSnapshot Coordinator::metricsOnLoop() {
     m.gpus_total += static_cast<int>(node.record.gpus.size());
     auto u = usage.find(name);
     if (u != usage.end()) m.gpus_allocated += static_cast<int>(u->second.gpus.size());
+    for (const auto& [gpu, fault] : node.record.gpu_faults) m.gpus_faulted.emplace_back(name, gpu);
     m.heartbeat_lag_max_s = std::max(m.heartbeat_lag_max_s, (now - node.last_seen_ms) / 1000.0);
   }
   for (const auto& [id, job] : jobs_) m.jobs_by_state[toString(job.state)]++;

@@ -248,8 +248,25 @@ struct GpuInfo {
   std::string uuid;
   std::string model;
   int64_t memory_bytes = 0;
+  // Where it sits in its node, as the agent reports it (v1::Gpu); the defaults where unknown.
+  std::string pci_bus_id;
+  int numa_node = -1;
+  int island = -1;  // NVLink island: the lowest index of the GPUs NVLink joins it to
+  std::vector<int> nvlink_peers;
+  std::vector<int> p2p_peers;
+  std::string nic;   // its nearest NIC, as UCX names it
+  std::string cpus;  // its NUMA node's CPUs, a CPU list
 
   bool operator==(const GpuInfo&) const = default;
+};
+
+// A fault that made a GPU unfit for work (v1::GpuFault), kept until an admin clears it.
+struct GpuFault {
+  std::string reason;  // "Xid 79 (fallen off the bus)"
+  int xid = 0;
+  int64_t at_ms = 0;  // when the agent saw it
+
+  bool operator==(const GpuFault&) const = default;
 };
 
 struct NodeRecord {
@@ -264,6 +281,9 @@ struct NodeRecord {
   bool drained = false;
   int64_t last_heartbeat_ms = 0;
   std::vector<int> cpus;     // the CPU ids its agent offers ranks, ascending
+  std::vector<int> cpu_numa;  // the NUMA node of each of cpus; empty when the agent does not know them all
+  std::map<int, GpuFault>
+      gpu_faults;            // faulted GPUs by index: placed on by no job until an admin clears them
   int64_t memory_bytes = 0;  // the memory its agent offers ranks
 
   bool operator==(const NodeRecord&) const = default;

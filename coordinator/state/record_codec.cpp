@@ -138,8 +138,10 @@ size_t jobBytesBound(const Job& job) {
 
 size_t nodeBytesBound(const NodeRecord& node) {
   constexpr size_t kField = 40;
-  size_t n = 12 * kField + node.address.size() + node.drain_reason.size() + 9 * node.cpus.size();
-  for (const GpuInfo& g : node.gpus) n += 5 * kField + g.uuid.size() + g.model.size();
+  size_t n = 13 * kField + node.address.size() + node.drain_reason.size() + 9 * node.cpus.size() +
+             9 * node.cpu_numa.size() + 6 * sqlite_codec::encodeGpuFaults(node.gpu_faults).size();
+  for (const GpuInfo& g : node.gpus)
+    n += 6 * kField + g.uuid.size() + g.model.size() + 6 * sqlite_codec::encodeGpuTopology(g).size();
   for (const auto& [k, v] : node.labels) n += k.size() + v.size() + kField;
   return n;
 }
@@ -192,8 +194,10 @@ StatusOr<Job> decodeJob(const std::string& id, const std::string& bytes) {
 std::string encodeNode(const NodeRecord& node) {
   json gpus = json::array();
   for (const GpuInfo& g : node.gpus) {
-    gpus.push_back(
-        {{"index", g.index}, {"uuid", g.uuid}, {"model", g.model}, {"memory_bytes", g.memory_bytes}});
+    json o = {{"index", g.index}, {"uuid", g.uuid}, {"model", g.model}, {"memory_bytes", g.memory_bytes}};
+    if (std::string topology = sqlite_codec::encodeGpuTopology(g); !topology.empty())
+      o["topology"] = topology;
+    gpus.push_back(std::move(o));
   }
   return pack({{"v", kVersion},
                {"address", node.address},
@@ -204,6 +208,8 @@ std::string encodeNode(const NodeRecord& node) {
                {"drained", node.drained},
                {"last_heartbeat_ms", node.last_heartbeat_ms},
                {"cpus", node.cpus},
+               {"cpu_numa", node.cpu_numa},
+               {"gpu_faults", sqlite_codec::encodeGpuFaults(node.gpu_faults)},
                {"memory_bytes", node.memory_bytes}});
 }
 
@@ -216,8 +222,9 @@ StatusOr<NodeRecord> decodeNode(const std::string& name, const std::string& byte
   n.address = str(doc, "address");
   if (auto it = doc.find("gpus"); it != doc.end() && it->is_array()) {
     for (const auto& o : *it) {
-      n.gpus.push_back(GpuInfo{static_cast<int>(num(o, "index")), str(o, "uuid"), str(o, "model"),
-                               num(o, "memory_bytes")});
+      GpuInfo g{static_cast<int>(num(o, "index")), str(o, "uuid"), str(o, "model"), num(o, "memory_bytes")};
+      sqlite_codec::decodeGpuTopology(str(o, "topology"), g);
+      n.gpus.push_back(std::move(g));
     }
   }
   n.labels = stringMap(doc, "labels");
@@ -228,6 +235,9 @@ StatusOr<NodeRecord> decodeNode(const std::string& name, const std::string& byte
   n.drained = json_fields::field<bool>(doc, "drained", false);
   n.last_heartbeat_ms = num(doc, "last_heartbeat_ms");
   n.cpus = json_fields::list<int>(doc, "cpus");
+  n.cpu_numa = json_fields::list<int>(doc, "cpu_numa");
+  if (n.cpu_numa.size() != n.cpus.size()) n.cpu_numa.clear();
+  n.gpu_faults = sqlite_codec::decodeGpuFaults(str(doc, "gpu_faults"));
   n.memory_bytes = num(doc, "memory_bytes");
   return n;
 }

@@ -34,6 +34,60 @@ std::optional<std::vector<int>> decodeIndices(const std::string& text) {
   }
 }
 
+std::string encodeGpuTopology(const GpuInfo& g) {
+  nlohmann::json j = nlohmann::json::object();
+  if (!g.pci_bus_id.empty()) j["pci"] = g.pci_bus_id;
+  if (g.numa_node >= 0) j["numa"] = g.numa_node;
+  if (g.island >= 0) j["island"] = g.island;
+  if (!g.nvlink_peers.empty()) j["nvlink"] = g.nvlink_peers;
+  if (!g.p2p_peers.empty()) j["p2p"] = g.p2p_peers;
+  if (!g.nic.empty()) j["nic"] = g.nic;
+  if (!g.cpus.empty()) j["cpus"] = g.cpus;
+  return j.empty() ? "" : j.dump();
+}
+
+void decodeGpuTopology(const std::string& text, GpuInfo& g) {
+  if (text.empty()) return;
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    std::fprintf(stderr, "ddl state: GPU %s: its topology is not a JSON object; read as unknown\n",
+                 g.uuid.c_str());
+    return;
+  }
+  g.pci_bus_id = json_fields::field(j, "pci", std::string());
+  g.numa_node = json_fields::field(j, "numa", -1);
+  g.island = json_fields::field(j, "island", -1);
+  g.nvlink_peers = json_fields::list<int>(j, "nvlink");
+  g.p2p_peers = json_fields::list<int>(j, "p2p");
+  g.nic = json_fields::field(j, "nic", std::string());
+  g.cpus = json_fields::field(j, "cpus", std::string());
+}
+
+std::string encodeGpuFaults(const std::map<int, GpuFault>& faults) {
+  if (faults.empty()) return "";
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [gpu, f] : faults)
+    list.push_back({{"gpu", gpu}, {"reason", f.reason}, {"xid", f.xid}, {"at_ms", f.at_ms}});
+  return list.dump();
+}
+
+std::map<int, GpuFault> decodeGpuFaults(const std::string& text) {
+  std::map<int, GpuFault> out;
+  if (text.empty()) return out;
+  nlohmann::json list = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!list.is_array()) {
+    std::fprintf(stderr, "ddl state: a node's GPU faults are not a JSON list; read as none\n");
+    return out;
+  }
+  for (const nlohmann::json& f : list) {
+    if (!f.is_object()) continue;
+    out[json_fields::field(f, "gpu", 0)] =
+        GpuFault{json_fields::field(f, "reason", std::string()), json_fields::field(f, "xid", 0),
+                 json_fields::field<int64_t>(f, "at_ms", 0)};
+  }
+  return out;
+}
+
 std::string encodeExtra(const Job& job) {
   nlohmann::json j = nlohmann::json::object();
   const JobSpec& s = job.spec;

@@ -11,6 +11,7 @@
 // the rest. Pure functions; any thread may call.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,18 @@ namespace ddl::state::sqlite_codec {
 std::string encodeIndices(const std::vector<int>& indices);
 // nullopt for text that is not a comma-separated list of integers ("" is the empty list).
 std::optional<std::vector<int>> decodeIndices(const std::string& text);
+
+// A GPU's place in its node (GpuInfo's topology fields) as one JSON object, "" when all are unknown; the
+// same text is node_gpus.topology in SQLite and "topology" in record_codec's node records.
+std::string encodeGpuTopology(const GpuInfo& gpu);
+// Sets gpu's topology fields from `text` ("" or damaged: left unknown).
+void decodeGpuTopology(const std::string& text, GpuInfo& gpu);
+
+// A node's GPU faults as one JSON list ("" for none): nodes.gpu_faults in SQLite, "gpu_faults" in
+// record_codec's node records.
+std::string encodeGpuFaults(const std::map<int, GpuFault>& faults);
+// "" or damaged: none (a damaged list is reported on stderr).
+std::map<int, GpuFault> decodeGpuFaults(const std::string& text);
 
 // The jobs.extra document of `job`.
 std::string encodeExtra(const Job& job);

@@ -147,6 +147,14 @@ CREATE TABLE entries (
   tbl TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (tbl, key)
 ) WITHOUT ROWID;
 )sql",
+    // 8 -> 9: where each GPU sits in its node (NUMA node, NVLink peers, nearest NIC: sqlite_codec's GPU
+    // topology, "" where unknown), the NUMA node of each CPU a node offers (read again at registration), and
+    // the node's faulted GPUs (kept until an admin clears them).
+    R"sql(
+ALTER TABLE node_gpus ADD COLUMN topology TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN cpu_numa TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN gpu_faults TEXT NOT NULL DEFAULT '';
+)sql",
 };
 
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);

@@ -9,7 +9,7 @@
 namespace ddl::state::sqlite_schema {
 
 // The version this build writes; one migration per version.
-inline constexpr int kSchemaVersion = 8;
+inline constexpr int kSchemaVersion = 9;
 
 // PRAGMA application_id marks the file as ours ("ddl1"), so an unrelated SQLite database is refused, not
 // altered.

@@ -428,10 +428,11 @@ Status SqliteStore::upsertNodeLocked(const NodeRecord& node) {
     DDL_PREPARE(
         q,
         "INSERT OR REPLACE INTO nodes (name, address, state, last_heartbeat_ms, drained, drain_reason,"
-        " cpus, memory_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+        " cpus, memory_bytes, cpu_numa, gpu_faults) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     q.bind(1, node.name).bind(2, node.address).bind(3, std::string(toString(node.state)));
     q.bind(4, node.last_heartbeat_ms).bind(5, int64_t{node.drained ? 1 : 0}).bind(6, node.drain_reason);
-    q.bind(7, encodeIndices(node.cpus)).bind(8, node.memory_bytes);
+    q.bind(7, encodeIndices(node.cpus)).bind(8, node.memory_bytes).bind(9, encodeIndices(node.cpu_numa));
+    q.bind(10, sqlite_codec::encodeGpuFaults(node.gpu_faults));
     DDL_STEP_DONE(q, "storing node " + node.name);
   }
   for (const char* table : {"node_gpus", "node_labels"}) {
@@ -440,12 +441,13 @@ Status SqliteStore::upsertNodeLocked(const NodeRecord& node) {
     DDL_STEP_DONE(q, "replacing the " + std::string(table) + " of node " + node.name);
   }
   {
-    DDL_PREPARE(
-        q, "INSERT INTO node_gpus (node, ord, idx, uuid, model, memory_bytes) VALUES (?, ?, ?, ?, ?, ?)");
+    DDL_PREPARE(q,
+                "INSERT INTO node_gpus (node, ord, idx, uuid, model, memory_bytes, topology)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)");
     for (size_t i = 0; i < node.gpus.size(); ++i) {
       const GpuInfo& g = node.gpus[i];
       q.bind(1, node.name).bind(2, static_cast<int64_t>(i)).bind(3, int64_t{g.index}).bind(4, g.uuid);
-      q.bind(5, g.model).bind(6, g.memory_bytes);
+      q.bind(5, g.model).bind(6, g.memory_bytes).bind(7, sqlite_codec::encodeGpuTopology(g));
       DDL_STEP_DONE(q, "storing the GPUs of node " + node.name);
       q.reset();
     }
@@ -469,8 +471,8 @@ StatusOr<std::vector<NodeRecord>> SqliteStore::loadNodesLocked(const std::string
   std::map<std::string, size_t> index;
   {
     DDL_PREPARE(q,
-                "SELECT name, address, state, last_heartbeat_ms, drained, drain_reason, cpus, memory_bytes"
-                " FROM nodes" +
+                "SELECT name, address, state, last_heartbeat_ms, drained, drain_reason, cpus, memory_bytes,"
+                " cpu_numa, gpu_faults FROM nodes" +
                     where + " ORDER BY name");
     if (name) q.bind(1, *name);
     int rc;
@@ -488,20 +490,27 @@ StatusOr<std::vector<NodeRecord>> SqliteStore::loadNodesLocked(const std::string
       if (!cpus) return Status::dataLoss("node " + n.name + ": bad CPU list '" + q.text(6) + "'");
       n.cpus = std::move(*cpus);
       n.memory_bytes = q.i64(7);
+      // A damaged NUMA list reads as unknown: placement then ignores NUMA on this node until it registers.
+      n.cpu_numa = decodeIndices(q.text(8)).value_or(std::vector<int>());
+      if (n.cpu_numa.size() != n.cpus.size()) n.cpu_numa.clear();
+      n.gpu_faults = sqlite_codec::decodeGpuFaults(q.text(9));
       index[n.name] = nodes.size();
       nodes.push_back(std::move(n));
     }
     if (rc != SQLITE_DONE) return error("reading nodes", rc);
   }
   {
-    DDL_PREPARE(
-        q, "SELECT node, idx, uuid, model, memory_bytes FROM node_gpus" + where_node + " ORDER BY node, ord");
+    DDL_PREPARE(q, "SELECT node, idx, uuid, model, memory_bytes, topology FROM node_gpus" + where_node +
+                       " ORDER BY node, ord");
     if (name) q.bind(1, *name);
     int rc;
     while ((rc = q.step()) == SQLITE_ROW) {
       auto it = index.find(q.text(0));
-      if (it != index.end())
-        nodes[it->second].gpus.push_back(GpuInfo{q.i32(1), q.text(2), q.text(3), q.i64(4)});
+      if (it != index.end()) {
+        GpuInfo g{q.i32(1), q.text(2), q.text(3), q.i64(4)};
+        sqlite_codec::decodeGpuTopology(q.text(5), g);
+        nodes[it->second].gpus.push_back(std::move(g));
+      }
     }
     if (rc != SQLITE_DONE) return error("reading node GPUs", rc);
   }

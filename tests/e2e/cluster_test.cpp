@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -117,13 +118,30 @@ class ClusterTest : public ::testing::Test {
   }
   // stop_ranks_on_exit: the tests' agents take their ranks down with them (nothing outlives a test), except
   // where a test restarts an agent under a running job.
-  void startAgent(int i, bool stop_ranks_on_exit = true) {
+  // `gpus`: how the agent finds its GPUs (2 virtual ones by default); `config`: its settings file.
+  void startAgent(int i, bool stop_ranks_on_exit = true,
+                  const std::vector<std::string>& gpus = {"--virtual-gpus", "2", "--force-virtual"},
+                  const std::string& config = "") {
     const std::string node = "n" + std::to_string(i);
     const std::string ports = i == 1 ? "31000-31099" : "31100-31199";
-    std::vector<std::string> argv = {std::string(DDL_BIN_DIR) + "/ddl-agent", "--coordinator", address_, "--node",
-                                     node, "--address", "127.0.0.1", "--labels", "switch=s1", "--virtual-gpus", "2",
-                                     "--force-virtual", "--data-dir", (dir_ / node).string(), "--port-range", ports,
-                                     "--pki-dir", (dir_ / (node + "-pki")).string(), "--config", tlsRefreshConfig()};
+    std::vector<std::string> argv = {std::string(DDL_BIN_DIR) + "/ddl-agent",
+                                     "--coordinator",
+                                     address_,
+                                     "--node",
+                                     node,
+                                     "--address",
+                                     "127.0.0.1",
+                                     "--labels",
+                                     "switch=s1",
+                                     "--data-dir",
+                                     (dir_ / node).string(),
+                                     "--port-range",
+                                     ports,
+                                     "--pki-dir",
+                                     (dir_ / (node + "-pki")).string(),
+                                     "--config",
+                                     config.empty() ? tlsRefreshConfig() : config};
+    argv.insert(argv.end(), gpus.begin(), gpus.end());
     if (stop_ranks_on_exit) argv.push_back("--stop-ranks-on-exit");
     agents_[node] = spawn(argv, dir_ / ("agent-" + node + ".log"));
   }
@@ -600,6 +618,130 @@ TEST_F(ClusterTest, RanksGetTheCpusTheirJobAskedForAndNodesShowWhatIsHeld) {
                             .c_str()),
             0);
   EXPECT_NE(slurp(err).find("CPUs and"), std::string::npos) << slurp(err);
+}
+
+// A node of S822LC topology (2 NVLink pairs on 2 NUMA nodes; the agent's CPUs split between them): a job of
+// 2 GPUs gets a pair, and a 1-GPU job beside it the other socket's GPU, its CPU from that socket's NUMA node
+// and that socket's NIC; nodes -v and ring show it.
+TEST_F(ClusterTest, RanksGetAnNvlinkPairAndTheirGpusNumaNodeAndNic) {
+  cpu_set_t mine;
+  ASSERT_EQ(sched_getaffinity(0, sizeof mine, &mine), 0);
+  if (CPU_COUNT(&mine) < 2) GTEST_SKIP() << "skipped: needs 2 CPUs for 2 NUMA nodes";
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mine)) cpus.push_back(c);
+  const int secondHalf = cpus[cpus.size() / 2];  // the first CPU of virtual NUMA node 1
+  for (const char* node : {"n1", "n2"}) stop(agents_[node]);
+  startAgent(1, true, {"--virtual-topology", "s822lc", "--force-virtual"});
+  ASSERT_TRUE(waitFor([&] { return upNodes() == 1; }, 15000)) << slurp(dir_ / "agent-n1.log");
+  auto submit = [&](const std::string& args) {
+    const std::string out = (dir_ / "submit.txt").string();
+    EXPECT_EQ(std::system((ctl((dir_ / "root.token").string()) + " submit " + args + " > " + out).c_str()),
+              0);
+    std::string id = slurp(out);
+    id.erase(id.find_last_not_of("\n") + 1);
+    return id;
+  };
+  const std::string pair = submit("--gpus 2 -- sleep 30");
+  ASSERT_TRUE(reaches(pair, ddl::v1::RUNNING, 30000)) << job(pair).DebugString();
+  EXPECT_EQ(job(pair).allocation(0).gpus_size(), 2);
+  EXPECT_EQ(job(pair).allocation(0).gpus(0), 0);
+  EXPECT_EQ(job(pair).allocation(0).gpus(1), 1);
+  const std::string one = submit(
+      "--gpus 1 --cpus-per-rank 1 -- /bin/sh -c 'grep Cpus_allowed_list /proc/self/status; "
+      "echo gpu=$DDL_GPU nic=$DDL_NET_DEVICE ucx=${UCX_NET_DEVICES:-unset}'");
+  ASSERT_TRUE(reaches(one, ddl::v1::SUCCEEDED, 30000)) << job(one).DebugString();
+  const std::string log = (dir_ / "one.txt").string();
+  ASSERT_EQ(std::system((ctl() + " logs " + one + " > " + log).c_str()), 0);
+  const std::string text = slurp(log);
+  EXPECT_NE(text.find("Cpus_allowed_list:\t" + std::to_string(secondHalf) + "\n"), std::string::npos) << text;
+  // mlx5_1 is made up, so UCX is not told to use it.
+  EXPECT_NE(text.find("gpu=2 nic=mlx5_1 ucx=unset"), std::string::npos) << text;
+
+  ASSERT_EQ(std::system((ctl() + " nodes -v > " + (dir_ / "nodes.txt").string()).c_str()), 0);
+  const std::string nodes = slurp(dir_ / "nodes.txt");
+  EXPECT_NE(nodes.find("ISLAND"), std::string::npos) << nodes;
+  EXPECT_NE(nodes.find("Tesla P100-SXM2-16GB"), std::string::npos) << nodes;
+  EXPECT_NE(nodes.find("NICs: mlx5_0 (ib, numa 0), mlx5_1 (ib, numa 1)"), std::string::npos) << nodes;
+  ASSERT_EQ(std::system((ctl() + " ring " + pair + " > " + (dir_ / "ring.txt").string()).c_str()), 0);
+  const std::string ring = slurp(dir_ / "ring.txt");
+  EXPECT_NE(ring.find("[gpu0=r0 gpu1=r1]"), std::string::npos) << ring;
+}
+
+// A node whose GPUs the fake NVML reports: an Xid 79 on GPU 0 fails and requeues the job on it, naming the
+// GPU and the Xid; nothing is placed on GPU 0 until an admin clears it; a failing health check drains the
+// node with its last line as the reason, and undrains it when it passes again.
+TEST_F(ClusterTest, AFaultedGpuLeavesPlacementUntilClearedAndAFailedCheckDrains) {
+  for (const char* node : {"n1", "n2"}) stop(agents_[node]);
+  const std::string faults = (dir_ / "faults").string(), flag = (dir_ / "unhealthy").string();
+  std::ofstream(faults).close();
+  const fs::path check = dir_ / "check.sh";
+  std::ofstream(check) << "#!/bin/sh\nif [ -e " << flag
+                       << " ]; then echo checking; echo 'GPU 1: NVLink down'; exit 1; fi\nexit 0\n";
+  fs::permissions(check, fs::perms::owner_all);
+  const fs::path config = dir_ / "health.json";
+  std::ofstream(config) << "{\"tls_refresh_s\": 1, \"health_check_program\": \"" << check.string()
+                        << "\", \"health_check_interval_s\": 1}\n";
+  setenv("LD_LIBRARY_PATH", DDL_FAKE_NVML_DIR, 1);  // the agent's dlopen finds the fake libnvidia-ml.so.1
+  setenv("DDL_FAKE_NVML", "01,02;0-1", 1);
+  setenv("DDL_FAKE_NVML_FAULTS", faults.c_str(), 1);
+  startAgent(1, true, {}, config.string());
+  for (const char* name : {"LD_LIBRARY_PATH", "DDL_FAKE_NVML", "DDL_FAKE_NVML_FAULTS"}) unsetenv(name);
+  ASSERT_TRUE(waitFor([&] { return upNodes() == 1; }, 15000)) << slurp(dir_ / "agent-n1.log");
+  auto submit = [&](const std::string& args) {
+    const std::string out = (dir_ / "submit.txt").string();
+    EXPECT_EQ(std::system((ctl((dir_ / "root.token").string()) + " submit " + args + " > " + out).c_str()),
+              0);
+    std::string id = slurp(out);
+    id.erase(id.find_last_not_of("\n") + 1);
+    return id;
+  };
+  auto nodeOne = [&] {
+    ddl::v1::ListNodesResponse nodes;
+    grpc::ClientContext ctx;
+    authorize(&ctx);
+    EXPECT_TRUE(user_->ListNodes(&ctx, {}, &nodes).ok());
+    for (const auto& n : nodes.nodes())
+      if (n.name() == "n1") return n;
+    return ddl::v1::Node();
+  };
+  const std::string a = submit("--gpus 1 --max-restarts 1 -- sleep 60");
+  ASSERT_TRUE(reaches(a, ddl::v1::RUNNING, 30000)) << job(a).DebugString();
+  ASSERT_EQ(job(a).allocation(0).gpus(0), 0);
+  std::ofstream(faults, std::ios::app) << "xid 0 79\n";
+  // Requeued (a restart), and running again on the other GPU.
+  ASSERT_TRUE(waitFor([&] { return job(a).restarts() == 1 && job(a).state() == ddl::v1::RUNNING; }, 20000))
+      << job(a).DebugString();
+  EXPECT_EQ(job(a).allocation(0).gpus(0), 1);
+  bool named = false;
+  const ddl::v1::Job requeued = job(a);
+  for (const auto& t : requeued.transitions())
+    named =
+        named || t.reason().find("GPU 0 of node n1 failed: Xid 79 (fallen off the bus)") != std::string::npos;
+  EXPECT_TRUE(named) << job(a).DebugString();
+  ASSERT_EQ(nodeOne().gpu_faults_size(), 1);
+  EXPECT_EQ(nodeOne().gpu_faults(0).gpu(), 0);
+  EXPECT_EQ(nodeOne().gpu_faults(0).xid(), 79);
+  // No job lands on GPU 0 while it is faulted.
+  const std::string b = submit("--gpus 1 -- sleep 60");
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  EXPECT_EQ(job(b).state(), ddl::v1::PENDING) << job(b).DebugString();
+  ASSERT_EQ(std::system((ctl() + " nodes > " + (dir_ / "nodes.txt").string()).c_str()), 0);
+  EXPECT_NE(slurp(dir_ / "nodes.txt").find("1/2 (1 faulted)"), std::string::npos)
+      << slurp(dir_ / "nodes.txt");
+  ASSERT_EQ(std::system((ctl() + " admin gpu-ok n1 0 > " + (dir_ / "ok.txt").string()).c_str()), 0);
+  ASSERT_TRUE(reaches(b, ddl::v1::RUNNING, 20000)) << job(b).DebugString();
+  EXPECT_EQ(job(b).allocation(0).gpus(0), 0);
+  EXPECT_EQ(nodeOne().gpu_faults_size(), 0);
+  EXPECT_NE(std::system((ctl() + " admin gpu-ok n1 0 2> " + (dir_ / "err.txt").string()).c_str()), 0);
+  EXPECT_NE(slurp(dir_ / "err.txt").find("has no fault to clear"), std::string::npos)
+      << slurp(dir_ / "err.txt");
+
+  std::ofstream(flag).close();
+  ASSERT_TRUE(waitFor([&] { return nodeOne().state() == "DRAINING"; }, 15000)) << nodeOne().DebugString();
+  EXPECT_EQ(nodeOne().drain_reason(), "health check: exit 1: GPU 1: NVLink down");
+  fs::remove(flag);
+  ASSERT_TRUE(waitFor([&] { return nodeOne().state() == "UP"; }, 15000)) << nodeOne().DebugString();
 }
 
 TEST_F(ClusterTest, KilledAgentMarksNodeDownAndFailsOnlyItsJob) {

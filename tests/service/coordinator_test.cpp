@@ -427,6 +427,68 @@ TEST_F(CoordinatorTest, DrainedNodeTakesNoNewWorkAndTheReasonSaysSo) {
   EXPECT_EQ(coordinator->drain("nope", true).status().code(), state::StatusCode::kNotFound);
 }
 
+// A GPU fault in a heartbeat: the job on that GPU fails (requeued: it has a restart), the GPU leaves
+// placement (kept in the store) until an admin clears it, and the agent is told; a report of the cleared
+// fault still in flight does not raise it again.
+TEST_F(CoordinatorTest, AFaultedGpuFailsItsJobAndTakesNoneUntilCleared) {
+  addNode("n1", 2);
+  const std::string a = submit(spec(1, 1, /*max_restarts=*/1));
+  coordinator->tick();
+  runAll("n1", a);
+  ASSERT_EQ(starts("n1", a).back().ranks(0).gpu(), 0);
+  v1::Heartbeat hb;
+  v1::GpuFault* f = hb.add_gpu_faults();
+  f->set_gpu(0);
+  f->set_reason("Xid 79 (fallen off the bus)");
+  f->set_xid(79);
+  f->set_at_ms(5);
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], hb));
+  auto job = coordinator->getJob(a);
+  EXPECT_EQ(job->state(), v1::PENDING);
+  EXPECT_EQ(job->restarts(), 1);
+  EXPECT_NE(
+      job->transitions().rbegin()->reason().find("GPU 0 of node n1 failed: Xid 79 (fallen off the bus)"),
+      std::string::npos)
+      << job->DebugString();
+  ASSERT_EQ(coordinator->listNodes()[0].gpu_faults_size(), 1);
+  auto stored = store_->listNodes();  // kept across a restart
+  ASSERT_TRUE(stored);
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ((*stored)[0].gpu_faults.at(0).xid, 79);
+  exitAll("n1", a, 137);  // the old attempt's rank dies with its GPU
+  coordinator->tick();
+  EXPECT_EQ(starts("n1", a).back().ranks(0).gpu(), 1);  // placed again, on the good GPU
+  const std::string b = submit(spec(1, 1));
+  coordinator->tick();
+  EXPECT_EQ(stateOf(b), v1::PENDING);  // GPU 0 is faulted, GPU 1 held
+  ASSERT_TRUE(coordinator->clearGpuFault("n1", 0));
+  EXPECT_TRUE(links["n1"]->commands.back().has_clear_gpu_fault());
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], hb));  // the same report, sent before the clear
+  coordinator->tick();
+  EXPECT_EQ(stateOf(b), v1::STARTING);
+  EXPECT_EQ(starts("n1", b).back().ranks(0).gpu(), 0);
+  EXPECT_EQ(coordinator->listNodes()[0].gpu_faults_size(), 0);
+  EXPECT_EQ(coordinator->clearGpuFault("n1", 0).status().code(), state::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(coordinator->clearGpuFault("n1", 7).status().code(), state::StatusCode::kInvalidArgument);
+}
+
+// A failing health check drains the node with its words; passing again ends that drain, never an operator's.
+TEST_F(CoordinatorTest, AFailingHealthCheckDrainsTheNodeUntilItPasses) {
+  addNode("n1", 2);
+  v1::Heartbeat failing;
+  failing.set_health_check("exit 1: GPU 1: NVLink down");
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], failing));
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "DRAINING");
+  EXPECT_EQ(coordinator->listNodes()[0].drain_reason(), "health check: exit 1: GPU 1: NVLink down");
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "UP");
+  ASSERT_TRUE(coordinator->drain("n1", true, "new DIMMs"));
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], failing));
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+  EXPECT_EQ(coordinator->listNodes()[0].drain_reason(), "new DIMMs");  // the operator's stands
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "DRAINING");
+}
+
 // Heartbeat grace runs on the coordinator's monotonic clock: the system clock stepping an hour (NTP, an
 // operator's `date`) marks no node DOWN, while the heartbeat time users see follows the system clock.
 TEST_F(CoordinatorTest, AWallClockStepMarksNoNodeDown) {

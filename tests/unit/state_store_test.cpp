@@ -733,6 +733,26 @@ NodeRecord sampleNode(const std::string& name, int gpus = 2) {
   return n;
 }
 
+// Where each GPU sits, each CPU's NUMA node and the faulted GPUs are kept with the node, in every store.
+TYPED_TEST(StoreTest, NodeTopologyAndGpuFaultsRoundTrip) {
+  NodeRecord n = sampleNode("n1", 4);
+  n.cpus = {0, 1, 2, 3};
+  n.cpu_numa = {0, 0, 1, 1};
+  n.gpus[1].pci_bus_id = "0000:3b:00.0";
+  n.gpus[1].numa_node = 0;
+  n.gpus[1].island = 0;
+  n.gpus[1].nvlink_peers = {0};
+  n.gpus[1].p2p_peers = {0, 2, 3};
+  n.gpus[1].nic = "mlx5_0:1";
+  n.gpus[1].cpus = "0-1";
+  n.gpu_faults[2] = state::GpuFault{"Xid 79 (fallen off the bus)", 79, 1234};
+  ASSERT_TRUE(this->store_->upsertNode(n).isOk());
+  EXPECT_EQ(*this->store_->getNode("n1"), n);
+  n.gpu_faults.clear();
+  ASSERT_TRUE(this->store_->upsertNode(n).isOk());
+  EXPECT_EQ(*this->store_->getNode("n1"), n);
+}
+
 TYPED_TEST(StoreTest, NodesUpsertGetListAndState) {
   ASSERT_TRUE(this->store_->upsertNode(sampleNode("n2")).isOk());
   ASSERT_TRUE(this->store_->upsertNode(sampleNode("n1", 4)).isOk());
@@ -1210,6 +1230,10 @@ TEST(SqliteStore, VersionOneDatabaseIsUpgradedInPlace) {
         "ALTER TABLE nodes DROP COLUMN cpus", "ALTER TABLE nodes DROP COLUMN memory_bytes"})
     ASSERT_EQ(rawQuery(path, v7), "<done>");  // version 7's columns
   ASSERT_EQ(rawQuery(path, "DROP TABLE entries"), "<done>");  // version 8's
+  for (const char* v9 :
+       {"ALTER TABLE node_gpus DROP COLUMN topology", "ALTER TABLE nodes DROP COLUMN cpu_numa",
+        "ALTER TABLE nodes DROP COLUMN gpu_faults"})
+    ASSERT_EQ(rawQuery(path, v9), "<done>");  // version 9's
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 1"), "<done>");
   ASSERT_EQ(rawQuery(path, "SELECT version FROM schema_version"), "1");
   ASSERT_EQ(rawQuery(path, "SELECT count(*) FROM sqlite_master WHERE name = 'job_labels'"), "0");
@@ -1266,6 +1290,10 @@ TEST(SqliteStore, VersionTwoDrainingNodesAreDrainedAfterTheUpgrade) {
         "ALTER TABLE nodes DROP COLUMN cpus", "ALTER TABLE nodes DROP COLUMN memory_bytes"})
     ASSERT_EQ(rawQuery(path, v7), "<done>");  // version 7's columns
   ASSERT_EQ(rawQuery(path, "DROP TABLE entries"), "<done>");  // version 8's
+  for (const char* v9 :
+       {"ALTER TABLE node_gpus DROP COLUMN topology", "ALTER TABLE nodes DROP COLUMN cpu_numa",
+        "ALTER TABLE nodes DROP COLUMN gpu_faults"})
+    ASSERT_EQ(rawQuery(path, v9), "<done>");  // version 9's
   EXPECT_EQ(rawQuery(path, "UPDATE schema_version SET version = 2"), "<done>");
 
   auto store = openOrDie(path, clock.fn());
@@ -1605,6 +1633,10 @@ TEST(SqliteStore, VersionFiveDatabaseGetsTimeoutAndKeepsItsIdCounter) {
         "ALTER TABLE nodes DROP COLUMN cpus", "ALTER TABLE nodes DROP COLUMN memory_bytes"})
     ASSERT_EQ(rawQuery(path, v7), "<done>");  // version 7's columns
   ASSERT_EQ(rawQuery(path, "DROP TABLE entries"), "<done>");  // version 8's
+  for (const char* v9 :
+       {"ALTER TABLE node_gpus DROP COLUMN topology", "ALTER TABLE nodes DROP COLUMN cpu_numa",
+        "ALTER TABLE nodes DROP COLUMN gpu_faults"})
+    ASSERT_EQ(rawQuery(path, v9), "<done>");  // version 9's
   ASSERT_EQ(rawQuery(path, "UPDATE schema_version SET version = 5"), "<done>");
 
   auto store = openOrDie(path, clock.fn());

@@ -52,12 +52,13 @@ TEST_F(ConfinementTest, DelegatedCgroupGetsHolderAndRanksAndEachRankItsLimits) {
   const std::string name = Confinement::rankName("j-000007", 2, 3);
   EXPECT_EQ(name, "j-000007-a2-r3");
   std::string error = "not cleared";
-  const int fd = c.prepare(name, {4, 5, 6, 7, 9}, int64_t{8} << 30, &error);
+  const int fd = c.prepare(name, {4, 5, 6, 7, 9}, int64_t{8} << 30, &error, /*mems=*/{1});
   EXPECT_EQ(error, "");
   ASSERT_GE(fd, 0);
   close(fd);
   const fs::path rank = root / "ranks" / name;
   EXPECT_EQ(slurp(rank / "cpuset.cpus"), "4-7,9");
+  EXPECT_EQ(slurp(rank / "cpuset.mems"), "1");  // its memory on its CPUs' NUMA node
   EXPECT_EQ(slurp(rank / "memory.max"), "8589934592");
   EXPECT_EQ(slurp(rank / "memory.oom.group"), "1");
   EXPECT_FALSE(fs::exists(rank / "memory.swap.max"));  // a kernel without swap accounting has none

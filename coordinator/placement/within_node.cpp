@@ -1,0 +1,275 @@
+// Ranks inside a node by its NVLink islands and NUMA nodes (within_node.h). Cost: for G GPUs on the node,
+// O(G^2) per level of the recursion (G is at most 64): nothing next to choosing the node.
+#include "placement/within_node.h"
+
+#include <algorithm>
+#include <cassert>
+#include <iterator>
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
+
+#include "placement/placement.h"
+
+namespace ddl::placement {
+
+namespace {
+
+// A division of the node's GPUs into groups: key[i] is GPU i's group (-1: unknown, the GPU alone).
+using Division = const std::vector<int>*;
+
+int keyOf(Division d, int gpu) {
+  if (gpu >= static_cast<int>(d->size()) || (*d)[gpu] < 0) return -1 - gpu;  // alone in a group of its own
+  return (*d)[gpu];
+}
+
+// The GPUs of `set` (ascending) by their group in `d`, groups in the order of their lowest GPU.
+std::vector<std::vector<int>> groupsOf(const std::vector<int>& set, Division d) {
+  std::map<int, size_t> at;
+  std::vector<std::vector<int>> groups;
+  for (int g : set) {
+    auto [it, fresh] = at.emplace(keyOf(d, g), groups.size());
+    if (fresh) groups.emplace_back();
+    groups[it->second].push_back(g);
+  }
+  return groups;
+}
+
+// How many GPUs of `set` share a group with `gpu` in each division but `skip`: how much a pick there would
+// break of the other divisions (lower is better: it keeps the others' bigger groups whole).
+int enclosing(const std::vector<int>& set, const std::vector<Division>& divisions, size_t skip, int gpu) {
+  int n = 0;
+  for (size_t k = 0; k < divisions.size(); ++k) {
+    if (k == skip) continue;
+    const int key = keyOf(divisions[k], gpu);
+    for (int g : set) n += keyOf(divisions[k], g) == key;
+  }
+  return n;
+}
+
+std::vector<int> choose(const std::vector<int>& set, int need, const std::vector<Division>& divisions) {
+  if (need >= static_cast<int>(set.size())) return set;
+  // The smallest group that holds them, by the divisions in order (islands before NUMA nodes).
+  for (size_t k = 0; k < divisions.size(); ++k) {
+    const std::vector<int>* best = nullptr;
+    std::tuple<size_t, int, int> bestRank;
+    const std::vector<std::vector<int>> groups = groupsOf(set, divisions[k]);
+    for (const std::vector<int>& g : groups) {
+      if (static_cast<int>(g.size()) < need || g.size() == set.size()) continue;
+      const std::tuple<size_t, int, int> rank{g.size(), enclosing(set, divisions, k, g.front()), g.front()};
+      if (!best || rank < bestRank) {
+        best = &g;
+        bestRank = rank;
+      }
+    }
+    if (best) return choose(*best, need, divisions);
+  }
+  // None holds them: span the groups of the coarsest division that splits the set, the biggest first and the
+  // best fit for what is left.
+  std::vector<std::vector<int>> groups;
+  for (Division d : divisions) {
+    std::vector<std::vector<int>> g = groupsOf(set, d);
+    if (g.size() > 1 && (groups.empty() || g.size() < groups.size())) groups = std::move(g);
+  }
+  if (groups.empty()) return {set.begin(), set.begin() + need};
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const std::vector<int>& a, const std::vector<int>& b) { return a.size() > b.size(); });
+  std::vector<int> out;
+  int left = need;
+  for (size_t i = 0; i < groups.size() && left > 0; ++i) {
+    // The smallest group not yet taken that holds the rest, if any (groups are by size, descending).
+    size_t fit = groups.size();
+    for (size_t j = i; j < groups.size(); ++j)
+      if (static_cast<int>(groups[j].size()) >= left) fit = j;
+    if (fit < groups.size()) {
+      const std::vector<int> rest = choose(groups[fit], left, divisions);
+      out.insert(out.end(), rest.begin(), rest.end());
+      left = 0;
+    } else {
+      out.insert(out.end(), groups[i].begin(), groups[i].end());
+      left -= static_cast<int>(groups[i].size());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+WithinNode pickWithinNode(const Node& node, int count, int cpusPerRank) {
+  WithinNode out;
+  const std::vector<int> free = node.freeGpuIndices();
+  assert(static_cast<int>(free.size()) >= count);
+  std::vector<Division> divisions;
+  const NodeTopology* t = node.topology.get();
+  if (t && !t->gpuIsland.empty()) divisions.push_back(&t->gpuIsland);
+  if (t && !t->gpuNuma.empty()) divisions.push_back(&t->gpuNuma);
+  out.gpus = divisions.empty() ? std::vector<int>(free.begin(), free.begin() + count)
+                               : choose(free, count, divisions);
+  if (cpusPerRank <= 0) return out;
+
+  // Each rank's CPUs from its GPU's NUMA node first, then what is left anywhere, the lowest ids first.
+  std::vector<bool> taken(node.cpus.size(), false);
+  for (size_t i = 0; i < node.cpus.size(); ++i) taken[i] = node.isCpuUsed(i);
+  const bool numaKnown = t && !t->gpuNuma.empty() && t->cpuNuma.size() == node.cpus.size();
+  std::vector<std::vector<int>> perRank(out.gpus.size());
+  for (int pass = numaKnown ? 0 : 1; pass < 2; ++pass) {
+    for (size_t r = 0; r < out.gpus.size(); ++r) {
+      const int gpu = out.gpus[r];
+      const int numa = gpu < static_cast<int>(t ? t->gpuNuma.size() : 0) ? t->gpuNuma[gpu] : -1;
+      for (size_t i = 0; i < node.cpus.size() && static_cast<int>(perRank[r].size()) < cpusPerRank; ++i) {
+        if (taken[i] || (pass == 0 && (numa < 0 || t->cpuNuma[i] != numa))) continue;
+        taken[i] = true;
+        perRank[r].push_back(node.cpus[i]);
+      }
+    }
+  }
+  for (std::vector<int>& cpus : perRank) {
+    assert(static_cast<int>(cpus.size()) == cpusPerRank);
+    std::sort(cpus.begin(), cpus.end());
+    out.cpus.insert(out.cpus.end(), cpus.begin(), cpus.end());
+  }
+  return out;
+}
+
+GroupFit groupFit(const Node& node, int count) {
+  GroupFit out;
+  const NodeTopology* t = node.topology.get();
+  if (!t || node.gpus > 64) return out;
+  // No allocation: placement asks this of every candidate node for every job. Each free GPU's group is
+  // counted from the lowest free GPU of it.
+  int free[64], n = 0;
+  for (int g = 0; g < node.gpus; ++g)
+    if (!node.isUsed(g)) free[n++] = g;
+  auto waste = [&](const std::vector<int>& key) {
+    if (key.size() < static_cast<size_t>(node.gpus)) return 0;
+    int best = GroupFit::kNoFit;
+    for (int i = 0; i < n; ++i) {
+      const int k = key[free[i]];
+      bool seen = false;
+      for (int j = 0; j < i && !seen; ++j) seen = key[free[j]] == k;
+      if (seen) continue;
+      int inGroup = 1;
+      for (int j = i + 1; j < n; ++j) inGroup += key[free[j]] == k;
+      if (inGroup >= count) best = std::min(best, inGroup - count);
+    }
+    return best;
+  };
+  out.island = waste(t->gpuIsland);
+  out.numa = waste(t->gpuNuma);
+  return out;
+}
+
+BrokenGroups brokenGroups(const Node& node) {
+  BrokenGroups out;
+  const NodeTopology* t = node.topology.get();
+  if (!t) return out;
+  auto broken = [&](const std::vector<int>& key) {
+    std::map<int, std::pair<int, int>> usedOfSize;  // group -> (used, size)
+    for (int g = 0; g < node.gpus && g < static_cast<int>(key.size()); ++g) {
+      if (key[g] < 0) continue;
+      auto& [used, size] = usedOfSize[key[g]];
+      used += node.isUsed(g);
+      ++size;
+    }
+    int n = 0;
+    for (const auto& [group, counts] : usedOfSize)
+      n += counts.second > 1 && counts.first > 0 && counts.first < counts.second;
+    return n;
+  };
+  out.islands = broken(t->gpuIsland);
+  out.numaNodes = broken(t->gpuNuma);
+  return out;
+}
+
+WorkloadRun runWorkload(Cluster cluster, uint32_t seed, int events, bool lowestId) {
+  std::vector<std::shared_ptr<const NodeTopology>> topo;
+  int total = 0, held = 0;
+  for (Node& n : cluster.nodes) {
+    topo.push_back(n.topology);
+    if (lowestId) n.topology = nullptr;
+    total += n.gpus;
+    held += n.gpus - n.freeGpus();
+  }
+  std::mt19937 rng(seed);
+  std::map<std::string, Allocation> live;
+  WorkloadRun w;
+  for (int event = 0; event < events; ++event) {
+    // A departure while more than three quarters of the GPUs are held, else one event in three.
+    const bool depart = rng() % 3 == 0 || 4 * held > 3 * total;
+    if (depart && !live.empty()) {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      releaseAllocation(cluster, it->second);
+      held -= it->second.totalGpus();
+      live.erase(it);
+    } else {
+      const int size = cluster.nodes[rng() % cluster.nodes.size()].gpus;
+      const int roll = static_cast<int>(rng() % 10);
+      JobRequest j;
+      j.id = "j" + std::to_string(event);
+      j.totalGpus = std::max(1, roll < 5 ? 1 : roll < 8 ? 2 : roll < 9 ? size / 2 : size - 1);
+      const PlacementResult p = place(cluster, j);
+      if (!p.ok()) {
+        ++w.unplaced;
+        continue;
+      }
+      ++w.placed;
+      for (const NodeAllocation& a : p.allocation().nodes) {
+        const Node* n = cluster.find(a.node);
+        const NodeTopology* t = topo[static_cast<size_t>(n - cluster.nodes.data())].get();
+        if (!t) continue;
+        const size_t count = a.gpus.size();
+        auto roomIn = [&](const std::vector<int>& key) {
+          std::map<int, size_t> free;
+          for (int g = 0; g < n->gpus && g < static_cast<int>(key.size()); ++g) free[key[g]] += !n->isUsed(g);
+          return std::any_of(free.begin(), free.end(), [&](const auto& f) { return f.second >= count; });
+        };
+        auto oneOf = [&](const std::vector<int>& key) {
+          std::set<int> groups;
+          for (int g : a.gpus) groups.insert(g < static_cast<int>(key.size()) ? key[g] : -1 - g);
+          return groups.size() == 1;
+        };
+        const bool bad = !t->gpuIsland.empty() && roomIn(t->gpuIsland)
+                             ? !oneOf(t->gpuIsland)
+                             : !t->gpuNuma.empty() && roomIn(t->gpuNuma) && !oneOf(t->gpuNuma);
+        if (bad && w.violations++ == 0) w.firstViolation = j.id + ": " + p.allocation().str();
+        // Split: its GPUs span more groups than the fewest that could hold as many on this node (NVLink
+        // islands where the node has several, else NUMA nodes).
+        std::set<int> islands;
+        for (int g = 0; g < n->gpus && g < static_cast<int>(t->gpuIsland.size()); ++g)
+          islands.insert(t->gpuIsland[g]);
+        const std::vector<int>& key = islands.size() > 1 ? t->gpuIsland : t->gpuNuma;
+        std::map<int, int> sizes;
+        std::set<int> spanned;
+        for (int g = 0; g < n->gpus && g < static_cast<int>(key.size()); ++g) ++sizes[key[g]];
+        for (int g : a.gpus) spanned.insert(g < static_cast<int>(key.size()) ? key[g] : -1 - g);
+        std::vector<int> bySize;
+        for (const auto& [group, size] : sizes) bySize.push_back(size);
+        std::sort(bySize.rbegin(), bySize.rend());
+        size_t fewest = 0;
+        for (int covered = 0; covered < static_cast<int>(count) && fewest < bySize.size(); ++fewest)
+          covered += bySize[fewest];
+        w.splitJobs += spanned.size() > std::max<size_t>(fewest, 1);
+      }
+      applyAllocation(cluster, p.allocation());
+      held += p.allocation().totalGpus();
+      live[j.id] = p.allocation();
+    }
+    for (size_t i = 0; i < cluster.nodes.size(); ++i) {
+      if (!topo[i]) continue;
+      const Node& n = cluster.nodes[i];
+      Node counted;
+      counted.gpus = n.gpus;
+      counted.used = n.used;
+      counted.topology = topo[i];
+      const BrokenGroups b = brokenGroups(counted);
+      w.brokenIslands += b.islands;
+      w.brokenNuma += b.numaNodes;
+    }
+  }
+  return w;
+}
+
+}  // namespace ddl::placement
