@@ -105,7 +105,21 @@ Agent::Agent(AgentConfig config, Inventory inventory)
   // The GPUs' faults, read with each heartbeat (real GPUs only), and the site's health check program.
   if (!inventory_.virtual_gpus) {
     gpu_health_ = GpuHealth::open(static_cast<int>(inventory_.gpus.size()));
-    if (!gpu_health_) spdlog::warn("NVML cannot be opened to watch the GPUs' health; their faults go unseen");
+    if (!gpu_health_) {
+      spdlog::warn("NVML cannot be opened to watch the GPUs' health; their faults go unseen");
+    } else {
+      // Polled every second on a thread of its own (detached, as the disk watch: an NVML call on a GPU
+      // falling off the bus may take seconds, and must hold up neither heartbeats nor the agent's exit).
+      std::thread([health = gpu_health_, watch = disk_watch_] {
+        std::unique_lock<std::mutex> lock(watch->mu);
+        while (!watch->stop) {
+          lock.unlock();
+          health->poll(unixNowMs());
+          lock.lock();
+          watch->cv.wait_for(lock, std::chrono::seconds(1), [&] { return watch->stop; });
+        }
+      }).detach();
+    }
   }
   if (!config_.health_check_program.empty()) {
     health_check_ = std::make_unique<HealthCheck>(
@@ -367,15 +381,17 @@ std::string Agent::session(int* failures) {
       }
       noteDiskInRankLogs(hb.heartbeat().warning());
       if (gpu_health_) {
-        for (const v1::GpuFault& f : gpu_health_->poll(unixNowMs()))
-          *hb.mutable_heartbeat()->add_gpu_faults() = f;
+        for (const v1::GpuFault& f : gpu_health_->faults()) *hb.mutable_heartbeat()->add_gpu_faults() = f;
         // A slowdown is a warning, beside the logs' disk's (shown under ddlctl nodes).
         if (const std::string slow = gpu_health_->slowdown(); !slow.empty()) {
           const std::string disk = hb.heartbeat().warning();
           hb.mutable_heartbeat()->set_warning(disk.empty() ? slow : disk + "; " + slow);
         }
       }
-      if (health_check_) hb.mutable_heartbeat()->set_health_check(health_check_->failure());
+      if (health_check_) {
+        if (std::optional<std::string> failed = health_check_->failure())
+          hb.mutable_heartbeat()->set_health_check(*failed);
+      }
       write(hb);
       lock.lock();
       cv_.wait_for(lock, interval, [&] { return session_over || stopping_; });
@@ -529,7 +545,7 @@ void Agent::startRanks(const v1::StartRanks& start) {
       node.set_ucx_net_devices = !node.net_device.empty() && std::getenv("UCX_NET_DEVICES") == nullptr &&
                                  std::none_of(launch.env().begin(), launch.env().end(),
                                               [](const auto& e) { return e.name() == "UCX_NET_DEVICES"; }) &&
-                                 nicPresent(inventory_.sys, node.net_device);
+                                 ucxDeviceReady(inventory_.sys, node.net_device);
     }
     if (telemetry_) node.agent_socket = telemetry_->path();
     node.preempt_deadline_file = preemptDeadlinePath(start.job_id(), start.attempt());
@@ -542,11 +558,16 @@ void Agent::startRanks(const v1::StartRanks& start) {
       continue;
     }
     std::string confine_error;
-    // Its memory on its CPUs' NUMA node (placement gives a rank CPUs of its GPU's node where it can).
+    // Its memory on its CPUs' NUMA node (placement gives a rank CPUs of its GPU's node where it can): first
+    // there, or only there (numa_memory).
     const std::vector<int> mems =
-        memoryNodesOf(spec.cpus, inventory_.cpus, inventory_.cpu_numa, inventory_.sys);
+        config_.numa_memory == "none"
+            ? std::vector<int>()
+            : memoryNodesOf(spec.cpus, inventory_.cpus, inventory_.cpu_numa, inventory_.sys);
+    if (config_.numa_memory == "prefer") spec.prefer_numa = mems;
     Fd cgroup(confinement_.prepare(Confinement::rankName(spec.job_id, spec.attempt, spec.rank), spec.cpus,
-                                   launch.memory_bytes(), &confine_error, mems));
+                                   launch.memory_bytes(), &confine_error,
+                                   config_.numa_memory == "bind" ? mems : std::vector<int>()));
     if (!confine_error.empty()) {
       spdlog::error("job {} rank {}: {}", start.job_id(), launch.rank(), confine_error);
       supervisor_->reject(spec, confine_error + "; the rank does not run unconfined", &error);

@@ -99,7 +99,9 @@ class Agent {
   int grace_ms_ = 10000;  // the coordinator's heartbeat grace, from its last answer (run()'s thread)
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<TelemetryListener> telemetry_;  // null when its socket could not be made
-  std::unique_ptr<GpuHealth> gpu_health_;         // null for virtual GPUs, or where NVML cannot be opened
+  // Null for virtual GPUs, or where NVML cannot be opened; shared with the thread that polls it every second
+  // (stopped with the disk watch's flag).
+  std::shared_ptr<GpuHealth> gpu_health_;
   std::unique_ptr<HealthCheck> health_check_;     // null without health_check_program
   // Deletes old rank logs (log_retention_hours, log_max_mb) every few minutes until stop(); see
   // worker/log_retention.h. Not started when both are 0.

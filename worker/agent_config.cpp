@@ -14,8 +14,8 @@ namespace ddl::worker {
 DDL_JSON_CONFIG(AgentConfig, coordinator, node, address, labels, virtual_gpus, virtual_topology,
                 force_virtual, data_dir, log_retention_hours, log_max_mb, log_disk_min_free_mb, port_first,
                 port_last, stop_grace_s, stop_ranks_on_exit, log_level, pki_dir, insecure, tls_refresh_s,
-                cpus, memory, cgroup_root, rank_env, health_check_program, health_check_interval_s,
-                health_check_timeout_s)
+                cpus, memory, cgroup_root, rank_env, numa_memory, health_check_program,
+                health_check_interval_s, health_check_timeout_s)
 
 namespace {
 
@@ -71,6 +71,8 @@ Status validateAgentConfig(const AgentConfig& c) {
     }
   }
   if (c.virtual_gpus < 0 || c.virtual_gpus > 64) return bad("virtual_gpus must be 0..64");
+  if (c.numa_memory != "prefer" && c.numa_memory != "bind" && c.numa_memory != "none")
+    return bad("numa_memory must be prefer, bind or none (got '" + c.numa_memory + "')");
   if (!c.health_check_program.empty() && c.health_check_program.front() != '/')
     return bad("health_check_program must be an absolute path (got '" + c.health_check_program + "')");
   if (!(c.health_check_interval_s >= 1 && c.health_check_interval_s <= 86400))

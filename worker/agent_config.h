@@ -51,6 +51,11 @@ struct AgentConfig {
   std::string memory;
   // Where ranks' cgroups live (worker/confinement.h): "" = the agent's own cgroup, "none" = no cgroups.
   std::string cgroup_root;
+  // A rank's memory and its CPUs' NUMA node (the node of its GPU, where placement could give it CPUs there):
+  // "prefer" allocates there first and elsewhere when it is full (set_mempolicy); "bind" allows that node
+  // only (cpuset.mems, with a delegated cgroup: placement counts memory per node, not per NUMA node, so a
+  // rank may then be OOM-killed with memory free on the other socket); "none" leaves the kernel's default.
+  std::string numa_memory = "prefer";
   // Variables of the agent's own environment that ranks inherit besides common/rank_env.h's kAgentEnvAllowed
   // (names, or prefixes ending in '*': "SITE_SCRATCH", "SLURM_*"). Nothing else of it reaches a rank.
   std::vector<std::string> rank_env;

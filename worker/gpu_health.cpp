@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -100,21 +101,21 @@ std::string fatalXid(int xid) {
   }
 }
 
-std::unique_ptr<GpuHealth> GpuHealth::open(int gpus) {
+std::unique_ptr<GpuHealth> GpuHealth::open(int gpus, const std::string& library) {
   if (gpus <= 0) return nullptr;
   auto nvml = std::make_unique<Nvml>();
-  nvml->lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  nvml->lib = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!nvml->lib) return nullptr;
   nvml->find(nvml->init, "nvmlInit_v2");
   nvml->find(nvml->count, "nvmlDeviceGetCount_v2");
   nvml->find(nvml->handle, "nvmlDeviceGetHandleByIndex_v2");
   if (!nvml->init || !nvml->count || !nvml->handle || nvml->init() != 0) return nullptr;
   nvml->find(nvml->shutdown, "nvmlShutdown");  // only once init succeeded
-  unsigned int n = 0;
-  if (nvml->count(&n) != 0 || static_cast<int>(n) < gpus) return nullptr;
+  // A GPU NVML gives no handle for keeps its place as a null device, and is reported lost (the inventory
+  // keeps its index the same way).
   for (int i = 0; i < gpus; ++i) {
     NvmlDevice d = nullptr;
-    if (nvml->handle(static_cast<unsigned int>(i), &d) != 0) return nullptr;
+    if (nvml->handle(static_cast<unsigned int>(i), &d) != 0) d = nullptr;
     nvml->devices.push_back(d);
   }
   nvml->find(nvml->eventSetCreate, "nvmlEventSetCreate");
@@ -129,11 +130,11 @@ std::unique_ptr<GpuHealth> GpuHealth::open(int gpus) {
   nvml->find(nvml->memory, "nvmlDeviceGetMemoryInfo");
   if (nvml->eventSetCreate && nvml->registerEvents && nvml->eventWait &&
       nvml->eventSetCreate(&nvml->events) == 0) {
-    for (NvmlDevice d : nvml->devices) {
+    for (size_t i = 0; i < nvml->devices.size(); ++i) {
       // A GPU that cannot report Xids (some do not) is still polled for the rest.
-      if (nvml->registerEvents(d, kXidEvent, nvml->events) != 0)
+      if (nvml->devices[i] && nvml->registerEvents(nvml->devices[i], kXidEvent, nvml->events) != 0)
         spdlog::warn("GPU {}: NVML gives no Xid events for it; its ECC and remap counters are still watched",
-                     nvml->indexOf(d));
+                     i);
     }
   } else {
     nvml->events = nullptr;
@@ -163,71 +164,100 @@ void GpuHealth::raise(int gpu, const std::string& reason, int xid, int64_t now_m
 }
 
 std::vector<v1::GpuFault> GpuHealth::poll(int64_t now_ms) {
-  std::lock_guard<std::mutex> lock(mu_);
+  // NVML is read without holding mu_ (a GPU falling off the bus can make a call take seconds: the heartbeat
+  // reads faults() meanwhile); what was read is applied under it.
+  std::lock_guard<std::mutex> polling(poll_mu_);
   Nvml& n = *nvml_;
-  // Xid events: all that are queued, without waiting.
+  std::vector<std::pair<int, int>> xids;  // (GPU, Xid)
   for (int drained = 0; n.events && drained < 1024; ++drained) {
     NvmlEventData data{};
     if (n.eventWait(n.events, &data, 0) != 0) break;
-    const int gpu = n.indexOf(data.device);
-    const int xid = static_cast<int>(data.eventData);
-    if (gpu < 0) continue;
+    if (const int gpu = n.indexOf(data.device); gpu >= 0)
+      xids.emplace_back(gpu, static_cast<int>(data.eventData));
+  }
+  struct Reading {
+    bool lost = false;
+    bool eccRead = false;
+    unsigned long long ecc = 0;
+    bool remap = false, remapFailed = false, retire = false;
+    unsigned long long reasons = 0;
+  };
+  std::vector<Reading> read(n.devices.size());
+  for (size_t i = 0; i < n.devices.size(); ++i) {
+    NvmlDevice d = n.devices[i];
+    Reading& r = read[i];
+    NvmlMemory mem{};
+    r.lost = !d || (n.memory && n.memory(d, &mem) == kGpuLost);
+    if (r.lost) continue;
+    r.eccRead = n.ecc && n.ecc(d, kUncorrected, kVolatile, &r.ecc) == 0;
+    unsigned int corrected = 0, uncorrected = 0, pending = 0, failed = 0;
+    if (n.remapped && n.remapped(d, &corrected, &uncorrected, &pending, &failed) == 0) {
+      r.remap = pending || failed;
+      r.remapFailed = failed != 0;
+    }
+    int retire = 0;
+    r.retire = n.retiredPending && n.retiredPending(d, &retire) == 0 && retire != 0;
+    if (n.clockReasons && n.clockReasons(d, &r.reasons) != 0) r.reasons = 0;
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto [gpu, xid] : xids) {
     if (std::string why = fatalXid(xid); !why.empty()) {
       raise(gpu, "Xid " + std::to_string(xid) + " (" + why + ")", xid, now_ms);
     } else {
       spdlog::warn("GPU {}: Xid {} (an error of the program using it, not of the GPU)", gpu, xid);
     }
   }
-  for (size_t i = 0; i < n.devices.size(); ++i) {
+  std::string slow;
+  for (size_t i = 0; i < read.size(); ++i) {
     const int gpu = static_cast<int>(i);
-    NvmlDevice d = n.devices[i];
-    NvmlMemory mem{};
-    const bool lost = n.memory && n.memory(d, &mem) == kGpuLost;
-    if (lost && !lost_seen_[i]) raise(gpu, "fallen off the bus (NVML reports the GPU lost)", 0, now_ms);
-    lost_seen_[i] = lost;
-    if (lost) continue;
-    unsigned long long ecc = 0;
-    if (n.ecc && n.ecc(d, kUncorrected, kVolatile, &ecc) == 0) {
-      if (ecc > ecc_seen_[i])
+    const Reading& r = read[i];
+    // Conditions (lost, a remap, pages to retire) are raised when they appear, and again after a clear while
+    // they last. The ECC count is a counter: raised when it rises past what the first reading found (a
+    // count from before the agent started is the GPU's history since its last reset, not news).
+    if (r.lost && !lost_seen_[i])
+      raise(gpu, n.devices[i] ? "fallen off the bus (NVML reports the GPU lost)" : "NVML cannot reach it", 0,
+            now_ms);
+    lost_seen_[i] = r.lost;
+    if (r.eccRead) {
+      if (ecc_primed_ && r.ecc > ecc_seen_[i])
         raise(gpu,
-              std::to_string(ecc) + " uncorrectable ECC error" + (ecc == 1 ? "" : "s") +
+              std::to_string(r.ecc) + " uncorrectable ECC error" + (r.ecc == 1 ? "" : "s") +
                   " since its last reset",
               0, now_ms);
-      ecc_seen_[i] = ecc;
+      ecc_seen_[i] = std::max(ecc_seen_[i], r.ecc);
     }
-    unsigned int corrected = 0, uncorrected = 0, pending = 0, failed = 0;
-    if (n.remapped && n.remapped(d, &corrected, &uncorrected, &pending, &failed) == 0) {
-      const bool bad = pending || failed;
-      if (bad && !remap_seen_[i])
-        raise(gpu, failed ? "row remapping failed" : "row remapping pending (the GPU needs a reset)", 0,
-              now_ms);
-      remap_seen_[i] = bad;
-    }
-    int retire = 0;
-    if (n.retiredPending && n.retiredPending(d, &retire) == 0) {
-      if (retire && !retire_seen_[i])
-        raise(gpu, "pages pending retirement (the GPU needs a reset)", 0, now_ms);
-      retire_seen_[i] = retire != 0;
-    }
-  }
-  // Slowdowns (nvmlClocksEventReason bits): a hardware slowdown, thermal (software or hardware), a power
-  // brake. The software power cap (0x4) is a busy GPU's normal state and is left out.
-  std::string slow;
-  for (size_t i = 0; n.clockReasons && i < n.devices.size(); ++i) {
-    unsigned long long reasons = 0;
-    if (lost_seen_[i] || n.clockReasons(n.devices[i], &reasons) != 0) continue;
+    if (r.remap && !remap_seen_[i])
+      raise(gpu, r.remapFailed ? "row remapping failed" : "row remapping pending (the GPU needs a reset)", 0,
+            now_ms);
+    remap_seen_[i] = r.remap;
+    if (r.retire && !retire_seen_[i])
+      raise(gpu, "pages pending retirement (the GPU needs a reset)", 0, now_ms);
+    retire_seen_[i] = r.retire;
+    // Slowdowns (nvmlClocksEventReason bits): a hardware slowdown, thermal (software or hardware), a power
+    // brake. The software power cap (0x4) is a busy GPU's normal state and is left out.
     std::string why;
     for (auto [bit, name] : {std::pair{0x8ull, "HW slowdown"}, std::pair{0x20ull, "SW thermal slowdown"},
                              std::pair{0x40ull, "HW thermal slowdown"}, std::pair{0x80ull, "HW power brake"}})
-      if (reasons & bit) why += (why.empty() ? "" : ", ") + std::string(name);
+      if (r.reasons & bit) why += (why.empty() ? "" : ", ") + std::string(name);
     if (!why.empty())
       slow += (slow.empty() ? "" : "; ") + ("GPU " + std::to_string(i) + " slowed down (" + why + ")");
   }
+  ecc_primed_ = true;
   if (slow != slowdown_ && !slow.empty()) spdlog::warn("{}", slow);
   slowdown_ = slow;
+  return faultsLocked();
+}
+
+std::vector<v1::GpuFault> GpuHealth::faultsLocked() const {
   std::vector<v1::GpuFault> out;
   for (const auto& [gpu, fault] : faults_) out.push_back(fault);
   return out;
+}
+
+std::vector<v1::GpuFault> GpuHealth::faults() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return faultsLocked();
 }
 
 std::string GpuHealth::slowdown() {
@@ -238,6 +268,9 @@ std::string GpuHealth::slowdown() {
 void GpuHealth::clear(int gpu) {
   std::lock_guard<std::mutex> lock(mu_);
   if (faults_.erase(gpu)) spdlog::info("GPU {}: cleared by an admin; it takes work again", gpu);
+  // A condition that is still there (a remap pending after a reset that did not take) is raised again.
+  if (gpu >= 0 && static_cast<size_t>(gpu) < remap_seen_.size())
+    remap_seen_[gpu] = retire_seen_[gpu] = lost_seen_[gpu] = false;
 }
 
 namespace {
@@ -253,6 +286,9 @@ std::string timedOut(double timeout_s) {
 std::string runHealthCheck(const std::string& program, double timeout_s) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return std::string("cannot run it: pipe: ") + std::strerror(errno);
+  // Prepared before fork: the child of a threaded process may call only async-signal-safe functions.
+  const std::string cannot = "cannot run " + program + "\n";
+  const char* path = program.c_str();
   const pid_t pid = fork();
   if (pid < 0) {
     close(fds[0]);
@@ -260,51 +296,67 @@ std::string runHealthCheck(const std::string& program, double timeout_s) {
     return std::string("cannot run it: fork: ") + std::strerror(errno);
   }
   if (pid == 0) {
+    // As the supervisor does for ranks: the program starts with default signals and an empty mask (the
+    // agent blocks SIGTERM and SIGINT: a site script's own `timeout` must work), and none of the agent's
+    // descriptors.
     setpgid(0, 0);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (int sig = 1; sig < NSIG; ++sig)
+      if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     dup2(fds[1], 1);
     dup2(fds[1], 2);
-    const int null = ::open("/dev/null", O_RDONLY);
-    if (null >= 0) dup2(null, 0);
-    execl(program.c_str(), program.c_str(), static_cast<char*>(nullptr));
-    dprintf(2, "cannot run %s: %s\n", program.c_str(), std::strerror(errno));
+    const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null >= 0) dup2(null, 0);  // dup2 clears close-on-exec on the copy
+#ifdef SYS_close_range
+    syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+#endif
+    execl(path, path, static_cast<char*>(nullptr));
+    if (write(2, cannot.data(), cannot.size()) < 0) _exit(127);
     _exit(127);
   }
+  setpgid(pid, pid);  // also here: a timeout before the child ran its own must still reach its group
   close(fds[1]);
   std::string output;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  bool timed_out = false;
-  for (;;) {
+  int status = 0;
+  bool exited = false;
+  // Until it exits (or the deadline): its output read as it comes. A program that exits while a child of
+  // its own keeps the output open is done: what is left is read without waiting.
+  while (!exited) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      timed_out = true;
-      break;
-    }
+    if (left.count() <= 0) break;
     pollfd p{fds[0], POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0 && errno != EINTR) break;
-    if (!(p.revents & (POLLIN | POLLHUP))) continue;
-    char buf[1024];
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 50)));
+    if (ready > 0 && (p.revents & (POLLIN | POLLHUP))) {
+      char buf[1024];
+      const ssize_t got = read(fds[0], buf, sizeof(buf));
+      if (got > 0) output.append(buf, static_cast<size_t>(got));
+      if (output.size() > 64 * 1024) output.erase(0, output.size() - 64 * 1024);
+    }
+    exited = waitpid(pid, &status, WNOHANG) == pid;
+  }
+  if (!exited) {
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    close(fds[0]);
+    return timedOut(timeout_s);
+  }
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  for (char buf[1024];;) {
     const ssize_t got = read(fds[0], buf, sizeof(buf));
-    if (got <= 0) break;  // the program closed its output: it ended (or closed it, and is waited for below)
+    if (got <= 0) break;
     output.append(buf, static_cast<size_t>(got));
     if (output.size() > 64 * 1024) output.erase(0, output.size() - 64 * 1024);
   }
   close(fds[0]);
-  int status = 0;
-  if (timed_out) {
-    kill(-pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    return timedOut(timeout_s);
-  }
-  // Bounded: its output is closed; a program that closed it and goes on is killed at the deadline.
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      kill(-pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return timedOut(timeout_s);
-    }
-    usleep(10 * 1000);
-  }
+  kill(-pid, SIGKILL);  // what it left running in its group: a check leaves nothing behind
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
   // Its last non-empty line, printable and at most 200 bytes.
   while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
@@ -324,9 +376,9 @@ HealthCheck::HealthCheck(std::string program, double interval_s, double timeout_
       lock.unlock();
       const std::string failed = runHealthCheck(program, timeout_s);
       lock.lock();
-      if (failed != state->failure) {
+      if (!state->failure || failed != *state->failure) {
         if (failed.empty()) {
-          spdlog::info("health check {} passes again", program);
+          spdlog::info("health check {} passes{}", program, state->failure ? " again" : "");
         } else {
           spdlog::error("health check {} failed: {}", program, failed);
         }
@@ -345,7 +397,7 @@ HealthCheck::~HealthCheck() {
   state_->cv.notify_all();
 }
 
-std::string HealthCheck::failure() {
+std::optional<std::string> HealthCheck::failure() {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->failure;
 }

@@ -36,6 +36,7 @@ struct NvmlPciInfo {  // nvmlPciInfo_t, as nvmlDeviceGetPciInfo_v3 fills it
 using PciFn = int (*)(NvmlDevice, NvmlPciInfo*);
 using P2pFn = int (*)(NvmlDevice, NvmlDevice, int, int*);  // nvmlDeviceGetP2PStatus
 constexpr int kP2pRead = 0, kP2pNvlink = 2;                // nvmlGpuP2PCapsIndex_t; status 0 = OK
+constexpr unsigned int kMaxGpus = 64;                      // what the coordinator takes of one node
 
 std::vector<v1::Gpu> nvmlGpus(std::string* why) {
   void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -62,12 +63,20 @@ std::vector<v1::Gpu> nvmlGpus(std::string* why) {
   } else {
     unsigned int n = 0;
     if (count(&n) != 0) n = 0;
-    for (unsigned int i = 0; i < n; ++i) {
+    for (unsigned int i = 0; i < n && i < kMaxGpus; ++i) {
       NvmlDevice dev = nullptr;
-      if (handle(i, &dev) != 0) continue;
       char buf[96] = {0};
       v1::Gpu g;
-      g.set_index(static_cast<int>(gpus.size()));
+      g.set_index(static_cast<int>(i));
+      if (const int rc = handle(i, &dev); rc != 0) {
+        // Kept in its place, so that the GPUs after it keep their indices (and their faults): GpuHealth
+        // reports it faulted, and placement leaves it alone.
+        g.set_model("unreachable (NVML error " + std::to_string(rc) + ")");
+        g.set_uuid("unreachable-" + std::to_string(i));
+        gpus.push_back(g);
+        devices.push_back(nullptr);
+        continue;
+      }
       if (name(dev, buf, sizeof(buf)) == 0) g.set_model(buf);
       if (uuid(dev, buf, sizeof(buf)) == 0) g.set_uuid(buf);
       NvmlMemory mem{};
@@ -83,7 +92,7 @@ std::vector<v1::Gpu> nvmlGpus(std::string* why) {
     for (size_t a = 0; p2p && a < gpus.size(); ++a) {
       for (size_t b = 0; b < gpus.size(); ++b) {
         int status = -1;
-        if (a == b) continue;
+        if (a == b || !devices[a] || !devices[b]) continue;
         if (p2p(devices[a], devices[b], kP2pNvlink, &status) == 0 && status == 0)
           gpus[a].add_nvlink_peers(static_cast<int>(b));
         if (p2p(devices[a], devices[b], kP2pRead, &status) == 0 && status == 0)

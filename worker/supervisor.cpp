@@ -94,7 +94,13 @@ struct ChildPlan {
   int cgroup_procs_fd;    // -1: stay in the agent's cgroup
   const cpu_set_t* cpus;  // nullptr: keep the agent's affinity
   size_t cpus_size;
+  const unsigned long* numa_mask;  // nullptr: the default memory policy; else RankSpec::prefer_numa's nodes
+  int numa_first;                  // the lowest of them (MPOL_PREFERRED takes one node)
+  bool numa_many;                  // more than one: MPOL_PREFERRED_MANY
 };
+
+constexpr int kMaxNumaNodes = 1024;
+constexpr int kMpolPreferred = 1, kMpolPreferredMany = 5;  // linux/mempolicy.h
 
 // The shim's own environment: a fixed PATH, and the report protocol that this supervisor reads.
 const char* const kShimEnvironment[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", launch::kShimProtocolEnvEntry,
@@ -118,6 +124,18 @@ const char* const kShimEnvironment[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", la
   if (plan.cpus != nullptr && sched_setaffinity(0, plan.cpus_size, plan.cpus) != 0) {
     childFail(plan.report_fd, launch::kStageConfine, errno);
   }
+  if (plan.numa_mask != nullptr) {
+    // A preference, not a bind: where the kernel cannot take it (several nodes before Linux 5.15, a node
+    // offline) the default policy stands and the rank runs all the same.
+    if (!plan.numa_many ||
+        syscall(SYS_set_mempolicy, kMpolPreferredMany, plan.numa_mask, kMaxNumaNodes + 1) != 0) {
+      unsigned long one[kMaxNumaNodes / (8 * sizeof(unsigned long))] = {};
+      one[plan.numa_first / (8 * sizeof(unsigned long))] = 1UL
+                                                           << (plan.numa_first % (8 * sizeof(unsigned long)));
+      (void)syscall(SYS_set_mempolicy, kMpolPreferred, one, kMaxNumaNodes + 1);
+    }
+  }
+
   if (dup2(plan.stdin_fd, 0) < 0 || dup2(plan.log_fd, 1) < 0 || dup2(plan.log_fd, 2) < 0) {
     childFail(plan.report_fd, kStageSetup, errno);
   }
@@ -263,6 +281,9 @@ struct PreparedLaunch {
   std::vector<const char*> argv_ptrs, env_ptrs, candidates;
   std::optional<launch::Identity> identity;
   CpuSet cpus;
+  std::vector<unsigned long> numa_mask;  // empty: no preference
+  int numa_first = 0;
+  bool numa_many = false;
 
   ChildPlan child(const RankSpec& spec) const {
     return ChildPlan{argv_ptrs.data(),
@@ -277,7 +298,10 @@ struct PreparedLaunch {
                      env_fd.get(),
                      spec.cgroup_procs_fd,
                      cpus.get(),
-                     cpus.size()};
+                     cpus.size(),
+                     numa_mask.empty() ? nullptr : numa_mask.data(),
+                     numa_first,
+                     numa_many};
   }
 };
 
@@ -334,6 +358,17 @@ Status prepareLaunch(const RankSpec& spec, const std::string* refusal, const Sup
   }
   if (!spec.cpus.empty() && !out->cpus.assign(spec.cpus)) {
     return Status::internal("cannot allocate a CPU set: " + errnoText(errno));
+  }
+  constexpr int kBits = 8 * sizeof(unsigned long);
+  for (int node : spec.prefer_numa) {
+    if (node < 0 || node >= kMaxNumaNodes) continue;
+    if (out->numa_mask.empty()) {
+      out->numa_mask.assign(kMaxNumaNodes / kBits, 0);
+      out->numa_first = node;
+    }
+    out->numa_mask[node / kBits] |= 1UL << (node % kBits);
+    out->numa_many = out->numa_many || node != out->numa_first;
+    out->numa_first = std::min(out->numa_first, node);
   }
   return Status::ok();
 }

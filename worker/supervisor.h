@@ -107,6 +107,10 @@ struct RankSpec {
   std::optional<Account> run_as;
   // The CPUs the rank is pinned to (sched_setaffinity, before exec); empty: the agent's own affinity.
   std::vector<int> cpus;
+  // The NUMA nodes its memory comes from first (set_mempolicy MPOL_PREFERRED, or MPOL_PREFERRED_MANY for
+  // several, before exec: inherited by all it runs; other nodes when these are full); empty: the kernel's
+  // default. A node id at most 1023.
+  std::vector<int> prefer_numa;
   // An open cgroup.procs of the rank's cgroup (Confinement::prepare), which the child writes itself into
   // before exec; -1: none. Owned by the caller.
   int cgroup_procs_fd = -1;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -86,7 +87,12 @@ std::string parseTopology(const json& doc, const std::string& node, std::vector<
       nic.set_name(n["name"].get<std::string>());
       nic.set_transport(n.value("transport", doc.value("transport", std::string("ib"))));
       nic.set_speed_mbps(n.value("speed_mbps", doc.value("speed_mbps", int64_t{0})));
-      if (n.contains("numa")) nic.set_numa_node(n["numa"].get<int>());
+      if (n.contains("numa")) {
+        const int numa = n["numa"].get<int>();
+        if (numa < 0 || numa > 1023)
+          return "NIC " + nic.name() + ": numa " + std::to_string(numa) + " is not 0..1023";
+        nic.set_numa_node(numa);
+      }
       if (!nicNames.insert(nic.name()).second) return "NIC " + nic.name() + " is listed twice";
       nics->push_back(nic);
     }
@@ -165,11 +171,15 @@ size_t pciDistance(const std::vector<std::string>& a, const std::vector<std::str
   return (a.size() - common) + (b.size() - common);
 }
 
-// "00000000:3B:00.0" (NVML) -> "0000:3b:00.0" (sysfs).
+// "00000000:3B:00.0" (NVML) -> "0000:3b:00.0" (sysfs: the domain in at least four digits, as a VMD
+// domain "10000:..." needs five), or "" for what is no PCI address.
 std::string sysfsBusId(const std::string& id) {
-  std::string s = id.size() > 12 ? id.substr(id.size() - 12) : id;
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+  unsigned int domain = 0, bus = 0, device = 0, function = 0;
+  char end = 0;
+  if (std::sscanf(id.c_str(), "%x:%x:%x.%x%c", &domain, &bus, &device, &function, &end) != 4) return "";
+  char out[32];
+  std::snprintf(out, sizeof(out), "%04x:%02x:%02x.%x", domain, bus, device, function);
+  return out;
 }
 
 int readNuma(const fs::path& device) {
@@ -178,6 +188,12 @@ int readNuma(const fs::path& device) {
   } catch (...) {
     return -1;
   }
+}
+
+// Whether port `port` of InfiniBand device `name` is ACTIVE ("4: ACTIVE" in its state file).
+bool ibPortActive(const std::string& sys, const std::string& name, int port) {
+  return readLine(fs::path(sys) / "class" / "infiniband" / name / "ports" / std::to_string(port) / "state")
+             .find("ACTIVE") != std::string::npos;
 }
 
 }  // namespace
@@ -241,6 +257,7 @@ void readPciPlacement(const std::string& sys, std::vector<v1::Gpu>* gpus, std::v
     std::vector<std::string> path;
     int numa;
     bool ib;
+    bool active;         // an InfiniBand port that is ACTIVE (an Ethernet interface that is up)
     std::string device;  // as UCX names it
   };
   std::vector<Candidate> candidates;
@@ -251,20 +268,36 @@ void readPciPlacement(const std::string& sys, std::vector<v1::Gpu>* gpus, std::v
     if (path.empty()) continue;  // a virtual interface: no PCI device
     const int numa = readNuma(cls / "device");
     if (numa >= 0) nic.set_numa_node(numa);
-    nic.set_pci_bus_id(path.back());
+    nic.set_pci_bus_id(sysfsBusId(path.back()));  // "" for a device that is not PCI (virtio0)
     std::string device = nic.name();
+    bool active = !ib;  // nics() lists only the Ethernet interfaces that are up
     if (ib) {
-      std::set<std::string> ports;
+      // Its first ACTIVE port, in number order (else its first port).
+      std::set<int> ports;
       std::error_code ec;
-      for (const auto& e : fs::directory_iterator(cls / "ports", ec))
-        ports.insert(e.path().filename().string());
-      device += ":" + (ports.empty() ? std::string("1") : *ports.begin());
+      for (const auto& e : fs::directory_iterator(cls / "ports", ec)) {
+        try {
+          ports.insert(std::stoi(e.path().filename().string()));
+        } catch (...) {
+          // not a port
+        }
+      }
+      int port = ports.empty() ? 1 : *ports.begin();
+      for (int p : ports) {
+        if (ibPortActive(sys, nic.name(), p)) {
+          port = p;
+          active = true;
+          break;
+        }
+      }
+      device += ":" + std::to_string(port);
     }
-    candidates.push_back({std::move(path), numa, ib, std::move(device)});
+    candidates.push_back({std::move(path), numa, ib, active, std::move(device)});
   }
   for (v1::Gpu& gpu : *gpus) {
     if (gpu.pci_bus_id().empty()) continue;
     gpu.set_pci_bus_id(sysfsBusId(gpu.pci_bus_id()));
+    if (gpu.pci_bus_id().empty()) continue;  // NVML gave no address that sysfs would know
     const fs::path dev = fs::path(sys) / "bus" / "pci" / "devices" / gpu.pci_bus_id();
     const int numa = readNuma(dev);
     if (numa >= 0) gpu.set_numa_node(numa);
@@ -272,7 +305,8 @@ void readPciPlacement(const std::string& sys, std::vector<v1::Gpu>* gpus, std::v
     const std::vector<std::string> path = pciPath(dev);
     const Candidate* best = nullptr;
     auto rank = [&](const Candidate& c) {
-      return std::make_tuple(!c.ib, path.empty() ? 0 : pciDistance(path, c.path), c.numa != numa, c.device);
+      return std::make_tuple(!c.active, !c.ib, path.empty() ? 0 : pciDistance(path, c.path), c.numa != numa,
+                             c.device);
     };
     for (const Candidate& c : candidates)
       if (!best || rank(c) < rank(*best)) best = &c;
@@ -285,8 +319,9 @@ std::vector<int> cpuNumaFromSysfs(const std::string& sys, const std::vector<int>
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(fs::path(sys) / "devices" / "system" / "node", ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("node", 0) != 0 || name.size() == 4 ||
-        !std::all_of(name.begin() + 4, name.end(), [](char c) { return std::isdigit(c); }))
+    if (name.rfind("node", 0) != 0 || name.size() == 4 || name.size() > 9 ||
+        !std::all_of(name.begin() + 4, name.end(),
+                     [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
       continue;
     std::vector<int> list;
     if (!parseCpuList(readLine(e.path() / "cpulist"), &list).empty()) continue;
@@ -339,12 +374,16 @@ std::vector<int> memoryNodesOf(const std::vector<int>& cpus, const std::vector<i
   return {nodes.begin(), nodes.end()};
 }
 
-bool nicPresent(const std::string& sys, const std::string& device) {
-  const std::string name = device.substr(0, device.find(':'));
-  std::error_code ec;
-  return !name.empty() && name.find('/') == std::string::npos &&
-         (fs::exists(fs::path(sys) / "class" / "infiniband" / name, ec) ||
-          fs::exists(fs::path(sys) / "class" / "net" / name, ec));
+bool ucxDeviceReady(const std::string& sys, const std::string& device) {
+  const size_t colon = device.find(':');
+  if (colon == std::string::npos || colon == 0) return false;  // not an RDMA device
+  const std::string name = device.substr(0, colon);
+  if (name.find('/') != std::string::npos || name == "." || name == "..") return false;
+  try {
+    return ibPortActive(sys, name, std::stoi(device.substr(colon + 1)));
+  } catch (...) {
+    return false;
+  }
 }
 
 std::string describeTopology(const std::vector<v1::Gpu>& gpus, const std::vector<v1::Nic>& nics) {

@@ -34,8 +34,9 @@ void setIslands(std::vector<v1::Gpu>* gpus);
 
 // For GPUs with a pci_bus_id: their NUMA node and that node's CPUs from sysfs (`sys`, normally "/sys"); each
 // NIC's PCI address and NUMA node; and each GPU's nearest NIC: the one with the fewest PCI bridges between
-// them, then one on the same NUMA node, then InfiniBand before Ethernet, then by name. An InfiniBand NIC is
-// named with its first port as UCX names devices ("mlx5_0:1").
+// them, then one on the same NUMA node, then by name; an InfiniBand NIC with an ACTIVE port before one
+// without, and before Ethernet. An InfiniBand NIC is named with its first ACTIVE port (else its first port)
+// as UCX names devices ("mlx5_0:1").
 void readPciPlacement(const std::string& sys, std::vector<v1::Gpu>* gpus, std::vector<v1::Nic>* nics);
 
 // The NUMA node of each of `cpus`, from sysfs's node directories; empty when sysfs has none.
@@ -52,9 +53,10 @@ std::vector<int> splitCpusAmongNuma(const std::vector<int>& cpus, std::vector<v1
 std::vector<int> memoryNodesOf(const std::vector<int>& cpus, const std::vector<int>& offered,
                                const std::vector<int>& cpu_numa, const std::string& sys);
 
-// Whether a NIC named as UCX names it ("mlx5_0:1", "eth0") exists on this machine (sysfs), so that UCX may be
-// told to use it.
-bool nicPresent(const std::string& sys, const std::string& device);
+// Whether UCX may be told to use `device` (UCX_NET_DEVICES): an InfiniBand device's port as UCX names it
+// ("mlx5_0:1") that exists on this machine and is ACTIVE. Never an Ethernet interface: UCX's TCP transport
+// picks its own, and the nearest by PCI may be a management port or a bond's member with no address.
+bool ucxDeviceReady(const std::string& sys, const std::string& device);
 
 // The node's insides for a person (`ddl-agent --inventory`): one line per GPU and per NIC.
 std::string describeTopology(const std::vector<v1::Gpu>& gpus, const std::vector<v1::Nic>& nics);

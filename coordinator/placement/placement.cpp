@@ -469,7 +469,9 @@ Allocation placeNow(const Cluster& cluster, const JobRequest& job) {
     for (const Candidate& c : cands) {
       const int spare = job.isShape() ? c.leftover : c.cap - need;
       if (spare < 0) continue;
-      const GroupFit fit = groupFit(*c.node, count);
+      // A node that reports no topology is one group: its fit is its spare GPUs (so a cluster without any
+      // topology is placed exactly as before, and a mixed one does not favour the nodes without).
+      const GroupFit fit = c.node->topology ? groupFit(*c.node, count) : GroupFit{spare, spare};
       const std::tuple<int, int, int> rank{fit.island, fit.numa, spare};
       if (!best || rank < bestRank) {
         best = &c;
@@ -726,18 +728,18 @@ Cluster reserveFor(const Cluster& cluster, const JobRequest& head) {
   for (Node& n : view.nodes) {
     if (n.state != NodeState::kUp || !canEverHost(n, head)) continue;
     const bool share = head.isShape() && head.ranksFitting(n, /*now=*/true) >= head.gpusPerNode;
-    std::vector<int> free = n.freeGpuIndices();
-    const size_t reserve = share ? static_cast<size_t>(head.gpusPerNode) : free.size();
+    // A share: the very GPUs and CPUs the head would take there now (its island, its NUMA node's CPUs).
+    const WithinNode headsShare =
+        share ? pickWithinNode(n, head.gpusPerNode, head.cpusPerRank) : WithinNode{};
+    const std::vector<int> reserved = share ? headsShare.gpus : n.freeGpuIndices();
     n.used.resize(n.gpus, false);
-    for (size_t i = 0; i < reserve && i < free.size(); ++i) n.used[free[i]] = true;
+    for (int g : reserved) n.used[g] = true;
     if (head.cpusPerRank > 0) {
-      size_t cpus = share ? static_cast<size_t>(head.gpusPerNode) * head.cpusPerRank : n.cpus.size();
       n.cpuUsed.resize(n.cpus.size(), false);
-      for (size_t i = 0; i < n.cpus.size() && cpus > 0; ++i) {
-        if (!n.cpuUsed[i]) {
+      for (size_t i = 0; i < n.cpus.size(); ++i) {
+        if (!share ||
+            std::find(headsShare.cpus.begin(), headsShare.cpus.end(), n.cpus[i]) != headsShare.cpus.end())
           n.cpuUsed[i] = true;
-          --cpus;
-        }
       }
     }
     if (head.memoryPerRank > 0) {

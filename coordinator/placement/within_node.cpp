@@ -136,7 +136,8 @@ WithinNode pickWithinNode(const Node& node, int count, int cpusPerRank) {
 GroupFit groupFit(const Node& node, int count) {
   GroupFit out;
   const NodeTopology* t = node.topology.get();
-  if (!t || node.gpus > 64) return out;
+  if (!t) return out;
+  if (node.gpus > 64) return {GroupFit::kNoFit, GroupFit::kNoFit};  // more than a node may register
   // No allocation: placement asks this of every candidate node for every job. Each free GPU's group is
   // counted from the lowest free GPU of it.
   int free[64], n = 0;
@@ -146,12 +147,14 @@ GroupFit groupFit(const Node& node, int count) {
     if (key.size() < static_cast<size_t>(node.gpus)) return 0;
     int best = GroupFit::kNoFit;
     for (int i = 0; i < n; ++i) {
-      const int k = key[free[i]];
+      // As choose() groups them: a GPU of unknown group (-1) is a group of its own.
+      const int k = key[free[i]] < 0 ? -1 - free[i] : key[free[i]];
+      auto in = [&](int j) { return key[free[j]] < 0 ? -1 - free[j] == k : key[free[j]] == k; };
       bool seen = false;
-      for (int j = 0; j < i && !seen; ++j) seen = key[free[j]] == k;
+      for (int j = 0; j < i && !seen; ++j) seen = in(j);
       if (seen) continue;
       int inGroup = 1;
-      for (int j = i + 1; j < n; ++j) inGroup += key[free[j]] == k;
+      for (int j = i + 1; j < n; ++j) inGroup += in(j);
       if (inGroup >= count) best = std::min(best, inGroup - count);
     }
     return best;
@@ -183,7 +186,7 @@ BrokenGroups brokenGroups(const Node& node) {
   return out;
 }
 
-WorkloadRun runWorkload(Cluster cluster, uint32_t seed, int events, bool lowestId) {
+WorkloadRun runWorkload(Cluster cluster, uint32_t seed, int events, bool lowestId, int cpusPerRank) {
   std::vector<std::shared_ptr<const NodeTopology>> topo;
   int total = 0, held = 0;
   for (Node& n : cluster.nodes) {
@@ -210,6 +213,7 @@ WorkloadRun runWorkload(Cluster cluster, uint32_t seed, int events, bool lowestI
       JobRequest j;
       j.id = "j" + std::to_string(event);
       j.totalGpus = std::max(1, roll < 5 ? 1 : roll < 8 ? 2 : roll < 9 ? size / 2 : size - 1);
+      j.cpusPerRank = cpusPerRank;
       const PlacementResult p = place(cluster, j);
       if (!p.ok()) {
         ++w.unplaced;
@@ -231,10 +235,30 @@ WorkloadRun runWorkload(Cluster cluster, uint32_t seed, int events, bool lowestI
           for (int g : a.gpus) groups.insert(g < static_cast<int>(key.size()) ? key[g] : -1 - g);
           return groups.size() == 1;
         };
-        const bool bad = !t->gpuIsland.empty() && roomIn(t->gpuIsland)
-                             ? !oneOf(t->gpuIsland)
-                             : !t->gpuNuma.empty() && roomIn(t->gpuNuma) && !oneOf(t->gpuNuma);
-        if (bad && w.violations++ == 0) w.firstViolation = j.id + ": " + p.allocation().str();
+        // One island where one has room; and one NUMA node where one has room, when the islands and NUMA
+        // nodes nest (where they cut across each other, the island comes first and may span NUMA nodes).
+        auto nested = [&](const std::vector<int>& inner, const std::vector<int>& outer) {
+          std::map<int, int> outerOf;
+          for (int g = 0; g < n->gpus && g < static_cast<int>(std::min(inner.size(), outer.size())); ++g)
+            if (!outerOf.emplace(inner[g], outer[g]).second && outerOf[inner[g]] != outer[g]) return false;
+          return true;
+        };
+        const bool hasIslands = !t->gpuIsland.empty(), numa = !t->gpuNuma.empty();
+        const bool nest =
+            hasIslands && numa && (nested(t->gpuIsland, t->gpuNuma) || nested(t->gpuNuma, t->gpuIsland));
+        std::string bad;
+        if (hasIslands && roomIn(t->gpuIsland) && !oneOf(t->gpuIsland)) bad = "spans islands";
+        if ((nest || !hasIslands) && numa && roomIn(t->gpuNuma) && !oneOf(t->gpuNuma))
+          bad = "spans NUMA nodes";
+        for (int c : a.cpus) {
+          const auto at = std::lower_bound(n->cpus.begin(), n->cpus.end(), c);
+          if (at == n->cpus.end() || *at != c || n->isCpuUsed(static_cast<size_t>(at - n->cpus.begin())))
+            bad = "CPU " + std::to_string(c) + " is not a free CPU of the node";
+        }
+        if (a.cpus.size() != a.gpus.size() * static_cast<size_t>(std::max(cpusPerRank, 0)))
+          bad = "it has " + std::to_string(a.cpus.size()) + " CPUs";
+        if (!bad.empty() && w.violations++ == 0)
+          w.firstViolation = j.id + " " + bad + ": " + p.allocation().str();
         // Split: its GPUs span more groups than the fewest that could hold as many on this node (NVLink
         // islands where the node has several, else NUMA nodes).
         std::set<int> islands;

@@ -33,9 +33,10 @@ struct WithinNode {
 WithinNode pickWithinNode(const Node& node, int count, int cpusPerRank);
 
 // How well `count` ranks fit the node's groups: the free GPUs left in the best-fitting NVLink island (and
-// NUMA node) that holds them all; kNoFit where none does; 0 for a node with no topology (nothing to spoil).
-// Placement's single-node best fit ranks nodes by it before their spare GPUs: a 1-GPU job takes the free half
-// of a broken pair on one node before it breaks a whole pair on another.
+// NUMA node) that holds them all; kNoFit where none does; 0 for a node with no topology (its caller counts
+// such a node as one group: placement uses its spare GPUs instead). Placement's single-node best fit ranks
+// nodes by it before their spare GPUs: a 1-GPU job takes the free half of a broken pair on one node before it
+// breaks a whole pair on another.
 struct GroupFit {
   static constexpr int kNoFit = 1 << 20;
   int island = 0;
@@ -54,8 +55,10 @@ BrokenGroups brokenGroups(const Node& node);
 // A random workload on `cluster` (its nodes as given, all free or not): `events` arrivals (1 GPU half the
 // time, 2 three times in ten, half a node or all but one GPU of one otherwise; placed by place()) and
 // departures (48%), with `seed`. With lowestId the nodes hide their topology from placement, as before it
-// was used; the broken groups are counted by it either way, summed after every event. Violations: a node's
-// share of a job that fitted in one island (or else one NUMA node) of that node and was not given one. Split
+// was used; the broken groups are counted by it either way, summed after every event. With cpusPerRank every
+// job asks for that many CPUs per rank. Violations: a node's share of a job that fitted in one island of that
+// node and was not given one, or in one NUMA node (where islands and NUMA nodes nest) and was not given one,
+// or that was given a CPU that is not a free one of the node, or not cpusPerRank per GPU. Split
 // jobs: node shares that span more NVLink islands (NUMA nodes, on a node of one island) than the fewest that
 // could hold as many GPUs there: a 2-GPU job across the socket bus of an S822LC.
 // For placement-bench's fragmentation figures and the property test.
@@ -68,6 +71,6 @@ struct WorkloadRun {
   long brokenIslands = 0;
   long brokenNuma = 0;
 };
-WorkloadRun runWorkload(Cluster cluster, uint32_t seed, int events, bool lowestId);
+WorkloadRun runWorkload(Cluster cluster, uint32_t seed, int events, bool lowestId, int cpusPerRank = 0);
 
 }  // namespace ddl::placement

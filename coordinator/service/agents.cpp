@@ -354,6 +354,7 @@ void Coordinator::nodeHealthOnLoop(Node& entry, const v1::Heartbeat& hb) {
   // The site's health check: a failure drains the node with it as the reason; once it passes, the drain it
   // made (and only that one) ends. Refused while the store is unhealthy: the next heartbeat tries again.
   static const std::string kPrefix = "health check: ";
+  if (!hb.has_health_check()) return;  // no check here, or no run has ended since the agent started
   const std::string& failed = hb.health_check();
   const bool ours = entry.record.drained && entry.record.drain_reason.rfind(kPrefix, 0) == 0;
   if (!failed.empty() && (!entry.record.drained || ours)) {
@@ -481,7 +482,7 @@ placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling, bool stoppin
     n.memoryBytes = entry.record.memory_bytes;
     n.topology = topologyOf(entry.record);
     for (const auto& [gpu, fault] : entry.record.gpu_faults)
-      if (gpu < n.gpus) n.used[gpu] = true;  // a faulted GPU takes no job until an admin clears it
+      if (!fault.cleared && gpu >= 0 && gpu < n.gpus) n.used[gpu] = true;  // no job until an admin clears it
     auto u = usage.find(name);
     if (u != usage.end()) {
       for (int g : u->second.gpus) {

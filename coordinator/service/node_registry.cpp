@@ -21,6 +21,7 @@ bool isValidName(const std::string& name) {
 }
 
 constexpr int kMaxNumaNode = 1023;
+constexpr int kMaxNics = 64;
 
 state::GpuInfo gpuInfo(const v1::Gpu& g) {
   state::GpuInfo out{g.index(), g.uuid(), g.model(), g.memory_bytes()};
@@ -63,8 +64,25 @@ Status checkRegistration(const v1::RegisterRequest& req) {
                                      "; list GPUs by index 0..n-1");
     }
   }
+  if (req.gpus_size() > state::kMaxGpusPerNode)
+    return Status::invalidArgument("register: node " + req.node() + " reports " +
+                                   std::to_string(req.gpus_size()) + " GPUs; at most " +
+                                   std::to_string(state::kMaxGpusPerNode));
+  for (const v1::Nic& n : req.nics()) {
+    if (n.name().size() > 64 || n.transport().size() > 16 || n.pci_bus_id().size() > 64 ||
+        (n.has_numa_node() && (n.numa_node() < 0 || n.numa_node() > kMaxNumaNode)))
+      return Status::invalidArgument("register: node " + req.node() +
+                                     ": a NIC's name, transport, PCI address or "
+                                     "NUMA node is out of bounds");
+  }
   for (const v1::Gpu& g : req.gpus()) {
     const std::string gpu = "register: node " + req.node() + ": GPU " + std::to_string(g.index());
+    for (const auto* peers : {&g.nvlink_peers(), &g.p2p_peers()}) {
+      std::vector<int> sorted(peers->begin(), peers->end());
+      std::sort(sorted.begin(), sorted.end());
+      if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+        return Status::invalidArgument(gpu + ": a peer is listed twice");
+    }
     auto outOfRange = [&](int peer) { return peer < 0 || peer >= req.gpus_size() || peer == g.index(); };
     if (std::any_of(g.nvlink_peers().begin(), g.nvlink_peers().end(), outOfRange) ||
         std::any_of(g.p2p_peers().begin(), g.p2p_peers().end(), outOfRange) ||
@@ -186,7 +204,8 @@ StatusOr<NodeRegistry::Node*> NodeRegistry::registerOnLoop(const v1::RegisterReq
   record.address = req.address();
   record.gpus.clear();
   for (const auto& g : req.gpus()) record.gpus.push_back(gpuInfo(g));
-  std::erase_if(record.gpu_faults, [&](const auto& f) { return f.first >= req.gpus_size(); });
+  // Faults stay with their GPU index whatever the agent now reports (its GPUs keep their indices, an
+  // unreachable one included); only an admin clears one.
   record.labels = {req.labels().begin(), req.labels().end()};
   record.cpus = std::move(cpus);
   record.cpu_numa = std::move(numas);
@@ -200,7 +219,8 @@ StatusOr<NodeRegistry::Node*> NodeRegistry::registerOnLoop(const v1::RegisterReq
   node.link.reset();
   node.outbox.clear();  // commands for the old stream are lost with it; the job side reconciles
   node.record = record;
-  node.nics.assign(req.nics().begin(), req.nics().end());
+  // The first kMaxNics (a host with containers has a veth for each; they are only shown).
+  node.nics.assign(req.nics().begin(), req.nics().begin() + std::min(req.nics_size(), kMaxNics));
   node.confinement = req.confinement().substr(0, 1024);
   node.port_first = first;
   node.port_last = last;
@@ -341,13 +361,25 @@ std::vector<std::pair<int, state::GpuFault>> NodeRegistry::gpuFaultsOnLoop(
     Node& node, const google::protobuf::RepeatedPtrField<v1::GpuFault>& faults) {
   assert(actor_.onLoop());
   std::vector<std::pair<int, state::GpuFault>> fresh;
+  if (faults.empty()) return fresh;  // the common heartbeat: nothing copied
   state::NodeRecord want = node.record;
   for (const v1::GpuFault& f : faults) {
     const int gpu = f.gpu();
-    if (gpu < 0 || gpu >= static_cast<int>(want.gpus.size()) || want.gpu_faults.count(gpu)) continue;
-    auto cleared = node.cleared_fault_ms.find(gpu);
-    if (cleared != node.cleared_fault_ms.end() && f.at_ms() <= cleared->second) continue;
-    state::GpuFault fault{f.reason().substr(0, state::kMaxDrainReasonBytes), f.xid(), f.at_ms()};
+    if (gpu < 0 || gpu >= static_cast<int>(want.gpus.size())) continue;
+    auto known = want.gpu_faults.find(gpu);
+    if (known != want.gpu_faults.end() && !known->second.cleared) continue;  // reported already
+    if (known != want.gpu_faults.end() && f.at_ms() <= known->second.at_ms) {
+      // The fault an admin cleared, reported again before the agent heard of the clear (or the clear was
+      // lost with a restart): not news; the agent is told again.
+      v1::Command clear;
+      clear.mutable_clear_gpu_fault()->set_gpu(gpu);
+      sendOnLoop(want.name, clear);
+      continue;
+    }
+    std::string reason = f.reason().substr(0, state::kMaxDrainReasonBytes);
+    for (char& c : reason)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+    state::GpuFault fault{reason, f.xid(), f.at_ms()};
     want.gpu_faults[gpu] = fault;
     fresh.emplace_back(gpu, fault);
     spdlog::error(
@@ -367,17 +399,17 @@ StatusOr<NodeRegistry::Node*> NodeRegistry::clearGpuFaultOnLoop(const std::strin
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return state::nodeNotFound(name);
   Node& node = it->second;
-  if (gpu < 0 || gpu >= static_cast<int>(node.record.gpus.size()))
-    return Status::invalidArgument("node " + name + " has no GPU " + std::to_string(gpu) + " (it has " +
-                                   std::to_string(node.record.gpus.size()) + ")");
   auto fault = node.record.gpu_faults.find(gpu);
-  if (fault == node.record.gpu_faults.end())
+  if (fault == node.record.gpu_faults.end() || fault->second.cleared) {
+    if (gpu < 0 || gpu >= static_cast<int>(node.record.gpus.size()))
+      return Status::invalidArgument("node " + name + " has no GPU " + std::to_string(gpu) + " (it has " +
+                                     std::to_string(node.record.gpus.size()) + ")");
     return Status::failedPrecondition("GPU " + std::to_string(gpu) + " of node " + name +
                                       " has no fault to clear");
+  }
   if (!refuse.empty()) return Status::unavailable("gpu-ok refused: " + refuse);
-  node.cleared_fault_ms[gpu] = fault->second.at_ms;
   state::NodeRecord want = node.record;
-  want.gpu_faults.erase(gpu);
+  want.gpu_faults[gpu].cleared = true;
   node.record = want;
   putOnLoop(want);
   v1::Command clear;
@@ -439,6 +471,7 @@ v1::Node NodeRegistry::toProto(const Node& node, const NodeUsage& usage) const {
   out.set_drain_reason(node.record.drain_reason);
   for (const auto& g : node.record.gpus) gpuToProto(g, out.add_gpus());
   for (const auto& [gpu, f] : node.record.gpu_faults) {
+    if (f.cleared) continue;
     v1::GpuFault* p = out.add_gpu_faults();
     p->set_gpu(gpu);
     p->set_reason(f.reason);

@@ -81,9 +81,6 @@ class NodeRegistry {
     int64_t last_seen_ms = 0;                 // in memory only: heartbeats are not written to the store
     std::map<RankKey, v1::RankStatus> ranks;  // what the agent last reported, any attempt
     std::vector<v1::Command> outbox;          // commands queued while no stream is attached (kMaxOutbox)
-    // GPU -> the time of the fault an admin cleared last: a report of it still in flight is not taken for a
-    // new one (in memory only).
-    std::map<int, int64_t> cleared_fault_ms;
   };
   // A node went DOWN (its agent silent past the grace): its jobs' ranks are lost. Called during the turn,
   // while the registry walks its nodes: the listener must not add or remove nodes (it may send commands).
@@ -127,12 +124,13 @@ class NodeRegistry {
   // change cannot be made now ("" if it can: the coordinator's store is healthy).
   StatusOr<Node*> drainOnLoop(const std::string& name, bool drain, const std::string& reason,
                               const std::string& refuse);
-  // A heartbeat's GPU faults: those not yet recorded (and not one an admin just cleared) are kept in the
-  // node's record (stored) and returned, for the caller to fail the jobs on them.
+  // A heartbeat's GPU faults: those not yet recorded (and newer than one an admin cleared on that GPU: an
+  // older one is old news, and the agent is told of the clear again) are kept in the node's record (stored)
+  // and returned, for the caller to fail the jobs on them.
   std::vector<std::pair<int, state::GpuFault>> gpuFaultsOnLoop(
       Node& node, const google::protobuf::RepeatedPtrField<v1::GpuFault>& faults);
-  // An admin clears a GPU's fault: the record forgets it (stored) and the agent is told. `refuse` as for a
-  // drain.
+  // An admin clears a GPU's fault: the record keeps it marked cleared (stored) and the agent is told.
+  // `refuse` as for a drain.
   StatusOr<Node*> clearGpuFaultOnLoop(const std::string& name, int gpu, const std::string& refuse);
   // Forgets a DOWN node whose agent is gone; the caller checked that no live job is placed on it.
   Status removeOnLoop(const std::string& name);

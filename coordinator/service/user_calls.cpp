@@ -575,6 +575,13 @@ StatusOr<v1::Node> Coordinator::drainOnLoop(const std::string& name, bool drain,
 
 void Coordinator::drain(const std::string& name, bool drain_it, const std::string& reason,
                         Done<v1::Node> done) {
+  // The health check's drains are known by their reason's prefix (agents.cpp nodeHealthOnLoop), so an
+  // operator's may not take it: a passing check would end it.
+  if (drain_it && reason.rfind("health check:", 0) == 0) {
+    return done(
+        Status::invalidArgument("a drain reason may not start with 'health check:' (the node's health "
+                                "check drains with it, and ends such drains when it passes)"));
+  }
   post([this, name, drain_it, reason, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::Node>>(drainOnLoop(name, drain_it, reason));
     actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());
@@ -728,7 +735,8 @@ MetricsSnapshot Coordinator::metricsOnLoop() {
     m.gpus_total += static_cast<int>(node.record.gpus.size());
     auto u = usage.find(name);
     if (u != usage.end()) m.gpus_allocated += static_cast<int>(u->second.gpus.size());
-    for (const auto& [gpu, fault] : node.record.gpu_faults) m.gpus_faulted.emplace_back(name, gpu);
+    for (const auto& [gpu, fault] : node.record.gpu_faults)
+      if (!fault.cleared) m.gpus_faulted.emplace_back(name, gpu);
     m.heartbeat_lag_max_s = std::max(m.heartbeat_lag_max_s, (now - node.last_seen_ms) / 1000.0);
   }
   for (const auto& [id, job] : jobs_) m.jobs_by_state[toString(job.state)]++;

@@ -260,11 +260,14 @@ struct GpuInfo {
   bool operator==(const GpuInfo&) const = default;
 };
 
-// A fault that made a GPU unfit for work (v1::GpuFault), kept until an admin clears it.
+// A fault that made a GPU unfit for work (v1::GpuFault). Kept after an admin clears it, marked cleared, so
+// that the agent's report of that same fault (sent before the clear reached it) is known for old news, even
+// after a coordinator restart.
 struct GpuFault {
   std::string reason;  // "Xid 79 (fallen off the bus)"
   int xid = 0;
   int64_t at_ms = 0;  // when the agent saw it
+  bool cleared = false;
 
   bool operator==(const GpuFault&) const = default;
 };
@@ -318,6 +321,8 @@ inline constexpr size_t kMaxTopologyBytes = 64;
 inline constexpr size_t kMaxDependencies = 64;  // after_ok and after_any together
 inline constexpr int64_t kMaxTimeLimitS = 365LL * 24 * 3600;
 inline constexpr size_t kMaxDrainReasonBytes = 256;
+inline constexpr int kMaxGpusPerNode =
+    64;  // what a node may register (NVLink islands are placed quadratically)
 inline constexpr size_t kMaxRankDims = 8;  // RankResult::dims_us kept
 inline constexpr int kMaxCpusPerRank = 4096;
 inline constexpr int64_t kMaxMemoryPerRankBytes = int64_t{1} << 50;  // 1 PiB

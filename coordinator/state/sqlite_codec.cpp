@@ -67,7 +67,8 @@ std::string encodeGpuFaults(const std::map<int, GpuFault>& faults) {
   if (faults.empty()) return "";
   nlohmann::json list = nlohmann::json::array();
   for (const auto& [gpu, f] : faults)
-    list.push_back({{"gpu", gpu}, {"reason", f.reason}, {"xid", f.xid}, {"at_ms", f.at_ms}});
+    list.push_back(
+        {{"gpu", gpu}, {"reason", f.reason}, {"xid", f.xid}, {"at_ms", f.at_ms}, {"cleared", f.cleared}});
   return list.dump();
 }
 
@@ -80,10 +81,10 @@ std::map<int, GpuFault> decodeGpuFaults(const std::string& text) {
     return out;
   }
   for (const nlohmann::json& f : list) {
-    if (!f.is_object()) continue;
-    out[json_fields::field(f, "gpu", 0)] =
-        GpuFault{json_fields::field(f, "reason", std::string()), json_fields::field(f, "xid", 0),
-                 json_fields::field<int64_t>(f, "at_ms", 0)};
+    const int gpu = f.is_object() ? json_fields::field(f, "gpu", -1) : -1;
+    if (gpu < 0 || gpu >= kMaxGpusPerNode) continue;  // damaged: a fault of no GPU
+    out[gpu] = GpuFault{json_fields::field(f, "reason", std::string()), json_fields::field(f, "xid", 0),
+                        json_fields::field<int64_t>(f, "at_ms", 0), json_fields::field(f, "cleared", false)};
   }
   return out;
 }

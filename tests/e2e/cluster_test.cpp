@@ -620,9 +620,10 @@ TEST_F(ClusterTest, RanksGetTheCpusTheirJobAskedForAndNodesShowWhatIsHeld) {
   EXPECT_NE(slurp(err).find("CPUs and"), std::string::npos) << slurp(err);
 }
 
-// A node of S822LC topology (2 NVLink pairs on 2 NUMA nodes; the agent's CPUs split between them): a job of
-// 2 GPUs gets a pair, and a 1-GPU job beside it the other socket's GPU, its CPU from that socket's NUMA node
-// and that socket's NIC; nodes -v and ring show it.
+// A node of S822LC topology (2 NVLink pairs on 2 NUMA nodes; the agent's CPUs split between them): a 1-GPU
+// job alone gets socket 0's first GPU, a CPU of socket 0, memory from NUMA node 0 first and socket 0's NIC; a
+// job of 2 GPUs gets a pair, and a 1-GPU job beside it the other socket's GPU, CPU and NIC; nodes -v and ring
+// show it.
 TEST_F(ClusterTest, RanksGetAnNvlinkPairAndTheirGpusNumaNodeAndNic) {
   cpu_set_t mine;
   ASSERT_EQ(sched_getaffinity(0, sizeof mine, &mine), 0);
@@ -642,20 +643,37 @@ TEST_F(ClusterTest, RanksGetAnNvlinkPairAndTheirGpusNumaNodeAndNic) {
     id.erase(id.find_last_not_of("\n") + 1);
     return id;
   };
+  // What a rank on a GPU sees of its CPUs, its memory's NUMA policy and its NIC.
+  const std::string probe =
+      "--gpus 1 --cpus-per-rank 1 -- /bin/sh -c 'grep Cpus_allowed_list /proc/self/status; "
+      "echo policy=$(grep -m1 -o \"prefer[^ ]*\\|default\" /proc/self/numa_maps); "
+      "echo gpu=$DDL_GPU nic=$DDL_NET_DEVICE ucx=${UCX_NET_DEVICES:-unset}'";
+  auto output = [&](const std::string& id) {
+    const std::string log = (dir_ / (id + ".txt")).string();
+    EXPECT_EQ(std::system((ctl() + " logs " + id + " > " + log).c_str()), 0);
+    return slurp(log);
+  };
+  // Alone on the node: the first NVLink pair's first GPU, a CPU of socket 0 and memory from NUMA node 0.
+  const std::string first = submit(probe);
+  ASSERT_TRUE(reaches(first, ddl::v1::SUCCEEDED, 30000)) << job(first).DebugString();
+  std::string text = output(first);
+  EXPECT_NE(text.find("Cpus_allowed_list:\t" + std::to_string(cpus[0]) + "\n"), std::string::npos) << text;
+  const bool node0 =
+      fs::exists("/sys/devices/system/node/node0");  // a machine without NUMA in sysfs binds none
+  EXPECT_NE(text.find(node0 ? "policy=prefer:0\n" : "policy=default\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpu=0 nic=mlx5_0 ucx=unset"), std::string::npos) << text;  // mlx5_0 is made up
   const std::string pair = submit("--gpus 2 -- sleep 30");
   ASSERT_TRUE(reaches(pair, ddl::v1::RUNNING, 30000)) << job(pair).DebugString();
   EXPECT_EQ(job(pair).allocation(0).gpus_size(), 2);
   EXPECT_EQ(job(pair).allocation(0).gpus(0), 0);
   EXPECT_EQ(job(pair).allocation(0).gpus(1), 1);
-  const std::string one = submit(
-      "--gpus 1 --cpus-per-rank 1 -- /bin/sh -c 'grep Cpus_allowed_list /proc/self/status; "
-      "echo gpu=$DDL_GPU nic=$DDL_NET_DEVICE ucx=${UCX_NET_DEVICES:-unset}'");
+  // Beside the pair: the other socket's GPU and CPU (its made-up NUMA node 1 is not on this machine, so its
+  // memory keeps the default policy).
+  const std::string one = submit(probe);
   ASSERT_TRUE(reaches(one, ddl::v1::SUCCEEDED, 30000)) << job(one).DebugString();
-  const std::string log = (dir_ / "one.txt").string();
-  ASSERT_EQ(std::system((ctl() + " logs " + one + " > " + log).c_str()), 0);
-  const std::string text = slurp(log);
+  text = output(one);
   EXPECT_NE(text.find("Cpus_allowed_list:\t" + std::to_string(secondHalf) + "\n"), std::string::npos) << text;
-  // mlx5_1 is made up, so UCX is not told to use it.
+  EXPECT_NE(text.find("policy=default\n"), std::string::npos) << text;
   EXPECT_NE(text.find("gpu=2 nic=mlx5_1 ucx=unset"), std::string::npos) << text;
 
   ASSERT_EQ(std::system((ctl() + " nodes -v > " + (dir_ / "nodes.txt").string()).c_str()), 0);

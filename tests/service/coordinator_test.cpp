@@ -463,13 +463,48 @@ TEST_F(CoordinatorTest, AFaultedGpuFailsItsJobAndTakesNoneUntilCleared) {
   EXPECT_EQ(stateOf(b), v1::PENDING);  // GPU 0 is faulted, GPU 1 held
   ASSERT_TRUE(coordinator->clearGpuFault("n1", 0));
   EXPECT_TRUE(links["n1"]->commands.back().has_clear_gpu_fault());
+  links["n1"]->commands.clear();
   ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], hb));  // the same report, sent before the clear
+  ASSERT_EQ(links["n1"]->commands.size(), 1u);  // old news: the agent is told of the clear again
+  EXPECT_TRUE(links["n1"]->commands[0].has_clear_gpu_fault());
   coordinator->tick();
   EXPECT_EQ(stateOf(b), v1::STARTING);
   EXPECT_EQ(starts("n1", b).back().ranks(0).gpu(), 0);
   EXPECT_EQ(coordinator->listNodes()[0].gpu_faults_size(), 0);
   EXPECT_EQ(coordinator->clearGpuFault("n1", 0).status().code(), state::StatusCode::kFailedPrecondition);
   EXPECT_EQ(coordinator->clearGpuFault("n1", 7).status().code(), state::StatusCode::kInvalidArgument);
+  // A new fault on the cleared GPU (seen after the clear) takes it out again, and its job with it.
+  f->set_at_ms(9);
+  f->set_reason("Xid 48 (double-bit ECC error)\nforged log line");
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], hb));
+  EXPECT_EQ(stateOf(b), v1::FAILED);
+  ASSERT_EQ(coordinator->listNodes()[0].gpu_faults_size(), 1);
+  EXPECT_EQ(coordinator->listNodes()[0].gpu_faults(0).reason(),
+            "Xid 48 (double-bit ECC error) forged log line");
+}
+
+// What an agent may register is bounded: at most 64 GPUs, peers that are other GPUs of the node, once.
+TEST_F(CoordinatorTest, ARegistrationWithTooManyGpusOrBadPeersIsRefused) {
+  v1::RegisterRequest req;
+  req.set_node("n1");
+  req.set_address("10.0.0.1");
+  for (int i = 0; i < 65; ++i) req.add_gpus()->set_index(i);
+  EXPECT_EQ(coordinator->registerAgent(req).status().code(), state::StatusCode::kInvalidArgument);
+  req.clear_gpus();
+  for (int i = 0; i < 2; ++i) req.add_gpus()->set_index(i);
+  req.mutable_gpus(0)->add_nvlink_peers(1);
+  req.mutable_gpus(0)->add_nvlink_peers(1);
+  auto twice = coordinator->registerAgent(req);
+  EXPECT_NE(twice.status().message().find("listed twice"), std::string::npos) << twice.status().toString();
+  req.mutable_gpus(0)->clear_nvlink_peers();
+  req.mutable_gpus(0)->add_nvlink_peers(2);
+  EXPECT_EQ(coordinator->registerAgent(req).status().code(), state::StatusCode::kInvalidArgument);
+  req.mutable_gpus(0)->clear_nvlink_peers();
+  req.mutable_gpus(0)->add_nvlink_peers(1);
+  req.mutable_gpus(1)->add_nvlink_peers(0);
+  req.mutable_gpus(0)->set_island(0);
+  req.mutable_gpus(1)->set_island(0);
+  EXPECT_TRUE(coordinator->registerAgent(req));
 }
 
 // A failing health check drains the node with its words; passing again ends that drain, never an operator's.
@@ -477,15 +512,25 @@ TEST_F(CoordinatorTest, AFailingHealthCheckDrainsTheNodeUntilItPasses) {
   addNode("n1", 2);
   v1::Heartbeat failing;
   failing.set_health_check("exit 1: GPU 1: NVLink down");
+  v1::Heartbeat passing;
+  passing.set_health_check("");
   ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], failing));
   EXPECT_EQ(coordinator->listNodes()[0].state(), "DRAINING");
   EXPECT_EQ(coordinator->listNodes()[0].drain_reason(), "health check: exit 1: GPU 1: NVLink down");
-  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], passing));
   EXPECT_EQ(coordinator->listNodes()[0].state(), "UP");
   ASSERT_TRUE(coordinator->drain("n1", true, "new DIMMs"));
   ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], failing));
-  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], v1::Heartbeat()));
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], passing));
   EXPECT_EQ(coordinator->listNodes()[0].drain_reason(), "new DIMMs");  // the operator's stands
+  EXPECT_EQ(coordinator->listNodes()[0].state(), "DRAINING");
+  // The check's prefix is its own; a restarted agent reports nothing until its first run ended.
+  EXPECT_EQ(coordinator->drain("n1", true, "health check: by hand").status().code(),
+            state::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(coordinator->drain("n1", false));
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], failing));
+  v1::Heartbeat unknown;  // no health_check: no run ended yet
+  ASSERT_TRUE(coordinator->heartbeat("n1", sessions["n1"], unknown));
   EXPECT_EQ(coordinator->listNodes()[0].state(), "DRAINING");
 }
 

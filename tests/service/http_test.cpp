@@ -320,15 +320,17 @@ TEST_F(SeriesTest, MetricsCarryLiveJobsWithTheirIdOnly) {
         std::string("# TYPE ddl_job_collective_bytes_total counter\n")}) {
     EXPECT_NE(r.body.find(line), std::string::npos) << line << r.body;
   }
-  // Capped at 500 placed jobs: a node with 520 GPUs more and 520 one-GPU jobs on it give 500 lines per
-  // metric.
-  v1::RegisterRequest big;
-  big.set_node("big");
-  big.set_address("10.0.0.3");
-  for (int g = 0; g < 520; ++g) big.add_gpus()->set_index(g);
-  auto resp = coordinator->registerAgent(big);
-  ASSERT_TRUE(resp);
-  ASSERT_TRUE(coordinator->attachAgent("big", resp->session(), std::make_shared<NullLink>()));
+  // Capped at 500 placed jobs: 9 nodes of 64 GPUs more (a node registers at most 64) and 520 one-GPU jobs on
+  // them give 500 lines per metric.
+  for (int n = 0; n < 9; ++n) {
+    v1::RegisterRequest big;
+    big.set_node("big" + std::to_string(n));
+    big.set_address("10.0.1." + std::to_string(n + 1));
+    for (int g = 0; g < 64; ++g) big.add_gpus()->set_index(g);
+    auto resp = coordinator->registerAgent(big);
+    ASSERT_TRUE(resp) << resp.status().toString();
+    ASSERT_TRUE(coordinator->attachAgent(big.node(), resp->session(), std::make_shared<NullLink>()));
+  }
   for (int i = 0; i < 520; ++i) {
     v1::JobSpec spec;
     spec.set_name("small");

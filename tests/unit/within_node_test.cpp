@@ -21,6 +21,14 @@ Node topologyNode(const std::string& name, const std::string& kind) {
     n.gpus = 4;
     t->gpuIsland = {0, 0, 2, 2};
     t->gpuNuma = {0, 0, 1, 1};
+  } else if (kind == "cross") {  // NVLink pairs that cut across the sockets: the island comes first
+    n.gpus = 4;
+    t->gpuIsland = {0, 0, 2, 2};
+    t->gpuNuma = {0, 1, 0, 1};
+  } else if (kind == "quad") {  // 2 sockets x 2 NVLink pairs: a 4-GPU job must get a socket
+    n.gpus = 8;
+    t->gpuIsland = {0, 0, 2, 2, 4, 4, 6, 6};
+    t->gpuNuma = {0, 0, 0, 0, 1, 1, 1, 1};
   } else {  // dgx-h100
     n.gpus = 8;
     t->gpuIsland = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -116,13 +124,21 @@ Cluster clusterOf(const std::string& kind, int nodes) {
 }
 
 TEST(WithinNode, RandomWorkloadsAlwaysGetOneIslandOrNumaNodeWhereOneFits) {
-  for (const char* kind : {"s822lc", "dgx-h100"}) {
+  for (const char* kind : {"s822lc", "dgx-h100", "cross", "quad"}) {
     for (uint32_t seed = 1; seed <= 5; ++seed) {
-      const WorkloadRun w = runWorkload(clusterOf(kind, 8), seed, 3000, /*lowestId=*/false);
-      EXPECT_EQ(w.violations, 0) << kind << " seed " << seed << ": first " << w.firstViolation;
-      EXPECT_GT(w.placed, 500) << kind << " seed " << seed;
+      for (int cpus : {0, 2}) {  // and, asking for CPUs, never one that is held
+        const WorkloadRun w = runWorkload(clusterOf(kind, 8), seed, 3000, /*lowestId=*/false, cpus);
+        EXPECT_EQ(w.violations, 0) << kind << " seed " << seed << ": first " << w.firstViolation;
+        EXPECT_GT(w.placed, 500) << kind << " seed " << seed;
+      }
     }
   }
+}
+
+// The check above can fail: lowest ids break the rules it checks.
+TEST(WithinNode, TheRandomWorkloadsCheckCatchesLowestIds) {
+  for (const char* kind : {"s822lc", "quad"})
+    EXPECT_GT(runWorkload(clusterOf(kind, 8), 1, 3000, /*lowestId=*/true).violations, 0) << kind;
 }
 
 TEST(WithinNode, JobsSplitAcrossIslandsAreFewerThanHalfOfLowestIds) {

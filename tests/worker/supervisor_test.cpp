@@ -230,6 +230,25 @@ TEST_P(SupervisorTest, PinsTheRankToItsCpusAndMovesItIntoItsCgroup) {
   EXPECT_EQ(readFile(procs.string()), "0");
 }
 
+// A rank's memory comes first from its NUMA node: its memory policy (numa_maps shows it for every mapping) is
+// that node preferred; a node that does not exist leaves the default and the rank runs.
+TEST_P(SupervisorTest, TheRanksMemoryPrefersItsNumaNode) {
+  RankSpec spec = shell("jn", 0, "grep -m1 -o 'prefer[^ ]*\\|default' /proc/self/numa_maps");
+  spec.prefer_numa = {0};
+  mustStart(spec);
+  auto exit = recorder_.waitFor("jn", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_EQ(readFile(spec.log_path), "prefer:0\n");
+  RankSpec absent = shell("jo", 0, "grep -m1 -o 'prefer[^ ]*\\|default' /proc/self/numa_maps");
+  absent.prefer_numa = {1000};
+  mustStart(absent);
+  exit = recorder_.waitFor("jo", 1, 0);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_EQ(readFile(absent.log_path), "default\n");
+}
+
 TEST_P(SupervisorTest, ACpuTheAgentMayNotUseFailsTheRankAndSaysWhy) {
   RankSpec spec = shell("jx", 0, "true");
   spec.cpus = {kMaxCpuId};  // no machine that runs this suite has 65536 CPUs

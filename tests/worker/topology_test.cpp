@@ -5,6 +5,7 @@
 #include "worker/topology.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -59,7 +60,7 @@ void makeSysfs(const Dir& d) {
   fs::create_symlink(g0, d / "bus/pci/devices/0000:01:00.0");
   fs::create_symlink(g1, d / "bus/pci/devices/0000:81:00.0");
   for (auto [name, dev] : {std::pair{"mlx5_0", ib0}, std::pair{"mlx5_1", ib1}}) {
-    fs::create_directories(d / ("class/infiniband/" + std::string(name) + "/ports/1"));
+    write(d / ("class/infiniband/" + std::string(name) + "/ports/1/state"), "4: ACTIVE");
     fs::create_symlink(dev, d / ("class/infiniband/" + std::string(name) + "/device"));
   }
   write(d / "class/net/eth0/operstate", "up");
@@ -173,9 +174,17 @@ TEST(Topology, SysfsGivesNumaNodesCpusAndTheNearestNic) {
   EXPECT_EQ(memoryNodesOf({1, 4}, {0, 1, 4, 5}, {0, 0, 1, 1}, d.str()), (std::vector<int>{0, 1}));
   EXPECT_TRUE(memoryNodesOf({4}, {0, 4}, {0, 2}, d.str()).empty());
   EXPECT_TRUE(memoryNodesOf({6}, {0, 4}, {0, 1}, d.str()).empty());
-  EXPECT_TRUE(nicPresent(d.str(), "mlx5_1:1"));
-  EXPECT_TRUE(nicPresent(d.str(), "eth0"));
-  EXPECT_FALSE(nicPresent(d.str(), "mlx5_7:1"));
+  // UCX is told only of an InfiniBand port that is ACTIVE, never of an Ethernet interface.
+  EXPECT_TRUE(ucxDeviceReady(d.str(), "mlx5_1:1"));
+  EXPECT_FALSE(ucxDeviceReady(d.str(), "eth0"));
+  EXPECT_FALSE(ucxDeviceReady(d.str(), "mlx5_7:1"));
+  EXPECT_FALSE(ucxDeviceReady(d.str(), "../x:1"));
+  // Socket 1's port goes DOWN: its GPU's nearest usable NIC is socket 0's.
+  write(d / "class/infiniband/mlx5_1/ports/1/state", "1: DOWN");
+  EXPECT_FALSE(ucxDeviceReady(d.str(), "mlx5_1:1"));
+  gpus[1].clear_nic();
+  readPciPlacement(d.str(), &gpus, &nics);
+  EXPECT_EQ(gpus[1].nic(), "mlx5_0:1");
 }
 
 TEST(Topology, VirtualNumaNodesSplitTheOfferedCpus) {
@@ -234,7 +243,7 @@ TEST(Topology, TheAgentReadsNvmlAndSysfs) {
 // The fake NVML's faults as `ddl-agent --inventory` reads them, through GpuHealth as the heartbeat does.
 TEST(Topology, TheAgentSeesGpuFaults) {
   Dir d;
-  write(d / "faults", "xid 1 13\nxid 1 79\necc 0 2\nslow 1 64\n");
+  write(d / "faults", "xid 1 13\nxid 1 79\necc 0 2\nremap 0\nslow 1 64\n");
   const std::string command = std::string("env LD_LIBRARY_PATH=") + DDL_FAKE_NVML_DIR +
                               " DDL_FAKE_NVML='01,02' DDL_FAKE_NVML_FAULTS=" + (d / "faults") + " " +
                               DDL_AGENT_BIN + " --inventory --node n1 2>&1";
@@ -244,11 +253,48 @@ TEST(Topology, TheAgentSeesGpuFaults) {
   char buf[512];
   while (fgets(buf, sizeof(buf), p)) out += buf;
   EXPECT_EQ(pclose(p), 0) << out;
-  EXPECT_NE(out.find("gpu 0: FAULT: 2 uncorrectable ECC errors since its last reset"), std::string::npos)
+  // The ECC count it starts with is history (since the GPU's last reset); a pending remap is a fault.
+  EXPECT_NE(out.find("gpu 0: FAULT: row remapping pending (the GPU needs a reset)"), std::string::npos)
       << out;
   EXPECT_NE(out.find("gpu 1: FAULT: Xid 79 (fallen off the bus)"), std::string::npos) << out;
   EXPECT_NE(out.find("Xid 13 (an error of the program using it"), std::string::npos) << out;  // logged only
   EXPECT_NE(out.find("GPU 1 slowed down (HW thermal slowdown)"), std::string::npos) << out;   // a warning
+}
+
+// GpuHealth in this process over the fake NVML (opened by its path): what raises a fault, what a clear does.
+TEST(GpuHealth, FaultsAreRaisedClearedAndRaisedAgainWhileTheyLast) {
+  Dir d;
+  write(d / "faults", "ecc 0 1\n");  // history: from before the agent started
+  setenv("DDL_FAKE_NVML", "01,02", 1);
+  setenv("DDL_FAKE_NVML_FAULTS", (d / "faults").c_str(), 1);
+  std::unique_ptr<GpuHealth> health =
+      GpuHealth::open(2, std::string(DDL_FAKE_NVML_DIR) + "/libnvidia-ml.so.1");
+  ASSERT_NE(health, nullptr);
+  EXPECT_TRUE(health->poll(1).empty());
+  write(d / "faults", "ecc 0 3\nremap 1\nxid 1 31\nslow 0 32\n");
+  std::vector<v1::GpuFault> faults = health->poll(2);
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_EQ(faults[0].reason(), "3 uncorrectable ECC errors since its last reset");
+  EXPECT_EQ(faults[0].at_ms(), 2);
+  EXPECT_EQ(faults[1].reason(), "row remapping pending (the GPU needs a reset)");
+  EXPECT_EQ(health->slowdown(), "GPU 0 slowed down (SW thermal slowdown)");
+  EXPECT_EQ(health->faults().size(), 2u);
+  // Cleared: the ECC count that did not rise stays cleared; the remap still pending comes back.
+  health->clear(0);
+  health->clear(1);
+  faults = health->poll(3);
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_EQ(faults[0].gpu(), 1);
+  EXPECT_EQ(faults[0].at_ms(), 3);
+  // Sticky: the first fault stands, and a lost GPU is one.
+  write(d / "faults", "ecc 0 3\nlost 0\nxid 1 31\nxid 1 79\n");
+  faults = health->poll(4);
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_EQ(faults[0].reason(), "fallen off the bus (NVML reports the GPU lost)");
+  EXPECT_EQ(faults[1].reason(), "row remapping pending (the GPU needs a reset)");
+  EXPECT_EQ(health->slowdown(), "");
+  unsetenv("DDL_FAKE_NVML");
+  unsetenv("DDL_FAKE_NVML_FAULTS");
 }
 
 TEST(GpuHealth, OnlyXidsOfTheGpuAreFaults) {
@@ -270,9 +316,20 @@ TEST(GpuHealth, AHealthCheckPassesFailsOrTimesOut) {
             "exit 3: ib0: link down");
   EXPECT_EQ(runHealthCheck(script("slow.sh", "sleep 30"), 0.5), "no result within 0.5 s (killed)");
   EXPECT_NE(runHealthCheck(d / "missing.sh", 5).find("exit 127: cannot run"), std::string::npos);
+  // Signals work in it even though the agent blocks SIGTERM (as ddl-agent's main does); a background child
+  // left holding its output does not hold the result up, and is killed with the run.
+  sigset_t term, before;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &term, &before);
+  EXPECT_EQ(
+      runHealthCheck(script("term.sh", "sleep 30 & kill -TERM $!; wait $!; echo \"waited $?\"; exit 4"), 5),
+      "exit 4: waited 143");
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  EXPECT_EQ(runHealthCheck(script("bg.sh", "sleep 30 & exit 0"), 5), "");
   HealthCheck check(script("bad2.sh", "echo nope; exit 1"), 3600, 5);
-  for (int i = 0; i < 500 && check.failure().empty(); ++i) usleep(10 * 1000);
-  EXPECT_EQ(check.failure(), "exit 1: nope");
+  for (int i = 0; i < 500 && !check.failure(); ++i) usleep(10 * 1000);
+  EXPECT_EQ(check.failure().value_or("(none)"), "exit 1: nope");
 }
 
 }  // namespace
