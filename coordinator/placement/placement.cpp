@@ -728,18 +728,35 @@ Cluster reserveFor(const Cluster& cluster, const JobRequest& head) {
   for (Node& n : view.nodes) {
     if (n.state != NodeState::kUp || !canEverHost(n, head)) continue;
     const bool share = head.isShape() && head.ranksFitting(n, /*now=*/true) >= head.gpusPerNode;
-    // A share: the very GPUs and CPUs the head would take there now (its island, its NUMA node's CPUs).
-    const WithinNode headsShare =
-        share ? pickWithinNode(n, head.gpusPerNode, head.cpusPerRank) : WithinNode{};
-    const std::vector<int> reserved = share ? headsShare.gpus : n.freeGpuIndices();
+    // A share: the very GPUs and CPUs the head would take there now (its island, its NUMA node's CPUs);
+    // without a topology that is the lowest free ids, taken here without building the pick.
     n.used.resize(n.gpus, false);
-    for (int g : reserved) n.used[g] = true;
-    if (head.cpusPerRank > 0) {
-      n.cpuUsed.resize(n.cpus.size(), false);
-      for (size_t i = 0; i < n.cpus.size(); ++i) {
-        if (!share ||
-            std::find(headsShare.cpus.begin(), headsShare.cpus.end(), n.cpus[i]) != headsShare.cpus.end())
-          n.cpuUsed[i] = true;
+    if (share && n.topology) {
+      const WithinNode headsShare = pickWithinNode(n, head.gpusPerNode, head.cpusPerRank);
+      for (int g : headsShare.gpus) n.used[g] = true;
+      if (head.cpusPerRank > 0) {
+        n.cpuUsed.resize(n.cpus.size(), false);
+        for (size_t i = 0; i < n.cpus.size(); ++i)
+          if (std::find(headsShare.cpus.begin(), headsShare.cpus.end(), n.cpus[i]) != headsShare.cpus.end())
+            n.cpuUsed[i] = true;
+      }
+    } else {
+      int reserve = share ? head.gpusPerNode : n.gpus;
+      for (int g = 0; g < n.gpus && reserve > 0; ++g) {
+        if (!n.used[g]) {
+          n.used[g] = true;
+          --reserve;
+        }
+      }
+      if (head.cpusPerRank > 0) {
+        size_t cpus = share ? static_cast<size_t>(head.gpusPerNode) * head.cpusPerRank : n.cpus.size();
+        n.cpuUsed.resize(n.cpus.size(), false);
+        for (size_t i = 0; i < n.cpus.size() && cpus > 0; ++i) {
+          if (!n.cpuUsed[i]) {
+            n.cpuUsed[i] = true;
+            --cpus;
+          }
+        }
       }
     }
     if (head.memoryPerRank > 0) {

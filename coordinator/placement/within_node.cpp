@@ -1,9 +1,12 @@
-// Ranks inside a node by its NVLink islands and NUMA nodes (within_node.h). Cost: for G GPUs on the node,
-// O(G^2) per level of the recursion (G is at most 64): nothing next to choosing the node.
+// Ranks inside a node by its NVLink islands and NUMA nodes (within_node.h). Sets of GPUs are 64-bit masks (a
+// node registers at most 64 GPUs), so nothing here allocates until the answer; cost: O(G^2) bit operations
+// per level of the recursion for G GPUs, nothing next to choosing the node.
 #include "placement/within_node.h"
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
+#include <cstdint>
 #include <iterator>
 #include <map>
 #include <random>
@@ -16,6 +19,9 @@ namespace ddl::placement {
 
 namespace {
 
+using Mask = uint64_t;
+constexpr int kMaxGpus = 64;
+
 // A division of the node's GPUs into groups: key[i] is GPU i's group (-1: unknown, the GPU alone).
 using Division = const std::vector<int>*;
 
@@ -24,74 +30,92 @@ int keyOf(Division d, int gpu) {
   return (*d)[gpu];
 }
 
-// The GPUs of `set` (ascending) by their group in `d`, groups in the order of their lowest GPU.
-std::vector<std::vector<int>> groupsOf(const std::vector<int>& set, Division d) {
-  std::map<int, size_t> at;
-  std::vector<std::vector<int>> groups;
-  for (int g : set) {
-    auto [it, fresh] = at.emplace(keyOf(d, g), groups.size());
-    if (fresh) groups.emplace_back();
-    groups[it->second].push_back(g);
-  }
-  return groups;
-}
+int lowest(Mask m) { return std::countr_zero(m); }
+int count(Mask m) { return std::popcount(m); }
 
-// How many GPUs of `set` share a group with `gpu` in each division but `skip`: how much a pick there would
-// break of the other divisions (lower is better: it keeps the others' bigger groups whole).
-int enclosing(const std::vector<int>& set, const std::vector<Division>& divisions, size_t skip, int gpu) {
+// The GPUs of `set` by their group in `d`, into out[] in the order of their lowest GPU; how many groups.
+int groupsOf(Mask set, Division d, Mask out[kMaxGpus]) {
   int n = 0;
-  for (size_t k = 0; k < divisions.size(); ++k) {
-    if (k == skip) continue;
-    const int key = keyOf(divisions[k], gpu);
-    for (int g : set) n += keyOf(divisions[k], g) == key;
+  while (set) {
+    const int key = keyOf(d, lowest(set));
+    Mask group = 0;
+    for (Mask rest = set; rest; rest &= rest - 1)
+      if (keyOf(d, lowest(rest)) == key) group |= Mask{1} << lowest(rest);
+    out[n++] = group;
+    set &= ~group;
   }
   return n;
 }
 
-std::vector<int> choose(const std::vector<int>& set, int need, const std::vector<Division>& divisions) {
-  if (need >= static_cast<int>(set.size())) return set;
+// The GPUs of `set` that share a group with `gpu` in `d`.
+Mask groupOf(Mask set, Division d, int gpu) {
+  Mask group = 0;
+  const int key = keyOf(d, gpu);
+  for (Mask rest = set; rest; rest &= rest - 1)
+    if (keyOf(d, lowest(rest)) == key) group |= Mask{1} << lowest(rest);
+  return group;
+}
+
+// How many GPUs of `set` share a group with `gpu` in each division but `skip`: how much a pick there would
+// break of the other divisions (lower is better: it keeps the others' bigger groups whole).
+int enclosing(Mask set, const std::vector<Division>& divisions, size_t skip, int gpu) {
+  int n = 0;
+  for (size_t k = 0; k < divisions.size(); ++k)
+    if (k != skip) n += count(groupOf(set, divisions[k], gpu));
+  return n;
+}
+
+Mask choose(Mask set, int need, const std::vector<Division>& divisions) {
+  if (need >= count(set)) return set;
+  Mask groups[kMaxGpus];
   // The smallest group that holds them, by the divisions in order (islands before NUMA nodes).
   for (size_t k = 0; k < divisions.size(); ++k) {
-    const std::vector<int>* best = nullptr;
-    std::tuple<size_t, int, int> bestRank;
-    const std::vector<std::vector<int>> groups = groupsOf(set, divisions[k]);
-    for (const std::vector<int>& g : groups) {
-      if (static_cast<int>(g.size()) < need || g.size() == set.size()) continue;
-      const std::tuple<size_t, int, int> rank{g.size(), enclosing(set, divisions, k, g.front()), g.front()};
+    const int n = groupsOf(set, divisions[k], groups);
+    Mask best = 0;
+    std::tuple<int, int, int> bestRank;
+    for (int i = 0; i < n; ++i) {
+      const Mask g = groups[i];
+      if (count(g) < need || g == set) continue;
+      const std::tuple<int, int, int> rank{count(g), enclosing(set, divisions, k, lowest(g)), lowest(g)};
       if (!best || rank < bestRank) {
-        best = &g;
+        best = g;
         bestRank = rank;
       }
     }
-    if (best) return choose(*best, need, divisions);
+    if (best) return choose(best, need, divisions);
   }
   // None holds them: span the groups of the coarsest division that splits the set, the biggest first and the
   // best fit for what is left.
-  std::vector<std::vector<int>> groups;
+  int n = 0;
   for (Division d : divisions) {
-    std::vector<std::vector<int>> g = groupsOf(set, d);
-    if (g.size() > 1 && (groups.empty() || g.size() < groups.size())) groups = std::move(g);
-  }
-  if (groups.empty()) return {set.begin(), set.begin() + need};
-  std::stable_sort(groups.begin(), groups.end(),
-                   [](const std::vector<int>& a, const std::vector<int>& b) { return a.size() > b.size(); });
-  std::vector<int> out;
-  int left = need;
-  for (size_t i = 0; i < groups.size() && left > 0; ++i) {
-    // The smallest group not yet taken that holds the rest, if any (groups are by size, descending).
-    size_t fit = groups.size();
-    for (size_t j = i; j < groups.size(); ++j)
-      if (static_cast<int>(groups[j].size()) >= left) fit = j;
-    if (fit < groups.size()) {
-      const std::vector<int> rest = choose(groups[fit], left, divisions);
-      out.insert(out.end(), rest.begin(), rest.end());
-      left = 0;
-    } else {
-      out.insert(out.end(), groups[i].begin(), groups[i].end());
-      left -= static_cast<int>(groups[i].size());
+    Mask g[kMaxGpus];
+    const int m = groupsOf(set, d, g);
+    if (m > 1 && (n == 0 || m < n)) {
+      std::copy(g, g + m, groups);
+      n = m;
     }
   }
-  std::sort(out.begin(), out.end());
+  if (n == 0) {  // one group: the lowest `need`
+    Mask out = 0;
+    for (Mask rest = set; need > 0; rest &= rest - 1, --need) out |= Mask{1} << lowest(rest);
+    return out;
+  }
+  std::stable_sort(groups, groups + n, [](Mask a, Mask b) { return count(a) > count(b); });
+  Mask out = 0;
+  int left = need;
+  for (int i = 0; i < n && left > 0; ++i) {
+    // The smallest group not yet taken that holds the rest, if any (groups are by size, descending).
+    int fit = n;
+    for (int j = i; j < n; ++j)
+      if (count(groups[j]) >= left) fit = j;
+    if (fit < n) {
+      out |= choose(groups[fit], left, divisions);
+      left = 0;
+    } else {
+      out |= groups[i];
+      left -= count(groups[i]);
+    }
+  }
   return out;
 }
 
@@ -103,10 +127,18 @@ WithinNode pickWithinNode(const Node& node, int count, int cpusPerRank) {
   assert(static_cast<int>(free.size()) >= count);
   std::vector<Division> divisions;
   const NodeTopology* t = node.topology.get();
-  if (t && !t->gpuIsland.empty()) divisions.push_back(&t->gpuIsland);
-  if (t && !t->gpuNuma.empty()) divisions.push_back(&t->gpuNuma);
-  out.gpus = divisions.empty() ? std::vector<int>(free.begin(), free.begin() + count)
-                               : choose(free, count, divisions);
+  if (t && node.gpus <= kMaxGpus) {
+    if (!t->gpuIsland.empty()) divisions.push_back(&t->gpuIsland);
+    if (!t->gpuNuma.empty()) divisions.push_back(&t->gpuNuma);
+  }
+  if (divisions.empty() || count == static_cast<int>(free.size())) {
+    out.gpus.assign(free.begin(), free.begin() + count);
+  } else {
+    Mask set = 0;
+    for (int g : free) set |= Mask{1} << g;
+    for (Mask chosen = choose(set, count, divisions); chosen; chosen &= chosen - 1)
+      out.gpus.push_back(lowest(chosen));
+  }
   if (cpusPerRank <= 0) return out;
 
   // Each rank's CPUs from its GPU's NUMA node first, then what is left anywhere, the lowest ids first.
@@ -133,30 +165,22 @@ WithinNode pickWithinNode(const Node& node, int count, int cpusPerRank) {
   return out;
 }
 
-GroupFit groupFit(const Node& node, int count) {
+GroupFit groupFit(const Node& node, int need) {
   GroupFit out;
   const NodeTopology* t = node.topology.get();
   if (!t) return out;
-  if (node.gpus > 64) return {GroupFit::kNoFit, GroupFit::kNoFit};  // more than a node may register
-  // No allocation: placement asks this of every candidate node for every job. Each free GPU's group is
-  // counted from the lowest free GPU of it.
-  int free[64], n = 0;
+  if (node.gpus > kMaxGpus) return {GroupFit::kNoFit, GroupFit::kNoFit};  // more than a node may register
+  // No allocation: placement asks this of every candidate node for every job.
+  Mask free = 0;
   for (int g = 0; g < node.gpus; ++g)
-    if (!node.isUsed(g)) free[n++] = g;
+    if (!node.isUsed(g)) free |= Mask{1} << g;
   auto waste = [&](const std::vector<int>& key) {
-    if (key.size() < static_cast<size_t>(node.gpus)) return 0;
+    if (key.empty()) return 0;
     int best = GroupFit::kNoFit;
-    for (int i = 0; i < n; ++i) {
-      // As choose() groups them: a GPU of unknown group (-1) is a group of its own.
-      const int k = key[free[i]] < 0 ? -1 - free[i] : key[free[i]];
-      auto in = [&](int j) { return key[free[j]] < 0 ? -1 - free[j] == k : key[free[j]] == k; };
-      bool seen = false;
-      for (int j = 0; j < i && !seen; ++j) seen = in(j);
-      if (seen) continue;
-      int inGroup = 1;
-      for (int j = i + 1; j < n; ++j) inGroup += in(j);
-      if (inGroup >= count) best = std::min(best, inGroup - count);
-    }
+    Mask groups[kMaxGpus];
+    const int n = groupsOf(free, &key, groups);  // as choose() groups them
+    for (int i = 0; i < n; ++i)
+      if (count(groups[i]) >= need) best = std::min(best, count(groups[i]) - need);
     return best;
   };
   out.island = waste(t->gpuIsland);

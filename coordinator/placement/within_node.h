@@ -42,7 +42,7 @@ struct GroupFit {
   int island = 0;
   int numa = 0;
 };
-GroupFit groupFit(const Node& node, int count);
+GroupFit groupFit(const Node& node, int need);
 
 // The NVLink islands and NUMA nodes (of more than one GPU) that are partly held: broken groups, where a job
 // that wants a whole one cannot have it. For the fragmentation figures of placement-bench and the tests.

@@ -146,6 +146,15 @@ class ClusterTest : public ::testing::Test {
     agents_[node] = spawn(argv, dir_ / ("agent-" + node + ".log"));
   }
   static void stop(pid_t& pid) { ddl::e2e::stopProcess(pid); }
+  // `ddlctl submit ARGS` with root's token; the job's id.
+  std::string submitAsRoot(const std::string& args) {
+    const std::string out = (dir_ / "submit.txt").string();
+    EXPECT_EQ(std::system((ctl((dir_ / "root.token").string()) + " submit " + args + " > " + out).c_str()),
+              0);
+    std::string id = slurp(out);
+    id.erase(id.find_last_not_of("\n") + 1);
+    return id;
+  }
 
   int upNodes() {
     if (!user_) return -1;
@@ -635,14 +644,6 @@ TEST_F(ClusterTest, RanksGetAnNvlinkPairAndTheirGpusNumaNodeAndNic) {
   for (const char* node : {"n1", "n2"}) stop(agents_[node]);
   startAgent(1, true, {"--virtual-topology", "s822lc", "--force-virtual"});
   ASSERT_TRUE(waitFor([&] { return upNodes() == 1; }, 15000)) << slurp(dir_ / "agent-n1.log");
-  auto submit = [&](const std::string& args) {
-    const std::string out = (dir_ / "submit.txt").string();
-    EXPECT_EQ(std::system((ctl((dir_ / "root.token").string()) + " submit " + args + " > " + out).c_str()),
-              0);
-    std::string id = slurp(out);
-    id.erase(id.find_last_not_of("\n") + 1);
-    return id;
-  };
   // What a rank on a GPU sees of its CPUs, its memory's NUMA policy and its NIC.
   const std::string probe =
       "--gpus 1 --cpus-per-rank 1 -- /bin/sh -c 'grep Cpus_allowed_list /proc/self/status; "
@@ -654,7 +655,7 @@ TEST_F(ClusterTest, RanksGetAnNvlinkPairAndTheirGpusNumaNodeAndNic) {
     return slurp(log);
   };
   // Alone on the node: the first NVLink pair's first GPU, a CPU of socket 0 and memory from NUMA node 0.
-  const std::string first = submit(probe);
+  const std::string first = submitAsRoot(probe);
   ASSERT_TRUE(reaches(first, ddl::v1::SUCCEEDED, 30000)) << job(first).DebugString();
   std::string text = output(first);
   EXPECT_NE(text.find("Cpus_allowed_list:\t" + std::to_string(cpus[0]) + "\n"), std::string::npos) << text;
@@ -662,14 +663,14 @@ TEST_F(ClusterTest, RanksGetAnNvlinkPairAndTheirGpusNumaNodeAndNic) {
       fs::exists("/sys/devices/system/node/node0");  // a machine without NUMA in sysfs binds none
   EXPECT_NE(text.find(node0 ? "policy=prefer:0\n" : "policy=default\n"), std::string::npos) << text;
   EXPECT_NE(text.find("gpu=0 nic=mlx5_0 ucx=unset"), std::string::npos) << text;  // mlx5_0 is made up
-  const std::string pair = submit("--gpus 2 -- sleep 30");
+  const std::string pair = submitAsRoot("--gpus 2 -- sleep 30");
   ASSERT_TRUE(reaches(pair, ddl::v1::RUNNING, 30000)) << job(pair).DebugString();
   EXPECT_EQ(job(pair).allocation(0).gpus_size(), 2);
   EXPECT_EQ(job(pair).allocation(0).gpus(0), 0);
   EXPECT_EQ(job(pair).allocation(0).gpus(1), 1);
   // Beside the pair: the other socket's GPU and CPU (its made-up NUMA node 1 is not on this machine, so its
   // memory keeps the default policy).
-  const std::string one = submit(probe);
+  const std::string one = submitAsRoot(probe);
   ASSERT_TRUE(reaches(one, ddl::v1::SUCCEEDED, 30000)) << job(one).DebugString();
   text = output(one);
   EXPECT_NE(text.find("Cpus_allowed_list:\t" + std::to_string(secondHalf) + "\n"), std::string::npos) << text;
@@ -706,14 +707,6 @@ TEST_F(ClusterTest, AFaultedGpuLeavesPlacementUntilClearedAndAFailedCheckDrains)
   startAgent(1, true, {}, config.string());
   for (const char* name : {"LD_LIBRARY_PATH", "DDL_FAKE_NVML", "DDL_FAKE_NVML_FAULTS"}) unsetenv(name);
   ASSERT_TRUE(waitFor([&] { return upNodes() == 1; }, 15000)) << slurp(dir_ / "agent-n1.log");
-  auto submit = [&](const std::string& args) {
-    const std::string out = (dir_ / "submit.txt").string();
-    EXPECT_EQ(std::system((ctl((dir_ / "root.token").string()) + " submit " + args + " > " + out).c_str()),
-              0);
-    std::string id = slurp(out);
-    id.erase(id.find_last_not_of("\n") + 1);
-    return id;
-  };
   auto nodeOne = [&] {
     ddl::v1::ListNodesResponse nodes;
     grpc::ClientContext ctx;
@@ -723,7 +716,7 @@ TEST_F(ClusterTest, AFaultedGpuLeavesPlacementUntilClearedAndAFailedCheckDrains)
       if (n.name() == "n1") return n;
     return ddl::v1::Node();
   };
-  const std::string a = submit("--gpus 1 --max-restarts 1 -- sleep 60");
+  const std::string a = submitAsRoot("--gpus 1 --max-restarts 1 -- sleep 60");
   ASSERT_TRUE(reaches(a, ddl::v1::RUNNING, 30000)) << job(a).DebugString();
   ASSERT_EQ(job(a).allocation(0).gpus(0), 0);
   std::ofstream(faults, std::ios::app) << "xid 0 79\n";
@@ -741,7 +734,7 @@ TEST_F(ClusterTest, AFaultedGpuLeavesPlacementUntilClearedAndAFailedCheckDrains)
   EXPECT_EQ(nodeOne().gpu_faults(0).gpu(), 0);
   EXPECT_EQ(nodeOne().gpu_faults(0).xid(), 79);
   // No job lands on GPU 0 while it is faulted.
-  const std::string b = submit("--gpus 1 -- sleep 60");
+  const std::string b = submitAsRoot("--gpus 1 -- sleep 60");
   std::this_thread::sleep_for(std::chrono::seconds(3));
   EXPECT_EQ(job(b).state(), ddl::v1::PENDING) << job(b).DebugString();
   ASSERT_EQ(std::system((ctl() + " nodes > " + (dir_ / "nodes.txt").string()).c_str()), 0);
