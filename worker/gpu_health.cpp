@@ -1,7 +1,6 @@
 // GPU faults from NVML and the site's health check program (gpu_health.h).
 #include "worker/gpu_health.h"
 
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -15,55 +14,21 @@
 #include <cstring>
 #include <thread>
 
+#include "worker/nvml.h"
+
 namespace ddl::worker {
 
-namespace {
-
-// NVML's C ABI (nvml.h), declared here as inventory.cpp does: opaque handles, 0 = success.
-using NvmlDevice = void*;
-using NvmlEventSet = void*;
-struct NvmlEventData {  // nvmlEventData_t
-  NvmlDevice device;
-  unsigned long long eventType, eventData;
-  unsigned int gpuInstanceId, computeInstanceId;
-};
-struct NvmlMemory {
-  unsigned long long total, free, used;
-};
-constexpr unsigned long long kXidEvent = 0x8;   // nvmlEventTypeXidCriticalError
-constexpr int kGpuLost = 15;                    // NVML_ERROR_GPU_IS_LOST
-constexpr int kUncorrected = 1, kVolatile = 0;  // nvmlMemoryErrorType_t, nvmlEccCounterType_t
-
-}  // namespace
-
+// The library and what is opened of it for the agent's life: the node's devices (null where NVML gives no
+// handle) and the Xid event set (null where the driver has none).
 struct GpuHealth::Nvml {
-  void* lib = nullptr;
-  int (*init)() = nullptr;
-  int (*shutdown)() = nullptr;
-  int (*count)(unsigned int*) = nullptr;
-  int (*handle)(unsigned int, NvmlDevice*) = nullptr;
-  int (*eventSetCreate)(NvmlEventSet*) = nullptr;
-  int (*eventSetFree)(NvmlEventSet) = nullptr;
-  int (*registerEvents)(NvmlDevice, unsigned long long, NvmlEventSet) = nullptr;
-  int (*eventWait)(NvmlEventSet, NvmlEventData*, unsigned int) = nullptr;
-  int (*ecc)(NvmlDevice, int, int, unsigned long long*) = nullptr;
-  int (*remapped)(NvmlDevice, unsigned int*, unsigned int*, unsigned int*, unsigned int*) = nullptr;
-  int (*retiredPending)(NvmlDevice, int*) = nullptr;
-  int (*clockReasons)(NvmlDevice, unsigned long long*) = nullptr;
-  int (*memory)(NvmlDevice, NvmlMemory*) = nullptr;
-  std::vector<NvmlDevice> devices;
-  NvmlEventSet events = nullptr;
+  std::unique_ptr<nvml::Library> lib;
+  std::vector<nvml::Device> devices;
+  nvml::EventSet events = nullptr;
 
   ~Nvml() {
-    if (events && eventSetFree) eventSetFree(events);
-    if (shutdown) shutdown();
-    if (lib) dlclose(lib);
+    if (events && lib->eventSetFree) lib->eventSetFree(events);  // before the library's shutdown
   }
-  template <class F>
-  void find(F& f, const char* name) {
-    f = reinterpret_cast<F>(dlsym(lib, name));
-  }
-  int indexOf(NvmlDevice d) const {
+  int indexOf(nvml::Device d) const {
     for (size_t i = 0; i < devices.size(); ++i)
       if (devices[i] == d) return static_cast<int>(i);
     return -1;
@@ -103,43 +68,29 @@ std::string fatalXid(int xid) {
 
 std::unique_ptr<GpuHealth> GpuHealth::open(int gpus, const std::string& library) {
   if (gpus <= 0) return nullptr;
-  auto nvml = std::make_unique<Nvml>();
-  nvml->lib = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!nvml->lib) return nullptr;
-  nvml->find(nvml->init, "nvmlInit_v2");
-  nvml->find(nvml->count, "nvmlDeviceGetCount_v2");
-  nvml->find(nvml->handle, "nvmlDeviceGetHandleByIndex_v2");
-  if (!nvml->init || !nvml->count || !nvml->handle || nvml->init() != 0) return nullptr;
-  nvml->find(nvml->shutdown, "nvmlShutdown");  // only once init succeeded
+  auto nv = std::make_unique<Nvml>();
+  std::string why;
+  nv->lib = nvml::Library::open(library, &why);
+  if (!nv->lib) return nullptr;
+  nvml::Library& lib = *nv->lib;
   // A GPU NVML gives no handle for keeps its place as a null device, and is reported lost (the inventory
   // keeps its index the same way).
   for (int i = 0; i < gpus; ++i) {
-    NvmlDevice d = nullptr;
-    if (nvml->handle(static_cast<unsigned int>(i), &d) != 0) d = nullptr;
-    nvml->devices.push_back(d);
+    nvml::Device d = nullptr;
+    if (lib.handle(static_cast<unsigned int>(i), &d) != 0) d = nullptr;
+    nv->devices.push_back(d);
   }
-  nvml->find(nvml->eventSetCreate, "nvmlEventSetCreate");
-  nvml->find(nvml->eventSetFree, "nvmlEventSetFree");
-  nvml->find(nvml->registerEvents, "nvmlDeviceRegisterEvents");
-  nvml->find(nvml->eventWait, "nvmlEventSetWait_v2");
-  nvml->find(nvml->ecc, "nvmlDeviceGetTotalEccErrors");
-  nvml->find(nvml->remapped, "nvmlDeviceGetRemappedRows");
-  nvml->find(nvml->retiredPending, "nvmlDeviceGetRetiredPagesPendingStatus");
-  nvml->find(nvml->clockReasons, "nvmlDeviceGetCurrentClocksEventReasons");  // the newer name first
-  if (!nvml->clockReasons) nvml->find(nvml->clockReasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
-  nvml->find(nvml->memory, "nvmlDeviceGetMemoryInfo");
-  if (nvml->eventSetCreate && nvml->registerEvents && nvml->eventWait &&
-      nvml->eventSetCreate(&nvml->events) == 0) {
-    for (size_t i = 0; i < nvml->devices.size(); ++i) {
+  if (lib.eventSetCreate && lib.registerEvents && lib.eventWait && lib.eventSetCreate(&nv->events) == 0) {
+    for (size_t i = 0; i < nv->devices.size(); ++i) {
       // A GPU that cannot report Xids (some do not) is still polled for the rest.
-      if (nvml->devices[i] && nvml->registerEvents(nvml->devices[i], kXidEvent, nvml->events) != 0)
+      if (nv->devices[i] && lib.registerEvents(nv->devices[i], nvml::kXidEvent, nv->events) != 0)
         spdlog::warn("GPU {}: NVML gives no Xid events for it; its ECC and remap counters are still watched",
                      i);
     }
   } else {
-    nvml->events = nullptr;
+    nv->events = nullptr;
   }
-  return std::unique_ptr<GpuHealth>(new GpuHealth(std::move(nvml)));
+  return std::unique_ptr<GpuHealth>(new GpuHealth(std::move(nv)));
 }
 
 GpuHealth::GpuHealth(std::unique_ptr<Nvml> nvml)
@@ -168,10 +119,11 @@ std::vector<v1::GpuFault> GpuHealth::poll(int64_t now_ms) {
   // reads faults() meanwhile); what was read is applied under it.
   std::lock_guard<std::mutex> polling(poll_mu_);
   Nvml& n = *nvml_;
+  nvml::Library& lib = *n.lib;
   std::vector<std::pair<int, int>> xids;  // (GPU, Xid)
   for (int drained = 0; n.events && drained < 1024; ++drained) {
-    NvmlEventData data{};
-    if (n.eventWait(n.events, &data, 0) != 0) break;
+    nvml::EventData data{};
+    if (lib.eventWait(n.events, &data, 0) != 0) break;
     if (const int gpu = n.indexOf(data.device); gpu >= 0)
       xids.emplace_back(gpu, static_cast<int>(data.eventData));
   }
@@ -184,20 +136,20 @@ std::vector<v1::GpuFault> GpuHealth::poll(int64_t now_ms) {
   };
   std::vector<Reading> read(n.devices.size());
   for (size_t i = 0; i < n.devices.size(); ++i) {
-    NvmlDevice d = n.devices[i];
+    nvml::Device d = n.devices[i];
     Reading& r = read[i];
-    NvmlMemory mem{};
-    r.lost = !d || (n.memory && n.memory(d, &mem) == kGpuLost);
+    nvml::Memory mem{};
+    r.lost = !d || (lib.memory && lib.memory(d, &mem) == nvml::kGpuLost);
     if (r.lost) continue;
-    r.eccRead = n.ecc && n.ecc(d, kUncorrected, kVolatile, &r.ecc) == 0;
+    r.eccRead = lib.ecc && lib.ecc(d, nvml::kUncorrected, nvml::kVolatile, &r.ecc) == 0;
     unsigned int corrected = 0, uncorrected = 0, pending = 0, failed = 0;
-    if (n.remapped && n.remapped(d, &corrected, &uncorrected, &pending, &failed) == 0) {
+    if (lib.remapped && lib.remapped(d, &corrected, &uncorrected, &pending, &failed) == 0) {
       r.remap = pending || failed;
       r.remapFailed = failed != 0;
     }
     int retire = 0;
-    r.retire = n.retiredPending && n.retiredPending(d, &retire) == 0 && retire != 0;
-    if (n.clockReasons && n.clockReasons(d, &r.reasons) != 0) r.reasons = 0;
+    r.retire = lib.retiredPending && lib.retiredPending(d, &retire) == 0 && retire != 0;
+    if (lib.clockReasons && lib.clockReasons(d, &r.reasons) != 0) r.reasons = 0;
   }
 
   std::lock_guard<std::mutex> lock(mu_);

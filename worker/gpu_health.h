@@ -1,6 +1,6 @@
 // The health of the node's GPUs and of the node, as the agent reports it with each heartbeat.
 //
-// GpuHealth watches NVML (loaded at run time, as inventory.cpp does) for the faults that make a GPU unfit for
+// GpuHealth watches NVML (nvml.h) for the faults that make a GPU unfit for
 // work: an Xid event of the kinds NVIDIA's documentation says need a reset or service (48 double-bit ECC, 61
 // and 62 micro-controller errors, 63 and 64 row remap or page retirement, 74 NVLink, 79 fallen off the bus,
 // 92/94/95 ECC, 119/120 GSP, 140 unrecovered ECC), a rise in the volatile uncorrectable ECC count (past its

@@ -1,7 +1,6 @@
 // The node's inventory (inventory.h): GPUs through NVML loaded at run time, or virtual ones; NICs from sysfs.
 #include "worker/inventory.h"
 
-#include <dlfcn.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -11,132 +10,65 @@
 #include <sstream>
 
 #include "common/resources.h"
+#include "worker/nvml.h"
 #include "worker/topology.h"
 
 namespace ddl::worker {
 
 namespace {
 
-// The few NVML entry points we use, declared here so no NVIDIA header is needed at build time. Signatures and
-// constants are NVML's stable C ABI (nvml.h): opaque device handles, int return codes with 0 = success.
-using NvmlDevice = void*;
-struct NvmlMemory {
-  unsigned long long total, free, used;
-};
-using InitFn = int (*)();
-using CountFn = int (*)(unsigned int*);
-using HandleFn = int (*)(unsigned int, NvmlDevice*);
-using StringFn = int (*)(NvmlDevice, char*, unsigned int);
-using MemoryFn = int (*)(NvmlDevice, NvmlMemory*);
-struct NvmlPciInfo {  // nvmlPciInfo_t, as nvmlDeviceGetPciInfo_v3 fills it
-  char busIdLegacy[16];
-  unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
-  char busId[32];
-};
-using PciFn = int (*)(NvmlDevice, NvmlPciInfo*);
-using P2pFn = int (*)(NvmlDevice, NvmlDevice, int, int*);  // nvmlDeviceGetP2PStatus
-constexpr int kP2pRead = 0, kP2pNvlink = 2;                // nvmlGpuP2PCapsIndex_t; status 0 = OK
-constexpr unsigned int kMaxGpus = 64;                      // what the coordinator takes of one node
+constexpr unsigned int kMaxGpus = 64;  // what the coordinator takes of one node
 
+// NVML's GPUs with their PCI addresses and NVLink and P2P peers; none, with why, where NVML has none.
 std::vector<v1::Gpu> nvmlGpus(std::string* why) {
-  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    *why = "libnvidia-ml.so.1 not found";
+  std::unique_ptr<nvml::Library> nv = nvml::Library::open("libnvidia-ml.so.1", why);
+  if (!nv) return {};
+  if (!nv->name || !nv->uuid || !nv->memory) {
+    *why = "libnvidia-ml.so.1 lacks the expected functions";
     return {};
   }
-  auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
-  auto shutdown = reinterpret_cast<InitFn>(dlsym(lib, "nvmlShutdown"));
-  auto count = reinterpret_cast<CountFn>(dlsym(lib, "nvmlDeviceGetCount_v2"));
-  auto handle = reinterpret_cast<HandleFn>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
-  auto name = reinterpret_cast<StringFn>(dlsym(lib, "nvmlDeviceGetName"));
-  auto uuid = reinterpret_cast<StringFn>(dlsym(lib, "nvmlDeviceGetUUID"));
-  auto memory = reinterpret_cast<MemoryFn>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
-  // Topology: optional (a driver that lacks them still gives its GPUs).
-  auto pci = reinterpret_cast<PciFn>(dlsym(lib, "nvmlDeviceGetPciInfo_v3"));
-  auto p2p = reinterpret_cast<P2pFn>(dlsym(lib, "nvmlDeviceGetP2PStatus"));
   std::vector<v1::Gpu> gpus;
-  std::vector<NvmlDevice> devices;
-  if (!init || !shutdown || !count || !handle || !name || !uuid || !memory) {
-    *why = "libnvidia-ml.so.1 lacks the expected functions";
-  } else if (init() != 0) {
-    *why = "nvmlInit failed (is the NVIDIA driver loaded?)";
-  } else {
-    unsigned int n = 0;
-    if (count(&n) != 0) n = 0;
-    for (unsigned int i = 0; i < n && i < kMaxGpus; ++i) {
-      NvmlDevice dev = nullptr;
-      char buf[96] = {0};
-      v1::Gpu g;
-      g.set_index(static_cast<int>(i));
-      if (const int rc = handle(i, &dev); rc != 0) {
-        // Kept in its place, so that the GPUs after it keep their indices (and their faults): GpuHealth
-        // reports it faulted, and placement leaves it alone.
-        g.set_model("unreachable (NVML error " + std::to_string(rc) + ")");
-        g.set_uuid("unreachable-" + std::to_string(i));
-        gpus.push_back(g);
-        devices.push_back(nullptr);
-        continue;
-      }
-      if (name(dev, buf, sizeof(buf)) == 0) g.set_model(buf);
-      if (uuid(dev, buf, sizeof(buf)) == 0) g.set_uuid(buf);
-      NvmlMemory mem{};
-      if (memory(dev, &mem) == 0) g.set_memory_bytes(static_cast<int64_t>(mem.total));
-      NvmlPciInfo info{};
-      if (pci && pci(dev, &info) == 0) {
-        info.busId[sizeof(info.busId) - 1] = 0;
-        g.set_pci_bus_id(info.busId);
-      }
+  std::vector<nvml::Device> devices;
+  unsigned int n = 0;
+  if (nv->count(&n) != 0) n = 0;
+  for (unsigned int i = 0; i < n && i < kMaxGpus; ++i) {
+    nvml::Device dev = nullptr;
+    char buf[96] = {0};
+    v1::Gpu g;
+    g.set_index(static_cast<int>(i));
+    if (const int rc = nv->handle(i, &dev); rc != 0) {
+      // Kept in its place, so that the GPUs after it keep their indices (and their faults): GpuHealth
+      // reports it faulted, and placement leaves it alone.
+      g.set_model("unreachable (NVML error " + std::to_string(rc) + ")");
+      g.set_uuid("unreachable-" + std::to_string(i));
       gpus.push_back(g);
-      devices.push_back(dev);
+      devices.push_back(nullptr);
+      continue;
     }
-    for (size_t a = 0; p2p && a < gpus.size(); ++a) {
-      for (size_t b = 0; b < gpus.size(); ++b) {
-        int status = -1;
-        if (a == b || !devices[a] || !devices[b]) continue;
-        if (p2p(devices[a], devices[b], kP2pNvlink, &status) == 0 && status == 0)
-          gpus[a].add_nvlink_peers(static_cast<int>(b));
-        if (p2p(devices[a], devices[b], kP2pRead, &status) == 0 && status == 0)
-          gpus[a].add_p2p_peers(static_cast<int>(b));
-      }
+    if (nv->name(dev, buf, sizeof(buf)) == 0) g.set_model(buf);
+    if (nv->uuid(dev, buf, sizeof(buf)) == 0) g.set_uuid(buf);
+    nvml::Memory mem{};
+    if (nv->memory(dev, &mem) == 0) g.set_memory_bytes(static_cast<int64_t>(mem.total));
+    nvml::PciInfo info{};
+    if (nv->pci && nv->pci(dev, &info) == 0) {  // topology: optional, as the P2P status below
+      info.busId[sizeof(info.busId) - 1] = 0;
+      g.set_pci_bus_id(info.busId);
     }
-    shutdown();
-    if (gpus.empty()) *why = "NVML found no GPU";
+    gpus.push_back(g);
+    devices.push_back(dev);
   }
-  dlclose(lib);
+  for (size_t a = 0; nv->p2p && a < gpus.size(); ++a) {
+    for (size_t b = 0; b < gpus.size(); ++b) {
+      int status = -1;
+      if (a == b || !devices[a] || !devices[b]) continue;
+      if (nv->p2p(devices[a], devices[b], nvml::kP2pNvlink, &status) == 0 && status == 0)
+        gpus[a].add_nvlink_peers(static_cast<int>(b));
+      if (nv->p2p(devices[a], devices[b], nvml::kP2pRead, &status) == 0 && status == 0)
+        gpus[a].add_p2p_peers(static_cast<int>(b));
+    }
+  }
+  if (gpus.empty()) *why = "NVML found no GPU";
   return gpus;
-}
-
-std::string readLine(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::vector<v1::Nic> nics(const std::string& sys) {
-  std::vector<v1::Nic> out;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(sys + "/class/infiniband", ec)) {
-    v1::Nic n;
-    n.set_name(e.path().filename().string());
-    n.set_transport("ib");
-    out.push_back(n);
-  }
-  for (const auto& e : std::filesystem::directory_iterator(sys + "/class/net", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name == "lo" || readLine(e.path() / "operstate") != "up") continue;
-    v1::Nic n;
-    n.set_name(name);
-    n.set_transport("tcp");
-    try {
-      long speed = std::stol(readLine(e.path() / "speed"));
-      if (speed > 0) n.set_speed_mbps(speed);
-    } catch (...) {
-      // virtual interfaces report no speed
-    }
-    out.push_back(n);
-  }
-  return out;
 }
 
 }  // namespace
@@ -146,7 +78,7 @@ std::string takeInventory(const std::string& node, const InventoryOptions& optio
   inv.sys = options.sys;
   std::string why;
   if (!options.force_virtual) inv.gpus = nvmlGpus(&why);
-  inv.nics = nics(inv.sys);
+  inv.nics = readNics(inv.sys);
   if (!inv.gpus.empty()) {
     inv.gpu_source = "NVML: " + std::to_string(inv.gpus.size()) + " GPUs";
     inv.topology = "NVML";

@@ -200,6 +200,32 @@ bool ibPortActive(const std::string& sys, const std::string& name, int port) {
 
 const char* builtinTopologies() { return "s822lc, dgx-h100"; }
 
+std::vector<v1::Nic> readNics(const std::string& sys) {
+  std::vector<v1::Nic> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(sys + "/class/infiniband", ec)) {
+    v1::Nic n;
+    n.set_name(e.path().filename().string());
+    n.set_transport("ib");
+    out.push_back(n);
+  }
+  for (const auto& e : std::filesystem::directory_iterator(sys + "/class/net", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "lo" || readLine(e.path() / "operstate") != "up") continue;
+    v1::Nic n;
+    n.set_name(name);
+    n.set_transport("tcp");
+    try {
+      long speed = std::stol(readLine(e.path() / "speed"));
+      if (speed > 0) n.set_speed_mbps(speed);
+    } catch (...) {
+      // virtual interfaces report no speed
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
 std::string loadVirtualTopology(const std::string& nameOrFile, const std::string& node,
                                 std::vector<v1::Gpu>* gpus, std::vector<v1::Nic>* nics) {
   gpus->clear();

@@ -28,6 +28,10 @@ const char* builtinTopologies();
 std::string loadVirtualTopology(const std::string& nameOrFile, const std::string& node,
                                 std::vector<v1::Gpu>* gpus, std::vector<v1::Nic>* nics);
 
+// The node's NICs from sysfs (`sys`, normally "/sys"): every InfiniBand device, and every network interface
+// that is up but the loopback, with its speed where it reports one.
+std::vector<v1::Nic> readNics(const std::string& sys);
+
 // Each GPU's island: the lowest index among the GPUs NVLink joins it to, directly or through others (itself
 // when it has no NVLink peer). Peers out of range are ignored.
 void setIslands(std::vector<v1::Gpu>* gpus);
