@@ -469,9 +469,7 @@ Allocation placeNow(const Cluster& cluster, const JobRequest& job) {
     for (const Candidate& c : cands) {
       const int spare = job.isShape() ? c.leftover : c.cap - need;
       if (spare < 0) continue;
-      // A node that reports no topology is one group: its fit is its spare GPUs (so a cluster without any
-      // topology is placed exactly as before, and a mixed one does not favour the nodes without).
-      const GroupFit fit = c.node->topology ? groupFit(*c.node, count) : GroupFit{spare, spare};
+      const GroupFit fit = groupFit(*c.node, count, spare);
       const std::tuple<int, int, int> rank{fit.island, fit.numa, spare};
       if (!best || rank < bestRank) {
         best = &c;

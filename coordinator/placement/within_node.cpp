@@ -165,10 +165,10 @@ WithinNode pickWithinNode(const Node& node, int count, int cpusPerRank) {
   return out;
 }
 
-GroupFit groupFit(const Node& node, int need) {
+GroupFit groupFit(const Node& node, int need, int spare) {
   GroupFit out;
   const NodeTopology* t = node.topology.get();
-  if (!t) return out;
+  if (!t) return {spare, spare};
   if (node.gpus > kMaxGpus) return {GroupFit::kNoFit, GroupFit::kNoFit};  // more than a node may register
   // No allocation: placement asks this of every candidate node for every job.
   Mask free = 0;

@@ -32,17 +32,18 @@ struct WithinNode {
 // must have them free (placement checked ranksFitting).
 WithinNode pickWithinNode(const Node& node, int count, int cpusPerRank);
 
-// How well `count` ranks fit the node's groups: the free GPUs left in the best-fitting NVLink island (and
-// NUMA node) that holds them all; kNoFit where none does; 0 for a node with no topology (its caller counts
-// such a node as one group: placement uses its spare GPUs instead). Placement's single-node best fit ranks
-// nodes by it before their spare GPUs: a 1-GPU job takes the free half of a broken pair on one node before it
-// breaks a whole pair on another.
+// How well `need` ranks fit the node's groups: the free GPUs left in the best-fitting NVLink island (and NUMA
+// node) that holds them all; kNoFit where none does. A node with no topology is one group: both are `spare`,
+// the GPUs the node keeps free (so a cluster without topology is placed by spare GPUs alone, as before, and a
+// mixed one favours neither kind). Placement's single-node best fit ranks nodes by it before their spare
+// GPUs: a 1-GPU job takes the free half of a broken pair on one node before it breaks a whole pair on
+// another.
 struct GroupFit {
   static constexpr int kNoFit = 1 << 20;
   int island = 0;
   int numa = 0;
 };
-GroupFit groupFit(const Node& node, int need);
+GroupFit groupFit(const Node& node, int need, int spare);
 
 // The NVLink islands and NUMA nodes (of more than one GPU) that are partly held: broken groups, where a job
 // that wants a whole one cannot have it. For the fragmentation figures of placement-bench and the tests.

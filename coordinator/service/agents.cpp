@@ -353,15 +353,12 @@ void Coordinator::nodeHealthOnLoop(Node& entry, const v1::Heartbeat& hb) {
   }
   // The site's health check: a failure drains the node with it as the reason; once it passes, the drain it
   // made (and only that one) ends. Refused while the store is unhealthy: the next heartbeat tries again.
-  static const std::string kPrefix = "health check: ";
   if (!hb.has_health_check()) return;  // no check here, or no run has ended since the agent started
   const std::string& failed = hb.health_check();
-  const bool ours = entry.record.drained && entry.record.drain_reason.rfind(kPrefix, 0) == 0;
+  const bool ours = entry.record.drained && entry.record.drain_reason.rfind(kHealthCheckDrain, 0) == 0;
   if (!failed.empty() && (!entry.record.drained || ours)) {
-    std::string reason = kPrefix + failed;
-    for (char& c : reason)
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
-    reason = reason.substr(0, state::kMaxDrainReasonBytes);
+    const std::string reason = state::withoutControlCharacters(std::string(kHealthCheckDrain) + " " + failed)
+                                   .substr(0, state::kMaxDrainReasonBytes);
     if (reason != entry.record.drain_reason) {
       if (auto st = drainOnLoop(node, true, reason); !st)
         spdlog::warn("node {}: {}", node, st.status().toString());
@@ -442,26 +439,6 @@ bool Coordinator::stillFreeOnLoop(const placement::Allocation& allocation,
   }
   return true;
 }
-
-namespace {
-
-// What placement reads of a node's insides (placement/cluster.h), or null where its agent reported none.
-std::shared_ptr<const placement::NodeTopology> topologyOf(const state::NodeRecord& record) {
-  const bool islands = std::any_of(record.gpus.begin(), record.gpus.end(),
-                                   [](const state::GpuInfo& g) { return g.island >= 0; });
-  const bool numa = std::any_of(record.gpus.begin(), record.gpus.end(),
-                                [](const state::GpuInfo& g) { return g.numa_node >= 0; });
-  if (!islands && !numa) return nullptr;
-  auto t = std::make_shared<placement::NodeTopology>();
-  for (const state::GpuInfo& g : record.gpus) {
-    if (islands) t->gpuIsland.push_back(g.island);
-    if (numa) t->gpuNuma.push_back(g.numa_node);
-  }
-  t->cpuNuma = record.cpu_numa;
-  return t;
-}
-
-}  // namespace
 
 placement::Cluster Coordinator::snapshotOnLoop(bool for_scheduling, bool stopping_ranks) const {
   const auto usage = usageOnLoop(stopping_ranks);

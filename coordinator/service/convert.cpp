@@ -1,6 +1,7 @@
 // Conversions between the coordinator's records (state/, placement/) and the ddl.v1 messages (convert.h).
 #include "service/convert.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -203,6 +204,54 @@ int64_t latestAttemptReached(const state::Job& job, state::JobState state) {
       return 0;  // requeued since
   }
   return 0;
+}
+
+std::shared_ptr<const placement::NodeTopology> topologyOf(const state::NodeRecord& record) {
+  const bool islands = std::any_of(record.gpus.begin(), record.gpus.end(),
+                                   [](const state::GpuInfo& g) { return g.island >= 0; });
+  const bool numa = std::any_of(record.gpus.begin(), record.gpus.end(),
+                                [](const state::GpuInfo& g) { return g.numa_node >= 0; });
+  if (!islands && !numa) return nullptr;
+  auto t = std::make_shared<placement::NodeTopology>();
+  for (const state::GpuInfo& g : record.gpus) {
+    if (islands) t->gpuIsland.push_back(g.island);
+    if (numa) t->gpuNuma.push_back(g.numa_node);
+  }
+  t->cpuNuma = record.cpu_numa;
+  return t;
+}
+
+state::GpuInfo fromProto(const v1::Gpu& g) {
+  state::GpuInfo out{g.index(), g.uuid(), g.model(), g.memory_bytes()};
+  out.pci_bus_id = g.pci_bus_id();
+  out.numa_node = g.has_numa_node() ? g.numa_node() : -1;
+  out.island = g.has_island() ? g.island() : -1;
+  out.nvlink_peers.assign(g.nvlink_peers().begin(), g.nvlink_peers().end());
+  out.p2p_peers.assign(g.p2p_peers().begin(), g.p2p_peers().end());
+  out.nic = g.nic();
+  out.cpus = g.cpus();
+  return out;
+}
+
+void toProto(const state::GpuInfo& g, v1::Gpu* out) {
+  out->set_index(g.index);
+  out->set_uuid(g.uuid);
+  out->set_model(g.model);
+  out->set_memory_bytes(g.memory_bytes);
+  out->set_pci_bus_id(g.pci_bus_id);
+  if (g.numa_node >= 0) out->set_numa_node(g.numa_node);
+  if (g.island >= 0) out->set_island(g.island);
+  for (int p : g.nvlink_peers) out->add_nvlink_peers(p);
+  for (int p : g.p2p_peers) out->add_p2p_peers(p);
+  out->set_nic(g.nic);
+  out->set_cpus(g.cpus);
+}
+
+void toProto(int gpu, const state::GpuFault& fault, v1::GpuFault* out) {
+  out->set_gpu(gpu);
+  out->set_reason(fault.reason);
+  out->set_xid(fault.xid);
+  out->set_at_ms(fault.at_ms);
 }
 
 placement::NodeState toPlacement(state::NodeState s) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,13 @@ void toProto(const placement::RingLayout& layout, v1::RingLayout* out);
 
 // A node's state as placement sees it.
 placement::NodeState toPlacement(state::NodeState s);
+// What placement reads of a node's insides (placement/cluster.h), or null where its agent reported none.
+std::shared_ptr<const placement::NodeTopology> topologyOf(const state::NodeRecord& record);
+
+// A GPU as its agent reports it (unset topology fields read as unknown), and back; a GPU's fault.
+state::GpuInfo fromProto(const v1::Gpu& gpu);
+void toProto(const state::GpuInfo& gpu, v1::Gpu* out);
+void toProto(int gpu, const state::GpuFault& fault, v1::GpuFault* out);
 
 // When the latest attempt of a job reached `state` (STARTING: launched; RUNNING: what a time limit counts
 // from); 0 if it never did, or the job was requeued since.

@@ -60,6 +60,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -111,6 +112,10 @@ struct CoordinatorOptions {
   ShareOptions shares;  // fair-share: usage half-life and the priority's weights (share_keeper.h)
   UsageOptions accounting;  // the daily usage rollups' retention (usage_book.h)
 };
+
+// How the drains of a node's health check begin ("health check: exit 1: ..."): those the check ends when it
+// passes again. An operator's drain reason may not begin so.
+inline constexpr std::string_view kHealthCheckDrain = "health check:";
 
 // What /metrics exposes, copied under the lock (counters count since this coordinator process started).
 struct MetricsSnapshot {

@@ -23,32 +23,6 @@ bool isValidName(const std::string& name) {
 constexpr int kMaxNumaNode = 1023;
 constexpr int kMaxNics = 64;
 
-state::GpuInfo gpuInfo(const v1::Gpu& g) {
-  state::GpuInfo out{g.index(), g.uuid(), g.model(), g.memory_bytes()};
-  out.pci_bus_id = g.pci_bus_id();
-  out.numa_node = g.has_numa_node() ? g.numa_node() : -1;
-  out.island = g.has_island() ? g.island() : -1;
-  out.nvlink_peers.assign(g.nvlink_peers().begin(), g.nvlink_peers().end());
-  out.p2p_peers.assign(g.p2p_peers().begin(), g.p2p_peers().end());
-  out.nic = g.nic();
-  out.cpus = g.cpus();
-  return out;
-}
-
-void gpuToProto(const state::GpuInfo& g, v1::Gpu* out) {
-  out->set_index(g.index);
-  out->set_uuid(g.uuid);
-  out->set_model(g.model);
-  out->set_memory_bytes(g.memory_bytes);
-  out->set_pci_bus_id(g.pci_bus_id);
-  if (g.numa_node >= 0) out->set_numa_node(g.numa_node);
-  if (g.island >= 0) out->set_island(g.island);
-  for (int p : g.nvlink_peers) out->add_nvlink_peers(p);
-  for (int p : g.p2p_peers) out->add_p2p_peers(p);
-  out->set_nic(g.nic);
-  out->set_cpus(g.cpus);
-}
-
 // What a registration asks for that it may not: "" or why.
 Status checkRegistration(const v1::RegisterRequest& req) {
   if (!isValidName(req.node())) {
@@ -71,9 +45,11 @@ Status checkRegistration(const v1::RegisterRequest& req) {
   for (const v1::Nic& n : req.nics()) {
     if (n.name().size() > 64 || n.transport().size() > 16 || n.pci_bus_id().size() > 64 ||
         (n.has_numa_node() && (n.numa_node() < 0 || n.numa_node() > kMaxNumaNode)))
-      return Status::invalidArgument("register: node " + req.node() +
-                                     ": a NIC's name, transport, PCI address or "
-                                     "NUMA node is out of bounds");
+      return Status::invalidArgument(
+          "register: node " + req.node() + ": NIC " + state::quoteForMessage(n.name()) +
+          ": a name and PCI address of at most 64 bytes, a transport of at most 16 "
+          "and a NUMA node in 0-" +
+          std::to_string(kMaxNumaNode) + " are expected");
   }
   for (const v1::Gpu& g : req.gpus()) {
     const std::string gpu = "register: node " + req.node() + ": GPU " + std::to_string(g.index());
@@ -87,13 +63,15 @@ Status checkRegistration(const v1::RegisterRequest& req) {
     if (std::any_of(g.nvlink_peers().begin(), g.nvlink_peers().end(), outOfRange) ||
         std::any_of(g.p2p_peers().begin(), g.p2p_peers().end(), outOfRange) ||
         (g.has_island() && (g.island() < 0 || g.island() > g.index())))
-      return Status::invalidArgument(
-          gpu + ": its NVLink or P2P peers or its island are not other GPUs of the node");
+      return Status::invalidArgument(gpu + ": its NVLink and P2P peers must be other GPUs of the node (0-" +
+                                     std::to_string(req.gpus_size() - 1) +
+                                     ") and its island the lowest GPU NVLink joins it to");
     if (g.has_numa_node() && (g.numa_node() < 0 || g.numa_node() > kMaxNumaNode))
       return Status::invalidArgument(gpu + ": NUMA node " + std::to_string(g.numa_node()) + " is not 0-" +
                                      std::to_string(kMaxNumaNode));
     if (g.pci_bus_id().size() > 64 || g.nic().size() > 64 || g.cpus().size() > 4096)
-      return Status::invalidArgument(gpu + ": its PCI address, NIC or CPU list is too long");
+      return Status::invalidArgument(gpu +
+                                     ": its PCI address and NIC may be at most 64 bytes, its CPU list 4096");
   }
   if (req.cpu_numa_size() != 0 && req.cpu_numa_size() != req.cpus_size())
     return Status::invalidArgument("register: node " + req.node() + ": " +
@@ -203,7 +181,7 @@ StatusOr<NodeRegistry::Node*> NodeRegistry::registerOnLoop(const v1::RegisterReq
   record.name = req.node();
   record.address = req.address();
   record.gpus.clear();
-  for (const auto& g : req.gpus()) record.gpus.push_back(gpuInfo(g));
+  for (const auto& g : req.gpus()) record.gpus.push_back(fromProto(g));
   // Faults stay with their GPU index whatever the agent now reports (its GPUs keep their indices, an
   // unreachable one included); only an admin clears one.
   record.labels = {req.labels().begin(), req.labels().end()};
@@ -376,10 +354,8 @@ std::vector<std::pair<int, state::GpuFault>> NodeRegistry::gpuFaultsOnLoop(
       sendOnLoop(want.name, clear);
       continue;
     }
-    std::string reason = f.reason().substr(0, state::kMaxDrainReasonBytes);
-    for (char& c : reason)
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
-    state::GpuFault fault{reason, f.xid(), f.at_ms()};
+    state::GpuFault fault{state::withoutControlCharacters(f.reason().substr(0, state::kMaxDrainReasonBytes)),
+                          f.xid(), f.at_ms()};
     want.gpu_faults[gpu] = fault;
     fresh.emplace_back(gpu, fault);
     spdlog::error(
@@ -469,15 +445,9 @@ v1::Node NodeRegistry::toProto(const Node& node, const NodeUsage& usage) const {
   out.set_state(toString(node.record.state));
   out.set_drained(node.record.drained);
   out.set_drain_reason(node.record.drain_reason);
-  for (const auto& g : node.record.gpus) gpuToProto(g, out.add_gpus());
-  for (const auto& [gpu, f] : node.record.gpu_faults) {
-    if (f.cleared) continue;
-    v1::GpuFault* p = out.add_gpu_faults();
-    p->set_gpu(gpu);
-    p->set_reason(f.reason);
-    p->set_xid(f.xid);
-    p->set_at_ms(f.at_ms);
-  }
+  for (const auto& g : node.record.gpus) coordinator::toProto(g, out.add_gpus());
+  for (const auto& [gpu, f] : node.record.gpu_faults)
+    if (!f.cleared) coordinator::toProto(gpu, f, out.add_gpu_faults());
   for (int g : usage.gpus) out.add_gpus_used(g);
   for (int c : node.record.cpus) out.add_cpus(c);
   for (int n : node.record.cpu_numa) out.add_cpu_numa(n);

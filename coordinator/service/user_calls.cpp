@@ -577,11 +577,13 @@ void Coordinator::drain(const std::string& name, bool drain_it, const std::strin
                         Done<v1::Node> done) {
   // The health check's drains are known by their reason's prefix (agents.cpp nodeHealthOnLoop), so an
   // operator's may not take it: a passing check would end it.
-  if (drain_it && reason.rfind("health check:", 0) == 0) {
+  if (drain_it && reason.rfind(kHealthCheckDrain, 0) == 0) {
     return done(
-        Status::invalidArgument("a drain reason may not start with 'health check:' (the node's health "
-                                "check drains with it, and ends such drains when it passes)"));
+        Status::invalidArgument("a drain reason may not start with '" + std::string(kHealthCheckDrain) +
+                                "': the node's health check drains with it, and ends such drains when "
+                                "it passes"));
   }
+
   post([this, name, drain_it, reason, done = std::move(done)] {
     auto result = std::make_shared<StatusOr<v1::Node>>(drainOnLoop(name, drain_it, reason));
     actor_->reply([done, result] { done(std::move(*result)); }, result->isOk());

@@ -86,6 +86,15 @@ size_t findControlCharacter(std::string_view text) {
   return std::string_view::npos;
 }
 
+std::string withoutControlCharacters(std::string_view text) {
+  std::string out;
+  for (size_t at; (at = findControlCharacter(text)) != std::string_view::npos;) {
+    out.append(text.substr(0, at)).push_back(' ');
+    text.remove_prefix(at + (static_cast<unsigned char>(text[at]) == 0xc2 ? 2 : 1));
+  }
+  return out.append(text);
+}
+
 std::string quoteForMessage(std::string_view text, size_t max) {
   std::string out;
   for (size_t i = 0; i < text.size() && i < max; ++i) {

@@ -332,6 +332,9 @@ inline constexpr int64_t kMaxMemoryPerRankBytes = int64_t{1} << 50;  // 1 PiB
 // cursor, end a table row or start an escape sequence wherever the name is printed. Bytes 0x80-0x9f on their
 // own are continuation bytes of ordinary UTF-8 characters and are allowed.
 size_t findControlCharacter(std::string_view text);
+// `text` with each control character findControlCharacter finds (a C1 control's two bytes as one) made a
+// space: words from an agent (a GPU fault, a health check's output) as a drain reason or a log line may hold.
+std::string withoutControlCharacters(std::string_view text);
 
 // `text` as it may appear inside an error message: control characters as \xNN and at most `max` bytes (then
 // "...(N bytes)"), so a refusal of a huge or hostile value is itself short and safe to print.

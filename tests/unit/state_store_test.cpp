@@ -129,6 +129,16 @@ bool contains(const std::string& text, const std::string& part) {
 
 // ---- Pure rules (no store) --------------------------------------------------------------------------------
 
+// Words from an agent made fit for a drain reason: every control character findControlCharacter finds (a C1
+// control's two bytes as one) becomes a space; other UTF-8 stays.
+TEST(JobRules, ControlCharactersAreMadeSpaces) {
+  const std::string text = std::string("exit 1:\tGPU\x1b[31m 1\x7f ") + "\xc2\x9b" + "x \xc3\xa9t\xc3\xa9";
+  const std::string clean = withoutControlCharacters(text);
+  EXPECT_EQ(clean, "exit 1: GPU [31m 1   x \xc3\xa9t\xc3\xa9");
+  EXPECT_EQ(findControlCharacter(clean), std::string::npos);
+  EXPECT_EQ(withoutControlCharacters("fine"), "fine");
+}
+
 TEST(JobRules, StateNamesRoundTrip) {
   for (JobState s : kAllJobStates) EXPECT_EQ(parseJobState(toString(s)), s);
   EXPECT_FALSE(parseJobState("running"));

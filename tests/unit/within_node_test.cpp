@@ -164,9 +164,9 @@ TEST(WithinNode, BrokenIslandsAreCountedAsTheyStand) {
   Node d = withUsed(topologyNode("d1", "dgx-h100"), {0, 1, 2, 3, 4});
   EXPECT_EQ(brokenGroups(d).islands, 1);
   EXPECT_EQ(brokenGroups(d).numaNodes, 1);
-  EXPECT_EQ(groupFit(d, 3).island, 0);  // the island's 3 free GPUs hold 3 exactly
-  EXPECT_EQ(groupFit(d, 2).numa, 1);    // NUMA node 1 keeps one free
-  EXPECT_EQ(groupFit(d, 4).numa, GroupFit::kNoFit);
+  EXPECT_EQ(groupFit(d, 3, 0).island, 0);  // the island's 3 free GPUs hold 3 exactly
+  EXPECT_EQ(groupFit(d, 2, 1).numa, 1);    // NUMA node 1 keeps one free
+  EXPECT_EQ(groupFit(d, 4, -1).numa, GroupFit::kNoFit);
 }
 
 // ---- ring order -------------------------------------------------------------------------------------------
