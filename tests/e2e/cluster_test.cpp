@@ -735,7 +735,14 @@ TEST_F(ClusterTest, AFaultedGpuLeavesPlacementUntilClearedAndAFailedCheckDrains)
   EXPECT_EQ(nodeOne().gpu_faults(0).xid(), 79);
   // No job lands on GPU 0 while it is faulted.
   const std::string b = submitAsRoot("--gpus 1 -- sleep 60");
-  std::this_thread::sleep_for(std::chrono::seconds(3));
+  // A scheduling pass has decided on it (its reason code is the pass's), and it still waits.
+  ASSERT_TRUE(waitFor(
+      [&] {
+        const std::string code = job(b).reason_code();
+        return !code.empty() && code != "Submitting";
+      },
+      15000))
+      << job(b).DebugString();
   EXPECT_EQ(job(b).state(), ddl::v1::PENDING) << job(b).DebugString();
   ASSERT_EQ(std::system((ctl() + " nodes > " + (dir_ / "nodes.txt").string()).c_str()), 0);
   EXPECT_NE(slurp(dir_ / "nodes.txt").find("1/2 (1 faulted)"), std::string::npos)
