@@ -63,9 +63,36 @@ struct GpuExec {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
   }
+  __device__ void store(uint64_t* p, uint64_t v) const {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  }
+  // The claim is the rank's own (its region, its GPU): device scope.
+  __device__ bool claim(uint32_t* word) const {
+    const bool won = atomicCAS(reinterpret_cast<unsigned int*>(word), 0u, 1u) == 0u;
+    __threadfence();
+    return won;
+  }
+  __device__ void unclaim(uint32_t* word) const {
+    __threadfence();
+    atomicExch(reinterpret_cast<unsigned int*>(word), 0u);
+  }
+  __device__ bool claimDetail(uint64_t* word, uint64_t v) const {
+    return atomicCAS(reinterpret_cast<unsigned long long*>(word), 0ull, static_cast<unsigned long long>(v)) ==
+           0ull;
+  }
   __device__ void setError(uint32_t* word, uint32_t code) const {
-    atomicCAS(reinterpret_cast<unsigned int*>(word), 0u, code);
+    auto* w = reinterpret_cast<unsigned int*>(word);
+    if (atomicCAS(w, 0u, code) != 0u && code == node::kMismatch) atomicCAS(w, node::kPeerFailed, code);
     __threadfence_system();
+  }
+  // The failed word is the rank's own, read and written by its blocks on this GPU: device scope.
+  __device__ void markFailed(uint32_t* word) const {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], 1;\n\tfence.sc.gpu;" ::"l"(word) : "memory");
+  }
+  __device__ bool failedAfterFences(uint32_t* word) const {
+    uint32_t v;
+    asm volatile("fence.sc.gpu;\n\tld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(word) : "memory");
+    return v != 0;
   }
 
   // n elements of elem bytes.
@@ -223,7 +250,7 @@ int nodeKernelResidentBlocks() {
 
 cudaError_t launchNodeCollective(const node::Args& a, cudaStream_t stream) {
   if (a.nranks < 1 || a.nranks > node::kMaxRanks || a.elem != typeSize(a.type)) return cudaErrorInvalidValue;
-  if (a.kind == node::Kind::kAllGather || a.kind == node::Kind::kBroadcast) {
+  if (a.kind == node::Kind::kAllGather || a.kind == node::Kind::kBroadcast || a.kind == node::Kind::kPoison) {
     // Nothing is reduced: one kernel for every type, moving bytes (elem stays the type's size).
     return launch<NativeFn<uint8_t, SumOp>, DivideFn<uint8_t>>(a, stream);
   }

@@ -269,13 +269,20 @@ void Comm::shutdown() {
 
 ddlResult_t Comm::asyncError() const {
   if (const ddlResult_t b = broken_.load(); b != ddlSuccess || !stream_) return b;
-  switch (stream_->gpuError()) {
+  return gpuResult(stream_->gpuError());
+}
+
+ddlResult_t Comm::gpuResult(uint32_t code) {
+  switch (code) {
     case node::kNoError:
       return ddlSuccess;
     case node::kAborted:
       return ddlAborted;
     case node::kTimedOut:
       return ddlTimeout;
+    case node::kMismatch:
+    case node::kConcurrent:
+      return ddlInvalidArgument;
     default:
       return ddlRemoteError;
   }
@@ -285,10 +292,7 @@ void Comm::noteGpuError() {
   if (!stream_) return;
   const uint32_t code = stream_->gpuError();
   if (code == node::kNoError) return;
-  breakWith(code == node::kAborted    ? ddlAborted
-            : code == node::kTimedOut ? ddlTimeout
-                                      : ddlRemoteError,
-            StreamPath::describeGpuError(code));
+  breakWith(gpuResult(code), stream_->describeGpuError());
 }
 
 void Comm::failIfBroken() const {

@@ -175,6 +175,8 @@ class Comm final : private StreamCalls::Owner {
   void enqueue(std::function<void()> task);
   // A failure the node kernel reported breaks the communicator.
   void noteGpuError();
+  // The result a node kernel's failure (node::ErrorCode) breaks the communicator with.
+  static ddlResult_t gpuResult(uint32_t code);
   // Throws ddlInvalidArgument when a buffer of a point-to-point operation is device memory.
   void refuseDevice(const void* sendbuf, const void* recvbuf) const;
   void checkType(const char* what, ddlDataType_t type) const;

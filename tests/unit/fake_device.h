@@ -18,9 +18,14 @@
 //   thread waits for a stream (a host that synchronises it, an event a host polls or another stream awaits)
 //   runs its work, one operation at a time, in order; a thread that needs work another thread is running
 //   waits for it. An operation may block (the node kernel waiting for its peers), as on a GPU. eventDone is
-//   the exception: it runs nothing, it polls, so a path that polls an event nobody drives would wait
-//   forever; the tests drive their streams. waitForStream (the host-paced scheme's wait) runs the stream.
-// - Capture: setCapturing(stream) makes stream "captured": streamDevice will not say its device (as CUDA),
+//   the exception: it runs nothing of the application's streams, it polls, so a path that polls an event
+//   nobody drives would wait forever; the tests drive their streams. It does run libddl's own (newStream's),
+//   which nothing else would drive where the application's streams do not wait for them (a GPU runs them on
+//   its own). waitForStream (the host-paced scheme's wait) runs the stream.
+// - Capture, as CUDA's stream capture: between beginCapture(stream) and endCapture() the work queued on
+//   stream, and on every stream that waits for an event recorded on a captured stream (libddl's own, forked
+//   from it), goes into a graph instead of running; replay(graph, stream) queues the graph's work on a
+//   stream, as often as wanted. While capturing, streamDevice will not say the stream's device (as CUDA),
 //   and queries made on a thread not in the relaxed capture mode are counted (strict_capture_queries).
 // - The node kernel (device/node_kernel.h) runs on the host: the same algorithm, its blocks one after the
 //   other on the thread that drives the stream, flags and counters as atomics. Devices have an identity
@@ -28,6 +33,7 @@
 // Counters say what the path did: reductions queued, memory imported, pinned and device bytes live.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -41,9 +47,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "device/device_runtime.h"
 #include "device/node_kernel.h"
@@ -216,6 +224,7 @@ struct FakeEvent {
   std::mutex mu;
   FakeStream* stream = nullptr;  // null: never recorded (complete)
   uint64_t index = 0;
+  bool captured = false;  // recorded on a stream being captured: a dependency inside the graph
   std::pair<FakeStream*, uint64_t> get() {
     std::lock_guard<std::mutex> lk(mu);
     return {stream, index};
@@ -240,9 +249,30 @@ struct HostNodeExec {
                                      std::chrono::steady_clock::now().time_since_epoch())
                                      .count());
   }
+  void store(uint64_t* p, uint64_t v) const {
+    std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_relaxed);
+  }
+  bool claim(uint32_t* word) const {
+    uint32_t zero = 0;
+    return std::atomic_ref<uint32_t>(*word).compare_exchange_strong(zero, 1, std::memory_order_acq_rel);
+  }
+  void unclaim(uint32_t* word) const { std::atomic_ref<uint32_t>(*word).store(0, std::memory_order_release); }
+  bool claimDetail(uint64_t* word, uint64_t v) const {
+    uint64_t zero = 0;
+    return std::atomic_ref<uint64_t>(*word).compare_exchange_strong(zero, v);
+  }
   void setError(uint32_t* word, uint32_t code) const {
     uint32_t zero = 0;
-    std::atomic_ref<uint32_t>(*word).compare_exchange_strong(zero, code);
+    if (std::atomic_ref<uint32_t>(*word).compare_exchange_strong(zero, code) || code != node::kMismatch)
+      return;
+    uint32_t peer = node::kPeerFailed;
+    std::atomic_ref<uint32_t>(*word).compare_exchange_strong(peer, code);
+  }
+  void markFailed(uint32_t* word) const {
+    std::atomic_ref<uint32_t>(*word).store(1, std::memory_order_seq_cst);
+  }
+  bool failedAfterFences(uint32_t* word) const {
+    return std::atomic_ref<uint32_t>(*word).load(std::memory_order_seq_cst) != 0;
   }
   void copy(char* dst, const char* src, size_t n) const {
     if (n) std::memmove(dst, src, n * elem);
@@ -373,23 +403,47 @@ class FakeRuntime final : public DeviceRuntime {
   // The calling thread's capture mode as CUDA numbers them (2: relaxed).
   int relaxCapture() override { return std::exchange(captureMode(), 2); }
   void restoreCapture(int mode) noexcept override { captureMode() = mode; }
-  void* newStream(int) override { return new FakeStream; }
-  void deleteStream(void* s) noexcept override { delete static_cast<FakeStream*>(s); }
+  void* newStream(int) override {
+    auto* s = new FakeStream;
+    own_streams_.insert(s);
+    return s;
+  }
+  void deleteStream(void* s) noexcept override {
+    own_streams_.erase(static_cast<FakeStream*>(s));
+    delete static_cast<FakeStream*>(s);
+  }
   void* newEvent(int) override { return new FakeEvent; }
   void deleteEvent(void* e) noexcept override { delete static_cast<FakeEvent*>(e); }
   void recordOn(void* stream, void* event) override {
     FakeStream* s = streamOf(stream);
     auto* e = static_cast<FakeEvent*>(event);
     std::lock_guard<std::mutex> lk(e->mu);
-    e->stream = s;
+    e->captured = captured(s);
+    e->stream = e->captured ? nullptr : s;
     e->index = s->mark();
   }
   void waitOn(void* stream, void* event) override {
-    const auto [s, index] = static_cast<FakeEvent*>(event)->get();
-    if (s) streamOf(stream)->push([s = s, index = index] { s->runTo(index); });
+    auto* e = static_cast<FakeEvent*>(event);
+    bool in_graph = false;
+    {
+      std::lock_guard<std::mutex> lk(e->mu);
+      in_graph = e->captured;
+    }
+    if (in_graph) {  // the stream joins the capture (a fork), or already is in it (a join)
+      if (graph_) in_capture_.push_back(streamOf(stream));
+      return;
+    }
+    const auto [s, index] = e->get();
+    if (s) queueOn(stream, [s = s, index = index] { s->runTo(index); });
   }
   bool eventDone(void* event) override {
     const auto [s, index] = static_cast<FakeEvent*>(event)->get();
+    if (s && own_streams_.count(s)) {
+      try {
+        s->runTo(index);
+      } catch (...) {
+      }
+    }
     return !s || s->reached(index);
   }
   // The host-paced scheme's wait: runs the stream's work so far (a real GPU runs it on its own).
@@ -414,13 +468,29 @@ class FakeRuntime final : public DeviceRuntime {
     ++counters_->node_kernels;
     ++ops_;
     if (fail_at_ > 0 && --fail_at_ == 0) fail(ddlCudaError, "fake device: injected failure");
-    streamOf(stream)->push([args] {
+    queueOn(stream, [args] {
       HostNodeExec x{args.elem, args.type, args.op};
       for (int b = 0; b < node::kBlocks; ++b) node::runBlock(args, b, x);
     });
   }
-  // The one stream "being captured" (tests).
-  void setCapturing(void* stream) { capturing_ = stream; }
+
+  // Capture (see above). A graph's work, in the order it was queued.
+  using FakeGraph = std::vector<std::function<void()>>;
+  void beginCapture(void* stream) {
+    capturing_ = stream;
+    graph_ = std::make_unique<FakeGraph>();
+    in_capture_.assign(1, streamOf(stream));
+  }
+  FakeGraph endCapture() {
+    FakeGraph g = graph_ ? std::move(*graph_) : FakeGraph{};
+    graph_.reset();
+    in_capture_.clear();
+    capturing_ = nullptr;
+    return g;
+  }
+  static void replay(const FakeGraph& g, FakeStream* stream) {
+    for (const auto& op : g) stream->push(op);
+  }
   // The calling thread's capture mode (0: CUDA's default, global; 2: relaxed).
   static int threadCaptureMode() { return captureMode(); }
 
@@ -463,11 +533,26 @@ class FakeRuntime final : public DeviceRuntime {
   }
 
   FakeStream* streamOf(void* stream) { return stream ? static_cast<FakeStream*>(stream) : &default_stream_; }
+  bool captured(FakeStream* s) const {
+    return graph_ && std::find(in_capture_.begin(), in_capture_.end(), s) != in_capture_.end();
+  }
+  // Work for stream: into the graph while it is captured.
+  void queueOn(void* stream, std::function<void()> op) {
+    FakeStream* s = streamOf(stream);
+    if (captured(s)) {
+      graph_->push_back(std::move(op));
+    } else {
+      s->push(std::move(op));
+    }
+  }
 
   std::shared_ptr<FakeCounters> counters_;
   const Faults faults_;
   FakeStream default_stream_;
-  void* capturing_ = nullptr;
+  void* capturing_ = nullptr;            // the application's stream being captured
+  std::unique_ptr<FakeGraph> graph_;     // while capturing: what the capture holds
+  std::vector<FakeStream*> in_capture_;  // the streams whose work goes into it
+  std::set<FakeStream*> own_streams_;    // newStream's (the rank's thread only)
   int dev_ = -1;
   int fail_at_ = 0;
   int pinned_reductions_ = 0;

@@ -9,9 +9,13 @@
 // - the call returns before the result exists: the stream's later work sees it;
 // - the scheme: ranks that share a GPU as processes without MPS, or on several nodes, are host-paced (and
 //   still correct); with MPS, the kernel; DDL_DEVICE_SCHEME forces either;
-// - capture: allowed on the kernel after a first call, refused on the first call and when host-paced;
+// - capture: allowed on the kernel after a first call (the graph replayed), refused on the first call and
+//   when host-paced;
 // - failures: an abort ends a kernel waiting for a peer that never comes, a peer that never comes times out,
-//   both break the communicator (ddlCommGetAsyncError); bad buffers are argument errors that break nothing.
+//   both break the communicator (ddlCommGetAsyncError); bad buffers are argument errors that break nothing;
+// - misuse fails every rank rather than corrupting: calls that differ (named in the message), a graph
+//   replayed beside an unordered call, a forced kernel where it would spin; a failed replay is raised by the
+//   next call; a poison is not undone by the rank's own earlier kernel.
 #include "device/stream_path.h"
 
 #include <gtest/gtest.h>
@@ -253,12 +257,45 @@ TEST(StreamPath, ASharedGpuTooSmallForEveryRanksBlocksIsHostPaced) {
 TEST(StreamPath, ForcedSchemes) {
   for (auto scheme : {DeviceScheme::kHost, DeviceScheme::kKernel}) {
     Rig setup;
-    setup.processes = true;  // auto would be host-paced
     setup.scheme = scheme;
     expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
       everyCollective(comm, ddlFloat64, ddlMax, 4097);
       EXPECT_EQ(comm.streamScheme(), scheme == DeviceScheme::kHost ? "host" : "kernel");
     }));
+  }
+}
+
+// DDL_DEVICE_SCHEME=kernel means the node kernel or an error. It never lifts the refusals that keep a kernel
+// from spinning forever: ranks sharing a GPU as processes without MPS (their kernels take turns, so a kernel
+// waiting for a peer's would wait for the timeout), and a GPU whose resident CTAs cannot hold every sharing
+// rank's blocks.
+TEST(StreamPath, AForcedKernelNeverSpinsWhereItCannotServe) {
+  for (bool processes : {true, false}) {
+    SCOPED_TRACE(processes ? "processes without MPS" : "too few resident CTAs");
+    Rig setup;
+    setup.scheme = DeviceScheme::kKernel;
+    setup.processes = processes;
+    if (!processes) setup.capacity = node::kBlocks;
+    expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
+      FakeStream stream;
+      FakeBuffer a(4096);
+      try {
+        comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+        ADD_FAILURE() << "a forced kernel was taken where it cannot serve";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ddlInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find("DDL_DEVICE_SCHEME=kernel"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(processes ? "without the MPS daemon" : "resident CTAs"),
+                  std::string::npos)
+            << e.what();
+      }
+      EXPECT_EQ(comm.asyncError(), ddlSuccess) << "a refusal breaks nothing";
+      std::vector<float> h(4, 1.0f);
+      comm.allReduce(h.data(), h.data(), 4, ddlFloat32, ddlSum);
+      EXPECT_EQ(h[0], 2.0f);
+    }));
+    EXPECT_EQ(setup.counters->node_kernels.load(), 0);
+    EXPECT_EQ(setup.counters->host_calls.load(), 0);
   }
 }
 
@@ -397,7 +434,7 @@ TEST(StreamPath, AcrossNodesAFailedSetupAnywhereIsHostPacedEverywhereAndCaptureI
     put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), 1024));
     comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
     stream.sync();
-    rt.setCapturing(&stream);
+    rt.beginCapture(&stream);
     try {
       comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
       ADD_FAILURE() << "a call across nodes under capture was taken";
@@ -405,7 +442,7 @@ TEST(StreamPath, AcrossNodesAFailedSetupAnywhereIsHostPacedEverywhereAndCaptureI
       EXPECT_EQ(e.code(), ddlInvalidArgument);
       EXPECT_NE(std::string(e.what()).find("across nodes"), std::string::npos) << e.what();
     }
-    rt.setCapturing(nullptr);
+    EXPECT_TRUE(rt.endCapture().empty());
     EXPECT_EQ(comm.asyncError(), ddlSuccess) << "an argument error breaks nothing";
     expectSame(get(a.p, 4096), makeExpected(ddlFloat32, ddlSum, 4, 1024), "before the capture");
   }));
@@ -517,7 +554,7 @@ TEST(StreamPath, CaptureNeedsAFirstCallAndTheKernel) {
       FakeRuntime& rt = *setup.runtimes[comm.rank()];
       FakeStream stream;
       FakeBuffer a(4096);
-      rt.setCapturing(&stream);
+      rt.beginCapture(&stream);
       try {
         comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
         ADD_FAILURE() << "a first call under capture was taken";
@@ -526,11 +563,11 @@ TEST(StreamPath, CaptureNeedsAFirstCallAndTheKernel) {
         EXPECT_NE(std::string(e.what()).find("warm-up"), std::string::npos) << e.what();
       }
       EXPECT_EQ(comm.asyncError(), ddlSuccess) << "an argument error breaks nothing";
-      rt.setCapturing(nullptr);
+      EXPECT_TRUE(rt.endCapture().empty());
       put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), 1024));
       comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
       stream.sync();
-      rt.setCapturing(&stream);
+      rt.beginCapture(&stream);
       put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), 1024));
       if (host) {
         try {
@@ -546,12 +583,201 @@ TEST(StreamPath, CaptureNeedsAFirstCallAndTheKernel) {
         EXPECT_EQ(setup.counters->strict_capture_queries.load(), strict)
             << "the call asked the runtime questions in a mode that could invalidate the capture";
         EXPECT_EQ(FakeRuntime::threadCaptureMode(), 0) << "the caller's capture mode was not given back";
+        const FakeRuntime::FakeGraph graph = rt.endCapture();
         stream.sync();
-        expectSame(get(a.p, 4096), makeExpected(ddlFloat32, ddlSum, 2, 1024), "captured");
+        expectSame(get(a.p, 4096), makeInput(ddlFloat32, ddlSum, comm.rank(), 1024), "captured, not run");
+        FakeRuntime::replay(graph, &stream);
+        stream.sync();
+        expectSame(get(a.p, 4096), makeExpected(ddlFloat32, ddlSum, 2, 1024), "captured, replayed");
       }
-      rt.setCapturing(nullptr);
+      rt.endCapture();
     }));
   }
+}
+
+// Every rank must make the same calls in the same order. Where they do not, the node kernel's meeting finds
+// it: every rank fails with ddlInvalidArgument naming both calls, long before the timeout, instead of reading
+// a slot's stale bytes (counts that differ but fill as many chunks) or pairing one rank's extra call with the
+// others' next one.
+TEST(StreamPath, MismatchedCallsFailEveryRankNamingBothCalls) {
+  struct Case {
+    const char* name;
+    std::function<void(Comm&, FakeStream&, void*)> calls;
+    std::string says[2];  // in each rank's message
+  };
+  const Case cases[] = {
+      {"counts",
+       [](Comm& c, FakeStream& s, void* a) {
+         c.allReduceOnStream(a, a, c.rank() == 0 ? 1024 : 1000, ddlFloat32, ddlSum, &s);
+       },
+       {"member 1 of the node called allreduce of 1000 float32 (sum) where this rank called allreduce of "
+        "1024 "
+        "float32 (sum)",
+        "member 0 of the node called allreduce of 1024 float32 (sum) where this rank called allreduce of "
+        "1000 "
+        "float32 (sum)"}},
+      {"an extra call",
+       [](Comm& c, FakeStream& s, void* a) {
+         if (c.rank() == 0) c.allReduceOnStream(a, a, 1024, ddlFloat32, ddlSum, &s);
+         c.broadcastOnStream(a, a, 256, ddlFloat32, 0, &s);
+       },
+       {"member 1 of the node called broadcast of 256 float32 from member 0 where this rank called allreduce "
+        "of "
+        "1024 float32 (sum)",
+        "member 0 of the node called allreduce of 1024 float32 (sum) where this rank called broadcast of 256 "
+        "float32 from member 0"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Rig setup;
+    setup.timeout_ms = 20000;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto results = runRanks(2, setup, true, [&](Comm& comm) {
+      FakeStream stream;
+      FakeBuffer a(4096);
+      comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);  // the setup, matched
+      stream.sync();
+      c.calls(comm, stream, a.p);
+      stream.sync();
+      EXPECT_EQ(comm.asyncError(), ddlInvalidArgument);
+      std::vector<float> h(4);
+      comm.allReduce(h.data(), h.data(), 4, ddlFloat32, ddlSum);
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15))
+        << "a rank waited for the timeout";
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(results[r].code, ddlInvalidArgument) << results[r].what;
+      EXPECT_NE(results[r].what.find(c.says[r]), std::string::npos) << results[r].what;
+    }
+  }
+}
+
+// A CUDA graph replayed on one stream while a call on another stream, not ordered after it, runs too: two
+// kernels of one rank would share its counters and slots. The second to start fails with a message saying
+// so, and every rank fails rather than computing with what the other kernel wrote.
+TEST(StreamPath, AGraphReplayedBesideAnUnorderedCallFailsInsteadOfSharingItsCounters) {
+  Rig setup;
+  setup.timeout_ms = 20000;
+  std::atomic<bool> rank0_done{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto results = runRanks(2, setup, true, [&](Comm& comm) {
+    FakeRuntime& rt = *setup.runtimes[comm.rank()];
+    FakeStream s, g;
+    FakeBuffer a(4096), b(4096);
+    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &s);  // the setup
+    s.sync();
+    rt.beginCapture(&g);
+    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &g);
+    const FakeRuntime::FakeGraph graph = rt.endCapture();
+    ASSERT_FALSE(graph.empty());
+    if (comm.rank() == 1) {  // it never replays: rank 0's kernels wait for it
+      for (int i = 0; i < 12000 && !rank0_done.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    FakeRuntime::replay(graph, &g);
+    std::thread replayer([&] { g.sync(); });  // the replay's kernel waits for rank 1 in its meeting
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    comm.allReduceOnStream(b.p, b.p, 1024, ddlFloat32, ddlSum, &s);  // not ordered after the replay
+    s.sync();
+    replayer.join();
+    rank0_done.store(true);
+    EXPECT_EQ(comm.asyncError(), ddlInvalidArgument);
+    std::vector<float> h(4);
+    comm.allReduce(h.data(), h.data(), 4, ddlFloat32, ddlSum);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15))
+      << "a kernel waited for the timeout";
+  EXPECT_EQ(results[0].code, ddlInvalidArgument) << results[0].what;
+  EXPECT_NE(results[0].what.find("ran at once"), std::string::npos) << results[0].what;
+  EXPECT_EQ(results[1].code, ddlSuccess) << results[1].what;
+}
+
+// A kernel that fails inside a replayed graph (here: a peer that never replays it) is not silent: the next
+// stream-ordered call and the next blocking call raise it, and the replays after it fail at once instead of
+// waiting for the timeout again.
+TEST(StreamPath, AFailedReplayIsRaisedByTheNextCall) {
+  Rig setup;
+  setup.timeout_ms = 300;
+  std::atomic<bool> rank0_done{false};
+  const auto results = runRanks(2, setup, true, [&](Comm& comm) {
+    FakeRuntime& rt = *setup.runtimes[comm.rank()];
+    FakeStream s, g;
+    FakeBuffer a(4096);
+    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &s);
+    s.sync();
+    rt.beginCapture(&g);
+    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &g);
+    const FakeRuntime::FakeGraph graph = rt.endCapture();
+    if (comm.rank() == 1) {
+      for (int i = 0; i < 12000 && !rank0_done.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    FakeRuntime::replay(graph, &g);
+    g.sync();  // times out inside the kernel
+    const auto t1 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 3; ++i) FakeRuntime::replay(graph, &g);
+    g.sync();
+    EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(250))
+        << "a replay after the failure waited for the timeout again";
+    rank0_done.store(true);
+    try {
+      comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &s);
+      ADD_FAILURE() << "the next stream-ordered call was taken after a failed replay";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ddlTimeout);
+      EXPECT_NE(std::string(e.what()).find("stream-ordered"), std::string::npos) << e.what();
+    }
+    std::vector<float> h(4);
+    comm.allReduce(h.data(), h.data(), 4, ddlFloat32, ddlSum);
+  });
+  EXPECT_EQ(results[0].code, ddlTimeout) << results[0].what;
+  EXPECT_EQ(results[1].code, ddlSuccess) << results[1].what;
+}
+
+// A rank whose launch fails poisons its flags so that its node's kernels waiting for it end now. Its own
+// earlier kernel, still on its way, raises its flag after that poison: the poison comes again after it, on
+// its stream, so that a peer's next kernel still fails at once instead of at the timeout. A collective of 4
+// floats has work (and one meeting) in block 0 only.
+TEST(StreamPath, APoisonComesAfterTheRanksOwnEarlierKernel) {
+  Rig setup;
+  setup.timeout_ms = 20000;
+  std::atomic<bool> poisoned{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto results = runRanks(2, setup, true, [&](Comm& comm) {
+    FakeRuntime& rt = *setup.runtimes[comm.rank()];
+    FakeStream s;
+    FakeBuffer a(64), b(64);
+    comm.allReduceOnStream(a.p, a.p, 4, ddlFloat32, ddlSum, &s);  // the setup
+    s.sync();
+    comm.barrier();
+    if (comm.rank() == 1) {
+      comm.allReduceOnStream(a.p, a.p, 4, ddlFloat32, ddlSum, &s);  // on its way, not run yet
+      rt.failAt(1);
+      try {
+        comm.allReduceOnStream(b.p, b.p, 4, ddlFloat32, ddlSum, &s);  // its launch fails: poison
+        ADD_FAILURE() << "the failed launch was not reported";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ddlCudaError);
+      }
+      std::thread earlier([&] { s.sync(); });  // the earlier kernel raises its flag over the poison
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      poisoned.store(true);
+      earlier.join();
+      return;
+    }
+    for (int i = 0; i < 12000 && !poisoned.load(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    comm.allReduceOnStream(a.p, a.p, 4, ddlFloat32, ddlSum, &s);  // meets rank 1's earlier kernel
+    comm.allReduceOnStream(b.p, b.p, 4, ddlFloat32, ddlSum, &s);  // rank 1 never launched its own
+    s.sync();
+    if (const ddlResult_t e = comm.asyncError(); e != ddlSuccess) fail(e, "after the stream");
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15))
+      << "rank 0 waited for the timeout";
+  EXPECT_EQ(results[0].code, ddlRemoteError) << results[0].what;
+  EXPECT_EQ(results[1].code, ddlSuccess) << results[1].what;
 }
 
 TEST(StreamPath, BadBuffersAreArgumentErrors) {

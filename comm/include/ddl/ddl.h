@@ -243,12 +243,17 @@ ddlResult_t ddlAllToAllv(const void* sendbuff, const size_t sendcounts[], const 
  * sharing a GPU without MPS, DDL_DEVICE_SCHEME=host) the collective is "host-paced": the call waits until the
  * stream's earlier work is complete, runs the blocking collective and returns once the result is in place, so
  * it does not return at once and overlaps nothing; capture is refused. ddlCommGetStreamScheme and DDL_DEBUG=1
- * say which scheme runs. A graph's collectives are ordered by the stream the graph is launched on: launch it
- * where the communicator's other stream-ordered calls are ordered (the same stream).
+ * say which scheme runs; DDL_DEVICE_SCHEME=kernel makes a call the node kernel cannot run an error
+ * (ddlInvalidArgument, saying why) instead of host-paced. A graph's collectives are ordered by the stream the
+ * graph is launched on: launch it where the communicator's other stream-ordered calls are ordered (the same
+ * stream), or order the streams with events. Two of a rank's kernels that run at once (a graph replayed on
+ * one stream while a call on another, unordered, runs too) break the communicator with ddlInvalidArgument
+ * rather than share its memory; so do calls that differ between the ranks (kind, count, type, op, root, or
+ * one rank a call ahead), on every rank, with a message naming both calls.
  *
- * An error in the arguments is returned at once. A failure found later (a dead peer, a timeout, an abort)
- * breaks the communicator: ddlCommGetAsyncError returns it, and so does every later call. ddlCommAbort also
- * ends kernels already on the GPU that wait for a peer. */
+ * An error in the arguments is returned at once. A failure found later (a dead peer, a timeout, an abort, a
+ * mismatch, also inside a replayed graph) breaks the communicator: ddlCommGetAsyncError returns it, and so
+ * does every later call. ddlCommAbort also ends kernels already on the GPU that wait for a peer. */
 ddlResult_t ddlAllReduceOnStream(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                                  ddlRedOp_t op, ddlComm_t comm, ddlStream_t stream);
 ddlResult_t ddlReduceScatterOnStream(const void* sendbuff, void* recvbuff, size_t recvcount,

@@ -5,16 +5,24 @@
 // (tests/unit/fake_device.h, the blocks one after the other on the rank's thread). The executor X gives the
 // thread shape, the memory-model operations and the copies and reductions over element ranges; everything
 // else (the layout, the chunking, the barriers, the order of reduction, the failure protocol) is here.
+// Its memory operations: signal (a release of the thread's and, after sync, the block's writes, then a
+// store), poll (an acquiring load), store (a plain store others may read at once), claim and unclaim (a
+// word taken with an acquiring compare-and-swap from 0 to 1, given back with a releasing store of 0),
+// claimDetail (a compare-and-swap from 0), setError (the same on the error word, where kMismatch also
+// replaces kPeerFailed: the message names the calls), markFailed (a store, then a sequentially consistent
+// fence) and failedAfterFences (a sequentially consistent fence, then a load).
 //
 // Memory. Each member of the node owns one region of device memory, exported once through CUDA IPC and
 // mapped by every other member (device/stream_path.h sets this up):
 //
-//   [ flags: kBlocks x kMaxRanks words ][ counters ][ in slot 0 | in slot 1 | out slot 0 | out slot 1 ]
+//   [ flags ][ counters ][ calls ][ claims ] ... [ in slot 0 | in slot 1 | out slot 0 | out slot 1 ]
 //
 // flags[b][p] is written by member p's block b only (its epoch, see below), read by the region's owner.
-// The counters (epochs and rounds of each block) are the owner's own. Data moves through the slots: a member
-// copies its input into its own in slot, the members meet, and each reads the others' slots directly (over
-// NVLink or PCIe peer to peer, or the same HBM where ranks share a GPU).
+// The counters (epochs and rounds of each block) are the owner's own. calls[b][e mod 2][p] is what member
+// p's block b says of its call at its meeting of epoch e (the call's signature, see signatureOf, and e),
+// written before the flag; claims[b] marks block b of one of the owner's kernels running (see runBlock). Data
+// moves through the slots: a member copies its input into its own in slot, the members meet, and each reads
+// the others' slots directly (over NVLink or PCIe peer to peer, or the same HBM where ranks share a GPU).
 //
 // Barriers. Block b of every member meets block b of every other member, and no other. Each block owns a
 // fixed share of the message (share b of kBlocks, the same on every member) and a fixed sub-slot of every
@@ -40,6 +48,18 @@
 // flags of every block, and the failure code into the rank's error word (pinned host memory the host reads):
 // the blocks of every member then fail at their next wait instead of running into the timeout. After a
 // failure epochs disagree, so the communicator is broken for good (the host sees the error word).
+//
+// Misuse is a failure too, never silent corruption:
+//  - calls that differ (another kind, count, type, op or root, or one rank a call ahead): at every meeting a
+//    block compares each member's signature with its own; a difference fails with kMismatch, and the first
+//    block to see one writes both signatures and the member into the rank's detail words for the message;
+//  - two kernels of one rank running at once (a CUDA graph replayed on one stream while a call on another,
+//    unordered, runs too): they would share the rank's counters and slots. Block b claims claims[b] before it
+//    reads its counters and lets go after it writes them; a block that finds it claimed fails with
+//    kConcurrent.
+// kPoison (the kind) is the host's way to fail the node after this rank's own kernels: it writes kPoison into
+// this rank's flags in every member's region, ordered on the rank's stream after its earlier kernels, which
+// could otherwise raise a flag again over a poison written from elsewhere.
 #pragma once
 
 #include <cstddef>
@@ -49,8 +69,10 @@
 
 #if defined(__CUDACC__)
 #define DDL_NODE_FN __device__ inline
+#define DDL_NODE_COLD __device__ __noinline__  // failure paths: out of line, off the registers of the rest
 #else
 #define DDL_NODE_FN inline
+#define DDL_NODE_COLD inline
 #endif
 
 namespace ddl::node {
@@ -68,18 +90,48 @@ enum class Kind : int {
   kAllGather = 3,
   kBroadcast = 4,
   kReduce = 5,
+  kPoison = 6,  // no data: this rank's flags in every member's region become kPoison
 };
 
 // What the error word holds after a failure.
-enum ErrorCode : uint32_t { kNoError = 0, kTimedOut = 1, kAborted = 2, kPeerFailed = 3 };
+enum ErrorCode : uint32_t {
+  kNoError = 0,
+  kTimedOut = 1,
+  kAborted = 2,
+  kPeerFailed = 3,
+  kMismatch = 4,    // a member's call differs from this rank's (the detail words say how)
+  kConcurrent = 5,  // two kernels of this rank ran at once
+};
+
+// A call's signature: what every member's call must agree on. Bit 63 set (never 0, never kPoison);
+// kind 4 bits at 54, root 5 at 49, op 4 at 45, type 5 at 40, count (elements) the low 40 bits.
+constexpr uint64_t kSignatureCountMask = (uint64_t{1} << 40) - 1;
+DDL_NODE_FN uint64_t signatureOf(Kind kind, size_t count, ddlDataType_t type, ddlRedOp_t op, int root) {
+  return uint64_t{1} << 63 | static_cast<uint64_t>(kind) << 54 | static_cast<uint64_t>(root & 31) << 49 |
+         static_cast<uint64_t>(op & 15) << 45 | static_cast<uint64_t>(type & 31) << 40 |
+         (static_cast<uint64_t>(count) & kSignatureCountMask);
+}
 
 // A member's region.
 struct Layout {
   static constexpr size_t kFlagsBytes = size_t{kBlocks} * kMaxRanks * sizeof(uint64_t);
   static constexpr size_t kCountersOffset = kFlagsBytes;  // epochs[kBlocks], then rounds[kBlocks]
+  static constexpr size_t kCallsOffset = 8 * 1024;        // calls[kBlocks][2][kMaxRanks]: {signature, epoch}
+  static constexpr size_t kClaimsOffset =
+      kCallsOffset + size_t{kBlocks} * 2 * kMaxRanks * 2 * sizeof(uint64_t);
+  static constexpr size_t kFailedOffset = kClaimsOffset + kBlocks * sizeof(uint32_t);  // one word
   static constexpr size_t kDataOffset = 64 * 1024;
-  static_assert(kCountersOffset + 2 * kBlocks * sizeof(uint64_t) <= kDataOffset);
+  static_assert(kCountersOffset + 2 * kBlocks * sizeof(uint64_t) <= kCallsOffset);
+  static_assert(kFailedOffset + sizeof(uint32_t) <= kDataOffset);
   static constexpr size_t bytes(size_t slot_bytes) { return kDataOffset + 4 * slot_bytes; }
+};
+
+// The detail of a kMismatch, in pinned host memory beside the error word: written once, by the first block
+// that sees one.
+struct MismatchDetail {
+  uint64_t member_plus_one;  // 0: not written (yet)
+  uint64_t theirs;
+  uint64_t mine;
 };
 
 struct Args {
@@ -104,7 +156,9 @@ struct Args {
   size_t slot_bytes;               // a multiple of kUnitBytes * kBlocks
   const volatile uint32_t* abort;  // nonzero: stop (pinned host memory)
   uint32_t* error;                 // the first failure's ErrorCode (pinned host memory)
+  MismatchDetail* detail;          // a kMismatch's detail (pinned host memory)
   uint64_t timeout_ns;             // a wait longer than this fails
+  uint64_t signature;              // signatureOf this call (StreamPath::launch)
 };
 
 DDL_NODE_FN uint64_t* flagOf(char* region, int block, int from) {
@@ -112,6 +166,18 @@ DDL_NODE_FN uint64_t* flagOf(char* region, int block, int from) {
 }
 DDL_NODE_FN uint64_t* countersOf(char* region) {
   return reinterpret_cast<uint64_t*>(region + Layout::kCountersOffset);
+}
+// What member from's block says of its call at its meeting of epoch e, in region: {signature, e}.
+DDL_NODE_FN uint64_t* callOf(char* region, int block, uint64_t e, int from) {
+  return reinterpret_cast<uint64_t*>(region + Layout::kCallsOffset) +
+         ((static_cast<size_t>(block) * 2 + (e & 1)) * kMaxRanks + from) * 2;
+}
+DDL_NODE_FN uint32_t* claimOf(char* region, int block) {
+  return reinterpret_cast<uint32_t*>(region + Layout::kClaimsOffset) + block;
+}
+// Nonzero once a block of the owner has failed: its later blocks and kernels raise no flag again.
+DDL_NODE_FN uint32_t* failedOf(char* region) {
+  return reinterpret_cast<uint32_t*>(region + Layout::kFailedOffset);
 }
 // Block b's sub-slot of a member's in and out slots of a round.
 DDL_NODE_FN size_t subSlotBytes(const Args& a) { return a.slot_bytes / kBlocks / kUnitBytes * kUnitBytes; }
@@ -151,16 +217,49 @@ DDL_NODE_FN size_t blockPart(const Args& a, int s, size_t c0, size_t m) {
   return a.total - at < m ? a.total - at : m;
 }
 
+// The rank is failed for good: its failed word, then its error word, then kPoison in every flag it raises.
+// A block of the rank that raised a flag concurrently reads the failed word after it (failedAfterFences,
+// meet): either it sees the word and poisons its flags again, or its flag went up before this poison.
 template <class X>
-DDL_NODE_FN void failAll(const Args& a, uint32_t code, X& x) {
+DDL_NODE_COLD void failAll(const Args& a, uint32_t code, X& x) {
+  x.markFailed(failedOf(a.regions[a.rank]));
   x.setError(a.error, code);
   for (int p = 0; p < a.nranks; ++p)
     for (int b = 0; b < kBlocks; ++b) x.signal(flagOf(a.regions[p], b, a.rank), kPoison);
 }
 
+// Once member p's flag of block b reads v >= e (it met this block at e, or failed: kPoison): whether its
+// call is this rank's. kMismatch where p said another call at e (also before a failure, which may be the
+// mismatch it saw), noting the first for the host's message; kPeerFailed where p failed otherwise.
+template <class X>
+DDL_NODE_COLD uint32_t checkCall(const Args& a, int b, uint64_t e, int p, uint64_t v, X& x) {
+  const uint64_t* call = callOf(a.regions[a.rank], b, e, p);
+  const uint64_t theirs = x.poll(call);
+  if (x.poll(call + 1) == e && theirs != a.signature) {
+    if (x.claimDetail(&a.detail->member_plus_one, static_cast<uint64_t>(p) + 1)) {
+      a.detail->theirs = theirs;
+      a.detail->mine = a.signature;
+    }
+    return kMismatch;
+  }
+  return v == kPoison ? kPeerFailed : kNoError;
+}
+
+template <class X>
+DDL_NODE_COLD uint32_t failedMeanwhile(const Args& a, X& x) {
+  return x.failedAfterFences(failedOf(a.regions[a.rank])) ? kPeerFailed : kNoError;
+}
+
 // Block b's meeting with block b of every member at epoch e. False (the block must stop) on a failure.
+// A member's epoch may be e + 1 when this block reads it (it met everyone at e, and went on), never more, so
+// its call of epoch e is still in calls[b][e mod 2].
 template <class X>
 DDL_NODE_FN bool meet(const Args& a, int b, uint64_t e, X& x) {
+  for (int p = x.tid(); p < a.nranks; p += x.nthreads()) {
+    uint64_t* call = callOf(a.regions[p], b, e, a.rank);
+    x.store(call, a.signature);
+    x.store(call + 1, e);
+  }
   x.sync();  // the block's writes before any of its flags goes up
   for (int p = x.tid(); p < a.nranks; p += x.nthreads()) x.signal(flagOf(a.regions[p], b, a.rank), e);
   uint32_t code = kNoError;
@@ -169,11 +268,10 @@ DDL_NODE_FN bool meet(const Args& a, int b, uint64_t e, X& x) {
     const uint64_t start = x.nowNs();
     for (uint32_t spins = 0;; ++spins) {
       const uint64_t v = x.poll(f);
-      if (v == kPoison) {
-        code = kPeerFailed;
+      if (v >= e) {  // met, or the member failed (kPoison)
+        code = checkCall(a, b, e, p, v, x);
         break;
       }
-      if (v >= e) break;
       if ((spins & 1023) == 1023) {
         if (*a.abort) {
           code = kAborted;
@@ -192,13 +290,38 @@ DDL_NODE_FN bool meet(const Args& a, int b, uint64_t e, X& x) {
       }
     }
   }
+  // A block of this rank that failed meanwhile may have poisoned the flags before this block raised its own.
+  if (code == kNoError && x.tid() == 0) code = failedMeanwhile(a, x);
   if (code != kNoError) failAll(a, code, x);
   return !x.any(code != kNoError);
+}
+
+// Thread 0's checks before block b starts: kPeerFailed where the rank has failed (it raises no flag again:
+// a peer would take it for a meeting), kConcurrent where another kernel of this rank holds block b's counters
+// and slots (claims[b]); else claims[b] is this block's.
+template <class X>
+DDL_NODE_COLD uint32_t startCode(const Args& a, int b, X& x) {
+  if (x.failedAfterFences(failedOf(a.regions[a.rank]))) return kPeerFailed;
+  return x.claim(claimOf(a.regions[a.rank], b)) ? kNoError : kConcurrent;
+}
+// False (the block must stop, having failed the rank) where startCode says so.
+template <class X>
+DDL_NODE_FN bool startBlock(const Args& a, int b, X& x) {
+  const uint32_t code = x.tid() == 0 ? startCode(a, b, x) : kNoError;
+  if (!x.any(code != kNoError)) return true;
+  if (x.tid() == 0) failAll(a, code, x);
+  return false;
 }
 
 // One block's part of the collective a describes.
 template <class X>
 DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
+  if (a.kind == Kind::kPoison) {
+    for (int p = x.tid(); p < a.nranks; p += x.nthreads()) x.signal(flagOf(a.regions[p], b, a.rank), kPoison);
+    return;
+  }
+  if (!startBlock(a, b, x)) return;
+  uint32_t* claim = claimOf(a.regions[a.rank], b);
   uint64_t* counters = countersOf(a.regions[a.rank]);
   uint64_t epoch = counters[b];
   uint64_t round = counters[kBlocks + b];
@@ -272,12 +395,17 @@ DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
         }
         break;
       }
+      case Kind::kPoison:  // handled above
+        break;
     }
   }
   x.sync();  // every thread has read the counters before they move on
-  if (ok && x.tid() == 0) {
-    counters[b] = epoch;
-    counters[kBlocks + b] = round;
+  if (x.tid() == 0) {
+    if (ok) {
+      counters[b] = epoch;
+      counters[kBlocks + b] = round;
+    }
+    x.unclaim(claim);  // after the counters: the next kernel to claim block b reads them
   }
 }
 

@@ -163,6 +163,12 @@ void StreamCalls::call(void* stream, const node::Args& args, std::initializer_li
                               ? "its device is not the one the node kernel was set up on"
                           : across_ready ? "across nodes only allreduce runs the node kernel"
                                          : host_paced_why_;
+  if (path_.forced() == DeviceScheme::kKernel) {
+    fail(ddlInvalidArgument,
+         "DDL_DEVICE_SCHEME=kernel, but the node kernel cannot run this stream-ordered "
+         "collective (" +
+             why + "); unset it to let such calls be host-paced");
+  }
   if (rt.capturing(stream)) {
     fail(ddlInvalidArgument, "this stream-ordered collective is host-paced (" + why +
                                  ") and cannot be captured into a CUDA graph");

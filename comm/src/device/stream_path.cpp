@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtype.h"
 #include "error.h"
 
 namespace ddl {
@@ -57,6 +58,13 @@ bool decode(const char* b, Record* r) {
 }
 
 bool debug() { return !getEnv("DDL_DEBUG").empty(); }
+
+// The words the kernels and the host share (words_host_), pinned and mapped.
+struct Words {
+  uint32_t abort;
+  uint32_t error;
+  node::MismatchDetail detail;
+};
 
 }  // namespace
 
@@ -175,8 +183,7 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
   }
   for (int m = 0; m < members_ && ok; ++m) {
     for (int k = m + 1; k < members_ && ok; ++k) {
-      if (recs[m].ident == recs[k].ident && recs[m].pid != recs[k].pid && !(recs[m].mps && recs[k].mps) &&
-          forced_ != DeviceScheme::kKernel) {
+      if (recs[m].ident == recs[k].ident && recs[m].pid != recs[k].pid && !(recs[m].mps && recs[k].mps)) {
         *why = "members " + std::to_string(m) + " and " + std::to_string(k) +
                " share one GPU without the MPS daemon, so their kernels take turns (start "
                "nvidia-cuda-mps-control -d, or give each rank a GPU of its own)";
@@ -188,7 +195,7 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
   for (int m = 0; m < members_ && ok; ++m) {
     int sharing = 0;
     for (int k = 0; k < members_; ++k) sharing += recs[k].ident == recs[m].ident;
-    if (sharing > 1 && sharing * node::kBlocks > recs[m].capacity && forced_ != DeviceScheme::kKernel) {
+    if (sharing > 1 && sharing * node::kBlocks > recs[m].capacity) {
       *why = std::to_string(sharing) + " ranks share member " + std::to_string(m) + "'s GPU, whose " +
              std::to_string(recs[m].capacity) + " resident CTAs cannot hold their " +
              std::to_string(sharing * node::kBlocks) + " at once";
@@ -205,7 +212,7 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
       stream_ = rt_.newStream(dev);
       fork_ = rt_.newEvent(dev);
       join_ = rt_.newEvent(dev);
-      words_host_ = rt_.allocMapped(2 * sizeof(uint32_t), &words_dev_);
+      words_host_ = rt_.allocMapped(sizeof(Words), &words_dev_);
       poison_ = rt_.allocHost(node::kBlocks * sizeof(uint64_t));
       std::fill_n(static_cast<uint64_t*>(poison_), node::kBlocks, node::kPoison);
     } catch (const Error& e) {
@@ -227,9 +234,9 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
     }
     return false;
   }
-  auto* words = static_cast<uint32_t*>(words_host_);
-  abort_word_.store(words);
-  error_word_.store(words + 1);
+  auto* words = static_cast<Words*>(words_host_);
+  abort_word_.store(&words->abort);
+  error_word_.store(&words->error);
   if (aborted_.load()) abort();
   ready_ = true;
   if (debug()) {
@@ -247,21 +254,27 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
 }
 
 void StreamPath::launch(void* stream, node::Args a) {
-  DDL_ASSERT(ready_);
-  a.nranks = members_;
-  a.rank = me_;
-  for (int m = 0; m < node::kMaxRanks; ++m) a.regions[m] = m < members_ ? regions_[m] : nullptr;
-  a.slot_bytes = slot_bytes_;
-  auto* words_dev = static_cast<uint32_t*>(words_dev_);
-  a.abort = words_dev;
-  a.error = words_dev + 1;
-  a.timeout_ns = static_cast<uint64_t>(timeout_ms_) * 1000000;
+  complete(a);
   DDL_ASSERT(node::chunkElems(a) > 0);
   rt_.recordOn(stream, fork_);
   rt_.waitOn(stream_, fork_);
   rt_.launchNode(stream_, dev_, a);
   rt_.recordOn(stream_, join_);
   rt_.waitOn(stream, join_);
+}
+
+void StreamPath::complete(node::Args& a) const {
+  DDL_ASSERT(ready_);
+  a.nranks = members_;
+  a.rank = me_;
+  for (int m = 0; m < node::kMaxRanks; ++m) a.regions[m] = m < members_ ? regions_[m] : nullptr;
+  a.slot_bytes = slot_bytes_;
+  auto* words_dev = static_cast<Words*>(words_dev_);
+  a.abort = &words_dev->abort;
+  a.error = &words_dev->error;
+  a.detail = &words_dev->detail;
+  a.timeout_ns = static_cast<uint64_t>(timeout_ms_) * 1000000;
+  a.signature = node::signatureOf(a.kind, a.count, a.type, a.op, a.root);
 }
 
 void StreamPath::waitForStream(void* stream, int dev) {
@@ -284,6 +297,17 @@ void StreamPath::poisonFlags() noexcept {
   } catch (const Error&) {
     rt_.drain();
   }
+  // A kernel of this rank still on its way (an earlier collective whose peers all came) raises its flags
+  // after the copies above: poison them again after it.
+  try {
+    node::Args a{};
+    a.kind = node::Kind::kPoison;
+    a.type = ddlUint8;
+    a.elem = 1;
+    complete(a);
+    rt_.launchNode(stream_, dev_, a);  // not forked from the caller's stream: never in a graph it captures
+  } catch (const Error&) {
+  }
 }
 
 void StreamPath::abort() {
@@ -296,6 +320,40 @@ uint32_t StreamPath::gpuError() const {
   return w ? reinterpret_cast<const volatile uint32_t*>(w)[0] : node::kNoError;
 }
 
+std::string StreamPath::describeCall(uint64_t sig) {
+  const auto kind = static_cast<node::Kind>(sig >> 54 & 15);
+  const auto root = static_cast<int>(sig >> 49 & 31);
+  const auto op = static_cast<ddlRedOp_t>(sig >> 45 & 15);
+  const auto type = static_cast<ddlDataType_t>(sig >> 40 & 31);
+  const std::string n = std::to_string(sig & node::kSignatureCountMask) + " " + typeName(type);
+  switch (kind) {
+    case node::Kind::kAllReduceOneShot:
+    case node::Kind::kAllReduceTwoShot:
+      return "allreduce of " + n + " (" + opName(op) + ")";
+    case node::Kind::kReduceScatter:
+      return "reduce-scatter of " + n + " per rank (" + opName(op) + ")";
+    case node::Kind::kAllGather:
+      return "allgather of " + n + " per rank";
+    case node::Kind::kBroadcast:
+      return "broadcast of " + n + " from member " + std::to_string(root);
+    case node::Kind::kReduce:
+      return "reduce of " + n + " (" + opName(op) + ") to member " + std::to_string(root);
+    default:
+      return "an unknown call";
+  }
+}
+
+std::string StreamPath::describeGpuError() const {
+  const uint32_t code = gpuError();
+  const auto* words = static_cast<const Words*>(words_host_);
+  if (code != node::kMismatch || !words) return describeGpuError(code);
+  const volatile node::MismatchDetail& d = words->detail;
+  if (d.member_plus_one == 0) return describeGpuError(code);
+  return "stream-ordered collective mismatch: member " + std::to_string(d.member_plus_one - 1) +
+         " of the node called " + describeCall(d.theirs) + " where this rank called " + describeCall(d.mine) +
+         ": every rank must make the same calls in the same order";
+}
+
 std::string StreamPath::describeGpuError(uint32_t code) {
   switch (code) {
     case node::kTimedOut:
@@ -304,7 +362,15 @@ std::string StreamPath::describeGpuError(uint32_t code) {
     case node::kAborted:
       return "communicator aborted by ddlCommAbort (a stream-ordered kernel stopped)";
     case node::kPeerFailed:
-      return "a rank of the node failed inside a stream-ordered collective's kernel (timeout or abort there)";
+      return "a rank of the node failed inside a stream-ordered collective's kernel (timeout, abort or "
+             "mismatch there)";
+    case node::kMismatch:
+      return "stream-ordered collective mismatch: a member of the node called a different collective, count, "
+             "type, op or root: every rank must make the same calls in the same order";
+    case node::kConcurrent:
+      return "two stream-ordered collectives of this communicator ran at once on its GPU (a CUDA graph "
+             "replayed on one stream while a call on another stream, unordered, also ran): launch graphs on "
+             "the stream the communicator's other stream-ordered calls use, or order the streams with events";
     default:
       return "the node kernel reported failure " + std::to_string(code);
   }

@@ -91,14 +91,21 @@ class StreamPath {
 
   // After a failure that keeps this rank from launching a kernel its node's members launch (the allreduce
   // across nodes failed on the wire): writes kPoison into this rank's flags in every member's region, so
-  // that their kernels waiting for it fail now (node::kPeerFailed) instead of at the timeout. Best effort.
+  // that their kernels waiting for it fail now (node::kPeerFailed) instead of at the timeout. At once from
+  // the host, and again by a kernel (node::Kind::kPoison) on the node kernel's stream after this rank's
+  // earlier kernels, which may still raise a flag over the first. Best effort.
   void poisonFlags() noexcept;
 
   // Any thread.
   void abort();
   // The kernel's failure (node::ErrorCode), kNoError while all is well.
   uint32_t gpuError() const;
+  // What gpuError() means, for messages: a mismatch names both calls and the member.
+  std::string describeGpuError() const;
   static std::string describeGpuError(uint32_t code);
+  // A call's signature in words: "allreduce of 1024 float32 (sum)".
+  static std::string describeCall(uint64_t signature);
+  DeviceScheme forced() const { return forced_; }
 
   // Waits for the node kernel's stream (aborting it past the timeout) and closes the other members' regions:
   // every member, before the communicator's last barrier, so that no region is freed while open.
@@ -111,6 +118,9 @@ class StreamPath {
   void abandon() { abandoned_ = true; }
 
  private:
+  // Fills in what a launch of a takes from here (members, regions, words, timeout, signature).
+  void complete(node::Args& a) const;
+
   DeviceRuntime& rt_;
   const int rank_;
   const int timeout_ms_;
@@ -125,7 +135,7 @@ class StreamPath {
   void* stream_ = nullptr;      // the node kernel's
   void* fork_ = nullptr;        // events: the caller's stream to ours, and back
   void* join_ = nullptr;
-  void* words_host_ = nullptr;  // [abort, error] words, pinned and mapped
+  void* words_host_ = nullptr;  // Words (stream_path.cpp): abort, error, a mismatch's detail; pinned, mapped
   void* poison_ = nullptr;      // kBlocks words of node::kPoison, pinned (poisonFlags' source)
   void* words_dev_ = nullptr;
   std::atomic<uint32_t*> abort_word_{nullptr};
