@@ -166,6 +166,31 @@ class CudaRuntime final : public DeviceRuntime {
     check(cudaIpcGetMemHandle(&r.handle, p), "cudaIpcGetMemHandle");
     return std::string(reinterpret_cast<const char*>(&r), sizeof r);
   }
+  bool allocationOf(const void* p, void** base, size_t* bytes) override {
+    // cuMemGetAddressRange, from the driver the runtime loaded (libddl does not link libcuda).
+    using Range = int (*)(unsigned long long*, size_t*, unsigned long long);
+    static const Range range = [] {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+      if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found) !=
+#else
+      if (cudaGetDriverEntryPoint("cuMemGetAddressRange", &fn, cudaEnableDefault, &found) !=
+#endif
+              cudaSuccess ||
+          found != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        fn = nullptr;
+      }
+      return reinterpret_cast<Range>(fn);
+    }();
+    unsigned long long b = 0;
+    size_t n = 0;
+    if (!range || range(&b, &n, reinterpret_cast<unsigned long long>(p)) != 0) return false;
+    *base = reinterpret_cast<void*>(b);
+    *bytes = n;
+    return true;
+  }
   void* importMemory(const std::string& bytes) override {
     IpcRecord r{};
     if (bytes.size() != sizeof r) fail(ddlCudaError, "CUDA: an IPC handle of the wrong size");

@@ -149,11 +149,73 @@ struct GpuExec {
     }
   }
 
+  // The zero-copy allreduce's: every dsts[d][i] = srcs[0][i] op srcs[1][i] op ..., divided by divisor where
+  // it is > 0; a destination may be a source (each element is read before it is written). Several 16-byte
+  // vectors per thread in flight (kUnroll), the sources' loads of them before the folds.
+  __device__ void reduceMany(char* const* dsts, int ndst, const char* const* srcs, int nsrc, size_t n,
+                             int divisor) const {
+    constexpr int kUnroll = 4;
+    bool vec = n % kN == 0;
+    for (int d = 0; d < ndst; ++d) vec = vec && aligned16(dsts[d]);
+    for (int r = 0; r < nsrc; ++r) vec = vec && aligned16(srcs[r]);
+    const F f{};
+    const D div{divisor};
+    if (!vec) {
+      for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
+        S acc = loadCg(reinterpret_cast<const S*>(srcs[0]) + i);
+        for (int r = 1; r < nsrc; ++r) acc = f(acc, loadCg(reinterpret_cast<const S*>(srcs[r]) + i));
+        if (divisor > 0) acc = div(acc);
+        for (int d = 0; d < ndst; ++d) reinterpret_cast<S*>(dsts[d])[i] = acc;
+      }
+      return;
+    }
+    const size_t nv = n / kN, step = blockDim.x;
+    size_t i = threadIdx.x;
+    for (; i + (kUnroll - 1) * step < nv; i += kUnroll * step) {
+      Wire<S, kN> acc[kUnroll], x[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k)
+        acc[k].w = __ldcg(reinterpret_cast<const uint4*>(srcs[0]) + i + k * step);
+      for (int r = 1; r < nsrc; ++r) {
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k)
+          x[k].w = __ldcg(reinterpret_cast<const uint4*>(srcs[r]) + i + k * step);
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) acc[k].v = combine(f, acc[k].v, x[k].v);
+      }
+      if (divisor > 0) {
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k)
+#pragma unroll
+          for (int j = 0; j < kN; ++j) acc[k].v.e[j] = div(acc[k].v.e[j]);
+      }
+      for (int d = 0; d < ndst; ++d) {
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) __stcg(reinterpret_cast<uint4*>(dsts[d]) + i + k * step, acc[k].w);
+      }
+    }
+    for (; i < nv; i += step) {
+      Wire<S, kN> acc, x;
+      acc.w = __ldcg(reinterpret_cast<const uint4*>(srcs[0]) + i);
+      for (int r = 1; r < nsrc; ++r) {
+        x.w = __ldcg(reinterpret_cast<const uint4*>(srcs[r]) + i);
+        acc.v = combine(f, acc.v, x.v);
+      }
+      if (divisor > 0) {
+#pragma unroll
+        for (int j = 0; j < kN; ++j) acc.v.e[j] = div(acc.v.e[j]);
+      }
+      for (int d = 0; d < ndst; ++d) __stcg(reinterpret_cast<uint4*>(dsts[d]) + i, acc.w);
+    }
+  }
+
   size_t elem;
 };
 
 template <class F, class D>
-__global__ void __launch_bounds__(node::kThreads) nodeKernel(node::Args a) {
+// Two CTAs per multiprocessor at least (64 registers a thread): ranks sharing a GPU need all their CTAs
+// resident at once (nodeKernelResidentBlocks).
+__global__ void __launch_bounds__(node::kThreads, 2) nodeKernel(node::Args a) {
   GpuExec<F, D> x{a.elem};
   node::runBlock(a, static_cast<int>(blockIdx.x), x);
 }

@@ -252,6 +252,48 @@ ddlResult_t ddlCommGetStreamScheme(ddlComm_t comm, char* buf, size_t len) {
   return copyOut(comm, "ddlCommGetStreamScheme", comm->impl->streamScheme(), buf, len);
 }
 
+ddlResult_t ddlCommRegister(ddlComm_t comm, void* buff, size_t size, void** handle) {
+  DDL_CHECK_COMM("ddlCommRegister", comm);
+  if (!handle) {
+    record(comm, "ddlCommRegister: handle is NULL");
+    return ddlInvalidArgument;
+  }
+  *handle = nullptr;
+  return guard(comm, "ddlCommRegister", [&] { *handle = comm->impl->registerBuffer(buff, size); });
+}
+
+ddlResult_t ddlCommDeregister(ddlComm_t comm, void* handle) {
+  DDL_CHECK_COMM("ddlCommDeregister", comm);
+  return guard(comm, "ddlCommDeregister", [&] { comm->impl->deregisterBuffer(handle); });
+}
+
+namespace {
+// ddlMemAlloc's runtime: CUDA's, made once (null in builds without it).
+ddl::DeviceRuntime* memRuntime() {
+  static const std::unique_ptr<ddl::DeviceRuntime> rt = ddl::makeCudaRuntime();
+  return rt.get();
+}
+}  // namespace
+
+ddlResult_t ddlMemAlloc(void** ptr, size_t size) {
+  return guard(nullptr, "ddlMemAlloc", [&] {
+    if (!ptr || size == 0) ddl::fail(ddlInvalidArgument, "ddlMemAlloc: ptr is NULL or size is 0");
+    *ptr = nullptr;
+    ddl::DeviceRuntime* rt = memRuntime();
+    if (!rt)
+      ddl::fail(ddlInvalidArgument, "ddlMemAlloc: this libddl has no GPU runtime (built without CUDA)");
+    *ptr = rt->allocDevice(size);
+  });
+}
+
+ddlResult_t ddlMemFree(void* ptr) {
+  return guard(nullptr, "ddlMemFree", [&] {
+    ddl::DeviceRuntime* rt = memRuntime();
+    if (ptr && !rt) ddl::fail(ddlInvalidArgument, "ddlMemFree: this libddl has no GPU runtime");
+    if (ptr) rt->freeDevice(ptr);
+  });
+}
+
 ddlResult_t ddlAllReduce(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                          ddlRedOp_t op, ddlComm_t comm) {
   DDL_CHECK_COMM("ddlAllReduce", comm);

@@ -875,6 +875,24 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   streams_->call(stream, args, bufs, host);
 }
 
+void* Comm::registerBuffer(void* buf, size_t bytes) {
+  if (!device_) {
+    fail(ddlInvalidArgument, "ddlCommRegister takes CUDA device buffers, and this libddl has no GPU runtime");
+  }
+  if (!buf || bytes == 0) fail(ddlInvalidArgument, "ddlCommRegister: a null buffer or a size of 0");
+  noteGpuError();
+  failIfBroken();
+  return streams_->registerBuffer(buf, bytes);
+}
+
+void Comm::deregisterBuffer(void* handle) {
+  if (!device_ || !handle)
+    fail(ddlInvalidArgument, "ddlCommDeregister: not a registration of this communicator");
+  noteGpuError();
+  failIfBroken();
+  streams_->deregister(handle);
+}
+
 void Comm::breakAndTell(const Error& e) {
   if (e.code() == ddlAborted) return;  // an abort has told the peers already
   breakWith(e.code(), e.what());

@@ -111,6 +111,9 @@ class Comm final : private StreamCalls::Owner {
   // "kernel", "kernel+wire", "host" (host-paced) or "unset" (no stream-ordered collective yet), for tools
   // and tests. Any thread.
   std::string streamScheme() const;
+  // ddlCommRegister and ddlCommDeregister (StreamCalls::registerBuffer, deregister): collectives.
+  void* registerBuffer(void* buf, size_t bytes);
+  void deregisterBuffer(void* handle);
 
   // Point-to-point, any thread (see p2p.h). The i-forms return at once; the others wait for the operation
   // and throw its error.

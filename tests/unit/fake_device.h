@@ -107,6 +107,18 @@ class FakeDevices {
     std::lock_guard<std::mutex> lk(mu_);
     return find(p) != nullptr;
   }
+  // The device allocation holding p.
+  bool rangeOf(const void* p, void** base, size_t* bytes) {
+    std::lock_guard<std::mutex> lk(mu_);
+    char* c = static_cast<char*>(const_cast<void*>(p));
+    auto it = blocks_.upper_bound(c);
+    if (it == blocks_.begin()) return false;
+    --it;
+    if (c >= it->first + it->second.bytes || it->second.pinned) return false;
+    *base = it->first;
+    *bytes = it->second.bytes;
+    return true;
+  }
   bool isBase(const void* p) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = blocks_.find(static_cast<char*>(const_cast<void*>(p)));
@@ -154,6 +166,8 @@ struct FakeCounters {
   std::atomic<int> exports{0};
   std::atomic<int> node_kernels{0};  // launches of the node kernel
   std::atomic<int> host_calls{0};    // the host-paced scheme's waits for a stream
+  std::atomic<int> kernel_copies{0};  // the node kernel's copies (HostNodeExec::copy)
+  std::atomic<int> zero_copy{0};      // the node kernel's zero-copy reductions (HostNodeExec::reduceMany)
   // Queries (deviceOf, streamDevice) made while a stream is being captured and the calling thread is not in
   // the relaxed capture mode: CUDA may count them as unsafe and invalidate the capture.
   std::atomic<int> strict_capture_queries{0};
@@ -162,6 +176,7 @@ struct FakeCounters {
 struct Faults {
   bool refuse_ipc = false;    // exportMemory fails
   bool refuse_alloc = false;  // allocDevice fails
+  bool refuse_foreign_ipc = false;  // exportMemory fails for memory allocDevice did not make (as cuMem's)
   bool mps = false;           // sharedByMps says the MPS daemon serves the device
   int pid = 0;                // processId() (0: the real one): ranks as if in processes of their own
   int capacity = 1 << 20;     // nodeKernelCapacity: the node kernel's CTAs resident at once
@@ -276,6 +291,16 @@ struct HostNodeExec {
   }
   void copy(char* dst, const char* src, size_t n) const {
     if (n) std::memmove(dst, src, n * elem);
+    if (n && copies) ++*copies;
+  }
+  // Into a buffer of its own first: a destination may be a source (in place).
+  void reduceMany(char* const* dsts, int ndst, const char* const* srcs, int nsrc, size_t n,
+                  int divisor) const {
+    if (!n) return;
+    std::vector<char> acc(n * elem);
+    reduce(acc.data(), nullptr, srcs, nsrc, n, divisor);
+    for (int d = 0; d < ndst; ++d) std::memcpy(dsts[d], acc.data(), n * elem);
+    if (reduce_many) ++*reduce_many;
   }
   void reduce(char* dst, char* dst2, const char* const* srcs, int nsrc, size_t n, int divisor) const {
     if (!n) return;
@@ -287,6 +312,8 @@ struct HostNodeExec {
   size_t elem;
   ddlDataType_t type;
   ddlRedOp_t op;
+  std::atomic<int>* copies = nullptr;       // counts copy() (the staged kinds' copy-in among them)
+  std::atomic<int>* reduce_many = nullptr;  // counts reduceMany() (the zero-copy allreduce)
 };
 
 class FakeRuntime final : public DeviceRuntime {
@@ -371,14 +398,25 @@ class FakeRuntime final : public DeviceRuntime {
   void freeHost(void* p) noexcept override { FakeDevices::get().free(p); }
   void* allocDevice(size_t bytes) override {
     if (faults_.refuse_alloc) fail(ddlCudaError, "fake device: out of memory (injected)");
-    return FakeDevices::get().alloc(bytes, dev_);
+    void* p = FakeDevices::get().alloc(bytes, dev_);
+    made_.insert(p);
+    return p;
   }
-  void freeDevice(void* p) noexcept override { FakeDevices::get().free(p); }
+  void freeDevice(void* p) noexcept override {
+    made_.erase(p);
+    FakeDevices::get().free(p);
+  }
 
   std::string exportMemory(void* p) override {
     if (faults_.refuse_ipc) fail(ddlCudaError, "fake device: this rank refuses IPC");
+    if (faults_.refuse_foreign_ipc && !made_.count(p)) {
+      fail(ddlCudaError, "fake device: this memory cannot be shared over IPC (injected, as cuMemCreate's)");
+    }
     ++counters_->exports;
     return "fake" + std::string(reinterpret_cast<const char*>(&p), sizeof p);
+  }
+  bool allocationOf(const void* p, void** base, size_t* bytes) override {
+    return FakeDevices::get().rangeOf(p, base, bytes);
   }
   void* importMemory(const std::string& h) override {
     void* p = nullptr;
@@ -468,8 +506,8 @@ class FakeRuntime final : public DeviceRuntime {
     ++counters_->node_kernels;
     ++ops_;
     if (fail_at_ > 0 && --fail_at_ == 0) fail(ddlCudaError, "fake device: injected failure");
-    queueOn(stream, [args] {
-      HostNodeExec x{args.elem, args.type, args.op};
+    queueOn(stream, [args, c = counters_] {
+      HostNodeExec x{args.elem, args.type, args.op, &c->kernel_copies, &c->zero_copy};
       for (int b = 0; b < node::kBlocks; ++b) node::runBlock(args, b, x);
     });
   }
@@ -553,6 +591,7 @@ class FakeRuntime final : public DeviceRuntime {
   std::unique_ptr<FakeGraph> graph_;     // while capturing: what the capture holds
   std::vector<FakeStream*> in_capture_;  // the streams whose work goes into it
   std::set<FakeStream*> own_streams_;    // newStream's (the rank's thread only)
+  std::set<void*> made_;                 // allocDevice's (the rank's thread only)
   int dev_ = -1;
   int fail_at_ = 0;
   int pinned_reductions_ = 0;

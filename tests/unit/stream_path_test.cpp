@@ -63,6 +63,7 @@ struct Rig {
   std::string topology;           // "": the ranks per node x the nodes
   size_t staged_chunk_bytes = 0;  // 0: the default
   std::vector<int> refuse_ipc;    // ranks whose exportMemory fails
+  std::vector<int> refuse_foreign_ipc;  // ranks whose exportMemory fails for memory not of allocDevice
 };
 
 std::vector<RankResult> runRanks(int nranks, Rig& setup, bool one_node,
@@ -81,6 +82,8 @@ std::vector<RankResult> runRanks(int nranks, Rig& setup, bool one_node,
     f.capacity = setup.capacity;
     f.refuse_ipc =
         std::find(setup.refuse_ipc.begin(), setup.refuse_ipc.end(), rank) != setup.refuse_ipc.end();
+    f.refuse_foreign_ipc = std::find(setup.refuse_foreign_ipc.begin(), setup.refuse_foreign_ipc.end(),
+                                     rank) != setup.refuse_foreign_ipc.end();
     auto rt = std::make_unique<FakeRuntime>(setup.counters, f);
     setup.runtimes[rank] = rt.get();
     return rt;
@@ -892,6 +895,162 @@ TEST(StreamPath, APeerThatNeverComesTimesOutAndBreaksTheCommunicator) {
     }
   });
   EXPECT_EQ(results[0].code, ddlSuccess) << results[0].what;
+}
+
+// Registered buffers (ddlCommRegister): an allreduce whose buffers every member registered reads and writes
+// them in place. The kernel copies nothing (HostNodeExec counts copies: the staged path's copy-in is one),
+// and the result is the host path's, one-shot and two-shot, in place and out of place, with ddlAvg.
+TEST(StreamPath, RegisteredBuffersAllReduceInPlaceWithoutCopies) {
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(std::to_string(n) + " ranks");
+    Rig setup;
+    expectAllOk(runRanks(n, setup, true, [&](Comm& comm) {
+      FakeStream stream;
+      constexpr size_t kMax = 300001;  // float64: two-shot, many chunks' worth of the staged path
+      FakeBuffer a(kMax * 8 + 64), b(kMax * 8);
+      void* ha = comm.registerBuffer(a.p, a.bytes);
+      void* hb = comm.registerBuffer(b.p, b.bytes);
+      struct Call {
+        ddlDataType_t type;
+        ddlRedOp_t op;
+        size_t count;
+        bool in_place;
+      };
+      for (const Call& c : {Call{ddlFloat32, ddlSum, 1001, false}, Call{ddlFloat32, ddlSum, 4096, true},
+                            Call{ddlFloat64, ddlAvg, kMax, false}, Call{ddlInt32, ddlMax, 200003, true},
+                            Call{ddlBfloat16, ddlSum, 77, true}}) {
+        const std::string tag =
+            std::string(typeName(c.type)) + "/" + opName(c.op) + " x" + std::to_string(c.count);
+        const size_t bytes = c.count * typeSize(c.type);
+        char* in = static_cast<char*>(a.p) + 16;  // inside the registration, not at its start
+        put(in, makeInput(c.type, c.op, comm.rank(), c.count));
+        comm.barrier();
+        const int copies = setup.counters->kernel_copies.load(), zero = setup.counters->zero_copy.load();
+        comm.barrier();
+        comm.allReduceOnStream(in, c.in_place ? in : b.p, c.count, c.type, c.op, &stream);
+        stream.sync();
+        expectSame(get(c.in_place ? in : b.p, bytes), makeExpected(c.type, c.op, comm.size(), c.count), tag);
+        comm.barrier();
+        EXPECT_EQ(setup.counters->kernel_copies.load(), copies) << tag << ": the kernel copied";
+        EXPECT_GT(setup.counters->zero_copy.load(), zero) << tag;
+      }
+      comm.deregisterBuffer(hb);
+      comm.deregisterBuffer(ha);
+      EXPECT_EQ(comm.streamScheme(), "kernel");
+    }));
+  }
+}
+
+// Where one member's buffers are not registered, every member takes the staged path (one more meeting at the
+// first chunk), and the result is right; after a deregistration, so are the calls on that buffer; a handle
+// that is no registration is an argument error.
+TEST(StreamPath, MixedRegistrationIsStagedAndRight) {
+  Rig setup;
+  expectAllOk(runRanks(3, setup, true, [&](Comm& comm) {
+    FakeStream stream;
+    constexpr size_t kCount = 100003;
+    FakeBuffer reg(kCount * 4), other(kCount * 4);
+    void* h = comm.registerBuffer(reg.p, reg.bytes);
+    for (int round = 0; round < 2; ++round) {
+      void* buf = comm.rank() == 1 && round == 0 ? other.p : reg.p;  // rank 1 unregistered at first
+      for (size_t count : {size_t{1000}, kCount}) {
+        put(buf, makeInput(ddlFloat32, ddlSum, comm.rank(), count));
+        comm.barrier();
+        const int copies = setup.counters->kernel_copies.load();
+        comm.barrier();
+        comm.allReduceOnStream(buf, buf, count, ddlFloat32, ddlSum, &stream);
+        stream.sync();
+        expectSame(get(buf, count * 4), makeExpected(ddlFloat32, ddlSum, 3, count),
+                   "mixed " + std::to_string(count));
+        comm.barrier();
+        if (round == 0) {
+          EXPECT_GT(setup.counters->kernel_copies.load(), copies) << "a mixed call was not staged";
+        }
+      }
+    }
+    comm.deregisterBuffer(h);
+    put(reg.p, makeInput(ddlFloat32, ddlSum, comm.rank(), 1000));
+    comm.barrier();
+    const int copies = setup.counters->kernel_copies.load();
+    comm.barrier();
+    comm.allReduceOnStream(reg.p, reg.p, 1000, ddlFloat32, ddlSum, &stream);
+    stream.sync();
+    expectSame(get(reg.p, 4000), makeExpected(ddlFloat32, ddlSum, 3, 1000), "after deregistering");
+    comm.barrier();
+    EXPECT_GT(setup.counters->kernel_copies.load(), copies);
+    try {
+      comm.deregisterBuffer(h);
+      ADD_FAILURE() << "a handle deregistered twice was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ddlInvalidArgument);
+    }
+  }));
+}
+
+// A member whose buffer cannot be shared over CUDA IPC (memory from cuMemCreate, as PyTorch's expandable
+// segments) makes the registration fail on every rank, naming it; nothing breaks, the buffer keeps working
+// staged, and a later registration of shareable memory works.
+TEST(StreamPath, ARegistrationThatCannotBeSharedFailsEverywhereAndLosesNothing) {
+  Rig setup;
+  setup.refuse_foreign_ipc = {1};
+  const auto results = runRanks(2, setup, true, [&](Comm& comm) {
+    FakeStream stream;
+    FakeBuffer a(4096);
+    try {
+      comm.registerBuffer(a.p, a.bytes);
+      ADD_FAILURE() << "a buffer that cannot be shared was registered";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ddlInvalidArgument);
+      const std::string want = comm.rank() == 1 ? "cannot be shared over CUDA IPC" : "member 1";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(comm.asyncError(), ddlSuccess);
+    put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), 1024));
+    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &stream);
+    stream.sync();
+    expectSame(get(a.p, 4096), makeExpected(ddlFloat32, ddlSum, 2, 1024), "unregistered");
+  });
+  expectAllOk(results);
+}
+
+// A registered call captured into a graph and replayed, its input rewritten between replays: zero-copy every
+// time, right every time.
+TEST(StreamPath, RegisteredCallsReplayFromAGraph) {
+  Rig setup;
+  expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
+    FakeRuntime& rt = *setup.runtimes[comm.rank()];
+    FakeStream s;
+    constexpr size_t kCount = 50000;
+    FakeBuffer a(kCount * 4);
+    void* h = comm.registerBuffer(a.p, a.bytes);
+    comm.allReduceOnStream(a.p, a.p, kCount, ddlFloat32, ddlSum, &s);  // the first call, outside the capture
+    s.sync();
+    rt.beginCapture(&s);
+    comm.allReduceOnStream(a.p, a.p, kCount, ddlFloat32, ddlSum, &s);
+    const FakeRuntime::FakeGraph graph = rt.endCapture();
+    const int copies = setup.counters->kernel_copies.load();
+    for (int i = 0; i < 20; ++i) {
+      put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank() + i, kCount));
+      comm.barrier();
+      FakeRuntime::replay(graph, &s);
+      s.sync();
+      auto want = makeInput(ddlFloat32, ddlSum, i, kCount);
+      {
+        auto other = makeInput(ddlFloat32, ddlSum, i + 1, kCount);
+        for (size_t k = 0; k < kCount; ++k) {
+          float x, y;
+          std::memcpy(&x, &want[k * 4], 4);
+          std::memcpy(&y, &other[k * 4], 4);
+          x += y;
+          std::memcpy(&want[k * 4], &x, 4);
+        }
+      }
+      expectSame(get(a.p, kCount * 4), want, "replay " + std::to_string(i));
+      comm.barrier();
+    }
+    EXPECT_EQ(setup.counters->kernel_copies.load(), copies);
+    comm.deregisterBuffer(h);
+  }));
 }
 
 // The algorithm alone, on the host: shares cover every element once, in whole units, and chunks fit a slot.

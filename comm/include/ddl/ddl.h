@@ -266,6 +266,24 @@ ddlResult_t ddlBroadcastOnStream(const void* sendbuff, void* recvbuff, size_t co
 ddlResult_t ddlReduceOnStream(const void* sendbuff, void* recvbuff, size_t count, ddlDataType_t datatype,
                               ddlRedOp_t op, int root, ddlComm_t comm, ddlStream_t stream);
 
+/* Registered buffers (as NCCL's ncclCommRegister): on the node kernel, an allreduce whose buffers every
+ * member registered reads and writes the members' buffers in place, without copying them through libddl's
+ * memory first (zero-copy). ddlCommRegister is a collective: every rank calls it, in the same order, with a
+ * device buffer of its own (sizes may differ); each member shares the buffer's allocation with the others
+ * over CUDA IPC. *handle is for ddlCommDeregister, also a collective in the same order, which waits for the
+ * communicator's kernels. A call whose buffers lie inside a registered buffer on every member is zero-copy;
+ * where any member's are not, it is staged as before, so mixing is never wrong. Register before capturing
+ * a CUDA graph that uses the buffer, and deregister only after the graph is destroyed. Where the node kernel
+ * does not serve (host-paced, across nodes) a registration succeeds and changes nothing. Memory that cannot
+ * be shared over CUDA IPC (cuMemCreate's, as PyTorch's expandable segments) is refused on every rank with
+ * ddlInvalidArgument naming the member and why; the buffer keeps working, staged. At most 4096
+ * registrations per communicator. ddlMemAlloc and ddlMemFree allocate and free device memory on the current
+ * device that ddlCommRegister accepts (cudaMalloc's). */
+ddlResult_t ddlCommRegister(ddlComm_t comm, void* buff, size_t size, void** handle);
+ddlResult_t ddlCommDeregister(ddlComm_t comm, void* handle);
+ddlResult_t ddlMemAlloc(void** ptr, size_t size);
+ddlResult_t ddlMemFree(void* ptr);
+
 /* Point-to-point. A send to peer matches the receive that peer posts for this rank in the same position:
  * the k-th send from a to b meets the k-th receive on b from a, whatever collectives either calls in between.
  * Count and type must agree on both sides (a difference fails as a mismatch). peer is another rank of comm.

@@ -78,6 +78,9 @@ class DeviceRuntime {
   // Device memory shared with the other ranks of the node (CUDA IPC): exportMemory's bytes, given to
   // importMemory in another process (or thread) of this node, map the same memory there.
   virtual std::string exportMemory(void* device_ptr) = 0;
+  // The device allocation holding p: its base and size (false where p is in none, or the runtime cannot
+  // say). exportMemory takes the base.
+  virtual bool allocationOf(const void* p, void** base, size_t* bytes) = 0;
   virtual void* importMemory(const std::string& handle) = 0;
   virtual void closeMemory(void* p) noexcept = 0;
 

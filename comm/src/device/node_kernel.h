@@ -19,10 +19,11 @@
 //
 // flags[b][p] is written by member p's block b only (its epoch, see below), read by the region's owner.
 // The counters (epochs and rounds of each block) are the owner's own. calls[b][e mod 2][p] is what member
-// p's block b says of its call at its meeting of epoch e (the call's signature, see signatureOf, and e),
-// written before the flag; claims[b] marks block b of one of the owner's kernels running (see runBlock). Data
-// moves through the slots: a member copies its input into its own in slot, the members meet, and each reads
-// the others' slots directly (over NVLink or PCIe peer to peer, or the same HBM where ranks share a GPU).
+// p's block b says of its call at its meeting of epoch e ({the call's signature (signatureOf), e, its send
+// and recv buffers' references}), written before the flag; claims[b] marks block b of one of the owner's
+// kernels running (see runBlock). Data moves through the slots: a member copies its input into its own in
+// slot, the members meet, and each reads the others' slots directly (over NVLink or PCIe peer to peer, or the
+// same HBM where ranks share a GPU).
 //
 // Barriers. Block b of every member meets block b of every other member, and no other. Each block owns a
 // fixed share of the message (share b of kBlocks, the same on every member) and a fixed sub-slot of every
@@ -69,7 +70,8 @@
 
 #if defined(__CUDACC__)
 #define DDL_NODE_FN __device__ inline
-#define DDL_NODE_COLD __device__ __noinline__  // failure paths: out of line, off the registers of the rest
+#define DDL_NODE_COLD \
+  __device__ __noinline__  // out of line: the failure paths, and what needs registers of its own
 #else
 #define DDL_NODE_FN inline
 #define DDL_NODE_COLD inline
@@ -82,6 +84,11 @@ constexpr int kBlocks = 32;    // blocks (CTAs) of every launch, the same on eve
 constexpr int kThreads = 512;  // threads of a CTA
 constexpr uint64_t kPoison = ~uint64_t{0};
 constexpr size_t kUnitBytes = 16;  // shares are cut in 16-byte units, so vectors stay aligned
+// Registered buffers (ddlCommRegister): a table of kMaxRegistrations rows of kMaxRanks pointers in the rank's
+// device memory, row k holding every member's buffer of the k-th registration as this rank maps it. A
+// buffer's reference in a call: (k + 1) << kRefOffsetBits | its offset in the registration; 0: unregistered.
+constexpr int kMaxRegistrations = 4096;
+constexpr int kRefOffsetBits = 40;
 
 enum class Kind : int {
   kAllReduceOneShot = 0,  // every member reduces the whole chunk from every slot: one barrier, n reads
@@ -116,9 +123,10 @@ DDL_NODE_FN uint64_t signatureOf(Kind kind, size_t count, ddlDataType_t type, dd
 struct Layout {
   static constexpr size_t kFlagsBytes = size_t{kBlocks} * kMaxRanks * sizeof(uint64_t);
   static constexpr size_t kCountersOffset = kFlagsBytes;  // epochs[kBlocks], then rounds[kBlocks]
-  static constexpr size_t kCallsOffset = 8 * 1024;        // calls[kBlocks][2][kMaxRanks]: {signature, epoch}
+  static constexpr size_t kCallWords = 4;                 // signature, epoch, send and recv references
+  static constexpr size_t kCallsOffset = 8 * 1024;        // calls[kBlocks][2][kMaxRanks][kCallWords]
   static constexpr size_t kClaimsOffset =
-      kCallsOffset + size_t{kBlocks} * 2 * kMaxRanks * 2 * sizeof(uint64_t);
+      kCallsOffset + size_t{kBlocks} * 2 * kMaxRanks * kCallWords * sizeof(uint64_t);
   static constexpr size_t kFailedOffset = kClaimsOffset + kBlocks * sizeof(uint32_t);  // one word
   static constexpr size_t kDataOffset = 64 * 1024;
   static_assert(kCountersOffset + 2 * kBlocks * sizeof(uint64_t) <= kCallsOffset);
@@ -159,6 +167,12 @@ struct Args {
   MismatchDetail* detail;          // a kMismatch's detail (pinned host memory)
   uint64_t timeout_ns;             // a wait longer than this fails
   uint64_t signature;              // signatureOf this call (StreamPath::launch)
+  // Allreduce: the registration table (null: none yet) and this rank's send and recv buffers' references in
+  // it (0: unregistered). Every member says its references at the call's first meeting; where all members'
+  // are set, the call reads and writes the members' buffers in place (zero-copy), else it takes the slots.
+  char* const* regs;
+  uint64_t send_ref;
+  uint64_t recv_ref;
 };
 
 DDL_NODE_FN uint64_t* flagOf(char* region, int block, int from) {
@@ -167,10 +181,16 @@ DDL_NODE_FN uint64_t* flagOf(char* region, int block, int from) {
 DDL_NODE_FN uint64_t* countersOf(char* region) {
   return reinterpret_cast<uint64_t*>(region + Layout::kCountersOffset);
 }
-// What member from's block says of its call at its meeting of epoch e, in region: {signature, e}.
+// What member from's block says of its call at its meeting of epoch e, in region: {signature, e, send and
+// recv references}.
 DDL_NODE_FN uint64_t* callOf(char* region, int block, uint64_t e, int from) {
   return reinterpret_cast<uint64_t*>(region + Layout::kCallsOffset) +
-         ((static_cast<size_t>(block) * 2 + (e & 1)) * kMaxRanks + from) * 2;
+         ((static_cast<size_t>(block) * 2 + (e & 1)) * kMaxRanks + from) * Layout::kCallWords;
+}
+// The buffer a reference names, as this rank maps it (member's row of the table).
+DDL_NODE_FN char* bufferOf(const Args& a, int member, uint64_t ref) {
+  const uint64_t row = (ref >> kRefOffsetBits) - 1;
+  return a.regs[row * kMaxRanks + member] + (ref & ((uint64_t{1} << kRefOffsetBits) - 1));
 }
 DDL_NODE_FN uint32_t* claimOf(char* region, int block) {
   return reinterpret_cast<uint32_t*>(region + Layout::kClaimsOffset) + block;
@@ -259,6 +279,8 @@ DDL_NODE_FN bool meet(const Args& a, int b, uint64_t e, X& x) {
     uint64_t* call = callOf(a.regions[p], b, e, a.rank);
     x.store(call, a.signature);
     x.store(call + 1, e);
+    x.store(call + 2, a.send_ref);
+    x.store(call + 3, a.recv_ref);
   }
   x.sync();  // the block's writes before any of its flags goes up
   for (int p = x.tid(); p < a.nranks; p += x.nthreads()) x.signal(flagOf(a.regions[p], b, a.rank), e);
@@ -313,6 +335,60 @@ DDL_NODE_FN bool startBlock(const Args& a, int b, X& x) {
   return false;
 }
 
+// After a meeting at epoch e: how many members said both their buffers are registered.
+template <class X>
+DDL_NODE_FN int registeredMembers(const Args& a, int b, uint64_t e, X& x) {
+  int k = 0;
+  for (int p = 0; p < a.nranks; ++p) {
+    const uint64_t* call = callOf(a.regions[a.rank], b, e, p);
+    k += x.poll(call + 2) != 0 && x.poll(call + 3) != 0;
+  }
+  return k;
+}
+
+// The staged allreduce's meeting after its copy-in. At the share's first chunk, where some member's buffers
+// are registered but not every member's (so the call is staged), the members meet once more: the registered
+// ones met once before copying in (runBlock), to learn whether all were registered.
+template <class X>
+DDL_NODE_FN bool stagedMeet(const Args& a, int b, uint64_t* epoch, bool first_chunk, bool met_before, X& x) {
+  if (!meet(a, b, ++*epoch, x)) return false;
+  if (!first_chunk || met_before || !a.regs || registeredMembers(a, b, *epoch, x) == 0) return true;
+  return meet(a, b, ++*epoch, x);
+}
+
+// An allreduce whose every member's buffers are registered, its members having met at epoch e: block b's
+// share [first, last) of the message, read and written in place. One-shot (where no member is in place):
+// each member reduces every member's input into its own output. Two-shot: member s reduces slice s of the
+// share from every member's input and writes the result into every member's output; in place too, since
+// slice s of any member is read and written by member s only. The caller meets the members once more after.
+template <class X>
+DDL_NODE_COLD void zeroCopy(const Args& a, int b, uint64_t e, size_t first, size_t last, X& x) {
+  const int n = a.nranks;
+  const size_t es = a.elem, u = unitElems(es);
+  const char* srcs[kMaxRanks];
+  char* dsts[kMaxRanks];
+  bool in_place = false;
+  for (int p = 0; p < n; ++p) {
+    const uint64_t* call = callOf(a.regions[a.rank], b, e, p);
+    const uint64_t send_ref = x.poll(call + 2), recv_ref = x.poll(call + 3);
+    srcs[p] = bufferOf(a, p, send_ref);
+    dsts[p] = bufferOf(a, p, recv_ref);
+    in_place = in_place || send_ref == recv_ref;
+  }
+  size_t lo = 0, hi = last - first;
+  if (a.kind == Kind::kAllReduceTwoShot || in_place) share(last - first, n, a.rank, u, &lo, &hi);
+  const size_t at = (first + lo) * es;
+  for (int p = 0; p < n; ++p) {
+    srcs[p] += at;
+    dsts[p] += at;
+  }
+  if (a.kind == Kind::kAllReduceTwoShot || in_place) {
+    x.reduceMany(dsts, n, srcs, n, hi - lo, a.avg_divisor);
+  } else {
+    x.reduceMany(dsts + a.rank, 1, srcs, n, hi - lo, a.avg_divisor);
+  }
+}
+
 // One block's part of the collective a describes.
 template <class X>
 DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
@@ -334,6 +410,15 @@ DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
   size_t first, last;
   share(a.count, kBlocks, b, u, &first, &last);
   bool ok = chunk > 0;
+  // An allreduce whose buffers are registered here meets first, without copying in: where every member's
+  // are, the call is zero-copy; else it goes on staged (stagedMeet).
+  const bool registered = a.regs && a.send_ref && a.recv_ref && first < last &&
+                          (a.kind == Kind::kAllReduceOneShot || a.kind == Kind::kAllReduceTwoShot);
+  if (registered && (ok = meet(a, b, ++epoch, x)) && registeredMembers(a, b, epoch, x) == n) {
+    zeroCopy(a, b, epoch, first, last, x);
+    ok = meet(a, b, ++epoch, x);
+    first = last;  // done
+  }
   for (size_t c0 = first; ok && c0 < last; c0 += chunk, ++round) {
     const size_t m = last - c0 < chunk ? last - c0 : chunk;
     char* const mine = inSlot(a, me, round, b);
@@ -341,7 +426,7 @@ DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
       case Kind::kAllReduceOneShot:
       case Kind::kReduce: {
         x.copy(mine, send + c0 * es, m);
-        if (!(ok = meet(a, b, ++epoch, x))) break;
+        if (!(ok = stagedMeet(a, b, &epoch, c0 == first, registered, x))) break;
         if (a.kind == Kind::kReduce && me != a.root) break;
         for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round, b);
         x.reduce(recv + c0 * es, nullptr, srcs, n, m, a.avg_divisor);
@@ -350,7 +435,7 @@ DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
       case Kind::kAllReduceTwoShot: {
         // Slice s of the chunk is member s's to reduce.
         x.copy(mine, send + c0 * es, m);
-        if (!(ok = meet(a, b, ++epoch, x))) break;
+        if (!(ok = stagedMeet(a, b, &epoch, c0 == first, registered, x))) break;
         size_t lo, hi;
         share(m, n, me, u, &lo, &hi);
         for (int p = 0; p < n; ++p) srcs[p] = inSlot(a, p, round, b) + lo * es;

@@ -67,15 +67,28 @@ void StreamCalls::setupNodeKernel(void* stream, int dev) {
   }
   owner_.drainAsync();
   DevicePath::KeepDevice keep(rt);
+  std::string why;
+  setNodeKernel(path_.setupNode(dev, exchange(), &why) ? Setup::kReady : Setup::kOff);
+  if (shape_.node_kernel == Setup::kOff) host_paced_why_ = why;
+  if (shape_.node_kernel == Setup::kReady && !shape_.shm_all && !getEnv("DDL_DEBUG").empty()) {
+    std::fprintf(stderr,
+                 "ddl: rank %d: stream-ordered allreduce across nodes: the node kernel's reduce-scatter and "
+                 "allgather on each node, each rank's block over the network through pinned memory, folded "
+                 "on the GPU; the other stream-ordered collectives across nodes are host-paced\n",
+                 rank_);
+  }
+}
+
+StreamPath::Exchange StreamCalls::exchange() {
   StreamPath::Exchange ex;
   ex.members = shm_->size();
   ex.me = shm_->me();
-  ex.allgather = [&](std::vector<char>& all, size_t record_bytes) {
+  ex.allgather = [this](std::vector<char>& all, size_t record_bytes) {
     const DataSpec d = spec(ddlUint8, ddlSum);
     owner_.run(CollKind::kAllGather, ddlUint8, ddlSum, record_bytes, 0, kNodeKernelSetupVariant,
                [&](Session& s) { shmAllGather(s, *shm_, d, all.data(), all.size()); });
   };
-  ex.agree = [&](bool ok) {
+  ex.agree = [this](bool ok) {
     const int32_t mine = ok ? 1 : 0;
     int32_t all = 0;
     const DataSpec d = spec(ddlInt32, ddlMin);
@@ -89,16 +102,36 @@ void StreamCalls::setupNodeKernel(void* stream, int dev) {
     });
     return all == 1;
   };
-  std::string why;
-  setNodeKernel(path_.setupNode(dev, ex, &why) ? Setup::kReady : Setup::kOff);
-  if (shape_.node_kernel == Setup::kOff) host_paced_why_ = why;
-  if (shape_.node_kernel == Setup::kReady && !shape_.shm_all && !getEnv("DDL_DEBUG").empty()) {
-    std::fprintf(stderr,
-                 "ddl: rank %d: stream-ordered allreduce across nodes: the node kernel's reduce-scatter and "
-                 "allgather on each node, each rank's block over the network through pinned memory, folded "
-                 "on the GPU; the other stream-ordered collectives across nodes are host-paced\n",
-                 rank_);
+  return ex;
+}
+
+void* StreamCalls::registerBuffer(void* ptr, size_t bytes) {
+  DeviceRuntime& rt = device_.runtime();
+  const int dev = rt.deviceOf(ptr);
+  if (dev < 0) fail(ddlInvalidArgument, "ddlCommRegister: the buffer is not device memory");
+  // The first registration, like the first stream-ordered call, sets the node kernel up.
+  if ((nodeKernelServes(shape_) || nodeKernelAcrossServes(shape_)) && shape_.node_kernel == Setup::kUntried) {
+    setupNodeKernel(nullptr, dev);
   }
+  owner_.drainAsync();
+  DevicePath::KeepDevice keep(rt);
+  std::string why;
+  StreamPath::Registration* r = nullptr;
+  // The exchange is the node's: only where the node kernel is ready does a registration use it.
+  const StreamPath::Exchange ex = path_.ready() ? exchange() : StreamPath::Exchange{};
+  owner_.deviceCall([&] { r = path_.addRegistration(static_cast<char*>(ptr), bytes, ex, &why); });
+  if (!r) fail(ddlInvalidArgument, "ddlCommRegister: " + why);
+  return r;
+}
+
+void StreamCalls::deregister(void* handle) {
+  owner_.drainAsync();
+  DevicePath::KeepDevice keep(device_.runtime());
+  bool found = false;
+  const StreamPath::Exchange ex = path_.ready() ? exchange() : StreamPath::Exchange{};
+  owner_.deviceCall(
+      [&] { found = path_.removeRegistration(static_cast<StreamPath::Registration*>(handle), ex); });
+  if (!found) fail(ddlInvalidArgument, "ddlCommDeregister: not a registration of this communicator");
 }
 
 int StreamCalls::streamDeviceOf(void* stream, std::initializer_list<const void*> bufs) {

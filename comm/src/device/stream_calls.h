@@ -84,11 +84,20 @@ class StreamCalls {
   // "kernel", "kernel+wire", "host" (host-paced) or "unset" (no stream-ordered collective yet). Any thread.
   std::string scheme() const;
 
+  // ddlCommRegister and ddlCommDeregister: collectives of every rank, in the same order
+  // (StreamPath::addRegistration, removeRegistration). The first sets the node kernel up, as the first
+  // stream-ordered call does. Failures to share a buffer are argument errors on every rank.
+  void* registerBuffer(void* ptr, size_t bytes);
+  void deregister(void* handle);
+
  private:
   // The device of the stream, checking that every buffer is device memory on it.
   int streamDeviceOf(void* stream, std::initializer_list<const void*> bufs);
   // The first stream-ordered collective that may run the node kernel: sets it up, or not, on every rank.
   void setupNodeKernel(void* stream, int dev);
+  // The node's exchange for the node kernel's setup and the registrations: an allgather over the node's
+  // segment, and an agreement of every rank.
+  StreamPath::Exchange exchange();
   // Sets shape_.node_kernel and what scheme() reads.
   void setNodeKernel(Setup s);
   // Enqueues the node kernel; a failure to do so breaks the communicator.

@@ -103,25 +103,30 @@ void StreamPath::closePeers() noexcept {
   }
   if (abandoned_) {
     regions_.clear();  // left open, as this rank's region is left allocated
+    registrations_.clear();
+    opened_.clear();
     ready_ = false;
     return;
   }
   for (size_t m = 0; m < regions_.size(); ++m)
     if (regions_[m] && regions_[m] != own_) rt_.closeMemory(regions_[m]);
   regions_.clear();
+  dropRegistrations();
   ready_ = false;
 }
 
 void StreamPath::release() noexcept {
   closePeers();
   if (abandoned_) {  // a peer's kernel, or a kernel of ours not yet run, may still use all of it
-    own_ = stream_ = fork_ = join_ = words_host_ = words_dev_ = poison_ = nullptr;
+    own_ = stream_ = fork_ = join_ = words_host_ = words_dev_ = poison_ = table_ = nullptr;
     abort_word_.store(nullptr);
     error_word_.store(nullptr);
     return;
   }
   if (own_) rt_.freeDevice(own_);
   own_ = nullptr;
+  if (table_) rt_.freeDevice(table_);
+  table_ = nullptr;
   if (stream_) rt_.deleteStream(stream_);
   if (fork_) rt_.deleteEvent(fork_);
   if (join_) rt_.deleteEvent(join_);
@@ -275,6 +280,14 @@ void StreamPath::complete(node::Args& a) const {
   a.detail = &words_dev->detail;
   a.timeout_ns = static_cast<uint64_t>(timeout_ms_) * 1000000;
   a.signature = node::signatureOf(a.kind, a.count, a.type, a.op, a.root);
+  a.regs = nullptr;
+  a.send_ref = a.recv_ref = 0;
+  if (table_ && !registrations_.empty() &&
+      (a.kind == node::Kind::kAllReduceOneShot || a.kind == node::Kind::kAllReduceTwoShot)) {
+    a.regs = static_cast<char* const*>(table_);
+    a.send_ref = refOf(a.send, a.count * a.elem);
+    a.recv_ref = refOf(a.recv, a.count * a.elem);
+  }
 }
 
 void StreamPath::waitForStream(void* stream, int dev) {

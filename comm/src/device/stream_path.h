@@ -41,6 +41,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -77,6 +79,7 @@ class StreamPath {
   // Throws what the exchange throws (the communicator is then broken).
   bool setupNode(int dev, const Exchange& ex, std::string* why);
   int kernelDevice() const { return dev_; }
+  bool ready() const { return ready_; }
 
   // Enqueues a collective of the node kernel on stream (on kernelDevice()). a's kind, counts, buffers, type,
   // op, root and divisor are the caller's; the rest comes from here.
@@ -107,6 +110,26 @@ class StreamPath {
   static std::string describeCall(uint64_t signature);
   DeviceScheme forced() const { return forced_; }
 
+  // ---- Registered buffers (ddlCommRegister; device/stream_registry.cpp) ----
+  // A registration: this rank's buffer and, where the node kernel serves, its row of the table that holds
+  // every member's buffer of it. Row -1: inert (the node kernel does not serve, so nothing reads in place).
+  struct Registration {
+    char* ptr = nullptr;
+    size_t bytes = 0;
+    int row = -1;
+    std::vector<std::string> imports;  // the members' handles this rank opened for it (closed at removal)
+  };
+  // Every member, the same registrations in the same order (collectives over ex). Where the node kernel is
+  // ready: every member shares its buffer's allocation over CUDA IPC and opens the others', and they agree;
+  // a member that cannot (memory from cuMemCreate, as PyTorch's expandable segments; no IPC) makes it fail on
+  // every member (null, *why says why). Elsewhere an inert registration. Throws what the exchange throws.
+  Registration* addRegistration(char* ptr, size_t bytes, const Exchange& ex, std::string* why);
+  // Every member, in the same order: waits for this rank's kernels, meets the others (ex.agree), closes what
+  // it opened and frees the row. False where r is no registration of this communicator.
+  bool removeRegistration(Registration* r, const Exchange& ex);
+  // The reference (node_kernel.h) of [p, p + bytes) in a registration with a row; 0 where none holds it.
+  uint64_t refOf(const void* p, size_t bytes) const;
+
   // Waits for the node kernel's stream (aborting it past the timeout) and closes the other members' regions:
   // every member, before the communicator's last barrier, so that no region is freed while open.
   void closePeers() noexcept;
@@ -118,8 +141,15 @@ class StreamPath {
   void abandon() { abandoned_ = true; }
 
  private:
-  // Fills in what a launch of a takes from here (members, regions, words, timeout, signature).
+  // Fills in what a launch of a takes from here (members, regions, words, timeout, signature, and an
+  // allreduce's registered buffers).
   void complete(node::Args& a) const;
+  // The members' allocations this rank opened for registrations, by handle, counted: several registered
+  // buffers may lie in one allocation, which CUDA opens once.
+  char* openShared(const std::string& handle);
+  void closeShared(const std::string& handle) noexcept;
+  // At release: every registration's handles closed, the table freed.
+  void dropRegistrations() noexcept;
 
   DeviceRuntime& rt_;
   const int rank_;
@@ -142,6 +172,10 @@ class StreamPath {
   std::atomic<uint32_t*> error_word_{nullptr};
   std::atomic<bool> aborted_{false};
   bool abandoned_ = false;
+  std::vector<std::unique_ptr<Registration>> registrations_;
+  std::vector<bool> rows_;  // used rows of the table
+  void* table_ = nullptr;   // kMaxRegistrations x kMaxRanks pointers, device memory
+  std::map<std::string, std::pair<char*, int>> opened_;  // handle: mapping, registrations using it
 };
 
 }  // namespace ddl

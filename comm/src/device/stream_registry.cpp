@@ -1,0 +1,189 @@
+// StreamPath's registered buffers (stream_path.h, ddlCommRegister): each member shares the allocation of its
+// buffer over CUDA IPC and opens the others'; the table row of a registration holds every member's buffer as
+// this rank maps it, which the node kernel reads to work on the members' buffers in place (node_kernel.h).
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "device/stream_path.h"
+#include "error.h"
+
+namespace ddl {
+namespace {
+
+// A member's record in a registration's exchange (kNodeRecordBytes):
+//   [0] 1: shares its buffer, 0: cannot (why at kTextAt)   [8..16) the buffer's offset in its allocation
+//   [16..18) text length   [32..) the allocation's IPC handle, or why not
+constexpr size_t kTextAt = 32, kTextMax = kNodeRecordBytes - kTextAt;
+
+std::string encode(bool ok, uint64_t offset, const std::string& text) {
+  std::string b(kNodeRecordBytes, '\0');
+  b[0] = ok ? 1 : 0;
+  std::memcpy(&b[8], &offset, sizeof offset);
+  const auto n = static_cast<uint16_t>(std::min(text.size(), kTextMax));
+  std::memcpy(&b[16], &n, sizeof n);
+  std::memcpy(&b[kTextAt], text.data(), n);
+  return b;
+}
+
+bool decode(const char* b, bool* ok, uint64_t* offset, std::string* text) {
+  uint16_t n = 0;
+  std::memcpy(&n, b + 16, sizeof n);
+  if (n > kTextMax || (b[0] != 0 && b[0] != 1)) return false;
+  *ok = b[0] == 1;
+  std::memcpy(offset, b + 8, sizeof *offset);
+  text->assign(b + kTextAt, n);
+  return true;
+}
+
+constexpr size_t kTableBytes = size_t{node::kMaxRegistrations} * node::kMaxRanks * sizeof(char*);
+
+}  // namespace
+
+char* StreamPath::openShared(const std::string& handle) {
+  auto it = opened_.find(handle);
+  if (it == opened_.end()) {
+    it = opened_.emplace(handle, std::make_pair(static_cast<char*>(rt_.importMemory(handle)), 0)).first;
+  }
+  ++it->second.second;
+  return it->second.first;
+}
+
+void StreamPath::closeShared(const std::string& handle) noexcept {
+  auto it = opened_.find(handle);
+  if (it == opened_.end() || --it->second.second > 0) return;
+  rt_.closeMemory(it->second.first);
+  opened_.erase(it);
+}
+
+StreamPath::Registration* StreamPath::addRegistration(char* ptr, size_t bytes, const Exchange& ex,
+                                                      std::string* why) {
+  auto reg = std::make_unique<Registration>();
+  reg->ptr = ptr;
+  reg->bytes = bytes;
+  if (!ready_) {  // nothing reads buffers in place: an inert registration, on every member alike
+    registrations_.push_back(std::move(reg));
+    return registrations_.back().get();
+  }
+  // The same rows are used on every member (the same registrations in the same order).
+  int row = 0;
+  while (row < static_cast<int>(rows_.size()) && rows_[row]) ++row;
+  bool ok = row < node::kMaxRegistrations;
+  std::string text = ok ? ""
+                        : "a communicator holds at most " + std::to_string(node::kMaxRegistrations) +
+                              " registrations: deregister some";
+  void* base = nullptr;
+  size_t size = 0;
+  if (ok && rt_.deviceOf(ptr) != dev_) {
+    ok = false;
+    text = "its buffer is on device " + std::to_string(rt_.deviceOf(ptr)) + ", the node kernel on device " +
+           std::to_string(dev_);
+  }
+  if (ok && (!rt_.allocationOf(ptr, &base, &size) || ptr + bytes > static_cast<char*>(base) + size)) {
+    ok = false;
+    text = "its buffer is not inside one device allocation of " + std::string(rt_.name());
+  }
+  if (ok) {
+    try {
+      text = rt_.exportMemory(base);
+      if (text.size() > kTextMax) fail(ddlCudaError, "the runtime's IPC handle is too long");
+    } catch (const Error& e) {
+      ok = false;
+      text = std::string("its buffer cannot be shared over CUDA IPC (") + e.what() +
+             "); memory from cuMemCreate, as PyTorch's expandable segments, cannot be: such buffers take the "
+             "staged path";
+    }
+  }
+  const uint64_t offset = ok ? static_cast<uint64_t>(ptr - static_cast<char*>(base)) : 0;
+  std::vector<char> all(kNodeRecordBytes * static_cast<size_t>(members_));
+  const std::string mine = encode(ok, offset, text);
+  std::memcpy(all.data() + static_cast<size_t>(me_) * kNodeRecordBytes, mine.data(), kNodeRecordBytes);
+  ex.allgather(all, kNodeRecordBytes);
+  if (!ok) *why = text;
+
+  std::vector<char*> peers(node::kMaxRanks, nullptr);
+  for (int m = 0; m < members_ && ok; ++m) {
+    bool theirs = false;
+    uint64_t off = 0;
+    std::string t;
+    if (!decode(all.data() + static_cast<size_t>(m) * kNodeRecordBytes, &theirs, &off, &t)) {
+      ok = false;
+      *why = "member " + std::to_string(m) + " sent a malformed record";
+    } else if (!theirs) {
+      ok = false;
+      *why = m == me_ ? t : "member " + std::to_string(m) + ": " + t;
+    } else if (m == me_) {
+      peers[m] = ptr;
+    } else {
+      try {
+        peers[m] = openShared(t) + off;
+        reg->imports.push_back(t);
+      } catch (const Error& e) {
+        ok = false;
+        *why = "opening member " + std::to_string(m) + "'s buffer: " + e.what();
+      }
+    }
+  }
+  if (ok) {
+    try {
+      rt_.bind(dev_);
+      if (!table_) {
+        table_ = rt_.allocDevice(kTableBytes);
+        rt_.zeroDevice(table_, kTableBytes);
+      }
+      rt_.copy(0, static_cast<char**>(table_) + static_cast<size_t>(row) * node::kMaxRanks, peers.data(),
+               node::kMaxRanks * sizeof(char*));
+      rt_.syncQueue(0);
+    } catch (const Error& e) {
+      ok = false;
+      *why = std::string("writing the registration table: ") + e.what();
+    }
+  }
+  if (!ex.agree(ok)) {
+    if (ok) *why = "another rank could not share its buffer (its DDL_DEBUG output says why)";
+    for (const auto& h : reg->imports) closeShared(h);
+    return nullptr;
+  }
+  if (row >= static_cast<int>(rows_.size())) rows_.resize(row + 1, false);
+  rows_[row] = true;
+  reg->row = row;
+  registrations_.push_back(std::move(reg));
+  return registrations_.back().get();
+}
+
+bool StreamPath::removeRegistration(Registration* r, const Exchange& ex) {
+  auto it = std::find_if(registrations_.begin(), registrations_.end(),
+                         [r](const std::unique_ptr<Registration>& p) { return p.get() == r; });
+  if (it == registrations_.end()) return false;
+  if (r->row >= 0) {
+    // No kernel of any member may still read the buffers: each waits for its own, then they meet.
+    waitForKernels();
+    ex.agree(true);
+    for (const auto& h : r->imports) closeShared(h);
+    rows_[r->row] = false;
+    // The row's pointers stay in the table until it is used again: no call refers to it meanwhile (refOf).
+  }
+  registrations_.erase(it);
+  return true;
+}
+
+uint64_t StreamPath::refOf(const void* p, size_t bytes) const {
+  const char* c = static_cast<const char*>(p);
+  for (const auto& r : registrations_) {
+    if (r->row >= 0 && c >= r->ptr && c + bytes <= r->ptr + r->bytes) {
+      return static_cast<uint64_t>(r->row + 1) << node::kRefOffsetBits | static_cast<uint64_t>(c - r->ptr);
+    }
+  }
+  return 0;
+}
+
+void StreamPath::dropRegistrations() noexcept {
+  for (const auto& r : registrations_)
+    for (const auto& h : r->imports) closeShared(h);
+  registrations_.clear();
+  rows_.clear();
+  for (const auto& [h, open] : opened_) rt_.closeMemory(open.first);
+  opened_.clear();
+}
+
+}  // namespace ddl
