@@ -9,7 +9,8 @@
 # tensors at 2 ranks, also without and with MPS. Writes the outputs and JSON under --out, a summary of the
 # figures in summary.txt, and prints where. Every step ends within --step-timeout seconds (a hang is a failed
 # step, not a lost run); --skip leaves out groups of steps (tests cuda-bench host stream small graph blocking
-# nodes torch), e.g. to spend a short lease on what matters first.
+# registered nodes torch), e.g. to spend a short lease on what matters first. The registered group times the same
+# calls on buffers registered with ddlCommRegister (the zero-copy node kernel), and 1,000 graph replays.
 #
 # Usage: bench/gpu.sh [--out DIR] [--bin DIR] [--build DIR] [--ranks "2 4 8"] [--max SIZE] [--iters N]
 #                     [--mps "off on"] [--torch DIR] [--step-timeout S] [--skip "GROUP ..."]
@@ -20,7 +21,7 @@ script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$script_dir/.." && pwd)
 OUT=gpu-results BIN=$repo/build/bin BUILD="" RANKS="2 4 8" MAX=256M ITERS=20 MPS="off on" TORCH="" STEP_TIMEOUT=300
 SKIP=""
-groups=" tests cuda-bench host stream small graph blocking nodes torch "
+groups=" tests cuda-bench host stream small graph blocking registered nodes torch "
 while (($#)); do
   case $1 in
     --out) OUT=${2:?--out needs a directory}; shift 2 ;;
@@ -104,6 +105,11 @@ for m in $MPS; do
     bench small "ddl-bench-small-mps$m-$n" "$n" --device -b 8 -e 1M -f 4 -n 200 -w 20
     bench graph "ddl-bench-graph-mps$m-$n" "$n" --device --graph -b 8 -e 1M -f 4 -n 200 -w 20
     bench blocking "ddl-bench-blocking-mps$m-$n" "$n" --device --blocking -b 64K -e "$MAX" -n "$ITERS"
+    # Registered buffers (ddlCommRegister): the zero-copy node kernel, large and small, and 1,000 replays.
+    bench registered "ddl-bench-registered-mps$m-$n" "$n" --device --registered -b 64K -e "$MAX" -n "$ITERS"
+    bench registered "ddl-bench-registered-small-mps$m-$n" "$n" --device --registered -b 8 -e 1M -f 4 -n 200 -w 20
+    bench registered "ddl-bench-registered-graph-mps$m-$n" "$n" --device --registered --graph -b 64K -e 64K \
+      -n 1000 -w 20
   done
   if ((cores >= 4)); then
     PER_NODE=2 bench nodes "ddl-bench-nodes-mps$m-4" 4 --device -b 64K -e "$MAX" -n "$ITERS"

@@ -115,6 +115,22 @@ struct GpuExec {
     for (size_t i = threadIdx.x; i < nv; i += blockDim.x) __stcg(d + i, loadCg(s + i));
   }
 
+  // The i-th 16-byte vector of every source folded in member order, divided by divisor where it is > 0.
+  __device__ Wire<S, kN> foldVector(const char* const* srcs, int nsrc, size_t i, const F& f, const D& div,
+                                    int divisor) const {
+    Wire<S, kN> acc, x;
+    acc.w = __ldcg(reinterpret_cast<const uint4*>(srcs[0]) + i);
+    for (int r = 1; r < nsrc; ++r) {
+      x.w = __ldcg(reinterpret_cast<const uint4*>(srcs[r]) + i);
+      acc.v = combine(f, acc.v, x.v);
+    }
+    if (divisor > 0) {
+#pragma unroll
+      for (int k = 0; k < kN; ++k) acc.v.e[k] = div(acc.v.e[k]);
+    }
+    return acc;
+  }
+
   // dst[i] (and dst2[i] where dst2 is set) = srcs[0][i] op srcs[1][i] op ..., folded in member order, then
   // divided by divisor where it is > 0.
   __device__ void reduce(char* dst, char* dst2, const char* const* srcs, int nsrc, size_t n,
@@ -125,16 +141,7 @@ struct GpuExec {
     const D div{divisor};
     if (vec) {
       for (size_t i = threadIdx.x; i < n / kN; i += blockDim.x) {
-        Wire<S, kN> acc, x;
-        acc.w = __ldcg(reinterpret_cast<const uint4*>(srcs[0]) + i);
-        for (int r = 1; r < nsrc; ++r) {
-          x.w = __ldcg(reinterpret_cast<const uint4*>(srcs[r]) + i);
-          acc.v = combine(f, acc.v, x.v);
-        }
-        if (divisor > 0) {
-#pragma unroll
-          for (int k = 0; k < kN; ++k) acc.v.e[k] = div(acc.v.e[k]);
-        }
+        const Wire<S, kN> acc = foldVector(srcs, nsrc, i, f, div, divisor);
         __stcg(reinterpret_cast<uint4*>(dst) + i, acc.w);
         if (dst2) __stcg(reinterpret_cast<uint4*>(dst2) + i, acc.w);
       }
@@ -195,16 +202,7 @@ struct GpuExec {
       }
     }
     for (; i < nv; i += step) {
-      Wire<S, kN> acc, x;
-      acc.w = __ldcg(reinterpret_cast<const uint4*>(srcs[0]) + i);
-      for (int r = 1; r < nsrc; ++r) {
-        x.w = __ldcg(reinterpret_cast<const uint4*>(srcs[r]) + i);
-        acc.v = combine(f, acc.v, x.v);
-      }
-      if (divisor > 0) {
-#pragma unroll
-        for (int j = 0; j < kN; ++j) acc.v.e[j] = div(acc.v.e[j]);
-      }
+      const Wire<S, kN> acc = foldVector(srcs, nsrc, i, f, div, divisor);
       for (int d = 0; d < ndst; ++d) __stcg(reinterpret_cast<uint4*>(dsts[d]) + i, acc.w);
     }
   }

@@ -11,6 +11,7 @@
 // replays),
 //   and a two-shot one captured in global mode replays between eager calls;
 // - many chunks per CTA with kinds and chunk lengths changing between collectives;
+// - registered buffers: the zero-copy kernel one-shot and two-shot in place, and 1,000 registered replays;
 // - an abort ends a kernel that waits on the GPU for a rank that never comes.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -247,6 +248,45 @@ TEST(CudaStream, GraphReplaysAThousandTimes) {
           fail(ddlInternalError, "replay " + std::to_string(it) + " element " + std::to_string(i));
       }
     }
+  }));
+}
+
+// Registered buffers (ddlCommRegister): the zero-copy node kernel, one-shot out of place and two-shot in
+// place (each rank writing its slice into every rank's output), then 1,000 replays of a captured registered
+// call with the input changed between them.
+TEST(CudaStream, RegisteredBuffersZeroCopy) {
+  SKIP_WITHOUT_GPU();
+  expectAllOk(runRanks(2, DeviceScheme::kAuto, [&](Comm& comm) {
+    Stream st;
+    constexpr size_t kBig = size_t{4} << 20;  // floats: two-shot
+    DeviceBuffer a(kBig * 4), b(kBig * 4);
+    void* ha = comm.registerBuffer(a.p, kBig * 4);
+    void* hb = comm.registerBuffer(b.p, kBig * 4);
+    put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), 4096), st.s);
+    comm.allReduceOnStream(a.p, b.p, 4096, ddlFloat32, ddlSum, st.s);
+    st.sync();
+    expectSame(get(b.p, 4096 * 4), makeExpected(ddlFloat32, ddlSum, 2, 4096), "registered one-shot");
+    put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), kBig), st.s);
+    comm.allReduceOnStream(a.p, a.p, kBig, ddlFloat32, ddlSum, st.s);
+    st.sync();
+    expectSame(get(a.p, kBig * 4), makeExpected(ddlFloat32, ddlSum, 2, kBig), "registered two-shot in place");
+    constexpr size_t kCount = 16384;
+    const CapturedAllReduce graph(comm, st, a.p, b.p, kCount, cudaStreamCaptureModeThreadLocal);
+    std::vector<float> host(kCount), got(kCount);
+    for (int it = 0; it < 1000; ++it) {
+      for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>((i + it) % 97 + comm.rank());
+      cudaOk(cudaMemcpyAsync(a.p, host.data(), kCount * 4, cudaMemcpyHostToDevice, st.s), "cudaMemcpyAsync");
+      graph.launch();
+      cudaOk(cudaMemcpyAsync(got.data(), b.p, kCount * 4, cudaMemcpyDeviceToHost, st.s), "cudaMemcpyAsync");
+      st.sync();
+      for (size_t i = 0; i < kCount; i += 251) {
+        if (got[i] != static_cast<float>(2 * ((i + it) % 97) + 1))
+          fail(ddlInternalError, "registered replay " + std::to_string(it) + " element " + std::to_string(i));
+      }
+    }
+    comm.barrier();
+    comm.deregisterBuffer(hb);
+    comm.deregisterBuffer(ha);
   }));
 }
 

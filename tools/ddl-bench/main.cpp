@@ -312,6 +312,7 @@ struct Options {
   // With --device, how the collective is called: enqueued on a stream (ddlAllReduceOnStream), host-blocking
   // (--blocking: ddlAllReduce), or one stream-ordered call captured in a CUDA graph and replayed (--graph).
   enum class Mode { kStream, kBlocking, kGraph } mode = Mode::kStream;
+  bool registered = false;  // --registered: the device buffers registered with ddlCommRegister (zero-copy)
 };
 
 constexpr const char* kUsage =
@@ -330,6 +331,9 @@ constexpr const char* kUsage =
     "                           stream-ordered: ddlAllReduceOnStream, N calls on a stream, then one sync\n"
     "      --blocking           with --device: the host-blocking ddlAllReduce instead\n"
     "      --graph              with --device: one ddlAllReduceOnStream captured in a CUDA graph, replayed\n"
+    "      --registered         with --device: the buffers registered (ddlCommRegister): the node kernel "
+    "reads\n"
+    "                           and writes them in place\n"
     "  -h, --help               this text\n"
     "      --version            print ddl-bench's version\n"
     "Exit status: 0 all results right, 1 wrong values, 2 bad flags, 3 a libddl error.\n";
@@ -344,7 +348,15 @@ constexpr const char* kUsage =
 }
 
 Options parseOptions(int argc, char** argv) {
-  enum { kJsonOption = 256, kTuneOption, kVersionOption, kDeviceOption, kBlockingOption, kGraphOption };
+  enum {
+    kJsonOption = 256,
+    kTuneOption,
+    kVersionOption,
+    kDeviceOption,
+    kBlockingOption,
+    kGraphOption,
+    kRegisteredOption
+  };
   static const option kLongOptions[] = {
       BENCH_SWEEP_LONG_OPTIONS,
       {"datatype", required_argument, nullptr, 'd'},
@@ -355,6 +367,7 @@ Options parseOptions(int argc, char** argv) {
       {"device", no_argument, nullptr, kDeviceOption},
       {"blocking", no_argument, nullptr, kBlockingOption},
       {"graph", no_argument, nullptr, kGraphOption},
+      {"registered", no_argument, nullptr, kRegisteredOption},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersionOption},
       {nullptr, 0, nullptr, 0},
@@ -419,6 +432,9 @@ Options parseOptions(int argc, char** argv) {
       case kGraphOption:
         o.mode = Options::Mode::kGraph;
         break;
+      case kRegisteredOption:
+        o.registered = true;
+        break;
       case 'h':
         std::fputs(kUsage, stdout);
         std::exit(kExitOk);
@@ -445,6 +461,8 @@ Options parseOptions(int argc, char** argv) {
     badFlag("--device", "cannot be combined with --tune (host buffers only)");
   if (o.mode != Options::Mode::kStream && !o.device)
     badFlag(o.mode == Options::Mode::kGraph ? "--graph" : "--blocking", "needs --device");
+  if (o.registered && (!o.device || o.mode == Options::Mode::kBlocking))
+    badFlag("--registered", "needs --device, and the stream-ordered calls (not --blocking)");
   return o;
 }
 
@@ -503,6 +521,10 @@ class Bench {
         ddlCommAbort(comm_);
         std::exit(kExitDdlError);
       }
+      if (opt_.registered) {
+        ok(ddlCommRegister(comm_, device_.send, buffer_bytes, &reg_send_));
+        ok(ddlCommRegister(comm_, device_.recv, buffer_bytes, &reg_recv_));
+      }
     }
     const Reference ref = makeReference(type_, opt_.op, nranks_, rank_);
 
@@ -529,6 +551,8 @@ class Bench {
         json == nullptr ||
         bench_write_json(json, "ddl-bench", opt_.json_path.c_str(), nranks_, topology_.c_str(), algo_.c_str(),
                          type_.name, kOpNames[opt_.op], rows.data(), rows.size());
+    if (reg_recv_) ok(ddlCommDeregister(comm_, reg_recv_));
+    if (reg_send_) ok(ddlCommDeregister(comm_, reg_send_));
     ok(ddlCommDestroy(comm_));
     if (summary.total_wrong > 0) return kExitWrongValues;
     return json_ok ? kExitOk : kExitUsage;
@@ -691,7 +715,8 @@ class Bench {
                         : opt_.mode == Options::Mode::kGraph
                             ? "ddlAllReduceOnStream in a CUDA graph, replayed"
                             : "ddlAllReduceOnStream, enqueued then synchronised";
-      std::printf("# buffers: CUDA device memory (%s); %s\n", device_.where.c_str(), how);
+      std::printf("# buffers: CUDA device memory (%s)%s; %s\n", device_.where.c_str(),
+                  opt_.registered ? ", registered (ddlCommRegister)" : "", how);
     }
     bench_print_table_head(lines.data(), nranks_);
   }
@@ -707,6 +732,8 @@ class Bench {
   Buffer send_;
   Buffer recv_;
   ddlbench::DeviceBuffers device_;  // --device only
+  void* reg_send_ = nullptr;        // --registered: the registrations
+  void* reg_recv_ = nullptr;
   ddlResult_t async_ = ddlSuccess;
 };
 
