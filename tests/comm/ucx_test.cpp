@@ -510,6 +510,25 @@ TEST(CApi, SingleRankCommunicatorAndBadArguments) {
   ddlResult_t async = ddlInternalError;
   EXPECT_EQ(ddlCommGetAsyncError(comm, &async), ddlSuccess);
   EXPECT_EQ(async, ddlSuccess);
+  // Registered buffers: device memory only, a handle to fill, a handle that is a registration.
+  void* handle = nullptr;
+  EXPECT_EQ(ddlCommRegister(comm, buf, sizeof buf, nullptr), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(comm)).find("handle is NULL"), std::string::npos);
+  EXPECT_EQ(ddlCommRegister(comm, buf, sizeof buf, &handle), ddlInvalidArgument);  // host memory
+  EXPECT_EQ(handle, nullptr);
+  EXPECT_EQ(ddlCommDeregister(comm, nullptr), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(comm)).find("not a registration"), std::string::npos);
+  void* mem = &handle;
+  EXPECT_EQ(ddlMemAlloc(nullptr, 64), ddlInvalidArgument);
+  EXPECT_EQ(ddlMemAlloc(&mem, 0), ddlInvalidArgument);
+  if (ddlMemAlloc(&mem, 64) == ddlSuccess) {  // a GPU here
+    EXPECT_NE(mem, nullptr);
+    EXPECT_EQ(ddlMemFree(mem), ddlSuccess);
+  } else {
+    EXPECT_EQ(mem, nullptr);
+    EXPECT_STRNE(ddlGetLastError(nullptr), "");
+  }
+  EXPECT_EQ(ddlMemFree(nullptr), ddlSuccess);
   EXPECT_EQ(ddlCommAbort(comm), ddlSuccess);
   EXPECT_EQ(ddlAllReduce(buf, out, 4, ddlFloat32, ddlSum, comm), ddlAborted);
   EXPECT_EQ(ddlCommDestroy(comm), ddlSuccess);
