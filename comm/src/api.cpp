@@ -267,6 +267,11 @@ ddlResult_t ddlCommDeregister(ddlComm_t comm, void* handle) {
   return guard(comm, "ddlCommDeregister", [&] { comm->impl->deregisterBuffer(handle); });
 }
 
+ddlResult_t ddlCommRegisterGraphBuffers(ddlComm_t comm) {
+  DDL_CHECK_COMM("ddlCommRegisterGraphBuffers", comm);
+  return guard(comm, "ddlCommRegisterGraphBuffers", [&] { comm->impl->registerGraphBuffers(); });
+}
+
 namespace {
 // ddlMemAlloc's runtime: CUDA's, made once (null in builds without it).
 ddl::DeviceRuntime* memRuntime() {

@@ -885,6 +885,13 @@ void* Comm::registerBuffer(void* buf, size_t bytes) {
   return streams_->registerBuffer(buf, bytes);
 }
 
+void Comm::registerGraphBuffers() {
+  if (!device_) return;  // nothing was captured
+  noteGpuError();
+  failIfBroken();
+  streams_->registerGraphBuffers();
+}
+
 void Comm::deregisterBuffer(void* handle) {
   if (!device_ || !handle)
     fail(ddlInvalidArgument, "ddlCommDeregister: not a registration of this communicator");

@@ -114,6 +114,7 @@ class Comm final : private StreamCalls::Owner {
   // ddlCommRegister and ddlCommDeregister (StreamCalls::registerBuffer, deregister): collectives.
   void* registerBuffer(void* buf, size_t bytes);
   void deregisterBuffer(void* handle);
+  void registerGraphBuffers();  // ddlCommRegisterGraphBuffers
 
   // Point-to-point, any thread (see p2p.h). The i-forms return at once; the others wait for the operation
   // and throw its error.

@@ -1053,6 +1053,53 @@ TEST(StreamPath, RegisteredCallsReplayFromAGraph) {
   }));
 }
 
+// Buffers of a graph registered after its capture (vLLM's way): the replays are staged, and right, until
+// ddlCommRegisterGraphBuffers, zero-copy after it. Rank 1's output is registered already and rank 0's is
+// not: rows are reserved alike on every rank anyway, so they stay in step.
+TEST(StreamPath, GraphBuffersRegisteredAfterTheCapture) {
+  Rig setup;
+  expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
+    FakeRuntime& rt = *setup.runtimes[comm.rank()];
+    FakeStream s;
+    constexpr size_t kCount = 30000;
+    FakeBuffer in(kCount * 4), out(kCount * 4), other(64);
+    void* h = comm.registerBuffer(comm.rank() == 1 ? out.p : other.p, comm.rank() == 1 ? out.bytes : 64);
+    comm.allReduceOnStream(in.p, out.p, kCount, ddlFloat32, ddlSum, &s);  // the setup's call, uncaptured
+    s.sync();
+    rt.beginCapture(&s);
+    comm.allReduceOnStream(in.p, out.p, kCount, ddlFloat32, ddlSum, &s);
+    const FakeRuntime::FakeGraph graph = rt.endCapture();
+    auto replay = [&](int i, bool zero) {
+      put(in.p, makeInput(ddlFloat32, ddlSum, comm.rank() + i, kCount));
+      comm.barrier();
+      const int copies = setup.counters->kernel_copies.load();
+      comm.barrier();
+      FakeRuntime::replay(graph, &s);
+      s.sync();
+      comm.barrier();
+      if (zero) {
+        EXPECT_EQ(setup.counters->kernel_copies.load(), copies) << "replay " << i << " copied";
+      } else {
+        EXPECT_GT(setup.counters->kernel_copies.load(), copies) << "replay " << i << " before registering";
+      }
+      auto want = makeInput(ddlFloat32, ddlSum, i, kCount),
+           next = makeInput(ddlFloat32, ddlSum, i + 1, kCount);
+      for (size_t k = 0; k < kCount; ++k) {
+        float x, y;
+        std::memcpy(&x, &want[k * 4], 4);
+        std::memcpy(&y, &next[k * 4], 4);
+        x += y;
+        std::memcpy(&want[k * 4], &x, 4);
+      }
+      expectSame(get(out.p, kCount * 4), want, "replay " + std::to_string(i));
+    };
+    replay(0, false);
+    comm.registerGraphBuffers();
+    for (int i = 1; i < 4; ++i) replay(i, true);
+    comm.deregisterBuffer(h);
+  }));
+}
+
 // The algorithm alone, on the host: shares cover every element once, in whole units, and chunks fit a slot.
 TEST(NodeKernel, SharesAndChunks) {
   for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{1000}, size_t{123457}}) {

@@ -273,7 +273,11 @@ ddlResult_t ddlReduceOnStream(const void* sendbuff, void* recvbuff, size_t count
  * over CUDA IPC. *handle is for ddlCommDeregister, also a collective in the same order, which waits for the
  * communicator's kernels. A call whose buffers lie inside a registered buffer on every member is zero-copy;
  * where any member's are not, it is staged as before, so mixing is never wrong. Register before capturing
- * a CUDA graph that uses the buffer, and deregister only after the graph is destroyed. Where the node kernel
+ * a CUDA graph that uses the buffer (or see ddlCommRegisterGraphBuffers), and deregister only once the
+ * graph's launches have completed and it will not be launched again: ddlCommDeregister waits for libddl's own
+ * kernels, not for a graph's. An argument error on one rank (a NULL or host buffer, size 0, a handle that is
+ * no registration) is returned at once on that rank, and the others' call waits for it until the timeout, as
+ * in any collective one rank leaves out. Where the node kernel
  * does not serve (host-paced, across nodes) a registration succeeds and changes nothing. Memory that cannot
  * be shared over CUDA IPC (cuMemCreate's, as PyTorch's expandable segments) is refused on every rank with
  * ddlInvalidArgument naming the member and why; the buffer keeps working, staged. At most 4096
@@ -281,6 +285,14 @@ ddlResult_t ddlReduceOnStream(const void* sendbuff, void* recvbuff, size_t count
  * device that ddlCommRegister accepts (cudaMalloc's). */
 ddlResult_t ddlCommRegister(ddlComm_t comm, void* buff, size_t size, void** handle);
 ddlResult_t ddlCommDeregister(ddlComm_t comm, void* handle);
+/* Buffers of a CUDA graph registered after its capture (as vLLM's custom allreduce): a stream-ordered
+ * allreduce captured on the node kernel reserves two registrations for its buffers (whatever they hold), so
+ * a graph of k allreduces takes 2k of the 4096, until the communicator is destroyed. Its replays are staged
+ * until ddlCommRegisterGraphBuffers, a collective in the same order on every rank, shares the buffers of
+ * every allreduce captured since the last call; from then on they are zero-copy. A buffer a member cannot
+ * share stays staged: the call returns ddlInvalidArgument saying how many and why, and nothing breaks. Do not
+ * replay the graph during the call. */
+ddlResult_t ddlCommRegisterGraphBuffers(ddlComm_t comm);
 ddlResult_t ddlMemAlloc(void** ptr, size_t size);
 ddlResult_t ddlMemFree(void* ptr);
 

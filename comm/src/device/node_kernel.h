@@ -187,6 +187,13 @@ DDL_NODE_FN uint64_t* callOf(char* region, int block, uint64_t e, int from) {
   return reinterpret_cast<uint64_t*>(region + Layout::kCallsOffset) +
          ((static_cast<size_t>(block) * 2 + (e & 1)) * kMaxRanks + from) * Layout::kCallWords;
 }
+// ref where this rank's entry of its row is filled, else 0: a row reserved for a buffer of a captured graph
+// is empty until ddlCommRegisterGraphBuffers fills it (this rank's entry last), and a call whose buffer's
+// row is empty is staged.
+DDL_NODE_FN uint64_t liveRef(const Args& a, uint64_t ref) {
+  if (!ref || !a.regs) return 0;
+  return a.regs[((ref >> kRefOffsetBits) - 1) * kMaxRanks + a.rank] ? ref : 0;
+}
 // The buffer a reference names, as this rank maps it (member's row of the table).
 DDL_NODE_FN char* bufferOf(const Args& a, int member, uint64_t ref) {
   const uint64_t row = (ref >> kRefOffsetBits) - 1;
@@ -254,8 +261,9 @@ DDL_NODE_COLD void failAll(const Args& a, uint32_t code, X& x) {
 template <class X>
 DDL_NODE_COLD uint32_t checkCall(const Args& a, int b, uint64_t e, int p, uint64_t v, X& x) {
   const uint64_t* call = callOf(a.regions[a.rank], b, e, p);
-  const uint64_t theirs = x.poll(call);
-  if (x.poll(call + 1) == e && theirs != a.signature) {
+  // The epoch on both sides of the signature: a failed member's words may be from an earlier meeting.
+  const uint64_t before = x.poll(call + 1), theirs = x.poll(call);
+  if (before == e && x.poll(call + 1) == e && theirs != a.signature) {
     if (x.claimDetail(&a.detail->member_plus_one, static_cast<uint64_t>(p) + 1)) {
       a.detail->theirs = theirs;
       a.detail->mine = a.signature;
@@ -279,8 +287,8 @@ DDL_NODE_FN bool meet(const Args& a, int b, uint64_t e, X& x) {
     uint64_t* call = callOf(a.regions[p], b, e, a.rank);
     x.store(call, a.signature);
     x.store(call + 1, e);
-    x.store(call + 2, a.send_ref);
-    x.store(call + 3, a.recv_ref);
+    x.store(call + 2, liveRef(a, a.send_ref));
+    x.store(call + 3, liveRef(a, a.recv_ref));
   }
   x.sync();  // the block's writes before any of its flags goes up
   for (int p = x.tid(); p < a.nranks; p += x.nthreads()) x.signal(flagOf(a.regions[p], b, a.rank), e);
@@ -313,6 +321,7 @@ DDL_NODE_FN bool meet(const Args& a, int b, uint64_t e, X& x) {
     }
   }
   // A block of this rank that failed meanwhile may have poisoned the flags before this block raised its own.
+  x.sync();  // every thread's flags up before thread 0's fence
   if (code == kNoError && x.tid() == 0) code = failedMeanwhile(a, x);
   if (code != kNoError) failAll(a, code, x);
   return !x.any(code != kNoError);
@@ -352,7 +361,8 @@ DDL_NODE_FN int registeredMembers(const Args& a, int b, uint64_t e, X& x) {
 template <class X>
 DDL_NODE_FN bool stagedMeet(const Args& a, int b, uint64_t* epoch, bool first_chunk, bool met_before, X& x) {
   if (!meet(a, b, ++*epoch, x)) return false;
-  if (!first_chunk || met_before || !a.regs || registeredMembers(a, b, *epoch, x) == 0) return true;
+  // Not only where this rank has registrations: the members' words decide, so that they never disagree.
+  if (!first_chunk || met_before || registeredMembers(a, b, *epoch, x) == 0) return true;
   return meet(a, b, ++*epoch, x);
 }
 
@@ -392,7 +402,9 @@ DDL_NODE_COLD void zeroCopy(const Args& a, int b, uint64_t e, size_t first, size
 // One block's part of the collective a describes.
 template <class X>
 DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
-  if (a.kind == Kind::kPoison) {
+  if (a.kind == Kind::kPoison) {  // the rank failed on the host: its later kernels raise no flag either
+    if (x.tid() == 0) x.markFailed(failedOf(a.regions[a.rank]));
+    x.sync();
     for (int p = x.tid(); p < a.nranks; p += x.nthreads()) x.signal(flagOf(a.regions[p], b, a.rank), kPoison);
     return;
   }
@@ -412,7 +424,7 @@ DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
   bool ok = chunk > 0;
   // An allreduce whose buffers are registered here meets first, without copying in: where every member's
   // are, the call is zero-copy; else it goes on staged (stagedMeet).
-  const bool registered = a.regs && a.send_ref && a.recv_ref && first < last &&
+  const bool registered = liveRef(a, a.send_ref) && liveRef(a, a.recv_ref) && first < last &&
                           (a.kind == Kind::kAllReduceOneShot || a.kind == Kind::kAllReduceTwoShot);
   if (registered && (ok = meet(a, b, ++epoch, x)) && registeredMembers(a, b, epoch, x) == n) {
     zeroCopy(a, b, epoch, first, last, x);

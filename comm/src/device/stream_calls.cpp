@@ -124,6 +124,20 @@ void* StreamCalls::registerBuffer(void* ptr, size_t bytes) {
   return r;
 }
 
+void StreamCalls::registerGraphBuffers() {
+  owner_.drainAsync();
+  if (!path_.ready()) return;
+  DevicePath::KeepDevice keep(device_.runtime());
+  std::string why;
+  int failed = 0;
+  owner_.deviceCall([&] { failed = path_.registerGraphBuffers(exchange(), &why); });
+  if (failed > 0) {
+    fail(ddlInvalidArgument,
+         "ddlCommRegisterGraphBuffers: " + std::to_string(failed) +
+             " captured buffer(s) could not be shared, and their calls stay staged: " + why);
+  }
+}
+
 void StreamCalls::deregister(void* handle) {
   owner_.drainAsync();
   DevicePath::KeepDevice keep(device_.runtime());
@@ -221,7 +235,12 @@ void StreamCalls::call(void* stream, const node::Args& args, std::initializer_li
 
 void StreamCalls::launchNodeKernel(void* stream, const node::Args& args) {
   try {
-    path_.launch(stream, args);
+    bool capturing = false;
+    {
+      DeviceRuntime::RelaxedCapture relaxed(device_.runtime());
+      capturing = device_.runtime().capturing(stream);
+    }
+    path_.launch(stream, args, capturing);
   } catch (const Error& e) {
     // The peers' kernels of this collective are on their way and this rank's is not: out of step for good.
     // Its flags poisoned, they fail now rather than at the timeout.

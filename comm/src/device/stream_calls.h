@@ -89,6 +89,8 @@ class StreamCalls {
   // stream-ordered call does. Failures to share a buffer are argument errors on every rank.
   void* registerBuffer(void* ptr, size_t bytes);
   void deregister(void* handle);
+  // ddlCommRegisterGraphBuffers (StreamPath::registerGraphBuffers): a collective.
+  void registerGraphBuffers();
 
  private:
   // The device of the stream, checking that every buffer is device memory on it.

@@ -219,6 +219,10 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
       join_ = rt_.newEvent(dev);
       words_host_ = rt_.allocMapped(sizeof(Words), &words_dev_);
       poison_ = rt_.allocHost(node::kBlocks * sizeof(uint64_t));
+      // The registrations' table (ddlCommRegister), here rather than at the first registration: a graph's
+      // capture may reserve rows (graphRef), and nothing may be allocated during a capture.
+      table_ = rt_.allocDevice(kRegistrationTableBytes);
+      rt_.zeroDevice(table_, kRegistrationTableBytes);
       std::fill_n(static_cast<uint64_t*>(poison_), node::kBlocks, node::kPoison);
     } catch (const Error& e) {
       *why = std::string("setting up the node kernel: ") + e.what();
@@ -258,8 +262,8 @@ bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
   return true;
 }
 
-void StreamPath::launch(void* stream, node::Args a) {
-  complete(a);
+void StreamPath::launch(void* stream, node::Args a, bool capturing) {
+  complete(a, capturing);
   DDL_ASSERT(node::chunkElems(a) > 0);
   rt_.recordOn(stream, fork_);
   rt_.waitOn(stream_, fork_);
@@ -268,7 +272,7 @@ void StreamPath::launch(void* stream, node::Args a) {
   rt_.waitOn(stream, join_);
 }
 
-void StreamPath::complete(node::Args& a) const {
+void StreamPath::complete(node::Args& a, bool capturing) {
   DDL_ASSERT(ready_);
   a.nranks = members_;
   a.rank = me_;
@@ -282,12 +286,16 @@ void StreamPath::complete(node::Args& a) const {
   a.signature = node::signatureOf(a.kind, a.count, a.type, a.op, a.root);
   a.regs = nullptr;
   a.send_ref = a.recv_ref = 0;
-  if (table_ && !registrations_.empty() &&
-      (a.kind == node::Kind::kAllReduceOneShot || a.kind == node::Kind::kAllReduceTwoShot)) {
-    a.regs = static_cast<char* const*>(table_);
-    a.send_ref = refOf(a.send, a.count * a.elem);
-    a.recv_ref = refOf(a.recv, a.count * a.elem);
+  if (a.kind != node::Kind::kAllReduceOneShot && a.kind != node::Kind::kAllReduceTwoShot) return;
+  const size_t bytes = a.count * a.elem;
+  if (capturing) {  // every rank alike reserves two rows (graphRef)
+    a.send_ref = graphRef(static_cast<char*>(const_cast<void*>(a.send)), bytes);
+    a.recv_ref = graphRef(static_cast<char*>(a.recv), bytes);
+  } else if (!registrations_.empty()) {
+    a.send_ref = refOf(a.send, bytes);
+    a.recv_ref = refOf(a.recv, bytes);
   }
+  if (!registrations_.empty()) a.regs = static_cast<char* const*>(table_);
 }
 
 void StreamPath::waitForStream(void* stream, int dev) {
@@ -313,11 +321,13 @@ void StreamPath::poisonFlags() noexcept {
   // A kernel of this rank still on its way (an earlier collective whose peers all came) raises its flags
   // after the copies above: poison them again after it.
   try {
+    DeviceRuntime::RelaxedCapture relaxed(rt_);
+    if (rt_.capturing(stream_)) return;  // it joined a capture (a launch that failed then): not into a graph
     node::Args a{};
     a.kind = node::Kind::kPoison;
     a.type = ddlUint8;
     a.elem = 1;
-    complete(a);
+    complete(a, false);
     rt_.launchNode(stream_, dev_, a);  // not forked from the caller's stream: never in a graph it captures
   } catch (const Error&) {
   }
@@ -361,7 +371,8 @@ std::string StreamPath::describeGpuError() const {
   const auto* words = static_cast<const Words*>(words_host_);
   if (code != node::kMismatch || !words) return describeGpuError(code);
   const volatile node::MismatchDetail& d = words->detail;
-  if (d.member_plus_one == 0) return describeGpuError(code);
+  // Signatures are never 0: a detail not (yet) written in full gives the general message.
+  if (d.member_plus_one == 0 || d.theirs == 0 || d.mine == 0) return describeGpuError(code);
   return "stream-ordered collective mismatch: member " + std::to_string(d.member_plus_one - 1) +
          " of the node called " + describeCall(d.theirs) + " where this rank called " + describeCall(d.mine) +
          ": every rank must make the same calls in the same order";

@@ -58,6 +58,8 @@ constexpr size_t kNodeSlotBytes = size_t{8} << 20;
 constexpr size_t kMinNodeSlotBytes = node::kUnitBytes * node::kMaxRanks * node::kBlocks;  // 8 KiB
 // The size of a rank's record in the node kernel's setup exchange.
 constexpr size_t kNodeRecordBytes = 512;
+// The registrations' table (node_kernel.h): 512 KiB of device memory per rank.
+constexpr size_t kRegistrationTableBytes = size_t{node::kMaxRegistrations} * node::kMaxRanks * sizeof(char*);
 
 class StreamPath {
  public:
@@ -82,8 +84,9 @@ class StreamPath {
   bool ready() const { return ready_; }
 
   // Enqueues a collective of the node kernel on stream (on kernelDevice()). a's kind, counts, buffers, type,
-  // op, root and divisor are the caller's; the rest comes from here.
-  void launch(void* stream, node::Args a);
+  // op, root and divisor are the caller's; the rest comes from here. capturing: stream is being captured
+  // into a CUDA graph (an allreduce then reserves rows for its buffers: graphRef).
+  void launch(void* stream, node::Args a, bool capturing = false);
 
   // The host-paced scheme: returns once the work queued on stream (on dev) so far is done. Polls, so that an
   // abort ends the wait (then throws ddlAborted).
@@ -118,6 +121,7 @@ class StreamPath {
     size_t bytes = 0;
     int row = -1;
     std::vector<std::string> imports;  // the members' handles this rank opened for it (closed at removal)
+    bool pending = false;              // a captured buffer's row, reserved, not yet shared (graphRef)
   };
   // Every member, the same registrations in the same order (collectives over ex). Where the node kernel is
   // ready: every member shares its buffer's allocation over CUDA IPC and opens the others', and they agree;
@@ -129,6 +133,10 @@ class StreamPath {
   bool removeRegistration(Registration* r, const Exchange& ex);
   // The reference (node_kernel.h) of [p, p + bytes) in a registration with a row; 0 where none holds it.
   uint64_t refOf(const void* p, size_t bytes) const;
+  // ddlCommRegisterGraphBuffers, every member in the same order: shares the buffers of the allreduces
+  // captured since the last call (graphRef's rows), each as addRegistration does. Returns how many could not
+  // be (their rows stay empty: those calls are staged), *why the first reason.
+  int registerGraphBuffers(const Exchange& ex, std::string* why);
 
   // Waits for the node kernel's stream (aborting it past the timeout) and closes the other members' regions:
   // every member, before the communicator's last barrier, so that no region is freed while open.
@@ -143,7 +151,16 @@ class StreamPath {
  private:
   // Fills in what a launch of a takes from here (members, regions, words, timeout, signature, and an
   // allreduce's registered buffers).
-  void complete(node::Args& a) const;
+  void complete(node::Args& a, bool capturing);
+  // A free row of the table, taken (-1: none left). Every member takes the same rows in the same order.
+  int takeRow();
+  // Shares reg's buffer into row on every member (the exchange: records, opening, the row, the agreement).
+  // False on every member where any member could not, *why saying why; the row is left empty.
+  bool share(Registration& reg, int row, const Exchange& ex, std::string* why);
+  // A captured allreduce's buffer: a new row reserved for it (on every member alike, whatever it holds, so
+  // that rows stay in step), and its reference: its registration's where it has one, else the new row's,
+  // empty until registerGraphBuffers shares it (node::liveRef: the call is staged until then).
+  uint64_t graphRef(char* p, size_t bytes);
   // The members' allocations this rank opened for registrations, by handle, counted: several registered
   // buffers may lie in one allocation, which CUDA opens once.
   char* openShared(const std::string& handle);

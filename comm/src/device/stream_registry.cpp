@@ -36,8 +36,6 @@ bool decode(const char* b, bool* ok, uint64_t* offset, std::string* text) {
   return true;
 }
 
-constexpr size_t kTableBytes = size_t{node::kMaxRegistrations} * node::kMaxRanks * sizeof(char*);
-
 }  // namespace
 
 char* StreamPath::openShared(const std::string& handle) {
@@ -56,6 +54,15 @@ void StreamPath::closeShared(const std::string& handle) noexcept {
   opened_.erase(it);
 }
 
+int StreamPath::takeRow() {
+  int row = 0;
+  while (row < static_cast<int>(rows_.size()) && rows_[row]) ++row;
+  if (row >= node::kMaxRegistrations) return -1;
+  if (row >= static_cast<int>(rows_.size())) rows_.resize(row + 1, false);
+  rows_[row] = true;
+  return row;
+}
+
 StreamPath::Registration* StreamPath::addRegistration(char* ptr, size_t bytes, const Exchange& ex,
                                                       std::string* why) {
   auto reg = std::make_unique<Registration>();
@@ -66,12 +73,23 @@ StreamPath::Registration* StreamPath::addRegistration(char* ptr, size_t bytes, c
     return registrations_.back().get();
   }
   // The same rows are used on every member (the same registrations in the same order).
-  int row = 0;
-  while (row < static_cast<int>(rows_.size()) && rows_[row]) ++row;
-  bool ok = row < node::kMaxRegistrations;
+  const int row = takeRow();
+  if (!share(*reg, row, ex, why)) {
+    if (row >= 0) rows_[row] = false;
+    return nullptr;
+  }
+  reg->row = row;
+  registrations_.push_back(std::move(reg));
+  return registrations_.back().get();
+}
+
+bool StreamPath::share(Registration& reg, int row, const Exchange& ex, std::string* why) {
+  char* const ptr = reg.ptr;
+  const size_t bytes = reg.bytes;
+  bool ok = row >= 0;
   std::string text = ok ? ""
                         : "a communicator holds at most " + std::to_string(node::kMaxRegistrations) +
-                              " registrations: deregister some";
+                              " registrations, two for each captured allreduce among them: deregister some";
   void* base = nullptr;
   size_t size = 0;
   if (ok && rt_.deviceOf(ptr) != dev_) {
@@ -112,12 +130,10 @@ StreamPath::Registration* StreamPath::addRegistration(char* ptr, size_t bytes, c
     } else if (!theirs) {
       ok = false;
       *why = m == me_ ? t : "member " + std::to_string(m) + ": " + t;
-    } else if (m == me_) {
-      peers[m] = ptr;
-    } else {
+    } else if (m != me_) {
       try {
         peers[m] = openShared(t) + off;
-        reg->imports.push_back(t);
+        reg.imports.push_back(t);
       } catch (const Error& e) {
         ok = false;
         *why = "opening member " + std::to_string(m) + "'s buffer: " + e.what();
@@ -125,14 +141,15 @@ StreamPath::Registration* StreamPath::addRegistration(char* ptr, size_t bytes, c
     }
   }
   if (ok) {
+    // The others' entries first, this rank's last: a kernel takes the row for live once its own entry is
+    // set (node::liveRef), which a replay may read meanwhile.
     try {
       rt_.bind(dev_);
-      if (!table_) {
-        table_ = rt_.allocDevice(kTableBytes);
-        rt_.zeroDevice(table_, kTableBytes);
-      }
-      rt_.copy(0, static_cast<char**>(table_) + static_cast<size_t>(row) * node::kMaxRanks, peers.data(),
-               node::kMaxRanks * sizeof(char*));
+      char** const at = static_cast<char**>(table_) + static_cast<size_t>(row) * node::kMaxRanks;
+      rt_.copy(0, at, peers.data(), node::kMaxRanks * sizeof(char*));
+      rt_.syncQueue(0);
+      peers[0] = ptr;
+      rt_.copy(0, at + me_, peers.data(), sizeof(char*));
       rt_.syncQueue(0);
     } catch (const Error& e) {
       ok = false;
@@ -141,14 +158,46 @@ StreamPath::Registration* StreamPath::addRegistration(char* ptr, size_t bytes, c
   }
   if (!ex.agree(ok)) {
     if (ok) *why = "another rank could not share its buffer (its DDL_DEBUG output says why)";
-    for (const auto& h : reg->imports) closeShared(h);
-    return nullptr;
+    for (const auto& h : reg.imports) closeShared(h);
+    reg.imports.clear();
+    if (ok) {  // this rank's entry is set: empty the row again
+      try {
+        std::fill(peers.begin(), peers.end(), nullptr);
+        rt_.copy(0, static_cast<char**>(table_) + static_cast<size_t>(row) * node::kMaxRanks, peers.data(),
+                 node::kMaxRanks * sizeof(char*));
+        rt_.syncQueue(0);
+      } catch (const Error&) {
+      }
+    }
+    return false;
   }
-  if (row >= static_cast<int>(rows_.size())) rows_.resize(row + 1, false);
-  rows_[row] = true;
+  return true;
+}
+
+uint64_t StreamPath::graphRef(char* p, size_t bytes) {
+  const uint64_t have = refOf(p, bytes);
+  const int row = takeRow();
+  if (row < 0) return have;
+  auto reg = std::make_unique<Registration>();
+  reg->ptr = p;
+  reg->bytes = bytes;
   reg->row = row;
+  reg->pending = true;
   registrations_.push_back(std::move(reg));
-  return registrations_.back().get();
+  return have ? have : static_cast<uint64_t>(row + 1) << node::kRefOffsetBits;
+}
+
+int StreamPath::registerGraphBuffers(const Exchange& ex, std::string* why) {
+  int failed = 0;
+  for (const auto& r : registrations_) {
+    if (!r->pending) continue;
+    r->pending = false;
+    std::string w;
+    if (!share(*r, r->row, ex, &w)) {  // the row stays reserved and empty: its calls are staged
+      if (failed++ == 0) *why = w;
+    }
+  }
+  return failed;
 }
 
 bool StreamPath::removeRegistration(Registration* r, const Exchange& ex) {
