@@ -78,6 +78,21 @@ struct CapturedAllReduce {
   CapturedAllReduce(const CapturedAllReduce&) = delete;
   CapturedAllReduce& operator=(const CapturedAllReduce&) = delete;
   void launch() const { cudaOk(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); }
+  // replays times: the input (count floats at in, as captured) changed before each, the output checked after.
+  void replayChecked(const Comm& comm, void* in, const void* out, size_t count, int replays) const {
+    std::vector<float> host(count), got(count);
+    for (int it = 0; it < replays; ++it) {
+      for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>((i + it) % 97 + comm.rank());
+      cudaOk(cudaMemcpyAsync(in, host.data(), count * 4, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+      launch();
+      cudaOk(cudaMemcpyAsync(got.data(), out, count * 4, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+      cudaOk(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      for (size_t i = 0; i < count; i += 251) {
+        if (got[i] != static_cast<float>(2 * ((i + it) % 97) + 1))
+          fail(ddlInternalError, "replay " + std::to_string(it) + " element " + std::to_string(i));
+      }
+    }
+  }
 
   cudaStream_t stream;
   cudaGraph_t graph = nullptr;
@@ -235,19 +250,7 @@ TEST(CudaStream, GraphReplaysAThousandTimes) {
     comm.allReduceOnStream(in.p, out.p, kCount, ddlFloat32, ddlSum, st.s);  // the first call sets up
     st.sync();
     const CapturedAllReduce graph(comm, st, in.p, out.p, kCount, cudaStreamCaptureModeThreadLocal);
-    std::vector<float> host(kCount), got(kCount);
-    for (int it = 0; it < kReplays; ++it) {
-      for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>((i + it) % 97 + comm.rank());
-      cudaOk(cudaMemcpyAsync(in.p, host.data(), kCount * 4, cudaMemcpyHostToDevice, st.s), "cudaMemcpyAsync");
-      graph.launch();
-      cudaOk(cudaMemcpyAsync(got.data(), out.p, kCount * 4, cudaMemcpyDeviceToHost, st.s), "cudaMemcpyAsync");
-      st.sync();
-      for (size_t i = 0; i < kCount; i += 251) {
-        const float want = static_cast<float>(2 * ((i + it) % 97) + 1);
-        if (got[i] != want)
-          fail(ddlInternalError, "replay " + std::to_string(it) + " element " + std::to_string(i));
-      }
-    }
+    graph.replayChecked(comm, in.p, out.p, kCount, kReplays);
   }));
 }
 
@@ -272,18 +275,7 @@ TEST(CudaStream, RegisteredBuffersZeroCopy) {
     expectSame(get(a.p, kBig * 4), makeExpected(ddlFloat32, ddlSum, 2, kBig), "registered two-shot in place");
     constexpr size_t kCount = 16384;
     const CapturedAllReduce graph(comm, st, a.p, b.p, kCount, cudaStreamCaptureModeThreadLocal);
-    std::vector<float> host(kCount), got(kCount);
-    for (int it = 0; it < 1000; ++it) {
-      for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>((i + it) % 97 + comm.rank());
-      cudaOk(cudaMemcpyAsync(a.p, host.data(), kCount * 4, cudaMemcpyHostToDevice, st.s), "cudaMemcpyAsync");
-      graph.launch();
-      cudaOk(cudaMemcpyAsync(got.data(), b.p, kCount * 4, cudaMemcpyDeviceToHost, st.s), "cudaMemcpyAsync");
-      st.sync();
-      for (size_t i = 0; i < kCount; i += 251) {
-        if (got[i] != static_cast<float>(2 * ((i + it) % 97) + 1))
-          fail(ddlInternalError, "registered replay " + std::to_string(it) + " element " + std::to_string(i));
-      }
-    }
+    graph.replayChecked(comm, a.p, b.p, kCount, 1000);
     comm.barrier();
     comm.deregisterBuffer(hb);
     comm.deregisterBuffer(ha);

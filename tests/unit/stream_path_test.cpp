@@ -897,6 +897,20 @@ TEST(StreamPath, APeerThatNeverComesTimesOutAndBreaksTheCommunicator) {
   EXPECT_EQ(results[0].code, ddlSuccess) << results[0].what;
 }
 
+// The float32 sum two ranks get when rank r's input is makeInput(r + i): makeInput(i) + makeInput(i + 1).
+std::vector<char> twoRanksSum(int i, size_t count) {
+  std::vector<char> want = makeInput(ddlFloat32, ddlSum, i, count);
+  const std::vector<char> other = makeInput(ddlFloat32, ddlSum, i + 1, count);
+  for (size_t k = 0; k < count; ++k) {
+    float x, y;
+    std::memcpy(&x, &want[k * 4], 4);
+    std::memcpy(&y, &other[k * 4], 4);
+    x += y;
+    std::memcpy(&want[k * 4], &x, 4);
+  }
+  return want;
+}
+
 // Registered buffers (ddlCommRegister): an allreduce whose buffers every member registered reads and writes
 // them in place. The kernel copies nothing (HostNodeExec counts copies: the staged path's copy-in is one),
 // and the result is the host path's, one-shot and two-shot, in place and out of place, with ddlAvg.
@@ -1034,18 +1048,7 @@ TEST(StreamPath, RegisteredCallsReplayFromAGraph) {
       comm.barrier();
       FakeRuntime::replay(graph, &s);
       s.sync();
-      auto want = makeInput(ddlFloat32, ddlSum, i, kCount);
-      {
-        auto other = makeInput(ddlFloat32, ddlSum, i + 1, kCount);
-        for (size_t k = 0; k < kCount; ++k) {
-          float x, y;
-          std::memcpy(&x, &want[k * 4], 4);
-          std::memcpy(&y, &other[k * 4], 4);
-          x += y;
-          std::memcpy(&want[k * 4], &x, 4);
-        }
-      }
-      expectSame(get(a.p, kCount * 4), want, "replay " + std::to_string(i));
+      expectSame(get(a.p, kCount * 4), twoRanksSum(i, kCount), "replay " + std::to_string(i));
       comm.barrier();
     }
     EXPECT_EQ(setup.counters->kernel_copies.load(), copies);
@@ -1082,16 +1085,7 @@ TEST(StreamPath, GraphBuffersRegisteredAfterTheCapture) {
       } else {
         EXPECT_GT(setup.counters->kernel_copies.load(), copies) << "replay " << i << " before registering";
       }
-      auto want = makeInput(ddlFloat32, ddlSum, i, kCount),
-           next = makeInput(ddlFloat32, ddlSum, i + 1, kCount);
-      for (size_t k = 0; k < kCount; ++k) {
-        float x, y;
-        std::memcpy(&x, &want[k * 4], 4);
-        std::memcpy(&y, &next[k * 4], 4);
-        x += y;
-        std::memcpy(&want[k * 4], &x, 4);
-      }
-      expectSame(get(out.p, kCount * 4), want, "replay " + std::to_string(i));
+      expectSame(get(out.p, kCount * 4), twoRanksSum(i, kCount), "replay " + std::to_string(i));
     };
     replay(0, false);
     comm.registerGraphBuffers();

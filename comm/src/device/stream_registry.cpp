@@ -157,7 +157,7 @@ bool StreamPath::share(Registration& reg, int row, const Exchange& ex, std::stri
     }
   }
   if (!ex.agree(ok)) {
-    if (ok) *why = "another rank could not share its buffer (its DDL_DEBUG output says why)";
+    if (ok) *why = "another rank could not share its buffer (its ddlCommRegister call returns why)";
     for (const auto& h : reg.imports) closeShared(h);
     reg.imports.clear();
     if (ok) {  // this rank's entry is set: empty the row again
