@@ -7,12 +7,13 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "comm.h"
 #include "ddl/ddl.h"
 #include "env.h"
-#include "options.h"
 #include "error.h"
+#include "options.h"
 #include "rendezvous/launch_env.h"
 
 namespace {
@@ -250,6 +251,32 @@ ddlResult_t ddlCommGetIntraNodePath(ddlComm_t comm, char* buf, size_t len) {
 ddlResult_t ddlCommGetStreamScheme(ddlComm_t comm, char* buf, size_t len) {
   DDL_CHECK_COMM("ddlCommGetStreamScheme", comm);
   return copyOut(comm, "ddlCommGetStreamScheme", comm->impl->streamScheme(), buf, len);
+}
+
+ddlResult_t ddlCommShrink(ddlComm_t comm, const int* excludeRanks, int excludeCount, ddlComm_t* newcomm) {
+  DDL_CHECK_COMM("ddlCommShrink", comm);
+  if (!newcomm || excludeCount < 0 || (excludeCount > 0 && !excludeRanks)) {
+    record(comm, "ddlCommShrink: newcomm is NULL, or excludeRanks is NULL with a count above 0");
+    return ddlInvalidArgument;
+  }
+  *newcomm = nullptr;
+  return guard(comm, "ddlCommShrink", [&] {
+    auto c = std::make_unique<ddlComm>();
+    c->impl = comm->impl->shrink(std::vector<int>(excludeRanks, excludeRanks + excludeCount));
+    *newcomm = c.release();
+  });
+}
+
+ddlResult_t ddlCommGetExcluded(ddlComm_t comm, int* ranks, int maxRanks, int* count) {
+  DDL_CHECK_COMM("ddlCommGetExcluded", comm);
+  if (!count || maxRanks < 0 || (maxRanks > 0 && !ranks)) {
+    record(comm, "ddlCommGetExcluded: count is NULL, or ranks is NULL with maxRanks above 0");
+    return ddlInvalidArgument;
+  }
+  const std::vector<int>& gone = comm->impl->excluded();
+  *count = static_cast<int>(gone.size());
+  for (size_t i = 0; i < gone.size() && i < static_cast<size_t>(maxRanks); ++i) ranks[i] = gone[i];
+  return ddlSuccess;
 }
 
 ddlResult_t ddlCommRegister(ddlComm_t comm, void* buff, size_t size, void** handle) {

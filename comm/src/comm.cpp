@@ -43,8 +43,11 @@ std::unique_ptr<Comm> Comm::createWithStore(int nranks, int rank, const ddlStore
   checkRanks(nranks, rank);
   if (!store.set || !store.get) fail(ddlInvalidArgument, "the store needs its set and get functions");
   Deadline deadline(options.timeout_ms);
-  auto s = makeCallbackStore(store);
-  return bootstrap(nranks, rank, *s, store.add != nullptr, "the communicator's store", options, deadline);
+  std::shared_ptr<Store> s = makeCallbackStore(store);
+  auto comm =
+      bootstrap(nranks, rank, *s, store.add != nullptr, "the communicator's store", options, deadline);
+  comm->store_ = std::move(s);  // for ddlCommShrink
+  return comm;
 }
 
 void Comm::checkRanks(int nranks, int rank) {

@@ -128,6 +128,13 @@ class Comm final : private StreamCalls::Owner {
   std::shared_ptr<AsyncOp> irecvTagged(void* buf, size_t count, ddlDataType_t type, int peer, int tag,
                                        int* source);
 
+  // ddlCommShrink: the survivors (every rank but exclude's and the ones found gone) agree on who is gone
+  // through the rendezvous store (rendezvous/agreement.h) and meet in a new communicator under a prefix of
+  // the store, numbered in this one's order. Throws ddlRemoteError on a rank the others left out.
+  std::unique_ptr<Comm> shrink(const std::vector<int>& exclude);
+  // Made by shrink(): the parent's ranks left out, ascending; else empty.
+  const std::vector<int>& excluded() const { return excluded_; }
+
   // Any thread. Blocked and later calls fail with ddlAborted; peers are told.
   void abort();
   // Any thread: ddlSuccess or the error that broke the communicator.
@@ -207,6 +214,10 @@ class Comm final : private StreamCalls::Owner {
   // Throws the error that broke the communicator (brokenMessage), if one did.
   void failIfBroken() const;
 
+  // shrink(): whether peer is known dead, probing it (one message, sent once) so that a peer this rank never
+  // talked to is found dead too.
+  bool probeDead(int peer);
+
   void setTopology(const Topology& topology);
   // shape_ from the members it mirrors (topology, segment membership): after any of them changes.
   void refreshShape();
@@ -220,8 +231,13 @@ class Comm final : private StreamCalls::Owner {
   Topology mdring_grid_;  // what mdring runs on (see mdringGrid)
   std::string topology_str_;  // options_.topology.str(), for the tuning table's lookups
   bool has_grid_ = false;     // mdring_grid_ has two or more non-trivial dims
-  std::unique_ptr<TcpStoreServer> store_server_;  // rank 0 only
-  std::unique_ptr<Store> store_;
+  // The rendezvous: rank 0's server (a shrunk communicator keeps its parent's) and this rank's client (a
+  // caller's store too, for ddlCommShrink). Null in communicators over a transport built elsewhere (tests).
+  std::shared_ptr<TcpStoreServer> store_server_;
+  std::shared_ptr<Store> store_;
+  int generation_ = 0;         // shrinks since the first communicator: the store prefix of the next one
+  std::vector<int> excluded_;  // made by ddlCommShrink: the parent's ranks left out, ascending
+  std::vector<std::unique_ptr<Request>> probes_;  // shrink's probes of silent peers, one per peer at most
   std::unique_ptr<Channel> channel_;
   std::unique_ptr<DevicePath> device_;  // null without a device runtime (no CUDA, or no GPU)
   std::unique_ptr<StreamPath> stream_;  // with device_

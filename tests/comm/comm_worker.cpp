@@ -8,6 +8,9 @@
 //   comm_worker p2ploop N  N rounds of 1 MiB sent to the right neighbour and received from the left, printing
 //                          "iter k" (the kill-a-rank test for point-to-point)
 //   comm_worker mismatch   rank 1 calls allreduce with a different count than the others
+//   comm_worker elastic N  N allreduces of 256 Ki ones, 2 ms apart, each checked to sum to the communicator's
+//                          size, printing "iter k size s"; when one fails (a rank was killed), ddlCommShrink
+//                          and on with the survivors, printing "shrunk from P to S in T ms excluded a,b"
 //   comm_worker device     allreduce of CUDA device buffers; exits 77 printing "SKIP <why>" where it cannot
 //                          run (no GPU, or built without CUDA)
 //   comm_worker env        one allreduce, then "OK env changes=N": how many times libddl.so called setenv,
@@ -91,6 +94,47 @@ int g_rank = -1;
   std::printf("WRONG rank %d: %s\n", g_rank, what.c_str());
   std::fflush(stdout);
   std::exit(4);
+}
+
+// The elastic loop (usage above): the survivors of a killed rank shrink and go on.
+void runElastic(ddlComm_t comm, int iters) {
+  std::vector<float> buf(1 << 18);
+  for (int it = 0; it < iters; ++it) {
+    int n = 0;
+    CHECK(comm, ddlCommCount(comm, &n));
+    std::fill(buf.begin(), buf.end(), 1.0f);
+    const ddlResult_t r = ddlAllReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum, comm);
+    if (r != ddlSuccess) {
+      std::printf("lost %d %s\n", static_cast<int>(r), ddlGetLastError(comm));
+      std::fflush(stdout);
+      const auto t0 = std::chrono::steady_clock::now();
+      ddlComm_t survivors = nullptr;
+      CHECK(comm, ddlCommShrink(comm, nullptr, 0, &survivors));
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      int gone[64], count = 0, size = 0;
+      CHECK(survivors, ddlCommGetExcluded(survivors, gone, 64, &count));
+      CHECK(survivors, ddlCommCount(survivors, &size));
+      CHECK(survivors, ddlCommUserRank(survivors, &g_rank));
+      std::string list;
+      for (int i = 0; i < count && i < 64; ++i) list += (i ? "," : "") + std::to_string(gone[i]);
+      std::printf("shrunk from %d to %d in %.1f ms excluded %s\n", n, size, ms, list.c_str());
+      ddlCommDestroy(comm);
+      comm = survivors;
+      --it;  // the lost step again, with the survivors
+      continue;
+    }
+    for (float v : buf)
+      if (v != static_cast<float>(n))
+        wrong("elastic allreduce of " + std::to_string(n) + " ones gave " + std::to_string(v));
+    std::printf("iter %d size %d\n", it, n);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::printf("OK elastic\n");
+  std::fflush(stdout);
+  CHECK(comm, ddlCommDestroy(comm));
+  std::exit(0);
 }
 
 void runAll(ddlComm_t comm, int rank, int n) {
@@ -341,6 +385,8 @@ int main(int argc, char** argv) {
     std::vector<float> buf(4096, 1.0f);
     CHECK(comm, ddlAllReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum, comm));
     std::printf("OK env changes=%d\n", g_env_changes.load());
+  } else if (mode == "elastic") {
+    runElastic(comm, argc > 2 ? std::atoi(argv[2]) : 100);
   } else if (mode == "mismatch") {
     const size_t count = rank == 1 ? 5000 : 4096;
     std::vector<float> buf(count, 1.0f);

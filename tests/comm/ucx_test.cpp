@@ -283,6 +283,62 @@ TEST_P(UcxFailures, MismatchedCountsFailFastOnEveryRank) {
   EXPECT_TRUE(saw_mismatch) << ranks.describe();
 }
 
+// Elastic: SIGKILL one rank of four mid-loop; the three others shrink (ddlCommShrink), agree that the killed
+// rank is gone, and finish the loop with allreduces that sum over three.
+TEST_P(UcxFailures, SurvivorsOfAKilledRankShrinkAndGoOn) {
+  constexpr int n = 4, victim = 2, iters = 400;
+  Ranks ranks(n, {"elastic", std::to_string(iters)},
+              {{"UCX_TLS", GetParam().tls}, {"DDL_SHM", GetParam().shm}, {"DDL_TIMEOUT_MS", "10000"}});
+  const auto until = Clock::now() + 60s;
+  bool looping = false;
+  while (!looping && Clock::now() < until) {
+    looping = true;
+    for (int r = 0; r < n; ++r) looping = looping && ranks.output(r).find("iter 50 ") != std::string::npos;
+    if (!looping) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(looping) << ranks.describe();
+  kill(ranks.pid(victim), SIGKILL);
+  ranks.markKilled(victim);
+  ASSERT_TRUE(ranks.waitAll(60s)) << ranks.describe();
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    const std::string out = ranks.output(r);
+    EXPECT_EQ(ranks.exitCode(r), 0) << ranks.describe();
+    EXPECT_NE(out.find("shrunk from 4 to 3 in "), std::string::npos) << out;
+    EXPECT_NE(out.find("excluded 2\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("iter " + std::to_string(iters - 1) + " size 3\n"), std::string::npos) << out;
+    const size_t at = out.find("shrunk from");
+    if (at != std::string::npos)
+      std::printf("rank %d: %s", r, out.substr(at, out.find('\n', at) - at + 1).c_str());
+  }
+}
+
+// Rank 0 serves the rendezvous store (ddlCommInitRank): with it gone the survivors cannot agree, and say so.
+TEST_P(UcxFailures, ShrinkWithoutRankZerosStoreFailsSayingWhy) {
+  constexpr int n = 3;
+  Ranks ranks(n, {"elastic", "100000"},
+              {{"UCX_TLS", GetParam().tls}, {"DDL_SHM", GetParam().shm}, {"DDL_TIMEOUT_MS", "5000"}});
+  const auto until = Clock::now() + 60s;
+  bool looping = false;
+  while (!looping && Clock::now() < until) {
+    looping = true;
+    for (int r = 0; r < n; ++r) looping = looping && ranks.output(r).find("iter 20 ") != std::string::npos;
+    if (!looping) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(looping) << ranks.describe();
+  kill(ranks.pid(0), SIGKILL);
+  ranks.markKilled(0);
+  ASSERT_TRUE(ranks.waitAll(60s)) << ranks.describe();
+  for (int r = 1; r < n; ++r) {
+    const std::string out = ranks.output(r);
+    EXPECT_EQ(ranks.exitCode(r), 3) << ranks.describe();
+    EXPECT_NE(out.find("ddlCommShrink"), std::string::npos) << out;
+    EXPECT_NE(out.find("store"), std::string::npos) << out;
+    const size_t at = out.find("ERROR");
+    if (at != std::string::npos) std::printf("rank %d: %s", r, out.substr(at).c_str());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, UcxFailures, testing::Values(kTcp, kUcxShm, kShm),
                          [](const auto& info) { return info.param.name; });
 

@@ -126,8 +126,9 @@ ddlResult_t ddlCommInitRank(ddlComm_t* comm, int nranks, int rank, const char* r
 /* A key-value store the ranks already share, e.g. a framework's rendezvous store (torch.distributed's): with
  * ddlCommInitRankWithStore the ranks exchange their addresses through it instead of through a TCP port of
  * libddl's own, so no port is chosen and none can be taken by another process. Give each communicator a store
- * (or key prefix) of its own. libddl calls the functions from the initialising thread only, and only during
- * ddlCommInitRankWithStore; they return 0 on success. */
+ * (or key prefix) of its own. libddl calls the functions from the calling thread only, and only during
+ * ddlCommInitRankWithStore and ddlCommShrink (keep ctx valid while you may shrink); they return 0 on success.
+ */
 typedef struct {
   void* ctx; /* passed back to every function */
   /* Stores len bytes of value under key (overwriting). */
@@ -185,6 +186,21 @@ ddlResult_t ddlCommGetIntraNodePath(ddlComm_t comm, char* buf, size_t len);
  * collectives are host-paced), "host" (host-paced: the call waits for the stream and runs the collective
  * before it returns) or "unset" (no stream-ordered collective has run yet; the first decides). */
 ddlResult_t ddlCommGetStreamScheme(ddlComm_t comm, char* buf, size_t len);
+
+/* Elastic training: going on without the ranks that are gone. After a collective failed because a peer died
+ * (ddlRemoteError, or ddlTimeout), every rank that goes on calls ddlCommShrink on the old communicator; they
+ * agree on who is gone (the ranks in excludeRanks, which may be NULL with excludeCount 0, the ranks any of
+ * them saw fail, and the ranks that do not call within the timeout) and *newcomm becomes a communicator of
+ * the others, numbered in the old order, made through the old one's rendezvous (its store, or the caller's
+ * ddlStore_t, which must then still work) with no new address. Every survivor gets the same set: the
+ * agreement is one decision written once in the store. A rank the others left out gets ddlRemoteError. The
+ * old communicator stays as it is: destroy it. Buffers and streams are the caller's and go on. The store must
+ * outlive rank 0's death for this to survive it: with ddlCommInitRank rank 0 serves it, so a lost rank 0
+ * fails the shrink with the store's error. */
+ddlResult_t ddlCommShrink(ddlComm_t comm, const int* excludeRanks, int excludeCount, ddlComm_t* newcomm);
+/* For a communicator made by ddlCommShrink: the old communicator's ranks it left out, ascending, into ranks
+ * (up to maxRanks of them), and how many there are into *count (0 for any other communicator). */
+ddlResult_t ddlCommGetExcluded(ddlComm_t comm, int* ranks, int maxRanks, int* count);
 
 /* Collectives. sendbuff == recvbuff is in-place. Every rank must make the same calls in the same order with
  * the same count, type, op and root; a mismatch that libddl detects gives ddlInvalidArgument on the ranks

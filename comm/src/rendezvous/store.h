@@ -44,6 +44,10 @@ class Store {
 // In-process store for ranks-as-threads tests.
 std::shared_ptr<Store> makeMemoryStore();
 
+// Every key of base under prefix (Gloo's PrefixStore): a communicator made from another (ddlCommShrink) meets
+// under a prefix of its own in its parent's store, which it keeps.
+std::shared_ptr<Store> makePrefixStore(std::shared_ptr<Store> base, const std::string& prefix);
+
 // Over a caller's store (ddlCommInitRankWithStore). set and get must be non-null; add() needs store.add.
 std::unique_ptr<Store> makeCallbackStore(const ddlStore_t& store);
 

@@ -80,6 +80,8 @@ class ShmNode {
   // Opens a handle on every member's process (once every member has attached), so that a later death, even
   // with its pid reused, is seen. alive() calls it when it has not been.
   void watchMembers();
+  // False once the member's process has ended (its pidfd, or kill(pid, 0)): ddlCommShrink's probe.
+  bool alive(int member);
   // Marks the segment failed with why (first one wins) and wakes every waiting member.
   void markFailed(const std::string& why) noexcept;
 
@@ -97,7 +99,6 @@ class ShmNode {
   Line& line(int member) const;
   void waitOne(WaitContext& s, int member, Counter c, uint32_t target);
   void checkPeer(WaitContext& s, int member);
-  bool alive(int member);  // false once the member's process has ended
 
   std::vector<int> members_;
   int me_ = 0;
