@@ -169,6 +169,8 @@ ddlResult_t ddlCommInitRankWithStore(ddlComm_t* comm, int nranks, int rank, cons
 }
 
 ddlResult_t ddlCommInitFromEnv(ddlComm_t* comm, const ddlConfig_t* config) {
+  if (ddl::getEnv("DDL_JOIN") == "1")
+    return ddlCommJoin(comm, nullptr, config);  // a joiner of an elastic job
   ddl::LaunchEnv env;
   ddlResult_t r = guard(nullptr, "ddlCommInitFromEnv", [&] {
     env = ddl::launchEnvironment([](const char* name) { return ddl::getEnv(name); });
@@ -264,6 +266,40 @@ ddlResult_t ddlCommShrink(ddlComm_t comm, const int* excludeRanks, int excludeCo
     auto c = std::make_unique<ddlComm>();
     c->impl = comm->impl->shrink(std::vector<int>(excludeRanks, excludeRanks + excludeCount));
     *newcomm = c.release();
+  });
+}
+
+ddlResult_t ddlCommGrow(ddlComm_t comm, int maxNewRanks, ddlComm_t* newcomm) {
+  DDL_CHECK_COMM("ddlCommGrow", comm);
+  if (!newcomm) {
+    record(comm, "ddlCommGrow: newcomm is NULL");
+    return ddlInvalidArgument;
+  }
+  *newcomm = nullptr;
+  return guard(comm, "ddlCommGrow", [&] {
+    auto grown = comm->impl->grow(maxNewRanks);
+    if (!grown) return;
+    auto c = std::make_unique<ddlComm>();
+    c->impl = std::move(grown);
+    *newcomm = c.release();
+  });
+}
+
+ddlResult_t ddlCommJoin(ddlComm_t* comm, const char* rootAddr, const ddlConfig_t* config) {
+  return initComm(comm, 0, config, "ddlCommJoin", [&](const ddl::Options& opts) {
+    std::string root = rootAddr ? rootAddr : ddl::getEnv("DDL_ROOT");
+    if (root.empty())
+      ddl::fail(ddlInvalidArgument, "no rendezvous address: rootAddr is NULL and DDL_ROOT unset");
+    return ddl::Comm::join(root, opts);
+  });
+}
+
+ddlResult_t ddlCommJoinWithStore(ddlComm_t* comm, const ddlStore_t* store, const ddlConfig_t* config) {
+  return initComm(comm, 0, config, "ddlCommJoinWithStore", [&](const ddl::Options& opts) {
+    if (!store || !store->set || !store->get || !store->add) {
+      ddl::fail(ddlInvalidArgument, "the store needs its set, get and add functions to join");
+    }
+    return ddl::Comm::join(std::shared_ptr<ddl::Store>(ddl::makeCallbackStore(*store)), opts);
   });
 }
 

@@ -36,6 +36,7 @@ std::unique_ptr<Comm> Comm::create(int nranks, int rank, const std::string& root
   // Rank 0 serves the store until the communicator goes: peers may still be reading from it.
   comm->store_server_ = std::move(server);
   comm->store_ = std::move(store);
+  comm->root_store_ = comm->store_;
   return comm;
 }
 
@@ -46,7 +47,8 @@ std::unique_ptr<Comm> Comm::createWithStore(int nranks, int rank, const ddlStore
   std::shared_ptr<Store> s = makeCallbackStore(store);
   auto comm =
       bootstrap(nranks, rank, *s, store.add != nullptr, "the communicator's store", options, deadline);
-  comm->store_ = std::move(s);  // for ddlCommShrink
+  comm->store_ = std::move(s);  // for ddlCommShrink and ddlCommGrow
+  comm->root_store_ = comm->store_;
   return comm;
 }
 
@@ -267,6 +269,7 @@ void Comm::shutdown() {
   channel_.reset();
   shm_.reset();
   store_.reset();
+  root_store_.reset();
   store_server_.reset();
 }
 

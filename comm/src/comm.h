@@ -134,6 +134,16 @@ class Comm final : private StreamCalls::Owner {
   std::unique_ptr<Comm> shrink(const std::vector<int>& exclude);
   // Made by shrink(): the parent's ranks left out, ascending; else empty.
   const std::vector<int>& excluded() const { return excluded_; }
+  // ddlCommGrow, a collective: admits up to max_new (0: any number) of the processes waiting in join() and
+  // meets them in a new communicator, where this one's ranks keep their numbers and the joiners follow in the
+  // order they came. Null when none waits (every rank gets the same answer).
+  std::unique_ptr<Comm> grow(int max_new);
+  // ddlCommJoin: waits (up to the timeout) until a communicator meeting through root grows to admit this
+  // process, and returns this process's rank of it. options' topology is not used: a grown communicator's is
+  // its own.
+  static std::unique_ptr<Comm> join(const std::shared_ptr<Store>& root, const Options& options);
+  // The same through the TCP store at root ("host:port", rank 0's; with options' secret).
+  static std::unique_ptr<Comm> join(const std::string& root, const Options& options);
 
   // Any thread. Blocked and later calls fail with ddlAborted; peers are told.
   void abort();
@@ -214,6 +224,11 @@ class Comm final : private StreamCalls::Owner {
   // Throws the error that broke the communicator (brokenMessage), if one did.
   void failIfBroken() const;
 
+  // Throws ddlInvalidArgument naming fn when this communicator has no store to meet others through.
+  void requireStore(const char* fn) const;
+  // Generation `generation` of a communicator meeting through root: bootstraps under root's "gen/<g>/".
+  static std::unique_ptr<Comm> nextGeneration(int nranks, int rank, int generation, const Options& options,
+                                              const std::shared_ptr<Store>& root, const char* where);
   // shrink(): whether peer is known dead, probing it (one message, sent once) so that a peer this rank never
   // talked to is found dead too.
   bool probeDead(int peer);
@@ -235,7 +250,8 @@ class Comm final : private StreamCalls::Owner {
   // caller's store too, for ddlCommShrink). Null in communicators over a transport built elsewhere (tests).
   std::shared_ptr<TcpStoreServer> store_server_;
   std::shared_ptr<Store> store_;
-  int generation_ = 0;         // shrinks since the first communicator: the store prefix of the next one
+  std::shared_ptr<Store> root_store_;  // the first generation's store_, where later generations meet
+  int generation_ = 0;                 // shrinks and grows since the first communicator (comm_elastic.cpp)
   std::vector<int> excluded_;  // made by ddlCommShrink: the parent's ranks left out, ascending
   std::vector<std::unique_ptr<Request>> probes_;  // shrink's probes of silent peers, one per peer at most
   std::unique_ptr<Channel> channel_;

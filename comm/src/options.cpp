@@ -27,7 +27,7 @@ Options resolveOptions(const ddlConfig_t* config, int nranks) {
   }
 
   std::string topo = (config && config->topology) ? config->topology : getEnv("DDL_TOPOLOGY");
-  o.topology = parseTopology(topo, nranks);
+  if (nranks > 0) o.topology = parseTopology(topo, nranks);
 
   const bool algo_from_config = config && config->algorithm;
   const char* algo_source = algo_from_config ? "ddlConfig_t.algorithm" : "DDL_ALGO";

@@ -39,7 +39,8 @@ struct Options {
   size_t node_slot_bytes = 0;  // DDL_NODE_SLOT_BYTES: a slot of the node kernel's region; 0: kNodeSlotBytes
 };
 
-// Throws ddlInvalidArgument naming the bad field or variable and its value.
+// Throws ddlInvalidArgument naming the bad field or variable and its value. nranks 0: the topology is not
+// read (a process joining a grown communicator, whose topology is the communicator's own).
 Options resolveOptions(const ddlConfig_t* config, int nranks);
 
 }  // namespace ddl

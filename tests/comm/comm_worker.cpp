@@ -10,7 +10,12 @@
 //   comm_worker mismatch   rank 1 calls allreduce with a different count than the others
 //   comm_worker elastic N  N allreduces of 256 Ki ones, 2 ms apart, each checked to sum to the communicator's
 //                          size, printing "iter k size s"; when one fails (a rank was killed), ddlCommShrink
-//                          and on with the survivors, printing "shrunk from P to S in T ms excluded a,b"
+//                          and on with the survivors from the last iteration any of them finished, printing
+//                          "shrunk from P to S in T ms excluded a,b" and "resumed at iter k";
+//                          every 10th iteration ddlCommGrow admits whoever waits ("grew to S at iter k");
+//                          with DDL_JOIN=1 the process joins (ddlCommInitFromEnv) and starts at rank 0's
+//                          iteration
+//   comm_worker grow-once MS  sleeps MS ms, calls ddlCommGrow once and prints "grow none" or "grew to S"
 //   comm_worker device     allreduce of CUDA device buffers; exits 77 printing "SKIP <why>" where it cannot
 //                          run (no GPU, or built without CUDA)
 //   comm_worker env        one allreduce, then "OK env changes=N": how many times libddl.so called setenv,
@@ -97,9 +102,33 @@ int g_rank = -1;
 }
 
 // The elastic loop (usage above): the survivors of a killed rank shrink and go on.
-void runElastic(ddlComm_t comm, int iters) {
+void runElastic(ddlComm_t comm, int iters, bool joined) {
   std::vector<float> buf(1 << 18);
-  for (int it = 0; it < iters; ++it) {
+  int it = 0;
+  auto fromRankZero = [&] {  // where rank 0 is: a joiner starts there
+    int64_t step = it;
+    CHECK(comm, ddlBroadcast(&step, &step, 1, ddlInt64, 0, comm));
+    it = static_cast<int>(step);
+  };
+  if (joined) {
+    fromRankZero();
+    CHECK(comm, ddlCommUserRank(comm, &g_rank));
+    std::printf("joined as rank %d at iter %d\n", g_rank, it);
+  }
+  const int first = it;  // a joiner has been admitted at this iteration's check already
+  for (; it < iters; ++it) {
+    if (it > first && it % 10 == 0) {
+      ddlComm_t grown = nullptr;
+      CHECK(comm, ddlCommGrow(comm, 0, &grown));
+      if (grown) {
+        CHECK(comm, ddlCommDestroy(comm));
+        comm = grown;
+        fromRankZero();
+        int size = 0;
+        CHECK(comm, ddlCommCount(comm, &size));
+        std::printf("grew to %d at iter %d\n", size, it);
+      }
+    }
     int n = 0;
     CHECK(comm, ddlCommCount(comm, &n));
     std::fill(buf.begin(), buf.end(), 1.0f);
@@ -121,7 +150,14 @@ void runElastic(ddlComm_t comm, int iters) {
       std::printf("shrunk from %d to %d in %.1f ms excluded %s\n", n, size, ms, list.c_str());
       ddlCommDestroy(comm);
       comm = survivors;
-      --it;  // the lost step again, with the survivors
+      // The lost rank died inside the allreduce: some survivors may have finished it (and gone on to the
+      // next), others not. Every one goes on after the last iteration any of them finished, so no iteration
+      // is lost or repeated (a trainer would send the state of that iteration from a rank that has it to the
+      // others).
+      int64_t at = it, agreed = 0;
+      CHECK(comm, ddlAllReduce(&at, &agreed, 1, ddlInt64, ddlMax, comm));
+      std::printf("resumed at iter %lld (was at %d)\n", static_cast<long long>(agreed), it);
+      it = static_cast<int>(agreed) - 1;
       continue;
     }
     for (float v : buf)
@@ -386,7 +422,16 @@ int main(int argc, char** argv) {
     CHECK(comm, ddlAllReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum, comm));
     std::printf("OK env changes=%d\n", g_env_changes.load());
   } else if (mode == "elastic") {
-    runElastic(comm, argc > 2 ? std::atoi(argv[2]) : 100);
+    const char* join = std::getenv("DDL_JOIN");
+    runElastic(comm, argc > 2 ? std::atoi(argv[2]) : 100, join && std::string(join) == "1");
+  } else if (mode == "grow-once") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 0));
+    ddlComm_t grown = nullptr;
+    CHECK(comm, ddlCommGrow(comm, 0, &grown));
+    int size = 0;
+    if (grown) CHECK(grown, ddlCommCount(grown, &size));
+    grown ? std::printf("grew to %d\n", size) : std::printf("grow none\n");
+    if (grown) CHECK(grown, ddlCommDestroy(grown));
   } else if (mode == "mismatch") {
     const size_t count = rank == 1 ? 5000 : 4096;
     std::vector<float> buf(count, 1.0f);

@@ -68,35 +68,23 @@ class Ranks {
     char dir[] = "/tmp/ddl-ucx-test-XXXXXX";
     dir_ = mkdtemp(dir);
     const int root_port = freePort();
-    const std::string root = "127.0.0.1:" + std::to_string(root_port);
+    root_ = "127.0.0.1:" + std::to_string(root_port);
     for (int r = 0; r < n; ++r) {
       if (r == 1 && after_rank0) after_rank0(root_port);
-      const std::string out = dir_ + "/rank" + std::to_string(r) + ".out";
-      pid_t pid = fork();
-      if (pid == 0) {
-        FILE* f = std::fopen(out.c_str(), "w");
-        dup2(fileno(f), 1);
-        dup2(fileno(f), 2);
-        setenv("DDL_RANK", std::to_string(r).c_str(), 1);
-        setenv("DDL_WORLD_SIZE", std::to_string(n).c_str(), 1);
-        setenv("DDL_ROOT", root.c_str(), 1);
-        for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-        if (per_rank) {
-          for (auto& [k, v] : per_rank(r)) setenv(k.c_str(), v.c_str(), 1);
-        }
-        std::vector<char*> argv;
-        std::string prog = kBin + "/comm_worker";
-        argv.push_back(prog.data());
-        std::vector<std::string> copy = args;
-        for (auto& a : copy) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        execv(prog.c_str(), argv.data());
-        _exit(127);
+      std::map<std::string, std::string> all{{"DDL_RANK", std::to_string(r)},
+                                             {"DDL_WORLD_SIZE", std::to_string(n)}};
+      for (auto& [k, v] : env) all[k] = v;
+      if (per_rank) {
+        for (auto& [k, v] : per_rank(r)) all[k] = v;
       }
-      pids_.push_back(pid);
-      status_.push_back(-1);
-      exited_at_.push_back(Clock::time_point{});
+      start(args, all);
     }
+  }
+  // One more process, joining the job (DDL_JOIN=1): its output is output(n), n counting every process so far.
+  void join(const std::vector<std::string>& args, std::map<std::string, std::string> env) {
+    env["DDL_JOIN"] = "1";
+    start(args, env);
+    ++n_;
   }
   ~Ranks() {
     for (size_t r = 0; r < pids_.size(); ++r) {
@@ -135,6 +123,29 @@ class Ranks {
     waitpid(pids_[r], &status_[r], 0);
     exited_at_[r] = Clock::now();
   }
+  // Starts comm_worker args with env over DDL_ROOT, its output going to output(<processes so far>).
+  void start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
+    const std::string out = dir_ + "/rank" + std::to_string(pids_.size()) + ".out";
+    pid_t pid = fork();
+    if (pid == 0) {
+      FILE* f = std::fopen(out.c_str(), "w");
+      dup2(fileno(f), 1);
+      dup2(fileno(f), 2);
+      setenv("DDL_ROOT", root_.c_str(), 1);
+      for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv;
+      std::string prog = kBin + "/comm_worker";
+      argv.push_back(prog.data());
+      std::vector<std::string> copy = args;
+      for (auto& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(prog.c_str(), argv.data());
+      _exit(127);
+    }
+    pids_.push_back(pid);
+    status_.push_back(-1);
+    exited_at_.push_back(Clock::time_point{});
+  }
   std::string describe() const {
     std::string s;
     for (int r = 0; r < n_; ++r) s += "--- rank " + std::to_string(r) + ":\n" + output(r);
@@ -144,6 +155,7 @@ class Ranks {
  private:
   int n_;
   std::string dir_;
+  std::string root_;
   std::vector<pid_t> pids_;
   std::vector<int> status_;
   std::vector<Clock::time_point> exited_at_;
@@ -310,6 +322,53 @@ TEST_P(UcxFailures, SurvivorsOfAKilledRankShrinkAndGoOn) {
     const size_t at = out.find("shrunk from");
     if (at != std::string::npos)
       std::printf("rank %d: %s", r, out.substr(at, out.find('\n', at) - at + 1).c_str());
+  }
+}
+
+// And back: after the shrink a new process joins (DDL_JOIN=1); at their next 10th iteration the survivors
+// grow (ddlCommGrow) and all four finish the loop on four, the joiner from the survivors' iteration on.
+TEST_P(UcxFailures, AJoinerGrowsTheSurvivorsBackToFour) {
+  constexpr int n = 4, victim = 1, iters = 300;
+  const std::map<std::string, std::string> env{
+      {"UCX_TLS", GetParam().tls}, {"DDL_SHM", GetParam().shm}, {"DDL_TIMEOUT_MS", "10000"}};
+  Ranks ranks(n, {"elastic", std::to_string(iters)}, env);
+  auto all_show = [&](const std::vector<int>& rs, const std::string& what) {
+    const auto until = Clock::now() + 60s;
+    for (bool seen = false; Clock::now() < until; std::this_thread::sleep_for(10ms)) {
+      seen = true;
+      for (int r : rs) seen = seen && ranks.output(r).find(what) != std::string::npos;
+      if (seen) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(all_show({0, 1, 2, 3}, "iter 30 ")) << ranks.describe();
+  kill(ranks.pid(victim), SIGKILL);
+  ranks.markKilled(victim);
+  ASSERT_TRUE(all_show({0, 2, 3}, "shrunk from 4 to 3")) << ranks.describe();
+  ranks.join({"elastic", std::to_string(iters)}, env);
+  ASSERT_TRUE(ranks.waitAll(60s)) << ranks.describe();
+  for (int r : {0, 2, 3, 4}) {
+    const std::string out = ranks.output(r);
+    EXPECT_EQ(ranks.exitCode(r), 0) << ranks.describe();
+    EXPECT_NE(out.find("iter " + std::to_string(iters - 1) + " size 4\n"), std::string::npos) << out;
+  }
+  EXPECT_NE(ranks.output(4).find("joined as rank 3 at iter "), std::string::npos) << ranks.output(4);
+  EXPECT_NE(ranks.output(0).find("grew to 4 at iter "), std::string::npos) << ranks.output(0);
+}
+
+// A joiner that is not admitted within its timeout gives its place up, and the grow after it admits nobody
+// instead of waiting for it.
+TEST(UcxElastic, AJoinerThatGaveUpIsNotWaitedFor) {
+  Ranks ranks(2, {"grow-once", "1500"}, {{"UCX_TLS", "tcp"}, {"DDL_TIMEOUT_MS", "10000"}});
+  std::this_thread::sleep_for(200ms);
+  ranks.join({"grow-once", "0"}, {{"UCX_TLS", "tcp"}, {"DDL_TIMEOUT_MS", "300"}});
+  ASSERT_TRUE(ranks.waitAll(30s)) << ranks.describe();
+  EXPECT_EQ(ranks.exitCode(2), 3) << ranks.describe();
+  EXPECT_NE(ranks.output(2).find("ERROR 4 "), std::string::npos) << ranks.output(2);
+  EXPECT_NE(ranks.output(2).find("ddlCommGrow"), std::string::npos) << ranks.output(2);
+  for (int r : {0, 1}) {
+    EXPECT_EQ(ranks.exitCode(r), 0) << ranks.describe();
+    EXPECT_NE(ranks.output(r).find("grow none"), std::string::npos) << ranks.output(r);
   }
 }
 

@@ -201,6 +201,18 @@ ddlResult_t ddlCommShrink(ddlComm_t comm, const int* excludeRanks, int excludeCo
 /* For a communicator made by ddlCommShrink: the old communicator's ranks it left out, ascending, into ranks
  * (up to maxRanks of them), and how many there are into *count (0 for any other communicator). */
 ddlResult_t ddlCommGetExcluded(ddlComm_t comm, int* ranks, int maxRanks, int* count);
+/* Growing: a process that comes to an elastic job (a replacement, or a new node's) calls ddlCommJoin with the
+ * job's rendezvous (rootAddr, NULL: DDL_ROOT; the job's secret as for ddlCommInitRank) or
+ * ddlCommJoinWithStore, and waits (up to the timeout) until the running ranks call ddlCommGrow, a collective
+ * of theirs, at a point of their choosing (a step boundary). ddlCommGrow admits up to maxNewRanks (0: all) of
+ * the processes waiting then, in the order they came, and *newcomm becomes a communicator of the old ranks,
+ * which keep their numbers, and the joiners after them; NULL (and ddlSuccess) when none waits, on every rank
+ * alike. The old communicator stays usable until destroyed; buffers and streams are the caller's and go on. A
+ * joiner that times out gives its place up, so no grow waits for it. ddlCommInitFromEnv joins when DDL_JOIN=1
+ * (with DDL_ROOT). */
+ddlResult_t ddlCommGrow(ddlComm_t comm, int maxNewRanks, ddlComm_t* newcomm);
+ddlResult_t ddlCommJoin(ddlComm_t* comm, const char* rootAddr, const ddlConfig_t* config);
+ddlResult_t ddlCommJoinWithStore(ddlComm_t* comm, const ddlStore_t* store, const ddlConfig_t* config);
 
 /* Collectives. sendbuff == recvbuff is in-place. Every rank must make the same calls in the same order with
  * the same count, type, op and root; a mismatch that libddl detects gives ddlInvalidArgument on the ranks
