@@ -35,6 +35,24 @@ PYBIND11_MODULE(_C, m) {
           "returns once done) or 'unset' (before the first)")
       .def_property_readonly("blocking", &torch_ddl::ProcessGroupDDL::blocking,
                              "True when TORCH_DDL_BLOCKING=1 runs collectives on the calling thread")
+      .def_property_readonly(
+          "rank_lost", &torch_ddl::ProcessGroupDDL::rankLost,
+          "True once a peer of the group is gone (its collectives failed on a dead or timed-out "
+          "rank): shrink() goes on without it")
+      .def("shrink", &torch_ddl::ProcessGroupDDL::shrink, py::call_guard<py::gil_scoped_release>(),
+           "Every rank that goes on calls it after a lost rank: the survivors agree on who is gone and "
+           "return a "
+           "new group of themselves, numbered in the old order (libddl's ddlCommShrink)")
+      .def("grow", &torch_ddl::ProcessGroupDDL::grow, py::arg("max_new") = 0,
+           py::call_guard<py::gil_scoped_release>(),
+           "A collective: a new group of this one's ranks and up to max_new (0: all) processes waiting in "
+           "join(), "
+           "or None when none waits (libddl's ddlCommGrow)")
+      .def_static("join", &torch_ddl::ProcessGroupDDL::join, py::arg("store"), py::arg("timeout"),
+                  py::call_guard<py::gil_scoped_release>(),
+                  "Waits until a group meeting through store grows to admit this process; returns its group")
+      .def_property_readonly("excluded", &torch_ddl::ProcessGroupDDL::excluded,
+                             "Made by shrink(): the old group's ranks it left out")
       .def_property_readonly_static(
           "stream_ordered", [](py::object) { return torch_ddl::ProcessGroupDDL::streamOrdered(); },
           "True where collectives on CUDA tensors are enqueued on a CUDA stream (torch >= 2.0 and a libddl "

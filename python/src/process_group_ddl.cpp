@@ -5,7 +5,6 @@
 #include "process_group_ddl.h"
 
 #include <Python.h>
-
 #include <sys/prctl.h>
 
 #include <cstdint>
@@ -14,52 +13,10 @@
 #include <utility>
 
 #include "arguments.h"
+#include "store_adapter.h"
 
 namespace torch_ddl {
 namespace {
-
-// ddlStore_t over torch's store: keys go under "ddl/" in the group's (prefix) store.
-struct StoreAdapter {
-  c10::intrusive_ptr<c10d::Store> store;
-  std::string last_error;
-
-  static StoreAdapter* of(void* ctx) { return static_cast<StoreAdapter*>(ctx); }
-  static std::string key(const char* k) { return std::string("ddl/") + k; }
-
-  template <class F>
-  int guarded(F&& f) {
-    try {
-      f();
-      return 0;
-    } catch (const std::exception& e) {
-      last_error = e.what();
-      return 1;
-    }
-  }
-
-  ddlStore_t api() {
-    ddlStore_t s{};
-    s.ctx = this;
-    s.set = [](void* ctx, const char* k, const void* value, size_t len) {
-      return of(ctx)->guarded([&] {
-        const auto* p = static_cast<const uint8_t*>(value);
-        of(ctx)->store->set(key(k), std::vector<uint8_t>(p, p + len));
-      });
-    };
-    s.get = [](void* ctx, const char* k, int timeout_ms, void (*deliver)(void*, const void*, size_t), void* sink) {
-      return of(ctx)->guarded([&] {
-        of(ctx)->store->wait({key(k)}, std::chrono::milliseconds(timeout_ms));
-        const std::vector<uint8_t> v = of(ctx)->store->get(key(k));
-        deliver(sink, v.data(), v.size());
-      });
-    };
-    s.add = [](void* ctx, const char* k, long long delta, long long* result) {
-      return of(ctx)->guarded([&] { *result = of(ctx)->store->add(key(k), delta); });
-    };
-    s.lastError = [](void* ctx) -> const char* { return of(ctx)->last_error.c_str(); };
-    return s;
-  }
-};
 
 // Lets go of the GIL for its lifetime when the calling thread holds it. The last reference to a process group
 // usually goes from Python, GIL held, while the worker may be completing a Future whose callbacks (a DDP comm
@@ -89,11 +46,7 @@ bool envFlag(const char* name) {
 
 }  // namespace
 
-ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                 std::chrono::milliseconds timeout)
-    : GroupBase(rank, size), blocking_(envFlag("TORCH_DDL_BLOCKING")), timeout_(timeout) {
-  StoreAdapter adapter{store, {}};
-  ddlStore_t api = adapter.api();
+ddlConfig_t ProcessGroupDDL::config(std::chrono::milliseconds timeout) {
   ddlConfig_t config = DDL_CONFIG_INITIALIZER;
   const auto ms = timeout.count();
   config.timeoutMs = ms > 0 && ms < INT32_MAX ? static_cast<int>(ms) : INT32_MAX;
@@ -101,10 +54,35 @@ ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, i
   // them): poll briefly, then sleep. DDL_WAIT set by the user decides instead.
   const char* wait = std::getenv("DDL_WAIT");
   config.waitMode = wait && *wait ? ddlWaitAuto : ddlWaitShare;
-  if (ddlCommInitRankWithStore(&comm_, size, rank, &api, &config) != ddlSuccess) {
+  return config;
+}
+
+ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                 std::chrono::milliseconds timeout)
+    : GroupBase(rank, size),
+      blocking_(envFlag("TORCH_DDL_BLOCKING")),
+      timeout_(timeout),
+      adapter_(std::make_shared<StoreAdapter>(StoreAdapter{store, {}})) {
+  ddlStore_t api = adapter_->api();
+  const ddlConfig_t cfg = config(timeout);
+  if (ddlCommInitRankWithStore(&comm_, size, rank, &api, &cfg) != ddlSuccess) {
     throw std::runtime_error(std::string("ddl: cannot create the communicator of rank ") + std::to_string(rank) +
                              " of " + std::to_string(size) + ": " + ddlGetLastError(nullptr));
   }
+  start();
+}
+
+ProcessGroupDDL::ProcessGroupDDL(ddlComm_t comm, int rank, int size, std::shared_ptr<StoreAdapter> adapter,
+                                 std::chrono::milliseconds timeout)
+    : GroupBase(rank, size),
+      comm_(comm),
+      blocking_(envFlag("TORCH_DDL_BLOCKING")),
+      timeout_(timeout),
+      adapter_(std::move(adapter)) {
+  start();
+}
+
+void ProcessGroupDDL::start() {
   comm_ref_->comm = comm_;
   if (!blocking_) {
     worker_ = std::thread([this] {
@@ -267,6 +245,7 @@ void ProcessGroupDDL::workerLoop() {
     if (t_worker_detached) return;  // the group was closed from this entry's callback: it may be gone
     lk.lock();
     busy_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
   }
 }
 

@@ -82,9 +82,14 @@ struct Call {
   std::function<void(ddlStream_t)> stream;  // empty: host only
 };
 
+struct StoreAdapter;
+
 class ProcessGroupDDL : public GroupBase {
  public:
   ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                  std::chrono::milliseconds timeout);
+  // Over a communicator made from another one (elastic.cpp), which met through adapter.
+  ProcessGroupDDL(ddlComm_t comm, int rank, int size, std::shared_ptr<StoreAdapter> adapter,
                   std::chrono::milliseconds timeout);
   ~ProcessGroupDDL() override;
 
@@ -165,6 +170,21 @@ class ProcessGroupDDL : public GroupBase {
   // True where CUDA tensors take the stream-ordered path (torch >= 2.10, libddl built with CUDA).
   static bool streamOrdered() { return TORCH_DDL_STREAM_ORDERED != 0; }
 
+  // elastic.cpp: elastic training (torch_ddl/elastic.py). Each waits for the group's queued calls, then runs
+  // on the calling thread. True when a peer of the group is gone (its communicator broke with ddlRemoteError
+  // or ddlTimeout): shrink() may go on without it.
+  bool rankLost() const;
+  // ddlCommShrink: a group of the ranks that go on (every survivor calls it); the old one is left to close.
+  c10::intrusive_ptr<ProcessGroupDDL> shrink();
+  // ddlCommGrow, a collective of the group: a group with the processes waiting in join() after this one's
+  // ranks, or null when none waits.
+  c10::intrusive_ptr<ProcessGroupDDL> grow(int max_new);
+  // ddlCommJoinWithStore: this process's group once a group meeting through store grows to admit it.
+  static c10::intrusive_ptr<ProcessGroupDDL> join(const c10::intrusive_ptr<c10d::Store>& store,
+                                                  std::chrono::milliseconds timeout);
+  // Made by shrink(): the old group's ranks it left out.
+  std::vector<int> excluded() const;
+
  private:
   struct Entry {
     std::function<void()> run;                         // throws on failure
@@ -179,6 +199,11 @@ class ProcessGroupDDL : public GroupBase {
   static void execute(Entry& entry);
   // Stops the worker and destroys the communicator (meets the peers); idempotent.
   void close();
+  // The rest of construction, once comm_ is made: the worker.
+  void start();
+  static ddlConfig_t config(std::chrono::milliseconds timeout);
+  // Waits (up to the group's timeout) until every queued call has run; throws when they do not.
+  void quiesce();
   // Throws a std::runtime_error with libddl's message when r is not ddlSuccess.
   void check(ddlResult_t r, const char* what) const;
 
@@ -213,11 +238,13 @@ class ProcessGroupDDL : public GroupBase {
   std::shared_ptr<CommRef> comm_ref_ = std::make_shared<CommRef>();
   bool blocking_ = false;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<StoreAdapter> adapter_;   // libddl's store of comm_ and the communicators made from it
   std::atomic<uint64_t> seq_{0};            // collectives called so far (getSequenceNumberForGroup)
   std::atomic<uint32_t> monitored_barriers_{0};  // monitoredBarrier calls so far: picks its pair of tags
 
   std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable idle_cv_;  // the queue ran dry (quiesce)
   std::deque<Entry> queue_;
   bool busy_ = false;  // the worker runs an entry
   bool stop_ = false;

@@ -11,6 +11,9 @@ wait without blocking the host. Errors (a dead peer, a timeout, ranks calling di
 RuntimeError naming the peer rank and host, within the group's timeout. TORCH_DDL_BLOCKING=1 runs each
 collective on the calling thread and waits for its result instead.
 
+torch_ddl.elastic (elastic.py): a lost rank raises torch_ddl.RankLost on the others, which go on as a smaller
+group from the last step any of them finished, with no restart and no checkpoint read; grow() admits joiners.
+
 torch_ddl.StopSignal (preemption.py, plain Python, for any process group) turns a preemption's or a time
 limit's signal, which reaches the ranks at different moments, into one stop after the same step on every rank,
 so that the checkpoint written then is consistent:
@@ -44,14 +47,17 @@ _abi.check(torch, _built_for, sys.executable, os.path.dirname(os.path.abspath(__
 from . import _C  # noqa: E402
 from ._C import ProcessGroupDDL, libddl_version
 from .preemption import StopSignal
+from . import elastic  # noqa: E402
+from .elastic import RankLost  # noqa: E402
 
-__all__ = ["ProcessGroupDDL", "libddl_version", "BACKEND", "StopSignal"]
+__all__ = ["ProcessGroupDDL", "libddl_version", "BACKEND", "StopSignal", "RankLost", "elastic"]
 
 BACKEND = "ddl"
 
 
 def _create_process_group(store, rank, world_size, timeout):
-    backend = ProcessGroupDDL(store, rank, world_size, timeout)
+    # A group of survivors or a grown one (elastic.py) is made already: torch gets it instead of a new one.
+    backend = elastic.take_pending(rank, world_size) or ProcessGroupDDL(store, rank, world_size, timeout)
     # torch >= 2.1: a ProcessGroup named "ddl" around the backend (torch names a plugin's group "custom", in
     # DDP's logging data too). Under TORCH_DISTRIBUTED_DEBUG=DETAIL the plain backend, which torch wraps in
     # its checking wrapper only when it builds the ProcessGroup itself.

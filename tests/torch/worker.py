@@ -17,6 +17,9 @@ passed; any failed check raises, so the process exits non-zero with the tracebac
     worker.py cuda              CUDA tensors: every collective, no host synchronisation, a CUDA graph, DDP
                                 against gloo (skipped, exit 77, without a GPU)
     worker.py kill cuda         the kill scenario with CUDA tensors (skipped, exit 77, without a GPU)
+    worker.py elastic K N       DDP for N steps with torch_ddl.elastic; rank WORLD-1 dies by SIGKILL at step K:
+                                the others raise RankLost naming it, sync and go on as WORLD-1 ranks to step N,
+                                every step once, ending with equal weights
 """
 
 import datetime
@@ -628,6 +631,53 @@ def scenario_kill(device="cpu"):
     os._exit(0)  # the group is broken; skip its teardown
 
 
+def scenario_elastic(kill_at="30", steps="60"):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch_ddl import elastic
+    kill_at, steps = int(kill_at), int(steps)
+    init(timeout_s=10)
+    victim = WORLD - 1
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ddp = DDP(model, bucket_cap_mb=0.002)
+    step, logged, lost_seen = 0, [], None
+    while step < steps:
+        if RANK == victim and step == kill_at:
+            print("KILL at %.6f" % time.time(), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            with elastic.guard():
+                gen = torch.Generator().manual_seed(1000 * step + dist.get_rank())  # this step's and rank's data
+                x = torch.randn(16, 1, 8, 8, generator=gen)
+                y = torch.randint(0, 10, (16,), generator=gen)
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+                opt.step()
+            logged.append(step)
+            print("step %d world %d at %.6f" % (step, dist.get_world_size(), time.time()), flush=True)
+            step += 1
+        except torch_ddl.RankLost as lost:
+            print("LOST at %.6f: %s" % (time.time(), lost), flush=True)
+            check(lost_seen is None, "a second loss: %s" % lost)
+            check(lost.ranks == [victim], "lost %s, not [%d]" % (lost.ranks, victim))
+            check(lost.world_size == WORLD - 1 and dist.get_world_size() == WORLD - 1, "world %d" % lost.world_size)
+            check(lost.rank == RANK and dist.get_rank() == RANK, "rank %d became %d" % (RANK, lost.rank))
+            step = elastic.sync(step, model, opt)
+            print("SYNC to step %d" % step, flush=True)
+            ddp = DDP(model, bucket_cap_mb=0.002)
+            lost_seen = lost
+    check(lost_seen is not None, "no rank was lost")
+    # Every step once: none repeated, at most the one a survivor took from another by sync() missing here.
+    check(logged == sorted(set(logged)), "steps repeated or out of order: %s" % logged)
+    check(steps - len(logged) <= 1 and logged[-1] == steps - 1, "steps missing: %s" % logged)
+    w = torch.cat([p.detach().flatten() for p in model.parameters()])
+    ref = w.clone()
+    dist.broadcast(ref, 0)
+    check(torch.equal(ref, w), "the survivors' weights differ")
+    dist.destroy_process_group()
+    print("OK elastic")
+
+
 def scenario_stall():
     timeout_s = 2
     init(timeout_s=timeout_s)
@@ -923,6 +973,7 @@ SCENARIOS = {
     "collectives": scenario_collectives, "async": scenario_async, "ddp": scenario_ddp, "init": scenario_init,
     "groups": scenario_groups, "kill": scenario_kill, "stall": scenario_stall, "mismatch": scenario_mismatch,
     "errors": scenario_errors, "cuda": scenario_cuda, "fsdp": scenario_fsdp, "stop": scenario_stop,
+    "elastic": scenario_elastic,
 }
 
 if __name__ == "__main__":
