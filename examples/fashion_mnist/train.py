@@ -29,6 +29,14 @@ buckets the gradients anew). --step-log FILE (rank 0 appends "attempt epoch step
 shows that no step was lost or repeated. A rank killed (SIGKILL, a crash) before such a checkpoint still
 repeats the steps since the last one, and a run stopped without --checkpoint-dir starts over.
 
+Elastic (--elastic, backend ddl): a rank lost (SIGKILL, a crash, its node gone) no longer ends the job. The
+others raise torch_ddl.RankLost on the step in flight, go on as a smaller group from the last step any of them
+finished, with the model and optimizer in memory (torch_ddl.elastic.sync: no checkpoint read), and deal the
+rest of the epoch among themselves. Each step's global batch is the next batch-size x ranks images of the
+epoch's permutation, so no image is skipped or seen twice; the per-rank batch stays, and the learning rate
+follows the world size (lr x ranks / starting ranks: the linear scaling rule). --step-log lines are then
+"epoch step ranks loss". Rank 0 serves the rendezvous store (MASTER_ADDR), so its loss still ends the job.
+
 --device cuda trains on GPUs (torch 2.x with CUDA): rank LOCAL_RANK takes GPU LOCAL_RANK modulo the GPUs it
 sees, so one GPU per rank where there are enough (ddl-agent's CUDA_VISIBLE_DEVICES shows each rank its own) and
 ranks sharing GPUs otherwise. The data sit on the GPU, and nothing in a step waits for the GPU on the host:
@@ -79,6 +87,8 @@ def parse_args(argv=None):
     p.add_argument("--json", default="", help="rank 0 writes the per-epoch results there")
     p.add_argument("--step-log", default="", help="rank 0 appends a line \"attempt epoch step loss\" per finished "
                                                    "step there (with CUDA, each step then waits for the GPU)")
+    p.add_argument("--elastic", action="store_true",
+                   help="go on without a lost rank (backend ddl; torch_ddl.elastic): see above")
     p.add_argument("--crash-after-epoch", type=int, default=0,
                    help="testing: on the job's first attempt (DDL_JOB_ATTEMPT=1), the last rank exits with "
                         "status 3 right after epoch N's checkpoint, so that a restart has something to resume")
@@ -313,6 +323,10 @@ def train(args, stop):
         (args.model, len(train_x), args.batch_size * world, args.backend, world, "" if world == 1 else "s",
          args.device))
 
+    if args.elastic:
+        if args.backend != "ddl":
+            raise SystemExit("--elastic needs --backend ddl (torch_ddl.elastic)")
+        return train_elastic(args, model, optimizer, ddp, (train_x, train_y, test_x, test_y), rank, world, device)
     attempt = int(os.environ.get("DDL_JOB_ATTEMPT", "1"))
     for epoch in range(start_epoch + 1, args.epochs + 1):
         idx = shard(len(train_x), epoch, rank, world, args.batch_size).to(device)
@@ -367,6 +381,87 @@ def train(args, stop):
     if args.json and rank == 0:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
+def train_elastic(args, model, optimizer, ddp, data, rank, world, device):
+    """--elastic: the training loop of a job whose ranks may be lost; each step and each epoch's evaluation runs
+    under torch_ddl.elastic.guard(), and a RankLost sends the survivors on from the same place."""
+    import torch_ddl
+    from torch_ddl import elastic
+    train_x, train_y, test_x, test_y = data
+    first_world, history = world, []
+    where = {"epoch": 1, "used": 0, "step": 0}  # the epoch, its images used so far, the job's steps finished
+    loss_sum, t0, seconds = torch.zeros(2, dtype=torch.float64, device=device), time.monotonic(), 0.0
+
+    def log(*a):
+        if rank == 0:
+            print(*a, flush=True)
+
+    def guarded(fn):
+        """fn() under guard(); after a lost rank, the survivors agree on where they are and return None."""
+        nonlocal rank, world, ddp
+        try:
+            with elastic.guard():
+                return fn()
+        except torch_ddl.RankLost as lost:
+            rank, world = lost.rank, lost.world_size
+            where["step"] = elastic.sync(where["step"], model, optimizer, state=where)
+            ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None)
+            log("lost rank%s %s after step %d: going on with %d ranks" %
+                ("s" if len(lost.ranks) > 1 else "", ",".join(map(str, lost.ranks)), where["step"], world))
+            return None
+
+    while where["epoch"] <= args.epochs:
+        epoch = where["epoch"]
+        perm = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(1000 + epoch)).to(device)
+        while where["used"] + args.batch_size * world <= len(train_x):
+            lo = where["used"] + rank * args.batch_size
+            b = perm[lo:lo + args.batch_size]
+
+            def step():
+                for g in optimizer.param_groups:
+                    g["lr"] = args.lr * world / first_world
+                loss = F.cross_entropy(ddp(normalise(train_x[b])), train_y[b])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                return loss.detach()
+            loss = guarded(step)
+            if loss is None:
+                if where["epoch"] != epoch:
+                    break  # the survivors' agreed place is in another epoch: its own permutation
+                continue  # the survivors' agreed place
+            where["used"] += args.batch_size * world
+            where["step"] += 1
+            loss_sum[0] += loss
+            loss_sum[1] += 1
+            if args.step_log and rank == 0:
+                with open(args.step_log, "a") as f:
+                    f.write("%d %d %d %r\n" % (epoch, where["step"], world, loss.item()))
+        if where["epoch"] != epoch:
+            continue
+        seconds += time.monotonic() - t0
+        accuracy = guarded(lambda: evaluate(model, test_x, test_y, rank, world))
+        if accuracy is None:
+            continue  # evaluated again by the survivors
+        record = {"epoch": epoch, "loss": loss_sum[0].item() / max(1.0, loss_sum[1].item()),
+                  "test_accuracy": accuracy, "ranks": world, "steps": where["step"], "seconds": seconds}
+        history.append(record)
+        log("epoch %d/%d: loss %.4f (rank 0), test accuracy %.2f%%, %d ranks, %d steps (%.1f s)" %
+            (epoch, args.epochs, record["loss"], 100 * accuracy, world, where["step"], seconds))
+        where["epoch"] += 1
+        where["used"] = 0
+        loss_sum.zero_()
+        t0 = time.monotonic()
+    if history:
+        log("done: test accuracy %.2f%%, %d ranks at the end, %d steps" %
+            (100 * history[-1]["test_accuracy"], world, where["step"]))
+    if args.json and rank == 0:
+        with open(args.json, "w") as f:
+            json.dump({"backend": args.backend, "model": args.model, "device": args.device, "elastic": True,
+                       "ranks": world, "epochs": history}, f, indent=1)
     dist.destroy_process_group()
     return 0
 

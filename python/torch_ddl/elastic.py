@@ -24,11 +24,17 @@ loop goes on after re-wrapping the model in DDP, which holds the old group:
 
 The ranks that go on keep their order; dist.get_rank() and get_world_size() answer for the new group. The
 store the group was made with must outlive the lost rank (under torchrun's c10d rendezvous the agent serves
-it; with MASTER_ADDR on rank 0, rank 0's loss cannot be survived). grow() admits processes waiting to join
-(libddl's ddlCommGrow) the same way.
+it; with MASTER_ADDR on rank 0, rank 0's loss cannot be survived).
+
+Growing back: start the job with elastic.init_process_group() instead of dist.init_process_group("ddl"), so
+that its groups meet through a store that a process coming later can find (torchrun's variables: MASTER_ADDR,
+MASTER_PORT). A process started with DDL_JOIN=1 calls the same elastic.init_process_group(), which waits until
+the running ranks call elastic.grow() (at a step boundary, every rank); both sides then call sync(), which
+gives the joiner the model, optimizer and loop state, and wrap the model in DDP again.
 """
 
 import contextlib
+import os
 from datetime import timedelta
 
 import torch
@@ -36,7 +42,7 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["RankLost", "guard", "shrink", "grow", "sync", "backend"]
+__all__ = ["RankLost", "init_process_group", "guard", "shrink", "grow", "sync", "backend"]
 
 
 class RankLost(RuntimeError):
@@ -53,7 +59,30 @@ class RankLost(RuntimeError):
 # Groups made by shrink() and grow() are handed to torch through init_process_group: _create_process_group
 # (torch_ddl/__init__.py) returns the one waiting here instead of making a new communicator.
 _pending = None
-_generation = 0  # groups installed so far: the prefix of each one's torch store keys (equal on every member)
+_generation = 0  # groups installed so far: the prefix of each one's torch store keys (rank 0's, on every member)
+_root = None  # init_process_group's store: the job's groups meet under it, and joiners find them there
+
+
+def init_process_group(timeout=timedelta(minutes=30)):
+    """dist.init_process_group("ddl") for an elastic job, from torchrun's variables (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT; rank 0 serves the store on MASTER_PORT unless the launcher's agent does, as
+    torchrun's c10d rendezvous: TORCHELASTIC_USE_AGENT_STORE). With DDL_JOIN=1 the process joins the running
+    job instead: it waits (up to timeout) until the running ranks call grow(), then has its rank of the grown
+    group. Returns this process's rank."""
+    global _root
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    joining = os.environ.get("DDL_JOIN") == "1"
+    serve = (not joining and int(os.environ.get("RANK", "0")) == 0
+             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True")
+    store = dist.TCPStore(host, port, None, serve, timeout, wait_for_workers=False)
+    _root = dist.PrefixStore("torch_ddl/", store)
+    libddl_store = dist.PrefixStore("ddl/", _root)  # the job's communicators, joiners' too, meet here
+    if joining:
+        group = _C.ProcessGroupDDL.join(libddl_store, timeout)
+    else:
+        group = _C.ProcessGroupDDL(libddl_store, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), timeout)
+    _install(group, timeout)
+    return group.rank()
 
 
 def take_pending(rank, world_size):
@@ -82,12 +111,15 @@ def backend(group=None):
 
 
 def _install(group, timeout):
-    """Makes group (a ProcessGroupDDL) the default process group."""
+    """Makes group (a ProcessGroupDDL) the default process group (a collective of group)."""
     global _pending, _generation
-    store = dist.distributed_c10d._get_default_store()
-    _generation += 1
+    store = _root if _root is not None else dist.distributed_c10d._get_default_store()
+    count = torch.tensor([_generation + 1], dtype=torch.int64)
+    group.broadcast([count]).wait()  # rank 0's: a joiner learns it
+    _generation = int(count.item())
     _pending = group
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
     try:
         dist.init_process_group("ddl", store=dist.PrefixStore("torch_ddl/elastic/%d/" % _generation, store),
                                 rank=group.rank(), world_size=group.size(), timeout=timeout)
@@ -141,10 +173,11 @@ def grow(max_new=0):
     return True
 
 
-def sync(step, model, optimizer=None):
+def sync(step, model, optimizer=None, state=None):
     """A collective of the default group: agrees on the last step any rank finished (step: this rank's count of
-    finished steps) and sends that rank's model (parameters and buffers) and optimizer state to every other
-    rank. Returns the agreed step count."""
+    finished steps) and sends that rank's model (parameters and buffers), optimizer state and state (a dict of
+    the loop's own, such as the epoch and the samples used, updated in place) to every other rank. Returns the
+    agreed step count."""
     rank, world = dist.get_rank(), dist.get_world_size()
     t = torch.tensor([step], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -156,9 +189,13 @@ def sync(step, model, optimizer=None):
         for v in model.state_dict().values():
             if isinstance(v, torch.Tensor):
                 dist.broadcast(v, src)
-    if optimizer is not None:
-        box = [optimizer.state_dict() if rank == src else None]
+    if optimizer is not None or state is not None:
+        box = [(optimizer.state_dict() if optimizer is not None else None, state) if rank == src else None]
         dist.broadcast_object_list(box, src)
         if rank != src:
-            optimizer.load_state_dict(box[0])
+            if optimizer is not None:
+                optimizer.load_state_dict(box[0][0])
+            if state is not None:
+                state.clear()
+                state.update(box[0][1])
     return top

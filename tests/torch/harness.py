@@ -32,8 +32,10 @@ class RankResult:
         return "rank %d exited %s:\n%s" % (self.rank, self.code, self.output)
 
 
-def run_ranks(n, scenario, *args, timeout=180, env=None):
-    """Runs scenario on n ranks; returns a RankResult per rank (code None: killed at the deadline)."""
+def run_ranks(n, scenario, *args, timeout=180, env=None, linger=None):
+    """Runs scenario on n ranks; returns a RankResult per rank (code None: killed at the deadline). linger
+    ({rank: text}): after the ranks exit, wait up to 10 s for text in that rank's output (written by a process
+    it started, which inherits the file)."""
     port = free_port()
     outdir = tempfile.mkdtemp(prefix="torch-ddl-test-")
     procs, files = [], []
@@ -57,6 +59,13 @@ def run_ranks(n, scenario, *args, timeout=180, env=None):
         if codes[r] is None:
             p.kill()
             p.wait()
+    for r, text in (linger or {}).items():
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            files[r].seek(0)
+            if text in files[r].read():
+                break
+            time.sleep(0.05)
     results = []
     for r, f in enumerate(files):
         f.seek(0)

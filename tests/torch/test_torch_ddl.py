@@ -131,6 +131,19 @@ class Elastic(Case):
             print("rank %d: first step as 3 ranks %.3f s after the kill" % (r.rank, after[0] - killed))
 
 
+    def test_a_joiner_grows_the_survivors_back_and_takes_their_state(self):
+        # The replacement writes into the victim's output; it may end a moment after the survivors.
+        results = harness.run_ranks(4, "elastic", 30, 80, "grow", timeout=180, linger={3: "OK elastic"})
+        self.assertEqual(results[3].code, -9, harness.describe(results))
+        for r in results[:3]:
+            self.assertEqual(r.code, 0, harness.describe(results))
+            self.assertIn("OK elastic", r.output, harness.describe(results))
+            self.assertIn("GREW to 4 at step ", r.output, harness.describe(results))
+        joiner = results[3].output
+        self.assertIn("JOINED as rank 3 of 4 at step ", joiner, harness.describe(results))
+        self.assertIn("OK elastic", joiner, harness.describe(results))
+
+
 class Preemption(Case):
     """torch_ddl.StopSignal: SIGTERM to one rank alone stops every rank after the same step, within a few steps
     of it, where the loop would otherwise run 3000; the deadline file is read, a second signal is not fatal,

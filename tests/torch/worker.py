@@ -20,6 +20,10 @@ passed; any failed check raises, so the process exits non-zero with the tracebac
     worker.py elastic K N       DDP for N steps with torch_ddl.elastic; rank WORLD-1 dies by SIGKILL at step K:
                                 the others raise RankLost naming it, sync and go on as WORLD-1 ranks to step N,
                                 every step once, ending with equal weights
+    worker.py elastic K N grow  the same through elastic.init_process_group, and the victim starts a process
+                                (DDL_JOIN=1, its output in the victim's) before it dies; the survivors grow()
+                                every 10th step until it is in, sync() gives it the state, and all WORLD end
+                                with equal weights
 """
 
 import datetime
@@ -631,20 +635,43 @@ def scenario_kill(device="cpu"):
     os._exit(0)  # the group is broken; skip its teardown
 
 
-def scenario_elastic(kill_at="30", steps="60"):
+def scenario_elastic(kill_at="30", steps="60", grow=""):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch_ddl import elastic
-    kill_at, steps = int(kill_at), int(steps)
-    init(timeout_s=10)
+    import subprocess
+    kill_at, steps, grow = int(kill_at), int(steps), grow == "grow"
+    joining = os.environ.get("DDL_JOIN") == "1"
+    if grow:
+        elastic.init_process_group(timeout=datetime.timedelta(seconds=10))
+        if not joining:
+            dist.barrier()  # as init() does: every rank is past the store's first use
+    else:
+        init(timeout_s=10)
     victim = WORLD - 1
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    ddp = DDP(model, bucket_cap_mb=0.002)
     step, logged, lost_seen = 0, [], None
+    if joining:
+        step = elastic.sync(0, model, opt)
+        print("JOINED as rank %d of %d at step %d" % (dist.get_rank(), dist.get_world_size(), step), flush=True)
+    ddp = DDP(model, bucket_cap_mb=0.002)
     while step < steps:
-        if RANK == victim and step == kill_at:
+        if RANK == victim and step == kill_at and not joining:
+            if grow:  # its replacement, which waits until the survivors grow
+                subprocess.Popen([sys.executable, os.path.abspath(__file__), "elastic", str(kill_at), str(steps),
+                                  "grow"], env=dict(os.environ, DDL_JOIN="1"))
             print("KILL at %.6f" % time.time(), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if grow and lost_seen is not None and step % 10 == 0 and dist.get_world_size() < WORLD:
+            # From 20 steps after the loss on, wait here (up to 30 s) for the replacement to start: every survivor
+            # asks the same number of times, since grow() is a collective with one answer for all.
+            for _ in range(300 if step >= kill_at + 20 else 1):
+                if elastic.grow():
+                    step = elastic.sync(step, model, opt)
+                    ddp = DDP(model, bucket_cap_mb=0.002)
+                    print("GREW to %d at step %d" % (dist.get_world_size(), step), flush=True)
+                    break
+                time.sleep(0.1)
         try:
             with elastic.guard():
                 gen = torch.Generator().manual_seed(1000 * step + dist.get_rank())  # this step's and rank's data
@@ -666,10 +693,12 @@ def scenario_elastic(kill_at="30", steps="60"):
             print("SYNC to step %d" % step, flush=True)
             ddp = DDP(model, bucket_cap_mb=0.002)
             lost_seen = lost
-    check(lost_seen is not None, "no rank was lost")
+    check(lost_seen is not None or joining, "no rank was lost")
     # Every step once: none repeated, at most the one a survivor took from another by sync() missing here.
     check(logged == sorted(set(logged)), "steps repeated or out of order: %s" % logged)
-    check(steps - len(logged) <= 1 and logged[-1] == steps - 1, "steps missing: %s" % logged)
+    check(joining or steps - len(logged) <= 1, "steps missing: %s" % logged)
+    check(logged[-1] == steps - 1, "did not reach the last step: %s" % logged)
+    check(dist.get_world_size() == (WORLD if grow else WORLD - 1), "world %d at the end" % dist.get_world_size())
     w = torch.cat([p.detach().flatten() for p in model.parameters()])
     ref = w.clone()
     dist.broadcast(ref, 0)
