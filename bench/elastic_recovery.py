@@ -80,7 +80,7 @@ def run_ddl(args, python, tmp, name, kill):
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(
             [python, TRAIN, "--elastic", "--epochs", str(args.epochs), "--train-samples", str(args.train_samples),
-             "--step-log", step_log, "--json", out_json, "--timeout", "30"],
+             "--step-log", step_log, "--json", out_json, "--timeout", str(args.timeout)],
             env=env, stdout=open(os.path.join(tmp, "%s.rank%d" % (name, r)), "w"), stderr=subprocess.STDOUT))
     seconds, line = None, None
     if kill:
@@ -122,7 +122,7 @@ def run_torchrun(args, python, tmp):
         [python, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks), "--max_restarts", "1",
          "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:%d" % free_port(), TRAIN, "--backend", "gloo",
          "--epochs", str(args.epochs), "--train-samples", str(args.train_samples), "--checkpoint-dir", ckpt,
-         "--step-log", step_log, "--json", out_json, "--timeout", "30"],
+         "--step-log", step_log, "--json", out_json, "--timeout", str(args.timeout)],
         env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=open(os.path.join(tmp, name + ".out"), "w"),
         stderr=subprocess.STDOUT)
 
@@ -156,14 +156,18 @@ def main():
                         "under its Python 3.11 before starting a worker)")
     p.add_argument("--limit", type=float, default=900, help="seconds a run may take")
     p.add_argument("--json", default="", help="write the results there")
+    p.add_argument("--timeout", type=int, default=120, help="the process groups' timeout, seconds")
+    p.add_argument("--systems", default="ddl-elastic,ddl-uninterrupted,torchrun-gloo",
+                   help="which of the three runs to make")
     p.add_argument("--pythonpath", default=os.path.join(ROOT, "build", "python"),
                    help="where torch_ddl is (prepended to PYTHONPATH)")
     args = p.parse_args()
     os.environ["PYTHONPATH"] = args.pythonpath + os.pathsep + os.environ.get("PYTHONPATH", "")
     tmp = tempfile.mkdtemp(prefix="ddl-elastic-bench-")
-    results = [run_ddl(args, args.python, tmp, "ddl-elastic", kill=True),
-               run_ddl(args, args.python, tmp, "ddl-uninterrupted", kill=False),
-               run_torchrun(args, args.torchrun_python, tmp)]
+    runs = {"ddl-elastic": lambda: run_ddl(args, args.python, tmp, "ddl-elastic", kill=True),
+            "ddl-uninterrupted": lambda: run_ddl(args, args.python, tmp, "ddl-uninterrupted", kill=False),
+            "torchrun-gloo": lambda: run_torchrun(args, args.torchrun_python, tmp)}
+    results = [runs[name]() for name in args.systems.split(",")]
     print("%d ranks, rank %d SIGKILLed after step %d, %d epochs (outputs in %s)" %
           (args.ranks, args.ranks - 1, args.kill_at, args.epochs, tmp))
     print("%-18s %22s %14s %14s" % ("system", "kill -> next step (s)", "steps redone", "test accuracy"))

@@ -228,7 +228,9 @@ class Comm final : private StreamCalls::Owner {
   void requireStore(const char* fn) const;
   // Generation `generation` of a communicator meeting through root: bootstraps under root's "gen/<g>/".
   static std::unique_ptr<Comm> nextGeneration(int nranks, int rank, int generation, const Options& options,
-                                              const std::shared_ptr<Store>& root, const char* where);
+                                              const std::shared_ptr<Store>& root,
+                                              const std::shared_ptr<TcpStoreServer>& server,
+                                              const char* where);
   // shrink(): whether peer is known dead, probing it (one message, sent once) so that a peer this rank never
   // talked to is found dead too.
   bool probeDead(int peer);
@@ -251,7 +253,8 @@ class Comm final : private StreamCalls::Owner {
   std::shared_ptr<TcpStoreServer> store_server_;
   std::shared_ptr<Store> store_;
   std::shared_ptr<Store> root_store_;  // the first generation's store_, where later generations meet
-  int generation_ = 0;                 // shrinks and grows since the first communicator (comm_elastic.cpp)
+  int generation_ = 0;         // the store's number of this generation (comm_elastic.cpp); 0: the first
+  int attempts_ = 0;           // shrinks of this communicator so far: each agrees under a prefix of its own
   std::vector<int> excluded_;  // made by ddlCommShrink: the parent's ranks left out, ascending
   std::vector<std::unique_ptr<Request>> probes_;  // shrink's probes of silent peers, one per peer at most
   std::unique_ptr<Channel> channel_;

@@ -63,16 +63,24 @@ void Comm::requireStore(const char* fn) const {
          std::string(fn) +
              ": this communicator has no rendezvous store (it was made over a transport of a test)");
   }
+  if (!root_store_->canAdd()) {
+    fail(ddlInvalidArgument,
+         std::string(fn) +
+             ": the communicator's store (ddlStore_t) has no add function, which agreeing "
+             "and admitting need");
+  }
 }
 
 std::unique_ptr<Comm> Comm::nextGeneration(int nranks, int rank, int generation, const Options& options,
-                                           const std::shared_ptr<Store>& root, const char* where) {
+                                           const std::shared_ptr<Store>& root,
+                                           const std::shared_ptr<TcpStoreServer>& server, const char* where) {
   Options opts = options;
   opts.topology =
       Topology{};  // the new communicator's own: flat, or (ranks per node) x (nodes) as the nodes say
   std::shared_ptr<Store> store = makePrefixStore(root, "gen/" + std::to_string(generation) + "/");
   auto comm = bootstrap(nranks, rank, *store, true, where, opts, Deadline(options.timeout_ms));
   comm->root_store_ = root;
+  comm->store_server_ = server;  // rank 0's, while any generation may still meet through it
   comm->store_ = std::move(store);
   comm->generation_ = generation;
   return comm;
@@ -100,16 +108,19 @@ std::unique_ptr<Comm> Comm::shrink(const std::vector<int>& exclude) {
       suspects.push_back(r);
 
   const Deadline deadline(options_.timeout_ms), read_deadline(2 * int64_t{options_.timeout_ms});
-  const std::vector<int> gone = agreeExcluded(
-      *root_store_, "shrink/" + std::to_string(generation_) + "/", size_, rank_, suspects,
-      [this](int r) { return probeDead(r); }, deadline, read_deadline);
+  // Every survivor calls shrink the same number of times on this communicator (again after one whose new
+  // communicator failed to form): each attempt agrees anew.
+  const Agreement agreed = agreeExcluded(
+      *root_store_, "shrink/" + std::to_string(generation_) + "/" + std::to_string(attempts_++) + "/", size_,
+      rank_, suspects, [this](int r) { return probeDead(r); }, deadline, read_deadline);
+  const std::vector<int>& gone = agreed.excluded;
   std::vector<int> members;
   for (int r = 0; r < size_; ++r)
     if (!std::binary_search(gone.begin(), gone.end(), r)) members.push_back(r);
   const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-  auto child = nextGeneration(static_cast<int>(members.size()), new_rank, generation_ + 1, options_,
-                              root_store_, "the communicator of the survivors (ddlCommShrink)");
-  child->store_server_ = store_server_;
+  auto child =
+      nextGeneration(static_cast<int>(members.size()), new_rank, agreed.generation, options_, root_store_,
+                     store_server_, "the communicator of the survivors (ddlCommShrink)");
   child->excluded_ = gone;
   return child;
 }
@@ -120,8 +131,9 @@ std::unique_ptr<Comm> Comm::shrink(const std::vector<int>& exclude) {
 //   join/ticket/<t>     a first-write register: "<generation> <rank>" from the grow that admits it, or "gone"
 //                       from a joiner that stopped waiting; whichever came first counts
 //   grow/<g>/size       the size of generation g's communicator made by a grow
-// A grow of generation g-1 makes generation g: its ranks keep their numbers, the joiners follow in ticket
-// order.
+//   generation          a counter: each new generation's number (a grow's rank 0, a shrink's leader), so that
+//                       no attempt, even one whose communicator never formed, shares another's keys
+// The grown communicator's ranks keep their numbers, the joiners follow in ticket order.
 namespace {
 constexpr const char* kGone = "gone";
 std::string ticketKey(int64_t t) { return "join/ticket/" + std::to_string(t); }
@@ -132,30 +144,49 @@ std::unique_ptr<Comm> Comm::grow(int max_new) {
   if (max_new < 0) fail(ddlInvalidArgument, "ddlCommGrow: maxNewRanks is negative");
   const int room = tag::kMaxRanks - size_;
   const int limit = max_new == 0 ? room : std::min(max_new, room);
-  const int generation = generation_ + 1;
-  // Rank 0 admits the joiners waiting now (up to the limit), then every rank learns how many.
-  int64_t admitted = 0;
+  // Rank 0 admits the joiners waiting now (up to the limit), then every rank learns how many, the generation,
+  // and whether rank 0 failed: {admitted, generation, failed}, the others' zeros under MAX.
+  int64_t mine[3] = {0, 0, 0}, all[3] = {0, 0, 0};
+  std::string why;
   if (rank_ == 0) {
-    Store& s = *root_store_;
-    const int64_t waiting = s.add("join/waiting", 0);
-    const int64_t first = s.add("join/admitted", 0);
-    int64_t t = first;
-    const Deadline d(options_.timeout_ms);
-    for (; t < waiting && admitted < limit; ++t) {
-      const std::string mine = std::to_string(generation) + " " + std::to_string(size_ + admitted);
-      if (firstWriteWins(s, ticketKey(t + 1), mine, d) == mine) ++admitted;
+    try {
+      Store& s = *root_store_;
+      const int64_t generation = s.add("generation", 1);
+      const int64_t waiting = s.add("join/waiting", 0);
+      const int64_t first = s.add("join/admitted", 0);
+      int64_t t = first;
+      for (; t < waiting && mine[0] < limit; ++t) {
+        const std::string admit = std::to_string(generation) + " " + std::to_string(size_ + mine[0]);
+        // A joiner that died between its two writes of "gone" leaves the register unwritten: after a few
+        // seconds the ticket counts as given up.
+        std::string got;
+        try {
+          got = firstWriteWins(s, ticketKey(t + 1), admit, Deadline(std::min(options_.timeout_ms, 5000)));
+        } catch (const Error& e) {
+          if (e.code() != ddlTimeout) throw;
+        }
+        if (got == admit) ++mine[0];
+      }
+      s.add("join/admitted", t - first);  // rank 0 of the lineage is its only writer
+      if (mine[0]) s.set("grow/" + std::to_string(generation) + "/size", std::to_string(size_ + mine[0]));
+      mine[1] = generation;
+    } catch (const Error& e) {
+      mine[2] = 1;  // the others learn it below instead of waiting for rank 0
+      why = e.what();
     }
-    s.add("join/admitted", t - first);  // rank 0 of the lineage is its only writer
-    if (admitted) s.set("grow/" + std::to_string(generation) + "/size", std::to_string(size_ + admitted));
   }
-  int64_t count = 0;
-  allReduce(&admitted, &count, 1, ddlInt64, ddlMax);
-  if (count == 0) return nullptr;
+  allReduce(mine, all, 3, ddlInt64, ddlMax);
+  if (all[2]) {
+    fail(ddlSystemError, "ddlCommGrow: rank 0 could not admit joiners" +
+                             (why.empty() ? std::string(" (its "
+                                                        "ddlCommGrow returned why)")
+                                          : ": " + why) +
+                             "; this communicator goes on");
+  }
+  if (all[0] == 0) return nullptr;
   auto lk = lockOp();
-  auto child = nextGeneration(size_ + static_cast<int>(count), rank_, generation, options_, root_store_,
-                              "the grown communicator (ddlCommGrow)");
-  child->store_server_ = store_server_;
-  return child;
+  return nextGeneration(size_ + static_cast<int>(all[0]), rank_, static_cast<int>(all[1]), options_,
+                        root_store_, store_server_, "the grown communicator (ddlCommGrow)");
 }
 
 std::unique_ptr<Comm> Comm::join(const std::string& root, const Options& options) {
@@ -187,10 +218,14 @@ std::unique_ptr<Comm> Comm::join(const std::shared_ptr<Store>& root, const Optio
   if (std::sscanf(admitted.c_str(), "%d %d", &generation, &rank) != 2 || generation < 1 || rank < 1) {
     fail(ddlInternalError, "ddlCommJoin: a malformed admission in the store: '" + admitted + "'");
   }
-  const std::string size = root->get("grow/" + std::to_string(generation) + "/size", deadline);
+  // A fresh wait: the admission may have come just as the first one ended; rank 0 writes the size right
+  // after.
+  const std::string size =
+      root->get("grow/" + std::to_string(generation) + "/size", Deadline(options.timeout_ms));
   const int nranks =
       static_cast<int>(parseInt(size, "the grown communicator's size", rank + 1, tag::kMaxRanks));
-  return nextGeneration(nranks, rank, generation, options, root, "the grown communicator (ddlCommJoin)");
+  return nextGeneration(nranks, rank, generation, options, root, nullptr,
+                        "the grown communicator (ddlCommJoin)");
 }
 
 }  // namespace ddl

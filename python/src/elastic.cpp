@@ -8,6 +8,25 @@
 #include "store_adapter.h"
 
 namespace torch_ddl {
+namespace {
+
+// A group over comm (made from another's store, adapter), or none when comm is null. The communicator is
+// destroyed if the group cannot be made.
+c10::intrusive_ptr<ProcessGroupDDL> groupOver(ddlComm_t comm, std::shared_ptr<StoreAdapter> adapter,
+                                              std::chrono::milliseconds timeout) {
+  if (!comm) return {};
+  int rank = 0, size = 0;
+  ddlCommUserRank(comm, &rank);
+  ddlCommCount(comm, &size);
+  try {
+    return c10::make_intrusive<ProcessGroupDDL>(comm, rank, size, std::move(adapter), timeout);
+  } catch (...) {
+    ddlCommDestroy(comm);
+    throw;
+  }
+}
+
+}  // namespace
 
 bool ProcessGroupDDL::rankLost() const {
   if (closed_.load() || !comm_) return false;
@@ -28,21 +47,14 @@ c10::intrusive_ptr<ProcessGroupDDL> ProcessGroupDDL::shrink() {
   quiesce();
   ddlComm_t next = nullptr;
   check(ddlCommShrink(comm_, nullptr, 0, &next), "ddlCommShrink");
-  int rank = 0, size = 0;
-  ddlCommUserRank(next, &rank);
-  ddlCommCount(next, &size);
-  return c10::make_intrusive<ProcessGroupDDL>(next, rank, size, adapter_, timeout_);
+  return groupOver(next, adapter_, timeout_);
 }
 
 c10::intrusive_ptr<ProcessGroupDDL> ProcessGroupDDL::grow(int max_new) {
   quiesce();
   ddlComm_t next = nullptr;
   check(ddlCommGrow(comm_, max_new, &next), "ddlCommGrow");
-  if (!next) return {};
-  int rank = 0, size = 0;
-  ddlCommUserRank(next, &rank);
-  ddlCommCount(next, &size);
-  return c10::make_intrusive<ProcessGroupDDL>(next, rank, size, adapter_, timeout_);
+  return groupOver(next, adapter_, timeout_);
 }
 
 c10::intrusive_ptr<ProcessGroupDDL> ProcessGroupDDL::join(const c10::intrusive_ptr<c10d::Store>& store,
@@ -54,10 +66,7 @@ c10::intrusive_ptr<ProcessGroupDDL> ProcessGroupDDL::join(const c10::intrusive_p
   if (ddlCommJoinWithStore(&comm, &api, &cfg) != ddlSuccess) {
     throw std::runtime_error(std::string("ddl: cannot join: ") + ddlGetLastError(nullptr));
   }
-  int rank = 0, size = 0;
-  ddlCommUserRank(comm, &rank);
-  ddlCommCount(comm, &size);
-  return c10::make_intrusive<ProcessGroupDDL>(comm, rank, size, std::move(adapter), timeout);
+  return groupOver(comm, std::move(adapter), timeout);
 }
 
 std::vector<int> ProcessGroupDDL::excluded() const {

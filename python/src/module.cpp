@@ -53,6 +53,9 @@ PYBIND11_MODULE(_C, m) {
                   "Waits until a group meeting through store grows to admit this process; returns its group")
       .def_property_readonly("excluded", &torch_ddl::ProcessGroupDDL::excluded,
                              "Made by shrink(): the old group's ranks it left out")
+      .def("close", &torch_ddl::ProcessGroupDDL::closeNow, py::call_guard<py::gil_scoped_release>(),
+           "Closes the group now (its calls fail from then on); every rank at the same point")
+      .def_property_readonly("timeout", &torch_ddl::ProcessGroupDDL::timeout, "The group's timeout")
       .def_property_readonly_static(
           "stream_ordered", [](py::object) { return torch_ddl::ProcessGroupDDL::streamOrdered(); },
           "True where collectives on CUDA tensors are enqueued on a CUDA stream (torch >= 2.0 and a libddl "

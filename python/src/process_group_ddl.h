@@ -184,6 +184,10 @@ class ProcessGroupDDL : public GroupBase {
                                                   std::chrono::milliseconds timeout);
   // Made by shrink(): the old group's ranks it left out.
   std::vector<int> excluded() const;
+  // Closes the group now (the queue drained, the communicator destroyed: it meets the peers unless broken),
+  // as the last reference would: elastic.py closes a replaced group on every rank at the same point.
+  void closeNow() { close(); }
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
   struct Entry {

@@ -23,8 +23,9 @@ loop goes on after re-wrapping the model in DDP, which holds the old group:
             ddp = DDP(model)                         # over the survivors' group; re-shard the data too
 
 The ranks that go on keep their order; dist.get_rank() and get_world_size() answer for the new group. The
-store the group was made with must outlive the lost rank (under torchrun's c10d rendezvous the agent serves
-it; with MASTER_ADDR on rank 0, rank 0's loss cannot be survived).
+store the group was made with must outlive the lost rank (with MASTER_ADDR on rank 0, rank 0's loss cannot be
+survived), and the launcher must leave the survivors running: ddlrun, ddl-agent and torchrun stop or restart
+every rank when one fails.
 
 Growing back: start the job with elastic.init_process_group() instead of dist.init_process_group("ddl"), so
 that its groups meet through a store that a process coming later can find (torchrun's variables: MASTER_ADDR,
@@ -68,14 +69,16 @@ def init_process_group(timeout=timedelta(minutes=30)):
     MASTER_ADDR, MASTER_PORT; rank 0 serves the store on MASTER_PORT unless the launcher's agent does, as
     torchrun's c10d rendezvous: TORCHELASTIC_USE_AGENT_STORE). With DDL_JOIN=1 the process joins the running
     job instead: it waits (up to timeout) until the running ranks call grow(), then has its rank of the grown
-    group. Returns this process's rank."""
+    group. Returns this process's rank. torchrun's restarts (TORCHELASTIC_RESTART_COUNT) meet apart."""
     global _root
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    # torchrun restarts every worker when one fails, on the same store: each attempt's keys apart, as torch's.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     joining = os.environ.get("DDL_JOIN") == "1"
     serve = (not joining and int(os.environ.get("RANK", "0")) == 0
              and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True")
     store = dist.TCPStore(host, port, None, serve, timeout, wait_for_workers=False)
-    _root = dist.PrefixStore("torch_ddl/", store)
+    _root = dist.PrefixStore("torch_ddl/%s/" % attempt, store)
     libddl_store = dist.PrefixStore("ddl/", _root)  # the job's communicators, joiners' too, meet here
     if joining:
         group = _C.ProcessGroupDDL.join(libddl_store, timeout)
@@ -111,8 +114,11 @@ def backend(group=None):
 
 
 def _install(group, timeout):
-    """Makes group (a ProcessGroupDDL) the default process group (a collective of group)."""
+    """Makes group (a ProcessGroupDDL) the default process group (a collective of group), and closes the one it
+    replaces now, on every rank at once (left to the garbage collector, a healthy old group's teardown meets the
+    peers at different moments and makes them wait)."""
     global _pending, _generation
+    old = backend() if dist.is_initialized() else None
     store = _root if _root is not None else dist.distributed_c10d._get_default_store()
     count = torch.tensor([_generation + 1], dtype=torch.int64)
     group.broadcast([count]).wait()  # rank 0's: a joiner learns it
@@ -125,11 +131,8 @@ def _install(group, timeout):
                                 rank=group.rank(), world_size=group.size(), timeout=timeout)
     finally:
         _pending = None
-
-
-def _timeout():
-    t = getattr(dist.distributed_c10d, "default_pg_timeout", None)
-    return t if isinstance(t, timedelta) else timedelta(minutes=30)
+    if old is not None:
+        old.close()
 
 
 def shrink(cause=""):
@@ -140,14 +143,16 @@ def shrink(cause=""):
         raise RuntimeError("ddl: the default process group is not torch_ddl's")
     new = old.shrink()
     gone = new.excluded
-    _install(new, _timeout())
+    _install(new, old.timeout)
     return RankLost(gone, new.rank(), new.size(), cause)
 
 
 @contextlib.contextmanager
 def guard():
     """Runs a training step; where it fails because a rank of the default group is gone, the survivors shrink
-    the group (shrink()) and RankLost is raised instead. Every other failure passes through unchanged."""
+    the group (shrink()) and RankLost is raised instead. Every other failure passes through unchanged. Count
+    the step after the block, and put nothing collective after optimizer.step() inside it: a rank that stepped
+    and then failed would count one step less than it took, and sync() would give it that step again."""
     try:
         yield
     except RuntimeError as e:
@@ -162,14 +167,19 @@ def guard():
 def grow(max_new=0):
     """A collective of the default group, at a step boundary: admits up to max_new (0: all) processes waiting to
     join and makes the grown group the default one. True when it grew: then call sync() (the joiners take the
-    state from it) and re-wrap the model in DDP."""
+    state from it) and re-wrap the model in DDP. A rank lost meanwhile raises RankLost, as in guard()."""
     old = backend()
     if old is None:
         raise RuntimeError("ddl: the default process group is not torch_ddl's")
-    new = old.grow(max_new)
+    try:
+        new = old.grow(max_new)
+    except RuntimeError as e:  # a rank lost in the grow's own collective: as in a step
+        if not old.rank_lost:
+            raise
+        raise shrink(str(e).splitlines()[0][:300]) from e
     if new is None:
         return False
-    _install(new, _timeout())
+    _install(new, old.timeout)
     return True
 
 

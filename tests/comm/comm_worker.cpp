@@ -117,9 +117,10 @@ void runElastic(ddlComm_t comm, int iters, bool joined) {
   }
   const int first = it;  // a joiner has been admitted at this iteration's check already
   for (; it < iters; ++it) {
-    if (it > first && it % 10 == 0) {
+    ddlResult_t r = ddlSuccess;
+    if (it > first && it % 10 == 0) {  // a grow is a collective: a rank lost in it is handled as in a step
       ddlComm_t grown = nullptr;
-      CHECK(comm, ddlCommGrow(comm, 0, &grown));
+      r = ddlCommGrow(comm, 0, &grown);
       if (grown) {
         CHECK(comm, ddlCommDestroy(comm));
         comm = grown;
@@ -132,7 +133,7 @@ void runElastic(ddlComm_t comm, int iters, bool joined) {
     int n = 0;
     CHECK(comm, ddlCommCount(comm, &n));
     std::fill(buf.begin(), buf.end(), 1.0f);
-    const ddlResult_t r = ddlAllReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum, comm);
+    if (r == ddlSuccess) r = ddlAllReduce(buf.data(), buf.data(), buf.size(), ddlFloat32, ddlSum, comm);
     if (r != ddlSuccess) {
       std::printf("lost %d %s\n", static_cast<int>(r), ddlGetLastError(comm));
       std::fflush(stdout);

@@ -592,6 +592,42 @@ TEST(StoreInit, ASecondClaimOnARankAndBadArgumentsAreRefused) {
   EXPECT_EQ(ddlCommInitRankWithStore(&comm, 2, 2, &api, nullptr), ddlInvalidArgument);  // rank out of range
 }
 
+// Shrinking and growing need the store's add; a store without it is refused with a message, not an abort. A
+// communicator of one shrinks to itself and grows by nobody; bad arguments are refused.
+TEST(StoreInit, ElasticCallsOnOneRankAndAStoreWithoutAdd) {
+  MapStore store;
+  ddlStore_t api = store.api();
+  ddlComm_t comm = nullptr, next = nullptr;
+  ASSERT_EQ(ddlCommInitRankWithStore(&comm, 1, 0, &api, nullptr), ddlSuccess) << ddlGetLastError(nullptr);
+  ASSERT_EQ(ddlCommShrink(comm, nullptr, 0, &next), ddlSuccess) << ddlGetLastError(comm);
+  int size = 0, count = -1;
+  EXPECT_EQ(ddlCommCount(next, &size), ddlSuccess);
+  EXPECT_EQ(size, 1);
+  EXPECT_EQ(ddlCommGetExcluded(next, nullptr, 0, &count), ddlSuccess);
+  EXPECT_EQ(count, 0);
+  ddlComm_t grown = reinterpret_cast<ddlComm_t>(&store);
+  EXPECT_EQ(ddlCommGrow(next, 0, &grown), ddlSuccess) << ddlGetLastError(next);
+  EXPECT_EQ(grown, nullptr);  // nobody waits
+  const int self = 0, outside = 5;
+  EXPECT_EQ(ddlCommShrink(next, &self, 1, &grown), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(next)).find("excludes itself"), std::string::npos)
+      << ddlGetLastError(next);
+  EXPECT_EQ(ddlCommShrink(next, &outside, 1, &grown), ddlInvalidArgument);
+  EXPECT_EQ(ddlCommGrow(next, -1, &grown), ddlInvalidArgument);
+  EXPECT_EQ(ddlCommDestroy(next), ddlSuccess);
+  EXPECT_EQ(ddlCommDestroy(comm), ddlSuccess);
+
+  MapStore plain;
+  ddlStore_t no_add = plain.api();
+  no_add.add = nullptr;
+  ASSERT_EQ(ddlCommInitRankWithStore(&comm, 1, 0, &no_add, nullptr), ddlSuccess) << ddlGetLastError(nullptr);
+  EXPECT_EQ(ddlCommShrink(comm, nullptr, 0, &next), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(comm)).find("no add function"), std::string::npos)
+      << ddlGetLastError(comm);
+  EXPECT_EQ(ddlCommGrow(comm, 0, &next), ddlInvalidArgument);
+  EXPECT_EQ(ddlCommDestroy(comm), ddlSuccess);
+}
+
 TEST(CApi, VersionAndErrorStrings) {
   int v = 0;
   EXPECT_EQ(ddlGetVersion(&v), ddlSuccess);

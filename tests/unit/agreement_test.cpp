@@ -24,6 +24,7 @@ namespace {
 
 struct Outcome {
   std::optional<std::vector<int>> excluded;  // set when the call returned
+  int generation = 0;
   ddlResult_t error = ddlSuccess;
   std::string message;
 };
@@ -45,9 +46,11 @@ std::vector<Outcome> agree(int nranks, const std::vector<Participant>& ps, const
       const Participant& p = ps[i];
       std::this_thread::sleep_for(std::chrono::milliseconds(p.delay_ms));
       try {
-        out[i].excluded = agreeExcluded(
+        const Agreement a = agreeExcluded(
             *store, "t/", nranks, p.rank, p.suspects, [&](int r) { return dead.count(r) > 0; },
             Deadline(lead_ms), Deadline(read_ms));
+        out[i].excluded = a.excluded;
+        out[i].generation = a.generation;
       } catch (const Error& e) {
         out[i].error = e.code();
         out[i].message = e.what();
@@ -122,6 +125,20 @@ TEST(Agreement, AFalselySuspectedLeaderStillLeavesOneDecision) {
       const bool left_out = std::find(first->begin(), first->end(), static_cast<int>(i)) != first->end();
       EXPECT_EQ(left_out, !out[i].excluded.has_value()) << "rank " << i;
     }
+  }
+}
+
+TEST(Agreement, ALeaderOthersSuspectStillLeadsWhileALateRankComes) {
+  // Rank 2 holds rank 0 gone (its caller excludes it, or a link broke); rank 3 is alive but 300 ms late. Rank
+  // 0 goes on leading (it does not hold itself gone), waits for rank 3, and decides for everyone, itself left
+  // out.
+  const auto out = agree(4, {{0, {}}, {1, {}}, {2, {0}}, {3, {}, 300}}, {}, 5000, 10000);
+  EXPECT_EQ(out[0].error, ddlRemoteError) << out[0].message;
+  for (int i = 1; i < 4; ++i) {
+    ASSERT_TRUE(out[i].excluded) << out[i].message;
+    EXPECT_EQ(*out[i].excluded, std::vector<int>({0}));
+    EXPECT_EQ(out[i].generation, out[1].generation);
+    EXPECT_GT(out[i].generation, 0);
   }
 }
 

@@ -127,8 +127,9 @@ ddlResult_t ddlCommInitRank(ddlComm_t* comm, int nranks, int rank, const char* r
  * ddlCommInitRankWithStore the ranks exchange their addresses through it instead of through a TCP port of
  * libddl's own, so no port is chosen and none can be taken by another process. Give each communicator a store
  * (or key prefix) of its own. libddl calls the functions from the calling thread only, and only during
- * ddlCommInitRankWithStore and ddlCommShrink (keep ctx valid while you may shrink); they return 0 on success.
- */
+ * ddlCommInitRankWithStore, ddlCommShrink, ddlCommGrow and ddlCommJoinWithStore (keep ctx valid while you may
+ * shrink or grow; those need add); they return 0 on success. A joiner's store must reach the same keys as the
+ * first communicator's. */
 typedef struct {
   void* ctx; /* passed back to every function */
   /* Stores len bytes of value under key (overwriting). */
@@ -208,8 +209,10 @@ ddlResult_t ddlCommGetExcluded(ddlComm_t comm, int* ranks, int maxRanks, int* co
  * the processes waiting then, in the order they came, and *newcomm becomes a communicator of the old ranks,
  * which keep their numbers, and the joiners after them; NULL (and ddlSuccess) when none waits, on every rank
  * alike. The old communicator stays usable until destroyed; buffers and streams are the caller's and go on. A
- * joiner that times out gives its place up, so no grow waits for it. ddlCommInitFromEnv joins when DDL_JOIN=1
- * (with DDL_ROOT). */
+ * joiner that times out gives its place up and is skipped; one that dies after it was admitted makes that
+ * grow fail on every rank at the timeout (the old communicator goes on; grow again). A failure of rank 0's
+ * store calls fails the grow on every rank alike. ddlCommInitFromEnv joins when DDL_JOIN=1, through DDL_ROOT
+ * (set it to the job's root, also under torchrun or Slurm). */
 ddlResult_t ddlCommGrow(ddlComm_t comm, int maxNewRanks, ddlComm_t* newcomm);
 ddlResult_t ddlCommJoin(ddlComm_t* comm, const char* rootAddr, const ddlConfig_t* config);
 ddlResult_t ddlCommJoinWithStore(ddlComm_t* comm, const ddlStore_t* store, const ddlConfig_t* config);

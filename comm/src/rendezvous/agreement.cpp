@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <set>
 #include <thread>
 
@@ -49,30 +50,35 @@ bool raised(Store& store, const std::string& key) { return store.add(key, 0) > 0
 
 }  // namespace
 
-std::vector<int> agreeExcluded(Store& store, const std::string& prefix, int nranks, int rank,
-                               const std::vector<int>& suspects, const std::function<bool(int)>& dead,
-                               const Deadline& deadline, const Deadline& read_deadline,
-                               AgreementTimes times) {
+Agreement agreeExcluded(Store& store, const std::string& prefix, int nranks, int rank,
+                        const std::vector<int>& suspects, const std::function<bool(int)>& dead,
+                        const Deadline& deadline, const Deadline& read_deadline, AgreementTimes times) {
   const std::string decision = prefix + "decision";
-  std::set<int>
-      out;  // what this rank holds gone: its suspects, dead leaders, and (leading) what others propose
+  // What this rank holds gone itself (its suspects and the ranks it found dead): who leads, in its eyes. What
+  // others propose joins only the decision (`out`), so a leader that others suspect still leads (and leaves
+  // itself out), and the rank after it never waits for a leader that stopped leading.
+  std::set<int> mine;
   for (int r : suspects)
-    if (r != rank && r >= 0 && r < nranks) out.insert(r);
-  store.set(prefix + "prop/" + std::to_string(rank), formatRanks({out.begin(), out.end()}));
+    if (r != rank && r >= 0 && r < nranks) mine.insert(r);
+  store.set(prefix + "prop/" + std::to_string(rank), formatRanks({mine.begin(), mine.end()}));
   store.add(prefix + "proposed/" + std::to_string(rank), 1);
 
+  std::set<int> out = mine;            // leading: the decision so far
   std::vector<char> heard(nranks, 0);  // leading: whose proposal is in `out`
   heard[rank] = 1;
   std::string agreed;
-  for (bool have = false; !have;) {
+  while (agreed.empty()) {
     if (raised(store, decision + "/turn")) {
       agreed = store.get(decision + "/value", read_deadline);
       break;
     }
     int leader = 0;
-    while (out.count(leader)) ++leader;
+    while (leader < rank && mine.count(leader)) ++leader;  // at most this rank, which it never holds gone
     if (leader != rank) {
-      if (dead(leader)) out.insert(leader);
+      if (dead(leader)) {
+        mine.insert(leader);
+        out.insert(leader);
+      }
     } else {
       // Lead: hear every rank that no one holds gone; the silent ones are probed, and at the deadline left
       // out.
@@ -81,8 +87,8 @@ std::vector<int> agreeExcluded(Store& store, const std::string& prefix, int nran
         if (heard[r] || out.count(r)) continue;
         if (raised(store, prefix + "proposed/" + std::to_string(r))) {
           heard[r] = 1;
-          for (int s : parseRanks(store.get(prefix + "prop/" + std::to_string(r), read_deadline), nranks)) {
-            out.insert(s);
+          for (int g : parseRanks(store.get(prefix + "prop/" + std::to_string(r), read_deadline), nranks)) {
+            out.insert(g);
           }
         } else if (dead(r)) {
           out.insert(r);
@@ -93,8 +99,11 @@ std::vector<int> agreeExcluded(Store& store, const std::string& prefix, int nran
       if (!waiting || deadline.expired()) {
         for (int r = 0; r < nranks; ++r)
           if (!heard[r]) out.insert(r);
-        agreed = firstWriteWins(store, decision, formatRanks({out.begin(), out.end()}), read_deadline);
-        have = true;
+        // The next generation's number, from the store's counter: never one an earlier attempt used.
+        const int64_t generation = store.add("generation", 1);
+        agreed = firstWriteWins(store, decision,
+                                std::to_string(generation) + " " + formatRanks({out.begin(), out.end()}),
+                                read_deadline);
         continue;
       }
     }
@@ -105,14 +114,19 @@ std::vector<int> agreeExcluded(Store& store, const std::string& prefix, int nran
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(times.poll_ms));
   }
-  std::vector<int> excluded = parseRanks(agreed, nranks);
-  std::sort(excluded.begin(), excluded.end());
-  if (std::binary_search(excluded.begin(), excluded.end(), rank)) {
+  const size_t space = agreed.find(' ');
+  Agreement result;
+  if (space == std::string::npos || !(result.generation = std::atoi(agreed.c_str()))) {
+    fail(ddlInternalError, "agreement: a malformed decision in the store: '" + agreed + "'");
+  }
+  result.excluded = parseRanks(agreed.substr(space + 1), nranks);
+  std::sort(result.excluded.begin(), result.excluded.end());
+  if (std::binary_search(result.excluded.begin(), result.excluded.end(), rank)) {
     fail(ddlRemoteError,
          "the survivors agreed to go on without rank " + std::to_string(rank) +
              " (a peer found it failed, or it came after the others had stopped waiting for it)");
   }
-  return excluded;
+  return result;
 }
 
 }  // namespace ddl

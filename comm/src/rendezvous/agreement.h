@@ -18,7 +18,7 @@
 //  3. The decision goes into the first-write register "decision": a rank takes a ticket (add), and the holder
 //  of
 //     ticket 1 writes its value; every other writer and every reader reads ticket 1's value. Several leaders
-//     (ranks that suspect different leaders) are harmless: only the first write counts.
+//     (ranks that suspect different leaders) cannot split the ranks: only the first write counts.
 //  4. A participant that is not a leader waits for the decision, probing its leader; a dead leader joins its
 //     suspects, and the next lowest rank is its leader, which may be itself.
 // A rank in the decision learns it was excluded (an error). A rank arriving after the decision reads it. The
@@ -41,15 +41,19 @@ struct AgreementTimes {
   int poll_ms = 2;  // between looks at the store and probes
 };
 
-// Returns the agreed excluded ranks, ascending. nranks and rank are the communicator's; suspects what this
-// rank knows is gone (any order); dead(r) a non-blocking probe of rank r (true once r is known dead). The
-// leader stops waiting for silent ranks at deadline; the others wait for the decision until read_deadline
-// (later: the leader may have come later). Throws ddlRemoteError when the decision excludes this rank,
-// ddlTimeout when no decision comes by read_deadline, and what the store throws.
-std::vector<int> agreeExcluded(Store& store, const std::string& prefix, int nranks, int rank,
-                               const std::vector<int>& suspects, const std::function<bool(int)>& dead,
-                               const Deadline& deadline, const Deadline& read_deadline,
-                               AgreementTimes times = {});
+struct Agreement {
+  int generation = 0;         // the new communicator's: a number of the store's counter "generation"
+  std::vector<int> excluded;  // ascending
+};
+
+// Returns the agreed excluded ranks, ascending, and the next generation's number. nranks and rank are the
+// communicator's; suspects what this rank knows is gone (any order); dead(r) a non-blocking probe of rank r
+// (true once r is known dead). The leader stops waiting for silent ranks at deadline; the others wait for the
+// decision until read_deadline (later: the leader may have come later). Throws ddlRemoteError when the
+// decision excludes this rank, ddlTimeout when no decision comes by read_deadline, and what the store throws.
+Agreement agreeExcluded(Store& store, const std::string& prefix, int nranks, int rank,
+                        const std::vector<int>& suspects, const std::function<bool(int)>& dead,
+                        const Deadline& deadline, const Deadline& read_deadline, AgreementTimes times = {});
 
 // The first-write register under key: writes value unless another writer came first; returns the value that
 // counts (this one, or the first writer's, waiting for it until deadline).

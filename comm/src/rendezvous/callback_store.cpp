@@ -42,6 +42,7 @@ class CallbackStore : public Store {
     return out;
   }
 
+  bool canAdd() const override { return s_.add != nullptr; }
   int64_t add(const std::string& key, int64_t delta) override {
     DDL_ASSERT(s_.add != nullptr);
     long long result = 0;

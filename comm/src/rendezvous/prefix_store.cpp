@@ -19,6 +19,7 @@ class PrefixStore : public Store {
     return base_->getMany(full, deadline);
   }
   int64_t add(const std::string& key, int64_t delta) override { return base_->add(prefix_ + key, delta); }
+  bool canAdd() const override { return base_->canAdd(); }
 
  private:
   const std::shared_ptr<Store> base_;

@@ -39,6 +39,8 @@ class Store {
   }
   // Atomically adds delta to the integer at key (missing = 0) and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Whether add() works: a caller's ddlStore_t may have none.
+  virtual bool canAdd() const { return true; }
 };
 
 // In-process store for ranks-as-threads tests.
