@@ -123,6 +123,20 @@ class Ranks {
     waitpid(pids_[r], &status_[r], 0);
     exited_at_[r] = Clock::now();
   }
+  // Waits up to 60 s until the output of each of rs (every process when empty) holds what; false at the
+  // limit.
+  bool waitForOutput(const std::string& what, std::vector<int> rs = {}) const {
+    if (rs.empty()) {
+      for (int r = 0; r < n_; ++r) rs.push_back(r);
+    }
+    const auto until = Clock::now() + 60s;
+    for (; Clock::now() < until; std::this_thread::sleep_for(10ms)) {
+      bool all = true;
+      for (int r : rs) all = all && output(r).find(what) != std::string::npos;
+      if (all) return true;
+    }
+    return false;
+  }
   // Starts comm_worker args with env over DDL_ROOT, its output going to output(<processes so far>).
   void start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
     const std::string out = dir_ + "/rank" + std::to_string(pids_.size()) + ".out";
@@ -246,14 +260,7 @@ void killOneRankMidLoop(const std::string& mode, const TransportCase& tc) {
   Ranks ranks(n, {mode, "100000"},
               {{"UCX_TLS", tc.tls}, {"DDL_SHM", tc.shm}, {"DDL_TIMEOUT_MS", std::to_string(timeout_ms)}});
   // Wait until every rank is looping, then kill one.
-  const auto until = Clock::now() + 60s;
-  bool looping = false;
-  while (!looping && Clock::now() < until) {
-    looping = true;
-    for (int r = 0; r < n; ++r) looping = looping && ranks.output(r).find("iter 20\n") != std::string::npos;
-    if (!looping) std::this_thread::sleep_for(20ms);
-  }
-  ASSERT_TRUE(looping) << ranks.describe();
+  ASSERT_TRUE(ranks.waitForOutput("iter 20\n")) << ranks.describe();
   const auto killed_at = Clock::now();
   kill(ranks.pid(victim), SIGKILL);
   ranks.markKilled(victim);
@@ -301,14 +308,7 @@ TEST_P(UcxFailures, SurvivorsOfAKilledRankShrinkAndGoOn) {
   constexpr int n = 4, victim = 2, iters = 400;
   Ranks ranks(n, {"elastic", std::to_string(iters)},
               {{"UCX_TLS", GetParam().tls}, {"DDL_SHM", GetParam().shm}, {"DDL_TIMEOUT_MS", "10000"}});
-  const auto until = Clock::now() + 60s;
-  bool looping = false;
-  while (!looping && Clock::now() < until) {
-    looping = true;
-    for (int r = 0; r < n; ++r) looping = looping && ranks.output(r).find("iter 50 ") != std::string::npos;
-    if (!looping) std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_TRUE(looping) << ranks.describe();
+  ASSERT_TRUE(ranks.waitForOutput("iter 50 ")) << ranks.describe();
   kill(ranks.pid(victim), SIGKILL);
   ranks.markKilled(victim);
   ASSERT_TRUE(ranks.waitAll(60s)) << ranks.describe();
@@ -332,19 +332,10 @@ TEST_P(UcxFailures, AJoinerGrowsTheSurvivorsBackToFour) {
   const std::map<std::string, std::string> env{
       {"UCX_TLS", GetParam().tls}, {"DDL_SHM", GetParam().shm}, {"DDL_TIMEOUT_MS", "10000"}};
   Ranks ranks(n, {"elastic", std::to_string(iters)}, env);
-  auto all_show = [&](const std::vector<int>& rs, const std::string& what) {
-    const auto until = Clock::now() + 60s;
-    for (bool seen = false; Clock::now() < until; std::this_thread::sleep_for(10ms)) {
-      seen = true;
-      for (int r : rs) seen = seen && ranks.output(r).find(what) != std::string::npos;
-      if (seen) return true;
-    }
-    return false;
-  };
-  ASSERT_TRUE(all_show({0, 1, 2, 3}, "iter 30 ")) << ranks.describe();
+  ASSERT_TRUE(ranks.waitForOutput("iter 30 ")) << ranks.describe();
   kill(ranks.pid(victim), SIGKILL);
   ranks.markKilled(victim);
-  ASSERT_TRUE(all_show({0, 2, 3}, "shrunk from 4 to 3")) << ranks.describe();
+  ASSERT_TRUE(ranks.waitForOutput("shrunk from 4 to 3", {0, 2, 3})) << ranks.describe();
   ranks.join({"elastic", std::to_string(iters)}, env);
   ASSERT_TRUE(ranks.waitAll(60s)) << ranks.describe();
   for (int r : {0, 2, 3, 4}) {
@@ -377,14 +368,7 @@ TEST_P(UcxFailures, ShrinkWithoutRankZerosStoreFailsSayingWhy) {
   constexpr int n = 3;
   Ranks ranks(n, {"elastic", "100000"},
               {{"UCX_TLS", GetParam().tls}, {"DDL_SHM", GetParam().shm}, {"DDL_TIMEOUT_MS", "5000"}});
-  const auto until = Clock::now() + 60s;
-  bool looping = false;
-  while (!looping && Clock::now() < until) {
-    looping = true;
-    for (int r = 0; r < n; ++r) looping = looping && ranks.output(r).find("iter 20 ") != std::string::npos;
-    if (!looping) std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_TRUE(looping) << ranks.describe();
+  ASSERT_TRUE(ranks.waitForOutput("iter 20 ")) << ranks.describe();
   kill(ranks.pid(0), SIGKILL);
   ranks.markKilled(0);
   ASSERT_TRUE(ranks.waitAll(60s)) << ranks.describe();
