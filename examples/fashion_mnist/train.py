@@ -92,7 +92,10 @@ def parse_args(argv=None):
     p.add_argument("--crash-after-epoch", type=int, default=0,
                    help="testing: on the job's first attempt (DDL_JOB_ATTEMPT=1), the last rank exits with "
                         "status 3 right after epoch N's checkpoint, so that a restart has something to resume")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.elastic and args.backend != "ddl":
+        p.error("--elastic needs --backend ddl (torch_ddl.elastic)")
+    return args
 
 
 # ---- data ----
@@ -324,8 +327,6 @@ def train(args, stop):
          args.device))
 
     if args.elastic:
-        if args.backend != "ddl":
-            raise SystemExit("--elastic needs --backend ddl (torch_ddl.elastic)")
         return train_elastic(args, model, optimizer, ddp, (train_x, train_y, test_x, test_y), rank, world, device)
     attempt = int(os.environ.get("DDL_JOB_ATTEMPT", "1"))
     for epoch in range(start_epoch + 1, args.epochs + 1):
@@ -449,15 +450,16 @@ def train_elastic(args, model, optimizer, ddp, data, rank, world, device):
         record = {"epoch": epoch, "loss": loss_sum[0].item() / max(1.0, loss_sum[1].item()),
                   "test_accuracy": accuracy, "ranks": world, "steps": where["step"], "seconds": seconds}
         history.append(record)
-        log("epoch %d/%d: loss %.4f (rank 0), test accuracy %.2f%%, %d ranks, %d steps (%.1f s)" %
-            (epoch, args.epochs, record["loss"], 100 * accuracy, world, where["step"], seconds))
+        log("epoch %d/%d: loss %.4f (rank 0), test accuracy %.2f%%, %d rank%s, %d steps (%.1f s)" %
+            (epoch, args.epochs, record["loss"], 100 * accuracy, world, "" if world == 1 else "s", where["step"],
+             seconds))
         where["epoch"] += 1
         where["used"] = 0
         loss_sum.zero_()
         t0 = time.monotonic()
     if history:
-        log("done: test accuracy %.2f%%, %d ranks at the end, %d steps" %
-            (100 * history[-1]["test_accuracy"], world, where["step"]))
+        log("done: test accuracy %.2f%%, %d rank%s at the end, %d steps" %
+            (100 * history[-1]["test_accuracy"], world, "" if world == 1 else "s", where["step"]))
     if args.json and rank == 0:
         with open(args.json, "w") as f:
             json.dump({"backend": args.backend, "model": args.model, "device": args.device, "elastic": True,
