@@ -99,18 +99,21 @@ def take_pending(rank, world_size):
 
 
 def backend(group=None):
-    """The ProcessGroupDDL behind group (default: the default group), or None when it is not ddl's."""
+    """The ProcessGroupDDL behind group (default: the default group), or None when it is not ddl's. Under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps it (wrapped_pg)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if isinstance(pg, _C.ProcessGroupDDL):
-        return pg
+    candidates = [pg]
     get = getattr(pg, "_get_backend", None)
-    if get is None:
-        return None
-    try:
-        b = get(torch.device("cpu"))
-    except RuntimeError:
-        return None
-    return b if isinstance(b, _C.ProcessGroupDDL) else None
+    if get is not None:
+        try:
+            candidates.append(get(torch.device("cpu")))
+        except RuntimeError:
+            pass
+    for b in candidates:
+        b = getattr(b, "wrapped_pg", b)
+        if isinstance(b, _C.ProcessGroupDDL):
+            return b
+    return None
 
 
 def _install(group, timeout):
