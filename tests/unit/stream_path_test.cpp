@@ -655,6 +655,17 @@ TEST(StreamPath, MismatchedCallsFailEveryRankNamingBothCalls) {
   }
 }
 
+// One allreduce of count float32 sums from in to out, captured on g into a graph after an uncaptured one on s
+// (the first stream-ordered call sets the node kernel up, which a capture cannot do).
+FakeRuntime::FakeGraph captureAllReduce(Comm& comm, FakeRuntime& rt, FakeStream& s, FakeStream& g,
+                                        const void* in, void* out, size_t count) {
+  comm.allReduceOnStream(in, out, count, ddlFloat32, ddlSum, &s);
+  s.sync();
+  rt.beginCapture(&g);
+  comm.allReduceOnStream(in, out, count, ddlFloat32, ddlSum, &g);
+  return rt.endCapture();
+}
+
 // A CUDA graph replayed on one stream while a call on another stream, not ordered after it, runs too: two
 // kernels of one rank would share its counters and slots. The second to start fails with a message saying
 // so, and every rank fails rather than computing with what the other kernel wrote.
@@ -667,11 +678,7 @@ TEST(StreamPath, AGraphReplayedBesideAnUnorderedCallFailsInsteadOfSharingItsCoun
     FakeRuntime& rt = *setup.runtimes[comm.rank()];
     FakeStream s, g;
     FakeBuffer a(4096), b(4096);
-    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &s);  // the setup
-    s.sync();
-    rt.beginCapture(&g);
-    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &g);
-    const FakeRuntime::FakeGraph graph = rt.endCapture();
+    const FakeRuntime::FakeGraph graph = captureAllReduce(comm, rt, s, g, a.p, a.p, 1024);
     ASSERT_FALSE(graph.empty());
     if (comm.rank() == 1) {  // it never replays: rank 0's kernels wait for it
       for (int i = 0; i < 12000 && !rank0_done.load(); ++i)
@@ -707,11 +714,7 @@ TEST(StreamPath, AFailedReplayIsRaisedByTheNextCall) {
     FakeRuntime& rt = *setup.runtimes[comm.rank()];
     FakeStream s, g;
     FakeBuffer a(4096);
-    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &s);
-    s.sync();
-    rt.beginCapture(&g);
-    comm.allReduceOnStream(a.p, a.p, 1024, ddlFloat32, ddlSum, &g);
-    const FakeRuntime::FakeGraph graph = rt.endCapture();
+    const FakeRuntime::FakeGraph graph = captureAllReduce(comm, rt, s, g, a.p, a.p, 1024);
     if (comm.rank() == 1) {
       for (int i = 0; i < 12000 && !rank0_done.load(); ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -1037,11 +1040,7 @@ TEST(StreamPath, RegisteredCallsReplayFromAGraph) {
     constexpr size_t kCount = 50000;
     FakeBuffer a(kCount * 4);
     void* h = comm.registerBuffer(a.p, a.bytes);
-    comm.allReduceOnStream(a.p, a.p, kCount, ddlFloat32, ddlSum, &s);  // the first call, outside the capture
-    s.sync();
-    rt.beginCapture(&s);
-    comm.allReduceOnStream(a.p, a.p, kCount, ddlFloat32, ddlSum, &s);
-    const FakeRuntime::FakeGraph graph = rt.endCapture();
+    const FakeRuntime::FakeGraph graph = captureAllReduce(comm, rt, s, s, a.p, a.p, kCount);
     const int copies = setup.counters->kernel_copies.load();
     for (int i = 0; i < 20; ++i) {
       put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank() + i, kCount));
@@ -1067,11 +1066,7 @@ TEST(StreamPath, GraphBuffersRegisteredAfterTheCapture) {
     constexpr size_t kCount = 30000;
     FakeBuffer in(kCount * 4), out(kCount * 4), other(64);
     void* h = comm.registerBuffer(comm.rank() == 1 ? out.p : other.p, comm.rank() == 1 ? out.bytes : 64);
-    comm.allReduceOnStream(in.p, out.p, kCount, ddlFloat32, ddlSum, &s);  // the setup's call, uncaptured
-    s.sync();
-    rt.beginCapture(&s);
-    comm.allReduceOnStream(in.p, out.p, kCount, ddlFloat32, ddlSum, &s);
-    const FakeRuntime::FakeGraph graph = rt.endCapture();
+    const FakeRuntime::FakeGraph graph = captureAllReduce(comm, rt, s, s, in.p, out.p, kCount);
     auto replay = [&](int i, bool zero) {
       put(in.p, makeInput(ddlFloat32, ddlSum, comm.rank() + i, kCount));
       comm.barrier();
