@@ -15,13 +15,16 @@
 //                          every 10th iteration ddlCommGrow admits whoever waits ("grew to S at iter k");
 //                          with DDL_JOIN=1 the process joins (ddlCommInitFromEnv) and starts at rank 0's
 //                          iteration
-//   comm_worker grow-once MS  sleeps MS ms, calls ddlCommGrow once and prints "grow none" or "grew to S"
+//   comm_worker grow-once FILE  prints "ready", waits (up to 60 s) until FILE exists, calls ddlCommGrow once
+//   and
+//                          prints "grow none" or "grew to S"
 //   comm_worker device     allreduce of CUDA device buffers; exits 77 printing "SKIP <why>" where it cannot
 //                          run (no GPU, or built without CUDA)
 //   comm_worker env        one allreduce, then "OK env changes=N": how many times libddl.so called setenv,
 //                          unsetenv, putenv or clearenv (this program interposes them; libddl must never
 //                          change a host process's environment)
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -426,7 +429,12 @@ int main(int argc, char** argv) {
     const char* join = std::getenv("DDL_JOIN");
     runElastic(comm, argc > 2 ? std::atoi(argv[2]) : 100, join && std::string(join) == "1");
   } else if (mode == "grow-once") {
-    std::this_thread::sleep_for(std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 0));
+    std::printf("ready\n");
+    std::fflush(stdout);
+    // Until FILE exists (at most 60 s): the test says when.
+    for (int i = 0; i < 6000 && argc > 2 && access(argv[2], F_OK) != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     ddlComm_t grown = nullptr;
     CHECK(comm, ddlCommGrow(comm, 0, &grown));
     int size = 0;

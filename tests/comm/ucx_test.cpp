@@ -350,10 +350,16 @@ TEST_P(UcxFailures, AJoinerGrowsTheSurvivorsBackToFour) {
 // A joiner that is not admitted within its timeout gives its place up, and the grow after it admits nobody
 // instead of waiting for it.
 TEST(UcxElastic, AJoinerThatGaveUpIsNotWaitedFor) {
-  Ranks ranks(2, {"grow-once", "1500"}, {{"UCX_TLS", "tcp"}, {"DDL_TIMEOUT_MS", "10000"}});
-  std::this_thread::sleep_for(200ms);
-  ranks.join({"grow-once", "0"}, {{"UCX_TLS", "tcp"}, {"DDL_TIMEOUT_MS", "300"}});
+  char dir[] = "/tmp/ddl-grow-once-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string go = std::string(dir) + "/go";
+  Ranks ranks(2, {"grow-once", go}, {{"UCX_TLS", "tcp"}, {"DDL_TIMEOUT_MS", "10000"}});
+  ASSERT_TRUE(ranks.waitForOutput("ready")) << ranks.describe();  // rank 0's store is up
+  ranks.join({"grow-once", go}, {{"UCX_TLS", "tcp"}, {"DDL_TIMEOUT_MS", "300"}});
+  ASSERT_TRUE(ranks.waitForOutput("ERROR", {2})) << ranks.describe();  // the joiner gave up
+  std::ofstream(go).put('\n');                                         // and only then do the ranks grow
   ASSERT_TRUE(ranks.waitAll(30s)) << ranks.describe();
+  std::system(("rm -rf " + std::string(dir)).c_str());
   EXPECT_EQ(ranks.exitCode(2), 3) << ranks.describe();
   EXPECT_NE(ranks.output(2).find("ERROR 4 "), std::string::npos) << ranks.output(2);
   EXPECT_NE(ranks.output(2).find("ddlCommGrow"), std::string::npos) << ranks.output(2);
