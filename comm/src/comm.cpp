@@ -23,8 +23,7 @@ std::unique_ptr<Comm> Comm::create(int nranks, int rank, const std::string& root
   checkRanks(nranks, rank);
   std::string host;
   int port = 0;
-  parseHostPort(root, &host, &port);
-  if (port == 0) fail(ddlInvalidArgument, "rendezvous address '" + root + "' needs a non-zero port");
+  parseRoot(root, &host, &port);
   Deadline deadline(options.timeout_ms);
 
   std::unique_ptr<TcpStoreServer> server;
@@ -50,6 +49,11 @@ std::unique_ptr<Comm> Comm::createWithStore(int nranks, int rank, const ddlStore
   comm->store_ = std::move(s);  // for ddlCommShrink and ddlCommGrow
   comm->root_store_ = comm->store_;
   return comm;
+}
+
+void Comm::parseRoot(const std::string& root, std::string* host, int* port) {
+  parseHostPort(root, host, port);
+  if (*port == 0) fail(ddlInvalidArgument, "rendezvous address '" + root + "' needs a non-zero port");
 }
 
 void Comm::checkRanks(int nranks, int rank) {

@@ -156,6 +156,9 @@ class Comm final : private StreamCalls::Owner {
 
  private:
   static void checkRanks(int nranks, int rank);
+  // "host:port" of a rendezvous store (DDL_ROOT) into its parts; throws ddlInvalidArgument when malformed or
+  // the port is 0.
+  static void parseRoot(const std::string& root, std::string* host, int* port);
   // Agrees on the communicator's shape through store, claims the rank (when claim: needs store.add) and
   // connects every rank over UCX. where names the rendezvous for messages.
   static std::unique_ptr<Comm> bootstrap(int nranks, int rank, Store& store, bool claim,

@@ -4,17 +4,16 @@
 //
 // Shrink: a communicator of the survivors, made from a broken one without a new rendezvous address. The
 // survivors agree on who is gone through the rendezvous store the communicator was made with
-// (rendezvous/agreement.h: one decision, which every survivor reads), then meet under a prefix of that store
-// ("shrink/<generation>/comm/") as a new communicator: new UCX endpoints, a new node segment, the node kernel
-// set up again on first use. The parent stays as it is (broken, usually) until the caller destroys it;
-// buffers and streams are the caller's and go on with the new communicator.
+// (rendezvous/agreement.h: one decision, which every survivor reads, under "shrink/<generation>/<attempt>/"),
+// then meet under "gen/<the decision's generation>/" of that store as a new communicator: new UCX endpoints,
+// a new node segment, the node kernel set up again on first use. The parent stays as it is (broken, usually)
+// until the caller destroys it; buffers and streams are the caller's and go on with the new communicator.
 //
 // Cost: the agreement is a few store calls per rank plus the leader's polling (every 2 ms) until every
 // survivor has come; then a bootstrap of the survivors (UCX endpoints, one small allreduce on the node).
 #include <algorithm>
 #include <cstdio>
 #include <optional>
-#include <set>
 
 #include "comm.h"
 #include "env.h"
@@ -177,11 +176,9 @@ std::unique_ptr<Comm> Comm::grow(int max_new) {
   }
   allReduce(mine, all, 3, ddlInt64, ddlMax);
   if (all[2]) {
-    fail(ddlSystemError, "ddlCommGrow: rank 0 could not admit joiners" +
-                             (why.empty() ? std::string(" (its "
-                                                        "ddlCommGrow returned why)")
-                                          : ": " + why) +
-                             "; this communicator goes on");
+    const std::string cause = why.empty() ? " (rank 0's ddlCommGrow returned why)" : ": " + why;
+    fail(ddlSystemError,
+         "ddlCommGrow: rank 0 could not admit joiners" + cause + "; this communicator goes on");
   }
   if (all[0] == 0) return nullptr;
   auto lk = lockOp();
@@ -192,8 +189,7 @@ std::unique_ptr<Comm> Comm::grow(int max_new) {
 std::unique_ptr<Comm> Comm::join(const std::string& root, const Options& options) {
   std::string host;
   int port = 0;
-  parseHostPort(root, &host, &port);
-  if (port == 0) fail(ddlInvalidArgument, "rendezvous address '" + root + "' needs a non-zero port");
+  parseRoot(root, &host, &port);
   std::shared_ptr<Store> store = connectTcpStore(host, port, Deadline(options.timeout_ms), options.secret);
   return join(store, options);
 }
@@ -203,7 +199,7 @@ std::unique_ptr<Comm> Comm::join(const std::shared_ptr<Store>& root, const Optio
   const Deadline deadline(options.timeout_ms);
   std::string admitted;
   try {
-    admitted = root->get(ticketKey(t) + "/value", deadline);
+    admitted = firstWriteValue(*root, ticketKey(t), deadline);
   } catch (const Error& e) {
     if (e.code() != ddlTimeout) throw;
     // Not admitted in time: give the ticket up, unless a grow has just taken it.

@@ -12,12 +12,19 @@
 
 namespace ddl {
 
+// The register is two keys: key/turn, the writers' tickets, and key/value, written by the holder of ticket 1.
 std::string firstWriteWins(Store& store, const std::string& key, const std::string& value,
                            const Deadline& deadline) {
   if (store.add(key + "/turn", 1) == 1) {
     store.set(key + "/value", value);
     return value;
   }
+  return firstWriteValue(store, key, deadline);
+}
+
+bool firstWriteTaken(Store& store, const std::string& key) { return store.add(key + "/turn", 0) > 0; }
+
+std::string firstWriteValue(Store& store, const std::string& key, const Deadline& deadline) {
   return store.get(key + "/value", deadline);
 }
 
@@ -68,8 +75,8 @@ Agreement agreeExcluded(Store& store, const std::string& prefix, int nranks, int
   heard[rank] = 1;
   std::string agreed;
   while (agreed.empty()) {
-    if (raised(store, decision + "/turn")) {
-      agreed = store.get(decision + "/value", read_deadline);
+    if (firstWriteTaken(store, decision)) {
+      agreed = firstWriteValue(store, decision, read_deadline);
       break;
     }
     int leader = 0;

@@ -59,6 +59,10 @@ Agreement agreeExcluded(Store& store, const std::string& prefix, int nranks, int
 // counts (this one, or the first writer's, waiting for it until deadline).
 std::string firstWriteWins(Store& store, const std::string& key, const std::string& value,
                            const Deadline& deadline);
+// Whether a writer has come to the register under key (without waiting), and the value that counts (waiting
+// for it until deadline), for readers that do not write.
+bool firstWriteTaken(Store& store, const std::string& key);
+std::string firstWriteValue(Store& store, const std::string& key, const Deadline& deadline);
 
 // A set of ranks as text ("1,4,7"; empty: none) and back; parseRanks throws ddlInternalError on text it did
 // not write or ranks outside [0, nranks).
