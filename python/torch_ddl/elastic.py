@@ -116,6 +116,14 @@ def backend(group=None):
     return None
 
 
+def _default_backend():
+    """backend() of the default group; RuntimeError when that is not torch_ddl's."""
+    b = backend()
+    if b is None:
+        raise RuntimeError("ddl: the default process group is not torch_ddl's")
+    return b
+
+
 def _install(group, timeout):
     """Makes group (a ProcessGroupDDL) the default process group (a collective of group), and closes the one it
     replaces now, on every rank at once (left to the garbage collector, a healthy old group's teardown meets the
@@ -141,9 +149,7 @@ def _install(group, timeout):
 def shrink(cause=""):
     """Every survivor calls it once the default group lost a rank: agrees with the others on who is gone, makes
     the survivors' group the default one and returns the RankLost that says so."""
-    old = backend()
-    if old is None:
-        raise RuntimeError("ddl: the default process group is not torch_ddl's")
+    old = _default_backend()
     new = old.shrink()
     gone = new.excluded
     _install(new, old.timeout)
@@ -171,9 +177,7 @@ def grow(max_new=0):
     """A collective of the default group, at a step boundary: admits up to max_new (0: all) processes waiting to
     join and makes the grown group the default one. True when it grew: then call sync() (the joiners take the
     state from it) and re-wrap the model in DDP. A rank lost meanwhile raises RankLost, as in guard()."""
-    old = backend()
-    if old is None:
-        raise RuntimeError("ddl: the default process group is not torch_ddl's")
+    old = _default_backend()
     try:
         new = old.grow(max_new)
     except RuntimeError as e:  # a rank lost in the grow's own collective: as in a step
