@@ -439,9 +439,11 @@ Parsed<v1::JobSpec> buildJobSpec(const SubmitArgs& args) {
   spec.set_user(args.user);
   if (args.gpus) {
     spec.set_total_gpus(*args.gpus);
+    spec.set_min_gpus(args.minGpus.value_or(0));
   } else {
     spec.set_nodes(*args.nodes);
     spec.set_gpus_per_node(args.gpusPerNode.value_or(1));
+    spec.set_min_nodes(args.minNodes.value_or(0));
   }
   spec.set_topology(args.topology);
   spec.set_priority(args.priority);

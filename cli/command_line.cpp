@@ -23,6 +23,37 @@ int usageError(std::ostream& err, const std::string& message, const std::string&
 
 namespace {
 
+// A count ("4") or an elastic range ("2:4", torchrun's --nnodes MIN:MAX): *count is the MAX, *min the MIN
+// (none for a plain count, or MIN equal to MAX). A bad value is the flag's usage error.
+void countOrRange(const char* flag, const std::string& text, std::optional<int>* count,
+                  std::optional<int>* min) {
+  auto number = [&](const std::string& part) {
+    size_t used = 0;
+    int n = 0;
+    try {
+      n = std::stoi(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    // A sign is taken ("-1" is then refused as below 1, by checkSubmitValues); spaces and "+" are not.
+    if (part.empty() || used != part.size() ||
+        !(std::isdigit(static_cast<unsigned char>(part[0])) || part[0] == '-'))
+      throw CLI::ValidationError(std::string(flag) +
+                                 " takes a whole number N or an elastic range MIN:MAX, got '" +
+                                 escapeForTerminal(text) + "'");
+    return n;
+  };
+  const size_t colon = text.find(':');
+  *count = number(text.substr(colon == std::string::npos ? 0 : colon + 1));
+  min->reset();
+  if (colon == std::string::npos) return;
+  const int low = number(text.substr(0, colon));
+  if (low < 1 || low > **count)
+    throw CLI::ValidationError(std::string(flag) + " " + escapeForTerminal(text) +
+                               ": an elastic range MIN:MAX needs 1 <= MIN <= MAX");
+  if (low < **count) *min = low;
+}
+
 constexpr const char* kFooter = R"(Exit status:
   0  success
   1  the coordinator refused the request (unknown job or node, invalid request, wrong state); its message
@@ -100,9 +131,10 @@ void declareSubmit(CLI::App& app, CommandLine& cl) {
   submit->add_option("--name", s.name, "job name (default: the command's basename)")->take_last();
   // Functions, not plain ints: "given" must be told apart from any value, 0 included.
   submit
-      ->add_option_function<int>(
-          "--nodes", [&s](const int& n) { s.nodes = n; }, "number of nodes")
-      ->type_name("N")
+      ->add_option_function<std::string>(
+          "--nodes", [&s](const std::string& t) { countOrRange("--nodes", t, &s.nodes, &s.minNodes); },
+          "number of nodes; MIN:MAX: elastic, goes on with at least MIN when nodes are lost")
+      ->type_name("N|MIN:MAX")
       ->take_last();
   submit
       ->add_option_function<int>(
@@ -110,9 +142,10 @@ void declareSubmit(CLI::App& app, CommandLine& cl) {
       ->type_name("G")
       ->take_last();
   submit
-      ->add_option_function<int>(
-          "--gpus", [&s](const int& t) { s.gpus = t; }, "total GPUs, on any nodes")
-      ->type_name("T")
+      ->add_option_function<std::string>(
+          "--gpus", [&s](const std::string& t) { countOrRange("--gpus", t, &s.gpus, &s.minGpus); },
+          "total GPUs, on any nodes; MIN:MAX: elastic, goes on with at least MIN when ranks are lost")
+      ->type_name("T|MIN:MAX")
       ->take_last();
   submit
       ->add_option_function<int>(

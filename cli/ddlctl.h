@@ -108,6 +108,9 @@ struct SubmitArgs {
   std::optional<int> nodes;
   std::optional<int> gpusPerNode;
   std::optional<int> gpus;
+  // An elastic job's minimum (--nodes MIN:MAX, --gpus MIN:MAX; nodes or gpus hold the MAX).
+  std::optional<int> minNodes;
+  std::optional<int> minGpus;
   std::string topology;
   int priority = 0;
   std::string account;  // "": the user's own

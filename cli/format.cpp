@@ -222,9 +222,11 @@ std::string describeFailure(const v1::Failure& f) {
 std::string describeRequest(const v1::JobSpec& spec) {
   auto count = [](int n, const char* one) { return std::to_string(n) + " " + one + (n == 1 ? "" : "s"); };
   if (spec.nodes() > 0 || spec.gpus_per_node() > 0) {
-    return count(spec.nodes(), "node") + " x " + count(spec.gpus_per_node(), "GPU");
+    return (spec.min_nodes() > 0 ? std::to_string(spec.min_nodes()) + " to " : "") +
+           count(spec.nodes(), "node") + " x " + count(spec.gpus_per_node(), "GPU");
   }
-  return count(spec.total_gpus(), "GPU");
+  return (spec.min_gpus() > 0 ? std::to_string(spec.min_gpus()) + " to " : "") +
+         count(spec.total_gpus(), "GPU");
 }
 
 std::string shellJoin(const std::vector<std::string>& argv) {

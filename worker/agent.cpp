@@ -433,6 +433,15 @@ void Agent::handle(const v1::Command& command) {
     readLog(command.read_log());
   } else if (command.has_stop()) {
     const auto& stop = command.stop();
+    if (stop.ranks_size() > 0) {
+      // Some ranks of a job that goes on (elastic): stopped, and their exits reported and kept until the
+      // job's own stop, which releases them with the rest.
+      const std::vector<int> ranks(stop.ranks().begin(), stop.ranks().end());
+      spdlog::info("job {} attempt {}: stop of {} rank(s) ({}), grace {} ms", stop.job_id(), stop.attempt(),
+                   ranks.size(), stop.reason(), stop.grace_ms());
+      supervisor_->stop(stop.job_id(), stop.attempt(), stop.grace_ms(), ranks);
+      return;
+    }
     spdlog::info("job {} attempt {}: stop ({}), grace {} ms", stop.job_id(), stop.attempt(), stop.reason(),
                  stop.grace_ms());
     {

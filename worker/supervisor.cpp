@@ -592,10 +592,13 @@ void Supervisor::signalStopLocked(Entry& entry, int grace_ms) {
   entry.kill_at = deadline;
 }
 
-void Supervisor::stop(const std::string& job_id, int attempt, int grace_ms) {
+void Supervisor::stop(const std::string& job_id, int attempt, int grace_ms, const std::vector<int>& ranks) {
   {
     std::lock_guard lock(mu_);
     for (auto& [key, entry] : entries_) {
+      if (!ranks.empty() && (key.job_id != job_id || key.attempt != attempt ||
+                             std::find(ranks.begin(), ranks.end(), key.rank) == ranks.end()))
+        continue;
       if (!matches(key.job_id, key.attempt, job_id, attempt)) continue;
       if (entry.starting) {
         entry.state.stop_requested = true;

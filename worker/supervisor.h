@@ -192,8 +192,9 @@ class Supervisor {
   // SIGTERM to the process group of each running rank of the job with attempt <= `attempt` (0: every
   // attempt), then SIGKILL to the group after grace_ms if the leader is still alive. Returns at once; the
   // escalation runs on the reaper thread. Calling it again for a rank being stopped re-sends SIGTERM and
-  // keeps the earlier deadline.
-  void stop(const std::string& job_id, int attempt, int grace_ms);
+  // keeps the earlier deadline. With `ranks`, only those ranks of exactly `attempt` (an elastic job going
+  // on without them).
+  void stop(const std::string& job_id, int attempt, int grace_ms, const std::vector<int>& ranks = {});
   void stopAll(int grace_ms);
 
   // Sends `sig` (1..64) to the process group of each running rank of the job with exactly this attempt

@@ -66,7 +66,7 @@ void Coordinator::sweepLostJobsOnLoop() {
 }
 
 void Coordinator::loseNodeJobsOnLoop(const std::string& node, const std::string& reason,
-                                     const std::string& only_job) {
+                                     const std::string& only_job, int only_rank) {
   std::vector<std::string> victims;
   for (const auto& [id, job] : jobs_) {
     if (!isLive(job.state) || (!only_job.empty() && id != only_job)) continue;
@@ -74,7 +74,16 @@ void Coordinator::loseNodeJobsOnLoop(const std::string& node, const std::string&
       if (a.node == node) victims.push_back(id);
     }
   }
-  for (const auto& id : victims) failJobOnLoop(id, reason, std::nullopt);
+  for (const auto& id : victims) {
+    // The ranks lost: the one named, else the job's ranks on the node (an elastic job may go on without
+    // them).
+    std::set<int> lost;
+    if (auto rt = runtime_.find(id); rt != runtime_.end()) {
+      for (int slot : rt->second.members())
+        if (rt->second.rank_node.at(slot) == node && (only_rank < 0 || slot == only_rank)) lost.insert(slot);
+    }
+    loseRanksOnLoop(id, lost, reason, std::nullopt);
+  }
 }
 
 bool Coordinator::placeAgainIfNeverStartedOnLoop(const std::string& id, const std::string& node) {
@@ -114,7 +123,7 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
       lost;  // (job, rank); failing a job edits runtime_, so collect first
   for (const auto& [id, rt] : runtime_) {
     for (const auto& [rank, where] : rt.rank_node) {
-      if (where != req.node()) continue;
+      if (where != req.node() || rt.gone.count(rank)) continue;
       auto known = rt.ranks.find(rank);
       bool reported = node.ranks.count(RankKey{id, rt.attempt, rank}) > 0;
       if (!reported && (known == rt.ranks.end() || !exitedCleanly(known->second))) {
@@ -195,6 +204,10 @@ void Coordinator::applyRankReportOnLoop(Node& node, const v1::RankStatus& r,
   if (r.state() == v1::RankStatus::STATE_UNSPECIFIED) return;
   auto& known = rt->second.ranks[r.rank()];
   if (known.state() == v1::RankStatus::EXITED) return;  // an exit is final; a late RUNNING changes nothing
+  if (rt->second.gone.count(r.rank())) {  // an elastic job went on without it: its end changes nothing
+    known = report;
+    return;
+  }
   if (report.has_progress()) {
     telemetry_.recordRank(r.job_id(), r.attempt(), r.rank(), report.progress(), wall_ms_());
     // Totals for /metrics: what this rank did since its previous report (its counters only grow).
@@ -225,10 +238,10 @@ void Coordinator::applyRankReportOnLoop(Node& node, const v1::RankStatus& r,
       failure.exit_code = report.exit_code();
     }
     const std::string rank = "rank " + std::to_string(r.rank()) + " on node " + node.record.name;
-    failJobOnLoop(r.job_id(),
-                  report.error().empty() ? rank + " " + describeExit(report)
-                                         : rank + " could not start: " + report.error(),
-                  failure);
+    loseRanksOnLoop(r.job_id(), {r.rank()},
+                    report.error().empty() ? rank + " " + describeExit(report)
+                                           : rank + " could not start: " + report.error(),
+                    failure);
     return;
   }
   maybeCompleteOnLoop(r.job_id());
@@ -328,7 +341,7 @@ Status Coordinator::heartbeatOnLoop(const std::string& node, const std::string& 
     loseNodeJobsOnLoop(node,
                        "rank " + std::to_string(rank) + " of job " + job + " vanished from node " + node +
                            " without an exit status",
-                       job);
+                       job, rank);
   }
   stopStaleOnLoop(node, stale);
   return Status::ok();
@@ -347,9 +360,14 @@ void Coordinator::nodeHealthOnLoop(Node& entry, const v1::Heartbeat& hb) {
         if (a.node == node && std::find(a.gpus.begin(), a.gpus.end(), gpu) != a.gpus.end())
           victims.push_back(id);
     }
-    for (const std::string& id : victims)
-      failJobOnLoop(id, "GPU " + std::to_string(gpu) + " of node " + node + " failed: " + fault.reason,
-                    std::nullopt);
+    for (const std::string& id : victims) {
+      std::set<int> lost;  // the ranks on that GPU (an elastic job may go on without them)
+      for (const state::RankResult& r : jobs_[id].ranks)
+        if (r.node == node && r.gpu == gpu) lost.insert(r.rank);
+      loseRanksOnLoop(id, lost,
+                      "GPU " + std::to_string(gpu) + " of node " + node + " failed: " + fault.reason,
+                      std::nullopt);
+    }
   }
   // The site's health check: a failure drains the node with it as the reason; once it passes, the drain it
   // made (and only that one) ends. Refused while the store is unhealthy: the next heartbeat tries again.

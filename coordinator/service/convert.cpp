@@ -44,6 +44,8 @@ state::JobSpec fromProto(const v1::JobSpec& spec) {
   s.memory_per_rank_bytes = spec.memory_per_rank_bytes();
   s.request_id = spec.request_id();
   s.account = spec.account();
+  s.min_nodes = spec.min_nodes();
+  s.min_gpus = spec.min_gpus();
   return s;
 }
 
@@ -74,6 +76,8 @@ void toProto(const state::JobSpec& spec, v1::JobSpec* out) {
   out->set_memory_per_rank_bytes(spec.memory_per_rank_bytes);
   out->set_request_id(spec.request_id);
   out->set_account(spec.account);
+  out->set_min_nodes(spec.min_nodes);
+  out->set_min_gpus(spec.min_gpus);
 }
 
 void toProto(const state::RankResult& r, v1::RankStatus* out) {

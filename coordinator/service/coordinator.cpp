@@ -242,6 +242,7 @@ void Coordinator::start() {
     actor_->startTicker(options_.tick_ms, [this] {
       housekeepingOnLoop();
       schedulePassOnLoop();
+      growElasticOnLoop();
       evictFinishedOnLoop();
     });
   });
@@ -272,6 +273,7 @@ void Coordinator::tick() {
   actor_->call<bool>([this] {
     housekeepingOnLoop();
     schedulePassOnLoop();
+    growElasticOnLoop();
     evictFinishedOnLoop();
     return true;
   });
@@ -655,6 +657,23 @@ void Coordinator::buildRuntimeOnLoop(const state::Job& job, const placement::Rin
   rt.attempt = attemptOf(job);
   rt.root_node = layout.ranks.empty() ? "" : layout.ranks[0].node;
   for (const auto& slot : layout.ranks) rt.rank_node[slot.rank] = slot.node;
+  if (state::isElastic(job.spec) && job.state == JobState::kRunning) {
+    // Recovered: its ranks as kept (launch slots, joiners too), less those that it went on without.
+    std::map<int, std::string> kept;
+    for (const state::RankResult& r : job.ranks)
+      if (r.attempt == rt.attempt) kept[r.rank] = r.node;
+    if (!kept.empty()) rt.rank_node = std::move(kept);
+    // A GPU the job holds is its latest slot's there (a joiner may have taken a lost rank's GPU).
+    std::map<std::pair<std::string, int>, int> holder;
+    for (const state::RankResult& r : job.ranks)
+      if (r.attempt == rt.attempt) holder[{r.node, r.gpu}] = std::max(holder[{r.node, r.gpu}], r.rank);
+    for (const state::RankResult& r : job.ranks) {
+      const bool placed = std::any_of(job.allocation.begin(), job.allocation.end(), [&](const auto& a) {
+        return a.node == r.node && std::find(a.gpus.begin(), a.gpus.end(), r.gpu) != a.gpus.end();
+      });
+      if (r.attempt == rt.attempt && (!placed || holder[{r.node, r.gpu}] != r.rank)) rt.gone.insert(r.rank);
+    }
+  }
   // The port recorded at placement; jobs placed before it was recorded (state schema 3) derive it again.
   rt.port = job.root_port > 0 ? job.root_port : pickPortOnLoop(rt.root_node, job.id);
 }
@@ -671,6 +690,7 @@ void Coordinator::launchOnLoop(const std::string& id, const placement::Allocatio
   // StartRanks over the agents' TLS streams and lives in the ranks' environments, readable only by the job's
   // user).
   const std::string secret = newJobSecret();
+  runtime_[id].secret = secret;  // an elastic job's joiners get it too
   if (secret.empty()) {  // never launch with an open rendezvous
     Status back =
         recordTransitionOnLoop(id, JobState::kPending, "no random bytes for the job's secret; retrying");
@@ -753,8 +773,12 @@ void Coordinator::failJobOnLoop(const std::string& id, const std::string& reason
 void Coordinator::maybeCompleteOnLoop(const std::string& id) {
   auto rt = runtime_.find(id);
   if (rt == runtime_.end()) return;
-  const size_t nranks = rt->second.rank_node.size();
-  const auto& ranks = rt->second.ranks;
+  // An elastic job's lost ranks count no more (elastic.cpp).
+  const std::vector<int> members = rt->second.members();
+  const size_t nranks = members.size();
+  std::map<int, v1::RankStatus> ranks;
+  for (int slot : members)
+    if (auto it = rt->second.ranks.find(slot); it != rt->second.ranks.end()) ranks.emplace(slot, it->second);
   if (jobs_[id].state == JobState::kStarting && ranks.size() == nranks) {
     Status st =
         recordTransitionOnLoop(id, JobState::kRunning, "all " + std::to_string(nranks) + " ranks started");
@@ -777,10 +801,11 @@ void Coordinator::maybeCompleteOnLoop(const std::string& id) {
 bool Coordinator::allRanksExitedOnLoop(const std::string& id) const {
   auto rt = runtime_.find(id);
   if (rt == runtime_.end()) return false;
-  const auto& ranks = rt->second.ranks;
-  return ranks.size() == rt->second.rank_node.size() &&
-         std::all_of(ranks.begin(), ranks.end(),
-                     [](const auto& kv) { return kv.second.state() == v1::RankStatus::EXITED; });
+  const std::vector<int> members = rt->second.members();  // an elastic job's lost ranks count no more
+  return std::all_of(members.begin(), members.end(), [&](int slot) {
+    auto it = rt->second.ranks.find(slot);
+    return it != rt->second.ranks.end() && it->second.state() == v1::RankStatus::EXITED;
+  });
 }
 
 void Coordinator::preemptForWaitingOnLoop(const placement::ScheduleResult& result,

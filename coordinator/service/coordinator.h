@@ -263,6 +263,14 @@ class Coordinator {
     std::map<int, std::string> rank_node;  // every rank of the layout -> its node
     std::map<int, v1::RankStatus> ranks;   // the current attempt's ranks as reported
     bool warned = false;                   // JobSpec.warn_signal was sent to this attempt
+    // Elastic jobs (elastic.cpp): the ranks (launch slots) the job went on without, which count no more, and
+    // what a grow needs: the attempt's secret (in memory only: a restarted coordinator grows no job back)
+    // and when to try next.
+    std::set<int> gone;
+    std::string secret;
+    int64_t next_grow_ms = 0;
+    // The slots that count: rank_node's without the gone ones.
+    std::vector<int> members() const;
   };
 
   // The *OnLoop methods run on the loop thread only.
@@ -308,8 +316,22 @@ class Coordinator {
   // A node's ranks are lost (node DOWN, or the agent restarted without them): fail or requeue its jobs.
   // A heartbeat's GPU faults (their jobs fail) and health check (the node drained, or undrained).
   void nodeHealthOnLoop(Node& entry, const v1::Heartbeat& heartbeat);
+  // only_rank >= 0 (with only_job): that rank alone is lost, not the job's others on the node.
   void loseNodeJobsOnLoop(const std::string& node, const std::string& reason,
-                          const std::string& only_job = "");
+                          const std::string& only_job = "", int only_rank = -1);
+  // ---- Elastic jobs (elastic.cpp) ----
+  // Job `id` loses the ranks `lost` (launch slots; `why` says how, `failure` names the first): an elastic job
+  // with enough ranks left goes on without them (and, placed by whole nodes, without the rest of their nodes'
+  // ranks, which are stopped), recorded as a membership change: returns nullopt. Otherwise returns what the
+  // failure's reason adds ("" for a job that is not elastic) and the caller fails or requeues the job.
+  std::optional<std::string> shrinkOnLoop(const std::string& id, std::set<int> lost, const std::string& why,
+                                          const std::optional<state::Failure>& failure);
+  // Each RUNNING elastic job short of its ranks, where free capacity (left over by the queue) fits the ranks
+  // it lacks: starts them with DDL_JOIN=1 and records the membership change.
+  void growElasticOnLoop();
+  // Fails (or requeues) job `id` for the loss of `lost`, unless it is elastic and shrinks (shrinkOnLoop).
+  void loseRanksOnLoop(const std::string& id, const std::set<int>& lost, const std::string& why,
+                       const std::optional<state::Failure>& failure);
   // Ends (or requeues) a live job after a rank failure; stops the ranks that remain.
   void failJobOnLoop(const std::string& id, const std::string& reason, std::optional<state::Failure> failure);
   // grace_ms < 0: the configured stop grace (stop_grace_ms).

@@ -40,6 +40,15 @@ std::map<std::string, v1::Command> startCommands(const state::Job& job,
                                                  const placement::RingLayout& layout,
                                                  const LaunchTarget& target);
 
+// An elastic job's new ranks (elastic.cpp): StartRanks for each joiner's node, each rank's environment as
+// startCommands makes it (DDL_RANK and RANK are its launch slot, WORLD_SIZE the size the job grows to, no
+// DDL_TOPOLOGY) and DDL_JOIN=1 last: the program joins the running ranks (ddlCommJoin, torch_ddl.elastic)
+// and learns its rank there. `allocation` is the job's with the joiners' GPUs.
+std::map<std::string, v1::Command> joinCommands(const state::Job& job,
+                                                const placement::Allocation& allocation,
+                                                const std::vector<placement::RankSlot>& joiners,
+                                                int world_size, const LaunchTarget& target);
+
 // The ranks of an attempt as the job keeps them until their agents report: rank, attempt, node and GPU, in
 // rank order.
 std::vector<state::RankResult> placedRanks(const placement::RingLayout& layout, int attempt);

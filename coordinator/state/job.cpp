@@ -149,6 +149,16 @@ Status validateJobSpec(const JobSpec& spec) {
   if (spec.nodes < 0 || spec.gpus_per_node < 0 || spec.total_gpus < 0)
     return bad("GPU and node counts must be >= 0");
   if (spec.max_restarts < 0) return bad("max_restarts must be >= 0");
+  if (spec.min_nodes < 0 || spec.min_gpus < 0) return bad("the elastic minimum must be >= 0");
+  if (spec.min_nodes > 0 && spec.min_gpus > 0)
+    return bad("an elastic job gives a minimum of nodes or of GPUs, not both");
+  if (spec.min_nodes > 0 && (spec.nodes <= 0 || spec.gpus_per_node <= 0 || spec.min_nodes >= spec.nodes))
+    return bad("an elastic minimum of " + std::to_string(spec.min_nodes) +
+               " nodes needs nodes and GPUs per node, and fewer nodes than the " +
+               std::to_string(spec.nodes) + " asked for (--nodes MIN:MAX with MIN < MAX)");
+  if (spec.min_gpus > 0 && (spec.total_gpus <= 0 || spec.min_gpus >= spec.total_gpus))
+    return bad("an elastic minimum of " + std::to_string(spec.min_gpus) + " GPUs needs fewer than the " +
+               std::to_string(spec.total_gpus) + " GPUs asked for (--gpus MIN:MAX with MIN < MAX)");
   if (spec.cpus_per_rank < 0 || spec.cpus_per_rank > kMaxCpusPerRank)
     return bad("cpus_per_rank is " + std::to_string(spec.cpus_per_rank) + "; give 1 to " +
                std::to_string(kMaxCpusPerRank) + " (0: not asked for)");
@@ -259,7 +269,7 @@ AttemptUsage endedAttempt(const Job& job, JobState to, int64_t now_ms) {
   }
   u.end_ms = std::max(now_ms, u.start_ms);
   for (const NodeAllocation& a : job.allocation) u.gpus += static_cast<int>(a.gpus.size());
-  u.gpu_s = u.gpus * ((u.end_ms - u.start_ms) / 1000.0);
+  u.gpu_s = std::max(0.0, u.gpus * ((u.end_ms - u.start_ms) / 1000.0) + job.elastic_gpu_s);
   for (const RankResult& r : job.ranks) {
     if (r.attempt != u.attempt) continue;
     u.cpu_s += r.cpu_s;
@@ -297,6 +307,7 @@ Status applyTransition(Job& job, JobState to, std::string reason, std::optional<
     if (job.attempts.size() > kMaxAttemptsKept) job.attempts.erase(job.attempts.begin());
     job.preempted_by.clear();
     job.preempt_deadline_ms = 0;
+    job.elastic_gpu_s = 0;
   }
   job.state = to;
   if (isRequeue(from, to) && counts_as_restart) job.restarts++;
@@ -308,6 +319,36 @@ Status applyTransition(Job& job, JobState to, std::string reason, std::optional<
   }
   if (to == JobState::kFailed) job.failure = failure;
   job.transitions.push_back(Transition{from, to, now_ms, std::move(reason), std::move(failure)});
+  return Status::ok();
+}
+
+Status applyMembershipChange(Job& job, std::vector<NodeAllocation> allocation, std::string reason,
+                             std::optional<Failure> failure, int64_t now_ms) {
+  if (!isElastic(job.spec) || job.state != JobState::kRunning)
+    return Status::failedPrecondition(
+        "job " + job.id + ": only a RUNNING elastic job changes its ranks (it is " + toString(job.state) +
+        (isElastic(job.spec) ? "" : ", not elastic") + ")");
+  if (failure) {
+    Status st = validateFailure(*failure);
+    if (!st) return Status::invalidArgument("job " + job.id + ": " + st.message());
+  }
+  int64_t start_ms = 0;
+  for (const Transition& t : job.transitions)
+    if (t.to == JobState::kScheduled) start_ms = t.at_ms;  // the attempt's placement, as endedAttempt counts
+  auto count = [](const std::vector<NodeAllocation>& a) {
+    int n = 0;
+    for (const NodeAllocation& x : a) n += static_cast<int>(x.gpus.size());
+    return n;
+  };
+  // GPUs given back were held since the placement; GPUs added were not held before now.
+  const int delta = count(job.allocation) - count(allocation);
+  job.elastic_gpu_s += delta * (std::max<int64_t>(0, now_ms - start_ms) / 1000.0);
+  job.allocation = std::move(allocation);
+  // Its ranks now form one flat ring (a communicator that shrank or grew takes no DDL_TOPOLOGY), and the
+  // layout rebuilt from the allocation (a restarted coordinator's) must have as many.
+  job.topology = std::to_string(count(job.allocation));
+  job.transitions.push_back(
+      Transition{JobState::kRunning, JobState::kRunning, now_ms, std::move(reason), std::move(failure)});
   return Status::ok();
 }
 

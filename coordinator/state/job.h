@@ -108,9 +108,24 @@ struct JobSpec {
   int warn_signal = 0;
   int64_t warn_before_s = 0;
   std::string qos;  // its quality of service (placement/fair_share.h's Qos); "" is normal
+  // Elastic (ddlctl submit --nodes MIN:MAX, --gpus MIN:MAX): placed as asked (nodes or total_gpus, the MAX),
+  // it goes on without lost ranks while at least min_nodes whole nodes (or min_gpus ranks) are left, and
+  // grows back when capacity returns. 0: not elastic.
+  int min_nodes = 0;
+  int min_gpus = 0;
 
   bool operator==(const JobSpec&) const = default;
 };
+
+inline bool isElastic(const JobSpec& spec) { return spec.min_nodes > 0 || spec.min_gpus > 0; }
+// The ranks an elastic job needs at least (0 for another job).
+inline int minRanks(const JobSpec& spec) {
+  return spec.min_nodes > 0 ? spec.min_nodes * spec.gpus_per_node : spec.min_gpus;
+}
+// The ranks it is placed with and grows back to.
+inline int maxRanks(const JobSpec& spec) {
+  return spec.nodes > 0 ? spec.nodes * spec.gpus_per_node : spec.total_gpus;
+}
 
 // The first rank that failed. Exactly one of exit_code and signal is set.
 struct Failure {
@@ -233,6 +248,10 @@ struct Job {
   // the attempt ends, which is then PREEMPTED if it goes back to the queue.
   std::string preempted_by;
   int64_t preempt_deadline_ms = 0;
+  // An elastic job's GPU-seconds that its current allocation does not tell: each GPU given back during the
+  // attempt adds the seconds it was held, each GPU added subtracts the seconds before it came, so that the
+  // attempt's gpu_s is the GPUs held at its end times its length plus this. 0 at each attempt's end.
+  double elastic_gpu_s = 0;
 
   bool operator==(const Job&) const = default;
 };
@@ -366,5 +385,11 @@ int launchAttempts(const Job& job);
 // counts_as_restart false) uses none of max_restarts.
 Status applyTransition(Job& job, JobState to, std::string reason, std::optional<Failure> failure,
                        int64_t now_ms, bool counts_as_restart = true);
+
+// An elastic job's membership change: the RUNNING job goes on with `allocation` (GPUs lost or added), which
+// is recorded as a RUNNING -> RUNNING transition with `reason` (and `failure`: the lost rank, if one failed)
+// and charged in elastic_gpu_s. FAILED_PRECONDITION for a job that is not elastic or not RUNNING.
+Status applyMembershipChange(Job& job, std::vector<NodeAllocation> allocation, std::string reason,
+                             std::optional<Failure> failure, int64_t now_ms);
 
 }  // namespace ddl::state

@@ -119,7 +119,7 @@ size_t jobBytesBound(const Job& job) {
   for (const auto& [k, v] : s.required_labels) n += k.size() + v.size() + kField;
   // "extra" is a JSON document inside: its strings escaped at worst six bytes for one.
   n += strings(s.after_ok, 6) + strings(s.after_any, 6) + strings(job.waiting_for, 6);
-  n += 6 * (s.array_id.size() + s.request_id.size() + s.account.size()) + 21 * kField;
+  n += 6 * (s.array_id.size() + s.request_id.size() + s.account.size()) + 24 * kField;
   for (const RankResult& r : job.ranks) {
     // 24 fields of at most 39 bytes in JSON (a 13-byte key, a 24-byte number), the node's name (a node name
     // needs no escaping) and the free texts escaped at worst.

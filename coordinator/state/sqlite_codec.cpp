@@ -110,6 +110,9 @@ std::string encodeExtra(const Job& job) {
   if (s.memory_per_rank_bytes) j["memory_per_rank_bytes"] = s.memory_per_rank_bytes;
   if (!s.request_id.empty()) j["request_id"] = s.request_id;
   if (!s.account.empty()) j["account"] = s.account;
+  if (s.min_nodes) j["min_nodes"] = s.min_nodes;
+  if (s.min_gpus) j["min_gpus"] = s.min_gpus;
+  if (job.elastic_gpu_s != 0) j["elastic_gpu_s"] = job.elastic_gpu_s;
   if (job.held) j["held"] = true;
   if (job.held_by_admin) j["held_by_admin"] = true;
   if (!job.preempted_by.empty()) {
@@ -191,6 +194,9 @@ void decodeExtra(const std::string& text, Job& job) {
   s.memory_per_rank_bytes = field<int64_t>(j, "memory_per_rank_bytes", 0);
   s.request_id = field(j, "request_id", std::string());
   s.account = field(j, "account", std::string());
+  s.min_nodes = field(j, "min_nodes", 0);
+  s.min_gpus = field(j, "min_gpus", 0);
+  job.elastic_gpu_s = field(j, "elastic_gpu_s", 0.0);
   job.held = field(j, "held", false);
   job.held_by_admin = field(j, "held_by_admin", false);
   job.preempted_by = field(j, "preempted_by", std::string());

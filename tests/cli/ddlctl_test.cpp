@@ -261,6 +261,38 @@ TEST_F(DdlctlTest, SubmitRunsAndEveryViewShowsTheJob) {
   EXPECT_EQ(ctl({"usage", "--since", "1d", "--until", "2d"}).code, 2);
 }
 
+// An elastic job (--nodes MIN:MAX) that loses a rank goes on without its node and grows back onto it once it
+// is free; ddlctl shows the range, each membership change and the GPUs held.
+TEST_F(DdlctlTest, AnElasticJobShowsItsMembershipChanges) {
+  std::string id = submit({"--nodes", "1:2", "--gpus-per-node", "2", "--", "python3", "train.py"});
+  ASSERT_TRUE(reaches(id, "RUNNING"));
+  auto job = json({"status", id});
+  EXPECT_EQ(job["spec"]["min_nodes"], 1);
+  EXPECT_EQ(job["spec"]["nodes"], 2);
+  FakeAgent* lost = nullptr;
+  for (auto& agent : agents_)
+    for (const auto& r : agent->held())
+      if (r.job_id() == id && r.rank() == 3) lost = agent.get();
+  ASSERT_NE(lost, nullptr);
+  ASSERT_TRUE(lost->exitRank(id, 3, 1));
+  // Its node's other rank is stopped, and the node, free again, takes two joiners (ranks 4 and 5).
+  bool grown = false;
+  for (int i = 0; i < 100 && !grown; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (const auto& r : lost->held()) grown = grown || (r.job_id() == id && r.rank() == 5);
+  }
+  ASSERT_TRUE(grown) << ctl({"status", id}).out;
+  Result status = ctl({"status", id});
+  EXPECT_EQ(json({"status", id})["state"], "RUNNING");
+  EXPECT_NE(status.out.find("1 to 2 nodes x 2 GPUs"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("going on without ranks 2, 3: 2 of 4 ranks (elastic, at least 2)"),
+            std::string::npos)
+      << status.out;
+  EXPECT_NE(status.out.find("grown: ranks 4, 5 started on " + lost->node()), std::string::npos) << status.out;
+  for (auto& agent : agents_) ASSERT_TRUE(agent->exitAll(id));
+  ASSERT_TRUE(reaches(id, "SUCCEEDED")) << ctl({"status", id}).out;
+}
+
 TEST_F(DdlctlTest, PendingJobShowsItsReasonAndCancelEndsIt) {
   std::string big = submit({"--nodes", "2", "--gpus-per-node", "2", "--", "sleep", "100"});
   std::string waits = submit({"--gpus", "4", "--", "sleep", "100"});

@@ -2203,5 +2203,268 @@ TEST_F(CoordinatorTest, APreemptionOutlivesACoordinatorRestart) {
   EXPECT_EQ(stateOf(first), v1::STARTING);
 }
 
+// ---- Elastic jobs (elastic.cpp)
+// ----------------------------------------------------------------------------
+
+v1::JobSpec elasticGpus(int least, int most) {
+  v1::JobSpec s = spec(0, 0);
+  s.clear_nodes();
+  s.clear_gpus_per_node();
+  s.set_total_gpus(most);
+  s.set_min_gpus(least);
+  return s;
+}
+
+// The StartRanks of the job that every node got, by rank (launch slot): node and launch.
+std::map<int, std::pair<std::string, v1::RankLaunch>> launchedRanks(
+    const std::map<std::string, std::shared_ptr<RecordingLink>>& links, const std::string& job) {
+  std::map<int, std::pair<std::string, v1::RankLaunch>> out;
+  for (const auto& [node, link] : links)
+    for (const auto& c : link->commands)
+      if (c.has_start() && c.start().job_id() == job)
+        for (const auto& r : c.start().ranks()) out[r.rank()] = {node, r};
+  return out;
+}
+
+int heldGpus(const v1::Job& job) {
+  int n = 0;
+  for (const auto& a : job.allocation()) n += a.gpus_size();
+  return n;
+}
+
+TEST_F(CoordinatorTest, AnElasticJobGoesOnWithoutALostRankAndGrowsBackOnTheFreedGpu) {
+  for (const char* n : {"n1", "n2", "n3", "n4"}) addNode(n, 1);
+  const std::string id = submit(elasticGpus(2, 4));
+  const int64_t placed = now;
+  coordinator->tick();
+  for (const char* n : {"n1", "n2", "n3", "n4"}) runAll(n, id);
+  ASSERT_EQ(stateOf(id), v1::RUNNING);
+  auto first = launchedRanks(links, id);
+  ASSERT_EQ(first.size(), 4u);
+  const std::string lost_node = first[2].first;
+
+  now += 4'000;  // (within the nodes' heartbeat grace: the test sends none)
+  ASSERT_TRUE(coordinator->rankEvent(lost_node, sessions[lost_node],
+                                     rankStatus(id, 1, 2, 0, v1::RankStatus::EXITED, {}, 9)));
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::RUNNING);
+  const auto& change = job->transitions(job->transitions_size() - 1);
+  EXPECT_EQ(change.from(), v1::RUNNING);
+  EXPECT_EQ(change.to(), v1::RUNNING);
+  EXPECT_NE(change.reason().find("rank 2 on node " + lost_node), std::string::npos) << change.reason();
+  EXPECT_NE(change.reason().find("going on without rank 2: 3 of 4 ranks (elastic, at least 2)"),
+            std::string::npos)
+      << change.reason();
+  EXPECT_EQ(change.failure().rank(), 2);
+  EXPECT_EQ(change.failure().signal(), 9);
+  EXPECT_EQ(heldGpus(*job), 3);
+  for (const auto& [node, link] : links) EXPECT_EQ(stops(node, id), 0) << node;  // nobody is stopped
+
+  // The freed GPU is taken back by a joiner: the next slot, DDL_JOIN=1, the attempt's secret and rendezvous.
+  now += 2'000;
+  coordinator->tick();
+  auto grown = launchedRanks(links, id);
+  ASSERT_EQ(grown.size(), 5u);
+  ASSERT_EQ(grown.count(4), 1u);
+  EXPECT_EQ(grown[4].first, lost_node);
+  auto joiner = envOf(grown[4].second);
+  auto old = envOf(first[0].second);
+  EXPECT_EQ(joiner["DDL_JOIN"], "1");
+  EXPECT_EQ(old.count("DDL_JOIN"), 0u);
+  EXPECT_EQ(joiner["WORLD_SIZE"], "4");
+  EXPECT_EQ(joiner["RANK"], "4");
+  for (const char* k : {"DDL_JOB_SECRET", "MASTER_ADDR", "MASTER_PORT", "DDL_ROOT", "DDL_JOB_ATTEMPT"})
+    EXPECT_EQ(joiner[k], old[k]) << k;
+  job = coordinator->getJob(id);
+  EXPECT_EQ(heldGpus(*job), 4);
+  EXPECT_NE(
+      job->transitions(job->transitions_size() - 1).reason().find("grown: rank 4 started on " + lost_node),
+      std::string::npos);
+  coordinator->tick();
+  EXPECT_EQ(launchedRanks(links, id).size(), 5u);  // full again: nothing more starts
+
+  ASSERT_TRUE(coordinator->rankEvent(lost_node, sessions[lost_node], rankStatus(id, 1, 4, 0)));
+  now += 2'000;
+  for (int rank : {0, 1, 3, 4}) {
+    const std::string& node = grown[rank].first;
+    ASSERT_TRUE(
+        coordinator->rankEvent(node, sessions[node], rankStatus(id, 1, rank, 0, v1::RankStatus::EXITED, 0)));
+  }
+  job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::SUCCEEDED);
+  EXPECT_EQ(job->ranks_size(), 5);
+  // GPU-seconds: ranks 0, 1 and 3 for 8 s, rank 2 for 4 s, the joiner for 2 s.
+  ASSERT_EQ(job->attempts_size(), 1);
+  EXPECT_EQ(job->attempts(0).start_ms(), placed);
+  EXPECT_DOUBLE_EQ(job->attempts(0).gpu_seconds(), 30.0);
+}
+
+TEST_F(CoordinatorTest, AnElasticJobBelowItsMinimumOrWithoutRankZeroFailsAsAnyOther) {
+  for (const char* n : {"n1", "n2", "n3", "n4"}) addNode(n, 1);
+  const std::string id = submit(elasticGpus(3, 4));
+  coordinator->tick();
+  for (const char* n : {"n1", "n2", "n3", "n4"}) runAll(n, id);
+  auto ranks = launchedRanks(links, id);
+  auto lose = [&](int rank, int code) {
+    const std::string& node = ranks[rank].first;
+    ASSERT_TRUE(coordinator->rankEvent(node, sessions[node],
+                                       rankStatus(id, 1, rank, 0, v1::RankStatus::EXITED, code)));
+  };
+  lose(1, 3);
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  lose(1, 3);  // the same exit again (a heartbeat) changes nothing
+  lose(3, 4);
+  auto job = coordinator->getJob(id);
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_NE(job->reason().find("(elastic: 2 ranks left, below its minimum of 3)"), std::string::npos)
+      << job->reason();
+  EXPECT_EQ(job->failure().rank(), 3);
+  EXPECT_EQ(stops(ranks[0].first, id), 1);
+
+  const std::string zero = submit(elasticGpus(1, 2));
+  coordinator->tick();
+  coordinator->tick();
+  auto zr = launchedRanks(links, zero);
+  ASSERT_EQ(zr.size(), 2u);
+  for (const auto& [rank, where] : zr)
+    ASSERT_TRUE(coordinator->rankEvent(where.first, sessions[where.first],
+                                       rankStatus(zero, 1, rank, where.second.gpu())));
+  ASSERT_TRUE(coordinator->rankEvent(zr[0].first, sessions[zr[0].first],
+                                     rankStatus(zero, 1, 0, zr[0].second.gpu(), v1::RankStatus::EXITED, 1)));
+  job = coordinator->getJob(zero);
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_NE(job->reason().find("rank 0 serves the job's rendezvous store"), std::string::npos)
+      << job->reason();
+}
+
+TEST_F(CoordinatorTest, AnElasticJobOfWholeNodesLosesANodeWholeAndGrowsOnAnother) {
+  for (const char* n : {"n1", "n2", "n3"}) addNode(n, 2);
+  v1::JobSpec s = spec(3, 2);
+  s.set_min_nodes(2);
+  const std::string id = submit(s);
+  coordinator->tick();
+  for (const char* n : {"n1", "n2", "n3"}) runAll(n, id);
+  auto ranks = launchedRanks(links, id);
+  // Rank 3's node loses it; its other rank there is stopped (by name: the job's others go on).
+  const std::string node = ranks[3].first;
+  int other = -1;
+  for (const auto& [rank, where] : ranks)
+    if (where.first == node && rank != 3) other = rank;
+  ASSERT_GE(other, 0);
+  ASSERT_TRUE(coordinator->rankEvent(node, sessions[node],
+                                     rankStatus(id, 1, 3, ranks[3].second.gpu(), v1::RankStatus::EXITED, 1)));
+  auto job = coordinator->getJob(id);
+  ASSERT_EQ(job->state(), v1::RUNNING);
+  EXPECT_EQ(job->allocation_size(), 2);
+  EXPECT_EQ(heldGpus(*job), 4);
+  ASSERT_EQ(stops(node, id), 1);
+  const v1::StopJob& stop = links[node]->commands.back().stop();
+  ASSERT_EQ(stop.ranks_size(), 1);
+  EXPECT_EQ(stop.ranks(0), other);
+  EXPECT_EQ(stop.attempt(), 1);
+  for (const char* n : {"n1", "n2", "n3"})
+    if (n != node) EXPECT_EQ(stops(n, id), 0);
+
+  // Its other rank is still stopping: that node is not free, so nothing fits until n4 comes.
+  coordinator->tick();
+  EXPECT_EQ(launchedRanks(links, id).size(), 6u);
+  addNode("n4", 2);
+  now += 1'000;
+  coordinator->tick();
+  auto grown = launchedRanks(links, id);
+  ASSERT_EQ(grown.size(), 8u);
+  EXPECT_EQ(grown[6].first, "n4");
+  EXPECT_EQ(grown[7].first, "n4");
+  EXPECT_EQ(envOf(grown[7].second)["LOCAL_RANK"], "1");
+  EXPECT_EQ(envOf(grown[7].second)["DDL_JOIN"], "1");
+  EXPECT_EQ(heldGpus(*coordinator->getJob(id)), 6);
+  // The stopped rank's exit changes nothing.
+  ASSERT_TRUE(coordinator->rankEvent(
+      node, sessions[node],
+      rankStatus(id, 1, other, ranks[other].second.gpu(), v1::RankStatus::EXITED, {}, 15)));
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+}
+
+TEST_F(CoordinatorTest, AnElasticJobGoesOnWithoutALostNodeAndGrowsBackWhenItReturns) {
+  for (const char* n : {"n1", "n2", "n3"}) addNode(n, 1);
+  v1::JobSpec s = spec(3, 1);
+  s.set_min_nodes(2);
+  const std::string id = submit(s);
+  coordinator->tick();
+  for (const char* n : {"n1", "n2", "n3"}) runAll(n, id);
+  auto ranks = launchedRanks(links, id);
+  const std::string lost = ranks[2].first;
+  now += 6'000;
+  for (const char* n : {"n1", "n2", "n3"})
+    if (n != lost) ASSERT_TRUE(beat(n, id));
+  now += 6'000;
+  coordinator->tick();  // `lost` missed its heartbeats
+  auto job = coordinator->getJob(id);
+  ASSERT_EQ(job->state(), v1::RUNNING);
+  const auto& change = job->transitions(job->transitions_size() - 1);
+  EXPECT_EQ(change.reason().rfind("node_lost", 0), 0u) << change.reason();
+  EXPECT_NE(change.reason().find("2 of 3 ranks"), std::string::npos) << change.reason();
+  coordinator->tick();
+  EXPECT_EQ(launchedRanks(links, id).size(), 3u);  // no node to grow on
+
+  addNode(lost, 1);  // the node is back, without the old rank
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  now += 1'000;
+  coordinator->tick();
+  auto grown =
+      launchedRanks(links, id);  // (the returned node's link is a new one: rank 2's start is not in it)
+  ASSERT_EQ(grown.count(3), 1u);
+  EXPECT_EQ(grown[3].first, lost);
+  EXPECT_EQ(envOf(grown[3].second)["DDL_JOIN"], "1");
+  EXPECT_EQ(heldGpus(*coordinator->getJob(id)), 3);
+}
+
+TEST_F(CoordinatorTest, ElasticRangesAreCheckedAtSubmit) {
+  addNode("n1", 4);
+  v1::JobSpec s = elasticGpus(4, 4);
+  EXPECT_FALSE(coordinator->submit(s));  // MIN must be below MAX
+  s = spec(2, 1);
+  s.set_min_gpus(1);  // a GPU minimum for a job of nodes
+  EXPECT_FALSE(coordinator->submit(s));
+  s = spec(2, 1);
+  s.set_min_nodes(1);
+  s.set_min_gpus(1);
+  EXPECT_FALSE(coordinator->submit(s));
+  s = spec(1, 2);
+  s.set_min_nodes(1);
+  auto refused = coordinator->submit(s);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.status().message().find("--nodes MIN:MAX with MIN < MAX"), std::string::npos)
+      << refused.status().message();
+  EXPECT_TRUE(coordinator->submit(elasticGpus(1, 4)));
+}
+
+TEST_F(CoordinatorRestartTest, AShrunkElasticJobIsStillShrunkAfterARestart) {
+  for (const char* n : {"n1", "n2", "n3"}) addNode(n, 1);
+  const std::string id = submit(elasticGpus(1, 3));
+  coordinator->tick();
+  for (const char* n : {"n1", "n2", "n3"}) runAll(n, id);
+  auto ranks = launchedRanks(links, id);
+  const std::string lost = ranks[1].first;
+  ASSERT_TRUE(
+      coordinator->rankEvent(lost, sessions[lost], rankStatus(id, 1, 1, 0, v1::RankStatus::EXITED, 2)));
+  ASSERT_EQ(stateOf(id), v1::RUNNING);
+
+  reopen();  // before any grow: the agents keep their ranks, the lost one's exit among them
+  for (const auto& [rank, where] : ranks) {
+    addNode(where.first, 1, {},
+            {rank == 1 ? rankStatus(id, 1, 1, 0, v1::RankStatus::EXITED, 2) : rankStatus(id, 1, rank, 0)});
+  }
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  EXPECT_EQ(heldGpus(*coordinator->getJob(id)), 2);
+  for (int rank : {0, 2}) {
+    const std::string& node = ranks[rank].first;
+    ASSERT_TRUE(
+        coordinator->rankEvent(node, sessions[node], rankStatus(id, 1, rank, 0, v1::RankStatus::EXITED, 0)));
+  }
+  EXPECT_EQ(stateOf(id), v1::SUCCEEDED);  // the lost rank counts no more
+}
+
 }  // namespace
 }  // namespace ddl::coordinator

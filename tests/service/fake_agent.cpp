@@ -1,5 +1,6 @@
 #include "service/fake_agent.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "ddl/tls.h"
@@ -100,8 +101,11 @@ void FakeAgent::readLoop() {
       } else if (cmd.has_stop()) {
         // A real agent sends SIGTERM and reports the exits; the fake simply lets the ranks go.
         for (auto it = ranks_.begin(); it != ranks_.end();) {
-          bool match = it->first.first == cmd.stop().job_id() &&
-                       (cmd.stop().attempt() == 0 || it->second.attempt() <= cmd.stop().attempt());
+          const auto& named = cmd.stop().ranks();  // some ranks only (an elastic job going on without them)
+          bool match =
+              it->first.first == cmd.stop().job_id() &&
+              (cmd.stop().attempt() == 0 || it->second.attempt() <= cmd.stop().attempt()) &&
+              (named.empty() || std::find(named.begin(), named.end(), it->first.second) != named.end());
           it = match ? ranks_.erase(it) : std::next(it);
         }
       }

@@ -201,6 +201,52 @@ TEST(JobRules, EndedAttemptsRecordTheirUsage) {
   EXPECT_EQ(many.attempts.back().attempt, 70);
 }
 
+TEST(JobRules, AnElasticJobsMembershipChangesAreTransitionsAndChargedAsHeld) {
+  using S = JobState;
+  JobSpec spec = sampleSpec();
+  spec.total_gpus = 0;
+  spec.min_nodes = 1;
+  Job fixed = newJob("j-000001", spec, 0);
+  fixed.spec.min_nodes = 0;
+  ASSERT_TRUE(applyTransition(fixed, S::kScheduled, "placed", std::nullopt, 0).isOk());
+  ASSERT_TRUE(applyTransition(fixed, S::kStarting, "sent", std::nullopt, 0).isOk());
+  ASSERT_TRUE(applyTransition(fixed, S::kRunning, "up", std::nullopt, 0).isOk());
+  Status refused = applyMembershipChange(fixed, {}, "lost", std::nullopt, 10);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(contains(refused.message(), "not elastic")) << refused.message();
+  EXPECT_FALSE(allowedTransition(S::kRunning, S::kRunning))
+      << "a change of ranks is not a move of the machine";
+
+  Job job = newJob("j-000002", spec, 0);  // 2 nodes x 4 GPUs, at least 1 node
+  ASSERT_TRUE(applyTransition(job, S::kScheduled, "placed", std::nullopt, 1000).isOk());
+  job.allocation = {{"a", {0, 1, 2, 3}, {}, 0}, {"b", {0, 1, 2, 3}, {}, 0}};
+  ASSERT_TRUE(applyTransition(job, S::kStarting, "sent", std::nullopt, 1000).isOk());
+  EXPECT_EQ(applyMembershipChange(job, {}, "lost", std::nullopt, 1000).code(),
+            StatusCode::kFailedPrecondition)
+      << "only while RUNNING";
+  ASSERT_TRUE(applyTransition(job, S::kRunning, "up", std::nullopt, 2000).isOk());
+  // Node b lost at 11 s, then back at 21 s; the attempt ends at 31 s.
+  ASSERT_TRUE(
+      applyMembershipChange(job, {{"a", {0, 1, 2, 3}, {}, 0}}, "b lost", Failure{4, "b", 1, {}}, 11000)
+          .isOk());
+  EXPECT_EQ(job.state, S::kRunning);
+  EXPECT_EQ(job.topology, "4");
+  ASSERT_EQ(job.transitions.back(),
+            (Transition{S::kRunning, S::kRunning, 11000, "b lost", Failure{4, "b", 1, {}}}));
+  ASSERT_TRUE(applyMembershipChange(job, {{"a", {0, 1, 2, 3}, {}, 0}, {"c", {0, 1, 2, 3}, {}, 0}}, "grown",
+                                    std::nullopt, 21000)
+                  .isOk());
+  EXPECT_DOUBLE_EQ(job.elastic_gpu_s, 4 * 10.0 - 4 * 20.0);
+  // The codec keeps what the sum needs.
+  auto back = record_codec::decodeJob(job.id, record_codec::encodeJob(job));
+  ASSERT_TRUE(back.isOk()) << back.status().toString();
+  EXPECT_EQ(*back, job);
+  ASSERT_TRUE(applyTransition(job, S::kSucceeded, "done", std::nullopt, 31000).isOk());
+  // a: 30 s x 4; b: 10 s x 4; c: 10 s x 4.
+  EXPECT_EQ(job.attempts.back(), (AttemptUsage{1, 1000, 31000, 8, 200.0, 0, 0, "SUCCEEDED"}));
+  EXPECT_EQ(job.elastic_gpu_s, 0);
+}
+
 TEST(JobRules, JobIds) {
   EXPECT_EQ(formatJobId(42), "j-000042");
   EXPECT_EQ(formatJobId(1234567), "j-1234567");
@@ -439,10 +485,12 @@ TYPED_TEST_SUITE(StoreTest, Kinds, KindName);
 
 TYPED_TEST(StoreTest, CreateThenGetRoundTripsEveryField) {
   const int64_t t0 = this->clock_.now->load();
-  auto created = this->store_->createJob(sampleSpec());
+  JobSpec elastic = sampleSpec();
+  elastic.min_nodes = 1;  // its fields since the first schema, too
+  auto created = this->store_->createJob(elastic);
   ASSERT_TRUE(created.isOk()) << created.status().toString();
   EXPECT_EQ(created->id, "j-000001");
-  EXPECT_EQ(created->spec, sampleSpec());
+  EXPECT_EQ(created->spec, elastic);
   EXPECT_EQ(created->state, JobState::kPending);
   EXPECT_EQ(created->restarts, 0);
   EXPECT_EQ(created->submit_ms, t0);
@@ -1768,6 +1816,9 @@ TEST(RecordCodec, TheSizeBoundsAreNeverBelowTheEncoding) {
   }
   job.allocation = {{std::string(63, 'a'), {0, 1, 2, 3, 4, 5, 6, 7}, std::vector<int>(64, 1 << 30), -1}};
   job.failure = Failure{1, std::string(63, 'h'), std::nullopt, 9};
+  job.spec.min_nodes = std::numeric_limits<int>::min();
+  job.spec.min_gpus = std::numeric_limits<int>::min();
+  job.elastic_gpu_s = -1.2345678901234567e+300;
   EXPECT_GE(record_codec::jobBytesBound(job), record_codec::encodeJob(job).size());
   const Job plain = newJob("j-000002", sampleSpec(), 1000);
   EXPECT_GE(record_codec::jobBytesBound(plain), record_codec::encodeJob(plain).size());

@@ -489,6 +489,27 @@ TEST_P(SupervisorTest, StopMatchesAttemptsUpToTheGivenOne) {
   EXPECT_TRUE(recorder_.waitFor("j2", 1, 0).has_value());
 }
 
+TEST_P(SupervisorTest, AStopOfNamedRanksStopsOnlyThoseOfThatAttempt) {
+  // An elastic job that goes on without rank 1: ranks 0 and 2 and the same rank of another attempt go on.
+  std::vector<RankSpec> ranks;
+  for (int r = 0; r < 3; ++r) ranks.push_back(shell("j1", r, "exec sleep 100"));
+  RankSpec later = shell("j1", 1, "exec sleep 100");
+  later.attempt = 2;
+  for (const RankSpec& r : ranks) mustStart(r);
+  mustStart(later);
+
+  sup_->stop("j1", 1, 5000, {1});
+  auto stopped = recorder_.waitFor("j1", 1, 1);
+  ASSERT_TRUE(stopped.has_value());
+  EXPECT_EQ(stopped->signal, SIGTERM);
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(recorder_.count(), 1u);
+
+  sup_->stopAll(5000);
+  for (int r : {0, 2}) EXPECT_TRUE(recorder_.waitFor("j1", 1, r).has_value());
+  EXPECT_TRUE(recorder_.waitFor("j1", 2, 1).has_value());
+}
+
 TEST_P(SupervisorTest, ReleaseForgetsOnlyExitedRanks) {
   mustStart(shell("j1", 0, "exit 0"));
   mustStart(shell("j1", 1, "exec sleep 100"));

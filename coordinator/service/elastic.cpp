@@ -1,0 +1,270 @@
+// Elastic jobs (ddlctl submit --nodes MIN:MAX, --gpus MIN:MAX; state/job.h isElastic): a lost rank or node
+// shrinks the job instead of failing or requeueing it while enough ranks are left, and free capacity grows it
+// back with ranks that join the running ones. See coordinator.h for the whole object.
+//
+// The coordinator numbers a job's ranks by launch slot: the first launch's ranks 0..n-1, then each joiner the
+// next number. A slot that is lost joins JobRuntime::gone and never counts again (its reports are recorded
+// but change nothing); the program's own rank in its communicator is libddl's (survivors keep their order,
+// joiners come after them). Rank 0 serves the job's rendezvous store (DDL_ROOT, MASTER_PORT), so losing it
+// cannot be survived: the job fails or requeues as any other.
+//
+// A job placed by whole nodes (--nodes) stays whole nodes: losing one rank gives up its node's other ranks
+// too (stopped with a StopJob naming them), and a grow adds whole nodes the job does not have yet. A job of
+// --gpus loses and gains single ranks, anywhere.
+//
+// Every change is a RUNNING -> RUNNING transition (state::applyMembershipChange), with the lost rank's
+// failure where one failed; the allocation follows the ranks, so placement, fair share and the attempt's
+// GPU-seconds count only the GPUs held. At most kMaxMembershipChanges per attempt: past that a loss fails the
+// job as usual, so a rank that fails at once forever cannot grow the job's history without end.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "placement/placement.h"
+#include "service/convert.h"
+#include "service/coordinator.h"
+#include "service/coordinator_internal.h"
+#include "service/launch_plan.h"
+
+namespace ddl::coordinator {
+namespace {
+
+constexpr int kMaxMembershipChanges = 128;  // per attempt
+constexpr int64_t kGrowRetryMs = 1000;      // between a short job's tries to grow
+
+int membershipChanges(const state::Job& job) {
+  int n = 0;
+  for (const state::Transition& t : job.transitions) {
+    if (t.to == JobState::kScheduled) n = 0;  // the attempt's placement
+    if (t.from == JobState::kRunning && t.to == JobState::kRunning) ++n;
+  }
+  return n;
+}
+
+// `allocation` without (or with) one GPU of `node`, keeping each GPU's CPUs and memory with it.
+void dropGpu(std::vector<state::NodeAllocation>& allocation, const std::string& node, int gpu,
+             int64_t memory_per_rank) {
+  for (auto it = allocation.begin(); it != allocation.end(); ++it) {
+    if (it->node != node) continue;
+    auto pos = std::find(it->gpus.begin(), it->gpus.end(), gpu);
+    if (pos == it->gpus.end()) return;
+    const size_t i = static_cast<size_t>(pos - it->gpus.begin());
+    if (!it->cpus.empty() && it->cpus.size() % it->gpus.size() == 0) {
+      const size_t per = it->cpus.size() / it->gpus.size();
+      it->cpus.erase(it->cpus.begin() + static_cast<std::ptrdiff_t>(i * per),
+                     it->cpus.begin() + static_cast<std::ptrdiff_t>((i + 1) * per));
+    }
+    it->gpus.erase(pos);
+    it->memory_bytes = std::max<int64_t>(0, it->memory_bytes - memory_per_rank);
+    if (it->gpus.empty()) allocation.erase(it);
+    return;
+  }
+}
+
+void addGpus(std::vector<state::NodeAllocation>& allocation, const placement::NodeAllocation& more) {
+  auto it = std::find_if(allocation.begin(), allocation.end(),
+                         [&](const state::NodeAllocation& a) { return a.node == more.node; });
+  if (it == allocation.end()) {
+    allocation.push_back(state::NodeAllocation{more.node, more.gpus, more.cpus, more.memoryBytes});
+    return;
+  }
+  // GPUs in ascending order with their CPUs beside them, as placement gives them.
+  std::vector<std::pair<int, std::vector<int>>> gpus;
+  auto take = [&](const std::vector<int>& g, const std::vector<int>& c) {
+    const size_t per = g.empty() || c.size() % g.size() != 0 ? 0 : c.size() / g.size();
+    for (size_t i = 0; i < g.size(); ++i)
+      gpus.emplace_back(g[i], std::vector<int>(c.begin() + static_cast<std::ptrdiff_t>(i * per),
+                                               c.begin() + static_cast<std::ptrdiff_t>((i + 1) * per)));
+  };
+  take(it->gpus, it->cpus);
+  take(more.gpus, more.cpus);
+  std::sort(gpus.begin(), gpus.end());
+  it->gpus.clear();
+  it->cpus.clear();
+  for (auto& [g, c] : gpus) {
+    it->gpus.push_back(g);
+    it->cpus.insert(it->cpus.end(), c.begin(), c.end());
+  }
+  it->memory_bytes += more.memoryBytes;
+}
+
+}  // namespace
+
+std::vector<int> Coordinator::JobRuntime::members() const {
+  std::vector<int> out;
+  for (const auto& [slot, node] : rank_node)
+    if (!gone.count(slot)) out.push_back(slot);
+  return out;
+}
+
+void Coordinator::loseRanksOnLoop(const std::string& id, const std::set<int>& lost, const std::string& why,
+                                  const std::optional<state::Failure>& failure) {
+  std::optional<std::string> elastic = shrinkOnLoop(id, lost, why, failure);
+  if (elastic) failJobOnLoop(id, why + *elastic, failure);
+}
+
+std::optional<std::string> Coordinator::shrinkOnLoop(const std::string& id, std::set<int> lost,
+                                                     const std::string& why,
+                                                     const std::optional<state::Failure>& failure) {
+  auto jt = jobs_.find(id);
+  auto rt = runtime_.find(id);
+  if (jt == jobs_.end() || !state::isElastic(jt->second.spec)) return "";
+  state::Job& job = jt->second;
+  if (job.state != JobState::kRunning || rt == runtime_.end() || !job.preempted_by.empty())
+    return std::string(" (elastic, but ") + toString(job.state) +
+           (job.preempted_by.empty() ? "" : " and being preempted") + ": not shrunk)";
+  JobRuntime& r = rt->second;
+  for (auto it = lost.begin(); it != lost.end();) it = r.gone.count(*it) ? lost.erase(it) : std::next(it);
+  if (lost.empty()) return std::nullopt;  // already gone: nothing changes
+  if (lost.count(0))
+    return std::string(" (elastic, but rank 0 serves the job's rendezvous store: its loss ends the attempt)");
+  // Placed by whole nodes: the lost ranks' nodes leave the job whole.
+  if (job.spec.min_nodes > 0) {
+    std::set<std::string> nodes;
+    for (int slot : lost) nodes.insert(r.rank_node.at(slot));
+    for (int slot : r.members())
+      if (nodes.count(r.rank_node.at(slot))) lost.insert(slot);
+    if (lost.count(0))
+      return std::string(" (elastic, but rank 0, on the same node, serves the job's rendezvous store)");
+  }
+  const int left = static_cast<int>(r.members().size() - lost.size());
+  const int least = state::minRanks(job.spec);
+  if (left < least)
+    return " (elastic: " + std::to_string(left) + " rank" + (left == 1 ? "" : "s") +
+           " left, below its minimum of " + std::to_string(least) + ")";
+  if (membershipChanges(job) >= kMaxMembershipChanges)
+    return " (elastic, but this attempt already changed its ranks " + std::to_string(kMaxMembershipChanges) +
+           " times)";
+
+  std::vector<state::NodeAllocation> allocation = job.allocation;
+  std::map<std::string, std::vector<int>> stop;  // node -> lost ranks that may still run there
+  std::string names;
+  for (int slot : lost) {
+    const std::string& node = r.rank_node.at(slot);
+    auto result = std::find_if(job.ranks.begin(), job.ranks.end(),
+                               [&](const state::RankResult& x) { return x.rank == slot; });
+    if (result != job.ranks.end()) dropGpu(allocation, node, result->gpu, job.spec.memory_per_rank_bytes);
+    auto reported = r.ranks.find(slot);
+    if (reported == r.ranks.end() || reported->second.state() != v1::RankStatus::EXITED)
+      stop[node].push_back(slot);
+    names += (names.empty() ? "" : ", ") + std::to_string(slot);
+  }
+  const std::string reason = why + "; going on without rank" + (lost.size() == 1 ? " " : "s ") + names +
+                             ": " + std::to_string(left) + " of " +
+                             std::to_string(state::maxRanks(job.spec)) + " ranks (elastic, at least " +
+                             std::to_string(least) + ")";
+  Status st = state::applyMembershipChange(job, std::move(allocation), reason, failure, wall_ms_());
+  if (!st) {
+    spdlog::error("job {}: {}", id, st.toString());
+    return " (elastic, but the change could not be applied: " + st.message() + ")";
+  }
+  putJobOnLoop(job);
+  spdlog::info("job {}: {}", id, reason);
+  r.gone.insert(lost.begin(), lost.end());
+  r.next_grow_ms = 0;
+  for (const auto& [node, ranks] : stop) {
+    v1::Command cmd = stopCommand(id, r.attempt, "the job went on without them: " + why);
+    for (int slot : ranks) cmd.mutable_stop()->add_ranks(slot);
+    registry_->sendOnLoop(node, cmd);
+  }
+  schedule_wanted_ = true;  // their GPUs are free
+  maybeCompleteOnLoop(id);  // the others may all have ended already
+  return std::nullopt;
+}
+
+void Coordinator::growElasticOnLoop() {
+  const int64_t now = now_ms_();
+  if (registry_->recoveringOnLoop(now)) return;
+  // The queue first: no job grows while another waits for GPUs.
+  for (const auto& [id, job] : jobs_) {
+    if (job.state != JobState::kPending) continue;
+    auto why = pending_reason_.find(id);
+    if (why != pending_reason_.end() && (why->second.code == "Resources" || why->second.code == "Priority"))
+      return;
+  }
+  for (auto& [id, r] : runtime_) {
+    auto jt = jobs_.find(id);
+    if (jt == jobs_.end()) continue;
+    state::Job& job = jt->second;
+    if (!state::isElastic(job.spec) || job.state != JobState::kRunning || !job.preempted_by.empty() ||
+        r.secret.empty() || now < r.next_grow_ms)
+      continue;
+    const std::vector<int> members = r.members();
+    const int want = state::maxRanks(job.spec) - static_cast<int>(members.size());
+    if (want <= 0) continue;
+    // A job whose ranks have begun to end is finishing, not short.
+    if (std::any_of(members.begin(), members.end(), [&](int slot) {
+          auto it = r.ranks.find(slot);
+          return it != r.ranks.end() && it->second.state() == v1::RankStatus::EXITED;
+        }))
+      continue;
+    if (membershipChanges(job) >= kMaxMembershipChanges) continue;
+    r.next_grow_ms = now + kGrowRetryMs;
+    placement::Cluster cluster = snapshotOnLoop(true);
+    placement::JobRequest request = requestOf(id, job.spec);
+    if (job.spec.min_nodes > 0) {
+      request.nodes = want / std::max(1, job.spec.gpus_per_node);
+      if (request.nodes <= 0) continue;
+      // New nodes only: the job's own stay out of this placement.
+      std::erase_if(cluster.nodes, [&](const placement::Node& n) {
+        return std::any_of(job.allocation.begin(), job.allocation.end(),
+                           [&](const state::NodeAllocation& a) { return a.node == n.name; });
+      });
+    } else {
+      request.totalGpus = want;
+    }
+    placement::PlacementResult placed = placement::place(cluster, request);
+    if (!placed.ok()) continue;
+    // The joiners: the next launch slots, on the GPUs placed, numbered among the job's ranks on each node.
+    std::vector<state::NodeAllocation> allocation = job.allocation;
+    for (const auto& a : placed.allocation().nodes) addGpus(allocation, a);
+    std::vector<placement::RankSlot> joiners;
+    int slot = r.rank_node.empty() ? 0 : r.rank_node.rbegin()->first + 1;
+    std::string where;
+    for (const auto& a : placed.allocation().nodes) {
+      const state::NodeAllocation& held = *std::find_if(allocation.begin(), allocation.end(),
+                                                        [&](const auto& x) { return x.node == a.node; });
+      for (int gpu : a.gpus) {
+        placement::RankSlot s;
+        s.rank = slot++;
+        s.node = a.node;
+        s.gpu = gpu;
+        s.localRank =
+            static_cast<int>(std::find(held.gpus.begin(), held.gpus.end(), gpu) - held.gpus.begin());
+        s.localSize = static_cast<int>(held.gpus.size());
+        joiners.push_back(s);
+      }
+      where += (where.empty() ? "" : " ") + a.node;
+    }
+    const int size = static_cast<int>(members.size() + joiners.size());
+    std::string names;
+    for (const auto& s : joiners) names += (names.empty() ? "" : ", ") + std::to_string(s.rank);
+    const std::string reason = "grown: rank" + std::string(joiners.size() == 1 ? " " : "s ") + names +
+                               " started on " + where + " to join: " + std::to_string(size) + " of " +
+                               std::to_string(state::maxRanks(job.spec)) + " ranks";
+    Status st = state::applyMembershipChange(job, allocation, reason, std::nullopt, wall_ms_());
+    if (!st) {
+      spdlog::error("job {}: {}", id, st.toString());
+      continue;
+    }
+    for (const auto& s : joiners) {
+      r.rank_node[s.rank] = s.node;
+      state::RankResult kept;
+      kept.rank = s.rank;
+      kept.attempt = r.attempt;
+      kept.node = s.node;
+      kept.gpu = s.gpu;
+      job.ranks.push_back(std::move(kept));  // slots only grow: the list stays in rank order
+    }
+    putJobOnLoop(job);
+    spdlog::info("job {}: {}", id, reason);
+    const NodeRegistry::Node* root = registry_->find(r.root_node);
+    const LaunchTarget target{r.attempt, root ? root->record.address : "", r.port, r.secret,
+                              options_.allow_root_jobs};
+    for (const auto& [node, cmd] : joinCommands(job, toPlacement(allocation), joiners, size, target))
+      registry_->sendOnLoop(node, cmd);
+  }
+}
+
+}  // namespace ddl::coordinator
