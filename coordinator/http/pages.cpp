@@ -609,7 +609,17 @@ std::string renderJobPage(const v1::Job& job, const v1::RingLayout* ring,
   o << "<div id='bottom'>";
   std::map<int, const v1::RankStatus*> status;
   for (const auto& r : job.ranks()) status[r.rank()] = &r;
-  if (ring && ring->ranks_size() > 0) writeRankFigures(o, job, *ring, status);
+  if (ring && ring->ranks_size() > 0) {
+    // The ring's ranks by where they run: an elastic job that shrank or grew numbers its ranks by launch (a
+    // joiner is rank 4 of a job of 4), and its ring, rebuilt from what it holds, counts from 0. Each GPU's
+    // latest rank.
+    std::map<std::pair<std::string, int>, const v1::RankStatus*> at;
+    for (const auto& r : job.ranks()) at[{r.node(), r.gpu()}] = &r;
+    std::map<int, const v1::RankStatus*> by_slot;
+    for (const auto& slot : ring->ranks())
+      if (auto it = at.find({slot.node(), slot.gpu()}); it != at.end()) by_slot[slot.rank()] = it->second;
+    writeRankFigures(o, job, *ring, by_slot);
+  }
   writeRankProcesses(o, job, ring, status, now_ms);
   if (ring && ring->ranks_size() > 0) o << "<h2>Ring layout</h2>" << renderRingSvg(*ring);
   if (details_hidden) o << "<h2>Logs</h2><p>" << kHidden << "</p>";

@@ -36,6 +36,10 @@ rest of the epoch among themselves. Each step's global batch is the next batch-s
 epoch's permutation, so no image is skipped or seen twice; the per-rank batch stays, and the learning rate
 follows the world size (lr x ranks / starting ranks: the linear scaling rule). --step-log lines are then
 "epoch step ranks loss". Rank 0 serves the rendezvous store (MASTER_ADDR), so its loss still ends the job.
+Growing back: every --grow-every steps the ranks admit whoever waits to join (torch_ddl.elastic.grow); a
+process started with DDL_JOIN=1 (as ddl's coordinator starts the new ranks of an elastic job: ddlctl submit
+--gpus MIN:MAX) joins there, takes the model, optimizer and place from the others and trains on from the same
+step.
 
 --device cuda trains on GPUs (torch 2.x with CUDA): rank LOCAL_RANK takes GPU LOCAL_RANK modulo the GPUs it
 sees, so one GPU per rank where there are enough (ddl-agent's CUDA_VISIBLE_DEVICES shows each rank its own) and
@@ -89,6 +93,8 @@ def parse_args(argv=None):
                                                    "step there (with CUDA, each step then waits for the GPU)")
     p.add_argument("--elastic", action="store_true",
                    help="go on without a lost rank (backend ddl; torch_ddl.elastic): see above")
+    p.add_argument("--grow-every", type=int, default=20,
+                   help="--elastic: admit the processes waiting to join every N steps (0: never)")
     p.add_argument("--crash-after-epoch", type=int, default=0,
                    help="testing: on the job's first attempt (DDL_JOB_ATTEMPT=1), the last rank exits with "
                         "status 3 right after epoch N's checkpoint, so that a restart has something to resume")
@@ -196,12 +202,16 @@ def stop_signal(backend):
     return StopSignal()
 
 
-def init_distributed(backend, timeout_s):
+def init_distributed(backend, timeout_s, elastic=False):
     if "WORLD_SIZE" not in os.environ:  # run by hand: a job of one
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     if backend == "ddl":
         import torch_ddl  # noqa: F401  registers the "ddl" backend
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    if elastic:  # a store that joiners find (with DDL_JOIN=1 this process is one: it waits to be admitted)
+        from torch_ddl import elastic as torch_ddl_elastic
+        torch_ddl_elastic.init_process_group(datetime.timedelta(seconds=timeout_s))
+    else:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -306,13 +316,18 @@ def main(argv=None):
 def train(args, stop):
     torch.set_num_threads(args.threads)
     device = pick_device(args.device)
-    rank, world = init_distributed(args.backend, args.timeout)
-    log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
-
+    # The data and model first: a joiner (DDL_JOIN=1) keeps the running ranks waiting from its admission on.
     train_x, train_y = (t.to(device) for t in load_split(args.data, "train", args.train_samples))
     test_x, test_y = (t.to(device) for t in load_split(args.data, "t10k", args.test_samples))
     model = make_model(args.model).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    joining = args.elastic and os.environ.get("DDL_JOIN") == "1"
+    rank, world = init_distributed(args.backend, args.timeout, args.elastic)
+    log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    if joining:
+        print("joined as rank %d of %d" % (rank, world), flush=True)
+        return train_elastic(args, model, optimizer, None, (train_x, train_y, test_x, test_y), rank, world, device,
+                             joining=True)
     start_epoch, start_step, history, resumed = load_checkpoint(args.checkpoint_dir, model, optimizer, rank,
                                                                 world, device)
     # Broadcasts rank 0's weights: every rank starts alike, resumed or not.
@@ -386,33 +401,57 @@ def train(args, stop):
     return 0
 
 
-def train_elastic(args, model, optimizer, ddp, data, rank, world, device):
+def train_elastic(args, model, optimizer, ddp, data, rank, world, device, joining=False):
     """--elastic: the training loop of a job whose ranks may be lost; each step and each epoch's evaluation runs
-    under torch_ddl.elastic.guard(), and a RankLost sends the survivors on from the same place."""
+    under torch_ddl.elastic.guard(), and a RankLost sends the survivors on from the same place. Every
+    --grow-every steps the ranks admit whoever waits to join; a joiner (joining) starts from their state."""
     import torch_ddl
     from torch_ddl import elastic
     train_x, train_y, test_x, test_y = data
-    first_world, history = world, []
-    where = {"epoch": 1, "used": 0, "step": 0}  # the epoch, its images used so far, the job's steps finished
+    history = []
+    # The epoch, its images used so far, the job's steps finished, and the ranks it started with (the learning
+    # rate's scale): the state a survivor or a joiner takes from the others (elastic.sync).
+    where = {"epoch": 1, "used": 0, "step": 0, "first_world": world}
     loss_sum, t0, seconds = torch.zeros(2, dtype=torch.float64, device=device), time.monotonic(), 0.0
 
     def log(*a):
         if rank == 0:
             print(*a, flush=True)
 
+    def regroup():
+        """After the group changed: every rank at the same step and state, the model wrapped anew."""
+        nonlocal rank, world, ddp
+        rank, world = dist.get_rank(), dist.get_world_size()
+        where["step"] = elastic.sync(where["step"], model, optimizer, state=where)
+        ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None)
+
     def guarded(fn):
         """fn() under guard(); after a lost rank, the survivors agree on where they are and return None."""
-        nonlocal rank, world, ddp
         try:
             with elastic.guard():
                 return fn()
         except torch_ddl.RankLost as lost:
-            rank, world = lost.rank, lost.world_size
-            where["step"] = elastic.sync(where["step"], model, optimizer, state=where)
-            ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None)
+            regroup()
             log("lost rank%s %s after step %d: going on with %d ranks" %
                 ("s" if len(lost.ranks) > 1 else "", ",".join(map(str, lost.ranks)), where["step"], world))
             return None
+
+    def grow():
+        """Admits whoever waits to join (a collective at a step boundary); True when the group changed."""
+        try:
+            if not elastic.grow():
+                return False
+        except torch_ddl.RankLost as lost:
+            regroup()
+            log("lost rank%s %s while growing, after step %d: going on with %d ranks" %
+                ("s" if len(lost.ranks) > 1 else "", ",".join(map(str, lost.ranks)), where["step"], world))
+            return True
+        regroup()
+        log("grown after step %d: going on with %d ranks" % (where["step"], world))
+        return True
+
+    if joining:
+        regroup()  # the running ranks call sync() right after admitting this one
 
     while where["epoch"] <= args.epochs:
         epoch = where["epoch"]
@@ -423,7 +462,7 @@ def train_elastic(args, model, optimizer, ddp, data, rank, world, device):
 
             def step():
                 for g in optimizer.param_groups:
-                    g["lr"] = args.lr * world / first_world
+                    g["lr"] = args.lr * world / where["first_world"]
                 loss = F.cross_entropy(ddp(normalise(train_x[b])), train_y[b])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -436,6 +475,8 @@ def train_elastic(args, model, optimizer, ddp, data, rank, world, device):
                 continue  # the survivors' agreed place
             where["used"] += args.batch_size * world
             where["step"] += 1
+            if args.grow_every > 0 and where["step"] % args.grow_every == 0 and grow() and where["epoch"] != epoch:
+                break
             loss_sum[0] += loss
             loss_sum[1] += 1
             if args.step_log and rank == 0:

@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "ddl/tls.h"
@@ -844,6 +845,66 @@ TEST_F(ClusterTest, TrainingExampleThroughDdlctlResumesFromItsCheckpointAfterAFa
   EXPECT_EQ(second.find("epoch 1/2"), std::string::npos) << "the second attempt trained epoch 1 again:\n" << second;
   EXPECT_NE(second.find("epoch 2/2: loss"), std::string::npos) << second;
   EXPECT_NE(second.find("done: test accuracy"), std::string::npos) << second;
+#endif
+}
+
+// Issue 44: an elastic job (--gpus 2:4) of the training example loses a rank to SIGKILL. The others go on
+// from the step they agree on, the coordinator records the change instead of failing the job, starts a new
+// rank on the freed GPU with DDL_JOIN=1, and the job grows back to 4 ranks at a --grow-every point and ends
+// SUCCEEDED: the step log ("epoch step ranks loss") shows every step once, 4 ranks, then 3, then 4 again.
+TEST_F(ClusterTest, AnElasticTrainingJobLosesARankGoesOnAndGrowsBack) {
+#ifndef DDL_TEST_TORCH
+  GTEST_SKIP() << "torch_ddl is not built here (no libtorch-dev): nothing to train with";
+#else
+  const fs::path steps = dir_ / "steps.log";
+  const std::string submit = ctl(dir_ / "root.token") +
+                             " submit --name elastic --gpus 2:4 --env PYTHONPATH=" + DDL_TEST_PYTHONPATH +
+                             " --env OMP_NUM_THREADS=1 -- /usr/bin/python3 " + DDL_SOURCE_DIR +
+                             "/examples/fashion_mnist/train.py --elastic --epochs 2 --train-samples 6400 "
+                             "--test-samples 1000 --batch-size 16 --timeout 60 --grow-every 10 --step-log " +
+                             steps.string() + " > " + (dir_ / "job.txt").string();
+  ASSERT_EQ(std::system(submit.c_str()), 0);
+  std::string id = slurp(dir_ / "job.txt");
+  id.erase(id.find_last_not_of("\n") + 1);
+  auto lines = [&] {
+    std::vector<std::string> out;
+    std::ifstream in(steps);
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  };
+  ASSERT_TRUE(waitFor([&] { return lines().size() >= 30; }, 120000)) << job(id).DebugString();
+  int victim = 0;
+  const auto running = job(id);
+  for (const auto& r : running.ranks())
+    if (r.rank() == 2) victim = r.program_pid();
+  ASSERT_GT(victim, 0) << running.DebugString();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  ASSERT_TRUE(reaches(id, ddl::v1::SUCCEEDED, 240000)) << job(id).DebugString();
+
+  const auto j = job(id);
+  std::string changes;
+  for (const auto& t : j.transitions())
+    if (t.from() == ddl::v1::RUNNING && t.to() == ddl::v1::RUNNING) changes += t.reason() + "\n";
+  EXPECT_NE(changes.find("rank 2 on node"), std::string::npos) << changes;
+  EXPECT_NE(changes.find("was killed by signal SIGKILL; going on without rank 2: 3 of 4 ranks"),
+            std::string::npos)
+      << changes;
+  EXPECT_NE(changes.find("grown: rank 4 started on"), std::string::npos) << changes;
+  // Every step once, in order; the ranks went 4, 3, 4.
+  std::vector<int> worlds;
+  int expected = 1;
+  for (const std::string& line : lines()) {
+    std::istringstream in(line);
+    int epoch = 0, step = 0, ranks = 0;
+    ASSERT_TRUE(in >> epoch >> step >> ranks) << line;
+    EXPECT_EQ(step, expected++) << "a step lost or repeated at: " << line;
+    if (worlds.empty() || worlds.back() != ranks) worlds.push_back(ranks);
+  }
+  EXPECT_EQ(worlds, (std::vector<int>{4, 3, 4})) << slurp(steps);
+  std::string joiner;
+  for (const auto& r : j.ranks())
+    if (r.rank() == 4) joiner = slurp(dir_ / r.node() / "logs" / id / "attempt-1" / "rank-4.log");
+  EXPECT_NE(joiner.find("joined as rank 3 of 4"), std::string::npos) << joiner;
 #endif
 }
 
