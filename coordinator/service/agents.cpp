@@ -119,8 +119,7 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
   std::set<std::pair<std::string, int>> stale;
   for (const auto& r : req.ranks()) applyRankReportOnLoop(node, r, &stale);
   // Ranks this node should run but no longer has (the agent restarted without them, or never got the start).
-  std::vector<std::pair<std::string, int>>
-      lost;  // (job, rank); failing a job edits runtime_, so collect first
+  std::map<std::string, std::set<int>> lost;  // job -> ranks; failing a job edits runtime_, so collect first
   for (const auto& [id, rt] : runtime_) {
     for (const auto& [rank, where] : rt.rank_node) {
       if (where != req.node() || rt.gone.count(rank)) continue;
@@ -128,17 +127,17 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
       bool reported = node.ranks.count(RankKey{id, rt.attempt, rank}) > 0;
       if (!reported && (known == rt.ranks.end() || !exitedCleanly(known->second))) {
         stale.erase({id, rt.attempt});
-        lost.emplace_back(id, rank);
-        break;
+        lost[id].insert(rank);
       }
     }
   }
-  for (const auto& [id, rank] : lost) {
+  for (const auto& [id, ranks] : lost) {
     if (placeAgainIfNeverStartedOnLoop(id, req.node())) continue;
-    loseNodeJobsOnLoop(req.node(),
-                       "rank " + std::to_string(rank) + " of job " + id + " is gone from node " + req.node() +
-                           " (its agent registered again without it)",
-                       id);
+    // Those ranks (an elastic job may go on without them; any other job fails or requeues).
+    loseRanksOnLoop(id, ranks,
+                    "rank " + std::to_string(*ranks.begin()) + " of job " + id + " is gone from node " +
+                        req.node() + " (its agent registered again without it)",
+                    std::nullopt);
   }
   stopStaleOnLoop(req.node(), stale);
   schedule_wanted_ = true;

@@ -203,7 +203,7 @@ void toProto(const placement::RingLayout& layout, v1::RingLayout* out) {
 // it never did, or the job was requeued since.
 int64_t latestAttemptReached(const state::Job& job, state::JobState state) {
   for (auto t = job.transitions.rbegin(); t != job.transitions.rend(); ++t) {
-    if (t->to == state) return t->at_ms;
+    if (t->to == state && t->from != state) return t->at_ms;  // not an elastic job's change of ranks
     if (t->to == state::JobState::kPending && t->from != state::JobState::kPending)
       return 0;  // requeued since
   }

@@ -309,6 +309,7 @@ std::vector<ShareKeeper::Holder> Coordinator::holdersOnLoop() const {
     if (it == jobs_.end() || !isLive(it->second.state)) continue;
     ShareKeeper::Holder h{it->second.spec.account, it->second.spec.user, 0, it->second.spec.qos};
     h.placed_ms = latestAttemptReached(it->second, JobState::kScheduled);
+    h.elastic_gpu_s = it->second.elastic_gpu_s;
     for (const auto& a : it->second.allocation) {
       h.gpus += static_cast<int>(a.gpus.size());
       h.cpus += static_cast<int>(a.cpus.size());
@@ -334,7 +335,10 @@ void Coordinator::spentOnLoop(placement::LimitTracker& limits,
     const int64_t from_ms = first_day * 86400000LL;
     for (const ShareKeeper::Holder& h : holders) {
       const int64_t held_ms = h.placed_ms > 0 ? now - std::max(h.placed_ms, from_ms) : 0;
-      if (held_ms > 0) limits.spent(period, h.account, h.user, h.gpus * held_ms / 1000.0);
+      // An elastic job's changes are counted from its placement: whole where that is in the period.
+      const double changes = h.placed_ms >= from_ms ? h.elastic_gpu_s : 0;
+      if (held_ms > 0)
+        limits.spent(period, h.account, h.user, std::max(0.0, h.gpus * held_ms / 1000.0 + changes));
     }
   }
 }
@@ -663,6 +667,8 @@ void Coordinator::buildRuntimeOnLoop(const state::Job& job, const placement::Rin
     for (const state::RankResult& r : job.ranks)
       if (r.attempt == rt.attempt) kept[r.rank] = r.node;
     if (!kept.empty()) rt.rank_node = std::move(kept);
+    if (auto zero = rt.rank_node.find(0); zero != rt.rank_node.end())
+      rt.root_node = zero->second;  // not sorted
     // A GPU the job holds is its latest slot's there (a joiner may have taken a lost rank's GPU).
     std::map<std::pair<std::string, int>, int> holder;
     for (const state::RankResult& r : job.ranks)
@@ -690,7 +696,7 @@ void Coordinator::launchOnLoop(const std::string& id, const placement::Allocatio
   // StartRanks over the agents' TLS streams and lives in the ranks' environments, readable only by the job's
   // user).
   const std::string secret = newJobSecret();
-  runtime_[id].secret = secret;  // an elastic job's joiners get it too
+  if (state::isElastic(job.spec)) runtime_[id].secret = secret;  // its joiners get it too
   if (secret.empty()) {  // never launch with an open rendezvous
     Status back =
         recordTransitionOnLoop(id, JobState::kPending, "no random bytes for the job's secret; retrying");

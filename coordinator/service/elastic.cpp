@@ -31,7 +31,12 @@ namespace ddl::coordinator {
 namespace {
 
 constexpr int kMaxMembershipChanges = 128;  // per attempt
-constexpr int64_t kGrowRetryMs = 1000;      // between a short job's tries to grow
+// Grows stop at half the changes (each may be undone by a shrink) and at this many launch slots per rank of
+// MAX: the job's record keeps every slot's result.
+constexpr int kMaxGrowChanges = kMaxMembershipChanges / 2;
+constexpr int kMaxSlotsPerRank = 2;
+constexpr int64_t kGrowRetryMs = 1000;          // between a short job's tries to grow
+constexpr int64_t kMaxGrowBackoffMs = 300'000;  // after joiners lost again and again
 
 int membershipChanges(const state::Job& job) {
   int n = 0;
@@ -111,12 +116,16 @@ std::optional<std::string> Coordinator::shrinkOnLoop(const std::string& id, std:
   auto rt = runtime_.find(id);
   if (jt == jobs_.end() || !state::isElastic(jt->second.spec)) return "";
   state::Job& job = jt->second;
+  if (rt != runtime_.end()) {
+    for (auto it = lost.begin(); it != lost.end();)
+      it = rt->second.gone.count(*it) ? lost.erase(it) : std::next(it);
+    if (lost.empty() && !rt->second.gone.empty()) return std::nullopt;  // already gone: nothing changes
+  }
   if (job.state != JobState::kRunning || rt == runtime_.end() || !job.preempted_by.empty())
     return std::string(" (elastic, but ") + toString(job.state) +
            (job.preempted_by.empty() ? "" : " and being preempted") + ": not shrunk)";
   JobRuntime& r = rt->second;
-  for (auto it = lost.begin(); it != lost.end();) it = r.gone.count(*it) ? lost.erase(it) : std::next(it);
-  if (lost.empty()) return std::nullopt;  // already gone: nothing changes
+  if (lost.empty()) return std::string(" (elastic, but no rank of it is named lost)");
   if (lost.count(0))
     return std::string(" (elastic, but rank 0 serves the job's rendezvous store: its loss ends the attempt)");
   // Placed by whole nodes: the lost ranks' nodes leave the job whole.
@@ -162,7 +171,13 @@ std::optional<std::string> Coordinator::shrinkOnLoop(const std::string& id, std:
   putJobOnLoop(job);
   spdlog::info("job {}: {}", id, reason);
   r.gone.insert(lost.begin(), lost.end());
-  r.next_grow_ms = 0;
+  // A joiner lost (it could not start, or gave up waiting to be admitted: a program that never calls grow)
+  // makes the next grow wait longer, doubling from a second up to five minutes; another loss, not at all.
+  const bool joiners = std::all_of(lost.begin(), lost.end(), [&](int slot) { return r.joiners.count(slot); });
+  r.grow_backoff_ms =
+      joiners ? std::min<int64_t>(kMaxGrowBackoffMs, std::max<int64_t>(kGrowRetryMs, 2 * r.grow_backoff_ms))
+              : 0;
+  r.next_grow_ms = now_ms_() + r.grow_backoff_ms;
   for (const auto& [node, ranks] : stop) {
     v1::Command cmd = stopCommand(id, r.attempt, "the job went on without them: " + why);
     for (int slot : ranks) cmd.mutable_stop()->add_ranks(slot);
@@ -175,14 +190,24 @@ std::optional<std::string> Coordinator::shrinkOnLoop(const std::string& id, std:
 
 void Coordinator::growElasticOnLoop() {
   const int64_t now = now_ms_();
-  if (registry_->recoveringOnLoop(now)) return;
-  // The queue first: no job grows while another waits for GPUs.
-  for (const auto& [id, job] : jobs_) {
-    if (job.state != JobState::kPending) continue;
-    auto why = pending_reason_.find(id);
-    if (why != pending_reason_.end() && (why->second.code == "Resources" || why->second.code == "Priority"))
-      return;
+  // Cheap first: any elastic job (they alone keep their secret here) short of ranks and due to try.
+  const bool due = std::any_of(runtime_.begin(), runtime_.end(), [&](const auto& kv) {
+    if (kv.second.secret.empty() || now < kv.second.next_grow_ms) return false;
+    auto job = jobs_.find(kv.first);
+    return job != jobs_.end() &&
+           static_cast<int>(kv.second.members().size()) < state::maxRanks(job->second.spec);
+  });
+  if (!due || registry_->recoveringOnLoop(now) || !favored_.empty()) return;
+  // The queue first: no job grows while another waits for GPUs (or for a preemption to free them).
+  for (const auto& [id, why] : pending_reason_) {
+    if (why.code != "Resources" && why.code != "Priority" && why.code != "Preempting") continue;
+    auto job = jobs_.find(id);
+    if (job != jobs_.end() && job->second.state == JobState::kPending) return;
   }
+  placement::LimitTracker limits(shares_->tree());
+  const std::vector<ShareKeeper::Holder> holders = holdersOnLoop();
+  for (const ShareKeeper::Holder& h : holders) limits.hold(h.account, h.user, h.gpus, h.qos);
+  spentOnLoop(limits, holders);
   for (auto& [id, r] : runtime_) {
     auto jt = jobs_.find(id);
     if (jt == jobs_.end()) continue;
@@ -199,8 +224,11 @@ void Coordinator::growElasticOnLoop() {
           return it != r.ranks.end() && it->second.state() == v1::RankStatus::EXITED;
         }))
       continue;
-    if (membershipChanges(job) >= kMaxMembershipChanges) continue;
-    r.next_grow_ms = now + kGrowRetryMs;
+    const int first_slot = r.rank_node.empty() ? 0 : r.rank_node.rbegin()->first + 1;
+    if (membershipChanges(job) >= kMaxGrowChanges ||
+        first_slot + want > kMaxSlotsPerRank * state::maxRanks(job.spec))
+      continue;
+    r.next_grow_ms = now + std::max(kGrowRetryMs, r.grow_backoff_ms);
     placement::Cluster cluster = snapshotOnLoop(true);
     placement::JobRequest request = requestOf(id, job.spec);
     if (job.spec.min_nodes > 0) {
@@ -214,25 +242,27 @@ void Coordinator::growElasticOnLoop() {
     } else {
       request.totalGpus = want;
     }
+    std::string code;
+    if (!limits.blocks(request, &code).empty()) continue;  // its account's, user's or QoS' limits
     placement::PlacementResult placed = placement::place(cluster, request);
     if (!placed.ok()) continue;
     // The joiners: the next launch slots, on the GPUs placed, numbered among the job's ranks on each node.
     std::vector<state::NodeAllocation> allocation = job.allocation;
     for (const auto& a : placed.allocation().nodes) addGpus(allocation, a);
     std::vector<placement::RankSlot> joiners;
-    int slot = r.rank_node.empty() ? 0 : r.rank_node.rbegin()->first + 1;
+    int slot = first_slot;
     std::string where;
     for (const auto& a : placed.allocation().nodes) {
-      const state::NodeAllocation& held = *std::find_if(allocation.begin(), allocation.end(),
-                                                        [&](const auto& x) { return x.node == a.node; });
-      for (int gpu : a.gpus) {
+      // Local ranks after every one this attempt gave out on the node, so that none is given twice.
+      const int before = static_cast<int>(std::count_if(r.rank_node.begin(), r.rank_node.end(),
+                                                        [&](const auto& kv) { return kv.second == a.node; }));
+      for (size_t i = 0; i < a.gpus.size(); ++i) {
         placement::RankSlot s;
         s.rank = slot++;
         s.node = a.node;
-        s.gpu = gpu;
-        s.localRank =
-            static_cast<int>(std::find(held.gpus.begin(), held.gpus.end(), gpu) - held.gpus.begin());
-        s.localSize = static_cast<int>(held.gpus.size());
+        s.gpu = a.gpus[i];
+        s.localRank = before + static_cast<int>(i);
+        s.localSize = before + static_cast<int>(a.gpus.size());
         joiners.push_back(s);
       }
       where += (where.empty() ? "" : " ") + a.node;
@@ -250,6 +280,7 @@ void Coordinator::growElasticOnLoop() {
     }
     for (const auto& s : joiners) {
       r.rank_node[s.rank] = s.node;
+      r.joiners.insert(s.rank);
       state::RankResult kept;
       kept.rank = s.rank;
       kept.attempt = r.attempt;

@@ -56,6 +56,7 @@ class ShareKeeper {
     int cpus = 0;     // held for its ranks (--cpus-per-rank), all nodes together
     int64_t memory_bytes = 0;
     int64_t placed_ms = 0;  // since when (its attempt's placement, as its usage rollup counts it); 0: unknown
+    double elastic_gpu_s = 0;  // an elastic job's GPU-seconds that gpus x the time since placed_ms misses
   };
   // What `h` is charged per second it holds its resources: GPU-seconds, CPUs and memory weighted in.
   double billedPerSecond(const Holder& h) const;

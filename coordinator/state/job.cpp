@@ -156,6 +156,8 @@ Status validateJobSpec(const JobSpec& spec) {
     return bad("an elastic minimum of " + std::to_string(spec.min_nodes) +
                " nodes needs nodes and GPUs per node, and fewer nodes than the " +
                std::to_string(spec.nodes) + " asked for (--nodes MIN:MAX with MIN < MAX)");
+  if ((spec.min_nodes > 0 || spec.min_gpus > 0) && !spec.topology_override.empty())
+    return bad("an elastic job's ring changes size as it shrinks and grows: give no --topology");
   if (spec.min_gpus > 0 && (spec.total_gpus <= 0 || spec.min_gpus >= spec.total_gpus))
     return bad("an elastic minimum of " + std::to_string(spec.min_gpus) + " GPUs needs fewer than the " +
                std::to_string(spec.total_gpus) + " GPUs asked for (--gpus MIN:MAX with MIN < MAX)");

@@ -2436,7 +2436,87 @@ TEST_F(CoordinatorTest, ElasticRangesAreCheckedAtSubmit) {
   ASSERT_FALSE(refused);
   EXPECT_NE(refused.status().message().find("--nodes MIN:MAX with MIN < MAX"), std::string::npos)
       << refused.status().message();
+  s = elasticGpus(2, 4);
+  s.set_topology("2x2");  // the ring changes size
+  refused = coordinator->submit(s);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.status().message().find("give no --topology"), std::string::npos)
+      << refused.status().message();
   EXPECT_TRUE(coordinator->submit(elasticGpus(1, 4)));
+}
+
+// A change of ranks is no new start: the time limit counts from the job's RUNNING. Joiners that are lost (a
+// program that cannot take them) make the next grow wait, doubling.
+TEST_F(CoordinatorTest, AnElasticJobsTimeLimitOutlivesItsChangesAndLostJoinersBackTheGrowsOff) {
+  for (const char* n : {"n1", "n2", "n3"}) addNode(n, 1);
+  v1::JobSpec s = elasticGpus(1, 3);
+  s.set_time_limit_s(8);
+  const std::string id = submit(s);
+  coordinator->tick();
+  for (const char* n : {"n1", "n2", "n3"}) runAll(n, id);
+  auto ranks = launchedRanks(links, id);
+  const std::string node = ranks[2].first;
+  now += 1'000;
+  ASSERT_TRUE(
+      coordinator->rankEvent(node, sessions[node], rankStatus(id, 1, 2, 0, v1::RankStatus::EXITED, 1)));
+  coordinator->tick();  // grows at once: rank 3
+  ASSERT_EQ(launchedRanks(links, id).count(3), 1u);
+  ASSERT_TRUE(coordinator->rankEvent(node, sessions[node], rankStatus(id, 1, 3, 0)));
+  ASSERT_TRUE(
+      coordinator->rankEvent(node, sessions[node], rankStatus(id, 1, 3, 0, v1::RankStatus::EXITED, 1)));
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  coordinator->tick();
+  EXPECT_EQ(launchedRanks(links, id).count(4), 0u) << "a lost joiner backs the next grow off";
+  now += 1'000;
+  coordinator->tick();
+  ASSERT_EQ(launchedRanks(links, id).count(4), 1u);
+  ASSERT_TRUE(
+      coordinator->rankEvent(node, sessions[node], rankStatus(id, 1, 4, 0, v1::RankStatus::EXITED, 1)));
+  now += 1'000;
+  coordinator->tick();
+  EXPECT_EQ(launchedRanks(links, id).count(5), 0u) << "the second loss doubles the wait";
+  now += 1'000;
+  coordinator->tick();
+  EXPECT_EQ(launchedRanks(links, id).count(5), 1u);
+  // 8 s after RUNNING, however many changes since.
+  now += 3'500;
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::RUNNING);
+  now += 1'000;
+  coordinator->tick();
+  EXPECT_EQ(stateOf(id), v1::TIMEOUT);
+}
+
+// An agent that registers again without several of a job's ranks: those are lost, not its others there.
+TEST_F(CoordinatorTest, AnAgentBackWithoutSomeRanksLosesThoseOnly) {
+  addNode("n1", 1);
+  addNode("n2", 3);
+  const std::string id = submit(elasticGpus(1, 4));
+  coordinator->tick();
+  runAll("n1", id);
+  runAll("n2", id);
+  auto ranks = launchedRanks(links, id);
+  std::vector<v1::RankStatus> kept;
+  std::vector<int> dropped;
+  for (const auto& [rank, where] : ranks) {
+    if (where.first != "n2") continue;
+    if (kept.empty()) {
+      kept.push_back(rankStatus(id, 1, rank, where.second.gpu()));
+    } else {
+      dropped.push_back(rank);
+    }
+  }
+  ASSERT_EQ(dropped.size(), 2u);
+  addNode("n2", 3, {}, kept);
+  auto job = coordinator->getJob(id);
+  ASSERT_EQ(job->state(), v1::RUNNING);
+  EXPECT_NE(
+      job->transitions(job->transitions_size() - 1)
+          .reason()
+          .find("going on without ranks " + std::to_string(dropped[0]) + ", " + std::to_string(dropped[1])),
+      std::string::npos)
+      << job->transitions(job->transitions_size() - 1).reason();
+  EXPECT_EQ(heldGpus(*job), 2);
 }
 
 TEST_F(CoordinatorRestartTest, AShrunkElasticJobIsStillShrunkAfterARestart) {
