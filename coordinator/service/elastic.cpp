@@ -31,10 +31,10 @@ namespace ddl::coordinator {
 namespace {
 
 constexpr int kMaxMembershipChanges = 128;  // per attempt
-// Grows stop at half the changes (each may be undone by a shrink) and at this many launch slots per rank of
-// MAX: the job's record keeps every slot's result.
+// Grows stop at half the changes (each may be undone by a shrink) and at this many launch slots beyond MAX:
+// the job's record keeps every slot's result.
 constexpr int kMaxGrowChanges = kMaxMembershipChanges / 2;
-constexpr int kMaxSlotsPerRank = 2;
+constexpr int kMaxExtraSlots = 64;
 constexpr int64_t kGrowRetryMs = 1000;          // between a short job's tries to grow
 constexpr int64_t kMaxGrowBackoffMs = 300'000;  // after joiners lost again and again
 
@@ -226,7 +226,7 @@ void Coordinator::growElasticOnLoop() {
       continue;
     const int first_slot = r.rank_node.empty() ? 0 : r.rank_node.rbegin()->first + 1;
     if (membershipChanges(job) >= kMaxGrowChanges ||
-        first_slot + want > kMaxSlotsPerRank * state::maxRanks(job.spec))
+        first_slot + want > state::maxRanks(job.spec) + kMaxExtraSlots)
       continue;
     r.next_grow_ms = now + std::max(kGrowRetryMs, r.grow_backoff_ms);
     placement::Cluster cluster = snapshotOnLoop(true);
