@@ -195,7 +195,8 @@ class Bench:
         return out
 
     def chaos(self, job, log):
-        a, rng, events = self.args, random.Random(a.seed), []
+        a = self.args
+        rng, events = random.Random(a.seed), []
         for i in range(a.events):
             # Each event once the job has all its ranks again and a few steps more.
             t = time.monotonic()

@@ -220,6 +220,10 @@ void Coordinator::applyRankReportOnLoop(Node& node, const v1::RankStatus& r,
   }
   if (known.has_progress() && !report.has_progress()) *report.mutable_progress() = known.progress();
   known = report;
+  // A joiner whose communicator ran collectives has joined: its loss is a rank's like any other, and the
+  // program takes joiners, so the grows need not wait (elastic.cpp).
+  if (report.progress().collectives() > 0 && rt->second.joiners.erase(r.rank()))
+    rt->second.grow_backoff_ms = 0;
   if (!job->second.preempted_by.empty()) {
     // Being preempted: the ranks stop as they can (a checkpoint, then any exit); the job goes back to the
     // queue once every one has, or at the deadline.

@@ -269,7 +269,8 @@ class Coordinator {
     std::set<int> gone;
     std::string secret;
     int64_t next_grow_ms = 0;
-    std::set<int> joiners;        // the slots grows started (their loss backs the next grow off)
+    std::set<int> joiners;  // the slots grows started, until they report collectives (joined): a loss of
+                            // such slots alone backs the next grow off
     int64_t grow_backoff_ms = 0;  // doubles with each loss of joiners only
     // The slots that count: rank_node's without the gone ones.
     std::vector<int> members() const;

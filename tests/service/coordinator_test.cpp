@@ -2478,6 +2478,14 @@ TEST_F(CoordinatorTest, AnElasticJobsTimeLimitOutlivesItsChangesAndLostJoinersBa
   now += 1'000;
   coordinator->tick();
   EXPECT_EQ(launchedRanks(links, id).count(5), 1u);
+  // A joiner that ran collectives has joined: its loss is any rank's, and the next grow waits no more.
+  v1::RankStatus joined = rankStatus(id, 1, 5, 0);
+  joined.mutable_progress()->set_collectives(3);
+  ASSERT_TRUE(coordinator->rankEvent(node, sessions[node], joined));
+  ASSERT_TRUE(
+      coordinator->rankEvent(node, sessions[node], rankStatus(id, 1, 5, 0, v1::RankStatus::EXITED, 1)));
+  coordinator->tick();
+  EXPECT_EQ(launchedRanks(links, id).count(6), 1u);
   // 8 s after RUNNING, however many changes since.
   now += 3'500;
   coordinator->tick();
