@@ -197,10 +197,16 @@ class Bench:
     def chaos(self, job, log):
         a = self.args
         rng, events = random.Random(a.seed), []
+        t = time.monotonic()
         for i in range(a.events):
-            # Each event once the job has all its ranks again and a few steps more.
-            t = time.monotonic()
-            if not self.wait(lambda: (log.first_after(t, a.nodes) is not None and log.lines[-1][2] == a.nodes)
+            # Each event once the job has gone on without the last one's rank (a step with fewer ranks) and
+            # has all its ranks again.
+            if i > 0 and not self.wait(lambda: log.first_after(t, a.nodes - 1) is not None or self.ended(job),
+                                       a.limit):
+                break
+            fewer = log.first_after(t, a.nodes - 1)
+            since = fewer[0] if fewer and i > 0 else t
+            if not self.wait(lambda: (log.first_after(since, a.nodes) is not None and log.lines[-1][2] == a.nodes)
                              or self.ended(job), a.limit):
                 break
             if self.ended(job):
@@ -211,6 +217,7 @@ class Bench:
             victim = rng.choice(ranks)
             kind = "node" if rng.random() < 0.5 else "rank"
             at = log.step()
+            t = time.monotonic()  # the event: from here the job must go on with fewer ranks, then grow back
             if kind == "rank":
                 os.kill(int(victim["program_pid"]), signal.SIGKILL)
             else:

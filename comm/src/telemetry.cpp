@@ -34,6 +34,10 @@ std::unique_ptr<Telemetry> Telemetry::fromEnv(int rank, int size) {
   }
   std::string job = getEnv("DDL_JOB_ID");
   if (job.empty() || job.find_first_of(" \n") != std::string::npos) job = "-";
+  const std::string launched = getEnv("DDL_RANK");
+  if (!launched.empty() && launched.size() <= 9 &&
+      launched.find_first_not_of("0123456789") == std::string::npos)
+    rank = std::atoi(launched.c_str());
   const int attempt = std::atoi(getEnv("DDL_JOB_ATTEMPT").c_str());
   return std::unique_ptr<Telemetry>(new Telemetry(fd, addr, rank, size, job, attempt));
 }

@@ -3,12 +3,17 @@
 //
 // When DDL_AGENT_SOCKET names a Unix datagram socket (ddl-agent sets it for every rank it launches), each
 // finished collective is added to running totals, and at most every 200 ms (plus once at the end) one small
-// datagram goes to the agent, never blocking: if the agent is slow or gone (restarting), the datagram is dropped. The cost
-// per collective is a clock read and a few additions; a send happens at most 5 times a second.
+// datagram goes to the agent, never blocking: if the agent is slow or gone (restarting), the datagram is
+// dropped. The cost per collective is a clock read and a few additions; a send happens at most 5 times a
+// second.
 //
 // Datagram (one line of text, space-separated key=value, values without spaces):
-//   ddl1 job=J attempt=A rank=R size=P count=N bytes=B seconds=S last=allreduce last_bytes=B last_us=U last_algo=A dims_us=a,b
-// job and attempt come from DDL_JOB_ID and DDL_JOB_ATTEMPT (set by the agent; "-" and 0 otherwise).
+//   ddl1 job=J attempt=A rank=R size=P count=N bytes=B seconds=S last=allreduce last_bytes=B last_us=U
+//   last_algo=A dims_us=a,b
+// job and attempt come from DDL_JOB_ID and DDL_JOB_ATTEMPT (set by the agent; "-" and 0 otherwise); rank is
+// DDL_RANK, the rank the agent launched (its launch slot), where set, else the communicator's: a communicator
+// that shrank or grew (an elastic job's), a joiner's or a subgroup's numbers its ranks its own way, and the
+// agent knows the process by the rank it launched.
 // count/bytes/seconds are totals since the communicator was created; last_* describe the latest collective;
 // dims_us the time spent per dim of DDL_TOPOLOGY in the latest mdring allreduce ("" otherwise).
 //
