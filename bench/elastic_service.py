@@ -274,11 +274,10 @@ def main():
     p.add_argument("--events", type=int, default=20, help="chaos: how many")
     p.add_argument("--seed", type=int, default=44)
     p.add_argument("--limit", type=float, default=600, help="seconds any one wait may take")
-    # The nodes share this host, where UCX would join their ranks by shared memory, on which a dead peer is
-    # noticed by UCX's keepalive (DDL_KEEPALIVE_MS, 2 s) and then passed on rank to rank; ranks of separate hosts
-    # talk TCP (or InfiniBand), where a dead peer's connection fails at once. The default is the latter.
+    # The nodes share this host: libddl joins their ranks in its shared-memory segment whatever UCX_TLS says (a
+    # dead member is seen at once through its pidfd).
     p.add_argument("--job-env", action="append", default=None,
-                   help="KEY=VALUE for the job's ranks, repeatable (default: UCX_TLS=tcp,self, as across hosts)")
+                   help="KEY=VALUE for the job's ranks, repeatable (default: UCX_TLS=tcp,self)")
     p.add_argument("--build", default="build")
     p.add_argument("--python", default="/usr/bin/python3")
     p.add_argument("--json", default="")
