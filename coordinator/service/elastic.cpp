@@ -208,7 +208,9 @@ void Coordinator::growElasticOnLoop() {
   const std::vector<ShareKeeper::Holder> holders = holdersOnLoop();
   for (const ShareKeeper::Holder& h : holders) limits.hold(h.account, h.user, h.gpus, h.qos);
   spentOnLoop(limits, holders);
-  for (auto& [id, r] : runtime_) {
+  for (auto& kv : runtime_) {  // (not a structured binding: lambdas below capture it, which clang 14 refuses)
+    const std::string& id = kv.first;
+    JobRuntime& r = kv.second;
     auto jt = jobs_.find(id);
     if (jt == jobs_.end()) continue;
     state::Job& job = jt->second;
