@@ -124,7 +124,9 @@ class ClusterTest : public ::testing::Test {
                   const std::vector<std::string>& gpus = {"--virtual-gpus", "2", "--force-virtual"},
                   const std::string& config = "") {
     const std::string node = "n" + std::to_string(i);
-    const std::string ports = i == 1 ? "31000-31099" : "31100-31199";
+    const std::string ports = i == 1
+                                  ? std::to_string(portBase()) + "-" + std::to_string(portBase() + 99)
+                                  : std::to_string(portBase() + 100) + "-" + std::to_string(portBase() + 199);
     std::vector<std::string> argv = {std::string(DDL_BIN_DIR) + "/ddl-agent",
                                      "--coordinator",
                                      address_,
@@ -147,6 +149,10 @@ class ClusterTest : public ::testing::Test {
     agents_[node] = spawn(argv, dir_ / ("agent-" + node + ".log"));
   }
   static void stop(pid_t& pid) { ddl::e2e::stopProcess(pid); }
+  // The agents' rendezvous ports: n1 [base, base + 99], n2 [base + 100, base + 199], below Linux's ephemeral
+  // ports (32768) and apart for each test process, so that tests run side by side (ctest -j) do not root
+  // their jobs on one port (the coordinator picks the same one for each cluster's first job).
+  static int portBase() { return 20000 + static_cast<int>(getpid() % 55) * 200; }
   // `ddlctl submit ARGS` with root's token; the job's id.
   std::string submitAsRoot(const std::string& args) {
     const std::string out = (dir_ / "submit.txt").string();
@@ -318,25 +324,28 @@ TEST_F(ClusterTest, AStrangerOnTheRendezvousPortIsRefusedAndTheJobSucceeds) {
                                      " ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; fi; exec " +
                                      std::string(DDL_BIN_DIR) + "/ddl-bench -b 8 -e 64K -f 4 -n 2 -w 1 -c 1"});
   ASSERT_TRUE(reaches(id, ddl::v1::RUNNING, 30000));
-  // The store listens in the root node's port range (31000-31099 for n1, 31100-31199 for n2).
+  // The store listens in the root node's port range (portBase(): 100 for n1, then 100 for n2).
   int port = -1;
   int fd = -1;
-  ASSERT_TRUE(waitFor([&] {
-    for (int p = 31000; p < 31200 && port < 0; ++p) {
-      int s = socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in addr{};
-      addr.sin_family = AF_INET;
-      addr.sin_port = htons(static_cast<uint16_t>(p));
-      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-        port = p;
-        fd = s;
-      } else {
-        close(s);
-      }
-    }
-    return port > 0;
-  }, 20000)) << "no rendezvous store listening";
+  ASSERT_TRUE(waitFor(
+      [&] {
+        for (int p = portBase(); p < portBase() + 200 && port < 0; ++p) {
+          int s = socket(AF_INET, SOCK_STREAM, 0);
+          sockaddr_in addr{};
+          addr.sin_family = AF_INET;
+          addr.sin_port = htons(static_cast<uint16_t>(p));
+          addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+          if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+            port = p;
+            fd = s;
+          } else {
+            close(s);
+          }
+        }
+        return port > 0;
+      },
+      20000))
+      << "no rendezvous store listening";
   // A well-formed store request (SET k=v, libddl's wire format) where the handshake should be: a store that
   // admitted anyone would answer it and keep the connection; the job's store drops it.
   const unsigned char set_request[] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 'k', 'v'};
