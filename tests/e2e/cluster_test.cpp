@@ -149,10 +149,11 @@ class ClusterTest : public ::testing::Test {
     agents_[node] = spawn(argv, dir_ / ("agent-" + node + ".log"));
   }
   static void stop(pid_t& pid) { ddl::e2e::stopProcess(pid); }
-  // The agents' rendezvous ports: n1 [base, base + 99], n2 [base + 100, base + 199], below Linux's ephemeral
-  // ports (32768) and apart for each test process, so that tests run side by side (ctest -j) do not root
-  // their jobs on one port (the coordinator picks the same one for each cluster's first job).
-  static int portBase() { return 20000 + static_cast<int>(getpid() % 55) * 200; }
+  // The agents' rendezvous ports: n1 [base, base + 99], n2 [base + 100, base + 199], in 20000-29399 (below
+  // the agents' default 29500-29999 that other tests' agents use, and Linux's ephemeral ports) and apart for
+  // each test process, so that tests run side by side (ctest -j) do not root their jobs on one port (the
+  // coordinator picks the same one for each cluster's first job).
+  static int portBase() { return 20000 + static_cast<int>(getpid() % 47) * 200; }
   // `ddlctl submit ARGS` with root's token; the job's id.
   std::string submitAsRoot(const std::string& args) {
     const std::string out = (dir_ / "submit.txt").string();
