@@ -779,21 +779,15 @@ void Coordinator::failJobOnLoop(const std::string& id, const std::string& reason
 void Coordinator::maybeCompleteOnLoop(const std::string& id) {
   auto rt = runtime_.find(id);
   if (rt == runtime_.end()) return;
-  // An elastic job's lost ranks count no more (elastic.cpp).
-  const std::vector<int> members = rt->second.members();
-  const size_t nranks = members.size();
-  std::map<int, v1::RankStatus> ranks;
-  for (int slot : members)
-    if (auto it = rt->second.ranks.find(slot); it != rt->second.ranks.end()) ranks.emplace(slot, it->second);
-  if (jobs_[id].state == JobState::kStarting && ranks.size() == nranks) {
+  const JobRuntime& r = rt->second;
+  const size_t nranks = r.rank_node.size() - r.gone.size();  // an elastic job's lost ranks count no more
+  if (jobs_[id].state == JobState::kStarting && r.allMembers([](const v1::RankStatus&) { return true; })) {
     Status st =
         recordTransitionOnLoop(id, JobState::kRunning, "all " + std::to_string(nranks) + " ranks started");
     if (!st) spdlog::error("job {}: {}", id, st.toString());
   }
-  if (jobs_[id].state != JobState::kRunning || ranks.size() != nranks) return;
-  if (!std::all_of(ranks.begin(), ranks.end(), [](const auto& kv) { return exitedCleanly(kv.second); }))
-    return;
-  const int attempt = rt->second.attempt;
+  if (jobs_[id].state != JobState::kRunning || !r.allMembers(exitedCleanly)) return;
+  const int attempt = r.attempt;
   Status st = recordTransitionOnLoop(id, JobState::kSucceeded,
                                      "all " + std::to_string(nranks) + " ranks exited with code 0");
   if (!st) spdlog::error("job {}: {}", id, st.toString());
@@ -807,11 +801,7 @@ void Coordinator::maybeCompleteOnLoop(const std::string& id) {
 bool Coordinator::allRanksExitedOnLoop(const std::string& id) const {
   auto rt = runtime_.find(id);
   if (rt == runtime_.end()) return false;
-  const std::vector<int> members = rt->second.members();  // an elastic job's lost ranks count no more
-  return std::all_of(members.begin(), members.end(), [&](int slot) {
-    auto it = rt->second.ranks.find(slot);
-    return it != rt->second.ranks.end() && it->second.state() == v1::RankStatus::EXITED;
-  });
+  return rt->second.allMembers([](const v1::RankStatus& r) { return r.state() == v1::RankStatus::EXITED; });
 }
 
 void Coordinator::preemptForWaitingOnLoop(const placement::ScheduleResult& result,

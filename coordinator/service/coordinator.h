@@ -274,6 +274,17 @@ class Coordinator {
     int64_t grow_backoff_ms = 0;  // doubles with each loss of joiners only
     // The slots that count: rank_node's without the gone ones.
     std::vector<int> members() const;
+    // Whether every slot that counts has reported and `pred` holds for its latest report. Runs with every
+    // rank report (maybeCompleteOnLoop): no copy, no allocation.
+    template <typename Pred>
+    bool allMembers(Pred pred) const {
+      for (const auto& [slot, node] : rank_node) {
+        if (gone.count(slot)) continue;
+        auto it = ranks.find(slot);
+        if (it == ranks.end() || !pred(it->second)) return false;
+      }
+      return true;
+    }
   };
 
   // The *OnLoop methods run on the loop thread only.
