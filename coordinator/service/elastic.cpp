@@ -47,51 +47,53 @@ int membershipChanges(const state::Job& job) {
   return n;
 }
 
-// `allocation` without (or with) one GPU of `node`, keeping each GPU's CPUs and memory with it.
-void dropGpu(std::vector<state::NodeAllocation>& allocation, const std::string& node, int gpu,
-             int64_t memory_per_rank) {
-  for (auto it = allocation.begin(); it != allocation.end(); ++it) {
-    if (it->node != node) continue;
-    auto pos = std::find(it->gpus.begin(), it->gpus.end(), gpu);
-    if (pos == it->gpus.end()) return;
-    const size_t i = static_cast<size_t>(pos - it->gpus.begin());
-    if (!it->cpus.empty() && it->cpus.size() % it->gpus.size() == 0) {
-      const size_t per = it->cpus.size() / it->gpus.size();
-      it->cpus.erase(it->cpus.begin() + static_cast<std::ptrdiff_t>(i * per),
-                     it->cpus.begin() + static_cast<std::ptrdiff_t>((i + 1) * per));
-    }
-    it->gpus.erase(pos);
-    it->memory_bytes = std::max<int64_t>(0, it->memory_bytes - memory_per_rank);
-    if (it->gpus.empty()) allocation.erase(it);
-    return;
+// A node's share as GPU -> the CPUs its rank is confined to (placement's cpusOfGpu), in ascending GPU order,
+// and back: the two edits below keep each GPU's CPUs with it.
+std::map<int, std::vector<int>> cpusByGpu(const std::vector<int>& gpus, const std::vector<int>& cpus) {
+  std::map<int, std::vector<int>> by_gpu;
+  for (int g : gpus) by_gpu[g] = placement::cpusOfGpu(gpus, cpus, g);
+  return by_gpu;
+}
+void setGpus(state::NodeAllocation& share, const std::map<int, std::vector<int>>& by_gpu) {
+  share.gpus.clear();
+  share.cpus.clear();
+  for (const auto& [g, c] : by_gpu) {
+    share.gpus.push_back(g);
+    share.cpus.insert(share.cpus.end(), c.begin(), c.end());
   }
 }
 
+// `allocation` without one GPU of `node` (a lost rank's), its CPUs and memory with it.
+void dropGpu(std::vector<state::NodeAllocation>& allocation, const std::string& node, int gpu,
+             int64_t memory_per_rank) {
+  auto it = std::find_if(allocation.begin(), allocation.end(), [&](const auto& a) { return a.node == node; });
+  if (it == allocation.end()) return;
+  std::map<int, std::vector<int>> by_gpu = cpusByGpu(it->gpus, it->cpus);
+  if (by_gpu.erase(gpu) == 0) return;
+  setGpus(*it, by_gpu);
+  it->memory_bytes = std::max<int64_t>(0, it->memory_bytes - memory_per_rank);
+  if (it->gpus.empty()) allocation.erase(it);
+}
+
+// `allocation` with a grow's share of one node.
 void addGpus(std::vector<state::NodeAllocation>& allocation, const placement::NodeAllocation& more) {
-  auto it = std::find_if(allocation.begin(), allocation.end(),
-                         [&](const state::NodeAllocation& a) { return a.node == more.node; });
+  auto it =
+      std::find_if(allocation.begin(), allocation.end(), [&](const auto& a) { return a.node == more.node; });
   if (it == allocation.end()) {
     allocation.push_back(state::NodeAllocation{more.node, more.gpus, more.cpus, more.memoryBytes});
     return;
   }
-  // GPUs in ascending order with their CPUs beside them, as placement gives them.
-  std::vector<std::pair<int, std::vector<int>>> gpus;
-  auto take = [&](const std::vector<int>& g, const std::vector<int>& c) {
-    const size_t per = g.empty() || c.size() % g.size() != 0 ? 0 : c.size() / g.size();
-    for (size_t i = 0; i < g.size(); ++i)
-      gpus.emplace_back(g[i], std::vector<int>(c.begin() + static_cast<std::ptrdiff_t>(i * per),
-                                               c.begin() + static_cast<std::ptrdiff_t>((i + 1) * per)));
-  };
-  take(it->gpus, it->cpus);
-  take(more.gpus, more.cpus);
-  std::sort(gpus.begin(), gpus.end());
-  it->gpus.clear();
-  it->cpus.clear();
-  for (auto& [g, c] : gpus) {
-    it->gpus.push_back(g);
-    it->cpus.insert(it->cpus.end(), c.begin(), c.end());
-  }
+  std::map<int, std::vector<int>> by_gpu = cpusByGpu(it->gpus, it->cpus);
+  by_gpu.merge(cpusByGpu(more.gpus, more.cpus));
+  setGpus(*it, by_gpu);
   it->memory_bytes += more.memoryBytes;
+}
+
+// "rank 2" or "ranks 4, 5": the ranks a change names, in its reason.
+std::string rankList(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out;
 }
 
 }  // namespace
@@ -116,27 +118,25 @@ std::optional<std::string> Coordinator::shrinkOnLoop(const std::string& id, std:
   auto rt = runtime_.find(id);
   if (jt == jobs_.end() || !state::isElastic(jt->second.spec)) return "";
   state::Job& job = jt->second;
-  if (rt != runtime_.end()) {
-    for (auto it = lost.begin(); it != lost.end();)
-      it = rt->second.gone.count(*it) ? lost.erase(it) : std::next(it);
-    if (lost.empty() && !rt->second.gone.empty()) return std::nullopt;  // already gone: nothing changes
+  if (rt != runtime_.end() && !lost.empty()) {
+    std::erase_if(lost, [&](int slot) { return rt->second.gone.count(slot) > 0; });
+    if (lost.empty()) return std::nullopt;  // all gone already (a stopped rank's end): nothing changes
   }
   if (job.state != JobState::kRunning || rt == runtime_.end() || !job.preempted_by.empty())
     return std::string(" (elastic, but ") + toString(job.state) +
            (job.preempted_by.empty() ? "" : " and being preempted") + ": not shrunk)";
   JobRuntime& r = rt->second;
   if (lost.empty()) return std::string(" (elastic, but no rank of it is named lost)");
-  if (lost.count(0))
-    return std::string(" (elastic, but rank 0 serves the job's rendezvous store: its loss ends the attempt)");
   // Placed by whole nodes: the lost ranks' nodes leave the job whole.
   if (job.spec.min_nodes > 0) {
     std::set<std::string> nodes;
     for (int slot : lost) nodes.insert(r.rank_node.at(slot));
     for (int slot : r.members())
       if (nodes.count(r.rank_node.at(slot))) lost.insert(slot);
-    if (lost.count(0))
-      return std::string(" (elastic, but rank 0, on the same node, serves the job's rendezvous store)");
   }
+  if (lost.count(0))
+    return std::string(" (elastic, but rank 0") + (job.spec.min_nodes > 0 ? ", on the same node," : "") +
+           " serves the job's rendezvous store: its loss ends the attempt)";
   const int left = static_cast<int>(r.members().size() - lost.size());
   const int least = state::minRanks(job.spec);
   if (left < least)
@@ -148,7 +148,6 @@ std::optional<std::string> Coordinator::shrinkOnLoop(const std::string& id, std:
 
   std::vector<state::NodeAllocation> allocation = job.allocation;
   std::map<std::string, std::vector<int>> stop;  // node -> lost ranks that may still run there
-  std::string names;
   for (int slot : lost) {
     const std::string& node = r.rank_node.at(slot);
     auto result = std::find_if(job.ranks.begin(), job.ranks.end(),
@@ -157,12 +156,10 @@ std::optional<std::string> Coordinator::shrinkOnLoop(const std::string& id, std:
     auto reported = r.ranks.find(slot);
     if (reported == r.ranks.end() || reported->second.state() != v1::RankStatus::EXITED)
       stop[node].push_back(slot);
-    names += (names.empty() ? "" : ", ") + std::to_string(slot);
   }
-  const std::string reason = why + "; going on without rank" + (lost.size() == 1 ? " " : "s ") + names +
-                             ": " + std::to_string(left) + " of " +
-                             std::to_string(state::maxRanks(job.spec)) + " ranks (elastic, at least " +
-                             std::to_string(least) + ")";
+  const std::string reason = why + "; going on without " + rankList({lost.begin(), lost.end()}) + ": " +
+                             std::to_string(left) + " of " + std::to_string(state::maxRanks(job.spec)) +
+                             " ranks (elastic, at least " + std::to_string(least) + ")";
   Status st = state::applyMembershipChange(job, std::move(allocation), reason, failure, wall_ms_());
   if (!st) {
     spdlog::error("job {}: {}", id, st.toString());
@@ -190,14 +187,29 @@ std::optional<std::string> Coordinator::shrinkOnLoop(const std::string& id, std:
 
 void Coordinator::growElasticOnLoop() {
   const int64_t now = now_ms_();
-  // Cheap first: any elastic job (they alone keep their secret here) short of ranks and due to try.
-  const bool due = std::any_of(runtime_.begin(), runtime_.end(), [&](const auto& kv) {
-    if (kv.second.secret.empty() || now < kv.second.next_grow_ms) return false;
-    auto job = jobs_.find(kv.first);
-    return job != jobs_.end() &&
-           static_cast<int>(kv.second.members().size()) < state::maxRanks(job->second.spec);
-  });
-  if (!due || registry_->recoveringOnLoop(now) || !favored_.empty()) return;
+  // The elastic jobs short of ranks whose time to try has come: running, all their ranks running (a job whose
+  // ranks have begun to end is finishing, not short), within the caps. Usually none, and the rest is skipped.
+  std::vector<std::string> due;
+  for (const auto& kv : runtime_) {  // (no structured binding: clang 14 refuses one captured by a lambda)
+    const std::string& id = kv.first;
+    const JobRuntime& r = kv.second;
+    auto jt = jobs_.find(id);
+    if (jt == jobs_.end() || r.secret.empty() || now < r.next_grow_ms)
+      continue;  // secret: elastic jobs' only
+    const state::Job& job = jt->second;
+    const int members = static_cast<int>(r.rank_node.size() - r.gone.size());
+    const int first_slot = r.rank_node.empty() ? 0 : r.rank_node.rbegin()->first + 1;
+    const int want = state::maxRanks(job.spec) - members;
+    const bool ending = std::any_of(r.ranks.begin(), r.ranks.end(), [&](const auto& report) {
+      return !r.gone.count(report.first) && report.second.state() == v1::RankStatus::EXITED;
+    });
+    if (job.state != JobState::kRunning || !job.preempted_by.empty() || want <= 0 || ending ||
+        membershipChanges(job) >= kMaxGrowChanges ||
+        first_slot + want > state::maxRanks(job.spec) + kMaxExtraSlots)
+      continue;
+    due.push_back(id);
+  }
+  if (due.empty() || registry_->recoveringOnLoop(now) || !favored_.empty()) return;
   // The queue first: no job grows while another waits for GPUs (or for a preemption to free them).
   for (const auto& [id, why] : pending_reason_) {
     if (why.code != "Resources" && why.code != "Priority" && why.code != "Preempting") continue;
@@ -208,28 +220,11 @@ void Coordinator::growElasticOnLoop() {
   const std::vector<ShareKeeper::Holder> holders = holdersOnLoop();
   for (const ShareKeeper::Holder& h : holders) limits.hold(h.account, h.user, h.gpus, h.qos);
   spentOnLoop(limits, holders);
-  for (auto& kv : runtime_) {  // (not a structured binding: lambdas below capture it, which clang 14 refuses)
-    const std::string& id = kv.first;
-    JobRuntime& r = kv.second;
-    auto jt = jobs_.find(id);
-    if (jt == jobs_.end()) continue;
-    state::Job& job = jt->second;
-    if (!state::isElastic(job.spec) || job.state != JobState::kRunning || !job.preempted_by.empty() ||
-        r.secret.empty() || now < r.next_grow_ms)
-      continue;
-    const std::vector<int> members = r.members();
-    const int want = state::maxRanks(job.spec) - static_cast<int>(members.size());
-    if (want <= 0) continue;
-    // A job whose ranks have begun to end is finishing, not short.
-    if (std::any_of(members.begin(), members.end(), [&](int slot) {
-          auto it = r.ranks.find(slot);
-          return it != r.ranks.end() && it->second.state() == v1::RankStatus::EXITED;
-        }))
-      continue;
-    const int first_slot = r.rank_node.empty() ? 0 : r.rank_node.rbegin()->first + 1;
-    if (membershipChanges(job) >= kMaxGrowChanges ||
-        first_slot + want > state::maxRanks(job.spec) + kMaxExtraSlots)
-      continue;
+  for (const std::string& id : due) {
+    JobRuntime& r = runtime_.at(id);
+    state::Job& job = jobs_.at(id);
+    const int members = static_cast<int>(r.rank_node.size() - r.gone.size());
+    const int want = state::maxRanks(job.spec) - members;
     r.next_grow_ms = now + std::max(kGrowRetryMs, r.grow_backoff_ms);
     placement::Cluster cluster = snapshotOnLoop(true);
     placement::JobRequest request = requestOf(id, job.spec);
@@ -252,7 +247,8 @@ void Coordinator::growElasticOnLoop() {
     std::vector<state::NodeAllocation> allocation = job.allocation;
     for (const auto& a : placed.allocation().nodes) addGpus(allocation, a);
     std::vector<placement::RankSlot> joiners;
-    int slot = first_slot;
+    std::vector<int> slots;
+    int slot = r.rank_node.rbegin()->first + 1;
     std::string where;
     for (const auto& a : placed.allocation().nodes) {
       // Local ranks after every one this attempt gave out on the node, so that none is given twice.
@@ -266,14 +262,13 @@ void Coordinator::growElasticOnLoop() {
         s.localRank = before + static_cast<int>(i);
         s.localSize = before + static_cast<int>(a.gpus.size());
         joiners.push_back(s);
+        slots.push_back(s.rank);
       }
       where += (where.empty() ? "" : " ") + a.node;
     }
-    const int size = static_cast<int>(members.size() + joiners.size());
-    std::string names;
-    for (const auto& s : joiners) names += (names.empty() ? "" : ", ") + std::to_string(s.rank);
-    const std::string reason = "grown: rank" + std::string(joiners.size() == 1 ? " " : "s ") + names +
-                               " started on " + where + " to join: " + std::to_string(size) + " of " +
+    const int size = members + static_cast<int>(joiners.size());
+    const std::string reason = "grown: " + rankList(slots) + " started on " + where +
+                               " to join: " + std::to_string(size) + " of " +
                                std::to_string(state::maxRanks(job.spec)) + " ranks";
     Status st = state::applyMembershipChange(job, allocation, reason, std::nullopt, wall_ms_());
     if (!st) {

@@ -10,10 +10,11 @@ namespace ddl::coordinator {
 namespace {
 
 // Adds the rank of `slot` to its node's StartRanks in `commands` (made on first use), with its environment:
-// the user's variables, then ddl's own from `spec` (its rank, world and local numbers) and the target's.
+// the user's variables, then ddl's own from `spec` (its rank, world and local numbers) and the target's, then
+// `last` (a joiner's DDL_JOIN).
 void addRank(std::map<std::string, v1::Command>& commands, const state::Job& job,
              const placement::Allocation& allocation, const placement::RankSlot& slot, RankEnvSpec spec,
-             const LaunchTarget& target) {
+             const LaunchTarget& target, std::vector<std::pair<std::string, std::string>> last = {}) {
   v1::StartRanks* start = commands[slot.node].mutable_start();
   if (start->job_id().empty()) {
     start->set_job_id(job.id);
@@ -48,6 +49,7 @@ void addRank(std::map<std::string, v1::Command>& commands, const state::Job& job
   spec.secret = target.secret;
   for (const auto& [k, v] : rankEnvironment(spec)) add(k, v);
   for (const auto& [k, v] : arrayEnvironment(job.spec.array_id, job.spec.array_index)) add(k, v);
+  for (const auto& [k, v] : last) add(k, v);
 }
 
 }  // namespace
@@ -73,10 +75,7 @@ std::map<std::string, v1::Command> joinCommands(const state::Job& job,
     spec.world_size = world_size;
     spec.local_rank = slot.localRank;
     spec.local_size = slot.localSize;
-    addRank(commands, job, allocation, slot, spec, target);
-    v1::EnvVar* join = commands[slot.node].mutable_start()->mutable_ranks()->rbegin()->add_env();
-    join->set_name("DDL_JOIN");
-    join->set_value("1");
+    addRank(commands, job, allocation, slot, spec, target, {{"DDL_JOIN", "1"}});
   }
   return commands;
 }

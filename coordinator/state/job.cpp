@@ -262,13 +262,19 @@ int launchAttempts(const Job& job) {
 
 namespace {
 
+// When the current attempt was placed (its latest SCHEDULED); 0 never. Its GPUs are counted from here.
+int64_t placedAtMs(const Job& job) {
+  int64_t at = 0;
+  for (const Transition& t : job.transitions)
+    if (t.to == JobState::kScheduled) at = t.at_ms;
+  return at;
+}
+
 // The usage of `job`'s current attempt, ending now_ms by a move to `to` (the job is still as placed).
 AttemptUsage endedAttempt(const Job& job, JobState to, int64_t now_ms) {
   AttemptUsage u;
   u.attempt = launchAttempts(job);
-  for (const Transition& t : job.transitions) {
-    if (t.to == JobState::kScheduled) u.start_ms = t.at_ms;  // the latest placement
-  }
+  u.start_ms = placedAtMs(job);
   u.end_ms = std::max(now_ms, u.start_ms);
   for (const NodeAllocation& a : job.allocation) u.gpus += static_cast<int>(a.gpus.size());
   u.gpu_s = std::max(0.0, u.gpus * ((u.end_ms - u.start_ms) / 1000.0) + job.elastic_gpu_s);
@@ -334,9 +340,7 @@ Status applyMembershipChange(Job& job, std::vector<NodeAllocation> allocation, s
     Status st = validateFailure(*failure);
     if (!st) return Status::invalidArgument("job " + job.id + ": " + st.message());
   }
-  int64_t start_ms = 0;
-  for (const Transition& t : job.transitions)
-    if (t.to == JobState::kScheduled) start_ms = t.at_ms;  // the attempt's placement, as endedAttempt counts
+  const int64_t start_ms = placedAtMs(job);  // as endedAttempt counts
   auto count = [](const std::vector<NodeAllocation>& a) {
     int n = 0;
     for (const NodeAllocation& x : a) n += static_cast<int>(x.gpus.size());
