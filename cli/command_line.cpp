@@ -5,6 +5,7 @@
 // file only says which flags exist and fills a CommandLine.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <iterator>
 #include <sstream>
 
@@ -28,16 +29,11 @@ namespace {
 void countOrRange(const char* flag, const std::string& text, std::optional<int>* count,
                   std::optional<int>* min) {
   auto number = [&](const std::string& part) {
-    size_t used = 0;
-    int n = 0;
-    try {
-      n = std::stoi(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
     // A sign is taken ("-1" is then refused as below 1, by checkSubmitValues); spaces and "+" are not.
-    if (part.empty() || used != part.size() ||
-        !(std::isdigit(static_cast<unsigned char>(part[0])) || part[0] == '-'))
+    int n = 0;
+    const char* end = part.data() + part.size();
+    auto [at, ec] = std::from_chars(part.data(), end, n);
+    if (part.empty() || ec != std::errc() || at != end)
       throw CLI::ValidationError(std::string(flag) +
                                  " takes a whole number N or an elastic range MIN:MAX, got '" +
                                  escapeForTerminal(text) + "'");

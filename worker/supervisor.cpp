@@ -596,10 +596,11 @@ void Supervisor::stop(const std::string& job_id, int attempt, int grace_ms, cons
   {
     std::lock_guard lock(mu_);
     for (auto& [key, entry] : entries_) {
-      if (!ranks.empty() && (key.job_id != job_id || key.attempt != attempt ||
-                             std::find(ranks.begin(), ranks.end(), key.rank) == ranks.end()))
-        continue;
       if (!matches(key.job_id, key.attempt, job_id, attempt)) continue;
+      // Named ranks: of exactly that attempt.
+      if (!ranks.empty() &&
+          (key.attempt != attempt || std::find(ranks.begin(), ranks.end(), key.rank) == ranks.end()))
+        continue;
       if (entry.starting) {
         entry.state.stop_requested = true;
         if (entry.deferred_grace_ms < 0 || grace_ms < entry.deferred_grace_ms) {
