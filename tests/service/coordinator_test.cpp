@@ -139,6 +139,14 @@ class CoordinatorTest : public ::testing::Test {
     for (const auto& r : s.ranks()) *hb.add_ranks() = rankStatus(job, s.attempt(), r.rank(), r.gpu());
     return coordinator->heartbeat(node, sessions[node], hb);
   }
+  // Nodes of `gpus` GPUs each, and job `s` placed on them and running on every one; its id.
+  std::string runningOn(std::initializer_list<const char*> nodes, int gpus, const v1::JobSpec& s) {
+    for (const char* n : nodes) addNode(n, gpus);
+    const std::string id = submit(s);
+    coordinator->tick();
+    for (const char* n : nodes) runAll(n, id);
+    return id;
+  }
   void exitAll(const std::string& node, const std::string& job, int code = 0) {
     ASSERT_FALSE(starts(node, job).empty());
     exitRanks(node, starts(node, job).back(), code);
@@ -2233,11 +2241,8 @@ int heldGpus(const v1::Job& job) {
 }
 
 TEST_F(CoordinatorTest, AnElasticJobGoesOnWithoutALostRankAndGrowsBackOnTheFreedGpu) {
-  for (const char* n : {"n1", "n2", "n3", "n4"}) addNode(n, 1);
-  const std::string id = submit(elasticGpus(2, 4));
   const int64_t placed = now;
-  coordinator->tick();
-  for (const char* n : {"n1", "n2", "n3", "n4"}) runAll(n, id);
+  const std::string id = runningOn({"n1", "n2", "n3", "n4"}, 1, elasticGpus(2, 4));
   ASSERT_EQ(stateOf(id), v1::RUNNING);
   auto first = launchedRanks(links, id);
   ASSERT_EQ(first.size(), 4u);
@@ -2300,10 +2305,7 @@ TEST_F(CoordinatorTest, AnElasticJobGoesOnWithoutALostRankAndGrowsBackOnTheFreed
 }
 
 TEST_F(CoordinatorTest, AnElasticJobBelowItsMinimumOrWithoutRankZeroFailsAsAnyOther) {
-  for (const char* n : {"n1", "n2", "n3", "n4"}) addNode(n, 1);
-  const std::string id = submit(elasticGpus(3, 4));
-  coordinator->tick();
-  for (const char* n : {"n1", "n2", "n3", "n4"}) runAll(n, id);
+  const std::string id = runningOn({"n1", "n2", "n3", "n4"}, 1, elasticGpus(3, 4));
   auto ranks = launchedRanks(links, id);
   auto lose = [&](int rank, int code) {
     const std::string& node = ranks[rank].first;
@@ -2338,12 +2340,9 @@ TEST_F(CoordinatorTest, AnElasticJobBelowItsMinimumOrWithoutRankZeroFailsAsAnyOt
 }
 
 TEST_F(CoordinatorTest, AnElasticJobOfWholeNodesLosesANodeWholeAndGrowsOnAnother) {
-  for (const char* n : {"n1", "n2", "n3"}) addNode(n, 2);
   v1::JobSpec s = spec(3, 2);
   s.set_min_nodes(2);
-  const std::string id = submit(s);
-  coordinator->tick();
-  for (const char* n : {"n1", "n2", "n3"}) runAll(n, id);
+  const std::string id = runningOn({"n1", "n2", "n3"}, 2, s);
   auto ranks = launchedRanks(links, id);
   // Rank 3's node loses it; its other rank there is stopped (by name: the job's others go on).
   const std::string node = ranks[3].first;
@@ -2386,12 +2385,9 @@ TEST_F(CoordinatorTest, AnElasticJobOfWholeNodesLosesANodeWholeAndGrowsOnAnother
 }
 
 TEST_F(CoordinatorTest, AnElasticJobGoesOnWithoutALostNodeAndGrowsBackWhenItReturns) {
-  for (const char* n : {"n1", "n2", "n3"}) addNode(n, 1);
   v1::JobSpec s = spec(3, 1);
   s.set_min_nodes(2);
-  const std::string id = submit(s);
-  coordinator->tick();
-  for (const char* n : {"n1", "n2", "n3"}) runAll(n, id);
+  const std::string id = runningOn({"n1", "n2", "n3"}, 1, s);
   auto ranks = launchedRanks(links, id);
   const std::string lost = ranks[2].first;
   now += 6'000;
@@ -2448,12 +2444,9 @@ TEST_F(CoordinatorTest, ElasticRangesAreCheckedAtSubmit) {
 // A change of ranks is no new start: the time limit counts from the job's RUNNING. Joiners that are lost (a
 // program that cannot take them) make the next grow wait, doubling.
 TEST_F(CoordinatorTest, AnElasticJobsTimeLimitOutlivesItsChangesAndLostJoinersBackTheGrowsOff) {
-  for (const char* n : {"n1", "n2", "n3"}) addNode(n, 1);
   v1::JobSpec s = elasticGpus(1, 3);
   s.set_time_limit_s(8);
-  const std::string id = submit(s);
-  coordinator->tick();
-  for (const char* n : {"n1", "n2", "n3"}) runAll(n, id);
+  const std::string id = runningOn({"n1", "n2", "n3"}, 1, s);
   auto ranks = launchedRanks(links, id);
   const std::string node = ranks[2].first;
   now += 1'000;
@@ -2528,10 +2521,7 @@ TEST_F(CoordinatorTest, AnAgentBackWithoutSomeRanksLosesThoseOnly) {
 }
 
 TEST_F(CoordinatorRestartTest, AShrunkElasticJobIsStillShrunkAfterARestart) {
-  for (const char* n : {"n1", "n2", "n3"}) addNode(n, 1);
-  const std::string id = submit(elasticGpus(1, 3));
-  coordinator->tick();
-  for (const char* n : {"n1", "n2", "n3"}) runAll(n, id);
+  const std::string id = runningOn({"n1", "n2", "n3"}, 1, elasticGpus(1, 3));
   auto ranks = launchedRanks(links, id);
   const std::string lost = ranks[1].first;
   ASSERT_TRUE(
