@@ -24,8 +24,9 @@ loop goes on after re-wrapping the model in DDP, which holds the old group:
 
 The ranks that go on keep their order; dist.get_rank() and get_world_size() answer for the new group. The
 store the group was made with must outlive the lost rank (with MASTER_ADDR on rank 0, rank 0's loss cannot be
-survived), and the launcher must leave the survivors running: ddlrun, ddl-agent and torchrun stop or restart
-every rank when one fails.
+survived), and the launcher must leave the survivors running: ddl's coordinator does for an elastic job
+(ddlctl submit --gpus MIN:MAX, which also starts the replacements below); ddlrun, a job of fixed size and
+torchrun stop or restart every rank when one fails.
 
 Growing back: start the job with elastic.init_process_group() instead of dist.init_process_group("ddl"), so
 that its groups meet through a store that a process coming later can find (torchrun's variables: MASTER_ADDR,
