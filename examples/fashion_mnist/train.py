@@ -431,10 +431,13 @@ def train_elastic(args, model, optimizer, ddp, data, rank, world, device, joinin
             with elastic.guard():
                 return fn()
         except torch_ddl.RankLost as lost:
-            regroup()
-            log("lost rank%s %s after step %d: going on with %d ranks" %
-                ("s" if len(lost.ranks) > 1 else "", ",".join(map(str, lost.ranks)), where["step"], world))
+            regroup_after(lost, "")
             return None
+
+    def regroup_after(lost, when):
+        regroup()
+        log("lost rank%s %s%s after step %d: going on with %d ranks" %
+            ("s" if len(lost.ranks) > 1 else "", ",".join(map(str, lost.ranks)), when, where["step"], world))
 
     def grow():
         """Admits whoever waits to join (a collective at a step boundary); True when the group changed."""
@@ -442,9 +445,7 @@ def train_elastic(args, model, optimizer, ddp, data, rank, world, device, joinin
             if not elastic.grow():
                 return False
         except torch_ddl.RankLost as lost:
-            regroup()
-            log("lost rank%s %s while growing, after step %d: going on with %d ranks" %
-                ("s" if len(lost.ranks) > 1 else "", ",".join(map(str, lost.ranks)), where["step"], world))
+            regroup_after(lost, " while growing,")
             return True
         regroup()
         log("grown after step %d: going on with %d ranks" % (where["step"], world))
@@ -475,13 +476,13 @@ def train_elastic(args, model, optimizer, ddp, data, rank, world, device, joinin
                 continue  # the survivors' agreed place
             where["used"] += args.batch_size * world
             where["step"] += 1
-            if args.grow_every > 0 and where["step"] % args.grow_every == 0 and grow() and where["epoch"] != epoch:
-                break
             loss_sum[0] += loss
             loss_sum[1] += 1
-            if args.step_log and rank == 0:
+            if args.step_log and rank == 0:  # before a grow: the line says how many ranks ran the step
                 with open(args.step_log, "a") as f:
                     f.write("%d %d %d %r\n" % (epoch, where["step"], world, loss.item()))
+            if args.grow_every > 0 and where["step"] % args.grow_every == 0 and grow() and where["epoch"] != epoch:
+                break
         if where["epoch"] != epoch:
             continue
         seconds += time.monotonic() - t0
