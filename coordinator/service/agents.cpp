@@ -135,8 +135,9 @@ StatusOr<v1::RegisterResponse> Coordinator::registerAgentOnLoop(const v1::Regist
     if (placeAgainIfNeverStartedOnLoop(id, req.node())) continue;
     // Those ranks (an elastic job may go on without them; any other job fails or requeues).
     loseRanksOnLoop(id, ranks,
-                    "rank " + std::to_string(*ranks.begin()) + " of job " + id + " is gone from node " +
-                        req.node() + " (its agent registered again without it)",
+                    rankList({ranks.begin(), ranks.end()}) + " of job " + id +
+                        (ranks.size() == 1 ? " is" : " are") + " gone from node " + req.node() +
+                        " (its agent registered again without " + (ranks.size() == 1 ? "it)" : "them)"),
                     std::nullopt);
   }
   stopStaleOnLoop(req.node(), stale);

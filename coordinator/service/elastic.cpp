@@ -89,13 +89,6 @@ void addGpus(std::vector<state::NodeAllocation>& allocation, const placement::No
   it->memory_bytes += more.memoryBytes;
 }
 
-// "rank 2" or "ranks 4, 5": the ranks a change names, in its reason.
-std::string rankList(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
-  return out;
-}
-
 }  // namespace
 
 std::vector<int> Coordinator::JobRuntime::members() const {
