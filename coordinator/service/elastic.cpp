@@ -119,7 +119,9 @@ std::optional<std::string> Coordinator::shrinkOnLoop(const std::string& id, std:
     return std::string(" (elastic, but ") + toString(job.state) +
            (job.preempted_by.empty() ? "" : " and being preempted") + ": not shrunk)";
   JobRuntime& r = rt->second;
-  if (lost.empty()) return std::string(" (elastic, but no rank of it is named lost)");
+  if (lost.empty())
+    return std::string(
+        " (elastic, but which of its ranks were lost is not known, so it cannot go on without them)");
   // Placed by whole nodes: the lost ranks' nodes leave the job whole.
   if (job.spec.min_nodes > 0) {
     std::set<std::string> nodes;
