@@ -2223,6 +2223,12 @@ v1::JobSpec elasticGpus(int least, int most) {
   return s;
 }
 
+v1::JobSpec elasticNodes(int least, int most, int gpus_per_node) {
+  v1::JobSpec s = spec(most, gpus_per_node);
+  s.set_min_nodes(least);
+  return s;
+}
+
 // The StartRanks of the job that every node got, by rank (launch slot): node and launch.
 std::map<int, std::pair<std::string, v1::RankLaunch>> launchedRanks(
     const std::map<std::string, std::shared_ptr<RecordingLink>>& links, const std::string& job) {
@@ -2340,9 +2346,7 @@ TEST_F(CoordinatorTest, AnElasticJobBelowItsMinimumOrWithoutRankZeroFailsAsAnyOt
 }
 
 TEST_F(CoordinatorTest, AnElasticJobOfWholeNodesLosesANodeWholeAndGrowsOnAnother) {
-  v1::JobSpec s = spec(3, 2);
-  s.set_min_nodes(2);
-  const std::string id = runningOn({"n1", "n2", "n3"}, 2, s);
+  const std::string id = runningOn({"n1", "n2", "n3"}, 2, elasticNodes(2, 3, 2));
   auto ranks = launchedRanks(links, id);
   // Rank 3's node loses it; its other rank there is stopped (by name: the job's others go on).
   const std::string node = ranks[3].first;
@@ -2385,9 +2389,7 @@ TEST_F(CoordinatorTest, AnElasticJobOfWholeNodesLosesANodeWholeAndGrowsOnAnother
 }
 
 TEST_F(CoordinatorTest, AnElasticJobGoesOnWithoutALostNodeAndGrowsBackWhenItReturns) {
-  v1::JobSpec s = spec(3, 1);
-  s.set_min_nodes(2);
-  const std::string id = runningOn({"n1", "n2", "n3"}, 1, s);
+  const std::string id = runningOn({"n1", "n2", "n3"}, 1, elasticNodes(2, 3, 1));
   auto ranks = launchedRanks(links, id);
   const std::string lost = ranks[2].first;
   now += 6'000;
