@@ -1,4 +1,4 @@
-// The settings' names and number parsers (env.h).
+// The environment's values and the number parsers (env.h).
 #include "env.h"
 
 #include <cerrno>
@@ -7,36 +7,6 @@
 #include "error.h"
 
 namespace ddl {
-
-const char* algoName(Algo a) {
-  switch (a) {
-    case Algo::kAuto: return "auto";
-    case Algo::kRing: return "ring";
-    case Algo::kMdRing: return "mdring";
-    case Algo::kRhd: return "rhd";
-    case Algo::kShm: return "shm";
-  }
-  return "invalid";
-}
-
-const char* deviceSchemeName(DeviceScheme s) {
-  switch (s) {
-    case DeviceScheme::kAuto:
-      return "auto";
-    case DeviceScheme::kKernel:
-      return "kernel";
-    case DeviceScheme::kHost:
-      return "host";
-  }
-  return "invalid";
-}
-
-Algo parseAlgo(const std::string& name) {
-  for (Algo a : {Algo::kAuto, Algo::kRing, Algo::kMdRing, Algo::kRhd, Algo::kShm}) {
-    if (name == algoName(a)) return a;
-  }
-  fail(ddlInvalidArgument, "unknown algorithm '" + name + "': use auto, ring, mdring, rhd or shm");
-}
 
 std::string getEnv(const char* name) {
   const char* v = std::getenv(name);

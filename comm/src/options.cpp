@@ -5,6 +5,7 @@
 #include <string>
 
 #include "algo/tune.h"
+#include "env.h"
 #include "error.h"
 #include "rendezvous/store.h"
 

@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "algo/plan.h"
 #include "ddl/ddl.h"
-#include "env.h"
 #include "topology.h"
 
 namespace ddl {

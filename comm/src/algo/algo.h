@@ -6,16 +6,22 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ddl/ddl.h"
-#include "env.h"
 #include "session.h"
 #include "topology.h"
 
 namespace ddl {
 
 class ShmNode;
+
+// The allreduce algorithms DDL_ALGO names (select.cpp chooses among them). kShm: every rank on one node, over
+// the node's shared memory (shm.cpp).
+enum class Algo { kAuto, kRing, kMdRing, kRhd, kShm };
+const char* algoName(Algo a);
+Algo parseAlgo(const std::string& name);  // throws ddlInvalidArgument listing the valid names
 
 // The ranks of one ring or tree, in order, and this rank's index among them.
 struct Group {

@@ -23,6 +23,18 @@ const char* pathName(AllReducePath p) {
   return "invalid";
 }
 
+const char* deviceSchemeName(DeviceScheme s) {
+  switch (s) {
+    case DeviceScheme::kAuto:
+      return "auto";
+    case DeviceScheme::kKernel:
+      return "kernel";
+    case DeviceScheme::kHost:
+      return "host";
+  }
+  return "invalid";
+}
+
 const char* intraNodePathName(const AllReduceShape& s) {
   return s.shm_all ? "shm" : s.shm_dim0 ? "shm+ucx" : "ucx";
 }

@@ -22,13 +22,19 @@
 #include <string>
 
 #include "algo/algo.h"
-#include "env.h"
 
 namespace ddl {
 
 class TuneTable;
 
 enum class Setup { kUntried, kReady, kOff };
+
+// How stream-ordered device collectives of one node meet (DDL_DEVICE_SCHEME): kAuto chooses the node kernel
+// where every rank has a GPU of its own or MPS shares one, else the host-paced path; kKernel means the node
+// kernel or an error, kHost the host-paced path.
+enum class DeviceScheme { kAuto, kKernel, kHost };
+const char* deviceSchemeName(DeviceScheme s);
+
 enum class Buffers { kHost, kDevice, kDeviceOnStream };
 
 struct AllReduceShape {

@@ -4,11 +4,35 @@
 #include "algo/algo.h"
 #include "algo/tune.h"
 #include "dtype.h"
+#include "error.h"
 
 namespace ddl {
 namespace {
 constexpr size_t kDefaultSegmentBytes = 256 * 1024;
 }  // namespace
+
+const char* algoName(Algo a) {
+  switch (a) {
+    case Algo::kAuto:
+      return "auto";
+    case Algo::kRing:
+      return "ring";
+    case Algo::kMdRing:
+      return "mdring";
+    case Algo::kRhd:
+      return "rhd";
+    case Algo::kShm:
+      return "shm";
+  }
+  return "invalid";
+}
+
+Algo parseAlgo(const std::string& name) {
+  for (Algo a : {Algo::kAuto, Algo::kRing, Algo::kMdRing, Algo::kRhd, Algo::kShm}) {
+    if (name == algoName(a)) return a;
+  }
+  fail(ddlInvalidArgument, "unknown algorithm '" + name + "': use auto, ring, mdring, rhd or shm");
+}
 
 AllReduceChoice chooseAllReduce(Algo forced_algo, size_t forced_segment, const TuneTable* tune,
                                 const std::string& topology, bool has_grid, int nranks, size_t bytes) {

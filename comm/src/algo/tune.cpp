@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/topology_dims.h"
+#include "env.h"
 #include "error.h"
 
 namespace ddl {

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "env.h"
+#include "algo/algo.h"
 
 namespace ddl {
 

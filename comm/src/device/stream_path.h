@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "algo/plan.h"
 #include "ddl/ddl.h"
 #include "device/device_runtime.h"
 #include "device/node_kernel.h"
