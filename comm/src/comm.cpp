@@ -460,44 +460,16 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs) {
   if (dev < 0) return nullptr;
   if (shape_.ipc == Setup::kReady) return dev == device_->ipcDevice() ? &device_->ipcMemory() : nullptr;
   // The first device collective on the node: every member offers its scratch, opens the others', and they
-  // agree; any member that cannot sends them all to the staged path, for good. Both steps are shared-memory
-  // collectives with a signature of their own, so a member that runs anything else meanwhile (host buffers
-  // where the others pass device ones) makes them all fail with a mismatch at once.
+  // agree; any member that cannot sends them all to the staged path, for good.
   const size_t round = options_.ipc_round_bytes ? options_.ipc_round_bytes : kIpcRoundBytes;
-  const std::string mine = device_->ipcOffer(dev, round, shm_->buffers());
-  const int members = shm_->size();
-  std::vector<char> all(kIpcRecordBytes * members);
-  std::memcpy(all.data() + static_cast<size_t>(shm_->me()) * kIpcRecordBytes, mine.data(), kIpcRecordBytes);
-  const DataSpec bytes_spec = spec(ddlUint8, ddlSum, all.size());
-  run(CollKind::kAllGather, ddlUint8, ddlSum, kIpcRecordBytes, 0, kIpcSetupVariant,
-      [&](Session& s) { shmAllGather(s, *shm_, bytes_spec, all.data(), all.size()); });
-  std::vector<std::string> records(members);
-  for (int m = 0; m < members; ++m) records[m].assign(all.data() + m * kIpcRecordBytes, kIpcRecordBytes);
   std::string why;
-  const int32_t ok = device_->ipcAccept(records, shm_->me(), &why) ? 1 : 0;
-  int32_t agreed = 0;
-  const DataSpec flag_spec = spec(ddlInt32, ddlMin, sizeof ok);
-  // Every rank must agree, not only the node's: across nodes the flag goes round every rank.
-  run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kIpcSetupVariant, [&](Session& s) {
-    if (shm_all_) {
-      shmAllReduce(s, *shm_, flag_spec, &ok, &agreed, 1, 0);
-    } else {
-      ringAllReduce(s, flag_spec, &ok, &agreed, 1);
-    }
-  });
-  if (!agreed) {
-    // Every member closes the others' scratch before any frees its own (one more tiny collective between).
-    device_->ipcClosePeers();
-    int32_t done = 0;
-    run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kIpcSetupVariant,
-        [&](Session& s) { shmAllReduce(s, *shm_, flag_spec, &ok, &done, 1, 0); });
-    device_->ipcRelease();
+  if (!device_->ipcSetup(dev, round, shm_->buffers(), nodeExchange(kIpcSetupVariant), &why)) {
     shape_.ipc = Setup::kOff;
     if (!getEnv("DDL_DEBUG").empty()) {
       std::fprintf(
           stderr,
-          "ddl: rank %d: device buffers are staged through host memory: no CUDA IPC on this node%s%s\n",
-          rank_, why.empty() ? "" : ": ", why.c_str());
+          "ddl: rank %d: device buffers are staged through host memory: no CUDA IPC on this node: %s\n",
+          rank_, why.c_str());
     }
     return nullptr;
   }
@@ -509,6 +481,32 @@ NodeMemory* Comm::deviceNode(std::initializer_list<const void*> bufs) {
         rank_, device_->runtime().name(), shm_->size());
   }
   return &device_->ipcMemory();
+}
+
+NodeExchange Comm::nodeExchange(int variant) {
+  NodeExchange ex;
+  ex.members = shm_->size();
+  ex.me = shm_->me();
+  ex.allgather = [this, variant](std::vector<char>& all, size_t record_bytes) {
+    const DataSpec d = spec(ddlUint8, ddlSum, all.size());
+    run(CollKind::kAllGather, ddlUint8, ddlSum, record_bytes, 0, variant,
+        [&](Session& s) { shmAllGather(s, *shm_, d, all.data(), all.size()); });
+  };
+  ex.agree = [this, variant](bool ok) {
+    const int32_t mine = ok ? 1 : 0;
+    int32_t all = 0;
+    const DataSpec d = spec(ddlInt32, ddlMin, sizeof mine);
+    // Every rank agrees, not only the node's: across nodes the flag goes round every rank.
+    run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, variant, [&](Session& s) {
+      if (shm_all_) {
+        shmAllReduce(s, *shm_, d, &mine, &all, 1, 0);
+      } else {
+        ringAllReduce(s, d, &mine, &all, 1);
+      }
+    });
+    return all == 1;
+  };
+  return ex;
 }
 
 void Comm::allReduceAny(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type, ddlRedOp_t op) {

@@ -182,6 +182,9 @@ class Comm final : private StreamCalls::Owner {
   // off, or the buffers are elsewhere): stage the call. The caller has decided that the node's IPC path may
   // serve (planAllReduce for allreduce; shmServes() for the others).
   NodeMemory* deviceNode(std::initializer_list<const void*> bufs);
+  // The node's setup-and-agree protocol (device_path.h) over the node's segment, its collectives signed with
+  // variant: the IPC scratch's setup and StreamCalls' (the node kernel, the registrations).
+  NodeExchange nodeExchange(int variant) override;
   // Allreduce of device buffers over several nodes: the node's dim over IPC on the GPUs, the other dims on
   // this rank's block staged through pinned memory, back over IPC.
   void allReduceAcrossNodes(const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,

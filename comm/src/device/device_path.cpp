@@ -406,6 +406,24 @@ void DevicePath::stage(
   if (pinned_bytes_ > kKeepPinnedBytes) releasePinned();
 }
 
+bool DevicePath::ipcSetup(int dev, size_t round_bytes, int buffers, const NodeExchange& ex,
+                          std::string* why) {
+  const std::string mine = ipcOffer(dev, round_bytes, buffers);
+  std::vector<char> all(kIpcRecordBytes * static_cast<size_t>(ex.members));
+  std::memcpy(all.data() + static_cast<size_t>(ex.me) * kIpcRecordBytes, mine.data(), kIpcRecordBytes);
+  ex.allgather(all, kIpcRecordBytes);
+  std::vector<std::string> records(ex.members);
+  for (int m = 0; m < ex.members; ++m) records[m].assign(all.data() + m * kIpcRecordBytes, kIpcRecordBytes);
+  const bool ok = ipcAccept(records, ex.me, why);
+  if (ex.agree(ok)) return true;
+  if (ok) *why = "another rank could not share its device scratch (its DDL_DEBUG output says why)";
+  // Every member closes the others' scratch before any frees its own (the second agreement between).
+  ipcClosePeers();
+  ex.agree(true);
+  ipcRelease();
+  return false;
+}
+
 std::string DevicePath::ipcOffer(int dev, size_t round_bytes, int buffers) {
   ipcRelease();
   std::string record(kIpcRecordBytes, '\0');

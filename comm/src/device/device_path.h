@@ -3,12 +3,12 @@
 //
 // Comm picks one of four ways for a call whose buffers are device memory:
 //  - On one node whose ranks all share memory (Comm's shared-memory path): CUDA IPC. Each rank allocates a
-//    device scratch of ShmNode::buffers() rounds and the other members of the node open it (ipcOffer,
-//    ipcAccept). algo/shm.cpp's allreduce, reduce-scatter, allgather and broadcast then run on it with the
-//    GPU copying and reducing (ipcMemory()): a member copies its input into its own scratch, reduces its
-//    block reading the peers' scratch in place (over NVLink or PCIe peer to peer), and copies finished blocks
-//    out. The data never leaves the GPUs; the node's ShmNode counters in host shared memory pace the rounds,
-//    each published once the GPU work behind it has completed.
+//    device scratch of ShmNode::buffers() rounds and the other members of the node open it (ipcSetup,
+//    over the node's NodeExchange). algo/shm.cpp's allreduce, reduce-scatter, allgather and broadcast then
+//    run on it with the GPU copying and reducing (ipcMemory()): a member copies its input into its own
+//    scratch, reduces its block reading the peers' scratch in place (over NVLink or PCIe peer to peer), and
+//    copies finished blocks out. The data never leaves the GPUs; the node's ShmNode counters in host shared
+//    memory pace the rounds, each published once the GPU work behind it has completed.
 //  - Allreduce on several nodes whose ranks share memory (the node is mdring's dim 0): the node's
 //    reduce-scatter and allgather over IPC as above, and in between only this rank's block crosses the
 //    nodes: with wireAllReduce (the GPU folds what arrives) where one dim is above the node, else staged
@@ -49,6 +49,18 @@ size_t stagedChunkBytes(size_t bytes, size_t max_chunk_bytes = kMaxStagedChunkBy
 constexpr size_t kIpcRoundBytes = size_t{4} << 20;
 // The size of a rank's record in the node's IPC exchange (ipcOffer).
 constexpr size_t kIpcRecordBytes = 256;
+
+// The node's setup-and-agree protocol, one for every setup of the device paths (the IPC scratch, the node
+// kernel's regions, the registrations): allgather fills all (members x record bytes, this member's record at
+// its place) on every member; agree returns whether every rank of the communicator said yes, and is also a
+// meeting of them all. Comm makes it (Comm::nodeExchange), each setup with a signature variant of its own, so
+// that a rank running anything else meanwhile makes them all fail with a mismatch instead of a hang.
+struct NodeExchange {
+  int members = 0;
+  int me = 0;
+  std::function<void(std::vector<char>& all, size_t record_bytes)> allgather;
+  std::function<bool(bool ok)> agree;
+};
 
 class DevicePath {
  public:
@@ -125,24 +137,28 @@ class DevicePath {
       const std::vector<Span>& inputs, const std::vector<Span>& outputs,
       const std::function<void(const std::vector<const void*>& in, const std::vector<void*>& out)>& body);
 
-  // The IPC path. ipcOffer allocates this rank's scratch on dev (buffers rounds of round_bytes) and returns
-  // its record for the node's exchange: kIpcRecordBytes bytes, saying why not where the scratch could not be
-  // made. ipcAccept takes every member's record, in member order, and opens the others' scratch; false (with
-  // *why) where any record or any opening failed: the caller agrees with the other members before using it.
-  std::string ipcOffer(int dev, size_t round_bytes, int buffers);
-  bool ipcAccept(const std::vector<std::string>& records, int me, std::string* why);
-  // Frees what ipcOffer and ipcAccept made (after a failed agreement).
-  void ipcRelease() noexcept;
+  // The IPC path's setup, on every member of the node at its first device collective: each allocates its
+  // scratch on dev (buffers rounds of round_bytes), offers it in the exchange, opens the others', and every
+  // rank agrees. False (with *why) where any member could not: then every member has closed the others'
+  // scratch before any freed its own, and the calls are staged. Throws what the exchange throws.
+  bool ipcSetup(int dev, size_t round_bytes, int buffers, const NodeExchange& ex, std::string* why);
   // Closes the other members' scratch (before the communicator's last barrier, so that every member has
   // closed a scratch before its owner frees it).
   void ipcClosePeers() noexcept;
-  // The device of the IPC scratch; -1 before ipcOffer.
+  // The device of the IPC scratch; -1 before ipcSetup.
   int ipcDevice() const { return ipc_dev_; }
   // The scratch as algo/shm.cpp's memory, for collectives on ipcDevice(). Binds it.
   NodeMemory& ipcMemory();
 
  private:
   class IpcMemory;
+  // ipcSetup's steps. ipcOffer allocates the scratch and returns its record (kIpcRecordBytes bytes, saying
+  // why not where the scratch could not be made); ipcAccept takes every member's record, in member order, and
+  // opens the others' scratch; false (with *why) where any record or any opening failed. ipcRelease frees
+  // what they made.
+  std::string ipcOffer(int dev, size_t round_bytes, int buffers);
+  bool ipcAccept(const std::vector<std::string>& records, int me, std::string* why);
+  void ipcRelease() noexcept;
   char* pinned(size_t bytes);  // the staging pool, grown to at least bytes
   void releasePinned() noexcept;
 

@@ -13,8 +13,7 @@
 namespace ddl {
 
 namespace {
-// The signature variants of the node kernel's setup exchange and of kernel+wire's collective on the wire.
-constexpr int kNodeKernelSetupVariant = 0xD0;
+// The signature variant of kernel+wire's collective on the wire.
 constexpr int kNodeKernelAcrossVariant = 0xE0 | static_cast<int>(Algo::kMdRing);
 }  // namespace
 
@@ -79,32 +78,6 @@ void StreamCalls::setupNodeKernel(void* stream, int dev) {
   }
 }
 
-StreamPath::Exchange StreamCalls::exchange() {
-  StreamPath::Exchange ex;
-  ex.members = shm_->size();
-  ex.me = shm_->me();
-  ex.allgather = [this](std::vector<char>& all, size_t record_bytes) {
-    const DataSpec d = spec(ddlUint8, ddlSum);
-    owner_.run(CollKind::kAllGather, ddlUint8, ddlSum, record_bytes, 0, kNodeKernelSetupVariant,
-               [&](Session& s) { shmAllGather(s, *shm_, d, all.data(), all.size()); });
-  };
-  ex.agree = [this](bool ok) {
-    const int32_t mine = ok ? 1 : 0;
-    int32_t all = 0;
-    const DataSpec d = spec(ddlInt32, ddlMin);
-    // Every rank agrees, not only the node's: across nodes the flag goes round every rank.
-    owner_.run(CollKind::kAllReduce, ddlInt32, ddlMin, 1, 0, kNodeKernelSetupVariant, [&](Session& s) {
-      if (shape_.shm_all) {
-        shmAllReduce(s, *shm_, d, &mine, &all, 1, 0);
-      } else {
-        ringAllReduce(s, d, &mine, &all, 1);
-      }
-    });
-    return all == 1;
-  };
-  return ex;
-}
-
 void* StreamCalls::registerBuffer(void* ptr, size_t bytes) {
   DeviceRuntime& rt = device_.runtime();
   const int dev = rt.deviceOf(ptr);
@@ -118,7 +91,7 @@ void* StreamCalls::registerBuffer(void* ptr, size_t bytes) {
   std::string why;
   StreamPath::Registration* r = nullptr;
   // The exchange is the node's: only where the node kernel is ready does a registration use it.
-  const StreamPath::Exchange ex = path_.ready() ? exchange() : StreamPath::Exchange{};
+  const NodeExchange ex = path_.ready() ? exchange() : NodeExchange{};
   owner_.deviceCall([&] { r = path_.addRegistration(static_cast<char*>(ptr), bytes, ex, &why); });
   if (!r) fail(ddlInvalidArgument, "ddlCommRegister: " + why);
   return r;
@@ -142,7 +115,7 @@ void StreamCalls::deregister(void* handle) {
   owner_.drainAsync();
   DevicePath::KeepDevice keep(device_.runtime());
   bool found = false;
-  const StreamPath::Exchange ex = path_.ready() ? exchange() : StreamPath::Exchange{};
+  const NodeExchange ex = path_.ready() ? exchange() : NodeExchange{};
   owner_.deviceCall(
       [&] { found = path_.removeRegistration(static_cast<StreamPath::Registration*>(handle), ex); });
   if (!found) fail(ddlInvalidArgument, "ddlCommDeregister: not a registration of this communicator");

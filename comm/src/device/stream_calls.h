@@ -58,6 +58,8 @@ class StreamCalls {
     // This rank leaves a collective its peers are in, or on their way to: breaks the communicator and tells
     // them, unless e is an abort (which has told them).
     virtual void breakAndTell(const Error& e) = 0;
+    // The node's setup-and-agree protocol, its collectives signed with variant.
+    virtual NodeExchange nodeExchange(int variant) = 0;
 
    protected:
     ~Owner() = default;
@@ -97,9 +99,10 @@ class StreamCalls {
   int streamDeviceOf(void* stream, std::initializer_list<const void*> bufs);
   // The first stream-ordered collective that may run the node kernel: sets it up, or not, on every rank.
   void setupNodeKernel(void* stream, int dev);
-  // The node's exchange for the node kernel's setup and the registrations: an allgather over the node's
-  // segment, and an agreement of every rank.
-  StreamPath::Exchange exchange();
+  // The node's exchange for the node kernel's setup and the registrations (Owner::nodeExchange).
+  NodeExchange exchange() { return owner_.nodeExchange(kSetupVariant); }
+  // The signature variant of the node kernel's setup exchange.
+  static constexpr int kSetupVariant = 0xD0;
   // Sets shape_.node_kernel and what scheme() reads.
   void setNodeKernel(Setup s);
   // Enqueues the node kernel; a failure to do so breaks the communicator.

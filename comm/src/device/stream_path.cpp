@@ -140,7 +140,7 @@ void StreamPath::release() noexcept {
   region_bytes_ = 0;
 }
 
-bool StreamPath::setupNode(int dev, const Exchange& ex, std::string* why) {
+bool StreamPath::setupNode(int dev, const NodeExchange& ex, std::string* why) {
   release();
   dev_ = dev;
   members_ = ex.members;

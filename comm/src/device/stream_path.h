@@ -48,6 +48,7 @@
 
 #include "algo/plan.h"
 #include "ddl/ddl.h"
+#include "device/device_path.h"
 #include "device/device_runtime.h"
 #include "device/node_kernel.h"
 #include "env.h"
@@ -69,18 +70,10 @@ class StreamPath {
   StreamPath(const StreamPath&) = delete;
   StreamPath& operator=(const StreamPath&) = delete;
 
-  // The node's exchange for setupNode: allgather fills all (members x record bytes, this member's record at
-  // its place) on every member; agree returns whether every member (of the whole communicator) said yes.
-  struct Exchange {
-    int members = 0;
-    int me = 0;
-    std::function<void(std::vector<char>& all, size_t record_bytes)> allgather;
-    std::function<bool(bool ok)> agree;
-  };
   // Every member of the node, at its first stream-ordered collective on a device: decides the scheme and,
   // for the kernel, sets up the regions. Returns whether the node kernel serves the node; *why says why not.
   // Throws what the exchange throws (the communicator is then broken).
-  bool setupNode(int dev, const Exchange& ex, std::string* why);
+  bool setupNode(int dev, const NodeExchange& ex, std::string* why);
   int kernelDevice() const { return dev_; }
   bool ready() const { return ready_; }
 
@@ -128,16 +121,16 @@ class StreamPath {
   // ready: every member shares its buffer's allocation over CUDA IPC and opens the others', and they agree;
   // a member that cannot (memory from cuMemCreate, as PyTorch's expandable segments; no IPC) makes it fail on
   // every member (null, *why says why). Elsewhere an inert registration. Throws what the exchange throws.
-  Registration* addRegistration(char* ptr, size_t bytes, const Exchange& ex, std::string* why);
+  Registration* addRegistration(char* ptr, size_t bytes, const NodeExchange& ex, std::string* why);
   // Every member, in the same order: waits for this rank's kernels, meets the others (ex.agree), closes what
   // it opened and frees the row. False where r is no registration of this communicator.
-  bool removeRegistration(Registration* r, const Exchange& ex);
+  bool removeRegistration(Registration* r, const NodeExchange& ex);
   // The reference (node_kernel.h) of [p, p + bytes) in a registration with a row; 0 where none holds it.
   uint64_t refOf(const void* p, size_t bytes) const;
   // ddlCommRegisterGraphBuffers, every member in the same order: shares the buffers of the allreduces
   // captured since the last call (graphRef's rows), each as addRegistration does. Returns how many could not
   // be (their rows stay empty: those calls are staged), *why the first reason.
-  int registerGraphBuffers(const Exchange& ex, std::string* why);
+  int registerGraphBuffers(const NodeExchange& ex, std::string* why);
 
   // Waits for the node kernel's stream (aborting it past the timeout) and closes the other members' regions:
   // every member, before the communicator's last barrier, so that no region is freed while open.
@@ -157,7 +150,7 @@ class StreamPath {
   int takeRow();
   // Shares reg's buffer into row on every member (the exchange: records, opening, the row, the agreement).
   // False on every member where any member could not, *why saying why; the row is left empty.
-  bool share(Registration& reg, int row, const Exchange& ex, std::string* why);
+  bool share(Registration& reg, int row, const NodeExchange& ex, std::string* why);
   // A captured allreduce's buffer: a new row reserved for it (on every member alike, whatever it holds, so
   // that rows stay in step), and its reference: its registration's where it has one, else the new row's,
   // empty until registerGraphBuffers shares it (node::liveRef: the call is staged until then).

@@ -63,7 +63,7 @@ int StreamPath::takeRow() {
   return row;
 }
 
-StreamPath::Registration* StreamPath::addRegistration(char* ptr, size_t bytes, const Exchange& ex,
+StreamPath::Registration* StreamPath::addRegistration(char* ptr, size_t bytes, const NodeExchange& ex,
                                                       std::string* why) {
   auto reg = std::make_unique<Registration>();
   reg->ptr = ptr;
@@ -83,7 +83,7 @@ StreamPath::Registration* StreamPath::addRegistration(char* ptr, size_t bytes, c
   return registrations_.back().get();
 }
 
-bool StreamPath::share(Registration& reg, int row, const Exchange& ex, std::string* why) {
+bool StreamPath::share(Registration& reg, int row, const NodeExchange& ex, std::string* why) {
   char* const ptr = reg.ptr;
   const size_t bytes = reg.bytes;
   bool ok = row >= 0;
@@ -187,7 +187,7 @@ uint64_t StreamPath::graphRef(char* p, size_t bytes) {
   return have ? have : static_cast<uint64_t>(row + 1) << node::kRefOffsetBits;
 }
 
-int StreamPath::registerGraphBuffers(const Exchange& ex, std::string* why) {
+int StreamPath::registerGraphBuffers(const NodeExchange& ex, std::string* why) {
   int failed = 0;
   for (const auto& r : registrations_) {
     if (!r->pending) continue;
@@ -200,7 +200,7 @@ int StreamPath::registerGraphBuffers(const Exchange& ex, std::string* why) {
   return failed;
 }
 
-bool StreamPath::removeRegistration(Registration* r, const Exchange& ex) {
+bool StreamPath::removeRegistration(Registration* r, const NodeExchange& ex) {
   auto it = std::find_if(registrations_.begin(), registrations_.end(),
                          [r](const std::unique_ptr<Registration>& p) { return p.get() == r; });
   if (it == registrations_.end()) return false;
