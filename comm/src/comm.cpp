@@ -870,7 +870,7 @@ void Comm::allToAllv(const void* sendbuf, const size_t* sendcounts, const size_t
 
 std::string Comm::streamScheme() const { return streams_ ? streams_->scheme() : "unset"; }
 
-void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
+void Comm::onStream(void* stream, const StreamCalls::Call& c, std::initializer_list<const void*> bufs,
                     std::function<void()> host) {
   if (!device_) {
     fail(ddlInvalidArgument,
@@ -880,7 +880,7 @@ void Comm::onStream(void* stream, const node::Args& args, std::initializer_list<
   }
   noteGpuError();
   failIfBroken();
-  streams_->call(stream, args, bufs, host);
+  streams_->call(stream, c, bufs, host);
 }
 
 void* Comm::registerBuffer(void* buf, size_t bytes) {
@@ -920,12 +920,9 @@ void Comm::allReduceOnStream(const void* sendbuf, void* recvbuf, size_t count, d
   checkType("datatype", type);
   checkOp(op, type);
   checkBuffers(sendbuf, recvbuf, count);
-  const size_t bytes = checkedBytes(count, typeSize(type));
-  const node::Kind kind = planAllReduce(shape_, bytes, Buffers::kDeviceOnStream).one_shot
-                              ? node::Kind::kAllReduceOneShot
-                              : node::Kind::kAllReduceTwoShot;
-  onStream(stream, StreamCalls::args(kind, sendbuf, recvbuf, count, type, op, 0, size_), {sendbuf, recvbuf},
-           [=, this] { allReduce(sendbuf, recvbuf, count, type, op); });
+  checkedBytes(count, typeSize(type));
+  onStream(stream, StreamCalls::describe(CollKind::kAllReduce, sendbuf, recvbuf, count, type, op, 0, size_),
+           {sendbuf, recvbuf}, [=, this] { allReduce(sendbuf, recvbuf, count, type, op); });
 }
 
 void Comm::reduceScatterOnStream(const void* sendbuf, void* recvbuf, size_t recvcount, ddlDataType_t type,
@@ -935,7 +932,7 @@ void Comm::reduceScatterOnStream(const void* sendbuf, void* recvbuf, size_t recv
   checkBuffers(sendbuf, recvbuf, recvcount);
   checkedBytes(recvcount, typeSize(type), size_);
   onStream(stream,
-           StreamCalls::args(node::Kind::kReduceScatter, sendbuf, recvbuf, recvcount, type, op, 0, size_),
+           StreamCalls::describe(CollKind::kReduceScatter, sendbuf, recvbuf, recvcount, type, op, 0, size_),
            {sendbuf, recvbuf}, [=, this] { reduceScatter(sendbuf, recvbuf, recvcount, type, op); });
 }
 
@@ -944,7 +941,8 @@ void Comm::allGatherOnStream(const void* sendbuf, void* recvbuf, size_t sendcoun
   checkType("datatype", type);
   checkBuffers(sendbuf, recvbuf, sendcount);
   checkedBytes(sendcount, typeSize(type), size_);
-  onStream(stream, StreamCalls::args(node::Kind::kAllGather, sendbuf, recvbuf, sendcount, type, ddlSum, 0, 0),
+  onStream(stream,
+           StreamCalls::describe(CollKind::kAllGather, sendbuf, recvbuf, sendcount, type, ddlSum, 0, 0),
            {sendbuf, recvbuf}, [=, this] { allGather(sendbuf, recvbuf, sendcount, type); });
 }
 
@@ -956,7 +954,7 @@ void Comm::broadcastOnStream(const void* sendbuf, void* recvbuf, size_t count, d
   if (count && rank_ == root && !sendbuf) fail(ddlInvalidArgument, "sendbuff is NULL on the root");
   checkedBytes(count, typeSize(type));
   const void* in = rank_ == root ? sendbuf : nullptr;
-  onStream(stream, StreamCalls::args(node::Kind::kBroadcast, in, recvbuf, count, type, ddlSum, root, 0),
+  onStream(stream, StreamCalls::describe(CollKind::kBroadcast, in, recvbuf, count, type, ddlSum, root, 0),
            {in, recvbuf}, [=, this] { broadcast(in, recvbuf, count, type, root); });
 }
 
@@ -969,7 +967,7 @@ void Comm::reduceOnStream(const void* sendbuf, void* recvbuf, size_t count, ddlD
   if (count && rank_ == root && !recvbuf) fail(ddlInvalidArgument, "recvbuff is NULL on the root");
   checkedBytes(count, typeSize(type));
   void* out = rank_ == root ? recvbuf : nullptr;
-  onStream(stream, StreamCalls::args(node::Kind::kReduce, sendbuf, out, count, type, op, root, size_),
+  onStream(stream, StreamCalls::describe(CollKind::kReduce, sendbuf, out, count, type, op, root, size_),
            {sendbuf, out}, [=, this] { reduce(sendbuf, out, count, type, op, root); });
 }
 

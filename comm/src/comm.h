@@ -191,9 +191,8 @@ class Comm final : private StreamCalls::Owner {
                             ddlRedOp_t op, NodeMemory& mem);
   // A stream-ordered collective (the *OnStream calls), once its arguments are checked: streams_ runs it
   // (the node kernel, kernel+wire, or host-paced: host, the blocking device collective, on this thread once
-  // the stream's earlier work is done). args holds the kernel's kind, buffers, count, type, op, root and
-  // divisor; bufs the device buffers to check.
-  void onStream(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
+  // the stream's earlier work is done), as the call's plan says; bufs the device buffers to check.
+  void onStream(void* stream, const StreamCalls::Call& c, std::initializer_list<const void*> bufs,
                 std::function<void()> host);
   // This rank leaves a collective its peers are in, or on their way to: out of step for good. Breaks the
   // communicator and tells them, unless e is an abort (which has told them).

@@ -328,5 +328,62 @@ TEST(PlanAllReduce, StreamOrderedAcrossNodesRunsTheNodeKernelAroundTheWire) {
   EXPECT_STREQ(pathName(AllReducePath::kNodeKernelAcrossNodes), "node-kernel+wire");
 }
 
+// Every stream-ordered collective is planned once, by planOnStream: the path, one-shot or two-shot, the CTAs
+// and why a call is host-paced.
+TEST(PlanOnStream, OneNodeEveryCollectiveTakesTheNodeKernelOnItsDevice) {
+  AllReduceShape s = oneNode(4);
+  StreamPlan p = planOnStream(s, CollKind::kReduceScatter, 1 << 20, false);
+  EXPECT_TRUE(p.setup) << "the first call of any kind sets the kernel up, on any device";
+  EXPECT_EQ(p.path, AllReducePath::kNodeKernel);
+  s.node_kernel = Setup::kReady;
+  s.node_blocks = 24;
+  for (CollKind c : {CollKind::kAllReduce, CollKind::kReduceScatter, CollKind::kAllGather,
+                     CollKind::kBroadcast, CollKind::kReduce}) {
+    p = planOnStream(s, c, 64 << 10, true);
+    EXPECT_EQ(p.path, AllReducePath::kNodeKernel);
+    EXPECT_FALSE(p.setup);
+    EXPECT_EQ(p.blocks, 24) << "the CTAs agreed at the setup";
+    EXPECT_EQ(p.one_shot, c == CollKind::kAllReduce) << "only an allreduce is one-shot or two-shot";
+    EXPECT_EQ(p.why, HostPacedWhy::kNone);
+  }
+  EXPECT_FALSE(planOnStream(s, CollKind::kAllReduce, nodeOneShotBytes(4) + 1, true).one_shot);
+  p = planOnStream(s, CollKind::kAllReduce, 64 << 10, false);
+  EXPECT_EQ(p.path, AllReducePath::kHostPaced);
+  EXPECT_EQ(p.why, HostPacedWhy::kOtherDevice);
+  EXPECT_FALSE(p.one_shot);
+  s.node_kernel = Setup::kOff;
+  p = planOnStream(s, CollKind::kAllGather, 64 << 10, true);
+  EXPECT_EQ(p.path, AllReducePath::kHostPaced);
+  EXPECT_EQ(p.why, HostPacedWhy::kSetupFailed);
+  EXPECT_FALSE(p.setup) << "a failed setup is not tried again";
+}
+
+TEST(PlanOnStream, AcrossNodesOnlyAllReduceRunsTheKernelAndTheRestSayWhyNot) {
+  AllReduceShape nodes;  // 2 nodes x 4 ranks, the node is dim 0
+  nodes.nranks = 8;
+  nodes.shm_dim0 = true;
+  nodes.topology = "4x2";
+  nodes.has_grid = true;
+  nodes.dims_above_node = 1;
+  StreamPlan p = planOnStream(nodes, CollKind::kAllGather, 1 << 20, true);
+  EXPECT_TRUE(p.setup) << "an allgather first still sets the kernel up for the allreduces after it";
+  EXPECT_EQ(p.path, AllReducePath::kHostPaced);
+  EXPECT_EQ(p.why, HostPacedWhy::kAcrossOnlyAllReduce);
+  nodes.node_kernel = Setup::kReady;
+  p = planOnStream(nodes, CollKind::kAllReduce, 1 << 20, true);
+  EXPECT_EQ(p.path, AllReducePath::kNodeKernelAcrossNodes);
+  EXPECT_FALSE(p.one_shot);
+  EXPECT_EQ(planOnStream(nodes, CollKind::kBroadcast, 1 << 20, true).why, HostPacedWhy::kAcrossOnlyAllReduce);
+  nodes.forced_algo = Algo::kRing;
+  EXPECT_EQ(planOnStream(nodes, CollKind::kAllReduce, 1 << 20, true).why, HostPacedWhy::kAlgoForced);
+  nodes.forced_algo = Algo::kAuto;
+  nodes.dims_above_node = 2;
+  EXPECT_EQ(planOnStream(nodes, CollKind::kAllReduce, 1 << 20, true).why, HostPacedWhy::kNoSharedNode);
+  EXPECT_EQ(planOnStream(oneNode(1), CollKind::kAllReduce, 1 << 20, true).why, HostPacedWhy::kSingleRank);
+  AllReduceShape ring = oneNode(4);
+  ring.forced_algo = Algo::kRing;
+  EXPECT_EQ(planOnStream(ring, CollKind::kAllReduce, 1 << 20, true).why, HostPacedWhy::kAlgoForced);
+}
+
 }  // namespace
 }  // namespace ddl

@@ -97,23 +97,54 @@ AllReducePlan planAllReduce(const AllReduceShape& s, size_t bytes, Buffers buffe
     case Buffers::kDeviceOnStream:
       break;
   }
-  if (nodeKernelServes(s)) {
+  const StreamPlan on_stream = planOnStream(s, CollKind::kAllReduce, bytes, true);
+  if (on_stream.path != AllReducePath::kHostPaced) {
     AllReducePlan p;
-    p.path = AllReducePath::kNodeKernel;
-    p.one_shot = bytes <= nodeOneShotBytes(s.nranks);
-    p.setup = s.node_kernel == Setup::kUntried;
-    return p;
-  }
-  if (nodeKernelAcrossServes(s)) {
-    AllReducePlan p;
-    p.path = AllReducePath::kNodeKernelAcrossNodes;
-    p.setup = s.node_kernel == Setup::kUntried;
+    p.path = on_stream.path;
+    p.one_shot = on_stream.one_shot;
+    p.setup = on_stream.setup;
     return p;
   }
   AllReducePlan p = devicePlan(s, bytes);
   p.host_paced = p.path;
   p.path = AllReducePath::kHostPaced;
   p.setup = false;  // the host-blocking call sets its own path up when it runs
+  return p;
+}
+
+StreamPlan planOnStream(const AllReduceShape& s, CollKind coll, size_t bytes, bool on_kernel_device) {
+  StreamPlan p;
+  // Where the node kernel would serve once set up (nodeKernelServes and nodeKernelAcrossServes ask the
+  // setup's outcome too).
+  AllReduceShape untried = s;
+  untried.node_kernel = Setup::kUntried;
+  const bool one_node = nodeKernelServes(untried), across = nodeKernelAcrossServes(untried);
+  const bool allreduce = coll == CollKind::kAllReduce;
+  if (!one_node && !across) {
+    // With the node's segment shared as the kernel needs, only DDL_ALGO can have sent the calls elsewhere.
+    const bool shape_fits = s.shm_all || (s.shm_dim0 && s.dims_above_node == 1);
+    p.why = s.nranks == 1 ? HostPacedWhy::kSingleRank
+            : shape_fits  ? HostPacedWhy::kAlgoForced
+                          : HostPacedWhy::kNoSharedNode;
+    return p;
+  }
+  if (one_node || allreduce)
+    p.path = one_node ? AllReducePath::kNodeKernel : AllReducePath::kNodeKernelAcrossNodes;
+  if (!one_node && !allreduce) p.why = HostPacedWhy::kAcrossOnlyAllReduce;
+  p.one_shot = one_node && allreduce && bytes <= nodeOneShotBytes(s.nranks);
+  p.blocks = s.node_blocks;
+  if (s.node_kernel == Setup::kUntried) {
+    p.setup = true;  // every stream-ordered collective sets the kernel up, so that the scheme is known after
+    return p;
+  }
+  if (s.node_kernel == Setup::kOff) {
+    p.path = AllReducePath::kHostPaced;
+    p.why = HostPacedWhy::kSetupFailed;
+  } else if (p.path != AllReducePath::kHostPaced && !on_kernel_device) {
+    p.path = AllReducePath::kHostPaced;
+    p.why = HostPacedWhy::kOtherDevice;
+  }
+  if (p.path == AllReducePath::kHostPaced) p.one_shot = false;
   return p;
 }
 

@@ -49,6 +49,7 @@ struct AllReduceShape {
   int dims_above_node = 0;              // shm_dim0: the non-trivial dims of mdring's grid above dim 0
   Setup ipc = Setup::kUntried;          // the host-blocking device path's IPC scratch
   Setup node_kernel = Setup::kUntried;  // the stream-ordered node kernel's regions
+  int node_blocks = 0;                  // kReady: the node kernel's CTAs, agreed at its setup
 };
 
 enum class AllReducePath {
@@ -71,6 +72,33 @@ struct AllReducePlan {
 };
 
 AllReducePlan planAllReduce(const AllReduceShape& shape, size_t bytes, Buffers buffers);
+
+// Why a stream-ordered collective is host-paced (StreamPlan::why).
+enum class HostPacedWhy {
+  kNone,                 // it is not
+  kSingleRank,           // a communicator of one rank
+  kNoSharedNode,         // the ranks are on several nodes (the node not mdring's dim 0), or share no memory
+  kAlgoForced,           // DDL_ALGO sends the node's collectives elsewhere
+  kSetupFailed,          // the node kernel's setup failed on some rank (its message says why)
+  kOtherDevice,          // the stream's device is not the one the node kernel was set up on
+  kAcrossOnlyAllReduce,  // across nodes only allreduce runs the node kernel
+};
+
+// A stream-ordered collective's plan: everything its launch reads, decided once per call (NCCL's
+// topoGetAlgoInfo: decide, store, the launch only reads it).
+struct StreamPlan {
+  AllReducePath path = AllReducePath::kHostPaced;  // kNodeKernel, kNodeKernelAcrossNodes or kHostPaced
+  bool one_shot = false;  // an allreduce on kNodeKernel: every member reduces the whole message (one meeting)
+  int blocks = 0;         // the node kernel's CTAs (AllReduceShape::node_blocks)
+  // The node kernel's setup has not been tried and the call may take it: run the setup (every rank, at its
+  // first stream-ordered collective of any kind), then plan again. path says where the call would go.
+  bool setup = false;
+  HostPacedWhy why = HostPacedWhy::kNone;  // kHostPaced: why
+};
+
+// The plan of stream-ordered collective coll of bytes (allreduce: the message; the others: unused) on a
+// stream of the device the node kernel was set up on (on_kernel_device) or another.
+StreamPlan planOnStream(const AllReduceShape& shape, CollKind coll, size_t bytes, bool on_kernel_device);
 
 // How ranks of one node reach each other: "shm" (every rank in the node's segment), "shm+ucx" (the segment
 // holds mdring's dim 0, UCX the rest) or "ucx" (ddlCommGetIntraNodePath).

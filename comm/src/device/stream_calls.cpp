@@ -21,10 +21,10 @@ StreamCalls::StreamCalls(Owner& owner, DevicePath& device, StreamPath& path, All
                          const std::unique_ptr<ShmNode>& shm, const Topology& grid, int rank)
     : owner_(owner), device_(device), path_(path), shape_(shape), shm_(shm), grid_(grid), rank_(rank) {}
 
-node::Args StreamCalls::args(node::Kind kind, const void* sendbuf, void* recvbuf, size_t count,
-                             ddlDataType_t type, ddlRedOp_t op, int root, int avg_divisor) {
-  node::Args a{};
-  a.kind = kind;
+StreamCalls::Call StreamCalls::describe(CollKind coll, const void* sendbuf, void* recvbuf, size_t count,
+                                        ddlDataType_t type, ddlRedOp_t op, int root, int avg_divisor) {
+  Call c{coll, node::Args{}};
+  node::Args& a = c.args;
   a.send = sendbuf;
   a.recv = recvbuf;
   a.count = count;
@@ -33,7 +33,7 @@ node::Args StreamCalls::args(node::Kind kind, const void* sendbuf, void* recvbuf
   a.root = root;
   a.elem = typeSize(type);
   a.avg_divisor = op == ddlAvg ? avg_divisor : 0;
-  return a;
+  return c;
 }
 
 DataSpec StreamCalls::spec(ddlDataType_t type, ddlRedOp_t op) const {
@@ -68,7 +68,7 @@ void StreamCalls::setupNodeKernel(void* stream, int dev) {
   DevicePath::KeepDevice keep(rt);
   std::string why;
   setNodeKernel(path_.setupNode(dev, exchange(), &why) ? Setup::kReady : Setup::kOff);
-  if (shape_.node_kernel == Setup::kOff) host_paced_why_ = why;
+  if (shape_.node_kernel == Setup::kOff) setup_why_ = why;
   if (shape_.node_kernel == Setup::kReady && !shape_.shm_all && !getEnv("DDL_DEBUG").empty()) {
     std::fprintf(stderr,
                  "ddl: rank %d: stream-ordered allreduce across nodes: the node kernel's reduce-scatter and "
@@ -83,9 +83,7 @@ void* StreamCalls::registerBuffer(void* ptr, size_t bytes) {
   const int dev = rt.deviceOf(ptr);
   if (dev < 0) fail(ddlInvalidArgument, "ddlCommRegister: the buffer is not device memory");
   // The first registration, like the first stream-ordered call, sets the node kernel up.
-  if ((nodeKernelServes(shape_) || nodeKernelAcrossServes(shape_)) && shape_.node_kernel == Setup::kUntried) {
-    setupNodeKernel(nullptr, dev);
-  }
+  if (planOnStream(shape_, CollKind::kAllReduce, bytes, true).setup) setupNodeKernel(nullptr, dev);
   owner_.drainAsync();
   DevicePath::KeepDevice keep(rt);
   std::string why;
@@ -149,47 +147,91 @@ int StreamCalls::streamDeviceOf(void* stream, std::initializer_list<const void*>
   return dev;
 }
 
-void StreamCalls::call(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
+namespace {
+
+node::Kind kindOf(CollKind coll, bool one_shot) {
+  switch (coll) {
+    case CollKind::kAllReduce:
+      return one_shot ? node::Kind::kAllReduceOneShot : node::Kind::kAllReduceTwoShot;
+    case CollKind::kReduceScatter:
+      return node::Kind::kReduceScatter;
+    case CollKind::kAllGather:
+      return node::Kind::kAllGather;
+    case CollKind::kBroadcast:
+      return node::Kind::kBroadcast;
+    case CollKind::kReduce:
+      return node::Kind::kReduce;
+    default:
+      DDL_ASSERT(false);
+      return node::Kind::kPoison;
+  }
+}
+
+}  // namespace
+
+void StreamCalls::call(void* stream, const Call& c, std::initializer_list<const void*> bufs,
                        const std::function<void()>& host) {
-  DeviceRuntime& rt = device_.runtime();
   const int dev = streamDeviceOf(stream, bufs);
-  if (args.count == 0) return;
-  const bool allreduce =
-      args.kind == node::Kind::kAllReduceOneShot || args.kind == node::Kind::kAllReduceTwoShot;
-  // Across nodes only an allreduce runs the kernel, but the first stream-ordered call of any kind sets it up,
-  // so that the scheme is known from then on.
-  if ((nodeKernelServes(shape_) || nodeKernelAcrossServes(shape_)) && shape_.node_kernel == Setup::kUntried) {
+  if (c.args.count == 0) return;
+  const size_t bytes = c.args.count * c.args.elem;
+  StreamPlan plan = planOnStream(shape_, c.coll, bytes, dev == path_.kernelDevice());
+  if (plan.setup) {
     setupNodeKernel(stream, dev);
+    plan = planOnStream(shape_, c.coll, bytes, dev == path_.kernelDevice());
   }
-  if (!nodeKernelServes(shape_) && !nodeKernelAcrossServes(shape_) && host_paced_why_.empty()) {
-    setNodeKernel(Setup::kOff);
-    host_paced_why_ = shape_.nranks == 1 ? "a single rank"
-                                         : "the ranks are on several nodes, or do not share memory (" +
-                                               std::string(intraNodePathName(shape_)) + ")";
-    if (!getEnv("DDL_DEBUG").empty()) {
+  node::Args a = c.args;
+  a.kind = kindOf(c.coll, plan.one_shot);
+  switch (plan.path) {
+    case AllReducePath::kNodeKernel:
+      return launchNodeKernel(stream, a);
+    case AllReducePath::kNodeKernelAcrossNodes:
+      return allReduceAcross(stream, a);
+    default:
+      return hostPaced(stream, dev, plan.why, host);
+  }
+}
+
+std::string StreamCalls::hostPacedWhy(HostPacedWhy why) const {
+  switch (why) {
+    case HostPacedWhy::kSingleRank:
+      return "a single rank";
+    case HostPacedWhy::kNoSharedNode:
+      return "the ranks are on several nodes, or do not share memory (" +
+             std::string(intraNodePathName(shape_)) + ")";
+    case HostPacedWhy::kAlgoForced:
+      return "DDL_ALGO=" + std::string(algoName(shape_.forced_algo)) +
+             " sends the node's collectives elsewhere";
+    case HostPacedWhy::kSetupFailed:
+      return setup_why_;
+    case HostPacedWhy::kOtherDevice:
+      return "its device is not the one the node kernel was set up on";
+    case HostPacedWhy::kAcrossOnlyAllReduce:
+      return "across nodes only allreduce runs the node kernel";
+    case HostPacedWhy::kNone:
+      break;
+  }
+  return "";
+}
+
+void StreamCalls::hostPaced(void* stream, int dev, HostPacedWhy why_code, const std::function<void()>& host) {
+  const std::string why = hostPacedWhy(why_code);
+  if (why_code == HostPacedWhy::kSingleRank || why_code == HostPacedWhy::kNoSharedNode ||
+      why_code == HostPacedWhy::kAlgoForced) {
+    // The node kernel never serves this communicator: its scheme is known at the first call.
+    if (shape_.node_kernel == Setup::kUntried) setNodeKernel(Setup::kOff);
+    if (!told_host_paced_ && !getEnv("DDL_DEBUG").empty()) {
       std::fprintf(stderr, "ddl: rank %d: stream-ordered device collectives are host-paced: %s\n", rank_,
-                   host_paced_why_.c_str());
+                   why.c_str());
     }
+    told_host_paced_ = true;
   }
-  const bool ready = shape_.node_kernel == Setup::kReady && dev == path_.kernelDevice();
-  const bool across =
-      allreduce && planAllReduce(shape_, args.count * args.elem, Buffers::kDeviceOnStream).path ==
-                       AllReducePath::kNodeKernelAcrossNodes;
-  if (ready && across) return allReduceAcross(stream, args);
-  const bool kernel = nodeKernelServes(shape_) && shape_.node_kernel == Setup::kReady;
-  if (kernel && ready) return launchNodeKernel(stream, args);
-  const bool across_ready = nodeKernelAcrossServes(shape_) && shape_.node_kernel == Setup::kReady;
-  const std::string why = kernel || (across_ready && allreduce)
-                              ? "its device is not the one the node kernel was set up on"
-                          : across_ready ? "across nodes only allreduce runs the node kernel"
-                                         : host_paced_why_;
   if (path_.forced() == DeviceScheme::kKernel) {
     fail(ddlInvalidArgument,
          "DDL_DEVICE_SCHEME=kernel, but the node kernel cannot run this stream-ordered "
          "collective (" +
              why + "); unset it to let such calls be host-paced");
   }
-  if (rt.capturing(stream)) {
+  if (device_.runtime().capturing(stream)) {
     fail(ddlInvalidArgument, "this stream-ordered collective is host-paced (" + why +
                                  ") and cannot be captured into a CUDA graph");
   }

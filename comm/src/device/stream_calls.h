@@ -1,7 +1,7 @@
 // StreamCalls: how a communicator runs its stream-ordered collectives (ddlAllReduceOnStream and the others),
 // between Comm's checks of their arguments and the device work of StreamPath (stream_path.h) and DevicePath
-// (device_path.h). Each call takes one of three schemes, read from planAllReduce (algo/plan.h) and the node
-// kernel's setup:
+// (device_path.h). Each call takes one of three schemes, decided once by its plan (planOnStream, algo/plan.h:
+// the path, one-shot or two-shot, the CTAs, why it is host-paced), which the launch only reads:
 //  - the node kernel, where every rank is on one node and shares its memory: one launch (StreamPath::launch)
 //    on a stream of libddl's own, forked from the caller's; the call returns at once;
 //  - kernel+wire (AllReducePath::kNodeKernelAcrossNodes), an allreduce across nodes whose ranks share memory,
@@ -71,16 +71,21 @@ class StreamCalls {
   StreamCalls(Owner& owner, DevicePath& device, StreamPath& path, AllReduceShape& shape,
               const std::unique_ptr<ShmNode>& shm, const Topology& grid, int rank);
 
-  // The node kernel's arguments of a call: kind, buffers, count, type, op, root, and the divisor of ddlAvg
-  // (0 unless op is ddlAvg).
-  static node::Args args(node::Kind kind, const void* sendbuf, void* recvbuf, size_t count,
-                         ddlDataType_t type, ddlRedOp_t op, int root, int avg_divisor);
+  // A stream-ordered collective as Comm hands it in: which one (kAllReduce, kReduceScatter, kAllGather,
+  // kBroadcast or kReduce) and the node kernel's arguments of it (buffers, count, type, op, root, and the
+  // divisor of ddlAvg, 0 unless op is ddlAvg); the kernel's kind and CTAs come from the call's plan.
+  struct Call {
+    CollKind coll;
+    node::Args args;
+  };
+  static Call describe(CollKind coll, const void* sendbuf, void* recvbuf, size_t count, ddlDataType_t type,
+                       ddlRedOp_t op, int root, int avg_divisor);
 
-  // Runs one stream-ordered collective on stream: the node kernel where it serves, kernel+wire for an
+  // Runs one stream-ordered collective on stream as its plan says: the node kernel, kernel+wire for an
   // allreduce across nodes, else host (host-paced: waits for the stream, then runs host on this thread).
   // bufs are the device buffers to check (null ones aside). The caller has checked the arguments and that
   // the communicator is not broken.
-  void call(void* stream, const node::Args& args, std::initializer_list<const void*> bufs,
+  void call(void* stream, const Call& c, std::initializer_list<const void*> bufs,
             const std::function<void()>& host);
 
   // "kernel", "kernel+wire", "host" (host-paced) or "unset" (no stream-ordered collective yet). Any thread.
@@ -105,6 +110,10 @@ class StreamCalls {
   static constexpr int kSetupVariant = 0xD0;
   // Sets shape_.node_kernel and what scheme() reads.
   void setNodeKernel(Setup s);
+  // The words of a host-paced call's reason.
+  std::string hostPacedWhy(HostPacedWhy why) const;
+  // A host-paced call: waits for the stream's earlier work, then runs host on this thread.
+  void hostPaced(void* stream, int dev, HostPacedWhy why, const std::function<void()>& host);
   // Enqueues the node kernel; a failure to do so breaks the communicator.
   void launchNodeKernel(void* stream, const node::Args& args);
   // kernel+wire (the node kernel is ready on the stream's device): returns once the allgather is queued.
@@ -119,7 +128,8 @@ class StreamCalls {
   const Topology& grid_;
   const int rank_;
   std::atomic<int> scheme_{static_cast<int>(Setup::kUntried)};  // shape_.node_kernel (setNodeKernel)
-  std::string host_paced_why_;                                  // why calls are host-paced
+  std::string setup_why_;                                       // why the node kernel's setup failed
+  bool told_host_paced_ = false;  // DDL_DEBUG said once why calls are host-paced
 };
 
 }  // namespace ddl
