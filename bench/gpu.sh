@@ -9,8 +9,10 @@
 # tensors at 2 ranks, also without and with MPS. Writes the outputs and JSON under --out, a summary of the
 # figures in summary.txt, and prints where. Every step ends within --step-timeout seconds (a hang is a failed
 # step, not a lost run); --skip leaves out groups of steps (tests cuda-bench host stream small graph blocking
-# registered nodes torch), e.g. to spend a short lease on what matters first. The registered group times the same
-# calls on buffers registered with ddlCommRegister (the zero-copy node kernel), and 1,000 graph replays.
+# registered blocks nodes torch), e.g. to spend a short lease on what matters first. The registered group times the
+# same calls on buffers registered with ddlCommRegister (the zero-copy node kernel), and 1,000 graph replays; the
+# blocks group (with MPS) times them with the node kernel's CTAs forced (DDL_NODE_BLOCKS 16, 32, 64) beside the
+# count the setup chose (DDL_DEBUG's line says it), at 2 and 8 ranks.
 #
 # Usage: bench/gpu.sh [--out DIR] [--bin DIR] [--build DIR] [--ranks "2 4 8"] [--max SIZE] [--iters N]
 #                     [--mps "off on"] [--torch DIR] [--step-timeout S] [--skip "GROUP ..."]
@@ -21,7 +23,7 @@ script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$script_dir/.." && pwd)
 OUT=gpu-results BIN=$repo/build/bin BUILD="" RANKS="2 4 8" MAX=256M ITERS=20 MPS="off on" TORCH="" STEP_TIMEOUT=300
 SKIP=""
-groups=" tests cuda-bench host stream small graph blocking registered nodes torch "
+groups=" tests cuda-bench host stream small graph blocking registered blocks nodes torch "
 while (($#)); do
   case $1 in
     --out) OUT=${2:?--out needs a directory}; shift 2 ;;
@@ -82,12 +84,14 @@ mps() {  # mps on|off: starts or stops the MPS control daemon; false where it ca
   fi
 }
 # bench GROUP NAME RANKS flags...: ddl-bench on RANKS ranks, rank r on core r, unless GROUP is skipped. With
-# PER_NODE=k set, the ranks count as nodes of k (DDL_NODE_TAG = local rank / k).
+# PER_NODE=k set, the ranks count as nodes of k (DDL_NODE_TAG = local rank / k); BENCH_ENV=NAME=VALUE sets one
+# more variable on every rank.
 bench() {
   local name=$2 n=$3 split=()
   skipped "$1" && return 0
   shift 3
   [[ -z ${PER_NODE:-} ]] || split=(-x "DDL_BENCH_PER_NODE=$PER_NODE")
+  [[ -z ${BENCH_ENV:-} ]] || split+=(-x "$BENCH_ENV")
   # ddlrun binds nothing itself: taskset gives rank r core r through the launcher's DDL_LOCAL_RANK.
   step "$name" "$BIN/ddlrun" -np "$n" -x DDL_DEBUG=1 "${split[@]}" -- bash -c \
     '[[ -z ${DDL_BENCH_PER_NODE:-} ]] || export DDL_NODE_TAG=$((DDL_LOCAL_RANK / DDL_BENCH_PER_NODE))
@@ -111,6 +115,15 @@ for m in $MPS; do
     bench registered "ddl-bench-registered-graph-mps$m-$n" "$n" --device --registered --graph -b 64K -e 64K \
       -n 1000 -w 20
   done
+  if [[ $m == on ]]; then
+    for n in 2 8; do
+      ((n <= cores)) || continue
+      for b in 16 32 64; do
+        BENCH_ENV=DDL_NODE_BLOCKS=$b bench blocks "ddl-bench-blocks$b-mps$m-$n" "$n" --device --registered \
+          -b 64M -e "$MAX" -n "$ITERS"
+      done
+    done
+  fi
   if ((cores >= 4)); then
     PER_NODE=2 bench nodes "ddl-bench-nodes-mps$m-4" 4 --device -b 64K -e "$MAX" -n "$ITERS"
     PER_NODE=2 bench nodes "ddl-bench-nodes-blocking-mps$m-4" 4 --device --blocking -b 64K -e "$MAX" -n "$ITERS"

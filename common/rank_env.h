@@ -95,8 +95,9 @@ inline const std::vector<std::string> kAgentEnvAllowed = {
     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
     // libddl's settings (README, "Settings": rank_env_test checks that every one there is here, but those a
     // rank's launch sets itself).
-    "DDL_ALGO", "DDL_DEBUG", "DDL_DEVICE_SCHEME", "DDL_KEEPALIVE_MS", "DDL_NODE_SLOT_BYTES", "DDL_NODE_TAG",
-    "DDL_SEGMENT_BYTES", "DDL_SHM", "DDL_SHM_ROUND_BYTES", "DDL_TIMEOUT_MS", "DDL_TUNE_FILE", "DDL_WAIT"};
+    "DDL_ALGO", "DDL_DEBUG", "DDL_DEVICE_SCHEME", "DDL_KEEPALIVE_MS", "DDL_NODE_BLOCKS",
+    "DDL_NODE_SLOT_BYTES", "DDL_NODE_TAG", "DDL_SEGMENT_BYTES", "DDL_SHM", "DDL_SHM_ROUND_BYTES",
+    "DDL_TIMEOUT_MS", "DDL_TUNE_FILE", "DDL_WAIT"};
 // Why `entry` cannot be an allow-list entry (a variable name, or one's prefix then '*'), or "".
 std::string agentEnvEntryProblem(std::string_view entry);
 // The entries of `environ` ("NAME=value") that `allowed` lets through, in their order; with `withheld`, the

@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(node::kThreads, 2) nodeKernel(node::Args a) {
 
 template <class F, class D>
 cudaError_t launch(const node::Args& a, cudaStream_t stream) {
-  nodeKernel<F, D><<<node::kBlocks, node::kThreads, 0, stream>>>(a);
+  nodeKernel<F, D><<<a.blocks, node::kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -309,7 +309,9 @@ int nodeKernelResidentBlocks() {
 }
 
 cudaError_t launchNodeCollective(const node::Args& a, cudaStream_t stream) {
-  if (a.nranks < 1 || a.nranks > node::kMaxRanks || a.elem != typeSize(a.type)) return cudaErrorInvalidValue;
+  if (a.nranks < 1 || a.nranks > node::kMaxRanks || a.blocks < 1 || a.blocks > node::kMaxBlocks ||
+      a.elem != typeSize(a.type))
+    return cudaErrorInvalidValue;
   if (a.kind == node::Kind::kAllGather || a.kind == node::Kind::kBroadcast || a.kind == node::Kind::kPoison) {
     // Nothing is reduced: one kernel for every type, moving bytes (elem stays the type's size).
     return launch<NativeFn<uint8_t, SumOp>, DivideFn<uint8_t>>(a, stream);

@@ -74,7 +74,8 @@ std::unique_ptr<Comm> Comm::bootstrap(int nranks, int rank, Store& store, bool c
       " algo=" + algoName(options.algo) + " segment=" + std::to_string(options.segment_bytes) +
       " tune=" + (options.tune ? options.tune->digest() : std::string("built-in")) +
       " shm=" + (options.shm ? std::to_string(options.shm_round_bytes) : std::string("off")) +
-      " device=" + deviceSchemeName(options.device_scheme) + "/" + std::to_string(options.node_slot_bytes);
+      " device=" + deviceSchemeName(options.device_scheme) + "/" + std::to_string(options.node_slot_bytes) +
+      "/" + std::to_string(options.node_blocks);
   if (claim && store.add("joined/" + std::to_string(rank), 1) != 1) {
     fail(ddlInvalidArgument, "two processes claim rank " + std::to_string(rank) + " of " + where);
   }
@@ -116,8 +117,9 @@ Comm::Comm(std::unique_ptr<Transport> transport, const Options& options)
     device_ = std::make_unique<DevicePath>(
         std::move(rt), rank_,
         options_.staged_chunk_bytes ? options_.staged_chunk_bytes : kMaxStagedChunkBytes);
-    stream_ = std::make_unique<StreamPath>(device_->runtime(), rank_, options_.timeout_ms,
-                                           options_.device_scheme, options_.node_slot_bytes);
+    stream_ =
+        std::make_unique<StreamPath>(device_->runtime(), rank_, options_.timeout_ms, options_.device_scheme,
+                                     options_.node_slot_bytes, options_.node_blocks);
     StreamCalls::Owner& owner = *this;
     streams_ = std::make_unique<StreamCalls>(owner, *device_, *stream_, shape_, shm_, mdring_grid_, rank_);
   }

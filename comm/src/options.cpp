@@ -5,6 +5,7 @@
 #include <string>
 
 #include "algo/tune.h"
+#include "device/node_kernel.h"
 #include "env.h"
 #include "error.h"
 #include "rendezvous/store.h"
@@ -71,6 +72,9 @@ Options resolveOptions(const ddlConfig_t* config, int nranks) {
   if (auto v = getEnv("DDL_NODE_SLOT_BYTES"); !v.empty()) {
     o.node_slot_bytes =
         static_cast<size_t>(parseByteCount(v, "DDL_NODE_SLOT_BYTES", 64 << 10, 1LL << 30)) / 16 * 16;
+  }
+  if (auto v = getEnv("DDL_NODE_BLOCKS"); !v.empty()) {
+    o.node_blocks = static_cast<int>(parseInt(v, "DDL_NODE_BLOCKS", node::kMinBlocks, node::kMaxBlocks));
   }
   if (o.algo == Algo::kShm && !o.shm) {
     fail(ddlInvalidArgument, std::string(algo_source) + "=shm needs shared memory, but DDL_SHM is off");

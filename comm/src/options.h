@@ -37,6 +37,7 @@ struct Options {
   size_t staged_chunk_bytes = 0;  // the device path's largest staged chunk (tests); 0: kMaxStagedChunkBytes
   DeviceScheme device_scheme = DeviceScheme::kAuto;  // DDL_DEVICE_SCHEME
   size_t node_slot_bytes = 0;  // DDL_NODE_SLOT_BYTES: a slot of the node kernel's region; 0: kNodeSlotBytes
+  int node_blocks = 0;  // DDL_NODE_BLOCKS: the node kernel's CTAs (stream_path.h nodeKernelBlocks); 0: chosen
 };
 
 // Throws ddlInvalidArgument naming the bad field or variable and its value. nranks 0: the topology is not

@@ -168,6 +168,7 @@ struct FakeCounters {
   std::atomic<int> host_calls{0};    // the host-paced scheme's waits for a stream
   std::atomic<int> kernel_copies{0};  // the node kernel's copies (HostNodeExec::copy)
   std::atomic<int> zero_copy{0};      // the node kernel's zero-copy reductions (HostNodeExec::reduceMany)
+  std::atomic<int> blocks{0};         // the node kernel's last launch's blocks (CTAs)
   // Queries (deviceOf, streamDevice) made while a stream is being captured and the calling thread is not in
   // the relaxed capture mode: CUDA may count them as unsafe and invalidate the capture.
   std::atomic<int> strict_capture_queries{0};
@@ -504,11 +505,12 @@ class FakeRuntime final : public DeviceRuntime {
   int nodeKernelCapacity(int) override { return faults_.capacity; }
   void launchNode(void* stream, int, const node::Args& args) override {
     ++counters_->node_kernels;
+    counters_->blocks = args.blocks;
     ++ops_;
     if (fail_at_ > 0 && --fail_at_ == 0) fail(ddlCudaError, "fake device: injected failure");
     queueOn(stream, [args, c = counters_] {
       HostNodeExec x{args.elem, args.type, args.op, &c->kernel_copies, &c->zero_copy};
-      for (int b = 0; b < node::kBlocks; ++b) node::runBlock(args, b, x);
+      for (int b = 0; b < args.blocks; ++b) node::runBlock(args, b, x);
     });
   }
 

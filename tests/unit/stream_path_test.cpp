@@ -58,6 +58,7 @@ struct Rig {
   int capacity = 1 << 20;
   DeviceScheme scheme = DeviceScheme::kAuto;
   size_t slot_bytes = 0;
+  int node_blocks = 0;  // DDL_NODE_BLOCKS
   int timeout_ms = 30000;
   int per_node = 0;               // > 0: nodes of per_node consecutive ranks, with shared memory each
   std::string topology;           // "": the ranks per node x the nodes
@@ -74,6 +75,7 @@ std::vector<RankResult> runRanks(int nranks, Rig& setup, bool one_node,
   o.timeout_ms = setup.timeout_ms;
   o.device_scheme = setup.scheme;
   o.node_slot_bytes = setup.slot_bytes;
+  o.node_blocks = setup.node_blocks;
   setup.runtimes.assign(nranks, nullptr);
   o.device_runtime = [&setup](int rank) {
     test_util::Faults f;
@@ -172,6 +174,52 @@ TEST(StreamPath, NodeKernelEveryCollective) {
   }
 }
 
+// The CTAs are chosen at the setup from what each GPU keeps resident and the ranks sharing it: every
+// collective is right with any count (here odd ones, with chunks of odd lengths), and DDL_NODE_BLOCKS forces
+// one the GPUs hold.
+TEST(StreamPath, TheBlocksFollowTheGpusRoomAndEveryCollectiveIsRightWithAnyCount) {
+  struct Case {
+    int capacity, forced, want;
+  };
+  for (const Case& c : {Case{33, 0, 11}, Case{1 << 20, 0, node::kMaxBlocks}, Case{1 << 20, 13, 13}}) {
+    SCOPED_TRACE("capacity " + std::to_string(c.capacity) + ", forced " + std::to_string(c.forced));
+    Rig setup;  // 3 ranks share the emulated GPU
+    setup.capacity = c.capacity;
+    setup.node_blocks = c.forced;
+    setup.slot_bytes = kMinNodeSlotBytes;
+    expectAllOk(runRanks(3, setup, true, [&](Comm& comm) {
+      everyCollective(comm, ddlFloat32, ddlSum, 1);
+      everyCollective(comm, ddlFloat64, ddlAvg, 1001);
+      everyCollective(comm, ddlInt32, ddlMax, 40009);
+      EXPECT_EQ(comm.streamScheme(), "kernel");
+    }));
+    EXPECT_EQ(setup.counters->blocks.load(), c.want);
+    EXPECT_EQ(setup.counters->host_calls.load(), 0);
+  }
+  Rig too_many;  // 3 ranks x 13 forced blocks do not fit 33 resident CTAs
+  too_many.capacity = 33;
+  too_many.node_blocks = 13;
+  expectAllOk(runRanks(3, too_many, true, [&](Comm& comm) {
+    everyCollective(comm, ddlFloat32, ddlSum, 1001);
+    EXPECT_EQ(comm.streamScheme(), "host");
+  }));
+}
+
+TEST(NodeKernel, BlocksFromEachGpusResidentCtasAndTheRanksSharingIt) {
+  // A GPU of its own binds nothing below kMaxBlocks; shared ones give each rank its part, the least decides.
+  EXPECT_EQ(nodeKernelBlocks({264, 264}, {1, 1}, 0), node::kMaxBlocks);
+  EXPECT_EQ(nodeKernelBlocks({264, 264}, {2, 2}, 0), node::kMaxBlocks);
+  EXPECT_EQ(nodeKernelBlocks({264, 264, 264, 264, 264, 264, 264, 264}, {8, 8, 8, 8, 8, 8, 8, 8}, 0), 33);
+  EXPECT_EQ(nodeKernelBlocks({40, 264}, {1, 1}, 0), 40) << "a small GPU of its own: what it keeps resident";
+  EXPECT_EQ(nodeKernelBlocks({0, 264}, {1, 1}, 0), node::kMaxBlocks) << "a GPU that cannot say binds nothing";
+  EXPECT_EQ(nodeKernelBlocks({264, 264, 100}, {2, 2, 1}, 0), node::kMaxBlocks);
+  EXPECT_EQ(nodeKernelBlocks({60, 60, 60}, {3, 3, 3}, 0), 20);
+  EXPECT_EQ(nodeKernelBlocks({23, 23, 23}, {3, 3, 3}, 0), 0) << "fewer than kMinBlocks each: no kernel";
+  EXPECT_EQ(nodeKernelBlocks({60, 60, 60}, {3, 3, 3}, 16), 16);
+  EXPECT_EQ(nodeKernelBlocks({60, 60, 60}, {3, 3, 3}, 21), 0) << "a forced count the GPU cannot hold";
+  EXPECT_EQ(nodeKernelBlocks({10, 10}, {1, 1}, 48), 48) << "GPUs of their own take any forced count";
+}
+
 TEST(StreamPath, NodeKernelTypesOpsAndManyChunks) {
   Rig setup;
   setup.slot_bytes = kMinNodeSlotBytes;  // 256-byte sub-slots: several chunks per block, both slots
@@ -244,13 +292,13 @@ TEST(StreamPath, SharedGpuWithoutMpsIsHostPacedWithMpsTheKernel) {
 // Ranks sharing a GPU whose resident CTAs cannot hold all of theirs would wait for CTAs never scheduled.
 TEST(StreamPath, ASharedGpuTooSmallForEveryRanksBlocksIsHostPaced) {
   Rig setup;
-  setup.capacity = 2 * node::kBlocks;  // room for 2 ranks' kernels, not 3
+  setup.capacity = 3 * node::kMinBlocks - 1;  // not the fewest blocks for each of 3 ranks
   expectAllOk(runRanks(3, setup, true, [&](Comm& comm) {
     everyCollective(comm, ddlFloat32, ddlSum, 1001);
     EXPECT_EQ(comm.streamScheme(), "host");
   }));
   Rig enough;
-  enough.capacity = 3 * node::kBlocks;
+  enough.capacity = 3 * node::kMinBlocks;
   expectAllOk(runRanks(3, enough, true, [&](Comm& comm) {
     everyCollective(comm, ddlFloat32, ddlSum, 1001);
     EXPECT_EQ(comm.streamScheme(), "kernel");
@@ -278,7 +326,7 @@ TEST(StreamPath, AForcedKernelNeverSpinsWhereItCannotServe) {
     Rig setup;
     setup.scheme = DeviceScheme::kKernel;
     setup.processes = processes;
-    if (!processes) setup.capacity = node::kBlocks;
+    if (!processes) setup.capacity = node::kMinBlocks;
     expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
       FakeStream stream;
       FakeBuffer a(4096);
@@ -1105,17 +1153,36 @@ TEST(NodeKernel, SharesAndChunks) {
       EXPECT_EQ(covered, n);
     }
   }
-  node::Args a{};
-  a.kind = node::Kind::kReduceScatter;
-  a.nranks = 3;
-  a.elem = 2;
-  a.slot_bytes = kMinNodeSlotBytes;
-  EXPECT_GT(node::chunkElems(a), 0u);
-  EXPECT_LE(node::chunkElems(a) * 3 * 2, node::subSlotBytes(a));
-  EXPECT_EQ(node::chunkElems(a) % 8, 0u);
-  a.nranks = node::kMaxRanks;
-  a.elem = 8;
-  EXPECT_GT(node::chunkElems(a), 0u) << "the smallest slot still holds a unit from every member";
+  for (int blocks : {node::kMinBlocks, 11, node::kMaxBlocks}) {
+    SCOPED_TRACE(std::to_string(blocks) + " blocks");
+    node::Args a{};
+    a.kind = node::Kind::kReduceScatter;
+    a.nranks = 3;
+    a.blocks = blocks;
+    a.elem = 2;
+    a.slot_bytes = kMinNodeSlotBytes;
+    a.sub_slot_bytes = node::subSlotBytesOf(a.slot_bytes, blocks);
+    EXPECT_GT(node::chunkElems(a), 0u);
+    EXPECT_LE(node::chunkElems(a) * 3 * 2, node::subSlotBytes(a));
+    EXPECT_LE(node::subSlotBytes(a) * blocks, a.slot_bytes) << "the sub-slots stay inside the slot";
+    for (size_t count : {size_t{0}, size_t{7}, size_t{1000}, size_t{123457}}) {  // the blocks' shares tile it
+      a.count = count;
+      a.block_units = node::blockUnitsOf(count, a.elem, blocks);
+      size_t prev_hi = 0;
+      for (int b = 0; b < blocks; ++b) {
+        size_t lo, hi;
+        node::blockShare(a, b, &lo, &hi);
+        EXPECT_EQ(lo, prev_hi);
+        EXPECT_TRUE(lo % 8 == 0 || lo == count) << "whole 16-byte units";
+        prev_hi = hi;
+      }
+      EXPECT_EQ(prev_hi, count);
+    }
+    EXPECT_EQ(node::chunkElems(a) % 8, 0u);
+    a.nranks = node::kMaxRanks;
+    a.elem = 8;
+    EXPECT_GT(node::chunkElems(a), 0u) << "the smallest slot still holds a unit from every member";
+  }
   EXPECT_EQ(nodeOneShotBytes(2), size_t{512} << 10);
   EXPECT_GE(nodeOneShotBytes(2), nodeOneShotBytes(8));
 }

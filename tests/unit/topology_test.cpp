@@ -186,6 +186,13 @@ TEST(Options, DeviceSchemeAndNodeSlot) {
   e = errorOf([] { resolveOptions(nullptr, 2); });
   EXPECT_NE(e.find("DDL_NODE_SLOT_BYTES"), std::string::npos) << e;
   unsetenv("DDL_NODE_SLOT_BYTES");
+  EXPECT_EQ(resolveOptions(nullptr, 2).node_blocks, 0) << "chosen at the setup";
+  setenv("DDL_NODE_BLOCKS", "24", 1);
+  EXPECT_EQ(resolveOptions(nullptr, 2).node_blocks, 24);
+  setenv("DDL_NODE_BLOCKS", "65", 1);
+  e = errorOf([] { resolveOptions(nullptr, 2); });
+  EXPECT_NE(e.find("DDL_NODE_BLOCKS must be an integer in [8, 64], got '65'"), std::string::npos) << e;
+  unsetenv("DDL_NODE_BLOCKS");
 }
 
 TEST(Options, WaitModeFromConfigOrDdlWait) {

@@ -25,9 +25,11 @@
 // slot, the members meet, and each reads the others' slots directly (over NVLink or PCIe peer to peer, or the
 // same HBM where ranks share a GPU).
 //
-// Barriers. Block b of every member meets block b of every other member, and no other. Each block owns a
-// fixed share of the message (share b of kBlocks, the same on every member) and a fixed sub-slot of every
-// slot (the b-th kBlocks-th of it), and moves its share through its sub-slot in chunks of its own: a block
+// Barriers. Block b of every member meets block b of every other member, and no other. A communicator's
+// kernels all run the same number of blocks (Args::blocks, at most kMaxBlocks: chosen once, at the setup,
+// from the GPUs' resident CTAs and the ranks sharing each, and the same on every member). Each block owns a
+// fixed share of the message (share b of blocks) and a fixed sub-slot of every slot (the b-th blocks-th of
+// it), and moves its share through its sub-slot in chunks of its own: a block
 // only ever reads what the same block of its peers wrote, in the same sub-slot, whatever the kind of
 // collective or the length of its chunks. To meet, a block raises its epoch e (one more than at its last
 // barrier) and writes it into every member's flags[b][me] with a system-scope release (after a CTA barrier,
@@ -80,7 +82,8 @@
 namespace ddl::node {
 
 constexpr int kMaxRanks = 16;  // members of a node the kernel serves; more take the host-paced path
-constexpr int kBlocks = 32;    // blocks (CTAs) of every launch, the same on every member
+constexpr int kMaxBlocks = 64;  // blocks (CTAs) of a launch at most (Args::blocks)
+constexpr int kMinBlocks = 8;   // fewer resident for each rank sharing a GPU: the node kernel does not serve
 constexpr int kThreads = 512;  // threads of a CTA
 constexpr uint64_t kPoison = ~uint64_t{0};
 constexpr size_t kUnitBytes = 16;  // shares are cut in 16-byte units, so vectors stay aligned
@@ -112,24 +115,42 @@ enum ErrorCode : uint32_t {
 
 // A call's signature: what every member's call must agree on. Bit 63 set (never 0, never kPoison);
 // kind 4 bits at 54, root 5 at 49, op 4 at 45, type 5 at 40, count (elements) the low 40 bits.
+// signatureOf packs them and Signature::of unpacks them (for the host's message): the layout is here only.
 constexpr uint64_t kSignatureCountMask = (uint64_t{1} << 40) - 1;
+constexpr int kSignatureKindShift = 54, kSignatureRootShift = 49, kSignatureOpShift = 45,
+              kSignatureTypeShift = 40;
 DDL_NODE_FN uint64_t signatureOf(Kind kind, size_t count, ddlDataType_t type, ddlRedOp_t op, int root) {
-  return uint64_t{1} << 63 | static_cast<uint64_t>(kind) << 54 | static_cast<uint64_t>(root & 31) << 49 |
-         static_cast<uint64_t>(op & 15) << 45 | static_cast<uint64_t>(type & 31) << 40 |
+  return uint64_t{1} << 63 | static_cast<uint64_t>(kind) << kSignatureKindShift |
+         static_cast<uint64_t>(root & 31) << kSignatureRootShift |
+         static_cast<uint64_t>(op & 15) << kSignatureOpShift |
+         static_cast<uint64_t>(type & 31) << kSignatureTypeShift |
          (static_cast<uint64_t>(count) & kSignatureCountMask);
 }
+struct Signature {
+  Kind kind;
+  int root;
+  ddlRedOp_t op;
+  ddlDataType_t type;
+  uint64_t count;  // its low 40 bits
+  static Signature of(uint64_t sig) {
+    return {static_cast<Kind>(sig >> kSignatureKindShift & 15),
+            static_cast<int>(sig >> kSignatureRootShift & 31),
+            static_cast<ddlRedOp_t>(sig >> kSignatureOpShift & 15),
+            static_cast<ddlDataType_t>(sig >> kSignatureTypeShift & 31), sig & kSignatureCountMask};
+  }
+};
 
 // A member's region.
 struct Layout {
-  static constexpr size_t kFlagsBytes = size_t{kBlocks} * kMaxRanks * sizeof(uint64_t);
-  static constexpr size_t kCountersOffset = kFlagsBytes;  // epochs[kBlocks], then rounds[kBlocks]
+  static constexpr size_t kFlagsBytes = size_t{kMaxBlocks} * kMaxRanks * sizeof(uint64_t);
+  static constexpr size_t kCountersOffset = kFlagsBytes;  // epochs[kMaxBlocks], then rounds[kMaxBlocks]
   static constexpr size_t kCallWords = 4;                 // signature, epoch, send and recv references
-  static constexpr size_t kCallsOffset = 8 * 1024;        // calls[kBlocks][2][kMaxRanks][kCallWords]
+  static constexpr size_t kCallsOffset = 16 * 1024;       // calls[kMaxBlocks][2][kMaxRanks][kCallWords]
   static constexpr size_t kClaimsOffset =
-      kCallsOffset + size_t{kBlocks} * 2 * kMaxRanks * kCallWords * sizeof(uint64_t);
-  static constexpr size_t kFailedOffset = kClaimsOffset + kBlocks * sizeof(uint32_t);  // one word
-  static constexpr size_t kDataOffset = 64 * 1024;
-  static_assert(kCountersOffset + 2 * kBlocks * sizeof(uint64_t) <= kCallsOffset);
+      kCallsOffset + size_t{kMaxBlocks} * 2 * kMaxRanks * kCallWords * sizeof(uint64_t);
+  static constexpr size_t kFailedOffset = kClaimsOffset + kMaxBlocks * sizeof(uint32_t);  // one word
+  static constexpr size_t kDataOffset = 128 * 1024;
+  static_assert(kCountersOffset + 2 * kMaxBlocks * sizeof(uint64_t) <= kCallsOffset);
   static_assert(kFailedOffset + sizeof(uint32_t) <= kDataOffset);
   static constexpr size_t bytes(size_t slot_bytes) { return kDataOffset + 4 * slot_bytes; }
 };
@@ -146,6 +167,7 @@ struct Args {
   Kind kind;
   int nranks;  // members, at most kMaxRanks
   int rank;    // this member
+  int blocks;  // blocks (CTAs) of every kernel of the communicator, at most kMaxBlocks
   int root;    // broadcast and reduce: the root member
   ddlDataType_t type;
   ddlRedOp_t op;
@@ -161,7 +183,9 @@ struct Args {
   // allreduce across nodes cuts the message into the node's blocks this way (Comm::allReduceAcrossOnStream).
   size_t total;
   char* regions[kMaxRanks];        // every member's region as this member sees it
-  size_t slot_bytes;               // a multiple of kUnitBytes * kBlocks
+  size_t slot_bytes;               // a multiple of kUnitBytes * kMaxBlocks
+  size_t sub_slot_bytes;           // a block's part of a slot: subSlotBytesOf(slot_bytes, blocks)
+  size_t block_units;              // the 16-byte units of a block's share of count: blockUnitsOf
   const volatile uint32_t* abort;  // nonzero: stop (pinned host memory)
   uint32_t* error;                 // the first failure's ErrorCode (pinned host memory)
   MismatchDetail* detail;          // a kMismatch's detail (pinned host memory)
@@ -207,7 +231,11 @@ DDL_NODE_FN uint32_t* failedOf(char* region) {
   return reinterpret_cast<uint32_t*>(region + Layout::kFailedOffset);
 }
 // Block b's sub-slot of a member's in and out slots of a round.
-DDL_NODE_FN size_t subSlotBytes(const Args& a) { return a.slot_bytes / kBlocks / kUnitBytes * kUnitBytes; }
+// (Computed on the host, once: a 64-bit division by a run-time count costs the kernel registers it has not.)
+inline size_t subSlotBytesOf(size_t slot_bytes, int blocks) {
+  return slot_bytes / blocks / kUnitBytes * kUnitBytes;
+}
+DDL_NODE_FN size_t subSlotBytes(const Args& a) { return a.sub_slot_bytes; }
 DDL_NODE_FN char* inSlot(const Args& a, int member, uint64_t round, int b) {
   return a.regions[member] + Layout::kDataOffset + (round & 1) * a.slot_bytes + b * subSlotBytes(a);
 }
@@ -225,6 +253,18 @@ DDL_NODE_FN void share(size_t n, int g, int i, size_t u, size_t* lo, size_t* hi)
   const size_t a = per * u * static_cast<size_t>(i), b = a + per * u;
   *lo = a < n ? a : n;
   *hi = b < n ? b : n;
+}
+
+// Block b's share [*lo, *hi) of the count elements: share b of blocks (block_units, computed on the host
+// once, as sub_slot_bytes is).
+inline size_t blockUnitsOf(size_t count, size_t elem, int blocks) {
+  const size_t u = elem >= kUnitBytes ? 1 : kUnitBytes / elem;  // unitElems, on the host
+  return ((count + u - 1) / u + blocks - 1) / blocks;
+}
+DDL_NODE_FN void blockShare(const Args& a, int b, size_t* lo, size_t* hi) {
+  const size_t per = a.block_units * unitElems(a.elem), at = per * static_cast<size_t>(b);
+  *lo = at < a.count ? at : a.count;
+  *hi = at + per < a.count ? at + per : a.count;
 }
 
 // The elements of a block's chunk: what fits its sub-slot (reduce-scatter: one chunk per member), in whole
@@ -252,7 +292,7 @@ DDL_NODE_COLD void failAll(const Args& a, uint32_t code, X& x) {
   x.markFailed(failedOf(a.regions[a.rank]));
   x.setError(a.error, code);
   for (int p = 0; p < a.nranks; ++p)
-    for (int b = 0; b < kBlocks; ++b) x.signal(flagOf(a.regions[p], b, a.rank), kPoison);
+    for (int b = 0; b < a.blocks; ++b) x.signal(flagOf(a.regions[p], b, a.rank), kPoison);
 }
 
 // Once member p's flag of block b reads v >= e (it met this block at e, or failed: kPoison): whether its
@@ -412,7 +452,7 @@ DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
   uint32_t* claim = claimOf(a.regions[a.rank], b);
   uint64_t* counters = countersOf(a.regions[a.rank]);
   uint64_t epoch = counters[b];
-  uint64_t round = counters[kBlocks + b];
+  uint64_t round = counters[kMaxBlocks + b];
   const size_t es = a.elem, u = unitElems(es), chunk = chunkElems(a);
   const int n = a.nranks, me = a.rank;
   const char* send = static_cast<const char*>(a.send);
@@ -420,7 +460,7 @@ DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
   const char* srcs[kMaxRanks];
   // This block's share of the message (of each member's block, for reduce-scatter and allgather).
   size_t first, last;
-  share(a.count, kBlocks, b, u, &first, &last);
+  blockShare(a, b, &first, &last);
   bool ok = chunk > 0;
   // An allreduce whose buffers are registered here meets first, without copying in: where every member's
   // are, the call is zero-copy; else it goes on staged (stagedMeet).
@@ -500,7 +540,7 @@ DDL_NODE_FN void runBlock(const Args& a, int b, X& x) {
   if (x.tid() == 0) {
     if (ok) {
       counters[b] = epoch;
-      counters[kBlocks + b] = round;
+      counters[kMaxBlocks + b] = round;
     }
     x.unclaim(claim);  // after the counters: the next kernel to claim block b reads them
   }

@@ -67,7 +67,9 @@ void StreamCalls::setupNodeKernel(void* stream, int dev) {
   owner_.drainAsync();
   DevicePath::KeepDevice keep(rt);
   std::string why;
-  setNodeKernel(path_.setupNode(dev, exchange(), &why) ? Setup::kReady : Setup::kOff);
+  const bool ready = path_.setupNode(dev, exchange(), &why);
+  shape_.node_blocks = path_.blocks();
+  setNodeKernel(ready ? Setup::kReady : Setup::kOff);
   if (shape_.node_kernel == Setup::kOff) setup_why_ = why;
   if (shape_.node_kernel == Setup::kReady && !shape_.shm_all && !getEnv("DDL_DEBUG").empty()) {
     std::fprintf(stderr,
@@ -181,6 +183,7 @@ void StreamCalls::call(void* stream, const Call& c, std::initializer_list<const 
   }
   node::Args a = c.args;
   a.kind = kindOf(c.coll, plan.one_shot);
+  a.blocks = plan.blocks;
   switch (plan.path) {
     case AllReducePath::kNodeKernel:
       return launchNodeKernel(stream, a);

@@ -68,15 +68,33 @@ struct Words {
 
 }  // namespace
 
-StreamPath::StreamPath(DeviceRuntime& rt, int rank, int timeout_ms, DeviceScheme forced, size_t slot_bytes)
+int nodeKernelBlocks(const std::vector<int>& capacity, const std::vector<int>& sharing, int forced) {
+  int blocks = forced > 0 ? forced : node::kMaxBlocks;
+  for (size_t m = 0; m < capacity.size(); ++m) {
+    if (sharing[m] <= 1) {
+      // A GPU of its own binds nothing (its blocks never wait for each other): as many as it keeps resident
+      // where it says, the forced count whatever it says.
+      if (forced <= 0 && capacity[m] > 0) blocks = std::min(blocks, std::max(capacity[m], node::kMinBlocks));
+      continue;
+    }
+    const int fits = capacity[m] / sharing[m];
+    if (fits < std::max(forced, node::kMinBlocks)) return 0;
+    blocks = std::min(blocks, fits);
+  }
+  return blocks;
+}
+
+StreamPath::StreamPath(DeviceRuntime& rt, int rank, int timeout_ms, DeviceScheme forced, size_t slot_bytes,
+                       int forced_blocks)
     : rt_(rt),
       rank_(rank),
       timeout_ms_(timeout_ms),
       forced_(forced),
       // Every block's sub-slot holds a 16-byte unit from each of up to kMaxRanks members (reduce-scatter).
       slot_bytes_(std::max<size_t>(kMinNodeSlotBytes, (slot_bytes ? slot_bytes : kNodeSlotBytes) /
-                                                          (node::kUnitBytes * node::kBlocks) *
-                                                          (node::kUnitBytes * node::kBlocks))) {}
+                                                          (node::kUnitBytes * node::kMaxBlocks) *
+                                                          (node::kUnitBytes * node::kMaxBlocks))),
+      forced_blocks_(forced_blocks) {}
 
 StreamPath::~StreamPath() { release(); }
 
@@ -196,14 +214,23 @@ bool StreamPath::setupNode(int dev, const NodeExchange& ex, std::string* why) {
       }
     }
   }
-  // Ranks sharing a GPU wait for each other inside the kernel: all their CTAs must be resident at once.
-  for (int m = 0; m < members_ && ok; ++m) {
-    int sharing = 0;
-    for (int k = 0; k < members_; ++k) sharing += recs[k].ident == recs[m].ident;
-    if (sharing > 1 && sharing * node::kBlocks > recs[m].capacity) {
-      *why = std::to_string(sharing) + " ranks share member " + std::to_string(m) + "'s GPU, whose " +
-             std::to_string(recs[m].capacity) + " resident CTAs cannot hold their " +
-             std::to_string(sharing * node::kBlocks) + " at once";
+  // The blocks: ranks sharing a GPU wait for each other inside the kernel, so all their CTAs must be resident
+  // at once.
+  blocks_ = 0;
+  if (ok) {
+    std::vector<int> capacity(members_), sharing(members_);
+    for (int m = 0; m < members_; ++m) {
+      capacity[m] = recs[m].capacity;
+      for (int k = 0; k < members_; ++k) sharing[m] += recs[k].ident == recs[m].ident;
+    }
+    blocks_ = nodeKernelBlocks(capacity, sharing, forced_blocks_);
+    const int want = std::max(forced_blocks_, node::kMinBlocks);
+    int m = 0;
+    while (m + 1 < members_ && (sharing[m] <= 1 || capacity[m] / sharing[m] >= want)) ++m;
+    if (!blocks_) {
+      *why = std::to_string(sharing[m]) + " ranks share member " + std::to_string(m) + "'s GPU, whose " +
+             std::to_string(capacity[m]) + " resident CTAs cannot hold " + std::to_string(want) +
+             " for each" + (forced_blocks_ ? " (DDL_NODE_BLOCKS)" : "") + " at once";
       ok = false;
     }
   }
@@ -218,12 +245,12 @@ bool StreamPath::setupNode(int dev, const NodeExchange& ex, std::string* why) {
       fork_ = rt_.newEvent(dev);
       join_ = rt_.newEvent(dev);
       words_host_ = rt_.allocMapped(sizeof(Words), &words_dev_);
-      poison_ = rt_.allocHost(node::kBlocks * sizeof(uint64_t));
+      poison_ = rt_.allocHost(node::kMaxBlocks * sizeof(uint64_t));
       // The registrations' table (ddlCommRegister), here rather than at the first registration: a graph's
       // capture may reserve rows (graphRef), and nothing may be allocated during a capture.
       table_ = rt_.allocDevice(kRegistrationTableBytes);
       rt_.zeroDevice(table_, kRegistrationTableBytes);
-      std::fill_n(static_cast<uint64_t*>(poison_), node::kBlocks, node::kPoison);
+      std::fill_n(static_cast<uint64_t*>(poison_), node::kMaxBlocks, node::kPoison);
     } catch (const Error& e) {
       *why = std::string("setting up the node kernel: ") + e.what();
       ok = false;
@@ -234,6 +261,7 @@ bool StreamPath::setupNode(int dev, const NodeExchange& ex, std::string* why) {
   const bool agreed = ex.agree(ok);
   if (!agreed) {
     if (ok) *why = "another rank could not set up the node kernel (its DDL_DEBUG output says why)";
+    blocks_ = 0;
     closePeers();
     ex.agree(true);
     release();
@@ -254,9 +282,9 @@ bool StreamPath::setupNode(int dev, const NodeExchange& ex, std::string* why) {
     std::fprintf(
         stderr,
         "ddl: rank %d: stream-ordered device collectives run the node kernel (%s) among the node's %d "
-        "ranks%s, %zu MiB of device memory per rank\n",
+        "ranks%s, %d CTAs per kernel, %zu MiB of device memory per rank\n",
         rank_, rt_.name(), members_,
-        shared ? (recs[0].mps ? " sharing a GPU under MPS" : " sharing a GPU (forced)") : "",
+        shared ? (recs[0].mps ? " sharing a GPU under MPS" : " sharing a GPU (forced)") : "", blocks_,
         region_bytes_ >> 20);
   }
   return true;
@@ -276,8 +304,12 @@ void StreamPath::complete(node::Args& a, bool capturing) {
   DDL_ASSERT(ready_);
   a.nranks = members_;
   a.rank = me_;
+  if (a.blocks == 0) a.blocks = blocks_;  // the plan's, else (the kPoison kernel) the setup's
+  DDL_ASSERT(a.blocks == blocks_);
   for (int m = 0; m < node::kMaxRanks; ++m) a.regions[m] = m < members_ ? regions_[m] : nullptr;
   a.slot_bytes = slot_bytes_;
+  a.sub_slot_bytes = node::subSlotBytesOf(slot_bytes_, a.blocks);
+  a.block_units = node::blockUnitsOf(a.count, a.elem, a.blocks);
   auto* words_dev = static_cast<Words*>(words_dev_);
   a.abort = &words_dev->abort;
   a.error = &words_dev->error;
@@ -313,7 +345,7 @@ void StreamPath::poisonFlags() noexcept {
     rt_.bind(dev_);
     const auto* words = static_cast<const uint64_t*>(poison_);
     for (int p = 0; p < members_; ++p)
-      for (int b = 0; b < node::kBlocks; ++b) rt_.copy(0, node::flagOf(regions_[p], b, me_), words + b, 8);
+      for (int b = 0; b < blocks_; ++b) rt_.copy(0, node::flagOf(regions_[p], b, me_), words + b, 8);
     rt_.syncQueue(0);
   } catch (const Error&) {
     rt_.drain();
@@ -344,12 +376,11 @@ uint32_t StreamPath::gpuError() const {
 }
 
 std::string StreamPath::describeCall(uint64_t sig) {
-  const auto kind = static_cast<node::Kind>(sig >> 54 & 15);
-  const auto root = static_cast<int>(sig >> 49 & 31);
-  const auto op = static_cast<ddlRedOp_t>(sig >> 45 & 15);
-  const auto type = static_cast<ddlDataType_t>(sig >> 40 & 31);
-  const std::string n = std::to_string(sig & node::kSignatureCountMask) + " " + typeName(type);
-  switch (kind) {
+  const node::Signature s = node::Signature::of(sig);
+  const auto root = s.root;
+  const auto op = s.op;
+  const std::string n = std::to_string(s.count) + " " + typeName(s.type);
+  switch (s.kind) {
     case node::Kind::kAllReduceOneShot:
     case node::Kind::kAllReduceTwoShot:
       return "allreduce of " + n + " (" + opName(op) + ")";

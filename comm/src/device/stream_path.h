@@ -57,15 +57,25 @@ namespace ddl {
 
 // A node kernel slot (node_kernel.h): 4 of them per rank, 32 MiB of device memory with the default.
 constexpr size_t kNodeSlotBytes = size_t{8} << 20;
-constexpr size_t kMinNodeSlotBytes = node::kUnitBytes * node::kMaxRanks * node::kBlocks;  // 8 KiB
+constexpr size_t kMinNodeSlotBytes = node::kUnitBytes * node::kMaxRanks * node::kMaxBlocks;  // 16 KiB
 // The size of a rank's record in the node kernel's setup exchange.
 constexpr size_t kNodeRecordBytes = 512;
 // The registrations' table (node_kernel.h): 512 KiB of device memory per rank.
 constexpr size_t kRegistrationTableBytes = size_t{node::kMaxRegistrations} * node::kMaxRanks * sizeof(char*);
 
+// The node kernel's blocks (CTAs) for members whose GPUs keep capacity[m] of its CTAs resident at once and
+// are shared by sharing[m] members (each member's GPU as it says): as many as each GPU keeps resident for
+// every member on it, at most node::kMaxBlocks, the least over the members, since block b of every member
+// meets block b of every other; forced (DDL_NODE_BLOCKS; 0: not forced) instead, where every GPU keeps that
+// many resident for each member on it. 0 where the GPUs cannot (fewer than node::kMinBlocks, or than forced):
+// ranks sharing a GPU wait for each other inside the kernel, so all their CTAs must be resident at once.
+int nodeKernelBlocks(const std::vector<int>& capacity, const std::vector<int>& sharing, int forced);
+
 class StreamPath {
  public:
-  StreamPath(DeviceRuntime& rt, int rank, int timeout_ms, DeviceScheme forced, size_t slot_bytes);
+  // forced_blocks: DDL_NODE_BLOCKS (nodeKernelBlocks); 0: chosen at the setup.
+  StreamPath(DeviceRuntime& rt, int rank, int timeout_ms, DeviceScheme forced, size_t slot_bytes,
+             int forced_blocks = 0);
   ~StreamPath();
   StreamPath(const StreamPath&) = delete;
   StreamPath& operator=(const StreamPath&) = delete;
@@ -75,6 +85,8 @@ class StreamPath {
   // Throws what the exchange throws (the communicator is then broken).
   bool setupNode(int dev, const NodeExchange& ex, std::string* why);
   int kernelDevice() const { return dev_; }
+  // The node kernel's blocks, agreed at the setup (0 before it, or where it failed).
+  int blocks() const { return blocks_; }
   bool ready() const { return ready_; }
 
   // Enqueues a collective of the node kernel on stream (on kernelDevice()). a's kind, counts, buffers, type,
@@ -167,6 +179,8 @@ class StreamPath {
   const int timeout_ms_;
   const DeviceScheme forced_;
   const size_t slot_bytes_;
+  const int forced_blocks_;
+  int blocks_ = 0;
   bool ready_ = false;
   int dev_ = -1;
   int members_ = 0, me_ = 0;
@@ -177,7 +191,7 @@ class StreamPath {
   void* fork_ = nullptr;        // events: the caller's stream to ours, and back
   void* join_ = nullptr;
   void* words_host_ = nullptr;  // Words (stream_path.cpp): abort, error, a mismatch's detail; pinned, mapped
-  void* poison_ = nullptr;      // kBlocks words of node::kPoison, pinned (poisonFlags' source)
+  void* poison_ = nullptr;      // kMaxBlocks words of node::kPoison, pinned (poisonFlags' source)
   void* words_dev_ = nullptr;
   std::atomic<uint32_t*> abort_word_{nullptr};
   std::atomic<uint32_t*> error_word_{nullptr};
