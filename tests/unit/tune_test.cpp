@@ -227,6 +227,17 @@ TEST(ChooseAllReduce, ForcedSettingsWinThenTheTableThenTheBuiltIn) {
 namespace ddl {
 namespace {
 
+// 2 nodes x 4 ranks sharing memory on each, the node mdring's dim 0 with one dim above it.
+AllReduceShape twoNodesOfFour() {
+  AllReduceShape nodes;
+  nodes.nranks = 8;
+  nodes.shm_dim0 = true;
+  nodes.topology = "4x2";
+  nodes.has_grid = true;
+  nodes.dims_above_node = 1;
+  return nodes;
+}
+
 AllReduceShape oneNode(int n) {
   AllReduceShape s;
   s.nranks = n;
@@ -296,12 +307,7 @@ TEST(PlanAllReduce, StreamOrderedTakesTheNodeKernelElseHostPaced) {
 }
 
 TEST(PlanAllReduce, StreamOrderedAcrossNodesRunsTheNodeKernelAroundTheWire) {
-  AllReduceShape nodes;  // 2 nodes x 4 ranks, the node is dim 0
-  nodes.nranks = 8;
-  nodes.shm_dim0 = true;
-  nodes.topology = "4x2";
-  nodes.has_grid = true;
-  nodes.dims_above_node = 1;
+  AllReduceShape nodes = twoNodesOfFour();
   AllReducePlan p = planAllReduce(nodes, 1 << 20, Buffers::kDeviceOnStream);
   EXPECT_EQ(p.path, AllReducePath::kNodeKernelAcrossNodes);
   EXPECT_TRUE(p.setup);
@@ -359,12 +365,7 @@ TEST(PlanOnStream, OneNodeEveryCollectiveTakesTheNodeKernelOnItsDevice) {
 }
 
 TEST(PlanOnStream, AcrossNodesOnlyAllReduceRunsTheKernelAndTheRestSayWhyNot) {
-  AllReduceShape nodes;  // 2 nodes x 4 ranks, the node is dim 0
-  nodes.nranks = 8;
-  nodes.shm_dim0 = true;
-  nodes.topology = "4x2";
-  nodes.has_grid = true;
-  nodes.dims_above_node = 1;
+  AllReduceShape nodes = twoNodesOfFour();
   StreamPlan p = planOnStream(nodes, CollKind::kAllGather, 1 << 20, true);
   EXPECT_TRUE(p.setup) << "an allgather first still sets the kernel up for the allreduces after it";
   EXPECT_EQ(p.path, AllReducePath::kHostPaced);
