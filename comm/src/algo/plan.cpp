@@ -43,14 +43,18 @@ bool shmServes(const AllReduceShape& s) {
   return s.shm_all && (s.forced_algo == Algo::kAuto || s.forced_algo == Algo::kShm);
 }
 
-bool nodeKernelServes(const AllReduceShape& s) {
-  return shmServes(s) && s.nranks > 1 && s.node_kernel != Setup::kOff;
-}
-
-bool nodeKernelAcrossServes(const AllReduceShape& s) {
-  return s.shm_dim0 && s.dims_above_node == 1 && s.nranks > 1 && s.node_kernel != Setup::kOff &&
+namespace {
+// Where the node kernel would serve, whatever its setup's outcome.
+bool oneNodeFits(const AllReduceShape& s) { return shmServes(s) && s.nranks > 1; }
+bool acrossFits(const AllReduceShape& s) {
+  return s.shm_dim0 && s.dims_above_node == 1 && s.nranks > 1 &&
          (s.forced_algo == Algo::kAuto || s.forced_algo == Algo::kMdRing);
 }
+}  // namespace
+
+bool nodeKernelServes(const AllReduceShape& s) { return oneNodeFits(s) && s.node_kernel != Setup::kOff; }
+
+bool nodeKernelAcrossServes(const AllReduceShape& s) { return acrossFits(s) && s.node_kernel != Setup::kOff; }
 
 size_t nodeOneShotBytes(int nranks) {
   if (nranks <= 2) return size_t{512} << 10;
@@ -116,9 +120,7 @@ StreamPlan planOnStream(const AllReduceShape& s, CollKind coll, size_t bytes, bo
   StreamPlan p;
   // Where the node kernel would serve once set up (nodeKernelServes and nodeKernelAcrossServes ask the
   // setup's outcome too).
-  AllReduceShape untried = s;
-  untried.node_kernel = Setup::kUntried;
-  const bool one_node = nodeKernelServes(untried), across = nodeKernelAcrossServes(untried);
+  const bool one_node = oneNodeFits(s), across = acrossFits(s);
   const bool allreduce = coll == CollKind::kAllReduce;
   if (!one_node && !across) {
     // With the node's segment shared as the kernel needs, only DDL_ALGO can have sent the calls elsewhere.
