@@ -72,10 +72,12 @@
 
 #if defined(__CUDACC__)
 #define DDL_NODE_FN __device__ inline
+#define DDL_NODE_HOST_FN __host__ __device__ inline  // also the host's (the launch's precomputations)
 #define DDL_NODE_COLD \
   __device__ __noinline__  // out of line: the failure paths, and what needs registers of its own
 #else
 #define DDL_NODE_FN inline
+#define DDL_NODE_HOST_FN inline
 #define DDL_NODE_COLD inline
 #endif
 
@@ -244,7 +246,7 @@ DDL_NODE_FN char* outSlot(const Args& a, int member, uint64_t round, int b) {
 }
 
 // Elements per 16-byte unit.
-DDL_NODE_FN size_t unitElems(size_t elem) { return elem >= kUnitBytes ? 1 : kUnitBytes / elem; }
+DDL_NODE_HOST_FN size_t unitElems(size_t elem) { return elem >= kUnitBytes ? 1 : kUnitBytes / elem; }
 
 // Share i of g of n elements, cut in whole units of u elements (the last shares may be empty).
 DDL_NODE_FN void share(size_t n, int g, int i, size_t u, size_t* lo, size_t* hi) {
@@ -258,7 +260,7 @@ DDL_NODE_FN void share(size_t n, int g, int i, size_t u, size_t* lo, size_t* hi)
 // Block b's share [*lo, *hi) of the count elements: share b of blocks (block_units, computed on the host
 // once, as sub_slot_bytes is).
 inline size_t blockUnitsOf(size_t count, size_t elem, int blocks) {
-  const size_t u = elem >= kUnitBytes ? 1 : kUnitBytes / elem;  // unitElems, on the host
+  const size_t u = unitElems(elem);
   return ((count + u - 1) / u + blocks - 1) / blocks;
 }
 DDL_NODE_FN void blockShare(const Args& a, int b, size_t* lo, size_t* hi) {
