@@ -217,6 +217,9 @@ TEST(NodeKernel, BlocksFromEachGpusResidentCtasAndTheRanksSharingIt) {
   EXPECT_EQ(nodeKernelBlocks({23, 23, 23}, {3, 3, 3}, 0), 0) << "fewer than kMinBlocks each: no kernel";
   EXPECT_EQ(nodeKernelBlocks({60, 60, 60}, {3, 3, 3}, 16), 16);
   EXPECT_EQ(nodeKernelBlocks({60, 60, 60}, {3, 3, 3}, 21), 0) << "a forced count the GPU cannot hold";
+  int short_member = -1;
+  EXPECT_EQ(nodeKernelBlocks({264, 264, 14, 14}, {1, 1, 2, 2}, 0, &short_member), 0);
+  EXPECT_EQ(short_member, 2) << "the first member whose GPU cannot hold them";
   EXPECT_EQ(nodeKernelBlocks({10, 10}, {1, 1}, 48), 48) << "GPUs of their own take any forced count";
 }
 

@@ -68,7 +68,8 @@ struct Words {
 
 }  // namespace
 
-int nodeKernelBlocks(const std::vector<int>& capacity, const std::vector<int>& sharing, int forced) {
+int nodeKernelBlocks(const std::vector<int>& capacity, const std::vector<int>& sharing, int forced,
+                     int* short_member) {
   int blocks = forced > 0 ? forced : node::kMaxBlocks;
   for (size_t m = 0; m < capacity.size(); ++m) {
     if (sharing[m] <= 1) {
@@ -78,7 +79,10 @@ int nodeKernelBlocks(const std::vector<int>& capacity, const std::vector<int>& s
       continue;
     }
     const int fits = capacity[m] / sharing[m];
-    if (fits < std::max(forced, node::kMinBlocks)) return 0;
+    if (fits < std::max(forced, node::kMinBlocks)) {
+      if (short_member) *short_member = static_cast<int>(m);
+      return 0;
+    }
     blocks = std::min(blocks, fits);
   }
   return blocks;
@@ -223,14 +227,13 @@ bool StreamPath::setupNode(int dev, const NodeExchange& ex, std::string* why) {
       capacity[m] = recs[m].capacity;
       for (int k = 0; k < members_; ++k) sharing[m] += recs[k].ident == recs[m].ident;
     }
-    blocks_ = nodeKernelBlocks(capacity, sharing, forced_blocks_);
-    const int want = std::max(forced_blocks_, node::kMinBlocks);
-    int m = 0;
-    while (m + 1 < members_ && (sharing[m] <= 1 || capacity[m] / sharing[m] >= want)) ++m;
+    int m = 0;  // where there are too few: the member whose GPU holds them
+    blocks_ = nodeKernelBlocks(capacity, sharing, forced_blocks_, &m);
     if (!blocks_) {
       *why = std::to_string(sharing[m]) + " ranks share member " + std::to_string(m) + "'s GPU, whose " +
-             std::to_string(capacity[m]) + " resident CTAs cannot hold " + std::to_string(want) +
-             " for each" + (forced_blocks_ ? " (DDL_NODE_BLOCKS)" : "") + " at once";
+             std::to_string(capacity[m]) + " resident CTAs cannot hold " +
+             std::to_string(std::max(forced_blocks_, node::kMinBlocks)) + " for each" +
+             (forced_blocks_ ? " (DDL_NODE_BLOCKS)" : "") + " at once";
       ok = false;
     }
   }

@@ -68,8 +68,10 @@ constexpr size_t kRegistrationTableBytes = size_t{node::kMaxRegistrations} * nod
 // every member on it, at most node::kMaxBlocks, the least over the members, since block b of every member
 // meets block b of every other; forced (DDL_NODE_BLOCKS; 0: not forced) instead, where every GPU keeps that
 // many resident for each member on it. 0 where the GPUs cannot (fewer than node::kMinBlocks, or than forced):
-// ranks sharing a GPU wait for each other inside the kernel, so all their CTAs must be resident at once.
-int nodeKernelBlocks(const std::vector<int>& capacity, const std::vector<int>& sharing, int forced);
+// ranks sharing a GPU wait for each other inside the kernel, so all their CTAs must be resident at once;
+// *short_member (where given) then names the first member whose GPU cannot.
+int nodeKernelBlocks(const std::vector<int>& capacity, const std::vector<int>& sharing, int forced,
+                     int* short_member = nullptr);
 
 class StreamPath {
  public:
