@@ -75,7 +75,7 @@ std::unique_ptr<Comm> Comm::bootstrap(int nranks, int rank, Store& store, bool c
       " tune=" + (options.tune ? options.tune->digest() : std::string("built-in")) +
       " shm=" + (options.shm ? std::to_string(options.shm_round_bytes) : std::string("off")) +
       " device=" + deviceSchemeName(options.device_scheme) + "/" + std::to_string(options.node_slot_bytes) +
-      "/" + std::to_string(options.node_blocks);
+      " node-blocks=" + (options.node_blocks ? std::to_string(options.node_blocks) : std::string("auto"));
   if (claim && store.add("joined/" + std::to_string(rank), 1) != 1) {
     fail(ddlInvalidArgument, "two processes claim rank " + std::to_string(rank) + " of " + where);
   }
@@ -88,8 +88,8 @@ std::unique_ptr<Comm> Comm::bootstrap(int nranks, int rank, Store& store, bool c
            "rank 0 created the communicator with " + root_shape + " but rank " + std::to_string(rank) +
                " has " + shape +
                " (DDL_WORLD_SIZE, DDL_TOPOLOGY, DDL_ALGO, DDL_SEGMENT_BYTES, DDL_SHM, "
-               "DDL_SHM_ROUND_BYTES, DDL_DEVICE_SCHEME and DDL_NODE_SLOT_BYTES must be the same "
-               "on every rank, and DDL_TUNE_FILE must hold the same rules)");
+               "DDL_SHM_ROUND_BYTES, DDL_DEVICE_SCHEME, DDL_NODE_SLOT_BYTES and DDL_NODE_BLOCKS must be "
+               "the same on every rank, and DDL_TUNE_FILE must hold the same rules)");
     }
   }
   // Only share mode blocks on the wakeup fd for long; the others keep UCX as it was measured and tuned.
