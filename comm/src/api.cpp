@@ -330,6 +330,17 @@ ddlResult_t ddlCommDeregister(ddlComm_t comm, void* handle) {
   return guard(comm, "ddlCommDeregister", [&] { comm->impl->deregisterBuffer(handle); });
 }
 
+ddlResult_t ddlCommStreamCapturing(ddlComm_t comm, ddlStream_t stream, int* capturing) {
+  DDL_CHECK_COMM("ddlCommStreamCapturing", comm);
+  if (!capturing) {
+    record(comm, "ddlCommStreamCapturing: capturing is NULL");
+    return ddlInvalidArgument;
+  }
+  *capturing = 0;
+  return guard(comm, "ddlCommStreamCapturing",
+               [&] { *capturing = comm->impl->streamCapturing(stream) ? 1 : 0; });
+}
+
 ddlResult_t ddlCommRegisterGraphBuffers(ddlComm_t comm) {
   DDL_CHECK_COMM("ddlCommRegisterGraphBuffers", comm);
   return guard(comm, "ddlCommRegisterGraphBuffers", [&] { comm->impl->registerGraphBuffers(); });

@@ -902,6 +902,12 @@ void Comm::registerGraphBuffers() {
   streams_->registerGraphBuffers();
 }
 
+bool Comm::streamCapturing(void* stream) {
+  if (!device_) return false;
+  DeviceRuntime::RelaxedCapture relaxed(device_->runtime());
+  return device_->runtime().capturing(stream);
+}
+
 void Comm::deregisterBuffer(void* handle) {
   if (!device_ || !handle)
     fail(ddlInvalidArgument, "ddlCommDeregister: not a registration of this communicator");

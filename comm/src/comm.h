@@ -115,6 +115,7 @@ class Comm final : private StreamCalls::Owner {
   void* registerBuffer(void* buf, size_t bytes);
   void deregisterBuffer(void* handle);
   void registerGraphBuffers();  // ddlCommRegisterGraphBuffers
+  bool streamCapturing(void* stream);  // ddlCommStreamCapturing
 
   // Point-to-point, any thread (see p2p.h). The i-forms return at once; the others wait for the operation
   // and throw its error.

@@ -651,6 +651,11 @@ TEST(CApi, SingleRankCommunicatorAndBadArguments) {
   ddlResult_t async = ddlInternalError;
   EXPECT_EQ(ddlCommGetAsyncError(comm, &async), ddlSuccess);
   EXPECT_EQ(async, ddlSuccess);
+  int capturing = 7;  // the legacy default stream is not being captured; a NULL answer is an argument error
+  EXPECT_EQ(ddlCommStreamCapturing(comm, nullptr, &capturing), ddlSuccess) << ddlGetLastError(comm);
+  EXPECT_EQ(capturing, 0);
+  EXPECT_EQ(ddlCommStreamCapturing(comm, nullptr, nullptr), ddlInvalidArgument);
+  EXPECT_NE(std::string(ddlGetLastError(comm)).find("capturing is NULL"), std::string::npos);
   // Registered buffers: device memory only, a handle to fill, a handle that is a registration.
   void* handle = nullptr;
   EXPECT_EQ(ddlCommRegister(comm, buf, sizeof buf, nullptr), ddlInvalidArgument);

@@ -324,6 +324,11 @@ ddlResult_t ddlCommDeregister(ddlComm_t comm, void* handle);
  * share stays staged: the call returns ddlInvalidArgument saying how many and why, and nothing breaks. Do not
  * replay the graph during the call. */
 ddlResult_t ddlCommRegisterGraphBuffers(ddlComm_t comm);
+/* Whether work enqueued on stream now is being captured into a CUDA graph (*capturing = 1, else 0), as
+ * comm's GPU runtime sees it; without one, 0. Asked in CUDA's relaxed capture mode, so that asking does not
+ * invalidate a capture. For frameworks that run collectives of their own around the stream-ordered calls
+ * (torch_ddl's registration rounds) and must not while a capture is under way. */
+ddlResult_t ddlCommStreamCapturing(ddlComm_t comm, ddlStream_t stream, int* capturing);
 ddlResult_t ddlMemAlloc(void** ptr, size_t size);
 ddlResult_t ddlMemFree(void* ptr);
 

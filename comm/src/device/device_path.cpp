@@ -100,6 +100,10 @@ DevicePath::~DevicePath() {
 }
 
 bool DevicePath::handles(std::initializer_list<const void*> ptrs) {
+  // Asked of every blocking call, also while this thread or another captures a CUDA graph (torch_ddl's
+  // registration rounds; a CPU tensor's collective on torch_ddl's worker): in the global capture mode CUDA
+  // may count the question as unsafe and invalidate that capture.
+  DeviceRuntime::RelaxedCapture relaxed(*rt_);
   for (const void* p : ptrs)
     if (p && rt_->deviceOf(p) >= 0) return true;
   return false;
