@@ -59,6 +59,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
   };
   call.stream = [this, t, type = type, factor = factor, op, pre](ddlStream_t stream) mutable {
     at::Tensor buf = pre.apply(t);
+#if TORCH_DDL_STREAM_ORDERED
+    noteHot(buf, stream);  // DDP's buckets: registered once hot, then zero-copy
+#endif
     check(ddlAllReduceOnStream(buf.data_ptr(), buf.data_ptr(), buf.numel() * factor, type, op, comm_, stream),
           "all_reduce");
     if (!buf.is_same(t)) t.copy_(buf);

@@ -33,6 +33,10 @@ PYBIND11_MODULE(_C, m) {
           "How libddl runs this group's collectives on CUDA tensors: 'kernel' (enqueued, one "
           "kernel per collective), 'host' (host-paced: each call waits for the stream and "
           "returns once done) or 'unset' (before the first)")
+      .def_property_readonly(
+          "registered_buffers", &torch_ddl::ProcessGroupDDL::registeredBuffers,
+          "How many CUDA allreduce storages (DDP's buckets) torch_ddl has registered with libddl, so that "
+          "their allreduces read and write them in place (zero-copy); TORCH_DDL_REGISTER=0 turns this off")
       .def_property_readonly("blocking", &torch_ddl::ProcessGroupDDL::blocking,
                              "True when TORCH_DDL_BLOCKING=1 runs collectives on the calling thread")
       .def_property_readonly(

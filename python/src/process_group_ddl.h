@@ -50,8 +50,6 @@
 // a callback must not wait for another collective of the same group.
 #pragma once
 
-#include "torch_compat.h"
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -65,6 +63,8 @@
 #include <vector>
 
 #include "ddl/ddl.h"
+#include "hot_buffers.h"
+#include "torch_compat.h"
 #include "work.h"
 
 namespace torch_ddl {
@@ -169,6 +169,9 @@ class ProcessGroupDDL : public GroupBase {
   bool blocking() const { return blocking_; }
   // True where CUDA tensors take the stream-ordered path (torch >= 2.10, libddl built with CUDA).
   static bool streamOrdered() { return TORCH_DDL_STREAM_ORDERED != 0; }
+  // How many of the group's CUDA allreduce storages (DDP's buckets) are registered for zero-copy now
+  // (hot_buffers.h), as of the last stream-ordered allreduce. Any thread.
+  int registeredBuffers() const { return registered_buffers_.load(); }
 
   // elastic.cpp: elastic training (torch_ddl/elastic.py). Each waits for the group's queued calls, then runs
   // on the calling thread. True when a peer of the group is gone (its communicator broke with ddlRemoteError
@@ -220,7 +223,30 @@ class ProcessGroupDDL : public GroupBase {
   c10::Stream streamFor(c10::Device device);
   std::mutex stream_mu_;
   std::optional<c10::Stream> stream_;  // the group's stream (one device per process)
+
+  // A stream body's allreduce of buf on the node kernel: its storage counted, and at a round registered or
+  // let go (hot_buffers.h), so that DDP's buckets become zero-copy. TORCH_DDL_REGISTER=0 (the same on every
+  // rank): never.
+  void noteHot(const at::Tensor& buf, ddlStream_t stream);
+  static bool hotBuffersOn();
+  // torch's storages as HotBuffers holds them: a c10::Storage holds the memory (the caching allocator cannot
+  // free its segment), a weak_intrusive_ptr names it.
+  struct StorageTraits {
+    using Strong = c10::Storage;
+    using Weak = c10::weak_intrusive_ptr<c10::StorageImpl>;
+    static Weak weak(const Strong& s) { return s.getWeakStorageImpl(); }
+    static Strong lock(const Weak& w) { return c10::Storage(w.lock()); }
+    static const void* id(const Strong& s) { return s.unsafeGetStorageImpl(); }
+    static void* data(const Strong& s) { return s.mutable_data(); }
+    static size_t bytes(const Strong& s) { return s.nbytes(); }
+    static bool othersHold(const Strong& s) { return s.use_count() > 1; }
+  };
+  const bool hot_on_ = hotBuffersOn();
+  HotBuffers<StorageTraits> hot_;  // the stream bodies' (one at a time, in call order)
+  HotBufferOps hot_ops_;
+  int hot_refusals_told_ = 0;
 #endif
+  std::atomic<int> registered_buffers_{0};  // hot_.registered(), for registeredBuffers()
 
   // collectives.cpp: the calls behind the public collectives, so that the coalesced forms can run several as
   // one Work.

@@ -24,6 +24,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -95,6 +96,41 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submitStream(c10d::OpType type, 
     }
   }
   return work;
+}
+
+bool ProcessGroupDDL::hotBuffersOn() {
+  const char* v = std::getenv("TORCH_DDL_REGISTER");
+  return !(v && std::string(v) == "0");
+}
+
+void ProcessGroupDDL::noteHot(const at::Tensor& buf, ddlStream_t stream) {
+  if (!hot_on_ || !buf.has_storage() || streamScheme() != "kernel") return;
+  if (!hot_ops_.max_all) {
+    hot_ops_.max_all = [this](std::vector<int64_t>& v) {
+      check(ddlAllReduce(v.data(), v.data(), v.size(), ddlInt64, ddlMax, comm_), "registering DDP's buckets");
+    };
+    hot_ops_.add = [this](void* data, size_t bytes, std::string* why) -> void* {
+      void* handle = nullptr;
+      const ddlResult_t r = ddlCommRegister(comm_, data, bytes, &handle);
+      if (r == ddlInvalidArgument && comm_ref_->asyncError().empty()) {  // this buffer stays staged
+        *why = ddlGetLastError(nullptr);
+        return nullptr;
+      }
+      check(r, "ddlCommRegister");
+      return handle;
+    };
+    hot_ops_.remove = [this](void* handle) { check(ddlCommDeregister(comm_, handle), "ddlCommDeregister"); };
+  }
+  int capturing = 0;
+  check(ddlCommStreamCapturing(comm_, stream, &capturing), "ddlCommStreamCapturing");
+  hot_.note(buf.storage(), capturing != 0, hot_ops_);
+  registered_buffers_.store(hot_.registered());
+  if (hot_.refusals() > hot_refusals_told_ && hot_refusals_told_ == 0) {
+    TORCH_WARN("ddl: a CUDA allreduce buffer could not be registered for zero-copy and stays staged (",
+               hot_.lastRefusal(), "); torch_ddl stops trying after ", hot_.kMaxRefusals,
+               " such refusals. TORCH_DDL_REGISTER=0 turns registration off.");
+  }
+  hot_refusals_told_ = hot_.refusals();
 }
 
 }  // namespace torch_ddl

@@ -932,6 +932,11 @@ def scenario_cuda():
     # DDP on CUDA tensors ends with gloo's weights (gloo takes CUDA tensors through host memory).
     gloo_pg = dist.new_group(backend="gloo")
     w_ddl = train(dist.group.WORLD, device="cuda")
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
+    if torch_ddl.ProcessGroupDDL.stream_ordered and cuda_scheme() == "kernel":
+        # DDP's buckets, hot after two steps, were registered at a round: these weights came zero-copy.
+        print("registered buffers after DDP: %d" % backend.registered_buffers)
+        check(backend.registered_buffers > 0, "DDP's buckets were never registered for zero-copy")
     w_gloo = train(gloo_pg, device="cuda")
     check(torch.allclose(w_ddl.cpu(), w_gloo.cpu(), rtol=1e-5, atol=1e-6),
           "CUDA weights differ from gloo's: max |diff| %g" % (w_ddl - w_gloo).abs().max())

@@ -1,0 +1,183 @@
+// HotBuffers: which of a group's CUDA allreduce buffers torch_ddl registers with libddl (ddlCommRegister), so
+// that the node kernel reads and writes them in place (zero-copy) with no change to the user's script. DDP
+// allreduces the same bucket storages every step; once a storage has been allreduced kUsesToRegister times,
+// it is registered at the group's next round, and its calls are zero-copy from then on.
+//
+// Why rounds: ddlCommRegister and ddlCommDeregister are collectives (every rank, the same order), while
+// which storages a rank sees is its own. So the ranks meet at the same calls (the 2nd, 4th, 8th, ... 1024th
+// allreduce, then every 1024th; a round is one small max over every rank, a blocking host collective):
+// they register as many of their hot storages as every rank has (the i-th of each pairs in one registration;
+// the kernel reads each member's own buffer in its row, so pairs need not be alike), and deregister what any
+// rank no longer uses.
+//
+// Why a registration holds its storage: a peer maps the storage's allocation over CUDA IPC, and freeing an
+// allocation that a peer still maps is undefined in CUDA. A registered storage is kept alive (the caching
+// allocator cannot free its segment) until a round finds that nobody else holds it (DDP rebuilt its buckets,
+// or was deleted); then every rank deregisters it and lets it go. A candidate is held only weakly.
+//
+// Bounded: kMaxCandidates storages counted, kMaxRegistered registered per group, kPerRound per round. A
+// registration a rank cannot make (PyTorch's expandable segments: memory from cuMemCreate, which CUDA IPC
+// cannot share) fails on every rank and changes nothing: those storages stay staged and are not offered
+// again, and after kMaxRefusals refusals the group stops registering. A round while the caller's stream is
+// being captured into a CUDA graph registers and deregisters nothing (ranks capture alike).
+//
+// Torch-free, so that tests run it over libddl on the emulated device (tests/unit/hot_buffers_test.cpp):
+// Traits says what a buffer is (process_group_ddl.h: torch's c10::Storage):
+//   Strong               holds the memory;  Weak  names it without holding it
+//   weak(s) -> Weak, lock(w) -> Strong (empty where gone), id(s) (the same for one buffer while alive),
+//   data(s) -> void*, bytes(s) -> size_t, othersHold(s) (someone besides HotBuffers holds it).
+// Threads: one call at a time (the group's calls in order).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace torch_ddl {
+
+// What a round does on the communicator: collectives of every rank.
+struct HotBufferOps {
+  std::function<void(std::vector<int64_t>& v)> max_all;  // v becomes the elementwise max over every rank
+  // ddlCommRegister: the handle, or null with *why where a rank could not share its buffer (on every rank).
+  std::function<void*(void* data, size_t bytes, std::string* why)> add;
+  std::function<void(void* handle)> remove;  // ddlCommDeregister
+};
+
+template <class Traits>
+class HotBuffers {
+ public:
+  using Strong = typename Traits::Strong;
+  using Weak = typename Traits::Weak;
+
+  static constexpr int kUsesToRegister = 2;
+  static constexpr int kMaxCandidates = 64;
+  static constexpr int kMaxRegistered = 32;
+  static constexpr int kPerRound = 8;
+  static constexpr int kMaxRefusals = 4;
+  static constexpr uint64_t kEvery = 1024;
+
+  // Before each of the group's allreduces that the node kernel runs (the same calls on every rank), on buf:
+  // counts it and, at a round's call, runs the round. capturing: the call's stream is being captured. Throws
+  // what ops throw (a broken communicator).
+  void note(const Strong& buf, bool capturing, const HotBufferOps& ops) {
+    ++calls_;
+    if (!registeredAt(Traits::id(buf))) count(buf);
+    if (roundAt(calls_)) round(capturing, ops);
+  }
+
+  // Whether a round comes at the call-th call (from 1).
+  static bool roundAt(uint64_t call) { return call % kEvery == 0 || (call >= 2 && (call & (call - 1)) == 0); }
+
+  int registered() const { return static_cast<int>(registered_.size()); }
+  int candidates() const { return static_cast<int>(candidates_.size()); }
+  int refusals() const { return refusals_; }
+  // Why the last registration was refused ("" where none was).
+  const std::string& lastRefusal() const { return last_why_; }
+
+  // Deregistration needs every rank: at the group's end, ddlCommDestroy drops the registrations and the
+  // storages are let go after it.
+
+ private:
+  struct Candidate {
+    Weak weak;
+    int uses = 0;  // < 0: refused
+  };
+  struct Registered {
+    Strong buf;
+    void* handle;
+  };
+
+  bool registeredAt(const void* id) const {
+    return std::any_of(registered_.begin(), registered_.end(),
+                       [id](const Registered& r) { return Traits::id(r.buf) == id; });
+  }
+
+  void count(const Strong& buf) {
+    const void* id = Traits::id(buf);
+    auto it = candidates_.find(id);
+    if (it == candidates_.end()) {
+      if (static_cast<int>(candidates_.size()) >= kMaxCandidates && !makeRoom()) return;
+      it = candidates_.emplace(id, Candidate{Traits::weak(buf), 0}).first;
+    }
+    if (it->second.uses >= 0) ++it->second.uses;
+  }
+
+  // Forgets the candidates that are gone, else the least used one; false where every one is refused.
+  bool makeRoom() {
+    for (auto it = candidates_.begin(); it != candidates_.end();) {
+      it = Traits::lock(it->second.weak) ? std::next(it) : candidates_.erase(it);
+    }
+    if (static_cast<int>(candidates_.size()) < kMaxCandidates) return true;
+    auto least = candidates_.end();
+    for (auto it = candidates_.begin(); it != candidates_.end(); ++it) {
+      if (it->second.uses >= 0 && (least == candidates_.end() || it->second.uses < least->second.uses))
+        least = it;
+    }
+    if (least == candidates_.end()) return false;
+    candidates_.erase(least);
+    return true;
+  }
+
+  void round(bool capturing, const HotBufferOps& ops) {
+    // What this rank offers, held from now on: the hot candidates still alive, most used first.
+    std::vector<std::pair<int, Strong>> offer;
+    for (auto it = candidates_.begin(); it != candidates_.end();) {
+      Strong s = Traits::lock(it->second.weak);
+      if (!s) {
+        it = candidates_.erase(it);
+        continue;
+      }
+      if (it->second.uses >= kUsesToRegister) offer.emplace_back(it->second.uses, std::move(s));
+      ++it;
+    }
+    std::stable_sort(offer.begin(), offer.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    if (offer.size() > static_cast<size_t>(kPerRound)) offer.resize(kPerRound);
+    // [0] any rank capturing, [1] minus the fewest offered, [2 + i] registration i is unused on some rank.
+    std::vector<int64_t> v(2 + kMaxRegistered, 0);
+    v[0] = capturing ? 1 : 0;
+    v[1] = -static_cast<int64_t>(offer.size());
+    for (size_t i = 0; i < registered_.size(); ++i) v[2 + i] = Traits::othersHold(registered_[i].buf) ? 0 : 1;
+    ops.max_all(v);
+    if (v[0] != 0) return;
+    // The same registrations, in the same order, on every rank.
+    std::vector<Registered> kept;
+    for (size_t i = 0; i < registered_.size(); ++i) {
+      if (v[2 + i] != 0) {
+        ops.remove(registered_[i].handle);
+      } else {
+        kept.push_back(std::move(registered_[i]));
+      }
+    }
+    registered_ = std::move(kept);
+    if (refusals_ >= kMaxRefusals) return;
+    const int64_t room = kMaxRegistered - static_cast<int64_t>(registered_.size());
+    const int64_t k = std::min(-v[1], room);
+    for (int64_t i = 0; i < k; ++i) {
+      const Strong& s = offer[static_cast<size_t>(i)].second;
+      std::string why;
+      void* h = ops.add(Traits::data(s), Traits::bytes(s), &why);
+      if (h) {
+        registered_.push_back(Registered{s, h});
+        candidates_.erase(Traits::id(s));
+      } else {  // on every rank alike: the pair stays staged
+        if (auto c = candidates_.find(Traits::id(s)); c != candidates_.end()) c->second.uses = -1;
+        last_why_ = why;
+        if (++refusals_ >= kMaxRefusals) return;
+      }
+    }
+  }
+
+  uint64_t calls_ = 0;
+  std::unordered_map<const void*, Candidate> candidates_;
+  std::vector<Registered> registered_;
+  int refusals_ = 0;
+  std::string last_why_;
+};
+
+}  // namespace torch_ddl
