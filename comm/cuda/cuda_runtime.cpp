@@ -9,6 +9,7 @@
 // threads of one process (where cudaIpcOpenMemHandle refuses a handle of its own process) use the pointer
 // itself, with peer access enabled where the memory is on another device. Node keys guarantee that the
 // members of a node share a PID namespace, so the process id says which case applies.
+#include <cuda.h>  // the driver's enums only: its functions come through driverEntryPoint
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -38,6 +39,22 @@ std::string describe(cudaError_t e) {
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) cudaFail(e, what);
+}
+
+// A function of the driver the runtime loaded, by name (libddl does not link libcuda); null where missing.
+void* driverEntryPoint(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+#else
+  if (cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &found) != cudaSuccess ||
+#endif
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    fn = nullptr;
+  }
+  return fn;
 }
 
 struct IpcRecord {
@@ -167,29 +184,26 @@ class CudaRuntime final : public DeviceRuntime {
     return std::string(reinterpret_cast<const char*>(&r), sizeof r);
   }
   bool allocationOf(const void* p, void** base, size_t* bytes) override {
-    // cuMemGetAddressRange, from the driver the runtime loaded (libddl does not link libcuda).
+    // cuMemGetAddressRange, from the driver the runtime loaded.
     using Range = int (*)(unsigned long long*, size_t*, unsigned long long);
-    static const Range range = [] {
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-#if CUDART_VERSION >= 12050
-      if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found) !=
-#else
-      if (cudaGetDriverEntryPoint("cuMemGetAddressRange", &fn, cudaEnableDefault, &found) !=
-#endif
-              cudaSuccess ||
-          found != cudaDriverEntryPointSuccess) {
-        cudaGetLastError();
-        fn = nullptr;
-      }
-      return reinterpret_cast<Range>(fn);
-    }();
+    static const Range range = reinterpret_cast<Range>(driverEntryPoint("cuMemGetAddressRange"));
     unsigned long long b = 0;
     size_t n = 0;
     if (!range || range(&b, &n, reinterpret_cast<unsigned long long>(p)) != 0) return false;
     *base = reinterpret_cast<void*>(b);
     *bytes = n;
     return true;
+  }
+  uint64_t allocationId(const void* p) override {
+    // cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_BUFFER_ID), from the driver the runtime loaded.
+    using Attribute = int (*)(void*, int, unsigned long long);
+    static const Attribute attribute = reinterpret_cast<Attribute>(driverEntryPoint("cuPointerGetAttribute"));
+    unsigned long long id = 0;
+    if (!attribute ||
+        attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, reinterpret_cast<unsigned long long>(p)) != 0) {
+      return 0;
+    }
+    return id;
   }
   void* importMemory(const std::string& bytes) override {
     IpcRecord r{};

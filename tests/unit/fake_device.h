@@ -76,7 +76,7 @@ class FakeDevices {
     std::memset(p, 0xA5, bytes);
     std::memset(p + (bytes ? bytes : 1), kGuard, kGuardBytes);
     std::lock_guard<std::mutex> lk(mu_);
-    blocks_[p] = Block{bytes ? bytes : 1, pinned ? -1 : dev, pinned};
+    blocks_[p] = Block{bytes ? bytes : 1, pinned ? -1 : dev, pinned, ++ids_};
     return p;
   }
   void free(void* p) {
@@ -119,6 +119,20 @@ class FakeDevices {
     *bytes = it->second.bytes;
     return true;
   }
+  // The allocation holding p's id (CUDA's buffer id), 0 for none or pinned memory.
+  uint64_t idOf(const void* p) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const Block* b = find(p);
+    return b && !b->pinned ? b->id : 0;
+  }
+  // As if the allocation at base p were freed and another made at the same address (what cudaFree then
+  // cudaMalloc may do): a new id, the same memory.
+  void renew(const void* p) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = blocks_.find(static_cast<char*>(const_cast<void*>(p)));
+    if (it == blocks_.end()) fail(ddlInternalError, "fake device: renew of an unknown pointer");
+    it->second.id = ++ids_;
+  }
   bool isBase(const void* p) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = blocks_.find(static_cast<char*>(const_cast<void*>(p)));
@@ -134,6 +148,7 @@ class FakeDevices {
     size_t bytes;
     int dev;
     bool pinned;
+    uint64_t id;
   };
   // With mu_ held: the block containing p, if any.
   const Block* find(const void* p) const {
@@ -145,6 +160,7 @@ class FakeDevices {
   }
   std::mutex mu_;
   std::map<char*, Block> blocks_;
+  uint64_t ids_ = 0;
 };
 
 // A test's device buffer.
@@ -418,6 +434,10 @@ class FakeRuntime final : public DeviceRuntime {
   }
   bool allocationOf(const void* p, void** base, size_t* bytes) override {
     return FakeDevices::get().rangeOf(p, base, bytes);
+  }
+  uint64_t allocationId(const void* p) override {
+    noteQuery();
+    return FakeDevices::get().idOf(p);
   }
   void* importMemory(const std::string& h) override {
     void* p = nullptr;

@@ -1055,6 +1055,37 @@ TEST(StreamPath, MixedRegistrationIsStagedAndRight) {
   }));
 }
 
+// A registered buffer whose allocation a rank frees and makes again at the same address (ddlCommRegister's
+// contract says deregister first): the peers mapped the old allocation, so that rank's calls on it are staged
+// (its allocation's id changed) rather than read in place, and right; every rank's, since one is staged.
+TEST(StreamPath, AnAllocationFreedAndMadeAgainAtTheSameAddressIsStaged) {
+  Rig setup;
+  expectAllOk(runRanks(2, setup, true, [&](Comm& comm) {
+    FakeStream stream;
+    constexpr size_t kCount = 20000;
+    FakeBuffer a(kCount * 4);
+    void* h = comm.registerBuffer(a.p, a.bytes);
+    for (int round = 0; round < 2; ++round) {
+      if (round == 1 && comm.rank() == 1) test_util::FakeDevices::get().renew(a.p);
+      put(a.p, makeInput(ddlFloat32, ddlSum, comm.rank(), kCount));
+      comm.barrier();
+      const int copies = setup.counters->kernel_copies.load();
+      comm.barrier();
+      comm.allReduceOnStream(a.p, a.p, kCount, ddlFloat32, ddlSum, &stream);
+      stream.sync();
+      expectSame(get(a.p, kCount * 4), makeExpected(ddlFloat32, ddlSum, 2, kCount),
+                 "round " + std::to_string(round));
+      comm.barrier();
+      if (round == 0) {
+        EXPECT_EQ(setup.counters->kernel_copies.load(), copies) << "a registered call copied";
+      } else {
+        EXPECT_GT(setup.counters->kernel_copies.load(), copies) << "a renewed allocation was read in place";
+      }
+    }
+    comm.deregisterBuffer(h);
+  }));
+}
+
 // A member whose buffer cannot be shared over CUDA IPC (memory from cuMemCreate, as PyTorch's expandable
 // segments) makes the registration fail on every rank, naming it; nothing breaks, the buffer keeps working
 // staged, and a later registration of shareable memory works.

@@ -306,11 +306,13 @@ ddlResult_t ddlReduceOnStream(const void* sendbuff, void* recvbuff, size_t count
  * where any member's are not, it is staged as before, so mixing is never wrong. Register before capturing
  * a CUDA graph that uses the buffer (or see ddlCommRegisterGraphBuffers), and deregister only once the
  * graph's launches have completed and it will not be launched again: ddlCommDeregister waits for libddl's own
- * kernels, not for a graph's. An argument error on one rank (a NULL or host buffer, size 0, a handle that is
- * no registration) is returned at once on that rank, and the others' call waits for it until the timeout, as
- * in any collective one rank leaves out. Where the node kernel
- * does not serve (host-paced, across nodes) a registration succeeds and changes nothing. Memory that cannot
- * be shared over CUDA IPC (cuMemCreate's, as PyTorch's expandable segments) is refused on every rank with
+ * kernels, not for a graph's. Deregister before freeing the buffer on any rank (the peers map its memory); a
+ * rank whose registered buffer was freed and allocated again at the same address has its calls on it staged
+ * (CUDA's buffer id tells the allocations apart), so they stay right. An argument error on one rank (a NULL
+ * or host buffer, size 0, a handle that is no registration) is returned at once on that rank, and the others'
+ * call waits for it until the timeout, as in any collective one rank leaves out. Where the node kernel does
+ * not serve (host-paced, across nodes) a registration succeeds and changes nothing. Memory that cannot be
+ * shared over CUDA IPC (cuMemCreate's, as PyTorch's expandable segments) is refused on every rank with
  * ddlInvalidArgument naming the member and why; the buffer keeps working, staged. At most 4096
  * registrations per communicator. ddlMemAlloc and ddlMemFree allocate and free device memory on the current
  * device that ddlCommRegister accepts (cudaMalloc's). */

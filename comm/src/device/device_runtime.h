@@ -81,6 +81,10 @@ class DeviceRuntime {
   // The device allocation holding p: its base and size (false where p is in none, or the runtime cannot
   // say). exportMemory takes the base.
   virtual bool allocationOf(const void* p, void** base, size_t* bytes) = 0;
+  // An id of the device allocation holding p that no other allocation of this process ever has (CUDA:
+  // CU_POINTER_ATTRIBUTE_BUFFER_ID), so that memory freed and allocated again at the same address is told
+  // apart; 0 where p is in none, or the runtime cannot say. Never fails.
+  virtual uint64_t allocationId(const void* p) = 0;
   virtual void* importMemory(const std::string& handle) = 0;
   virtual void closeMemory(void* p) noexcept = 0;
 

@@ -323,6 +323,7 @@ void StreamPath::complete(node::Args& a, bool capturing) {
   a.send_ref = a.recv_ref = 0;
   if (a.kind != node::Kind::kAllReduceOneShot && a.kind != node::Kind::kAllReduceTwoShot) return;
   const size_t bytes = a.count * a.elem;
+  DeviceRuntime::RelaxedCapture relaxed(rt_);  // refOf asks CUDA about the buffers, also during a capture
   if (capturing) {  // every rank alike reserves two rows (graphRef)
     a.send_ref = graphRef(static_cast<char*>(const_cast<void*>(a.send)), bytes);
     a.recv_ref = graphRef(static_cast<char*>(a.recv), bytes);

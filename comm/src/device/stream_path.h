@@ -130,6 +130,7 @@ class StreamPath {
     int row = -1;
     std::vector<std::string> imports;  // the members' handles this rank opened for it (closed at removal)
     bool pending = false;              // a captured buffer's row, reserved, not yet shared (graphRef)
+    uint64_t id = 0;  // its allocation's id when shared (DeviceRuntime::allocationId; 0: unknown)
   };
   // Every member, the same registrations in the same order (collectives over ex). Where the node kernel is
   // ready: every member shares its buffer's allocation over CUDA IPC and opens the others', and they agree;

@@ -113,6 +113,7 @@ bool StreamPath::share(Registration& reg, int row, const NodeExchange& ex, std::
     }
   }
   const uint64_t offset = ok ? static_cast<uint64_t>(ptr - static_cast<char*>(base)) : 0;
+  if (ok) reg.id = rt_.allocationId(ptr);
   std::vector<char> all(kNodeRecordBytes * static_cast<size_t>(members_));
   const std::string mine = encode(ok, offset, text);
   std::memcpy(all.data() + static_cast<size_t>(me_) * kNodeRecordBytes, mine.data(), kNodeRecordBytes);
@@ -220,6 +221,9 @@ uint64_t StreamPath::refOf(const void* p, size_t bytes) const {
   const char* c = static_cast<const char*>(p);
   for (const auto& r : registrations_) {
     if (r->row >= 0 && c >= r->ptr && c + bytes <= r->ptr + r->bytes) {
+      // Memory freed and allocated again at that address (against ddlCommRegister's contract) is not what the
+      // peers mapped: staged, rather than read where the old allocation was.
+      if (r->id != 0 && rt_.allocationId(c) != r->id) return 0;
       return static_cast<uint64_t>(r->row + 1) << node::kRefOffsetBits | static_cast<uint64_t>(c - r->ptr);
     }
   }
