@@ -14,7 +14,9 @@ on the calling thread, so DDP cannot overlap it with the backward pass; its expo
 the overlap. --device cuda runs the same on CUDA tensors (one GPU per rank where there are enough, ranks
 sharing GPUs otherwise; start the MPS daemon for figures when they share one) with the torch 2.x of --python
 (default .venv/torch2/bin/python): ddl stream-ordered, ddl-blocking waiting on the host for every collective,
-gloo through host memory; each timed step ends with torch.cuda.synchronize(), so it includes its GPU work.
+gloo through host memory, and ddl-staged (TORCH_DDL_REGISTER=0: none of DDP's buckets registered, so every
+allreduce copies its input through libddl's memory; ddl registers them for zero-copy); each timed step ends
+with torch.cuda.synchronize(), so it includes its GPU work.
 
 allreduce: torch.distributed.all_reduce (float32 sum, in place) through ddl and through gloo, sizes 4 KiB to
 64 MiB, busbw = bytes/time * 2(n-1)/n as nccl-tests defines it; next to it raw ddl-bench (its in-place
@@ -127,6 +129,9 @@ def worker(args):
         dist.all_reduce(med)  # the mean over the ranks (sum, then /world)
         out["sync"], out["nosync"] = (med / world).cpu().tolist()
         out["params"] = sum(p.numel() for p in model.parameters())
+        if backend.startswith("ddl") and args.device == "cuda":  # DDP's buckets registered for zero-copy
+            pg = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
+            out["registered"] = getattr(pg, "registered_buffers", 0)
     else:
         for size in args.sizes:
             t = torch.ones(size // 4)
@@ -190,8 +195,11 @@ def launch(n, backend, what, extra, timeout=900, hosts=None, python=PYTHON):
     os.close(fd)
     env = dict(os.environ, PYTHONPATH=torch_build_dir(python), OMP_NUM_THREADS="1")
     env.pop("TORCH_DDL_BLOCKING", None)
+    env.pop("TORCH_DDL_REGISTER", None)
     if backend == "ddl-blocking":
         env["TORCH_DDL_BLOCKING"] = "1"
+    if backend == "ddl-staged":
+        env["TORCH_DDL_REGISTER"] = "0"
     worker_cmd = [python, os.path.abspath(__file__), "--worker", what, "--backend", backend, "--out", path] + extra
     if hosts:
         code, output = launch_hosts(hosts, env, worker_cmd, timeout)
@@ -226,7 +234,9 @@ def run_ddp(args):
     hosts = [tuple(h.split("=")) for h in args.hosts.split(",")] if args.hosts else None
     ranks = [len(hosts)] if hosts else [int(r) for r in args.ranks.split(",")]
     models = args.model.split(",")
-    backends = ["ddl", "ddl-blocking", "gloo"]
+    # ddl-staged (CUDA): torch_ddl registers none of DDP's buckets, so every allreduce copies through libddl's
+    # memory; against ddl, what zero-copy gives.
+    backends = ["ddl", "ddl-blocking", "gloo"] + (["ddl-staged"] if args.device == "cuda" else [])
     runs = [(m, n, b) for m in models for n in ranks for b in backends for _ in range(args.reps)]
     random.Random(7).shuffle(runs)
     raw = {}
@@ -257,6 +267,7 @@ def run_ddp(args):
                 result["cases"].append({"model": m, "ranks": n, "backend": b, "params": reps[0]["params"],
                                         "step_s": step, "nosync_s": nosync, "exposed_s": exposed,
                                         "samples_per_s": n * args.batch / step,
+                                        "registered": reps[0].get("registered"),
                                         "runs": [{"step_s": r["sync"], "nosync_s": r["nosync"]} for r in reps]})
             for b in backends:
                 step, nosync, exposed = med[b]
