@@ -1002,7 +1002,13 @@ TEST(StreamPath, RegisteredBuffersAllReduceInPlaceWithoutCopies) {
         EXPECT_EQ(setup.counters->kernel_copies.load(), copies) << tag << ": the kernel copied";
         EXPECT_GT(setup.counters->zero_copy.load(), zero) << tag;
       }
+      // A deregistration returns once every member has closed its mapping of the buffer (each closes its n -
+      // 1 mappings of the others' buffers), so that the caller may free it.
+      comm.barrier();
+      const int closes = setup.counters->closes.load();
+      comm.barrier();
       comm.deregisterBuffer(hb);
+      EXPECT_GE(setup.counters->closes.load() - closes, n * (n - 1)) << "a peer still mapped the buffer";
       comm.deregisterBuffer(ha);
       EXPECT_EQ(comm.streamScheme(), "kernel");
     }));

@@ -88,6 +88,9 @@ void* StreamCalls::registerBuffer(void* ptr, size_t bytes) {
   if (planOnStream(shape_, CollKind::kAllReduce, bytes, true).setup) setupNodeKernel(nullptr, dev);
   owner_.drainAsync();
   DevicePath::KeepDevice keep(rt);
+  // Another thread may be capturing a CUDA graph in the global mode (torch_ddl registers while the program
+  // runs): the IPC calls and copies here are not part of it and must not invalidate it.
+  DeviceRuntime::RelaxedCapture relaxed(rt);
   std::string why;
   StreamPath::Registration* r = nullptr;
   // The exchange is the node's: only where the node kernel is ready does a registration use it.
@@ -114,6 +117,7 @@ void StreamCalls::registerGraphBuffers() {
 void StreamCalls::deregister(void* handle) {
   owner_.drainAsync();
   DevicePath::KeepDevice keep(device_.runtime());
+  DeviceRuntime::RelaxedCapture relaxed(device_.runtime());  // as registerBuffer
   bool found = false;
   const NodeExchange ex = path_.ready() ? exchange() : NodeExchange{};
   owner_.deviceCall(

@@ -206,10 +206,13 @@ bool StreamPath::removeRegistration(Registration* r, const NodeExchange& ex) {
                          [r](const std::unique_ptr<Registration>& p) { return p.get() == r; });
   if (it == registrations_.end()) return false;
   if (r->row >= 0) {
-    // No kernel of any member may still read the buffers: each waits for its own, then they meet.
+    // Each member waits for its own kernels (the only readers of its mappings) and closes its mappings of the
+    // others' buffers; then they meet, so that on return no member maps this rank's buffer any more and the
+    // caller may free it (freeing memory a peer still maps is undefined in CUDA).
     waitForKernels();
-    ex.agree(true);
     for (const auto& h : r->imports) closeShared(h);
+    r->imports.clear();
+    ex.agree(true);
     rows_[r->row] = false;
     // The row's pointers stay in the table until it is used again: no call refers to it meanwhile (refOf).
   }
