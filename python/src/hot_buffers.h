@@ -5,7 +5,8 @@
 //
 // Why rounds: ddlCommRegister and ddlCommDeregister are collectives (every rank, the same order), while
 // which storages a rank sees is its own. So the ranks meet at the same calls (the 2nd, 4th, 8th, ... 1024th
-// allreduce, then every 1024th; a round is one small max over every rank, a blocking host collective):
+// noted allreduce, then every 1024th; a round is one small max over every rank, a blocking host collective
+// that holds the caller until every rank reaches it):
 // they register as many of their hot storages as every rank has (the i-th of each pairs in one registration;
 // the kernel reads each member's own buffer in its row, so pairs need not be alike), and deregister what any
 // rank no longer uses.
@@ -70,8 +71,9 @@ class HotBuffers {
     if (roundAt(calls_)) round(capturing, ops);
   }
 
-  // Whether a round comes at the call-th call (from 1).
+  // Whether a round comes at the call-th call (from 1), and at the next note().
   static bool roundAt(uint64_t call) { return call % kEvery == 0 || (call >= 2 && (call & (call - 1)) == 0); }
+  bool roundNext() const { return roundAt(calls_ + 1); }
 
   int registered() const { return static_cast<int>(registered_.size()); }
   int candidates() const { return static_cast<int>(candidates_.size()); }
@@ -85,7 +87,8 @@ class HotBuffers {
  private:
   struct Candidate {
     Weak weak;
-    int uses = 0;  // < 0: refused
+    uint64_t first = 0;  // the call that first used it: under DDP the same bucket's on every rank
+    int uses = 0;        // < 0: refused
   };
   struct Registered {
     Strong buf;
@@ -98,11 +101,14 @@ class HotBuffers {
   }
 
   void count(const Strong& buf) {
+    // No memory, nothing to register: ddlCommRegister would refuse it on this rank alone, before the others
+    // meet it, and the ranks' registrations would fall out of step.
+    if (Traits::bytes(buf) == 0 || !Traits::data(buf)) return;
     const void* id = Traits::id(buf);
     auto it = candidates_.find(id);
     if (it == candidates_.end()) {
       if (static_cast<int>(candidates_.size()) >= kMaxCandidates && !makeRoom()) return;
-      it = candidates_.emplace(id, Candidate{Traits::weak(buf), 0}).first;
+      it = candidates_.emplace(id, Candidate{Traits::weak(buf), calls_, 0}).first;
     }
     if (it->second.uses >= 0) ++it->second.uses;
   }
@@ -124,19 +130,27 @@ class HotBuffers {
   }
 
   void round(bool capturing, const HotBufferOps& ops) {
-    // What this rank offers, held from now on: the hot candidates still alive, most used first.
-    std::vector<std::pair<int, Strong>> offer;
+    // What this rank offers, held from now on: the hot candidates still alive, most used first, then first
+    // used first (so that under DDP every rank offers its buckets in the same order).
+    struct Offer {
+      int uses;
+      uint64_t first;
+      Strong buf;
+    };
+    std::vector<Offer> offer;
     for (auto it = candidates_.begin(); it != candidates_.end();) {
       Strong s = Traits::lock(it->second.weak);
       if (!s) {
         it = candidates_.erase(it);
         continue;
       }
-      if (it->second.uses >= kUsesToRegister) offer.emplace_back(it->second.uses, std::move(s));
+      if (it->second.uses >= kUsesToRegister)
+        offer.push_back(Offer{it->second.uses, it->second.first, std::move(s)});
       ++it;
     }
-    std::stable_sort(offer.begin(), offer.end(),
-                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::sort(offer.begin(), offer.end(), [](const Offer& a, const Offer& b) {
+      return a.uses != b.uses ? a.uses > b.uses : a.first < b.first;
+    });
     if (offer.size() > static_cast<size_t>(kPerRound)) offer.resize(kPerRound);
     // [0] any rank capturing, [1] minus the fewest offered, [2 + i] registration i is unused on some rank.
     std::vector<int64_t> v(2 + kMaxRegistered, 0);
@@ -145,21 +159,21 @@ class HotBuffers {
     for (size_t i = 0; i < registered_.size(); ++i) v[2 + i] = Traits::othersHold(registered_[i].buf) ? 0 : 1;
     ops.max_all(v);
     if (v[0] != 0) return;
-    // The same registrations, in the same order, on every rank.
-    std::vector<Registered> kept;
+    // The same registrations, in the same order, on every rank. A storage is let go only once its
+    // deregistration returned (should one throw, the rest stay held).
     for (size_t i = 0; i < registered_.size(); ++i) {
-      if (v[2 + i] != 0) {
-        ops.remove(registered_[i].handle);
-      } else {
-        kept.push_back(std::move(registered_[i]));
-      }
+      if (v[2 + i] == 0) continue;
+      ops.remove(registered_[i].handle);
+      registered_[i].handle = nullptr;
     }
-    registered_ = std::move(kept);
+    registered_.erase(std::remove_if(registered_.begin(), registered_.end(),
+                                     [](const Registered& r) { return r.handle == nullptr; }),
+                      registered_.end());
     if (refusals_ >= kMaxRefusals) return;
     const int64_t room = kMaxRegistered - static_cast<int64_t>(registered_.size());
     const int64_t k = std::min(-v[1], room);
     for (int64_t i = 0; i < k; ++i) {
-      const Strong& s = offer[static_cast<size_t>(i)].second;
+      const Strong& s = offer[static_cast<size_t>(i)].buf;
       std::string why;
       void* h = ops.add(Traits::data(s), Traits::bytes(s), &why);
       if (h) {

@@ -28,6 +28,7 @@ passed; any failed check raises, so the process exits non-zero with the tracebac
 
 import datetime
 import functools
+import gc
 import os
 import signal
 import sys
@@ -937,6 +938,16 @@ def scenario_cuda():
         # DDP's buckets, hot after two steps, were registered at a round: these weights came zero-copy.
         print("registered buffers after DDP: %d" % backend.registered_buffers)
         check(backend.registered_buffers > 0, "DDP's buckets were never registered for zero-copy")
+        # The DDP model is gone: its buckets are let go at a later round (at most 1,024 calls on), and the
+        # one tensor all-reduced again and again is registered instead.
+        gc.collect()  # DDP's module may sit in a reference cycle
+        t = torch.full((4,), float(RANK), device="cuda")
+        for _ in range(2048):
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        torch.cuda.synchronize()
+        check(backend.registered_buffers == 1,
+              "%d storages registered after DDP was deleted (want 1)" % backend.registered_buffers)
+        same(t, torch.full((4,), float(WORLD - 1), device="cuda"), "2048 all_reduce MAX")
     w_gloo = train(gloo_pg, device="cuda")
     check(torch.allclose(w_ddl.cpu(), w_gloo.cpu(), rtol=1e-5, atol=1e-6),
           "CUDA weights differ from gloo's: max |diff| %g" % (w_ddl - w_gloo).abs().max())

@@ -91,6 +91,18 @@ std::vector<test_util::RankResult> runRanks(int nranks, Rig& rig, const std::fun
   return test_util::runRanks(nranks, o, body, nullptr, makeMemoryStore());
 }
 
+// Each rank's HotBuffers, made in its body and destroyed after the communicators, as a process group's
+// outlives its communicator: registered buffers are let go only once nothing maps them.
+struct Hots {
+  explicit Hots(int n) : of_rank(static_cast<size_t>(n)) {}
+  Hot& of(Comm& comm) {
+    auto& h = of_rank[static_cast<size_t>(comm.rank())];
+    h = std::make_unique<Hot>();
+    return *h;
+  }
+  std::vector<std::unique_ptr<Hot>> of_rank;
+};
+
 // A model's gradient buckets: float32 element counts, the same on every rank.
 std::vector<std::shared_ptr<FakeBuffer>> buckets(const std::vector<size_t>& counts) {
   std::vector<std::shared_ptr<FakeBuffer>> b;
@@ -134,8 +146,9 @@ TEST(HotBuffers, DdpsBucketsBecomeZeroCopyAndRebuiltOnesReplaceThem) {
   for (int n : {2, 3}) {
     SCOPED_TRACE(std::to_string(n) + " ranks");
     Rig rig;
+    Hots hots(n);
     expectAllOk(runRanks(n, rig, [&](Comm& comm) {
-      Hot hot;
+      Hot& hot = hots.of(comm);
       const HotBufferOps ops = opsOf(comm);
       int call = 0, seed = 0;
       // The first iteration's buckets, then the rebuilt ones (DDP rebuilds them after its first step).
@@ -173,8 +186,9 @@ TEST(HotBuffers, DdpsBucketsBecomeZeroCopyAndRebuiltOnesReplaceThem) {
 TEST(HotBuffers, MemoryAMemberCannotShareStaysStagedAndIsNotOfferedAgain) {
   Rig rig;
   rig.refuse_foreign_ipc = {1};
+  Hots hots(2);
   expectAllOk(runRanks(2, rig, [&](Comm& comm) {
-    Hot hot;
+    Hot& hot = hots.of(comm);
     int adds = 0;
     const HotBufferOps ops = opsOf(comm, &adds);
     auto bs = buckets({1000, 2000, 3000, 4000, 5000, 6000});
@@ -195,18 +209,20 @@ TEST(HotBuffers, ARoundDuringACaptureChangesNothingAndTheNextRegisters) {
   Rig rig;
   std::vector<FakeRuntime*> runtimes(2, nullptr);
   rig.runtimes = &runtimes;
+  Hots hots(2);
   expectAllOk(runRanks(2, rig, [&](Comm& comm) {
-    Hot hot;
+    Hot& hot = hots.of(comm);
     const HotBufferOps ops = opsOf(comm);
     auto b = std::make_shared<FakeBuffer>(4096);
     FakeStream stream, graph;
     comm.allReduceOnStream(b->p, b->p, 1024, ddlFloat32, ddlSum, &stream);  // sets the node kernel up
     stream.sync();
     for (uint64_t call = 1; call <= 16; ++call) {
-      const bool capturing = Hot::roundAt(call) && comm.rank() == 1;
-      if (capturing) runtimes[1]->beginCapture(&graph);
-      hot.note(b, capturing, ops);
-      if (capturing) runtimes[1]->endCapture();
+      const bool capture = Hot::roundAt(call) && comm.rank() == 1;
+      if (capture) runtimes[1]->beginCapture(&graph);
+      EXPECT_EQ(comm.streamCapturing(&graph), capture);  // ddlCommStreamCapturing
+      hot.note(b, comm.streamCapturing(&graph), ops);
+      if (capture) runtimes[1]->endCapture();
     }
     EXPECT_EQ(hot.registered(), 0) << "a round registered during a capture";
     EXPECT_EQ(rig.counters->strict_capture_queries.load(), 0);
@@ -248,6 +264,13 @@ TEST(HotBuffers, CandidatesStayBoundedAndHoldNothing) {
     }
     EXPECT_LE(hot.candidates(), Hot::kMaxCandidates);
   }
+  EXPECT_EQ(hot.registered(), 10);
+  // A storage without memory (torch.empty(0)) is never a candidate: ddlCommRegister would refuse it on this
+  // rank alone, before the others meet it.
+  auto empty = std::make_shared<FakeBuffer>(0);
+  const int candidates = hot.candidates();
+  for (int call = 0; call < 40; ++call) hot.note(empty, false, ops);
+  EXPECT_EQ(hot.candidates(), candidates);
   EXPECT_EQ(hot.registered(), 10);
   // Each once: the rounds at calls 32 and 64 registered them as they became hot (used twice).
   ASSERT_EQ(added.size(), 10u);
