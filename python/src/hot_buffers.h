@@ -20,7 +20,8 @@
 // registration a rank cannot make (PyTorch's expandable segments: memory from cuMemCreate, which CUDA IPC
 // cannot share) fails on every rank and changes nothing: those storages stay staged and are not offered
 // again, and after kMaxRefusals refusals the group stops registering. A round while the caller's stream is
-// being captured into a CUDA graph registers and deregisters nothing (ranks capture alike).
+// being captured into a CUDA graph registers and deregisters nothing (ranks capture alike), and a
+// registration that a captured call of any rank used is never let go: the graph may replay it at any time.
 //
 // Torch-free, so that tests run it over libddl on the emulated device (tests/unit/hot_buffers_test.cpp):
 // Traits says what a buffer is (process_group_ddl.h: torch's c10::Storage):
@@ -67,13 +68,18 @@ class HotBuffers {
   // what ops throw (a broken communicator).
   void note(const Strong& buf, bool capturing, const HotBufferOps& ops) {
     ++calls_;
-    if (!registeredAt(Traits::id(buf))) count(buf);
+    if (Registered* r = registeredAt(Traits::id(buf))) {
+      // A graph captured this call with the registration's row in it, and may be replayed at any time: the
+      // registration stays (ddlCommDeregister's contract), whatever the other ranks hold.
+      r->captured = r->captured || capturing;
+    } else {
+      count(buf);
+    }
     if (roundAt(calls_)) round(capturing, ops);
   }
 
-  // Whether a round comes at the call-th call (from 1), and at the next note().
+  // Whether a round comes at the call-th call (from 1).
   static bool roundAt(uint64_t call) { return call % kEvery == 0 || (call >= 2 && (call & (call - 1)) == 0); }
-  bool roundNext() const { return roundAt(calls_ + 1); }
 
   int registered() const { return static_cast<int>(registered_.size()); }
   int candidates() const { return static_cast<int>(candidates_.size()); }
@@ -93,11 +99,13 @@ class HotBuffers {
   struct Registered {
     Strong buf;
     void* handle;
+    bool captured = false;  // a call on it was captured into a CUDA graph on this rank: never let go
   };
 
-  bool registeredAt(const void* id) const {
-    return std::any_of(registered_.begin(), registered_.end(),
-                       [id](const Registered& r) { return Traits::id(r.buf) == id; });
+  Registered* registeredAt(const void* id) {
+    for (auto& r : registered_)
+      if (Traits::id(r.buf) == id) return &r;
+    return nullptr;
   }
 
   void count(const Strong& buf) {
@@ -152,17 +160,21 @@ class HotBuffers {
       return a.uses != b.uses ? a.uses > b.uses : a.first < b.first;
     });
     if (offer.size() > static_cast<size_t>(kPerRound)) offer.resize(kPerRound);
-    // [0] any rank capturing, [1] minus the fewest offered, [2 + i] registration i is unused on some rank.
-    std::vector<int64_t> v(2 + kMaxRegistered, 0);
+    // [0] any rank capturing, [1] minus the fewest offered, [2 + i] registration i is unused on some rank,
+    // [2 + kMaxRegistered + i] registration i is in a graph of some rank's.
+    std::vector<int64_t> v(2 + 2 * kMaxRegistered, 0);
     v[0] = capturing ? 1 : 0;
     v[1] = -static_cast<int64_t>(offer.size());
-    for (size_t i = 0; i < registered_.size(); ++i) v[2 + i] = Traits::othersHold(registered_[i].buf) ? 0 : 1;
+    for (size_t i = 0; i < registered_.size(); ++i) {
+      v[2 + i] = Traits::othersHold(registered_[i].buf) ? 0 : 1;
+      v[2 + kMaxRegistered + i] = registered_[i].captured ? 1 : 0;
+    }
     ops.max_all(v);
     if (v[0] != 0) return;
     // The same registrations, in the same order, on every rank. A storage is let go only once its
     // deregistration returned (should one throw, the rest stay held).
     for (size_t i = 0; i < registered_.size(); ++i) {
-      if (v[2 + i] == 0) continue;
+      if (v[2 + i] == 0 || v[2 + kMaxRegistered + i] != 0) continue;
       ops.remove(registered_[i].handle);
       registered_[i].handle = nullptr;
     }

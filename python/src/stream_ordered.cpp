@@ -121,8 +121,8 @@ void ProcessGroupDDL::noteHot(const at::Tensor& buf, ddlStream_t stream) {
     };
     hot_ops_.remove = [this](void* handle) { check(ddlCommDeregister(comm_, handle), "ddlCommDeregister"); };
   }
-  int capturing = 0;  // asked only where it matters: at a round's call
-  if (hot_.roundNext()) check(ddlCommStreamCapturing(comm_, stream, &capturing), "ddlCommStreamCapturing");
+  int capturing = 0;  // at every call: a captured call on a registered storage keeps it registered for good
+  check(ddlCommStreamCapturing(comm_, stream, &capturing), "ddlCommStreamCapturing");
   hot_.note(buf.storage(), capturing != 0, hot_ops_);
   registered_buffers_.store(hot_.registered());
   if (hot_.refusals() > hot_refusals_told_ && hot_refusals_told_ == 0) {

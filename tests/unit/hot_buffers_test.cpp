@@ -231,6 +231,30 @@ TEST(HotBuffers, ARoundDuringACaptureChangesNothingAndTheNextRegisters) {
   }));
 }
 
+// A registration that one rank's captured call used is kept on every rank, though no rank holds the storage
+// any more: the graph may replay it (ddlCommDeregister's contract). Another storage is registered beside it.
+TEST(HotBuffers, ARegistrationACapturedCallUsedIsNeverLetGo) {
+  Rig rig;
+  Hots hots(2);
+  expectAllOk(runRanks(2, rig, [&](Comm& comm) {
+    Hot& hot = hots.of(comm);
+    const HotBufferOps ops = opsOf(comm);
+    auto b = std::make_shared<FakeBuffer>(4096), c = std::make_shared<FakeBuffer>(4096);
+    FakeStream stream;
+    comm.allReduceOnStream(b->p, b->p, 1024, ddlFloat32, ddlSum, &stream);  // sets the node kernel up
+    stream.sync();
+    hot.note(b, false, ops);
+    hot.note(b, false, ops);  // the round at call 2 registers it
+    ASSERT_EQ(hot.registered(), 1);
+    hot.note(b, /*capturing=*/comm.rank() == 1, ops);  // call 3: rank 1's is captured
+    std::weak_ptr<FakeBuffer> gone = b;
+    b.reset();                                                      // no rank holds it any more
+    for (int call = 4; call <= 8; ++call) hot.note(c, false, ops);  // rounds at 4 and 8
+    EXPECT_EQ(hot.registered(), 2) << "a registration a graph uses was let go";
+    EXPECT_FALSE(gone.expired());
+  }));
+}
+
 TEST(HotBuffers, RoundsComeAtPowersOfTwoThenEveryKEveryCalls) {
   std::vector<uint64_t> at;
   for (uint64_t c = 1; c <= 4096; ++c)
