@@ -99,8 +99,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::submitStream(c10d::OpType type, 
 }
 
 bool ProcessGroupDDL::hotBuffersOn() {
-  const char* v = std::getenv("TORCH_DDL_REGISTER");
-  return !(v && std::string(v) == "0");
+  const char* env = std::getenv("TORCH_DDL_REGISTER");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "1" || v == "on") return true;
+  if (v == "0" || v == "off") return false;
+  refuse("TORCH_DDL_REGISTER=" + v +
+         ": say 1 (or on) to register DDP's buckets for zero-copy, 0 (or off) not to");
 }
 
 void ProcessGroupDDL::noteHot(const at::Tensor& buf, ddlStream_t stream) {

@@ -113,6 +113,9 @@ class Failures(Case):
     def test_bad_arguments_raise_and_break_nothing(self):
         self.run_ok(2, "errors")
 
+    def test_a_typo_in_torch_ddl_register_is_refused_naming_it(self):
+        self.run_ok(2, "bad_setting", env={"TORCH_DDL_REGISTER": "yes"})
+
 
 class Elastic(Case):
     """torch_ddl.elastic: rank 3 of 4 dies by SIGKILL at step 30 of DDP training; the others raise RankLost

@@ -745,6 +745,20 @@ def scenario_mismatch():
     os._exit(0)
 
 
+def scenario_bad_setting():
+    """A typo in TORCH_DDL_REGISTER (here "yes") is refused where the group is made, naming the variable."""
+    if not torch_ddl.ProcessGroupDDL.stream_ordered:
+        print("OK bad_setting (this build has no stream-ordered path and does not read TORCH_DDL_REGISTER)")
+        return
+    try:
+        dist.init_process_group("ddl", timeout=datetime.timedelta(seconds=60))
+    except ValueError as e:
+        check("TORCH_DDL_REGISTER=yes" in str(e), "message %r lacks the variable" % str(e))
+        print("OK bad_setting")
+        return
+    raise AssertionError("TORCH_DDL_REGISTER=yes was taken")
+
+
 def scenario_errors():
     init()
     for call, needle in [
@@ -1017,8 +1031,8 @@ def graph_capture():
 SCENARIOS = {
     "collectives": scenario_collectives, "async": scenario_async, "ddp": scenario_ddp, "init": scenario_init,
     "groups": scenario_groups, "kill": scenario_kill, "stall": scenario_stall, "mismatch": scenario_mismatch,
-    "errors": scenario_errors, "cuda": scenario_cuda, "fsdp": scenario_fsdp, "stop": scenario_stop,
-    "elastic": scenario_elastic,
+    "errors": scenario_errors, "bad_setting": scenario_bad_setting, "cuda": scenario_cuda,
+    "fsdp": scenario_fsdp, "stop": scenario_stop, "elastic": scenario_elastic,
 }
 
 if __name__ == "__main__":
