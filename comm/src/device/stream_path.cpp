@@ -322,14 +322,15 @@ void StreamPath::complete(node::Args& a, bool capturing) {
   a.regs = nullptr;
   a.send_ref = a.recv_ref = 0;
   if (a.kind != node::Kind::kAllReduceOneShot && a.kind != node::Kind::kAllReduceTwoShot) return;
+  if (!capturing && registrations_.empty()) return;  // nothing to look up (most calls)
   const size_t bytes = a.count * a.elem;
   DeviceRuntime::RelaxedCapture relaxed(rt_);  // refOf asks CUDA about the buffers, also during a capture
   if (capturing) {  // every rank alike reserves two rows (graphRef)
     a.send_ref = graphRef(static_cast<char*>(const_cast<void*>(a.send)), bytes);
     a.recv_ref = graphRef(static_cast<char*>(a.recv), bytes);
-  } else if (!registrations_.empty()) {
+  } else {
     a.send_ref = refOf(a.send, bytes);
-    a.recv_ref = refOf(a.recv, bytes);
+    a.recv_ref = a.recv == a.send ? a.send_ref : refOf(a.recv, bytes);  // in place: asked once
   }
   if (!registrations_.empty()) a.regs = static_cast<char* const*>(table_);
 }
