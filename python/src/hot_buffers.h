@@ -4,12 +4,11 @@
 // it is registered at the group's next round, and its calls are zero-copy from then on.
 //
 // Why rounds: ddlCommRegister and ddlCommDeregister are collectives (every rank, the same order), while
-// which storages a rank sees is its own. So the ranks meet at the same calls (the 2nd, 4th, 8th, ... 1024th
-// noted allreduce, then every 1024th; a round is one small max over every rank, a blocking host collective
-// that holds the caller until every rank reaches it):
-// they register as many of their hot storages as every rank has (the i-th of each pairs in one registration;
-// the kernel reads each member's own buffer in its row, so pairs need not be alike), and deregister what any
-// rank no longer uses.
+// which storages a rank sees is its own. So the ranks meet at the same calls: the 2nd, 4th, 8th, ... 1024th
+// noted allreduce, then every 1024th. A round is one small max over every rank, a blocking host collective
+// that holds the caller until every rank reaches it. Then they deregister what any rank no longer uses, and
+// register as many of their hot storages as every rank has (the i-th of each pair in one registration: the
+// kernel reads each member's own buffer in its row, so pairs need not be alike).
 //
 // Why a registration holds its storage: a peer maps the storage's allocation over CUDA IPC, and freeing an
 // allocation that a peer still maps is undefined in CUDA. A registered storage is kept alive (the caching
@@ -28,7 +27,8 @@
 //   Strong               holds the memory;  Weak  names it without holding it
 //   weak(s) -> Weak, lock(w) -> Strong (empty where gone), id(s) (the same for one buffer while alive),
 //   data(s) -> void*, bytes(s) -> size_t, othersHold(s) (someone besides HotBuffers holds it).
-// Threads: one call at a time (the group's calls in order).
+// Threads: one call at a time (the group's calls in order). Lifetime: outlive the communicator, whose
+// ddlCommDestroy drops the registrations; the storages are let go after it.
 #pragma once
 
 #include <algorithm>
@@ -86,9 +86,6 @@ class HotBuffers {
   int refusals() const { return refusals_; }
   // Why the last registration was refused ("" where none was).
   const std::string& lastRefusal() const { return last_why_; }
-
-  // Deregistration needs every rank: at the group's end, ddlCommDestroy drops the registrations and the
-  // storages are let go after it.
 
  private:
   struct Candidate {

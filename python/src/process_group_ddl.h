@@ -50,6 +50,8 @@
 // a callback must not wait for another collective of the same group.
 #pragma once
 
+#include "torch_compat.h"
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -64,7 +66,6 @@
 
 #include "ddl/ddl.h"
 #include "hot_buffers.h"
-#include "torch_compat.h"
 #include "work.h"
 
 namespace torch_ddl {
@@ -229,6 +230,7 @@ class ProcessGroupDDL : public GroupBase {
   // rank): never.
   void noteHot(const at::Tensor& buf, ddlStream_t stream);
   static bool hotBuffersOn();
+  HotBufferOps hotOps();  // the rounds' collectives on comm_
   // torch's storages as HotBuffers holds them: a c10::Storage holds the memory (the caching allocator cannot
   // free its segment), a weak_intrusive_ptr names it.
   struct StorageTraits {
@@ -243,8 +245,9 @@ class ProcessGroupDDL : public GroupBase {
   };
   const bool hot_on_ = hotBuffersOn();
   HotBuffers<StorageTraits> hot_;  // the stream bodies' (one at a time, in call order)
-  HotBufferOps hot_ops_;
-  int hot_refusals_told_ = 0;
+  const HotBufferOps hot_ops_ = hotOps();
+  bool hot_kernel_ = false;  // the scheme is "kernel" (known once it is not "unset": it never changes)
+  bool hot_refusal_told_ = false;
 #endif
   std::atomic<int> registered_buffers_{0};  // hot_.registered(), for registeredBuffers()
 

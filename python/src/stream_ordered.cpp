@@ -107,34 +107,42 @@ bool ProcessGroupDDL::hotBuffersOn() {
          ": say 1 (or on) to register DDP's buckets for zero-copy, 0 (or off) not to");
 }
 
+HotBufferOps ProcessGroupDDL::hotOps() {
+  HotBufferOps ops;
+  ops.max_all = [this](std::vector<int64_t>& v) {
+    check(ddlAllReduce(v.data(), v.data(), v.size(), ddlInt64, ddlMax, comm_), "registering DDP's buckets");
+  };
+  ops.add = [this](void* data, size_t bytes, std::string* why) -> void* {
+    void* handle = nullptr;
+    const ddlResult_t r = ddlCommRegister(comm_, data, bytes, &handle);
+    if (r == ddlInvalidArgument && comm_ref_->asyncError().empty()) {  // this buffer stays staged
+      *why = ddlGetLastError(nullptr);
+      return nullptr;
+    }
+    check(r, "ddlCommRegister");
+    return handle;
+  };
+  ops.remove = [this](void* handle) { check(ddlCommDeregister(comm_, handle), "ddlCommDeregister"); };
+  return ops;
+}
+
 void ProcessGroupDDL::noteHot(const at::Tensor& buf, ddlStream_t stream) {
-  if (!hot_on_ || !buf.has_storage() || streamScheme() != "kernel") return;
-  if (!hot_ops_.max_all) {
-    hot_ops_.max_all = [this](std::vector<int64_t>& v) {
-      check(ddlAllReduce(v.data(), v.data(), v.size(), ddlInt64, ddlMax, comm_), "registering DDP's buckets");
-    };
-    hot_ops_.add = [this](void* data, size_t bytes, std::string* why) -> void* {
-      void* handle = nullptr;
-      const ddlResult_t r = ddlCommRegister(comm_, data, bytes, &handle);
-      if (r == ddlInvalidArgument && comm_ref_->asyncError().empty()) {  // this buffer stays staged
-        *why = ddlGetLastError(nullptr);
-        return nullptr;
-      }
-      check(r, "ddlCommRegister");
-      return handle;
-    };
-    hot_ops_.remove = [this](void* handle) { check(ddlCommDeregister(comm_, handle), "ddlCommDeregister"); };
+  if (!hot_on_ || !buf.has_storage()) return;
+  if (!hot_kernel_) {  // until it is "kernel" (host-paced calls, slow anyway, ask every time)
+    const std::string scheme = streamScheme();
+    if (scheme != "kernel") return;
+    hot_kernel_ = true;
   }
   int capturing = 0;  // at every call: a captured call on a registered storage keeps it registered for good
   check(ddlCommStreamCapturing(comm_, stream, &capturing), "ddlCommStreamCapturing");
   hot_.note(buf.storage(), capturing != 0, hot_ops_);
   registered_buffers_.store(hot_.registered());
-  if (hot_.refusals() > hot_refusals_told_ && hot_refusals_told_ == 0) {
+  if (!hot_refusal_told_ && hot_.refusals() > 0) {
     TORCH_WARN("ddl: a CUDA allreduce buffer could not be registered for zero-copy and stays staged (",
                hot_.lastRefusal(), "); torch_ddl stops trying after ", hot_.kMaxRefusals,
                " such refusals. TORCH_DDL_REGISTER=0 turns registration off.");
+    hot_refusal_told_ = true;
   }
-  hot_refusals_told_ = hot_.refusals();
 }
 
 }  // namespace torch_ddl
