@@ -22,7 +22,7 @@
 #include "comm.h"
 #include "error.h"
 #include "fake_device.h"
-#include "rendezvous/store.h"
+#include "node_rig.h"
 #include "test_values.h"
 #include "thread_ranks.h"
 
@@ -32,11 +32,10 @@ namespace {
 using test_util::expectAllOk;
 using test_util::FakeBuffer;
 using test_util::FakeCounters;
-using test_util::FakeRuntime;
 using test_util::FakeStream;
-using test_util::makeExpected;
 using test_util::makeInput;
 using torch_ddl::HotBufferOps;
+using Rig = test_util::NodeRig;
 
 struct BufferTraits {
   using Strong = std::shared_ptr<FakeBuffer>;
@@ -68,27 +67,6 @@ HotBufferOps opsOf(Comm& comm, int* adds = nullptr) {
   };
   o.remove = [&comm](void* h) { comm.deregisterBuffer(h); };
   return o;
-}
-
-struct Rig {
-  std::shared_ptr<FakeCounters> counters = std::make_shared<FakeCounters>();
-  std::vector<int> refuse_foreign_ipc;  // ranks whose exportMemory fails for memory not of allocDevice
-  std::vector<FakeRuntime*>* runtimes = nullptr;  // each rank's, where set
-};
-
-std::vector<test_util::RankResult> runRanks(int nranks, Rig& rig, const std::function<void(Comm&)>& body) {
-  Options o;
-  o.topology = parseTopology("", nranks);
-  o.timeout_ms = 30000;
-  o.device_runtime = [&rig](int rank) {
-    test_util::Faults f;
-    f.refuse_foreign_ipc = std::find(rig.refuse_foreign_ipc.begin(), rig.refuse_foreign_ipc.end(), rank) !=
-                           rig.refuse_foreign_ipc.end();
-    auto rt = std::make_unique<FakeRuntime>(rig.counters, f);
-    if (rig.runtimes) (*rig.runtimes)[rank] = rt.get();
-    return rt;
-  };
-  return test_util::runRanks(nranks, o, body, nullptr, makeMemoryStore());
 }
 
 // Each rank's HotBuffers, made in its body and destroyed after the communicators, as a process group's
@@ -147,7 +125,7 @@ TEST(HotBuffers, DdpsBucketsBecomeZeroCopyAndRebuiltOnesReplaceThem) {
     SCOPED_TRACE(std::to_string(n) + " ranks");
     Rig rig;
     Hots hots(n);
-    expectAllOk(runRanks(n, rig, [&](Comm& comm) {
+    expectAllOk(test_util::runRanks(n, rig, /*one_node=*/true, [&](Comm& comm) {
       Hot& hot = hots.of(comm);
       const HotBufferOps ops = opsOf(comm);
       int call = 0, seed = 0;
@@ -187,7 +165,7 @@ TEST(HotBuffers, MemoryAMemberCannotShareStaysStagedAndIsNotOfferedAgain) {
   Rig rig;
   rig.refuse_foreign_ipc = {1};
   Hots hots(2);
-  expectAllOk(runRanks(2, rig, [&](Comm& comm) {
+  expectAllOk(test_util::runRanks(2, rig, /*one_node=*/true, [&](Comm& comm) {
     Hot& hot = hots.of(comm);
     int adds = 0;
     const HotBufferOps ops = opsOf(comm, &adds);
@@ -207,10 +185,8 @@ TEST(HotBuffers, MemoryAMemberCannotShareStaysStagedAndIsNotOfferedAgain) {
 // count as unsafe. The round at call 32 registers.
 TEST(HotBuffers, ARoundDuringACaptureChangesNothingAndTheNextRegisters) {
   Rig rig;
-  std::vector<FakeRuntime*> runtimes(2, nullptr);
-  rig.runtimes = &runtimes;
   Hots hots(2);
-  expectAllOk(runRanks(2, rig, [&](Comm& comm) {
+  expectAllOk(test_util::runRanks(2, rig, /*one_node=*/true, [&](Comm& comm) {
     Hot& hot = hots.of(comm);
     const HotBufferOps ops = opsOf(comm);
     auto b = std::make_shared<FakeBuffer>(4096);
@@ -219,10 +195,10 @@ TEST(HotBuffers, ARoundDuringACaptureChangesNothingAndTheNextRegisters) {
     stream.sync();
     for (uint64_t call = 1; call <= 16; ++call) {
       const bool capture = Hot::roundAt(call) && comm.rank() == 1;
-      if (capture) runtimes[1]->beginCapture(&graph);
+      if (capture) rig.runtimes[1]->beginCapture(&graph);
       EXPECT_EQ(comm.streamCapturing(&graph), capture);  // ddlCommStreamCapturing
       hot.note(b, comm.streamCapturing(&graph), ops);
-      if (capture) runtimes[1]->endCapture();
+      if (capture) rig.runtimes[1]->endCapture();
     }
     EXPECT_EQ(hot.registered(), 0) << "a round registered during a capture";
     EXPECT_EQ(rig.counters->strict_capture_queries.load(), 0);
@@ -236,7 +212,7 @@ TEST(HotBuffers, ARoundDuringACaptureChangesNothingAndTheNextRegisters) {
 TEST(HotBuffers, ARegistrationACapturedCallUsedIsNeverLetGo) {
   Rig rig;
   Hots hots(2);
-  expectAllOk(runRanks(2, rig, [&](Comm& comm) {
+  expectAllOk(test_util::runRanks(2, rig, /*one_node=*/true, [&](Comm& comm) {
     Hot& hot = hots.of(comm);
     const HotBufferOps ops = opsOf(comm);
     auto b = std::make_shared<FakeBuffer>(4096), c = std::make_shared<FakeBuffer>(4096);
